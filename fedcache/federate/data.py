@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedcache.errors import StoreError
+from fedcache.errors import EntryNotFoundError, StoreError
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
-_ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
+_ID_BITS = 40
+_GATHER_CACHE_BYTES = 256 << 20  # at most this much of gathered client rows is kept between rounds  # sample ids stay below 2**40; the domain index goes above them
 
 
 def sample_keys(table: FeatureTable) -> np.ndarray:
@@ -33,6 +34,20 @@ def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: s
         domain_names=first.domain_names, class_names=first.class_names,
         random_weights=any(t.random_weights for t in tables), entry_ids=sum((t.entry_ids for t in tables), ()),
     )
+
+
+def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: FeatureTable) -> np.ndarray | None:
+    """The augmented training views (``extract --views K``) as (N, K, D), rows aligned with ``train``;
+    None when the store has none."""
+    views, v = [], 1
+    while True:
+        try:
+            table = load_fused(store, dataset, backbones, "train", v)
+        except EntryNotFoundError:
+            break
+        views.append(table.features[_positions(sample_keys(train), sample_keys(table), f"view {v}", dataset, "train")])
+        v += 1
+    return np.stack(views, 1) if views else None
 
 
 def _positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray:
@@ -63,6 +78,31 @@ class FederatedData:
     train_domains: np.ndarray | None = None
     random_weights: bool = False
     info: dict = field(default_factory=dict)
+    # (N_train, K, D) augmented views of the training rows, for self-supervised methods; None if not loaded
+    views: torch.Tensor | None = None
+
+    # gathered client rows, reused every round (see rows_of); never part of equality or repr
+    _gathered: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def rows_of(self, split: str, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded.
+
+        Prototype and evaluation passes read the same rows every round; gathering them once saves
+        a copy of every client's data per round. Large gathers are not kept (memory over speed)."""
+        key = (split, tuple(clients))
+        if key in self._gathered:
+            return self._gathered[key]
+        from fedcache.federate.prototypes import padded_rows
+
+        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
+        idx, mask = padded_rows([(self.client_train if split == "train" else self.client_test)[k] for k in clients])
+        out = (x[idx], y[idx], mask)
+        if out[0].numel() * out[0].element_size() <= _GATHER_CACHE_BYTES - self._cached_bytes():
+            self._gathered[key] = out
+        return out
+
+    def _cached_bytes(self) -> int:
+        return sum(x.numel() * x.element_size() for x, _, _ in self._gathered.values())
 
     @property
     def n_clients(self) -> int:

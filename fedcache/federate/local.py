@@ -48,7 +48,7 @@ def train(
     optimizer = StackedOptimizer(params, opt, trainable)
     plan_t = torch.from_numpy(plan)
     for s in range(plan.shape[1]):
-        idx = plan_t[:, s]
+        idx = trim_padding(plan_t[:, s])
         mask = idx >= 0
         active = mask.any(1)
         xb, yb = x[idx.clamp_min(0)], y[idx.clamp_min(0)]
@@ -62,6 +62,13 @@ def train(
         params.update({n: t.detach() for n, t in leaves.items()})
         optimizer.step(params, grads, active)
     return params
+
+
+def trim_padding(idx: torch.Tensor) -> torch.Tensor:
+    """Drop the padding columns no client uses: an epoch's last batch is often mostly padding
+    (100 rows in batches of 32 leave 4 real ones), and padded rows cost full matmul work."""
+    used = (idx >= 0).any(0).nonzero()
+    return idx[:, : int(used[-1]) + 1] if len(used) else idx
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,7 @@ def run(method: Method, cfg: RunConfig, on_round: RoundCallback | None = None) -
         _persist(cfg, state, line)
         if on_round:
             on_round(rnd + 1, cfg.rounds, line)
-    return RunResult(_summary(method, cfg, state, history), history, state.server, state.clients)
+    return RunResult(run_summary(method, cfg, state, history), history, state.server, state.clients)
 
 
 def sample_clients(method: Method, cfg: RunConfig, rnd: int) -> list[int]:
@@ -94,6 +94,12 @@ def _one_round(method: Method, cfg: RunConfig, state: RunState, rnd: int) -> Non
     clients = sample_clients(method, cfg, rnd)
     down = method.broadcast(state.server, rnd)
     result = _local(method, cfg, rnd, clients, down, _gather(state.clients, clients))
+    settle(method, state, rnd, clients, down, result)
+    _scatter(state.clients, result.states, clients)
+
+
+def settle(method: Method, state: RunState, rnd: int, clients: list[int], down: Params, result: LocalResult) -> None:
+    """The server's half of a round, shared by every engine: check, count the bytes, aggregate."""
     _check_finite(result, clients, rnd)
     if method.federated:
         up = [method.upload_size(result.uploads, i) for i in range(len(clients))]
@@ -103,7 +109,6 @@ def _one_round(method: Method, cfg: RunConfig, state: RunState, rnd: int) -> Non
     else:
         state.params_up.append(0)
     state.server = method.aggregate(state.server, result, clients, rnd)
-    _scatter(state.clients, result.states, clients)
 
 
 def _local(method: Method, cfg: RunConfig, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
@@ -127,7 +132,8 @@ def _check_finite(result: LocalResult, clients: list[int], rnd: int) -> None:
     for tensors in (result.uploads, result.states):
         for name, t in tensors.items():
             # NaN and inf survive a sum: one reduction per client instead of a mask over every parameter.
-            bad = ~torch.isfinite(t.flatten(1).sum(1))
+            # Summed in float32: a float16 upload (e.g. quantised similarities) would overflow a float16 sum.
+            bad = ~torch.isfinite(t.flatten(1).sum(1, dtype=torch.float32))
             if bad.any():
                 k = clients[int(bad.nonzero()[0, 0])]
                 raise DivergedError(
@@ -160,19 +166,15 @@ def _personal_accuracy(method: Method, state: RunState) -> np.ndarray:
     acc = []
     for start in range(0, d.n_clients, EVAL_CHUNK):
         clients = list(range(start, min(d.n_clients, start + EVAL_CHUNK)))
-        rows = [d.client_test[k] for k in clients]
-        t_max = max(len(r) for r in rows)
-        idx = torch.zeros(len(rows), t_max, dtype=torch.long)
-        mask = torch.zeros(len(rows), t_max, dtype=torch.bool)
-        for i, r in enumerate(rows):
-            idx[i, : len(r)], mask[i, : len(r)] = torch.from_numpy(r), True
-        logits = method.client_logits(state.server, _gather(state.clients, clients), clients, d.x_test[idx])
-        hit = (logits.argmax(-1) == d.y_test[idx]) & mask
+        x, y, mask = d.rows_of("test", clients)
+        states = {n: t[clients[0] : clients[-1] + 1] for n, t in state.clients.items()}  # views: read only
+        logits = method.client_logits(state.server, states, clients, x)
+        hit = (logits.argmax(-1) == y) & mask
         acc.extend((100.0 * hit.sum(1) / mask.sum(1)).tolist())
     return np.array(acc)
 
 
-def _summary(method: Method, cfg: RunConfig, state: RunState, history: list[dict]) -> dict:
+def run_summary(method: Method, cfg: RunConfig, state: RunState, history: list[dict]) -> dict:
     last = history[-1]
     per_client = np.array(last["per_client"])
     return {
@@ -183,6 +185,7 @@ def _summary(method: Method, cfg: RunConfig, state: RunState, history: list[dict
         "params_up_per_round": int(np.mean(state.params_up)) if state.params_up else 0,
         "rounds": state.rnd, "seconds": round(state.seconds, 4),
         "random_weights": bool(method.ctx.data.random_weights),
+        **method.summary_extra(),
     }
 
 

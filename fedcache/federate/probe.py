@@ -5,10 +5,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from fedcache.store.feature_store import FeatureTable
 
@@ -22,6 +18,12 @@ class ProbeResult:
 
 
 def fit_probe(x: np.ndarray, y: np.ndarray, c: float = 1.0, seed: int = 0):
+    # scikit-learn takes a second to import; every Flower ClientApp process would pay it for nothing
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed))
     with warnings.catch_warnings():
         # A probe that stops at max_iter is still a valid (slightly conservative) reference.

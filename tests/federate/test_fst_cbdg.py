@@ -2,6 +2,8 @@
 hand-computed checks of Eq. 4 and Eq. 7, label blindness, determinism and the text plumbing."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -106,7 +108,7 @@ def test_balanced_sampling_beats_no_sampling_and_equal_sampling_under_shards(sha
 
 def test_client_labels_are_never_read(iid):
     a = run(make("fst-cbdg", iid, rounds=2), RunConfig(rounds=2))
-    scrambled = FederatedData(**{**iid.__dict__, "y_train": iid.y_train[torch.randperm(len(iid.y_train))]})
+    scrambled = dataclasses.replace(iid, y_train=iid.y_train[torch.randperm(len(iid.y_train))])
     b = run(make("fst-cbdg", scrambled, rounds=2), RunConfig(rounds=2))
     for got, want in ((b.server, a.server), (b.clients, a.clients)):
         for n in want:
@@ -156,7 +158,7 @@ def test_pseudo_label_moving_average_by_hand():
 def test_pseudo_labels_persist_across_rounds(refresh, iid):
     """One client, one step per round: q^1 = 0.9 p + 0.1 f(W^0) = p (f(W^0) is the zero-shot p, Eq. 2),
     q^2 = 0.9 q^1 + 0.1 f(W^1) with W^1 the model after round 1."""
-    data = FederatedData(**{**iid.__dict__, "client_train": [iid.client_train[0][:20]], "client_test": [np.arange(50)]})
+    data = dataclasses.replace(iid, client_train=[iid.client_train[0][:20]], client_test=[np.arange(50)])
     cls = METHODS.get("fst-cbdg")
     ctx = MethodContext(data, "linear", PRESETS["fst-cbdg"], 1, 32, 0, 2)
     p = torch.softmax(unit(data.x_train[data.client_train[0]]) @ data.info["text"].T, -1)
@@ -203,7 +205,7 @@ def test_generic_method_checks_with_a_text_tower(name):
 
 # ---- anchors, text and errors ------------------------------------------------------------------------
 def test_prototype_anchors_need_no_text(iid):
-    data = FederatedData(**{**iid.__dict__, "info": {}})
+    data = dataclasses.replace(iid, info={})
     every = prototype_anchors(data, 10**6, 0)  # every held row: the unit mean of unit features per class
     held = np.concatenate(data.client_train)
     y = data.y_train[held]
@@ -213,15 +215,15 @@ def test_prototype_anchors_need_no_text(iid):
 
 
 def test_clear_errors_without_text(iid):
-    bare = FederatedData(**{**iid.__dict__, "info": {}})
+    bare = dataclasses.replace(iid, info={})
     for name in CLIP_METHODS:
         with pytest.raises(ConfigError, match="needs a backbone with a text tower, e.g. clip-rn50"):
             make(name, bare)
     make("clip-fc-centralized", bare, init="random")  # the random-init probe needs no text
-    wrong = FederatedData(**{**iid.__dict__, "info": {"text": torch.randn(iid.n_classes, 7)}})
+    wrong = dataclasses.replace(iid, info={"text": torch.randn(iid.n_classes, 7)})
     with pytest.raises(ConfigError, match="use the backbone the text was extracted with"):
         make("fst-cbdg", wrong)
-    only_single = FederatedData(**{**iid.__dict__, "info": {"text_sets": {"single": iid.info["text"]}}})
+    only_single = dataclasses.replace(iid, info={"text_sets": {"single": iid.info["text"]}})
     with pytest.raises(ConfigError, match="no 'ensemble' text embeddings"):
         make("clip-zs", only_single, templates="ensemble")
     with pytest.raises(ConfigError, match="linear classifier"):
@@ -232,7 +234,7 @@ def test_clear_errors_without_text(iid):
 
 def test_clip_zs_scores_are_scaled_cosines_of_the_chosen_template_set(iid):
     other = F.normalize(torch.randn_like(iid.info["text"]), dim=-1)
-    data = FederatedData(**{**iid.__dict__, "info": {"text_sets": {"single": iid.info["text"], "ensemble": other}}})
+    data = dataclasses.replace(iid, info={"text_sets": {"single": iid.info["text"], "ensemble": other}})
     m = make("clip-zs", data, templates="ensemble")
     got = m.global_logits(m.init_server(), data.x_test[:5])
     torch.testing.assert_close(got, 100 * unit(data.x_test[:5]) @ other.T)

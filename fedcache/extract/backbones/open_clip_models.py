@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-import open_clip
 import torch
 from torch import nn
 
@@ -48,6 +47,8 @@ BACKBONES.add("tiny-clip-random", BackboneSpec(
 
 def _open_clip_spec(rest: str) -> BackboneSpec:
     """``open_clip:<arch>/<tag>``, e.g. ``open_clip:ViT-B-32/laion2b_s34b_b79k``."""
+    import open_clip  # imported on use: the library costs seconds to import and most commands never need it
+
     arch, _, tag = rest.partition("/")
     cfg = open_clip.get_model_config(arch)
     if cfg is None:
@@ -74,6 +75,8 @@ class _ImageTower(nn.Module):
 
 @LOADERS.register("open-clip")
 def load_open_clip(req: LoadRequest) -> LoadedBackbone:
+    import open_clip  # imported on use: the library costs seconds to import and most commands never need it
+
     spec = req.spec
     model = _build(spec, req)
     model.eval().requires_grad_(False)
@@ -85,10 +88,13 @@ def load_open_clip(req: LoadRequest) -> LoadedBackbone:
             return model.encode_text(tokenizer(list(texts)).to(device))
 
     tower = _ImageTower(model)
-    return LoadedBackbone(spec, tower, hash_state(model), encode_text=encode_text, embed_dim=_embed_dim(model, spec))
+    return LoadedBackbone(spec, tower, hash_state(model), encode_text=encode_text, embed_dim=_embed_dim(model, spec),
+                          model=model, tokenize=tokenizer)
 
 
 def _build(spec: BackboneSpec, req: LoadRequest) -> nn.Module:
+    import open_clip  # imported on use: the library costs seconds to import and most commands never need it
+
     if spec.random_weights or req.checkpoint is not None:
         with seeded_init(0):
             model = open_clip.CLIP(**TINY_CLIP_CFG) if spec.arch == "tiny" else open_clip.create_model(spec.arch, pretrained=None)

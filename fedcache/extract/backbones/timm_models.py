@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 
-import timm
 import torch
 from torch import nn
 
@@ -44,6 +43,8 @@ BACKBONES.add("tiny-timm-random", BackboneSpec(
 
 def _timm_spec(rest: str) -> BackboneSpec:
     """``timm:<model>[.<tag>]``: pretrained weights; the embedding size and preprocessing come from timm."""
+    import timm  # imported on use: the library costs seconds to import and most commands never need it
+
     try:
         model = timm.create_model(rest, pretrained=False, num_classes=0)
     except Exception as exc:  # timm raises RuntimeError for unknown names
@@ -62,6 +63,8 @@ BACKBONES.add_prefix("timm", _timm_spec, "timm:<model>[.<tag>] (any timm model)"
 
 @LOADERS.register("timm")
 def load_timm(req: LoadRequest) -> LoadedBackbone:
+    import timm  # imported on use: the library costs seconds to import and most commands never need it
+
     spec = req.spec
     if req.checkpoint is not None:
         model = timm.create_model(spec.arch, pretrained=False, num_classes=0)
@@ -75,6 +78,8 @@ def load_timm(req: LoadRequest) -> LoadedBackbone:
 
 
 def _create_pretrained(spec: BackboneSpec) -> nn.Module:
+    import timm  # imported on use: the library costs seconds to import and most commands never need it
+
     try:
         return timm.create_model(spec.arch, pretrained=True, num_classes=0)
     except Exception as exc:  # network errors come in many types

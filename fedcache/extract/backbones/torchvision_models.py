@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-import torchvision
 from torch import nn
 
 from fedcache.errors import WeightsNotFoundError
@@ -46,6 +45,8 @@ _FEATURE_HEADS = {"alexnet": _AlexNetFeatures}
 
 @LOADERS.register("torchvision")
 def load_torchvision(req: LoadRequest) -> LoadedBackbone:
+    import torchvision  # imported on use: the library costs seconds to import and most commands never need it
+
     spec = req.spec
     net = torchvision.models.get_model(spec.arch, weights=None)
     if req.checkpoint is not None:
@@ -64,6 +65,8 @@ def load_torchvision(req: LoadRequest) -> LoadedBackbone:
 
 @LOADERS.register("checkpoint")
 def load_user_resnet18(req: LoadRequest) -> LoadedBackbone:
+    import torchvision  # imported on use: the library costs seconds to import and most commands never need it
+
     spec = req.spec
     net = torchvision.models.resnet18(weights=None)
     net.fc = nn.Identity()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedcache.federate.local import masked_mean, rng_for
+from fedcache.federate.local import masked_mean, rng_for, trim_padding
 
 SYNTHETIC_STREAM = 5  # rng stream of a client's synthetic instances in a round
 
@@ -63,12 +63,16 @@ class LocalPass:
 
     def batch_q(self, s: int) -> torch.Tensor:
         k = torch.arange(self.q.shape[0]).unsqueeze(1)
-        return self.q[k, self.pos[:, s].clamp_min(0)]
+        return self.q[k, self.step_pos(s).clamp_min(0)]
+
+    def step_pos(self, s: int) -> torch.Tensor:
+        """Positions of step s, trimmed exactly as train() trims the step's rows."""
+        return trim_padding(self.pos[:, s])
 
     def refresh_batch(self, s: int, f: torch.Tensor, mask: torch.Tensor, beta: float) -> None:
         """Eq. 4 for the step's rows only: f (K, B, C) the current model's probabilities on the batch."""
         k = torch.arange(self.q.shape[0]).unsqueeze(1).expand_as(mask)
-        p = self.pos[:, s].clamp_min(0)
+        p = self.step_pos(s).clamp_min(0)
         new = ema(self.q[k, p], f, beta)
         self.q[k[mask], p[mask]] = new[mask]
 

@@ -58,6 +58,8 @@ class Method:
     all_clients: ClassVar[bool] = False  # every client trains every round, whatever --fraction says
     # Why the method needs a head with representation layers (non-empty body_keys), if it does.
     needs_representation: ClassVar[str] = ""
+    # Trains on the augmented views (``extract --views K``): ``fedcache train`` then loads them into data.views.
+    uses_views: ClassVar[bool] = False
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -101,6 +103,10 @@ class Method:
         return _size(down)
 
     # ---- evaluation ------------------------------------------------------------------
+    def summary_extra(self) -> dict:
+        """Method-specific facts for the run summary (e.g. that a run bypassed the feature cache)."""
+        return {}
+
     def client_logits(self, server: Params, states: Params, clients: list[int], x: torch.Tensor) -> torch.Tensor:
         """(K, T, D) local test features of K clients -> (K, T, C) scores; personalised methods override."""
         logits = self.global_logits(server, x.flatten(0, 1))

@@ -15,7 +15,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, rng_for
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
-from fedcache.federate.prototypes import aggregate, class_means, nearest, padded_rows
+from fedcache.federate.prototypes import aggregate, class_means, nearest
 from fedcache.heads import Params
 from fedcache.noise import perturb
 
@@ -91,11 +91,10 @@ class FedPCL(Method):
         return not ready or self.p.loss in ("ce", "ce+protodist") or self.p.ce_weight > 0
 
     def client_prototypes(self, params: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        d = self.ctx.data
-        idx, mask = padded_rows(self.client_rows(clients))
+        x, y, mask = self.ctx.data.rows_of("train", clients)
         with torch.no_grad():
-            z = self.head.features(params, d.x_train[idx])
-        return class_means(z, d.y_train[idx], mask, self.c)
+            z = self.head.features(params, x)
+        return class_means(z, y, mask, self.c)
 
     def _noised(self, protos: torch.Tensor, counts: torch.Tensor, rnd: int, clients: list[int]) -> torch.Tensor:
         if self.p.noise == "none":

@@ -13,7 +13,7 @@ import torch
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
-from fedcache.federate.prototypes import aggregate, class_means, nearest, padded_rows
+from fedcache.federate.prototypes import aggregate, class_means, nearest
 from fedcache.heads import Params, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
@@ -70,11 +70,10 @@ class FedProto(Method):
         return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx, mask = padded_rows(self.client_rows(clients))
-        d = self.ctx.data
+        x, y, mask = self.ctx.data.rows_of("train", clients)
         with torch.no_grad():
-            z = self.head.features(states, d.x_train[idx], mask, train=False)
-        return class_means(z, d.y_train[idx], mask, d.n_classes)
+            z = self.head.features(states, x, mask, train=False)
+        return class_means(z, y, mask, self.ctx.data.n_classes)
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
         # The paper's Eq. weights each client's prototype by its class count; a class no sampled

@@ -1,0 +1,150 @@
+"""Shared pieces of the self-supervised methods (flesd, fedavg-ssl, fedprox-ssl, min-local).
+
+The representation being learned is a small MLP encoder on top of the frozen cached features:
+x -> h = relu(x W1 + b1) (the representation a linear probe scores) -> z = unit(h W2 + b2) (the
+projection that contrastive training and FLESD's similarities use, SimCLR's convention). Parameters
+are stacked over K clients (leading axis), like every other method's. Clients never read labels;
+only the evaluation probe does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedcache.errors import ConfigError
+from fedcache.federate.local import masked_mean, train
+from fedcache.federate.methods.base import Method, MethodContext
+from fedcache.federate.probe import fit_probe
+from fedcache.heads import Params
+
+ENCODER_KEYS = ("w1", "b1", "w2", "b2")
+MASKED = -1e9  # logit of excluded pairs: finite, so fully padded rows give no NaN gradients
+
+
+@dataclass(frozen=True)
+class SSLParams:
+    hidden: int = 512  # width of the representation h
+    out: int = 128  # width of the projection z
+    temperature: float = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)
+    probe_rows: int = 10000  # labelled training rows the evaluation probe is fitted on (0: all)
+    probe_c: float = 1.0  # inverse L2 strength of the probe's logistic regression
+
+    def __post_init__(self) -> None:
+        if min(self.hidden, self.out) < 1 or self.temperature <= 0 or self.probe_rows < 0 or self.probe_c <= 0:
+            raise ConfigError(f"need hidden, out >= 1, temperature > 0, probe_rows >= 0, probe_c > 0 (got {self})")
+
+
+# ---- encoder ----------------------------------------------------------------------------------
+def init_encoder(dim: int, hidden: int, out: int, gen: torch.Generator) -> Params:
+    """One encoder, stacked as K = 1; torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    def uniform(*shape, fan_in):
+        return (torch.rand(1, *shape, generator=gen) * 2 - 1) / math.sqrt(fan_in)
+
+    return {"w1": uniform(dim, hidden, fan_in=dim), "b1": uniform(1, hidden, fan_in=dim),
+            "w2": uniform(hidden, out, fan_in=hidden), "b2": uniform(1, out, fan_in=hidden)}
+
+
+def represent(p: Params, x: torch.Tensor) -> torch.Tensor:
+    """(K, B, D) -> (K, B, hidden): the representation a linear probe evaluates."""
+    return torch.relu(torch.baddbmm(p["b1"], x.to(p["w1"].dtype), p["w1"]))
+
+
+def embed(p: Params, x: torch.Tensor) -> torch.Tensor:
+    """(K, B, D) -> (K, B, out) unit vectors: the space of the contrastive loss and of FLESD's similarities."""
+    return F.normalize(torch.baddbmm(p["b2"], represent(p, x), p["w2"]), dim=-1)
+
+
+# ---- SimCLR -------------------------------------------------------------------------------------
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, t: float) -> torch.Tensor:
+    """SimCLR's loss of K clients' batches: (K, B, O) unit views, (K, B) real rows -> (K,).
+
+    Each of the 2B views has its other view as positive and the other 2B - 2 real views as negatives;
+    the per-client loss is the mean over its real views."""
+    b = z1.shape[1]
+    z = torch.cat([z1, z2], 1)
+    valid = torch.cat([mask, mask], 1)
+    sim = torch.bmm(z, z.transpose(1, 2)) / t
+    eye = torch.eye(2 * b, dtype=torch.bool)
+    sim = sim.masked_fill(eye | ~valid[:, None, :], MASKED)
+    pos = torch.arange(2 * b).roll(b)  # view i of row r pairs with view i + B (mod 2B)
+    loss = torch.logsumexp(sim, -1) - sim[:, torch.arange(2 * b), pos]
+    return masked_mean(loss, valid)
+
+
+def view_pair(step: int, n_views: int) -> tuple[int, int]:
+    """The two augmented views a step contrasts: consecutive views, cycling, so every view is used."""
+    return step % n_views, (step + 1) % n_views
+
+
+def require_views(data, name: str) -> None:
+    if data.views is None or data.views.shape[1] < 2:
+        got = 0 if data.views is None else data.views.shape[1]
+        raise ConfigError(f"{name} trains on augmented views and needs at least 2 per training image (found {got}); "
+                          "extract them with `fedcache extract --views 2`")
+
+
+def local_simclr(method, rnd: int, clients: list[int], start: Params, mu: float = 0.0) -> Params:
+    """SimCLR on each client's own rows for ``local_epochs`` epochs, from ``start`` (K stacked encoders).
+    ``mu`` > 0 adds FedProx's proximal term towards ``start``."""
+    c = method.ctx
+    views = c.data.views
+    blind = torch.zeros((), dtype=torch.long).expand(len(views))  # labels never reach training
+    t = method.p.temperature
+
+    def loss(p, xb, yb, mask, info):
+        a, b = view_pair(info["step"], xb.shape[2])
+        total = nt_xent(embed(p, xb[:, :, a]), embed(p, xb[:, :, b]), mask, t)
+        if mu:
+            total = total + 0.5 * mu * sum(((p[n] - start[n]) ** 2).flatten(1).sum(1) for n in ENCODER_KEYS)
+        return total
+
+    # The optimizer updates in place: train a copy so ``start`` stays the proximal anchor.
+    own = {n: t.clone() for n, t in start.items()}
+    return train(own, ENCODER_KEYS, loss, views, blind, method.plan(rnd, clients), c.optim)
+
+
+# ---- evaluation ------------------------------------------------------------------------------------
+def probe_rows(rows: list[np.ndarray], cap: int, seed: int) -> np.ndarray:
+    """The labelled training rows the evaluation probe fits on: the clients' rows, at most ``cap`` (seeded)."""
+    pool = np.sort(np.concatenate(rows))
+    if cap and len(pool) > cap:
+        pool = np.sort(np.random.default_rng(np.random.SeedSequence([seed, 11])).choice(pool, cap, replace=False))
+    return pool
+
+
+def probe_logits(p: Params, data, rows: np.ndarray, x: torch.Tensor, c: float, seed: int) -> torch.Tensor:
+    """Linear evaluation: fit a logistic regression on the representation of the labelled training
+    ``rows``, then score ``x`` (N, D) -> (N, C) log-probabilities (classes absent from ``rows``: never)."""
+    with torch.no_grad():
+        h_train = represent(p, data.x_train[torch.from_numpy(rows)][None])[0].numpy()
+        h = represent(p, x[None])[0].numpy()
+    model = fit_probe(h_train, data.y_train[torch.from_numpy(rows)].numpy(), c, seed)
+    out = torch.full((len(x), data.n_classes), MASKED)
+    proba = np.maximum(model.predict_proba(h), 1e-30)  # log(0) would be -inf
+    out[:, torch.from_numpy(model[-1].classes_)] = torch.from_numpy(np.log(proba)).float()
+    return out
+
+
+# ---- the common method skeleton --------------------------------------------------------------------
+class SSLMethod(Method):
+    """Unlabelled clients train the MLP encoder with SimCLR; evaluation is a linear probe of its representation."""
+
+    Params = SSLParams
+    uses_views = True
+    default_preset = "fedpcl"  # Adam, lr 1e-3: FLESD's local optimiser (paper Sec. 5.1)
+
+    def __init__(self, ctx: MethodContext, params=None) -> None:
+        super().__init__(ctx, params)
+        require_views(ctx.data, self.name)
+        # Fixed before a method may narrow its federation (FLESD's public client still has labelled rows).
+        self.eval_rows = probe_rows(ctx.data.client_train, self.p.probe_rows, ctx.seed)
+
+    def init_server(self) -> Params:
+        return init_encoder(self.ctx.data.dim, self.p.hidden, self.p.out, self.generator(0, 0))
+
+    def global_logits(self, server: Params, x: torch.Tensor) -> torch.Tensor:
+        return probe_logits(server, self.ctx.data, self.eval_rows, x, self.p.probe_c, self.ctx.seed)

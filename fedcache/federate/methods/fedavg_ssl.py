@@ -1,0 +1,26 @@
+"""FedAvg-SSL: FedAvg of locally trained SimCLR encoders (FLESD paper's weight-averaging baseline).
+
+Unlabelled clients train the global MLP encoder with SimCLR on their cached augmented views and send
+its weights; the server averages them weighted by sample counts. Evaluation: linear probe.
+"""
+from __future__ import annotations
+
+from fedcache.federate.methods._simclr import SSLMethod, local_simclr
+from fedcache.federate.methods.base import METHODS, LocalResult, weighted_average
+from fedcache.heads import Params, expand
+
+
+@METHODS.register("fedavg-ssl")
+class FedAvgSSL(SSLMethod):
+    name = "fedavg-ssl"
+    description = "unsupervised: average of locally trained SimCLR encoders (weights travel)"
+
+    def proximal(self) -> float:
+        return 0.0
+
+    def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
+        params = local_simclr(self, rnd, clients, expand(down, len(clients)), self.proximal())
+        return LocalResult({}, params, self.sample_counts(clients))
+
+    def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
+        return weighted_average(result.uploads, result.weights)

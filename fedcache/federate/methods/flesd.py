@@ -1,0 +1,75 @@
+"""FLESD (Fan et al., "FLESD: Federated Self-Supervised Learning via Ensemble Similarity Distillation"):
+unlabelled clients train the MLP encoder locally with SimCLR for many epochs, then send only its
+similarity matrix over a public set (dense, or the top n% of each row; optionally float16/int8).
+The server ensembles the matrices (Eq. 5-6), distils them into the global encoder with a momentum
+encoder and a queue (Eq. 7-10), and sends the encoder back.
+
+The public set is client 0's data, as in the paper and its official code: client 0 never trains
+and is not part of the federation (the loop sees clients 1..N-1); the server holds its rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedcache.errors import ConfigError
+from fedcache.federate.methods import _flesd as esd
+from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
+from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
+from fedcache.heads import Params, expand
+
+
+@dataclass(frozen=True)
+class FLESDParams(SSLParams):
+    target_t: float = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7; the paper sets them equal)
+    momentum: float = 0.999  # m of Eq. 10 (official code)
+    queue: int = 2048  # K, the queue of momentum keys (official code); capped by the public set
+    distill_epochs: int = 100  # epochs over the public set per round (paper: 200)
+    distill_batch: int = 256
+    distill_lr: float = 1e-3  # Adam (paper)
+    public_rows: int = 2048  # at most this many of client 0's rows form the public set (0: all, as the paper)
+    top_percent: float = 100.0  # < 100: each row sends only its top n% similarities, with their indices
+    precision: Literal["float32", "float16", "int8"] = "float32"  # of the similarity values sent
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.target_t <= 0 or not 0 <= self.momentum < 1 or min(self.queue, self.distill_batch) < 1:
+            raise ConfigError(f"flesd needs target_t > 0, 0 <= momentum < 1, queue and distill_batch >= 1 (got {self})")
+        if self.distill_epochs < 0 or self.distill_lr <= 0 or self.public_rows < 0 or not 0 < self.top_percent <= 100:
+            raise ConfigError(f"flesd needs distill_epochs >= 0, distill_lr > 0, public_rows >= 0, "
+                              f"0 < top_percent <= 100 (got {self})")
+
+
+@METHODS.register("flesd")
+class FLESD(SSLMethod):
+    name = "flesd"
+    description = "unsupervised: local SimCLR, ensemble similarity distillation on a public set (no weights sent up)"
+    Params = FLESDParams
+
+    def __init__(self, ctx: MethodContext, params=None) -> None:
+        super().__init__(ctx, params)
+        d = ctx.data
+        if d.n_clients < 2:
+            raise ConfigError("flesd needs at least 2 clients: client 0's data is the public set, the others train")
+        self.public = torch.from_numpy(esd.public_rows(d.client_train[0], self.p.public_rows, ctx.seed))
+        if len(self.public) < 2:
+            raise ConfigError(f"flesd's public set (client 0's rows) has {len(self.public)} rows; it needs 2 or more")
+        # The federation is clients 1..N-1; a copy, so the caller's data and context stay untouched.
+        rest = dataclasses.replace(d, client_train=d.client_train[1:], client_test=d.client_test[1:])
+        self.ctx = dataclasses.replace(ctx, data=rest)
+
+    def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
+        params = local_simclr(self, rnd, clients, expand(down, len(clients)))
+        with torch.no_grad():  # Eq. 4 on the public set's plain (unaugmented) features
+            x = self.ctx.data.x_train[self.public].expand(len(clients), -1, -1)
+            z = embed(params, x)
+            sims = torch.bmm(z, z.transpose(1, 2))
+        return LocalResult({}, esd.encode(sims, self.p.top_percent, self.p.precision), self.sample_counts(clients))
+
+    def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
+        ens = esd.ensemble(*esd.decode(result.uploads), self.p.target_t)
+        views = self.ctx.data.views[self.public]
+        return esd.distil(server, ens, views, self.p, self.generator(rnd, 1))

@@ -1,0 +1,209 @@
+"""FLESD: ensemble (Eq. 5-6) and distillation targets (Eq. 7-9) by hand, a neighbourhood structure
+that distillation must transfer, exact bytes, determinism, the SimCLR loss, and the CLI on a
+multi-view store."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+from fedcache.extract.runner import ExtractConfig, extract
+from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.methods import _flesd as esd
+from fedcache.federate.methods._simclr import embed, init_encoder, nt_xent
+
+from .conftest import synthetic
+from .test_methods import make
+
+
+@pytest.fixture(scope="module")
+def viewed():
+    data = synthetic(per_client=40)
+    data.views = data.x_train[:, None] + 0.3 * torch.randn(len(data.x_train), 2, data.dim,
+                                                           generator=torch.Generator().manual_seed(1))
+    return data
+
+
+SMALL = {"hidden": 16, "out": 8, "distill_epochs": 3, "distill_batch": 8, "queue": 16}
+
+
+# ---- Eq. 5-6 ----------------------------------------------------------------------------------
+def test_ensemble_matches_hand_computation():
+    s1 = torch.tensor([[1.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 1.0]])
+    s2 = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.7], [0.5, 0.7, 1.0]])
+    got = esd.ensemble(torch.stack([s1, s2]), torch.ones(2, 3, 3, dtype=torch.bool), t=0.5)
+    # Row maxima are the diagonal (1): entry = mean_k exp((s_k - 1) / 0.5).
+    e = math.exp
+    want = torch.tensor([[1.0, (e(-1) + e(-2)) / 2, (e(-2) + e(-1)) / 2],
+                         [(e(-1) + e(-2)) / 2, 1.0, (e(-1.6) + e(-0.6)) / 2],
+                         [(e(-2) + e(-1)) / 2, (e(-1.6) + e(-0.6)) / 2, 1.0]])
+    torch.testing.assert_close(got, want)
+    # A row whose maximum is not 1 is shifted by its own maximum (official code; a row-constant).
+    got = esd.ensemble(torch.tensor([[[0.2, 0.6]]]), torch.ones(1, 1, 2, dtype=torch.bool), t=0.2)
+    torch.testing.assert_close(got, torch.tensor([[e(-2.0), 1.0]]))
+
+
+def test_ensemble_of_sparse_uploads_weighs_unsent_entries_zero():
+    s = torch.tensor([[[1.0, 0.9, 0.1, 0.3], [0.9, 1.0, 0.2, 0.4], [0.1, 0.2, 1.0, 0.8], [0.3, 0.4, 0.8, 1.0]]])
+    up = esd.encode(s, top_percent=25, precision="float32")  # one neighbour per row of 4
+    assert up["values"].shape == (1, 4, 1) and up["indices"].dtype == torch.int16
+    assert up["indices"][0, :, 0].tolist() == [1, 0, 3, 2]
+    sims, known = esd.decode(up)
+    ens = esd.ensemble(sims, known, t=0.1)
+    want = torch.zeros(4, 4)
+    for i, j in enumerate([1, 0, 3, 2]):
+        want[i, i], want[i, j] = 1.0, math.exp((s[0, i, j].item() - 1) / 0.1)
+    torch.testing.assert_close(ens, want)
+
+
+@pytest.mark.parametrize("precision, tol", [("float32", 0), ("float16", 1e-3), ("int8", 0.5 / 127)])
+def test_quantised_similarities_round_trip(precision, tol):
+    z = F.normalize(torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(0)), dim=-1)
+    s = z @ z.transpose(1, 2)
+    back, known = esd.decode(esd.encode(s, 100, precision))
+    assert known.all() and (back - s).abs().max() <= tol + 1e-6
+
+
+# ---- Eq. 7-9 ---------------------------------------------------------------------------------------
+def test_distillation_targets_and_loss_match_hand_computation():
+    ens = torch.tensor([[1.0, 0.2, 0.6], [0.2, 1.0, 0.3], [0.6, 0.3, 1.0]])
+    tgt = esd.targets(ens, torch.tensor([0, 1]), torch.tensor([0, 2]))  # Eq. 8 over anchors {0, 2}
+    torch.testing.assert_close(tgt, torch.tensor([[1 / 1.6, 0.6 / 1.6], [0.2 / 0.5, 0.3 / 0.5]]))
+    q = torch.tensor([[1.0, 0.0]])
+    anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    logits = esd.student_logits(q, anchors, t=0.5)  # Eq. 7: cos / T = [2, 0]
+    torch.testing.assert_close(logits, torch.tensor([[2.0, 0.0]]))
+    ps = [math.exp(2) / (math.exp(2) + 1), 1 / (math.exp(2) + 1)]
+    pt = [0.75, 0.25]
+    kl = sum(a * math.log(a / b) for a, b in zip(pt, ps))  # Eq. 9
+    torch.testing.assert_close(esd.distill_loss(logits, torch.tensor([pt])), torch.tensor(kl))
+    assert esd.distill_loss(logits, torch.softmax(logits, 1)).abs() < 1e-6  # matching gives zero
+
+
+def test_queue_is_fifo_and_sizes_fit_the_public_set():
+    qu = esd.Queue(4, 1)
+    for r in range(3):
+        qu.push(torch.full((2, 1), float(r)), torch.tensor([2 * r, 2 * r + 1]))
+        assert qu.full == (r >= 1)
+    assert qu.rows.tolist() == [4, 5, 2, 3] and qu.keys[:, 0].tolist() == [2.0, 2.0, 1.0, 1.0]
+    assert esd.sizes(p=1000, batch=256, queue=2048) == (256, 768)
+    assert esd.sizes(p=20, batch=256, queue=2048) == (20, 20)
+
+
+def test_distillation_transfers_a_neighbourhood_structure():
+    """The teacher groups 64 random points into 4 arbitrary clusters the raw features do not show;
+    after distillation the student's 5 nearest neighbours lie in the teacher's cluster."""
+    p, dim, groups = 64, 96, 4
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(p, dim, generator=g)
+    views = x[:, None] + 0.05 * torch.randn(p, 2, dim, generator=g)
+    cluster = torch.arange(p) % groups
+    same = cluster[:, None] == cluster[None, :]
+    teacher = torch.where(same, 0.9, -0.1).fill_diagonal_(1.0)
+    ens = esd.ensemble(teacher[None], torch.ones(1, p, p, dtype=torch.bool), t=0.1)
+    cfg = SimpleNamespace(distill_lr=3e-3, distill_batch=16, queue=64, out=16, distill_epochs=50,
+                          momentum=0.99, target_t=0.1)
+    enc = init_encoder(dim, 64, 16, torch.Generator().manual_seed(0))
+
+    def knn_purity(params):
+        z = embed(params, x[None])[0]
+        sim = (z @ z.T).fill_diagonal_(-2)
+        nn = sim.topk(5, dim=1).indices
+        return same.gather(1, nn).float().mean().item()
+
+    before = knn_purity(enc)
+    after = knn_purity(esd.distil(enc, ens, views, cfg, torch.Generator().manual_seed(0)))
+    assert before < 0.5 and after > 0.95, (before, after)
+
+
+# ---- the method in the loop --------------------------------------------------------------------------
+def test_bytes_per_round_follow_the_formula(viewed):
+    m = make("flesd", viewed, **SMALL)
+    p = len(viewed.client_train[0])  # public set: all of client 0's rows (< public_rows)
+    trainers = viewed.n_clients - 1
+    enc = (viewed.dim * 16 + 16 + 16 * 8 + 8) * 4
+    s = run(m, RunConfig(rounds=2)).summary
+    assert s["bytes_up"] == 2 * trainers * p * p * 4 and s["bytes_down"] == 2 * trainers * enc
+    n = esd.neighbours(p, 10)
+    s = run(make("flesd", viewed, top_percent=10, precision="int8", **SMALL), RunConfig(rounds=2)).summary
+    assert n == p // 10 and s["bytes_up"] == 2 * trainers * p * n * (1 + 2)  # int8 value + int16 index
+    s = run(make("flesd", viewed, precision="float16", **SMALL), RunConfig(rounds=1)).summary
+    assert s["bytes_up"] == trainers * p * p * 2
+
+
+def test_public_client_never_trains_and_data_stays_untouched(viewed):
+    m = make("flesd", viewed, **SMALL)
+    assert m.ctx.data.n_clients == viewed.n_clients - 1 and viewed.n_clients == 5
+    assert np.array_equal(m.public.numpy(), np.sort(viewed.client_train[0]))
+    planned = m.plan(0, list(range(m.ctx.data.n_clients)))
+    assert not np.isin(planned[planned >= 0], viewed.client_train[0]).any()
+    capped = make("flesd", viewed, public_rows=10, **SMALL)
+    assert len(capped.public) == 10 and np.isin(capped.public.numpy(), viewed.client_train[0]).all()
+
+
+def test_flesd_is_deterministic_and_seed_dependent(viewed):
+    def once(seed):
+        r = run(make("flesd", viewed, seed=seed, top_percent=20, precision="int8", **SMALL), RunConfig(rounds=2))
+        return {k: v for k, v in r.summary.items() if k != "seconds"}, r.server
+
+    (a, sa), (b, sb), (_, sc) = once(0), once(0), once(1)
+    assert a == b and all(torch.equal(sa[n], sb[n]) for n in sa)
+    assert not torch.equal(sa["w1"], sc["w1"])
+
+
+def test_flesd_needs_views_and_two_clients(viewed):
+    plain = synthetic(per_client=20)
+    with pytest.raises(ConfigError, match="--views 2"):
+        make("flesd", plain)
+    one = synthetic(n_clients=1, per_client=20)
+    one.views = one.x_train[:, None].expand(-1, 2, -1)
+    with pytest.raises(ConfigError, match="at least 2 clients"):
+        make("flesd", one)
+    with pytest.raises(ConfigError, match="top_percent"):
+        make("flesd", viewed, top_percent=0.0)
+
+
+# ---- SimCLR -----------------------------------------------------------------------------------------
+def test_nt_xent_matches_hand_computation_and_ignores_padding():
+    z1 = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]])
+    z2 = torch.tensor([[[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]]])
+    mask = torch.tensor([[True, True, False]])
+    got = nt_xent(z1, z2, mask, t=1.0)
+    # Real views a0=(1,0), a1=(0,1), b0=(1,0), b1=(.6,.8); each is contrasted with the other three.
+    v = {"a0": torch.tensor([1.0, 0]), "a1": torch.tensor([0.0, 1]), "b0": torch.tensor([1.0, 0]), "b1": torch.tensor([0.6, 0.8])}
+    pos = {"a0": "b0", "a1": "b1", "b0": "a0", "b1": "a1"}
+    losses = []
+    for i, vi in v.items():
+        others = [torch.exp(vi @ vj) for j, vj in v.items() if j != i]
+        losses.append(-math.log(torch.exp(vi @ v[pos[i]]) / sum(others)))
+    torch.testing.assert_close(got, torch.tensor([sum(losses) / 4]))
+
+
+# ---- the command line on a store with augmented views ------------------------------------------------
+@pytest.fixture(scope="module")
+def view_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("views") / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0, views=2))
+    return path
+
+
+def test_cli_trains_flesd_on_a_multi_view_store(view_store, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--store", str(view_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "flesd",
+            "--clients", "3", "--rounds", "2", "--batch-size", "8", "--set", "hidden=16", "--set", "out=8",
+            "--set", "distill_epochs=2", "--set", "probe_rows=0", "--out", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    p = json.loads((out / "config.json").read_text())["data"]["client_train_sizes"][0]
+    assert summary["bytes_up"] == 2 * 2 * p * p * 4 and len(summary["per_client_accuracy"]) == 2
+    assert 0 <= summary["global_accuracy"] <= 100
+    code = main(["train", "--store", str(view_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+                 "--clients", "2", "--rounds", "1"])
+    assert code == 0  # methods that do not use views ignore them
