@@ -37,6 +37,8 @@ class OptimConfig:
 PRESETS = {
     "fedpcl": OptimConfig("adam", 1e-3, 0.9, 1e-4),  # FedPCL's official code: Adam 1e-3, wd 1e-4
     "fst-cbdg": OptimConfig("sgd", 1e-2, 0.9, 1e-5),  # FST-CBDG paper: SGD 0.01, momentum 0.9, wd 1e-5
+    "promptfl": OptimConfig("sgd", 1e-3, 0.9, 5e-4),  # PromptFL's code: SGD 0.001 (CoOp's momentum 0.9, wd 5e-4)
+    "tpfl": OptimConfig("adam", 1e-3, 0.9, 5e-4),  # TPFL paper: Adam 1e-3; wd unstated, CoOp's 5e-4
 }
 
 

@@ -9,20 +9,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fedcache import __version__
 from fedcache.errors import ConfigError
-from fedcache.federate.data import FederatedData, load_fused
+from fedcache.federate.data import FederatedData, load_fused, load_views
 from fedcache.federate.loop import METRICS, RoundCallback, RunConfig, RunResult, run
 from fedcache.federate.methods import METHODS, Method, MethodContext
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
 from fedcache.federate.partitions.storage import table_keys
 from fedcache.federate.settings import build, parse_pairs, split_settings
+from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
-from fedcache.store.feature_store import FeatureStore
+from fedcache.store.feature_store import FeatureStore, FeatureTable
 
 log = logging.getLogger(__name__)
+
+Tables = tuple[FeatureTable, FeatureTable]  # fused (train, test) features
 
 
 @dataclass
@@ -63,7 +67,7 @@ class HeadChoice:
     head: str = ""
 
 
-def prepare(cfg: TrainConfig) -> tuple[Method, dict]:
+def prepare(cfg: TrainConfig, tables: Tables | None = None) -> tuple[Method, dict]:
     """Everything before the first round: data, partition, method; returns the resolved config too."""
     method_cls = METHODS.get(cfg.method)
     preset = cfg.preset or method_cls.default_preset
@@ -74,17 +78,17 @@ def prepare(cfg: TrainConfig) -> tuple[Method, dict]:
     params = build(method_cls.Params, routed["method"])
     optim = build(OptimConfig, routed["optimizer"], base=PRESETS[preset])
     head = routed["head"].get("head") or cfg.head or method_cls.default_head
-    data, part_info = load_data(cfg)
+    data, part_info = load_data(cfg, tables, views=method_cls.uses_views)
     ctx = MethodContext(data, head, optim, cfg.local_epochs, cfg.batch_size, cfg.seed, cfg.rounds)
     method = method_cls(ctx, params)
     resolved = _resolved(cfg, method, params, optim, part_info, data)
     return method, resolved
 
 
-def load_data(cfg: TrainConfig) -> tuple[FederatedData, dict]:
+def load_data(cfg: TrainConfig, tables: Tables | None = None, views: bool = False) -> tuple[FederatedData, dict]:
+    """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy)."""
     store = FeatureStore(cfg.store, create=False)
-    train_t = load_fused(store, cfg.dataset, cfg.backbones, "train")
-    test_t = load_fused(store, cfg.dataset, cfg.backbones, "test")
+    train_t, test_t = tables or (load_fused(store, cfg.dataset, cfg.backbones, s) for s in ("train", "test"))
     request = PartitionRequest(
         scheme=cfg.partition, n_clients=cfg.clients, seed=cfg.seed, alpha=cfg.alpha, shards=cfg.shards,
         clients_per_domain=cfg.clients_per_domain, few_shot=cfg.few_shot, subsample=cfg.subsample,
@@ -101,6 +105,10 @@ def load_data(cfg: TrainConfig) -> tuple[FederatedData, dict]:
         data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, cfg))
     else:
         data = FederatedData.from_tables(train_t, test_t, partition.train, partition.test)
+    data = attach_source(data, store, train_t, train_t if cfg.validation else test_t)
+    if views:  # augmented views (extract --views K), kept in the store's dtype: float16 halves the memory
+        aug = load_views(store, cfg.dataset, cfg.backbones, train_t)
+        data.views = None if aug is None else torch.from_numpy(aug)
     return attach_text(data, store, cfg.backbones), info
 
 
@@ -131,8 +139,8 @@ def _resolved(cfg: TrainConfig, method: Method, params, optim: OptimConfig, part
     }
 
 
-def train(cfg: TrainConfig, on_round: RoundCallback | None = None) -> RunResult:
-    method, resolved = prepare(cfg)
+def train(cfg: TrainConfig, on_round: RoundCallback | None = None, tables: Tables | None = None) -> RunResult:
+    method, resolved = prepare(cfg, tables)
     if cfg.out is not None:
         _prepare_out(cfg, resolved)
     t0 = time.perf_counter()

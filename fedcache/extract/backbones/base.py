@@ -48,6 +48,10 @@ class LoadedBackbone:
     encode_text: Callable[[Sequence[str]], torch.Tensor] | None = None
     # The real embedding width can differ from the spec (e.g. timm:<any>); this is authoritative.
     embed_dim: int = 0
+    # CLIP-style backbones: the whole model (both towers) and its tokenizer, for methods that run the
+    # text tower on learned prompts (federate/methods/_prompt.py).
+    model: nn.Module | None = None
+    tokenize: Callable[[Sequence[str]], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,71 @@
+"""ATPFL (Augmented TPFL, same paper as tpfl.py): TPFL plus the InfoNCE terms of Eq. 4-5, which pull a
+client's prompted text and image features towards those of the global prompts (positive) and away
+from those of the client's own previous prompts (negative):
+
+    L = l_con + mu * (l_aug(z_text, z_text_global, z_text_prev) + l_aug(z_img, z_img_global, z_img_prev))
+
+Each client keeps the prompts it uploaded last (its personal state); before its first round that is
+the initial global prompt, so the two targets coincide and the terms are constant (zero gradient).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedcache.errors import ConfigError
+from fedcache.federate.local import masked_mean
+from fedcache.federate.methods._prompt import info_nce
+from fedcache.federate.methods.base import METHODS
+from fedcache.federate.methods.tpfl import TPFL, TPFLParams
+from fedcache.heads import Params
+
+PREV = "prev_"  # client-state prefix of the previous round's prompts
+
+
+@dataclass(frozen=True)
+class ATPFLParams(TPFLParams):
+    mu: float = 1.0  # weight of the InfoNCE terms (Eq. 5); the paper does not state its value
+    tau: float = 0.0  # Gamma of Eq. 4; 0: CLIP's temperature 1 / logit_scale, the Gamma Eq. 2 uses
+
+    def __post_init__(self) -> None:
+        if self.mu < 0 or self.tau < 0:
+            raise ConfigError(f"atpfl needs mu >= 0 and tau >= 0 (got mu={self.mu}, tau={self.tau})")
+
+
+def _expanded(p: Params, k: int) -> Params:
+    return {n: t.expand(k, *t.shape[1:]) for n, t in p.items()}
+
+
+@METHODS.register("atpfl")
+class ATPFL(TPFL):
+    name = "atpfl"
+    description = "TPFL plus InfoNCE towards the global prompts and away from the client's previous ones"
+    Params = ATPFLParams
+
+    def init_clients(self, n: int) -> Params:
+        return {PREV + k: t.expand(n, *t.shape[1:]).clone() for k, t in self.init_server().items()}
+
+    def new_states(self, uploads: Params, states: Params) -> Params:
+        return {PREV + k: t.clone() for k, t in uploads.items()}
+
+    def local_extra(self, clients: list[int], down: Params, states: Params) -> dict:
+        """The global and previous prompts are fixed during the local pass: their text features are
+        computed once here, not at every step."""
+        if not self.p.mu:
+            return {}
+        prev = {k[len(PREV):]: t for k, t in states.items()}
+        with torch.no_grad():
+            text_g, text_prev = self.text.encode(down["ctx"]), self.text.encode(prev["ctx"])
+        return {"global": _expanded(down, len(clients)), "prev": prev, "text_g": text_g, "text_prev": text_prev}
+
+    def regulariser(self, p: Params, rows, mask, image, text, info) -> torch.Tensor | float:
+        if not self.p.mu:
+            return 0.0
+        tau = self.p.tau or 1.0 / self.scale
+        l_text = info_nce(text, info["text_g"].expand_as(text), info["text_prev"], tau).mean(-1)  # over classes
+        with torch.no_grad():
+            image_g = self.visual.train_features(info["global"], rows)
+            image_prev = self.visual.train_features(info["prev"], rows)
+        l_image = masked_mean(info_nce(image, image_g, image_prev, tau), mask)
+        return self.p.mu * (l_text + l_image)

@@ -1,0 +1,58 @@
+"""TPFL (Twin Prompt Federated Learning; "Inclusive Data Representation in Federated Learning: A Novel
+Approach Integrating Textual and Visual Prompt"): PromptFL's text context plus a visual prompt, both
+trained locally with the CLIP loss (Eq. 2) and both averaged by sample count on the server (Eq. 3).
+
+``visual=feature`` (default) adds the visual prompt to the cached image embedding, keeping the cache;
+the paper's prompt is on pixels, which ``visual=pixel`` implements by re-reading the raw images and
+running CLIP's frozen image tower every step (it bypasses the cache; GPU recommended).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedcache.federate.methods._visual_prompt import CachedFeatures, FeaturePrompt, PixelPrompt
+from fedcache.federate.methods.base import METHODS
+from fedcache.federate.methods.promptfl import PromptFL, PromptFLParams
+from fedcache.federate.source import source_from_info
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TPFLParams(PromptFLParams):
+    visual: Literal["feature", "pixel"] = "feature"
+    pad: int = 30  # visual=pixel: width of the padding prompt in pixels (Bahng et al.'s default at 224 px)
+    dataset: str = ""  # visual=pixel: the dataset's registry name if the store names it differently
+    data_root: str = ""  # visual=pixel: where the raw images are (as `fedcache extract --data-root`)
+
+
+def _feature(m: TPFL) -> CachedFeatures:
+    return FeaturePrompt(m.ctx.data)
+
+
+def _pixel(m: TPFL) -> CachedFeatures:
+    log.warning("%s visual=pixel BYPASSES THE FEATURE CACHE: it re-reads the raw images and runs the image "
+                "tower every step (GPU recommended)", m.name)
+    src = source_from_info(m.ctx.data, m.name)
+    return PixelPrompt(m.ctx.data, src, m.bb.model, m.p.pad, m.p.dataset, m.p.data_root, torch.device(m.p.device))
+
+
+VISUAL = {"feature": _feature, "pixel": _pixel}
+
+
+@METHODS.register("tpfl")
+class TPFL(PromptFL):
+    name = "tpfl"
+    description = "PromptFL plus a visual prompt (on cached features, or pixels with visual=pixel); both averaged"
+    Params = TPFLParams
+    default_preset = "tpfl"
+
+    def make_visual(self) -> CachedFeatures:
+        return VISUAL[self.p.visual](self)
+
+    def summary_extra(self) -> dict:
+        return {"bypasses_cache": self.visual.bypasses_cache}
