@@ -62,7 +62,8 @@ class EntryWriter:
 
     @property
     def n_chunks(self) -> int:
-        return -(-self.n_rows // self.chunk_rows)
+        # As allocated by _create_entry: an empty entry (a shard's domain with no rows) has one empty chunk.
+        return max(1, -(-self.n_rows // self.chunk_rows))
 
     @property
     def complete(self) -> bool:

@@ -1,0 +1,138 @@
+"""Per-round time of fedavg, 10 clients: the in-process engine vs Flower's simulation engine vs a
+loopback deployment (a SuperLink and 10 SuperNodes as processes on 127.0.0.1, `flwr run`).
+
+Data: a synthetic 10-class problem (10 clients x 100 rows x 256-d, Gaussian classes) imported into
+a real feature store with `import_file`, sharded with `fedcache shard`'s code. 3 rounds, evaluation
+after the last only. Per-round times: in-process, the whole run / rounds (best of 3); Flower, the
+server's own per-round wall time (``rounds.jsonl``: send, wait for every reply, aggregate), plus
+the whole run's wall time including start-up. Every Flower engine must give the in-process accuracy.
+
+    .venv/bin/python benchmarks/flower_overhead.py [--out benchmarks/results/flower_overhead.json]
+    .venv/bin/python benchmarks/flower_overhead.py --render    # the markdown section of docs/performance.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULT = Path(__file__).resolve().parent / "results" / "flower_overhead.json"
+CLIENTS, ROUNDS, DIM, PER_CLIENT, DATASET, BACKBONE = 10, 3, 256, 100, "synthetic-10", "imported"
+
+
+def make_store(path: Path) -> None:
+    from fedcache.store.feature_store import FeatureStore
+    from fedcache.store.interchange import import_file
+
+    rng = np.random.default_rng(0)
+    means = rng.normal(size=(10, DIM)).astype(np.float32)
+    arrays = {}
+    for split, n in (("train", CLIENTS * PER_CLIENT), ("test", 1000)):
+        y = rng.integers(0, 10, n)
+        arrays[f"{split}__features"] = means[y] + 2.0 * rng.normal(size=(n, DIM)).astype(np.float32)
+        arrays[f"{split}__labels"] = y
+    npz = path.parent / "synthetic.npz"
+    np.savez(npz, **arrays)
+    import_file(FeatureStore(path), npz, DATASET, BACKBONE)
+
+
+def config(store: Path, **kw):
+    from fedcache.federate.train import TrainConfig
+
+    return TrainConfig(store=store, dataset=DATASET, backbones=[BACKBONE], method="fedavg", partition="iid",
+                       clients=CLIENTS, rounds=ROUNDS, eval_every=ROUNDS, **kw)
+
+
+def in_process(store: Path) -> dict:
+    from fedcache.federate.train import train
+
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        result = train(config(store))
+        runs.append(time.perf_counter() - t0)
+    return {"per_round_s": min(runs) / ROUNDS, "run_s": min(runs), "accuracy": result.summary["mean_accuracy"]}
+
+
+def _flower_times(out: Path, wall: float, summary: dict) -> dict:
+    rounds = [json.loads(l) for l in (out / "rounds.jsonl").read_text().splitlines()]
+    secs = [r["seconds"] for r in rounds]
+    return {"per_round_s": statistics.median(secs), "round_s": secs, "run_s": wall, "accuracy": summary["mean_accuracy"]}
+
+
+def simulation(store: Path, work: Path) -> dict:
+    from fedcache.flower.sim import train_flower_sim
+
+    out = work / "sim"
+    t0 = time.perf_counter()
+    summary = train_flower_sim(config(store, out=out))
+    return _flower_times(out, time.perf_counter() - t0, summary)
+
+
+def deployment(store: Path, work: Path) -> dict:
+    from fedcache.flower.config import FlowerRun
+    from fedcache.flower.local import LocalDeployment
+    from fedcache.flower.project import write_app
+    from fedcache.flower.shard import SERVER, client_dir, write_shards
+    from fedcache.flower.sim import shard_spec
+
+    write_shards(shard_spec(config(store)), work / "shards")
+    write_app(work / "app")
+    run = FlowerRun(method="fedavg", rounds=ROUNDS, eval_every=ROUNDS, server_shard=str(work / "shards" / SERVER),
+                    out=str(work / "deploy"), connect_timeout=300)
+    with LocalDeployment(work, [client_dir(work / "shards", k) for k in range(CLIENTS)]) as d:
+        t0 = time.perf_counter()
+        summary = d.run(work / "app", run, timeout=580)
+        wall = time.perf_counter() - t0
+    return _flower_times(Path(run.out), wall, summary)
+
+
+def measure() -> dict:
+    with tempfile.TemporaryDirectory(prefix="flower-overhead-") as tmp:
+        work = Path(tmp)
+        store = work / "store.zarr"
+        make_store(store)
+        results = {"in_process": in_process(store), "simulation": simulation(store, work),
+                   "deployment": deployment(store, work)}
+    return {"config": {"method": "fedavg", "clients": CLIENTS, "rounds": ROUNDS, "dim": DIM, "rows_per_client": PER_CLIENT},
+            "results": results, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                            "note": "shared 2-core machine under load from other jobs"}}
+
+
+def render(path: Path = RESULT) -> str:
+    data = json.loads(path.read_text())
+    c, r = data["config"], data["results"]
+    lines = [f"`.venv/bin/python benchmarks/flower_overhead.py`: {c['method']}, {c['clients']} clients x "
+             f"{c['rows_per_client']} rows x {c['dim']}-d, {c['rounds']} rounds, evaluation after the last "
+             f"({data['machine']['cpus']} CPUs, {data['machine']['note']}).", "",
+             "| engine | per round (s) | whole run incl. start-up (s) | accuracy % |", "|---|---|---|---|"]
+    names = {"in_process": "in-process", "simulation": "Flower simulation (Ray)", "deployment": "loopback deployment (10 SuperNodes)"}
+    for key, name in names.items():
+        v = r[key]
+        lines.append(f"| {name} | {v['per_round_s']:.3f} | {v['run_s']:.1f} | {v['accuracy']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=RESULT)
+    ap.add_argument("--render", action="store_true")
+    args = ap.parse_args()
+    if args.render:
+        print(render(args.out))
+        return
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    data = measure()
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    print(render(args.out))
+
+
+if __name__ == "__main__":
+    main()

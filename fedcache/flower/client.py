@@ -1,0 +1,91 @@
+"""The ClientApp: any registered method's client step, run on the client's own shard.
+
+A node finds its shard in its node config (``--node-config "shard='/data/client-003'"``) or, in
+simulation, at ``<shard-dir>/client-<partition-id>``. Its personal state (personal heads,
+prototypes, pseudo-labels) lives in the node's Flower context between rounds; the method object
+itself holds no round-to-round state, so it is rebuilt whenever a process starts.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedcache.errors import ConfigError
+from fedcache.federate.methods import METHODS, Method
+from fedcache.flower.config import FlowerRun, build_method
+from fedcache.flower.protocol import STATE, from_record, to_record
+from fedcache.flower.shard import ShardInfo, client_dir, load_client
+
+app = ClientApp()
+
+
+def shard_path(context: Context, run: FlowerRun) -> Path:
+    node = context.node_config
+    if "shard" in node:
+        return Path(str(node["shard"]))
+    if run.shard_dir and "partition-id" in node:
+        return client_dir(Path(run.shard_dir), int(node["partition-id"]))
+    raise ConfigError("this SuperNode has no shard: start it with --node-config \"shard='/path/to/client-NNN'\" "
+                      "(the directory `fedcache shard` wrote for this client)")
+
+
+@lru_cache(maxsize=64)  # a simulation process serves many clients; each loads its shard once
+def _client(path: str, run_json: str) -> tuple[Method, ShardInfo]:
+    run = FlowerRun.from_config(json.loads(run_json))
+    data, info = load_client(path, views=getattr(METHODS.get(run.method), "uses_views", False))
+    return build_method(run, data), info
+
+
+def _setup(context: Context) -> tuple[Method, ShardInfo]:
+    run = FlowerRun.from_config(dict(context.run_config))
+    return _client(str(shard_path(context, run)), json.dumps(run.to_config(), sort_keys=True))
+
+
+def _state(method: Method, info: ShardInfo, context: Context) -> dict[str, torch.Tensor]:
+    """This client's personal state: from the context, or the in-process engine's initial state of client k."""
+    if STATE in context.state:
+        return from_record(context.state[STATE])
+    everyone = method.init_clients(info.n_clients)
+    return {n: t[[info.client]] for n, t in everyone.items()}
+
+
+@app.query()
+def identify(msg: Message, context: Context) -> Message:
+    """Which client this node is, so the server can sample by client id as the in-process engine does."""
+    _, info = _setup(context)
+    return Message(RecordDict({"client": ConfigRecord({"client": info.client, "n-clients": info.n_clients})}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    method, info = _setup(context)
+    rnd = int(msg.content["config"]["round"])
+    down = from_record(msg.content["down"])
+    result = method.local_update(rnd, [info.client], down, _state(method, info, context))
+    context.state[STATE] = to_record(result.states)
+    content = RecordDict({"up": to_record(result.uploads), "weight": to_record({"w": result.weights}),
+                          "client": ConfigRecord({"client": info.client})})
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy on this client's local test rows, as the in-process engine scores client k."""
+    method, info = _setup(context)
+    server = from_record(msg.content["server"])
+    data, k = method.ctx.data, info.client
+    rows = torch.from_numpy(data.client_test[k])
+    x, y = data.x_test[rows], data.y_test[rows]
+    with torch.no_grad():
+        if method.personalized:
+            logits = method.client_logits(server, _state(method, info, context), [k], x.unsqueeze(0))[0]
+        else:
+            logits = method.global_logits(server, x)
+    hits = int((logits.argmax(-1) == y).sum())
+    metrics = MetricRecord({"client": k, "hits": hits, "n": len(rows)})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

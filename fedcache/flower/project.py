@@ -1,0 +1,34 @@
+"""The Flower App project (a directory with a pyproject.toml) that `flwr run` bundles and ships.
+
+The bundle holds no code: its components name fedcache's own ServerApp and ClientApp, which every
+machine of the federation has installed (``pip install "fedcache[flower]"``). Its config is the
+default run config; ``flwr run DIR CONNECTION --run-config "method='fedpcl' ..."`` overrides it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomli_w
+
+from fedcache import __version__
+from fedcache.flower.config import FlowerRun
+
+FLWR_VERSION = "1.41.0"  # keep equal to the pin of the `flower` extra in pyproject.toml
+
+
+def write_app(directory: Path | str, run: FlowerRun | None = None) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    project = {
+        "project": {"name": "fedcache-flower", "version": __version__, "license": "Apache-2.0",
+                    "description": "fedcache methods on Flower: generic ServerApp and ClientApp",
+                    "dependencies": [f"flwr=={FLWR_VERSION}", f"fedcache=={__version__}"]},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedcache",
+            "components": {"serverapp": "fedcache.flower.server:app", "clientapp": "fedcache.flower.client:app"},
+            "config": (run or FlowerRun()).to_config(),
+        }}},
+    }
+    path = directory / "pyproject.toml"
+    path.write_text(tomli_w.dumps(project))
+    return path

@@ -1,0 +1,251 @@
+"""Per-client shards: one self-contained feature store per client, holding only that client's rows.
+
+``write_shards`` makes, under ``OUT``::
+
+    client-000/ ... client-<N-1>/   the client's training rows, its local test rows, the augmented
+                                    views of its training rows (if extracted), the text embeddings,
+                                    and the partition record (client k's rows; every other client empty)
+    server/                         no training rows: the global test split (for the global accuracy
+                                    of methods with a global model), the text embeddings, and sizes
+
+Each is a normal feature store (``FeatureStore``, ``load_fused``, ``load_partition`` read it); the
+root attribute ``fedcache_shard`` says which client it is and which partition it came from. A
+client shard keeps the client's global index ``k``: seeds, mini-batch plans and initial states are
+derived from ``(seed, round, k)``, so a client trained from its shard draws exactly what it draws
+in the in-process engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
+from fedcache.federate.data import FederatedData, load_fused, load_views, sample_keys
+from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
+                                          save_partition, table_keys)
+from fedcache.federate.text import attach_text
+from fedcache.store.feature_store import TEXT, FeatureStore, FeatureTable
+from fedcache.store.keys import EntryKey, TextKey
+from fedcache.store.writer import open_writer
+
+log = logging.getLogger(__name__)
+
+SHARD_ATTR = "fedcache_shard"
+SERVER = "server"
+# Attributes of a source entry that describe its rows, not its origin: recomputed for the shard.
+_ROW_ATTRS = {"key", "n_rows", "dim", "chunk_rows", "batch_size", "created_at", "complete", "completed_at",
+              "n_valid", "n_bad_images"}
+
+
+def client_dir(out: Path, k: int) -> Path:
+    return Path(out) / f"client-{k:03d}"
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Which rows to shard: the store, the features, and the partition request (as ``fedcache train`` takes them)."""
+
+    store: Path
+    dataset: str
+    backbones: list[str]
+    request: PartitionRequest
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    role: str  # "client" or "server"
+    client: int  # the client's global index; -1 for the server shard
+    n_clients: int
+    dataset: str
+    backbones: list[str]
+    partition_id: str  # of the partition in the source store
+    request: dict
+    client_train_sizes: list[int]
+
+    @classmethod
+    def read(cls, store: FeatureStore) -> "ShardInfo":
+        raw = store.root.attrs.get(SHARD_ATTR)
+        if raw is None:
+            raise ConfigError(f"{store.path} is a feature store but not a shard; make shards with `fedcache shard ... --out DIR`")
+        return cls(**raw)
+
+
+# ---- writing -----------------------------------------------------------------------------
+def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
+    """One store per client plus the server's; returns their paths (clients first, server last)."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
+    store = FeatureStore(spec.store, create=False)
+    tables = {s: _tables(store, spec, s) for s in ("train", "test")}
+    train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
+    keys = (table_keys(train_t), table_keys(test_t))
+    partition = find_partition(store, spec.dataset, spec.request, *keys)
+    if partition is None:
+        partition = make_partition(spec.request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
+    pid = save_partition(store, spec.dataset, partition, *keys)
+    views = _view_tables(store, spec)
+    base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
+                request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train])
+    paths = []
+    for k in range(partition.n_clients):
+        info = ShardInfo(role="client", client=k, **base)
+        paths.append(_write_client(store, spec, tables, views, partition, info, client_dir(out, k)))
+    paths.append(_write_server(store, spec, tables, ShardInfo(role="server", client=-1, **base), out / SERVER))
+    return paths
+
+
+def _tables(store: FeatureStore, spec: ShardSpec, split: str, view: int = 0) -> dict[str, FeatureTable]:
+    """Each backbone's table, its rows put in the order of the first backbone's (as ``load_fused`` aligns them)."""
+    tables = {b: store.read(spec.dataset, split, b, view) for b in spec.backbones}
+    first = tables[spec.backbones[0]]
+    return {b: _take(t, _align(first, t, b, spec.dataset, split)) for b, t in tables.items()}
+
+
+def _view_tables(store: FeatureStore, spec: ShardSpec) -> list[dict[str, FeatureTable]]:
+    views, v = [], 1
+    while True:
+        try:
+            views.append(_tables(store, spec, "train", v))
+        except EntryNotFoundError:
+            return views
+        v += 1
+
+
+def _align(first: FeatureTable, table: FeatureTable, backbone: str, dataset: str, split: str) -> np.ndarray:
+    have = sample_keys(table)
+    order = np.argsort(have)
+    pos = np.clip(np.searchsorted(have, sample_keys(first), sorter=order), 0, len(have) - 1)
+    found = have[order[pos]] == sample_keys(first)
+    if not found.all():
+        raise StoreError(f"{int((~found).sum())} {split} samples of {dataset} lack {backbone} features; "
+                         "re-extract so every backbone covers the same images")
+    return order[pos]
+
+
+def _take(t: FeatureTable, rows: np.ndarray) -> FeatureTable:
+    return dataclasses.replace(t, features=t.features[rows], labels=t.labels[rows], ids=t.ids[rows], domains=t.domains[rows])
+
+
+def _new_store(path: Path, info: ShardInfo) -> FeatureStore:
+    shard = FeatureStore(path, create=True)
+    shard.root.attrs.update({SHARD_ATTR: dataclasses.asdict(info)})
+    return shard
+
+
+def _write_client(store, spec, tables, views, partition: Partition, info: ShardInfo, path: Path) -> Path:
+    shard = _new_store(path, info)
+    k = info.client
+    # Rows stay in the source order (the partition lists them sorted), so the client's row list,
+    # and with it every shuffled mini-batch, is the one the in-process engine uses.
+    train_rows, test_rows = partition.train[k], partition.test[k]
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        for b in spec.backbones:
+            _copy_rows(store, shard, tables[split][b], rows, spec, split, b, info)
+    for v, view in enumerate(views, start=1):
+        for b in spec.backbones:
+            _copy_rows(store, shard, view[b], train_rows, spec, "train", b, info, v)
+    _copy_text(store, shard, spec.backbones)
+    first = spec.backbones[0]
+    own = [np.arange(len(train_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
+    own_test = [np.arange(len(test_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
+    sub_train, sub_test = _take(tables["train"][first], train_rows), _take(tables["test"][first], test_rows)
+    save_partition(shard, spec.dataset, Partition(partition.request, own, own_test), table_keys(sub_train), table_keys(sub_test))
+    return path
+
+
+def _write_server(store, spec, tables, info: ShardInfo, path: Path) -> Path:
+    shard = _new_store(path, info)
+    n_test = len(tables["test"][spec.backbones[0]])
+    for b in spec.backbones:
+        _copy_rows(store, shard, tables["train"][b], np.zeros(0, np.int64), spec, "train", b, info)
+        _copy_rows(store, shard, tables["test"][b], np.arange(n_test), spec, "test", b, info)
+    _copy_text(store, shard, spec.backbones)
+    return path
+
+
+def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, spec: ShardSpec, split: str, backbone: str,
+               info: ShardInfo, view: int = 0) -> None:
+    """Write ``table``'s ``rows`` as the shard's entries, one per domain (empty ones too: readers expect every domain)."""
+    for d, entry_id in enumerate(table.entry_ids):
+        src = store.info(entry_id)
+        mine = rows[table.domains[rows] == d]
+        # The shard holds other rows than the source entry, so its key (and entry id) must differ.
+        tag = f"{src.key['dataset_fingerprint']}|shard:{info.partition_id}:{info.role}{max(info.client, 0)}"
+        key = EntryKey(**{**src.key, "dataset_fingerprint": tag})
+        attrs = {n: v for n, v in src.attrs.items() if n not in _ROW_ATTRS}
+        with open_writer(shard, key, len(mine), table.features.shape[1], 1, {**attrs, "shard_of": entry_id}) as w:
+            for c in w.pending():
+                lo, hi = w.chunk_range(c)
+                r = mine[lo:hi]
+                w.write_chunk(c, table.features[r], table.labels[r], table.ids[r], np.ones(len(r), bool))
+            w.finish([])
+
+
+def _copy_text(store: FeatureStore, shard: FeatureStore, backbones: list[str]) -> None:
+    for _, g in store.root[TEXT].groups():
+        k = dict(g.attrs.get("key", {}))
+        if g.attrs.get("complete") and k.get("backbone") in backbones:
+            key = TextKey(**{**k, "classes": tuple(k["classes"]), "templates": tuple(k["templates"])})
+            shard.put_text(key, g["embeddings"][:], bool(g.attrs.get("random_weights", False)))
+
+
+# ---- reading -----------------------------------------------------------------------------
+def open_shard(path: Path | str) -> tuple[FeatureStore, ShardInfo]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"no shard at {path}; make shards with `fedcache shard --store STORE ... --out DIR` "
+                          "and give each client its own directory (client-000, client-001, ...)")
+    store = FeatureStore(path, create=False)
+    return store, ShardInfo.read(store)
+
+
+def load_client(path: Path | str, views: bool = False) -> tuple[FederatedData, ShardInfo]:
+    """Client k's data as the engine sees it: N clients, of which only k holds rows."""
+    store, info = open_shard(path)
+    if info.role != "client":
+        raise ConfigError(f"{path} is the server's shard, not a client's; point the client at a client-NNN directory")
+    train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
+    keys = (table_keys(train_t), table_keys(test_t))
+    pid = _only_partition(store, info.dataset, path)
+    part = load_partition(store, info.dataset, pid, *keys)
+    data = FederatedData.from_tables(train_t, test_t, part.train, part.test)
+    if views:
+        aug = load_views(store, info.dataset, info.backbones, train_t)
+        data.views = None if aug is None else torch.from_numpy(aug)
+    return attach_text(data, store, info.backbones), info
+
+
+def load_server(path: Path | str) -> tuple[FederatedData, ShardInfo]:
+    """What the server knows: class names, feature size, N clients (no rows), the global test split."""
+    store, info = open_shard(path)
+    if info.role != "server":
+        raise ConfigError(f"{path} is client {info.client}'s shard; the server reads the 'server' directory of the shards")
+    train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
+    empty = [np.zeros(0, np.int64)] * info.n_clients
+    data = FederatedData.from_tables(train_t, test_t, empty, empty)
+    return attach_text(data, store, info.backbones), info
+
+
+def _only_partition(store: FeatureStore, dataset: str, path) -> str:
+    from fedcache.federate.partitions import PARTITIONS
+
+    ids = list(store.root[PARTITIONS][dataset].group_keys()) if PARTITIONS in store.root else []
+    if len(ids) != 1:
+        raise StoreError(f"the shard {path} should hold exactly one partition record, found {len(ids)}; make the shards again")
+    return ids[0]
+
+
+def describe(paths: list[Path]) -> str:
+    """One line per shard, for the CLI."""
+    lines = []
+    for p in paths:
+        info = ShardInfo.read(FeatureStore(p, create=False))
+        rows = "no training rows" if info.role == "server" else f"{info.client_train_sizes[info.client]} training rows"
+        lines.append(f"{p}: {info.role}{'' if info.client < 0 else ' ' + str(info.client)}, {rows}")
+    return "\n".join(lines)

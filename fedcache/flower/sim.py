@@ -1,0 +1,85 @@
+"""`fedcache train --engine flower-sim`: shard, then run the same ServerApp / ClientApp in Flower's
+simulation engine (Ray), one virtual SuperNode per client.
+
+Flower's public ``run_simulation`` gives the apps an empty run config; the run config reaches both
+apps here through a Flower App directory (``project.write_app``), as it does under ``flwr run``.
+That needs ``_run_simulation``'s ``app_dir`` and ``server_app_context`` arguments, which is why the
+flwr version is pinned.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from fedcache.errors import FedcacheError
+from fedcache.federate.partitions import PartitionRequest
+from fedcache.federate.train import TrainConfig
+from fedcache.flower.config import FlowerRun
+from fedcache.flower.project import write_app
+from fedcache.flower.shard import SERVER, ShardSpec, write_shards
+
+log = logging.getLogger(__name__)
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower reports usage events over the network by default
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning; no GPUs are used
+
+
+def shard_spec(cfg: TrainConfig) -> ShardSpec:
+    request = PartitionRequest(
+        scheme=cfg.partition, n_clients=cfg.clients, seed=cfg.seed, alpha=cfg.alpha, shards=cfg.shards,
+        clients_per_domain=cfg.clients_per_domain, few_shot=cfg.few_shot, subsample=cfg.subsample,
+        classes_per_client=cfg.classes_per_client, repeat_rate=cfg.repeat_rate, local_test=cfg.local_test,
+    )
+    return ShardSpec(Path(cfg.store), cfg.dataset, list(cfg.backbones), request)
+
+
+def flower_run(cfg: TrainConfig, shard_dir: Path, out: Path | None, **extra) -> FlowerRun:
+    return FlowerRun(
+        method=cfg.method, rounds=cfg.rounds, fraction=cfg.fraction, seed=cfg.seed, local_epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size, preset=cfg.preset or "", head=cfg.head or "", settings=" ".join(cfg.settings),
+        eval_every=cfg.eval_every, server_shard=str(shard_dir / SERVER), shard_dir=str(shard_dir),
+        out=str(out) if out else "", **extra,
+    )
+
+
+def train_flower_sim(cfg: TrainConfig, cpus: int | None = None) -> dict:
+    """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary."""
+    if cfg.resume or cfg.validation or not cfg.batched:
+        raise FedcacheError("--engine flower-sim supports neither --resume, --validation nor --loop; drop them")
+    with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp:
+        base = Path(cfg.out) if cfg.out else Path(tmp)
+        if cfg.out and (base / "summary.json").exists():
+            raise FedcacheError(f"{base} already holds a run; choose another --out")
+        shards = base / "shards"
+        write_shards(shard_spec(cfg), shards)
+        run = flower_run(cfg, shards, base if cfg.out else None)
+        return simulate(run, cfg.clients, Path(tmp) / "app", cpus)
+
+
+def simulate(run: FlowerRun, n_clients: int, app_dir: Path, cpus: int | None = None) -> dict:
+    """Run ``run`` with ``n_clients`` virtual SuperNodes; returns the server's summary."""
+    from flwr.app import Context, RecordDict
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType
+
+    from fedcache.flower import client, server
+
+    write_app(app_dir, run)
+    summary: dict = {}
+
+    def main(grid, context) -> None:  # keeps the summary in this process
+        summary.update(server.serve(grid, run))
+
+    app = server.ServerApp()
+    app.main()(main)
+    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+               "init_args": {"num_cpus": cpus or min(2, os.cpu_count() or 1), "logging_level": "ERROR"}}
+    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
+    _run_simulation(num_supernodes=n_clients, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                    client_app=client.app, server_app=app, backend_config=backend, app_dir=str(app_dir),
+                    server_app_context=context, is_app=True)
+    if not summary:
+        raise FedcacheError("the Flower simulation ended without a result; see the log above for the ServerApp's error")
+    return summary

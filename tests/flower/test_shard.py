@@ -1,0 +1,76 @@
+"""`fedcache shard`: each client's store holds exactly its rows and reads back as the engine's data."""
+import numpy as np
+import pytest
+import torch
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+from fedcache.federate.data import sample_keys
+from fedcache.federate.train import prepare
+from fedcache.flower.shard import SERVER, client_dir, load_client, load_server, open_shard, write_shards
+from fedcache.flower.sim import shard_spec
+from fedcache.store.feature_store import FeatureStore
+
+from .conftest import BACKBONE, toy_config
+
+FUSED = [BACKBONE, "tiny-clip-random"]
+
+
+@pytest.fixture(scope="module")
+def sharded(flower_store, tmp_path_factory):
+    cfg = toy_config(flower_store, backbones=FUSED)
+    out = tmp_path_factory.mktemp("shards") / "shards"
+    assert main(["shard", "--store", str(flower_store), "-d", "test-toy", "-b", ",".join(FUSED), "--partition", "dirichlet",
+                 "--alpha", "1.0", "--clients", "3", "--seed", "1", "--out", str(out)]) == 0
+    return cfg, out
+
+
+def test_each_client_shard_holds_exactly_its_rows(sharded):
+    cfg, out = sharded
+    method, _ = prepare(cfg)
+    full = method.ctx.data
+    for k in range(full.n_clients):
+        data, info = load_client(client_dir(out, k))
+        assert (info.role, info.client, info.n_clients) == ("client", k, full.n_clients)
+        # Only client k has rows, in the engine's order: same features, labels, local test rows.
+        assert [len(r) for r in data.client_train] == [len(full.client_train[k]) if c == k else 0 for c in range(3)]
+        assert len(data.x_train) == len(full.client_train[k])
+        torch.testing.assert_close(data.x_train[data.client_train[k]], full.x_train[full.client_train[k]], rtol=0, atol=0)
+        assert torch.equal(data.y_train[data.client_train[k]], full.y_train[full.client_train[k]])
+        torch.testing.assert_close(data.x_test[data.client_test[k]], full.x_test[full.client_test[k]], rtol=0, atol=0)
+        assert data.dim == full.dim and data.class_names == full.class_names
+
+
+def test_no_client_shard_has_another_clients_rows(sharded):
+    _, out = sharded
+    seen = []
+    for k in range(3):
+        store, _ = open_shard(client_dir(out, k))
+        keys = set(sample_keys(store.read("test-toy", "train", BACKBONE)).tolist())
+        assert all(not (keys & other) for other in seen)
+        seen.append(keys)
+
+
+def test_server_shard_has_no_training_rows_but_the_test_split_and_text(sharded, flower_store):
+    cfg, out = sharded
+    data, info = load_server(out / SERVER)
+    assert info.role == "server" and len(data.x_train) == 0 and data.n_clients == 3
+    full = FeatureStore(flower_store, create=False).read("test-toy", "test", BACKBONE)
+    assert len(data.x_test) == len(full)
+    # The class-text embeddings travel with the shards.
+    store, _ = open_shard(out / SERVER)
+    src = FeatureStore(flower_store, create=False)
+    np.testing.assert_array_equal(store.read_text("tiny-clip-random", full.class_names),
+                                  src.read_text("tiny-clip-random", full.class_names))
+
+
+def test_shard_errors_say_what_to_do(sharded, tmp_path):
+    cfg, out = sharded
+    with pytest.raises(ConfigError, match="not empty"):
+        write_shards(shard_spec(cfg), out)
+    with pytest.raises(ConfigError, match="server's shard"):
+        load_client(out / SERVER)
+    with pytest.raises(ConfigError, match="client 0's shard"):
+        load_server(client_dir(out, 0))
+    with pytest.raises(ConfigError, match="no shard at"):
+        load_client(tmp_path / "nowhere")
