@@ -11,3 +11,23 @@ if "OMP_WAIT_POLICY" not in _os.environ:
     _os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 __version__ = "0.1.0"
+
+# The Python API (fedcache/api.py), imported on first use so `import fedcache` stays cheap (no torch).
+# `fedcache.extract` is the extract package itself, made callable (fedcache/extract/__init__.py).
+_API = ("train", "grid", "report", "TrainResult", "Table")
+
+
+def __getattr__(name: str):
+    if name == "extract":
+        import importlib
+
+        return importlib.import_module("fedcache.extract")
+    if name in _API:
+        from fedcache import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fedcache' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + ["extract", *_API])

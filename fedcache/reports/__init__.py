@@ -1,0 +1,193 @@
+"""``fedcache report RUN_OR_GRID_DIR``: one self-contained HTML page and a markdown twin.
+
+The HTML embeds every figure as a base64 data URI, so the single file still works when moved or
+mailed; the markdown references the same PNGs in ``report-figures/`` next to it. Optional inputs
+in the directory add sections: ``paper.json`` (written by ``fedcache reproduce``: the paper's numbers
+beside fedcache's) and ``contribution.json`` (FedPCL's backbone heatmap, written by the demo).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedcache.reports import figures
+from fedcache.reports.runs import Group, Run, find_runs, group_runs
+
+HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
+PAPER, CONTRIBUTION = "paper.json", "contribution.json"
+MAX_PARTITIONS = 3
+
+
+@dataclass
+class ReportPaths:
+    html: Path
+    markdown: Path
+    figures: list[Path]
+
+
+@dataclass
+class Section:
+    title: str
+    text: str = ""
+    table: list[list[str]] | None = None  # first row: header
+    image: Path | None = None
+
+
+def write_report(root: Path, out: Path | None = None) -> ReportPaths:
+    runs = find_runs(root)
+    out = Path(out) if out else Path(root)
+    fig_dir = out / FIG_DIR
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(runs)
+    sections = [Section("Results", _results_text(root, runs, groups), table=summary_rows(groups))]
+    sections += _paper_sections(Path(root))
+    sections += _figure_sections(groups, fig_dir)
+    sections += _partition_sections(runs, fig_dir)
+    sections += _contribution_sections(Path(root), fig_dir)
+    title = f"fedcache report: {Path(root).resolve().name}"
+    (out / HTML_NAME).write_text(render_html(title, sections))
+    (out / MD_NAME).write_text(render_markdown(title, sections, out))
+    return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
+
+
+def _results_text(root: Path, runs: list[Run], groups: list[Group]) -> str:
+    random = any(r.summary.get("random_weights") for r in runs)
+    warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
+    return (f"{len(runs)} runs in {len(groups)} groups (method and setting; seeds pooled) from `{root}`. "
+            f"Accuracy is the mean over clients of each client's test accuracy after the last round; "
+            f"± is the std over seeds.{warn}")
+
+
+def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
+
+
+def summary_rows(groups: list[Group]) -> list[list[str]]:
+    header = ["method (setting)", "seeds", "accuracy %", "std over clients", "global %", "worst 10%", "best 10%",
+              "variance", "params up/round", "bytes up (total)", "seconds"]
+    rows = [header]
+    best = max((g.mean("mean_accuracy") or 0) for g in groups)
+    for g in groups:
+        acc = _fmt(g.mean("mean_accuracy"), g.std("mean_accuracy"))
+        rows.append([g.label, str(len(g.runs)), f"**{acc}**" if g.mean("mean_accuracy") == best else acc,
+                     _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")), _fmt(g.mean("worst10")),
+                     _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
+                     f"{int(g.mean('params_up_per_round') or 0):,}", f"{int(g.mean('bytes_up') or 0):,}",
+                     _fmt(g.mean("seconds"))])
+    return rows
+
+
+def _paper_sections(root: Path) -> list[Section]:
+    path = root / PAPER
+    if not path.exists():
+        return []
+    paper = json.loads(path.read_text())
+    rows = [["what", "paper", "fedcache", "note"]]
+    for r in paper["rows"]:
+        rows.append([r["what"], _fmt(r.get("paper")), _fmt(r.get("fedcache")), r.get("note", "")])
+    return [Section(f"Paper vs fedcache: {paper['title']}", paper.get("text", ""), table=rows)]
+
+
+FIGURES = (
+    ("Accuracy per round", figures.accuracy_per_round, "accuracy-per-round.png"),
+    ("Per-client accuracy distribution", figures.client_distribution, "per-client-accuracy.png"),
+    ("Fairness", figures.fairness, "fairness.png"),
+    ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png"),
+)
+
+
+def _figure_sections(groups: list[Group], fig_dir: Path) -> list[Section]:
+    out = []
+    for title, draw, name in FIGURES:
+        path = fig_dir / name
+        path.write_bytes(draw(groups))
+        out.append(Section(title, image=path))
+    return out
+
+
+def _partition_sections(runs: list[Run], fig_dir: Path) -> list[Section]:
+    seen: dict[str, Run] = {}
+    for r in runs:
+        pid = r.config.get("partition", {}).get("partition_id")
+        if pid and pid not in seen and len(seen) < MAX_PARTITIONS:
+            seen[pid] = r
+    out = []
+    for pid, r in seen.items():
+        for path in figures.partition_charts(r, fig_dir):
+            kind = "who holds which classes" if path.name.endswith("bubbles.png") else "training rows per client"
+            out.append(Section(f"Partition {pid[:10]}: {kind}", image=path))
+    return out
+
+
+def _contribution_sections(root: Path, fig_dir: Path) -> list[Section]:
+    path = root / CONTRIBUTION
+    if not path.exists():
+        return []
+    import numpy as np
+
+    from fedcache.federate.contribution import Contribution, plot_contribution
+
+    d = json.loads(path.read_text())
+    c = Contribution(np.array(d["scores"]), d["clients"], d["backbones"])
+    png = plot_contribution(c, fig_dir / "backbone-heatmap.png")
+    return [Section("FedPCL: which backbone each client leans on (paper Figure 4)", d.get("text", ""), image=png)]
+
+
+def save_contribution(c, path: Path, text: str = "") -> Path:
+    """Keep a backbone contribution beside a run so its report shows the heatmap."""
+    path = Path(path)
+    path.write_text(json.dumps({"scores": c.scores.tolist(), "clients": c.clients, "backbones": c.backbones, "text": text}))
+    return path
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}
+h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}"""
+
+
+def _cell_html(text: str) -> str:
+    bold = text.startswith("**") and text.endswith("**")
+    inner = html.escape(text.strip("*") if bold else text)
+    return f"<b>{inner}</b>" if bold else inner
+
+
+def render_html(title: str, sections: list[Section]) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    for s in sections:
+        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+        if s.text:
+            parts.append(f"<p>{html.escape(s.text).replace('**', '')}</p>")
+        if s.table:
+            head, *body = s.table
+            parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")
+            parts += ["<tr>" + "".join(f"<td>{_cell_html(c)}</td>" for c in row) + "</tr>" for row in body]
+            parts.append("</table>")
+        if s.image:
+            data = base64.b64encode(s.image.read_bytes()).decode()
+            parts.append(f"<img alt='{html.escape(s.title)}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def render_markdown(title: str, sections: list[Section], out: Path) -> str:
+    lines = [f"# {title}", ""]
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        if s.text:
+            lines += [s.text, ""]
+        if s.table:
+            head, *body = s.table
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+            lines.append("")
+        if s.image:
+            lines += [f"![{s.title}]({s.image.relative_to(out).as_posix()})", ""]
+    return "\n".join(lines)

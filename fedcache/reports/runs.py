@@ -1,0 +1,90 @@
+"""Finding and reading the runs under a run or grid directory, grouped by method and setting."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedcache.errors import ConfigError
+
+SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: dict
+    history: list[dict]
+    config: dict
+    setting: dict = field(default_factory=dict)  # swept values (grid cells), seed excluded
+
+    @property
+    def label(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.setting.items())
+        return f"{self.summary['method']} ({extra})" if extra else self.summary["method"]
+
+
+@dataclass
+class Group:
+    """The runs of one method and setting (several seeds)."""
+
+    label: str
+    runs: list[Run]
+
+    def mean(self, key: str) -> float | None:
+        vals = [r.summary.get(key) for r in self.runs if r.summary.get(key) is not None]
+        return float(np.mean(vals)) if vals else None
+
+    def std(self, key: str) -> float | None:
+        vals = [r.summary.get(key) for r in self.runs if r.summary.get(key) is not None]
+        return float(np.std(vals)) if vals else None
+
+    def curve(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, mean over seeds) of a per-round metric, on the rounds every run evaluated."""
+        per_run = [{line["round"]: line.get(key) for line in r.history} for r in self.runs]
+        rounds = sorted(set.intersection(*(set(k for k, v in d.items() if v is not None) for d in per_run)))
+        return np.array(rounds), np.array([np.mean([d[k] for d in per_run]) for k in rounds])
+
+    def per_client(self) -> np.ndarray:
+        return np.concatenate([np.asarray(r.summary.get("per_client_accuracy", []), float) for r in self.runs])
+
+
+def find_runs(root: Path) -> list[Run]:
+    """Every finished run at or below ``root`` (a train --out directory, a grid, or a folder of runs)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory; give a run directory (train --out) or a grid directory (grid --out)")
+    paths = sorted(p.parent for p in root.rglob(SUMMARY) if (p.parent / METRICS).exists())
+    if not paths:
+        raise ConfigError(f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); "
+                          "finish the run or grid first")
+    runs = [_read(p) for p in paths]
+    # Cells of several grids (a reproduce directory) are told apart by their grid's directory.
+    grids = {r.path.parent.parent for r in runs if (r.path / CELL).exists()}
+    if len(grids) > 1:
+        for r in runs:
+            if (r.path / CELL).exists():
+                r.setting = {"grid": r.path.parent.parent.name, **r.setting}
+    # Separate runs of one method that are not grid cells are told apart by their directory.
+    methods = [r.summary["method"] for r in runs if not r.setting]
+    for r in runs:
+        if not r.setting and methods.count(r.summary["method"]) > 1:
+            r.setting = {"run": r.path.name}
+    return runs
+
+
+def _read(path: Path) -> Run:
+    summary = json.loads((path / SUMMARY).read_text())
+    history = [json.loads(l) for l in (path / METRICS).read_text().splitlines() if l.strip()]
+    config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).exists() else {}
+    cell = json.loads((path / CELL).read_text()) if (path / CELL).exists() else {}
+    return Run(path, summary, history, config, cell.get("setting", {}))
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    return [Group(label, rs) for label, rs in groups.items()]

@@ -1,0 +1,185 @@
+"""``fedcache reproduce PRESET``: a paper's table as data (datasets, backbones, partitions, methods, rounds,
+seeds, reported numbers), checked for what is missing, then extracted, run as grids and reported with the
+paper's numbers beside fedcache's. The presets themselves are in ``fedcache/presets.py``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedcache.errors import ConfigError, FedcacheError
+from fedcache.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One grid: a dataset, fused backbones, methods, and the swept / fixed train options."""
+
+    key: str  # folder name under the output directory, and how paper numbers refer to it
+    dataset: str
+    backbones: tuple[str, ...]
+    methods: tuple[str, ...]
+    sweep: dict = field(default_factory=dict, hash=False)  # train options and settings (one value = fixed)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    extract: dict = field(default_factory=dict, hash=False)  # extra ExtractConfig options (domains, name, ...)
+
+    @property
+    def store_dataset(self) -> str:
+        """The dataset's name in the store (an extraction may rename it, e.g. one domain of DomainNet)."""
+        return self.extract.get("name", self.dataset)
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    experiment: str  # Experiment.key
+    method: str  # fedcache method name
+    value: float  # as printed in the paper, percent
+    what: str  # the paper's row and column, for the reader
+    where: dict = field(default_factory=dict, hash=False)  # swept values the fedcache cell must have
+    metric: str = "mean_accuracy"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    title: str  # paper and table
+    source: str  # file in the papers' folder
+    experiments: tuple[Experiment, ...]
+    paper: tuple[PaperNumber, ...]
+    notes: str = ""  # how fedcache's setting differs from the paper's
+
+
+PRESETS: Registry[Preset] = Registry("preset")
+
+
+# ---- what is missing ---------------------------------------------------------------------------
+@dataclass
+class Need:
+    kind: str  # "dataset", "weights", "method"
+    name: str
+    ok: bool
+    how: str = ""
+
+
+def check(preset: Preset, store: Path, data_root: Path | None = None, weights: dict | None = None) -> list[Need]:
+    """Every dataset, backbone and method the preset needs, and whether this machine has it."""
+    from fedcache.federate.methods import METHODS
+
+    weights = weights or {}
+    needs: list[Need] = []
+    for m in sorted({m for e in preset.experiments for m in e.methods}):
+        needs.append(Need("method", m, m in METHODS, "" if m in METHODS else "not registered in this fedcache version (`fedcache methods` lists what is)"))
+    for e in preset.experiments:
+        for b in e.backbones:
+            if not any(n.kind == "weights" and n.name == b for n in needs):
+                needs.append(_weights_need(b, weights, store, e))
+        if not any(n.kind == "dataset" and n.name == e.store_dataset for n in needs):
+            needs.append(_dataset_need(e, store, data_root))
+    return needs
+
+
+def _cached(store: Path, dataset: str, backbone: str) -> bool:
+    from fedcache.store.feature_store import FeatureStore
+
+    try:
+        fs = FeatureStore(store, create=False)
+        return all(len(fs.read(dataset, s, backbone).labels) for s in ("train", "test"))
+    except FedcacheError:
+        return False
+
+
+def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> Need:
+    from fedcache.extract.backbones import BACKBONES
+
+    if backbone not in BACKBONES:
+        return Need("weights", backbone, False, "unknown backbone (`fedcache backbones` lists them)")
+    spec = BACKBONES.get(backbone)
+    if _cached(store, e.store_dataset, backbone):
+        return Need("weights", backbone, True, "features already in the store")
+    if spec.weights == "user-checkpoint" and backbone not in weights:
+        return Need("weights", backbone, False, f"pass --weights {backbone}=PATH: {spec.weights_help}")
+    if spec.weights in ("packaged", "random") or backbone in weights:
+        return Need("weights", backbone, True, "offline" if spec.weights != "random" else "random weights (timing only)")
+    return Need("weights", backbone, True, f"downloaded on first use (needs a network): {spec.weights_help or spec.weights}")
+
+
+def _dataset_need(e: Experiment, store: Path, data_root: Path | None) -> Need:
+    from fedcache.extract.datasets import DATASETS, DatasetOptions
+
+    if e.dataset not in DATASETS:
+        return Need("dataset", e.dataset, False, "not a fedcache dataset")
+    if all(_cached(store, e.store_dataset, b) for b in e.backbones):
+        return Need("dataset", e.store_dataset, True, "features already in the store")
+    spec = DATASETS.get(e.dataset)
+    if spec.source == "embedded":
+        return Need("dataset", e.store_dataset, True, "generated offline")
+    try:
+        spec.load(DatasetOptions(data_root=data_root))
+    except FedcacheError as exc:
+        return Need("dataset", e.store_dataset, False, spec.how_to_get or str(exc))
+    return Need("dataset", e.store_dataset, True, f"found under {data_root}")
+
+
+# ---- running -------------------------------------------------------------------------------------
+def plan_lines(preset: Preset) -> list[str]:
+    """What a run would do, one line per grid."""
+    lines = []
+    for e in preset.experiments:
+        n = int(np.prod([len(v) if isinstance(v, (list, tuple)) else 1 for v in e.sweep.values()] or [1]))
+        fixed = ", ".join(f"{k}={v}" for k, v in e.sweep.items())
+        lines.append(f"{e.key}: {e.dataset} x {'+'.join(e.backbones)}; {', '.join(e.methods)}; {fixed}; "
+                     f"seeds {','.join(map(str, e.seeds))} -> {len(e.methods) * n * len(e.seeds)} runs")
+    return lines
+
+
+def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = None, weights: dict | None = None,
+              jobs: int = 1, progress: Callable | None = None, on_cell: Callable | None = None) -> Path:
+    """Extract what is missing, run every grid, write paper.json and the report; returns the report's path."""
+    from fedcache.api import extract, grid, report
+
+    missing = [n for n in check(preset, store, data_root, weights) if not n.ok]
+    if missing:
+        raise ConfigError(f"{preset.name} cannot run here: " + "; ".join(f"{n.kind} {n.name}: {n.how}" for n in missing)
+                          + f". `fedcache reproduce {preset.name} --dry-run` lists everything it needs")
+    tables = {}
+    for e in preset.experiments:
+        extract(e.dataset, list(e.backbones), store=store, progress=progress, data_root=data_root,
+                weights={b: Path(p) for b, p in (weights or {}).items() if b in e.backbones}, **e.extract)
+        tables[e.key] = grid(store=store, dataset=e.store_dataset, backbones=list(e.backbones), methods=list(e.methods),
+                             sweep=dict(e.sweep), seeds=list(e.seeds), out=Path(out) / e.key, jobs=jobs, on_cell=on_cell)
+    write_paper_json(preset, tables, Path(out))
+    return report(out)
+
+
+def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:
+    rows = []
+    for p in preset.paper:
+        table = tables.get(p.experiment)
+        mine = table.where(method=p.method).to_records() if table is not None else []
+        mine = [r for r in mine if all(str(r.get(k)) == str(v) for k, v in p.where.items())]
+        value = float(np.mean([r[p.metric] for r in mine])) if mine else None
+        rows.append({"what": p.what, "paper": p.value, "fedcache": value,
+                     "note": f"{p.method}, mean of {len(mine)} runs" if mine else f"{p.method}: not run"})
+    doc = {"title": preset.title, "text": preset.notes, "rows": rows}
+    path = out / "paper.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def get(name: str) -> Preset:
+    import fedcache.presets  # noqa: F401  (fills PRESETS)
+
+    return PRESETS.get(name)
+
+
+def names() -> list[str]:
+    import fedcache.presets  # noqa: F401
+
+    return PRESETS.names()

@@ -1,0 +1,372 @@
+"""``fedcache grid``: the cartesian product of methods x settings x seeds, run in parallel processes.
+
+Layout of a grid directory::
+
+    grid.json                 the spec, so a re-run can check it is the same grid
+    features/                 the fused features, written once as .npy and memory-mapped by every worker
+    cells/<cell>/             one ``fedcache train --out`` directory per run, plus cell.json;
+                              summary.json is written last, so its presence marks a finished cell
+    results.csv               one row per run
+    table.md                  mean (std) over seeds per method and setting, best per column in bold
+
+Workers share one copy of the features through the page cache (``np.load(mmap_mode="c")``) instead
+of each reading and holding its own; each worker runs torch with one thread, since the heads are too
+small for intra-op parallelism to beat one job per core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tomllib
+
+from fedcache.errors import ConfigError, FedcacheError
+from fedcache.table import Table
+
+log = logging.getLogger(__name__)
+
+# TrainConfig fields that a grid fixes itself (one value for the whole grid, or its own axis).
+_RESERVED = ("store", "dataset", "backbones", "method", "seed", "settings", "out", "resume")
+CELLS, FEATURES, RESULTS, TABLE, SPEC = "cells", "features", "results.csv", "table.md", "grid.json"
+DONE = "summary.json"  # written last by train(): a finished cell
+METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
+                  "variance", "bytes_up", "bytes_down", "params_up_per_round", "rounds", "seconds", "random_weights")
+
+
+@dataclass
+class GridSpec:
+    store: Path
+    dataset: str
+    backbones: list[str]
+    methods: list[str]
+    out: Path
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # key -> values. A key that is a TrainConfig field (alpha, partition, clients, rounds, ...) sets that
+    # field; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
+    sweep: dict[str, list[str]] = field(default_factory=dict)
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        self.store, self.out = Path(self.store), Path(self.out)
+        self.seeds = [int(s) for s in self.seeds]
+        self.sweep = {k.replace("-", "_"): [str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
+                      for k, vs in self.sweep.items()}
+        if not self.methods or not self.backbones or not self.seeds:
+            raise ConfigError("a grid needs at least one method, one backbone and one seed")
+        bad = [k for k in self.sweep if k in _RESERVED]
+        if bad:
+            raise ConfigError(f"--set {bad[0]}=...: give methods with --method, seeds with --seeds; "
+                              f"{', '.join(_RESERVED)} cannot be swept with --set")
+        empty = [k for k, vs in self.sweep.items() if not vs]
+        if empty:
+            raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
+        if self.jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["store"], d["out"] = str(self.store), str(self.out)
+        d.pop("jobs")  # how many processes ran it does not change the results
+        return d
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    seed: int
+    setting: tuple[tuple[str, str], ...]  # the swept (key, value) pairs, in spec order
+
+    @property
+    def name(self) -> str:
+        parts = [self.method] + [f"{k}={v}" for k, v in self.setting] + [f"seed={self.seed}"]
+        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", "__".join(parts))
+
+    @property
+    def setting_label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.setting) or "-"
+
+
+def parse_sweep(items: list[str]) -> dict[str, list[str]]:
+    """``["lr=1e-3,1e-2", "alpha=0.1"]`` -> ``{"lr": ["1e-3", "1e-2"], "alpha": ["0.1"]}``."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=v1,v2,... (e.g. --set lr=1e-3,1e-2), got {item!r}")
+        out[key.strip().replace("-", "_")] = [v.strip() for v in values.split(",") if v.strip()]
+    return out
+
+
+def load_toml(path: Path) -> dict:
+    """A grid file: the GridSpec fields at top level, sweeps under ``[set]`` (docs/getting-started.md)."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"grid file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"grid file {path} is not valid TOML: {exc}") from None
+    known = {f.name for f in dataclasses.fields(GridSpec)} | {"set"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if "set" in raw:
+        raw["sweep"] = raw.pop("set")
+    return raw
+
+
+def cells(spec: GridSpec) -> list[Cell]:
+    keys = list(spec.sweep)
+    combos = list(itertools.product(*(spec.sweep[k] for k in keys)))
+    return [Cell(m, s, tuple(zip(keys, combo))) for m in spec.methods for combo in combos for s in spec.seeds]
+
+
+def train_config(spec: GridSpec, cell: Cell, out: Path | None):
+    from fedcache.federate.settings import convert, fields_of
+    from fedcache.federate.train import TrainConfig
+
+    types = fields_of(TrainConfig)
+    direct, settings = {}, []
+    for key, value in cell.setting:
+        if key in types:
+            direct[key] = convert(key, value, types[key])
+        else:
+            settings.append(f"{key}={value}")
+    return TrainConfig(store=spec.store, dataset=spec.dataset, backbones=list(spec.backbones), method=cell.method,
+                       seed=cell.seed, settings=settings, out=out, **direct)
+
+
+# ---- shared features -----------------------------------------------------------------------
+def write_features(spec: GridSpec) -> Path:
+    """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
+    from fedcache.federate.data import load_fused
+    from fedcache.store.feature_store import FeatureStore
+
+    folder = spec.out / FEATURES
+    store = FeatureStore(spec.store, create=False)
+    if (folder / "meta.json").exists():
+        _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {}
+    for split in ("train", "test"):
+        t = load_fused(store, spec.dataset, spec.backbones, split)
+        for name in ("features", "labels", "ids", "domains"):
+            arr = getattr(t, name)
+            np.save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
+        meta[split] = {"domain_names": list(t.domain_names), "class_names": list(t.class_names),
+                       "random_weights": bool(t.random_weights), "entry_ids": list(t.entry_ids)}
+    (folder / "meta.json").write_text(json.dumps(meta))  # last: its presence means the folder is complete
+    return folder
+
+
+def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:
+    """Finished cells were trained on the saved features: a re-extraction since then must not mix in."""
+    saved = {e for split in ("train", "test") for e in meta[split]["entry_ids"]}
+    current = {e.entry_id for split in ("train", "test") for b in spec.backbones for e in store.find(spec.dataset, split, b)}
+    if saved != current:
+        raise ConfigError(f"the store's features of {spec.dataset} changed since the grid in {spec.out} started "
+                          "(re-extracted?); run the grid with another --out")
+
+
+def read_features(folder: Path):
+    """The shared tables, memory-mapped copy-on-write: pages are shared between workers, and a write
+    (no method writes into its inputs, but torch wants writable arrays) stays private to its process."""
+    from fedcache.store.feature_store import FeatureTable
+
+    meta = json.loads((folder / "meta.json").read_text())
+    tables = []
+    for split in ("train", "test"):
+        arrays = {n: np.load(folder / f"{split}_{n}.npy", mmap_mode="c" if n == "features" else None)
+                  for n in ("features", "labels", "ids", "domains")}
+        m = meta[split]
+        tables.append(FeatureTable(**arrays, domain_names=tuple(m["domain_names"]), class_names=tuple(m["class_names"]),
+                                   random_weights=m["random_weights"], entry_ids=tuple(m["entry_ids"])))
+    return tuple(tables)
+
+
+# ---- running ---------------------------------------------------------------------------------
+CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell just finished)
+
+
+def run_grid(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
+    """Run every unfinished cell (finished ones are read back), then write results.csv and table.md."""
+    todo_cells = cells(spec)
+    _check_spec(spec)
+    _check_methods(spec)
+    folder = write_features(spec)
+    tables = read_features(folder)
+    _make_partitions(spec, todo_cells, tables)
+    rows: dict[Cell, dict] = {}
+    pending = []
+    for c in todo_cells:
+        done = _read_done(spec, c)
+        if done is not None:
+            rows[c] = done
+        else:
+            pending.append(c)
+    total = len(todo_cells)
+    for c, row in _execute(spec, pending, folder):
+        rows[c] = row
+        if on_cell:
+            on_cell(len(rows), total, row)
+    table = Table([rows[c] for c in todo_cells])
+    write_outputs(spec.out, table)
+    return table
+
+
+def _check_spec(spec: GridSpec) -> None:
+    """A grid directory belongs to one grid: resuming with other options would mix results."""
+    path = spec.out / SPEC
+    mine = json.loads(json.dumps(spec.to_json()))
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved != mine:
+            raise ConfigError(f"{spec.out} holds a different grid (see {path}); use the same options to resume it, or another --out")
+        return
+    spec.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def _check_methods(spec: GridSpec) -> None:
+    from fedcache.federate.methods import METHODS
+
+    for m in spec.methods:
+        METHODS.get(m)  # an unknown name raises with the close matches and the full list
+
+
+def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
+    """Every distinct partition is made and stored here, once, so parallel workers only read the store."""
+    from fedcache.federate.train import load_data
+
+    seen = set()
+    for c in todo:
+        cfg = train_config(spec, c, None)
+        key = (cfg.partition, cfg.clients, cfg.seed, cfg.alpha, cfg.shards, cfg.few_shot, cfg.subsample,
+               cfg.clients_per_domain, cfg.classes_per_client, cfg.repeat_rate, cfg.local_test)
+        if key not in seen:
+            seen.add(key)
+            load_data(cfg, tables)
+
+
+def _read_done(spec: GridSpec, c: Cell) -> dict | None:
+    path = spec.out / CELLS / c.name / DONE
+    return _row(c, json.loads(path.read_text()), path.parent) if path.exists() else None
+
+
+def _execute(spec: GridSpec, todo: list[Cell], folder: Path) -> Iterator[tuple[Cell, dict]]:
+    if spec.jobs == 1 or len(todo) <= 1:
+        tables = read_features(folder)
+        for c in todo:
+            yield c, run_cell(spec, c, tables)
+        return
+    import multiprocessing
+
+    # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(spec.jobs, mp_context=ctx, initializer=_init_worker) as pool:
+        futures = {pool.submit(_worker, spec, c, folder): c for c in todo}
+        try:
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+        except BrokenProcessPool:
+            raise FedcacheError(
+                "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
+                "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
+                "with --jobs 1 to see the error. Finished cells are kept."
+            ) from None
+
+
+def _init_worker() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+
+_TABLES: dict[str, tuple] = {}  # per worker process: the memory-mapped features, opened once
+
+
+def _worker(spec: GridSpec, c: Cell, folder: Path) -> dict:
+    key = str(folder)
+    if key not in _TABLES:
+        _TABLES[key] = read_features(folder)
+    return run_cell(spec, c, _TABLES[key])
+
+
+def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
+    """One run in its own directory; an interrupted one resumes from its checkpoint."""
+    from fedcache.federate.loop import CHECKPOINT
+    from fedcache.federate.train import train
+
+    out = spec.out / CELLS / c.name
+    resume = (out / CHECKPOINT).exists() and (out / "config.json").exists()
+    if not resume and out.exists():
+        shutil.rmtree(out)  # started but never checkpointed: nothing to keep
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
+    cfg = dataclasses.replace(train_config(spec, c, out), resume=resume)
+    result = train(cfg, tables=tables)
+    return _row(c, result.summary, out)
+
+
+def _row(c: Cell, summary: dict, out: Path) -> dict:
+    row = {"method": c.method, **dict(c.setting), "seed": c.seed}
+    row.update({k: summary.get(k) for k in METRIC_COLUMNS})
+    row["run_dir"] = str(Path(CELLS) / out.name)
+    return row
+
+
+# ---- outputs ---------------------------------------------------------------------------------
+def write_outputs(out: Path, table: Table) -> None:
+    table.to_csv(out / RESULTS)
+    (out / TABLE).write_text(summary_markdown(table) + "\n")
+
+
+def summary_markdown(table: Table, metric: str = "mean_accuracy") -> str:
+    """Methods as rows, settings as columns, mean (std) over seeds; the best mean of each column in bold."""
+    rows = table.to_records()
+    if not rows:
+        return "(no runs)"
+    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", *METRIC_COLUMNS)]
+    label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    columns = list(dict.fromkeys(label(r) for r in rows))
+    stats: dict[tuple[str, str], tuple[float, float, int]] = {}
+    for m in methods:
+        for col in columns:
+            vals = [r[metric] for r in rows if r["method"] == m and label(r) == col and r[metric] is not None]
+            if vals:
+                stats[m, col] = (float(np.mean(vals)), float(np.std(vals)), len(vals))
+    best = {col: max((s[0] for (m, c), s in stats.items() if c == col), default=None) for col in columns}
+    lines = [f"{metric.replace('_', ' ')} %, mean (std) over seeds", "",
+             "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for m in methods:
+        cells_ = []
+        for col in columns:
+            if (m, col) not in stats:
+                cells_.append("-")
+                continue
+            mean, std, _ = stats[m, col]
+            text = f"{mean:.2f} ({std:.2f})"
+            cells_.append(f"**{text}**" if np.isclose(mean, best[col]) else text)
+        lines.append(f"| {m} | " + " | ".join(cells_) + " |")
+    return "\n".join(lines)
+
+
+def load_results(out: Path) -> Table:
+    """A finished grid's results.csv as a Table (numbers parsed)."""
+    path = Path(out) / RESULTS
+    if not path.exists():
+        raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid --out {out}` first")
+    return Table.from_csv(path)

@@ -1,0 +1,76 @@
+"""A small table of records (one dict per row): what the Python API returns instead of a DataFrame.
+
+pandas is not a dependency; ``to_pandas()`` works where it is installed, and ``to_records()`` is what
+``pandas.DataFrame(...)`` (or polars, or the csv module) takes anyway.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class Table:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = [dict(r) for r in rows]
+
+    @property
+    def columns(self) -> list[str]:
+        """Every key of every row, in first-seen order."""
+        return list(dict.fromkeys(k for r in self.rows for k in r))
+
+    def to_records(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.rows]
+
+    def to_pandas(self):
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("to_pandas() needs pandas (pip install pandas); to_records() gives the rows without it") from None
+        return pd.DataFrame(self.to_records(), columns=self.columns)
+
+    def column(self, name: str) -> list[Any]:
+        return [r.get(name) for r in self.rows]
+
+    def where(self, **equal: Any) -> Table:
+        return Table([r for r in self.rows if all(r.get(k) == v for k, v in equal.items())])
+
+    def to_csv(self, path: Path) -> Path:
+        path = Path(path)
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=self.columns)
+            writer.writeheader()
+            writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in self.rows)
+        return path
+
+    @classmethod
+    def from_csv(cls, path: Path) -> Table:
+        with open(path, newline="") as fh:
+            return cls([{k: _parse(v) for k, v in r.items()} for r in csv.DictReader(fh)])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.to_records())
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return dict(self.rows[i])
+
+    def __repr__(self) -> str:
+        return f"Table({len(self)} rows; columns: {', '.join(self.columns)})"
+
+
+def _parse(text: str) -> Any:
+    """CSV cells back to numbers, booleans and None (a swept value written as 1e-3 reads back as 0.001)."""
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text

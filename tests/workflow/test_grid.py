@@ -1,0 +1,141 @@
+"""fedcache grid: the cartesian product, resumption, parallel workers, results.csv and table.md."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+from fedcache.sweep import GridSpec, cells, load_toml, parse_sweep, summary_markdown
+from fedcache.table import Table
+
+from .conftest import BACKBONE
+
+
+def test_cells_are_the_cartesian_product(tmp_path):
+    spec = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "fedprox"], out=tmp_path,
+                    seeds=[0, 1, 2], sweep=parse_sweep(["lr=1e-3,1e-2", "alpha=0.1,1"]))
+    grid = cells(spec)
+    assert len(grid) == 2 * 2 * 2 * 3
+    assert len({c.name for c in grid}) == len(grid)
+    assert grid[0].name == "fedavg__lr=1e-3__alpha=0.1__seed=0"
+
+
+def test_bad_grid_options_say_how_to_fix(tmp_path):
+    with pytest.raises(ConfigError, match="--method"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"method": ["x"]})
+    with pytest.raises(ConfigError, match="key=v1,v2"):
+        parse_sweep(["lr"])
+    bad = tmp_path / "g.toml"
+    bad.write_text('dataset = "d"\nmethod = ["fedavg"]\n')
+    with pytest.raises(ConfigError, match="unknown key.*method"):
+        load_toml(bad)
+
+
+def test_grid_writes_one_row_per_run_and_a_table(toy_grid):
+    table = Table.from_csv(toy_grid / "results.csv")
+    assert len(table) == 2 * 2 * 2
+    assert set(table.column("method")) == {"fedavg", "fedproto"} and set(table.column("seed")) == {0, 1}
+    assert all(0 <= a <= 100 for a in table.column("mean_accuracy"))
+    assert all(r == 3 for r in table.column("rounds"))
+    md = (toy_grid / "table.md").read_text()
+    header = next(l for l in md.splitlines() if l.startswith("| method"))
+    assert "alpha=0.5" in header and "alpha=5" in header
+    # One best (bold) entry per setting column.
+    body = [l for l in md.splitlines() if l.startswith("| fed")]
+    assert sum(l.count("**") // 2 for l in body) >= 2
+
+
+def test_table_marks_the_best_mean_of_each_column():
+    rows = [{"method": m, "lr": lr, "seed": s, "mean_accuracy": acc} for m, lr, s, acc in
+            [("a", "1", 0, 50.0), ("a", "1", 1, 60.0), ("b", "1", 0, 70.0), ("b", "1", 1, 70.0),
+             ("a", "2", 0, 90.0), ("a", "2", 1, 80.0), ("b", "2", 0, 10.0), ("b", "2", 1, 20.0)]]
+    md = summary_markdown(Table(rows))
+    assert "| a | 55.00 (5.00) | **85.00 (5.00)** |" in md
+    assert "| b | **70.00 (0.00)** | 15.00 (5.00) |" in md
+
+
+def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_store, tmp_path):
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    spec = json.loads((out / "grid.json").read_text())
+    spec["out"] = str(out)
+    (out / "grid.json").write_text(json.dumps(spec))
+    before = Table.from_csv(out / "results.csv").to_records()
+    victim = out / "cells" / "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed=1"
+    (victim / "summary.json").unlink()
+    (victim / "checkpoint.pt").unlink()  # no checkpoint: the cell starts over
+    marker = out / "cells" / "fedavg__partition=dirichlet__clients=3__alpha=0.5__rounds=3__seed=0" / "marker"
+    marker.write_text("finished cells are not touched")
+    from fedcache.api import grid
+
+    ran = []
+    table = grid(config=None, store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
+                 sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
+                 on_cell=lambda done, total, row: ran.append(row["run_dir"]))
+    assert ran == [str(victim.relative_to(out))]
+    assert marker.exists()
+    # The redone cell is deterministic: the table is the same as before.
+    assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]
+
+
+def test_a_different_grid_in_the_same_directory_is_refused(toy_grid, toy_store):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match="different grid"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=toy_grid)
+
+
+@pytest.mark.slow
+def test_parallel_workers_give_the_same_results_as_one_process(toy_store, tmp_path, capsys):
+    toml = tmp_path / "grid.toml"
+    toml.write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = ["{BACKBONE}"]\n'
+                    'methods = ["fedavg", "fedproto"]\nseeds = [0, 1]\n[set]\nrounds = 2\nclients = 2\nlr = ["0.01", "0.1"]\n')
+    code = main(["grid", "--config", str(toml), "--jobs", "2", "--out", str(tmp_path / "par")])
+    assert code == 0, capsys.readouterr().err
+    assert "results.csv" in capsys.readouterr().out
+    code = main(["grid", "--config", str(toml), "--jobs", "1", "--out", str(tmp_path / "seq")])
+    assert code == 0
+    par = Table.from_csv(tmp_path / "par" / "results.csv")
+    seq = Table.from_csv(tmp_path / "seq" / "results.csv")
+    assert len(par) == 8
+    assert par.column("mean_accuracy") == seq.column("mean_accuracy")
+    assert par.column("bytes_up") == seq.column("bytes_up")
+
+
+def test_grid_cli_errors_are_one_line(tmp_path, capsys):
+    code = main(["grid", "--store", str(tmp_path / "none.zarr"), "-d", "x", "-b", "y", "-m", "fedavg", "--out", str(tmp_path / "g")])
+    assert code == 1 and "no feature store" in capsys.readouterr().err
+    code = main(["grid", "-d", "x", "-b", "y", "--out", str(tmp_path / "g")])
+    assert code == 2 and "--method" in capsys.readouterr().err
+
+
+def test_a_grid_refuses_features_that_changed_since_it_started(toy_grid, toy_store, tmp_path):
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    spec = json.loads((out / "grid.json").read_text())
+    spec["out"] = str(out)
+    (out / "grid.json").write_text(json.dumps(spec))
+    meta = json.loads((out / "features" / "meta.json").read_text())
+    meta["train"]["entry_ids"][0] = "0" * 16  # as if that entry had been re-extracted since
+    (out / "features" / "meta.json").write_text(json.dumps(meta))
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match="changed since the grid"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
+             sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out)
+
+
+def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_grid):
+    import numpy as np
+
+    from fedcache.federate.data import FederatedData
+    from fedcache.sweep import read_features
+
+    train_t, test_t = read_features(toy_grid / "features")
+    assert isinstance(train_t.features, np.memmap) and train_t.features.dtype == np.float32
+    data = FederatedData.from_tables(train_t, test_t, [np.arange(len(train_t))], [np.arange(len(test_t))])
+    assert np.shares_memory(data.x_train.numpy(), train_t.features)  # the tensor is a view of the mapped file
+    assert np.shares_memory(data.x_test.numpy(), test_t.features)

@@ -1,0 +1,90 @@
+"""fedcache reproduce: every preset's dry run, and a real run of a tiny preset on the toy store."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcache import reproduce as rp
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+
+PAPER_PRESETS = ["fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fst-cbdg-table1", "fst-cbdg-table2",
+                 "flesd-table1", "tpfl-table1", "tpfl-table2"]
+
+
+def test_every_paper_preset_exists_and_names_real_things():
+    from fedcache.extract.backbones import BACKBONES
+    from fedcache.extract.datasets import DATASETS
+    from fedcache.federate.settings import fields_of
+    from fedcache.federate.train import TrainConfig
+
+    assert set(PAPER_PRESETS) <= set(rp.names())
+    for name in PAPER_PRESETS:
+        p = rp.get(name)
+        keys = {e.key for e in p.experiments}
+        assert p.paper and all(n.experiment in keys for n in p.paper), name
+        for e in p.experiments:
+            assert e.dataset in DATASETS and all(b in BACKBONES for b in e.backbones), e
+            assert all(k in fields_of(TrainConfig) for k in e.sweep), e.sweep  # no method settings: defaults
+        for n in p.paper:
+            exp = next(e for e in p.experiments if e.key == n.experiment)
+            assert n.method in exp.methods and 0 < n.value <= 100, n
+
+
+def test_fedpcl_table2_carries_the_papers_numbers():
+    p = rp.get("fedpcl-table2")
+    got = {(n.experiment, n.method): n.value for n in p.paper}
+    assert got["multi", "fedpcl"] == 55.34 and got["single", "fedproto"] == 51.93 and got["multi", "solo"] == 48.37
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_dry_run_lists_runs_and_what_is_missing(preset, tmp_path, capsys):
+    code = main(["reproduce", preset, "--dry-run", "--store", str(tmp_path / "none.zarr")])
+    out = capsys.readouterr().out
+    assert code == 0
+    p = rp.get(preset)
+    assert p.title.split(" (")[0] in out
+    assert all(f"{e.key}:" in out for e in p.experiments)
+    # Nothing of these papers' data is on a test machine: every dataset is reported missing with a way to get it.
+    needs = rp.check(p, tmp_path / "none.zarr")
+    missing = [n for n in needs if n.kind == "dataset" and not n.ok]
+    assert missing and all(n.how for n in missing)
+    assert "missing" in out
+
+
+def test_user_checkpoint_backbones_are_missing_without_weights(tmp_path):
+    needs = {(n.kind, n.name): n for n in rp.check(rp.get("fedpcl-table2"), tmp_path / "none.zarr")}
+    assert not needs["weights", "resnet18-quickdraw"].ok
+    assert "--weights resnet18-quickdraw=PATH" in needs["weights", "resnet18-quickdraw"].how
+    ckpt = tmp_path / "q.pth"
+    needs = {(n.kind, n.name): n for n in rp.check(rp.get("fedpcl-table2"), tmp_path / "none.zarr", weights={"resnet18-quickdraw": ckpt})}
+    assert needs["weights", "resnet18-quickdraw"].ok
+
+
+def test_an_unregistered_method_is_reported_and_refused(tmp_path):
+    preset = rp.Preset("test-missing-method", "t", "-", (rp.Experiment("e", "test-toy", ("tiny-timm-random",), ("no-such-method",)),), ())
+    needs = rp.check(preset, tmp_path / "s.zarr")
+    assert [n.name for n in needs if not n.ok] == ["no-such-method"]
+    with pytest.raises(ConfigError, match="no-such-method.*not registered"):
+        rp.reproduce(preset, tmp_path / "s.zarr", tmp_path / "out")
+
+
+TOY = rp.Preset(
+    "test-toy-preset", "A tiny preset for tests (its 'paper' numbers are made up for the test)", "-",
+    (rp.Experiment("toy", "test-toy", ("tiny-timm-random",), ("fedavg", "solo"), {"clients": 2, "rounds": 2, "lr": [0.01, 0.1]}, seeds=(0,)),),
+    (rp.PaperNumber("toy", "fedavg", 50.0, "FedAvg, lr 0.1", {"lr": 0.1}), rp.PaperNumber("toy", "solo", 40.0, "Solo, lr 0.01", {"lr": 0.01})),
+)
+
+
+def test_a_real_run_writes_the_report_with_the_papers_numbers(tmp_path):
+    html = rp.reproduce(TOY, tmp_path / "s.zarr", tmp_path / "out")
+    paper = json.loads((tmp_path / "out" / "paper.json").read_text())
+    assert [r["paper"] for r in paper["rows"]] == [50.0, 40.0]
+    assert all(r["fedcache"] is not None and 0 <= r["fedcache"] <= 100 for r in paper["rows"])
+    from fedcache.table import Table
+
+    cells = Table.from_csv(tmp_path / "out" / "toy" / "results.csv")
+    assert paper["rows"][0]["fedcache"] == cells.where(method="fedavg", lr=0.1).column("mean_accuracy")[0]
+    text = html.read_text()
+    assert "Paper vs fedcache" in text and "FedAvg, lr 0.1" in text
