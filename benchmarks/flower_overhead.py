@@ -103,7 +103,7 @@ def measure() -> dict:
                    "deployment": deployment(store, work)}
     return {"config": {"method": "fedavg", "clients": CLIENTS, "rounds": ROUNDS, "dim": DIM, "rows_per_client": PER_CLIENT},
             "results": results, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                                            "note": "shared 2-core machine under load from other jobs"}}
+                                            "note": f"1-minute load average {os.getloadavg()[0]:.1f} at the end"}}
 
 
 def render(path: Path = RESULT) -> str:

@@ -52,7 +52,7 @@ def render(path: Path = RESULT) -> str:
         "## A 100-cell grid", "",
         "`.venv/bin/python benchmarks/grid_speed.py`: " + d["what"], "",
         f"Measured {d['measured_at']} ({d['machine']}, {r['jobs']} worker processes, one torch thread each; "
-        f"load average {r['load_average_at_start']:.1f} at the start: the cores were shared with other work):", "",
+        f"1-minute load average {r['load_average_at_start']:.1f} at the start):", "",
         "| cells | wall time | cells per minute | sum of the runs' own times | re-run (all cells finished) |",
         "|---|---|---|---|---|",
         f"| {r['cells']} | {r['wall_seconds']:.0f} s | {r['cells_per_minute']:.1f} | {r['sum_of_run_seconds']:.0f} s | {r['rerun_seconds']:.1f} s |",
@@ -62,9 +62,10 @@ def render(path: Path = RESULT) -> str:
         "store and holding a private copy. Best cell: " + ", ".join(
             f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["best_cell"].items()) + ".",
         "",
-        "Other jobs kept the load average near 6-7 on the 2 cores during this measurement, so the times are upper "
-        "bounds (a single fedavg run of this grid took 5.4 s in one process on the same loaded machine, against "
-        "about 16 s per cell here); a measurement on an idle machine is still to be taken.",
+        f"The {r['jobs']} workers kept {r['sum_of_run_seconds'] / r['wall_seconds']:.1f} of the 2 cores busy with runs "
+        "(sum of the runs' own times / wall time); the rest is spawning workers, writing the shared features, "
+        "making the partitions and each cell's checkpoints and results. An earlier measurement with other jobs "
+        "loading the machine (load average 5.8) took 843 s: on shared cores, expect several times longer.",
     ]) + "\n"
 
 

@@ -30,6 +30,17 @@ err = Console(stderr=True)
 
 DEFAULT_STORE = Path(os.environ.get("FEDCACHE_STORE", "fedcache-store.zarr"))
 StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")
+# Partition options, shared by train, shard and partition so they cannot drift apart.
+PartitionOpt = typer.Option("iid", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
+ClientsOpt = typer.Option(10, help="Number of clients.")
+AlphaOpt = typer.Option(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
+ShardsOpt = typer.Option(None, help="Shards per client (shards).")
+FewShotOpt = typer.Option(None, help="N training samples per class per client.")
+SubsampleOpt = typer.Option(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
+ClientsPerDomainOpt = typer.Option(None, help="Clients per domain (domain partitions).")
+ClassesPerClientOpt = typer.Option(None, help="Classes per client (class-disjoint).")
+RepeatRateOpt = typer.Option(0.0, help="Share of extra classes from other clients (class-disjoint).")
+LocalTestOpt = typer.Option(1000, help="Max local test samples per client.")
 
 
 def _csv(text: str) -> list[str]:
@@ -293,7 +304,7 @@ def demo(
     console.print(probe)
     fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}")
     for col in ("method", "acc % (std)", "global %", "params up/rnd", "bytes up/rnd", "sec"):
-        fed.add_column(col, no_wrap=True, min_width=len(col))
+        fed.add_column(col, no_wrap=True, min_width=max(len(col), 5))
     for name, s in res.runs.items():
         glob = f"{s['global_accuracy']:.2f}" if s.get("global_accuracy") is not None else "-"
         fed.add_row(name, f"{s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})", glob, f"{s['params_up_per_round']:,}",
@@ -309,16 +320,16 @@ def train(
     backbones: str = typer.Option(..., "--backbones", "-b", help="One backbone, or several to fuse (concatenated)."),
     method: str = typer.Option(..., "--method", "-m", help="See `fedcache methods`."),
     store: Path = StoreOpt,
-    partition: str = typer.Option("iid", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
-    clients: int = typer.Option(10, help="Number of clients."),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration (dirichlet, domain-dirichlet)."),
-    shards: Optional[int] = typer.Option(None, help="Shards per client (shards)."),
-    few_shot: Optional[int] = typer.Option(None, help="N training samples per class per client."),
-    subsample: float = typer.Option(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix)."),
-    clients_per_domain: Optional[int] = typer.Option(None, help="Clients per domain (domain partitions)."),
-    classes_per_client: Optional[int] = typer.Option(None, help="Classes per client (class-disjoint)."),
-    repeat_rate: float = typer.Option(0.0, help="Share of extra classes from other clients (class-disjoint)."),
-    local_test: int = typer.Option(1000, help="Max local test samples per client."),
+    partition: str = PartitionOpt,
+    clients: int = ClientsOpt,
+    alpha: Optional[float] = AlphaOpt,
+    shards: Optional[int] = ShardsOpt,
+    few_shot: Optional[int] = FewShotOpt,
+    subsample: float = SubsampleOpt,
+    clients_per_domain: Optional[int] = ClientsPerDomainOpt,
+    classes_per_client: Optional[int] = ClassesPerClientOpt,
+    repeat_rate: float = RepeatRateOpt,
+    local_test: int = LocalTestOpt,
     fraction: float = typer.Option(1.0, help="Fraction of clients sampled each round."),
     rounds: int = typer.Option(50),
     local_epochs: int = typer.Option(1),
@@ -388,15 +399,15 @@ def partition(
     backbone: str = typer.Option(..., "--backbone", "-b", help="Any extracted backbone (only labels and domains are used)."),
     store: Path = StoreOpt,
     scheme: str = typer.Option("iid", "--partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
-    clients: int = typer.Option(10),
-    alpha: Optional[float] = typer.Option(None),
-    shards: Optional[int] = typer.Option(None),
-    few_shot: Optional[int] = typer.Option(None),
-    clients_per_domain: Optional[int] = typer.Option(None),
-    classes_per_client: Optional[int] = typer.Option(None),
-    repeat_rate: float = typer.Option(0.0),
-    subsample: float = typer.Option(1.0),
-    local_test: int = typer.Option(1000),
+    clients: int = ClientsOpt,
+    alpha: Optional[float] = AlphaOpt,
+    shards: Optional[int] = ShardsOpt,
+    few_shot: Optional[int] = FewShotOpt,
+    clients_per_domain: Optional[int] = ClientsPerDomainOpt,
+    classes_per_client: Optional[int] = ClassesPerClientOpt,
+    repeat_rate: float = RepeatRateOpt,
+    subsample: float = SubsampleOpt,
+    local_test: int = LocalTestOpt,
     seed: int = typer.Option(0),
     plot: Optional[Path] = typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."),
 ) -> None:
@@ -549,16 +560,16 @@ def shard(
     backbones: str = typer.Option(..., "--backbones", "-b", help="One backbone, or several to fuse (as in train)."),
     out: Path = typer.Option(..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."),
     store: Path = StoreOpt,
-    partition: str = typer.Option("iid", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
-    clients: int = typer.Option(10, help="Number of clients."),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration (dirichlet, domain-dirichlet)."),
-    shards: Optional[int] = typer.Option(None, help="Shards per client (shards)."),
-    few_shot: Optional[int] = typer.Option(None, help="N training samples per class per client."),
-    subsample: float = typer.Option(1.0, help="Keep this fraction of each client's rows of each class."),
-    clients_per_domain: Optional[int] = typer.Option(None, help="Clients per domain (domain partitions)."),
-    classes_per_client: Optional[int] = typer.Option(None, help="Classes per client (class-disjoint)."),
-    repeat_rate: float = typer.Option(0.0, help="Share of extra classes from other clients (class-disjoint)."),
-    local_test: int = typer.Option(1000, help="Max local test samples per client."),
+    partition: str = PartitionOpt,
+    clients: int = ClientsOpt,
+    alpha: Optional[float] = AlphaOpt,
+    shards: Optional[int] = ShardsOpt,
+    few_shot: Optional[int] = FewShotOpt,
+    subsample: float = SubsampleOpt,
+    clients_per_domain: Optional[int] = ClientsPerDomainOpt,
+    classes_per_client: Optional[int] = ClassesPerClientOpt,
+    repeat_rate: float = RepeatRateOpt,
+    local_test: int = LocalTestOpt,
     seed: int = typer.Option(0, help="Partition seed (use the run's --seed)."),
 ) -> None:
     """One self-contained feature store per client (only its rows) plus the server's, for a Flower deployment."""

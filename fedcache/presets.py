@@ -4,6 +4,8 @@ preset's ``notes`` say what fedcache uses instead.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from fedcache.reproduce import PRESETS, Experiment, PaperNumber, Preset
 
 FEDPCL_BACKBONES = ("resnet18-quickdraw", "resnet18-aircraft", "resnet18-birds")
@@ -191,3 +193,16 @@ PRESETS.add("tpfl-table1", Preset("tpfl-table1", "TPFL Table 1 (ViT backbone, 5 
                                   *_tpfl("clip-vit-b16", _tpfl_vit), _TPFL_NOTES + " The ViT variant is not named; fedcache uses CLIP ViT-B/16."))
 PRESETS.add("tpfl-table2", Preset("tpfl-table2", "TPFL Table 2 (ResNet-50 backbone, 5 seeds)", TPFL_FILE,
                                   *_tpfl("clip-rn50", _tpfl_rn50), _TPFL_NOTES))
+
+
+def _combined(name: str, title: str, parts: tuple[str, ...]) -> Preset:
+    """Several tables of one paper as one preset; experiment folders get their table's name in front."""
+    ps = [PRESETS.get(p) for p in parts]
+    exps = tuple(dataclasses.replace(e, key=f"{p.name}-{e.key}") for p in ps for e in p.experiments)
+    nums = tuple(dataclasses.replace(n, experiment=f"{p.name}-{n.experiment}") for p in ps for n in p.paper)
+    return Preset(name, title, ps[0].source, exps, nums, " ".join(dict.fromkeys(p.notes for p in ps if p.notes)))
+
+
+# The names issue 5 and the docs use for "the paper's main tables".
+PRESETS.add("fst-cbdg", _combined("fst-cbdg", "FST-CBDG Tables 1 and 2", ("fst-cbdg-table1", "fst-cbdg-table2")))
+PRESETS.add("tpfl", _combined("tpfl", "TPFL Tables 1 and 2", ("tpfl-table1", "tpfl-table2")))

@@ -64,14 +64,15 @@ class FlowerRun:
 def build_method(run: FlowerRun, data: FederatedData) -> Method:
     """The method as ``fedcache train`` builds it (same preset, --set routing and head choice)."""
     cls = METHODS.get(run.method)
-    if not cls.splittable:
-        raise ConfigError(f"{run.method} pools every client's data in one place, so it has no federated deployment; "
-                          "run it with the in-process engine (`fedcache train`)")
     preset = run.preset or cls.default_preset
     if preset not in PRESETS:
         raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     routed = split_settings(parse_pairs(run.settings.split()), {"method": cls.Params, "optimizer": OptimConfig, "head": HeadChoice})
     params = build(cls.Params, routed["method"])
+    reason = cls.not_deployable(params)
+    if reason:
+        raise ConfigError(f"{run.method} cannot run on Flower: {reason}; run it with the in-process engine "
+                          "(`fedcache train`)")
     optim = build(OptimConfig, routed["optimizer"], base=PRESETS[preset])
     head = routed["head"].get("head") or run.head or cls.default_head
     ctx = MethodContext(data, head, optim, run.local_epochs, run.batch_size, run.seed, run.rounds)

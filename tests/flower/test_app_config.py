@@ -38,6 +38,15 @@ def test_run_config_is_typed_and_unknown_keys_are_named():
 def test_methods_that_pool_all_data_are_refused():
     from tests.federate.conftest import synthetic
 
-    with pytest.raises(ConfigError, match="no federated deployment"):
+    with pytest.raises(ConfigError, match="pools every client's data"):
         build_method(FlowerRun(method="centralized"), synthetic())
     assert build_method(FlowerRun(method="fedprox", settings="mu=0.5"), synthetic()).p.mu == 0.5
+
+
+def test_server_side_prototype_anchors_are_refused():
+    """FST-CBDG's prototype anchors average labelled rows of every client on the server: a deployment
+    cannot do that, so it must say so instead of building anchors from whatever one machine holds."""
+    from tests.federate.conftest import synthetic
+
+    with pytest.raises(ConfigError, match="use anchors=text"):
+        build_method(FlowerRun(method="fst-cbdg", settings="anchors=prototypes"), synthetic())

@@ -10,7 +10,7 @@ from fedcache.cli import main
 from fedcache.errors import ConfigError
 
 PAPER_PRESETS = ["fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fst-cbdg-table1", "fst-cbdg-table2",
-                 "flesd-table1", "tpfl-table1", "tpfl-table2"]
+                 "flesd-table1", "tpfl-table1", "tpfl-table2", "fst-cbdg", "tpfl"]
 
 
 def test_every_paper_preset_exists_and_names_real_things():
@@ -88,3 +88,11 @@ def test_a_real_run_writes_the_report_with_the_papers_numbers(tmp_path):
     assert paper["rows"][0]["fedcache"] == cells.where(method="fedavg", lr=0.1).column("mean_accuracy")[0]
     text = html.read_text()
     assert "Paper vs fedcache" in text and "FedAvg, lr 0.1" in text
+
+
+def test_combined_presets_hold_every_table_and_number():
+    for name, parts in (("fst-cbdg", ("fst-cbdg-table1", "fst-cbdg-table2")), ("tpfl", ("tpfl-table1", "tpfl-table2"))):
+        whole, tables = rp.get(name), [rp.get(p) for p in parts]
+        assert len(whole.experiments) == sum(len(t.experiments) for t in tables)
+        assert sorted(n.value for n in whole.paper) == sorted(n.value for t in tables for n in t.paper)
+        assert len({e.key for e in whole.experiments}) == len(whole.experiments)  # no folder shared by two tables

@@ -72,6 +72,12 @@ class Method:
                 "(its representation is the frozen embedding itself): use --head mlp"
             )
 
+    @classmethod
+    def not_deployable(cls, params: Any) -> str:
+        """Why this method, with these settings, cannot run with each client's data on its own machine
+        (Flower); empty when it can."""
+        return "" if cls.splittable else "it pools every client's data in one place"
+
     # ---- state ------------------------------------------------------------------
     def generator(self, *path: int) -> torch.Generator:
         seed = int(np.random.SeedSequence([self.ctx.seed, *path]).generate_state(1)[0])

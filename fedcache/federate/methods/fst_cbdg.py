@@ -74,6 +74,13 @@ class FSTCBDG(Method):
     Params = FSTCBDGParams
     default_preset = "fst-cbdg"
 
+    @classmethod
+    def not_deployable(cls, params: FSTCBDGParams) -> str:
+        if params.anchors == "prototypes":
+            return ("anchors=prototypes averages labelled rows drawn from every client on the server, which a "
+                    "deployment's server does not hold; use anchors=text")
+        return super().not_deployable(params)
+
     def __init__(self, ctx: MethodContext, params=None) -> None:
         require_linear(ctx.head, "fst-cbdg")
         super().__init__(ctx, params)
