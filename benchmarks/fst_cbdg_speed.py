@@ -17,15 +17,13 @@ Usage: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fst_cbdg_speed.py [--out FI
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _results import write  # benchmarks/ is on sys.path when a script here runs
 
 from fedcache.federate.data import FederatedData
 from fedcache.federate.loop import RunConfig, run
@@ -83,12 +81,7 @@ def main() -> None:
         zero_shot = (data.x_test @ data.info["text"].T).argmax(1) == data.y_test
         res[case] = [{"method": "clip-zs", "global_accuracy": 100.0 * float(zero_shot.float().mean())}]
         res[case] += [timed(m, data, args.repeats) for m in ("fst-cbdg", "fedavg")]
-    res["meta"] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
-                   "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    write(res, args.out)
 
 
 if __name__ == "__main__":

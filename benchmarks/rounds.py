@@ -13,13 +13,12 @@ and data loading; each is the best of 3 runs (1 for the slow backbone-in-the-loo
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _results import write  # benchmarks/ is on sys.path when a script here runs
 
 from fedcache.federate.data import FederatedData
 from fedcache.federate.loop import RunConfig, run
@@ -114,11 +113,7 @@ def main() -> None:
                 "speedup": looped["seconds"] / batched["seconds"], "same_accuracy": batched["accuracy"] == looped["accuracy"]}
     fused = synthetic(5, 100, 3 * 1280)
     res["e"] = timed("fedpcl", fused, 50)
-    res["meta"] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-                   "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    write(res, args.out)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,7 @@ import torch
 from fedcache.errors import EntryNotFoundError, StoreError
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
-_ID_BITS = 40
-_GATHER_CACHE_BYTES = 256 << 20  # at most this much of gathered client rows is kept between rounds  # sample ids stay below 2**40; the domain index goes above them
+_ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
 
 
 def sample_keys(table: FeatureTable) -> np.ndarray:
@@ -81,28 +80,13 @@ class FederatedData:
     # (N_train, K, D) augmented views of the training rows, for self-supervised methods; None if not loaded
     views: torch.Tensor | None = None
 
-    # gathered client rows, reused every round (see rows_of); never part of equality or repr
-    _gathered: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
     def rows_of(self, split: str, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded.
-
-        Prototype and evaluation passes read the same rows every round; gathering them once saves
-        a copy of every client's data per round. Large gathers are not kept (memory over speed)."""
-        key = (split, tuple(clients))
-        if key in self._gathered:
-            return self._gathered[key]
+        """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded."""
         from fedcache.federate.prototypes import padded_rows
 
         x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
         idx, mask = padded_rows([(self.client_train if split == "train" else self.client_test)[k] for k in clients])
-        out = (x[idx], y[idx], mask)
-        if out[0].numel() * out[0].element_size() <= _GATHER_CACHE_BYTES - self._cached_bytes():
-            self._gathered[key] = out
-        return out
-
-    def _cached_bytes(self) -> int:
-        return sum(x.numel() * x.element_size() for x, _, _ in self._gathered.values())
+        return x[idx], y[idx], mask
 
     @property
     def n_clients(self) -> int:
