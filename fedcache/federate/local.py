@@ -47,11 +47,12 @@ def train(
     params = dict(params)
     optimizer = StackedOptimizer(params, opt, trainable)
     plan_t = torch.from_numpy(plan)
+    # Index arithmetic for every step at once: per step it cost as much as a small head's matmuls.
+    rows, real = plan_t.clamp_min(0), plan_t >= 0
+    active_steps, widths = real.any(2), used_widths(plan)
     for s in range(plan.shape[1]):
-        idx = trim_padding(plan_t[:, s])
-        mask = idx >= 0
-        active = mask.any(1)
-        xb, yb = x[idx.clamp_min(0)], y[idx.clamp_min(0)]
+        idx, mask, active = rows[:, s, : widths[s]], real[:, s, : widths[s]], active_steps[:, s]
+        xb, yb = x[idx], y[idx]
         leaves = {n: params[n].detach().requires_grad_(True) for n in trainable}
         p = {**params, **leaves}
         loss = loss_fn(p, xb, yb, mask, {"step": s, **(extra or {})})
@@ -62,6 +63,13 @@ def train(
         params.update({n: t.detach() for n, t in leaves.items()})
         optimizer.step(params, grads, active)
     return params
+
+
+def used_widths(plan: np.ndarray) -> list[int]:
+    """Per step of a (K, S, B) plan, the columns up to the last one any client uses (see trim_padding)."""
+    used = (plan >= 0).any(0)  # (S, B)
+    last = plan.shape[2] - np.argmax(used[:, ::-1], axis=1)
+    return np.where(used.any(1), last, plan.shape[2]).tolist()
 
 
 def trim_padding(idx: torch.Tensor) -> torch.Tensor:

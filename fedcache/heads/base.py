@@ -33,6 +33,40 @@ class Head(Protocol):
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor: ...
 
 
+# With few outputs MKL's batched GEMM runs x @ W (K, n, D) x (K, D, C) slowly: for C <= 10 the
+# product taken as (W^T x^T)^T was 2-3x faster forward and backward on the 2-core CPU this was
+# measured on (K 5-16, n 32-500, D 1024-1280); from C = 12 up, x @ W was as fast or faster
+# (docs/performance.md, "Few-class layout").
+FEW_CLASSES = 10
+
+
+def affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """z W + b for K stacked layers: (K, n, D) -> (K, n, C), in the faster layout for C."""
+    if weight.shape[-1] > FEW_CLASSES:
+        return torch.baddbmm(bias, z, weight)
+    return transposed_affine(weight, bias, z)
+
+
+def transposed_affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """z W + b computed as (W^T z^T)^T + b."""
+    w = _DenseGrad.apply(weight)
+    return torch.bmm(w.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
+
+
+class _DenseGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: torch's fused CPU optimizer kernels
+    (federate/optim.py) read a gradient as if it had the parameter's memory layout, so the transposed
+    gradient of transposed_affine would otherwise be applied scrambled."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        return g.contiguous()
+
+
 def forward(head: Head, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None, train: bool = False) -> torch.Tensor:
     return head.classify(p, head.features(p, x, mask, train))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.heads.base import HEADS, HeadSpec, Params, uniform_init
+from fedcache.heads.base import HEADS, HeadSpec, Params, affine, uniform_init
 
 
 class LinearHead:
@@ -23,7 +23,7 @@ class LinearHead:
         return x  # the frozen backbone's embedding is the representation
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(p["bias"], z, p["weight"])
+        return affine(p["weight"], p["bias"], z)
 
 
 HEADS.add("linear", HeadSpec("linear", "W z + b on the cached embedding", LinearHead))

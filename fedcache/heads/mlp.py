@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.heads.base import HEADS, HeadSpec, Params, uniform_init
+from fedcache.heads.base import HEADS, HeadSpec, Params, affine, uniform_init
 
 HIDDEN = 256
 BN_MOMENTUM = 0.1
@@ -45,7 +45,7 @@ class MLPHead:
         return (h - mean) / torch.sqrt(var + BN_EPS) * p["bn.weight"] + p["bn.bias"]
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(p["fc2.bias"], z, p["fc2.weight"])
+        return affine(p["fc2.weight"], p["fc2.bias"], z)
 
 
 def _masked_moments(h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedcache.heads.base import HEADS, HeadSpec, Params, uniform_init
+from fedcache.heads.base import HEADS, HeadSpec, Params, affine, uniform_init
 
 DIM = 256
 
@@ -35,7 +35,7 @@ class ProjectionHead:
         return F.normalize(torch.relu(torch.baddbmm(p["proj.bias"], x, p["proj.weight"])), dim=-1)
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(p["cls.bias"], z, p["cls.weight"])
+        return affine(p["cls.weight"], p["cls.bias"], z)
 
 
 HEADS.add("projection", HeadSpec("projection", "FC(D,256)-ReLU-L2norm (+ FC(256,C)), FedPCL's projection network", ProjectionHead))

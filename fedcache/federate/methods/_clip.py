@@ -10,6 +10,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import rng_for
 from fedcache.heads import Params
+from fedcache.heads.base import affine
 
 PROTOTYPE_STREAM = 9  # rng stream of the server's labelled prototype rows, distinct from every other draw
 
@@ -25,31 +26,14 @@ def anchor_head(anchors: torch.Tensor, scale: float = 1.0) -> Params:
     return {"weight": (scale * anchors).T.contiguous().unsqueeze(0), "bias": torch.zeros(1, 1, c)}
 
 
-class _DenseGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient: torch's fused CPU SGD kernel (used by
-    federate/optim.py) reads a gradient as if it had the parameter's memory layout, so the transposed
-    gradient linear_logits would otherwise produce is applied scrambled."""
-
-    @staticmethod
-    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
-        return g.contiguous()
-
-
 def linear_logits(p: Params, z: torch.Tensor) -> torch.Tensor:
-    """W z + b for K stacked linear heads: (K, n, D) -> (K, n, C), the function LinearHead.classify
-    computes. Written as (W^T z^T)^T because with few classes MKL's batched GEMM runs that layout
-    4-5x faster, forward and backward, on the 2-core CPU this was measured on (n 32-500, D 1024, C 10)."""
-    w = _DenseGrad.apply(p["weight"])
-    return torch.bmm(w.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + p["bias"]
+    """W z + b for K stacked linear heads: (K, n, D) -> (K, n, C), as LinearHead.classify computes."""
+    return affine(p["weight"], p["bias"], z)
 
 
 def cosine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """unit(x) @ w for (N, D) x and (D, C) w, dividing the (N, C) product rather than the (N, D)
-    features; the product is taken as (w^T x^T)^T, twice as fast here (see linear_logits)."""
+    features; the product is taken as (w^T x^T)^T, twice as fast here for few classes (heads/base.py)."""
     return (w.T @ x.T).T / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
