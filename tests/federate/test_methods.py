@@ -118,6 +118,40 @@ def test_fedproto_sends_only_the_classes_a_client_holds(skewed):
     assert s["bytes_down"] == 5 * skewed.n_classes * (f * 4 + 8)
 
 
+def test_fedproto_last_epoch_prototypes_average_the_last_epochs_steps(skewed, monkeypatch):
+    """local_protos=last-epoch (the official code's): class means of the representations that the
+    training steps of each client's last local epoch produced, recomputed here from every step's."""
+    from fedcache.federate.methods import fedproto
+
+    steps = []
+    add = fedproto.EpochSums.add
+    monkeypatch.setattr(fedproto.EpochSums, "add", lambda self, s, z, y, mask: (steps.append((s, z, y, mask)), add(self, s, z, y, mask)))
+    m = make("fedproto", skewed, local_protos="last-epoch")  # 2 local epochs, batch 16, unequal clients
+    clients = [0, 1, 2]
+    down = {"protos": torch.zeros(10, m.head.feature_dim), "counts": torch.zeros(10)}
+    start = {n: t[clients] for n, t in m.init_clients(5).items()}
+    result = m.local_update(0, clients, down, start)
+    sizes = [len(skewed.client_train[k]) for k in clients]
+    per_epoch = [-(-n // 16) for n in sizes]
+    for i, k in enumerate(clients):
+        z = torch.cat([st[1][i][st[3][i]] for st in steps if per_epoch[i] <= st[0] < 2 * per_epoch[i]])
+        y = torch.cat([st[2][i][st[3][i]] for st in steps if per_epoch[i] <= st[0] < 2 * per_epoch[i]])
+        assert len(y) == sizes[i] and sorted(y.tolist()) == sorted(skewed.y_train[skewed.client_train[k]].tolist())
+        for c in y.unique().tolist():
+            torch.testing.assert_close(result.uploads["protos"][i, c], z[y == c].mean(0))
+    after = make("fedproto", skewed).local_update(0, clients, down, start)
+    torch.testing.assert_close(result.uploads["counts"], after.uploads["counts"])
+    assert not torch.allclose(result.uploads["protos"], after.uploads["protos"])  # train mode, moving weights
+
+
+def test_fedproto_last_epoch_prototypes_batched_equals_loop(skewed):
+    a = run(make("fedproto", skewed, local_protos="last-epoch"), RunConfig(rounds=3, batched=True))
+    b = run(make("fedproto", skewed, local_protos="last-epoch"), RunConfig(rounds=3, batched=False))
+    assert summary(a) == summary(b)
+    with pytest.raises(ConfigError, match="local_protos"):
+        make("fedproto", skewed, local_protos="first-epoch")
+
+
 def test_fedproto_prototype_prediction_and_head_errors(skewed):
     assert run(make("fedproto", skewed, predict="proto"), RunConfig(rounds=ROUNDS)).summary["mean_accuracy"] > 60
     with pytest.raises(ConfigError, match="no representation layers.*use --head mlp"):

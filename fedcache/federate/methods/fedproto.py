@@ -25,8 +25,15 @@ class FedProtoParams:
     lam: float = 1.0  # weight of the prototype loss; the official code's --ld default (README)
     # "classifier": the client's own head; "proto": the nearest global prototype (the official code reports both)
     predict: Literal["classifier", "proto"] = "classifier"
+    # "after": one pass over all the client's rows after local training, evaluation mode (the paper's
+    # prototype of the trained representation); "last-epoch": the mean of the representations the
+    # last local epoch's training steps produced (train mode, changing weights), as the official code
+    # does, which saves that pass.
+    local_protos: Literal["after", "last-epoch"] = "after"
 
     def __post_init__(self) -> None:
+        if self.local_protos not in ("after", "last-epoch"):
+            raise ConfigError(f"fedproto local_protos must be 'after' or 'last-epoch', got {self.local_protos!r}")
         if self.predict not in PREDICTORS:
             raise ConfigError(f"fedproto predict must be one of {sorted(PREDICTORS)}, got {self.predict!r}")
         if self.lam < 0:
@@ -51,12 +58,25 @@ class FedProto(Method):
         return self.head.init(n, self.generator(0, 1))
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
-        states = self.fit(states, rnd, clients, self.loss, {"protos": down["protos"], "has": down["counts"] > 0})
-        protos, counts = self.local_prototypes(states, clients)
+        info = {"protos": down["protos"], "has": down["counts"] > 0}
+        if self.p.local_protos == "last-epoch":
+            info["sums"] = EpochSums(self.last_epoch_steps(clients), self.ctx.data.n_classes, self.head.feature_dim)
+        states = self.fit(states, rnd, clients, self.loss, info)
+        protos, counts = info["sums"].means() if "sums" in info else self.local_prototypes(states, clients)
         return LocalResult(states, {"protos": protos, "counts": counts}, self.sample_counts(clients))
+
+    def last_epoch_steps(self, clients: list[int]) -> torch.Tensor:
+        """(K, S) True where step s of client k's local pass belongs to its last epoch (step_plan's layout:
+        each client's epochs back to back, ceil(n_k / B) steps each)."""
+        c = self.ctx
+        per_epoch = torch.tensor([-(-len(r) // c.batch_size) for r in self.client_rows(clients)])
+        s = torch.arange(int(per_epoch.max()) * c.local_epochs if len(per_epoch) else 0)
+        return (s >= (per_epoch * (c.local_epochs - 1)).unsqueeze(1)) & (s < (per_epoch * c.local_epochs).unsqueeze(1))
 
     def loss(self, p, xb, yb, mask, info):
         z = self.head.features(p, xb, mask, train=True)
+        if "sums" in info:
+            info["sums"].add(info["step"], z.detach(), yb, mask)
         ce = cross_entropy(self.head.classify(p, z), yb, mask)
         # Squared distance averaged over dimensions, as the official code's nn.MSELoss; rows whose
         # class has no global prototype yet (all rows in round 1) add nothing.
@@ -92,6 +112,24 @@ class FedProto(Method):
 
     def client_logits(self, server: Params, states: Params, clients: list[int], x: torch.Tensor) -> torch.Tensor:
         return PREDICTORS[self.p.predict](self, server, states, x)
+
+
+class EpochSums:
+    """Per-client class sums of the representations the last local epoch's steps produce."""
+
+    def __init__(self, last: torch.Tensor, n_classes: int, dim: int) -> None:
+        self.last = last
+        self.sums = torch.zeros(last.shape[0], n_classes, dim)
+        self.counts = torch.zeros(last.shape[0], n_classes)
+
+    def add(self, step: int, z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> None:
+        keep = mask & self.last[:, step].unsqueeze(1)
+        onehot = torch.nn.functional.one_hot(y, self.counts.shape[1]).to(z.dtype) * keep.unsqueeze(-1)
+        self.sums += torch.bmm(onehot.transpose(1, 2), z)
+        self.counts += onehot.sum(1)
+
+    def means(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sums / self.counts.clamp_min(1.0).unsqueeze(-1), self.counts
 
 
 def _prototype_size(counts: torch.Tensor, dim: int, per_class_ints: int) -> tuple[int, int]:
