@@ -84,32 +84,104 @@ class LocalPass:
         w, b = params["weight"].detach(), params["bias"].detach()
         for i in active.nonzero().flatten().tolist():
             x = self.x[i]
-            f = torch.softmax((w[i].T @ x.T).T + b[i], -1)  # (w^T x^T)^T: see _clip.linear_logits
+            f = torch.softmax((w[i].T @ x.T).T + b[i], -1)  # (w^T x^T)^T: see heads/base.py affine
             self.q[i, : len(x)] = ema(self.q[i, : len(x)], f, beta)
 
 
-def draw_synthetic(n: torch.Tensor, share: torch.Tensor, anchors: torch.Tensor, sigma: float,
-                   gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Eq. 5 for one step: client i draws its ``share[i]`` of the n_i synthetic instances of an epoch
-    (stochastically rounded), classes in proportion to n_i, features N(T_k, sigma^2 I).
-    Returns (z (K, P, D), y (K, P), mask (K, P)); clients with share 0 draw nothing."""
+def draw_classes(n: torch.Tensor, share: torch.Tensor, gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classes of one step's synthetic instances: client i draws its ``share[i]`` of the n_i of an
+    epoch (stochastically rounded), classes in proportion to n_i. Returns y (K, P) and mask (K, P)."""
     draws = []
     for i, g in enumerate(gens):
         expected = float(n[i].sum()) * float(share[i])
-        if expected <= 0:
-            draws.append(torch.zeros(0, dtype=torch.long))
-            continue
-        count = int(expected) + int(torch.rand((), generator=g) < expected - int(expected))
+        count = int(expected) + int(torch.rand((), generator=g) < expected - int(expected)) if expected > 0 else 0
         draws.append(torch.multinomial(n[i].double(), count, replacement=True, generator=g) if count else
                      torch.zeros(0, dtype=torch.long))
     p_max = max((len(y) for y in draws), default=0)
-    z = torch.empty(len(gens), p_max, anchors.shape[1])
     y = torch.zeros(len(gens), p_max, dtype=torch.long)
     mask = torch.zeros(len(gens), p_max, dtype=torch.bool)
-    for i, (g, yi) in enumerate(zip(gens, draws)):
-        k = len(yi)
-        # Drawn in place: at sharding s=2 these are ~20M floats a round, the method's largest cost.
-        z[i, :k].normal_(generator=g).mul_(sigma).add_(anchors[yi])
+    for i, yi in enumerate(draws):
+        y[i, : len(yi)], mask[i, : len(yi)] = yi, True
+    return y, mask
+
+
+def explicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Tensor, anchors: torch.Tensor, sigma: float,
+                    gens: list[torch.Generator]) -> torch.Tensor:
+    """Eq. 5 as written: draw every instance z ~ N(T_y, sigma^2 I) (D numbers each), score it with the head."""
+    from fedcache.federate.methods._clip import linear_logits
+
+    z = torch.empty(*y.shape, anchors.shape[1])
+    for i, g in enumerate(gens):
+        k = int(mask[i].sum())
+        # Drawn in place: at sharding s=2 these are ~20M floats a round.
+        z[i, :k].normal_(generator=g).mul_(sigma).add_(anchors[y[i, :k]])
         z[i, k:] = 0.0
-        y[i, :k], mask[i, :k] = yi, True
-    return z, y, mask
+    return linear_logits(p, z)
+
+
+def implicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Tensor, anchors: torch.Tensor, sigma: float,
+                    gens: list[torch.Generator]) -> torch.Tensor:
+    """The same logits and head gradients in distribution, without drawing any D-dimensional instance.
+
+    A linear head sees z = T_y + sigma e only through W^T z = W^T T_y + sigma u with u = W^T e ~ N(0, W^T W),
+    a C-dimensional draw. Its weight gradient sum_j z_j g_j^T needs e itself only through E G (D x C):
+    split e into its part in span(W), which u fixes (W (W^T W)^+ u), and the orthogonal rest, which is
+    independent of u and enters as Pi N L^T with N a D x C standard normal matrix, Pi the projection off
+    span(W) and L L^T = G^T G. So each instance costs C random numbers instead of D, plus D x C per
+    client and step (docs/methods/fst-cbdg.md, "Drawing the synthetic instances")."""
+    return _ImplicitGaussian.apply(p["weight"], p["bias"], y, mask, anchors, sigma, gens)
+
+
+class _ImplicitGaussian(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, b, y, mask, anchors, sigma, gens):
+        # C x C algebra runs in float64 (W^T W of correlated anchors is ill-conditioned); the products
+        # with D rows and the draws stay float32 (torch's vectorised sampler; float64 draws took 4x as long).
+        root, pinv = _root_and_pinv((w.transpose(1, 2) @ w).double())  # of W^T W, (K, C, C)
+        u = torch.zeros(*y.shape, w.shape[2], dtype=torch.float64)
+        for i, g in enumerate(gens):
+            k = int(mask[i].sum())
+            if k and sigma:
+                u[i, :k] = torch.randn(k, w.shape[2], generator=g).double() @ root[i]  # root is symmetric
+        base = torch.einsum("cd,kde->kce", anchors, w)  # W^T T_c for every class: (K, C_anchor, C)
+        logits = base.gather(1, y.unsqueeze(-1).expand(-1, -1, w.shape[2])) + b + (sigma * u).float()
+        ctx.save_for_backward(w, y, mask, anchors, u, pinv)
+        ctx.sigma, ctx.gens = sigma, gens
+        return logits
+
+    @staticmethod
+    def backward(ctx, g):
+        w, y, mask, anchors, u, pinv = ctx.saved_tensors
+        onehot = torch.nn.functional.one_hot(y, anchors.shape[0]).to(g.dtype) * mask.unsqueeze(-1)
+        grad_w = torch.einsum("cd,kce->kde", anchors, onehot.transpose(1, 2) @ g)  # sum_j T_{y_j} g_j^T
+        if ctx.sigma:
+            grad_w = grad_w + ctx.sigma * _noise_part(w, g.double(), u, pinv, mask, ctx.gens)
+        return grad_w.contiguous(), g.sum(1, keepdim=True), None, None, None, None, None
+
+
+def _noise_part(w, g, u, pinv, mask, gens) -> torch.Tensor:
+    """E G for E (D x P) the instances' noise (see implicit_logits): its part in span(W), W (W^T W)^+ U^T G,
+    plus Pi N L^T = (N - W (W^T W)^+ W^T N) L, with L the symmetric root of G^T G. Grouped as
+    W A + N L so that only three products have D rows."""
+    root_gg, _ = _root_and_pinv(g.transpose(1, 2) @ g)
+    n = torch.zeros_like(w)
+    for i, gen in enumerate(gens):
+        if mask[i].any():
+            n[i] = torch.randn(w.shape[1], w.shape[2], generator=gen)
+    a = pinv @ (u.transpose(1, 2) @ g - (w.transpose(1, 2) @ n).double() @ root_gg)
+    return torch.baddbmm(n @ root_gg.float(), w, a.float())
+
+
+def _root_and_pinv(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For symmetric positive semi-definite (K, C, C) m: its symmetric square root R (R R^T = m) and its
+    pseudo-inverse. The symmetric root, unlike V sqrt(L) alone, does not depend on how eigh picks
+    eigenvectors of (nearly) equal eigenvalues, so the batched and per-client paths draw the same."""
+    vals, vecs = torch.linalg.eigh(m)
+    keep = vals > vals.amax(-1, keepdim=True).clamp_min(1e-300) * 1e-12
+    vals = vals.clamp_min(0.0)
+    root = (vecs * vals.sqrt().unsqueeze(-2)) @ vecs.transpose(1, 2)
+    inv = torch.where(keep, 1.0 / torch.where(keep, vals, torch.ones_like(vals)), torch.zeros_like(vals))
+    return root, (vecs * inv.unsqueeze(-2)) @ vecs.transpose(1, 2)
+
+
+SYNTHETIC = {"implicit": implicit_logits, "explicit": explicit_logits}

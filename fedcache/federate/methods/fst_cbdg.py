@@ -43,6 +43,9 @@ class FSTCBDGParams:
     templates: Literal["single", "ensemble"] = "single"  # Algorithm 1: "a photo of a {object}."
     shots: int = 16  # labelled rows per class the server averages for anchors=prototypes
     refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (see REFRESH)
+    # How Eq. 5's instances are drawn: "explicit" draws each D-dimensional z; "implicit" draws only what a
+    # linear head's logits and gradients depend on (the same distribution, D/C times fewer numbers).
+    synthetic: Literal["implicit", "explicit"] = "implicit"
 
     def __post_init__(self) -> None:
         if not 0 <= self.beta <= 1 or self.lam < 0 or self.gamma < 0 or self.sigma < 0:
@@ -132,8 +135,9 @@ class FSTCBDG(Method):
         if self.w_tsamp:
             n = cbdg.SAMPLING[self.p.sampling](cbdg.pseudo_counts(lp.q, lp.valid), self.p.gamma)
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch
-            z, y, m = cbdg.draw_synthetic(n, share, self.anchors, self.p.sigma, lp.gens)
-            total = total + self.w_tsamp * cross_entropy(linear_logits(p, z), y, m)
+            y, m = cbdg.draw_classes(n, share, lp.gens)
+            logits = cbdg.SYNTHETIC[self.p.synthetic](p, y, m, self.anchors, self.p.sigma, lp.gens)
+            total = total + self.w_tsamp * cross_entropy(logits, y, m)
         return total
 
     # ---- server / evaluation ---------------------------------------------------------------
