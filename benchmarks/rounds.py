@@ -7,6 +7,9 @@
 (d) batched vs per-client-loop execution, fedavg, 100 clients, all participating, 5 rounds
 (e) fedpcl, 5 clients x 100 samples (10 per class) x 3840-d (three fused 1280-d backbones), 50 rounds
 
+(a) and (e) are also timed as the papers' official code evaluates: FedProto's once at the end, with
+prototypes from the last local epoch's training steps (local_protos=last-epoch); FedPCL's every 20 rounds.
+
 Times are whole runs of the round loop (evaluation every round included), excluding imports
 and data loading; each is the best of 3 runs (1 for the slow backbone-in-the-loop case). Usage: .venv/bin/python benchmarks/rounds.py [--out FILE] [--skip-c]
 """
@@ -38,16 +41,17 @@ def synthetic(n_clients: int, per_client: int, dim: int, n_classes: int = 10, se
 
 
 def timed(method_name: str, data: FederatedData, rounds: int, fraction: float = 1.0, batched: bool = True, cls=None,
-          repeat: int = 3) -> dict:
+          repeat: int = 3, eval_every: int = 1, **params) -> dict:
     """Best of ``repeat`` whole runs (each a fresh method), as timeit does: the least disturbed one."""
     cls = cls or METHODS.get(method_name)
     times = []
     for _ in range(repeat):
-        method = cls(MethodContext(data, head=cls.default_head, rounds=rounds))
+        method = cls(MethodContext(data, head=cls.default_head, rounds=rounds), cls.Params(**params))
         t0 = time.perf_counter()
-        result = run(method, RunConfig(rounds=rounds, fraction=fraction, batched=batched))
+        result = run(method, RunConfig(rounds=rounds, fraction=fraction, batched=batched, eval_every=eval_every))
         times.append(time.perf_counter() - t0)
-    return {"method": method_name, "seconds": min(times), "all_seconds": times, "accuracy": result.summary["mean_accuracy"]}
+    return {"method": method_name, **({"params": params} if params else {}), "eval_every": eval_every,
+            "seconds": min(times), "all_seconds": times, "accuracy": result.summary["mean_accuracy"]}
 
 
 def in_the_loop_class(images: torch.Tensor, encoder, pre):
@@ -103,6 +107,8 @@ def main() -> None:
     small = synthetic(5, 100, 1280)
     timed("fedavg", small, 2)  # warm-up: first calls into BLAS / allocator
     res["a"] = [timed(m, small, 50) for m in ("fedavg", "fedproto")]
+    # As FedProto's official code runs: prototypes from the last epoch's training steps, one evaluation at the end.
+    res["a"].append(timed("fedproto", small, 50, eval_every=50, local_protos="last-epoch"))
     big = synthetic(100, 500, 1024)
     res["b"] = timed("fedavg", big, 10, fraction=0.1)
     if not args.skip_c:
@@ -113,6 +119,7 @@ def main() -> None:
                 "speedup": looped["seconds"] / batched["seconds"], "same_accuracy": batched["accuracy"] == looped["accuracy"]}
     fused = synthetic(5, 100, 3 * 1280)
     res["e"] = timed("fedpcl", fused, 50)
+    res["e_official_eval"] = timed("fedpcl", fused, 50, eval_every=20)  # FedPCL's code evaluates every 20 rounds
     write(res, args.out)
 
 

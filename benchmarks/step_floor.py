@@ -1,0 +1,85 @@
+"""The arithmetic floor under rounds.py's cases (a) fedproto and (e) fedpcl: the time of the matrix
+products and optimizer updates that any implementation of those runs must do, measured on the same
+shapes in this process, next to the whole runs.
+
+Per local step (5 clients, batch rows b = 32, 32, 32, 4 per epoch of 100 rows): the first layer's
+forward x W (5, b, D) x (5, D, 256), its weight gradient x^T g, and fused Adam over the 5 x D x 256
+weights. Per round: one forward pass over the 5 x 100 training rows (the prototypes) and one over
+the 5 x 100 test rows (evaluation every round), or as the official code runs: FedProto takes its
+prototypes from the last epoch's steps and evaluates once at the end; FedPCL evaluates every 20
+rounds (and after the last). The layers after the first (256 -> 10) and every elementwise operation
+are left out, so the true floor is higher.
+
+Usage: .venv/bin/python benchmarks/step_floor.py [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from _results import write  # benchmarks/ is on sys.path when a script here runs
+from rounds import synthetic, timed
+
+from fedcache.federate.memory import keep_freed_memory
+from fedcache.federate.optim import OptimConfig, _fused
+
+K, HIDDEN, ROWS, BATCH = 5, 256, 100, 32
+BATCHES = [BATCH] * (ROWS // BATCH) + ([ROWS % BATCH] if ROWS % BATCH else [])
+
+
+def best_ms(fn, repeat: int = 30) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * min(times)
+
+
+def op_times(dim: int) -> dict:
+    """Best-of times (ms) of one step's first-layer products per batch size, of Adam, and of a row pass."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(K, dim, HIDDEN, generator=gen) / dim**0.5
+    b = torch.zeros(K, 1, HIDDEN)
+    m, v, grad = torch.zeros_like(w), torch.zeros_like(w), torch.randn_like(w)
+    step = {}
+    for rows in sorted(set(BATCHES)):
+        x, g = torch.randn(K, rows, dim, generator=gen), torch.randn(K, rows, HIDDEN, generator=gen)
+        step[rows] = best_ms(lambda: torch.baddbmm(b, x, w)) + best_ms(lambda: torch.bmm(x.transpose(1, 2), g))
+    full = torch.randn(K, ROWS, dim, generator=gen)
+    return {"step_ms": step, "adam_ms": best_ms(lambda: _fused(OptimConfig(), [w], [grad], [m], [v], 1.0)),
+            "row_pass_ms": best_ms(lambda: torch.baddbmm(b, full, w))}
+
+
+def floor_seconds(ops: dict, train_rounds: int, passes: int) -> float:
+    per_round = sum(ops["step_ms"][r] for r in BATCHES) + len(BATCHES) * ops["adam_ms"]
+    return round((train_rounds * per_round + passes * ops["row_pass_ms"]) / 1e3, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "step_floor.json")
+    args = ap.parse_args()
+    keep_freed_memory()  # as the round loop does
+    res = {}
+    # (name, method params, eval_every, row passes: prototypes after training + evaluations)
+    settings = {"fedproto": [("every round", {}, 1, 100), ("official code", {"local_protos": "last-epoch"}, 50, 1)],
+                "fedpcl": [("every round", {}, 1, 100), ("official code", {}, 20, 53)]}
+    for case, dim, train_rounds, method in (("a", 1280, 50, "fedproto"), ("e", 3840, 49, "fedpcl")):
+        data = synthetic(K, ROWS, dim)
+        timed("fedavg", data, 2, repeat=1)  # warm-up
+        ops = op_times(dim)
+        res[case] = {"method": method, "dim": dim, **ops, "settings": [
+            {"setting": name, "params": params, "eval_every": every, "row_passes": passes,
+             "floor_seconds": floor_seconds(ops, train_rounds, passes),
+             "run_seconds": round(timed(method, data, 50, eval_every=every, **params)["seconds"], 3)}
+            for name, params, every, passes in settings[method]]}
+    write(res, args.out)
+
+
+if __name__ == "__main__":
+    main()
