@@ -166,21 +166,53 @@ def test_implicit_instances_equal_explicit_ones_without_noise():
         torch.testing.assert_close(got, want)
 
 
-def test_implicit_instances_give_the_explicit_loss_and_gradient_distribution():
-    """Over 20,000 independent draws, the loss and every weight-gradient entry have the same mean and
-    standard deviation whether the D-dimensional instances are drawn or only their projections: the
-    part of the noise outside span(W) (left out, the gradient's spread would be far too small)."""
-    w, b, y, mask, anchors = _head_problem(20_000)
+def _moments(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean, every pairwise covariance, and their sampling variances, of (n, m) draws."""
+    c = flat - flat.mean(0)
+    pairs = c.unsqueeze(2) * c.unsqueeze(1)
+    return flat.mean(0), flat.var(0) / len(flat), pairs.mean(0), pairs.var(0) / len(flat)
+
+
+@pytest.mark.parametrize("shape", [{}, {"d": 4, "c": 8, "p": 6}], ids=["full-rank", "more-classes-than-dimensions"])
+def test_implicit_instances_give_the_explicit_loss_and_gradient_distribution(shape):
+    """Over 20,000 independent draws, the loss and the head gradients have the same mean and the same
+    full covariance (every pair of entries) whether the D-dimensional instances are drawn or only what
+    the head sees of them. A root of G^T G that is right on the diagonal only passes a variance check
+    and fails this one (z about 50, measured in review); so does leaving out the noise outside span(W)."""
+    w, b, y, mask, anchors = _head_problem(20_000, **shape)
     sigma = 0.7  # large, so the noise dominates the gradient
-    stats = {}
+    moments = []
     for kind in ("explicit", "implicit"):
         loss, gw, gb = _synthetic_step(kind, sigma, w, b, y, mask, anchors, 1)
-        flat = torch.cat([loss.unsqueeze(1), gw.flatten(1), gb.flatten(1)], 1).double()
-        stats[kind] = (flat.mean(0), flat.std(0))
-    (m_e, s_e), (m_i, s_i) = stats["explicit"], stats["implicit"]
-    se = s_e / 20_000 ** 0.5
-    assert ((m_i - m_e).abs() < 5 * se * 2 ** 0.5 + 1e-9).all(), ((m_i - m_e) / se)
-    assert ((s_i / s_e - 1).abs() < 0.04).all(), s_i / s_e
+        moments.append(_moments(torch.cat([loss.unsqueeze(1), gw.flatten(1), gb.flatten(1)], 1).double()))
+    (m_e, vm_e, c_e, vc_e), (m_i, vm_i, c_i, vc_i) = moments
+    assert ((m_i - m_e).abs() <= 6 * (vm_e + vm_i).sqrt() + 1e-9).all()
+    keep = vc_e + vc_i > 1e-20
+    z = ((c_i - c_e) / (vc_e + vc_i).sqrt())[keep]
+    assert z.abs().max() < 6, float(z.abs().max())
+
+
+def test_implicit_batched_step_equals_per_client_steps():
+    """Clients with their own heads and instance counts draw from their own streams: a batched step
+    gives each client what a step of that client alone gives."""
+    g = torch.Generator().manual_seed(3)
+    k, d, c, p = 3, 8, 4, 6
+    anchors = F.normalize(torch.randn(c, d, generator=g), dim=-1)
+    w, b = torch.randn(k, d, c, generator=g), 0.1 * torch.randn(k, 1, c, generator=g)
+    y = torch.randint(0, c, (k, p), generator=g)
+    mask = torch.arange(p).unsqueeze(0) < torch.tensor([[6], [3], [0]])  # the last client draws nothing
+    from fedcache.federate.local import cross_entropy
+
+    batched = _synthetic_step("implicit", 0.3, w, b, y, mask, anchors, 2)
+    for i in range(k):
+        one = [t.clone() for t in (w[i:i + 1], b[i:i + 1], y[i:i + 1], mask[i:i + 1])]
+        streams = S.LocalPass.streams(2, 0, [i])
+        p_one = {"weight": one[0].requires_grad_(True), "bias": one[1].requires_grad_(True)}
+        loss = cross_entropy(S.implicit_logits(p_one, one[2], one[3], anchors, 0.3, streams), one[2], one[3])
+        gw, gb = torch.autograd.grad(loss.sum(), [p_one["weight"], p_one["bias"]])
+        torch.testing.assert_close(loss.detach(), batched[0][i:i + 1])
+        torch.testing.assert_close(gw, batched[1][i:i + 1])
+        torch.testing.assert_close(gb, batched[2][i:i + 1])
 
 
 def test_pseudo_label_moving_average_by_hand():

@@ -126,8 +126,9 @@ def implicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Ten
     A linear head sees z = T_y + sigma e only through W^T z = W^T T_y + sigma u with u = W^T e ~ N(0, W^T W),
     a C-dimensional draw. Its weight gradient sum_j z_j g_j^T needs e itself only through E G (D x C):
     split e into its part in span(W), which u fixes (W (W^T W)^+ u), and the orthogonal rest, which is
-    independent of u and enters as Pi N L^T with N a D x C standard normal matrix, Pi the projection off
-    span(W) and L L^T = G^T G. So each instance costs C random numbers instead of D, plus D x C per
+    independent of u and enters as Pi N L with N a D x C standard normal matrix, Pi the projection off
+    span(W) and L the symmetric square root of G^T G (L symmetric is what makes Pi N L's covariance
+    (G^T G) kron Pi; G^T G is singular, softmax gradients summing to zero, so no Cholesky factor). So each instance costs C random numbers instead of D, plus D x C per
     client and step (docs/methods/fst-cbdg.md, "Drawing the synthetic instances")."""
     return _ImplicitGaussian.apply(p["weight"], p["bias"], y, mask, anchors, sigma, gens)
 
@@ -135,16 +136,19 @@ def implicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Ten
 class _ImplicitGaussian(torch.autograd.Function):
     @staticmethod
     def forward(ctx, w, b, y, mask, anchors, sigma, gens):
-        # C x C algebra runs in float64 (W^T W of correlated anchors is ill-conditioned); the products
-        # with D rows and the draws stay float32 (torch's vectorised sampler; float64 draws took 4x as long).
-        root, pinv = _root_and_pinv((w.transpose(1, 2) @ w).double())  # of W^T W, (K, C, C)
+        # W^T W and the C x C algebra run in float64 (W^T W of correlated anchors is ill-conditioned, and a
+        # float32 Gram made the projection off span(W) visibly non-idempotent); the other products with D
+        # rows and the draws stay float32 (torch's vectorised sampler; float64 draws took 4x as long).
+        wd = w.double()
+        root, pinv = _root_and_pinv(wd.transpose(1, 2) @ wd)  # of W^T W, (K, C, C)
         u = torch.zeros(*y.shape, w.shape[2], dtype=torch.float64)
         for i, g in enumerate(gens):
             k = int(mask[i].sum())
             if k and sigma:
                 u[i, :k] = torch.randn(k, w.shape[2], generator=g).double() @ root[i]  # root is symmetric
         base = torch.einsum("cd,kde->kce", anchors, w)  # W^T T_c for every class: (K, C_anchor, C)
-        logits = base.gather(1, y.unsqueeze(-1).expand(-1, -1, w.shape[2])) + b + (sigma * u).float()
+        # Padding rows score b, as a zero instance does in the explicit draws.
+        logits = base.gather(1, y.unsqueeze(-1).expand(-1, -1, w.shape[2])) * mask.unsqueeze(-1) + b + (sigma * u).float()
         ctx.save_for_backward(w, y, mask, anchors, u, pinv)
         ctx.sigma, ctx.gens = sigma, gens
         return logits
@@ -155,13 +159,16 @@ class _ImplicitGaussian(torch.autograd.Function):
         onehot = torch.nn.functional.one_hot(y, anchors.shape[0]).to(g.dtype) * mask.unsqueeze(-1)
         grad_w = torch.einsum("cd,kce->kde", anchors, onehot.transpose(1, 2) @ g)  # sum_j T_{y_j} g_j^T
         if ctx.sigma:
-            grad_w = grad_w + ctx.sigma * _noise_part(w, g.double(), u, pinv, mask, ctx.gens)
+            # Padding rows carry no instance: their gradients must not enter G^T G (a masked loss gives
+            # them zero anyway; this keeps the function right for any loss).
+            real_g = (g * mask.unsqueeze(-1)).double()
+            grad_w = grad_w + ctx.sigma * _noise_part(w, real_g, u, pinv, mask, ctx.gens)
         return grad_w.contiguous(), g.sum(1, keepdim=True), None, None, None, None, None
 
 
 def _noise_part(w, g, u, pinv, mask, gens) -> torch.Tensor:
     """E G for E (D x P) the instances' noise (see implicit_logits): its part in span(W), W (W^T W)^+ U^T G,
-    plus Pi N L^T = (N - W (W^T W)^+ W^T N) L, with L the symmetric root of G^T G. Grouped as
+    plus Pi N L = (N - W (W^T W)^+ W^T N) L, with L the symmetric root of G^T G. Grouped as
     W A + N L so that only three products have D rows."""
     root_gg, _ = _root_and_pinv(g.transpose(1, 2) @ g)
     n = torch.zeros_like(w)
