@@ -363,8 +363,10 @@ def train(
 
 
 def _train_in_process(cfg) -> tuple[dict, str]:
-    from fedcache.federate.train import train as run_train
+    from fedcache.federate.train import check_out, resolve, train as run_train
 
+    resolve(cfg)  # a bad --set, --preset or --out is reported before a progress bar is drawn
+    check_out(cfg)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}"), console=err) as progress:
         task = progress.add_task(f"{cfg.method} rounds", total=cfg.rounds, acc="")
 

@@ -67,8 +67,8 @@ class HeadChoice:
     head: str = ""
 
 
-def prepare(cfg: TrainConfig, tables: Tables | None = None) -> tuple[Method, dict]:
-    """Everything before the first round: data, partition, method; returns the resolved config too."""
+def resolve(cfg: TrainConfig) -> tuple[type[Method], object, OptimConfig, str]:
+    """The method class, its parameters, the optimizer and the head: every ``--set`` checked, no data read."""
     method_cls = METHODS.get(cfg.method)
     preset = cfg.preset or method_cls.default_preset
     if preset not in PRESETS:
@@ -77,7 +77,18 @@ def prepare(cfg: TrainConfig, tables: Tables | None = None) -> tuple[Method, dic
     routed = split_settings(parse_pairs(cfg.settings), groups)
     params = build(method_cls.Params, routed["method"])
     optim = build(OptimConfig, routed["optimizer"], base=PRESETS[preset])
-    head = routed["head"].get("head") or cfg.head or method_cls.default_head
+    return method_cls, params, optim, routed["head"].get("head") or cfg.head or method_cls.default_head
+
+
+def check_out(cfg: TrainConfig) -> None:
+    """A new run may not overwrite a finished or interrupted one."""
+    if cfg.out is not None and not cfg.resume and (Path(cfg.out) / METRICS).exists():
+        raise ConfigError(f"{cfg.out} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def prepare(cfg: TrainConfig, tables: Tables | None = None) -> tuple[Method, dict]:
+    """Everything before the first round: data, partition, method; returns the resolved config too."""
+    method_cls, params, optim, head = resolve(cfg)
     data, part_info = load_data(cfg, tables, views=method_cls.uses_views)
     ctx = MethodContext(data, head, optim, cfg.local_epochs, cfg.batch_size, cfg.seed, cfg.rounds)
     method = method_cls(ctx, params)
@@ -140,6 +151,7 @@ def _resolved(cfg: TrainConfig, method: Method, params, optim: OptimConfig, part
 
 
 def train(cfg: TrainConfig, on_round: RoundCallback | None = None, tables: Tables | None = None) -> RunResult:
+    check_out(cfg)
     method, resolved = prepare(cfg, tables)
     if cfg.out is not None:
         _prepare_out(cfg, resolved)
@@ -162,7 +174,5 @@ def _prepare_out(cfg: TrainConfig, resolved: dict) -> None:
         if saved != json.loads(json.dumps(resolved)):
             raise ConfigError(f"--resume: the options differ from the run in {out}; use the same options or a new --out")
         return
-    if (out / METRICS).exists():
-        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(resolved, indent=2) + "\n")

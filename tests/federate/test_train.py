@@ -45,7 +45,13 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
     # Running into the same directory again needs --resume; with it, the finished run is kept.
     assert main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
                  "--partition", "domain", "--clients", "2", "--rounds", "3", "--set", "lr=0.01", "--out", str(out)]) == 2
-    assert "--resume" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--resume" in err and "rounds" not in err  # refused before a progress bar is drawn
+    # A bad --set value is refused the same way, before any data is read.
+    assert main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedproto",
+                 "--set", "local_protos=first", "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "local_protos=first: must be one of after, last-epoch" in err and "rounds" not in err
 
 
 def test_resume_with_other_options_is_refused(store, tmp_path):
