@@ -4,7 +4,7 @@ shapes in this process, next to the whole runs.
 
 Per local step (5 clients, batch rows b = 32, 32, 32, 4 per epoch of 100 rows): the first layer's
 forward x W (5, b, D) x (5, D, 256), its weight gradient x^T g, and fused Adam over the 5 x D x 256
-weights. Per round: one forward pass over the 5 x 100 training rows (the prototypes) and one over
+weights, run one after the other as a local pass runs them. Per round: one forward pass over the 5 x 100 training rows (the prototypes) and one over
 the 5 x 100 test rows (evaluation every round), or as the official code runs: FedProto takes its
 prototypes from the last epoch's steps and evaluates once at the end; FedPCL evaluates every 20
 rounds (and after the last). The layers after the first (256 -> 10) and every elementwise operation
@@ -41,23 +41,27 @@ def best_ms(fn, repeat: int = 30) -> float:
 
 
 def op_times(dim: int) -> dict:
-    """Best-of times (ms) of one step's first-layer products per batch size, of Adam, and of a row pass."""
+    """Best-of times (ms) of one local epoch's first-layer products and Adam steps, run in sequence as a
+    local pass runs them (so each step's Adam evicts the weights the next step's products read, as in
+    a real run), and of one forward pass over a client's rows."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(K, dim, HIDDEN, generator=gen) / dim**0.5
     b = torch.zeros(K, 1, HIDDEN)
-    m, v, grad = torch.zeros_like(w), torch.zeros_like(w), torch.randn_like(w)
-    step = {}
-    for rows in sorted(set(BATCHES)):
-        x, g = torch.randn(K, rows, dim, generator=gen), torch.randn(K, rows, HIDDEN, generator=gen)
-        step[rows] = best_ms(lambda: torch.baddbmm(b, x, w)) + best_ms(lambda: torch.bmm(x.transpose(1, 2), g))
+    m, v = torch.zeros_like(w), torch.zeros_like(w)
+    xs = [torch.randn(K, rows, dim, generator=gen) for rows in BATCHES]
+    gs = [torch.randn(K, rows, HIDDEN, generator=gen) for rows in BATCHES]
+
+    def epoch() -> None:
+        for x, g in zip(xs, gs):
+            torch.baddbmm(b, x, w)
+            _fused(OptimConfig(), [w], [torch.bmm(x.transpose(1, 2), g)], [m], [v], 1.0)
+
     full = torch.randn(K, ROWS, dim, generator=gen)
-    return {"step_ms": step, "adam_ms": best_ms(lambda: _fused(OptimConfig(), [w], [grad], [m], [v], 1.0)),
-            "row_pass_ms": best_ms(lambda: torch.baddbmm(b, full, w))}
+    return {"epoch_ms": best_ms(epoch, 10), "row_pass_ms": best_ms(lambda: torch.baddbmm(b, full, w))}
 
 
 def floor_seconds(ops: dict, train_rounds: int, passes: int) -> float:
-    per_round = sum(ops["step_ms"][r] for r in BATCHES) + len(BATCHES) * ops["adam_ms"]
-    return round((train_rounds * per_round + passes * ops["row_pass_ms"]) / 1e3, 3)
+    return round((train_rounds * ops["epoch_ms"] + passes * ops["row_pass_ms"]) / 1e3, 3)
 
 
 def main() -> None:
