@@ -17,6 +17,19 @@ def meta() -> dict:
             "load_average_at_end": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def best_ms(fn, repeat: int, warmup: int) -> float:
+    """The fastest of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones, in milliseconds: the
+    least disturbed call, as timeit reports."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
 def write(res: dict, out: Path) -> None:
     res["meta"] = meta()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,11 +7,10 @@ Usage: .venv/bin/python benchmarks/linear_layout.py [--out FILE]
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
-from _results import write  # benchmarks/ is on sys.path when a script here runs
+from _results import best_ms, write  # benchmarks/ is on sys.path when a script here runs
 
 from fedcache.heads.base import transposed_affine
 
@@ -19,15 +18,8 @@ SHAPES = [(5, 32, 1280, c) for c in (2, 7, 8, 10, 12, 16, 20, 32, 64, 100)] + [(
                                                                              (5, 32, 512, 345)]
 
 
-def best_ms(fn, repeat: int = 300) -> float:
-    for _ in range(10):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return round(1e3 * best, 4)
+def _ms(fn) -> float:
+    return round(best_ms(fn, 300, 10), 4)
 
 
 def case(k: int, rows: int, dim: int, c: int) -> dict:
@@ -39,8 +31,8 @@ def case(k: int, rows: int, dim: int, c: int) -> dict:
             w_, b_ = w.detach().requires_grad_(True), b.detach().requires_grad_(True)
             torch.autograd.grad(f(w_, b_).sum(), [w_, b_])
         with torch.no_grad():
-            out[f"{name} forward"] = best_ms(lambda f=f: f(w, b))
-        out[f"{name} forward+backward"] = best_ms(train_step)
+            out[f"{name} forward"] = _ms(lambda f=f: f(w, b))
+        out[f"{name} forward+backward"] = _ms(train_step)
     return out
 
 

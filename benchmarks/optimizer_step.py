@@ -7,11 +7,10 @@ Usage: .venv/bin/python benchmarks/optimizer_step.py [--out FILE]
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
-from _results import write  # benchmarks/ is on sys.path when a script here runs
+from _results import best_ms, write  # benchmarks/ is on sys.path when a script here runs
 
 from fedcache.federate import optim
 
@@ -19,15 +18,8 @@ HEADS = {"fedavg linear 1280->10": [(5, 1280, 10), (5, 1, 10)],
          "fedproto mlp 1280->256->10": [(5, 1280, 256), (5, 1, 256), (5, 1, 256), (5, 1, 256), (5, 256, 10), (5, 1, 10)]}
 
 
-def best_ms(fn, repeat: int = 500) -> float:
-    for _ in range(20):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return round(1e3 * best, 4)
+def _ms(fn) -> float:
+    return round(best_ms(fn, 500, 20), 4)
 
 
 def wrapped(cfg, ps, gs, ms, vs, steps_done):
@@ -46,7 +38,7 @@ def main() -> None:
         row = {}
         for label, kernels in (("direct kernel", direct), ("torch.optim functional", {"adam": wrapped, "sgd": wrapped})):
             optim.KERNELS = kernels
-            row[label] = best_ms(lambda: opt.step(params, grads, active))
+            row[label] = _ms(lambda: opt.step(params, grads, active))
         optim.KERNELS = direct
         res[name] = row
     write(res, args.out)

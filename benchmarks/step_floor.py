@@ -15,11 +15,10 @@ Usage: .venv/bin/python benchmarks/step_floor.py [--out FILE]
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
-from _results import write  # benchmarks/ is on sys.path when a script here runs
+from _results import best_ms, write  # benchmarks/ is on sys.path when a script here runs
 from rounds import synthetic, timed
 
 from fedcache.federate.memory import keep_freed_memory
@@ -27,17 +26,6 @@ from fedcache.federate.optim import OptimConfig, _fused
 
 K, HIDDEN, ROWS, BATCH = 5, 256, 100, 32
 BATCHES = [BATCH] * (ROWS // BATCH) + ([ROWS % BATCH] if ROWS % BATCH else [])
-
-
-def best_ms(fn, repeat: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * min(times)
 
 
 def op_times(dim: int) -> dict:
@@ -57,7 +45,7 @@ def op_times(dim: int) -> dict:
             _fused(OptimConfig(), [w], [torch.bmm(x.transpose(1, 2), g)], [m], [v], 1.0)
 
     full = torch.randn(K, ROWS, dim, generator=gen)
-    return {"epoch_ms": best_ms(epoch, 10), "row_pass_ms": best_ms(lambda: torch.baddbmm(b, full, w))}
+    return {"epoch_ms": best_ms(epoch, 10, 5), "row_pass_ms": best_ms(lambda: torch.baddbmm(b, full, w), 30, 5)}
 
 
 def floor_seconds(ops: dict, train_rounds: int, passes: int) -> float:

@@ -66,17 +66,12 @@ def train(
 
 
 def used_widths(plan: np.ndarray) -> list[int]:
-    """Per step of a (K, S, B) plan, the columns up to the last one any client uses (see trim_padding)."""
+    """Per step of a (K, S, B) plan, the columns up to the last one any client uses: an epoch's last
+    batch is often mostly padding (100 rows in batches of 32 leave 4 real ones), and padded rows cost
+    full matmul work. A step of padding only keeps its width (no client is active in it)."""
     used = (plan >= 0).any(0)  # (S, B)
     last = plan.shape[2] - np.argmax(used[:, ::-1], axis=1)
     return np.where(used.any(1), last, plan.shape[2]).tolist()
-
-
-def trim_padding(idx: torch.Tensor) -> torch.Tensor:
-    """Drop the padding columns no client uses: an epoch's last batch is often mostly padding
-    (100 rows in batches of 32 leave 4 real ones), and padded rows cost full matmul work."""
-    used = (idx >= 0).any(0).nonzero()
-    return idx[:, : int(used[-1]) + 1] if len(used) else idx
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

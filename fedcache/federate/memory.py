@@ -4,8 +4,8 @@ glibc serves allocations above its mmap threshold with fresh pages from the kern
 them on free; it also trims the top of its heap once more than the trim threshold lies free. A
 local step allocates and frees the same few tensors (gradients, Adam's state at the start of a
 local pass, activations) thousands of times, and every fresh page costs a page fault and zeroing:
-a 50-round FedPCL run on 3 x 1280-d features took 780,000 page faults and 4.9 s, and 10,000 faults
-and 3.7 s with the thresholds raised (docs/performance.md). PyTorch's CPU allocator has no cache
+a 50-round FedPCL run on 3 x 1280-d features took 1.1M page faults and 5.2-5.5 s, and 15,000 faults
+and 3.9 s with the thresholds raised (benchmarks/malloc_thresholds.py, docs/performance.md). PyTorch's CPU allocator has no cache
 of its own, so this is the place to fix it.
 
 The tuning is per process and only affects glibc on Linux; values the user set through the

@@ -148,15 +148,14 @@ def test_non_contiguous_gradients_are_applied_correctly():
 
 
 def test_step_widths_drop_only_columns_no_client_uses():
-    """train() slices every step to used_widths; trim_padding (FST-CBDG's per-step view) must agree."""
-    from fedcache.federate.local import trim_padding, used_widths
+    """train() (and FST-CBDG's per-step positions) slice every step to used_widths: every column a
+    client uses is kept, and only padding is dropped."""
+    from fedcache.federate.local import used_widths
 
     rng = np.random.default_rng(0)
     for _ in range(100):
         k, s, b = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 9))
         plan = np.where(rng.random((k, s, b)) < 0.4, -1, rng.integers(0, 50, (k, s, b)))
-        widths = used_widths(plan)
-        for step in range(s):
-            kept = trim_padding(torch.from_numpy(plan)[:, step])
-            assert kept.shape[1] == widths[step]
-            assert (plan[:, step, widths[step]:] < 0).all()  # only padding is dropped
+        for step, width in enumerate(used_widths(plan)):
+            used = np.flatnonzero((plan[:, step] >= 0).any(0))
+            assert width == (used[-1] + 1 if len(used) else b)

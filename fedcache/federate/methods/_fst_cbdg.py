@@ -3,11 +3,12 @@ Language Model"), batched over K clients: pseudo-label moving average (Eq. 4), s
 (Eq. 3), class-balanced synthetic counts (Eq. 7) and the Gaussian synthetic instances (Eq. 5)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from fedcache.federate.local import masked_mean, rng_for, trim_padding
+from fedcache.federate.local import masked_mean, rng_for, used_widths
+from fedcache.heads.base import affine
 
 SYNTHETIC_STREAM = 5  # rng stream of a client's synthetic instances in a round
 
@@ -54,6 +55,10 @@ class LocalPass:
     valid: torch.Tensor  # (K, n) real positions
     x: list[torch.Tensor] | None  # per client, unit features of its rows (n_i, D) (refresh="all" only)
     gens: list[torch.Generator]
+    widths: list[int] = field(init=False)  # per step, the columns train() keeps (local.used_widths)
+
+    def __post_init__(self) -> None:
+        self.widths = used_widths(self.pos.numpy())
 
     @staticmethod
     def streams(seed: int, rnd: int, clients: list[int]) -> list[torch.Generator]:
@@ -67,7 +72,7 @@ class LocalPass:
 
     def step_pos(self, s: int) -> torch.Tensor:
         """Positions of step s, trimmed exactly as train() trims the step's rows."""
-        return trim_padding(self.pos[:, s])
+        return self.pos[:, s, : self.widths[s]]
 
     def refresh_batch(self, s: int, f: torch.Tensor, mask: torch.Tensor, beta: float) -> None:
         """Eq. 4 for the step's rows only: f (K, B, C) the current model's probabilities on the batch."""
@@ -108,15 +113,13 @@ def draw_classes(n: torch.Tensor, share: torch.Tensor, gens: list[torch.Generato
 def explicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Tensor, anchors: torch.Tensor, sigma: float,
                     gens: list[torch.Generator]) -> torch.Tensor:
     """Eq. 5 as written: draw every instance z ~ N(T_y, sigma^2 I) (D numbers each), score it with the head."""
-    from fedcache.federate.methods._clip import linear_logits
-
     z = torch.empty(*y.shape, anchors.shape[1])
     for i, g in enumerate(gens):
         k = int(mask[i].sum())
         # Drawn in place: at sharding s=2 these are ~20M floats a round.
         z[i, :k].normal_(generator=g).mul_(sigma).add_(anchors[y[i, :k]])
         z[i, k:] = 0.0
-    return linear_logits(p, z)
+    return affine(p["weight"], p["bias"], z)
 
 
 def implicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Tensor, anchors: torch.Tensor, sigma: float,
@@ -128,8 +131,9 @@ def implicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Ten
     split e into its part in span(W), which u fixes (W (W^T W)^+ u), and the orthogonal rest, which is
     independent of u and enters as Pi N L with N a D x C standard normal matrix, Pi the projection off
     span(W) and L the symmetric square root of G^T G (L symmetric is what makes Pi N L's covariance
-    (G^T G) kron Pi; G^T G is singular, softmax gradients summing to zero, so no Cholesky factor). So each instance costs C random numbers instead of D, plus D x C per
-    client and step (docs/methods/fst-cbdg.md, "Drawing the synthetic instances")."""
+    (G^T G) kron Pi; G^T G is singular, softmax gradients summing to zero, so no Cholesky factor).
+    So each instance costs C random numbers instead of D, plus D x C per client and step
+    (docs/methods/fst-cbdg.md, "Drawing the synthetic instances")."""
     return _ImplicitGaussian.apply(p["weight"], p["bias"], y, mask, anchors, sigma, gens)
 
 
