@@ -1,0 +1,73 @@
+"""The mlp head against torch's own modules; padding rows and the no-padding shortcut change nothing."""
+import torch
+
+from fedcache.heads import make_head
+from fedcache.heads.mlp import BN_EPS, train_body
+
+
+def torch_mlp(p, k=0):
+    """nn.Sequential(Linear, ReLU, BatchNorm1d, Linear) holding client k's parameters."""
+    d_in, hidden = p["fc1.weight"].shape[1:]
+    net = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.BatchNorm1d(hidden, eps=BN_EPS),
+                              torch.nn.Linear(hidden, p["fc2.weight"].shape[-1]))
+    with torch.no_grad():
+        net[0].weight.copy_(p["fc1.weight"][k].T), net[0].bias.copy_(p["fc1.bias"][k, 0])
+        net[2].weight.copy_(p["bn.weight"][k, 0]), net[2].bias.copy_(p["bn.bias"][k, 0])
+        net[3].weight.copy_(p["fc2.weight"][k].T), net[3].bias.copy_(p["fc2.bias"][k, 0])
+    return net
+
+
+def grads_of(out, tensors, seed=0):
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return torch.autograd.grad(out, tensors, g)
+
+
+def test_training_step_matches_torch_modules():
+    head = make_head("mlp", 12, 4)
+    p = head.init(1, torch.Generator().manual_seed(0))
+    x = torch.randn(1, 9, 12, generator=torch.Generator().manual_seed(1))
+    net = torch_mlp(p)
+    leaves = {n: p[n].clone().requires_grad_(True) for n in ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")}
+    q = {**p, **leaves}
+    ours = head.classify(q, head.features(q, x, train=True))
+    theirs = net(x[0])
+    torch.testing.assert_close(ours[0], theirs, atol=1e-5, rtol=1e-5)
+    g_ours = grads_of(ours[0], list(leaves.values()))
+    g_theirs = grads_of(theirs, [net[0].weight, net[0].bias, net[2].weight, net[2].bias])
+    torch.testing.assert_close(g_ours[0][0], g_theirs[0].T, atol=1e-5, rtol=1e-4)  # ours is stored (in, out)
+    for a, b in zip(g_ours[1:], g_theirs[1:]):
+        torch.testing.assert_close(a.reshape(-1), b, atol=1e-5, rtol=1e-4)
+    # running statistics (unbiased variance, momentum 0.1) and the evaluation-mode output
+    torch.testing.assert_close(q["bn.running_mean"][0, 0], net[2].running_mean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(q["bn.running_var"][0, 0], net[2].running_var, atol=1e-6, rtol=1e-5)
+    net.eval()
+    torch.testing.assert_close(head.classify(q, head.features(q, x))[0], net(x[0]), atol=1e-5, rtol=1e-5)
+
+
+def test_padding_rows_change_nothing():
+    """A client's rows padded with junk rows (masked out) give its unpadded numbers."""
+    head = make_head("mlp", 6, 3)
+    p = head.init(2, torch.Generator().manual_seed(0))
+    x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 5:] = False
+    padded = dict(p)
+    z_pad = head.features(padded, x, mask, train=True)
+    alone = {n: t[1:] for n, t in p.items()}
+    z_alone = head.features(alone, x[1:, :5], train=True)
+    torch.testing.assert_close(z_pad[1, :5], z_alone[0], atol=1e-6, rtol=1e-5)
+    for n in ("bn.running_mean", "bn.running_var"):
+        torch.testing.assert_close(padded[n][1], alone[n][0], atol=1e-6, rtol=1e-5)
+
+
+def test_no_padding_shortcut_equals_the_masked_statistics():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 7, 5, generator=gen, dtype=torch.float64)
+    params = [torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(True)
+              for shape in ((3, 5, 4), (3, 1, 4), (3, 1, 4), (3, 1, 4))]
+    short = train_body(x, None, *params)
+    masked = train_body(x, torch.ones(3, 7, 1, dtype=torch.float64), *params)
+    for a, b in zip(short, masked):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    for a, b in zip(grads_of(short[0], params), grads_of(masked[0], params)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
