@@ -122,12 +122,21 @@ def _local(method: Method, cfg: RunConfig, rnd: int, clients: list[int], down: P
 
 
 def _gather(stacked: Params, idx: list[int]) -> Params:
+    if stacked and idx == list(range(len(next(iter(stacked.values()))))):
+        # Every client trains: hand over the stored tensors themselves (local training updates them
+        # in place, and _scatter then finds nothing to copy) instead of copying all client state twice.
+        return dict(stacked)
     return {n: t[idx] for n, t in stacked.items()}
 
 
 def _scatter(stacked: Params, part: Params, idx: list[int]) -> None:
     for n, t in part.items():
-        stacked[n][idx] = t
+        if not _same_memory(stacked[n], t):
+            stacked[n][idx] = t
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 def _check_finite(result: LocalResult, clients: list[int], rnd: int) -> None:
