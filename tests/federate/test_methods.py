@@ -69,6 +69,10 @@ def test_method_learns_deterministically_and_counts_bytes(name, skewed):
     assert s["mean_accuracy"] > 60, s  # chance is 1/6 on a client's own classes
     assert all(math.isfinite(v) for v in s["per_client_accuracy"])
     assert all(torch.isfinite(t).all() for t in [*a.server.values(), *a.clients.values()])
+    # When every client trains, local training updates the loop's stored client state in place: the
+    # server state must never be a view of it.
+    client_memory = {t.untyped_storage().data_ptr() for t in a.clients.values()}
+    assert not any(t.untyped_storage().data_ptr() in client_memory for t in a.server.values())
     assert (s["global_accuracy"] is not None) == m.has_global_model
     assert summary(run(make(name, skewed), RunConfig(rounds=ROUNDS))) == summary(a)
     assert s["bytes_up"] == sum(b for _, b in sizes)
