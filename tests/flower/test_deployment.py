@@ -41,10 +41,12 @@ def _run(d: LocalDeployment, method: str, name: str, **kw) -> FlowerRun:
 
 @pytest.mark.parametrize("method", ["fedavg", "fedpcl"])
 def test_loopback_deployment_equals_in_process(deployment, flower_store, method):
-    run = _run(deployment, method, f"run-{method}")
+    # Two rounds: the second starts from the first's aggregate (and FedPCL's stored client prototypes);
+    # every round costs about 12 s here, as each message starts a fresh ClientApp process.
+    run = _run(deployment, method, f"run-{method}", rounds=2, eval_every=2)
     flower = deployment.run(deployment.workdir / "app", run, RUN_TIMEOUT)
     state = torch.load(f"{run.out}/{SERVER_STATE}", weights_only=True)
-    assert_same_run(flower, state, train(toy_config(flower_store, method)))
+    assert_same_run(flower, state, train(toy_config(flower_store, method, rounds=2, eval_every=2)))
     assert flower["dropped"] == {}
 
 
