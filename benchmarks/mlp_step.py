@@ -25,7 +25,8 @@ KEYS = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
 
 
 def masked_features(self, p, x, mask=None, train=False):
-    """MLPHead.features taking the masked path on every step, as before the shortcut."""
+    """MLPHead.features taking the masked path on every step (an all-ones mask where no row is
+    padding): the shortcut is the only difference."""
     if not train:
         return SHORTCUT(self, p, x, mask, train)
     real = torch.ones(x.shape[:2], dtype=x.dtype).unsqueeze(-1) if mask is None else mask.unsqueeze(-1).to(x.dtype)
@@ -45,7 +46,9 @@ def local_pass_ms(repeat: int) -> dict:
     info = {"protos": torch.randn(10, 256, generator=torch.Generator().manual_seed(0)), "has": torch.ones(10, dtype=torch.bool)}
     clients = list(range(5))
     plan = step_plan(method.client_rows(clients), 32, 1, 0, 0, clients)
-    one_pass = lambda: train(states, method.trainable(states), method.loss, data.x_train, data.y_train, plan, method.ctx.optim, info)
+    # train() updates its input in place: every pass starts from a copy of the same weights
+    one_pass = lambda: train({n: t.clone() for n, t in states.items()}, method.trainable(states), method.loss,
+                             data.x_train, data.y_train, plan, method.ctx.optim, info)
     best = {"shortcut": float("inf"), "masked": float("inf")}
     for _ in range(repeat):  # alternate, so both see the same moments of the machine
         for name, features in (("shortcut", SHORTCUT), ("masked", masked_features)):

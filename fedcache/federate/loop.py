@@ -123,8 +123,9 @@ def _local(method: Method, cfg: RunConfig, rnd: int, clients: list[int], down: P
 
 def _gather(stacked: Params, idx: list[int]) -> Params:
     if stacked and idx == list(range(len(next(iter(stacked.values()))))):
-        # Every client trains: hand over the stored tensors themselves (local training updates them
-        # in place, and _scatter then finds nothing to copy) instead of copying all client state twice.
+        # Every client trains: hand over the stored tensors themselves instead of copying all client
+        # state out and back; local training updates weights in place, so _scatter copies only the
+        # tensors a method replaced (BatchNorm's running statistics, say).
         return dict(stacked)
     return {n: t[idx] for n, t in stacked.items()}
 

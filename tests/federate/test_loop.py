@@ -44,6 +44,26 @@ def test_batched_and_loop_paths_agree_with_unequal_clients(head):
     assert a.summary["per_client_accuracy"] == b.summary["per_client_accuracy"]
 
 
+# Methods with personal client state, which the loop hands to local training without a copy when
+# every client trains (mlp-head methods replace BatchNorm statistics; fedpcl and pfedme replace
+# other state).
+STATEFUL = ["solo", "fedproto", "fedrep", "pfedme", "fedpcl"]
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_training_client_state_in_place_equals_training_a_copy(name, monkeypatch):
+    import fedcache.federate.loop as loop
+
+    data = synthetic(sizes=[37, 80, 12, 64, 51])
+    in_place = run(make(name, data), RunConfig(rounds=3))
+    monkeypatch.setattr(loop, "_gather", lambda stacked, idx: {n: t[idx] for n, t in stacked.items()})
+    copied = run(make(name, data), RunConfig(rounds=3))
+    assert in_place.summary["per_client_accuracy"] == copied.summary["per_client_accuracy"]
+    for got, want in ((in_place.clients, copied.clients), (in_place.server, copied.server)):
+        for n in want:
+            torch.testing.assert_close(got[n], want[n], atol=0, rtol=0, msg=n)
+
+
 def test_same_seed_same_numbers_other_seed_differs(data):
     a = run(make("solo", data, seed=3), RunConfig(rounds=2)).summary
     b = run(make("solo", data, seed=3), RunConfig(rounds=2)).summary

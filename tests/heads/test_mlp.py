@@ -45,19 +45,28 @@ def test_training_step_matches_torch_modules():
 
 
 def test_padding_rows_change_nothing():
-    """A client's rows padded with junk rows (masked out) give its unpadded numbers."""
+    """A client's rows padded with junk rows (masked out) give its unpadded numbers and gradients; a
+    client with only padding (it finished its epoch) keeps its running statistics."""
     head = make_head("mlp", 6, 3)
-    p = head.init(2, torch.Generator().manual_seed(0))
-    x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 8, dtype=torch.bool)
+    # float64: the padded and unpadded sums round differently in float32 (1e-7 relative)
+    p = {n: t.double() for n, t in head.init(3, torch.Generator().manual_seed(0)).items()}
+    x = torch.randn(3, 8, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    mask = torch.ones(3, 8, dtype=torch.bool)
     mask[1, 5:] = False
-    padded = dict(p)
+    mask[2] = False
+    keys = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
+    padded = {**p, **{n: p[n].clone().requires_grad_(True) for n in keys}}
+    alone = {**{n: t[1:2] for n, t in p.items()}, **{n: p[n][1:2].clone().requires_grad_(True) for n in keys}}
     z_pad = head.features(padded, x, mask, train=True)
-    alone = {n: t[1:] for n, t in p.items()}
-    z_alone = head.features(alone, x[1:, :5], train=True)
-    torch.testing.assert_close(z_pad[1, :5], z_alone[0], atol=1e-6, rtol=1e-5)
+    z_alone = head.features(alone, x[1:2, :5], train=True)
+    torch.testing.assert_close(z_pad[1, :5], z_alone[0], atol=1e-10, rtol=1e-10)
+    g_pad = grads_of(z_pad[1:2, :5], [padded[n] for n in keys])
+    g_alone = grads_of(z_alone, [alone[n] for n in keys])
+    for n, a, b in zip(keys, g_pad, g_alone):
+        torch.testing.assert_close(a[1], b[0], atol=1e-10, rtol=1e-10, msg=n)
     for n in ("bn.running_mean", "bn.running_var"):
-        torch.testing.assert_close(padded[n][1], alone[n][0], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(padded[n][1], alone[n][0], atol=1e-10, rtol=1e-10)
+        assert torch.equal(padded[n][2], p[n][2]), f"{n} of a client without real rows changed"
 
 
 def test_no_padding_shortcut_equals_the_masked_statistics():
