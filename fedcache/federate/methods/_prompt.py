@@ -7,22 +7,29 @@ position); ctx is shared by all classes (CoOp's unified context), one copy per c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fedcache.errors import ConfigError
-from fedcache.extract.backbones import BACKBONES, LoadedBackbone
-from fedcache.extract.loading import load_backbone
 from fedcache.federate.data import FederatedData
 from fedcache.federate.source import source_from_info
 
 CTX_STD = 0.02  # CoOp's random initialisation of the context vectors
 PLACEHOLDER = "X"  # CoOp's stand-in word for a context position before its embedding is replaced
 
+if TYPE_CHECKING:
+    from fedcache.extract.backbones import LoadedBackbone
+
 
 def load_clip(data: FederatedData, method: str, weights: str = "") -> LoadedBackbone:
     """The CLIP the features were extracted with, checked against the weights hash in the store entry."""
+    # Imported here: every method module is imported with the registry, and the image-loading side of
+    # fedcache.extract costs a Flower ClientApp, started afresh for every message, about 0.25 s.
+    from fedcache.extract.backbones import BACKBONES
+    from fedcache.extract.loading import load_backbone
+
     name, recorded = source_from_info(data, method).backbone(method)
     spec = BACKBONES.get(name)
     if not spec.has_text:
