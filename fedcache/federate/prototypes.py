@@ -17,12 +17,20 @@ def padded_rows(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     return idx, mask
 
 
+def class_sums(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-client class sums of z (K, n, H) over the real rows -> (K, C, H), and counts (K, C)."""
+    onehot = F.one_hot(y, n_classes).to(z.dtype) * mask.unsqueeze(-1).to(z.dtype)
+    return torch.bmm(onehot.transpose(1, 2), z), onehot.sum(1)
+
+
 def class_means(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client class means of z (K, n, H) -> prototypes (K, C, H) and counts (K, C); absent classes are 0."""
-    onehot = F.one_hot(y, n_classes).to(z.dtype) * mask.unsqueeze(-1).to(z.dtype)
-    counts = onehot.sum(1)
-    protos = torch.bmm(onehot.transpose(1, 2), z) / counts.clamp_min(1.0).unsqueeze(-1)
-    return protos, counts
+    sums, counts = class_sums(z, y, mask, n_classes)
+    return means_of(sums, counts), counts
+
+
+def means_of(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    return sums / counts.clamp_min(1.0).unsqueeze(-1)
 
 
 def aggregate(protos: torch.Tensor, counts: torch.Tensor, weighted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

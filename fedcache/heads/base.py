@@ -47,23 +47,9 @@ def affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.T
 
 
 def transposed_affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """z W + b computed as (W^T z^T)^T + b."""
-    w = _DenseGrad.apply(weight)
-    return torch.bmm(w.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
-
-
-class _DenseGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient: torch's fused CPU optimizer kernels
-    (federate/optim.py) read a gradient as if it had the parameter's memory layout, so the transposed
-    gradient of transposed_affine would otherwise be applied scrambled."""
-
-    @staticmethod
-    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
-        return g.contiguous()
+    """z W + b computed as (W^T z^T)^T + b. Its weight gradient comes out transposed in memory; the
+    optimizer makes gradients contiguous before torch's fused kernels read them (federate/optim.py)."""
+    return torch.bmm(weight.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
 
 
 def forward(head: Head, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None, train: bool = False) -> torch.Tensor:

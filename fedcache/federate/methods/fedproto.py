@@ -13,7 +13,7 @@ import torch
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
-from fedcache.federate.prototypes import aggregate, class_means, nearest
+from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest
 from fedcache.heads import Params, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
@@ -123,13 +123,12 @@ class EpochSums:
         self.counts = torch.zeros(last.shape[0], n_classes)
 
     def add(self, step: int, z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> None:
-        keep = mask & self.last[:, step].unsqueeze(1)
-        onehot = torch.nn.functional.one_hot(y, self.counts.shape[1]).to(z.dtype) * keep.unsqueeze(-1)
-        self.sums += torch.bmm(onehot.transpose(1, 2), z)
-        self.counts += onehot.sum(1)
+        sums, counts = class_sums(z, y, mask & self.last[:, step].unsqueeze(1), self.counts.shape[1])
+        self.sums += sums
+        self.counts += counts
 
     def means(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sums / self.counts.clamp_min(1.0).unsqueeze(-1), self.counts
+        return means_of(self.sums, self.counts), self.counts
 
 
 def _prototype_size(counts: torch.Tensor, dim: int, per_class_ints: int) -> tuple[int, int]:
