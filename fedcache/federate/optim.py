@@ -7,30 +7,40 @@ momentum, no Adam time step). torch.optim cannot express that, hence these few l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.optim.adam import adam as _torch_adam
 from torch.optim.sgd import sgd as _torch_sgd
 
 from fedcache.errors import ConfigError
+from fedcache.federate.settings import NonNegative, Positive, UnitOpen, check_fields
 
 Params = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    optimizer: Literal["sgd", "adam"] = "adam"
+    lr: Positive = 1e-3
+    momentum: UnitOpen = 0.9  # SGD only
+    weight_decay: NonNegative = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam only
+    eps: Positive = 1e-8  # Adam only
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("sgd", "adam"):
             raise ConfigError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
-        if self.lr <= 0 or self.weight_decay < 0 or not 0 <= self.momentum < 1:
-            raise ConfigError(f"need lr > 0, weight_decay >= 0, 0 <= momentum < 1 (got {self})")
+        check_fields(self)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), e.g. betas=0.9,0.999 (got {self.betas})")
+
+    def ignored(self) -> dict[str, str]:
+        """Fields this optimizer does not read (``--set`` refuses them rather than dropping them)."""
+        if self.optimizer == "adam":
+            return {"momentum": "Adam has no momentum term; its betas play that role, or set optim.optimizer=sgd"}
+        why = "an Adam setting; the optimizer is sgd (set optim.optimizer=adam to use it)"
+        return {"betas": why, "eps": why}
 
 
 # Presets of the papers fedcache compares against (docs/methods/*.md cite them).

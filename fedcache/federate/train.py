@@ -19,7 +19,7 @@ from fedcache.federate.methods import METHODS, Method, MethodContext
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
 from fedcache.federate.partitions.storage import table_keys
-from fedcache.federate.settings import build, parse_pairs, split_settings
+from fedcache.federate.settings import build, parse_pairs, refuse_unused, split_settings
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.store.feature_store import FeatureStore, FeatureTable
@@ -67,17 +67,41 @@ class HeadChoice:
     head: str = ""
 
 
-def resolve(cfg: TrainConfig) -> tuple[type[Method], object, OptimConfig, str]:
-    """The method class, its parameters, the optimizer and the head: every ``--set`` checked, no data read."""
-    method_cls = METHODS.get(cfg.method)
-    preset = cfg.preset or method_cls.default_preset
+@dataclass(frozen=True)
+class Resolved:
+    method_cls: type[Method]
+    params: object
+    optim: OptimConfig
+    head: str
+    preset: str
+
+
+def resolve_settings(method: str, settings: list[str], preset: str | None = None, head: str | None = None) -> Resolved:
+    """The method class, its parameters, the optimizer and the head from ``--set`` pairs; no data read.
+
+    The one place ``--set`` is interpreted: ``fedcache train``, grids, the Python API and both Flower apps
+    call it, so a setting means the same thing on every engine.
+    """
+    method_cls = METHODS.get(method)
+    preset = preset or method_cls.default_preset
     if preset not in PRESETS:
         raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    groups = {"method": method_cls.Params, "optimizer": OptimConfig, "head": HeadChoice}
-    routed = split_settings(parse_pairs(cfg.settings), groups)
+    groups = {"method": method_cls.Params, "optim": OptimConfig, "head": HeadChoice}
+    routed = split_settings(parse_pairs(settings), groups)
+    if routed["optim"] and not method_cls.uses_optimizer:
+        raise ConfigError(f"{method} trains nothing with an optimizer; remove --set "
+                          + ", ".join(f"optim.{k}" for k in routed["optim"]))
     params = build(method_cls.Params, routed["method"])
-    optim = build(OptimConfig, routed["optimizer"], base=PRESETS[preset])
-    return method_cls, params, optim, routed["head"].get("head") or cfg.head or method_cls.default_head
+    optim = build(OptimConfig, routed["optim"], base=PRESETS[preset])
+    refuse_unused(routed["method"], params, "method", method)
+    refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
+    return Resolved(method_cls, params, optim, routed["head"].get("head") or head or method_cls.default_head, preset)
+
+
+def resolve(cfg: TrainConfig) -> tuple[type[Method], object, OptimConfig, str]:
+    """The method class, its parameters, the optimizer and the head: every ``--set`` checked, no data read."""
+    r = resolve_settings(cfg.method, cfg.settings, cfg.preset, cfg.head)
+    return r.method_cls, r.params, r.optim, r.head
 
 
 def check_out(cfg: TrainConfig) -> None:

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
-from fedcache.federate.methods import METHODS, Method, MethodContext
-from fedcache.federate.optim import PRESETS, OptimConfig
-from fedcache.federate.settings import build, parse_pairs, split_settings
-from fedcache.federate.train import HeadChoice
+from fedcache.federate.methods import Method, MethodContext
+from fedcache.federate.train import resolve_settings
 
 
 @dataclass(frozen=True)
@@ -63,17 +61,10 @@ class FlowerRun:
 
 def build_method(run: FlowerRun, data: FederatedData) -> Method:
     """The method as ``fedcache train`` builds it (same preset, --set routing and head choice)."""
-    cls = METHODS.get(run.method)
-    preset = run.preset or cls.default_preset
-    if preset not in PRESETS:
-        raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    routed = split_settings(parse_pairs(run.settings.split()), {"method": cls.Params, "optimizer": OptimConfig, "head": HeadChoice})
-    params = build(cls.Params, routed["method"])
-    reason = cls.not_deployable(params)
+    r = resolve_settings(run.method, run.settings.split(), run.preset or None, run.head or None)
+    reason = r.method_cls.not_deployable(r.params)
     if reason:
         raise ConfigError(f"{run.method} cannot run on Flower: {reason}; run it with the in-process engine "
                           "(`fedcache train`)")
-    optim = build(OptimConfig, routed["optimizer"], base=PRESETS[preset])
-    head = routed["head"].get("head") or run.head or cls.default_head
-    ctx = MethodContext(data, head, optim, run.local_epochs, run.batch_size, run.seed, run.rounds)
-    return cls(ctx, params)
+    ctx = MethodContext(data, r.head, r.optim, run.local_epochs, run.batch_size, run.seed, run.rounds)
+    return r.method_cls(ctx, r.params)

@@ -88,13 +88,13 @@ def test_settings_are_typed_and_unknown_keys_listed():
     from fedcache.federate.methods.fedprox import FedProxParams
     from fedcache.federate.optim import OptimConfig
 
-    routed = split_settings(parse_pairs(["lr=0.1", "mu=0.5"]), {"method": FedProxParams, "optimizer": OptimConfig})
-    assert build(FedProxParams, routed["method"]).mu == 0.5 and build(OptimConfig, routed["optimizer"]).lr == 0.1
-    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: mu; optimizer: optimizer, lr"):
-        split_settings(parse_pairs(["mu_typo=1"]), {"method": FedProxParams, "optimizer": OptimConfig})
+    routed = split_settings(parse_pairs(["lr=0.1", "mu=0.5"]), {"method": FedProxParams, "optim": OptimConfig})
+    assert build(FedProxParams, routed["method"]).mu == 0.5 and build(OptimConfig, routed["optim"]).lr == 0.1
+    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: mu; optim: optimizer, lr"):
+        split_settings(parse_pairs(["mu_typo=1"]), {"method": FedProxParams, "optim": OptimConfig})
     with pytest.raises(ConfigError, match="expected float"):
         build(OptimConfig, {"lr": "fast"})
-    with pytest.raises(ConfigError, match="sgd or adam"):
+    with pytest.raises(ConfigError, match="one of sgd, adam"):
         build(OptimConfig, {"optimizer": "lion"})
     with pytest.raises(ConfigError, match="key=value"):
         parse_pairs(["lr"])

@@ -16,6 +16,7 @@ import torch
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.optim import OptimConfig
+from fedcache.federate.settings import check_fields
 from fedcache.heads import Head, Params, make_head
 from fedcache.registry import Registry
 
@@ -60,10 +61,13 @@ class Method:
     needs_representation: ClassVar[str] = ""
     # Trains on the augmented views (``extract --views K``): ``fedcache train`` then loads them into data.views.
     uses_views: ClassVar[bool] = False
+    # False for methods that fit nothing by gradient steps (clip-zs, linear-probe): optim.* settings are refused.
+    uses_optimizer: ClassVar[bool] = True
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
         self.p = params if params is not None else self.Params()
+        check_fields(self.p)
         d = ctx.data
         self.head: Head = make_head(ctx.head, d.dim, d.n_classes)
         if self.needs_representation and not self.head.body_keys:

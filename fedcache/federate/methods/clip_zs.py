@@ -28,6 +28,7 @@ class ClipZS(Method):
     splittable = False
     all_clients = True
     default_preset = "fst-cbdg"
+    uses_optimizer = False
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         ctx.head = "linear"  # the zero-shot classifier is a linear head W = s * T, b = 0

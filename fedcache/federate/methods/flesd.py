@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
@@ -19,19 +19,20 @@ from fedcache.errors import ConfigError
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
+from fedcache.federate.settings import Range, UnitOpen
 from fedcache.heads import Params, expand
 
 
 @dataclass(frozen=True)
 class FLESDParams(SSLParams):
     target_t: float = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7; the paper sets them equal)
-    momentum: float = 0.999  # m of Eq. 10 (official code)
+    momentum: UnitOpen = 0.999  # m of Eq. 10 (official code)
     queue: int = 2048  # K, the queue of momentum keys (official code); capped by the public set
     distill_epochs: int = 100  # epochs over the public set per round (paper: 200)
     distill_batch: int = 256
     distill_lr: float = 1e-3  # Adam (paper)
     public_rows: int = 2048  # at most this many of client 0's rows form the public set (0: all, as the paper)
-    top_percent: float = 100.0  # < 100: each row sends only its top n% similarities, with their indices
+    top_percent: Annotated[float, Range(0, 100, lo_open=True)] = 100.0  # < 100: each row sends only its top n% similarities, with their indices
     precision: Literal["float32", "float16", "int8"] = "float32"  # of the similarity values sent
 
     def __post_init__(self) -> None:

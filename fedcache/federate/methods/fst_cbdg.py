@@ -22,6 +22,7 @@ from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits,
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.prototypes import padded_rows
 from fedcache.federate.text import text_from_info
+from fedcache.federate.settings import Fraction
 from fedcache.heads import Params, expand
 
 # (weight of L_iST, weight of lambda * L_tSamp) per ablation of Table 3
@@ -31,7 +32,7 @@ ZERO_SHOT_CHUNK = 8192  # rows per matrix product when computing the initial pse
 
 @dataclass(frozen=True)
 class FSTCBDGParams:
-    beta: float = 0.9  # Eq. 4 moving-average rate; paper Sec. 4.1
+    beta: Fraction = 0.9  # Eq. 4 moving-average rate; paper Sec. 4.1
     lam: float = 1.0  # lambda of Eq. 8; paper Sec. 4.1
     gamma: float = 0.0  # Eq. 7; paper Sec. 4.1
     # Per-coordinate std of N(T_k, sigma^2 I) (Eq. 5); the paper does not state it. Chosen on a

@@ -24,6 +24,7 @@ class LinearProbe(Method):
     federated = False
     splittable = False
     all_clients = True
+    uses_optimizer = False
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         ctx.head = "linear"  # the fitted probe is expressed as a linear head
