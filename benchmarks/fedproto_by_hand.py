@@ -25,7 +25,6 @@ from _results import write  # benchmarks/ is on sys.path when a script here runs
 from rounds import synthetic, timed
 
 from fedcache.federate.local import step_plan
-from fedcache.federate.memory import keep_freed_memory
 
 K, ROWS, DIM, HIDDEN, CLASSES, ROUNDS, BATCH = 5, 100, 1280, 256, 10, 50, 32
 ADAM = dict(amsgrad=False, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-4, eps=1e-8, maximize=False)
@@ -107,7 +106,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fedproto_by_hand.json")
     args = ap.parse_args()
-    keep_freed_memory()  # as the round loop does
     data = synthetic(K, ROWS, DIM)
     trials = []
     for _ in range(3):

@@ -17,7 +17,6 @@ from _results import best_ms, write  # benchmarks/ is on sys.path when a script 
 from rounds import synthetic
 
 from fedcache.federate.local import step_plan, train
-from fedcache.federate.memory import keep_freed_memory
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.heads.mlp import MLPHead, _update_running, train_body
 
@@ -75,7 +74,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mlp_step.json")
     args = ap.parse_args()
-    keep_freed_memory()  # as the round loop does
     write({"local_pass": local_pass_ms(10), "moments": moments_us()}, args.out)
 
 

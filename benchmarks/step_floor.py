@@ -21,7 +21,6 @@ import torch
 from _results import best_ms, write  # benchmarks/ is on sys.path when a script here runs
 from rounds import synthetic, timed
 
-from fedcache.federate.memory import keep_freed_memory
 from fedcache.federate.optim import OptimConfig, _fused
 
 K, HIDDEN, ROWS, BATCH = 5, 256, 100, 32
@@ -56,7 +55,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "step_floor.json")
     args = ap.parse_args()
-    keep_freed_memory()  # as the round loop does
     res = {}
     # (name, method params, eval_every, row passes: prototypes after training + evaluations)
     settings = {"fedproto": [("every round", {}, 1, 100), ("official code", {"local_protos": "last-epoch"}, 50, 1)],

@@ -15,7 +15,6 @@ import torch
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.local import rng_for
-from fedcache.federate.memory import keep_freed_memory
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.metrics import summarize
 from fedcache.heads import Params
@@ -67,7 +66,6 @@ RoundCallback = Callable[[int, int, dict | None], None]
 
 
 def run(method: Method, cfg: RunConfig, on_round: RoundCallback | None = None) -> RunResult:
-    keep_freed_memory()
     state = _initial_state(method, cfg)
     history = _read_history(cfg) if cfg.resume else []
     t0 = time.perf_counter() - state.seconds

@@ -6,6 +6,8 @@ momentum, no Adam time step). torch.optim cannot express that, hence these few l
 """
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +19,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.settings import NonNegative, Positive, UnitOpen, check_fields
 
 Params = dict[str, torch.Tensor]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,34 +120,28 @@ class StackedOptimizer:
 
 
 def _fused(cfg: OptimConfig, ps: list, gs: list, ms: list, vs: list, steps_done: float) -> None:
-    """torch's fused CPU SGD / Adam kernels, called directly; torch's functional wrappers where this
-    torch lacks them."""
-    # torch's fused CPU kernels read a gradient as if laid out like its parameter: a non-contiguous
-    # gradient (a transposed matmul's, say) would scramble the update.
+    """One step through torch.optim's functional SGD / Adam, with its fused CPU kernels where this torch
+    has them (checked once per process) and its single-tensor loop otherwise."""
+    # The fused kernels read a gradient as if laid out like its parameter; the optimizer guarantees that
+    # itself rather than trusting every head to hand back contiguous gradients.
     gs = [g.contiguous() for g in gs]
+    _torch_step(cfg, ps, gs, ms, vs, steps_done, kernel_options())
+
+
+@functools.cache
+def kernel_options() -> dict:
+    """``{"fused": True}`` when this torch runs fused SGD and Adam on CPU tensors, else ``{"foreach": False}``.
+
+    Asked once, by running both on a one-element tensor, instead of catching a failure on every step.
+    """
     try:
-        KERNELS[cfg.optimizer](cfg, ps, gs, ms, vs, steps_done)
-    except (RuntimeError, TypeError, AttributeError):  # no fused kernel for this device / version
-        _torch_step(cfg, ps, gs, ms, vs, steps_done, {"foreach": False})
-
-
-# torch.optim's functional wrappers group the tensors by device and dtype and count steps in Python
-# before calling these kernels, which costs as much as the kernel on a small head (fedavg's linear
-# head: 0.07 vs 0.11 ms a step; benchmarks/optimizer_step.py). The tensors here are all on the CPU,
-# in float32, with one step count.
-def _sgd_kernel(cfg: OptimConfig, ps, gs, ms, vs, steps_done: float) -> None:
-    # Momentum buffers start at zero, so the first step's buffer is the gradient, as torch.optim's is.
-    torch._fused_sgd_(ps, gs, ms if cfg.momentum else [], weight_decay=cfg.weight_decay, momentum=cfg.momentum,
-                      lr=cfg.lr, dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
-
-
-def _adam_kernel(cfg: OptimConfig, ps, gs, ms, vs, steps_done: float) -> None:
-    step = torch.tensor(steps_done + 1.0)  # the kernel reads the step count after this step
-    torch._fused_adam_(ps, gs, ms, vs, [], [step] * len(ps), amsgrad=False, lr=cfg.lr, beta1=cfg.betas[0],
-                       beta2=cfg.betas[1], weight_decay=cfg.weight_decay, eps=cfg.eps, maximize=False)
-
-
-KERNELS = {"sgd": _sgd_kernel, "adam": _adam_kernel}
+        for optimizer in ("sgd", "adam"):
+            p, g, m, v = (torch.zeros(1) for _ in range(4))
+            _torch_step(OptimConfig(optimizer, 0.1, 0.0 if optimizer == "adam" else 0.9), [p], [g], [m], [v], 0.0, {"fused": True})
+    except (RuntimeError, TypeError):
+        log.info("torch %s has no fused CPU optimizer kernels; using the single-tensor loop", torch.__version__)
+        return {"foreach": False}
+    return {"fused": True}
 
 
 def _torch_step(cfg: OptimConfig, ps, gs, ms, vs, steps_done: float, kw: dict) -> None:

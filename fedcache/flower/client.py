@@ -16,7 +16,6 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedcache.errors import ConfigError
-from fedcache.federate.memory import keep_freed_memory
 from fedcache.federate.methods import METHODS, Method
 from fedcache.flower.config import FlowerRun, build_method
 from fedcache.flower.protocol import STATE, from_record, to_record
@@ -37,7 +36,6 @@ def shard_path(context: Context, run: FlowerRun) -> Path:
 
 @lru_cache(maxsize=64)  # a simulation process serves many clients; each loads its shard once
 def _client(path: str, run_json: str) -> tuple[Method, ShardInfo]:
-    keep_freed_memory()  # a client process steps like the in-process engine (fedcache/federate/memory.py)
     run = FlowerRun.from_config(json.loads(run_json))
     data, info = load_client(path, views=getattr(METHODS.get(run.method), "uses_views", False))
     return build_method(run, data), info

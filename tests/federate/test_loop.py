@@ -117,18 +117,16 @@ def test_fairness_figures():
     assert f["variance"] == pytest.approx(np.var(np.arange(10, 101, 10)))
 
 
-@pytest.mark.parametrize("kernels", ["direct", "torch-wrappers"])
+@pytest.mark.parametrize("kernels", ["fused", "fallback"])
 def test_sgd_and_adam_match_torch_optim(kernels, monkeypatch):
-    """The masked stacked optimizer equals torch.optim on a single client, through the fused kernels
-    called directly and through torch's functional wrappers (used where a torch lacks the kernels)."""
+    """The masked stacked optimizer equals torch.optim on a single client, through torch's fused kernels
+    and through the single-tensor fallback taken where a torch lacks them."""
     from fedcache.federate import optim
     from fedcache.federate.optim import StackedOptimizer
 
-    if kernels == "torch-wrappers":
-        def missing(*args):
-            raise AttributeError("no fused kernel")
-
-        monkeypatch.setattr(optim, "KERNELS", {"sgd": missing, "adam": missing})
+    assert optim.kernel_options() == {"fused": True}  # the torch range pyproject.toml allows has them
+    if kernels == "fallback":
+        monkeypatch.setattr(optim, "kernel_options", lambda: {"foreach": False})
 
     for cfg in (OptimConfig("sgd", 0.1, 0.9, 1e-3), OptimConfig("adam", 0.01, 0.9, 1e-3)):
         w0 = torch.randn(1, 4, 3)
@@ -153,6 +151,21 @@ def test_inactive_clients_are_untouched():
     opt.step(p, {"w": torch.ones(3, 2)}, torch.tensor([True, False, True]))
     assert torch.equal(p["w"][1], torch.ones(2)) and not torch.equal(p["w"][0], torch.ones(2))
     assert opt.t.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_a_torch_without_fused_kernels_is_detected_once(monkeypatch):
+    from fedcache.federate import optim
+
+    def no_fused(*args):
+        if args[-1].get("fused"):  # the options dict _torch_step passes on to torch.optim
+            raise RuntimeError("fused=True is not supported on CPU")
+
+    optim.kernel_options.cache_clear()
+    monkeypatch.setattr(optim, "_torch_step", no_fused)
+    try:
+        assert optim.kernel_options() == {"foreach": False}
+    finally:
+        optim.kernel_options.cache_clear()
 
 
 def test_non_contiguous_gradients_are_applied_correctly():
