@@ -1,6 +1,7 @@
 """The `fedcache` command line: a thin layer over the library that draws tables and progress bars."""
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ DEFAULT_STORE = Path(os.environ.get("FEDCACHE_STORE", "fedcache-store.zarr"))
 StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")
 # Partition options, shared by train, shard and partition so they cannot drift apart.
 PartitionOpt = typer.Option("iid", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
-ClientsOpt = typer.Option(10, help="Number of clients.")
+ClientsOpt = typer.Option(None, help="Number of clients (default: one per domain for domain partitions, else 10).")
 AlphaOpt = typer.Option(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
 ShardsOpt = typer.Option(None, help="Shards per client (shards).")
 FewShotOpt = typer.Option(None, help="N training samples per class per client.")
@@ -321,7 +322,7 @@ def train(
     method: str = typer.Option(..., "--method", "-m", help="See `fedcache methods`."),
     store: Path = StoreOpt,
     partition: str = PartitionOpt,
-    clients: int = ClientsOpt,
+    clients: Optional[int] = ClientsOpt,
     alpha: Optional[float] = AlphaOpt,
     shards: Optional[int] = ShardsOpt,
     few_shot: Optional[int] = FewShotOpt,
@@ -401,7 +402,7 @@ def partition(
     backbone: str = typer.Option(..., "--backbone", "-b", help="Any extracted backbone (only labels and domains are used)."),
     store: Path = StoreOpt,
     scheme: str = typer.Option("iid", "--partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
-    clients: int = ClientsOpt,
+    clients: Optional[int] = ClientsOpt,
     alpha: Optional[float] = AlphaOpt,
     shards: Optional[int] = ShardsOpt,
     few_shot: Optional[int] = FewShotOpt,
@@ -479,25 +480,35 @@ def methods() -> None:
     console.print(table)
 
 
-@app.command()
-def grid(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A grid TOML file (docs/getting-started.md); options given here override it."),
-    store: Optional[Path] = typer.Option(None, "--store", help="Feature store path (default: env FEDCACHE_STORE or fedcache-store.zarr)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", "-d"),
-    backbones: Optional[str] = typer.Option(None, "--backbones", "-b", help="One backbone, or several to fuse."),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="Comma-separated methods."),
-    settings: List[str] = typer.Option([], "--set", help="key=v1,v2,...: one grid axis (train options such as alpha, partition, clients, rounds, or method/optimizer settings such as lr); repeatable."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds (default 0)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells."),
-) -> None:
-    """The cartesian grid of methods x settings x seeds, in parallel, resumable; writes results.csv and table.md."""
+# `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated
+# value makes it an axis. These are declared by grid itself, or have no meaning for a grid:
+GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out")
+GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process"}
+GRID_FLAGS = {"validation": ("validation", "true"), "no_batch": ("batched", "false")}  # flag -> TrainConfig field
+
+
+def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
+          method: Optional[str], settings: List[str], seeds: Optional[str], jobs: Optional[int], out: Optional[Path],
+          **train_options) -> None:
+    """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv
+    and table.md. Every `train` option is accepted; v1,v2,... makes it an axis, e.g.
+    `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
+    --rounds 5 --set lr=0.001,0.01 --seeds 0,1 -o runs/grid`."""
     from fedcache.api import grid_spec
     from fedcache.sweep import run_grid
 
+    axes = {}
+    for name, value in train_options.items():
+        if name in GRID_FLAGS:
+            if value:
+                field, text = GRID_FLAGS[name]
+                axes[field] = [text]
+        elif value is not None:
+            axes[name] = _csv(value)
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
-                     settings=settings, seeds=[int(s) for s in _csv(seeds)] if seeds else None, jobs=jobs, out=out)
+                     settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
+                     jobs=jobs, out=out)
     with Progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=err) as progress:
         task = progress.add_task("grid", total=None, last="")
 
@@ -507,6 +518,37 @@ def grid(
         run_grid(spec, on_cell)
     console.print((spec.out / "table.md").read_text())
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
+
+
+def _grid_signature() -> inspect.Signature:
+    """grid's own options, then every other `train` option as an optional axis (text, split on commas)."""
+    own = [
+        ("config", Optional[Path], typer.Option(None, "--config", "-c", help="A grid TOML file (docs/getting-started.md); options given here override it.")),
+        ("store", Optional[Path], typer.Option(None, "--store", help="Feature store path (default: env FEDCACHE_STORE or fedcache-store.zarr).")),
+        ("dataset", Optional[str], typer.Option(None, "--dataset", "-d")),
+        ("backbones", Optional[str], typer.Option(None, "--backbones", "-b", help="One backbone, or several to fuse (as in train).")),
+        ("method", Optional[str], typer.Option(None, "--method", "-m", help="Comma-separated methods.")),
+        ("settings", List[str], typer.Option([], "--set", help="key=v1,v2,...: a method/optimizer setting, or an axis of it; repeatable.")),
+        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds (default 0).")),
+        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1).")),
+        ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
+    ]
+    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
+    for p in inspect.signature(train).parameters.values():
+        if p.name in GRID_OWN or p.name in GRID_SKIPS:
+            continue
+        info = p.default
+        what = (info.help or p.name.replace("_", " ")).rstrip(".")
+        if p.name in GRID_FLAGS:
+            opt, typ = typer.Option(False, *info.param_decls, help=f"{what} (every cell)."), bool
+        else:
+            opt, typ = typer.Option(None, *info.param_decls, help=f"{what}{'' if info.default is None else f'; default {info.default}'}. v1,v2,... makes an axis."), Optional[str]
+        params.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
+    return inspect.Signature(params)
+
+
+_grid.__signature__ = _grid_signature()
+app.command("grid")(_grid)
 
 
 @app.command()
@@ -563,7 +605,7 @@ def shard(
     out: Path = typer.Option(..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."),
     store: Path = StoreOpt,
     partition: str = PartitionOpt,
-    clients: int = ClientsOpt,
+    clients: Optional[int] = ClientsOpt,
     alpha: Optional[float] = AlphaOpt,
     shards: Optional[int] = ShardsOpt,
     few_shot: Optional[int] = FewShotOpt,

@@ -221,7 +221,7 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
         if on_cell:
             on_cell(len(rows), total, row)
     table = Table([rows[c] for c in todo_cells])
-    write_outputs(spec.out, table)
+    write_outputs(spec.out, table, grid_caption(spec))
     return table
 
 
@@ -232,7 +232,13 @@ def _check_spec(spec: GridSpec) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != mine:
-            raise ConfigError(f"{spec.out} holds a different grid (see {path}); use the same options to resume it, or another --out")
+            differ = sorted(k for k in {*saved, *mine} if saved.get(k) != mine.get(k))
+            if "sweep" in differ:
+                old, new = saved.get("sweep", {}), mine.get("sweep", {})
+                differ.remove("sweep")
+                differ += sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+            raise ConfigError(f"{spec.out} holds a different grid (it differs in {', '.join(differ)}; see {path}); "
+                              "use the same options to resume it, or another --out")
         return
     spec.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=2) + "\n")
@@ -328,17 +334,27 @@ def _row(c: Cell, summary: dict, out: Path) -> dict:
 
 
 # ---- outputs ---------------------------------------------------------------------------------
-def write_outputs(out: Path, table: Table) -> None:
+def write_outputs(out: Path, table: Table, caption: str = "") -> None:
     table.to_csv(out / RESULTS)
-    (out / TABLE).write_text(summary_markdown(table) + "\n")
+    (out / TABLE).write_text(summary_markdown(table, caption=caption) + "\n")
 
 
-def summary_markdown(table: Table, metric: str = "mean_accuracy") -> str:
-    """Methods as rows, settings as columns, mean (std) over seeds; the best mean of each column in bold."""
+def grid_caption(spec: GridSpec) -> str:
+    """What every cell shares: data, fixed options and settings (one value), seeds; axes are the columns."""
+    fixed = [f"{k}={vs[0]}" for k, vs in spec.sweep.items() if len(vs) == 1]
+    return (f"{spec.dataset} on {'+'.join(spec.backbones)}; seeds {','.join(map(str, spec.seeds))}"
+            + (f"; fixed: {', '.join(fixed)}" if fixed else "")
+            + "; every other option at `fedcache train`'s default (each cell's config.json has them all)")
+
+
+def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "") -> str:
+    """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best mean of each
+    column in bold. Settings with one value across the grid go to the caption, not the column labels."""
     rows = table.to_records()
     if not rows:
         return "(no runs)"
-    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", *METRIC_COLUMNS)]
+    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", *METRIC_COLUMNS)
+                    and len({str(r[k]) for r in rows}) > 1]
     label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
     methods = list(dict.fromkeys(r["method"] for r in rows))
     columns = list(dict.fromkeys(label(r) for r in rows))
@@ -347,9 +363,10 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy") -> str:
         for col in columns:
             vals = [r[metric] for r in rows if r["method"] == m and label(r) == col and r[metric] is not None]
             if vals:
-                stats[m, col] = (float(np.mean(vals)), float(np.std(vals)), len(vals))
+                std = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")  # sample std, as the papers print
+                stats[m, col] = (float(np.mean(vals)), std, len(vals))
     best = {col: max((s[0] for (m, c), s in stats.items() if c == col), default=None) for col in columns}
-    lines = [f"{metric.replace('_', ' ')} %, mean (std) over seeds", "",
+    lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for m in methods:
         cells_ = []
@@ -358,7 +375,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy") -> str:
                 cells_.append("-")
                 continue
             mean, std, _ = stats[m, col]
-            text = f"{mean:.2f} ({std:.2f})"
+            text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
             cells_.append(f"**{text}**" if np.isclose(mean, best[col]) else text)
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     return "\n".join(lines)

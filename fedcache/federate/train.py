@@ -36,7 +36,7 @@ class TrainConfig:
     backbones: list[str]
     method: str
     partition: str = "iid"
-    clients: int = 10
+    clients: int | None = None  # default: one client per domain for domain partitions, else DEFAULT_CLIENTS
     alpha: float | None = None
     shards: int | None = None
     few_shot: int | None = None
@@ -124,11 +124,7 @@ def load_data(cfg: TrainConfig, tables: Tables | None = None, views: bool = Fals
     """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy)."""
     store = FeatureStore(cfg.store, create=False)
     train_t, test_t = tables or (load_fused(store, cfg.dataset, cfg.backbones, s) for s in ("train", "test"))
-    request = PartitionRequest(
-        scheme=cfg.partition, n_clients=cfg.clients, seed=cfg.seed, alpha=cfg.alpha, shards=cfg.shards,
-        clients_per_domain=cfg.clients_per_domain, few_shot=cfg.few_shot, subsample=cfg.subsample,
-        classes_per_client=cfg.classes_per_client, repeat_rate=cfg.repeat_rate, local_test=cfg.local_test,
-    )
+    request = partition_request(cfg, len(train_t.domain_names))
     keys = (table_keys(train_t), table_keys(test_t))
     partition = find_partition(store, cfg.dataset, request, *keys)
     if partition is None:
@@ -145,6 +141,23 @@ def load_data(cfg: TrainConfig, tables: Tables | None = None, views: bool = Fals
         aug = load_views(store, cfg.dataset, cfg.backbones, train_t)
         data.views = None if aug is None else torch.from_numpy(aug)
     return attach_text(data, store, cfg.backbones), info
+
+
+DEFAULT_CLIENTS = 10
+DOMAIN_SCHEMES = ("domain", "domain-dirichlet")
+
+
+def partition_request(cfg: TrainConfig, n_domains: int) -> PartitionRequest:
+    """The partition ``cfg`` asks for; without ``clients``, the count follows from the data: one client
+    per domain (``clients_per_domain`` each) for domain partitions, DEFAULT_CLIENTS otherwise."""
+    clients = cfg.clients
+    if clients is None:
+        clients = n_domains * (cfg.clients_per_domain or 1) if cfg.partition in DOMAIN_SCHEMES else DEFAULT_CLIENTS
+    return PartitionRequest(
+        scheme=cfg.partition, n_clients=clients, seed=cfg.seed, alpha=cfg.alpha, shards=cfg.shards,
+        clients_per_domain=cfg.clients_per_domain, few_shot=cfg.few_shot, subsample=cfg.subsample,
+        classes_per_client=cfg.classes_per_client, repeat_rate=cfg.repeat_rate, local_test=cfg.local_test,
+    )
 
 
 def validation_sets(partition, train_t, cfg: TrainConfig) -> list[np.ndarray]:

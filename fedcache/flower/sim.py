@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 
 from fedcache.errors import FedcacheError
-from fedcache.federate.partitions import PartitionRequest
-from fedcache.federate.train import TrainConfig
+from fedcache.federate.train import TrainConfig, partition_request
 from fedcache.flower.config import FlowerRun
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, write_shards
+from fedcache.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,9 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a R
 
 
 def shard_spec(cfg: TrainConfig) -> ShardSpec:
-    request = PartitionRequest(
-        scheme=cfg.partition, n_clients=cfg.clients, seed=cfg.seed, alpha=cfg.alpha, shards=cfg.shards,
-        clients_per_domain=cfg.clients_per_domain, few_shot=cfg.few_shot, subsample=cfg.subsample,
-        classes_per_client=cfg.classes_per_client, repeat_rate=cfg.repeat_rate, local_test=cfg.local_test,
-    )
-    return ShardSpec(Path(cfg.store), cfg.dataset, list(cfg.backbones), request)
+    entries = FeatureStore(cfg.store, create=False).find(cfg.dataset, "train", cfg.backbones[0])
+    n_domains = len(entries[0].attrs["domains"]) if entries else 1  # no entry: write_shards says what is missing
+    return ShardSpec(Path(cfg.store), cfg.dataset, list(cfg.backbones), partition_request(cfg, n_domains))
 
 
 def flower_run(cfg: TrainConfig, shard_dir: Path, out: Path | None, **extra) -> FlowerRun:
@@ -53,9 +50,10 @@ def train_flower_sim(cfg: TrainConfig, cpus: int | None = None) -> dict:
         if cfg.out and (base / "summary.json").exists():
             raise FedcacheError(f"{base} already holds a run; choose another --out")
         shards = base / "shards"
-        write_shards(shard_spec(cfg), shards)
+        spec = shard_spec(cfg)
+        write_shards(spec, shards)
         run = flower_run(cfg, shards, base if cfg.out else None)
-        return simulate(run, cfg.clients, Path(tmp) / "app", cpus)
+        return simulate(run, spec.request.n_clients, Path(tmp) / "app", cpus)
 
 
 def simulate(run: FlowerRun, n_clients: int, app_dir: Path, cpus: int | None = None) -> dict:

@@ -53,8 +53,9 @@ def test_table_marks_the_best_mean_of_each_column():
             [("a", "1", 0, 50.0), ("a", "1", 1, 60.0), ("b", "1", 0, 70.0), ("b", "1", 1, 70.0),
              ("a", "2", 0, 90.0), ("a", "2", 1, 80.0), ("b", "2", 0, 10.0), ("b", "2", 1, 20.0)]]
     md = summary_markdown(Table(rows))
-    assert "| a | 55.00 (5.00) | **85.00 (5.00)** |" in md
-    assert "| b | **70.00 (0.00)** | 15.00 (5.00) |" in md
+    assert "| a | 55.00 (7.07) | **85.00 (7.07)** |" in md  # sample std (ddof=1) over seeds, as the papers print
+    assert "| b | **70.00 (0.00)** | 15.00 (7.07) |" in md
+    assert "sample std, ddof=1" in md
 
 
 def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_store, tmp_path):
@@ -139,3 +140,45 @@ def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_gr
     data = FederatedData.from_tables(train_t, test_t, [np.arange(len(train_t))], [np.arange(len(test_t))])
     assert np.shares_memory(data.x_train.numpy(), train_t.features)  # the tensor is a view of the mapped file
     assert np.shares_memory(data.x_test.numpy(), test_t.features)
+
+
+def _option_names(command) -> set[str]:
+    return {o for p in command.params for o in p.opts + p.secondary_opts}
+
+
+def test_every_train_option_is_a_grid_option_under_the_same_name():
+    import typer.main
+
+    from fedcache.cli import GRID_SKIPS, app
+
+    commands = typer.main.get_command(app).commands
+    train, grid = commands["train"], commands["grid"]
+    skipped = {o for p in train.params if p.name in GRID_SKIPS for o in p.opts + p.secondary_opts}
+    assert _option_names(train) - skipped <= _option_names(grid)
+    assert skipped == {"--resume", "--no-resume", "--engine"}
+
+
+def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp_path, capsys):
+    out = tmp_path / "g"
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedproto",
+                 "--partition", "domain", "--few-shot", "5", "--rounds", "2", "--set", "lr=0.001,0.01",
+                 "--seeds", "0,1", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = Table.from_csv(out / "results.csv").to_records()
+    assert len(rows) == 2 * 2 * 2 and {r["rounds"] for r in rows} == {2}
+    md = (out / "table.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| method"))
+    assert "lr=0.001" in header and "lr=0.01" in header and "rounds" not in header  # only axes label columns
+    caption = md.splitlines()[0]
+    assert all(f in caption for f in ("rounds=2", "partition=domain", "few_shot=5", "test-toy", "seeds 0,1"))
+    # Without --clients a domain partition gives one client per domain (test-toy has two).
+    config = json.loads(next((out / "cells").glob("*/config.json")).read_text())
+    assert config["partition"]["request"]["n_clients"] == 2
+
+
+def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match=r"differs in methods, alpha;"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=toy_grid,
+             sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5], "rounds": 3})
