@@ -127,7 +127,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rounds.json")
     ap.add_argument("--skip-c", action="store_true", help="skip the (slow) backbone-in-the-loop case")
     ap.add_argument("--only", default="", help="comma-separated cases to run (default: all), e.g. --only e")
+    ap.add_argument("--plain-affine", action="store_true",
+                    help="compute every classifier as z @ W (the B side of heads.base.affine's layout A/B)")
     args = ap.parse_args()
+    if args.plain_affine:
+        import fedcache.heads.base as heads_base
+
+        heads_base.FEW_CLASSES = 0
     torch.manual_seed(0)
     chosen = args.only.split(",") if args.only else [c for c in CASES if not (c == "c" and args.skip_c)]
     res = {c: CASES[c]() for c in chosen}

@@ -33,9 +33,11 @@ class Head(Protocol):
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor: ...
 
 
-# With few outputs MKL's batched GEMM runs x @ W (K, n, D) x (K, D, C) slowly: for C <= 10 the
-# product taken as (W^T x^T)^T was 1.6-2.8x faster forward and backward on the 2-core CPU this was
-# measured on; from C = 12 up, x @ W was as fast or faster (benchmarks/linear_layout.py).
+# With few outputs MKL's batched GEMM runs z @ W (K, n, D) x (K, D, C) slowly and (W^T z^T)^T is faster.
+# Interleaved ABBA A/B on benchmarks/rounds.py case (a), 8 processes, 2026-11-22, on a shared machine
+# (`rounds.py --only a` vs `rounds.py --only a --plain-affine`): fedavg (1280 -> 10) 0.13-0.17 s vs
+# 0.21-0.36 s per 50-round run, 1.3-2.1x in every pair; fedproto (256 -> 10 after its mlp) 1.48-2.17 s vs
+# 1.50-2.72 s, never slower. From C = 12 up, z @ W was as fast or faster in an earlier micro-benchmark.
 FEW_CLASSES = 10
 
 
@@ -47,8 +49,8 @@ def affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.T
 
 
 def transposed_affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """z W + b computed as (W^T z^T)^T + b. Its weight gradient comes out transposed in memory; the
-    optimizer makes gradients contiguous before torch's fused kernels read them (federate/optim.py)."""
+    """z W + b computed as (W^T z^T)^T + b; the same values, and a weight gradient that autograd lays
+    out transposed (any consumer that needs a layout makes its own copy)."""
     return torch.bmm(weight.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
 
 
