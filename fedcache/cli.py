@@ -426,7 +426,7 @@ def partition(
     console.print(f"partition [bold]{info['partition_id']}[/] ({scheme}, {clients} clients): train sizes "
                   f"{sizes.min()}-{sizes.max()} (total {sizes.sum()}), local test sizes {min(tests)}-{max(tests)}")
     if plot is not None:
-        from fedcache.federate.partition_plots import plot_partition
+        from fedcache.reports.partition_plots import plot_partition
         from fedcache.federate.partitions import Partition, PartitionRequest
 
         part = Partition(PartitionRequest.from_dict(info["request"]), data.client_train, data.client_test)
@@ -448,7 +448,8 @@ def backbone_heatmap(
     settings: List[str] = typer.Option([], "--set", help="FedPCL / optimizer key=value."),
 ) -> None:
     """FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes."""
-    from fedcache.federate.contribution import backbone_contribution, plot_contribution
+    from fedcache.federate.contribution import backbone_contribution
+    from fedcache.reports.heatmap import plot_contribution
     from fedcache.federate.train import TrainConfig
 
     names = _csv(backbones)

@@ -37,7 +37,7 @@ class Head(Protocol):
 # Interleaved ABBA A/B on benchmarks/rounds.py case (a), 8 processes, 2026-11-22, on a shared machine
 # (`rounds.py --only a` vs `rounds.py --only a --plain-affine`): fedavg (1280 -> 10) 0.13-0.17 s vs
 # 0.21-0.36 s per 50-round run, 1.3-2.1x in every pair; fedproto (256 -> 10 after its mlp) 1.48-2.17 s vs
-# 1.50-2.72 s, never slower. From C = 12 up, z @ W was as fast or faster in an earlier micro-benchmark.
+# 1.50-2.72 s, never slower.
 FEW_CLASSES = 10
 
 

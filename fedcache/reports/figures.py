@@ -101,7 +101,7 @@ def bytes_per_round(groups: list[Group]) -> bytes:
 
 def partition_charts(run: Run, folder: Path) -> list[Path]:
     """The bubble chart and sizes of the run's partition, read back from its store; [] when it is gone."""
-    from fedcache.federate.partition_plots import plot_partition
+    from fedcache.reports.partition_plots import plot_partition
     from fedcache.federate.partitions.storage import load_partition, table_keys
     from fedcache.store.feature_store import FeatureStore
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fedcache.errors import ConfigError, StoreError, UnknownNameError
-from fedcache.federate.partition_plots import plot_partition
+from fedcache.reports.partition_plots import plot_partition
 from fedcache.federate.partitions import (
     PARTITIONERS,
     Partition,

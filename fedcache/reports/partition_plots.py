@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from fedcache.federate.partitions import Partition
+from fedcache.reports.canvas import subplots
 
 MAX_TICKS = 25
 MAX_FIG_INCHES = 16.0
@@ -37,11 +38,11 @@ def _title(partition: Partition) -> str:
     return f"{r.scheme} partition, {partition.n_clients} clients" + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _bubbles(plt, counts: np.ndarray, class_names: Sequence[str], title: str, path: Path) -> Path:
+def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: Path) -> Path:
     n_clients, n_classes = counts.shape
     width = min(MAX_FIG_INCHES, max(6.0, 2.5 + 0.22 * n_clients))
     height = min(MAX_FIG_INCHES, max(4.0, 1.5 + 0.16 * n_classes))
-    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
+    fig, ax = subplots(figsize=(width, height), dpi=110)
     # The largest bubble just fills one grid cell, whatever the grid size.
     cell_pts = min(0.8 * width * 72 / n_clients, 0.8 * height * 72 / n_classes)
     biggest = max(int(counts.max()), 1)
@@ -63,7 +64,6 @@ def _bubbles(plt, counts: np.ndarray, class_names: Sequence[str], title: str, pa
     _size_legend(ax, biggest, cell_pts)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
@@ -81,10 +81,10 @@ def _size_legend(ax, biggest: int, cell_pts: float) -> None:
               fontsize=8, frameon=False, labelspacing=1.2, borderaxespad=0)
 
 
-def _sizes(plt, partition: Partition, train_domains, domain_names, title: str, path: Path) -> Path:
+def _sizes(partition: Partition, train_domains, domain_names, title: str, path: Path) -> Path:
     n_clients = partition.n_clients
     width = min(MAX_FIG_INCHES, max(6.0, 2.5 + 0.12 * n_clients))
-    fig, ax = plt.subplots(figsize=(width, 4.0), dpi=110)
+    fig, ax = subplots(figsize=(width, 4.0), dpi=110)
     x = np.arange(n_clients)
     present = np.unique(np.asarray(train_domains)) if train_domains is not None else np.zeros(1, int)
     bottom = np.zeros(n_clients)
@@ -108,7 +108,6 @@ def _sizes(plt, partition: Partition, train_domains, domain_names, title: str, p
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
@@ -121,17 +120,12 @@ def plot_partition(
     domain_names: Sequence[str] | None = None,
 ) -> list[Path]:
     """Write ``<prefix>-bubbles.png`` and ``<prefix>-sizes.png``; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # here, not at import: importing fedcache must not change a caller's backend
-    import matplotlib.pyplot as plt
-
     prefix = Path(path_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     n_classes = max(len(class_names), int(np.max(train_labels)) + 1 if len(train_labels) else 0)
     counts = client_class_counts(partition, train_labels, n_classes)
     title = _title(partition)
     return [
-        _bubbles(plt, counts, class_names, title, Path(f"{prefix}-bubbles.png")),
-        _sizes(plt, partition, train_domains, domain_names, title, Path(f"{prefix}-sizes.png")),
+        _bubbles(counts, class_names, title, Path(f"{prefix}-bubbles.png")),
+        _sizes(partition, train_domains, domain_names, title, Path(f"{prefix}-sizes.png")),
     ]
