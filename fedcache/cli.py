@@ -44,6 +44,13 @@ RepeatRateOpt = typer.Option(0.0, help="Share of extra classes from other client
 LocalTestOpt = typer.Option(1000, help="Max local test samples per client.")
 
 
+def _preset_help() -> str:
+    from fedcache.federate.optim_config import PRESETS, describe
+
+    return ("Optimizer defaults: " + "; ".join(f"{n} ({describe(c)})" for n, c in PRESETS.items())
+            + "; default: the method's (`fedcache methods`).")
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -336,7 +343,7 @@ def train(
     local_epochs: int = typer.Option(1),
     batch_size: int = typer.Option(32),
     seed: int = typer.Option(0),
-    preset: Optional[str] = typer.Option(None, help="Optimizer defaults: fedpcl (Adam 1e-3, wd 1e-4), fst-cbdg (SGD 0.01, m 0.9, wd 1e-5), promptfl (SGD 1e-3, m 0.9, wd 5e-4) or tpfl (Adam 1e-3, wd 5e-4); default: the method's."),
+    preset: Optional[str] = typer.Option(None, help=_preset_help()),
     head: Optional[str] = typer.Option(None, help="linear or mlp (default: the method's)."),
     settings: List[str] = typer.Option([], "--set", help="key=value for method / optimizer hyperparameters (repeatable)."),
     eval_every: int = typer.Option(1, help="Evaluate every k rounds (and after the last)."),

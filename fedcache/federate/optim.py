@@ -8,51 +8,15 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch.optim.adam import adam as _torch_adam
 from torch.optim.sgd import sgd as _torch_sgd
 
-from fedcache.errors import ConfigError
-from fedcache.federate.settings import NonNegative, Positive, UnitOpen, check_fields
+from fedcache.federate.optim_config import PRESETS, OptimConfig, describe  # noqa: F401  (re-exported)
 
 Params = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    optimizer: Literal["sgd", "adam"] = "adam"
-    lr: Positive = 1e-3
-    momentum: UnitOpen = 0.9  # SGD only
-    weight_decay: NonNegative = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam only
-    eps: Positive = 1e-8  # Adam only
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in ("sgd", "adam"):
-            raise ConfigError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
-        check_fields(self)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"betas must be two numbers in [0, 1), e.g. betas=0.9,0.999 (got {self.betas})")
-
-    def ignored(self) -> dict[str, str]:
-        """Fields this optimizer does not read (``--set`` refuses them rather than dropping them)."""
-        if self.optimizer == "adam":
-            return {"momentum": "Adam has no momentum term; its betas play that role, or set optim.optimizer=sgd"}
-        why = "an Adam setting; the optimizer is sgd (set optim.optimizer=adam to use it)"
-        return {"betas": why, "eps": why}
-
-
-# Presets of the papers fedcache compares against (docs/methods/*.md cite them).
-PRESETS = {
-    "fedpcl": OptimConfig("adam", 1e-3, 0.9, 1e-4),  # FedPCL's official code: Adam 1e-3, wd 1e-4
-    "fst-cbdg": OptimConfig("sgd", 1e-2, 0.9, 1e-5),  # FST-CBDG paper: SGD 0.01, momentum 0.9, wd 1e-5
-    "promptfl": OptimConfig("sgd", 1e-3, 0.9, 5e-4),  # PromptFL's code: SGD 0.001 (CoOp's momentum 0.9, wd 5e-4)
-    "tpfl": OptimConfig("adam", 1e-3, 0.9, 5e-4),  # TPFL paper: Adam 1e-3; wd unstated, CoOp's 5e-4
-}
 
 
 class StackedOptimizer:
