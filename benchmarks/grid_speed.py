@@ -27,7 +27,7 @@ METHODS, SEEDS, DATASET, BACKBONE = ["fedavg", "fedprox"], [0, 1, 2, 3, 4], "dig
 def measure(store: Path, jobs: int) -> dict:
     import fedcache
 
-    fedcache.extract(DATASET, [BACKBONE], store=store)  # cached after the first time
+    fedcache.extract_features(DATASET, [BACKBONE], store=store)  # cached after the first time
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         table = fedcache.grid(store=store, dataset=DATASET, backbones=BACKBONE, methods=METHODS, sweep=SWEEP,

@@ -6,15 +6,12 @@
 __version__ = "0.1.0"
 
 # The Python API (fedcache/api.py), imported on first use so `import fedcache` stays cheap (no torch).
-# `fedcache.extract` is the extract package itself, made callable (fedcache/extract/__init__.py).
-_API = ("train", "grid", "report", "TrainResult", "Table")
+# (`fedcache.extract` is the extract package: a function of that name would be shadowed by it as soon as
+# any of its modules is imported, hence `extract_features`.)
+_API = ("extract_features", "train", "grid", "report", "TrainResult", "Table")
 
 
 def __getattr__(name: str):
-    if name == "extract":
-        import importlib
-
-        return importlib.import_module("fedcache.extract")
     if name in _API:
         from fedcache import api
 
@@ -23,4 +20,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + ["extract", *_API])
+    return sorted(list(globals()) + list(_API))

@@ -1,7 +1,7 @@
 """The Python API: what the CLI does, as functions a notebook can call (docs/python-api.md).
 
     import fedcache
-    fedcache.extract("digits5-offline", ["efficientnet-lite0"], store="feats.zarr")
+    fedcache.extract_features("digits5-offline", ["efficientnet-lite0"], store="feats.zarr")
     run = fedcache.train(store="feats.zarr", dataset="digits5-offline", backbones="efficientnet-lite0",
                          method="fedavg", partition="domain", clients=5, few_shot=10, rounds=20)
     run.summary["mean_accuracy"], run.metrics.to_records(), run.server   # summary, per-round, trained state
@@ -40,7 +40,7 @@ def _pairs(settings: dict[str, Any] | Iterable[str] | None) -> list[str]:
     return list(settings)
 
 
-def extract(dataset: str, backbones: str | Iterable[str], store: str | Path = "fedcache-store.zarr",
+def extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path = "fedcache-store.zarr",
             progress: Callable | None = None, **options: Any):
     """Run each backbone once over the dataset and cache the embeddings; returns one report per entry.
 

@@ -5,8 +5,51 @@ preset's ``notes`` say what fedcache uses instead.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
-from fedcache.reproduce import PRESETS, Experiment, PaperNumber, Preset
+from fedcache.registry import Registry
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One grid: a dataset, fused backbones, methods, and the swept / fixed train options."""
+
+    key: str  # folder name under the output directory, and how paper numbers refer to it
+    dataset: str
+    backbones: tuple[str, ...]
+    methods: tuple[str, ...]
+    sweep: dict = field(default_factory=dict, hash=False)  # train options and settings (one value = fixed)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    extract: dict = field(default_factory=dict, hash=False)  # extra ExtractConfig options (domains, name, ...)
+
+    @property
+    def store_dataset(self) -> str:
+        """The dataset's name in the store (an extraction may rename it, e.g. one domain of DomainNet)."""
+        return self.extract.get("name", self.dataset)
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    experiment: str  # Experiment.key
+    method: str  # fedcache method name
+    value: float  # as printed in the paper, percent
+    what: str  # the paper's row and column, for the reader
+    where: dict = field(default_factory=dict, hash=False)  # swept values the fedcache cell must have
+    metric: str = "mean_accuracy"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    title: str  # paper and table
+    source: str  # file in the papers' folder
+    experiments: tuple[Experiment, ...]
+    paper: tuple[PaperNumber, ...]
+    notes: str = ""  # how fedcache's setting differs from the paper's
+
+
+PRESETS: Registry[Preset] = Registry("preset")
+
 
 FEDPCL_BACKBONES = ("resnet18-quickdraw", "resnet18-aircraft", "resnet18-birds")
 FEDPCL_FILE = "000_430ac1eb8287ee63.txt"

@@ -1,6 +1,6 @@
 """``fedcache reproduce PRESET``: a paper's table as data (datasets, backbones, partitions, methods, rounds,
 seeds, reported numbers), checked for what is missing, then extracted, run as grids and reported with the
-paper's numbers beside fedcache's. The presets themselves are in ``fedcache/presets.py``.
+paper's numbers beside fedcache's. The presets (and their data classes) are in ``fedcache/presets.py``.
 """
 from __future__ import annotations
 
@@ -13,50 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from fedcache.errors import ConfigError, FedcacheError
-from fedcache.registry import Registry
+from fedcache.presets import PRESETS, Experiment, Preset
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Experiment:
-    """One grid: a dataset, fused backbones, methods, and the swept / fixed train options."""
-
-    key: str  # folder name under the output directory, and how paper numbers refer to it
-    dataset: str
-    backbones: tuple[str, ...]
-    methods: tuple[str, ...]
-    sweep: dict = field(default_factory=dict, hash=False)  # train options and settings (one value = fixed)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    extract: dict = field(default_factory=dict, hash=False)  # extra ExtractConfig options (domains, name, ...)
-
-    @property
-    def store_dataset(self) -> str:
-        """The dataset's name in the store (an extraction may rename it, e.g. one domain of DomainNet)."""
-        return self.extract.get("name", self.dataset)
-
-
-@dataclass(frozen=True)
-class PaperNumber:
-    experiment: str  # Experiment.key
-    method: str  # fedcache method name
-    value: float  # as printed in the paper, percent
-    what: str  # the paper's row and column, for the reader
-    where: dict = field(default_factory=dict, hash=False)  # swept values the fedcache cell must have
-    metric: str = "mean_accuracy"
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    title: str  # paper and table
-    source: str  # file in the papers' folder
-    experiments: tuple[Experiment, ...]
-    paper: tuple[PaperNumber, ...]
-    notes: str = ""  # how fedcache's setting differs from the paper's
-
-
-PRESETS: Registry[Preset] = Registry("preset")
 
 
 # ---- what is missing ---------------------------------------------------------------------------
@@ -142,7 +103,7 @@ def plan_lines(preset: Preset) -> list[str]:
 def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = None, weights: dict | None = None,
               jobs: int = 1, progress: Callable | None = None, on_cell: Callable | None = None) -> Path:
     """Extract what is missing, run every grid, write paper.json and the report; returns the report's path."""
-    from fedcache.api import extract, grid, report
+    from fedcache.api import extract_features, grid, report
 
     missing = [n for n in check(preset, store, data_root, weights) if not n.ok]
     if missing:
@@ -150,7 +111,7 @@ def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = N
                           + f". `fedcache reproduce {preset.name} --dry-run` lists everything it needs")
     tables = {}
     for e in preset.experiments:
-        extract(e.dataset, list(e.backbones), store=store, progress=progress, data_root=data_root,
+        extract_features(e.dataset, list(e.backbones), store=store, progress=progress, data_root=data_root,
                 weights={b: Path(p) for b, p in (weights or {}).items() if b in e.backbones}, **e.extract)
         tables[e.key] = grid(store=store, dataset=e.store_dataset, backbones=list(e.backbones), methods=list(e.methods),
                              sweep=dict(e.sweep), seeds=list(e.seeds), out=Path(out) / e.key, jobs=jobs, on_cell=on_cell)
@@ -174,12 +135,8 @@ def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:
 
 
 def get(name: str) -> Preset:
-    import fedcache.presets  # noqa: F401  (fills PRESETS)
-
     return PRESETS.get(name)
 
 
 def names() -> list[str]:
-    import fedcache.presets  # noqa: F401
-
     return PRESETS.names()

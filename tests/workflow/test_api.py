@@ -34,10 +34,10 @@ def test_train_returns_summary_history_and_state(toy_store, tmp_path):
 def test_extract_is_callable_and_reuses_the_cache(toy_store):
     import fedcache.extract.runner
 
-    reports = fedcache.extract("test-toy", "tiny-timm-random", store=toy_store, workers=0)
+    reports = fedcache.extract_features("test-toy", "tiny-timm-random", store=toy_store, workers=0)
     assert reports and all(r.status == "already complete" for r in reports)
     with pytest.raises(ConfigError, match="unknown option"):
-        fedcache.extract("test-toy", "tiny-timm-random", store=toy_store, colour="red")
+        fedcache.extract_features("test-toy", "tiny-timm-random", store=toy_store, colour="red")
 
 
 def test_table_to_pandas_without_pandas_says_so(monkeypatch):

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from fedcache import presets as ps
 from fedcache import reproduce as rp
 from fedcache.cli import main
 from fedcache.errors import ConfigError
@@ -63,17 +64,17 @@ def test_user_checkpoint_backbones_are_missing_without_weights(tmp_path):
 
 
 def test_an_unregistered_method_is_reported_and_refused(tmp_path):
-    preset = rp.Preset("test-missing-method", "t", "-", (rp.Experiment("e", "test-toy", ("tiny-timm-random",), ("no-such-method",)),), ())
+    preset = ps.Preset("test-missing-method", "t", "-", (ps.Experiment("e", "test-toy", ("tiny-timm-random",), ("no-such-method",)),), ())
     needs = rp.check(preset, tmp_path / "s.zarr")
     assert [n.name for n in needs if not n.ok] == ["no-such-method"]
     with pytest.raises(ConfigError, match="no-such-method.*not registered"):
         rp.reproduce(preset, tmp_path / "s.zarr", tmp_path / "out")
 
 
-TOY = rp.Preset(
+TOY = ps.Preset(
     "test-toy-preset", "A tiny preset for tests (its 'paper' numbers are made up for the test)", "-",
-    (rp.Experiment("toy", "test-toy", ("tiny-timm-random",), ("fedavg", "solo"), {"clients": 2, "rounds": 2, "lr": [0.01, 0.1]}, seeds=(0,)),),
-    (rp.PaperNumber("toy", "fedavg", 50.0, "FedAvg, lr 0.1", {"lr": 0.1}), rp.PaperNumber("toy", "solo", 40.0, "Solo, lr 0.01", {"lr": 0.01})),
+    (ps.Experiment("toy", "test-toy", ("tiny-timm-random",), ("fedavg", "solo"), {"clients": 2, "rounds": 2, "lr": [0.01, 0.1]}, seeds=(0,)),),
+    (ps.PaperNumber("toy", "fedavg", 50.0, "FedAvg, lr 0.1", {"lr": 0.1}), ps.PaperNumber("toy", "solo", 40.0, "Solo, lr 0.01", {"lr": 0.01})),
 )
 
 

@@ -1,0 +1,98 @@
+"""The package's shape: no import cycles, nothing imports the CLI, no process-wide side effects."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedcache"
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): f
+            for f in PACKAGE.rglob("*.py")}
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the fedcache modules it imports (at any level of the file), __init__ files as packages."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        package = m if f.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            graph[m].update(n for n in names if n in mods and n != m)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), packages left out as nodes:
+    a package's __init__ re-exporting its own modules is not a cycle between modules."""
+    packages = {m for m, f in _modules().items() if f.name == "__init__.py"}
+    graph = {m: e - packages for m, e in graph.items() if m not in packages}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert _cycles(_imports()) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"fedcache.a": {"fedcache.b"}, "fedcache.b": {"fedcache.a"}, "fedcache.c": set()}) == [["fedcache.a", "fedcache.b"]]
+
+
+def test_nothing_imports_the_cli():
+    assert [m for m, deps in _imports().items() if "fedcache.cli" in deps and m != "fedcache.__main__"] == []
+
+
+def test_plotting_leaves_the_callers_matplotlib_backend_alone(tmp_path):
+    script = f"""
+import matplotlib
+matplotlib.use("svg")
+import numpy as np
+from fedcache.federate.partitions import PartitionRequest, make_partition
+from fedcache.reports.partition_plots import plot_partition
+labels = np.arange(40) % 4
+part = make_partition(PartitionRequest("iid", 2, min_size=1), labels, np.zeros(40, int), labels, np.zeros(40, int))
+paths = plot_partition(part, labels, ["a", "b", "c", "d"], r"{tmp_path}/p")
+import matplotlib.pyplot as plt
+print(matplotlib.get_backend(), len(plt.get_fignums()), all(p.stat().st_size > 0 for p in paths))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["svg", "0", "True"]
