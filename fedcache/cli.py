@@ -17,14 +17,17 @@ from rich.table import Table
 from rich.text import Text
 
 from fedcache.errors import ConfigError, FedcacheError
+from fedcache.progress import PlainProgress
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated learning on cached embeddings of frozen pretrained models.")
-store_app = typer.Typer(no_args_is_help=True, help="Inspect and manage a feature store.")
+HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS,
+                  help="Federated learning on cached embeddings of frozen pretrained models.")
+store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
 app.add_typer(store_app, name="store")
 console = Console()
 err = Console(stderr=True)
@@ -42,6 +45,21 @@ ClientsPerDomainOpt = typer.Option(None, help="Clients per domain (domain partit
 ClassesPerClientOpt = typer.Option(None, help="Classes per client (class-disjoint).")
 RepeatRateOpt = typer.Option(0.0, help="Share of extra classes from other clients (class-disjoint).")
 LocalTestOpt = typer.Option(1000, help="Max local test samples per client.")
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"fedcache {version('fedcache')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Federated learning on cached embeddings of frozen pretrained models."""
 
 
 def _preset_help() -> str:
@@ -75,14 +93,18 @@ class ExtractProgress:
             self.progress.console.print(f"[dim]{e.message}[/]")
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn(), console=err)
+def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
+    """Bars on a terminal; elsewhere (logs, CI, notebooks) plain lines, since bars draw nothing there."""
+    if not err.is_terminal:
+        return PlainProgress(err)
+    columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn())
+    return Progress(*columns, console=err)
 
 
 @app.command()
 def extract(
     dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name (see `fedcache datasets`)."),
-    backbones: str = typer.Option(..., "--backbones", "-b", help="Comma-separated backbone names (see `fedcache backbones`)."),
+    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="Comma-separated backbone names (see `fedcache backbones`)."),
     store: Path = StoreOpt,
     data_root: Optional[Path] = typer.Option(None, help="Where the paper datasets live on disk."),
     path: Optional[Path] = typer.Option(None, help="Image folder root (for --dataset imagefolder)."),
@@ -257,11 +279,11 @@ def store_rm(
 
 @store_app.command("export")
 def store_export(
-    dataset: str = typer.Option(..., "--dataset", "-d"),
-    backbone: str = typer.Option(..., "--backbone", "-b"),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
+    backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Backbone whose features to export (see `fedcache store ls`)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output file (.h5 or .npz)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="h5 or npz (default: from the file suffix)."),
-    splits: str = typer.Option("train,test"),
+    splits: str = typer.Option("train,test", help="Comma-separated splits to export."),
     store: Path = StoreOpt,
 ) -> None:
     """Export the features of a dataset and backbone to HDF5 or NPZ."""
@@ -278,7 +300,7 @@ def store_export(
 def store_import(
     file: Path = typer.Argument(..., help="An .h5 or .npz file with features and labels (see docs/store.md)."),
     dataset: str = typer.Option(..., "--dataset", "-d", help="Name to give the dataset in the store."),
-    backbone: str = typer.Option(..., "--backbone", "-b", help="Name to give the encoder in the store."),
+    backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Name to give the encoder in the store."),
     split: Optional[str] = typer.Option(None, help="Split name, for a file with flat arrays."),
     store: Path = StoreOpt,
 ) -> None:
@@ -293,7 +315,7 @@ def store_import(
 @app.command()
 def demo(
     store: Path = StoreOpt,
-    backbones: str = typer.Option("efficientnet-lite0,efficientnet-lite1,efficientnet-lite2", "--backbones", "-b",
+    backbones: str = typer.Option("efficientnet-lite0,efficientnet-lite1,efficientnet-lite2", "--backbones", "--backbone", "-b",
                                   help="Backbones to extract and fuse (several: FedPCL's setting)."),
     rounds: int = typer.Option(50, help="Federated rounds per method."),
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Where the runs and report.html go."),
@@ -324,8 +346,8 @@ def demo(
 
 @app.command()
 def train(
-    dataset: str = typer.Option(..., "--dataset", "-d"),
-    backbones: str = typer.Option(..., "--backbones", "-b", help="One backbone, or several to fuse (concatenated)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
+    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (concatenated)."),
     method: str = typer.Option(..., "--method", "-m", help="See `fedcache methods`."),
     store: Path = StoreOpt,
     partition: str = PartitionOpt,
@@ -339,10 +361,10 @@ def train(
     repeat_rate: float = RepeatRateOpt,
     local_test: int = LocalTestOpt,
     fraction: float = typer.Option(1.0, help="Fraction of clients sampled each round."),
-    rounds: int = typer.Option(50),
-    local_epochs: int = typer.Option(1),
-    batch_size: int = typer.Option(32),
-    seed: int = typer.Option(0),
+    rounds: int = typer.Option(50, help="Federated rounds."),
+    local_epochs: int = typer.Option(1, help="Local epochs per round (each client, each round)."),
+    batch_size: int = typer.Option(32, help="Local mini-batch size."),
+    seed: int = typer.Option(0, help="Seed of the partition, initialisation, sampling and batches."),
     preset: Optional[str] = typer.Option(None, help=_preset_help()),
     head: Optional[str] = typer.Option(None, help="linear or mlp (default: the method's)."),
     settings: List[str] = typer.Option([], "--set", help="key=value for method / optimizer hyperparameters (repeatable)."),
@@ -375,7 +397,7 @@ def _train_in_process(cfg) -> tuple[dict, str]:
 
     resolve(cfg)  # a bad --set, --preset or --out is reported before a progress bar is drawn
     check_out(cfg)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}"), console=err) as progress:
+    with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}")) as progress:
         task = progress.add_task(f"{cfg.method} rounds", total=cfg.rounds, acc="")
 
         def on_round(done: int, total: int, line: dict | None) -> None:
@@ -405,8 +427,8 @@ def _result_line(s: dict) -> str:
 
 @app.command()
 def partition(
-    dataset: str = typer.Option(..., "--dataset", "-d"),
-    backbone: str = typer.Option(..., "--backbone", "-b", help="Any extracted backbone (only labels and domains are used)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
+    backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Any extracted backbone (only labels and domains are used)."),
     store: Path = StoreOpt,
     scheme: str = typer.Option("iid", "--partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
     clients: Optional[int] = ClientsOpt,
@@ -418,7 +440,7 @@ def partition(
     repeat_rate: float = RepeatRateOpt,
     subsample: float = SubsampleOpt,
     local_test: int = LocalTestOpt,
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Partition seed (use the run's --seed)."),
     plot: Optional[Path] = typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."),
 ) -> None:
     """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
@@ -443,15 +465,15 @@ def partition(
 
 @app.command("backbone-heatmap")
 def backbone_heatmap(
-    dataset: str = typer.Option(..., "--dataset", "-d"),
-    backbones: str = typer.Option(..., "--backbones", "-b", help="Two or more backbones to fuse."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
+    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="Two or more backbones to fuse."),
     out: Path = typer.Option(..., "--out", "-o", help="PNG to write."),
     store: Path = StoreOpt,
-    partition: str = typer.Option("domain"),
-    clients: int = typer.Option(5),
-    few_shot: Optional[int] = typer.Option(10),
-    rounds: int = typer.Option(50),
-    seed: int = typer.Option(0),
+    partition: str = typer.Option("domain", help="Partition of the clients (as in train)."),
+    clients: int = typer.Option(5, help="Number of clients."),
+    few_shot: Optional[int] = typer.Option(10, help="Training samples per class per client."),
+    rounds: int = typer.Option(50, help="Federated rounds of the fused and single-backbone runs."),
+    seed: int = typer.Option(0, help="Seed (as in train)."),
     settings: List[str] = typer.Option([], "--set", help="FedPCL / optimizer key=value."),
 ) -> None:
     """FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes."""
@@ -517,7 +539,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
                      jobs=jobs, out=out)
-    with Progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=err) as progress:
+    with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
@@ -533,8 +555,8 @@ def _grid_signature() -> inspect.Signature:
     own = [
         ("config", Optional[Path], typer.Option(None, "--config", "-c", help="A grid TOML file (docs/getting-started.md); options given here override it.")),
         ("store", Optional[Path], typer.Option(None, "--store", help="Feature store path (default: env FEDCACHE_STORE or fedcache-store.zarr).")),
-        ("dataset", Optional[str], typer.Option(None, "--dataset", "-d")),
-        ("backbones", Optional[str], typer.Option(None, "--backbones", "-b", help="One backbone, or several to fuse (as in train).")),
+        ("dataset", Optional[str], typer.Option(None, "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`).")),
+        ("backbones", Optional[str], typer.Option(None, "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train).")),
         ("method", Optional[str], typer.Option(None, "--method", "-m", help="Comma-separated methods.")),
         ("settings", List[str], typer.Option([], "--set", help="key=v1,v2,...: a method/optimizer setting, or an axis of it; repeatable.")),
         ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds (default 0).")),
@@ -608,8 +630,8 @@ def reproduce(
 
 @app.command()
 def shard(
-    dataset: str = typer.Option(..., "--dataset", "-d"),
-    backbones: str = typer.Option(..., "--backbones", "-b", help="One backbone, or several to fuse (as in train)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
+    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train)."),
     out: Path = typer.Option(..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."),
     store: Path = StoreOpt,
     partition: str = PartitionOpt,
@@ -644,26 +666,32 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
 
 
+INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` stops
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks."""
     logging.basicConfig(level=os.environ.get("FEDCACHE_LOG", "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
     debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
     try:
-        app(args=argv, standalone_mode=False, prog_name="fedcache")
+        # Without standalone mode click returns typer.Exit codes (130 for Ctrl-C) instead of raising them.
+        code = app(args=argv, standalone_mode=False, prog_name="fedcache")
     except typer.Exit as exc:
-        return exc.exit_code
+        code = exc.exit_code
     except ClickException as exc:
         exc.show()
         return exc.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        err.print("[yellow]interrupted[/]: finished chunks are kept; re-run the same command to resume")
-        return 130
+        code = INTERRUPTED
     except FedcacheError as exc:
         if debug:
             raise
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2 if isinstance(exc, ConfigError) else 1
-    return 0
+    code = code if isinstance(code, int) else 0
+    if code == INTERRUPTED:
+        err.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
+    return code
 
 
 def _console_script() -> None:

@@ -89,3 +89,91 @@ def test_store_ls_shows_incomplete_entries(capsys, store_path):
                               batch_size=4, chunk_rows=8), progress=stop)
     code, out, _ = run(capsys, "store", "ls", "--store", str(store_path))
     assert code == 0 and "partial 0/4" in out
+
+
+def _interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_exits_130_so_a_shell_chain_stops(capsys, store_path, monkeypatch):
+    import fedcache.extract.runner as runner
+
+    monkeypatch.setattr(runner, "extract", _interrupt)
+    code, _, err = run(capsys, "extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store_path))
+    assert code == 130 and "interrupted" in err
+
+
+def test_a_command_exit_code_is_the_process_exit_code(capsys, store_path, monkeypatch):
+    import typer
+
+    import fedcache.extract.runner as runner
+
+    def exits(*_a, **_k):
+        raise typer.Exit(3)
+
+    monkeypatch.setattr(runner, "extract", exits)
+    code, _, _ = run(capsys, "extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store_path))
+    assert code == 3
+
+
+def test_sigint_to_a_real_process_exits_130(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # A real process interrupted while a command runs (the extraction itself is replaced by a wait).
+    script = (
+        "import sys, time, tests.conftest\n"
+        "from fedcache import cli\n"
+        "import fedcache.extract.runner as r\n"
+        "def slow(*a, **k):\n"
+        "    print('started', flush=True); time.sleep(60)\n"
+        "r.extract = slow\n"
+        "sys.exit(cli.main(['extract', '-d', 'test-toy', '-b', 'tiny-timm-random', '--store', sys.argv[1]]))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "s.zarr")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def _all_commands():
+    import typer.main
+
+    from fedcache.cli import app
+
+    root = typer.main.get_command(app)
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, prefix + (name,))
+            else:
+                yield " ".join(prefix + (name,)), cmd
+
+    return list(walk(root, ()))
+
+
+def test_every_option_has_help_and_a_short_flag_means_one_thing():
+    missing, meaning = [], {}
+    for name, cmd in _all_commands():
+        for param in cmd.params:
+            if not param.opts or not param.opts[0].startswith("-") or "--help" in param.opts:
+                continue
+            if not (getattr(param, "help", None) or "").strip():
+                missing.append(f"{name} {param.opts[0]}")
+            for short in (o for o in param.opts if len(o) == 2):
+                meaning.setdefault(short, set()).add(frozenset(param.opts))
+    assert not missing, f"options without help: {missing}"
+    assert {k: v for k, v in meaning.items() if len(v) > 1} == {}
+
+
+def test_h_version_and_help(capsys):
+    assert main(["--version"]) == 0 and "fedcache 0.1" in capsys.readouterr().out
+    assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out

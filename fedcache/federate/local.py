@@ -6,7 +6,9 @@ Running the same code with K = 1 per client (the loop path) gives the same numbe
 """
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -50,6 +52,7 @@ def train(
     # Index arithmetic for every step at once: per step it cost as much as a small head's matmuls.
     rows, real = plan_t.clamp_min(0), plan_t >= 0
     active_steps, widths = real.any(2), used_widths(plan)
+    loss_sum, loss_steps = torch.zeros(plan.shape[0]), torch.zeros(plan.shape[0])
     for s in range(plan.shape[1]):
         idx, mask, active = rows[:, s, : widths[s]], real[:, s, : widths[s]], active_steps[:, s]
         xb, yb = x[idx], y[idx]
@@ -58,11 +61,33 @@ def train(
         loss = loss_fn(p, xb, yb, mask, {"step": s, **(extra or {})})
         grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
         grads = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(leaves, grads)}
+        loss_sum += torch.where(active, loss.detach().float(), 0.0)
+        loss_steps += active
         # Buffers (BatchNorm statistics) were replaced during the forward pass.
         params.update({n: t.detach() for n, t in p.items() if n not in leaves})
         params.update({n: t.detach() for n, t in leaves.items()})
         optimizer.step(params, grads, active)
+    sink = _LOSSES.get()
+    if sink is not None:
+        sink.append(loss_sum / loss_steps.clamp_min(1))
     return params
+
+
+# Scoped to the round driver's `recording_losses()` block (a context variable, not process state): every
+# method's local training goes through `train`, so the driver gets the training loss without each method
+# having to return it.
+_LOSSES: ContextVar[list[torch.Tensor] | None] = ContextVar("fedcache_train_losses", default=None)
+
+
+@contextmanager
+def recording_losses() -> Iterator[list[torch.Tensor]]:
+    """Collect, per call of `train` inside the block, each client's mean loss over its local steps."""
+    sink: list[torch.Tensor] = []
+    token = _LOSSES.set(sink)
+    try:
+        yield sink
+    finally:
+        _LOSSES.reset(token)
 
 
 def used_widths(plan: np.ndarray) -> list[int]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError, FedcacheError
-from fedcache.federate.local import rng_for
+from fedcache.federate.local import recording_losses, rng_for
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.metrics import summarize
 from fedcache.heads import Params
@@ -69,17 +69,28 @@ def run(method: Method, cfg: RunConfig, on_round: RoundCallback | None = None) -
     state = _initial_state(method, cfg)
     history = _read_history(cfg) if cfg.resume else []
     t0 = time.perf_counter() - state.seconds
+    losses: list[torch.Tensor] = []
     for rnd in range(state.rnd, cfg.rounds):
-        _one_round(method, cfg, state, rnd)
+        with recording_losses() as round_losses:
+            _one_round(method, cfg, state, rnd)
+        losses += round_losses
         line = None
         if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
-            line = {"round": rnd + 1, **evaluate(method, state), "bytes_up": state.bytes_up, "bytes_down": state.bytes_down}
+            line = {"round": rnd + 1, **evaluate(method, state), "train_loss": train_loss(losses),
+                    "bytes_up": state.bytes_up, "bytes_down": state.bytes_down}
             history.append(line)
+            losses = []
         state.rnd, state.seconds = rnd + 1, time.perf_counter() - t0
         _persist(cfg, state, line)
         if on_round:
             on_round(rnd + 1, cfg.rounds, line)
     return RunResult(run_summary(method, cfg, state, history), history, state.server, state.clients)
+
+
+def train_loss(losses: list[torch.Tensor]) -> float | None:
+    """Mean over the rounds since the last metrics line, over sampled clients and over each local-training
+    call, of a client's mean loss over its local steps; None for methods that train nothing locally."""
+    return round(float(torch.cat(losses).mean()), 6) if losses else None
 
 
 def sample_clients(method: Method, cfg: RunConfig, rnd: int) -> list[int]:
@@ -231,7 +242,16 @@ def _read_history(cfg: RunConfig) -> list[dict]:
     if not path.exists():
         return []
     ck_round = torch.load(cfg.out / CHECKPOINT, weights_only=True)["rnd"]
-    lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    kept = [l for l in lines if l["round"] <= ck_round]
+    kept = [l for l in map(_parse_line, path.read_text().splitlines()) if l is not None and l["round"] <= ck_round]
     path.write_text("".join(json.dumps(l) + "\n" for l in kept))
     return kept
+
+
+def _parse_line(text: str) -> dict | None:
+    """A metrics line, or None for a blank or torn one: a crash while appending leaves the last line torn,
+    and its round is after the checkpoint's, so it is re-run and written again."""
+    try:
+        line = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return None
+    return line if isinstance(line, dict) and isinstance(line.get("round"), int) else None

@@ -192,3 +192,35 @@ def test_step_widths_drop_only_columns_no_client_uses():
         for step, width in enumerate(used_widths(plan)):
             used = np.flatnonzero((plan[:, step] >= 0).any(0))
             assert width == (used[-1] + 1 if len(used) else b)
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume(data, tmp_path):
+    full = run(make("fedavg", data), RunConfig(rounds=3))
+
+    def stop_after_two(done, total, line):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(make("fedavg", data), RunConfig(rounds=3, out=tmp_path), on_round=stop_after_two)
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 3, "accur')  # a crash while appending
+    resumed = run(make("fedavg", data), RunConfig(rounds=3, out=tmp_path, resume=True))
+    assert resumed.summary["per_client_accuracy"] == full.summary["per_client_accuracy"]
+    assert [json.loads(l)["round"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_train_loss_is_the_mean_local_step_loss(tmp_path):
+    # One client, one step over all its rows: the recorded loss is the initial model's cross-entropy.
+    data = synthetic(n_clients=2, per_client=20)
+    m = make("fedavg", data, batch_size=64)
+    init = m.init_server()
+    r = run(m, RunConfig(rounds=2, out=tmp_path))
+    logits = [data.x_train[rows] @ init["weight"][0] + init["bias"][0] for rows in data.client_train]
+    expected = np.mean([torch.nn.functional.cross_entropy(lg, data.y_train[rows]).item()
+                        for lg, rows in zip(logits, data.client_train)])
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["train_loss"] == pytest.approx(expected, rel=1e-5)
+    assert r.history[1]["train_loss"] < first["train_loss"]
+    # Methods that train nothing locally record none.
+    assert run(make("linear-probe", data), RunConfig(rounds=1)).history[0]["train_loss"] is None

@@ -33,8 +33,11 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
                  "--partition", "domain", "--clients", "2", "--rounds", "3", "--set", "lr=0.01", "--out", str(out)])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert code == 0 and "fedavg:" in printed and "RANDOM WEIGHTS" in printed
+    # Not a terminal: plain progress lines instead of a bar that draws nothing.
+    assert "fedavg rounds 0/3 (0%)" in captured.err and "fedavg rounds 3/3 (100%) in" in captured.err
     config = json.loads((out / "config.json").read_text())
     assert config["optimizer"]["lr"] == 0.01 and config["optimizer"]["optimizer"] == "adam"
     assert config["partition"]["request"]["scheme"] == "domain" and config["data"]["client_train_sizes"] == [30, 30]

@@ -1,0 +1,83 @@
+"""Progress for output that is not a terminal (logs, CI, notebooks): one plain line per milestone.
+
+A rich progress bar draws nothing when stderr is redirected, so a long `extract` or `grid` in a log looked
+hung. `PlainProgress` takes the calls the CLI makes on a rich `Progress` (`add_task`, `advance`, `update`,
+`console`) and prints a line when a task starts, at every tenth of its total (at most one line per
+`min_interval` seconds), and when it finishes, with the rate and the remaining time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rich.console import Console
+
+
+@dataclass
+class _Task:
+    description: str
+    total: float | None
+    fields: dict[str, Any]
+    start: float = field(default_factory=time.monotonic)
+    completed: float = 0.0
+    printed_step: int = -1
+    printed_at: float = 0.0
+
+
+class PlainProgress:
+    def __init__(self, console: Console, min_interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console, self.min_interval, self.clock = console, min_interval, clock
+        self.tasks: list[_Task] = []
+
+    def __enter__(self) -> "PlainProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
+        self.tasks.append(_Task(description, total, fields, start=self.clock()))
+        self._emit(self.tasks[-1], force=True)
+        return len(self.tasks) - 1
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        task = self.tasks[task_id]
+        task.completed += advance
+        self._emit(task)
+
+    def update(self, task_id: int, *, total: float | None = None, completed: float | None = None, **fields: Any) -> None:
+        task = self.tasks[task_id]
+        task.total = task.total if total is None else total
+        task.completed = task.completed if completed is None else completed
+        task.fields.update(fields)
+        self._emit(task)
+
+    def _emit(self, task: _Task, force: bool = False) -> None:
+        now = self.clock()
+        step = int(10 * task.completed / task.total) if task.total else 0
+        done = bool(task.total) and task.completed >= task.total
+        due = step > task.printed_step and now - task.printed_at >= self.min_interval
+        if not (force or done or due) or (done and task.printed_step == 10):
+            return
+        task.printed_step, task.printed_at = (10 if done else step), now
+        self.console.print(self.line(task, now), highlight=False, soft_wrap=True)
+
+    def line(self, task: _Task, now: float) -> str:
+        extra = " ".join(str(v) for v in task.fields.values() if v)
+        if not task.total:
+            count = f"{task.completed:g} done" if task.completed else "started"
+            return " ".join(filter(None, [task.description, count, extra]))
+        elapsed = now - task.start
+        parts = [task.description, f"{task.completed:g}/{task.total:g} ({100 * task.completed / task.total:.0f}%)"]
+        if 0 < task.completed < task.total and elapsed > 0:
+            parts.append(f"ETA {_duration(elapsed * (task.total - task.completed) / task.completed)}")
+        elif task.completed >= task.total:
+            parts.append(f"in {_duration(elapsed)}")
+        return " ".join(parts + ([extra] if extra else []))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else (
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s")

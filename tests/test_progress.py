@@ -1,0 +1,48 @@
+"""Plain progress lines where a progress bar would draw nothing (logs, CI, notebooks)."""
+import io
+
+from rich.console import Console
+
+from fedcache.progress import PlainProgress
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_one_line_at_start_each_tenth_and_the_end_with_eta():
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=5, clock=clock)
+    task = progress.add_task("extract train", total=100)
+    for _ in range(100):
+        clock.t += 1
+        progress.advance(task)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "extract train 0/100 (0%)"
+    assert lines[1] == "extract train 10/100 (10%) ETA 1m30s"  # 10 s for 10 items: 90 s left
+    assert len(lines) == 11 and lines[-1] == "extract train 100/100 (100%) in 1m40s"
+
+
+def test_lines_are_rate_limited_and_fields_shown():
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=30, clock=clock)
+    task = progress.add_task("fedavg rounds", total=50, acc="")
+    for done in range(1, 51):
+        clock.t += 1
+        progress.update(task, completed=done, acc=f"acc {done}%")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3  # start, the first tenth after 30 s, the end
+    assert lines[-1] == "fedavg rounds 50/50 (100%) in 50s acc 50%"
+
+
+def test_a_total_learned_later_is_used():
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock)
+    task = progress.add_task("grid", total=None, last="")
+    clock.t = 10
+    progress.update(task, total=4, completed=1, last="fedavg seed 0: 60.0%")
+    assert out.getvalue().splitlines() == ["grid started", "grid 1/4 (25%) ETA 30s fedavg seed 0: 60.0%"]
