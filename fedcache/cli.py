@@ -5,6 +5,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -695,7 +696,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _console_script() -> None:
+    # The command line owns its process: SIGTERM (a job scheduler, `kill`) stops it like Ctrl-C, so grid
+    # workers are stopped and finished work kept, instead of the process vanishing mid-write.
+    signal.signal(signal.SIGTERM, _terminated)
     sys.exit(main())
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

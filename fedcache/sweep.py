@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -280,17 +281,35 @@ def _execute(spec: GridSpec, todo: list[Cell], folder: Path) -> Iterator[tuple[C
 
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(spec.jobs, mp_context=ctx, initializer=_init_worker) as pool:
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(spec.jobs, mp_context=ctx, initializer=_init_worker)
+    try:
         futures = {pool.submit(_worker, spec, c, folder): c for c in todo}
-        try:
-            for fut in as_completed(futures):
-                yield futures[fut], fut.result()
-        except BrokenProcessPool:
-            raise FedcacheError(
-                "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
-                "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
-                "with --jobs 1 to see the error. Finished cells are kept."
-            ) from None
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+    except BrokenProcessPool:
+        raise FedcacheError(
+            "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
+            "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
+            "with --jobs 1 to see the error. Finished cells are kept."
+        ) from None
+    except BaseException:
+        # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: leaving the `with` block would
+        # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(set(multiprocessing.active_children()) - before)
+        raise
+    pool.shutdown()
+
+
+def _stop(workers: set, grace: float = 5.0) -> None:
+    for w in workers:
+        w.terminate()
+    deadline = time.monotonic() + grace
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+        if w.is_alive():
+            w.kill()
 
 
 def _init_worker() -> None:

@@ -182,3 +182,67 @@ def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
     with pytest.raises(ConfigError, match=r"differs in methods, alpha;"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=toy_grid,
              sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5], "rounds": 3})
+
+
+def _children(pid: int) -> set[int]:
+    import os
+
+    kids = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                if entry.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.add(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_parallel_grid_and_its_workers(toy_store, tmp_path, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "grid"
+    cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
+           "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--partition", "iid", "--clients", "2",
+           "--jobs", "2", "-o", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        _signal_mid_grid(proc, out, getattr(signal, sig))
+    finally:
+        if proc.poll() is None:  # a failed test must not leave a grid running
+            for pid in _children(proc.pid) | {proc.pid}:
+                os.kill(pid, signal.SIGKILL)
+
+
+def _signal_mid_grid(proc, out, sig):
+    import time
+
+    deadline = time.monotonic() + 120
+    while not (out / "cells").exists() or len(list((out / "cells").glob("*/metrics.jsonl"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.2)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 15
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)]
