@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean-venv
+.PHONY: demo test test-slow install clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedcache demo
 
+# The default run stays under 10 minutes on a 2-core CI machine; tests marked slow (real Flower
+# deployments, signals to real process trees, the full demo) run in test-slow, which CI runs after it.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu and not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m "slow and not gpu"
 
 clean-venv:
 	rm -rf $(VENV)

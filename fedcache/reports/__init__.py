@@ -10,15 +10,16 @@ from __future__ import annotations
 import base64
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache.reports import figures
+from fedcache.reports.layout import Layout
 from fedcache.reports.runs import Group, Run, find_runs, group_runs
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
 PAPER, CONTRIBUTION = "paper.json", "contribution.json"
-MAX_PARTITIONS = 3
+MAX_PARTITIONS = 6
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Section:
     text: str = ""
     table: list[list[str]] | None = None  # first row: header
     image: Path | None = None
+    labels: list[str] = field(default_factory=list)  # the labels drawn in the image
 
 
 def write_report(root: Path, out: Path | None = None) -> ReportPaths:
@@ -42,10 +44,11 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     fig_dir = out / FIG_DIR
     fig_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
-    sections = [Section("Results", _results_text(root, runs, groups), table=summary_rows(groups))]
+    layout = Layout.of(groups)
+    sections = [Section("Results", _results_text(root, runs, groups, layout), table=summary_rows(groups, layout))]
     sections += _paper_sections(Path(root))
-    sections += _figure_sections(groups, fig_dir)
-    sections += _partition_sections(runs, fig_dir)
+    sections += _figure_sections(groups, layout, fig_dir)
+    sections += _partition_sections(groups, layout, fig_dir)
     sections += _contribution_sections(Path(root), fig_dir)
     title = f"fedcache report: {Path(root).resolve().name}"
     (out / HTML_NAME).write_text(render_html(title, sections))
@@ -53,12 +56,12 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
 
 
-def _results_text(root: Path, runs: list[Run], groups: list[Group]) -> str:
+def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layout) -> str:
     random = any(r.summary.get("random_weights") for r in runs)
     warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
-    return (f"{len(runs)} runs in {len(groups)} groups (method and setting; seeds pooled) from `{root}`. "
-            f"Accuracy is the mean over clients of each client's test accuracy after the last round; "
-            f"± is the std over seeds.{warn}")
+    return (f"{len(runs)} runs in {len(groups)} groups (method and setting; seeds pooled) from `{root}`; "
+            f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
+            f"± is the sample std (ddof=1) over seeds; the best accuracy of each panel setting is in bold.{warn}")
 
 
 def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
@@ -67,16 +70,20 @@ def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
 
 
-def summary_rows(groups: list[Group]) -> list[list[str]]:
-    header = ["method (setting)", "seeds", "accuracy %", "std over clients", "global %", "worst 10%", "best 10%",
-              "variance", "params up/round", "bytes up (total)", "seconds"]
+def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list[str]]:
+    """One row per group: the method, a column per setting that varies, then the figures."""
+    layout = layout or Layout.of(groups)
+    keys = layout.panel_keys + layout.legend_keys
+    header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
+              "worst 10%", "best 10%", "variance", "params up/round", "bytes up (total)", "seconds"]
+    best = {panel: max((g.mean("mean_accuracy") or 0) for g in members) for panel, members in layout.panels(groups).items()}
     rows = [header]
-    best = max((g.mean("mean_accuracy") or 0) for g in groups)
     for g in groups:
         acc = _fmt(g.mean("mean_accuracy"), g.std("mean_accuracy"))
-        rows.append([g.label, str(len(g.runs)), f"**{acc}**" if g.mean("mean_accuracy") == best else acc,
-                     _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")), _fmt(g.mean("worst10")),
-                     _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
+        bold = g.mean("mean_accuracy") is not None and g.mean("mean_accuracy") == best[layout.panel(g)]
+        rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs)),
+                     f"**{acc}**" if bold else acc, _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")),
+                     _fmt(g.mean("worst10")), _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
                      f"{int(g.mean('params_up_per_round') or 0):,}", f"{int(g.mean('bytes_up') or 0):,}",
                      _fmt(g.mean("seconds"))])
     return rows
@@ -94,33 +101,51 @@ def _paper_sections(root: Path) -> list[Section]:
 
 
 FIGURES = (
-    ("Accuracy per round", figures.accuracy_per_round, "accuracy-per-round.png"),
-    ("Per-client accuracy distribution", figures.client_distribution, "per-client-accuracy.png"),
-    ("Fairness", figures.fairness, "fairness.png"),
-    ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png"),
+    ("Accuracy per round", figures.accuracy_per_round, "accuracy-per-round.png",
+     "Mean over seeds, band: ± sample std over seeds; ★ the best final accuracy of the panel."),
+    ("Final accuracy", figures.final_accuracy, "final-accuracy.png",
+     "Mean over seeds, error bars: ± sample std over seeds; ★ the best of the panel."),
+    ("Training loss per round", figures.train_loss_per_round, "train-loss-per-round.png",
+     "The sampled clients' mean loss over their local steps; band: ± sample std over seeds."),
+    ("Per-client accuracy distribution", figures.client_distribution, "per-client-accuracy.png",
+     "Final accuracy of every client, all seeds pooled; triangle: mean."),
+    ("Fairness", figures.fairness, "fairness.png",
+     "Mean accuracy of the worst / best share of clients (as FedPCL Tables 12-13), mean over seeds."),
+    ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png",
+     "All sampled clients together; solid or dashed: up, dotted: down."),
 )
 
 
-def _figure_sections(groups: list[Group], fig_dir: Path) -> list[Section]:
+def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list[Section]:
     out = []
-    for title, draw, name in FIGURES:
+    for title, draw, name, text in FIGURES:
+        fig = draw(groups, layout)
+        if fig is None:
+            continue
         path = fig_dir / name
-        path.write_bytes(draw(groups))
-        out.append(Section(title, image=path))
+        path.write_bytes(fig.png)
+        out.append(Section(title, text, image=path, labels=fig.labels))
     return out
 
 
-def _partition_sections(runs: list[Run], fig_dir: Path) -> list[Section]:
-    seen: dict[str, Run] = {}
-    for r in runs:
-        pid = r.config.get("partition", {}).get("partition_id")
-        if pid and pid not in seen and len(seen) < MAX_PARTITIONS:
-            seen[pid] = r
+def _partition_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list[Section]:
+    """The partition of each panel setting, drawn for its first run's seed (every seed draws its own)."""
     out = []
-    for pid, r in seen.items():
-        for path in figures.partition_charts(r, fig_dir):
+    panels = list(layout.panels(groups).items())
+    for panel, members in panels[:MAX_PARTITIONS]:
+        run = members[0].runs[0]
+        pid = run.config.get("partition", {}).get("partition_id")
+        if not pid:
+            continue
+        seeds = sorted({r.summary.get("seed", r.config.get("train", {}).get("seed")) for g in members for r in g.runs} - {None})
+        where = layout.panel_title(panel) if layout.panel_keys else "every run"
+        note = (f"Seed {run.config.get('train', {}).get('seed')}'s partition; each of the {len(seeds)} seeds draws its own "
+                "the same way." if len(seeds) > 1 else "")
+        if len(panels) > MAX_PARTITIONS and panel == panels[MAX_PARTITIONS - 1][0]:
+            note += f" The first {MAX_PARTITIONS} of {len(panels)} settings are shown."
+        for path in figures.partition_charts(run, fig_dir):
             kind = "who holds which classes" if path.name.endswith("bubbles.png") else "training rows per client"
-            out.append(Section(f"Partition {pid[:10]}: {kind}", image=path))
+            out.append(Section(f"Partition ({where}): {kind}", note.strip(), image=path))
     return out
 
 
@@ -147,7 +172,7 @@ def save_contribution(c, path: Path, text: str = "") -> Path:
 
 
 # ---- rendering ----------------------------------------------------------------------------------
-CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}
 h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}"""
@@ -173,7 +198,8 @@ def render_html(title: str, sections: list[Section]) -> str:
             parts.append("</table>")
         if s.image:
             data = base64.b64encode(s.image.read_bytes()).decode()
-            parts.append(f"<img alt='{html.escape(s.title)}' src='data:image/png;base64,{data}'>")
+            labels = html.escape(json.dumps(s.labels), quote=True)
+            parts.append(f"<img alt='{html.escape(s.title)}' data-labels='{labels}' src='data:image/png;base64,{data}'>")
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -1,108 +1,195 @@
-"""The report's figures, each a function (groups -> PNG bytes) so HTML and markdown share them."""
+"""The report's figures. Each takes the groups and their `Layout` and returns a `Figure` result: PNG bytes
+and the labels drawn in it (the HTML carries them, so a browser test can check they fit).
+
+Figures are split into one panel per data/partition setting (`Layout.panel_keys`); inside a panel every
+method has one colour and its own settings a line style, the same across panels, with mean +- sample std
+over seeds as a band (curves) or an error bar (bars), and the best final accuracy of the panel marked.
+"""
 from __future__ import annotations
 
 import io
 import logging
+import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from fedcache.errors import FedcacheError
+from fedcache.reports.canvas import subplots
+from fedcache.reports.layout import Layout, Style
 from fedcache.reports.runs import Group, Run
 
 log = logging.getLogger(__name__)
-MAX_LINES = 12  # beyond this a line plot is unreadable: the best groups are shown
+MAX_PER_PANEL = 12  # lines or bars; beyond this a panel is unreadable: the best are shown, the title says so
+PANEL_SIZE = (4.6, 3.3)  # inches; at 100 dpi a panel is 460 px wide
+BEST = "★"
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")  # here, not at import: importing fedcache must not change a caller's backend
-    import matplotlib.pyplot as plt
-
-    return plt
+@dataclass
+class Figure:
+    png: bytes
+    labels: list[str]
 
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=100)
-    _plt().close(fig)
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")  # tight: legends outside the axes are kept
     return buf.getvalue()
 
 
-def _top(groups: list[Group]) -> list[Group]:
-    return sorted(groups, key=lambda g: -(g.mean("mean_accuracy") or 0))[:MAX_LINES]
+def _shown(groups: list[Group]) -> tuple[list[Group], str]:
+    if len(groups) <= MAX_PER_PANEL:
+        return groups, ""
+    best = sorted(groups, key=lambda g: -(g.mean("mean_accuracy") or 0))[:MAX_PER_PANEL]
+    return [g for g in groups if g in best], f" (best {MAX_PER_PANEL} of {len(groups)})"
 
 
-def accuracy_per_round(groups: list[Group]) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for g in _top(groups):
-        x, y = g.curve("accuracy")
-        ax.plot(x, y, marker="o" if len(x) < 15 else None, ms=3, label=g.label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("mean client accuracy %")
-    ax.set_title("Accuracy per round (mean over seeds)", fontsize=10)
-    ax.grid(True, color="0.9")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return _png(fig)
+def _best(groups: list[Group]) -> Group | None:
+    scored = [g for g in groups if g.mean("mean_accuracy") is not None]
+    return max(scored, key=lambda g: g.mean("mean_accuracy")) if scored else None
 
 
-def client_distribution(groups: list[Group]) -> bytes:
-    plt = _plt()
-    shown = _top(groups)
-    fig, ax = plt.subplots(figsize=(max(5, 1.0 + 0.8 * len(shown)), 4))
-    ax.boxplot([g.per_client() for g in shown], showmeans=True)
-    ax.set_xticks(range(1, len(shown) + 1), [g.label for g in shown], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("final accuracy % per client")
-    ax.set_title("Per-client accuracy (all seeds pooled; triangle = mean)", fontsize=10)
-    ax.grid(True, axis="y", color="0.9")
-    return _png(fig)
+def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 1.0) -> Figure:
+    """One axes per panel of ``layout``, ``draw(ax, groups, styles) -> labels`` on each, one shared legend."""
+    panels = layout.panels(groups)
+    styles = layout.styles(groups)
+    cols = max(1, min(len(panels), int(3 / width)))  # a page is about three narrow panels wide
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = subplots((PANEL_SIZE[0] * width * cols, PANEL_SIZE[1] * rows), nrows=rows, ncols=cols, squeeze=False,
+                         sharey=True, layout="constrained")  # constrained: rotated labels never overlap a panel
+    labels: list[str] = []
+    for ax, (panel, members) in zip(axes.flat, panels.items()):
+        shown, note = _shown(members)
+        labels += draw(ax, shown, layout, styles)
+        ax.set_title(layout.panel_title(panel) + note, fontsize=9)
+        ax.grid(True, color="0.92")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[:, 1:].flat:  # the y axis is shared: labelled once per row
+        ax.set_ylabel("")
+    handles = [h for ax in axes.flat for h in ax.get_legend_handles_labels()[0]]
+    names = [n for ax in axes.flat for n in ax.get_legend_handles_labels()[1]]
+    unique = dict(zip(names, handles))
+    if unique:
+        fig.legend(unique.values(), unique.keys(), loc="outside lower center",
+                   ncols=max(1, min(len(unique), int(3 * cols * width))), fontsize=8, frameon=False)
+    return Figure(_png(fig), list(dict.fromkeys(labels + list(unique))))
 
 
-FAIRNESS = (("worst10", "worst 10%"), ("worst20", "worst 20%"), ("worst40", "worst 40%"), ("mean_accuracy", "mean"), ("best10", "best 10%"))
-
-
-def fairness(groups: list[Group]) -> bytes:
-    plt = _plt()
-    shown = _top(groups)
-    fig, ax = plt.subplots(figsize=(max(6, 1.5 + 0.9 * len(shown)), 4))
-    width = 0.8 / len(FAIRNESS)
-    x = np.arange(len(shown))
-    for j, (key, name) in enumerate(FAIRNESS):
-        ax.bar(x + (j - len(FAIRNESS) / 2 + 0.5) * width, [g.mean(key) or 0 for g in shown], width, label=name)
-    ax.set_xticks(x, [g.label for g in shown], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("accuracy %")
-    ax.set_title("Fairness: mean accuracy of the worst / best clients (as FedPCL Tables 12-13)", fontsize=10)
-    ax.legend(fontsize=7, ncols=5, loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
-    ax.grid(True, axis="y", color="0.9")
-    return _png(fig)
-
-
-def bytes_per_round(groups: list[Group]) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for g in _top(groups):
-        for key, style in (("bytes_up", "-"), ("bytes_down", ":")):
-            x, total = g.curve(key)
+def _curves(key: str, ylabel: str) -> Callable:
+    def draw(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+        best = _best(groups)
+        for g in groups:
+            x, mean, std = g.band(key)
             if len(x) == 0:
                 continue
-            per_round = np.diff(np.r_[0, total]) / np.diff(np.r_[0, x])
-            ax.plot(x, per_round, style, label=f"{g.label} {key.split('_')[1]}")
+            label, st = layout.label(g), styles[layout.label(g)]
+            ax.plot(x, mean, st.linestyle, color=st.color, marker=st.marker, markevery=max(1, len(x) // 8), ms=4,
+                    lw=1.4, label=label)
+            ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
+            if g is best and key == "accuracy":
+                ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        return []
+
+    return draw
+
+
+def accuracy_per_round(groups: list[Group], layout: Layout) -> Figure:
+    return _panels(layout, groups, _curves("accuracy", f"{layout.evaluated_on} accuracy %, mean over clients"))
+
+
+def train_loss_per_round(groups: list[Group], layout: Layout) -> Figure | None:
+    if not any(line.get("train_loss") is not None for g in groups for r in g.runs for line in r.history):
+        return None
+    return _panels(layout, groups, _curves("train_loss", "training loss"))
+
+
+def _bars(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+    best = _best(groups)
+    labels = [layout.label(g) for g in groups]
+    means = [g.mean("mean_accuracy") or 0.0 for g in groups]
+    errs = [g.std("mean_accuracy") or 0.0 for g in groups]
+    colours = [styles[l].color for l in labels]
+    hatches = [{"-": "", "--": "//", ":": "..", "-.": "xx"}[styles[l].linestyle] for l in labels]
+    x = np.arange(len(groups))
+    bars = ax.bar(x, means, 0.7, yerr=errs, capsize=3, color=colours, edgecolor="white")
+    for bar, hatch in zip(bars, hatches):
+        bar.set_hatch(hatch)
+    if best is not None:
+        i = groups.index(best)
+        ax.annotate(BEST, (x[i], means[i] + errs[i]), ha="center", va="bottom", fontsize=14)
+    ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel(f"final {layout.evaluated_on} accuracy %")
+    return labels
+
+
+def final_accuracy(groups: list[Group], layout: Layout) -> Figure:
+    return _panels(layout, groups, _bars, width=1.2)
+
+
+def _boxes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+    labels = [layout.label(g) for g in groups]
+    box = ax.boxplot([g.per_client() for g in groups], showmeans=True, patch_artist=True)
+    for patch, label in zip(box["boxes"], labels):
+        patch.set_facecolor(styles[label].color)
+        patch.set_alpha(0.5)
+    ax.set_xticks(range(1, len(groups) + 1), labels, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("final accuracy % per client")
+    return labels
+
+
+def client_distribution(groups: list[Group], layout: Layout) -> Figure:
+    return _panels(layout, groups, _boxes, width=1.2)
+
+
+FAIRNESS = (("worst10", "worst 10%"), ("worst20", "worst 20%"), ("worst40", "worst 40%"), ("mean_accuracy", "mean"),
+            ("best10", "best 10%"))
+
+
+def _fairness(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+    labels = [layout.label(g) for g in groups]
+    x = np.arange(len(groups))
+    width = 0.8 / len(FAIRNESS)
+    greys = [str(v) for v in np.linspace(0.15, 0.8, len(FAIRNESS))]
+    for j, (key, name) in enumerate(FAIRNESS):
+        ax.bar(x + (j - len(FAIRNESS) / 2 + 0.5) * width, [g.mean(key) or 0 for g in groups], width, label=name,
+               color=greys[j])
+    ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy % of that share of clients")
+    return labels
+
+
+def fairness(groups: list[Group], layout: Layout) -> Figure:
+    return _panels(layout, groups, _fairness, width=1.3)
+
+
+def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+    for g in groups:
+        label, st = layout.label(g), styles[layout.label(g)]
+        for key, line in (("bytes_up", st.linestyle), ("bytes_down", ":")):
+            x, total = g.curve(key)
+            if len(x):
+                per_round = np.diff(np.r_[0, total]) / np.diff(np.r_[0, x])
+                ax.plot(x, per_round, line, color=st.color, lw=1.2, label=label if key == "bytes_up" else None,
+                        alpha=1.0 if key == "bytes_up" else 0.6)
     ax.set_yscale("symlog")
     ax.set_xlabel("round")
-    ax.set_ylabel("bytes per round (all clients)")
-    ax.set_title("Bytes sent per round (solid: up, dotted: down)", fontsize=10)
-    ax.grid(True, color="0.9")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return _png(fig)
+    ax.set_ylabel("bytes per round, all clients (dotted: down)")
+    return []
+
+
+def bytes_per_round(groups: list[Group], layout: Layout) -> Figure:
+    return _panels(layout, groups, _bytes)
 
 
 def partition_charts(run: Run, folder: Path) -> list[Path]:
     """The bubble chart and sizes of the run's partition, read back from its store; [] when it is gone."""
-    from fedcache.reports.partition_plots import plot_partition
     from fedcache.federate.partitions.storage import load_partition, table_keys
+    from fedcache.reports.partition_plots import plot_partition
     from fedcache.store.feature_store import FeatureStore
 
     t, part = run.config.get("train", {}), run.config.get("partition", {})

@@ -33,19 +33,35 @@ class Group:
     label: str
     runs: list[Run]
 
+    @property
+    def method(self) -> str:
+        return self.runs[0].summary["method"]
+
+    @property
+    def setting(self) -> dict:
+        return self.runs[0].setting
+
     def mean(self, key: str) -> float | None:
         vals = [r.summary.get(key) for r in self.runs if r.summary.get(key) is not None]
         return float(np.mean(vals)) if vals else None
 
     def std(self, key: str) -> float | None:
+        """Sample std over seeds (ddof=1, as the papers print); None with one seed."""
         vals = [r.summary.get(key) for r in self.runs if r.summary.get(key) is not None]
-        return float(np.std(vals)) if vals else None
+        return float(np.std(vals, ddof=1)) if len(vals) > 1 else None
 
     def curve(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, mean over seeds) of a per-round metric, on the rounds every run evaluated."""
+        rounds, mean, _ = self.band(key)
+        return rounds, mean
+
+    def band(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rounds, mean, sample std over seeds; 0 with one seed) on the rounds every run evaluated."""
         per_run = [{line["round"]: line.get(key) for line in r.history} for r in self.runs]
         rounds = sorted(set.intersection(*(set(k for k, v in d.items() if v is not None) for d in per_run)))
-        return np.array(rounds), np.array([np.mean([d[k] for d in per_run]) for k in rounds])
+        vals = np.array([[d[k] for d in per_run] for k in rounds], float).reshape(len(rounds), len(per_run))
+        std = vals.std(1, ddof=1) if len(per_run) > 1 else np.zeros(len(rounds))
+        return np.array(rounds), vals.mean(1), std
 
     def per_client(self) -> np.ndarray:
         return np.concatenate([np.asarray(r.summary.get("per_client_accuracy", []), float) for r in self.runs])

@@ -46,10 +46,14 @@ def test_report_of_a_grid_has_tables_and_embedded_figures(toy_grid, tmp_path, ca
     assert code == 0, capsys.readouterr().err
     html = (out / "report.html").read_text()
     images = re.findall(r"<img [^>]*src='([^']*)'", html)
-    # Four result figures plus a bubble chart and a sizes chart per distinct partition (two seeds x two alphas, max 3).
-    assert len(images) == 4 + 2 * 3
+    # Six result figures plus a bubble chart and a sizes chart for each panel setting (the two alphas).
+    assert len(images) == 6 + 2 * 2
     assert all(src.startswith("data:image/png;base64,") for src in images)  # self-contained: nothing to fetch
-    assert "fedavg (partition=dirichlet, clients=3, alpha=0.5, rounds=3)" in html
+    # Only what varies labels a line (alpha makes the panels); what every run shares is said once.
+    assert "fixed: partition=dirichlet, clients=3, rounds=3" in html and "one panel per alpha" in html
+    assert "partition=dirichlet, clients=3" not in html.replace("fixed: partition=dirichlet, clients=3", "")
+    assert "<th>alpha</th>" in html and "Partition (alpha=0.5)" in html and "each of the 2 seeds draws its own" in html
+    assert "Training loss per round" in html
     assert "RANDOM weights" in html
     md = (out / "report.md").read_text()
     for ref in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
@@ -98,4 +102,70 @@ def test_report_without_the_store_skips_only_the_partition_charts(toy_grid, tmp_
     config["train"]["store"] = str(tmp_path / "moved-away.zarr")
     (run / "config.json").write_text(json.dumps(config))
     paths = write_report(run)
-    assert len(paths.figures) == 4 and paths.html.exists()
+    assert len(paths.figures) == 6 and paths.html.exists()
+
+
+def fake_grid(root: Path, methods=("fedavg", "fedprox", "fedproto", "fedpcl"), alphas=(0.1, 1.0, 10.0),
+              lrs=("0.001", "0.01"), seeds=(0, 1), rounds=20) -> Path:
+    """Finished grid cells written directly (no training): 4 methods x 3 alphas x 2 lr = 24 groups."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for m_i, m in enumerate(methods):
+        for alpha in alphas:
+            for lr in lrs:
+                for seed in seeds:
+                    cell = root / "cells" / f"{m}__alpha={alpha}__lr={lr}__seed={seed}"
+                    cell.mkdir(parents=True)
+                    final = 50 + 5 * m_i + 10 * np.log10(alpha) + rng.normal(0, 1)
+                    acc = final * (1 - np.exp(-np.arange(1, rounds + 1) / 5))
+                    per_client = (final + rng.normal(0, 8, 10)).round(2).tolist()
+                    lines = [{"round": r + 1, "accuracy": float(acc[r]), "per_client": per_client,
+                              "train_loss": float(2.3 * np.exp(-r / 6)), "bytes_up": 1000 * (r + 1),
+                              "bytes_down": 1000 * (r + 1)} for r in range(rounds)]
+                    (cell / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+                    summary = {"method": m, "mean_accuracy": float(np.mean(per_client)), "std_accuracy": 8.0,
+                               "per_client_accuracy": per_client, "worst10": min(per_client), "worst20": 40.0,
+                               "worst40": 45.0, "best10": max(per_client), "variance": 64.0, "bytes_up": 1000 * rounds,
+                               "params_up_per_round": 250, "seconds": 1.0, "rounds": rounds}
+                    (cell / "summary.json").write_text(json.dumps(summary))
+                    (cell / "config.json").write_text(json.dumps({"train": {"seed": seed, "validation": False}}))
+                    setting = {"partition": "dirichlet", "alpha": str(alpha), "rounds": str(rounds), "lr": lr}
+                    (cell / "cell.json").write_text(json.dumps({"setting": setting}))
+    return root
+
+
+FIT_SCRIPT = """<script>
+window.addEventListener('load', () => {
+  const out = document.createElement('pre'); out.id = 'fit-check';
+  out.textContent = [...document.images].map(i => [i.naturalWidth, i.clientWidth,
+    Math.max(0, ...JSON.parse(i.dataset.labels || '[]').map(l => l.length))].join(' ')).join('\\n');
+  document.body.appendChild(out);
+});
+</script>"""
+MIN_WIDTH, MIN_SCALE, MAX_LABEL = 480, 0.7, 40  # CSS px, shown/natural size, characters
+
+
+@pytest.mark.slow
+def test_a_24_group_report_fits_in_a_browser(tmp_path):
+    browser = chromium()
+    from fedcache.reports import write_report
+
+    paths = write_report(fake_grid(tmp_path / "grid"))
+    html = paths.html.read_text()
+    assert "one panel per alpha" in html and "fixed: partition=dirichlet, rounds=20" in html
+    page = tmp_path / "page.html"
+    page.write_text(html.replace("</body>", FIT_SCRIPT + "</body>"))
+    base = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,4000"]
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    checks = re.search(r"<pre id=\"fit-check\">(.*?)</pre>", dom, re.DOTALL)
+    assert checks, f"chromium did not run the page's script; stdout began: {dom[:300]!r}"
+    figures = [tuple(map(int, line.split())) for line in checks.group(1).split("\n")]
+    assert len(figures) == 6
+    for natural, shown, longest in figures:
+        assert shown >= MIN_WIDTH and shown / natural >= MIN_SCALE and longest <= MAX_LABEL, (natural, shown, longest)
+    shot = Path(os.environ.get("FEDCACHE_SCREENSHOT_DIR", tmp_path)) / "report-24-groups.png"
+    subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,102 @@
+"""How a report lays out many runs: what varies and what is fixed, which settings split the figures into
+panels, how a line is labelled and styled.
+
+A comparison is read inside a panel: settings of the data and the partition (alpha, clients, few-shot,
+...) each get their own panel, and the lines or bars inside one are the methods and their own settings
+(lr, mu, ...). Labels show only what varies; what every run shares goes in one caption.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from fedcache.reports.runs import Group
+
+# Settings that change the data a method sees: comparisons across them are not like for like.
+PANEL_KEYS = ("grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
+              "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test", "run")
+MAX_LABEL = 40  # characters; a longer legend entry is cut with an ellipsis
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = (None, "o", "s", "^", "v", "D")
+
+
+@dataclass(frozen=True)
+class Style:
+    color: str
+    linestyle: str
+    marker: str | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    fixed: dict[str, str]  # settings with one value across the report
+    panel_keys: tuple[str, ...]
+    legend_keys: tuple[str, ...]
+    methods: tuple[str, ...]
+    evaluated_on: str  # "test" or "validation"
+
+    @classmethod
+    def of(cls, groups: list[Group]) -> "Layout":
+        values: dict[str, set[str]] = {}
+        for g in groups:
+            for k, v in g.setting.items():
+                values.setdefault(k, set()).add(str(v))
+        # A key some groups lack varies too (its absence is a value).
+        varying = [k for k, vs in values.items() if len(vs) > 1 or any(k not in g.setting for g in groups)]
+        fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
+        splits = {"validation" if g.runs[0].config.get("train", {}).get("validation") else "test" for g in groups}
+        return cls(fixed, tuple(k for k in varying if k in PANEL_KEYS), tuple(k for k in varying if k not in PANEL_KEYS),
+                   tuple(dict.fromkeys(g.method for g in groups)), " and ".join(sorted(splits)))
+
+    def panel(self, g: Group) -> tuple[tuple[str, str], ...]:
+        return tuple((k, str(g.setting.get(k, "-"))) for k in self.panel_keys)
+
+    def panels(self, groups: list[Group]) -> dict[tuple, list[Group]]:
+        out: dict[tuple, list[Group]] = {}
+        for g in groups:
+            out.setdefault(self.panel(g), []).append(g)
+        return out
+
+    def label(self, g: Group) -> str:
+        text = " ".join([g.method] + [f"{k}={g.setting.get(k, '-')}" for k in self.legend_keys])
+        return text if len(text) <= MAX_LABEL else text[: MAX_LABEL - 1] + "…"
+
+    @staticmethod
+    def panel_title(panel: tuple[tuple[str, str], ...]) -> str:
+        return ", ".join(f"{k}={v}" for k, v in panel) or "all runs"
+
+    def caption(self) -> str:
+        fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
+        parts = [f"evaluated on the {self.evaluated_on} split"]
+        if fixed:
+            parts.append(f"fixed: {fixed}")
+        if self.panel_keys:
+            parts.append(f"one panel per {', '.join(self.panel_keys)}")
+        return "; ".join(parts)
+
+    def styles(self, groups: list[Group]) -> dict[str, Style]:
+        """One style per label, the same in every panel: colour by method, line style and marker by the
+        method's own settings, so no two labels look alike."""
+        palette = _palette(len(self.methods))
+        colour = {m: palette[i % len(palette)] for i, m in enumerate(self.methods)}
+        looks = list(itertools.product(MARKERS, LINE_STYLES))
+        styles: dict[str, Style] = {}
+        # Past the palette's colours, methods sharing a colour start at different looks.
+        per_method = {m: (i // len(palette)) * 7 for i, m in enumerate(self.methods)}
+        for g in groups:
+            label = self.label(g)
+            if label in styles:
+                continue
+            i = per_method[g.method]
+            per_method[g.method] = i + 1
+            marker, line = looks[i % len(looks)]
+            styles[label] = Style(colour[g.method], line, marker)
+        return styles
+
+
+def _palette(n: int) -> list[str]:
+    from matplotlib import colormaps
+
+    name = "tab10" if n <= 10 else "tab20"
+    cmap = colormaps[name]
+    return [cmap(i) for i in range(cmap.N)]
