@@ -86,7 +86,7 @@ def pipeline(name: str, size: int, source: str, device: str, batch: int, workdir
     return {"images": rows, "seconds": secs, "images_per_s": rows / secs}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=64)
@@ -94,7 +94,10 @@ def main() -> None:
     ap.add_argument("--forward-seconds", type=float, default=8.0)
     ap.add_argument("--cases", default="all", help="comma-separated case indices, or all")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "extract_throughput.json")
-    args = ap.parse_args()
+    ap.add_argument("--tiny", action="store_true", help="20 JPEGs, one case, a moment each: checks the script runs")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.per_class, args.forward_seconds, args.batch, args.cases = 2, 0.1, 8, "1"
     plan = plan_device(args.device)
     cases = CASES if args.cases == "all" else [CASES[int(i)] for i in args.cases.split(",")]
     results = []

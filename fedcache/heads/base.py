@@ -34,10 +34,9 @@ class Head(Protocol):
 
 
 # With few outputs MKL's batched GEMM runs z @ W (K, n, D) x (K, D, C) slowly and (W^T z^T)^T is faster.
-# Interleaved ABBA A/B on benchmarks/rounds.py case (a), 8 processes, 2026-11-22, on a shared machine
-# (`rounds.py --only a` vs `rounds.py --only a --plain-affine`): fedavg (1280 -> 10) 0.13-0.17 s vs
-# 0.21-0.36 s per 50-round run, 1.3-2.1x in every pair; fedproto (256 -> 10 after its mlp) 1.48-2.17 s vs
-# 1.50-2.72 s, never slower.
+# Kept on an interleaved A/B of benchmarks/rounds.py with and without --plain-affine (alternating
+# processes): fedavg (1280 -> 10) 1.3-2.1x faster in every pair, fedproto (256 -> 10 after its mlp) never
+# slower (docs/performance.md).
 FEW_CLASSES = 10
 
 

@@ -1,0 +1,43 @@
+"""Every maintained benchmark runs at tiny sizes, so none can rot unnoticed (they measure nothing here)."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def bench(name: str):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_rounds_floor_and_batched(tmp_path):
+    out = tmp_path / "rounds.json"
+    bench("rounds").main(["--tiny", "--trials", "1", "--only", "floor,batched", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res["floor"]) == {"fedavg", "fedproto", "fedpcl"}
+    assert all(v["run_over_floor"]["median_ratio"] > 0 for v in res["floor"].values())
+    assert res["batched"]["same_accuracy"] is True and "when" in res["meta"]
+
+
+@pytest.mark.slow
+def test_rounds_cached_vs_backbone_in_the_loop(tmp_path):
+    out = tmp_path / "rounds.json"
+    bench("rounds").main(["--tiny", "--trials", "1", "--only", "cached", "--out", str(out)])
+    assert json.loads(out.read_text())["cached"]["in_loop_over_cached"]["median_ratio"] > 1
+
+
+@pytest.mark.slow
+def test_extract_throughput(tmp_path):
+    out = tmp_path / "extract.json"
+    bench("extract_throughput").main(["--tiny", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["images"] > 0 and row["ratio"] > 0
