@@ -1,6 +1,7 @@
 """FedRep's local update: the personal classifier first (body frozen), then the body (classifier frozen)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedcache.federate.local import step_plan, train
@@ -74,3 +75,23 @@ def test_zero_head_epochs_trains_only_the_body():
         torch.testing.assert_close(got.states[n], states[n])
     want = phase(m, data, copy({**states, **expand(down, 1)}), BODY, 1, clients)
     torch.testing.assert_close(got.uploads["fc1.weight"], want["fc1.weight"])
+
+
+@pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])
+def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
+    """FedPCL sets E = 1 for every method: FedRep's cells resolve to 1 classifier epoch + 1 body epoch."""
+    from fedcache.federate.train import resolve_settings
+    from fedcache.presets import PRESETS
+    from fedcache.sweep import GridSpec, cells, train_config
+
+    p = PRESETS.get(preset)
+    rep = [e for e in p.experiments if "fedrep" in e.methods]
+    assert rep and all(e.methods == ("fedrep",) for e in rep)
+    assert all(n.experiment.endswith("-fedrep") for n in p.paper if n.method == "fedrep")
+    for e in rep:
+        spec = GridSpec(tmp_path, e.store_dataset, list(e.backbones), list(e.methods), tmp_path, list(e.seeds), dict(e.sweep))
+        for cell in cells(spec):
+            cfg = train_config(spec, cell, None)
+            assert cfg.local_epochs == 1
+            assert resolve_settings(cfg.method, cfg.settings, cfg.preset, cfg.head).params.head_epochs == 1
+    assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched
