@@ -26,11 +26,13 @@ METHODS = ("solo", "fedavg", "pfedme", "perfedavg", "fedrep", "fedproto", "fedpc
 HEADS = {"fedpcl": None}  # None: the method's own default (projection); the rest use "mlp"
 LRS = ("1e-4", "3e-4", "1e-3", "3e-3")
 EXTRA = {"fedpcl": {"tau": ("0.07", "0.2", "0.5")}}
+# Fixed settings: the paper's E = 1 for every method; FedRep's own default is 10 classifier + 1 body epochs.
+FIXED = {"fedrep": ["head_epochs=1"]}
 
 
 def grid(method: str) -> list[list[str]]:
     axes = {"lr": LRS, **EXTRA.get(method, {})}
-    return [[f"{k}={v}" for k, v in zip(axes, combo)] for combo in itertools.product(*axes.values())]
+    return [[f"{k}={v}" for k, v in zip(axes, combo)] + FIXED.get(method, []) for combo in itertools.product(*axes.values())]
 
 
 def run(args, method: str, settings: list[str], seed: int, validation: bool, rounds: int | None = None) -> dict:

@@ -34,6 +34,10 @@ class BadImageError(FedcacheError, ValueError):
     """An image file could not be decoded."""
 
 
+class NonFiniteFeaturesError(FedcacheError, ValueError):
+    """A backbone produced NaN or infinite features; the message names the images."""
+
+
 class DeviceError(FedcacheError, RuntimeError):
     """A requested device (e.g. CUDA) is not available."""
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fedcache.errors import BadImageError, ConfigError
+from fedcache.errors import BadImageError, ConfigError, NonFiniteFeaturesError
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.datasets import Dataset, DatasetOptions, Samples
 from fedcache.extract.devices import DevicePlan, plan_device
@@ -261,7 +261,9 @@ def _fill_chunks(cfg, writer: EntryWriter, samples: Samples, domain_index: int, 
         ok = ok.numpy().astype(bool)
         idx = idx.numpy()
         _check_bad(samples, idx, ok, cfg.skip_bad_images, bad)
-        buf.append((_forward(bb, plan, pre, x, samples.ids[idx], domain_index), idx, ok))
+        feats = _forward(bb, plan, pre, x, samples.ids[idx], domain_index)
+        _check_finite(feats, samples, idx, ok, key.dtype, key)
+        buf.append((feats, idx, ok))
         emit(ProgressEvent("advance", key.label(), advance=len(idx)))
         lo, hi = writer.chunk_range(c)
         if sum(len(b[1]) for b in buf) == hi - lo:
@@ -280,3 +282,30 @@ def _check_bad(samples: Samples, idx: np.ndarray, ok: np.ndarray, skip: bool, ba
                 "(they are counted and listed next to the entry)"
             )
         bad.append(name)
+
+
+SHOWN = 10  # images named in an error; the count says how many more
+
+
+def _check_finite(feats: np.ndarray, samples: Samples, idx: np.ndarray, ok: np.ndarray, dtype, key: EntryKey) -> None:
+    """Refuse NaN / inf features before they reach the store, in float32 and in the stored dtype.
+
+    Rows of undecodable images (ok False, skipped and marked invalid) are not checked."""
+    finite32 = np.isfinite(feats).all(1)
+    with np.errstate(over="ignore"):  # an overflowing cast is what is being checked for
+        stored = np.isfinite(feats.astype(dtype, copy=False)).all(1)
+    bad = ok & ~stored
+    if not bad.any():
+        return
+    names = [samples.source.describe(int(i)) for i in idx[bad]]
+    listing = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    if (ok & ~finite32).any():
+        why = ("the backbone's output is NaN/inf for these images (a corrupt image, image noise that overflows, "
+               "or reduced precision: try --precision fp32)")
+    else:
+        why = (f"the features exceed the range of the store's {np.dtype(dtype).name} "
+               f"(largest |value| {float(np.abs(feats[bad]).max()):.4g}): extract with --dtype float32")
+    raise NonFiniteFeaturesError(
+        f"{key.label()}: non-finite features for {len(names)} image(s): {listing}; {why}. Nothing of this chunk "
+        "was stored; the entry stays incomplete and a re-run resumes it"
+    )

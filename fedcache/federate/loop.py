@@ -111,7 +111,7 @@ def _one_round(method: Method, cfg: RunConfig, state: RunState, rnd: int) -> Non
 
 def settle(method: Method, state: RunState, rnd: int, clients: list[int], down: Params, result: LocalResult) -> None:
     """The server's half of a round, shared by every engine: check, count the bytes, aggregate."""
-    _check_finite(result, clients, rnd)
+    _check_finite(method, result, clients, rnd, down)
     if method.federated:
         up = [method.upload_size(result.uploads, i) for i in range(len(clients))]
         state.bytes_up += sum(b for _, b in up)
@@ -149,7 +149,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
-def _check_finite(result: LocalResult, clients: list[int], rnd: int) -> None:
+def _check_finite(method: Method, result: LocalResult, clients: list[int], rnd: int, down: Params) -> None:
     for tensors in (result.uploads, result.states):
         for name, t in tensors.items():
             # NaN and inf survive a sum: one reduction per client instead of a mask over every parameter.
@@ -157,10 +157,32 @@ def _check_finite(result: LocalResult, clients: list[int], rnd: int) -> None:
             bad = ~torch.isfinite(t.flatten(1).sum(1, dtype=torch.float32))
             if bad.any():
                 k = clients[int(bad.nonzero()[0, 0])]
-                raise DivergedError(
-                    f"training diverged in round {rnd + 1}, client {k} ('{name}' became NaN/inf); "
-                    "lower the learning rate (--set lr=...) or check the cached features for NaN"
-                )
+                raise DivergedError(f"round {rnd + 1}, client {k}: '{name}' became NaN/inf; {_cause(method, k, name, down)}")
+
+
+def _cause(method: Method, k: int, name: str, down: Params) -> str:
+    """What is non-finite: the client's inputs, what the server sent, or the method's own result.
+    Only the last is a divergence that a smaller learning rate may cure."""
+    d = method.ctx.data
+    rows = torch.as_tensor(d.client_train[k] if k < len(d.client_train) else [], dtype=torch.long)
+    inputs = [("cached training features", d.x_train[rows].flatten(1))]
+    if d.views is not None:
+        inputs.append(("cached augmented views", d.views[rows].flatten(1)))
+    for what, x in inputs:
+        bad = (~torch.isfinite(x)).any(1).nonzero().flatten()
+        if len(bad):
+            return (f"the client's {what} are not finite ({len(bad)} of its {len(rows)} training rows, e.g. rows "
+                    f"{rows[bad[:5]].tolist()} of the training table): re-extract them (fedcache extract refuses "
+                    "non-finite features since it checks them)")
+    sent = [n for n, t in down.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if sent:
+        return f"what the server sent this round was already not finite ({', '.join(sent)}): resume from an earlier checkpoint"
+    h = method.head
+    if name in (*h.body_keys, *h.head_keys, *getattr(h, "buffer_keys", ())):
+        return "training diverged from finite inputs: lower the learning rate (--set lr=...)"
+    return (f"'{name}' is not a weight of the {getattr(h, 'name', '')} head but something {method.name} computes or trains itself, "
+            "from finite features and a finite received model: check the method's settings (learning rate, "
+            "noise scale, ...)")
 
 
 # ---- evaluation -----------------------------------------------------------------------

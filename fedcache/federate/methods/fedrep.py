@@ -16,6 +16,7 @@ from fedcache.heads import Params, expand, forward
 class FedRepParams:
     # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the
     # official --local_rep_ep 1). The official scripts use --local_ep 11 --local_rep_ep 1: 10 head epochs.
+    # The FedPCL comparison presets set 1 (that paper's E = 1 for every method).
     head_epochs: int = 10
 
     def __post_init__(self) -> None:

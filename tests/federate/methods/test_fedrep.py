@@ -1,0 +1,97 @@
+"""FedRep's local update: the personal classifier first (body frozen), then the body (classifier frozen)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedcache.federate.local import step_plan, train
+from fedcache.federate.methods import METHODS, MethodContext
+from fedcache.federate.optim import OptimConfig
+from fedcache.heads import expand
+
+from ..conftest import synthetic
+
+HEAD = ("fc2.weight", "fc2.bias")
+BODY = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
+
+
+def fedrep(head_epochs: int):
+    data = synthetic(n_clients=3, per_client=20, n_classes=4, dim=6)
+    cls = METHODS.get("fedrep")
+    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), local_epochs=1, batch_size=8)
+    return cls(ctx, cls.Params(head_epochs=head_epochs)), data
+
+
+def copy(p):
+    return {n: t.clone() for n, t in p.items()}
+
+
+def phase(m, data, p, keys, epochs, clients, rnd=0):
+    """One phase written out with the training primitives: ``epochs`` over the clients' rows, only ``keys``
+    move. On a copy: training updates its parameters in place."""
+    plan = step_plan([data.client_train[k] for k in clients], 8, epochs, m.ctx.seed, rnd, clients)
+    return train(copy(p), keys, m.ce_loss, data.x_train, data.y_train, plan, m.ctx.optim)
+
+
+def test_head_is_trained_before_the_body():
+    m, data = fedrep(head_epochs=2)
+    clients = [0, 2]
+    down, states = m.init_server(), m.init_clients(3)
+    states = {n: t[clients] for n, t in states.items()}
+    got = m.local_update(0, clients, copy(down), copy(states))
+
+    start = copy({**states, **expand(down, 2)})
+    head_first = phase(m, data, phase(m, data, start, HEAD, 2, clients), BODY, 1, clients)
+    body_first = phase(m, data, phase(m, data, start, BODY, 1, clients), HEAD, 2, clients)
+    # The order changes the result here, so matching head_first is a test of the order.
+    assert not torch.allclose(head_first["fc1.weight"], body_first["fc1.weight"], atol=1e-4)
+    for n in BODY:
+        torch.testing.assert_close(got.uploads[n], head_first[n])
+    for n in HEAD:
+        torch.testing.assert_close(got.states[n], head_first[n])
+    assert set(got.uploads) == set(BODY)  # the classifier and BatchNorm statistics stay with the client
+
+
+def test_head_phase_leaves_the_body_alone_and_body_phase_the_head():
+    m, data = fedrep(head_epochs=1)
+    clients = [1]
+    down, states = m.init_server(), {n: t[clients] for n, t in m.init_clients(3).items()}
+    start = copy({**states, **expand(down, 1)})
+    after_head = phase(m, data, start, HEAD, 1, clients)
+    for n in BODY:
+        torch.testing.assert_close(after_head[n], start[n])
+    got = m.local_update(0, clients, copy(down), copy(states))
+    for n in HEAD:  # the body phase did not move the classifier trained in the head phase
+        torch.testing.assert_close(got.states[n], after_head[n])
+    assert not torch.allclose(got.states["fc2.weight"], start["fc2.weight"])
+
+
+def test_zero_head_epochs_trains_only_the_body():
+    m, data = fedrep(head_epochs=0)
+    clients = [0]
+    down, states = m.init_server(), {n: t[clients] for n, t in m.init_clients(3).items()}
+    got = m.local_update(0, clients, copy(down), copy(states))
+    for n in HEAD:
+        torch.testing.assert_close(got.states[n], states[n])
+    want = phase(m, data, copy({**states, **expand(down, 1)}), BODY, 1, clients)
+    torch.testing.assert_close(got.uploads["fc1.weight"], want["fc1.weight"])
+
+
+@pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])
+def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
+    """FedPCL sets E = 1 for every method: FedRep's cells resolve to 1 classifier epoch + 1 body epoch."""
+    from fedcache.federate.train import resolve_settings
+    from fedcache.presets import PRESETS
+    from fedcache.sweep import GridSpec, cells, train_config
+
+    p = PRESETS.get(preset)
+    rep = [e for e in p.experiments if "fedrep" in e.methods]
+    assert rep and all(e.methods == ("fedrep",) for e in rep)
+    assert all(n.experiment.endswith("-fedrep") for n in p.paper if n.method == "fedrep")
+    for e in rep:
+        spec = GridSpec(tmp_path, e.store_dataset, list(e.backbones), list(e.methods), tmp_path, list(e.seeds), dict(e.sweep))
+        for cell in cells(spec):
+            cfg = train_config(spec, cell, None)
+            assert cfg.local_epochs == 1
+            assert resolve_settings(cfg.method, cfg.settings, cfg.preset, cfg.head).params.head_epochs == 1
+    assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched
