@@ -12,8 +12,9 @@ its command-line flag and whether a grid may sweep it. Everything else is derive
 
 Numeric ranges are checked when a spec is built, before any data is read. Method, optimizer and head
 hyperparameters (``--set``) stay in their own dataclasses (the method's ``Params``, ``OptimConfig``);
-the method section holds the method's name and those ``key=value`` pairs, and ``resolve()`` builds the
-dataclasses (importing the methods, hence torch, only then). This module imports no torch.
+the method section holds the method's name and those ``key=value`` pairs, and
+``federate.train.resolve(spec)`` builds the dataclasses from them (importing the methods, hence torch).
+This module imports no torch.
 """
 from __future__ import annotations
 
@@ -42,10 +43,12 @@ class Opt:
     help: str
     name: str = ""  # option name (API keyword, CLI parameter); default: the field's name
     short: str = ""  # e.g. "-d"
+    aliases: tuple[str, ...] = ()  # further long flags (--backbone for --backbones)
     flag: str = ""  # default: --<option name with dashes>; "--a/--no-a" for a switch
     axis: bool = True  # `fedcache grid` may sweep it (v1,v2,...)
     recorded: bool = True  # part of what a run is (config.json); False: where it is written, whether it continues
     sep: str = ","  # how a tuple is written as one string (CLI text, Flower config)
+    repeatable: bool = False  # a tuple given as a repeated flag (--set a=1 --set b=2), not as one text
 
 
 def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, **meta: Any) -> Any:
@@ -73,8 +76,9 @@ class Section:
 
 @dataclass(frozen=True)
 class DataSpec(Section):
-    dataset: str = opt(short="-d", axis=False, help="Dataset name (see `fedcache datasets`).")
-    backbones: tuple[str, ...] = opt(short="-b", axis=False, help="One backbone, or several to fuse (concatenated).")
+    dataset: str = opt(short="-d", axis=False, help="Dataset name in the store (see `fedcache store ls`).")
+    backbones: tuple[str, ...] = opt(short="-b", aliases=("--backbone",), axis=False,
+                                     help="One backbone, or several to fuse (concatenated).")
     store: Path = opt(factory=default_store, axis=False, help="Feature store path (env FEDCACHE_STORE).")
 
 
@@ -95,7 +99,7 @@ class PartitionSpec(Section):
 @dataclass(frozen=True)
 class MethodSpec(Section):
     name: str = opt(name="method", short="-m", axis=False, help="See `fedcache methods`.")
-    settings: tuple[str, ...] = opt((), flag="--set", axis=False, sep=" ",
+    settings: tuple[str, ...] = opt((), flag="--set", axis=False, sep=" ", repeatable=True,
                                     help="key=value for method / optimizer hyperparameters (repeatable).")
 
 
@@ -113,10 +117,10 @@ class HeadSpec(Section):
 class ScheduleSpec(Section):
     rounds: PositiveInt = opt(50, help="Federated rounds.")
     fraction: Share = opt(1.0, help="Fraction of clients sampled each round.")
-    local_epochs: PositiveInt = opt(1, help="Local epochs per round.")
-    batch_size: PositiveInt = opt(32, help="Local batch size.")
+    local_epochs: PositiveInt = opt(1, help="Local epochs per round (each client, each round).")
+    batch_size: PositiveInt = opt(32, help="Local mini-batch size.")
     eval_every: PositiveInt = opt(1, help="Evaluate every k rounds (and after the last).")
-    seed: NonNegativeInt = opt(0, axis=False, help="Seed of the partition, the initialisation and the sampling.")
+    seed: NonNegativeInt = opt(0, axis=False, help="Seed of the partition, initialisation, sampling and batches.")
     # Spare training rows (no client trains on them, drawn with each client's class and domain mix)
     # instead of the test split: for choosing hyperparameters without touching the test set.
     validation: bool = opt(False, help="Score on spare training rows instead of the test split (for tuning).")
@@ -159,8 +163,16 @@ class Option:
 
     @property
     def flags(self) -> tuple[str, ...]:
+        """The CLI's flags; a switch is ``--x/--no-x``."""
         long = self.opt.flag or "--" + self.name.replace("_", "-")
-        return (long, self.opt.short) if self.opt.short else (long,)
+        if self.base is bool and "/" not in long:
+            long = f"{long}/--no-{long[2:]}"
+        return (long, *self.opt.aliases, *((self.opt.short,) if self.opt.short else ()))
+
+    @property
+    def flag(self) -> str:
+        """The flag as error messages name it: ``--rounds``."""
+        return self.flags[0].split("/")[0]
 
     @property
     def help(self) -> str:
@@ -190,6 +202,11 @@ def options(*sections: str) -> list[Option]:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out.append(Option(sec, f.name, types[f.name], f.metadata["opt"], default))
     return out
+
+
+def is_option(name: str) -> bool:
+    """Whether ``name`` is a run option (its name or its qualified key), not a ``--set`` setting."""
+    return name.replace("-", "_") in _BY_NAME
 
 
 def option(name: str) -> Option:
@@ -225,7 +242,7 @@ class RunSpec:
             per[o.section][o.field] = o.parse(value)
         missing = [o for o in options() if o.required and o.field not in per[o.section]]
         if missing:
-            raise ConfigError(f"a run needs {', '.join(o.flags[0] for o in missing)}")
+            raise ConfigError(f"a run needs {', '.join(o.flag for o in missing)}")
         return cls(**{s: SECTIONS[s](**vals) for s, vals in per.items()})
 
     def replace(self, **given: Any) -> "RunSpec":
@@ -266,14 +283,6 @@ class RunSpec:
         """``base`` with the ``section.field`` values of ``flat`` (other keys are the caller's)."""
         return base.replace(**{k: v for k, v in flat.items() if k in _BY_KEY})
 
-    # ---- method, optimizer, head -------------------------------------------------------------
-    def resolve(self):
-        """The method class, its Params, the OptimConfig and the head, from the method section's
-        ``--set`` pairs, the preset and the head option (imports the methods: torch)."""
-        from fedcache.federate.train import resolve_settings
-
-        return resolve_settings(self.method.name, list(self.method.settings), self.optim.preset, self.head.name)
-
 
 # ---- values --------------------------------------------------------------------------------
 _UNIONS = (typing.Union, types.UnionType)
@@ -295,7 +304,7 @@ def _optional(typ: Any) -> bool:
 
 
 def _coerce(o: Option, value: Any, typ: Any) -> Any:
-    shown = f"{o.flags[0]} ({o.key})={value!r}"
+    shown = f"{o.flag} ({o.key})={value!r}"
     if value is None or (_optional(typ) and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         if _optional(typ):
             return None
@@ -329,17 +338,17 @@ def _bool(value: Any) -> bool:
 
 def _check(section: Section, f: dataclasses.Field, value: Any, typ: Any) -> None:
     o = Option(_SECTION_NAMES[type(section)], f.name, typ, f.metadata["opt"], f.default)
-    shown = f"{o.flags[0]} ({o.key})={value!r}"
+    shown = f"{o.flag} ({o.key})={value!r}"
     if value is None:
         if not _optional(typ):
-            raise ConfigError(f"{o.flags[0]} ({o.key}): a value is required")
+            raise ConfigError(f"{o.flag} ({o.key}): a value is required")
         return
     base = o.base
     if base is tuple:
         if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{shown}: expected a tuple of strings (RunSpec.of converts lists and text)")
         if o.required and not value:
-            raise ConfigError(f"{o.flags[0]} ({o.key}): give at least one name")
+            raise ConfigError(f"{o.flag} ({o.key}): give at least one name")
         return
     if base is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -348,7 +357,7 @@ def _check(section: Section, f: dataclasses.Field, value: Any, typ: Any) -> None
     if not ok:
         raise ConfigError(f"{shown}: expected {'a finite number' if base is float else base.__name__}")
     if o.required and value == "":
-        raise ConfigError(f"{o.flags[0]} ({o.key}): a value is required")
+        raise ConfigError(f"{o.flag} ({o.key}): a value is required")
     choices = _choices(typ) or (_presets() if o.key == "optim.preset" else ())
     if choices and value not in choices:
         raise ConfigError(f"{shown}: must be one of {', '.join(choices)}")

@@ -37,8 +37,10 @@ from fedcache.table import Table
 
 log = logging.getLogger(__name__)
 
-# TrainConfig fields that a grid fixes itself (one value for the whole grid, or its own axis).
-_RESERVED = ("store", "dataset", "backbones", "method", "seed", "settings", "out", "resume")
+from fedcache.spec import RunSpec, is_option, option, options
+
+# Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
+_RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 CELLS, FEATURES, RESULTS, TABLE, SPEC = "cells", "features", "results.csv", "table.md", "grid.json"
 DONE = "summary.json"  # written last by train(): a finished cell
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
@@ -53,8 +55,8 @@ class GridSpec:
     methods: list[str]
     out: Path
     seeds: list[int] = field(default_factory=lambda: [0])
-    # key -> values. A key that is a TrainConfig field (alpha, partition, clients, rounds, ...) sets that
-    # field; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
+    # key -> values. A key that is a run option (alpha, partition, clients, rounds, ...; fedcache/spec.py)
+    # sets that option; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
     sweep: dict[str, list[str]] = field(default_factory=dict)
     jobs: int = 1
 
@@ -65,7 +67,7 @@ class GridSpec:
                       for k, vs in self.sweep.items()}
         if not self.methods or not self.backbones or not self.seeds:
             raise ConfigError("a grid needs at least one method, one backbone and one seed")
-        bad = [k for k in self.sweep if k in _RESERVED]
+        bad = [k for k in self.sweep if is_option(k) and option(k).name in _RESERVED]
         if bad:
             raise ConfigError(f"--set {bad[0]}=...: give methods with --method, seeds with --seeds; "
                               f"{', '.join(_RESERVED)} cannot be swept with --set")
@@ -132,19 +134,13 @@ def cells(spec: GridSpec) -> list[Cell]:
     return [Cell(m, s, tuple(zip(keys, combo))) for m in spec.methods for combo in combos for s in spec.seeds]
 
 
-def train_config(spec: GridSpec, cell: Cell, out: Path | None):
-    from fedcache.federate.settings import convert, fields_of
-    from fedcache.federate.train import TrainConfig
-
-    types = fields_of(TrainConfig)
-    direct, settings = {}, []
-    for key, value in cell.setting:
-        if key in types:
-            direct[key] = convert(key, value, types[key])
-        else:
-            settings.append(f"{key}={value}")
-    return TrainConfig(store=spec.store, dataset=spec.dataset, backbones=list(spec.backbones), method=cell.method,
-                       seed=cell.seed, settings=settings, out=out, **direct)
+def train_config(spec: GridSpec, cell: Cell, out: Path | None) -> RunSpec:
+    """The cell's run: swept run options set directly (parsed and range-checked by the spec), every
+    other key as a ``--set`` pair."""
+    direct = {k: v for k, v in cell.setting if is_option(k)}
+    settings = [f"{k}={v}" for k, v in cell.setting if not is_option(k)]
+    return RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
+                      seed=cell.seed, settings=settings, out=out, **direct)
 
 
 # ---- shared features -----------------------------------------------------------------------
@@ -259,8 +255,7 @@ def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
     seen = set()
     for c in todo:
         cfg = train_config(spec, c, None)
-        key = (cfg.partition, cfg.clients, cfg.seed, cfg.alpha, cfg.shards, cfg.few_shot, cfg.subsample,
-               cfg.clients_per_domain, cfg.classes_per_client, cfg.repeat_rate, cfg.local_test)
+        key = (cfg.partition, cfg.schedule.seed)
         if key not in seen:
             seen.add(key)
             load_data(cfg, tables)
@@ -340,7 +335,7 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
         shutil.rmtree(out)  # started but never checkpointed: nothing to keep
     out.mkdir(parents=True, exist_ok=True)
     (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
-    cfg = dataclasses.replace(train_config(spec, c, out), resume=resume)
+    cfg = train_config(spec, c, out).replace(resume=resume)
     result = train(cfg, tables=tables)
     return _row(c, result.summary, out)
 

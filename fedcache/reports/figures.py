@@ -192,7 +192,8 @@ def partition_charts(run: Run, folder: Path) -> list[Path]:
     from fedcache.reports.partition_plots import plot_partition
     from fedcache.store.feature_store import FeatureStore
 
-    t, part = run.config.get("train", {}), run.config.get("partition", {})
+    # config.json's spec (runs written before the spec kept the same keys under "train")
+    t, part = run.config.get("spec", {}).get("data") or run.config.get("train", {}), run.config.get("partition", {})
     try:
         store = FeatureStore(Path(t["store"]), create=False)
         train_t = store.read(t["dataset"], "train", t["backbones"][0])
