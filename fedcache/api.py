@@ -92,11 +92,11 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     from fedcache.federate.train import train as run
     from fedcache.spec import RunSpec
 
-    if "engine" in options and options["engine"] != "in-process":
-        raise ConfigError(f"fedcache.train() runs in-process; engine={options['engine']!r} is the CLI's "
-                          "`fedcache train --engine` (or fedcache.flower.sim.train_flower_sim)")
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
+    if spec.engine.name != "in-process":
+        raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
+                          "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
     r = run(spec, on_round)
     return TrainResult(r.summary, r.history, r.server, r.clients, spec.engine.out)
 
