@@ -23,6 +23,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,7 +41,7 @@ SCHEMES = "iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint"
 class Opt:
     """How a field appears outside Python: its option name, flags, help and role in a grid."""
 
-    help: str
+    help: str | Callable[[], str]  # a callable is asked when the help is shown (it reads a registry)
     name: str = ""  # option name (API keyword, CLI parameter); default: the field's name
     short: str = ""  # e.g. "-d"
     aliases: tuple[str, ...] = ()  # further long flags (--backbone for --backbones)
@@ -70,8 +71,9 @@ class Section:
     """A group of fields; checks every value against its declared type and range when built."""
 
     def __post_init__(self) -> None:
+        types = fields_of(type(self))
         for f in dataclasses.fields(self):
-            _check(self, f, getattr(self, f.name), fields_of(type(self))[f.name])
+            _check(self, f, getattr(self, f.name), types[f.name])
 
 
 @dataclass(frozen=True)
@@ -231,32 +233,18 @@ class RunSpec:
     def of(cls, **given: Any) -> "RunSpec":
         """A spec from option names (``dataset=..., partition="domain", rounds=5``), the API's and CLI's
         names; qualified keys (``schedule.rounds``) are accepted too. Text values are parsed."""
-        per: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-        unknown = [k for k in given if k.replace("-", "_") not in _BY_NAME]
-        if unknown:
-            raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_BY_NAME_ONLY))}")
-        for key, value in given.items():
-            o = option(key)
-            if o.field in per[o.section]:
-                raise ConfigError(f"option {o.name} is given twice (as {key} and {o.key}); keep one")
-            per[o.section][o.field] = o.parse(value)
-        missing = [o for o in options() if o.required and o.field not in per[o.section]]
-        if missing:
-            raise ConfigError(f"a run needs {', '.join(o.flag for o in missing)}")
-        return cls(**{s: SECTIONS[s](**vals) for s, vals in per.items()})
+        return cls(**build_sections(given, tuple(SECTIONS)))
 
     def replace(self, **given: Any) -> "RunSpec":
         """A copy with the named options changed (option names or qualified keys, as ``of``)."""
-        changed = {option(k).name: v for k, v in given.items()}
-        return RunSpec.of(**{**self.values(), **changed})
+        return RunSpec(**build_sections(given, tuple(SECTIONS), base=self.sections()))
+
+    def sections(self) -> dict[str, Section]:
+        return {s: getattr(self, s) for s in SECTIONS}
 
     def get(self, name: str) -> Any:
         o = option(name)
         return getattr(getattr(self, o.section), o.field)
-
-    def values(self, recorded_only: bool = False) -> dict[str, Any]:
-        """Option name -> value, every option."""
-        return {o.name: self.get(o.key) for o in options() if o.opt.recorded or not recorded_only}
 
     # ---- config.json -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -273,15 +261,44 @@ class RunSpec:
         return cls.of(**{f"{s}.{k}": v for s, fields_ in d.items() for k, v in fields_.items()})
 
     # ---- Flower run config -----------------------------------------------------------------
-    def to_flat(self, sections: tuple[str, ...] = ()) -> dict[str, str | int | float | bool]:
-        """``section.field`` -> a plain value (str, int, float, bool): the Flower run config. ``None``
-        is written as "" and a tuple as one string (backbones comma-, settings space-separated)."""
-        return {o.key: _plain(self.get(o.key), json=False, sep=o.opt.sep) for o in options(*sections) if o.opt.recorded}
+    def to_flat(self) -> dict[str, str | int | float | bool]:
+        """``section.field`` -> a plain value (str, int, float, bool), as a Flower run config holds them."""
+        return to_flat(self.sections())
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any], base: "RunSpec") -> "RunSpec":
         """``base`` with the ``section.field`` values of ``flat`` (other keys are the caller's)."""
         return base.replace(**{k: v for k, v in flat.items() if k in _BY_KEY})
+
+
+def build_sections(given: dict[str, Any], names: tuple[str, ...], base: dict[str, Section] | None = None
+                   ) -> dict[str, Section]:
+    """The sections ``names`` from option names or qualified keys (text parsed, every value checked), over
+    ``base``'s values; an option of another section, or an unknown one, is an error."""
+    known = {k for k, o in _BY_NAME.items() if o.section in names}
+    unknown = sorted(k for k in given if k.replace("-", "_") not in known)
+    if unknown:
+        names_ = sorted(o.name for o in options(*names))
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(names_)}")
+    per: dict[str, dict[str, Any]] = {s: {} for s in names}
+    for key, value in given.items():
+        o = option(key)
+        if o.field in per[o.section]:
+            raise ConfigError(f"option {o.name} is given twice (as {key} and {o.key}); keep one")
+        per[o.section][o.field] = o.parse(value)
+    missing = [o for o in options(*names) if o.required and o.field not in per[o.section] and base is None]
+    if missing:
+        raise ConfigError(f"a run needs {', '.join(o.flag for o in missing)}")
+    if base is not None:
+        return {s: dataclasses.replace(base[s], **per[s]) for s in names}
+    return {s: SECTIONS[s](**per[s]) for s in names}
+
+
+def to_flat(sections: dict[str, Section]) -> dict[str, str | int | float | bool]:
+    """``section.field`` -> a plain value (str, int, float, bool): the Flower run config. ``None`` is
+    written as "" and a tuple as one string (backbones comma-, settings space-separated)."""
+    return {o.key: _plain(getattr(sections[o.section], o.field), json=False, sep=o.opt.sep)
+            for o in options(*sections) if o.opt.recorded}
 
 
 # ---- values --------------------------------------------------------------------------------

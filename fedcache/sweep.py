@@ -137,10 +137,29 @@ def cells(spec: GridSpec) -> list[Cell]:
 def train_config(spec: GridSpec, cell: Cell, out: Path | None) -> RunSpec:
     """The cell's run: swept run options set directly (parsed and range-checked by the spec), every
     other key as a ``--set`` pair."""
-    direct = {k: v for k, v in cell.setting if is_option(k)}
-    settings = [f"{k}={v}" for k, v in cell.setting if not is_option(k)]
+    direct = {k: v for k, v in cell.setting if _is_run_option(k, cell.method)}
+    settings = [f"{k}={v}" for k, v in cell.setting if k not in direct]
     return RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
                       seed=cell.seed, settings=settings, out=out, **direct)
+
+
+def _is_run_option(key: str, method: str) -> bool:
+    """Whether a swept key sets a run option (else it is a ``--set`` setting). A short key that is both a
+    run option and a setting of the method or the optimizer is refused: routing it by guess would silently
+    leave the other one at its default."""
+    if not is_option(key):
+        return False
+    if "." in key:
+        return True
+    from fedcache.federate.methods import METHODS
+    from fedcache.federate.optim_config import OptimConfig
+    from fedcache.federate.settings import fields_of
+
+    owners = [g for g, cls in (("method", METHODS.get(method).Params), ("optim", OptimConfig)) if key in fields_of(cls)]
+    if owners:
+        raise ConfigError(f"--set {key} is ambiguous: it is the run option {option(key).key} and a setting of "
+                          f"{method} ({owners[0]}.{key}); write {option(key).key}=... or {owners[0]}.{key}=...")
+    return True
 
 
 # ---- shared features -----------------------------------------------------------------------

@@ -164,3 +164,37 @@ def toy_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("spec") / "store.zarr"
     extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0))
     return path
+
+
+def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(monkeypatch, tmp_path):
+    from dataclasses import dataclass
+
+    from fedcache.federate.methods import METHODS
+    from fedcache.sweep import GridSpec, cells, train_config
+
+    @dataclass(frozen=True)
+    class Params:
+        alpha: float = 1.0  # a method parameter named like the Dirichlet concentration
+
+    method = type("Clash", (), {"Params": Params})
+    monkeypatch.setattr(METHODS, "get", lambda name: method)
+    grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
+                    sweep={"alpha": ["0.5"]})
+    with pytest.raises(ConfigError, match=r"alpha is ambiguous.*partition.alpha=\.\.\. or method.alpha="):
+        train_config(grid, cells(grid)[0], None)
+    for key, where in (("partition.alpha", "partition"), ("method.alpha", "settings")):
+        grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path, sweep={key: ["0.5"]})
+        spec = train_config(grid, cells(grid)[0], None)
+        assert (spec.partition.alpha == 0.5) if where == "partition" else (spec.method.settings == ("method.alpha=0.5",))
+
+
+def test_grid_switches_and_qualified_keys_reach_the_cells(tmp_path):
+    from fedcache.sweep import GridSpec, cells, train_config
+
+    grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
+                    sweep={"batched": ["false"], "schedule.rounds": ["2", "4"], "lr": ["0.1"]})
+    specs = [train_config(grid, c, None) for c in cells(grid)]
+    assert [s.schedule.rounds for s in specs] == [2, 4] and not any(s.engine.batched for s in specs)
+    assert all(s.method.settings == ("lr=0.1",) for s in specs)
+    with pytest.raises(ConfigError, match="cannot be swept"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"schedule.seed": ["1"]})

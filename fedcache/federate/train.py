@@ -22,7 +22,7 @@ from fedcache.federate.partitions.storage import table_keys
 from fedcache.federate.settings import build, parse_pairs, refuse_unused, split_settings
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
-from fedcache.spec import RunSpec
+from fedcache.spec import RunSpec, ScheduleSpec
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,14 @@ def resolve_settings(method: str, settings: list[str], preset: str | None = None
 
 
 def resolve(spec: RunSpec) -> Resolved:
-    """The method class, its parameters, the optimizer and the head: every ``--set`` checked, no data read."""
+    """The method class, its parameters, the optimizer and the head of a spec's method, optim and head
+    sections (a RunSpec, or a Flower run, which has them too): every ``--set`` checked, no data read."""
     return resolve_settings(spec.method.name, list(spec.method.settings), spec.optim.preset, spec.head.name)
+
+
+def instantiate(r: Resolved, data: FederatedData, s: ScheduleSpec) -> Method:
+    """The method on ``data``, as every engine builds it."""
+    return r.method_cls(MethodContext(data, r.head, r.optim, s.local_epochs, s.batch_size, s.seed, s.rounds), r.params)
 
 
 def check_out(spec: RunSpec) -> None:
@@ -87,8 +93,7 @@ def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
     """Everything before the first round: data, partition, method; returns the resolved config too."""
     r = resolve(spec)
     data, part_info = load_data(spec, tables, views=r.method_cls.uses_views)
-    s = spec.schedule
-    method = r.method_cls(MethodContext(data, r.head, r.optim, s.local_epochs, s.batch_size, s.seed, s.rounds), r.params)
+    method = instantiate(r, data, spec.schedule)
     return method, _resolved(spec, method, r, part_info, data)
 
 

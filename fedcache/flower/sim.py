@@ -35,13 +35,8 @@ def shard_spec(spec: RunSpec) -> ShardSpec:
 
 
 def flower_run(spec: RunSpec, shard_dir: Path, out: Path | None, **extra) -> FlowerRun:
-    s = spec.schedule
-    return FlowerRun(
-        method=spec.method.name, rounds=s.rounds, fraction=s.fraction, seed=s.seed, local_epochs=s.local_epochs,
-        batch_size=s.batch_size, preset=spec.optim.preset or "", head=spec.head.name or "",
-        settings=" ".join(spec.method.settings), eval_every=s.eval_every, server_shard=str(shard_dir / SERVER),
-        shard_dir=str(shard_dir), out=str(out) if out else "", **extra,
-    )
+    return FlowerRun.from_spec(spec, server_shard=str(shard_dir / SERVER), shard_dir=str(shard_dir),
+                               out=str(out) if out else "", **extra)
 
 
 def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
