@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache.extract.runner import ExtractConfig, ProgressFn, extract

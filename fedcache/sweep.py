@@ -218,8 +218,8 @@ CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell
 def run_grid(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md."""
     todo_cells = cells(spec)
+    _check_cells(spec, todo_cells)
     _check_spec(spec)
-    _check_methods(spec)
     folder = write_features(spec)
     tables = read_features(folder)
     _make_partitions(spec, todo_cells, tables)
@@ -260,11 +260,14 @@ def _check_spec(spec: GridSpec) -> None:
     path.write_text(json.dumps(mine, indent=2) + "\n")
 
 
-def _check_methods(spec: GridSpec) -> None:
-    from fedcache.federate.methods import METHODS
+def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
+    """Every cell's options (types, ranges) and settings, checked before anything is read or written:
+    a bad value in the last cell must not surface after hours of the others. An unknown method name
+    raises with the close matches and the full list."""
+    from fedcache.federate.train import resolve
 
-    for m in spec.methods:
-        METHODS.get(m)  # an unknown name raises with the close matches and the full list
+    for c in todo:
+        resolve(train_config(spec, c, None))
 
 
 def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:

@@ -198,3 +198,16 @@ def test_grid_switches_and_qualified_keys_reach_the_cells(tmp_path):
     assert all(s.method.settings == ("lr=0.1",) for s in specs)
     with pytest.raises(ConfigError, match="cannot be swept"):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"schedule.seed": ["1"]})
+
+
+def test_a_grid_checks_every_cell_before_any_work(tmp_path):
+    from fedcache.api import grid
+
+    out = tmp_path / "g"
+    with pytest.raises(ConfigError, match=r"--rounds \(schedule.rounds\)=0: must be >= 1"):
+        grid(store=tmp_path / "missing.zarr", dataset="d", backbones="b", methods="fedavg", out=out,
+             sweep={"rounds": [2, 0]})
+    with pytest.raises(ConfigError, match=r"--set lr=-1: must be > 0"):
+        grid(store=tmp_path / "missing.zarr", dataset="d", backbones="b", methods="fedavg", out=out,
+             sweep={"lr": [0.1, -1]})
+    assert not out.exists()  # nothing written, the store not even opened
