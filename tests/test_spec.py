@@ -211,3 +211,18 @@ def test_a_grid_checks_every_cell_before_any_work(tmp_path):
         grid(store=tmp_path / "missing.zarr", dataset="d", backbones="b", methods="fedavg", out=out,
              sweep={"lr": [0.1, -1]})
     assert not out.exists()  # nothing written, the store not even opened
+
+
+def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
+    from fedcache import cli
+
+    got = []
+    monkeypatch.setitem(cli.ENGINES, "in-process", lambda spec: (got.append(spec), ({}, ""))[1])
+    monkeypatch.setattr(cli, "_result_line", lambda summary: "")
+    argv = ["train", "--store", str(tmp_path), "-d", "d", "-b", "a,b", "-m", "fedprox", "--partition", "domain-dirichlet",
+            "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.betas=0.9,0.99",
+            "--preset", "fst-cbdg", "--head", "mlp", "--rounds", "7", "--fraction", "0.5", "--eval-every", "2",
+            "--seed", "3", "--validation", "--no-batch"]
+    assert main(argv) == 0
+    assert got == [SPEC.replace(store=tmp_path)]
+    assert set(cli.ENGINES) == set(option("engine").type.__args__)  # every engine the spec allows is runnable
