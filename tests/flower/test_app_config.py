@@ -15,7 +15,9 @@ def test_flower_app_names_the_generic_apps_and_the_run_config(tmp_path):
     project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
     app = project["tool"]["flwr"]["app"]
     assert app["components"] == {"serverapp": "fedcache.flower.server:app", "clientapp": "fedcache.flower.client:app"}
-    assert FlowerRun.from_config(app["config"]) == FlowerRun()
+    flat = {f"{section}.{k}": v for section, values in app["config"].items() for k, v in values.items()}
+    assert FlowerRun.from_config(flat) == FlowerRun()
+    assert app["config"]["schedule"]["rounds"] == 50 and app["config"]["deploy"]["min_clients"] == 1
     assert f"flwr=={FLWR_VERSION}" in project["project"]["dependencies"]
 
 
@@ -75,3 +77,20 @@ def test_server_side_prototype_anchors_are_refused():
 
     with pytest.raises(ConfigError, match="use anchors=text"):
         build_method(FlowerRun.of(method="fst-cbdg", settings="anchors=prototypes"), synthetic())
+
+
+def test_flwr_run_overrides_reach_the_apps_as_the_run(tmp_path):
+    """`flwr run --run-config` as LocalDeployment writes it, parsed and fused with the app's default config
+    the way Flower does it, reads back to the run that was asked for."""
+    from flwr.common.config import fuse_dicts, get_fused_config_from_dir, parse_config_args
+
+    from fedcache.flower.local import LocalDeployment
+    from fedcache.flower.project import write_app
+
+    write_app(tmp_path / "app")
+    run = FlowerRun.of(method="fedproto", settings="local_protos=last-epoch optim.lr=0.01", rounds=4, fraction=0.5,
+                       min_clients=2, server_shard="/data/shards/server", out="/data/runs/x")
+    argv = LocalDeployment(tmp_path, []).flwr_run_command(tmp_path / "app", run)
+    overrides = parse_config_args([argv[argv.index("--run-config") + 1]])
+    assert FlowerRun.from_config(get_fused_config_from_dir(tmp_path / "app", overrides)) == run
+    assert fuse_dicts(overrides, {}) == run.to_config()
