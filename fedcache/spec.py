@@ -33,8 +33,6 @@ from fedcache.federate.settings import NonNegativeInt, Positive, PositiveInt, Ra
 
 Share = Annotated[float, Range(0, 1, lo_open=True)]  # a share that must keep something: (0, 1]
 Rate = Annotated[float, Range(0, 1)]  # [0, 1]
-ENGINES = ("in-process", "flower-sim")
-SCHEMES = "iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint"
 
 
 @dataclass(frozen=True)
@@ -67,6 +65,22 @@ def _preset_help() -> str:
             + "; default: the method's (`fedcache methods`).")
 
 
+def _schemes() -> tuple[str, ...]:
+    from fedcache.federate.partitions import PARTITIONERS
+
+    return tuple(PARTITIONERS.names())
+
+
+def _presets() -> tuple[str, ...]:
+    from fedcache.federate.optim_config import PRESETS
+
+    return tuple(PRESETS)
+
+
+# Options whose values are a registry's names: checked when a spec is built, not when the data is read.
+_REGISTRY_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {"partition.scheme": _schemes, "optim.preset": _presets}
+
+
 class Section:
     """A group of fields; checks every value against its declared type and range when built."""
 
@@ -86,7 +100,9 @@ class DataSpec(Section):
 
 @dataclass(frozen=True)
 class PartitionSpec(Section):
-    scheme: str = opt("iid", name="partition", help=f"{SCHEMES}.")
+    # The help names the schemes without importing the partitions (zarr: a second at start-up); a test
+    # keeps it equal to the registry, and values are checked against the registry itself.
+    scheme: str = opt("iid", name="partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
     clients: PositiveInt | None = opt(None, help="Number of clients (default: one per domain for domain partitions, else 10).")
     alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
     shards: PositiveInt | None = opt(None, help="Shards per client (shards).")
@@ -375,18 +391,12 @@ def _check(section: Section, f: dataclasses.Field, value: Any, typ: Any) -> None
         raise ConfigError(f"{shown}: expected {'a finite number' if base is float else base.__name__}")
     if o.required and value == "":
         raise ConfigError(f"{o.flag} ({o.key}): a value is required")
-    choices = _choices(typ) or (_presets() if o.key == "optim.preset" else ())
+    choices = _choices(typ) or (_REGISTRY_CHOICES[o.key]() if o.key in _REGISTRY_CHOICES else ())
     if choices and value not in choices:
         raise ConfigError(f"{shown}: must be one of {', '.join(choices)}")
     rng = _range(typ)
     if rng is not None and not rng.contains(value):
         raise ConfigError(f"{shown}: must be {rng}")
-
-
-def _presets() -> tuple[str, ...]:
-    from fedcache.federate.optim_config import PRESETS
-
-    return tuple(PRESETS)
 
 
 def _range(typ: Any) -> Range | None:

@@ -226,3 +226,11 @@ def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
     assert main(argv) == 0
     assert got == [SPEC.replace(store=tmp_path)]
     assert set(cli.ENGINES) == set(option("engine").type.__args__)  # every engine the spec allows is runnable
+
+
+def test_partition_schemes_are_the_registry_s():
+    from fedcache.federate.partitions import PARTITIONERS
+
+    assert set(option("partition").help.rstrip(".").split(", ")) == set(PARTITIONERS.names())
+    with pytest.raises(ConfigError, match=r"--partition \(partition.scheme\)='dirichet': must be one of"):
+        RunSpec.of(**TOY, partition="dirichet")
