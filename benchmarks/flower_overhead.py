@@ -85,13 +85,13 @@ def deployment(store: Path, work: Path) -> dict:
 
     write_shards(shard_spec(config(store)), work / "shards")
     write_app(work / "app")
-    run = FlowerRun(method="fedavg", rounds=ROUNDS, eval_every=ROUNDS, server_shard=str(work / "shards" / SERVER),
+    run = FlowerRun.of(method="fedavg", rounds=ROUNDS, eval_every=ROUNDS, server_shard=str(work / "shards" / SERVER),
                     out=str(work / "deploy"), connect_timeout=300)
     with LocalDeployment(work, [client_dir(work / "shards", k) for k in range(CLIENTS)]) as d:
         t0 = time.perf_counter()
         summary = d.run(work / "app", run, timeout=580)
         wall = time.perf_counter() - t0
-    return _flower_times(Path(run.out), wall, summary)
+    return _flower_times(Path(run.deploy.out), wall, summary)
 
 
 def measure() -> dict:

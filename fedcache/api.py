@@ -86,18 +86,19 @@ class TrainResult:
 def train(store: str | Path, dataset: str, backbones: str | Iterable[str], method: str,
           settings: dict[str, Any] | Iterable[str] | None = None, on_round: Callable | None = None,
           **options: Any) -> TrainResult:
-    """Federated rounds on cached features (``fedcache train``). ``options`` are TrainConfig fields:
-    partition, clients, alpha, few_shot, rounds, seed, out, resume, ...; ``settings`` are the ``--set`` pairs."""
-    from fedcache.federate.train import TrainConfig
+    """Federated rounds on cached features (``fedcache train``). ``options`` are the run options under
+    the CLI's names (fedcache/spec.py): partition, clients, alpha, few_shot, rounds, seed, out, resume, ...;
+    ``settings`` are the ``--set`` pairs. Values are checked (type and range) before any data is read."""
     from fedcache.federate.train import train as run
+    from fedcache.spec import RunSpec
 
-    _check_keys(TrainConfig, options, "train")
-    if options.get("out") is not None:
-        options["out"] = Path(options["out"])
-    cfg = TrainConfig(store=Path(store), dataset=dataset, backbones=_names(backbones), method=method,
+    spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
-    r = run(cfg, on_round)
-    return TrainResult(r.summary, r.history, r.server, r.clients, cfg.out)
+    if spec.engine.name != "in-process":
+        raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
+                          "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
+    r = run(spec, on_round)
+    return TrainResult(r.summary, r.history, r.server, r.clients, spec.engine.out)
 
 
 def grid_spec(config: str | Path | None = None, **given: Any):
@@ -126,8 +127,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
          config: str | Path | None = None, on_cell: Callable | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
-    ``sweep`` maps a key to its values: TrainConfig fields (alpha, partition, clients, rounds, ...) or
-    method/optimizer settings (lr, mu, ...). Finished cells in ``out`` are read back, not re-run.
+    ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
+    ``fedcache.train``) or method/optimizer settings (lr, mu, ...). Finished cells in ``out`` are read back, not re-run.
     """
     from fedcache.sweep import run_grid
 

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.progress import PlainProgress
+from fedcache.spec import Option, RunSpec, default_store, options
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -33,19 +34,8 @@ app.add_typer(store_app, name="store")
 console = Console()
 err = Console(stderr=True)
 
-DEFAULT_STORE = Path(os.environ.get("FEDCACHE_STORE", "fedcache-store.zarr"))
+DEFAULT_STORE = default_store()
 StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")
-# Partition options, shared by train, shard and partition so they cannot drift apart.
-PartitionOpt = typer.Option("iid", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
-ClientsOpt = typer.Option(None, help="Number of clients (default: one per domain for domain partitions, else 10).")
-AlphaOpt = typer.Option(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
-ShardsOpt = typer.Option(None, help="Shards per client (shards).")
-FewShotOpt = typer.Option(None, help="N training samples per class per client.")
-SubsampleOpt = typer.Option(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
-ClientsPerDomainOpt = typer.Option(None, help="Clients per domain (domain partitions).")
-ClassesPerClientOpt = typer.Option(None, help="Classes per client (class-disjoint).")
-RepeatRateOpt = typer.Option(0.0, help="Share of extra classes from other clients (class-disjoint).")
-LocalTestOpt = typer.Option(1000, help="Max local test samples per client.")
 
 
 def _show_version(value: bool) -> None:
@@ -63,11 +53,28 @@ def _root(
     """Federated learning on cached embeddings of frozen pretrained models."""
 
 
-def _preset_help() -> str:
-    from fedcache.federate.optim_config import PRESETS, describe
+def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]:
+    """Typer parameters of run-spec options, named, typed, flagged and documented as fedcache/spec.py declares
+    them (``help_for``: a command's own help text for an option it reads differently)."""
+    params = []
+    for o in opts:
+        if o.opt.repeatable:
+            typ, default = List[str], list(o.default)
+        elif o.base is tuple:
+            typ, default = str, ",".join(o.default) if not o.required else ...
+        else:
+            typ, default = o.base, ... if o.required else o.default
+            if o.default is None:
+                typ = Optional[typ]
+        option = typer.Option(default, *o.flags, help=help_for.get(o.name, o.help))
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=typ))
+    return params
 
-    return ("Optimizer defaults: " + "; ".join(f"{n} ({describe(c)})" for n, c in PRESETS.items())
-            + "; default: the method's (`fedcache methods`).")
+
+def _command(fn, params: list[inspect.Parameter], name: str) -> None:
+    """Register ``fn(**options)`` under ``name`` with a generated signature."""
+    fn.__signature__ = inspect.Signature(params)
+    app.command(name)(fn)
 
 
 def _csv(text: str) -> list[str]:
@@ -345,76 +352,36 @@ def demo(
     console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
 
 
-@app.command()
-def train(
-    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
-    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (concatenated)."),
-    method: str = typer.Option(..., "--method", "-m", help="See `fedcache methods`."),
-    store: Path = StoreOpt,
-    partition: str = PartitionOpt,
-    clients: Optional[int] = ClientsOpt,
-    alpha: Optional[float] = AlphaOpt,
-    shards: Optional[int] = ShardsOpt,
-    few_shot: Optional[int] = FewShotOpt,
-    subsample: float = SubsampleOpt,
-    clients_per_domain: Optional[int] = ClientsPerDomainOpt,
-    classes_per_client: Optional[int] = ClassesPerClientOpt,
-    repeat_rate: float = RepeatRateOpt,
-    local_test: int = LocalTestOpt,
-    fraction: float = typer.Option(1.0, help="Fraction of clients sampled each round."),
-    rounds: int = typer.Option(50, help="Federated rounds."),
-    local_epochs: int = typer.Option(1, help="Local epochs per round (each client, each round)."),
-    batch_size: int = typer.Option(32, help="Local mini-batch size."),
-    seed: int = typer.Option(0, help="Seed of the partition, initialisation, sampling and batches."),
-    preset: Optional[str] = typer.Option(None, help=_preset_help()),
-    head: Optional[str] = typer.Option(None, help="linear or mlp (default: the method's)."),
-    settings: List[str] = typer.Option([], "--set", help="key=value for method / optimizer hyperparameters (repeatable)."),
-    eval_every: int = typer.Option(1, help="Evaluate every k rounds (and after the last)."),
-    validation: bool = typer.Option(False, help="Score on spare training rows instead of the test split (for tuning)."),
-    no_batch: bool = typer.Option(False, "--no-batch", help="Run clients one by one instead of batched."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory: config.json, metrics.jsonl, summary.json."),
-    resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
-    engine: str = typer.Option("in-process", help="in-process, or flower-sim (Flower's simulation engine; needs the flower extra)."),
-) -> None:
+def train(**given) -> None:
     """Federated rounds on cached features."""
-    from fedcache.federate.train import TrainConfig
-
-    cfg = TrainConfig(
-        store=store, dataset=dataset, backbones=_csv(backbones), method=method, partition=partition, clients=clients,
-        alpha=alpha, shards=shards, few_shot=few_shot, subsample=subsample, clients_per_domain=clients_per_domain,
-        classes_per_client=classes_per_client, repeat_rate=repeat_rate, local_test=local_test, fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, seed=seed, preset=preset,
-        head=head, settings=settings, eval_every=eval_every, validation=validation, batched=not no_batch, out=out,
-        resume=resume,
-    )
-    run_engine = ENGINES.get(engine)
-    if run_engine is None:
-        raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    summary, how = run_engine(cfg)
-    console.print(_result_line(summary) + how + (f" -> {out}" if out else ""))
+    spec = RunSpec.of(**given)
+    summary, how = ENGINES[spec.engine.name](spec)
+    console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""))
 
 
-def _train_in_process(cfg) -> tuple[dict, str]:
+def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
     from fedcache.federate.train import check_out, resolve, train as run_train
 
-    resolve(cfg)  # a bad --set, --preset or --out is reported before a progress bar is drawn
-    check_out(cfg)
+    resolve(spec)  # a bad --set, --preset or --out is reported before a progress bar is drawn
+    check_out(spec)
     with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}")) as progress:
-        task = progress.add_task(f"{cfg.method} rounds", total=cfg.rounds, acc="")
+        task = progress.add_task(f"{spec.method.name} rounds", total=spec.schedule.rounds, acc="")
 
         def on_round(done: int, total: int, line: dict | None) -> None:
             acc = f"acc {line['accuracy']:.1f}%" if line else ""
             progress.update(task, completed=done, acc=acc)
 
-        return run_train(cfg, on_round).summary, ""
+        return run_train(spec, on_round).summary, ""
 
 
-def _train_flower_sim(cfg) -> tuple[dict, str]:
+def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
     from fedcache.flower.sim import train_flower_sim
 
-    return train_flower_sim(cfg), " (Flower simulation)"
+    return train_flower_sim(spec), " (Flower simulation)"
 
 
-ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}
+ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}  # the names of spec.EngineSpec.name
+_command(train, _spec_params(options()), "train")
 
 
 def _result_line(s: dict) -> str:
@@ -426,34 +393,17 @@ def _result_line(s: dict) -> str:
             f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
 
 
-@app.command()
-def partition(
-    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
-    backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Any extracted backbone (only labels and domains are used)."),
-    store: Path = StoreOpt,
-    scheme: str = typer.Option("iid", "--partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint."),
-    clients: Optional[int] = ClientsOpt,
-    alpha: Optional[float] = AlphaOpt,
-    shards: Optional[int] = ShardsOpt,
-    few_shot: Optional[int] = FewShotOpt,
-    clients_per_domain: Optional[int] = ClientsPerDomainOpt,
-    classes_per_client: Optional[int] = ClassesPerClientOpt,
-    repeat_rate: float = RepeatRateOpt,
-    subsample: float = SubsampleOpt,
-    local_test: int = LocalTestOpt,
-    seed: int = typer.Option(0, help="Partition seed (use the run's --seed)."),
-    plot: Optional[Path] = typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."),
-) -> None:
-    """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
-    from fedcache.federate.train import TrainConfig, load_data
+PARTITION_OPTIONS = [*options("data", "partition"), next(o for o in options("schedule") if o.name == "seed")]
 
-    cfg = TrainConfig(store=store, dataset=dataset, backbones=[backbone], method="fedavg", partition=scheme, clients=clients,
-                      alpha=alpha, shards=shards, few_shot=few_shot, clients_per_domain=clients_per_domain,
-                      classes_per_client=classes_per_client, repeat_rate=repeat_rate, subsample=subsample,
-                      local_test=local_test, seed=seed)
-    data, info = load_data(cfg)
+
+def partition(plot: Optional[Path] = None, **given) -> None:
+    """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
+    from fedcache.federate.train import load_data
+
+    spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    data, info = load_data(spec)
     sizes, tests = data.sizes(), [len(r) for r in data.client_test]
-    console.print(f"partition [bold]{info['partition_id']}[/] ({scheme}, {clients} clients): train sizes "
+    console.print(f"partition [bold]{info['partition_id']}[/] ({spec.partition.scheme}, {len(sizes)} clients): train sizes "
                   f"{sizes.min()}-{sizes.max()} (total {sizes.sum()}), local test sizes {min(tests)}-{max(tests)}")
     if plot is not None:
         from fedcache.reports.partition_plots import plot_partition
@@ -462,6 +412,12 @@ def partition(
         part = Partition(PartitionRequest.from_dict(info["request"]), data.client_train, data.client_test)
         for path in plot_partition(part, data.y_train.numpy(), data.class_names, plot, data.train_domains, data.domain_names):
             console.print(f"wrote {path}")
+
+
+_command(partition, _spec_params(PARTITION_OPTIONS, backbones="Any extracted backbone (only labels and domains are used).",
+                                seed="Partition seed (use the run's --seed).")
+         + [inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                              default=typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."))], "partition")
 
 
 @app.command("backbone-heatmap")
@@ -480,13 +436,12 @@ def backbone_heatmap(
     """FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes."""
     from fedcache.federate.contribution import backbone_contribution
     from fedcache.reports.heatmap import plot_contribution
-    from fedcache.federate.train import TrainConfig
 
     names = _csv(backbones)
     if len(names) < 2:
         raise typer.BadParameter("name at least two backbones to fuse", param_hint="--backbones")
-    cfg = TrainConfig(store=store, dataset=dataset, backbones=names, method="fedpcl", partition=partition,
-                      clients=clients, few_shot=few_shot, rounds=rounds, seed=seed, settings=settings)
+    cfg = RunSpec.of(store=store, dataset=dataset, backbones=names, method="fedpcl", partition=partition,
+                     clients=clients, few_shot=few_shot, rounds=rounds, seed=seed, settings=settings)
     c = backbone_contribution(cfg)
     table = Table("client", *c.backbones, box=None)
     for name, row in zip(c.clients, c.scores):
@@ -515,7 +470,6 @@ def methods() -> None:
 # value makes it an axis. These are declared by grid itself, or have no meaning for a grid:
 GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out")
 GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process"}
-GRID_FLAGS = {"validation": ("validation", "true"), "no_batch": ("batched", "false")}  # flag -> TrainConfig field
 
 
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
@@ -528,14 +482,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     from fedcache.api import grid_spec
     from fedcache.sweep import run_grid
 
-    axes = {}
-    for name, value in train_options.items():
-        if name in GRID_FLAGS:
-            if value:
-                field, text = GRID_FLAGS[name]
-                axes[field] = [text]
-        elif value is not None:
-            axes[name] = _csv(value)
+    axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
+            for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
@@ -552,7 +500,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
 
 
 def _grid_signature() -> inspect.Signature:
-    """grid's own options, then every other `train` option as an optional axis (text, split on commas)."""
+    """grid's own options, then every other run-spec option (every `train` option) as an optional axis
+    (text, split on commas)."""
     own = [
         ("config", Optional[Path], typer.Option(None, "--config", "-c", help="A grid TOML file (docs/getting-started.md); options given here override it.")),
         ("store", Optional[Path], typer.Option(None, "--store", help="Feature store path (default: env FEDCACHE_STORE or fedcache-store.zarr).")),
@@ -565,16 +514,16 @@ def _grid_signature() -> inspect.Signature:
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
-    for p in inspect.signature(train).parameters.values():
-        if p.name in GRID_OWN or p.name in GRID_SKIPS:
+    for o in options():
+        if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
-        info = p.default
-        what = (info.help or p.name.replace("_", " ")).rstrip(".")
-        if p.name in GRID_FLAGS:
-            opt, typ = typer.Option(False, *info.param_decls, help=f"{what} (every cell)."), bool
+        what = o.help.rstrip(".")
+        if o.base is bool:  # a switch sets every cell
+            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
         else:
-            opt, typ = typer.Option(None, *info.param_decls, help=f"{what}{'' if info.default is None else f'; default {info.default}'}. v1,v2,... makes an axis."), Optional[str]
-        params.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
+            default = "" if o.default is None else f"; default {o.default}"
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}{default}. v1,v2,... makes an axis."), Optional[str]
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
     return inspect.Signature(params)
 
 
@@ -629,34 +578,18 @@ def reproduce(
     console.print(f"report: {html}")
 
 
-@app.command()
-def shard(
-    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
-    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train)."),
-    out: Path = typer.Option(..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."),
-    store: Path = StoreOpt,
-    partition: str = PartitionOpt,
-    clients: Optional[int] = ClientsOpt,
-    alpha: Optional[float] = AlphaOpt,
-    shards: Optional[int] = ShardsOpt,
-    few_shot: Optional[int] = FewShotOpt,
-    subsample: float = SubsampleOpt,
-    clients_per_domain: Optional[int] = ClientsPerDomainOpt,
-    classes_per_client: Optional[int] = ClassesPerClientOpt,
-    repeat_rate: float = RepeatRateOpt,
-    local_test: int = LocalTestOpt,
-    seed: int = typer.Option(0, help="Partition seed (use the run's --seed)."),
-) -> None:
+def shard(out: Path, **given) -> None:
     """One self-contained feature store per client (only its rows) plus the server's, for a Flower deployment."""
-    from fedcache.federate.train import TrainConfig
     from fedcache.flower.shard import describe, write_shards
     from fedcache.flower.sim import shard_spec
 
-    cfg = TrainConfig(store=store, dataset=dataset, backbones=_csv(backbones), method="fedavg", partition=partition,
-                      clients=clients, alpha=alpha, shards=shards, few_shot=few_shot, subsample=subsample,
-                      clients_per_domain=clients_per_domain, classes_per_client=classes_per_client,
-                      repeat_rate=repeat_rate, local_test=local_test, seed=seed)
-    console.print(describe(write_shards(shard_spec(cfg), out)))
+    spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    console.print(describe(write_shards(shard_spec(spec), out)))
+
+
+_command(shard, _spec_params(PARTITION_OPTIONS, seed="Partition seed (use the run's --seed).")
+         + [inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path, default=typer.Option(
+             ..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."))], "shard")
 
 
 @app.command("flower-app")

@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache.extract.runner import ExtractConfig, ProgressFn, extract
 from fedcache.federate.data import load_fused
 from fedcache.federate.probe import ProbeResult, probe_per_domain
-from fedcache.federate.train import TrainConfig, train
+from fedcache.federate.train import train
+from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
 DATASET = "digits5-offline"
@@ -49,14 +50,14 @@ def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, ro
         tables = tuple(load_fused(fs, dataset, backbones, s) for s in ("train", "test"))
     train_t, test_t = tables
     result = DemoResult(_probes(train_t, test_t, out), random_weights=train_t.random_weights, backbones=tuple(backbones))
-    base = TrainConfig(store=store, dataset=dataset, backbones=backbones, method="", partition="domain",
-                       clients=len(train_t.domain_names), few_shot=few_shot, rounds=rounds)
+    base = RunSpec.of(store=store, dataset=dataset, backbones=backbones, method="fedavg", partition="domain",
+                      clients=len(train_t.domain_names), few_shot=few_shot, rounds=rounds)
     for m in methods:
-        cfg = replace(base, method=m, settings=SETTINGS.get(m, []), out=(out / m) if out else None)
+        cfg = base.replace(method=m, settings=SETTINGS.get(m, []), out=(out / m) if out else None)
         result.runs[m] = train_or_reuse(cfg, (train_t, test_t))
     if out is not None:
         if heatmap and len(backbones) > 1 and "fedpcl" in methods:
-            _contribution(replace(base, method="fedpcl", rounds=min(rounds, CONTRIBUTION_ROUNDS)), out)
+            _contribution(base.replace(method="fedpcl", rounds=min(rounds, CONTRIBUTION_ROUNDS)), out)
         from fedcache.reports import write_report
 
         result.report = write_report(out).html
@@ -95,30 +96,32 @@ def _probes(train_t, test_t, out: Path | None) -> list[ProbeResult]:
     return probes
 
 
-def train_or_reuse(cfg: TrainConfig, tables=None) -> dict:
-    """The summary of a finished run with the same configuration in ``cfg.out``, else a fresh run there."""
-    if cfg.out is not None and (cfg.out / "summary.json").exists():
+def train_or_reuse(cfg: RunSpec, tables=None) -> dict:
+    """The summary of a finished run with the same configuration in ``cfg.engine.out``, else a fresh run there."""
+    out = cfg.engine.out
+    if out is not None and (out / "summary.json").exists():
         from fedcache.federate.train import prepare
 
         _, resolved = prepare(cfg, tables)
-        saved = json.loads((cfg.out / "config.json").read_text())
+        saved = json.loads((out / "config.json").read_text())
         if saved == json.loads(json.dumps(resolved)):
-            return json.loads((cfg.out / "summary.json").read_text())
-    if cfg.out is not None and cfg.out.exists():
-        shutil.rmtree(cfg.out)  # another configuration (or an interrupted run) of this demo: start over
+            return json.loads((out / "summary.json").read_text())
+    if out is not None and out.exists():
+        shutil.rmtree(out)  # another configuration (or an interrupted run) of this demo: start over
     return train(cfg, tables=tables).summary
 
 
-def _contribution(cfg: TrainConfig, out: Path) -> None:
+def _contribution(cfg: RunSpec, out: Path) -> None:
     from fedcache.federate.contribution import backbone_contribution
     from fedcache.reports import CONTRIBUTION, save_contribution
 
     path = out / CONTRIBUTION
-    key = json.dumps({"backbones": cfg.backbones, "rounds": cfg.rounds, "few_shot": cfg.few_shot, "seed": cfg.seed})
+    key = json.dumps({"backbones": list(cfg.data.backbones), "rounds": cfg.schedule.rounds,
+                      "few_shot": cfg.partition.few_shot, "seed": cfg.schedule.seed})
     if path.exists() and json.loads(path.read_text()).get("key") == key:
         return
     c = backbone_contribution(cfg)
-    save_contribution(c, path, f"FedPCL, {cfg.rounds} rounds, one client per domain: similarity of each client's "
+    save_contribution(c, path, f"FedPCL, {cfg.schedule.rounds} rounds, one client per domain: similarity of each client's "
                                "local prototypes on one backbone alone and on the three fused (rows sum to 1).")
     doc = json.loads(path.read_text())
     doc["key"] = key

@@ -37,8 +37,10 @@ from fedcache.table import Table
 
 log = logging.getLogger(__name__)
 
-# TrainConfig fields that a grid fixes itself (one value for the whole grid, or its own axis).
-_RESERVED = ("store", "dataset", "backbones", "method", "seed", "settings", "out", "resume")
+from fedcache.spec import RunSpec, is_option, option, options
+
+# Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
+_RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 CELLS, FEATURES, RESULTS, TABLE, SPEC = "cells", "features", "results.csv", "table.md", "grid.json"
 DONE = "summary.json"  # written last by train(): a finished cell
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
@@ -53,8 +55,8 @@ class GridSpec:
     methods: list[str]
     out: Path
     seeds: list[int] = field(default_factory=lambda: [0])
-    # key -> values. A key that is a TrainConfig field (alpha, partition, clients, rounds, ...) sets that
-    # field; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
+    # key -> values. A key that is a run option (alpha, partition, clients, rounds, ...; fedcache/spec.py)
+    # sets that option; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
     sweep: dict[str, list[str]] = field(default_factory=dict)
     jobs: int = 1
 
@@ -65,7 +67,7 @@ class GridSpec:
                       for k, vs in self.sweep.items()}
         if not self.methods or not self.backbones or not self.seeds:
             raise ConfigError("a grid needs at least one method, one backbone and one seed")
-        bad = [k for k in self.sweep if k in _RESERVED]
+        bad = [k for k in self.sweep if is_option(k) and option(k).name in _RESERVED]
         if bad:
             raise ConfigError(f"--set {bad[0]}=...: give methods with --method, seeds with --seeds; "
                               f"{', '.join(_RESERVED)} cannot be swept with --set")
@@ -132,19 +134,32 @@ def cells(spec: GridSpec) -> list[Cell]:
     return [Cell(m, s, tuple(zip(keys, combo))) for m in spec.methods for combo in combos for s in spec.seeds]
 
 
-def train_config(spec: GridSpec, cell: Cell, out: Path | None):
-    from fedcache.federate.settings import convert, fields_of
-    from fedcache.federate.train import TrainConfig
+def train_config(spec: GridSpec, cell: Cell, out: Path | None) -> RunSpec:
+    """The cell's run: swept run options set directly (parsed and range-checked by the spec), every
+    other key as a ``--set`` pair."""
+    direct = {k: v for k, v in cell.setting if _is_run_option(k, cell.method)}
+    settings = [f"{k}={v}" for k, v in cell.setting if k not in direct]
+    return RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
+                      seed=cell.seed, settings=settings, out=out, **direct)
 
-    types = fields_of(TrainConfig)
-    direct, settings = {}, []
-    for key, value in cell.setting:
-        if key in types:
-            direct[key] = convert(key, value, types[key])
-        else:
-            settings.append(f"{key}={value}")
-    return TrainConfig(store=spec.store, dataset=spec.dataset, backbones=list(spec.backbones), method=cell.method,
-                       seed=cell.seed, settings=settings, out=out, **direct)
+
+def _is_run_option(key: str, method: str) -> bool:
+    """Whether a swept key sets a run option (else it is a ``--set`` setting). A short key that is both a
+    run option and a setting of the method or the optimizer is refused: routing it by guess would silently
+    leave the other one at its default."""
+    if not is_option(key):
+        return False
+    if "." in key:
+        return True
+    from fedcache.federate.methods import METHODS
+    from fedcache.federate.optim_config import OptimConfig
+    from fedcache.federate.settings import fields_of
+
+    owners = [g for g, cls in (("method", METHODS.get(method).Params), ("optim", OptimConfig)) if key in fields_of(cls)]
+    if owners:
+        raise ConfigError(f"--set {key} is ambiguous: it is the run option {option(key).key} and a setting of "
+                          f"{method} ({owners[0]}.{key}); write {option(key).key}=... or {owners[0]}.{key}=...")
+    return True
 
 
 # ---- shared features -----------------------------------------------------------------------
@@ -203,8 +218,8 @@ CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell
 def run_grid(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md."""
     todo_cells = cells(spec)
+    _check_cells(spec, todo_cells)
     _check_spec(spec)
-    _check_methods(spec)
     folder = write_features(spec)
     tables = read_features(folder)
     _make_partitions(spec, todo_cells, tables)
@@ -245,11 +260,14 @@ def _check_spec(spec: GridSpec) -> None:
     path.write_text(json.dumps(mine, indent=2) + "\n")
 
 
-def _check_methods(spec: GridSpec) -> None:
-    from fedcache.federate.methods import METHODS
+def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
+    """Every cell's options (types, ranges) and settings, checked before anything is read or written:
+    a bad value in the last cell must not surface after hours of the others. An unknown method name
+    raises with the close matches and the full list."""
+    from fedcache.federate.train import resolve
 
-    for m in spec.methods:
-        METHODS.get(m)  # an unknown name raises with the close matches and the full list
+    for c in todo:
+        resolve(train_config(spec, c, None))
 
 
 def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
@@ -259,8 +277,7 @@ def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
     seen = set()
     for c in todo:
         cfg = train_config(spec, c, None)
-        key = (cfg.partition, cfg.clients, cfg.seed, cfg.alpha, cfg.shards, cfg.few_shot, cfg.subsample,
-               cfg.clients_per_domain, cfg.classes_per_client, cfg.repeat_rate, cfg.local_test)
+        key = (cfg.partition, cfg.schedule.seed)
         if key not in seen:
             seen.add(key)
             load_data(cfg, tables)
@@ -340,7 +357,7 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
         shutil.rmtree(out)  # started but never checkpointed: nothing to keep
     out.mkdir(parents=True, exist_ok=True)
     (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
-    cfg = dataclasses.replace(train_config(spec, c, out), resume=resume)
+    cfg = train_config(spec, c, out).replace(resume=resume)
     result = train(cfg, tables=tables)
     return _row(c, result.summary, out)
 

@@ -8,12 +8,13 @@ paper's diagnostic, not as an attribution method.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedcache.federate.train import TrainConfig, train
+from fedcache.federate.train import train
+from fedcache.spec import RunSpec
 
 
 @dataclass
@@ -23,16 +24,16 @@ class Contribution:
     backbones: list[str]
 
 
-def backbone_contribution(cfg: TrainConfig) -> Contribution:
-    cfg = replace(cfg, method="fedpcl", out=None, resume=False)
+def backbone_contribution(cfg: RunSpec) -> Contribution:
+    cfg = cfg.replace(method="fedpcl", out=None, resume=False)
     fused = train(cfg)
     cols = []
-    for b in cfg.backbones:
-        single = train(replace(cfg, backbones=[b]))
+    for b in cfg.data.backbones:
+        single = train(cfg.replace(backbones=[b]))
         cols.append(_similarity(single.clients, fused.clients))
     scores = np.stack(cols, axis=1)
     scores = scores / np.clip(scores.sum(1, keepdims=True), 1e-12, None)
-    return Contribution(scores, _client_names(cfg, fused), list(cfg.backbones))
+    return Contribution(scores, _client_names(cfg, fused), list(cfg.data.backbones))
 
 
 def _similarity(a: dict, b: dict) -> np.ndarray:
@@ -41,7 +42,7 @@ def _similarity(a: dict, b: dict) -> np.ndarray:
     return ((cos * both).sum(1) / both.sum(1).clamp_min(1)).numpy()
 
 
-def _client_names(cfg: TrainConfig, result) -> list[str]:
+def _client_names(cfg: RunSpec, result) -> list[str]:
     from fedcache.federate.train import load_data
 
     data, _ = load_data(cfg)

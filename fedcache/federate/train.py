@@ -5,7 +5,7 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from fedcache.federate.partitions.storage import table_keys
 from fedcache.federate.settings import build, parse_pairs, refuse_unused, split_settings
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
+from fedcache.spec import RunSpec, ScheduleSpec
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
 log = logging.getLogger(__name__)
@@ -29,37 +30,9 @@ log = logging.getLogger(__name__)
 Tables = tuple[FeatureTable, FeatureTable]  # fused (train, test) features
 
 
-@dataclass
-class TrainConfig:
-    store: Path
-    dataset: str
-    backbones: list[str]
-    method: str
-    partition: str = "iid"
-    clients: int | None = None  # default: one client per domain for domain partitions, else DEFAULT_CLIENTS
-    alpha: float | None = None
-    shards: int | None = None
-    few_shot: int | None = None
-    subsample: float = 1.0
-    clients_per_domain: int | None = None
-    classes_per_client: int | None = None
-    repeat_rate: float = 0.0
-    local_test: int = 1000
-    fraction: float = 1.0
-    rounds: int = 50
-    local_epochs: int = 1
-    batch_size: int = 32
-    seed: int = 0
-    preset: str | None = None  # optimizer preset; default: the method's (fedpcl or fst-cbdg)
-    head: str | None = None
-    settings: list[str] = field(default_factory=list)
-    eval_every: int = 1
-    # Score on spare training rows (rows no client trains on, drawn with each client's class and
-    # domain mix) instead of the test split: for choosing hyperparameters without touching the test set.
-    validation: bool = False
-    batched: bool = True
-    out: Path | None = None
-    resume: bool = False
+# The flat keyword form of a run specification (``TrainConfig(dataset=..., method=..., rounds=5)``), kept
+# for scripts written against it: every option is declared once, in fedcache/spec.py.
+TrainConfig = RunSpec.of
 
 
 @dataclass(frozen=True)
@@ -98,118 +71,135 @@ def resolve_settings(method: str, settings: list[str], preset: str | None = None
     return Resolved(method_cls, params, optim, routed["head"].get("head") or head or method_cls.default_head, preset)
 
 
-def resolve(cfg: TrainConfig) -> tuple[type[Method], object, OptimConfig, str]:
-    """The method class, its parameters, the optimizer and the head: every ``--set`` checked, no data read."""
-    r = resolve_settings(cfg.method, cfg.settings, cfg.preset, cfg.head)
-    return r.method_cls, r.params, r.optim, r.head
+def resolve(spec: RunSpec) -> Resolved:
+    """The method class, its parameters, the optimizer and the head of a spec's method, optim and head
+    sections (a RunSpec, or a Flower run, which has them too): every ``--set`` checked, no data read."""
+    return resolve_settings(spec.method.name, list(spec.method.settings), spec.optim.preset, spec.head.name)
 
 
-def check_out(cfg: TrainConfig) -> None:
+def instantiate(r: Resolved, data: FederatedData, s: ScheduleSpec) -> Method:
+    """The method on ``data``, as every engine builds it."""
+    return r.method_cls(MethodContext(data, r.head, r.optim, s.local_epochs, s.batch_size, s.seed, s.rounds), r.params)
+
+
+def check_out(spec: RunSpec) -> None:
     """A new run may not overwrite a finished or interrupted one."""
-    if cfg.out is not None and not cfg.resume and (Path(cfg.out) / METRICS).exists():
-        raise ConfigError(f"{cfg.out} already holds a run; pass --resume to continue it or choose another --out")
+    out = spec.engine.out
+    if out is not None and not spec.engine.resume and (Path(out) / METRICS).exists():
+        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 
-def prepare(cfg: TrainConfig, tables: Tables | None = None) -> tuple[Method, dict]:
+def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
     """Everything before the first round: data, partition, method; returns the resolved config too."""
-    method_cls, params, optim, head = resolve(cfg)
-    data, part_info = load_data(cfg, tables, views=method_cls.uses_views)
-    ctx = MethodContext(data, head, optim, cfg.local_epochs, cfg.batch_size, cfg.seed, cfg.rounds)
-    method = method_cls(ctx, params)
-    resolved = _resolved(cfg, method, params, optim, part_info, data)
-    return method, resolved
+    r = resolve(spec)
+    data, part_info = load_data(spec, tables, views=r.method_cls.uses_views)
+    method = instantiate(r, data, spec.schedule)
+    return method, _resolved(spec, method, r, part_info, data)
 
 
-def load_data(cfg: TrainConfig, tables: Tables | None = None, views: bool = False) -> tuple[FederatedData, dict]:
+def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) -> tuple[FederatedData, dict]:
     """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy)."""
-    store = FeatureStore(cfg.store, create=False)
-    train_t, test_t = tables or (load_fused(store, cfg.dataset, cfg.backbones, s) for s in ("train", "test"))
-    request = partition_request(cfg, len(train_t.domain_names))
+    d, validation = spec.data, spec.schedule.validation
+    store = FeatureStore(d.store, create=False)
+    train_t, test_t = tables or (load_fused(store, d.dataset, list(d.backbones), s) for s in ("train", "test"))
+    request = partition_request(spec, len(train_t.domain_names))
     keys = (table_keys(train_t), table_keys(test_t))
-    partition = find_partition(store, cfg.dataset, request, *keys)
+    partition = find_partition(store, d.dataset, request, *keys)
     if partition is None:
         partition = make_partition(request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
-    pid = save_partition(store, cfg.dataset, partition, *keys)
+    pid = save_partition(store, d.dataset, partition, *keys)
     info = {"partition_id": pid, "request": request.to_dict(), "entries": list(train_t.entry_ids + test_t.entry_ids),
-            "scored_on": "validation (spare training rows)" if cfg.validation else "test split"}
-    if cfg.validation:
-        data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, cfg))
+            "scored_on": "validation (spare training rows)" if validation else "test split"}
+    if validation:
+        data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec))
     else:
         data = FederatedData.from_tables(train_t, test_t, partition.train, partition.test)
-    data = attach_source(data, store, train_t, train_t if cfg.validation else test_t)
+    data = attach_source(data, store, train_t, train_t if validation else test_t)
     if views:  # augmented views (extract --views K), kept in the store's dtype: float16 halves the memory
-        aug = load_views(store, cfg.dataset, cfg.backbones, train_t)
+        aug = load_views(store, d.dataset, list(d.backbones), train_t)
         data.views = None if aug is None else torch.from_numpy(aug)
-    return attach_text(data, store, cfg.backbones), info
+    return attach_text(data, store, list(d.backbones)), info
 
 
 DEFAULT_CLIENTS = 10
 DOMAIN_SCHEMES = ("domain", "domain-dirichlet")
 
 
-def partition_request(cfg: TrainConfig, n_domains: int) -> PartitionRequest:
-    """The partition ``cfg`` asks for; without ``clients``, the count follows from the data: one client
+def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
+    """The partition ``spec`` asks for; without ``clients``, the count follows from the data: one client
     per domain (``clients_per_domain`` each) for domain partitions, DEFAULT_CLIENTS otherwise."""
-    clients = cfg.clients
+    p = spec.partition
+    clients = p.clients
     if clients is None:
-        clients = n_domains * (cfg.clients_per_domain or 1) if cfg.partition in DOMAIN_SCHEMES else DEFAULT_CLIENTS
+        clients = n_domains * (p.clients_per_domain or 1) if p.scheme in DOMAIN_SCHEMES else DEFAULT_CLIENTS
     return PartitionRequest(
-        scheme=cfg.partition, n_clients=clients, seed=cfg.seed, alpha=cfg.alpha, shards=cfg.shards,
-        clients_per_domain=cfg.clients_per_domain, few_shot=cfg.few_shot, subsample=cfg.subsample,
-        classes_per_client=cfg.classes_per_client, repeat_rate=cfg.repeat_rate, local_test=cfg.local_test,
+        scheme=p.scheme, n_clients=clients, seed=spec.schedule.seed, alpha=p.alpha, shards=p.shards,
+        clients_per_domain=p.clients_per_domain, few_shot=p.few_shot, subsample=p.subsample,
+        classes_per_client=p.classes_per_client, repeat_rate=p.repeat_rate, local_test=p.local_test,
     )
 
 
-def validation_sets(partition, train_t, cfg: TrainConfig) -> list[np.ndarray]:
+def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
     """Per client, training rows nobody trains on, with the client's (class, domain) mix."""
     spare = np.setdiff1d(np.arange(len(train_t)), np.concatenate(partition.train))
     if not len(spare):
         raise ConfigError("--validation needs training rows that no client trains on; use --few-shot N or fewer clients' data")
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 7]))
+    rng = np.random.default_rng(np.random.SeedSequence([spec.schedule.seed, 7]))
     picked = local_test_sets(partition.train, train_t.labels, train_t.domains, train_t.labels[spare],
-                             train_t.domains[spare], cfg.local_test, rng)
+                             train_t.domains[spare], spec.partition.local_test, rng)
     empty = [k for k, rows in enumerate(picked) if not len(rows)]
     if empty:
         raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; use a smaller --few-shot")
     return [spare[rows] for rows in picked]
 
 
-def _resolved(cfg: TrainConfig, method: Method, params, optim: OptimConfig, part_info: dict, data: FederatedData) -> dict:
+def _resolved(spec: RunSpec, method: Method, r: Resolved, part_info: dict, data: FederatedData) -> dict:
+    """config.json: the spec as given (``RunSpec.from_dict(config["spec"])`` gives it back), what it
+    resolved to (the method's parameters, the optimizer, the head), the partition and the data."""
     return {
         "fedcache_version": __version__,
-        "train": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "resume")},
-        "method": method.name, "method_params": dataclasses.asdict(params), "head": method.ctx.head,
-        "preset": cfg.preset or type(method).default_preset,
-        "optimizer": dataclasses.asdict(optim), "partition": part_info,
+        "spec": spec.to_dict(),
+        "resolved": {"method_params": dataclasses.asdict(r.params), "optimizer": dataclasses.asdict(r.optim),
+                     "head": method.ctx.head, "preset": r.preset},
+        "partition": part_info,
         "data": {"dim": data.dim, "classes": list(data.class_names), "domains": list(data.domain_names),
                  "client_train_sizes": data.sizes().tolist(), "client_test_sizes": [len(r) for r in data.client_test],
                  "random_weights": data.random_weights},
     }
 
 
-def train(cfg: TrainConfig, on_round: RoundCallback | None = None, tables: Tables | None = None) -> RunResult:
-    check_out(cfg)
-    method, resolved = prepare(cfg, tables)
-    if cfg.out is not None:
-        _prepare_out(cfg, resolved)
+def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables | None = None) -> RunResult:
+    check_out(spec)
+    method, resolved = prepare(spec, tables)
+    out, s = spec.engine.out, spec.schedule
+    if out is not None:
+        _prepare_out(spec, resolved)
     t0 = time.perf_counter()
-    result = run(method, RunConfig(cfg.rounds, cfg.fraction, cfg.eval_every, cfg.batched, cfg.out, cfg.resume), on_round)
+    result = run(method, RunConfig(s.rounds, s.fraction, s.eval_every, spec.engine.batched, out, spec.engine.resume), on_round)
     log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
     result.summary["partition_id"] = resolved["partition"]["partition_id"]
-    if cfg.out is not None:
-        (cfg.out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    if out is not None:
+        (Path(out) / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     return result
 
 
-def _prepare_out(cfg: TrainConfig, resolved: dict) -> None:
-    out = Path(cfg.out)
+def _prepare_out(spec: RunSpec, resolved: dict) -> None:
+    out = Path(spec.engine.out)
     path = out / "config.json"
-    if cfg.resume:
+    if spec.engine.resume:
         if not path.exists():
             raise ConfigError(f"--resume: {out} has no config.json; start the run without --resume")
         saved = json.loads(path.read_text())
         if saved != json.loads(json.dumps(resolved)):
-            raise ConfigError(f"--resume: the options differ from the run in {out}; use the same options or a new --out")
+            differ = _differences(saved.get("spec", {}), resolved["spec"])
+            raise ConfigError(f"--resume: the options differ from the run in {out}"
+                              + (f" ({', '.join(differ)})" if differ else "") + "; use the same options or a new --out")
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(resolved, indent=2) + "\n")
+
+
+def _differences(saved: dict, mine: dict) -> list[str]:
+    """The ``section.field`` keys whose values differ between two spec dicts."""
+    saved, mine = json.loads(json.dumps(saved)), json.loads(json.dumps(mine))
+    return [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k, object()) != mine[s][k]]

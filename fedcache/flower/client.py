@@ -28,8 +28,8 @@ def shard_path(context: Context, run: FlowerRun) -> Path:
     node = context.node_config
     if "shard" in node:
         return Path(str(node["shard"]))
-    if run.shard_dir and "partition-id" in node:
-        return client_dir(Path(run.shard_dir), int(node["partition-id"]))
+    if run.deploy.shard_dir and "partition-id" in node:
+        return client_dir(Path(run.deploy.shard_dir), int(node["partition-id"]))
     raise ConfigError("this SuperNode has no shard: start it with --node-config \"shard='/path/to/client-NNN'\" "
                       "(the directory `fedcache shard` wrote for this client)")
 
@@ -37,7 +37,7 @@ def shard_path(context: Context, run: FlowerRun) -> Path:
 @lru_cache(maxsize=64)  # a simulation process serves many clients; each loads its shard once
 def _client(path: str, run_json: str) -> tuple[Method, ShardInfo]:
     run = FlowerRun.from_config(json.loads(run_json))
-    data, info = load_client(path, views=getattr(METHODS.get(run.method), "uses_views", False))
+    data, info = load_client(path, views=getattr(METHODS.get(run.method.name), "uses_views", False))
     return build_method(run, data), info
 
 

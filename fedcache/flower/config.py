@@ -2,69 +2,101 @@
 and the method both sides build from it.
 
 Both apps read the same run config, so the server's and every client's ``Method`` are built with the
-same method, parameters, optimizer, head and seed. Values are plain strings and numbers: nothing
-but config crosses the network with them.
+same method, parameters, optimizer, head and seed. Its keys are ``section.field``: the run spec's
+``method``, ``optim``, ``head`` and ``schedule`` sections (fedcache/spec.py, the options of ``fedcache
+train`` under the same fields; the shards already hold the data and the partition), and ``deploy.*``,
+what only a deployment has. Values are plain strings, numbers and booleans: nothing but config
+crosses the network with them.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
-from fedcache.federate.methods import Method, MethodContext
-from fedcache.federate.train import resolve_settings
+from fedcache.federate.methods import Method
+from fedcache.federate.settings import NonNegative, Positive, PositiveInt, check_fields
+from fedcache.federate.train import instantiate, resolve
+from fedcache.spec import HeadSpec, MethodSpec, OptimSpec, RunSpec, ScheduleSpec, build_sections, to_flat
+
+RUN_SECTIONS = ("method", "optim", "head", "schedule")  # what the apps read of a run spec
+DEPLOY = "deploy"
 
 
 @dataclass(frozen=True)
-class FlowerRun:
-    method: str = "fedavg"
-    rounds: int = 3
-    fraction: float = 1.0
-    seed: int = 0
-    local_epochs: int = 1
-    batch_size: int = 32
-    preset: str = ""  # default: the method's
-    head: str = ""  # default: the method's
-    settings: str = ""  # space-separated key=value pairs, as `fedcache train --set`
-    eval_every: int = 1
-    min_clients: int = 1  # a round with fewer replies than this (or than were sampled, if fewer) fails
-    round_timeout: float = 600.0  # seconds the server waits for a round's replies
-    connect_timeout: float = 120.0  # seconds the server waits for every client to connect
-    rejoin_wait: float = 0.0  # seconds each later round waits for missing clients to reconnect
+class Deployment:
+    min_clients: PositiveInt = 1  # a round with fewer replies than this (or than were sampled, if fewer) fails
+    round_timeout: Positive = 600.0  # seconds the server waits for a round's replies
+    connect_timeout: Positive = 120.0  # seconds the server waits for every client to connect
+    rejoin_wait: NonNegative = 0.0  # seconds each later round waits for missing clients to reconnect
     server_shard: str = ""  # the shards' server/ directory, on the SuperLink's machine
     shard_dir: str = ""  # simulation only: client k reads <shard-dir>/client-<k>
     out: str = ""  # where the server writes metrics.jsonl, rounds.jsonl, summary.json ("" = nowhere)
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class FlowerRun:
+    method: MethodSpec = MethodSpec("fedavg")
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    head: HeadSpec = field(default_factory=HeadSpec)
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    deploy: Deployment = field(default_factory=Deployment)
+
+    def __post_init__(self) -> None:
+        if self.schedule.validation:
+            raise ConfigError("schedule.validation=true: a Flower run scores on the test split of its shards; "
+                              "tune with `fedcache train --validation` (in-process)")
+
+    @classmethod
+    def of(cls, **given: Any) -> "FlowerRun":
+        """From option names (``method="fedpcl", rounds=5, settings="mu=0.5"``, as ``fedcache train``)
+        and Deployment fields (``min_clients=2, out=...``)."""
+        names = {f.name for f in dataclasses.fields(Deployment)}
+        deploy = Deployment(**{k: given.pop(k) for k in list(given) if k in names})
+        return cls(**build_sections(given, RUN_SECTIONS, base=cls()._sections()), deploy=deploy)
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec, **deploy: Any) -> "FlowerRun":
+        """The Flower run of ``spec`` (its data and partition are the shards')."""
+        return cls(**{s: getattr(spec, s) for s in RUN_SECTIONS}, deploy=Deployment(**deploy))
+
+    def _sections(self) -> dict:
+        return {s: getattr(self, s) for s in RUN_SECTIONS}
+
     @classmethod
     def from_config(cls, config: dict) -> "FlowerRun":
-        names = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config) - set(names))
+        deploy_keys = {f"{DEPLOY}.{f.name}": f for f in dataclasses.fields(Deployment)}
+        spec_keys = set(to_flat(cls()._sections()))
+        unknown = sorted(set(config) - set(deploy_keys) - spec_keys)
         if unknown:
-            raise ConfigError(f"unknown run config keys {unknown}; fedcache's Flower app knows {sorted(names)}")
-        kw = {}
-        for key, value in config.items():
-            f = names[key]
-            kind = type(f.default)
-            try:
-                kw[f.name] = kind(value) if kind is not str else str(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"run config {key}={value!r}: expected a {kind.__name__}") from None
-        run = cls(**kw)
-        if run.min_clients < 1 or run.rounds < 1 or run.round_timeout <= 0:
-            raise ConfigError(f"run config needs rounds >= 1, min-clients >= 1, round-timeout > 0 (got {run})")
-        return run
+            raise ConfigError(f"unknown run config keys {unknown}; fedcache's Flower app knows "
+                              f"{sorted(spec_keys | set(deploy_keys))}")
+        deploy = {}
+        for key, f in deploy_keys.items():
+            if key in config:
+                kind = type(f.default)
+                try:
+                    deploy[f.name] = kind(config[key])
+                except (TypeError, ValueError):
+                    raise ConfigError(f"run config {key}={config[key]!r}: expected a {kind.__name__}") from None
+        sections = build_sections({k: v for k, v in config.items() if k in spec_keys}, RUN_SECTIONS, base=cls()._sections())
+        return cls(**sections, deploy=Deployment(**deploy))
 
-    def to_config(self) -> dict:
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+    def to_config(self) -> dict[str, str | int | float | bool]:
+        return {**to_flat(self._sections()),
+                **{f"{DEPLOY}.{k}": v for k, v in dataclasses.asdict(self.deploy).items()}}
 
 
 def build_method(run: FlowerRun, data: FederatedData) -> Method:
     """The method as ``fedcache train`` builds it (same preset, --set routing and head choice)."""
-    r = resolve_settings(run.method, run.settings.split(), run.preset or None, run.head or None)
+    r = resolve(run)
     reason = r.method_cls.not_deployable(r.params)
     if reason:
-        raise ConfigError(f"{run.method} cannot run on Flower: {reason}; run it with the in-process engine "
+        raise ConfigError(f"{run.method.name} cannot run on Flower: {reason}; run it with the in-process engine "
                           "(`fedcache train`)")
-    ctx = MethodContext(data, r.head, r.optim, run.local_epochs, run.batch_size, run.seed, run.rounds)
-    return r.method_cls(ctx, r.params)
+    return instantiate(r, data, run.schedule)

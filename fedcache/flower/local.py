@@ -145,10 +145,10 @@ class LocalDeployment:
         return [_bin("flwr"), "run", str(app), CONNECTION, "--run-config", overrides, "--stream"]
 
     def run(self, app: Path, run: FlowerRun, timeout: float) -> dict:
-        """`flwr run` to the end; returns the server's summary.json (run.out must be set)."""
+        """`flwr run` to the end; returns the server's summary.json (run.deploy.out must be set)."""
         proc = subprocess.run(self.flwr_run_command(app, run), env=self.env, cwd=self.workdir, capture_output=True,
                               text=True, timeout=timeout, start_new_session=True)
-        summary = Path(run.out) / "summary.json"
+        summary = Path(run.deploy.out) / "summary.json"
         if not summary.exists():
             raise FedcacheError(f"the Flower run wrote no summary (flwr exited {proc.returncode}):\n"
                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")

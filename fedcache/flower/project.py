@@ -26,9 +26,19 @@ def write_app(directory: Path | str, run: FlowerRun | None = None) -> Path:
         "tool": {"flwr": {"app": {
             "publisher": "fedcache",
             "components": {"serverapp": "fedcache.flower.server:app", "clientapp": "fedcache.flower.client:app"},
-            "config": (run or FlowerRun()).to_config(),
+            "config": _nested((run or FlowerRun()).to_config()),
         }}},
     }
     path = directory / "pyproject.toml"
     path.write_text(tomli_w.dumps(project))
     return path
+
+
+def _nested(flat: dict) -> dict:
+    """``section.field`` keys as TOML tables (``[tool.flwr.app.config.schedule]``); Flower flattens them
+    back to the same keys before the apps read them."""
+    out: dict = {}
+    for key, value in flat.items():
+        section, _, name = key.partition(".")
+        out.setdefault(section, {})[name] = value
+    return out

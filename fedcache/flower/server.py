@@ -80,18 +80,19 @@ class Roster:
 
 
 def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun, n: int) -> None:
-    deadline = time.monotonic() + run.connect_timeout
+    d = run.deploy
+    deadline = time.monotonic() + d.connect_timeout
     while len(roster.node_of) < n and time.monotonic() < deadline:
-        roster.refresh(grid, run.round_timeout)
+        roster.refresh(grid, d.round_timeout)
         if len(roster.node_of) < n:
             time.sleep(0.5)
     missing = sorted(set(range(n)) - set(roster.node_of))
     if missing:
-        log.warning("clients %s did not connect within %.0fs", missing, run.connect_timeout)
-    if len(roster.node_of) < min(run.min_clients, n):
+        log.warning("clients %s did not connect within %.0fs", missing, d.connect_timeout)
+    if len(roster.node_of) < min(d.min_clients, n):
         raise TooFewClientsError(
-            f"only {len(roster.node_of)} of {n} clients connected within connect-timeout={run.connect_timeout:g}s "
-            f"(min-clients={run.min_clients}); missing clients {missing}: start one SuperNode per client with "
+            f"only {len(roster.node_of)} of {n} clients connected within deploy.connect_timeout={d.connect_timeout:g}s "
+            f"(deploy.min_clients={d.min_clients}); missing clients {missing}: start one SuperNode per client with "
             "--node-config \"shard='<shards>/client-NNN'\""
         )
 
@@ -104,23 +105,24 @@ def main(grid: Grid, context: Context) -> None:
 
 def serve(grid: Grid, run: FlowerRun) -> dict:
     """The whole run; returns the summary (as ``fedcache train`` writes it)."""
-    if not run.server_shard:
-        raise FedcacheError("run config server-shard is empty: set it to the server/ directory `fedcache shard` wrote")
-    data, info = load_server(run.server_shard)
+    deploy, s = run.deploy, run.schedule
+    if not deploy.server_shard:
+        raise FedcacheError("run config deploy.server_shard is empty: set it to the server/ directory `fedcache shard` wrote")
+    data, info = load_server(deploy.server_shard)
     method = build_method(run, data)
-    out = Path(run.out) if run.out else None
+    out = Path(deploy.out) if deploy.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    cfg = RunConfig(run.rounds, run.fraction, run.eval_every, True, None, False)
+    cfg = RunConfig(s.rounds, s.fraction, s.eval_every, True, None, False)
     state, roster = RunState(0, method.init_server(), {}), Roster()
     wait_for_clients(grid, roster, run, data.n_clients)
     history, dropped = [], {}
     t0 = time.perf_counter()
-    for rnd in range(run.rounds):
+    for rnd in range(s.rounds):
         record = _logged_round(grid, method, cfg, run, roster, state, rnd, out)
         if record["dropped"]:
             dropped[rnd + 1] = record["dropped"]
-        if (rnd + 1) % run.eval_every == 0 or rnd + 1 == run.rounds:
+        if (rnd + 1) % s.eval_every == 0 or rnd + 1 == s.rounds:
             line = {"round": rnd + 1, **_evaluate(grid, method, run, roster, state), "bytes_up": state.bytes_up,
                     "bytes_down": state.bytes_down}
             history.append(line)
@@ -140,7 +142,7 @@ def _logged_round(grid: Grid, method: Method, cfg: RunConfig, run: FlowerRun, ro
     """Let (re)connected nodes in, run the round, append it to rounds.jsonl with its wall time."""
     t0 = time.perf_counter()
     n = method.ctx.data.n_clients
-    joined = roster.rejoin(grid, n, run.rejoin_wait, run.round_timeout) if rnd else []
+    joined = roster.rejoin(grid, n, run.deploy.rejoin_wait, run.deploy.round_timeout) if rnd else []
     record = {**_round(grid, method, cfg, run, roster, state, rnd), "joined": joined}
     _append(out, "rounds.jsonl", {**record, "seconds": round(time.perf_counter() - t0, 3)})
     return record
@@ -153,19 +155,19 @@ def _round(grid: Grid, method: Method, cfg: RunConfig, run: FlowerRun, roster: R
     targets = [k for k in sampled if k in roster.node_of]
     msgs = [Message(content(), dst_node_id=roster.node_of[k], message_type="train", group_id=str(rnd + 1)) for k in targets]
     replies = {}
-    for reply in grid.send_and_receive(msgs, timeout=run.round_timeout):
+    for reply in grid.send_and_receive(msgs, timeout=run.deploy.round_timeout):
         if not reply.has_error():
             replies[int(reply.content["client"]["client"])] = reply
     clients = sorted(replies)  # the in-process engine stacks clients in id order
     dropped = sorted(set(sampled) - set(clients))
     for k in dropped:
         roster.drop(k)
-    need = min(run.min_clients, len(sampled))
+    need = min(run.deploy.min_clients, len(sampled))
     if len(clients) < need:
         raise TooFewClientsError(
-            f"round {rnd + 1}: only {len(clients)} of {len(sampled)} sampled clients answered within round-timeout="
-            f"{run.round_timeout:g}s (clients {dropped} dropped) and min-clients is {run.min_clients}; restart their "
-            "SuperNodes, or lower min-clients to continue without them"
+            f"round {rnd + 1}: only {len(clients)} of {len(sampled)} sampled clients answered within deploy.round_timeout="
+            f"{run.deploy.round_timeout:g}s (clients {dropped} dropped) and deploy.min_clients is {run.deploy.min_clients}; "
+            "restart their SuperNodes, or lower deploy.min_clients to continue without them"
         )
     if dropped:
         log.warning("round %d: clients %s dropped; continuing with %s", rnd + 1, dropped, clients)
@@ -187,7 +189,7 @@ def _evaluate(grid: Grid, method: Method, run: FlowerRun, roster: Roster, state:
     msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate")
             for node in roster.node_of.values()]
     acc = {}
-    for reply in grid.send_and_receive(msgs, timeout=run.round_timeout):
+    for reply in grid.send_and_receive(msgs, timeout=run.deploy.round_timeout):
         if not reply.has_error():
             m = reply.content["metrics"]
             acc[int(m["client"])] = 100.0 * int(m["hits"]) / max(1, int(m["n"]))

@@ -14,10 +14,11 @@ import tempfile
 from pathlib import Path
 
 from fedcache.errors import FedcacheError
-from fedcache.federate.train import TrainConfig, partition_request
+from fedcache.federate.train import partition_request
 from fedcache.flower.config import FlowerRun
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, write_shards
+from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
@@ -26,34 +27,32 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower reports usage eve
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning; no GPUs are used
 
 
-def shard_spec(cfg: TrainConfig) -> ShardSpec:
-    entries = FeatureStore(cfg.store, create=False).find(cfg.dataset, "train", cfg.backbones[0])
+def shard_spec(spec: RunSpec) -> ShardSpec:
+    d = spec.data
+    entries = FeatureStore(d.store, create=False).find(d.dataset, "train", d.backbones[0])
     n_domains = len(entries[0].attrs["domains"]) if entries else 1  # no entry: write_shards says what is missing
-    return ShardSpec(Path(cfg.store), cfg.dataset, list(cfg.backbones), partition_request(cfg, n_domains))
+    return ShardSpec(Path(d.store), d.dataset, list(d.backbones), partition_request(spec, n_domains))
 
 
-def flower_run(cfg: TrainConfig, shard_dir: Path, out: Path | None, **extra) -> FlowerRun:
-    return FlowerRun(
-        method=cfg.method, rounds=cfg.rounds, fraction=cfg.fraction, seed=cfg.seed, local_epochs=cfg.local_epochs,
-        batch_size=cfg.batch_size, preset=cfg.preset or "", head=cfg.head or "", settings=" ".join(cfg.settings),
-        eval_every=cfg.eval_every, server_shard=str(shard_dir / SERVER), shard_dir=str(shard_dir),
-        out=str(out) if out else "", **extra,
-    )
+def flower_run(spec: RunSpec, shard_dir: Path, out: Path | None, **extra) -> FlowerRun:
+    return FlowerRun.from_spec(spec, server_shard=str(shard_dir / SERVER), shard_dir=str(shard_dir),
+                               out=str(out) if out else "", **extra)
 
 
-def train_flower_sim(cfg: TrainConfig, cpus: int | None = None) -> dict:
+def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary."""
-    if cfg.resume or cfg.validation or not cfg.batched:
-        raise FedcacheError("--engine flower-sim supports neither --resume, --validation nor --loop; drop them")
+    if spec.engine.resume or spec.schedule.validation or not spec.engine.batched:
+        raise FedcacheError("--engine flower-sim supports neither --resume, --validation nor --no-batch; drop them")
+    out = spec.engine.out
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp:
-        base = Path(cfg.out) if cfg.out else Path(tmp)
-        if cfg.out and (base / "summary.json").exists():
+        base = Path(out) if out else Path(tmp)
+        if out and (base / "summary.json").exists():
             raise FedcacheError(f"{base} already holds a run; choose another --out")
         shards = base / "shards"
-        spec = shard_spec(cfg)
-        write_shards(spec, shards)
-        run = flower_run(cfg, shards, base if cfg.out else None)
-        return simulate(run, spec.request.n_clients, Path(tmp) / "app", cpus)
+        shard = shard_spec(spec)
+        write_shards(shard, shards)
+        run = flower_run(spec, shards, base if out else None)
+        return simulate(run, shard.request.n_clients, Path(tmp) / "app", cpus)
 
 
 def simulate(run: FlowerRun, n_clients: int, app_dir: Path, cpus: int | None = None) -> dict:

@@ -137,9 +137,9 @@ def _partition_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> l
         pid = run.config.get("partition", {}).get("partition_id")
         if not pid:
             continue
-        seeds = sorted({r.summary.get("seed", r.config.get("train", {}).get("seed")) for g in members for r in g.runs} - {None})
+        seeds = sorted({r.summary.get("seed", r.option("seed")) for g in members for r in g.runs} - {None})
         where = layout.panel_title(panel) if layout.panel_keys else "every run"
-        note = (f"Seed {run.config.get('train', {}).get('seed')}'s partition; each of the {len(seeds)} seeds draws its own "
+        note = (f"Seed {run.option('seed')}'s partition; each of the {len(seeds)} seeds draws its own "
                 "the same way." if len(seeds) > 1 else "")
         if len(panels) > MAX_PARTITIONS and panel == panels[MAX_PARTITIONS - 1][0]:
             note += f" The first {MAX_PARTITIONS} of {len(panels)} settings are shown."

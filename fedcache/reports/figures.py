@@ -192,13 +192,13 @@ def partition_charts(run: Run, folder: Path) -> list[Path]:
     from fedcache.reports.partition_plots import plot_partition
     from fedcache.store.feature_store import FeatureStore
 
-    t, part = run.config.get("train", {}), run.config.get("partition", {})
+    dataset, backbone, part = run.option("dataset"), (run.option("backbones") or [None])[0], run.config.get("partition", {})
     try:
-        store = FeatureStore(Path(t["store"]), create=False)
-        train_t = store.read(t["dataset"], "train", t["backbones"][0])
-        test_t = store.read(t["dataset"], "test", t["backbones"][0])
-        p = load_partition(store, t["dataset"], part["partition_id"], table_keys(train_t), table_keys(test_t))
-    except (FedcacheError, KeyError, OSError) as exc:  # a report must still be written when the store moved or was pruned
+        store = FeatureStore(Path(run.option("store")), create=False)
+        train_t = store.read(dataset, "train", backbone)
+        test_t = store.read(dataset, "test", backbone)
+        p = load_partition(store, dataset, part["partition_id"], table_keys(train_t), table_keys(test_t))
+    except (FedcacheError, KeyError, OSError, TypeError) as exc:  # a report must still be written when the store moved or was pruned
         log.warning("partition chart of %s skipped: %s", run.path, exc)
         return []
     prefix = folder / f"partition-{part['partition_id'][:10]}"

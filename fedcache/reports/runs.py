@@ -25,6 +25,17 @@ class Run:
         extra = ", ".join(f"{k}={v}" for k, v in self.setting.items())
         return f"{self.summary['method']} ({extra})" if extra else self.summary["method"]
 
+    def option(self, name: str):
+        """A run option by its `fedcache train` name (seed, validation, store, ...) from config.json's
+        spec; None when the run has no config.json. Runs written before the spec kept them flat under "train"."""
+        from fedcache.spec import option
+
+        spec = self.config.get("spec")
+        if spec is None:
+            return self.config.get("train", {}).get(name)
+        o = option(name)
+        return spec.get(o.section, {}).get(o.field)
+
 
 @dataclass
 class Group:

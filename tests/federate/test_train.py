@@ -39,7 +39,7 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
     # Not a terminal: plain progress lines instead of a bar that draws nothing.
     assert "fedavg rounds 0/3 (0%)" in captured.err and "fedavg rounds 3/3 (100%) in" in captured.err
     config = json.loads((out / "config.json").read_text())
-    assert config["optimizer"]["lr"] == 0.01 and config["optimizer"]["optimizer"] == "adam"
+    assert config["resolved"]["optimizer"]["lr"] == 0.01 and config["resolved"]["optimizer"]["optimizer"] == "adam"
     assert config["partition"]["request"]["scheme"] == "domain" and config["data"]["client_train_sizes"] == [30, 30]
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [l["round"] for l in lines] == [1, 2, 3] and len(lines[0]["per_client"]) == 2

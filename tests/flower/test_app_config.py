@@ -2,6 +2,7 @@
 import tomllib
 
 import pytest
+import tomli_w
 
 from fedcache.cli import main
 from fedcache.errors import ConfigError
@@ -14,7 +15,9 @@ def test_flower_app_names_the_generic_apps_and_the_run_config(tmp_path):
     project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
     app = project["tool"]["flwr"]["app"]
     assert app["components"] == {"serverapp": "fedcache.flower.server:app", "clientapp": "fedcache.flower.client:app"}
-    assert FlowerRun.from_config(app["config"]) == FlowerRun()
+    flat = {f"{section}.{k}": v for section, values in app["config"].items() for k, v in values.items()}
+    assert FlowerRun.from_config(flat) == FlowerRun()
+    assert app["config"]["schedule"]["rounds"] == 50 and app["config"]["deploy"]["min_clients"] == 1
     assert f"flwr=={FLWR_VERSION}" in project["project"]["dependencies"]
 
 
@@ -25,22 +28,46 @@ def test_flwr_pin_matches_the_installed_flwr():
 
 
 def test_run_config_is_typed_and_unknown_keys_are_named():
-    run = FlowerRun.from_config({"method": "fedpcl", "rounds": 5, "min-clients": 2, "settings": "lr=0.01"})
-    assert (run.method, run.rounds, run.min_clients) == ("fedpcl", 5, 2)
-    with pytest.raises(ConfigError, match="unknown run config keys.*'round'"):
-        FlowerRun.from_config({"round": 3})
-    with pytest.raises(ConfigError, match="rounds=.*expected a int"):
-        FlowerRun.from_config({"rounds": "many"})
-    with pytest.raises(ConfigError, match="min-clients >= 1"):
-        FlowerRun.from_config({"min-clients": 0})
+    run = FlowerRun.from_config({"method.name": "fedpcl", "schedule.rounds": 5, "deploy.min_clients": 2,
+                                 "method.settings": "lr=0.01"})
+    assert (run.method.name, run.schedule.rounds, run.deploy.min_clients) == ("fedpcl", 5, 2)
+    assert run.method.settings == ("lr=0.01",)
+    with pytest.raises(ConfigError, match="unknown run config keys.*'schedule.round'"):
+        FlowerRun.from_config({"schedule.round": 3})
+    with pytest.raises(ConfigError, match=r"schedule.rounds\)='many': expected int"):
+        FlowerRun.from_config({"schedule.rounds": "many"})
+    with pytest.raises(ConfigError, match=r"schedule.fraction\)=0.0: must be in \(0, 1\]"):
+        FlowerRun.from_config({"schedule.fraction": 0.0})
+    with pytest.raises(ConfigError, match="min_clients=0: must be >= 1"):
+        FlowerRun.from_config({"deploy.min_clients": 0})
+    with pytest.raises(ConfigError, match="validation"):
+        FlowerRun.of(validation=True)  # the apps score on the shards' test split only
+
+
+def test_run_config_round_trips_and_holds_the_train_options_sections():
+    """The Flower run config is the run spec's method, optim, head and schedule sections, flattened to
+    ``section.field`` plain values, plus ``deploy.*``; it reads back to the same run."""
+    from fedcache.spec import RunSpec, options
+
+    spec = RunSpec.of(dataset="d", backbones="b", method="fedprox", settings=["mu=0.5", "optim.betas=0.9,0.99"],
+                      preset="fst-cbdg", head="mlp", rounds=4, fraction=0.5, local_epochs=2, batch_size=8, seed=3)
+    run = FlowerRun.from_spec(spec, min_clients=2, out="/tmp/x")
+    config = run.to_config()
+    assert all(isinstance(v, (str, int, float, bool)) for v in config.values())
+    assert {k for k in config if not k.startswith("deploy.")} == {o.key for o in options("method", "optim", "head", "schedule")}
+    assert FlowerRun.from_config(config) == run
+    assert (run.method, run.optim, run.head, run.schedule) == (spec.method, spec.optim, spec.head, spec.schedule)
+    flwr_config = pytest.importorskip("flwr.common.config")  # as `flwr run` reads a Flower App's pyproject.toml
+    nested = flwr_config.unflatten_dict(config)
+    assert FlowerRun.from_config(flwr_config.flatten_dict(tomllib.loads(tomli_w.dumps(nested)))) == run
 
 
 def test_methods_that_pool_all_data_are_refused():
     from tests.federate.conftest import synthetic
 
     with pytest.raises(ConfigError, match="pools every client's data"):
-        build_method(FlowerRun(method="centralized"), synthetic())
-    assert build_method(FlowerRun(method="fedprox", settings="mu=0.5"), synthetic()).p.mu == 0.5
+        build_method(FlowerRun.of(method="centralized"), synthetic())
+    assert build_method(FlowerRun.of(method="fedprox", settings="mu=0.5"), synthetic()).p.mu == 0.5
 
 
 def test_server_side_prototype_anchors_are_refused():
@@ -49,4 +76,21 @@ def test_server_side_prototype_anchors_are_refused():
     from tests.federate.conftest import synthetic
 
     with pytest.raises(ConfigError, match="use anchors=text"):
-        build_method(FlowerRun(method="fst-cbdg", settings="anchors=prototypes"), synthetic())
+        build_method(FlowerRun.of(method="fst-cbdg", settings="anchors=prototypes"), synthetic())
+
+
+def test_flwr_run_overrides_reach_the_apps_as_the_run(tmp_path):
+    """`flwr run --run-config` as LocalDeployment writes it, parsed and fused with the app's default config
+    the way Flower does it, reads back to the run that was asked for."""
+    from flwr.common.config import fuse_dicts, get_fused_config_from_dir, parse_config_args
+
+    from fedcache.flower.local import LocalDeployment
+    from fedcache.flower.project import write_app
+
+    write_app(tmp_path / "app")
+    run = FlowerRun.of(method="fedproto", settings="local_protos=last-epoch optim.lr=0.01", rounds=4, fraction=0.5,
+                       min_clients=2, server_shard="/data/shards/server", out="/data/runs/x")
+    argv = LocalDeployment(tmp_path, []).flwr_run_command(tmp_path / "app", run)
+    overrides = parse_config_args([argv[argv.index("--run-config") + 1]])
+    assert FlowerRun.from_config(get_fused_config_from_dir(tmp_path / "app", overrides)) == run
+    assert fuse_dicts(overrides, {}) == run.to_config()

@@ -36,7 +36,7 @@ def _run(d: LocalDeployment, method: str, name: str, **kw) -> FlowerRun:
     work = d.workdir
     base = dict(method=method, rounds=3, seed=1, eval_every=3, server_shard=str(work / "shards" / SERVER),
                 out=str(work / name), connect_timeout=120)
-    return FlowerRun(**{**base, **kw})
+    return FlowerRun.of(**{**base, **kw})
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedpcl"])
@@ -45,7 +45,7 @@ def test_loopback_deployment_equals_in_process(deployment, flower_store, method)
     # every round costs about 12 s here, as each message starts a fresh ClientApp process.
     run = _run(deployment, method, f"run-{method}", rounds=2, eval_every=2)
     flower = deployment.run(deployment.workdir / "app", run, RUN_TIMEOUT)
-    state = torch.load(f"{run.out}/{SERVER_STATE}", weights_only=True)
+    state = torch.load(f"{run.deploy.out}/{SERVER_STATE}", weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store, method, rounds=2, eval_every=2)))
     assert flower["dropped"] == {}
 
@@ -105,7 +105,7 @@ def test_tls_between_superlink_and_supernodes(flower_store, tmp_path):
     write_app(tmp_path / "app")
     with LocalDeployment(tmp_path, [client_dir(tmp_path / "shards", 0)], certs=self_signed(tmp_path / "certs")) as d:
         assert "--insecure" not in d.superlink_command() + d.supernode_command(0, 1)
-        run = FlowerRun(method="fedavg", rounds=1, seed=1, server_shard=str(tmp_path / "shards" / SERVER),
+        run = FlowerRun.of(method="fedavg", rounds=1, seed=1, server_shard=str(tmp_path / "shards" / SERVER),
                         out=str(tmp_path / "run"))
         flower = d.run(tmp_path / "app", run, RUN_TIMEOUT)
     state = torch.load(tmp_path / "run" / SERVER_STATE, weights_only=True)

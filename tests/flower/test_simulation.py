@@ -30,7 +30,7 @@ def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capsys)
 def test_flower_sim_fedpcl_equals_in_process(flower_store, tmp_path):
     cfg = toy_config(flower_store, "fedpcl", out=tmp_path / "pcl")
     flower = train_flower_sim(cfg, cpus=1)
-    state = torch.load(cfg.out / SERVER_STATE, weights_only=True)
+    state = torch.load(cfg.engine.out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store, "fedpcl")))
 
 

@@ -99,7 +99,7 @@ def test_report_without_the_store_skips_only_the_partition_charts(toy_grid, tmp_
     run = tmp_path / "run"
     shutil.copytree(next((toy_grid / "cells").iterdir()), run)
     config = json.loads((run / "config.json").read_text())
-    config["train"]["store"] = str(tmp_path / "moved-away.zarr")
+    config["spec"]["data"]["store"] = str(tmp_path / "moved-away.zarr")
     (run / "config.json").write_text(json.dumps(config))
     paths = write_report(run)
     assert len(paths.figures) == 6 and paths.html.exists()

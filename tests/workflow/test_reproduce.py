@@ -19,7 +19,7 @@ def test_every_paper_preset_exists_and_names_real_things():
     from fedcache.extract.datasets import DATASETS
     from fedcache.federate.methods import METHODS
     from fedcache.federate.settings import fields_of
-    from fedcache.federate.train import TrainConfig
+    from fedcache.spec import is_option
 
     assert set(PAPER_PRESETS) <= set(rp.names())
     for name in PAPER_PRESETS:
@@ -28,9 +28,9 @@ def test_every_paper_preset_exists_and_names_real_things():
         assert p.paper and all(n.experiment in keys for n in p.paper), name
         for e in p.experiments:
             assert e.dataset in DATASETS and all(b in BACKBONES for b in e.backbones), e
-            # Train options, or a method setting that every method of the grid owns (FedRep's E = 1 grid).
+            # Run options, or a method setting that every method of the grid owns (FedRep's E = 1 grid).
             owned = set.intersection(*(set(fields_of(METHODS.get(m).Params)) for m in e.methods))
-            assert all(k in fields_of(TrainConfig) or k in owned for k in e.sweep), e.sweep
+            assert all(is_option(k) or k in owned for k in e.sweep), e.sweep
         for n in p.paper:
             exp = next(e for e in p.experiments if e.key == n.experiment)
             assert n.method in exp.methods and 0 < n.value <= 100, n
