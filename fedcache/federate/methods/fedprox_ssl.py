@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcache.errors import ConfigError
-from fedcache.federate.methods._simclr import SSLParams
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg_ssl import FedAvgSSL
+from fedcache.federate.methods.fedavg_ssl import FedAvgSSL, FedAvgSSLParams
 
 
 @dataclass(frozen=True)
-class FedProxSSLParams(SSLParams):
+class FedProxSSLParams(FedAvgSSLParams):
     mu: float = 1e-4  # FLESD's official README: "The default mu=1e-4 in the original paper"
 
     def __post_init__(self) -> None:

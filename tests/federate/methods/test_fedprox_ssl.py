@@ -33,3 +33,15 @@ def test_default_mu_is_the_papers_and_mu_reaches_local_training():
     avg = server("fedavg-ssl")
     assert torch.equal(server("fedprox-ssl", mu=0.0), avg)
     assert not torch.equal(server("fedprox-ssl", mu=10.0), avg)
+
+
+def test_average_by_samples_or_uniformly_as_the_official_code():
+    from fedcache.federate.methods.base import LocalResult
+
+    data = synthetic(per_client=24)
+    data.views = data.x_train[:, None].expand(-1, 2, -1)
+    up = {"w1": torch.tensor([[[1.0]], [[4.0]]])}
+    result = LocalResult({}, up, torch.tensor([1.0, 3.0]))
+    for avg, want in (("samples", (1 + 3 * 4) / 4), ("uniform", (1 + 4) / 2)):
+        m = make("fedprox-ssl", data, hidden=8, out=4, average=avg)
+        assert m.aggregate({}, result, [0, 1], 0)["w1"].item() == want
