@@ -10,7 +10,7 @@ encoders are probed one by one on the whole test split (worst and mean client, a
 Bytes are per sending client and round.
 
     .venv/bin/python benchmarks/flesd_results.py --store STORE --dataset cifar10-1k --out benchmarks/results/flesd.json
-    .venv/bin/python benchmarks/flesd_results.py --out benchmarks/results/flesd.json --render
+    .venv/bin/python benchmarks/flesd_results.py --render benchmarks/results/flesd*.json
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from fedcache.federate.train import TrainConfig, prepare, train  # noqa: E402
 from fedcache.store.feature_store import FeatureStore  # noqa: E402
 
 ALPHAS = (100.0, 1.0, 0.01)
-ENCODER = ["hidden=256", "out=64", "probe_rows=0"]  # a smaller encoder than the default 512 / 128, for CPU time
+# A smaller encoder than the default 512 / 128 and a probe on 2,000 labelled rows, for CPU time.
+ENCODER = ["hidden=256", "out=64", "probe_rows=2000"]
 # The official distillation settings (K 2048 scaled to the public set: 4 batches), with its per-epoch queue fill.
 FLESD = ["distill_batch=128", "queue=512", "queue_warmup=epoch"]
 RUNS = {  # row label -> (method, rounds, settings besides ENCODER, alphas or None for all)
@@ -90,16 +91,30 @@ def references(args, tables, alpha: float) -> dict:
     return {"raw_probe": round(raw, 2), "untrained_encoder": round(untrained, 2)}
 
 
-def render(path: Path) -> str:
-    """The markdown tables of docs/methods/flesd.md from the results JSON."""
-    res = json.loads(path.read_text())["results"]
+def merged(paths: list[Path]) -> list[dict]:
+    """The results of several runs of this script (e.g. run in parallel on parts of the grid), by alpha."""
+    rows: dict[float, dict] = {}
+    for path in paths:
+        for r in json.loads(path.read_text())["results"]:
+            row = rows.setdefault(r["alpha"], {k: v for k, v in r.items() if k != "methods"} | {"methods": {}})
+            row.update({k: v for k, v in r.items() if k != "methods"})
+            row["methods"].update(r["methods"])
+    return [rows[a] for a in sorted(rows, reverse=True)]
+
+
+def render(paths: list[Path]) -> str:
+    """The markdown table of docs/methods/flesd.md from the results JSON files."""
+    res = merged(paths)
     lines = ["| method | R | " + " | ".join(f"alpha={r['alpha']:g}" for r in res) + " | bytes up / down per client and round |",
              "|---" * (3 + len(res)) + "|"]
     for key, label in (("raw_probe", "raw-feature probe"), ("untrained_encoder", "untrained encoder")):
-        lines.append(f"| {label} | - | " + " | ".join(f"{r[key]:.2f}" for r in res) + " | - |")
+        if all(key in r for r in res):
+            lines.append(f"| {label} | - | " + " | ".join(f"{r[key]:.2f}" for r in res) + " | - |")
     for m in RUNS | {"min-local": None}:
         cells = [r["methods"].get(m) for r in res]
-        first = next(c for c in cells if c)
+        first = next((c for c in cells if c), None)
+        if first is None:
+            continue
         txt = ["-" if c is None else f"{c['accuracy']:.2f}" + (f" (mean {c['mean_accuracy']:.2f})" if "mean_accuracy" in c else "")
                for c in cells]
         lines.append(f"| {m} | {first['rounds']} | " + " | ".join(txt)
@@ -117,27 +132,33 @@ def main() -> None:
     ap.add_argument("--total-epochs", type=int, default=20, help="local epochs in all (split over the rounds)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--alphas", default=",".join(f"{a:g}" for a in ALPHAS))
+    ap.add_argument("--only", default="", help="semicolon-separated row labels (and 'references', 'min-local'); default all")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/flesd.json"))
-    ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
+    ap.add_argument("--render", nargs="*", type=Path, help="print the markdown table of these result files and exit")
     args = ap.parse_args()
     if args.render:
-        print(render(args.out))
+        print(render(args.render))
         return
+    only = set(filter(None, args.only.split(";")))
     torch.set_num_threads(1)
     store = FeatureStore(args.store, create=False)
     tables = tuple(load_fused(store, args.dataset, [args.backbone], s) for s in ("train", "test"))
     results = []
-    for alpha in ALPHAS:
-        row = {"alpha": alpha, **references(args, tables, alpha), "methods": {}}
+    for alpha in (float(a) for a in args.alphas.split(",")):
+        row = {"alpha": alpha, "methods": {}}
+        if not only or "references" in only:
+            row.update(references(args, tables, alpha))
         method, _ = prepare(config(args, "flesd", alpha, 2, FLESD), tables)
         row["public_rows"] = len(method.public)
         row["client_sizes"] = [len(r) for r in method.ctx.data.client_train]  # FLESD's trainers: clients 1..5
         for label, (_, _, _, alphas) in RUNS.items():
-            if alphas is None or alpha in alphas:
+            if (alphas is None or alpha in alphas) and (not only or label in only):
                 row["methods"][label] = federated(args, tables, label, alpha)
                 print(alpha, label, row["methods"][label], flush=True)
-        row["methods"]["min-local"] = min_local(args, tables, alpha)
-        print(alpha, "min-local", row["methods"]["min-local"], flush=True)
+        if not only or "min-local" in only:
+            row["methods"]["min-local"] = min_local(args, tables, alpha)
+            print(alpha, "min-local", row["methods"]["min-local"], flush=True)
         results.append(row)
     info = {"command": "benchmarks/flesd_results.py " + " ".join(sys.argv[1:]), "encoder_settings": ENCODER,
             "runs": RUNS, **meta()}

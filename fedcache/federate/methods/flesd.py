@@ -7,8 +7,8 @@ and a queue (Eq. 7-10), and sends the encoder back.
 
 The public set is client 0's data, as in the paper and its official code: client 0 never trains
 and is not part of the federation (the loop sees clients 1..N-1); the server holds its rows.
-Defaults follow the official code (README command and options.py); docs/methods/flesd.md lists
-every difference.
+Defaults follow the paper and its official code (README command, options.py) except where the table
+of differences in docs/methods/flesd.md says otherwise.
 """
 from __future__ import annotations
 
