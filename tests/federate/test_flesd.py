@@ -96,11 +96,11 @@ def test_queue_is_fifo_and_sizes_fit_the_public_set():
         qu.push(torch.full((2, 1), float(r)), torch.tensor([2 * r, 2 * r + 1]))
         assert qu.full == (r >= 1)
     assert qu.rows.tolist() == [4, 5, 2, 3] and qu.keys[:, 0].tolist() == [2.0, 2.0, 1.0, 1.0]
-    assert esd.sizes(p=1000, batch=256, queue=2048, warmup="round") == (256, 768)
-    assert esd.sizes(p=20, batch=256, queue=2048, warmup="round") == (20, 20)
-    assert esd.sizes(p=1100, batch=256, queue=512, warmup="epoch") == (256, 512)  # 2 of 4 steps train
-    with pytest.raises(ConfigError, match="nothing would train"):
-        esd.sizes(p=1000, batch=256, queue=2048, warmup="epoch")
+    assert esd.sizes(p=1000, batch=256, queue=2048) == (256, 768)
+    assert esd.sizes(p=20, batch=256, queue=2048) == (20, 20)
+    assert not esd.trains_nothing(p=1100, batch=256, queue=512, warmup="epoch")  # 2 of 4 steps train
+    assert esd.trains_nothing(p=1000, batch=256, queue=2048, warmup="epoch")  # 3 steps, queue 768 = 3 steps
+    assert not esd.trains_nothing(p=1000, batch=256, queue=2048, warmup="round")
 
 
 def test_distillation_transfers_a_neighbourhood_structure():

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcache.errors import ConfigError
 from fedcache.federate.methods._simclr import embed, view_pair
 from fedcache.heads import Params
 
@@ -139,17 +138,18 @@ class Queue:
         return self.seen >= len(self.keys)
 
 
-def sizes(p: int, batch: int, queue: int, warmup: str) -> tuple[int, int]:
+def sizes(p: int, batch: int, queue: int) -> tuple[int, int]:
     """(batch, queue) that fit a public set of ``p`` rows: the queue a multiple of the batch (the official
-    code asserts it) and at most one epoch of batches (it cannot hold more distinct rows than there are).
-    With the official per-epoch warm-up the queue must leave steps that train."""
+    code asserts it) and at most one epoch of batches (it cannot hold more distinct rows than there are)."""
     b = min(batch, p)
-    q = max(b, min(queue, (p // b) * b) // b * b)
-    if warmup == "epoch" and q // b >= p // b:
-        raise ConfigError(f"flesd: a queue of {q} keys in batches of {b} fills all {p // b} steps of an epoch over the "
-                          f"{p} public rows, and queue_warmup=epoch skips the loss until it is full, so nothing would "
-                          "train; lower queue or distill_batch, use more public rows, or set queue_warmup=round")
-    return b, q
+    return b, max(b, min(queue, (p // b) * b) // b * b)
+
+
+def trains_nothing(p: int, batch: int, queue: int, warmup: str) -> bool:
+    """With the official per-epoch warm-up, a queue that takes every step of an epoch to fill leaves no
+    step that trains (the official code then returns the encoder unchanged, and so does distil)."""
+    b, q = sizes(p, batch, queue)
+    return warmup == "epoch" and q // b >= p // b
 
 
 def ema(teacher: Params, student: Params, m: float) -> None:
@@ -173,7 +173,7 @@ def distil(enc: Params, ens: torch.Tensor, views: torch.Tensor, cfg, gen: torch.
     student = {n: t.clone().requires_grad_(True) for n, t in enc.items()}
     teacher = {n: t.clone() for n, t in enc.items()}
     opt = torch.optim.Adam(list(student.values()), lr=cfg.distill_lr, weight_decay=cfg.distill_wd)
-    b, qsize = sizes(len(views), cfg.distill_batch, cfg.queue, cfg.queue_warmup)
+    b, qsize = sizes(len(views), cfg.distill_batch, cfg.queue)
     queue, step = Queue(qsize, cfg.out), 0
     for _ in range(cfg.distill_epochs):
         perm = torch.randperm(len(views), generator=gen)

@@ -13,6 +13,7 @@ of differences in docs/methods/flesd.md says otherwise.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -24,6 +25,8 @@ from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
 from fedcache.federate.settings import NonNegative, Range, UnitOpen
 from fedcache.heads import Params, expand
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,14 @@ class FLESD(SSLMethod):
         if d.n_clients < 2:
             raise ConfigError("flesd needs at least 2 clients: client 0's data is the public set, the others train")
         self.public = torch.from_numpy(esd.public_rows(d.client_train[0], self.p.public_rows, ctx.seed))
-        if len(self.public) < 2:
-            raise ConfigError(f"flesd's public set (client 0's rows) has {len(self.public)} rows; it needs 2 or more")
+        if len(self.public) < 1:
+            raise ConfigError("flesd's public set (client 0's rows) is empty; give client 0 rows or use fewer clients")
         # The federation is clients 1..N-1; a copy, so the caller's data and context stay untouched.
-        esd.sizes(len(self.public), self.p.distill_batch, self.p.queue, self.p.queue_warmup)  # refuse before training
+        if esd.trains_nothing(len(self.public), self.p.distill_batch, self.p.queue, self.p.queue_warmup):
+            log.warning("flesd: the queue of %d keys fills every step of an epoch over the %d public rows in batches of "
+                        "%d, and queue_warmup=epoch skips the loss until it is full, so distillation trains nothing "
+                        "(as the official code would); lower queue or distill_batch, or set queue_warmup=round",
+                        self.p.queue, len(self.public), self.p.distill_batch)
         rest = dataclasses.replace(d, client_train=d.client_train[1:], client_test=d.client_test[1:])
         self.ctx = dataclasses.replace(ctx, data=rest)
 

@@ -68,6 +68,24 @@ def test_queue_warmup_skips_the_loss_per_epoch_or_once(monkeypatch, warmup, step
     assert len(calls) == steps
 
 
+def test_a_queue_that_fills_every_epoch_trains_nothing_and_says_so(monkeypatch, caplog):
+    """As the official loop: with the per-epoch warm-up and 2 steps an epoch, a 2-batch queue leaves none."""
+    calls = []
+    monkeypatch.setattr(esd, "distill_loss", lambda *a: calls.append(1))
+    views = torch.randn(16, 2, 6, generator=torch.Generator().manual_seed(0))
+    enc = init_encoder(6, 5, 4, torch.Generator().manual_seed(0))
+    out = esd.distil(enc, torch.ones(16, 16), views, _cfg(queue=16), torch.Generator())
+    assert not calls and all(torch.equal(out[n], enc[n]) for n in enc)
+    from tests.federate.conftest import synthetic
+    from tests.federate.test_methods import make
+
+    data = synthetic(per_client=20)
+    data.views = data.x_train[:, None].expand(-1, 2, -1)
+    with caplog.at_level("WARNING"):
+        make("flesd", data, hidden=4, out=4, distill_batch=8, queue=16, queue_warmup="epoch")
+    assert "trains nothing" in caplog.text
+
+
 def test_distillation_adam_has_the_weight_decay_setting(monkeypatch):
     seen = {}
     real = torch.optim.Adam
