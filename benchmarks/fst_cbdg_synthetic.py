@@ -1,6 +1,7 @@
 """The synthetic-problem table of docs/methods/fst-cbdg.md ("Results"): zero-shot, FST-CBDG and its
 ablations on tests/federate/test_fst_cbdg.py's CLIP-like problem with a known class-prior bias, IID
-and sharded (s=2), seed 0, plus the sharded problem's seeds 1 and 2. About a minute.
+and sharded (s=2), seed 0, plus the sharded problem's seeds 1 and 2; batch 32 (the test's), the
+fst-cbdg optimizer preset, 20 clients, 10 rounds. A few minutes.
 
 Usage: .venv/bin/python benchmarks/fst_cbdg_synthetic.py [--out FILE]
 """
@@ -16,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.federate.test_fst_cbdg import accuracy, biased_problem  # noqa: E402
 
 ROWS = {"zero-shot": ("clip-zs", {}), "fst-cbdg": ("fst-cbdg", {}), "ist-only": ("fst-cbdg", {"losses": "ist"}),
-        "equal-sampling": ("fst-cbdg", {"sampling": "equal"}), "fst-cbdg-explicit": ("fst-cbdg", {"synthetic": "explicit"})}
+        "equal-sampling": ("fst-cbdg", {"sampling": "equal"}), "fst-cbdg-explicit": ("fst-cbdg", {"synthetic": "explicit"}),
+        "tsamp-weight-sum": ("fst-cbdg", {"tsamp_weight": "sum"}), "tsamp-weight-step": ("fst-cbdg", {"tsamp_weight": "step"})}
 
 
 def table(shards: int | None, seed: int, rows: dict) -> dict:

@@ -38,6 +38,7 @@ _ADAM_1E3 = OptimConfig("adam", 1e-3, 0.9, 1e-4)
 PRESETS = {
     "default": _ADAM_1E3,  # Adam 1e-3, wd 1e-4
     "fedpcl": _ADAM_1E3,  # FedPCL's official code: Adam 1e-3, wd 1e-4 (every method of its comparison)
+    "flesd": OptimConfig("adam", 1e-3, 0.9, 1e-6),  # FLESD's official code: Adam 1e-3, wd 1e-6 (local SimCLR)
     "fst-cbdg": OptimConfig("sgd", 1e-2, 0.9, 1e-5),  # FST-CBDG paper: SGD 0.01, momentum 0.9, wd 1e-5
     "promptfl": OptimConfig("sgd", 1e-3, 0.9, 5e-4),  # PromptFL's code: SGD 0.001 (CoOp's momentum 0.9, wd 5e-4)
     "tpfl": OptimConfig("adam", 1e-3, 0.9, 5e-4),  # TPFL paper: Adam 1e-3; wd unstated, CoOp's 5e-4

@@ -38,7 +38,7 @@ SMALL = {"hidden": 16, "out": 8, "distill_epochs": 3, "distill_batch": 8, "queue
 def test_ensemble_matches_hand_computation():
     s1 = torch.tensor([[1.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 1.0]])
     s2 = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.7], [0.5, 0.7, 1.0]])
-    got = esd.ensemble(torch.stack([s1, s2]), torch.ones(2, 3, 3, dtype=torch.bool), t=0.5)
+    got = esd.ensemble([(s1, None), (s2, None)], t=0.5)
     # Row maxima are the diagonal (1): entry = mean_k exp((s_k - 1) / 0.5).
     e = math.exp
     want = torch.tensor([[1.0, (e(-1) + e(-2)) / 2, (e(-2) + e(-1)) / 2],
@@ -46,17 +46,18 @@ def test_ensemble_matches_hand_computation():
                          [(e(-2) + e(-1)) / 2, (e(-1.6) + e(-0.6)) / 2, 1.0]])
     torch.testing.assert_close(got, want)
     # A row whose maximum is not 1 is shifted by its own maximum (official code; a row-constant).
-    got = esd.ensemble(torch.tensor([[[0.2, 0.6]]]), torch.ones(1, 1, 2, dtype=torch.bool), t=0.2)
+    got = esd.ensemble([(torch.tensor([[0.2, 0.6]]), None)], t=0.2)
     torch.testing.assert_close(got, torch.tensor([[e(-2.0), 1.0]]))
 
 
 def test_ensemble_of_sparse_uploads_weighs_unsent_entries_zero():
-    s = torch.tensor([[[1.0, 0.9, 0.1, 0.3], [0.9, 1.0, 0.2, 0.4], [0.1, 0.2, 1.0, 0.8], [0.3, 0.4, 0.8, 1.0]]])
-    up = esd.encode(s, top_percent=25, precision="float32")  # one neighbour per row of 4
+    angles = torch.tensor([0.0, 0.3, 2.0, 2.4])  # two pairs of close unit vectors
+    z = torch.stack([angles.cos(), angles.sin()], -1)[None]
+    s = z @ z.transpose(1, 2)
+    up = esd.encode(z, "similarities", top_percent=25, precision="float32")  # one neighbour per row of 4
     assert up["values"].shape == (1, 4, 1) and up["indices"].dtype == torch.int16
     assert up["indices"][0, :, 0].tolist() == [1, 0, 3, 2]
-    sims, known = esd.decode(up)
-    ens = esd.ensemble(sims, known, t=0.1)
+    ens = esd.ensemble(esd.client_matrices(up, 25), t=0.1)
     want = torch.zeros(4, 4)
     for i, j in enumerate([1, 0, 3, 2]):
         want[i, i], want[i, j] = 1.0, math.exp((s[0, i, j].item() - 1) / 0.1)
@@ -67,8 +68,10 @@ def test_ensemble_of_sparse_uploads_weighs_unsent_entries_zero():
 def test_quantised_similarities_round_trip(precision, tol):
     z = F.normalize(torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(0)), dim=-1)
     s = z @ z.transpose(1, 2)
-    back, known = esd.decode(esd.encode(s, 100, precision))
-    assert known.all() and (back - s).abs().max() <= tol + 1e-6
+    for upload, slack in (("similarities", tol), ("representations", 4 * tol)):  # 4 = 2 factors x 2 renormalising
+        back = list(esd.client_matrices(esd.encode(z, upload, 100, precision), 100))
+        assert all(known is None for _, known in back)
+        assert (torch.stack([b for b, _ in back]) - s).abs().max() <= slack + 1e-6
 
 
 # ---- Eq. 7-9 ---------------------------------------------------------------------------------------
@@ -95,6 +98,9 @@ def test_queue_is_fifo_and_sizes_fit_the_public_set():
     assert qu.rows.tolist() == [4, 5, 2, 3] and qu.keys[:, 0].tolist() == [2.0, 2.0, 1.0, 1.0]
     assert esd.sizes(p=1000, batch=256, queue=2048) == (256, 768)
     assert esd.sizes(p=20, batch=256, queue=2048) == (20, 20)
+    assert not esd.trains_nothing(p=1100, batch=256, queue=512, warmup="epoch")  # 2 of 4 steps train
+    assert esd.trains_nothing(p=1000, batch=256, queue=2048, warmup="epoch")  # 3 steps, queue 768 = 3 steps
+    assert not esd.trains_nothing(p=1000, batch=256, queue=2048, warmup="round")
 
 
 def test_distillation_transfers_a_neighbourhood_structure():
@@ -107,9 +113,9 @@ def test_distillation_transfers_a_neighbourhood_structure():
     cluster = torch.arange(p) % groups
     same = cluster[:, None] == cluster[None, :]
     teacher = torch.where(same, 0.9, -0.1).fill_diagonal_(1.0)
-    ens = esd.ensemble(teacher[None], torch.ones(1, p, p, dtype=torch.bool), t=0.1)
-    cfg = SimpleNamespace(distill_lr=3e-3, distill_batch=16, queue=64, out=16, distill_epochs=50,
-                          momentum=0.99, target_t=0.1)
+    ens = esd.ensemble([(teacher, None)], t=0.1)
+    cfg = SimpleNamespace(distill_lr=3e-3, distill_wd=0.0, distill_batch=16, queue=64, out=16, distill_epochs=50,
+                          momentum=0.99, target_t=0.1, queue_warmup="round")
     enc = init_encoder(dim, 64, 16, torch.Generator().manual_seed(0))
 
     def knn_purity(params):
@@ -129,13 +135,18 @@ def test_bytes_per_round_follow_the_formula(viewed):
     p = len(viewed.client_train[0])  # public set: all of client 0's rows (< public_rows)
     trainers = viewed.n_clients - 1
     enc = (viewed.dim * 16 + 16 + 16 * 8 + 8) * 4
-    s = run(m, RunConfig(rounds=2)).summary
-    assert s["bytes_up"] == 2 * trainers * p * p * 4 and s["bytes_down"] == 2 * trainers * enc
-    n = esd.neighbours(p, 10)
-    s = run(make("flesd", viewed, top_percent=10, precision="int8", **SMALL), RunConfig(rounds=2)).summary
+    s = run(m, RunConfig(rounds=2)).summary  # the paper's upload: P x out representations
+    assert s["bytes_up"] == 2 * trainers * p * 8 * 4 and s["bytes_down"] == 2 * trainers * enc
+    s = run(make("flesd", viewed, upload="similarities", **SMALL), RunConfig(rounds=2)).summary
+    assert s["bytes_up"] == 2 * trainers * p * p * 4
+    n = esd.kept_per_row(p, 10) - 1
+    s = run(make("flesd", viewed, upload="similarities", top_percent=10, precision="int8", **SMALL),
+            RunConfig(rounds=2)).summary
     assert n == p // 10 and s["bytes_up"] == 2 * trainers * p * n * (1 + 2)  # int8 value + int16 index
-    s = run(make("flesd", viewed, precision="float16", **SMALL), RunConfig(rounds=1)).summary
+    s = run(make("flesd", viewed, upload="similarities", precision="float16", **SMALL), RunConfig(rounds=1)).summary
     assert s["bytes_up"] == trainers * p * p * 2
+    s = run(make("flesd", viewed, top_percent=10, precision="int8", **SMALL), RunConfig(rounds=1)).summary
+    assert s["bytes_up"] == trainers * p * 8  # the server filters: representations cost the same
 
 
 def test_public_client_never_trains_and_data_stays_untouched(viewed):
@@ -144,13 +155,14 @@ def test_public_client_never_trains_and_data_stays_untouched(viewed):
     assert np.array_equal(m.public.numpy(), np.sort(viewed.client_train[0]))
     planned = m.plan(0, list(range(m.ctx.data.n_clients)))
     assert not np.isin(planned[planned >= 0], viewed.client_train[0]).any()
-    capped = make("flesd", viewed, public_rows=10, **SMALL)
+    capped = make("flesd", viewed, public_rows=10, queue_warmup="round", **SMALL)
     assert len(capped.public) == 10 and np.isin(capped.public.numpy(), viewed.client_train[0]).all()
 
 
 def test_flesd_is_deterministic_and_seed_dependent(viewed):
     def once(seed):
-        r = run(make("flesd", viewed, seed=seed, top_percent=20, precision="int8", **SMALL), RunConfig(rounds=2))
+        r = run(make("flesd", viewed, seed=seed, upload="similarities", top_percent=20, precision="int8", **SMALL),
+                RunConfig(rounds=2))
         return {k: v for k, v in r.summary.items() if k != "seconds"}, r.server
 
     (a, sa), (b, sb), (_, sc) = once(0), once(0), once(1)
@@ -198,11 +210,12 @@ def test_cli_trains_flesd_on_a_multi_view_store(view_store, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "--store", str(view_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "flesd",
             "--clients", "3", "--rounds", "2", "--batch-size", "8", "--set", "hidden=16", "--set", "out=8",
-            "--set", "distill_epochs=2", "--set", "probe_rows=0", "--out", str(out)]
+            "--set", "distill_epochs=2", "--set", "distill_batch=4", "--set", "queue=8", "--set", "probe_rows=0",
+            "--out", str(out)]
     assert main(args) == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     p = json.loads((out / "config.json").read_text())["data"]["client_train_sizes"][0]
-    assert summary["bytes_up"] == 2 * 2 * p * p * 4 and len(summary["per_client_accuracy"]) == 2
+    assert summary["bytes_up"] == 2 * 2 * p * 8 * 4 and len(summary["per_client_accuracy"]) == 2
     assert 0 <= summary["global_accuracy"] <= 100
     code = main(["train", "--store", str(view_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
                  "--clients", "2", "--rounds", "1"])

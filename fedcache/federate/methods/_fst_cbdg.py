@@ -110,6 +110,28 @@ def draw_classes(n: torch.Tensor, share: torch.Tensor, gens: list[torch.Generato
     return y, mask
 
 
+def tsamp_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n: torch.Tensor, share: torch.Tensor,
+               weighting: str) -> torch.Tensor:
+    """One step's L_tSamp (Eq. 6) per client, (K, P, C) logits of the step's drawn instances -> (K,).
+
+    A step draws its ``share`` (b / M of the client's rows) of the epoch's n = sum_k n_k instances, so
+    the sum of their cross-entropies divided by ``share`` estimates the epoch's sum (Eq. 6 as written,
+    ``sum``; every instance weighs lambda / share, against a real row's 1 / b). ``epoch`` divides by
+    share * n instead, the epoch's mean; ``step`` by the step's own draws (each instance lambda / P_s,
+    nothing on steps that draw none)."""
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+    total = (ce * mask).sum(1)
+    norm = TSAMP_NORM[weighting](mask, n.sum(1).to(total.dtype), share.to(total.dtype))
+    return torch.where(norm > 0, total / norm.clamp_min(1e-30), torch.zeros_like(total))
+
+
+TSAMP_NORM = {
+    "sum": lambda mask, n, share: share,
+    "epoch": lambda mask, n, share: share * n,
+    "step": lambda mask, n, share: mask.sum(1).to(share.dtype),
+}
+
+
 def explicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Tensor, anchors: torch.Tensor, sigma: float,
                     gens: list[torch.Generator]) -> torch.Tensor:
     """Eq. 5 as written: draw every instance z ~ N(T_y, sigma^2 I) (D numbers each), score it with the head."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ class SSLParams:
     hidden: int = 512  # width of the representation h
     out: int = 128  # width of the projection z
     temperature: float = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)
+    # nt-xent: SimCLR's loss (the paper); cross-view: the official code's MoCo-style InfoNCE (see CONTRASTIVE)
+    contrastive: Literal["nt-xent", "cross-view"] = "nt-xent"
     probe_rows: int = 10000  # labelled training rows the evaluation probe is fitted on (0: all)
     probe_c: float = 1.0  # inverse L2 strength of the probe's logistic regression
 
@@ -75,6 +78,23 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, t: float) ->
     return masked_mean(loss, valid)
 
 
+def cross_view(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, t: float) -> torch.Tensor:
+    """FLESD's official local loss ("adopted from the mocov2 code, not exactly SimCLR"): each first view
+    scores every real second view, its own is the positive (B - 1 negatives, one direction) -> (K,)."""
+    sim = (torch.bmm(z1, z2.transpose(1, 2)) / t).masked_fill(~mask[:, None, :], MASKED)
+    b = z1.shape[1]
+    loss = torch.logsumexp(sim, -1) - sim[:, torch.arange(b), torch.arange(b)]
+    return masked_mean(loss, mask)
+
+
+CONTRASTIVE = {"nt-xent": nt_xent, "cross-view": cross_view}
+
+
+def proximal(p: Params, start: Params, mu: float) -> torch.Tensor:
+    """FLESD's official FedProx term, mu ||w - w_global||^2 summed over the encoder (no 1/2) -> (K,)."""
+    return mu * sum(((p[n] - start[n]) ** 2).flatten(1).sum(1) for n in ENCODER_KEYS)
+
+
 def view_pair(step: int, n_views: int) -> tuple[int, int]:
     """The two augmented views a step contrasts: consecutive views, cycling, so every view is used."""
     return step % n_views, (step + 1) % n_views
@@ -89,18 +109,16 @@ def require_views(data, name: str) -> None:
 
 def local_simclr(method, rnd: int, clients: list[int], start: Params, mu: float = 0.0) -> Params:
     """SimCLR on each client's own rows for ``local_epochs`` epochs, from ``start`` (K stacked encoders).
-    ``mu`` > 0 adds FedProx's proximal term towards ``start``."""
+    ``mu`` > 0 adds the proximal term towards ``start`` (``proximal``)."""
     c = method.ctx
     views = c.data.views
     blind = torch.zeros((), dtype=torch.long).expand(len(views))  # labels never reach training
-    t = method.p.temperature
+    t, contrast = method.p.temperature, CONTRASTIVE[method.p.contrastive]
 
     def loss(p, xb, yb, mask, info):
         a, b = view_pair(info["step"], xb.shape[2])
-        total = nt_xent(embed(p, xb[:, :, a]), embed(p, xb[:, :, b]), mask, t)
-        if mu:
-            total = total + 0.5 * mu * sum(((p[n] - start[n]) ** 2).flatten(1).sum(1) for n in ENCODER_KEYS)
-        return total
+        total = contrast(embed(p, xb[:, :, a]), embed(p, xb[:, :, b]), mask, t)
+        return total + proximal(p, start, mu) if mu else total
 
     # The optimizer updates in place: train a copy so ``start`` stays the proximal anchor.
     own = {n: t.clone() for n, t in start.items()}
@@ -135,7 +153,7 @@ class SSLMethod(Method):
 
     Params = SSLParams
     uses_views = True
-    default_preset = "fedpcl"  # Adam, lr 1e-3: FLESD's local optimiser (paper Sec. 5.1)
+    default_preset = "flesd"  # Adam 1e-3, weight decay 1e-6: FLESD's local optimiser (official code)
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         super().__init__(ctx, params)

@@ -1,19 +1,33 @@
 """FedAvg-SSL: FedAvg of locally trained SimCLR encoders (FLESD paper's weight-averaging baseline).
 
 Unlabelled clients train the global MLP encoder with SimCLR on their cached augmented views and send
-its weights; the server averages them weighted by sample counts. Evaluation: linear probe.
+its weights; the server averages them (weighted by sample counts, or uniformly as the official
+code). Evaluation: linear probe.
 """
 from __future__ import annotations
 
-from fedcache.federate.methods._simclr import SSLMethod, local_simclr
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedcache.federate.methods._simclr import SSLMethod, SSLParams, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, weighted_average
 from fedcache.heads import Params, expand
+
+
+@dataclass(frozen=True)
+class FedAvgSSLParams(SSLParams):
+    # samples: FedAvg's average weighted by row counts (the paper names FedAvg); uniform: the official
+    # code's average_weights, a plain mean of the clients' encoders
+    average: Literal["samples", "uniform"] = "samples"
 
 
 @METHODS.register("fedavg-ssl")
 class FedAvgSSL(SSLMethod):
     name = "fedavg-ssl"
     description = "unsupervised: average of locally trained SimCLR encoders (weights travel)"
+    Params = FedAvgSSLParams
 
     def proximal(self) -> float:
         return 0.0
@@ -23,4 +37,5 @@ class FedAvgSSL(SSLMethod):
         return LocalResult({}, params, self.sample_counts(clients))
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
-        return weighted_average(result.uploads, result.weights)
+        weights = result.weights if self.p.average == "samples" else torch.ones_like(result.weights)
+        return weighted_average(result.uploads, weights)

@@ -1,17 +1,18 @@
-"""FedProx-SSL: FedAvg-SSL with FedProx's proximal term mu/2 ||w - w_global||^2 in the local SimCLR loss."""
+"""FedProx-SSL: FedAvg-SSL with a proximal term towards the global encoder in the local SimCLR loss,
+mu ||w - w_global||^2 as FLESD's official code adds it (FedProx's paper writes mu/2; see
+docs/methods/fedprox-ssl.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from fedcache.errors import ConfigError
-from fedcache.federate.methods._simclr import SSLParams
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg_ssl import FedAvgSSL
+from fedcache.federate.methods.fedavg_ssl import FedAvgSSL, FedAvgSSLParams
 
 
 @dataclass(frozen=True)
-class FedProxSSLParams(SSLParams):
-    mu: float = 0.01  # FLESD grid-searches mu for FedProx; 0.01 is FedProx's own middle value
+class FedProxSSLParams(FedAvgSSLParams):
+    mu: float = 1e-4  # FLESD's official README: "The default mu=1e-4 in the original paper"
 
     def __post_init__(self) -> None:
         super().__post_init__()

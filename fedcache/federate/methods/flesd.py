@@ -1,15 +1,19 @@
 """FLESD (Fan et al., "FLESD: Federated Self-Supervised Learning via Ensemble Similarity Distillation"):
-unlabelled clients train the MLP encoder locally with SimCLR for many epochs, then send only its
-similarity matrix over a public set (dense, or the top n% of each row; optionally float16/int8).
-The server ensembles the matrices (Eq. 5-6), distils them into the global encoder with a momentum
-encoder and a queue (Eq. 7-10), and sends the encoder back.
+unlabelled clients train the MLP encoder locally with SimCLR for many epochs, then send the
+representations of a public set (the paper's Eq. 11 and the official code; ``upload=similarities``
+sends the P x P similarity matrix instead, dense or top-n%). The server forms each client's
+similarities, ensembles them (Eq. 4-6), distils them into the global encoder with a momentum encoder
+and a queue (Eq. 7-10), and sends the encoder back.
 
 The public set is client 0's data, as in the paper and its official code: client 0 never trains
 and is not part of the federation (the loop sees clients 1..N-1); the server holds its rows.
+Defaults follow the paper and its official code (README command, options.py) except where the table
+of differences in docs/methods/flesd.md says otherwise.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -19,21 +23,27 @@ from fedcache.errors import ConfigError
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
-from fedcache.federate.settings import Range, UnitOpen
+from fedcache.federate.settings import NonNegative, Range, UnitOpen
 from fedcache.heads import Params, expand
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class FLESDParams(SSLParams):
-    target_t: float = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7; the paper sets them equal)
+    target_t: float = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7); official README: 0.1 for both
     momentum: UnitOpen = 0.999  # m of Eq. 10 (official code)
     queue: int = 2048  # K, the queue of momentum keys (official code); capped by the public set
-    distill_epochs: int = 100  # epochs over the public set per round (paper: 200)
-    distill_batch: int = 256
+    # round: skip the loss until the queue first holds K keys; epoch: for the first K/B steps of every epoch (official code)
+    queue_warmup: Literal["round", "epoch"] = "round"
+    distill_epochs: int = 200  # epochs over the public set per round (paper and official code)
+    distill_batch: int = 256  # official code, drop_last
     distill_lr: float = 1e-3  # Adam (paper)
-    public_rows: int = 2048  # at most this many of client 0's rows form the public set (0: all, as the paper)
-    top_percent: Annotated[float, Range(0, 100, lo_open=True)] = 100.0  # < 100: each row sends only its top n% similarities, with their indices
-    precision: Literal["float32", "float16", "int8"] = "float32"  # of the similarity values sent
+    distill_wd: NonNegative = 1e-6  # Adam's L2 weight decay in distillation (official code)
+    public_rows: int = 0  # 0: all of client 0's rows (paper); else at most this many (seeded draw)
+    upload: Literal["representations", "similarities"] = "representations"  # what a client sends
+    top_percent: Annotated[float, Range(0, 100, lo_open=True)] = 100.0  # < 100: each row keeps its top n% (see docs)
+    precision: Literal["float32", "float16", "int8"] = "float32"  # of the values sent
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -56,21 +66,25 @@ class FLESD(SSLMethod):
         if d.n_clients < 2:
             raise ConfigError("flesd needs at least 2 clients: client 0's data is the public set, the others train")
         self.public = torch.from_numpy(esd.public_rows(d.client_train[0], self.p.public_rows, ctx.seed))
-        if len(self.public) < 2:
-            raise ConfigError(f"flesd's public set (client 0's rows) has {len(self.public)} rows; it needs 2 or more")
+        if len(self.public) < 1:
+            raise ConfigError("flesd's public set (client 0's rows) is empty; give client 0 rows or use fewer clients")
         # The federation is clients 1..N-1; a copy, so the caller's data and context stay untouched.
+        if esd.trains_nothing(len(self.public), self.p.distill_batch, self.p.queue, self.p.queue_warmup):
+            log.warning("flesd: the queue of %d keys fills every step of an epoch over the %d public rows in batches of "
+                        "%d, and queue_warmup=epoch skips the loss until it is full, so distillation trains nothing "
+                        "(as the official code would); lower queue or distill_batch, or set queue_warmup=round",
+                        self.p.queue, len(self.public), self.p.distill_batch)
         rest = dataclasses.replace(d, client_train=d.client_train[1:], client_test=d.client_test[1:])
         self.ctx = dataclasses.replace(ctx, data=rest)
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         params = local_simclr(self, rnd, clients, expand(down, len(clients)))
-        with torch.no_grad():  # Eq. 4 on the public set's plain (unaugmented) features
-            x = self.ctx.data.x_train[self.public].expand(len(clients), -1, -1)
-            z = embed(params, x)
-            sims = torch.bmm(z, z.transpose(1, 2))
-        return LocalResult({}, esd.encode(sims, self.p.top_percent, self.p.precision), self.sample_counts(clients))
+        with torch.no_grad():  # the public set's plain (unaugmented) features, as the official pubset_infer
+            z = embed(params, self.ctx.data.x_train[self.public].expand(len(clients), -1, -1))
+        up = esd.encode(z, self.p.upload, self.p.top_percent, self.p.precision)
+        return LocalResult({}, up, self.sample_counts(clients))
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
-        ens = esd.ensemble(*esd.decode(result.uploads), self.p.target_t)
+        ens = esd.ensemble(esd.client_matrices(result.uploads, self.p.top_percent), self.p.target_t)
         views = self.ctx.data.views[self.public]
         return esd.distil(server, ens, views, self.p, self.generator(rnd, 1))

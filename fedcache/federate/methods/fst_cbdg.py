@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.local import cross_entropy, step_plan, train
+from fedcache.federate.local import step_plan, train
 from fedcache.federate.methods import _fst_cbdg as cbdg
 from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits, prototype_anchors, require_linear,
                                              unit, unit_logits)
@@ -39,6 +39,9 @@ class FSTCBDGParams:
     # validation split of real features (docs/methods/fst-cbdg.md, "Choosing sigma").
     sigma: float = 0.02
     losses: Literal["both", "ist", "tsamp"] = "both"  # Table 3 ablation
+    # How a step weighs its synthetic instances (cbdg.tsamp_loss): epoch = every instance of the epoch alike,
+    # L_tSamp their mean; sum = Eq. 6 read literally (their sum); step = the mean over each step's own draws.
+    tsamp_weight: Literal["epoch", "sum", "step"] = "epoch"
     sampling: Literal["balanced", "equal"] = "balanced"  # Table 4 ablation
     anchors: Literal["text", "prototypes"] = "text"  # prototypes: extension for backbones without text
     templates: Literal["single", "ensemble"] = "single"  # Algorithm 1: "a photo of a {object}."
@@ -138,7 +141,7 @@ class FSTCBDG(Method):
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch
             y, m = cbdg.draw_classes(n, share, lp.gens)
             logits = cbdg.SYNTHETIC[self.p.synthetic](p, y, m, self.anchors, self.p.sigma, lp.gens)
-            total = total + self.w_tsamp * cross_entropy(logits, y, m)
+            total = total + self.w_tsamp * cbdg.tsamp_loss(logits, y, m, n, share, self.p.tsamp_weight)
         return total
 
     # ---- server / evaluation ---------------------------------------------------------------

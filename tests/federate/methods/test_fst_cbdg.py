@@ -1,0 +1,42 @@
+"""FST-CBDG's L_tSamp weighting (Eq. 6 per step) against hand values, and that the setting reaches training."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedcache.federate.methods import _fst_cbdg as cbdg
+from fedcache.presets import PRESETS
+
+L2, LE, LE2 = math.log(2), math.log(1 + math.e), math.log(1 + math.exp(-2))
+
+
+@pytest.mark.parametrize("weighting, want", [
+    ("epoch", [(L2 + LE) / (0.25 * 4), LE2 / (0.25 * 2), 0.0]),  # / (share * n): the epoch's mean
+    ("sum", [(L2 + LE) / 0.25, LE2 / 0.25, 0.0]),  # / share: the epoch's sum, as Eq. 6 is written
+    ("step", [(L2 + LE) / 2, LE2 / 1, 0.0]),  # / the step's own draws
+])
+def test_tsamp_weighting_matches_hand_values(weighting, want):
+    logits = torch.tensor([[[0.0, 0.0], [1.0, 0.0]], [[2.0, 0.0], [5.0, 5.0]], [[1.0, 1.0], [1.0, 1.0]]])
+    y = torch.tensor([[0, 1], [0, 1], [0, 0]])
+    mask = torch.tensor([[True, True], [True, False], [False, False]])  # client 2 drew nothing this step
+    n = torch.tensor([[3, 1], [0, 2], [4, 4]])  # the epoch's Eq. 7 counts, sum 4, 2, 8
+    share = torch.tensor([0.25, 0.25, 0.1])
+    torch.testing.assert_close(cbdg.tsamp_loss(logits, y, mask, n, share, weighting), torch.tensor(want))
+
+
+def test_tsamp_weight_reaches_training():
+    from tests.federate.test_fst_cbdg import biased_problem, make
+    from fedcache.federate.loop import RunConfig, run
+
+    data = biased_problem(n_clients=4, per_client=60)
+    heads = {w: run(make("fst-cbdg", data, rounds=1, tsamp_weight=w), RunConfig(rounds=1)).server["weight"]
+             for w in ("epoch", "sum")}
+    assert not torch.equal(heads["epoch"], heads["sum"])
+
+
+def test_paper_presets_use_the_cited_batch_size():
+    """The paper follows Lee et al. (2022), whose configuration trains with batch 50."""
+    for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
+        assert all(e.sweep["batch_size"] == 50 for e in PRESETS.get(name).experiments)
