@@ -469,12 +469,14 @@ def methods() -> None:
 # `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated
 # value makes it an axis. These are declared by grid itself, or have no meaning for a grid:
 GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out")
-GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process"}
+GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process",
+              "overwrite": "finished cells are kept; use another --out", "track_dir": "trackers write into the grid's --out"}
+GRID_HOW = ("track", "keep_checkpoints")  # how every cell runs: one value for the grid, not an axis
 
 
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
           method: Optional[str], settings: List[str], seeds: Optional[str], jobs: Optional[int], out: Optional[Path],
-          **train_options) -> None:
+          select: Optional[str], **train_options) -> None:
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv
     and table.md. Every `train` option is accepted; v1,v2,... makes it an axis, e.g.
     `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
@@ -482,12 +484,14 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     from fedcache.api import grid_spec
     from fedcache.sweep import run_grid
 
+    how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
-                     jobs=jobs, out=out)
+                     jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
+                     keep_checkpoints=how["keep_checkpoints"])
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
         task = progress.add_task("grid", total=None, last="")
 
@@ -512,13 +516,16 @@ def _grid_signature() -> inspect.Signature:
         ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds (default 0).")),
         ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1).")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
+        ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
         what = o.help.rstrip(".")
-        if o.base is bool:  # a switch sets every cell
+        if o.name in GRID_HOW:
+            opt, typ = typer.Option(None, *o.flags, help=f"{o.help.rstrip('.')} (every cell; not an axis)."), Optional[str]
+        elif o.base is bool:  # a switch sets every cell
             opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
         else:
             default = "" if o.default is None else f"; default {o.default}"

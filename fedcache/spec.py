@@ -153,6 +153,16 @@ class EngineSpec(Section):
     out: Path | None = opt(None, short="-o", axis=False, recorded=False,
                            help="Run directory: config.json, metrics.jsonl, summary.json.")
     resume: bool = opt(False, axis=False, recorded=False, help="Continue the run in --out from its last checkpoint.")
+    overwrite: bool = opt(False, axis=False, recorded=False,
+                          help="Replace the run in --out (a finished or diverged one) instead of refusing.")
+    keep_checkpoints: Literal["last", "none", "all"] = opt(
+        "last", axis=False, recorded=False,
+        help="last: the latest checkpoint (what --resume needs); none: deleted when the run finishes; all: one per round.")
+    track: tuple[str, ...] = opt((), axis=False, recorded=False,
+                                 help="Also send metrics to: tensorboard, mlflow (comma-separated; pip install "
+                                      "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under --track-dir.")
+    track_dir: Path | None = opt(None, axis=False, recorded=False,
+                                 help="Where trackers write (default: --out; a grid's cells use the grid's --out).")
 
 
 SECTIONS: dict[str, type[Section]] = {

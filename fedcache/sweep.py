@@ -59,6 +59,11 @@ class GridSpec:
     # sets that option; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
     sweep: dict[str, list[str]] = field(default_factory=dict)
     jobs: int = 1
+    # Axes whose values are chosen on validation (spare training rows), then run once on the test split.
+    select: list[str] = field(default_factory=list)
+    # How each cell runs, not what it computes (left out of the grid's identity, like jobs).
+    track: list[str] = field(default_factory=list)
+    keep_checkpoints: str = "last"
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), Path(self.out)
@@ -80,7 +85,8 @@ class GridSpec:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
-        d.pop("jobs")  # how many processes ran it does not change the results
+        for how in ("jobs", "track", "keep_checkpoints"):  # how the cells run does not change their results
+            d.pop(how)
         return d
 
 
@@ -139,8 +145,9 @@ def train_config(spec: GridSpec, cell: Cell, out: Path | None) -> RunSpec:
     other key as a ``--set`` pair."""
     direct = {k: v for k, v in cell.setting if _is_run_option(k, cell.method)}
     settings = [f"{k}={v}" for k, v in cell.setting if k not in direct]
+    how = {"track": spec.track, "track_dir": spec.out if spec.track else None, "keep_checkpoints": spec.keep_checkpoints}
     return RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
-                      seed=cell.seed, settings=settings, out=out, **direct)
+                      seed=cell.seed, settings=settings, out=out, **direct, **how)
 
 
 def _is_run_option(key: str, method: str) -> bool:
@@ -215,9 +222,12 @@ def read_features(folder: Path):
 CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell just finished)
 
 
-def run_grid(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
-    """Run every unfinished cell (finished ones are read back), then write results.csv and table.md."""
-    todo_cells = cells(spec)
+def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None) -> Table:
+    """Run every unfinished cell (finished ones are read back), then write results.csv and table.md.
+    ``only``: these cells instead of the whole product (the test runs of a --select grid)."""
+    if spec.select and only is None:
+        return run_selected(spec, on_cell)
+    todo_cells = cells(spec) if only is None else only
     _check_cells(spec, todo_cells)
     _check_spec(spec)
     folder = write_features(spec)
@@ -239,6 +249,35 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
     table = Table([rows[c] for c in todo_cells])
     write_outputs(spec.out, table, grid_caption(spec))
     return table
+
+
+# ---- tune on validation, then test once ------------------------------------------------------
+VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
+
+
+def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
+    """--select: every cell on the validation split (spare training rows) in ``out/validation``; per
+    method and other settings the selected axes' values with the best mean over seeds; those alone on
+    the test split in ``out/test``, with the same seeds and partitions. ``out/table.md`` shows the test
+    results with the chosen values; ``out/selection.json`` every candidate's validation score."""
+    from fedcache.selection import RULE, choose
+
+    if "validation" in spec.sweep:
+        raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+    base = dataclasses.replace(spec, select=[])
+    tuned = run_grid(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
+                     on_cell)
+    choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
+    picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
+              for c in choices for seed in spec.seeds]
+    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), on_cell, only=picked)
+    (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
+        {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
+         "candidates": [{**dict(v), "validation_score": sc} for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
+    caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}), then tested once"
+    tested.to_csv(spec.out / RESULTS)
+    (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption, beside=spec.select) + "\n")
+    return tested
 
 
 def _check_spec(spec: GridSpec) -> None:
@@ -358,7 +397,7 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
     cfg = train_config(spec, c, out).replace(resume=resume)
-    result = train(cfg, tables=tables)
+    result = train(cfg, tables=tables, run_name=c.name)
     return _row(c, result.summary, out)
 
 
@@ -383,13 +422,14 @@ def grid_caption(spec: GridSpec) -> str:
             + "; every other option at `fedcache train`'s default (each cell's config.json has them all)")
 
 
-def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "") -> str:
+def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "", beside: list[str] = ()) -> str:
     """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best mean of each
-    column in bold. Settings with one value across the grid go to the caption, not the column labels."""
+    column in bold. Settings with one value across the grid go to the caption, not the column labels.
+    ``beside``: settings shown next to each result instead of as columns (values chosen per cell)."""
     rows = table.to_records()
     if not rows:
         return "(no runs)"
-    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", *METRIC_COLUMNS)
+    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", *METRIC_COLUMNS, *beside)
                     and len({str(r[k]) for r in rows}) > 1]
     label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -412,6 +452,8 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
                 continue
             mean, std, _ = stats[m, col]
             text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
+            chosen = next((r for r in rows if r["method"] == m and label(r) == col), {})
+            text += "".join(f", {k}={chosen[k]}" for k in beside if k in chosen)
             cells_.append(f"**{text}**" if np.isclose(mean, best[col]) else text)
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ import pytest
 import typer.main
 
 import fedcache
-from fedcache.cli import GRID_OWN, GRID_SKIPS, app, main
+from fedcache.cli import GRID_HOW, GRID_OWN, GRID_SKIPS, app, main
 from fedcache.errors import ConfigError
 from fedcache.spec import RunSpec, is_option, option, options
 
@@ -56,9 +56,10 @@ def test_partition_and_shard_take_the_spec_s_data_and_partition_options():
 def test_grid_takes_every_train_option_and_says_why_it_skips_any():
     grid = {p.name: p for p in _command("grid").params}
     not_axes = {o.name for o in options() if not o.opt.axis}
-    assert not_axes == set(GRID_OWN) | set(GRID_SKIPS)  # grid declares each itself, or says why it has none
+    # grid declares each itself, takes it as one value for every cell, or says why it has none
+    assert not_axes == set(GRID_OWN) | set(GRID_SKIPS) | set(GRID_HOW)
     for o in options():
-        if o.opt.axis:
+        if o.opt.axis or o.name in GRID_HOW:
             assert _flags(grid[o.name]) == _spec_flags(o), o.name
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class RunConfig:
     batched: bool = True
     out: Path | None = None
     resume: bool = False
+    keep_checkpoints: str = "last"  # last | none (deleted at the end) | all (one per round besides the last)
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or not 0 < self.fraction <= 1 or self.eval_every < 1:
@@ -84,6 +86,8 @@ def run(method: Method, cfg: RunConfig, on_round: RoundCallback | None = None) -
         _persist(cfg, state, line)
         if on_round:
             on_round(rnd + 1, cfg.rounds, line)
+    if cfg.out is not None and cfg.keep_checkpoints == "none":
+        (cfg.out / CHECKPOINT).unlink(missing_ok=True)
     return RunResult(run_summary(method, cfg, state, history), history, state.server, state.clients)
 
 
@@ -256,6 +260,8 @@ def _persist(cfg: RunConfig, state: RunState, line: dict | None) -> None:
     tmp = cfg.out / (CHECKPOINT + ".tmp")
     torch.save(ck, tmp)
     os.replace(tmp, cfg.out / CHECKPOINT)  # a crash mid-write leaves the previous checkpoint intact
+    if cfg.keep_checkpoints == "all":
+        shutil.copyfile(cfg.out / CHECKPOINT, cfg.out / f"checkpoint-round{state.rnd:04d}.pt")
 
 
 def _read_history(cfg: RunConfig) -> list[dict]:

@@ -14,7 +14,7 @@ import torch
 from fedcache import __version__
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData, load_fused, load_views
-from fedcache.federate.loop import METRICS, RoundCallback, RunConfig, RunResult, run
+from fedcache.federate.loop import CHECKPOINT, METRICS, RoundCallback, RunConfig, RunResult, run
 from fedcache.federate.methods import METHODS, Method, MethodContext
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
@@ -22,6 +22,7 @@ from fedcache.federate.partitions.storage import table_keys
 from fedcache.federate.settings import build, parse_pairs, refuse_unused, split_settings
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
+from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec, ScheduleSpec
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
@@ -83,10 +84,40 @@ def instantiate(r: Resolved, data: FederatedData, s: ScheduleSpec) -> Method:
 
 
 def check_out(spec: RunSpec) -> None:
-    """A new run may not overwrite a finished or interrupted one."""
-    out = spec.engine.out
-    if out is not None and not spec.engine.resume and (Path(out) / METRICS).exists():
-        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    """Where the run writes, checked before any work: writable, and not silently replacing another run."""
+    e = spec.engine
+    if e.resume and e.overwrite:
+        raise ConfigError("--resume continues the run in --out and --overwrite replaces it; give one of them")
+    if e.track:
+        _check_trackers(spec)
+    if e.out is None:
+        return
+    writable_dir(e.out, "--out")
+    if not e.resume and not e.overwrite and (Path(e.out) / METRICS).exists():
+        raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                          "or choose another --out")
+
+
+RUN_FILES = ("config.json", METRICS, "summary.json", CHECKPOINT, "checkpoint-round*.pt")
+
+
+def _clear_run(out: Path) -> None:
+    """--overwrite: the files of the run in ``out`` (nothing else in the directory)."""
+    for pattern in RUN_FILES:
+        for path in Path(out).glob(pattern):
+            path.unlink()
+
+
+def _check_trackers(spec: RunSpec) -> None:
+    from fedcache.trackers import known_trackers
+
+    unknown = [t for t in spec.engine.track if t not in known_trackers()]
+    if unknown:
+        raise ConfigError(f"--track {','.join(unknown)}: unknown tracker; known: {', '.join(known_trackers())}")
+    where = spec.engine.track_dir or spec.engine.out
+    if where is None:
+        raise ConfigError("--track needs --out or --track-dir: the directory the trackers write into")
+    writable_dir(where, "--track-dir" if spec.engine.track_dir else "--out")
 
 
 def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
@@ -168,19 +199,56 @@ def _resolved(spec: RunSpec, method: Method, r: Resolved, part_info: dict, data:
     }
 
 
-def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables | None = None) -> RunResult:
+def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables | None = None,
+          run_name: str | None = None) -> RunResult:
+    """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
     check_out(spec)
     method, resolved = prepare(spec, tables)
-    out, s = spec.engine.out, spec.schedule
-    if out is not None:
+    e, s = spec.engine, spec.schedule
+    if e.out is not None:
+        if e.overwrite:
+            _clear_run(e.out)
         _prepare_out(spec, resolved)
+    trackers = _open_trackers(spec, resolved, run_name)
+    cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, e.out, e.resume, e.keep_checkpoints)
     t0 = time.perf_counter()
-    result = run(method, RunConfig(s.rounds, s.fraction, s.eval_every, spec.engine.batched, out, spec.engine.resume), on_round)
+    try:
+        result = run(method, cfg, _tracked(on_round, trackers))
+    except BaseException:
+        for t in trackers:
+            t.fail()
+        raise
     log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
     result.summary["partition_id"] = resolved["partition"]["partition_id"]
-    if out is not None:
-        (Path(out) / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    for t in trackers:
+        t.close(result.summary)
+    if e.out is not None:
+        (Path(e.out) / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     return result
+
+
+def _open_trackers(spec: RunSpec, resolved: dict, run_name: str | None) -> list:
+    if not spec.engine.track:
+        return []
+    from fedcache.trackers import open_trackers
+
+    name = run_name or (Path(spec.engine.out).name if spec.engine.out else spec.method.name)
+    settings = {"spec": resolved["spec"], **resolved["resolved"]}
+    return open_trackers(list(spec.engine.track), Path(spec.engine.track_dir or spec.engine.out), name, settings)
+
+
+def _tracked(on_round: RoundCallback | None, trackers: list) -> RoundCallback | None:
+    if not trackers:
+        return on_round
+
+    def callback(done: int, total: int, line: dict | None) -> None:
+        if line is not None:
+            for t in trackers:
+                t.log(line["round"], line)
+        if on_round:
+            on_round(done, total, line)
+
+    return callback
 
 
 def _prepare_out(spec: RunSpec, resolved: dict) -> None:

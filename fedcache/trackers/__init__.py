@@ -11,10 +11,15 @@ from pathlib import Path
 from fedcache.trackers.base import TRACKERS, Tracker, flatten
 
 
-def open_trackers(names: list[str], directory: Path, run_name: str, params: dict) -> list[Tracker]:
+def known_trackers() -> list[str]:
     from fedcache.trackers import mlflow_tracker, tensorboard_tracker  # noqa: F401  (they register themselves)
 
+    return list(TRACKERS.names())
+
+
+def open_trackers(names: list[str], directory: Path, run_name: str, params: dict) -> list[Tracker]:
+    known_trackers()
     return [TRACKERS.get(n)(Path(directory), run_name, flatten(params)) for n in names]
 
 
-__all__ = ["TRACKERS", "Tracker", "flatten", "open_trackers"]
+__all__ = ["TRACKERS", "Tracker", "flatten", "known_trackers", "open_trackers"]

@@ -24,6 +24,9 @@ class Tracker:
     def close(self, summary: dict) -> None:
         raise NotImplementedError
 
+    def fail(self) -> None:
+        """The run stopped (an error, Ctrl-C): keep what was logged, mark it unfinished where the tracker can."""
+
     @classmethod
     def missing(cls, exc: ImportError) -> ConfigError:
         return ConfigError(f"--track {cls.name} needs {exc.name}: pip install 'fedcache[{cls.extra}]'")

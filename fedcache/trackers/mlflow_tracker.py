@@ -43,3 +43,6 @@ class MLflow(Tracker):
         final = [Metric(f"final.{k}", v, now, 0) for k, v in numbers(summary).items()]
         self.client.log_batch(self.run_id, metrics=final)
         self.client.set_terminated(self.run_id)
+
+    def fail(self) -> None:
+        self.client.set_terminated(self.run_id, status="KILLED")

@@ -25,3 +25,6 @@ class TensorBoard(Tracker):
         final = {f"final/{k}": v for k, v in numbers(summary).items()}
         self.writer.add_hparams(self.params, final, run_name=".")
         self.writer.close()
+
+    def fail(self) -> None:
+        self.writer.close()

@@ -1,0 +1,90 @@
+"""Tune on validation then test once (--select), checkpoints kept as asked, --overwrite, trackers per run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+
+from .conftest import BACKBONE
+
+SWEEP = {"partition": "iid", "clients": 2, "subsample": 0.5, "rounds": 2, "lr": ["0.001", "0.1"]}
+
+
+def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_path):
+    from fedcache.api import grid
+
+    out = tmp_path / "cmp"
+    table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
+                 seeds=[0, 1], out=out, select=["lr"])
+    validation = sorted(p.name for p in (out / "validation" / "cells").iterdir())
+    assert len(validation) == 2 * 2 * 2 and all("validation=true" in n for n in validation)
+    tested = sorted(p.name for p in (out / "test" / "cells").iterdir())
+    assert len(tested) == 2 * 2 and not any("validation" in n for n in tested)
+    selection = json.loads((out / "selection.json").read_text())
+    for choice in selection["choices"]:
+        scores = {c["lr"]: c["validation_score"] for c in choice["candidates"]}
+        assert choice["chosen"]["lr"] == max(scores, key=scores.get)  # the best mean validation score
+        runs = [r for r in table.to_records() if r["method"] == choice["method"]]
+        assert {str(r["lr"]) for r in runs} == {choice["chosen"]["lr"]} and len(runs) == 2
+    # Validation runs scored spare training rows; the test runs the test split.
+    cfg = json.loads(next((out / "validation" / "cells").iterdir()).joinpath("config.json").read_text())
+    assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
+    md = (out / "table.md").read_text()
+    assert "chosen per method and setting on validation" in md and ", lr=" in md
+
+
+def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match="--select mu: not an axis"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], sweep=SWEEP, out=tmp_path / "g",
+             select=["mu"])
+
+
+def train_args(toy_store, out, *extra):
+    return ["train", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+            "--clients", "2", "--rounds", "3", "--out", str(out), *extra]
+
+
+def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
+    assert main(train_args(toy_store, tmp_path / "all", "--keep-checkpoints", "all")) == 0
+    assert sorted(p.name for p in (tmp_path / "all").glob("checkpoint*.pt")) == [
+        "checkpoint-round0001.pt", "checkpoint-round0002.pt", "checkpoint-round0003.pt", "checkpoint.pt"]
+    assert main(train_args(toy_store, tmp_path / "none", "--keep-checkpoints", "none")) == 0
+    assert not list((tmp_path / "none").glob("checkpoint*.pt")) and (tmp_path / "none" / "summary.json").exists()
+    # A directory holding a run is refused, and replaced with --overwrite (other files are left alone).
+    (tmp_path / "none" / "notes.txt").write_text("mine")
+    assert main(train_args(toy_store, tmp_path / "none")) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--rounds", "2")) == 0
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["rounds"] == 2
+    assert (tmp_path / "none" / "notes.txt").read_text() == "mine"
+    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--resume")) == 2
+
+
+def test_out_that_is_a_file_is_refused_before_work(toy_store, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(train_args(toy_store, tmp_path / "f")) == 2
+    assert "is a file; give a directory" in capsys.readouterr().err
+
+
+def test_a_grid_sends_each_cell_to_tensorboard(toy_store, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "g"
+    assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "-o", str(out)]) == 0
+    runs = sorted(p.name for p in (out / "tensorboard").iterdir())
+    assert runs == sorted(p.name for p in (out / "cells").iterdir()) and len(runs) == 2
+    events = EventAccumulator(str(out / "tensorboard" / runs[0]))
+    events.Reload()
+    assert [e.step for e in events.Scalars("accuracy")] == [1, 2]
+
+
+def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
+    assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
+    err = capsys.readouterr().err
+    assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()
