@@ -80,7 +80,7 @@ def test_zero_head_epochs_trains_only_the_body():
 @pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])
 def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
     """FedPCL sets E = 1 for every method: FedRep's cells resolve to 1 classifier epoch + 1 body epoch."""
-    from fedcache.federate.train import resolve_settings
+    from fedcache.federate.train import resolve
     from fedcache.presets import PRESETS
     from fedcache.sweep import GridSpec, cells, train_config
 
@@ -91,7 +91,7 @@ def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
     for e in rep:
         spec = GridSpec(tmp_path, e.store_dataset, list(e.backbones), list(e.methods), tmp_path, list(e.seeds), dict(e.sweep))
         for cell in cells(spec):
-            cfg = train_config(spec, cell, None)
-            assert cfg.local_epochs == 1
-            assert resolve_settings(cfg.method, cfg.settings, cfg.preset, cfg.head).params.head_epochs == 1
+            run = train_config(spec, cell, None)
+            assert run.get("local_epochs") == 1
+            assert resolve(run).params.head_epochs == 1
     assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched
