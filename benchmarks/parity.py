@@ -74,8 +74,8 @@ def shuffled_batches(data: FederatedData, seed: int, batch: int) -> Batches:
 
 
 def reference_fedavg(data: FederatedData, rounds: int, model: nn.Module, batches: Batches, lr: float = LR) -> list[float]:
-    """Pooled test accuracy of the global model after each round."""
-    glob, accs = copy.deepcopy(model), []
+    """Pooled test accuracy of the global model after each round; ``model`` ends as the last global model."""
+    glob, accs = model, []
     sizes = torch.tensor([float(len(r)) for r in data.client_train])
     for rnd in range(rounds):
         states = []
@@ -92,7 +92,8 @@ def reference_fedavg(data: FederatedData, rounds: int, model: nn.Module, batches
 
 def reference_fedproto(data: FederatedData, rounds: int, models: list[nn.Module], batches: Batches,
                        lr: float = LR, lam: float = LAM) -> list[float]:
-    """Pooled test accuracy (nearest global prototype) of the clients' own models after each round."""
+    """Pooled test accuracy (nearest global prototype) of the clients' own models after each round;
+    ``models`` are trained in place."""
     opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in models]
     glob: dict[int, torch.Tensor] = {}
     accs = []
