@@ -86,3 +86,11 @@ def test_loss_rows_all_averages_over_every_row(data):
     ce = m_all.loss(dict(p), xb, yb, mask, {**info, "has": torch.zeros(10, dtype=torch.bool)})
     torch.testing.assert_close(m_all.loss(dict(p), xb, yb, mask, info), ce + d / 8)
     torch.testing.assert_close(m_with.loss(dict(p), xb, yb, mask, info), ce + d / 2)
+
+
+def test_reference_options_batched_equals_per_client(data):
+    from fedcache.federate.loop import RunConfig, run
+
+    a = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=True)).summary
+    b = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=False)).summary
+    assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
