@@ -209,11 +209,12 @@ def main() -> None:
     ap.add_argument("--store", type=Path, required=True, help="a copy of /work/stores/digits5-demo.zarr (training writes partitions)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="run only the cases whose label contains this text")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "parity.json")
     args = ap.parse_args()
     results = []
-    for case in CASES:
+    for case in (c for c in CASES if args.only in c[0]):
         runs = [one_seed(args.store, case, s, args.rounds) for s in range(args.first_seed, args.first_seed + args.seeds)]
         results.append({"case": case[0], "fedcache_settings": case[3], "runs": runs, **summarize(runs)})
     write({"setup": {"dataset": "digits5-offline", "backbone": "efficientnet-lite0", "partition": "domain", "clients": 5,
