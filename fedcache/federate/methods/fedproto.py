@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.local import cross_entropy, masked_mean
+from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest
-from fedcache.heads import Params, forward
+from fedcache.heads import Params, expand, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
 CHUNK = 16  # clients per prototype pass, to bound the (K, T, D) gather
@@ -28,14 +29,28 @@ class FedProtoParams:
     # "after": one pass over all the client's rows after local training, evaluation mode (the paper's
     # prototype of the trained representation); "last-epoch": the mean of the representations the
     # last local epoch's training steps produced (train mode, changing weights), as the official code
-    # does, which saves that pass.
-    local_protos: Literal["after", "last-epoch"] = "after"
+    # does, which saves that pass; "every-epoch": the same over every local epoch's steps (PFLlib).
+    local_protos: Literal["after", "last-epoch", "every-epoch"] = "after"
+    # "weighted": each client's prototype weighted by its count of the class (the paper's Eq.);
+    # "uniform": a plain mean over the clients that hold the class (official code and PFLlib).
+    aggregation: Literal["weighted", "uniform"] = "weighted"
+    # "per-client": every client's head drawn independently (the official code builds one model per
+    # client); "shared": every client starts from the same draw (PFLlib deep-copies one model).
+    init: Literal["per-client", "shared"] = "per-client"
+    # Skip each epoch's incomplete last batch, as the official code's and PFLlib's DataLoader(drop_last=True).
+    drop_last: bool = False
+    # Rows the prototype loss averages over: "with-prototype" only rows whose class has a global
+    # prototype; "all" every row of the batch, a row without one adding 0 (nn.MSELoss on a copy of the
+    # representation, as the official code and PFLlib). Equal once every class has a prototype.
+    loss_rows: Literal["with-prototype", "all"] = "with-prototype"
+    # A class no sampled client holds this round: "keep" its previous global prototype; "drop" it
+    # (the official code and PFLlib rebuild the prototype set from this round's uploads only).
+    missing: Literal["keep", "drop"] = "keep"
 
     def __post_init__(self) -> None:
-        if self.local_protos not in ("after", "last-epoch"):
-            raise ConfigError(f"fedproto local_protos must be 'after' or 'last-epoch', got {self.local_protos!r}")
-        if self.predict not in PREDICTORS:
-            raise ConfigError(f"fedproto predict must be one of {sorted(PREDICTORS)}, got {self.predict!r}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"fedproto {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.lam < 0:
             raise ConfigError(f"fedproto lam must be >= 0, got {self.lam}")
 
@@ -55,23 +70,32 @@ class FedProto(Method):
         return {"protos": torch.zeros(c, f), "counts": torch.zeros(c)}  # count 0: no prototype yet
 
     def init_clients(self, n: int) -> Params:
+        if self.p.init == "shared":
+            return expand(self.head.init(1, self.generator(0, 1)), n)
         return self.head.init(n, self.generator(0, 1))
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         info = {"protos": down["protos"], "has": down["counts"] > 0}
-        if self.p.local_protos == "last-epoch":
-            info["sums"] = EpochSums(self.last_epoch_steps(clients), self.ctx.data.n_classes, self.head.feature_dim)
-        states = self.fit(states, rnd, clients, self.loss, info)
+        if self.p.local_protos != "after":
+            info["sums"] = EpochSums(self.epoch_steps(clients), self.ctx.data.n_classes, self.head.feature_dim)
+        c = self.ctx
+        plan = self.plan(rnd, clients)
+        if self.p.drop_last:
+            plan = drop_incomplete(plan)
+        states = train(states, self.trainable(states), self.loss, c.data.x_train, c.data.y_train, plan, c.optim, info)
         protos, counts = info["sums"].means() if "sums" in info else self.local_prototypes(states, clients)
         return LocalResult(states, {"protos": protos, "counts": counts}, self.sample_counts(clients))
 
-    def last_epoch_steps(self, clients: list[int]) -> torch.Tensor:
-        """(K, S) True where step s of client k's local pass belongs to its last epoch (step_plan's layout:
-        each client's epochs back to back, ceil(n_k / B) steps each)."""
+    def epoch_steps(self, clients: list[int]) -> torch.Tensor:
+        """(K, S) True where step s of client k's local pass feeds its prototypes: the last epoch's steps
+        (step_plan's layout: each client's epochs back to back, ceil(n_k / B) steps each, floor with
+        drop_last), or every step."""
         c = self.ctx
-        per_epoch = torch.tensor([-(-len(r) // c.batch_size) for r in self.client_rows(clients)])
+        size = (lambda n: n // c.batch_size) if self.p.drop_last else (lambda n: -(-n // c.batch_size))
+        per_epoch = torch.tensor([size(len(r)) for r in self.client_rows(clients)])
         s = torch.arange(int(per_epoch.max()) * c.local_epochs if len(per_epoch) else 0)
-        return (s >= (per_epoch * (c.local_epochs - 1)).unsqueeze(1)) & (s < (per_epoch * c.local_epochs).unsqueeze(1))
+        first = 0 if self.p.local_protos == "every-epoch" else c.local_epochs - 1
+        return (s >= (per_epoch * first).unsqueeze(1)) & (s < (per_epoch * c.local_epochs).unsqueeze(1))
 
     def loss(self, p, xb, yb, mask, info):
         z = self.head.features(p, xb, mask, train=True)
@@ -80,8 +104,11 @@ class FedProto(Method):
         ce = cross_entropy(self.head.classify(p, z), yb, mask)
         # Squared distance averaged over dimensions, as the official code's nn.MSELoss; rows whose
         # class has no global prototype yet (all rows in round 1) add nothing.
+        has = info["has"][yb]
         dist = ((z - info["protos"][yb]) ** 2).mean(-1)
-        return ce + self.p.lam * masked_mean(dist, mask & info["has"][yb])
+        if self.p.loss_rows == "all":
+            return ce + self.p.lam * masked_mean(dist * has, mask)
+        return ce + self.p.lam * masked_mean(dist, mask & has)
 
     def local_prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts."""
@@ -96,16 +123,19 @@ class FedProto(Method):
         return class_means(z, y, mask, self.ctx.data.n_classes)
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
-        # The paper's Eq. weights each client's prototype by its class count; a class no sampled
-        # client holds this round keeps its previous prototype.
-        avg, seen = aggregate(result.uploads["protos"], result.uploads["counts"], weighted=True)
+        avg, seen = aggregate(result.uploads["protos"], result.uploads["counts"], weighted=self.p.aggregation == "weighted")
         total = result.uploads["counts"].sum(0)
+        if self.p.missing == "drop":
+            return {"protos": torch.where(seen.unsqueeze(-1), avg, 0.0), "counts": total}
+        # A class no sampled client holds this round keeps its previous prototype.
         return {"protos": torch.where(seen.unsqueeze(-1), avg, server["protos"]),
                 "counts": torch.where(seen, total, server["counts"])}
 
     def upload_size(self, uploads: Params, i: int) -> tuple[int, int]:
-        # Only held classes travel: per class its prototype (float32), index and sample count (int64).
-        return _prototype_size(uploads["counts"][i], uploads["protos"].shape[-1], per_class_ints=2)
+        # Only held classes travel: per class its prototype (float32), index and, for the weighted
+        # average, sample count (int64).
+        ints = 2 if self.p.aggregation == "weighted" else 1
+        return _prototype_size(uploads["counts"][i], uploads["protos"].shape[-1], per_class_ints=ints)
 
     def download_size(self, down: Params) -> tuple[int, int]:
         return _prototype_size(down["counts"], down["protos"].shape[-1], per_class_ints=1)
@@ -131,6 +161,17 @@ class EpochSums:
         return means_of(self.sums, self.counts), self.counts
 
 
+def drop_incomplete(plan: np.ndarray) -> np.ndarray:
+    """The (K, S, B) plan without its incomplete batches (an epoch's last one when B does not divide
+    the client's rows), as DataLoader(drop_last=True) skips them: each client's full batches, in order,
+    so an epoch takes floor(n_k / B) steps."""
+    full = [p[(p >= 0).all(-1)] for p in plan]
+    out = np.full((len(plan), max((len(f) for f in full), default=0), plan.shape[-1]), -1, np.int64)
+    for i, f in enumerate(full):
+        out[i, : len(f)] = f
+    return out
+
+
 def _prototype_size(counts: torch.Tensor, dim: int, per_class_ints: int) -> tuple[int, int]:
     n = int((counts > 0).sum())
     return n * dim, n * dim * 4 + n * per_class_ints * INDEX_BYTES
@@ -148,3 +189,12 @@ def _by_prototype(method: FedProto, server: Params, states: Params, x: torch.Ten
 
 
 PREDICTORS = {"classifier": _by_classifier, "proto": _by_prototype}
+CHOICES = {"predict": tuple(PREDICTORS), "local_protos": ("after", "last-epoch", "every-epoch"),
+           "aggregation": ("weighted", "uniform"), "init": ("per-client", "shared"),
+           "loss_rows": ("with-prototype", "all"), "missing": ("keep", "drop")}
+
+# The reference algorithm researchers run as "FedProto" (PFLlib's clientproto/serverproto, which follow
+# the official code's training step): every option that differs from the defaults above. The optimizer,
+# batch size, epochs and participation are the run's own settings.
+PFLLIB = {"predict": "proto", "local_protos": "every-epoch", "aggregation": "uniform", "init": "shared",
+          "drop_last": True, "loss_rows": "all", "missing": "drop"}

@@ -1,0 +1,227 @@
+"""fedcache's fedavg and fedproto against a plain per-client reference loop, on the same cached features.
+
+The reference is written here with ordinary ``torch.nn`` modules, one client at a time, in the order
+of operations of PFLlib's FedAvg and FedProto (serveravg/clientavg, serverproto/clientproto, which
+train as the FedProto authors' code does):
+- every client starts from one deep-copied model (``torch.manual_seed`` then one draw);
+- each round every client trains one local epoch with SGD on shuffled batches, dropping the
+  incomplete last batch (``DataLoader(drop_last=True)``);
+- FedAvg: the server averages the parameters weighted by training-set sizes;
+- FedProto: loss CE + lam * MSELoss(target, representation), the target being a copy of the
+  representation with each row whose class has a global prototype replaced by it (no term before
+  the first global prototypes exist); the client's prototypes are the class means of the
+  representations its training steps produced; the server takes the plain mean over clients of
+  each class's prototypes; prediction is the nearest global prototype (MSE) in evaluation mode;
+- accuracy is pooled over all clients' test sets (correct / total), after every round; PFLlib prints
+  the best round, this reports the last and the best.
+
+fedcache runs ``fedavg`` (linear head) and ``fedproto`` with PFLLIB's options (fedproto.PFLLIB), and
+``fedproto`` with its defaults for comparison. Its accuracy is pooled the same way from its per-client
+accuracies. Each seed times fedcache and the reference on the same data back to back (alternating
+which goes first); the speed ratio is fedcache's seconds over the reference's, whole 50-round runs with
+evaluation every round, data loading excluded.
+
+Usage: .venv/bin/python benchmarks/parity.py --store COPY_OF_digits5-demo.zarr [--seeds 3] [--rounds 50]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedcache.federate.data import FederatedData
+from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.methods.fedproto import PFLLIB
+from fedcache.federate.train import TrainConfig, prepare
+
+SGD = ["optim.optimizer=sgd", "optim.lr=0.01", "optim.momentum=0", "optim.weight_decay=0"]
+LR, BATCH, LAM = 0.01, 32, 1.0
+# (label, fedcache method, head, fedcache settings, reference algorithm)
+CASES = [
+    ("fedavg", "fedavg", "linear", [], "fedavg"),
+    ("fedproto (PFLlib options)", "fedproto", "mlp", [f"method.{k}={v}" for k, v in PFLLIB.items()], "fedproto"),
+    # the same reference as above: its run is not repeated
+    ("fedproto (fedcache defaults, predict=proto)", "fedproto", "mlp", ["method.predict=proto"], None),
+]
+Batches = Callable[[int, int], list[np.ndarray]]  # (round, client) -> the row indices of each step
+
+
+# ---- the reference ------------------------------------------------------------------------------
+def make_model(dim: int, n_classes: int, head: str) -> nn.ModuleDict:
+    """PFLlib's BaseHeadSplit: ``base`` (the representation) and ``head`` (the classifier)."""
+    if head == "linear":
+        return nn.ModuleDict({"base": nn.Identity(), "head": nn.Linear(dim, n_classes)})
+    return nn.ModuleDict({"base": nn.Sequential(nn.Linear(dim, 256), nn.ReLU(), nn.BatchNorm1d(256)),
+                          "head": nn.Linear(256, n_classes)})
+
+
+def shuffled_batches(data: FederatedData, seed: int, batch: int) -> Batches:
+    """DataLoader(shuffle=True, drop_last=True) over each client's rows, one generator per run."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def batches(rnd: int, k: int) -> list[np.ndarray]:
+        rows = data.client_train[k][torch.randperm(len(data.client_train[k]), generator=gen).numpy()]
+        return [rows[i:i + batch] for i in range(0, len(rows) - batch + 1, batch)]
+
+    return batches
+
+
+def reference_fedavg(data: FederatedData, rounds: int, model: nn.Module, batches: Batches, lr: float = LR) -> list[float]:
+    """Pooled test accuracy of the global model after each round; ``model`` ends as the last global model."""
+    glob, accs = model, []
+    sizes = torch.tensor([float(len(r)) for r in data.client_train])
+    for rnd in range(rounds):
+        states = []
+        for k in range(data.n_clients):
+            local = copy.deepcopy(glob)
+            opt = torch.optim.SGD(local.parameters(), lr=lr)
+            _local_epoch(local, opt, data, batches(rnd, k), lambda m, x, y: nn.functional.cross_entropy(m["head"](m["base"](x)), y))
+            states.append(local.state_dict())
+        w = sizes / sizes.sum()
+        glob.load_state_dict({n: sum(wk * s[n].float() for wk, s in zip(w, states)) for n in states[0]})
+        accs.append(_pooled(data, [glob] * data.n_clients, lambda m, x: m["head"](m["base"](x))))
+    return accs
+
+
+def reference_fedproto(data: FederatedData, rounds: int, models: list[nn.Module], batches: Batches,
+                       lr: float = LR, lam: float = LAM) -> list[float]:
+    """Pooled test accuracy (nearest global prototype) of the clients' own models after each round;
+    ``models`` are trained in place."""
+    opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in models]
+    glob: dict[int, torch.Tensor] = {}
+    accs = []
+    for rnd in range(rounds):
+        uploads = [_proto_epoch(models[k], opts[k], data, batches(rnd, k), glob, lam) for k in range(data.n_clients)]
+        glob = {c: torch.stack([u[c] for u in uploads if c in u]).mean(0) for c in sorted(set().union(*uploads))}
+        accs.append(_pooled(data, models, lambda m, x: _nearest(m["base"](x), glob, data.n_classes)))
+    return accs
+
+
+def _proto_epoch(model: nn.Module, opt, data: FederatedData, steps: list[np.ndarray], glob: dict, lam: float) -> dict:
+    reps: dict[int, list[torch.Tensor]] = {}
+    mse = nn.MSELoss()
+
+    def loss(m, x, y):
+        rep = m["base"](x)
+        out = nn.functional.cross_entropy(m["head"](rep), y)
+        if glob:
+            target = rep.detach().clone()
+            for i, c in enumerate(y.tolist()):
+                if c in glob:
+                    target[i] = glob[c]
+            out = out + lam * mse(target, rep)
+        for i, c in enumerate(y.tolist()):
+            reps.setdefault(c, []).append(rep[i].detach())
+        return out
+
+    _local_epoch(model, opt, data, steps, loss)
+    return {c: torch.stack(r).mean(0) for c, r in reps.items()}
+
+
+def _local_epoch(model: nn.Module, opt, data: FederatedData, steps: list[np.ndarray], loss) -> None:
+    model.train()
+    for rows in steps:
+        idx = torch.from_numpy(rows)
+        opt.zero_grad()
+        loss(model, data.x_train[idx], data.y_train[idx]).backward()
+        opt.step()
+
+
+def _nearest(rep: torch.Tensor, glob: dict, n_classes: int) -> torch.Tensor:
+    """Minus the per-dimension mean squared distance to each global prototype; -inf without one."""
+    scores = torch.full((len(rep), n_classes), float("-inf"))
+    for c, p in glob.items():
+        scores[:, c] = -((rep - p) ** 2).mean(-1)
+    return scores
+
+
+def _pooled(data: FederatedData, models: list[nn.Module], predict) -> float:
+    correct = total = 0
+    with torch.no_grad():
+        for k, m in enumerate(models):
+            m.eval()
+            idx = torch.from_numpy(data.client_test[k])
+            correct += int((predict(m, data.x_test[idx]).argmax(-1) == data.y_test[idx]).sum())
+            total += len(idx)
+    return 100.0 * correct / total
+
+
+# ---- fedcache's side --------------------------------------------------------------------------------
+def fedcache_method(store: Path, method: str, head: str, settings: list[str], seed: int, rounds: int):
+    cfg = TrainConfig(store, "digits5-offline", ["efficientnet-lite0"], method, partition="domain", clients=5,
+                      few_shot=10, rounds=rounds, batch_size=BATCH, seed=seed, head=head, settings=SGD + settings)
+    return prepare(cfg)[0]
+
+
+def pooled_history(method, history: list[dict]) -> list[float]:
+    sizes = np.array([len(r) for r in method.ctx.data.client_test], dtype=np.float64)
+    return [float((np.array(h["per_client"]) * sizes).sum() / sizes.sum()) for h in history]
+
+
+def one_seed(store: Path, case: tuple, seed: int, rounds: int) -> dict:
+    label, name, head, settings, algorithm = case
+    method = fedcache_method(store, name, head, settings, seed, rounds)
+    data = method.ctx.data
+
+    def ours():
+        return pooled_history(method, run(method, RunConfig(rounds=rounds)).history)
+
+    def theirs():
+        torch.manual_seed(seed)
+        model = make_model(data.dim, data.n_classes, head)
+        batches = shuffled_batches(data, seed, BATCH)
+        if algorithm == "fedavg":
+            return reference_fedavg(data, rounds, model, batches)
+        return reference_fedproto(data, rounds, [copy.deepcopy(model) for _ in range(data.n_clients)], batches)
+
+    order = [("fedcache", ours), ("reference", theirs)] if algorithm else [("fedcache", ours)]
+    out = {}
+    for side, fn in order if seed % 2 == 0 else order[::-1]:  # alternate which runs first
+        t0 = time.perf_counter()
+        accs = fn()
+        out[side] = {"seconds": time.perf_counter() - t0, "last": accs[-1], "best": max(accs)}
+    return {"case": label, "seed": seed, **out}
+
+
+def summarize(runs: list[dict]) -> dict:
+    def ms(values):
+        return {"mean": round(statistics.mean(values), 2), "std": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0}
+
+    sides = [s for s in ("fedcache", "reference") if s in runs[0]]
+    out = {side: {k: ms([r[side][k] for r in runs]) for k in ("last", "best")} for side in sides}
+    if "reference" in sides:
+        ratio = [r["fedcache"]["seconds"] / r["reference"]["seconds"] for r in runs]
+        out["speed_ratio_fedcache_over_reference"] = {"median": round(statistics.median(ratio), 3), "per_seed": [round(x, 3) for x in ratio]}
+    return out
+
+
+def main() -> None:
+    from _results import write  # benchmarks/ is on sys.path when a script here runs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", type=Path, required=True, help="a copy of /work/stores/digits5-demo.zarr (training writes partitions)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="run only the cases whose label contains this text")
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "parity.json")
+    args = ap.parse_args()
+    results = []
+    for case in (c for c in CASES if args.only in c[0]):
+        runs = [one_seed(args.store, case, s, args.rounds) for s in range(args.first_seed, args.first_seed + args.seeds)]
+        results.append({"case": case[0], "fedcache_settings": case[3], "runs": runs, **summarize(runs)})
+    write({"setup": {"dataset": "digits5-offline", "backbone": "efficientnet-lite0", "partition": "domain", "clients": 5,
+                     "few_shot": 10, "rounds": args.rounds, "batch": BATCH, "optimizer": "SGD lr 0.01, no momentum",
+                     "local_epochs": 1, "lam": LAM, "accuracy": "pooled over all clients' test sets"},
+           "results": results}, args.out)
+
+
+if __name__ == "__main__":
+    main()
