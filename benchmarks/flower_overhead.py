@@ -80,18 +80,17 @@ def deployment(store: Path, work: Path) -> dict:
     from fedcache.flower.config import FlowerRun
     from fedcache.flower.local import LocalDeployment
     from fedcache.flower.project import write_app
-    from fedcache.flower.shard import SERVER, client_dir, write_shards
+    from fedcache.flower.shard import client_dir, write_shards
     from fedcache.flower.sim import shard_spec
 
     write_shards(shard_spec(config(store)), work / "shards")
     write_app(work / "app")
-    run = FlowerRun.of(method="fedavg", rounds=ROUNDS, eval_every=ROUNDS, server_shard=str(work / "shards" / SERVER),
-                    out=str(work / "deploy"), connect_timeout=300)
+    run = FlowerRun.of(method="fedavg", rounds=ROUNDS, eval_every=ROUNDS, connect_timeout=300)
     with LocalDeployment(work, [client_dir(work / "shards", k) for k in range(CLIENTS)]) as d:
         t0 = time.perf_counter()
-        summary = d.run(work / "app", run, timeout=580)
+        summary, out = d.run(work / "app", run, timeout=580)
         wall = time.perf_counter() - t0
-    return _flower_times(Path(run.deploy.out), wall, summary)
+    return _flower_times(out, wall, summary)
 
 
 def measure() -> dict:

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedcache.errors import ConfigError
-from fedcache.federate.methods import METHODS, Method
+from fedcache.federate.methods import METHODS, LocalResult, Method
 from fedcache.flower.config import FlowerRun, build_method
 from fedcache.flower.protocol import STATE, from_record, to_record
 from fedcache.flower.shard import ShardInfo, client_dir, load_client
@@ -58,7 +58,8 @@ def _state(method: Method, info: ShardInfo, context: Context) -> dict[str, torch
 def identify(msg: Message, context: Context) -> Message:
     """Which client this node is, so the server can sample by client id as the in-process engine does."""
     _, info = _setup(context)
-    return Message(RecordDict({"client": ConfigRecord({"client": info.client, "n-clients": info.n_clients})}), reply_to=msg)
+    claim = ConfigRecord({"client": info.client, "partition-id": info.partition_id})
+    return Message(RecordDict({"client": claim}), reply_to=msg)
 
 
 @app.train()
@@ -68,9 +69,13 @@ def train(msg: Message, context: Context) -> Message:
     down = from_record(msg.content["down"])
     result = method.local_update(rnd, [info.client], down, _state(method, info, context))
     context.state[STATE] = to_record(result.states)
-    content = RecordDict({"up": to_record(result.uploads), "weight": to_record({"w": result.weights}),
-                          "client": ConfigRecord({"client": info.client})})
-    return Message(content, reply_to=msg)
+    return Message(train_reply(result), reply_to=msg)
+
+
+def train_reply(result: LocalResult) -> RecordDict:
+    """What a client sends after its local update: uploads and weight, arrays only. No client id: the
+    server knows which client a node serves (it asked once, in ``identify``)."""
+    return RecordDict({"up": to_record(result.uploads), "weight": to_record({"w": result.weights})})
 
 
 @app.evaluate()
@@ -87,5 +92,5 @@ def evaluate(msg: Message, context: Context) -> Message:
         else:
             logits = method.global_logits(server, x)
     hits = int((logits.argmax(-1) == y).sum())
-    metrics = MetricRecord({"client": k, "hits": hits, "n": len(rows)})
+    metrics = MetricRecord({"hits": hits, "n": len(rows)})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

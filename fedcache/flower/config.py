@@ -7,11 +7,17 @@ same method, parameters, optimizer, head and seed. Its keys are ``section.field`
 train`` under the same fields; the shards already hold the data and the partition), and ``deploy.*``,
 what only a deployment has. Values are plain strings, numbers and booleans: nothing but config
 crosses the network with them.
+
+Whoever can reach the SuperLink's port can submit a run config, so it names no server-side path:
+where the server reads its shard and writes its results is the SuperLink operator's setting
+(``ServerPaths``, from the SuperLink's environment).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fedcache.errors import ConfigError
@@ -31,9 +37,7 @@ class Deployment:
     round_timeout: Positive = 600.0  # seconds the server waits for a round's replies
     connect_timeout: Positive = 120.0  # seconds the server waits for every client to connect
     rejoin_wait: NonNegative = 0.0  # seconds each later round waits for missing clients to reconnect
-    server_shard: str = ""  # the shards' server/ directory, on the SuperLink's machine
     shard_dir: str = ""  # simulation only: client k reads <shard-dir>/client-<k>
-    out: str = ""  # where the server writes metrics.jsonl, rounds.jsonl, summary.json ("" = nowhere)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -70,6 +74,12 @@ class FlowerRun:
 
     @classmethod
     def from_config(cls, config: dict) -> "FlowerRun":
+        server_side = sorted(set(config) & set(SERVER_ENV))
+        if server_side:
+            raise ConfigError(
+                f"run config {server_side} would name paths on the server; they are the SuperLink operator's "
+                f"settings, not a run's: set {', '.join(SERVER_ENV[k] for k in server_side)} in the environment "
+                "flower-superlink starts in (see docs/deploy.md)")
         deploy_keys = {f"{DEPLOY}.{f.name}": f for f in dataclasses.fields(Deployment)}
         spec_keys = set(to_flat(cls()._sections()))
         unknown = sorted(set(config) - set(deploy_keys) - spec_keys)
@@ -100,3 +110,22 @@ def build_method(run: FlowerRun, data: FederatedData) -> Method:
         raise ConfigError(f"{run.method.name} cannot run on Flower: {reason}; run it with the in-process engine "
                           "(`fedcache train`)")
     return instantiate(r, data, run.schedule)
+
+
+# The server's own paths: run config key a submitter might try -> the environment variable that sets it.
+SERVER_ENV = {f"{DEPLOY}.server_shard": "FEDCACHE_FLOWER_SERVER_SHARD", f"{DEPLOY}.out": "FEDCACHE_FLOWER_RUNS"}
+
+
+@dataclass(frozen=True)
+class ServerPaths:
+    """Where the ServerApp reads and writes: set by whoever runs the SuperLink, never by a run config."""
+
+    server_shard: Path | None  # the shards' server/ directory
+    out: Path | None  # this run's metrics.jsonl, rounds.jsonl, summary.json, server_state.pt (None: nowhere)
+
+    @classmethod
+    def from_env(cls, run_id: int, env: dict[str, str] | None = None) -> "ServerPaths":
+        """FEDCACHE_FLOWER_SERVER_SHARD, and FEDCACHE_FLOWER_RUNS/run-<run id> (Flower's id of this run)."""
+        env = os.environ if env is None else env
+        shard, runs = env.get(SERVER_ENV[f"{DEPLOY}.server_shard"]), env.get(SERVER_ENV[f"{DEPLOY}.out"])
+        return cls(Path(shard) if shard else None, Path(runs) / f"run-{int(run_id)}" if runs else None)

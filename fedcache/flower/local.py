@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache.errors import FedcacheError
-from fedcache.flower.config import FlowerRun
+from fedcache.flower.config import SERVER_ENV, FlowerRun
+from fedcache.flower.shard import SERVER
 
 CONNECTION = "loopback"  # the name of the SuperLink connection in $FLWR_HOME/config.toml
 HOST = "127.0.0.1"
@@ -75,13 +76,41 @@ def self_signed(directory: Path) -> Certs:
     return paths
 
 
+def node_keys(directory: Path, name: str) -> tuple[Path, Path]:
+    """A SuperNode's authentication key pair (EC P-384, OpenSSH format, as `flwr supernode register` reads)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private, public = directory / name, directory / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                          serialization.NoEncryption()))
+    private.chmod(0o600)
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+    return private, public
+
+
 @dataclass
 class LocalDeployment:
     workdir: Path
     shards: list[Path]  # one SuperNode per client shard
     certs: Certs | None = None  # None: --insecure
+    auth: bool = False  # SuperNode authentication: only nodes whose keys were registered may connect (needs certs)
+    server_shard: Path | None = None  # default: the server/ directory beside the client shards
     port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.auth and not self.certs:
+            raise FedcacheError("SuperNode authentication needs TLS: give certs as well")
+        if self.server_shard is None and self.shards:
+            self.server_shard = Path(self.shards[0]).parent / SERVER
+
+    @property
+    def runs(self) -> Path:
+        """The server's FEDCACHE_FLOWER_RUNS: each run writes run-<run id>/ here."""
+        return self.workdir / "runs"
 
     @property
     def env(self) -> dict[str, str]:
@@ -89,21 +118,27 @@ class LocalDeployment:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         return {**os.environ, "PATH": path, "FLWR_HOME": str(self.workdir / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0"}
 
+    def superlink_env(self) -> dict[str, str]:
+        """The SuperLink's environment, which its ServerApp processes inherit: the server's own paths."""
+        return {**self.env, SERVER_ENV["deploy.server_shard"]: str(self.server_shard), SERVER_ENV["deploy.out"]: str(self.runs)}
+
     def superlink_command(self) -> list[str]:
         tls = (["--ssl-ca-certfile", str(self.certs.ca), "--ssl-certfile", str(self.certs.cert),
                 "--ssl-keyfile", str(self.certs.key)] if self.certs else ["--insecure"])
-        return [_bin("flower-superlink"), *tls, "--host", HOST, "--port", str(self.port),
+        auth = ["--enable-supernode-auth"] if self.auth else []
+        return [_bin("flower-superlink"), *tls, *auth, "--host", HOST, "--port", str(self.port),
                 "--disable-runtime-dependency-installation"]
 
-    def supernode_command(self, i: int, runtime_port: int) -> list[str]:
+    def supernode_command(self, shard: Path, runtime_port: int, key: Path | None = None) -> list[str]:
         tls = ["--root-certificates", str(self.certs.ca)] if self.certs else ["--insecure"]
-        return [_bin("flower-supernode"), *tls, "--superlink", f"{HOST}:{self.port}", "--host", HOST,
-                "--port", str(runtime_port), "--node-config", f"shard={json.dumps(str(self.shards[i]))}"]
+        auth = ["--auth-supernode-private-key", str(key)] if key else []
+        return [_bin("flower-supernode"), *tls, *auth, "--superlink", f"{HOST}:{self.port}", "--host", HOST,
+                "--port", str(runtime_port), "--node-config", f"shard={json.dumps(str(shard))}"]
 
     def __enter__(self) -> "LocalDeployment":
         try:
             self._write_connection()
-            self._spawn("superlink", self.superlink_command())
+            self._spawn("superlink", self.superlink_command(), self.superlink_env())
             _wait_port(self.port, 60, self.procs["superlink"], self.log("superlink"))
             for i in range(len(self.shards)):
                 self.start_node(i)
@@ -125,13 +160,31 @@ class LocalDeployment:
         (home / "config.toml").write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
                                           f'address = "{HOST}:{self.port}"\n{auth}\n')
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.log(name), "ab") as fh:  # the child keeps its own descriptor
-            self.procs[name] = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env,
+            self.procs[name] = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env or self.env,
                                                 start_new_session=True, cwd=self.workdir)
 
     def start_node(self, i: int) -> None:
-        self._spawn(f"node{i}", self.supernode_command(i, free_port()))
+        """Client i's SuperNode; with auth, its key is made and registered with the SuperLink first."""
+        key = None
+        if self.auth:
+            key, public = node_keys(self.workdir / "keys", f"node{i}")
+            self.flwr(["supernode", "register", str(public), CONNECTION])
+        self._spawn(f"node{i}", self.supernode_command(self.shards[i], free_port(), key))
+
+    def start_unregistered_node(self, name: str, shard: Path) -> None:
+        """A SuperNode with a key the SuperLink never registered (with auth it must be refused)."""
+        key, _ = node_keys(self.workdir / "keys", name)
+        self._spawn(name, self.supernode_command(shard, free_port(), key))
+
+    def flwr(self, args: list[str], timeout: float = 60) -> str:
+        """A `flwr` CLI command against this SuperLink; its output, or a FedcacheError with it."""
+        proc = subprocess.run([_bin("flwr"), *args], env=self.env, cwd=self.workdir, capture_output=True, text=True,
+                              timeout=timeout, start_new_session=True)
+        if proc.returncode != 0:
+            raise FedcacheError(f"flwr {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        return proc.stdout
 
     def kill_node(self, i: int) -> None:
         _kill(self.procs.pop(f"node{i}"))
@@ -144,15 +197,19 @@ class LocalDeployment:
         overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run.to_config().items())
         return [_bin("flwr"), "run", str(app), CONNECTION, "--run-config", overrides, "--stream"]
 
-    def run(self, app: Path, run: FlowerRun, timeout: float) -> dict:
-        """`flwr run` to the end; returns the server's summary.json (run.deploy.out must be set)."""
+    def run_dirs(self) -> set[Path]:
+        return set(self.runs.glob("run-*"))
+
+    def run(self, app: Path, run: FlowerRun, timeout: float) -> tuple[dict, Path]:
+        """`flwr run` to the end; returns the server's summary.json and the run's directory."""
+        before = self.run_dirs()
         proc = subprocess.run(self.flwr_run_command(app, run), env=self.env, cwd=self.workdir, capture_output=True,
                               text=True, timeout=timeout, start_new_session=True)
-        summary = Path(run.deploy.out) / "summary.json"
-        if not summary.exists():
+        new = sorted(self.run_dirs() - before)
+        if len(new) != 1 or not (new[0] / "summary.json").exists():
             raise FedcacheError(f"the Flower run wrote no summary (flwr exited {proc.returncode}):\n"
                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-        return json.loads(summary.read_text())
+        return json.loads((new[0] / "summary.json").read_text()), new[0]
 
 
 def _wait_port(port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:

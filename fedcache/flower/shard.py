@@ -66,6 +66,9 @@ class ShardInfo:
     partition_id: str  # of the partition in the source store
     request: dict
     client_train_sizes: list[int]
+    # Every client's local test rows: the server checks the row count a client says it evaluated on
+    # (empty in shards written before it was recorded: then unchecked).
+    client_test_sizes: list[int] = dataclasses.field(default_factory=list)
 
     @classmethod
     def read(cls, store: FeatureStore) -> "ShardInfo":
@@ -91,7 +94,8 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     pid = save_partition(store, spec.dataset, partition, *keys)
     views = _view_tables(store, spec)
     base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
-                request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train])
+                request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
+                client_test_sizes=[len(r) for r in partition.test])
     paths = []
     for k in range(partition.n_clients):
         info = ShardInfo(role="client", client=k, **base)

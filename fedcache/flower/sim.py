@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedcache.errors import FedcacheError
 from fedcache.federate.train import partition_request
-from fedcache.flower.config import FlowerRun
+from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, write_shards
 from fedcache.spec import RunSpec
@@ -34,9 +34,8 @@ def shard_spec(spec: RunSpec) -> ShardSpec:
     return ShardSpec(Path(d.store), d.dataset, list(d.backbones), partition_request(spec, n_domains))
 
 
-def flower_run(spec: RunSpec, shard_dir: Path, out: Path | None, **extra) -> FlowerRun:
-    return FlowerRun.from_spec(spec, server_shard=str(shard_dir / SERVER), shard_dir=str(shard_dir),
-                               out=str(out) if out else "", **extra)
+def flower_run(spec: RunSpec, shard_dir: Path, **extra) -> FlowerRun:
+    return FlowerRun.from_spec(spec, shard_dir=str(shard_dir), **extra)
 
 
 def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
@@ -51,11 +50,11 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
         shards = base / "shards"
         shard = shard_spec(spec)
         write_shards(shard, shards)
-        run = flower_run(spec, shards, base if out else None)
-        return simulate(run, shard.request.n_clients, Path(tmp) / "app", cpus)
+        paths = ServerPaths(shards / SERVER, base if out else None)
+        return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus)
 
 
-def simulate(run: FlowerRun, n_clients: int, app_dir: Path, cpus: int | None = None) -> dict:
+def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None) -> dict:
     """Run ``run`` with ``n_clients`` virtual SuperNodes; returns the server's summary."""
     from flwr.app import Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
@@ -67,7 +66,7 @@ def simulate(run: FlowerRun, n_clients: int, app_dir: Path, cpus: int | None = N
     summary: dict = {}
 
     def main(grid, context) -> None:  # keeps the summary in this process
-        summary.update(server.serve(grid, run))
+        summary.update(server.serve(grid, run, paths))
 
     app = server.ServerApp()
     app.main()(main)

@@ -51,7 +51,7 @@ def test_run_config_round_trips_and_holds_the_train_options_sections():
 
     spec = RunSpec.of(dataset="d", backbones="b", method="fedprox", settings=["mu=0.5", "optim.betas=0.9,0.99"],
                       preset="fst-cbdg", head="mlp", rounds=4, fraction=0.5, local_epochs=2, batch_size=8, seed=3)
-    run = FlowerRun.from_spec(spec, min_clients=2, out="/tmp/x")
+    run = FlowerRun.from_spec(spec, min_clients=2, shard_dir="/tmp/x")
     config = run.to_config()
     assert all(isinstance(v, (str, int, float, bool)) for v in config.values())
     assert {k for k in config if not k.startswith("deploy.")} == {o.key for o in options("method", "optim", "head", "schedule")}
@@ -89,7 +89,7 @@ def test_flwr_run_overrides_reach_the_apps_as_the_run(tmp_path):
 
     write_app(tmp_path / "app")
     run = FlowerRun.of(method="fedproto", settings="local_protos=last-epoch optim.lr=0.01", rounds=4, fraction=0.5,
-                       min_clients=2, server_shard="/data/shards/server", out="/data/runs/x")
+                       min_clients=2, rejoin_wait=5.0)
     argv = LocalDeployment(tmp_path, []).flwr_run_command(tmp_path / "app", run)
     overrides = parse_config_args([argv[argv.index("--run-config") + 1]])
     assert FlowerRun.from_config(get_fused_config_from_dir(tmp_path / "app", overrides)) == run

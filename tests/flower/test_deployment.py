@@ -1,6 +1,7 @@
 """A real deployment on 127.0.0.1: a SuperLink and 3 SuperNodes as separate processes, each with
 its own shard, driven by `flwr run`. Numbers equal the in-process engine's; a killed SuperNode is
-dropped from its round and rejoins when restarted; too few clients is a clear error; TLS works."""
+dropped from its round and rejoins when restarted; too few clients is a clear error; TLS with
+SuperNode authentication works and refuses a node whose key was not registered."""
 import json
 import subprocess
 import time
@@ -11,10 +12,10 @@ import torch
 from fedcache.errors import FedcacheError
 from fedcache.federate.train import train
 from fedcache.flower.config import FlowerRun
-from fedcache.flower.local import LocalDeployment, self_signed
+from fedcache.flower.local import CONNECTION, LocalDeployment, self_signed
 from fedcache.flower.project import write_app
 from fedcache.flower.server import SERVER_STATE
-from fedcache.flower.shard import SERVER, client_dir, write_shards
+from fedcache.flower.shard import client_dir, write_shards
 from fedcache.flower.sim import shard_spec
 
 from .conftest import assert_same_run, toy_config
@@ -32,20 +33,18 @@ def deployment(flower_store, tmp_path_factory):
         yield d
 
 
-def _run(d: LocalDeployment, method: str, name: str, **kw) -> FlowerRun:
-    work = d.workdir
-    base = dict(method=method, rounds=3, seed=1, eval_every=3, server_shard=str(work / "shards" / SERVER),
-                out=str(work / name), connect_timeout=120)
-    return FlowerRun.of(**{**base, **kw})
+def _run(method: str, **kw) -> FlowerRun:
+    return FlowerRun.of(**{**dict(method=method, rounds=3, seed=1, eval_every=3, connect_timeout=120), **kw})
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedpcl"])
 def test_loopback_deployment_equals_in_process(deployment, flower_store, method):
     # Two rounds: the second starts from the first's aggregate (and FedPCL's stored client prototypes);
     # every round costs about 12 s here, as each message starts a fresh ClientApp process.
-    run = _run(deployment, method, f"run-{method}", rounds=2, eval_every=2)
-    flower = deployment.run(deployment.workdir / "app", run, RUN_TIMEOUT)
-    state = torch.load(f"{run.deploy.out}/{SERVER_STATE}", weights_only=True)
+    run = _run(method, rounds=2, eval_every=2)
+    flower, out = deployment.run(deployment.workdir / "app", run, RUN_TIMEOUT)
+    assert out.parent == deployment.runs  # where the SuperLink's environment says, not the run config
+    state = torch.load(out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store, method, rounds=2, eval_every=2)))
     assert flower["dropped"] == {}
 
@@ -66,12 +65,15 @@ def _wait_for(predicate, timeout: float, what: str):
 def test_killed_supernode_is_dropped_and_rejoins_after_restart(deployment):
     """Kill client 2's SuperNode (and its running ClientApp) as round 2 starts: round 2 completes with
     clients 0 and 1 after round-timeout and records the drop; the restarted node rejoins for round 3."""
-    run = _run(deployment, "fedavg", "run-failure", min_clients=2, round_timeout=30, rejoin_wait=120)
-    rounds = deployment.workdir / "run-failure" / "rounds.jsonl"
-    flwr = subprocess.Popen(deployment.flwr_run_command(deployment.workdir / "app", run), env=deployment.env,
-                            cwd=deployment.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    run = _run("fedavg", min_clients=2, round_timeout=30, rejoin_wait=120)
+    before = deployment.run_dirs()
+    with open(deployment.log("flwr-run-failure"), "wb") as log:  # the ServerApp's log, if the test fails
+        flwr = subprocess.Popen(deployment.flwr_run_command(deployment.workdir / "app", run), env=deployment.env,
+                                cwd=deployment.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        _wait_for(lambda: deployment.run_dirs() - before, RUN_TIMEOUT, "the run's directory")
+        out = next(iter(deployment.run_dirs() - before))
+        rounds = out / "rounds.jsonl"
         _wait_for(lambda: len(_rounds(rounds)) >= 1, RUN_TIMEOUT, "round 1")
         deployment.kill_node(2)
         _wait_for(lambda: len(_rounds(rounds)) >= 2, RUN_TIMEOUT, "round 2")
@@ -83,7 +85,7 @@ def test_killed_supernode_is_dropped_and_rejoins_after_restart(deployment):
     log = _rounds(rounds)
     assert [r["clients"] for r in log] == [[0, 1, 2], [0, 1], [0, 1, 2]]
     assert log[1]["dropped"] == [2] and log[2]["joined"] == [2]
-    summary = json.loads((deployment.workdir / "run-failure" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["dropped"] == {"2": [2]} and len(summary["per_client_accuracy"]) == 3
 
 
@@ -91,22 +93,32 @@ def test_too_few_clients_fails_with_a_clear_message(deployment):
     """min-clients above the live clients: the run stops with a message that names the fix."""
     deployment.kill_node(1)
     try:
-        run = _run(deployment, "fedavg", "run-too-few", rounds=1, min_clients=3, round_timeout=20, connect_timeout=5)
+        run = _run("fedavg", rounds=1, min_clients=3, round_timeout=20, connect_timeout=5)
         with pytest.raises(FedcacheError, match="min-clients=3"):
             deployment.run(deployment.workdir / "app", run, RUN_TIMEOUT)
     finally:
         deployment.start_node(1)
 
 
-def test_tls_between_superlink_and_supernodes(flower_store, tmp_path):
-    """One SuperNode over TLS with a throw-away CA (generated offline with `cryptography`)."""
+def test_tls_and_supernode_authentication_refuse_an_unregistered_node(flower_store, tmp_path):
+    """The documented setup on loopback: TLS with a throw-away CA and SuperNode authentication, keys made
+    here with `cryptography`. The registered node serves the run; a node whose key was never registered
+    (pointing at the same shard, so it would claim the same client) is refused by the SuperLink."""
+    pytest.importorskip("cryptography")
     cfg = toy_config(flower_store, clients=1, partition="iid", alpha=None, rounds=1, eval_every=1)
     write_shards(shard_spec(cfg), tmp_path / "shards")
     write_app(tmp_path / "app")
-    with LocalDeployment(tmp_path, [client_dir(tmp_path / "shards", 0)], certs=self_signed(tmp_path / "certs")) as d:
-        assert "--insecure" not in d.superlink_command() + d.supernode_command(0, 1)
-        run = FlowerRun.of(method="fedavg", rounds=1, seed=1, server_shard=str(tmp_path / "shards" / SERVER),
-                        out=str(tmp_path / "run"))
-        flower = d.run(tmp_path / "app", run, RUN_TIMEOUT)
-    state = torch.load(tmp_path / "run" / SERVER_STATE, weights_only=True)
+    shard = client_dir(tmp_path / "shards", 0)
+    with LocalDeployment(tmp_path, [shard], certs=self_signed(tmp_path / "certs"), auth=True) as d:
+        assert "--insecure" not in d.superlink_command() + d.supernode_command(shard, 1)
+        assert "--enable-supernode-auth" in d.superlink_command()
+        d.start_unregistered_node("intruder", shard)
+        flower, out = d.run(tmp_path / "app", FlowerRun.of(method="fedavg", rounds=1, seed=1), RUN_TIMEOUT)
+        intruder = d.procs["intruder"]
+        _wait_for(lambda: intruder.poll() is not None, 60, "the SuperLink to refuse the unregistered node")
+        assert intruder.returncode != 0 and "Failed to activate SuperNode" in d.log("intruder").read_text()
+        nodes = json.loads(d.flwr(["supernode", "list", CONNECTION, "--format", "json"]))["nodes"]
+        assert len(nodes) == 1  # the registered one
+    state = torch.load(out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(cfg))
+    assert flower["refused_nodes"] == [] and flower["dropped"] == {}

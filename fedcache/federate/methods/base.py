@@ -63,6 +63,9 @@ class Method:
     uses_views: ClassVar[bool] = False
     # False for methods that fit nothing by gradient steps (clip-zs, linear-probe): optim.* settings are refused.
     uses_optimizer: ClassVar[bool] = True
+    # Uploads that are per-class row counts, which aggregate() weights by: a deployment's server checks
+    # they are whole, non-negative and sum to at most the client's training rows (fedcache/flower/replies.py).
+    count_uploads: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx

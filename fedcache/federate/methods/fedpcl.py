@@ -44,6 +44,7 @@ class FedPCL(Method):
     default_head = "projection"
     personalized = True
     has_global_model = False
+    count_uploads = ("count",)
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         if ctx.head != "projection":

@@ -63,6 +63,7 @@ class FedProto(Method):
     default_head = "mlp"
     personalized = True
     has_global_model = False
+    count_uploads = ("counts",)
     needs_representation = "learns prototypes of a representation"
 
     def init_server(self) -> Params:

@@ -1,0 +1,203 @@
+"""What the ServerApp accepts from a node. A reply is checked against what the server itself knows
+before anything in it is used, because anyone holding a SuperNode can send anything:
+
+- who a reply is from is the server's own node -> client mapping, never a client id the reply names;
+- an upload must have exactly the names, shapes and dtypes the server's own dry run of the client
+  step gives (``expected_reply``), and only finite values;
+- an aggregation weight is a row count: between 1 and the client's training-row count as the server's
+  shard records it (0 for a client without rows), so no client can outweigh its data; per-class counts
+  a method aggregates with (``Method.count_uploads``) are whole, non-negative and sum to at most it;
+- the server's own aggregation, run on one client's upload alone, must not fail or turn its state
+  non-finite (``aggregate_alone``);
+- an evaluation reply's hits and test-row count must be whole, 0 <= hits <= n, n the client's test rows.
+
+A reply that fails is rejected with a reason (the server drops that client for the round and records
+why) instead of stopping or crashing the run. Arrays are read with numpy's ``allow_pickle=False``
+(Flower's ``Array.numpy``): an object array is refused, never unpickled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedcache.federate.methods import LocalResult, Method
+from fedcache.heads import Params
+
+
+class BadReply(ValueError):
+    """A node's reply that the server refuses; the message says why (it goes into rounds.jsonl)."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One client's train reply as the server expects it this round."""
+
+    uploads: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    weight: tuple[tuple[int, ...], torch.dtype]
+    counts: tuple[str, ...] = ()  # uploads that are per-class row counts
+
+
+def expected_reply(method: Method, rnd: int, down: Params) -> Expected:
+    """Names, shapes and dtypes of a client's upload, from the server running the client step itself for
+    a client without rows (the server's data holds none); it is the same code every client runs."""
+    state = {n: t[:1] for n, t in method.init_clients(1).items()}
+    result = method.local_update(rnd, [0], down, state)
+    uploads = {n: (tuple(t.shape), t.dtype) for n, t in result.uploads.items()}
+    return Expected(uploads, (tuple(result.weights.shape), result.weights.dtype), tuple(method.count_uploads))
+
+
+# ---- identity ---------------------------------------------------------------------------------
+def claimed_client(content: RecordDict, n_clients: int, partition_id: str) -> int:
+    """The client an identifying node says it serves: one of this federation's, from shards of the
+    server's partition (a node started on another sharding's shard would train on other rows)."""
+    k = _field(content, "client", "client", ConfigRecord)
+    if not _is_int(k) or not 0 <= k < n_clients:
+        raise BadReply(f"claims client {k!r}, but the federation has clients 0..{n_clients - 1}")
+    theirs = _field(content, "client", "partition-id", ConfigRecord)
+    if theirs != partition_id:
+        raise BadReply(f"serves a shard of partition {theirs!r}, but the server's shard is of {partition_id!r}: "
+                       "give every SuperNode a client directory from the same `fedcache shard` output as the server's")
+    return int(k)
+
+
+def from_known_nodes(replies: Iterable[Any], client_of: dict[int, int]) -> tuple[dict[int, Any], list[dict]]:
+    """Error-free replies keyed by the client the server sent the message to (by its node id). Replies
+    from other nodes, and a second reply from one node, are refused (listed with reasons)."""
+    by_client: dict[int, Any] = {}
+    refused = []
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        k = client_of.get(node)
+        if reply.has_error():
+            continue
+        if k is None or k in by_client:
+            refused.append({"node": node, "reason": "a reply from a node that was not asked, or a second one"})
+            continue
+        by_client[k] = reply
+    return by_client, refused
+
+
+# ---- a round's replies -------------------------------------------------------------------------
+@dataclass
+class Accepted:
+    """What the server keeps of a round's replies."""
+
+    replies: dict[int, tuple[Params, torch.Tensor]]  # client -> (uploads, weight)
+    rejected: dict[int, str]  # client -> why its reply was refused
+    refused_nodes: list[dict]  # replies from nodes the server did not ask
+
+
+def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], expected: Expected,
+                         train_sizes: list[int], probe: Callable[[int, Params, torch.Tensor], None] | None = None) -> Accepted:
+    """Check every reply of a round; ``client_of`` maps the node ids asked to their clients. ``probe``
+    (see ``aggregate_alone``) raises BadReply for a well-formed reply the server's own step cannot digest."""
+    by_client, refused = from_known_nodes(replies, client_of)
+    ok, rejected = {}, {}
+    for k, reply in sorted(by_client.items()):
+        try:
+            ok[k] = read_train_reply(reply.content, expected, train_sizes[k])
+            if probe is not None:
+                probe(k, *ok[k])
+        except BadReply as e:
+            ok.pop(k, None)
+            rejected[k] = str(e)
+    return Accepted(ok, rejected, refused)
+
+
+def aggregate_alone(method: Method, server: Params, rnd: int) -> Callable[[int, Params, torch.Tensor], None]:
+    """A probe that aggregates one client's upload alone, on a copy of the server state: finite inputs
+    can still break it (a 3e38 prototype times its count overflows to inf), and one client's reply
+    must not crash the server or poison its state."""
+    def probe(k: int, uploads: Params, weight: torch.Tensor) -> None:
+        copy = {n: t.clone() for n, t in server.items()}
+        try:
+            new = method.aggregate(copy, LocalResult({}, uploads, weight), [k], rnd)
+        except (RuntimeError, ValueError, IndexError) as e:
+            raise BadReply(f"the server's aggregation fails on it ({type(e).__name__}: {e})") from None
+        bad = [n for n, t in new.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:
+            raise BadReply(f"aggregated alone it turns the server's {bad} into NaN or inf")
+    return probe
+
+
+def accept_eval_replies(replies: Iterable[Any], client_of: dict[int, int],
+                        test_sizes: list[int]) -> tuple[dict[int, float], dict[int, str]]:
+    """(client -> accuracy %, client -> why refused) of an evaluation's replies."""
+    by_client, _ = from_known_nodes(replies, client_of)
+    acc, rejected = {}, {}
+    for k, reply in sorted(by_client.items()):
+        try:
+            acc[k] = read_eval_reply(reply.content, test_sizes[k] if k < len(test_sizes) else None)
+        except BadReply as e:
+            rejected[k] = str(e)
+    return acc, rejected
+
+
+# ---- one train reply --------------------------------------------------------------------------------
+def read_train_reply(content: RecordDict, expected: Expected, n_rows: int) -> tuple[Params, torch.Tensor]:
+    """(uploads, weight) of one client's train reply, or BadReply saying what is wrong."""
+    uploads = _tensors(_field(content, "up", None, ArrayRecord), expected.uploads, "upload")
+    weights = _tensors(_field(content, "weight", None, ArrayRecord), {"w": expected.weight}, "weight")
+    w = weights["w"]
+    low = 1.0 if n_rows > 0 else 0.0
+    if not bool(((w >= low) & (w <= n_rows)).all()):
+        raise BadReply(f"aggregation weight {w.tolist()} is not between {low:g} and the client's {n_rows} training rows")
+    for name in expected.counts:
+        c = uploads[name]
+        if bool((c < 0).any()) or not torch.equal(c, c.round()) or float(c.sum()) > n_rows:
+            raise BadReply(f"'{name}' must hold whole non-negative per-class counts summing to at most the "
+                           f"client's {n_rows} training rows (sums to {float(c.sum()):g})")
+    return uploads, w
+
+
+def _tensors(record: ArrayRecord, expected: dict[str, tuple[tuple[int, ...], torch.dtype]], what: str) -> Params:
+    if set(record) != set(expected):
+        raise BadReply(f"{what} names {sorted(record)}; expected {sorted(expected)}")
+    out = {}
+    for name, (shape, dtype) in expected.items():
+        try:
+            array = record[name].numpy()  # np.load(..., allow_pickle=False): object arrays raise
+            t = torch.from_numpy(array.copy())
+        except (ValueError, TypeError, OSError, EOFError) as e:
+            raise BadReply(f"{what} '{name}' is not a readable numeric array ({type(e).__name__}: {e})") from None
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise BadReply(f"{what} '{name}' is {tuple(t.shape)} {t.dtype}; expected {shape} {dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise BadReply(f"{what} '{name}' holds NaN or inf")
+        out[name] = t
+    return out
+
+
+# ---- evaluation replies -----------------------------------------------------------------------
+def read_eval_reply(content: RecordDict, n_test: int | None) -> float:
+    """A client's accuracy (%) on its local test rows; ``n_test`` is their count if the server knows it."""
+    hits = _field(content, "metrics", "hits", MetricRecord)
+    n = _field(content, "metrics", "n", MetricRecord)
+    if not (_is_int(hits) and _is_int(n) and 0 <= hits <= n):
+        raise BadReply(f"evaluation hits={hits!r} of n={n!r} is not 0 <= hits <= n in whole numbers")
+    if n_test is not None and n != n_test:
+        raise BadReply(f"evaluated {n} test rows; the client holds {n_test}")
+    return 100.0 * hits / max(1, n)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def _field(content: RecordDict, record: str, key: str | None, kind: type) -> Any:
+    try:
+        rec = content[record]
+    except (KeyError, TypeError):
+        raise BadReply(f"the reply has no '{record}' record") from None
+    if not isinstance(rec, kind):
+        raise BadReply(f"'{record}' is a {type(rec).__name__}, expected a {kind.__name__}")
+    if key is None:
+        return rec
+    if key not in rec:
+        raise BadReply(f"'{record}' has no '{key}'")
+    return rec[key]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)

@@ -1,0 +1,59 @@
+"""Where the ServerApp reads and writes is the SuperLink operator's setting (its environment), never
+something a run config, which anyone reaching the SuperLink can submit, may name."""
+import tomllib
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from fedcache.errors import ConfigError, FedcacheError
+from fedcache.flower import server
+from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths
+from fedcache.flower.project import write_app
+from fedcache.flower.shard import SERVER, write_shards
+from fedcache.flower.sim import shard_spec
+
+from .conftest import toy_config
+
+
+@pytest.mark.parametrize("key, env", [("deploy.out", "FEDCACHE_FLOWER_RUNS"), ("deploy.server_shard", "FEDCACHE_FLOWER_SERVER_SHARD")])
+def test_a_run_config_cannot_name_server_paths(key, env):
+    with pytest.raises(ConfigError, match=f"paths on the server.*set {env}"):
+        FlowerRun.from_config({"method.name": "fedavg", key: "/etc/cron.d"})
+
+
+def test_the_flower_app_carries_no_server_path(tmp_path):
+    config = tomllib.loads(write_app(tmp_path / "app").read_text())["tool"]["flwr"]["app"]["config"]
+    assert not set(config) & set(SERVER_ENV)
+
+
+def test_server_paths_come_from_the_environment(tmp_path):
+    env = {SERVER_ENV["deploy.server_shard"]: str(tmp_path / "shards" / SERVER), SERVER_ENV["deploy.out"]: str(tmp_path / "runs")}
+    assert ServerPaths.from_env(42, env) == ServerPaths(tmp_path / "shards" / SERVER, tmp_path / "runs" / "run-42")
+    assert ServerPaths.from_env(42, {}) == ServerPaths(None, None)
+
+
+class NoNodes:
+    """A Grid with no SuperNode connected."""
+
+    def get_node_ids(self):
+        return []
+
+
+def _context(run_config: dict) -> Context:
+    return Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+
+
+def test_the_serverapp_writes_where_the_operator_says(flower_store, tmp_path, monkeypatch):
+    """The ServerApp entry point: paths from the SuperLink's environment; a run config naming one is refused
+    before anything is created; without a server shard it says which variable to set."""
+    write_shards(shard_spec(toy_config(flower_store)), tmp_path / "shards")
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match="paths on the server"):
+        server.main(NoNodes(), _context({"deploy.out": str(tmp_path / "elsewhere")}))
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "runs").exists()
+    with pytest.raises(FedcacheError, match=SERVER_ENV["deploy.server_shard"]):
+        server.main(NoNodes(), _context({}))
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(tmp_path / "shards" / SERVER))
+    with pytest.raises(server.TooFewClientsError, match="only 0 of 3 clients"):
+        server.main(NoNodes(), _context({"deploy.connect_timeout": 0.01}))
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run-7"]
