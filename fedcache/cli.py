@@ -31,7 +31,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=H
                   help="Federated learning on cached embeddings of frozen pretrained models.")
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
 app.add_typer(store_app, name="store")
-console = Console()
+# Redirected output (logs, CI) gets a wide console: rich would cut tables at 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True)
 
 DEFAULT_STORE = default_store()

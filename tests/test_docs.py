@@ -131,3 +131,13 @@ def test_runnable_page_runs(page, tmp_path, monkeypatch, capsys):
                     assert main(words[1:]) == 0, f"{shlex.join(words)}: {capsys.readouterr().err}"
                     ran += 1
     assert ran >= 3
+
+
+def test_every_file_the_docs_name_exists():
+    """A benchmark, script or test a page points to must exist (retired scripts leave no dangling commands)."""
+    missing = []
+    for page in doc_files():
+        for ref in re.findall(r"\b((?:benchmarks|tests|fedcache)/[\w/.-]+\.(?:py|json|toml))\b", page.read_text()):
+            if not (ROOT / ref).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {ref}")
+    assert not missing

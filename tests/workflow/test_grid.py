@@ -155,7 +155,7 @@ def test_every_train_option_is_a_grid_option_under_the_same_name():
     train, grid = commands["train"], commands["grid"]
     skipped = {o for p in train.params if p.name in GRID_SKIPS for o in p.opts + p.secondary_opts}
     assert _option_names(train) - skipped <= _option_names(grid)
-    assert skipped == {"--resume", "--no-resume", "--engine"}
+    assert skipped == {"--resume", "--no-resume", "--engine", "--overwrite", "--no-overwrite", "--track-dir"}
 
 
 def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp_path, capsys):
