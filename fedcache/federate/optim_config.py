@@ -42,6 +42,10 @@ PRESETS = {
     "fst-cbdg": OptimConfig("sgd", 1e-2, 0.9, 1e-5),  # FST-CBDG paper: SGD 0.01, momentum 0.9, wd 1e-5
     "promptfl": OptimConfig("sgd", 1e-3, 0.9, 5e-4),  # PromptFL's code: SGD 0.001 (CoOp's momentum 0.9, wd 5e-4)
     "tpfl": OptimConfig("adam", 1e-3, 0.9, 5e-4),  # TPFL paper: Adam 1e-3; wd unstated, CoOp's 5e-4
+    # pFedMe's w step and Per-FedAvg's outer step are plain SGD in their papers and official code:
+    # pFedMe eta = 0.005 (--learning_rate), Per-FedAvg beta = 0.001 (--beta; the pFedMe repository's commands).
+    "pfedme": OptimConfig("sgd", 5e-3, 0.0, 0.0),
+    "perfedavg": OptimConfig("sgd", 1e-3, 0.0, 0.0),
 }
 
 

@@ -115,18 +115,62 @@ def test_info_nce_by_hand():
     torch.testing.assert_close(info_nce(z, pos, neg, 0.5), want)
 
 
-def test_atpfl_terms_on_a_first_round_are_two_log_two(hidden):
-    """Before a client's first round its previous prompts are the global ones: each InfoNCE term is
-    -log(1/2), whatever the features, so the regulariser is mu * 2 log 2."""
-    m = make("atpfl", hidden, mu=0.5)
-    server, states = m.init_server(), m.init_clients(hidden.n_clients)
-    clients = [1, 3]
-    info = m.local_extra(clients, server, {n: t[clients] for n, t in states.items()})
-    p = {n: t.expand(2, *t.shape[1:]).clone() + 0.1 for n, t in server.items()}  # a moved local prompt
-    rows = torch.from_numpy(np.stack([hidden.client_train[k][:5] for k in clients]))
+def cosine_nce(z, pos, neg, tau):
+    """ATPFL Eq. 4 written out: log(1 + exp((cos(z, neg) - cos(z, pos)) / tau)) per row."""
+    return torch.log1p(torch.exp((F.cosine_similarity(z, neg, dim=-1) - F.cosine_similarity(z, pos, dim=-1)) / tau))
+
+
+def atpfl_regulariser(m, clients, server, states, p, rows):
+    info = m.local_extra(clients, server, states)
     image, text = m.visual.train_features(p, rows), m.text.encode(p["ctx"])
-    reg = m.regulariser(p, rows, torch.ones(2, 5, dtype=torch.bool), image, text, info)
-    torch.testing.assert_close(reg, torch.full((2,), 0.5 * 2 * math.log(2)))
+    return m.regulariser(p, rows, torch.ones(*rows.shape, dtype=torch.bool), image, text, info)
+
+
+def test_atpfl_global_prompt_is_the_positive_and_previous_the_negative(hidden):
+    """Eq. 4-5 by hand for clients that trained before: the global prompts' features are the positive,
+    the client's previous prompts' the negative; a local prompt equal to the global one scores below
+    log 2 per term, one equal to the previous prompt above."""
+    m = make("atpfl", hidden, mu=0.5, tau=0.7)
+    server = m.init_server()
+    g = torch.Generator().manual_seed(3)
+    prev = {n: t.expand(2, *t.shape[1:]) + 0.5 * torch.randn(2, *t.shape[1:], generator=g) for n, t in server.items()}
+    states = {**{"prev_" + n: t for n, t in prev.items()}, "trained": torch.ones(2, 1)}
+    clients = [1, 3]
+    rows = torch.from_numpy(np.stack([hidden.client_train[k][:5] for k in clients]))
+    p = {n: t.expand(2, *t.shape[1:]) + 0.2 * torch.randn(2, *t.shape[1:], generator=g) for n, t in server.items()}
+    glob = {n: t.expand(2, *t.shape[1:]) for n, t in server.items()}
+    with torch.no_grad():
+        text, text_g, text_prev = (m.text.encode(q["ctx"]) for q in (p, glob, prev))
+        image, image_g, image_prev = (m.visual.train_features(q, rows) for q in (p, glob, prev))
+    want = 0.5 * (cosine_nce(text, text_g, text_prev, 0.7).mean(-1) + cosine_nce(image, image_g, image_prev, 0.7).mean(-1))
+    torch.testing.assert_close(atpfl_regulariser(m, clients, server, states, p, rows), want)
+    two_log_two = torch.full((2,), 0.5 * 2 * math.log(2))
+    assert (atpfl_regulariser(m, clients, server, states, glob, rows) < two_log_two).all()
+    assert (atpfl_regulariser(m, clients, server, states, prev, rows) > two_log_two).all()
+
+
+def test_atpfl_previous_prompt_of_a_client_that_never_trained_is_the_global_one(hidden):
+    """After a round with half the clients, those that trained have their upload as previous prompt;
+    the others take the global prompt they receive (not the random initial one), so their terms are
+    -log(1/2) each whatever the local prompt: mu * 2 log 2."""
+    m = make("atpfl", hidden, mu=0.5)
+    result = run(m, RunConfig(rounds=1, fraction=0.5))
+    trained = [k for k in range(hidden.n_clients) if result.clients["trained"][k]]
+    fresh = [k for k in range(hidden.n_clients) if k not in trained]
+    assert len(trained) == len(fresh) == 2
+    server = result.server
+    states = {n: t[fresh] for n, t in result.clients.items()}
+    prev = m.previous_prompts({n: t.expand(2, *t.shape[1:]) for n, t in server.items()}, states)
+    for n, t in server.items():
+        assert not torch.equal(t, m.init_server()[n])  # the global prompt has moved away from the initial one
+        torch.testing.assert_close(prev[n], t.expand(2, *t.shape[1:]))
+    rows = torch.from_numpy(np.stack([hidden.client_train[k][:5] for k in fresh]))
+    p = {n: t.expand(2, *t.shape[1:]) + 0.1 for n, t in server.items()}  # a moved local prompt
+    torch.testing.assert_close(atpfl_regulariser(m, fresh, server, states, p, rows), torch.full((2,), 0.5 * 2 * math.log(2)))
+    mine = m.previous_prompts({n: t.expand(2, *t.shape[1:]) for n, t in server.items()},
+                              {n: t[trained] for n, t in result.clients.items()})
+    for n in server:
+        torch.testing.assert_close(mine[n], result.clients["prev_" + n][trained])
 
 
 # ---- the text tower --------------------------------------------------------------------------------

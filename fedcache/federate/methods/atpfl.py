@@ -4,8 +4,10 @@ from those of the client's own previous prompts (negative):
 
     L = l_con + mu * (l_aug(z_text, z_text_global, z_text_prev) + l_aug(z_img, z_img_global, z_img_prev))
 
-Each client keeps the prompts it uploaded last (its personal state); before its first round that is
-the initial global prompt, so the two targets coincide and the terms are constant (zero gradient).
+The previous prompts are the ones the client uploaded after its last round of training (its personal
+state). A client that has not trained yet has none of its own: its previous prompts are the global prompts
+it receives, so on its first round the two targets coincide and the terms are constant (zero gradient)
+instead of pushing it away from the random initial prompts, whatever round it is first sampled in.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from fedcache.federate.methods.tpfl import TPFL, TPFLParams
 from fedcache.heads import Params
 
 PREV = "prev_"  # client-state prefix of the previous round's prompts
+TRAINED = "trained"  # client state: 1 once the client has trained (its previous prompts are its own)
 
 
 @dataclass(frozen=True)
@@ -44,20 +47,29 @@ class ATPFL(TPFL):
     Params = ATPFLParams
 
     def init_clients(self, n: int) -> Params:
-        return {PREV + k: t.expand(n, *t.shape[1:]).clone() for k, t in self.init_server().items()}
+        # Placeholders until a client trains: local_extra uses the received global prompts instead.
+        return {**{PREV + k: torch.zeros(n, *t.shape[1:], dtype=t.dtype) for k, t in self.init_server().items()},
+                TRAINED: torch.zeros(n, 1)}
 
     def new_states(self, uploads: Params, states: Params) -> Params:
-        return {PREV + k: t.clone() for k, t in uploads.items()}
+        k = len(next(iter(uploads.values())))
+        return {**{PREV + n: t.clone() for n, t in uploads.items()}, TRAINED: torch.ones(k, 1)}
+
+    def previous_prompts(self, glob: Params, states: Params) -> Params:
+        """Each client's previous prompts: its last upload once it has trained, else the global ones."""
+        trained = states[TRAINED].bool()
+        return {n: torch.where(trained.view(-1, *[1] * (g.dim() - 1)), states[PREV + n], g) for n, g in glob.items()}
 
     def local_extra(self, clients: list[int], down: Params, states: Params) -> dict:
         """The global and previous prompts are fixed during the local pass: their text features are
         computed once here, not at every step."""
         if not self.p.mu:
             return {}
-        prev = {k[len(PREV):]: t for k, t in states.items()}
+        glob = _expanded(down, len(clients))
+        prev = self.previous_prompts(glob, states)
         with torch.no_grad():
             text_g, text_prev = self.text.encode(down["ctx"]), self.text.encode(prev["ctx"])
-        return {"global": _expanded(down, len(clients)), "prev": prev, "text_g": text_g, "text_prev": text_prev}
+        return {"global": glob, "prev": prev, "text_g": text_g, "text_prev": text_prev}
 
     def regulariser(self, p: Params, rows, mask, image, text, info) -> torch.Tensor | float:
         if not self.p.mu:

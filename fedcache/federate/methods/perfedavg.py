@@ -2,7 +2,10 @@
 Model-Agnostic Meta-Learning Approach", NeurIPS 2020).
 
 FedAvg on the MAML objective F(w) = f(w - alpha grad f(w)): the global model is trained to be a good
-starting point for one local gradient step. Each client personalises it with that one step.
+starting point for one local gradient step. Each client personalises it with that one step. The outer
+step (the paper's beta) is the run's optimizer: the method's own preset ("perfedavg": SGD, no momentum,
+no weight decay) makes it the paper's w <- w - beta grad F(w); the server averages uniformly, as
+Algorithm 1 does (``aggregate=samples`` weights by sample count, as the pFedMe repository's code).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 
 from fedcache.errors import ConfigError
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
+from fedcache.federate.methods.pfedme import aggregation_weights
 from fedcache.federate.optim import StackedOptimizer
 from fedcache.heads import Params, expand, forward
 
@@ -23,17 +27,20 @@ ADAPT = 2**31 + 1  # shuffling stream of the evaluation-time adaptation batch, d
 
 @dataclass(frozen=True)
 class PerFedAvgParams:
-    # Step size of the personalisation step. The official pFedMe repository (which implements
-    # Per-FedAvg) runs it with --learning_rate 0.005 --beta 0.001; beta, the outer step, is the
-    # run's optimizer learning rate here.
+    # Step size of the personalisation step. The pFedMe repository (which implements Per-FedAvg) runs
+    # it with --learning_rate 0.005 --beta 0.001; beta, the outer step, is the learning rate of the
+    # run's optimizer (the perfedavg preset: SGD 0.001).
     alpha: float = 0.005
     variant: Literal["fo", "hf"] = "fo"  # "fo": first-order Per-FedAvg; "hf": Hessian-free (Hessian-vector product)
+    aggregate: Literal["uniform", "samples"] = "uniform"  # paper: uniform over the sampled clients
 
     def __post_init__(self) -> None:
         if self.variant not in BATCHES:
             raise ConfigError(f"perfedavg variant must be one of {sorted(BATCHES)}, got {self.variant!r}")
         if self.alpha <= 0:
             raise ConfigError(f"perfedavg alpha must be > 0, got {self.alpha}")
+        if self.aggregate not in ("uniform", "samples"):
+            raise ConfigError(f"perfedavg aggregate must be uniform or samples, got {self.aggregate!r}")
 
 
 @METHODS.register("perfedavg")
@@ -41,19 +48,18 @@ class PerFedAvg(Method):
     name = "perfedavg"
     description = "FedAvg on the MAML objective; each client adapts the global head with one gradient step"
     Params = PerFedAvgParams
+    default_preset = "perfedavg"  # SGD at the paper's beta: the outer step of Algorithm 1
     personalized = True
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         w = expand(down, len(clients))
         keys = self.trainable(w)
-        # The outer step (the paper's beta) is the run's optimizer: sgd without momentum or weight
-        # decay at lr = beta is exactly the paper's update.
         opt = StackedOptimizer(w, self.ctx.optim, keys)
         for batches in self.step_batches(rnd, clients):
             grads, buffers = meta_gradient(self.ce_loss, w, keys, batches, self.p.alpha)
             w.update(buffers)
             opt.step(w, grads, batches[0][2].any(1))
-        return LocalResult({}, w, self.sample_counts(clients))
+        return LocalResult({}, w, aggregation_weights(self.p.aggregate, self.sample_counts(clients)))
 
     def step_batches(self, rnd: int, clients: list[int]) -> Iterator[list[tuple]]:
         """Consecutive mini-batches of the usual plan, grouped per step, so an epoch still sees every

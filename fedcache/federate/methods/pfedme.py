@@ -1,20 +1,30 @@
 """pFedMe (Dinh et al., "Personalized Federated Learning with Moreau Envelopes", NeurIPS 2020).
 
 Each client keeps a personalised model theta close to its local copy w of the global model: per
-mini-batch, theta approximately solves min f(theta) + lam/2 ||theta - w||^2 (``inner_steps`` gradient
-steps), then w moves along the Moreau envelope's gradient lam (w - theta). The server averages the
-clients' w and mixes the average into the global model with ``beta``.
+mini-batch, theta approximately solves min f(theta) + lam/2 ||theta - w||^2 (``inner_steps`` plain
+gradient steps of size ``personal_lr``), then w moves along the Moreau envelope's gradient
+lam (w - theta). The server averages the clients' w and mixes the average into the global model with
+``beta``. The step of w is the run's optimizer: the method's own preset ("pfedme": SGD, no momentum,
+no weight decay, lr = the paper's eta) makes it the paper's w <- w - eta lam (w - theta).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from fedcache.errors import ConfigError
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
+from fedcache.federate.settings import NonNegative
 from fedcache.heads import Params, expand, forward
+
+
+def aggregation_weights(kind: str, counts: torch.Tensor) -> torch.Tensor:
+    """The server's weights of the sampled clients: equal ("uniform", the pFedMe and Per-FedAvg papers)
+    or by training samples ("samples", the pFedMe repository's code and FedAvg)."""
+    return counts if kind == "samples" else torch.ones_like(counts)
 
 
 @dataclass(frozen=True)
@@ -24,11 +34,19 @@ class PFedMeParams:
     # Step size of the inner solver for theta: the official CIFAR-10 and Synthetic commands
     # (--personal_learning_rate 0.01; its MNIST commands use 0.05-0.1).
     personal_lr: float = 0.01
-    beta: float = 1.0  # server mixing, official default --beta 1.0 (beta = 1: plain weighted average)
+    beta: float = 1.0  # server mixing, official default --beta 1.0 (beta = 1: plain average)
+    # Algorithm 1 of the paper averages the sampled clients' w uniformly; the official code weights by
+    # sample count (its uniform line is commented out).
+    aggregate: Literal["uniform", "samples"] = "uniform"
+    # L2 coefficient in the inner solver's gradient: 0 in the paper; the official pFedMeOptimizer adds
+    # mu * theta with mu = 0.001.
+    personal_l2: NonNegative = 0.0
 
     def __post_init__(self) -> None:
         if self.lam <= 0 or self.inner_steps < 1 or self.personal_lr <= 0 or self.beta <= 0:
             raise ConfigError(f"pfedme needs lam > 0, inner_steps >= 1, personal_lr > 0, beta > 0 (got {self})")
+        if self.aggregate not in ("uniform", "samples"):
+            raise ConfigError(f"pfedme aggregate must be uniform or samples, got {self.aggregate!r}")
 
 
 @METHODS.register("pfedme")
@@ -36,6 +54,7 @@ class PFedMe(Method):
     name = "pfedme"
     description = "personalised models tied to the global one by a Moreau-envelope (L2) term"
     Params = PFedMeParams
+    default_preset = "pfedme"  # SGD at the paper's eta: the w update of Algorithm 1
     personalized = True
 
     def init_clients(self, n: int) -> Params:
@@ -45,8 +64,6 @@ class PFedMe(Method):
         w = expand(down, len(clients))
         keys = self.trainable(w)
         theta = dict(w)  # theta restarts from the received global model, as in the official code
-        # w follows the run's optimizer on the envelope gradient: with sgd, no momentum and no weight
-        # decay this is exactly the paper's w <- w - lr * lam * (w - theta), lr being the paper's eta.
         opt = StackedOptimizer(w, self.ctx.optim, keys)
         for idx in torch.from_numpy(self.plan(rnd, clients)).unbind(1):
             batch = self.batch(idx)
@@ -55,16 +72,16 @@ class PFedMe(Method):
             opt.step(w, {n: self.p.lam * (w[n] - theta[n]) for n in keys}, active)
         # BatchNorm statistics are only ever updated by theta's forward passes; they travel with w.
         uploads = {**w, **{n: theta[n] for n in self.head.buffer_keys}}
-        return LocalResult(theta, uploads, self.sample_counts(clients))
+        return LocalResult(theta, uploads, aggregation_weights(self.p.aggregate, self.sample_counts(clients)))
 
     def personalize(self, theta: Params, w: Params, keys: tuple[str, ...], batch: tuple, active: torch.Tensor) -> Params:
         """``inner_steps`` gradient steps on f(theta; batch) + lam/2 ||theta - w||^2, warm-started."""
-        lr, lam = self.p.personal_lr, self.p.lam
+        lr, lam, l2 = self.p.personal_lr, self.p.lam, self.p.personal_l2
         everyone = bool(active.all())
         for _ in range(self.p.inner_steps):
             g, theta = gradients(self.ce_loss, theta, keys, batch)
             for n in keys:
-                step = lr * (g[n] + lam * (theta[n] - w[n]))
+                step = lr * (g[n] + lam * (theta[n] - w[n]) + l2 * theta[n])
                 if everyone:  # the usual case: no mask needed
                     theta[n] = theta[n] - step
                 else:
