@@ -125,7 +125,9 @@ def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:
         table = tables.get(p.experiment)
         mine = table.where(method=p.method).to_records() if table is not None else []
         mine = [r for r in mine if all(str(r.get(k)) == str(v) for k, v in p.where.items())]
-        value = float(np.mean([r[p.metric] for r in mine])) if mine else None
+        # A metric a method does not report (min-local has no global model) is "not available", not a crash.
+        values = [r[p.metric] for r in mine if r.get(p.metric) is not None]
+        value = float(np.mean(values)) if values else None
         rows.append({"what": p.what, "paper": p.value, "fedcache": value,
                      "note": f"{p.method}, mean of {len(mine)} runs" if mine else f"{p.method}: not run"})
     doc = {"title": preset.title, "text": preset.notes, "rows": rows}

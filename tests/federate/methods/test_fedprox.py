@@ -1,6 +1,7 @@
 """FedProx's proximal term against hand-computed gradients."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedcache.federate.methods import METHODS, MethodContext
@@ -48,3 +49,11 @@ def test_proximal_term_skips_batchnorm_statistics_and_vanishes_at_the_global_hea
     extra = m.loss(moved, *batch, {"anchor": anchor}) - m.ce_loss(moved, *batch, {"anchor": anchor})
     count = sum(moved[n][0].numel() for n in keys)
     torch.testing.assert_close(extra, torch.tensor([0.35 * count * 0.09]))
+
+
+def test_a_negative_mu_is_refused():
+    from fedcache.errors import ConfigError
+    from fedcache.federate.train import resolve_settings
+
+    with pytest.raises(ConfigError, match="mu"):
+        resolve_settings("fedprox", ["mu=-1"])

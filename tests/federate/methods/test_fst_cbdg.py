@@ -40,3 +40,14 @@ def test_paper_presets_use_the_cited_batch_size():
     """The paper follows Lee et al. (2022), whose configuration trains with batch 50."""
     for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
         assert all(e.sweep["batch_size"] == 50 for e in PRESETS.get(name).experiments)
+
+
+def test_paper_presets_train_every_method_with_the_papers_sgd():
+    """Sec. 4.1: SGD lr 0.01, momentum 0.9, weight decay 1e-5 for the linear classifier, baselines included."""
+    from fedcache.federate.train import resolve_settings
+
+    for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
+        for e in PRESETS.get(name).experiments:
+            for m in e.methods:
+                o = resolve_settings(m, [], preset=e.sweep["preset"]).optim
+                assert (o.optimizer, o.lr, o.momentum, o.weight_decay) == ("sgd", 0.01, 0.9, 1e-5), (name, m)
