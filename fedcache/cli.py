@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fedcache.errors import ConfigError, FedcacheError
+from fedcache.paths import writable_file
 from fedcache.progress import PlainProgress
 from fedcache.spec import Option, RunSpec, default_store, options
 
@@ -402,6 +403,8 @@ def partition(plot: Optional[Path] = None, **given) -> None:
     from fedcache.federate.train import load_data
 
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    if plot is not None:  # before the partition is made, not after
+        writable_file(Path(f"{plot}-bubbles.png"), "--plot")
     data, info = load_data(spec)
     sizes, tests = data.sizes(), [len(r) for r in data.client_test]
     console.print(f"partition [bold]{info['partition_id']}[/] ({spec.partition.scheme}, {len(sizes)} clients): train sizes "
@@ -443,6 +446,7 @@ def backbone_heatmap(
         raise typer.BadParameter("name at least two backbones to fuse", param_hint="--backbones")
     cfg = RunSpec.of(store=store, dataset=dataset, backbones=names, method="fedpcl", partition=partition,
                      clients=clients, few_shot=few_shot, rounds=rounds, seed=seed, settings=settings)
+    writable_file(out, "--out")  # before the runs, not after
     c = backbone_contribution(cfg)
     table = Table("client", *c.backbones, box=None)
     for name, row in zip(c.clients, c.scores):
@@ -490,7 +494,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
-                     settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
+                     settings=settings, sweep=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
                      keep_checkpoints=how["keep_checkpoints"])
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:

@@ -16,13 +16,14 @@ from fedcache.federate.local import cross_entropy, rng_for
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.prototypes import aggregate, class_means, nearest
+from fedcache.federate.settings import Fraction, NonNegative, Positive
 from fedcache.heads import Params
 from fedcache.noise import perturb
 
 
 @dataclass(frozen=True)
 class FedPCLParams:
-    tau: float = 0.07  # paper and official code
+    tau: Positive = 0.07  # paper and official code
     loss: Literal["fedpcl", "ce", "ce+protodist", "supcon"] = "fedpcl"  # Table 11 ablation
     prototypes: Literal["both", "global", "local"] = "both"  # Table 12 ablation: L_g, L_p, or both
     contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 6-7 | official ConLoss
@@ -30,10 +31,10 @@ class FedPCLParams:
     aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts) | official plain mean
     first_round: Literal["idle", "ce"] = "idle"  # round 1 has no prototypes: train nothing | train with CE
     predict: Literal["local", "global", "classifier"] = "local"  # nearest local prototype, as paper and code
-    ce_weight: float = 0.0  # > 0 adds CE on the classifier (the official code computes it and drops it)
+    ce_weight: NonNegative = 0.0  # > 0 adds CE on the classifier (the official code computes it and drops it)
     noise: Literal["none", "gaussian", "laplace"] = "none"  # Table 15: noise on uploaded prototypes
-    noise_scale: float = 0.05  # s
-    perturb: float = 0.1  # p: sent = (1 - p) * prototype + noise
+    noise_scale: NonNegative = 0.05  # s: std (gaussian) or scale (laplace) of e
+    perturb: Fraction = 0.1  # p: sent = (1 - p) * prototype + noise
 
 
 @METHODS.register("fedpcl")

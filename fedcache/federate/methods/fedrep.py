@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedcache.errors import ConfigError
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
+from fedcache.federate.settings import NonNegativeInt
 from fedcache.heads import Params, expand, forward
 
 
@@ -17,11 +17,7 @@ class FedRepParams:
     # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the
     # official --local_rep_ep 1). The official scripts use --local_ep 11 --local_rep_ep 1: 10 head epochs.
     # The FedPCL comparison presets set 1 (that paper's E = 1 for every method).
-    head_epochs: int = 10
-
-    def __post_init__(self) -> None:
-        if self.head_epochs < 0:
-            raise ConfigError(f"fedrep head_epochs must be >= 0, got {self.head_epochs}")
+    head_epochs: NonNegativeInt = 10
 
 
 @METHODS.register("fedrep")
