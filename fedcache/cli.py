@@ -299,6 +299,8 @@ def store_export(
     """Export the features of a dataset and backbone to HDF5 or NPZ."""
     from fedcache.store.interchange import export_tables
 
+    if not _csv(splits):
+        raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
     fs = _open_store(store)
     tables = {s: fs.read(dataset, s, backbone) for s in _csv(splits)}
     fmt = fmt or {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix, "")
