@@ -159,7 +159,7 @@ def _pooled(data: FederatedData, models: list[nn.Module], predict) -> float:
 
 # ---- fedcache's side --------------------------------------------------------------------------------
 def fedcache_method(store: Path, method: str, head: str, settings: list[str], seed: int, rounds: int):
-    cfg = TrainConfig(store, "digits5-offline", ["efficientnet-lite0"], method, partition="domain", clients=5,
+    cfg = TrainConfig(store=store, dataset="digits5-offline", backbones=["efficientnet-lite0"], method=method, partition="domain", clients=5,
                       few_shot=10, rounds=rounds, batch_size=BATCH, seed=seed, head=head, settings=SGD + settings)
     return prepare(cfg)[0]
 
