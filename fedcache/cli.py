@@ -341,10 +341,9 @@ def store_import(
     store: Path = StoreOpt,
 ) -> None:
     """Bring your own embeddings: import them as normal store entries."""
-    from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
-    ids = import_file(FeatureStore(store), file, dataset, backbone, split)
+    ids = import_file(store, file, dataset, backbone, split)
     console.print(f"imported {len(ids)} entries as dataset {dataset!r}, backbone {backbone!r}")
 
 

@@ -183,12 +183,12 @@ class FeatureStore:
         return best
 
     # ---- reading -------------------------------------------------------------
-    def find(self, dataset: str, split: str, backbone: str, view: int = 0) -> list[EntryInfo]:
+    def find(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> list[EntryInfo]:
         """The current complete entry of each domain for (dataset, split, backbone, view)."""
         infos = self.entries()
         cur = self.current(infos)
         found = [e for s, e in cur.items() if s[0] == dataset and s[1] == split and s[3] == backbone and s[4] == view]
-        self._refuse_damaged(infos, (dataset, split, backbone, view))
+        self._refuse_damaged(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
         if not found:
             pending = [e for e in infos if e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
             hint = f"fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}"
@@ -201,7 +201,7 @@ class FeatureStore:
         return found
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
-        found = self.find(dataset, split, backbone, view)
+        found = self.find(dataset, split, backbone, view, domains)
         domain_names = tuple(found[0].attrs["domains"])
         wanted = list(domains) if domains is not None else list(domain_names)
         by_domain = {e.key["domain"]: e for e in found}
@@ -275,10 +275,15 @@ class FeatureStore:
             "`fedcache extract` or `fedcache store import` that made it replaces a damaged entry), or remove it with "
             f"`fedcache store rm {info.entry_id} --store {self.path}`; `fedcache store verify` checks every entry", problem)
 
-    def _refuse_damaged(self, infos: list[EntryInfo], want: tuple) -> None:
-        """A damaged entry that may fill the slot asked for (or whose slot is unknown) stops the read."""
+    def _refuse_damaged(self, infos: list[EntryInfo], want: tuple, domains: set | None) -> None:
+        """A damaged entry that may fill a slot asked for (or whose slot is unknown) stops the read."""
         dataset, split, backbone, view = want
-        hit = [e for e in infos if e.damaged and (not e.key or e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view))]
+
+        def may_fill(e: EntryInfo) -> bool:
+            s = e.slot
+            return s[:2] == (dataset, split) and s[3:] == (backbone, view) and (domains is None or s[2] in domains)
+
+        hit = [e for e in infos if e.damaged and (not e.key or may_fill(e))]
         if hit:
             raise self.damaged(hit[0], hit[0].damaged or "")
 
