@@ -25,6 +25,7 @@ import zarr
 from fedcache.errors import ConfigError, DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc, mismatches
 from fedcache.store.keys import TextKey, canonical_json
+from fedcache.store.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,10 @@ class FeatureStore:
     @property
     def locks_dir(self) -> Path:
         return self.path / ".locks"
+
+    def lock(self, name: str, what: str, wait: float = 120.0):
+        """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""
+        return exclusive_lock(self.locks_dir / f"{name}.lock", what, wait=wait)
 
     def bad_images_path(self, entry_id: str) -> Path:
         """The list of images an extraction skipped (outside the Zarr hierarchy, so Zarr ignores it)."""
