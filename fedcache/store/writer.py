@@ -97,7 +97,8 @@ class EntryWriter:
         if bad_images:
             path = self.store.bad_images_path(self.key.entry_id)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as fh:
+            # surrogateescape: a file name that is not valid UTF-8 is listed as the bytes it is on disk.
+            with open(path, "a", encoding="utf-8", errors="surrogateescape") as fh:
                 fh.writelines(f"{b}\n" for b in bad_images)
         if self.complete:
             return True
