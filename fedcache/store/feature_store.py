@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 STORE_FORMAT = 1
 ENTRIES = "entries"
 TEXT = "text"
+SLOT_FIELDS = ("dataset", "split", "domain", "backbone", "view")
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class EntryInfo:
     @property
     def slot(self) -> tuple:
         k = self.key
-        return tuple(k.get(f) for f in ("dataset", "split", "domain", "backbone", "view"))
+        return tuple(k.get(f) for f in SLOT_FIELDS)
 
     def label(self) -> str:
         k = self.key
@@ -137,14 +138,15 @@ class FeatureStore:
         return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
     def entries(self) -> list[EntryInfo]:
-        infos = [self._info(eid) for eid in self.entry_ids()]
+        group = self.root[ENTRIES]
+        infos = [self._info(eid, group) for eid in self.entry_ids()]
         return sorted(infos, key=lambda e: (tuple(str(x) for x in e.slot), e.completed_at or ""))
 
-    def _info(self, entry_id: str) -> EntryInfo:
+    def _info(self, entry_id: str, group: zarr.Group | None = None) -> EntryInfo:
         try:
-            a = dict(self.root[ENTRIES][entry_id].attrs)
+            a = dict((group if group is not None else self.root[ENTRIES])[entry_id].attrs)
             key, n_rows, dim = a["key"], int(a["n_rows"]), int(a["dim"])
-            if not isinstance(key, dict) or not {"dataset", "split", "domain", "backbone", "view"} <= set(key):
+            if not isinstance(key, dict) or not set(SLOT_FIELDS) <= set(key):
                 raise ValueError(f"its key is {key!r}")
         except Exception as exc:  # Zarr and json raise many types for a damaged zarr.json
             return EntryInfo(entry_id, self._salvaged_key(entry_id), 0, 0, False, None, {},
@@ -155,7 +157,7 @@ class FeatureStore:
         """The key kept beside the features (so a damaged entry still names its slot), or {}."""
         try:
             key = dict(zarr.open_array(store=str(self.path / ENTRIES / entry_id / "features"), mode="r").attrs["entry_key"])
-            return key if {"dataset", "split", "domain", "backbone", "view"} <= set(key) else {}
+            return key if set(SLOT_FIELDS) <= set(key) else {}
         except Exception:
             return {}
 
@@ -206,6 +208,7 @@ class FeatureStore:
         return found
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
+        domains = None if domains is None else list(domains)
         found = self.find(dataset, split, backbone, view, domains)
         domain_names = tuple(found[0].attrs["domains"])
         wanted = list(domains) if domains is not None else list(domain_names)

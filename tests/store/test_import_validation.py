@@ -73,9 +73,10 @@ def test_bad_field_is_refused_and_nothing_written(case, fmt, tmp_path, store_pat
     if fmt == "h5" and arrays["labels"].dtype.kind == "U":
         arrays["labels"] = arrays["labels"].astype("S")
     path = (save_npz if fmt == "npz" else save_h5)(tmp_path / f"f.{fmt}", arrays)
+    store = FeatureStore(store_path)
     with pytest.raises(ConfigError, match=message):
-        import_file(store_path, path, "mine", "enc", split="train")
-    assert not store_path.exists()
+        import_file(store, path, "mine", "enc", split="train")
+    assert store.entries() == []
 
 
 BAD_META = {
@@ -95,7 +96,7 @@ def test_bad_attribute_is_refused(case, fmt, tmp_path, store_path):
     meta, message = BAD_META[case]
     path = (save_npz if fmt == "npz" else save_h5)(tmp_path / f"f.{fmt}", in_split(good()), **meta)
     with pytest.raises(ConfigError, match=message):
-        import_file(store_path, path, "mine", "enc")
+        import_file(FeatureStore(store_path), path, "mine", "enc")
 
 
 def test_splits_of_other_widths_and_split_option_misuse(tmp_path, store_path):
@@ -103,19 +104,19 @@ def test_splits_of_other_widths_and_split_option_misuse(tmp_path, store_path):
     arrays = in_split(a) | in_split({**b, "features": b["features"][:, :3]}, "test")
     path = save_h5(tmp_path / "w.h5", arrays)
     with pytest.raises(ConfigError, match=r"different widths \[3, 4\]"):
-        import_file(store_path, path, "mine", "enc")
+        import_file(FeatureStore(store_path), path, "mine", "enc")
     path = save_h5(tmp_path / "s.h5", in_split(a))
     with pytest.raises(ConfigError, match="--split is only for a file with flat arrays"):
-        import_file(store_path, path, "mine", "enc", split="test")
+        import_file(FeatureStore(store_path), path, "mine", "enc", split="test")
     path = save_h5(tmp_path / "m.h5", {**a, **in_split(a)})
     with pytest.raises(ConfigError, match="mixes flat arrays with splits"):
-        import_file(store_path, path, "mine", "enc", split="test")
+        import_file(FeatureStore(store_path), path, "mine", "enc", split="test")
 
 
 def test_exact_values_survive_and_every_named_domain_gets_an_entry(tmp_path, store_path):
     arrays = {**good(), "labels": (np.arange(N) % 3).astype(np.float64)}  # whole floats are integers
     path = save_npz(tmp_path / "ok.npz", in_split(arrays), classes=json.dumps(["a", "b", "c"]), domains=json.dumps(["x", "y", "z"]))
-    ids = import_file(store_path, path, "mine", "enc")
+    ids = import_file(FeatureStore(store_path), path, "mine", "enc")
     assert len(ids) == 3  # domain "z" has no rows: an empty entry, as readers expect every domain
     t = FeatureStore(store_path).read("mine", "train", "enc")
     order = np.lexsort((t.ids, t.domains))
@@ -136,15 +137,15 @@ def test_unreadable_npz_is_one_line_not_interrupted(content, tmp_path, store_pat
 def test_non_hdf5_h5_and_object_arrays(tmp_path, store_path):
     (tmp_path / "x.h5").write_bytes(b"plain text, not HDF5")
     with pytest.raises(ConfigError, match="not an HDF5 file"):
-        import_file(store_path, tmp_path / "x.h5", "m", "e", split="train")
+        import_file(FeatureStore(store_path), tmp_path / "x.h5", "m", "e", split="train")
     np.savez(tmp_path / "o.npz", features=np.zeros((2, 2)), labels=np.array([object(), 1], dtype=object))
     with pytest.raises(ConfigError, match="'labels' cannot be read without unpickling"):
-        import_file(store_path, tmp_path / "o.npz", "m", "e", split="train")
+        import_file(FeatureStore(store_path), tmp_path / "o.npz", "m", "e", split="train")
 
 
 def test_export_into_a_missing_or_read_only_directory(tmp_path, store_path, capsys):
     path = save_npz(tmp_path / "ok.npz", good())
-    import_file(store_path, path, "mine", "enc", split="train")
+    import_file(FeatureStore(store_path), path, "mine", "enc", split="train")
     args = ["store", "export", "-d", "mine", "-b", "enc", "--splits", "train", "--store", str(store_path), "-o"]
     assert main([*args, str(tmp_path / "nope" / "out.npz")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -186,7 +187,7 @@ def test_fuzz_malformed_files_raise_only_fedcache_errors(arrays, fmt, split, tmp
                 else:
                     f[k.replace("__", "/")] = v
     try:
-        ids = import_file(tmp / "s.zarr", path, "m", "e", split=split)
+        ids = import_file(FeatureStore(tmp / "s.zarr"), path, "m", "e", split=split)
     except FedcacheError:
         return
     store = FeatureStore(tmp / "s.zarr")
