@@ -278,6 +278,8 @@ def store_verify(
     store: Path = StoreOpt,
 ) -> None:
     """Check every entry against its checksums; name the damaged ones (exit 1 if any are left)."""
+    from rich.markup import escape
+
     from fedcache.store.feature_store import ENTRIES, TEXT
 
     fs = _open_store(store)
@@ -286,7 +288,7 @@ def store_verify(
     damaged = 0
     for kind, eid, label, status, why in checks:
         colour = {"ok": "green", "damaged": "red"}.get(status, "yellow")
-        console.print(f"{eid} {label}: [{colour}]{status}[/]" + (f" ({why})" if why else ""), highlight=False)
+        console.print(f"{eid} {escape(label)}: [{colour}]{status}[/]" + (f" ({escape(why)})" if why else ""), highlight=False)
         if status == "damaged" and repair:
             fs.discard(eid, kind)
             console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")

@@ -115,8 +115,13 @@ class FeatureStore:
             root.attrs.update({"fedcache_store": STORE_FORMAT})
         elif fmt > STORE_FORMAT:
             raise StoreError(f"{self.path} was written by a newer fedcache (store format {fmt}); upgrade fedcache")
-        root.require_group(ENTRIES)
-        root.require_group(TEXT)
+        for name in (ENTRIES, TEXT):
+            try:
+                root.require_group(name)
+            except Exception as exc:  # a damaged zarr.json of the group: json or Zarr errors
+                meta = self.path / name / "zarr.json"
+                raise StoreError(f"{self.path}: the metadata of its {name!r} group is damaged ({type(exc).__name__}: {exc}); "
+                                 f"delete {meta} and fedcache writes it again") from None
         return root
 
     @property

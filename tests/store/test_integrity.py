@@ -174,3 +174,13 @@ def test_store_info_of_an_empty_id_is_refused(store, capsys):
     assert code == 2 and "not an entry id" in out
     code, out = run(capsys, "store", "rm", " ", "--store", str(store))
     assert code == 2 and "not an entry id" in out
+
+
+def test_damaged_metadata_of_the_entries_group_says_which_file_to_delete(store, capsys):
+    meta = store / "entries" / "zarr.json"
+    meta.write_text("{")
+    code, out = run(capsys, "store", "ls", "--store", str(store))
+    assert code == 1 and f"delete {meta}" in out and "Traceback" not in out
+    meta.unlink()
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 0 and out.count(": ok") == 4
