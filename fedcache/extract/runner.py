@@ -168,6 +168,9 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source}
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:
+        if writer.replaced:
+            emit(ProgressEvent("info", key.label(), message=f"{key.label()}: entry {key.entry_id} was damaged "
+                               f"({writer.replaced}); extracting it again"))
         if writer.complete:
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do"))
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
@@ -177,7 +180,8 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
         bad = _fill_chunks(cfg, writer, samples, dataset.domains.index(domain), bb, plan, view, pending, emit, key)
         done = writer.finish(bad)
         emit(ProgressEvent("end", key.label()))
-    status = "extracted" if done else "part done"
+    # Chunks written by this run: none when it queued (--wait) behind a writer that finished them.
+    status = ("extracted" if pending else "already complete") if done else "part done"
     return EntryReport(key.label(), key.entry_id, status, rows, time.perf_counter() - t0, bad)
 
 
