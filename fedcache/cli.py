@@ -418,7 +418,8 @@ def _result_line(s: dict) -> str:
     rnd = " [yellow](RANDOM WEIGHTS)[/]" if s.get("random_weights") else ""
     rnd += " [yellow](BYPASSED THE FEATURE CACHE: raw images)[/]" if s.get("bypasses_cache") else ""
     return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
-            f"{s['params_up_per_round']:,} params up/round, {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
+            f"{s.get('params_up_per_client', 0):,.0f} params up per client per round ({s['params_up_per_round']:,} per round "
+            f"over the clients that sent), {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
             f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
 
 

@@ -151,7 +151,7 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
 
 def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: LoadedBackbone, split: str, domain: str, view: ViewSpec) -> EntryKey:
     pre = Preprocess.for_backbone(bb.spec, cfg.image_size or dataset.default_image_size, _backend(samples, view))
-    if cfg.image_noise:
+    if cfg.image_noise and split == "train":  # the paper (and its code) noises the images it trains on, not the test images
         kind, scale, p = cfg.image_noise
         pre = dataclasses.replace(pre, noise=kind, noise_scale=float(scale), noise_perturb=float(p), noise_seed=cfg.view_seed)
     return EntryKey(

@@ -52,8 +52,9 @@ class RunState:
     clients: Params
     bytes_up: int = 0
     bytes_down: int = 0
-    params_up: list[int] = field(default_factory=list)  # per round
+    params_up: list[int] = field(default_factory=list)  # per round, summed over the clients that sent
     seconds: float = 0.0
+    senders: list[int] = field(default_factory=list)  # per round: how many clients sent (0 for unfederated methods)
 
 
 @dataclass
@@ -121,8 +122,10 @@ def settle(method: Method, state: RunState, rnd: int, clients: list[int], down: 
         state.bytes_up += sum(b for _, b in up)
         state.bytes_down += method.download_size(down)[1] * len(clients)
         state.params_up.append(sum(p for p, _ in up))
+        state.senders.append(len(clients))
     else:
         state.params_up.append(0)
+        state.senders.append(0)
     state.server = method.aggregate(state.server, result, clients, rnd)
 
 
@@ -230,10 +233,31 @@ def run_summary(method: Method, cfg: RunConfig, state: RunState, history: list[d
         "per_client_accuracy": last["per_client"],
         "bytes_up": state.bytes_up, "bytes_down": state.bytes_down,
         "params_up_per_round": int(np.mean(state.params_up)) if state.params_up else 0,
+        **_per_client(state),
         "rounds": state.rnd, "seconds": round(state.seconds, 4),
         "random_weights": bool(method.ctx.data.random_weights),
         **method.summary_extra(),
+        "definitions": DEFINITIONS,
     }
+
+
+# Written into every summary, so that a number read from summary.json says what it is.
+DEFINITIONS = {
+    "std_accuracy": "std over clients of their accuracies at the last evaluation, population std (ddof=0): "
+                    "every client of the run is counted, and std_accuracy**2 == variance. Not a std over seeds "
+                    "(a grid's report gives that, sample std ddof=1)",
+    "params_up_per_client": "parameters one client sends in one round, averaged over rounds and the clients that "
+                            "sent (the FedPCL paper's '# of Comm Params')",
+    "bytes_up_per_client": "bytes one client sends in one round, averaged likewise",
+    "params_up_per_round": "parameters all clients that sent in a round send together, averaged over rounds",
+    "bytes_up": "bytes sent by all clients over all rounds",
+}
+
+
+def _per_client(state: RunState) -> dict:
+    sent = sum(state.senders)
+    return {"params_up_per_client": round(sum(state.params_up) / sent, 1) if sent else 0,
+            "bytes_up_per_client": round(state.bytes_up / sent, 1) if sent else 0}
 
 
 # ---- persistence -------------------------------------------------------------------------
@@ -246,7 +270,10 @@ def _initial_state(method: Method, cfg: RunConfig) -> RunState:
         raise ConfigError(f"--resume: no checkpoint in {cfg.out}; start the run without --resume")
     ck = torch.load(path, weights_only=True)  # tensors, dicts and numbers only: nothing executable
     log.info("resuming %s after round %d", method.name, ck["rnd"])
-    return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]), ck["seconds"])
+    # A checkpoint written before senders were recorded: the sampled clients of those rounds sent.
+    senders = ck.get("senders") or [len(sample_clients(method, cfg, r)) if method.federated else 0 for r in range(ck["rnd"])]
+    return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
+                    ck["seconds"], list(senders))
 
 
 def _persist(cfg: RunConfig, state: RunState, line: dict | None) -> None:
@@ -256,7 +283,7 @@ def _persist(cfg: RunConfig, state: RunState, line: dict | None) -> None:
         with open(cfg.out / METRICS, "a") as fh:
             fh.write(json.dumps(line) + "\n")
     ck = {"rnd": state.rnd, "server": state.server, "clients": state.clients, "bytes_up": state.bytes_up,
-          "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds}
+          "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds, "senders": state.senders}
     tmp = cfg.out / (CHECKPOINT + ".tmp")
     torch.save(ck, tmp)
     os.replace(tmp, cfg.out / CHECKPOINT)  # a crash mid-write leaves the previous checkpoint intact
