@@ -39,10 +39,11 @@ class FedNTD(FedAvg):
     def loss(self, p, xb, yb, mask, info):
         logits = forward(self.head, p, xb, mask, train=True)
         with torch.no_grad():
-            # The official code copies the model in train mode, so the teacher also normalises with
-            # batch statistics; the copy's own statistics are thrown away.
+            # The teacher is the received global model in eval mode (BatchNorm with its running statistics):
+            # the official ClientTrainer deep-copies a model that the previous client's evaluation left in
+            # eval mode (only the very first client of a run copies it in train mode).
             anchor = {n: t.expand(len(xb), *t.shape[1:]) for n, t in info["anchor"].items()}
-            teacher = forward(self.head, anchor, xb, mask, train=True)
+            teacher = forward(self.head, anchor, xb, mask, train=False)
         # tau^2 as in the official NTD_Loss (the paper's Eq. has none): it keeps the term's gradient
         # scale independent of tau, as in Hinton et al.'s distillation.
         ntd = self.p.tau**2 * masked_mean(not_true_kl(logits, teacher, yb, self.p.tau), mask)
