@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg import FedAvg
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
 from fedcache.heads import forward
 
 
 @dataclass(frozen=True)
-class FedNTDParams:
+class FedNTDParams(FedAvgParams):
     # The official config/fedntd.json (NTD_Loss's own defaults are tau = 3, beta = 1). FST-CBDG, which
     # compares against FedNTD, does not state them.
     tau: float = 1.0  # softmax temperature of both the local and the global logits
@@ -37,6 +37,7 @@ class FedNTD(FedAvg):
     Params = FedNTDParams
 
     def loss(self, p, xb, yb, mask, info):
+        xb = self.inputs(xb)
         logits = forward(self.head, p, xb, mask, train=True)
         with torch.no_grad():
             # The teacher is the received global model in eval mode (BatchNorm with its running statistics):
