@@ -77,8 +77,10 @@ def test_ctrl_c_then_resume_is_bit_identical(tmp_path):
 KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {repo!r})
+import torch
 import tests.conftest  # registers test-toy
 from fedcache.extract.runner import ExtractConfig, extract
+torch.set_num_threads({threads})  # the parent's count: a conv's float32 sums depend on the thread split
 def slow(event):
     if event.kind == "advance":
         time.sleep(0.15)
@@ -91,7 +93,7 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path):
     extract(cfg(tmp_path / "ref.zarr"))
     store = tmp_path / "run.zarr"
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(KILL_SCRIPT.format(repo=str(REPO), store=str(store))))
+    script.write_text(textwrap.dedent(KILL_SCRIPT.format(repo=str(REPO), store=str(store), threads=torch.get_num_threads())))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO)
     try:
         _wait_for_some_chunks(store, proc)

@@ -282,3 +282,18 @@ def test_evaluation_replies_are_attributed_by_node_and_checked():
     assert "0 <= hits <= n" in rejected[1] and "holds 10" in rejected[2]
     acc, rejected = accept_eval_replies([ev(101, 1.5, 30)], NODE, SIZES)
     assert acc == {} and "whole numbers" in rejected[0]
+
+
+@pytest.mark.parametrize("local_protos", ["after", "last-epoch", "every-epoch"])
+def test_honest_fedproto_epoch_prototypes_pass_the_count_check(local_protos):
+    """FedProto's prototypes from the local epochs' steps, with 2 epochs: an honest client's class counts
+    stay within its rows, so the server accepts every reply."""
+    data = synthetic(n_clients=3, sizes=SIZES)
+    run = FlowerRun.of(method="fedproto", settings=f"local_protos={local_protos}", local_epochs=2)
+    server = build_method(run, dataclasses.replace(data, client_train=[np.zeros(0, np.int64)] * 3))
+    clients = build_method(run, data)
+    down = server.broadcast(server.init_server(), 0)
+    everyone = clients.init_clients(3)
+    honest = {k: clients.local_update(0, [k], down, {n: t[[k]] for n, t in everyone.items()}) for k in range(3)}
+    got = _accept(server, down, _honest(honest))
+    assert sorted(got.replies) == [0, 1, 2] and not got.rejected

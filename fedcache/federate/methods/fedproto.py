@@ -85,7 +85,17 @@ class FedProto(Method):
             plan = drop_incomplete(plan)
         states = train(states, self.trainable(states), self.loss, c.data.x_train, c.data.y_train, plan, c.optim, info)
         protos, counts = info["sums"].means() if "sums" in info else self.local_prototypes(states, clients)
+        if "sums" in info:
+            # Summed over steps, counts reach epochs x rows; the weight is the paper's |D_ij| (the
+            # client's rows of class j), and a server checks it against the client's rows.
+            counts = torch.where(counts > 0, self.class_counts(clients), 0.0)
         return LocalResult(states, {"protos": protos, "counts": counts}, self.sample_counts(clients))
+
+    def class_counts(self, clients: list[int]) -> torch.Tensor:
+        """(K, C) the clients' training rows per class."""
+        y = self.ctx.data.y_train
+        return torch.stack([torch.bincount(y[torch.as_tensor(r)], minlength=self.ctx.data.n_classes).float()
+                            for r in self.client_rows(clients)])
 
     def epoch_steps(self, clients: list[int]) -> torch.Tensor:
         """(K, S) True where step s of client k's local pass feeds its prototypes: the last epoch's steps
