@@ -24,12 +24,14 @@ def rng_for(seed: int, *path: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, *path]))
 
 
-def step_plan(rows: list[np.ndarray], batch_size: int, epochs: int, seed: int, rnd: int, clients: list[int]) -> np.ndarray:
-    """(K, S, B) row indices, -1 for padding: client k's epochs of shuffled mini-batches."""
+def step_plan(rows: list[np.ndarray], batch_size: int, epochs: int, seed: int, rnd: int, clients: list[int],
+              first_epoch: int = 0) -> np.ndarray:
+    """(K, S, B) row indices, -1 for padding: client k's epochs of shuffled mini-batches. Epochs are
+    numbered from ``first_epoch``, so a round's later training phase gets shuffles of its own."""
     plans = []
     for k, r in zip(clients, rows):
         steps = []
-        for e in range(epochs):
+        for e in range(first_epoch, first_epoch + epochs):
             perm = r[rng_for(seed, rnd, k, e, 1).permutation(len(r))]
             pad = (-len(perm)) % batch_size
             steps.append(np.concatenate([perm, np.full(pad, -1, np.int64)]).reshape(-1, batch_size))

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg import FedAvg
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
 from fedcache.federate.settings import NonNegative
 
 
 @dataclass(frozen=True)
-class FedProxParams:
+class FedProxParams(FedAvgParams):
     mu: NonNegative = 0.01  # the FedProx paper sweeps {0.001, 0.01, 0.1, 1}; a negative mu pushes away
 
 
