@@ -188,7 +188,7 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths) -> dict:
             history.append(line)
             _append(fed.out, "metrics.jsonl", line)
         fed.state.rnd, fed.state.seconds = rnd + 1, time.perf_counter() - t0
-    summary = run_summary(fed.method, fed.cfg, fed.state, history)
+    summary = run_summary(fed.method, fed.state, history)
     summary.update(engine="flower", partition_id=info.partition_id, dropped=dropped, rejected=rejected,
                    refused_nodes=fed.roster.refused)
     if fed.out is not None:
