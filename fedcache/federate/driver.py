@@ -53,6 +53,7 @@ class RunState:
     bytes_down: int = 0
     params_up: list[int] = field(default_factory=list)  # per round
     seconds: float = 0.0
+    losses: list[torch.Tensor] = field(default_factory=list)  # local-training losses since the last metrics line
 
 
 @dataclass
@@ -116,19 +117,18 @@ def run(method: Method, cfg: RunConfig, engine: Engine, on_round: RoundCallback 
     history = read_history(cfg.out, state.rnd) if cfg.resume else []
     engine.start(state)
     t0 = time.perf_counter() - state.seconds
-    losses: list[torch.Tensor] = []
     for rnd in range(state.rnd, cfg.rounds):
         clients = sample_clients(method, cfg, rnd)
         down = method.broadcast(state.server, rnd)
         got = engine.round(state, rnd, clients, down)
         if got.clients:
             settle(method, state, rnd, got.clients, down, got.result)
-        losses += got.losses
+        state.losses += got.losses
         line = None
         if evaluation_due(cfg, rnd):
-            line = metrics_line(method, state, engine, rnd, losses)
+            line = metrics_line(method, state, engine, rnd)
             history.append(line)
-            losses = []
+            state.losses = []
         state.rnd, state.seconds = rnd + 1, time.perf_counter() - t0
         _persist(cfg, state, line, engine)
         if on_round:
@@ -163,10 +163,10 @@ def evaluation_due(cfg: RunConfig, rnd: int) -> bool:
     return (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds
 
 
-def metrics_line(method: Method, state: RunState, engine: Engine, rnd: int, losses: list[torch.Tensor]) -> dict:
+def metrics_line(method: Method, state: RunState, engine: Engine, rnd: int) -> dict:
     glob = global_logits(method, state.server)
     line = {"round": rnd + 1, **engine.evaluate(state, glob), **global_accuracy(method, glob)}
-    return {**line, "train_loss": train_loss(losses), "bytes_up": state.bytes_up, "bytes_down": state.bytes_down}
+    return {**line, "train_loss": train_loss(state.losses), "bytes_up": state.bytes_up, "bytes_down": state.bytes_down}
 
 
 def global_logits(method: Method, server: Params) -> torch.Tensor | None:
@@ -212,7 +212,8 @@ def initial_state(method: Method, cfg: RunConfig, engine: Engine) -> RunState:
         return RunState(0, method.init_server(), engine.init_clients())
     ck = load_checkpoint(cfg.out, method.name)
     engine.load_state_dict(ck.get("engine", {}))
-    return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]), ck["seconds"])
+    return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
+                    ck["seconds"], list(ck.get("losses", [])))  # older checkpoints kept no losses
 
 
 def _persist(cfg: RunConfig, state: RunState, line: dict | None, engine: Engine) -> None:
@@ -221,7 +222,8 @@ def _persist(cfg: RunConfig, state: RunState, line: dict | None, engine: Engine)
     if line is not None:
         append_line(cfg.out / METRICS, line)
     ck = {"rnd": state.rnd, "server": state.server, "clients": state.clients, "bytes_up": state.bytes_up,
-          "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds}
+          "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds,
+          "losses": state.losses}  # so that a run resumed between two metrics lines reports the same train_loss
     extra = engine.state_dict()
     save_checkpoint(cfg.out, {**ck, "engine": extra} if extra else ck, cfg.keep_checkpoints == "all")
 

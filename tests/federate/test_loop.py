@@ -249,3 +249,17 @@ def test_train_loss_is_the_mean_local_step_loss(tmp_path):
     assert r.history[1]["train_loss"] < first["train_loss"]
     # Methods that train nothing locally record none.
     assert run(make("linear-probe", data), RunConfig(rounds=1)).history[0]["train_loss"] is None
+
+
+def test_a_run_resumed_between_two_metrics_lines_reports_the_same_train_loss(data, tmp_path):
+    """The losses of rounds after the last metrics line are kept in the checkpoint."""
+    full = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2))
+
+    def stop_after_three(done, total, line):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path), on_round=stop_after_three)
+    resumed = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path, resume=True))
+    assert resumed.history == full.history and full.history[-1]["train_loss"] is not None
