@@ -15,7 +15,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg import FedAvg
-from fedcache.heads import forward
+from fedcache.heads import train_forward
 
 
 @dataclass(frozen=True)
@@ -37,16 +37,16 @@ class FedNTD(FedAvg):
     Params = FedNTDParams
 
     def loss(self, p, xb, yb, mask, info):
-        logits = forward(self.head, p, xb, mask, train=True)
+        logits, buffers = train_forward(self.head, p, xb, mask)
         with torch.no_grad():
             # The official code copies the model in train mode, so the teacher also normalises with
             # batch statistics; the copy's own statistics are thrown away.
             anchor = {n: t.expand(len(xb), *t.shape[1:]) for n, t in info["anchor"].items()}
-            teacher = forward(self.head, anchor, xb, mask, train=True)
+            teacher, _ = train_forward(self.head, anchor, xb, mask)
         # tau^2 as in the official NTD_Loss (the paper's Eq. has none): it keeps the term's gradient
         # scale independent of tau, as in Hinton et al.'s distillation.
         ntd = self.p.tau**2 * masked_mean(not_true_kl(logits, teacher, yb, self.p.tau), mask)
-        return cross_entropy(logits, yb, mask) + self.p.beta * ntd
+        return cross_entropy(logits, yb, mask) + self.p.beta * ntd, buffers
 
 
 def not_true_kl(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:

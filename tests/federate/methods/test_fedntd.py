@@ -34,7 +34,8 @@ def test_fedntd_loss_at_tau_2_matches_hand_computation():
     y = torch.tensor([[0, 1]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     anchor = identity_head([0.0, 2 * math.log(3), 0.0])
-    got = m.loss(identity_head([0.0, 0.0, 0.0]), x, y, mask, {"anchor": anchor})
+    got, buffers = m.loss(identity_head([0.0, 0.0, 0.0]), x, y, mask, {"anchor": anchor})
+    assert buffers == {}  # a linear head keeps no statistics
     ce = (math.log(2) - math.log(math.exp(5) / (math.exp(5) + 2))) / 2
     kl = (0.75 * math.log(1.5) + 0.25 * math.log(0.5) + 0.0) / 2
     # The official NTD_Loss: tau^2 * KLDiv(batchmean), weighted by beta.

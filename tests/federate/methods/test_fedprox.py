@@ -46,7 +46,7 @@ def test_proximal_term_skips_batchnorm_statistics_and_vanishes_at_the_global_hea
         torch.testing.assert_close(g[n], g_ce[n])
     # The loss value itself: CE + mu/2 * squared distance, here 0.7 / 2 * (number of trainable entries * 0.3^2).
     moved = {n: (t + 0.3 if n in keys else t) for n, t in p.items()}
-    extra = m.loss(moved, *batch, {"anchor": anchor}) - m.ce_loss(moved, *batch, {"anchor": anchor})
+    extra = m.loss(moved, *batch, {"anchor": anchor})[0] - m.ce_loss(moved, *batch, {"anchor": anchor})[0]
     count = sum(moved[n][0].numel() for n in keys)
     torch.testing.assert_close(extra, torch.tensor([0.35 * count * 0.09]))
 
