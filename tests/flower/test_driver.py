@@ -115,3 +115,28 @@ def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards
         _serve(shards, tmp_path, _run("fedproto"), resume=True)
     with pytest.raises(ConfigError, match="no config.json"):
         _serve(shards, tmp_path / "empty", _run(), resume=True)
+
+
+def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_path, monkeypatch):
+    """The ServerApp entry point: run 7 is interrupted; run 8, submitted with deploy.resume_run='7',
+    continues in run-7/ (the operator's runs directory) and ends as an uninterrupted run."""
+    from fedcache.flower.config import SERVER_ENV
+
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(shards / SERVER))
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    nodes = [client_dir(shards, k) for k in range(3)]
+
+    def main(run_id: int, run: FlowerRun, stop_before=None) -> None:
+        client._client.cache_clear()
+        context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
+        server.main(DirectGrid(nodes, run, stop_before), context)
+
+    full = _serve(shards, tmp_path / "full", _run())
+    with pytest.raises(Interrupted):
+        main(7, _run(), stop_before=3)
+    main(8, _run(resume_run="7"))
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run-7"]
+    resumed = json.loads((tmp_path / "runs" / "run-7" / "summary.json").read_text())
+    assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
+    with pytest.raises(ConfigError, match="deploy.resume_run='run-7': give the Flower run id"):
+        _run(resume_run="run-7")
