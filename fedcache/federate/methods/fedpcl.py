@@ -125,13 +125,13 @@ class FedPCL(Method):
         return torch.stack(out)
 
     def loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> torch.Tensor:
-        z = self.head.features(p, xb, mask, train=True)
+        z, buffers = self.head.train_features(p, xb, mask)
         if not info["ready"]:  # first round with first_round=ce: nothing to contrast against yet
-            return cross_entropy(self.head.classify(p, z), yb, mask)
+            return cross_entropy(self.head.classify(p, z), yb, mask), buffers
         per_row = L.LOSSES[self.p.loss](self, p, z, yb, mask, info["down"])
         if self.p.ce_weight > 0:
             per_row = per_row + self.p.ce_weight * cross_entropy(self.head.classify(p, z), yb, mask)
-        return per_row
+        return per_row, buffers
 
     # ---- server -------------------------------------------------------------------------
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:

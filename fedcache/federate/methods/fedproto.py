@@ -109,7 +109,7 @@ class FedProto(Method):
         return (s >= (per_epoch * first).unsqueeze(1)) & (s < (per_epoch * c.local_epochs).unsqueeze(1))
 
     def loss(self, p, xb, yb, mask, info):
-        z = self.head.features(p, xb, mask, train=True)
+        z, buffers = self.head.train_features(p, xb, mask)
         if "sums" in info:
             info["sums"].add(info["step"], z.detach(), yb, mask)
         ce = cross_entropy(self.head.classify(p, z), yb, mask)
@@ -118,8 +118,8 @@ class FedProto(Method):
         has = info["has"][yb]
         dist = ((z - info["protos"][yb]) ** 2).mean(-1)
         if self.p.loss_rows == "all":
-            return ce + self.p.lam * masked_mean(dist * has, mask)
-        return ce + self.p.lam * masked_mean(dist, mask & has)
+            return ce + self.p.lam * masked_mean(dist * has, mask), buffers
+        return ce + self.p.lam * masked_mean(dist, mask & has), buffers
 
     def local_prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts."""
@@ -130,7 +130,7 @@ class FedProto(Method):
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         x, y, mask = self.ctx.data.rows_of("train", clients)
         with torch.no_grad():
-            z = self.head.features(states, x, mask, train=False)
+            z = self.head.features(states, x, mask)
         return class_means(z, y, mask, self.ctx.data.n_classes)
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:

@@ -22,4 +22,5 @@ class FedProx(FedAvg):
     def loss(self, p, xb, yb, mask, info):
         anchor = info["anchor"]
         prox = sum(((p[n] - anchor[n]) ** 2).flatten(1).sum(1) for n in self.trainable(p))
-        return self.ce_loss(p, xb, yb, mask, info) + 0.5 * self.p.mu * prox
+        ce, buffers = self.ce_loss(p, xb, yb, mask, info)
+        return ce + 0.5 * self.p.mu * prox, buffers

@@ -86,11 +86,11 @@ def test_loss_rows_all_averages_over_every_row(data):
     mask = torch.ones(1, 8, dtype=torch.bool)
     protos = torch.zeros(10, 256)
     info = {"protos": protos, "has": torch.arange(10) == 0}
-    z = m_all.head.features(dict(p), xb, mask, train=True)
+    z, _ = m_all.head.train_features(p, xb, mask)
     d = (z[0, :2] ** 2).mean(-1).sum()
-    ce = m_all.loss(dict(p), xb, yb, mask, {**info, "has": torch.zeros(10, dtype=torch.bool)})
-    torch.testing.assert_close(m_all.loss(dict(p), xb, yb, mask, info), ce + d / 8)
-    torch.testing.assert_close(m_with.loss(dict(p), xb, yb, mask, info), ce + d / 2)
+    ce, _ = m_all.loss(p, xb, yb, mask, {**info, "has": torch.zeros(10, dtype=torch.bool)})
+    torch.testing.assert_close(m_all.loss(p, xb, yb, mask, info)[0], ce + d / 8)
+    torch.testing.assert_close(m_with.loss(p, xb, yb, mask, info)[0], ce + d / 2)
 
 
 def test_reference_options_batched_equals_per_client(data):
@@ -116,11 +116,11 @@ def test_loss_value_and_gradient_by_hand(data, rows):
     m = make(data, lam=2.5, loss_rows=rows)
     p, xb, yb, mask, info = _batch(m, data)
     leaves = {n: t.clone().requires_grad_(True) for n, t in p.items() if n not in m.head.buffer_keys}
-    got = m.loss({**p, **leaves}, xb, yb, mask, info).sum()
+    got = m.loss({**p, **leaves}, xb, yb, mask, info)[0].sum()
     g_got = torch.autograd.grad(got, list(leaves.values()))
     leaves2 = {n: t.clone().requires_grad_(True) for n, t in p.items() if n not in m.head.buffer_keys}
     q = {**p, **leaves2}
-    z = m.head.features(dict(q), xb, mask, train=True)
+    z, _ = m.head.train_features(dict(q), xb, mask)
     ce = torch.nn.functional.cross_entropy(m.head.classify(q, z)[0], yb[0])
     d = ((z[0] - info["protos"][yb[0]]) ** 2).mean(-1)
     has = info["has"][yb[0]]
@@ -141,7 +141,7 @@ def test_after_prototypes_are_eval_mode_class_means_of_the_trained_head(data):
     r = m.local_update(0, clients, down, m.init_clients(3))
     x, y, mask = data.rows_of("train", clients)
     with torch.no_grad():
-        want, counts = class_means(m.head.features(dict(r.states), x, mask, train=False), y, mask, data.n_classes)
+        want, counts = class_means(m.head.features(dict(r.states), x, mask), y, mask, data.n_classes)
     torch.testing.assert_close(r.uploads["protos"], want)
     torch.testing.assert_close(r.uploads["counts"], counts)
 
