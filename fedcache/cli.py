@@ -35,7 +35,7 @@ class _Commands(typer.core.TyperGroup):
     `fedcache --help` does not import every method)."""
 
     def get_command(self, ctx, name):
-        return super().get_command(ctx, name) or _method_commands().get(name)
+        return super().get_command(ctx, name) or _method_commands(taken=set(self.commands)).get(name)
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS, cls=_Commands,
@@ -481,11 +481,19 @@ def methods() -> None:
             console.print(f"{name} adds [bold]fedcache {c.name}[/]: {c.help}")
 
 
-def _method_commands() -> dict:
-    """The commands methods declare (their ``commands`` hook), by name, built here as click commands."""
+def _method_commands(taken: set[str]) -> dict:
+    """The commands methods declare (their ``commands`` hook), by name, built here as click commands; a name
+    that is already a command (``taken``) or another method's is refused rather than shadowed."""
     from fedcache.federate.methods import METHODS
 
-    return {c.name: _method_command(c, name) for name, cls in METHODS.items() for c in cls.commands}
+    out, owner = {}, {}
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            if c.name in taken or c.name in out:
+                raise ConfigError(f"method {name} declares the command {c.name!r}, which "
+                                  f"{'fedcache has already' if c.name in taken else owner[c.name] + ' declares too'}: rename it")
+            out[c.name], owner[c.name] = _method_command(c, name), name
+    return out
 
 
 def _method_command(mc, method: str):

@@ -53,7 +53,7 @@ def test_the_cli_builds_a_method_command_from_the_hook(monkeypatch, tmp_path, ca
     hook = MethodCommand("toy-figure", "A toy method command.", run, spec_options=("dataset", "backbones", "store", "clients", "rounds"),
                          defaults={"rounds": 7}, extra=(CommandOption("out", Path, "Where.", ("--out", "-o")),
                                                         CommandOption("verbose", bool, "Talk.", ("--verbose",), False)))
-    monkeypatch.setattr(cli, "_method_commands", lambda: {"toy-figure": cli._method_command(hook, "fedproto")})
+    monkeypatch.setattr(cli, "_method_commands", lambda taken: {"toy-figure": cli._method_command(hook, "fedproto")})
     code = cli.main(["toy-figure", "-d", "test-toy", "-b", "a,b", "--store", str(tmp_path / "s.zarr"), "--clients", "3", "-o", "x.png"])
     assert code == 0, capsys.readouterr().err
     spec = seen["spec"]
@@ -80,3 +80,15 @@ def test_method_commands_are_listed_by_methods(capsys):
 def test_the_cli_starts_without_importing_the_methods():
     code = "import sys; from fedcache.cli import app; import typer.main; typer.main.get_command(app); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_method_command_cannot_shadow_a_command(monkeypatch):
+    import fedcache.cli as cli
+
+    hook = MethodCommand("train", "Shadows train.", lambda spec: [], spec_options=("dataset",))
+    monkeypatch.setattr(METHODS.get("solo"), "commands", (hook,))
+    with pytest.raises(ConfigError, match="'train', which fedcache has already"):
+        cli._method_commands(taken={"train", "grid"})
+    monkeypatch.setattr(METHODS.get("solo"), "commands", (MethodCommand("backbone-heatmap", "Twice.", lambda spec: [], ()),))
+    with pytest.raises(ConfigError, match="fedpcl declares too|solo declares too"):
+        cli._method_commands(taken=set())
