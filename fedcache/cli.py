@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -28,8 +29,19 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
-app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS,
-                  help="Federated learning on cached embeddings of frozen pretrained models.")
+
+
+class _Commands(typer.core.TyperGroup):
+    """The commands declared in this file, then those methods declare (resolved only when named, so that
+    `fedcache --help` does not import every method)."""
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or _method_commands(taken=set(self.commands)).get(name)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS, cls=_Commands,
+                  help="Federated learning on cached embeddings of frozen pretrained models. "
+                       "Methods may add commands of their own: `fedcache methods` lists them.")
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
 app.add_typer(store_app, name="store")
 # Redirected output (logs, CI) gets a wide console: rich would cut tables at 80 columns.
@@ -249,18 +261,19 @@ def store_ls(store: Path = StoreOpt) -> None:
     for col in ("view", "rows", "dim", "status"):
         table.add_column(col, no_wrap=True)
     for e in infos:
-        k = e.key
-        name = k["backbone"] + (" [yellow]RANDOM[/]" if e.random_weights else "")
-        table.add_row(e.entry_id, k["dataset"], k["split"], k["domain"], name, str(k["view"]), str(e.n_rows), str(e.dim),
-                      _status(fs, e, current))
+        k = {f: "?" for f in ("dataset", "split", "domain", "backbone", "view")} | e.key
+        name = str(k["backbone"]) + (" [yellow]RANDOM[/]" if e.random_weights else "")
+        table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
+                      str(e.dim), _status(fs, e, current))
     console.print(table if infos else f"{store}: empty store")
 
 
 def _status(fs, e, current: set) -> str:
+    if e.damaged:
+        return "[red]damaged[/] (see `store verify`)"
     if not e.complete:
-        flags = fs.root["entries"][e.entry_id]["done"][:]
-        done, total = int(flags.sum()), len(flags)
-        return f"[yellow]partial {done}/{total}[/]"
+        done = fs.chunks_done(e)
+        return f"[yellow]partial {done[0]}/{done[1]}[/]" if done else "[red]damaged[/] (see `store verify`)"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 
 
@@ -268,7 +281,35 @@ def _status(fs, e, current: set) -> str:
 def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix is enough)."), store: Path = StoreOpt) -> None:
     """Show an entry's full key and attributes."""
     e = _open_store(store).info(entry)
-    console.print_json(json.dumps({"entry_id": e.entry_id, **e.attrs}, default=str))
+    damaged = {"damaged": e.damaged, "key": e.key} if e.damaged else {}
+    console.print_json(json.dumps({"entry_id": e.entry_id, **damaged, **e.attrs}, default=str))
+
+
+@store_app.command("verify")
+def store_verify(
+    repair: bool = typer.Option(False, help="Remove the damaged entries (then re-extract or re-import them)."),
+    store: Path = StoreOpt,
+) -> None:
+    """Check every entry against its checksums; name the damaged ones (exit 1 if any are left)."""
+    from rich.markup import escape
+
+    from fedcache.store.feature_store import ENTRIES, TEXT
+
+    fs = _open_store(store)
+    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e)) for e in fs.entries()]
+    checks += [(TEXT, eid, "text embeddings", *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
+    damaged = 0
+    for kind, eid, label, status, why in checks:
+        colour = {"ok": "green", "damaged": "red"}.get(status, "yellow")
+        console.print(f"{eid} {escape(label)}: [{colour}]{status}[/]" + (f" ({escape(why)})" if why else ""), highlight=False)
+        if status == "damaged" and repair:
+            fs.discard(eid, kind)
+            console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
+        damaged += status == "damaged" and not repair
+    if damaged:
+        err.print(f"[red]{damaged} damaged entries[/]: re-run the extraction (or import) that made each, which replaces "
+                  f"it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+        raise typer.Exit(1)
 
 
 @store_app.command("rm")
@@ -317,10 +358,9 @@ def store_import(
     store: Path = StoreOpt,
 ) -> None:
     """Bring your own embeddings: import them as normal store entries."""
-    from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
-    ids = import_file(FeatureStore(store), file, dataset, backbone, split)
+    ids = import_file(store, file, dataset, backbone, split)
     console.print(f"imported {len(ids)} entries as dataset {dataset!r}, backbone {backbone!r}")
 
 
@@ -393,7 +433,8 @@ def _result_line(s: dict) -> str:
     rnd = " [yellow](RANDOM WEIGHTS)[/]" if s.get("random_weights") else ""
     rnd += " [yellow](BYPASSED THE FEATURE CACHE: raw images)[/]" if s.get("bypasses_cache") else ""
     return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
-            f"{s['params_up_per_round']:,} params up/round, {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
+            f"{s.get('params_up_per_client', 0):,.0f} params up per client per round ({s['params_up_per_round']:,} per round "
+            f"over the clients that sent), {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
             f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
 
 
@@ -426,37 +467,6 @@ _command(partition, _spec_params(PARTITION_OPTIONS, backbones="Any extracted bac
                               default=typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."))], "partition")
 
 
-@app.command("backbone-heatmap")
-def backbone_heatmap(
-    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
-    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="Two or more backbones to fuse."),
-    out: Path = typer.Option(..., "--out", "-o", help="PNG to write."),
-    store: Path = StoreOpt,
-    partition: str = typer.Option("domain", help="Partition of the clients (as in train)."),
-    clients: int = typer.Option(5, help="Number of clients."),
-    few_shot: Optional[int] = typer.Option(10, help="Training samples per class per client."),
-    rounds: int = typer.Option(50, help="Federated rounds of the fused and single-backbone runs."),
-    seed: int = typer.Option(0, help="Seed (as in train)."),
-    settings: List[str] = typer.Option([], "--set", help="FedPCL / optimizer key=value."),
-) -> None:
-    """FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes."""
-    from fedcache.federate.contribution import backbone_contribution
-    from fedcache.reports.heatmap import plot_contribution
-
-    names = _csv(backbones)
-    if len(names) < 2:
-        raise typer.BadParameter("name at least two backbones to fuse", param_hint="--backbones")
-    cfg = RunSpec.of(store=store, dataset=dataset, backbones=names, method="fedpcl", partition=partition,
-                     clients=clients, few_shot=few_shot, rounds=rounds, seed=seed, settings=settings)
-    writable_file(out, "--out")  # before the runs, not after
-    c = backbone_contribution(cfg)
-    table = Table("client", *c.backbones, box=None)
-    for name, row in zip(c.clients, c.scores):
-        table.add_row(name, *(f"{v:.3f}" for v in row))
-    console.print(table)
-    console.print(f"wrote {plot_contribution(c, out)}")
-
-
 @app.command()
 def methods() -> None:
     """List the federated methods."""
@@ -471,6 +481,45 @@ def methods() -> None:
         yes = lambda b: "yes" if b else ""
         table.add_row(name, cls.default_head, yes(cls.personalized), yes(cls.has_global_model), yes(cls.federated), cls.description)
     console.print(table)
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            console.print(f"{name} adds [bold]fedcache {c.name}[/]: {c.help}")
+
+
+def _method_commands(taken: set[str]) -> dict:
+    """The commands methods declare (their ``commands`` hook), by name, built here as click commands; a name
+    that is already a command (``taken``) or another method's is refused rather than shadowed."""
+    from fedcache.federate.methods import METHODS
+
+    out, owner = {}, {}
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            if c.name in taken or c.name in out:
+                raise ConfigError(f"method {name} declares the command {c.name!r}, which "
+                                  f"{'fedcache has already' if c.name in taken else owner[c.name] + ' declares too'}: rename it")
+            out[c.name], owner[c.name] = _method_command(c, name), name
+    return out
+
+
+def _method_command(mc, method: str):
+    """A method's command: the run-spec options it names (with its defaults) and its own options; the method
+    is its owner."""
+    def run(**given) -> None:
+        extra = {o.name: given.pop(o.name) for o in mc.extra}
+        for line in mc.run(RunSpec.of(method=method, **given), **extra):
+            console.print(line, highlight=False)
+
+    params = _spec_params([o for o in options() if o.name in mc.spec_options])
+    for p in params:
+        if p.name in mc.defaults:
+            p.default.default = mc.defaults[p.name]
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.type if o.default is ... else Optional[o.type],
+                                 default=typer.Option(o.default, *(o.flags or (f"--{o.name.replace('_', '-')}",)), help=o.help))
+               for o in mc.extra]
+    run.__signature__ = inspect.Signature(params)
+    sub = typer.Typer(add_completion=False)
+    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS)(run)
+    return typer.main.get_command(sub)
 
 
 # `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated

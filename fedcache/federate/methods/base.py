@@ -1,13 +1,15 @@
 """The method interface: a method says what a client does, what the server does, and what travels.
 
-The round loop (federate/loop.py) owns sampling, byte counting, evaluation, checkpoints and
+The round driver (federate/driver.py) owns sampling, byte counting, evaluation, checkpoints and
 resumption; a method never touches those. Client state is kept stacked over all clients
-(leading axis N) so the loop can hand any subset of clients to ``local_update`` at once.
+(leading axis N) so an engine can hand any subset of clients to ``local_update`` at once, which
+returns every entry of the states it was given.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,8 +46,34 @@ class LocalResult:
     weights: torch.Tensor  # (K,) aggregation weights, usually sample counts
 
 
+@dataclass(frozen=True)
+class CommandOption:
+    """An option of a method's command that is not a run-spec option (e.g. the PNG to write)."""
+
+    name: str
+    type: type
+    help: str
+    flags: tuple[str, ...] = ()  # default: --<name> in kebab-case
+    default: Any = ...  # ...: required
+
+
+@dataclass(frozen=True)
+class MethodCommand:
+    """A command that belongs to one method (FedPCL's backbone heatmap): ``fedcache <name>`` takes the run-spec
+    options named in ``spec_options`` (with the command's own ``defaults``) and its ``extra`` options, and calls
+    ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. The CLI builds
+    the command from this hook (fedcache/cli.py), so a method adds commands without touching the CLI."""
+
+    name: str
+    help: str
+    run: Callable[..., list[str]]
+    spec_options: tuple[str, ...]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    extra: tuple[CommandOption, ...] = ()
+
+
 class Method:
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by the registration (METHODS.register), never by the class
     description: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
     default_head: ClassVar[str] = "linear"
@@ -66,6 +94,8 @@ class Method:
     # Uploads that are per-class row counts, which aggregate() weights by: a deployment's server checks
     # they are whole, non-negative and sum to at most the client's training rows (fedcache/flower/replies.py).
     count_uploads: ClassVar[tuple[str, ...]] = ()
+    # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
+    commands: ClassVar[tuple[MethodCommand, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -146,11 +176,13 @@ class Method:
         keys = self.trainable(params) if keys is None else keys
         return train(params, keys, loss_fn, c.data.x_train, c.data.y_train, plan, c.optim, extra)
 
-    def ce_loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> torch.Tensor:
+    def ce_loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> tuple[torch.Tensor, Params]:
+        """Cross-entropy of a training step, and the head's new buffers."""
         from fedcache.federate.local import cross_entropy
-        from fedcache.heads import forward
+        from fedcache.heads import train_forward
 
-        return cross_entropy(forward(self.head, p, xb, mask, train=True), yb, mask)
+        logits, buffers = train_forward(self.head, p, xb, mask)
+        return cross_entropy(logits, yb, mask), buffers
 
     def plan(self, rnd: int, clients: list[int], epochs: int | None = None) -> np.ndarray:
         """The (K, S, B) mini-batch plan ``fit`` follows, for methods that run their own step loop."""
@@ -180,15 +212,28 @@ def gradients(loss_fn, params: Params, keys: tuple[str, ...], batch: tuple, info
     """Each client's loss gradient w.r.t. ``keys`` (zero where unused), and ``params`` with the
     buffers (BatchNorm statistics) the forward pass updated. The per-client losses are summed:
     parameters are per client, so each client's gradient is its own."""
+    from fedcache.federate.local import split_loss
+
     leaves = {n: params[n].detach().requires_grad_(True) for n in keys}
-    p = {**params, **leaves}
-    loss = loss_fn(p, *batch, info or {})
+    loss, buffers = split_loss(loss_fn({**params, **leaves}, *batch, info or {}))
     grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
     grads = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(leaves, grads)}
-    return grads, {n: t.detach() for n, t in p.items()}
+    return grads, {n: t.detach() for n, t in {**params, **buffers}.items()}
 
 
-METHODS: Registry[type[Method]] = Registry("method")
+class MethodRegistry(Registry["type[Method]"]):
+    """A method states its name once, in its registration; the class receives it as ``name``."""
+
+    def add(self, name: str, item: type[Method]) -> type[Method]:
+        if "name" in vars(item):
+            raise ConfigError(f"method class {item.__qualname__} states its name ({item.name!r}) beside its "
+                              f"registration as {name!r}: leave out the name attribute, the registration sets it")
+        super().add(name, item)
+        item.name = name
+        return item
+
+
+METHODS = MethodRegistry("method")
 
 
 def weighted_average(stacked: Params, weights: torch.Tensor) -> Params:
