@@ -1,5 +1,5 @@
 """A standing fuzz of the command line (issue 18): random options and values for `train`, `partition`,
-`grid` and `store info/export`, run in-process. Whatever the input, a command either succeeds or says
+`grid`, `store info/export`, and `store import` of malformed .npz/.h5 files, run in-process. Whatever the input, a command either succeeds or says
 what was wrong in one message with exit 1 or 2; an uncaught exception (a traceback) fails the test.
 
 The options come from fedcache/spec.py, so a new run option is fuzzed without touching this file. The
@@ -232,5 +232,57 @@ def test_fuzz_store_info_and_export(work):
         run_cli(["store", "info", entry, "--store", store])
         run_cli(["store", "export", "-d", dataset, "-b", backbone, "-o", str(ex / out), "--store", store,
                  *(["--format", fmt] if fmt is not None else []), *(["--splits", splits] if splits is not None else [])])
+
+    check()
+
+
+# ---- store import: random malformed files through the CLI ---------------------------------------------
+# tests/store/test_import_validation.py fuzzes the arrays a file holds (import_file directly); this one damages
+# the bytes of a valid file, names it with the other format's suffix, draws the options, and trains on
+# whatever was accepted: a file import takes must not crash train later.
+def _valid_file(path: Path, rows: int, width: int, label_max: int) -> Path:
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(rows * 7 + width)
+    arrays = {"train/features": rng.normal(size=(rows, width)).astype(np.float32),
+              "train/labels": rng.integers(0, label_max + 1, rows), "train/domains": np.arange(rows) % 2,
+              "test/features": rng.normal(size=(max(rows // 2, 1), width)).astype(np.float32),
+              "test/labels": rng.integers(0, label_max + 1, max(rows // 2, 1)), "test/domains": np.zeros(max(rows // 2, 1), int)}
+    if path.suffix == ".npz":
+        np.savez(path, **{k.replace("/", "__"): v for k, v in arrays.items()})
+    else:
+        with h5py.File(path, "w") as f:
+            for k, v in arrays.items():
+                f[k] = v
+    return path
+
+
+def _damage(data: bytes, how: str, at: float, byte: int) -> bytes:
+    i = int(at * len(data))
+    return {"none": data, "truncate": data[:i], "flip": data[:i] + bytes([byte]) + data[i + 1:],
+            "zero-tail": data[:i] + bytes(len(data) - i), "empty": b"", "text": b"features,labels\n1,2\n"}[how]
+
+
+def test_fuzz_store_import_then_train(work):
+    @fuzz(30)
+    @given(fmt=st.sampled_from(["npz", "h5"]), suffix=st.sampled_from(["same", "same", "other", ".txt"]),
+           how=st.sampled_from(["none"] * 6 + ["truncate", "flip", "zero-tail", "empty", "text"]),
+           at=st.floats(0, 1), byte=st.integers(0, 255), rows=st.sampled_from([1, 4, 12]),
+           width=st.sampled_from([4, 4, 1, 0]), label_max=st.sampled_from([0, 2]),
+           dataset=st.sampled_from(["mine"] * 4 + ["", "a,b", "test-toy"]), backbone=st.sampled_from(["enc"] * 4 + ["", ".."]),
+           split=st.sampled_from([None] * 4 + ["train", ""]))
+    def check(fmt, suffix, how, at, byte, rows, width, label_max, dataset, backbone, split):
+        ex = _fresh(work)
+        raw = _damage(_valid_file(ex / f"src.{fmt}", rows, width, label_max).read_bytes(), how, at, byte)
+        name = {"same": f"x.{fmt}", "other": "x.h5" if fmt == "npz" else "x.npz", ".txt": "x.txt"}[suffix]
+        (ex / name).write_bytes(raw)
+        store = ex / "s.zarr"
+        code, _ = run_cli(["store", "import", str(ex / name), "-d", dataset, "-b", backbone, "--store", str(store),
+                           *(["--split", split] if split is not None else [])])
+        if code == 0:  # accepted: the store holds it intact and training on it is a result or a clear error
+            run_cli(["store", "verify", "--store", str(store)])
+            run_cli(["train", "--store", str(store), "-d", dataset, "-b", backbone, "-m", "fedavg", "--rounds", "1",
+                     "--clients", "2", "--partition", "iid"])
 
     check()
