@@ -88,3 +88,41 @@ def test_a_method_setting_given_in_python_is_checked_too():
 def test_adam_betas_are_each_in_zero_one(bad):
     with pytest.raises(ConfigError, match="betas="):
         OptimConfig(betas=bad)
+
+
+def _option_cases() -> list:
+    """(flag, text) for every run option with a numeric range: texts just outside it, and nan/inf for floats."""
+    from fedcache.spec import options
+
+    cases = []
+    for o in options():
+        nums = _numbers(o.type)
+        if len(nums) == 1 and _range(nums[0]):
+            cases += [(o.flag, text) for text in _outside(_range(nums[0]), typing.get_args(nums[0])[0])]
+    return cases
+
+
+@pytest.mark.parametrize("flag,text", _option_cases())
+def test_a_run_option_outside_its_range_is_refused_before_any_work(flag, text, tmp_path, capsys):
+    # issue 18: --local-epochs 0/-1, --alpha inf, --batch-size -4 ... (generated, so a new option is covered)
+    from fedcache.cli import main
+
+    code = main(["train", "--store", str(tmp_path / "missing.zarr"), "-d", "x", "-b", "y", "-m", "fedavg", flag, text])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} (" in err and "no feature store" not in err, err
+
+
+def _optim_cases() -> list:
+    cases = []
+    for field, typ in fields_of(OptimConfig).items():
+        nums = _numbers(typ)
+        if len(nums) == 1 and typing.get_origin(typ) is not tuple and _range(nums[0]):
+            cases += [(field, text) for text in _outside(_range(nums[0]), typing.get_args(nums[0])[0])]
+    return cases
+
+
+@pytest.mark.parametrize("field,text", _optim_cases())
+def test_an_optimizer_setting_outside_its_range_is_refused_naming_it(field, text):
+    # issue 18: --set lr=nan, eps=-1 (every optimizer field, so a new one is covered)
+    with pytest.raises(ConfigError, match=rf"--set {field}={text}: must be"):
+        resolve_settings("fedavg", [f"optim.{field}={text}"])
