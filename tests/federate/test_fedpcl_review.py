@@ -92,3 +92,47 @@ def test_training_beats_the_untrained_projection(contrast):
 
     untrained, trained = acc(1), acc(20)  # round 1 trains nothing (first_round=idle)
     assert untrained < 40 and trained > untrained + 15, (untrained, trained)
+
+
+# ---- presets: findings of the review, failing on main (strict xfail: remove the marker with the fix) -------
+
+
+def _label_shift_experiments():
+    from fedcache.presets import PRESETS
+
+    for name in ("fedpcl-table3", "fedpcl-table15"):
+        for e in PRESETS.get(name).experiments:
+            if e.sweep.get("partition") == "dirichlet":
+                yield pytest.param(e, id=f"{name}:{e.key}")
+
+
+@pytest.mark.xfail(strict=True, reason="review: dirichlet + few_shot=10 erases FedPCL's label shift")
+@pytest.mark.parametrize("experiment", list(_label_shift_experiments()))
+def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
+    # The official code draws a fixed budget of rows per class (40 x clients for DomainNet Real, 30 x
+    # clients for Caltech) and spreads it by Dirichlet(alpha); capping every client at few_shot rows per
+    # class on the whole training split flattens that skew: most (client, class) cells hold exactly few_shot.
+    from fedcache.federate.partitions import PartitionRequest, make_partition
+
+    s = experiment.sweep
+    opts = {k: s[k] for k in ("alpha", "few_shot", "subsample") if k in s}
+    labels = np.repeat(np.arange(10), 500)
+    test_labels = np.repeat(np.arange(10), 100)
+    p = make_partition(PartitionRequest("dirichlet", s["clients"], seed=0, **opts), labels, None, test_labels, None)
+    counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
+    held = counts[counts > 0]
+    assert np.mean(held == np.bincount(held).argmax()) < 0.5, counts
+
+
+@pytest.mark.xfail(strict=True, reason="review: fedavg/pfedme/perfedavg/solo run on the linear head in the presets")
+def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
+    # Paper Sec. 5.1 / Table 7: every baseline has FC(512K, 256)-ReLU-BN(256)-FC(256, 10) on the frozen
+    # backbones (fedcache's `mlp`, as benchmarks/fedpcl_comparison.py uses); without a head in the sweep,
+    # fedavg, pfedme, perfedavg and solo fall back to their `linear` default.
+    from fedcache.federate.train import resolve_settings
+    from fedcache.presets import PRESETS
+
+    wrong = [(name, e.key, m, resolve_settings(m, [], None, e.sweep.get("head")).head)
+             for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness") for e in PRESETS.get(name).experiments
+             for m in e.methods if m != "fedpcl"]
+    assert [w for w in wrong if w[3] != "mlp"] == []
