@@ -9,6 +9,7 @@ the whole run's wall time including start-up. Every Flower engine must give the 
 
     .venv/bin/python benchmarks/flower_overhead.py [--out benchmarks/results/flower_overhead.json]
     .venv/bin/python benchmarks/flower_overhead.py --render    # the markdown section of docs/performance.md
+    .venv/bin/python benchmarks/flower_overhead.py --tiny --engines in_process,simulation --out /tmp/f.json  # smoke run
 """
 from __future__ import annotations
 
@@ -17,48 +18,67 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import meta  # noqa: E402
+
 RESULT = Path(__file__).resolve().parent / "results" / "flower_overhead.json"
-CLIENTS, ROUNDS, DIM, PER_CLIENT, DATASET, BACKBONE = 10, 3, 256, 100, "synthetic-10", "imported"
+DATASET, BACKBONE = "synthetic-10", "imported"
+ENGINES = ("in_process", "simulation", "deployment")
 
 
-def make_store(path: Path) -> None:
+@dataclass(frozen=True)
+class Size:
+    clients: int = 10
+    rounds: int = 3
+    dim: int = 256
+    per_client: int = 100
+    test_rows: int = 1000
+    trials: int = 3  # in-process runs (best of)
+
+
+TINY = Size(clients=2, rounds=1, dim=8, per_client=20, test_rows=40, trials=1)
+
+
+def make_store(path: Path, size: Size) -> None:
     from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
     rng = np.random.default_rng(0)
-    means = rng.normal(size=(10, DIM)).astype(np.float32)
+    means = rng.normal(size=(10, size.dim)).astype(np.float32)
     arrays = {}
-    for split, n in (("train", CLIENTS * PER_CLIENT), ("test", 1000)):
+    for split, n in (("train", size.clients * size.per_client), ("test", size.test_rows)):
         y = rng.integers(0, 10, n)
-        arrays[f"{split}__features"] = means[y] + 2.0 * rng.normal(size=(n, DIM)).astype(np.float32)
+        arrays[f"{split}__features"] = means[y] + 2.0 * rng.normal(size=(n, size.dim)).astype(np.float32)
         arrays[f"{split}__labels"] = y
     npz = path.parent / "synthetic.npz"
     np.savez(npz, **arrays)
     import_file(FeatureStore(path), npz, DATASET, BACKBONE)
 
 
-def config(store: Path, **kw):
-    from fedcache.federate.train import TrainConfig
+def config(store: Path, size: Size, **kw):
+    from fedcache.spec import RunSpec
 
-    return TrainConfig(store=store, dataset=DATASET, backbones=[BACKBONE], method="fedavg", partition="iid",
-                       clients=CLIENTS, rounds=ROUNDS, eval_every=ROUNDS, **kw)
+    return RunSpec.of(store=store, dataset=DATASET, backbones=[BACKBONE], method="fedavg", partition="iid",
+                      clients=size.clients, rounds=size.rounds, eval_every=size.rounds, **kw)
 
 
-def in_process(store: Path) -> dict:
+def in_process(store: Path, work: Path, size: Size) -> dict:
     from fedcache.federate.train import train
 
     runs = []
-    for _ in range(3):
+    for _ in range(size.trials):
         t0 = time.perf_counter()
-        result = train(config(store))
+        result = train(config(store, size))
         runs.append(time.perf_counter() - t0)
-    return {"per_round_s": min(runs) / ROUNDS, "run_s": min(runs), "accuracy": result.summary["mean_accuracy"]}
+    return {"per_round_s": min(runs) / size.rounds, "run_s": min(runs), "accuracy": result.summary["mean_accuracy"]}
 
 
 def _flower_times(out: Path, wall: float, summary: dict) -> dict:
@@ -67,42 +87,43 @@ def _flower_times(out: Path, wall: float, summary: dict) -> dict:
     return {"per_round_s": statistics.median(secs), "round_s": secs, "run_s": wall, "accuracy": summary["mean_accuracy"]}
 
 
-def simulation(store: Path, work: Path) -> dict:
+def simulation(store: Path, work: Path, size: Size) -> dict:
     from fedcache.flower.sim import train_flower_sim
 
     out = work / "sim"
     t0 = time.perf_counter()
-    summary = train_flower_sim(config(store, out=out))
+    summary = train_flower_sim(config(store, size, out=out))
     return _flower_times(out, time.perf_counter() - t0, summary)
 
 
-def deployment(store: Path, work: Path) -> dict:
+def deployment(store: Path, work: Path, size: Size) -> dict:
     from fedcache.flower.config import FlowerRun
     from fedcache.flower.local import LocalDeployment
     from fedcache.flower.project import write_app
     from fedcache.flower.shard import client_dir, write_shards
     from fedcache.flower.sim import shard_spec
 
-    write_shards(shard_spec(config(store)), work / "shards")
+    write_shards(shard_spec(config(store, size)), work / "shards")
     write_app(work / "app")
-    run = FlowerRun.of(method="fedavg", rounds=ROUNDS, eval_every=ROUNDS, connect_timeout=300)
-    with LocalDeployment(work, [client_dir(work / "shards", k) for k in range(CLIENTS)]) as d:
+    run = FlowerRun.of(method="fedavg", rounds=size.rounds, eval_every=size.rounds, connect_timeout=300)
+    with LocalDeployment(work, [client_dir(work / "shards", k) for k in range(size.clients)]) as d:
         t0 = time.perf_counter()
         summary, out = d.run(work / "app", run, timeout=580)
         wall = time.perf_counter() - t0
     return _flower_times(out, wall, summary)
 
 
-def measure() -> dict:
+def measure(size: Size, engines: tuple[str, ...] = ENGINES) -> dict:
     with tempfile.TemporaryDirectory(prefix="flower-overhead-") as tmp:
         work = Path(tmp)
         store = work / "store.zarr"
-        make_store(store)
-        results = {"in_process": in_process(store), "simulation": simulation(store, work),
-                   "deployment": deployment(store, work)}
-    return {"config": {"method": "fedavg", "clients": CLIENTS, "rounds": ROUNDS, "dim": DIM, "rows_per_client": PER_CLIENT},
+        make_store(store, size)
+        results = {e: globals()[e](store, work, size) for e in engines}
+    return {"config": {"method": "fedavg", "clients": size.clients, "rounds": size.rounds, "dim": size.dim,
+                       "rows_per_client": size.per_client},
             "results": results, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                                            "note": f"1-minute load average {os.getloadavg()[0]:.1f} at the end"}}
+                                            "note": f"1-minute load average {os.getloadavg()[0]:.1f} at the end"},
+            "meta": meta()}
 
 
 def render(path: Path = RESULT) -> str:
@@ -114,21 +135,28 @@ def render(path: Path = RESULT) -> str:
              "| engine | per round (s) | whole run incl. start-up (s) | accuracy % |", "|---|---|---|---|"]
     names = {"in_process": "in-process", "simulation": "Flower simulation (Ray)", "deployment": "loopback deployment (10 SuperNodes)"}
     for key, name in names.items():
+        if key not in r:
+            continue
         v = r[key]
         lines.append(f"| {name} | {v['per_round_s']:.3f} | {v['run_s']:.1f} | {v['accuracy']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=RESULT)
     ap.add_argument("--render", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--tiny", action="store_true", help="2 clients x 20 rows, 1 round: checks the script runs, measures nothing")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
+    args = ap.parse_args(argv)
     if args.render:
         print(render(args.out))
         return
+    engines = tuple(args.engines.split(","))
+    if unknown := [e for e in engines if e not in ENGINES]:
+        ap.error(f"--engines: unknown {', '.join(unknown)} (known: {', '.join(ENGINES)})")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    data = measure()
+    data = measure(TINY if args.tiny else Size(), engines)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(render(args.out))
 

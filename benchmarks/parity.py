@@ -22,6 +22,7 @@ which goes first); the speed ratio is fedcache's seconds over the reference's, w
 evaluation every round, data loading excluded.
 
 Usage: .venv/bin/python benchmarks/parity.py --store COPY_OF_digits5-demo.zarr [--seeds 3] [--rounds 50]
+       .venv/bin/python benchmarks/parity.py --tiny --out /tmp/parity.json   # smoke run on a synthetic store
 """
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ import argparse
 import json
 import copy
 import statistics
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -157,10 +161,40 @@ def _pooled(data: FederatedData, models: list[nn.Module], predict) -> float:
     return 100.0 * correct / total
 
 
+# ---- the data ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Data:
+    store: Path
+    dataset: str = "digits5-offline"
+    backbone: str = "efficientnet-lite0"
+    few_shot: int = 10
+
+
+def tiny_store(path: Path) -> Data:
+    """5 domains x 10 classes x 4 training rows of 16-d Gaussian classes, imported as a store entry: the
+    benchmark's shapes without an extraction (checks that the script runs; measures nothing)."""
+    from fedcache.store.feature_store import FeatureStore
+    from fedcache.store.interchange import import_file
+
+    rng = np.random.default_rng(0)
+    means = rng.normal(size=(10, 16)).astype(np.float32)
+    arrays = {"classes": np.array(json.dumps([str(c) for c in range(10)])),
+              "domains": np.array(json.dumps([f"d{k}" for k in range(5)]))}
+    for split, per in (("train", 4), ("test", 2)):
+        y = np.tile(np.repeat(np.arange(10), per), 5)
+        arrays |= {f"{split}__features": means[y] + rng.normal(size=(len(y), 16)).astype(np.float32),
+                   f"{split}__labels": y, f"{split}__domains": np.repeat(np.arange(5), 10 * per)}
+    path.mkdir(parents=True, exist_ok=True)
+    np.savez(path / "tiny.npz", **arrays)
+    import_file(FeatureStore(path / "store.zarr"), path / "tiny.npz", "tiny-domains", "imported")
+    return Data(path / "store.zarr", "tiny-domains", "imported", few_shot=4)
+
+
 # ---- fedcache's side --------------------------------------------------------------------------------
-def fedcache_method(store: Path, method: str, head: str, settings: list[str], seed: int, rounds: int):
-    cfg = TrainConfig(store=store, dataset="digits5-offline", backbones=["efficientnet-lite0"], method=method, partition="domain", clients=5,
-                      few_shot=10, rounds=rounds, batch_size=BATCH, seed=seed, head=head, settings=SGD + settings)
+def fedcache_method(data: Data, method: str, head: str, settings: list[str], seed: int, rounds: int):
+    cfg = TrainConfig(store=data.store, dataset=data.dataset, backbones=[data.backbone], method=method, partition="domain",
+                      clients=5, few_shot=data.few_shot, rounds=rounds, batch_size=BATCH, seed=seed, head=head,
+                      settings=SGD + settings)
     return prepare(cfg)[0]
 
 
@@ -169,9 +203,9 @@ def pooled_history(method, history: list[dict]) -> list[float]:
     return [float((np.array(h["per_client"]) * sizes).sum() / sizes.sum()) for h in history]
 
 
-def one_seed(store: Path, case: tuple, seed: int, rounds: int) -> dict:
+def one_seed(source: Data, case: tuple, seed: int, rounds: int) -> dict:
     label, name, head, settings, algorithm = case
-    method = fedcache_method(store, name, head, settings, seed, rounds)
+    method = fedcache_method(source, name, head, settings, seed, rounds)
     data = method.ctx.data
 
     def ours():
@@ -206,27 +240,37 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def main() -> None:
-    from _results import write  # benchmarks/ is on sys.path when a script here runs
+def main(argv: list[str] | None = None) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _results import write
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--store", type=Path, required=True, help="a copy of /work/stores/digits5-demo.zarr (training writes partitions)")
+    ap.add_argument("--store", type=Path, help="a copy of a store with digits5-offline efficientnet-lite0 features (training writes partitions)")
+    ap.add_argument("--tiny", action="store_true", help="a synthetic 5-domain store in a temporary directory: checks the script runs")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--only", default="", help="run only the cases whose label contains this text")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "parity.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if (args.store is None) == (not args.tiny):
+        ap.error("give --store (the benchmark) or --tiny (a smoke run), not both")
+    with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
+        source = tiny_store(Path(tmp)) if args.tiny else Data(args.store)
+        results = run_cases(source, args)
+    write({"setup": {"dataset": source.dataset, "backbone": source.backbone, "partition": "domain", "clients": 5,
+                     "few_shot": source.few_shot, "rounds": args.rounds, "batch": BATCH, "optimizer": "SGD lr 0.01, no momentum",
+                     "local_epochs": 1, "lam": LAM, "accuracy": "pooled over all clients' test sets"},
+           "results": results}, args.out)
+
+
+def run_cases(source: Data, args) -> list[dict]:
     # With --only, the other cases' stored results stay (in CASES order).
     kept = {r["case"]: r for r in json.loads(args.out.read_text())["results"]} if args.only and args.out.exists() else {}
     for case in (c for c in CASES if args.only in c[0]):
-        runs = [one_seed(args.store, case, s, args.rounds) for s in range(args.first_seed, args.first_seed + args.seeds)]
+        runs = [one_seed(source, case, s, args.rounds) for s in range(args.first_seed, args.first_seed + args.seeds)]
         kept[case[0]] = {"case": case[0], "fedcache_settings": case[3], "runs": runs, **summarize(runs)}
-    results = [kept[c[0]] for c in CASES if c[0] in kept]
-    write({"setup": {"dataset": "digits5-offline", "backbone": "efficientnet-lite0", "partition": "domain", "clients": 5,
-                     "few_shot": 10, "rounds": args.rounds, "batch": BATCH, "optimizer": "SGD lr 0.01, no momentum",
-                     "local_epochs": 1, "lam": LAM, "accuracy": "pooled over all clients' test sets"},
-           "results": results}, args.out)
+    return [kept[c[0]] for c in CASES if c[0] in kept]
 
 
 if __name__ == "__main__":

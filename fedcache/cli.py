@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -27,8 +28,19 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
-app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS,
-                  help="Federated learning on cached embeddings of frozen pretrained models.")
+
+
+class _Commands(typer.core.TyperGroup):
+    """The commands declared in this file, then those methods declare (resolved only when named, so that
+    `fedcache --help` does not import every method)."""
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or _method_commands(taken=set(self.commands)).get(name)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS, cls=_Commands,
+                  help="Federated learning on cached embeddings of frozen pretrained models. "
+                       "Methods may add commands of their own: `fedcache methods` lists them.")
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
 app.add_typer(store_app, name="store")
 # Redirected output (logs, CI) gets a wide console: rich would cut tables at 80 columns.
@@ -450,36 +462,6 @@ _command(partition, _spec_params(PARTITION_OPTIONS, backbones="Any extracted bac
                               default=typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."))], "partition")
 
 
-@app.command("backbone-heatmap")
-def backbone_heatmap(
-    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
-    backbones: str = typer.Option(..., "--backbones", "--backbone", "-b", help="Two or more backbones to fuse."),
-    out: Path = typer.Option(..., "--out", "-o", help="PNG to write."),
-    store: Path = StoreOpt,
-    partition: str = typer.Option("domain", help="Partition of the clients (as in train)."),
-    clients: int = typer.Option(5, help="Number of clients."),
-    few_shot: Optional[int] = typer.Option(10, help="Training samples per class per client."),
-    rounds: int = typer.Option(50, help="Federated rounds of the fused and single-backbone runs."),
-    seed: int = typer.Option(0, help="Seed (as in train)."),
-    settings: List[str] = typer.Option([], "--set", help="FedPCL / optimizer key=value."),
-) -> None:
-    """FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes."""
-    from fedcache.federate.contribution import backbone_contribution
-    from fedcache.reports.heatmap import plot_contribution
-
-    names = _csv(backbones)
-    if len(names) < 2:
-        raise typer.BadParameter("name at least two backbones to fuse", param_hint="--backbones")
-    cfg = RunSpec.of(store=store, dataset=dataset, backbones=names, method="fedpcl", partition=partition,
-                     clients=clients, few_shot=few_shot, rounds=rounds, seed=seed, settings=settings)
-    c = backbone_contribution(cfg)
-    table = Table("client", *c.backbones, box=None)
-    for name, row in zip(c.clients, c.scores):
-        table.add_row(name, *(f"{v:.3f}" for v in row))
-    console.print(table)
-    console.print(f"wrote {plot_contribution(c, out)}")
-
-
 @app.command()
 def methods() -> None:
     """List the federated methods."""
@@ -494,6 +476,45 @@ def methods() -> None:
         yes = lambda b: "yes" if b else ""
         table.add_row(name, cls.default_head, yes(cls.personalized), yes(cls.has_global_model), yes(cls.federated), cls.description)
     console.print(table)
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            console.print(f"{name} adds [bold]fedcache {c.name}[/]: {c.help}")
+
+
+def _method_commands(taken: set[str]) -> dict:
+    """The commands methods declare (their ``commands`` hook), by name, built here as click commands; a name
+    that is already a command (``taken``) or another method's is refused rather than shadowed."""
+    from fedcache.federate.methods import METHODS
+
+    out, owner = {}, {}
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            if c.name in taken or c.name in out:
+                raise ConfigError(f"method {name} declares the command {c.name!r}, which "
+                                  f"{'fedcache has already' if c.name in taken else owner[c.name] + ' declares too'}: rename it")
+            out[c.name], owner[c.name] = _method_command(c, name), name
+    return out
+
+
+def _method_command(mc, method: str):
+    """A method's command: the run-spec options it names (with its defaults) and its own options; the method
+    is its owner."""
+    def run(**given) -> None:
+        extra = {o.name: given.pop(o.name) for o in mc.extra}
+        for line in mc.run(RunSpec.of(method=method, **given), **extra):
+            console.print(line, highlight=False)
+
+    params = _spec_params([o for o in options() if o.name in mc.spec_options])
+    for p in params:
+        if p.name in mc.defaults:
+            p.default.default = mc.defaults[p.name]
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.type if o.default is ... else Optional[o.type],
+                                 default=typer.Option(o.default, *(o.flags or (f"--{o.name.replace('_', '-')}",)), help=o.help))
+               for o in mc.extra]
+    run.__signature__ = inspect.Signature(params)
+    sub = typer.Typer(add_completion=False)
+    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS)(run)
+    return typer.main.get_command(sub)
 
 
 # `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated

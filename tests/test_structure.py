@@ -96,3 +96,25 @@ print(matplotlib.get_backend(), len(plt.get_fignums()), all(p.stat().st_size > 0
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["svg", "0", "True"]
+
+
+def test_no_module_is_made_callable_by_swapping_its_class():
+    """A package's __init__ must not replace its module object or class to make ``fedcache.extract(...)`` callable."""
+    tricks = []
+    for m, f in _modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("ModuleType", "__class__") and isinstance(node.ctx, (ast.Load, ast.Store)):
+                tricks.append(f"{m}: {node.attr}")
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules" and isinstance(node.ctx, ast.Store):
+                tricks.append(f"{m}: sys.modules[...] =")
+    assert tricks == []
+
+
+def test_plotting_lives_in_reports():
+    """Only fedcache.reports draws; digits5-offline reads matplotlib's bundled fonts (``import matplotlib``)."""
+    drawing = [m for m, f in _modules().items() if not m.startswith("fedcache.reports")
+               for node in ast.walk(ast.parse(f.read_text()))
+               if isinstance(node, (ast.Import, ast.ImportFrom))
+               and any(n.startswith("matplotlib.") for n in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                                                          else [f"{node.module}.{a.name}" if node.module else a.name for a in node.names]))]
+    assert drawing == []

@@ -24,3 +24,20 @@ def plot_contribution(c: Contribution, path: Path, title: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
+
+
+def backbone_heatmap(spec, out: Path) -> list[str]:
+    """FedPCL's ``fedcache backbone-heatmap``: run FedPCL fused and on each backbone alone, write the heatmap
+    to ``out``; the lines to print are the scores and the file written."""
+    from fedcache.errors import ConfigError
+    from fedcache.federate.contribution import backbone_contribution
+
+    if len(spec.data.backbones) < 2:
+        raise ConfigError(f"backbone-heatmap compares fused backbones with each alone: name at least two with "
+                          f"--backbones (got {','.join(spec.data.backbones)})")
+    c = backbone_contribution(spec)
+    width = max(len(n) for n in c.clients)
+    lines = [" ".join([f"{'client':<{width}}", *(f"{b:>{max(len(b), 6)}}" for b in c.backbones)])]
+    for name, row in zip(c.clients, c.scores):
+        lines.append(" ".join([f"{name:<{width}}", *(f"{v:>{max(len(b), 6)}.3f}" for b, v in zip(c.backbones, row))]))
+    return lines + [f"wrote {plot_contribution(c, out)}"]

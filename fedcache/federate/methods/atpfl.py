@@ -42,7 +42,6 @@ def _expanded(p: Params, k: int) -> Params:
 
 @METHODS.register("atpfl")
 class ATPFL(TPFL):
-    name = "atpfl"
     description = "TPFL plus InfoNCE towards the global prompts and away from the client's previous ones"
     Params = ATPFLParams
 

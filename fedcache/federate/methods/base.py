@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,8 +46,34 @@ class LocalResult:
     weights: torch.Tensor  # (K,) aggregation weights, usually sample counts
 
 
+@dataclass(frozen=True)
+class CommandOption:
+    """An option of a method's command that is not a run-spec option (e.g. the PNG to write)."""
+
+    name: str
+    type: type
+    help: str
+    flags: tuple[str, ...] = ()  # default: --<name> in kebab-case
+    default: Any = ...  # ...: required
+
+
+@dataclass(frozen=True)
+class MethodCommand:
+    """A command that belongs to one method (FedPCL's backbone heatmap): ``fedcache <name>`` takes the run-spec
+    options named in ``spec_options`` (with the command's own ``defaults``) and its ``extra`` options, and calls
+    ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. The CLI builds
+    the command from this hook (fedcache/cli.py), so a method adds commands without touching the CLI."""
+
+    name: str
+    help: str
+    run: Callable[..., list[str]]
+    spec_options: tuple[str, ...]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    extra: tuple[CommandOption, ...] = ()
+
+
 class Method:
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by the registration (METHODS.register), never by the class
     description: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
     default_head: ClassVar[str] = "linear"
@@ -67,6 +94,8 @@ class Method:
     # Uploads that are per-class row counts, which aggregate() weights by: a deployment's server checks
     # they are whole, non-negative and sum to at most the client's training rows (fedcache/flower/replies.py).
     count_uploads: ClassVar[tuple[str, ...]] = ()
+    # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
+    commands: ClassVar[tuple[MethodCommand, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -192,7 +221,19 @@ def gradients(loss_fn, params: Params, keys: tuple[str, ...], batch: tuple, info
     return grads, {n: t.detach() for n, t in {**params, **buffers}.items()}
 
 
-METHODS: Registry[type[Method]] = Registry("method")
+class MethodRegistry(Registry["type[Method]"]):
+    """A method states its name once, in its registration; the class receives it as ``name``."""
+
+    def add(self, name: str, item: type[Method]) -> type[Method]:
+        if "name" in vars(item):
+            raise ConfigError(f"method class {item.__qualname__} states its name ({item.name!r}) beside its "
+                              f"registration as {name!r}: leave out the name attribute, the registration sets it")
+        super().add(name, item)
+        item.name = name
+        return item
+
+
+METHODS = MethodRegistry("method")
 
 
 def weighted_average(stacked: Params, weights: torch.Tensor) -> Params:

@@ -13,7 +13,6 @@ POOLED = 2**31  # shuffling stream of the pooled data, distinct from every clien
 
 @METHODS.register("centralized")
 class Centralized(Method):
-    name = "centralized"
     description = "one head on all training data pooled; no federation (upper bound)"
     federated = False
     splittable = False

@@ -25,7 +25,6 @@ class ClipFCParams:
 
 @METHODS.register("clip-fc-centralized")
 class ClipFCCentralized(Centralized):
-    name = "clip-fc-centralized"
     description = "supervised linear classifier on pooled unit-norm CLIP features, text-initialised (upper bound)"
     Params = ClipFCParams
     default_preset = "fst-cbdg"

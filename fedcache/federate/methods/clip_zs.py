@@ -21,7 +21,6 @@ class ClipZSParams:
 
 @METHODS.register("clip-zs")
 class ClipZS(Method):
-    name = "clip-zs"
     description = "CLIP zero-shot: nearest class-text embedding by cosine similarity; no training"
     Params = ClipZSParams
     federated = False

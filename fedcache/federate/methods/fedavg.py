@@ -22,7 +22,6 @@ class FedAvgParams:
 
 @METHODS.register("fedavg")
 class FedAvg(Method):
-    name = "fedavg"
     description = "average of locally trained heads, weighted by sample counts"
     Params = FedAvgParams
 

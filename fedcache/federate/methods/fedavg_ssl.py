@@ -25,7 +25,6 @@ class FedAvgSSLParams(SSLParams):
 
 @METHODS.register("fedavg-ssl")
 class FedAvgSSL(SSLMethod):
-    name = "fedavg-ssl"
     description = "unsupervised: average of locally trained SimCLR encoders (weights travel)"
     Params = FedAvgSSLParams
 

@@ -32,7 +32,6 @@ class FedNTDParams(FedAvgParams):
 
 @METHODS.register("fedntd")
 class FedNTD(FedAvg):
-    name = "fedntd"
     description = "FedAvg plus distillation of the global model's not-true-class predictions"
     Params = FedNTDParams
 

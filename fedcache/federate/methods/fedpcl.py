@@ -8,13 +8,14 @@ the other behaviour is in the table of docs/methods/fedpcl.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, rng_for
-from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
+from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.prototypes import aggregate, class_means, nearest
 from fedcache.heads import Params
@@ -47,15 +48,30 @@ class FedPCLParams:
 PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
 
 
+def _backbone_heatmap(spec, out):
+    from fedcache.reports.heatmap import backbone_heatmap
+
+    return backbone_heatmap(spec, out)
+
+
+BACKBONE_HEATMAP = MethodCommand(
+    "backbone-heatmap", "FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes.",
+    _backbone_heatmap,
+    spec_options=("dataset", "backbones", "store", "partition", "clients", "few_shot", "rounds", "seed", "settings"),
+    defaults={"partition": "domain", "few_shot": 10},
+    extra=(CommandOption("out", Path, "PNG to write.", ("--out", "-o")),),
+)
+
+
 @METHODS.register("fedpcl")
 class FedPCL(Method):
-    name = "fedpcl"
     description = "personal projection heads; clients exchange class prototypes and train contrastively"
     Params = FedPCLParams
     default_head = "projection"
     personalized = True
     has_global_model = False
     count_uploads = ("count",)
+    commands = (BACKBONE_HEATMAP,)
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         if ctx.head != "projection":

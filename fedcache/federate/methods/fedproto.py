@@ -57,7 +57,6 @@ class FedProtoParams:
 
 @METHODS.register("fedproto")
 class FedProto(Method):
-    name = "fedproto"
     description = "personal heads; clients exchange per-class prototypes of their representation"
     Params = FedProtoParams
     default_head = "mlp"

@@ -15,7 +15,6 @@ class FedProxParams(FedAvgParams):
 
 @METHODS.register("fedprox")
 class FedProx(FedAvg):
-    name = "fedprox"
     description = "FedAvg with a proximal term pulling local heads towards the global one"
     Params = FedProxParams
 

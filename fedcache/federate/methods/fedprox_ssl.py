@@ -22,7 +22,6 @@ class FedProxSSLParams(FedAvgSSLParams):
 
 @METHODS.register("fedprox-ssl")
 class FedProxSSL(FedAvgSSL):
-    name = "fedprox-ssl"
     description = "unsupervised: FedAvg-SSL with a proximal term towards the global encoder"
     Params = FedProxSSLParams
 

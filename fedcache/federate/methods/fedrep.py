@@ -32,7 +32,6 @@ class FedRepParams:
 
 @METHODS.register("fedrep")
 class FedRep(Method):
-    name = "fedrep"
     description = "shared representation (averaged), personal classifier per client"
     Params = FedRepParams
     default_head = "mlp"

@@ -56,7 +56,6 @@ class FLESDParams(SSLParams):
 
 @METHODS.register("flesd")
 class FLESD(SSLMethod):
-    name = "flesd"
     description = "unsupervised: local SimCLR, ensemble similarity distillation on a public set (no weights sent up)"
     Params = FLESDParams
 

@@ -76,7 +76,6 @@ ANCHORS = {
 
 @METHODS.register("fst-cbdg")
 class FSTCBDG(Method):
-    name = "fst-cbdg"
     description = "unsupervised: self-training on zero-shot soft pseudo-labels + class-balanced text sampling"
     Params = FSTCBDGParams
     default_preset = "fst-cbdg"

@@ -18,7 +18,6 @@ class LinearProbeParams:
 
 @METHODS.register("linear-probe")
 class LinearProbe(Method):
-    name = "linear-probe"
     description = "scikit-learn logistic regression on all training features pooled (reference ceiling)"
     Params = LinearProbeParams
     federated = False

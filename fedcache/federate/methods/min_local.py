@@ -15,7 +15,6 @@ from fedcache.heads import Params, expand
 
 @METHODS.register("min-local")
 class MinLocal(SSLMethod):
-    name = "min-local"
     description = "unsupervised: local SimCLR encoders only, no communication (lower bound)"
     federated = False
     personalized = True

@@ -46,7 +46,6 @@ class PerFedAvgParams:
 
 @METHODS.register("perfedavg")
 class PerFedAvg(Method):
-    name = "perfedavg"
     description = "FedAvg on the MAML objective; each client adapts the global head with one gradient step"
     Params = PerFedAvgParams
     default_preset = "perfedavg"  # SGD at the paper's beta: the outer step of Algorithm 1

@@ -51,7 +51,6 @@ class PFedMeParams:
 
 @METHODS.register("pfedme")
 class PFedMe(Method):
-    name = "pfedme"
     description = "personalised models tied to the global one by a Moreau-envelope (L2) term"
     Params = PFedMeParams
     default_preset = "pfedme"  # SGD at the paper's eta: the w update of Algorithm 1

@@ -32,7 +32,6 @@ class PromptFLParams:
 
 @METHODS.register("promptfl")
 class PromptFL(Method):
-    name = "promptfl"
     description = "CoOp context vectors through CLIP's frozen text tower on cached image features; FedAvg of the contexts"
     Params = PromptFLParams
     default_preset = "promptfl"

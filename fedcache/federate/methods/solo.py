@@ -7,7 +7,6 @@ from fedcache.heads import Params, forward
 
 @METHODS.register("solo")
 class Solo(Method):
-    name = "solo"
     description = "local training only, no communication"
     personalized = True
     has_global_model = False

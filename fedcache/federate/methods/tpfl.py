@@ -46,7 +46,6 @@ VISUAL = {"feature": _feature, "pixel": _pixel}
 
 @METHODS.register("tpfl")
 class TPFL(PromptFL):
-    name = "tpfl"
     description = "PromptFL plus a visual prompt (on cached features, or pixels with visual=pixel); both averaged"
     Params = TPFLParams
     default_preset = "tpfl"
