@@ -124,7 +124,6 @@ def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
     assert np.mean(held == np.bincount(held).argmax()) < 0.5, counts
 
 
-@pytest.mark.xfail(strict=True, reason="review: fedavg/pfedme/perfedavg/solo run on the linear head in the presets")
 def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
     # Paper Sec. 5.1 / Table 7: every baseline has FC(512K, 256)-ReLU-BN(256)-FC(256, 10) on the frozen
     # backbones (fedcache's `mlp`, as benchmarks/fedpcl_comparison.py uses); without a head in the sweep,
@@ -133,6 +132,10 @@ def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
     from fedcache.presets import PRESETS
 
     wrong = [(name, e.key, m, resolve_settings(m, [], None, e.sweep.get("head")).head)
-             for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness") for e in PRESETS.get(name).experiments
+             for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11") for e in PRESETS.get(name).experiments
              for m in e.methods if m != "fedpcl"]
     assert [w for w in wrong if w[3] != "mlp"] == []
+    fedpcl = [resolve_settings("fedpcl", [], None, e.sweep.get("head")).head
+              for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11")
+              for e in PRESETS.get(name).experiments if "fedpcl" in e.methods]
+    assert fedpcl and set(fedpcl) == {"projection"}
