@@ -106,7 +106,6 @@ def _label_shift_experiments():
                 yield pytest.param(e, id=f"{name}:{e.key}")
 
 
-@pytest.mark.xfail(strict=True, reason="review: dirichlet + few_shot=10 erases FedPCL's label shift")
 @pytest.mark.parametrize("experiment", list(_label_shift_experiments()))
 def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
     # The official code draws a fixed budget of rows per class (40 x clients for DomainNet Real, 30 x
