@@ -31,9 +31,9 @@ class FedPCLParams:
     # here and point there (the fedpcl-table11 preset runs them on the same partition and budget).
     loss: Literal["fedpcl", "supcon", "ce", "ce+protodist"] = "fedpcl"
     prototypes: Literal["both", "global", "local"] = "both"  # Table 12 ablation: L_g, L_p, or both
-    contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 6-7 | official ConLoss
-    local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 7 averages
-    aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts) | official plain mean
+    contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 8-9 (NeurIPS numbering) | official ConLoss
+    local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 9 averages
+    aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts, without its 1/|N_j|) | official plain mean
     first_round: Literal["idle", "ce"] = "idle"  # round 1 has no prototypes: train nothing | train with CE
     predict: Literal["local", "global", "classifier"] = "local"  # nearest local prototype, as paper and code
     # Which local prototypes predict=local compares with: those the client sent (noised when noise is on; the
