@@ -19,7 +19,7 @@ from rich.text import Text
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.progress import PlainProgress
-from fedcache.spec import Option, RunSpec, default_store, options
+from fedcache.spec import Option, RunSpec, default_store, grid_options, options
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -486,13 +486,14 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     from fedcache.sweep import run_grid
 
     how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
+    engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
-                     keep_checkpoints=how["keep_checkpoints"])
+                     keep_checkpoints=how["keep_checkpoints"], **engine)
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
         task = progress.add_task("grid", total=None, last="")
 
@@ -520,6 +521,9 @@ def _grid_signature() -> inspect.Signature:
         ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
+    for o in grid_options():  # grid's own options that the spec declares
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" Default {o.default}."))))
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue

@@ -37,7 +37,7 @@ from fedcache.table import Table
 
 log = logging.getLogger(__name__)
 
-from fedcache.spec import RunSpec, is_option, option, options
+from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, option, options
 
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
@@ -64,6 +64,8 @@ class GridSpec:
     # How each cell runs, not what it computes (left out of the grid's identity, like jobs).
     track: list[str] = field(default_factory=list)
     keep_checkpoints: str = "last"
+    engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these two (GridEngineSpec)
+    max_batch_cells: int | None = None
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), Path(self.out)
@@ -81,11 +83,13 @@ class GridSpec:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
+        how = GridEngineSpec(**{o.field: o.parse(getattr(self, o.field)) for o in grid_options()})  # checks them
+        self.engine, self.max_batch_cells = how.engine, how.max_batch_cells
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
-        for how in ("jobs", "track", "keep_checkpoints"):  # how the cells run does not change their results
+        for how in ("jobs", "track", "keep_checkpoints", "engine", "max_batch_cells"):  # how the cells run does not change their results
             d.pop(how)
         return d
 

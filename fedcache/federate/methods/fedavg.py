@@ -9,6 +9,7 @@ from fedcache.heads import Params, expand
 class FedAvg(Method):
     name = "fedavg"
     description = "average of locally trained heads, weighted by sample counts"
+    batchable = True
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         params = self.fit(expand(down, len(clients)), rnd, clients, self.loss, {"anchor": down})

@@ -18,6 +18,8 @@ class FedProx(FedAvg):
     name = "fedprox"
     description = "FedAvg with a proximal term pulling local heads towards the global one"
     Params = FedProxParams
+    batchable = True
+    row_params = ("mu",)
 
     def loss(self, p, xb, yb, mask, info):
         anchor = info["anchor"]
