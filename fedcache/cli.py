@@ -494,14 +494,21 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
                      settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
                      keep_checkpoints=how["keep_checkpoints"], **engine)
+    trained = []
+    t0 = time.perf_counter()
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
+            trained.append(row)
             progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
 
-        run_grid(spec, on_cell)
+        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
+    seconds = time.perf_counter() - t0
     console.print((spec.out / "table.md").read_text())
+    if trained:
+        console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
+                      f"({spec.engine} engine)")
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 

@@ -224,13 +224,15 @@ def read_features(folder: Path):
 
 # ---- running ---------------------------------------------------------------------------------
 CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell just finished)
+PlanCallback = Callable[[str], None]  # how the engine runs the cells, said before it starts
 
 
-def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None) -> Table:
+def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
+             on_plan: PlanCallback | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md.
     ``only``: these cells instead of the whole product (the test runs of a --select grid)."""
     if spec.select and only is None:
-        return run_selected(spec, on_cell)
+        return run_selected(spec, on_cell, on_plan)
     todo_cells = cells(spec) if only is None else only
     _check_cells(spec, todo_cells)
     _check_spec(spec)
@@ -246,7 +248,7 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cel
         else:
             pending.append(c)
     total = len(todo_cells)
-    for c, row in _execute(spec, pending, folder):
+    for c, row in _engine(spec, pending, folder, on_plan):
         rows[c] = row
         if on_cell:
             on_cell(len(rows), total, row)
@@ -259,7 +261,17 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cel
 VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
 
 
-def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
+def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
+    if spec.engine == "batched" and todo:
+        from fedcache.sweep_batched import execute
+
+        return execute(spec, todo, folder, on_plan)
+    if on_plan and todo:
+        on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(spec.jobs, len(todo))} at a time")
+    return _execute(spec, todo, folder)
+
+
+def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
     """--select: every cell on the validation split (spare training rows) in ``out/validation``; per
     method and other settings the selected axes' values with the best mean over seeds; those alone on
     the test split in ``out/test``, with the same seeds and partitions. ``out/table.md`` shows the test
@@ -270,11 +282,11 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
     base = dataclasses.replace(spec, select=[])
     tuned = run_grid(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
-                     on_cell)
+                     on_cell, on_plan=on_plan)
     choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
-    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), on_cell, only=picked)
+    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), on_cell, only=picked, on_plan=on_plan)
     (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
         {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
          "candidates": [{**dict(v), "validation_score": sc} for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")

@@ -164,8 +164,13 @@ class StackState:
 RoundCallback = Callable[[int, int], None]  # (rounds done, rounds)
 
 
+@dataclass
+class FederationResult(RunResult):
+    params_up: list[int] = dataclasses.field(default_factory=list)  # per round, what its checkpoint records
+
+
 def run_stack(feds: list[Federation], checkpoint: Path | None = None, on_round: RoundCallback | None = None
-              ) -> list[RunResult]:
+              ) -> list[FederationResult]:
     """Train the federations together; one RunResult per federation, as ``loop.run`` returns for its run
     (``seconds`` is each federation's share of the stack's time). ``checkpoint``: a file written after
     every round and continued from when it exists (the same federations, in the same order)."""
@@ -189,8 +194,8 @@ def run_stack(feds: list[Federation], checkpoint: Path | None = None, on_round: 
             _save(stack, st, checkpoint)
         if on_round:
             on_round(rnd + 1, rounds)
-    return [RunResult(run_summary(f.method, f.cfg, s, h), h, s.server, {n: t.clone() for n, t in s.clients.items()})
-            for f, s, h in zip(feds, st.states, st.histories)]
+    return [FederationResult(run_summary(f.method, f.cfg, s, h), h, s.server, {n: t.clone() for n, t in s.clients.items()},
+                             list(s.params_up)) for f, s, h in zip(feds, st.states, st.histories)]
 
 
 def _round(stack: Stack, st: StackState, rnd: int, pending: list[list[torch.Tensor]]) -> None:
