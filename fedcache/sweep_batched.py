@@ -74,7 +74,7 @@ def group(spec: GridSpec, todo: list[Cell], tables) -> Grouping:
     for c in todo:
         cfg = train_config(spec, c, None)
         r = resolve(cfg)
-        why = _why_alone(spec, c, cfg, r)
+        why = _why_alone(spec, c, cfg, r, tables)
         if why:
             alone[c] = why
             continue
@@ -92,14 +92,18 @@ def group(spec: GridSpec, todo: list[Cell], tables) -> Grouping:
     return Grouping(batches, alone, costs, min(limits, default=spec.max_batch_cells or 0))
 
 
-def _why_alone(spec: GridSpec, c: Cell, cfg, r) -> str:
+def _why_alone(spec: GridSpec, c: Cell, cfg, r, tables) -> str:
+    from fedcache.federate.batched import head_reason
     from fedcache.federate.loop import CHECKPOINT
     from fedcache.federate.methods.base import batchable
+    from fedcache.heads import make_head
 
     if not batchable(r.method_cls):
         return f"{c.method} does not declare that its runs can train stacked"
     if not cfg.engine.batched:
         return "--no-batch trains each client alone"
+    if head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names))):
+        return head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names)))
     if spec.track:
         return "--track sends each run's metrics as it trains"
     if spec.keep_checkpoints == "all":

@@ -22,7 +22,8 @@ from fedcache.federate.optim import OptimConfig
 from .conftest import synthetic
 
 # Per method: the per-row settings its federations differ in (besides partition, seed, lr, weight decay).
-ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}]}
+ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}],
+                "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}]}
 
 
 def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
@@ -51,7 +52,7 @@ def federations(name: str, optimizer: str = "adam", fraction: float = 1.0):
         data = partitions(base, 10 + i, n)
         params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])])
         optim = OptimConfig(optimizer, lr, 0.9, 1e-4 * (i + 1))
-        ctx = MethodContext(data, cls.default_head, optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
+        ctx = MethodContext(data, HEAD.get(name, cls.default_head), optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
         out.append(Federation(cls(ctx, params), RunConfig(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
     return out
 
@@ -75,9 +76,14 @@ def compare(feds, exact: bool) -> None:
                 if exact:
                     assert torch.equal(mine[n], theirs[n]), n
                 else:
-                    torch.testing.assert_close(mine[n], theirs[n], rtol=1e-5, atol=1e-6)
+                    torch.testing.assert_close(mine[n], theirs[n], rtol=1e-4, atol=1e-4)
         losses = [(h["train_loss"], a["train_loss"]) for h, a in zip(got.history, alone.history)]
-        assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= 1e-5 for x, y in losses)
+        assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= 1e-4 for x, y in losses)
+
+
+# fedrep needs a head with representation layers; the mlp head's BatchNorm keeps runs from stacking
+# (batched.head_reason), so it stacks with the projection head.
+HEAD = {"fedrep": "projection"}
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -98,8 +104,17 @@ def test_a_stack_equals_its_runs_one_by_one(name):
     and states equal to float32 rounding. Tolerance, not equality: a step of a stack is as wide as the
     widest client of *every* federation, so a federation's short last batch of an epoch carries more
     padding rows than in its own run, and the matrix products and sums over those rows (zeros) may round
-    their last bit differently (with full-width steps the results are bit-identical, above)."""
+    their last bit differently (with full-width steps the results are bit-identical, above); Adam's
+    normalised steps grow those ulps over the steps (to 2e-5 here; 1e-4 is the tolerance of the loop's
+    batched-vs-per-client test)."""
     compare(federations(name, "adam", fraction=0.6), exact=False)
+
+
+def test_runs_with_batchnorm_do_not_stack():
+    (f,) = federations("fedavg")[:1]
+    mlp = Federation(type(f.method)(dataclasses.replace(f.method.ctx, head="mlp")), f.cfg)
+    with pytest.raises(ConfigError, match="mlp head's BatchNorm"):
+        run_stack([mlp])
 
 
 def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
@@ -107,3 +122,24 @@ def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
     b = Federation(b.method, dataclasses.replace(b.cfg, eval_every=1))
     with pytest.raises(ConfigError, match="cannot train stacked"):
         run_stack([a, b])
+
+
+def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(tmp_path):
+    feds = federations("fedprox", fraction=0.6)
+    whole = run_stack([fresh(f) for f in feds])
+
+    def stop_after_two(done, total):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    ck = tmp_path / "checkpoint.pt"
+    with pytest.raises(KeyboardInterrupt):
+        run_stack([fresh(f) for f in feds], ck, on_round=stop_after_two)
+    assert torch.load(ck, weights_only=True)["rnd"] == 2
+    resumed = run_stack([fresh(f) for f in feds], ck)
+    for a, b in zip(whole, resumed):
+        assert [h["per_client"] for h in a.history] == [h["per_client"] for h in b.history]
+        assert all(torch.equal(a.server[n], b.server[n]) for n in a.server)
+        assert a.params_up == b.params_up and a.summary["bytes_up"] == b.summary["bytes_up"]
+    with pytest.raises(ConfigError, match="stack of 4 runs, not 3"):
+        run_stack([fresh(f) for f in feds[:3]], ck)

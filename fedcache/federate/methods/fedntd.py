@@ -35,6 +35,8 @@ class FedNTD(FedAvg):
     name = "fedntd"
     description = "FedAvg plus distillation of the global model's not-true-class predictions"
     Params = FedNTDParams
+    batchable = True
+    row_params = ("beta",)  # tau divides (K, B, C) logits inside not_true_kl: one value per stack
 
     def loss(self, p, xb, yb, mask, info):
         logits = forward(self.head, p, xb, mask, train=True)

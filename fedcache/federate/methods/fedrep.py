@@ -29,6 +29,7 @@ class FedRep(Method):
     name = "fedrep"
     description = "shared representation (averaged), personal classifier per client"
     Params = FedRepParams
+    batchable = True
     default_head = "mlp"
     personalized = True
     has_global_model = False
