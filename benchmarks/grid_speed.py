@@ -26,17 +26,19 @@ RESULT = Path(__file__).resolve().parent / "results" / "grid_speed.json"
 SWEEP = {"lr": ["0.003", "0.01", "0.03", "0.1", "0.3"], "alpha": ["0.1", "1"], "partition": ["dirichlet"],
          "clients": ["10"], "rounds": ["20"]}
 LARGE = {**SWEEP, "lr": ["0.002", "0.003", "0.005", "0.01", "0.02", "0.03", "0.05", "0.1", "0.2", "0.3"]}
-TINY = {"lr": ["0.01", "0.1"], "alpha": ["0.1", "1"], "partition": ["dirichlet"], "clients": ["4"], "rounds": ["2"]}
+TINY = {"lr": ["0.01", "0.1"], "alpha": ["0.1", "1"], "partition": ["dirichlet"], "clients": ["3"], "rounds": ["2"]}
+TINY_DATA = ("test-toy", "tiny-timm-random")  # extracted in seconds: the smoke test checks the script, not speed
 METHODS, SEEDS, DATASET, BACKBONE = ["fedavg", "fedprox"], [0, 1, 2, 3, 4], "digits5-offline", "efficientnet-lite0"
 ENGINES = ("processes", "batched")
 
 
-def timed_grid(store: Path, out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int]) -> tuple[float, object, list[str]]:
+def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int]
+               ) -> tuple[float, object, list[str]]:
     import fedcache
 
     plans: list[str] = []
     t0 = time.perf_counter()
-    table = fedcache.grid(store=store, dataset=DATASET, backbones=BACKBONE, methods=METHODS, sweep=sweep, seeds=seeds,
+    table = fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=METHODS, sweep=sweep, seeds=seeds,
                           out=out, jobs=jobs, engine=engine, on_plan=plans.append)
     return time.perf_counter() - t0, table, plans
 
@@ -44,13 +46,13 @@ def timed_grid(store: Path, out: Path, engine: str, jobs: int, sweep: dict, seed
 def measure(store: Path, jobs: int, tiny: bool = False, large: bool = False) -> dict:
     import fedcache
 
-    fedcache.extract_features(DATASET, [BACKBONE], store=store)  # cached after the first time
-    sweep, seeds = (TINY, [0]) if tiny else (SWEEP, SEEDS)
+    data, sweep, seeds = (TINY_DATA, TINY, [0]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
+    fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
     out: dict = {"load_average_at_start": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
         tables = {}
         for engine in ENGINES:
-            wall, table, plans = timed_grid(store, Path(tmp) / engine, engine, jobs, sweep, seeds)
+            wall, table, plans = timed_grid(store, data, Path(tmp) / engine, engine, jobs, sweep, seeds)
             tables[engine] = (Path(tmp) / engine / "table.md").read_text()
             out[engine] = {"cells": len(table), "wall_seconds": round(wall, 1),
                            "cells_per_minute": round(60 * len(table) / wall, 1), "plan": plans,
@@ -60,7 +62,7 @@ def measure(store: Path, jobs: int, tiny: bool = False, large: bool = False) -> 
         # The batched engine trains in this process; its peak resident memory bounds the stacks'.
         out["peak_rss_mb_of_this_process"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         if large:
-            wall, table, plans = timed_grid(store, Path(tmp) / "large", "batched", jobs, LARGE, list(range(25)))
+            wall, table, plans = timed_grid(store, data, Path(tmp) / "large", "batched", jobs, LARGE, list(range(25)))
             out["large_batched"] = {"cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
                                     "cells_per_minute": round(60 * len(table) / wall, 1),
                                     "peak_rss_mb_of_this_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--store", type=Path, default=Path("/tmp/grid-speed-store.zarr"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULT)
-    ap.add_argument("--tiny", action="store_true", help="8 cells of 2 rounds: checks the script runs, measures nothing")
+    ap.add_argument("--tiny", action="store_true", help="8 cells of 2 rounds on test-toy: checks the script runs, measures nothing")
     ap.add_argument("--large", action="store_true", help="also the 1,000-cell grid with the batched engine")
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args(argv)
