@@ -53,45 +53,31 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def step(self, params: Params, grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
-        if bool(active.all()):  # the common case: update everything in place
-            self._apply([params[n] for n in self.keys], [grads[n] for n in self.keys], self.t, self.parts)
-            self.t += 1
-            return
-        idx = active.nonzero().squeeze(1)
-        sub = [params[n][idx] for n in self.keys]
-        self._apply_subset(sub, [grads[n][idx] for n in self.keys], idx)
-        for n, p in zip(self.keys, sub):
-            params[n][idx] = p
-        self.t[idx] += 1
-
-    def _apply_subset(self, ps: list, gs: list, idx: torch.Tensor) -> None:
-        ms = [self.m[n][idx] for n in self.keys]
-        vs = [self.v[n][idx] for n in self.keys] if self.v else []
-        saved_m, saved_v = self.m, self.v
-        self.m, self.v = dict(zip(self.keys, ms)), dict(zip(self.keys, vs))
-        # The blocks' active rows, in the same order (idx is sorted).
-        ends = torch.tensor([n for n, _ in self.parts]).cumsum(0)
-        counts = torch.bincount(torch.bucketize(idx, ends, right=True), minlength=len(self.parts)).tolist()
-        parts = tuple((n, c) for n, (_, c) in zip(counts, self.parts))
-        try:
-            self._apply(ps, gs, self.t[idx], parts)
-        finally:
-            self.m, self.v = saved_m, saved_v
-        for n, m in zip(self.keys, ms):
-            self.m[n][idx] = m
-        for n, v in zip(self.keys, vs):
-            self.v[n][idx] = v
-
-    def _apply(self, ps: list, gs: list, t: torch.Tensor, parts: tuple) -> None:
-        """One step of the clients whose tensors are given, in place; t: their steps so far; parts: the
-        (rows, config) blocks of those clients."""
+        """One step of the active clients; each block of rows (one block unless RowOptim) on its own, so a
+        block whose rows are all active is updated in place (views), as a single run's would be."""
         start = 0
-        for rows, cfg in parts:
-            if rows:
-                cut = lambda ts: [x[start : start + rows] for x in ts]  # views: the kernels update in place
-                self._apply_block(cfg, cut(ps), cut(gs), t[start : start + rows],
-                                  cut([self.m[n] for n in self.keys]), cut([self.v[n] for n in self.keys]) if self.v else [])
+        for rows, cfg in self.parts:
+            block = slice(start, start + rows)
             start += rows
+            live = active[block]
+            if bool(live.all()):  # the common case
+                self._step_rows(cfg, params, grads, block)
+            elif bool(live.any()):
+                self._step_rows(cfg, params, grads, live.nonzero().squeeze(1) + block.start)
+        self.t += active.to(self.t.dtype)
+
+    def _step_rows(self, cfg: OptimConfig, params: Params, grads: Params, rows: slice | torch.Tensor) -> None:
+        """Update ``rows`` (a slice: views, updated in place; indices: copies, written back)."""
+        ps = [params[n][rows] for n in self.keys]
+        ms = [self.m[n][rows] for n in self.keys]
+        vs = [self.v[n][rows] for n in self.keys] if self.v else []
+        self._apply_block(cfg, ps, [grads[n][rows] for n in self.keys], self.t[rows], ms, vs)
+        if isinstance(rows, slice):
+            return
+        for n, p, m in zip(self.keys, ps, ms):
+            params[n][rows], self.m[n][rows] = p, m
+        for n, v in zip(self.keys, vs):
+            self.v[n][rows] = v
 
     def _apply_block(self, cfg: OptimConfig, ps: list, gs: list, t: torch.Tensor, ms: list, vs: list) -> None:
         if bool((t == t[0]).all()):
