@@ -44,7 +44,8 @@ _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 CELLS, FEATURES, RESULTS, TABLE, SPEC = "cells", "features", "results.csv", "table.md", "grid.json"
 DONE = "summary.json"  # written last by train(): a finished cell
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
-                  "variance", "bytes_up", "bytes_down", "params_up_per_round", "rounds", "seconds", "random_weights")
+                  "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
+                  "rounds", "seconds", "random_weights", "worst_client_global_accuracy")
 
 
 @dataclass
@@ -263,12 +264,57 @@ VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
 
 def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
     if spec.engine == "batched" and todo:
-        from fedcache.sweep_batched import execute
-
-        return execute(spec, todo, folder, on_plan)
+        return _batched(spec, todo, folder, on_plan)
     if on_plan and todo:
         on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(spec.jobs, len(todo))} at a time")
     return _execute(spec, todo, folder)
+
+
+BATCHES = "batches"  # a batch's checkpoint while it trains: out/batches/<id>/
+
+
+def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
+    """The batched engine (sweep_batched.py): stackable cells in batches, the others as their own runs."""
+    from fedcache import sweep_batched
+
+    tables = read_features(folder)
+    runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
+    grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))})
+    text = grouping.describe()
+    log.info(text)
+    if on_plan:
+        on_plan(text)
+    for batch in grouping.batches:
+        names = [c.name for c in batch]
+        for c, resolved, result in sweep_batched.run_batch({c: runs[c] for c in batch}, tables,
+                                                           spec.out / BATCHES / sweep_batched.batch_id(names)):
+            yield c, _write_batched_cell(spec, c, resolved, result)
+    yield from _execute(spec, [c for c in todo if c in grouping.alone], folder)
+
+
+def _alone(spec: GridSpec, c: Cell) -> str:
+    """Why the grid runs this cell as its own run whatever its method, or empty."""
+    from fedcache.federate.checkpoints import CHECKPOINT
+
+    if spec.track:
+        return "--track sends each run's metrics as it trains"
+    if spec.keep_checkpoints == "all":
+        return "--keep-checkpoints all keeps every round of each run"
+    if (spec.out / CELLS / c.name / CHECKPOINT).exists():
+        return "started as its own run (resumed as one)"
+    return ""
+
+
+def _write_batched_cell(spec: GridSpec, c: Cell, resolved: dict, result) -> dict:
+    from fedcache.sweep_batched import write_run
+
+    out = spec.out / CELLS / c.name
+    if out.exists():
+        shutil.rmtree(out)  # a cell started by another engine and never checkpointed
+    out.mkdir(parents=True)
+    _write_cell_json(out, c)
+    write_run(out, resolved, result, spec.keep_checkpoints == "last")
+    return _row(c, result.summary, out)
 
 
 def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
@@ -403,7 +449,7 @@ def _worker(spec: GridSpec, c: Cell, folder: Path) -> dict:
 
 def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     """One run in its own directory; an interrupted one resumes from its checkpoint."""
-    from fedcache.federate.loop import CHECKPOINT
+    from fedcache.federate.checkpoints import CHECKPOINT
     from fedcache.federate.train import train
 
     out = spec.out / CELLS / c.name
@@ -411,10 +457,14 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     if not resume and out.exists():
         shutil.rmtree(out)  # started but never checkpointed: nothing to keep
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
+    _write_cell_json(out, c)
     cfg = train_config(spec, c, out).replace(resume=resume)
     result = train(cfg, tables=tables, run_name=c.name)
     return _row(c, result.summary, out)
+
+
+def _write_cell_json(out: Path, c: Cell) -> None:
+    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
 
 
 def _row(c: Cell, summary: dict, out: Path) -> dict:

@@ -1,11 +1,12 @@
-"""``fedcache grid --engine batched``: the grid's cells trained in stacks of federations (federate/batched.py).
+"""``fedcache grid --engine batched``: the grid's runs trained in stacks of federations (federate/batched.py).
 
-Cells that share the data, method, head, optimizer kind, round schedule and every setting that is not per
+Runs that share the data, method, head, optimizer kind, round schedule and every setting that is not per
 row are grouped; each group is cut into batches that fit the memory budget; each batch trains as one
-stacked computation and then writes every cell's directory as ``fedcache train --out`` would (cell.json,
-config.json, metrics.jsonl, checkpoint.pt, summary.json last), so results.csv, table.md, reports and
-resumption read them as before. A batch checkpoints under ``batches/<id>/`` after every round and continues
-from there. Cells that cannot stack run as their own runs (``sweep._execute``), and the grid says which and why.
+stacked computation and then writes every run's directory as ``fedcache train --out`` would (config.json,
+metrics.jsonl, checkpoint.pt, summary.json last), so results.csv, table.md, reports and resumption read
+them as before. A batch checkpoints under its own folder after every round and continues from there.
+The grid (sweep.py) decides which of its cells come here, names them (any hashable key) and writes
+what is the grid's own (cell.json, the rows); runs that cannot stack run as their own runs there.
 """
 from __future__ import annotations
 
@@ -16,31 +17,31 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedcache.sweep import CELLS, Cell, GridSpec, _execute, _row, read_features, train_config
+from fedcache.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
-BATCHES = "batches"
 MEMORY_SHARE = 0.25  # of the memory free when the grid starts: the default budget of one batch
 
 
 @dataclass
 class Grouping:
-    batches: list[list[Cell]]
-    alone: dict[Cell, str]  # cell -> why it runs as its own run
-    per_cell_bytes: dict[str, int]  # method -> estimated bytes of one cell in a batch
-    limit: int  # cells per batch at most
+    batches: list[list[Hashable]]
+    alone: dict[Hashable, str]  # run -> why it runs as its own run
+    methods: list[str]  # per batch
+    per_cell_bytes: dict[str, int]  # method -> estimated bytes of one run in a batch
+    limit: int  # runs per batch at most
 
     def describe(self) -> str:
         """What the grid prints before it starts."""
         n = sum(map(len, self.batches))
-        sizes = ", ".join(f"{len(b)} {b[0].method}" for b in self.batches)
+        sizes = ", ".join(f"{len(b)} {m}" for b, m in zip(self.batches, self.methods))
         text = f"batched engine: {n} cells in {len(self.batches)} batches" + (f" ({sizes})" if sizes else "")
         text += f", at most {self.limit} cells per batch"
         if self.alone:
@@ -51,70 +52,59 @@ class Grouping:
         return text
 
 
-def execute(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: Callable[[str], None] | None = None
-            ) -> Iterator[tuple[Cell, dict]]:
-    tables = read_features(folder)
-    grouping = group(spec, todo, tables)
-    text = grouping.describe()
-    log.info(text)
-    if on_plan:
-        on_plan(text)
-    for batch in grouping.batches:
-        yield from run_batch(spec, batch, tables)
-    yield from _execute(spec, [c for c in todo if c in grouping.alone], folder)
-
-
 # ---- grouping ------------------------------------------------------------------------------------
-def group(spec: GridSpec, todo: list[Cell], tables) -> Grouping:
+def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str]) -> Grouping:
+    """``alone``: runs the caller already keeps out of the stacks, with the reason."""
     from fedcache.federate.train import resolve
 
-    groups: dict[tuple, list[Cell]] = {}
-    alone: dict[Cell, str] = {}
+    groups: dict[tuple, list[Hashable]] = {}
+    alone = dict(alone)
     costs: dict[str, int] = {}
-    for c in todo:
-        cfg = train_config(spec, c, None)
-        r = resolve(cfg)
-        why = _why_alone(spec, c, cfg, r, tables)
-        if why:
-            alone[c] = why
+    for key, cfg in runs.items():
+        if key in alone:
             continue
-        groups.setdefault(_key(cfg, r), []).append(c)
-        costs[c.method] = max(costs.get(c.method, 0), cell_bytes(cfg, r, tables))
+        r = resolve(cfg)
+        why = _why_alone(cfg, r, tables)
+        if why:
+            alone[key] = why
+            continue
+        groups.setdefault(_key(cfg, r), []).append(key)
+        costs[r.method_cls.name] = max(costs.get(r.method_cls.name, 0), cell_bytes(cfg, r, tables))
     budget = MEMORY_SHARE * free_memory()
-    batches, limits = [], []
-    for cells_ in groups.values():
-        limit = max(1, int(budget // costs[cells_[0].method]))
-        if spec.max_batch_cells:
-            limit = min(limit, spec.max_batch_cells)
+    batches, methods, limits = [], [], []
+    for group_key, keys in groups.items():
+        limit = max(1, int(budget // costs[group_key[0]]))
+        if max_batch_cells:
+            limit = min(limit, max_batch_cells)
         limits.append(limit)
-        parts = math.ceil(len(cells_) / limit)
-        batches += [list(b) for b in np.array_split(np.array(cells_, dtype=object), parts)]
-    return Grouping(batches, alone, costs, min(limits, default=spec.max_batch_cells or 0))
+        parts = _split(keys, math.ceil(len(keys) / limit))
+        batches += parts
+        methods += [group_key[0]] * len(parts)
+    return Grouping(batches, alone, methods, costs, min(limits, default=max_batch_cells or 0))
 
 
-def _why_alone(spec: GridSpec, c: Cell, cfg, r, tables) -> str:
+def _split(keys: list, parts: int) -> list[list]:
+    """``keys`` cut into ``parts`` runs of consecutive keys whose sizes differ by at most one."""
+    size, extra = divmod(len(keys), parts)
+    bounds = np.cumsum([0] + [size + (i < extra) for i in range(parts)])
+    return [keys[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _why_alone(cfg: RunSpec, r, tables) -> str:
     from fedcache.federate.batched import head_reason
-    from fedcache.federate.loop import CHECKPOINT
     from fedcache.federate.methods.base import batchable
     from fedcache.heads import make_head
 
     if not batchable(r.method_cls):
-        return f"{c.method} does not declare that its runs can train stacked"
+        return f"{r.method_cls.name} does not declare that its runs can train stacked"
     if not cfg.engine.batched:
         return "--no-batch trains each client alone"
-    if head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names))):
-        return head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names)))
-    if spec.track:
-        return "--track sends each run's metrics as it trains"
-    if spec.keep_checkpoints == "all":
-        return "--keep-checkpoints all keeps every round of each run"
-    if (spec.out / CELLS / c.name / CHECKPOINT).exists():
-        return "started as its own run (resumed as one)"
-    return ""
+    return head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names)))
 
 
-def _key(cfg, r) -> tuple:
-    """What the cells of one batch share (federate.batched.stack_key, from the spec before any data is read)."""
+def _key(cfg: RunSpec, r) -> tuple:
+    """What the runs of one batch share (federate.batched.stack_key, from the spec before any data is read);
+    the method's name first."""
     params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in r.method_cls.row_params}
     s = cfg.schedule
     return (r.method_cls.name, r.head, r.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
@@ -151,51 +141,41 @@ def free_memory() -> int:
 
 
 # ---- one batch -------------------------------------------------------------------------------------
-def batch_id(cells_: list[Cell]) -> str:
-    return hashlib.sha256("\n".join(c.name for c in cells_).encode()).hexdigest()[:16]
+def batch_id(names: list[str]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
-def run_batch(spec: GridSpec, cells_: list[Cell], tables) -> Iterator[tuple[Cell, dict]]:
-    """Train the cells as one stack (continuing its checkpoint), then write each cell's run directory."""
+def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> Iterator[tuple[Hashable, dict, object]]:
+    """Train the runs as one stack (continuing its checkpoint in ``folder``, removed once every run is
+    handed back); yields (key, resolved config, its ``batched.FederationResult``) per run, in order."""
     from fedcache.federate.batched import Federation, run_stack
-    from fedcache.federate.loop import RunConfig
+    from fedcache.federate.driver import RunConfig
     from fedcache.federate.train import prepare
 
-    folder = spec.out / BATCHES / batch_id(cells_)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "cells.json").write_text(json.dumps([c.name for c in cells_], indent=1) + "\n")
+    (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
     feds, resolved = [], []
-    for c in cells_:
-        cfg = train_config(spec, c, spec.out / CELLS / c.name)
+    for cfg in runs.values():
         method, res = prepare(cfg, tables)
         s, e = cfg.schedule, cfg.engine
-        feds.append(Federation(method, RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, None, False, e.keep_checkpoints)))
+        run_cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, None, False, e.keep_checkpoints)
+        feds.append(Federation(method, run_cfg, {"partition_id": res["partition"]["partition_id"]}))
         resolved.append(res)
     results = run_stack(feds, folder / "checkpoint.pt")
-    for c, res, result in zip(cells_, resolved, results):
-        yield c, _write_cell(spec, c, res, result)
+    yield from zip(runs, resolved, results)
     shutil.rmtree(folder)
     if not any(folder.parent.iterdir()):
         folder.parent.rmdir()
 
 
-def _write_cell(spec: GridSpec, c: Cell, resolved: dict, result) -> dict:
-    """The files ``fedcache train --out`` leaves, summary.json last (it marks the cell finished)."""
-    import torch
+def write_run(out: Path, resolved: dict, result, keep_checkpoint: bool) -> None:
+    """The files ``fedcache train --out`` leaves in ``out`` (an existing directory), summary.json last
+    (it marks the run finished)."""
+    from fedcache.federate.checkpoints import save_checkpoint
+    from fedcache.federate.driver import METRICS, write_summary
 
-    from fedcache.federate.loop import CHECKPOINT, METRICS
-
-    out = spec.out / CELLS / c.name
-    if out.exists():
-        shutil.rmtree(out)  # a cell started by another engine and never checkpointed
-    out.mkdir(parents=True)
-    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
     (out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
     (out / METRICS).write_text("".join(json.dumps(line) + "\n" for line in result.history))
-    s = result.summary
-    if spec.keep_checkpoints == "last":  # what `fedcache train --resume` of this run reads
-        torch.save({"rnd": s["rounds"], "server": result.server, "clients": result.clients, "bytes_up": s["bytes_up"],
-                    "bytes_down": s["bytes_down"], "params_up": result.params_up, "seconds": s["seconds"]}, out / CHECKPOINT)
-    summary = {**s, "partition_id": resolved["partition"]["partition_id"]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return _row(c, summary, out)
+    if keep_checkpoint:  # what `fedcache train --resume` of this run reads
+        save_checkpoint(out, result.checkpoint, False)
+    write_summary(out, result.summary)

@@ -11,10 +11,10 @@ Per round:
   sees the federations' clients as one list, takes each federation's step plan (its seed, its shuffles),
   per-row settings as (K,) tensors and per-federation optimizer blocks (``optim.RowOptim``);
 - the result is cut back into federations, and each federation's server checks, counts and aggregates
-  its own slice (``loop.settle``): the aggregation is a reduction per federation segment, by the per-run code,
-  so a federation's server is the one its own run computes from the same uploads.
+  its own slice (the round driver's ``close_round``): the aggregation is a reduction per federation
+  segment, by the per-run code, so a federation's server is the one its own run computes from the same uploads.
 
-Evaluation, history and summary are per federation with the per-run functions of ``loop``. A method can
+Evaluation, metrics lines and summary are per federation with the round driver's functions. A method can
 stack only if its class declares ``batchable`` (methods/base.py); its equality test compares a stack with
 the runs one by one.
 """
@@ -34,7 +34,9 @@ import torch
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import recording_losses
-from fedcache.federate.loop import RunConfig, RunResult, RunState, evaluate, run_summary, sample_clients, settle, train_loss
+from fedcache.federate.driver import (Round, RunConfig, RunResult, RunState, checkpoint_of, close_round, initial_state,
+                                      run_summary, sample_clients, state_from_checkpoint)
+from fedcache.federate.loop import InProcess, check_states
 from fedcache.federate.methods.base import LocalResult, Method, batchable
 from fedcache.federate.optim import RowOptim
 from fedcache.heads import Params
@@ -46,6 +48,7 @@ class Federation:
 
     method: Method
     cfg: RunConfig
+    facts: dict = dataclasses.field(default_factory=dict)  # added to its summary, as driver.run's ``facts``
 
 
 def stack_key(f: Federation) -> tuple:
@@ -90,6 +93,7 @@ class Stack:
         sizes = [f.method.ctx.data.n_clients for f in feds]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         self.joint = _joint_method(self)
+        self.engines = [InProcess(f.method) for f in feds]  # each federation's clients: init, evaluation
         first = feds[0].method
         self.row_values = {n: torch.tensor([getattr(f.method.p, n) for f in feds for _ in range(f.method.ctx.data.n_clients)],
                                            dtype=torch.float32) for n in first.row_params}
@@ -149,8 +153,8 @@ class _JointPlans:
 
     stack: Stack
 
-    def plan(self, rnd: int, clients: list[int], epochs: int | None = None) -> np.ndarray:
-        plans = [self.stack.feds[i].method.plan(rnd, ks, epochs) for i, ks in self.stack.split(clients)]
+    def plan(self, rnd: int, clients: list[int], epochs: int | None = None, first_epoch: int = 0) -> np.ndarray:
+        plans = [self.stack.feds[i].method.plan(rnd, ks, epochs, first_epoch) for i, ks in self.stack.split(clients)]
         steps, width = max(p.shape[1] for p in plans), plans[0].shape[2]
         out = np.full((len(clients), steps, width), -1, np.int64)
         at = 0
@@ -161,6 +165,11 @@ class _JointPlans:
 
 
 # ---- running ----------------------------------------------------------------------------------------
+# The rounds are the round driver's (federate/driver.py) with the stack as the clients' half: each
+# federation samples and broadcasts as its run does, one joint local_update trains every sampled row, and
+# each federation's slice goes through the driver's ``close_round`` (checks, bytes, aggregation, metrics
+# line) with an in-process engine over its view of the client stack. What stays here is the lockstep: the
+# driver's ``run`` is one run's loop, and F runs must open every round before any of them trains.
 @dataclass
 class StackState:
     rnd: int
@@ -175,27 +184,22 @@ RoundCallback = Callable[[int, int], None]  # (rounds done, rounds)
 
 @dataclass
 class FederationResult(RunResult):
-    params_up: list[int] = dataclasses.field(default_factory=list)  # per round, what its checkpoint records
+    checkpoint: dict = dataclasses.field(default_factory=dict)  # what its run's checkpoint.pt holds after the last round
 
 
 def run_stack(feds: list[Federation], checkpoint: Path | None = None, on_round: RoundCallback | None = None
               ) -> list[FederationResult]:
-    """Train the federations together; one RunResult per federation, as ``loop.run`` returns for its run
+    """Train the federations together; one result per federation, as ``driver.run`` returns for its run
     (``seconds`` is each federation's share of the stack's time). ``checkpoint``: a file written after
     every round and continued from when it exists (the same federations, in the same order)."""
     stack = Stack(feds)
     st = _load(stack, checkpoint) if checkpoint is not None and checkpoint.exists() else _fresh(stack)
     rounds = feds[0].cfg.rounds
     t0 = time.perf_counter() - st.seconds
-    pending: list[list[torch.Tensor]] = [[] for _ in feds]
     for rnd in range(st.rnd, rounds):
-        _round(stack, st, rnd, pending)
-        if (rnd + 1) % feds[0].cfg.eval_every == 0 or rnd + 1 == rounds:
-            for i, f in enumerate(feds):
-                s = st.states[i]
-                st.histories[i].append({"round": rnd + 1, **evaluate(f.method, s), "train_loss": train_loss(pending[i]),
-                                        "bytes_up": s.bytes_up, "bytes_down": s.bytes_down})
-            pending = [[] for _ in feds]
+        for history, line in zip(st.histories, _round(stack, st, rnd)):
+            if line is not None:
+                history.append(line)
         st.rnd, st.seconds = rnd + 1, time.perf_counter() - t0
         for s in st.states:
             s.rnd, s.seconds = st.rnd, st.seconds / len(feds)
@@ -203,11 +207,17 @@ def run_stack(feds: list[Federation], checkpoint: Path | None = None, on_round: 
             _save(stack, st, checkpoint)
         if on_round:
             on_round(rnd + 1, rounds)
-    return [FederationResult(run_summary(f.method, f.cfg, s, h), h, s.server, {n: t.clone() for n, t in s.clients.items()},
-                             list(s.params_up)) for f, s, h in zip(feds, st.states, st.histories)]
+    return [_result(f, e, s, h) for f, e, s, h in zip(feds, stack.engines, st.states, st.histories)]
 
 
-def _round(stack: Stack, st: StackState, rnd: int, pending: list[list[torch.Tensor]]) -> None:
+def _result(f: Federation, engine: InProcess, s: RunState, history: list[dict]) -> FederationResult:
+    own = dataclasses.replace(s, clients={n: t.clone() for n, t in s.clients.items()})  # not views of the whole stack
+    summary = run_summary(f.method, own, history, {**engine.facts(), **f.facts})
+    return FederationResult(summary, history, own.server, own.clients, checkpoint_of(own))
+
+
+def _round(stack: Stack, st: StackState, rnd: int) -> list[dict | None]:
+    """One round of every federation; each one's metrics line, or None where none is due."""
     feds = stack.feds
     picks = [sample_clients(f.method, f.cfg, rnd) for f in feds]
     downs = [f.method.broadcast(s.server, rnd) for f, s in zip(feds, st.states)]
@@ -216,16 +226,19 @@ def _round(stack: Stack, st: StackState, rnd: int, pending: list[list[torch.Tens
     idx = torch.tensor(rows, dtype=torch.long)
     with recording_losses() as losses:
         result = stack.joint.local_update(rnd, rows, _per_row(downs, picks), {n: t[idx] for n, t in st.clients.items()})
-    at = 0
+    check_states(stack.joint, st.clients, result.states)
+    losses = _checked(losses, len(rows))
+    for n, t in result.states.items():
+        st.clients[n][idx] = t  # before the metrics lines: evaluation reads the clients' new states
+    lines, at = [], 0
     for i, (f, pick) in enumerate(zip(feds, picks)):
         part = slice(at, at + len(pick))
+        at += len(pick)
         mine = LocalResult({n: t[part] for n, t in result.states.items()}, {n: t[part] for n, t in result.uploads.items()},
                            result.weights[part])
-        settle(f.method, st.states[i], rnd, pick, downs[i], mine)
-        pending[i] += [loss[part] for loss in _checked(losses, len(rows))]
-        at += len(pick)
-    for n, t in result.states.items():
-        st.clients[n][idx] = t
+        got = Round(pick, mine, [loss[part] for loss in losses])
+        lines.append(close_round(f.method, f.cfg, stack.engines[i], st.states[i], rnd, downs[i], got))
+    return lines
 
 
 def _per_row(downs: list[Params], picks: list[list[int]]) -> Params:
@@ -247,9 +260,9 @@ def _checked(losses: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
 
 # ---- state and checkpoints ---------------------------------------------------------------------------
 def _fresh(stack: Stack) -> StackState:
-    parts = [f.method.init_clients(f.method.ctx.data.n_clients) for f in stack.feds]
+    parts = [e.init_clients() for e in stack.engines]
     clients = {n: torch.cat([p[n] for p in parts]) for n in parts[0]} if parts[0] else {}
-    states = [RunState(0, f.method.init_server(), {}) for f in stack.feds]
+    states = [initial_state(f.method, dataclasses.replace(f.cfg, resume=False), e) for f, e in zip(stack.feds, stack.engines)]
     return _with_views(stack, StackState(0, states, clients, [[] for _ in stack.feds]))
 
 
@@ -261,10 +274,9 @@ def _with_views(stack: Stack, st: StackState) -> StackState:
 
 
 def _save(stack: Stack, st: StackState, path: Path) -> None:
-    ck = {"rnd": st.rnd, "seconds": st.seconds, "clients": st.clients, "runs": len(stack.feds),
-          "servers": [s.server for s in st.states], "bytes_up": [s.bytes_up for s in st.states],
-          "bytes_down": [s.bytes_down for s in st.states], "params_up": [list(s.params_up) for s in st.states],
-          "histories": json.dumps(st.histories)}
+    """One file for the whole stack, replaced atomically: the federations' states are always of one round."""
+    runs = [{k: v for k, v in checkpoint_of(s).items() if k != "clients"} for s in st.states]
+    ck = {"rnd": st.rnd, "seconds": st.seconds, "clients": st.clients, "runs": runs, "histories": json.dumps(st.histories)}
     tmp = path.with_suffix(".tmp")
     torch.save(ck, tmp)
     os.replace(tmp, path)  # a crash mid-write leaves the previous checkpoint intact
@@ -272,8 +284,7 @@ def _save(stack: Stack, st: StackState, path: Path) -> None:
 
 def _load(stack: Stack, path: Path) -> StackState:
     ck = torch.load(path, weights_only=True)  # tensors, dicts, lists, numbers and text only
-    if ck["runs"] != len(stack.feds):
-        raise ConfigError(f"{path} holds a stack of {ck['runs']} runs, not {len(stack.feds)}; delete it to start over")
-    states = [RunState(ck["rnd"], server, {}, up, down, list(pu), ck["seconds"] / ck["runs"])
-              for server, up, down, pu in zip(ck["servers"], ck["bytes_up"], ck["bytes_down"], ck["params_up"])]
+    if not isinstance(ck.get("runs"), list) or len(ck["runs"]) != len(stack.feds):
+        raise ConfigError(f"{path} is not a checkpoint of this stack of {len(stack.feds)} runs; delete it to start over")
+    states = [state_from_checkpoint(f.method, f.cfg, {**run, "clients": {}}) for f, run in zip(stack.feds, ck["runs"])]
     return _with_views(stack, StackState(ck["rnd"], states, ck["clients"], json.loads(ck["histories"]), ck["seconds"]))

@@ -50,3 +50,11 @@ def test_grid_speed_runs_both_engines(tmp_path):
     assert res["processes"]["cells"] == res["batched"]["cells"] == 8
     assert res["same_table_md"] is True and res["batched"]["plan"][0].startswith("batched engine: 8 cells")
     assert "cells per minute" in bench("grid_speed").render(out)
+
+
+def test_store_verify(tmp_path):
+    out = tmp_path / "verify.json"
+    bench("store_verify").main(["--tiny", "--trials", "2", "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert res["entries"] == 2 and res["verified_over_unverified"]["median_ratio"] > 0
+    assert len(res["verified_s"]) == len(res["unverified_s"]) == 2

@@ -37,7 +37,11 @@ def assert_same_cells(a, b):
         lines = [[json.loads(l) for l in (c / "metrics.jsonl").read_text().splitlines()] for c in (ca, cb)]
         assert [(l["round"], l["per_client"], l["bytes_up"]) for l in lines[0]] == [(l["round"], l["per_client"], l["bytes_up"]) for l in lines[1]]
         ka, kb = (torch.load(c / "checkpoint.pt", weights_only=True) for c in (ca, cb))
-        assert ka["rnd"] == kb["rnd"] and ka["params_up"] == kb["params_up"] and ka["bytes_up"] == kb["bytes_up"]
+        assert set(ka) == set(kb)
+        for key in ("rnd", "params_up", "bytes_up", "bytes_down", "senders"):
+            assert ka[key] == kb[key], key
+        sa, sb = ({k: v for k, v in json.loads((c / "summary.json").read_text()).items() if k != "seconds"} for c in (ca, cb))
+        assert sa == sb
         for part in ("server", "clients"):
             assert set(ka[part]) == set(kb[part])
             for n in ka[part]:
