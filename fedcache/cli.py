@@ -20,7 +20,7 @@ from rich.text import Text
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.progress import PlainProgress
-from fedcache.spec import Option, RunSpec, default_store, options
+from fedcache.spec import Option, RunSpec, default_store, grid_options, options
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -536,21 +536,29 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     from fedcache.sweep import run_grid
 
     how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
+    engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
-                     keep_checkpoints=how["keep_checkpoints"])
+                     keep_checkpoints=how["keep_checkpoints"], **engine)
+    trained = []
+    t0 = time.perf_counter()
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
+            trained.append(row)
             progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
 
-        run_grid(spec, on_cell)
+        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
+    seconds = time.perf_counter() - t0
     console.print((spec.out / "table.md").read_text())
+    if trained:
+        console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
+                      f"({spec.engine} engine)")
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 
@@ -570,6 +578,9 @@ def _grid_signature() -> inspect.Signature:
         ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
+    for o in grid_options():  # grid's own options that the spec declares
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" Default {o.default}."))))
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue

@@ -219,7 +219,7 @@ def test_a_signal_stops_a_parallel_grid_and_its_workers(toy_store, tmp_path, sig
     out = tmp_path / "grid"
     cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
            "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--partition", "iid", "--clients", "2",
-           "--jobs", "2", "-o", str(out)]
+           "--jobs", "2", "--engine", "processes", "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=os.getcwd()))
     try:
