@@ -264,6 +264,7 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
 
     if "validation" in spec.sweep:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+    _check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
     base = dataclasses.replace(spec, select=[])
     tuned = run_grid(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
                      on_cell)
@@ -287,16 +288,20 @@ def _check_spec(spec: GridSpec) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != mine:
-            differ = sorted(k for k in {*saved, *mine} if saved.get(k) != mine.get(k))
-            if "sweep" in differ:
-                old, new = saved.get("sweep", {}), mine.get("sweep", {})
-                differ.remove("sweep")
-                differ += sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
-            raise ConfigError(f"{spec.out} holds a different grid (it differs in {', '.join(differ)}; see {path}); "
+            raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine)}; see {path}); "
                               "use the same options to resume it, or another --out")
         return
     spec.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def _differences(saved: dict, mine: dict) -> str:
+    """``methods (fedavg,fedproto there, fedavg here), alpha (...)``: the keys, swept keys one by one."""
+    old, new = saved.get("sweep", {}), mine.get("sweep", {})
+    pairs = [(k, saved.get(k), mine.get(k)) for k in sorted({*saved, *mine}) if k != "sweep" and saved.get(k) != mine.get(k)]
+    pairs += [(k, old.get(k), new.get(k)) for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    shown = lambda v: "unset" if v in (None, []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+    return ", ".join(f"{k} ({shown(a)} there, {shown(b)} here)" for k, a, b in pairs)
 
 
 def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:

@@ -179,7 +179,7 @@ def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp
 def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
     from fedcache.api import grid
 
-    with pytest.raises(ConfigError, match=r"differs in methods, alpha;"):
+    with pytest.raises(ConfigError, match=r"differs in methods \(fedavg,fedproto there, fedavg here\), alpha \(0.5,5 there, 0.5 here\);"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=toy_grid,
              sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5], "rounds": 3})
 

@@ -34,6 +34,10 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
     md = (out / "table.md").read_text()
     assert "chosen per method and setting on validation" in md and ", lr=" in md
+    # The directory now holds a --select grid: the same grid without --select is refused, naming the difference.
+    with pytest.raises(ConfigError, match=r"differs in select \(lr there, unset here\)"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
+             seeds=[0, 1], out=out)
 
 
 def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
