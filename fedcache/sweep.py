@@ -266,12 +266,14 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
     _check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
     base = dataclasses.replace(spec, select=[])
+    n_tuned = len(cells(base))
+    n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
     tuned = run_grid(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
-                     on_cell)
+                     _counting(on_cell, 0, n_tuned + n_tested))
     choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
-    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), on_cell, only=picked)
+    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested), only=picked)
     (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
         {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
          "candidates": [{**dict(v), "validation_score": sc} for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
@@ -279,6 +281,13 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
     tested.to_csv(spec.out / RESULTS)
     (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption, beside=spec.select) + "\n")
     return tested
+
+
+def _counting(on_cell: CellCallback | None, before: int, total: int) -> CellCallback | None:
+    """One count over both stages of a --select grid (validation, then test), so progress never goes back."""
+    if on_cell is None:
+        return None
+    return lambda done, _, row: on_cell(before + done, total, row)
 
 
 def _check_spec(spec: GridSpec) -> None:

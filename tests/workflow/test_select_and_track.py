@@ -17,8 +17,10 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     from fedcache.api import grid
 
     out = tmp_path / "cmp"
+    progress = []
     table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
-                 seeds=[0, 1], out=out, select=["lr"])
+                 seeds=[0, 1], out=out, select=["lr"], on_cell=lambda done, total, row: progress.append((done, total)))
+    assert progress == [(i, 8 + 4) for i in range(1, 13)]  # one count over validation then test, never going back
     validation = sorted(p.name for p in (out / "validation" / "cells").iterdir())
     assert len(validation) == 2 * 2 * 2 and all("validation=true" in n for n in validation)
     tested = sorted(p.name for p in (out / "test" / "cells").iterdir())
