@@ -57,6 +57,8 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     styles = layout.styles(groups)
     cols = max(1, min(len(panels), int(3 / width)))  # a page is about three narrow panels wide
     rows = math.ceil(len(panels) / cols)
+    while cols > 1 and math.ceil(len(panels) / (cols - 1)) == rows:  # as many rows with fewer columns: no gaps (4 = 2 x 2)
+        cols -= 1
     fig, axes = subplots((PANEL_SIZE[0] * width * cols, PANEL_SIZE[1] * rows), nrows=rows, ncols=cols, squeeze=False,
                          sharey=True, layout="constrained")  # constrained: rotated labels never overlap a panel
     labels: list[str] = []

@@ -169,3 +169,36 @@ def test_a_24_group_report_fits_in_a_browser(tmp_path):
     shot = Path(os.environ.get("FEDCACHE_SCREENSHOT_DIR", tmp_path)) / "report-24-groups.png"
     subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")
+
+
+def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path):
+    """grid --select writes out/validation (every lr) and out/test (the chosen lr) beside selection.json:
+    the report says which split a panel scored, not which sub-grid, and no label repeats validation=true."""
+    import json
+
+    from fedcache.reports import write_report
+    from fedcache.reports.layout import Layout
+    from fedcache.reports.runs import find_runs, group_runs
+
+    root = tmp_path / "cmp"
+    fake_grid(root / "validation", methods=("fedavg", "fedprox"), alphas=(0.1, 1.0), rounds=5)
+    for cell in (root / "validation" / "cells").iterdir():  # as sweep.run_selected writes them
+        info = json.loads((cell / "cell.json").read_text())
+        info["setting"]["validation"] = "true"
+        (cell / "cell.json").write_text(json.dumps(info))
+    fake_grid(root / "test", methods=("fedavg", "fedprox"), alphas=(0.1, 1.0), lrs=("0.01",), rounds=5)
+    (root / "selection.json").write_text("{}")
+    layout = Layout.of(group_runs(find_runs(root)))
+    assert layout.panel_keys == ("split", "alpha") and layout.legend_keys == ("lr",)
+    assert "validation" not in layout.fixed and "grid" not in layout.fixed
+    paths = write_report(root)
+    html = paths.html.read_text()
+    assert "<th>split</th>" in html and "one panel per split, alpha" in html
+    assert "validation=" not in html and "grid=" not in html
+    # 2 splits x 2 alphas: a 2 x 2 grid of panels, not 3 + 1 with a hole (a panel is 460 px wide at 100 dpi)
+    curves = next(p for p in paths.figures if p.name == "accuracy-per-round.png")
+    assert png_width(curves) < 2.5 * 460, png_width(curves)
