@@ -59,8 +59,9 @@ def evaluate(args, method: str, settings: list[str]) -> dict:
     means = np.array([r["mean_accuracy"] for r in runs])
     stds = np.array([r["std_accuracy"] for r in runs])
     fair = {k: float(np.mean([r[k] for r in runs])) for k in ("worst10", "worst20", "worst40", "best10", "variance")}
-    return {"settings": settings, "mean": float(means.mean()), "std_over_seeds": float(means.std()),
+    return {"settings": settings, "mean": float(means.mean()), "std_over_seeds": float(means.std(ddof=1)),
             "std_over_clients": float(stds.mean()), "params_up_per_round": runs[0]["params_up_per_round"],
+            "params_up_per_client": runs[0]["params_up_per_client"],
             "seeds": args.seeds, "per_seed": [float(m) for m in means], **fair,
             "random_weights": runs[0]["random_weights"]}
 

@@ -26,6 +26,7 @@ Usage: .venv/bin/python benchmarks/parity.py --store COPY_OF_digits5-demo.zarr [
 from __future__ import annotations
 
 import argparse
+import json
 import copy
 import statistics
 import time
@@ -49,6 +50,9 @@ CASES = [
     ("fedproto (PFLlib options)", "fedproto", "mlp", [f"method.{k}={v}" for k, v in PFLLIB.items()], "fedproto"),
     # the same reference as above: its run is not repeated
     ("fedproto (fedcache defaults, predict=proto)", "fedproto", "mlp", ["method.predict=proto"], None),
+    # the defaults with one PFLlib option each (docs/methods/fedproto.md, "Why the defaults score lower")
+    *((f"fedproto (defaults, predict=proto, {opt})", "fedproto", "mlp", ["method.predict=proto", f"method.{opt}"], None)
+      for opt in ("init=shared", "drop_last=true", "local_protos=every-epoch")),
 ]
 Batches = Callable[[int, int], list[np.ndarray]]  # (round, client) -> the row indices of each step
 
@@ -155,7 +159,7 @@ def _pooled(data: FederatedData, models: list[nn.Module], predict) -> float:
 
 # ---- fedcache's side --------------------------------------------------------------------------------
 def fedcache_method(store: Path, method: str, head: str, settings: list[str], seed: int, rounds: int):
-    cfg = TrainConfig(store, "digits5-offline", ["efficientnet-lite0"], method, partition="domain", clients=5,
+    cfg = TrainConfig(store=store, dataset="digits5-offline", backbones=["efficientnet-lite0"], method=method, partition="domain", clients=5,
                       few_shot=10, rounds=rounds, batch_size=BATCH, seed=seed, head=head, settings=SGD + settings)
     return prepare(cfg)[0]
 
@@ -213,10 +217,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "parity.json")
     args = ap.parse_args()
-    results = []
+    # With --only, the other cases' stored results stay (in CASES order).
+    kept = {r["case"]: r for r in json.loads(args.out.read_text())["results"]} if args.only and args.out.exists() else {}
     for case in (c for c in CASES if args.only in c[0]):
         runs = [one_seed(args.store, case, s, args.rounds) for s in range(args.first_seed, args.first_seed + args.seeds)]
-        results.append({"case": case[0], "fedcache_settings": case[3], "runs": runs, **summarize(runs)})
+        kept[case[0]] = {"case": case[0], "fedcache_settings": case[3], "runs": runs, **summarize(runs)}
+    results = [kept[c[0]] for c in CASES if c[0] in kept]
     write({"setup": {"dataset": "digits5-offline", "backbone": "efficientnet-lite0", "partition": "domain", "clients": 5,
                      "few_shot": 10, "rounds": args.rounds, "batch": BATCH, "optimizer": "SGD lr 0.01, no momentum",
                      "local_epochs": 1, "lam": LAM, "accuracy": "pooled over all clients' test sets"},

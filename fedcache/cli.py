@@ -248,18 +248,19 @@ def store_ls(store: Path = StoreOpt) -> None:
     for col in ("view", "rows", "dim", "status"):
         table.add_column(col, no_wrap=True)
     for e in infos:
-        k = e.key
-        name = k["backbone"] + (" [yellow]RANDOM[/]" if e.random_weights else "")
-        table.add_row(e.entry_id, k["dataset"], k["split"], k["domain"], name, str(k["view"]), str(e.n_rows), str(e.dim),
-                      _status(fs, e, current))
+        k = {f: "?" for f in ("dataset", "split", "domain", "backbone", "view")} | e.key
+        name = str(k["backbone"]) + (" [yellow]RANDOM[/]" if e.random_weights else "")
+        table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
+                      str(e.dim), _status(fs, e, current))
     console.print(table if infos else f"{store}: empty store")
 
 
 def _status(fs, e, current: set) -> str:
+    if e.damaged:
+        return "[red]damaged[/] (see `store verify`)"
     if not e.complete:
-        flags = fs.root["entries"][e.entry_id]["done"][:]
-        done, total = int(flags.sum()), len(flags)
-        return f"[yellow]partial {done}/{total}[/]"
+        done = fs.chunks_done(e)
+        return f"[yellow]partial {done[0]}/{done[1]}[/]" if done else "[red]damaged[/] (see `store verify`)"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 
 
@@ -267,7 +268,35 @@ def _status(fs, e, current: set) -> str:
 def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix is enough)."), store: Path = StoreOpt) -> None:
     """Show an entry's full key and attributes."""
     e = _open_store(store).info(entry)
-    console.print_json(json.dumps({"entry_id": e.entry_id, **e.attrs}, default=str))
+    damaged = {"damaged": e.damaged, "key": e.key} if e.damaged else {}
+    console.print_json(json.dumps({"entry_id": e.entry_id, **damaged, **e.attrs}, default=str))
+
+
+@store_app.command("verify")
+def store_verify(
+    repair: bool = typer.Option(False, help="Remove the damaged entries (then re-extract or re-import them)."),
+    store: Path = StoreOpt,
+) -> None:
+    """Check every entry against its checksums; name the damaged ones (exit 1 if any are left)."""
+    from rich.markup import escape
+
+    from fedcache.store.feature_store import ENTRIES, TEXT
+
+    fs = _open_store(store)
+    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e)) for e in fs.entries()]
+    checks += [(TEXT, eid, "text embeddings", *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
+    damaged = 0
+    for kind, eid, label, status, why in checks:
+        colour = {"ok": "green", "damaged": "red"}.get(status, "yellow")
+        console.print(f"{eid} {escape(label)}: [{colour}]{status}[/]" + (f" ({escape(why)})" if why else ""), highlight=False)
+        if status == "damaged" and repair:
+            fs.discard(eid, kind)
+            console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
+        damaged += status == "damaged" and not repair
+    if damaged:
+        err.print(f"[red]{damaged} damaged entries[/]: re-run the extraction (or import) that made each, which replaces "
+                  f"it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+        raise typer.Exit(1)
 
 
 @store_app.command("rm")
@@ -314,10 +343,9 @@ def store_import(
     store: Path = StoreOpt,
 ) -> None:
     """Bring your own embeddings: import them as normal store entries."""
-    from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
-    ids = import_file(FeatureStore(store), file, dataset, backbone, split)
+    ids = import_file(store, file, dataset, backbone, split)
     console.print(f"imported {len(ids)} entries as dataset {dataset!r}, backbone {backbone!r}")
 
 
@@ -390,7 +418,8 @@ def _result_line(s: dict) -> str:
     rnd = " [yellow](RANDOM WEIGHTS)[/]" if s.get("random_weights") else ""
     rnd += " [yellow](BYPASSED THE FEATURE CACHE: raw images)[/]" if s.get("bypasses_cache") else ""
     return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
-            f"{s['params_up_per_round']:,} params up/round, {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
+            f"{s.get('params_up_per_client', 0):,.0f} params up per client per round ({s['params_up_per_round']:,} per round "
+            f"over the clients that sent), {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
             f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
 
 

@@ -57,5 +57,13 @@ class IncompleteEntryError(StoreError):
     """An entry exists but its extraction has not finished."""
 
 
+class DamagedEntryError(StoreError):
+    """An entry's files no longer hold what was written (a missing, corrupt or foreign chunk or metadata)."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message  # what is wrong, without the advice
+
+
 class EntryLockedError(StoreError):
     """Another process is writing the same entry."""

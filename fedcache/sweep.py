@@ -44,7 +44,8 @@ _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 CELLS, FEATURES, RESULTS, TABLE, SPEC = "cells", "features", "results.csv", "table.md", "grid.json"
 DONE = "summary.json"  # written last by train(): a finished cell
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
-                  "variance", "bytes_up", "bytes_down", "params_up_per_round", "rounds", "seconds", "random_weights")
+                  "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
+                  "rounds", "seconds", "random_weights", "worst_client_global_accuracy")
 
 
 @dataclass

@@ -151,7 +151,7 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
 
 def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: LoadedBackbone, split: str, domain: str, view: ViewSpec) -> EntryKey:
     pre = Preprocess.for_backbone(bb.spec, cfg.image_size or dataset.default_image_size, _backend(samples, view))
-    if cfg.image_noise:
+    if cfg.image_noise and split == "train":  # the paper (and its code) noises the images it trains on, not the test images
         kind, scale, p = cfg.image_noise
         pre = dataclasses.replace(pre, noise=kind, noise_scale=float(scale), noise_perturb=float(p), noise_seed=cfg.view_seed)
     return EntryKey(
@@ -168,6 +168,9 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source}
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:
+        if writer.replaced:
+            emit(ProgressEvent("info", key.label(), message=f"{key.label()}: entry {key.entry_id} was damaged "
+                               f"({writer.replaced}); extracting it again"))
         if writer.complete:
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do"))
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
@@ -177,7 +180,8 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
         bad = _fill_chunks(cfg, writer, samples, dataset.domains.index(domain), bb, plan, view, pending, emit, key)
         done = writer.finish(bad)
         emit(ProgressEvent("end", key.label()))
-    status = "extracted" if done else "part done"
+    # Chunks written by this run: none when it queued (--wait) behind a writer that finished them.
+    status = ("extracted" if pending else "already complete") if done else "part done"
     return EntryReport(key.label(), key.entry_id, status, rows, time.perf_counter() - t0, bad)
 
 

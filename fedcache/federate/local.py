@@ -16,20 +16,28 @@ import torch
 from fedcache.federate.optim import OptimConfig, StackedOptimizer
 
 Params = dict[str, torch.Tensor]
-# loss(params, xb (K,B,D), yb (K,B), mask (K,B), step_info) -> per-client mean loss (K,)
-LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, dict], torch.Tensor]
+# loss(params, xb (K,B,D), yb (K,B), mask (K,B), step_info) -> per-client mean loss (K,), or that and the
+# new buffers (BatchNorm running statistics) its training forward passes returned (heads.train_forward)
+LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, dict], "torch.Tensor | tuple[torch.Tensor, Params]"]
+
+
+def split_loss(out: "torch.Tensor | tuple[torch.Tensor, Params]") -> tuple[torch.Tensor, Params]:
+    """A loss function's (per-client loss, new buffers)."""
+    return out if isinstance(out, tuple) else (out, {})
 
 
 def rng_for(seed: int, *path: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, *path]))
 
 
-def step_plan(rows: list[np.ndarray], batch_size: int, epochs: int, seed: int, rnd: int, clients: list[int]) -> np.ndarray:
-    """(K, S, B) row indices, -1 for padding: client k's epochs of shuffled mini-batches."""
+def step_plan(rows: list[np.ndarray], batch_size: int, epochs: int, seed: int, rnd: int, clients: list[int],
+              first_epoch: int = 0) -> np.ndarray:
+    """(K, S, B) row indices, -1 for padding: client k's epochs of shuffled mini-batches. Epochs are
+    numbered from ``first_epoch``, so a round's later training phase gets shuffles of its own."""
     plans = []
     for k, r in zip(clients, rows):
         steps = []
-        for e in range(epochs):
+        for e in range(first_epoch, first_epoch + epochs):
             perm = r[rng_for(seed, rnd, k, e, 1).permutation(len(r))]
             pad = (-len(perm)) % batch_size
             steps.append(np.concatenate([perm, np.full(pad, -1, np.int64)]).reshape(-1, batch_size))
@@ -58,13 +66,12 @@ def train(
         xb, yb = x[idx], y[idx]
         leaves = {n: params[n].detach().requires_grad_(True) for n in trainable}
         p = {**params, **leaves}
-        loss = loss_fn(p, xb, yb, mask, {"step": s, **(extra or {})})
+        loss, buffers = split_loss(loss_fn(p, xb, yb, mask, {"step": s, **(extra or {})}))
         grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
         grads = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(leaves, grads)}
         loss_sum += torch.where(active, loss.detach().float(), 0.0)
         loss_steps += active
-        # Buffers (BatchNorm statistics) were replaced during the forward pass.
-        params.update({n: t.detach() for n, t in p.items() if n not in leaves})
+        params.update({n: t.detach() for n, t in buffers.items()})
         params.update({n: t.detach() for n, t in leaves.items()})
         optimizer.step(params, grads, active)
     sink = _LOSSES.get()

@@ -14,7 +14,9 @@ import torch
 from fedcache import __version__
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData, load_fused, load_views
-from fedcache.federate.loop import CHECKPOINT, METRICS, RoundCallback, RunConfig, RunResult, run
+from fedcache.federate.checkpoints import CHECKPOINT, METRICS
+from fedcache.federate.driver import SUMMARY, RoundCallback, RunConfig, RunResult
+from fedcache.federate.loop import run
 from fedcache.federate.methods import METHODS, Method, MethodContext
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
@@ -98,7 +100,7 @@ def check_out(spec: RunSpec) -> None:
                           "or choose another --out")
 
 
-RUN_FILES = ("config.json", METRICS, "summary.json", CHECKPOINT, "checkpoint-round*.pt")
+RUN_FILES = ("config.json", METRICS, SUMMARY, CHECKPOINT, "checkpoint-round*.pt")
 
 
 def _clear_run(out: Path) -> None:
@@ -215,17 +217,14 @@ def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables |
     cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, e.out, e.resume, e.keep_checkpoints)
     t0 = time.perf_counter()
     try:
-        result = run(method, cfg, _tracked(on_round, trackers))
+        result = run(method, cfg, _tracked(on_round, trackers), {"partition_id": resolved["partition"]["partition_id"]})
     except BaseException:
         for t in trackers:
             t.fail()
         raise
     log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
-    result.summary["partition_id"] = resolved["partition"]["partition_id"]
     for t in trackers:
         t.close(result.summary)
-    if e.out is not None:
-        (Path(e.out) / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     return result
 
 

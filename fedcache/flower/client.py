@@ -16,6 +16,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedcache.errors import ConfigError
+from fedcache.federate.local import recording_losses
 from fedcache.federate.methods import METHODS, LocalResult, Method
 from fedcache.flower.config import FlowerRun, build_method
 from fedcache.flower.protocol import STATE, from_record, to_record
@@ -67,15 +68,19 @@ def train(msg: Message, context: Context) -> Message:
     method, info = _setup(context)
     rnd = int(msg.content["config"]["round"])
     down = from_record(msg.content["down"])
-    result = method.local_update(rnd, [info.client], down, _state(method, info, context))
+    with recording_losses() as losses:
+        result = method.local_update(rnd, [info.client], down, _state(method, info, context))
     context.state[STATE] = to_record(result.states)
-    return Message(train_reply(result), reply_to=msg)
+    return Message(train_reply(result, losses), reply_to=msg)
 
 
-def train_reply(result: LocalResult) -> RecordDict:
-    """What a client sends after its local update: uploads and weight, arrays only. No client id: the
-    server knows which client a node serves (it asked once, in ``identify``)."""
-    return RecordDict({"up": to_record(result.uploads), "weight": to_record({"w": result.weights})})
+def train_reply(result: LocalResult, losses: list[torch.Tensor] = ()) -> RecordDict:
+    """What a client sends after its local update: uploads, weight and its mean loss of each local-training
+    call (for the run's train_loss), arrays only. No client id: the server knows which client a node
+    serves (it asked once, in ``identify``)."""
+    loss = torch.cat(list(losses)).float() if losses else torch.zeros(0)
+    return RecordDict({"up": to_record(result.uploads), "weight": to_record({"w": result.weights}),
+                       "loss": to_record({"loss": loss})})
 
 
 @app.evaluate()

@@ -38,9 +38,14 @@ class Deployment:
     connect_timeout: Positive = 120.0  # seconds the server waits for every client to connect
     rejoin_wait: NonNegative = 0.0  # seconds each later round waits for missing clients to reconnect
     shard_dir: str = ""  # simulation only: client k reads <shard-dir>/client-<k>
+    # The Flower run id of an interrupted run to continue from its checkpoint (its directory under the
+    # server's FEDCACHE_FLOWER_RUNS); a string, as Flower's run ids are unsigned 64-bit numbers.
+    resume_run: str = ""
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.resume_run and not self.resume_run.isdigit():
+            raise ConfigError(f"deploy.resume_run={self.resume_run!r}: give the Flower run id (digits) of the run to continue")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -207,9 +208,18 @@ class LocalDeployment:
                               text=True, timeout=timeout, start_new_session=True)
         new = sorted(self.run_dirs() - before)
         if len(new) != 1 or not (new[0] / "summary.json").exists():
-            raise FedcacheError(f"the Flower run wrote no summary (flwr exited {proc.returncode}):\n"
-                                f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+            raise FedcacheError(f"{_server_error(proc.stdout + proc.stderr)}the Flower run wrote no summary "
+                                f"(flwr exited {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
         return json.loads((new[0] / "summary.json").read_text()), new[0]
+
+
+_SERVER_ERROR = re.compile(r"^fedcache\.[\w.]*Error: (.+)$", re.MULTILINE)
+
+
+def _server_error(output: str) -> str:
+    """The ServerApp's own fedcache error, to lead the message: flwr buries it in a streamed traceback."""
+    found = _SERVER_ERROR.findall(output)
+    return f"{found[-1]}\n\n" if found else ""
 
 
 def _wait_port(port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:

@@ -9,7 +9,9 @@ before anything in it is used, because anyone holding a SuperNode can send anyth
   a method aggregates with (``Method.count_uploads``) are whole, non-negative and sum to at most it;
 - the server's own aggregation, run on one client's upload alone, must not fail or turn its state
   non-finite (``aggregate_alone``);
-- an evaluation reply's hits and test-row count must be whole, 0 <= hits <= n, n the client's test rows.
+- an evaluation reply's hits and test-row count must be whole, 0 <= hits <= n, n the client's test rows;
+- the losses a client reports (for the run's train_loss, never used to train) are at most ``MAX_LOSSES``
+  finite numbers.
 
 A reply that fails is rejected with a reason (the server drops that client for the round and records
 why) instead of stopping or crashing the run. Arrays are read with numpy's ``allow_pickle=False``
@@ -17,7 +19,7 @@ why) instead of stopping or crashing the run. Arrays are read with numpy's ``all
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -89,6 +91,7 @@ class Accepted:
     replies: dict[int, tuple[Params, torch.Tensor]]  # client -> (uploads, weight)
     rejected: dict[int, str]  # client -> why its reply was refused
     refused_nodes: list[dict]  # replies from nodes the server did not ask
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)  # client -> its mean loss of each local-training call
 
 
 def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], expected: Expected,
@@ -96,16 +99,18 @@ def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], expe
     """Check every reply of a round; ``client_of`` maps the node ids asked to their clients. ``probe``
     (see ``aggregate_alone``) raises BadReply for a well-formed reply the server's own step cannot digest."""
     by_client, refused = from_known_nodes(replies, client_of)
-    ok, rejected = {}, {}
+    ok, rejected, losses = {}, {}, {}
     for k, reply in sorted(by_client.items()):
         try:
             ok[k] = read_train_reply(reply.content, expected, train_sizes[k])
+            losses[k] = read_losses(reply.content)
             if probe is not None:
                 probe(k, *ok[k])
         except BadReply as e:
             ok.pop(k, None)
+            losses.pop(k, None)
             rejected[k] = str(e)
-    return Accepted(ok, rejected, refused)
+    return Accepted(ok, rejected, refused, losses)
 
 
 def aggregate_alone(method: Method, server: Params, rnd: int) -> Callable[[int, Params, torch.Tensor], None]:
@@ -152,6 +157,24 @@ def read_train_reply(content: RecordDict, expected: Expected, n_rows: int) -> tu
             raise BadReply(f"'{name}' must hold whole non-negative per-class counts summing to at most the "
                            f"client's {n_rows} training rows (sums to {float(c.sum()):g})")
     return uploads, w
+
+
+MAX_LOSSES = 1024  # local-training calls a client may report a loss of in one round
+
+
+def read_losses(content: RecordDict) -> torch.Tensor:
+    """A client's mean loss of each local-training call: finite float32 numbers. Only reported (the
+    run's train_loss), never used to train, so their count is bounded but not checked against a dry run."""
+    record = _field(content, "loss", None, ArrayRecord)
+    if set(record) != {"loss"}:
+        raise BadReply(f"loss names {sorted(record)}; expected ['loss']")
+    try:
+        t = torch.from_numpy(record["loss"].numpy().copy())
+    except (ValueError, TypeError, OSError, EOFError) as e:
+        raise BadReply(f"loss is not a readable numeric array ({type(e).__name__}: {e})") from None
+    if t.dim() != 1 or t.dtype != torch.float32 or len(t) > MAX_LOSSES or not bool(torch.isfinite(t).all()):
+        raise BadReply(f"loss must be at most {MAX_LOSSES} finite float32 numbers (got {tuple(t.shape)} {t.dtype})")
+    return t
 
 
 def _tensors(record: ArrayRecord, expected: dict[str, tuple[tuple[int, ...], torch.dtype]], what: str) -> Params:

@@ -1,15 +1,16 @@
 """The ServerApp: any registered method's server step, driving clients over Flower messages.
 
-It follows ``federate/loop.py`` round for round (same client sampling, same ``broadcast`` /
-``aggregate`` calls, uploads stacked in client order, same byte counting and summary), so a run
-gives the in-process engine's numbers. What the network adds: clients are found by asking each
-node which client it is, and every later reply is attributed by its node id; a client that does not
-answer within ``round-timeout``, or whose reply fails the checks of ``replies.py`` (wrong names,
-shapes or dtypes, NaN, a weight beyond its row count), is dropped from the round (recorded in
-``rounds.jsonl`` with the reason); a round with fewer usable replies than ``min-clients`` fails with
-a FedcacheError; a node that (re)connects is asked who it is and rejoins from the next round.
-Where the server reads and writes comes from ``ServerPaths`` (the SuperLink's environment), never
-from the run config.
+The round driver (``federate/driver.py``) runs the rounds as for the in-process engine (same client
+sampling, ``broadcast`` / ``aggregate`` calls, byte counting, metrics, checkpoints, resumption and
+summary), so a run gives the in-process engine's numbers; ``Federation`` is the engine that moves the
+payloads. What the network adds: clients are found by asking each node which client it is, and every
+later reply is attributed by its node id; a client that does not answer within ``round-timeout``, or
+whose reply fails the checks of ``replies.py`` (wrong names, shapes or dtypes, NaN, a weight beyond its
+row count), is dropped from the round (recorded in ``rounds.jsonl`` with the reason); a round with fewer
+usable replies than ``min-clients`` fails with a FedcacheError; a node that (re)connects is asked who
+it is and rejoins from the next round. Where the server reads and writes comes from ``ServerPaths``
+(the SuperLink's environment), never from the run config; ``deploy.resume_run`` names only the Flower
+run id whose directory under it a run continues.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedcache.errors import FedcacheError
-from fedcache.federate.loop import RunConfig, RunState, run_summary, sample_clients, settle
+from fedcache.errors import ConfigError, FedcacheError
+from fedcache.federate import driver
+from fedcache.federate.checkpoints import append_line, trim_log
+from fedcache.federate.driver import Engine, Round, RunConfig, RunState
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method
 from fedcache.flower.protocol import to_record
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 app = ServerApp()
 SERVER_STATE = "server_state.pt"
+ROUNDS = "rounds.jsonl"  # per round: sampled, accepted, dropped and rejected clients, who rejoined, wall time
 
 
 class TooFewClientsError(FedcacheError, RuntimeError):
@@ -140,91 +144,90 @@ def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     run = FlowerRun.from_config(dict(context.run_config))
-    serve(grid, run, ServerPaths.from_env(context.run_id))
+    resume = run.deploy.resume_run
+    serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id), resume=bool(resume))
 
 
 @dataclass
-class Federation:
-    """One run on the server: what it knows (method, shard facts, paths) and where it stands."""
+class Federation(Engine):
+    """The Flower engine on the server: moves the round's payloads over Flower messages to the nodes
+    serving the sampled clients and back; the round driver does the rest."""
 
     grid: Grid
     method: Method
     run: FlowerRun
     info: ShardInfo
     out: Path | None
-    cfg: RunConfig = field(init=False)
-    state: RunState = field(init=False)
     roster: Roster = field(init=False)
+    dropped: dict[str, list[int]] = field(default_factory=dict)  # round -> clients dropped from it
+    rejected: dict[str, dict[str, str]] = field(default_factory=dict)  # round -> client -> why its reply was refused
 
     def __post_init__(self) -> None:
         self.roster = Roster(self.info.n_clients, self.info.partition_id)
-        s = self.run.schedule
-        self.cfg = RunConfig(s.rounds, s.fraction, s.eval_every, True, None, False)
-        self.state = RunState(0, self.method.init_server(), {})
 
+    def start(self, state: RunState) -> None:
+        if self.out is not None and state.rnd:
+            trim_log(self.out / ROUNDS, state.rnd)  # rounds after the checkpoint are run again
+        wait_for_clients(self.grid, self.roster, self.run)
 
-def serve(grid: Grid, run: FlowerRun, paths: ServerPaths) -> dict:
-    """The whole run; returns the summary (as ``fedcache train`` writes it)."""
-    if paths.server_shard is None:
-        raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
-                            "`fedcache shard` wrote, in the environment flower-superlink starts in")
-    if paths.out is None:
-        log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
-    data, info = load_server(paths.server_shard)
-    fed = Federation(grid, build_method(run, data), run, info, paths.out)
-    if fed.out is not None:
-        fed.out.mkdir(parents=True, exist_ok=True)
-    wait_for_clients(grid, fed.roster, run)
-    history, dropped, rejected = [], {}, {}
-    t0 = time.perf_counter()
-    for rnd in range(run.schedule.rounds):
-        record = _logged_round(fed, rnd)
+    def round(self, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
+        """Let (re)connected nodes in, run the round, append it to rounds.jsonl with its wall time."""
+        t0 = time.perf_counter()
+        joined = self.roster.rejoin(self.grid, self.run.deploy.rejoin_wait, self.run.deploy.round_timeout) if rnd else []
+        record, got = accepted_round(self, rnd, clients, self.exchange(state, rnd, clients, down))
         if record["dropped"]:
-            dropped[rnd + 1] = record["dropped"]
+            self.dropped[str(rnd + 1)] = record["dropped"]
         if record["rejected"]:
-            rejected[rnd + 1] = record["rejected"]
-        if (rnd + 1) % run.schedule.eval_every == 0 or rnd + 1 == run.schedule.rounds:
-            line = {"round": rnd + 1, **_evaluate(fed), "bytes_up": fed.state.bytes_up, "bytes_down": fed.state.bytes_down}
-            history.append(line)
-            _append(fed.out, "metrics.jsonl", line)
-        fed.state.rnd, fed.state.seconds = rnd + 1, time.perf_counter() - t0
-    summary = run_summary(fed.method, fed.cfg, fed.state, history)
-    summary.update(engine="flower", partition_id=info.partition_id, dropped=dropped, rejected=rejected,
-                   refused_nodes=fed.roster.refused)
-    if fed.out is not None:
-        # The final server state, for comparing engines: tensors only (read back with weights_only=True).
-        torch.save(fed.state.server, fed.out / SERVER_STATE)
-        (fed.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+            self.rejected[str(rnd + 1)] = record["rejected"]
+        if self.out is not None:
+            append_line(self.out / ROUNDS, {**record, "joined": joined, "seconds": round(time.perf_counter() - t0, 3)})
+        return got
+
+    def exchange(self, state: RunState, rnd: int, sampled: list[int], down: Params) -> Accepted:
+        """Send ``down`` to the sampled clients' nodes; the replies that pass every check."""
+        method, roster = self.method, self.roster
+        content = lambda: RecordDict({"down": to_record(down), "config": ConfigRecord({"round": rnd})})
+        asked = {roster.node_of[k]: k for k in sampled if k in roster.node_of}
+        msgs = [Message(content(), dst_node_id=node, message_type="train", group_id=str(rnd + 1)) for node in asked]
+        replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
+        got = accept_train_replies(replies, asked, expected_reply(method, rnd, down), self.info.client_train_sizes,
+                                   aggregate_alone(method, state.server, rnd))
+        for k in sorted(set(sampled) - set(got.replies) - set(got.rejected)):
+            roster.drop(k)  # no answer: its node is gone (a restarted one is asked who it is)
+        return got
+
+    def evaluate(self, state: RunState, glob: torch.Tensor | None) -> dict:
+        """Every connected client scores its local test rows (the server scores the global split)."""
+        record = to_record(state.server)
+        client_of = self.roster.client_of
+        msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate") for node in client_of]
+        replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
+        acc, rejected = accept_eval_replies(replies, client_of, self.info.client_test_sizes)
+        for k, why in rejected.items():
+            log.warning("client %d's evaluation refused: %s", k, why)
+        per_client = np.array([acc[k] for k in sorted(acc)])
+        out = {"accuracy": float(per_client.mean()) if len(acc) else float("nan"),
+               "per_client": [round(float(a), 4) for a in per_client], "evaluated": sorted(acc)}
+        if rejected:
+            out["eval_rejected"] = {str(k): why for k, why in rejected.items()}
+        return out
+
+    def facts(self) -> dict:
+        return {"engine": "flower", "partition_id": self.info.partition_id, "dropped": self.dropped,
+                "rejected": self.rejected, "refused_nodes": self.roster.refused}
+
+    def state_dict(self) -> dict:
+        return {"dropped": self.dropped, "rejected": self.rejected, "refused_nodes": self.roster.refused}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.dropped, self.rejected = dict(saved.get("dropped", {})), dict(saved.get("rejected", {}))
+        self.roster.refused = list(saved.get("refused_nodes", []))
 
 
-def _logged_round(fed: Federation, rnd: int) -> dict:
-    """Let (re)connected nodes in, run the round, append it to rounds.jsonl with its wall time."""
-    t0 = time.perf_counter()
-    joined = fed.roster.rejoin(fed.grid, fed.run.deploy.rejoin_wait, fed.run.deploy.round_timeout) if rnd else []
-    record = {**_round(fed, rnd), "joined": joined}
-    _append(fed.out, "rounds.jsonl", {**record, "seconds": round(time.perf_counter() - t0, 3)})
-    return record
-
-
-def _round(fed: Federation, rnd: int) -> dict:
-    method, roster = fed.method, fed.roster
-    sampled = sample_clients(method, fed.cfg, rnd)
-    down = method.broadcast(fed.state.server, rnd)
-    content = lambda: RecordDict({"down": to_record(down), "config": ConfigRecord({"round": rnd})})
-    asked = {roster.node_of[k]: k for k in sampled if k in roster.node_of}
-    msgs = [Message(content(), dst_node_id=node, message_type="train", group_id=str(rnd + 1)) for node in asked]
-    replies = fed.grid.send_and_receive(msgs, timeout=fed.run.deploy.round_timeout)
-    got = accept_train_replies(replies, asked, expected_reply(method, rnd, down), fed.info.client_train_sizes,
-                               aggregate_alone(method, fed.state.server, rnd))
-    for k in sorted(set(sampled) - set(got.replies) - set(got.rejected)):
-        roster.drop(k)  # no answer: its node is gone (a restarted one is asked who it is)
-    return settle_round(fed, rnd, sampled, down, got)
-
-
-def settle_round(fed: Federation, rnd: int, sampled: list[int], down: Params, got: Accepted) -> dict:
-    """Aggregate the accepted replies, or stop if fewer than min-clients are left; returns the round record."""
-    clients = sorted(got.replies)  # the in-process engine stacks clients in id order
+def accepted_round(fed: Federation, rnd: int, sampled: list[int], got: Accepted) -> tuple[dict, Round]:
+    """The round record and the accepted uploads (stacked in client order, as the in-process engine
+    stacks them), or a TooFewClientsError if fewer than min-clients are left."""
+    clients = sorted(got.replies)
     dropped = sorted(set(sampled) - set(clients))
     rejected = {str(k): why for k, why in got.rejected.items()}
     refused = "; ".join(f"client {k}: {why}" for k, why in got.rejected.items()) or "none"
@@ -240,36 +243,59 @@ def settle_round(fed: Federation, rnd: int, sampled: list[int], down: Params, go
         )
     if dropped:
         log.warning("round %d: clients %s dropped; continuing with %s", rnd + 1, dropped, clients)
-    if clients:
-        ups = [got.replies[k][0] for k in clients]
-        stacked = {n: torch.cat([u[n] for u in ups]) for n in ups[0]}
-        weights = torch.cat([got.replies[k][1] for k in clients])
-        settle(fed.method, fed.state, rnd, clients, down, LocalResult({}, stacked, weights))
-    return {"round": rnd + 1, "sampled": sampled, "clients": clients, "dropped": dropped, "rejected": rejected}
+    record = {"round": rnd + 1, "sampled": sampled, "clients": clients, "dropped": dropped, "rejected": rejected}
+    if not clients:
+        return record, Round([], LocalResult({}, {}, torch.zeros(0)))
+    ups = [got.replies[k][0] for k in clients]
+    stacked = {n: torch.cat([u[n] for u in ups]) for n in ups[0]}
+    losses = [got.losses[k] for k in clients if len(got.losses.get(k, ()))]
+    return record, Round(clients, LocalResult({}, stacked, torch.cat([got.replies[k][1] for k in clients])), losses)
 
 
-def _evaluate(fed: Federation) -> dict:
-    """Every connected client scores its local test rows; the server scores the global test split."""
-    record = to_record(fed.state.server)
-    client_of = fed.roster.client_of
-    msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate") for node in client_of]
-    replies = fed.grid.send_and_receive(msgs, timeout=fed.run.deploy.round_timeout)
-    acc, rejected = accept_eval_replies(replies, client_of, fed.info.client_test_sizes)
-    for k, why in rejected.items():
-        log.warning("client %d's evaluation refused: %s", k, why)
-    per_client = np.array([acc[k] for k in sorted(acc)])
-    out = {"accuracy": float(per_client.mean()) if len(acc) else float("nan"),
-           "per_client": [round(float(a), 4) for a in per_client], "evaluated": sorted(acc)}
-    if rejected:
-        out["eval_rejected"] = {str(k): why for k, why in rejected.items()}
-    method, d = fed.method, fed.method.ctx.data
-    if method.has_global_model:
-        glob = method.global_logits(fed.state.server, d.x_test)
-        out["global_accuracy"] = 100.0 * float((glob.argmax(1) == d.y_test).float().mean())
-    return out
+def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last") -> dict:
+    """The whole run (continued from the checkpoint in ``paths.out`` with ``resume``); returns the
+    summary (as ``fedcache train`` writes it)."""
+    if paths.server_shard is None:
+        raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
+                            "`fedcache shard` wrote, in the environment flower-superlink starts in")
+    if paths.out is None:
+        if resume:
+            raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
+        log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
+    data, info = load_server(paths.server_shard)
+    method = build_method(run, data)
+    if paths.out is not None:
+        _record_config(paths.out, run, info, method, resume)
+    s = run.schedule
+    cfg = RunConfig(s.rounds, s.fraction, s.eval_every, True, paths.out, resume, keep_checkpoints)
+    result = driver.run(method, cfg, Federation(grid, method, run, info, paths.out))
+    if paths.out is not None:
+        # The final server state, for comparing engines: tensors only (read back with weights_only=True).
+        torch.save(result.server, paths.out / SERVER_STATE)
+    return result.summary
 
 
-def _append(out: Path | None, name: str, line: dict) -> None:
-    if out is not None:
-        with open(out / name, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
+def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, resume: bool) -> None:
+    """config.json: what the run computes (the run sections and the shards' partition, not the
+    deployment's timeouts); a resumed run must compute the same."""
+    computes = {k: v for k, v in run.to_config().items() if not k.startswith("deploy.")}
+    config = {"run": computes, "partition_id": info.partition_id}
+    path = out / "config.json"
+    if not resume:
+        if path.exists():
+            raise ConfigError(f"{out} already holds a run; resume it or start a new one elsewhere")
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        return
+    if method.init_clients(1):
+        raise ConfigError(f"{method.name} keeps personal client state on the nodes, which a resumed Flower run does not "
+                          "have; resume it with the in-process engine, or start the Flower run again")
+    if not path.exists():
+        raise ConfigError(f"--resume: {out} has no config.json; start the run without --resume")
+    saved = json.loads(path.read_text())
+    if saved != json.loads(json.dumps(config)):
+        differ = sorted(k for k in {**saved.get("run", {}), **config["run"]} if saved.get("run", {}).get(k) != config["run"].get(k))
+        if saved.get("partition_id") != config["partition_id"]:
+            differ.append("partition_id (the shards)")
+        raise ConfigError(f"--resume: the run in {out} was made with other settings ({', '.join(differ)}); use the same "
+                          "settings and shards, or start a new run")

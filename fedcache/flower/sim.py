@@ -8,16 +8,17 @@ flwr version is pinned.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
 from pathlib import Path
 
-from fedcache.errors import FedcacheError
+from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.train import partition_request
 from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.project import write_app
-from fedcache.flower.shard import SERVER, ShardSpec, write_shards
+from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
@@ -39,22 +40,44 @@ def flower_run(spec: RunSpec, shard_dir: Path, **extra) -> FlowerRun:
 
 
 def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
-    """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary."""
-    if spec.engine.resume or spec.schedule.validation or not spec.engine.batched:
-        raise FedcacheError("--engine flower-sim supports neither --resume, --validation nor --no-batch; drop them")
-    out = spec.engine.out
+    """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary.
+    With --resume, the run in --out continues from its checkpoint on the shards already there."""
+    e = spec.engine
+    unsupported = [flag for flag, given in (("--validation", spec.schedule.validation), ("--no-batch", not e.batched),
+                                            ("--overwrite", e.overwrite), ("--track", bool(e.track))) if given]
+    if unsupported:
+        raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; drop them")
+    if e.resume and e.out is None:
+        raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp:
-        base = Path(out) if out else Path(tmp)
-        if out and (base / "summary.json").exists():
-            raise FedcacheError(f"{base} already holds a run; choose another --out")
-        shards = base / "shards"
-        shard = shard_spec(spec)
-        write_shards(shard, shards)
-        paths = ServerPaths(shards / SERVER, base if out else None)
-        return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus)
+        base = Path(e.out) if e.out else Path(tmp)
+        if not e.resume and (base / "config.json").exists():
+            raise FedcacheError(f"{base} already holds a run; pass --resume to continue it, or choose another --out")
+        shards, shard = base / "shards", shard_spec(spec)
+        if e.resume:
+            _check_shards(shards, shard)
+        else:
+            write_shards(shard, shards)
+        paths = ServerPaths(shards / SERVER, base if e.out else None)
+        return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus,
+                        resume=e.resume, keep_checkpoints=e.keep_checkpoints)
 
 
-def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None) -> dict:
+def _check_shards(shards: Path, want: ShardSpec) -> None:
+    """A resumed run trains on the shards it started with; they must be of the partition asked for."""
+    if not (shards / SERVER).is_dir():
+        raise ConfigError(f"--resume: {shards} holds no shards; start the run without --resume")
+    _, info = open_shard(shards / SERVER)
+    asked = {"dataset": want.dataset, "backbones": list(want.backbones), "request": want.request.to_dict()}
+    had = {"dataset": info.dataset, "backbones": list(info.backbones), "request": info.request}
+    if json.loads(json.dumps(had)) != json.loads(json.dumps(asked)):
+        differ = [k for k in asked if json.loads(json.dumps(had[k])) != json.loads(json.dumps(asked[k]))]
+        raise ConfigError(f"--resume: the shards in {shards} were made with other data or partition options "
+                          f"({', '.join(differ)}); use the options of the interrupted run")
+
+
+def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,
+             resume: bool = False, keep_checkpoints: str = "last") -> dict:
     """Run ``run`` with ``n_clients`` virtual SuperNodes; returns the server's summary."""
     from flwr.app import Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
@@ -66,7 +89,7 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
     summary: dict = {}
 
     def main(grid, context) -> None:  # keeps the summary in this process
-        summary.update(server.serve(grid, run, paths))
+        summary.update(server.serve(grid, run, paths, resume, keep_checkpoints))
 
     app = server.ServerApp()
     app.main()(main)

@@ -18,7 +18,11 @@ Params = dict[str, torch.Tensor]
 
 
 class Head(Protocol):
-    """``features`` is the representation (what prototypes live in); ``classify`` maps it to logits."""
+    """``features`` is the representation (what prototypes live in); ``classify`` maps it to logits.
+
+    A head never writes into the parameters it is given: ``train_features`` (a training step's forward
+    pass, with batch statistics) returns the new values of its buffers (BatchNorm running statistics)
+    beside the representation, and whoever trains decides where they go."""
 
     name: str
     body_keys: tuple[str, ...]  # the representation's parameters (FedRep shares these)
@@ -28,7 +32,11 @@ class Head(Protocol):
 
     def init(self, k: int, gen: torch.Generator) -> Params: ...
 
-    def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None, train: bool = False) -> torch.Tensor: ...
+    def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def train_features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Params]:
+        """(K, B, D) rows, ``mask`` (K, B) True for real rows -> (representation, new buffers; {} if none)."""
+        ...
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor: ...
 
@@ -53,8 +61,14 @@ def transposed_affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor)
     return torch.bmm(weight.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
 
 
-def forward(head: Head, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None, train: bool = False) -> torch.Tensor:
-    return head.classify(p, head.features(p, x, mask, train))
+def forward(head: Head, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    return head.classify(p, head.features(p, x, mask))
+
+
+def train_forward(head: Head, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Params]:
+    """A training step's logits and the head's new buffers."""
+    z, buffers = head.train_features(p, x, mask)
+    return head.classify(p, z), buffers
 
 
 @dataclass(frozen=True)

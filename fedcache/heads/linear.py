@@ -19,8 +19,11 @@ class LinearHead:
         return {"weight": uniform_init((k, self.d_in, self.n_classes), self.d_in, gen),
                 "bias": uniform_init((k, 1, self.n_classes), self.d_in, gen)}
 
-    def features(self, p: Params, x: torch.Tensor, mask=None, train: bool = False) -> torch.Tensor:
+    def features(self, p: Params, x: torch.Tensor, mask=None) -> torch.Tensor:
         return x  # the frozen backbone's embedding is the representation
+
+    def train_features(self, p: Params, x: torch.Tensor, mask=None) -> tuple[torch.Tensor, Params]:
+        return x, {}
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
         return affine(p["weight"], p["bias"], z)

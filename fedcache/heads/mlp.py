@@ -34,16 +34,16 @@ class MLPHead:
             "fc2.bias": uniform_init((k, 1, self.n_classes), h, gen),
         }
 
-    def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None, train: bool = False) -> torch.Tensor:
-        if not train:
-            h = torch.relu(torch.baddbmm(p["fc1.bias"], x, p["fc1.weight"]))
-            scale = torch.rsqrt(p["bn.running_var"] + BN_EPS) * p["bn.weight"]
-            return torch.addcmul(p["bn.bias"], h - p["bn.running_mean"], scale)
+    def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = torch.relu(torch.baddbmm(p["fc1.bias"], x, p["fc1.weight"]))
+        scale = torch.rsqrt(p["bn.running_var"] + BN_EPS) * p["bn.weight"]
+        return torch.addcmul(p["bn.bias"], h - p["bn.running_mean"], scale)
+
+    def train_features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Params]:
         # Most steps have no padding row: their statistics skip the mask arithmetic.
         real = None if mask is None or bool(mask.all()) else mask.unsqueeze(-1).to(x.dtype)
         z, mean, var = train_body(x, real, p["fc1.weight"], p["fc1.bias"], p["bn.weight"], p["bn.bias"])
-        _update_running(p, mean.detach(), var.detach(), real, x.shape[1])
-        return z
+        return z, running_statistics(p, mean.detach(), var.detach(), real, x.shape[1])
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
         return affine(p["fc2.weight"], p["fc2.bias"], z)
@@ -66,19 +66,18 @@ def train_body(x, real, w1, b1, gamma, beta) -> tuple[torch.Tensor, torch.Tensor
     return torch.addcmul(beta, centred * torch.rsqrt(var + BN_EPS), gamma), mean, var
 
 
-def _update_running(p: Params, mean: torch.Tensor, var: torch.Tensor, real: torch.Tensor | None, rows: int) -> None:
-    """Running statistics, as torch's BatchNorm keeps them (unbiased variance); ``real`` as in train_body."""
+def running_statistics(p: Params, mean: torch.Tensor, var: torch.Tensor, real: torch.Tensor | None, rows: int) -> Params:
+    """The new running statistics, as torch's BatchNorm keeps them (unbiased variance); ``real`` as in train_body."""
+    old_mean, old_var = p["bn.running_mean"], p["bn.running_var"]
     if real is None:
-        p["bn.running_mean"] = torch.lerp(p["bn.running_mean"], mean, BN_MOMENTUM)
-        p["bn.running_var"] = torch.lerp(p["bn.running_var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM)
-        return
+        return {"bn.running_mean": torch.lerp(old_mean, mean, BN_MOMENTUM),
+                "bn.running_var": torch.lerp(old_var, var * (rows / max(rows - 1, 1)), BN_MOMENTUM)}
     n = real.sum(1, keepdim=True)
-    new_mean = torch.lerp(p["bn.running_mean"], mean, BN_MOMENTUM)
-    new_var = torch.lerp(p["bn.running_var"], var * n / (n - 1).clamp_min(1.0), BN_MOMENTUM)
+    new_mean = torch.lerp(old_mean, mean, BN_MOMENTUM)
+    new_var = torch.lerp(old_var, var * n / (n - 1).clamp_min(1.0), BN_MOMENTUM)
     # Clients with no real row in this step (already finished their epoch) keep their statistics.
     active = n > 0
-    p["bn.running_mean"] = torch.where(active, new_mean, p["bn.running_mean"])
-    p["bn.running_var"] = torch.where(active, new_var, p["bn.running_var"])
+    return {"bn.running_mean": torch.where(active, new_mean, old_mean), "bn.running_var": torch.where(active, new_var, old_var)}
 
 
 HEADS.add("mlp", HeadSpec("mlp", "FC(D,256)-ReLU-BN-FC(256,C), FedPCL's baseline head", MLPHead))

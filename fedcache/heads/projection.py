@@ -31,8 +31,11 @@ class ProjectionHead:
             "cls.bias": uniform_init((k, 1, self.n_classes), d, gen),
         }
 
-    def features(self, p: Params, x: torch.Tensor, mask=None, train: bool = False) -> torch.Tensor:
+    def features(self, p: Params, x: torch.Tensor, mask=None) -> torch.Tensor:
         return F.normalize(torch.relu(torch.baddbmm(p["proj.bias"], x, p["proj.weight"])), dim=-1)
+
+    def train_features(self, p: Params, x: torch.Tensor, mask=None) -> tuple[torch.Tensor, Params]:
+        return self.features(p, x, mask), {}
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
         return affine(p["cls.weight"], p["cls.bias"], z)

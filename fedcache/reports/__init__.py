@@ -61,7 +61,9 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
     warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
     return (f"{len(runs)} runs in {len(groups)} groups (method and setting; seeds pooled) from `{root}`; "
             f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
-            f"± is the sample std (ddof=1) over seeds; the best accuracy of each panel setting is in bold.{warn}")
+            f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
+            f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
+            f"'# of Comm Params'); the best accuracy of each panel setting is in bold.{warn}")
 
 
 def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
@@ -75,7 +77,7 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     layout = layout or Layout.of(groups)
     keys = layout.panel_keys + layout.legend_keys
     header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
-              "worst 10%", "best 10%", "variance", "params up/round", "bytes up (total)", "seconds"]
+              "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
     best = {panel: max((g.mean("mean_accuracy") or 0) for g in members) for panel, members in layout.panels(groups).items()}
     rows = [header]
     for g in groups:
@@ -84,7 +86,7 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
         rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs)),
                      f"**{acc}**" if bold else acc, _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")),
                      _fmt(g.mean("worst10")), _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
-                     f"{int(g.mean('params_up_per_round') or 0):,}", f"{int(g.mean('bytes_up') or 0):,}",
+                     _fmt(g.mean("params_up_per_client"), digits=0), f"{int(g.mean('params_up_per_round') or 0):,}", f"{int(g.mean('bytes_up') or 0):,}",
                      _fmt(g.mean("seconds"))])
     return rows
 

@@ -2,11 +2,13 @@
 
 Layout (see docs/store.md)::
 
-    <store>/entries/<entry_id>/{features,labels,ids,valid,done}   + attrs (key, complete, ...)
+    <store>/entries/<entry_id>/{features,labels,ids,valid,done,chunk_crc32}   + attrs (key, crc32, complete, ...)
     <store>/text/<entry_id>/embeddings                             + attrs (key, complete)
     <store>/.locks/                                                advisory write locks
 
-An entry is readable only once its ``complete`` attribute is true; it is written last.
+An entry is readable only once its ``complete`` attribute is true; it is written last. Reading
+checks every chunk against the checksums written with it (fedcache/store/integrity.py): a damaged
+entry is named, never read as zeros, and never takes the rest of the store down.
 """
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ from typing import Iterable
 import numpy as np
 import zarr
 
-from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.errors import ConfigError, DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc, mismatches
 from fedcache.store.keys import TextKey, canonical_json
+from fedcache.store.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
 ENTRIES = "entries"
 TEXT = "text"
+SLOT_FIELDS = ("dataset", "split", "domain", "backbone", "view")
 
 
 @dataclass(frozen=True)
@@ -39,11 +44,18 @@ class EntryInfo:
     complete: bool
     completed_at: str | None
     attrs: dict
+    damaged: str | None = None  # why its metadata cannot be read (then complete is False)
 
     @property
     def slot(self) -> tuple:
         k = self.key
-        return (k["dataset"], k["split"], k["domain"], k["backbone"], k["view"])
+        return tuple(k.get(f) for f in SLOT_FIELDS)
+
+    def label(self) -> str:
+        k = self.key
+        if not k:
+            return "key unreadable"
+        return f"{k.get('dataset')}/{k.get('split')}/{k.get('domain')} {k.get('backbone')}"
 
     @property
     def random_weights(self) -> bool:
@@ -103,44 +115,76 @@ class FeatureStore:
             root.attrs.update({"fedcache_store": STORE_FORMAT})
         elif fmt > STORE_FORMAT:
             raise StoreError(f"{self.path} was written by a newer fedcache (store format {fmt}); upgrade fedcache")
-        root.require_group(ENTRIES)
-        root.require_group(TEXT)
+        for name in (ENTRIES, TEXT):
+            try:
+                root.require_group(name)
+            except Exception as exc:  # a damaged zarr.json of the group: json or Zarr errors
+                meta = self.path / name / "zarr.json"
+                raise StoreError(f"{self.path}: the metadata of its {name!r} group is damaged ({type(exc).__name__}: {exc}); "
+                                 f"delete {meta} and fedcache writes it again") from None
         return root
 
     @property
     def locks_dir(self) -> Path:
         return self.path / ".locks"
 
+    def lock(self, name: str, what: str, wait: float = 120.0):
+        """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""
+        return exclusive_lock(self.locks_dir / f"{name}.lock", what, wait=wait)
+
     def bad_images_path(self, entry_id: str) -> Path:
         """The list of images an extraction skipped (outside the Zarr hierarchy, so Zarr ignores it)."""
         return self.path / "reports" / f"{entry_id}.bad-images.txt"
 
     # ---- listing -------------------------------------------------------------
+    def entry_ids(self, kind: str = ENTRIES) -> list[str]:
+        """Every entry directory, read from the file system: one whose metadata is damaged is still listed."""
+        folder = self.path / kind
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
     def entries(self) -> list[EntryInfo]:
         group = self.root[ENTRIES]
-        infos = [self._info(eid, g) for eid, g in group.groups()]
-        return sorted(infos, key=lambda e: (e.slot, e.completed_at or ""))
+        infos = [self._info(eid, group) for eid in self.entry_ids()]
+        return sorted(infos, key=lambda e: (tuple(str(x) for x in e.slot), e.completed_at or ""))
 
-    def _info(self, entry_id: str, g: zarr.Group) -> EntryInfo:
-        a = dict(g.attrs)
-        return EntryInfo(
-            entry_id=entry_id,
-            key=a.get("key", {}),
-            n_rows=int(a.get("n_rows", 0)),
-            dim=int(a.get("dim", 0)),
-            complete=bool(a.get("complete", False)),
-            completed_at=a.get("completed_at"),
-            attrs=a,
-        )
+    def _info(self, entry_id: str, group: zarr.Group | None = None) -> EntryInfo:
+        try:
+            a = dict((group if group is not None else self.root[ENTRIES])[entry_id].attrs)
+            key, n_rows, dim = a["key"], int(a["n_rows"]), int(a["dim"])
+            if not isinstance(key, dict) or not set(SLOT_FIELDS) <= set(key):
+                raise ValueError(f"its key is {key!r}")
+        except Exception as exc:  # Zarr and json raise many types for a damaged zarr.json
+            return EntryInfo(entry_id, self._salvaged_key(entry_id), 0, 0, False, None, {},
+                             damaged=f"its metadata (zarr.json) cannot be read ({type(exc).__name__}: {exc})")
+        return EntryInfo(entry_id, key, n_rows, dim, bool(a.get("complete", False)), a.get("completed_at"), a)
+
+    def _salvaged_key(self, entry_id: str) -> dict:
+        """The key kept beside the features (so a damaged entry still names its slot), or {}."""
+        try:
+            key = dict(zarr.open_array(store=str(self.path / ENTRIES / entry_id / "features"), mode="r").attrs["entry_key"])
+            return key if set(SLOT_FIELDS) <= set(key) else {}
+        except Exception:
+            return {}
 
     def info(self, entry_id: str) -> EntryInfo:
-        group = self.root[ENTRIES]
-        if entry_id not in group:
-            matches = [e for e, _ in group.groups() if e.startswith(entry_id)]
+        if not entry_id.strip() or "/" in entry_id:
+            raise ConfigError(f"{entry_id!r} is not an entry id; list them with `fedcache store ls --store {self.path}`")
+        ids = self.entry_ids()
+        if entry_id not in ids:
+            matches = [e for e in ids if e.startswith(entry_id)]
             if len(matches) != 1:
-                raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}; list them with `fedcache store ls`")
+                many = f" (matches {len(matches)}: give more characters)" if matches else ""
+                raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}{many}; list them with `fedcache store ls`")
             entry_id = matches[0]
-        return self._info(entry_id, group[entry_id])
+        return self._info(entry_id)
+
+    def chunks_done(self, info: EntryInfo) -> tuple[int, int] | None:
+        """(done, total) chunks of a partial entry, or None if its flags cannot be read."""
+        try:
+            flags = self.root[ENTRIES][info.entry_id]["done"][:]
+        except Exception:
+            return None
+        return int(flags.sum()), len(flags)
 
     def current(self, infos: Iterable[EntryInfo] | None = None) -> dict[tuple, EntryInfo]:
         """For each slot, the most recently completed entry (older ones are stale)."""
@@ -151,11 +195,12 @@ class FeatureStore:
         return best
 
     # ---- reading -------------------------------------------------------------
-    def find(self, dataset: str, split: str, backbone: str, view: int = 0) -> list[EntryInfo]:
+    def find(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> list[EntryInfo]:
         """The current complete entry of each domain for (dataset, split, backbone, view)."""
         infos = self.entries()
         cur = self.current(infos)
         found = [e for s, e in cur.items() if s[0] == dataset and s[1] == split and s[3] == backbone and s[4] == view]
+        self._refuse_damaged(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
         if not found:
             pending = [e for e in infos if e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
             hint = f"fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}"
@@ -168,7 +213,8 @@ class FeatureStore:
         return found
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
-        found = self.find(dataset, split, backbone, view)
+        domains = None if domains is None else list(domains)
+        found = self.find(dataset, split, backbone, view, domains)
         domain_names = tuple(found[0].attrs["domains"])
         wanted = list(domains) if domains is not None else list(domain_names)
         by_domain = {e.key["domain"]: e for e in found}
@@ -192,39 +238,134 @@ class FeatureStore:
         )
 
     def _read_entry(self, info: EntryInfo, domain_index: int) -> tuple[np.ndarray, ...]:
-        g = self.root[ENTRIES][info.entry_id]
-        if not g.attrs.get("complete", False):
+        if not info.complete:
             raise IncompleteEntryError(f"entry {info.entry_id} is incomplete; re-run the extraction to finish it")
-        valid = g["valid"][:]
-        feats = g["features"][:][valid].astype(np.float32, copy=False)
-        labels = g["labels"][:][valid]
-        ids = g["ids"][:][valid]
-        doms = np.full(len(labels), domain_index, dtype=np.int16)
-        return feats, labels, ids, doms
+        a = self.read_arrays(info)
+        valid = a["valid"]
+        feats = a["features"][valid].astype(np.float32, copy=False)
+        doms = np.full(int(valid.sum()), domain_index, dtype=np.int16)
+        return feats, a["labels"][valid], a["ids"][valid], doms
+
+    # ---- integrity -------------------------------------------------------------
+    def read_arrays(self, info: EntryInfo, verify: bool = True) -> dict[str, np.ndarray]:
+        """The row arrays of a complete entry, checked against their checksums (DamagedEntryError if not)."""
+        if info.damaged:
+            raise self.damaged(info, info.damaged)
+        arrays = {}
+        for name in ROW_ARRAYS:
+            try:
+                arrays[name] = self.root[ENTRIES][info.entry_id][name][:]
+            except Exception as exc:  # a corrupt chunk: Zstd, Zarr or json errors
+                raise self.damaged(info, f"its {name} cannot be read ({type(exc).__name__}: {exc})") from None
+        bad = [n for n, x in arrays.items() if len(x) != info.n_rows or n == "features" and x.shape[1:] != (info.dim,)]
+        if bad:
+            raise self.damaged(info, f"{', '.join(bad)} do not have {info.n_rows} rows of width {info.dim}")
+        if verify and CRC_ATTR in info.attrs:
+            bad = mismatches(arrays, info.attrs[CRC_ATTR], int(info.attrs.get("chunk_rows", 1)))
+            if bad:
+                shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+                raise self.damaged(
+                    info, f"{shown} do not hold what was written (a chunk file deleted, replaced or corrupted)")
+        return arrays
+
+    def verify(self, info: EntryInfo) -> tuple[str, str]:
+        """(status, detail): ok, damaged, partial (not finished: not checked) or unchecked (no checksums)."""
+        if info.damaged:
+            return "damaged", info.damaged
+        if not info.complete:
+            return "partial", "not complete yet: resumed by re-running its extraction"
+        try:
+            self.read_arrays(info)
+        except DamagedEntryError as exc:
+            return "damaged", exc.problem
+        if CRC_ATTR not in info.attrs:
+            return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
+        return "ok", ""
+
+    def damaged(self, info: EntryInfo, problem: str) -> DamagedEntryError:
+        return DamagedEntryError(
+            f"entry {info.entry_id} ({info.label()}) in {self.path} is damaged: {problem}. Re-create it (re-running the "
+            "`fedcache extract` or `fedcache store import` that made it replaces a damaged entry), or remove it with "
+            f"`fedcache store rm {info.entry_id} --store {self.path}`; `fedcache store verify` checks every entry", problem)
+
+    def _refuse_damaged(self, infos: list[EntryInfo], want: tuple, domains: set | None) -> None:
+        """A damaged entry that may fill a slot asked for (or whose slot is unknown) stops the read."""
+        dataset, split, backbone, view = want
+
+        def may_fill(e: EntryInfo) -> bool:
+            s = e.slot
+            return s[:2] == (dataset, split) and s[3:] == (backbone, view) and (domains is None or s[2] in domains)
+
+        hit = [e for e in infos if e.damaged and (not e.key or may_fill(e))]
+        if hit:
+            raise self.damaged(hit[0], hit[0].damaged or "")
 
     # ---- text embeddings -------------------------------------------------------
     def put_text(self, key: TextKey, embeddings: np.ndarray, random_weights: bool) -> str:
         """Store per-template class-text embeddings (T, C, D); written whole, then marked complete."""
         group = self.root[TEXT]
         eid = key.entry_id
-        if eid in group:
-            del group[eid]
+        shutil.rmtree(self.path / TEXT / eid, ignore_errors=True)
         g = group.create_group(eid)
-        g.create_array("embeddings", data=np.asarray(embeddings, dtype=np.float32))
-        g.attrs.update({"key": key.to_dict(), "random_weights": random_weights})
+        emb = np.asarray(embeddings, dtype=np.float32)
+        g.create_array("embeddings", data=emb)
+        g.attrs.update({"key": key.to_dict(), "random_weights": random_weights, CRC_ATTR: crc(emb)})
         g.attrs.update({"complete": True, "completed_at": now_iso()})
         return eid
 
     def has_text(self, key: TextKey) -> bool:
-        group = self.root[TEXT]
-        return key.entry_id in group and bool(group[key.entry_id].attrs.get("complete"))
+        """True if the text entry is complete and intact (a damaged one is written again)."""
+        try:
+            self._text(key.entry_id)
+        except StoreError:
+            return False
+        return True
+
+    def _text(self, entry_id: str) -> np.ndarray:
+        where = f"text entry {entry_id} in {self.path}"
+        try:
+            g = self.root[TEXT][entry_id]
+            a = dict(g.attrs)
+            if not a.get("complete"):
+                raise IncompleteEntryError(f"{where} is not complete")
+            emb = g["embeddings"][:]
+        except StoreError:
+            raise
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if CRC_ATTR not in a or crc(emb) == a[CRC_ATTR]:
+                return emb
+            problem = "its embeddings do not hold what was written"
+        raise DamagedEntryError(f"{where} is damaged ({problem}); re-run `fedcache extract` for its backbone, which "
+                                "writes it again", problem)
+
+    def verify_text(self, entry_id: str) -> tuple[str, str]:
+        """(status, detail) of a text entry, as :meth:`verify`."""
+        try:
+            self._text(entry_id)
+        except IncompleteEntryError:
+            return "partial", "not complete: written again by the next extraction of its backbone"
+        except DamagedEntryError as exc:
+            return "damaged", exc.problem
+        return "ok", ""
+
+    def text_entries(self) -> list[tuple[str, dict]]:
+        """(entry id, attributes) of every readable text entry; damaged ones are left out (`store verify` names them)."""
+        out = []
+        for eid in self.entry_ids(TEXT):
+            try:
+                out.append((eid, dict(self.root[TEXT][eid].attrs)))
+            except Exception:
+                log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
+        return out
 
     def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single") -> np.ndarray:
         """Class-text embeddings (T, C, D) of the newest complete text entry matching the request."""
         classes = list(classes)
         best = None
-        for eid, g in self.root[TEXT].groups():
-            k, a = g.attrs.get("key", {}), dict(g.attrs)
+        for eid, a in self.text_entries():
+            k = a.get("key", {})
             if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
                 if best is None or a["completed_at"] > best[1]["completed_at"]:
                     best = (eid, a)
@@ -233,17 +374,21 @@ class FeatureStore:
                 f"no '{template_set}' text embeddings for {backbone} and these classes; "
                 f"run `fedcache extract --backbones {backbone}` on the dataset (only CLIP-style backbones have them)"
             )
-        return self.root[TEXT][best[0]]["embeddings"][:]
+        return self._text(best[0])
 
     # ---- removal ---------------------------------------------------------------
     def remove(self, entry_id: str) -> EntryInfo:
         info = self.info(entry_id)
-        shutil.rmtree(self.path / ENTRIES / info.entry_id)
-        self.bad_images_path(info.entry_id).unlink(missing_ok=True)
+        self.discard(info.entry_id)
         return info
+
+    def discard(self, entry_id: str, kind: str = ENTRIES) -> None:
+        shutil.rmtree(self.path / kind / entry_id)
+        self.bad_images_path(entry_id).unlink(missing_ok=True)
 
     def stale(self) -> list[EntryInfo]:
         """Complete entries superseded by a newer one in the same slot (never read again)."""
         infos = self.entries()
         cur = {e.entry_id for e in self.current(infos).values()}
         return [e for e in infos if e.complete and e.entry_id not in cur]
+

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 # Bump whenever the extraction code changes the bytes it writes for the same inputs.
-EXTRACTOR_VERSION = 1
+EXTRACTOR_VERSION = 2  # 2: 16-bit greyscale images are scaled to 8 bits, no longer clipped
 
 
 def canonical_json(obj: object) -> str:

@@ -4,7 +4,9 @@ The arrays are allocated at full size up front; a writer fills whole row-chunks 
 flags each one in ``done`` only after all of its arrays are written (Zarr's local store
 writes each chunk file atomically). A re-run skips flagged chunks, so an interrupted
 extraction resumes from the last complete chunk. ``complete`` is set last, by whichever
-writer sees every chunk flagged; readers refuse the entry until then.
+writer sees every chunk flagged; readers refuse the entry until then. Each chunk's checksums are
+computed from the rows as written (fedcache/store/integrity.py), so damage done to a chunk at any
+time after its writer wrote it is detected; an existing entry found damaged is replaced.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import zarr
 
 from fedcache.errors import ConfigError, StoreError
 from fedcache.store.feature_store import ENTRIES, FeatureStore, now_iso
+from fedcache.store.integrity import CRC_ARRAY, CRC_ATTR, ROW_ARRAYS, as_attr, chunk_crcs
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 
@@ -59,6 +62,7 @@ class EntryWriter:
         a = group.attrs
         self.n_rows, self.dim, self.chunk_rows = int(a["n_rows"]), int(a["dim"]), int(a["chunk_rows"])
         self.batch_size = int(a["batch_size"])
+        self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
 
     @property
     def n_chunks(self) -> int:
@@ -81,10 +85,11 @@ class EntryWriter:
         if len(features) != hi - lo:
             raise StoreError(f"chunk {c} of {self.key.label()} needs {hi - lo} rows, got {len(features)}")
         g = self.group
-        g["features"][lo:hi] = features.astype(g["features"].dtype, copy=False)
-        g["labels"][lo:hi] = labels
-        g["ids"][lo:hi] = ids
-        g["valid"][lo:hi] = valid
+        given = {"features": features, "labels": labels, "ids": ids, "valid": valid}
+        rows = {n: np.asarray(given[n]).astype(g[n].dtype, copy=False) for n in ROW_ARRAYS}
+        for name in ROW_ARRAYS:
+            g[name][lo:hi] = rows[name]
+        g[CRC_ARRAY][c] = chunk_crcs(rows)
         g["done"][c] = True  # only now is the chunk counted
 
     def finish(self, bad_images: list[str]) -> bool:
@@ -92,12 +97,16 @@ class EntryWriter:
         if bad_images:
             path = self.store.bad_images_path(self.key.entry_id)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as fh:
+            # surrogateescape: a file name that is not valid UTF-8 is listed as the bytes it is on disk.
+            with open(path, "a", encoding="utf-8", errors="surrogateescape") as fh:
                 fh.writelines(f"{b}\n" for b in bad_images)
+        if self.complete:
+            return True
         if not bool(np.all(self.group["done"][:])):
             return False
         n_valid = int(np.count_nonzero(self.group["valid"][:]))
-        self.group.attrs.update({"n_valid": n_valid, "n_bad_images": self.n_rows - n_valid})
+        crcs = as_attr(self.group[CRC_ARRAY][:])
+        self.group.attrs.update({"n_valid": n_valid, "n_bad_images": self.n_rows - n_valid, CRC_ATTR: crcs})
         self.group.attrs.update({"complete": True, "completed_at": now_iso()})
         return True
 
@@ -111,15 +120,34 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     n_chunks = max(1, -(-n_rows // chunk_rows))
     g = store.root[ENTRIES].create_group(key.entry_id)
     rows = (chunk_rows,)
-    g.create_array("features", shape=(n_rows, dim), chunks=(chunk_rows, dim), dtype=dtype, fill_value=0)
+    # The key is kept beside the features too, so an entry whose own metadata is lost still names its slot.
+    g.create_array("features", shape=(n_rows, dim), chunks=(chunk_rows, dim), dtype=dtype, fill_value=0,
+                   attributes={"entry_key": key.to_dict()})
     g.create_array("labels", shape=(n_rows,), chunks=rows, dtype="int64", fill_value=-1)
     g.create_array("ids", shape=(n_rows,), chunks=rows, dtype="int64", fill_value=-1)
     g.create_array("valid", shape=(n_rows,), chunks=rows, dtype="bool", fill_value=False)
     g.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False)
+    g.create_array(CRC_ARRAY, shape=(n_chunks, len(ROW_ARRAYS)), chunks=(1, len(ROW_ARRAYS)), dtype="uint32", fill_value=0)
     meta = {"n_rows": n_rows, "dim": dim, "chunk_rows": chunk_rows, "batch_size": batch_size, "created_at": now_iso()}
+    given = {n: v for n, v in attrs.items() if n != CRC_ATTR}  # a copied entry's attributes must not bring its checksums
     # key and sizes first, ``complete`` last: a reader never sees a half-described entry as usable.
-    g.attrs.update({"key": key.to_dict(), **meta, **attrs, "complete": False})
+    g.attrs.update({"key": key.to_dict(), **meta, **given, "complete": False})
     return g
+
+
+def _discard_if_damaged(store: FeatureStore, key: EntryKey) -> str | None:
+    """Remove the existing entry of ``key`` if it cannot be trusted (so it is written again); return why."""
+    if not (store.path / ENTRIES / key.entry_id).is_dir():
+        return None
+    info = store.info(key.entry_id)
+    status, why = store.verify(info)
+    if status == "partial" and CRC_ARRAY not in store.root[ENTRIES][key.entry_id]:
+        status, why = "damaged", "it was started by an older fedcache, without checksums"
+    if status != "damaged":
+        return None
+    log.warning("entry %s (%s) is damaged (%s); writing it again", key.entry_id, key.label(), why)
+    store.discard(key.entry_id)
+    return why
 
 
 @contextlib.contextmanager
@@ -129,6 +157,7 @@ def open_writer(
 ) -> Iterator[EntryWriter]:
     """Create (or reopen) the entry for ``key`` and hold the lock of this writer's part."""
     with exclusive_lock(store.locks_dir / f"{key.entry_id}.create.lock", f"entry {key.label()}", wait=max(wait, 30.0)):
+        replaced = _discard_if_damaged(store, key)
         entries = store.root[ENTRIES]
         group = entries[key.entry_id] if key.entry_id in entries else _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows)
     writer = EntryWriter(store, key, group)
@@ -139,4 +168,7 @@ def open_writer(
         )
     lock = store.locks_dir / f"{key.entry_id}.part{part.index}of{part.count}.lock"
     with exclusive_lock(lock, f"entry {key.label()} (part {part.index}/{part.count})", wait=wait):
-        yield writer
+        # Opened again: while this writer queued (--wait), the one before it may have finished the entry.
+        fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])
+        fresh.replaced = replaced
+        yield fresh

@@ -22,8 +22,12 @@ ROUNDS, BATCH = 3, 16
 
 @pytest.fixture(scope="module")
 def data():
+    # One thread for speed; restored afterwards, because a later test in this process (the extraction
+    # kill/resume test) compares against a subprocess that runs with the default thread count.
+    n = torch.get_num_threads()
     torch.set_num_threads(1)
-    return synthetic(n_clients=3, sizes=[40, 37, 52], dim=16)  # 40 % 16 != 0: drop_last drops rows
+    yield synthetic(n_clients=3, sizes=[40, 37, 52], dim=16)  # 40 % 16 != 0: drop_last drops rows
+    torch.set_num_threads(n)
 
 
 def fedcache(name, data, head, **params):

@@ -41,3 +41,11 @@ def test_extract_throughput(tmp_path):
     bench("extract_throughput").main(["--tiny", "--out", str(out)])
     (row,) = json.loads(out.read_text())["results"]
     assert row["images"] > 0 and row["ratio"] > 0
+
+
+def test_store_verify(tmp_path):
+    out = tmp_path / "verify.json"
+    bench("store_verify").main(["--tiny", "--trials", "2", "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert res["entries"] == 2 and res["verified_over_unverified"]["median_ratio"] > 0
+    assert len(res["verified_s"]) == len(res["unverified_s"]) == 2

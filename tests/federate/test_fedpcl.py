@@ -1,6 +1,7 @@
-"""FedPCL against hand-computed values: prototypes, aggregation, padding, the loss, bytes, learning."""
+"""FedPCL against hand-computed values: prototypes, aggregation, padding, the loss, bytes, noise, learning."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.methods.fedpcl import FedPCLParams
 from fedcache.federate.prototypes import aggregate, class_means
+from fedcache.presets import PRESETS
 
 from .conftest import synthetic
 
@@ -64,11 +66,52 @@ def test_paper_term_matches_hand_computation():
     assert loss.item() == pytest.approx(expected) and valid.all()
 
 
-def test_bytes_per_round_match_the_paper_formula():
+# Eq. 10's combination L_g + L_p by hand. Two classes, so each term is (z.P_other - z.P_y) / tau.
+# Rows: z0 = (1, 0) of class 0, z1 = (0, 1) of class 1; tau = 0.5.
+# Global G = [(1, 0), (0, 1)]: L_g = (0 - 1) / 0.5 = -2 for both rows.
+# Client 0 holds both classes, L0 = [(0.6, 0.8), (0.8, -0.6)]: row 0 (0.8 - 0.6) / 0.5 = 0.4; row 1 (0.8 + 0.6) / 0.5 = 2.8.
+# Client 1 holds class 0 only, (0, 1): class 1 is padded with G_1 = (0, 1), so both terms are 0.
+# Client 2 has reported nothing: no set. Loss = mean over the two rows.
+_EQ10 = {("both", "sum"): ((-2 + 0.4 + 0) + (-2 + 2.8 + 0)) / 2, ("both", "mean"): ((-2 + 0.2) + (-2 + 1.4)) / 2,
+         ("global", "sum"): -2.0, ("local", "sum"): (0.4 + 2.8) / 2, ("local", "mean"): (0.2 + 1.4) / 2}
+
+
+@pytest.mark.parametrize(("prototypes", "local_reduce"), list(_EQ10))
+def test_eq10_combination_and_local_reduce_match_hand_computation(prototypes, local_reduce):
+    down = {"global": torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), "global_mask": torch.ones(1, 2, dtype=torch.bool),
+            "local": torch.tensor([[[0.6, 0.8], [0.8, -0.6]], [[0.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]]),
+            "local_count": torch.tensor([[3.0, 2.0], [4.0, 0.0], [0.0, 0.0]])}
+    m = fedpcl(synthetic(n_clients=3, n_classes=2), tau=0.5, prototypes=prototypes, local_reduce=local_reduce)
+    z, y, mask = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), torch.tensor([[0, 1]]), torch.ones(1, 2, dtype=torch.bool)
+    assert L.fedpcl(m, None, z, y, mask, down).item() == pytest.approx(_EQ10[prototypes, local_reduce], abs=1e-6)
+
+
+def test_summary_tells_what_one_client_sends_from_the_total():
     data = synthetic(n_clients=5, n_classes=10, dim=16)
-    r = run(fedpcl(data), RunConfig(rounds=2))
-    assert r.summary["params_up_per_round"] == 5 * 10 * 256  # Table 2: 2,560 per client for 10 classes x 256
-    assert r.summary["bytes_up"] == 2 * 5 * 10 * (256 * 4 + 16)
+    s = run(fedpcl(data), RunConfig(rounds=2)).summary
+    assert s["params_up_per_client"] == 10 * 256  # Table 2: 2,560 per client for 10 classes x 256
+    assert s["params_up_per_round"] == 5 * 10 * 256  # the 5 clients together
+    assert s["bytes_up_per_client"] == 10 * (256 * 4 + 16) and s["bytes_up"] == 2 * 5 * 10 * (256 * 4 + 16)
+    # Two of five clients per round: per client is still 2,560, per round 5,120.
+    s = run(fedpcl(data), RunConfig(rounds=3, fraction=0.4)).summary
+    assert (s["params_up_per_client"], s["params_up_per_round"]) == (2560, 2 * 2560)
+    assert s["bytes_up_per_client"] == 10 * (256 * 4 + 16) and s["bytes_up"] == 3 * 2 * 10 * (256 * 4 + 16)
+
+
+def test_summary_per_client_is_the_mean_over_the_clients_that_sent():
+    data = synthetic(n_clients=5, n_classes=10, dim=16)
+    data.y_train[data.client_train[0]] = 0  # client 0 holds class 0 only: 1 prototype, the others 10
+    s = run(fedpcl(data), RunConfig(rounds=2)).summary
+    assert s["params_up_per_client"] == pytest.approx((1 + 4 * 10) * 256 / 5)
+    assert s["bytes_up_per_client"] == pytest.approx((1 + 4 * 10) * (256 * 4 + 16) / 5)
+
+
+def test_summary_states_which_std_it_reports():
+    s = run(fedpcl(synthetic()), RunConfig(rounds=2)).summary
+    acc = np.array(s["per_client_accuracy"])
+    assert s["std_accuracy"] == pytest.approx(np.std(acc, ddof=0)) and s["std_accuracy"] ** 2 == pytest.approx(s["variance"])
+    assert "over clients" in s["definitions"]["std_accuracy"] and "ddof=0" in s["definitions"]["std_accuracy"]
+    assert "Comm Params" in s["definitions"]["params_up_per_client"]
 
 
 def test_clients_send_only_the_classes_they_hold():
@@ -94,14 +137,73 @@ def test_first_round_idle_leaves_heads_untouched_but_computes_prototypes():
     assert (res.uploads["count"].sum(1) == 60).all()
 
 
-def test_noise_changes_uploads_not_the_clients_own_prototypes():
+def _first_round(data, **params):
+    m = fedpcl(data, **params)
+    return m.local_update(0, [0, 1], m.broadcast(m.init_server(), 0), {n: t[[0, 1]] for n, t in m.init_clients(5).items()})
+
+
+@pytest.mark.parametrize(("kind", "std", "mean_abs"), [("gaussian", 0.5, 0.5 * math.sqrt(2 / math.pi)),
+                                                       ("laplace", 0.5 * math.sqrt(2), 0.5)])
+def test_sent_prototypes_are_one_minus_p_times_the_prototype_plus_noise_of_scale_s(kind, std, mean_abs):
+    data = synthetic(n_classes=10)
+    clean = _first_round(data)
+    a = _first_round(data, noise=kind, noise_scale=0.5, perturb=0.2)
+    b = _first_round(data, noise=kind, noise_scale=0.5, perturb=0.6)  # the same seeded draw, another p
+    protos = clean.uploads["protos"]
+    held = clean.uploads["count"] > 0
+    # sent(p) = (1 - p) x + e with e independent of p: sent(0.2) - sent(0.6) = 0.4 x exactly.
+    torch.testing.assert_close(a.uploads["protos"] - b.uploads["protos"], 0.4 * protos * held.unsqueeze(-1))
+    e = (a.uploads["protos"] - 0.8 * protos)[held]  # 2 clients x 10 classes x 256 draws
+    assert abs(e.mean().item()) < 0.05
+    assert e.std().item() == pytest.approx(std, rel=0.06) and e.abs().mean().item() == pytest.approx(mean_abs, rel=0.06)
+    assert (a.uploads["protos"][~held] == 0).all()  # nothing is sent for a class a client lacks
+    torch.testing.assert_close(a.uploads["protos"], _first_round(data, noise=kind, noise_scale=0.5, perturb=0.2).uploads["protos"])
+
+
+def test_clients_classify_with_the_prototypes_they_sent_unless_predict_with_clean():
     data = synthetic()
-    clean, noisy = fedpcl(data), fedpcl(data, noise="gaussian", noise_scale=0.5)
-    down = clean.broadcast(clean.init_server(), 0)
-    a = clean.local_update(0, [0], down, {n: t[[0]] for n, t in clean.init_clients(5).items()})
-    b = noisy.local_update(0, [0], down, {n: t[[0]] for n, t in noisy.init_clients(5).items()})
-    torch.testing.assert_close(a.states["protos"], b.states["protos"])
-    assert not torch.allclose(a.uploads["protos"], b.uploads["protos"])
+    clean = _first_round(data)
+    sent = _first_round(data, noise="laplace", noise_scale=0.5)
+    own = _first_round(data, noise="laplace", noise_scale=0.5, predict_with="clean")
+    assert not torch.allclose(sent.uploads["protos"], clean.uploads["protos"])
+    torch.testing.assert_close(sent.states["protos"], sent.uploads["protos"])  # the official code (Table 15)
+    torch.testing.assert_close(own.states["protos"], clean.states["protos"])
+    torch.testing.assert_close(own.uploads["protos"], sent.uploads["protos"])
+
+
+@pytest.mark.parametrize(("loss", "method"), [("ce", "fedavg"), ("ce+protodist", "fedproto")])
+def test_the_papers_cross_entropy_rows_are_refused_and_point_to_the_method_they_are(loss, method):
+    with pytest.raises(ConfigError, match=f"-m {method}.*fedpcl-table11"):
+        fedpcl(synthetic(), loss=loss)
+
+
+def test_table11_preset_runs_the_cross_entropy_rows_as_fedavg_and_fedproto_on_the_same_setting():
+    p = PRESETS.get("fedpcl-table11")
+    exps = {e.key: e for e in p.experiments}
+    rows = {n.what.split(" (")[0]: (n.experiment, n.method, n.where) for n in p.paper}
+    assert rows["Cross Entropy"][:2] == ("ce-rows", "fedavg") and rows["Cross Entropy + ProtoDist"][:2] == ("ce-rows", "fedproto")
+    assert rows["Supervised Contrastive"][2] == {"loss": "supcon"} and rows["Ours"][2] == {"loss": "fedpcl"}
+    ce, con = exps["ce-rows"], exps["contrastive"]
+    same = {k: v for k, v in con.sweep.items() if k != "loss"}
+    assert ce.sweep == same and same["head"] == "projection"
+    assert (ce.dataset, ce.backbones, ce.seeds) == (con.dataset, con.backbones, con.seeds)
+
+
+def test_table15_preset_uses_the_papers_privacy_protocol():
+    p = PRESETS.get("fedpcl-table15")
+    exps = {e.key: e for e in p.experiments}
+    assert exps["prototype-noise"].sweep["predict_with"] == "sent" and exps["prototype-noise"].sweep["noise_scale"] == 0.05
+    images = [e for e in p.experiments if e.key.startswith("image-")]
+    assert sorted(e.extract["image_noise"] for e in images) == sorted((k, 0.2, q) for k in ("gaussian", "laplace") for q in (0.1, 0.2))
+    assert len({e.store_dataset for e in images}) == 4 and all("noise" in e.store_dataset for e in images)
+    assert {n.value for n in p.paper} >= {42.13, 37.95, 39.93, 36.93}
+
+
+def test_fedavg_and_fedproto_run_on_the_projection_head():
+    data = synthetic(n_clients=3, dim=8)
+    for name in ("fedavg", "fedproto"):
+        m = METHODS.get(name)(MethodContext(data, head="projection"))
+        assert run(m, RunConfig(rounds=2)).summary["params_up_per_client"] > 0
 
 
 def test_needs_the_projection_head():

@@ -249,3 +249,54 @@ def test_train_loss_is_the_mean_local_step_loss(tmp_path):
     assert r.history[1]["train_loss"] < first["train_loss"]
     # Methods that train nothing locally record none.
     assert run(make("linear-probe", data), RunConfig(rounds=1)).history[0]["train_loss"] is None
+
+
+def test_a_run_resumed_between_two_metrics_lines_reports_the_same_train_loss(data, tmp_path):
+    """The losses of rounds after the last metrics line are kept in the checkpoint."""
+    full = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2))
+
+    def stop_after_three(done, total, line):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path), on_round=stop_after_three)
+    resumed = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path, resume=True))
+    assert resumed.history == full.history and full.history[-1]["train_loss"] is not None
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedrep"])
+def test_a_client_trains_the_same_whether_every_client_or_a_fraction_trains(name):
+    """One round with an mlp head (BatchNorm statistics, which the head returns): a client sampled with
+    --fraction 0.6 ends the round with the state it has when every client trains; clients not sampled
+    keep their initial state (these methods' local step depends only on the client's own state)."""
+    data = synthetic(sizes=[37, 80, 12, 64, 51])
+    every = run(make(name, data, head="mlp"), RunConfig(rounds=1))
+    some_method = make(name, data, head="mlp")
+    some = run(some_method, RunConfig(rounds=1, fraction=0.6))
+    sampled = sample_clients(some_method, RunConfig(fraction=0.6), 0)
+    initial = some_method.init_clients(data.n_clients)
+    assert len(sampled) == 3 and "bn.running_mean" in some.clients
+    for n, t in some.clients.items():
+        for k in range(data.n_clients):
+            if k in sampled:
+                torch.testing.assert_close(t[k], every.clients[n][k], atol=1e-6, rtol=1e-6, msg=f"{n} of client {k}")
+            else:
+                assert torch.equal(t[k], initial[n][k]), f"{n} of client {k}, not sampled, changed"
+    changed = lambda n: [k for k in range(data.n_clients) if not torch.equal(some.clients[n][k], initial[n][k])]
+    assert changed("bn.running_mean") == changed("bn.running_var") == sampled
+
+
+def test_a_method_must_return_its_clients_whole_state(data):
+    from fedcache.errors import FedcacheError
+    from fedcache.federate.methods.solo import Solo
+
+    class Forgetful(Solo):  # returns its weights but not its BatchNorm statistics
+        def local_update(self, rnd, clients, down, states):
+            r = super().local_update(rnd, clients, down, states)
+            r.states = {n: t for n, t in r.states.items() if not n.startswith("bn.running")}
+            return r
+
+    m = make("solo", data, head="mlp")
+    with pytest.raises(FedcacheError, match=r"solo.local_update returned states .* every entry of the personal state"):
+        run(Forgetful(m.ctx, m.p), RunConfig(rounds=1, fraction=0.6))

@@ -57,6 +57,12 @@ def summary(result):
 NEEDS_CLIP = {"promptfl", "tpfl", "atpfl"}
 
 
+# FLESD's server trains its own model with Adam on similarities formed from the clients' uploads, so the
+# clients' 1e-8 rounding differences pass through a second optimisation within the round (measured: 1.4e-4 on
+# 44 of 16384 weights of the server's first layer, scale 0.24, after one round on the 1-thread CPU).
+SERVER_TRAINS, SERVER_TRAINS_TOL = {"flesd"}, 1e-3
+
+
 @pytest.mark.parametrize("name", [n for n in METHODS.names() if n not in NEEDS_CLIP])
 def test_method_learns_deterministically_and_counts_bytes(name, skewed):
     sizes = []
@@ -86,7 +92,8 @@ def test_method_learns_deterministically_and_counts_bytes(name, skewed):
         for got, want in ((b.server, a.server), (b.clients, a.clients)):
             assert got.keys() == want.keys()
             for n in want:
-                torch.testing.assert_close(got[n], want[n], atol=1e-4, rtol=1e-4)  # fused optimizer kernels round per chunk
+                tol = SERVER_TRAINS_TOL if name in SERVER_TRAINS else 1e-4
+                torch.testing.assert_close(got[n], want[n], atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedntd", "perfedavg", "pfedme"])

@@ -93,7 +93,7 @@ def test_settings_are_typed_and_unknown_keys_listed():
 
     routed = split_settings(parse_pairs(["lr=0.1", "mu=0.5"]), {"method": FedProxParams, "optim": OptimConfig})
     assert build(FedProxParams, routed["method"]).mu == 0.5 and build(OptimConfig, routed["optim"]).lr == 0.1
-    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: mu; optim: optimizer, lr"):
+    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: init, mu; optim: optimizer, lr"):
         split_settings(parse_pairs(["mu_typo=1"]), {"method": FedProxParams, "optim": OptimConfig})
     with pytest.raises(ConfigError, match="expected float"):
         build(OptimConfig, {"lr": "fast"})

@@ -14,12 +14,12 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedcache.federate.loop import RunState
+from fedcache.federate.driver import RunState, settle
 from fedcache.federate.methods.base import weighted_average
 from fedcache.flower.client import train_reply
 from fedcache.flower.config import FlowerRun, build_method
-from fedcache.flower.replies import accept_eval_replies, accept_train_replies, aggregate_alone, expected_reply
-from fedcache.flower.server import Federation, Roster, TooFewClientsError, settle_round
+from fedcache.flower.replies import MAX_LOSSES, accept_eval_replies, accept_train_replies, aggregate_alone, expected_reply
+from fedcache.flower.server import Federation, Roster, TooFewClientsError, accepted_round
 from fedcache.flower.shard import ShardInfo
 from tests.federate.conftest import synthetic
 
@@ -220,30 +220,30 @@ def _federation(method, min_clients: int) -> Federation:
 def test_a_bad_client_is_dropped_for_the_round_and_the_rest_aggregated():
     """One NaN upload and one 1e9 weight: the round aggregates the honest client alone, as FedAvg of it."""
     server, clients = _methods("fedavg")
-    fed = _federation(server, min_clients=1)
-    down = server.broadcast(fed.state.server, 0)
+    fed, state = _federation(server, min_clients=1), RunState(0, server.init_server(), {})
+    down = server.broadcast(state.server, 0)
     honest = {k: clients.local_update(0, [k], down, {}) for k in range(3)}
     name = _first(honest[0])
     replies = _honest(honest)
     replies[0] = Reply(101, train_reply(_with(honest[0], **{name: torch.full_like(honest[0].uploads[name], float("nan"))})))
     replies[1] = Reply(102, train_reply(_with(honest[1], w=torch.tensor([1e9]))))
-    record = settle_round(fed, 0, [0, 1, 2], down, _accept(server, down, replies))
-    assert record["clients"] == [2] and record["dropped"] == [0, 1] and set(record["rejected"]) == {"0", "1"}
+    record, got = accepted_round(fed, 0, [0, 1, 2], _accept(server, down, replies))
+    assert record["clients"] == got.clients == [2] and record["dropped"] == [0, 1] and set(record["rejected"]) == {"0", "1"}
+    settle(server, state, 0, got.clients, down, got.result)  # what the round driver does with them
     want = weighted_average(honest[2].uploads, honest[2].weights)
     for n, t in want.items():
-        torch.testing.assert_close(fed.state.server[n], t)
+        torch.testing.assert_close(state.server[n], t)
 
 
 def test_rejected_clients_count_against_min_clients():
     server, clients = _methods("fedavg")
     fed = _federation(server, min_clients=3)
-    down = server.broadcast(fed.state.server, 0)
+    down = server.broadcast(server.init_server(), 0)
     honest = {k: clients.local_update(0, [k], down, {}) for k in range(3)}
     replies = _honest(honest)
     replies[2] = Reply(103, train_reply(_with(honest[2], w=torch.tensor([1e9]))))
     with pytest.raises(TooFewClientsError, match=r"only 2 of 3 .*client 2: aggregation weight \[1000000000.0\] is not between 1"):
-        settle_round(fed, 0, [0, 1, 2], down, _accept(server, down, replies))
-    assert isinstance(fed.state, RunState) and fed.state.bytes_up == 0  # nothing was aggregated
+        accepted_round(fed, 0, [0, 1, 2], _accept(server, down, replies))
 
 
 # ---- identity -------------------------------------------------------------------------------------
@@ -282,3 +282,29 @@ def test_evaluation_replies_are_attributed_by_node_and_checked():
     assert "0 <= hits <= n" in rejected[1] and "holds 10" in rejected[2]
     acc, rejected = accept_eval_replies([ev(101, 1.5, 30)], NODE, SIZES)
     assert acc == {} and "whole numbers" in rejected[0]
+
+
+@pytest.mark.parametrize("local_protos", ["after", "last-epoch", "every-epoch"])
+def test_honest_fedproto_epoch_prototypes_pass_the_count_check(local_protos):
+    """FedProto's prototypes from the local epochs' steps, with 2 epochs: an honest client's class counts
+    stay within its rows, so the server accepts every reply."""
+    data = synthetic(n_clients=3, sizes=SIZES)
+    run = FlowerRun.of(method="fedproto", settings=f"local_protos={local_protos}", local_epochs=2)
+    server = build_method(run, dataclasses.replace(data, client_train=[np.zeros(0, np.int64)] * 3))
+    clients = build_method(run, data)
+    down = server.broadcast(server.init_server(), 0)
+    everyone = clients.init_clients(3)
+    honest = {k: clients.local_update(0, [k], down, {n: t[[k]] for n, t in everyone.items()}) for k in range(3)}
+    got = _accept(server, down, _honest(honest))
+    assert sorted(got.replies) == [0, 1, 2] and not got.rejected
+
+
+def test_reported_losses_must_be_a_few_finite_numbers(setting):
+    server, down, honest = setting
+    replies = _honest(honest)
+    replies[0] = Reply(101, train_reply(honest[0], [torch.tensor([float("nan")])]))
+    replies[1] = Reply(102, train_reply(honest[1], [torch.ones(MAX_LOSSES + 1)]))
+    replies[2] = Reply(103, train_reply(honest[2], [torch.tensor([0.7, 0.5])]))
+    got = _accept(server, down, replies)
+    assert sorted(got.replies) == [2] and sorted(got.rejected) == [0, 1] and "finite float32" in got.rejected[0]
+    assert got.losses == {2: pytest.approx(torch.tensor([0.7, 0.5]))}

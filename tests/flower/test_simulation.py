@@ -34,9 +34,28 @@ def test_flower_sim_fedpcl_equals_in_process(flower_store, tmp_path):
     assert_same_run(flower, state, train(toy_config(flower_store, "fedpcl")))
 
 
-def test_flower_sim_refuses_what_it_cannot_do(flower_store):
-    with pytest.raises(FedcacheError, match="--resume"):
+def test_flower_sim_refuses_what_it_cannot_do(flower_store, tmp_path):
+    with pytest.raises(FedcacheError, match="--resume continues the run in --out"):
         train_flower_sim(toy_config(flower_store, resume=True))
+    with pytest.raises(FedcacheError, match="does not support --validation, --track"):
+        train_flower_sim(toy_config(flower_store, validation=True, track=("tensorboard",), out=tmp_path))
+    with pytest.raises(FedcacheError, match="holds no shards"):
+        train_flower_sim(toy_config(flower_store, resume=True, out=tmp_path))
+
+
+@pytest.mark.slow
+def test_flower_sim_resume_continues_the_run_in_out(flower_store, tmp_path):
+    """--resume reaches the ServerApp through the simulation: a finished run resumes to its own summary
+    (an interrupted one is tested without Ray in test_driver.py); other settings or shards are refused."""
+    out = tmp_path / "sim"
+    first = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out), cpus=1)
+    again = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out, resume=True), cpus=1)
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(again) == drop(first) and len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(FedcacheError, match="other settings"):  # the rounds are part of the run's settings
+        train_flower_sim(toy_config(flower_store, rounds=3, eval_every=1, out=out, resume=True), cpus=1)
+    with pytest.raises(FedcacheError, match="other data or partition options"):
+        train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, alpha=0.5, out=out, resume=True), cpus=1)
 
 
 def test_unknown_engine_is_a_bad_parameter(flower_store, capsys):

@@ -29,7 +29,8 @@ def test_training_step_matches_torch_modules():
     net = torch_mlp(p)
     leaves = {n: p[n].clone().requires_grad_(True) for n in ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")}
     q = {**p, **leaves}
-    ours = head.classify(q, head.features(q, x, train=True))
+    z, buffers = head.train_features(q, x)
+    ours = head.classify(q, z)
     theirs = net(x[0])
     torch.testing.assert_close(ours[0], theirs, atol=1e-5, rtol=1e-5)
     g_ours = grads_of(ours[0], list(leaves.values()))
@@ -38,8 +39,11 @@ def test_training_step_matches_torch_modules():
     for a, b in zip(g_ours[1:], g_theirs[1:]):
         torch.testing.assert_close(a.reshape(-1), b, atol=1e-5, rtol=1e-4)
     # running statistics (unbiased variance, momentum 0.1) and the evaluation-mode output
-    torch.testing.assert_close(q["bn.running_mean"][0, 0], net[2].running_mean, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(q["bn.running_var"][0, 0], net[2].running_var, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(buffers["bn.running_mean"][0, 0], net[2].running_mean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(buffers["bn.running_var"][0, 0], net[2].running_var, atol=1e-6, rtol=1e-5)
+    # ... returned, never written into the parameters the head was given
+    assert set(buffers) == set(head.buffer_keys) and all(torch.equal(q[n], p[n]) for n in head.buffer_keys)
+    q.update(buffers)
     net.eval()
     torch.testing.assert_close(head.classify(q, head.features(q, x))[0], net(x[0]), atol=1e-5, rtol=1e-5)
 
@@ -57,16 +61,16 @@ def test_padding_rows_change_nothing():
     keys = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
     padded = {**p, **{n: p[n].clone().requires_grad_(True) for n in keys}}
     alone = {**{n: t[1:2] for n, t in p.items()}, **{n: p[n][1:2].clone().requires_grad_(True) for n in keys}}
-    z_pad = head.features(padded, x, mask, train=True)
-    z_alone = head.features(alone, x[1:2, :5], train=True)
+    z_pad, padded_buffers = head.train_features(padded, x, mask)
+    z_alone, alone_buffers = head.train_features(alone, x[1:2, :5])
     torch.testing.assert_close(z_pad[1, :5], z_alone[0], atol=1e-10, rtol=1e-10)
     g_pad = grads_of(z_pad[1:2, :5], [padded[n] for n in keys])
     g_alone = grads_of(z_alone, [alone[n] for n in keys])
     for n, a, b in zip(keys, g_pad, g_alone):
         torch.testing.assert_close(a[1], b[0], atol=1e-10, rtol=1e-10, msg=n)
     for n in ("bn.running_mean", "bn.running_var"):
-        torch.testing.assert_close(padded[n][1], alone[n][0], atol=1e-10, rtol=1e-10)
-        assert torch.equal(padded[n][2], p[n][2]), f"{n} of a client without real rows changed"
+        torch.testing.assert_close(padded_buffers[n][1], alone_buffers[n][0], atol=1e-10, rtol=1e-10)
+        assert torch.equal(padded_buffers[n][2], p[n][2]), f"{n} of a client without real rows changed"
 
 
 def test_no_padding_shortcut_equals_the_masked_statistics():

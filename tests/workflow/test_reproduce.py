@@ -10,8 +10,8 @@ from fedcache import reproduce as rp
 from fedcache.cli import main
 from fedcache.errors import ConfigError
 
-PAPER_PRESETS = ["fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fst-cbdg-table1", "fst-cbdg-table2",
-                 "flesd-table1", "tpfl-table1", "tpfl-table2", "fst-cbdg", "tpfl"]
+PAPER_PRESETS = ["fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11", "fedpcl-table15",
+                 "fst-cbdg-table1", "fst-cbdg-table2", "flesd-table1", "tpfl-table1", "tpfl-table2", "fst-cbdg", "tpfl"]
 
 
 def test_every_paper_preset_exists_and_names_real_things():

@@ -8,6 +8,7 @@ the embedded datasets); the extractor pulls them one by one through an
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -62,6 +63,18 @@ class ArraySource:
         return hashlib.sha256(np.ascontiguousarray(self.images).tobytes()).hexdigest()[:16]
 
 
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """RGB of any image PIL reads. 16-bit greyscale is scaled to 8 bits (v / 257, rounded, so 65535 -> 255)
+    as PIL users expect, where ``convert`` would clip everything above 255 to white."""
+    if im.mode in _SIXTEEN_BIT or (im.mode == "I" and im.format == "PNG"):  # older PIL opens 16-bit PNGs as "I"
+        wide = np.asarray(im, dtype=np.uint32)
+        return Image.fromarray(((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)).convert("RGB")
+    return im.convert("RGB")
+
+
 class FileSource:
     """Images stored as files (any format PIL reads)."""
 
@@ -75,7 +88,7 @@ class FileSource:
         path = self.paths[i]
         try:
             with Image.open(path) as im:
-                return im.convert("RGB")
+                return to_rgb(im)
         except Exception as exc:  # PIL raises many types for a bad file
             raise BadImageError(
                 f"cannot decode image {path}: {exc}. Remove or replace the file, "
@@ -90,7 +103,8 @@ class FileSource:
         h = hashlib.sha256()
         for p in self.paths:
             st = p.stat()
-            h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            # os.fsencode: a file name that is not valid UTF-8 hashes as the bytes it is on disk.
+            h.update(os.fsencode(p) + f"|{st.st_size}|{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]
 
 

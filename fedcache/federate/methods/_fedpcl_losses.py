@@ -1,4 +1,4 @@
-"""FedPCL's local losses (and the Table 11 ablations), batched over K clients.
+"""FedPCL's local losses (and the supervised-contrastive row of its loss ablation), batched over K clients.
 
 Every function returns the per-client mean loss (K,) over the real rows of the batch.
 z are L2-normalised projections (K, B, H); ``down`` holds the prototypes the server sent.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.federate.local import cross_entropy, masked_mean
+from fedcache.federate.local import masked_mean
 
 NEG_INF = float("-inf")
 
@@ -72,17 +72,6 @@ def fedpcl(method, p, z, y, mask, down) -> torch.Tensor:
     return masked_mean(total, mask)
 
 
-def ce(method, p, z, y, mask, down) -> torch.Tensor:
-    return cross_entropy(method.head.classify(p, z), y, mask)
-
-
-def ce_protodist(method, p, z, y, mask, down) -> torch.Tensor:
-    """CE plus the squared distance to the global prototype of the row's class (FedProto's regulariser)."""
-    target, have = down["global"][0][y], down["global_mask"][0][y]
-    dist = ((z - target) ** 2).sum(-1) * have
-    return ce(method, p, z, y, mask, down) + masked_mean(dist, mask)
-
-
 def supcon(method, p, z, y, mask, down) -> torch.Tensor:
     """Supervised contrastive loss on the local embeddings only (Khosla et al.): anchors are rows."""
     z2, y2, m2 = torch.cat([z, z], 1), torch.cat([y, y], 1), torch.cat([mask, mask], 1)
@@ -95,4 +84,4 @@ def supcon(method, p, z, y, mask, down) -> torch.Tensor:
     return masked_mean(0.5 * (per_anchor[:, : n // 2] + per_anchor[:, n // 2:]), mask)
 
 
-LOSSES = {"fedpcl": fedpcl, "ce": ce, "ce+protodist": ce_protodist, "supcon": supcon}
+LOSSES = {"fedpcl": fedpcl, "supcon": supcon}

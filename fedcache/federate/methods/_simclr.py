@@ -137,14 +137,23 @@ def probe_rows(rows: list[np.ndarray], cap: int, seed: int) -> np.ndarray:
 def probe_logits(p: Params, data, rows: np.ndarray, x: torch.Tensor, c: float, seed: int) -> torch.Tensor:
     """Linear evaluation: fit a logistic regression on the representation of the labelled training
     ``rows``, then score ``x`` (N, D) -> (N, C) log-probabilities (classes absent from ``rows``: never)."""
+    return probe_many(p, data, rows, [x], c, seed)[0]
+
+
+def probe_many(p: Params, data, rows: np.ndarray, xs: list[torch.Tensor], c: float, seed: int) -> list[torch.Tensor]:
+    """``probe_logits`` of several inputs with one fitted probe."""
     with torch.no_grad():
         h_train = represent(p, data.x_train[torch.from_numpy(rows)][None])[0].numpy()
-        h = represent(p, x[None])[0].numpy()
     model = fit_probe(h_train, data.y_train[torch.from_numpy(rows)].numpy(), c, seed)
-    out = torch.full((len(x), data.n_classes), MASKED)
-    proba = np.maximum(model.predict_proba(h), 1e-30)  # log(0) would be -inf
-    out[:, torch.from_numpy(model[-1].classes_)] = torch.from_numpy(np.log(proba)).float()
-    return out
+    outs = []
+    for x in xs:
+        with torch.no_grad():
+            h = represent(p, x[None])[0].numpy()
+        out = torch.full((len(x), data.n_classes), MASKED)
+        proba = np.maximum(model.predict_proba(h), 1e-30)  # log(0) would be -inf
+        out[:, torch.from_numpy(model[-1].classes_)] = torch.from_numpy(np.log(proba)).float()
+        outs.append(out)
+    return outs
 
 
 # ---- the common method skeleton --------------------------------------------------------------------

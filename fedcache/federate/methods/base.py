@@ -1,8 +1,9 @@
 """The method interface: a method says what a client does, what the server does, and what travels.
 
-The round loop (federate/loop.py) owns sampling, byte counting, evaluation, checkpoints and
+The round driver (federate/driver.py) owns sampling, byte counting, evaluation, checkpoints and
 resumption; a method never touches those. Client state is kept stacked over all clients
-(leading axis N) so the loop can hand any subset of clients to ``local_update`` at once.
+(leading axis N) so an engine can hand any subset of clients to ``local_update`` at once, which
+returns every entry of the states it was given.
 """
 from __future__ import annotations
 
@@ -146,11 +147,13 @@ class Method:
         keys = self.trainable(params) if keys is None else keys
         return train(params, keys, loss_fn, c.data.x_train, c.data.y_train, plan, c.optim, extra)
 
-    def ce_loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> torch.Tensor:
+    def ce_loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> tuple[torch.Tensor, Params]:
+        """Cross-entropy of a training step, and the head's new buffers."""
         from fedcache.federate.local import cross_entropy
-        from fedcache.heads import forward
+        from fedcache.heads import train_forward
 
-        return cross_entropy(forward(self.head, p, xb, mask, train=True), yb, mask)
+        logits, buffers = train_forward(self.head, p, xb, mask)
+        return cross_entropy(logits, yb, mask), buffers
 
     def plan(self, rnd: int, clients: list[int], epochs: int | None = None) -> np.ndarray:
         """The (K, S, B) mini-batch plan ``fit`` follows, for methods that run their own step loop."""
@@ -180,12 +183,13 @@ def gradients(loss_fn, params: Params, keys: tuple[str, ...], batch: tuple, info
     """Each client's loss gradient w.r.t. ``keys`` (zero where unused), and ``params`` with the
     buffers (BatchNorm statistics) the forward pass updated. The per-client losses are summed:
     parameters are per client, so each client's gradient is its own."""
+    from fedcache.federate.local import split_loss
+
     leaves = {n: params[n].detach().requires_grad_(True) for n in keys}
-    p = {**params, **leaves}
-    loss = loss_fn(p, *batch, info or {})
+    loss, buffers = split_loss(loss_fn({**params, **leaves}, *batch, info or {}))
     grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
     grads = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(leaves, grads)}
-    return grads, {n: t.detach() for n, t in p.items()}
+    return grads, {n: t.detach() for n, t in {**params, **buffers}.items()}
 
 
 METHODS: Registry[type[Method]] = Registry("method")

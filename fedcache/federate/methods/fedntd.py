@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg import FedAvg
-from fedcache.heads import forward
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
+from fedcache.heads import forward, train_forward
 
 
 @dataclass(frozen=True)
-class FedNTDParams:
+class FedNTDParams(FedAvgParams):
     # The official config/fedntd.json (NTD_Loss's own defaults are tau = 3, beta = 1). FST-CBDG, which
     # compares against FedNTD, does not state them.
     tau: float = 1.0  # softmax temperature of both the local and the global logits
@@ -37,16 +37,18 @@ class FedNTD(FedAvg):
     Params = FedNTDParams
 
     def loss(self, p, xb, yb, mask, info):
-        logits = forward(self.head, p, xb, mask, train=True)
+        xb = self.inputs(xb)
+        logits, buffers = train_forward(self.head, p, xb, mask)
         with torch.no_grad():
-            # The official code copies the model in train mode, so the teacher also normalises with
-            # batch statistics; the copy's own statistics are thrown away.
+            # The teacher is the received global model in eval mode (BatchNorm with its running statistics):
+            # the official ClientTrainer deep-copies a model that the previous client's evaluation left in
+            # eval mode (only the very first client of a run copies it in train mode).
             anchor = {n: t.expand(len(xb), *t.shape[1:]) for n, t in info["anchor"].items()}
-            teacher = forward(self.head, anchor, xb, mask, train=True)
+            teacher = forward(self.head, anchor, xb, mask)
         # tau^2 as in the official NTD_Loss (the paper's Eq. has none): it keeps the term's gradient
         # scale independent of tau, as in Hinton et al.'s distillation.
         ntd = self.p.tau**2 * masked_mean(not_true_kl(logits, teacher, yb, self.p.tau), mask)
-        return cross_entropy(logits, yb, mask) + self.p.beta * ntd
+        return cross_entropy(logits, yb, mask) + self.p.beta * ntd, buffers
 
 
 def not_true_kl(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:

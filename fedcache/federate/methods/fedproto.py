@@ -85,7 +85,17 @@ class FedProto(Method):
             plan = drop_incomplete(plan)
         states = train(states, self.trainable(states), self.loss, c.data.x_train, c.data.y_train, plan, c.optim, info)
         protos, counts = info["sums"].means() if "sums" in info else self.local_prototypes(states, clients)
+        if "sums" in info:
+            # Summed over steps, counts reach epochs x rows; the weight is the paper's |D_ij| (the
+            # client's rows of class j), and a server checks it against the client's rows.
+            counts = torch.where(counts > 0, self.class_counts(clients), 0.0)
         return LocalResult(states, {"protos": protos, "counts": counts}, self.sample_counts(clients))
+
+    def class_counts(self, clients: list[int]) -> torch.Tensor:
+        """(K, C) the clients' training rows per class."""
+        y = self.ctx.data.y_train
+        return torch.stack([torch.bincount(y[torch.as_tensor(r)], minlength=self.ctx.data.n_classes).float()
+                            for r in self.client_rows(clients)])
 
     def epoch_steps(self, clients: list[int]) -> torch.Tensor:
         """(K, S) True where step s of client k's local pass feeds its prototypes: the last epoch's steps
@@ -99,7 +109,7 @@ class FedProto(Method):
         return (s >= (per_epoch * first).unsqueeze(1)) & (s < (per_epoch * c.local_epochs).unsqueeze(1))
 
     def loss(self, p, xb, yb, mask, info):
-        z = self.head.features(p, xb, mask, train=True)
+        z, buffers = self.head.train_features(p, xb, mask)
         if "sums" in info:
             info["sums"].add(info["step"], z.detach(), yb, mask)
         ce = cross_entropy(self.head.classify(p, z), yb, mask)
@@ -108,8 +118,8 @@ class FedProto(Method):
         has = info["has"][yb]
         dist = ((z - info["protos"][yb]) ** 2).mean(-1)
         if self.p.loss_rows == "all":
-            return ce + self.p.lam * masked_mean(dist * has, mask)
-        return ce + self.p.lam * masked_mean(dist, mask & has)
+            return ce + self.p.lam * masked_mean(dist * has, mask), buffers
+        return ce + self.p.lam * masked_mean(dist, mask & has), buffers
 
     def local_prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts."""
@@ -120,7 +130,7 @@ class FedProto(Method):
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         x, y, mask = self.ctx.data.rows_of("train", clients)
         with torch.no_grad():
-            z = self.head.features(states, x, mask, train=False)
+            z = self.head.features(states, x, mask)
         return class_means(z, y, mask, self.ctx.data.n_classes)
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:

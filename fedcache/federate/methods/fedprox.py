@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg import FedAvg
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
 from fedcache.federate.settings import NonNegative
 
 
 @dataclass(frozen=True)
-class FedProxParams:
+class FedProxParams(FedAvgParams):
     mu: NonNegative = 0.01  # the FedProx paper sweeps {0.001, 0.01, 0.1, 1}; a negative mu pushes away
 
 
@@ -22,4 +22,5 @@ class FedProx(FedAvg):
     def loss(self, p, xb, yb, mask, info):
         anchor = info["anchor"]
         prox = sum(((p[n] - anchor[n]) ** 2).flatten(1).sum(1) for n in self.trainable(p))
-        return self.ce_loss(p, xb, yb, mask, info) + 0.5 * self.p.mu * prox
+        ce, buffers = self.ce_loss(p, xb, yb, mask, info)
+        return ce + 0.5 * self.p.mu * prox, buffers

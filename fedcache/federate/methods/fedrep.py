@@ -6,9 +6,12 @@ Locally the classifier is trained first with the body frozen, then the body with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from fedcache.errors import ConfigError
+from fedcache.federate.local import step_plan, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
+from fedcache.federate.methods.pfedme import aggregation_weights
 from fedcache.heads import Params, expand, forward
 
 
@@ -18,6 +21,9 @@ class FedRepParams:
     # official --local_rep_ep 1). The official scripts use --local_ep 11 --local_rep_ep 1: 10 head epochs.
     # The FedPCL comparison presets set 1 (that paper's E = 1 for every method).
     head_epochs: int = 10
+    # uniform: Algorithm 1's plain average over the sampled clients, and the official code's for its image
+    # datasets (lens = 1); samples: weighted by training rows, the official code's LEAF datasets and FedAvg.
+    aggregate: Literal["uniform", "samples"] = "uniform"
 
     def __post_init__(self) -> None:
         if self.head_epochs < 0:
@@ -50,11 +56,20 @@ class FedRep(Method):
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         p = {**states, **expand(down, len(clients))}
-        p = self.fit(p, rnd, clients, self.ce_loss, keys=self.head.head_keys, epochs=self.p.head_epochs)
-        p = self.fit(p, rnd, clients, self.ce_loss, keys=self.body)
+        p = self._phase(p, rnd, clients, self.head.head_keys, 0, self.p.head_epochs)
+        # The body's epochs continue the round's epoch count: epoch 0's shuffle again would replay the
+        # classifier's first epoch batch for batch.
+        p = self._phase(p, rnd, clients, self.body, self.p.head_epochs, self.ctx.local_epochs)
         uploads = {n: p[n] for n in self.body}
+        weights = aggregation_weights(self.p.aggregate, self.sample_counts(clients))
         # BatchNorm running statistics describe the client's own data: they stay with the client.
-        return LocalResult({n: t for n, t in p.items() if n not in self.body}, uploads, self.sample_counts(clients))
+        return LocalResult({n: t for n, t in p.items() if n not in self.body}, uploads, weights)
+
+    def _phase(self, p: Params, rnd: int, clients: list[int], keys: tuple[str, ...], first: int, epochs: int) -> Params:
+        """``epochs`` epochs (numbered from ``first`` within the round) on the clients' rows; only ``keys`` move."""
+        c = self.ctx
+        plan = step_plan(self.client_rows(clients), c.batch_size, epochs, c.seed, rnd, clients, first_epoch=first)
+        return train(p, keys, self.ce_loss, c.data.x_train, c.data.y_train, plan, c.optim)
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
         return weighted_average(result.uploads, result.weights)

@@ -15,6 +15,7 @@ from typing import Iterator, Literal
 import torch
 
 from fedcache.errors import ConfigError
+from fedcache.federate.local import split_loss
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
 from fedcache.federate.methods.pfedme import aggregation_weights
 from fedcache.federate.optim import StackedOptimizer
@@ -102,7 +103,7 @@ def meta_gradient(loss_fn, w: Params, keys: tuple[str, ...], batches: list[tuple
 
 def hessian_vector(loss_fn, params: Params, keys: tuple[str, ...], batch: tuple, v: Params) -> Params:
     leaves = {n: params[n].detach().requires_grad_(True) for n in keys}
-    loss = loss_fn({**params, **leaves}, *batch, {})
+    loss, _ = split_loss(loss_fn({**params, **leaves}, *batch, {}))  # the Hessian's pass updates no statistics
     g = torch.autograd.grad(loss.sum(), list(leaves.values()), create_graph=True, allow_unused=True)
     dot = sum((gi * v[n]).sum() for n, gi in zip(leaves, g) if gi is not None)
     hv = torch.autograd.grad(dot, list(leaves.values()), allow_unused=True)

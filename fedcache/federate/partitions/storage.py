@@ -81,6 +81,16 @@ def save_partition(store: FeatureStore, dataset: str, partition: Partition, trai
     """
     data_hash = keys_hash(train_keys, test_keys)
     pid = partition.partition_id(data_hash)
+    stored = _lookup(store, dataset, pid)
+    if stored is not None and stored.attrs.get("complete", False):  # no lock needed (a read-only store works)
+        log.info("partition %s of %s is already stored", pid, dataset)
+        return pid
+    # Two runs making the same new partition at once: the second waits, then finds it complete.
+    with store.lock(PARTITIONS, f"the partitions of {store.path}"):
+        return _save(store, dataset, partition, pid, data_hash, train_keys, test_keys)
+
+
+def _save(store: FeatureStore, dataset: str, partition: Partition, pid: str, data_hash: str, train_keys, test_keys) -> str:
     parent = _parent(store, dataset)
     if pid in parent and parent[pid].attrs.get("complete", False):
         log.info("partition %s of %s is already stored", pid, dataset)

@@ -34,7 +34,8 @@ def test_fedntd_loss_at_tau_2_matches_hand_computation():
     y = torch.tensor([[0, 1]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     anchor = identity_head([0.0, 2 * math.log(3), 0.0])
-    got = m.loss(identity_head([0.0, 0.0, 0.0]), x, y, mask, {"anchor": anchor})
+    got, buffers = m.loss(identity_head([0.0, 0.0, 0.0]), x, y, mask, {"anchor": anchor})
+    assert buffers == {}  # a linear head keeps no statistics
     ce = (math.log(2) - math.log(math.exp(5) / (math.exp(5) + 2))) / 2
     kl = (0.75 * math.log(1.5) + 0.25 * math.log(0.5) + 0.0) / 2
     # The official NTD_Loss: tau^2 * KLDiv(batchmean), weighted by beta.
@@ -64,3 +65,41 @@ def test_not_true_kl_ignores_the_true_class():
     bumped = logits.clone()
     bumped[torch.arange(2), y] += torch.tensor([7.0, -3.0])
     torch.testing.assert_close(not_true_kl(bumped, other, y, 2.0), kl)
+
+
+def test_teacher_normalises_with_the_global_models_running_statistics():
+    """The official teacher is a deep copy of a model left in eval mode: BatchNorm uses the received
+    running statistics, not the batch's (and they stay as received)."""
+    from fedcache.federate.local import cross_entropy
+    from fedcache.heads import train_forward
+
+    tau, beta = 2.0, 0.5
+    data = synthetic(n_clients=1, per_client=6, n_classes=3, dim=4)
+    cls = METHODS.get("fedntd")
+    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.1)), cls.Params(tau=tau, beta=beta))
+    g = torch.Generator().manual_seed(3)
+    anchor = m.head.init(1, g)
+    h = anchor["bn.running_mean"].shape[-1]
+    anchor["bn.running_mean"] = torch.randn(1, 1, h, generator=g)
+    anchor["bn.running_var"] = torch.rand(1, 1, h, generator=g) * 3 + 0.2
+    anchor["bn.weight"] = torch.rand(1, 1, h, generator=g) + 0.5
+    student = m.head.init(1, torch.Generator().manual_seed(4))
+    x = data.x_train[None, :6]
+    y = data.y_train[None, :6]
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    received = {n: t.clone() for n, t in anchor.items()}
+
+    got, _ = m.loss({n: t.clone() for n, t in student.items()}, x, y, mask, {"anchor": anchor})
+
+    # The teacher by hand: FC -> ReLU -> (h - running mean) / sqrt(running var + eps) * gamma + beta -> FC.
+    a = {n: t[0] for n, t in received.items()}
+    hid = torch.relu(x[0] @ a["fc1.weight"] + a["fc1.bias"])
+    z = (hid - a["bn.running_mean"]) / torch.sqrt(a["bn.running_var"] + 1e-5) * a["bn.weight"] + a["bn.bias"]
+    teacher = (z @ a["fc2.weight"] + a["fc2.bias"])[None]
+    s_logits, _ = train_forward(m.head, {n: t.clone() for n, t in student.items()}, x, mask)
+    want = cross_entropy(s_logits, y, mask) + beta * tau**2 * not_true_kl(s_logits, teacher, y, tau).mean(-1)
+    torch.testing.assert_close(got, want)
+    # Batch statistics would give another teacher here, so the match above tests the mode.
+    batch_teacher, _ = train_forward(m.head, {n: t.clone() for n, t in received.items()}, x, mask)
+    assert not torch.allclose(batch_teacher, teacher, atol=1e-3)
+    assert all(torch.equal(anchor[n], received[n]) for n in received)

@@ -9,6 +9,7 @@ import torch
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB, drop_incomplete
 from fedcache.federate.optim import OptimConfig
+from fedcache.federate.prototypes import class_means
 from fedcache.federate.train import resolve_settings
 from tests.federate.conftest import synthetic
 
@@ -62,14 +63,18 @@ def test_drop_incomplete_keeps_each_clients_full_batches_in_order():
     assert drop_incomplete(plan).tolist() == [[[0, 1], [3, 4]], [[5, 6], [7, 8]]]
 
 
-def test_every_epoch_prototypes_count_every_trained_row(data):
-    """local_protos=every-epoch with drop_last: each class counted once per epoch per row trained on,
-    2 epochs of floor(n / 16) full batches; last-epoch counts one epoch."""
+def test_epoch_prototypes_are_weighted_by_the_clients_class_rows(data):
+    """local_protos=every-epoch / last-epoch: the prototypes average the counted steps' representations,
+    but the uploaded weight is the client's rows per class (the paper's |D_ij|), never epochs x rows:
+    a server refuses counts above a client's rows."""
     down = {"protos": torch.zeros(10, 256), "counts": torch.zeros(10)}
-    for mode, epochs in (("every-epoch", 2), ("last-epoch", 1)):
+    for mode in ("every-epoch", "last-epoch"):
         m = make(data, local_protos=mode, drop_last=True)
         r = m.local_update(0, [0, 1, 2], down, m.init_clients(3))
-        assert r.uploads["counts"].sum(1).tolist() == [epochs * 32.0, epochs * 32.0, epochs * 48.0]
+        for k, counts in enumerate(r.uploads["counts"]):
+            held = torch.bincount(data.y_train[torch.as_tensor(data.client_train[k])], minlength=10).float()
+            assert torch.equal(counts, torch.where(counts > 0, held, 0.0)) and counts.sum() > 0, mode
+        assert (r.uploads["counts"].sum(1) <= torch.tensor([40.0, 37.0, 52.0])).all()
 
 
 def test_loss_rows_all_averages_over_every_row(data):
@@ -81,11 +86,11 @@ def test_loss_rows_all_averages_over_every_row(data):
     mask = torch.ones(1, 8, dtype=torch.bool)
     protos = torch.zeros(10, 256)
     info = {"protos": protos, "has": torch.arange(10) == 0}
-    z = m_all.head.features(dict(p), xb, mask, train=True)
+    z, _ = m_all.head.train_features(p, xb, mask)
     d = (z[0, :2] ** 2).mean(-1).sum()
-    ce = m_all.loss(dict(p), xb, yb, mask, {**info, "has": torch.zeros(10, dtype=torch.bool)})
-    torch.testing.assert_close(m_all.loss(dict(p), xb, yb, mask, info), ce + d / 8)
-    torch.testing.assert_close(m_with.loss(dict(p), xb, yb, mask, info), ce + d / 2)
+    ce, _ = m_all.loss(p, xb, yb, mask, {**info, "has": torch.zeros(10, dtype=torch.bool)})
+    torch.testing.assert_close(m_all.loss(p, xb, yb, mask, info)[0], ce + d / 8)
+    torch.testing.assert_close(m_with.loss(p, xb, yb, mask, info)[0], ce + d / 2)
 
 
 def test_reference_options_batched_equals_per_client(data):
@@ -94,3 +99,61 @@ def test_reference_options_batched_equals_per_client(data):
     a = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=True)).summary
     b = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=False)).summary
     assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+
+
+def _batch(m, data):
+    p = {n: t[:1] for n, t in m.init_clients(1).items()}
+    xb, yb = data.x_train[None, :8], torch.tensor([[0, 0, 1, 1, 1, 1, 2, 2]])
+    mask = torch.ones(1, 8, dtype=torch.bool)
+    protos = torch.randn(10, 256, generator=torch.Generator().manual_seed(1))
+    info = {"protos": protos, "has": torch.arange(10) < 2}  # classes 0 and 1 have a prototype, 2 not
+    return p, xb, yb, mask, info
+
+
+@pytest.mark.parametrize("rows", ["with-prototype", "all"])
+def test_loss_value_and_gradient_by_hand(data, rows):
+    """CE + lam * mean over (rows with / all rows) of mean_d (z - P[y])^2, value and gradient, lam = 2.5."""
+    m = make(data, lam=2.5, loss_rows=rows)
+    p, xb, yb, mask, info = _batch(m, data)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in p.items() if n not in m.head.buffer_keys}
+    got = m.loss({**p, **leaves}, xb, yb, mask, info)[0].sum()
+    g_got = torch.autograd.grad(got, list(leaves.values()))
+    leaves2 = {n: t.clone().requires_grad_(True) for n, t in p.items() if n not in m.head.buffer_keys}
+    q = {**p, **leaves2}
+    z, _ = m.head.train_features(dict(q), xb, mask)
+    ce = torch.nn.functional.cross_entropy(m.head.classify(q, z)[0], yb[0])
+    d = ((z[0] - info["protos"][yb[0]]) ** 2).mean(-1)
+    has = info["has"][yb[0]]
+    reg = d[has].sum() / (has.sum() if rows == "with-prototype" else len(d))
+    want = ce + 2.5 * reg
+    g_want = torch.autograd.grad(want, list(leaves2.values()))
+    torch.testing.assert_close(got, want)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b)
+
+
+def test_after_prototypes_are_eval_mode_class_means_of_the_trained_head(data):
+    """The default upload: after local training, the class means of the trained head's eval-mode
+    representation of every training row, with the class counts as weights."""
+    m = make(data)
+    clients = [0, 1, 2]
+    down = {"protos": torch.zeros(10, 256), "counts": torch.zeros(10)}
+    r = m.local_update(0, clients, down, m.init_clients(3))
+    x, y, mask = data.rows_of("train", clients)
+    with torch.no_grad():
+        want, counts = class_means(m.head.features(dict(r.states), x, mask), y, mask, data.n_classes)
+    torch.testing.assert_close(r.uploads["protos"], want)
+    torch.testing.assert_close(r.uploads["counts"], counts)
+
+
+def test_proto_prediction_never_picks_a_class_without_prototype(data):
+    """predict=proto: a class whose count is 0 has no prototype; its all-zero slot must never win."""
+    m = make(data, predict="proto")
+    states = {n: t[:1] for n, t in m.init_clients(1).items()}
+    x = data.x_train[None, :20]
+    # class 3's slot holds zeros but count 0: it must score -inf even if zeros are nearest
+    server = {"protos": torch.full((10, 256), 50.0), "counts": torch.ones(10)}
+    server["protos"][3] = 0.0
+    server["counts"][3] = 0.0
+    logits = m.client_logits(server, states, [0], x)
+    assert torch.isinf(logits[..., 3]).all() and (logits.argmax(-1) != 3).all()

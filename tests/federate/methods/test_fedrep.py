@@ -1,6 +1,8 @@
-"""FedRep's local update: the personal classifier first (body frozen), then the body (classifier frozen)."""
+"""FedRep's local update: the personal classifier first (body frozen), then the body (classifier frozen),
+the body's epochs shuffled afresh; the server's average (uniform by default, or by sample counts)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,10 +28,10 @@ def copy(p):
     return {n: t.clone() for n, t in p.items()}
 
 
-def phase(m, data, p, keys, epochs, clients, rnd=0):
-    """One phase written out with the training primitives: ``epochs`` over the clients' rows, only ``keys``
-    move. On a copy: training updates its parameters in place."""
-    plan = step_plan([data.client_train[k] for k in clients], 8, epochs, m.ctx.seed, rnd, clients)
+def phase(m, data, p, keys, epochs, clients, rnd=0, first=0):
+    """One phase written out with the training primitives: ``epochs`` over the clients' rows (the round's
+    epochs ``first``, ``first + 1``, ...), only ``keys`` move. On a copy: training updates its parameters in place."""
+    plan = step_plan([data.client_train[k] for k in clients], 8, epochs, m.ctx.seed, rnd, clients, first_epoch=first)
     return train(copy(p), keys, m.ce_loss, data.x_train, data.y_train, plan, m.ctx.optim)
 
 
@@ -41,8 +43,8 @@ def test_head_is_trained_before_the_body():
     got = m.local_update(0, clients, copy(down), copy(states))
 
     start = copy({**states, **expand(down, 2)})
-    head_first = phase(m, data, phase(m, data, start, HEAD, 2, clients), BODY, 1, clients)
-    body_first = phase(m, data, phase(m, data, start, BODY, 1, clients), HEAD, 2, clients)
+    head_first = phase(m, data, phase(m, data, start, HEAD, 2, clients), BODY, 1, clients, first=2)
+    body_first = phase(m, data, phase(m, data, start, BODY, 1, clients), HEAD, 2, clients, first=1)
     # The order changes the result here, so matching head_first is a test of the order.
     assert not torch.allclose(head_first["fc1.weight"], body_first["fc1.weight"], atol=1e-4)
     for n in BODY:
@@ -51,6 +53,25 @@ def test_head_is_trained_before_the_body():
         torch.testing.assert_close(got.states[n], head_first[n])
     assert set(got.uploads) == set(BODY)  # the classifier and BatchNorm statistics stay with the client
 
+
+def test_body_epoch_gets_its_own_shuffle(monkeypatch):
+    """The body's epoch is the round's epoch ``head_epochs``: not a replay of the classifier's first epoch."""
+    import fedcache.federate.methods.fedrep as mod
+
+    plans = []
+    real = mod.train
+    monkeypatch.setattr(mod, "train", lambda p, keys, loss, x, y, plan, opt: plans.append(plan) or real(p, keys, loss, x, y, plan, opt))
+    m, data = fedrep(head_epochs=1)
+    clients = [0, 2]
+    down, states = m.init_server(), {n: t[clients] for n, t in m.init_clients(3).items()}
+    m.local_update(4, clients, down, states)
+    rows = [data.client_train[k] for k in clients]
+    head, body = plans
+    np.testing.assert_array_equal(head, step_plan(rows, 8, 1, m.ctx.seed, 4, clients))
+    np.testing.assert_array_equal(body, step_plan(rows, 8, 1, m.ctx.seed, 4, clients, first_epoch=1))
+    assert not np.array_equal(head, body)
+    for k in range(2):  # each phase is still one pass over the client's rows
+        assert sorted(body[k][body[k] >= 0].tolist()) == sorted(rows[k].tolist())
 
 def test_head_phase_leaves_the_body_alone_and_body_phase_the_head():
     m, data = fedrep(head_epochs=1)
@@ -75,6 +96,21 @@ def test_zero_head_epochs_trains_only_the_body():
         torch.testing.assert_close(got.states[n], states[n])
     want = phase(m, data, copy({**states, **expand(down, 1)}), BODY, 1, clients)
     torch.testing.assert_close(got.uploads["fc1.weight"], want["fc1.weight"])
+
+
+@pytest.mark.parametrize("aggregate, weights", [("uniform", (1.0, 1.0)), ("samples", (8.0, 24.0))])
+def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights):
+    data = synthetic(n_clients=2, n_classes=4, dim=6, sizes=[8, 24])
+    cls = METHODS.get("fedrep")
+    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), batch_size=8),
+            cls.Params(head_epochs=1, aggregate=aggregate))
+    got = m.local_update(0, [0, 1], m.init_server(), m.init_clients(2))
+    torch.testing.assert_close(got.weights, torch.tensor(weights))
+    server = m.aggregate(m.init_server(), got, [0, 1], 0)
+    w = torch.tensor(weights) / sum(weights)
+    for n in BODY:
+        torch.testing.assert_close(server[n][0], w[0] * got.uploads[n][0] + w[1] * got.uploads[n][1])
+    assert cls.Params().aggregate == "uniform"  # Algorithm 1 and the official code's image datasets
 
 
 @pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])

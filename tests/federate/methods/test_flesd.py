@@ -138,3 +138,76 @@ def test_method_momentum_arrives_in_the_momentum_update(view_store, monkeypatch)
     assert method.p.momentum == 0.99 and method.ctx.optim.momentum == 0.9  # Adam's field untouched
     run(method, RunConfig(rounds=1))
     assert seen and set(seen) == {0.99}
+
+
+# ---- who encodes what: momentum keys into the queue, two different views ------------------------------
+def _tagged_views(p: int, n_views: int, dim: int) -> torch.Tensor:
+    """(P, V, D) views whose last coordinate is the view's index, so a spy can tell which view it sees."""
+    v = torch.randn(p, n_views, dim, generator=torch.Generator().manual_seed(0))
+    v[..., -1] = torch.arange(n_views, dtype=v.dtype)
+    return v
+
+
+def test_queue_holds_momentum_encoder_keys_of_the_other_view(monkeypatch):
+    """Eq. 10 and Algorithm 1: each step the momentum encoder (the copy that ``ema`` updates) encodes one
+    view into the FIFO queue; the student encodes the other view and is scored against exactly the queued
+    keys. Fails if the keys come from the student or if both sides see the same view."""
+    seen = {"teacher": None, "student": None}
+    real_ema, real_embed, real_logits = esd.ema, esd.embed, esd.student_logits
+    encodes, pushes, scored = [], [], []
+
+    def ema(t, s, m):
+        seen["teacher"], seen["student"] = t, s
+        real_ema(t, s, m)
+
+    def embed(p, x):
+        out = real_embed(p, x)
+        who = "teacher" if p is seen["teacher"] else "student" if p is seen["student"] else "other"
+        encodes.append((who, set(x[..., -1].flatten().tolist()), out))
+        return out
+
+    def push(self, keys, rows):
+        pushes.append(keys.clone())
+        real_push(self, keys, rows)
+
+    real_push = esd.Queue.push
+    monkeypatch.setattr(esd, "ema", ema)
+    monkeypatch.setattr(esd, "embed", embed)
+    monkeypatch.setattr(esd.Queue, "push", push)
+    monkeypatch.setattr(esd, "student_logits", lambda q, anchors, t: scored.append(anchors.clone()) or real_logits(q, anchors, t))
+    views = _tagged_views(32, 3, 6)
+    enc = init_encoder(6, 5, 4, torch.Generator().manual_seed(0))
+    esd.distil(enc, torch.ones(32, 32), views, _cfg(queue_warmup="round", distill_epochs=2), torch.Generator().manual_seed(0))
+
+    steps = 2 * 4  # 32 rows in batches of 8, 2 epochs
+    keys = [e for e in encodes if e[0] == "teacher"]
+    queries = [e for e in encodes if e[0] == "student"]
+    assert len(keys) == len(pushes) == steps and len(queries) == len(scored) == steps - 1  # the first step only fills
+    assert all(torch.equal(k[2][0], pushed) for k, pushed in zip(keys, pushes))  # the queue holds the momentum keys
+    assert all(len(k[1]) == 1 for k in encodes)  # one view per encoding
+    for step in range(1, steps):  # the student's view differs from the keys' view of the same step
+        assert queries[step - 1][1] != keys[step][1]
+    assert {v for k in keys for v in k[1]} == {0.0, 1.0, 2.0}  # the views cycle
+    # The student is scored against the FIFO queue: the last 16 / 8 = 2 pushes, in ring order.
+    for step in range(1, steps):
+        slot = {i % 2: pushes[i] for i in (step - 1, step)}
+        torch.testing.assert_close(scored[step - 1], torch.cat([slot[0], slot[1]]))
+
+
+def test_local_simclr_contrasts_two_different_views(monkeypatch):
+    """Each local step embeds two different cached views of the same rows (Eq. 3's positive pair)."""
+    import fedcache.federate.methods._simclr as simclr
+    from tests.federate.conftest import synthetic
+    from tests.federate.test_methods import make
+
+    data = synthetic(n_clients=2, per_client=16, n_classes=3, dim=6)
+    data.views = _tagged_views(len(data.x_train), 3, 6)
+    seen = []
+    real = simclr.embed
+    monkeypatch.setattr(simclr, "embed", lambda p, x: seen.append(set(x[..., -1].flatten().tolist())) or real(p, x))
+    m = make("fedavg-ssl", data, hidden=4, out=3, probe_rows=0)
+    m.local_update(0, [0, 1], m.init_server(), {})
+    assert seen and len(seen) % 2 == 0
+    pairs = list(zip(seen[::2], seen[1::2]))
+    assert all(len(a) == 1 and len(b) == 1 and a != b for a, b in pairs)
+    assert set().union(*seen) == {0.0, 1.0, 2.0}  # consecutive pairs cycle through every view

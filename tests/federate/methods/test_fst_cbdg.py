@@ -51,3 +51,24 @@ def test_paper_presets_train_every_method_with_the_papers_sgd():
             for m in e.methods:
                 o = resolve_settings(m, [], preset=e.sweep["preset"]).optim
                 assert (o.optimizer, o.lr, o.momentum, o.weight_decay) == ("sgd", 0.01, 0.9, 1e-5), (name, m)
+
+
+def test_paper_presets_start_the_supervised_baselines_from_the_zero_shot_classifier(tmp_path):
+    """Figure 3: FedAvg's and FedNTD's curves start at the zero-shot accuracy. Their cells resolve to init=text;
+    the other methods' grids carry no such setting, and every paper number refers to the grid its method runs in."""
+    from fedcache.federate.train import resolve
+    from fedcache.sweep import GridSpec, cells, train_config
+
+    for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
+        p = PRESETS.get(name)
+        where = {e.key: e.methods for e in p.experiments}
+        assert all(n.method in where[n.experiment] for n in p.paper)
+        for e in p.experiments:
+            spec = GridSpec(tmp_path, e.store_dataset, list(e.backbones), list(e.methods), tmp_path, list(e.seeds), dict(e.sweep))
+            for cell in cells(spec):
+                params = resolve(train_config(spec, cell, None)).params
+                if cell.method in ("fedavg", "fedntd"):
+                    assert params.init == "text", (name, e.key)
+                else:
+                    assert "init" not in e.sweep, (name, e.key)
+        assert {m for e in p.experiments for m in e.methods if "init" in e.sweep} == {"fedavg", "fedntd"}

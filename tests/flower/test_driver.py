@@ -1,0 +1,142 @@
+"""The Flower engine under the round driver, in this process: the ServerApp's ``serve`` drives the
+ClientApp's own functions through a Grid that hands each message to them directly (no Ray, no
+network), so the server side is tested in seconds. It gives the in-process numbers, writes
+checkpoints, and an interrupted run resumed from its checkpoint equals an uninterrupted one."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedcache.errors import ConfigError
+from fedcache.federate.train import train
+from fedcache.flower import client, server
+from fedcache.flower.config import FlowerRun, ServerPaths
+from fedcache.flower.shard import SERVER, client_dir, write_shards
+from fedcache.flower.sim import shard_spec
+
+from .conftest import assert_same_run, toy_config
+
+HANDLERS = {"query": client.identify, "train": client.train, "evaluate": client.evaluate}
+
+
+class Interrupted(Exception):
+    pass
+
+
+class DirectGrid:
+    """One node per client shard, each with its own Flower context; ``stop_before`` a round number
+    interrupts the run as that round's training messages are sent."""
+
+    def __init__(self, shards, run: FlowerRun, stop_before: int | None = None) -> None:
+        self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, node_config={"shard": str(p)}, state=RecordDict(),
+                                          run_config=run.to_config()) for k, p in enumerate(shards)}
+        self.stop_before = stop_before
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for m in messages:
+            if m.metadata.message_type == "train" and m.metadata.group_id == str(self.stop_before):
+                raise Interrupted
+            replies.append(HANDLERS[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id]))
+        return replies
+
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch):
+    # What a ServerApp process has set before its main runs; messages are stamped with it.
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+@pytest.fixture(scope="module")
+def shards(flower_store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("direct") / "shards"
+    write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
+    return out
+
+
+def _serve(shards, out, run: FlowerRun, stop_before=None, resume=False) -> dict:
+    grid = DirectGrid([client_dir(shards, k) for k in range(3)], run, stop_before)
+    client._client.cache_clear()  # each run's nodes start fresh, as new ClientApp processes would
+    return server.serve(grid, run, ServerPaths(shards / SERVER, out), resume=resume)
+
+
+def _run(method="fedavg", **kw) -> FlowerRun:
+    return FlowerRun.of(**{**dict(method=method, rounds=4, seed=1, eval_every=2, fraction=0.67, connect_timeout=5), **kw})
+
+
+def _lines(path):
+    return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def test_the_flower_engine_gives_the_in_process_numbers(flower_store, shards, tmp_path):
+    summary = _serve(shards, tmp_path, _run(fraction=1.0, rounds=3, eval_every=3))
+    state = torch.load(tmp_path / server.SERVER_STATE, weights_only=True)
+    inproc = train(toy_config(flower_store))
+    assert_same_run(summary, state, inproc)
+    # The clients report their local losses: the metrics line's train_loss is the in-process one.
+    [line] = _lines(tmp_path / "metrics.jsonl")
+    assert line["train_loss"] == pytest.approx(inproc.history[-1]["train_loss"], abs=2e-6) and line["train_loss"] > 0
+    assert (tmp_path / "checkpoint.pt").exists() and json.loads((tmp_path / "summary.json").read_text())["rounds"] == 3
+
+
+def test_an_interrupted_flower_run_resumes_to_the_uninterrupted_one(shards, tmp_path):
+    full = _serve(shards, tmp_path / "full", _run())
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path / "part", _run(), stop_before=4)
+    assert [l["round"] for l in _lines(tmp_path / "part" / "metrics.jsonl")] == [2]
+    with open(tmp_path / "part" / "rounds.jsonl", "a") as fh:
+        fh.write('{"round": 4, "samp')  # a crash while appending: dropped on resume
+    resumed = _serve(shards, tmp_path / "part", _run(), resume=True)
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(resumed) == drop(full)
+    for name in ("metrics.jsonl",):
+        assert _lines(tmp_path / "part" / name) == _lines(tmp_path / "full" / name)
+    rounds = lambda d: [{k: v for k, v in l.items() if k != "seconds"} for l in _lines(d / "rounds.jsonl")]
+    assert rounds(tmp_path / "part") == rounds(tmp_path / "full") and len(rounds(tmp_path / "full")) == 4
+    a, b = (torch.load(d / server.SERVER_STATE, weights_only=True) for d in (tmp_path / "full", tmp_path / "part"))
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], atol=0, rtol=0)
+
+
+def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards, tmp_path):
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path, _run(), stop_before=2)
+    with pytest.raises(ConfigError, match=r"other settings \(schedule.rounds\)"):
+        _serve(shards, tmp_path, _run(rounds=5), resume=True)
+    with pytest.raises(ConfigError, match="fedproto keeps personal client state on the nodes"):
+        _serve(shards, tmp_path, _run("fedproto"), resume=True)
+    with pytest.raises(ConfigError, match="no config.json"):
+        _serve(shards, tmp_path / "empty", _run(), resume=True)
+
+
+def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_path, monkeypatch):
+    """The ServerApp entry point: run 7 is interrupted; run 8, submitted with deploy.resume_run='7',
+    continues in run-7/ (the operator's runs directory) and ends as an uninterrupted run."""
+    from fedcache.flower.config import SERVER_ENV
+
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(shards / SERVER))
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    nodes = [client_dir(shards, k) for k in range(3)]
+
+    def main(run_id: int, run: FlowerRun, stop_before=None) -> None:
+        client._client.cache_clear()
+        context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
+        server.main(DirectGrid(nodes, run, stop_before), context)
+
+    full = _serve(shards, tmp_path / "full", _run())
+    with pytest.raises(Interrupted):
+        main(7, _run(), stop_before=3)
+    main(8, _run(resume_run="7"))
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run-7"]
+    resumed = json.loads((tmp_path / "runs" / "run-7" / "summary.json").read_text())
+    assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
+    with pytest.raises(ConfigError, match="deploy.resume_run='run-7': give the Flower run id"):
+        _run(resume_run="run-7")

@@ -1,0 +1,186 @@
+"""A finished store damaged in every way we know: each gives a clear error or a named damaged entry, never garbage.
+
+Chunk damage (deleted, copied from another entry, corrupt) is caught by the per-chunk checksums; metadata damage
+(a truncated or deleted entry zarr.json) is listed as a damaged entry that `store ls/info/rm/verify` handle and a
+re-extraction replaces.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcache.cli import main
+from fedcache.errors import DamagedEntryError
+from fedcache.extract.runner import ExtractConfig, extract
+from fedcache.store.feature_store import FeatureStore
+
+BB = "tiny-timm-random"
+
+
+def cfg(store: Path) -> ExtractConfig:
+    # 30 training rows per domain in chunks of 8: 4 chunks, the last one short.
+    return ExtractConfig(dataset="test-toy", backbones=[BB], store=store, batch_size=4, chunk_rows=8, workers=0)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("finished") / "store.zarr"
+    extract(cfg(path))
+    return path
+
+
+@pytest.fixture
+def store(finished, tmp_path) -> Path:
+    path = tmp_path / "store.zarr"
+    shutil.copytree(finished, path)
+    return path
+
+
+def entry_of(store: Path, split: str, domain: str) -> str:
+    (e,) = [e for e in FeatureStore(store).entries() if e.key["split"] == split and e.key["domain"] == domain]
+    return e.entry_id
+
+
+def chunk(store: Path, eid: str, array: str, c: int) -> Path:
+    return store / "entries" / eid / array / "c" / str(c) / ("0" if array == "features" else "")
+
+
+def delete_chunk(store, eid, other):
+    chunk(store, eid, "features", 1).unlink()
+
+
+def delete_valid_chunk(store, eid, other):
+    chunk(store, eid, "valid", 0).unlink()
+
+
+def copy_chunk_from_other_entry(store, eid, other):
+    shutil.copyfile(chunk(store, other, "features", 1), chunk(store, eid, "features", 1))
+
+
+def copy_labels_chunk_from_other_entry(store, eid, other):
+    # Both domains' training labels are alike; the test split's first chunk holds other labels.
+    source = entry_of(store, "test", "light")
+    shutil.copyfile(chunk(store, source, "labels", 0), chunk(store, eid, "labels", 1))
+
+
+def corrupt_chunk(store, eid, other):
+    data = bytearray(chunk(store, eid, "features", 2).read_bytes())
+    data[len(data) // 2:] = b"\xff" * (len(data) - len(data) // 2)
+    chunk(store, eid, "features", 2).write_bytes(bytes(data))
+
+
+def truncate_entry_json(store, eid, other):
+    meta = store / "entries" / eid / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+
+
+def delete_entry_json(store, eid, other):
+    (store / "entries" / eid / "zarr.json").unlink()
+
+
+def delete_features_json(store, eid, other):
+    (store / "entries" / eid / "features" / "zarr.json").unlink()
+
+
+METADATA = [truncate_entry_json, delete_entry_json]
+DAMAGE = [delete_chunk, delete_valid_chunk, copy_chunk_from_other_entry, copy_labels_chunk_from_other_entry,
+          corrupt_chunk, truncate_entry_json, delete_entry_json, delete_features_json]
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__)
+def test_damage_is_named_never_read_and_repaired_by_re_extracting(damage, store, capsys):
+    before = FeatureStore(store).read("test-toy", "train", BB)
+    eid, other = entry_of(store, "train", "light"), entry_of(store, "train", "dark")
+    damage(store, eid, other)
+
+    with pytest.raises(DamagedEntryError, match=eid):
+        FeatureStore(store).read("test-toy", "train", BB)
+    # The rest of the store still works: the other domain, the test split, and every store command.
+    assert len(FeatureStore(store).read("test-toy", "train", BB, domains=["dark"])) == 30
+    assert len(FeatureStore(store).read("test-toy", "test", BB)) == 24
+    code, out = run(capsys, "store", "ls", "--store", str(store))
+    # ls reads metadata only (cheap): it flags metadata damage; chunks are checked by reads and `store verify`.
+    assert code == 0 and eid in out and (damage not in METADATA or re.search(rf"{eid}.*damaged", out))
+    code, out = run(capsys, "store", "info", eid, "--store", str(store))
+    assert code == 0 and eid in out
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 1 and re.search(rf"{eid} .*damaged", out) and f"{other} test-toy/train/dark tiny-timm-random: ok" in out
+    # Training on the damaged features stops with one clear line naming the entry.
+    code, out = run(capsys, "train", "--store", str(store), "-d", "test-toy", "-b", BB, "-m", "fedavg", "--rounds", "1",
+                    "--clients", "2", "--partition", "iid", "--out", str(store.parent / "run"))
+    assert code == 1 and eid in out and "damaged" in out and "Traceback" not in out
+
+    # Re-extracting replaces the damaged entry, bit for bit as before.
+    reports = extract(cfg(store))
+    assert [r.status for r in reports if r.entry_id == eid] == ["extracted"]
+    again = FeatureStore(store).read("test-toy", "train", BB)
+    np.testing.assert_array_equal(again.features, before.features)
+    np.testing.assert_array_equal(again.labels, before.labels)
+    assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
+
+
+@pytest.mark.parametrize("damage", [delete_chunk, truncate_entry_json], ids=lambda f: f.__name__)
+def test_verify_repair_and_rm_remove_a_damaged_entry(damage, store, capsys):
+    eid, other = entry_of(store, "train", "light"), entry_of(store, "train", "dark")
+    damage(store, eid, other)
+    code, out = run(capsys, "store", "verify", "--repair", "--store", str(store))
+    assert code == 0 and "removed" in out and not (store / "entries" / eid).exists()
+    assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
+    damage(store, other, eid)
+    code, out = run(capsys, "store", "rm", other, "--store", str(store))
+    assert code == 0 and f"removed {other}" in out and not (store / "entries" / other).exists()
+
+
+def test_extract_says_it_replaces_a_damaged_complete_entry(store):
+    eid = entry_of(store, "test", "dark")
+    chunk(store, eid, "features", 0).unlink()
+    messages = []
+    extract(cfg(store), progress=lambda e: messages.append(e.message))
+    assert any(f"entry {eid} was damaged" in m and "extracting it again" in m for m in messages)
+
+
+def test_damaged_text_embeddings_are_named_and_written_again(tmp_path):
+    from fedcache.store.keys import TextKey
+
+    fs = FeatureStore(tmp_path / "s.zarr")
+    key = TextKey("clip", "w", ("a", "b"), ("a photo of {}",), "single")
+    emb = np.arange(2 * 3, dtype=np.float32).reshape(1, 2, 3)
+    fs.put_text(key, emb, False)
+    np.testing.assert_array_equal(fs.read_text("clip", ["a", "b"]), emb)
+    (tmp_path / "s.zarr" / "text" / key.entry_id / "embeddings" / "c" / "0" / "0" / "0").unlink()
+    with pytest.raises(DamagedEntryError, match=key.entry_id):
+        fs.read_text("clip", ["a", "b"])
+    assert fs.verify_text(key.entry_id)[0] == "damaged" and not fs.has_text(key)
+    (tmp_path / "s.zarr" / "text" / key.entry_id / "zarr.json").write_text("{")
+    assert fs.verify_text(key.entry_id)[0] == "damaged" and not fs.has_text(key)
+    with pytest.raises(Exception, match="no 'single' text embeddings"):
+        fs.read_text("clip", ["a", "b"])
+    fs.put_text(key, emb, False)
+    np.testing.assert_array_equal(fs.read_text("clip", ["a", "b"]), emb)
+
+
+def test_store_info_of_an_empty_id_is_refused(store, capsys):
+    code, out = run(capsys, "store", "info", "", "--store", str(store))
+    assert code == 2 and "not an entry id" in out
+    code, out = run(capsys, "store", "rm", " ", "--store", str(store))
+    assert code == 2 and "not an entry id" in out
+
+
+def test_damaged_metadata_of_the_entries_group_says_which_file_to_delete(store, capsys):
+    meta = store / "entries" / "zarr.json"
+    meta.write_text("{")
+    code, out = run(capsys, "store", "ls", "--store", str(store))
+    assert code == 1 and f"delete {meta}" in out and "Traceback" not in out
+    meta.unlink()
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 0 and out.count(": ok") == 4
