@@ -637,6 +637,46 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
 
 
+# One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one.
+EXAMPLES = {
+    "extract": "fedcache extract -d digits5-offline -b efficientnet-lite0 --store feats.zarr",
+    "datasets": "fedcache datasets",
+    "backbones": "fedcache backbones",
+    "methods": "fedcache methods",
+    "demo": "fedcache demo --store feats.zarr -b efficientnet-lite0 -o runs/demo-lite0",
+    "train": "fedcache train --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg --partition dirichlet "
+             "--alpha 0.5 --clients 10 --rounds 50 -o runs/fedavg",
+    "partition": "fedcache partition --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition dirichlet "
+                 "--alpha 0.5 --plot part",
+    "backbone-heatmap": "fedcache backbone-heatmap --store feats.zarr -d digits5-offline "
+                        "-b efficientnet-lite0,efficientnet-lite1 -o heatmap.png",
+    "grid": "fedcache grid --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg,fedprox --partition dirichlet "
+            "--alpha 0.1,1 --subsample 0.8 --set lr=1e-3,1e-2 --select lr --seeds 0,1,2 -j 2 -o runs/cmp",
+    "report": "fedcache report runs/cmp",
+    "reproduce": "fedcache reproduce fedpcl-table2 --dry-run",
+    "shard": "fedcache shard --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition domain --clients 5 -o shards",
+    "flower-app": "fedcache flower-app my-flower-app",
+    "store ls": "fedcache store ls --store feats.zarr",
+    "store info": "fedcache store info 3f2a --store feats.zarr",
+    "store verify": "fedcache store verify --store feats.zarr --repair",
+    "store rm": "fedcache store rm --stale --store feats.zarr",
+    "store export": "fedcache store export --store feats.zarr -d digits5-offline -b efficientnet-lite0 -o lite0.npz",
+    "store import": "fedcache store import mine.npz -d mydata -b my-encoder --store feats.zarr",
+}
+
+
+def _add_examples(group: typer.Typer, prefix: str = "") -> None:
+    for info in group.registered_commands:
+        name = prefix + (info.name or info.callback.__name__.replace("_", "-"))
+        if name in EXAMPLES:  # tests/test_cli.py fails a command without one
+            info.epilog = f"Example: {EXAMPLES[name]}"
+    for sub in group.registered_groups:
+        _add_examples(sub.typer_instance, f"{prefix}{sub.name} ")
+
+
+_add_examples(app)
+
+
 INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` stops
 
 

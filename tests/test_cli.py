@@ -177,3 +177,13 @@ def test_every_option_has_help_and_a_short_flag_means_one_thing():
 def test_h_version_and_help(capsys):
     assert main(["--version"]) == 0 and "fedcache 0.1" in capsys.readouterr().out
     assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out
+
+
+def test_every_command_shows_an_example_that_parses(capsys):
+    import shlex
+
+    for name, cmd in _all_commands():
+        assert (cmd.epilog or "").startswith(f"Example: fedcache {name}"), f"{name} has no example in its help"
+        words = shlex.split(cmd.epilog.removeprefix("Example: "))[1 + len(name.split()):]
+        cmd.make_context(name, words)  # raises on an unknown option or a missing required one
+    assert main(["store", "rm", "-h"]) == 0 and "Example: fedcache store rm" in capsys.readouterr().out
