@@ -529,7 +529,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
             progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
 
         run_grid(spec, on_cell)
-    console.print((spec.out / "table.md").read_text())
+    # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
+    console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 
