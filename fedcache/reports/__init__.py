@@ -175,7 +175,7 @@ def save_contribution(c, path: Path, text: str = "") -> Path:
 
 # ---- rendering ----------------------------------------------------------------------------------
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td{white-space:nowrap}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}
 h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}"""
 

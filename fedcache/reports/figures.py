@@ -93,11 +93,19 @@ def _curves(key: str, ylabel: str) -> Callable:
             ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
             if g is best and key == "accuracy":
                 ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
-        ax.set_xlabel("round")
+        _whole_rounds(ax)
         ax.set_ylabel(ylabel)
         return []
 
     return draw
+
+
+def _whole_rounds(ax) -> None:
+    """Round ticks 1, 2, 5, 10, ...: no 2.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def accuracy_per_round(groups: list[Group], layout: Layout) -> Figure:
@@ -179,7 +187,7 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
                 ax.plot(x, per_round, line, color=st.color, lw=1.2, label=label if key == "bytes_up" else None,
                         alpha=1.0 if key == "bytes_up" else 0.6)
     ax.set_yscale("symlog")
-    ax.set_xlabel("round")
+    _whole_rounds(ax)
     ax.set_ylabel("bytes per round, all clients (dotted: down)")
     return []
 

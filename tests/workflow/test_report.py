@@ -142,6 +142,8 @@ window.addEventListener('load', () => {
   const out = document.createElement('pre'); out.id = 'fit-check';
   out.textContent = [...document.images].map(i => [i.naturalWidth, i.clientWidth,
     Math.max(0, ...JSON.parse(i.dataset.labels || '[]').map(l => l.length))].join(' ')).join('\\n');
+  const heights = [...document.querySelectorAll('td')].map(td => td.clientHeight);
+  out.dataset.cells = Math.max(...heights) + ' ' + Math.min(...heights);
   document.body.appendChild(out);
 });
 </script>"""
@@ -160,9 +162,11 @@ def test_a_24_group_report_fits_in_a_browser(tmp_path):
     page.write_text(html.replace("</body>", FIT_SCRIPT + "</body>"))
     base = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,4000"]
     dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    checks = re.search(r"<pre id=\"fit-check\">(.*?)</pre>", dom, re.DOTALL)
+    checks = re.search(r"<pre id=\"fit-check\" data-cells=\"(\d+) (\d+)\">(.*?)</pre>", dom, re.DOTALL)
     assert checks, f"chromium did not run the page's script; stdout began: {dom[:300]!r}"
-    figures = [tuple(map(int, line.split())) for line in checks.group(1).split("\n")]
+    tallest, lowest = int(checks.group(1)), int(checks.group(2))
+    assert tallest < 1.5 * lowest, (tallest, lowest)  # no table cell wraps onto a second line (bold ones did)
+    figures = [tuple(map(int, line.split())) for line in checks.group(3).split("\n")]
     assert len(figures) == 6
     for natural, shown, longest in figures:
         assert shown >= MIN_WIDTH and shown / natural >= MIN_SCALE and longest <= MAX_LABEL, (natural, shown, longest)
@@ -202,3 +206,18 @@ def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path)
     # 2 splits x 2 alphas: a 2 x 2 grid of panels, not 3 + 1 with a hole (a panel is 460 px wide at 100 dpi)
     curves = next(p for p in paths.figures if p.name == "accuracy-per-round.png")
     assert png_width(curves) < 2.5 * 460, png_width(curves)
+
+
+def test_round_axes_tick_whole_rounds(tmp_path):
+    from fedcache.reports import figures
+    from fedcache.reports.canvas import subplots
+    from fedcache.reports.layout import Layout
+    from fedcache.reports.runs import find_runs, group_runs
+
+    groups = group_runs(find_runs(fake_grid(tmp_path / "g", methods=("fedavg",), alphas=(1.0,), lrs=("0.01",), rounds=20)))
+    layout = Layout.of(groups)
+    for draw in (figures._curves("accuracy", "acc"), figures._bytes):
+        fig, ax = subplots(figures.PANEL_SIZE, layout="constrained")  # 20 rounds: 2.5, 7.5, ... by default
+        draw(ax, groups, layout, layout.styles(groups))
+        fig.canvas.draw()
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
