@@ -105,7 +105,7 @@ def _whole_rounds(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def accuracy_per_round(groups: list[Group], layout: Layout) -> Figure:
