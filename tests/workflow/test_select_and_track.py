@@ -82,7 +82,9 @@ def test_a_grid_sends_each_cell_to_tensorboard(toy_store, tmp_path):
 
     out = tmp_path / "g"
     assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
-                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "-o", str(out)]) == 0
+                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "--keep-checkpoints", "none",
+                 "-o", str(out)]) == 0
+    assert not list((out / "cells").glob("*/checkpoint*.pt"))  # every cell, not only a train run, keeps none
     runs = sorted(p.name for p in (out / "tensorboard").iterdir())
     assert runs == sorted(p.name for p in (out / "cells").iterdir()) and len(runs) == 2
     events = EventAccumulator(str(out / "tensorboard" / runs[0]))
