@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -67,7 +68,7 @@ def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]
             typ, default = o.base, ... if o.required else o.default
             if o.default is None:
                 typ = Optional[typ]
-        option = typer.Option(default, *o.flags, help=help_for.get(o.name, o.help))
+        option = typer.Option(default, *o.flags, help=escape(help_for.get(o.name, o.help)))  # help is rich markup
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=typ))
     return params
 
@@ -544,8 +545,8 @@ def _grid_signature() -> inspect.Signature:
         ("backbones", Optional[str], typer.Option(None, "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train).")),
         ("method", Optional[str], typer.Option(None, "--method", "-m", help="Comma-separated methods.")),
         ("settings", List[str], typer.Option([], "--set", help="key=v1,v2,...: a method/optimizer setting, or an axis of it; repeatable.")),
-        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds (default 0).")),
-        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1).")),
+        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds. \\[default: 0]")),
+        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each. \\[default: 1]")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
         ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
     ]
@@ -553,14 +554,16 @@ def _grid_signature() -> inspect.Signature:
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
-        what = o.help.rstrip(".")
+        what = escape(o.help.rstrip("."))
+        # train's default, shown as train's help shows it (\\[ is a literal bracket in rich markup)
+        default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
+        shown = "" if o.default in (None, ()) else f" \\[default: {default}]"
         if o.name in GRID_HOW:
-            opt, typ = typer.Option(None, *o.flags, help=f"{o.help.rstrip('.')} (every cell; not an axis)."), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell; not an axis).{shown}"), Optional[str]
         elif o.base is bool:  # a switch sets every cell
             opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
         else:
-            default = "" if o.default is None else f"; default {o.default}"
-            opt, typ = typer.Option(None, *o.flags, help=f"{what}{default}. v1,v2,... makes an axis."), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
     return inspect.Signature(params)
 

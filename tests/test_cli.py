@@ -187,3 +187,25 @@ def test_every_command_shows_an_example_that_parses(capsys):
         words = shlex.split(cmd.epilog.removeprefix("Example: "))[1 + len(name.split()):]
         cmd.make_context(name, words)  # raises on an unknown option or a missing required one
     assert main(["store", "rm", "-h"]) == 0 and "Example: fedcache store rm" in capsys.readouterr().out
+
+
+def test_grid_shows_train_s_defaults_as_train_does():
+    """A grid option is unset unless given (so it is no axis), but its help shows the default train uses."""
+    from fedcache.cli import GRID_OWN
+
+    commands = dict(_all_commands())
+    grid = {p.name: p for p in commands["grid"].params if p.name not in GRID_OWN}
+    checked = 0
+    for p in commands["train"].params:
+        if p.name in grid and not p.is_flag and p.default not in (None, [], (), ""):
+            assert f"\\[default: {p.default}]" in grid[p.name].help, (p.name, grid[p.name].help)
+            checked += 1
+    assert checked >= 10
+
+
+def test_help_text_with_brackets_is_shown_as_written(capsys, monkeypatch):
+    """Help is rich markup: 'fedcache[tensorboard]' lost its extra ([tensorboard] read as a style)."""
+    monkeypatch.setenv("COLUMNS", "300")  # one line per option
+    for command in ("train", "grid"):
+        assert main([command, "-h"]) == 0
+        assert "pip install 'fedcache[tensorboard]' / 'fedcache[mlflow]'" in capsys.readouterr().out
