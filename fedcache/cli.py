@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 import typer.core
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -79,7 +80,7 @@ def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]
             typ, default = o.base, ... if o.required else o.default
             if o.default is None:
                 typ = Optional[typ]
-        option = typer.Option(default, *o.flags, help=help_for.get(o.name, o.help))
+        option = typer.Option(default, *o.flags, help=escape(help_for.get(o.name, o.help)))  # help is rich markup
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=typ))
     return params
 
@@ -555,7 +556,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
 
         run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
     seconds = time.perf_counter() - t0
-    console.print((spec.out / "table.md").read_text())
+    # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
+    console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
     if trained:
         console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
                       f"({spec.engine} engine)")
@@ -572,8 +574,8 @@ def _grid_signature() -> inspect.Signature:
         ("backbones", Optional[str], typer.Option(None, "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train).")),
         ("method", Optional[str], typer.Option(None, "--method", "-m", help="Comma-separated methods.")),
         ("settings", List[str], typer.Option([], "--set", help="key=v1,v2,...: a method/optimizer setting, or an axis of it; repeatable.")),
-        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds (default 0).")),
-        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1).")),
+        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds. \\[default: 0]")),
+        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each. \\[default: 1]")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
         ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
     ]
@@ -584,14 +586,16 @@ def _grid_signature() -> inspect.Signature:
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
-        what = o.help.rstrip(".")
+        what = escape(o.help.rstrip("."))
+        # train's default, shown as train's help shows it (\\[ is a literal bracket in rich markup)
+        default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
+        shown = "" if o.default in (None, ()) else f" \\[default: {default}]"
         if o.name in GRID_HOW:
-            opt, typ = typer.Option(None, *o.flags, help=f"{o.help.rstrip('.')} (every cell; not an axis)."), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell; not an axis).{shown}"), Optional[str]
         elif o.base is bool:  # a switch sets every cell
             opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
         else:
-            default = "" if o.default is None else f"; default {o.default}"
-            opt, typ = typer.Option(None, *o.flags, help=f"{what}{default}. v1,v2,... makes an axis."), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
     return inspect.Signature(params)
 
@@ -667,6 +671,46 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     from fedcache.flower.project import write_app
 
     console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
+
+
+# One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one.
+EXAMPLES = {
+    "extract": "fedcache extract -d digits5-offline -b efficientnet-lite0 --store feats.zarr",
+    "datasets": "fedcache datasets",
+    "backbones": "fedcache backbones",
+    "methods": "fedcache methods",
+    "demo": "fedcache demo --store feats.zarr -b efficientnet-lite0 -o runs/demo-lite0",
+    "train": "fedcache train --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg --partition dirichlet "
+             "--alpha 0.5 --clients 10 --rounds 50 -o runs/fedavg",
+    "partition": "fedcache partition --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition dirichlet "
+                 "--alpha 0.5 --plot part",
+    "backbone-heatmap": "fedcache backbone-heatmap --store feats.zarr -d digits5-offline "
+                        "-b efficientnet-lite0,efficientnet-lite1 -o heatmap.png",
+    "grid": "fedcache grid --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg,fedprox --partition dirichlet "
+            "--alpha 0.1,1 --subsample 0.8 --set lr=1e-3,1e-2 --select lr --seeds 0,1,2 -j 2 -o runs/cmp",
+    "report": "fedcache report runs/cmp",
+    "reproduce": "fedcache reproduce fedpcl-table2 --dry-run",
+    "shard": "fedcache shard --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition domain --clients 5 -o shards",
+    "flower-app": "fedcache flower-app my-flower-app",
+    "store ls": "fedcache store ls --store feats.zarr",
+    "store info": "fedcache store info 3f2a --store feats.zarr",
+    "store verify": "fedcache store verify --store feats.zarr --repair",
+    "store rm": "fedcache store rm --stale --store feats.zarr",
+    "store export": "fedcache store export --store feats.zarr -d digits5-offline -b efficientnet-lite0 -o lite0.npz",
+    "store import": "fedcache store import mine.npz -d mydata -b my-encoder --store feats.zarr",
+}
+
+
+def _add_examples(group: typer.Typer, prefix: str = "") -> None:
+    for info in group.registered_commands:
+        name = prefix + (info.name or info.callback.__name__.replace("_", "-"))
+        if name in EXAMPLES:  # tests/test_cli.py fails a command without one
+            info.epilog = f"Example: {EXAMPLES[name]}"
+    for sub in group.registered_groups:
+        _add_examples(sub.typer_instance, f"{prefix}{sub.name} ")
+
+
+_add_examples(app)
 
 
 INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` stops

@@ -326,13 +326,17 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
 
     if "validation" in spec.sweep:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+    _check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
     base = dataclasses.replace(spec, select=[])
+    n_tuned = len(cells(base))
+    n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
     tuned = run_grid(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
-                     on_cell, on_plan=on_plan)
+                     _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan)
     choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
-    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), on_cell, only=picked, on_plan=on_plan)
+    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
+                      only=picked, on_plan=on_plan)
     (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
         {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
          "candidates": [{**dict(v), "validation_score": sc} for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
@@ -342,6 +346,13 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     return tested
 
 
+def _counting(on_cell: CellCallback | None, before: int, total: int) -> CellCallback | None:
+    """One count over both stages of a --select grid (validation, then test), so progress never goes back."""
+    if on_cell is None:
+        return None
+    return lambda done, _, row: on_cell(before + done, total, row)
+
+
 def _check_spec(spec: GridSpec) -> None:
     """A grid directory belongs to one grid: resuming with other options would mix results."""
     path = spec.out / SPEC
@@ -349,16 +360,20 @@ def _check_spec(spec: GridSpec) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != mine:
-            differ = sorted(k for k in {*saved, *mine} if saved.get(k) != mine.get(k))
-            if "sweep" in differ:
-                old, new = saved.get("sweep", {}), mine.get("sweep", {})
-                differ.remove("sweep")
-                differ += sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
-            raise ConfigError(f"{spec.out} holds a different grid (it differs in {', '.join(differ)}; see {path}); "
+            raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine)}; see {path}); "
                               "use the same options to resume it, or another --out")
         return
     spec.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def _differences(saved: dict, mine: dict) -> str:
+    """``methods (fedavg,fedproto there, fedavg here), alpha (...)``: the keys, swept keys one by one."""
+    old, new = saved.get("sweep", {}), mine.get("sweep", {})
+    pairs = [(k, saved.get(k), mine.get(k)) for k in sorted({*saved, *mine}) if k != "sweep" and saved.get(k) != mine.get(k)]
+    pairs += [(k, old.get(k), new.get(k)) for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    shown = lambda v: "unset" if v in (None, []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+    return ", ".join(f"{k} ({shown(a)} there, {shown(b)} here)" for k, a, b in pairs)
 
 
 def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
