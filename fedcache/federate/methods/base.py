@@ -96,6 +96,15 @@ class Method:
     count_uploads: ClassVar[tuple[str, ...]] = ()
     # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
+    # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
+    # local_update reads a client's data, seed and settings only through client_rows, plan, sample_counts,
+    # self.p and ctx.optim, and down/states row by row. Read with ``batchable(cls)``: declared by each class
+    # itself, never inherited, since a subclass changes what local_update computes. Each declaration has
+    # an equality test (tests/federate/test_batched.py).
+    batchable: ClassVar[bool] = False
+    # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
+    # (K,) float32 tensors, one value per client row, and must broadcast them row by row.
+    row_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -169,10 +178,10 @@ class Method:
     def fit(self, params: Params, rnd: int, clients: list[int], loss_fn, extra: dict | None = None,
             keys: tuple[str, ...] | None = None, epochs: int | None = None) -> Params:
         """Train the K clients' stacked ``params`` on their own rows (the batched local step)."""
-        from fedcache.federate.local import step_plan, train
+        from fedcache.federate.local import train
 
         c = self.ctx
-        plan = step_plan(self.client_rows(clients), c.batch_size, c.local_epochs if epochs is None else epochs, c.seed, rnd, clients)
+        plan = self.plan(rnd, clients, epochs)
         keys = self.trainable(params) if keys is None else keys
         return train(params, keys, loss_fn, c.data.x_train, c.data.y_train, plan, c.optim, extra)
 
@@ -184,12 +193,14 @@ class Method:
         logits, buffers = train_forward(self.head, p, xb, mask)
         return cross_entropy(logits, yb, mask), buffers
 
-    def plan(self, rnd: int, clients: list[int], epochs: int | None = None) -> np.ndarray:
-        """The (K, S, B) mini-batch plan ``fit`` follows, for methods that run their own step loop."""
+    def plan(self, rnd: int, clients: list[int], epochs: int | None = None, first_epoch: int = 0) -> np.ndarray:
+        """The (K, S, B) mini-batch plan ``fit`` follows, for methods that run their own step loop
+        (epochs numbered from ``first_epoch``: see ``local.step_plan``)."""
         from fedcache.federate.local import step_plan
 
         c = self.ctx
-        return step_plan(self.client_rows(clients), c.batch_size, c.local_epochs if epochs is None else epochs, c.seed, rnd, clients)
+        return step_plan(self.client_rows(clients), c.batch_size, c.local_epochs if epochs is None else epochs, c.seed, rnd,
+                         clients, first_epoch)
 
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Training rows ``idx`` (K, B), -1 for padding -> (xb, yb, mask)."""
@@ -201,6 +212,11 @@ class Method:
 
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
+
+
+def batchable(cls: type[Method]) -> bool:
+    """Whether the class itself declares that its runs can train stacked (see ``Method.batchable``)."""
+    return bool(cls.__dict__.get("batchable", False))
 
 
 def _size(tensors: Params) -> tuple[int, int]:
