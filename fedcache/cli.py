@@ -514,7 +514,7 @@ def _method_command(mc, method: str):
                for o in mc.extra]
     run.__signature__ = inspect.Signature(params)
     sub = typer.Typer(add_completion=False)
-    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS)(run)
+    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS, epilog=f"Example: {mc.example}" if mc.example else None)(run)
     return typer.main.get_command(sub)
 
 
@@ -673,7 +673,8 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
 
 
-# One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one.
+# One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one
+# (a method's own commands carry theirs in their hook, MethodCommand.example).
 EXAMPLES = {
     "extract": "fedcache extract -d digits5-offline -b efficientnet-lite0 --store feats.zarr",
     "datasets": "fedcache datasets",
@@ -684,8 +685,6 @@ EXAMPLES = {
              "--alpha 0.5 --clients 10 --rounds 50 -o runs/fedavg",
     "partition": "fedcache partition --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition dirichlet "
                  "--alpha 0.5 --plot part",
-    "backbone-heatmap": "fedcache backbone-heatmap --store feats.zarr -d digits5-offline "
-                        "-b efficientnet-lite0,efficientnet-lite1 -o heatmap.png",
     "grid": "fedcache grid --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg,fedprox --partition dirichlet "
             "--alpha 0.1,1 --subsample 0.8 --set lr=1e-3,1e-2 --select lr --seeds 0,1,2 -j 2 -o runs/cmp",
     "report": "fedcache report runs/cmp",

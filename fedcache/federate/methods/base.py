@@ -70,6 +70,7 @@ class MethodCommand:
     spec_options: tuple[str, ...]
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     extra: tuple[CommandOption, ...] = ()
+    example: str = ""  # a command line shown under its help ("fedcache <name> ..."); tests parse it
 
 
 class Method:
