@@ -157,7 +157,11 @@ def _all_commands():
             else:
                 yield " ".join(prefix + (name,)), cmd
 
-    return list(walk(root, ()))
+    from fedcache.federate.methods import METHODS
+
+    ctx = root.make_context("fedcache", ["--help"], resilient_parsing=True)
+    methods = [(c.name, root.get_command(ctx, c.name)) for _, cls in METHODS.items() for c in cls.commands]
+    return list(walk(root, ())) + methods  # commands that methods declare too (fedpcl's backbone-heatmap)
 
 
 def test_every_option_has_help_and_a_short_flag_means_one_thing():
@@ -192,9 +196,12 @@ def test_every_command_shows_an_example_that_parses(capsys):
 def test_grid_shows_train_s_defaults_as_train_does():
     """A grid option is unset unless given (so it is no axis), but its help shows the default train uses."""
     from fedcache.cli import GRID_OWN
+    from fedcache.spec import grid_options
 
     commands = dict(_all_commands())
-    grid = {p.name: p for p in commands["grid"].params if p.name not in GRID_OWN}
+    # grid's own options (e.g. --engine batched|processes) are not train's and show grid's default
+    own = set(GRID_OWN) | {o.name for o in grid_options()}
+    grid = {p.name: p for p in commands["grid"].params if p.name not in own}
     checked = 0
     for p in commands["train"].params:
         if p.name in grid and not p.is_flag and p.default not in (None, [], (), ""):
