@@ -17,13 +17,15 @@ from fedcache.federate.batched import Federation, run_stack
 from fedcache.federate.loop import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.base import batchable
+from fedcache.federate.methods.fedproto import PFLLIB
 from fedcache.federate.optim import OptimConfig
 
 from .conftest import synthetic
 
 # Per method: the per-row settings its federations differ in (besides partition, seed, lr, weight decay).
 ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}],
-                "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}]}
+                "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}],
+                "fedproto": [{"lam": 1.0}, {"lam": 0.3}]}
 
 
 def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
@@ -43,14 +45,15 @@ def partitions(base, seed: int, n_clients: int):
     return dataclasses.replace(base, client_train=train, client_test=test, info={})
 
 
-def federations(name: str, optimizer: str = "adam", fraction: float = 1.0):
-    """Four runs differing in partition (and client count), seed, lr, weight decay and the row settings."""
+def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None):
+    """Four runs differing in partition (and client count), seed, lr, weight decay and the row settings;
+    ``shared``: settings of all four."""
     base = synthetic(n_clients=4, per_client=40)
     cls = METHODS.get(name)
     out = []
     for i, (seed, n, lr) in enumerate([(0, 4, 1e-2), (1, 5, 3e-2), (2, 3, 1e-2), (0, 4, 3e-3)]):
         data = partitions(base, 10 + i, n)
-        params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])])
+        params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])], **(shared or {}))
         optim = OptimConfig(optimizer, lr, 0.9, 1e-4 * (i + 1))
         ctx = MethodContext(data, HEAD.get(name, cls.default_head), optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
         out.append(Federation(cls(ctx, params), RunConfig(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
@@ -81,9 +84,9 @@ def compare(feds, exact: bool) -> None:
         assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= 1e-4 for x, y in losses)
 
 
-# fedrep needs a head with representation layers; the mlp head's BatchNorm keeps runs from stacking
+# fedrep and fedproto need a head with representation layers; the mlp head's BatchNorm keeps runs from stacking
 # (batched.head_reason), so it stacks with the projection head.
-HEAD = {"fedrep": "projection"}
+HEAD = {"fedrep": "projection", "fedproto": "projection"}
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -108,6 +111,18 @@ def test_a_stack_equals_its_runs_one_by_one(name):
     normalised steps grow those ulps over the steps (to 2e-5 here; 1e-4 is the tolerance of the loop's
     batched-vs-per-client test)."""
     compare(federations(name, "adam", fraction=0.6), exact=False)
+
+
+# Options that change what local_update or aggregate computes, each stacked as well.
+VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "predict": "proto"})]
+
+
+@pytest.mark.parametrize("name, shared", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
+def test_a_stack_of_runs_with_other_options_computes_what_they_compute_alone(name, shared, monkeypatch):
+    import fedcache.federate.local as local
+
+    monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
+    compare(federations(name, "adam", fraction=0.6, shared=shared), exact=True)
 
 
 def test_runs_with_batchnorm_do_not_stack():
