@@ -97,6 +97,8 @@ def _why_alone(cfg: RunSpec, r, tables) -> str:
 
     if not batchable(r.method_cls):
         return f"{r.method_cls.name} does not declare that its runs can train stacked"
+    if r.method_cls.not_batchable(r.params):
+        return r.method_cls.not_batchable(r.params)
     if not cfg.engine.batched:
         return "--no-batch trains each client alone"
     return head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names)))

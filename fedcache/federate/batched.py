@@ -64,6 +64,8 @@ def why_not_stackable(f: Federation) -> str:
     cls = type(f.method)
     if not batchable(cls):
         return f"{cls.name} does not declare that its runs can train stacked"
+    if cls.not_batchable(f.method.p):
+        return cls.not_batchable(f.method.p)
     if not f.cfg.batched:
         return "--no-batch trains its clients one by one"
     return head_reason(f.method.head)
@@ -94,6 +96,7 @@ class Stack:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         self.joint = _joint_method(self)
         self.engines = [InProcess(f.method) for f in feds]  # each federation's clients: init, evaluation
+        self.shapes: list[dict[str, list[int]]] = []  # per run, its client states' shapes after the client axis
         first = feds[0].method
         self.row_values = {n: torch.tensor([getattr(f.method.p, n) for f in feds for _ in range(f.method.ctx.data.n_clients)],
                                            dtype=torch.float32) for n in first.row_params}
@@ -148,8 +151,8 @@ def _joint_method(stack: Stack) -> Method:
 
 
 class _JointPlans:
-    """Mixin of the joint method object: a row's mini-batches are those of its own run (its seed, its
-    client id), so every federation shuffles exactly as when it runs alone."""
+    """Mixin of the joint method object: a row's mini-batches and random streams are those of its own run
+    (its seed, its client id), so every federation shuffles and draws exactly as when it runs alone."""
 
     stack: Stack
 
@@ -162,6 +165,9 @@ class _JointPlans:
             out[at : at + len(p), : p.shape[1]] = p
             at += len(p)
         return out
+
+    def client_seeds(self, clients: list[int]) -> list[tuple[int, int]]:
+        return [s for i, ks in self.stack.split(clients) for s in self.stack.feds[i].method.client_seeds(ks)]
 
 
 # ---- running ----------------------------------------------------------------------------------------
@@ -261,22 +267,39 @@ def _checked(losses: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
 # ---- state and checkpoints ---------------------------------------------------------------------------
 def _fresh(stack: Stack) -> StackState:
     parts = [e.init_clients() for e in stack.engines]
-    clients = {n: torch.cat([p[n] for p in parts]) for n in parts[0]} if parts[0] else {}
+    stack.shapes = [{n: list(t.shape[1:]) for n, t in p.items()} for p in parts]
+    clients = {n: torch.cat([_padded(stack, n, p[n]) for p in parts]) for n in parts[0]} if parts[0] else {}
     states = [initial_state(f.method, dataclasses.replace(f.cfg, resume=False), e) for f, e in zip(stack.feds, stack.engines)]
     return _with_views(stack, StackState(0, states, clients, [[] for _ in stack.feds]))
+
+
+def _padded(stack: Stack, name: str, t: torch.Tensor) -> torch.Tensor:
+    """One run's client state ``name``, zero-padded to the widest run's shape where the method declares it
+    may differ (``Method.padded_states``)."""
+    widest = [max(dims) for dims in zip(*(s[name] for s in stack.shapes))]
+    if list(t.shape[1:]) == widest:
+        return t
+    if name not in stack.joint.padded_states:
+        raise ConfigError(f"{stack.joint.name}'s client state {name!r} differs in shape between the runs, which the "
+                          "method does not declare (padded_states): these runs cannot train stacked")
+    out = t.new_zeros(t.shape[0], *widest)
+    out[(slice(None), *(slice(0, d) for d in t.shape[1:]))] = t
+    return out
 
 
 def _with_views(stack: Stack, st: StackState) -> StackState:
     for i, s in enumerate(st.states):
         a, b = stack.offsets[i], stack.offsets[i + 1]
-        s.clients = {n: t[a:b] for n, t in st.clients.items()}  # views: evaluation reads the stack's tensors
+        # Views cut to the run's own shape: evaluation and the results read the stack's tensors.
+        s.clients = {n: t[(slice(a, b), *(slice(0, d) for d in stack.shapes[i][n]))] for n, t in st.clients.items()}
     return st
 
 
 def _save(stack: Stack, st: StackState, path: Path) -> None:
     """One file for the whole stack, replaced atomically: the federations' states are always of one round."""
     runs = [{k: v for k, v in checkpoint_of(s).items() if k != "clients"} for s in st.states]
-    ck = {"rnd": st.rnd, "seconds": st.seconds, "clients": st.clients, "runs": runs, "histories": json.dumps(st.histories)}
+    ck = {"rnd": st.rnd, "seconds": st.seconds, "clients": st.clients, "shapes": stack.shapes, "runs": runs,
+          "histories": json.dumps(st.histories)}
     tmp = path.with_suffix(".tmp")
     torch.save(ck, tmp)
     os.replace(tmp, path)  # a crash mid-write leaves the previous checkpoint intact
@@ -284,7 +307,8 @@ def _save(stack: Stack, st: StackState, path: Path) -> None:
 
 def _load(stack: Stack, path: Path) -> StackState:
     ck = torch.load(path, weights_only=True)  # tensors, dicts, lists, numbers and text only
-    if not isinstance(ck.get("runs"), list) or len(ck["runs"]) != len(stack.feds):
+    if not isinstance(ck.get("runs"), list) or len(ck["runs"]) != len(stack.feds) or "shapes" not in ck:
         raise ConfigError(f"{path} is not a checkpoint of this stack of {len(stack.feds)} runs; delete it to start over")
+    stack.shapes = ck["shapes"]
     states = [state_from_checkpoint(f.method, f.cfg, {**run, "clients": {}}) for f, run in zip(stack.feds, ck["runs"])]
     return _with_views(stack, StackState(ck["rnd"], states, ck["clients"], json.loads(ck["histories"]), ck["seconds"]))

@@ -25,7 +25,7 @@ from .conftest import synthetic
 # Per method: the per-row settings its federations differ in (besides partition, seed, lr, weight decay).
 ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}],
                 "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}],
-                "fedproto": [{"lam": 1.0}, {"lam": 0.3}]}
+                "fedproto": [{"lam": 1.0}, {"lam": 0.3}], "fst-cbdg": [{"lam": 1.0}, {"lam": 0.3}, {"lam": 0.0}]}
 
 
 def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
@@ -42,13 +42,15 @@ def partitions(base, seed: int, n_clients: int):
     cuts = np.sort(rng.choice(np.arange(1, len(order)), n_clients - 1, replace=False))
     train = [np.sort(p) for p in np.split(order, cuts)]
     test = [np.sort(p) for p in np.array_split(rng.permutation(len(base.y_test)), n_clients)]
-    return dataclasses.replace(base, client_train=train, client_test=test, info={})
+    return dataclasses.replace(base, client_train=train, client_test=test)
 
 
 def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None):
     """Four runs differing in partition (and client count), seed, lr, weight decay and the row settings;
     ``shared``: settings of all four."""
     base = synthetic(n_clients=4, per_client=40)
+    text = torch.randn(base.n_classes, base.dim, generator=torch.Generator().manual_seed(3))
+    base = dataclasses.replace(base, info={"text": text})  # class-text embeddings (fst-cbdg's anchors)
     cls = METHODS.get(name)
     out = []
     for i, (seed, n, lr) in enumerate([(0, 4, 1e-2), (1, 5, 3e-2), (2, 3, 1e-2), (0, 4, 3e-3)]):
@@ -65,7 +67,7 @@ def fresh(f: Federation) -> Federation:
     return Federation(type(m)(dataclasses.replace(m.ctx), m.p), f.cfg)
 
 
-def compare(feds, exact: bool) -> None:
+def compare(feds, exact: bool, tol: float = 1e-4) -> None:
     stacked = run_stack([fresh(f) for f in feds])
     for f, got in zip(feds, stacked):
         alone = run(fresh(f).method, f.cfg)
@@ -79,14 +81,33 @@ def compare(feds, exact: bool) -> None:
                 if exact:
                     assert torch.equal(mine[n], theirs[n]), n
                 else:
-                    torch.testing.assert_close(mine[n], theirs[n], rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(mine[n], theirs[n], rtol=tol, atol=tol)
         losses = [(h["train_loss"], a["train_loss"]) for h, a in zip(got.history, alone.history)]
-        assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= 1e-4 for x, y in losses)
+        assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= tol for x, y in losses)
 
 
 # fedrep and fedproto need a head with representation layers; the mlp head's BatchNorm keeps runs from stacking
 # (batched.head_reason), so it stacks with the projection head.
 HEAD = {"fedrep": "projection", "fedproto": "projection"}
+
+# Methods whose full-width steps still differ from their runs' in the last bits, and why; those compare to
+# FULL_WIDTH_TOL (the differences measured: up to 1.2e-7 on weights of size ~0.6 after three rounds).
+NOT_BIT_IDENTICAL = {
+    # A step's synthetic instances (Eq. 5) are padded to the row with the most draws in the whole stack, not
+    # in its own run: the logits' matrix product (explicit draws) and the gradient's sums over the instances
+    # (implicit draws) see more zero rows and round their last bit differently. A single run's batched and
+    # per-client steps differ in the same way (its clients draw different counts). Runs with lambda = 0
+    # draw nothing and are bit-identical.
+    "fst-cbdg": "padded synthetic instances",
+}
+FULL_WIDTH_TOL = 1e-5
+
+
+def compare_full_width(name: str, feds) -> None:
+    if name in NOT_BIT_IDENTICAL:
+        compare(feds, exact=False, tol=FULL_WIDTH_TOL)
+    else:
+        compare(feds, exact=True)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -94,11 +115,11 @@ HEAD = {"fedrep": "projection", "fedproto": "projection"}
 def test_a_stack_computes_what_its_runs_compute_one_by_one(name, optimizer, monkeypatch):
     """Bit-identical when every step has the full batch width: each federation's rows take the same
     kernels' arithmetic as in its own run (its own plan, one fused optimizer call per federation, the
-    per-run aggregation on its own slice)."""
+    per-run aggregation on its own slice); NOT_BIT_IDENTICAL says where and why not."""
     import fedcache.federate.local as local
 
     monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
-    compare(federations(name, optimizer, fraction=0.6), exact=True)
+    compare_full_width(name, federations(name, optimizer, fraction=0.6))
 
 
 @pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
@@ -114,7 +135,9 @@ def test_a_stack_equals_its_runs_one_by_one(name):
 
 
 # Options that change what local_update or aggregate computes, each stacked as well.
-VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "predict": "proto"})]
+VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "predict": "proto"}),
+            ("fst-cbdg", {"refresh": "batch", "synthetic": "explicit"}),
+            ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5})]
 
 
 @pytest.mark.parametrize("name, shared", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
@@ -122,7 +145,29 @@ def test_a_stack_of_runs_with_other_options_computes_what_they_compute_alone(nam
     import fedcache.federate.local as local
 
     monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
-    compare(federations(name, "adam", fraction=0.6, shared=shared), exact=True)
+    compare_full_width(name, federations(name, "adam", fraction=0.6, shared=shared))
+
+
+def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws(monkeypatch):
+    """lambda = 0 per row: that run's rows draw nothing (its run alone skips L_tSamp), so the padding of the
+    other runs' synthetic instances never reaches its arithmetic."""
+    import fedcache.federate.local as local
+
+    monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
+    feds = federations("fst-cbdg", "adam", fraction=0.6)
+    i = next(i for i, f in enumerate(feds) if f.method.p.lam == 0.0)
+    got, alone = run_stack([fresh(f) for f in feds])[i], run(fresh(feds[i]).method, feds[i].cfg)
+    assert got.history == alone.history
+    assert all(torch.equal(got.server[n], alone.server[n]) for n in alone.server)
+    assert all(torch.equal(got.clients[n], alone.clients[n]) for n in alone.clients)
+
+
+def test_fst_cbdg_with_prototype_anchors_runs_alone():
+    (f,) = federations("fst-cbdg")[:1]
+    m = f.method
+    proto = Federation(type(m)(dataclasses.replace(m.ctx), dataclasses.replace(m.p, anchors="prototypes")), f.cfg)
+    with pytest.raises(ConfigError, match="anchors=prototypes draws each run's anchors"):
+        run_stack([proto])
 
 
 def test_runs_with_batchnorm_do_not_stack():
@@ -139,8 +184,9 @@ def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
         run_stack([a, b])
 
 
-def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(tmp_path):
-    feds = federations("fedprox", fraction=0.6)
+@pytest.mark.parametrize("name", ["fedprox", "fst-cbdg"])  # fst-cbdg: client states padded to the widest run
+def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(tmp_path, name):
+    feds = federations(name, fraction=0.6)
     whole = run_stack([fresh(f) for f in feds])
 
     def stop_after_one(done, total):  # before the first metrics line (round 2): its losses are in the checkpoint
@@ -155,6 +201,7 @@ def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(t
     for a, b in zip(whole, resumed):
         assert a.history == b.history  # train_loss too: the losses since the last metrics line are kept
         assert all(torch.equal(a.server[n], b.server[n]) for n in a.server)
+        assert all(torch.equal(a.clients[n], b.clients[n]) for n in a.clients)
         for key in ("params_up", "senders", "bytes_up", "bytes_down", "rnd"):
             assert a.checkpoint[key] == b.checkpoint[key], key
     with pytest.raises(ConfigError, match="not a checkpoint of this stack of 3 runs"):

@@ -98,14 +98,19 @@ class Method:
     # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
     # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
-    # local_update reads a client's data, seed and settings only through client_rows, plan, sample_counts,
-    # self.p and ctx.optim, and down/states row by row. Read with ``batchable(cls)``: declared by each class
-    # itself, never inherited, since a subclass changes what local_update computes. Each declaration has
-    # an equality test (tests/federate/test_batched.py).
+    # local_update reads a client's data, seed and settings only through client_rows, plan, client_seeds,
+    # sample_counts, self.p and ctx.optim, and down/states row by row. Read with ``batchable(cls)``: declared
+    # by each class itself, never inherited, since a subclass changes what local_update computes; settings
+    # under which it cannot stack say why in ``not_batchable``. Each declaration has an equality test
+    # (tests/federate/test_batched.py).
     batchable: ClassVar[bool] = False
     # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
     # (K,) float32 tensors, one value per client row, and must broadcast them row by row.
     row_params: ClassVar[tuple[str, ...]] = ()
+    # Client-state entries whose trailing axes depend on the run's partition (FST-CBDG's pseudo-labels span
+    # its largest client's rows): a stack zero-pads them to its widest run, so local_update must read row k
+    # only up to its own client's extent.
+    padded_states: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -124,6 +129,11 @@ class Method:
         """Why this method, with these settings, cannot run with each client's data on its own machine
         (Flower); empty when it can."""
         return "" if cls.splittable else "it pools every client's data in one place"
+
+    @classmethod
+    def not_batchable(cls, params: Any) -> str:
+        """Why runs of this batchable method, with these settings, cannot train stacked; empty when they can."""
+        return ""
 
     # ---- state ------------------------------------------------------------------
     def generator(self, *path: int) -> torch.Generator:
@@ -210,6 +220,11 @@ class Method:
 
     def client_rows(self, clients: list[int]) -> list[np.ndarray]:
         return [self.ctx.data.client_train[k] for k in clients]
+
+    def client_seeds(self, clients: list[int]) -> list[tuple[int, int]]:
+        """(run seed, client id) per client: what a client's own random stream is seeded with, so a stack of
+        runs (whose joint method numbers the clients of every run in one list) draws as each run does."""
+        return [(self.ctx.seed, k) for k in clients]
 
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
