@@ -116,7 +116,8 @@ def _key(cfg: RunSpec, r) -> tuple:
 def cell_bytes(cfg, r, tables) -> int:
     """A rough upper estimate of one cell's memory in a batch: per client, its head's parameters about
     eight times (received, trained, gradients, Adam's two moments, upload, state, server share) and one
-    mini-batch of inputs, activations and their gradients."""
+    mini-batch of inputs, activations and their gradients; and what the method holds over the rows
+    (``Method.stack_bytes``)."""
     import torch
 
     from fedcache.federate.train import partition_request
@@ -128,7 +129,8 @@ def cell_bytes(cfg, r, tables) -> int:
     params = sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
     clients = partition_request(cfg, len(train_t.domain_names)).n_clients
     step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
-    return 4 * clients * (8 * params + step)
+    rows = r.method_cls.stack_bytes(r.params, len(train_t.labels), clients, dim, classes)
+    return 4 * clients * (8 * params + step) + rows
 
 
 def free_memory() -> int:

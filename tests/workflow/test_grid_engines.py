@@ -61,6 +61,14 @@ def test_batched_fedprox_grid_with_a_mu_axis_equals_the_process_grid(toy_store, 
     assert_same_cells(a, b)
 
 
+def test_batched_fedproto_grid_with_a_lam_axis_equals_the_process_grid(toy_store, tmp_path):
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "lam": [0.3, 1], "head": "projection"}
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedproto"], sweep, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 1 batches (8 fedproto)") and "own runs" not in plans[-1]
+    assert_same_cells(a, b)
+
+
 def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
     out = tmp_path / "g"
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
@@ -70,6 +78,6 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
     printed = " ".join((captured.out + captured.err).split())  # one line, however the console wrapped it
     assert code == 0
     assert ("batched engine: 8 cells in 3 batches (3 fedprox, 3 fedprox, 2 fedprox), at most 3 cells per batch; "
-            "8 cells as their own runs: fedproto does not declare that its runs can train stacked (8)") in printed
+            "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8)") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16

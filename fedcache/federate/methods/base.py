@@ -135,6 +135,13 @@ class Method:
         """Why runs of this batchable method, with these settings, cannot train stacked; empty when they can."""
         return ""
 
+    @classmethod
+    def stack_bytes(cls, params: Any, rows: int, clients: int, dim: int, n_classes: int) -> int:
+        """Bytes a run of ``clients`` clients over ``rows`` training rows holds in a stack beyond its heads and
+        mini-batches (state that spans the clients' rows, copies of rows a local pass makes), at most: the
+        grid's memory budget counts them."""
+        return 0
+
     # ---- state ------------------------------------------------------------------
     def generator(self, *path: int) -> torch.Generator:
         seed = int(np.random.SeedSequence([self.ctx.seed, *path]).generate_state(1)[0])

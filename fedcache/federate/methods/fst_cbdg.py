@@ -103,6 +103,12 @@ class FSTCBDG(Method):
         return ""
 
     @classmethod
+    def stack_bytes(cls, params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
+        # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
+        # pass's, the returned one); with refresh=all the unit features of the clients' rows.
+        return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
+
+    @classmethod
     def not_deployable(cls, params: FSTCBDGParams) -> str:
         if params.anchors == "prototypes":
             return ("anchors=prototypes averages labelled rows drawn from every client on the server, which a "
