@@ -281,15 +281,30 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
     grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))})
     text = grouping.describe()
+    if spec.jobs > 1 and len(grouping.batches) > 1:
+        text += f"; {min(spec.jobs, len(grouping.batches))} batches at a time, each in a worker process of one torch thread"
     log.info(text)
     if on_plan:
         on_plan(text)
-    for batch in grouping.batches:
-        names = [c.name for c in batch]
-        for c, resolved, result in sweep_batched.run_batch({c: runs[c] for c in batch}, tables,
-                                                           spec.out / BATCHES / sweep_batched.batch_id(names)):
-            yield c, _write_batched_cell(spec, c, resolved, result)
+    batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
+    if spec.jobs == 1 or len(batches) <= 1:
+        for batch in batches:
+            yield from _run_batch(spec, batch, tables)
+    else:  # batches side by side, one torch thread each, as the process engine runs its cells
+        yield from _in_workers(spec, [(_batch_worker, (spec, batch, folder)) for batch in batches])
     yield from _execute(spec, [c for c in todo if c in grouping.alone], folder)
+
+
+def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:
+    from fedcache import sweep_batched
+
+    folder = spec.out / BATCHES / sweep_batched.batch_id([c.name for c in batch])
+    for c, resolved, result in sweep_batched.run_batch(batch, tables, folder):
+        yield c, _write_batched_cell(spec, c, resolved, result)
+
+
+def _batch_worker(spec: GridSpec, batch: dict, folder: Path) -> list[tuple[Cell, dict]]:
+    return list(_run_batch(spec, batch, _tables(folder)))
 
 
 def _alone(spec: GridSpec, c: Cell) -> str:
@@ -410,16 +425,23 @@ def _execute(spec: GridSpec, todo: list[Cell], folder: Path) -> Iterator[tuple[C
         for c in todo:
             yield c, run_cell(spec, c, tables)
         return
+    yield from _in_workers(spec, [(_worker, (spec, c, folder)) for c in todo])
+
+
+def _in_workers(spec: GridSpec, tasks: list[tuple[Callable, tuple]]) -> Iterator:
+    """Each task's result (a (cell, row), or a list of them: flattened) as it finishes, from ``spec.jobs``
+    worker processes of one torch thread each."""
     import multiprocessing
 
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(spec.jobs, mp_context=ctx, initializer=_init_worker)
+    pool = ProcessPoolExecutor(min(spec.jobs, len(tasks)), mp_context=ctx, initializer=_init_worker)
     try:
-        futures = {pool.submit(_worker, spec, c, folder): c for c in todo}
+        futures = [pool.submit(fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
-            yield futures[fut], fut.result()
+            result = fut.result()
+            yield from result if isinstance(result, list) else [result]
     except BrokenProcessPool:
         raise FedcacheError(
             "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
@@ -455,11 +477,16 @@ def _init_worker() -> None:
 _TABLES: dict[str, tuple] = {}  # per worker process: the memory-mapped features, opened once
 
 
-def _worker(spec: GridSpec, c: Cell, folder: Path) -> dict:
+def _tables(folder: Path):
+    """The grid's shared features, read once per worker process."""
     key = str(folder)
     if key not in _TABLES:
         _TABLES[key] = read_features(folder)
-    return run_cell(spec, c, _TABLES[key])
+    return _TABLES[key]
+
+
+def _worker(spec: GridSpec, c: Cell, folder: Path) -> tuple[Cell, dict]:
+    return c, run_cell(spec, c, _tables(folder))
 
 
 def run_cell(spec: GridSpec, c: Cell, tables) -> dict:

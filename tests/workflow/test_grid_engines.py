@@ -81,3 +81,17 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
             "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8)") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16
+
+
+def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
+    """--jobs 2: the batches (one per method here) train side by side in worker processes of one torch thread;
+    the grouping does not depend on --jobs, so every cell equals the in-process grid's."""
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 2}
+    outs, plans = {}, {}
+    for jobs in (1, 2):
+        outs[jobs], plans[jobs] = tmp_path / f"jobs{jobs}", []
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+             seeds=[0], out=outs[jobs], engine="batched", jobs=jobs, on_plan=plans[jobs].append)
+    assert "2 batches at a time, each in a worker process" in " ".join(plans[2])
+    assert "worker process" not in " ".join(plans[1])
+    assert_same_cells(outs[1], outs[2])
