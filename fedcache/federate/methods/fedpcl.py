@@ -61,6 +61,7 @@ BACKBONE_HEATMAP = MethodCommand(
     spec_options=("dataset", "backbones", "store", "partition", "clients", "few_shot", "rounds", "seed", "settings"),
     defaults={"partition": "domain", "few_shot": 10},
     extra=(CommandOption("out", Path, "PNG to write.", ("--out", "-o")),),
+    example="fedcache backbone-heatmap --store feats.zarr -d digits5-offline -b efficientnet-lite0,efficientnet-lite1 -o heatmap.png",
 )
 
 
