@@ -18,30 +18,31 @@ from fedcache.federate.local import cross_entropy, rng_for
 from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.prototypes import aggregate, class_means, nearest
+from fedcache.federate.settings import Fraction, NonNegative, Positive
 from fedcache.heads import Params
 from fedcache.noise import perturb
 
 
 @dataclass(frozen=True)
 class FedPCLParams:
-    tau: float = 0.07  # paper and official code
+    tau: Positive = 0.07  # paper and official code; the loss divides by it
     # Loss ablation (workshop Table 11 / NeurIPS Table 5). Its "Cross Entropy" and "CE + ProtoDist" rows are
     # FedAvg and FedProto (the same numbers as those methods' rows in NeurIPS Table 11): the names are refused
     # here and point there (the fedpcl-table11 preset runs them on the same partition and budget).
     loss: Literal["fedpcl", "supcon", "ce", "ce+protodist"] = "fedpcl"
     prototypes: Literal["both", "global", "local"] = "both"  # Table 12 ablation: L_g, L_p, or both
-    contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 6-7 | official ConLoss
-    local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 7 averages
-    aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts) | official plain mean
+    contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 8-9 (NeurIPS numbering) | official ConLoss
+    local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 9 averages
+    aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts, without its 1/|N_j|) | official plain mean
     first_round: Literal["idle", "ce"] = "idle"  # round 1 has no prototypes: train nothing | train with CE
     predict: Literal["local", "global", "classifier"] = "local"  # nearest local prototype, as paper and code
     # Which local prototypes predict=local compares with: those the client sent (noised when noise is on; the
     # official code, so the paper's Table 15) or the clean ones it computed. Identical without noise.
     predict_with: Literal["sent", "clean"] = "sent"
-    ce_weight: float = 0.0  # > 0 adds CE on the classifier (the official code computes it and drops it)
+    ce_weight: NonNegative = 0.0  # > 0 adds CE on the classifier (the official code computes it and drops it)
     noise: Literal["none", "gaussian", "laplace"] = "none"  # Table 15: noise on uploaded prototypes
-    noise_scale: float = 0.05  # s: std (gaussian) or scale (laplace) of e
-    perturb: float = 0.1  # p: sent = (1 - p) * prototype + noise
+    noise_scale: NonNegative = 0.05  # s: std (gaussian) or scale (laplace) of e
+    perturb: Fraction = 0.1  # p: sent = (1 - p) * prototype + noise
 
 
 # loss -> (the method the paper's row is, the row's name in the paper)
