@@ -1,12 +1,15 @@
-"""A 100-cell grid of FedAvg-style runs on digits5-offline (efficientnet-lite0 features), timed end to end.
+"""A 100-cell grid of FedAvg-style runs on digits5-offline (efficientnet-lite0 features), timed end to end on both grid engines.
 
 fedavg and fedprox x lr {0.003, 0.01, 0.03, 0.1, 0.3} x Dirichlet alpha {0.1, 1} x seeds 0-4, 10 clients
-holding all of digits5-offline's training rows, 20 rounds each, evaluation every round. The time is the
-whole `fedcache.grid` call: writing the shared features, making the 10 partitions, spawning the workers
-and all 100 runs (the store's extraction is not timed; it is built first if missing, reused otherwise).
+holding all of digits5-offline's training rows, 20 rounds each, evaluation every round; run by the process
+engine (each cell its own run, --jobs worker processes of one torch thread) and by the batched engine (cells
+stacked into one computation per method), alternating in this process (--trials of each). The time is the whole
+`fedcache.grid` call: writing the shared features, making the 10 partitions, the runs and every cell's files
+(the store's extraction is not timed; it is built first if missing, reused otherwise).
 
-    .venv/bin/python benchmarks/grid_speed.py [--store PATH] [--jobs 2] [--out benchmarks/results/grid_speed.json]
-    .venv/bin/python benchmarks/grid_speed.py --render    # the markdown section of docs/performance.md
+    .venv/bin/python benchmarks/grid_speed.py [--store PATH] [--jobs 2] [--trials 2] [--out benchmarks/results/grid_speed.json]
+    .venv/bin/python benchmarks/grid_speed.py --large    # the 1,000-cell grid (10 lrs x 25 seeds), batched engine only
+    .venv/bin/python benchmarks/grid_speed.py --render   # the markdown section of docs/performance.md
 """
 from __future__ import annotations
 
@@ -14,69 +17,131 @@ import argparse
 import json
 import os
 import platform
+import resource
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 RESULT = Path(__file__).resolve().parent / "results" / "grid_speed.json"
+LARGE_RESULT = RESULT.with_name("grid_speed_large.json")
 SWEEP = {"lr": ["0.003", "0.01", "0.03", "0.1", "0.3"], "alpha": ["0.1", "1"], "partition": ["dirichlet"],
          "clients": ["10"], "rounds": ["20"]}
+LARGE = {**SWEEP, "lr": ["0.002", "0.003", "0.005", "0.01", "0.02", "0.03", "0.05", "0.1", "0.2", "0.3"]}
+TINY = {"lr": ["0.01", "0.1"], "alpha": ["0.1", "1"], "partition": ["dirichlet"], "clients": ["3"], "rounds": ["2"]}
+TINY_DATA = ("test-toy", "tiny-timm-random")  # extracted in seconds: the smoke test checks the script, not speed
 METHODS, SEEDS, DATASET, BACKBONE = ["fedavg", "fedprox"], [0, 1, 2, 3, 4], "digits5-offline", "efficientnet-lite0"
+ENGINES = ("processes", "batched")
 
 
-def measure(store: Path, jobs: int) -> dict:
+def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int]
+               ) -> tuple[float, object, list[str]]:
     import fedcache
 
-    fedcache.extract_features(DATASET, [BACKBONE], store=store)  # cached after the first time
+    plans: list[str] = []
+    t0 = time.perf_counter()
+    table = fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=METHODS, sweep=sweep, seeds=seeds,
+                          out=out, jobs=jobs, engine=engine, on_plan=plans.append)
+    return time.perf_counter() - t0, table, plans
+
+
+def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
+    """Both engines, alternating (trial t runs processes first when t is even, batched first when odd), each
+    trial into fresh directories; per engine the median of its trials' cells per minute."""
+    import fedcache
+
+    data, sweep, seeds = (TINY_DATA, TINY, [0]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
+    fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
+    out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
+    runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
+    tables: set[str] = set()
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        table = fedcache.grid(store=store, dataset=DATASET, backbones=BACKBONE, methods=METHODS, sweep=SWEEP,
-                              seeds=SEEDS, out=Path(tmp) / "grid", jobs=jobs)
-        wall = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        fedcache.grid(store=store, dataset=DATASET, backbones=BACKBONE, methods=METHODS, sweep=SWEEP,
-                      seeds=SEEDS, out=Path(tmp) / "grid", jobs=jobs)
-        rerun = time.perf_counter() - t0
-    run_seconds = sum(table.column("seconds"))
-    best = max(table.to_records(), key=lambda r: r["mean_accuracy"])
-    return {"cells": len(table), "jobs": jobs, "wall_seconds": round(wall, 1), "rerun_seconds": round(rerun, 1),
-            "sum_of_run_seconds": round(run_seconds, 1), "cells_per_minute": round(60 * len(table) / wall, 1),
-            "best_cell": {k: best[k] for k in ("method", "lr", "alpha", "seed", "mean_accuracy")},
-            "load_average_at_start": os.getloadavg()[0]}
+        for t in range(trials):
+            for engine in ENGINES if t % 2 == 0 else ENGINES[::-1]:
+                where = Path(tmp) / f"{engine}-{t}"
+                wall, table, plans = timed_grid(store, data, where, engine, jobs, sweep, seeds)
+                tables.add((where / "table.md").read_text())
+                runs[engine].append({"cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
+                                     "cells_per_minute": round(60 * len(table) / wall, 1), "load_average_after": os.getloadavg()})
+    for engine, rs in runs.items():
+        out[engine] = {"cells": rs[0]["cells"], "plan": rs[0]["plan"],
+                       "cells_per_minute": round(statistics.median(r["cells_per_minute"] for r in rs), 1), "trials": rs}
+    out["same_table_md"] = len(tables) == 1  # every trial of both engines
+    out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
+                                               for p, b in zip(runs["processes"], runs["batched"])]
+    out["batched_over_processes_cells_per_minute"] = round(out["batched"]["cells_per_minute"] / out["processes"]["cells_per_minute"], 2)
+    # The batched engine trains in this process; the process engine's runs in its worker processes.
+    out["peak_rss_mb_of_this_process"] = _peak_mb(resource.RUSAGE_SELF)
+    out["peak_rss_mb_of_a_worker_process"] = _peak_mb(resource.RUSAGE_CHILDREN)
+    return out
 
 
-def render(path: Path = RESULT) -> str:
-    """The section of docs/performance.md, from the JSON (a test keeps the page equal to it)."""
+def measure_large(store: Path, jobs: int) -> dict:
+    """The 1,000-cell grid (lr x 10, seeds 0-24), batched engine only."""
+    out: dict = {"load_average_at_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, table, plans = timed_grid(store, (DATASET, BACKBONE), Path(tmp) / "large", "batched", jobs, LARGE, list(range(25)))
+    return {**out, "cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
+            "cells_per_minute": round(60 * len(table) / wall, 1), "peak_rss_mb_of_this_process": _peak_mb(resource.RUSAGE_SELF),
+            "load_average_after": os.getloadavg()}
+
+
+def _peak_mb(who: int) -> int:
+    return round(resource.getrusage(who).ru_maxrss / 1024)
+
+
+def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
+    """The section of docs/performance.md, from the JSON files."""
     d = json.loads(path.read_text())
     r = d["result"]
-    busy = r["sum_of_run_seconds"] / r["wall_seconds"]
-    return "\n".join([
-        "## A 100-cell grid",
-        "`.venv/bin/python benchmarks/grid_speed.py`: " + d["what"] + f" ({r['jobs']} worker processes of one torch "
-        f"thread; `benchmarks/results/grid_speed.json`, {d['measured_at']}).", "",
-        f"The sum of the runs' own times over the grid's wall time was {busy:.2f} of the {r['jobs']} cores: the rest "
-        "is spawning workers, writing the shared features once (workers memory-map one float32 copy instead of "
-        "each reading the store), making the partitions and each cell's checkpoints. A re-run with every cell "
-        f"finished takes {100 * r['rerun_seconds'] / r['wall_seconds']:.1f}% of the first run's time.",
-    ]) + "\n"
+    p, b = r["processes"], r["batched"]
+    load = ", ".join(f"{x:.1f}" for x in r["load_average_at_start"])
+    per_trial = ", ".join(f"{x}x" for x in r["batched_over_processes_per_trial"])
+    lines = [
+        "## A 100-cell grid: batched engine vs process engine",
+        f"`.venv/bin/python benchmarks/grid_speed.py --trials {r['trials']}`: " + d["what"]
+        + f" (`benchmarks/results/grid_speed.json`, {d['measured_at']}, {d['machine']}; load average {load} at the start).", "",
+        "| engine | cells per minute (median of trials) | relative |", "|---|---|---|",
+        f"| processes (`--engine processes --jobs {d['jobs']}`) | {p['cells_per_minute']} | 1 |",
+        f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |", "",
+        f"Per interleaved trial, batched over processes: {per_trial}. Every trial's table.md was "
+        f"{'identical' if r['same_table_md'] else 'NOT identical'} across engines. The batched engine grouped the cells "
+        f"as: {' '.join(b['plan'])}. Peak resident memory: {r['peak_rss_mb_of_this_process']} MB for the benchmark "
+        f"process (where the batched engine trains), {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker "
+        "process of the process engine.",
+    ]
+    if large.exists():
+        L = json.loads(large.read_text())
+        R = L["result"]
+        lines += ["", f"`.venv/bin/python benchmarks/grid_speed.py --large` (`benchmarks/results/{large.name}`, "
+                  f"{L['measured_at']}): the 1,000-cell grid (lr x 10, seeds 0-24), batched engine only: "
+                  f"{R['cells_per_minute']} cells per minute ({R['wall_seconds']} s), peak resident memory "
+                  f"{R['peak_rss_mb_of_this_process']} MB ({' '.join(R['plan'])})."]
+    return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", type=Path, default=Path("/tmp/grid-speed-store.zarr"))
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=RESULT)
+    ap.add_argument("--trials", type=int, default=2, help="interleaved trials of each engine")
+    ap.add_argument("--out", type=Path, default=None, help=f"default {RESULT} ({LARGE_RESULT.name} with --large)")
+    ap.add_argument("--tiny", action="store_true", help="8 cells of 2 rounds on test-toy: checks the script runs, measures nothing")
+    ap.add_argument("--large", action="store_true", help="the 1,000-cell grid with the batched engine alone")
     ap.add_argument("--render", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.render:
-        print(render(args.out))
+        print(render(args.out or RESULT))
         return
     import torch
 
-    result = measure(args.store, args.jobs)
+    out = args.out or (LARGE_RESULT if args.large else RESULT)
+    result = measure_large(args.store, args.jobs) if args.large else measure(args.store, args.jobs, args.tiny, args.trials)
     doc = {"what": __doc__.strip().split("\n\n")[1].replace("\n", " "), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}", "result": result}
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+           "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads",
+           "jobs": args.jobs, "tiny": args.tiny, "result": result}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
 
 

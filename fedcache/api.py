@@ -10,11 +10,16 @@
     fedcache.report("grid")   # -> grid/report.html
 
 Every function takes the same names as the CLI options (with ``settings`` as a dict or ``key=value`` list)
-and reports progress through an optional callback instead of drawing anything.
+and reports progress through an optional callback instead of drawing anything. ``help()`` and
+``inspect.signature`` show every option: the signatures are built from the declarations the CLI is built
+from (``fedcache/spec.py`` for train, ``ExtractConfig`` for extract), not written out a second time.
 """
 from __future__ import annotations
 
 import dataclasses
+import html
+import inspect
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +45,8 @@ def _pairs(settings: dict[str, Any] | Iterable[str] | None) -> list[str]:
     return list(settings)
 
 
-def extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path = "fedcache-store.zarr",
-            progress: Callable | None = None, **options: Any):
+def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path = "fedcache-store.zarr",
+                      progress: Callable | None = None, **options: Any):
     """Run each backbone once over the dataset and cache the embeddings; returns one report per entry.
 
     ``options`` are ExtractConfig fields (splits, domains, device, image_size, views, dtype, ...), and the
@@ -63,8 +68,9 @@ def extract_features(dataset: str, backbones: str | Iterable[str], store: str | 
 @dataclass
 class TrainResult:
     """One federated run: ``summary`` (final accuracy, fairness, bytes), ``history`` (one dict per evaluated
-    round), and the trained state (``server``: the global parameters; ``clients``: every client's personal
-    parameters stacked along the first axis)."""
+    round), and the trained state: ``server``, the global parameters as one model (a linear head's
+    ``weight`` is (D, C) and ``bias`` (1, C): logits = x @ weight + bias), and ``clients``, every client's
+    personal parameters stacked along the first axis (client k is ``[k]``)."""
 
     summary: dict
     history: list[dict]
@@ -77,18 +83,39 @@ class TrainResult:
         """Per-round metrics as a table (per-client accuracies left out; they are in ``history``)."""
         return Table([{k: v for k, v in line.items() if k != "per_client"} for line in self.history])
 
+    def to_pandas(self):
+        """The per-round metrics as a DataFrame (needs pandas: ``pip install 'fedcache[pandas]'``)."""
+        return self.metrics.to_pandas()
+
     def __repr__(self) -> str:
         s = self.summary
         return (f"TrainResult({s['method']}: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients, "
                 f"{s['rounds']} rounds, {len(self.history)} evaluations)")
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: the summary's headline figures, then the per-round metrics."""
+        s = self.summary
+        shown = {k: s.get(k) for k in ("method", "mean_accuracy", "std_accuracy", "global_accuracy", "worst10",
+                                       "best10", "rounds", "bytes_up", "seconds") if s.get(k) is not None}
+        where = f"<p>run directory: <code>{html.escape(str(self.out))}</code></p>" if self.out else ""
+        return (f"<b>TrainResult</b>{where}" + Table([shown])._repr_html_()
+                + "<p>per-round metrics (<code>.metrics</code>, <code>.to_pandas()</code>):</p>"
+                + self.metrics._repr_html_())
+
+
+def one_model(server: dict) -> dict:
+    """The server's state without the leading axis of size 1 that stacks it like the clients' states (the
+    batched code runs the global model as K = 1 of K stacked models). Tensors without that axis (FedProto's
+    per-class prototypes, say) are returned as they are."""
+    return {k: t[0] if getattr(t, "ndim", 0) >= 2 and t.shape[0] == 1 else t for k, t in server.items()}
+
 
 def train(store: str | Path, dataset: str, backbones: str | Iterable[str], method: str,
           settings: dict[str, Any] | Iterable[str] | None = None, on_round: Callable | None = None,
           **options: Any) -> TrainResult:
-    """Federated rounds on cached features (``fedcache train``). ``options`` are the run options under
-    the CLI's names (fedcache/spec.py): partition, clients, alpha, few_shot, rounds, seed, out, resume, ...;
-    ``settings`` are the ``--set`` pairs. Values are checked (type and range) before any data is read."""
+    """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
+    under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
+    hyperparameters: ``{"lr": 0.01}``). Values are checked (type and range) before any data is read."""
     from fedcache.federate.train import train as run
     from fedcache.spec import RunSpec
 
@@ -98,7 +125,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
                           "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
     r = run(spec, on_round)
-    return TrainResult(r.summary, r.history, r.server, r.clients, spec.engine.out)
+    return TrainResult(r.summary, r.history, one_model(r.server), r.clients, spec.engine.out)
 
 
 def grid_spec(config: str | Path | None = None, **given: Any):
@@ -125,21 +152,24 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
          methods: str | Iterable[str] | None = None, sweep: dict[str, Any] | None = None,
          seeds: Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
          config: str | Path | None = None, on_cell: Callable | None = None, select: Iterable[str] | None = None,
-         track: Iterable[str] | None = None, keep_checkpoints: str | None = None) -> Table:
+         track: Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
+         max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
     ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
     ``fedcache.train``) or method/optimizer settings (lr, mu, ...). Finished cells in ``out`` are read back, not re-run.
     ``select``: sweep keys chosen per method and setting on the validation split, then run once on the test
-    split (the returned rows are the test runs).
+    split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
+    or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
+    ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts.
     """
     from fedcache.sweep import run_grid
 
     spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
                      seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,
                      select=list(select) if select else None, track=list(track) if track else None,
-                     keep_checkpoints=keep_checkpoints)
-    return run_grid(spec, on_cell)
+                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells)
+    return run_grid(spec, on_cell, on_plan=on_plan)
 
 
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:
@@ -154,3 +184,73 @@ def _check_keys(cls: type, options: dict, what: str) -> None:
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigError(f"fedcache.{what}(): unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+# ---- signatures ----------------------------------------------------------------------------
+# help() and inspect.signature show the real parameters, built from the declarations the CLI uses, so
+# they cannot drift from what the functions accept (tests/workflow/test_api.py checks both).
+def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _fixed(fn: Callable, options: list[inspect.Parameter]) -> inspect.Signature:
+    """``fn``'s own parameters (annotations resolved, not text) with ``**options`` replaced by ``options``."""
+    hints = typing.get_type_hints(fn)
+    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return inspect.Signature(own + options, return_annotation=hints.get("return", inspect.Signature.empty))
+
+
+def _train_signature() -> inspect.Signature:
+    from fedcache.spec import SECTIONS, options
+
+    taken = set(inspect.signature(train).parameters) | {"settings"}
+    hints = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}  # without the range annotations
+    return _fixed(train, [_keyword(o.name, None if o.required else o.default, hints[o.section][o.field])
+                          for o in options() if o.name not in taken])
+
+
+def _option_lines(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(f"    {name}: {text}" for name, text in rows)
+
+
+def _train_doc() -> str:
+    from fedcache.spec import options
+
+    taken = set(inspect.signature(train).parameters)
+    rows = [(o.name, o.opt.help if isinstance(o.opt.help, str) else "see `fedcache train --help`")
+            for o in options() if o.name not in taken]
+    return train.__doc__ + "\n\n    Options (fedcache/spec.py; the CLI's --options under the same names):\n" + _option_lines(rows)
+
+
+train.__doc__ = _train_doc()
+train.__signature__ = _train_signature()
+grid.__signature__ = _fixed(grid, [])
+
+
+def _with_extract_signature(fn: Callable) -> Callable:
+    """extract's options are ExtractConfig's and DatasetOptions' fields; reading them imports the
+    extraction code (torch), so this runs on first access of ``extract_features``, not on ``import fedcache``."""
+    from fedcache.extract.datasets import DatasetOptions
+    from fedcache.extract.runner import ExtractConfig
+
+    taken = set(inspect.signature(fn).parameters) | {"dataset_options"}
+    params, seen = [], set()
+    for cls in (ExtractConfig, DatasetOptions):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in taken or f.name in seen:
+                continue
+            seen.add(f.name)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            params.append(_keyword(f.name, default, hints[f.name]))
+    fn.__signature__ = _fixed(fn, params)
+    fn.__name__ = fn.__qualname__ = "extract_features"
+    return fn
+
+
+def __getattr__(name: str) -> Any:
+    if name == "extract_features":
+        fn = globals()["extract_features"] = _with_extract_signature(_extract_features)
+        return fn
+    raise AttributeError(f"module 'fedcache.api' has no attribute {name!r}")

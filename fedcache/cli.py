@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 import typer.core
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -21,7 +22,7 @@ from rich.text import Text
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.paths import writable_file
 from fedcache.progress import PlainProgress
-from fedcache.spec import Option, RunSpec, default_store, options
+from fedcache.spec import Option, RunSpec, default_store, grid_options, options
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -80,7 +81,7 @@ def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]
             typ, default = o.base, ... if o.required else o.default
             if o.default is None:
                 typ = Optional[typ]
-        option = typer.Option(default, *o.flags, help=help_for.get(o.name, o.help))
+        option = typer.Option(default, *o.flags, help=escape(help_for.get(o.name, o.help)))  # help is rich markup
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=typ))
     return params
 
@@ -518,7 +519,7 @@ def _method_command(mc, method: str):
                for o in mc.extra]
     run.__signature__ = inspect.Signature(params)
     sub = typer.Typer(add_completion=False)
-    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS)(run)
+    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS, epilog=f"Example: {mc.example}" if mc.example else None)(run)
     return typer.main.get_command(sub)
 
 
@@ -541,21 +542,30 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     from fedcache.sweep import run_grid
 
     how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
+    engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, sweep=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
-                     keep_checkpoints=how["keep_checkpoints"])
+                     keep_checkpoints=how["keep_checkpoints"], **engine)
+    trained = []
+    t0 = time.perf_counter()
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
+            trained.append(row)
             progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
 
-        run_grid(spec, on_cell)
-    console.print((spec.out / "table.md").read_text())
+        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
+    seconds = time.perf_counter() - t0
+    # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
+    console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
+    if trained:
+        console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
+                      f"({spec.engine} engine)")
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 
@@ -569,23 +579,28 @@ def _grid_signature() -> inspect.Signature:
         ("backbones", Optional[str], typer.Option(None, "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train).")),
         ("method", Optional[str], typer.Option(None, "--method", "-m", help="Comma-separated methods.")),
         ("settings", List[str], typer.Option([], "--set", help="key=v1,v2,...: a method/optimizer setting, or an axis of it; repeatable.")),
-        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds (default 0).")),
-        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each (default 1).")),
+        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds. \\[default: 0]")),
+        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each. \\[default: 1]")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
         ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
+    for o in grid_options():  # grid's own options that the spec declares
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" Default {o.default}."))))
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
-        what = o.help.rstrip(".")
+        what = escape(o.help.rstrip("."))
+        # train's default, shown as train's help shows it (\\[ is a literal bracket in rich markup)
+        default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
+        shown = "" if o.default in (None, ()) else f" \\[default: {default}]"
         if o.name in GRID_HOW:
-            opt, typ = typer.Option(None, *o.flags, help=f"{o.help.rstrip('.')} (every cell; not an axis)."), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell; not an axis).{shown}"), Optional[str]
         elif o.base is bool:  # a switch sets every cell
             opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
         else:
-            default = "" if o.default is None else f"; default {o.default}"
-            opt, typ = typer.Option(None, *o.flags, help=f"{what}{default}. v1,v2,... makes an axis."), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
     return inspect.Signature(params)
 
@@ -661,6 +676,45 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     from fedcache.flower.project import write_app
 
     console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
+
+
+# One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one
+# (a method's own commands carry theirs in their hook, MethodCommand.example).
+EXAMPLES = {
+    "extract": "fedcache extract -d digits5-offline -b efficientnet-lite0 --store feats.zarr",
+    "datasets": "fedcache datasets",
+    "backbones": "fedcache backbones",
+    "methods": "fedcache methods",
+    "demo": "fedcache demo --store feats.zarr -b efficientnet-lite0 -o runs/demo-lite0",
+    "train": "fedcache train --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg --partition dirichlet "
+             "--alpha 0.5 --clients 10 --rounds 50 -o runs/fedavg",
+    "partition": "fedcache partition --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition dirichlet "
+                 "--alpha 0.5 --plot part",
+    "grid": "fedcache grid --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg,fedprox --partition dirichlet "
+            "--alpha 0.1,1 --subsample 0.8 --set lr=1e-3,1e-2 --select lr --seeds 0,1,2 -j 2 -o runs/cmp",
+    "report": "fedcache report runs/cmp",
+    "reproduce": "fedcache reproduce fedpcl-table2 --dry-run",
+    "shard": "fedcache shard --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition domain --clients 5 -o shards",
+    "flower-app": "fedcache flower-app my-flower-app",
+    "store ls": "fedcache store ls --store feats.zarr",
+    "store info": "fedcache store info 3f2a --store feats.zarr",
+    "store verify": "fedcache store verify --store feats.zarr --repair",
+    "store rm": "fedcache store rm --stale --store feats.zarr",
+    "store export": "fedcache store export --store feats.zarr -d digits5-offline -b efficientnet-lite0 -o lite0.npz",
+    "store import": "fedcache store import mine.npz -d mydata -b my-encoder --store feats.zarr",
+}
+
+
+def _add_examples(group: typer.Typer, prefix: str = "") -> None:
+    for info in group.registered_commands:
+        name = prefix + (info.name or info.callback.__name__.replace("_", "-"))
+        if name in EXAMPLES:  # tests/test_cli.py fails a command without one
+            info.epilog = f"Example: {EXAMPLES[name]}"
+    for sub in group.registered_groups:
+        _add_examples(sub.typer_instance, f"{prefix}{sub.name} ")
+
+
+_add_examples(app)
 
 
 INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` stops

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedcache.extract.runner import ExtractConfig, ProgressFn, extract
+from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, extract
 from fedcache.federate.data import load_fused
 from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.train import train
@@ -55,9 +55,13 @@ def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, ro
     result = DemoResult(_probes(train_t, test_t, out), random_weights=train_t.random_weights, backbones=tuple(backbones))
     base = RunSpec.of(store=store, dataset=dataset, backbones=backbones, method="fedavg", partition="domain",
                       clients=len(train_t.domain_names), few_shot=few_shot, rounds=rounds)
+    say = progress or (lambda e: None)
+    stage = f"demo: {len(methods)} methods x {rounds} rounds"  # a log shows each method finish, with an ETA
+    say(ProgressEvent("start", stage, total=len(methods)))
     for m in methods:
         cfg = base.replace(method=m, settings=SETTINGS.get(m, []), out=(out / m) if out else None)
         result.runs[m] = train_or_reuse(cfg, (train_t, test_t))
+        say(ProgressEvent("advance", stage, advance=1))
     if out is not None:
         if heatmap and len(backbones) > 1 and "fedpcl" in methods:
             _contribution(base.replace(method="fedpcl", rounds=min(rounds, CONTRIBUTION_ROUNDS)), out)

@@ -165,10 +165,28 @@ class EngineSpec(Section):
                                  help="Where trackers write (default: --out; a grid's cells use the grid's --out).")
 
 
+@dataclass(frozen=True)
+class GridEngineSpec(Section):
+    """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
+
+    engine: Literal["batched", "processes"] = opt(
+        "batched", axis=False, recorded=False,
+        help="batched: cells that share data, method, head and round schedule train together as one stacked "
+             "computation (methods that cannot run as cell-by-cell processes, transparently); processes: every cell "
+             "in its own run (--jobs worker processes).")
+    max_batch_cells: PositiveInt | None = opt(
+        None, axis=False, recorded=False,
+        help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")
+
+
 SECTIONS: dict[str, type[Section]] = {
     "data": DataSpec, "partition": PartitionSpec, "method": MethodSpec, "optim": OptimSpec, "head": HeadSpec,
     "schedule": ScheduleSpec, "engine": EngineSpec,
 }
+
+
+# Options of `fedcache grid` itself (not of a run), declared like the run's: the CLI and GridSpec read them here.
+GRID_SECTIONS: dict[str, type[Section]] = {"grid": GridEngineSpec}
 
 
 @dataclass(frozen=True)
@@ -224,12 +242,17 @@ def options(*sections: str) -> list[Option]:
     """The options of the given sections (all by default), in declaration order."""
     out = []
     for sec in sections or tuple(SECTIONS):
-        cls = SECTIONS[sec]
+        cls = {**SECTIONS, **GRID_SECTIONS}[sec]
         types = fields_of(cls)
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out.append(Option(sec, f.name, types[f.name], f.metadata["opt"], default))
     return out
+
+
+def grid_options() -> list[Option]:
+    """The options of ``fedcache grid`` itself that the spec declares (engine, max_batch_cells)."""
+    return options(*GRID_SECTIONS)
 
 
 def is_option(name: str) -> bool:
@@ -433,7 +456,7 @@ def _plain(value: Any, json: bool, sep: str) -> Any:
     return value
 
 
-_SECTION_NAMES = {cls: name for name, cls in SECTIONS.items()}
+_SECTION_NAMES = {cls: name for name, cls in {**SECTIONS, **GRID_SECTIONS}.items()}
 _BY_NAME_ONLY = {o.name: o for o in options()}
 _BY_KEY = {o.key: o for o in options()}
 _BY_NAME = {**_BY_NAME_ONLY, **_BY_KEY}

@@ -38,7 +38,7 @@ from fedcache.table import Table
 
 log = logging.getLogger(__name__)
 
-from fedcache.spec import RunSpec, is_option, option, options
+from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, option, options
 
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
@@ -66,6 +66,8 @@ class GridSpec:
     # How each cell runs, not what it computes (left out of the grid's identity, like jobs).
     track: list[str] = field(default_factory=list)
     keep_checkpoints: str = "last"
+    engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these two (GridEngineSpec)
+    max_batch_cells: int | None = None
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
@@ -83,11 +85,13 @@ class GridSpec:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
+        how = GridEngineSpec(**{o.field: o.parse(getattr(self, o.field)) for o in grid_options()})  # checks them
+        self.engine, self.max_batch_cells = how.engine, how.max_batch_cells
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
-        for how in ("jobs", "track", "keep_checkpoints"):  # how the cells run does not change their results
+        for how in ("jobs", "track", "keep_checkpoints", "engine", "max_batch_cells"):  # how the cells run does not change their results
             d.pop(how)
         return d
 
@@ -222,13 +226,15 @@ def read_features(folder: Path):
 
 # ---- running ---------------------------------------------------------------------------------
 CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell just finished)
+PlanCallback = Callable[[str], None]  # how the engine runs the cells, said before it starts
 
 
-def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None) -> Table:
+def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
+             on_plan: PlanCallback | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md.
     ``only``: these cells instead of the whole product (the test runs of a --select grid)."""
     if spec.select and only is None:
-        return run_selected(spec, on_cell)
+        return run_selected(spec, on_cell, on_plan)
     todo_cells = cells(spec) if only is None else only
     _check_cells(spec, todo_cells)
     _check_spec(spec)
@@ -244,7 +250,7 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cel
         else:
             pending.append(c)
     total = len(todo_cells)
-    for c, row in _execute(spec, pending, folder):
+    for c, row in _engine(spec, pending, folder, on_plan):
         rows[c] = row
         if on_cell:
             on_cell(len(rows), total, row)
@@ -257,7 +263,77 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cel
 VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
 
 
-def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
+def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
+    if spec.engine == "batched" and todo:
+        return _batched(spec, todo, folder, on_plan)
+    if on_plan and todo:
+        on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(spec.jobs, len(todo))} at a time")
+    return _execute(spec, todo, folder)
+
+
+BATCHES = "batches"  # a batch's checkpoint while it trains: out/batches/<id>/
+
+
+def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
+    """The batched engine (sweep_batched.py): stackable cells in batches, the others as their own runs."""
+    from fedcache import sweep_batched
+
+    tables = read_features(folder)
+    runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
+    grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))})
+    text = grouping.describe()
+    if spec.jobs > 1 and len(grouping.batches) > 1:
+        text += f"; {min(spec.jobs, len(grouping.batches))} batches at a time, each in a worker process of one torch thread"
+    log.info(text)
+    if on_plan:
+        on_plan(text)
+    batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
+    if spec.jobs == 1 or len(batches) <= 1:
+        for batch in batches:
+            yield from _run_batch(spec, batch, tables)
+    else:  # batches side by side, one torch thread each, as the process engine runs its cells
+        yield from _in_workers(spec, [(_batch_worker, (spec, batch, folder)) for batch in batches])
+    yield from _execute(spec, [c for c in todo if c in grouping.alone], folder)
+
+
+def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:
+    from fedcache import sweep_batched
+
+    folder = spec.out / BATCHES / sweep_batched.batch_id([c.name for c in batch])
+    for c, resolved, result in sweep_batched.run_batch(batch, tables, folder):
+        yield c, _write_batched_cell(spec, c, resolved, result)
+
+
+def _batch_worker(spec: GridSpec, batch: dict, folder: Path) -> list[tuple[Cell, dict]]:
+    return list(_run_batch(spec, batch, _tables(folder)))
+
+
+def _alone(spec: GridSpec, c: Cell) -> str:
+    """Why the grid runs this cell as its own run whatever its method, or empty."""
+    from fedcache.federate.checkpoints import CHECKPOINT
+
+    if spec.track:
+        return "--track sends each run's metrics as it trains"
+    if spec.keep_checkpoints == "all":
+        return "--keep-checkpoints all keeps every round of each run"
+    if (spec.out / CELLS / c.name / CHECKPOINT).exists():
+        return "started as its own run (resumed as one)"
+    return ""
+
+
+def _write_batched_cell(spec: GridSpec, c: Cell, resolved: dict, result) -> dict:
+    from fedcache.sweep_batched import write_run
+
+    out = spec.out / CELLS / c.name
+    if out.exists():
+        shutil.rmtree(out)  # a cell started by another engine and never checkpointed
+    out.mkdir(parents=True)
+    _write_cell_json(out, c)
+    write_run(out, resolved, result, spec.keep_checkpoints == "last")
+    return _row(c, result.summary, out)
+
+
+def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
     """--select: every cell on the validation split (spare training rows) in ``out/validation``; per
     method and other settings the selected axes' values with the best mean over seeds; those alone on
     the test split in ``out/test``, with the same seeds and partitions. ``out/table.md`` shows the test
@@ -266,13 +342,17 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
 
     if "validation" in spec.sweep:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+    _check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
     base = dataclasses.replace(spec, select=[])
+    n_tuned = len(cells(base))
+    n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
     tuned = run_grid(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
-                     on_cell)
+                     _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan)
     choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
-    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), on_cell, only=picked)
+    tested = run_grid(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
+                      only=picked, on_plan=on_plan)
     (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
         {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
          "candidates": [{**dict(v), "validation_score": sc} for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
@@ -282,6 +362,13 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None) -> Table:
     return tested
 
 
+def _counting(on_cell: CellCallback | None, before: int, total: int) -> CellCallback | None:
+    """One count over both stages of a --select grid (validation, then test), so progress never goes back."""
+    if on_cell is None:
+        return None
+    return lambda done, _, row: on_cell(before + done, total, row)
+
+
 def _check_spec(spec: GridSpec) -> None:
     """A grid directory belongs to one grid: resuming with other options would mix results."""
     path = spec.out / SPEC
@@ -289,16 +376,20 @@ def _check_spec(spec: GridSpec) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != mine:
-            differ = sorted(k for k in {*saved, *mine} if saved.get(k) != mine.get(k))
-            if "sweep" in differ:
-                old, new = saved.get("sweep", {}), mine.get("sweep", {})
-                differ.remove("sweep")
-                differ += sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
-            raise ConfigError(f"{spec.out} holds a different grid (it differs in {', '.join(differ)}; see {path}); "
+            raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine)}; see {path}); "
                               "use the same options to resume it, or another --out")
         return
     spec.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def _differences(saved: dict, mine: dict) -> str:
+    """``methods (fedavg,fedproto there, fedavg here), alpha (...)``: the keys, swept keys one by one."""
+    old, new = saved.get("sweep", {}), mine.get("sweep", {})
+    pairs = [(k, saved.get(k), mine.get(k)) for k in sorted({*saved, *mine}) if k != "sweep" and saved.get(k) != mine.get(k)]
+    pairs += [(k, old.get(k), new.get(k)) for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    shown = lambda v: "unset" if v in (None, []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+    return ", ".join(f"{k} ({shown(a)} there, {shown(b)} here)" for k, a, b in pairs)
 
 
 def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
@@ -335,16 +426,23 @@ def _execute(spec: GridSpec, todo: list[Cell], folder: Path) -> Iterator[tuple[C
         for c in todo:
             yield c, run_cell(spec, c, tables)
         return
+    yield from _in_workers(spec, [(_worker, (spec, c, folder)) for c in todo])
+
+
+def _in_workers(spec: GridSpec, tasks: list[tuple[Callable, tuple]]) -> Iterator:
+    """Each task's result (a (cell, row), or a list of them: flattened) as it finishes, from ``spec.jobs``
+    worker processes of one torch thread each."""
     import multiprocessing
 
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(spec.jobs, mp_context=ctx, initializer=_init_worker)
+    pool = ProcessPoolExecutor(min(spec.jobs, len(tasks)), mp_context=ctx, initializer=_init_worker)
     try:
-        futures = {pool.submit(_worker, spec, c, folder): c for c in todo}
+        futures = [pool.submit(fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
-            yield futures[fut], fut.result()
+            result = fut.result()
+            yield from result if isinstance(result, list) else [result]
     except BrokenProcessPool:
         raise FedcacheError(
             "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
@@ -380,16 +478,21 @@ def _init_worker() -> None:
 _TABLES: dict[str, tuple] = {}  # per worker process: the memory-mapped features, opened once
 
 
-def _worker(spec: GridSpec, c: Cell, folder: Path) -> dict:
+def _tables(folder: Path):
+    """The grid's shared features, read once per worker process."""
     key = str(folder)
     if key not in _TABLES:
         _TABLES[key] = read_features(folder)
-    return run_cell(spec, c, _TABLES[key])
+    return _TABLES[key]
+
+
+def _worker(spec: GridSpec, c: Cell, folder: Path) -> tuple[Cell, dict]:
+    return c, run_cell(spec, c, _tables(folder))
 
 
 def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     """One run in its own directory; an interrupted one resumes from its checkpoint."""
-    from fedcache.federate.loop import CHECKPOINT
+    from fedcache.federate.checkpoints import CHECKPOINT
     from fedcache.federate.train import train
 
     out = spec.out / CELLS / c.name
@@ -397,10 +500,14 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     if not resume and out.exists():
         shutil.rmtree(out)  # started but never checkpointed: nothing to keep
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
+    _write_cell_json(out, c)
     cfg = train_config(spec, c, out).replace(resume=resume)
     result = train(cfg, tables=tables, run_name=c.name)
     return _row(c, result.summary, out)
+
+
+def _write_cell_json(out: Path, c: Cell) -> None:
+    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
 
 
 def _row(c: Cell, summary: dict, out: Path) -> dict:

@@ -1,14 +1,18 @@
 """A small table of records (one dict per row): what the Python API returns instead of a DataFrame.
 
-pandas is not a dependency; ``to_pandas()`` works where it is installed, and ``to_records()`` is what
-``pandas.DataFrame(...)`` (or polars, or the csv module) takes anyway.
+pandas is an extra (``pip install 'fedcache[pandas]'``); ``to_pandas()`` works where it is installed, and
+``to_records()`` is what ``pandas.DataFrame(...)`` (or polars, or the csv module) takes anyway. In a
+notebook a Table shows itself as an HTML table (``_repr_html_``).
 """
 from __future__ import annotations
 
 import csv
+import html
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+HTML_ROWS = 50  # rows a notebook shows of a Table; the rest are counted
 
 
 class Table:
@@ -27,7 +31,8 @@ class Table:
         try:
             import pandas as pd
         except ImportError:
-            raise ImportError("to_pandas() needs pandas (pip install pandas); to_records() gives the rows without it") from None
+            raise ImportError("to_pandas() needs pandas: pip install 'fedcache[pandas]' (or pip install pandas); "
+                              "to_records() gives the rows without it") from None
         return pd.DataFrame(self.to_records(), columns=self.columns)
 
     def column(self, name: str) -> list[Any]:
@@ -60,6 +65,22 @@ class Table:
 
     def __repr__(self) -> str:
         return f"Table({len(self)} rows; columns: {', '.join(self.columns)})"
+
+    def _repr_html_(self, max_rows: int = HTML_ROWS) -> str:
+        """What a notebook shows: the first ``max_rows`` rows, numbers to 4 significant digits."""
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_shown(r.get(c)))}</td>" for c in self.columns) + "</tr>"
+                       for r in self.rows[:max_rows])
+        more = f"<p>... {len(self) - max_rows} more rows (all of them: to_records(), to_pandas())</p>" if len(self) > max_rows else ""
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table><p>{len(self)} rows</p>{more}"
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def _parse(text: str) -> Any:

@@ -157,7 +157,11 @@ def _all_commands():
             else:
                 yield " ".join(prefix + (name,)), cmd
 
-    return list(walk(root, ()))
+    from fedcache.federate.methods import METHODS
+
+    ctx = root.make_context("fedcache", ["--help"], resilient_parsing=True)
+    methods = [(c.name, root.get_command(ctx, c.name)) for _, cls in METHODS.items() for c in cls.commands]
+    return list(walk(root, ())) + methods  # commands that methods declare too (fedpcl's backbone-heatmap)
 
 
 def test_every_option_has_help_and_a_short_flag_means_one_thing():
@@ -203,3 +207,38 @@ def test_grid_seeds_must_be_whole_numbers(capsys, tmp_path):
     code, _, err = run(capsys, "grid", "--store", str(tmp_path / "missing.zarr"), "-d", "x", "-b", "y", "-m", "fedavg",
                        "--seeds", "0,a", "-o", str(tmp_path / "g"))
     assert code == 2 and "'a': expected int" in err and "Traceback" not in err, err
+
+
+def test_every_command_shows_an_example_that_parses(capsys):
+    import shlex
+
+    for name, cmd in _all_commands():
+        assert (cmd.epilog or "").startswith(f"Example: fedcache {name}"), f"{name} has no example in its help"
+        words = shlex.split(cmd.epilog.removeprefix("Example: "))[1 + len(name.split()):]
+        cmd.make_context(name, words)  # raises on an unknown option or a missing required one
+    assert main(["store", "rm", "-h"]) == 0 and "Example: fedcache store rm" in capsys.readouterr().out
+
+
+def test_grid_shows_train_s_defaults_as_train_does():
+    """A grid option is unset unless given (so it is no axis), but its help shows the default train uses."""
+    from fedcache.cli import GRID_OWN
+    from fedcache.spec import grid_options
+
+    commands = dict(_all_commands())
+    # grid's own options (e.g. --engine batched|processes) are not train's and show grid's default
+    own = set(GRID_OWN) | {o.name for o in grid_options()}
+    grid = {p.name: p for p in commands["grid"].params if p.name not in own}
+    checked = 0
+    for p in commands["train"].params:
+        if p.name in grid and not p.is_flag and p.default not in (None, [], (), ""):
+            assert f"\\[default: {p.default}]" in grid[p.name].help, (p.name, grid[p.name].help)
+            checked += 1
+    assert checked >= 10
+
+
+def test_help_text_with_brackets_is_shown_as_written(capsys, monkeypatch):
+    """Help is rich markup: 'fedcache[tensorboard]' lost its extra ([tensorboard] read as a style)."""
+    monkeypatch.setenv("COLUMNS", "300")  # one line per option
+    for command in ("train", "grid"):
+        assert main([command, "-h"]) == 0
+        assert "pip install 'fedcache[tensorboard]' / 'fedcache[mlflow]'" in capsys.readouterr().out

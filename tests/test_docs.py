@@ -140,4 +140,7 @@ def test_every_file_the_docs_name_exists():
         for ref in re.findall(r"\b((?:benchmarks|tests|fedcache)/[\w/.-]+\.(?:py|json|toml))\b", page.read_text()):
             if not (ROOT / ref).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {ref}")
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):  # relative to the page
+            if "://" not in image and not (page.parent / image).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {image}")
     assert not missing

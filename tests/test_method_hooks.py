@@ -70,6 +70,16 @@ def test_fedpcl_declares_the_backbone_heatmap_and_the_cli_does_not():
     assert [n for n, cls in METHODS.items() if cls.commands] == ["fedpcl"]
 
 
+def test_every_method_command_shows_an_example_that_parses():
+    import shlex
+
+    from fedcache.cli import _method_commands
+
+    for name, cmd in _method_commands(taken=set()).items():
+        assert (cmd.epilog or "").startswith(f"Example: fedcache {name} "), f"{name} has no example in its help"
+        cmd.make_context(name, shlex.split(cmd.epilog.removeprefix("Example: "))[2:])
+
+
 def test_method_commands_are_listed_by_methods(capsys):
     from fedcache.cli import main
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from rich.markup import escape
 
 import fedcache
 from fedcache.cli import GRID_HOW, GRID_OWN, GRID_SKIPS, app, main
@@ -38,7 +39,7 @@ def test_every_train_option_comes_from_the_spec():
     for o in options():
         p = params[o.name]
         assert _flags(p) == _spec_flags(o), o.name
-        assert p.help == o.help and p.required == o.required, o.name
+        assert p.help == escape(o.help) and p.required == o.required, o.name  # help is rich markup
         if not o.required:
             assert p.default == (list(o.default) if o.opt.repeatable else ",".join(o.default) if o.base is tuple
                                  else o.default), o.name

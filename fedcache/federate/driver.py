@@ -121,15 +121,9 @@ def run(method: Method, cfg: RunConfig, engine: Engine, on_round: RoundCallback 
     for rnd in range(state.rnd, cfg.rounds):
         clients = sample_clients(method, cfg, rnd)
         down = method.broadcast(state.server, rnd)
-        got = engine.round(state, rnd, clients, down)
-        if got.clients:
-            settle(method, state, rnd, got.clients, down, got.result)
-        state.losses += got.losses
-        line = None
-        if evaluation_due(cfg, rnd):
-            line = metrics_line(method, state, engine, rnd)
+        line = close_round(method, cfg, engine, state, rnd, down, engine.round(state, rnd, clients, down))
+        if line is not None:
             history.append(line)
-            state.losses = []
         state.rnd, state.seconds = rnd + 1, time.perf_counter() - t0
         _persist(cfg, state, line, engine)
         if on_round:
@@ -145,6 +139,20 @@ def sample_clients(method: Method, cfg: RunConfig, rnd: int) -> list[int]:
         return list(range(n))
     m = max(1, round(cfg.fraction * n))
     return sorted(int(k) for k in rng_for(method.ctx.seed, rnd, 0, 0, 2).choice(n, m, replace=False))
+
+
+def close_round(method: Method, cfg: RunConfig, engine: Engine, state: RunState, rnd: int, down: Params,
+                got: Round) -> dict | None:
+    """What follows the clients' half of round ``rnd``: the server's half, and the metrics line if one is due
+    (returned)."""
+    if got.clients:
+        settle(method, state, rnd, got.clients, down, got.result)
+    state.losses += got.losses
+    if not evaluation_due(cfg, rnd):
+        return None
+    line = metrics_line(method, state, engine, rnd)
+    state.losses = []
+    return line
 
 
 def settle(method: Method, state: RunState, rnd: int, clients: list[int], down: Params, result: LocalResult) -> None:
@@ -236,10 +244,21 @@ def initial_state(method: Method, cfg: RunConfig, engine: Engine) -> RunState:
         return RunState(0, method.init_server(), engine.init_clients())
     ck = load_checkpoint(cfg.out, method.name)
     engine.load_state_dict(ck.get("engine", {}))
+    return state_from_checkpoint(method, cfg, ck)
+
+
+def state_from_checkpoint(method: Method, cfg: RunConfig, ck: dict) -> RunState:
     # Older checkpoints kept no losses, and no senders: the sampled clients of those rounds sent.
     senders = ck.get("senders") or [len(sample_clients(method, cfg, r)) if method.federated else 0 for r in range(ck["rnd"])]
     return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
                     ck["seconds"], list(ck.get("losses", [])), list(senders))
+
+
+def checkpoint_of(state: RunState) -> dict:
+    """The run state as a checkpoint keeps it (``state_from_checkpoint`` reads it back)."""
+    return {"rnd": state.rnd, "server": state.server, "clients": state.clients, "bytes_up": state.bytes_up,
+            "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds,
+            "losses": state.losses, "senders": state.senders}  # so that a run resumed between two metrics lines reports the same train_loss
 
 
 def _persist(cfg: RunConfig, state: RunState, line: dict | None, engine: Engine) -> None:
@@ -247,9 +266,7 @@ def _persist(cfg: RunConfig, state: RunState, line: dict | None, engine: Engine)
         return
     if line is not None:
         append_line(cfg.out / METRICS, line)
-    ck = {"rnd": state.rnd, "server": state.server, "clients": state.clients, "bytes_up": state.bytes_up,
-          "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds,
-          "losses": state.losses, "senders": state.senders}  # so that a run resumed between two metrics lines reports the same train_loss
+    ck = checkpoint_of(state)
     extra = engine.state_dict()
     save_checkpoint(cfg.out, {**ck, "engine": extra} if extra else ck, cfg.keep_checkpoints == "all")
 
@@ -257,6 +274,11 @@ def _persist(cfg: RunConfig, state: RunState, line: dict | None, engine: Engine)
 def _finish(cfg: RunConfig, summary: dict) -> None:
     if cfg.out is None:
         return
-    (cfg.out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary(cfg.out, summary)
     if cfg.keep_checkpoints == "none":
         (cfg.out / CHECKPOINT).unlink(missing_ok=True)
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """summary.json, written last: its presence marks the run finished."""
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")

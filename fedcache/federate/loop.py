@@ -30,7 +30,7 @@ class InProcess(Engine):
     def round(self, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
         with recording_losses() as losses:
             result = _local(self.method, self.batched, rnd, clients, down, _gather(state.clients, clients))
-        _check_states(self.method, state.clients, result.states)
+        check_states(self.method, state.clients, result.states)
         _scatter(state.clients, result.states, clients)
         return Round(clients, result, losses)
 
@@ -47,7 +47,7 @@ def _local(method: Method, batched: bool, rnd: int, clients: list[int], down: Pa
 
 
 # Gather and scatter behave the same whatever --fraction is: a method gets its clients' states and
-# returns all of them (_check_states), and what it returns is what the store holds after the round.
+# returns all of them (check_states), and what it returns is what the store holds after the round.
 # Only where the bytes go differs: when every client trains, the stored tensors themselves are handed
 # over (local training updates weights in place, and _scatter copies only the tensors a method
 # replaced, such as the BatchNorm statistics a head returns); a subset gets copies, written back.
@@ -59,7 +59,7 @@ def _gather(stacked: Params, idx: list[int]) -> Params:
     return {n: t[idx] for n, t in stacked.items()}
 
 
-def _check_states(method: Method, stacked: Params, returned: Params) -> None:
+def check_states(method: Method, stacked: Params, returned: Params) -> None:
     """A method returns its clients' whole personal state: a state it kept only by updating the given
     tensors in place would survive a round of every client but be lost with --fraction < 1."""
     if set(returned) != set(stacked):

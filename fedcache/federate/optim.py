@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch.optim.adam import adam as _torch_adam
@@ -19,55 +20,76 @@ Params = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RowOptim:
+    """Consecutive blocks of rows with their own settings: (rows, config) in row order, one optimizer kind.
+
+    Several federations trained as one stack (federate/batched.py) each keep their own learning rate,
+    decay, momentum or betas. Each block gets its own call of torch's fused kernel, on views of its rows,
+    so a federation's update is the very computation its own run makes (a per-row learning-rate tensor
+    would change the kernel's arithmetic)."""
+
+    parts: tuple[tuple[int, OptimConfig], ...]
+
+    def __post_init__(self) -> None:
+        if len({c.optimizer for _, c in self.parts}) > 1:
+            raise ValueError("one stack trains with one optimizer kind (sgd or adam)")
+
+    @property
+    def optimizer(self) -> str:
+        return self.parts[0][1].optimizer
+
+
 class StackedOptimizer:
-    def __init__(self, params: Params, cfg: OptimConfig, keys: tuple[str, ...] | None = None) -> None:
-        self.cfg = cfg  # t: steps taken so far, per client
+    def __init__(self, params: Params, cfg: OptimConfig | RowOptim, keys: tuple[str, ...] | None = None) -> None:
         self.keys = tuple(keys) if keys is not None else tuple(params)
         k = next(iter(params.values())).shape[0]
-        self.t = torch.zeros(k)
+        self.parts = cfg.parts if isinstance(cfg, RowOptim) else ((k, cfg),)
+        if sum(n for n, _ in self.parts) != k:
+            raise ValueError(f"optimizer settings for {sum(n for n, _ in self.parts)} rows, parameters have {k}")
+        self.t = torch.zeros(k)  # steps taken so far, per client
         self.m = {n: torch.zeros_like(params[n]) for n in self.keys}
         self.v = {n: torch.zeros_like(params[n]) for n in self.keys} if cfg.optimizer == "adam" else {}
 
     @torch.no_grad()
     def step(self, params: Params, grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
-        if bool(active.all()):  # the common case: update everything in place
-            self._apply([params[n] for n in self.keys], [grads[n] for n in self.keys], self.t)
-            self.t += 1
+        """One step of the active clients; each block of rows (one block unless RowOptim) on its own, so a
+        block whose rows are all active is updated in place (views), as a single run's would be."""
+        start = 0
+        for rows, cfg in self.parts:
+            block = slice(start, start + rows)
+            start += rows
+            live = active[block]
+            if bool(live.all()):  # the common case
+                self._step_rows(cfg, params, grads, block)
+            elif bool(live.any()):
+                self._step_rows(cfg, params, grads, live.nonzero().squeeze(1) + block.start)
+        self.t += active.to(self.t.dtype)
+
+    def _step_rows(self, cfg: OptimConfig, params: Params, grads: Params, rows: slice | torch.Tensor) -> None:
+        """Update ``rows`` (a slice: views, updated in place; indices: copies, written back)."""
+        ps = [params[n][rows] for n in self.keys]
+        ms = [self.m[n][rows] for n in self.keys]
+        vs = [self.v[n][rows] for n in self.keys] if self.v else []
+        self._apply_block(cfg, ps, [grads[n][rows] for n in self.keys], self.t[rows], ms, vs)
+        if isinstance(rows, slice):
             return
-        idx = active.nonzero().squeeze(1)
-        sub = [params[n][idx] for n in self.keys]
-        self._apply_subset(sub, [grads[n][idx] for n in self.keys], idx)
-        for n, p in zip(self.keys, sub):
-            params[n][idx] = p
-        self.t[idx] += 1
-
-    def _apply_subset(self, ps: list, gs: list, idx: torch.Tensor) -> None:
-        ms = [self.m[n][idx] for n in self.keys]
-        vs = [self.v[n][idx] for n in self.keys] if self.v else []
-        saved_m, saved_v = self.m, self.v
-        self.m, self.v = dict(zip(self.keys, ms)), dict(zip(self.keys, vs))
-        try:
-            self._apply(ps, gs, self.t[idx])
-        finally:
-            self.m, self.v = saved_m, saved_v
-        for n, m in zip(self.keys, ms):
-            self.m[n][idx] = m
+        for n, p, m in zip(self.keys, ps, ms):
+            params[n][rows], self.m[n][rows] = p, m
         for n, v in zip(self.keys, vs):
-            self.v[n][idx] = v
+            self.v[n][rows] = v
 
-    def _apply(self, ps: list, gs: list, t: torch.Tensor) -> None:
-        """One step of the clients whose tensors are given, in place; t: their steps so far."""
+    def _apply_block(self, cfg: OptimConfig, ps: list, gs: list, t: torch.Tensor, ms: list, vs: list) -> None:
         if bool((t == t[0]).all()):
             # Clients only ever drop out of a local pass, so active clients share one step count and
             # torch's fused kernels (an order of magnitude faster than elementwise Python) apply.
-            _fused(self.cfg, ps, gs, [self.m[n] for n in self.keys], [self.v[n] for n in self.keys] if self.v else [], float(t[0]))
+            _fused(cfg, ps, gs, ms, vs, float(t[0]))
             return
-        for n, p, g in zip(self.keys, ps, gs):  # general case: per-client step counts
-            self._update(p, g, self.m[n], self.v.get(n), t + 1)
+        for p, g, m, v in zip(ps, gs, ms, vs or [None] * len(ps)):  # general case: per-client step counts
+            self._update(cfg, p, g, m, v, t + 1)
 
-    def _update(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor | None, t: torch.Tensor) -> None:
+    def _update(self, c: OptimConfig, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor | None, t: torch.Tensor) -> None:
         """One step on (K', ...) tensors, in place."""
-        c = self.cfg
         g = g.add(p, alpha=c.weight_decay) if c.weight_decay else g  # L2 decay in the gradient, as torch.optim does
         if c.optimizer == "sgd":
             if c.momentum:

@@ -36,7 +36,8 @@ def means_of(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 def aggregate(protos: torch.Tensor, counts: torch.Tensor, weighted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Server side: (M, C, H) client prototypes -> (C, H) global ones and a presence mask (C,).
 
-    ``weighted``: by each client's class count (FedPCL Eq. 6); otherwise a plain mean over the
+    ``weighted``: by each client's class count (FedPCL NeurIPS Eq. 6 without its extra 1/|N_j|, which would make
+    the weights sum to 1/|N_j| rather than 1); otherwise a plain mean over the
     clients that hold the class (the FedProto / FedPCL official code)."""
     w = counts if weighted else (counts > 0).to(protos.dtype)
     total = w.sum(0)

@@ -177,13 +177,15 @@ def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
     """Per client, training rows nobody trains on, with the client's (class, domain) mix."""
     spare = np.setdiff1d(np.arange(len(train_t)), np.concatenate(partition.train))
     if not len(spare):
-        raise ConfigError("--validation needs training rows that no client trains on; use --few-shot N or fewer clients' data")
+        raise ConfigError("scoring on validation (--validation, or grid --select) needs training rows that no client trains "
+                          "on: add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N")
     rng = np.random.default_rng(np.random.SeedSequence([spec.schedule.seed, 7]))
     picked = local_test_sets(partition.train, train_t.labels, train_t.domains, train_t.labels[spare],
                              train_t.domains[spare], spec.partition.local_test, rng)
     empty = [k for k, rows in enumerate(picked) if not len(rows)]
     if empty:
-        raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; use a smaller --few-shot")
+        raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; "
+                          "use a smaller --subsample or --few-shot")
     return [spare[rows] for rows in picked]
 
 

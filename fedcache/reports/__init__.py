@@ -16,7 +16,7 @@ from pathlib import Path
 from fedcache.paths import writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
-from fedcache.reports.runs import Group, Run, find_runs, group_runs
+from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
 PAPER, CONTRIBUTION = "paper.json", "contribution.json"
@@ -48,6 +48,7 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     groups = group_runs(runs)
     layout = Layout.of(groups)
     sections = [Section("Results", _results_text(root, runs, groups, layout), table=summary_rows(groups, layout))]
+    sections += _selection_sections(Path(root))
     sections += _paper_sections(Path(root))
     sections += _figure_sections(groups, layout, fig_dir)
     sections += _partition_sections(groups, layout, fig_dir)
@@ -91,6 +92,26 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
                      _fmt(g.mean("params_up_per_client"), digits=0), f"{int(g.mean('params_up_per_round') or 0):,}", f"{int(g.mean('bytes_up') or 0):,}",
                      _fmt(g.mean("seconds"))])
     return rows
+
+
+def _selection_sections(root: Path) -> list[Section]:
+    """A --select grid's choices (selection.json): per method and setting, the value chosen on validation and
+    every candidate's validation score, so a test result is read beside the value it was run with."""
+    path = root / SELECTION
+    if not path.exists():
+        return []
+    sel = json.loads(path.read_text())
+    skip = {"method", "chosen", "validation_score", "candidates"}
+    keys = list(dict.fromkeys(k for c in sel["choices"] for k in c if k not in skip))
+    rows = [["method", *keys, "chosen", "validation score", "candidates (validation score)"]]
+    for c in sel["choices"]:
+        shown = lambda values: ", ".join(f"{k}={v}" for k, v in values.items() if k in sel["selected"])
+        tried = "; ".join(f"{shown(v)}: {_fmt(v['validation_score'])}" for v in c["candidates"])
+        rows.append([c["method"], *(str(c.get(k, "-")) for k in keys), shown(c["chosen"]), _fmt(c["validation_score"]), tried])
+    text = (f"{', '.join(sel['selected'])} chosen per method and setting on the validation split (spare training rows): "
+            f"{sel['rule']}. The split=test panels and rows ran the chosen values once on the test split, with the same "
+            "seeds and partitions; the split=validation ones are every candidate, scored on validation.")
+    return [Section("Chosen on validation, then tested", text, table=rows)]
 
 
 def _paper_sections(root: Path) -> list[Section]:
@@ -177,7 +198,7 @@ def save_contribution(c, path: Path, text: str = "") -> Path:
 
 # ---- rendering ----------------------------------------------------------------------------------
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td{white-space:nowrap}
 td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}
 h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}"""
 

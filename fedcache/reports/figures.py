@@ -57,6 +57,8 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     styles = layout.styles(groups)
     cols = max(1, min(len(panels), int(3 / width)))  # a page is about three narrow panels wide
     rows = math.ceil(len(panels) / cols)
+    while cols > 1 and math.ceil(len(panels) / (cols - 1)) == rows:  # as many rows with fewer columns: no gaps (4 = 2 x 2)
+        cols -= 1
     fig, axes = subplots((PANEL_SIZE[0] * width * cols, PANEL_SIZE[1] * rows), nrows=rows, ncols=cols, squeeze=False,
                          sharey=True, layout="constrained")  # constrained: rotated labels never overlap a panel
     labels: list[str] = []
@@ -91,11 +93,19 @@ def _curves(key: str, ylabel: str) -> Callable:
             ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
             if g is best and key == "accuracy":
                 ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
-        ax.set_xlabel("round")
+        _whole_rounds(ax)
         ax.set_ylabel(ylabel)
         return []
 
     return draw
+
+
+def _whole_rounds(ax) -> None:
+    """Round ticks 1, 2, 5, 10, ...: no 2.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def accuracy_per_round(groups: list[Group], layout: Layout) -> Figure:
@@ -177,7 +187,7 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
                 ax.plot(x, per_round, line, color=st.color, lw=1.2, label=label if key == "bytes_up" else None,
                         alpha=1.0 if key == "bytes_up" else 0.6)
     ax.set_yscale("symlog")
-    ax.set_xlabel("round")
+    _whole_rounds(ax)
     ax.set_ylabel("bytes per round, all clients (dotted: down)")
     return []
 

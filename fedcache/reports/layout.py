@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fedcache.reports.runs import Group
 
 # Settings that change the data a method sees: comparisons across them are not like for like.
-PANEL_KEYS = ("grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
+PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
               "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test", "run")
 MAX_LABEL = 40  # characters; a longer legend entry is cut with an ellipsis
 LINE_STYLES = ("-", "--", ":", "-.")

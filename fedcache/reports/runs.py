@@ -10,6 +10,7 @@ import numpy as np
 from fedcache.errors import ConfigError
 
 SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
+SELECTION = "selection.json"  # a --select grid's choices (fedcache/sweep.py)
 
 
 @dataclass
@@ -93,13 +94,22 @@ def find_runs(root: Path) -> list[Run]:
     if len(grids) > 1:
         for r in runs:
             if (r.path / CELL).exists():
-                r.setting = {"grid": r.path.parent.parent.name, **r.setting}
+                r.setting = _grid_setting(r)
     # Separate runs of one method that are not grid cells are told apart by their directory.
     methods = [r.summary["method"] for r in runs if not r.setting]
     for r in runs:
         if not r.setting and methods.count(r.summary["method"]) > 1:
             r.setting = {"run": r.path.name}
     return runs
+
+
+def _grid_setting(r: Run) -> dict:
+    """Which grid a cell belongs to. The two stages of a --select grid (validation/, test/ beside
+    selection.json) are its ``split``, which also says what its ``validation`` setting said."""
+    grid = r.path.parent.parent
+    if (grid.parent / SELECTION).exists():
+        return {"split": grid.name, **{k: v for k, v in r.setting.items() if k != "validation"}}
+    return {"grid": grid.name, **r.setting}
 
 
 def _read(path: Path) -> Run:

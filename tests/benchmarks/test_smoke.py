@@ -43,6 +43,15 @@ def test_extract_throughput(tmp_path):
     assert row["images"] > 0 and row["ratio"] > 0
 
 
+def test_grid_speed_runs_both_engines(tmp_path):
+    out = tmp_path / "grid_speed.json"
+    bench("grid_speed").main(["--tiny", "--jobs", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert res["processes"]["cells"] == res["batched"]["cells"] == 8
+    assert res["same_table_md"] is True and res["batched"]["plan"][0].startswith("batched engine: 8 cells")
+    assert "cells per minute" in bench("grid_speed").render(out)
+
+
 def test_store_verify(tmp_path):
     out = tmp_path / "verify.json"
     bench("store_verify").main(["--tiny", "--trials", "2", "--out", str(out)])

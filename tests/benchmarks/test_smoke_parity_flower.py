@@ -48,5 +48,4 @@ def test_every_benchmark_has_a_smoke_test():
     here = Path(__file__).parent
     run = set(re.findall(r'bench\("(\w+)"\)', "".join(f.read_text() for f in here.glob("test_*.py"))))
     scripts = {f.stem for f in (here.parents[1] / "benchmarks").glob("*.py") if not f.stem.startswith("_")}
-    # grid_speed.py's --tiny smoke test arrives with the batched-grid branch; drop it from here then.
-    assert scripts - run <= {"grid_speed"}
+    assert scripts - run == set()

@@ -185,7 +185,8 @@ def test_table11_preset_runs_the_cross_entropy_rows_as_fedavg_and_fedproto_on_th
     assert rows["Supervised Contrastive"][2] == {"loss": "supcon"} and rows["Ours"][2] == {"loss": "fedpcl"}
     ce, con = exps["ce-rows"], exps["contrastive"]
     same = {k: v for k, v in con.sweep.items() if k != "loss"}
-    assert ce.sweep == same and same["head"] == "projection"
+    assert {k: v for k, v in ce.sweep.items() if k != "head"} == same and "head" not in same
+    assert ce.sweep["head"] == "mlp"  # the baselines' FC-ReLU-BN-FC (paper Table 7); fedpcl on its projection head
     assert (ce.dataset, ce.backbones, ce.seeds) == (con.dataset, con.backbones, con.seeds)
 
 
@@ -209,3 +210,15 @@ def test_fedavg_and_fedproto_run_on_the_projection_head():
 def test_needs_the_projection_head():
     with pytest.raises(ConfigError, match="projection head"):
         METHODS.get("fedpcl")(MethodContext(synthetic(), head="linear"))
+
+
+@pytest.mark.parametrize(("setting", "message"), [("tau=-1", "tau=-1: must be > 0"), ("tau=0", "tau=0: must be > 0"),
+                                                  ("perturb=1.5", r"must be in \[0, 1\]"),
+                                                  ("noise_scale=-0.1", "must be >= 0"), ("ce_weight=-1", "must be >= 0")])
+def test_settings_out_of_range_are_refused_before_training(setting, message):
+    # tau divides every similarity (tau = 0 used to fail in round 2 with DivergedError, tau < 0 ran silently);
+    # p mixes (1 - p) x + e; a scale or a loss weight below 0 means nothing.
+    from fedcache.federate.train import resolve_settings
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_settings("fedpcl", [setting])

@@ -138,7 +138,7 @@ def test_fedproto_last_epoch_prototypes_average_the_last_epochs_steps(skewed, mo
     monkeypatch.setattr(fedproto.EpochSums, "add", lambda self, s, z, y, mask: (steps.append((s, z, y, mask)), add(self, s, z, y, mask)))
     m = make("fedproto", skewed, local_protos="last-epoch")  # 2 local epochs, batch 16, unequal clients
     clients = [0, 1, 2]
-    down = {"protos": torch.zeros(10, m.head.feature_dim), "counts": torch.zeros(10)}
+    down = {"protos": torch.zeros(1, 10, m.head.feature_dim), "counts": torch.zeros(1, 10)}  # as broadcast sends
     start = {n: t[clients] for n, t in m.init_clients(5).items()}
     result = m.local_update(0, clients, down, start)
     sizes = [len(skewed.client_train[k]) for k in clients]

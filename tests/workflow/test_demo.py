@@ -12,7 +12,12 @@ from fedcache.demo import METHODS, run_demo
 def test_demo_trains_reports_and_reuses_its_runs(tmp_path):
     store, out = tmp_path / "s.zarr", tmp_path / "demo"
     kw = dict(backbones=["tiny-timm-random", "tiny-clip-random"], rounds=3, few_shot=3, out=out, dataset="test-toy")
-    first = run_demo(store, **kw)
+    events = []
+    first = run_demo(store, **kw, progress=events.append)
+    # After extraction, one stage that advances once per method (a log prints a line each, with an ETA).
+    stage = [e for e in events if e.label.startswith("demo:")]
+    assert stage[0].kind == "start" and stage[0].total == len(METHODS)
+    assert [e.kind for e in stage[1:]] == ["advance"] * len(METHODS)
     assert list(first.runs) == list(METHODS) and first.random_weights
     assert first.report == out / "report.html"
     html = first.report.read_text()

@@ -171,6 +171,9 @@ def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp
     assert "lr=0.001" in header and "lr=0.01" in header and "rounds" not in header  # only axes label columns
     caption = md.splitlines()[0]
     assert all(f in caption for f in ("rounds=2", "partition=domain", "few_shot=5", "test-toy", "seeds 0,1"))
+    # Printed as table.md holds it: a log (console 160 wide) must not wrap a long row or caption.
+    printed = capsys.readouterr().out.splitlines()
+    assert max(map(len, md.splitlines())) > 160 and all(line in printed for line in md.splitlines()), printed
     # Without --clients a domain partition gives one client per domain (test-toy has two).
     config = json.loads(next((out / "cells").glob("*/config.json")).read_text())
     assert config["partition"]["request"]["n_clients"] == 2
@@ -179,7 +182,7 @@ def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp
 def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
     from fedcache.api import grid
 
-    with pytest.raises(ConfigError, match=r"differs in methods, alpha;"):
+    with pytest.raises(ConfigError, match=r"differs in methods \(fedavg,fedproto there, fedavg here\), alpha \(0.5,5 there, 0.5 here\);"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=toy_grid,
              sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5], "rounds": 3})
 
@@ -219,7 +222,7 @@ def test_a_signal_stops_a_parallel_grid_and_its_workers(toy_store, tmp_path, sig
     out = tmp_path / "grid"
     cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
            "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--partition", "iid", "--clients", "2",
-           "--jobs", "2", "-o", str(out)]
+           "--jobs", "2", "--engine", "processes", "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=os.getcwd()))
     try:

@@ -142,6 +142,8 @@ window.addEventListener('load', () => {
   const out = document.createElement('pre'); out.id = 'fit-check';
   out.textContent = [...document.images].map(i => [i.naturalWidth, i.clientWidth,
     Math.max(0, ...JSON.parse(i.dataset.labels || '[]').map(l => l.length))].join(' ')).join('\\n');
+  const heights = [...document.querySelectorAll('td')].map(td => td.clientHeight);
+  out.dataset.cells = Math.max(...heights) + ' ' + Math.min(...heights);
   document.body.appendChild(out);
 });
 </script>"""
@@ -160,12 +162,69 @@ def test_a_24_group_report_fits_in_a_browser(tmp_path):
     page.write_text(html.replace("</body>", FIT_SCRIPT + "</body>"))
     base = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,4000"]
     dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    checks = re.search(r"<pre id=\"fit-check\">(.*?)</pre>", dom, re.DOTALL)
+    checks = re.search(r"<pre id=\"fit-check\" data-cells=\"(\d+) (\d+)\">(.*?)</pre>", dom, re.DOTALL)
     assert checks, f"chromium did not run the page's script; stdout began: {dom[:300]!r}"
-    figures = [tuple(map(int, line.split())) for line in checks.group(1).split("\n")]
+    tallest, lowest = int(checks.group(1)), int(checks.group(2))
+    assert tallest < 1.5 * lowest, (tallest, lowest)  # no table cell wraps onto a second line (bold ones did)
+    figures = [tuple(map(int, line.split())) for line in checks.group(3).split("\n")]
     assert len(figures) == 6
     for natural, shown, longest in figures:
         assert shown >= MIN_WIDTH and shown / natural >= MIN_SCALE and longest <= MAX_LABEL, (natural, shown, longest)
     shot = Path(os.environ.get("FEDCACHE_SCREENSHOT_DIR", tmp_path)) / "report-24-groups.png"
     subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")
+
+
+def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path):
+    """grid --select writes out/validation (every lr) and out/test (the chosen lr) beside selection.json:
+    the report says which split a panel scored, not which sub-grid, and no label repeats validation=true."""
+    import json
+
+    from fedcache.reports import write_report
+    from fedcache.reports.layout import Layout
+    from fedcache.reports.runs import find_runs, group_runs
+
+    root = tmp_path / "cmp"
+    fake_grid(root / "validation", methods=("fedavg", "fedprox"), alphas=(0.1, 1.0), rounds=5)
+    for cell in (root / "validation" / "cells").iterdir():  # as sweep.run_selected writes them
+        info = json.loads((cell / "cell.json").read_text())
+        info["setting"]["validation"] = "true"
+        (cell / "cell.json").write_text(json.dumps(info))
+    fake_grid(root / "test", methods=("fedavg", "fedprox"), alphas=(0.1, 1.0), lrs=("0.01",), rounds=5)
+    choices = [{"method": m, "alpha": a, "chosen": {"lr": "0.01"}, "validation_score": 50.0,
+                "candidates": [{"lr": "0.001", "validation_score": 40.0}, {"lr": "0.01", "validation_score": 50.0}]}
+               for m in ("fedavg", "fedprox") for a in ("0.1", "1.0")]
+    (root / "selection.json").write_text(json.dumps({"rule": "the highest mean over seeds", "selected": ["lr"],
+                                                     "choices": choices}))
+    layout = Layout.of(group_runs(find_runs(root)))
+    assert layout.panel_keys == ("split", "alpha") and layout.legend_keys == ("lr",)
+    assert "validation" not in layout.fixed and "grid" not in layout.fixed
+    paths = write_report(root)
+    html = paths.html.read_text()
+    assert "<th>split</th>" in html and "one panel per split, alpha" in html
+    assert "validation=" not in html and "grid=" not in html
+    # The choices, beside their candidates' validation scores, and the rule that chose them.
+    assert "Chosen on validation, then tested" in html and "the highest mean over seeds" in html
+    assert "<td>fedprox</td><td>1.0</td><td>lr=0.01</td><td>50.00</td><td>lr=0.001: 40.00; lr=0.01: 50.00</td>" in html
+    # 2 splits x 2 alphas: a 2 x 2 grid of panels, not 3 + 1 with a hole (a panel is 460 px wide at 100 dpi)
+    curves = next(p for p in paths.figures if p.name == "accuracy-per-round.png")
+    assert png_width(curves) < 2.5 * 460, png_width(curves)
+
+
+def test_round_axes_tick_whole_rounds(tmp_path):
+    from fedcache.reports import figures
+    from fedcache.reports.canvas import subplots
+    from fedcache.reports.layout import Layout
+    from fedcache.reports.runs import find_runs, group_runs
+
+    groups = group_runs(find_runs(fake_grid(tmp_path / "g", methods=("fedavg",), alphas=(1.0,), lrs=("0.01",), rounds=20)))
+    layout = Layout.of(groups)
+    for draw in (figures._curves("accuracy", "acc"), figures._bytes):
+        fig, ax = subplots(figures.PANEL_SIZE, layout="constrained")  # 20 rounds: 2.5, 7.5, ... by default
+        draw(ax, groups, layout, layout.styles(groups))
+        fig.canvas.draw()
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()

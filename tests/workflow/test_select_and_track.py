@@ -17,8 +17,10 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     from fedcache.api import grid
 
     out = tmp_path / "cmp"
+    progress = []
     table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
-                 seeds=[0, 1], out=out, select=["lr"])
+                 seeds=[0, 1], out=out, select=["lr"], on_cell=lambda done, total, row: progress.append((done, total)))
+    assert progress == [(i, 8 + 4) for i in range(1, 13)]  # one count over validation then test, never going back
     validation = sorted(p.name for p in (out / "validation" / "cells").iterdir())
     assert len(validation) == 2 * 2 * 2 and all("validation=true" in n for n in validation)
     tested = sorted(p.name for p in (out / "test" / "cells").iterdir())
@@ -34,6 +36,10 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
     md = (out / "table.md").read_text()
     assert "chosen per method and setting on validation" in md and ", lr=" in md
+    # The directory now holds a --select grid: the same grid without --select is refused, naming the difference.
+    with pytest.raises(ConfigError, match=r"differs in select \(lr there, unset here\)"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
+             seeds=[0, 1], out=out)
 
 
 def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
@@ -76,7 +82,9 @@ def test_a_grid_sends_each_cell_to_tensorboard(toy_store, tmp_path):
 
     out = tmp_path / "g"
     assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
-                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "-o", str(out)]) == 0
+                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "--keep-checkpoints", "none",
+                 "-o", str(out)]) == 0
+    assert not list((out / "cells").glob("*/checkpoint*.pt"))  # every cell, not only a train run, keeps none
     runs = sorted(p.name for p in (out / "tensorboard").iterdir())
     assert runs == sorted(p.name for p in (out / "cells").iterdir()) and len(runs) == 2
     events = EventAccumulator(str(out / "tensorboard" / runs[0]))

@@ -28,14 +28,14 @@ def proto_sets(method, down: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _reduce(per_set: torch.Tensor, valid: torch.Tensor, how: str) -> torch.Tensor:
-    """(K, B, M) per prototype set -> (K, B): sum (official) or mean (Eq. 7) over the valid sets."""
+    """(K, B, M) per prototype set -> (K, B): sum (official) or mean (NeurIPS Eq. 9) over the valid sets."""
     per_set = per_set.masked_fill(~valid, 0.0)
     total = per_set.sum(-1)
     return total if how == "sum" else total / valid.sum(-1).clamp_min(1)
 
 
 def paper_term(z, y, P, present, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 6/7: -log exp(z.P_y/tau) / sum_{a != y} exp(z.P_a/tau), per row and set: (K, B, M)."""
+    """NeurIPS Eq. 8/9: -log exp(z.P_y/tau) / sum_{a != y} exp(z.P_a/tau), per row and set: (K, B, M)."""
     s = torch.einsum("kbh,mch->kbmc", z, P) / tau
     onehot = torch.nn.functional.one_hot(y, P.shape[1]).bool().unsqueeze(2)  # (K, B, 1, C)
     pos = (s * onehot).sum(-1)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedcache.federate.local import masked_mean, rng_for, used_widths
+from fedcache.federate import local
+from fedcache.federate.local import masked_mean, rng_for
 from fedcache.heads.base import affine
 
 SYNTHETIC_STREAM = 5  # rng stream of a client's synthetic instances in a round
@@ -58,7 +59,7 @@ class LocalPass:
     widths: list[int] = field(init=False)  # per step, the columns train() keeps (local.used_widths)
 
     def __post_init__(self) -> None:
-        self.widths = used_widths(self.pos.numpy())
+        self.widths = local.used_widths(self.pos.numpy())  # looked up now: always train()'s own trimming
 
     @staticmethod
     def streams(seed: int, rnd: int, clients: list[int]) -> list[torch.Generator]:

@@ -70,6 +70,7 @@ class MethodCommand:
     spec_options: tuple[str, ...]
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     extra: tuple[CommandOption, ...] = ()
+    example: str = ""  # a command line shown under its help ("fedcache <name> ..."); tests parse it
 
 
 class Method:
@@ -96,6 +97,20 @@ class Method:
     count_uploads: ClassVar[tuple[str, ...]] = ()
     # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
+    # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
+    # local_update reads a client's data, seed and settings only through client_rows, plan, client_seeds,
+    # sample_counts, self.p and ctx.optim, and down/states row by row. Read with ``batchable(cls)``: declared
+    # by each class itself, never inherited, since a subclass changes what local_update computes; settings
+    # under which it cannot stack say why in ``not_batchable``. Each declaration has an equality test
+    # (tests/federate/test_batched.py).
+    batchable: ClassVar[bool] = False
+    # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
+    # (K,) float32 tensors, one value per client row, and must broadcast them row by row.
+    row_params: ClassVar[tuple[str, ...]] = ()
+    # Client-state entries whose trailing axes depend on the run's partition (FST-CBDG's pseudo-labels span
+    # its largest client's rows): a stack zero-pads them to its widest run, so local_update must read row k
+    # only up to its own client's extent.
+    padded_states: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -114,6 +129,18 @@ class Method:
         """Why this method, with these settings, cannot run with each client's data on its own machine
         (Flower); empty when it can."""
         return "" if cls.splittable else "it pools every client's data in one place"
+
+    @classmethod
+    def not_batchable(cls, params: Any) -> str:
+        """Why runs of this batchable method, with these settings, cannot train stacked; empty when they can."""
+        return ""
+
+    @classmethod
+    def stack_bytes(cls, params: Any, rows: int, clients: int, dim: int, n_classes: int) -> int:
+        """Bytes a run of ``clients`` clients over ``rows`` training rows holds in a stack beyond its heads and
+        mini-batches (state that spans the clients' rows, copies of rows a local pass makes), at most: the
+        grid's memory budget counts them."""
+        return 0
 
     # ---- state ------------------------------------------------------------------
     def generator(self, *path: int) -> torch.Generator:
@@ -169,10 +196,10 @@ class Method:
     def fit(self, params: Params, rnd: int, clients: list[int], loss_fn, extra: dict | None = None,
             keys: tuple[str, ...] | None = None, epochs: int | None = None) -> Params:
         """Train the K clients' stacked ``params`` on their own rows (the batched local step)."""
-        from fedcache.federate.local import step_plan, train
+        from fedcache.federate.local import train
 
         c = self.ctx
-        plan = step_plan(self.client_rows(clients), c.batch_size, c.local_epochs if epochs is None else epochs, c.seed, rnd, clients)
+        plan = self.plan(rnd, clients, epochs)
         keys = self.trainable(params) if keys is None else keys
         return train(params, keys, loss_fn, c.data.x_train, c.data.y_train, plan, c.optim, extra)
 
@@ -184,12 +211,14 @@ class Method:
         logits, buffers = train_forward(self.head, p, xb, mask)
         return cross_entropy(logits, yb, mask), buffers
 
-    def plan(self, rnd: int, clients: list[int], epochs: int | None = None) -> np.ndarray:
-        """The (K, S, B) mini-batch plan ``fit`` follows, for methods that run their own step loop."""
+    def plan(self, rnd: int, clients: list[int], epochs: int | None = None, first_epoch: int = 0) -> np.ndarray:
+        """The (K, S, B) mini-batch plan ``fit`` follows, for methods that run their own step loop
+        (epochs numbered from ``first_epoch``: see ``local.step_plan``)."""
         from fedcache.federate.local import step_plan
 
         c = self.ctx
-        return step_plan(self.client_rows(clients), c.batch_size, c.local_epochs if epochs is None else epochs, c.seed, rnd, clients)
+        return step_plan(self.client_rows(clients), c.batch_size, c.local_epochs if epochs is None else epochs, c.seed, rnd,
+                         clients, first_epoch)
 
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Training rows ``idx`` (K, B), -1 for padding -> (xb, yb, mask)."""
@@ -199,8 +228,18 @@ class Method:
     def client_rows(self, clients: list[int]) -> list[np.ndarray]:
         return [self.ctx.data.client_train[k] for k in clients]
 
+    def client_seeds(self, clients: list[int]) -> list[tuple[int, int]]:
+        """(run seed, client id) per client: what a client's own random stream is seeded with, so a stack of
+        runs (whose joint method numbers the clients of every run in one list) draws as each run does."""
+        return [(self.ctx.seed, k) for k in clients]
+
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
+
+
+def batchable(cls: type[Method]) -> bool:
+    """Whether the class itself declares that its runs can train stacked (see ``Method.batchable``)."""
+    return bool(cls.__dict__.get("batchable", False))
 
 
 def _size(tensors: Params) -> tuple[int, int]:

@@ -23,6 +23,7 @@ class FedAvgParams:
 @METHODS.register("fedavg")
 class FedAvg(Method):
     description = "average of locally trained heads, weighted by sample counts"
+    batchable = True
     Params = FedAvgParams
 
     def __init__(self, ctx: MethodContext, params=None) -> None:

@@ -30,6 +30,8 @@ class FedNTDParams(FedAvgParams):
 class FedNTD(FedAvg):
     description = "FedAvg plus distillation of the global model's not-true-class predictions"
     Params = FedNTDParams
+    batchable = True
+    row_params = ("beta",)  # tau divides (K, B, C) logits inside not_true_kl: one value per stack
 
     def loss(self, p, xb, yb, mask, info):
         xb = self.inputs(xb)

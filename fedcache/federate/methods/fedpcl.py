@@ -25,15 +25,15 @@ from fedcache.noise import perturb
 
 @dataclass(frozen=True)
 class FedPCLParams:
-    tau: Positive = 0.07  # paper and official code
+    tau: Positive = 0.07  # paper and official code; the loss divides by it
     # Loss ablation (workshop Table 11 / NeurIPS Table 5). Its "Cross Entropy" and "CE + ProtoDist" rows are
     # FedAvg and FedProto (the same numbers as those methods' rows in NeurIPS Table 11): the names are refused
     # here and point there (the fedpcl-table11 preset runs them on the same partition and budget).
     loss: Literal["fedpcl", "supcon", "ce", "ce+protodist"] = "fedpcl"
     prototypes: Literal["both", "global", "local"] = "both"  # Table 12 ablation: L_g, L_p, or both
-    contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 6-7 | official ConLoss
-    local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 7 averages
-    aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts) | official plain mean
+    contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 8-9 (NeurIPS numbering) | official ConLoss
+    local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 9 averages
+    aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts, without its 1/|N_j|) | official plain mean
     first_round: Literal["idle", "ce"] = "idle"  # round 1 has no prototypes: train nothing | train with CE
     predict: Literal["local", "global", "classifier"] = "local"  # nearest local prototype, as paper and code
     # Which local prototypes predict=local compares with: those the client sent (noised when noise is on; the
@@ -61,6 +61,7 @@ BACKBONE_HEATMAP = MethodCommand(
     spec_options=("dataset", "backbones", "store", "partition", "clients", "few_shot", "rounds", "seed", "settings"),
     defaults={"partition": "domain", "few_shot": 10},
     extra=(CommandOption("out", Path, "PNG to write.", ("--out", "-o")),),
+    example="fedcache backbone-heatmap --store feats.zarr -d digits5-offline -b efficientnet-lite0,efficientnet-lite1 -o heatmap.png",
 )
 
 

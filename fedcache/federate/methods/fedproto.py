@@ -14,7 +14,7 @@ import torch
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
-from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest
+from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest, padded_rows
 from fedcache.federate.settings import NonNegative
 from fedcache.heads import Params, expand, forward
 
@@ -63,6 +63,8 @@ class FedProto(Method):
     has_global_model = False
     count_uploads = ("counts",)
     needs_representation = "learns prototypes of a representation"
+    batchable = True
+    row_params = ("lam",)
 
     def init_server(self) -> Params:
         c, f = self.ctx.data.n_classes, self.head.feature_dim
@@ -73,7 +75,13 @@ class FedProto(Method):
             return expand(self.head.init(1, self.generator(0, 1)), n)
         return self.head.init(n, self.generator(0, 1))
 
+    def broadcast(self, server: Params, rnd: int) -> Params:
+        # Leading axis 1, one set per client row after ``per_row``: a stack of runs (federate/batched.py)
+        # hands each row its own run's prototypes.
+        return {n: t.unsqueeze(0) for n, t in server.items()}
+
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
+        down = per_row(down, len(clients))
         info = {"protos": down["protos"], "has": down["counts"] > 0}
         if self.p.local_protos != "after":
             info["sums"] = EpochSums(self.epoch_steps(clients), self.ctx.data.n_classes, self.head.feature_dim)
@@ -113,8 +121,9 @@ class FedProto(Method):
         ce = cross_entropy(self.head.classify(p, z), yb, mask)
         # Squared distance averaged over dimensions, as the official code's nn.MSELoss; rows whose
         # class has no global prototype yet (all rows in round 1) add nothing.
-        has = info["has"][yb]
-        dist = ((z - info["protos"][yb]) ** 2).mean(-1)
+        k = torch.arange(len(yb)).unsqueeze(1)
+        has = info["has"][k, yb]
+        dist = ((z - info["protos"][k, yb]) ** 2).mean(-1)
         if self.p.loss_rows == "all":
             return ce + self.p.lam * masked_mean(dist * has, mask), buffers
         return ce + self.p.lam * masked_mean(dist, mask & has), buffers
@@ -126,7 +135,8 @@ class FedProto(Method):
         return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y, mask = self.ctx.data.rows_of("train", clients)
+        idx, mask = padded_rows(self.client_rows(clients))
+        x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
         with torch.no_grad():
             z = self.head.features(states, x, mask)
         return class_means(z, y, mask, self.ctx.data.n_classes)
@@ -168,6 +178,11 @@ class EpochSums:
 
     def means(self) -> tuple[torch.Tensor, torch.Tensor]:
         return means_of(self.sums, self.counts), self.counts
+
+
+def per_row(down: Params, k: int) -> Params:
+    """The broadcast (leading axis 1, or already one set per row) as K rows, without copying."""
+    return {n: t.expand(k, *t.shape[1:]) for n, t in down.items()}
 
 
 def drop_incomplete(plan: np.ndarray) -> np.ndarray:

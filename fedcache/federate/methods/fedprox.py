@@ -17,6 +17,8 @@ class FedProxParams(FedAvgParams):
 class FedProx(FedAvg):
     description = "FedAvg with a proximal term pulling local heads towards the global one"
     Params = FedProxParams
+    batchable = True
+    row_params = ("mu",)
 
     def loss(self, p, xb, yb, mask, info):
         anchor = info["anchor"]

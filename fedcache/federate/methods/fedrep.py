@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedcache.federate.local import step_plan, train
+from fedcache.errors import ConfigError
+from fedcache.federate.local import train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.methods.pfedme import aggregation_weights
 from fedcache.federate.settings import NonNegativeInt
@@ -30,6 +31,7 @@ class FedRepParams:
 class FedRep(Method):
     description = "shared representation (averaged), personal classifier per client"
     Params = FedRepParams
+    batchable = True
     default_head = "mlp"
     personalized = True
     has_global_model = False
@@ -63,8 +65,7 @@ class FedRep(Method):
     def _phase(self, p: Params, rnd: int, clients: list[int], keys: tuple[str, ...], first: int, epochs: int) -> Params:
         """``epochs`` epochs (numbered from ``first`` within the round) on the clients' rows; only ``keys`` move."""
         c = self.ctx
-        plan = step_plan(self.client_rows(clients), c.batch_size, epochs, c.seed, rnd, clients, first_epoch=first)
-        return train(p, keys, self.ce_loss, c.data.x_train, c.data.y_train, plan, c.optim)
+        return train(p, keys, self.ce_loss, c.data.x_train, c.data.y_train, self.plan(rnd, clients, epochs, first), c.optim)
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
         return weighted_average(result.uploads, result.weights)

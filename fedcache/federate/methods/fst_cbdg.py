@@ -14,7 +14,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedcache.federate.local import step_plan, train
+from fedcache.errors import ConfigError
+from fedcache.federate.local import train
 from fedcache.federate.methods import _fst_cbdg as cbdg
 from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits, prototype_anchors, require_linear,
                                              unit, unit_logits)
@@ -63,6 +64,17 @@ def _refresh_all(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: to
 # image") or only the step's mini-batch.
 REFRESH = {"all": _refresh_all, "batch": _refresh_batch}
 
+def positions(plan: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    """The (K, S, B) plan's rows as positions in each client's row list (-1 stays): where each row's
+    pseudo-label sits."""
+    pos = np.full_like(plan, -1)
+    for i, r in enumerate(rows):
+        order = np.argsort(r, kind="stable")
+        real = plan[i] >= 0
+        pos[i][real] = order[np.searchsorted(r, plan[i][real], sorter=order)]
+    return pos
+
+
 ANCHORS = {
     "text": lambda m: text_from_info(m.ctx.data, m.name, m.p.templates),
     "prototypes": lambda m: prototype_anchors(m.ctx.data, m.p.shots, m.ctx.seed),
@@ -74,6 +86,23 @@ class FSTCBDG(Method):
     description = "unsupervised: self-training on zero-shot soft pseudo-labels + class-balanced text sampling"
     Params = FSTCBDGParams
     default_preset = "fst-cbdg"
+    batchable = True
+    # beta is not: Eq. 4's 1 - beta, a float64 number in a run, would round differently as a float32 row value.
+    row_params = ("lam",)
+    padded_states = ("q",)  # (N, n_max, C): n_max is the run's largest client
+
+    @classmethod
+    def not_batchable(cls, params: FSTCBDGParams) -> str:
+        if params.anchors == "prototypes":
+            return ("fst-cbdg anchors=prototypes draws each run's anchors from its own seed and clients, and a stack "
+                    "trains every run against one set; use anchors=text")
+        return ""
+
+    @classmethod
+    def stack_bytes(cls, params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
+        # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
+        # pass's, the returned one); with refresh=all the unit features of the clients' rows.
+        return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
 
     @classmethod
     def not_deployable(cls, params: FSTCBDGParams) -> str:
@@ -86,8 +115,7 @@ class FSTCBDG(Method):
         require_linear(ctx.head, "fst-cbdg")
         super().__init__(ctx, params)
         self.anchors = ANCHORS[self.p.anchors](self)
-        self.w_ist, self.w_tsamp = LOSS_WEIGHTS[self.p.losses]
-        self.w_tsamp *= self.p.lam
+        self.w_ist, self.w_tsamp = LOSS_WEIGHTS[self.p.losses]  # lambda is applied per step (a row setting)
         # Labels never reach training: train() indexes this blank vector instead of y_train.
         self.blind = torch.zeros((), dtype=torch.long).expand(len(ctx.data.x_train))
 
@@ -106,14 +134,14 @@ class FSTCBDG(Method):
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         c = self.ctx
         rows = self.client_rows(clients)
-        # Positions within each client's row list, shuffled exactly as step_plan shuffles the rows.
-        pos = step_plan([np.arange(len(r)) for r in rows], c.batch_size, c.local_epochs, c.seed, rnd, clients)
-        plan = np.stack([np.where(p >= 0, r[np.maximum(p, 0)], -1) if len(r) else p for p, r in zip(pos, rows)])
+        plan = self.plan(rnd, clients)
+        pos = positions(plan, rows)
         _, valid = padded_rows(rows)
         width = valid.shape[1]
         q = states["q"][:, :width].clone()
         x = [unit(c.data.x_train[torch.from_numpy(r)]) for r in rows] if self.p.refresh == "all" else None
-        lp = cbdg.LocalPass(q, torch.from_numpy(pos), valid, x, cbdg.LocalPass.streams(c.seed, rnd, clients))
+        gens = [g for seed, k in self.client_seeds(clients) for g in cbdg.LocalPass.streams(seed, rnd, [k])]
+        lp = cbdg.LocalPass(q, torch.from_numpy(pos), valid, x, gens)
         sizes = valid.sum(1).clamp_min(1)
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind,
                        plan, c.optim, {"pass": lp, "sizes": sizes})
@@ -130,12 +158,15 @@ class FSTCBDG(Method):
         logits = linear_logits(p, unit(xb))
         REFRESH[self.p.refresh](self, lp, s, p, logits, mask)
         total = self.w_ist * cbdg.soft_cross_entropy(logits, lp.batch_q(s), mask)
-        if self.w_tsamp:
-            n = cbdg.SAMPLING[self.p.sampling](cbdg.pseudo_counts(lp.q, lp.valid), self.p.gamma)
+        weight = self.w_tsamp * self.p.lam  # (K,) in a stack of runs
+        draws = torch.as_tensor(weight) != 0
+        if draws.any():
+            # A row whose weight is 0 draws nothing, as its run alone skips the term.
+            n = cbdg.SAMPLING[self.p.sampling](cbdg.pseudo_counts(lp.q, lp.valid), self.p.gamma) * draws.reshape(-1, 1)
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch
             y, m = cbdg.draw_classes(n, share, lp.gens)
             logits = cbdg.SYNTHETIC[self.p.synthetic](p, y, m, self.anchors, self.p.sigma, lp.gens)
-            total = total + self.w_tsamp * cbdg.tsamp_loss(logits, y, m, n, share, self.p.tsamp_weight)
+            total = total + weight * cbdg.tsamp_loss(logits, y, m, n, share, self.p.tsamp_weight)
         return total
 
     # ---- server / evaluation ---------------------------------------------------------------

@@ -12,6 +12,7 @@ class Solo(Method):
     has_global_model = False
     federated = False
     all_clients = True
+    batchable = True
 
     def init_server(self) -> Params:
         return {}

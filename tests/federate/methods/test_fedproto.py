@@ -67,7 +67,7 @@ def test_epoch_prototypes_are_weighted_by_the_clients_class_rows(data):
     """local_protos=every-epoch / last-epoch: the prototypes average the counted steps' representations,
     but the uploaded weight is the client's rows per class (the paper's |D_ij|), never epochs x rows:
     a server refuses counts above a client's rows."""
-    down = {"protos": torch.zeros(10, 256), "counts": torch.zeros(10)}
+    down = {"protos": torch.zeros(1, 10, 256), "counts": torch.zeros(1, 10)}  # as broadcast sends
     for mode in ("every-epoch", "last-epoch"):
         m = make(data, local_protos=mode, drop_last=True)
         r = m.local_update(0, [0, 1, 2], down, m.init_clients(3))
@@ -84,11 +84,11 @@ def test_loss_rows_all_averages_over_every_row(data):
     p = {n: t[:1] for n, t in m_all.init_clients(1).items()}
     xb, yb = data.x_train[None, :8], torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
     mask = torch.ones(1, 8, dtype=torch.bool)
-    protos = torch.zeros(10, 256)
-    info = {"protos": protos, "has": torch.arange(10) == 0}
+    protos = torch.zeros(1, 10, 256)  # one set per client row, as local_update hands the loss
+    info = {"protos": protos, "has": (torch.arange(10) == 0).unsqueeze(0)}
     z, _ = m_all.head.train_features(p, xb, mask)
     d = (z[0, :2] ** 2).mean(-1).sum()
-    ce, _ = m_all.loss(p, xb, yb, mask, {**info, "has": torch.zeros(10, dtype=torch.bool)})
+    ce, _ = m_all.loss(p, xb, yb, mask, {**info, "has": torch.zeros(1, 10, dtype=torch.bool)})
     torch.testing.assert_close(m_all.loss(p, xb, yb, mask, info)[0], ce + d / 8)
     torch.testing.assert_close(m_with.loss(p, xb, yb, mask, info)[0], ce + d / 2)
 
@@ -105,8 +105,8 @@ def _batch(m, data):
     p = {n: t[:1] for n, t in m.init_clients(1).items()}
     xb, yb = data.x_train[None, :8], torch.tensor([[0, 0, 1, 1, 1, 1, 2, 2]])
     mask = torch.ones(1, 8, dtype=torch.bool)
-    protos = torch.randn(10, 256, generator=torch.Generator().manual_seed(1))
-    info = {"protos": protos, "has": torch.arange(10) < 2}  # classes 0 and 1 have a prototype, 2 not
+    protos = torch.randn(1, 10, 256, generator=torch.Generator().manual_seed(1))  # one set per client row
+    info = {"protos": protos, "has": (torch.arange(10) < 2).unsqueeze(0)}  # classes 0 and 1 have a prototype, 2 not
     return p, xb, yb, mask, info
 
 
@@ -122,8 +122,8 @@ def test_loss_value_and_gradient_by_hand(data, rows):
     q = {**p, **leaves2}
     z, _ = m.head.train_features(dict(q), xb, mask)
     ce = torch.nn.functional.cross_entropy(m.head.classify(q, z)[0], yb[0])
-    d = ((z[0] - info["protos"][yb[0]]) ** 2).mean(-1)
-    has = info["has"][yb[0]]
+    d = ((z[0] - info["protos"][0, yb[0]]) ** 2).mean(-1)
+    has = info["has"][0, yb[0]]
     reg = d[has].sum() / (has.sum() if rows == "with-prototype" else len(d))
     want = ce + 2.5 * reg
     g_want = torch.autograd.grad(want, list(leaves2.values()))
@@ -137,7 +137,7 @@ def test_after_prototypes_are_eval_mode_class_means_of_the_trained_head(data):
     representation of every training row, with the class counts as weights."""
     m = make(data)
     clients = [0, 1, 2]
-    down = {"protos": torch.zeros(10, 256), "counts": torch.zeros(10)}
+    down = {"protos": torch.zeros(1, 10, 256), "counts": torch.zeros(1, 10)}  # as broadcast sends
     r = m.local_update(0, clients, down, m.init_clients(3))
     x, y, mask = data.rows_of("train", clients)
     with torch.no_grad():

@@ -1,0 +1,185 @@
+"""``fedcache grid --engine batched``: the grid's runs trained in stacks of federations (federate/batched.py).
+
+Runs that share the data, method, head, optimizer kind, round schedule and every setting that is not per
+row are grouped; each group is cut into batches that fit the memory budget; each batch trains as one
+stacked computation and then writes every run's directory as ``fedcache train --out`` would (config.json,
+metrics.jsonl, checkpoint.pt, summary.json last), so results.csv, table.md, reports and resumption read
+them as before. A batch checkpoints under its own folder after every round and continues from there.
+The grid (sweep.py) decides which of its cells come here, names them (any hashable key) and writes
+what is the grid's own (cell.json, the rows); runs that cannot stack run as their own runs there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedcache.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+MEMORY_SHARE = 0.25  # of the memory free when the grid starts: the default budget of one batch
+
+
+@dataclass
+class Grouping:
+    batches: list[list[Hashable]]
+    alone: dict[Hashable, str]  # run -> why it runs as its own run
+    methods: list[str]  # per batch
+    per_cell_bytes: dict[str, int]  # method -> estimated bytes of one run in a batch
+    limit: int  # runs per batch at most
+
+    def describe(self) -> str:
+        """What the grid prints before it starts."""
+        n = sum(map(len, self.batches))
+        sizes = ", ".join(f"{len(b)} {m}" for b, m in zip(self.batches, self.methods))
+        text = f"batched engine: {n} cells in {len(self.batches)} batches" + (f" ({sizes})" if sizes else "")
+        text += f", at most {self.limit} cells per batch"
+        if self.alone:
+            reasons: dict[str, int] = {}
+            for why in self.alone.values():
+                reasons[why] = reasons.get(why, 0) + 1
+            text += f"; {len(self.alone)} cells as their own runs: " + "; ".join(f"{why} ({k})" for why, k in reasons.items())
+        return text
+
+
+# ---- grouping ------------------------------------------------------------------------------------
+def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str]) -> Grouping:
+    """``alone``: runs the caller already keeps out of the stacks, with the reason."""
+    from fedcache.federate.train import resolve
+
+    groups: dict[tuple, list[Hashable]] = {}
+    alone = dict(alone)
+    costs: dict[str, int] = {}
+    for key, cfg in runs.items():
+        if key in alone:
+            continue
+        r = resolve(cfg)
+        why = _why_alone(cfg, r, tables)
+        if why:
+            alone[key] = why
+            continue
+        groups.setdefault(_key(cfg, r), []).append(key)
+        costs[r.method_cls.name] = max(costs.get(r.method_cls.name, 0), cell_bytes(cfg, r, tables))
+    budget = MEMORY_SHARE * free_memory()
+    batches, methods, limits = [], [], []
+    for group_key, keys in groups.items():
+        limit = max(1, int(budget // costs[group_key[0]]))
+        if max_batch_cells:
+            limit = min(limit, max_batch_cells)
+        limits.append(limit)
+        parts = _split(keys, math.ceil(len(keys) / limit))
+        batches += parts
+        methods += [group_key[0]] * len(parts)
+    return Grouping(batches, alone, methods, costs, min(limits, default=max_batch_cells or 0))
+
+
+def _split(keys: list, parts: int) -> list[list]:
+    """``keys`` cut into ``parts`` runs of consecutive keys whose sizes differ by at most one."""
+    size, extra = divmod(len(keys), parts)
+    bounds = np.cumsum([0] + [size + (i < extra) for i in range(parts)])
+    return [keys[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _why_alone(cfg: RunSpec, r, tables) -> str:
+    from fedcache.federate.batched import head_reason
+    from fedcache.federate.methods.base import batchable
+    from fedcache.heads import make_head
+
+    if not batchable(r.method_cls):
+        return f"{r.method_cls.name} does not declare that its runs can train stacked"
+    if r.method_cls.not_batchable(r.params):
+        return r.method_cls.not_batchable(r.params)
+    if not cfg.engine.batched:
+        return "--no-batch trains each client alone"
+    return head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names)))
+
+
+def _key(cfg: RunSpec, r) -> tuple:
+    """What the runs of one batch share (federate.batched.stack_key, from the spec before any data is read);
+    the method's name first."""
+    params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in r.method_cls.row_params}
+    s = cfg.schedule
+    return (r.method_cls.name, r.head, r.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
+            s.batch_size, s.eval_every, s.validation, cfg.data)
+
+
+def cell_bytes(cfg, r, tables) -> int:
+    """A rough upper estimate of one cell's memory in a batch: per client, its head's parameters about
+    eight times (received, trained, gradients, Adam's two moments, upload, state, server share) and one
+    mini-batch of inputs, activations and their gradients; and what the method holds over the rows
+    (``Method.stack_bytes``)."""
+    import torch
+
+    from fedcache.federate.train import partition_request
+    from fedcache.heads import make_head
+
+    train_t = tables[0]
+    dim, classes = train_t.features.shape[1], len(train_t.class_names)
+    head = make_head(r.head, dim, classes)
+    params = sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
+    clients = partition_request(cfg, len(train_t.domain_names)).n_clients
+    step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
+    rows = r.method_cls.stack_bytes(r.params, len(train_t.labels), clients, dim, classes)
+    return 4 * clients * (8 * params + step) + rows
+
+
+def free_memory() -> int:
+    """Bytes the system can give without swapping (MemAvailable; free pages where /proc is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---- one batch -------------------------------------------------------------------------------------
+def batch_id(names: list[str]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> Iterator[tuple[Hashable, dict, object]]:
+    """Train the runs as one stack (continuing its checkpoint in ``folder``, removed once every run is
+    handed back); yields (key, resolved config, its ``batched.FederationResult``) per run, in order."""
+    from fedcache.federate.batched import Federation, run_stack
+    from fedcache.federate.driver import RunConfig
+    from fedcache.federate.train import prepare
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
+    feds, resolved = [], []
+    for cfg in runs.values():
+        method, res = prepare(cfg, tables)
+        s, e = cfg.schedule, cfg.engine
+        run_cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, None, False, e.keep_checkpoints)
+        feds.append(Federation(method, run_cfg, {"partition_id": res["partition"]["partition_id"]}))
+        resolved.append(res)
+    results = run_stack(feds, folder / "checkpoint.pt")
+    yield from zip(runs, resolved, results)
+    shutil.rmtree(folder)
+    if not any(folder.parent.iterdir()):
+        folder.parent.rmdir()
+
+
+def write_run(out: Path, resolved: dict, result, keep_checkpoint: bool) -> None:
+    """The files ``fedcache train --out`` leaves in ``out`` (an existing directory), summary.json last
+    (it marks the run finished)."""
+    from fedcache.federate.checkpoints import save_checkpoint
+    from fedcache.federate.driver import METRICS, write_summary
+
+    (out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+    (out / METRICS).write_text("".join(json.dumps(line) + "\n" for line in result.history))
+    if keep_checkpoint:  # what `fedcache train --resume` of this run reads
+        save_checkpoint(out, result.checkpoint, False)
+    write_summary(out, result.summary)

@@ -1,0 +1,55 @@
+"""How a report lays out many groups: labels name only what varies, no two labels look alike, one panel per
+data setting, the best of each panel marked once."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedcache.reports import summary_rows
+from fedcache.reports.layout import MAX_LABEL, Layout
+from fedcache.reports.runs import Group, Run
+
+
+def groups(methods, alphas=("0.1", "1"), lrs=("0.001", "0.01")) -> list[Group]:
+    out = []
+    for i, m in enumerate(methods):
+        for a in alphas:
+            for lr in lrs:
+                setting = {"partition": "dirichlet", "rounds": "20", "alpha": a, "lr": lr}
+                runs = [Run(Path(f"{m}-{a}-{lr}-{s}"), {"method": m, "mean_accuracy": 50.0 + i + float(lr) * 100 + s},
+                            [], {}, setting) for s in (0, 1)]
+                out.append(Group(runs[0].label, runs))
+    return out
+
+
+def test_labels_name_only_what_varies_inside_a_panel():
+    gs = groups(["fedavg", "fedprox", "fedproto"])
+    layout = Layout.of(gs)
+    assert layout.fixed == {"partition": "dirichlet", "rounds": "20"}
+    assert layout.panel_keys == ("alpha",) and layout.legend_keys == ("lr",)
+    assert {layout.label(g) for g in gs} == {f"{m} lr={lr}" for m in ("fedavg", "fedprox", "fedproto") for lr in ("0.001", "0.01")}
+    assert "fixed: partition=dirichlet, rounds=20" in layout.caption() and "one panel per alpha" in layout.caption()
+
+
+def test_no_two_labels_share_a_look_past_the_palette():
+    """22 methods x 2 lr: more methods than tab20 has colours (two share each of the first two), two looks each."""
+    gs = groups([f"method-{i:02d}" for i in range(22)])
+    layout = Layout.of(gs)
+    styles = layout.styles(gs)
+    assert len(styles) == 44 and len(set(styles.values())) == 44
+    assert all(len(label) <= MAX_LABEL for label in styles)
+    # One method keeps one colour in every panel; its own settings change the line, not the colour.
+    by_method = {}
+    for g in gs:
+        by_method.setdefault(g.method, set()).add(styles[layout.label(g)].color)
+    assert all(len(c) == 1 for c in by_method.values())
+
+
+def test_the_best_of_each_panel_is_bold_once():
+    gs = groups(["fedavg", "fedprox"])
+    rows = summary_rows(gs, Layout.of(gs))
+    header, body = rows[0], rows[1:]
+    acc = next(i for i, h in enumerate(header) if h.endswith("accuracy %"))
+    alpha = header.index("alpha")
+    for a in ("0.1", "1"):
+        bold = [r for r in body if r[alpha] == a and r[acc].startswith("**")]
+        assert len(bold) == 1 and bold[0][0] == "fedprox" and bold[0][header.index("lr")] == "0.01"
