@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fedcache.errors import ConfigError, FedcacheError
+from fedcache.paths import writable_file
 from fedcache.progress import PlainProgress
 from fedcache.spec import Option, RunSpec, default_store, grid_options, options
 
@@ -340,6 +341,8 @@ def store_export(
     """Export the features of a dataset and backbone to HDF5 or NPZ."""
     from fedcache.store.interchange import export_tables
 
+    if not _csv(splits):
+        raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
     fs = _open_store(store)
     tables = {s: fs.read(dataset, s, backbone) for s in _csv(splits)}
     fmt = fmt or {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix, "")
@@ -444,6 +447,8 @@ def partition(plot: Optional[Path] = None, **given) -> None:
     from fedcache.federate.train import load_data
 
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    if plot is not None:  # before the partition is made, not after
+        writable_file(Path(f"{plot}-bubbles.png"), "--plot")
     data, info = load_data(spec)
     sizes, tests = data.sizes(), [len(r) for r in data.client_test]
     console.print(f"partition [bold]{info['partition_id']}[/] ({spec.partition.scheme}, {len(sizes)} clients): train sizes "
@@ -542,7 +547,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
-                     settings=settings, sweep=axes or None, seeds=[int(s) for s in _csv(seeds)] if seeds else None,
+                     settings=settings, sweep=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
                      keep_checkpoints=how["keep_checkpoints"], **engine)
     trained = []
