@@ -44,6 +44,21 @@ class FedPCLParams:
     noise_scale: NonNegative = 0.05  # s: std (gaussian) or scale (laplace) of e
     perturb: Fraction = 0.1  # p: sent = (1 - p) * prototype + noise
 
+    def ignored(self) -> dict[str, str]:
+        """Settings this configuration does not read: ``--set`` refuses them instead of dropping them."""
+        out = {}
+        if self.noise == "none":
+            why = "noise=none sends the clean prototypes; set noise=gaussian or noise=laplace"
+            out.update(noise_scale=why, perturb=why, predict_with=why + " (without noise sent and clean are the same)")
+        elif self.predict != "local":
+            out["predict_with"] = f"predict={self.predict} does not classify with the client's own prototypes"
+        if self.loss == "supcon":
+            why = "loss=supcon contrasts the batch's rows with each other, not with prototypes"
+            out.update(contrast=why, local_reduce=why)
+        elif self.prototypes == "global":
+            out["local_reduce"] = "prototypes=global contrasts with one prototype set, so sum and mean are the same"
+        return out
+
 
 # loss -> (the method the paper's row is, the row's name in the paper)
 PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
