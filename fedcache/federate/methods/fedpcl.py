@@ -1,9 +1,11 @@
 """FedPCL (Tan et al., NeurIPS 2022): prototype-wise contrastive learning over fused frozen backbones.
 
 Each client trains a personal projection network on the concatenated embeddings of K frozen
-backbones; clients exchange only class prototypes. Defaults follow the paper's equations where the
-paper states them and the official code where it does not; every difference and the option restoring
-the other behaviour is in the table of docs/methods/fedpcl.md.
+backbones; clients exchange only class prototypes. Each default follows either the paper's equations or
+the official code, not one of them throughout: L_p is summed over clients as the code does where Eq. 9
+averages (``local_reduce``), and L_g is kept as the paper has it where the code drops it, so together
+they are neither source's loss. The table of docs/methods/fedpcl.md names every difference and the
+option restoring either behaviour.
 """
 from __future__ import annotations
 
