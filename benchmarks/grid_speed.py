@@ -54,19 +54,22 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
-    tables: set[str] = set()
+    tables: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for t in range(trials):
             for engine in ENGINES if t % 2 == 0 else ENGINES[::-1]:
                 where = Path(tmp) / f"{engine}-{t}"
                 wall, table, plans = timed_grid(store, data, where, engine, jobs, sweep, seeds)
-                tables.add((where / "table.md").read_text())
+                tables[f"{engine}-{t}"] = (where / "table.md").read_text()
                 runs[engine].append({"cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
                                      "cells_per_minute": round(60 * len(table) / wall, 1), "load_average_after": os.getloadavg()})
     for engine, rs in runs.items():
         out[engine] = {"cells": rs[0]["cells"], "plan": rs[0]["plan"],
                        "cells_per_minute": round(statistics.median(r["cells_per_minute"] for r in rs), 1), "trials": rs}
-    out["same_table_md"] = len(tables) == 1  # every trial of both engines
+    out["same_table_md"] = len(set(tables.values())) == 1  # every trial of both engines
+    if not out["same_table_md"]:  # say where, so a difference can be looked into
+        first, *rest = tables
+        out["table_md_differences"] = {k: _diff(tables[first], tables[k], first, k) for k in rest if tables[k] != tables[first]}
     out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
                                                for p, b in zip(runs["processes"], runs["batched"])]
     out["batched_over_processes_cells_per_minute"] = round(out["batched"]["cells_per_minute"] / out["processes"]["cells_per_minute"], 2)
@@ -84,6 +87,12 @@ def measure_large(store: Path, jobs: int) -> dict:
     return {**out, "cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
             "cells_per_minute": round(60 * len(table) / wall, 1), "peak_rss_mb_of_this_process": _peak_mb(resource.RUSAGE_SELF),
             "load_average_after": os.getloadavg()}
+
+
+def _diff(a: str, b: str, name_a: str, name_b: str) -> list[str]:
+    import difflib
+
+    return list(difflib.unified_diff(a.splitlines(), b.splitlines(), name_a, name_b, n=0, lineterm=""))[:40]
 
 
 def _peak_mb(who: int) -> int:

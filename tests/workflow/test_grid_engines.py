@@ -95,3 +95,8 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
     assert "2 batches at a time, each in a worker process" in " ".join(plans[2])
     assert "worker process" not in " ".join(plans[1])
     assert_same_cells(outs[1], outs[2])
+    # One cell per batch: four batches finish side by side, and none removes the folder another still uses.
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+         seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1)
+    assert_same_cells(outs[1], tmp_path / "singles")
+    assert not (outs[2] / "batches").exists() and not (tmp_path / "singles" / "batches").exists()
