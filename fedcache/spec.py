@@ -107,6 +107,10 @@ class PartitionSpec(Section):
     alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
     shards: PositiveInt | None = opt(None, help="Shards per client (shards).")
     few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
+    class_budget: PositiveInt | None = opt(
+        None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
+                   "all clients (N per class per client on average; domain-dirichlet: each from its own domain), "
+                   "FedPCL's protocol; default: every row.")
     subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
     clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions).")
     classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")

@@ -59,8 +59,12 @@ class PartitionRequest:
     of each class it holds. A ``few_shot`` larger than the smallest class of the whole training
     set can never be met and is a ConfigError.
     ``subsample``: any scheme; each client keeps round(subsample * n) of its n rows of each class,
-    so its label mix is kept while the data shrinks (FedPCL's label-shift setting gives each class
-    10 x clients rows in all, spread by Dirichlet: ``dirichlet`` with ``subsample`` reproduces that).
+    so its label mix is kept while the data shrinks (a fixed number of rows per class, as FedPCL's
+    protocol has, is ``class_budget``).
+    ``class_budget``: ``dirichlet`` / ``domain-dirichlet``; FedPCL's protocol instead of splitting every
+    row: for each class, p ~ Dirichlet(alpha) over all ``n_clients`` and client i gets about
+    ``p_i * class_budget * n_clients`` rows of the class (so ``class_budget`` rows per class per client
+    on average), drawn from its own domain under ``domain-dirichlet`` (see ``schemes.budget_split``).
     ``min_size``: Dirichlet schemes redraw until every client has that many rows.
     ``local_test``: most local test rows per client (see ``local_test_sets``).
     """
@@ -74,6 +78,7 @@ class PartitionRequest:
     classes_per_client: int | None = None
     repeat_rate: float = 0.0
     few_shot: int | None = None
+    class_budget: int | None = None
     subsample: float = 1.0
     min_size: int = 10
     local_test: int = 1000
@@ -102,7 +107,7 @@ class PartitionRequest:
             self.shards is None or self.shards >= 1,
             f"shards per client must be at least 1 (got {self.shards}); 2 is the usual pathological non-IID setting",
         )
-        for name in ("clients_per_domain", "classes_per_client", "few_shot"):
+        for name in ("clients_per_domain", "classes_per_client", "few_shot", "class_budget"):
             value = getattr(self, name)
             _require(value is None or value >= 1, f"{name} must be at least 1 or left unset (got {value})")
         _require(0.0 <= self.repeat_rate <= 1.0, f"repeat_rate is a fraction in [0, 1] (got {self.repeat_rate})")
