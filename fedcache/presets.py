@@ -75,6 +75,9 @@ FEDPCL_BASELINE_HEAD = {"head": "mlp"}
 # shift (floor(p_i * 10m)), DomainNet Real (a pool of 40m rows per class, a quarter of each client's rows train)
 # and MNIST-M (30m or 15m rows, a third or two thirds train). Caltech is the exception: see _t15.
 FEDPCL_LABEL_SHIFT = {"alpha": 1.0, "class_budget": 10}
+# Feature & label shift tests every client on the first 100 rows per class of its domain's test split, whatever
+# classes it holds: local_test_mix=uniform with the default local_test of 1000 rows gives 100 per class of 10.
+FEDPCL_FEATURE_LABEL_SHIFT = {**FEDPCL_LABEL_SHIFT, "local_test_mix": "uniform"}
 
 
 def _fedpcl_grids(key: str, dataset: str, backbones: tuple[str, ...], sweep: dict, **kw) -> tuple[Experiment, ...]:
@@ -127,7 +130,7 @@ PRESETS.add("fedpcl-table2", Preset(
 PRESETS.add("fedpcl-table3", Preset(
     "fedpcl-table3", "FedPCL Table 3 (Office-10 feature & label shift; DomainNet label shift)", FEDPCL_FILE,
     (*_fedpcl_grids("office10", "office-caltech10", FEDPCL_BACKBONES,
-                    dict(partition="domain-dirichlet", clients=4, batch_size=16, **FEDPCL_LABEL_SHIFT, **FEDPCL_TRAIN)),
+                    dict(partition="domain-dirichlet", clients=4, batch_size=16, **FEDPCL_FEATURE_LABEL_SHIFT, **FEDPCL_TRAIN)),
      *_fedpcl_grids("domainnet-real", "domainnet-10", FEDPCL_BACKBONES,
                     dict(partition="dirichlet", clients=5, **FEDPCL_LABEL_SHIFT, **FEDPCL_TRAIN),
                     extract={"domains": ["real"], "name": "domainnet-10-real"})),
@@ -137,14 +140,14 @@ PRESETS.add("fedpcl-table3", Preset(
                                                "FedProto": (44.48,), "Solo": (46.70,), "Ours (FedPCL)": (52.92,)}, ("DomainNet",))),
     "The official code's protocol (class_budget=10, alpha=1): per class k, p ~ Dir(1) over the m clients and "
     "client i trains on about p_i * 10m rows of class k. Office-10 (feature & label shift): one client per domain, "
-    "each client's rows from its own domain, batch 16 (the official script's --local_bs 16). DomainNet (label "
+    "each client's rows from its own domain, batch 16 (the official script's --local_bs 16), tested on up to 100 "
+    "rows per class of its domain's test split whatever classes it holds (local_test_mix=uniform). DomainNet (label "
     "shift): 5 clients all on the Real domain (paper Table 11), extracted under the name domainnet-10-real; the "
     "official code spreads a pool of 40m rows per class and trains on a quarter of each client's rows, about 10 per "
-    "class per client (the paper's Table 9: 498 rows in all). Remaining differences (docs/methods/fedpcl.md): local "
-    "test sets come from the test split with each client's class (and domain) mix, where the official code tests "
-    "Office-10 on 100 rows per class of the domain's test split (every class, whatever the client holds) and "
-    "DomainNet on the rest of each client's pool (its class mix, rows of the training split); rows are drawn at "
-    "random, not the first ones in file order. The baselines train the paper's head "
+    "class per client (the paper's Table 9: 498 rows in all). Remaining differences (docs/methods/fedpcl.md): "
+    "DomainNet's local test sets come from the test split with each client's class mix (at most local_test rows), "
+    "where the official code tests on the rest of each client's pool (the same mix, rows of the training split); "
+    "rows are drawn at random, not the first ones in file order. The baselines train the paper's head "
     "(mlp, Table 7) in the grids office10 and domainnet-real, FedPCL its projection head in <key>-fedpcl. "
     "Rounds: 100 for every method (the official scripts: FedAvg 200, Solo 100, FedPCL 50-200 by table). FedRep runs the paper's E = 1 as 1 classifier epoch + 1 body epoch (its own default "
     "is 10 + 1), in the grids office10-fedrep and domainnet-real-fedrep."
@@ -203,7 +206,7 @@ FEDPCL_WORKSHOP_FILE = "001_e3a8f38ba59902a3.txt"
 # feature & label shift, multi-backbone: 32.98 (3.44) and 43.94 (3.02)): those methods, run on the same features,
 # partition and budget, each on its own model as in the paper: the baselines on Table 7's FC-ReLU-BN-FC (mlp),
 # FedPCL on its projection head (the official code's FC-ReLU-L2norm with its FC classifier).
-_t11 = dict(partition="domain-dirichlet", clients=5, **FEDPCL_LABEL_SHIFT, **FEDPCL_TRAIN)
+_t11 = dict(partition="domain-dirichlet", clients=5, **FEDPCL_FEATURE_LABEL_SHIFT, **FEDPCL_TRAIN)
 _T11_ROWS = {"Cross Entropy": ("ce-rows", "fedavg", {}), "Cross Entropy + ProtoDist": ("ce-rows", "fedproto", {}),
              "Supervised Contrastive": ("contrastive", "fedpcl", {"loss": "supcon"}),
              "Ours": ("contrastive", "fedpcl", {"loss": "fedpcl"})}
@@ -219,8 +222,8 @@ PRESETS.add("fedpcl-table11", Preset(
     "head (mlp, Table 7) on the same partition, rounds and seeds as fedpcl (fedpcl's loss=ce and loss=ce+protodist "
     "are refused). Feature & label shift as the official code has it (prepare_data_digits_noniid): one client per "
     "Digit-5 domain; per class, p ~ Dir(1) over the 5 clients and client i trains on about p_i * 50 rows of the "
-    "class from its own domain (class_budget=10). Remaining difference: local test sets have each client's class "
-    "mix where the official code tests on 100 rows per class of the domain (docs/methods/fedpcl.md). "
+    "class from its own domain (class_budget=10), tested on up to 100 rows per class of its domain's test split "
+    "(local_test_mix=uniform), as the official code does. "
     "Rounds: 100 (the official scripts: FedAvg 200, FedPCL 50-200 by table).",
 ))
 

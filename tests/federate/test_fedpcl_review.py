@@ -166,6 +166,9 @@ def test_presets_claiming_a_table_run_the_official_class_budget(name, experiment
         assert s.get("fraction", 1.0) == (20 / s["clients"] if "fedavg" in experiment.methods else 1.0)
     if experiment.key.startswith("office10"):  # the official Office script's --local_bs 16
         assert s["batch_size"] == 16
+    # feature & label shift tests on 100 rows per class of the client's domain; label shift on its own mix
+    assert s.get("local_test_mix", "client") == ("uniform" if s["partition"] == "domain-dirichlet" else "client")
+    assert s.get("local_test", 1000) == 1000
 
 
 def test_feature_and_label_shift_presets_skew_labels_across_one_client_per_domain():

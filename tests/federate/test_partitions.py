@@ -13,6 +13,7 @@ from fedcache.federate.partitions import (
     find_partition,
     keys_hash,
     load_partition,
+    local_test_sets,
     make_partition,
     save_partition,
     table_keys,
@@ -420,3 +421,26 @@ def test_class_budget_range_is_declared_in_the_spec():
     with pytest.raises(ConfigError, match=r"--class-budget \(partition.class_budget\)=0: must be"):
         RunSpec.of(dataset="d", backbones="b", method="fedavg", class_budget=0)
     assert RunSpec.of(dataset="d", backbones="b", method="fedavg", class_budget="7").partition.class_budget == 7
+
+
+def test_uniform_local_test_mix_tests_every_class_alike_in_the_clients_domains():
+    # A client of domain 0 holding 3 classes is tested on all 8 classes of domain 0, 10 rows each
+    # (80 of the 20-row cells); with the client's mix only on its 3 classes.
+    labels, domains = TRAIN[0], TRAIN[1]
+    rows = np.flatnonzero((domains == 0) & (labels < 3))[:30]
+    args = ([rows], labels, domains, TEST[0], TEST[1], 80, np.random.default_rng(0))
+    uniform = local_test_sets(*args, mix="uniform")[0]
+    assert set(TEST[1][uniform].tolist()) == {0}
+    np.testing.assert_array_equal(np.bincount(TEST[0][uniform], minlength=N_CLASSES), np.full(N_CLASSES, 10))
+    assert classes_of(local_test_sets(*args)[0], TEST[0]) <= {0, 1, 2}
+
+
+def test_local_test_mix_choices_are_the_specs():
+    import typing
+
+    from fedcache.federate.partitions.core import LOCAL_TEST_MIXES
+    from fedcache.spec import option
+
+    assert typing.get_args(option("local_test_mix").type) == LOCAL_TEST_MIXES
+    with pytest.raises(ConfigError, match="local_test_mix must be one of client, uniform"):
+        PartitionRequest("iid", 4, local_test_mix="even")
