@@ -109,7 +109,7 @@ class PartitionSpec(Section):
     few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
     class_budget: PositiveInt | None = opt(
         None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
-                   "all clients (N per class per client on average; domain-dirichlet: each from its own domain), "
+                   "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
                    "FedPCL's protocol; default: every row.")
     subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
     clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions).")

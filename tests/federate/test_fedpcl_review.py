@@ -183,5 +183,5 @@ def test_feature_and_label_shift_presets_skew_labels_across_one_client_per_domai
     p = make_partition(request, labels, domains, labels, domains)
     assert [np.unique(domains[r]).tolist() for r in p.train] == [[d] for d in range(5)]
     counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
-    np.testing.assert_array_equal(counts.sum(axis=0), np.full(10, 50))
+    assert ((counts.sum(axis=0) > 45) & (counts.sum(axis=0) <= 50)).all()  # 10 x 5, each share floored
     assert counts.std(axis=0).mean() > 3, counts  # equal shares would give 0

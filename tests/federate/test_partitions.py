@@ -359,12 +359,13 @@ def _budget_counts(p: Partition, labels=TRAIN[0]) -> np.ndarray:
 
 @pytest.mark.parametrize("scheme", ["dirichlet", "domain-dirichlet"])
 def test_class_budget_gives_budget_x_clients_rows_per_class(scheme):
-    # 3 clients (one per domain for domain-dirichlet) x budget 10: 30 rows of every class, 50 per (class, domain).
+    # 3 clients (one per domain for domain-dirichlet) x budget 10: 30 rows of every class, less up to 2 as each
+    # of the 3 shares is floored; 50 rows per (class, domain) are there.
     p = part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1))
     counts = _budget_counts(p)
-    np.testing.assert_array_equal(counts.sum(axis=0), np.full(N_CLASSES, 30))
+    assert ((counts.sum(axis=0) >= 28) & (counts.sum(axis=0) <= 30)).all(), counts
     everything = np.concatenate(p.train)
-    assert len(np.unique(everything)) == len(everything) == 240  # disjoint, and only the budget is used
+    assert len(np.unique(everything)) == len(everything) == counts.sum()  # disjoint, and only the budget is used
     assert part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1)) == p  # deterministic
     other = part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1, seed=1))
     assert not np.array_equal(_budget_counts(other), counts)
@@ -372,19 +373,19 @@ def test_class_budget_gives_budget_x_clients_rows_per_class(scheme):
 
 @pytest.mark.parametrize("scheme", ["dirichlet", "domain-dirichlet"])
 def test_class_budget_counts_have_the_dirichlet_spread(scheme):
-    # A client's share of a class is Beta(alpha, (m - 1) alpha) times B * m rows: mean B, variance
-    # B^2 (m - 1) / (m alpha + 1) (rounding aside). alpha = 1, m = 3, B = 10: 50. Equal shares (no draw)
+    # A client's share of a class is Beta(alpha, (m - 1) alpha) times B * m rows, floored: mean B - 1/2,
+    # variance B^2 (m - 1) / (m alpha + 1) + 1/12. alpha = 1, m = 3, B = 10: 50. Equal shares (no draw)
     # give 0; Dirichlet(100) about 0.7; the draw over the clients of one domain only gives none.
     counts = np.concatenate([_budget_counts(part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1,
                                                                   seed=s))).ravel() for s in range(40)])
-    assert abs(counts.mean() - 10) < 0.01
+    assert 9.3 < counts.mean() < 9.7
     assert 40 < counts.var() < 60, counts.var()
 
 
 def test_class_budget_under_domain_dirichlet_draws_from_the_clients_own_domain():
     p = part(PartitionRequest("domain-dirichlet", 6, alpha=1.0, class_budget=4, min_size=1))
     assert [np.unique(TRAIN[1][r]).tolist() for r in p.train] == [[0], [0], [1], [1], [2], [2]]
-    np.testing.assert_array_equal(_budget_counts(p).sum(axis=0), np.full(N_CLASSES, 24))
+    assert ((_budget_counts(p).sum(axis=0) > 24 - 6) & (_budget_counts(p).sum(axis=0) <= 24)).all()
 
 
 def test_class_budget_larger_than_a_pool_shares_what_there_is(caplog):

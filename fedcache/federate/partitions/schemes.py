@@ -43,12 +43,11 @@ def dirichlet(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest
 def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: float, request: PartitionRequest,
                  rng: np.random.Generator, names: list[str]) -> list[np.ndarray]:
     """FedPCL's protocol: for each class, p ~ Dirichlet(alpha) over all clients, and client i takes
-    ``p_i * budget * n_clients`` rows of the class (``budget = class_budget``) from its pool.
+    ``floor(p_i * budget * n_clients)`` rows of the class (``budget = class_budget``) from its pool.
 
     ``pools[g]`` are the rows the clients with ``owner == g`` draw from (one pool for ``dirichlet``,
-    one per domain for ``domain-dirichlet``). Each class's total is exactly ``budget * n_clients``,
-    each client's share within one row of ``p_i`` times it (cumulative rounding; the official code
-    floors each share and leaves up to n_clients - 1 rows unused). A pool with fewer rows of a class
+    one per domain for ``domain-dirichlet``). Flooring each share, as the official code does, leaves
+    a class up to n_clients - 1 rows short of ``budget * n_clients``. A pool with fewer rows of a class
     than its clients ask for shares what it has in the same proportions, with a warning. Redrawn
     until every client has ``min_size`` rows. No fair-share cap: the official code has none here.
     """
@@ -56,8 +55,8 @@ def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: floa
     avail = np.array([np.bincount(np.searchsorted(classes, labels[pool]), minlength=len(classes)) for pool in pools])
     total = request.class_budget * len(owner)
     for _ in range(MAX_DIRICHLET_TRIES):
-        counts, short = _fit(_budget_counts(rng.dirichlet(np.full(len(owner), alpha), size=len(classes)), total),
-                             avail, owner)
+        want = np.floor(rng.dirichlet(np.full(len(owner), alpha), size=len(classes)) * total).astype(np.int64)
+        counts, short = _fit(want, avail, owner)
         if counts.sum(axis=0).min() >= request.min_size:
             break
     else:
@@ -77,13 +76,6 @@ def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: floa
             for i, piece in zip(clients, np.split(members, np.cumsum(counts[k, clients])[:-1])):
                 parts[i].append(piece)
     return [np.concatenate(p) for p in parts]
-
-
-def _budget_counts(p: np.ndarray, total: int) -> np.ndarray:
-    """(classes, clients) counts: each row of proportions ``p`` times ``total``, rounded so rows sum to ``total``."""
-    edges = np.floor(np.cumsum(p, axis=1) * total).astype(np.int64)
-    edges[:, -1] = total
-    return np.diff(edges, axis=1, prepend=0)
 
 
 def _fit(want: np.ndarray, avail: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
