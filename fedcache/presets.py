@@ -130,7 +130,8 @@ PRESETS.add("fedpcl-table2", Preset(
 PRESETS.add("fedpcl-table3", Preset(
     "fedpcl-table3", "FedPCL Table 3 (Office-10 feature & label shift; DomainNet label shift)", FEDPCL_FILE,
     (*_fedpcl_grids("office10", "office-caltech10", FEDPCL_BACKBONES,
-                    dict(partition="domain-dirichlet", clients=4, batch_size=16, **FEDPCL_FEATURE_LABEL_SHIFT, **FEDPCL_TRAIN)),
+                    dict(partition="domain-dirichlet", clients=4, batch_size=16, **FEDPCL_FEATURE_LABEL_SHIFT,
+                         **FEDPCL_TRAIN)),
      *_fedpcl_grids("domainnet-real", "domainnet-10", FEDPCL_BACKBONES,
                     dict(partition="dirichlet", clients=5, **FEDPCL_LABEL_SHIFT, **FEDPCL_TRAIN),
                     extract={"domains": ["real"], "name": "domainnet-10-real"})),
@@ -194,7 +195,8 @@ PRESETS.add("fedpcl-fairness", Preset(
     "differences (docs/methods/fedpcl.md): the official code draws its pool, train and test rows alike, from "
     "MNIST-M's test file and caps the pool at what that file holds per class; fedcache trains on the training split "
     "and tests on the test split with each client's class mix (at most local_test rows), where the official test "
-    "rows are the rest of the client's pool. FedAvg trains the paper's head (mlp, Table 7) and samples 20 clients a round (fraction 20/n), as the official "
+    "rows are the rest of the client's pool. FedAvg trains the paper's head (mlp, Table 7) and samples 20 clients "
+    "a round (fraction 20/n), as the official "
     "code does past 20 clients; FedPCL trains every client every round. Rounds: 100 for both (the official scripts: "
     "FedAvg 200). The paper's 'Variance' column (8-13) is on the scale of a standard deviation of percent "
     "accuracies, so it is set beside fedcache's std over clients.",

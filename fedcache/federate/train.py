@@ -167,9 +167,9 @@ def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
         clients = n_domains * (p.clients_per_domain or 1) if p.scheme in DOMAIN_SCHEMES else DEFAULT_CLIENTS
     return PartitionRequest(
         scheme=p.scheme, n_clients=clients, seed=spec.schedule.seed, alpha=p.alpha, shards=p.shards,
-        clients_per_domain=p.clients_per_domain, few_shot=p.few_shot, class_budget=p.class_budget, subsample=p.subsample,
+        clients_per_domain=p.clients_per_domain, few_shot=p.few_shot, subsample=p.subsample,
         classes_per_client=p.classes_per_client, repeat_rate=p.repeat_rate, local_test=p.local_test,
-        local_test_mix=p.local_test_mix,
+        class_budget=p.class_budget, local_test_mix=p.local_test_mix,
     )
 
 

@@ -142,7 +142,8 @@ def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
 
 # ---- the presets run the official code's data protocol (issue 14) ----------------------------------------------
 # (preset, experiment key prefix) -> (scheme, class_budget): lib/utils.py's prepare_data_*_noniid.
-_PROTOCOL = {("fedpcl-table3", "office10"): ("domain-dirichlet", 10), ("fedpcl-table3", "domainnet-real"): ("dirichlet", 10),
+_PROTOCOL = {("fedpcl-table3", "office10"): ("domain-dirichlet", 10),
+             ("fedpcl-table3", "domainnet-real"): ("dirichlet", 10),
              ("fedpcl-table11", ""): ("domain-dirichlet", 10), ("fedpcl-fairness", ""): ("dirichlet", 10),
              ("fedpcl-table15", ""): ("dirichlet", 9)}
 
