@@ -17,6 +17,7 @@ from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, ex
 from fedcache.federate.data import load_fused
 from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.train import train
+from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
@@ -43,6 +44,8 @@ def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, ro
              heatmap: bool = True, dataset: str = DATASET) -> DemoResult:
     """Extract (cached), probe per domain, train each method one client per domain (few-shot), then report."""
     backbones = list(backbones)
+    if out is not None:
+        writable_dir(out, "--out")
     tables = _cached(store, dataset, backbones)
     if tables is None:
         extract(ExtractConfig(dataset=dataset, backbones=backbones, store=store), progress)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcache.errors import ConfigError, FedcacheError
+from fedcache.paths import writable_dir
 from fedcache.presets import PRESETS, Experiment, Preset
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = N
     """Extract what is missing, run every grid, write paper.json and the report; returns the report's path."""
     from fedcache.api import extract_features, grid, report
 
+    writable_dir(out, "--out")
     missing = [n for n in check(preset, store, data_root, weights) if not n.ok]
     if missing:
         raise ConfigError(f"{preset.name} cannot run here: " + "; ".join(f"{n.kind} {n.name}: {n.how}" for n in missing)

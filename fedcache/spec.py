@@ -4,7 +4,7 @@
 field carries its help text, its type (with its valid range, the types of ``federate/settings.py``),
 its command-line flag and whether a grid may sweep it. Everything else is derived from it:
 
-- the options of ``fedcache train``, ``grid``, ``partition`` and ``shard`` (``cli.py`` builds them from
+- the options of ``fedcache train``, ``grid``, ``partition`` and ``shard`` (``fedcache/cli/`` builds them from
   ``options()``), under one name each: the *option name* (``partition``, ``clients``, ``rounds``, ...);
 - the Python API's keyword arguments (``RunSpec.of(**options)`` takes the same names);
 - a run's ``config.json`` (``to_dict`` / ``from_dict``, nested by section);

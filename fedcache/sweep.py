@@ -33,6 +33,7 @@ import numpy as np
 import tomllib
 
 from fedcache.errors import ConfigError, FedcacheError
+from fedcache.paths import writable_dir
 from fedcache.table import Table
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,8 @@ class GridSpec:
     max_batch_cells: int | None = None
 
     def __post_init__(self) -> None:
-        self.store, self.out = Path(self.store), Path(self.out)
-        self.seeds = [int(s) for s in self.seeds]
+        self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
+        self.seeds = [option("seed").parse(s) for s in self.seeds]  # 'a' is a clear error, not a ValueError
         self.sweep = {k.replace("-", "_"): [str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
         if not self.methods or not self.backbones or not self.seeds:

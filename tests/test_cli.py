@@ -183,6 +183,32 @@ def test_h_version_and_help(capsys):
     assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out
 
 
+EXTRACT_BAD = [  # issue 18: each was a traceback after loading the model (or, for 0, silently the default)
+    ("--image-size", "-5", "--image-size=-5: must be >= 1"),
+    ("--image-size", "0", "--image-size=0: must be >= 1"),
+    ("--workers", "-1", "--workers=-1: must be >= 0"),
+    ("--batch-size", "0", "--batch-size=0: must be >= 1"),
+    ("--batch-size", "-4", "--batch-size=-4: must be >= 1"),
+    ("--views", "-1", "--views=-1: must be >= 0"),
+    ("--seed", "-1", "--seed=-1: must be >= 0"),
+    ("--wait", "nan", "--wait=nan: must be a finite number"),
+    ("--image-noise", "gaussian,-1,0.5", "--image-noise"),
+]
+
+
+@pytest.mark.parametrize("flag,value,message", EXTRACT_BAD)
+def test_extract_numbers_are_checked_before_any_work(flag, value, message, capsys, store_path):
+    # "nope" is no dataset: an unchecked value would fail there instead (exit 1, unknown dataset).
+    code, _, err = run(capsys, "extract", "-d", "nope", "-b", "tiny-timm-random", "--store", str(store_path), flag, value)
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_grid_seeds_must_be_whole_numbers(capsys, tmp_path):
+    code, _, err = run(capsys, "grid", "--store", str(tmp_path / "missing.zarr"), "-d", "x", "-b", "y", "-m", "fedavg",
+                       "--seeds", "0,a", "-o", str(tmp_path / "g"))
+    assert code == 2 and "'a': expected int" in err and "Traceback" not in err, err
+
+
 def test_every_command_shows_an_example_that_parses(capsys):
     import shlex
 

@@ -34,3 +34,70 @@ def test_files(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="nothing can be made below it"):
         writable_file(tmp_path / "f" / "out.h5", "-o")
+
+
+# ---- every command that writes checks where before it works ------------------------------------
+@pytest.fixture(scope="module")
+def toy_store(tmp_path_factory):
+    from fedcache.extract.runner import ExtractConfig, extract
+
+    path = tmp_path_factory.mktemp("paths") / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0))
+    return path
+
+
+def _commands(store, target):
+    """(command line, the option the error must name). A missing store or run directory in each line
+    would fail the command with another error if the output were checked only when first written."""
+    missing = store.parent / "missing.zarr"
+    data = ["-d", "test-toy", "-b", "tiny-timm-random"]
+    return {
+        "train": (["train", "--store", str(missing), *data, "-m", "fedavg", "-o", str(target)], "--out"),
+        "grid": (["grid", "--store", str(missing), *data, "-m", "fedavg", "-o", str(target)], "--out"),
+        "partition": (["partition", "--store", str(missing), *data, "--plot", str(target / "p")], "--plot"),
+        "shard": (["shard", "--store", str(store), *data, "--out", str(target)], "--out"),
+        "flower-app": (["flower-app", str(target)], "Flower App directory"),
+        "report": (["report", str(store.parent / "no-runs"), "-o", str(target)], "--out"),
+        "reproduce": (["reproduce", "fedpcl-table2", "--store", str(missing), "-o", str(target)], "--out"),
+        "backbone-heatmap": (["backbone-heatmap", "--store", str(missing), "-d", "test-toy", "-b", "a,b", "-o", str(target / "h.png")], "--out"),
+    }
+
+
+def _expect_one_clear_error(capsys, argv, option, says):
+    from fedcache.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, (argv, err)
+    assert err.startswith("error:") and option in err and says in err, (argv, err)
+
+
+COMMANDS = ("train", "grid", "partition", "shard", "flower-app", "report", "reproduce", "backbone-heatmap")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_output_below_a_file_is_one_clear_error_before_any_work(command, toy_store, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    argv, option = _commands(toy_store, tmp_path / "f" / "below")[command]
+    _expect_one_clear_error(capsys, argv, option, "is a file, so nothing can be made below it")
+
+
+@pytest.mark.parametrize("command", ["train", "grid", "shard", "flower-app", "report", "reproduce"])  # directories
+def test_a_file_given_as_an_output_directory(command, toy_store, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    argv, option = _commands(toy_store, tmp_path / "f")[command]
+    _expect_one_clear_error(capsys, argv, option, "is a file; give a directory")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_read_only_directory(command, toy_store, tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("this user can write into a read-only directory (root)")
+        argv, option = _commands(toy_store, ro / "out")[command]
+        _expect_one_clear_error(capsys, argv, option, "no permission to write in")
+    finally:
+        ro.chmod(0o755)

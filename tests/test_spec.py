@@ -220,7 +220,7 @@ def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
 
     got = []
     monkeypatch.setitem(cli.ENGINES, "in-process", lambda spec: (got.append(spec), ({}, ""))[1])
-    monkeypatch.setattr(cli, "_result_line", lambda summary: "")
+    monkeypatch.setattr(cli.train, "_result_line", lambda summary: "")  # train's module, where it is looked up
     argv = ["train", "--store", str(tmp_path), "-d", "d", "-b", "a,b", "-m", "fedprox", "--partition", "domain-dirichlet",
             "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.betas=0.9,0.99",
             "--preset", "fst-cbdg", "--head", "mlp", "--rounds", "7", "--fraction", "0.5", "--eval-every", "2",

@@ -21,6 +21,7 @@ from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.templates import TEMPLATE_SETS
 from fedcache.extract.transforms import Preprocess, ViewSpec
+from fedcache.federate.settings import Fraction, NonNegative, NonNegativeInt, PositiveInt, check_fields
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import EntryWriter, Part, open_writer
@@ -38,21 +39,21 @@ class ExtractConfig:
     domains: list[str] | None = None
     device: str = "auto"
     precision: str = "auto"
-    image_size: int | None = None
-    views: int = 0
+    image_size: PositiveInt | None = None
+    views: NonNegativeInt = 0
     view_recipe: str = "simclr"
-    view_seed: int = 0
+    view_seed: NonNegativeInt = 0
     dtype: str = "float16"
-    batch_size: int = 64
-    workers: int | None = None
+    batch_size: PositiveInt = 64
+    workers: NonNegativeInt | None = None
     weights: dict[str, Path] = field(default_factory=dict)
     part: Part = field(default_factory=Part)
     skip_bad_images: bool = False
-    wait: float = 0.0
+    wait: NonNegative = 0.0
     random_init: bool = False
-    chunk_rows: int | None = None  # default: about 4 MB per chunk
+    chunk_rows: PositiveInt | None = None  # default: about 4 MB per chunk
     name: str | None = None  # the dataset's name in the store (default: its registry name)
-    image_noise: tuple[str, float, float] | None = None  # (kind, scale s, perturbation p): FedPCL Table 15
+    image_noise: tuple[str, NonNegative, Fraction] | None = None  # (kind, scale s, perturbation p): FedPCL Table 15
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,10 @@ def _check_config(cfg: ExtractConfig) -> None:
         raise ConfigError("--backbones needs at least one name; see `fedcache backbones`")
     if cfg.dtype not in ("float16", "float32"):
         raise ConfigError(f"--dtype must be float16 or float32, got {cfg.dtype!r}")
-    if cfg.batch_size < 1 or cfg.views < 0:
-        raise ConfigError("--batch-size must be >= 1 and --views >= 0")
+    # Every number against the range its field declares, before a dataset or backbone is loaded.
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    check_fields(cfg, label=flag)
+    check_fields(cfg.dataset_options, label=flag)
 
 
 def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec]]:

@@ -14,14 +14,14 @@ class OptimConfig:
     lr: Positive = 1e-3
     momentum: UnitOpen = 0.9  # SGD only
     weight_decay: NonNegative = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam only
+    betas: tuple[UnitOpen, UnitOpen] = (0.9, 0.999)  # Adam only
     eps: Positive = 1e-8  # Adam only
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("sgd", "adam"):
             raise ConfigError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
         check_fields(self)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+        if len(self.betas) != 2:  # their range is the type's, checked above
             raise ConfigError(f"betas must be two numbers in [0, 1), e.g. betas=0.9,0.999 (got {self.betas})")
 
     def ignored(self) -> dict[str, str]:

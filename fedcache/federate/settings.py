@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -88,7 +89,7 @@ def convert(key: str, text: str, typ: Any) -> Any:
         if text not in [str(a) for a in args]:
             raise ConfigError(f"--set {key}={text}: must be one of {', '.join(map(str, args))}")
         return next(a for a in args if str(a) == text)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         if text.lower() in ("none", "null", "") and type(None) in args:
             return None
         return convert(key, text, next(a for a in args if a is not type(None)))
@@ -131,17 +132,26 @@ def _check(key: str, value: Any, typ: Any, rng: Range | None, shown: Any) -> Non
         raise ConfigError(f"{key}={shown}: must be {rng}")
 
 
-def check_fields(obj: Any) -> None:
-    """Refuse an instance whose numeric fields are out of their declared range (built without ``--set``)."""
+def check_fields(obj: Any, label: Any = None) -> None:
+    """Refuse an instance whose numeric fields are out of their declared range (built without ``--set``).
+    ``label(field)``: how the error names a field (a CLI flag, say); default: the field's name."""
     for name, typ in fields_of(type(obj)).items():
-        value = getattr(obj, name)
-        if typing.get_origin(typ) is Annotated:
-            _check(name, value, typing.get_args(typ)[0], _range_of(typ), shown=value)
-        elif typ is float:
-            _check(name, value, float, None, shown=value)
-        elif typing.get_origin(typ) is tuple:
-            for v in value:
-                _check(name, v, float if isinstance(v, float) else type(v), None, shown=value)
+        _check_value(label(name) if label else name, getattr(obj, name), typ)
+
+
+def _check_value(name: str, value: Any, typ: Any) -> None:
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        if value is not None:  # an optional field left unset is fine
+            _check_value(name, value, next(a for a in args if a is not type(None)))
+    elif origin is Annotated:
+        _check(name, value, args[0], _range_of(typ), shown=value)
+    elif typ is float:
+        _check(name, value, float, None, shown=value)
+    elif origin is tuple and isinstance(value, tuple):
+        fixed = bool(args) and args[-1] is not Ellipsis
+        for v, t in zip(value, args if fixed else [args[0] if args else type(None)] * len(value)):
+            _check_value(name, v, float if t is type(None) and isinstance(v, float) else t)
 
 
 def split_settings(values: dict[str, str], groups: dict[str, type]) -> dict[str, dict[str, str]]:

@@ -14,6 +14,7 @@ import torch
 from fedcache import __version__
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData, load_fused, load_views
+from fedcache.federate.divergence import DivergedError
 from fedcache.federate.checkpoints import CHECKPOINT, METRICS
 from fedcache.federate.driver import SUMMARY, RoundCallback, RunConfig, RunResult
 from fedcache.federate.loop import run
@@ -219,9 +220,13 @@ def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables |
     t0 = time.perf_counter()
     try:
         result = run(method, cfg, _tracked(on_round, trackers), {"partition_id": resolved["partition"]["partition_id"]})
-    except BaseException:
+    except BaseException as exc:
         for t in trackers:
             t.fail()
+        if isinstance(exc, DivergedError) and e.out is not None:
+            # --resume would replay the same rounds into the same NaN: say how to start this --out again.
+            raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
+                                "--overwrite, or choose another --out") from None
         raise
     log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
     for t in trackers:
@@ -263,7 +268,8 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
         if saved != json.loads(json.dumps(resolved)):
             differ = _differences(saved.get("spec", {}), resolved["spec"])
             raise ConfigError(f"--resume: the options differ from the run in {out}"
-                              + (f" ({', '.join(differ)})" if differ else "") + "; use the same options or a new --out")
+                              + (f" ({', '.join(differ)})" if differ else "")
+                              + "; use the same options, --overwrite to replace the run, or a new --out")
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(resolved, indent=2) + "\n")

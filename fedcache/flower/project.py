@@ -12,12 +12,13 @@ import tomli_w
 
 from fedcache import __version__
 from fedcache.flower.config import FlowerRun
+from fedcache.paths import writable_dir
 
 FLWR_VERSION = "1.41.0"  # keep equal to the pin of the `flower` extra in pyproject.toml
 
 
 def write_app(directory: Path | str, run: FlowerRun | None = None) -> Path:
-    directory = Path(directory)
+    directory = writable_dir(directory, "the Flower App directory")
     directory.mkdir(parents=True, exist_ok=True)
     project = {
         "project": {"name": "fedcache-flower", "version": __version__, "license": "Apache-2.0",

@@ -29,6 +29,7 @@ from fedcache.federate.data import FederatedData, load_fused, load_views, sample
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.federate.text import attach_text
+from fedcache.paths import writable_dir
 from fedcache.store.feature_store import TEXT, FeatureStore, FeatureTable
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import open_writer
@@ -81,7 +82,7 @@ class ShardInfo:
 # ---- writing -----------------------------------------------------------------------------
 def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     """One store per client plus the server's; returns their paths (clients first, server last)."""
-    out = Path(out)
+    out = writable_dir(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
     store = FeatureStore(spec.store, create=False)

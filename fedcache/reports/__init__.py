@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedcache.paths import writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
@@ -39,8 +40,9 @@ class Section:
 
 
 def write_report(root: Path, out: Path | None = None) -> ReportPaths:
+    out = writable_dir(out, "--out") if out else None  # before any figure is drawn
     runs = find_runs(root)
-    out = Path(out) if out else Path(root)
+    out = out or writable_dir(root, "the run directory (or give --out)")
     fig_dir = out / FIG_DIR
     fig_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)

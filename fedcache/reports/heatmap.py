@@ -31,10 +31,12 @@ def backbone_heatmap(spec, out: Path) -> list[str]:
     to ``out``; the lines to print are the scores and the file written."""
     from fedcache.errors import ConfigError
     from fedcache.federate.contribution import backbone_contribution
+    from fedcache.paths import writable_file
 
     if len(spec.data.backbones) < 2:
         raise ConfigError(f"backbone-heatmap compares fused backbones with each alone: name at least two with "
                           f"--backbones (got {','.join(spec.data.backbones)})")
+    writable_file(out, "--out")  # before the runs, not after
     c = backbone_contribution(spec)
     width = max(len(n) for n in c.clients)
     lines = [" ".join([f"{'client':<{width}}", *(f"{b:>{max(len(b), 6)}}" for b in c.backbones)])]

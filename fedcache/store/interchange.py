@@ -80,6 +80,8 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     """Write each split of the file as complete store entries, one per named domain; returns entry ids.
 
     Every field is checked first (fedcache/store/importing.py): a bad file writes nothing, not even a new store."""
+    _check_name(dataset, "--dataset")
+    _check_name(backbone, "--backbone")
     checked = read_checked(Path(path), split)
     store = store if isinstance(store, FeatureStore) else FeatureStore(store)
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
@@ -90,6 +92,12 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
                            weights_hash=f"imported:{digest}", preprocess={"imported": True}, dtype="float32")
             ids.append(_import_domain(store, key, s, d, checked))
     return ids
+
+
+def _check_name(name: str, option: str) -> None:
+    # train and export select with the same option, split at commas: such a name could never be read back.
+    if not name.strip() or "," in name:
+        raise ConfigError(f"{option} {name!r}: give a non-empty name without commas (train selects it with {option})")
 
 
 def _import_domain(store: FeatureStore, key: EntryKey, s: Split, d: int, checked: Checked) -> str:

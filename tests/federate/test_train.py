@@ -154,3 +154,17 @@ def test_class_disjoint_from_the_cli(store, tmp_path, capsys):
     data, _ = load_data(cfg(store, partition="class-disjoint", clients=3, classes_per_client=1))
     held = [set(data.y_train[r].tolist()) for r in data.client_train]
     assert all(len(h) == 1 for h in held) and len(set.union(*held)) == 3
+
+
+def test_a_diverged_run_directory_offers_overwrite(store, tmp_path, capsys):
+    # issue 18: --resume replays the same rounds into the same NaN and a new run in the directory is refused;
+    # each message names the way out (--overwrite), and it works.
+    args = ["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+            "--rounds", "3", "--out", str(tmp_path / "run")]
+    assert main([*args, "--set", "lr=1e30"]) == 1
+    err = capsys.readouterr().err
+    assert "NaN/inf" in err and "--overwrite" in err and "Traceback" not in err
+    assert main(args) == 2 and "--overwrite" in capsys.readouterr().err  # a new run in the directory
+    assert main([*args, "--resume"]) == 2 and "--overwrite" in capsys.readouterr().err  # with the change
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3

@@ -11,12 +11,13 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Annotated, Callable, Protocol, Sequence
 
 import numpy as np
 from PIL import Image
 
 from fedcache.errors import BadImageError, ConfigError
+from fedcache.federate.settings import NonNegativeInt, Range
 from fedcache.registry import Registry
 
 SPLITS = ("train", "test")
@@ -165,8 +166,8 @@ class DatasetOptions:
     data_root: Path | None = None
     path: Path | None = None  # imagefolder
     download: bool = False
-    seed: int = 0
-    test_fraction: float = 0.2  # for folders without a train/test split
+    seed: NonNegativeInt = 0
+    test_fraction: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.2  # for folders without a train/test split
     extra: dict = field(default_factory=dict)
 
 

@@ -20,6 +20,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.local import masked_mean, train
 from fedcache.federate.methods.base import Method, MethodContext
 from fedcache.federate.probe import fit_probe
+from fedcache.federate.settings import NonNegativeInt, Positive, PositiveInt
 from fedcache.heads import Params
 
 ENCODER_KEYS = ("w1", "b1", "w2", "b2")
@@ -28,17 +29,13 @@ MASKED = -1e9  # logit of excluded pairs: finite, so fully padded rows give no N
 
 @dataclass(frozen=True)
 class SSLParams:
-    hidden: int = 512  # width of the representation h
-    out: int = 128  # width of the projection z
-    temperature: float = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)
+    hidden: PositiveInt = 512  # width of the representation h
+    out: PositiveInt = 128  # width of the projection z
+    temperature: Positive = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)
     # nt-xent: SimCLR's loss (the paper); cross-view: the official code's MoCo-style InfoNCE (see CONTRASTIVE)
     contrastive: Literal["nt-xent", "cross-view"] = "nt-xent"
-    probe_rows: int = 10000  # labelled training rows the evaluation probe is fitted on (0: all)
-    probe_c: float = 1.0  # inverse L2 strength of the probe's logistic regression
-
-    def __post_init__(self) -> None:
-        if min(self.hidden, self.out) < 1 or self.temperature <= 0 or self.probe_rows < 0 or self.probe_c <= 0:
-            raise ConfigError(f"need hidden, out >= 1, temperature > 0, probe_rows >= 0, probe_c > 0 (got {self})")
+    probe_rows: NonNegativeInt = 10000  # labelled training rows the evaluation probe is fitted on (0: all)
+    probe_c: Positive = 1.0  # inverse L2 strength of the probe's logistic regression
 
 
 # ---- encoder ----------------------------------------------------------------------------------

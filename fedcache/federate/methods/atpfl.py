@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fedcache.errors import ConfigError
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods._prompt import info_nce
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.tpfl import TPFL, TPFLParams
+from fedcache.federate.settings import NonNegative
 from fedcache.heads import Params
 
 PREV = "prev_"  # client-state prefix of the previous round's prompts
@@ -28,12 +28,8 @@ TRAINED = "trained"  # client state: 1 once the client has trained (its previous
 
 @dataclass(frozen=True)
 class ATPFLParams(TPFLParams):
-    mu: float = 1.0  # weight of the InfoNCE terms (Eq. 5); the paper does not state its value
-    tau: float = 0.0  # Gamma of Eq. 4; 0: CLIP's temperature 1 / logit_scale, the Gamma Eq. 2 uses
-
-    def __post_init__(self) -> None:
-        if self.mu < 0 or self.tau < 0:
-            raise ConfigError(f"atpfl needs mu >= 0 and tau >= 0 (got mu={self.mu}, tau={self.tau})")
+    mu: NonNegative = 1.0  # weight of the InfoNCE terms (Eq. 5); the paper does not state its value
+    tau: NonNegative = 0.0  # Gamma of Eq. 4; 0: CLIP's temperature 1 / logit_scale, the Gamma Eq. 2 uses
 
 
 def _expanded(p: Params, k: int) -> Params:

@@ -62,7 +62,7 @@ class MethodCommand:
     """A command that belongs to one method (FedPCL's backbone heatmap): ``fedcache <name>`` takes the run-spec
     options named in ``spec_options`` (with the command's own ``defaults``) and its ``extra`` options, and calls
     ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. The CLI builds
-    the command from this hook (fedcache/cli.py), so a method adds commands without touching the CLI."""
+    the command from this hook (fedcache/cli/methods.py), so a method adds commands without touching the CLI."""
 
     name: str
     help: str

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
+from fedcache.federate.settings import NonNegative, Positive
 from fedcache.heads import forward, train_forward
 
 
@@ -22,12 +22,8 @@ from fedcache.heads import forward, train_forward
 class FedNTDParams(FedAvgParams):
     # The official config/fedntd.json (NTD_Loss's own defaults are tau = 3, beta = 1). FST-CBDG, which
     # compares against FedNTD, does not state them.
-    tau: float = 1.0  # softmax temperature of both the local and the global logits
-    beta: float = 1.0  # weight of the not-true distillation term
-
-    def __post_init__(self) -> None:
-        if self.tau <= 0 or self.beta < 0:
-            raise ConfigError(f"fedntd needs tau > 0 and beta >= 0 (got {self})")
+    tau: Positive = 1.0  # softmax temperature of both the local and the global logits
+    beta: NonNegative = 1.0  # weight of the not-true distillation term
 
 
 @METHODS.register("fedntd")

@@ -15,6 +15,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest, padded_rows
+from fedcache.federate.settings import NonNegative
 from fedcache.heads import Params, expand, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
@@ -23,7 +24,7 @@ CHUNK = 16  # clients per prototype pass, to bound the (K, T, D) gather
 
 @dataclass(frozen=True)
 class FedProtoParams:
-    lam: float = 1.0  # weight of the prototype loss; the official code's --ld default (README)
+    lam: NonNegative = 1.0  # weight of the prototype loss; the official code's --ld default (README)
     # "classifier": the client's own head; "proto": the nearest global prototype (the official code reports both)
     predict: Literal["classifier", "proto"] = "classifier"
     # "after": one pass over all the client's rows after local training, evaluation mode (the paper's
@@ -51,8 +52,6 @@ class FedProtoParams:
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"fedproto {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.lam < 0:
-            raise ConfigError(f"fedproto lam must be >= 0, got {self.lam}")
 
 
 @METHODS.register("fedproto")

@@ -5,19 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedcache.errors import ConfigError
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg_ssl import FedAvgSSL, FedAvgSSLParams
+from fedcache.federate.settings import NonNegative
 
 
 @dataclass(frozen=True)
 class FedProxSSLParams(FedAvgSSLParams):
-    mu: float = 1e-4  # FLESD's official README: "The default mu=1e-4 in the original paper"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.mu < 0:
-            raise ConfigError(f"fedprox-ssl needs mu >= 0 (got {self.mu})")
+    mu: NonNegative = 1e-4  # FLESD's official README: "The default mu=1e-4 in the original paper"
 
 
 @METHODS.register("fedprox-ssl")

@@ -12,6 +12,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.local import train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.methods.pfedme import aggregation_weights
+from fedcache.federate.settings import NonNegativeInt
 from fedcache.heads import Params, expand, forward
 
 
@@ -20,14 +21,10 @@ class FedRepParams:
     # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the
     # official --local_rep_ep 1). The official scripts use --local_ep 11 --local_rep_ep 1: 10 head epochs.
     # The FedPCL comparison presets set 1 (that paper's E = 1 for every method).
-    head_epochs: int = 10
+    head_epochs: NonNegativeInt = 10
     # uniform: Algorithm 1's plain average over the sampled clients, and the official code's for its image
     # datasets (lens = 1); samples: weighted by training rows, the official code's LEAF datasets and FedAvg.
     aggregate: Literal["uniform", "samples"] = "uniform"
-
-    def __post_init__(self) -> None:
-        if self.head_epochs < 0:
-            raise ConfigError(f"fedrep head_epochs must be >= 0, got {self.head_epochs}")
 
 
 @METHODS.register("fedrep")

@@ -23,7 +23,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
-from fedcache.federate.settings import NonNegative, Range, UnitOpen
+from fedcache.federate.settings import NonNegative, NonNegativeInt, Positive, PositiveInt, Range, UnitOpen
 from fedcache.heads import Params, expand
 
 log = logging.getLogger(__name__)
@@ -31,27 +31,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FLESDParams(SSLParams):
-    target_t: float = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7); official README: 0.1 for both
+    target_t: Positive = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7); official README: 0.1 for both
     momentum: UnitOpen = 0.999  # m of Eq. 10 (official code)
-    queue: int = 2048  # K, the queue of momentum keys (official code); capped by the public set
+    queue: PositiveInt = 2048  # K, the queue of momentum keys (official code); capped by the public set
     # round: skip the loss until the queue first holds K keys; epoch: for the first K/B steps of every epoch (official code)
     queue_warmup: Literal["round", "epoch"] = "round"
-    distill_epochs: int = 200  # epochs over the public set per round (paper and official code)
-    distill_batch: int = 256  # official code, drop_last
-    distill_lr: float = 1e-3  # Adam (paper)
+    distill_epochs: NonNegativeInt = 200  # epochs over the public set per round (paper and official code)
+    distill_batch: PositiveInt = 256  # official code, drop_last
+    distill_lr: Positive = 1e-3  # Adam (paper)
     distill_wd: NonNegative = 1e-6  # Adam's L2 weight decay in distillation (official code)
-    public_rows: int = 0  # 0: all of client 0's rows (paper); else at most this many (seeded draw)
+    public_rows: NonNegativeInt = 0  # 0: all of client 0's rows (paper); else at most this many (seeded draw)
     upload: Literal["representations", "similarities"] = "representations"  # what a client sends
     top_percent: Annotated[float, Range(0, 100, lo_open=True)] = 100.0  # < 100: each row keeps its top n% (see docs)
     precision: Literal["float32", "float16", "int8"] = "float32"  # of the values sent
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.target_t <= 0 or not 0 <= self.momentum < 1 or min(self.queue, self.distill_batch) < 1:
-            raise ConfigError(f"flesd needs target_t > 0, 0 <= momentum < 1, queue and distill_batch >= 1 (got {self})")
-        if self.distill_epochs < 0 or self.distill_lr <= 0 or self.public_rows < 0 or not 0 < self.top_percent <= 100:
-            raise ConfigError(f"flesd needs distill_epochs >= 0, distill_lr > 0, public_rows >= 0, "
-                              f"0 < top_percent <= 100 (got {self})")
 
 
 @METHODS.register("flesd")

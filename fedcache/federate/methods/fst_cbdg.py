@@ -22,7 +22,7 @@ from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits,
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.prototypes import padded_rows
 from fedcache.federate.text import text_from_info
-from fedcache.federate.settings import Fraction
+from fedcache.federate.settings import Fraction, NonNegative, PositiveInt
 from fedcache.heads import Params, expand
 
 # (weight of L_iST, weight of lambda * L_tSamp) per ablation of Table 3
@@ -33,11 +33,11 @@ ZERO_SHOT_CHUNK = 8192  # rows per matrix product when computing the initial pse
 @dataclass(frozen=True)
 class FSTCBDGParams:
     beta: Fraction = 0.9  # Eq. 4 moving-average rate; paper Sec. 4.1
-    lam: float = 1.0  # lambda of Eq. 8; paper Sec. 4.1
-    gamma: float = 0.0  # Eq. 7; paper Sec. 4.1
+    lam: NonNegative = 1.0  # lambda of Eq. 8; paper Sec. 4.1
+    gamma: NonNegative = 0.0  # Eq. 7; paper Sec. 4.1
     # Per-coordinate std of N(T_k, sigma^2 I) (Eq. 5); the paper does not state it. Chosen on a
     # validation split of real features (docs/methods/fst-cbdg.md, "Choosing sigma").
-    sigma: float = 0.02
+    sigma: NonNegative = 0.02
     losses: Literal["both", "ist", "tsamp"] = "both"  # Table 3 ablation
     # How a step weighs its synthetic instances (cbdg.tsamp_loss): epoch = every instance of the epoch alike,
     # L_tSamp their mean; sum = Eq. 6 read literally (their sum); step = the mean over each step's own draws.
@@ -45,15 +45,11 @@ class FSTCBDGParams:
     sampling: Literal["balanced", "equal"] = "balanced"  # Table 4 ablation
     anchors: Literal["text", "prototypes"] = "text"  # prototypes: extension for backbones without text
     templates: Literal["single", "ensemble"] = "single"  # Algorithm 1: "a photo of a {object}."
-    shots: int = 16  # labelled rows per class the server averages for anchors=prototypes
+    shots: PositiveInt = 16  # labelled rows per class the server averages for anchors=prototypes
     refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (see REFRESH)
     # How Eq. 5's instances are drawn: "explicit" draws each D-dimensional z; "implicit" draws only what a
     # linear head's logits and gradients depend on (the same distribution, D/C times fewer numbers).
     synthetic: Literal["implicit", "explicit"] = "implicit"
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.beta <= 1 or self.lam < 0 or self.gamma < 0 or self.sigma < 0:
-            raise ConfigError(f"fst-cbdg needs 0 <= beta <= 1, lam >= 0, gamma >= 0, sigma >= 0 (got {self})")
 
 
 def _refresh_batch(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):

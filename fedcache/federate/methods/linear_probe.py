@@ -8,12 +8,13 @@ import torch
 
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
 from fedcache.federate.probe import fit_probe
+from fedcache.federate.settings import Positive
 from fedcache.heads import Params
 
 
 @dataclass(frozen=True)
 class LinearProbeParams:
-    c: float = 1.0  # inverse L2 strength of scikit-learn's LogisticRegression
+    c: Positive = 1.0  # inverse L2 strength of scikit-learn's LogisticRegression
 
 
 @METHODS.register("linear-probe")

@@ -19,6 +19,7 @@ from fedcache.federate.local import split_loss
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
 from fedcache.federate.methods.pfedme import aggregation_weights
 from fedcache.federate.optim import StackedOptimizer
+from fedcache.federate.settings import Positive
 from fedcache.heads import Params, expand, forward
 
 # Mini-batches one local step draws: D and D' (first order), plus D'' for the Hessian term (HF).
@@ -31,15 +32,13 @@ class PerFedAvgParams:
     # Step size of the personalisation step. The pFedMe repository (which implements Per-FedAvg) runs
     # it with --learning_rate 0.005 --beta 0.001; beta, the outer step, is the learning rate of the
     # run's optimizer (the perfedavg preset: SGD 0.001).
-    alpha: float = 0.005
+    alpha: Positive = 0.005
     variant: Literal["fo", "hf"] = "fo"  # "fo": first-order Per-FedAvg; "hf": Hessian-free (Hessian-vector product)
     aggregate: Literal["uniform", "samples"] = "uniform"  # paper: uniform over the sampled clients
 
     def __post_init__(self) -> None:
         if self.variant not in BATCHES:
             raise ConfigError(f"perfedavg variant must be one of {sorted(BATCHES)}, got {self.variant!r}")
-        if self.alpha <= 0:
-            raise ConfigError(f"perfedavg alpha must be > 0, got {self.alpha}")
         if self.aggregate not in ("uniform", "samples"):
             raise ConfigError(f"perfedavg aggregate must be uniform or samples, got {self.aggregate!r}")
 

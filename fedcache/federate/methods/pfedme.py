@@ -17,7 +17,7 @@ import torch
 from fedcache.errors import ConfigError
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
-from fedcache.federate.settings import NonNegative
+from fedcache.federate.settings import NonNegative, Positive, PositiveInt
 from fedcache.heads import Params, expand, forward
 
 
@@ -29,12 +29,12 @@ def aggregation_weights(kind: str, counts: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PFedMeParams:
-    lam: float = 15.0  # paper and official code (--lamda 15, the MNIST and CIFAR-10 commands)
-    inner_steps: int = 5  # K, official default --K 5
+    lam: Positive = 15.0  # paper and official code (--lamda 15, the MNIST and CIFAR-10 commands)
+    inner_steps: PositiveInt = 5  # K, official default --K 5
     # Step size of the inner solver for theta: the official CIFAR-10 and Synthetic commands
     # (--personal_learning_rate 0.01; its MNIST commands use 0.05-0.1).
-    personal_lr: float = 0.01
-    beta: float = 1.0  # server mixing, official default --beta 1.0 (beta = 1: plain average)
+    personal_lr: Positive = 0.01
+    beta: Positive = 1.0  # server mixing, official default --beta 1.0 (beta = 1: plain average)
     # Algorithm 1 of the paper averages the sampled clients' w uniformly; the official code weights by
     # sample count (its uniform line is commented out).
     aggregate: Literal["uniform", "samples"] = "uniform"
@@ -43,8 +43,6 @@ class PFedMeParams:
     personal_l2: NonNegative = 0.0
 
     def __post_init__(self) -> None:
-        if self.lam <= 0 or self.inner_steps < 1 or self.personal_lr <= 0 or self.beta <= 0:
-            raise ConfigError(f"pfedme needs lam > 0, inner_steps >= 1, personal_lr > 0, beta > 0 (got {self})")
         if self.aggregate not in ("uniform", "samples"):
             raise ConfigError(f"pfedme aggregate must be uniform or samples, got {self.aggregate!r}")
 

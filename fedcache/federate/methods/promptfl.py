@@ -16,6 +16,7 @@ from fedcache.federate.local import cross_entropy, train
 from fedcache.federate.methods._prompt import PromptedText, load_clip, logit_scale, prompt_logits
 from fedcache.federate.methods._visual_prompt import CachedFeatures
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
+from fedcache.federate.settings import NonNegative, PositiveInt
 from fedcache.heads import Params, expand
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PromptFLParams:
-    n_ctx: int = 16  # context tokens (CoOp, PromptFL)
+    n_ctx: PositiveInt = 16  # context tokens (CoOp, PromptFL)
     ctx_init: str = ""  # "": N(0, 0.02^2) as CoOp; or words to start from, e.g. "a photo of a" (with n_ctx=4)
-    logit_scale: float = 0.0  # 0: the CLIP model's own exp(t) (100 for OpenAI's weights)
+    logit_scale: NonNegative = 0.0  # 0: the CLIP model's own exp(t) (100 for OpenAI's weights)
     weights: str = ""  # checkpoint the features were extracted with (extract --weights NAME=PATH)
     device: str = "cpu"  # where the frozen CLIP towers run, e.g. "cuda"
 

@@ -17,6 +17,7 @@ import torch
 from fedcache.federate.methods._visual_prompt import CachedFeatures, FeaturePrompt, PixelPrompt
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.promptfl import PromptFL, PromptFLParams
+from fedcache.federate.settings import PositiveInt
 from fedcache.federate.source import source_from_info
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TPFLParams(PromptFLParams):
     visual: Literal["feature", "pixel"] = "feature"
-    pad: int = 30  # visual=pixel: width of the padding prompt in pixels (Bahng et al.'s default at 224 px)
+    pad: PositiveInt = 30  # visual=pixel: width of the padding prompt in pixels (Bahng et al.'s default at 224 px)
     dataset: str = ""  # visual=pixel: the dataset's registry name if the store names it differently
     data_root: str = ""  # visual=pixel: where the raw images are (as `fedcache extract --data-root`)
 
