@@ -107,11 +107,18 @@ class PartitionSpec(Section):
     alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
     shards: PositiveInt | None = opt(None, help="Shards per client (shards).")
     few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
+    class_budget: PositiveInt | None = opt(
+        None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
+                   "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
+                   "FedPCL's protocol; default: every row.")
     subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
     clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions).")
     classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
     repeat_rate: Rate = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
     local_test: PositiveInt = opt(1000, help="Max local test samples per client.")
+    local_test_mix: Literal["client", "uniform"] = opt(
+        "client", help="client: a client's local test rows follow its (class, domain) mix; uniform: every class "
+                       "alike, from the domains it holds (FedPCL's feature & label shift test sets).")
 
 
 @dataclass(frozen=True)
