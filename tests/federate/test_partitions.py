@@ -445,3 +445,15 @@ def test_local_test_mix_choices_are_the_specs():
     assert typing.get_args(option("local_test_mix").type) == LOCAL_TEST_MIXES
     with pytest.raises(ConfigError, match="local_test_mix must be one of client, uniform"):
         PartitionRequest("iid", 4, local_test_mix="even")
+
+
+def test_partition_ids_of_requests_without_the_later_options_are_unchanged():
+    """class_budget and local_test_mix came after partitions were stored: at their defaults they leave the id
+    as it was (the literal is the id before they existed), set they give another."""
+    from fedcache.federate.partitions.core import PartitionRequest, partition_id
+
+    request = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10)
+    assert partition_id(request, "abc") == "5bdc868fa2c81d1a"
+    budget = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, class_budget=10)
+    uniform = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, local_test_mix="uniform")
+    assert len({partition_id(r, "abc") for r in (request, budget, uniform)}) == 3

@@ -135,8 +135,14 @@ class PartitionRequest:
         return np.random.default_rng(np.random.SeedSequence(words))
 
 
+# Options added after partitions were first stored: they enter the id only when set, so a store's existing
+# partitions keep their ids (and the runs that name them stay resumable).
+LATER_OPTIONS = {"class_budget": None, "local_test_mix": "client"}
+
+
 def partition_id(request: PartitionRequest, data_hash: str) -> str:
-    return short_hash({"request": request.to_dict(), "data": data_hash})
+    d = {k: v for k, v in request.to_dict().items() if k not in LATER_OPTIONS or v != LATER_OPTIONS[k]}
+    return short_hash({"request": d, "data": data_hash})
 
 
 @dataclass(eq=False)
