@@ -176,11 +176,13 @@ class EngineSpec(Section):
 class GridEngineSpec(Section):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
+    # processes is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) the
+    # batched engine showed no gain on a 2-core CPU, and an engine kept for speed must show one.
     engine: Literal["batched", "processes"] = opt(
-        "batched", axis=False, recorded=False,
-        help="batched: cells that share data, method, head and round schedule train together as one stacked "
-             "computation (methods that cannot run as cell-by-cell processes, transparently); processes: every cell "
-             "in its own run (--jobs worker processes).")
+        "processes", axis=False, recorded=False,
+        help="processes: every cell in its own run (--jobs worker processes); batched: cells that share data, "
+             "method, head and round schedule train together as one stacked computation (methods that cannot, "
+             "as their own runs, transparently); equal to each cell alone up to float32 rounding.")
     max_batch_cells: PositiveInt | None = opt(
         None, axis=False, recorded=False,
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")

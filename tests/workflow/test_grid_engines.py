@@ -73,7 +73,7 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
     out = tmp_path / "g"
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
                  "--partition", "dirichlet", "--alpha", "0.5,5", "--clients", "3", "--rounds", "2", "--set", "lr=0.01,0.1",
-                 "--seeds", "0,1", "--max-batch-cells", "3", "--out", str(out)])
+                 "--seeds", "0,1", "--engine", "batched", "--max-batch-cells", "3", "--out", str(out)])
     captured = capsys.readouterr()
     printed = " ".join((captured.out + captured.err).split())  # one line, however the console wrapped it
     assert code == 0
@@ -81,6 +81,14 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
             "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8)") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16
+
+
+def test_the_process_engine_is_the_default(toy_store, tmp_path, capsys):
+    """Batched is opt-in: the grid benchmark showed it no faster on a 2-core CPU (docs/performance.md)."""
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+                 "--clients", "2", "--rounds", "1", "--out", str(tmp_path / "g")])
+    printed = " ".join("".join(capsys.readouterr()).split())
+    assert code == 0 and "processes engine: 1 cells as their own runs" in printed and "(processes engine)" in printed
 
 
 def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
