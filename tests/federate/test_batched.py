@@ -25,7 +25,8 @@ from .conftest import synthetic
 # Per method: the per-row settings its federations differ in (besides partition, seed, lr, weight decay).
 ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}],
                 "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}],
-                "fedproto": [{"lam": 1.0}, {"lam": 0.3}], "fst-cbdg": [{"lam": 1.0}, {"lam": 0.3}, {"lam": 0.0}]}
+                "fedproto": [{"lam": 1.0}, {"lam": 0.3}], "fst-cbdg": [{"lam": 1.0}, {"lam": 0.3}, {"lam": 0.0}],
+                "fedpcl": [{"tau": 0.07}, {"tau": 0.5}, {"tau": 0.2}]}
 
 
 def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
@@ -137,7 +138,11 @@ def test_a_stack_equals_its_runs_one_by_one(name):
 # Options that change what local_update or aggregate computes, each stacked as well.
 VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "predict": "proto"}),
             ("fst-cbdg", {"refresh": "batch", "synthetic": "explicit"}),
-            ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5})]
+            ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5}),
+            ("fedpcl", {"contrast": "batch", "first_round": "ce"}),
+            ("fedpcl", {"prototypes": "local", "noise": "gaussian", "predict_with": "clean"}),
+            ("fedpcl", {"prototypes": "global", "local_reduce": "mean", "ce_weight": 0.5, "predict": "global"}),
+            ("fedpcl", {"loss": "supcon", "noise": "laplace", "aggregation": "mean", "predict": "classifier"})]
 
 
 @pytest.mark.parametrize("name, shared", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
