@@ -175,6 +175,26 @@ def test_fst_cbdg_with_prototype_anchors_runs_alone():
         run_stack([proto])
 
 
+def test_a_broadcast_whose_shape_differs_between_runs_must_be_declared(monkeypatch):
+    """FedPCL's local prototype sets span its run's clients: without run_broadcast, runs of different client
+    counts would not stack (and never be read as another run's sets)."""
+    monkeypatch.setattr(METHODS.get("fedpcl"), "run_broadcast", ("global", "global_mask"))
+    with pytest.raises(ConfigError, match="fedpcl's broadcast 'local' differs in shape between the runs"):
+        run_stack([fresh(f) for f in federations("fedpcl")[:2]])  # 4 and 5 clients
+
+
+def test_stacked_fedpcl_runs_must_agree_on_whether_global_prototypes_exist():
+    """A run whose last sampled clients held no rows has no global prototypes: its rows would train another
+    loss (and other layers) than the stack's others, so the stack refuses rather than mix them."""
+    m = federations("fedpcl")[0].method
+    mask = torch.zeros(2, m.c, dtype=torch.bool)
+    assert not m._ready({"global_mask": mask})
+    assert m._ready({"global_mask": ~mask})
+    mask[1, 0] = True
+    with pytest.raises(ConfigError, match="disagree on whether global prototypes exist"):
+        m._ready({"global_mask": mask})
+
+
 def test_runs_with_batchnorm_do_not_stack():
     (f,) = federations("fedavg")[:1]
     mlp = Federation(type(f.method)(dataclasses.replace(f.method.ctx, head="mlp")), f.cfg)
@@ -189,7 +209,8 @@ def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
         run_stack([a, b])
 
 
-@pytest.mark.parametrize("name", ["fedprox", "fst-cbdg"])  # fst-cbdg: client states padded to the widest run
+# fst-cbdg: client states padded to the widest run; fedpcl: servers of different shapes, broadcasts padded
+@pytest.mark.parametrize("name", ["fedprox", "fst-cbdg", "fedpcl"])
 def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(tmp_path, name):
     feds = federations(name, fraction=0.6)
     whole = run_stack([fresh(f) for f in feds])
