@@ -111,9 +111,9 @@ class FedPCL(Method):
 
     @classmethod
     def stack_bytes(cls, params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
-        # The clients' rows and projections copied for their prototypes (padded: up to twice the rows), and the
-        # run's local prototype sets: the server's, the broadcast, its padded copy and the filled sets.
-        return 4 * (2 * rows * (dim + PROTO_DIM) + 4 * clients * n_classes * PROTO_DIM)
+        # The run's local prototype sets: the server's, the broadcast, its padded copy and the filled sets. (The
+        # rows copied for the prototypes are one run's at a time, as much as the run alone copies.)
+        return 4 * 4 * clients * n_classes * PROTO_DIM
 
     def download_size(self, down: Params) -> tuple[int, int]:
         # Only present prototypes travel, each with its class index (int64).
@@ -153,11 +153,18 @@ class FedPCL(Method):
         return not ready or self.p.ce_weight > 0
 
     def client_prototypes(self, params: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx, mask = padded_rows(self.client_rows(clients))
-        x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
-        with torch.no_grad():
-            z = self.head.features(params, x)
-        return class_means(z, y, mask, self.c)
+        """Class means of the clients' training rows, run by run: in a stack, each run's clients are padded to
+        its own largest client, not the stack's (which would multiply the copy of the rows)."""
+        parts, at = [], 0
+        for size in self.run_sizes(clients):
+            run = slice(at, at + size)
+            at += size
+            idx, mask = padded_rows(self.client_rows(clients[run]))
+            x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
+            with torch.no_grad():
+                z = self.head.features({n: t[run] for n, t in params.items()}, x)
+            parts.append(class_means(z, y, mask, self.c))
+        return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _noised(self, protos: torch.Tensor, counts: torch.Tensor, rnd: int, clients: list[int]) -> torch.Tensor:
         if self.p.noise == "none":
