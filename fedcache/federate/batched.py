@@ -236,7 +236,8 @@ def _round(stack: Stack, st: StackState, rnd: int) -> list[dict | None]:
     stack.select(rows)
     idx = torch.tensor(rows, dtype=torch.long)
     with recording_losses() as losses:
-        result = stack.joint.local_update(rnd, rows, _per_row(stack.joint, downs, picks), {n: t[idx] for n, t in st.clients.items()})
+        states = {n: t[idx] for n, t in st.clients.items()}
+        result = stack.joint.local_update(rnd, rows, _per_row(stack.joint, downs, picks), states)
     check_states(stack.joint, st.clients, result.states)
     losses = _checked(losses, len(rows))
     for n, t in result.states.items():

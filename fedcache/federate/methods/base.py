@@ -100,10 +100,9 @@ class Method:
     # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
     # local_update reads a client's data, seed and settings only through client_rows, plan, client_seeds,
     # sample_counts, self.p and ctx.optim, down row by row (``run_broadcast`` entries run by run, through
-    # run_sizes) and states row by row. Read with ``batchable(cls)``: declared
-    # by each class itself, never inherited, since a subclass changes what local_update computes; settings
-    # under which it cannot stack say why in ``not_batchable``. Each declaration has an equality test
-    # (tests/federate/test_batched.py).
+    # run_sizes) and states row by row. Read with ``batchable(cls)``: declared by each class itself, never
+    # inherited, since a subclass changes what local_update computes; settings under which it cannot stack
+    # say why in ``not_batchable``. Each declaration has an equality test (tests/federate/test_batched.py).
     batchable: ClassVar[bool] = False
     # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
     # (K,) float32 tensors, one value per client row, and must broadcast them row by row.

@@ -146,7 +146,7 @@ class FedPCL(Method):
         ready = down["global_mask"].flatten(1).any(1)  # per run
         if bool(ready.any()) != bool(ready.all()):
             raise ConfigError("stacked fedpcl runs disagree on whether global prototypes exist this round (the clients "
-                              "a run sampled last round hold no training rows): train these runs with --no-batch")
+                              "a run sampled last round hold no training rows): run the grid with --engine processes")
         return bool(ready.any())
 
     def _uses_ce(self, ready: bool) -> bool:
