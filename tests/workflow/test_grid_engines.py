@@ -69,6 +69,17 @@ def test_batched_fedproto_grid_with_a_lam_axis_equals_the_process_grid(toy_store
     assert_same_cells(a, b)
 
 
+def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(toy_store, tmp_path):
+    """Cells of 3 and 4 clients in one stack: each row contrasts with its own cell's local prototype sets,
+    which the stack pads to the cell with the most clients."""
+    sweep = {"partition": "dirichlet", "clients": [3, 4], "alpha": 0.5, "rounds": 3, "tau": [0.07, 0.5],
+             "noise": "gaussian"}
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedpcl"], sweep, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 1 batches (8 fedpcl)") and "own runs" not in plans[-1]
+    assert_same_cells(a, b)
+
+
 def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
     out = tmp_path / "g"
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
