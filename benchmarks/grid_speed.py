@@ -89,6 +89,20 @@ def measure_large(store: Path, jobs: int) -> dict:
             "load_average_after": os.getloadavg()}
 
 
+def _loads(p: dict, b: dict) -> str:
+    return ", ".join(f"{t['load_average_after'][0]:.1f} ({name})" for name, e in (("processes", p), ("batched", b))
+                     for t in e["trials"])
+
+
+def _tables_sentence(r: dict) -> str:
+    if r["same_table_md"]:
+        return "Every trial's table.md was identical across engines."
+    return ("The trials' table.md files were not all identical: the batched engine equals each cell alone to float32 "
+            "rounding, not bit for bit (a stack's steps are as wide as its widest client's), which can move a cell's "
+            "accuracy in the last digits" + (f" ({len(r['table_md_differences'])} trials differed from the first)."
+                                             if "table_md_differences" in r else ".") )
+
+
 def _diff(a: str, b: str, name_a: str, name_b: str) -> list[str]:
     import difflib
 
@@ -113,11 +127,11 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
         "| engine | cells per minute (median of trials) | relative |", "|---|---|---|",
         f"| processes (`--engine processes --jobs {d['jobs']}`) | {p['cells_per_minute']} | 1 |",
         f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |", "",
-        f"Per interleaved trial, batched over processes: {per_trial}. Every trial's table.md was "
-        f"{'identical' if r['same_table_md'] else 'NOT identical'} across engines. The batched engine grouped the cells "
+        f"Per interleaved trial, batched over processes: {per_trial}. " + _tables_sentence(r) + " The batched engine grouped the cells "
         f"as: {' '.join(b['plan'])}. Peak resident memory: {r['peak_rss_mb_of_this_process']} MB for the benchmark "
-        f"process (where the batched engine trains), {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker "
-        "process of the process engine.",
+        f"process, {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker process (either engine's; the "
+        "batched engine trains in this process when it has one batch or --jobs 1). The machine is shared: its "
+        f"1-minute load average after each trial was {_loads(p, b)}.",
     ]
     if large.exists():
         L = json.loads(large.read_text())
