@@ -309,13 +309,14 @@ def test_a_stopped_parallel_grid_keeps_finished_cells_and_resumes_the_others(toy
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.slow
 def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store, tmp_path):
-    """The default engine trains stacked cells in the grid's own process: Ctrl-C stops it within seconds,
+    """The batched engine trains stacked cells (one batch: in the grid's own process): Ctrl-C stops it within seconds,
     exit 130, and the batch's checkpoint is on disk for the re-run."""
     import signal
     import time
 
     out = tmp_path / "grid"
-    proc = _grid_process(toy_store, out, "-m", "fedavg", "--rounds", "100000", "--seeds", "0,1", "--jobs", "2")
+    proc = _grid_process(toy_store, out, "-m", "fedavg", "--rounds", "100000", "--seeds", "0,1", "--jobs", "2",
+                         "--engine", "batched")
     try:
         _wait_for(proc, lambda: any((out / "batches").glob("*/*.pt")) if (out / "batches").exists() else False)
         t0 = time.monotonic()
