@@ -54,19 +54,22 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
-    tables: set[str] = set()
+    tables: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for t in range(trials):
             for engine in ENGINES if t % 2 == 0 else ENGINES[::-1]:
                 where = Path(tmp) / f"{engine}-{t}"
                 wall, table, plans = timed_grid(store, data, where, engine, jobs, sweep, seeds)
-                tables.add((where / "table.md").read_text())
+                tables[f"{engine}-{t}"] = (where / "table.md").read_text()
                 runs[engine].append({"cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
                                      "cells_per_minute": round(60 * len(table) / wall, 1), "load_average_after": os.getloadavg()})
     for engine, rs in runs.items():
         out[engine] = {"cells": rs[0]["cells"], "plan": rs[0]["plan"],
                        "cells_per_minute": round(statistics.median(r["cells_per_minute"] for r in rs), 1), "trials": rs}
-    out["same_table_md"] = len(tables) == 1  # every trial of both engines
+    out["same_table_md"] = len(set(tables.values())) == 1  # every trial of both engines
+    if not out["same_table_md"]:  # say where, so a difference can be looked into
+        first, *rest = tables
+        out["table_md_differences"] = {k: _diff(tables[first], tables[k], first, k) for k in rest if tables[k] != tables[first]}
     out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
                                                for p, b in zip(runs["processes"], runs["batched"])]
     out["batched_over_processes_cells_per_minute"] = round(out["batched"]["cells_per_minute"] / out["processes"]["cells_per_minute"], 2)
@@ -84,6 +87,26 @@ def measure_large(store: Path, jobs: int) -> dict:
     return {**out, "cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
             "cells_per_minute": round(60 * len(table) / wall, 1), "peak_rss_mb_of_this_process": _peak_mb(resource.RUSAGE_SELF),
             "load_average_after": os.getloadavg()}
+
+
+def _loads(p: dict, b: dict) -> str:
+    return ", ".join(f"{t['load_average_after'][0]:.1f} ({name})" for name, e in (("processes", p), ("batched", b))
+                     for t in e["trials"])
+
+
+def _tables_sentence(r: dict) -> str:
+    if r["same_table_md"]:
+        return "Every trial's table.md was identical across engines."
+    return ("The trials' table.md files were not all identical: the batched engine equals each cell alone to float32 "
+            "rounding, not bit for bit (a stack's steps are as wide as its widest client's), which can move a cell's "
+            "accuracy in the last digits" + (f" ({len(r['table_md_differences'])} trials differed from the first)."
+                                             if "table_md_differences" in r else ".") )
+
+
+def _diff(a: str, b: str, name_a: str, name_b: str) -> list[str]:
+    import difflib
+
+    return list(difflib.unified_diff(a.splitlines(), b.splitlines(), name_a, name_b, n=0, lineterm=""))[:40]
 
 
 def _peak_mb(who: int) -> int:
@@ -104,11 +127,11 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
         "| engine | cells per minute (median of trials) | relative |", "|---|---|---|",
         f"| processes (`--engine processes --jobs {d['jobs']}`) | {p['cells_per_minute']} | 1 |",
         f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |", "",
-        f"Per interleaved trial, batched over processes: {per_trial}. Every trial's table.md was "
-        f"{'identical' if r['same_table_md'] else 'NOT identical'} across engines. The batched engine grouped the cells "
+        f"Per interleaved trial, batched over processes: {per_trial}. " + _tables_sentence(r) + " The batched engine grouped the cells "
         f"as: {' '.join(b['plan'])}. Peak resident memory: {r['peak_rss_mb_of_this_process']} MB for the benchmark "
-        f"process (where the batched engine trains), {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker "
-        "process of the process engine.",
+        f"process, {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker process (either engine's; the "
+        "batched engine trains in this process when it has one batch or --jobs 1). The machine is shared: its "
+        f"1-minute load average after each trial was {_loads(p, b)}.",
     ]
     if large.exists():
         L = json.loads(large.read_text())

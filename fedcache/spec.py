@@ -4,7 +4,7 @@
 field carries its help text, its type (with its valid range, the types of ``federate/settings.py``),
 its command-line flag and whether a grid may sweep it. Everything else is derived from it:
 
-- the options of ``fedcache train``, ``grid``, ``partition`` and ``shard`` (``cli.py`` builds them from
+- the options of ``fedcache train``, ``grid``, ``partition`` and ``shard`` (``fedcache/cli/`` builds them from
   ``options()``), under one name each: the *option name* (``partition``, ``clients``, ``rounds``, ...);
 - the Python API's keyword arguments (``RunSpec.of(**options)`` takes the same names);
 - a run's ``config.json`` (``to_dict`` / ``from_dict``, nested by section);
@@ -107,11 +107,18 @@ class PartitionSpec(Section):
     alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
     shards: PositiveInt | None = opt(None, help="Shards per client (shards).")
     few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
+    class_budget: PositiveInt | None = opt(
+        None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
+                   "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
+                   "FedPCL's protocol; default: every row.")
     subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
     clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions).")
     classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
     repeat_rate: Rate = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
     local_test: PositiveInt = opt(1000, help="Max local test samples per client.")
+    local_test_mix: Literal["client", "uniform"] = opt(
+        "client", help="client: a client's local test rows follow its (class, domain) mix; uniform: every class "
+                       "alike, from the domains it holds (FedPCL's feature & label shift test sets).")
 
 
 @dataclass(frozen=True)
@@ -169,11 +176,13 @@ class EngineSpec(Section):
 class GridEngineSpec(Section):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
+    # processes is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) the
+    # batched engine showed no gain on a 2-core CPU, and an engine kept for speed must show one.
     engine: Literal["batched", "processes"] = opt(
-        "batched", axis=False, recorded=False,
-        help="batched: cells that share data, method, head and round schedule train together as one stacked "
-             "computation (methods that cannot run as cell-by-cell processes, transparently); processes: every cell "
-             "in its own run (--jobs worker processes).")
+        "processes", axis=False, recorded=False,
+        help="processes: every cell in its own run (--jobs worker processes); batched: cells that share data, "
+             "method, head and round schedule train together as one stacked computation (methods that cannot, "
+             "as their own runs, transparently); equal to each cell alone up to float32 rounding.")
     max_batch_cells: PositiveInt | None = opt(
         None, axis=False, recorded=False,
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")

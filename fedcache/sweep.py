@@ -293,6 +293,7 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
             yield from _run_batch(spec, batch, tables)
     else:  # batches side by side, one torch thread each, as the process engine runs its cells
         yield from _in_workers(spec, [(_batch_worker, (spec, batch, folder)) for batch in batches])
+    _remove_if_empty(spec.out / BATCHES)
     yield from _execute(spec, [c for c in todo if c in grouping.alone], folder)
 
 
@@ -302,6 +303,11 @@ def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict
     folder = spec.out / BATCHES / sweep_batched.batch_id([c.name for c in batch])
     for c, resolved, result in sweep_batched.run_batch(batch, tables, folder):
         yield c, _write_batched_cell(spec, c, resolved, result)
+
+
+def _remove_if_empty(path: Path) -> None:
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
 
 
 def _batch_worker(spec: GridSpec, batch: dict, folder: Path) -> list[tuple[Cell, dict]]:

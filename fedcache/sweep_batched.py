@@ -167,9 +167,7 @@ def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> Iterator[t
         resolved.append(res)
     results = run_stack(feds, folder / "checkpoint.pt")
     yield from zip(runs, resolved, results)
-    shutil.rmtree(folder)
-    if not any(folder.parent.iterdir()):
-        folder.parent.rmdir()
+    shutil.rmtree(folder)  # the grid removes the emptied parent once every batch is done: batches run side by side
 
 
 def write_run(out: Path, resolved: dict, result, keep_checkpoint: bool) -> None:

@@ -125,7 +125,9 @@ def test_sigint_to_a_real_process_exits_130(tmp_path):
 
     # A real process interrupted while a command runs (the extraction itself is replaced by a wait).
     script = (
-        "import sys, time, tests.conftest\n"
+        "import signal, sys, time, tests.conftest\n"
+        # A runner started in the background (nohup make test &) hands SIGINT down ignored; a terminal does not.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from fedcache import cli\n"
         "import fedcache.extract.runner as r\n"
         "def slow(*a, **k):\n"

@@ -220,7 +220,7 @@ def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
 
     got = []
     monkeypatch.setitem(cli.ENGINES, "in-process", lambda spec: (got.append(spec), ({}, ""))[1])
-    monkeypatch.setattr(cli, "_result_line", lambda summary: "")
+    monkeypatch.setattr(cli.train, "_result_line", lambda summary: "")  # train's module, where it is looked up
     argv = ["train", "--store", str(tmp_path), "-d", "d", "-b", "a,b", "-m", "fedprox", "--partition", "domain-dirichlet",
             "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.betas=0.9,0.99",
             "--preset", "fst-cbdg", "--head", "mlp", "--rounds", "7", "--fraction", "0.5", "--eval-every", "2",
@@ -236,3 +236,18 @@ def test_partition_schemes_are_the_registry_s():
     assert set(option("partition").help.rstrip(".").split(", ")) == set(PARTITIONERS.names())
     with pytest.raises(ConfigError, match=r"--partition \(partition.scheme\)='dirichet': must be one of"):
         RunSpec.of(**TOY, partition="dirichet")
+
+
+def test_a_run_with_a_class_budget_records_it_and_tests_every_class(toy_store, tmp_path):
+    # Toy data: 3 classes x 2 domains, 10 training and 4 test rows per (class, domain); one client per domain.
+    spec = RunSpec.of(store=toy_store, **TOY, partition="domain-dirichlet", alpha=1.0, class_budget=5,
+                      local_test_mix="uniform", rounds=1, out=tmp_path / "run")
+    from fedcache.federate.train import train
+
+    train(spec)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    request = config["partition"]["request"]
+    assert (request["class_budget"], request["local_test_mix"]) == (5, "uniform")
+    assert config["spec"]["partition"]["class_budget"] == 5
+    assert sum(config["data"]["client_train_sizes"]) <= 30  # 5 x 2 clients x 3 classes, each share floored
+    assert config["data"]["client_test_sizes"] == [12, 12]  # every class of its domain, 4 rows each

@@ -9,7 +9,9 @@ Per round:
   the very code of a single run);
 - one ``local_update`` of a *joint* method object trains every sampled row of every federation at once: it
   sees the federations' clients as one list, takes each federation's step plan (its seed, its shuffles),
-  per-row settings as (K,) tensors and per-federation optimizer blocks (``optim.RowOptim``);
+  per-row settings as (K,) tensors and per-federation optimizer blocks (``optim.RowOptim``); what a server
+  broadcasts about all its clients (``run_broadcast``: FedPCL's local prototype sets) it gets once per
+  federation, zero-padded to the federation with the most clients;
 - the result is cut back into federations, and each federation's server checks, counts and aggregates
   its own slice (the round driver's ``close_round``): the aggregation is a reduction per federation
   segment, by the per-run code, so a federation's server is the one its own run computes from the same uploads.
@@ -169,6 +171,9 @@ class _JointPlans:
     def client_seeds(self, clients: list[int]) -> list[tuple[int, int]]:
         return [s for i, ks in self.stack.split(clients) for s in self.stack.feds[i].method.client_seeds(ks)]
 
+    def run_sizes(self, clients: list[int]) -> list[int]:
+        return [len(ks) for _, ks in self.stack.split(clients)]
+
 
 # ---- running ----------------------------------------------------------------------------------------
 # The rounds are the round driver's (federate/driver.py) with the stack as the clients' half: each
@@ -231,7 +236,8 @@ def _round(stack: Stack, st: StackState, rnd: int) -> list[dict | None]:
     stack.select(rows)
     idx = torch.tensor(rows, dtype=torch.long)
     with recording_losses() as losses:
-        result = stack.joint.local_update(rnd, rows, _per_row(downs, picks), {n: t[idx] for n, t in st.clients.items()})
+        states = {n: t[idx] for n, t in st.clients.items()}
+        result = stack.joint.local_update(rnd, rows, _per_row(stack.joint, downs, picks), states)
     check_states(stack.joint, st.clients, result.states)
     losses = _checked(losses, len(rows))
     for n, t in result.states.items():
@@ -247,15 +253,27 @@ def _round(stack: Stack, st: StackState, rnd: int) -> list[dict | None]:
     return lines
 
 
-def _per_row(downs: list[Params], picks: list[list[int]]) -> Params:
-    """Each federation's broadcast (leading axis 1) repeated for its sampled clients: (K, ...)."""
+def _per_row(joint: Method, downs: list[Params], picks: list[list[int]]) -> Params:
+    """Each federation's broadcast (leading axis 1) repeated for its sampled clients, (K, ...); the method's
+    ``run_broadcast`` entries once per federation with sampled clients, (R, ...), zero-padded to the widest."""
     if not downs[0]:
         return {}
     for d in downs:
         bad = [n for n, t in d.items() if t.shape[0] != 1]
         if bad:
             raise ValueError(f"a stacked method broadcasts tensors with a leading axis of 1; {', '.join(bad)} has not")
-    return {n: torch.cat([d[n].expand(len(p), *d[n].shape[1:]) for d, p in zip(downs, picks)]) for n in downs[0]}
+    out = {}
+    for n in downs[0]:
+        parts = [(d[n], len(p)) for d, p in zip(downs, picks) if p]
+        if n in joint.run_broadcast:
+            widest = [max(dims) for dims in zip(*(t.shape[1:] for t, _ in parts))]
+            out[n] = torch.cat([_zero_padded(t, widest) for t, _ in parts])
+        elif len({t.shape for t, _ in parts}) > 1:
+            raise ConfigError(f"{joint.name}'s broadcast {n!r} differs in shape between the runs, which the method does "
+                              "not declare (run_broadcast): these runs cannot train stacked")
+        else:
+            out[n] = torch.cat([t.expand(k, *t.shape[1:]) for t, k in parts])
+    return out
 
 
 def _checked(losses: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
@@ -282,6 +300,13 @@ def _padded(stack: Stack, name: str, t: torch.Tensor) -> torch.Tensor:
     if name not in stack.joint.padded_states:
         raise ConfigError(f"{stack.joint.name}'s client state {name!r} differs in shape between the runs, which the "
                           "method does not declare (padded_states): these runs cannot train stacked")
+    return _zero_padded(t, widest)
+
+
+def _zero_padded(t: torch.Tensor, widest: list[int]) -> torch.Tensor:
+    """``t`` with its axes after the first zero-padded at their ends to ``widest``."""
+    if list(t.shape[1:]) == widest:
+        return t
     out = t.new_zeros(t.shape[0], *widest)
     out[(slice(None), *(slice(0, d) for d in t.shape[1:]))] = t
     return out

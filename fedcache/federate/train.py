@@ -184,6 +184,7 @@ def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
         scheme=p.scheme, n_clients=clients, seed=spec.schedule.seed, alpha=p.alpha, shards=p.shards,
         clients_per_domain=p.clients_per_domain, few_shot=p.few_shot, subsample=p.subsample,
         classes_per_client=p.classes_per_client, repeat_rate=p.repeat_rate, local_test=p.local_test,
+        class_budget=p.class_budget, local_test_mix=p.local_test_mix,
     )
 
 
@@ -195,7 +196,7 @@ def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
                           "on: add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N")
     rng = np.random.default_rng(np.random.SeedSequence([spec.schedule.seed, 7]))
     picked = local_test_sets(partition.train, train_t.labels, train_t.domains, train_t.labels[spare],
-                             train_t.domains[spare], spec.partition.local_test, rng)
+                             train_t.domains[spare], spec.partition.local_test, rng, spec.partition.local_test_mix)
     empty = [k for k, rows in enumerate(picked) if not len(rows)]
     if empty:
         raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; "

@@ -14,7 +14,8 @@ from fedcache.reports.runs import Group
 
 # Settings that change the data a method sees: comparisons across them are not like for like.
 PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
-              "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test", "run")
+              "class_budget", "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test",
+              "local_test_mix", "run")
 MAX_LABEL = 40  # characters; a longer legend entry is cut with an ellipsis
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = (None, "o", "s", "^", "v", "D")

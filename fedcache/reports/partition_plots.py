@@ -34,7 +34,8 @@ def _thin(n: int) -> np.ndarray:
 
 def _title(partition: Partition) -> str:
     r = partition.request
-    extras = [f"{k}={v}" for k, v in r.to_dict().items() if k not in ("scheme", "n_clients", "local_test", "min_size") and v not in (None, 0.0)]
+    hidden = ("scheme", "n_clients", "local_test", "local_test_mix", "min_size")  # not about the training rows
+    extras = [f"{k}={v}" for k, v in r.to_dict().items() if k not in hidden and v not in (None, 0.0)]
     return f"{r.scheme} partition, {partition.n_clients} clients" + (f" ({', '.join(extras)})" if extras else "")
 
 

@@ -25,7 +25,8 @@ from .conftest import synthetic
 # Per method: the per-row settings its federations differ in (besides partition, seed, lr, weight decay).
 ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}],
                 "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}],
-                "fedproto": [{"lam": 1.0}, {"lam": 0.3}], "fst-cbdg": [{"lam": 1.0}, {"lam": 0.3}, {"lam": 0.0}]}
+                "fedproto": [{"lam": 1.0}, {"lam": 0.3}], "fst-cbdg": [{"lam": 1.0}, {"lam": 0.3}, {"lam": 0.0}],
+                "fedpcl": [{"tau": 0.07}, {"tau": 0.5}, {"tau": 0.2}]}
 
 
 def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
@@ -137,7 +138,11 @@ def test_a_stack_equals_its_runs_one_by_one(name):
 # Options that change what local_update or aggregate computes, each stacked as well.
 VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "predict": "proto"}),
             ("fst-cbdg", {"refresh": "batch", "synthetic": "explicit"}),
-            ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5})]
+            ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5}),
+            ("fedpcl", {"contrast": "batch", "first_round": "ce"}),
+            ("fedpcl", {"prototypes": "local", "noise": "gaussian", "predict_with": "clean"}),
+            ("fedpcl", {"prototypes": "global", "local_reduce": "mean", "ce_weight": 0.5, "predict": "global"}),
+            ("fedpcl", {"loss": "supcon", "noise": "laplace", "aggregation": "mean", "predict": "classifier"})]
 
 
 @pytest.mark.parametrize("name, shared", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
@@ -170,6 +175,26 @@ def test_fst_cbdg_with_prototype_anchors_runs_alone():
         run_stack([proto])
 
 
+def test_a_broadcast_whose_shape_differs_between_runs_must_be_declared(monkeypatch):
+    """FedPCL's local prototype sets span its run's clients: without run_broadcast, runs of different client
+    counts would not stack (and never be read as another run's sets)."""
+    monkeypatch.setattr(METHODS.get("fedpcl"), "run_broadcast", ("global", "global_mask"))
+    with pytest.raises(ConfigError, match="fedpcl's broadcast 'local' differs in shape between the runs"):
+        run_stack([fresh(f) for f in federations("fedpcl")[:2]])  # 4 and 5 clients
+
+
+def test_stacked_fedpcl_runs_must_agree_on_whether_global_prototypes_exist():
+    """A run whose last sampled clients held no rows has no global prototypes: its rows would train another
+    loss (and other layers) than the stack's others, so the stack refuses rather than mix them."""
+    m = federations("fedpcl")[0].method
+    mask = torch.zeros(2, m.c, dtype=torch.bool)
+    assert not m._ready({"global_mask": mask})
+    assert m._ready({"global_mask": ~mask})
+    mask[1, 0] = True
+    with pytest.raises(ConfigError, match="disagree on whether global prototypes exist"):
+        m._ready({"global_mask": mask})
+
+
 def test_runs_with_batchnorm_do_not_stack():
     (f,) = federations("fedavg")[:1]
     mlp = Federation(type(f.method)(dataclasses.replace(f.method.ctx, head="mlp")), f.cfg)
@@ -184,7 +209,8 @@ def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
         run_stack([a, b])
 
 
-@pytest.mark.parametrize("name", ["fedprox", "fst-cbdg"])  # fst-cbdg: client states padded to the widest run
+# fst-cbdg: client states padded to the widest run; fedpcl: servers of different shapes, broadcasts padded
+@pytest.mark.parametrize("name", ["fedprox", "fst-cbdg", "fedpcl"])
 def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(tmp_path, name):
     feds = federations(name, fraction=0.6)
     whole = run_stack([fresh(f) for f in feds])

@@ -79,11 +79,12 @@ _EQ10 = {("both", "sum"): ((-2 + 0.4 + 0) + (-2 + 2.8 + 0)) / 2, ("both", "mean"
 @pytest.mark.parametrize(("prototypes", "local_reduce"), list(_EQ10))
 def test_eq10_combination_and_local_reduce_match_hand_computation(prototypes, local_reduce):
     down = {"global": torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), "global_mask": torch.ones(1, 2, dtype=torch.bool),
-            "local": torch.tensor([[[0.6, 0.8], [0.8, -0.6]], [[0.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]]),
-            "local_count": torch.tensor([[3.0, 2.0], [4.0, 0.0], [0.0, 0.0]])}
+            "local": torch.tensor([[[[0.6, 0.8], [0.8, -0.6]], [[0.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]]]),
+            "local_count": torch.tensor([[[3.0, 2.0], [4.0, 0.0], [0.0, 0.0]]])}  # one run's sets, as broadcast sends
     m = fedpcl(synthetic(n_clients=3, n_classes=2), tau=0.5, prototypes=prototypes, local_reduce=local_reduce)
     z, y, mask = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), torch.tensor([[0, 1]]), torch.ones(1, 2, dtype=torch.bool)
-    assert L.fedpcl(m, None, z, y, mask, down).item() == pytest.approx(_EQ10[prototypes, local_reduce], abs=1e-6)
+    got = L.fedpcl(m, z, y, mask, L.proto_sets(m, down), m.p.tau)
+    assert got.item() == pytest.approx(_EQ10[prototypes, local_reduce], abs=1e-6)
 
 
 def test_summary_tells_what_one_client_sends_from_the_total():

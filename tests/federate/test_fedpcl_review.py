@@ -114,7 +114,7 @@ def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
     from fedcache.federate.partitions import PartitionRequest, make_partition
 
     s = experiment.sweep
-    opts = {k: s[k] for k in ("alpha", "few_shot", "subsample") if k in s}
+    opts = {k: s[k] for k in ("alpha", "few_shot", "subsample", "class_budget") if k in s}
     labels = np.repeat(np.arange(10), 500)
     test_labels = np.repeat(np.arange(10), 100)
     p = make_partition(PartitionRequest("dirichlet", s["clients"], seed=0, **opts), labels, None, test_labels, None)
@@ -138,3 +138,51 @@ def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
               for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11")
               for e in PRESETS.get(name).experiments if "fedpcl" in e.methods]
     assert fedpcl and set(fedpcl) == {"projection"}
+
+
+# ---- the presets run the official code's data protocol (issue 14) ----------------------------------------------
+# (preset, experiment key prefix) -> (scheme, class_budget): lib/utils.py's prepare_data_*_noniid.
+_PROTOCOL = {("fedpcl-table3", "office10"): ("domain-dirichlet", 10),
+             ("fedpcl-table3", "domainnet-real"): ("dirichlet", 10),
+             ("fedpcl-table11", ""): ("domain-dirichlet", 10), ("fedpcl-fairness", ""): ("dirichlet", 10),
+             ("fedpcl-table15", ""): ("dirichlet", 9)}
+
+
+def _protocol_experiments():
+    from fedcache.presets import PRESETS
+
+    for (name, prefix), want in _PROTOCOL.items():
+        for e in PRESETS.get(name).experiments:
+            if e.key.startswith(prefix):
+                yield pytest.param(name, e, want, id=f"{name}:{e.key}")
+
+
+@pytest.mark.parametrize("name, experiment, want", list(_protocol_experiments()))
+def test_presets_claiming_a_table_run_the_official_class_budget(name, experiment, want):
+    s = experiment.sweep
+    assert (s["partition"], s.get("class_budget"), s.get("alpha")) == (*want, 1.0)
+    assert "few_shot" not in s and "subsample" not in s
+    if name == "fedpcl-fairness":  # MNIST-M alone, FedAvg 20 clients a round
+        assert experiment.extract["domains"] == ["mnist-m"] and s["clients"] in (40, 80)
+        assert s.get("fraction", 1.0) == (20 / s["clients"] if "fedavg" in experiment.methods else 1.0)
+    if experiment.key.startswith("office10"):  # the official Office script's --local_bs 16
+        assert s["batch_size"] == 16
+    # feature & label shift tests on 100 rows per class of the client's domain; label shift on its own mix
+    assert s.get("local_test_mix", "client") == ("uniform" if s["partition"] == "domain-dirichlet" else "client")
+    assert s.get("local_test", 1000) == 1000
+
+
+def test_feature_and_label_shift_presets_skew_labels_across_one_client_per_domain():
+    # One client per domain: splitting each domain's rows (the former preset) gives every client the same
+    # label mix; the official draw over all clients gives each its own. 5 domains of 200 rows per class.
+    from fedcache.federate.partitions import PartitionRequest, make_partition
+    from fedcache.presets import PRESETS
+
+    s = PRESETS.get("fedpcl-table11").experiments[0].sweep
+    labels, domains = np.tile(np.repeat(np.arange(10), 200), 5), np.repeat(np.arange(5), 2000)
+    request = PartitionRequest(s["partition"], s["clients"], alpha=s["alpha"], class_budget=s["class_budget"])
+    p = make_partition(request, labels, domains, labels, domains)
+    assert [np.unique(domains[r]).tolist() for r in p.train] == [[d] for d in range(5)]
+    counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
+    assert ((counts.sum(axis=0) > 45) & (counts.sum(axis=0) <= 50)).all()  # 10 x 5, each share floored
+    assert counts.std(axis=0).mean() > 3, counts  # equal shares would give 0

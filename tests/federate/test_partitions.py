@@ -13,6 +13,7 @@ from fedcache.federate.partitions import (
     find_partition,
     keys_hash,
     load_partition,
+    local_test_sets,
     make_partition,
     save_partition,
     table_keys,
@@ -349,3 +350,110 @@ def test_subsample_keeps_each_clients_label_mix():
         assert set(b) <= set(a)
         ca, cb = np.bincount(labels[a], minlength=10), np.bincount(labels[b], minlength=10)
         np.testing.assert_array_equal(cb, np.round(0.05 * ca).astype(int))
+
+
+# ---- class_budget: FedPCL's protocol (a budget of rows per class spread by Dirichlet over all clients) -------
+def _budget_counts(p: Partition, labels=TRAIN[0]) -> np.ndarray:
+    return np.array([np.bincount(labels[r], minlength=N_CLASSES) for r in p.train])  # (clients, classes)
+
+
+@pytest.mark.parametrize("scheme", ["dirichlet", "domain-dirichlet"])
+def test_class_budget_gives_budget_x_clients_rows_per_class(scheme):
+    # 3 clients (one per domain for domain-dirichlet) x budget 10: 30 rows of every class, less up to 2 as each
+    # of the 3 shares is floored; 50 rows per (class, domain) are there.
+    p = part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1))
+    counts = _budget_counts(p)
+    assert ((counts.sum(axis=0) >= 28) & (counts.sum(axis=0) <= 30)).all(), counts
+    everything = np.concatenate(p.train)
+    assert len(np.unique(everything)) == len(everything) == counts.sum()  # disjoint, and only the budget is used
+    assert part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1)) == p  # deterministic
+    other = part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1, seed=1))
+    assert not np.array_equal(_budget_counts(other), counts)
+
+
+@pytest.mark.parametrize("scheme", ["dirichlet", "domain-dirichlet"])
+def test_class_budget_counts_have_the_dirichlet_spread(scheme):
+    # A client's share of a class is Beta(alpha, (m - 1) alpha) times B * m rows, floored: mean B - 1/2,
+    # variance B^2 (m - 1) / (m alpha + 1) + 1/12. alpha = 1, m = 3, B = 10: 50. Equal shares (no draw)
+    # give 0; Dirichlet(100) about 0.7; the draw over the clients of one domain only gives none.
+    counts = np.concatenate([_budget_counts(part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1,
+                                                                  seed=s))).ravel() for s in range(40)])
+    assert 9.3 < counts.mean() < 9.7
+    assert 40 < counts.var() < 60, counts.var()
+
+
+def test_class_budget_under_domain_dirichlet_draws_from_the_clients_own_domain():
+    p = part(PartitionRequest("domain-dirichlet", 6, alpha=1.0, class_budget=4, min_size=1))
+    assert [np.unique(TRAIN[1][r]).tolist() for r in p.train] == [[0], [0], [1], [1], [2], [2]]
+    assert ((_budget_counts(p).sum(axis=0) > 24 - 6) & (_budget_counts(p).sum(axis=0) <= 24)).all()
+
+
+def test_class_budget_larger_than_a_pool_shares_what_there_is(caplog):
+    # 3 clients x budget 100 = 300 rows of a class, but each domain has 50 of it: the client with the largest
+    # share (at least 1/3, so 100 rows) gets all 50 of its domain's; the 2 clients of a domain share its 50.
+    with caplog.at_level(logging.WARNING):
+        p = part(PartitionRequest("domain-dirichlet", 3, alpha=1.0, class_budget=100, min_size=1))
+    counts = _budget_counts(p)
+    assert counts.max() == 50 and (counts.max(axis=0) == 50).all()
+    pairs = _budget_counts(part(PartitionRequest("domain-dirichlet", 6, alpha=1.0, class_budget=100, min_size=1)))
+    assert (pairs.reshape(3, 2, N_CLASSES).sum(axis=1) <= 50).all() and pairs.reshape(3, 2, -1).sum(1).max() == 50
+    assert "asks for more rows than there are" in caplog.text
+
+
+def test_class_budget_is_ignored_with_a_warning_by_other_schemes(caplog):
+    with caplog.at_level(logging.WARNING):
+        p = part(PartitionRequest("iid", 4, class_budget=5))
+    assert "ignores class_budget" in caplog.text and sum(map(len, p.train)) == len(TRAIN[0])
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: PartitionRequest("dirichlet", 4, class_budget=0), "class_budget must be at least 1"),
+    (lambda: part(PartitionRequest("dirichlet", 4, class_budget=1, min_size=30)), "larger class_budget"),
+])
+def test_bad_class_budgets_are_config_errors(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_class_budget_range_is_declared_in_the_spec():
+    from fedcache.spec import RunSpec, option
+
+    assert option("class_budget").key == "partition.class_budget"
+    with pytest.raises(ConfigError, match=r"--class-budget \(partition.class_budget\)=0: must be"):
+        RunSpec.of(dataset="d", backbones="b", method="fedavg", class_budget=0)
+    assert RunSpec.of(dataset="d", backbones="b", method="fedavg", class_budget="7").partition.class_budget == 7
+
+
+def test_uniform_local_test_mix_tests_every_class_alike_in_the_clients_domains():
+    # A client of domain 0 holding 3 classes is tested on all 8 classes of domain 0, 10 rows each
+    # (80 of the 20-row cells); with the client's mix only on its 3 classes.
+    labels, domains = TRAIN[0], TRAIN[1]
+    rows = np.flatnonzero((domains == 0) & (labels < 3))[:30]
+    args = ([rows], labels, domains, TEST[0], TEST[1], 80, np.random.default_rng(0))
+    uniform = local_test_sets(*args, mix="uniform")[0]
+    assert set(TEST[1][uniform].tolist()) == {0}
+    np.testing.assert_array_equal(np.bincount(TEST[0][uniform], minlength=N_CLASSES), np.full(N_CLASSES, 10))
+    assert classes_of(local_test_sets(*args)[0], TEST[0]) <= {0, 1, 2}
+
+
+def test_local_test_mix_choices_are_the_specs():
+    import typing
+
+    from fedcache.federate.partitions.core import LOCAL_TEST_MIXES
+    from fedcache.spec import option
+
+    assert typing.get_args(option("local_test_mix").type) == LOCAL_TEST_MIXES
+    with pytest.raises(ConfigError, match="local_test_mix must be one of client, uniform"):
+        PartitionRequest("iid", 4, local_test_mix="even")
+
+
+def test_partition_ids_of_requests_without_the_later_options_are_unchanged():
+    """class_budget and local_test_mix came after partitions were stored: at their defaults they leave the id
+    as it was (the literal is the id before they existed), set they give another."""
+    from fedcache.federate.partitions.core import PartitionRequest, partition_id
+
+    request = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10)
+    assert partition_id(request, "abc") == "5bdc868fa2c81d1a"
+    budget = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, class_budget=10)
+    uniform = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, local_test_mix="uniform")
+    assert len({partition_id(r, "abc") for r in (request, budget, uniform)}) == 3

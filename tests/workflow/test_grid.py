@@ -249,3 +249,81 @@ def _signal_mid_grid(proc, out, sig):
     assert time.monotonic() - t0 < 15
     time.sleep(0.5)
     assert not [w for w in workers if _alive(w)]
+
+
+def _grid_process(toy_store, out, *options):
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
+           "--partition", "iid", "--clients", "2", "-o", str(out), *options]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+
+
+def _wait_for(proc, ready, seconds=120):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "timeout"
+        time.sleep(0.2)
+
+
+def _kill_tree(proc):
+    import os
+    import signal
+
+    if proc.poll() is None:  # a failed test must not leave a grid running
+        for pid in _children(proc.pid) | {proc.pid}:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+def test_a_stopped_parallel_grid_keeps_finished_cells_and_resumes_the_others(toy_store, tmp_path):
+    """Short cells finish while long ones train; SIGTERM then leaves the finished ones finished and the long
+    ones checkpointed, so a re-run skips the first and resumes the second."""
+    import signal
+
+    out = tmp_path / "grid"
+    proc = _grid_process(toy_store, out, "-m", "fedavg,fedprox", "--rounds", "2,100000", "--jobs", "2",
+                         "--engine", "processes")
+    try:
+        finished = lambda: list((out / "cells").glob("*rounds=2*/summary.json"))  # noqa: E731
+        started = lambda: list((out / "cells").glob("*rounds=100000*/checkpoint.pt"))  # noqa: E731
+        _wait_for(proc, lambda: (out / "cells").exists() and len(finished()) == 2 and len(started()) == 2)
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 130 and "Traceback" not in err and "re-run the same command to resume" in err, err
+    assert not [w for w in workers if _alive(w)]
+    assert len(finished()) == 2 and len(started()) == 2
+    assert not list((out / "cells").glob("*rounds=100000*/summary.json"))
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store, tmp_path):
+    """The batched engine trains stacked cells (one batch: in the grid's own process): Ctrl-C stops it within seconds,
+    exit 130, and the batch's checkpoint is on disk for the re-run."""
+    import signal
+    import time
+
+    out = tmp_path / "grid"
+    proc = _grid_process(toy_store, out, "-m", "fedavg", "--rounds", "100000", "--seeds", "0,1", "--jobs", "2",
+                         "--engine", "batched")
+    try:
+        _wait_for(proc, lambda: any((out / "batches").glob("*/*.pt")) if (out / "batches").exists() else False)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 15
+    assert any((out / "batches").glob("*/*.pt")) and not list((out / "cells").glob("*/summary.json"))

@@ -69,11 +69,22 @@ def test_batched_fedproto_grid_with_a_lam_axis_equals_the_process_grid(toy_store
     assert_same_cells(a, b)
 
 
+def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(toy_store, tmp_path):
+    """Cells of 3 and 4 clients in one stack: each row contrasts with its own cell's local prototype sets,
+    which the stack pads to the cell with the most clients."""
+    sweep = {"partition": "dirichlet", "clients": [3, 4], "alpha": 0.5, "rounds": 3, "tau": [0.07, 0.5],
+             "noise": "gaussian"}
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedpcl"], sweep, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 1 batches (8 fedpcl)") and "own runs" not in plans[-1]
+    assert_same_cells(a, b)
+
+
 def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
     out = tmp_path / "g"
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
                  "--partition", "dirichlet", "--alpha", "0.5,5", "--clients", "3", "--rounds", "2", "--set", "lr=0.01,0.1",
-                 "--seeds", "0,1", "--max-batch-cells", "3", "--out", str(out)])
+                 "--seeds", "0,1", "--engine", "batched", "--max-batch-cells", "3", "--out", str(out)])
     captured = capsys.readouterr()
     printed = " ".join((captured.out + captured.err).split())  # one line, however the console wrapped it
     assert code == 0
@@ -81,6 +92,14 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
             "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8)") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16
+
+
+def test_the_process_engine_is_the_default(toy_store, tmp_path, capsys):
+    """Batched is opt-in: the grid benchmark showed it no faster on a 2-core CPU (docs/performance.md)."""
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+                 "--clients", "2", "--rounds", "1", "--out", str(tmp_path / "g")])
+    printed = " ".join("".join(capsys.readouterr()).split())
+    assert code == 0 and "processes engine: 1 cells as their own runs" in printed and "(processes engine)" in printed
 
 
 def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
@@ -95,3 +114,8 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
     assert "2 batches at a time, each in a worker process" in " ".join(plans[2])
     assert "worker process" not in " ".join(plans[1])
     assert_same_cells(outs[1], outs[2])
+    # One cell per batch: four batches finish side by side, and none removes the folder another still uses.
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+         seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1)
+    assert_same_cells(outs[1], tmp_path / "singles")
+    assert not (outs[2] / "batches").exists() and not (tmp_path / "singles" / "batches").exists()

@@ -62,7 +62,7 @@ class MethodCommand:
     """A command that belongs to one method (FedPCL's backbone heatmap): ``fedcache <name>`` takes the run-spec
     options named in ``spec_options`` (with the command's own ``defaults``) and its ``extra`` options, and calls
     ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. The CLI builds
-    the command from this hook (fedcache/cli.py), so a method adds commands without touching the CLI."""
+    the command from this hook (fedcache/cli/methods.py), so a method adds commands without touching the CLI."""
 
     name: str
     help: str
@@ -99,10 +99,10 @@ class Method:
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
     # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
     # local_update reads a client's data, seed and settings only through client_rows, plan, client_seeds,
-    # sample_counts, self.p and ctx.optim, and down/states row by row. Read with ``batchable(cls)``: declared
-    # by each class itself, never inherited, since a subclass changes what local_update computes; settings
-    # under which it cannot stack say why in ``not_batchable``. Each declaration has an equality test
-    # (tests/federate/test_batched.py).
+    # sample_counts, self.p and ctx.optim, down row by row (``run_broadcast`` entries run by run, through
+    # run_sizes) and states row by row. Read with ``batchable(cls)``: declared by each class itself, never
+    # inherited, since a subclass changes what local_update computes; settings under which it cannot stack
+    # say why in ``not_batchable``. Each declaration has an equality test (tests/federate/test_batched.py).
     batchable: ClassVar[bool] = False
     # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
     # (K,) float32 tensors, one value per client row, and must broadcast them row by row.
@@ -111,6 +111,12 @@ class Method:
     # its largest client's rows): a stack zero-pads them to its widest run, so local_update must read row k
     # only up to its own client's extent.
     padded_states: ClassVar[tuple[str, ...]] = ()
+    # Broadcast entries that hold what a run's server knows of all its clients (FedPCL's every client's latest
+    # prototype set, (1, N, C, H)) rather than what one client row needs: a stack hands them to local_update
+    # once per run among the clients, (R, ...) in the order of ``run_sizes``, not repeated per row, and
+    # zero-padded to the widest run where the runs' shapes differ (their numbers of clients), so local_update
+    # must read an all-zero padding as absent. A run by itself broadcasts them with their leading axis of 1.
+    run_broadcast: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -232,6 +238,11 @@ class Method:
         """(run seed, client id) per client: what a client's own random stream is seeded with, so a stack of
         runs (whose joint method numbers the clients of every run in one list) draws as each run does."""
         return [(self.ctx.seed, k) for k in clients]
+
+    def run_sizes(self, clients: list[int]) -> list[int]:
+        """How many of ``clients`` (consecutive) belong to each run: all of them in a run by itself; in a stack of
+        runs, one count per run among them, in the order of the ``run_broadcast`` entries."""
+        return [len(clients)]
 
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)

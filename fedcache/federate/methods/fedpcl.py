@@ -19,9 +19,10 @@ from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, rng_for
 from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
-from fedcache.federate.prototypes import aggregate, class_means, nearest
+from fedcache.federate.prototypes import aggregate, class_means, nearest, padded_rows
 from fedcache.federate.settings import Fraction, NonNegative, Positive
 from fedcache.heads import Params
+from fedcache.heads.projection import DIM as PROTO_DIM
 from fedcache.noise import perturb
 
 
@@ -91,6 +92,13 @@ class FedPCL(Method):
     has_global_model = False
     count_uploads = ("count",)
     commands = (BACKBONE_HEATMAP,)
+    batchable = True
+    # tau only: noise_scale and perturb enter float64 arithmetic (scale x a float64 draw, 1 - p) that a float32
+    # row value would round differently, and ce_weight > 0 decides which layers train (a setting of the stack).
+    row_params = ("tau",)
+    # A run's server sends its global prototypes and every client's latest set: L_p contrasts each row with
+    # its own run's sets, which a stack hands over once per run, padded to its run with the most clients.
+    run_broadcast = ("global", "global_mask", "local", "local_count")
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         if ctx.head != "projection":
@@ -113,10 +121,16 @@ class FedPCL(Method):
                 "proto_count": torch.zeros(n, self.c)}
 
     def broadcast(self, server: Params, rnd: int) -> Params:
-        down = {"global": server["global"], "global_mask": server["global_mask"]}
-        if self.p.prototypes != "global":
-            down.update(local=server["local"], local_count=server["local_count"])
+        down = {"global": server["global"], "global_mask": server["global_mask"]}  # (1, C, H), (1, C)
+        if self.p.prototypes != "global":  # (1, N, C, H), (1, N, C): one run's sets (run_broadcast)
+            down.update(local=server["local"].unsqueeze(0), local_count=server["local_count"].unsqueeze(0))
         return down
+
+    @classmethod
+    def stack_bytes(cls, params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
+        # The run's local prototype sets: the server's, the broadcast, its padded copy and the filled sets. (The
+        # rows copied for the prototypes are one run's at a time, as much as the run alone copies.)
+        return 4 * 4 * clients * n_classes * PROTO_DIM
 
     def download_size(self, down: Params) -> tuple[int, int]:
         # Only present prototypes travel, each with its class index (int64).
@@ -131,31 +145,50 @@ class FedPCL(Method):
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         head_keys = self.head.body_keys + self.head.head_keys
         params = {n: states[n] for n in head_keys}
-        ready = bool(down["global_mask"].any())
+        ready = self._ready(down)
         if ready or self.p.first_round == "ce":
             keys = self.head.body_keys + (self.head.head_keys if self._uses_ce(ready) else ())
-            params = self.fit(params, rnd, clients, self.loss, {"down": down, "ready": ready}, keys=keys)
+            sizes = self.run_sizes(clients)
+            info = {"ready": ready, "sizes": sizes, "sets": [L.proto_sets(self, down, r) for r in range(len(sizes))]}
+            params = self.fit(params, rnd, clients, self.loss, info, keys=keys)
         protos, counts = self.client_prototypes(params, clients)
         sent = self._noised(protos, counts, rnd, clients)
         own = sent if self.p.predict_with == "sent" else protos
         states = {**params, "protos": own, "proto_count": counts}
         return LocalResult(states, {"protos": sent, "count": counts}, counts.sum(1))
 
+    @staticmethod
+    def _ready(down: Params) -> bool:
+        """Whether global prototypes exist (not in round 1), the same for every run of a stack."""
+        ready = down["global_mask"].flatten(1).any(1)  # per run
+        if bool(ready.any()) != bool(ready.all()):
+            raise ConfigError("stacked fedpcl runs disagree on whether global prototypes exist this round (the clients "
+                              "a run sampled last round hold no training rows): run the grid with --engine processes")
+        return bool(ready.any())
+
     def _uses_ce(self, ready: bool) -> bool:
         return not ready or self.p.ce_weight > 0
 
     def client_prototypes(self, params: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y, mask = self.ctx.data.rows_of("train", clients)
-        with torch.no_grad():
-            z = self.head.features(params, x)
-        return class_means(z, y, mask, self.c)
+        """Class means of the clients' training rows, run by run: in a stack, each run's clients are padded to
+        its own largest client, not the stack's (which would multiply the copy of the rows)."""
+        parts, at = [], 0
+        for size in self.run_sizes(clients):
+            run = slice(at, at + size)
+            at += size
+            idx, mask = padded_rows(self.client_rows(clients[run]))
+            x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
+            with torch.no_grad():
+                z = self.head.features({n: t[run] for n, t in params.items()}, x)
+            parts.append(class_means(z, y, mask, self.c))
+        return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _noised(self, protos: torch.Tensor, counts: torch.Tensor, rnd: int, clients: list[int]) -> torch.Tensor:
         if self.p.noise == "none":
             return protos
         out = []
-        for i, k in enumerate(clients):  # seeded per (round, client): the batched and loop paths agree
-            gen = torch.Generator().manual_seed(int(rng_for(self.ctx.seed, rnd, k, 0, 3).integers(2**62)))
+        for i, (seed, k) in enumerate(self.client_seeds(clients)):  # per (run, round, client): any batching agrees
+            gen = torch.Generator().manual_seed(int(rng_for(seed, rnd, k, 0, 3).integers(2**62)))
             out.append(perturb(protos[i], self.p.noise, self.p.noise_scale, self.p.perturb, gen) * (counts[i] > 0).unsqueeze(-1))
         return torch.stack(out)
 
@@ -163,7 +196,10 @@ class FedPCL(Method):
         z, buffers = self.head.train_features(p, xb, mask)
         if not info["ready"]:  # first round with first_round=ce: nothing to contrast against yet
             return cross_entropy(self.head.classify(p, z), yb, mask), buffers
-        per_row = L.LOSSES[self.p.loss](self, p, z, yb, mask, info["down"])
+        # Run by run: a row contrasts with its own run's sets, in the very arithmetic of that run alone.
+        runs = zip(z.split(info["sizes"]), yb.split(info["sizes"]), mask.split(info["sizes"]), info["sets"],
+                   _split(self.p.tau, info["sizes"]))
+        per_row = torch.cat([L.LOSSES[self.p.loss](self, *run) for run in runs])
         if self.p.ce_weight > 0:
             per_row = per_row + self.p.ce_weight * cross_entropy(self.head.classify(p, z), yb, mask)
         return per_row, buffers
@@ -180,6 +216,11 @@ class FedPCL(Method):
     def client_logits(self, server: Params, states: Params, clients: list[int], x: torch.Tensor) -> torch.Tensor:
         z = self.head.features(states, x)
         return _PREDICT[self.p.predict](self, server, states, z)
+
+
+def _split(value, sizes: list[int]) -> list:
+    """A setting per run: a float as it is, a stack's (K,) row values cut run by run."""
+    return list(value.split(sizes)) if isinstance(value, torch.Tensor) else [value] * len(sizes)
 
 
 def _by_local(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:

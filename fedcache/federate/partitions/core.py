@@ -26,7 +26,8 @@ PARTITIONERS: Registry[Partitioner] = Registry("partition scheme")
 DEFAULT_ALPHA = 0.5
 DEFAULT_SHARDS = 2
 # Every scheme accepts these; any other option belongs to the schemes that declare it.
-COMMON_OPTIONS = frozenset({"scheme", "n_clients", "seed", "few_shot", "subsample", "local_test"})
+COMMON_OPTIONS = frozenset({"scheme", "n_clients", "seed", "few_shot", "subsample", "local_test", "local_test_mix"})
+LOCAL_TEST_MIXES = ("client", "uniform")
 # Stream numbers: adding a stage later must not change the streams of the existing ones.
 _FEW_SHOT_STREAM, _LOCAL_TEST_STREAM, _SUBSAMPLE_STREAM = 1, 2, 3
 
@@ -59,10 +60,15 @@ class PartitionRequest:
     of each class it holds. A ``few_shot`` larger than the smallest class of the whole training
     set can never be met and is a ConfigError.
     ``subsample``: any scheme; each client keeps round(subsample * n) of its n rows of each class,
-    so its label mix is kept while the data shrinks (FedPCL's label-shift setting gives each class
-    10 x clients rows in all, spread by Dirichlet: ``dirichlet`` with ``subsample`` reproduces that).
+    so its label mix is kept while the data shrinks (a fixed number of rows per class, as FedPCL's
+    protocol has, is ``class_budget``).
+    ``class_budget``: ``dirichlet`` / ``domain-dirichlet``; FedPCL's protocol instead of splitting every
+    row: for each class, p ~ Dirichlet(alpha) over all ``n_clients`` and client i gets about
+    ``p_i * class_budget * n_clients`` rows of the class (so ``class_budget`` rows per class per client
+    on average), drawn from its own domain under ``domain-dirichlet`` (see ``schemes.budget_split``).
     ``min_size``: Dirichlet schemes redraw until every client has that many rows.
     ``local_test``: most local test rows per client (see ``local_test_sets``).
+    ``local_test_mix``: ``client`` (its classes in its proportions) or ``uniform`` (every class alike).
     """
 
     scheme: str
@@ -74,9 +80,11 @@ class PartitionRequest:
     classes_per_client: int | None = None
     repeat_rate: float = 0.0
     few_shot: int | None = None
+    class_budget: int | None = None
     subsample: float = 1.0
     min_size: int = 10
     local_test: int = 1000
+    local_test_mix: str = "client"
 
     def __post_init__(self) -> None:
         # Plain Python numbers, so that numpy scalars from a CLI or config hash the same.
@@ -102,13 +110,15 @@ class PartitionRequest:
             self.shards is None or self.shards >= 1,
             f"shards per client must be at least 1 (got {self.shards}); 2 is the usual pathological non-IID setting",
         )
-        for name in ("clients_per_domain", "classes_per_client", "few_shot"):
+        for name in ("clients_per_domain", "classes_per_client", "few_shot", "class_budget"):
             value = getattr(self, name)
             _require(value is None or value >= 1, f"{name} must be at least 1 or left unset (got {value})")
         _require(0.0 <= self.repeat_rate <= 1.0, f"repeat_rate is a fraction in [0, 1] (got {self.repeat_rate})")
         _require(self.min_size >= 0, f"min_size must be >= 0 (got {self.min_size})")
         _require(0.0 < self.subsample <= 1.0, f"subsample is a fraction in (0, 1] (got {self.subsample})")
         _require(self.local_test >= 1, f"local_test (max local test rows per client) must be at least 1 (got {self.local_test})")
+        _require(self.local_test_mix in LOCAL_TEST_MIXES,
+                 f"local_test_mix must be one of {', '.join(LOCAL_TEST_MIXES)} (got {self.local_test_mix!r})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,8 +135,14 @@ class PartitionRequest:
         return np.random.default_rng(np.random.SeedSequence(words))
 
 
+# Options added after partitions were first stored: they enter the id only when set, so a store's existing
+# partitions keep their ids (and the runs that name them stay resumable).
+LATER_OPTIONS = {"class_budget": None, "local_test_mix": "client"}
+
+
 def partition_id(request: PartitionRequest, data_hash: str) -> str:
-    return short_hash({"request": request.to_dict(), "data": data_hash})
+    d = {k: v for k, v in request.to_dict().items() if k not in LATER_OPTIONS or v != LATER_OPTIONS[k]}
+    return short_hash({"request": d, "data": data_hash})
 
 
 @dataclass(eq=False)
@@ -179,7 +195,8 @@ def make_partition(request: PartitionRequest, train_labels, train_domains, test_
         _check_clients(request, clients)
     if request.few_shot is not None:
         clients = few_shot_filter(clients, labels, request.few_shot, request.rng(_FEW_SHOT_STREAM))
-    test = local_test_sets(clients, labels, domains, test_labels, test_domains, request.local_test, request.rng(_LOCAL_TEST_STREAM))
+    test = local_test_sets(clients, labels, domains, test_labels, test_domains, request.local_test,
+                           request.rng(_LOCAL_TEST_STREAM), request.local_test_mix)
     return Partition(request, clients, test)
 
 
@@ -245,7 +262,8 @@ def cells(labels: np.ndarray, domains: np.ndarray) -> dict[tuple[int, int], np.n
     return {(int(c), int(d)): g for (c, d), g in zip(pairs, groups)}
 
 
-def local_test_sets(clients, labels, domains, test_labels, test_domains, budget: int, rng: np.random.Generator) -> list[np.ndarray]:
+def local_test_sets(clients, labels, domains, test_labels, test_domains, budget: int, rng: np.random.Generator,
+                    mix: str = "client") -> list[np.ndarray]:
     """Per client, test rows with the (class, domain) mix of its training rows.
 
     A cell holding ``n_kcd`` of the client's ``n_k`` training rows gets ``round(T * n_kcd / n_k)``
@@ -253,14 +271,19 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     the test split in the client's cells)``. Should rounding leave nothing, each cell gets one
     row. Cells absent from the test split are skipped (with a warning) and ``n_k`` counts only
     the cells that remain. Clients may share test rows; within a client they are distinct.
+    With ``mix="uniform"`` the cells are every class of the training split in each domain the
+    client holds, weighted alike: a client is also tested on the classes it has no rows of.
     """
     test_cells = cells(test_labels, test_domains)
+    classes = np.unique(labels)
     missing: set[tuple[int, int]] = set()
     out = []
     for rows in clients:
-        held = cells(labels[rows], domains[rows])
+        held = {cell: len(r) for cell, r in cells(labels[rows], domains[rows]).items()}
+        if mix == "uniform":
+            held = {(int(c), int(d)): 1 for d in np.unique(domains[rows]) for c in classes}
         missing |= {cell for cell in held if cell not in test_cells}
-        present = {cell: len(r) for cell, r in held.items() if cell in test_cells}
+        present = {cell: n for cell, n in held.items() if cell in test_cells}
         out.append(_draw_test(present, test_cells, budget, rng))
     if missing:
         log.warning(

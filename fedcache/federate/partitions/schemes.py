@@ -24,16 +24,70 @@ def iid(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest, rng:
     return np.array_split(rng.permutation(len(labels)), request.n_clients)
 
 
-@register_scheme("dirichlet", ("alpha", "min_size"))
+@register_scheme("dirichlet", ("alpha", "min_size", "class_budget"))
 def dirichlet(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest, rng: np.random.Generator) -> list[np.ndarray]:
     """Label shift: each class is spread over clients by proportions drawn from Dirichlet(alpha).
 
     The usual LDA partition: classes are dealt in order; a client already holding its fair
     share (N / n_clients rows) gets nothing more, which keeps client sizes from running away.
     The whole draw is repeated until every client has at least ``min_size`` rows.
+    With ``class_budget``, only a budget of rows per class is spread (``budget_split``).
     """
     alpha = request.alpha if request.alpha is not None else DEFAULT_ALPHA
+    if request.class_budget is not None:
+        return budget_split(labels, [np.arange(len(labels))], np.zeros(request.n_clients, np.int64), alpha,
+                            request, rng, ["the data"])
     return dirichlet_split(np.arange(len(labels)), labels, request.n_clients, alpha, request.min_size, rng, "the data")
+
+
+def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: float, request: PartitionRequest,
+                 rng: np.random.Generator, names: list[str]) -> list[np.ndarray]:
+    """FedPCL's protocol: for each class, p ~ Dirichlet(alpha) over all clients, and client i takes
+    ``floor(p_i * budget * n_clients)`` rows of the class (``budget = class_budget``) from its pool.
+
+    ``pools[g]`` are the rows the clients with ``owner == g`` draw from (one pool for ``dirichlet``,
+    one per domain for ``domain-dirichlet``). Flooring each share, as the official code does, leaves
+    a class up to n_clients - 1 rows short of ``budget * n_clients``. A pool with fewer rows of a class
+    than its clients ask for shares what it has in the same proportions, with a warning. Redrawn
+    until every client has ``min_size`` rows. No fair-share cap: the official code has none here.
+    """
+    classes = np.unique(labels)
+    avail = np.array([np.bincount(np.searchsorted(classes, labels[pool]), minlength=len(classes)) for pool in pools])
+    total = request.class_budget * len(owner)
+    for _ in range(MAX_DIRICHLET_TRIES):
+        want = np.floor(rng.dirichlet(np.full(len(owner), alpha), size=len(classes)) * total).astype(np.int64)
+        counts, short = _fit(want, avail, owner)
+        if counts.sum(axis=0).min() >= request.min_size:
+            break
+    else:
+        raise ConfigError(
+            f"no Dirichlet({alpha}) draw of class_budget {request.class_budget} in {MAX_DIRICHLET_TRIES} tries gave "
+            f"every one of {len(owner)} clients {request.min_size} rows; use a larger class_budget or alpha"
+        )
+    if short:
+        log.warning("class_budget %d x %d clients asks for more rows than there are of %s: those rows are shared "
+                    "in the drawn proportions", request.class_budget, len(owner),
+                    ", ".join(f"class {classes[k]} in {names[g]} ({avail[g, k]} rows)" for g, k in short[:10]))
+    parts: list[list[np.ndarray]] = [[] for _ in owner]
+    for g, pool in enumerate(pools):
+        clients = np.flatnonzero(owner == g)
+        for k, c in enumerate(classes):
+            members = rng.permutation(pool[labels[pool] == c])[: counts[k, clients].sum()]
+            for i, piece in zip(clients, np.split(members, np.cumsum(counts[k, clients])[:-1])):
+                parts[i].append(piece)
+    return [np.concatenate(p) for p in parts]
+
+
+def _fit(want: np.ndarray, avail: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """``want`` cut down where a pool lacks rows of a class, keeping the proportions; and the (pool, class) cut."""
+    counts, short = want.copy(), []
+    for g in range(avail.shape[0]):
+        clients = np.flatnonzero(owner == g)
+        for k in np.flatnonzero(want[:, clients].sum(axis=1) > avail[g]):
+            need = want[k, clients].sum()
+            counts[k, clients] = np.diff(np.cumsum(want[k, clients]) * avail[g, k] // need, prepend=0)
+            short.append((g, int(k)))
+    return counts, short
 
 
 def dirichlet_split(rows, labels, n_clients: int, alpha: float, min_size: int, rng: np.random.Generator, what: str) -> list[np.ndarray]:
@@ -126,11 +180,20 @@ def domain(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest, r
     return out
 
 
-@register_scheme("domain-dirichlet", ("clients_per_domain", "alpha", "min_size"))
+@register_scheme("domain-dirichlet", ("clients_per_domain", "alpha", "min_size", "class_budget"))
 def domain_dirichlet(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest, rng: np.random.Generator) -> list[np.ndarray]:
-    """Feature and label shift: as ``domain``, but each domain is split by Dirichlet(alpha) label proportions."""
+    """Feature and label shift: as ``domain``, but each domain is split by Dirichlet(alpha) label proportions.
+
+    With ``class_budget`` (FedPCL's protocol, ``budget_split``) the Dirichlet draw is over all clients,
+    each taking its share of a class from its own domain: with one client per domain there is label
+    skew between domains, where splitting each domain's rows has none to add.
+    """
     present, per_domain = _domain_clients(domains, request)
     alpha = request.alpha if request.alpha is not None else DEFAULT_ALPHA
+    if request.class_budget is not None:
+        pools = [np.flatnonzero(domains == d) for d in present]
+        return budget_split(labels, pools, np.repeat(np.arange(len(present)), per_domain), alpha, request, rng,
+                            [f"domain {d}" for d in present])
     out: list[np.ndarray] = []
     for d in present:
         rows = np.flatnonzero(domains == d)

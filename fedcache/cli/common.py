@@ -1,0 +1,82 @@
+"""What every command module shares: the consoles, the store option, options generated from the run
+specification, comma lists and progress display. Nothing here registers a command (fedcache/cli/root.py
+does), so every command module can import it without a cycle."""
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from fedcache.progress import PlainProgress
+from fedcache.spec import Option, default_store
+
+HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+# Redirected output (logs, CI) gets a wide console: rich would cut tables at 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=160)
+err = Console(stderr=True)
+
+DEFAULT_STORE = default_store()
+StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")
+
+
+def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]:
+    """Typer parameters of run-spec options, named, typed, flagged and documented as fedcache/spec.py declares
+    them (``help_for``: a command's own help text for an option it reads differently)."""
+    params = []
+    for o in opts:
+        if o.opt.repeatable:
+            typ, default = List[str], list(o.default)
+        elif o.base is tuple:
+            typ, default = str, ",".join(o.default) if not o.required else ...
+        else:
+            typ, default = o.base, ... if o.required else o.default
+            if o.default is None:
+                typ = Optional[typ]
+        option = typer.Option(default, *o.flags, help=escape(help_for.get(o.name, o.help)))  # help is rich markup
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=typ))
+    return params
+
+
+def _signed(fn, params: list[inspect.Parameter]):
+    """``fn(**options)`` with a generated signature, which is what typer reads its options from."""
+    fn.__signature__ = inspect.Signature(params)
+    return fn
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+class _Rate(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:,.0f} img/s" if task.speed else "", style="cyan")
+
+
+class ExtractProgress:
+    """Turns the library's progress events into rich progress bars."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.tasks = progress, {}
+
+    def __call__(self, e) -> None:
+        if e.kind == "start":
+            self.tasks[e.label] = self.progress.add_task(e.label, total=e.total)
+        elif e.kind == "advance":
+            self.progress.advance(self.tasks[e.label], e.advance)
+        elif e.kind == "info" and e.message:
+            self.progress.console.print(f"[dim]{e.message}[/]")
+
+
+def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
+    """Bars on a terminal; elsewhere (logs, CI, notebooks) plain lines, since bars draw nothing there."""
+    if not err.is_terminal:
+        return PlainProgress(err)
+    columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn())
+    return Progress(*columns, console=err)

@@ -1,0 +1,146 @@
+"""The commands over many runs: `grid` (every `train` option, a comma list making an axis), `report`
+and `reproduce` (a paper's table)."""
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console
+from fedcache.spec import grid_options, options
+
+
+# `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated
+# value makes it an axis. These are declared by grid itself, or have no meaning for a grid:
+GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out")
+GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process",
+              "overwrite": "finished cells are kept; use another --out", "track_dir": "trackers write into the grid's --out"}
+GRID_HOW = ("track", "keep_checkpoints")  # how every cell runs: one value for the grid, not an axis
+
+
+def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
+          method: Optional[str], settings: List[str], seeds: Optional[str], jobs: Optional[int], out: Optional[Path],
+          select: Optional[str], **train_options) -> None:
+    """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv
+    and table.md. Every `train` option is accepted; v1,v2,... makes it an axis, e.g.
+    `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
+    --rounds 5 --set lr=0.001,0.01 --seeds 0,1 -o runs/grid`."""
+    from fedcache.api import grid_spec
+    from fedcache.sweep import run_grid
+
+    how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
+    engine = {o.name: train_options.pop(o.name) for o in grid_options()}
+    axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
+            for name, value in train_options.items() if value is not None}
+    spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
+                     backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
+                     settings=settings, sweep=axes or None, seeds=_csv(seeds) if seeds else None,
+                     jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
+                     keep_checkpoints=how["keep_checkpoints"], **engine)
+    trained = []
+    t0 = time.perf_counter()
+    with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
+        task = progress.add_task("grid", total=None, last="")
+
+        def on_cell(done: int, total: int, row: dict) -> None:
+            trained.append(row)
+            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
+
+        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
+    seconds = time.perf_counter() - t0
+    # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
+    console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
+    if trained:
+        console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
+                      f"({spec.engine} engine)")
+    console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
+
+
+def _grid_signature() -> inspect.Signature:
+    """grid's own options, then every other run-spec option (every `train` option) as an optional axis
+    (text, split on commas)."""
+    own = [
+        ("config", Optional[Path], typer.Option(None, "--config", "-c", help="A grid TOML file (docs/getting-started.md); options given here override it.")),
+        ("store", Optional[Path], typer.Option(None, "--store", help="Feature store path (default: env FEDCACHE_STORE or fedcache-store.zarr).")),
+        ("dataset", Optional[str], typer.Option(None, "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`).")),
+        ("backbones", Optional[str], typer.Option(None, "--backbones", "--backbone", "-b", help="One backbone, or several to fuse (as in train).")),
+        ("method", Optional[str], typer.Option(None, "--method", "-m", help="Comma-separated methods.")),
+        ("settings", List[str], typer.Option([], "--set", help="key=v1,v2,...: a method/optimizer setting, or an axis of it; repeatable.")),
+        ("seeds", Optional[str], typer.Option(None, "--seeds", "--seed", help="Comma-separated seeds. \\[default: 0]")),
+        ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each. \\[default: 1]")),
+        ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
+        ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
+    ]
+    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
+    for o in grid_options():  # grid's own options that the spec declares
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" Default {o.default}."))))
+    for o in options():
+        if o.name in GRID_OWN or o.name in GRID_SKIPS:
+            continue
+        what = escape(o.help.rstrip("."))
+        # train's default, shown as train's help shows it (\\[ is a literal bracket in rich markup)
+        default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
+        shown = "" if o.default in (None, ()) else f" \\[default: {default}]"
+        if o.name in GRID_HOW:
+            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell; not an axis).{shown}"), Optional[str]
+        elif o.base is bool:  # a switch sets every cell
+            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
+        else:
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
+    return inspect.Signature(params)
+
+
+_grid.__signature__ = _grid_signature()
+
+
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory (train --out) or a grid directory (grid --out)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where report.html, report.md and report-figures/ go (default: the directory itself)."),
+) -> None:
+    """A self-contained HTML report (and markdown): tables, accuracy per round, fairness, bytes, partitions."""
+    from fedcache.reports import write_report
+
+    paths = write_report(run_dir, out)
+    console.print(f"wrote {paths.html} ({len(paths.figures)} figures embedded) and {paths.markdown}")
+
+
+def reproduce(
+    preset: Optional[str] = typer.Argument(None, help="A paper table (leave out to list them)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would run and what data, weights and methods are missing."),
+    store: Path = StoreOpt,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<preset>)."),
+    data_root: Optional[Path] = typer.Option(None, help="Where the paper datasets live on disk."),
+    weights: List[str] = typer.Option([], "--weights", help="NAME=PATH: load this backbone from a checkpoint (repeatable)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Grid worker processes."),
+) -> None:
+    """Reproduce a paper's table: extract, run the grids, report with the paper's numbers beside fedcache's."""
+    from fedcache import reproduce as rp
+    from fedcache.extract.loading import parse_weights
+
+    if preset is None:
+        for name in rp.names():
+            console.print(f"[bold]{name}[/]: {rp.get(name).title}")
+        return
+    p, w = rp.get(preset), parse_weights(weights)
+    console.print(f"[bold]{p.title}[/] ({p.source}; {len(p.paper)} reported numbers)\n{p.notes}")
+    for line in rp.plan_lines(p):
+        console.print(f"  {line}")
+    needs = rp.check(p, store, data_root, w)
+    table = Table("kind", "name", "status", "how", box=None)
+    for n in needs:
+        status = "[red]missing[/]" if not n.ok else "[yellow]download[/]" if n.how.startswith("downloaded") else "[green]ok[/]"
+        table.add_row(n.kind, n.name, status, n.how)
+    console.print(table)
+    if dry_run:
+        return
+    with _progress() as progress:
+        html = rp.reproduce(p, store, out or Path("runs") / preset, data_root, w, jobs, ExtractProgress(progress))
+    console.print(f"report: {html}")

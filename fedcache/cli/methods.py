@@ -1,0 +1,68 @@
+"""`fedcache methods`, and the commands methods declare in their ``commands`` hook
+(fedcache/federate/methods/base.py: MethodCommand), built here so that the CLI names no method."""
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import typer
+import typer.main
+from rich.table import Table
+
+from fedcache.cli.common import HELP_FLAGS, _spec_params, console
+from fedcache.errors import ConfigError
+from fedcache.spec import RunSpec, options
+
+
+def methods() -> None:
+    """List the federated methods."""
+    from fedcache.federate.methods import METHODS
+
+    table = Table(box=None)
+    table.add_column("name", no_wrap=True, min_width=12)
+    for col in ("head", "personal", "global", "federated"):
+        table.add_column(col, no_wrap=True, min_width=len(col))
+    table.add_column("description", overflow="ellipsis", no_wrap=True, max_width=48)
+    for name, cls in METHODS.items():
+        yes = lambda b: "yes" if b else ""
+        table.add_row(name, cls.default_head, yes(cls.personalized), yes(cls.has_global_model), yes(cls.federated), cls.description)
+    console.print(table)
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            console.print(f"{name} adds [bold]fedcache {c.name}[/]: {c.help}")
+
+
+def _method_commands(taken: set[str]) -> dict:
+    """The commands methods declare (their ``commands`` hook), by name, built here as click commands; a name
+    that is already a command (``taken``) or another method's is refused rather than shadowed."""
+    from fedcache.federate.methods import METHODS
+
+    out, owner = {}, {}
+    for name, cls in METHODS.items():
+        for c in cls.commands:
+            if c.name in taken or c.name in out:
+                raise ConfigError(f"method {name} declares the command {c.name!r}, which "
+                                  f"{'fedcache has already' if c.name in taken else owner[c.name] + ' declares too'}: rename it")
+            out[c.name], owner[c.name] = _method_command(c, name), name
+    return out
+
+
+def _method_command(mc, method: str):
+    """A method's command: the run-spec options it names (with its defaults) and its own options; the method
+    is its owner."""
+    def run(**given) -> None:
+        extra = {o.name: given.pop(o.name) for o in mc.extra}
+        for line in mc.run(RunSpec.of(method=method, **given), **extra):
+            console.print(line, highlight=False)
+
+    params = _spec_params([o for o in options() if o.name in mc.spec_options])
+    for p in params:
+        if p.name in mc.defaults:
+            p.default.default = mc.defaults[p.name]
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.type if o.default is ... else Optional[o.type],
+                                 default=typer.Option(o.default, *(o.flags or (f"--{o.name.replace('_', '-')}",)), help=o.help))
+               for o in mc.extra]
+    run.__signature__ = inspect.Signature(params)
+    sub = typer.Typer(add_completion=False)
+    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS, epilog=f"Example: {mc.example}" if mc.example else None)(run)
+    return typer.main.get_command(sub)

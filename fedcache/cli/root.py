@@ -1,0 +1,139 @@
+"""The root of the command line: the app with its commands in the order `fedcache -h` lists them, one
+example per command, and the entry point that turns errors and signals into exit codes."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import typer
+import typer.core
+
+from fedcache.cli.common import HELP_FLAGS, console, err
+from fedcache.cli.extract import backbones, datasets, extract
+from fedcache.cli.grid import _grid, report, reproduce
+from fedcache.cli.methods import _method_commands, methods
+from fedcache.cli.store import store_app
+from fedcache.cli.train import demo, flower_app, partition, shard, train
+from fedcache.errors import ConfigError, FedcacheError
+
+try:  # recent typer vendors click; older typer uses the click package
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException
+
+
+class _Commands(typer.core.TyperGroup):
+    """The commands registered below, then those methods declare (resolved only when named, so that
+    `fedcache --help` does not import every method)."""
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or _method_commands(taken=set(self.commands)).get(name)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS, cls=_Commands,
+                  help="Federated learning on cached embeddings of frozen pretrained models. "
+                       "Methods may add commands of their own: `fedcache methods` lists them.")
+app.add_typer(store_app, name="store")
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"fedcache {version('fedcache')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Federated learning on cached embeddings of frozen pretrained models."""
+
+
+# The commands in the order `fedcache -h` lists them (store, a group, comes after them).
+COMMANDS = {"extract": extract, "datasets": datasets, "backbones": backbones, "demo": demo, "train": train,
+            "partition": partition, "methods": methods, "grid": _grid, "report": report, "reproduce": reproduce,
+            "shard": shard, "flower-app": flower_app}
+for _name, _fn in COMMANDS.items():
+    app.command(_name)(_fn)
+
+
+# One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one
+# (a method's own commands carry theirs in their hook, MethodCommand.example).
+EXAMPLES = {
+    "extract": "fedcache extract -d digits5-offline -b efficientnet-lite0 --store feats.zarr",
+    "datasets": "fedcache datasets",
+    "backbones": "fedcache backbones",
+    "methods": "fedcache methods",
+    "demo": "fedcache demo --store feats.zarr -b efficientnet-lite0 -o runs/demo-lite0",
+    "train": "fedcache train --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg --partition dirichlet "
+             "--alpha 0.5 --clients 10 --rounds 50 -o runs/fedavg",
+    "partition": "fedcache partition --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition dirichlet "
+                 "--alpha 0.5 --plot part",
+    "grid": "fedcache grid --store feats.zarr -d digits5-offline -b efficientnet-lite0 -m fedavg,fedprox --partition dirichlet "
+            "--alpha 0.1,1 --subsample 0.8 --set lr=1e-3,1e-2 --select lr --seeds 0,1,2 -j 2 -o runs/cmp",
+    "report": "fedcache report runs/cmp",
+    "reproduce": "fedcache reproduce fedpcl-table2 --dry-run",
+    "shard": "fedcache shard --store feats.zarr -d digits5-offline -b efficientnet-lite0 --partition domain --clients 5 -o shards",
+    "flower-app": "fedcache flower-app my-flower-app",
+    "store ls": "fedcache store ls --store feats.zarr",
+    "store info": "fedcache store info 3f2a --store feats.zarr",
+    "store verify": "fedcache store verify --store feats.zarr --repair",
+    "store rm": "fedcache store rm --stale --store feats.zarr",
+    "store export": "fedcache store export --store feats.zarr -d digits5-offline -b efficientnet-lite0 -o lite0.npz",
+    "store import": "fedcache store import mine.npz -d mydata -b my-encoder --store feats.zarr",
+}
+
+
+def _add_examples(group: typer.Typer, prefix: str = "") -> None:
+    for info in group.registered_commands:
+        name = prefix + (info.name or info.callback.__name__.replace("_", "-"))
+        if name in EXAMPLES:  # tests/test_cli.py fails a command without one
+            info.epilog = f"Example: {EXAMPLES[name]}"
+    for sub in group.registered_groups:
+        _add_examples(sub.typer_instance, f"{prefix}{sub.name} ")
+
+
+_add_examples(app)
+
+
+INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` stops
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks."""
+    logging.basicConfig(level=os.environ.get("FEDCACHE_LOG", "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
+    debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
+    try:
+        # Without standalone mode click returns typer.Exit codes (130 for Ctrl-C) instead of raising them.
+        code = app(args=argv, standalone_mode=False, prog_name="fedcache")
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        code = INTERRUPTED
+    except FedcacheError as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2 if isinstance(exc, ConfigError) else 1
+    code = code if isinstance(code, int) else 0
+    if code == INTERRUPTED:
+        err.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
+    return code
+
+
+def _console_script() -> None:
+    # The command line owns its process: SIGTERM (a job scheduler, `kill`) stops it like Ctrl-C, so grid
+    # workers are stopped and finished work kept, instead of the process vanishing mid-write.
+    signal.signal(signal.SIGTERM, _terminated)
+    sys.exit(main())
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,137 @@
+"""`fedcache store ...`: inspect, check, export and import the entries of a feature store."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from fedcache.cli.common import HELP_FLAGS, StoreOpt, _csv, console, err
+from fedcache.errors import ConfigError
+
+store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
+
+
+def _open_store(store: Path):
+    from fedcache.store.feature_store import FeatureStore
+
+    return FeatureStore(store, create=False)
+
+
+@store_app.command("ls")
+def store_ls(store: Path = StoreOpt) -> None:
+    """List the entries of a store (stale: superseded by a newer extraction of the same slot)."""
+    fs = _open_store(store)
+    infos = fs.entries()
+    current = {e.entry_id for e in fs.current(infos).values()}
+    table = Table(box=None)
+    table.add_column("id", no_wrap=True, min_width=16)
+    for col in ("dataset", "split", "domain", "backbone"):
+        table.add_column(col, overflow="fold")
+    for col in ("view", "rows", "dim", "status"):
+        table.add_column(col, no_wrap=True)
+    for e in infos:
+        k = {f: "?" for f in ("dataset", "split", "domain", "backbone", "view")} | e.key
+        name = str(k["backbone"]) + (" [yellow]RANDOM[/]" if e.random_weights else "")
+        table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
+                      str(e.dim), _status(fs, e, current))
+    console.print(table if infos else f"{store}: empty store")
+
+
+def _status(fs, e, current: set) -> str:
+    if e.damaged:
+        return "[red]damaged[/] (see `store verify`)"
+    if not e.complete:
+        done = fs.chunks_done(e)
+        return f"[yellow]partial {done[0]}/{done[1]}[/]" if done else "[red]damaged[/] (see `store verify`)"
+    return "complete" if e.entry_id in current else "[dim]stale[/]"
+
+
+@store_app.command("info")
+def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix is enough)."), store: Path = StoreOpt) -> None:
+    """Show an entry's full key and attributes."""
+    e = _open_store(store).info(entry)
+    damaged = {"damaged": e.damaged, "key": e.key} if e.damaged else {}
+    console.print_json(json.dumps({"entry_id": e.entry_id, **damaged, **e.attrs}, default=str))
+
+
+@store_app.command("verify")
+def store_verify(
+    repair: bool = typer.Option(False, help="Remove the damaged entries (then re-extract or re-import them)."),
+    store: Path = StoreOpt,
+) -> None:
+    """Check every entry against its checksums; name the damaged ones (exit 1 if any are left)."""
+    from rich.markup import escape
+
+    from fedcache.store.feature_store import ENTRIES, TEXT
+
+    fs = _open_store(store)
+    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e)) for e in fs.entries()]
+    checks += [(TEXT, eid, "text embeddings", *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
+    damaged = 0
+    for kind, eid, label, status, why in checks:
+        colour = {"ok": "green", "damaged": "red"}.get(status, "yellow")
+        console.print(f"{eid} {escape(label)}: [{colour}]{status}[/]" + (f" ({escape(why)})" if why else ""), highlight=False)
+        if status == "damaged" and repair:
+            fs.discard(eid, kind)
+            console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
+        damaged += status == "damaged" and not repair
+    if damaged:
+        err.print(f"[red]{damaged} damaged entries[/]: re-run the extraction (or import) that made each, which replaces "
+                  f"it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+        raise typer.Exit(1)
+
+
+@store_app.command("rm")
+def store_rm(
+    entries: List[str] = typer.Argument(None, help="Entry ids to remove."),
+    stale: bool = typer.Option(False, help="Remove every stale entry."),
+    store: Path = StoreOpt,
+) -> None:
+    """Remove entries (by id, or all stale ones)."""
+    fs = _open_store(store)
+    targets = list(entries or []) + ([e.entry_id for e in fs.stale()] if stale else [])
+    if not targets:
+        raise ConfigError("name entry ids to remove, or pass --stale")
+    for eid in targets:
+        info = fs.remove(eid)
+        console.print(f"removed {info.entry_id} ({info.key.get('dataset')}/{info.key.get('split')}/{info.key.get('domain')} {info.key.get('backbone')})")
+
+
+@store_app.command("export")
+def store_export(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
+    backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Backbone whose features to export (see `fedcache store ls`)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output file (.h5 or .npz)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="h5 or npz (default: from the file suffix)."),
+    splits: str = typer.Option("train,test", help="Comma-separated splits to export."),
+    store: Path = StoreOpt,
+) -> None:
+    """Export the features of a dataset and backbone to HDF5 or NPZ."""
+    from fedcache.store.interchange import export_tables
+
+    if not _csv(splits):
+        raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
+    fs = _open_store(store)
+    tables = {s: fs.read(dataset, s, backbone) for s in _csv(splits)}
+    fmt = fmt or {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix, "")
+    export_tables(tables, out, fmt)
+    console.print(f"wrote {out} ({', '.join(f'{s}: {len(t)} rows' for s, t in tables.items())})")
+
+
+@store_app.command("import")
+def store_import(
+    file: Path = typer.Argument(..., help="An .h5 or .npz file with features and labels (see docs/store.md)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Name to give the dataset in the store."),
+    backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Name to give the encoder in the store."),
+    split: Optional[str] = typer.Option(None, help="Split name, for a file with flat arrays."),
+    store: Path = StoreOpt,
+) -> None:
+    """Bring your own embeddings: import them as normal store entries."""
+    from fedcache.store.interchange import import_file
+
+    ids = import_file(store, file, dataset, backbone, split)
+    console.print(f"imported {len(ids)} entries as dataset {dataset!r}, backbone {backbone!r}")

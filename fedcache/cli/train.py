@@ -1,0 +1,139 @@
+"""The commands that train or prepare one run: `demo`, `train`, `partition`, and for a Flower deployment
+`shard` and `flower-app`. Their options (but demo's) are generated from fedcache/spec.py."""
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+from rich.table import Table
+
+from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console
+from fedcache.paths import writable_file
+from fedcache.spec import RunSpec, options
+
+
+def demo(
+    store: Path = StoreOpt,
+    backbones: str = typer.Option("efficientnet-lite0,efficientnet-lite1,efficientnet-lite2", "--backbones", "--backbone", "-b",
+                                  help="Backbones to extract and fuse (several: FedPCL's setting)."),
+    rounds: int = typer.Option(50, help="Federated rounds per method."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Where the runs and report.html go."),
+) -> None:
+    """The main job on the embedded default: extract digits5-offline, probe it, compare methods, write the report."""
+    from fedcache.demo import DATASET, run_demo
+
+    t0 = time.perf_counter()
+    with _progress() as progress:
+        res = run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
+    warn = " [yellow](RANDOM WEIGHTS)[/]" if res.random_weights else ""
+    fused = "+".join(b.removeprefix("efficientnet-") for b in res.backbones)
+    probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {fused} on {DATASET}{warn}")
+    for r in res.probes:
+        probe.add_row(r.domain, str(r.n_train), str(r.n_test), f"{r.accuracy:.1f}")
+    console.print(probe)
+    fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}")
+    for col in ("method", "acc % (std)", "global %", "params up/rnd", "bytes up/rnd", "sec"):
+        fed.add_column(col, no_wrap=True, min_width=max(len(col), 5))
+    for name, s in res.runs.items():
+        glob = f"{s['global_accuracy']:.2f}" if s.get("global_accuracy") is not None else "-"
+        fed.add_row(name, f"{s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})", glob, f"{s['params_up_per_round']:,}",
+                    f"{s['bytes_up'] // max(1, s['rounds']):,}", f"{s['seconds']:.1f}")
+    console.print(fed)
+    console.print(f"report: [bold]{res.report}[/]")
+    console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
+
+
+def train(**given) -> None:
+    """Federated rounds on cached features."""
+    spec = RunSpec.of(**given)
+    summary, how = ENGINES[spec.engine.name](spec)
+    console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""))
+
+
+def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
+    from fedcache.federate.train import check_out, resolve, train as run_train
+
+    resolve(spec)  # a bad --set, --preset or --out is reported before a progress bar is drawn
+    check_out(spec)
+    with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}")) as progress:
+        task = progress.add_task(f"{spec.method.name} rounds", total=spec.schedule.rounds, acc="")
+
+        def on_round(done: int, total: int, line: dict | None) -> None:
+            acc = f"acc {line['accuracy']:.1f}%" if line else ""
+            progress.update(task, completed=done, acc=acc)
+
+        return run_train(spec, on_round).summary, ""
+
+
+def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
+    from fedcache.flower.sim import train_flower_sim
+
+    return train_flower_sim(spec), " (Flower simulation)"
+
+
+ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}  # the names of spec.EngineSpec.name
+_signed(train, _spec_params(options()))
+
+
+def _result_line(s: dict) -> str:
+    glob = f", global {s['global_accuracy']:.2f}%" if s.get("global_accuracy") is not None else ""
+    rnd = " [yellow](RANDOM WEIGHTS)[/]" if s.get("random_weights") else ""
+    rnd += " [yellow](BYPASSED THE FEATURE CACHE: raw images)[/]" if s.get("bypasses_cache") else ""
+    return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
+            f"{s.get('params_up_per_client', 0):,.0f} params up per client per round ({s['params_up_per_round']:,} per round "
+            f"over the clients that sent), {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
+            f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
+
+
+PARTITION_OPTIONS = [*options("data", "partition"), next(o for o in options("schedule") if o.name == "seed")]
+
+
+def partition(plot: Optional[Path] = None, **given) -> None:
+    """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
+    from fedcache.federate.train import load_data
+
+    spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    if plot is not None:  # before the partition is made, not after
+        writable_file(Path(f"{plot}-bubbles.png"), "--plot")
+    data, info = load_data(spec)
+    sizes, tests = data.sizes(), [len(r) for r in data.client_test]
+    console.print(f"partition [bold]{info['partition_id']}[/] ({spec.partition.scheme}, {len(sizes)} clients): train sizes "
+                  f"{sizes.min()}-{sizes.max()} (total {sizes.sum()}), local test sizes {min(tests)}-{max(tests)}")
+    if plot is not None:
+        from fedcache.reports.partition_plots import plot_partition
+        from fedcache.federate.partitions import Partition, PartitionRequest
+
+        part = Partition(PartitionRequest.from_dict(info["request"]), data.client_train, data.client_test)
+        for path in plot_partition(part, data.y_train.numpy(), data.class_names, plot, data.train_domains, data.domain_names):
+            console.print(f"wrote {path}")
+
+
+_signed(partition, _spec_params(PARTITION_OPTIONS, backbones="Any extracted backbone (only labels and domains are used).",
+                               seed="Partition seed (use the run's --seed).")
+        + [inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                             default=typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."))])
+
+
+def shard(out: Path, **given) -> None:
+    """One self-contained feature store per client (only its rows) plus the server's, for a Flower deployment."""
+    from fedcache.flower.shard import describe, write_shards
+    from fedcache.flower.sim import shard_spec
+
+    spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    console.print(describe(write_shards(shard_spec(spec), out)))
+
+
+_signed(shard, _spec_params(PARTITION_OPTIONS, seed="Partition seed (use the run's --seed).")
+        + [inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path, default=typer.Option(
+            ..., "--out", "-o", help="New directory: client-000 ... client-<N-1> and server."))])
+
+
+def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower App (a pyproject.toml) that `flwr run` ships.")) -> None:
+    """Write the Flower App project of fedcache's generic ServerApp / ClientApp (see docs/deploy.md)."""
+    from fedcache.flower.project import write_app
+
+    console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
