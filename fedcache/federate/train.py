@@ -126,9 +126,23 @@ def _check_trackers(spec: RunSpec) -> None:
 def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
     """Everything before the first round: data, partition, method; returns the resolved config too."""
     r = resolve(spec)
+    warn_unused_options(spec, r)
     data, part_info = load_data(spec, tables, views=r.method_cls.uses_views)
     method = instantiate(r, data, spec.schedule)
     return method, _resolved(spec, method, r, part_info, data)
+
+
+def warn_unused_options(spec: RunSpec, r: Resolved) -> None:
+    """Run options a method without an optimizer never reads are said, not dropped. A warning, not an
+    error: a grid (e.g. FST-CBDG's, with clip-zs beside the trained methods) applies them to every method."""
+    if r.method_cls.uses_optimizer:
+        return
+    s, defaults = spec.schedule, type(spec.schedule)()
+    unused = [f"--{k.replace('_', '-')} {getattr(s, k)}" for k in ("local_epochs", "batch_size")
+              if getattr(s, k) != getattr(defaults, k)]
+    unused += [f"--preset {spec.optim.preset}"] if spec.optim.preset else []
+    if unused:
+        log.warning("%s trains nothing with an optimizer: %s not used", spec.method.name, ", ".join(unused))
 
 
 def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) -> tuple[FederatedData, dict]:

@@ -50,19 +50,33 @@ def method_cases():
             yield pytest.param(m, f.name, id=f"{m}.{f.name}")
 
 
+# A field the defaults do not use (Params.ignored()) is set together with what makes it used.
+ENABLERS = {"noise_scale": {"noise": "laplace"}, "perturb": {"noise": "laplace"}, "predict_with": {"noise": "laplace"},
+            "shots": {"anchors": "prototypes"}, "pad": {"visual": "pixel"}, "dataset": {"visual": "pixel"},
+            "data_root": {"visual": "pixel"}}
+
+
+def enablers(cls, field: str) -> dict[str, str]:
+    if field not in getattr(cls.Params(), "ignored", dict)():
+        return {}
+    assert field in ENABLERS, f"add to ENABLERS what makes {cls.name}'s {field} used"
+    return ENABLERS[field]
+
+
 @pytest.mark.parametrize("method,field", list(method_cases()))
 def test_every_method_setting_arrives(method, field, skewed):  # noqa: F811
     cls = METHODS.get(method)
     typ = fields_of(cls.Params)[field]
     text, value = other_value(field, typ, getattr(cls.Params(), field))
+    extra = enablers(cls, field)
     for key in (f"method.{field}", field):  # qualified always; short when no other owner has the name
         if key == field and field in fields_of(OptimConfig):
             continue
-        r = resolve_settings(method, [f"{key}={text}"])
+        r = resolve_settings(method, [f"{key}={text}", *(f"method.{k}={v}" for k, v in extra.items())])
         assert getattr(r.params, field) == value
-        assert {k: v for k, v in dataclasses.asdict(r.params).items() if k != field} == \
-            {k: v for k, v in dataclasses.asdict(cls.Params()).items() if k != field}
-    if method in NEEDS_CLIP or field in ("device", "weights", "anchors"):
+        assert {k: v for k, v in dataclasses.asdict(r.params).items() if k != field and k not in extra} == \
+            {k: v for k, v in dataclasses.asdict(cls.Params()).items() if k != field and k not in extra}
+    if method in NEEDS_CLIP or {field, *extra} & {"device", "weights", "anchors"}:
         return  # building these needs a CLIP tower, a GPU or labelled anchors: resolution is checked above
     ctx = MethodContext(skewed, r.head, r.optim)
     assert getattr(cls(ctx, r.params).p, field) == value
@@ -101,6 +115,40 @@ def test_unused_optimizer_settings_are_refused():
         resolve_settings("fedavg", ["optimizer=sgd", "eps=1e-6"])
     with pytest.raises(ConfigError, match="trains nothing"):
         resolve_settings("clip-zs", ["lr=0.1"])
+
+
+def unused_cases():
+    for m in METHODS.names():
+        params = METHODS.get(m).Params()
+        for field in getattr(params, "ignored", dict)():
+            yield pytest.param(m, field, id=f"{m}.{field}")
+
+
+@pytest.mark.parametrize("method,field", list(unused_cases()))
+def test_a_method_setting_the_defaults_do_not_use_is_refused_with_the_reason(method, field):
+    cls = METHODS.get(method)
+    text, _ = other_value(field, fields_of(cls.Params)[field], getattr(cls.Params(), field))
+    with pytest.raises(ConfigError, match=rf"{method} does not use method\.{field} \(.+\)"):
+        resolve_settings(method, [f"method.{field}={text}"])
+
+
+@pytest.mark.parametrize("method,unused,message,used", [
+    ("fedpcl", ["noise_scale=0.1"], "noise=none sends the clean", ["noise=gaussian", "noise_scale=0.1"]),
+    ("fedpcl", ["perturb=0.3"], "noise=none", ["noise=laplace", "perturb=0.3"]),
+    ("fedpcl", ["noise=laplace", "predict=global", "predict_with=clean"], "predict=global does not classify",
+     ["noise=laplace", "predict_with=clean"]),
+    ("fedpcl", ["loss=supcon", "contrast=batch"], "loss=supcon contrasts", ["contrast=batch"]),
+    ("fedpcl", ["prototypes=global", "local_reduce=mean"], "sum and mean are the same", ["local_reduce=mean"]),
+    ("fst-cbdg", ["losses=ist", "sigma=0.1"], "losses=ist draws no synthetic", ["losses=tsamp", "sigma=0.1"]),
+    ("fst-cbdg", ["shots=8"], "anchors=text builds", ["anchors=prototypes", "shots=8"]),
+    ("fst-cbdg", ["anchors=prototypes", "templates=ensemble"], "not from text templates", ["templates=ensemble"]),
+    ("tpfl", ["pad=20"], "visual=feature prompts", ["visual=pixel", "pad=20"]),
+    ("atpfl", ["data_root=/data"], "reads no images", ["visual=pixel", "data_root=/data"]),
+])
+def test_a_method_setting_the_configuration_does_not_use_is_refused(method, unused, message, used):
+    with pytest.raises(ConfigError, match=message):
+        resolve_settings(method, unused)
+    resolve_settings(method, used)  # the same value where something reads it
 
 
 @pytest.mark.parametrize("setting,message", [

@@ -168,3 +168,21 @@ def test_a_diverged_run_directory_offers_overwrite(store, tmp_path, capsys):
     assert main([*args, "--resume"]) == 2 and "--overwrite" in capsys.readouterr().err  # with the change
     assert main([*args, "--overwrite"]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3
+
+
+def test_run_options_a_method_without_an_optimizer_never_reads_are_said(store, caplog):
+    """linear-probe fits scikit-learn's probe: --local-epochs, --batch-size and --preset change nothing, and
+    a run that got them says so (a warning: grids apply them to every method)."""
+    import logging
+
+    from fedcache.federate.train import prepare
+
+    with caplog.at_level(logging.WARNING, logger="fedcache.federate.train"):
+        prepare(cfg(store, method="linear-probe", local_epochs=7, batch_size=8, preset="fst-cbdg"))
+    assert "linear-probe trains nothing with an optimizer: --local-epochs 7, --batch-size 8, --preset fst-cbdg not used" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedcache.federate.train"):
+        prepare(cfg(store, method="linear-probe"))
+        prepare(cfg(store, method="fedavg", local_epochs=7, preset="fst-cbdg"))
+    assert "not used" not in caplog.text

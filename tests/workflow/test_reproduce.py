@@ -100,3 +100,29 @@ def test_combined_presets_hold_every_table_and_number():
         assert len(whole.experiments) == sum(len(t.experiments) for t in tables)
         assert sorted(n.value for n in whole.paper) == sorted(n.value for t in tables for n in t.paper)
         assert len({e.key for e in whole.experiments}) == len(whole.experiments)  # no folder shared by two tables
+
+
+# fedpcl-table3 sweeps `alpha`, which perfedavg also owns (method.alpha): the grid refuses the ambiguous key.
+# Its presets belong to the `protocol` branch (partition.alpha fixes it); remove this entry when that is merged.
+_CELLS_REFUSED = {("fedpcl-table3", "office10"), ("fedpcl-table3", "domainnet-real")}
+
+
+def _experiments():
+    for name in ps.PRESETS.names():
+        for e in ps.PRESETS.get(name).experiments:
+            marks = [pytest.mark.xfail(strict=True, raises=ConfigError, reason="ambiguous alpha, branch protocol")] \
+                if (name, e.key) in _CELLS_REFUSED else []
+            yield pytest.param(name, e, id=f"{name}/{e.key}", marks=marks)
+
+
+@pytest.mark.parametrize("name,experiment", list(_experiments()))
+def test_every_preset_cell_resolves(name, experiment, tmp_path):
+    """Each cell's options and --set keys are ones its method accepts and uses (the check a grid makes
+    before any work): a preset cannot ask for a setting the method would refuse or ignore."""
+    from fedcache import sweep
+    from fedcache.api import grid_spec
+
+    e = experiment
+    spec = grid_spec(store=tmp_path / "none.zarr", dataset=e.store_dataset, backbones=list(e.backbones),
+                     methods=list(e.methods), sweep=dict(e.sweep), seeds=list(e.seeds), out=tmp_path / e.key)
+    sweep._check_cells(spec, sweep.cells(spec))

@@ -1,9 +1,11 @@
 """FedPCL (Tan et al., NeurIPS 2022): prototype-wise contrastive learning over fused frozen backbones.
 
 Each client trains a personal projection network on the concatenated embeddings of K frozen
-backbones; clients exchange only class prototypes. Defaults follow the paper's equations where the
-paper states them and the official code where it does not; every difference and the option restoring
-the other behaviour is in the table of docs/methods/fedpcl.md.
+backbones; clients exchange only class prototypes. Each default follows either the paper's equations or
+the official code, not one of them throughout: L_p is summed over clients as the code does where Eq. 9
+averages (``local_reduce``), and L_g is kept as the paper has it where the code drops it, so together
+they are neither source's loss. The table of docs/methods/fedpcl.md names every difference and the
+option restoring either behaviour.
 """
 from __future__ import annotations
 
@@ -44,6 +46,21 @@ class FedPCLParams:
     noise: Literal["none", "gaussian", "laplace"] = "none"  # Table 15: noise on uploaded prototypes
     noise_scale: NonNegative = 0.05  # s: std (gaussian) or scale (laplace) of e
     perturb: Fraction = 0.1  # p: sent = (1 - p) * prototype + noise
+
+    def ignored(self) -> dict[str, str]:
+        """Settings this configuration does not read: ``--set`` refuses them instead of dropping them."""
+        out = {}
+        if self.noise == "none":
+            why = "noise=none sends the clean prototypes; set noise=gaussian or noise=laplace"
+            out.update(noise_scale=why, perturb=why, predict_with=why + " (without noise sent and clean are the same)")
+        elif self.predict != "local":
+            out["predict_with"] = f"predict={self.predict} does not classify with the client's own prototypes"
+        if self.loss == "supcon":
+            why = "loss=supcon contrasts the batch's rows with each other, not with prototypes"
+            out.update(contrast=why, local_reduce=why)
+        elif self.prototypes == "global":
+            out["local_reduce"] = "prototypes=global contrasts with one prototype set, so sum and mean are the same"
+        return out
 
 
 # loss -> (the method the paper's row is, the row's name in the paper)

@@ -51,6 +51,19 @@ class FSTCBDGParams:
     # linear head's logits and gradients depend on (the same distribution, D/C times fewer numbers).
     synthetic: Literal["implicit", "explicit"] = "implicit"
 
+    def ignored(self) -> dict[str, str]:
+        """Settings this configuration does not read: ``--set`` refuses them instead of dropping them.
+        (lam = 0 switches L_tSamp off too, but a zero weight is a point of a sweep: not refused there.)"""
+        out = {}
+        if self.losses == "ist":
+            why = "losses=ist draws no synthetic instances (no L_tSamp)"
+            out.update({k: why for k in ("gamma", "sigma", "sampling", "tsamp_weight", "synthetic")})
+        if self.anchors == "text":
+            out["shots"] = "anchors=text builds the anchors from class names; shots counts rows for anchors=prototypes"
+        else:
+            out["templates"] = "anchors=prototypes builds the anchors from labelled rows, not from text templates"
+        return out
+
 
 def _refresh_batch(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
     lp.refresh_batch(s, torch.softmax(logits.detach(), -1), mask, m.p.beta)

@@ -30,6 +30,13 @@ class TPFLParams(PromptFLParams):
     dataset: str = ""  # visual=pixel: the dataset's registry name if the store names it differently
     data_root: str = ""  # visual=pixel: where the raw images are (as `fedcache extract --data-root`)
 
+    def ignored(self) -> dict[str, str]:
+        """Settings this configuration does not read: ``--set`` refuses them instead of dropping them."""
+        if self.visual == "pixel":
+            return {}
+        why = "visual=feature prompts the cached embedding; it reads no images (set visual=pixel to use it)"
+        return {"pad": why, "dataset": why, "data_root": why}
+
 
 def _feature(m: TPFL) -> CachedFeatures:
     return FeaturePrompt(m.ctx.data)

@@ -211,3 +211,17 @@ def test_local_simclr_contrasts_two_different_views(monkeypatch):
     pairs = list(zip(seen[::2], seen[1::2]))
     assert all(len(a) == 1 and len(b) == 1 and a != b for a, b in pairs)
     assert set().union(*seen) == {0.0, 1.0, 2.0}  # consecutive pairs cycle through every view
+
+
+def test_table1_preset_runs_the_official_local_simclr_protocol():
+    """The official README's local SimCLR: batch 1024, Adam 1e-3 with wd 1e-6, 200 local epochs in all,
+    6 clients all sampled (the preset's notes say so; this keeps them true)."""
+    from fedcache.presets import PRESETS
+
+    for e in PRESETS.get("flesd-table1").experiments:
+        s = e.sweep
+        assert (s["batch_size"], s["clients"], s["fraction"]) == (1024, 6, 1.0), e.key
+        assert s["rounds"] * s["local_epochs"] == 200, e.key
+        for method in e.methods:
+            o = resolve_settings(method, [], s.get("preset")).optim
+            assert (o.optimizer, o.lr, o.weight_decay) == ("adam", 1e-3, 1e-6), (e.key, method)
