@@ -74,7 +74,8 @@ FEDPCL_BASELINE_HEAD = {"head": "mlp"}
 # shift. fedcache's `class_budget` is that budget of training rows per class per client: 10 for feature & label
 # shift (floor(p_i * 10m)), DomainNet Real (a pool of 40m rows per class, a quarter of each client's rows train)
 # and MNIST-M (30m or 15m rows, a third or two thirds train). Caltech is the exception: see _t15.
-FEDPCL_LABEL_SHIFT = {"alpha": 1.0, "class_budget": 10}
+# Qualified: perfedavg has an `alpha` setting too, and a short key two owners share is refused.
+FEDPCL_LABEL_SHIFT = {"partition.alpha": 1.0, "class_budget": 10}
 # Feature & label shift tests every client on the first 100 rows per class of its domain's test split, whatever
 # classes it holds: local_test_mix=uniform with the default local_test of 1000 rows gives 100 per class of 10.
 FEDPCL_FEATURE_LABEL_SHIFT = {**FEDPCL_LABEL_SHIFT, "local_test_mix": "uniform"}

@@ -114,7 +114,8 @@ def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
     from fedcache.federate.partitions import PartitionRequest, make_partition
 
     s = experiment.sweep
-    opts = {k: s[k] for k in ("alpha", "few_shot", "subsample", "class_budget") if k in s}
+    opts = {k: s[k] for k in ("few_shot", "subsample", "class_budget") if k in s}
+    opts["alpha"] = _alpha(s)
     labels = np.repeat(np.arange(10), 500)
     test_labels = np.repeat(np.arange(10), 100)
     p = make_partition(PartitionRequest("dirichlet", s["clients"], seed=0, **opts), labels, None, test_labels, None)
@@ -160,7 +161,7 @@ def _protocol_experiments():
 @pytest.mark.parametrize("name, experiment, want", list(_protocol_experiments()))
 def test_presets_claiming_a_table_run_the_official_class_budget(name, experiment, want):
     s = experiment.sweep
-    assert (s["partition"], s.get("class_budget"), s.get("alpha")) == (*want, 1.0)
+    assert (s["partition"], s.get("class_budget"), _alpha(s)) == (*want, 1.0)
     assert "few_shot" not in s and "subsample" not in s
     if name == "fedpcl-fairness":  # MNIST-M alone, FedAvg 20 clients a round
         assert experiment.extract["domains"] == ["mnist-m"] and s["clients"] in (40, 80)
@@ -180,9 +181,14 @@ def test_feature_and_label_shift_presets_skew_labels_across_one_client_per_domai
 
     s = PRESETS.get("fedpcl-table11").experiments[0].sweep
     labels, domains = np.tile(np.repeat(np.arange(10), 200), 5), np.repeat(np.arange(5), 2000)
-    request = PartitionRequest(s["partition"], s["clients"], alpha=s["alpha"], class_budget=s["class_budget"])
+    request = PartitionRequest(s["partition"], s["clients"], alpha=_alpha(s), class_budget=s["class_budget"])
     p = make_partition(request, labels, domains, labels, domains)
     assert [np.unique(domains[r]).tolist() for r in p.train] == [[d] for d in range(5)]
     counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
     assert ((counts.sum(axis=0) > 45) & (counts.sum(axis=0) <= 50)).all()  # 10 x 5, each share floored
     assert counts.std(axis=0).mean() > 3, counts  # equal shares would give 0
+
+
+def _alpha(sweep: dict) -> float:
+    """A preset's Dirichlet alpha, under its short or its qualified key (presets with perfedavg must qualify it)."""
+    return sweep["partition.alpha"] if "partition.alpha" in sweep else sweep["alpha"]
