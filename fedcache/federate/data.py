@@ -62,6 +62,26 @@ def _positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, 
     return order[pos]
 
 
+def check_same_source(train: FeatureTable, test: FeatureTable) -> None:
+    """Train and test rows are scored by one model, so they need one width, one class list and one domain
+    list. Each split's entries are checked when written, but two `store import`s of one dataset (one per
+    split) can disagree: a model trained on 3 classes scored on test labels of 7 would be silently wrong."""
+    where = f"entries {', '.join(train.entry_ids[:2])} (train) and {', '.join(test.entry_ids[:2])} (test)"
+    fix = ("re-import (or re-extract) both splits from one encoder with the same 'classes' and 'domains', "
+           "or give the mismatched split another --dataset name")
+    if train.features.shape[1] != test.features.shape[1]:
+        raise StoreError(f"the training features are {train.features.shape[1]} wide but the test features "
+                         f"{test.features.shape[1]} ({where}): they come from different encoders; {fix}")
+    for what, a, b in (("classes", train.class_names, test.class_names), ("domains", train.domain_names, test.domain_names)):
+        if tuple(a) != tuple(b):
+            raise StoreError(f"the training and test splits name different {what} (train: {list(a)[:8]}, test: "
+                             f"{list(b)[:8]}; {where}); {fix}")
+    for split, t in (("training", train), ("test", test)):
+        if len(t) and (t.labels.min() < 0 or t.labels.max() >= len(t.class_names)):
+            raise StoreError(f"the {split} labels run from {t.labels.min()} to {t.labels.max()} but the dataset names "
+                             f"{len(t.class_names)} classes ({where}); {fix}")
+
+
 @dataclass
 class FederatedData:
     """Train/test tensors plus, per client, the rows it holds (train) and its local test rows."""
@@ -105,6 +125,7 @@ class FederatedData:
 
     @classmethod
     def from_tables(cls, train: FeatureTable, test: FeatureTable, client_train, client_test, **info) -> "FederatedData":
+        check_same_source(train, test)
         return cls(
             x_train=torch.from_numpy(np.ascontiguousarray(train.features, dtype=np.float32)),
             y_train=torch.from_numpy(train.labels.astype(np.int64)),

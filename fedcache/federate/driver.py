@@ -10,6 +10,7 @@ their uploads back (``Round``), and scores clients on their local test rows. The
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ from fedcache.federate.local import rng_for
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.metrics import summarize
 from fedcache.heads import Params
+
+log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
 
@@ -115,7 +118,7 @@ def run(method: Method, cfg: RunConfig, engine: Engine, on_round: RoundCallback 
     """The run: rounds from the start or from ``cfg.out``'s checkpoint, then the summary (written to
     ``summary.json`` with ``facts`` added, when ``cfg.out`` is set)."""
     state = initial_state(method, cfg, engine)
-    history = read_history(cfg.out, state.rnd) if cfg.resume else []
+    history = resumed_history(cfg, state.rnd) if cfg.resume else []
     engine.start(state)
     t0 = time.perf_counter() - state.seconds
     for rnd in range(state.rnd, cfg.rounds):
@@ -131,6 +134,18 @@ def run(method: Method, cfg: RunConfig, engine: Engine, on_round: RoundCallback 
     summary = run_summary(method, state, history, {**engine.facts(), **(facts or {})})
     _finish(cfg, summary)
     return RunResult(summary, history, state.server, state.clients)
+
+
+def resumed_history(cfg: RunConfig, upto: int) -> list[dict]:
+    """The metrics lines up to the checkpoint's round. Unreadable lines are dropped (a torn last line is
+    the round a crash interrupted, run again); a line of a round the checkpoint covers is not run again,
+    so its loss is said rather than left as a silent gap in the history and report."""
+    history = read_history(cfg.out, upto)
+    lost = sorted({r + 1 for r in range(upto) if evaluation_due(cfg, r)} - {line["round"] for line in history})
+    if lost:
+        log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
+                    "and report miss them: run it again with --overwrite to have them", Path(cfg.out) / METRICS, lost)
+    return history
 
 
 def sample_clients(method: Method, cfg: RunConfig, rnd: int) -> list[int]:

@@ -13,7 +13,7 @@ import torch
 
 from fedcache import __version__
 from fedcache.errors import ConfigError
-from fedcache.federate.data import FederatedData, load_fused, load_views
+from fedcache.federate.data import FederatedData, check_same_source, load_fused, load_views
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.checkpoints import CHECKPOINT, METRICS
 from fedcache.federate.driver import SUMMARY, RoundCallback, RunConfig, RunResult
@@ -150,6 +150,7 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
     d, validation = spec.data, spec.schedule.validation
     store = FeatureStore(d.store, create=False)
     train_t, test_t = tables or (load_fused(store, d.dataset, list(d.backbones), s) for s in ("train", "test"))
+    check_same_source(train_t, test_t)  # before a partition is made of them
     request = partition_request(spec, len(train_t.domain_names))
     keys = (table_keys(train_t), table_keys(test_t))
     partition = find_partition(store, d.dataset, request, *keys)

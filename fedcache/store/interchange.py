@@ -44,6 +44,8 @@ def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str) -> None
 
 def _check_writable(path: Path) -> None:
     parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"cannot write {path}: {parent} is a file, not a directory; choose another --out")
     if not parent.is_dir():
         raise ConfigError(f"cannot write {path}: the directory {parent} does not exist; create it or choose another --out")
     if not os.access(parent, os.W_OK):

@@ -245,6 +245,20 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(data, tmp_path):
     assert [json.loads(l)["round"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
+def test_a_metrics_line_the_checkpoint_covers_cannot_vanish_silently(data, tmp_path, caplog):
+    """A torn line after the checkpoint is re-run; one the checkpoint already covers (a damaged or edited
+    file: a middle line, or the last line of a finished run) is lost, and a resume says which rounds."""
+    run(make("fedavg", data), RunConfig(rounds=4, out=tmp_path))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:30]  # round 2's line torn in the middle of the file
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # and round 4's
+    with caplog.at_level("WARNING"):
+        resumed = run(make("fedavg", data), RunConfig(rounds=4, out=tmp_path, resume=True))
+    assert [l["round"] for l in resumed.history] == [1, 3]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "rounds [2, 4]" in warned[0] and "--overwrite" in warned[0]
+
+
 def test_train_loss_is_the_mean_local_step_loss(tmp_path):
     # One client, one step over all its rows: the recorded loss is the initial model's cross-entropy.
     data = synthetic(n_clients=2, per_client=20)

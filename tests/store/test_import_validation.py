@@ -16,6 +16,7 @@ from fedcache.cli import main
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.interchange import import_file
+from tests.test_paths import deny_writes_below
 
 N = 12
 
@@ -143,7 +144,7 @@ def test_non_hdf5_h5_and_object_arrays(tmp_path, store_path):
         import_file(FeatureStore(store_path), tmp_path / "o.npz", "m", "e", split="train")
 
 
-def test_export_into_a_missing_or_read_only_directory(tmp_path, store_path, capsys):
+def test_export_into_a_missing_or_read_only_directory(tmp_path, store_path, capsys, monkeypatch):
     path = save_npz(tmp_path / "ok.npz", good())
     import_file(FeatureStore(store_path), path, "mine", "enc", split="train")
     args = ["store", "export", "-d", "mine", "-b", "enc", "--splits", "train", "--store", str(store_path), "-o"]
@@ -151,11 +152,36 @@ def test_export_into_a_missing_or_read_only_directory(tmp_path, store_path, caps
     assert "does not exist" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "x.h5"), "--format", "npz"]) == 0
     assert (tmp_path / "x.h5").is_file() and not (tmp_path / "x.h5.npz").exists()  # written where asked
-    if os.geteuid() != 0:  # root writes anywhere
-        ro = tmp_path / "ro"
-        ro.mkdir(mode=0o500)
-        assert main([*args, str(ro / "out.npz")]) == 2
-        assert "not writable" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*args, str(tmp_path / "x.h5" / "out.npz")]) == 2  # a path below a file
+    assert "x.h5 is a file, not a directory" in capsys.readouterr().err
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    if os.access(ro, os.W_OK):  # root writes anywhere: answer as os.access would for a user
+        deny_writes_below(monkeypatch, ro)
+    assert main([*args, str(ro / "out.npz")]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def _import_split(tmp_path, store_path, split: str, arrays: dict, **meta) -> None:
+    path = save_npz(tmp_path / f"{split}.npz", arrays, **meta)
+    import_file(FeatureStore(store_path), path, "mine", "enc", split=split)
+
+
+@pytest.mark.parametrize("test_split, says", [
+    ({"features": np.ones((N, 3), np.float32)}, "training features are 4 wide but the test features 3"),
+    ({"labels": np.arange(N) % 7}, "name different classes"),
+    ({"domains": np.zeros(N, int)}, "name different domains"),
+], ids=["width", "classes", "domains"])
+def test_splits_imported_one_by_one_must_agree_before_training(test_split, says, tmp_path, store_path, capsys):
+    """Each split alone is a valid file, so import takes it; training on both is refused with one error
+    (it was a traceback for another width, and silently scored 3 classes against test labels of 7)."""
+    _import_split(tmp_path, store_path, "train", good())
+    _import_split(tmp_path, store_path, "test", {**good(), **test_split})
+    code = main(["train", "--store", str(store_path), "-d", "mine", "-b", "enc", "-m", "fedavg", "--clients", "2",
+                 "--rounds", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: " in err and says in err and "Traceback" not in err, err
 
 
 # ---- a bounded fuzz: any malformed file is a FedcacheError or a correct import --------------------------
