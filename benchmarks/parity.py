@@ -21,7 +21,7 @@ accuracies. Each seed times fedcache and the reference on the same data back to 
 which goes first); the speed ratio is fedcache's seconds over the reference's, whole 50-round runs with
 evaluation every round, data loading excluded.
 
-Usage: .venv/bin/python benchmarks/parity.py --store COPY_OF_digits5-demo.zarr [--seeds 3] [--rounds 50]
+Usage: .venv/bin/python benchmarks/parity.py --store parity.zarr (after `fedcache extract -d digits5-offline -b efficientnet-lite0 --store parity.zarr`) [--seeds 3] [--rounds 50]
        .venv/bin/python benchmarks/parity.py --tiny --out /tmp/parity.json   # smoke run on a synthetic store
 """
 from __future__ import annotations

@@ -128,15 +128,17 @@ def test_fedproto_sends_only_the_classes_a_client_holds(skewed):
     assert s["bytes_down"] == 5 * skewed.n_classes * (f * 4 + 8)
 
 
-def test_fedproto_last_epoch_prototypes_average_the_last_epochs_steps(skewed, monkeypatch):
+@pytest.mark.parametrize("local_protos,epochs_used", [("last-epoch", 1), ("every-epoch", 2)])
+def test_fedproto_epoch_prototypes_average_their_epochs_steps(skewed, monkeypatch, local_protos, epochs_used):
     """local_protos=last-epoch (the official code's): class means of the representations that the
-    training steps of each client's last local epoch produced, recomputed here from every step's."""
+    training steps of each client's last local epoch produced; every-epoch (PFLlib's): of every local
+    epoch's steps. Recomputed here from every step's."""
     from fedcache.federate.methods import fedproto
 
     steps = []
     add = fedproto.EpochSums.add
     monkeypatch.setattr(fedproto.EpochSums, "add", lambda self, s, z, y, mask: (steps.append((s, z, y, mask)), add(self, s, z, y, mask)))
-    m = make("fedproto", skewed, local_protos="last-epoch")  # 2 local epochs, batch 16, unequal clients
+    m = make("fedproto", skewed, local_protos=local_protos)  # 2 local epochs, batch 16, unequal clients
     clients = [0, 1, 2]
     down = {"protos": torch.zeros(1, 10, m.head.feature_dim), "counts": torch.zeros(1, 10)}  # as broadcast sends
     start = {n: t[clients] for n, t in m.init_clients(5).items()}
@@ -144,13 +146,16 @@ def test_fedproto_last_epoch_prototypes_average_the_last_epochs_steps(skewed, mo
     sizes = [len(skewed.client_train[k]) for k in clients]
     per_epoch = [-(-n // 16) for n in sizes]
     for i, k in enumerate(clients):
-        z = torch.cat([st[1][i][st[3][i]] for st in steps if per_epoch[i] <= st[0] < 2 * per_epoch[i]])
-        y = torch.cat([st[2][i][st[3][i]] for st in steps if per_epoch[i] <= st[0] < 2 * per_epoch[i]])
-        assert len(y) == sizes[i] and sorted(y.tolist()) == sorted(skewed.y_train[skewed.client_train[k]].tolist())
+        first = (2 - epochs_used) * per_epoch[i]
+        z = torch.cat([st[1][i][st[3][i]] for st in steps if first <= st[0] < 2 * per_epoch[i]])
+        y = torch.cat([st[2][i][st[3][i]] for st in steps if first <= st[0] < 2 * per_epoch[i]])
+        assert len(y) == epochs_used * sizes[i]
+        assert sorted(y.tolist()) == sorted(skewed.y_train[skewed.client_train[k]].tolist() * epochs_used)
         for c in y.unique().tolist():
             torch.testing.assert_close(result.uploads["protos"][i, c], z[y == c].mean(0))
     after = make("fedproto", skewed).local_update(0, clients, down, start)
-    torch.testing.assert_close(result.uploads["counts"], after.uploads["counts"])
+    if epochs_used == 1:
+        torch.testing.assert_close(result.uploads["counts"], after.uploads["counts"])
     assert not torch.allclose(result.uploads["protos"], after.uploads["protos"])  # train mode, moving weights
 
 
