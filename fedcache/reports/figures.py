@@ -71,6 +71,11 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
         ax.set_visible(False)
     for ax in axes[:, 1:].flat:  # the y axis is shared: labelled once per row
         ax.set_ylabel("")
+    if rows > 1:  # once for the figure: a label as long as two panels are tall ran into the next row's
+        text = axes[0, 0].get_ylabel()
+        for ax in axes[:, 0]:
+            ax.set_ylabel("")
+        fig.supylabel(text, fontsize=10)
     handles = [h for ax in axes.flat for h in ax.get_legend_handles_labels()[0]]
     names = [n for ax in axes.flat for n in ax.get_legend_handles_labels()[1]]
     unique = dict(zip(names, handles))
