@@ -73,7 +73,7 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
                                                for p, b in zip(runs["processes"], runs["batched"])]
     out["batched_over_processes_cells_per_minute"] = round(out["batched"]["cells_per_minute"] / out["processes"]["cells_per_minute"], 2)
-    # The batched engine trains in this process; the process engine's runs in its worker processes.
+    # Worker processes: the process engine's runs, and the batched engine's batches when --jobs > 1 and several.
     out["peak_rss_mb_of_this_process"] = _peak_mb(resource.RUSAGE_SELF)
     out["peak_rss_mb_of_a_worker_process"] = _peak_mb(resource.RUSAGE_CHILDREN)
     return out

@@ -436,8 +436,8 @@ def _execute(spec: GridSpec, todo: list[Cell], folder: Path) -> Iterator[tuple[C
 
 
 def _in_workers(spec: GridSpec, tasks: list[tuple[Callable, tuple]]) -> Iterator:
-    """Each task's result (a (cell, row), or a list of them: flattened) as it finishes, from ``spec.jobs``
-    worker processes of one torch thread each."""
+    """Each task's (cell, row) pairs as the task finishes, from ``spec.jobs`` worker processes of one torch
+    thread each."""
     import multiprocessing
 
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
@@ -447,8 +447,7 @@ def _in_workers(spec: GridSpec, tasks: list[tuple[Callable, tuple]]) -> Iterator
     try:
         futures = [pool.submit(fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
-            result = fut.result()
-            yield from result if isinstance(result, list) else [result]
+            yield from fut.result()
     except BrokenProcessPool:
         raise FedcacheError(
             "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
@@ -492,8 +491,8 @@ def _tables(folder: Path):
     return _TABLES[key]
 
 
-def _worker(spec: GridSpec, c: Cell, folder: Path) -> tuple[Cell, dict]:
-    return c, run_cell(spec, c, _tables(folder))
+def _worker(spec: GridSpec, c: Cell, folder: Path) -> list[tuple[Cell, dict]]:
+    return [(c, run_cell(spec, c, _tables(folder)))]
 
 
 def run_cell(spec: GridSpec, c: Cell, tables) -> dict:

@@ -119,3 +119,15 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
          seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1)
     assert_same_cells(outs[1], tmp_path / "singles")
     assert not (outs[2] / "batches").exists() and not (tmp_path / "singles" / "batches").exists()
+
+
+def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store, tmp_path, monkeypatch):
+    """Batches finish side by side in workers: one that removed the emptied batches/ folder itself raced
+    another doing the same (FileNotFoundError). Only the grid, after every batch, removes it."""
+    from fedcache import sweep
+
+    monkeypatch.setattr(sweep, "_remove_if_empty", lambda path: None)
+    out = tmp_path / "g"
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
+         sweep={"partition": "iid", "clients": 2, "rounds": 1}, out=out, engine="batched", jobs=1)
+    assert (out / "batches").is_dir() and not any((out / "batches").iterdir())
