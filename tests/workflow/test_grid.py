@@ -272,6 +272,15 @@ def _wait_for(proc, ready, seconds=120):
         time.sleep(0.2)
 
 
+def _wait_for_exit(workers, seconds=5.0):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)]
+
+
 def _kill_tree(proc):
     import os
     import signal
@@ -301,7 +310,7 @@ def test_a_stopped_parallel_grid_keeps_finished_cells_and_resumes_the_others(toy
     finally:
         _kill_tree(proc)
     assert proc.returncode == 130 and "Traceback" not in err and "re-run the same command to resume" in err, err
-    assert not [w for w in workers if _alive(w)]
+    _wait_for_exit(workers)  # the bound: the workers are gone within a few seconds of the parent
     assert len(finished()) == 2 and len(started()) == 2
     assert not list((out / "cells").glob("*rounds=100000*/summary.json"))
 
