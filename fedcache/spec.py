@@ -104,15 +104,15 @@ class PartitionSpec(Section):
     # keeps it equal to the registry, and values are checked against the registry itself.
     scheme: str = opt("iid", name="partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
     clients: PositiveInt | None = opt(None, help="Number of clients (default: one per domain for domain partitions, else 10).")
-    alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet).")
-    shards: PositiveInt | None = opt(None, help="Shards per client (shards).")
+    alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet; default 0.5).")
+    shards: PositiveInt | None = opt(None, help="Shards per client (shards; default 2).")
     few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
     class_budget: PositiveInt | None = opt(
         None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
                    "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
                    "FedPCL's protocol; default: every row.")
     subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
-    clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions).")
+    clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions; default: clients / domains).")
     classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
     repeat_rate: Rate = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
     local_test: PositiveInt = opt(1000, help="Max local test samples per client.")

@@ -92,6 +92,15 @@ def _result_line(s: dict) -> str:
 PARTITION_OPTIONS = [*options("data", "partition"), next(o for o in options("schedule") if o.name == "seed")]
 
 
+def _scheme_line(effective: dict) -> str:
+    """``dirichlet alpha 0.5``: the scheme with its own options as they ran (the defaults filled in)."""
+    from fedcache.federate.partitions.core import COMMON_OPTIONS
+
+    own = [f"{k.replace('_', '-')} {v}" for k, v in effective.items()
+           if k not in COMMON_OPTIONS and k != "min_size" and v is not None]
+    return " ".join([effective["scheme"], *own])
+
+
 def partition(plot: Optional[Path] = None, **given) -> None:
     """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
     from fedcache.federate.train import load_data
@@ -101,7 +110,7 @@ def partition(plot: Optional[Path] = None, **given) -> None:
         writable_file(Path(f"{plot}-bubbles.png"), "--plot")
     data, info = load_data(spec)
     sizes, tests = data.sizes(), [len(r) for r in data.client_test]
-    console.print(f"partition [bold]{info['partition_id']}[/] ({spec.partition.scheme}, {len(sizes)} clients): train sizes "
+    console.print(f"partition [bold]{info['partition_id']}[/] ({_scheme_line(info['effective'])}, {len(sizes)} clients): train sizes "
                   f"{sizes.min()}-{sizes.max()} (total {sizes.sum()}), local test sizes {min(tests)}-{max(tests)}")
     if plot is not None:
         from fedcache.reports.partition_plots import plot_partition

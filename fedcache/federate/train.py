@@ -157,7 +157,8 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
     if partition is None:
         partition = make_partition(request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
     pid = save_partition(store, d.dataset, partition, *keys)
-    info = {"partition_id": pid, "request": request.to_dict(), "entries": list(train_t.entry_ids + test_t.entry_ids),
+    info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
+            "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if validation else "test split"}
     if validation:
         data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec))

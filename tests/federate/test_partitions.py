@@ -457,3 +457,31 @@ def test_partition_ids_of_requests_without_the_later_options_are_unchanged():
     budget = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, class_budget=10)
     uniform = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, local_test_mix="uniform")
     assert len({partition_id(r, "abc") for r in (request, budget, uniform)}) == 3
+
+
+@pytest.mark.parametrize("scheme,given,expected", [
+    ("dirichlet", {}, {"alpha": 0.5}),
+    ("dirichlet", {"alpha": 0.1}, {"alpha": 0.1}),
+    ("shards", {}, {"shards": 2}),
+    ("domain", {}, {"clients_per_domain": 2}),
+    ("domain-dirichlet", {"clients_per_domain": 1}, {"alpha": 0.5, "clients_per_domain": 1}),
+])
+def test_effective_options_fill_the_scheme_defaults_the_partition_ran_with(scheme, given, expected):
+    """config.json records what ran: an unset alpha is the scheme's 0.5, not null (the request keeps None
+    so that its id is unchanged); options the scheme does not read are not recorded as if they were."""
+    from fedcache.federate.partitions.core import PartitionRequest, partition_id
+
+    request = PartitionRequest(scheme, 4, **given)
+    effective = request.effective(n_domains=2)
+    assert {k: effective[k] for k in expected} == expected
+    assert "shards" not in effective or scheme == "shards"
+    assert "alpha" not in effective or "dirichlet" in scheme
+    assert partition_id(request, "x") == partition_id(PartitionRequest(scheme, 4, **given), "x")
+
+
+def test_the_documented_scheme_defaults_are_the_ones_used():
+    from fedcache.federate.partitions.core import DEFAULT_ALPHA, DEFAULT_SHARDS
+    from fedcache.spec import option
+
+    assert f"default {DEFAULT_ALPHA}" in option("alpha").help
+    assert f"default {DEFAULT_SHARDS}" in option("shards").help

@@ -41,6 +41,7 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["resolved"]["optimizer"]["lr"] == 0.01 and config["resolved"]["optimizer"]["optimizer"] == "adam"
     assert config["partition"]["request"]["scheme"] == "domain" and config["data"]["client_train_sizes"] == [30, 30]
+    assert config["partition"]["effective"]["clients_per_domain"] == 1  # what ran, where the request says null
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [l["round"] for l in lines] == [1, 2, 3] and len(lines[0]["per_client"]) == 2
     summary = json.loads((out / "summary.json").read_text())

@@ -123,6 +123,15 @@ class PartitionRequest:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def effective(self, n_domains: int) -> dict:
+        """What the scheme ran with: the options it reads, an unset one as the scheme's default (the
+        request keeps ``None`` so that partition ids stay stable; config.json records this as well)."""
+        defaults = {"alpha": DEFAULT_ALPHA, "shards": DEFAULT_SHARDS,
+                    "clients_per_domain": self.n_clients // max(n_domains, 1)}
+        reads = COMMON_OPTIONS | PARTITIONERS.get(self.scheme).options
+        given = {k: v for k, v in self.to_dict().items() if k in reads}
+        return {k: defaults[k] if v is None and k in defaults else v for k, v in given.items()}
+
     @classmethod
     def from_dict(cls, d: dict) -> "PartitionRequest":
         return cls(**d)
