@@ -130,17 +130,20 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
 
 def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
-    from fedcache.sweep import GridSpec, load_toml, parse_sweep
+    from fedcache.sweep import GridSpec, load_toml, option_axes, parse_sweep
 
     fields = load_toml(Path(config)) if config else {}
     settings = given.pop("settings", None)
     sweep = given.pop("sweep", None)
+    flags = given.pop("option_axes", None)  # the CLI's run-option flags: unambiguous by how they were given
     fields.update({k: v for k, v in given.items() if v is not None})
+    fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
         fields["sweep"] = {**fields.get("sweep", {}), **parse_sweep(list(settings))}
     if sweep:
         fields["sweep"] = {**fields.get("sweep", {}), **{k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}}
-    fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
+    if flags:
+        fields["sweep"] = {**fields.get("sweep", {}), **option_axes(flags, fields["methods"] or [])}
     missing = [k for k in ("store", "dataset", "backbones", "methods", "out") if not fields.get(k)]
     if missing:
         flags = {"methods": "--method", "backbones": "--backbones"}

@@ -164,15 +164,30 @@ def _is_run_option(key: str, method: str) -> bool:
         return False
     if "." in key:
         return True
-    from fedcache.federate.methods import METHODS
-    from fedcache.federate.optim_config import OptimConfig
-    from fedcache.federate.settings import fields_of
-
-    owners = [g for g, cls in (("method", METHODS.get(method).Params), ("optim", OptimConfig)) if key in fields_of(cls)]
+    owners = setting_owners(key, method)
     if owners:
         raise ConfigError(f"--set {key} is ambiguous: it is the run option {option(key).key} and a setting of "
                           f"{method} ({owners[0]}.{key}); write {option(key).key}=... or {owners[0]}.{key}=...")
     return True
+
+
+def setting_owners(key: str, method: str) -> list[str]:
+    """``["method"]`` where ``method``'s parameters have a ``key`` setting, ``"optim"`` where the optimizer has."""
+    from fedcache.federate.methods import METHODS
+    from fedcache.federate.optim_config import OptimConfig
+    from fedcache.federate.settings import fields_of
+
+    return [g for g, cls in (("method", METHODS.get(method).Params), ("optim", OptimConfig)) if key in fields_of(cls)]
+
+
+def option_axes(given: dict[str, list], methods: list[str]) -> dict[str, list]:
+    """Axes given as run-option flags (``grid --alpha 0.1,1``): a flag names its option even where a method
+    of the grid has a setting of the same name (perfedavg's ``alpha``), so it is qualified there
+    (``partition.alpha``) instead of refused as ambiguous; elsewhere it keeps its short name."""
+    def key(name: str) -> str:
+        return option(name).key if any(setting_owners(name, m) for m in methods) else name
+
+    return {key(name): values for name, values in given.items()}
 
 
 # ---- shared features -----------------------------------------------------------------------

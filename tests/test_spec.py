@@ -251,3 +251,28 @@ def test_a_run_with_a_class_budget_records_it_and_tests_every_class(toy_store, t
     assert config["spec"]["partition"]["class_budget"] == 5
     assert sum(config["data"]["client_train_sizes"]) <= 30  # 5 x 2 clients x 3 classes, each share floored
     assert config["data"]["client_test_sizes"] == [12, 12]  # every class of its domain, 4 rows each
+
+
+def test_a_run_option_flag_of_grid_is_that_option_even_where_a_method_has_a_setting_of_its_name(tmp_path):
+    """`grid -m perfedavg,fedavg --alpha 1` (the documented FedPCL comparison) was refused: the flag became the
+    short key `alpha`, which perfedavg's own alpha makes ambiguous. A flag names the run option: it reaches
+    the partition, perfedavg's alpha stays its default, and grids without such a method keep the short key."""
+    from fedcache.api import grid_spec
+    from fedcache.sweep import cells, train_config
+
+    common = dict(store=tmp_path, dataset="d", backbones="b", out=tmp_path / "g", option_axes={"alpha": ["1", "0.1"]})
+    grid = grid_spec(methods="perfedavg,fedavg", **common)
+    assert list(grid.sweep) == ["partition.alpha"]
+    specs = [train_config(grid, c, None) for c in cells(grid)]
+    assert sorted({s.partition.alpha for s in specs}) == [0.1, 1.0] and all(s.method.settings == () for s in specs)
+    assert list(grid_spec(methods="fedavg", **common).sweep) == ["alpha"]  # unchanged: grids already run keep their keys
+    with pytest.raises(ConfigError, match="alpha is ambiguous"):  # `--set alpha=` (or the API's sweep) stays a question
+        train_config(*(lambda g: (g, cells(g)[0]))(grid_spec(methods="perfedavg", store=tmp_path, dataset="d",
+                                                               backbones="b", out=tmp_path / "h", settings=["alpha=1"])), None)
+
+
+def test_a_qualified_partition_key_splits_report_panels_like_its_short_name():
+    from fedcache.reports.layout import is_panel_key
+
+    assert is_panel_key("alpha") and is_panel_key("partition.alpha") and is_panel_key("clients")
+    assert not is_panel_key("lr") and not is_panel_key("method.alpha") and not is_panel_key("optim.momentum")

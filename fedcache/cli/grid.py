@@ -40,7 +40,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
             for name, value in train_options.items() if value is not None}
     spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
-                     settings=settings, sweep=axes or None, seeds=_csv(seeds) if seeds else None,
+                     settings=settings, option_axes=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
                      keep_checkpoints=how["keep_checkpoints"], **engine)
     trained = []

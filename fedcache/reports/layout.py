@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from fedcache.reports.runs import Group
+from fedcache.spec import is_option, option
 
 # Settings that change the data a method sees: comparisons across them are not like for like.
 PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
@@ -19,6 +20,12 @@ PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "
 MAX_LABEL = 40  # characters; a longer legend entry is cut with an ellipsis
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = (None, "o", "s", "^", "v", "D")
+
+
+def is_panel_key(key: str) -> bool:
+    """``alpha`` and its qualified spelling ``partition.alpha`` (a grid with perfedavg, whose own ``alpha``
+    makes the short key ambiguous) split the figures alike."""
+    return key in PANEL_KEYS or (is_option(key) and option(key).name in PANEL_KEYS)
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class Layout:
         varying = [k for k, vs in values.items() if len(vs) > 1 or any(k not in g.setting for g in groups)]
         fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
         splits = {"validation" if g.runs[0].option("validation") else "test" for g in groups}
-        return cls(fixed, tuple(k for k in varying if k in PANEL_KEYS), tuple(k for k in varying if k not in PANEL_KEYS),
+        return cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
                    tuple(dict.fromkeys(g.method for g in groups)), " and ".join(sorted(splits)))
 
     def panel(self, g: Group) -> tuple[tuple[str, str], ...]:
