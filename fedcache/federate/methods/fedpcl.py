@@ -57,7 +57,9 @@ class FedPCLParams:
             out["predict_with"] = f"predict={self.predict} does not classify with the client's own prototypes"
         if self.loss == "supcon":
             why = "loss=supcon contrasts the batch's rows with each other, not with prototypes"
-            out.update(contrast=why, local_reduce=why)
+            out.update(contrast=why, local_reduce=why, prototypes=why)
+            if self.predict != "global":  # nothing else reads the global prototypes
+                out["aggregation"] = why + f", and predict={self.predict} does not use the global ones"
         elif self.prototypes == "global":
             out["local_reduce"] = "prototypes=global contrasts with one prototype set, so sum and mean are the same"
         return out
