@@ -457,3 +457,14 @@ def test_partition_ids_of_requests_without_the_later_options_are_unchanged():
     budget = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, class_budget=10)
     uniform = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, local_test_mix="uniform")
     assert len({partition_id(r, "abc") for r in (request, budget, uniform)}) == 3
+
+
+def test_uniform_local_test_mix_keeps_every_row_of_a_class_under_its_quota():
+    # FedPCL's feature & label shift tests on the first 100 rows per class: on a domain whose test split holds
+    # fewer than local_test rows (Office-10's), every class under 100 rows is tested whole, not cut to a tenth
+    # of the split (which took 20 of a 40-row class here).
+    sizes = [30, 25, 20, 15, 10, 40, 35, 5, 8, 120]
+    test_labels = np.concatenate([np.full(n, c) for c, n in enumerate(sizes)])
+    got = local_test_sets([np.arange(10)], np.arange(10), np.zeros(10, np.int64), test_labels,
+                          np.zeros_like(test_labels), 1000, np.random.default_rng(0), mix="uniform")[0]
+    assert np.bincount(test_labels[got], minlength=10).tolist() == [min(n, 100) for n in sizes]
