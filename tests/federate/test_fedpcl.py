@@ -279,3 +279,9 @@ def test_first_round_ce_trains_the_projection_and_the_classifier():
     res = _first_round(data, first_round="ce")
     for key in ("proj.weight", "cls.weight"):
         assert not torch.allclose(res.states[key], init[key]), key
+
+
+def test_table2_preset_tests_on_the_official_200_rows_per_class():
+    # lib/utils.py prepare_data_digits: idx_k[0:200] of each class of the client's domain's test split.
+    for e in PRESETS.get("fedpcl-table2").experiments:
+        assert (e.sweep["partition"], e.sweep["few_shot"], e.sweep["local_test"]) == ("domain", 10, 2000), e.key
