@@ -285,3 +285,18 @@ def test_table2_preset_tests_on_the_official_200_rows_per_class():
     # lib/utils.py prepare_data_digits: idx_k[0:200] of each class of the client's domain's test split.
     for e in PRESETS.get("fedpcl-table2").experiments:
         assert (e.sweep["partition"], e.sweep["few_shot"], e.sweep["local_test"]) == ("domain", 10, 2000), e.key
+
+
+def test_first_round_decay_moves_every_weight_by_adams_decay_steps_alone():
+    # The official round 1: loss 0 (no prototypes yet), yet Adam(weight_decay=1e-4) steps; its gradient is
+    # wd * w alone, so each of the round's steps moves a weight by about lr * sign(w) towards 0 (Adam divides
+    # the gradient by its own size). 60 rows in batches of 32: 2 steps of lr 1e-3.
+    data = synthetic()
+    init = {n: t[[0, 1]] for n, t in fedpcl(data).init_clients(5).items()}
+    res = _first_round(data, first_round="decay")
+    for key in ("proj.weight", "proj.bias", "cls.weight"):
+        w0, w1 = init[key], res.states[key]
+        big = w0.abs() > 5e-3
+        assert big.float().mean() > 0.5, key
+        torch.testing.assert_close((w0 - w1)[big], 2e-3 * w0.sign()[big], rtol=0.05, atol=0.0)
+    torch.testing.assert_close(res.uploads["count"], _first_round(data).uploads["count"])
