@@ -73,7 +73,8 @@ FEDPCL_BASELINE_HEAD = {"head": "mlp"}
 # clients and client i takes about p_i * budget * m rows of class k, from its own domain under feature & label
 # shift. fedcache's `class_budget` is that budget of training rows per class per client: 10 for feature & label
 # shift (floor(p_i * 10m)), DomainNet Real (a pool of 40m rows per class, a quarter of each client's rows train)
-# and MNIST-M (30m or 15m rows, a third or two thirds train). Caltech is the exception: see _t15.
+# and MNIST-M (30m or 15m rows, a third or two thirds train; but with 40 or 80 clients the pool exceeds the ~900 rows
+# per class of MNIST-M's test file, so the code's clients train on about 7.5). Caltech is the exception: see _t15.
 # Qualified: perfedavg has an `alpha` setting too, and a short key two owners share is refused.
 FEDPCL_LABEL_SHIFT = {"partition.alpha": 1.0, "class_budget": 10}
 # Feature & label shift tests every client on the first 100 rows per class of its domain's test split, whatever
@@ -109,7 +110,8 @@ def _numbers(experiment: str, rows: dict[str, tuple[float, ...]], columns: tuple
 
 
 # ---- FedPCL Table 2: feature shift, Digit-5, one client per domain, 10 images per class ----------------------
-_t2 = dict(partition="domain", clients=5, few_shot=10, **FEDPCL_TRAIN)
+# The official prepare_data_digits tests each client on the first 200 rows per class of its domain's test split.
+_t2 = dict(partition="domain", clients=5, few_shot=10, local_test=2000, **FEDPCL_TRAIN)
 PRESETS.add("fedpcl-table2", Preset(
     "fedpcl-table2", "FedPCL Table 2 (feature shift, Digit-5, average over clients)", FEDPCL_FILE,
     (*_fedpcl_grids("single", "digit5", FEDPCL_BACKBONES[:1], _t2),
@@ -118,7 +120,9 @@ PRESETS.add("fedpcl-table2", Preset(
                                      "FedProto": (51.93,), "Solo": (42.88,), "Ours (FedPCL)": (52.83,)}, ("s, Avg",))
           + _fedpcl_numbers("multi", {"FedAvg": (46.83,), "pFedMe": (42.78,), "PerFedAvg": (39.30,), "FedRep": (49.61,),
                                       "FedProto": (54.71,), "Solo": (48.37,), "Ours (FedPCL)": (55.34,)}, ("m, Avg",))),
-    "The single-backbone rows use the QuickDraw ResNet18 (paper A.1.3), resnet18-quickdraw. The baselines train "
+    "The single-backbone rows use the QuickDraw ResNet18 (paper A.1.3), resnet18-quickdraw. Each client tests on "
+    "up to 200 rows per class of its domain's test split (local_test=2000), as the official prepare_data_digits "
+    "does (its first 200; here drawn at random). The baselines train "
     "the paper's head FC-ReLU-BN-FC (mlp, Table 7) in the grids single and multi, FedPCL its projection head in "
     "single-fedpcl and multi-fedpcl. Rounds: 100 for every method (the paper trains to convergence; the official "
     "scripts: FedAvg 200, Solo 100, FedPCL 50-200 by table). The ResNet18 Meta-Dataset checkpoints are not public "
@@ -151,7 +155,7 @@ PRESETS.add("fedpcl-table3", Preset(
     "where the official code tests on the rest of each client's pool (the same mix, rows of the training split); "
     "rows are drawn at random, not the first ones in file order. The baselines train the paper's head "
     "(mlp, Table 7) in the grids office10 and domainnet-real, FedPCL its projection head in <key>-fedpcl. "
-    "Rounds: 100 for every method (the official scripts: FedAvg 200, Solo 100, FedPCL 50-200 by table). FedRep runs the paper's E = 1 as 1 classifier epoch + 1 body epoch (its own default "
+    "Rounds: 100 for every method (the official scripts: FedAvg 200, 300 on DomainNet, Solo 100, FedPCL 100 on Office, 200 on DomainNet). FedRep runs the paper's E = 1 as 1 classifier epoch + 1 body epoch (its own default "
     "is 10 + 1), in the grids office10-fedrep and domainnet-real-fedrep."
     " pFedMe and Per-FedAvg take their own papers' update (plain SGD outer step, uniform averaging; docs/methods/pfedme.md and perfedavg.md), where FedPCL states Adam 1e-3 for every method.",
 ))
@@ -193,7 +197,9 @@ PRESETS.add("fedpcl-fairness", Preset(
     "Fig. 2): every client holds MNIST-M (Digit-5's mnist-m domain, extracted under the name digit5-mnist-m); per "
     "class, p ~ Dir(1) over the n clients and client i trains on about p_i * 10n rows of the class (class_budget=10: "
     "the official pool of 30n rows for 40 clients, 15n for 80, of which a third, or two thirds, train). Remaining "
-    "differences (docs/methods/fedpcl.md): the official code draws its pool, train and test rows alike, from "
+    "differences (docs/methods/fedpcl.md): that pool (1,200 rows per class) is more than MNIST-M's test file holds "
+    "(about 900 per class), so the official clients train on about 7.5 rows per class and test on about 150 (40 "
+    "clients) or 37 (80) rows, with a fair-share cap on the Dirichlet shares that binds there; the official code draws its pool, train and test rows alike, from "
     "MNIST-M's test file and caps the pool at what that file holds per class; fedcache trains on the training split "
     "and tests on the test split with each client's class mix (at most local_test rows), where the official test "
     "rows are the rest of the client's pool. FedAvg trains the paper's head (mlp, Table 7) and samples 20 clients "
@@ -269,7 +275,8 @@ PRESETS.add("fedpcl-table15", Preset(
     "office-caltech10-caltech. Label shift as the official code has it (prepare_data_caltech_noniid): per class, "
     "p ~ Dir(1) over the 5 clients and client i trains on about p_i * 45 rows of the class (class_budget=9: the "
     "paper's Table 9 holds 448 rows in all; the official pool of 150 rows per class exceeds most Caltech classes, "
-    "so there the training rows follow the class sizes, here every class gets 45 where it has them). Test rows: "
+    "so there the training rows follow the class sizes, here every class gets 45 where it has them, and the "
+    "official Dirichlet shares are capped at a fair share of the file, which binds there). Test rows: "
     "the test split with each client's class mix, where the official code tests on the other half of the client's "
     "pool. Image noise is added to ImageNet-normalised pixels, not to [0, 1] pixels as the official code does "
     "(so s = 0.2 is weaker here, and (1 - p) x shrinks towards the mean instead of darkening), and the prototypes "

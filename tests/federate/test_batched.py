@@ -140,6 +140,7 @@ VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "p
             ("fst-cbdg", {"refresh": "batch", "synthetic": "explicit"}),
             ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5}),
             ("fedpcl", {"contrast": "batch", "first_round": "ce"}),
+            ("fedpcl", {"first_round": "decay"}),
             ("fedpcl", {"prototypes": "local", "noise": "gaussian", "predict_with": "clean"}),
             ("fedpcl", {"prototypes": "global", "local_reduce": "mean", "ce_weight": 0.5, "predict": "global"}),
             ("fedpcl", {"loss": "supcon", "noise": "laplace", "aggregation": "mean", "predict": "classifier"})]

@@ -223,3 +223,80 @@ def test_settings_out_of_range_are_refused_before_training(setting, message):
 
     with pytest.raises(ConfigError, match=message):
         resolve_settings("fedpcl", [setting])
+
+
+def test_a_row_whose_class_no_set_holds_adds_nothing():
+    # With --fraction < 1 a client sampled for the first time may hold a class nobody has reported: no set has
+    # its prototype, and a zero "positive" would push z away from every other class. Rows z0 of class 2
+    # (absent) and z1 = (0, 1) of class 0; tau = 0.5. Row 1: -(0 - log e^{1/0.5}) = 2; row 0: nothing.
+    z, y, mask = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), torch.tensor([[2, 0]]), torch.ones(1, 2, dtype=torch.bool)
+    P, present = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]]), torch.tensor([[True, True, False]])
+    _, valid = L.paper_term(z, y, P, present, tau=0.5)
+    assert valid[0, :, 0].tolist() == [False, True]
+    m = fedpcl(synthetic(n_classes=3), tau=0.5, prototypes="global")
+    got = L.fedpcl(m, z, y, mask, L.proto_sets(m, {"global": P, "global_mask": present}), m.p.tau)
+    assert got.item() == pytest.approx((0.0 + 2.0) / 2)
+
+
+def test_supcon_matches_hand_computation():
+    # Rows z0 = (1, 0) and z2 = (0.6, 0.8) of class 0, z1 = (0, 1) of class 1, two identical views, tau = 0.5.
+    # Each view is an anchor against the five other views (its own position out); positives share its label.
+    def lse(*s):
+        return math.log(sum(math.exp(v) for v in s))
+
+    z = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]])
+    rows = [lse(0, 1.2, 2, 0, 1.2) - (1.2 + 2 + 1.2) / 3,  # z0: positives z2, z0', z2'
+            lse(0, 1.6, 2, 0, 1.6) - 2,  # z1: its other view only
+            lse(1.2, 1.6, 2, 1.2, 1.6) - (1.2 + 2 + 1.2) / 3]  # z2: positives z0, z2', z0'
+    m = fedpcl(synthetic(), tau=0.5, loss="supcon")
+    got = L.supcon(m, z, torch.tensor([[0, 1, 0]]), torch.ones(1, 3, dtype=torch.bool), [], 0.5)
+    assert got.item() == pytest.approx(sum(rows) / 3, abs=1e-6)
+
+
+def test_ce_weight_adds_that_much_cross_entropy_of_the_classifier():
+    from fedcache.federate.local import cross_entropy
+
+    data = synthetic(n_clients=1, n_classes=4, dim=8)
+    g = torch.nn.functional.normalize(torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(0)), dim=-1)
+    down = {"global": g, "global_mask": torch.ones(1, 4, dtype=torch.bool)}
+    rows = torch.from_numpy(data.client_train[0][:16])
+    xb, yb, mask = data.x_train[rows][None], data.y_train[rows][None], torch.ones(1, 16, dtype=torch.bool)
+
+    def loss(w):
+        m = fedpcl(data, tau=0.5, prototypes="global", ce_weight=w)
+        p = {n: t for n, t in m.init_clients(1).items() if n not in ("protos", "proto_count")}
+        info = {"ready": True, "sizes": [1], "sets": [L.proto_sets(m, down)]}
+        return m.loss(p, xb, yb, mask, info)[0], cross_entropy(m.head.classify(p, m.head.features(p, xb)), yb, mask)
+
+    (plain, ce), (weighted, _) = loss(0.0), loss(0.7)
+    assert ce.item() > 0.1
+    torch.testing.assert_close(weighted, plain + 0.7 * ce)
+
+
+def test_first_round_ce_trains_the_projection_and_the_classifier():
+    data = synthetic()
+    init = {n: t[[0, 1]] for n, t in fedpcl(data).init_clients(5).items()}
+    res = _first_round(data, first_round="ce")
+    for key in ("proj.weight", "cls.weight"):
+        assert not torch.allclose(res.states[key], init[key]), key
+
+
+def test_table2_preset_tests_on_the_official_200_rows_per_class():
+    # lib/utils.py prepare_data_digits: idx_k[0:200] of each class of the client's domain's test split.
+    for e in PRESETS.get("fedpcl-table2").experiments:
+        assert (e.sweep["partition"], e.sweep["few_shot"], e.sweep["local_test"]) == ("domain", 10, 2000), e.key
+
+
+def test_first_round_decay_moves_every_weight_by_adams_decay_steps_alone():
+    # The official round 1: loss 0 (no prototypes yet), yet Adam(weight_decay=1e-4) steps; its gradient is
+    # wd * w alone, so each of the round's steps moves a weight by about lr * sign(w) towards 0 (Adam divides
+    # the gradient by its own size). 60 rows in batches of 32: 2 steps of lr 1e-3.
+    data = synthetic()
+    init = {n: t[[0, 1]] for n, t in fedpcl(data).init_clients(5).items()}
+    res = _first_round(data, first_round="decay")
+    for key in ("proj.weight", "proj.bias", "cls.weight"):
+        w0, w1 = init[key], res.states[key]
+        big = w0.abs() > 5e-3
+        assert big.float().mean() > 0.5, key
+        torch.testing.assert_close((w0 - w1)[big], 2e-3 * w0.sign()[big], rtol=0.05, atol=0.0)
+    torch.testing.assert_close(res.uploads["count"], _first_round(data).uploads["count"])

@@ -485,3 +485,14 @@ def test_the_documented_scheme_defaults_are_the_ones_used():
 
     assert f"default {DEFAULT_ALPHA}" in option("alpha").help
     assert f"default {DEFAULT_SHARDS}" in option("shards").help
+
+
+def test_uniform_local_test_mix_keeps_every_row_of_a_class_under_its_quota():
+    # FedPCL's feature & label shift tests on the first 100 rows per class: on a domain whose test split holds
+    # fewer than local_test rows (Office-10's), every class under 100 rows is tested whole, not cut to a tenth
+    # of the split (which took 20 of a 40-row class here).
+    sizes = [30, 25, 20, 15, 10, 40, 35, 5, 8, 120]
+    test_labels = np.concatenate([np.full(n, c) for c, n in enumerate(sizes)])
+    got = local_test_sets([np.arange(10)], np.arange(10), np.zeros(10, np.int64), test_labels,
+                          np.zeros_like(test_labels), 1000, np.random.default_rng(0), mix="uniform")[0]
+    assert np.bincount(test_labels[got], minlength=10).tolist() == [min(n, 100) for n in sizes]

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.local import cross_entropy, rng_for
+from fedcache.federate.local import cross_entropy, masked_mean, rng_for
 from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.prototypes import aggregate, class_means, nearest, padded_rows
@@ -37,7 +37,9 @@ class FedPCLParams:
     contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 8-9 (NeurIPS numbering) | official ConLoss
     local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 9 averages
     aggregation: Literal["weighted", "mean"] = "weighted"  # Eq. 6 (class counts, without its 1/|N_j|) | official plain mean
-    first_round: Literal["idle", "ce"] = "idle"  # round 1 has no prototypes: train nothing | train with CE
+    # Round 1 has no prototypes: train nothing | train with CE | take the round's steps on a zero loss, so that
+    # Adam's weight decay alone moves every layer (the official code, whose loss is 0 until prototypes exist).
+    first_round: Literal["idle", "ce", "decay"] = "idle"
     predict: Literal["local", "global", "classifier"] = "local"  # nearest local prototype, as paper and code
     # Which local prototypes predict=local compares with: those the client sent (noised when noise is on; the
     # official code, so the paper's Table 15) or the clean ones it computed. Identical without noise.
@@ -57,7 +59,9 @@ class FedPCLParams:
             out["predict_with"] = f"predict={self.predict} does not classify with the client's own prototypes"
         if self.loss == "supcon":
             why = "loss=supcon contrasts the batch's rows with each other, not with prototypes"
-            out.update(contrast=why, local_reduce=why)
+            out.update(contrast=why, local_reduce=why, prototypes=why)
+            if self.predict != "global":  # nothing else reads the global prototypes
+                out["aggregation"] = why + f", and predict={self.predict} does not use the global ones"
         elif self.prototypes == "global":
             out["local_reduce"] = "prototypes=global contrasts with one prototype set, so sum and mean are the same"
         return out
@@ -146,8 +150,8 @@ class FedPCL(Method):
         head_keys = self.head.body_keys + self.head.head_keys
         params = {n: states[n] for n in head_keys}
         ready = self._ready(down)
-        if ready or self.p.first_round == "ce":
-            keys = self.head.body_keys + (self.head.head_keys if self._uses_ce(ready) else ())
+        if ready or self.p.first_round != "idle":
+            keys = self.head.body_keys + (self.head.head_keys if self._trains_classifier(ready) else ())
             sizes = self.run_sizes(clients)
             info = {"ready": ready, "sizes": sizes, "sets": [L.proto_sets(self, down, r) for r in range(len(sizes))]}
             params = self.fit(params, rnd, clients, self.loss, info, keys=keys)
@@ -166,7 +170,8 @@ class FedPCL(Method):
                               "a run sampled last round hold no training rows): run the grid with --engine processes")
         return bool(ready.any())
 
-    def _uses_ce(self, ready: bool) -> bool:
+    def _trains_classifier(self, ready: bool) -> bool:
+        # Round 1's CE trains it; the official optimizer (first_round=decay) holds every layer.
         return not ready or self.p.ce_weight > 0
 
     def client_prototypes(self, params: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,7 +199,9 @@ class FedPCL(Method):
 
     def loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> torch.Tensor:
         z, buffers = self.head.train_features(p, xb, mask)
-        if not info["ready"]:  # first round with first_round=ce: nothing to contrast against yet
+        if not info["ready"]:  # round 1 (first_round=ce or decay): nothing to contrast against yet
+            if self.p.first_round == "decay":
+                return masked_mean(z.sum(-1) * 0.0, mask), buffers
             return cross_entropy(self.head.classify(p, z), yb, mask), buffers
         # Run by run: a row contrasts with its own run's sets, in the very arithmetic of that run alone.
         runs = zip(z.split(info["sizes"]), yb.split(info["sizes"]), mask.split(info["sizes"]), info["sets"],

@@ -281,7 +281,9 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     row. Cells absent from the test split are skipped (with a warning) and ``n_k`` counts only
     the cells that remain. Clients may share test rows; within a client they are distinct.
     With ``mix="uniform"`` the cells are every class of the training split in each domain the
-    client holds, weighted alike: a client is also tested on the classes it has no rows of.
+    client holds, weighted alike: a client is also tested on the classes it has no rows of, each cell
+    on ``min(budget / cells, rows of the cell)`` rows (FedPCL's "the first 100 rows per class"), T
+    being ``budget`` whatever the test split holds.
     """
     test_cells = cells(test_labels, test_domains)
     classes = np.unique(labels)
@@ -293,7 +295,7 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
             held = {(int(c), int(d)): 1 for d in np.unique(domains[rows]) for c in classes}
         missing |= {cell for cell in held if cell not in test_cells}
         present = {cell: n for cell, n in held.items() if cell in test_cells}
-        out.append(_draw_test(present, test_cells, budget, rng))
+        out.append(_draw_test(present, test_cells, budget, rng, mix == "uniform"))
     if missing:
         log.warning(
             "%d (class, domain) cells held by clients have no test rows and are left out of local test sets: %s",
@@ -302,11 +304,13 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     return out
 
 
-def _draw_test(present: dict, test_cells: dict, budget: int, rng: np.random.Generator) -> np.ndarray:
+def _draw_test(present: dict, test_cells: dict, budget: int, rng: np.random.Generator, uniform: bool = False) -> np.ndarray:
     if not present:
         return np.zeros(0, dtype=np.int64)
     n_k = sum(present.values())
-    total = min(budget, sum(len(test_cells[c]) for c in present))
+    # The client's mix scales to the rows there are, keeping its proportions; a uniform quota does not shrink
+    # (a small test split would otherwise cut its larger classes to its smaller ones' share).
+    total = budget if uniform else min(budget, sum(len(test_cells[c]) for c in present))
     take = {c: min(int(np.floor(total * n / n_k + 0.5)), len(test_cells[c])) for c, n in present.items()}
     if sum(take.values()) == 0:
         take = dict.fromkeys(present, 1)

@@ -49,7 +49,10 @@ def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: floa
     one per domain for ``domain-dirichlet``). Flooring each share, as the official code does, leaves
     a class up to n_clients - 1 rows short of ``budget * n_clients``. A pool with fewer rows of a class
     than its clients ask for shares what it has in the same proportions, with a warning. Redrawn
-    until every client has ``min_size`` rows. No fair-share cap: the official code has none here.
+    until every client has ``min_size`` rows. No fair-share cap: the official feature & label shift
+    functions have none; its label-shift ones (prepare_data_{mnistm,caltech,real}_noniid) give no more rows
+    to a client holding N / n_clients of the whole file, which binds where the pool is the whole file
+    (Caltech; MNIST-M with 40 or 80 clients): docs/methods/fedpcl.md.
     """
     classes = np.unique(labels)
     avail = np.array([np.bincount(np.searchsorted(classes, labels[pool]), minlength=len(classes)) for pool in pools])
