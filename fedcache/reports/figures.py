@@ -30,7 +30,7 @@ BEST = "★"
 @dataclass
 class Figure:
     png: bytes
-    labels: list[str]
+    labels: list[str]  # each line of every label drawn
 
 
 def _png(fig) -> bytes:
@@ -82,7 +82,8 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     if unique:
         fig.legend(unique.values(), unique.keys(), loc="outside lower center",
                    ncols=max(1, min(len(unique), int(3 * cols * width))), fontsize=8, frameon=False)
-    return Figure(_png(fig), list(dict.fromkeys(labels + list(unique))))
+    lines = [line for label in labels + list(unique) for line in label.splitlines()]  # a label may be wrapped
+    return Figure(_png(fig), list(dict.fromkeys(lines)))
 
 
 def _curves(key: str, ylabel: str) -> Callable:

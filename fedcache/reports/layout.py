@@ -8,6 +8,7 @@ A comparison is read inside a panel: settings of the data and the partition (alp
 from __future__ import annotations
 
 import itertools
+import textwrap
 from dataclasses import dataclass
 
 from fedcache.reports.runs import Group
@@ -16,7 +17,7 @@ from fedcache.reports.runs import Group
 PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
               "class_budget", "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test",
               "local_test_mix", "run")
-MAX_LABEL = 40  # characters; a longer legend entry is cut with an ellipsis
+MAX_LABEL = 40  # characters per line; a longer legend entry is wrapped onto more lines
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = (None, "o", "s", "^", "v", "D")
 
@@ -59,8 +60,10 @@ class Layout:
         return out
 
     def label(self, g: Group) -> str:
+        """The method and its varying settings, wrapped onto lines of at most MAX_LABEL characters: cutting
+        a long label short made two groups that differ only past the cut share one label, look and legend entry."""
         text = " ".join([g.method] + [f"{k}={g.setting.get(k, '-')}" for k in self.legend_keys])
-        return text if len(text) <= MAX_LABEL else text[: MAX_LABEL - 1] + "…"
+        return textwrap.fill(text, MAX_LABEL, break_on_hyphens=False)
 
     @staticmethod
     def panel_title(panel: tuple[tuple[str, str], ...]) -> str:

@@ -53,3 +53,19 @@ def test_the_best_of_each_panel_is_bold_once():
     for a in ("0.1", "1"):
         bold = [r for r in body if r[alpha] == a and r[acc].startswith("**")]
         assert len(bold) == 1 and bold[0][0] == "fedprox" and bold[0][header.index("lr")] == "0.01"
+
+
+def test_long_labels_stay_distinct():
+    """Four settings of one method vary: each label is longer than MAX_LABEL. Cut short, the groups that differ
+    only past the cut shared a label, a line style and a legend entry; wrapped, each keeps its own."""
+    runs = [Run(Path(f"r{i}"), {"method": "fedprox", "mean_accuracy": 50.0},
+                [], {}, {"lr": lr, "mu": mu, "local_epochs": e, "batch_size": bs})
+            for i, (lr, mu, e, bs) in enumerate([(lr, mu, e, bs) for lr in ("0.001", "0.01") for mu in ("0.01", "0.1")
+                                                  for e in ("1", "5") for bs in ("32", "64")])]
+    gs = [Group(r.label, [r]) for r in runs]
+    layout = Layout.of(gs)
+    labels = [layout.label(g) for g in gs]
+    assert len(set(labels)) == len(gs) == 16
+    assert len(set(layout.styles(gs).values())) == 16
+    assert all(len(line) <= MAX_LABEL for label in labels for line in label.splitlines())
+    assert all("batch_size=" in label for label in labels)  # nothing is cut off
