@@ -381,12 +381,21 @@ def _check_spec(spec: GridSpec) -> None:
     mine = json.loads(json.dumps(spec.to_json()))
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved != mine:
+        if saved == mine:
+            return
+        if _holds_runs(spec.out):
             raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine)}; see {path}); "
                               "use the same options to resume it, or another --out")
-        return
+        # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
+        # plan and features. The corrected command its error asked for must not be refused in turn.
+        shutil.rmtree(spec.out / FEATURES, ignore_errors=True)
     spec.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def _holds_runs(out: Path) -> bool:
+    """Whether a run under ``out`` finished or checkpointed (a cell, a --select stage's cell, a batch)."""
+    return any(p.name == DONE or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
 
 
 def _differences(saved: dict, mine: dict) -> str:
