@@ -251,6 +251,9 @@ def test_grid_shows_train_s_defaults_as_train_does():
             assert f"\\[default: {p.default}]" in grid[p.name].help, (p.name, grid[p.name].help)
             checked += 1
     assert checked >= 10
+    for o in grid_options():  # grid's own defaults are shown the same way ("Default processes." was not)
+        if o.default is not None:
+            assert f"\\[default: {o.default}]" in commands["grid"].params[[p.name for p in commands["grid"].params].index(o.name)].help
 
 
 def test_help_text_with_brackets_is_shown_as_written(capsys, monkeypatch):

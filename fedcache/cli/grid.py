@@ -80,7 +80,7 @@ def _grid_signature() -> inspect.Signature:
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
     for o in grid_options():  # grid's own options that the spec declares
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" Default {o.default}."))))
+                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" \\[default: {o.default}]"))))
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue

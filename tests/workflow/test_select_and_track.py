@@ -57,6 +57,9 @@ def train_args(toy_store, out, *extra):
 
 def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
     assert main(train_args(toy_store, tmp_path / "all", "--keep-checkpoints", "all")) == 0
+    # The result is one line in a log (not a terminal), not wrapped at the console's width.
+    result = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedavg: ")]
+    assert len(result) == 1 and len(result[0]) > 160 and result[0].endswith(str(tmp_path / "all")), result
     assert sorted(p.name for p in (tmp_path / "all").glob("checkpoint*.pt")) == [
         "checkpoint-round0001.pt", "checkpoint-round0002.pt", "checkpoint-round0003.pt", "checkpoint.pt"]
     assert main(train_args(toy_store, tmp_path / "none", "--keep-checkpoints", "none")) == 0
