@@ -36,6 +36,11 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
     md = (out / "table.md").read_text()
     assert "chosen per method and setting on validation" in md and ", lr=" in md
+    # The report draws the one partition both stages used once (bubbles and sizes), titled by both panels.
+    from fedcache.reports import write_report
+
+    html = write_report(out).html.read_text()
+    assert html.count("<h2>Partition (split=test; split=validation): ") == 2 and "<h2>Partition (split=test): " not in html
     # The directory now holds a --select grid: the same grid without --select is refused, naming the difference.
     with pytest.raises(ConfigError, match=r"differs in select \(lr there, unset here\)"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
