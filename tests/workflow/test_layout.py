@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fedcache.reports import summary_rows
 from fedcache.reports.layout import MAX_LABEL, Layout
 from fedcache.reports.runs import Group, Run
@@ -69,3 +71,17 @@ def test_long_labels_stay_distinct():
     assert len(set(layout.styles(gs).values())) == 16
     assert all(len(line) <= MAX_LABEL for label in labels for line in label.splitlines())
     assert all("batch_size=" in label for label in labels)  # nothing is cut off
+
+
+def test_bands_and_error_bars_are_the_sample_std_over_seeds():
+    """The curves' band and the bars' error bar: mean +- sample std (ddof=1) over seeds, on the rounds every seed
+    evaluated (a seed that skipped round 2 leaves it out)."""
+    runs = [Run(Path(f"s{s}"), {"method": "fedavg", "mean_accuracy": final}, history, {}, {})
+            for s, (final, history) in enumerate([
+                (60.0, [{"round": 1, "accuracy": 40.0}, {"round": 2, "accuracy": 50.0}, {"round": 3, "accuracy": 60.0}]),
+                (70.0, [{"round": 1, "accuracy": 50.0}, {"round": 3, "accuracy": 70.0}])])]
+    g = Group("fedavg", runs)
+    rounds, mean, std = g.band("accuracy")
+    assert rounds.tolist() == [1, 3] and mean.tolist() == [45.0, 65.0]
+    assert std.tolist() == pytest.approx([7.0710678, 7.0710678])
+    assert g.std("mean_accuracy") == pytest.approx(7.0710678) and g.mean("mean_accuracy") == 65.0
