@@ -47,6 +47,7 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     fig_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
     layout = Layout.of(groups)
+    groups = layout.ordered(groups)
     sections = [Section("Results", _results_text(root, runs, groups, layout), table=summary_rows(groups, layout))]
     sections += _selection_sections(Path(root))
     sections += _paper_sections(Path(root))

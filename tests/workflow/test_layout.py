@@ -85,3 +85,22 @@ def test_bands_and_error_bars_are_the_sample_std_over_seeds():
     assert rounds.tolist() == [1, 3] and mean.tolist() == [45.0, 65.0]
     assert std.tolist() == pytest.approx([7.0710678, 7.0710678])
     assert g.std("mean_accuracy") == pytest.approx(7.0710678) and g.mean("mean_accuracy") == 65.0
+
+
+def test_a_line_style_means_one_setting_and_panels_go_in_numeric_order():
+    """Runs as a --select grid's directories sort them: fedavg's lrs in one order, fedproto's in the other, and
+    alpha=10 before alpha=2 as text. Each lr keeps one look across methods; panels and rows follow the values."""
+    order = [("fedavg", "2", "0.01"), ("fedavg", "2", "0.001"), ("fedproto", "10", "0.001"), ("fedproto", "0.1", "0.01"),
+             ("fedavg", "0.1", "0.001"), ("fedproto", "2", "0.01"), ("fedproto", "2", "0.001"), ("fedavg", "10", "0.01")]
+    gs = [Group(m, [Run(Path(f"{m}{a}{lr}"), {"method": m, "mean_accuracy": 50.0}, [], {}, {"lr": lr, "alpha": a})])
+          for m, a, lr in order]
+    layout = Layout.of(gs)
+    styles = layout.styles(gs)
+    for lr in ("0.01", "0.001"):
+        looks = {(styles[layout.label(g)].linestyle, styles[layout.label(g)].marker) for g in gs if g.setting["lr"] == lr}
+        assert len(looks) == 1, (lr, looks)
+    assert len(set(styles.values())) == 4  # 2 methods x 2 lr, no two alike
+    ordered = layout.ordered(gs)
+    assert [g.setting["alpha"] for g in ordered] == ["0.1", "0.1", "2", "2", "2", "2", "10", "10"]
+    assert [(g.method, g.setting["lr"]) for g in ordered if g.setting["alpha"] == "2"] == [
+        ("fedavg", "0.001"), ("fedavg", "0.01"), ("fedproto", "0.001"), ("fedproto", "0.01")]
