@@ -50,7 +50,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
 
         def on_cell(done: int, total: int, row: dict) -> None:
             trained.append(row)
-            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
+            score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
+            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
         run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
     seconds = time.perf_counter() - t0

@@ -107,7 +107,7 @@ def _selection_sections(root: Path) -> list[Section]:
     rows = [["method", *keys, "chosen", "validation score", "candidates (validation score)"]]
     for c in sel["choices"]:
         shown = lambda values: ", ".join(f"{k}={v}" for k, v in values.items() if k in sel["selected"])
-        tried = "; ".join(f"{shown(v)}: {_fmt(v['validation_score'])}" for v in c["candidates"])
+        tried = "; ".join(f"{shown(v)}: {'diverged' if v.get('diverged') else _fmt(v['validation_score'])}" for v in c["candidates"])
         rows.append([c["method"], *(str(c.get(k, "-")) for k in keys), shown(c["chosen"]), _fmt(c["validation_score"]), tried])
     text = (f"{', '.join(sel['selected'])} chosen per method and setting on the validation split (spare training rows): "
             f"{sel['rule']}. The split=test panels and rows ran the chosen values once on the test split, with the same "

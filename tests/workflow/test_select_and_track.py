@@ -104,3 +104,26 @@ def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
     assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
     err = capsys.readouterr().err
     assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine):
+    """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
+    never chosen), not an error that stops the grid and leaves a run that --resume replays into NaN. The batched
+    engine stacks all four cells: its batch diverges, and the cells then run as their own runs."""
+    from fedcache.api import grid
+    from fedcache.reports import write_report
+
+    out, seen = tmp_path / "div", []
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1], out=out,
+              select=["lr"], sweep={**SWEEP, "preset": "fst-cbdg", "lr": ["0.001", "1e30"]}, engine=engine)
+    table = grid(**kw, on_cell=lambda done, total, row: seen.append(row))
+    assert sorted(r["lr"] for r in seen if r.get("diverged")) == ["1e30", "1e30"]
+    assert len(table) == 2 and {str(r["lr"]) for r in table} == {"0.001"}
+    (choice,) = json.loads((out / "selection.json").read_text())["choices"]
+    assert choice["chosen"] == {"lr": "0.001"} and "diverged on any seed is not chosen" in (out / "table.md").read_text()
+    assert {c["lr"]: c.get("diverged", False) for c in choice["candidates"]} == {"0.001": False, "1e30": True}
+    assert "NaN" in next((out / "validation" / "cells").glob("*1e30*seed=0/diverged.json")).read_text()
+    again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
+    assert again.column("mean_accuracy") == table.column("mean_accuracy")
+    assert "lr=1e30: diverged" in write_report(out).html.read_text()
