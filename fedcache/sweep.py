@@ -408,7 +408,7 @@ def _check_spec(spec: GridSpec) -> None:
 
 def _holds_runs(out: Path) -> bool:
     """Whether a run under ``out`` finished or checkpointed (a cell, a --select stage's cell, a batch)."""
-    return any(p.name == DONE or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
+    return any(p.name in (DONE, DIVERGED) or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
 
 
 def _differences(saved: dict, mine: dict) -> str:

@@ -127,3 +127,17 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
     again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
     assert again.column("mean_accuracy") == table.column("mean_accuracy")
     assert "lr=1e30: diverged" in write_report(out).html.read_text()
+
+
+def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
+    """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
+    from fedcache.sweep import _holds_runs
+
+    cell = tmp_path / "validation" / "cells" / "fedavg__lr=1e30__seed=0"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text("{}")
+    assert not _holds_runs(tmp_path)
+    for name in ("diverged.json", "checkpoint.pt", "summary.json"):
+        (cell / name).write_text("{}")
+        assert _holds_runs(tmp_path), name
+        (cell / name).unlink()
