@@ -138,7 +138,7 @@ FIGURES = (
     ("Fairness", figures.fairness, "fairness.png",
      "Mean accuracy of the worst / best share of clients (as FedPCL Tables 12-13), mean over seeds."),
     ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png",
-     "All sampled clients together; solid or dashed: up, dotted: down."),
+     "All sampled clients together; each label's bytes up (bold) and down (faint, in the same line style)."),
 )
 
 

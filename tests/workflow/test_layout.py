@@ -104,3 +104,21 @@ def test_a_line_style_means_one_setting_and_panels_go_in_numeric_order():
     assert [g.setting["alpha"] for g in ordered] == ["0.1", "0.1", "2", "2", "2", "2", "10", "10"]
     assert [(g.method, g.setting["lr"]) for g in ordered if g.setting["alpha"] == "2"] == [
         ("fedavg", "0.001"), ("fedavg", "0.01"), ("fedproto", "0.001"), ("fedproto", "0.01")]
+
+
+def test_bytes_down_keeps_its_label_s_line_style():
+    """Down was always dotted, which is also the third own setting's "up" style: up and down of one label share
+    its style and colour, down drawn faint."""
+    from fedcache.reports import figures
+    from fedcache.reports.canvas import subplots
+
+    lines = [{"round": r, "bytes_up": 100 * r, "bytes_down": 50 * r} for r in (1, 2, 3)]
+    gs = [Group(f"fedavg lr={lr}", [Run(Path(lr), {"method": "fedavg"}, lines, {}, {"lr": lr})]) for lr in ("0.1", "0.01", "0.001")]
+    layout = Layout.of(gs)
+    fig, ax = subplots(figures.PANEL_SIZE)
+    figures._bytes(ax, gs, layout, layout.styles(gs))
+    drawn = ax.get_lines()
+    assert len(drawn) == 6 and ":" in {line.get_linestyle() for line in drawn}  # one label's own style is dotted
+    for up, down in zip(drawn[::2], drawn[1::2]):
+        assert up.get_linestyle() == down.get_linestyle() and up.get_color() == down.get_color()
+        assert down.get_alpha() < up.get_alpha() and down.get_label().startswith("_")  # no legend entry
