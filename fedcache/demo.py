@@ -52,7 +52,7 @@ def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, ro
         fs = FeatureStore(store)
         tables = tuple(load_fused(fs, dataset, backbones, s) for s in ("train", "test"))
     train_t, test_t = tables
-    result = DemoResult(_probes(train_t, test_t, out), random_weights=train_t.random_weights, backbones=tuple(backbones))
+    result = DemoResult(_probes(train_t, test_t, out, progress), random_weights=train_t.random_weights, backbones=tuple(backbones))
     base = RunSpec.of(store=store, dataset=dataset, backbones=backbones, method="fedavg", partition="domain",
                       clients=len(train_t.domain_names), few_shot=few_shot, rounds=rounds)
     say = progress or (lambda e: None)
@@ -88,7 +88,7 @@ def _cached(store: Path, dataset: str, backbones: list[str]):
     return tables if all(len(np.unique(t.domains)) == want for t in tables) else None
 
 
-def _probes(train_t, test_t, out: Path | None) -> list[ProbeResult]:
+def _probes(train_t, test_t, out: Path | None, progress: ProgressFn | None = None) -> list[ProbeResult]:
     """The per-domain probe, kept in ``out`` for the same features (it is the slowest step of a re-run)."""
     key = list(train_t.entry_ids + test_t.entry_ids)
     path = out / "probe.json" if out is not None else None
@@ -96,7 +96,9 @@ def _probes(train_t, test_t, out: Path | None) -> list[ProbeResult]:
         saved = json.loads(path.read_text())
         if saved["entries"] == key:
             return [ProbeResult(**r) for r in saved["probes"]]
-    probes = probe_per_domain(train_t, test_t)
+    say, stage = progress or (lambda e: None), "demo: linear probe per domain"  # minutes on a CPU: a log shows each
+    probes = probe_per_domain(train_t, test_t, on_probe=lambda done, total: say(
+        ProgressEvent("start", stage, total=total) if done == 0 else ProgressEvent("advance", stage, advance=1)))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"entries": key, "probes": [dataclasses.asdict(r) for r in probes]}))

@@ -167,7 +167,7 @@ class EngineSpec(Section):
         help="last: the latest checkpoint (what --resume needs); none: deleted when the run finishes; all: one per round.")
     track: tuple[str, ...] = opt((), axis=False, recorded=False,
                                  help="Also send metrics to: tensorboard, mlflow (comma-separated; pip install "
-                                      "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under --track-dir.")
+                                      "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under --track-dir (a grid: under its --out).")
     track_dir: Path | None = opt(None, axis=False, recorded=False,
                                  help="Where trackers write (default: --out; a grid's cells use the grid's --out).")
 

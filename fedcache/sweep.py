@@ -44,6 +44,7 @@ from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, opti
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 CELLS, FEATURES, RESULTS, TABLE, SPEC = "cells", "features", "results.csv", "table.md", "grid.json"
 DONE = "summary.json"  # written last by train(): a finished cell
+DIVERGED = "diverged.json"  # a validation cell whose training became NaN: finished, its candidate values lose
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
                   "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
                   "rounds", "seconds", "random_weights", "worst_client_global_accuracy")
@@ -314,9 +315,20 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
 
 def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:
     from fedcache import sweep_batched
+    from fedcache.federate.divergence import DivergedError
 
     folder = spec.out / BATCHES / sweep_batched.batch_id([c.name for c in batch])
-    for c, resolved, result in sweep_batched.run_batch(batch, tables, folder):
+    try:
+        done = list(sweep_batched.run_batch(batch, tables, folder))
+    except DivergedError:
+        if not all(cfg.schedule.validation for cfg in batch.values()):
+            raise
+        # Tuning: which stacked run diverged is not known here, so each runs as its own run, which records
+        # its own divergence (run_cell); the stack's checkpoint would only replay into NaN.
+        shutil.rmtree(folder, ignore_errors=True)
+        yield from ((c, run_cell(spec, c, tables)) for c in batch)
+        return
+    for c, resolved, result in done:
         yield c, _write_batched_cell(spec, c, resolved, result)
 
 
@@ -376,7 +388,8 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
                       only=picked, on_plan=on_plan)
     (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
         {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
-         "candidates": [{**dict(v), "validation_score": sc} for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
+         "candidates": [{**dict(v), "validation_score": sc, **({"diverged": True} if sc is None else {})}
+                        for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
     caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}), then tested once"
     tested.to_csv(spec.out / RESULTS)
     (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption, beside=spec.select) + "\n")
@@ -396,12 +409,21 @@ def _check_spec(spec: GridSpec) -> None:
     mine = json.loads(json.dumps(spec.to_json()))
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved != mine:
+        if saved == mine:
+            return
+        if _holds_runs(spec.out):
             raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine)}; see {path}); "
                               "use the same options to resume it, or another --out")
-        return
+        # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
+        # plan and features. The corrected command its error asked for must not be refused in turn.
+        shutil.rmtree(spec.out / FEATURES, ignore_errors=True)
     spec.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def _holds_runs(out: Path) -> bool:
+    """Whether a run under ``out`` finished or checkpointed (a cell, a --select stage's cell, a batch)."""
+    return any(p.name in (DONE, DIVERGED) or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
 
 
 def _differences(saved: dict, mine: dict) -> str:
@@ -438,6 +460,8 @@ def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
 
 def _read_done(spec: GridSpec, c: Cell) -> dict | None:
     path = spec.out / CELLS / c.name / DONE
+    if (path.parent / DIVERGED).exists():
+        return _diverged_row(c, path.parent)
     return _row(c, json.loads(path.read_text()), path.parent) if path.exists() else None
 
 
@@ -513,6 +537,7 @@ def _worker(spec: GridSpec, c: Cell, folder: Path) -> list[tuple[Cell, dict]]:
 def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     """One run in its own directory; an interrupted one resumes from its checkpoint."""
     from fedcache.federate.checkpoints import CHECKPOINT
+    from fedcache.federate.divergence import DivergedError
     from fedcache.federate.train import train
 
     out = spec.out / CELLS / c.name
@@ -522,8 +547,21 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     _write_cell_json(out, c)
     cfg = train_config(spec, c, out).replace(resume=resume)
-    result = train(cfg, tables=tables, run_name=c.name)
+    try:
+        result = train(cfg, tables=tables, run_name=c.name)
+    except DivergedError as exc:
+        if not cfg.schedule.validation:
+            raise
+        # Tuning tries values that may diverge (a large lr): that is the candidate's result, which loses
+        # (fedcache/selection.py), not the end of the grid. Its error is kept beside the run.
+        (out / DIVERGED).write_text(json.dumps({"error": str(exc)}) + "\n")
+        return _diverged_row(c, out)
     return _row(c, result.summary, out)
+
+
+def _diverged_row(c: Cell, out: Path) -> dict:
+    # No summary: every figure is None, but a swept key that is also a figure (rounds) keeps its value.
+    return {**_row(c, {}, out), **dict(c.setting), "diverged": True}
 
 
 def _write_cell_json(out: Path, c: Cell) -> None:
@@ -558,7 +596,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     rows = table.to_records()
     if not rows:
         return "(no runs)"
-    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", *METRIC_COLUMNS, *beside)
+    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", "diverged", *METRIC_COLUMNS, *beside)
                     and len({str(r[k]) for r in rows}) > 1]
     label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -185,6 +185,21 @@ def test_h_version_and_help(capsys):
     assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out
 
 
+def test_every_command_and_argument_has_its_help_under_h(capsys, monkeypatch):
+    """-h on every command and group; each argument's help is shown (click 8.5 dropped typer's argument help:
+    `fedcache report -h` listed RUN_DIR with none)."""
+    monkeypatch.setenv("COLUMNS", "300")  # one line per parameter
+    arguments = 0
+    for name, cmd in [*_all_commands(), ("store", None)]:
+        assert main([*name.split(), "-h"]) == 0, name
+        shown = capsys.readouterr().out
+        assert f"fedcache {name}" in shown, name
+        for param in [p for p in (cmd.params if cmd else []) if p.param_type_name == "argument"]:
+            assert param.help and param.help in shown, (name, param.name)
+            arguments += 1
+    assert arguments >= 6  # report, reproduce, flower-app, store info, store rm, store import
+
+
 EXTRACT_BAD = [  # issue 18: each was a traceback after loading the model (or, for 0, silently the default)
     ("--image-size", "-5", "--image-size=-5: must be >= 1"),
     ("--image-size", "0", "--image-size=0: must be >= 1"),
@@ -236,6 +251,9 @@ def test_grid_shows_train_s_defaults_as_train_does():
             assert f"\\[default: {p.default}]" in grid[p.name].help, (p.name, grid[p.name].help)
             checked += 1
     assert checked >= 10
+    for o in grid_options():  # grid's own defaults are shown the same way ("Default processes." was not)
+        if o.default is not None:
+            assert f"\\[default: {o.default}]" in commands["grid"].params[[p.name for p in commands["grid"].params].index(o.name)].help
 
 
 def test_help_text_with_brackets_is_shown_as_written(capsys, monkeypatch):

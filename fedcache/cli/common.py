@@ -44,6 +44,19 @@ def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]
     return params
 
 
+def restore_argument_help(command) -> None:
+    """Put back the help of every typer.Argument of ``command`` and its subcommands. click 8.5 sets
+    ``Parameter.help`` in its own ``__init__``, after typer's TyperArgument has set it, so every argument's
+    help was lost (`fedcache report -h` listed RUN_DIR with none)."""
+    for sub in getattr(command, "commands", {}).values():
+        restore_argument_help(sub)
+    declared = inspect.signature(command.callback.__wrapped__).parameters if hasattr(command.callback, "__wrapped__") else {}
+    for p in command.params:
+        info = getattr(declared.get(p.name), "default", None)
+        if p.param_type_name == "argument" and not getattr(p, "help", None) and getattr(info, "help", None):
+            p.help = info.help
+
+
 def _signed(fn, params: list[inspect.Parameter]):
     """``fn(**options)`` with a generated signature, which is what typer reads its options from."""
     fn.__signature__ = inspect.Signature(params)

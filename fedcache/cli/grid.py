@@ -50,7 +50,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
 
         def on_cell(done: int, total: int, row: dict) -> None:
             trained.append(row)
-            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {row['mean_accuracy']:.1f}%")
+            score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
+            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
         run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
     seconds = time.perf_counter() - t0
@@ -80,7 +81,7 @@ def _grid_signature() -> inspect.Signature:
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
     for o in grid_options():  # grid's own options that the spec declares
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" Default {o.default}."))))
+                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" \\[default: {o.default}]"))))
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue

@@ -10,7 +10,7 @@ import sys
 import typer
 import typer.core
 
-from fedcache.cli.common import HELP_FLAGS, console, err
+from fedcache.cli.common import HELP_FLAGS, console, err, restore_argument_help
 from fedcache.cli.extract import backbones, datasets, extract
 from fedcache.cli.grid import _grid, report, reproduce
 from fedcache.cli.methods import _method_commands, methods
@@ -27,6 +27,10 @@ except ImportError:  # pragma: no cover
 class _Commands(typer.core.TyperGroup):
     """The commands registered below, then those methods declare (resolved only when named, so that
     `fedcache --help` does not import every method)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        restore_argument_help(self)
 
     def get_command(self, ctx, name):
         return super().get_command(ctx, name) or _method_commands(taken=set(self.commands)).get(name)

@@ -51,7 +51,8 @@ def train(**given) -> None:
     """Federated rounds on cached features."""
     spec = RunSpec.of(**given)
     summary, how = ENGINES[spec.engine.name](spec)
-    console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""))
+    # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
+    console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
 
 
 def _train_in_process(spec: RunSpec) -> tuple[dict, str]:

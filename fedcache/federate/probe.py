@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,15 +33,22 @@ def fit_probe(x: np.ndarray, y: np.ndarray, c: float = 1.0, seed: int = 0):
     return model
 
 
-def probe_per_domain(train: FeatureTable, test: FeatureTable, c: float = 1.0, seed: int = 0) -> list[ProbeResult]:
-    """One probe per domain (trained and tested within it), then one on all domains pooled."""
+def probe_per_domain(train: FeatureTable, test: FeatureTable, c: float = 1.0, seed: int = 0,
+                     on_probe: Callable[[int, int], None] | None = None) -> list[ProbeResult]:
+    """One probe per domain (trained and tested within it), then one on all domains pooled.
+    ``on_probe(done, total)`` before the first (done = 0) and after each: the probes take minutes on a CPU."""
+    domains = [(d, name) for d, name in enumerate(train.domain_names) if (train.domains == d).any() and (test.domains == d).any()]
+    total = len(domains) + (len(domains) > 1)
+    done = on_probe or (lambda i, n: None)
     results = []
-    for d, name in enumerate(train.domain_names):
+    done(0, total)
+    for d, name in domains:
         tr, te = train.domains == d, test.domains == d
-        if tr.any() and te.any():
-            results.append(_probe(train.features[tr], train.labels[tr], test.features[te], test.labels[te], name, c, seed))
+        results.append(_probe(train.features[tr], train.labels[tr], test.features[te], test.labels[te], name, c, seed))
+        done(len(results), total)
     if len(results) > 1:
         results.append(_probe(train.features, train.labels, test.features, test.labels, "all (pooled)", c, seed))
+        done(len(results), total)
     return results
 
 

@@ -47,6 +47,7 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     fig_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
     layout = Layout.of(groups)
+    groups = layout.ordered(groups)
     sections = [Section("Results", _results_text(root, runs, groups, layout), table=summary_rows(groups, layout))]
     sections += _selection_sections(Path(root))
     sections += _paper_sections(Path(root))
@@ -106,7 +107,7 @@ def _selection_sections(root: Path) -> list[Section]:
     rows = [["method", *keys, "chosen", "validation score", "candidates (validation score)"]]
     for c in sel["choices"]:
         shown = lambda values: ", ".join(f"{k}={v}" for k, v in values.items() if k in sel["selected"])
-        tried = "; ".join(f"{shown(v)}: {_fmt(v['validation_score'])}" for v in c["candidates"])
+        tried = "; ".join(f"{shown(v)}: {'diverged' if v.get('diverged') else _fmt(v['validation_score'])}" for v in c["candidates"])
         rows.append([c["method"], *(str(c.get(k, "-")) for k in keys), shown(c["chosen"]), _fmt(c["validation_score"]), tried])
     text = (f"{', '.join(sel['selected'])} chosen per method and setting on the validation split (spare training rows): "
             f"{sel['rule']}. The split=test panels and rows ran the chosen values once on the test split, with the same "
@@ -137,7 +138,7 @@ FIGURES = (
     ("Fairness", figures.fairness, "fairness.png",
      "Mean accuracy of the worst / best share of clients (as FedPCL Tables 12-13), mean over seeds."),
     ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png",
-     "All sampled clients together; solid or dashed: up, dotted: down."),
+     "All sampled clients together; each label's bytes up (bold) and down (faint, in the same line style)."),
 )
 
 
@@ -154,23 +155,26 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list
 
 
 def _partition_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list[Section]:
-    """The partition of each panel setting, drawn for its first run's seed (every seed draws its own)."""
-    out = []
+    """Each distinct partition of the panel settings, drawn once for its first run's seed (every seed draws its
+    own), titled by every panel that used it: a --select grid's validation and test panels share theirs."""
     panels = list(layout.panels(groups).items())
-    for panel, members in panels[:MAX_PARTITIONS]:
+    used: dict[str, tuple[Run, list[str], set]] = {}
+    for panel, members in panels:
         run = members[0].runs[0]
         pid = run.config.get("partition", {}).get("partition_id")
-        if not pid:
-            continue
-        seeds = sorted({r.summary.get("seed", r.option("seed")) for g in members for r in g.runs} - {None})
-        where = layout.panel_title(panel) if layout.panel_keys else "every run"
+        if pid:
+            where = used.setdefault(pid, (run, [], set()))
+            where[1].append(layout.panel_title(panel) if layout.panel_keys else "every run")
+            where[2].update({r.summary.get("seed", r.option("seed")) for g in members for r in g.runs} - {None})
+    out = []
+    for i, (run, wheres, seeds) in enumerate(list(used.values())[:MAX_PARTITIONS]):
         note = (f"Seed {run.option('seed')}'s partition; each of the {len(seeds)} seeds draws its own "
                 "the same way." if len(seeds) > 1 else "")
-        if len(panels) > MAX_PARTITIONS and panel == panels[MAX_PARTITIONS - 1][0]:
-            note += f" The first {MAX_PARTITIONS} of {len(panels)} settings are shown."
+        if len(used) > MAX_PARTITIONS and i == MAX_PARTITIONS - 1:
+            note += f" The first {MAX_PARTITIONS} of {len(used)} partitions are shown."
         for path in figures.partition_charts(run, fig_dir):
             kind = "who holds which classes" if path.name.endswith("bubbles.png") else "training rows per client"
-            out.append(Section(f"Partition ({where}): {kind}", note.strip(), image=path))
+            out.append(Section(f"Partition ({'; '.join(wheres)}): {kind}", note.strip(), image=path))
     return out
 
 

@@ -30,7 +30,7 @@ BEST = "★"
 @dataclass
 class Figure:
     png: bytes
-    labels: list[str]
+    labels: list[str]  # each line of every label drawn
 
 
 def _png(fig) -> bytes:
@@ -82,7 +82,8 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     if unique:
         fig.legend(unique.values(), unique.keys(), loc="outside lower center",
                    ncols=max(1, min(len(unique), int(3 * cols * width))), fontsize=8, frameon=False)
-    return Figure(_png(fig), list(dict.fromkeys(labels + list(unique))))
+    lines = [line for label in labels + list(unique) for line in label.splitlines()]  # a label may be wrapped
+    return Figure(_png(fig), list(dict.fromkeys(lines)))
 
 
 def _curves(key: str, ylabel: str) -> Callable:
@@ -185,15 +186,16 @@ def fairness(groups: list[Group], layout: Layout) -> Figure:
 def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
     for g in groups:
         label, st = layout.label(g), styles[layout.label(g)]
-        for key, line in (("bytes_up", st.linestyle), ("bytes_down", ":")):
+        # Down in the label's own line style, faint: a dotted "down" was also the look of some labels' "up".
+        for key, width, alpha in (("bytes_up", 1.4, 1.0), ("bytes_down", 0.8, 0.35)):
             x, total = g.curve(key)
             if len(x):
                 per_round = np.diff(np.r_[0, total]) / np.diff(np.r_[0, x])
-                ax.plot(x, per_round, line, color=st.color, lw=1.2, label=label if key == "bytes_up" else None,
-                        alpha=1.0 if key == "bytes_up" else 0.6)
+                ax.plot(x, per_round, st.linestyle, color=st.color, lw=width, alpha=alpha,
+                        label=label if key == "bytes_up" else None)
     ax.set_yscale("symlog")
     _whole_rounds(ax)
-    ax.set_ylabel("bytes per round, all clients (dotted: down)")
+    ax.set_ylabel("bytes per round, all clients (faint: down)")
     return []
 
 

@@ -8,6 +8,7 @@ A comparison is read inside a panel: settings of the data and the partition (alp
 from __future__ import annotations
 
 import itertools
+import textwrap
 from dataclasses import dataclass
 
 from fedcache.reports.runs import Group
@@ -17,7 +18,7 @@ from fedcache.spec import is_option, option
 PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
               "class_budget", "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test",
               "local_test_mix", "run")
-MAX_LABEL = 40  # characters; a longer legend entry is cut with an ellipsis
+MAX_LABEL = 40  # characters per line; a longer legend entry is wrapped onto more lines
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = (None, "o", "s", "^", "v", "D")
 
@@ -65,9 +66,22 @@ class Layout:
             out.setdefault(self.panel(g), []).append(g)
         return out
 
+    def ordered(self, groups: list[Group]) -> list[Group]:
+        """Panels in the order of their settings' values (numbers as numbers: alpha 0.1, 1, 10), inside a
+        panel the methods as first seen, each with its own settings' values in order. Run directories sort as
+        text, by whatever their names begin with (a --select grid's chosen lr put alpha=1 before alpha=0.1)."""
+        methods = {m: i for i, m in enumerate(self.methods)}
+        return sorted(groups, key=lambda g: (self._values(g, self.panel_keys), methods[g.method], self._values(g, self.legend_keys)))
+
+    @staticmethod
+    def _values(g: Group, keys: tuple[str, ...]) -> tuple:
+        return tuple(_natural(g.setting.get(k)) for k in keys)
+
     def label(self, g: Group) -> str:
+        """The method and its varying settings, wrapped onto lines of at most MAX_LABEL characters: cutting
+        a long label short made two groups that differ only past the cut share one label, look and legend entry."""
         text = " ".join([g.method] + [f"{k}={g.setting.get(k, '-')}" for k in self.legend_keys])
-        return text if len(text) <= MAX_LABEL else text[: MAX_LABEL - 1] + "…"
+        return textwrap.fill(text, MAX_LABEL, break_on_hyphens=False)
 
     @staticmethod
     def panel_title(panel: tuple[tuple[str, str], ...]) -> str:
@@ -88,18 +102,25 @@ class Layout:
         palette = _palette(len(self.methods))
         colour = {m: palette[i % len(palette)] for i, m in enumerate(self.methods)}
         looks = list(itertools.product(MARKERS, LINE_STYLES))
+        # The same own settings (lr=0.01, say) get the same look in every method, so a line style means one
+        # value across the figure; past the palette's colours, methods sharing a colour start at other looks.
+        own = sorted({self._values(g, self.legend_keys) for g in groups})
+        start = {m: (i // len(palette)) * 7 for i, m in enumerate(self.methods)}
         styles: dict[str, Style] = {}
-        # Past the palette's colours, methods sharing a colour start at different looks.
-        per_method = {m: (i // len(palette)) * 7 for i, m in enumerate(self.methods)}
         for g in groups:
-            label = self.label(g)
-            if label in styles:
-                continue
-            i = per_method[g.method]
-            per_method[g.method] = i + 1
-            marker, line = looks[i % len(looks)]
-            styles[label] = Style(colour[g.method], line, marker)
+            marker, line = looks[(start[g.method] + own.index(self._values(g, self.legend_keys))) % len(looks)]
+            styles.setdefault(self.label(g), Style(colour[g.method], line, marker))
         return styles
+
+
+def _natural(value) -> tuple:
+    """A sort key: numbers by value before text, text as text, missing last."""
+    if value is None:
+        return (2, 0.0, "")
+    try:
+        return (0, float(value), str(value))
+    except ValueError:
+        return (1, 0.0, str(value))
 
 
 def _palette(n: int) -> list[str]:

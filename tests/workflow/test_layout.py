@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fedcache.reports import summary_rows
 from fedcache.reports.layout import MAX_LABEL, Layout
 from fedcache.reports.runs import Group, Run
@@ -53,3 +55,70 @@ def test_the_best_of_each_panel_is_bold_once():
     for a in ("0.1", "1"):
         bold = [r for r in body if r[alpha] == a and r[acc].startswith("**")]
         assert len(bold) == 1 and bold[0][0] == "fedprox" and bold[0][header.index("lr")] == "0.01"
+
+
+def test_long_labels_stay_distinct():
+    """Four settings of one method vary: each label is longer than MAX_LABEL. Cut short, the groups that differ
+    only past the cut shared a label, a line style and a legend entry; wrapped, each keeps its own."""
+    runs = [Run(Path(f"r{i}"), {"method": "fedprox", "mean_accuracy": 50.0},
+                [], {}, {"lr": lr, "mu": mu, "local_epochs": e, "batch_size": bs})
+            for i, (lr, mu, e, bs) in enumerate([(lr, mu, e, bs) for lr in ("0.001", "0.01") for mu in ("0.01", "0.1")
+                                                  for e in ("1", "5") for bs in ("32", "64")])]
+    gs = [Group(r.label, [r]) for r in runs]
+    layout = Layout.of(gs)
+    labels = [layout.label(g) for g in gs]
+    assert len(set(labels)) == len(gs) == 16
+    assert len(set(layout.styles(gs).values())) == 16
+    assert all(len(line) <= MAX_LABEL for label in labels for line in label.splitlines())
+    assert all("batch_size=" in label for label in labels)  # nothing is cut off
+
+
+def test_bands_and_error_bars_are_the_sample_std_over_seeds():
+    """The curves' band and the bars' error bar: mean +- sample std (ddof=1) over seeds, on the rounds every seed
+    evaluated (a seed that skipped round 2 leaves it out)."""
+    runs = [Run(Path(f"s{s}"), {"method": "fedavg", "mean_accuracy": final}, history, {}, {})
+            for s, (final, history) in enumerate([
+                (60.0, [{"round": 1, "accuracy": 40.0}, {"round": 2, "accuracy": 50.0}, {"round": 3, "accuracy": 60.0}]),
+                (70.0, [{"round": 1, "accuracy": 50.0}, {"round": 3, "accuracy": 70.0}])])]
+    g = Group("fedavg", runs)
+    rounds, mean, std = g.band("accuracy")
+    assert rounds.tolist() == [1, 3] and mean.tolist() == [45.0, 65.0]
+    assert std.tolist() == pytest.approx([7.0710678, 7.0710678])
+    assert g.std("mean_accuracy") == pytest.approx(7.0710678) and g.mean("mean_accuracy") == 65.0
+
+
+def test_a_line_style_means_one_setting_and_panels_go_in_numeric_order():
+    """Runs as a --select grid's directories sort them: fedavg's lrs in one order, fedproto's in the other, and
+    alpha=10 before alpha=2 as text. Each lr keeps one look across methods; panels and rows follow the values."""
+    order = [("fedavg", "2", "0.01"), ("fedavg", "2", "0.001"), ("fedproto", "10", "0.001"), ("fedproto", "0.1", "0.01"),
+             ("fedavg", "0.1", "0.001"), ("fedproto", "2", "0.01"), ("fedproto", "2", "0.001"), ("fedavg", "10", "0.01")]
+    gs = [Group(m, [Run(Path(f"{m}{a}{lr}"), {"method": m, "mean_accuracy": 50.0}, [], {}, {"lr": lr, "alpha": a})])
+          for m, a, lr in order]
+    layout = Layout.of(gs)
+    styles = layout.styles(gs)
+    for lr in ("0.01", "0.001"):
+        looks = {(styles[layout.label(g)].linestyle, styles[layout.label(g)].marker) for g in gs if g.setting["lr"] == lr}
+        assert len(looks) == 1, (lr, looks)
+    assert len(set(styles.values())) == 4  # 2 methods x 2 lr, no two alike
+    ordered = layout.ordered(gs)
+    assert [g.setting["alpha"] for g in ordered] == ["0.1", "0.1", "2", "2", "2", "2", "10", "10"]
+    assert [(g.method, g.setting["lr"]) for g in ordered if g.setting["alpha"] == "2"] == [
+        ("fedavg", "0.001"), ("fedavg", "0.01"), ("fedproto", "0.001"), ("fedproto", "0.01")]
+
+
+def test_bytes_down_keeps_its_label_s_line_style():
+    """Down was always dotted, which is also the third own setting's "up" style: up and down of one label share
+    its style and colour, down drawn faint."""
+    from fedcache.reports import figures
+    from fedcache.reports.canvas import subplots
+
+    lines = [{"round": r, "bytes_up": 100 * r, "bytes_down": 50 * r} for r in (1, 2, 3)]
+    gs = [Group(f"fedavg lr={lr}", [Run(Path(lr), {"method": "fedavg"}, lines, {}, {"lr": lr})]) for lr in ("0.1", "0.01", "0.001")]
+    layout = Layout.of(gs)
+    fig, ax = subplots(figures.PANEL_SIZE)
+    figures._bytes(ax, gs, layout, layout.styles(gs))
+    drawn = ax.get_lines()
+    assert len(drawn) == 6 and ":" in {line.get_linestyle() for line in drawn}  # one label's own style is dotted
+    for up, down in zip(drawn[::2], drawn[1::2]):
+        assert up.get_linestyle() == down.get_linestyle() and up.get_color() == down.get_color()
+        assert down.get_alpha() < up.get_alpha() and down.get_label().startswith("_")  # no legend entry

@@ -36,6 +36,11 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
     md = (out / "table.md").read_text()
     assert "chosen per method and setting on validation" in md and ", lr=" in md
+    # The report draws the one partition both stages used once (bubbles and sizes), titled by both panels.
+    from fedcache.reports import write_report
+
+    html = write_report(out).html.read_text()
+    assert html.count("<h2>Partition (split=test; split=validation): ") == 2 and "<h2>Partition (split=test): " not in html
     # The directory now holds a --select grid: the same grid without --select is refused, naming the difference.
     with pytest.raises(ConfigError, match=r"differs in select \(lr there, unset here\)"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
@@ -57,6 +62,9 @@ def train_args(toy_store, out, *extra):
 
 def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
     assert main(train_args(toy_store, tmp_path / "all", "--keep-checkpoints", "all")) == 0
+    # The result is one line in a log (not a terminal), not wrapped at the console's width.
+    result = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedavg: ")]
+    assert len(result) == 1 and len(result[0]) > 160 and result[0].endswith(str(tmp_path / "all")), result
     assert sorted(p.name for p in (tmp_path / "all").glob("checkpoint*.pt")) == [
         "checkpoint-round0001.pt", "checkpoint-round0002.pt", "checkpoint-round0003.pt", "checkpoint.pt"]
     assert main(train_args(toy_store, tmp_path / "none", "--keep-checkpoints", "none")) == 0
@@ -96,3 +104,40 @@ def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
     assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
     err = capsys.readouterr().err
     assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine):
+    """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
+    never chosen), not an error that stops the grid and leaves a run that --resume replays into NaN. The batched
+    engine stacks all four cells: its batch diverges, and the cells then run as their own runs."""
+    from fedcache.api import grid
+    from fedcache.reports import write_report
+
+    out, seen = tmp_path / "div", []
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1], out=out,
+              select=["lr"], sweep={**SWEEP, "preset": "fst-cbdg", "lr": ["0.001", "1e30"]}, engine=engine)
+    table = grid(**kw, on_cell=lambda done, total, row: seen.append(row))
+    assert sorted(r["lr"] for r in seen if r.get("diverged")) == ["1e30", "1e30"]
+    assert len(table) == 2 and {str(r["lr"]) for r in table} == {"0.001"}
+    (choice,) = json.loads((out / "selection.json").read_text())["choices"]
+    assert choice["chosen"] == {"lr": "0.001"} and "diverged on any seed is not chosen" in (out / "table.md").read_text()
+    assert {c["lr"]: c.get("diverged", False) for c in choice["candidates"]} == {"0.001": False, "1e30": True}
+    assert "NaN" in next((out / "validation" / "cells").glob("*1e30*seed=0/diverged.json")).read_text()
+    again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
+    assert again.column("mean_accuracy") == table.column("mean_accuracy")
+    assert "lr=1e30: diverged" in write_report(out).html.read_text()
+
+
+def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
+    """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
+    from fedcache.sweep import _holds_runs
+
+    cell = tmp_path / "validation" / "cells" / "fedavg__lr=1e30__seed=0"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text("{}")
+    assert not _holds_runs(tmp_path)
+    for name in ("diverged.json", "checkpoint.pt", "summary.json"):
+        (cell / name).write_text("{}")
+        assert _holds_runs(tmp_path), name
+        (cell / name).unlink()

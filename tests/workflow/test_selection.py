@@ -26,3 +26,16 @@ def test_each_method_and_setting_gets_its_own_choice():
 def test_selecting_a_setting_that_is_not_an_axis_says_how():
     with pytest.raises(ConfigError, match=r"--select mu: not an axis.*--set lr=1e-3,1e-2 --select lr"):
         choose(rows(), ["alpha", "lr"], ["mu"])
+
+
+def test_a_value_that_diverged_on_any_seed_is_not_chosen():
+    """lr 0.1 scores 90 on the seed that did not diverge: averaging only that seed would choose it."""
+    rows = [{"method": "fedavg", "lr": "0.001", "seed": s, "mean_accuracy": v} for s, v in enumerate((60, 62))]
+    rows += [{"method": "fedavg", "lr": "0.1", "seed": 0, "mean_accuracy": 90},
+             {"method": "fedavg", "lr": "0.1", "seed": 1, "mean_accuracy": None, "diverged": True}]
+    (choice,) = choose(rows, ["lr"], ["lr"])
+    assert choice.chosen == (("lr", "0.001"),) and choice.score == 61.0
+    assert dict(choice.candidates) == {(("lr", "0.001"),): 61.0, (("lr", "0.1"),): None}
+    every = [{**r, "mean_accuracy": None, "diverged": True} for r in rows if r["lr"] == "0.1"]
+    with pytest.raises(ConfigError, match=r"every value of lr diverged on validation for fedavg; add smaller values"):
+        choose(every, ["lr"], ["lr"])

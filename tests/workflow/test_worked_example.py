@@ -79,10 +79,19 @@ def test_select_without_spare_rows_names_the_option_to_add(toy_store, tmp_path, 
     i = grid.index("--subsample")
     from fedcache.api import grid as run_grid
 
+    sweep = {"partition": "dirichlet", "alpha": 1, "clients": 3, "rounds": 2, "lr": ["1e-3", "1e-2"]}
     with pytest.raises(ConfigError, match=r"add --subsample 0.8"):
         run_grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
-                 sweep={"partition": "dirichlet", "alpha": 1, "clients": 3, "rounds": 2, "lr": ["1e-3", "1e-2"]},
-                 select=["lr"], out=tmp_path / "no-spare")
+                 sweep=sweep, select=["lr"], out=tmp_path / "no-spare")
     assert grid[i + 1] == "0.8"  # the option the message names is the one the page uses
     assert not (tmp_path / "no-spare" / "validation" / "cells").exists() or \
         not list((tmp_path / "no-spare" / "validation" / "cells").iterdir())  # refused before any run
+    # The command the message asks for, with the same --out, runs: the refused start claimed nothing (it was
+    # refused as "a different grid (it differs in subsample)").
+    table = run_grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
+                     sweep={**sweep, "subsample": 0.8}, select=["lr"], out=tmp_path / "no-spare")
+    assert len(table) == 1
+    # Once a cell has run, the directory is that grid's: another one is refused, naming what differs.
+    with pytest.raises(ConfigError, match=r"differs in subsample \(0.8 there, unset here\)"):
+        run_grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
+                 sweep=sweep, select=["lr"], out=tmp_path / "no-spare")
