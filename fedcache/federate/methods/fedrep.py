@@ -10,8 +10,8 @@ from typing import Literal
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import train
-from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
-from fedcache.federate.methods.pfedme import aggregation_weights
+from fedcache.federate.methods.base import (METHODS, LocalResult, Method, MethodContext, aggregation_weights,
+                                           weighted_average)
 from fedcache.federate.settings import NonNegativeInt
 from fedcache.heads import Params, expand, forward
 

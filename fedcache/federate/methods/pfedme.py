@@ -15,16 +15,10 @@ from typing import Literal
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
+from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
 from fedcache.federate.settings import NonNegative, Positive, PositiveInt
 from fedcache.heads import Params, expand, forward
-
-
-def aggregation_weights(kind: str, counts: torch.Tensor) -> torch.Tensor:
-    """The server's weights of the sampled clients: equal ("uniform", the pFedMe and Per-FedAvg papers)
-    or by training samples ("samples", the pFedMe repository's code and FedAvg)."""
-    return counts if kind == "samples" else torch.ones_like(counts)
 
 
 @dataclass(frozen=True)
