@@ -23,7 +23,7 @@ from fedcache.heads import Params, expand, forward
 
 @dataclass(frozen=True)
 class PFedMeParams:
-    lam: Positive = 15.0  # paper and official code (--lamda 15, the MNIST and CIFAR-10 commands)
+    lam: Positive = 15.0  # official --lamda 15: CIFAR-10 and 3 of 4 MNIST commands (Synthetic 20)
     inner_steps: PositiveInt = 5  # K, official default --K 5
     # Step size of the inner solver for theta: the official CIFAR-10 and Synthetic commands
     # (--personal_learning_rate 0.01; its MNIST commands use 0.05-0.1).
