@@ -61,8 +61,8 @@ FEDPCL_FILE = "000_430ac1eb8287ee63.txt"
 FEDPCL_TRAIN = {"rounds": 100}
 FEDPCL_METHODS = {"FedAvg": "fedavg", "pFedMe": "pfedme", "PerFedAvg": "perfedavg", "FedRep": "fedrep",
                   "FedProto": "fedproto", "Solo": "solo", "Ours (FedPCL)": "fedpcl"}
-# The paper's E = 1 for every method. FedRep's own default (10 classifier epochs before its one body epoch, its
-# official scripts) would give it 11 epochs per round, so in these comparisons it runs 1 + 1 (docs/methods/fedrep.md).
+# The paper's E = 1 for every method. FedRep's own default (10 classifier epochs, its official scripts', before
+# one body epoch) would give it 11 epochs per round, so in these comparisons it runs 1 + 1 (docs/methods/fedrep.md).
 # A grid's settings apply to all its methods, so FedRep runs in a grid of its own, "<key>-fedrep".
 FEDPCL_FEDREP = {"head_epochs": 1}
 # Paper Sec. 5.1 / Table 7: every baseline trains FC-ReLU-BN-FC on the frozen backbones (fedcache's `mlp`), FedPCL

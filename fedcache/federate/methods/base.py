@@ -290,3 +290,9 @@ def weighted_average(stacked: Params, weights: torch.Tensor) -> Params:
     """FedAvg's aggregation: (K, ...) -> (1, ...) weighted by ``weights``."""
     w = weights / weights.sum()
     return {n: torch.einsum("k,k...->...", w, t).unsqueeze(0) for n, t in stacked.items()}
+
+
+def aggregation_weights(kind: str, counts: torch.Tensor) -> torch.Tensor:
+    """The server's weights of the sampled clients: equal ("uniform": the pFedMe, Per-FedAvg and FedRep papers'
+    algorithms) or by training samples ("samples": the pFedMe repository's code and FedAvg)."""
+    return counts if kind == "samples" else torch.ones_like(counts)

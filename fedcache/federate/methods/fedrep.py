@@ -10,16 +10,17 @@ from typing import Literal
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import train
-from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
-from fedcache.federate.methods.pfedme import aggregation_weights
+from fedcache.federate.methods.base import (METHODS, LocalResult, Method, MethodContext, aggregation_weights,
+                                           weighted_average)
 from fedcache.federate.settings import NonNegativeInt
 from fedcache.heads import Params, expand, forward
 
 
 @dataclass(frozen=True)
 class FedRepParams:
-    # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the
-    # official --local_rep_ep 1). The official scripts use --local_ep 11 --local_rep_ep 1: 10 head epochs.
+    # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the official
+    # --local_rep_ep). Every official script trains the classifier 10 epochs (--local_ep minus --local_rep_ep),
+    # the body 1 (CIFAR-10 2 shards, --local_rep_ep's default) or 5 (the other six scripts).
     # The FedPCL comparison presets set 1 (that paper's E = 1 for every method).
     head_epochs: NonNegativeInt = 10
     # uniform: Algorithm 1's plain average over the sampled clients, and the official code's for its image

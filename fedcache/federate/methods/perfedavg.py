@@ -16,8 +16,7 @@ import torch
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import split_loss
-from fedcache.federate.methods.base import METHODS, LocalResult, Method, gradients, weighted_average
-from fedcache.federate.methods.pfedme import aggregation_weights
+from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
 from fedcache.federate.settings import Positive
 from fedcache.heads import Params, expand, forward

@@ -98,6 +98,27 @@ def test_zero_head_epochs_trains_only_the_body():
     torch.testing.assert_close(got.uploads["fc1.weight"], want["fc1.weight"])
 
 
+def test_every_client_starts_from_one_initial_classifier():
+    """As the official code's copies of one global network: the clients' classifiers start equal."""
+    m, _ = fedrep(head_epochs=1)
+    for n, t in m.init_clients(3).items():
+        for k in (1, 2):
+            torch.testing.assert_close(t[k], t[0])
+
+
+def test_clients_are_scored_with_the_global_body_and_their_own_classifier():
+    """After the round's average: the server's body, the client's classifier and its own BatchNorm statistics."""
+    m, data = fedrep(head_epochs=1)
+    clients = [0, 1, 2]
+    r = m.local_update(0, clients, m.init_server(), m.init_clients(3))
+    server, own = m.aggregate(m.init_server(), r, clients, 0), r.states
+    x = data.x_test[:5].expand(3, -1, -1)
+    h = torch.relu(x @ server["fc1.weight"] + server["fc1.bias"])
+    z = (h - own["bn.running_mean"]) / torch.sqrt(own["bn.running_var"] + 1e-5) * server["bn.weight"] + server["bn.bias"]
+    torch.testing.assert_close(m.client_logits(server, own, clients, x), z @ own["fc2.weight"] + own["fc2.bias"])
+    assert not torch.allclose(server["fc1.weight"], r.uploads["fc1.weight"][:1])  # the client's own body differs
+
+
 @pytest.mark.parametrize("aggregate, weights", [("uniform", (1.0, 1.0)), ("samples", (8.0, 24.0))])
 def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights):
     data = synthetic(n_clients=2, n_classes=4, dim=6, sizes=[8, 24])

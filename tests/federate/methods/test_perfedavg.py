@@ -6,12 +6,16 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, MethodContext
+from fedcache.federate.methods.perfedavg import ADAPT, meta_gradient
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.train import resolve_settings
+
+from ..conftest import synthetic
 
 # Client 0: four rows, so one local step pairs two batches D, D' of two rows (their means differ
 # whichever way the rows are shuffled); client 1: one batch, which stands in for D' as well.
@@ -78,3 +82,47 @@ def test_server_averages_uniformly_or_by_samples(aggregate, weights, want):
     torch.testing.assert_close(result.weights, torch.tensor(weights))
     result.uploads = {"w": torch.tensor([[3.0], [6.0]])}
     torch.testing.assert_close(m.aggregate({"w": torch.tensor([[1.0]])}, result, [0, 1], 0)["w"], torch.tensor([[want]]))
+
+
+def quartic(p, xb, yb, mask, info):
+    """f(w; D) = mean over D of (w - x)^4 / 4: gradient mean (w - x)^3, Hessian 3 mean (w - x)^2, which
+    depends on the point and the batch (a quadratic's Hessian depends on neither)."""
+    return masked_mean(0.25 * (p["w"] - xb[..., 0]) ** 4, mask)
+
+
+def batch_of(*values):
+    x = torch.tensor(values).view(1, -1, 1)
+    return x, torch.zeros(1, len(values), dtype=torch.long), torch.ones(1, len(values), dtype=torch.bool)
+
+
+def test_hessian_free_step_takes_the_hessian_at_w_on_the_third_batch():
+    """HF: (I - alpha H(w; D'')) grad f(temp; D'), the Hessian at w (not at temp) on D'' (not on D or D')."""
+    alpha, w = 0.05, 2.0
+    d, d1, d2 = batch_of(1.0), batch_of(0.0), batch_of(4.0, 1.0)
+    temp = w - alpha * (w - 1.0) ** 3  # 1.95
+    g = temp**3  # grad f(temp; D'), D' = {0}
+    h = 3 * ((w - 4.0) ** 2 + (w - 1.0) ** 2) / 2  # H(w; D'') = 7.5; H(w; D) = 3, H(w; D') = 12, H(temp; D'') = 7.66
+    got, _ = meta_gradient(quartic, {"w": torch.tensor([[w]])}, ("w",), [d, d1, d2], alpha)
+    torch.testing.assert_close(got["w"], torch.tensor([[(1 - alpha * h) * g]]))
+
+
+def test_personalised_score_is_one_alpha_step_on_a_fixed_training_batch():
+    """Each client's score: the global head after one step w - alpha grad f(w; D) on the first batch of a fixed
+    shuffle of its training rows; the cross-entropy gradient of a linear head written out in closed form."""
+    alpha, clients = 0.5, [0, 1]
+    data = synthetic(n_clients=2, per_client=20, n_classes=3, dim=4)
+    cls = METHODS.get("perfedavg")
+    m = cls(MethodContext(data, "linear", PRESETS["perfedavg"], batch_size=8), cls.Params(alpha=alpha))
+    server = m.init_server()
+    x = data.x_test[:5].expand(2, -1, -1)
+    got = m.client_logits(server, {}, clients, x)
+    for i, k in enumerate(clients):
+        rows = torch.from_numpy(m.plan(ADAPT, [k], epochs=1)[0, 0])
+        assert bool((rows >= 0).all()) and set(rows.tolist()) <= set(data.client_train[k].tolist())
+        xb, yb = data.x_train[rows], data.y_train[rows]
+        err = torch.softmax(xb @ server["weight"][0] + server["bias"][0], -1) - F.one_hot(yb, 3)
+        weight = server["weight"][0] - alpha * xb.T @ err / len(rows)
+        bias = server["bias"][0] - alpha * err.mean(0)
+        torch.testing.assert_close(got[i], x[i] @ weight + bias)
+    assert not torch.allclose(got[0], x[0] @ server["weight"][0] + server["bias"][0])
+    torch.testing.assert_close(m.client_logits(server, {}, clients, x), got)  # the same batch at every evaluation

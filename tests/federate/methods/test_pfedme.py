@@ -12,6 +12,9 @@ from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.train import resolve_settings
+from fedcache.heads import expand
+
+from ..conftest import synthetic
 
 # Client 0 holds four rows of value 1, client 1 two rows of value 3; batches of 2 give client 0 two
 # steps and client 1 one (it sits out the second step).
@@ -95,3 +98,30 @@ def test_official_l2_in_the_inner_solver():
     theta = m.local_update(0, [1], {"w": torch.tensor([[0.5]])}, {}).states["w"]
     # 0.5 - 0.1 * ((0.5 - 3) + 2 * 0 + 0.5 * 0.5)
     torch.testing.assert_close(theta, torch.tensor([[0.5 - 0.1 * (-2.5 + 0.25)]]))
+
+
+def small(head: str):
+    data = synthetic(n_clients=2, per_client=16, n_classes=3, dim=4)
+    cls = METHODS.get("pfedme")
+    return cls(MethodContext(data, head, PRESETS["pfedme"], batch_size=8), cls.Params()), data
+
+
+def test_clients_are_scored_with_their_personalised_theta():
+    """The personalised score is theta's (the client's state after its last inner solve), not w's."""
+    m, data = small("linear")
+    server = m.init_server()
+    theta = m.local_update(0, [0, 1], server, m.init_clients(2)).states
+    x = data.x_test[:5].expand(2, -1, -1)
+    want = x @ theta["weight"] + theta["bias"]
+    torch.testing.assert_close(m.client_logits(server, theta, [0, 1], x), want)
+    assert not torch.allclose(want, x @ server["weight"] + server["bias"])
+
+
+def test_batchnorm_statistics_travel_from_theta():
+    """Only theta runs forward passes, so the running statistics sent beside w are theta's, not the received ones."""
+    m, _ = small("mlp")
+    down = m.init_server()
+    r = m.local_update(0, [0, 1], down, m.init_clients(2))
+    for n in m.head.buffer_keys:
+        torch.testing.assert_close(r.uploads[n], r.states[n])
+        assert not torch.allclose(r.uploads[n], expand(down, 2)[n])
