@@ -20,7 +20,7 @@ from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
 PAPER, CONTRIBUTION = "paper.json", "contribution.json"
-MAX_PARTITIONS = 6
+MAX_PARTITIONS = 24  # one bubble chart per setting; past a few dozen a page is scrolled past, not read
 
 
 @dataclass
