@@ -281,7 +281,7 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
         if not path.exists():
             raise ConfigError(f"--resume: {out} has no config.json; start the run without --resume")
         saved = json.loads(path.read_text())
-        if saved != json.loads(json.dumps(resolved)):
+        if not _holds(json.loads(json.dumps(resolved)), saved):
             differ = _differences(saved.get("spec", {}), resolved["spec"])
             raise ConfigError(f"--resume: the options differ from the run in {out}"
                               + (f" ({', '.join(differ)})" if differ else "")
@@ -289,6 +289,15 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(resolved, indent=2) + "\n")
+
+
+def _holds(mine, saved) -> bool:
+    """Whether this run's config.json agrees with the saved one on everything the saved one records. A key
+    that a later fedcache adds (a record such as ``partition.effective``, or a setting whose default is the
+    old behaviour) must not make every run started before it unresumable; a changed value still does."""
+    if isinstance(saved, dict) and isinstance(mine, dict):
+        return all(k in mine and _holds(mine[k], v) for k, v in saved.items())
+    return mine == saved
 
 
 def _differences(saved: dict, mine: dict) -> list[str]:

@@ -64,6 +64,21 @@ def test_resume_with_other_options_is_refused(store, tmp_path):
         train(cfg(store, out=tmp_path / "r", resume=True, settings=["lr=0.5"]))
 
 
+def test_a_run_started_before_a_config_key_was_added_resumes_and_a_changed_value_is_refused(store, tmp_path):
+    """config.json gained `partition.effective`; a grid interrupted before that refused to resume
+    ("the options differ") though nothing it computes had changed."""
+    out = tmp_path / "r"
+    train(cfg(store, out=out, rounds=2))
+    config = json.loads((out / "config.json").read_text())
+    del config["partition"]["effective"]  # as an earlier fedcache wrote it
+    (out / "config.json").write_text(json.dumps(config))
+    assert train(cfg(store, out=out, rounds=2, resume=True)).summary["rounds"] == 2
+    config["resolved"]["method_params"] = {**config["resolved"]["method_params"], "init": "text"}
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="options differ"):
+        train(cfg(store, out=out, rounds=2, resume=True))
+
+
 def test_fused_backbones_concatenate_features(store):
     from fedcache.federate.train import prepare
 
