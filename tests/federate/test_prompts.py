@@ -120,10 +120,11 @@ def cosine_nce(z, pos, neg, tau):
     return torch.log1p(torch.exp((F.cosine_similarity(z, neg, dim=-1) - F.cosine_similarity(z, pos, dim=-1)) / tau))
 
 
-def atpfl_regulariser(m, clients, server, states, p, rows):
+def atpfl_regulariser(m, clients, server, states, p, rows, mask=None):
     info = m.local_extra(clients, server, states)
     image, text = m.visual.train_features(p, rows), m.text.encode(p["ctx"])
-    return m.regulariser(p, rows, torch.ones(*rows.shape, dtype=torch.bool), image, text, info)
+    mask = torch.ones(*rows.shape, dtype=torch.bool) if mask is None else mask
+    return m.regulariser(p, rows, mask, image, text, info)
 
 
 def test_atpfl_global_prompt_is_the_positive_and_previous_the_negative(hidden):
@@ -147,6 +148,30 @@ def test_atpfl_global_prompt_is_the_positive_and_previous_the_negative(hidden):
     two_log_two = torch.full((2,), 0.5 * 2 * math.log(2))
     assert (atpfl_regulariser(m, clients, server, states, glob, rows) < two_log_two).all()
     assert (atpfl_regulariser(m, clients, server, states, prev, rows) > two_log_two).all()
+
+
+def test_atpfl_default_temperature_is_clips_and_padding_rows_do_not_count(hidden):
+    """tau=0 (default) is Eq. 2's Gamma, 1 / logit_scale; the image term averages over the real rows
+    of the batch only (a client with fewer rows is padded in batched training)."""
+    m = make("atpfl", hidden, mu=1.0)
+    assert m.p.tau == 0 and abs(1.0 / m.scale - 1.0) > 0.1  # a wrong default (e.g. 1) would show
+    server = m.init_server()
+    g = torch.Generator().manual_seed(5)
+    prev = {n: t.expand(2, *t.shape[1:]) + 0.5 * torch.randn(2, *t.shape[1:], generator=g) for n, t in server.items()}
+    states = {**{"prev_" + n: t for n, t in prev.items()}, "trained": torch.ones(2, 1)}
+    clients = [0, 2]
+    rows = torch.from_numpy(np.stack([hidden.client_train[k][:6] for k in clients]))
+    mask = torch.tensor([[True] * 6, [True, True, False, False, False, False]])
+    p = {n: t.expand(2, *t.shape[1:]) + 0.2 * torch.randn(2, *t.shape[1:], generator=g) for n, t in server.items()}
+    glob = {n: t.expand(2, *t.shape[1:]) for n, t in server.items()}
+    tau = 1.0 / m.scale
+    with torch.no_grad():
+        text, text_g, text_prev = (m.text.encode(q["ctx"]) for q in (p, glob, prev))
+        image, image_g, image_prev = (m.visual.train_features(q, rows) for q in (p, glob, prev))
+    per_row = cosine_nce(image, image_g, image_prev, tau)
+    l_image = torch.stack([per_row[0].mean(), per_row[1, :2].mean()])
+    want = cosine_nce(text, text_g, text_prev, tau).mean(-1) + l_image
+    torch.testing.assert_close(atpfl_regulariser(m, clients, server, states, p, rows, mask), want)
 
 
 def test_atpfl_previous_prompt_of_a_client_that_never_trained_is_the_global_one(hidden):
