@@ -102,6 +102,16 @@ def test_combined_presets_hold_every_table_and_number():
         assert len({e.key for e in whole.experiments}) == len(whole.experiments)  # no folder shared by two tables
 
 
+def test_tpfl_tables_run_every_method_with_the_papers_adam():
+    """TPFL Sec. 4.1 states one optimizer, Adam 1e-3: PromptFL's row must not fall back to its own SGD default."""
+    from fedcache.federate.optim_config import PRESETS as OPTIM
+
+    for name in ("tpfl-table1", "tpfl-table2"):
+        for e in ps.PRESETS.get(name).experiments:
+            assert "promptfl" in e.methods and e.sweep["preset"] == "tpfl", (name, e.key)
+    assert (OPTIM["tpfl"].optimizer, OPTIM["tpfl"].lr) == ("adam", 1e-3)
+
+
 # fedpcl-table3 sweeps `alpha`, which perfedavg also owns (method.alpha): the grid refuses the ambiguous key.
 # Its presets belong to the `protocol` branch (partition.alpha fixes it); remove this entry when that is merged.
 _CELLS_REFUSED: set = set()
