@@ -220,3 +220,30 @@ def test_cli_trains_flesd_on_a_multi_view_store(view_store, tmp_path, capsys):
     code = main(["train", "--store", str(view_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
                  "--clients", "2", "--rounds", "1"])
     assert code == 0  # methods that do not use views ignore them
+
+
+def test_clients_upload_the_plain_public_features_representations(viewed, monkeypatch):
+    """Each client sends Z of the public set's plain (unaugmented) cached features, as the official
+    pubset_infer: with local training stubbed out, Z is the received encoder's embedding of x_train[public]."""
+    import fedcache.federate.methods.flesd as flesd_module
+
+    monkeypatch.setattr(flesd_module, "local_simclr", lambda m, rnd, clients, start: start)
+    m = make("flesd", viewed, **SMALL)
+    down = m.init_server()
+    up = m.local_update(0, [0, 2], down, {}).uploads
+    want = embed(down, viewed.x_train[m.public][None])[0]
+    assert up.keys() == {"reps"}
+    for z in up["reps"]:
+        torch.testing.assert_close(z, want)
+
+
+def test_defaults_are_the_papers_and_official_codes():
+    """Paper Sec. 5.1 and the official README / options.py: tau_T = 0.1 (also the student's), m = 0.999,
+    K = 2048, 200 distillation epochs in batches of 256, Adam 1e-3 (wd 1e-6); local SimCLR T = 0.4;
+    the representations of the public set are what a client sends (Eq. 11)."""
+    from fedcache.federate.methods.flesd import FLESDParams
+
+    p = FLESDParams()
+    assert (p.target_t, p.momentum, p.queue, p.distill_epochs, p.distill_batch) == (0.1, 0.999, 2048, 200, 256)
+    assert (p.distill_lr, p.distill_wd, p.temperature) == (1e-3, 1e-6, 0.4)
+    assert (p.upload, p.top_percent, p.precision, p.public_rows) == ("representations", 100.0, "float32", 0)
