@@ -45,6 +45,55 @@ def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs:
     return time.perf_counter() - t0, table, plans
 
 
+def floor_seconds(n_train: int, n_test: int, dim: int, classes: int, clients: int, rounds: int, batch: int = 32) -> float:
+    """One cell's arithmetic floor on one torch thread, the fastest of three: its clients' local steps (each
+    client's share of the training rows in mini-batches; per step the forward product, the weight gradient and
+    Adam's update of the weights, a round's clients stacked as the round loop stacks them) and per round one
+    forward pass over the test rows. What a cell adds to it (the bias, the loss, autograd, padding of
+    unequal clients, sampling, aggregation, files) is what an engine can save; the floor it cannot, as long
+    as it computes the same products."""
+    import torch
+
+    from fedcache.federate.optim import OptimConfig, StackedOptimizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        rows = n_train // clients
+        sizes = [batch] * (rows // batch) + ([rows % batch] if rows % batch else [])
+        xs = [torch.randn(clients, b, dim, generator=gen) for b in sizes]
+        gs = [torch.randn(clients, b, classes, generator=gen) for b in sizes]
+        test = torch.randn(1, n_test, dim, generator=gen)
+        best = float("inf")
+        for _ in range(3):
+            params = {"w": torch.randn(clients, dim, classes, generator=gen) / dim**0.5}
+            opt, active = StackedOptimizer(params, OptimConfig(), ("w",)), torch.ones(clients, dtype=torch.bool)
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                for x, g in zip(xs, gs):
+                    torch.bmm(x, params["w"])
+                    opt.step(params, {"w": torch.bmm(x.transpose(1, 2), g)}, active)
+                torch.bmm(test, params["w"][:1])
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
+def floor_cells_per_minute(store: Path, data: tuple[str, str], sweep: dict, jobs: int) -> float:
+    """The floor's cells per minute with ``jobs`` cells at a time, each on a core of its own (perfect scaling):
+    what no engine computing the cells' products can beat here."""
+    from fedcache.federate.data import load_fused
+    from fedcache.store.feature_store import FeatureStore
+
+    fs = FeatureStore(store, create=False)
+    train, test = (load_fused(fs, data[0], [data[1]], split) for split in ("train", "test"))
+    seconds = floor_seconds(len(train.labels), len(test.labels), train.features.shape[1], len(train.class_names),
+                            int(sweep["clients"][0]), int(sweep["rounds"][0]))
+    return round(60 * jobs / seconds, 1)
+
+
 def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
     """Both engines, alternating (trial t runs processes first when t is even, batched first when odd), each
     trial into fresh directories; per engine the median of its trials' cells per minute."""
@@ -54,6 +103,8 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
+    floors: list[float] = []  # per trial, after its two grids
+    accuracies: dict[str, dict[str, float]] = {}  # per grid, cell -> its mean accuracy
     tables: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for t in range(trials):
@@ -61,17 +112,23 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
                 where = Path(tmp) / f"{engine}-{t}"
                 wall, table, plans = timed_grid(store, data, where, engine, jobs, sweep, seeds)
                 tables[f"{engine}-{t}"] = (where / "table.md").read_text()
+                accuracies[f"{engine}-{t}"] = _accuracies(where / "results.csv")
                 runs[engine].append({"cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
                                      "cells_per_minute": round(60 * len(table) / wall, 1), "load_average_after": os.getloadavg()})
+            floors.append(floor_cells_per_minute(store, data, sweep, jobs))
     for engine, rs in runs.items():
         out[engine] = {"cells": rs[0]["cells"], "plan": rs[0]["plan"],
                        "cells_per_minute": round(statistics.median(r["cells_per_minute"] for r in rs), 1), "trials": rs}
     out["same_table_md"] = len(set(tables.values())) == 1  # every trial of both engines
+    out["cells_differing"] = _differing(accuracies["processes-0"], accuracies["batched-0"])
     if not out["same_table_md"]:  # say where, so a difference can be looked into
         first, *rest = tables
         out["table_md_differences"] = {k: _diff(tables[first], tables[k], first, k) for k in rest if tables[k] != tables[first]}
     out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
                                                for p, b in zip(runs["processes"], runs["batched"])]
+    out["floor"] = {"cells_per_minute": round(statistics.median(floors), 1), "trials": floors,
+                    "what": " ".join(floor_seconds.__doc__.split())}
+    out["floor_over_processes_per_trial"] = [round(f / p["cells_per_minute"], 2) for f, p in zip(floors, runs["processes"])]
     out["batched_over_processes_cells_per_minute"] = round(out["batched"]["cells_per_minute"] / out["processes"]["cells_per_minute"], 2)
     # Worker processes: the process engine's runs, and the batched engine's batches when --jobs > 1 and several.
     out["peak_rss_mb_of_this_process"] = _peak_mb(resource.RUSAGE_SELF)
@@ -86,7 +143,16 @@ def measure_large(store: Path, jobs: int) -> dict:
         wall, table, plans = timed_grid(store, (DATASET, BACKBONE), Path(tmp) / "large", "batched", jobs, LARGE, list(range(25)))
     return {**out, "cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
             "cells_per_minute": round(60 * len(table) / wall, 1), "peak_rss_mb_of_this_process": _peak_mb(resource.RUSAGE_SELF),
-            "load_average_after": os.getloadavg()}
+            "peak_rss_mb_of_a_worker_process": _peak_mb(resource.RUSAGE_CHILDREN), "load_average_after": os.getloadavg()}
+
+
+def _floor_rows(r: dict) -> list[str]:
+    if "floor" not in r:
+        return []
+    f, ratio = r["floor"], round(r["floor"]["cells_per_minute"] / r["processes"]["cells_per_minute"], 2)
+    per_trial = ", ".join(f"{x}x" for x in r["floor_over_processes_per_trial"])
+    return [f"| arithmetic floor (see below) | {f['cells_per_minute']} | {ratio}x (per trial {per_trial}) |", "",
+            f"The floor: {f['what']}"]
 
 
 def _loads(p: dict, b: dict) -> str:
@@ -97,10 +163,28 @@ def _loads(p: dict, b: dict) -> str:
 def _tables_sentence(r: dict) -> str:
     if r["same_table_md"]:
         return "Every trial's table.md was identical across engines."
-    return ("The trials' table.md files were not all identical: the batched engine equals each cell alone to float32 "
-            "rounding, not bit for bit (a stack's steps are as wide as its widest client's), which can move a cell's "
-            "accuracy in the last digits" + (f" ({len(r['table_md_differences'])} trials differed from the first)."
-                                             if "table_md_differences" in r else ".") )
+    text = ("The trials' table.md files were not all identical. Each engine repeats its own numbers; the batched engine "
+            "equals a cell alone bit for bit where every step has the full batch width, but an epoch's last step is cut "
+            "at its widest client's last real row, in a stack the widest of every cell's, so that step's sums round "
+            "differently, and training that is sensitive to rounding grows the difference into another trajectory")
+    d = r.get("cells_differing")
+    if d:
+        text += (f": in the first trial {d['differing']} of {d['cells']} cells ended with another mean accuracy than on the "
+                 f"process engine, by up to {d['max_points']} points")
+    return text + "."
+
+
+def _accuracies(results_csv: Path) -> dict[str, float]:
+    import csv
+
+    with results_csv.open() as f:
+        return {row["run_dir"]: float(row["mean_accuracy"]) for row in csv.DictReader(f)}
+
+
+def _differing(a: dict[str, float], b: dict[str, float]) -> dict:
+    """How many cells' mean accuracies differ between two grids of the same cells, and by how much at most."""
+    gaps = [abs(a[k] - b[k]) for k in a]
+    return {"cells": len(gaps), "differing": sum(g > 0 for g in gaps), "max_points": round(max(gaps, default=0.0), 2)}
 
 
 def _diff(a: str, b: str, name_a: str, name_b: str) -> list[str]:
@@ -126,7 +210,8 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
         + f" (`benchmarks/results/grid_speed.json`, {d['measured_at']}, {d['machine']}; load average {load} at the start).", "",
         "| engine | cells per minute (median of trials) | relative |", "|---|---|---|",
         f"| processes (`--engine processes --jobs {d['jobs']}`) | {p['cells_per_minute']} | 1 |",
-        f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |", "",
+        f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |",
+        *_floor_rows(r), "",
         f"Per interleaved trial, batched over processes: {per_trial}. " + _tables_sentence(r) + " The batched engine grouped the cells "
         f"as: {' '.join(b['plan'])}. Peak resident memory: {r['peak_rss_mb_of_this_process']} MB for the benchmark "
         f"process, {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker process (either engine's; the "
@@ -139,7 +224,10 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
         lines += ["", f"`.venv/bin/python benchmarks/grid_speed.py --large` (`benchmarks/results/{large.name}`, "
                   f"{L['measured_at']}): the 1,000-cell grid (lr x 10, seeds 0-24), batched engine only: "
                   f"{R['cells_per_minute']} cells per minute ({R['wall_seconds']} s), peak resident memory "
-                  f"{R['peak_rss_mb_of_this_process']} MB ({' '.join(R['plan'])})."]
+                  f"{R['peak_rss_mb_of_this_process']} MB in the benchmark process"
+                  + (f", {R['peak_rss_mb_of_a_worker_process']} MB in the largest worker process" if "peak_rss_mb_of_a_worker_process" in R else "")
+                  + f" ({' '.join(R['plan'])}); load average {', '.join(f'{x:.1f}' for x in R['load_average_at_start'])} "
+                  f"at the start, {', '.join(f'{x:.1f}' for x in R['load_average_after'])} at the end."]
     return "\n".join(lines) + "\n"
 
 

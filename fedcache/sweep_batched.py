@@ -49,6 +49,9 @@ class Grouping:
             for why in self.alone.values():
                 reasons[why] = reasons.get(why, 0) + 1
             text += f"; {len(self.alone)} cells as their own runs: " + "; ".join(f"{why} ({k})" for why, k in reasons.items())
+        if self.batches:
+            text += (". A stacked cell's numbers may differ from its own run's where training is sensitive to rounding "
+                     "(docs/getting-started.md, Grids): compare methods on one engine's numbers")
         return text
 
 

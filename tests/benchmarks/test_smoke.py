@@ -49,7 +49,10 @@ def test_grid_speed_runs_both_engines(tmp_path):
     res = json.loads(out.read_text())["result"]
     assert res["processes"]["cells"] == res["batched"]["cells"] == 8
     assert res["same_table_md"] is True and res["batched"]["plan"][0].startswith("batched engine: 8 cells")
-    assert "cells per minute" in bench("grid_speed").render(out)
+    assert res["cells_differing"] == {"cells": 8, "differing": 0, "max_points": 0.0}
+    assert res["floor"]["cells_per_minute"] > 0 and len(res["floor_over_processes_per_trial"]) == 2
+    text = bench("grid_speed").render(out)
+    assert "cells per minute" in text and "arithmetic floor" in text
 
 
 def test_store_verify(tmp_path):

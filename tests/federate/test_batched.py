@@ -143,7 +143,7 @@ VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "p
             ("fedpcl", {"first_round": "decay"}),
             ("fedpcl", {"prototypes": "local", "noise": "gaussian", "predict_with": "clean"}),
             ("fedpcl", {"prototypes": "global", "local_reduce": "mean", "ce_weight": 0.5, "predict": "global"}),
-            ("fedpcl", {"loss": "supcon", "noise": "laplace", "aggregation": "mean", "predict": "classifier"})]
+            ("fedpcl", {"loss": "supcon", "noise": "laplace", "aggregation": "mean", "predict": "classifier", "ce_weight": 0.5})]
 
 
 @pytest.mark.parametrize("name, shared", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))

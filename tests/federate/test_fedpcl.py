@@ -208,6 +208,14 @@ def test_fedavg_and_fedproto_run_on_the_projection_head():
         assert run(m, RunConfig(rounds=2)).summary["params_up_per_client"] > 0
 
 
+@pytest.mark.parametrize("first_round", ["idle", "decay"])
+def test_predicting_with_a_classifier_nothing_trains_is_refused(first_round):
+    with pytest.raises(ConfigError, match="nothing trains the classifier.*ce_weight > 0"):
+        fedpcl(synthetic(), predict="classifier", first_round=first_round)
+    for trained in ({"ce_weight": 0.5, "first_round": first_round}, {"first_round": "ce"}):
+        fedpcl(synthetic(), predict="classifier", **trained)
+
+
 def test_needs_the_projection_head():
     with pytest.raises(ConfigError, match="projection head"):
         METHODS.get("fedpcl")(MethodContext(synthetic(), head="linear"))

@@ -89,7 +89,8 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
     printed = " ".join((captured.out + captured.err).split())  # one line, however the console wrapped it
     assert code == 0
     assert ("batched engine: 8 cells in 3 batches (3 fedprox, 3 fedprox, 2 fedprox), at most 3 cells per batch; "
-            "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8)") in printed
+            "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8). A stacked "
+            "cell's numbers may differ from its own run's where training is sensitive to rounding") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16
 

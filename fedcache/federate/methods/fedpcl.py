@@ -114,6 +114,11 @@ class FedPCL(Method):
                 f"loss={self.p.loss}: the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are "
                 f"{method}'s in the paper's Table 11); run -m {method} --head projection on the same partition, or "
                 "`fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss is fedpcl or supcon")
+        if self.p.predict == "classifier" and self.p.ce_weight == 0 and self.p.first_round != "ce":
+            raise ConfigError(
+                f"predict=classifier with ce_weight=0 and first_round={self.p.first_round}: nothing trains the classifier, "
+                "so it would predict with its random initialisation. Set ce_weight > 0 (its cross-entropy beside the "
+                "contrastive loss; the page's row uses ce_weight=1) or predict=local / predict=global")
         self.n, self.c, self.h = ctx.data.n_clients, ctx.data.n_classes, self.head.feature_dim
 
     def init_server(self) -> Params:
