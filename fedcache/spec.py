@@ -180,9 +180,10 @@ class GridEngineSpec(Section):
     # batched engine showed no gain on a 2-core CPU, and an engine kept for speed must show one.
     engine: Literal["batched", "processes"] = opt(
         "processes", axis=False, recorded=False,
-        help="processes: every cell in its own run (--jobs worker processes); batched: cells that share data, "
-             "method, head and round schedule train together as one stacked computation (methods that cannot, "
-             "as their own runs, transparently); equal to each cell alone up to float32 rounding.")
+        help="processes: every cell in its own run (--jobs worker processes); batched: cells that differ only in "
+             "optimizer and per-row method settings (same data, method, head, schedule, partition and seed) train "
+             "together as one stacked computation, each equal to its own run (methods that cannot stack run as their "
+             "own runs, transparently).")
     max_batch_cells: PositiveInt | None = opt(
         None, axis=False, recorded=False,
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")
