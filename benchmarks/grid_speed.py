@@ -227,7 +227,8 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
                   f"{R['peak_rss_mb_of_this_process']} MB in the benchmark process"
                   + (f", {R['peak_rss_mb_of_a_worker_process']} MB in the largest worker process" if "peak_rss_mb_of_a_worker_process" in R else "")
                   + f" ({' '.join(R['plan'])}); load average {', '.join(f'{x:.1f}' for x in R['load_average_at_start'])} "
-                  f"at the start, {', '.join(f'{x:.1f}' for x in R['load_average_after'])} at the end."]
+                  f"at the start, {', '.join(f'{x:.1f}' for x in R['load_average_after'])} at the end."
+                  + (f" {L['note']}" if "note" in L else "")]
     return "\n".join(lines) + "\n"
 
 
