@@ -177,7 +177,8 @@ class GridEngineSpec(Section):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
     # processes is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) the
-    # batched engine showed no gain on a 2-core CPU, and an engine kept for speed must show one.
+    # batched engine measured 0.93x-0.94x on a 2-core CPU, and 1.27x-1.35x in two runs since it stacks only cells of
+    # one partition and seed: not yet a settled gain, which an engine made the default for speed must show.
     engine: Literal["batched", "processes"] = opt(
         "processes", axis=False, recorded=False,
         help="processes: every cell in its own run (--jobs worker processes); batched: cells that differ only in "

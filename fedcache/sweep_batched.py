@@ -109,8 +109,8 @@ def _why_alone(cfg: RunSpec, r, tables) -> str:
 
 
 def _key(cfg: RunSpec, r) -> tuple:
-    """What the runs of one batch share (federate.batched.stack_key, from the spec before any data is read);
-    the method's name first."""
+    """What the runs of one batch share: federate.batched.stack_key (from the spec, before any data is read)
+    and also partition, seed and fraction, so that they draw the same mini-batches; the method's name first."""
     params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in r.method_cls.row_params}
     s = cfg.schedule
     return (r.method_cls.name, r.head, r.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
