@@ -94,6 +94,27 @@ def floor_cells_per_minute(store: Path, data: tuple[str, str], sweep: dict, jobs
     return round(60 * jobs / seconds, 1)
 
 
+def stack_steps(store: Path, data: tuple[str, str], sweep: dict, seeds: list[int], batch: int = 32) -> dict:
+    """Why the batched engine stacks only cells of one partition and seed, in mini-batch steps per epoch: a run's
+    clients step as long as its largest client, a stack's as long as the largest client of any of its cells.
+    Per method, the grid's cells stacked by partition and seed vs all in one stack (every partition)."""
+    import math
+
+    from fedcache.federate.data import load_fused
+    from fedcache.federate.partitions.core import PartitionRequest, make_partition
+    from fedcache.store.feature_store import FeatureStore
+
+    fs = FeatureStore(store, create=False)
+    train, test = (load_fused(fs, data[0], [data[1]], split) for split in ("train", "test"))
+    steps = [math.ceil(max(len(c) for c in make_partition(
+        PartitionRequest(sweep["partition"][0], int(sweep["clients"][0]), seed, alpha=float(alpha)),
+        train.labels, train.domains, test.labels, test.domains).train) / batch)
+        for alpha in sweep["alpha"] for seed in seeds]
+    one_stack = max(steps) * len(steps)
+    return {"per_partition": steps, "by_partition": sum(steps), "one_stack": one_stack,
+            "one_stack_over_by_partition": round(one_stack / sum(steps), 2)}
+
+
 def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
     """Both engines, alternating (trial t runs processes first when t is even, batched first when odd), each
     trial into fresh directories; per engine the median of its trials' cells per minute."""
@@ -126,6 +147,7 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
         out["table_md_differences"] = {k: _diff(tables[first], tables[k], first, k) for k in rest if tables[k] != tables[first]}
     out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
                                                for p, b in zip(runs["processes"], runs["batched"])]
+    out["stack_steps"] = stack_steps(store, data, sweep, seeds)
     out["floor"] = {"cells_per_minute": round(statistics.median(floors), 1), "trials": floors,
                     "what": " ".join(floor_seconds.__doc__.split())}
     out["floor_over_processes_per_trial"] = [round(f / p["cells_per_minute"], 2) for f, p in zip(floors, runs["processes"])]
@@ -174,6 +196,16 @@ def _tables_sentence(r: dict) -> str:
     return text + "."
 
 
+def _stack_sentence(r: dict) -> str:
+    if "stack_steps" not in r:
+        return ""
+    st = r["stack_steps"]
+    return (f" Stacking all of a method's cells, every partition and seed, in one stack would also cost steps: its clients "
+            f"would step as long as the largest client of any partition, {max(st['per_partition'])} steps per epoch, while "
+            f"the partitions' own runs take {', '.join(map(str, st['per_partition']))}: "
+            f"{st['one_stack_over_by_partition']}x the mini-batch steps of stacks by partition and seed.")
+
+
 def _accuracies(results_csv: Path) -> dict[str, float]:
     import csv
 
@@ -212,7 +244,7 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
         f"| processes (`--engine processes --jobs {d['jobs']}`) | {p['cells_per_minute']} | 1 |",
         f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |",
         *_floor_rows(r), "",
-        f"Per interleaved trial, batched over processes: {per_trial}. " + _tables_sentence(r) + " The batched engine grouped the cells "
+        f"Per interleaved trial, batched over processes: {per_trial}. " + _tables_sentence(r) + _stack_sentence(r) + " The batched engine grouped the cells "
         f"as: {' '.join(b['plan'])}. Peak resident memory: {r['peak_rss_mb_of_this_process']} MB for the benchmark "
         f"process, {r['peak_rss_mb_of_a_worker_process']} MB for the largest worker process (either engine's; the "
         "batched engine trains in this process when it has one batch or --jobs 1). The machine is shared: its "

@@ -162,8 +162,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
     ``fedcache.train``) or method/optimizer settings (lr, mu, ...). Finished cells in ``out`` are read back, not re-run.
     ``select``: sweep keys chosen per method and setting on the validation split, then run once on the test
-    split (the returned rows are the test runs). ``engine``: "processes" (each cell its own run, the default)
-    or "batched" (cells trained together); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
+    split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
+    or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
     ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts.
     """
     from fedcache.sweep import run_grid

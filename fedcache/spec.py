@@ -176,15 +176,15 @@ class EngineSpec(Section):
 class GridEngineSpec(Section):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
-    # processes is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) the
-    # batched engine measured 0.93x-0.94x on a 2-core CPU, and 1.27x-1.35x in two runs since it stacks only cells of
-    # one partition and seed: not yet a settled gain, which an engine made the default for speed must show.
+    # batched is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) it trained
+    # 1.27x, 1.35x and 1.30x the process engine's cells per minute in three runs on a 2-core CPU (every trial above
+    # 1.2x), with every cell bit-identical to its own run; processes stays one flag away for the comparison.
     engine: Literal["batched", "processes"] = opt(
-        "processes", axis=False, recorded=False,
-        help="processes: every cell in its own run (--jobs worker processes); batched: cells that differ only in "
-             "optimizer and per-row method settings (same data, method, head, schedule, partition and seed) train "
-             "together as one stacked computation, each equal to its own run (methods that cannot stack run as their "
-             "own runs, transparently).")
+        "batched", axis=False, recorded=False,
+        help="batched: cells that differ only in optimizer and per-row method settings (same data, method, head, "
+             "schedule, partition and seed) train together as one stacked computation, each equal to its own run "
+             "bit for bit (methods that cannot stack run as their own runs, transparently); processes: every cell "
+             "in its own run (--jobs worker processes).")
     max_batch_cells: PositiveInt | None = opt(
         None, axis=False, recorded=False,
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")

@@ -51,8 +51,10 @@ def test_grid_speed_runs_both_engines(tmp_path):
     assert res["same_table_md"] is True and res["batched"]["plan"][0].startswith("batched engine: 8 cells")
     assert res["cells_differing"] == {"cells": 8, "differing": 0, "max_points": 0.0}
     assert res["floor"]["cells_per_minute"] > 0 and len(res["floor_over_processes_per_trial"]) == 2
+    steps = res["stack_steps"]  # 2 partitions' steps per epoch; one stack steps as long as the longest
+    assert len(steps["per_partition"]) == 2 and steps["one_stack"] == 2 * max(steps["per_partition"]) >= steps["by_partition"]
     text = bench("grid_speed").render(out)
-    assert "cells per minute" in text and "arithmetic floor" in text
+    assert "cells per minute" in text and "arithmetic floor" in text and "mini-batch steps" in text
 
 
 def test_store_verify(tmp_path):
