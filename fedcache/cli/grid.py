@@ -53,7 +53,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
             score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
             progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
-        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text))
+        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text, soft_wrap=True, highlight=False))
     seconds = time.perf_counter() - t0
     # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
     console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
