@@ -46,9 +46,14 @@ def partitions(base, seed: int, n_clients: int):
     return dataclasses.replace(base, client_train=train, client_test=test)
 
 
+# Per federation: SGD's momentum, Adam's betas and eps. Each differs between the runs of a stack, so a stack that
+# took any of them from its first run (rather than each run's own optimizer settings) fails the comparisons.
+OPTIM_ROWS = [(0.9, (0.9, 0.999), 1e-8), (0.5, (0.8, 0.99), 1e-7), (0.0, (0.9, 0.99), 1e-8), (0.9, (0.85, 0.999), 1e-6)]
+
+
 def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None):
-    """Four runs differing in partition (and client count), seed, lr, weight decay and the row settings;
-    ``shared``: settings of all four."""
+    """Four runs differing in partition (and client count), seed, lr, weight decay, momentum, betas, eps and
+    the row settings; ``shared``: settings of all four."""
     base = synthetic(n_clients=4, per_client=40)
     text = torch.randn(base.n_classes, base.dim, generator=torch.Generator().manual_seed(3))
     base = dataclasses.replace(base, info={"text": text})  # class-text embeddings (fst-cbdg's anchors)
@@ -57,7 +62,8 @@ def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, share
     for i, (seed, n, lr) in enumerate([(0, 4, 1e-2), (1, 5, 3e-2), (2, 3, 1e-2), (0, 4, 3e-3)]):
         data = partitions(base, 10 + i, n)
         params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])], **(shared or {}))
-        optim = OptimConfig(optimizer, lr, 0.9, 1e-4 * (i + 1))
+        momentum, betas, eps = OPTIM_ROWS[i]
+        optim = OptimConfig(optimizer, lr, momentum, 1e-4 * (i + 1), betas, eps)
         ctx = MethodContext(data, HEAD.get(name, cls.default_head), optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
         out.append(Federation(cls(ctx, params), RunConfig(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
     return out
