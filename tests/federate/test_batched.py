@@ -36,6 +36,15 @@ def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
     assert not batchable(type("Sub", (METHODS.get("fedavg"),), {}))
 
 
+def test_every_row_setting_differs_between_the_runs_of_the_tested_stacks():
+    """A setting declared per row (row_params) is left out of the grid's grouping key, so cells differing in it
+    share a stack: the equality tests below must see it differ, or a stack applying the first run's value to
+    every row would pass them."""
+    for name, rows in ROW_SETTINGS.items():
+        for setting in METHODS.get(name).row_params:
+            assert len({row.get(setting) for row in rows}) > 1, f"{name}'s {setting} takes one value in ROW_SETTINGS"
+
+
 def partitions(base, seed: int, n_clients: int):
     """Another split of the same rows among ``n_clients`` clients (unequal sizes)."""
     rng = np.random.default_rng(seed)

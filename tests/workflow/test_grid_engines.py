@@ -131,3 +131,75 @@ def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
          sweep={"partition": "iid", "clients": 2, "rounds": 1}, out=out, engine="batched", jobs=1)
     assert (out / "batches").is_dir() and not any((out / "batches").iterdir())
+
+
+# ---- which cells share a batch (sweep_batched._key), checked for every option and setting ----------------
+def _other(typ, default):
+    """A value of this (annotated) type other than ``default``; None where there is none to offer."""
+    from fedcache.spec import _base, _choices
+
+    choices = _choices(typ)
+    if choices:
+        return next(c for c in choices if c != default)
+    base = _base(typ)
+    if base is bool:
+        return not default
+    if base is int:
+        return (default or 1) + 1
+    if base is float:
+        return default / 2 if default else 0.5
+    return None
+
+
+# Run options that may differ within a batch: optim.preset's settings apply per federation (one optimizer block
+# each; its optimizer kind is in the key, checked below); --no-batch keeps a cell out of every batch.
+PER_FEDERATION_OPTIONS = {"optim.preset", "engine.batched"}
+OTHER_VALUES = {"data.dataset": "other", "data.backbones": ("b1", "b2"), "data.store": "other.zarr",
+                "partition.scheme": "dirichlet"}
+PER_ROW_OPTIM = ("lr", "momentum", "weight_decay", "betas", "eps")
+
+
+@pytest.mark.parametrize("method", ["solo", "fedavg", "fedprox", "fedntd", "fedrep", "fedproto", "fst-cbdg", "fedpcl"])
+def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federation(method):
+    """Every recorded run option, every method setting and every optimizer setting changed alone: the
+    grouping key changes, unless the stack applies that setting per federation (the optimizer's lr, decay,
+    momentum, betas, eps; the method's row_params). So a field added to the spec, a method or the optimizer is
+    either in the key or declared per row, and never silently taken from a batch's first cell."""
+    import dataclasses
+
+    from fedcache.federate.methods.base import batchable
+    from fedcache.federate.optim_config import PRESETS
+    from fedcache.federate.settings import fields_of
+    from fedcache.federate.train import resolve
+    from fedcache.heads import HEADS
+    from fedcache.spec import RunSpec, options
+    from fedcache.sweep_batched import _key, _why_alone
+
+    base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
+    r = resolve(base)
+    assert batchable(r.method_cls)
+    key = _key(base, r)
+    for o in options():
+        if not o.opt.recorded or o.key in ("method.name", "method.settings", "engine.name"):
+            continue  # not part of a run; the method (first in the key) and its settings are checked below
+        if o.key in PER_FEDERATION_OPTIONS:
+            continue
+        heads = [h for h in HEADS.names() if h != r.head]
+        value = {**OTHER_VALUES, "head.name": heads[0]}.get(o.key, _other(o.type, base.get(o.key)))
+        assert value is not None, f"no other value of {o.key} to try: add one to OTHER_VALUES"
+        cfg = base.replace(**{o.key: value})
+        assert _key(cfg, resolve(cfg)) != key, f"cells differing in {o.key} would share a batch"
+    assert _why_alone(base.replace(batched=False), r, None) == "--no-batch trains each client alone"
+    for preset, optim in PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
+        cfg = base.replace(preset=preset)
+        assert (_key(cfg, resolve(cfg)) == key) == (optim.optimizer == r.optim.optimizer), preset
+    for name, typ in fields_of(type(r.params)).items():
+        other = dataclasses.replace(r, params=dataclasses.replace(r.params, **{name: _other(typ, getattr(r.params, name))}))
+        same = _key(base, other) == key
+        assert same == (name in r.method_cls.row_params), (
+            f"{method} {name}: " + ("per row, yet in the key" if same is False else "not per row, yet not in the key"))
+    for name in PER_ROW_OPTIM:
+        value = (0.5, 0.9) if name == "betas" else _other(fields_of(type(r.optim))[name], getattr(r.optim, name))
+        assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, **{name: value}))) == key, name
+    sgd = "adam" if r.optim.optimizer == "sgd" else "sgd"
+    assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, optimizer=sgd))) != key
