@@ -203,3 +203,36 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
         assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, **{name: value}))) == key, name
     sgd = "adam" if r.optim.optimizer == "sgd" else "sgd"
     assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, optimizer=sgd))) != key
+
+
+def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_the_same_cells(toy_store, tmp_path, monkeypatch):
+    """Interrupted after round 1 of its first batch, the grid re-run with the same options continues that batch
+    from batches/<id>/checkpoint.pt (not from round 0) and ends with the cells of an uninterrupted grid; the same
+    --out with another grid is refused while the batch's checkpoint is there."""
+    from fedcache.errors import ConfigError
+    from fedcache.federate import batched
+
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], engine="batched")
+    grid(out=tmp_path / "whole", sweep=sweep, **kw)
+    save, load, loaded = batched._save, batched._load, []
+
+    def save_then_stop(stack, st, path):
+        save(stack, st, path)
+        if st.rnd == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(batched, "_save", save_then_stop)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, sweep=sweep, **kw)
+    (ck,) = (out / "batches").glob("*/checkpoint.pt")
+    assert torch.load(ck, weights_only=True)["rnd"] == 1
+    with pytest.raises(ConfigError, match="holds a different grid"):
+        grid(out=out, sweep={**sweep, "mu": [0.01, 0.1]}, **kw)
+    monkeypatch.setattr(batched, "_save", save)
+    monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+    grid(out=out, sweep=sweep, **kw)
+    assert loaded == [ck]  # the interrupted batch continued; the other batch started fresh
+    assert_same_cells(tmp_path / "whole", out)
+    assert not (out / "batches").exists()
