@@ -106,36 +106,17 @@ def compare(feds, exact: bool, tol: float = 1e-4) -> None:
 # (batched.head_reason), so it stacks with the projection head.
 HEAD = {"fedrep": "projection", "fedproto": "projection"}
 
-# Methods whose full-width steps still differ from their runs' in the last bits, and why; those compare to
-# FULL_WIDTH_TOL (the differences measured: up to 1.2e-7 on weights of size ~0.6 after three rounds).
-NOT_BIT_IDENTICAL = {
-    # A step's synthetic instances (Eq. 5) are padded to the row with the most draws in the whole stack, not
-    # in its own run: the logits' matrix product (explicit draws) and the gradient's sums over the instances
-    # (implicit draws) see more zero rows and round their last bit differently. A single run's batched and
-    # per-client steps differ in the same way (its clients draw different counts). Runs with lambda = 0
-    # draw nothing and are bit-identical.
-    "fst-cbdg": "padded synthetic instances",
-}
-FULL_WIDTH_TOL = 1e-5
-
-
-def compare_full_width(name: str, feds) -> None:
-    if name in NOT_BIT_IDENTICAL:
-        compare(feds, exact=False, tol=FULL_WIDTH_TOL)
-    else:
-        compare(feds, exact=True)
-
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
 def test_a_stack_computes_what_its_runs_compute_one_by_one(name, optimizer, monkeypatch):
     """Bit-identical when every step has the full batch width: each federation's rows take the same
     kernels' arithmetic as in its own run (its own plan, one fused optimizer call per federation, the
-    per-run aggregation on its own slice); NOT_BIT_IDENTICAL says where and why not."""
+    per-run aggregation on its own slice; FST-CBDG's synthetic instances padded per run, not per stack)."""
     import fedcache.federate.local as local
 
     monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
-    compare_full_width(name, federations(name, optimizer, fraction=0.6))
+    compare(federations(name, optimizer, fraction=0.6), exact=True)
 
 
 @pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
@@ -166,7 +147,7 @@ def test_a_stack_of_runs_with_other_options_computes_what_they_compute_alone(nam
     import fedcache.federate.local as local
 
     monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
-    compare_full_width(name, federations(name, "adam", fraction=0.6, shared=shared))
+    compare(federations(name, "adam", fraction=0.6, shared=shared), exact=True)
 
 
 def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws(monkeypatch):
