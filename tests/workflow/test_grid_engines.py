@@ -80,6 +80,20 @@ def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(t
     assert_same_cells(a, b)
 
 
+def test_batched_fedntd_grid_with_optimizer_and_method_axes_equals_the_process_grid(toy_store, tmp_path):
+    """beta (per row) and SGD's momentum (per federation) share a stack; tau (not per row) does not."""
+    # batch_size 4: several steps per round, or momentum (reset every round) would never act
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": 0.5, "rounds": 2, "batch_size": 4, "optimizer": "sgd",
+             "lr": 0.05, "weight_decay": 0.01, "beta": [0.3, 1], "tau": [1, 3], "momentum": [0, 0.9]}
+    outs, plans = {}, []
+    for engine in ("processes", "batched"):
+        outs[engine] = tmp_path / engine
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedntd"], sweep=sweep, seeds=[0],
+             out=outs[engine], engine=engine, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 2 batches (4 fedntd, 4 fedntd)")
+    assert_same_cells(outs["processes"], outs["batched"])
+
+
 def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
     out = tmp_path / "g"
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
