@@ -250,3 +250,35 @@ def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_
     assert loaded == [ck]  # the interrupted batch continued; the other batch started fresh
     assert_same_cells(tmp_path / "whole", out)
     assert not (out / "batches").exists()
+
+
+def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_otherwise(toy_store, tmp_path, monkeypatch, caplog):
+    """Re-run with a larger --max-batch-cells (or more free memory), the interrupted batch still continues from its
+    checkpoint; with a smaller one it no longer fits: its folder is said and removed, its cells train from round 0.
+    Either way the cells equal an uninterrupted grid's, and batches/ is gone at the end."""
+    from fedcache.federate import batched
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "mu": [0.01, 0.1, 1], "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    save, load = batched._save, batched._load
+
+    def save_then_stop(stack, st, path):
+        save(stack, st, path)
+        if st.rnd == 1:
+            raise KeyboardInterrupt
+
+    for again, continued in ((None, True), (2, False)):
+        out, loaded = tmp_path / f"again{again}", []
+        monkeypatch.setattr(batched, "_save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            grid(out=out, max_batch_cells=4, **kw)  # two batches of 3 cells; the first is interrupted
+        (ck,) = (out / "batches").glob("*/checkpoint.pt")
+        monkeypatch.setattr(batched, "_save", save)
+        monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+        caplog.clear()
+        grid(out=out, max_batch_cells=again, **kw)
+        assert loaded == ([ck] if continued else [])
+        assert ("grouped otherwise now" in caplog.text) != continued
+        assert_same_cells(tmp_path / "whole", out)
+        assert not (out / "batches").exists()
