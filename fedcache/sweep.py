@@ -296,7 +296,10 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
 
     tables = read_features(folder)
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
-    grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))})
+    started = sweep_batched.started_batches(spec.out / BATCHES, todo)
+    grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
+                                   started)
+    _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     text = grouping.describe()
     if spec.jobs > 1 and len(grouping.batches) > 1:
         text += f"; {min(spec.jobs, len(grouping.batches))} batches at a time, each in a worker process of one torch thread"
@@ -330,6 +333,19 @@ def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict
         return
     for c, resolved, result in done:
         yield c, _write_batched_cell(spec, c, resolved, result)
+
+
+def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
+    """The folders of interrupted batches that no batch of this run continues, said and removed (left, they
+    would never be read again)."""
+    from fedcache import sweep_batched
+
+    live = {sweep_batched.batch_id([c.name for c in b]) for b in batches}
+    for old in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if old.name not in live:
+            log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
+                        "free memory, or some of them finished); they train from round 0", old)
+            shutil.rmtree(old)
 
 
 def _remove_if_empty(path: Path) -> None:

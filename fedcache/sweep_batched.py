@@ -57,8 +57,11 @@ class Grouping:
 
 
 # ---- grouping ------------------------------------------------------------------------------------
-def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str]) -> Grouping:
-    """``alone``: runs the caller already keeps out of the stacks, with the reason."""
+def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
+          started: list[list[Hashable]] = ()) -> Grouping:
+    """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
+    interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
+    continues from its checkpoint even where the budget now cuts its group otherwise."""
     from fedcache.federate.train import resolve
 
     groups: dict[tuple, list[Hashable]] = {}
@@ -81,10 +84,35 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
         if max_batch_cells:
             limit = min(limit, max_batch_cells)
         limits.append(limit)
-        parts = _split(keys, math.ceil(len(keys) / limit))
+        parts = _continued(started, keys, limit)
+        rest = [k for k in keys if not any(k in part for part in parts)]
+        parts += _split(rest, math.ceil(len(rest) / limit)) if rest else []
         batches += parts
         methods += [group_key[0]] * len(parts)
     return Grouping(batches, alone, methods, costs, min(limits, default=max_batch_cells or 0))
+
+
+def _continued(started: list[list[Hashable]], keys: list[Hashable], limit: int) -> list[list[Hashable]]:
+    """The started batches of this group (all their runs among ``keys``) within ``limit``; of overlapping ones
+    (left by two interrupted groupings) the first."""
+    kept, taken = [], set()
+    for batch in started:
+        if set(batch) <= set(keys) and len(batch) <= limit and not taken & set(batch):
+            kept.append(batch)
+            taken |= set(batch)
+    return kept
+
+
+def started_batches(folder: Path, keys: list[Hashable]) -> list[list[Hashable]]:
+    """The batches under ``folder`` (a grid's batches/) with a checkpoint whose runs are all among ``keys``,
+    in their order (``run_batch`` records them by ``str(key)``)."""
+    by_name = {str(k): k for k in keys}
+    out = []
+    for runs in sorted(folder.glob("*/runs.json")):
+        names = json.loads(runs.read_text())
+        if (runs.parent / "checkpoint.pt").exists() and all(n in by_name for n in names):
+            out.append([by_name[n] for n in names])
+    return out
 
 
 def _split(keys: list, parts: int) -> list[list]:

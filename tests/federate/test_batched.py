@@ -36,6 +36,15 @@ def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
     assert not batchable(type("Sub", (METHODS.get("fedavg"),), {}))
 
 
+def test_every_row_setting_differs_between_the_runs_of_the_tested_stacks():
+    """A setting declared per row (row_params) is left out of the grid's grouping key, so cells differing in it
+    share a stack: the equality tests below must see it differ, or a stack applying the first run's value to
+    every row would pass them."""
+    for name, rows in ROW_SETTINGS.items():
+        for setting in METHODS.get(name).row_params:
+            assert len({row.get(setting) for row in rows}) > 1, f"{name}'s {setting} takes one value in ROW_SETTINGS"
+
+
 def partitions(base, seed: int, n_clients: int):
     """Another split of the same rows among ``n_clients`` clients (unequal sizes)."""
     rng = np.random.default_rng(seed)
@@ -46,9 +55,14 @@ def partitions(base, seed: int, n_clients: int):
     return dataclasses.replace(base, client_train=train, client_test=test)
 
 
+# Per federation: SGD's momentum, Adam's betas and eps. Each differs between the runs of a stack, so a stack that
+# took any of them from its first run (rather than each run's own optimizer settings) fails the comparisons.
+OPTIM_ROWS = [(0.9, (0.9, 0.999), 1e-8), (0.5, (0.8, 0.99), 1e-7), (0.0, (0.9, 0.99), 1e-8), (0.9, (0.85, 0.999), 1e-6)]
+
+
 def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None):
-    """Four runs differing in partition (and client count), seed, lr, weight decay and the row settings;
-    ``shared``: settings of all four."""
+    """Four runs differing in partition (and client count), seed, lr, weight decay, momentum, betas, eps and
+    the row settings; ``shared``: settings of all four."""
     base = synthetic(n_clients=4, per_client=40)
     text = torch.randn(base.n_classes, base.dim, generator=torch.Generator().manual_seed(3))
     base = dataclasses.replace(base, info={"text": text})  # class-text embeddings (fst-cbdg's anchors)
@@ -57,7 +71,8 @@ def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, share
     for i, (seed, n, lr) in enumerate([(0, 4, 1e-2), (1, 5, 3e-2), (2, 3, 1e-2), (0, 4, 3e-3)]):
         data = partitions(base, 10 + i, n)
         params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])], **(shared or {}))
-        optim = OptimConfig(optimizer, lr, 0.9, 1e-4 * (i + 1))
+        momentum, betas, eps = OPTIM_ROWS[i]
+        optim = OptimConfig(optimizer, lr, momentum, 1e-4 * (i + 1), betas, eps)
         ctx = MethodContext(data, HEAD.get(name, cls.default_head), optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
         out.append(Federation(cls(ctx, params), RunConfig(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
     return out
@@ -91,36 +106,17 @@ def compare(feds, exact: bool, tol: float = 1e-4) -> None:
 # (batched.head_reason), so it stacks with the projection head.
 HEAD = {"fedrep": "projection", "fedproto": "projection"}
 
-# Methods whose full-width steps still differ from their runs' in the last bits, and why; those compare to
-# FULL_WIDTH_TOL (the differences measured: up to 1.2e-7 on weights of size ~0.6 after three rounds).
-NOT_BIT_IDENTICAL = {
-    # A step's synthetic instances (Eq. 5) are padded to the row with the most draws in the whole stack, not
-    # in its own run: the logits' matrix product (explicit draws) and the gradient's sums over the instances
-    # (implicit draws) see more zero rows and round their last bit differently. A single run's batched and
-    # per-client steps differ in the same way (its clients draw different counts). Runs with lambda = 0
-    # draw nothing and are bit-identical.
-    "fst-cbdg": "padded synthetic instances",
-}
-FULL_WIDTH_TOL = 1e-5
-
-
-def compare_full_width(name: str, feds) -> None:
-    if name in NOT_BIT_IDENTICAL:
-        compare(feds, exact=False, tol=FULL_WIDTH_TOL)
-    else:
-        compare(feds, exact=True)
-
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
 def test_a_stack_computes_what_its_runs_compute_one_by_one(name, optimizer, monkeypatch):
     """Bit-identical when every step has the full batch width: each federation's rows take the same
     kernels' arithmetic as in its own run (its own plan, one fused optimizer call per federation, the
-    per-run aggregation on its own slice); NOT_BIT_IDENTICAL says where and why not."""
+    per-run aggregation on its own slice; FST-CBDG's synthetic instances padded per run, not per stack)."""
     import fedcache.federate.local as local
 
     monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
-    compare_full_width(name, federations(name, optimizer, fraction=0.6))
+    compare(federations(name, optimizer, fraction=0.6), exact=True)
 
 
 @pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
@@ -151,7 +147,7 @@ def test_a_stack_of_runs_with_other_options_computes_what_they_compute_alone(nam
     import fedcache.federate.local as local
 
     monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
-    compare_full_width(name, federations(name, "adam", fraction=0.6, shared=shared))
+    compare(federations(name, "adam", fraction=0.6, shared=shared), exact=True)
 
 
 def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws(monkeypatch):

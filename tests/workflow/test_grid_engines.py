@@ -80,6 +80,20 @@ def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(t
     assert_same_cells(a, b)
 
 
+def test_batched_fedntd_grid_with_optimizer_and_method_axes_equals_the_process_grid(toy_store, tmp_path):
+    """beta (per row) and SGD's momentum (per federation) share a stack; tau (not per row) does not."""
+    # batch_size 4: several steps per round, or momentum (reset every round) would never act
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": 0.5, "rounds": 2, "batch_size": 4, "optimizer": "sgd",
+             "lr": 0.05, "weight_decay": 0.01, "beta": [0.3, 1], "tau": [1, 3], "momentum": [0, 0.9]}
+    outs, plans = {}, []
+    for engine in ("processes", "batched"):
+        outs[engine] = tmp_path / engine
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedntd"], sweep=sweep, seeds=[0],
+             out=outs[engine], engine=engine, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 2 batches (4 fedntd, 4 fedntd)")
+    assert_same_cells(outs["processes"], outs["batched"])
+
+
 def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
     out = tmp_path / "g"
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
@@ -134,3 +148,140 @@ def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
          sweep={"partition": "iid", "clients": 2, "rounds": 1}, out=out, engine="batched", jobs=1)
     assert (out / "batches").is_dir() and not any((out / "batches").iterdir())
+
+
+# ---- which cells share a batch (sweep_batched._key), checked for every option and setting ----------------
+def _other(typ, default):
+    """A value of this (annotated) type other than ``default``; None where there is none to offer."""
+    from fedcache.spec import _base, _choices
+
+    choices = _choices(typ)
+    if choices:
+        return next(c for c in choices if c != default)
+    base = _base(typ)
+    if base is bool:
+        return not default
+    if base is int:
+        return (default or 1) + 1
+    if base is float:
+        return default / 2 if default else 0.5
+    return None
+
+
+# Run options that may differ within a batch: optim.preset's settings apply per federation (one optimizer block
+# each; its optimizer kind is in the key, checked below); --no-batch keeps a cell out of every batch.
+PER_FEDERATION_OPTIONS = {"optim.preset", "engine.batched"}
+OTHER_VALUES = {"data.dataset": "other", "data.backbones": ("b1", "b2"), "data.store": "other.zarr",
+                "partition.scheme": "dirichlet"}
+PER_ROW_OPTIM = ("lr", "momentum", "weight_decay", "betas", "eps")
+
+
+@pytest.mark.parametrize("method", ["solo", "fedavg", "fedprox", "fedntd", "fedrep", "fedproto", "fst-cbdg", "fedpcl"])
+def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federation(method):
+    """Every recorded run option, every method setting and every optimizer setting changed alone: the
+    grouping key changes, unless the stack applies that setting per federation (the optimizer's lr, decay,
+    momentum, betas, eps; the method's row_params). So a field added to the spec, a method or the optimizer is
+    either in the key or declared per row, and never silently taken from a batch's first cell."""
+    import dataclasses
+
+    from fedcache.federate.methods.base import batchable
+    from fedcache.federate.optim_config import PRESETS
+    from fedcache.federate.settings import fields_of
+    from fedcache.federate.train import resolve
+    from fedcache.heads import HEADS
+    from fedcache.spec import RunSpec, options
+    from fedcache.sweep_batched import _key, _why_alone
+
+    base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
+    r = resolve(base)
+    assert batchable(r.method_cls)
+    key = _key(base, r)
+    for o in options():
+        if not o.opt.recorded or o.key in ("method.name", "method.settings", "engine.name"):
+            continue  # not part of a run; the method (first in the key) and its settings are checked below
+        if o.key in PER_FEDERATION_OPTIONS:
+            continue
+        heads = [h for h in HEADS.names() if h != r.head]
+        value = {**OTHER_VALUES, "head.name": heads[0]}.get(o.key, _other(o.type, base.get(o.key)))
+        assert value is not None, f"no other value of {o.key} to try: add one to OTHER_VALUES"
+        cfg = base.replace(**{o.key: value})
+        assert _key(cfg, resolve(cfg)) != key, f"cells differing in {o.key} would share a batch"
+    assert _why_alone(base.replace(batched=False), r, None) == "--no-batch trains each client alone"
+    for preset, optim in PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
+        cfg = base.replace(preset=preset)
+        assert (_key(cfg, resolve(cfg)) == key) == (optim.optimizer == r.optim.optimizer), preset
+    for name, typ in fields_of(type(r.params)).items():
+        other = dataclasses.replace(r, params=dataclasses.replace(r.params, **{name: _other(typ, getattr(r.params, name))}))
+        same = _key(base, other) == key
+        assert same == (name in r.method_cls.row_params), (
+            f"{method} {name}: " + ("per row, yet in the key" if same is False else "not per row, yet not in the key"))
+    for name in PER_ROW_OPTIM:
+        value = (0.5, 0.9) if name == "betas" else _other(fields_of(type(r.optim))[name], getattr(r.optim, name))
+        assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, **{name: value}))) == key, name
+    sgd = "adam" if r.optim.optimizer == "sgd" else "sgd"
+    assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, optimizer=sgd))) != key
+
+
+def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_the_same_cells(toy_store, tmp_path, monkeypatch):
+    """Interrupted after round 1 of its first batch, the grid re-run with the same options continues that batch
+    from batches/<id>/checkpoint.pt (not from round 0) and ends with the cells of an uninterrupted grid; the same
+    --out with another grid is refused while the batch's checkpoint is there."""
+    from fedcache.errors import ConfigError
+    from fedcache.federate import batched
+
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], engine="batched")
+    grid(out=tmp_path / "whole", sweep=sweep, **kw)
+    save, load, loaded = batched._save, batched._load, []
+
+    def save_then_stop(stack, st, path):
+        save(stack, st, path)
+        if st.rnd == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(batched, "_save", save_then_stop)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, sweep=sweep, **kw)
+    (ck,) = (out / "batches").glob("*/checkpoint.pt")
+    assert torch.load(ck, weights_only=True)["rnd"] == 1
+    with pytest.raises(ConfigError, match="holds a different grid"):
+        grid(out=out, sweep={**sweep, "mu": [0.01, 0.1]}, **kw)
+    monkeypatch.setattr(batched, "_save", save)
+    monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+    grid(out=out, sweep=sweep, **kw)
+    assert loaded == [ck]  # the interrupted batch continued; the other batch started fresh
+    assert_same_cells(tmp_path / "whole", out)
+    assert not (out / "batches").exists()
+
+
+def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_otherwise(toy_store, tmp_path, monkeypatch, caplog):
+    """Re-run with a larger --max-batch-cells (or more free memory), the interrupted batch still continues from its
+    checkpoint; with a smaller one it no longer fits: its folder is said and removed, its cells train from round 0.
+    Either way the cells equal an uninterrupted grid's, and batches/ is gone at the end."""
+    from fedcache.federate import batched
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "mu": [0.01, 0.1, 1], "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    save, load = batched._save, batched._load
+
+    def save_then_stop(stack, st, path):
+        save(stack, st, path)
+        if st.rnd == 1:
+            raise KeyboardInterrupt
+
+    for again, continued in ((None, True), (2, False)):
+        out, loaded = tmp_path / f"again{again}", []
+        monkeypatch.setattr(batched, "_save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            grid(out=out, max_batch_cells=4, **kw)  # two batches of 3 cells; the first is interrupted
+        (ck,) = (out / "batches").glob("*/checkpoint.pt")
+        monkeypatch.setattr(batched, "_save", save)
+        monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+        caplog.clear()
+        grid(out=out, max_batch_cells=again, **kw)
+        assert loaded == ([ck] if continued else [])
+        assert ("grouped otherwise now" in caplog.text) != continued
+        assert_same_cells(tmp_path / "whole", out)
+        assert not (out / "batches").exists()

@@ -157,7 +157,7 @@ class FSTCBDG(Method):
         lp = cbdg.LocalPass(q, torch.from_numpy(pos), valid, x, gens)
         sizes = valid.sum(1).clamp_min(1)
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind,
-                       plan, c.optim, {"pass": lp, "sizes": sizes})
+                       plan, c.optim, {"pass": lp, "sizes": sizes, "runs": self.run_sizes(clients)})
         q_out = states["q"].clone()
         q_out[:, :width] = lp.q
         return LocalResult({"q": q_out}, params, self.sample_counts(clients))
@@ -177,10 +177,15 @@ class FSTCBDG(Method):
             # A row whose weight is 0 draws nothing, as its run alone skips the term.
             n = cbdg.SAMPLING[self.p.sampling](cbdg.pseudo_counts(lp.q, lp.valid), self.p.gamma) * draws.reshape(-1, 1)
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch
-            y, m = cbdg.draw_classes(n, share, lp.gens)
-            logits = cbdg.SYNTHETIC[self.p.synthetic](p, y, m, self.anchors, self.p.sigma, lp.gens)
-            total = total + weight * cbdg.tsamp_loss(logits, y, m, n, share, self.p.tsamp_weight)
+            total = total + weight * torch.cat([self._tsamp(p, n, share, lp.gens, run) for run in _runs(info["runs"])])
         return total
+
+    def _tsamp(self, p: Params, n: torch.Tensor, share: torch.Tensor, gens: list, run: slice) -> torch.Tensor:
+        """L_tSamp of one run's rows. Run by run in a stack of runs: a step's instances are padded to the run's
+        row with the most draws, as in the run alone (the stack's widest row would round sums differently)."""
+        y, m = cbdg.draw_classes(n[run], share[run], gens[run])
+        logits = cbdg.SYNTHETIC[self.p.synthetic]({k: t[run] for k, t in p.items()}, y, m, self.anchors, self.p.sigma, gens[run])
+        return cbdg.tsamp_loss(logits, y, m, n[run], share[run], self.p.tsamp_weight)
 
     # ---- server / evaluation ---------------------------------------------------------------
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
@@ -188,3 +193,9 @@ class FSTCBDG(Method):
 
     def global_logits(self, server: Params, x: torch.Tensor) -> torch.Tensor:
         return unit_logits(server, x)
+
+
+def _runs(sizes: list[int]) -> list[slice]:
+    """Consecutive row slices of the given sizes (Method.run_sizes: one for a run by itself)."""
+    bounds = np.cumsum([0, *sizes]).tolist()
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
