@@ -322,7 +322,7 @@ def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict
 
     folder = spec.out / BATCHES / sweep_batched.batch_id([c.name for c in batch])
     try:
-        done = list(sweep_batched.run_batch(batch, tables, folder))
+        done = sweep_batched.run_batch(batch, tables, folder)
     except DivergedError:
         if not all(cfg.schedule.validation for cfg in batch.values()):
             raise
@@ -333,6 +333,9 @@ def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict
         return
     for c, resolved, result in done:
         yield c, _write_batched_cell(spec, c, resolved, result)
+    # Only now: interrupted while the cells were written, the grid re-run continues from the last round's checkpoint.
+    # The grid removes the emptied parent once every batch is done (batches run side by side).
+    shutil.rmtree(folder)
 
 
 def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:

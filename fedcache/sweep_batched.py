@@ -20,8 +20,7 @@ import json
 import logging
 import math
 import os
-import shutil
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,9 +180,9 @@ def batch_id(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
-def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> Iterator[tuple[Hashable, dict, object]]:
-    """Train the runs as one stack (continuing its checkpoint in ``folder``, removed once every run is
-    handed back); yields (key, resolved config, its ``batched.FederationResult``) per run, in order."""
+def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple[Hashable, dict, object]]:
+    """Train the runs as one stack, continuing its checkpoint in ``folder`` (the caller removes the folder once
+    every run's files are written); (key, resolved config, its ``batched.FederationResult``) per run, in order."""
     from fedcache.federate.batched import Federation, run_stack
     from fedcache.federate.driver import RunConfig
     from fedcache.federate.train import prepare
@@ -197,9 +196,7 @@ def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> Iterator[t
         run_cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, None, False, e.keep_checkpoints)
         feds.append(Federation(method, run_cfg, {"partition_id": res["partition"]["partition_id"]}))
         resolved.append(res)
-    results = run_stack(feds, folder / "checkpoint.pt")
-    yield from zip(runs, resolved, results)
-    shutil.rmtree(folder)  # the grid removes the emptied parent once every batch is done: batches run side by side
+    return list(zip(runs, resolved, run_stack(feds, folder / "checkpoint.pt")))
 
 
 def write_run(out: Path, resolved: dict, result, keep_checkpoint: bool) -> None:

@@ -285,3 +285,29 @@ def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_othe
         assert ("grouped otherwise now" in caplog.text) != continued
         assert_same_cells(tmp_path / "whole", out)
         assert not (out / "batches").exists()
+
+
+def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_checkpoint(toy_store, tmp_path, monkeypatch):
+    """The batch's checkpoint stays until every cell's files are written: interrupted at the first cell, the re-run
+    continues from the last round's checkpoint instead of training the batch again, to the same cells."""
+    from fedcache import sweep
+    from fedcache.federate import batched
+
+    sweep_ = {"partition": "iid", "clients": 3, "rounds": 2, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep_)
+    grid(out=tmp_path / "whole", **kw)
+    write, load, loaded = sweep._write_batched_cell, batched._load, []
+
+    def stop(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "_write_batched_cell", stop)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, **kw)
+    monkeypatch.setattr(sweep, "_write_batched_cell", write)
+    monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+    grid(out=out, **kw)
+    assert len(loaded) == 1
+    assert_same_cells(tmp_path / "whole", out)
+    assert not (out / "batches").exists()
