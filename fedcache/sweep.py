@@ -300,20 +300,24 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
     grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
                                    started)
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
+    batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
+    alone = [c for c in todo if c in grouping.alone]
+    # Batches first (the longest tasks), then the cells that run alone, in one pool: no worker idles at a
+    # barrier between the two.
+    tasks = [(_batch_worker, (spec, batch, folder)) for batch in batches] + [(_worker, (spec, c, folder)) for c in alone]
     text = grouping.describe()
-    if spec.jobs > 1 and len(grouping.batches) > 1:
-        text += f"; {min(spec.jobs, len(grouping.batches))} batches at a time, each in a worker process of one torch thread"
+    if spec.jobs > 1 and len(tasks) > 1:
+        text += f"; {min(spec.jobs, len(tasks))} at a time, each in a worker process of one torch thread"
     log.info(text)
     if on_plan:
         on_plan(text)
-    batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
-    if spec.jobs == 1 or len(batches) <= 1:
+    if spec.jobs == 1 or len(tasks) <= 1:
         for batch in batches:
             yield from _run_batch(spec, batch, tables)
-    else:  # batches side by side, one torch thread each, as the process engine runs its cells
-        yield from _in_workers(spec, [(_batch_worker, (spec, batch, folder)) for batch in batches])
+        yield from ((c, run_cell(spec, c, tables)) for c in alone)
+    else:  # side by side, one torch thread each, as the process engine runs its cells
+        yield from _in_workers(spec, tasks)
     _remove_if_empty(spec.out / BATCHES)
-    yield from _execute(spec, [c for c in todo if c in grouping.alone], folder)
 
 
 def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:

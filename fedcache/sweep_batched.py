@@ -45,8 +45,10 @@ class Grouping:
         """What the grid prints before it starts."""
         n = sum(map(len, self.batches))
         sizes = ", ".join(f"{len(b)} {m}" for b, m in zip(self.batches, self.methods))
-        text = f"batched engine: {n} cells in {len(self.batches)} batches" + (f" ({sizes})" if sizes else "")
-        text += f", at most {self.limit} cells per batch"
+        if self.batches:
+            text = f"batched engine: {n} cells in {len(self.batches)} batches ({sizes}), at most {self.limit} cells per batch"
+        else:
+            text = "batched engine: no cells to stack"
         if self.alone:
             reasons: dict[str, int] = {}
             for why in self.alone.values():
@@ -56,6 +58,9 @@ class Grouping:
 
 
 # ---- grouping ------------------------------------------------------------------------------------
+NOTHING_TO_STACK = "no other cell of its partition, seed and settings to stack with"
+
+
 def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
           started: list[list[Hashable]] = ()) -> Grouping:
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
@@ -85,7 +90,11 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
         limits.append(limit)
         parts = _continued(started, keys, limit)
         rest = [k for k in keys if not any(k in part for part in parts)]
-        parts += _split(rest, math.ceil(len(rest) / limit)) if rest else []
+        for part in _split(rest, math.ceil(len(rest) / limit)) if rest else []:
+            if len(part) == 1:  # a stack of one only adds the stack's bookkeeping to the run
+                alone[part[0]] = NOTHING_TO_STACK
+            else:
+                parts.append(part)
         batches += parts
         methods += [group_key[0]] * len(parts)
     return Grouping(batches, alone, methods, costs, min(limits, default=max_batch_cells or 0))

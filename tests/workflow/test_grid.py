@@ -324,8 +324,8 @@ def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store
     import time
 
     out = tmp_path / "grid"
-    proc = _grid_process(toy_store, out, "-m", "fedavg", "--rounds", "100000", "--seeds", "0,1", "--jobs", "2",
-                         "--engine", "batched")
+    proc = _grid_process(toy_store, out, "-m", "fedavg", "--rounds", "100000", "--seeds", "0", "--set", "lr=0.01,0.1",
+                         "--jobs", "2", "--engine", "batched")
     try:
         _wait_for(proc, lambda: any((out / "batches").glob("*/*.pt")) if (out / "batches").exists() else False)
         t0 = time.monotonic()

@@ -128,7 +128,7 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
         outs[jobs], plans[jobs] = tmp_path / f"jobs{jobs}", []
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
              seeds=[0], out=outs[jobs], engine="batched", jobs=jobs, on_plan=plans[jobs].append)
-    assert "2 batches at a time, each in a worker process" in " ".join(plans[2])
+    assert "2 at a time, each in a worker process" in " ".join(plans[2])
     assert "worker process" not in " ".join(plans[1])
     assert_same_cells(outs[1], outs[2])
     # One cell per batch: four batches finish side by side, and none removes the folder another still uses.
@@ -146,7 +146,7 @@ def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store
     monkeypatch.setattr(sweep, "_remove_if_empty", lambda path: None)
     out = tmp_path / "g"
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
-         sweep={"partition": "iid", "clients": 2, "rounds": 1}, out=out, engine="batched", jobs=1)
+         sweep={"partition": "iid", "clients": 2, "rounds": 1, "lr": [0.01, 0.1]}, out=out, engine="batched", jobs=1)
     assert (out / "batches").is_dir() and not any((out / "batches").iterdir())
 
 
@@ -311,3 +311,17 @@ def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_chec
     assert len(loaded) == 1
     assert_same_cells(tmp_path / "whole", out)
     assert not (out / "batches").exists()
+
+
+def test_a_cell_with_nothing_to_stack_with_runs_as_its_own_run(toy_store, tmp_path):
+    """Cells alone in their group (here: one per seed) are not stacks of one: they run as their own runs, and the
+    plan says why; their numbers are the process engine's."""
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1],
+              sweep={"partition": "iid", "clients": 2, "rounds": 2})
+    plans: list[str] = []
+    grid(out=tmp_path / "b", engine="batched", on_plan=plans.append, **kw)
+    grid(out=tmp_path / "p", engine="processes", **kw)
+    assert plans == ["batched engine: no cells to stack; 2 cells as their own runs: no other cell of its partition, "
+                     "seed and settings to stack with (2)"]
+    assert not (tmp_path / "b" / "batches").exists()
+    assert_same_cells(tmp_path / "p", tmp_path / "b")
