@@ -9,6 +9,7 @@ stacked into one computation per method), alternating in this process (--trials 
 
     .venv/bin/python benchmarks/grid_speed.py [--store PATH] [--jobs 2] [--trials 2] [--out benchmarks/results/grid_speed.json]
     .venv/bin/python benchmarks/grid_speed.py --large    # the 1,000-cell grid (10 lrs x 25 seeds), batched engine only
+    .venv/bin/python benchmarks/grid_speed.py --worked   # the worked example's grid (5 rounds): small stacks, cells alone
     .venv/bin/python benchmarks/grid_speed.py --render   # the markdown section of docs/performance.md
 """
 from __future__ import annotations
@@ -25,24 +26,54 @@ from pathlib import Path
 
 RESULT = Path(__file__).resolve().parent / "results" / "grid_speed.json"
 LARGE_RESULT = RESULT.with_name("grid_speed_large.json")
+WORKED_RESULT = RESULT.with_name("grid_speed_worked.json")
 SWEEP = {"lr": ["0.003", "0.01", "0.03", "0.1", "0.3"], "alpha": ["0.1", "1"], "partition": ["dirichlet"],
          "clients": ["10"], "rounds": ["20"]}
 LARGE = {**SWEEP, "lr": ["0.002", "0.003", "0.005", "0.01", "0.02", "0.03", "0.05", "0.1", "0.2", "0.3"]}
 TINY = {"lr": ["0.01", "0.1"], "alpha": ["0.1", "1"], "partition": ["dirichlet"], "clients": ["3"], "rounds": ["2"]}
+# The worked example's grid (docs/getting-started.md; lr chosen on validation, then tested), 5 rounds instead of 20.
+WORKED = {"partition": ["dirichlet"], "alpha": ["0.1", "1"], "clients": ["10"], "subsample": ["0.8"], "rounds": ["5"],
+          "lr": ["1e-3", "1e-2"]}
+WORKED_METHODS = ["fedavg", "fedprox", "fedproto"]
 TINY_DATA = ("test-toy", "tiny-timm-random")  # extracted in seconds: the smoke test checks the script, not speed
 METHODS, SEEDS, DATASET, BACKBONE = ["fedavg", "fedprox"], [0, 1, 2, 3, 4], "digits5-offline", "efficientnet-lite0"
 ENGINES = ("processes", "batched")
 
 
-def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int]
-               ) -> tuple[float, object, list[str]]:
+def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int],
+               methods: list[str] = METHODS, select: list[str] | None = None) -> tuple[float, object, list[str]]:
     import fedcache
 
     plans: list[str] = []
     t0 = time.perf_counter()
-    table = fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=METHODS, sweep=sweep, seeds=seeds,
-                          out=out, jobs=jobs, engine=engine, on_plan=plans.append)
+    table = fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=methods, sweep=sweep, seeds=seeds,
+                          out=out, jobs=jobs, engine=engine, on_plan=plans.append, select=select)
     return time.perf_counter() - t0, table, plans
+
+
+def measure_worked(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
+    """docs/getting-started.md's worked grid at 5 rounds, both engines interleaved as in ``measure``: stacks of
+    two cells (the two lrs), fedproto's cells alone (its mlp head), the test stage's cells alone (one lr each)."""
+    import fedcache
+
+    data, sweep, seeds = (TINY_DATA, {**WORKED, "clients": ["3"], "rounds": ["1"]}, [0, 1]) if tiny else ((DATASET, BACKBONE), WORKED, [0, 1, 2])
+    fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
+    out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
+    runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
+    tables: set[str] = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in range(trials):
+            for engine in ENGINES if t % 2 == 0 else ENGINES[::-1]:
+                where = Path(tmp) / f"{engine}-{t}"
+                wall, table, plans = timed_grid(store, data, where, engine, jobs, sweep, seeds, WORKED_METHODS, ["lr"])
+                tables.add((where / "table.md").read_text())
+                runs[engine].append({"wall_seconds": round(wall, 1), "plan": plans, "load_average_after": os.getloadavg()})
+    for engine, rs in runs.items():
+        out[engine] = {"wall_seconds": round(statistics.median(r["wall_seconds"] for r in rs), 1), "trials": rs}
+    out["same_table_md"] = len(tables) == 1
+    out["batched_over_processes_per_trial"] = [round(p["wall_seconds"] / b["wall_seconds"], 2)
+                                               for p, b in zip(runs["processes"], runs["batched"])]
+    return out
 
 
 def floor_seconds(n_train: int, n_test: int, dim: int, classes: int, clients: int, rounds: int, batch: int = 32) -> float:
@@ -229,7 +260,7 @@ def _peak_mb(who: int) -> int:
     return round(resource.getrusage(who).ru_maxrss / 1024)
 
 
-def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
+def render(path: Path = RESULT, large: Path = LARGE_RESULT, worked: Path = WORKED_RESULT) -> str:
     """The section of docs/performance.md, from the JSON files."""
     d = json.loads(path.read_text())
     r = d["result"]
@@ -261,7 +292,20 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT) -> str:
                   + f" ({' '.join(R['plan'])}); load average {', '.join(f'{x:.1f}' for x in R['load_average_at_start'])} "
                   f"at the start, {', '.join(f'{x:.1f}' for x in R['load_average_after'])} at the end."
                   + (f" {L['note']}" if "note" in L else "")]
+    if worked.exists():
+        lines += ["", _worked_paragraph(json.loads(worked.read_text()))]
     return "\n".join(lines) + "\n"
+
+
+def _worked_paragraph(d: dict) -> str:
+    r = d["result"]
+    p, b = r["processes"], r["batched"]
+    per_trial = ", ".join(f"{x}x" for x in r["batched_over_processes_per_trial"])
+    return (f"`.venv/bin/python benchmarks/grid_speed.py --worked --trials {r['trials']}` (`benchmarks/results/{WORKED_RESULT.name}`, "
+            f"{d['measured_at']}): {' '.join(measure_worked.__doc__.split())} Median wall time {p['wall_seconds']} s on the "
+            f"process engine, {b['wall_seconds']} s on the batched engine; batched over processes per interleaved trial "
+            f"(wall time ratio): {per_trial}; " + ("identical tables" if r["same_table_md"] else "the tables differ")
+            + f". The batched engine's plan: {' / '.join(b['trials'][0]['plan'])}.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help=f"default {RESULT} ({LARGE_RESULT.name} with --large)")
     ap.add_argument("--tiny", action="store_true", help="8 cells of 2 rounds on test-toy: checks the script runs, measures nothing")
     ap.add_argument("--large", action="store_true", help="the 1,000-cell grid with the batched engine alone")
+    ap.add_argument("--worked", action="store_true", help="docs/getting-started.md's worked grid (5 rounds), both engines")
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args(argv)
     if args.render:
@@ -279,8 +324,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    out = args.out or (LARGE_RESULT if args.large else RESULT)
-    result = measure_large(args.store, args.jobs) if args.large else measure(args.store, args.jobs, args.tiny, args.trials)
+    out = args.out or (LARGE_RESULT if args.large else WORKED_RESULT if args.worked else RESULT)
+    if args.large:
+        result = measure_large(args.store, args.jobs)
+    elif args.worked:
+        result = measure_worked(args.store, args.jobs, args.tiny, args.trials)
+    else:
+        result = measure(args.store, args.jobs, args.tiny, args.trials)
     doc = {"what": __doc__.strip().split("\n\n")[1].replace("\n", " "), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads",
            "jobs": args.jobs, "tiny": args.tiny, "result": result}

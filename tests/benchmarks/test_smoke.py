@@ -57,6 +57,17 @@ def test_grid_speed_runs_both_engines(tmp_path):
     assert "cells per minute" in text and "arithmetic floor" in text and "mini-batch steps" in text
 
 
+def test_grid_speed_worked_grid_runs_both_engines(tmp_path):
+    out = tmp_path / "worked.json"
+    gs = bench("grid_speed")
+    gs.main(["--worked", "--tiny", "--jobs", "1", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    res = doc["result"]
+    assert res["same_table_md"] is True and len(res["batched_over_processes_per_trial"]) == 1
+    assert res["batched"]["trials"][0]["plan"][0].startswith("batched engine:")  # one plan per stage (validation, test)
+    assert "identical tables" in gs._worked_paragraph(doc)
+
+
 def test_store_verify(tmp_path):
     out = tmp_path / "verify.json"
     bench("store_verify").main(["--tiny", "--trials", "2", "--out", str(out)])
