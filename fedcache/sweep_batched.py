@@ -92,7 +92,7 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
         rest = [k for k in keys if not any(k in part for part in parts)]
         for part in _split(rest, math.ceil(len(rest) / limit)) if rest else []:
             if len(part) == 1:  # a stack of one only adds the stack's bookkeeping to the run
-                alone[part[0]] = NOTHING_TO_STACK
+                alone[part[0]] = NOTHING_TO_STACK if len(keys) == 1 else f"the limit of {limit} cells per batch"
             else:
                 parts.append(part)
         batches += parts

@@ -122,7 +122,7 @@ def test_the_batched_engine_is_the_default(toy_store, tmp_path, capsys):
 def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
     """--jobs 2: the batches (one per method here) train side by side in worker processes of one torch thread;
     the grouping does not depend on --jobs, so every cell equals the in-process grid's."""
-    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 2}
+    sweep = {"partition": "dirichlet", "clients": 3, "rounds": 2, "lr": [0.003, 0.01, 0.03, 0.1]}
     outs, plans = {}, {}
     for jobs in (1, 2):
         outs[jobs], plans[jobs] = tmp_path / f"jobs{jobs}", []
@@ -131,11 +131,17 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
     assert "2 at a time, each in a worker process" in " ".join(plans[2])
     assert "worker process" not in " ".join(plans[1])
     assert_same_cells(outs[1], outs[2])
-    # One cell per batch: four batches finish side by side, and none removes the folder another still uses.
+    # Two cells per batch: four batches finish side by side, and none removes the folder another still uses.
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
-         seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1)
+         seeds=[0], out=tmp_path / "pairs", engine="batched", jobs=2, max_batch_cells=2)
+    assert_same_cells(outs[1], tmp_path / "pairs")
+    assert not (outs[2] / "batches").exists() and not (tmp_path / "pairs" / "batches").exists()
+    # One cell per batch is no stack: each runs as its own run, and the plan says why.
+    plans[0] = []
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+         seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1, on_plan=plans[0].append)
+    assert "8 cells as their own runs: the limit of 1 cells per batch (8)" in plans[0][0]
     assert_same_cells(outs[1], tmp_path / "singles")
-    assert not (outs[2] / "batches").exists() and not (tmp_path / "singles" / "batches").exists()
 
 
 def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store, tmp_path, monkeypatch):

@@ -110,7 +110,7 @@ def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
 def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine):
     """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
     never chosen), not an error that stops the grid and leaves a run that --resume replays into NaN. The batched
-    engine stacks all four cells: its batch diverges, and the cells then run as their own runs."""
+    engine stacks each seed's two cells: a batch diverges, and its cells then run as their own runs."""
     from fedcache.api import grid
     from fedcache.reports import write_report
 
