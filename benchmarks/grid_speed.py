@@ -52,7 +52,7 @@ def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs:
 
 
 def measure_worked(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
-    """docs/getting-started.md's worked grid at 5 rounds, both engines interleaved as in ``measure``: stacks of
+    """docs/getting-started.md's worked grid at 5 rounds, both engines interleaved as for the 100-cell grid: stacks of
     two cells (the two lrs), fedproto's cells alone (its mlp head), the test stage's cells alone (one lr each)."""
     import fedcache
 

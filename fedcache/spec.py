@@ -177,8 +177,9 @@ class GridEngineSpec(Section):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
     # batched is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) it trained
-    # 1.27x, 1.35x and 1.30x the process engine's cells per minute in three runs on a 2-core CPU (every trial above
-    # 1.2x), with every cell bit-identical to its own run; processes stays one flag away for the comparison.
+    # 1.16x-1.35x the process engine's cells per minute in four runs on a 2-core CPU (stacks of 5 cells; about even,
+    # 0.92x-0.96x, on the worked grid's stacks of two), with every cell bit-identical to its own run; processes
+    # stays one flag away for the comparison.
     engine: Literal["batched", "processes"] = opt(
         "batched", axis=False, recorded=False,
         help="batched: cells that differ only in optimizer and per-row method settings (same data, method, head, "
