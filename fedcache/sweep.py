@@ -314,7 +314,7 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
     if spec.jobs == 1 or len(tasks) <= 1:
         for batch in batches:
             yield from _run_batch(spec, batch, tables)
-        yield from ((c, run_cell(spec, c, tables)) for c in alone)
+        yield from _execute(spec, alone, folder)  # in this process too: one cell at most, or --jobs 1
     else:  # side by side, one torch thread each, as the process engine runs its cells
         yield from _in_workers(spec, tasks)
     _remove_if_empty(spec.out / BATCHES)
