@@ -177,15 +177,16 @@ class GridEngineSpec(Section):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
     # batched is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) it trained
-    # 1.16x-1.35x the process engine's cells per minute in four runs on a 2-core CPU (stacks of 5 cells; about even,
-    # 0.92x-0.96x, on the worked grid's stacks of two), with every cell bit-identical to its own run; processes
-    # stays one flag away for the comparison.
+    # 1.16x-1.35x the process engine's cells per minute in five runs on a 2-core CPU (stacks of 5 cells; about even,
+    # 0.96x-1.00x, on the worked grid's stacks of two and three), with every cell bit-identical to its own run;
+    # processes stays one flag away for the comparison.
     engine: Literal["batched", "processes"] = opt(
         "batched", axis=False, recorded=False,
-        help="batched: cells that differ only in optimizer and per-row method settings (same data, method, head, "
-             "schedule, partition and seed) train together as one stacked computation, each equal to its own run "
-             "bit for bit (methods that cannot stack run as their own runs, transparently); processes: every cell "
-             "in its own run (--jobs worker processes).")
+        help="batched: cells of one method that share data, head, schedule and every setting not applied per cell "
+             "train together as one stacked computation (cells of one partition and seed together first), each "
+             "equal to its own run bit for bit "
+             "(methods that cannot stack run as their own runs, transparently); processes: every cell in its own "
+             "run (--jobs worker processes).")
     max_batch_cells: PositiveInt | None = opt(
         None, axis=False, recorded=False,
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")

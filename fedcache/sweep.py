@@ -298,7 +298,7 @@ def _batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallba
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
     started = sweep_batched.started_batches(spec.out / BATCHES, todo)
     grouping = sweep_batched.group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
-                                   started)
+                                   started, spec.jobs)
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
     alone = [c for c in todo if c in grouping.alone]

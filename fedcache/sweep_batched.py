@@ -1,11 +1,11 @@
 """``fedcache grid --engine batched``: the grid's runs trained in stacks of federations (federate/batched.py).
 
-Runs that share the data, method, head, optimizer kind, round schedule, partition, seed, sampling fraction and
-every setting that is not per row are grouped: they draw the very same mini-batches, so every step of a stack
-has each run's own width and a run's numbers are its own run's bit for bit. (A stack can hold runs of other
-partitions and seeds, federate/batched.py, but its steps are then as wide as the widest run's, whose rounding
-training sensitive to it grows into other trajectories: 37 of 100 cells of the grid benchmark differed, by up
-to 8.45 points, docs/performance.md.) Each group is cut into batches that fit the memory budget; each batch trains as one
+Runs that share the data, method, head, optimizer kind, round schedule and every setting that is not per row
+are grouped; a run's partition, seed and sampling fraction are its federation's own, and every step of a stack
+is the full batch width (federate/local.py), so a run's numbers are its own run's bit for bit whatever it is
+stacked with. Within a group, cells that draw the same mini-batches (same partition, seed and fraction) share
+batches, since a stack steps as long as its longest cell's clients need; cells alone in their draws stack with
+each other. Each group is cut into batches that fit the memory budget; each batch trains as one
 stacked computation and then writes every run's directory as ``fedcache train --out`` would (config.json,
 metrics.jsonl, checkpoint.pt, summary.json last), so results.csv, table.md, reports and resumption read
 them as before. A batch checkpoints under its own folder after every round and continues from there.
@@ -44,7 +44,10 @@ class Grouping:
     def describe(self) -> str:
         """What the grid prints before it starts."""
         n = sum(map(len, self.batches))
-        sizes = ", ".join(f"{len(b)} {m}" for b, m in zip(self.batches, self.methods))
+        alike: dict[tuple[int, str], int] = {}  # (cells, method) -> batches, in the order they come
+        for b, m in zip(self.batches, self.methods):
+            alike[len(b), m] = alike.get((len(b), m), 0) + 1
+        sizes = ", ".join(f"{k} x {size} {m}" if k > 1 else f"{size} {m}" for (size, m), k in alike.items())
         if self.batches:
             text = f"batched engine: {n} cells in {len(self.batches)} batches ({sizes}), at most {self.limit} cells per batch"
         else:
@@ -58,46 +61,71 @@ class Grouping:
 
 
 # ---- grouping ------------------------------------------------------------------------------------
-NOTHING_TO_STACK = "no other cell of its partition, seed and settings to stack with"
+NOTHING_TO_STACK = "no other cell of its method and settings to stack with"
 
 
 def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
-          started: list[list[Hashable]] = ()) -> Grouping:
+          started: list[list[Hashable]] = (), workers: int = 1) -> Grouping:
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
-    continues from its checkpoint even where the budget now cuts its group otherwise."""
+    continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
+    at most that share of its group, so that one method's cells spread over the workers (a batch trains on one)."""
     from fedcache.federate.train import resolve
 
-    groups: dict[tuple, list[Hashable]] = {}
+    groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
     alone = dict(alone)
     costs: dict[str, int] = {}
     for key, cfg in runs.items():
         if key in alone:
             continue
         r = resolve(cfg)
-        why = _why_alone(cfg, r, tables)
+        why = _why_alone(cfg, r)
         if why:
             alone[key] = why
             continue
-        groups.setdefault(_key(cfg, r), []).append(key)
+        groups.setdefault(_key(cfg, r), {}).setdefault(_draws(cfg), []).append(key)
         costs[r.method_cls.name] = max(costs.get(r.method_cls.name, 0), cell_bytes(cfg, r, tables))
     budget = MEMORY_SHARE * free_memory()
     batches, methods, limits = [], [], []
-    for group_key, keys in groups.items():
+    for group_key, by_draws in groups.items():
         limit = max(1, int(budget // costs[group_key[0]]))
         if max_batch_cells:
             limit = min(limit, max_batch_cells)
         limits.append(limit)
-        parts = _continued(started, keys, limit)
-        rest = [k for k in keys if not any(k in part for part in parts)]
-        for part in _split(rest, math.ceil(len(rest) / limit)) if rest else []:
-            if len(part) == 1:  # a stack of one only adds the stack's bookkeeping to the run
-                alone[part[0]] = NOTHING_TO_STACK if len(keys) == 1 else f"the limit of {limit} cells per batch"
-            else:
-                parts.append(part)
+        size = min(limit, max(2, math.ceil(sum(map(len, by_draws.values())) / workers)))
+        parts = _parts(by_draws, limit, started, alone, size)
         batches += parts
         methods += [group_key[0]] * len(parts)
     return Grouping(batches, alone, methods, costs, min(limits, default=max_batch_cells or 0))
+
+
+def _parts(by_draws: dict[tuple, list[Hashable]], limit: int, started, alone: dict[Hashable, str],
+           size: int | None = None) -> list[list[Hashable]]:
+    """One group's batches. Cells that draw the same mini-batches (same partition, seed and fraction) stack
+    together: a batch of them steps no longer than each of its cells. A cell that is the only one of its
+    draws joins the group's other such cells across partitions and seeds (its numbers are still its own
+    run's, but its batch steps as long as its longest cell's clients need); one such cell left over joins
+    the smallest batch with room, else it runs alone (a stack of one only adds the stack's bookkeeping). Pools are
+    cut into batches of about ``size`` cells (``limit`` by default, the most any batch holds)."""
+    keys = [k for ks in by_draws.values() for k in ks]
+    parts = _continued(started, keys, limit)
+    taken = {k for part in parts for k in part}
+    rests = [[k for k in ks if k not in taken] for ks in by_draws.values()]
+    shared, single = [r for r in rests if len(r) > 1], [r[0] for r in rests if len(r) == 1]
+    size = size or limit
+    # As many parts as fit ``size`` whole (none smaller than it), and as the limit needs.
+    new = [part for rest in [*shared, single] if len(rest) > 1
+           for part in _split(rest, max(1, len(rest) // size, math.ceil(len(rest) / limit)))]
+    if len(single) == 1:
+        room = [p for p in new if len(p) < limit]
+        if room:
+            min(room, key=len).append(single[0])
+        else:
+            alone[single[0]] = NOTHING_TO_STACK if len(keys) == 1 else f"the limit of {limit} cells per batch"
+    for part in new:
+        if len(part) == 1:  # only where the limit is one cell
+            alone[part[0]] = f"the limit of {limit} cells per batch"
+    return parts + [p for p in new if len(p) > 1]
 
 
 def _continued(started: list[list[Hashable]], keys: list[Hashable], limit: int) -> list[list[Hashable]]:
@@ -130,10 +158,8 @@ def _split(keys: list, parts: int) -> list[list]:
     return [keys[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _why_alone(cfg: RunSpec, r, tables) -> str:
-    from fedcache.federate.batched import head_reason
+def _why_alone(cfg: RunSpec, r) -> str:
     from fedcache.federate.methods.base import batchable
-    from fedcache.heads import make_head
 
     if not batchable(r.method_cls):
         return f"{r.method_cls.name} does not declare that its runs can train stacked"
@@ -141,16 +167,21 @@ def _why_alone(cfg: RunSpec, r, tables) -> str:
         return r.method_cls.not_batchable(r.params)
     if not cfg.engine.batched:
         return "--no-batch trains each client alone"
-    return head_reason(make_head(r.head, tables[0].features.shape[1], len(tables[0].class_names)))
+    return ""
 
 
 def _key(cfg: RunSpec, r) -> tuple:
-    """What the runs of one batch share: federate.batched.stack_key (from the spec, before any data is read)
-    and also partition, seed and fraction, so that they draw the same mini-batches; the method's name first."""
+    """What the runs of one batch share: federate.batched.stack_key, from the spec before any data is read;
+    the method's name first."""
     params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in r.method_cls.row_params}
     s = cfg.schedule
     return (r.method_cls.name, r.head, r.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
-            s.batch_size, s.eval_every, s.validation, cfg.data, repr(cfg.partition), s.seed, s.fraction)
+            s.batch_size, s.eval_every, s.validation, cfg.data)
+
+
+def _draws(cfg: RunSpec) -> tuple:
+    """What decides a run's mini-batches: cells that share it read the same rows at every step."""
+    return repr(cfg.partition), cfg.schedule.seed, cfg.schedule.fraction
 
 
 def cell_bytes(cfg, r, tables) -> int:

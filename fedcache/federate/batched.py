@@ -70,15 +70,6 @@ def why_not_stackable(f: Federation) -> str:
         return cls.not_batchable(f.method.p)
     if not f.cfg.batched:
         return "--no-batch trains its clients one by one"
-    return head_reason(f.method.head)
-
-
-def head_reason(head) -> str:
-    """Why runs with this head cannot stack, or empty. BatchNorm (the mlp head) takes an unmasked shortcut
-    in a step without padding rows, which a stack's step rarely is where a single run's is: the statistics
-    round differently, and Adam's normalised steps grow such differences into different runs."""
-    if head.buffer_keys:
-        return f"the {head.name} head's BatchNorm statistics would round differently in a stack"
     return ""
 
 

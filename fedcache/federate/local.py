@@ -58,11 +58,13 @@ def train(
     optimizer = StackedOptimizer(params, opt, trainable)
     plan_t = torch.from_numpy(plan)
     # Index arithmetic for every step at once: per step it cost as much as a small head's matmuls.
+    # Every step is the plan's full width, padding included: a row's arithmetic then never depends on the
+    # other rows of the step, so a run stacked with runs of other partitions computes its own run's numbers.
     rows, real = plan_t.clamp_min(0), plan_t >= 0
-    active_steps, widths = real.any(2), used_widths(plan)
+    active_steps = real.any(2)
     loss_sum, loss_steps = torch.zeros(plan.shape[0]), torch.zeros(plan.shape[0])
     for s in range(plan.shape[1]):
-        idx, mask, active = rows[:, s, : widths[s]], real[:, s, : widths[s]], active_steps[:, s]
+        idx, mask, active = rows[:, s], real[:, s], active_steps[:, s]
         xb, yb = x[idx], y[idx]
         leaves = {n: params[n].detach().requires_grad_(True) for n in trainable}
         p = {**params, **leaves}
@@ -95,15 +97,6 @@ def recording_losses() -> Iterator[list[torch.Tensor]]:
         yield sink
     finally:
         _LOSSES.reset(token)
-
-
-def used_widths(plan: np.ndarray) -> list[int]:
-    """Per step of a (K, S, B) plan, the columns up to the last one any client uses: an epoch's last
-    batch is often mostly padding (100 rows in batches of 32 leave 4 real ones), and padded rows cost
-    full matmul work. A step of padding only keeps its width (no client is active in it)."""
-    used = (plan >= 0).any(0)  # (S, B)
-    last = plan.shape[2] - np.argmax(used[:, ::-1], axis=1)
-    return np.where(used.any(1), last, plan.shape[2]).tolist()
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -40,10 +40,11 @@ class MLPHead:
         return torch.addcmul(p["bn.bias"], h - p["bn.running_mean"], scale)
 
     def train_features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Params]:
-        # Most steps have no padding row: their statistics skip the mask arithmetic.
-        real = None if mask is None or bool(mask.all()) else mask.unsqueeze(-1).to(x.dtype)
+        # Always the masked statistics, also where a step has no padding row: a client's statistics then round
+        # the same whichever other clients share the step (a stack of runs computes each run's own numbers).
+        real = (torch.ones(x.shape[:2], dtype=x.dtype) if mask is None else mask.to(x.dtype)).unsqueeze(-1)
         z, mean, var = train_body(x, real, p["fc1.weight"], p["fc1.bias"], p["bn.weight"], p["bn.bias"])
-        return z, running_statistics(p, mean.detach(), var.detach(), real, x.shape[1])
+        return z, running_statistics(p, mean.detach(), var.detach(), real)
 
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor:
         return affine(p["fc2.weight"], p["fc2.bias"], z)
@@ -51,27 +52,19 @@ class MLPHead:
 
 def train_body(x, real, w1, b1, gamma, beta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FC -> ReLU -> BatchNorm over each client's real rows: (z, batch mean, batch variance).
-    ``real`` is (K, B, 1) with 1 for real rows, or None when every row is real."""
+    ``real`` is (K, B, 1) with 1 for real rows."""
     h = torch.relu(torch.baddbmm(b1, x, w1))
     # (torch.var_mean over the row axis took 8.7x as long as these operations: docs/performance.md)
-    if real is None:
-        mean = h.mean(1, keepdim=True)
-        centred = h - mean
-        var = (centred * centred).mean(1, keepdim=True)
-    else:
-        n = real.sum(1, keepdim=True).clamp_min(1.0)
-        mean = (h * real).sum(1, keepdim=True) / n
-        centred = h - mean
-        var = (centred * centred * real).sum(1, keepdim=True) / n
+    n = real.sum(1, keepdim=True).clamp_min(1.0)
+    mean = (h * real).sum(1, keepdim=True) / n
+    centred = h - mean
+    var = (centred * centred * real).sum(1, keepdim=True) / n
     return torch.addcmul(beta, centred * torch.rsqrt(var + BN_EPS), gamma), mean, var
 
 
-def running_statistics(p: Params, mean: torch.Tensor, var: torch.Tensor, real: torch.Tensor | None, rows: int) -> Params:
+def running_statistics(p: Params, mean: torch.Tensor, var: torch.Tensor, real: torch.Tensor) -> Params:
     """The new running statistics, as torch's BatchNorm keeps them (unbiased variance); ``real`` as in train_body."""
     old_mean, old_var = p["bn.running_mean"], p["bn.running_var"]
-    if real is None:
-        return {"bn.running_mean": torch.lerp(old_mean, mean, BN_MOMENTUM),
-                "bn.running_var": torch.lerp(old_var, var * (rows / max(rows - 1, 1)), BN_MOMENTUM)}
     n = real.sum(1, keepdim=True)
     new_mean = torch.lerp(old_mean, mean, BN_MOMENTUM)
     new_var = torch.lerp(old_var, var * n / (n - 1).clamp_min(1.0), BN_MOMENTUM)

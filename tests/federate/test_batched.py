@@ -60,7 +60,8 @@ def partitions(base, seed: int, n_clients: int):
 OPTIM_ROWS = [(0.9, (0.9, 0.999), 1e-8), (0.5, (0.8, 0.99), 1e-7), (0.0, (0.9, 0.99), 1e-8), (0.9, (0.85, 0.999), 1e-6)]
 
 
-def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None):
+def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None,
+                head: str | None = None):
     """Four runs differing in partition (and client count), seed, lr, weight decay, momentum, betas, eps and
     the row settings; ``shared``: settings of all four."""
     base = synthetic(n_clients=4, per_client=40)
@@ -73,7 +74,7 @@ def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, share
         params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])], **(shared or {}))
         momentum, betas, eps = OPTIM_ROWS[i]
         optim = OptimConfig(optimizer, lr, momentum, 1e-4 * (i + 1), betas, eps)
-        ctx = MethodContext(data, HEAD.get(name, cls.default_head), optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
+        ctx = MethodContext(data, head or cls.default_head, optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
         out.append(Federation(cls(ctx, params), RunConfig(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
     return out
 
@@ -102,33 +103,14 @@ def compare(feds, exact: bool, tol: float = 1e-4) -> None:
         assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= tol for x, y in losses)
 
 
-# fedrep and fedproto need a head with representation layers; the mlp head's BatchNorm keeps runs from stacking
-# (batched.head_reason), so it stacks with the projection head.
-HEAD = {"fedrep": "projection", "fedproto": "projection"}
-
-
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
-def test_a_stack_computes_what_its_runs_compute_one_by_one(name, optimizer, monkeypatch):
-    """Bit-identical when every step has the full batch width: each federation's rows take the same
-    kernels' arithmetic as in its own run (its own plan, one fused optimizer call per federation, the
-    per-run aggregation on its own slice; FST-CBDG's synthetic instances padded per run, not per stack)."""
-    import fedcache.federate.local as local
-
-    monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
+def test_a_stack_computes_what_its_runs_compute_one_by_one(name, optimizer):
+    """Bit-identical, though the runs differ in partition, client count and seed: every step is the plan's
+    full width (local.train), so each federation's rows take the same kernels' arithmetic as in its own run
+    (its own plan, one fused optimizer call per federation, the per-run aggregation on its own slice;
+    FST-CBDG's synthetic instances padded per run, not per stack)."""
     compare(federations(name, optimizer, fraction=0.6), exact=True)
-
-
-@pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
-def test_a_stack_equals_its_runs_one_by_one(name):
-    """As trained (steps cut at the widest client's last real row, local.used_widths): the same accuracies,
-    and states equal to float32 rounding. Tolerance, not equality: a step of a stack is as wide as the
-    widest client of *every* federation, so a federation's short last batch of an epoch carries more
-    padding rows than in its own run, and the matrix products and sums over those rows (zeros) may round
-    their last bit differently (with full-width steps the results are bit-identical, above); Adam's
-    normalised steps grow those ulps over the steps (to 2e-5 here; 1e-4 is the tolerance of the loop's
-    batched-vs-per-client test)."""
-    compare(federations(name, "adam", fraction=0.6), exact=False)
 
 
 # Options that change what local_update or aggregate computes, each stacked as well.
@@ -143,19 +125,29 @@ VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "p
 
 
 @pytest.mark.parametrize("name, shared", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
-def test_a_stack_of_runs_with_other_options_computes_what_they_compute_alone(name, shared, monkeypatch):
-    import fedcache.federate.local as local
-
-    monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
+def test_a_stack_of_runs_with_other_options_computes_what_they_compute_alone(name, shared):
     compare(federations(name, "adam", fraction=0.6, shared=shared), exact=True)
 
 
-def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws(monkeypatch):
+def test_fedproto_computes_a_stack_s_prototypes_run_by_run(monkeypatch):
+    """The prototype pass after training pads each chunk of clients to its largest client: a chunk holding clients
+    of several runs would pad a run's rows to another width than its run alone, which rounds differently at
+    realistic widths (not at this test's 32 features, so the equality tests above cannot see it)."""
+    cls = METHODS.get("fedproto")
+    calls, own = [], cls._prototypes
+
+    def recording(self, states, clients):
+        calls.append(self.run_sizes(clients))
+        return own(self, states, clients)
+
+    monkeypatch.setattr(cls, "_prototypes", recording)
+    run_stack([fresh(f) for f in federations("fedproto", fraction=0.6)])
+    assert calls and all(len(sizes) == 1 for sizes in calls), calls
+
+
+def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws():
     """lambda = 0 per row: that run's rows draw nothing (its run alone skips L_tSamp), so the padding of the
     other runs' synthetic instances never reaches its arithmetic."""
-    import fedcache.federate.local as local
-
-    monkeypatch.setattr(local, "used_widths", lambda plan: [plan.shape[2]] * plan.shape[1])
     feds = federations("fst-cbdg", "adam", fraction=0.6)
     i = next(i for i, f in enumerate(feds) if f.method.p.lam == 0.0)
     got, alone = run_stack([fresh(f) for f in feds])[i], run(fresh(feds[i]).method, feds[i].cfg)
@@ -192,11 +184,12 @@ def test_stacked_fedpcl_runs_must_agree_on_whether_global_prototypes_exist():
         m._ready({"global_mask": mask})
 
 
-def test_runs_with_batchnorm_do_not_stack():
-    (f,) = federations("fedavg")[:1]
-    mlp = Federation(type(f.method)(dataclasses.replace(f.method.ctx, head="mlp")), f.cfg)
-    with pytest.raises(ConfigError, match="mlp head's BatchNorm"):
-        run_stack([mlp])
+@pytest.mark.parametrize("name, head", [("fedavg", "mlp"), ("fedntd", "mlp"), ("fedproto", "projection"), ("fedrep", "projection")])
+def test_a_stack_of_runs_with_another_head_computes_what_they_compute_alone(name, head):
+    """The mlp head's BatchNorm statistics are per client over its real rows, masked on every step (heads/mlp.py):
+    with an unmasked shortcut on steps without padding rows, which a stack's step rarely is where a run's
+    is, they rounded differently in a stack. fedproto and fedrep train with the mlp head above."""
+    compare(federations(name, "adam", fraction=0.6, head=head), exact=True)
 
 
 def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():

@@ -215,20 +215,6 @@ def test_non_contiguous_gradients_are_applied_correctly():
         torch.testing.assert_close(a["w"], b["w"], atol=0, rtol=0)
 
 
-def test_step_widths_drop_only_columns_no_client_uses():
-    """train() (and FST-CBDG's per-step positions) slice every step to used_widths: every column a
-    client uses is kept, and only padding is dropped."""
-    from fedcache.federate.local import used_widths
-
-    rng = np.random.default_rng(0)
-    for _ in range(100):
-        k, s, b = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 9))
-        plan = np.where(rng.random((k, s, b)) < 0.4, -1, rng.integers(0, 50, (k, s, b)))
-        for step, width in enumerate(used_widths(plan)):
-            used = np.flatnonzero((plan[:, step] >= 0).any(0))
-            assert width == (used[-1] + 1 if len(used) else b)
-
-
 def test_a_torn_last_metrics_line_is_dropped_on_resume(data, tmp_path):
     full = run(make("fedavg", data), RunConfig(rounds=3))
 

@@ -122,8 +122,8 @@ def cosine_nce(z, pos, neg, tau):
 
 def atpfl_regulariser(m, clients, server, states, p, rows, mask=None):
     info = m.local_extra(clients, server, states)
-    image, text = m.visual.train_features(p, rows), m.text.encode(p["ctx"])
     mask = torch.ones(*rows.shape, dtype=torch.bool) if mask is None else mask
+    image, text = m.visual.train_features(p, rows, mask), m.text.encode(p["ctx"])
     return m.regulariser(p, rows, mask, image, text, info)
 
 
@@ -142,7 +142,8 @@ def test_atpfl_global_prompt_is_the_positive_and_previous_the_negative(hidden):
     glob = {n: t.expand(2, *t.shape[1:]) for n, t in server.items()}
     with torch.no_grad():
         text, text_g, text_prev = (m.text.encode(q["ctx"]) for q in (p, glob, prev))
-        image, image_g, image_prev = (m.visual.train_features(q, rows) for q in (p, glob, prev))
+        image, image_g, image_prev = (m.visual.train_features(q, rows, torch.ones(rows.shape, dtype=torch.bool))
+                                      for q in (p, glob, prev))
     want = 0.5 * (cosine_nce(text, text_g, text_prev, 0.7).mean(-1) + cosine_nce(image, image_g, image_prev, 0.7).mean(-1))
     torch.testing.assert_close(atpfl_regulariser(m, clients, server, states, p, rows), want)
     two_log_two = torch.full((2,), 0.5 * 2 * math.log(2))
@@ -167,7 +168,7 @@ def test_atpfl_default_temperature_is_clips_and_padding_rows_do_not_count(hidden
     tau = 1.0 / m.scale
     with torch.no_grad():
         text, text_g, text_prev = (m.text.encode(q["ctx"]) for q in (p, glob, prev))
-        image, image_g, image_prev = (m.visual.train_features(q, rows) for q in (p, glob, prev))
+        image, image_g, image_prev = (m.visual.train_features(q, rows, mask) for q in (p, glob, prev))
     per_row = cosine_nce(image, image_g, image_prev, tau)
     l_image = torch.stack([per_row[0].mean(), per_row[1, :2].mean()])
     want = cosine_nce(text, text_g, text_prev, tau).mean(-1) + l_image
@@ -277,6 +278,26 @@ def test_pixel_prompt_reads_the_cached_images_and_learns(store):
     assert result.server["vprompt"].abs().sum() > 0
     with pytest.raises(ConfigError, match="pad"):
         prepare(TrainConfig(store=store, dataset="test-toy", backbones=[CLIP], method="tpfl", settings=["visual=pixel"]))
+
+
+def test_pixel_prompt_sends_only_a_step_s_real_rows_through_the_image_tower(store):
+    """Every step is the full batch width (local.train): a short client's padding rows would otherwise cost whole
+    image-tower passes. Real rows get what encoding every row gives them; padding rows are zeros."""
+    cfg = TrainConfig(store=store, dataset="test-toy", backbones=[CLIP], method="tpfl", partition="domain", clients=2,
+                      settings=["visual=pixel", "pad=4"])
+    m, _ = prepare(cfg)
+    v = m.visual
+    p = {"vprompt": torch.randn(2, *m.init_server()["vprompt"].shape[1:], generator=torch.Generator().manual_seed(0))}
+    rows = torch.tensor([[0, 1, 2, 0], [3, 4, 0, 0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    seen, encode = [], v.model.encode_image
+    v.model.encode_image = lambda x: seen.append(len(x)) or encode(x)
+    with torch.no_grad():
+        got = v.train_features(p, rows, mask)
+        every = v._encode(p["vprompt"], v.images.get("train", rows.numpy()))
+    assert seen[0] == 5  # the real rows only (then all 8 for the comparison)
+    torch.testing.assert_close(got[mask], every[mask], atol=1e-5, rtol=1e-5)
+    assert not got[~mask].any()
 
 
 def test_clear_errors_for_a_head_and_for_fused_backbones(hidden, clip):

@@ -62,10 +62,11 @@ def test_batched_fedprox_grid_with_a_mu_axis_equals_the_process_grid(toy_store, 
 
 
 def test_batched_fedproto_grid_with_a_lam_axis_equals_the_process_grid(toy_store, tmp_path):
-    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "lam": [0.3, 1], "head": "projection"}
+    """fedproto's own head, the mlp head: its BatchNorm statistics stack too."""
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "lam": [0.3, 1]}
     plans = []
     a, b = run_both(toy_store, tmp_path, ["fedproto"], sweep, on_plan=plans.append)
-    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (2 fedproto, 2 fedproto, 2 fedproto, 2 fedproto)") and "own runs" not in plans[-1]
+    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (4 x 2 fedproto)") and "own runs" not in plans[-1]
     assert_same_cells(a, b)
 
 
@@ -76,7 +77,7 @@ def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(t
              "noise": "gaussian"}
     plans = []
     a, b = run_both(toy_store, tmp_path, ["fedpcl"], sweep, on_plan=plans.append)
-    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (2 fedpcl, 2 fedpcl, 2 fedpcl, 2 fedpcl)") and "own runs" not in plans[-1]
+    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (4 x 2 fedpcl)") and "own runs" not in plans[-1]
     assert_same_cells(a, b)
 
 
@@ -90,20 +91,20 @@ def test_batched_fedntd_grid_with_optimizer_and_method_axes_equals_the_process_g
         outs[engine] = tmp_path / engine
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedntd"], sweep=sweep, seeds=[0],
              out=outs[engine], engine=engine, on_plan=plans.append)
-    assert plans[-1].startswith("batched engine: 8 cells in 2 batches (4 fedntd, 4 fedntd)")
+    assert plans[-1].startswith("batched engine: 8 cells in 2 batches (2 x 4 fedntd)")
     assert_same_cells(outs["processes"], outs["batched"])
 
 
 def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
     out = tmp_path / "g"
-    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,fedproto",
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,pfedme",
                  "--partition", "dirichlet", "--alpha", "0.5,5", "--clients", "3", "--rounds", "2", "--set", "lr=0.01,0.1",
                  "--seeds", "0,1", "--engine", "batched", "--max-batch-cells", "3", "--out", str(out)])
     captured = capsys.readouterr()
     printed = " ".join((captured.out + captured.err).split())  # one line, however the console wrapped it
     assert code == 0
-    assert ("batched engine: 8 cells in 4 batches (2 fedprox, 2 fedprox, 2 fedprox, 2 fedprox), at most 3 cells per batch; "
-            "8 cells as their own runs: the mlp head's BatchNorm statistics would round differently in a stack (8)") in printed
+    assert ("batched engine: 8 cells in 4 batches (4 x 2 fedprox), at most 3 cells per batch; "
+            "8 cells as their own runs: pfedme does not declare that its runs can train stacked (8)") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16
 
@@ -120,15 +121,17 @@ def test_the_batched_engine_is_the_default(toy_store, tmp_path, capsys):
 
 
 def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
-    """--jobs 2: the batches (one per method here) train side by side in worker processes of one torch thread;
-    the grouping does not depend on --jobs, so every cell equals the in-process grid's."""
+    """--jobs 2: the batches train side by side in worker processes of one torch thread, each method's cells
+    spread over the two workers (one batch per method with --jobs 1); every cell equals the in-process grid's."""
     sweep = {"partition": "dirichlet", "clients": 3, "rounds": 2, "lr": [0.003, 0.01, 0.03, 0.1]}
     outs, plans = {}, {}
     for jobs in (1, 2):
         outs[jobs], plans[jobs] = tmp_path / f"jobs{jobs}", []
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
              seeds=[0], out=outs[jobs], engine="batched", jobs=jobs, on_plan=plans[jobs].append)
-    assert "2 at a time, each in a worker process" in " ".join(plans[2])
+    assert plans[2][0].startswith("batched engine: 8 cells in 4 batches (2 x 2 fedavg, 2 x 2 fedprox)")
+    assert "2 at a time, each in a worker process" in plans[2][0]
+    assert plans[1][0].startswith("batched engine: 8 cells in 2 batches (4 fedavg, 4 fedprox)")
     assert "worker process" not in " ".join(plans[1])
     assert_same_cells(outs[1], outs[2])
     # Two cells per batch: four batches finish side by side, and none removes the folder another still uses.
@@ -175,8 +178,10 @@ def _other(typ, default):
 
 
 # Run options that may differ within a batch: optim.preset's settings apply per federation (one optimizer block
-# each; its optimizer kind is in the key, checked below); --no-batch keeps a cell out of every batch.
+# each; its optimizer kind is in the key, checked below); --no-batch keeps a cell out of every batch; the partition,
+# seed and fraction are each federation's own (its data, plans and sampling), and decide which cells draw alike.
 PER_FEDERATION_OPTIONS = {"optim.preset", "engine.batched"}
+DRAW_OPTIONS = {"schedule.seed", "schedule.fraction"}
 OTHER_VALUES = {"data.dataset": "other", "data.backbones": ("b1", "b2"), "data.store": "other.zarr",
                 "partition.scheme": "dirichlet"}
 PER_ROW_OPTIM = ("lr", "momentum", "weight_decay", "betas", "eps")
@@ -196,7 +201,7 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
     from fedcache.federate.train import resolve
     from fedcache.heads import HEADS
     from fedcache.spec import RunSpec, options
-    from fedcache.sweep_batched import _key, _why_alone
+    from fedcache.sweep_batched import _draws, _key, _why_alone
 
     base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
     r = resolve(base)
@@ -211,8 +216,11 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
         value = {**OTHER_VALUES, "head.name": heads[0]}.get(o.key, _other(o.type, base.get(o.key)))
         assert value is not None, f"no other value of {o.key} to try: add one to OTHER_VALUES"
         cfg = base.replace(**{o.key: value})
-        assert _key(cfg, resolve(cfg)) != key, f"cells differing in {o.key} would share a batch"
-    assert _why_alone(base.replace(batched=False), r, None) == "--no-batch trains each client alone"
+        if o.key in DRAW_OPTIONS or o.key.startswith("partition."):
+            assert _key(cfg, resolve(cfg)) == key and _draws(cfg) != _draws(base), o.key
+        else:
+            assert _key(cfg, resolve(cfg)) != key, f"cells differing in {o.key} would share a batch"
+    assert _why_alone(base.replace(batched=False), r) == "--no-batch trains each client alone"
     for preset, optim in PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
         cfg = base.replace(preset=preset)
         assert (_key(cfg, resolve(cfg)) == key) == (optim.optimizer == r.optim.optimizer), preset
@@ -319,15 +327,53 @@ def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_chec
     assert not (out / "batches").exists()
 
 
+def test_cells_alone_in_their_partition_and_seed_stack_across_partitions_and_seeds(toy_store, tmp_path):
+    """One cell per partition and seed (alpha x seeds): no two draw the same mini-batches, so they stack across
+    partitions and seeds, each still its own run's numbers bit for bit (every step is the full batch width)."""
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedproto"], seeds=[0, 1],
+              sweep={"partition": "dirichlet", "alpha": [0.5, 5], "clients": 3, "rounds": 2})
+    plans: list[str] = []
+    grid(out=tmp_path / "b", engine="batched", on_plan=plans.append, **kw)
+    grid(out=tmp_path / "p", engine="processes", **kw)
+    assert plans[0].startswith("batched engine: 8 cells in 2 batches (4 fedavg, 4 fedproto)") and "own runs" not in plans[0]
+    assert_same_cells(tmp_path / "p", tmp_path / "b")
+
+
 def test_a_cell_with_nothing_to_stack_with_runs_as_its_own_run(toy_store, tmp_path):
-    """Cells alone in their group (here: one per seed) are not stacks of one: they run as their own runs, and the
-    plan says why; their numbers are the process engine's."""
-    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1],
+    """Cells alone in their group (here: one per method) are not stacks of one: they run as their own runs, and
+    the plan says why; their numbers are the process engine's."""
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], seeds=[0],
               sweep={"partition": "iid", "clients": 2, "rounds": 2})
     plans: list[str] = []
     grid(out=tmp_path / "b", engine="batched", on_plan=plans.append, **kw)
     grid(out=tmp_path / "p", engine="processes", **kw)
-    assert plans == ["batched engine: no cells to stack; 2 cells as their own runs: no other cell of its partition, "
-                     "seed and settings to stack with (2)"]
+    assert plans == ["batched engine: no cells to stack; 2 cells as their own runs: no other cell of its method and "
+                     "settings to stack with (2)"]
     assert not (tmp_path / "b" / "batches").exists()
     assert_same_cells(tmp_path / "p", tmp_path / "b")
+
+
+def test_cells_of_one_partition_and_seed_stack_together_and_lone_cells_join_across_draws():
+    """Cells that draw alike stack together (their batch steps no longer than each of them); the cells alone in
+    their draws form batches of their own, and one such cell left over joins the smallest batch with room."""
+    from fedcache.sweep_batched import _parts
+
+    alone: dict = {}
+    assert _parts({"a": [1, 2, 3], "b": [4, 5], "c": [6], "d": [7]}, 10, [], alone) == [[1, 2, 3], [4, 5], [6, 7]]
+    assert _parts({"a": [1, 2, 3], "b": [4, 5], "c": [6]}, 10, [], alone) == [[1, 2, 3], [4, 5, 6]]
+    assert not alone
+    assert _parts({"a": [1, 2, 3, 4, 5]}, 2, [], alone) == [[1, 2], [3, 4]] and alone == {5: "the limit of 2 cells per batch"}
+    alone = {}
+    assert _parts({"a": [1, 2], "c": [6]}, 2, [], alone) == [[1, 2]] and alone == {6: "the limit of 2 cells per batch"}
+    alone = {}
+    assert _parts({"c": [6]}, 5, [], alone) == [] and alone == {6: "no other cell of its method and settings to stack with"}
+    # Cut to size (a share of the group per worker), though the limit would hold them all.
+    alone = {}
+    assert _parts({d: [d] for d in range(6)}, 10, [], alone, size=3) == [[0, 1, 2], [3, 4, 5]] and not alone
+    # An odd pool leaves no cell alone for the size: the limit alone sends one off.
+    assert _parts({d: [d] for d in range(3)}, 10, [], alone, size=2) == [[0, 1, 2]] and not alone
+    assert _parts({"a": [1, 2, 3]}, 10, [], alone, size=2) == [[1, 2, 3]] and not alone
+    # A started batch continues as it was; what is left of its draws joins the lone cells.
+    alone = {}
+    assert _parts({"a": [1, 2, 3], "b": [4]}, 10, [[1, 2]], alone) == [[1, 2], [3, 4]] and not alone
+

@@ -3,11 +3,10 @@ Language Model"), batched over K clients: pseudo-label moving average (Eq. 4), s
 (Eq. 3), class-balanced synthetic counts (Eq. 7) and the Gaussian synthetic instances (Eq. 5)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from fedcache.federate import local
 from fedcache.federate.local import masked_mean, rng_for
 from fedcache.heads.base import affine
 
@@ -56,10 +55,6 @@ class LocalPass:
     valid: torch.Tensor  # (K, n) real positions
     x: list[torch.Tensor] | None  # per client, unit features of its rows (n_i, D) (refresh="all" only)
     gens: list[torch.Generator]
-    widths: list[int] = field(init=False)  # per step, the columns train() keeps (local.used_widths)
-
-    def __post_init__(self) -> None:
-        self.widths = local.used_widths(self.pos.numpy())  # looked up now: always train()'s own trimming
 
     @staticmethod
     def streams(seed: int, rnd: int, clients: list[int]) -> list[torch.Generator]:
@@ -72,8 +67,8 @@ class LocalPass:
         return self.q[k, self.step_pos(s).clamp_min(0)]
 
     def step_pos(self, s: int) -> torch.Tensor:
-        """Positions of step s, trimmed exactly as train() trims the step's rows."""
-        return self.pos[:, s, : self.widths[s]]
+        """Positions of step s, as wide as train()'s step."""
+        return self.pos[:, s]
 
     def refresh_batch(self, s: int, f: torch.Tensor, mask: torch.Tensor, beta: float) -> None:
         """Eq. 4 for the step's rows only: f (K, B, C) the current model's probabilities on the batch."""

@@ -30,8 +30,8 @@ class CachedFeatures:
     def init(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return {}
 
-    def train_features(self, p: dict, rows: torch.Tensor) -> torch.Tensor:
-        """(K, B) training rows -> (K, B, D) unit features."""
+    def train_features(self, p: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(K, B) training rows (``mask``: the real ones) -> (K, B, D) unit features."""
         return F.normalize(self.data.x_train[rows], dim=-1)
 
     def eval_features(self, p: dict, x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +45,7 @@ class FeaturePrompt(CachedFeatures):
     def init(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return {"vprompt": torch.zeros(1, self.data.dim)}
 
-    def train_features(self, p: dict, rows: torch.Tensor) -> torch.Tensor:
+    def train_features(self, p: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.data.x_train[rows] + p["vprompt"].unsqueeze(1), dim=-1)
 
     def eval_features(self, p: dict, x: torch.Tensor) -> torch.Tensor:
@@ -127,8 +127,16 @@ class PixelPrompt(CachedFeatures):
         z = self.model.encode_image(x.flatten(0, 1).to(self.device)).float().cpu()
         return F.normalize(z, dim=-1).view(k, b, -1)
 
-    def train_features(self, p: dict, rows: torch.Tensor) -> torch.Tensor:
-        return self._encode(p["vprompt"], self.images.get("train", rows.numpy()))
+    def train_features(self, p: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Only the step's real rows go through the image tower (a step is the full batch width, and a short
+        client's padding rows would cost whole forward and backward passes); padding rows get zeros."""
+        real = mask.nonzero(as_tuple=True)
+        out = torch.zeros(*rows.shape, self.data.dim)
+        if len(real[0]):
+            # One prompted image per real row, each with its own client's frame.
+            z = self._encode(p["vprompt"][real[0]], self.images.get("train", rows[real].numpy())[:, None])
+            out = out.index_put(real, z[:, 0])
+        return out
 
     def eval_features(self, p: dict, x: torch.Tensor) -> torch.Tensor:
         role = "test" if x is self.data.x_test else "train" if x is self.data.x_train else None

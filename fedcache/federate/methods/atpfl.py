@@ -72,7 +72,7 @@ class ATPFL(TPFL):
         tau = self.p.tau or 1.0 / self.scale
         l_text = info_nce(text, info["text_g"].expand_as(text), info["text_prev"], tau).mean(-1)  # over classes
         with torch.no_grad():
-            image_g = self.visual.train_features(info["global"], rows)
-            image_prev = self.visual.train_features(info["prev"], rows)
+            image_g = self.visual.train_features(info["global"], rows, mask)
+            image_prev = self.visual.train_features(info["prev"], rows, mask)
         l_image = masked_mean(info_nce(image, image_g, image_prev, tau), mask)
         return self.p.mu * (l_text + l_image)

@@ -129,9 +129,15 @@ class FedProto(Method):
         return ce + self.p.lam * masked_mean(dist, mask & has), buffers
 
     def local_prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts."""
-        parts = [self._prototypes({n: t[i : i + CHUNK] for n, t in states.items()}, clients[i : i + CHUNK])
-                 for i in range(0, len(clients), CHUNK)]
+        """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts. Run by run
+        in a stack, chunked as in the run alone: a chunk is padded to its largest client, and another padded
+        width would round the products and sums differently from the run's own."""
+        parts, at = [], 0
+        for size in self.run_sizes(clients):
+            for i in range(at, at + size, CHUNK):
+                j = min(i + CHUNK, at + size)
+                parts.append(self._prototypes({n: t[i:j] for n, t in states.items()}, clients[i:j]))
+            at += size
         return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

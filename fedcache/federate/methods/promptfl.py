@@ -78,7 +78,7 @@ class PromptFL(Method):
         return {}
 
     def loss(self, p: Params, rows: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> torch.Tensor:
-        image = self.visual.train_features(p, rows)
+        image = self.visual.train_features(p, rows, mask)
         text = self.text.encode(p["ctx"])
         ce = cross_entropy(prompt_logits(image, text, self.scale), yb, mask)
         return ce + self.regulariser(p, rows, mask, image, text, info)
