@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> None:
         result = measure_worked(args.store, args.jobs, args.tiny, args.trials)
     else:
         result = measure(args.store, args.jobs, args.tiny, args.trials)
-    doc = {"what": __doc__.strip().split("\n\n")[1].replace("\n", " "), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    what = measure_worked.__doc__ if args.worked else __doc__.strip().split("\n\n")[1]
+    doc = {"what": " ".join(what.split()), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads",
            "jobs": args.jobs, "tiny": args.tiny, "result": result}
     out.parent.mkdir(parents=True, exist_ok=True)
