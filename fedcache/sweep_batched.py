@@ -69,7 +69,7 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
     continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
-    at most that share of its group, so that one method's cells spread over the workers (a batch trains on one)."""
+    about that share of its group, so that one method's cells spread over the workers (a batch trains on one)."""
     from fedcache.federate.train import resolve
 
     groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
@@ -123,7 +123,7 @@ def _parts(by_draws: dict[tuple, list[Hashable]], limit: int, started, alone: di
         else:
             alone[single[0]] = NOTHING_TO_STACK if len(keys) == 1 else f"the limit of {limit} cells per batch"
     for part in new:
-        if len(part) == 1:  # only where the limit is one cell
+        if len(part) == 1:  # only where the limit cuts a pool so
             alone[part[0]] = f"the limit of {limit} cells per batch"
     return parts + [p for p in new if len(p) > 1]
 
