@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods.fedproto import PFLLIB
 from fedcache.federate.train import TrainConfig, prepare
 

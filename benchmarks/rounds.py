@@ -31,7 +31,7 @@ import torch
 from _results import write  # benchmarks/ is on sys.path when a script here runs
 
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedavg import FedAvg
 from fedcache.federate.optim import OptimConfig, StackedOptimizer

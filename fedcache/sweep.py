@@ -325,6 +325,10 @@ def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict
     from fedcache.federate.divergence import DivergedError
 
     folder = spec.out / BATCHES / sweep_batched.batch_id([c.name for c in batch])
+    for c in batch:
+        out = spec.out / CELLS / c.name
+        out.mkdir(parents=True, exist_ok=True)
+        _write_cell_json(out, c)
     try:
         done = sweep_batched.run_batch(batch, tables, folder)
     except DivergedError:
@@ -335,9 +339,8 @@ def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict
         shutil.rmtree(folder, ignore_errors=True)
         yield from ((c, run_cell(spec, c, tables)) for c in batch)
         return
-    for c, resolved, result in done:
-        yield c, _write_batched_cell(spec, c, resolved, result)
-    # Only now: interrupted while the cells were written, the grid re-run continues from the last round's checkpoint.
+    for c, result in done:
+        yield c, _row(c, result.summary, spec.out / CELLS / c.name)
     # The grid removes the emptied parent once every batch is done (batches run side by side).
     shutil.rmtree(folder)
 
@@ -366,7 +369,7 @@ def _batch_worker(spec: GridSpec, batch: dict, folder: Path) -> list[tuple[Cell,
 
 def _alone(spec: GridSpec, c: Cell) -> str:
     """Why the grid runs this cell as its own run whatever its method, or empty."""
-    from fedcache.federate.checkpoints import CHECKPOINT
+    from fedcache.federate.rundir import CHECKPOINT
 
     if spec.track:
         return "--track sends each run's metrics as it trains"
@@ -375,18 +378,6 @@ def _alone(spec: GridSpec, c: Cell) -> str:
     if (spec.out / CELLS / c.name / CHECKPOINT).exists():
         return "started as its own run (resumed as one)"
     return ""
-
-
-def _write_batched_cell(spec: GridSpec, c: Cell, resolved: dict, result) -> dict:
-    from fedcache.sweep_batched import write_run
-
-    out = spec.out / CELLS / c.name
-    if out.exists():
-        shutil.rmtree(out)  # a cell started by another engine and never checkpointed
-    out.mkdir(parents=True)
-    _write_cell_json(out, c)
-    write_run(out, resolved, result, spec.keep_checkpoints == "last")
-    return _row(c, result.summary, out)
 
 
 def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
@@ -559,8 +550,8 @@ def _worker(spec: GridSpec, c: Cell, folder: Path) -> list[tuple[Cell, dict]]:
 
 def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     """One run in its own directory; an interrupted one resumes from its checkpoint."""
-    from fedcache.federate.checkpoints import CHECKPOINT
     from fedcache.federate.divergence import DivergedError
+    from fedcache.federate.rundir import CHECKPOINT
     from fedcache.federate.train import train
 
     out = spec.out / CELLS / c.name

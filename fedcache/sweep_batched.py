@@ -1,14 +1,14 @@
-"""``fedcache grid --engine batched``: the grid's runs trained in stacks of federations (federate/batched.py).
+"""``fedcache grid --engine batched``: the grid's runs trained in stacks of federations (federate/stacked.py).
 
 Runs that share the data, method, head, optimizer kind, round schedule and every setting that is not per row
 are grouped; a run's partition, seed and sampling fraction are its federation's own, and every step of a stack
 is the full batch width (federate/local.py), so a run's numbers are its own run's bit for bit whatever it is
 stacked with. Within a group, cells that draw the same mini-batches (same partition, seed and fraction) share
 batches, since a stack steps as long as its longest cell's clients need; cells alone in their draws stack with
-each other. Each group is cut into batches that fit the memory budget; each batch trains as one
-stacked computation and then writes every run's directory as ``fedcache train --out`` would (config.json,
-metrics.jsonl, checkpoint.pt, summary.json last), so results.csv, table.md, reports and resumption read
-them as before. A batch checkpoints under its own folder after every round and continues from there.
+each other. Each group is cut into batches that fit the memory budget; each batch trains as one stacked
+computation through the round driver (federate/stacked.py), which writes every run's directory as for a run
+by itself, so results.csv, table.md, reports and resumption read them alike. A batch checkpoints under its
+own folder after every round and continues from there.
 The grid (sweep.py) decides which of its cells come here, names them (any hashable key) and writes
 what is the grid's own (cell.json, the rows); runs that cannot stack run as their own runs there.
 """
@@ -159,21 +159,21 @@ def _split(keys: list, parts: int) -> list[list]:
 
 
 def _why_alone(cfg: RunSpec, r) -> str:
-    from fedcache.federate.methods.base import batchable
+    from fedcache.federate.stacking import why_not_stackable
 
-    if not batchable(r.method_cls):
-        return f"{r.method_cls.name} does not declare that its runs can train stacked"
-    if r.method_cls.not_batchable(r.params):
-        return r.method_cls.not_batchable(r.params)
-    if not cfg.engine.batched:
+    why = why_not_stackable(r.method_cls, r.params)
+    if not why and not cfg.engine.batched:
         return "--no-batch trains each client alone"
-    return ""
+    return why
 
 
 def _key(cfg: RunSpec, r) -> tuple:
-    """What the runs of one batch share: federate.batched.stack_key, from the spec before any data is read;
+    """What the runs of one batch share: federate.stacked.stack_key, from the spec before any data is read;
     the method's name first."""
-    params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in r.method_cls.row_params}
+    from fedcache.federate.stacking import stacking_of
+
+    varying = stacking_of(r.method_cls).varying
+    params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in varying}
     s = cfg.schedule
     return (r.method_cls.name, r.head, r.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
             s.batch_size, s.eval_every, s.validation, cfg.data)
@@ -188,9 +188,10 @@ def cell_bytes(cfg, r, tables) -> int:
     """A rough upper estimate of one cell's memory in a batch: per client, its head's parameters about
     eight times (received, trained, gradients, Adam's two moments, upload, state, server share) and one
     mini-batch of inputs, activations and their gradients; and what the method holds over the rows
-    (``Method.stack_bytes``)."""
+    (its stacking declaration's ``memory``)."""
     import torch
 
+    from fedcache.federate.stacking import stacking_of
     from fedcache.federate.train import partition_request
     from fedcache.heads import make_head
 
@@ -200,7 +201,7 @@ def cell_bytes(cfg, r, tables) -> int:
     params = sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
     clients = partition_request(cfg, len(train_t.domain_names)).n_clients
     step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
-    rows = r.method_cls.stack_bytes(r.params, len(train_t.labels), clients, dim, classes)
+    rows = stacking_of(r.method_cls).memory(r.params, len(train_t.labels), clients, dim, classes)
     return 4 * clients * (8 * params + step) + rows
 
 
@@ -220,33 +221,44 @@ def batch_id(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
-def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple[Hashable, dict, object]]:
-    """Train the runs as one stack, continuing its checkpoint in ``folder`` (the caller removes the folder once
-    every run's files are written); (key, resolved config, its ``batched.FederationResult``) per run, in order."""
-    from fedcache.federate.batched import Federation, run_stack
-    from fedcache.federate.driver import RunConfig
+def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple[Hashable, object]]:
+    """Train the runs as one stack, each into its own run directory (``engine.out``), continuing the stack's
+    checkpoint in ``folder`` (the caller removes the folder once it is done); (key, its ``RunResult``) per run."""
+    from fedcache.federate import driver
+    from fedcache.federate.driver import Run, RunConfig
+    from fedcache.federate.rundir import RunDir
+    from fedcache.federate.stacked import Stacked
     from fedcache.federate.train import prepare
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
-    feds, resolved = [], []
+    checkpoint = folder / "checkpoint.pt"
+    resume = continuable(checkpoint)
+    stack = []
     for cfg in runs.values():
-        method, res = prepare(cfg, tables)
+        method, resolved = prepare(cfg, tables)
         s, e = cfg.schedule, cfg.engine
-        run_cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, None, False, e.keep_checkpoints)
-        feds.append(Federation(method, run_cfg, {"partition_id": res["partition"]["partition_id"]}))
-        resolved.append(res)
-    return list(zip(runs, resolved, run_stack(feds, folder / "checkpoint.pt")))
+        out = RunDir(e.out, e.keep_checkpoints)
+        if not resume:
+            out.clear()
+            out.write_config(resolved)
+        stack.append(Run(method, RunConfig(s.rounds, s.fraction, s.eval_every, e.batched), out,
+                         {"partition_id": resolved["partition"]["partition_id"]}))
+    return list(zip(runs, driver.run(stack, Stacked(stack), resume=resume, checkpoint=checkpoint)))
 
 
-def write_run(out: Path, resolved: dict, result, keep_checkpoint: bool) -> None:
-    """The files ``fedcache train --out`` leaves in ``out`` (an existing directory), summary.json last
-    (it marks the run finished)."""
-    from fedcache.federate.checkpoints import save_checkpoint
-    from fedcache.federate.driver import METRICS, write_summary
+def continuable(checkpoint: Path) -> bool:
+    """Whether a batch's checkpoint is there to continue from; one an older fedcache wrote is said and removed
+    (its cells train from round 0)."""
+    from fedcache.errors import ConfigError
+    from fedcache.federate.rundir import load_checkpoint
 
-    (out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
-    (out / METRICS).write_text("".join(json.dumps(line) + "\n" for line in result.history))
-    if keep_checkpoint:  # what `fedcache train --resume` of this run reads
-        save_checkpoint(out, result.checkpoint, False)
-    write_summary(out, result.summary)
+    if not checkpoint.exists():
+        return False
+    try:
+        load_checkpoint(checkpoint)
+    except ConfigError as exc:
+        log.warning("%s", exc)
+        checkpoint.unlink()
+        return False
+    return True

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class RowOptim:
     """Consecutive blocks of rows with their own settings: (rows, config) in row order, one optimizer kind.
 
-    Several federations trained as one stack (federate/batched.py) each keep their own learning rate,
+    Several federations trained as one stack (federate/stacked.py) each keep their own learning rate,
     decay, momentum or betas. Each block gets its own call of torch's fused kernel, on views of its rows,
     so a federation's update is the very computation its own run makes (a per-row learning-rate tensor
     would change the kernel's arithmetic)."""

@@ -15,13 +15,13 @@ from fedcache import __version__
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData, check_same_source, load_fused, load_views
 from fedcache.federate.divergence import DivergedError
-from fedcache.federate.checkpoints import CHECKPOINT, METRICS
-from fedcache.federate.driver import SUMMARY, RoundCallback, RunConfig, RunResult
-from fedcache.federate.loop import run
+from fedcache.federate.driver import RunConfig, RunResult
+from fedcache.federate.inprocess import OnRound, run
 from fedcache.federate.methods import METHODS, Method, MethodContext
 from fedcache.federate.optim import PRESETS, OptimConfig
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
 from fedcache.federate.partitions.storage import table_keys
+from fedcache.federate.rundir import RunDir
 from fedcache.federate.settings import build, parse_pairs, refuse_unused, split_settings
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
@@ -96,19 +96,9 @@ def check_out(spec: RunSpec) -> None:
     if e.out is None:
         return
     writable_dir(e.out, "--out")
-    if not e.resume and not e.overwrite and (Path(e.out) / METRICS).exists():
+    if not e.resume and not e.overwrite and RunDir(e.out).started():
         raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                           "or choose another --out")
-
-
-RUN_FILES = ("config.json", METRICS, SUMMARY, CHECKPOINT, "checkpoint-round*.pt")
-
-
-def _clear_run(out: Path) -> None:
-    """--overwrite: the files of the run in ``out`` (nothing else in the directory)."""
-    for pattern in RUN_FILES:
-        for path in Path(out).glob(pattern):
-            path.unlink()
 
 
 def _check_trackers(spec: RunSpec) -> None:
@@ -221,7 +211,7 @@ def _resolved(spec: RunSpec, method: Method, r: Resolved, part_info: dict, data:
     }
 
 
-def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables | None = None,
+def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None = None,
           run_name: str | None = None) -> RunResult:
     """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
     check_out(spec)
@@ -229,7 +219,7 @@ def train(spec: RunSpec, on_round: RoundCallback | None = None, tables: Tables |
     e, s = spec.engine, spec.schedule
     if e.out is not None:
         if e.overwrite:
-            _clear_run(e.out)
+            RunDir(e.out).clear()
         _prepare_out(spec, resolved)
     trackers = _open_trackers(spec, resolved, run_name)
     cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, e.out, e.resume, e.keep_checkpoints)
@@ -260,7 +250,7 @@ def _open_trackers(spec: RunSpec, resolved: dict, run_name: str | None) -> list:
     return open_trackers(list(spec.engine.track), Path(spec.engine.track_dir or spec.engine.out), name, settings)
 
 
-def _tracked(on_round: RoundCallback | None, trackers: list) -> RoundCallback | None:
+def _tracked(on_round: OnRound | None, trackers: list) -> OnRound | None:
     if not trackers:
         return on_round
 
@@ -275,32 +265,13 @@ def _tracked(on_round: RoundCallback | None, trackers: list) -> RoundCallback | 
 
 
 def _prepare_out(spec: RunSpec, resolved: dict) -> None:
-    out = Path(spec.engine.out)
-    path = out / "config.json"
+    out = RunDir(spec.engine.out)
     if spec.engine.resume:
-        if not path.exists():
-            raise ConfigError(f"--resume: {out} has no config.json; start the run without --resume")
-        saved = json.loads(path.read_text())
-        if not _holds(json.loads(json.dumps(resolved)), saved):
-            differ = _differences(saved.get("spec", {}), resolved["spec"])
-            raise ConfigError(f"--resume: the options differ from the run in {out}"
-                              + (f" ({', '.join(differ)})" if differ else "")
-                              + "; use the same options, --overwrite to replace the run, or a new --out")
+        differ = out.differences(resolved)
+        if differ is None:
+            raise ConfigError(f"--resume: {out.path} has no config.json; start the run without --resume")
+        if differ:
+            raise ConfigError(f"--resume: the options differ from the run in {out.path} ({', '.join(differ)}); use the "
+                              "same options, --overwrite to replace the run, or a new --out")
         return
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(resolved, indent=2) + "\n")
-
-
-def _holds(mine, saved) -> bool:
-    """Whether this run's config.json agrees with the saved one on everything the saved one records. A key
-    that a later fedcache adds (a record such as ``partition.effective``, or a setting whose default is the
-    old behaviour) must not make every run started before it unresumable; a changed value still does."""
-    if isinstance(saved, dict) and isinstance(mine, dict):
-        return all(k in mine and _holds(mine[k], v) for k, v in saved.items())
-    return mine == saved
-
-
-def _differences(saved: dict, mine: dict) -> list[str]:
-    """The ``section.field`` keys whose values differ between two spec dicts."""
-    saved, mine = json.loads(json.dumps(saved)), json.loads(json.dumps(mine))
-    return [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k, object()) != mine[s][k]]
+    out.write_config(resolved)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB, drop_incomplete
 from fedcache.federate.optim import OptimConfig

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
 from tests.federate.conftest import synthetic

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.methods.fedpcl import FedPCLParams
@@ -273,7 +273,7 @@ def test_ce_weight_adds_that_much_cross_entropy_of_the_classifier():
     def loss(w):
         m = fedpcl(data, tau=0.5, prototypes="global", ce_weight=w)
         p = {n: t for n, t in m.init_clients(1).items() if n not in ("protos", "proto_count")}
-        info = {"ready": True, "sizes": [1], "sets": [L.proto_sets(m, down)]}
+        info = {"ready": True, "down": down}
         return m.loss(p, xb, yb, mask, info)[0], cross_entropy(m.head.classify(p, m.head.features(p, xb)), yb, mask)
 
     (plain, ce), (weighted, _) = loss(0.0), loss(0.7)

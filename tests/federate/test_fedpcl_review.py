@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.methods.fedpcl import FedPCLParams

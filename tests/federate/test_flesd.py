@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from fedcache.cli import main
 from fedcache.errors import ConfigError
 from fedcache.extract.runner import ExtractConfig, extract
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import embed, init_encoder, nt_xent
 

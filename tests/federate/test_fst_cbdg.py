@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods import _fst_cbdg as S
 from fedcache.federate.methods._clip import prototype_anchors, unit

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.loop import DivergedError, RunConfig, run, sample_clients
+from fedcache.federate.divergence import DivergedError
+from fedcache.federate.driver import sample_clients
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.metrics import fairness, summarize
 from fedcache.federate.optim import OptimConfig
@@ -52,7 +54,7 @@ STATEFUL = ["solo", "fedproto", "fedrep", "pfedme", "fedpcl"]
 
 @pytest.mark.parametrize("name", STATEFUL)
 def test_training_client_state_in_place_equals_training_a_copy(name, monkeypatch):
-    import fedcache.federate.loop as loop
+    import fedcache.federate.inprocess as loop
 
     data = synthetic(sizes=[37, 80, 12, 64, 51])
     in_place = run(make(name, data), RunConfig(rounds=3))

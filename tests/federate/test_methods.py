@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import masked_mean
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods.base import gradients
 from fedcache.federate.methods.perfedavg import meta_gradient

@@ -14,7 +14,7 @@ from fedcache.errors import ConfigError
 from fedcache.extract.loading import load_backbone
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods._prompt import PLACEHOLDER, PromptedText, info_nce
 from fedcache.federate.optim import OptimConfig

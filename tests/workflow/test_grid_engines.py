@@ -8,6 +8,7 @@ import torch
 
 from fedcache.api import grid
 from fedcache.cli import main
+from fedcache.federate.rundir import load_checkpoint
 from fedcache.table import Table
 
 from .conftest import BACKBONE
@@ -36,7 +37,7 @@ def assert_same_cells(a, b):
         assert json.loads((ca / "config.json").read_text()) == json.loads((cb / "config.json").read_text())
         lines = [[json.loads(l) for l in (c / "metrics.jsonl").read_text().splitlines()] for c in (ca, cb)]
         assert [(l["round"], l["per_client"], l["bytes_up"]) for l in lines[0]] == [(l["round"], l["per_client"], l["bytes_up"]) for l in lines[1]]
-        ka, kb = (torch.load(c / "checkpoint.pt", weights_only=True) for c in (ca, cb))
+        ka, kb = (load_checkpoint(c / "checkpoint.pt")["runs"][0] for c in (ca, cb))
         assert set(ka) == set(kb)
         for key in ("rnd", "params_up", "bytes_up", "bytes_down", "senders"):
             assert ka[key] == kb[key], key
@@ -72,7 +73,7 @@ def test_batched_fedproto_grid_with_a_lam_axis_equals_the_process_grid(toy_store
 
 def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(toy_store, tmp_path):
     """The grid stacks the tau values of one partition and seed first (cells of 3 and 4 clients in one stack, whose
-    prototype sets it pads to the cell with the most clients, are tested in tests/federate/test_batched.py)."""
+    prototype sets it pads to the cell with the most clients, are tested in tests/federate/test_stacked.py)."""
     sweep = {"partition": "dirichlet", "clients": [3, 4], "alpha": 0.5, "rounds": 3, "tau": [0.07, 0.5],
              "noise": "gaussian"}
     plans = []
@@ -191,21 +192,21 @@ PER_ROW_OPTIM = ("lr", "momentum", "weight_decay", "betas", "eps")
 def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federation(method):
     """Every recorded run option, every method setting and every optimizer setting changed alone: the
     grouping key changes, unless the stack applies that setting per federation (the optimizer's lr, decay,
-    momentum, betas, eps; the method's row_params). So a field added to the spec, a method or the optimizer is
-    either in the key or declared per row, and never silently taken from a batch's first cell."""
+    momentum, betas, eps; the method's per-row and per-run settings). So a field added to the spec, a method or the
+    optimizer is either in the key or declared per row or run, and never silently taken from a batch's first cell."""
     import dataclasses
 
-    from fedcache.federate.methods.base import batchable
     from fedcache.federate.optim_config import PRESETS
     from fedcache.federate.settings import fields_of
     from fedcache.federate.train import resolve
     from fedcache.heads import HEADS
+    from fedcache.federate.stacking import stacking_of
     from fedcache.spec import RunSpec, options
     from fedcache.sweep_batched import _draws, _key, _why_alone
 
     base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
     r = resolve(base)
-    assert batchable(r.method_cls)
+    assert stacking_of(r.method_cls) is not None
     key = _key(base, r)
     for o in options():
         if not o.opt.recorded or o.key in ("method.name", "method.settings", "engine.name"):
@@ -227,8 +228,8 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
     for name, typ in fields_of(type(r.params)).items():
         other = dataclasses.replace(r, params=dataclasses.replace(r.params, **{name: _other(typ, getattr(r.params, name))}))
         same = _key(base, other) == key
-        assert same == (name in r.method_cls.row_params), (
-            f"{method} {name}: " + ("per row, yet in the key" if same is False else "not per row, yet not in the key"))
+        assert same == (name in stacking_of(r.method_cls).varying), (
+            f"{method} {name}: " + ("per row or run, yet in the key" if same is False else "not per row or run, yet not in the key"))
     for name in PER_ROW_OPTIM:
         value = (0.5, 0.9) if name == "betas" else _other(fields_of(type(r.optim))[name], getattr(r.optim, name))
         assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, **{name: value}))) == key, name
@@ -241,19 +242,19 @@ def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_
     from batches/<id>/checkpoint.pt (not from round 0) and ends with the cells of an uninterrupted grid; the same
     --out with another grid is refused while the batch's checkpoint is there."""
     from fedcache.errors import ConfigError
-    from fedcache.federate import batched
+    from fedcache.federate import driver
 
     sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "mu": [0.01, 1]}
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], engine="batched")
     grid(out=tmp_path / "whole", sweep=sweep, **kw)
-    save, load, loaded = batched._save, batched._load, []
+    save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
 
-    def save_then_stop(stack, st, path):
-        save(stack, st, path)
-        if st.rnd == 1:
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(batched, "_save", save_then_stop)
+    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         grid(out=out, sweep=sweep, **kw)
@@ -261,8 +262,8 @@ def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_
     assert torch.load(ck, weights_only=True)["rnd"] == 1
     with pytest.raises(ConfigError, match="holds a different grid"):
         grid(out=out, sweep={**sweep, "mu": [0.01, 0.1]}, **kw)
-    monkeypatch.setattr(batched, "_save", save)
-    monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+    monkeypatch.setattr(driver, "save_checkpoint", save)
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
     grid(out=out, sweep=sweep, **kw)
     assert loaded == [ck]  # the interrupted batch continued; the other batch started fresh
     assert_same_cells(tmp_path / "whole", out)
@@ -273,26 +274,26 @@ def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_othe
     """Re-run with a larger --max-batch-cells (or more free memory), the interrupted batch still continues from its
     checkpoint; with a smaller one it no longer fits: its folder is said and removed, its cells train from round 0.
     Either way the cells equal an uninterrupted grid's, and batches/ is gone at the end."""
-    from fedcache.federate import batched
+    from fedcache.federate import driver
 
     sweep = {"partition": "iid", "clients": 3, "rounds": 3, "mu": [0.01, 0.1, 1], "lr": [0.003, 0.03]}
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep)
     grid(out=tmp_path / "whole", **kw)
-    save, load = batched._save, batched._load
+    save, load = driver.save_checkpoint, driver.load_checkpoint
 
-    def save_then_stop(stack, st, path):
-        save(stack, st, path)
-        if st.rnd == 1:
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
             raise KeyboardInterrupt
 
     for again, continued in ((None, True), (2, False)):
         out, loaded = tmp_path / f"again{again}", []
-        monkeypatch.setattr(batched, "_save", save_then_stop)
+        monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
         with pytest.raises(KeyboardInterrupt):
             grid(out=out, max_batch_cells=4, **kw)  # two batches of 3 cells; the first is interrupted
         (ck,) = (out / "batches").glob("*/checkpoint.pt")
-        monkeypatch.setattr(batched, "_save", save)
-        monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+        monkeypatch.setattr(driver, "save_checkpoint", save)
+        monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
         caplog.clear()
         grid(out=out, max_batch_cells=again, **kw)
         assert loaded == ([ck] if continued else [])
@@ -304,23 +305,23 @@ def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_othe
 def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_checkpoint(toy_store, tmp_path, monkeypatch):
     """The batch's checkpoint stays until every cell's files are written: interrupted at the first cell, the re-run
     continues from the last round's checkpoint instead of training the batch again, to the same cells."""
-    from fedcache import sweep
-    from fedcache.federate import batched
+    from fedcache.federate import driver
+    from fedcache.federate.rundir import RunDir
 
     sweep_ = {"partition": "iid", "clients": 3, "rounds": 2, "mu": [0.01, 1]}
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep_)
     grid(out=tmp_path / "whole", **kw)
-    write, load, loaded = sweep._write_batched_cell, batched._load, []
+    finish, load, loaded = RunDir.finish, driver.load_checkpoint, []
 
     def stop(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep, "_write_batched_cell", stop)
+    monkeypatch.setattr(RunDir, "finish", stop)
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         grid(out=out, **kw)
-    monkeypatch.setattr(sweep, "_write_batched_cell", write)
-    monkeypatch.setattr(batched, "_load", lambda stack, path: loaded.append(path) or load(stack, path))
+    monkeypatch.setattr(RunDir, "finish", finish)
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
     grid(out=out, **kw)
     assert len(loaded) == 1
     assert_same_cells(tmp_path / "whole", out)
@@ -330,7 +331,7 @@ def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_chec
 def test_cells_alone_in_their_partition_and_seed_stack_across_partitions_and_seeds(toy_store, tmp_path):
     """One cell per partition and seed (alpha x seeds): no two draw the same mini-batches, so they stack across
     partitions and seeds, each with its own run's numbers. (The toy store is too small for the rounding that
-    cut steps caused to show here; tests/federate/test_batched.py is the guard of that.)"""
+    cut steps caused to show here; tests/federate/test_stacked.py is the guard of that.)"""
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedproto"], seeds=[0, 1],
               sweep={"partition": "dirichlet", "alpha": [0.5, 5], "clients": 3, "rounds": 2})
     plans: list[str] = []

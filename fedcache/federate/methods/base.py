@@ -97,26 +97,6 @@ class Method:
     count_uploads: ClassVar[tuple[str, ...]] = ()
     # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
-    # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
-    # local_update reads a client's data, seed and settings only through client_rows, plan, client_seeds,
-    # sample_counts, self.p and ctx.optim, down row by row (``run_broadcast`` entries run by run, through
-    # run_sizes) and states row by row. Read with ``batchable(cls)``: declared by each class itself, never
-    # inherited, since a subclass changes what local_update computes; settings under which it cannot stack
-    # say why in ``not_batchable``. Each declaration has an equality test (tests/federate/test_batched.py).
-    batchable: ClassVar[bool] = False
-    # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
-    # (K,) float32 tensors, one value per client row, and must broadcast them row by row.
-    row_params: ClassVar[tuple[str, ...]] = ()
-    # Client-state entries whose trailing axes depend on the run's partition (FST-CBDG's pseudo-labels span
-    # its largest client's rows): a stack zero-pads them to its widest run, so local_update must read row k
-    # only up to its own client's extent.
-    padded_states: ClassVar[tuple[str, ...]] = ()
-    # Broadcast entries that hold what a run's server knows of all its clients (FedPCL's every client's latest
-    # prototype set, (1, N, C, H)) rather than what one client row needs: a stack hands them to local_update
-    # once per run among the clients, (R, ...) in the order of ``run_sizes``, not repeated per row, and
-    # zero-padded to the widest run where the runs' shapes differ (their numbers of clients), so local_update
-    # must read an all-zero padding as absent. A run by itself broadcasts them with their leading axis of 1.
-    run_broadcast: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -135,18 +115,6 @@ class Method:
         """Why this method, with these settings, cannot run with each client's data on its own machine
         (Flower); empty when it can."""
         return "" if cls.splittable else "it pools every client's data in one place"
-
-    @classmethod
-    def not_batchable(cls, params: Any) -> str:
-        """Why runs of this batchable method, with these settings, cannot train stacked; empty when they can."""
-        return ""
-
-    @classmethod
-    def stack_bytes(cls, params: Any, rows: int, clients: int, dim: int, n_classes: int) -> int:
-        """Bytes a run of ``clients`` clients over ``rows`` training rows holds in a stack beyond its heads and
-        mini-batches (state that spans the clients' rows, copies of rows a local pass makes), at most: the
-        grid's memory budget counts them."""
-        return 0
 
     # ---- state ------------------------------------------------------------------
     def generator(self, *path: int) -> torch.Generator:
@@ -234,23 +202,8 @@ class Method:
     def client_rows(self, clients: list[int]) -> list[np.ndarray]:
         return [self.ctx.data.client_train[k] for k in clients]
 
-    def client_seeds(self, clients: list[int]) -> list[tuple[int, int]]:
-        """(run seed, client id) per client: what a client's own random stream is seeded with, so a stack of
-        runs (whose joint method numbers the clients of every run in one list) draws as each run does."""
-        return [(self.ctx.seed, k) for k in clients]
-
-    def run_sizes(self, clients: list[int]) -> list[int]:
-        """How many of ``clients`` (consecutive) belong to each run: all of them in a run by itself; in a stack of
-        runs, one count per run among them, in the order of the ``run_broadcast`` entries."""
-        return [len(clients)]
-
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
-
-
-def batchable(cls: type[Method]) -> bool:
-    """Whether the class itself declares that its runs can train stacked (see ``Method.batchable``)."""
-    return bool(cls.__dict__.get("batchable", False))
 
 
 def _size(tensors: Params) -> tuple[int, int]:

@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 
 from fedcache.federate.methods._clip import anchor_head, require_linear, unit
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.text import text_from_info
 from fedcache.heads import Params, expand
@@ -21,9 +22,9 @@ class FedAvgParams:
 
 
 @METHODS.register("fedavg")
+@stackable()
 class FedAvg(Method):
     description = "average of locally trained heads, weighted by sample counts"
-    batchable = True
     Params = FedAvgParams
 
     def __init__(self, ctx: MethodContext, params=None) -> None:

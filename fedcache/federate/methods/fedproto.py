@@ -16,6 +16,7 @@ from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest, padded_rows
 from fedcache.federate.settings import NonNegative
+from fedcache.federate.stacking import per_run, stackable
 from fedcache.heads import Params, expand, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
@@ -55,6 +56,7 @@ class FedProtoParams:
 
 
 @METHODS.register("fedproto")
+@stackable(per_row=("lam",))
 class FedProto(Method):
     description = "personal heads; clients exchange per-class prototypes of their representation"
     Params = FedProtoParams
@@ -63,8 +65,6 @@ class FedProto(Method):
     has_global_model = False
     count_uploads = ("counts",)
     needs_representation = "learns prototypes of a representation"
-    batchable = True
-    row_params = ("lam",)
 
     def init_server(self) -> Params:
         c, f = self.ctx.data.n_classes, self.head.feature_dim
@@ -76,8 +76,7 @@ class FedProto(Method):
         return self.head.init(n, self.generator(0, 1))
 
     def broadcast(self, server: Params, rnd: int) -> Params:
-        # Leading axis 1, one set per client row after ``per_row``: a stack of runs (federate/batched.py)
-        # hands each row its own run's prototypes.
+        # With a leading model axis of 1, as a head's parameters travel: ``per_row`` gives each client its copy.
         return {n: t.unsqueeze(0) for n, t in server.items()}
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
@@ -128,16 +127,13 @@ class FedProto(Method):
             return ce + self.p.lam * masked_mean(dist * has, mask), buffers
         return ce + self.p.lam * masked_mean(dist, mask & has), buffers
 
+    @per_run("states")
     def local_prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts. Run by run
-        in a stack, chunked as in the run alone: a chunk is padded to its largest client, and another padded
-        width would round the products and sums differently from the run's own."""
-        parts, at = [], 0
-        for size in self.run_sizes(clients):
-            for i in range(at, at + size, CHUNK):
-                j = min(i + CHUNK, at + size)
-                parts.append(self._prototypes({n: t[i:j] for n, t in states.items()}, clients[i:j]))
-            at += size
+        """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts, a chunk
+        of clients at a time. A chunk is padded to its largest client, and the padded width decides how the
+        products and sums round: so chunks are always of one run's clients."""
+        parts = [self._prototypes({n: t[i: i + CHUNK] for n, t in states.items()}, clients[i: i + CHUNK])
+                 for i in range(0, len(clients), CHUNK)]
         return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

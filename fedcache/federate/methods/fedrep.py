@@ -10,6 +10,7 @@ from typing import Literal
 
 from fedcache.errors import ConfigError
 from fedcache.federate.local import train
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import (METHODS, LocalResult, Method, MethodContext, aggregation_weights,
                                            weighted_average)
 from fedcache.federate.settings import NonNegativeInt
@@ -29,10 +30,10 @@ class FedRepParams:
 
 
 @METHODS.register("fedrep")
+@stackable()
 class FedRep(Method):
     description = "shared representation (averaged), personal classifier per client"
     Params = FedRepParams
-    batchable = True
     default_head = "mlp"
     personalized = True
     has_global_model = False

@@ -94,7 +94,7 @@ def test_loss_rows_all_averages_over_every_row(data):
 
 
 def test_reference_options_batched_equals_per_client(data):
-    from fedcache.federate.loop import RunConfig, run
+    from fedcache.federate.inprocess import RunConfig, run
 
     a = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=True)).summary
     b = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=False)).summary

@@ -11,7 +11,7 @@ import torch
 
 from fedcache.errors import ConfigError
 from fedcache.extract.runner import ExtractConfig, extract
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import cross_view, init_encoder
 from fedcache.federate.train import TrainConfig, prepare, resolve_settings

@@ -28,7 +28,7 @@ def test_tsamp_weighting_matches_hand_values(weighting, want):
 
 def test_tsamp_weight_reaches_training():
     from tests.federate.test_fst_cbdg import biased_problem, make
-    from fedcache.federate.loop import RunConfig, run
+    from fedcache.federate.inprocess import RunConfig, run
 
     data = biased_problem(n_clients=4, per_client=60)
     heads = {w: run(make("fst-cbdg", data, rounds=1, tsamp_weight=w), RunConfig(rounds=1)).server["weight"]

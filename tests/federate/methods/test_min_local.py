@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods._simclr import probe_logits
 
 from ..conftest import synthetic

@@ -1,6 +1,6 @@
-"""Runs trained as one stack of federations (federate/batched.py) equal the same runs one by one.
+"""Runs trained as one stack of federations (federate/stacked.py) equal the same runs one by one.
 
-Every method that declares ``batchable`` is here: each federation of a stack, with its own partition,
+Every method that declares itself stackable (federate/stacking.py) is here: each federation of a stack, with its own partition,
 seed, sampling fraction, optimizer settings and per-row method settings, must end with the per-client
 accuracies, history and final server and client state of its own ``loop.run``.
 """
@@ -13,12 +13,15 @@ import pytest
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.batched import Federation, run_stack
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate import driver
+from fedcache.federate.driver import Run as Federation
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
-from fedcache.federate.methods.base import batchable
 from fedcache.federate.methods.fedproto import PFLLIB
 from fedcache.federate.optim import OptimConfig
+from fedcache.federate.rundir import RunDir
+from fedcache.federate.stacked import Stacked
+from fedcache.federate.stacking import Joint, stacking_of
 
 from .conftest import synthetic
 
@@ -29,19 +32,25 @@ ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": 
                 "fedpcl": [{"tau": 0.07}, {"tau": 0.5}, {"tau": 0.2}]}
 
 
-def test_the_methods_that_declare_batchable_are_exactly_those_tested_here():
-    declared = {name for name, cls in METHODS.items() if batchable(cls)}
+def run_stack(feds, checkpoint=None, on_round=None):
+    """The round driver with the stacked engine, continuing ``checkpoint`` where it exists."""
+    return driver.run(feds, Stacked(feds), on_round, resume=checkpoint is not None and checkpoint.exists(),
+                      checkpoint=checkpoint)
+
+
+def test_the_methods_that_declare_themselves_stackable_are_exactly_those_tested_here():
+    declared = {name for name, cls in METHODS.items() if stacking_of(cls) is not None}
     assert declared == set(ROW_SETTINGS)
     # Declared per class: a subclass (fedprox-ssl, ...) does not inherit its parent's declaration.
-    assert not batchable(type("Sub", (METHODS.get("fedavg"),), {}))
+    assert stacking_of(type("Sub", (METHODS.get("fedavg"),), {})) is None
 
 
-def test_every_row_setting_differs_between_the_runs_of_the_tested_stacks():
-    """A setting declared per row (row_params) is left out of the grid's grouping key, so cells differing in it
+def test_every_stacked_setting_differs_between_the_runs_of_the_tested_stacks():
+    """A setting declared per row or per run is left out of the grid's grouping key, so cells differing in it
     share a stack: the equality tests below must see it differ, or a stack applying the first run's value to
     every row would pass them."""
     for name, rows in ROW_SETTINGS.items():
-        for setting in METHODS.get(name).row_params:
+        for setting in stacking_of(METHODS.get(name)).varying:
             assert len({row.get(setting) for row in rows}) > 1, f"{name}'s {setting} takes one value in ROW_SETTINGS"
 
 
@@ -137,12 +146,12 @@ def test_fedproto_computes_a_stack_s_prototypes_run_by_run(monkeypatch):
     calls, own = [], cls._prototypes
 
     def recording(self, states, clients):
-        calls.append(self.run_sizes(clients))
+        calls.append(isinstance(self, Joint))  # the joint object holds every run's clients
         return own(self, states, clients)
 
     monkeypatch.setattr(cls, "_prototypes", recording)
     run_stack([fresh(f) for f in federations("fedproto", fraction=0.6)])
-    assert calls and all(len(sizes) == 1 for sizes in calls), calls
+    assert calls and not any(calls), calls
 
 
 def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws():
@@ -164,24 +173,34 @@ def test_fst_cbdg_with_prototype_anchors_runs_alone():
         run_stack([proto])
 
 
-def test_a_broadcast_whose_shape_differs_between_runs_must_be_declared(monkeypatch):
-    """FedPCL's local prototype sets span its run's clients: without run_broadcast, runs of different client
-    counts would not stack (and never be read as another run's sets)."""
-    monkeypatch.setattr(METHODS.get("fedpcl"), "run_broadcast", ("global", "global_mask"))
-    with pytest.raises(ConfigError, match="fedpcl's broadcast 'local' differs in shape between the runs"):
+def test_a_broadcast_whose_shape_differs_between_runs_is_read_run_by_run(monkeypatch):
+    """FedPCL's local prototype sets span its run's clients: read outside a per_run function, runs of different
+    client counts would not stack (and never be read as another run's sets)."""
+    cls = METHODS.get("fedpcl")
+    monkeypatch.setattr(cls, "contrastive", cls.contrastive.__wrapped__)
+    with pytest.raises(ConfigError, match="fedpcl's broadcast 'local(_count)?' differs in shape between the stacked runs"):
         run_stack([fresh(f) for f in federations("fedpcl")[:2]])  # 4 and 5 clients
+
+
+def test_a_setting_that_differs_per_run_is_read_only_in_per_run_functions(monkeypatch):
+    """A joint object holds no single value of a per_run setting: reading it outside a @per_run function is an
+    error, never the first run's value applied to every run."""
+    cls = METHODS.get("fst-cbdg")
+    monkeypatch.setattr(cls, "tsamp", cls.tsamp.__wrapped__)
+    with pytest.raises(TypeError, match="fst-cbdg's setting 'lam' differs between stacked runs"):
+        run_stack([fresh(f) for f in federations("fst-cbdg")])
 
 
 def test_stacked_fedpcl_runs_must_agree_on_whether_global_prototypes_exist():
     """A run whose last sampled clients held no rows has no global prototypes: its rows would train another
     loss (and other layers) than the stack's others, so the stack refuses rather than mix them."""
-    m = federations("fedpcl")[0].method
-    mask = torch.zeros(2, m.c, dtype=torch.bool)
-    assert not m._ready({"global_mask": mask})
-    assert m._ready({"global_mask": ~mask})
-    mask[1, 0] = True
-    with pytest.raises(ConfigError, match="disagree on whether global prototypes exist"):
-        m._ready({"global_mask": mask})
+    feds = [fresh(f) for f in federations("fedpcl")[:2]]
+    m = feds[1].method
+    with_prototypes = m.init_server()
+    with_prototypes["global_mask"][:] = True
+    m.init_server = lambda: with_prototypes
+    with pytest.raises(ConfigError, match="stacked runs disagree on a fact their rows must share"):
+        run_stack(feds)
 
 
 @pytest.mark.parametrize("name, head", [("fedavg", "mlp"), ("fedntd", "mlp"), ("fedproto", "projection"), ("fedrep", "projection")])
@@ -203,22 +222,30 @@ def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
 @pytest.mark.parametrize("name", ["fedprox", "fst-cbdg", "fedpcl"])
 def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(tmp_path, name):
     feds = federations(name, fraction=0.6)
-    whole = run_stack([fresh(f) for f in feds])
 
-    def stop_after_one(done, total):  # before the first metrics line (round 2): its losses are in the checkpoint
+    def written(where: str) -> list[Federation]:  # each run writes its metrics lines into its own directory
+        runs = [fresh(f) for f in feds]
+        for i, r in enumerate(runs):
+            (tmp_path / where / str(i)).mkdir(parents=True, exist_ok=True)
+            r.out = RunDir(tmp_path / where / str(i))
+        return runs
+
+    whole = run_stack(written("whole"))
+
+    def stop_after_one(done, total, lines):  # before the first metrics line (round 2): its losses are in the checkpoint
         if done == 1:
             raise KeyboardInterrupt
 
     ck = tmp_path / "checkpoint.pt"
     with pytest.raises(KeyboardInterrupt):
-        run_stack([fresh(f) for f in feds], ck, on_round=stop_after_one)
+        run_stack(written("stopped"), ck, on_round=stop_after_one)
     assert torch.load(ck, weights_only=True)["rnd"] == 1
-    resumed = run_stack([fresh(f) for f in feds], ck)
+    resumed = run_stack(written("stopped"), ck)
     for a, b in zip(whole, resumed):
         assert a.history == b.history  # train_loss too: the losses since the last metrics line are kept
         assert all(torch.equal(a.server[n], b.server[n]) for n in a.server)
         assert all(torch.equal(a.clients[n], b.clients[n]) for n in a.clients)
         for key in ("params_up", "senders", "bytes_up", "bytes_down", "rnd"):
             assert a.checkpoint[key] == b.checkpoint[key], key
-    with pytest.raises(ConfigError, match="not a checkpoint of this stack of 3 runs"):
+    with pytest.raises(ConfigError, match="is a checkpoint of 4 runs, not of these 3"):
         run_stack([fresh(f) for f in feds[:3]], ck)

@@ -1,41 +1,54 @@
-"""The in-process engine: every client in this process, their personal states stacked in the run state,
-local updates batched (or one client at a time); ``run`` is the round driver with this engine."""
+"""The in-process engine: every client in this process, each federation's personal client states stacked
+in its run state, local updates batched (or one client at a time). ``run`` is the round driver with this
+engine for a run by itself."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from fedcache.errors import FedcacheError
-from fedcache.federate.checkpoints import CHECKPOINT, METRICS  # noqa: F401  (re-exported: where runs write)
-from fedcache.federate.divergence import DivergedError  # noqa: F401  (re-exported)
 from fedcache.federate import driver
-from fedcache.federate.driver import (Engine, Round, RoundCallback, RunConfig, RunResult, RunState, global_accuracy,
-                                      global_logits, run_summary, sample_clients, settle, train_loss)  # noqa: F401
+from fedcache.federate.driver import Engine, Round, Run, RunConfig, RunResult, RunState
 from fedcache.federate.local import recording_losses
 from fedcache.federate.methods.base import LocalResult, Method
+from fedcache.federate.rundir import RunDir
 from fedcache.heads import Params
 
+OnRound = Callable[[int, int, "dict | None"], None]  # (rounds done, rounds, the run's metrics line or None)
 
-def run(method: Method, cfg: RunConfig, on_round: RoundCallback | None = None, facts: dict | None = None) -> RunResult:
-    return driver.run(method, cfg, InProcess(method, cfg.batched), on_round, facts)
+
+def run(method: Method, cfg: RunConfig, on_round: OnRound | None = None, facts: dict | None = None) -> RunResult:
+    """One run, in this process: ``cfg.out`` (an existing directory, or None) is its run directory."""
+    out = RunDir(cfg.out, cfg.keep_checkpoints) if cfg.out is not None else None
+    callback = (lambda done, total, lines: on_round(done, total, lines[0])) if on_round else None
+    (result,) = driver.run([Run(method, cfg, out, facts or {})], InProcess([method], cfg.batched), callback,
+                           resume=cfg.resume)
+    return result
 
 
 class InProcess(Engine):
-    def __init__(self, method: Method, batched: bool = True) -> None:
-        self.method, self.batched = method, batched
+    """Federation by federation, each one's sampled clients in one computation (``batched``) or one by one."""
 
-    def init_clients(self) -> Params:
-        return self.method.init_clients(self.method.ctx.data.n_clients)
+    def __init__(self, methods: list[Method], batched: bool = True) -> None:
+        self.methods, self.batched = methods, batched
 
-    def round(self, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
+    def init_clients(self, runs) -> list[Params]:
+        return [m.init_clients(m.ctx.data.n_clients) for m in self.methods]
+
+    def round(self, states: list[RunState], rnd: int, picks: list[list[int]], downs: list[Params]) -> list[Round]:
+        return [self._round(m, s, rnd, clients, down) for m, s, clients, down in zip(self.methods, states, picks, downs)]
+
+    def _round(self, method: Method, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
         with recording_losses() as losses:
-            result = _local(self.method, self.batched, rnd, clients, down, _gather(state.clients, clients))
-        check_states(self.method, state.clients, result.states)
+            result = _local(method, self.batched, rnd, clients, down, _gather(state.clients, clients))
+        check_states(method, state.clients, result.states)
         _scatter(state.clients, result.states, clients)
         return Round(clients, result, losses)
 
-    def evaluate(self, state: RunState, glob: torch.Tensor | None) -> dict:
-        return client_accuracy(self.method, state, glob)
+    def evaluate(self, i: int, state: RunState, glob: torch.Tensor | None) -> dict:
+        return client_accuracy(self.methods[i], state, glob)
 
 
 def _local(method: Method, batched: bool, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
@@ -50,9 +63,8 @@ def _local(method: Method, batched: bool, rnd: int, clients: list[int], down: Pa
 # returns all of them (check_states), and what it returns is what the store holds after the round.
 # Only where the bytes go differs: when every client trains, the stored tensors themselves are handed
 # over (local training updates weights in place, and _scatter copies only the tensors a method
-# replaced, such as the BatchNorm statistics a head returns); a subset gets copies, written back.
-# Copying every round too cost 1.05x (fedproto) and 1.10x (solo) the time of a 10-client mlp-head run
-# (interleaved A/B, 6 runs each, one thread).
+# replaced, such as the BatchNorm statistics a head returns); a subset gets copies, written back, so
+# a run of every client copies no state.
 def _gather(stacked: Params, idx: list[int]) -> Params:
     if stacked and idx == list(range(len(next(iter(stacked.values()))))):
         return dict(stacked)
@@ -83,8 +95,8 @@ EVAL_CHUNK = 16  # clients per batched evaluation, to bound the (K, T, D) gather
 
 def evaluate(method: Method, state: RunState) -> dict:
     """The accuracy fields of a metrics line, as the driver writes them for this engine."""
-    glob = global_logits(method, state.server)
-    return {**client_accuracy(method, state, glob), **global_accuracy(method, glob)}
+    glob = driver.global_logits(method, state.server)
+    return {**client_accuracy(method, state, glob), **driver.global_accuracy(method, glob)}
 
 
 def client_accuracy(method: Method, state: RunState, glob: torch.Tensor | None) -> dict:
