@@ -139,7 +139,7 @@ def stack_steps(store: Path, data: tuple[str, str], sweep: dict, seeds: list[int
     fs = FeatureStore(store, create=False)
     train, test = (load_fused(fs, data[0], [data[1]], split) for split in ("train", "test"))
     steps = [math.ceil(max(len(c) for c in make_partition(
-        PartitionRequest(sweep["partition"][0], int(sweep["clients"][0]), seed, alpha=float(alpha)),
+        PartitionRequest.of(sweep["partition"][0], int(sweep["clients"][0]), seed, alpha=float(alpha)),
         train.labels, train.domains, test.labels, test.domains).train) / batch)
         for alpha in sweep["alpha"] for seed in seeds]
     one_stack = max(steps) * len(steps)

@@ -44,7 +44,7 @@ from torch import nn
 from fedcache.federate.data import FederatedData
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods.fedproto import PFLLIB
-from fedcache.federate.train import TrainConfig, prepare
+from fedcache.training import TrainConfig, prepare
 
 SGD = ["optim.optimizer=sgd", "optim.lr=0.01", "optim.momentum=0", "optim.weight_decay=0"]
 LR, BATCH, LAM = 0.01, 32, 1.0

@@ -116,7 +116,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
     under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
     hyperparameters: ``{"lr": 0.01}``). Values are checked (type and range) before any data is read."""
-    from fedcache.federate.train import train as run
+    from fedcache.training import train as run
     from fedcache.spec import RunSpec
 
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
@@ -130,7 +130,8 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
 
 def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
-    from fedcache.sweep import GridSpec, load_toml, option_axes, parse_sweep
+    from fedcache.spec import parse_axes
+    from fedcache.sweep import GridSpec, load_toml, option_axes
 
     fields = load_toml(Path(config)) if config else {}
     settings = given.pop("settings", None)
@@ -139,7 +140,7 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
-        fields["sweep"] = {**fields.get("sweep", {}), **parse_sweep(list(settings))}
+        fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
     if sweep:
         fields["sweep"] = {**fields.get("sweep", {}), **{k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}}
     if flags:

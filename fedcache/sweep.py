@@ -38,6 +38,7 @@ from fedcache.table import Table
 
 log = logging.getLogger(__name__)
 
+from fedcache.federate.schedule import Schedule
 from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, option, options
 
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
@@ -57,7 +58,7 @@ class GridSpec:
     backbones: list[str]
     methods: list[str]
     out: Path
-    seeds: list[int] = field(default_factory=lambda: [0])
+    seeds: list[int] = field(default_factory=lambda: [Schedule().seed])
     # key -> values. A key that is a run option (alpha, partition, clients, rounds, ...; fedcache/spec.py)
     # sets that option; any other key is a method / optimizer setting (lr, mu, ...), as with ``train --set``.
     sweep: dict[str, list[str]] = field(default_factory=dict)
@@ -113,17 +114,6 @@ class Cell:
         return ", ".join(f"{k}={v}" for k, v in self.setting) or "-"
 
 
-def parse_sweep(items: list[str]) -> dict[str, list[str]]:
-    """``["lr=1e-3,1e-2", "alpha=0.1"]`` -> ``{"lr": ["1e-3", "1e-2"], "alpha": ["0.1"]}``."""
-    out: dict[str, list[str]] = {}
-    for item in items:
-        key, sep, values = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set expects key=v1,v2,... (e.g. --set lr=1e-3,1e-2), got {item!r}")
-        out[key.strip().replace("-", "_")] = [v.strip() for v in values.split(",") if v.strip()]
-    return out
-
-
 def load_toml(path: Path) -> dict:
     """A grid file: the GridSpec fields at top level, sweeps under ``[set]`` (docs/getting-started.md)."""
     try:
@@ -148,45 +138,23 @@ def cells(spec: GridSpec) -> list[Cell]:
 
 
 def train_config(spec: GridSpec, cell: Cell, out: Path | None) -> RunSpec:
-    """The cell's run: swept run options set directly (parsed and range-checked by the spec), every
-    other key as a ``--set`` pair."""
-    direct = {k: v for k, v in cell.setting if _is_run_option(k, cell.method)}
-    settings = [f"{k}={v}" for k, v in cell.setting if k not in direct]
+    """The cell's run: the grid's fixed options, then the cell's axes as overrides (run options and settings
+    alike, each routed to the field it names: ``RunSpec.override``)."""
     how = {"track": spec.track, "track_dir": spec.out if spec.track else None, "keep_checkpoints": spec.keep_checkpoints}
-    return RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
-                      seed=cell.seed, settings=settings, out=out, **direct, **how)
-
-
-def _is_run_option(key: str, method: str) -> bool:
-    """Whether a swept key sets a run option (else it is a ``--set`` setting). A short key that is both a
-    run option and a setting of the method or the optimizer is refused: routing it by guess would silently
-    leave the other one at its default."""
-    if not is_option(key):
-        return False
-    if "." in key:
-        return True
-    owners = setting_owners(key, method)
-    if owners:
-        raise ConfigError(f"--set {key} is ambiguous: it is the run option {option(key).key} and a setting of "
-                          f"{method} ({owners[0]}.{key}); write {option(key).key}=... or {owners[0]}.{key}=...")
-    return True
-
-
-def setting_owners(key: str, method: str) -> list[str]:
-    """``["method"]`` where ``method``'s parameters have a ``key`` setting, ``"optim"`` where the optimizer has."""
-    from fedcache.federate.methods import METHODS
-    from fedcache.federate.optim_config import OptimConfig
-    from fedcache.federate.settings import fields_of
-
-    return [g for g, cls in (("method", METHODS.get(method).Params), ("optim", OptimConfig)) if key in fields_of(cls)]
+    base = RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
+                      seed=cell.seed, out=out, **how)
+    return base.override(dict(cell.setting))
 
 
 def option_axes(given: dict[str, list], methods: list[str]) -> dict[str, list]:
     """Axes given as run-option flags (``grid --alpha 0.1,1``): a flag names its option even where a method
     of the grid has a setting of the same name (perfedavg's ``alpha``), so it is qualified there
     (``partition.alpha``) instead of refused as ambiguous; elsewhere it keeps its short name."""
+    from fedcache.spec import setting_fields
+
     def key(name: str) -> str:
-        return option(name).key if any(setting_owners(name, m) for m in methods) else name
+        shared = any(name in fields for m in methods for fields in setting_fields(m).values())
+        return option(name).key if shared else name
 
     return {key(name): values for name, values in given.items()}
 
@@ -453,15 +421,13 @@ def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
     """Every cell's options (types, ranges) and settings, checked before anything is read or written:
     a bad value in the last cell must not surface after hours of the others. An unknown method name
     raises with the close matches and the full list."""
-    from fedcache.federate.train import resolve
-
     for c in todo:
-        resolve(train_config(spec, c, None))
+        train_config(spec, c, None)
 
 
 def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
     """Every distinct partition is made and stored here, once, so parallel workers only read the store."""
-    from fedcache.federate.train import load_data
+    from fedcache.training import load_data
 
     seen = set()
     for c in todo:
@@ -552,7 +518,7 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     """One run in its own directory; an interrupted one resumes from its checkpoint."""
     from fedcache.federate.divergence import DivergedError
     from fedcache.federate.rundir import CHECKPOINT
-    from fedcache.federate.train import train
+    from fedcache.training import train
 
     out = spec.out / CELLS / c.name
     resume = (out / CHECKPOINT).exists() and (out / "config.json").exists()

@@ -70,21 +70,18 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
     continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
     about that share of its group, so that one method's cells spread over the workers (a batch trains on one)."""
-    from fedcache.federate.train import resolve
-
     groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
     alone = dict(alone)
     costs: dict[str, int] = {}
     for key, cfg in runs.items():
         if key in alone:
             continue
-        r = resolve(cfg)
-        why = _why_alone(cfg, r)
+        why = _why_alone(cfg)
         if why:
             alone[key] = why
             continue
-        groups.setdefault(_key(cfg, r), {}).setdefault(_draws(cfg), []).append(key)
-        costs[r.method_cls.name] = max(costs.get(r.method_cls.name, 0), cell_bytes(cfg, r, tables))
+        groups.setdefault(_key(cfg), {}).setdefault(_draws(cfg), []).append(key)
+        costs[cfg.method.name] = max(costs.get(cfg.method.name, 0), cell_bytes(cfg, tables))
     budget = MEMORY_SHARE * free_memory()
     batches, methods, limits = [], [], []
     for group_key, by_draws in groups.items():
@@ -158,24 +155,26 @@ def _split(keys: list, parts: int) -> list[list]:
     return [keys[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _why_alone(cfg: RunSpec, r) -> str:
+def _why_alone(cfg: RunSpec) -> str:
     from fedcache.federate.stacking import why_not_stackable
+    from fedcache.spec import method_class
 
-    why = why_not_stackable(r.method_cls, r.params)
+    why = why_not_stackable(method_class(cfg.method.name), cfg.method.params)
     if not why and not cfg.engine.batched:
         return "--no-batch trains each client alone"
     return why
 
 
-def _key(cfg: RunSpec, r) -> tuple:
+def _key(cfg: RunSpec) -> tuple:
     """What the runs of one batch share: federate.stacked.stack_key, from the spec before any data is read;
     the method's name first."""
     from fedcache.federate.stacking import stacking_of
+    from fedcache.spec import method_class
 
-    varying = stacking_of(r.method_cls).varying
-    params = {k: v for k, v in dataclasses.asdict(r.params).items() if k not in varying}
+    varying = stacking_of(method_class(cfg.method.name)).varying
+    params = {k: v for k, v in dataclasses.asdict(cfg.method.params).items() if k not in varying}
     s = cfg.schedule
-    return (r.method_cls.name, r.head, r.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
+    return (cfg.method.name, cfg.head.name, cfg.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
             s.batch_size, s.eval_every, s.validation, cfg.data)
 
 
@@ -184,7 +183,7 @@ def _draws(cfg: RunSpec) -> tuple:
     return repr(cfg.partition), cfg.schedule.seed, cfg.schedule.fraction
 
 
-def cell_bytes(cfg, r, tables) -> int:
+def cell_bytes(cfg, tables) -> int:
     """A rough upper estimate of one cell's memory in a batch: per client, its head's parameters about
     eight times (received, trained, gradients, Adam's two moments, upload, state, server share) and one
     mini-batch of inputs, activations and their gradients; and what the method holds over the rows
@@ -192,16 +191,17 @@ def cell_bytes(cfg, r, tables) -> int:
     import torch
 
     from fedcache.federate.stacking import stacking_of
-    from fedcache.federate.train import partition_request
+    from fedcache.spec import method_class
+    from fedcache.training import partition_request
     from fedcache.heads import make_head
 
     train_t = tables[0]
     dim, classes = train_t.features.shape[1], len(train_t.class_names)
-    head = make_head(r.head, dim, classes)
+    head = make_head(cfg.head.name, dim, classes)
     params = sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
     clients = partition_request(cfg, len(train_t.domain_names)).n_clients
     step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
-    rows = stacking_of(r.method_cls).memory(r.params, len(train_t.labels), clients, dim, classes)
+    rows = stacking_of(method_class(cfg.method.name)).memory(cfg.method.params, len(train_t.labels), clients, dim, classes)
     return 4 * clients * (8 * params + step) + rows
 
 
@@ -225,10 +225,10 @@ def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple
     """Train the runs as one stack, each into its own run directory (``engine.out``), continuing the stack's
     checkpoint in ``folder`` (the caller removes the folder once it is done); (key, its ``RunResult``) per run."""
     from fedcache.federate import driver
-    from fedcache.federate.driver import Run, RunConfig
+    from fedcache.federate.driver import Run
     from fedcache.federate.rundir import RunDir
     from fedcache.federate.stacked import Stacked
-    from fedcache.federate.train import prepare
+    from fedcache.training import prepare
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
@@ -237,13 +237,11 @@ def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple
     stack = []
     for cfg in runs.values():
         method, resolved = prepare(cfg, tables)
-        s, e = cfg.schedule, cfg.engine
-        out = RunDir(e.out, e.keep_checkpoints)
+        out = RunDir(cfg.engine.out, cfg.engine.keep_checkpoints)
         if not resume:
             out.clear()
             out.write_config(resolved)
-        stack.append(Run(method, RunConfig(s.rounds, s.fraction, s.eval_every, e.batched), out,
-                         {"partition_id": resolved["partition"]["partition_id"]}))
+        stack.append(Run(method, cfg.schedule, out, {"partition_id": resolved["partition"]["partition_id"]}))
     return list(zip(runs, driver.run(stack, Stacked(stack), resume=resume, checkpoint=checkpoint)))
 
 

@@ -75,7 +75,7 @@ def _setting_values(typ) -> list[str]:
     """Texts for a --set key of this type: its choices, or numbers."""
     import typing
 
-    from fedcache.federate.settings import fields_of  # noqa: F401  (the same typing view as --set)
+    from fedcache.config import fields_of  # noqa: F401  (the same typing view as --set)
 
     args = typing.get_args(typ)
     if typing.get_origin(typ) is typing.Literal:
@@ -93,7 +93,7 @@ def _settings(method: str) -> dict[str, list[str]]:
 
     from fedcache.federate.methods import METHODS
     from fedcache.federate.optim_config import OptimConfig
-    from fedcache.federate.settings import fields_of
+    from fedcache.config import fields_of
 
     def base(t):
         while typing.get_origin(t) in (typing.Annotated,) or (typing.get_origin(t) is typing.Union):

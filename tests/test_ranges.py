@@ -13,8 +13,8 @@ from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig
 from fedcache.federate.methods import METHODS
 from fedcache.federate.optim_config import OptimConfig
-from fedcache.federate.settings import Range, fields_of
-from fedcache.federate.train import resolve_settings
+from fedcache.config import Range, fields_of
+from tests.resolve import resolve_settings
 from fedcache.flower.config import Deployment
 from fedcache.spec import SECTIONS
 
@@ -79,9 +79,8 @@ def test_a_method_setting_outside_its_range_is_refused_naming_it(method, field, 
 def test_a_method_setting_given_in_python_is_checked_too():
     from fedcache.federate.methods.base import MethodContext
 
-    params = METHODS.get("fedntd").Params(tau=0.0)
     with pytest.raises(ConfigError, match=r"tau=0.0: must be > 0"):
-        METHODS.get("fedntd")(MethodContext.__new__(MethodContext), params)
+        METHODS.get("fedntd").Params(tau=0.0)
 
 
 @pytest.mark.parametrize("bad", [(0.9, 1.0), (0.9, math.nan), (-0.1, 0.9)])

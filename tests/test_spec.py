@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,7 @@ def test_a_bad_value_fails_before_any_work_naming_the_field_and_its_range(flag, 
 def test_numbers_are_checked_when_given_in_python_too():
     with pytest.raises(ConfigError, match=r"--fraction \(schedule.fraction\)=2.0: must be in \(0, 1\]"):
         RunSpec.of(**TOY, fraction=2)
-    with pytest.raises(ConfigError, match="expected int"):
+    with pytest.raises(ConfigError, match="expected an integer"):
         RunSpec.of(**TOY, rounds=2.5)
     with pytest.raises(ConfigError, match="needs --dataset"):
         RunSpec.of(backbones="b", method="fedavg")
@@ -119,7 +120,7 @@ def test_option_names_and_qualified_keys_are_the_same_option():
 
 
 SPEC = RunSpec.of(dataset="d", backbones="a,b", method="fedprox", partition="domain-dirichlet", alpha="0.3",
-                  few_shot=5, subsample=0.5, settings=["mu=0.5", "optim.betas=0.9,0.99"], preset="fst-cbdg",
+                  few_shot=5, subsample=0.5, settings=["mu=0.5", "optim.momentum=0.5"], preset="fst-cbdg",
                   head="mlp", rounds=7, fraction=0.5, eval_every=2, seed=3, validation=True, batched=False)
 
 
@@ -133,7 +134,7 @@ def test_config_json_round_trip():
 def test_flower_run_config_round_trip():
     flat = SPEC.to_flat()
     assert all(isinstance(v, (str, int, float, bool)) for v in flat.values())  # what a Flower run config holds
-    assert flat["method.settings"] == "mu=0.5 optim.betas=0.9,0.99" and flat["data.backbones"] == "a,b"
+    assert flat["method.settings"] == "method.mu=0.5 optim.momentum=0.5" and flat["data.backbones"] == "a,b"
     assert flat["partition.clients"] == ""  # unset: Flower has no null
     assert RunSpec.from_flat(flat, RunSpec.of(**TOY)) == SPEC
     text = {k: str(v) for k, v in flat.items()}  # as `flwr run --run-config` may hand them over
@@ -143,12 +144,12 @@ def test_flower_run_config_round_trip():
 def test_a_run_s_config_json_holds_its_spec(toy_store, tmp_path):
     spec = RunSpec.of(store=toy_store, **TOY, partition="domain", few_shot=5, rounds=2, settings=["lr=0.01"],
                       out=tmp_path / "run")
-    from fedcache.federate.train import train
+    from fedcache.training import train
 
     train(spec)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert RunSpec.from_dict(config["spec"]) == spec.replace(out=None)
-    assert config["resolved"]["optimizer"]["lr"] == 0.01 and config["resolved"]["head"] == "linear"
+    assert config["spec"]["optim"]["lr"] == 0.01 and config["spec"]["head"]["name"] == "linear"
     with pytest.raises(ConfigError, match=r"options differ .*\(schedule.rounds\)"):
         train(spec.replace(rounds=3, resume=True))
 
@@ -178,7 +179,7 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     class Params:
         alpha: float = 1.0  # a method parameter named like the Dirichlet concentration
 
-    method = type("Clash", (), {"Params": Params})
+    method = type("Clash", (), {"Params": Params, "default_preset": "default", "default_head": "linear", "uses_optimizer": True})
     monkeypatch.setattr(METHODS, "get", lambda name: method)
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
                     sweep={"alpha": ["0.5"]})
@@ -187,7 +188,7 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     for key, where in (("partition.alpha", "partition"), ("method.alpha", "settings")):
         grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path, sweep={key: ["0.5"]})
         spec = train_config(grid, cells(grid)[0], None)
-        assert (spec.partition.alpha == 0.5) if where == "partition" else (spec.method.settings == ("method.alpha=0.5",))
+        assert (spec.partition.alpha == 0.5) if where == "partition" else (spec.method.params.alpha == 0.5)
 
 
 def test_grid_switches_and_qualified_keys_reach_the_cells(tmp_path):
@@ -197,7 +198,7 @@ def test_grid_switches_and_qualified_keys_reach_the_cells(tmp_path):
                     sweep={"batched": ["false"], "schedule.rounds": ["2", "4"], "lr": ["0.1"]})
     specs = [train_config(grid, c, None) for c in cells(grid)]
     assert [s.schedule.rounds for s in specs] == [2, 4] and not any(s.engine.batched for s in specs)
-    assert all(s.method.settings == ("lr=0.1",) for s in specs)
+    assert all(s.optim.lr == 0.1 and s.settings() == ["optim.lr=0.1"] for s in specs)
     with pytest.raises(ConfigError, match="cannot be swept"):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"schedule.seed": ["1"]})
 
@@ -222,7 +223,7 @@ def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
     monkeypatch.setitem(cli.ENGINES, "in-process", lambda spec: (got.append(spec), ({}, ""))[1])
     monkeypatch.setattr(cli.train, "_result_line", lambda summary: "")  # train's module, where it is looked up
     argv = ["train", "--store", str(tmp_path), "-d", "d", "-b", "a,b", "-m", "fedprox", "--partition", "domain-dirichlet",
-            "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.betas=0.9,0.99",
+            "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.momentum=0.5",
             "--preset", "fst-cbdg", "--head", "mlp", "--rounds", "7", "--fraction", "0.5", "--eval-every", "2",
             "--seed", "3", "--validation", "--no-batch"]
     assert main(argv) == 0
@@ -242,7 +243,7 @@ def test_a_run_with_a_class_budget_records_it_and_tests_every_class(toy_store, t
     # Toy data: 3 classes x 2 domains, 10 training and 4 test rows per (class, domain); one client per domain.
     spec = RunSpec.of(store=toy_store, **TOY, partition="domain-dirichlet", alpha=1.0, class_budget=5,
                       local_test_mix="uniform", rounds=1, out=tmp_path / "run")
-    from fedcache.federate.train import train
+    from fedcache.training import train
 
     train(spec)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -264,7 +265,7 @@ def test_a_run_option_flag_of_grid_is_that_option_even_where_a_method_has_a_sett
     grid = grid_spec(methods="perfedavg,fedavg", **common)
     assert list(grid.sweep) == ["partition.alpha"]
     specs = [train_config(grid, c, None) for c in cells(grid)]
-    assert sorted({s.partition.alpha for s in specs}) == [0.1, 1.0] and all(s.method.settings == () for s in specs)
+    assert sorted({s.partition.alpha for s in specs}) == [0.1, 1.0] and all(s.settings() == [] for s in specs)
     assert list(grid_spec(methods="fedavg", **common).sweep) == ["alpha"]  # unchanged: grids already run keep their keys
     with pytest.raises(ConfigError, match="alpha is ambiguous"):  # `--set alpha=` (or the API's sweep) stays a question
         train_config(*(lambda g: (g, cells(g)[0]))(grid_spec(methods="perfedavg", store=tmp_path, dataset="d",
@@ -276,3 +277,49 @@ def test_a_qualified_partition_key_splits_report_panels_like_its_short_name():
 
     assert is_panel_key("alpha") and is_panel_key("partition.alpha") and is_panel_key("clients")
     assert not is_panel_key("lr") and not is_panel_key("method.alpha") and not is_panel_key("optim.momentum")
+
+
+# Fields that share a name with alpha, lr or seed but are other settings, each with what it is.
+OTHER_SETTINGS = {
+    ("PerFedAvgParams", "alpha"): "Per-FedAvg's personal step size (--set alpha=...), not the partition's",
+    ("DatasetOptions", "seed"): "the split of an image folder that has no train/test split, at extraction",
+    ("ViewSpec", "seed"): "the augmentation seed of extracted views (extract --view-seed)",
+}
+# Fields that carry a declared option's value (no default of their own) rather than declare it.
+DERIVED = {("PartitionRequest", "seed"): "schedule.seed", ("Cell", "seed"): "schedule.seed"}
+
+
+def test_alpha_lr_and_seed_are_each_declared_once():
+    """Every dataclass of fedcache with a field named alpha, lr or seed: one declaration of each (default, range,
+    help) that the CLI, the API, grids and config.json read; the others are other settings (named) or carry the
+    declared value without a default of their own."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import fedcache
+
+    declared: dict[str, list[str]] = {}
+    for info in pkgutil.walk_packages(fedcache.__path__, "fedcache."):
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__):
+                continue
+            for f in dataclasses.fields(cls):
+                if f.name not in ("alpha", "lr", "seed") or (cls.__name__, f.name) in OTHER_SETTINGS:
+                    continue
+                has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                assert has_default != ((cls.__name__, f.name) in DERIVED), (cls.__name__, f.name)
+                if has_default:
+                    declared.setdefault(f.name, []).append(f"{cls.__module__}.{cls.__name__}")
+    assert declared == {"alpha": ["fedcache.federate.partitions.core.PartitionSpec"],
+                        "lr": ["fedcache.federate.optim_config.OptimConfig"],
+                        "seed": ["fedcache.federate.schedule.Schedule"]}
+    # The command line has one flag for each option, with the declared default; lr is a --set setting.
+    assert [o.key for o in options() if o.name in ("alpha", "seed", "lr")] == ["partition.alpha", "schedule.seed"]
+    help_text = subprocess.run([sys.executable, "-m", "fedcache.cli", "train", "-h"], capture_output=True, text=True,
+                               env={**os.environ, "COLUMNS": "200"}).stdout
+    import re
+
+    flags = re.findall(r"^\W+(--[a-z-]+)", help_text, flags=re.M)  # the option table's first column
+    assert flags.count("--alpha") == 1 and flags.count("--seed") == 1 and "[default: 0.5]" in help_text

@@ -93,7 +93,7 @@ import numpy as np
 from fedcache.federate.partitions import PartitionRequest, make_partition
 from fedcache.reports.partition_plots import plot_partition
 labels = np.arange(40) % 4
-part = make_partition(PartitionRequest("iid", 2, min_size=1), labels, np.zeros(40, int), labels, np.zeros(40, int))
+part = make_partition(PartitionRequest.of("iid", 2, min_size=1), labels, np.zeros(40, int), labels, np.zeros(40, int))
 paths = plot_partition(part, labels, ["a", "b", "c", "d"], r"{tmp_path}/p")
 import matplotlib.pyplot as plt
 print(matplotlib.get_backend(), len(plt.get_fignums()), all(p.stat().st_size > 0 for p in paths))

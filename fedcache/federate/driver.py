@@ -29,33 +29,19 @@ from fedcache.federate.local import rng_for
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.metrics import summarize
 from fedcache.federate.rundir import CHECKPOINT, METRICS, RunDir, load_checkpoint, save_checkpoint
+from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class RunConfig:
-    rounds: int = 50
-    fraction: float = 1.0
-    eval_every: int = 1
-    batched: bool = True  # the in-process engine's choice: all sampled clients in one computation, or one by one
-    out: object | None = None  # a run directory (path) for inprocess.run
-    resume: bool = False
-    keep_checkpoints: str = "last"  # last | none (deleted at the end) | all (one per round besides the last)
-
-    def __post_init__(self) -> None:
-        if self.rounds < 1 or not 0 < self.fraction <= 1 or self.eval_every < 1:
-            raise ConfigError(f"need rounds >= 1, 0 < fraction <= 1, eval_every >= 1 (got {self})")
-
-
-@dataclass
 class Run:
-    """One federation: its method object (data, partition, seed, settings), its schedule, where it writes
-    (None: nowhere) and facts its summary adds."""
+    """One federation: its method object (data, partition, seed, settings), its schedule (the run spec's section:
+    rounds, sampled fraction, evaluation cadence), where it writes (None: nowhere) and facts its summary adds."""
 
     method: Method
-    cfg: RunConfig
+    schedule: Schedule
     out: RunDir | None = None
     facts: dict = field(default_factory=dict)
 
@@ -139,7 +125,7 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     where = _checkpoint_path(runs, checkpoint)
     states, histories = _initial(runs, engine, where, resume)
     engine.start(states)
-    rounds = runs[0].cfg.rounds
+    rounds = runs[0].schedule.rounds
     t0 = time.perf_counter() - states[0].seconds
     for rnd in range(states[0].rnd, rounds):
         lines = _round(runs, engine, states, rnd)
@@ -157,17 +143,17 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
 
 
 def _round(runs: list[Run], engine: Engine, states: list[RunState], rnd: int) -> list[dict | None]:
-    picks = [sample_clients(r.method, r.cfg, rnd) for r in runs]
+    picks = [sample_clients(r.method, r.schedule, rnd) for r in runs]
     downs = [r.method.broadcast(s.server, rnd) for r, s in zip(runs, states)]
     got = engine.round(states, rnd, picks, downs)
-    return [close_round(r.method, r.cfg, engine, i, s, rnd, d, g)
+    return [close_round(r.method, r.schedule, engine, i, s, rnd, d, g)
             for i, (r, s, d, g) in enumerate(zip(runs, states, downs, got))]
 
 
 def _check_lockstep(runs: list[Run]) -> None:
     if not runs:
         raise ValueError("the driver needs at least one run")
-    if len({(r.cfg.rounds, r.cfg.eval_every) for r in runs}) > 1:
+    if len({(r.schedule.rounds, r.schedule.eval_every) for r in runs}) > 1:
         raise ConfigError("runs stepped together must share their rounds and evaluation cadence")
 
 
@@ -179,22 +165,22 @@ def _checkpoint_path(runs: list[Run], checkpoint):
     return None
 
 
-def sample_clients(method: Method, cfg: RunConfig, rnd: int) -> list[int]:
+def sample_clients(method: Method, schedule: Schedule, rnd: int) -> list[int]:
     n = method.ctx.data.n_clients
-    if method.all_clients or cfg.fraction >= 1:
+    if method.all_clients or schedule.fraction >= 1:
         return list(range(n))
-    m = max(1, round(cfg.fraction * n))
+    m = max(1, round(schedule.fraction * n))
     return sorted(int(k) for k in rng_for(method.ctx.seed, rnd, 0, 0, 2).choice(n, m, replace=False))
 
 
-def close_round(method: Method, cfg: RunConfig, engine: Engine, i: int, state: RunState, rnd: int, down: Params,
+def close_round(method: Method, schedule: Schedule, engine: Engine, i: int, state: RunState, rnd: int, down: Params,
                 got: Round) -> dict | None:
     """What follows the clients' half of round ``rnd`` for federation ``i``: the server's half, and the metrics
     line if one is due (returned)."""
     if got.clients:
         settle(method, state, rnd, got.clients, down, got.result)
     state.losses += got.losses
-    if not evaluation_due(cfg, rnd):
+    if not evaluation_due(schedule, rnd):
         return None
     line = metrics_line(method, state, engine, i, rnd)
     state.losses = []
@@ -216,8 +202,8 @@ def settle(method: Method, state: RunState, rnd: int, clients: list[int], down: 
     state.server = method.aggregate(state.server, result, clients, rnd)
 
 
-def evaluation_due(cfg: RunConfig, rnd: int) -> bool:
-    return (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds
+def evaluation_due(schedule: Schedule, rnd: int) -> bool:
+    return (rnd + 1) % schedule.eval_every == 0 or rnd + 1 == schedule.rounds
 
 
 def metrics_line(method: Method, state: RunState, engine: Engine, i: int, rnd: int) -> dict:
@@ -296,7 +282,7 @@ def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list
         raise ConfigError(f"{where} is a checkpoint of {len(ck['runs'])} runs, not of these {len(runs)}; delete it to start over")
     log.info("resuming %s after round %d", ", ".join(dict.fromkeys(r.method.name for r in runs)), ck["rnd"])
     engine.load_state_dict(ck.get("engine", {}))
-    states = [state_from_checkpoint(r.method, r.cfg, saved) for r, saved in zip(runs, ck["runs"])]
+    states = [state_from_checkpoint(r.method, r.schedule, saved) for r, saved in zip(runs, ck["runs"])]
     return states, [resumed_history(r, ck["rnd"]) for r in runs]
 
 
@@ -307,16 +293,17 @@ def resumed_history(r: Run, upto: int) -> list[dict]:
     if r.out is None:
         return []
     history = r.out.history(upto)
-    lost = sorted({k + 1 for k in range(upto) if evaluation_due(r.cfg, k)} - {line["round"] for line in history})
+    lost = sorted({k + 1 for k in range(upto) if evaluation_due(r.schedule, k)} - {line["round"] for line in history})
     if lost:
         log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
                     "and report miss them: run it again with --overwrite to have them", r.out.path / METRICS, lost)
     return history
 
 
-def state_from_checkpoint(method: Method, cfg: RunConfig, ck: dict) -> RunState:
+def state_from_checkpoint(method: Method, schedule: Schedule, ck: dict) -> RunState:
     # Older checkpoints kept no losses, and no senders: the sampled clients of those rounds sent.
-    senders = ck.get("senders") or [len(sample_clients(method, cfg, r)) if method.federated else 0 for r in range(ck["rnd"])]
+    senders = ck.get("senders") or [len(sample_clients(method, schedule, r)) if method.federated else 0
+                                    for r in range(ck["rnd"])]
     return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
                     ck["seconds"], list(ck.get("losses", [])), list(senders))
 

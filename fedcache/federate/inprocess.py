@@ -4,27 +4,51 @@ engine for a run by itself."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedcache.errors import FedcacheError
 from fedcache.federate import driver
-from fedcache.federate.driver import Engine, Round, Run, RunConfig, RunResult, RunState
+from fedcache.federate.driver import Engine, Round, Run, RunResult, RunState
 from fedcache.federate.local import recording_losses
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.rundir import RunDir
+from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
 
 OnRound = Callable[[int, int, "dict | None"], None]  # (rounds done, rounds, the run's metrics line or None)
 
 
+@dataclass
+class RunConfig:
+    """A run by itself in this process, in one line (scripts, tests): its schedule's rounds, sampled fraction
+    and evaluation cadence (the method's context holds the rest), the engine's choice, where it writes."""
+
+    rounds: int = 50
+    fraction: float = 1.0
+    eval_every: int = 1
+    batched: bool = True  # all sampled clients in one computation, or one by one
+    out: Path | None = None  # an existing directory: the run directory
+    resume: bool = False
+    keep_checkpoints: str = "last"  # last | none (deleted at the end) | all (one per round besides the last)
+
+    def schedule(self) -> Schedule:
+        return Schedule(rounds=self.rounds, fraction=self.fraction, eval_every=self.eval_every)
+
+
 def run(method: Method, cfg: RunConfig, on_round: OnRound | None = None, facts: dict | None = None) -> RunResult:
-    """One run, in this process: ``cfg.out`` (an existing directory, or None) is its run directory."""
+    """One run, in this process."""
     out = RunDir(cfg.out, cfg.keep_checkpoints) if cfg.out is not None else None
+    return run_one(Run(method, cfg.schedule(), out, facts or {}), cfg.batched, on_round, cfg.resume)
+
+
+def run_one(r: Run, batched: bool = True, on_round: OnRound | None = None, resume: bool = False) -> RunResult:
+    """The round driver with this engine, for a run by itself."""
     callback = (lambda done, total, lines: on_round(done, total, lines[0])) if on_round else None
-    (result,) = driver.run([Run(method, cfg, out, facts or {})], InProcess([method], cfg.batched), callback,
-                           resume=cfg.resume)
+    (result,) = driver.run([r], InProcess([r.method], batched), callback, resume=resume)
     return result
 
 

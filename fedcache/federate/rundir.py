@@ -54,11 +54,6 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         write_json(self.path / CONFIG, config)
 
-    def differences(self, config: dict) -> list[str] | None:
-        """How ``config`` differs from the recorded one (``same_config``); None when nothing is recorded."""
-        saved = self.config()
-        return None if saved is None else same_config(saved, config)
-
     # ---- as it goes ---------------------------------------------------------------------------
     def started(self) -> bool:
         return (self.path / METRICS).exists() or self.has_checkpoint()

@@ -35,16 +35,13 @@ def stack_key(r: Run) -> tuple:
     m, c = r.method, r.method.ctx
     varying = stacking_of(type(m)).varying
     fixed = {k: v for k, v in dataclasses.asdict(m.p).items() if k not in varying}
-    return (type(m), c.head, c.optim.optimizer, c.local_epochs, c.batch_size, c.rounds, r.cfg.rounds,
-            r.cfg.eval_every, repr(sorted(fixed.items())))
+    return (type(m), c.head, c.optim.optimizer, c.local_epochs, c.batch_size, c.rounds, r.schedule.rounds,
+            r.schedule.eval_every, repr(sorted(fixed.items())))
 
 
 def why_alone(r: Run) -> str:
     """Empty when the run can join a stack; else the reason, as the grid reports it."""
-    why = why_not_stackable(type(r.method), r.method.p)
-    if not why and not r.cfg.batched:
-        return "--no-batch trains its clients one by one"
-    return why
+    return why_not_stackable(type(r.method), r.method.p)
 
 
 class Stacked(Engine):
@@ -64,7 +61,6 @@ class Stacked(Engine):
         self.declared = stacking_of(type(self.methods[0]))
         self.joint = _joint_method(self.methods)
         self.clients: Params = {}
-        first = self.methods[0]
         self.row_values = {n: torch.tensor([getattr(m.p, n) for m in self.methods for _ in range(m.ctx.data.n_clients)],
                                            dtype=torch.float32) for n in self.declared.per_row}
 

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate import driver
-from fedcache.federate.driver import Engine, Round, Run, RunConfig, RunState
+from fedcache.federate.driver import Engine, Round, Run, RunState
 from fedcache.federate.rundir import RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method
@@ -267,10 +267,8 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
     method = build_method(run, data)
     if paths.out is not None:
         _record_config(paths.out, run, info, method, resume)
-    s = run.schedule
     out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
-    cfg = RunConfig(s.rounds, s.fraction, s.eval_every, True)
-    (result,) = driver.run([Run(method, cfg, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
+    (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
     if paths.out is not None:
         # The final server state, for comparing engines: tensors only (read back with weights_only=True).
         torch.save(result.server, paths.out / SERVER_STATE)

@@ -227,7 +227,7 @@ def test_needs_the_projection_head():
 def test_settings_out_of_range_are_refused_before_training(setting, message):
     # tau divides every similarity (tau = 0 used to fail in round 2 with DivergedError, tau < 0 ran silently);
     # p mixes (1 - p) x + e; a scale or a loss weight below 0 means nothing.
-    from fedcache.federate.train import resolve_settings
+    from tests.resolve import resolve_settings
 
     with pytest.raises(ConfigError, match=message):
         resolve_settings("fedpcl", [setting])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
@@ -87,7 +88,7 @@ def test_training_beats_the_untrained_projection(contrast):
     data = _nuisance()
 
     def acc(rounds):
-        ctx = MethodContext(data, "projection", OptimConfig("adam", 1e-2), local_epochs=5)
+        ctx = MethodContext(data, "projection", OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=5))
         return run(METHODS.get("fedpcl")(ctx, FedPCLParams(contrast=contrast)), RunConfig(rounds=rounds)).summary["mean_accuracy"]
 
     untrained, trained = acc(1), acc(20)  # round 1 trains nothing (first_round=idle)
@@ -118,7 +119,7 @@ def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
     opts["alpha"] = _alpha(s)
     labels = np.repeat(np.arange(10), 500)
     test_labels = np.repeat(np.arange(10), 100)
-    p = make_partition(PartitionRequest("dirichlet", s["clients"], seed=0, **opts), labels, None, test_labels, None)
+    p = make_partition(PartitionRequest.of("dirichlet", s["clients"], seed=0, **opts), labels, None, test_labels, None)
     counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
     held = counts[counts > 0]
     assert np.mean(held == np.bincount(held).argmax()) < 0.5, counts
@@ -128,7 +129,7 @@ def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
     # Paper Sec. 5.1 / Table 7: every baseline has FC(512K, 256)-ReLU-BN(256)-FC(256, 10) on the frozen
     # backbones (fedcache's `mlp`, as benchmarks/fedpcl_comparison.py uses); without a head in the sweep,
     # fedavg, pfedme, perfedavg and solo fall back to their `linear` default.
-    from fedcache.federate.train import resolve_settings
+    from tests.resolve import resolve_settings
     from fedcache.presets import PRESETS
 
     wrong = [(name, e.key, m, resolve_settings(m, [], None, e.sweep.get("head")).head)
@@ -181,7 +182,7 @@ def test_feature_and_label_shift_presets_skew_labels_across_one_client_per_domai
 
     s = PRESETS.get("fedpcl-table11").experiments[0].sweep
     labels, domains = np.tile(np.repeat(np.arange(10), 200), 5), np.repeat(np.arange(5), 2000)
-    request = PartitionRequest(s["partition"], s["clients"], alpha=_alpha(s), class_budget=s["class_budget"])
+    request = PartitionRequest.of(s["partition"], s["clients"], alpha=_alpha(s), class_budget=s["class_budget"])
     p = make_partition(request, labels, domains, labels, domains)
     assert [np.unique(domains[r]).tolist() for r in p.train] == [[d] for d in range(5)]
     counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])

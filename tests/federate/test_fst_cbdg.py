@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedcache.federate.schedule import Schedule
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.inprocess import RunConfig, run
@@ -70,7 +71,7 @@ def biased_problem(shards: int | None = None, seed: int = 0, n_clients: int = 20
 
 def make(name: str, data: FederatedData, seed: int = 0, rounds: int = 10, optim: OptimConfig = PRESETS["fst-cbdg"], **params):
     cls = METHODS.get(name)
-    return cls(MethodContext(data, "linear", optim, 1, 32, seed, rounds), cls.Params(**params))
+    return cls(MethodContext(data, "linear", optim, Schedule(seed=seed, rounds=rounds)), cls.Params(**params))
 
 
 def accuracy(name: str, data: FederatedData, rounds: int = 10, **params) -> float:
@@ -240,7 +241,7 @@ def test_pseudo_labels_persist_across_rounds(refresh, iid):
     q^2 = 0.9 q^1 + 0.1 f(W^1) with W^1 the model after round 1."""
     data = dataclasses.replace(iid, client_train=[iid.client_train[0][:20]], client_test=[np.arange(50)])
     cls = METHODS.get("fst-cbdg")
-    ctx = MethodContext(data, "linear", PRESETS["fst-cbdg"], 1, 32, 0, 2)
+    ctx = MethodContext(data, "linear", PRESETS["fst-cbdg"], Schedule(rounds=2))
     p = torch.softmax(unit(data.x_train[data.client_train[0]]) @ data.info["text"].T, -1)
     one = run(cls(ctx, cls.Params(refresh=refresh)), RunConfig(rounds=1))
     torch.testing.assert_close(one.clients["q"][0], p)

@@ -8,6 +8,7 @@ import torch
 from fedcache.errors import ConfigError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.driver import sample_clients
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.metrics import fairness, summarize
@@ -16,8 +17,9 @@ from fedcache.federate.optim import OptimConfig
 from .conftest import synthetic
 
 
-def make(name, data, **kw):
-    return METHODS.get(name)(MethodContext(data, **{"head": METHODS.get(name).default_head, **kw}))
+def make(name, data, head=None, optim=None, **schedule):
+    ctx = MethodContext(data, head or METHODS.get(name).default_head, optim or OptimConfig(), Schedule(**schedule))
+    return METHODS.get(name)(ctx)
 
 
 def test_fedavg_bytes_match_the_formula(data):

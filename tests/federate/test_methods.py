@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedcache.federate.schedule import Schedule
 from fedcache.errors import ConfigError
 from fedcache.federate.local import masked_mean
 from fedcache.federate.inprocess import RunConfig, run
@@ -43,8 +44,7 @@ def skewed():
 
 def make(name, data, head=None, seed=0, **params):
     cls = METHODS.get(name)
-    ctx = MethodContext(data, head or cls.default_head, OptimConfig("adam", 1e-2), local_epochs=2, batch_size=16,
-                        seed=seed, rounds=ROUNDS)
+    ctx = MethodContext(data, head or cls.default_head, OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=2, batch_size=16, seed=seed, rounds=ROUNDS))
     return cls(ctx, cls.Params(**params))
 
 

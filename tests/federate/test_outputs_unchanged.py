@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
@@ -89,7 +90,7 @@ def _files(out: Path) -> dict:
 def outputs(case: str, out: Path) -> dict:
     name, head, fields = CASES[case]
     data = synthetic(sizes=[37, 80, 12, 64, 51], seed=3)
-    ctx = MethodContext(data, head, OptimConfig("adam", 1e-2), local_epochs=2, batch_size=16, seed=5, rounds=fields["rounds"])
+    ctx = MethodContext(data, head, OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=2, batch_size=16, seed=5, rounds=fields["rounds"]))
     r = run(METHODS.get(name)(ctx), RunConfig(**fields, out=out, keep_checkpoints="all"))
     summary = {k: v for k, v in r.summary.items() if k != "seconds"}
     return {"summary": summary, "history": r.history, **_files(out), "final": {"server": r.server, "clients": r.clients}}

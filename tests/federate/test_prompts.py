@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedcache.federate.schedule import Schedule
 from fedcache.cli import main
 from fedcache.errors import ConfigError
 from fedcache.extract.loading import load_backbone
@@ -19,7 +20,7 @@ from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods._prompt import PLACEHOLDER, PromptedText, info_nce
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.source import FeatureSource, RowSource
-from fedcache.federate.train import TrainConfig, prepare
+from fedcache.training import TrainConfig, prepare
 
 CLIP = "tiny-clip-random"  # 32-d embeddings, text width 64
 WIDTH, DIM = 64, 32
@@ -60,8 +61,7 @@ def hidden(clip):
 
 def make(name, data, seed=0, lr=2e-2, **params):
     cls = METHODS.get(name)
-    ctx = MethodContext(data, "linear", OptimConfig("adam", lr, weight_decay=0.0), local_epochs=2, batch_size=32,
-                        seed=seed, rounds=10)
+    ctx = MethodContext(data, "linear", OptimConfig("adam", lr, weight_decay=0.0), schedule=Schedule(local_epochs=2, batch_size=32, seed=seed, rounds=10))
     return cls(ctx, cls.Params(**params))
 
 

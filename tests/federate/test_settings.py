@@ -10,8 +10,8 @@ import pytest
 from fedcache.errors import ConfigError
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
-from fedcache.federate.settings import Range, check_fields, fields_of
-from fedcache.federate.train import resolve_settings
+from fedcache.config import Range, check_fields, fields_of
+from tests.resolve import resolve_settings
 
 from .test_methods import NEEDS_CLIP, skewed  # noqa: F401  (the fixture)
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.federate.schedule import Schedule
 from fedcache.errors import ConfigError
 from fedcache.federate import driver
 from fedcache.federate.driver import Run as Federation
-from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.inprocess import run_one
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB
 from fedcache.federate.optim import OptimConfig
@@ -83,20 +84,20 @@ def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, share
         params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])], **(shared or {}))
         momentum, betas, eps = OPTIM_ROWS[i]
         optim = OptimConfig(optimizer, lr, momentum, 1e-4 * (i + 1), betas, eps)
-        ctx = MethodContext(data, head or cls.default_head, optim, local_epochs=2, batch_size=16, seed=seed, rounds=3)
-        out.append(Federation(cls(ctx, params), RunConfig(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
+        ctx = MethodContext(data, head or cls.default_head, optim, schedule=Schedule(local_epochs=2, batch_size=16, seed=seed, rounds=3))
+        out.append(Federation(cls(ctx, params), Schedule(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
     return out
 
 
 def fresh(f: Federation) -> Federation:
     m = f.method
-    return Federation(type(m)(dataclasses.replace(m.ctx), m.p), f.cfg)
+    return Federation(type(m)(dataclasses.replace(m.ctx), m.p), f.schedule)
 
 
 def compare(feds, exact: bool, tol: float = 1e-4) -> None:
     stacked = run_stack([fresh(f) for f in feds])
     for f, got in zip(feds, stacked):
-        alone = run(fresh(f).method, f.cfg)
+        alone = run_one(fresh(f))
         assert got.summary["per_client_accuracy"] == alone.summary["per_client_accuracy"]
         assert [h["per_client"] for h in got.history] == [h["per_client"] for h in alone.history]
         for key in ("bytes_up", "bytes_down", "params_up_per_round", "rounds"):
@@ -159,7 +160,7 @@ def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_sta
     other runs' synthetic instances never reaches its arithmetic."""
     feds = federations("fst-cbdg", "adam", fraction=0.6)
     i = next(i for i, f in enumerate(feds) if f.method.p.lam == 0.0)
-    got, alone = run_stack([fresh(f) for f in feds])[i], run(fresh(feds[i]).method, feds[i].cfg)
+    got, alone = run_stack([fresh(f) for f in feds])[i], run_one(fresh(feds[i]))
     assert got.history == alone.history
     assert all(torch.equal(got.server[n], alone.server[n]) for n in alone.server)
     assert all(torch.equal(got.clients[n], alone.clients[n]) for n in alone.clients)
@@ -168,7 +169,7 @@ def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_sta
 def test_fst_cbdg_with_prototype_anchors_runs_alone():
     (f,) = federations("fst-cbdg")[:1]
     m = f.method
-    proto = Federation(type(m)(dataclasses.replace(m.ctx), dataclasses.replace(m.p, anchors="prototypes")), f.cfg)
+    proto = Federation(type(m)(dataclasses.replace(m.ctx), dataclasses.replace(m.p, anchors="prototypes")), f.schedule)
     with pytest.raises(ConfigError, match="anchors=prototypes draws each run's anchors"):
         run_stack([proto])
 
@@ -213,7 +214,7 @@ def test_a_stack_of_runs_with_another_head_computes_what_they_compute_alone(name
 
 def test_runs_that_differ_in_a_setting_that_is_not_per_row_do_not_stack():
     a, b = federations("fedavg")[:2]
-    b = Federation(b.method, dataclasses.replace(b.cfg, eval_every=1))
+    b = Federation(b.method, dataclasses.replace(b.schedule, eval_every=1))
     with pytest.raises(ConfigError, match="cannot train stacked"):
         run_stack([a, b])
 

@@ -8,8 +8,8 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import ConfigError, EntryNotFoundError
 from fedcache.extract.runner import ExtractConfig, extract
-from fedcache.federate.settings import build, parse_pairs, split_settings
-from fedcache.federate.train import TrainConfig, train
+from tests.resolve import resolve_settings
+from fedcache.training import TrainConfig, train
 
 SUMMARY_KEYS = {"method", "mean_accuracy", "std_accuracy", "global_accuracy", "per_client_accuracy", "worst10",
                 "worst20", "worst40", "best10", "variance", "bytes_up", "bytes_down", "params_up_per_round",
@@ -39,7 +39,7 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
     # Not a terminal: plain progress lines instead of a bar that draws nothing.
     assert "fedavg rounds 0/3 (0%)" in captured.err and "fedavg rounds 3/3 (100%) in" in captured.err
     config = json.loads((out / "config.json").read_text())
-    assert config["resolved"]["optimizer"]["lr"] == 0.01 and config["resolved"]["optimizer"]["optimizer"] == "adam"
+    assert config["spec"]["optim"]["lr"] == 0.01 and config["spec"]["optim"]["optimizer"] == "adam"
     assert config["partition"]["request"]["scheme"] == "domain" and config["data"]["client_train_sizes"] == [30, 30]
     assert config["partition"]["effective"]["clients_per_domain"] == 1  # what ran, where the request says null
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -73,14 +73,14 @@ def test_a_run_started_before_a_config_key_was_added_resumes_and_a_changed_value
     del config["partition"]["effective"]  # as an earlier fedcache wrote it
     (out / "config.json").write_text(json.dumps(config))
     assert train(cfg(store, out=out, rounds=2, resume=True)).summary["rounds"] == 2
-    config["resolved"]["method_params"] = {**config["resolved"]["method_params"], "init": "text"}
+    config["spec"]["method"]["params"] = {**config["spec"]["method"]["params"], "init": "text"}
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="options differ"):
         train(cfg(store, out=out, rounds=2, resume=True))
 
 
 def test_fused_backbones_concatenate_features(store):
-    from fedcache.federate.train import prepare
+    from fedcache.training import prepare
 
     method, resolved = prepare(cfg(store, backbones=["tiny-timm-random", "tiny-clip-random"]))
     assert resolved["data"]["dim"] == 96 + 32
@@ -104,19 +104,16 @@ def test_missing_features_name_the_extract_command(store):
 
 
 def test_settings_are_typed_and_unknown_keys_listed():
-    from fedcache.federate.methods.fedprox import FedProxParams
-    from fedcache.federate.optim import OptimConfig
-
-    routed = split_settings(parse_pairs(["lr=0.1", "mu=0.5"]), {"method": FedProxParams, "optim": OptimConfig})
-    assert build(FedProxParams, routed["method"]).mu == 0.5 and build(OptimConfig, routed["optim"]).lr == 0.1
+    r = resolve_settings("fedprox", ["lr=0.1", "mu=0.5"])
+    assert r.params.mu == 0.5 and r.optim.lr == 0.1
     with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: init, mu; optim: optimizer, lr"):
-        split_settings(parse_pairs(["mu_typo=1"]), {"method": FedProxParams, "optim": OptimConfig})
-    with pytest.raises(ConfigError, match="expected float"):
-        build(OptimConfig, {"lr": "fast"})
+        resolve_settings("fedprox", ["mu_typo=1"])
+    with pytest.raises(ConfigError, match="expected a finite number"):
+        resolve_settings("fedprox", ["lr=fast"])
     with pytest.raises(ConfigError, match="one of sgd, adam"):
-        build(OptimConfig, {"optimizer": "lion"})
+        resolve_settings("fedprox", ["optimizer=lion"])
     with pytest.raises(ConfigError, match="key=value"):
-        parse_pairs(["lr"])
+        resolve_settings("fedprox", ["lr"])
 
 
 def test_impossible_partition_is_a_clear_error(store):
@@ -125,7 +122,7 @@ def test_impossible_partition_is_a_clear_error(store):
 
 
 def test_validation_scores_on_spare_training_rows_only(store):
-    from fedcache.federate.train import prepare
+    from fedcache.training import prepare
 
     method, resolved = prepare(cfg(store, few_shot=4, validation=True))
     d = method.ctx.data
@@ -151,7 +148,7 @@ def test_backbone_heatmap_command(store, tmp_path, capsys):
                  "--clients", "2", "--few-shot", "5", "--rounds", "3", "-o", str(out)])
     printed = capsys.readouterr().out
     assert code == 0 and out.stat().st_size > 5000 and "0: light" in printed
-    from fedcache.federate.contribution import backbone_contribution
+    from fedcache.reports.contribution import backbone_contribution
 
     c = backbone_contribution(cfg(store, backbones=["tiny-timm-random", "tiny-clip-random"], few_shot=5))
     assert c.scores.shape == (2, 2) and np.allclose(c.scores.sum(1), 1.0) and (c.scores > 0).all()
@@ -165,7 +162,7 @@ def test_class_disjoint_from_the_cli(store, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     config = json.loads((out / "config.json").read_text())
     assert config["partition"]["request"]["classes_per_client"] == 1
-    from fedcache.federate.train import load_data
+    from fedcache.training import load_data
 
     data, _ = load_data(cfg(store, partition="class-disjoint", clients=3, classes_per_client=1))
     held = [set(data.y_train[r].tolist()) for r in data.client_train]
@@ -191,14 +188,14 @@ def test_run_options_a_method_without_an_optimizer_never_reads_are_said(store, c
     a run that got them says so (a warning: grids apply them to every method)."""
     import logging
 
-    from fedcache.federate.train import prepare
+    from fedcache.training import prepare
 
-    with caplog.at_level(logging.WARNING, logger="fedcache.federate.train"):
+    with caplog.at_level(logging.WARNING, logger="fedcache.training"):
         prepare(cfg(store, method="linear-probe", local_epochs=7, batch_size=8, preset="fst-cbdg"))
     assert "linear-probe trains nothing with an optimizer: --local-epochs 7, --batch-size 8, --preset fst-cbdg not used" \
         in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fedcache.federate.train"):
+    with caplog.at_level(logging.WARNING, logger="fedcache.training"):
         prepare(cfg(store, method="linear-probe"))
         prepare(cfg(store, method="fedavg", local_epochs=7, preset="fst-cbdg"))
     assert "not used" not in caplog.text

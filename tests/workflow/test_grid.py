@@ -8,7 +8,8 @@ import pytest
 
 from fedcache.cli import main
 from fedcache.errors import ConfigError
-from fedcache.sweep import GridSpec, cells, load_toml, parse_sweep, summary_markdown
+from fedcache.spec import parse_axes as parse_sweep
+from fedcache.sweep import GridSpec, cells, load_toml, summary_markdown
 from fedcache.table import Table
 
 from .conftest import BACKBONE

@@ -163,12 +163,12 @@ def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store
 # ---- which cells share a batch (sweep_batched._key), checked for every option and setting ----------------
 def _other(typ, default):
     """A value of this (annotated) type other than ``default``; None where there is none to offer."""
-    from fedcache.spec import _base, _choices
+    from fedcache.config import base_type, choices as choices_of
 
-    choices = _choices(typ)
+    choices = choices_of(typ)
     if choices:
         return next(c for c in choices if c != default)
-    base = _base(typ)
+    base = base_type(typ)
     if base is bool:
         return not default
     if base is int:
@@ -196,45 +196,45 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
     optimizer is either in the key or declared per row or run, and never silently taken from a batch's first cell."""
     import dataclasses
 
+    from fedcache.config import fields_of
     from fedcache.federate.optim_config import PRESETS
-    from fedcache.federate.settings import fields_of
-    from fedcache.federate.train import resolve
-    from fedcache.heads import HEADS
     from fedcache.federate.stacking import stacking_of
-    from fedcache.spec import RunSpec, options
+    from fedcache.heads import HEADS
+    from fedcache.spec import MethodSpec, RunSpec, method_class, options
     from fedcache.sweep_batched import _draws, _key, _why_alone
 
     base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
-    r = resolve(base)
-    assert stacking_of(r.method_cls) is not None
-    key = _key(base, r)
+    declared = stacking_of(method_class(method))
+    assert declared is not None
+    key = _key(base)
     for o in options():
-        if not o.opt.recorded or o.key in ("method.name", "method.settings", "engine.name"):
+        if not o.opt.recorded or o.key in ("method.name", "engine.name"):
             continue  # not part of a run; the method (first in the key) and its settings are checked below
         if o.key in PER_FEDERATION_OPTIONS:
             continue
-        heads = [h for h in HEADS.names() if h != r.head]
+        heads = [h for h in HEADS.names() if h != base.head.name]
         value = {**OTHER_VALUES, "head.name": heads[0]}.get(o.key, _other(o.type, base.get(o.key)))
         assert value is not None, f"no other value of {o.key} to try: add one to OTHER_VALUES"
         cfg = base.replace(**{o.key: value})
         if o.key in DRAW_OPTIONS or o.key.startswith("partition."):
-            assert _key(cfg, resolve(cfg)) == key and _draws(cfg) != _draws(base), o.key
+            assert _key(cfg) == key and _draws(cfg) != _draws(base), o.key
         else:
-            assert _key(cfg, resolve(cfg)) != key, f"cells differing in {o.key} would share a batch"
-    assert _why_alone(base.replace(batched=False), r) == "--no-batch trains each client alone"
+            assert _key(cfg) != key, f"cells differing in {o.key} would share a batch"
+    assert _why_alone(base.replace(batched=False)) == "--no-batch trains each client alone"
     for preset, optim in PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
         cfg = base.replace(preset=preset)
-        assert (_key(cfg, resolve(cfg)) == key) == (optim.optimizer == r.optim.optimizer), preset
-    for name, typ in fields_of(type(r.params)).items():
-        other = dataclasses.replace(r, params=dataclasses.replace(r.params, **{name: _other(typ, getattr(r.params, name))}))
-        same = _key(base, other) == key
-        assert same == (name in stacking_of(r.method_cls).varying), (
+        assert (_key(cfg) == key) == (optim.optimizer == base.optim.optimizer), preset
+    params = base.method.params
+    for name, typ in fields_of(type(params)).items():
+        other = dataclasses.replace(params, **{name: _other(typ, getattr(params, name))})
+        same = _key(dataclasses.replace(base, method=MethodSpec(method, other))) == key
+        assert same == (name in declared.varying), (
             f"{method} {name}: " + ("per row or run, yet in the key" if same is False else "not per row or run, yet not in the key"))
     for name in PER_ROW_OPTIM:
-        value = (0.5, 0.9) if name == "betas" else _other(fields_of(type(r.optim))[name], getattr(r.optim, name))
-        assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, **{name: value}))) == key, name
-    sgd = "adam" if r.optim.optimizer == "sgd" else "sgd"
-    assert _key(base, dataclasses.replace(r, optim=dataclasses.replace(r.optim, optimizer=sgd))) != key
+        value = (0.5, 0.9) if name == "betas" else _other(fields_of(type(base.optim))[name], getattr(base.optim, name))
+        assert _key(dataclasses.replace(base, optim=dataclasses.replace(base.optim, **{name: value}))) == key, name
+    sgd = "adam" if base.optim.optimizer == "sgd" else "sgd"
+    assert _key(dataclasses.replace(base, optim=dataclasses.replace(base.optim, optimizer=sgd))) != key
 
 
 def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_the_same_cells(toy_store, tmp_path, monkeypatch):

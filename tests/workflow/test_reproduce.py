@@ -18,7 +18,7 @@ def test_every_paper_preset_exists_and_names_real_things():
     from fedcache.extract.backbones import BACKBONES
     from fedcache.extract.datasets import DATASETS
     from fedcache.federate.methods import METHODS
-    from fedcache.federate.settings import fields_of
+    from fedcache.config import fields_of
     from fedcache.spec import is_option
 
     assert set(PAPER_PRESETS) <= set(rp.names())

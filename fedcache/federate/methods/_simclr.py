@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedcache.config import Checked, NonNegativeInt, Positive, PositiveInt
 from fedcache.errors import ConfigError
 from fedcache.federate.local import masked_mean, train
 from fedcache.federate.methods.base import Method, MethodContext
 from fedcache.federate.probe import fit_probe
-from fedcache.federate.settings import NonNegativeInt, Positive, PositiveInt
 from fedcache.heads import Params
 
 ENCODER_KEYS = ("w1", "b1", "w2", "b2")
@@ -28,7 +28,7 @@ MASKED = -1e9  # logit of excluded pairs: finite, so fully padded rows give no N
 
 
 @dataclass(frozen=True)
-class SSLParams:
+class SSLParams(Checked):
     hidden: PositiveInt = 512  # width of the representation h
     out: PositiveInt = 128  # width of the projection z
     temperature: Positive = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)

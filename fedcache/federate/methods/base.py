@@ -15,28 +15,45 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedcache.config import Checked, check_fields
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.optim import OptimConfig
-from fedcache.federate.settings import check_fields
+from fedcache.federate.schedule import Schedule
 from fedcache.heads import Head, Params, make_head
 from fedcache.registry import Registry
 
 
 @dataclass(frozen=True)
-class NoParams:
+class NoParams(Checked):
     pass
 
 
 @dataclass
 class MethodContext:
+    """What a method is built on: the federation's data, and the head, optimizer and schedule sections of
+    the run specification."""
+
     data: FederatedData
     head: str = "linear"
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    local_epochs: int = 1
-    batch_size: int = 32
-    seed: int = 0
-    rounds: int = 1
+    schedule: Schedule = dataclasses.field(default_factory=Schedule)
+
+    @property
+    def seed(self) -> int:
+        return self.schedule.seed
+
+    @property
+    def local_epochs(self) -> int:
+        return self.schedule.local_epochs
+
+    @property
+    def batch_size(self) -> int:
+        return self.schedule.batch_size
+
+    @property
+    def rounds(self) -> int:
+        return self.schedule.rounds
 
 
 @dataclass
@@ -61,16 +78,26 @@ class CommandOption:
 class MethodCommand:
     """A command that belongs to one method (FedPCL's backbone heatmap): ``fedcache <name>`` takes the run-spec
     options named in ``spec_options`` (with the command's own ``defaults``) and its ``extra`` options, and calls
-    ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. The CLI builds
-    the command from this hook (fedcache/cli/methods.py), so a method adds commands without touching the CLI."""
+    ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. ``run`` is
+    the function, or ``"module:function"`` where its code lives in a layer above the methods (a report that
+    trains runs, say), imported when the command runs. The CLI builds the command from this hook
+    (fedcache/cli/methods.py), so a method adds commands without touching the CLI."""
 
     name: str
     help: str
-    run: Callable[..., list[str]]
+    run: Callable[..., list[str]] | str
     spec_options: tuple[str, ...]
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     extra: tuple[CommandOption, ...] = ()
     example: str = ""  # a command line shown under its help ("fedcache <name> ..."); tests parse it
+
+    def function(self) -> Callable[..., list[str]]:
+        if not isinstance(self.run, str):
+            return self.run
+        import importlib
+
+        module, _, name = self.run.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 class Method:

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fedcache.config import NonNegative, Positive
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
-from fedcache.federate.settings import NonNegative, Positive
 from fedcache.heads import forward, train_forward
 
 

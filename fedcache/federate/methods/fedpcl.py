@@ -15,12 +15,12 @@ from typing import Literal
 
 import torch
 
+from fedcache.config import Checked, Fraction, NonNegative, Positive
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean, rng_for
 from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.prototypes import aggregate, class_means, nearest, padded_rows
-from fedcache.federate.settings import Fraction, NonNegative, Positive
 from fedcache.federate.stacking import per_run, same, stackable
 from fedcache.heads import Params
 from fedcache.heads.projection import DIM as PROTO_DIM
@@ -28,7 +28,7 @@ from fedcache.noise import perturb
 
 
 @dataclass(frozen=True)
-class FedPCLParams:
+class FedPCLParams(Checked):
     tau: Positive = 0.07  # paper and official code; the loss divides by it
     # Loss ablation (workshop Table 11 / NeurIPS Table 5). Its "Cross Entropy" and "CE + ProtoDist" rows are
     # FedAvg and FedProto (the same numbers as those methods' rows in NeurIPS Table 11): the names are refused
@@ -72,15 +72,9 @@ class FedPCLParams:
 PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
 
 
-def _backbone_heatmap(spec, out):
-    from fedcache.reports.heatmap import backbone_heatmap
-
-    return backbone_heatmap(spec, out)
-
-
 BACKBONE_HEATMAP = MethodCommand(
     "backbone-heatmap", "FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes.",
-    _backbone_heatmap,
+    "fedcache.reports.heatmap:backbone_heatmap",
     spec_options=("dataset", "backbones", "store", "partition", "clients", "few_shot", "rounds", "seed", "settings"),
     defaults={"partition": "domain", "few_shot": 10},
     extra=(CommandOption("out", Path, "PNG to write.", ("--out", "-o")),),

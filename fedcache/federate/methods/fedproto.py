@@ -11,11 +11,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedcache.errors import ConfigError
+from fedcache.config import Checked, NonNegative
 from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest, padded_rows
-from fedcache.federate.settings import NonNegative
 from fedcache.federate.stacking import per_run, stackable
 from fedcache.heads import Params, expand, forward
 
@@ -24,7 +23,7 @@ CHUNK = 16  # clients per prototype pass, to bound the (K, T, D) gather
 
 
 @dataclass(frozen=True)
-class FedProtoParams:
+class FedProtoParams(Checked):
     lam: NonNegative = 1.0  # weight of the prototype loss; the official code's --ld default (README)
     # "classifier": the client's own head; "proto": the nearest global prototype (the official code reports both)
     predict: Literal["classifier", "proto"] = "classifier"
@@ -48,11 +47,6 @@ class FedProtoParams:
     # A class no sampled client holds this round: "keep" its previous global prototype; "drop" it
     # (the official code and PFLlib rebuild the prototype set from this round's uploads only).
     missing: Literal["keep", "drop"] = "keep"
-
-    def __post_init__(self) -> None:
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"fedproto {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
 @METHODS.register("fedproto")
@@ -215,9 +209,6 @@ def _by_prototype(method: FedProto, server: Params, states: Params, x: torch.Ten
 
 
 PREDICTORS = {"classifier": _by_classifier, "proto": _by_prototype}
-CHOICES = {"predict": tuple(PREDICTORS), "local_protos": ("after", "last-epoch", "every-epoch"),
-           "aggregation": ("weighted", "uniform"), "init": ("per-client", "shared"),
-           "loss_rows": ("with-prototype", "all"), "missing": ("keep", "drop")}
 
 # The reference algorithm researchers run as "FedProto" (PFLlib's clientproto/serverproto, which follow
 # the official code's training step): every option that differs from the defaults above. The optimizer,

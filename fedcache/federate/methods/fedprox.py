@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcache.config import NonNegative
 from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
-from fedcache.federate.settings import NonNegative
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import Annotated, Literal
 
 import torch
 
+from fedcache.config import NonNegative, NonNegativeInt, Positive, PositiveInt, Range, UnitOpen
 from fedcache.errors import ConfigError
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
-from fedcache.federate.settings import NonNegative, NonNegativeInt, Positive, PositiveInt, Range, UnitOpen
 from fedcache.heads import Params, expand
 
 log = logging.getLogger(__name__)

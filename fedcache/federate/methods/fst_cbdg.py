@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedcache.errors import ConfigError
+from fedcache.config import Checked, Fraction, NonNegative, PositiveInt
 from fedcache.federate.local import train
 from fedcache.federate.methods import _fst_cbdg as cbdg
 from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits, prototype_anchors, require_linear,
@@ -22,7 +22,6 @@ from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits,
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.prototypes import padded_rows
 from fedcache.federate.text import text_from_info
-from fedcache.federate.settings import Fraction, NonNegative, PositiveInt
 from fedcache.federate.stacking import per_run, stackable
 from fedcache.heads import Params, expand
 
@@ -32,7 +31,7 @@ ZERO_SHOT_CHUNK = 8192  # rows per matrix product when computing the initial pse
 
 
 @dataclass(frozen=True)
-class FSTCBDGParams:
+class FSTCBDGParams(Checked):
     beta: Fraction = 0.9  # Eq. 4 moving-average rate; paper Sec. 4.1
     lam: NonNegative = 1.0  # lambda of Eq. 8; paper Sec. 4.1
     gamma: NonNegative = 0.0  # Eq. 7; paper Sec. 4.1

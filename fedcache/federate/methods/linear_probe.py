@@ -6,14 +6,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedcache.config import Checked, Positive
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
 from fedcache.federate.probe import fit_probe
-from fedcache.federate.settings import Positive
 from fedcache.heads import Params
 
 
 @dataclass(frozen=True)
-class LinearProbeParams:
+class LinearProbeParams(Checked):
     c: Positive = 1.0  # inverse L2 strength of scikit-learn's LogisticRegression
 
 

@@ -14,11 +14,10 @@ from typing import Iterator, Literal
 
 import torch
 
-from fedcache.errors import ConfigError
+from fedcache.config import Checked, Positive
 from fedcache.federate.local import split_loss
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
-from fedcache.federate.settings import Positive
 from fedcache.heads import Params, expand, forward
 
 # Mini-batches one local step draws: D and D' (first order), plus D'' for the Hessian term (HF).
@@ -27,19 +26,13 @@ ADAPT = 2**31 + 1  # shuffling stream of the evaluation-time adaptation batch, d
 
 
 @dataclass(frozen=True)
-class PerFedAvgParams:
+class PerFedAvgParams(Checked):
     # Step size of the personalisation step. The pFedMe repository (which implements Per-FedAvg) runs
     # it with --learning_rate 0.005 --beta 0.001; beta, the outer step, is the learning rate of the
     # run's optimizer (the perfedavg preset: SGD 0.001).
     alpha: Positive = 0.005
     variant: Literal["fo", "hf"] = "fo"  # "fo": first-order Per-FedAvg; "hf": Hessian-free (Hessian-vector product)
     aggregate: Literal["uniform", "samples"] = "uniform"  # paper: uniform over the sampled clients
-
-    def __post_init__(self) -> None:
-        if self.variant not in BATCHES:
-            raise ConfigError(f"perfedavg variant must be one of {sorted(BATCHES)}, got {self.variant!r}")
-        if self.aggregate not in ("uniform", "samples"):
-            raise ConfigError(f"perfedavg aggregate must be uniform or samples, got {self.aggregate!r}")
 
 
 @METHODS.register("perfedavg")

@@ -6,17 +6,18 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB, drop_incomplete
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.prototypes import class_means
-from fedcache.federate.train import resolve_settings
+from tests.resolve import resolve_settings
 from tests.federate.conftest import synthetic
 
 
 def make(data, **params):
     cls = METHODS.get("fedproto")
-    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.01, 0.0, 0.0), local_epochs=2, batch_size=16, seed=0, rounds=2)
+    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.01, 0.0, 0.0), schedule=Schedule(local_epochs=2, batch_size=16, seed=0, rounds=2))
     return cls(ctx, cls.Params(**params))
 
 

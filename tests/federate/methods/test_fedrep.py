@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.local import step_plan, train
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
@@ -20,7 +21,7 @@ BODY = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
 def fedrep(head_epochs: int):
     data = synthetic(n_clients=3, per_client=20, n_classes=4, dim=6)
     cls = METHODS.get("fedrep")
-    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), local_epochs=1, batch_size=8)
+    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), schedule=Schedule(local_epochs=1, batch_size=8))
     return cls(ctx, cls.Params(head_epochs=head_epochs)), data
 
 
@@ -123,7 +124,7 @@ def test_clients_are_scored_with_the_global_body_and_their_own_classifier():
 def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights):
     data = synthetic(n_clients=2, n_classes=4, dim=6, sizes=[8, 24])
     cls = METHODS.get("fedrep")
-    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), batch_size=8),
+    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), schedule=Schedule(batch_size=8)),
             cls.Params(head_epochs=1, aggregate=aggregate))
     got = m.local_update(0, [0, 1], m.init_server(), m.init_clients(2))
     torch.testing.assert_close(got.weights, torch.tensor(weights))
@@ -137,7 +138,6 @@ def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights
 @pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])
 def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
     """FedPCL sets E = 1 for every method: FedRep's cells resolve to 1 classifier epoch + 1 body epoch."""
-    from fedcache.federate.train import resolve
     from fedcache.presets import PRESETS
     from fedcache.sweep import GridSpec, cells, train_config
 
@@ -150,5 +150,5 @@ def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
         for cell in cells(spec):
             run = train_config(spec, cell, None)
             assert run.get("local_epochs") == 1
-            assert resolve(run).params.head_epochs == 1
+            assert run.method.params.head_epochs == 1
     assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched

@@ -14,7 +14,8 @@ from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import cross_view, init_encoder
-from fedcache.federate.train import TrainConfig, prepare, resolve_settings
+from fedcache.training import TrainConfig, prepare
+from tests.resolve import resolve_settings
 
 
 # ---- what the server forms from representations ----------------------------------------------------

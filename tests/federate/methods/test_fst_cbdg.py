@@ -44,7 +44,7 @@ def test_paper_presets_use_the_cited_batch_size():
 
 def test_paper_presets_train_every_method_with_the_papers_sgd():
     """Sec. 4.1: SGD lr 0.01, momentum 0.9, weight decay 1e-5 for the linear classifier, baselines included."""
-    from fedcache.federate.train import resolve_settings
+    from tests.resolve import resolve_settings
 
     for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
         for e in PRESETS.get(name).experiments:
@@ -56,7 +56,6 @@ def test_paper_presets_train_every_method_with_the_papers_sgd():
 def test_paper_presets_start_the_supervised_baselines_from_the_zero_shot_classifier(tmp_path):
     """Figure 3: FedAvg's and FedNTD's curves start at the zero-shot accuracy. Their cells resolve to init=text;
     the other methods' grids carry no such setting, and every paper number refers to the grid its method runs in."""
-    from fedcache.federate.train import resolve
     from fedcache.sweep import GridSpec, cells, train_config
 
     for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
@@ -66,7 +65,7 @@ def test_paper_presets_start_the_supervised_baselines_from_the_zero_shot_classif
         for e in p.experiments:
             spec = GridSpec(tmp_path, e.store_dataset, list(e.backbones), list(e.methods), tmp_path, list(e.seeds), dict(e.sweep))
             for cell in cells(spec):
-                params = resolve(train_config(spec, cell, None)).params
+                params = train_config(spec, cell, None).method.params
                 if cell.method in ("fedavg", "fedntd"):
                     assert params.init == "text", (name, e.key)
                 else:

@@ -1,11 +1,10 @@
-"""``fedcache train`` as a function: store -> fused features -> partition -> method -> round loop -> files."""
+"""``fedcache train`` as a function of a RunSpec: store -> fused features -> partition -> method -> the round
+driver -> the run directory. What runs above the federated engine: which data a run reads, how its
+partition is found or made, where it writes and whether it may."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +14,16 @@ from fedcache import __version__
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData, check_same_source, load_fused, load_views
 from fedcache.federate.divergence import DivergedError
-from fedcache.federate.driver import RunConfig, RunResult
-from fedcache.federate.inprocess import OnRound, run
-from fedcache.federate.methods import METHODS, Method, MethodContext
-from fedcache.federate.optim import PRESETS, OptimConfig
+from fedcache.federate.driver import Run, RunResult
+from fedcache.federate.inprocess import OnRound, run_one
+from fedcache.federate.methods import Method, MethodContext
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
 from fedcache.federate.partitions.storage import table_keys
-from fedcache.federate.rundir import RunDir
-from fedcache.federate.settings import build, parse_pairs, refuse_unused, split_settings
+from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.paths import writable_dir
-from fedcache.spec import RunSpec, ScheduleSpec
+from fedcache.spec import RunSpec, method_class, migrate_config
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
 log = logging.getLogger(__name__)
@@ -35,55 +32,15 @@ Tables = tuple[FeatureTable, FeatureTable]  # fused (train, test) features
 
 
 # The flat keyword form of a run specification (``TrainConfig(dataset=..., method=..., rounds=5)``), kept
-# for scripts written against it: every option is declared once, in fedcache/spec.py.
+# for scripts written against it: every option is declared once, in its section of the spec.
 TrainConfig = RunSpec.of
 
 
-@dataclass(frozen=True)
-class HeadChoice:
-    head: str = ""
-
-
-@dataclass(frozen=True)
-class Resolved:
-    method_cls: type[Method]
-    params: object
-    optim: OptimConfig
-    head: str
-    preset: str
-
-
-def resolve_settings(method: str, settings: list[str], preset: str | None = None, head: str | None = None) -> Resolved:
-    """The method class, its parameters, the optimizer and the head from ``--set`` pairs; no data read.
-
-    The one place ``--set`` is interpreted: ``fedcache train``, grids, the Python API and both Flower apps
-    call it, so a setting means the same thing on every engine.
-    """
-    method_cls = METHODS.get(method)
-    preset = preset or method_cls.default_preset
-    if preset not in PRESETS:
-        raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    groups = {"method": method_cls.Params, "optim": OptimConfig, "head": HeadChoice}
-    routed = split_settings(parse_pairs(settings), groups)
-    if routed["optim"] and not method_cls.uses_optimizer:
-        raise ConfigError(f"{method} trains nothing with an optimizer; remove --set "
-                          + ", ".join(f"optim.{k}" for k in routed["optim"]))
-    params = build(method_cls.Params, routed["method"])
-    optim = build(OptimConfig, routed["optim"], base=PRESETS[preset])
-    refuse_unused(routed["method"], params, "method", method)
-    refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
-    return Resolved(method_cls, params, optim, routed["head"].get("head") or head or method_cls.default_head, preset)
-
-
-def resolve(spec: RunSpec) -> Resolved:
-    """The method class, its parameters, the optimizer and the head of a spec's method, optim and head
-    sections (a RunSpec, or a Flower run, which has them too): every ``--set`` checked, no data read."""
-    return resolve_settings(spec.method.name, list(spec.method.settings), spec.optim.preset, spec.head.name)
-
-
-def instantiate(r: Resolved, data: FederatedData, s: ScheduleSpec) -> Method:
-    """The method on ``data``, as every engine builds it."""
-    return r.method_cls(MethodContext(data, r.head, r.optim, s.local_epochs, s.batch_size, s.seed, s.rounds), r.params)
+def instantiate(spec, data: FederatedData) -> Method:
+    """The method on ``data``, as every engine builds it: the spec's (or a Flower run's) method, optimizer,
+    head and schedule sections."""
+    cls = method_class(spec.method.name)
+    return cls(MethodContext(data, spec.head.name, spec.optim, spec.schedule), spec.method.params)
 
 
 def check_out(spec: RunSpec) -> None:
@@ -114,23 +71,23 @@ def _check_trackers(spec: RunSpec) -> None:
 
 
 def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
-    """Everything before the first round: data, partition, method; returns the resolved config too."""
-    r = resolve(spec)
-    warn_unused_options(spec, r)
-    data, part_info = load_data(spec, tables, views=r.method_cls.uses_views)
-    method = instantiate(r, data, spec.schedule)
-    return method, _resolved(spec, method, r, part_info, data)
+    """Everything before the first round: data, partition, method; returns the run's config.json too."""
+    cls = method_class(spec.method.name)
+    warn_unused_options(spec, cls)
+    data, part_info = load_data(spec, tables, views=cls.uses_views)
+    method = instantiate(spec, data)
+    return method, run_config(spec, part_info, data)
 
 
-def warn_unused_options(spec: RunSpec, r: Resolved) -> None:
+def warn_unused_options(spec: RunSpec, cls) -> None:
     """Run options a method without an optimizer never reads are said, not dropped. A warning, not an
     error: a grid (e.g. FST-CBDG's, with clip-zs beside the trained methods) applies them to every method."""
-    if r.method_cls.uses_optimizer:
+    if cls.uses_optimizer:
         return
     s, defaults = spec.schedule, type(spec.schedule)()
     unused = [f"--{k.replace('_', '-')} {getattr(s, k)}" for k in ("local_epochs", "batch_size")
               if getattr(s, k) != getattr(defaults, k)]
-    unused += [f"--preset {spec.optim.preset}"] if spec.optim.preset else []
+    unused += [f"--preset {spec.optim.preset}"] if spec.optim.preset != cls.default_preset else []
     if unused:
         log.warning("%s trains nothing with an optimizer: %s not used", spec.method.name, ", ".join(unused))
 
@@ -161,23 +118,9 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
     return attach_text(data, store, list(d.backbones)), info
 
 
-DEFAULT_CLIENTS = 10
-DOMAIN_SCHEMES = ("domain", "domain-dirichlet")
-
-
 def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
-    """The partition ``spec`` asks for; without ``clients``, the count follows from the data: one client
-    per domain (``clients_per_domain`` each) for domain partitions, DEFAULT_CLIENTS otherwise."""
-    p = spec.partition
-    clients = p.clients
-    if clients is None:
-        clients = n_domains * (p.clients_per_domain or 1) if p.scheme in DOMAIN_SCHEMES else DEFAULT_CLIENTS
-    return PartitionRequest(
-        scheme=p.scheme, n_clients=clients, seed=spec.schedule.seed, alpha=p.alpha, shards=p.shards,
-        clients_per_domain=p.clients_per_domain, few_shot=p.few_shot, subsample=p.subsample,
-        classes_per_client=p.classes_per_client, repeat_rate=p.repeat_rate, local_test=p.local_test,
-        class_budget=p.class_budget, local_test_mix=p.local_test_mix,
-    )
+    """The partition ``spec`` asks for on data of ``n_domains`` domains, seeded by the run's seed."""
+    return PartitionRequest(spec.partition, spec.partition.n_clients(n_domains), spec.schedule.seed)
 
 
 def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
@@ -196,14 +139,12 @@ def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
     return [spare[rows] for rows in picked]
 
 
-def _resolved(spec: RunSpec, method: Method, r: Resolved, part_info: dict, data: FederatedData) -> dict:
-    """config.json: the spec as given (``RunSpec.from_dict(config["spec"])`` gives it back), what it
-    resolved to (the method's parameters, the optimizer, the head), the partition and the data."""
+def run_config(spec: RunSpec, part_info: dict, data: FederatedData) -> dict:
+    """config.json: the spec's tree (``RunSpec.from_dict(config["spec"])`` gives it back), the partition and
+    the data it ran on."""
     return {
         "fedcache_version": __version__,
         "spec": spec.to_dict(),
-        "resolved": {"method_params": dataclasses.asdict(r.params), "optimizer": dataclasses.asdict(r.optim),
-                     "head": method.ctx.head, "preset": r.preset},
         "partition": part_info,
         "data": {"dim": data.dim, "classes": list(data.class_names), "domains": list(data.domain_names),
                  "client_train_sizes": data.sizes().tolist(), "client_test_sizes": [len(r) for r in data.client_test],
@@ -216,16 +157,17 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
     """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
     check_out(spec)
     method, resolved = prepare(spec, tables)
-    e, s = spec.engine, spec.schedule
+    e = spec.engine
     if e.out is not None:
         if e.overwrite:
             RunDir(e.out).clear()
         _prepare_out(spec, resolved)
     trackers = _open_trackers(spec, resolved, run_name)
-    cfg = RunConfig(s.rounds, s.fraction, s.eval_every, e.batched, e.out, e.resume, e.keep_checkpoints)
+    out = RunDir(e.out, e.keep_checkpoints) if e.out is not None else None
+    r = Run(method, spec.schedule, out, {"partition_id": resolved["partition"]["partition_id"]})
     t0 = time.perf_counter()
     try:
-        result = run(method, cfg, _tracked(on_round, trackers), {"partition_id": resolved["partition"]["partition_id"]})
+        result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume)
     except BaseException as exc:
         for t in trackers:
             t.fail()
@@ -246,7 +188,7 @@ def _open_trackers(spec: RunSpec, resolved: dict, run_name: str | None) -> list:
     from fedcache.trackers import open_trackers
 
     name = run_name or (Path(spec.engine.out).name if spec.engine.out else spec.method.name)
-    settings = {"spec": resolved["spec"], **resolved["resolved"]}
+    settings = {"spec": resolved["spec"]}
     return open_trackers(list(spec.engine.track), Path(spec.engine.track_dir or spec.engine.out), name, settings)
 
 
@@ -267,7 +209,7 @@ def _tracked(on_round: OnRound | None, trackers: list) -> OnRound | None:
 def _prepare_out(spec: RunSpec, resolved: dict) -> None:
     out = RunDir(spec.engine.out)
     if spec.engine.resume:
-        differ = out.differences(resolved)
+        differ = same_run(out, resolved)
         if differ is None:
             raise ConfigError(f"--resume: {out.path} has no config.json; start the run without --resume")
         if differ:
@@ -275,3 +217,12 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
                               "same options, --overwrite to replace the run, or a new --out")
         return
     out.write_config(resolved)
+
+
+def same_run(out: RunDir, config: dict) -> list[str] | None:
+    """How ``config`` differs from the run recorded in ``out`` (its config.json read in today's layout): the
+    keys that differ, a spec's as ``section.field``; None when ``out`` records none."""
+    saved = out.config()
+    if saved is None:
+        return None
+    return [k.removeprefix("spec.") for k in same_config(migrate_config(saved), config)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedcache.federate.train import train
+from fedcache.training import train
 from fedcache.spec import RunSpec
 
 
@@ -43,7 +43,7 @@ def _similarity(a: dict, b: dict) -> np.ndarray:
 
 
 def _client_names(cfg: RunSpec, result) -> list[str]:
-    from fedcache.federate.train import load_data
+    from fedcache.training import load_data
 
     data, _ = load_data(cfg)
     names = []
