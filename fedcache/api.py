@@ -131,7 +131,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
 def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
     from fedcache.spec import parse_axes
-    from fedcache.sweep import GridSpec, load_toml, option_axes
+    from fedcache.grids import GridSpec, load_toml, option_axes
 
     fields = load_toml(Path(config)) if config else {}
     settings = given.pop("settings", None)
@@ -167,7 +167,7 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
     ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts.
     """
-    from fedcache.sweep import run_grid
+    from fedcache.grids import run_grid
 
     spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
                      seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fedcache.errors import ConfigError
@@ -164,6 +166,8 @@ def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{given}: must be a finite number")
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif base is Path:  # a path given as text is a path
+        ok = isinstance(value, (str, os.PathLike))
     elif isinstance(base, type):
         ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
     else:

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 from fedcache.config import Checked, Choices, Opt, PositiveInt, base_type, fields_of, flag_of, opt, option_name, parse
 from fedcache.errors import ConfigError
-from fedcache.federate.optim_config import PRESETS, OptimConfig
+from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
 
@@ -319,7 +319,7 @@ class RunSpec:
 
 
 def settings_of(method: MethodSpec, optim: OptimConfig) -> list[str]:
-    base_params, base_optim = type(method.params)(), PRESETS.get(optim.preset, OptimConfig())
+    base_params, base_optim = type(method.params)(), OPTIMIZER_PRESETS.get(optim.preset, OptimConfig())
     pairs = [f"method.{k}={_text(v)}" for k, v in dataclasses.asdict(method.params).items()
              if getattr(base_params, k) != v]
     pairs += [f"optim.{k}={_text(v)}" for k, v in dataclasses.asdict(optim).items()
@@ -381,7 +381,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     fresh = base is None or name != base.method.name
     cls = method_class(name)
     preset = preset or (cls.default_preset if fresh else base.optim.preset)
-    optim = base.optim if not fresh and preset == base.optim.preset else PRESETS[preset]
+    optim = base.optim if not fresh and preset == base.optim.preset else OPTIMIZER_PRESETS[preset]
     params = cls.Params() if fresh else base.method.params
     head = head or (None if fresh else base.head.name)
     routed = _route_settings(settings, name)

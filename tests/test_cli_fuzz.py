@@ -50,11 +50,11 @@ def _pool(good: list[str], bad: list[str]) -> list[str]:
 
 def _names(option: Option) -> list[str]:
     from fedcache.federate.methods import METHODS
-    from fedcache.federate.optim_config import PRESETS
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS
     from fedcache.federate.partitions import PARTITIONERS
     from fedcache.heads import HEADS
 
-    known = {"partition": list(PARTITIONERS.names()), "method": list(METHODS.names()), "preset": list(PRESETS),
+    known = {"partition": list(PARTITIONERS.names()), "method": list(METHODS.names()), "preset": list(OPTIMIZER_PRESETS),
              "head": list(HEADS.names()), "engine": ["in-process", "flower-sim"], "track": ["tensorboard", "mlflow"],
              "keep_checkpoints": ["last", "none", "all"]}
     return [n for n in known.get(option.name, []) if n not in AVOID.get(option.name, set())]

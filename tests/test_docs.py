@@ -97,7 +97,7 @@ TOML_BLOCK = re.compile(r"```toml\n(.*?)```", re.S)
 
 
 def test_documented_grid_files_load(tmp_path):
-    from fedcache.sweep import GridSpec, load_toml
+    from fedcache.grids import GridSpec, load_toml
 
     blocks = TOML_BLOCK.findall((DOCS / "getting-started.md").read_text())  # the grid files (other pages show Flower's)
     assert blocks, "docs/getting-started.md shows a grid TOML file"

@@ -173,7 +173,7 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     from dataclasses import dataclass
 
     from fedcache.federate.methods import METHODS
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     @dataclass(frozen=True)
     class Params:
@@ -192,7 +192,7 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
 
 
 def test_grid_switches_and_qualified_keys_reach_the_cells(tmp_path):
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
                     sweep={"batched": ["false"], "schedule.rounds": ["2", "4"], "lr": ["0.1"]})
@@ -259,7 +259,7 @@ def test_a_run_option_flag_of_grid_is_that_option_even_where_a_method_has_a_sett
     short key `alpha`, which perfedavg's own alpha makes ambiguous. A flag names the run option: it reaches
     the partition, perfedavg's alpha stays its default, and grids without such a method keep the short key."""
     from fedcache.api import grid_spec
-    from fedcache.sweep import cells, train_config
+    from fedcache.grids import cells, train_config
 
     common = dict(store=tmp_path, dataset="d", backbones="b", out=tmp_path / "g", option_axes={"alpha": ["1", "0.1"]})
     grid = grid_spec(methods="perfedavg,fedavg", **common)

@@ -32,7 +32,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
     --rounds 5 --set lr=0.001,0.01 --seeds 0,1 -o runs/grid`."""
     from fedcache.api import grid_spec
-    from fedcache.sweep import run_grid
+    from fedcache.grids import run_grid
 
     how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
     engine = {o.name: train_options.pop(o.name) for o in grid_options()}

@@ -14,7 +14,7 @@ import torch
 from torch.optim.adam import adam as _torch_adam
 from torch.optim.sgd import sgd as _torch_sgd
 
-from fedcache.federate.optim_config import PRESETS, OptimConfig, describe  # noqa: F401  (re-exported)
+from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig, describe  # noqa: F401  (re-exported)
 
 Params = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)

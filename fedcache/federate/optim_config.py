@@ -13,7 +13,7 @@ def _presets() -> tuple[str, ...]:
 
 
 def _preset_help() -> str:
-    return ("Optimizer defaults: " + "; ".join(f"{n} ({describe(c)})" for n, c in PRESETS.items())
+    return ("Optimizer defaults: " + "; ".join(f"{n} ({describe(c)})" for n, c in OPTIMIZER_PRESETS.items())
             + "; default: the method's (`fedcache methods`).")
 
 
@@ -52,7 +52,7 @@ _PRESET_ROWS = {
     "pfedme": ("sgd", 5e-3, 0.0, 0.0),
     "perfedavg": ("sgd", 1e-3, 0.0, 0.0),
 }
-PRESETS = {name: OptimConfig(*row, preset=name) for name, row in _PRESET_ROWS.items()}
+OPTIMIZER_PRESETS = {name: OptimConfig(*row, preset=name) for name, row in _PRESET_ROWS.items()}
 
 
 def describe(cfg: OptimConfig) -> str:

@@ -16,7 +16,7 @@ from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods import _fst_cbdg as S
 from fedcache.federate.methods._clip import prototype_anchors, unit
-from fedcache.federate.optim import PRESETS, OptimConfig
+from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.text import attach_text, load_text_anchors, text_anchors
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import TextKey
@@ -69,7 +69,7 @@ def biased_problem(shards: int | None = None, seed: int = 0, n_clients: int = 20
     return data
 
 
-def make(name: str, data: FederatedData, seed: int = 0, rounds: int = 10, optim: OptimConfig = PRESETS["fst-cbdg"], **params):
+def make(name: str, data: FederatedData, seed: int = 0, rounds: int = 10, optim: OptimConfig = OPTIMIZER_PRESETS["fst-cbdg"], **params):
     cls = METHODS.get(name)
     return cls(MethodContext(data, "linear", optim, Schedule(seed=seed, rounds=rounds)), cls.Params(**params))
 
@@ -241,7 +241,7 @@ def test_pseudo_labels_persist_across_rounds(refresh, iid):
     q^2 = 0.9 q^1 + 0.1 f(W^1) with W^1 the model after round 1."""
     data = dataclasses.replace(iid, client_train=[iid.client_train[0][:20]], client_test=[np.arange(50)])
     cls = METHODS.get("fst-cbdg")
-    ctx = MethodContext(data, "linear", PRESETS["fst-cbdg"], Schedule(rounds=2))
+    ctx = MethodContext(data, "linear", OPTIMIZER_PRESETS["fst-cbdg"], Schedule(rounds=2))
     p = torch.softmax(unit(data.x_train[data.client_train[0]]) @ data.info["text"].T, -1)
     one = run(cls(ctx, cls.Params(refresh=refresh)), RunConfig(rounds=1))
     torch.testing.assert_close(one.clients["q"][0], p)
@@ -356,6 +356,6 @@ def test_fast_logits_train_exactly_like_the_linear_head():
     for logits in (lambda p, x: torch.baddbmm(p["bias"], x, p["weight"]), lambda p, x: transposed_affine(p["weight"], p["bias"], x)):
         loss = lambda p, x, y, m, info, f=logits: cross_entropy(f(p, x), y, m)  # noqa: E731
         out.append(train({n: t.clone() for n, t in start.items()}, ("weight", "bias"), loss, data.x_train, data.y_train,
-                         plan, PRESETS["fst-cbdg"]))
+                         plan, OPTIMIZER_PRESETS["fst-cbdg"]))
     for n in start:
         torch.testing.assert_close(out[1][n], out[0][n])

@@ -9,7 +9,7 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import ConfigError
 from fedcache.spec import parse_axes as parse_sweep
-from fedcache.sweep import GridSpec, cells, load_toml, summary_markdown
+from fedcache.grids import GridSpec, cells, load_toml, summary_markdown
 from fedcache.table import Table
 
 from .conftest import BACKBONE
@@ -134,7 +134,7 @@ def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_gr
     import numpy as np
 
     from fedcache.federate.data import FederatedData
-    from fedcache.sweep import read_features
+    from fedcache.grids.features import read_features
 
     train_t, test_t = read_features(toy_grid / "features")
     assert isinstance(train_t.features, np.memmap) and train_t.features.dtype == np.float32

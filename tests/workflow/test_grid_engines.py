@@ -151,7 +151,7 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
 def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store, tmp_path, monkeypatch):
     """Batches finish side by side in workers: one that removed the emptied batches/ folder itself raced
     another doing the same (FileNotFoundError). Only the grid, after every batch, removes it."""
-    from fedcache import sweep
+    from fedcache.grids import batches as sweep
 
     monkeypatch.setattr(sweep, "_remove_if_empty", lambda path: None)
     out = tmp_path / "g"
@@ -160,7 +160,7 @@ def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store
     assert (out / "batches").is_dir() and not any((out / "batches").iterdir())
 
 
-# ---- which cells share a batch (sweep_batched._key), checked for every option and setting ----------------
+# ---- which cells share a batch (grids.batches._key), checked for every option and setting ----------------
 def _other(typ, default):
     """A value of this (annotated) type other than ``default``; None where there is none to offer."""
     from fedcache.config import base_type, choices as choices_of
@@ -197,11 +197,11 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
     import dataclasses
 
     from fedcache.config import fields_of
-    from fedcache.federate.optim_config import PRESETS
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS
     from fedcache.federate.stacking import stacking_of
     from fedcache.heads import HEADS
     from fedcache.spec import MethodSpec, RunSpec, method_class, options
-    from fedcache.sweep_batched import _draws, _key, _why_alone
+    from fedcache.grids.batches import _draws, _key, _why_alone
 
     base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
     declared = stacking_of(method_class(method))
@@ -221,7 +221,7 @@ def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federati
         else:
             assert _key(cfg) != key, f"cells differing in {o.key} would share a batch"
     assert _why_alone(base.replace(batched=False)) == "--no-batch trains each client alone"
-    for preset, optim in PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
+    for preset, optim in OPTIMIZER_PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
         cfg = base.replace(preset=preset)
         assert (_key(cfg) == key) == (optim.optimizer == base.optim.optimizer), preset
     params = base.method.params
@@ -358,7 +358,7 @@ def test_a_cell_with_nothing_to_stack_with_runs_as_its_own_run(toy_store, tmp_pa
 def test_cells_of_one_partition_and_seed_stack_together_and_lone_cells_join_across_draws():
     """Cells that draw alike stack together (their batch steps no longer than each of them); the cells alone in
     their draws form batches of their own, and one such cell left over joins the smallest batch with room."""
-    from fedcache.sweep_batched import _parts
+    from fedcache.grids.batches import _parts
 
     alone: dict = {}
     assert _parts({"a": [1, 2, 3], "b": [4, 5], "c": [6], "d": [7]}, 10, [], alone) == [[1, 2, 3], [4, 5], [6, 7]]

@@ -104,7 +104,7 @@ def test_combined_presets_hold_every_table_and_number():
 
 def test_tpfl_tables_run_every_method_with_the_papers_adam():
     """TPFL Sec. 4.1 states one optimizer, Adam 1e-3: PromptFL's row must not fall back to its own SGD default."""
-    from fedcache.federate.optim_config import PRESETS as OPTIM
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS as OPTIM
 
     for name in ("tpfl-table1", "tpfl-table2"):
         for e in ps.PRESETS.get(name).experiments:
@@ -129,10 +129,10 @@ def _experiments():
 def test_every_preset_cell_resolves(name, experiment, tmp_path):
     """Each cell's options and --set keys are ones its method accepts and uses (the check a grid makes
     before any work): a preset cannot ask for a setting the method would refuse or ignore."""
-    from fedcache import sweep
+    from fedcache.grids import run as grid_run
     from fedcache.api import grid_spec
 
     e = experiment
     spec = grid_spec(store=tmp_path / "none.zarr", dataset=e.store_dataset, backbones=list(e.backbones),
                      methods=list(e.methods), sweep=dict(e.sweep), seeds=list(e.seeds), out=tmp_path / e.key)
-    sweep._check_cells(spec, sweep.cells(spec))
+    grid_run._check_cells(spec, grid_run.cells(spec))

@@ -131,7 +131,7 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
 
 def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
     """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
-    from fedcache.sweep import _holds_runs
+    from fedcache.grids.run import _holds_runs
 
     cell = tmp_path / "validation" / "cells" / "fedavg__lr=1e30__seed=0"
     cell.mkdir(parents=True)

@@ -2,7 +2,7 @@
 import pytest
 
 from fedcache.errors import ConfigError
-from fedcache.selection import choose
+from fedcache.grids.select import choose
 
 
 def rows():

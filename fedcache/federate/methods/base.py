@@ -105,7 +105,7 @@ class Method:
     description: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
     default_head: ClassVar[str] = "linear"
-    default_preset: ClassVar[str] = "default"  # optimizer preset (optim.PRESETS) of the paper it is compared in
+    default_preset: ClassVar[str] = "default"  # optimizer preset (optim_config.OPTIMIZER_PRESETS) of the paper it is compared in
     personalized: ClassVar[bool] = False  # predictions differ per client
     has_global_model: ClassVar[bool] = True  # a model the global test set can be scored on
     federated: ClassVar[bool] = True  # False: no communication (solo, centralized, linear-probe)

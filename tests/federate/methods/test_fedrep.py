@@ -139,7 +139,7 @@ def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights
 def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
     """FedPCL sets E = 1 for every method: FedRep's cells resolve to 1 classifier epoch + 1 body epoch."""
     from fedcache.presets import PRESETS
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     p = PRESETS.get(preset)
     rep = [e for e in p.experiments if "fedrep" in e.methods]

@@ -56,7 +56,7 @@ def test_paper_presets_train_every_method_with_the_papers_sgd():
 def test_paper_presets_start_the_supervised_baselines_from_the_zero_shot_classifier(tmp_path):
     """Figure 3: FedAvg's and FedNTD's curves start at the zero-shot accuracy. Their cells resolve to init=text;
     the other methods' grids carry no such setting, and every paper number refers to the grid its method runs in."""
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     for name in ("fst-cbdg-table1", "fst-cbdg-table2"):
         p = PRESETS.get(name)

@@ -13,7 +13,7 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.perfedavg import ADAPT, meta_gradient
-from fedcache.federate.optim import PRESETS, OptimConfig
+from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
 from tests.resolve import resolve_settings
 
 from ..conftest import synthetic
@@ -54,7 +54,7 @@ def test_the_default_is_the_papers_update():
 def test_meta_step_matches_hand_computation():
     """temp = w - alpha grad f(w; D); w <- w - beta grad f(temp; D') (first order)."""
     alpha, beta, w = 0.1, 0.5, 2.0
-    m = make(dataclasses.replace(PRESETS["perfedavg"], lr=beta), alpha=alpha)
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["perfedavg"], lr=beta), alpha=alpha)
     a, b = batch_means(m, 0)
     assert a != b
     want = []
@@ -71,14 +71,14 @@ def test_hessian_free_step_matches_hand_computation():
     """HF: w <- w - beta (I - alpha H(w; D'')) grad f(temp; D'); H = 1 here. Client 1's single batch is
     D, D' and D''."""
     alpha, beta, w = 0.1, 0.5, 2.0
-    m = make(dataclasses.replace(PRESETS["perfedavg"], lr=beta), alpha=alpha, variant="hf")
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["perfedavg"], lr=beta), alpha=alpha, variant="hf")
     got = m.local_update(0, [1], {"w": torch.tensor([[w]])}, {}).uploads["w"]
     torch.testing.assert_close(got, torch.tensor([[w - beta * (1 - alpha) * (w - alpha * (w - 3.0) - 3.0)]]))
 
 
 @pytest.mark.parametrize("aggregate, weights, want", [("uniform", (1.0, 1.0), 4.5), ("samples", (4.0, 2.0), 4.0)])
 def test_server_averages_uniformly_or_by_samples(aggregate, weights, want):
-    m = make(PRESETS["perfedavg"], aggregate=aggregate)
+    m = make(OPTIMIZER_PRESETS["perfedavg"], aggregate=aggregate)
     result = m.local_update(0, [0, 1], {"w": torch.tensor([[0.0]])}, {})
     torch.testing.assert_close(result.weights, torch.tensor(weights))
     result.uploads = {"w": torch.tensor([[3.0], [6.0]])}
@@ -113,7 +113,7 @@ def test_personalised_score_is_one_alpha_step_on_a_fixed_training_batch():
     alpha, clients = 0.5, [0, 1]
     data = synthetic(n_clients=2, per_client=20, n_classes=3, dim=4)
     cls = METHODS.get("perfedavg")
-    m = cls(MethodContext(data, "linear", PRESETS["perfedavg"], schedule=Schedule(batch_size=8)), cls.Params(alpha=alpha))
+    m = cls(MethodContext(data, "linear", OPTIMIZER_PRESETS["perfedavg"], schedule=Schedule(batch_size=8)), cls.Params(alpha=alpha))
     server = m.init_server()
     x = data.x_test[:5].expand(2, -1, -1)
     got = m.client_logits(server, {}, clients, x)

@@ -11,7 +11,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
-from fedcache.federate.optim import PRESETS, OptimConfig
+from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
 from tests.resolve import resolve_settings
 from fedcache.heads import expand
 
@@ -62,7 +62,7 @@ def test_the_default_is_the_papers_update():
 
 def test_w_update_after_k_inner_steps_matches_hand_computation():
     eta, lam, lr, k = 0.25, 2.0, 0.1, 2
-    m = make(dataclasses.replace(PRESETS["pfedme"], lr=eta), lam=lam, personal_lr=lr, inner_steps=k)
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["pfedme"], lr=eta), lam=lam, personal_lr=lr, inner_steps=k)
     result = m.local_update(0, [0, 1], {"w": torch.tensor([[0.5]])}, {})
     w0, theta0 = by_hand(0.5, 1.0, steps=2, k=k, personal_lr=lr, lam=lam, eta=eta)
     w1, theta1 = by_hand(0.5, 3.0, steps=1, k=k, personal_lr=lr, lam=lam, eta=eta)
@@ -75,7 +75,7 @@ def test_w_update_after_k_inner_steps_matches_hand_computation():
 
 @pytest.mark.parametrize("aggregate, weights", [("uniform", (1.0, 1.0)), ("samples", (4.0, 2.0))])
 def test_aggregation_weights(aggregate, weights):
-    m = make(PRESETS["pfedme"], aggregate=aggregate)
+    m = make(OPTIMIZER_PRESETS["pfedme"], aggregate=aggregate)
     result = m.local_update(0, [0, 1], {"w": torch.tensor([[0.5]])}, {})
     torch.testing.assert_close(result.weights, torch.tensor(weights))
 
@@ -87,7 +87,7 @@ def test_aggregation_weights(aggregate, weights):
 ])
 def test_server_mixes_the_average_with_beta(aggregate, beta, want):
     """w_global <- (1 - beta) w_global + beta * average of the sampled clients' w."""
-    m = make(PRESETS["pfedme"], aggregate=aggregate, beta=beta)
+    m = make(OPTIMIZER_PRESETS["pfedme"], aggregate=aggregate, beta=beta)
     weights = m.local_update(0, [0, 1], {"w": torch.tensor([[0.0]])}, {}).weights
     result = LocalResult({}, {"w": torch.tensor([[3.0], [6.0]])}, weights)
     torch.testing.assert_close(m.aggregate({"w": torch.tensor([[1.0]])}, result, [0, 1], 0)["w"], torch.tensor([[want]]))
@@ -95,7 +95,7 @@ def test_server_mixes_the_average_with_beta(aggregate, beta, want):
 
 def test_official_l2_in_the_inner_solver():
     """personal_l2 (the official optimizer's mu) adds mu * theta to the inner gradient."""
-    m = make(dataclasses.replace(PRESETS["pfedme"], lr=0.25), lam=2.0, personal_lr=0.1, inner_steps=1, personal_l2=0.5)
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["pfedme"], lr=0.25), lam=2.0, personal_lr=0.1, inner_steps=1, personal_l2=0.5)
     theta = m.local_update(0, [1], {"w": torch.tensor([[0.5]])}, {}).states["w"]
     # 0.5 - 0.1 * ((0.5 - 3) + 2 * 0 + 0.5 * 0.5)
     torch.testing.assert_close(theta, torch.tensor([[0.5 - 0.1 * (-2.5 + 0.25)]]))
@@ -104,7 +104,7 @@ def test_official_l2_in_the_inner_solver():
 def small(head: str):
     data = synthetic(n_clients=2, per_client=16, n_classes=3, dim=4)
     cls = METHODS.get("pfedme")
-    return cls(MethodContext(data, head, PRESETS["pfedme"], schedule=Schedule(batch_size=8)), cls.Params()), data
+    return cls(MethodContext(data, head, OPTIMIZER_PRESETS["pfedme"], schedule=Schedule(batch_size=8)), cls.Params()), data
 
 
 def test_clients_are_scored_with_their_personalised_theta():

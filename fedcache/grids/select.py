@@ -7,11 +7,19 @@ report an optimistic number: the test split is read once, for the chosen values.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedcache.errors import ConfigError
+from fedcache.grids.run import CellCallback, PlanCallback, check_spec, run_cells
+from fedcache.grids.spec import RESULTS, TABLE, Cell, GridSpec, cells
+from fedcache.grids.table import grid_caption, summary_markdown
+from fedcache.table import Table
+
+VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
 
 RULE = ("the highest mean over seeds of the validation score; ties go to the value listed first; "
         "a value that diverged on any seed is not chosen")
@@ -53,3 +61,38 @@ def choose(rows: list[dict], setting_keys: list[str], select: list[str], metric:
         best = max(scored, key=lambda vm: vm[1])  # max keeps the first of equal scores: the value listed first
         choices.append(Choice(method, fixed, best[0], best[1], tuple(means)))
     return choices
+
+
+def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
+    """--select: every cell on the validation split (spare training rows) in ``out/validation``; per
+    method and other settings the selected axes' values with the best mean over seeds; those alone on
+    the test split in ``out/test``, with the same seeds and partitions. ``out/table.md`` shows the test
+    results with the chosen values; ``out/selection.json`` every candidate's validation score."""
+    if "validation" in spec.sweep:
+        raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+    check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
+    base = dataclasses.replace(spec, select=[])
+    n_tuned = len(cells(base))
+    n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
+    tuned = run_cells(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
+                      _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan)
+    choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
+    picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
+              for c in choices for seed in spec.seeds]
+    tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
+                       only=picked, on_plan=on_plan)
+    (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
+        {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
+         "candidates": [{**dict(v), "validation_score": sc, **({"diverged": True} if sc is None else {})}
+                        for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
+    caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}), then tested once"
+    tested.to_csv(spec.out / RESULTS)
+    (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption, beside=spec.select) + "\n")
+    return tested
+
+
+def _counting(on_cell: CellCallback | None, before: int, total: int) -> CellCallback | None:
+    """One count over both stages of a --select grid (validation, then test), so progress never goes back."""
+    if on_cell is None:
+        return None
+    return lambda done, _, row: on_cell(before + done, total, row)

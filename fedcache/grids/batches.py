@@ -1,4 +1,4 @@
-"""``fedcache grid --engine batched``: the grid's runs trained in stacks of federations (federate/stacked.py).
+"""The batched engine of ``fedcache grid``: the grid's runs trained in stacks of federations (federate/stacked.py).
 
 Runs that share the data, method, head, optimizer kind, round schedule and every setting that is not per row
 are grouped; a run's partition, seed and sampling fraction are its federation's own, and every step of a stack
@@ -9,8 +9,8 @@ each other. Each group is cut into batches that fit the memory budget; each batc
 computation through the round driver (federate/stacked.py), which writes every run's directory as for a run
 by itself, so results.csv, table.md, reports and resumption read them alike. A batch checkpoints under its
 own folder after every round and continues from there.
-The grid (sweep.py) decides which of its cells come here, names them (any hashable key) and writes
-what is the grid's own (cell.json, the rows); runs that cannot stack run as their own runs there.
+The grid decides which of its cells come here; runs that cannot stack run as their own runs
+(grids/processes.py), in the same pool of workers.
 """
 from __future__ import annotations
 
@@ -20,12 +20,18 @@ import json
 import logging
 import math
 import os
-from collections.abc import Hashable
+import shutil
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fedcache.grids.cells import row, run_cell, write_cell_json
+from fedcache.grids.features import read_features, tables_of
+from fedcache.grids.pool import in_workers
+from fedcache.grids.processes import execute, worker
+from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -260,3 +266,90 @@ def continuable(checkpoint: Path) -> bool:
         checkpoint.unlink()
         return False
     return True
+
+
+# ---- the engine ------------------------------------------------------------------------------------
+
+def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan) -> Iterator[tuple[Cell, dict]]:
+    """Stackable cells in batches, the others as their own runs; (cell, row) as each finishes."""
+    tables = read_features(folder)
+    runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
+    started = started_batches(spec.out / BATCHES, todo)
+    grouping = group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
+                                   started, spec.jobs)
+    _drop_stale_batches(spec.out / BATCHES, grouping.batches)
+    batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
+    alone = [c for c in todo if c in grouping.alone]
+    # Batches first (the longest tasks), then the cells that run alone, in one pool: no worker idles at a
+    # barrier between the two.
+    tasks = [(_batch_worker, (spec, batch, folder)) for batch in batches] + [(worker, (spec, c, folder)) for c in alone]
+    text = grouping.describe()
+    if spec.jobs > 1 and len(tasks) > 1:
+        text += f"; {min(spec.jobs, len(tasks))} at a time, each in a worker process of one torch thread"
+    log.info(text)
+    if on_plan:
+        on_plan(text)
+    if spec.jobs == 1 or len(tasks) <= 1:
+        for batch in batches:
+            yield from _run_batch(spec, batch, tables)
+        yield from execute(spec, alone, folder)  # in this process too: one cell at most, or --jobs 1
+    else:  # side by side, one torch thread each, as the process engine runs its cells
+        yield from in_workers(spec.jobs, tasks)
+    _remove_if_empty(spec.out / BATCHES)
+
+
+def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:
+    from fedcache.federate.divergence import DivergedError
+
+    folder = spec.out / BATCHES / batch_id([c.name for c in batch])
+    for c in batch:
+        out = spec.out / CELLS / c.name
+        out.mkdir(parents=True, exist_ok=True)
+        write_cell_json(out, c)
+    try:
+        done = run_batch(batch, tables, folder)
+    except DivergedError:
+        if not all(cfg.schedule.validation for cfg in batch.values()):
+            raise
+        # Tuning: which stacked run diverged is not known here, so each runs as its own run, which records
+        # its own divergence (run_cell); the stack's checkpoint would only replay into NaN.
+        shutil.rmtree(folder, ignore_errors=True)
+        yield from ((c, run_cell(spec, c, tables)) for c in batch)
+        return
+    for c, result in done:
+        yield c, row(c, result.summary, spec.out / CELLS / c.name)
+    # The grid removes the emptied parent once every batch is done (batches run side by side).
+    shutil.rmtree(folder)
+
+
+def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
+    """The folders of interrupted batches that no batch of this run continues, said and removed (left, they
+    would never be read again)."""
+    live = {batch_id([c.name for c in b]) for b in batches}
+    for old in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if old.name not in live:
+            log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
+                        "free memory, or some of them finished); they train from round 0", old)
+            shutil.rmtree(old)
+
+
+def _remove_if_empty(path: Path) -> None:
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+
+
+def _batch_worker(spec: GridSpec, batch: dict, folder: Path) -> list[tuple[Cell, dict]]:
+    return list(_run_batch(spec, batch, tables_of(folder)))
+
+
+def _alone(spec: GridSpec, c: Cell) -> str:
+    """Why the grid runs this cell as its own run whatever its method, or empty."""
+    from fedcache.federate.rundir import CHECKPOINT
+
+    if spec.track:
+        return "--track sends each run's metrics as it trains"
+    if spec.keep_checkpoints == "all":
+        return "--keep-checkpoints all keeps every round of each run"
+    if (spec.out / CELLS / c.name / CHECKPOINT).exists():
+        return "started as its own run (resumed as one)"
+    return ""

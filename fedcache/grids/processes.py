@@ -1,0 +1,26 @@
+"""The process engine of ``fedcache grid``: every cell its own run, ``--jobs`` at a time in worker processes
+(or in this process with one job)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from fedcache.grids.cells import run_cell
+from fedcache.grids.features import read_features, tables_of
+from fedcache.grids.pool import in_workers
+from fedcache.grids.spec import Cell, GridSpec
+
+
+def execute(spec: GridSpec, todo: list[Cell], folder: Path) -> Iterator[tuple[Cell, dict]]:
+    """(cell, row) of each cell as it finishes."""
+    if spec.jobs == 1 or len(todo) <= 1:
+        tables = read_features(folder)
+        for c in todo:
+            yield c, run_cell(spec, c, tables)
+        return
+    yield from in_workers(spec.jobs, [(worker, (spec, c, folder)) for c in todo])
+
+
+def worker(spec: GridSpec, c: Cell, folder: Path) -> list[tuple[Cell, dict]]:
+    """One cell in a worker process, on the features the process has open."""
+    return [(c, run_cell(spec, c, tables_of(folder)))]
