@@ -94,9 +94,43 @@ def printed_demo(out: str) -> Numbers:
     return probe, runs
 
 
-def mismatches(readme: Numbers, printed: Numbers) -> list[str]:
-    wrong = [f"probe {k}: README {readme[0].get(k)}, demo {v}" for k, v in printed[0].items() if readme[0].get(k) != v]
-    wrong += [f"{m}: README {readme[1].get(m)}, demo {v}" for m, v in printed[1].items() if readme[1].get(m) != v]
+# Another CPU's kernels (AVX2 against AVX-512) or another torch round differently, and 50 rounds of few-shot
+# training grow that: forcing AVX2 kernels moved the demo's accuracies by up to 1.7 points (solo) and left its
+# counts and the probe as they were. So the README's figures are exact on the platform it names, and elsewhere
+# the accuracies may differ by this much while every count stays exact.
+OTHER_PLATFORM_POINTS = 3.0
+
+
+def platform_id() -> str:
+    import platform
+
+    import torch
+
+    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {platform.machine()}"
+
+
+def readme_platform(text: str) -> str:
+    return re.search(r"platform `([^`]+)`", text[text.index(README_SECTION):]).group(1)
+
+
+def _figures(cell: str) -> list[tuple[float, bool]]:
+    """The numbers of a cell, each with whether it is a count (no decimal point: compared exactly)."""
+    return [(float(n.replace(",", "")), "." not in n) for n in re.findall(r"\d[\d,]*(?:\.\d+)?", cell)]
+
+
+def _differs(a: str | None, b: str, points: float) -> bool:
+    if a is None or not points:
+        return a != b
+    fa, fb = _figures(a), _figures(b)
+    return len(fa) != len(fb) or any(x != y if count else abs(x - y) > points for (x, count), (y, _) in zip(fa, fb))
+
+
+def mismatches(readme: Numbers, printed: Numbers, points: float = 0.0) -> list[str]:
+    """What the README shows otherwise than the demo printed: exactly, or accuracies within ``points``."""
+    wrong = [f"probe {k}: README {readme[0].get(k)}, demo {v}" for k, v in printed[0].items()
+             if _differs(readme[0].get(k), v, points)]
+    wrong += [f"{m}: README {readme[1].get(m)}, demo {v}" for m, v in printed[1].items()
+              if readme[1].get(m) is None or any(_differs(a, b, points) for a, b in zip(readme[1][m], v))]
     wrong += [f"{k}: in the README, not printed by the demo" for part in (0, 1) for k in readme[part].keys() - printed[part].keys()]
     return wrong
 
@@ -117,7 +151,8 @@ def _demo_as_readme_says(text: str) -> DemoResult:
 
 def test_the_readme_check_reads_what_the_demo_prints_and_catches_any_changed_number(monkeypatch, tmp_path, capsys):
     """The comparison of the slow test below, on the CLI's real printing of the README's own numbers: equal as
-    written, and each number of the table and probe line changed alone is caught."""
+    written, and each number of the table and probe line changed alone is caught; with another platform's
+    tolerance, a nearby accuracy passes, a far one, a count or a probe figure changed is caught."""
     from fedcache.cli import main
 
     text = (ROOT / "README.md").read_text()
@@ -135,12 +170,22 @@ def test_the_readme_check_reads_what_the_demo_prints_and_catches_any_changed_num
     for i in figures:
         changed = text[:i] + ("8" if text[i] != "8" else "7") + text[i + 1:]
         assert mismatches(readme_demo(changed), printed), f"README's {text[i:i + 8]!r} changed was not caught"
+    # On another platform: accuracies within OTHER_PLATFORM_POINTS, counts exact.
+    points = OTHER_PLATFORM_POINTS
+    assert mismatches(readme_demo(text), printed, points) == []
+    near = text.replace("| fedavg | 68.06 (16.22) | 68.06 |", "| fedavg | 69.06 (16.22) | 68.06 |")
+    assert near != text and mismatches(readme_demo(near), printed, points) == []
+    for old, new in [("| fedavg | 68.06 (16.22) | 68.06 |", "| fedavg | 72.06 (16.22) | 68.06 |"),
+                     ("| 192,050 | 768,200 |", "| 192,051 | 768,200 |"), ("`svhn` 74.9", "`svhn` 78.9")]:
+        assert old in text and mismatches(readme_demo(text.replace(old, new, 1)), printed, points), new
+    assert re.fullmatch(r"torch \S+, \w+, \w+", readme_platform(text))
 
 
 @pytest.mark.slow  # `make demo` itself: generation, three real backbones, six methods (about 7 minutes on 2 cores)
 def test_readme_demo_table_is_what_make_demo_prints(tmp_path):
     """`make demo` runs `fedcache demo` with its defaults; so does this, in an empty directory, in its own process
-    (as make does: no torch settings of this test session reach it)."""
+    (as make does: no torch settings of this test session reach it). Every number of the README's table and probe
+    line must be what it prints: exactly on the platform the README names, within OTHER_PLATFORM_POINTS elsewhere."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "fedcache.cli", "demo"], cwd=tmp_path, env=env, capture_output=True,
                           text=True)
@@ -151,4 +196,5 @@ def test_readme_demo_table_is_what_make_demo_prints(tmp_path):
     rounds = re.search(r"(\d+)\s+rounds", proc.stdout).group(1)
     readme = (ROOT / "README.md").read_text()
     assert f"{rounds} rounds" in readme[readme.index(README_SECTION):]
-    assert mismatches(readme_demo(readme), printed) == [], proc.stdout
+    points = 0.0 if platform_id() == readme_platform(readme) else OTHER_PLATFORM_POINTS  # the subprocess's too
+    assert mismatches(readme_demo(readme), printed, points) == [], f"{platform_id()}, tolerance {points}\n{proc.stdout}"
