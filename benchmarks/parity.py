@@ -54,7 +54,7 @@ CASES = [
     ("fedproto (PFLlib options)", "fedproto", "mlp", [f"method.{k}={v}" for k, v in PFLLIB.items()], "fedproto"),
     # the same reference as above: its run is not repeated
     ("fedproto (fedcache defaults, predict=proto)", "fedproto", "mlp", ["method.predict=proto"], None),
-    # the defaults with one PFLlib option each (docs/methods/fedproto.md, "Why the defaults score lower")
+    # the defaults with one PFLlib option each (docs/results/fedproto-parity.md)
     *((f"fedproto (defaults, predict=proto, {opt})", "fedproto", "mlp", ["method.predict=proto", f"method.{opt}"], None)
       for opt in ("init=shared", "drop_last=true", "local_protos=every-epoch")),
 ]

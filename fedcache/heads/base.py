@@ -41,10 +41,8 @@ class Head(Protocol):
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor: ...
 
 
-# With few outputs MKL's batched GEMM runs z @ W (K, n, D) x (K, D, C) slowly and (W^T z^T)^T is faster.
-# Kept on an interleaved A/B of benchmarks/rounds.py with and without --plain-affine (alternating
-# processes): fedavg (1280 -> 10) 1.3-2.1x faster in every pair, fedproto (256 -> 10 after its mlp) never
-# slower (docs/performance.md).
+# With few outputs MKL's batched GEMM runs z @ W (K, n, D) x (K, D, C) slowly and (W^T z^T)^T is faster
+# (docs/performance.md, "Few-class layout"; `benchmarks/rounds.py --plain-affine` runs the other layout).
 FEW_CLASSES = 10
 
 

@@ -5,7 +5,7 @@ the array's stored dtype, before compression) into the entry's ``chunk_crc32`` a
 copies them into the entry's attributes. A reader recomputes them over what it decoded, so a deleted
 chunk (Zarr reads it as fill values), a chunk copied from another entry or a corrupt one (a Zstd error,
 or bytes that decode to other values) is detected, and the entry named. Checksumming what was decoded
-costs one CRC pass over memory already read (docs/store.md gives the measured ratio); it needs no
+costs one CRC pass over memory already read (docs/performance.md measures it); it needs no
 second read of the files.
 """
 from __future__ import annotations

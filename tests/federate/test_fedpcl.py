@@ -225,7 +225,7 @@ def test_needs_the_projection_head():
                                                   ("perturb=1.5", r"must be in \[0, 1\]"),
                                                   ("noise_scale=-0.1", "must be >= 0"), ("ce_weight=-1", "must be >= 0")])
 def test_settings_out_of_range_are_refused_before_training(setting, message):
-    # tau divides every similarity (tau = 0 used to fail in round 2 with DivergedError, tau < 0 ran silently);
+    # tau divides every similarity (0 divides by zero, a negative one inverts the loss);
     # p mixes (1 - p) x + e; a scale or a loss weight below 0 means nothing.
     from tests.resolve import resolve_settings
 
