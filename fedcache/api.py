@@ -157,7 +157,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
          seeds: Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
          config: str | Path | None = None, on_cell: Callable | None = None, select: Iterable[str] | None = None,
          track: Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
-         max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None) -> Table:
+         max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None,
+         device: str | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
     ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
@@ -165,14 +166,15 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     ``select``: sweep keys chosen per method and setting on the validation split, then run once on the test
     split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
-    ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts.
+    ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts. ``device``: where
+    every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s.
     """
     from fedcache.grids import run_grid
 
     spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
                      seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,
                      select=list(select) if select else None, track=list(track) if track else None,
-                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells)
+                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device)
     return run_grid(spec, on_cell, on_plan=on_plan)
 
 

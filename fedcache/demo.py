@@ -17,7 +17,7 @@ from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, ex
 from fedcache.federate.data import load_fused
 from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.rundir import RunDir
-from fedcache.training import prepare, same_run, train
+from fedcache.training import on_device, prepare, same_run, train
 from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
@@ -110,7 +110,8 @@ def train_or_reuse(cfg: RunSpec, tables=None) -> dict:
     """The summary of a finished run with the same configuration in ``cfg.engine.out``, else a fresh run there."""
     out = cfg.engine.out
     if out is not None and RunDir(out).finished():
-        _, config = prepare(cfg, tables)
+        with on_device(cfg):
+            _, config = prepare(cfg, tables)
         if same_run(RunDir(out), config) == []:
             return RunDir(out).summary()
     if out is not None and out.exists():

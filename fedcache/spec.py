@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,8 @@ class EngineSpec(Checked):
         "in-process", name="engine", axis=False,
         help="in-process, or flower-sim (Flower's simulation engine; needs the flower extra).")
     batched: bool = opt(True, flag="--batch/--no-batch", help="Train the clients batched (--no-batch: one by one).")
+    device: str = opt("auto", axis=False, help="Where the rounds run: auto (a GPU when there is one, said once), cpu, "
+                                               "cuda, cuda:N or mps. The features, partitions and states stay there.")
     out: Path | None = opt(None, short="-o", axis=False, recorded=False,
                            help="Run directory: config.json, metrics.jsonl, summary.json.")
     resume: bool = opt(False, axis=False, recorded=False, help="Continue the run in --out from its last checkpoint.")
@@ -110,6 +113,11 @@ class EngineSpec(Checked):
                                       "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under --track-dir (a grid: under its --out).")
     track_dir: Path | None = opt(None, axis=False, recorded=False,
                                  help="Where trackers write (default: --out; a grid's cells use the grid's --out).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ConfigError(f"--device (engine.device)={self.device!r}: must be auto, cpu, cuda, cuda:N or mps")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ driver -> the run directory. What runs above the federated engine: which data a 
 partition is found or made, where it writes and whether it may."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ import numpy as np
 import torch
 
 from fedcache import __version__
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, DeviceError
 from fedcache.federate.data import FederatedData, check_same_source, load_fused, load_views
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.driver import Run, RunResult
@@ -71,12 +73,44 @@ def _check_trackers(spec: RunSpec) -> None:
 
 
 def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
-    """Everything before the first round: data, partition, method; returns the run's config.json too."""
+    """Everything before the first round: data, partition, method, on the run's device (the caller's
+    ``torch.device`` context: ``on_device``); returns the run's config.json too."""
     cls = method_class(spec.method.name)
     warn_unused_options(spec, cls)
     data, part_info = load_data(spec, tables, views=cls.uses_views)
-    method = instantiate(spec, data)
-    return method, run_config(spec, part_info, data)
+    device = torch.get_default_device()
+    method = instantiate(spec, data.to(device))
+    return method, run_config(spec, part_info, data, device)
+
+
+def run_device(request: str) -> torch.device:
+    """Where a run's rounds run: ``auto`` is the GPU when there is one (CUDA, else Apple's MPS), said once."""
+    if request == "auto":
+        return _auto_device()
+    device = torch.device(request)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"--device {request} was asked for but no CUDA GPU is visible; use --device cpu or auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("--device mps was asked for but this torch sees no Apple GPU; use --device cpu or auto")
+    return device
+
+
+@functools.cache
+def _auto_device() -> torch.device:
+    if torch.cuda.is_available():
+        log.info("rounds run on the GPU (%s); --device cpu keeps them on the CPU", torch.cuda.get_device_name())
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        log.info("rounds run on Apple's GPU (mps); --device cpu keeps them on the CPU")
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def on_device(spec: RunSpec):
+    """Within it, tensors are made on the run's device (``torch.device`` as a context: this thread only)."""
+    with torch.device(run_device(spec.engine.device)):
+        yield
 
 
 def warn_unused_options(spec: RunSpec, cls) -> None:
@@ -139,12 +173,13 @@ def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
     return [spare[rows] for rows in picked]
 
 
-def run_config(spec: RunSpec, part_info: dict, data: FederatedData) -> dict:
-    """config.json: the spec's tree (``RunSpec.from_dict(config["spec"])`` gives it back), the partition and
-    the data it ran on."""
+def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torch.device) -> dict:
+    """config.json: the spec's tree (``RunSpec.from_dict(config["spec"])`` gives it back), the device kind the
+    rounds ran on (a GPU rounds differently from a CPU), the partition and the data it ran on."""
     return {
         "fedcache_version": __version__,
         "spec": spec.to_dict(),
+        "device": device.type,
         "partition": part_info,
         "data": {"dim": data.dim, "classes": list(data.class_names), "domains": list(data.domain_names),
                  "client_train_sizes": data.sizes().tolist(), "client_test_sizes": [len(r) for r in data.client_test],
@@ -156,30 +191,40 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
           run_name: str | None = None) -> RunResult:
     """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
     check_out(spec)
-    method, resolved = prepare(spec, tables)
-    e = spec.engine
-    if e.out is not None:
-        if e.overwrite:
-            RunDir(e.out).clear()
-        _prepare_out(spec, resolved)
-    trackers = _open_trackers(spec, resolved, run_name)
-    out = RunDir(e.out, e.keep_checkpoints) if e.out is not None else None
-    r = Run(method, spec.schedule, out, {"partition_id": resolved["partition"]["partition_id"]})
-    t0 = time.perf_counter()
-    try:
-        result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume)
-    except BaseException as exc:
-        for t in trackers:
-            t.fail()
-        if isinstance(exc, DivergedError) and e.out is not None:
-            # --resume would replay the same rounds into the same NaN: say how to start this --out again.
-            raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
-                                "--overwrite, or choose another --out") from None
-        raise
+    with on_device(spec):
+        method, resolved = prepare(spec, tables)
+        e = spec.engine
+        if e.out is not None:
+            if e.overwrite:
+                RunDir(e.out).clear()
+            _prepare_out(spec, resolved)
+        trackers = _open_trackers(spec, resolved, run_name)
+        out = RunDir(e.out, e.keep_checkpoints) if e.out is not None else None
+        r = Run(method, spec.schedule, out, {"partition_id": resolved["partition"]["partition_id"],
+                                             "device": device_name(torch.get_default_device())})
+        t0 = time.perf_counter()
+        try:
+            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume)
+        except BaseException as exc:
+            for t in trackers:
+                t.fail()
+            if isinstance(exc, DivergedError) and e.out is not None:
+                # --resume would replay the same rounds into the same NaN: say how to start this --out again.
+                raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
+                                    "--overwrite, or choose another --out") from None
+            raise
     log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
     for t in trackers:
         t.close(result.summary)
     return result
+
+
+def device_name(device: torch.device) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H100 80GB HBM3)``: what summary.json says the rounds ran on."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
 def _open_trackers(spec: RunSpec, resolved: dict, run_name: str | None) -> list:

@@ -21,7 +21,7 @@ from fedcache.spec import grid_options, options
 GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out")
 GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process",
               "overwrite": "finished cells are kept; use another --out", "track_dir": "trackers write into the grid's --out"}
-GRID_HOW = ("track", "keep_checkpoints")  # how every cell runs: one value for the grid, not an axis
+GRID_HOW = ("track", "keep_checkpoints", "device")  # how every cell runs: one value for the grid, not an axis
 
 
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
@@ -34,7 +34,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     from fedcache.api import grid_spec
     from fedcache.grids import run_grid
 
-    how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
+    how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints"),
+           "device": train_options.pop("device")}
     engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
@@ -42,7 +43,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, option_axes=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
-                     keep_checkpoints=how["keep_checkpoints"], **engine)
+                     keep_checkpoints=how["keep_checkpoints"], device=how["device"], **engine)
     trained = []
     t0 = time.perf_counter()
     with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:

@@ -1,6 +1,7 @@
 """Cached features as the federated engine sees them: fused over backbones, as tensors."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,6 +123,12 @@ class FederatedData:
 
     def sizes(self) -> np.ndarray:
         return np.array([len(r) for r in self.client_train])
+
+    def to(self, device: torch.device) -> "FederatedData":
+        """The same data with its tensors (features, labels, views, class-text embeddings) on ``device``."""
+        move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        tensors = {n: move(getattr(self, n)) for n in ("x_train", "y_train", "x_test", "y_test", "views")}
+        return dataclasses.replace(self, **tensors, info={k: move(v) for k, v in self.info.items()})
 
     @classmethod
     def from_tables(cls, train: FeatureTable, test: FeatureTable, client_train, client_test, **info) -> "FederatedData":

@@ -282,7 +282,8 @@ def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list
         raise ConfigError(f"{where} is a checkpoint of {len(ck['runs'])} runs, not of these {len(runs)}; delete it to start over")
     log.info("resuming %s after round %d", ", ".join(dict.fromkeys(r.method.name for r in runs)), ck["rnd"])
     engine.load_state_dict(ck.get("engine", {}))
-    states = [state_from_checkpoint(r.method, r.schedule, saved) for r, saved in zip(runs, ck["runs"])]
+    here = torch.get_default_device()
+    states = [state_from_checkpoint(r.method, r.schedule, _to(saved, here)) for r, saved in zip(runs, ck["runs"])]
     return states, [resumed_history(r, ck["rnd"]) for r in runs]
 
 
@@ -298,6 +299,17 @@ def resumed_history(r: Run, upto: int) -> list[dict]:
         log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
                     "and report miss them: run it again with --overwrite to have them", r.out.path / METRICS, lost)
     return history
+
+
+def _to(value, device: torch.device):
+    """A checkpoint's tensors (in dicts and lists) on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    return value
 
 
 def state_from_checkpoint(method: Method, schedule: Schedule, ck: dict) -> RunState:

@@ -129,7 +129,7 @@ def client_accuracy(method: Method, state: RunState, glob: torch.Tensor | None) 
         if method.personalized:
             per_client = _personal_accuracy(method, state)
         else:
-            correct = (glob.argmax(1) == d.y_test).numpy()
+            correct = (glob.argmax(1) == d.y_test).cpu().numpy()
             per_client = np.array([100.0 * correct[rows].mean() for rows in d.client_test])
     return {"accuracy": float(per_client.mean()), "per_client": [round(float(a), 4) for a in per_client]}
 

@@ -142,7 +142,9 @@ def save_checkpoint(path: Path, ck: dict) -> None:
 def load_checkpoint(path: Path) -> dict:
     """A checkpoint in the one format (one written by fedcache before it, a run's state at the top level, is
     read as a run by itself)."""
-    ck = torch.load(path, weights_only=True)  # tensors, dicts, lists, numbers and text only: nothing executable
+    # Tensors, dicts, lists, numbers and text only: nothing executable. Read onto the CPU whatever device wrote it;
+    # the driver moves a resumed run's state to the run's device.
+    ck = torch.load(path, weights_only=True, map_location="cpu")
     if ck.get("format") == FORMAT:
         return ck
     if "server" in ck and "rnd" in ck:

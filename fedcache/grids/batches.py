@@ -26,13 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from fedcache.federate import driver
+from fedcache.federate.driver import Run
+from fedcache.federate.rundir import RunDir
+from fedcache.federate.stacked import Stacked
 from fedcache.grids.cells import row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import in_workers
-from fedcache.grids.processes import execute, worker
+from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.spec import RunSpec
+from fedcache.training import device_name, on_device, prepare, run_device
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +77,12 @@ NOTHING_TO_STACK = "no other cell of its method and settings to stack with"
 
 
 def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
-          started: list[list[Hashable]] = (), workers: int = 1) -> Grouping:
+          started: list[list[Hashable]] = (), workers: int = 1, budget: float | None = None) -> Grouping:
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
     continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
-    about that share of its group, so that one method's cells spread over the workers (a batch trains on one)."""
+    about that share of its group, so that one method's cells spread over the workers (a batch trains on one).
+    ``budget``: the bytes one batch may take (default: a share of the free host memory)."""
     groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
     alone = dict(alone)
     costs: dict[str, int] = {}
@@ -88,7 +95,7 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
             continue
         groups.setdefault(_key(cfg), {}).setdefault(_draws(cfg), []).append(key)
         costs[cfg.method.name] = max(costs.get(cfg.method.name, 0), cell_bytes(cfg, tables))
-    budget = MEMORY_SHARE * free_memory()
+    budget = MEMORY_SHARE * free_memory() if budget is None else budget
     batches, methods, limits = [], [], []
     for group_key, by_draws in groups.items():
         limit = max(1, int(budget // costs[group_key[0]]))
@@ -211,6 +218,17 @@ def cell_bytes(cfg, tables) -> int:
     return 4 * clients * (8 * params + step) + rows
 
 
+GPU_SHARE = 0.8  # of a GPU's free memory: one batch at a time uses it, and nothing else of the grid's does
+
+
+def memory_budget(device: torch.device) -> tuple[float, str]:
+    """The bytes one batch may take on ``device``, and how the plan line says it."""
+    if device.type != "cuda":
+        return MEMORY_SHARE * free_memory(), ""
+    free, total = torch.cuda.mem_get_info(device)
+    return GPU_SHARE * free, f"on {device_name(device)}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+
+
 def free_memory() -> int:
     """Bytes the system can give without swapping (MemAvailable; free pages where /proc is missing)."""
     try:
@@ -230,25 +248,23 @@ def batch_id(names: list[str]) -> str:
 def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple[Hashable, object]]:
     """Train the runs as one stack, each into its own run directory (``engine.out``), continuing the stack's
     checkpoint in ``folder`` (the caller removes the folder once it is done); (key, its ``RunResult``) per run."""
-    from fedcache.federate import driver
-    from fedcache.federate.driver import Run
-    from fedcache.federate.rundir import RunDir
-    from fedcache.federate.stacked import Stacked
-    from fedcache.training import prepare
-
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
     checkpoint = folder / "checkpoint.pt"
     resume = continuable(checkpoint)
-    stack = []
-    for cfg in runs.values():
-        method, resolved = prepare(cfg, tables)
-        out = RunDir(cfg.engine.out, cfg.engine.keep_checkpoints)
-        if not resume:
-            out.clear()
-            out.write_config(resolved)
-        stack.append(Run(method, cfg.schedule, out, {"partition_id": resolved["partition"]["partition_id"]}))
-    return list(zip(runs, driver.run(stack, Stacked(stack), resume=resume, checkpoint=checkpoint)))
+    with on_device(next(iter(runs.values()))):  # a grid's cells share the device (engine.device is no axis)
+        stack = [_stacked_run(cfg, tables, resume) for cfg in runs.values()]
+        return list(zip(runs, driver.run(stack, Stacked(stack), resume=resume, checkpoint=checkpoint)))
+
+
+def _stacked_run(cfg: RunSpec, tables, resume: bool) -> Run:
+    method, config = prepare(cfg, tables)
+    out = RunDir(cfg.engine.out, cfg.engine.keep_checkpoints)
+    if not resume:
+        out.clear()
+        out.write_config(config)
+    facts = {"partition_id": config["partition"]["partition_id"], "device": device_name(torch.get_default_device())}
+    return Run(method, cfg.schedule, out, facts)
 
 
 def continuable(checkpoint: Path) -> bool:
@@ -271,31 +287,36 @@ def continuable(checkpoint: Path) -> bool:
 # ---- the engine ------------------------------------------------------------------------------------
 
 def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan) -> Iterator[tuple[Cell, dict]]:
-    """Stackable cells in batches, the others as their own runs; (cell, row) as each finishes."""
+    """Stackable cells in batches, the others as their own runs; (cell, row) as each finishes. On a GPU every
+    batch runs in this process, one after another, as large as its memory holds (workers would each hold a
+    copy of the features and a context of their own)."""
     tables = read_features(folder)
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
+    jobs = jobs_of(spec)
+    budget, where = memory_budget(run_device(spec.device))
     started = started_batches(spec.out / BATCHES, todo)
     grouping = group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
-                                   started, spec.jobs)
+                     started, jobs, budget)
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
     alone = [c for c in todo if c in grouping.alone]
     # Batches first (the longest tasks), then the cells that run alone, in one pool: no worker idles at a
     # barrier between the two.
     tasks = [(_batch_worker, (spec, batch, folder)) for batch in batches] + [(worker, (spec, c, folder)) for c in alone]
-    text = grouping.describe()
-    if spec.jobs > 1 and len(tasks) > 1:
-        text += f"; {min(spec.jobs, len(tasks))} at a time, each in a worker process of one torch thread"
+    text = grouping.describe() + (f" ({where})" if where else "")
+    if jobs > 1 and len(tasks) > 1:
+        text += f"; {min(jobs, len(tasks))} at a time, each in a worker process of one torch thread"
     log.info(text)
     if on_plan:
         on_plan(text)
-    if spec.jobs == 1 or len(tasks) <= 1:
+    if jobs == 1 or len(tasks) <= 1:
         for batch in batches:
             yield from _run_batch(spec, batch, tables)
-        yield from execute(spec, alone, folder)  # in this process too: one cell at most, or --jobs 1
+        yield from execute(spec, alone, folder, jobs=1)  # in this process too: one cell at most, --jobs 1, or a GPU
     else:  # side by side, one torch thread each, as the process engine runs its cells
-        yield from in_workers(spec.jobs, tasks)
+        yield from in_workers(jobs, tasks)
     _remove_if_empty(spec.out / BATCHES)
+
 
 
 def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:

@@ -14,7 +14,7 @@ from fedcache.federate.rundir import same_config, write_json
 from fedcache.grids.batches import run_batched
 from fedcache.grids.cells import DIVERGED, DONE, read_done
 from fedcache.grids.features import read_features, write_features
-from fedcache.grids.processes import execute
+from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, cells, train_config
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.table import Table
@@ -58,7 +58,7 @@ def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallbac
     if spec.engine == "batched" and todo:
         return run_batched(spec, todo, folder, on_plan)
     if on_plan and todo:
-        on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(spec.jobs, len(todo))} at a time")
+        on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder)
 
 

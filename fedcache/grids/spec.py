@@ -46,6 +46,7 @@ class GridSpec:
     # How each cell runs, not what it computes (left out of the grid's identity, like jobs).
     track: list[str] = field(default_factory=list)
     keep_checkpoints: str = "last"
+    device: str = "auto"  # where every cell's rounds run (engine.device); recorded, since a GPU rounds otherwise
     engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these two (GridEngineSpec)
     max_batch_cells: int | None = None
 
@@ -118,7 +119,8 @@ def cells(spec: GridSpec) -> list[Cell]:
 def train_config(spec: GridSpec, cell: Cell, out: Path | None) -> RunSpec:
     """The cell's run: the grid's fixed options, then the cell's axes as overrides (run options and settings
     alike, each routed to the field it names: ``RunSpec.override``)."""
-    how = {"track": spec.track, "track_dir": spec.out if spec.track else None, "keep_checkpoints": spec.keep_checkpoints}
+    how = {"track": spec.track, "track_dir": spec.out if spec.track else None, "keep_checkpoints": spec.keep_checkpoints,
+           "device": spec.device}
     base = RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=cell.method,
                       seed=cell.seed, out=out, **how)
     return base.override(dict(cell.setting))

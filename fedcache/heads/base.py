@@ -86,7 +86,8 @@ def make_head(name: str, d_in: int, n_classes: int) -> Head:
 def uniform_init(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> torch.Tensor:
     """PyTorch's default Linear init (Kaiming-uniform with a=sqrt(5)), reproducible from ``gen``."""
     bound = 1.0 / fan_in**0.5
-    return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+    # Drawn where the generator is, then moved: a run on a GPU starts from the CPU run's very weights.
+    return ((torch.rand(shape, generator=gen, device=gen.device) * 2 - 1) * bound).to(torch.get_default_device())
 
 
 def stack(states: list[Params]) -> Params:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedcache.config import Checked, Fraction, NonNegative, PositiveInt
-from fedcache.federate.local import train
+from fedcache.federate.local import here, train
 from fedcache.federate.methods import _fst_cbdg as cbdg
 from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits, prototype_anchors, require_linear,
                                              unit, unit_logits)
@@ -148,8 +148,8 @@ class FSTCBDG(Method):
         plan = self.plan(rnd, clients)
         _, valid = padded_rows(rows)
         width = valid.shape[1]
-        x = [unit(c.data.x_train[torch.from_numpy(r)]) for r in rows] if self.p.refresh == "all" else None
-        lp = cbdg.LocalPass(states["q"][:, :width].clone(), torch.from_numpy(positions(plan, rows)), valid, x,
+        x = [unit(c.data.x_train[here(r)]) for r in rows] if self.p.refresh == "all" else None
+        lp = cbdg.LocalPass(states["q"][:, :width].clone(), here(positions(plan, rows)), valid, x,
                             self.streams(rnd, clients))
         info = {"pass": lp, "sizes": valid.sum(1).clamp_min(1)}
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind, plan,

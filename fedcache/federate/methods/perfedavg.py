@@ -15,7 +15,7 @@ from typing import Iterator, Literal
 import torch
 
 from fedcache.config import Checked, Positive
-from fedcache.federate.local import split_loss
+from fedcache.federate.local import here, split_loss
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
 from fedcache.heads import Params, expand, forward
@@ -56,7 +56,7 @@ class PerFedAvg(Method):
         """Consecutive mini-batches of the usual plan, grouped per step, so an epoch still sees every
         row once; where a client's last group runs short, its first batch stands in for the rest."""
         g = BATCHES[self.p.variant]
-        plan = torch.from_numpy(self.plan(rnd, clients))
+        plan = here(self.plan(rnd, clients))
         k, s, b = plan.shape
         plan = torch.cat([plan, plan.new_full((k, -s % g, b), -1)], 1).view(k, -1, g, b)
         for group in plan.unbind(1):
@@ -71,7 +71,7 @@ class PerFedAvg(Method):
         personalised model); the batch is the first of a fixed shuffle, the same every evaluation."""
         w = expand(server, len(clients))
         keys = self.trainable(w)
-        batch = self.batch(torch.from_numpy(self.plan(ADAPT, clients, epochs=1)[:, 0]))
+        batch = self.batch(here(self.plan(ADAPT, clients, epochs=1)[:, 0]))
         with torch.enable_grad():  # the loop evaluates under no_grad
             g, p = gradients(self.ce_loss, w, keys, batch)
         return forward(self.head, {**p, **{n: w[n] - self.p.alpha * g[n] for n in keys}}, x)

@@ -18,6 +18,7 @@ from fedcache.config import Checked, NonNegative, Positive, PositiveInt
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
 from fedcache.heads import Params, expand, forward
+from fedcache.federate.local import here
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class PFedMe(Method):
         keys = self.trainable(w)
         theta = dict(w)  # theta restarts from the received global model, as in the official code
         opt = StackedOptimizer(w, self.ctx.optim, keys)
-        for idx in torch.from_numpy(self.plan(rnd, clients)).unbind(1):
+        for idx in here(self.plan(rnd, clients)).unbind(1):
             batch = self.batch(idx)
             active = batch[2].any(1)
             theta = self.personalize(theta, w, keys, batch, active)
