@@ -188,7 +188,7 @@ def _key(cfg: RunSpec) -> tuple:
     params = {k: v for k, v in dataclasses.asdict(cfg.method.params).items() if k not in varying}
     s = cfg.schedule
     return (cfg.method.name, cfg.head.name, cfg.optim.optimizer, repr(sorted(params.items())), s.rounds, s.local_epochs,
-            s.batch_size, s.eval_every, s.validation, cfg.data)
+            s.batch_size, s.eval_every, s.validation, cfg.data, cfg.engine.device)
 
 
 def _draws(cfg: RunSpec) -> tuple:

@@ -184,7 +184,7 @@ def _other(typ, default):
 PER_FEDERATION_OPTIONS = {"optim.preset", "engine.batched"}
 DRAW_OPTIONS = {"schedule.seed", "schedule.fraction"}
 OTHER_VALUES = {"data.dataset": "other", "data.backbones": ("b1", "b2"), "data.store": "other.zarr",
-                "partition.scheme": "dirichlet"}
+                "partition.scheme": "dirichlet", "engine.device": "cpu"}
 PER_ROW_OPTIM = ("lr", "momentum", "weight_decay", "betas", "eps")
 
 
