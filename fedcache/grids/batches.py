@@ -77,12 +77,15 @@ NOTHING_TO_STACK = "no other cell of its method and settings to stack with"
 
 
 def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
-          started: list[list[Hashable]] = (), workers: int = 1, budget: float | None = None) -> Grouping:
+          started: list[list[Hashable]] = (), workers: int = 1, budget: float | None = None,
+          across_draws: bool = False) -> Grouping:
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
     continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
     about that share of its group, so that one method's cells spread over the workers (a batch trains on one).
-    ``budget``: the bytes one batch may take (default: a share of the free host memory)."""
+    ``budget``: the bytes one batch may take (default: a share of the free host memory). ``across_draws``: stack
+    cells of every partition and seed together (on a GPU, where a step's cost hardly grows with its rows, fewer
+    and wider stacks beat the steps that stacks of one partition save)."""
     groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
     alone = dict(alone)
     costs: dict[str, int] = {}
@@ -93,7 +96,7 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
         if why:
             alone[key] = why
             continue
-        groups.setdefault(_key(cfg), {}).setdefault(_draws(cfg), []).append(key)
+        groups.setdefault(_key(cfg), {}).setdefault(() if across_draws else _draws(cfg), []).append(key)
         costs[cfg.method.name] = max(costs.get(cfg.method.name, 0), cell_bytes(cfg, tables))
     budget = MEMORY_SHARE * free_memory() if budget is None else budget
     batches, methods, limits = [], [], []
@@ -218,6 +221,7 @@ def cell_bytes(cfg, tables) -> int:
     return 4 * clients * (8 * params + step) + rows
 
 
+ACROSS_DRAWS_ON_GPU = True  # see group(); benchmarks/grid_speed.py --device cuda measures both
 GPU_SHARE = 0.8  # of a GPU's free memory: one batch at a time uses it, and nothing else of the grid's does
 
 
@@ -295,8 +299,9 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan) -> Iter
     jobs = jobs_of(spec)
     budget, where = memory_budget(run_device(spec.device))
     started = started_batches(spec.out / BATCHES, todo)
+    device = run_device(spec.device)
     grouping = group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
-                     started, jobs, budget)
+                     started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu")
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
     alone = [c for c in todo if c in grouping.alone]
