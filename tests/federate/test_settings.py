@@ -13,7 +13,7 @@ from fedcache.federate.optim import OptimConfig
 from fedcache.config import Range, check_fields, fields_of
 from tests.resolve import resolve_settings
 
-from .test_methods import NEEDS_CLIP, skewed  # noqa: F401  (the fixture)
+from .test_methods import NEEDS_CLIP
 
 # String fields have no generic "other" value; these are valid non-defaults.
 STRING_VALUES = {"ctx_init": "a photo of a", "weights": "clip.pt", "device": "cuda", "dataset": "cifar10",
@@ -64,7 +64,7 @@ def enablers(cls, field: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("method,field", list(method_cases()))
-def test_every_method_setting_arrives(method, field, skewed):  # noqa: F811
+def test_every_method_setting_arrives(method, field, skewed):
     cls = METHODS.get(method)
     typ = fields_of(cls.Params)[field]
     text, value = other_value(field, typ, getattr(cls.Params(), field))
@@ -90,7 +90,7 @@ OPTIM_CASES = {
 
 @pytest.mark.parametrize("method", [m for m in METHODS.names() if METHODS.get(m).uses_optimizer])
 @pytest.mark.parametrize("kind", list(OPTIM_CASES))
-def test_every_optimizer_setting_arrives(method, kind, skewed):  # noqa: F811
+def test_every_optimizer_setting_arrives(method, kind, skewed):
     r = resolve_settings(method, OPTIM_CASES[kind])
     expected = {"optimizer": kind, "lr": 0.05, "weight_decay": 0.001,
                 **({"momentum": 0.5} if kind == "sgd" else {"betas": (0.8, 0.99), "eps": 1e-6})}
