@@ -1,4 +1,5 @@
-"""`fedcache train` end to end on a real store: files written, --set, fusion, partitions reused, errors."""
+"""Run orchestration (fedcache/training.py), `fedcache train` end to end on a real store: files written, --set,
+fusion, partitions reused, validation rows, the output policy, errors."""
 import json
 
 import numpy as np
@@ -8,7 +9,6 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import ConfigError, EntryNotFoundError
 from fedcache.extract.runner import ExtractConfig, extract
-from tests.resolve import resolve_settings
 from fedcache.training import TrainConfig, train
 
 SUMMARY_KEYS = {"method", "mean_accuracy", "std_accuracy", "global_accuracy", "per_client_accuracy", "worst10",
@@ -101,19 +101,6 @@ def test_deterministic_runs(store):
 def test_missing_features_name_the_extract_command(store):
     with pytest.raises(EntryNotFoundError, match="fedcache extract --store .* --dataset test-toy --backbones resnet18-birds"):
         train(cfg(store, backbones=["resnet18-birds"]))
-
-
-def test_settings_are_typed_and_unknown_keys_listed():
-    r = resolve_settings("fedprox", ["lr=0.1", "mu=0.5"])
-    assert r.params.mu == 0.5 and r.optim.lr == 0.1
-    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: init, mu; optim: optimizer, lr"):
-        resolve_settings("fedprox", ["mu_typo=1"])
-    with pytest.raises(ConfigError, match="expected a finite number"):
-        resolve_settings("fedprox", ["lr=fast"])
-    with pytest.raises(ConfigError, match="one of sgd, adam"):
-        resolve_settings("fedprox", ["optimizer=lion"])
-    with pytest.raises(ConfigError, match="key=value"):
-        resolve_settings("fedprox", ["lr"])
 
 
 def test_impossible_partition_is_a_clear_error(store):
