@@ -84,3 +84,15 @@ def test_every_method_has_params_and_a_docs_page():
     for name in METHODS.names():
         assert dataclasses.is_dataclass(METHODS.get(name).Params), name
         assert (docs / f"{name}.md").exists() and f"`{name}`" in index, f"document {name} in docs/methods/"
+
+
+def test_method_tests_are_named_after_a_method_or_a_methods_module():
+    """tests/federate/methods/ mirrors the package: test_<method>.py (its registry name, - as _) holds a method's own
+    tests, test_<module>.py those of a module the methods share (test__prompt.py for _prompt.py)."""
+    import fedcache.federate.methods as package
+
+    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py") if p.stem != "__init__"}
+    known = {n.replace("-", "_") for n in METHODS.names()} | modules
+    here = Path(__file__).resolve().parent / "methods"
+    stray = [p.name for p in sorted(here.glob("test_*.py")) if p.stem.removeprefix("test_") not in known]
+    assert not stray, f"name these after the method (its registry name, - as _) or the module they test: {stray}"
