@@ -231,7 +231,7 @@ def _tables_sentence(r: dict) -> str:
     if r["same_table_md"]:
         return "Every trial's table.md was identical across engines."
     text = ("The trials' table.md files were not all identical, though a stacked cell should compute its own run's "
-            "numbers bit for bit (tests/federate/test_batched.py): a defect to look into")
+            "numbers bit for bit (tests/federate/test_stacked.py): a defect to look into")
     d = r.get("cells_differing")
     if d:
         text += (f": in the first trial {d['differing']} of {d['cells']} cells ended with another mean accuracy than on the "

@@ -194,7 +194,7 @@ def _check_keys(cls: type, options: dict, what: str) -> None:
 
 # ---- signatures ----------------------------------------------------------------------------
 # help() and inspect.signature show the real parameters, built from the declarations the CLI uses, so
-# they cannot drift from what the functions accept (tests/workflow/test_api.py checks both).
+# they cannot drift from what the functions accept (tests/test_api.py checks both).
 def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 

@@ -16,13 +16,13 @@ from fedcache.federate.methods import METHODS
 from fedcache.federate.schedule import Schedule
 from fedcache.federate.stacked import Stacked
 
-from .test_methods import NEEDS_CLIP, make, skewed  # noqa: F401  (the fixture)
+from .test_methods import NEEDS_CLIP, make
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 PLAIN = [n for n in METHODS.names() if n not in NEEDS_CLIP]
 
 
-def test_a_run_inside_a_cpu_device_context_is_today_s_run_bit_for_bit(skewed):  # noqa: F811
+def test_a_run_inside_a_cpu_device_context_is_today_s_run_bit_for_bit(skewed):
     """The device context and the host-built index tensors change nothing on the CPU."""
     plain = run(make("fedproto", skewed), RunConfig(rounds=3, fraction=0.6))
     with torch.device("cpu"):
@@ -75,7 +75,7 @@ def _on(device: str, name: str, data, rounds: int = 3, fraction: float = 0.6, se
 @CUDA
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", PLAIN)
-def test_every_method_runs_on_the_gpu_and_agrees_with_the_cpu(name, skewed):  # noqa: F811
+def test_every_method_runs_on_the_gpu_and_agrees_with_the_cpu(name, skewed):
     cpu, gpu = _on("cpu", name, skewed), _on("cuda", name, skewed)
     assert all(t.device.type == "cuda" for t in gpu.server.values())
     assert gpu.summary["rounds"] == cpu.summary["rounds"] and gpu.summary["bytes_up"] == cpu.summary["bytes_up"]
@@ -86,7 +86,7 @@ def test_every_method_runs_on_the_gpu_and_agrees_with_the_cpu(name, skewed):  # 
 @CUDA
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedproto", "fedpcl", "fst-cbdg"])
-def test_a_stack_on_the_gpu_computes_what_its_runs_compute_alone(name, skewed):  # noqa: F811
+def test_a_stack_on_the_gpu_computes_what_its_runs_compute_alone(name, skewed):
     with torch.device("cuda"):
         data = skewed.to(torch.device("cuda"))
         runs = [Run(make(name, data, head="projection" if name == "fedpcl" else None, seed=s), Schedule(rounds=3))
@@ -100,7 +100,7 @@ def test_a_stack_on_the_gpu_computes_what_its_runs_compute_alone(name, skewed): 
 
 @CUDA
 @pytest.mark.gpu
-def test_gpu_reproducibility_of_every_method(skewed, record_property):  # noqa: F811
+def test_gpu_reproducibility_of_every_method(skewed, record_property):
     """Same seed twice on the GPU: which methods repeat bit for bit (recorded; docs/performance.md states it)."""
     exact = {}
     for name in PLAIN:

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.errors import ConfigError
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.schedule import Schedule
 from fedcache.federate.local import step_plan, train
 from fedcache.federate.methods import METHODS, MethodContext
@@ -13,6 +15,7 @@ from fedcache.federate.optim import OptimConfig
 from fedcache.heads import expand
 
 from ..conftest import synthetic
+from ..test_methods import make
 
 HEAD = ("fc2.weight", "fc2.bias")
 BODY = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
@@ -152,3 +155,21 @@ def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
             assert run.get("local_epochs") == 1
             assert run.method.params.head_epochs == 1
     assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+def test_fedrep_sends_only_the_body(skewed):
+    m = make("fedrep", skewed)
+    body = sum(t[0].numel() for n, t in m.head.init(1, torch.Generator()).items() if n in m.head.body_keys)
+    assert body == skewed.dim * 256 + 3 * 256  # fc1 weight and bias, BatchNorm weight and bias
+    s = run(m, RunConfig(rounds=2)).summary
+    assert s["bytes_up"] == s["bytes_down"] == 2 * 5 * body * 4
+    with pytest.raises(ConfigError, match="use --head mlp"):
+        make("fedrep", skewed, head="linear")
+
+
+def test_fedrep_keeps_classifiers_personal(skewed):
+    r = run(make("fedrep", skewed), RunConfig(rounds=1))
+    assert set(r.server) == {"fc1.weight", "fc1.bias", "bn.weight", "bn.bias"}
+    w = r.clients["fc2.weight"]
+    assert not torch.allclose(w[0], w[1])  # trained on different data, never averaged

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fedcache.errors import ConfigError
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
@@ -16,6 +19,7 @@ from fedcache.federate.methods.perfedavg import ADAPT, meta_gradient
 from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
 from tests.resolve import resolve_settings
 
+from .. import test_methods as generic
 from ..conftest import synthetic
 
 # Client 0: four rows, so one local step pairs two batches D, D' of two rows (their means differ
@@ -127,3 +131,28 @@ def test_personalised_score_is_one_alpha_step_on_a_fixed_training_batch():
         torch.testing.assert_close(got[i], x[i] @ weight + bias)
     assert not torch.allclose(got[0], x[0] @ server["weight"][0] + server["bias"][0])
     torch.testing.assert_close(m.client_logits(server, {}, clients, x), got)  # the same batch at every evaluation
+
+
+def test_perfedavg_first_order_and_hessian_free_steps():
+    w, alpha = {"w": torch.tensor([[2.0]])}, 0.1
+    d1, d2 = batch_of(0.5, 1.5), batch_of(3.0, 3.0)  # means 1 and 3
+    g, _ = meta_gradient(quadratic, w, ("w",), [d1, d2], alpha)
+    # temp = 2 - 0.1 * (2 - 1) = 1.9; FO gradient at temp on D2: 1.9 - 3 = -1.1
+    torch.testing.assert_close(g["w"], torch.tensor([[-1.1]]))
+    g, _ = meta_gradient(quadratic, w, ("w",), [d1, d2, d1], alpha)
+    torch.testing.assert_close(g["w"], torch.tensor([[(1 - alpha) * -1.1]]))  # (I - alpha H) g, H = 1
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+def test_perfedavg_steps_pair_consecutive_batches(skewed):
+    m = generic.make("perfedavg", skewed)
+    plan = torch.from_numpy(m.plan(0, [0, 1]))
+    groups = list(m.step_batches(0, [0, 1]))
+    assert len(groups) == math.ceil(plan.shape[1] / 2) and all(len(g) == 2 for g in groups)
+    x0 = skewed.x_train[plan[0, 0].clamp_min(0)]
+    torch.testing.assert_close(groups[0][0][0][0], x0)
+    hf = generic.make("perfedavg", skewed, variant="hf")
+    assert all(len(g) == 3 for g in hf.step_batches(0, [0]))
+    assert run(hf, RunConfig(rounds=generic.ROUNDS)).summary["mean_accuracy"] > 60
+    with pytest.raises(ConfigError, match="variant"):
+        generic.make("perfedavg", skewed, variant="so")

@@ -11,10 +11,12 @@ from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
+from fedcache.federate.methods.base import gradients
 from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
 from tests.resolve import resolve_settings
 from fedcache.heads import expand
 
+from .. import test_methods as generic
 from ..conftest import synthetic
 
 # Client 0 holds four rows of value 1, client 1 two rows of value 3; batches of 2 give client 0 two
@@ -126,3 +128,24 @@ def test_batchnorm_statistics_travel_from_theta():
     for n in m.head.buffer_keys:
         torch.testing.assert_close(r.uploads[n], r.states[n])
         assert not torch.allclose(r.uploads[n], expand(down, 2)[n])
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+@pytest.mark.parametrize("beta, want", [(1.0, 4.0), (0.5, 2.5), (2.0, 7.0)])
+def test_pfedme_server_mixes_the_average_with_beta(beta, want, skewed):
+    m = generic.make("pfedme", skewed, beta=beta)
+    server = {"w": torch.tensor([[1.0]])}
+    result = LocalResult({}, {"w": torch.tensor([[3.0], [6.0]])}, torch.tensor([2.0, 1.0]))  # average 4
+    torch.testing.assert_close(m.aggregate(server, result, [0, 1], 0)["w"], torch.tensor([[want]]))
+
+
+def test_pfedme_inner_solver_matches_hand_computation(skewed):
+    # With data gradient g, one inner step is theta - lr * (g + lam (theta - w)).
+    m = generic.make("pfedme", skewed, head="linear", inner_steps=1, personal_lr=0.1, lam=2.0)
+    w = {"weight": torch.zeros(1, skewed.dim, skewed.n_classes), "bias": torch.zeros(1, 1, skewed.n_classes)}
+    theta = {n: t + 0.5 for n, t in w.items()}
+    batch = m.batch(torch.from_numpy(skewed.client_train[0][:4])[None])
+    g, _ = gradients(m.ce_loss, theta, ("weight", "bias"), batch)
+    got = m.personalize(theta, w, ("weight", "bias"), batch, torch.tensor([True]))
+    for n in w:
+        torch.testing.assert_close(got[n], theta[n] - 0.1 * (g[n] + 2.0 * (theta[n] - w[n])))

@@ -14,7 +14,7 @@ import pytest
 from fedcache.demo import METHODS, DemoResult, run_demo
 from fedcache.federate.probe import ProbeResult
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 README_SECTION = "### What `make demo` prints"
 
 

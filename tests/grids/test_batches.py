@@ -11,7 +11,7 @@ from fedcache.cli import main
 from fedcache.federate.rundir import load_checkpoint
 from fedcache.table import Table
 
-from .conftest import BACKBONE
+from tests.conftest import BACKBONE
 
 SWEEP = {"partition": "dirichlet", "clients": [3, 4], "alpha": [0.5, 5], "rounds": 3, "lr": [0.003, 0.03]}
 

@@ -1,16 +1,52 @@
-"""Tune on validation then test once (--select), checkpoints kept as asked, --overwrite, trackers per run."""
+"""Tune on validation, then test once (fedcache/grids/select.py): per method and other setting, the values with the
+best mean validation score over seeds; a candidate that diverges loses instead of stopping the grid."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from fedcache.cli import main
 from fedcache.errors import ConfigError
-
-from .conftest import BACKBONE
+from fedcache.grids.select import choose
+from tests.conftest import BACKBONE
 
 SWEEP = {"partition": "iid", "clients": 2, "subsample": 0.5, "rounds": 2, "lr": ["0.001", "0.1"]}
+
+
+def rows():
+    out = []
+    # fedavg: lr 0.01 wins at alpha 0.1 on the mean over seeds although lr 0.001 has the best single seed.
+    for alpha, lr, scores in (("0.1", "0.001", (70, 40)), ("0.1", "0.01", (60, 58)),
+                              ("1", "0.001", (80, 80)), ("1", "0.01", (70, 75))):
+        out += [{"method": "fedavg", "alpha": alpha, "lr": lr, "seed": s, "mean_accuracy": v} for s, v in enumerate(scores)]
+    # fedprox ties: the value listed first wins.
+    out += [{"method": "fedprox", "alpha": "0.1", "lr": lr, "seed": 0, "mean_accuracy": 50} for lr in ("0.01", "0.001")]
+    return out
+
+
+def test_each_method_and_setting_gets_its_own_choice():
+    got = {(c.method, c.fixed): (c.chosen, c.score) for c in choose(rows(), ["alpha", "lr"], ["lr"])}
+    assert got[("fedavg", (("alpha", "0.1"),))] == ((("lr", "0.01"),), 59.0)
+    assert got[("fedavg", (("alpha", "1"),))] == ((("lr", "0.001"),), 80.0)
+    assert got[("fedprox", (("alpha", "0.1"),))][0] == (("lr", "0.01"),)
+
+
+def test_selecting_a_setting_that_is_not_an_axis_says_how():
+    with pytest.raises(ConfigError, match=r"--select mu: not an axis.*--set lr=1e-3,1e-2 --select lr"):
+        choose(rows(), ["alpha", "lr"], ["mu"])
+
+
+def test_a_value_that_diverged_on_any_seed_is_not_chosen():
+    """lr 0.1 scores 90 on the seed that did not diverge: averaging only that seed would choose it."""
+    rows = [{"method": "fedavg", "lr": "0.001", "seed": s, "mean_accuracy": v} for s, v in enumerate((60, 62))]
+    rows += [{"method": "fedavg", "lr": "0.1", "seed": 0, "mean_accuracy": 90},
+             {"method": "fedavg", "lr": "0.1", "seed": 1, "mean_accuracy": None, "diverged": True}]
+    (choice,) = choose(rows, ["lr"], ["lr"])
+    assert choice.chosen == (("lr", "0.001"),) and choice.score == 61.0
+    assert dict(choice.candidates) == {(("lr", "0.001"),): 61.0, (("lr", "0.1"),): None}
+    every = [{**r, "mean_accuracy": None, "diverged": True} for r in rows if r["lr"] == "0.1"]
+    with pytest.raises(ConfigError, match=r"every value of lr diverged on validation for fedavg; add smaller values"):
+        choose(every, ["lr"], ["lr"])
 
 
 def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_path):
@@ -55,57 +91,6 @@ def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
              select=["mu"])
 
 
-def train_args(toy_store, out, *extra):
-    return ["train", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
-            "--clients", "2", "--rounds", "3", "--out", str(out), *extra]
-
-
-def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
-    assert main(train_args(toy_store, tmp_path / "all", "--keep-checkpoints", "all")) == 0
-    # The result is one line in a log (not a terminal), not wrapped at the console's width.
-    result = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedavg: ")]
-    assert len(result) == 1 and len(result[0]) > 160 and result[0].endswith(str(tmp_path / "all")), result
-    assert sorted(p.name for p in (tmp_path / "all").glob("checkpoint*.pt")) == [
-        "checkpoint-round0001.pt", "checkpoint-round0002.pt", "checkpoint-round0003.pt", "checkpoint.pt"]
-    assert main(train_args(toy_store, tmp_path / "none", "--keep-checkpoints", "none")) == 0
-    assert not list((tmp_path / "none").glob("checkpoint*.pt")) and (tmp_path / "none" / "summary.json").exists()
-    # A directory holding a run is refused, and replaced with --overwrite (other files are left alone).
-    (tmp_path / "none" / "notes.txt").write_text("mine")
-    assert main(train_args(toy_store, tmp_path / "none")) == 2 and "--overwrite" in capsys.readouterr().err
-    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--rounds", "2")) == 0
-    assert json.loads((tmp_path / "none" / "summary.json").read_text())["rounds"] == 2
-    assert (tmp_path / "none" / "notes.txt").read_text() == "mine"
-    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--resume")) == 2
-
-
-def test_out_that_is_a_file_is_refused_before_work(toy_store, tmp_path, capsys):
-    (tmp_path / "f").write_text("x")
-    assert main(train_args(toy_store, tmp_path / "f")) == 2
-    assert "is a file; give a directory" in capsys.readouterr().err
-
-
-def test_a_grid_sends_each_cell_to_tensorboard(toy_store, tmp_path):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out = tmp_path / "g"
-    assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
-                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "--keep-checkpoints", "none",
-                 "-o", str(out)]) == 0
-    assert not list((out / "cells").glob("*/checkpoint*.pt"))  # every cell, not only a train run, keeps none
-    runs = sorted(p.name for p in (out / "tensorboard").iterdir())
-    assert runs == sorted(p.name for p in (out / "cells").iterdir()) and len(runs) == 2
-    events = EventAccumulator(str(out / "tensorboard" / runs[0]))
-    events.Reload()
-    assert [e.step for e in events.Scalars("accuracy")] == [1, 2]
-
-
-def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
-    assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
-    err = capsys.readouterr().err
-    assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()
-
-
 @pytest.mark.parametrize("engine", ["processes", "batched"])
 def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine):
     """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
@@ -127,17 +112,3 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
     again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
     assert again.column("mean_accuracy") == table.column("mean_accuracy")
     assert "lr=1e30: diverged" in write_report(out).html.read_text()
-
-
-def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
-    """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
-    from fedcache.grids.run import _holds_runs
-
-    cell = tmp_path / "validation" / "cells" / "fedavg__lr=1e30__seed=0"
-    cell.mkdir(parents=True)
-    (cell / "cell.json").write_text("{}")
-    assert not _holds_runs(tmp_path)
-    for name in ("diverged.json", "checkpoint.pt", "summary.json"):
-        (cell / name).write_text("{}")
-        assert _holds_runs(tmp_path), name
-        (cell / name).unlink()

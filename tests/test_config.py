@@ -1,5 +1,6 @@
-"""Every number a user can set declares its valid range in its type, and a value outside it is refused
-before any work starts, naming the setting and the range (issue 18: --image-size 0, --set tau=0, ...)."""
+"""The validator at the bottom layer (fedcache/config.py): every number a user can set declares its valid range in
+its type, and a value outside it is refused before any work starts, naming the setting and the range
+(--image-size 0, --set tau=0, ...), whether it comes from the command line, --set or Python."""
 import dataclasses
 import math
 import types
@@ -13,7 +14,7 @@ from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig
 from fedcache.federate.methods import METHODS
 from fedcache.federate.optim_config import OptimConfig
-from fedcache.config import Range, fields_of
+from fedcache.config import Range, check_fields, fields_of
 from tests.resolve import resolve_settings
 from fedcache.flower.config import Deployment
 from fedcache.spec import SECTIONS
@@ -125,3 +126,20 @@ def test_an_optimizer_setting_outside_its_range_is_refused_naming_it(field, text
     # issue 18: --set lr=nan, eps=-1 (every optimizer field, so a new one is covered)
     with pytest.raises(ConfigError, match=rf"--set {field}={text}: must be"):
         resolve_settings("fedavg", [f"optim.{field}={text}"])
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("lr=nan", "finite"), ("lr=inf", "finite"), ("lr=-1", "> 0"), ("lr=0", "> 0"), ("eps=-1", "> 0"),
+    ("momentum=1", r"\[0, 1\)"), ("betas=0.9", "2 comma-separated"), ("weight_decay=-0.1", ">= 0"),
+])
+def test_optimizer_values_out_of_range_are_refused(setting, message):
+    method_and_sgd = ["optimizer=sgd"] if setting.startswith("momentum") else []
+    with pytest.raises(ConfigError, match=message):
+        resolve_settings("fedavg", [*method_and_sgd, setting])
+
+
+def test_instances_built_in_python_are_range_checked():
+    with pytest.raises(ConfigError, match="lr"):
+        OptimConfig("sgd", float("nan"))
+    with pytest.raises(ConfigError, match="finite"):
+        check_fields(METHODS.get("fedprox").Params(mu=float("inf")))

@@ -1,4 +1,5 @@
-"""`fedcache train` end to end on a real store: files written, --set, fusion, partitions reused, errors."""
+"""Run orchestration (fedcache/training.py), `fedcache train` end to end on a real store: files written, --set,
+fusion, partitions reused, validation rows, the output policy, errors."""
 import json
 
 import numpy as np
@@ -8,8 +9,8 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import ConfigError, EntryNotFoundError
 from fedcache.extract.runner import ExtractConfig, extract
-from tests.resolve import resolve_settings
 from fedcache.training import TrainConfig, train
+from tests.conftest import BACKBONE
 
 SUMMARY_KEYS = {"method", "mean_accuracy", "std_accuracy", "global_accuracy", "per_client_accuracy", "worst10",
                 "worst20", "worst40", "best10", "variance", "bytes_up", "bytes_down", "params_up_per_round",
@@ -103,19 +104,6 @@ def test_missing_features_name_the_extract_command(store):
         train(cfg(store, backbones=["resnet18-birds"]))
 
 
-def test_settings_are_typed_and_unknown_keys_listed():
-    r = resolve_settings("fedprox", ["lr=0.1", "mu=0.5"])
-    assert r.params.mu == 0.5 and r.optim.lr == 0.1
-    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: init, mu; optim: optimizer, lr"):
-        resolve_settings("fedprox", ["mu_typo=1"])
-    with pytest.raises(ConfigError, match="expected a finite number"):
-        resolve_settings("fedprox", ["lr=fast"])
-    with pytest.raises(ConfigError, match="one of sgd, adam"):
-        resolve_settings("fedprox", ["optimizer=lion"])
-    with pytest.raises(ConfigError, match="key=value"):
-        resolve_settings("fedprox", ["lr"])
-
-
 def test_impossible_partition_is_a_clear_error(store):
     with pytest.raises(ConfigError):
         train(cfg(store, partition="iid", clients=1000))
@@ -199,3 +187,38 @@ def test_run_options_a_method_without_an_optimizer_never_reads_are_said(store, c
         prepare(cfg(store, method="linear-probe"))
         prepare(cfg(store, method="fedavg", local_epochs=7, preset="fst-cbdg"))
     assert "not used" not in caplog.text
+
+
+def train_args(toy_store, out, *extra):
+    return ["train", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+            "--clients", "2", "--rounds", "3", "--out", str(out), *extra]
+
+
+def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
+    assert main(train_args(toy_store, tmp_path / "all", "--keep-checkpoints", "all")) == 0
+    # The result is one line in a log (not a terminal), not wrapped at the console's width.
+    result = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedavg: ")]
+    assert len(result) == 1 and len(result[0]) > 160 and result[0].endswith(str(tmp_path / "all")), result
+    assert sorted(p.name for p in (tmp_path / "all").glob("checkpoint*.pt")) == [
+        "checkpoint-round0001.pt", "checkpoint-round0002.pt", "checkpoint-round0003.pt", "checkpoint.pt"]
+    assert main(train_args(toy_store, tmp_path / "none", "--keep-checkpoints", "none")) == 0
+    assert not list((tmp_path / "none").glob("checkpoint*.pt")) and (tmp_path / "none" / "summary.json").exists()
+    # A directory holding a run is refused, and replaced with --overwrite (other files are left alone).
+    (tmp_path / "none" / "notes.txt").write_text("mine")
+    assert main(train_args(toy_store, tmp_path / "none")) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--rounds", "2")) == 0
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["rounds"] == 2
+    assert (tmp_path / "none" / "notes.txt").read_text() == "mine"
+    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--resume")) == 2
+
+
+def test_out_that_is_a_file_is_refused_before_work(toy_store, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(train_args(toy_store, tmp_path / "f")) == 2
+    assert "is a file; give a directory" in capsys.readouterr().err
+
+
+def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
+    assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
+    err = capsys.readouterr().err
+    assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()

@@ -12,9 +12,9 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import ConfigError
 
-from .conftest import BACKBONE
+from tests.conftest import BACKBONE
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "getting-started.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
 SECTION = "## A worked example"
 # Only sizes and data change: every other option runs as documented.
 TINY = {"--store": None, "-d": "test-toy", "-b": BACKBONE, "--clients": "3", "--rounds": "2", "--seeds": "0,1"}

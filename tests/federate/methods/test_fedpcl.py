@@ -1,4 +1,6 @@
-"""FedPCL against hand-computed values: prototypes, aggregation, padding, the loss, bytes, noise, learning."""
+"""FedPCL against hand-computed values: the prototype sets and their padding, the loss terms (Eq. 8, Eq. 10,
+the official ConLoss of contrast=batch, SupCon), prediction by the nearest local prototype, bytes, noise, that
+training beats the untrained projection, and the paper presets' heads and data protocol."""
 import math
 
 import numpy as np
@@ -6,36 +8,20 @@ import pytest
 import torch
 
 from fedcache.errors import ConfigError
+from fedcache.federate.data import FederatedData
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.methods.fedpcl import FedPCLParams
-from fedcache.federate.prototypes import aggregate, class_means
+from fedcache.federate.optim import OptimConfig
+from fedcache.federate.schedule import Schedule
 from fedcache.presets import PRESETS
 
-from .conftest import synthetic
+from ..conftest import synthetic
 
 
 def fedpcl(data, **params):
     return METHODS.get("fedpcl")(MethodContext(data, head="projection"), FedPCLParams(**params))
-
-
-def test_class_means_and_counts():
-    z = torch.tensor([[[1.0, 0], [3, 0], [0, 2], [9, 9]]])
-    y = torch.tensor([[0, 0, 2, 1]])
-    mask = torch.tensor([[True, True, True, False]])  # the last row is padding
-    protos, counts = class_means(z, y, mask, 3)
-    assert counts.tolist() == [[2.0, 0.0, 1.0]]
-    assert protos[0].tolist() == [[2.0, 0.0], [0.0, 0.0], [0.0, 2.0]]
-
-
-def test_aggregation_weighted_by_class_counts_and_plain_mean():
-    protos = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[3.0, 0.0], [0.0, 4.0]]])  # 2 clients, 2 classes
-    counts = torch.tensor([[1.0, 0.0], [3.0, 2.0]])
-    glob, present = aggregate(protos, counts, weighted=True)
-    assert glob.tolist() == [[(1 * 1 + 3 * 3) / 4, 0.0], [0.0, 4.0]] and present.tolist() == [True, True]
-    glob, _ = aggregate(protos, counts, weighted=False)
-    assert glob.tolist() == [[2.0, 0.0], [0.0, 4.0]]  # class 1: only client 1 holds it
 
 
 def test_server_keeps_latest_local_sets_and_padding_fills_missing_classes():
@@ -87,6 +73,49 @@ def test_eq10_combination_and_local_reduce_match_hand_computation(prototypes, lo
     assert got.item() == pytest.approx(_EQ10[prototypes, local_reduce], abs=1e-6)
 
 
+def test_batch_term_is_the_official_conloss_by_hand():
+    # Rows z0 = (1, 0) of class 0 and z1 = (0, 1) of class 1, two identical views; one prototype set
+    # P0 = (0.6, 0.8), P1 = (0.8, -0.6); tau = 0.5. The anchor of a view is its class prototype; the
+    # contrast set is every other view; the positive is the other view of the same row.
+    z = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    y = torch.tensor([[0, 1]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    P = torch.tensor([[[0.6, 0.8], [0.8, -0.6]]])
+    per_row, valid = L.batch_term(z, y, mask, P, torch.ones(1, 2, dtype=torch.bool), tau=0.5)
+    # anchor P0: s = (1.2, 1.6, 1.2, 1.6) over (z0, z1, z0', z1'); own view out; positive 1.2
+    row0 = -(1.2 - math.log(2 * math.exp(1.6) + math.exp(1.2)))
+    # anchor P1: s = (1.6, -1.2, 1.6, -1.2); positive -1.2
+    row1 = -(-1.2 - math.log(2 * math.exp(1.6) + math.exp(-1.2)))
+    torch.testing.assert_close(per_row[0, :, 0], torch.tensor([row0, row1]))
+    assert valid.all()
+
+
+def test_paper_term_leaves_classes_absent_from_the_set_out_of_the_denominator():
+    z = torch.tensor([[[1.0, 0.0]]])
+    P = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]])  # class 2: nobody holds it (zeros)
+    present = torch.tensor([[True, True, False]])
+    loss, valid = L.paper_term(z, torch.tensor([[0]]), P, present, tau=0.5)
+    assert loss.item() == pytest.approx(-(2.0 - math.log(math.exp(0.0)))) and valid.all()
+
+
+def test_prediction_is_the_nearest_local_prototype_by_squared_l2():
+    data = synthetic(n_clients=1, n_classes=2, dim=2)
+    m = METHODS.get("fedpcl")(MethodContext(data, head="projection"), FedPCLParams())
+    h = m.h
+    states = {"proj.weight": torch.zeros(1, 2, h), "proj.bias": torch.zeros(1, 1, h),
+              "protos": torch.zeros(1, 2, h), "proto_count": torch.ones(1, 2)}
+    states["proj.weight"][0, 0, 0] = states["proj.weight"][0, 1, 1] = 1.0  # z = normalise(relu(x)) in 2 of h dims
+    # z = (1, 0). Local: class 0 at (0.5, 0) (squared distance 0.25), class 1 at (1, 0.6) (0.36), but
+    # class 1 has the larger dot product (1 > 0.5). The global prototype of class 1 sits on z.
+    states["protos"][0, 0, 0] = 0.5
+    states["protos"][0, 1, 0], states["protos"][0, 1, 1] = 1.0, 0.6
+    server = {"global": torch.zeros(1, 2, h), "global_mask": torch.ones(1, 2, dtype=torch.bool)}
+    server["global"][0, 0, 1] = server["global"][0, 1, 0] = 1.0
+    logits = m.client_logits(server, states, [0], torch.tensor([[[1.0, 0.0]]]))
+    assert logits.argmax(-1).item() == 0
+    assert logits[0, 0].tolist() == pytest.approx([-0.25, -0.36], abs=1e-6)
+
+
 def test_summary_tells_what_one_client_sends_from_the_total():
     data = synthetic(n_clients=5, n_classes=10, dim=16)
     s = run(fedpcl(data), RunConfig(rounds=2)).summary
@@ -127,6 +156,34 @@ def test_learns_a_separable_problem():
     for kw in ({}, {"contrast": "batch"}):
         acc = run(fedpcl(data, **kw), RunConfig(rounds=15)).summary["mean_accuracy"]
         assert acc > 95, kw
+
+
+def _nuisance(n_clients=5, per=80, n_classes=4, signal=4, noise=28, seed=0) -> FederatedData:
+    """Classes differ in 4 dims; 28 dims of large noise hide them from an untrained projection."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(n_classes, signal))
+
+    def draw(n):
+        y = rng.integers(0, n_classes, n)
+        x = np.concatenate([means[y] + 0.3 * rng.normal(size=(n, signal)), 4.0 * rng.normal(size=(n, noise))], 1)
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
+
+    xtr, ytr = draw(n_clients * per)
+    xte, yte = draw(n_clients * per)
+    rows = [np.arange(k * per, (k + 1) * per) for k in range(n_clients)]
+    return FederatedData(xtr, ytr, xte, yte, rows, [r.copy() for r in rows], tuple(f"c{i}" for i in range(n_classes)))
+
+
+@pytest.mark.parametrize("contrast", ["prototypes", "batch"])
+def test_training_beats_the_untrained_projection(contrast):
+    data = _nuisance()
+
+    def acc(rounds):
+        ctx = MethodContext(data, "projection", OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=5))
+        return run(METHODS.get("fedpcl")(ctx, FedPCLParams(contrast=contrast)), RunConfig(rounds=rounds)).summary["mean_accuracy"]
+
+    untrained, trained = acc(1), acc(20)  # round 1 trains nothing (first_round=idle)
+    assert untrained < 40 and trained > untrained + 15, (untrained, trained)
 
 
 def test_first_round_idle_leaves_heads_untouched_but_computes_prototypes():
@@ -176,29 +233,6 @@ def test_clients_classify_with_the_prototypes_they_sent_unless_predict_with_clea
 def test_the_papers_cross_entropy_rows_are_refused_and_point_to_the_method_they_are(loss, method):
     with pytest.raises(ConfigError, match=f"-m {method}.*fedpcl-table11"):
         fedpcl(synthetic(), loss=loss)
-
-
-def test_table11_preset_runs_the_cross_entropy_rows_as_fedavg_and_fedproto_on_the_same_setting():
-    p = PRESETS.get("fedpcl-table11")
-    exps = {e.key: e for e in p.experiments}
-    rows = {n.what.split(" (")[0]: (n.experiment, n.method, n.where) for n in p.paper}
-    assert rows["Cross Entropy"][:2] == ("ce-rows", "fedavg") and rows["Cross Entropy + ProtoDist"][:2] == ("ce-rows", "fedproto")
-    assert rows["Supervised Contrastive"][2] == {"loss": "supcon"} and rows["Ours"][2] == {"loss": "fedpcl"}
-    ce, con = exps["ce-rows"], exps["contrastive"]
-    same = {k: v for k, v in con.sweep.items() if k != "loss"}
-    assert {k: v for k, v in ce.sweep.items() if k != "head"} == same and "head" not in same
-    assert ce.sweep["head"] == "mlp"  # the baselines' FC-ReLU-BN-FC (paper Table 7); fedpcl on its projection head
-    assert (ce.dataset, ce.backbones, ce.seeds) == (con.dataset, con.backbones, con.seeds)
-
-
-def test_table15_preset_uses_the_papers_privacy_protocol():
-    p = PRESETS.get("fedpcl-table15")
-    exps = {e.key: e for e in p.experiments}
-    assert exps["prototype-noise"].sweep["predict_with"] == "sent" and exps["prototype-noise"].sweep["noise_scale"] == 0.05
-    images = [e for e in p.experiments if e.key.startswith("image-")]
-    assert sorted(e.extract["image_noise"] for e in images) == sorted((k, 0.2, q) for k in ("gaussian", "laplace") for q in (0.1, 0.2))
-    assert len({e.store_dataset for e in images}) == 4 and all("noise" in e.store_dataset for e in images)
-    assert {n.value for n in p.paper} >= {42.13, 37.95, 39.93, 36.93}
 
 
 def test_fedavg_and_fedproto_run_on_the_projection_head():
@@ -289,12 +323,6 @@ def test_first_round_ce_trains_the_projection_and_the_classifier():
         assert not torch.allclose(res.states[key], init[key]), key
 
 
-def test_table2_preset_tests_on_the_official_200_rows_per_class():
-    # lib/utils.py prepare_data_digits: idx_k[0:200] of each class of the client's domain's test split.
-    for e in PRESETS.get("fedpcl-table2").experiments:
-        assert (e.sweep["partition"], e.sweep["few_shot"], e.sweep["local_test"]) == ("domain", 10, 2000), e.key
-
-
 def test_first_round_decay_moves_every_weight_by_adams_decay_steps_alone():
     # The official round 1: loss 0 (no prototypes yet), yet Adam(weight_decay=1e-4) steps; its gradient is
     # wd * w alone, so each of the round's steps moves a weight by about lr * sign(w) towards 0 (Adam divides
@@ -308,3 +336,130 @@ def test_first_round_decay_moves_every_weight_by_adams_decay_steps_alone():
         assert big.float().mean() > 0.5, key
         torch.testing.assert_close((w0 - w1)[big], 2e-3 * w0.sign()[big], rtol=0.05, atol=0.0)
     torch.testing.assert_close(res.uploads["count"], _first_round(data).uploads["count"])
+
+
+# ---- the paper presets ------------------------------------------------------------------------------------
+def test_table11_preset_runs_the_cross_entropy_rows_as_fedavg_and_fedproto_on_the_same_setting():
+    p = PRESETS.get("fedpcl-table11")
+    exps = {e.key: e for e in p.experiments}
+    rows = {n.what.split(" (")[0]: (n.experiment, n.method, n.where) for n in p.paper}
+    assert rows["Cross Entropy"][:2] == ("ce-rows", "fedavg") and rows["Cross Entropy + ProtoDist"][:2] == ("ce-rows", "fedproto")
+    assert rows["Supervised Contrastive"][2] == {"loss": "supcon"} and rows["Ours"][2] == {"loss": "fedpcl"}
+    ce, con = exps["ce-rows"], exps["contrastive"]
+    same = {k: v for k, v in con.sweep.items() if k != "loss"}
+    assert {k: v for k, v in ce.sweep.items() if k != "head"} == same and "head" not in same
+    assert ce.sweep["head"] == "mlp"  # the baselines' FC-ReLU-BN-FC (paper Table 7); fedpcl on its projection head
+    assert (ce.dataset, ce.backbones, ce.seeds) == (con.dataset, con.backbones, con.seeds)
+
+
+def test_table15_preset_uses_the_papers_privacy_protocol():
+    p = PRESETS.get("fedpcl-table15")
+    exps = {e.key: e for e in p.experiments}
+    assert exps["prototype-noise"].sweep["predict_with"] == "sent" and exps["prototype-noise"].sweep["noise_scale"] == 0.05
+    images = [e for e in p.experiments if e.key.startswith("image-")]
+    assert sorted(e.extract["image_noise"] for e in images) == sorted((k, 0.2, q) for k in ("gaussian", "laplace") for q in (0.1, 0.2))
+    assert len({e.store_dataset for e in images}) == 4 and all("noise" in e.store_dataset for e in images)
+    assert {n.value for n in p.paper} >= {42.13, 37.95, 39.93, 36.93}
+
+
+def test_table2_preset_tests_on_the_official_200_rows_per_class():
+    # lib/utils.py prepare_data_digits: idx_k[0:200] of each class of the client's domain's test split.
+    for e in PRESETS.get("fedpcl-table2").experiments:
+        assert (e.sweep["partition"], e.sweep["few_shot"], e.sweep["local_test"]) == ("domain", 10, 2000), e.key
+
+
+def _label_shift_experiments():
+    from fedcache.presets import PRESETS
+
+    for name in ("fedpcl-table3", "fedpcl-table15"):
+        for e in PRESETS.get(name).experiments:
+            if e.sweep.get("partition") == "dirichlet":
+                yield pytest.param(e, id=f"{name}:{e.key}")
+
+
+@pytest.mark.parametrize("experiment", list(_label_shift_experiments()))
+def test_label_shift_presets_keep_the_dirichlet_label_skew(experiment):
+    # The official code draws a fixed budget of rows per class (40 x clients for DomainNet Real, 30 x
+    # clients for Caltech) and spreads it by Dirichlet(alpha); capping every client at few_shot rows per
+    # class on the whole training split flattens that skew: most (client, class) cells hold exactly few_shot.
+    from fedcache.federate.partitions import PartitionRequest, make_partition
+
+    s = experiment.sweep
+    opts = {k: s[k] for k in ("few_shot", "subsample", "class_budget") if k in s}
+    opts["alpha"] = _alpha(s)
+    labels = np.repeat(np.arange(10), 500)
+    test_labels = np.repeat(np.arange(10), 100)
+    p = make_partition(PartitionRequest.of("dirichlet", s["clients"], seed=0, **opts), labels, None, test_labels, None)
+    counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
+    held = counts[counts > 0]
+    assert np.mean(held == np.bincount(held).argmax()) < 0.5, counts
+
+
+def test_fedpcl_comparison_presets_train_the_baselines_on_the_papers_head():
+    # Paper Sec. 5.1 / Table 7: every baseline has FC(512K, 256)-ReLU-BN(256)-FC(256, 10) on the frozen
+    # backbones (fedcache's `mlp`, as benchmarks/fedpcl_comparison.py uses); without a head in the sweep,
+    # fedavg, pfedme, perfedavg and solo fall back to their `linear` default.
+    from tests.resolve import resolve_settings
+    from fedcache.presets import PRESETS
+
+    wrong = [(name, e.key, m, resolve_settings(m, [], None, e.sweep.get("head")).head)
+             for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11") for e in PRESETS.get(name).experiments
+             for m in e.methods if m != "fedpcl"]
+    assert [w for w in wrong if w[3] != "mlp"] == []
+    fedpcl = [resolve_settings("fedpcl", [], None, e.sweep.get("head")).head
+              for name in ("fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11")
+              for e in PRESETS.get(name).experiments if "fedpcl" in e.methods]
+    assert fedpcl and set(fedpcl) == {"projection"}
+
+
+# ---- the presets run the official code's data protocol ----------------------------------------------------------
+# (preset, experiment key prefix) -> (scheme, class_budget): lib/utils.py's prepare_data_*_noniid.
+_PROTOCOL = {("fedpcl-table3", "office10"): ("domain-dirichlet", 10),
+             ("fedpcl-table3", "domainnet-real"): ("dirichlet", 10),
+             ("fedpcl-table11", ""): ("domain-dirichlet", 10), ("fedpcl-fairness", ""): ("dirichlet", 10),
+             ("fedpcl-table15", ""): ("dirichlet", 9)}
+
+
+def _protocol_experiments():
+    from fedcache.presets import PRESETS
+
+    for (name, prefix), want in _PROTOCOL.items():
+        for e in PRESETS.get(name).experiments:
+            if e.key.startswith(prefix):
+                yield pytest.param(name, e, want, id=f"{name}:{e.key}")
+
+
+@pytest.mark.parametrize("name, experiment, want", list(_protocol_experiments()))
+def test_presets_claiming_a_table_run_the_official_class_budget(name, experiment, want):
+    s = experiment.sweep
+    assert (s["partition"], s.get("class_budget"), _alpha(s)) == (*want, 1.0)
+    assert "few_shot" not in s and "subsample" not in s
+    if name == "fedpcl-fairness":  # MNIST-M alone, FedAvg 20 clients a round
+        assert experiment.extract["domains"] == ["mnist-m"] and s["clients"] in (40, 80)
+        assert s.get("fraction", 1.0) == (20 / s["clients"] if "fedavg" in experiment.methods else 1.0)
+    if experiment.key.startswith("office10"):  # the official Office script's --local_bs 16
+        assert s["batch_size"] == 16
+    # feature & label shift tests on 100 rows per class of the client's domain; label shift on its own mix
+    assert s.get("local_test_mix", "client") == ("uniform" if s["partition"] == "domain-dirichlet" else "client")
+    assert s.get("local_test", 1000) == 1000
+
+
+def test_feature_and_label_shift_presets_skew_labels_across_one_client_per_domain():
+    # One client per domain: splitting each domain's rows (the former preset) gives every client the same
+    # label mix; the official draw over all clients gives each its own. 5 domains of 200 rows per class.
+    from fedcache.federate.partitions import PartitionRequest, make_partition
+    from fedcache.presets import PRESETS
+
+    s = PRESETS.get("fedpcl-table11").experiments[0].sweep
+    labels, domains = np.tile(np.repeat(np.arange(10), 200), 5), np.repeat(np.arange(5), 2000)
+    request = PartitionRequest.of(s["partition"], s["clients"], alpha=_alpha(s), class_budget=s["class_budget"])
+    p = make_partition(request, labels, domains, labels, domains)
+    assert [np.unique(domains[r]).tolist() for r in p.train] == [[d] for d in range(5)]
+    counts = np.array([np.bincount(labels[r], minlength=10) for r in p.train])
+    assert ((counts.sum(axis=0) > 45) & (counts.sum(axis=0) <= 50)).all()  # 10 x 5, each share floored
+    assert counts.std(axis=0).mean() > 3, counts  # equal shares would give 0
+
+
+def _alpha(sweep: dict) -> float:
+    """A preset's Dirichlet alpha, under its short or its qualified key (presets with perfedavg must qualify it)."""
+    return sweep["partition.alpha"] if "partition.alpha" in sweep else sweep["alpha"]
