@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -64,14 +65,17 @@ class Part:
 
 
 class EntryWriter:
-    def __init__(self, store: FeatureStore, key: EntryKey, group: zarr.Group) -> None:
+    """Writes the chunks of one entry; ``folder``: where its group lies (default: the store's entries)."""
+
+    def __init__(self, store: FeatureStore, key: EntryKey, group: zarr.Group, folder: Path | None = None) -> None:
         self.store, self.key, self.group = store, key, group
         a = group.attrs
         self.n_rows, self.dim, self.chunk_rows = int(a["n_rows"]), int(a["dim"]), int(a["chunk_rows"])
         self.batch_size = int(a["batch_size"])
         self.checksum = a.get(CHECKSUM_ATTR, FORMAT_1_CHECKSUM)
         self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
-        self.files = _Files(store, key) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group)
+        folder = folder if folder is not None else store.path / ENTRIES / key.entry_id
+        self.files = _Files(folder, key) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group)
 
     @property
     def n_chunks(self) -> int:
@@ -121,8 +125,7 @@ class _Files:
     """Format 2: each row array one file written a chunk of rows at a time, the flags and checksums one
     small file per chunk (fedcache/store/chunks.py)."""
 
-    def __init__(self, store: FeatureStore, key: EntryKey) -> None:
-        folder = store.path / ENTRIES / key.entry_id
+    def __init__(self, folder: Path, key: EntryKey) -> None:
         metas = {name: RawMeta.open(folder / name) for name in (*ROW_ARRAYS, CRC_ARRAY, "done")}
         broken = [name for name, m in metas.items() if m is None]
         if broken:
@@ -168,7 +171,8 @@ class _ThroughZarr:
 
 
 def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict,
-                  chunk_rows: int | None, entry_format: int = ENTRY_FORMAT) -> zarr.Group:
+                  chunk_rows: int | None, entry_format: int = ENTRY_FORMAT, parent: zarr.Group | None = None) -> zarr.Group:
+    """A new, empty entry in ``parent`` (default: the store's entries)."""
     dtype = np.dtype(key.dtype)
     if chunk_rows is None:
         chunk_rows = chunk_rows_for(dim, dtype.itemsize, batch_size)
@@ -177,7 +181,7 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     n_chunks = max(1, -(-n_rows // chunk_rows))
     if entry_format >= 2 and store.root.attrs.get("fedcache_store", 1) < STORE_FORMAT:
         store.root.attrs.update({"fedcache_store": STORE_FORMAT})  # an older fedcache must not misread it
-    g = store.root[ENTRIES].create_group(key.entry_id)
+    g = (parent if parent is not None else store.root[ENTRIES]).create_group(key.entry_id)
     rows = (chunk_rows,)
     # Format 2 stores every array uncompressed (docs/store.md: float features barely compress) and each row
     # array as one file (one Zarr chunk of every row), which a reader memory-maps; format 1 took Zarr's
