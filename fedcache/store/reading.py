@@ -101,6 +101,8 @@ class EntryReader:
 
     def _open(self, name: str) -> _FileRows | _ZarrChunks:
         meta = RawMeta.open(self.path / name)
+        if meta is not None and meta.chunk_rows < meta.shape[0]:
+            meta = None  # uncompressed but in several chunks: Zarr reads it
         array = None if meta is not None else self.group[name]
         shape = tuple(meta.shape if meta is not None else array.shape)
         want = (self.info.n_rows, self.info.dim) if name == "features" else (self.info.n_rows,)
