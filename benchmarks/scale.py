@@ -22,6 +22,8 @@ beside it:
     .venv/bin/python benchmarks/scale.py --large --out benchmarks/results/scale_large.json
     .venv/bin/python benchmarks/scale.py --tiny --out /tmp/s.json      # seconds: a smoke run
     .venv/bin/python benchmarks/scale.py --render                      # the section of docs/performance.md
+    .venv/bin/python benchmarks/scale.py --from-store feats.zarr -d digits5-offline -b efficientnet-lite0 \
+        --out benchmarks/results/scale_from_store.json   # real features: zstd's saving, format-1 vs format-2 reads
 """
 from __future__ import annotations
 
@@ -54,7 +56,8 @@ SIZES = {
 }
 DATASET, BACKBONE = "scale", "synthetic"
 SAMPLED = 10  # clients per round in the client sweep
-SWEEP_ROUNDS = 6  # the last one evaluates
+SWEEP_ROUNDS = 6
+WRITER_BYTES = 2 << 30  # the writer is timed on at most this much of the features (it also writes into RAM)
 
 
 # ---- data -----------------------------------------------------------------------------------------
@@ -203,8 +206,9 @@ def measure_writer(store_path: Path, where: dict[str, Path]) -> dict:
     from fedcache.store.writer import open_writer
 
     t = FeatureStore(store_path, create=False).read(DATASET, "train", BACKBONE)
-    x = np.ascontiguousarray(t.features)  # in memory, not the page cache's mapping
-    labels, ids, ok = t.labels, t.ids, np.ones(len(t), bool)
+    n = min(len(t), WRITER_BYTES // t.features[0].nbytes)
+    x = np.array(t.features[:n])  # in memory (as a GPU's output is), not the page cache's mapping
+    labels, ids, ok = t.labels[:n], t.ids[:n], np.ones(n, bool)
     out = {}
     for place, folder in where.items():
         for dtype in ("float32", "float16"):
@@ -248,9 +252,12 @@ def measure_train(store_path: Path, work: Path, clients: int, feature_bytes: int
 
 # ---- clients --------------------------------------------------------------------------------------
 def measure_clients(store_path: Path, work: Path, counts: list[int]) -> dict:
-    """FedAvg, 10 clients a round out of n: the rounds that do not evaluate, and the one that does."""
+    """FedAvg, 10 clients a round out of n: setup (partition made), a round (checkpoint written, no evaluation),
+    and one evaluation of every client on its local test rows, each timed on its own."""
     from fedcache.federate.data import load_fused
-    from fedcache.federate.train import train
+    from fedcache.federate.driver import RunState
+    from fedcache.federate.loop import RunConfig, evaluate, run
+    from fedcache.federate.train import prepare
     from fedcache.spec import RunSpec
     from fedcache.store.feature_store import FeatureStore
 
@@ -259,25 +266,77 @@ def measure_clients(store_path: Path, work: Path, counts: list[int]) -> dict:
     out = {}
     for n in counts:
         spec = RunSpec.of(store=store_path, dataset=DATASET, backbones=[BACKBONE], method="fedavg", partition="iid",
-                          clients=n, fraction=SAMPLED / n, rounds=SWEEP_ROUNDS, eval_every=SWEEP_ROUNDS,
-                          out=work / f"clients-{n}", overwrite=True)
-        ticks: list[float] = []
+                          clients=n, fraction=SAMPLED / n, rounds=SWEEP_ROUNDS)
         t0 = time.perf_counter()
-        result = train(spec, lambda done, total, line: ticks.append(time.perf_counter()), tables)
-        gaps = np.diff(ticks)
-        plain = float(np.median(gaps[:-1]))  # rounds 2 .. R-1: no evaluation
-        config = json.loads((work / f"clients-{n}" / "config.json").read_text())
-        out[str(n)] = {"setup_s": round(ticks[0] - t0 - plain, 3), "round_s": round(plain, 4),
-                       "evaluation_s": round(float(gaps[-1]) - plain, 4),
+        method, resolved = prepare(spec, tables)
+        setup = time.perf_counter() - t0
+        folder = work / f"clients-{n}"
+        folder.mkdir()
+        ticks = [time.perf_counter()]
+        result = run(method, RunConfig(SWEEP_ROUNDS, SAMPLED / n, eval_every=SWEEP_ROUNDS + 1, out=folder),
+                     lambda done, total, line: ticks.append(time.perf_counter()))
+        state = RunState(SWEEP_ROUNDS, result.server, result.clients)
+        scoring = []
+        for _ in range(3):
+            t1 = time.perf_counter()
+            evaluate(method, state)
+            scoring.append(time.perf_counter() - t1)
+        out[str(n)] = {"setup_s": round(setup, 3), "round_s": round(float(np.median(np.diff(ticks)[:-1])), 4),
+                       "evaluation_s": round(float(np.median(scoring)), 4),
                        "rows_trained_per_round": int(SAMPLED * len(tables[0]) / n),
-                       "local_test_rows": int(sum(config["data"]["client_test_sizes"])),
+                       "local_test_rows": int(sum(resolved["data"]["client_test_sizes"])),
                        "accuracy": round(result.summary["mean_accuracy"], 2)}
-        shutil.rmtree(work / f"clients-{n}", ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        del method, result, state
     first, last = out[str(counts[0])], out[str(counts[-1])]
     out["round_at_most_over_fewest"] = round(last["round_s"] / first["round_s"], 3)
     out["round_and_evaluation_at_most_over_fewest"] = round((last["round_s"] + last["evaluation_s"])
                                                             / (first["round_s"] + first["evaluation_s"]), 3)
     return out
+
+
+# ---- a store of real features --------------------------------------------------------------------------
+def measure_from_store(path: Path, dataset: str, backbone: str, work: Path, trials: int) -> dict:
+    """Real features: each training entry of (dataset, backbone) in the given store (only read) written again, as
+    it is stored, in format 1 (zstd, Zarr's default codec) and in format 2 (uncompressed): the bytes each takes on
+    disk, and reading the table from each, interleaved."""
+    from numcodecs import Zstd
+
+    from fedcache.store.feature_store import FeatureStore
+    from fedcache.store.keys import EntryKey
+    from fedcache.store.writer import open_writer
+
+    source = FeatureStore(path, create=False)
+    stores = {fmt: FeatureStore(work / f"format-{fmt}.zarr") for fmt in (1, 2)}
+    infos = source.find(dataset, "train", backbone)
+    dtype = infos[0].key["dtype"]
+    for info in infos:
+        a = source.read_arrays(info)
+        for fmt, store in stores.items():
+            with open_writer(store, EntryKey(**info.key), info.n_rows, info.dim, int(info.attrs["batch_size"]),
+                             info.attrs, chunk_rows=int(info.attrs["chunk_rows"]), entry_format=fmt) as w:
+                for c in w.pending():
+                    lo, hi = w.chunk_range(c)
+                    w.write_chunk(c, *(a[n][lo:hi] for n in ("features", "labels", "ids", "valid")))
+                w.finish([])
+    t = stores[2].read(dataset, "train", backbone)
+    stored = t.features.astype(dtype).tobytes()
+    read = {fmt: lambda s=s: timed(lambda: FeatureStore(s.path, create=False).read(dataset, "train", backbone))
+            for fmt, s in stores.items()}
+    for fn in read.values():
+        fn()
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for i in range(trials):
+        for fmt in ((1, 2) if i % 2 == 0 else (2, 1)):
+            times[fmt].append(read[fmt]())
+    disk = {f"format_{fmt}": sum(f.stat().st_size for f in (s.path / "entries").rglob("*") if f.is_file())
+            for fmt, s in stores.items()}
+    return {"dataset": dataset, "backbone": backbone, "rows": len(t), "dim": int(t.features.shape[1]),
+            "stored_dtype": dtype,
+            "exact_zeros": round(float((t.features == 0).mean()), 3),
+            "zstd_level_0_kept": round(len(Zstd(level=0).encode(stored)) / len(stored), 3),
+            "entries_bytes_on_disk": disk, "seconds": {f"format_{k}": [round(v, 4) for v in vs] for k, vs in times.items()},
+            "format_1_read_over_format_2_read": ratios(times[1], times[2])}
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -311,10 +370,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--work", type=Path, default=None, help="where the data and the store go (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=RESULT)
     ap.add_argument("--render", action="store_true", help="print the markdown section of docs/performance.md")
+    ap.add_argument("--from-store", type=Path, default=None, help="a format-1 store of real features (copied, not changed)")
+    ap.add_argument("-d", "--dataset", default=None)
+    ap.add_argument("-b", "--backbone", default=None)
     args = ap.parse_args(argv)
     if args.render:
         print(render(args.out))
         return {}
+    if args.from_store:
+        with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+            res = {"what": measure_from_store.__doc__.replace("\n", " "), "trials": args.trials,
+                   "result": measure_from_store(args.from_store, args.dataset, args.backbone, Path(tmp), args.trials)}
+        write(res, args.out)
+        return res
     name = "tiny" if args.tiny else "large" if args.large else "default"
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         res = {"what": __doc__.strip().split("\n\n")[0].replace("\n", " "), "size": {"name": name, **SIZES[name]},
