@@ -295,6 +295,44 @@ def measure_clients(store_path: Path, work: Path, counts: list[int]) -> dict:
     return out
 
 
+# ---- a grid ----------------------------------------------------------------------------------------
+def tree_pss(root: int) -> int:
+    """Proportional set size of a process and its descendants, in bytes: a page mapped by k of them counts 1/k
+    in each, so features shared through the page cache count once however many workers map them."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            total += 1024 * int(next(ln.split()[1] for ln in rollup.splitlines() if ln.startswith("Pss:")))
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):  # it ended meanwhile
+            continue
+    return total
+
+
+def measure_grid(store_path: Path, work: Path, jobs: tuple[int, ...] = (1, 2)) -> dict:
+    """`fedcache grid` (process engine, 4 cells) with 1 and 2 workers: the peak PSS of the grid's processes."""
+    out = {}
+    for j in jobs:
+        args = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(store_path), "-d", DATASET, "-b", BACKBONE,
+                "-m", "fedavg", "--set", "lr=0.01,0.1", "--seeds", "0,1", "--partition", "iid", "--clients", "100",
+                "--rounds", "2", "--engine", "processes", "-j", str(j), "-o", str(work / f"grid-{j}")]
+        proc = subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        peak, t0 = 0, time.perf_counter()
+        while proc.poll() is None:
+            peak = max(peak, tree_pss(proc.pid))
+            time.sleep(0.05)
+        if proc.returncode:
+            raise RuntimeError(f"grid -j {j} failed: {proc.stderr.read()[-3000:]}")
+        out[f"jobs_{j}"] = {"peak_pss_bytes": peak, "wall_s": round(time.perf_counter() - t0, 2)}
+        shutil.rmtree(work / f"grid-{j}", ignore_errors=True)
+    out["peak_pss_jobs_2_over_jobs_1"] = round(out["jobs_2"]["peak_pss_bytes"] / out["jobs_1"]["peak_pss_bytes"], 3)
+    return out
+
+
 # ---- a store of real features --------------------------------------------------------------------------
 def measure_from_store(path: Path, dataset: str, backbone: str, work: Path, trials: int) -> dict:
     """Real features: each training entry of (dataset, backbone) in the given store (only read) written again, as
@@ -359,6 +397,10 @@ def measure(size: dict, work: Path, trials: int) -> dict:
     res["writer"] = measure_writer(store, {"disk": work, **({"tmpfs": shm} if shm.is_dir() else {})})
     res["train"] = measure_train(store, work, size["train_clients"], feature_bytes)
     res["clients"] = measure_clients(store, work, size["clients"])
+    res["grid"] = measure_grid(store, work)
+    res["grid"]["feature_bytes"] = feature_bytes
+    res["grid"]["growth_over_features"] = round((res["grid"]["jobs_2"]["peak_pss_bytes"]
+                                                 - res["grid"]["jobs_1"]["peak_pss_bytes"]) / feature_bytes, 3)
     return res
 
 
@@ -424,6 +466,13 @@ def render(path: Path = RESULT) -> str:
         f"**{cl['round_at_most_over_fewest']}** |",
         f"| round + evaluation of every client, {s['clients'][-1]:,} clients | the same, {s['clients'][0]:,} clients | "
         f"{cl['round_and_evaluation_at_most_over_fewest']} |",
+    ]
+    if "grid" in res:
+        g = res["grid"]
+        lines.append(f"| grid peak PSS, `-j 2` ({g['jobs_2']['peak_pss_bytes'] / 1e9:.2f} GB) | the same grid, `-j 1` "
+                     f"({g['jobs_1']['peak_pss_bytes'] / 1e9:.2f} GB) | {g['peak_pss_jobs_2_over_jobs_1']} |")
+        lines.append(f"| grid peak PSS, `-j 2` minus `-j 1` | features' bytes | {g['growth_over_features']} |")
+    lines += [
         "",
         f"Import: {res['import']['GB_per_s']} GB/s of features (the whole `fedcache store import`, child process). "
         "The extraction writer alone (`write_chunk`, rows in memory): "
