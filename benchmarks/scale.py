@@ -18,7 +18,7 @@ beside it:
 - clients: a round of FedAvg with 10 clients sampled out of 100 ... 100,000 (IID partition, one process, the
   features read once): a round without evaluation, and the evaluation of every client's local test rows.
 
-    .venv/bin/python benchmarks/scale.py [--trials 3] [--work DIR] [--out benchmarks/results/scale.json]
+    .venv/bin/python benchmarks/scale.py [--trials 4] [--work DIR] [--out benchmarks/results/scale.json]
     .venv/bin/python benchmarks/scale.py --large --out benchmarks/results/scale_large.json
     .venv/bin/python benchmarks/scale.py --tiny --out /tmp/s.json      # seconds: a smoke run
     .venv/bin/python benchmarks/scale.py --render                      # the section of docs/performance.md
@@ -131,6 +131,20 @@ def timed(fn) -> float:
     return dt
 
 
+def interleaved(arms: dict, trials: int, nbytes: int) -> dict[str, list[float]]:
+    """Each arm timed ``trials`` times, the order reversed every other trial. Before each timing the same number
+    of bytes is allocated, touched and freed: on a virtual machine a fresh allocation may wait for the host to
+    back its pages, and how long depends on what ran just before, which would otherwise favour the first arm."""
+    for fn in arms.values():  # warm the page cache, the imports and this process's memory
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for t in range(trials):
+        for name in (list(arms) if t % 2 == 0 else list(arms)[::-1]):
+            np.ones(nbytes, np.uint8)
+            times[name].append(arms[name]())
+    return times
+
+
 def ratios(arm: list[float], ref: list[float]) -> dict:
     per = [a / r for a, r in zip(arm, ref)]
     return {"median_ratio": round(statistics.median(per), 3), "min": round(min(per), 3), "max": round(max(per), 3),
@@ -153,12 +167,7 @@ def measure_read(store_path: Path, work: Path, trials: int) -> dict:
         "store_read_copying": lambda: timed(lambda: load_fused(FeatureStore(store_path, create=False), DATASET, [BACKBONE],
                                                                "train", alloc=lambda shape: np.empty(shape, np.float32))),
     }
-    for fn in arms.values():  # warm the page cache, the imports and this process's memory
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for t in range(trials):
-        for name in (list(arms) if t % 2 == 0 else list(arms)[::-1]):
-            times[name].append(arms[name]())
+    times = interleaved(arms, trials, nbytes)
     ref = times["page_cache_copy"]
     return {"bytes": nbytes, "seconds": {k: [round(v, 4) for v in vs] for k, vs in times.items()},
             "store_read_over_page_cache_copy": ratios(times["store_read"], ref),
@@ -185,12 +194,7 @@ def measure_format_1_read(store_path: Path, work: Path, trials: int) -> dict:
     arms = {"page_cache_copy": lambda: copy_out_of_page_cache(npy),
             "format_2_read": lambda: timed(lambda: FeatureStore(store_path, create=False).read(DATASET, "test", BACKBONE)),
             "format_1_read": lambda: timed(lambda: FeatureStore(store_path, create=False).read("scale-format-1", "test", BACKBONE))}
-    for fn in arms.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for i in range(trials):
-        for name in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
-            times[name].append(arms[name]())
+    times = interleaved(arms, trials, t.features.nbytes)
     store.remove(key.entry_id)
     ref = times["page_cache_copy"]
     return {"bytes": t.features.nbytes, "seconds": {k: [round(v, 4) for v in vs] for k, vs in times.items()},
@@ -313,12 +317,13 @@ def tree_pss(root: int) -> int:
 
 
 def measure_grid(store_path: Path, work: Path, jobs: tuple[int, ...] = (1, 2)) -> dict:
-    """`fedcache grid` (process engine, 4 cells) with 1 and 2 workers: the peak PSS of the grid's processes."""
+    """`fedcache grid` (process engine, 4 cells of 2 rounds, 10 of 100 clients a round) with 1 and 2 workers: the
+    peak PSS of the grid's processes."""
     out = {}
     for j in jobs:
         args = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(store_path), "-d", DATASET, "-b", BACKBONE,
                 "-m", "fedavg", "--set", "lr=0.01,0.1", "--seeds", "0,1", "--partition", "iid", "--clients", "100",
-                "--rounds", "2", "--engine", "processes", "-j", str(j), "-o", str(work / f"grid-{j}")]
+                "--fraction", "0.1", "--rounds", "2", "--engine", "processes", "-j", str(j), "-o", str(work / f"grid-{j}")]
         proc = subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
         peak, t0 = 0, time.perf_counter()
@@ -328,6 +333,7 @@ def measure_grid(store_path: Path, work: Path, jobs: tuple[int, ...] = (1, 2)) -
         if proc.returncode:
             raise RuntimeError(f"grid -j {j} failed: {proc.stderr.read()[-3000:]}")
         out[f"jobs_{j}"] = {"peak_pss_bytes": peak, "wall_s": round(time.perf_counter() - t0, 2)}
+        out["command"] = "fedcache " + " ".join(args[3:-4] + ["-j", "J", "-o", "OUT"]).replace(str(store_path), "STORE")
         shutil.rmtree(work / f"grid-{j}", ignore_errors=True)
     out["peak_pss_jobs_2_over_jobs_1"] = round(out["jobs_2"]["peak_pss_bytes"] / out["jobs_1"]["peak_pss_bytes"], 3)
     return out
@@ -408,7 +414,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a few thousand rows: checks the benchmark runs")
     ap.add_argument("--large", action="store_true", help="1,300,000 x 1024 features")
-    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=4, help="an even number puts each arm first as often as last")
     ap.add_argument("--work", type=Path, default=None, help="where the data and the store go (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=RESULT)
     ap.add_argument("--render", action="store_true", help="print the markdown section of docs/performance.md")

@@ -7,8 +7,10 @@ Layout (see docs/store.md)::
     <store>/.locks/                                                advisory write locks
 
 An entry is readable only once its ``complete`` attribute is true; it is written last. Reading
-checks every chunk against the checksums written with it (fedcache/store/integrity.py): a damaged
-entry is named, never read as zeros, and never takes the rest of the store down.
+checks every chunk against the checksums written with it as it reads it (fedcache/store/reading.py,
+integrity.py): a damaged entry is named, never read as zeros, and never takes the rest of the store
+down. Entries of format 2 keep each row array as one uncompressed file, which a table of one float32
+entry memory-maps; format-1 entries (zstd, written before) are read through Zarr (docs/store.md).
 """
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
 """Writing one entry chunk by chunk, resumably, by one or several disjoint writers.
 
 The arrays are allocated at full size up front; a writer fills whole row-chunks and
-flags each one in ``done`` only after all of its arrays are written (each chunk file is
-written atomically: a temporary file renamed over it). A re-run skips flagged chunks, so an
-interrupted extraction resumes from the last complete chunk. ``complete`` is set last, by whichever
+flags each one in ``done`` only after all of its arrays are written (a flag's file is written
+atomically, a temporary file renamed over it). A re-run skips flagged chunks and writes the others
+again, so an interrupted extraction resumes from the last complete chunk. ``complete`` is set last, by whichever
 writer sees every chunk flagged; readers refuse the entry until then. Each chunk's checksums are
 computed from the rows as written (fedcache/store/integrity.py), so damage done to a chunk at any
 time after its writer wrote it is detected; an existing entry found damaged is replaced.
 
-New entries are written in format 2: uncompressed chunk files written directly
-(fedcache/store/chunks.py), CRC-32C checksums. An entry begun in format 1 (zstd through Zarr, CRC-32)
-by an older fedcache is resumed in format 1, so its chunks stay alike; `fedcache store upgrade`
-rewrites it once complete.
+New entries are written in format 2 (fedcache/store/chunks.py): each row array one uncompressed file,
+a chunk of rows written at its offset with one ``pwrite`` (writers of disjoint parts share the file),
+CRC-32C checksums. An entry begun in format 1 (zstd through Zarr, CRC-32) by an older fedcache is
+resumed in format 1, so its chunks stay alike; `fedcache store upgrade` rewrites it once complete.
 """
 from __future__ import annotations
 
