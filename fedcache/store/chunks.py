@@ -68,6 +68,19 @@ class RowFile:
         self.path = meta.chunk_path(0)
         self.n_bytes = meta.shape[0] * meta.row_bytes
 
+    def allocate(self) -> None:
+        """The file at full size, every row the fill value, as Zarr reads rows never written: a partial entry
+        reads through Zarr as it did in format 1. Zeros cost nothing (a sparse file); labels' and ids' -1 are
+        written, 8 bytes a row."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "wb") as fh:
+            fill = np.full(min(self.meta.shape[0], 1 << 16), self.meta.fill, self.meta.dtype).tobytes()
+            if fill.strip(b"\0"):
+                for _ in range(self.n_bytes // len(fill)):
+                    fh.write(fill)
+                fh.write(fill[: self.n_bytes % len(fill)])
+            fh.truncate(self.n_bytes)
+
     def write(self, lo: int, rows: np.ndarray) -> bytes:
         """Write ``rows`` (converted to the stored dtype) from row ``lo``; returns their bytes, to checksum."""
         m = self.meta

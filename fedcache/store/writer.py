@@ -201,6 +201,9 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     meta = {"n_rows": n_rows, "dim": dim, "chunk_rows": chunk_rows, "batch_size": batch_size, "created_at": now_iso()}
     if entry_format >= 2:
         meta |= {FORMAT_ATTR: entry_format, CHECKSUM_ATTR: "crc32c"}
+    if entry_format >= 2:  # the row files at full size: Zarr reads a partial entry as it did in format 1
+        for name in ROW_ARRAYS:
+            RowFile(RawMeta.open(Path(g.store.root) / g.path / name)).allocate()
     # A copied entry's attributes must not bring its checksums or its format.
     given = {n: v for n, v in attrs.items() if n not in (CRC_ATTR, FORMAT_ATTR, CHECKSUM_ATTR)}
     # key and sizes first, ``complete`` last: a reader never sees a half-described entry as usable.

@@ -227,3 +227,17 @@ def test_a_table_from_both_formats_reads_whole(old):
     store = FeatureStore(old)
     assert sorted(e.format for e in store.entries() if e.key["dataset"] == "imported" and e.key["split"] == "train") == [1, 2]
     same_table(store.read("imported", "train", "enc"), ref)
+
+
+def test_a_partial_format_2_entry_reads_through_zarr_as_in_format_1(store_path):
+    """Zarr reads the rows no writer reached yet as the fill value (its row files are allocated whole)."""
+    store = FeatureStore(store_path)
+    feats = np.arange(30, dtype=np.float32).reshape(10, 3)
+    with open_writer(store, key(), 10, 3, 1, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(1, feats[4:8], np.ones(4), np.arange(4, 8), np.ones(4, bool))
+        assert not w.finish([])
+    entry = zarr.open_group(str(store_path), mode="r")["entries"][key().entry_id]
+    np.testing.assert_array_equal(entry["features"][:], np.r_[np.zeros((4, 3)), feats[4:8], np.zeros((2, 3))])
+    np.testing.assert_array_equal(entry["labels"][:], [-1] * 4 + [1] * 4 + [-1] * 2)
+    np.testing.assert_array_equal(entry["valid"][:], [False] * 4 + [True] * 4 + [False] * 2)
+    assert list(entry["done"][:]) == [False, True, False]
