@@ -20,7 +20,7 @@ from fedcache.federate.driver import Run, RunResult
 from fedcache.federate.inprocess import OnRound, run_one
 from fedcache.federate.methods import Method, MethodContext
 from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
-from fedcache.federate.partitions.storage import table_keys
+from fedcache.federate.partitions.storage import keys_hash, table_keys
 from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
@@ -134,10 +134,11 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
     check_same_source(train_t, test_t)  # before a partition is made of them
     request = partition_request(spec, len(train_t.domain_names))
     keys = (table_keys(train_t), table_keys(test_t))
-    partition = find_partition(store, d.dataset, request, *keys)
+    data_hash = keys_hash(*keys)  # once: each use sorts every key
+    partition = find_partition(store, d.dataset, request, *keys, data_hash=data_hash)
     if partition is None:
         partition = make_partition(request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
-    pid = save_partition(store, d.dataset, partition, *keys)
+    pid = save_partition(store, d.dataset, partition, *keys, data_hash=data_hash)
     info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
             "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if validation else "test split"}

@@ -30,3 +30,16 @@ def test_accuracy_is_the_mean_over_clients_of_their_own_accuracy(name):
         assert abs(pooled - per_client.mean()) > 1e-3  # the data makes the two readings differ
     assert a.summary["mean_accuracy"] == pytest.approx(per_client.mean(), abs=1e-3)
     assert a.history[-1]["accuracy"] == pytest.approx(per_client.mean(), abs=1e-3)  # the per-round line too
+
+
+def test_scoring_every_client_at_once_gives_each_clients_own_mean_bit_for_bit():
+    from fedcache.federate.inprocess import EVAL_CLIENTS, mean_over_clients
+
+    rng = np.random.default_rng(0)
+    correct = rng.random(5000) < 0.37
+    # More clients than one block, some without any test rows (their accuracy is NaN, as numpy's mean of nothing).
+    rows = [np.sort(rng.choice(5000, rng.integers(0, 40), replace=False)) for _ in range(EVAL_CLIENTS + 300)]
+    with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):
+        one_by_one = np.array([100.0 * correct[r].mean() for r in rows])
+    np.testing.assert_array_equal(mean_over_clients(correct, rows), one_by_one)
+    assert np.isnan(one_by_one).any()

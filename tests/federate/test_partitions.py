@@ -497,3 +497,53 @@ def test_uniform_local_test_mix_keeps_every_row_of_a_class_under_its_quota():
     got = local_test_sets([np.arange(10)], np.arange(10), np.zeros(10, np.int64), test_labels,
                           np.zeros_like(test_labels), 1000, np.random.default_rng(0), mix="uniform")[0]
     assert np.bincount(test_labels[got], minlength=10).tolist() == [min(n, 100) for n in sizes]
+
+
+# Digests of whole partitions as fedcache made them before the per-client loops became single sorts (commit
+# 0c93000): the same request on the same labels must keep giving the same partition, row for row.
+PINNED = {"dirichlet": (PartitionRequest.of("dirichlet", 40, alpha=0.3, seed=3), "f9a0bee4d99955dd"),
+          "domain-dirichlet": (PartitionRequest.of("domain-dirichlet", 9, alpha=0.5), "a10ab167c9e40462"),
+          "iid-subsample": (PartitionRequest.of("iid", 60, subsample=0.5, local_test=40), "40974564a6ce84a2"),
+          "uniform-mix": (PartitionRequest.of("dirichlet", 20, alpha=1.0, local_test_mix="uniform", local_test=60),
+                          "02f8e9058067f6f0")}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_partitions_are_the_ones_made_before(name):
+    import hashlib
+
+    rng = np.random.default_rng(11)
+    y, d = rng.integers(0, 12, 3000), rng.integers(0, 3, 3000)
+    yt, dt = rng.integers(0, 12, 600), rng.integers(0, 3, 600)
+    request, expected = PINNED[name]
+    p = make_partition(request, y, d, yt, dt)
+    h = hashlib.sha256()
+    for side in (p.train, p.test):
+        for r in side:
+            h.update(np.int64(len(r)).tobytes())
+            h.update(np.asarray(r, np.int64).tobytes())
+    assert h.hexdigest()[:16] == expected
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense-ids", "sparse-ids"])
+def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse):
+    from fedcache.federate.partitions.storage import _rows_by_lookup, _rows_by_search
+
+    rng = np.random.default_rng(4)
+    domains = np.repeat(np.arange(3), 500)
+    ids = np.tile(np.arange(500), 3) * (10_000 if sparse else 1)
+    order = rng.permutation(len(ids))
+    domains, ids = domains[order], ids[order]
+    want = rng.choice(len(ids), 900)
+    want_d, want_i = domains[want].copy(), ids[want].copy()
+    want_i[:5] = -7  # keys the table lacks
+    want_d[5:10] = 9
+    by_search = _rows_by_search(domains, ids, want_d, want_i, "train")
+    by_lookup = _rows_by_lookup(domains, ids, want_d, want_i, "train")
+    assert (by_lookup is None) == sparse  # sparse ids would need too large a table
+    np.testing.assert_array_equal(by_search[10:], want[10:])
+    assert (by_search[:10] == -1).all()
+    if not sparse:
+        np.testing.assert_array_equal(by_lookup, by_search)
+        with pytest.raises(StoreError, match="repeated"):
+            _rows_by_lookup(np.r_[domains, domains[:1]], np.r_[ids, ids[:1]], want_d, want_i, "train")

@@ -320,10 +320,9 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     classes = np.unique(labels)
     missing: set[tuple[int, int]] = set()
     out = []
-    for rows in clients:
-        held = {cell: len(r) for cell, r in cells(labels[rows], domains[rows]).items()}
+    for held in held_cells(clients, labels, domains):
         if mix == "uniform":
-            held = {(int(c), int(d)): 1 for d in np.unique(domains[rows]) for c in classes}
+            held = {(int(c), d): 1 for d in sorted({d for _, d in held}) for c in classes}
         missing |= {cell for cell in held if cell not in test_cells}
         present = {cell: n for cell, n in held.items() if cell in test_cells}
         out.append(_draw_test(present, test_cells, budget, rng, mix == "uniform"))
@@ -333,6 +332,22 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
             len(missing), ", ".join(f"class {c}/domain {d}" for c, d in sorted(missing)[:10]),
         )
     return out
+
+
+def held_cells(clients: list[np.ndarray], labels: np.ndarray, domains: np.ndarray) -> list[dict[tuple[int, int], int]]:
+    """Per client, how many of its rows each of its (class, domain) cells holds, cells in sorted order (as
+    ``cells`` lists them): one sort of every client's rows, not one per client."""
+    sizes = np.array([len(r) for r in clients], dtype=np.int64)
+    rows = np.concatenate(clients).astype(np.int64) if len(clients) else np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(len(clients)), sizes)
+    lab, dom = labels[rows], domains[rows]
+    order = np.lexsort((dom, lab, owner))
+    o, lab, dom = owner[order], lab[order], dom[order]
+    starts = np.flatnonzero(np.r_[True, (o[1:] != o[:-1]) | (lab[1:] != lab[:-1]) | (dom[1:] != dom[:-1])])
+    counts = np.diff(np.r_[starts, len(o)]).tolist()
+    cell_label, cell_domain = lab[starts].tolist(), dom[starts].tolist()
+    bounds = np.searchsorted(o[starts], np.arange(len(clients) + 1)).tolist()
+    return [{(cell_label[i], cell_domain[i]): counts[i] for i in range(lo, hi)} for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _draw_test(present: dict, test_cells: dict, budget: int, rng: np.random.Generator, uniform: bool = False) -> np.ndarray:

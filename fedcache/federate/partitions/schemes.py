@@ -111,12 +111,12 @@ def dirichlet_split(rows, labels, n_clients: int, alpha: float, min_size: int, r
             f"no Dirichlet({alpha}) draw in {MAX_DIRICHLET_TRIES} tries gave every one of {n_clients} clients "
             f"{min_size} rows of {what}; use a larger alpha, fewer clients or a smaller min_size"
         )
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-    for c in range(len(classes)):
-        members = rng.permutation(rows[y == c])
-        for k, piece in enumerate(np.split(members, np.cumsum(counts[c])[:-1])):
-            parts[k].append(piece)
-    return [np.concatenate(p) for p in parts]
+    # Client k holds, class after class, the next counts[c, k] of the class's shuffled rows: every row's client
+    # is worked out at once and the rows grouped by client (stable: in class order, then shuffled order).
+    members = np.concatenate([rng.permutation(rows[y == c]) for c in range(len(classes))])
+    owner = np.concatenate([np.repeat(np.arange(n_clients), counts[c]) for c in range(len(classes))])
+    grouped = members[np.argsort(owner, kind="stable")]
+    return np.split(grouped, np.cumsum(np.bincount(owner, minlength=n_clients))[:-1])
 
 
 def _dirichlet_counts(class_sizes: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
