@@ -67,3 +67,19 @@ class DamagedEntryError(StoreError):
 
 class EntryLockedError(StoreError):
     """Another process is writing the same entry."""
+
+
+class DirectoryBusyError(FedcacheError):
+    """Another fedcache command is writing the directory (a run's, a grid's); the message names it."""
+
+
+class DiskFullError(FedcacheError, OSError):
+    """A write found no space left (or a quota reached); the message names the path and the space it needs."""
+
+    def __init__(self, what: str, advice: str = "") -> None:
+        super().__init__(f"{what}; {advice}" if advice else what)
+        self.what, self.advice = what, advice
+
+    def advised(self, advice: str) -> "DiskFullError":
+        """The same error with what the caller, who knows more, advises instead."""
+        return DiskFullError(self.what, advice)

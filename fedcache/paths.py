@@ -1,8 +1,9 @@
-"""Output locations checked before any work starts, with an error that says what is wrong and what to do.
+"""Output locations and names checked before any work starts, with an error that says what is wrong and what to do.
 
 A run, grid, report or shard that finds out at the end (or after an 85-second extraction) that it cannot
 write where it was told has wasted the user's time; a Python traceback from deep inside would not say which
-option to change.
+option to change. The same holds for a name that becomes a path: a dataset's name is a folder of the store
+(``partitions/<dataset>``), so ``..`` or ``a/b`` accepted by an import would break every later command.
 """
 from __future__ import annotations
 
@@ -12,8 +13,63 @@ from pathlib import Path
 from fedcache.errors import ConfigError
 
 
+NAME_MAX = 255  # bytes of one file name on the usual file systems (ext4, xfs, btrfs, apfs, tmpfs)
+NAME_HINT = "give a name of letters, digits, '-', '_' and '.' (e.g. my-dataset)"
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` (a dataset's or backbone's, as the store keeps it) when one folder of a file system and of a Zarr
+    hierarchy can be named so, and a comma list (``--backbones a,b``) can name it; ConfigError naming ``what``
+    and the problem otherwise."""
+    problem = name_problem(name)
+    if problem:
+        shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+        raise ConfigError(f"{what} {shown}: {problem}; {NAME_HINT}")
+    return name  # type: ignore[return-value]
+
+
+def name_problem(name: object) -> str:
+    """What keeps ``name`` from being a name (empty when nothing does)."""
+    if not isinstance(name, str):
+        return f"expected text, got {type(name).__name__}"
+    checks = [
+        (not name.strip(), "a name cannot be empty"),
+        (name != name.strip(), "it starts or ends with a space"),
+        ("/" in name or "\\" in name, "a name cannot hold a path separator (/ or \\)"),
+        (any(ord(ch) < 32 or ord(ch) == 127 for ch in name), "a name cannot hold a control character (NUL, newline, ...)"),
+        ("," in name, "a name cannot hold a comma (lists of names are split at commas)"),
+        (set(name) == {"."}, "'.' and '..' are directories, not names"),
+        (name.startswith("."), "a name starting with a dot is hidden on disk"),
+        (name.startswith("__"), "Zarr keeps names starting with '__' for itself"),
+    ]
+    found = next((why for bad, why in checks if bad), "")
+    if found:
+        return found
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 text"
+    return f"it is {size} bytes long, and a file system holds at most {NAME_MAX} in a name" if size > NAME_MAX else ""
+
+
+def check_path_text(path: Path | str, option: str) -> None:
+    """A path every file system call can take: no NUL byte, no name in it longer than a file system holds."""
+    text = str(path)
+    if "\0" in text:
+        raise ConfigError(f"{option} {text!r}: a path cannot hold a NUL byte; choose another path")
+    for part in Path(text).parts:
+        try:
+            size = len(part.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            raise ConfigError(f"{option} {text!r}: the name {part!r} is not valid text; choose another path") from None
+        if size > NAME_MAX:
+            raise ConfigError(f"{option}: the name {part[:40]}... in it is {size} bytes long, and a file system holds at "
+                              f"most {NAME_MAX} in a name; choose a shorter one")
+
+
 def writable_dir(path: Path | str, option: str) -> Path:
     """``path`` as a directory this process can create or write into; ConfigError naming ``option`` if not."""
+    check_path_text(path, option)
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path} is a file; give a directory (it is created if missing)")
@@ -31,6 +87,7 @@ def _check_below(target: Path, path: Path, option: str) -> None:
 
 def writable_file(path: Path | str, option: str) -> Path:
     """``path`` as a file this process can create or replace; ConfigError naming ``option`` if not."""
+    check_path_text(path, option)
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{option} {path} is a directory; give a file name")

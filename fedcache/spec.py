@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 
 from fedcache.config import Checked, Choices, Opt, PositiveInt, base_type, fields_of, flag_of, opt, option_name, parse
 from fedcache.errors import ConfigError
+from fedcache.paths import check_name
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -61,6 +62,10 @@ class DataSpec(Checked):
             raise ConfigError("--dataset (data.dataset): a value is required")
         if not self.backbones:
             raise ConfigError("--backbones (data.backbones): give at least one name")
+        # The names a store can hold (a dataset's is a folder of it): any other was never extracted or imported.
+        check_name(self.dataset, "--dataset (data.dataset)")
+        for b in self.backbones:
+            check_name(b, "--backbones (data.backbones)")
 
 
 @dataclass(frozen=True)

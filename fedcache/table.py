@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import csv
 import html
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from fedcache.disk import write_text
 
 HTML_ROWS = 50  # rows a notebook shows of a Table; the rest are counted
 
@@ -43,10 +46,11 @@ class Table:
 
     def to_csv(self, path: Path) -> Path:
         path = Path(path)
-        with open(path, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=self.columns)
-            writer.writeheader()
-            writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in self.rows)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=self.columns)
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in self.rows)
+        write_text(path, text.getvalue(), "the results table")
         return path
 
     @classmethod

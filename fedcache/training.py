@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fedcache import __version__
-from fedcache.errors import ConfigError, DeviceError
+from fedcache.errors import ConfigError, DeviceError, DiskFullError
 from fedcache.federate.data import FederatedData, check_same_source, load_fused, load_views
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.driver import Run, RunResult
@@ -24,6 +24,7 @@ from fedcache.federate.partitions.storage import keys_hash, table_keys
 from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
+from fedcache.ownership import check_free, hold
 from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec, method_class, migrate_config
 from fedcache.store.feature_store import FeatureStore, FeatureTable
@@ -55,9 +56,31 @@ def check_out(spec: RunSpec) -> None:
     if e.out is None:
         return
     writable_dir(e.out, "--out")
+    check_free(e.out, _what(e.out))  # another command writing it is named, not mistaken for a finished run
+    _check_not_started(spec)
+
+
+def _check_not_started(spec: RunSpec) -> None:
+    e = spec.engine
     if not e.resume and not e.overwrite and RunDir(e.out).started():
         raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                           "or choose another --out")
+
+
+def _what(out: Path) -> str:
+    return f"the run directory {out}"
+
+
+@contextlib.contextmanager
+def owned(spec: RunSpec):
+    """The run's --out held for the block (fedcache/ownership.py): a second command on it is refused, naming this
+    one. Checked again once held: a command that finished between ``check_out`` and now left its run there."""
+    if spec.engine.out is None:
+        yield
+        return
+    with hold(spec.engine.out, _what(spec.engine.out)):
+        _check_not_started(spec)
+        yield
 
 
 def _check_trackers(spec: RunSpec) -> None:
@@ -192,7 +215,7 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
           run_name: str | None = None) -> RunResult:
     """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
     check_out(spec)
-    with on_device(spec):
+    with owned(spec), on_device(spec):
         method, resolved = prepare(spec, tables)
         e = spec.engine
         if e.out is not None:
@@ -213,11 +236,23 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                 # --resume would replay the same rounds into the same NaN: say how to start this --out again.
                 raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
                                     "--overwrite, or choose another --out") from None
+            if isinstance(exc, DiskFullError) and e.out is not None:
+                raise _after_full_disk(exc, RunDir(e.out)) from None
             raise
     log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
     for t in trackers:
         t.close(result.summary)
     return result
+
+
+def _after_full_disk(exc: DiskFullError, out: RunDir) -> DiskFullError:
+    """What to do once there is space: continue from the last checkpoint, or, before the first, start again (its
+    files are removed: --resume would find no round to continue, and a plain re-run would call it started)."""
+    if out.has_checkpoint():
+        return exc.advised("free some space, then continue the run: the same command with --resume (a grid resumes "
+                           "its cells by itself)")
+    out.clear()
+    return exc.advised("nothing of the run was kept; free some space and run the same command again")
 
 
 def device_name(device: torch.device) -> str:

@@ -83,7 +83,7 @@ def test_the_cycle_check_finds_a_cycle():
 # flower and reports build on training; the API, demo and paper presets on those; nothing imports the CLI.
 LAYERS = [
     ("errors",),
-    ("config", "registry", "paths", "progress", "table", "noise"),
+    ("config", "registry", "paths", "progress", "table", "noise", "disk", "ownership"),
     ("store", "trackers"),
     ("heads",),
     ("extract",),

@@ -16,6 +16,7 @@ from fedcache.cli.grid import _grid, report, reproduce
 from fedcache.cli.methods import _method_commands, methods
 from fedcache.cli.store import store_app
 from fedcache.cli.train import demo, flower_app, partition, shard, train
+from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError
 
 try:  # recent typer vendors click; older typer uses the click package
@@ -127,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2 if isinstance(exc, ConfigError) else 1
+    except OSError as exc:  # a full disk in a write fedcache does not make itself (a library's): one line too
+        if debug or not is_full(exc):
+            raise
+        err.print(f"[red]error:[/] {full_disk(exc)}", highlight=False, soft_wrap=True)
+        return 1
     code = code if isinstance(code, int) else 0
     if code == INTERRUPTED:
         err.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")

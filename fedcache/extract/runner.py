@@ -22,6 +22,7 @@ from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.templates import TEMPLATE_SETS
 from fedcache.extract.transforms import Preprocess, ViewSpec
 from fedcache.config import Fraction, NonNegative, NonNegativeInt, PositiveInt, check_fields
+from fedcache.paths import check_name
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import EntryWriter, Part, open_writer
@@ -116,6 +117,8 @@ def _noisy_name(name: str, noise: tuple | None) -> str | None:
 def _check_config(cfg: ExtractConfig) -> None:
     if not cfg.backbones:
         raise ConfigError("--backbones needs at least one name; see `fedcache backbones`")
+    if cfg.name is not None:
+        check_name(cfg.name, "--name")  # the dataset's name in the store: one of its folders
     if cfg.dtype not in ("float16", "float32"):
         raise ConfigError(f"--dtype must be float16 or float32, got {cfg.dtype!r}")
     # Every number against the range its field declares, before a dataset or backbone is loaded.

@@ -15,9 +15,9 @@ The checkpoint format is one for every engine: ``{"format": 2, "rnd", "seconds",
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fedcache import disk
 from fedcache.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,10 @@ class RunDir:
     def save_checkpoint(self, ck: dict) -> None:
         save_checkpoint(self.path / CHECKPOINT, ck)
         if self.keep == "all":
-            shutil.copyfile(self.path / CHECKPOINT, self.path / f"checkpoint-round{ck['rnd']:04d}.pt")
+            copy = self.path / f"checkpoint-round{ck['rnd']:04d}.pt"
+            with disk.on_full_disk(copy, "the copy of the checkpoint", (self.path / CHECKPOINT).stat().st_size,
+                                   remove=[copy]):
+                shutil.copyfile(self.path / CHECKPOINT, copy)
 
     def load_checkpoint(self) -> dict:
         if not self.has_checkpoint():
@@ -124,19 +128,15 @@ def _compare(saved: Any, mine: Any, at: str, out: list[str]) -> None:
 
 # ---- files ---------------------------------------------------------------------------------------
 def write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    disk.write_text(path, json.dumps(doc, indent=2) + "\n", "the run file")
 
 
 def save_checkpoint(path: Path, ck: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        torch.save({"format": FORMAT, **ck}, tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)  # a crash mid-write leaves the previous checkpoint intact
+    """Serialised in memory first: its size is then known and checked against the free space before a byte is
+    written, and the file is written through a temporary one (a crash mid-write leaves the previous checkpoint)."""
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **ck}, buf)
+    disk.write_atomic(path, buf.getbuffer(), "the checkpoint", check=True)
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -155,8 +155,7 @@ def load_checkpoint(path: Path) -> dict:
 
 
 def append_line(path: Path, line: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(line) + "\n")
+    disk.append(path, (json.dumps(line) + "\n").encode(), "the metrics log")
 
 
 def trim_log(path: Path, upto: int) -> list[dict]:
@@ -165,7 +164,7 @@ def trim_log(path: Path, upto: int) -> list[dict]:
     if not path.exists():
         return []
     kept = [l for l in map(_parse_line, path.read_text().splitlines()) if l is not None and l["round"] <= upto]
-    path.write_text("".join(json.dumps(l) + "\n" for l in kept))
+    disk.write_text(path, "".join(json.dumps(l) + "\n" for l in kept), "the metrics log")
     return kept
 
 

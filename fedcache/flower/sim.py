@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from fedcache.errors import ConfigError, FedcacheError
-from fedcache.training import partition_request
+from fedcache.training import owned, partition_request
 from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
@@ -49,7 +49,8 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
         raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; drop them")
     if e.resume and e.out is None:
         raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
-    with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp:
+    # --out held while the simulation writes it (fedcache/ownership.py), as `train` holds it in-process.
+    with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec):
         base = Path(e.out) if e.out else Path(tmp)
         if not e.resume and (base / "config.json").exists():
             raise FedcacheError(f"{base} already holds a run; pass --resume to continue it, or choose another --out")

@@ -16,15 +16,19 @@ from fedcache.grids.run import CellCallback, PlanCallback, run_cells
 from fedcache.grids.select import run_selected
 from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.grids.table import load_results, summary_markdown
+from fedcache.ownership import hold
 from fedcache.table import Table
 
 
 def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
     """Every unfinished cell of the grid (finished ones are read back), then results.csv and table.md; with
     ``--select``, tuned on the validation split first and the chosen values tested once."""
-    if spec.select:
-        return run_selected(spec, on_cell, on_plan)
-    return run_cells(spec, on_cell, on_plan=on_plan)
+    # Held before its grid.json is read, until its tables are written (fedcache/ownership.py): two grids in one
+    # directory would replace each other's files and mix their cells; the second is refused, naming the first.
+    with hold(spec.out, f"the grid directory {spec.out}"):
+        if spec.select:
+            return run_selected(spec, on_cell, on_plan)
+        return run_cells(spec, on_cell, on_plan=on_plan)
 
 
 __all__ = ["METRIC_COLUMNS", "Cell", "GridSpec", "cells", "load_results", "load_toml", "option_axes", "run_grid",

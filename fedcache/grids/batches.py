@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedcache.disk import write_text
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import RunDir
@@ -253,7 +254,7 @@ def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple
     """Train the runs as one stack, each into its own run directory (``engine.out``), continuing the stack's
     checkpoint in ``folder`` (the caller removes the folder once it is done); (key, its ``RunResult``) per run."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
+    write_text(folder / "runs.json", json.dumps([str(k) for k in runs], indent=1) + "\n", "the batch's record")
     checkpoint = folder / "checkpoint.pt"
     resume = continuable(checkpoint)
     with on_device(next(iter(runs.values()))):  # a grid's cells share the device (engine.device is no axis)

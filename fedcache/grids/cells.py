@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+from fedcache.disk import write_text
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT
 from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
@@ -33,7 +34,7 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
             raise
         # Tuning tries values that may diverge (a large lr): that is the candidate's result, which loses
         # (grids/select.py), not the end of the grid. Its error is kept beside the run.
-        (out / DIVERGED).write_text(json.dumps({"error": str(exc)}) + "\n")
+        write_text(out / DIVERGED, json.dumps({"error": str(exc)}) + "\n", "the cell's record")
         return diverged_row(c, out)
     return row(c, result.summary, out)
 
@@ -44,7 +45,8 @@ def diverged_row(c: Cell, out: Path) -> dict:
 
 
 def write_cell_json(out: Path, c: Cell) -> None:
-    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
+    write_text(out / "cell.json", json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n",
+               "the cell's record")
 
 
 def row(c: Cell, summary: dict, out: Path) -> dict:

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache import disk
 from fedcache.errors import ConfigError
 from fedcache.grids.spec import FEATURES, GridSpec
+
+WHAT = "the grid's shared features"
 
 
 def write_features(spec: GridSpec) -> Path:
@@ -21,17 +24,34 @@ def write_features(spec: GridSpec) -> Path:
     if (folder / "meta.json").exists():
         _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))
         return folder
+    need = features_bytes(store, spec)
+    disk.check_space(folder / "train_features.npy", need, WHAT)  # before the store is read or a byte written
     folder.mkdir(parents=True, exist_ok=True)
     meta = {}
-    for split in ("train", "test"):
-        t = load_fused(store, spec.dataset, spec.backbones, split)
-        for name in ("features", "labels", "ids", "domains"):
-            arr = getattr(t, name)
-            np.save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
-        meta[split] = {"domain_names": list(t.domain_names), "class_names": list(t.class_names),
-                       "random_weights": bool(t.random_weights), "entry_ids": list(t.entry_ids)}
-    (folder / "meta.json").write_text(json.dumps(meta))  # last: its presence means the folder is complete
+    with disk.on_full_disk(folder, WHAT, need, remove=[folder]):  # a part of them is of no use to any cell
+        for split in ("train", "test"):
+            t = load_fused(store, spec.dataset, spec.backbones, split)
+            for name in ("features", "labels", "ids", "domains"):
+                arr = getattr(t, name)
+                np.save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
+            meta[split] = {"domain_names": list(t.domain_names), "class_names": list(t.class_names),
+                           "random_weights": bool(t.random_weights), "entry_ids": list(t.entry_ids)}
+        disk.write_text(folder / "meta.json", json.dumps(meta), WHAT)  # last: its presence means the folder is complete
     return folder
+
+
+def features_bytes(store, spec: GridSpec) -> int:
+    """The bytes of the .npy files: per row the fused float32 features and its label, id and domain; read from
+    the entries' row counts and widths (their small columns), not their features."""
+    total = disk.BLOCK  # meta.json
+    for split in ("train", "test"):
+        parts = [store.rows(spec.dataset, split, b) for b in spec.backbones]
+        n, header = len(parts[0]), 128
+        total += sum(disk.on_disk(header + n * size) for size in (4 * sum(p.dim for p in parts), 8, 8, 2))
+        for p in parts:
+            for e in p.parts:
+                e.reader.close()
+    return total
 
 
 def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:

@@ -13,6 +13,7 @@ Layout of a grid directory::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import re
 import tomllib
@@ -24,6 +25,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.paths import writable_dir
 from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, option, options
 
+CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", "grid.json"
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
@@ -85,8 +87,14 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """Its folder under cells/: the method, axes and seed, readable; a name too long for a file system keeps
+        its first characters and ends with a hash of the whole (two such cells still differ)."""
         parts = [self.method] + [f"{k}={v}" for k, v in self.setting] + [f"seed={self.seed}"]
-        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", "__".join(parts))
+        name = re.sub(r"[^A-Za-z0-9_.=+-]", "_", "__".join(parts))
+        if len(name) <= CELL_NAME_MAX:
+            return name
+        digest = hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return f"{name[:CELL_NAME_MAX - 18]}__{digest}"
 
     @property
     def setting_label(self) -> str:

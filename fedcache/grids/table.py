@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache.disk import write_text
 from fedcache.errors import ConfigError
 from fedcache.grids.cells import METRIC_COLUMNS
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec
@@ -14,7 +15,7 @@ from fedcache.table import Table
 
 def write_outputs(out: Path, table: Table, caption: str = "") -> None:
     table.to_csv(out / RESULTS)
-    (out / TABLE).write_text(summary_markdown(table, caption=caption) + "\n")
+    write_text(out / TABLE, summary_markdown(table, caption=caption) + "\n", "the results table")
 
 
 def grid_caption(spec: GridSpec) -> str:

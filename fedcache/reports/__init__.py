@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedcache import disk
 from fedcache.paths import writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
@@ -55,8 +56,8 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     sections += _partition_sections(groups, layout, fig_dir)
     sections += _contribution_sections(Path(root), fig_dir)
     title = f"fedcache report: {Path(root).resolve().name}"
-    (out / HTML_NAME).write_text(render_html(title, sections))
-    (out / MD_NAME).write_text(render_markdown(title, sections, out))
+    disk.write_text(out / HTML_NAME, render_html(title, sections), "the report")
+    disk.write_text(out / MD_NAME, render_markdown(title, sections, out), "the report")
     return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
 
 
@@ -149,7 +150,7 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list
         if fig is None:
             continue
         path = fig_dir / name
-        path.write_bytes(fig.png)
+        disk.write_atomic(path, fig.png, "the report's figure")
         out.append(Section(title, text, image=path, labels=fig.labels))
     return out
 
@@ -196,7 +197,8 @@ def _contribution_sections(root: Path, fig_dir: Path) -> list[Section]:
 def save_contribution(c, path: Path, text: str = "") -> Path:
     """Keep a backbone contribution beside a run so its report shows the heatmap."""
     path = Path(path)
-    path.write_text(json.dumps({"scores": c.scores.tolist(), "clients": c.clients, "backbones": c.backbones, "text": text}))
+    disk.write_text(path, json.dumps({"scores": c.scores.tolist(), "clients": c.clients, "backbones": c.backbones,
+                                      "text": text}), "the backbone contribution")
     return path
 
 

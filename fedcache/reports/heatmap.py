@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache import disk
 from fedcache.reports.contribution import Contribution
 from fedcache.reports.canvas import subplots
 
@@ -22,7 +23,8 @@ def plot_contribution(c: Contribution, path: Path, title: str = "") -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
+        fig.savefig(path, dpi=120)
     return path
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fedcache import disk
 from fedcache.federate.partitions import Partition
 from fedcache.reports.canvas import subplots
 
@@ -64,7 +65,8 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
     ax.set_axisbelow(True)
     _size_legend(ax, biggest, cell_pts)
     fig.tight_layout()
-    fig.savefig(path)
+    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
+        fig.savefig(path)
     return path
 
 
@@ -108,7 +110,8 @@ def _sizes(partition: Partition, train_domains, domain_names, title: str, path: 
     if len(present) > 1:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0)
     fig.tight_layout()
-    fig.savefig(path)
+    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
+        fig.savefig(path)
     return path
 
 

@@ -25,7 +25,9 @@ from typing import Iterable
 import numpy as np
 import zarr
 
-from fedcache.errors import ConfigError, DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache import disk
+from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
+                             StoreError)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
 from fedcache.store.locks import exclusive_lock
@@ -158,21 +160,30 @@ def _check_consistent(entries: list[EntryInfo], path: Path) -> None:
 class FeatureStore:
     def __init__(self, path: str | Path, create: bool = True) -> None:
         self.path = Path(path)
-        if not self.path.exists() and not create:
+        new = not self.path.exists()
+        if new and not create:
             raise StoreError(f"no feature store at {self.path}; create one with `fedcache extract --store {self.path} ...`")
-        self.root = self._open_root(create)
+        try:
+            self.root = self._open_root(create)
+        except DiskFullError:
+            if new:  # half made, it is no store: the next command makes it again
+                disk.discard([self.path])
+            raise
 
     def _open_root(self, create: bool) -> zarr.Group:
         mode = "a" if create else "r+"
         try:
             root = zarr.open_group(store=str(self.path), mode=mode, zarr_format=3, use_consolidated=False)
         except Exception as exc:
+            if disk.is_full(exc):
+                raise disk.full_error(self.path / "zarr.json", "the feature store") from None
             raise StoreError(f"{self.path} is not a fedcache feature store: {exc}") from exc
         fmt = root.attrs.get("fedcache_store")
         if fmt is None:
             if any(True for _ in root.members()) and ENTRIES not in root:
                 raise StoreError(f"{self.path} is a Zarr group but not a fedcache feature store")
-            root.attrs.update({"fedcache_store": STORE_FORMAT})
+            with disk.on_full_disk(self.path / "zarr.json", "the feature store"):
+                root.attrs.update({"fedcache_store": STORE_FORMAT})
         elif fmt > STORE_FORMAT:
             raise StoreError(f"{self.path} was written by a newer fedcache (store format {fmt}); upgrade fedcache")
         for name in (ENTRIES, TEXT):
@@ -180,6 +191,8 @@ class FeatureStore:
                 root.require_group(name)
             except Exception as exc:  # a damaged zarr.json of the group: json or Zarr errors
                 meta = self.path / name / "zarr.json"
+                if disk.is_full(exc):
+                    raise disk.full_error(meta, "the feature store's metadata") from None
                 raise StoreError(f"{self.path}: the metadata of its {name!r} group is damaged ({type(exc).__name__}: {exc}); "
                                  f"delete {meta} and fedcache writes it again") from None
         return root
@@ -410,12 +423,16 @@ class FeatureStore:
         """Store per-template class-text embeddings (T, C, D); written whole, then marked complete."""
         group = self.root[TEXT]
         eid = key.entry_id
-        shutil.rmtree(self.path / TEXT / eid, ignore_errors=True)
-        g = group.create_group(eid)
+        folder = self.path / TEXT / eid
+        shutil.rmtree(folder, ignore_errors=True)
         emb = np.asarray(embeddings, dtype=np.float32)
-        g.create_array("embeddings", data=emb)
-        g.attrs.update({"key": key.to_dict(), "random_weights": random_weights, CRC_ATTR: crc(emb)})
-        g.attrs.update({"complete": True, "completed_at": now_iso()})
+        what = f"the text embeddings of {key.backbone} in"
+        disk.check_space(folder, emb.nbytes, what)
+        with disk.on_full_disk(folder, what, emb.nbytes, remove=[folder]):  # a text entry is written whole or not at all
+            g = group.create_group(eid)
+            g.create_array("embeddings", data=emb)
+            g.attrs.update({"key": key.to_dict(), "random_weights": random_weights, CRC_ATTR: crc(emb)})
+            g.attrs.update({"complete": True, "completed_at": now_iso()})
         return eid
 
     def has_text(self, key: TextKey) -> bool:

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcache.errors import ConfigError
-from fedcache.store.feature_store import FeatureStore, FeatureTable
+from fedcache import disk
+from fedcache.errors import ConfigError, DiskFullError
+from fedcache.paths import check_name
+from fedcache.store.feature_store import ENTRIES, FeatureStore, FeatureTable
 from fedcache.store.importing import Checked, Split, read_checked
 from fedcache.store.keys import EntryKey
 from fedcache.store.writer import Part, open_writer
@@ -37,11 +39,27 @@ def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str) -> None
     meta = {"classes": json.dumps(list(first.class_names)), "domains": json.dumps(list(first.domain_names)),
             "random_weights": json.dumps(first.random_weights)}
     writer = _WRITERS[_check_format(fmt)]
-    _check_writable(Path(path))
+    path = Path(path)
+    _check_writable(path)
+    # Written beside it, then renamed: a failed export leaves no part of a file (and an older file intact).
+    tmp = path.with_name(f".{path.name}.partial")
+    # Checked first, as if uncompressed (features barely compress): HDF5 on a disk that fills as it writes can
+    # take the process down (h5py fails while closing the file), so it must not start a write that cannot fit.
+    need = sum(a.nbytes for a in arrays.values()) + 4 * disk.BLOCK
+    advice = "free some space or choose another --out"
+    disk.check_space(path, need, "the export", advice)
     try:
-        writer(path, arrays, meta)
+        with disk.on_full_disk(path, "the export", need, remove=[tmp], advice=advice):
+            writer(tmp, arrays, meta)
+            os.replace(tmp, path)
+    except DiskFullError:
+        raise
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose another --out") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _check_writable(path: Path) -> None:
@@ -84,20 +102,31 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     """Write each split of the file as complete store entries, one per named domain; returns entry ids.
 
     Every field is checked first (fedcache/store/importing.py): a bad file writes nothing, not even a new store."""
-    _check_name(dataset, "--dataset")
-    _check_name(backbone, "--backbone")
+    check_name(dataset, "--dataset")  # a folder of the store (its partitions), and named in comma lists
+    check_name(backbone, "--backbone")
     # The digest (a pass over the file) runs beside the checks (another): hashlib lets go of the GIL.
     with ThreadPoolExecutor(1) as pool:
         digesting = pool.submit(file_digest, Path(path))
         checked = read_checked(Path(path), split)
         digest = digesting.result()[:16]
-    store = store if isinstance(store, FeatureStore) else FeatureStore(store)
-    ids = []
-    for split_name, s in checked.splits.items():
-        for d, domain in enumerate(checked.domain_names):
-            key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain, backbone=backbone,
-                           weights_hash=f"imported:{digest}", preprocess={"imported": True}, dtype="float32")
-            ids.append(_import_domain(store, key, s, d, checked))
+    where = Path(store.path if isinstance(store, FeatureStore) else store)
+    new_store = not where.exists()
+    what, advice = f"the import of {path} into", "free some space and import again: nothing of this import was kept"
+    need = sum(len(s.features) * (4 * s.features.shape[1] + 17) for s in checked.splits.values())
+    disk.check_space(where, need, what, advice)
+    ids, made = [], []
+    try:
+        store = store if isinstance(store, FeatureStore) else FeatureStore(store)
+        for split_name, s in checked.splits.items():
+            for d, domain in enumerate(checked.domain_names):
+                key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain, backbone=backbone,
+                               weights_hash=f"imported:{digest}", preprocess={"imported": True}, dtype="float32")
+                made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
+                ids.append(_import_domain(store, key, s, d, checked))
+    except DiskFullError:
+        # An import is all or nothing (a bad file writes nothing either): what it wrote goes, and the space with it.
+        disk.discard([where] if new_store else [where / ENTRIES / eid for eid in made])
+        raise disk.full_error(where, what, need, advice) from None
     return ids
 
 
@@ -108,12 +137,6 @@ def file_digest(path: Path) -> str:
         while block := fh.read(8 << 20):
             h.update(block)
     return h.hexdigest()
-
-
-def _check_name(name: str, option: str) -> None:
-    # train and export select with the same option, split at commas: such a name could never be read back.
-    if not name.strip() or "," in name:
-        raise ConfigError(f"{option} {name!r}: give a non-empty name without commas (train selects it with {option})")
 
 
 def _import_domain(store: FeatureStore, key: EntryKey, s: Split, d: int, checked: Checked) -> str:

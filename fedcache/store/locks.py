@@ -1,7 +1,8 @@
 """Advisory file locks, so two writers never touch the same rows of an entry.
 
 flock is released by the kernel when the holder dies (even by kill -9), so a crashed
-extraction never leaves a stale lock behind.
+extraction never leaves a stale lock behind. The holder writes who it is into the file (pid, host,
+command, start: fedcache/ownership.py's record), so that a refused writer can say whom it waits for.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fedcache.errors import EntryLockedError
+from fedcache.ownership import POLL, Holder, read_holder
 
 
 @contextlib.contextmanager
@@ -22,8 +24,9 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, path, what, wait)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        with contextlib.suppress(OSError):  # a full disk: the lock holds without its record
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, Holder.me().to_text().encode(), 0)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
@@ -37,9 +40,10 @@ def _acquire(fd: int, path: Path, what: str, wait: float) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                holder = path.read_text().strip() or "?"
+                holder = read_holder(path)
+                who = holder.describe() if holder else "another process"
                 raise EntryLockedError(
-                    f"{what} is being written by another process (pid {holder}); "
+                    f"{what} is being written by another process: {who}; "
                     "wait for it to finish, or pass --wait SECONDS to queue behind it"
                 ) from None
-            time.sleep(0.2)
+            time.sleep(POLL)

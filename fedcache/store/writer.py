@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 import zarr
 
+from fedcache import disk
 from fedcache.errors import ConfigError, StoreError
 from fedcache.store.chunks import ChunkFiles, RawMeta, RowFile
 from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, FeatureStore, now_iso
@@ -231,12 +232,23 @@ def open_writer(
     store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict, part: Part = Part(),
     wait: float = 0.0, chunk_rows: int | None = None, entry_format: int = ENTRY_FORMAT,
 ) -> Iterator[EntryWriter]:
-    """Create (or reopen) the entry for ``key`` and hold the lock of this writer's part."""
+    """Create (or reopen) the entry for ``key`` and hold the lock of this writer's part. On a full disk the
+    entry's finished chunks stay (it is resumed), after its space is checked: a new entry's whole size before it
+    is made, a resumed one's pending chunks before they are written."""
+    folder = store.path / ENTRIES / key.entry_id
+    what = f"the entry {key.entry_id} ({key.label()}) in"
     with exclusive_lock(store.locks_dir / f"{key.entry_id}.create.lock", f"entry {key.label()}", wait=max(wait, 30.0)):
         replaced = _discard_if_damaged(store, key)
         entries = store.root[ENTRIES]
-        group = entries[key.entry_id] if key.entry_id in entries else _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows,
-                                                                                          entry_format)
+        if key.entry_id in entries:
+            group = entries[key.entry_id]
+        else:
+            itemsize = np.dtype(key.dtype).itemsize
+            rows_per_chunk = chunk_rows or chunk_rows_for(dim, itemsize, batch_size)
+            need = entry_bytes(n_rows, n_rows, dim, itemsize, max(1, -(-n_rows // rows_per_chunk)))
+            disk.check_space(folder, need, what)
+            with disk.on_full_disk(folder, what, need, remove=[folder]):  # half made, it is of no use
+                group = _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entry_format)
     writer = EntryWriter(store, key, group)
     if writer.n_rows != n_rows or writer.dim != dim:
         raise StoreError(
@@ -248,4 +260,22 @@ def open_writer(
         # Opened again: while this writer queued (--wait), the one before it may have finished the entry.
         fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])
         fresh.replaced = replaced
-        yield fresh
+        pending = fresh.pending(part)
+        rows = sum(min(n_rows, (c + 1) * fresh.chunk_rows) - c * fresh.chunk_rows for c in pending)
+        need = entry_bytes(rows, 0, dim, np.dtype(key.dtype).itemsize, len(pending))
+        if pending:
+            disk.check_space(folder, need, what, RESUMED)
+        with disk.on_full_disk(folder, what, need, advice=RESUMED):
+            yield fresh
+
+
+RESUMED = ("free some space and run the same command again: the chunks written so far are kept, and it continues "
+           "from them")
+BLOCK = 4096  # a small file takes a block of the file system
+
+
+def entry_bytes(rows: int, new_rows: int, dim: int, itemsize: int, chunks: int) -> int:
+    """About what writing ``rows`` of an entry takes on disk: their features and valid flags (the files are sparse
+    until written), a new entry's ``new_rows`` labels and ids (written whole when it is made) and its metadata,
+    and per chunk its flag and checksum files."""
+    return rows * (dim * itemsize + 1) + new_rows * 16 + chunks * 2 * BLOCK + (8 * BLOCK if new_rows else 0)

@@ -21,6 +21,7 @@ import logging
 import numpy as np
 import zarr
 
+from fedcache import disk
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.federate.partitions.core import Partition, PartitionRequest, partition_id
 from fedcache.store.feature_store import FeatureStore, FeatureTable, now_iso
@@ -92,14 +93,27 @@ def save_partition(store: FeatureStore, dataset: str, partition: Partition, trai
         return _save(store, dataset, partition, pid, data_hash, train_keys, test_keys)
 
 
+SMALL_FILES = 16 * 4096  # a stored partition's metadata and offsets: small files of a block each
+
+
 def _save(store: FeatureStore, dataset: str, partition: Partition, pid: str, data_hash: str, train_keys, test_keys) -> str:
-    parent = _parent(store, dataset)
+    folder = store.path / PARTITIONS / dataset / pid
+    what = f"partition {pid} of {dataset} in"
+    need = 16 * sum(len(c) for c in (*partition.train, *partition.test)) + SMALL_FILES
+    with disk.on_full_disk(folder.parent, what, need):
+        parent = _parent(store, dataset)
     if pid in parent and parent[pid].attrs.get("complete", False):
         log.info("partition %s of %s is already stored", pid, dataset)
         return pid
     if pid in parent:
         del parent[pid]  # left incomplete by an interrupted save
-    g = parent.create_group(pid)
+    disk.check_space(folder, need, what)
+    with disk.on_full_disk(folder, what, need, remove=[folder]):  # half written, it would only be made again
+        _write(parent.create_group(pid), partition, data_hash, dataset, train_keys, test_keys)
+    return pid
+
+
+def _write(g: zarr.Group, partition: Partition, data_hash: str, dataset: str, train_keys, test_keys) -> None:
     for split, clients, keys in zip(_SPLITS, (partition.train, partition.test), (train_keys, test_keys)):
         domains, ids = _keys(keys, split)
         rows = np.concatenate(clients) if clients else np.zeros(0, np.int64)
@@ -113,7 +127,6 @@ def _save(store: FeatureStore, dataset: str, partition: Partition, pid: str, dat
         "n_clients": partition.n_clients, "created_at": now_iso(),
     })
     g.attrs.update({"complete": True})
-    return pid
 
 
 def _lookup(store: FeatureStore, dataset: str, pid: str) -> zarr.Group | None:

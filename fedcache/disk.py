@@ -1,0 +1,175 @@
+"""Writing when the disk is full: one line naming the path and the space it needs, nothing half-written left.
+
+A full file system (or a quota) shows up in many shapes: ``OSError: [Errno 28]`` from a write, numpy's short
+write (``1000000 requested and 262112 written``, no errno), torch's zip writer (``unexpected pos 960 vs 854``).
+Every write of fedcache's own files goes through here, so each becomes a ``DiskFullError`` that says which file,
+about how much it needs and how much is free, after the write's temporary files are removed: the directory is as
+the last finished write left it, and the same command continues once there is space. Where the size is known
+before writing (a checkpoint, a grid's shared features, an entry of the store), it is checked first.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Iterator
+
+from fedcache.errors import DiskFullError
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# numpy's tofile reports a short write without an errno (wording differs across versions).
+# Libraries that wrap the error (h5py) keep its text.
+_SHORT_WRITE = re.compile(r"Not enough free space|\d+ requested and \d+ written|No space left on device|Disk quota exceeded")
+AGAIN = "free some space and run the same command again"
+BLOCK = 4096  # what a small file takes on the usual file systems: sizes are rounded up to it
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system (or the user's quota) has no room left."""
+    if isinstance(exc, DiskFullError):
+        return True
+    if not isinstance(exc, OSError):
+        return False
+    return exc.errno in FULL_ERRNOS or bool(_SHORT_WRITE.search(str(exc)))
+
+
+def free_bytes(path: Path | str) -> int | None:
+    """Bytes this user may still write on the file system holding ``path`` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def human(n: int | float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def full_error(path: Path | str, what: str, need: int | None = None, advice: str = AGAIN,
+               exc: BaseException | None = None) -> DiskFullError:
+    """The one line: which file, what it needs (about: ``need``), what is free, what to do."""
+    free = free_bytes(Path(path).parent)
+    if getattr(exc, "errno", None) == errno.EDQUOT:
+        room = "your disk quota is reached" + (f" (it needs about {human(need)})" if need else "")
+    elif free is None:
+        room = f"it needs about {human(need)}" if need else "the file system is full"
+    elif need and need > free:
+        room = f"it needs about {human(need)}, {human(free)} is free there"
+    else:  # the estimate fell short, or there was none
+        room = f"it needs more than the {human(free)} free there"
+    return DiskFullError(f"no space left on the disk for {what} {path}: {room}", advice)
+
+
+def on_disk(size: int) -> int:
+    """What a file of ``size`` bytes takes: whole blocks."""
+    return -(-size // BLOCK) * BLOCK
+
+
+def full_disk(exc: OSError) -> DiskFullError:
+    """A full-disk error raised by code that does not say what it was writing: said as well as it can be."""
+    where = exc.filename or getattr(exc, "filename2", None)
+    if where:
+        return full_error(where, "writing", exc=exc)
+    return DiskFullError(f"no space left on the disk ({exc})", AGAIN)
+
+
+def check_space(path: Path | str, need: int, what: str, advice: str = AGAIN, margin: int = 0) -> None:
+    """Refuse before writing ``need`` bytes at ``path`` where its file system has less free (plus ``margin`` for
+    the metadata beside it)."""
+    free = free_bytes(Path(path).parent)
+    if free is not None and need + margin > free:
+        raise full_error(path, what, need + margin, advice)
+
+
+@contextlib.contextmanager
+def on_full_disk(path: Path | str, what: str, need: int | None = None, remove: Iterable[Path] = (),
+                 advice: str = AGAIN) -> Iterator[None]:
+    """Within the block, a write that finds the disk full removes ``remove`` (its temporary or partial files and
+    folders) and raises DiskFullError naming ``path`` (an inner one, already said, passes through)."""
+    try:
+        yield
+    except DiskFullError:
+        discard(remove)
+        raise
+    except (OSError, RuntimeError) as exc:
+        if not (is_full(exc) or _torch_short_write(exc, path)):
+            raise
+        discard(remove)
+        raise full_error(path, what, need, advice, exc) from None
+
+
+def discard(paths: Iterable[Path]) -> None:
+    for p in paths:
+        p = Path(p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: str = AGAIN, check: bool = False) -> None:
+    """``data`` into ``path`` through a temporary file renamed over it: a reader sees the old file or the new one,
+    never a part. ``check``: compare the size with the free space first (worth it for large files)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if check:
+        check_space(path, len(data), what, advice)
+    with on_full_disk(path, what, len(data), remove=[tmp], advice=advice):
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def write_text(path: Path | str, text: str, what: str, advice: str = AGAIN) -> None:
+    write_atomic(path, text.encode(), what, advice)
+
+
+def append(path: Path | str, data: bytes, what: str, advice: str = AGAIN) -> None:
+    """``data`` at the end of ``path``; on a full disk the file is cut back to where it ended (no torn line)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        end = os.fstat(fd).st_size
+        write_all(fd, data)
+    except OSError as exc:
+        if not is_full(exc):
+            raise
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, end)
+        raise full_error(path, what, len(data), advice, exc) from None
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Every byte of ``data`` (a write may take fewer than asked; a full disk raises)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _torch_short_write(exc: BaseException, path: Path | str) -> bool:
+    """torch's zip writer on a full disk: a RuntimeError without an errno; said so only when the disk is full."""
+    if not isinstance(exc, RuntimeError) or not re.search(r"unexpected pos|file write failed", str(exc)):
+        return False
+    free = free_bytes(Path(path).parent)
+    return free is not None and free < (1 << 20)

@@ -1,0 +1,220 @@
+"""One command at a time in a directory: a run's (``train --out``) or a grid's (``grid --out``).
+
+A command that writes such a directory holds an exclusive ``flock`` on ``<dir>/.fedcache.lock`` while it runs,
+and writes into it who it is (pid, host, command line, start time). A second command on the same directory is
+refused at once, with one line naming the holder and what to do: two writers of one directory would replace
+each other's files and mix their numbers. The kernel drops a flock when its holder dies (a crash, ``kill -9``),
+so the file a killed command leaves behind holds no lock: the next command takes it over, says whose it was,
+and carries on as a re-run does (finished work kept, a checkpointed run resumed).
+
+The file is removed when its holder lets go. A command that opened it just before (and waited) would then hold
+a lock on a file no longer in the directory, so a lock counts only while its file is still the one at the path.
+Within one process the lock is reentrant: a grid holds its directory, and the cells it trains in this process
+(each a run directory below it) are already its own.
+
+A store's entries are locked per entry and per part instead (fedcache/store/locks.py, with the same holder
+record): several extractions of disjoint parts of one store are meant to run at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import json
+import logging
+import os
+import shlex
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from fedcache.errors import DirectoryBusyError
+
+log = logging.getLogger(__name__)
+
+LOCK = ".fedcache.lock"
+POLL = 0.2  # seconds between tries while waiting
+_HELD: dict[Path, int] = {}  # directories this process holds -> how many holds are open on each
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system without flock
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: written into the lock file, read back for the message another command prints."""
+
+    pid: int
+    host: str
+    command: str
+    started: str  # ISO time, UTC
+
+    @classmethod
+    def me(cls) -> "Holder":
+        return cls(os.getpid(), socket.gethostname(), command_line(),
+                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    @classmethod
+    def parse(cls, text: str) -> "Holder | None":
+        """The holder a lock file records; None when it is empty or not a record (a holder still writing it)."""
+        try:
+            doc = json.loads(text)
+            return cls(int(doc["pid"]), str(doc["host"]), str(doc["command"]), str(doc["started"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def to_text(self) -> str:
+        return json.dumps(asdict(self)) + "\n"
+
+    def describe(self) -> str:
+        """``pid 4242 on host-a (`fedcache grid ...`, started 2025-01-01T10:00:00+00:00, 3 min ago)``"""
+        return f"pid {self.pid} on {self.host} (`{self.command}`, started {self.started}{_ago(self.started)})"
+
+
+def command_line(limit: int = 160) -> str:
+    """This process's command as a user typed it: ``fedcache grid -o runs/x ...`` for the CLI, else the program."""
+    argv = list(sys.argv) or ["python"]
+    head = "fedcache" if Path(argv[0]).name in ("fedcache", "__main__.py") else Path(argv[0]).name or "python"
+    text = " ".join([head, *map(shlex.quote, argv[1:])])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_holder(path: Path) -> Holder | None:
+    try:
+        return Holder.parse(Path(path).read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "choose another --out") -> Iterator[None]:
+    """Own ``directory`` (created if missing) for the block. ``what`` names it in messages (``the grid directory
+    runs/x``); another command's hold is waited for up to ``wait`` seconds, then refused with DirectoryBusyError
+    naming the holder, what to do, and ``advice``. A directory this process already holds (or one below it) is
+    its own."""
+    directory = Path(directory)
+    key = directory.resolve()
+    if _held_here(key):
+        _HELD[key] = _HELD.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            _release_count(key)
+        return
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK
+    fd = _acquire(path, what, wait, advice)
+    _HELD[key] = 1
+    try:
+        yield
+    finally:
+        _release_count(key)
+        if fd is not None:
+            _let_go(fd, path)
+        if created:
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if empty: a command refused before writing leaves nothing behind
+
+
+def check_free(directory: Path | str, what: str, advice: str = "choose another --out") -> None:
+    """Refuse now (DirectoryBusyError) if another command holds ``directory``; nothing is created."""
+    directory = Path(directory)
+    path = directory / LOCK
+    if _held_here(directory.resolve()) or not path.exists():
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise busy(path, what, advice) from None
+    except OSError:
+        pass  # no flock here: hold() says so when it runs
+    finally:
+        os.close(fd)
+
+
+def busy(path: Path, what: str, advice: str, wait: float = 0.0) -> DirectoryBusyError:
+    holder = read_holder(path)
+    who = holder.describe() if holder else "another process (it is starting)"
+    waited = f" (waited {wait:g} s)" if wait else ""
+    stop = f"stop it (kill {holder.pid}: finished work is kept and a re-run resumes)" if holder else "stop it"
+    return DirectoryBusyError(f"{what} is in use by another fedcache command{waited}: {who}; wait for it to finish, "
+                              f"{stop}, or {advice}")
+
+
+def _held_here(key: Path) -> bool:
+    return any(key == held or held in key.parents for held in _HELD)
+
+
+def _release_count(key: Path) -> None:
+    _HELD[key] -= 1
+    if not _HELD[key]:
+        del _HELD[key]
+
+
+def _acquire(path: Path, what: str, wait: float, advice: str) -> int | None:
+    """The descriptor holding the lock on ``path``; None where the file system has no flock (said once)."""
+    deadline = time.monotonic() + wait
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise busy(path, what, advice, wait) from None
+            time.sleep(POLL)
+            continue
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in _NO_FLOCK:
+                raise
+            log.warning("%s: this file system cannot lock files (%s); nothing stops a second command from writing "
+                        "it at the same time", what, exc.strerror)
+            return None
+        if _is_current(fd, path):
+            _record(fd, path, what)
+            return fd
+        os.close(fd)  # its holder removed it as we opened it: try the file now at the path
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _record(fd: int, path: Path, what: str) -> None:
+    """Say whose lock a killed command left behind, then write ours."""
+    previous = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+    if previous is not None:
+        log.warning("%s was left locked by %s, which stopped without letting go (killed?); taking it over", what,
+                    previous.describe())
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, Holder.me().to_text().encode(), 0)
+    except OSError as exc:  # a full disk: the lock holds all the same, and the write that needs space says so
+        log.debug("%s: the holder's record was not written (%s)", path, exc)
+
+
+def _let_go(fd: int, path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()  # while still held: a command waiting on this file then sees it is no longer the lock
+    os.close(fd)
+
+
+def _ago(started: str) -> str:
+    try:
+        seconds = (_dt.datetime.now(_dt.timezone.utc) - _dt.datetime.fromisoformat(started)).total_seconds()
+    except ValueError:
+        return ""
+    if seconds < 0:
+        return ""
+    return f", {seconds:.0f} s ago" if seconds < 120 else f", {seconds / 60:.0f} min ago" if seconds < 7200 else f", {seconds / 3600:.1f} h ago"
