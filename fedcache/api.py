@@ -132,12 +132,14 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
     from fedcache.spec import parse_axes
     from fedcache.grids import GridSpec, load_toml, option_axes
+    from fedcache.grids.spec import grid_fields
 
     fields = load_toml(Path(config)) if config else {}
     settings = given.pop("settings", None)
     sweep = given.pop("sweep", None)
     flags = given.pop("option_axes", None)  # the CLI's run-option flags: unambiguous by how they were given
-    fields.update({k: v for k, v in given.items() if v is not None})
+    # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
+    fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, lambda key: GRID_FLAGS.get(key, f"--{key}")))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
         fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
@@ -150,6 +152,9 @@ def grid_spec(config: str | Path | None = None, **given: Any):
         flags = {"methods": "--method", "backbones": "--backbones"}
         raise ConfigError(f"a grid needs {', '.join(flags.get(k, '--' + k) for k in missing)} (as options or in the TOML file)")
     return GridSpec(**fields)
+
+
+GRID_FLAGS = {"methods": "--method", "max_batch_cells": "--max-batch-cells", "keep_checkpoints": "--keep-checkpoints"}
 
 
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,

@@ -227,7 +227,7 @@ def _without_none(typ: Any) -> Any:
 
 
 def _describe(base: Any) -> str:
-    return {float: "a finite number", int: "an integer", bool: "true or false", str: "text"}.get(
+    return {float: "a finite number", int: "an integer", bool: "true or false", str: "text", Path: "a path (text)"}.get(
         base, getattr(base, "__name__", str(base)))
 
 

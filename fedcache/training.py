@@ -83,12 +83,16 @@ def owned(spec: RunSpec):
         yield
 
 
-def _check_trackers(spec: RunSpec) -> None:
+def check_trackers(names) -> None:
     from fedcache.trackers import known_trackers
 
-    unknown = [t for t in spec.engine.track if t not in known_trackers()]
+    unknown = [t for t in names if t not in known_trackers()]
     if unknown:
         raise ConfigError(f"--track {','.join(unknown)}: unknown tracker; known: {', '.join(known_trackers())}")
+
+
+def _check_trackers(spec: RunSpec) -> None:
+    check_trackers(spec.engine.track)
     where = spec.engine.track_dir or spec.engine.out
     if where is None:
         raise ConfigError("--track needs --out or --track-dir: the directory the trackers write into")

@@ -9,6 +9,7 @@ import sys
 
 import typer
 import typer.core
+from rich.markup import escape
 
 from fedcache.cli.common import HELP_FLAGS, console, err, restore_argument_help
 from fedcache.cli.extract import backbones, datasets, extract
@@ -126,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     except FedcacheError as exc:
         if debug:
             raise
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escape: a message quoting a value or a TOML table ([set]) is text, not markup
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2 if isinstance(exc, ConfigError) else 1
     except OSError as exc:  # a full disk in a write fedcache does not make itself (a library's): one line too
         if debug or not is_full(exc):
             raise
-        err.print(f"[red]error:[/] {full_disk(exc)}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(full_disk(exc)))}", highlight=False, soft_wrap=True)
         return 1
     code = code if isinstance(code, int) else 0
     if code == INTERRUPTED:

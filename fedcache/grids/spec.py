@@ -19,7 +19,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from fedcache.config import PositiveInt, parse
 from fedcache.errors import ConfigError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import writable_dir
@@ -68,6 +70,14 @@ class GridSpec:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
+        # Said now, not after the cells it tunes on (or the first cell to track) have run.
+        unknown = [k for k in self.select if k not in self.sweep]
+        if unknown:
+            raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
+                              "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
+        from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
+
+        check_trackers(self.track)
         how = GridEngineSpec(**{o.field: o.parse(getattr(self, o.field)) for o in grid_options()})  # checks them
         self.engine, self.max_batch_cells = how.engine, how.max_batch_cells
 
@@ -102,20 +112,84 @@ class Cell:
 
 
 def load_toml(path: Path) -> dict:
-    """A grid file: the GridSpec fields at top level, sweeps under ``[set]`` (docs/getting-started.md)."""
-    try:
-        raw = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"grid file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"grid file {path} is not valid TOML: {exc}") from None
-    known = {f.name for f in dataclasses.fields(GridSpec)} | {"set"}
+    """A grid file: the GridSpec fields at top level, sweeps under ``[set]`` (docs/getting-started.md), each value
+    checked by the validator the command line's values pass (``grid_fields``), so a bad one is a message naming
+    the file, the key, the value and what was expected."""
+    raw = _read_toml(Path(path))
+    known = {f.name for f in dataclasses.fields(GridSpec) if f.name != "sweep"} | {"set"}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}; "
+                          "run options and settings (rounds, alpha, lr, ...) go under [set]")
+    fields = grid_fields({k: v for k, v in raw.items() if k != "set"}, lambda key: f"grid file {path}: {key}")
     if "set" in raw:
-        raw["sweep"] = raw.pop("set")
-    return raw
+        fields["sweep"] = _sweep(raw["set"], path)
+    return fields
+
+
+def _read_toml(path: Path) -> dict:
+    if path.is_dir():
+        raise ConfigError(f"--config {path} is a directory; give a grid TOML file (docs/getting-started.md)")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"grid file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"grid file {path} cannot be read ({exc.strerror or exc}); check its permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"grid file {path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); "
+                          "save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"grid file {path} is not valid TOML: {exc}") from None
+
+
+def _grid_types() -> dict[str, tuple[Any, bool]]:
+    """A grid's own fields: the type of one value (the run option's where a run has it) and whether the field
+    is a list of them (one value, or text split at commas as on the command line, is a list of one or more)."""
+    grid = {o.name: o.type for o in grid_options()}
+    return {"store": (Path, False), "dataset": (option("dataset").type, False), "backbones": (str, True),
+            "methods": (option("method").type, True), "out": (Path, False), "seeds": (option("seed").type, True),
+            "jobs": (PositiveInt, False), "select": (str, True), "track": (str, True),
+            "keep_checkpoints": (option("keep_checkpoints").type, False), "device": (option("device").type, False),
+            "engine": (grid["engine"], False), "max_batch_cells": (grid["max_batch_cells"], False)}
+
+
+def grid_fields(given: dict[str, Any], label) -> dict[str, Any]:
+    """``given`` (a grid file's fields, or the API's and the command line's) typed and checked by ``config.parse``;
+    ``label(key)`` names a field in messages (``--jobs``, ``grid file g.toml: jobs``). None is left out."""
+    types = _grid_types()
+    out = {}
+    for key, value in given.items():
+        if value is None or key not in types:
+            out[key] = value
+            continue
+        typ, many = types[key]
+        if typ is Path and isinstance(value, str) and not value.strip():
+            raise ConfigError(f"{label(key)}='': give a path")
+        if not many:
+            out[key] = parse(label(key), value, typ)
+            continue
+        items = value if isinstance(value, (list, tuple)) else value.split(",") if isinstance(value, str) else [value]
+        out[key] = [parse(label(key), v.strip() if isinstance(v, str) else v, typ) for v in items
+                    if not (isinstance(v, str) and not v.strip())]
+    return out
+
+
+def _sweep(table: Any, path: Path) -> dict[str, list]:
+    """The ``[set]`` table: key -> one value or a list of values, each text, a number or true/false."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"grid file {path}: set={table!r}: expected a table ([set] with key = value lines)")
+    scalar = (str, int, float, bool)
+    for key, value in table.items():
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, scalar) for v in values):
+            raise ConfigError(f"grid file {path}: set.{key}={value!r}: expected a value or a list of values "
+                              "(text, numbers, true or false)")
+    return table
 
 
 def cells(spec: GridSpec) -> list[Cell]:
