@@ -162,7 +162,11 @@ def _acquire(path: Path, what: str, wait: float, advice: str) -> int | None:
     """The descriptor holding the lock on ``path``; None where the file system has no flock (said once)."""
     deadline = time.monotonic() + wait
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the holder before made the directory for its lock alone, and removed it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -69,3 +69,31 @@ def toy_grid(toy_store, tmp_path_factory) -> Path:
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedproto"],
          sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out)
     return out
+
+
+# ---- faults (issue 33): a small real file system, a faked full disk --------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(size="4m")``: a directory on a tmpfs of that size, unmounted after the test; skips where this
+    process cannot mount one (not root)."""
+    from tests.faults import mount_tmpfs, unmount
+
+    mounted = []
+
+    def make(size: str = "4m") -> Path:
+        where = tmp_path / f"disk{len(mounted)}"
+        mount_tmpfs(where, size)
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in mounted:
+        unmount(where)
+
+
+@pytest.fixture
+def fake_disk(monkeypatch):
+    """``fake_disk(root, free)``: writes below ``root`` fail as on a full disk once ``free`` bytes are written."""
+    from tests.faults import FakeDisk
+
+    return lambda root, free: FakeDisk(monkeypatch, root, free)

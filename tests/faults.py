@@ -1,0 +1,190 @@
+"""Helpers of the fault tests (issue 33): a small real file system, a faked full disk, a process that holds a
+directory, and running the CLI in this process as a user would see it.
+
+``small_disk`` mounts a tmpfs of a given size (root only: it skips where mounting is not possible, as on most CI
+machines); ``FakeDisk`` makes the writes under a directory fail as a full file system does, by patching the calls
+fedcache writes through (``os.write``, ``os.pwrite``, numpy's array writer) and the free space ``fedcache.disk``
+sees, so the default suite covers the clean-up logic everywhere.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LEFTOVERS = ("*.tmp", "*.partial", ".*.partial")
+
+
+# ---- a small real file system -----------------------------------------------------------------------------
+def mount_tmpfs(where: Path, size: str) -> None:
+    """Mount a tmpfs of ``size`` (``4m``) at ``where``, or skip the test."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("a small file system needs root to mount a tmpfs (the faked full disk covers the same code)")
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()})")
+
+
+def unmount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` until ``leave`` bytes are free (a filler file; delete it to free the space)."""
+    filler = disk / "filler"
+    filler.unlink(missing_ok=True)
+    st = os.statvfs(disk)
+    size = st.f_bavail * st.f_frsize - leave
+    if size > 0:
+        with open(filler, "wb") as fh:
+            fh.truncate(0)
+            block = b"\0" * (1 << 16)
+            while size > 0:
+                size -= fh.write(block[: min(len(block), size)])
+
+
+def free_up(disk: Path) -> None:
+    (disk / "filler").unlink(missing_ok=True)
+
+
+# ---- a faked full disk --------------------------------------------------------------------------------------
+class FakeDisk:
+    """Writes to files below ``root`` may take ``free`` more bytes; the write that passes it writes what fits and
+    then fails with ENOSPC (numpy's array writer with its short-write OSError, which has no errno). ``free_bytes``
+    as fedcache.disk sees it is the same budget."""
+
+    def __init__(self, monkeypatch, root: Path, free: int) -> None:
+        import fedcache.disk as disk
+
+        self.root, self.free = Path(root).resolve(), free
+        self.paths: dict[int, Path] = {}
+        real_open, real_write, real_pwrite, real_free = os.open, os.write, os.pwrite, disk.free_bytes
+        real_write_array = np.lib.format.write_array
+
+        def fake_open(path, flags, mode=0o777, **kw):
+            fd = real_open(path, flags, mode, **kw)
+            self.paths[fd] = Path(os.path.abspath(path))
+            return fd
+
+        def take(fd: int, n: int) -> int:
+            """How many of ``n`` bytes fit; raises ENOSPC when none do."""
+            if not self.below(self.paths.get(fd)):
+                return n
+            if self.free <= 0 and n:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            fits = min(n, self.free)
+            self.free -= fits
+            return fits
+
+        def fake_write(fd, data):
+            fits = take(fd, len(data))
+            return real_write(fd, memoryview(data)[:fits])
+
+        def fake_pwrite(fd, data, offset):
+            fits = take(fd, len(data))
+            return real_pwrite(fd, memoryview(data)[:fits], offset)
+
+        def fake_write_array(fp, array, *args, **kw):
+            name = Path(getattr(fp, "name", "")).resolve() if getattr(fp, "name", None) else None
+            if not self.below(name):
+                return real_write_array(fp, array, *args, **kw)
+            buf = io.BytesIO()
+            real_write_array(buf, array, *args, **kw)
+            data = buf.getvalue()
+            fits = min(len(data), max(self.free, 0))
+            fp.write(data[:fits])
+            self.free -= fits
+            if fits < len(data):
+                raise OSError(f"{len(data)} requested and {fits} written")
+
+        def fake_free(path):
+            return max(self.free, 0) if self.below(Path(path).absolute()) else real_free(path)
+
+        monkeypatch.setattr(os, "open", fake_open)
+        monkeypatch.setattr(os, "write", fake_write)
+        monkeypatch.setattr(os, "pwrite", fake_pwrite)
+        monkeypatch.setattr(np.lib.format, "write_array", fake_write_array)
+        monkeypatch.setattr(disk, "free_bytes", fake_free)
+
+    def below(self, path: Path | None) -> bool:
+        if path is None:
+            return False
+        path = Path(os.path.abspath(path))
+        return path == self.root or self.root in path.parents
+
+
+def leftovers(where: Path) -> list[Path]:
+    """Temporary or partial files a write left behind."""
+    return sorted(p for pattern in LEFTOVERS for p in Path(where).rglob(pattern))
+
+
+# ---- the CLI as a user sees it -----------------------------------------------------------------------------
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """(exit code, stderr) of ``fedcache argv`` in this process; an exception escaping main fails the test."""
+    from fedcache.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
+
+
+def one_error_line(err: str) -> str:
+    """The one ``error:`` line of a refused command (log warnings may come before it)."""
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def cli_process(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
+    """``fedcache argv`` as its own process (this checkout first on the path)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FEDCACHE_DEBUG="")
+    return subprocess.Popen([sys.executable, "-m", "fedcache.cli", *map(str, argv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+
+
+HOLDER = """
+import sys, time
+from fedcache.ownership import hold
+with hold(sys.argv[1], "the directory " + sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes it
+"""
+
+
+@contextlib.contextmanager
+def held_elsewhere(directory: Path, script: str = HOLDER, *args: str):
+    """Another process holding ``directory`` (ownership.hold) for the block; yields the process."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", script, str(directory), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "held", proc.stderr.read()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_until(ready, seconds: float = 120.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert proc is None or proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "timeout"
+        time.sleep(0.05)

@@ -1,0 +1,165 @@
+"""One command per directory (fedcache/ownership.py): another process's hold refuses at once, naming it; waiting
+queues behind it; a lock file a killed holder left is taken over and said; the file goes when its holder lets
+go, and no two holders ever overlap, even as files are removed and made again."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedcache.errors import DirectoryBusyError
+from fedcache.ownership import LOCK, Holder, check_free, hold
+from tests.faults import ROOT, held_elsewhere
+
+
+def test_a_second_holder_is_refused_naming_the_first(tmp_path):
+    with held_elsewhere(tmp_path / "d") as proc:
+        with pytest.raises(DirectoryBusyError) as exc:
+            with hold(tmp_path / "d", "the grid directory d"):
+                pass
+        with pytest.raises(DirectoryBusyError):
+            check_free(tmp_path / "d", "the grid directory d")
+    text = str(exc.value)
+    assert text.startswith("the grid directory d is in use by another fedcache command: ")
+    assert f"pid {proc.pid} on {socket.gethostname()}" in text and "started " in text
+    assert f"kill {proc.pid}" in text and "choose another --out" in text and "\n" not in text
+    with hold(tmp_path / "d", "d"):  # free once its holder exits
+        pass
+    assert not (tmp_path / "d" / LOCK).exists()
+
+
+def test_check_free_creates_nothing(tmp_path):
+    check_free(tmp_path / "missing", "the run directory missing")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_waiting_queues_behind_the_holder(tmp_path):
+    with held_elsewhere(tmp_path / "d") as proc:
+        t0 = time.monotonic()
+        with pytest.raises(DirectoryBusyError, match=r"\(waited 0.5 s\)"):
+            with hold(tmp_path / "d", "d", wait=0.5):
+                pass
+        assert time.monotonic() - t0 >= 0.5
+        proc.stdin.close()  # lets go in a moment
+        with hold(tmp_path / "d", "d", wait=30):
+            assert Holder.parse((tmp_path / "d" / LOCK).read_text()).pid == os.getpid()
+
+
+def test_a_lock_a_killed_holder_left_is_taken_over_and_said(tmp_path, caplog):
+    with held_elsewhere(tmp_path / "d") as proc:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert (tmp_path / "d" / LOCK).exists()  # left behind, but the kernel dropped its flock
+        with caplog.at_level(logging.WARNING), hold(tmp_path / "d", "the run directory d"):
+            pass
+    said = [r.getMessage() for r in caplog.records if "taking it over" in r.getMessage()]
+    assert len(said) == 1 and f"pid {proc.pid}" in said[0] and "the run directory d was left locked" in said[0]
+    assert not (tmp_path / "d" / LOCK).exists()
+
+
+def test_a_record_left_in_an_unlocked_file_is_taken_over(tmp_path, caplog):
+    (tmp_path / LOCK).write_text(Holder(999999, "elsewhere", "fedcache grid -o x", "2020-01-01T00:00:00+00:00").to_text())
+    with caplog.at_level(logging.WARNING), hold(tmp_path, "x"):
+        assert Holder.parse((tmp_path / LOCK).read_text()).pid == os.getpid()
+    assert "pid 999999 on elsewhere" in caplog.text
+
+
+def test_a_process_holds_a_directory_once_and_what_is_below_it(tmp_path):
+    with hold(tmp_path / "grid", "grid"):
+        with hold(tmp_path / "grid", "grid"), hold(tmp_path / "grid" / "cells" / "c", "cell"):
+            assert not (tmp_path / "grid" / "cells" / "c" / LOCK).exists()  # already this process's
+            check_free(tmp_path / "grid", "grid")
+        assert (tmp_path / "grid" / LOCK).exists()  # the inner holds do not let go of the outer
+    assert not (tmp_path / "grid" / LOCK).exists()
+
+
+def test_a_directory_made_for_the_lock_alone_is_removed(tmp_path):
+    with hold(tmp_path / "new", "new"):
+        pass
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    with hold(tmp_path / "kept", "kept"):
+        pass
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_a_file_system_without_locks_is_said_and_not_fatal(tmp_path, monkeypatch, caplog):
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with caplog.at_level(logging.WARNING), hold(tmp_path, "the grid directory x"):
+        pass
+    assert "cannot lock files" in caplog.text
+
+
+SWAPPER = """
+import os, sys, time
+from fedcache.ownership import hold
+log, me = sys.argv[1] + "/log", str(os.getpid())
+for _ in range(int(sys.argv[2])):
+    with hold(sys.argv[1] + "/d", "d", wait=60):
+        with open(log, "a") as fh:
+            fh.write("in " + me + "\\n")
+        time.sleep(0.002)
+        with open(log, "a") as fh:
+            fh.write("out " + me + "\\n")
+"""
+
+
+def test_holders_never_overlap_while_the_file_is_removed_and_made_again(tmp_path):
+    """Each release removes the lock file while others wait on it; a waiter must then not count its lock on the
+    removed file (the two would overlap): every "in" is followed by its own "out"."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", SWAPPER, str(tmp_path), "40"], env=env) for _ in range(3)]
+    for p in procs:
+        assert p.wait(120) == 0
+    lines = (tmp_path / "log").read_text().split("\n")[:-1]
+    assert len(lines) == 3 * 40 * 2
+    for i in range(0, len(lines), 2):
+        assert lines[i].startswith("in ") and lines[i + 1] == "out " + lines[i][3:], lines[i:i + 2]
+
+
+def test_the_holder_record_names_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/fedcache", "grid", "-o", "runs/my grid"])
+    with hold(tmp_path, "x"):
+        record = json.loads((tmp_path / LOCK).read_text())
+    assert record["command"] == "fedcache grid -o 'runs/my grid'" and record["pid"] == os.getpid()
+
+
+def test_a_lock_on_a_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
+    """The race the removal makes, played in order: this process opens the lock file, its holder lets go
+    (removing it), a third process makes and holds a new one, and only then does this process's flock run; it
+    succeeds on the removed file, which must not count."""
+    import fedcache.ownership as ownership
+
+    real_flock, stack = fcntl.flock, []
+    with held_elsewhere(tmp_path / "d") as first:
+        (tmp_path / "d" / "keep").write_text("")  # the directory outlives its first holder
+
+        def flock_after_the_swap(fd, op):
+            if not stack:
+                first.stdin.close()
+                first.wait(10)
+                stack.append(held_elsewhere(tmp_path / "d"))
+                stack.append(stack[0].__enter__())
+            return real_flock(fd, op)
+
+        monkeypatch.setattr(ownership.fcntl, "flock", flock_after_the_swap)
+        try:
+            with pytest.raises(DirectoryBusyError) as refused:
+                with hold(tmp_path / "d", "d"):
+                    pass
+            assert f"pid {stack[1].pid} " in str(refused.value)  # the third process, which holds the new file
+        finally:
+            if stack:
+                stack[0].__exit__(None, None, None)
