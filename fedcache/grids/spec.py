@@ -59,8 +59,10 @@ class GridSpec:
         self.seeds = [option("seed").parse(s) for s in self.seeds]  # 'a' is a clear error, not a ValueError
         self.sweep = {k.replace("-", "_"): [str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
-        if not self.methods or not self.backbones or not self.seeds:
-            raise ConfigError("a grid needs at least one method, one backbone and one seed")
+        missing = [what for what, given in (("method (--method)", self.methods), ("backbone (--backbones)", self.backbones),
+                                            ("seed (--seeds)", self.seeds)) if not given]
+        if missing:
+            raise ConfigError(f"a grid needs at least one {', one '.join(missing)}")
         bad = [k for k in self.sweep if is_option(k) and option(k).name in _RESERVED]
         if bad:
             raise ConfigError(f"--set {bad[0]}=...: give methods with --method, seeds with --seeds; "

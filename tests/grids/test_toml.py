@@ -1,0 +1,155 @@
+"""Grid TOML files (fedcache/grids/spec.py, load_toml): checked by the validator the command line's values pass.
+A malformed file is one line naming the file and the key (or what is wrong with the file), exit 1 or 2, no
+traceback, and no grid directory made; the file forms that mean what the command line means are taken.
+(tests/test_cli_fuzz.py fuzzes such files.)"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedcache.grids import GridSpec, load_toml
+from tests.conftest import BACKBONE
+from tests.faults import one_error_line, run_cli
+
+BASE = 'methods = ["fedavg"]\n'  # a case that is not about the methods names one, so that only its fault is wrong
+RUN = "[set]\nrounds = 1\npartition = \"iid\"\nclients = 2\n"
+
+# (id, the file's text (bytes: written as they are; None: a directory), what the one line must name)
+CASES = [
+    # the file itself
+    ("a directory", None, "{path} is a directory"),
+    ("not UTF-8", b'methods = ["fedavg"]\n\xff\xfe\n', "{path} is not UTF-8 text (byte 0xff at offset 21)"),
+    ("UTF-16", 'methods = ["fedavg"]\n'.encode("utf-16"), "{path} is not UTF-8 text"),
+    ("a syntax error", "methods = [\n", "{path} is not valid TOML"),
+    ("a key twice", BASE + "jobs = 1\njobs = 2\n", "{path} is not valid TOML"),
+    ("a missing file", "MISSING", "{path} does not exist"),
+    ("an unknown key", 'method = "fedavg"\n', "grid file {path}: unknown key(s) method"),
+    ("a run option at the top", BASE + "rounds = 5\n", "grid file {path}: unknown key(s) rounds; known: "),
+    # the issue's ten (but two: seeds = 7 and jobs = '2' mean what --seeds 7 and --jobs 2 mean: taken, below)
+    ("methods = 5", "methods = 5\n", "grid file {path}: methods=5: expected text"),
+    ("methods = [1, 2]", "methods = [1, 2]\n", "grid file {path}: methods=1: expected text"),
+    ("out = 5", BASE + "out = 5\n", "grid file {path}: out=5: expected a path"),
+    ("store = ['a']", BASE + "store = ['a']\n", "grid file {path}: store=['a']: expected a path"),
+    ("backbones = 7", BASE + "backbones = 7\n", "grid file {path}: backbones=7: expected text"),
+    ("set = 5", BASE + "set = 5\n", "grid file {path}: set=5: expected a table ([set] with key = value lines)"),
+    # methods
+    ("methods = true", "methods = true\n", "grid file {path}: methods=True: expected text"),
+    ("methods = table", "methods = {a = 1}\n", "grid file {path}: methods={'a': 1}: expected text"),
+    ("methods nested", 'methods = [["fedavg"]]\n', "grid file {path}: methods=['fedavg']: expected text"),
+    ("an unknown method", 'methods = ["fedavg", "nope"]\n' + RUN, "unknown method 'nope'"),
+    ("methods = []", "methods = []\n" + RUN, "--method"),
+    # seeds
+    ("seeds = 'a'", BASE + 'seeds = "a"\n', "grid file {path}: seeds='a': expected an integer"),
+    ("seeds = [0, 'x']", BASE + 'seeds = [0, "x"]\n', "grid file {path}: seeds='x': expected an integer"),
+    ("seeds = -1", BASE + "seeds = -1\n", "grid file {path}: seeds=-1: must be >= 0"),
+    ("seeds = 1.5", BASE + "seeds = 1.5\n", "grid file {path}: seeds=1.5: expected an integer"),
+    ("seeds = [true]", BASE + "seeds = [true]\n", "grid file {path}: seeds=True: expected an integer"),
+    ("seeds = []", BASE + "seeds = []\n" + RUN, "a grid needs at least one seed (--seeds)"),
+    # jobs
+    ("jobs = 'x'", BASE + "jobs = 'x'\n", "grid file {path}: jobs='x': expected an integer"),
+    ("jobs = 0", BASE + "jobs = 0\n", "grid file {path}: jobs=0: must be >= 1"),
+    ("jobs = -3", BASE + "jobs = -3\n", "grid file {path}: jobs=-3: must be >= 1"),
+    ("jobs = 1.5", BASE + "jobs = 1.5\n", "grid file {path}: jobs=1.5: expected an integer"),
+    ("jobs = [1]", BASE + "jobs = [1]\n", "grid file {path}: jobs=[1]: expected an integer"),
+    ("jobs = true", BASE + "jobs = true\n", "grid file {path}: jobs=True: expected an integer"),
+    # where it reads and writes
+    ("out = ['a']", BASE + "out = ['a']\n", "grid file {path}: out=['a']: expected a path"),
+    ("out = ''", BASE + "out = ''\n", "grid file {path}: out='': give a path"),
+    ("store = 5", BASE + "store = 5\n", "grid file {path}: store=5: expected a path"),
+    ("store = ''", BASE + "store = ''\n", "grid file {path}: store='': give a path"),
+    ("a store that is not there", BASE + "store = 'missing.zarr'\n" + RUN, "no feature store at missing.zarr"),
+    # the data
+    ("backbones nested", BASE + 'backbones = [["a"]]\n', "grid file {path}: backbones=['a']: expected text"),
+    ("a backbone that is a path", BASE + 'backbones = ["a/b"]\n' + RUN, "--backbones (data.backbones) 'a/b': a name cannot hold a path separator"),
+    ("backbones = []", BASE + "backbones = []\n" + RUN, "--backbones"),
+    ("dataset = 5", BASE + "dataset = 5\n", "grid file {path}: dataset=5: expected text"),
+    ("dataset = '..'", BASE + "dataset = '..'\n" + RUN, "--dataset (data.dataset) '..': '.' and '..' are directories, not names"),
+    ("dataset = ['a']", BASE + "dataset = ['a']\n", "grid file {path}: dataset=['a']: expected text"),
+    ("a dataset not in the store", BASE + "dataset = 'nope'\n" + RUN, "features of nope"),
+    # how it runs
+    ("select = 5", BASE + "select = 5\n", "grid file {path}: select=5: expected text"),
+    ("select of no axis", BASE + "select = ['lr']\n" + RUN, "--select lr: not an axis of this grid"),
+    ("track = 5", BASE + "track = 5\n", "grid file {path}: track=5: expected text"),
+    ("an unknown tracker", BASE + "track = 'bogus'\n" + RUN, "--track bogus: unknown tracker"),
+    ("keep_checkpoints = 'x'", BASE + "keep_checkpoints = 'x'\n", "grid file {path}: keep_checkpoints='x': must be one of last, none, all"),
+    ("device = 5", BASE + "device = 5\n", "grid file {path}: device=5: expected text"),
+    ("device = 'gpu'", BASE + "device = 'gpu'\n" + RUN, "--device (engine.device)='gpu'"),
+    ("engine = 'x'", BASE + "engine = 'x'\n", "grid file {path}: engine='x': must be one of batched, processes"),
+    ("max_batch_cells = 0", BASE + "max_batch_cells = 0\n", "grid file {path}: max_batch_cells=0: must be >= 1"),
+    ("max_batch_cells = 'x'", BASE + "max_batch_cells = 'x'\n", "grid file {path}: max_batch_cells='x': expected an integer"),
+    # the axes
+    ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
+    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n", "grid file {path}: set.lr={'a': 1}: expected a value or a list of values"),
+    ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}: set.lr=[[1]]: expected a value or a list of values"),
+    ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}: set.lr=datetime.date(1979, 5, 27): expected a value"),
+    ("a table below set", BASE + "[set.nested]\na = 1\n", "grid file {path}: set.nested={'a': 1}: expected a value"),
+    ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "--set lr= has no values"),
+    ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "--set lr='x': expected a finite number"),
+    ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "--rounds (schedule.rounds)=0: must be >= 1"),
+    ("an unknown setting", BASE + "[set]\nbogus = 1\nrounds = 1\n", "unknown --set key(s) bogus"),
+    ("set.seed", BASE + "[set]\nseed = 1\n", "--set seed=...: give methods with --method, seeds with --seeds"),
+    ("an unknown partition", BASE + "[set]\npartition = 'nope'\nrounds = 1\n", "nope"),
+    ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "--alpha (partition.alpha)=-1.0: must be > 0"),
+]
+
+
+def test_the_table_holds_every_kind_the_issue_counted():
+    assert len(CASES) >= 54 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def _write(tmp_path: Path, text) -> Path:
+    path = tmp_path / "grid.toml"
+    if text is None:
+        path.mkdir()
+    elif text == "MISSING":
+        pass
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def _command(path: Path, text, toy_store: Path, out: Path) -> list:
+    """The grid command of a case: the file, and on the command line what the file does not give (a flag would
+    override the file's value)."""
+    given = text if isinstance(text, str) else ""
+    argv = ["grid", "-c", path]
+    for key, flag, value in (("store", "--store", toy_store), ("dataset", "-d", "test-toy"), ("backbones", "-b", BACKBONE),
+                             ("out", "-o", out)):
+        if not any(line.startswith(f"{key} ") for line in given.splitlines()):
+            argv += [flag, value]
+    return argv
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_a_malformed_grid_file_is_one_line_naming_the_key(case, toy_store, tmp_path, capsys, monkeypatch):
+    _, text, expected = case
+    monkeypatch.chdir(tmp_path)  # a relative path the file gives stays in the test's directory
+    path, out = _write(tmp_path, text), tmp_path / "g"
+    code, err = run_cli(_command(path, text, toy_store, out), capsys)
+    line = one_error_line(err)
+    # The file and its key, or the option the key sets (--rounds for [set] rounds), or the unknown name itself.
+    assert code in (1, 2) and expected.replace("{path}", str(path)) in line, line
+    # Nothing half-made: no grid directory, or (a fault found once the store is read) only the grid's plan, which the
+    # corrected command replaces.
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == ["grid.json"]
+
+
+def test_the_file_forms_of_command_line_values_are_taken(tmp_path):
+    """One value for a list (as --seeds 7), text for a number (as --jobs 2), comma text for a list."""
+    (tmp_path / "a.toml").write_text('methods = "fedavg,fedprox"\nbackbones = "b"\nseeds = 7\njobs = "2"\n'
+                                     'store = "s.zarr"\ndataset = "d"\nout = "g"\n[set]\nlr = 0.1\n')
+    (tmp_path / "b.toml").write_text('methods = ["fedavg", "fedprox"]\nbackbones = ["b"]\nseeds = [7]\njobs = 2\n'
+                                     'store = "s.zarr"\ndataset = "d"\nout = "g"\n[set]\nlr = [0.1]\n')
+    a, b = GridSpec(**load_toml(tmp_path / "a.toml")), GridSpec(**load_toml(tmp_path / "b.toml"))
+    assert a == b and a.seeds == [7] and a.jobs == 2 and a.methods == ["fedavg", "fedprox"]
+
+
+def test_the_issue_s_seeds_and_jobs_run(toy_store, tmp_path, capsys):
+    (tmp_path / "g.toml").write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = "{BACKBONE}"\n'
+                                     f'methods = "fedavg"\nseeds = 7\njobs = "1"\nout = "{tmp_path / "g"}"\n{RUN}')
+    code, err = run_cli(["grid", "-c", tmp_path / "g.toml"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "g" / "cells" / "fedavg__rounds=1__partition=iid__clients=2__seed=7" / "summary.json").exists()
