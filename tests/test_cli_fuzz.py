@@ -1,5 +1,6 @@
 """A standing fuzz of the command line (issue 18): random options and values for `train`, `partition`,
-`grid`, `store info/export`, and `store import` of malformed .npz/.h5 files, run in-process. Whatever the input, a command either succeeds or says
+`grid`, `store info/export`, `store import` of malformed .npz/.h5 files, and `grid --config` of malformed TOML
+files (issue 33), run in-process. Whatever the input, a command either succeeds or says
 what was wrong in one message with exit 1 or 2; an uncaught exception (a traceback) fails the test.
 
 The options come from fedcache/spec.py, so a new run option is fuzzed without touching this file. The
@@ -11,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import json
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -284,5 +287,98 @@ def test_fuzz_store_import_then_train(work):
             run_cli(["store", "verify", "--store", str(store)])
             run_cli(["train", "--store", str(store), "-d", dataset, "-b", backbone, "-m", "fedavg", "--rounds", "1",
                      "--clients", "2", "--partition", "iid"])
+
+    check()
+
+
+# ---- grid TOML files: random keys, values and bytes through `grid --config` -----------------------------------
+# tests/grids/test_toml.py holds a table of malformed files; this draws them: each top-level key from sensible
+# values (listed twice) and wrong ones of every TOML type, a [set] of run options and settings, and sometimes
+# damaged bytes. Whatever the file, the grid runs or says what is wrong in one message.
+ANY_TOML = [5, -1, 1.5, True, "", "x", [], [1, 2], [[1]], {"a": 1}, "1979-05-27"]
+FILE_VALUES = {
+    "methods": [["fedavg"], "fedavg,fedproto", ["fedavg", "nope"], "nope"],
+    "seeds": [[0], 7, "0,1", [0, "x"], -1],
+    "jobs": [1, "1", 0, "x"],
+    "backbones": [["tiny-timm-random"], "tiny-timm-random", ["a/b"], [".."]],
+    "dataset": ["test-toy", "nope", "..", ".hidden"],
+    "store": ["STORE", "missing.zarr"],
+    "out": ["g", "file", "file/below"],
+    "select": [["lr"], "alpha", ["nope"]],
+    "track": [[], "bogus"],
+    "keep_checkpoints": ["last", "none", "x"],
+    "device": ["cpu", "auto", "gpu"],
+    "engine": ["batched", "processes", "x"],
+    "max_batch_cells": [2, 0, "x"],
+    "method": ["fedavg"], "rounds": [1],  # not grid keys: unknown
+}
+SET_VALUES = {
+    "rounds": [1, [1, 2], 0, "x", [1, "y"]], "partition": ["iid", "dirichlet", "nope"], "clients": [2, [2, 3], 0],
+    "alpha": [0.5, [0.1, 1.0], -1, "nan"], "lr": [0.01, ["1e-3", "1e-2"], "x", []], "subsample": [0.8, 2],
+    "seed": [1], "bogus": [1], "head": ["mlp", "nope"], "validation": [True, "maybe"],
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_toml_value, v)) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    if v == "1979-05-27":
+        return v  # a TOML date
+    return json.dumps(v)
+
+
+@st.composite
+def grid_files(draw, store: Path):
+    """The bytes of a grid file."""
+    lines = []
+    for key in draw(st.lists(st.sampled_from(sorted(FILE_VALUES)), max_size=5, unique=True)):
+        value = draw(st.sampled_from(FILE_VALUES[key] * 2 + ANY_TOML))
+        lines.append(f"{key} = {_toml_value(str(store) if value == 'STORE' else value)}")
+    sweep = draw(st.lists(st.sampled_from(sorted(SET_VALUES)), max_size=4, unique=True))
+    if sweep or draw(st.booleans()):
+        lines.append("[set]")
+        lines += [f"{k} = {_toml_value(draw(st.sampled_from(SET_VALUES[k] * 2 + ANY_TOML)))}" for k in sweep]
+        lines += [] if "rounds" in sweep else ["rounds = 1"]
+    data = ("\n".join(lines) + "\n").encode()
+    how = draw(st.sampled_from(["none"] * 8 + ["truncate", "flip", "bom", "utf-16", "set = 5"]))
+    at = draw(st.integers(0, max(len(data) - 1, 0)))
+    return {"none": data, "truncate": data[:at], "flip": data[:at] + bytes([draw(st.integers(0, 255))]) + data[at + 1:],
+            "bom": b"\xef\xbb\xbf" + data, "utf-16": data.decode().encode("utf-16"), "set = 5": b"set = 5\n" + data}[how]
+
+
+@contextlib.contextmanager
+def _inside(directory: Path):
+    """The working directory for the block (contextlib.chdir is Python 3.11+)."""
+    before = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def test_fuzz_grid_toml(work):
+    @fuzz(40)
+    @given(data=st.data())
+    def check(data):
+        ex = _fresh(work)
+        raw = data.draw(grid_files(work / "store.zarr"))
+        (ex / "grid.toml").write_bytes(raw)
+        text = raw.decode("utf-8", "replace")
+        argv = ["grid", "-c", str(ex / "grid.toml")]
+        for key, flag, value in (("store", "--store", work / "store.zarr"), ("dataset", "-d", "test-toy"),
+                                 ("backbones", "-b", "tiny-timm-random"), ("methods", "-m", "fedavg"), ("out", "-o", ex / "g")):
+            if not re.search(rf"^{key} ", text, re.M):
+                argv += [flag, str(value)]
+        with _inside(ex):  # relative paths the file names stay in the example's directory
+            code, err = run_cli(argv + ["--partition", "iid", "--clients", "2"] if "[set]" not in text else argv)
+        if code:
+            assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1, err
 
     check()
