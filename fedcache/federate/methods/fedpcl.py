@@ -88,8 +88,10 @@ def _stack_memory(params: FedPCLParams, rows: int, clients: int, dim: int, n_cla
 
 
 @METHODS.register("fedpcl")
-# tau only: noise_scale and perturb enter float64 arithmetic, and ce_weight > 0 decides which layers train.
-@stackable(per_run=("tau",), memory=_stack_memory)
+# Read only in @per_run functions (tau in the contrastive loss, noise_scale and perturb in the sent prototypes'
+# noise), each as the run's own Python number, or by each run's own server (aggregation). Not ce_weight: whether
+# it is 0 decides which layers the whole local pass trains.
+@stackable(per_run=("tau", "noise_scale", "perturb", "aggregation"), memory=_stack_memory)
 class FedPCL(Method):
     description = "personal projection heads; clients exchange class prototypes and train contrastively"
     Params = FedPCLParams

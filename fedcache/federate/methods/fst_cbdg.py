@@ -100,16 +100,12 @@ def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_cl
     return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
 
 
-def _own_anchors(params: FSTCBDGParams) -> str:
-    if params.anchors == "prototypes":
-        return ("fst-cbdg anchors=prototypes draws each run's anchors from its own seed and clients, and a stack "
-                "trains every run against one set; use anchors=text")
-    return ""
-
-
 @METHODS.register("fst-cbdg")
-# beta is not per row: Eq. 4's 1 - beta, a float64 number in a run, would round differently as a float32 row value.
-@stackable(per_run=("lam",), padded_states=("q",), memory=_stack_memory, refuse=_own_anchors)
+# Eq. 5-7's settings and the anchors are read only in tsamp (@per_run) and in each run's own __init__, so they may
+# differ between stacked runs. beta is not per row: Eq. 4's 1 - beta, a float64 number in a run, would round
+# differently as a float32 row value.
+@stackable(per_run=("lam", "gamma", "sigma", "sampling", "tsamp_weight", "synthetic", "anchors", "shots"),
+           padded_states=("q",), memory=_stack_memory)
 class FSTCBDG(Method):
     description = "unsupervised: self-training on zero-shot soft pseudo-labels + class-balanced text sampling"
     Params = FSTCBDGParams
