@@ -94,7 +94,7 @@ ANCHORS = {
 }
 
 
-def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
+def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
     # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
     # pass's, the returned one); with refresh=all the unit features of the clients' rows.
     return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
