@@ -46,7 +46,7 @@ class FSTCBDGParams(Checked):
     anchors: Literal["text", "prototypes"] = "text"  # prototypes: extension for backbones without text
     templates: Literal["single", "ensemble"] = "single"  # Algorithm 1: "a photo of a {object}."
     shots: PositiveInt = 16  # labelled rows per class the server averages for anchors=prototypes
-    refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (see REFRESH)
+    refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (cbdg.LocalPass.refresh)
     # How Eq. 5's instances are drawn: "explicit" draws each D-dimensional z; "implicit" draws only what a
     # linear head's logits and gradients depend on (the same distribution, D/C times fewer numbers).
     synthetic: Literal["implicit", "explicit"] = "implicit"
@@ -64,18 +64,6 @@ class FSTCBDGParams(Checked):
             out["templates"] = "anchors=prototypes builds the anchors from labelled rows, not from text templates"
         return out
 
-
-def _refresh_batch(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
-    lp.refresh_batch(s, torch.softmax(logits.detach(), -1), mask, m.p.beta)
-
-
-def _refresh_all(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
-    lp.refresh_all(p, mask.any(1), m.p.beta)
-
-
-# Which pseudo-labels Eq. 4 refreshes each step: every row of the client (Algorithm 1 line 14, "for each
-# image") or only the step's mini-batch.
-REFRESH = {"all": _refresh_all, "batch": _refresh_batch}
 
 def positions(plan: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
     """The (K, S, B) plan's rows as positions in each client's row list (-1 stays): where each row's
@@ -143,16 +131,12 @@ class FSTCBDG(Method):
         rows = self.client_rows(clients)
         plan = self.plan(rnd, clients)
         _, valid = padded_rows(rows)
-        width = valid.shape[1]
         x = [unit(c.data.x_train[here(r)]) for r in rows] if self.p.refresh == "all" else None
-        lp = cbdg.LocalPass(states["q"][:, :width].clone(), here(positions(plan, rows)), valid, x,
-                            self.streams(rnd, clients))
+        lp = cbdg.LocalPass.start(states["q"], here(positions(plan, rows)), valid, x, self.streams(rnd, clients))
         info = {"pass": lp, "sizes": valid.sum(1).clamp_min(1)}
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind, plan,
                        c.optim, info)
-        q_out = states["q"].clone()
-        q_out[:, :width] = lp.q
-        return LocalResult({"q": q_out}, params, self.sample_counts(clients))
+        return LocalResult({"q": lp.write_into(states["q"])}, params, self.sample_counts(clients))
 
     @per_run()
     def streams(self, rnd: int, clients: list[int]) -> list[torch.Generator]:
@@ -166,7 +150,7 @@ class FSTCBDG(Method):
         lp: cbdg.LocalPass = info["pass"]
         s = info["step"]
         logits = linear_logits(p, unit(xb))
-        REFRESH[self.p.refresh](self, lp, s, p, logits, mask)
+        lp.refresh(self.p.refresh, s, p, logits, mask, self.p.beta)
         total = self.w_ist * cbdg.soft_cross_entropy(logits, lp.batch_q(s), mask)
         if self.w_tsamp:
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch
