@@ -1,8 +1,9 @@
 """Runs trained as one stack of federations (federate/stacked.py) equal the same runs one by one.
 
-Every method that declares itself stackable (federate/stacking.py) is here: each federation of a stack, with its own partition,
-seed, sampling fraction, optimizer settings and per-row method settings, must end with the per-client
-accuracies, history and final server and client state of its own ``loop.run``.
+Every method that declares itself stackable (federate/stacking.py) is here, with a stack for each setting its
+declaration lets differ (ROW_SETTINGS, generated from the declarations and the settings' types): each federation
+of a stack, with its own partition, seed, sampling fraction, optimizer settings and value of that setting, must end
+with the per-client accuracies, history and final server and client state of its own run.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from .conftest import synthetic
 STACKABLE = sorted(name for name, cls in METHODS.items() if stacking_of(cls) is not None)
 # Settings every run of a method's stacks shares, beyond the defaults: values worth covering too.
 SHARED = {"fedntd": {"tau": 2.0}, "fedrep": {"head_epochs": 1}}
-# A setting that acts only once another is set: the stacks that vary it share these.
+# A setting that acts only once another is set: the stacks that vary it share these (a missing entry fails
+# test_each_value_a_stacked_setting_takes_there_changes_what_its_run_computes).
 ENABLERS = {("fedpcl", "noise_scale"): {"noise": "gaussian"}, ("fedpcl", "perturb"): {"noise": "laplace"},
             ("fst-cbdg", "shots"): {"anchors": "prototypes"}}
 # A setting that acts only when a round's sampled clients lack a class: its stacks train on label-skewed partitions.
