@@ -97,3 +97,16 @@ def fake_disk(monkeypatch):
     from tests.faults import FakeDisk
 
     return lambda root, free: FakeDisk(monkeypatch, root, free)
+
+
+@pytest.fixture(params=["tmpfs", "faked"])
+def tight_disk(request, tmp_path, monkeypatch):
+    """A directory with little free space (tests/faults.py TightDisk): a real tmpfs where this process can mount
+    one (else that case skips), and the faked full disk everywhere."""
+    from tests.faults import TightDisk, can_mount
+
+    if request.param == "tmpfs" and not can_mount():
+        pytest.skip("a small file system needs root to mount a tmpfs (the faked full disk covers the same code)")
+    disk = TightDisk(tmp_path / "disk", monkeypatch, real=request.param == "tmpfs")
+    yield disk
+    disk.close()

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,41 @@ def fill(disk: Path, leave: int) -> None:
 
 def free_up(disk: Path) -> None:
     (disk / "filler").unlink(missing_ok=True)
+
+
+def can_mount() -> bool:
+    return sys.platform == "linux" and os.geteuid() == 0
+
+
+class TightDisk:
+    """A directory whose file system has ``leave(n)`` bytes free: a real tmpfs (``real``) filled up to that, or,
+    where this process cannot mount one, the faked full disk below. ``free_up()`` gives the space back."""
+
+    SIZE = "4m"
+
+    def __init__(self, where: Path, monkeypatch, real: bool) -> None:
+        self.path, self.real = where, real
+        if real:
+            mount_tmpfs(where, self.SIZE)
+        else:
+            where.mkdir(parents=True, exist_ok=True)
+            self.fake = FakeDisk(monkeypatch, where, 1 << 40)
+
+    def leave(self, n: int) -> None:
+        if self.real:
+            fill(self.path, n)
+        else:
+            self.fake.free = n
+
+    def free_up(self) -> None:
+        if self.real:
+            free_up(self.path)
+        else:
+            self.fake.free = 1 << 40
+
+    def close(self) -> None:
+        if self.real:
+            unmount(self.path)
 
 
 # ---- a faked full disk --------------------------------------------------------------------------------------
@@ -147,11 +183,33 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
-def cli_process(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
-    """``fedcache argv`` as its own process (this checkout first on the path)."""
+def cli_process(argv: list[str], cwd: Path | None = None, script: str | None = None, *args: str) -> subprocess.Popen:
+    """``fedcache argv`` as its own process (this checkout first on the path), in a session of its own so that a
+    test can kill it with its workers (``kill_all``). ``script`` (with ``args`` before ``argv``) runs instead of
+    the plain CLI: ``TOY_CLI`` knows the tests' dataset."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), FEDCACHE_DEBUG="")
-    return subprocess.Popen([sys.executable, "-m", "fedcache.cli", *map(str, argv)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    head = ["-c", script, *args] if script else ["-m", "fedcache.cli"]
+    return subprocess.Popen([sys.executable, *head, *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=cwd, start_new_session=True)
+
+
+# The CLI with the tests' dataset (test-toy) registered, as tests/conftest.py does in this process.
+TOY_CLI = "import sys, tests.conftest\nfrom fedcache.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def kill_all(proc: subprocess.Popen) -> None:
+    """``kill -9`` of a command and every process it started (its session): nothing lets go on its own."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+def holder_pid(directory: Path) -> int | None:
+    """The pid the lock file of ``directory`` names (fedcache/ownership.py), if any."""
+    from fedcache.ownership import LOCK, read_holder
+
+    holder = read_holder(Path(directory) / LOCK)
+    return holder.pid if holder else None
 
 
 HOLDER = """

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from fedcache.errors import DiskFullError
 from fedcache.grids.cells import METRIC_COLUMNS
 from fedcache.grids.run import CellCallback, PlanCallback, run_cells
 from fedcache.grids.select import run_selected
@@ -26,9 +27,16 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
     # Held before its grid.json is read, until its tables are written (fedcache/ownership.py): two grids in one
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
     with hold(spec.out, f"the grid directory {spec.out}"):
-        if spec.select:
-            return run_selected(spec, on_cell, on_plan)
-        return run_cells(spec, on_cell, on_plan=on_plan)
+        try:
+            if spec.select:
+                return run_selected(spec, on_cell, on_plan)
+            return run_cells(spec, on_cell, on_plan=on_plan)
+        except DiskFullError as exc:  # a cell's advice speaks of train's --resume: a grid resumes by itself
+            raise exc.advised(AGAIN) from None
+
+
+AGAIN = ("free some space and run the same grid command again: finished cells are kept, the others continue from "
+         "their last checkpoint")
 
 
 __all__ = ["METRIC_COLUMNS", "Cell", "GridSpec", "cells", "load_results", "load_toml", "option_axes", "run_grid",

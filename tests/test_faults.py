@@ -1,0 +1,256 @@
+"""The faults of everyday machines (issue 33), through the command line as a user meets them.
+
+- Two commands on one directory: a grid (both engines), a run, an extraction into one store. The second is
+  refused with one line naming the first (pid, host) and what to do, no traceback, nothing of the first's
+  touched; a command killed with ``kill -9`` leaves a lock the next command takes over (and says so), and the
+  grid it finishes holds the numbers of the same grid run alone.
+- A small file system (a real tmpfs where the tests run as root, else a faked full disk) under extract, store
+  import, partition, train, grid and report: one line naming the path and the space it needs, no temporary
+  files left, and the same command succeeds once there is space.
+- Names that are paths (``..``, ``/``, a leading dot, 300 characters, ...) for store import, extract and grid:
+  one line naming the option, nothing made.
+
+The lock and the disk writes themselves are tested in tests/test_ownership.py and tests/test_disk.py; grid TOML
+files in tests/grids/test_toml.py and tests/test_cli_fuzz.py.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcache.ownership import LOCK
+from tests.conftest import BACKBONE
+from tests.faults import TOY_CLI, cli_process, holder_pid, kill_all, leftovers, one_error_line, run_cli, wait_until
+
+DATA = ["-d", "test-toy", "-b", BACKBONE]
+HOST = socket.gethostname()
+
+
+def _results(grid: Path) -> list[dict]:
+    """A grid's results.csv without its timings (the one column two runs of one grid differ in)."""
+    with open(grid / "results.csv", newline="") as fh:
+        return sorted(({k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(fh)),
+                      key=lambda r: r["run_dir"])
+
+
+# ---- two commands on one directory -----------------------------------------------------------------------
+# Rounds enough that the first command is still running when the second has started and been refused.
+GRID_ROUNDS = {"batched": "25", "processes": "150"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["batched", "processes"])
+def test_two_grids_started_together_one_runs_and_a_killed_one_is_taken_over(engine, toy_store, tmp_path, capsys, caplog):
+    out = tmp_path / "g"
+    argv = ["grid", "--store", toy_store, *DATA, "-m", "fedavg,fedproto", "--partition", "iid", "--clients", "2",
+            "--rounds", GRID_ROUNDS[engine], "--engine", engine, "-o", out]
+    a, b = cli_process(argv), cli_process(argv)
+    try:
+        wait_until(lambda: a.poll() is not None or b.poll() is not None, 180)
+        loser = a if a.poll() is not None else b
+        winner = b if loser is a else a
+        _, err = loser.communicate()
+        assert loser.returncode == 1 and "Traceback" not in err, err
+        line = one_error_line(err)
+        assert line.startswith(f"error: the grid directory {out} is in use by another fedcache command: "
+                               f"pid {winner.pid} on {HOST} (`fedcache grid "), line
+        assert f"kill {winner.pid}" in line and "choose another --out" in line
+        assert winner.poll() is None, "the first grid finished before the test could kill it: give it more rounds"
+    finally:
+        kill_all(a), kill_all(b)  # kill -9 of the grid and its workers: its lock file stays behind
+    assert holder_pid(out) == winner.pid
+
+    with caplog.at_level(logging.WARNING):
+        code, err = run_cli(argv, capsys)  # the same command again: takes the directory over, resumes, finishes
+    assert code == 0, err
+    assert f"was left locked by pid {winner.pid} on {HOST}" in caplog.text and "taking it over" in caplog.text
+    assert not (out / LOCK).exists() and leftovers(out) == []
+
+    alone = tmp_path / "alone"
+    assert run_cli([*argv[:-1], alone], capsys)[0] == 0
+    assert _results(out) == _results(alone)  # no cell holds numbers another writer mixed in
+
+
+@pytest.mark.slow
+def test_a_second_train_on_a_running_out_is_refused_and_a_killed_one_is_taken_over(toy_store, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    argv = ["train", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--out", out]
+    first = cli_process([*argv, "--rounds", "2000"])
+    try:
+        wait_until(lambda: holder_pid(out) == first.pid and (out / "config.json").exists(), 120, first)
+        config = (out / "config.json").read_bytes()
+        for extra in ([], ["--resume"], ["--overwrite"]):  # --overwrite must not clear the running command's files
+            code, err = run_cli([*argv, "--rounds", "2000", *extra], capsys)
+            line = one_error_line(err)
+            assert code == 1 and line.startswith(f"error: the run directory {out} is in use by another fedcache "
+                                                 f"command: pid {first.pid} on {HOST}"), err
+        assert (out / "config.json").read_bytes() == config and first.poll() is None
+    finally:
+        kill_all(first)
+    assert (out / LOCK).exists()
+    with caplog.at_level(logging.WARNING):
+        code, err = run_cli([*argv, "--rounds", "2", "--overwrite"], capsys)
+    assert code == 0, err
+    assert f"the run directory {out} was left locked by pid {first.pid}" in caplog.text
+    assert (out / "summary.json").exists() and not (out / LOCK).exists() and leftovers(out) == []
+
+
+# The extraction, slowed down before each entry's rows: it holds that entry's lock meanwhile.
+SLOW_EXTRACT = """
+import sys, time, tests.conftest
+import fedcache.extract.runner as runner
+from fedcache.cli import main
+fill = runner._fill_chunks
+def slow(*a, **k):
+    print("writing", flush=True)
+    time.sleep(float(sys.argv[1]))
+    return fill(*a, **k)
+runner._fill_chunks = slow
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_extraction_of_the_same_entries_is_refused_or_waits(toy_store, tmp_path, capsys):
+    store = tmp_path / "s.zarr"
+    argv = ["extract", *DATA, "--store", store, "--workers", "0"]
+    first = cli_process(argv, None, SLOW_EXTRACT, "1.5")
+    try:
+        assert first.stdout.readline().strip() == "writing", first.stderr.read()
+        code, err = run_cli(argv, capsys)
+        line = one_error_line(err)
+        assert code == 1 and "is being written by another process: " in line, err
+        assert f"pid {first.pid} on {HOST}" in line and "--wait" in line
+        code, err = run_cli([*argv, "--wait", "120"], capsys)  # queues behind it, entry by entry
+        assert code == 0, err
+        _, err = first.communicate(timeout=120)
+        assert first.returncode == 0 and "Traceback" not in err, err
+    finally:
+        kill_all(first)
+    assert run_cli(["store", "verify", "--store", store], capsys)[0] == 0
+    from fedcache.store.feature_store import FeatureStore
+
+    for split in ("train", "test"):  # the same features as one extraction alone
+        got, want = (FeatureStore(s).read("test-toy", split, BACKBONE) for s in (store, toy_store))
+        np.testing.assert_array_equal(got.features, want.features)
+        np.testing.assert_array_equal(got.labels, want.labels)
+
+
+# ---- a small file system ---------------------------------------------------------------------------------
+def _import_file(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    np.savez(path, train__features=rng.normal(size=(600, 16)).astype(np.float32), train__labels=np.arange(600) % 3,
+             train__domains=np.zeros(600, int))
+    return path
+
+
+def _commands(toy_store: Path, toy_grid: Path, tmp: Path, disk: Path) -> dict[str, tuple]:
+    """command -> (its argv, what to set up on the disk first, a check once it succeeded)."""
+    run = ["--partition", "iid", "--clients", "2", "--rounds", "3"]
+
+    def copy_store():
+        shutil.copytree(toy_store, disk / "s.zarr")
+
+    return {
+        "extract": (["extract", *DATA, "--store", disk / "s.zarr", "--workers", "0"], None,
+                    ["store", "verify", "--store", disk / "s.zarr"]),
+        "store import": (["store", "import", _import_file(tmp / "mine.npz"), "-d", "mine", "-b", "enc", "--store",
+                          disk / "s.zarr"], None, ["store", "verify", "--store", disk / "s.zarr"]),
+        "partition": (["partition", "--store", disk / "s.zarr", *DATA, "--partition", "dirichlet", "--clients", "4",
+                       "--alpha", "0.7", "--seed", "9"], copy_store, ["store", "verify", "--store", disk / "s.zarr"]),
+        "train": (["train", "--store", toy_store, *DATA, "-m", "fedavg", *run, "--out", disk / "run"], None,
+                  ["report", disk / "run", "-o", tmp / "report"]),
+        "grid": (["grid", "--store", toy_store, *DATA, "-m", "fedavg,fedproto", *run, "-o", disk / "g"], None,
+                 ["report", disk / "g", "-o", tmp / "report"]),
+        "grid processes": (["grid", "--store", toy_store, *DATA, "-m", "fedavg,fedproto", *run, "--engine", "processes",
+                            "-o", disk / "g"], None, ["report", disk / "g", "-o", tmp / "report"]),
+        "report": (["report", toy_grid, "-o", disk / "report"], None, None),
+    }
+
+
+# Free bytes to leave: none (the first file), and some (a few files written, then one that does not fit), on the
+# tmpfs and on the faked disk (which counts the bytes written, not the blocks they take: about half of each command's).
+LEAVE = {"extract": (60_000, 9_000), "store import": (30_000, 20_000), "partition": (30_000, 30_000), "train": (10_000, 6_000),
+         "grid": (20_000, 300_000), "grid processes": (100_000, 0), "report": (40_000, 100_000)}
+
+
+@pytest.mark.parametrize("leave", ["none", "some"])
+@pytest.mark.parametrize("command", sorted(LEAVE))
+def test_a_full_disk_is_one_line_and_the_same_command_then_succeeds(command, leave, tight_disk, toy_store, toy_grid,
+                                                                     tmp_path, capsys):
+    if command == "grid processes" and not tight_disk.real:
+        pytest.skip("the cells run in worker processes, which the faked disk (this process's) does not reach")
+    argv, setup, after = _commands(toy_store, toy_grid, tmp_path, tight_disk.path)[command]
+    if setup:
+        setup()
+    tight_disk.leave(0 if leave == "none" else LEAVE[command][not tight_disk.real])
+    code, err = run_cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith("error: no space left on the disk for "), err
+    assert f" {tight_disk.path}/" in line and ("it needs" in line or "quota" in line), line
+    assert "free some space" in line, line
+    assert command == "train" or "--resume" not in line, line  # only train has --resume
+    assert leftovers(tight_disk.path) == []
+    tight_disk.free_up()
+    # The same command (a run stopped after a checkpoint continues from it, as the line says)
+    code, err = run_cli(argv + (["--resume"] if command == "train" and "--resume" in line else []), capsys)
+    assert code == 0, err
+    if after:  # what it wrote reads back whole
+        assert run_cli(after, capsys)[0] == 0
+
+
+# ---- names that are paths ------------------------------------------------------------------------------------
+HOSTILE = {"..": "directories, not names", ".": "directories, not names", "/": "path separator",
+           "a/b": "path separator", "../x": "path separator", "a\\b": "path separator", ".hidden": "hidden",
+           "x" * 300: "at most 255", "é" * 130: "at most 255", "": "empty", " a": "space", "a\nb": "control character",
+           "a,b": "comma", "__x": "Zarr keeps"}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE), ids=[repr(n)[:24] for n in HOSTILE])
+def test_a_name_that_is_a_path_is_refused_where_it_enters(name, toy_store, tmp_path, capsys):
+    why = HOSTILE[name]
+    store = tmp_path / "s.zarr"
+    src = _import_file(tmp_path / "f.npz")
+    for option, argv in (("--dataset", ["store", "import", src, "-d", name, "-b", "enc", "--store", store]),
+                         ("--backbone", ["store", "import", src, "-d", "mine", "-b", name, "--store", store]),
+                         ("--name", ["extract", *DATA, "--name", name, "--store", store, "--workers", "0"])):
+        code, err = run_cli(argv, capsys)
+        line = one_error_line(err)
+        assert code in (1, 2) and option in line and why in line, (argv, err)
+        assert not store.exists(), argv  # nothing made
+    grids = [("--dataset (data.dataset)", why, ["-d", name, "-b", BACKBONE])] if name else \
+        [("a grid needs --dataset", "", ["-d", name, "-b", BACKBONE])]
+    if name.strip() == name and "," not in name and name:  # a list is split at commas, each name stripped
+        grids.append(("--backbones (data.backbones)", why, ["-d", "test-toy", "-b", name]))
+    for option, said, data in grids:
+        out = tmp_path / "g"
+        code, err = run_cli(["grid", "--store", toy_store, *data, "-m", "fedavg", "--rounds", "1", "-o", out], capsys)
+        line = one_error_line(err)
+        assert code in (1, 2) and option in line and said in line, err
+        assert not out.exists() or sorted(p.name for p in out.iterdir()) == ["grid.json"]
+
+
+def test_a_backbone_name_that_is_a_path_makes_no_store(tmp_path, capsys):
+    for name in ("..", "../x", "/"):
+        code, err = run_cli(["extract", "-d", "test-toy", "-b", name, "--store", tmp_path / "s.zarr"], capsys)
+        assert code in (1, 2) and "backbone" in one_error_line(err).lower(), err
+        assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_grid_cell_s_folder_name_fits_a_file_system_and_stays_its_own():
+    from fedcache.grids.spec import CELL_NAME_MAX, Cell
+
+    long = "x" * 300
+    cells = [Cell("fedavg", 0, (("set.note", long + end),)) for end in ("a", "b")] + \
+            [Cell("fedavg", 0, (("set.note", "../../etc"),)), Cell("fedavg", 0, (("set.note", "/"),))]
+    names = [c.name for c in cells]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert len(name) <= CELL_NAME_MAX and "/" not in name and name not in (".", "..") and not name.startswith(".")
+    assert names[0].startswith("fedavg__set.note=xxx")
