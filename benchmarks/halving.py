@@ -54,14 +54,15 @@ def _features(store: Path, data: tuple[str, str]) -> None:
         fedcache.extract_features(data[0], [data[1]], store=store)
 
 
-def run_arm(arm: str, store: Path, data, grid, out: Path, jobs: int, eta: int, min_rounds: int | None) -> float:
+def run_arm(arm: str, store: Path, data, grid, out: Path, jobs: int, eta: int, min_rounds: int | None,
+            plans: list[str]) -> float:
     import fedcache
 
     methods, sweep, seeds = grid
     prune = {"prune": "halving", "reduction_factor": eta, "min_rounds": min_rounds} if arm == "halving" else {}
     t0 = time.perf_counter()
     fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=methods, sweep=sweep, seeds=seeds, out=out,
-                  jobs=jobs, select=["lr"], **prune)
+                  jobs=jobs, select=["lr"], on_plan=plans.append, **prune)
     return time.perf_counter() - t0
 
 
@@ -69,17 +70,19 @@ def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds
     data, grid = (TINY_DATA, TINY) if tiny else (DATA, GRIDS[name])
     _features(store, data)
     walls: dict[str, list[float]] = {a: [] for a in ARMS}
+    plans: dict[str, list[str]] = {a: [] for a in ARMS}
     out: dict = {"grid": {"methods": grid[0], "sweep": grid[1], "seeds": grid[2]}, "trials": trials,
                  "load_average_at_start": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
         for t in range(trials):
             for arm in ARMS if t % 2 == 0 else ARMS[::-1]:
-                walls[arm].append(round(run_arm(arm, store, data, grid, Path(tmp) / f"{arm}-{t}", jobs, eta, min_rounds), 1))
+                said = plans[arm] if t == 0 else []
+                walls[arm].append(round(run_arm(arm, store, data, grid, Path(tmp) / f"{arm}-{t}", jobs, eta, min_rounds, said), 1))
         full, pruned = Path(tmp) / "full-0", Path(tmp) / "halving-0"
         out["choices"] = compare(full, pruned)
         out["replay_matches_pruned_grid"] = replay_choices(full, eta, min_rounds) == chosen(pruned)
         out["validation_rounds"] = _rounds_caption(pruned)
-    out["wall_seconds"] = walls
+    out["wall_seconds"], out["plans"] = walls, plans
     out["full_over_halving_per_trial"] = [round(f / h, 2) for f, h in zip(walls["full"], walls["halving"])]
     out["full_over_halving"] = round(statistics.median(walls["full"]) / statistics.median(walls["halving"]), 2)
     out["reduction_factor"], out["min_rounds"] = eta, min_rounds
