@@ -8,10 +8,11 @@ method opts in with one decorator on its class, and its file otherwise reads as 
   settings may differ between the runs of a stack and how the joint object sees them: a ``per_row`` setting
   arrives as a (K,) float32 tensor, one value per client row; a ``per_run`` setting is read only inside
   ``@per_run`` functions, where it is the run's own value. ``padded_states`` are client-state entries whose
-  trailing axes depend on the run's partition (zero-padded to the widest run). ``memory`` estimates the
-  bytes a run holds in a stack beyond its heads and mini-batches; ``refuse`` says why runs with given
-  settings cannot stack. The declaration is the class's own: a subclass changes what ``local_update``
-  computes, so it must declare again.
+  trailing axes depend on the run's partition (zero-padded to the widest run).
+  ``memory(params, rows, clients, dim, n_classes, batch)`` estimates the bytes a run holds in a stack beyond its
+  heads and mini-batches (``batch``: the mini-batch size); ``refuse`` says why runs with given settings cannot
+  stack. The declaration is the class's own: a subclass changes what ``local_update`` computes, so it must
+  declare again.
 - ``@per_run(*rows)`` marks a method function that computes over *one run's* clients (a prototype pass, a
   loss against the run's own prototype sets, a client's random stream). In a run by itself it is a plain
   call. In a stack, the joint object calls it once per run on that run's own method object (its seed,
@@ -42,7 +43,7 @@ class Stacking:
     per_row: tuple[str, ...] = ()
     per_run: tuple[str, ...] = ()
     padded_states: tuple[str, ...] = ()
-    memory: Callable[..., int] = lambda params, rows, clients, dim, n_classes: 0
+    memory: Callable[..., int] = lambda params, rows, clients, dim, n_classes, batch: 0
     refuse: Callable[[Any], str] = lambda params: ""
 
     @property

@@ -219,7 +219,8 @@ def cell_bytes(cfg, tables) -> int:
     params = sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
     clients = partition_request(cfg, len(train_t.domain_names)).n_clients
     step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
-    rows = stacking_of(method_class(cfg.method.name)).memory(cfg.method.params, len(train_t.labels), clients, dim, classes)
+    rows = stacking_of(method_class(cfg.method.name)).memory(cfg.method.params, len(train_t.labels), clients, dim, classes,
+                                                             cfg.schedule.batch_size)
     return 4 * clients * (8 * params + step) + rows
 
 

@@ -1,17 +1,20 @@
 """Runs trained as one stack of federations (federate/stacked.py) equal the same runs one by one.
 
-Every method that declares itself stackable (federate/stacking.py) is here: each federation of a stack, with its own partition,
-seed, sampling fraction, optimizer settings and per-row method settings, must end with the per-client
-accuracies, history and final server and client state of its own ``loop.run``.
+Every method that declares itself stackable (federate/stacking.py) is here, with a stack for each setting its
+declaration lets differ (ROW_SETTINGS, generated from the declarations and the settings' types): each federation
+of a stack, with its own partition, seed, sampling fraction, optimizer settings and value of that setting, must end
+with the per-client accuracies, history and final server and client state of its own run.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 import pytest
 import torch
 
+from fedcache.config import base_type, choices, fields_of, value_range
 from fedcache.federate.schedule import Schedule
 from fedcache.errors import ConfigError
 from fedcache.federate import driver
@@ -19,18 +22,59 @@ from fedcache.federate.driver import Run as Federation
 from fedcache.federate.inprocess import run_one
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB
+from fedcache.federate.methods.fst_cbdg import FSTCBDGParams
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.rundir import RunDir
-from fedcache.federate.stacked import Stacked
+from fedcache.federate.stacked import Stacked, stack_key, why_alone
 from fedcache.federate.stacking import Joint, stacking_of
 
 from .conftest import synthetic
 
-# Per method: the per-row settings its federations differ in (besides partition, seed, lr, weight decay).
-ROW_SETTINGS = {"fedavg": [{}], "fedprox": [{"mu": 0.01}, {"mu": 0.5}], "solo": [{}],
-                "fedntd": [{"beta": 1.0, "tau": 2.0}, {"beta": 0.3, "tau": 2.0}], "fedrep": [{"head_epochs": 1}],
-                "fedproto": [{"lam": 1.0}, {"lam": 0.3}], "fst-cbdg": [{"lam": 1.0}, {"lam": 0.3}, {"lam": 0.0}],
-                "fedpcl": [{"tau": 0.07}, {"tau": 0.5}, {"tau": 0.2}]}
+STACKABLE = sorted(name for name, cls in METHODS.items() if stacking_of(cls) is not None)
+# Settings every run of a method's stacks shares, beyond the defaults: values worth covering too.
+SHARED = {"fedntd": {"tau": 2.0}, "fedrep": {"head_epochs": 1}}
+# A setting that acts only once another is set: the stacks that vary it share these (a missing entry fails
+# test_each_value_a_stacked_setting_takes_there_changes_what_its_run_computes).
+ENABLERS = {("fedpcl", "noise_scale"): {"noise": "gaussian"}, ("fedpcl", "perturb"): {"noise": "laplace"},
+            ("fst-cbdg", "shots"): {"anchors": "prototypes"}}
+# A setting that acts only when a round's sampled clients lack a class: its stacks train on label-skewed partitions.
+LABEL_SKEW = {("fedproto", "missing")}
+
+
+def candidates(typ, default) -> list:
+    """The default, then the other values of a setting's declared type that a stack tries: the other choices,
+    the flipped bool, or half, zero and double of a number (0.5, 1 and 2 when it is 0) where its range allows."""
+    named = choices(typ)
+    if named:
+        return [default, *(c for c in named if c != default)]
+    base = base_type(typ)
+    if base is bool:
+        return [default, not default]
+    if base not in (int, float):
+        raise TypeError(f"no candidate values for a stacked setting of type {typ}: add them to candidates()")
+    allowed = value_range(typ)
+    out = [default]
+    for v in map(base, [default / 2, 0, default * 2] if default else [0.5, 1, 2]):
+        if v not in out and (allowed is None or allowed.contains(v)):
+            out.append(v)
+    return out
+
+
+def _row_settings() -> dict[str, dict[str, list]]:
+    out = {}
+    for name in STACKABLE:
+        cls = METHODS.get(name)
+        types, defaults = fields_of(cls.Params), cls.Params(**SHARED.get(name, {}))
+        out[name] = {s: candidates(types[s], getattr(defaults, s)) for s in stacking_of(cls).varying}
+    return out
+
+
+# Per method, each setting its declaration lets differ between stacked runs -> the values its runs take.
+ROW_SETTINGS = _row_settings()
+# (method, the setting its stack's runs differ in; None for a method that declares none)
+CASES = [(name, setting) for name in STACKABLE for setting in ROW_SETTINGS[name] or [None]]
+# The setting the other tests' stacks differ in: the method's first declared one.
+FIRST = {name: next(iter(ROW_SETTINGS[name]), None) for name in STACKABLE}
 
 
 def run_stack(feds, checkpoint=None, on_round=None):
@@ -39,50 +83,69 @@ def run_stack(feds, checkpoint=None, on_round=None):
                       checkpoint=checkpoint)
 
 
-def test_the_methods_that_declare_themselves_stackable_are_exactly_those_tested_here():
-    declared = {name for name, cls in METHODS.items() if stacking_of(cls) is not None}
-    assert declared == set(ROW_SETTINGS)
+def test_declarations_are_per_class_and_every_declared_setting_gets_other_values():
     # Declared per class: a subclass (fedprox-ssl, ...) does not inherit its parent's declaration.
     assert stacking_of(type("Sub", (METHODS.get("fedavg"),), {})) is None
+    assert {"fedavg", "fedpcl", "fedproto", "fst-cbdg"} <= set(STACKABLE)
+    # What docs/getting-started.md says cells may differ in and still share a stack.
+    assert {"tau", "noise_scale", "perturb", "aggregation"} <= set(ROW_SETTINGS["fedpcl"])
+    assert {"lam", "predict", "aggregation", "missing", "init"} <= set(ROW_SETTINGS["fedproto"])
+    assert {"lam", "gamma", "sigma", "sampling", "tsamp_weight", "synthetic", "anchors", "shots"} <= set(ROW_SETTINGS["fst-cbdg"])
+    for name, settings in ROW_SETTINGS.items():
+        for setting, values in settings.items():
+            assert len(values) > 1, f"{name}'s {setting}: no value other than its default to stack it with"
 
 
-def test_every_stacked_setting_differs_between_the_runs_of_the_tested_stacks():
-    """A setting declared per row or per run is left out of the grid's grouping key, so cells differing in it
-    share a stack: the equality tests below must see it differ, or a stack applying the first run's value to
-    every row would pass them."""
-    for name, rows in ROW_SETTINGS.items():
-        for setting in stacking_of(METHODS.get(name)).varying:
-            assert len({row.get(setting) for row in rows}) > 1, f"{name}'s {setting} takes one value in ROW_SETTINGS"
+def test_a_stacked_setting_s_candidate_values_follow_its_declared_type():
+    typ = {**fields_of(METHODS.get("fedpcl").Params), **{f"cbdg.{n}": t for n, t in fields_of(FSTCBDGParams).items()}}
+    assert candidates(typ["tau"], 0.07) == [0.07, 0.035, 0.14]  # Positive: no zero
+    assert candidates(typ["perturb"], 0.1) == [0.1, 0.05, 0.0, 0.2]
+    assert candidates(typ["perturb"], 0.8) == [0.8, 0.4, 0.0]  # Fraction: no 1.6
+    assert candidates(typ["cbdg.gamma"], 0.0) == [0.0, 0.5, 1.0, 2.0]
+    assert candidates(typ["cbdg.shots"], 16) == [16, 8, 32]  # PositiveInt
+    assert candidates(typ["aggregation"], "mean") == ["mean", "weighted"]
+    assert candidates(bool, False) == [False, True]
 
 
-def partitions(base, seed: int, n_clients: int):
-    """Another split of the same rows among ``n_clients`` clients (unequal sizes)."""
+def partitions(base, seed: int, n_clients: int, skew: bool = False):
+    """Another split of the same rows among ``n_clients`` clients (unequal sizes); ``skew``: client k keeps only
+    its rows of classes k..k+5 (mod C), so a round's sampled clients can miss a class."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(base.y_train))
     cuts = np.sort(rng.choice(np.arange(1, len(order)), n_clients - 1, replace=False))
     train = [np.sort(p) for p in np.split(order, cuts)]
     test = [np.sort(p) for p in np.array_split(rng.permutation(len(base.y_test)), n_clients)]
+    if skew:
+        held = [(k + np.arange(6)) % base.n_classes for k in range(n_clients)]
+        train = [r[np.isin(base.y_train[r].numpy(), h)] for r, h in zip(train, held)]
+        test = [r[np.isin(base.y_test[r].numpy(), h)] for r, h in zip(test, held)]
     return dataclasses.replace(base, client_train=train, client_test=test)
 
 
 # Per federation: SGD's momentum, Adam's betas and eps. Each differs between the runs of a stack, so a stack that
 # took any of them from its first run (rather than each run's own optimizer settings) fails the comparisons.
 OPTIM_ROWS = [(0.9, (0.9, 0.999), 1e-8), (0.5, (0.8, 0.99), 1e-7), (0.0, (0.9, 0.99), 1e-8), (0.9, (0.85, 0.999), 1e-6)]
+RUNS = [(0, 4, 1e-2), (1, 5, 3e-2), (2, 3, 1e-2), (0, 4, 3e-3)]  # per federation: seed, clients, lr
 
 
 def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, shared: dict | None = None,
-                head: str | None = None):
-    """Four runs differing in partition (and client count), seed, lr, weight decay, momentum, betas, eps and
-    the row settings; ``shared``: settings of all four."""
+                head: str | None = None, setting: str | None = "first"):
+    """Four runs (or one per value of ``setting``, if more) differing in partition (and client count), seed, lr,
+    weight decay, momentum, betas, eps and ``setting`` (default: the method's first declared one), which takes
+    its ROW_SETTINGS values in turn; ``shared``: settings of all the runs."""
+    setting = FIRST[name] if setting == "first" else setting
+    values = [{setting: v} for v in ROW_SETTINGS[name][setting]] if setting else [{}]
+    common = {**SHARED.get(name, {}), **ENABLERS.get((name, setting), {}), **(shared or {})}
     base = synthetic(n_clients=4, per_client=40)
     text = torch.randn(base.n_classes, base.dim, generator=torch.Generator().manual_seed(3))
     base = dataclasses.replace(base, info={"text": text})  # class-text embeddings (fst-cbdg's anchors)
     cls = METHODS.get(name)
     out = []
-    for i, (seed, n, lr) in enumerate([(0, 4, 1e-2), (1, 5, 3e-2), (2, 3, 1e-2), (0, 4, 3e-3)]):
-        data = partitions(base, 10 + i, n)
-        params = cls.Params(**ROW_SETTINGS[name][i % len(ROW_SETTINGS[name])], **(shared or {}))
-        momentum, betas, eps = OPTIM_ROWS[i]
+    for i in range(max(len(RUNS), len(values))):
+        seed, n, lr = RUNS[i % len(RUNS)]
+        data = partitions(base, 10 + i, n, skew=(name, setting) in LABEL_SKEW)
+        params = cls.Params(**{**common, **values[i % len(values)]})
+        momentum, betas, eps = OPTIM_ROWS[i % len(OPTIM_ROWS)]
         optim = OptimConfig(optimizer, lr, momentum, 1e-4 * (i + 1), betas, eps)
         ctx = MethodContext(data, head or cls.default_head, optim, schedule=Schedule(local_epochs=2, batch_size=16, seed=seed, rounds=3))
         out.append(Federation(cls(ctx, params), Schedule(rounds=3, fraction=fraction if i % 2 else 1.0, eval_every=2)))
@@ -114,18 +177,39 @@ def compare(feds, exact: bool, tol: float = 1e-4) -> None:
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-@pytest.mark.parametrize("name", sorted(ROW_SETTINGS))
-def test_a_stack_computes_what_its_runs_compute_one_by_one(name, optimizer):
-    """Bit-identical, though the runs differ in partition, client count and seed: every step is the plan's
-    full width (local.train), so each federation's rows take the same kernels' arithmetic as in its own run
-    (its own plan, one fused optimizer call per federation, the per-run aggregation on its own slice;
-    FST-CBDG's synthetic instances padded per run, not per stack)."""
-    compare(federations(name, optimizer, fraction=0.6), exact=True)
+@pytest.mark.parametrize("name, setting", CASES, ids=lambda v: str(v))
+def test_a_stack_computes_what_its_runs_compute_one_by_one(name, setting, optimizer):
+    """Bit-identical, though the runs differ in partition, client count, seed and each setting the method declares
+    per row or per run: every step is the plan's full width (local.train), so each federation's rows take the same
+    kernels' arithmetic as in its own run (its own plan, one fused optimizer call per federation, the per-run
+    aggregation on its own slice; FST-CBDG's synthetic instances padded per run, not per stack)."""
+    compare(federations(name, optimizer, fraction=0.6, setting=setting), exact=True)
+
+
+def outcome(result) -> str:
+    """What a run computed: its history and final states, as one digest."""
+    h = hashlib.sha256(repr(result.history).encode())
+    for part in (result.server, result.clients):
+        for n in sorted(part):
+            h.update(n.encode() + part[n].cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("name, setting", [c for c in CASES if c[1]], ids=lambda v: str(v))
+def test_each_value_a_stacked_setting_takes_there_changes_what_its_run_computes(name, setting):
+    """Else a stack that applied one run's value to every row could pass the equality test above. A setting that
+    acts only once another is set needs an entry in ENABLERS (or LABEL_SKEW)."""
+    f = federations(name, fraction=0.6, setting=setting)[1]  # a run sampling 3 of its 5 clients a round
+    m = f.method
+    got = [outcome(run_one(Federation(type(m)(dataclasses.replace(m.ctx), dataclasses.replace(m.p, **{setting: v})),
+                                      f.schedule))) for v in ROW_SETTINGS[name][setting]]
+    assert len(set(got)) == len(got), f"{name}'s {setting}: {ROW_SETTINGS[name][setting]} -> {got}"
 
 
 # Options that change what local_update or aggregate computes, each stacked as well.
 VARIANTS = [("fedproto", PFLLIB), ("fedproto", {"local_protos": "last-epoch", "predict": "proto"}),
             ("fst-cbdg", {"refresh": "batch", "synthetic": "explicit"}),
+            ("fst-cbdg", {"anchors": "prototypes", "shots": 4}),
             ("fst-cbdg", {"sampling": "equal", "tsamp_weight": "sum", "losses": "tsamp", "gamma": 0.5}),
             ("fedpcl", {"contrast": "batch", "first_round": "ce"}),
             ("fedpcl", {"first_round": "decay"}),
@@ -158,7 +242,7 @@ def test_fedproto_computes_a_stack_s_prototypes_run_by_run(monkeypatch):
 def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_stack_that_draws():
     """lambda = 0 per row: that run's rows draw nothing (its run alone skips L_tSamp), so the padding of the
     other runs' synthetic instances never reaches its arithmetic."""
-    feds = federations("fst-cbdg", "adam", fraction=0.6)
+    feds = federations("fst-cbdg", "adam", fraction=0.6, setting="lam")
     i = next(i for i, f in enumerate(feds) if f.method.p.lam == 0.0)
     got, alone = run_stack([fresh(f) for f in feds])[i], run_one(fresh(feds[i]))
     assert got.history == alone.history
@@ -166,12 +250,13 @@ def test_a_fst_cbdg_run_without_synthetic_instances_stays_bit_identical_in_a_sta
     assert all(torch.equal(got.clients[n], alone.clients[n]) for n in alone.clients)
 
 
-def test_fst_cbdg_with_prototype_anchors_runs_alone():
-    (f,) = federations("fst-cbdg")[:1]
-    m = f.method
-    proto = Federation(type(m)(dataclasses.replace(m.ctx), dataclasses.replace(m.p, anchors="prototypes")), f.schedule)
-    with pytest.raises(ConfigError, match="anchors=prototypes draws each run's anchors"):
-        run_stack([proto])
+def test_fst_cbdg_runs_with_prototype_anchors_stack_each_with_its_own_anchors():
+    """Each run draws its anchors from its own seed and clients (in its own method object); the stack reads them
+    only in tsamp, run by run, so such runs stack (and equal their runs alone: VARIANTS, CASES)."""
+    feds = federations("fst-cbdg", fraction=0.6, shared={"anchors": "prototypes"})
+    assert all(why_alone(f) == "" for f in feds) and len({stack_key(f) for f in feds}) == 1
+    assert not torch.equal(feds[0].method.anchors, feds[1].method.anchors)
+    Stacked(feds)  # no refusal
 
 
 def test_a_broadcast_whose_shape_differs_between_runs_is_read_run_by_run(monkeypatch):

@@ -58,10 +58,16 @@ def batch_term(z, y, mask, P, present, tau) -> tuple[torch.Tensor, torch.Tensor]
     cols = (m2.unsqueeze(1) & not_self).unsqueeze(1)  # (K, 1, 2B, 2B)
     pos = cols & (y2.unsqueeze(2) == y2.unsqueeze(1)).unsqueeze(1)
     log_prob = s - s.masked_fill(~cols, NEG_INF).logsumexp(-1, keepdim=True)
-    per_anchor = -(log_prob * pos).sum(-1) / pos.sum(-1).clamp_min(1)  # (K, M, 2B)
+    per_anchor = -_positives(log_prob, pos)  # (K, M, 2B)
     per_row = 0.5 * (per_anchor[..., : n // 2] + per_anchor[..., n // 2:])  # both views of a row
     valid = present[:, y].permute(1, 2, 0) & (pos.sum(-1)[..., : n // 2] > 0).permute(0, 2, 1)
     return per_row.permute(0, 2, 1), valid
+
+
+def _positives(log_prob: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Mean log-probability of each anchor's positives. Selected, not multiplied by the mask: a client with no
+    real row in a step has no column to normalise over, so its log_prob is +inf, and inf * 0 is NaN."""
+    return torch.where(pos, log_prob, 0.0).sum(-1) / pos.sum(-1).clamp_min(1)
 
 
 def fedpcl(method, z, y, mask, sets, tau) -> torch.Tensor:
@@ -84,7 +90,7 @@ def supcon(method, z, y, mask, sets, tau) -> torch.Tensor:
     cols = m2.unsqueeze(1) & ~torch.eye(n, dtype=torch.bool)
     pos = cols & (y2.unsqueeze(2) == y2.unsqueeze(1))
     log_prob = s - s.masked_fill(~cols, NEG_INF).logsumexp(-1, keepdim=True)
-    per_anchor = -(log_prob * pos).sum(-1) / pos.sum(-1).clamp_min(1)
+    per_anchor = -_positives(log_prob, pos)
     return masked_mean(0.5 * (per_anchor[:, : n // 2] + per_anchor[:, n // 2:]), mask)
 
 

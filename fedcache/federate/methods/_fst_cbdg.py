@@ -56,6 +56,27 @@ class LocalPass:
     x: list[torch.Tensor] | None  # per client, unit features of its rows (n_i, D) (refresh="all" only)
     gens: list[torch.Generator]
 
+    @classmethod
+    def start(cls, q: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, x: list[torch.Tensor] | None,
+              gens: list[torch.Generator]) -> LocalPass:
+        """A client starts its pass from its pseudo-labels q^{t-1} (Algorithm 1): a copy of the clients' state
+        q (K, n_max, C), cut to the widest of these K clients (``valid``'s width)."""
+        return cls(q[:, : valid.shape[1]].clone(), pos, valid, x, gens)
+
+    def write_into(self, q: torch.Tensor) -> torch.Tensor:
+        """The clients' pseudo-labels after the pass, to keep for their next round: the state ``q`` with this
+        pass's q^t over its first columns."""
+        out = q.clone()
+        out[:, : self.q.shape[1]] = self.q
+        return out
+
+    def refresh(self, rows: str, s: int, params: dict[str, torch.Tensor], logits: torch.Tensor, mask: torch.Tensor,
+                beta: float) -> None:
+        """Eq. 4 at step s, q^t = beta q^{t-1} + (1 - beta) f(z): for every row of the client (Algorithm 1 line 14,
+        "for each image", ``rows="all"``) with the current heads ``params``, or only for the step's mini-batch
+        (``rows="batch"``) with the step's ``logits`` (K, B, C)."""
+        REFRESH[rows](self, s, params, logits, mask, beta)
+
     @staticmethod
     def streams(seed: int, rnd: int, clients: list[int]) -> list[torch.Generator]:
         """Seeded per (run seed, round, client): a client draws the same instances alone or batched."""
@@ -87,6 +108,13 @@ class LocalPass:
             x = self.x[i]
             f = torch.softmax((w[i].T @ x.T).T + b[i], -1)  # (w^T x^T)^T: see heads/base.py affine
             self.q[i, : len(x)] = ema(self.q[i, : len(x)], f, beta)
+
+
+# Which rows Eq. 4 refreshes at each step (the ``refresh`` setting).
+REFRESH = {
+    "all": lambda lp, s, params, logits, mask, beta: lp.refresh_all(params, mask.any(1), beta),
+    "batch": lambda lp, s, params, logits, mask, beta: lp.refresh_batch(s, torch.softmax(logits.detach(), -1), mask, beta),
+}
 
 
 def draw_classes(n: torch.Tensor, share: torch.Tensor, gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:

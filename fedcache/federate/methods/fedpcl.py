@@ -82,14 +82,28 @@ BACKBONE_HEATMAP = MethodCommand(
 )
 
 
-def _stack_memory(params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
+def _stack_memory(params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
     # The run's local prototype sets: the server's, the broadcast and the filled sets of its contrastive loss.
-    return 4 * 3 * clients * n_classes * PROTO_DIM
+    sets = 3 * clients * n_classes * PROTO_DIM
+    return 4 * (sets + (_batch_contrast(params, clients, batch) if params.contrast == "batch" else 0))
+
+
+def _batch_contrast(params: FedPCLParams, clients: int, batch: int) -> int:
+    """Floats contrast=batch holds at its peak in a step of every client of the run: per client and prototype
+    set, five copies of the anchors' similarities to the step's 2B views (forward and backward) and two of the
+    anchors (2B x 256); measured within a few percent of the process's peak on CPU."""
+    if params.loss != "fedpcl":
+        return 0
+    n_sets = (clients if params.prototypes != "global" else 0) + (1 if params.prototypes != "local" else 0)
+    views = 2 * batch
+    return clients * n_sets * (5 * views * views + 2 * views * PROTO_DIM)
 
 
 @METHODS.register("fedpcl")
-# tau only: noise_scale and perturb enter float64 arithmetic, and ce_weight > 0 decides which layers train.
-@stackable(per_run=("tau",), memory=_stack_memory)
+# Read only in @per_run functions (tau in the contrastive loss, noise_scale and perturb in the sent prototypes'
+# noise), each as the run's own Python number, or by each run's own server (aggregation). Not ce_weight: whether
+# it is 0 decides which layers the whole local pass trains.
+@stackable(per_run=("tau", "noise_scale", "perturb", "aggregation"), memory=_stack_memory)
 class FedPCL(Method):
     description = "personal projection heads; clients exchange class prototypes and train contrastively"
     Params = FedPCLParams
@@ -136,8 +150,11 @@ class FedPCL(Method):
         return present * self.h, present * (self.h * 4 + 8)
 
     def upload_size(self, uploads: Params, i: int) -> tuple[int, int]:
-        present = int((uploads["count"][i] > 0).sum())  # prototype, class index and count per class held
-        return present * self.h, present * (self.h * 4 + 16)
+        # Per class held: its prototype, its class index and, for the weighted average (Eq. 6), its count; the
+        # plain mean needs no count (the index says the class is held).
+        present = int((uploads["count"][i] > 0).sum())
+        ints = 2 if self.p.aggregation == "weighted" else 1
+        return present * self.h, present * (self.h * 4 + 8 * ints)
 
     # ---- client ---------------------------------------------------------------------
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
@@ -213,7 +230,13 @@ class FedPCL(Method):
 
 
 def _by_local(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:
-    return nearest(z, states["protos"], states["proto_count"] > 0)
+    """The nearest own prototype. A client that has no prototypes (never sampled under --fraction < 1, or no
+    training rows) takes the global ones: with none at all every class would score -inf, and argmax say class 0."""
+    own = states["proto_count"] > 0
+    none = ~own.any(-1, keepdim=True)  # (K, 1)
+    k = z.shape[0]
+    protos = torch.where(none.unsqueeze(-1), server["global"].expand(k, -1, -1), states["protos"])
+    return nearest(z, protos, torch.where(none, server["global_mask"].expand(k, -1), own))
 
 
 def _by_global(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:

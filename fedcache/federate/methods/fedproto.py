@@ -50,7 +50,8 @@ class FedProtoParams(Checked):
 
 
 @METHODS.register("fedproto")
-@stackable(per_row=("lam",))
+# predict, aggregation and missing are read by each run's own server and evaluation, init by its own init_clients.
+@stackable(per_row=("lam",), per_run=("predict", "aggregation", "missing", "init"))
 class FedProto(Method):
     description = "personal heads; clients exchange per-class prototypes of their representation"
     Params = FedProtoParams

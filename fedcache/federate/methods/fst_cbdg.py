@@ -46,7 +46,7 @@ class FSTCBDGParams(Checked):
     anchors: Literal["text", "prototypes"] = "text"  # prototypes: extension for backbones without text
     templates: Literal["single", "ensemble"] = "single"  # Algorithm 1: "a photo of a {object}."
     shots: PositiveInt = 16  # labelled rows per class the server averages for anchors=prototypes
-    refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (see REFRESH)
+    refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (cbdg.LocalPass.refresh)
     # How Eq. 5's instances are drawn: "explicit" draws each D-dimensional z; "implicit" draws only what a
     # linear head's logits and gradients depend on (the same distribution, D/C times fewer numbers).
     synthetic: Literal["implicit", "explicit"] = "implicit"
@@ -65,18 +65,6 @@ class FSTCBDGParams(Checked):
         return out
 
 
-def _refresh_batch(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
-    lp.refresh_batch(s, torch.softmax(logits.detach(), -1), mask, m.p.beta)
-
-
-def _refresh_all(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
-    lp.refresh_all(p, mask.any(1), m.p.beta)
-
-
-# Which pseudo-labels Eq. 4 refreshes each step: every row of the client (Algorithm 1 line 14, "for each
-# image") or only the step's mini-batch.
-REFRESH = {"all": _refresh_all, "batch": _refresh_batch}
-
 def positions(plan: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
     """The (K, S, B) plan's rows as positions in each client's row list (-1 stays): where each row's
     pseudo-label sits."""
@@ -94,22 +82,18 @@ ANCHORS = {
 }
 
 
-def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
+def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
     # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
     # pass's, the returned one); with refresh=all the unit features of the clients' rows.
     return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
 
 
-def _own_anchors(params: FSTCBDGParams) -> str:
-    if params.anchors == "prototypes":
-        return ("fst-cbdg anchors=prototypes draws each run's anchors from its own seed and clients, and a stack "
-                "trains every run against one set; use anchors=text")
-    return ""
-
-
 @METHODS.register("fst-cbdg")
-# beta is not per row: Eq. 4's 1 - beta, a float64 number in a run, would round differently as a float32 row value.
-@stackable(per_run=("lam",), padded_states=("q",), memory=_stack_memory, refuse=_own_anchors)
+# Eq. 5-7's settings and the anchors are read only in tsamp (@per_run) and in each run's own __init__, so they may
+# differ between stacked runs. beta is not per row: Eq. 4's 1 - beta, a float64 number in a run, would round
+# differently as a float32 row value.
+@stackable(per_run=("lam", "gamma", "sigma", "sampling", "tsamp_weight", "synthetic", "anchors", "shots"),
+           padded_states=("q",), memory=_stack_memory)
 class FSTCBDG(Method):
     description = "unsupervised: self-training on zero-shot soft pseudo-labels + class-balanced text sampling"
     Params = FSTCBDGParams
@@ -147,16 +131,12 @@ class FSTCBDG(Method):
         rows = self.client_rows(clients)
         plan = self.plan(rnd, clients)
         _, valid = padded_rows(rows)
-        width = valid.shape[1]
         x = [unit(c.data.x_train[here(r)]) for r in rows] if self.p.refresh == "all" else None
-        lp = cbdg.LocalPass(states["q"][:, :width].clone(), here(positions(plan, rows)), valid, x,
-                            self.streams(rnd, clients))
+        lp = cbdg.LocalPass.start(states["q"], here(positions(plan, rows)), valid, x, self.streams(rnd, clients))
         info = {"pass": lp, "sizes": valid.sum(1).clamp_min(1)}
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind, plan,
                        c.optim, info)
-        q_out = states["q"].clone()
-        q_out[:, :width] = lp.q
-        return LocalResult({"q": q_out}, params, self.sample_counts(clients))
+        return LocalResult({"q": lp.write_into(states["q"])}, params, self.sample_counts(clients))
 
     @per_run()
     def streams(self, rnd: int, clients: list[int]) -> list[torch.Generator]:
@@ -170,7 +150,7 @@ class FSTCBDG(Method):
         lp: cbdg.LocalPass = info["pass"]
         s = info["step"]
         logits = linear_logits(p, unit(xb))
-        REFRESH[self.p.refresh](self, lp, s, p, logits, mask)
+        lp.refresh(self.p.refresh, s, p, logits, mask, self.p.beta)
         total = self.w_ist * cbdg.soft_cross_entropy(logits, lp.batch_q(s), mask)
         if self.w_tsamp:
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch

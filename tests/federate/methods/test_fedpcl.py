@@ -14,6 +14,7 @@ from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.methods.fedpcl import FedPCLParams
 from fedcache.federate.optim import OptimConfig
+from fedcache.federate.prototypes import nearest
 from fedcache.federate.schedule import Schedule
 from fedcache.presets import PRESETS
 
@@ -116,6 +117,24 @@ def test_prediction_is_the_nearest_local_prototype_by_squared_l2():
     assert logits[0, 0].tolist() == pytest.approx([-0.25, -0.36], abs=1e-6)
 
 
+def test_a_client_without_prototypes_of_its_own_predicts_with_the_global_ones():
+    """Under --fraction < 1 a client never sampled has no local prototypes; it classifies by the nearest global
+    prototype in its own (initial) projection rather than scoring every class -inf (argmax: class 0)."""
+    data = synthetic(n_clients=6, n_classes=3, dim=8)
+    m = fedpcl(data)
+    r = run(m, RunConfig(rounds=1, fraction=0.34))
+    never = r.clients["proto_count"].sum(1) == 0
+    assert never.any() and not never.all()
+    x, y, mask = data.rows_of("test", list(range(6)))
+    got = m.client_logits(r.server, r.clients, list(range(6)), x)
+    z = m.head.features(r.clients, x)
+    k = len(z)
+    by_global = nearest(z, r.server["global"].expand(k, -1, -1), r.server["global_mask"].expand(k, -1))
+    by_own = nearest(z, r.clients["protos"], r.clients["proto_count"] > 0)
+    assert torch.equal(got[never], by_global[never]) and torch.equal(got[~never], by_own[~never])
+    assert torch.isfinite(got[never]).all()
+
+
 def test_summary_tells_what_one_client_sends_from_the_total():
     data = synthetic(n_clients=5, n_classes=10, dim=16)
     s = run(fedpcl(data), RunConfig(rounds=2)).summary
@@ -126,6 +145,34 @@ def test_summary_tells_what_one_client_sends_from_the_total():
     s = run(fedpcl(data), RunConfig(rounds=3, fraction=0.4)).summary
     assert (s["params_up_per_client"], s["params_up_per_round"]) == (2560, 2 * 2560)
     assert s["bytes_up_per_client"] == 10 * (256 * 4 + 16) and s["bytes_up"] == 3 * 2 * 10 * (256 * 4 + 16)
+
+
+def test_with_the_plain_mean_a_client_sends_no_counts():
+    """aggregation=mean (the official code) weighs every holder alike: per class only the prototype and its index
+    (one int64) travel, where the weighted Eq. 6 needs the class count too."""
+    data = synthetic(n_clients=5, n_classes=10, dim=16)
+    s = run(fedpcl(data, aggregation="mean"), RunConfig(rounds=2)).summary
+    assert s["params_up_per_client"] == 10 * 256
+    assert s["bytes_up_per_client"] == 10 * (256 * 4 + 8) and s["bytes_up"] == 2 * 5 * 10 * (256 * 4 + 8)
+
+
+def test_a_stack_s_memory_estimate_counts_the_batch_contrast_s_similarities():
+    """contrast=batch holds, per client of a step and per prototype set, the similarities of its anchors to the
+    step's 2B views (five copies at its peak, forward and backward): quadratic in the batch, where the paper's
+    form holds only the prototype sets."""
+    from fedcache.federate.stacking import stacking_of
+
+    memory = stacking_of(METHODS.get("fedpcl")).memory
+
+    def estimate(batch=32, **params):
+        return memory(FedPCLParams(**params), 5000, 20, 512, 10, batch)
+
+    sets = 4 * 3 * 20 * 10 * 256
+    assert estimate() == estimate(batch=64) == sets
+    similarities = 4 * 20 * 21 * 64 * 64  # float32 (K, M, 2B, 2B): 20 clients, 20 local sets and the global one
+    assert estimate(contrast="batch") >= sets + 5 * similarities
+    assert estimate(contrast="batch", batch=64) - sets > 2.5 * (estimate(contrast="batch") - sets)  # more than linear
+    assert estimate(contrast="batch", prototypes="global") - sets < (estimate(contrast="batch") - sets) / 20
 
 
 def test_summary_per_client_is_the_mean_over_the_clients_that_sent():
@@ -293,6 +340,24 @@ def test_supcon_matches_hand_computation():
     m = fedpcl(synthetic(), tau=0.5, loss="supcon")
     got = L.supcon(m, z, torch.tensor([[0, 1, 0]]), torch.ones(1, 3, dtype=torch.bool), [], 0.5)
     assert got.item() == pytest.approx(sum(rows) / 3, abs=1e-6)
+
+
+def test_a_client_without_real_rows_in_a_step_gets_a_zero_contrastive_loss_not_nan():
+    """A step where one client has finished its rows (all padding) while another trains: that client's anchors
+    have no column to normalise over. Its loss is 0, and the other client's is what it computes alone."""
+    torch.manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(2, 3, 4), dim=-1)
+    y = torch.tensor([[0, 1, 0], [1, 0, 1]])
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    P = torch.nn.functional.normalize(torch.randn(1, 2, 4), dim=-1)
+    present = torch.ones(1, 2, dtype=torch.bool)
+    per_row, valid = L.batch_term(z, y, mask, P, present, tau=0.5)
+    assert torch.isfinite(per_row).all() and not valid[1].any()
+    alone, _ = L.batch_term(z[:1], y[:1], mask[:1], P, present, tau=0.5)
+    assert torch.equal(per_row[:1], alone)
+    m = fedpcl(synthetic(n_classes=2), tau=0.5, loss="supcon")
+    got = L.supcon(m, z, y, mask, [], 0.5)
+    assert got[1].item() == 0.0 and torch.equal(got[:1], L.supcon(m, z[:1], y[:1], mask[:1], [], 0.5))
 
 
 def test_ce_weight_adds_that_much_cross_entropy_of_the_classifier():
