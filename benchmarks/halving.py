@@ -66,14 +66,16 @@ def run_arm(arm: str, store: Path, data, grid, out: Path, jobs: int, eta: int, m
     return time.perf_counter() - t0
 
 
-def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds: int | None, tiny: bool = False) -> dict:
+def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds: int | None, tiny: bool = False,
+            keep: Path | None = None) -> dict:
     data, grid = (TINY_DATA, TINY) if tiny else (DATA, GRIDS[name])
     _features(store, data)
     walls: dict[str, list[float]] = {a: [] for a in ARMS}
     plans: dict[str, list[str]] = {a: [] for a in ARMS}
     out: dict = {"grid": {"methods": grid[0], "sweep": grid[1], "seeds": grid[2]}, "trials": trials,
                  "load_average_at_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = keep / name if keep else Path(scratch)
         for t in range(trials):
             for arm in ARMS if t % 2 == 0 else ARMS[::-1]:
                 said = plans[arm] if t == 0 else []
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="a 6-cell grid of 4 rounds on test-toy: checks the script, measures nothing")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--keep", type=Path, default=None, help="keep the grids under this directory (for --replay)")
     a = ap.parse_args(argv)
     out = a.out or RESULT
     if a.render:
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(replay_choices(a.replay, a.reduction_factor, a.min_rounds), indent=1))
         return
     names = ["tiny"] if a.tiny else ["worked", "wide"] if a.grid == "both" else [a.grid]
-    res = {"grids": {n: measure(n, a.store, a.jobs, a.trials, a.reduction_factor, a.min_rounds, a.tiny) for n in names},
+    res = {"grids": {n: measure(n, a.store, a.jobs, a.trials, a.reduction_factor, a.min_rounds, a.tiny, a.keep) for n in names},
            "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     write(res, out)
 
