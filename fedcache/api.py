@@ -139,7 +139,7 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     sweep = given.pop("sweep", None)
     flags = given.pop("option_axes", None)  # the CLI's run-option flags: unambiguous by how they were given
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
-    fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, lambda key: GRID_FLAGS.get(key, f"--{key}")))
+    fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, _grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
         fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
@@ -154,7 +154,15 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     return GridSpec(**fields)
 
 
-GRID_FLAGS = {"methods": "--method", "max_batch_cells": "--max-batch-cells", "keep_checkpoints": "--keep-checkpoints"}
+GRID_FLAGS = {"methods": "--method", "keep_checkpoints": "--keep-checkpoints"}
+
+
+def _grid_flag(key: str) -> str:
+    """A grid field as messages name it: its flag, and for the options the spec declares its key too, as a run's."""
+    from fedcache.spec import grid_options
+
+    declared = {o.name: f"{o.flag} ({o.key})" for o in grid_options()}
+    return declared.get(key) or GRID_FLAGS.get(key, f"--{key}")
 
 
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
@@ -163,7 +171,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
          config: str | Path | None = None, on_cell: Callable | None = None, select: Iterable[str] | None = None,
          track: Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
          max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None,
-         device: str | None = None) -> Table:
+         device: str | None = None, prune: str | None = None, reduction_factor: int | None = None,
+         min_rounds: int | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
     ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
@@ -172,14 +181,17 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
     ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts. ``device``: where
-    every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s.
+    every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s. ``prune="halving"`` (with
+    ``select``): successive halving cuts the candidates on validation (``reduction_factor``, default 3, and
+    ``min_rounds``, the rounds before the first cut; docs/tuning.md).
     """
     from fedcache.grids import run_grid
 
     spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
                      seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,
                      select=list(select) if select else None, track=list(track) if track else None,
-                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device)
+                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
+                     prune=prune, reduction_factor=reduction_factor, min_rounds=min_rounds)
     return run_grid(spec, on_cell, on_plan=on_plan)
 
 

@@ -216,8 +216,9 @@ def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torc
 
 
 def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None = None,
-          run_name: str | None = None) -> RunResult:
-    """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
+          run_name: str | None = None, stop_after: int | None = None) -> RunResult:
+    """One run. ``run_name`` names it for trackers (default: its --out directory's name). ``stop_after``: pause
+    after that round, to be continued with ``resume`` (``driver.run``; a grid's successive halving)."""
     check_out(spec)
     with owned(spec), on_device(spec):
         method, resolved = prepare(spec, tables)
@@ -232,7 +233,7 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                                              "device": device_name(torch.get_default_device())})
         t0 = time.perf_counter()
         try:
-            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume)
+            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume, stop_after)
         except BaseException as exc:
             for t in trackers:
                 t.fail()
@@ -243,7 +244,8 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
             if isinstance(exc, DiskFullError) and e.out is not None:
                 raise _after_full_disk(exc, RunDir(e.out)) from None
             raise
-    log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
+    log.info("%s %s in %.2fs", method.name, f"paused after round {stop_after}" if result.paused else "finished",
+             time.perf_counter() - t0)
     for t in trackers:
         t.close(result.summary)
     return result

@@ -310,6 +310,7 @@ FILE_VALUES = {
     "device": ["cpu", "auto", "gpu"],
     "engine": ["batched", "processes", "x"],
     "max_batch_cells": [2, 0, "x"],
+    "prune": ["none", "halving", "x"], "reduction_factor": [3, 1, "x"], "min_rounds": [1, 0],
     "method": ["fedavg"], "rounds": [1],  # not grid keys: unknown
 }
 SET_VALUES = {

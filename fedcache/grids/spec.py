@@ -7,7 +7,8 @@ Layout of a grid directory::
     cells/<cell>/             one run directory per cell (as ``fedcache train --out`` writes one), plus cell.json;
                               summary.json is written last, so its presence marks a finished cell
     batches/<id>/             a stack of cells while it trains (the batched engine): its checkpoint
-    validation/, test/        a --select grid's two stages, each a grid directory
+    validation/, test/        a --select grid's two stages, each a grid directory (with --prune halving, a
+                              validation cell cut at a rung keeps its checkpoint and rungs.json, no summary.json)
     results.csv, table.md     one row per cell; mean (std) over seeds per method and setting
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fedcache.config import PositiveInt, parse
 from fedcache.errors import ConfigError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import writable_dir
-from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, option, options
+from fedcache.spec import GRID_SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", "grid.json"
@@ -51,8 +52,11 @@ class GridSpec:
     track: list[str] = field(default_factory=list)
     keep_checkpoints: str = "last"
     device: str = "auto"  # where every cell's rounds run (engine.device); recorded, since a GPU rounds otherwise
-    engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these two (GridEngineSpec)
+    engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these (GridEngineSpec, PruneSpec)
     max_batch_cells: int | None = None
+    prune: str = PruneSpec.prune
+    reduction_factor: int = PruneSpec.reduction_factor
+    min_rounds: int | None = None
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
@@ -77,17 +81,33 @@ class GridSpec:
         if unknown:
             raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
                               "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
+        for o in grid_options():
+            setattr(self, o.field, o.parse(getattr(self, o.field)))
+        for section in GRID_SECTIONS.values():  # checks them
+            section(**{f.name: getattr(self, f.name) for f in dataclasses.fields(section)})
+        self._check_pruning()  # before the trackers' names: with --prune, no tracker at all
         from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
 
         check_trackers(self.track)
-        how = GridEngineSpec(**{o.field: o.parse(getattr(self, o.field)) for o in grid_options()})  # checks them
-        self.engine, self.max_batch_cells = how.engine, how.max_batch_cells
+
+    def _check_pruning(self) -> None:
+        if self.prune == "none":
+            return
+        if not self.select:
+            raise ConfigError(f"--prune {self.prune} cuts the candidates of --select; name the axes to choose, "
+                              "e.g. --set lr=1e-3,1e-2 --select lr")
+        if any(option(k).name == "rounds" for k in self.select if is_option(k)):
+            raise ConfigError(f"--prune {self.prune} gives the candidates rounds itself; it cannot --select rounds")
+        if self.track:
+            raise ConfigError(f"--prune {self.prune} with --track: a tracker's run of a candidate cut early would stay "
+                              "open; track the plain --select grid, or leave out --track")
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
-        for how in ("jobs", "track", "keep_checkpoints", "engine", "max_batch_cells"):  # how the cells run does not change their results
-            d.pop(how)
+        how = ("jobs", "track", "keep_checkpoints", *(o.field for o in grid_options() if not o.opt.recorded))
+        for key in how:  # how the cells run does not change their results
+            d.pop(key)
         return d
 
 
@@ -111,6 +131,9 @@ class Cell:
     @property
     def setting_label(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.setting) or "-"
+
+
+Stops = dict  # Cell -> the round it pauses at (successive halving's rungs); a cell not in it runs to its end
 
 
 def load_toml(path: Path) -> dict:
@@ -157,7 +180,7 @@ def _grid_types() -> dict[str, tuple[Any, bool]]:
             "methods": (option("method").type, True), "out": (Path, False), "seeds": (option("seed").type, True),
             "jobs": (PositiveInt, False), "select": (str, True), "track": (str, True),
             "keep_checkpoints": (option("keep_checkpoints").type, False), "device": (option("device").type, False),
-            "engine": (grid["engine"], False), "max_batch_cells": (grid["max_batch_cells"], False)}
+            **{name: (typ, False) for name, typ in grid.items()}}  # engine, max_batch_cells, prune, ...
 
 
 def grid_fields(given: dict[str, Any], label) -> dict[str, Any]:

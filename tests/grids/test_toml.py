@@ -78,6 +78,9 @@ CASES = [
     ("engine = 'x'", BASE + "engine = 'x'\n", "grid file {path}: engine='x': must be one of batched, processes"),
     ("max_batch_cells = 0", BASE + "max_batch_cells = 0\n", "grid file {path}: max_batch_cells=0: must be >= 1"),
     ("max_batch_cells = 'x'", BASE + "max_batch_cells = 'x'\n", "grid file {path}: max_batch_cells='x': expected an integer"),
+    ("prune = 'sometimes'", BASE + "prune = 'sometimes'\n", "grid file {path}: prune='sometimes': must be one of none, halving"),
+    ("reduction_factor = 1", BASE + "reduction_factor = 1\n", "grid file {path}: reduction_factor=1: must be >= 2"),
+    ("prune without select", BASE + "prune = 'halving'\n" + RUN, "--prune halving cuts the candidates of --select"),
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
     ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n", "grid file {path}: set.lr={'a': 1}: expected a value or a list of values"),
