@@ -1,0 +1,274 @@
+"""Torch threads for the `fedcache` command, idle and beside busy work: an interleaved A/B of whole runs.
+
+Each run is a whole `python -m fedcache.cli train ...` process, as users run it, timed from its start to its
+exit. The arms:
+  policy   the command as it is: it picks its thread count itself (fedcache/cli/threads.py)
+  default  the same command under OMP_NUM_THREADS=<torch's default count on this machine>: what the command ran
+           with before it had a policy (a user's OMP_NUM_THREADS always wins)
+  one      OMP_NUM_THREADS=1 (not run unless named in --arms)
+The workloads (features are seeded Gaussian classes of the named width, written to a feature file and brought
+into a temporary store through `fedcache store import`; the arithmetic depends on the shapes alone):
+  linear-1280  fedavg, linear head, 1280-d (one efficientnet-lite backbone), 7,500 training / 5,000 test rows
+               (digits5-offline's sizes), 10 clients, Dirichlet 0.5, 20 rounds, evaluation every round
+  mlp-3840     fedavg, mlp head (FC 3840->256, BatchNorm, FC 256->10), 3840-d (three fused backbones), the same
+               rows and clients, 5 rounds, evaluation every round
+  flute-784    FLUTE's LR-MNIST shape (benchmarks/published.py): linear head on 784-d, 60,000 / 10,000 rows,
+               1,000 clients of 2 label shards each, 10 per round, batch 10, SGD lr 0.03, 100 rounds,
+               evaluation every 20
+The conditions alternate with the arms inside every trial (the order of the arms flips from one trial to the
+next): idle (the benchmark starts nothing; what else runs on the machine is measured and recorded as
+`background_cores`, the busy cores not spent by the run itself, from /proc/stat) and loaded (--load worker
+processes that each spin one core, started before the loaded runs and always stopped after them; each also
+stops by itself after --load-seconds).
+
+    .venv/bin/python benchmarks/threads.py [--trials 3] [--load N] [--only linear-1280,flute-784] [--out benchmarks/results/threads.json]
+    .venv/bin/python benchmarks/threads.py --render    # the markdown table of docs/performance.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from _results import write  # benchmarks/ is on sys.path when a script here runs
+
+RESULT = Path(__file__).resolve().parent / "results" / "threads.json"
+REPO = Path(__file__).resolve().parents[1]
+THREADS_LINE = re.compile(r"torch threads: (\d+)")
+SGD = ["--set", "optimizer=sgd", "--set", "lr=0.03", "--set", "momentum=0", "--set", "weight_decay=0"]
+# name: (feature width, training rows, test rows, `fedcache train` options)
+WORKLOADS = {
+    "linear-1280": (1280, 7500, 5000, ["-m", "fedavg", "--head", "linear", "--partition", "dirichlet", "--alpha", "0.5",
+                                       "--clients", "10", "--rounds", "20"]),
+    "mlp-3840": (3840, 7500, 5000, ["-m", "fedavg", "--head", "mlp", "--partition", "dirichlet", "--alpha", "0.5",
+                                    "--clients", "10", "--rounds", "5"]),
+    "flute-784": (784, 60000, 10000, ["-m", "fedavg", "--head", "linear", "--partition", "shards", "--shards", "2",
+                                      "--clients", "1000", "--fraction", "0.01", "--batch-size", "10", "--rounds", "100",
+                                      "--eval-every", "20", *SGD]),
+}
+TINY = {
+    "linear-1280": (32, 300, 100, ["-m", "fedavg", "--head", "linear", "--clients", "3", "--rounds", "2"]),
+    "mlp-3840": (48, 300, 100, ["-m", "fedavg", "--head", "mlp", "--clients", "3", "--rounds", "2"]),
+    "flute-784": (24, 400, 100, ["-m", "fedavg", "--head", "linear", "--partition", "shards", "--shards", "2",
+                                 "--clients", "20", "--fraction", "0.1", "--batch-size", "10", "--rounds", "3", *SGD]),
+}
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def torch_default_threads() -> int:
+    """torch's own thread count in a fresh process that sets nothing (this process may have been started with
+    OMP_NUM_THREADS)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def write_features(path: Path, dim: int, n_train: int, n_test: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=0.5, size=(10, dim)).astype(np.float32)
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.integers(0, 10, n)
+        return means[y] + rng.normal(size=(n, dim)).astype(np.float32), y
+
+    (xtr, ytr), (xte, yte) = split(n_train), split(n_test)
+    np.savez(path, train__features=xtr, train__labels=ytr, test__features=xte, test__labels=yte)
+
+
+def fedcache(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedcache.cli", *args], env=env or child_env(), capture_output=True,
+                          text=True, check=True)
+
+
+def child_env(**extra: str) -> dict:
+    """This checkout's fedcache first on the path; no OMP_NUM_THREADS unless an arm sets one."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**env, **extra}
+
+
+def busy_seconds() -> float | None:
+    """CPU seconds every core of the machine has spent busy since boot (Linux), or None elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores_now(seconds: float = 1.0) -> float | None:
+    b0 = busy_seconds()
+    time.sleep(seconds)
+    return None if b0 is None else (busy_seconds() - b0) / seconds
+
+
+def wait_for_quiet(below: float, longest: float) -> float:
+    """Seconds waited (at most ``longest``) until the machine's busy cores, over one second, fall below ``below``:
+    an idle run starts on a machine that other work has left alone, where the machine allows it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < longest:
+        now = busy_cores_now()
+        if now is None or now < below:
+            break
+    return round(time.monotonic() - t0, 1)
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed_run(args: list[str], env: dict) -> dict:
+    """One whole `fedcache train` process: wall seconds, the CPU it used, the threads it said it trained with,
+    and the cores the rest of the machine kept busy meanwhile."""
+    busy0, cpu0 = busy_seconds(), children_cpu()
+    t0 = time.perf_counter()
+    done = fedcache("train", *args, env=env)
+    wall = time.perf_counter() - t0
+    busy1, cpu = busy_seconds(), children_cpu() - cpu0
+    said = THREADS_LINE.search(done.stderr + done.stdout)
+    rounds = re.search(r"rounds in ([0-9.]+)s", done.stdout)
+    return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3), "threads": int(said.group(1)) if said else None,
+            "summary_seconds": float(rounds.group(1)) if rounds else None,
+            "background_cores": None if busy0 is None else round(max(0.0, (busy1 - busy0 - cpu) / wall), 2)}
+
+
+class Load:
+    """``n`` processes spinning one core each, for at most ``seconds``; stopped on leaving the block."""
+
+    def __init__(self, n: int, seconds: float) -> None:
+        self.n, self.seconds, self.procs = n, seconds, []
+
+    def __enter__(self) -> "Load":
+        self.procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(self.seconds)]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def arm_envs(arms: list[str], default: int) -> dict[str, dict]:
+    known = {"policy": child_env(), "default": child_env(OMP_NUM_THREADS=str(default)), "one": child_env(OMP_NUM_THREADS="1")}
+    return {a: known[a] for a in arms}
+
+
+def measure(workloads: dict, store: Path, trials: int, arms: list[str], load: int, load_seconds: float,
+            settle: float, quiet: tuple[float, float]) -> dict:
+    default = torch_default_threads()
+    envs = arm_envs(arms, default)
+    runs = {c: {w: {a: [] for a in arms} for w in workloads} for c in ("idle", "loaded")}
+    for t in range(trials):
+        order = arms if t % 2 == 0 else arms[::-1]
+        for condition in ("idle", "loaded") if t % 2 == 0 else ("loaded", "idle"):
+            with Load(load if condition == "loaded" else 0, load_seconds):
+                time.sleep(settle if condition == "loaded" else 0)
+                for name, (_, _, _, opts) in workloads.items():
+                    args = ["--store", str(store), "-d", name, "-b", f"synthetic-{name}", *opts]
+                    for arm in order:
+                        waited = wait_for_quiet(*quiet) if condition == "idle" else 0.0
+                        runs[condition][name][arm].append({**timed_run(args, envs[arm]), "waited_for_quiet": waited})
+    return {"torch_default_threads": default, "runs": runs, "summary": summarise(runs, arms)}
+
+
+def summarise(runs: dict, arms: list[str]) -> dict:
+    """Per condition and workload: each arm's median wall time and, per trial, the reference arm's time over the
+    policy's (above 1: the policy is faster)."""
+    out: dict = {}
+    for condition, by_workload in runs.items():
+        for name, by_arm in by_workload.items():
+            row = {a: {"median_wall_seconds": round(statistics.median(r["wall_seconds"] for r in rs), 2),
+                       "threads": sorted({r["threads"] for r in rs if r["threads"] is not None})}
+                   for a, rs in by_arm.items()}
+            row["background_cores"] = [r["background_cores"] for rs in by_arm.values() for r in rs]
+            if "policy" in by_arm:
+                for ref in (a for a in by_arm if a != "policy"):
+                    ratios = [round(r["wall_seconds"] / p["wall_seconds"], 2) for r, p in zip(by_arm[ref], by_arm["policy"])]
+                    row[f"{ref}_over_policy"] = {"per_trial": ratios, "median": round(statistics.median(ratios), 2)}
+            out.setdefault(condition, {})[name] = row
+    return out
+
+
+def prepare(store: Path, workloads: dict, tmp: Path) -> None:
+    for name, (dim, n_train, n_test, _) in workloads.items():
+        path = tmp / f"{name}.npz"
+        write_features(path, dim, n_train, n_test)
+        fedcache("store", "import", str(path), "-d", name, "-b", f"synthetic-{name}", "--store", str(store))
+        path.unlink()
+
+
+def render(path: Path = RESULT) -> str:
+    """The A/B table of docs/performance.md from a results file."""
+    doc = json.loads(path.read_text())
+    res, summary = doc["result"], doc["result"]["summary"]
+    lines = ["| workload | policy's threads | idle: default / policy (per trial) | loaded: default / policy (per trial) |",
+             "|---|---|---|---|"]
+    for name in summary["idle"]:
+        cells = []
+        for condition in ("idle", "loaded"):
+            row = summary[condition][name]
+            r = row["default_over_policy"]
+            bg = row["background_cores"]
+            cells.append(f"{r['median']}x ({', '.join(f'{v}x' for v in r['per_trial'])}; other busy cores "
+                         f"{min(bg)}-{max(bg)})")
+        threads = ", ".join(map(str, summary["idle"][name]["policy"]["threads"]))
+        lines.append(f"| {name} | {threads} | {cells[0]} | {cells[1]} |")
+    note = (f"torch's default here: {res['torch_default_threads']} threads; loaded: {doc['load_processes']} spinning "
+            f"processes; {doc['trials']} trials, {doc['meta']['cpus']} cores, {doc['meta']['when']}")
+    return "\n".join(lines) + "\n\n" + note
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--only", default=None, help="Comma-separated workloads (default: all).")
+    p.add_argument("--arms", default="policy,default", help="Comma-separated: policy, default, one.")
+    p.add_argument("--load", type=int, default=(os.cpu_count() or 1) + 1,
+                   help="Busy processes of the loaded condition (default: one more than the cores).")
+    p.add_argument("--load-seconds", type=float, default=1800, help="The most any busy process spins.")
+    p.add_argument("--settle", type=float, default=2.0, help="Seconds between starting the load and the first loaded run.")
+    p.add_argument("--quiet-below", type=float, default=0.5,
+                   help="Idle runs wait until the machine's busy cores (other work) fall below this ...")
+    p.add_argument("--quiet-wait", type=float, default=600, help="... for at most this many seconds each.")
+    p.add_argument("--store", type=Path, default=None, help="Keep the imported features here (default: a temporary store).")
+    p.add_argument("--tiny", action="store_true", help="Tiny shapes, one trial, one busy process, no waiting: the smoke test.")
+    p.add_argument("--out", type=Path, default=RESULT)
+    p.add_argument("--render", action="store_true", help="Print the markdown table of --out and exit.")
+    a = p.parse_args(argv)
+    if a.render:
+        print(render(a.out))
+        return
+    if a.tiny:
+        a.trials, a.load, a.settle, a.quiet_wait = 1, 1, 0.0, 0.0
+    table = TINY if a.tiny else WORKLOADS
+    names = a.only.split(",") if a.only else list(table)
+    workloads = {n: table[n] for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = a.store or Path(tmp) / "store.zarr"
+        prepare(store, workloads, Path(tmp))
+        result = measure(workloads, store, a.trials, a.arms.split(","), a.load, a.load_seconds, a.settle,
+                         (a.quiet_below, a.quiet_wait))
+    write({"description": __doc__.split("\n")[0], "command": "benchmarks/threads.py " + " ".join(argv or sys.argv[1:]),
+           "workloads": {n: {"dim": w[0], "train_rows": w[1], "test_rows": w[2], "train_options": w[3]} for n, w in workloads.items()},
+           "trials": a.trials, "load_processes": a.load, "quiet_below_cores": a.quiet_below, "result": result}, a.out)
+
+
+if __name__ == "__main__":
+    main()
