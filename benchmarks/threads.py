@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,10 +38,9 @@ from pathlib import Path
 
 import numpy as np
 from _results import write  # benchmarks/ is on sys.path when a script here runs
+from _runs import child_env, fedcache, timed_train, wait_for_quiet
 
 RESULT = Path(__file__).resolve().parent / "results" / "threads.json"
-REPO = Path(__file__).resolve().parents[1]
-THREADS_LINE = re.compile(r"torch threads: (\d+)")
 SGD = ["--set", "optimizer=sgd", "--set", "lr=0.03", "--set", "momentum=0", "--set", "weight_decay=0"]
 # name: (feature width, training rows, test rows, `fedcache train` options)
 WORKLOADS = {
@@ -67,8 +64,7 @@ SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile tim
 def torch_default_threads() -> int:
     """torch's own thread count in a fresh process that sets nothing (this process may have been started with
     OMP_NUM_THREADS)."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=child_env(),
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip())
 
@@ -83,65 +79,6 @@ def write_features(path: Path, dim: int, n_train: int, n_test: int, seed: int = 
 
     (xtr, ytr), (xte, yte) = split(n_train), split(n_test)
     np.savez(path, train__features=xtr, train__labels=ytr, test__features=xte, test__labels=yte)
-
-
-def fedcache(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedcache.cli", *args], env=env or child_env(), capture_output=True,
-                          text=True, check=True)
-
-
-def child_env(**extra: str) -> dict:
-    """This checkout's fedcache first on the path; no OMP_NUM_THREADS unless an arm sets one."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**env, **extra}
-
-
-def busy_seconds() -> float | None:
-    """CPU seconds every core of the machine has spent busy since boot (Linux), or None elsewhere."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except OSError:
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def busy_cores_now(seconds: float = 1.0) -> float | None:
-    b0 = busy_seconds()
-    time.sleep(seconds)
-    return None if b0 is None else (busy_seconds() - b0) / seconds
-
-
-def wait_for_quiet(below: float, longest: float) -> float:
-    """Seconds waited (at most ``longest``) until the machine's busy cores, over one second, fall below ``below``:
-    an idle run starts on a machine that other work has left alone, where the machine allows it."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < longest:
-        now = busy_cores_now()
-        if now is None or now < below:
-            break
-    return round(time.monotonic() - t0, 1)
-
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def timed_run(args: list[str], env: dict) -> dict:
-    """One whole `fedcache train` process: wall seconds, the CPU it used, the threads it said it trained with,
-    and the cores the rest of the machine kept busy meanwhile."""
-    busy0, cpu0 = busy_seconds(), children_cpu()
-    t0 = time.perf_counter()
-    done = fedcache("train", *args, env=env)
-    wall = time.perf_counter() - t0
-    busy1, cpu = busy_seconds(), children_cpu() - cpu0
-    said = THREADS_LINE.search(done.stderr + done.stdout)
-    rounds = re.search(r"rounds in ([0-9.]+)s", done.stdout)
-    return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3), "threads": int(said.group(1)) if said else None,
-            "summary_seconds": float(rounds.group(1)) if rounds else None,
-            "background_cores": None if busy0 is None else round(max(0.0, (busy1 - busy0 - cpu) / wall), 2)}
 
 
 class Load:
@@ -184,7 +121,7 @@ def measure(workloads: dict, store: Path, trials: int, arms: list[str], load: in
                     args = ["--store", str(store), "-d", name, "-b", f"synthetic-{name}", *opts]
                     for arm in order:
                         waited = wait_for_quiet(*quiet) if condition == "idle" else 0.0
-                        runs[condition][name][arm].append({**timed_run(args, envs[arm]), "waited_for_quiet": waited})
+                        runs[condition][name][arm].append({**timed_train(args, envs[arm]), "waited_for_quiet": waited})
     return {"torch_default_threads": default, "runs": runs, "summary": summarise(runs, arms)}
 
 
