@@ -48,6 +48,10 @@ WORKLOADS = {
                                        "--clients", "10", "--rounds", "20"]),
     "mlp-3840": (3840, 7500, 5000, ["-m", "fedavg", "--head", "mlp", "--partition", "dirichlet", "--alpha", "0.5",
                                     "--clients", "10", "--rounds", "5"]),
+    "linear-3840": (3840, 7500, 5000, ["-m", "fedavg", "--head", "linear", "--partition", "dirichlet", "--alpha", "0.5",
+                                       "--clients", "10", "--rounds", "20"]),
+    "mlp-1280": (1280, 7500, 5000, ["-m", "fedavg", "--head", "mlp", "--partition", "dirichlet", "--alpha", "0.5",
+                                    "--clients", "10", "--rounds", "5"]),
     "flute-784": (784, 60000, 10000, ["-m", "fedavg", "--head", "linear", "--partition", "shards", "--shards", "2",
                                       "--clients", "1000", "--fraction", "0.01", "--batch-size", "10", "--rounds", "100",
                                       "--eval-every", "20", *SGD]),
@@ -121,7 +125,10 @@ def measure(workloads: dict, store: Path, trials: int, arms: list[str], load: in
                     args = ["--store", str(store), "-d", name, "-b", f"synthetic-{name}", *opts]
                     for arm in order:
                         waited = wait_for_quiet(*quiet) if condition == "idle" else 0.0
-                        runs[condition][name][arm].append({**timed_train(args, envs[arm]), "waited_for_quiet": waited})
+                        run = {**timed_train(args, envs[arm]), "waited_for_quiet": waited}
+                        runs[condition][name][arm].append(run)
+                        print(f"trial {t + 1} {condition} {name} {arm}: {run['wall_seconds']:.1f} s on {run['threads']} threads, "
+                              f"other busy cores {run['background_cores']}", file=sys.stderr, flush=True)
     return {"torch_default_threads": default, "runs": runs, "summary": summarise(runs, arms)}
 
 
