@@ -112,10 +112,11 @@ def arm_envs(arms: list[str], default: int) -> dict[str, dict]:
 
 
 def measure(workloads: dict, store: Path, trials: int, arms: list[str], load: int, load_seconds: float,
-            settle: float, quiet: tuple[float, float]) -> dict:
+            settle: float, quiet: tuple[float, float], tmp: Path) -> dict:
     default = torch_default_threads()
     envs = arm_envs(arms, default)
     runs = {c: {w: {a: [] for a in arms} for w in workloads} for c in ("idle", "loaded")}
+    same = {c: {w: [] for w in workloads} for c in runs}
     for t in range(trials):
         order = arms if t % 2 == 0 else arms[::-1]
         for condition in ("idle", "loaded") if t % 2 == 0 else ("loaded", "idle"):
@@ -125,11 +126,30 @@ def measure(workloads: dict, store: Path, trials: int, arms: list[str], load: in
                     args = ["--store", str(store), "-d", name, "-b", f"synthetic-{name}", *opts]
                     for arm in order:
                         waited = wait_for_quiet(*quiet) if condition == "idle" else 0.0
-                        run = {**timed_train(args, envs[arm]), "waited_for_quiet": waited}
+                        run = {**timed_train([*args, "-o", str(tmp / arm), "--overwrite"], envs[arm]), "waited_for_quiet": waited}
                         runs[condition][name][arm].append(run)
                         print(f"trial {t + 1} {condition} {name} {arm}: {run['wall_seconds']:.1f} s on {run['threads']} threads, "
                               f"other busy cores {run['background_cores']}", file=sys.stderr, flush=True)
-    return {"torch_default_threads": default, "runs": runs, "summary": summarise(runs, arms)}
+                    same[condition][name].append(same_state(*(tmp / a / "checkpoint.pt" for a in arms)))
+    return {"torch_default_threads": default, "runs": runs, "summary": summarise(runs, arms),
+            "same_final_state": same}
+
+
+def same_state(*paths: Path) -> bool:
+    """Whether the runs' last checkpoints (every client's and the server's state) are equal bit for bit."""
+    import torch
+
+    def flat(x, key=""):
+        if isinstance(x, dict):
+            return [p for k in sorted(x, key=str) for p in flat(x[k], f"{key}/{k}")]
+        if isinstance(x, (list, tuple)):
+            return [p for i, v in enumerate(x) for p in flat(v, f"{key}[{i}]")]
+        return [(key, x)]
+
+    states = [flat(torch.load(p, weights_only=True)) for p in paths]
+    return all(len(s) == len(states[0]) and all(
+        ka == kb and (torch.equal(a, b) if torch.is_tensor(a) else a == b or "seconds" in ka)
+        for (ka, a), (kb, b) in zip(s, states[0])) for s in states[1:])
 
 
 def summarise(runs: dict, arms: list[str]) -> dict:
@@ -151,11 +171,14 @@ def summarise(runs: dict, arms: list[str]) -> dict:
 
 
 def prepare(store: Path, workloads: dict, tmp: Path) -> None:
-    for name, (dim, n_train, n_test, _) in workloads.items():
+    """Each workload's features imported, and one untimed round run on them (which stores the partition beside
+    them and brings the files into the page cache, for every timed run alike)."""
+    for name, (dim, n_train, n_test, opts) in workloads.items():
         path = tmp / f"{name}.npz"
         write_features(path, dim, n_train, n_test)
         fedcache("store", "import", str(path), "-d", name, "-b", f"synthetic-{name}", "--store", str(store))
         path.unlink()
+        fedcache("train", "--store", str(store), "-d", name, "-b", f"synthetic-{name}", *opts, "--rounds", "1")
 
 
 def render(path: Path = RESULT) -> str:
@@ -208,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         store = a.store or Path(tmp) / "store.zarr"
         prepare(store, workloads, Path(tmp))
         result = measure(workloads, store, a.trials, a.arms.split(","), a.load, a.load_seconds, a.settle,
-                         (a.quiet_below, a.quiet_wait))
+                         (a.quiet_below, a.quiet_wait), Path(tmp))
     write({"description": __doc__.split("\n")[0], "command": "benchmarks/threads.py " + " ".join(argv or sys.argv[1:]),
            "workloads": {n: {"dim": w[0], "train_rows": w[1], "test_rows": w[2], "train_options": w[3]} for n, w in workloads.items()},
            "trials": a.trials, "load_processes": a.load, "quiet_below_cores": a.quiet_below, "result": result}, a.out)

@@ -25,6 +25,7 @@ def test_threads_runs_both_arms_idle_and_beside_load(tmp_path):
         assert [r["threads"] for r in runs["default"]] == [res["torch_default_threads"]]
         ratio = res["summary"][condition]["linear-1280"]["default_over_policy"]
         assert len(ratio["per_trial"]) == 1 and ratio["median"] > 0
+        assert res["same_final_state"][condition]["linear-1280"] == [True]  # one thread or two: the same numbers
     assert doc["load_processes"] == 1 and "idle" in bench("threads").render(out)
 
 
