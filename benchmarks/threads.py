@@ -112,14 +112,14 @@ def arm_envs(arms: list[str], default: int) -> dict[str, dict]:
 
 
 def measure(workloads: dict, store: Path, trials: int, arms: list[str], load: int, load_seconds: float,
-            settle: float, quiet: tuple[float, float], tmp: Path) -> dict:
+            settle: float, quiet: tuple[float, float], tmp: Path, conditions: list[str]) -> dict:
     default = torch_default_threads()
     envs = arm_envs(arms, default)
-    runs = {c: {w: {a: [] for a in arms} for w in workloads} for c in ("idle", "loaded")}
+    runs = {c: {w: {a: [] for a in arms} for w in workloads} for c in conditions}
     same = {c: {w: [] for w in workloads} for c in runs}
     for t in range(trials):
         order = arms if t % 2 == 0 else arms[::-1]
-        for condition in ("idle", "loaded") if t % 2 == 0 else ("loaded", "idle"):
+        for condition in conditions if t % 2 == 0 else conditions[::-1]:
             with Load(load if condition == "loaded" else 0, load_seconds):
                 time.sleep(settle if condition == "loaded" else 0)
                 for name, (_, _, _, opts) in workloads.items():
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--only", default=None, help="Comma-separated workloads (default: all).")
     p.add_argument("--arms", default="policy,default", help="Comma-separated: policy, default, one.")
+    p.add_argument("--conditions", default="idle,loaded", help="Comma-separated: idle, loaded.")
     p.add_argument("--load", type=int, default=(os.cpu_count() or 1) + 1,
                    help="Busy processes of the loaded condition (default: one more than the cores).")
     p.add_argument("--load-seconds", type=float, default=1800, help="The most any busy process spins.")
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         store = a.store or Path(tmp) / "store.zarr"
         prepare(store, workloads, Path(tmp))
         result = measure(workloads, store, a.trials, a.arms.split(","), a.load, a.load_seconds, a.settle,
-                         (a.quiet_below, a.quiet_wait), Path(tmp))
+                         (a.quiet_below, a.quiet_wait), Path(tmp), a.conditions.split(","))
     write({"description": __doc__.split("\n")[0], "command": "benchmarks/threads.py " + " ".join(argv or sys.argv[1:]),
            "workloads": {n: {"dim": w[0], "train_rows": w[1], "test_rows": w[2], "train_options": w[3]} for n, w in workloads.items()},
            "trials": a.trials, "load_processes": a.load, "quiet_below_cores": a.quiet_below, "result": result}, a.out)

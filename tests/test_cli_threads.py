@@ -1,10 +1,12 @@
-"""The command's torch threads (fedcache/cli/threads.py): chosen from the work, said once, overridden by the user,
-restored after; and the library leaves them alone."""
+"""The command's torch threads (fedcache/cli/threads.py): the cores other processes leave free, said once, overridden
+by the user, restored after; and the library leaves them alone."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import fedcache
 from fedcache.cli import main
 from fedcache.cli import train as cli_train
 from fedcache.cli import threads
-from fedcache.cli.threads import ENV, EXTRACTS, WIDE, Choice, Work, choose, features_missing, rounds_work
+from fedcache.cli.threads import ENV, Choice, Sample, choose, others_busy
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = ["-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg", "--partition", "domain", "--rounds", "2"]
@@ -37,80 +39,63 @@ def threads_restored():
 
 
 # ---- the choice ---------------------------------------------------------------------------------
-SMALL = Work("rounds on cached features", head_params=12_810)
+def idle() -> float:
+    return 0.0
 
 
-def test_rounds_of_a_small_head_take_one_thread():
-    choice = choose(SMALL, None, {}, current=4)
-    assert choice.threads == 1
-    assert choice.line().startswith("torch threads: 1 (rounds on cached features with a head of 12,810 parameters")
+def _never() -> float:
+    raise AssertionError("the machine was watched although the choice did not need it")
 
 
-@pytest.mark.parametrize("work, why", [
-    (Work("rounds", head_params=WIDE), "wide head, 100,000 parameters"),
-    (Work("rounds", head_params=10, frozen_model="promptfl"), "promptfl runs a frozen model"),
-    (Work("extraction", extracts=True), "extracted first"),
+@pytest.mark.parametrize("current, cores, others, expected", [
+    (2, 2, 0.0, 2), (2, 2, 0.4, 2),  # idle: torch's default
+    (2, 2, 1.2, 1), (2, 2, 5.0, 1),  # beside busy work: the free cores, one at the least
+    (8, 16, 0.0, 8), (8, 16, 10.4, 6), (8, 16, 15.7, 1),  # never more than torch's default
 ])
-def test_wide_work_keeps_torch_s_default(work, why):
-    choice = choose(work, None, {}, current=4)
-    assert choice.threads == 4 and why in choice.why
-    assert choose(Work("rounds", head_params=WIDE - 1), None, {}, current=4).threads == 1
+def test_the_cores_other_processes_leave_free(current, cores, others, expected):
+    choice = choose(None, {}, current, cores, lambda: others)
+    assert choice.threads == expected
+    busy = f"other processes kept {others:.1f} of {cores} cores busy as this command started"
+    assert choice.why == (f"torch's default; {busy}" if expected == current else busy) + f"; --threads N or {ENV} to change"
 
 
-def test_grid_workers_take_one_thread_whatever_the_head():
-    choice = choose(Work("rounds on cached features", head_params=10 * WIDE, workers=2), None, {}, current=4)
-    assert choice.threads == 1 and "2 worker processes of one thread each" in choice.why
+def test_without_a_measurement_torch_s_default_stays():
+    choice = choose(None, {}, 4, 4, lambda: None)
+    assert choice == Choice(4, "torch's default: this system does not say how busy its cores are")
+
+
+def test_grid_workers_take_one_thread_and_the_grid_too():
+    assert choose(None, {}, 4, 4, _never, workers=3) == Choice(1, "its 3 grid worker processes train on one thread each")
+    assert choose(None, {}, 4, 4, idle, workers=1).threads == 4
 
 
 def test_omp_num_threads_wins_over_the_policy():
     # torch has read the variable already: the current count is the user's
-    for work in (SMALL, Work("wide", head_params=WIDE), EXTRACTS):
-        choice = choose(work, None, {ENV: " 3 "}, current=3)
-        assert choice.threads == 3 and choice.why == f"{ENV}=3"
-    assert choose(SMALL, None, {ENV: ""}, current=4).threads == 1  # set but empty: torch ignores it, so do we
+    for workers in (1, 3):
+        assert choose(None, {ENV: " 3 "}, 3, 8, _never, workers) == Choice(3, f"{ENV}=3")
+    assert choose(None, {ENV: ""}, 4, 4, lambda: 3.5).threads == 1  # set but empty: torch ignores it, so do we
 
 
 def test_threads_option_wins_over_everything():
     for env in ({}, {ENV: "2"}):
-        for work in (SMALL, Work("wide", head_params=WIDE), EXTRACTS, Work("grid", workers=3)):
-            assert choose(work, 5, env, current=2) == Choice(5, "--threads")
+        for workers in (1, 3):
+            assert choose(5, env, 2, 2, _never, workers) == Choice(5, "--threads")
 
 
-def test_the_work_of_a_run_is_its_widest_head(toy_store):
-    dims = 96 * 3 + 3  # tiny-timm-random's 96-d features, test-toy's 3 classes: the linear head's parameters
-    assert rounds_work(toy_store, "test-toy", ["tiny-timm-random"], [("fedavg", None)]).head_params == dims
-    mlp = 96 * 256 + 3 * 256 + 256 * 3 + 3  # FC(96, 256) with its bias, BatchNorm's scale and shift, FC(256, 3)
-    work = rounds_work(toy_store, "test-toy", ["tiny-timm-random"], [("fedavg", None), ("fedproto", None), ("fedavg", "linear")])
-    assert work.head_params == mlp and work.frozen_model == ""
-    assert rounds_work(toy_store, "test-toy", ["tiny-timm-random"], [("tpfl", None)]).frozen_model == "tpfl"
-    for store, dataset, method, head in ((toy_store, "nope", "fedavg", None), (toy_store, "test-toy", "nope", None),
-                                         (toy_store, "test-toy", "fedavg", "nope"), (toy_store.parent / "none.zarr", "test-toy", "fedavg", None)):
-        assert rounds_work(store, dataset, ["tiny-timm-random"], [(method, head)]).head_params == 0  # the run says why
+def test_others_busy_is_the_machine_s_busy_time_less_this_process_s():
+    start, end = Sample(at=10.0, busy=100.0, own=5.0), Sample(at=12.0, busy=103.5, own=6.0)
+    assert others_busy(start, end) == pytest.approx(1.25)  # (3.5 - 1.0) busy core-seconds in 2 s
+    assert others_busy(start, Sample(at=12.0, busy=100.5, own=6.0)) == 0.0  # never below zero (clock ticks)
+    if hasattr(os, "getloadavg"):  # no /proc/stat (macOS) or no start: the one-minute load average
+        assert others_busy(None, end) == os.getloadavg()[0] or others_busy(None, end) >= 0
 
 
-def test_a_grid_a_preset_and_the_demo_count_their_widest_run(toy_store):
-    from types import SimpleNamespace as NS
-
-    from fedcache.cli.threads import demo_work, grid_work, preset_work
-
-    toy = dict(store=toy_store, dataset="test-toy", backbones=["tiny-timm-random"])
-    mlp = rounds_work(*toy.values(), [("fedproto", None)]).head_params
-    assert grid_work(NS(**toy, methods=["fedavg"], sweep={"head": ["linear", "mlp"]}, jobs=1)).head_params == mlp
-    assert grid_work(NS(**toy, methods=["fedavg"], sweep={}, jobs=2)).workers == 2
-    grids = [NS(store_dataset="test-toy", backbones=["tiny-timm-random"], methods=m, sweep=sw)
-             for m, sw in ((["fedavg"], {}), (["fedavg"], {"head": "mlp"}))]
-    assert preset_work(NS(experiments=grids), toy_store, 1).head_params == mlp
-    assert preset_work(NS(experiments=[*grids, NS(store_dataset="test-toy", backbones=["efficientnet-lite0"], methods=["fedavg"],
-                                                  sweep={})]), toy_store, 1) == EXTRACTS
-    assert demo_work(toy_store, "test-toy", ["tiny-timm-random"], ["fedavg", "fedproto"]).head_params == mlp
-    assert demo_work(toy_store, "test-toy", ["tiny-timm-random", "efficientnet-lite0"], ["fedavg"]) == EXTRACTS
-
-
-def test_features_missing(toy_store, tmp_path):
-    assert not features_missing(toy_store, "test-toy", ["tiny-timm-random"])
-    assert features_missing(toy_store, "test-toy", ["tiny-timm-random", "efficientnet-lite0"])
-    assert features_missing(toy_store, "no-such-dataset", ["tiny-timm-random"])
-    assert features_missing(tmp_path / "none.zarr", "test-toy", ["tiny-timm-random"])
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux's /proc/stat")
+def test_a_busy_process_beside_this_one_is_seen():
+    start = Sample.now()
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass"])
+    spin.wait(timeout=60)
+    assert others_busy(start, Sample.now()) >= 0.3  # at least the spinner's share of a core, whatever else runs
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -126,15 +111,36 @@ def _spy_on_training(monkeypatch) -> list[int]:
     return seen
 
 
-def test_train_uses_one_thread_says_so_and_restores_the_count(toy_store, monkeypatch, capsys, threads_restored):
+def _machine(monkeypatch, cores: int, others: float) -> None:
+    """The command sees ``cores`` usable cores of which other processes keep ``others`` busy."""
+    monkeypatch.setattr(threads, "usable_cores", lambda: list(range(cores)))
+    monkeypatch.setattr(threads, "_watched", lambda: others)
+
+
+@pytest.mark.parametrize("others, expected, said", [
+    (0.0, 2, "torch threads: 2 (torch's default; other processes kept 0.0 of 2 cores busy as this command started; "),
+    (1.3, 1, "torch threads: 1 (other processes kept 1.3 of 2 cores busy as this command started; "),
+])
+def test_train_takes_the_free_cores_says_so_and_restores_the_count(others, expected, said, toy_store, monkeypatch, capsys,
+                                                                    threads_restored):
     monkeypatch.delenv(ENV, raising=False)
+    _machine(monkeypatch, 2, others)
     torch.set_num_threads(2)
     seen = _spy_on_training(monkeypatch)
     assert main(["train", "--store", str(toy_store), *TOY]) == 0
-    err = capsys.readouterr().err
-    assert seen == [1]
-    assert err.count("torch threads: 1 (rounds on cached features with a head of 291 parameters per client") == 1
+    assert seen == [expected]
+    assert capsys.readouterr().err.count(said + "--threads N or OMP_NUM_THREADS to change)") == 1
     assert torch.get_num_threads() == 2  # a caller of main() keeps its own count
+
+
+def test_the_command_watches_the_machine_from_its_start(toy_store, monkeypatch, capsys, threads_restored):
+    monkeypatch.delenv(ENV, raising=False)
+    watched, real = [], threads.others_busy
+    monkeypatch.setattr(threads, "others_busy", lambda start, end: watched.append((start, end)) or real(start, end))
+    assert main(["train", "--store", str(toy_store), *TOY]) == 0
+    ((start, end),) = watched
+    assert start is threads._START and end.at - start.at >= threads.SHORTEST  # main() marked it, the choice waited
+    assert "torch threads: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("given, env, expected, said", [
@@ -150,15 +156,6 @@ def test_threads_option_and_omp_num_threads_win(given, env, expected, said, toy_
     seen = _spy_on_training(monkeypatch)
     assert main(["train", "--store", str(toy_store), *TOY, *given]) == 0
     assert seen == [expected] and said in capsys.readouterr().err
-
-
-def test_a_wide_head_trains_on_torch_s_default(toy_store, monkeypatch, capsys, threads_restored):
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr(threads, "WIDE", 1000)  # the toy's mlp head (26,115 parameters) counts as wide
-    torch.set_num_threads(2)
-    seen = _spy_on_training(monkeypatch)
-    assert main(["train", "--store", str(toy_store), *TOY, "--head", "mlp"]) == 0
-    assert seen == [2] and "torch threads: 2 (torch's default: rounds on cached features with a wide head, 26,115" in capsys.readouterr().err
 
 
 def test_threads_must_be_positive(toy_store, capsys):
@@ -182,8 +179,9 @@ def test_the_console_script_logs_the_line_at_info(toy_store):
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "torch threads:" in line]
-    assert lines == ["INFO fedcache.cli: torch threads: 1 (rounds on cached features with a head of 291 parameters per client; "
-                     "--threads N or OMP_NUM_THREADS to change)"]
+    assert len(lines) == 1 and re.fullmatch(r"INFO fedcache\.cli: torch threads: \d+ \((torch's default; )?other processes "
+                                            r"kept \d+\.\d of \d+ cores busy as this command started; --threads N or "
+                                            r"OMP_NUM_THREADS to change\)", lines[0]), lines
 
 
 # ---- the library --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console
-from fedcache.cli.threads import ThreadsOpt, grid_work, preset_work, threads_for, threads_option
+from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.spec import grid_options, options
 
 
@@ -47,7 +47,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     trained = []
     t0 = time.perf_counter()
     columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
-    with threads_for(grid_work(spec), threads), _progress(*columns) as progress:
+    with threads_for(threads, workers=spec.jobs), _progress(*columns) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
@@ -146,6 +146,6 @@ def reproduce(
     console.print(table)
     if dry_run:
         return
-    with threads_for(preset_work(p, store, jobs), threads), _progress() as progress:
+    with threads_for(threads), _progress() as progress:
         html = rp.reproduce(p, store, out or Path("runs") / preset, data_root, w, jobs, ExtractProgress(progress))
     console.print(f"report: {html}")

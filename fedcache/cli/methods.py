@@ -10,7 +10,7 @@ import typer.main
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, _spec_params, console
-from fedcache.cli.threads import run_work, threads_for, threads_param
+from fedcache.cli.threads import threads_for, threads_param
 from fedcache.errors import ConfigError
 from fedcache.spec import RunSpec, options
 
@@ -53,9 +53,8 @@ def _method_command(mc, method: str):
     is its owner."""
     def run(threads: int | None = None, **given) -> None:
         extra = {o.name: given.pop(o.name) for o in mc.extra}
-        spec = RunSpec.of(method=method, **given)
-        with threads_for(run_work(spec), threads):
-            for line in mc.run(spec, **extra):
+        with threads_for(threads):
+            for line in mc.run(RunSpec.of(method=method, **given), **extra):
                 console.print(line, highlight=False)
 
     params = _spec_params([o for o in options() if o.name in mc.spec_options])

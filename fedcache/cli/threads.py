@@ -1,19 +1,20 @@
 """How many torch threads the `fedcache` command computes with.
 
 The library changes nothing process-wide (``import fedcache``, ``fedcache.train(...)`` leave torch's threads as
-the caller set them). The command owns its process, so it chooses, from the work it is about to do, through
-torch's public ``torch.set_num_threads``, and says what it chose in one line (also logged at INFO):
+the caller set them). The command owns its process, so it chooses, through torch's public
+``torch.set_num_threads``, and says what it chose in one line (an INFO record with ``FEDCACHE_LOG=info``):
 
-- Rounds on cached features (train, grid, the method commands, a demo or reproduce whose features are
-  cached): one thread. A head's products are small (a mini-batch of a few clients' rows times a 784- to
-  3840-wide first layer); torch's OpenMP threads spin while they wait for each other, and beside any other busy
-  process on the machine they wait for a descheduled peer: 3-9x slower than one thread, and never faster on an
-  idle machine in benchmarks/threads.py (docs/performance.md).
-- A command that must first extract features (a demo or reproduce whose features are not in the store yet):
-  torch's default, since a backbone's forward pass over images is where threads pay on an idle machine.
+- The cores other processes leave free, measured while the command starts (from its first line to the choice,
+  at least a quarter of a second): torch's default on an idle machine, fewer threads beside busy work, one at the
+  least. torch's OpenMP threads spin while they wait for each other; beside other busy processes they wait for a
+  peer the system has descheduled, and every measured run, from a 784-d logistic regression to an mlp head on
+  3840-d features, took 2-10x as long on two threads as on one. On an idle machine the same runs were
+  1.1-1.5x faster on two threads than on one (benchmarks/threads.py, docs/performance.md), so the work itself
+  does not decide: the machine does.
+- A grid with worker processes (``--jobs`` > 1): one thread, as each worker has.
 
 A user's own choice always wins: ``--threads N``, else ``OMP_NUM_THREADS`` (which torch has already read).
-Grid worker processes (``--jobs`` > 1) train on one thread each whatever this process uses.
+The thread count does not change a run's numbers (the benchmark compares the final states bit for bit).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -33,11 +35,10 @@ from fedcache.cli.common import err
 log = logging.getLogger("fedcache.cli")
 
 ENV = "OMP_NUM_THREADS"
-HELP = ("Torch threads of this process (default: chosen from the work and said in the log: one for rounds on cached "
-        "features; OMP_NUM_THREADS is honoured).")
-
-
+HELP = ("Torch threads of this process (default: the cores other processes leave free, said in the log; "
+        "OMP_NUM_THREADS is honoured).")
 PROCESS_OPTIONS = ("threads",)  # options of the command's process, not of a run: no part of fedcache/spec.py
+SHORTEST = 0.25  # seconds of watching the machine before choosing: /proc/stat counts in hundredths of a second
 
 
 def threads_option():
@@ -53,25 +54,70 @@ def threads_param() -> inspect.Parameter:
     return inspect.Parameter("threads", inspect.Parameter.KEYWORD_ONLY, default=threads_option(), annotation=Optional[int])
 
 
-# A head with this many parameters per client or more has products that several threads share to advantage on an
-# idle machine (benchmarks/threads.py, docs/performance.md).
-WIDE = 100_000
-
-
+# ---- how busy the machine is -----------------------------------------------------------------------
 @dataclass(frozen=True)
-class Work:
-    """What a command is about to compute, as far as its thread count depends on it."""
+class Sample:
+    """One moment: the busy CPU seconds of the cores this process may run on (None where the system does not
+    say), and the CPU seconds this process has used."""
 
-    what: str  # named in the log line: "rounds on cached features"
-    head_params: int = 0  # parameters of the widest head one client trains (0: none or not known)
-    frozen_model: str = ""  # a method that runs a frozen model in its rounds (promptfl: CLIP's towers)
-    extracts: bool = False  # a backbone's forward pass over images comes first
-    workers: int = 1  # grid worker processes (one thread each): more than one, and this process only coordinates
+    at: float
+    busy: float | None
+    own: float
+
+    @classmethod
+    def now(cls) -> "Sample":
+        return cls(time.monotonic(), _busy_seconds(usable_cores()), _own_seconds())
 
 
-EXTRACTS = Work("feature extraction, then rounds", extracts=True)
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
+def _busy_seconds(cores: list[int]) -> float | None:
+    """Busy CPU seconds of ``cores`` since boot, from /proc/stat's per-core lines (Linux)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    wanted, busy = {f"cpu{c}" for c in cores}, 0
+    for line in lines:
+        name, *ticks = line.split()
+        if name in wanted:
+            values = [int(t) for t in ticks[:8]]  # user nice system idle iowait irq softirq steal
+            busy += sum(values) - values[3] - values[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+_START: Sample | None = None
+
+
+def mark_start() -> None:
+    """The moment the command started: the choice averages what the machine did since (fedcache/cli/root.py)."""
+    global _START
+    _START = Sample.now()
+
+
+def others_busy(start: Sample | None, end: Sample) -> float | None:
+    """Cores that other processes kept busy between ``start`` and ``end``; without /proc/stat, the one-minute
+    load average; None where neither is known."""
+    if start is not None and start.busy is not None and end.busy is not None and end.at > start.at:
+        return max(0.0, (end.busy - start.busy - (end.own - start.own)) / (end.at - start.at))
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def _watched() -> float | None:
+    """Cores other processes kept busy since the command started, watched for at least SHORTEST seconds."""
+    if _START is not None:
+        time.sleep(max(0.0, SHORTEST - (time.monotonic() - _START.at)))
+    return others_busy(_START, Sample.now())
+
+
+# ---- the choice --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Choice:
     threads: int
@@ -81,104 +127,33 @@ class Choice:
         return f"torch threads: {self.threads} ({self.why})"
 
 
-def choose(work: Work, requested: int | None, environ: Mapping[str, str], current: int) -> Choice:
-    """The thread count for ``work``: ``requested`` (--threads), else the ``OMP_NUM_THREADS`` that torch has
-    already applied (``current``), else the policy of this module's docstring."""
+def choose(requested: int | None, environ: Mapping[str, str], current: int, cores: int,
+           measure: Callable[[], float | None], workers: int = 1) -> Choice:
+    """``requested`` (--threads), else the ``OMP_NUM_THREADS`` torch has already applied (``current``), else one
+    thread beside the command's own grid workers, else the cores that the busy ones (``measure``: how many other
+    processes keep busy) leave free, at most torch's default (``current``)."""
     if requested is not None:
         return Choice(requested, "--threads")
     if environ.get(ENV, "").strip():
         return Choice(current, f"{ENV}={environ[ENV].strip()}")
-    if work.extracts:
-        return Choice(current, "torch's default: features are extracted first, a backbone's forward pass over images")
-    if work.workers > 1:
-        return Choice(1, f"{work.what} in {work.workers} worker processes of one thread each")
-    if work.frozen_model:
-        return Choice(current, f"torch's default: {work.frozen_model} runs a frozen model in its rounds")
-    if work.head_params >= WIDE:
-        return Choice(current, f"torch's default: {work.what} with a wide head, {work.head_params:,} parameters per client")
-    size = f" with a head of {work.head_params:,} parameters per client" if work.head_params else ""
-    return Choice(1, f"{work.what}{size}; --threads N or {ENV} to change")
-
-
-def rounds_work(store: Path, dataset: str, backbones: Iterable[str], runs: Iterable[tuple[str, str | None]],
-                workers: int = 1) -> Work:
-    """The rounds of ``runs`` ((method, head) pairs; head None: the method's own) on ``dataset``'s cached features
-    of ``backbones``: the widest head a client trains, and the first method that runs a frozen model. What the
-    store or the registries cannot tell counts as nothing (the run itself then says what is wrong)."""
-    import dataclasses
-
-    import torch
-
-    from fedcache.errors import FedcacheError
-    from fedcache.federate.methods import METHODS
-    from fedcache.heads import make_head
-
-    shape, widest, frozen = feature_shape(store, dataset, backbones), 0, ""
-    for method, head in runs:
-        try:
-            cls = METHODS.get(method)
-            model = make_head(head or cls.default_head, *shape) if shape else None
-        except FedcacheError:
-            continue
-        if not frozen and "device" in {f.name for f in dataclasses.fields(cls.Params)}:  # where its frozen towers run
-            frozen = method
-        if model is not None:
-            params = model.init(1, torch.Generator())
-            widest = max(widest, sum(t.numel() for k, t in params.items() if k not in getattr(model, "buffer_keys", ())))
-    return Work("rounds on cached features", head_params=widest, frozen_model=frozen, workers=workers)
-
-
-def run_work(spec) -> Work:
-    """The work of one run (`train`, a method's command), from its RunSpec."""
-    return rounds_work(spec.data.store, spec.data.dataset, spec.data.backbones, [(spec.method.name, spec.head.name)])
-
-
-def grid_work(spec) -> Work:
-    """The work of a grid, from its GridSpec: its widest head over its methods and any swept --head."""
-    return rounds_work(spec.store, spec.dataset, spec.backbones, _pairs(spec.methods, spec.sweep), spec.jobs)
-
-
-def preset_work(preset, store: Path, jobs: int) -> Work:
-    """The work of `fedcache reproduce`: extraction when the store lacks features, else the widest of its grids."""
-    if any(features_missing(store, e.store_dataset, e.backbones) for e in preset.experiments):
-        return EXTRACTS
-    works = [rounds_work(store, e.store_dataset, e.backbones, _pairs(e.methods, e.sweep), jobs) for e in preset.experiments]
-    return max(works, key=lambda w: (bool(w.frozen_model), w.head_params))
-
-
-def demo_work(store: Path, dataset: str, backbones: list[str], methods: Iterable[str]) -> Work:
-    """The work of `fedcache demo`: extraction when the store lacks its features, else its methods' rounds."""
-    if features_missing(store, dataset, backbones):
-        return EXTRACTS
-    return rounds_work(store, dataset, backbones, [(m, None) for m in methods])
-
-
-def _pairs(methods: Iterable[str], sweep: Mapping) -> list[tuple[str, str | None]]:
-    heads = sweep.get("head") or sweep.get("head.head") or [None]
-    return [(m, h) for m in methods for h in ([heads] if isinstance(heads, str) else heads)]
-
-
-def feature_shape(store: Path, dataset: str, backbones: Iterable[str]) -> tuple[int, int] | None:
-    """(fused feature width, classes) of ``dataset``'s training features in ``store``; None when they are not there."""
-    from fedcache.errors import FedcacheError
-    from fedcache.store.feature_store import FeatureStore
-
-    try:
-        fs = FeatureStore(store, create=False)
-        entries = [fs.find(dataset, "train", b)[0] for b in backbones]
-    except FedcacheError:
-        return None
-    return sum(e.dim for e in entries), len(entries[0].attrs.get("classes", ())) if entries else 0
+    if workers > 1:
+        return Choice(1, f"its {workers} grid worker processes train on one thread each")
+    others = measure()
+    if others is None:
+        return Choice(current, "torch's default: this system does not say how busy its cores are")
+    free = max(1, min(current, round(cores - others)))
+    busy = f"other processes kept {others:.1f} of {cores} cores busy as this command started"
+    return Choice(free, (f"torch's default; {busy}" if free == current else busy) + f"; --threads N or {ENV} to change")
 
 
 @contextlib.contextmanager
-def threads_for(work: Work, requested: int | None) -> Iterator[Choice]:
+def threads_for(requested: int | None, workers: int = 1) -> Iterator[Choice]:
     """Run the block with the chosen thread count, said once; the previous count is restored after it (a test or a
     script that calls ``fedcache.cli.main`` keeps its own)."""
     import torch
 
     before = torch.get_num_threads()
-    choice = choose(work, requested, os.environ, before)
+    choice = choose(requested, os.environ, before, len(usable_cores()), _watched, workers)
     if log.isEnabledFor(logging.INFO):  # FEDCACHE_LOG=info: the record is the line
         log.info(choice.line())
     else:
@@ -188,15 +163,3 @@ def threads_for(work: Work, requested: int | None) -> Iterator[Choice]:
         yield choice
     finally:
         torch.set_num_threads(before)
-
-
-def features_missing(store: Path, dataset: str, backbones: Iterable[str], splits: Iterable[str] = ("train", "test")) -> bool:
-    """Whether a command would have to extract: some split of ``dataset`` has no complete features of some backbone."""
-    from fedcache.errors import FedcacheError
-    from fedcache.store.feature_store import FeatureStore
-
-    try:
-        fs = FeatureStore(store, create=False)
-        return not all(fs.find(dataset, s, b) for b in backbones for s in splits)
-    except FedcacheError:
-        return True

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
 from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console
-from fedcache.cli.threads import ThreadsOpt, demo_work, run_work, threads_for, threads_param
+from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import RunSpec, options
 
@@ -26,10 +26,10 @@ def demo(
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """The main job on the embedded default: extract digits5-offline, probe it, compare methods, write the report."""
-    from fedcache.demo import DATASET, METHODS, run_demo
+    from fedcache.demo import DATASET, run_demo
 
     t0 = time.perf_counter()
-    with threads_for(demo_work(store, DATASET, _csv(backbones), METHODS), threads), _progress() as progress:
+    with threads_for(threads), _progress() as progress:
         res = run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
     warn = " [yellow](RANDOM WEIGHTS)[/]" if res.random_weights else ""
     fused = "+".join(b.removeprefix("efficientnet-") for b in res.backbones)
@@ -52,7 +52,7 @@ def demo(
 def train(threads: int | None = None, **given) -> None:
     """Federated rounds on cached features."""
     spec = RunSpec.of(**given)
-    with threads_for(run_work(spec), threads):
+    with threads_for(threads):
         summary, how = ENGINES[spec.engine.name](spec)
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
     console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
