@@ -1,8 +1,8 @@
 """Torch threads for the `fedcache` command, idle and beside busy work: an interleaved A/B of whole runs.
 
 Each run is a whole `python -m fedcache.cli train ...` process, as users run it, timed from its start to its
-exit. The arms:
-  policy   the command as it is: it picks its thread count itself (fedcache/cli/threads.py)
+exit, writing its run directory (-o). The arms:
+  policy   the command as it is: it chooses its thread count itself (fedcache/cli/threads.py)
   default  the same command under OMP_NUM_THREADS=<torch's default count on this machine>: what the command ran
            with before it had a policy (a user's OMP_NUM_THREADS always wins)
   one      OMP_NUM_THREADS=1 (not run unless named in --arms)
@@ -10,19 +10,24 @@ The workloads (features are seeded Gaussian classes of the named width, written 
 into a temporary store through `fedcache store import`; the arithmetic depends on the shapes alone):
   linear-1280  fedavg, linear head, 1280-d (one efficientnet-lite backbone), 7,500 training / 5,000 test rows
                (digits5-offline's sizes), 10 clients, Dirichlet 0.5, 20 rounds, evaluation every round
-  mlp-3840     fedavg, mlp head (FC 3840->256, BatchNorm, FC 256->10), 3840-d (three fused backbones), the same
-               rows and clients, 5 rounds, evaluation every round
+  linear-3840  the same on 3840-d features (three fused backbones)
+  mlp-1280     fedavg, mlp head (FC D->256, BatchNorm, FC 256->10), 1280-d, the same rows and clients, 5 rounds
+  mlp-3840     the same on 3840-d features
   flute-784    FLUTE's LR-MNIST shape (benchmarks/published.py): linear head on 784-d, 60,000 / 10,000 rows,
                1,000 clients of 2 label shards each, 10 per round, batch 10, SGD lr 0.03, 100 rounds,
                evaluation every 20
-The conditions alternate with the arms inside every trial (the order of the arms flips from one trial to the
-next): idle (the benchmark starts nothing; what else runs on the machine is measured and recorded as
-`background_cores`, the busy cores not spent by the run itself, from /proc/stat) and loaded (--load worker
-processes that each spin one core, started before the loaded runs and always stopped after them; each also
-stops by itself after --load-seconds).
+Before timing, each workload runs one untimed round (the partition is stored, the files are in the page cache).
+The conditions alternate inside every trial, and the order of the arms and of the conditions flips from one trial
+to the next: idle (the benchmark starts nothing and waits, up to --quiet-wait seconds, until other work keeps less
+than --quiet-below cores busy; what else ran is recorded per run as `background_cores`, the busy cores not spent
+by the run itself, from /proc/stat) and loaded (--load processes that each spin one core, started --settle seconds
+before the loaded runs and always stopped after them; each also stops by itself after --load-seconds). After the
+arms of a workload, their final checkpoints (every client's and the server's state) are compared bit for bit
+(`same_final_state`).
 
     .venv/bin/python benchmarks/threads.py [--trials 3] [--load N] [--only linear-1280,flute-784] [--out benchmarks/results/threads.json]
-    .venv/bin/python benchmarks/threads.py --render    # the markdown table of docs/performance.md
+    .venv/bin/python benchmarks/threads.py --arms one,default --conditions idle --out benchmarks/results/threads_one.json
+    .venv/bin/python benchmarks/threads.py --render [--out FILE]   # the markdown table of docs/performance.md
 """
 from __future__ import annotations
 
@@ -182,24 +187,34 @@ def prepare(store: Path, workloads: dict, tmp: Path) -> None:
 
 
 def render(path: Path = RESULT) -> str:
-    """The A/B table of docs/performance.md from a results file."""
+    """The table of docs/performance.md from a results file: per condition and workload, each arm's threads and
+    median time, and the other arms' time over the reference arm's (the policy's, else the first arm's)."""
     doc = json.loads(path.read_text())
-    res, summary = doc["result"], doc["result"]["summary"]
-    lines = ["| workload | policy's threads | idle: default / policy (per trial) | loaded: default / policy (per trial) |",
-             "|---|---|---|---|"]
-    for name in summary["idle"]:
-        cells = []
-        for condition in ("idle", "loaded"):
-            row = summary[condition][name]
-            r = row["default_over_policy"]
-            bg = row["background_cores"]
-            cells.append(f"{r['median']}x ({', '.join(f'{v}x' for v in r['per_trial'])}; other busy cores "
-                         f"{min(bg)}-{max(bg)})")
-        threads = ", ".join(map(str, summary["idle"][name]["policy"]["threads"]))
-        lines.append(f"| {name} | {threads} | {cells[0]} | {cells[1]} |")
-    note = (f"torch's default here: {res['torch_default_threads']} threads; loaded: {doc['load_processes']} spinning "
-            f"processes; {doc['trials']} trials, {doc['meta']['cpus']} cores, {doc['meta']['when']}")
+    res = doc["result"]
+    arms = list(next(iter(next(iter(res["runs"].values())).values())))
+    ref = "policy" if "policy" in arms else arms[0]
+    others = [a for a in arms if a != ref]
+    lines = [f"| condition | workload | {' | '.join(f'{a}: threads, median s' for a in arms)} | "
+             f"{' | '.join(f'{a} / {ref} (per trial)' for a in others)} | other busy cores | same final state |",
+             "|---" * (4 + len(arms) + len(others)) + "|"]
+    for condition, by_workload in res["runs"].items():
+        for name, by_arm in by_workload.items():
+            cells = [f"{','.join(str(t) for t in sorted({r['threads'] for r in by_arm[a]}))}, "
+                     f"{statistics.median(r['wall_seconds'] for r in by_arm[a]):.2f}" for a in arms]
+            ratios = [_ratios([r["wall_seconds"] for r in by_arm[a]], [r["wall_seconds"] for r in by_arm[ref]]) for a in others]
+            bg = [r["background_cores"] for rs in by_arm.values() for r in rs if r["background_cores"] is not None]
+            same = res["same_final_state"][condition][name]
+            lines.append(f"| {condition} | {name} | {' | '.join(cells)} | {' | '.join(ratios)} | "
+                         f"{min(bg, default=0):.2f}-{max(bg, default=0):.2f} | {'yes' if all(same) else 'NO'} |")
+    loaded = f"loaded: {doc['load_processes']} spinning processes; " if "loaded" in res["runs"] else ""
+    note = (f"torch's default here: {res['torch_default_threads']} threads; {loaded}{doc['trials']} trials; "
+            f"{doc['meta']['cpus']} cores; {doc['meta']['when']}")
     return "\n".join(lines) + "\n\n" + note
+
+
+def _ratios(a: list[float], b: list[float]) -> str:
+    per = [x / y for x, y in zip(a, b)]
+    return f"{statistics.median(per):.2f}x ({', '.join(f'{v:.2f}' for v in per)})"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,14 +19,18 @@ def test_threads_runs_both_arms_idle_and_beside_load(tmp_path):
     bench("threads").main(["--tiny", "--only", "linear-1280", "--out", str(out)])
     doc = json.loads(out.read_text())
     res = doc["result"]
+    default = res["torch_default_threads"]
     for condition in ("idle", "loaded"):
         runs = res["runs"][condition]["linear-1280"]
-        assert [r["threads"] for r in runs["policy"]] == [1]  # said by the command's log line
-        assert [r["threads"] for r in runs["default"]] == [res["torch_default_threads"]]
+        assert all(1 <= r["threads"] <= default for r in runs["policy"])  # said by the command's log line
+        assert [r["threads"] for r in runs["default"]] == [default]
         ratio = res["summary"][condition]["linear-1280"]["default_over_policy"]
         assert len(ratio["per_trial"]) == 1 and ratio["median"] > 0
-        assert res["same_final_state"][condition]["linear-1280"] == [True]  # one thread or two: the same numbers
-    assert doc["load_processes"] == 1 and "idle" in bench("threads").render(out)
+        assert res["same_final_state"][condition]["linear-1280"] == [True]  # whatever the threads: the same numbers
+    assert all(r["background_cores"] is None or r["background_cores"] >= 0.3 for rs in res["runs"]["loaded"]["linear-1280"].values() for r in rs)
+    assert doc["load_processes"] == 1
+    table = bench("threads").render(out)
+    assert "| loaded | linear-1280 |" in table and "default / policy" in table
 
 
 def test_the_load_stops_when_its_block_ends():
