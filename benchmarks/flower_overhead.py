@@ -71,7 +71,7 @@ def config(store: Path, size: Size, **kw):
 
 
 def in_process(store: Path, work: Path, size: Size) -> dict:
-    from fedcache.federate.train import train
+    from fedcache.training import train
 
     runs = []
     for _ in range(size.trials):

@@ -38,6 +38,17 @@ WORKED_METHODS = ["fedavg", "fedprox", "fedproto"]
 TINY_DATA = ("test-toy", "tiny-timm-random")  # extracted in seconds: the smoke test checks the script, not speed
 METHODS, SEEDS, DATASET, BACKBONE = ["fedavg", "fedprox"], [0, 1, 2, 3, 4], "digits5-offline", "efficientnet-lite0"
 ENGINES = ("processes", "batched")
+DEVICE = "cpu"  # --device: where the cells' rounds run (on a GPU both engines run in one process, jobs aside)
+
+
+def _features(store: Path, data: tuple[str, str]) -> None:
+    """The benchmark's features: extracted the first time, read from the store after (a copied store is used as it
+    is, on a machine that cannot load the backbone)."""
+    import fedcache
+    from fedcache.store.feature_store import FeatureStore
+
+    if not (store.exists() and FeatureStore(store, create=False).find(data[0], "test", data[1])):
+        fedcache.extract_features(data[0], [data[1]], store=store)
 
 
 def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int],
@@ -47,7 +58,7 @@ def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs:
     plans: list[str] = []
     t0 = time.perf_counter()
     table = fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=methods, sweep=sweep, seeds=seeds,
-                          out=out, jobs=jobs, engine=engine, on_plan=plans.append, select=select)
+                          out=out, jobs=jobs, engine=engine, on_plan=plans.append, select=select, device=DEVICE)
     return time.perf_counter() - t0, table, plans
 
 
@@ -58,7 +69,7 @@ def measure_worked(store: Path, jobs: int, tiny: bool = False, trials: int = 2) 
     import fedcache
 
     data, sweep, seeds = (TINY_DATA, {**WORKED, "clients": ["3"], "rounds": ["1"]}, [0, 1]) if tiny else ((DATASET, BACKBONE), WORKED, [0, 1, 2])
-    fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
+    _features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
     tables: set[str] = set()
@@ -139,7 +150,7 @@ def stack_steps(store: Path, data: tuple[str, str], sweep: dict, seeds: list[int
     fs = FeatureStore(store, create=False)
     train, test = (load_fused(fs, data[0], [data[1]], split) for split in ("train", "test"))
     steps = [math.ceil(max(len(c) for c in make_partition(
-        PartitionRequest(sweep["partition"][0], int(sweep["clients"][0]), seed, alpha=float(alpha)),
+        PartitionRequest.of(sweep["partition"][0], int(sweep["clients"][0]), seed, alpha=float(alpha)),
         train.labels, train.domains, test.labels, test.domains).train) / batch)
         for alpha in sweep["alpha"] for seed in seeds]
     one_stack = max(steps) * len(steps)
@@ -153,7 +164,7 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     import fedcache
 
     data, sweep, seeds = (TINY_DATA, TINY, [0]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
-    fedcache.extract_features(data[0], [data[1]], store=store)  # cached after the first time
+    _features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
     floors: list[float] = []  # per trial, after its two grids
@@ -168,7 +179,8 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
                 accuracies[f"{engine}-{t}"] = _accuracies(where / "results.csv")
                 runs[engine].append({"cells": len(table), "wall_seconds": round(wall, 1), "plan": plans,
                                      "cells_per_minute": round(60 * len(table) / wall, 1), "load_average_after": os.getloadavg()})
-            floors.append(floor_cells_per_minute(store, data, sweep, jobs))
+            if DEVICE == "cpu":  # the floor is the CPU's arithmetic
+                floors.append(floor_cells_per_minute(store, data, sweep, jobs))
     for engine, rs in runs.items():
         out[engine] = {"cells": rs[0]["cells"], "plan": rs[0]["plan"],
                        "cells_per_minute": round(statistics.median(r["cells_per_minute"] for r in rs), 1), "trials": rs}
@@ -180,9 +192,10 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     out["batched_over_processes_per_trial"] = [round(b["cells_per_minute"] / p["cells_per_minute"], 2)
                                                for p, b in zip(runs["processes"], runs["batched"])]
     out["stack_steps"] = stack_steps(store, data, sweep, seeds)
-    out["floor"] = {"cells_per_minute": round(statistics.median(floors), 1), "trials": floors,
-                    "what": " ".join(floor_seconds.__doc__.split())}
-    out["floor_over_processes_per_trial"] = [round(f / p["cells_per_minute"], 2) for f, p in zip(floors, runs["processes"])]
+    if floors:
+        out["floor"] = {"cells_per_minute": round(statistics.median(floors), 1), "trials": floors,
+                        "what": " ".join(floor_seconds.__doc__.split())}
+        out["floor_over_processes_per_trial"] = [round(f / p["cells_per_minute"], 2) for f, p in zip(floors, runs["processes"])]
     out["batched_over_processes_cells_per_minute"] = round(out["batched"]["cells_per_minute"] / out["processes"]["cells_per_minute"], 2)
     # Worker processes: the process engine's runs, and the batched engine's batches when --jobs > 1 and several.
     out["peak_rss_mb_of_this_process"] = _peak_mb(resource.RUSAGE_SELF)
@@ -218,7 +231,7 @@ def _tables_sentence(r: dict) -> str:
     if r["same_table_md"]:
         return "Every trial's table.md was identical across engines."
     text = ("The trials' table.md files were not all identical, though a stacked cell should compute its own run's "
-            "numbers bit for bit (tests/federate/test_batched.py): a defect to look into")
+            "numbers bit for bit (tests/federate/test_stacked.py): a defect to look into")
     d = r.get("cells_differing")
     if d:
         text += (f": in the first trial {d['differing']} of {d['cells']} cells ended with another mean accuracy than on the "
@@ -318,7 +331,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--large", action="store_true", help="the 1,000-cell grid with the batched engine alone")
     ap.add_argument("--worked", action="store_true", help="docs/getting-started.md's worked grid (5 rounds), both engines")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the cells' rounds run: cpu (default), cuda, ...")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     if args.render:
         print(render(args.out or RESULT))
         return
@@ -333,7 +349,9 @@ def main(argv: list[str] | None = None) -> None:
         result = measure(args.store, args.jobs, args.tiny, args.trials)
     what = measure_worked.__doc__ if args.worked else __doc__.strip().split("\n\n")[1]
     doc = {"what": " ".join(what.split()), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads",
+           "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
+                      + (f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""),
+           "device": args.device,
            "jobs": args.jobs, "tiny": args.tiny, "result": result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

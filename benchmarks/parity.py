@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods.fedproto import PFLLIB
-from fedcache.federate.train import TrainConfig, prepare
+from fedcache.training import TrainConfig, prepare
 
 SGD = ["optim.optimizer=sgd", "optim.lr=0.01", "optim.momentum=0", "optim.weight_decay=0"]
 LR, BATCH, LAM = 0.01, 32, 1.0
@@ -54,7 +54,7 @@ CASES = [
     ("fedproto (PFLlib options)", "fedproto", "mlp", [f"method.{k}={v}" for k, v in PFLLIB.items()], "fedproto"),
     # the same reference as above: its run is not repeated
     ("fedproto (fedcache defaults, predict=proto)", "fedproto", "mlp", ["method.predict=proto"], None),
-    # the defaults with one PFLlib option each (docs/methods/fedproto.md, "Why the defaults score lower")
+    # the defaults with one PFLlib option each (docs/results/fedproto-parity.md)
     *((f"fedproto (defaults, predict=proto, {opt})", "fedproto", "mlp", ["method.predict=proto", f"method.{opt}"], None)
       for opt in ("init=shared", "drop_last=true", "local_protos=every-epoch")),
 ]

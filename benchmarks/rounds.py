@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from _results import write  # benchmarks/ is on sys.path when a script here runs
 
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedavg import FedAvg
 from fedcache.federate.optim import OptimConfig, StackedOptimizer
@@ -51,7 +52,7 @@ def synthetic(n_clients: int, per_client: int, dim: int, n_classes: int = 10, se
 def whole_run(method_name: str, data: FederatedData, rounds: int, batched: bool = True, cls=None) -> tuple[float, float]:
     """(seconds, accuracy) of one whole run of the round loop, a fresh method each time."""
     cls = cls or METHODS.get(method_name)
-    method = cls(MethodContext(data, head=cls.default_head, rounds=rounds))
+    method = cls(MethodContext(data, head=cls.default_head, schedule=Schedule(rounds=rounds)))
     t0 = time.perf_counter()
     result = run(method, RunConfig(rounds=rounds, batched=batched))
     return time.perf_counter() - t0, result.summary["mean_accuracy"]

@@ -1,7 +1,6 @@
 """fedcache: federated learning on cached embeddings of frozen pretrained models."""
-# fedcache leaves OpenMP's waiting policy to torch: no spin setting was better on both an idle
-# machine and one shared with a busy process, and the shorter spins fedcache once set cost 13-37%
-# of an idle run without helping a shared one (docs/performance.md, "Findings of past investigations").
+# fedcache leaves OpenMP's waiting policy to torch: no spin setting is better both on an idle machine
+# and on one shared with a busy process (docs/performance.md, "Findings of past investigations").
 
 __version__ = "0.1.0"
 

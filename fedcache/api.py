@@ -116,7 +116,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
     under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
     hyperparameters: ``{"lr": 0.01}``). Values are checked (type and range) before any data is read."""
-    from fedcache.federate.train import train as run
+    from fedcache.training import train as run
     from fedcache.spec import RunSpec
 
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
@@ -130,7 +130,8 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
 
 def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
-    from fedcache.sweep import GridSpec, load_toml, option_axes, parse_sweep
+    from fedcache.spec import parse_axes
+    from fedcache.grids import GridSpec, load_toml, option_axes
 
     fields = load_toml(Path(config)) if config else {}
     settings = given.pop("settings", None)
@@ -139,7 +140,7 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
-        fields["sweep"] = {**fields.get("sweep", {}), **parse_sweep(list(settings))}
+        fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
     if sweep:
         fields["sweep"] = {**fields.get("sweep", {}), **{k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}}
     if flags:
@@ -156,7 +157,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
          seeds: Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
          config: str | Path | None = None, on_cell: Callable | None = None, select: Iterable[str] | None = None,
          track: Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
-         max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None) -> Table:
+         max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None,
+         device: str | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
     ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
@@ -164,14 +166,15 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     ``select``: sweep keys chosen per method and setting on the validation split, then run once on the test
     split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
-    ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts.
+    ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts. ``device``: where
+    every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s.
     """
-    from fedcache.sweep import run_grid
+    from fedcache.grids import run_grid
 
     spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
                      seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,
                      select=list(select) if select else None, track=list(track) if track else None,
-                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells)
+                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device)
     return run_grid(spec, on_cell, on_plan=on_plan)
 
 
@@ -191,7 +194,7 @@ def _check_keys(cls: type, options: dict, what: str) -> None:
 
 # ---- signatures ----------------------------------------------------------------------------
 # help() and inspect.signature show the real parameters, built from the declarations the CLI uses, so
-# they cannot drift from what the functions accept (tests/workflow/test_api.py checks both).
+# they cannot drift from what the functions accept (tests/test_api.py checks both).
 def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 

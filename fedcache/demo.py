@@ -16,7 +16,8 @@ from pathlib import Path
 from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, extract
 from fedcache.federate.data import load_fused
 from fedcache.federate.probe import ProbeResult, probe_per_domain
-from fedcache.federate.train import train
+from fedcache.federate.rundir import RunDir
+from fedcache.training import on_device, prepare, same_run, train
 from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
@@ -108,20 +109,18 @@ def _probes(train_t, test_t, out: Path | None, progress: ProgressFn | None = Non
 def train_or_reuse(cfg: RunSpec, tables=None) -> dict:
     """The summary of a finished run with the same configuration in ``cfg.engine.out``, else a fresh run there."""
     out = cfg.engine.out
-    if out is not None and (out / "summary.json").exists():
-        from fedcache.federate.train import prepare
-
-        _, resolved = prepare(cfg, tables)
-        saved = json.loads((out / "config.json").read_text())
-        if saved == json.loads(json.dumps(resolved)):
-            return json.loads((out / "summary.json").read_text())
+    if out is not None and RunDir(out).finished():
+        with on_device(cfg):
+            _, config = prepare(cfg, tables)
+        if same_run(RunDir(out), config) == []:
+            return RunDir(out).summary()
     if out is not None and out.exists():
         shutil.rmtree(out)  # another configuration (or an interrupted run) of this demo: start over
     return train(cfg, tables=tables).summary
 
 
 def _contribution(cfg: RunSpec, out: Path) -> None:
-    from fedcache.federate.contribution import backbone_contribution
+    from fedcache.reports.contribution import backbone_contribution
     from fedcache.reports import CONTRIBUTION, save_contribution
 
     path = out / CONTRIBUTION

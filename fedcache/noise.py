@@ -17,7 +17,7 @@ KINDS = ("gaussian", "laplace")
 
 
 def _uniform(shape, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(tuple(shape), generator=gen, dtype=torch.float64)
+    return torch.rand(tuple(shape), generator=gen, dtype=torch.float64, device=gen.device)
 
 
 def _laplace(shape, gen: torch.Generator) -> torch.Tensor:

@@ -1,162 +1,105 @@
-"""The run specification: every option of a federated run, declared once.
+"""The run specification: one typed tree of every setting of a federated run.
 
-``RunSpec`` has one section per concern (data, partition, method, optim, head, schedule, engine); each
-field carries its help text, its type (with its valid range, the types of ``federate/settings.py``),
-its command-line flag and whether a grid may sweep it. Everything else is derived from it:
+``RunSpec`` has one section per concern: ``data`` (dataset, backbones, store), ``partition``
+(``federate.partitions.PartitionSpec``), ``method`` (its name and its typed ``Params``), ``optim``
+(``federate.optim_config.OptimConfig``, from a preset), ``head``, ``schedule`` (``federate.schedule.Schedule``)
+and ``engine``. Each field is declared once, in its section, with its type, range, default and (for the
+options) its flag and help; everything else is derived from the tree:
 
 - the options of ``fedcache train``, ``grid``, ``partition`` and ``shard`` (``fedcache/cli/`` builds them from
-  ``options()``), under one name each: the *option name* (``partition``, ``clients``, ``rounds``, ...);
-- the Python API's keyword arguments (``RunSpec.of(**options)`` takes the same names);
-- a run's ``config.json`` (``to_dict`` / ``from_dict``, nested by section);
-- the Flower run config (``to_flat`` / ``from_flat``: ``section.field`` keys, plain values).
+  ``options()``), under one name each (``partition``, ``clients``, ``rounds``, ...), and the Python API's
+  keyword arguments (``RunSpec.of(**options)`` takes the same names);
+- ``--set key=value`` overrides of the method's, the optimizer's and the head's settings, and a grid's axes:
+  ``route`` finds the field a key names, once, for every entry point, and ``fedcache.config.parse`` checks
+  its value;
+- a run's ``config.json`` (``to_dict`` / ``from_dict``, the tree as JSON) and the Flower run config
+  (``to_flat`` / ``from_flat``: ``section.field`` keys, plain values, the settings as ``key=value`` text).
 
-Numeric ranges are checked when a spec is built, before any data is read. Method, optimizer and head
-hyperparameters (``--set``) stay in their own dataclasses (the method's ``Params``, ``OptimConfig``);
-the method section holds the method's name and those ``key=value`` pairs, and
-``federate.train.resolve(spec)`` builds the dataclasses from them (importing the methods, hence torch).
-This module imports no torch.
+A value out of range fails when the spec is built, before any data is read, with a message naming the flag
+or key, the value and the range. Importing this module imports no torch; building a spec imports the
+method registry (the method's ``Params``).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import types
-import typing
-from collections.abc import Callable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from fedcache.config import Checked, Choices, Opt, PositiveInt, base_type, fields_of, flag_of, opt, option_name, parse
 from fedcache.errors import ConfigError
-from fedcache.federate.settings import NonNegativeInt, Positive, PositiveInt, Range, fields_of
-
-Share = Annotated[float, Range(0, 1, lo_open=True)]  # a share that must keep something: (0, 1]
-Rate = Annotated[float, Range(0, 1)]  # [0, 1]
-
-
-@dataclass(frozen=True)
-class Opt:
-    """How a field appears outside Python: its option name, flags, help and role in a grid."""
-
-    help: str | Callable[[], str]  # a callable is asked when the help is shown (it reads a registry)
-    name: str = ""  # option name (API keyword, CLI parameter); default: the field's name
-    short: str = ""  # e.g. "-d"
-    aliases: tuple[str, ...] = ()  # further long flags (--backbone for --backbones)
-    flag: str = ""  # default: --<option name with dashes>; "--a/--no-a" for a switch
-    axis: bool = True  # `fedcache grid` may sweep it (v1,v2,...)
-    recorded: bool = True  # part of what a run is (config.json); False: where it is written, whether it continues
-    sep: str = ","  # how a tuple is written as one string (CLI text, Flower config)
-    repeatable: bool = False  # a tuple given as a repeated flag (--set a=1 --set b=2), not as one text
-
-
-def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, **meta: Any) -> Any:
-    return field(default=default, default_factory=factory, metadata={"opt": Opt(**meta)})
+from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
+from fedcache.federate.partitions.core import PartitionSpec
+from fedcache.federate.schedule import Schedule
 
 
 def default_store() -> Path:
     return Path(os.environ.get("FEDCACHE_STORE", "fedcache-store.zarr"))
 
 
-def _preset_help() -> str:
-    from fedcache.federate.optim_config import PRESETS, describe
+def _heads() -> tuple[str, ...]:
+    from fedcache.heads import HEADS
 
-    return ("Optimizer defaults: " + "; ".join(f"{n} ({describe(c)})" for n, c in PRESETS.items())
-            + "; default: the method's (`fedcache methods`).")
-
-
-def _schemes() -> tuple[str, ...]:
-    from fedcache.federate.partitions import PARTITIONERS
-
-    return tuple(PARTITIONERS.names())
-
-
-def _presets() -> tuple[str, ...]:
-    from fedcache.federate.optim_config import PRESETS
-
-    return tuple(PRESETS)
-
-
-# Options whose values are a registry's names: checked when a spec is built, not when the data is read.
-_REGISTRY_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {"partition.scheme": _schemes, "optim.preset": _presets}
-
-
-class Section:
-    """A group of fields; checks every value against its declared type and range when built."""
-
-    def __post_init__(self) -> None:
-        types = fields_of(type(self))
-        for f in dataclasses.fields(self):
-            _check(self, f, getattr(self, f.name), types[f.name])
+    return tuple(HEADS.names())
 
 
 @dataclass(frozen=True)
-class DataSpec(Section):
+class DataSpec(Checked):
+    section = "data"
+
     dataset: str = opt(short="-d", axis=False, help="Dataset name in the store (see `fedcache store ls`).")
     backbones: tuple[str, ...] = opt(short="-b", aliases=("--backbone",), axis=False,
                                      help="One backbone, or several to fuse (concatenated).")
     store: Path = opt(factory=default_store, axis=False, help="Feature store path (env FEDCACHE_STORE).")
 
-
-@dataclass(frozen=True)
-class PartitionSpec(Section):
-    # The help names the schemes without importing the partitions (zarr: a second at start-up); a test
-    # keeps it equal to the registry, and values are checked against the registry itself.
-    scheme: str = opt("iid", name="partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
-    clients: PositiveInt | None = opt(None, help="Number of clients (default: one per domain for domain partitions, else 10).")
-    alpha: Positive | None = opt(None, help="Dirichlet concentration (dirichlet, domain-dirichlet; default 0.5).")
-    shards: PositiveInt | None = opt(None, help="Shards per client (shards; default 2).")
-    few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
-    class_budget: PositiveInt | None = opt(
-        None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
-                   "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
-                   "FedPCL's protocol; default: every row.")
-    subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
-    clients_per_domain: PositiveInt | None = opt(None, help="Clients per domain (domain partitions; default: clients / domains).")
-    classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
-    repeat_rate: Rate = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
-    local_test: PositiveInt = opt(1000, help="Max local test samples per client.")
-    local_test_mix: Literal["client", "uniform"] = opt(
-        "client", help="client: a client's local test rows follow its (class, domain) mix; uniform: every class "
-                       "alike, from the domains it holds (FedPCL's feature & label shift test sets).")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.dataset:
+            raise ConfigError("--dataset (data.dataset): a value is required")
+        if not self.backbones:
+            raise ConfigError("--backbones (data.backbones): give at least one name")
 
 
 @dataclass(frozen=True)
-class MethodSpec(Section):
+class MethodSpec(Checked):
+    """The method and its settings: ``params`` is an instance of the method's ``Params`` (its defaults when
+    left out), checked like every other section."""
+
+    section = "method"
+
     name: str = opt(name="method", short="-m", axis=False, help="See `fedcache methods`.")
-    settings: tuple[str, ...] = opt((), flag="--set", axis=False, sep=" ", repeatable=True,
-                                    help="key=value for method / optimizer hyperparameters (repeatable).")
+    params: Any = None
+
+    def __post_init__(self) -> None:
+        cls = method_class(self.name)  # an unknown name says what is close and what exists
+        if self.params is None:
+            object.__setattr__(self, "params", cls.Params())
+        elif type(self.params) is not cls.Params:
+            raise ConfigError(f"{self.name}'s settings are {cls.Params.__name__}, not {type(self.params).__name__}")
+        super().__post_init__()
 
 
 @dataclass(frozen=True)
-class OptimSpec(Section):
-    preset: str | None = opt(None, help=_preset_help)
+class HeadChoice(Checked):
+    section = "head"
+
+    # The help names the heads as text, so that reading it imports no torch; a test keeps it equal to the registry.
+    name: Annotated[str, Choices(_heads)] | None = opt(None, name="head", help="linear, mlp, projection (default: the method's).")
 
 
 @dataclass(frozen=True)
-class HeadSpec(Section):
-    name: str | None = opt(None, name="head", help="linear or mlp (default: the method's).")
+class EngineSpec(Checked):
+    section = "engine"
 
-
-@dataclass(frozen=True)
-class ScheduleSpec(Section):
-    rounds: PositiveInt = opt(50, help="Federated rounds.")
-    fraction: Share = opt(1.0, help="Fraction of clients sampled each round.")
-    local_epochs: PositiveInt = opt(1, help="Local epochs per round (each client, each round).")
-    batch_size: PositiveInt = opt(32, help="Local mini-batch size.")
-    eval_every: PositiveInt = opt(1, help="Evaluate every k rounds (and after the last).")
-    seed: NonNegativeInt = opt(0, axis=False, help="Seed of the partition, initialisation, sampling and batches.")
-    # Spare training rows (no client trains on them, drawn with each client's class and domain mix)
-    # instead of the test split: for choosing hyperparameters without touching the test set.
-    validation: bool = opt(False, help="Score on spare training rows instead of the test split (for tuning).")
-
-
-@dataclass(frozen=True)
-class EngineSpec(Section):
     name: Literal["in-process", "flower-sim"] = opt(
         "in-process", name="engine", axis=False,
         help="in-process, or flower-sim (Flower's simulation engine; needs the flower extra).")
     batched: bool = opt(True, flag="--batch/--no-batch", help="Train the clients batched (--no-batch: one by one).")
+    device: str = opt("auto", axis=False, help="Where the rounds run: auto (a GPU when there is one, said once), cpu, "
+                                               "cuda, cuda:N or mps. The features, partitions and states stay there.")
     out: Path | None = opt(None, short="-o", axis=False, recorded=False,
                            help="Run directory: config.json, metrics.jsonl, summary.json.")
     resume: bool = opt(False, axis=False, recorded=False, help="Continue the run in --out from its last checkpoint.")
@@ -171,50 +114,58 @@ class EngineSpec(Section):
     track_dir: Path | None = opt(None, axis=False, recorded=False,
                                  help="Where trackers write (default: --out; a grid's cells use the grid's --out).")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ConfigError(f"--device (engine.device)={self.device!r}: must be auto, cpu, cuda, cuda:N or mps")
+
 
 @dataclass(frozen=True)
-class GridEngineSpec(Section):
+class GridEngineSpec(Checked):
     """How ``fedcache grid`` runs its cells: not part of any run (each cell's result is the same either way)."""
 
-    # batched is the default: on the maintained benchmark (benchmarks/grid_speed.py, docs/performance.md) it trained
-    # 1.16x-1.35x the process engine's cells per minute in five runs on a 2-core CPU (stacks of 5 cells; about even,
-    # 0.96x-1.00x, on the worked grid's stacks of two and three), with every cell bit-identical to its own run;
-    # processes stays one flag away for the comparison.
+    section = "grid"
+
     engine: Literal["batched", "processes"] = opt(
         "batched", axis=False, recorded=False,
         help="batched: cells of one method that share data, head, schedule and every setting not applied per cell "
              "train together as one stacked computation (cells of one partition and seed together first), each "
-             "equal to its own run bit for bit "
-             "(methods that cannot stack run as their own runs, transparently); processes: every cell in its own "
-             "run (--jobs worker processes).")
+             "equal to its own run bit for bit (methods that cannot stack run as their own runs, transparently); "
+             "processes: every cell in its own run (--jobs worker processes).")
     max_batch_cells: PositiveInt | None = opt(
         None, axis=False, recorded=False,
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")
 
 
-SECTIONS: dict[str, type[Section]] = {
-    "data": DataSpec, "partition": PartitionSpec, "method": MethodSpec, "optim": OptimSpec, "head": HeadSpec,
-    "schedule": ScheduleSpec, "engine": EngineSpec,
-}
+SECTIONS: dict[str, type] = {"data": DataSpec, "partition": PartitionSpec, "method": MethodSpec, "optim": OptimConfig,
+                             "head": HeadChoice, "schedule": Schedule, "engine": EngineSpec}
+# Options of `fedcache grid` itself (not of a run), declared like the run's: the CLI and the grid read them here.
+GRID_SECTIONS: dict[str, type] = {"grid": GridEngineSpec}
+# What ``--set`` overrides, and the prefixes that qualify a key (``optim.lr``; ``optimizer.`` and ``params.`` too).
+SETTING_GROUPS = ("method", "optim", "head")
+GROUP_ALIASES = {"optimizer": "optim", "params": "method"}
 
 
-# Options of `fedcache grid` itself (not of a run), declared like the run's: the CLI and GridSpec read them here.
-GRID_SECTIONS: dict[str, type[Section]] = {"grid": GridEngineSpec}
+def method_class(name: str):
+    from fedcache.federate.methods import METHODS
+
+    return METHODS.get(name)
 
 
+# ---- options: the fields the command line and the API name ------------------------------------
 @dataclass(frozen=True)
 class Option:
-    """One field of the spec as the outside sees it."""
+    """One option of the spec as the outside sees it."""
 
     section: str
     field: str
-    type: Any  # with its Annotated range
+    type: Any  # with its range and choices
     opt: Opt
     default: Any  # dataclasses.MISSING: required
 
     @property
     def name(self) -> str:
-        return self.opt.name or self.field
+        return option_name(self.opt, self.field)
 
     @property
     def key(self) -> str:
@@ -231,7 +182,7 @@ class Option:
     @property
     def flag(self) -> str:
         """The flag as error messages name it: ``--rounds``."""
-        return self.flags[0].split("/")[0]
+        return flag_of(self.opt, self.field)
 
     @property
     def help(self) -> str:
@@ -244,22 +195,32 @@ class Option:
     @property
     def base(self) -> Any:
         """The type without range and None: str, int, float, bool, Path, tuple."""
-        return _base(self.type)
+        return base_type(self.type)
 
     def parse(self, value: Any) -> Any:
         """A value of this option from Python or text (CLI, grid axis, Flower config), type-checked."""
-        return _coerce(self, value, self.type)
+        return parse(f"{self.flag} ({self.key})", value, self.type, self.opt.sep)
+
+
+# ``--set key=value``: not a field of the tree but what overrides its method, optimizer and head settings.
+SETTINGS = Option("method", "settings", tuple[str, ...], Opt(
+    help="key=value for method / optimizer hyperparameters (repeatable).", flag="--set", axis=False, recorded=False,
+    sep=" ", repeatable=True), ())
 
 
 def options(*sections: str) -> list[Option]:
-    """The options of the given sections (all by default), in declaration order."""
+    """The options of the given sections (all by default), in declaration order: the fields that have a flag,
+    and ``--set`` with the method's."""
     out = []
     for sec in sections or tuple(SECTIONS):
         cls = {**SECTIONS, **GRID_SECTIONS}[sec]
         types = fields_of(cls)
         for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            out.append(Option(sec, f.name, types[f.name], f.metadata["opt"], default))
+            if "opt" in f.metadata:
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                out.append(Option(sec, f.name, types[f.name], f.metadata["opt"], default))
+        if sec == "method":
+            out.append(SETTINGS)
     return out
 
 
@@ -281,187 +242,308 @@ def option(name: str) -> Option:
     return found
 
 
+# ---- the tree -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunSpec:
     data: DataSpec
     method: MethodSpec
     partition: PartitionSpec = field(default_factory=PartitionSpec)
-    optim: OptimSpec = field(default_factory=OptimSpec)
-    head: HeadSpec = field(default_factory=HeadSpec)
-    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    head: HeadChoice = field(default_factory=HeadChoice)
+    schedule: Schedule = field(default_factory=Schedule)
     engine: EngineSpec = field(default_factory=EngineSpec)
+
+    def __post_init__(self) -> None:
+        if self.head.name is None:
+            object.__setattr__(self, "head", HeadChoice(method_class(self.method.name).default_head))
 
     @classmethod
     def of(cls, **given: Any) -> "RunSpec":
         """A spec from option names (``dataset=..., partition="domain", rounds=5``), the API's and CLI's
-        names; qualified keys (``schedule.rounds``) are accepted too. Text values are parsed."""
-        return cls(**build_sections(given, tuple(SECTIONS)))
+        names, qualified keys (``schedule.rounds``) too, and ``settings``: ``--set`` pairs (a list of
+        ``key=value``, or a dict). Text values are parsed."""
+        return _build(None, given)
 
     def replace(self, **given: Any) -> "RunSpec":
-        """A copy with the named options changed (option names or qualified keys, as ``of``)."""
-        return RunSpec(**build_sections(given, tuple(SECTIONS), base=self.sections()))
+        """A copy with the named options and settings changed (as ``of``). A new method starts from its own
+        settings, optimizer preset and head."""
+        return _build(self, given)
 
-    def sections(self) -> dict[str, Section]:
+    def override(self, pairs: Mapping[str, Any]) -> "RunSpec":
+        """A copy with ``key -> value`` overrides of run options and settings alike (a grid cell's axes)."""
+        direct, settings = {}, {}
+        for key, value in pairs.items():
+            section, name = route(key, self.method.name, run_options=True)
+            if is_option(f"{section}.{name}"):
+                direct[f"{section}.{name}"] = value
+            else:
+                settings[f"{section}.{name}"] = value
+        return _build(self, {**direct, "settings": settings})
+
+    def sections(self) -> dict[str, Any]:
         return {s: getattr(self, s) for s in SECTIONS}
 
     def get(self, name: str) -> Any:
         o = option(name)
         return getattr(getattr(self, o.section), o.field)
 
-    # ---- config.json -----------------------------------------------------------------------
+    # ---- config.json ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The spec as JSON values, nested by section; what a run's config.json records (not where
-        the run is written nor whether it was resumed)."""
+        """The tree as JSON values, nested by section: what a run's config.json records (not where the run is
+        written nor whether it was resumed)."""
         out: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         for o in options():
             if o.opt.recorded:
                 out[o.section][o.field] = _plain(self.get(o.key), json=True, sep=o.opt.sep)
+        out["method"]["params"] = _plain(dataclasses.asdict(self.method.params), json=True)
+        out["optim"].update({k: _plain(v, json=True) for k, v in dataclasses.asdict(self.optim).items()})
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, dict[str, Any]]) -> "RunSpec":
-        return cls.of(**{f"{s}.{k}": v for s, fields_ in d.items() for k, v in fields_.items()})
+        d = migrate(d)
+        flat = {f"{s}.{k}": v for s, fields_ in d.items() if s in SECTIONS for k, v in fields_.items()
+                if f"{s}.{k}" in _BY_KEY}
+        spec = cls.of(**flat)
+        params = _apply(spec.method.params, {k: (f"method.{k}", v) for k, v in d["method"].get("params", {}).items()})
+        optim = _apply(spec.optim, {k: (f"optim.{k}", v) for k, v in d.get("optim", {}).items() if k != "preset"})
+        return dataclasses.replace(spec, method=MethodSpec(spec.method.name, params), optim=optim)
 
-    # ---- Flower run config -----------------------------------------------------------------
+    # ---- Flower run config -------------------------------------------------------------------------
     def to_flat(self) -> dict[str, str | int | float | bool]:
-        """``section.field`` -> a plain value (str, int, float, bool), as a Flower run config holds them."""
         return to_flat(self.sections())
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any], base: "RunSpec") -> "RunSpec":
         """``base`` with the ``section.field`` values of ``flat`` (other keys are the caller's)."""
-        return base.replace(**{k: v for k, v in flat.items() if k in _BY_KEY})
+        given = {k: v for k, v in flat.items() if k in _FLAT_KEYS}
+        settings = given.pop("method.settings", "")
+        return base.replace(**given, settings=settings.split() if isinstance(settings, str) else settings)
+
+    def settings(self) -> list[str]:
+        """The ``--set`` pairs that give this tree's method, optimizer and head settings from the method's
+        defaults and the optimizer preset: each setting that differs, qualified."""
+        return settings_of(self.method, self.optim)
 
 
-def build_sections(given: dict[str, Any], names: tuple[str, ...], base: dict[str, Section] | None = None
-                   ) -> dict[str, Section]:
-    """The sections ``names`` from option names or qualified keys (text parsed, every value checked), over
-    ``base``'s values; an option of another section, or an unknown one, is an error."""
-    known = {k for k, o in _BY_NAME.items() if o.section in names}
+def settings_of(method: MethodSpec, optim: OptimConfig) -> list[str]:
+    base_params, base_optim = type(method.params)(), OPTIMIZER_PRESETS.get(optim.preset, OptimConfig())
+    pairs = [f"method.{k}={_text(v)}" for k, v in dataclasses.asdict(method.params).items()
+             if getattr(base_params, k) != v]
+    pairs += [f"optim.{k}={_text(v)}" for k, v in dataclasses.asdict(optim).items()
+              if k != "preset" and getattr(base_optim, k) != v]
+    return pairs
+
+
+def to_flat(sections: dict[str, Any]) -> dict[str, str | int | float | bool]:
+    """``section.field`` -> a plain value (str, int, float, bool): the Flower run config. ``None`` is
+    written as "" and a tuple as one string (backbones comma-separated); the method's and optimizer's
+    settings as ``method.settings``, space-separated ``key=value`` pairs."""
+    flat = {o.key: _plain(getattr(sections[o.section], o.field), json=False, sep=o.opt.sep)
+            for o in options(*sections) if o.opt.recorded}
+    if "method" in sections and "optim" in sections:
+        flat["method.settings"] = " ".join(settings_of(sections["method"], sections["optim"]))
+    return flat
+
+
+# ---- building the tree -----------------------------------------------------------------------------
+def _build(base: RunSpec | None, given: dict[str, Any]) -> RunSpec:
+    given = dict(given)
+    settings = parse_pairs(given.pop("settings", None))
+    per = parse_options(given, tuple(SECTIONS), required=base is None)
+    method, optim, head = resolve_method(per.pop("method").get("name"), per.pop("optim").get("preset"),
+                                         per.pop("head").get("name"), settings, base)
+    if base is None:
+        sections = {s: SECTIONS[s](**values) for s, values in per.items()}
+    else:
+        sections = {s: dataclasses.replace(getattr(base, s), **values) for s, values in per.items()}
+    return RunSpec(method=method, optim=optim, head=head, **sections)
+
+
+def parse_options(given: dict[str, Any], names: tuple[str, ...], required: bool = True) -> dict[str, dict[str, Any]]:
+    """Option names or qualified keys -> each section's parsed values; an unknown or doubled option, or a
+    missing required one, is an error."""
+    known = {k for k, o in _BY_NAME.items() if o.section in names and o is not SETTINGS}
     unknown = sorted(k for k in given if k.replace("-", "_") not in known)
     if unknown:
-        names_ = sorted(o.name for o in options(*names))
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(names_)}")
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(o.name for o in options(*names)))}")
     per: dict[str, dict[str, Any]] = {s: {} for s in names}
     for key, value in given.items():
         o = option(key)
         if o.field in per[o.section]:
             raise ConfigError(f"option {o.name} is given twice (as {key} and {o.key}); keep one")
         per[o.section][o.field] = o.parse(value)
-    missing = [o for o in options(*names) if o.required and o.field not in per[o.section] and base is None]
+    missing = [o for o in options(*names) if required and o.required and o.field not in per[o.section]]
     if missing:
         raise ConfigError(f"a run needs {', '.join(o.flag for o in missing)}")
-    if base is not None:
-        return {s: dataclasses.replace(base[s], **per[s]) for s in names}
-    return {s: SECTIONS[s](**per[s]) for s in names}
+    return per
 
 
-def to_flat(sections: dict[str, Section]) -> dict[str, str | int | float | bool]:
-    """``section.field`` -> a plain value (str, int, float, bool): the Flower run config. ``None`` is
-    written as "" and a tuple as one string (backbones comma-, settings space-separated)."""
-    return {o.key: _plain(getattr(sections[o.section], o.field), json=False, sep=o.opt.sep)
-            for o in options(*sections) if o.opt.recorded}
+def resolve_method(name: str | None, preset: str | None, head: str | None, settings: dict[str, str],
+                   base: Any = None) -> tuple[MethodSpec, OptimConfig, HeadChoice]:
+    """The method, optimizer and head sections: ``base``'s (a RunSpec or FlowerRun; a new method starts from
+    its own defaults, preset and head), with the preset and head given, and the ``--set`` settings applied."""
+    name = name or (base.method.name if base is not None else "")
+    if not name:
+        raise ConfigError("--method (method.name): a value is required; `fedcache methods` lists them")
+    fresh = base is None or name != base.method.name
+    cls = method_class(name)
+    preset = preset or (cls.default_preset if fresh else base.optim.preset)
+    optim = base.optim if not fresh and preset == base.optim.preset else OPTIMIZER_PRESETS[preset]
+    params = cls.Params() if fresh else base.method.params
+    head = head or (None if fresh else base.head.name)
+    routed = _route_settings(settings, name)
+    if routed["optim"] and not cls.uses_optimizer:
+        raise ConfigError(f"{name} trains nothing with an optimizer; remove --set "
+                          + ", ".join(f"optim.{k}" for k in routed["optim"]))
+    params, optim = _apply(params, routed["method"]), _apply(optim, routed["optim"])
+    _refuse_unused(routed["method"], params, "method", name)
+    _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
+    head = routed["head"]["name"][1] if "name" in routed["head"] else head
+    return MethodSpec(name, params), optim, HeadChoice(head or cls.default_head)
 
 
-# ---- values --------------------------------------------------------------------------------
-_UNIONS = (typing.Union, types.UnionType)
+def _apply(obj: Any, values: dict[str, tuple[str, Any]]) -> Any:
+    """``obj`` with each field set to its value, parsed: ``values`` maps field -> (the key as given, value)."""
+    types = fields_of(type(obj))
+    parsed = {k: parse(f"--set {k}", v, types[k], verbatim=True) for k, (key, v) in values.items()}
+    return dataclasses.replace(obj, **parsed) if parsed else obj
 
 
-def _base(typ: Any) -> Any:
-    origin, args = typing.get_origin(typ), typing.get_args(typ)
-    if origin is Annotated:
-        return _base(args[0])
-    if origin in _UNIONS:
-        return _base(next(a for a in args if a is not type(None)))
-    if origin is Literal:
-        return str
-    return tuple if origin is tuple else typ
+def parse_pairs(settings: Any) -> dict[str, str]:
+    """``--set`` pairs as key -> value: a list of ``key=value`` texts, or a dict."""
+    if not settings:
+        return {}
+    if isinstance(settings, Mapping):
+        return {str(k).replace("-", "_"): v for k, v in settings.items()}
+    if isinstance(settings, str):
+        settings = settings.split()
+    out: dict[str, str] = {}
+    for item in settings:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value (e.g. --set lr=0.01), got {item!r}")
+        key = key.strip().replace("-", "_")
+        if key in out:
+            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value.strip()!r}); keep one")
+        out[key] = value.strip()
+    return out
 
 
-def _optional(typ: Any) -> bool:
-    return typing.get_origin(typ) in _UNIONS and type(None) in typing.get_args(typ)
+def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:
+    """A grid's ``--set key=v1,v2`` axes: ``["lr=1e-3,1e-2", "alpha=0.1"]`` -> ``{"lr": ["1e-3", "1e-2"], ...}``."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=v1,v2,... (e.g. --set lr=1e-3,1e-2), got {item!r}")
+        out[key.strip().replace("-", "_")] = [v.strip() for v in values.split(",") if v.strip()]
+    return out
 
 
-def _coerce(o: Option, value: Any, typ: Any) -> Any:
-    shown = f"{o.flag} ({o.key})={value!r}"
-    if value is None or (_optional(typ) and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        if _optional(typ):
-            return None
-        raise ConfigError(f"{shown}: a value is required")
-    base = o.base
-    try:
-        if base is tuple:
-            items = value.split(o.opt.sep) if isinstance(value, str) else list(value)
-            return tuple(str(v).strip() for v in items if str(v).strip())
-        if base is bool:
-            return _bool(value)
-        if base in (int, float) and isinstance(value, bool):
-            raise ValueError
-        if base is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        return base(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{shown}: expected {getattr(base, '__name__', base)}") from None
+# ---- which field a key names -------------------------------------------------------------------------
+def setting_fields(method: str) -> dict[str, dict[str, Any]]:
+    """The ``--set`` groups of ``method``: field name -> type, per group (method, optim, head). The preset is
+    an option (``--preset``), not a setting; the head is both (``--head mlp`` or ``--set head=mlp``)."""
+    optim = {k: t for k, t in fields_of(OptimConfig).items() if k != "preset"}
+    return {"method": fields_of(method_class(method).Params), "optim": optim, "head": {"head": fields_of(HeadChoice)["name"]}}
 
 
-def _bool(value: Any) -> bool:
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError
-        return text in ("true", "1", "yes")
-    if isinstance(value, (bool, int)) and value in (0, 1):
-        return bool(value)
-    raise ValueError
+def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
+    """``(section, field)`` that ``key`` names for ``method``: a qualified key (``optim.lr``, ``partition.alpha``)
+    or a short one that exactly one owner has. ``run_options``: a grid axis, which may also name a run option;
+    a short key that is both a run option and a setting must then be qualified (routing it by guess would
+    leave the other at its default)."""
+    key = key.replace("-", "_")
+    groups = setting_fields(method)
+    prefix, dot, name = key.partition(".")
+    if dot:
+        section = GROUP_ALIASES.get(prefix, prefix)
+        if section == "head" and name in ("head", "name"):
+            return "head", "name"
+        if section in groups and name in groups[section]:
+            return section, name
+        if run_options and is_option(key):
+            return option(key).section, option(key).field
+        if section in groups or (run_options and section in SECTIONS):
+            raise ConfigError(f"unknown --set key {key}: {section} has no setting {name!r}. Known keys -- "
+                              f"{_listing(groups, run_options)}")
+        raise ConfigError(f"--set {key}: unknown prefix {prefix!r}; use one of "
+                          + ", ".join(g + "." for g in (*SETTING_GROUPS, *(SECTIONS if run_options else ()))))
+    owners = [g for g, fs in groups.items() if key in fs]
+    if key == "head":
+        return "head", "name"
+    if run_options and is_option(key):
+        if owners:
+            o = option(key)
+            raise ConfigError(f"--set {key} is ambiguous: it is the run option {o.key} and a setting of {method} "
+                              f"({owners[0]}.{key}); write {o.key}=... or {owners[0]}.{key}=...")
+        return option(key).section, option(key).field
+    if len(owners) > 1:
+        raise ConfigError(f"--set {key} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
+                          + " or ".join(f"--set {g}.{key}=..." for g in owners))
+    if not owners:
+        raise ConfigError(f"unknown --set key(s) {key}. Known keys -- {_listing(groups, run_options)}")
+    return owners[0], key
 
 
-def _check(section: Section, f: dataclasses.Field, value: Any, typ: Any) -> None:
-    o = Option(_SECTION_NAMES[type(section)], f.name, typ, f.metadata["opt"], f.default)
-    shown = f"{o.flag} ({o.key})={value!r}"
-    if value is None:
-        if not _optional(typ):
-            raise ConfigError(f"{o.flag} ({o.key}): a value is required")
-        return
-    base = o.base
-    if base is tuple:
-        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{shown}: expected a tuple of strings (RunSpec.of converts lists and text)")
-        if o.required and not value:
-            raise ConfigError(f"{o.flag} ({o.key}): give at least one name")
-        return
-    if base is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    else:
-        ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
-    if not ok:
-        raise ConfigError(f"{shown}: expected {'a finite number' if base is float else base.__name__}")
-    if o.required and value == "":
-        raise ConfigError(f"{o.flag} ({o.key}): a value is required")
-    choices = _choices(typ) or (_REGISTRY_CHOICES[o.key]() if o.key in _REGISTRY_CHOICES else ())
-    if choices and value not in choices:
-        raise ConfigError(f"{shown}: must be one of {', '.join(choices)}")
-    rng = _range(typ)
-    if rng is not None and not rng.contains(value):
-        raise ConfigError(f"{shown}: must be {rng}")
+def _route_settings(settings: dict[str, str], method: str) -> dict[str, dict[str, tuple[str, Any]]]:
+    """Each ``--set`` key's group and field: group -> field -> (the key as given, its value)."""
+    routed: dict[str, dict[str, tuple[str, Any]]] = {g: {} for g in SETTING_GROUPS}
+    for key, value in settings.items():
+        group, name = route(key, method)
+        if name in routed[group]:
+            raise ConfigError(f"--set {group}.{name} is given twice (as {key} and another spelling); keep one")
+        routed[group][name] = (key, value)
+    return routed
 
 
-def _range(typ: Any) -> Range | None:
-    for t in (typ, *typing.get_args(typ)):
-        if typing.get_origin(t) is Annotated:
-            return next((a for a in typing.get_args(t)[1:] if isinstance(a, Range)), None)
-    return None
+def _listing(groups: dict[str, dict[str, Any]], run_options: bool) -> str:
+    text = "; ".join(f"{g}: {', '.join(fs) or '-'}" for g, fs in groups.items())
+    return text + ("; and the run options (`fedcache train -h`)" if run_options else "")
 
 
-def _choices(typ: Any) -> tuple[str, ...]:
-    for t in (typ, *typing.get_args(typ)):
-        if typing.get_origin(t) is Literal:
-            return typing.get_args(t)
-    return ()
+def _refuse_unused(given: dict[str, str], obj: Any, group: str, owner: str) -> None:
+    """A key the user set that ``obj`` (with its other values) would not use is an error, never silence.
+    ``obj.ignored()``, where a dataclass defines it, maps field -> why it is unused in this configuration."""
+    ignored = obj.ignored() if hasattr(obj, "ignored") else {}
+    bad = [f"{group}.{k} ({ignored[k]})" for k in given if k in ignored]
+    if bad:
+        raise ConfigError(f"{owner} does not use {'; '.join(bad)}: remove the setting or change what makes it unused")
 
 
-def _plain(value: Any, json: bool, sep: str) -> Any:
+# ---- config.json of earlier fedcache versions ---------------------------------------------------------
+def migrate(d: dict) -> dict:
+    """A ``spec`` of a config.json written before the tree held typed settings (``method.settings`` pairs,
+    ``optim.preset`` / ``head.name`` left unset, the resolved values beside the spec) in today's layout.
+    ``resolved`` is that config.json's top-level ``resolved`` entry, passed inside ``d`` under that key."""
+    if "settings" not in d.get("method", {}):
+        return d
+    d = {s: dict(v) for s, v in d.items()}
+    resolved = d.pop("resolved", None) or {}
+    d["method"].pop("settings", None)
+    if resolved:
+        d["method"]["params"] = resolved.get("method_params", {})
+        d["optim"] = {"preset": resolved.get("preset"), **resolved.get("optimizer", {})}
+        d["head"] = {"name": resolved.get("head")}
+    return d
+
+
+def migrate_config(config: dict) -> dict:
+    """A whole config.json in today's layout (see ``migrate``)."""
+    if "resolved" not in config:
+        return config
+    config = dict(config)
+    config["spec"] = migrate({**config["spec"], "resolved": config.pop("resolved")})
+    return config
+
+
+# ---- values --------------------------------------------------------------------------------------
+def _plain(value: Any, json: bool, sep: str = ",") -> Any:
     if isinstance(value, tuple):
-        return list(value) if json else sep.join(value)
+        return [_plain(v, json) for v in value] if json else sep.join(map(str, value))
+    if isinstance(value, dict):
+        return {k: _plain(v, json) for k, v in value.items()}
     if isinstance(value, Path):
         return str(value)
     if value is None and not json:
@@ -469,7 +551,11 @@ def _plain(value: Any, json: bool, sep: str) -> Any:
     return value
 
 
-_SECTION_NAMES = {cls: name for name, cls in {**SECTIONS, **GRID_SECTIONS}.items()}
-_BY_NAME_ONLY = {o.name: o for o in options()}
-_BY_KEY = {o.key: o for o in options()}
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+_BY_NAME_ONLY = {o.name: o for o in options() if o is not SETTINGS}
+_BY_KEY = {o.key: o for o in options() if o is not SETTINGS}
 _BY_NAME = {**_BY_NAME_ONLY, **_BY_KEY}
+_FLAT_KEYS = {*_BY_KEY, "method.settings"}

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny in-memory dataset registered for tests, and offline settings."""
+"""Shared fixtures: a tiny in-memory dataset registered for tests, offline settings, and a tiny store and grid."""
 from __future__ import annotations
 
 import os
@@ -44,3 +44,28 @@ if TOY not in DATASETS:
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "store.zarr"
+
+
+# A tiny store (test-toy through a random-init timm backbone) and a finished grid on it, shared by the grid,
+# report, API and train tests.
+BACKBONE = "tiny-timm-random"
+
+
+@pytest.fixture(scope="session")
+def toy_store(tmp_path_factory) -> Path:
+    from fedcache.extract.runner import ExtractConfig, extract
+
+    path = tmp_path_factory.mktemp("toy") / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE], store=path, workers=0))
+    return path
+
+
+@pytest.fixture(scope="session")
+def toy_grid(toy_store, tmp_path_factory) -> Path:
+    """A finished 2 methods x 2 alphas x 2 seeds grid, run in one process."""
+    from fedcache.api import grid
+
+    out = tmp_path_factory.mktemp("toy") / "grid"
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedproto"],
+         sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out)
+    return out

@@ -223,7 +223,7 @@ def test_extract_numbers_are_checked_before_any_work(flag, value, message, capsy
 def test_grid_seeds_must_be_whole_numbers(capsys, tmp_path):
     code, _, err = run(capsys, "grid", "--store", str(tmp_path / "missing.zarr"), "-d", "x", "-b", "y", "-m", "fedavg",
                        "--seeds", "0,a", "-o", str(tmp_path / "g"))
-    assert code == 2 and "'a': expected int" in err and "Traceback" not in err, err
+    assert code == 2 and "'a': expected an integer" in err and "Traceback" not in err, err
 
 
 def test_every_command_shows_an_example_that_parses(capsys):

@@ -50,11 +50,11 @@ def _pool(good: list[str], bad: list[str]) -> list[str]:
 
 def _names(option: Option) -> list[str]:
     from fedcache.federate.methods import METHODS
-    from fedcache.federate.optim_config import PRESETS
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS
     from fedcache.federate.partitions import PARTITIONERS
     from fedcache.heads import HEADS
 
-    known = {"partition": list(PARTITIONERS.names()), "method": list(METHODS.names()), "preset": list(PRESETS),
+    known = {"partition": list(PARTITIONERS.names()), "method": list(METHODS.names()), "preset": list(OPTIMIZER_PRESETS),
              "head": list(HEADS.names()), "engine": ["in-process", "flower-sim"], "track": ["tensorboard", "mlflow"],
              "keep_checkpoints": ["last", "none", "all"]}
     return [n for n in known.get(option.name, []) if n not in AVOID.get(option.name, set())]
@@ -75,7 +75,7 @@ def _setting_values(typ) -> list[str]:
     """Texts for a --set key of this type: its choices, or numbers."""
     import typing
 
-    from fedcache.federate.settings import fields_of  # noqa: F401  (the same typing view as --set)
+    from fedcache.config import fields_of  # noqa: F401  (the same typing view as --set)
 
     args = typing.get_args(typ)
     if typing.get_origin(typ) is typing.Literal:
@@ -93,7 +93,7 @@ def _settings(method: str) -> dict[str, list[str]]:
 
     from fedcache.federate.methods import METHODS
     from fedcache.federate.optim_config import OptimConfig
-    from fedcache.federate.settings import fields_of
+    from fedcache.config import fields_of
 
     def base(t):
         while typing.get_origin(t) in (typing.Annotated,) or (typing.get_origin(t) is typing.Union):

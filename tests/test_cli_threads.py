@@ -172,6 +172,16 @@ def test_grid_and_the_other_training_commands_take_threads(toy_store, tmp_path, 
         assert main([command, "-h"]) == 0 and "--threads" in capsys.readouterr().out, command
 
 
+def test_grid_with_worker_processes_takes_one_thread(toy_store, tmp_path, monkeypatch, capsys, threads_restored):
+    monkeypatch.delenv(ENV, raising=False)
+    _machine(monkeypatch, 2, 0.0)  # an idle machine: without workers the choice would be torch's default
+    torch.set_num_threads(2)
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+                 "--partition", "domain", "--rounds", "1", "--seeds", "0,1", "-j", "2", "-o", str(tmp_path / "g")])
+    assert code == 0 and "torch threads: 1 (its 2 grid worker processes train on one thread each)" in capsys.readouterr().err
+    assert torch.get_num_threads() == 2
+
+
 def test_the_console_script_logs_the_line_at_info(toy_store):
     env = {k: v for k, v in os.environ.items() if k != ENV}
     env.update(PYTHONPATH=str(REPO), FEDCACHE_LOG="info")

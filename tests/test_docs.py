@@ -97,7 +97,7 @@ TOML_BLOCK = re.compile(r"```toml\n(.*?)```", re.S)
 
 
 def test_documented_grid_files_load(tmp_path):
-    from fedcache.sweep import GridSpec, load_toml
+    from fedcache.grids import GridSpec, load_toml
 
     blocks = TOML_BLOCK.findall((DOCS / "getting-started.md").read_text())  # the grid files (other pages show Flower's)
     assert blocks, "docs/getting-started.md shows a grid TOML file"
@@ -144,3 +144,67 @@ def test_every_file_the_docs_name_exists():
             if "://" not in image and not (page.parent / image).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {image}")
     assert not missing
+
+
+# ---- what belongs where: measured figures live on results pages and in performance.md ------------------
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"```.*?```", re.S)
+# A table cell that is a figure (maybe bold, with a spread or a second figure beside it); a row with two of them, one
+# with decimals, is a measurement (an option table has one number per row: its default).
+FIGURE_CELL = re.compile(r"\**[\d,]+(\.\d+)?\**( \([^)]*\))?( ± [\d.]+)?( / [\d,]+(\.\d+)?)*")
+SPEED_RATIO = re.compile(r"\b\d+\.\d+x\b|\b\d+(?:\.\d+)?-\d+(?:\.\d+)?x\b")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.*)$", FENCE.sub("", page.read_text()), re.M)}
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in doc_files():
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken
+
+
+def test_method_pages_hold_no_measured_tables():
+    """A method page says what the method does; what it measured lives on a results page (docs/results/)."""
+    found = []
+    for page in sorted((DOCS / "methods").glob("*.md")):
+        for row in FENCE.sub("", page.read_text()).splitlines():
+            cells = [c.strip() for c in row.strip().strip("|").split("|")] if row.startswith("|") else []
+            figures = [c for c in cells if FIGURE_CELL.fullmatch(c)]
+            if len(figures) >= 2 and any(re.search(r"\d\.\d", c) for c in figures):
+                found.append(f"{page.name}: {row[:80]}")
+    assert not found, "move these rows to a page of docs/results/ with the command that measures them"
+
+
+def test_speed_ratios_live_only_in_performance_md():
+    """Speed is measured on one machine at one time: docs/performance.md holds it beside the command."""
+    found = [f"{page.relative_to(ROOT)}: {m.group(0)}" for page in doc_files() if page.name != "performance.md"
+             for m in SPEED_RATIO.finditer(page.read_text())]
+    assert not found, "move these figures to docs/performance.md (with their command) and link there"
+
+
+def test_every_results_page_shows_its_commands_and_is_listed():
+    index = (DOCS / "results" / "README.md").read_text()
+    pages = sorted(p for p in (DOCS / "results").glob("*.md") if p.name != "README.md")
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        commands = [line for block in SHELL_BLOCK.findall(text) for line in block.splitlines()
+                    if re.match(r"(\S+=\S+ )*(fedcache|python|\.venv/bin/python|PYTHONPATH=\S+ python) ", line)]
+        assert commands, f"{page.name} shows no command that reproduces its figures"
+        assert f"({page.name})" in index, f"docs/results/README.md does not list {page.name}"

@@ -1,12 +1,16 @@
 """The run specification: every run option declared once (fedcache/spec.py), and the CLI, the Python API,
-config.json and the Flower run config all derived from it."""
+config.json and the Flower run config all derived from it; ``--set`` resolved against its typed tree."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
 import typer.main
@@ -15,8 +19,14 @@ from rich.markup import escape
 import fedcache
 from fedcache.cli import GRID_HOW, GRID_OWN, GRID_SKIPS, app, main
 from fedcache.cli.threads import PROCESS_OPTIONS
+from fedcache.config import Range, fields_of
 from fedcache.errors import ConfigError
+from fedcache.federate.methods import METHODS, MethodContext
+from fedcache.federate.optim import OptimConfig
 from fedcache.spec import RunSpec, is_option, option, options
+from tests.federate.conftest import skewed  # noqa: F401  (a fixture of the --set tests)
+from tests.federate.test_methods import NEEDS_CLIP
+from tests.resolve import resolve_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = dict(dataset="test-toy", backbones="tiny-timm-random", method="fedavg")
@@ -106,7 +116,7 @@ def test_a_bad_value_fails_before_any_work_naming_the_field_and_its_range(flag, 
 def test_numbers_are_checked_when_given_in_python_too():
     with pytest.raises(ConfigError, match=r"--fraction \(schedule.fraction\)=2.0: must be in \(0, 1\]"):
         RunSpec.of(**TOY, fraction=2)
-    with pytest.raises(ConfigError, match="expected int"):
+    with pytest.raises(ConfigError, match="expected an integer"):
         RunSpec.of(**TOY, rounds=2.5)
     with pytest.raises(ConfigError, match="needs --dataset"):
         RunSpec.of(backbones="b", method="fedavg")
@@ -120,7 +130,7 @@ def test_option_names_and_qualified_keys_are_the_same_option():
 
 
 SPEC = RunSpec.of(dataset="d", backbones="a,b", method="fedprox", partition="domain-dirichlet", alpha="0.3",
-                  few_shot=5, subsample=0.5, settings=["mu=0.5", "optim.betas=0.9,0.99"], preset="fst-cbdg",
+                  few_shot=5, subsample=0.5, settings=["mu=0.5", "optim.momentum=0.5"], preset="fst-cbdg",
                   head="mlp", rounds=7, fraction=0.5, eval_every=2, seed=3, validation=True, batched=False)
 
 
@@ -134,7 +144,7 @@ def test_config_json_round_trip():
 def test_flower_run_config_round_trip():
     flat = SPEC.to_flat()
     assert all(isinstance(v, (str, int, float, bool)) for v in flat.values())  # what a Flower run config holds
-    assert flat["method.settings"] == "mu=0.5 optim.betas=0.9,0.99" and flat["data.backbones"] == "a,b"
+    assert flat["method.settings"] == "method.mu=0.5 optim.momentum=0.5" and flat["data.backbones"] == "a,b"
     assert flat["partition.clients"] == ""  # unset: Flower has no null
     assert RunSpec.from_flat(flat, RunSpec.of(**TOY)) == SPEC
     text = {k: str(v) for k, v in flat.items()}  # as `flwr run --run-config` may hand them over
@@ -144,12 +154,12 @@ def test_flower_run_config_round_trip():
 def test_a_run_s_config_json_holds_its_spec(toy_store, tmp_path):
     spec = RunSpec.of(store=toy_store, **TOY, partition="domain", few_shot=5, rounds=2, settings=["lr=0.01"],
                       out=tmp_path / "run")
-    from fedcache.federate.train import train
+    from fedcache.training import train
 
     train(spec)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert RunSpec.from_dict(config["spec"]) == spec.replace(out=None)
-    assert config["resolved"]["optimizer"]["lr"] == 0.01 and config["resolved"]["head"] == "linear"
+    assert config["spec"]["optim"]["lr"] == 0.01 and config["spec"]["head"]["name"] == "linear"
     with pytest.raises(ConfigError, match=r"options differ .*\(schedule.rounds\)"):
         train(spec.replace(rounds=3, resume=True))
 
@@ -173,13 +183,13 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     from dataclasses import dataclass
 
     from fedcache.federate.methods import METHODS
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     @dataclass(frozen=True)
     class Params:
         alpha: float = 1.0  # a method parameter named like the Dirichlet concentration
 
-    method = type("Clash", (), {"Params": Params})
+    method = type("Clash", (), {"Params": Params, "default_preset": "default", "default_head": "linear", "uses_optimizer": True})
     monkeypatch.setattr(METHODS, "get", lambda name: method)
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
                     sweep={"alpha": ["0.5"]})
@@ -188,17 +198,17 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     for key, where in (("partition.alpha", "partition"), ("method.alpha", "settings")):
         grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path, sweep={key: ["0.5"]})
         spec = train_config(grid, cells(grid)[0], None)
-        assert (spec.partition.alpha == 0.5) if where == "partition" else (spec.method.settings == ("method.alpha=0.5",))
+        assert (spec.partition.alpha == 0.5) if where == "partition" else (spec.method.params.alpha == 0.5)
 
 
 def test_grid_switches_and_qualified_keys_reach_the_cells(tmp_path):
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
                     sweep={"batched": ["false"], "schedule.rounds": ["2", "4"], "lr": ["0.1"]})
     specs = [train_config(grid, c, None) for c in cells(grid)]
     assert [s.schedule.rounds for s in specs] == [2, 4] and not any(s.engine.batched for s in specs)
-    assert all(s.method.settings == ("lr=0.1",) for s in specs)
+    assert all(s.optim.lr == 0.1 and s.settings() == ["optim.lr=0.1"] for s in specs)
     with pytest.raises(ConfigError, match="cannot be swept"):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"schedule.seed": ["1"]})
 
@@ -223,7 +233,7 @@ def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
     monkeypatch.setitem(cli.ENGINES, "in-process", lambda spec: (got.append(spec), ({}, ""))[1])
     monkeypatch.setattr(cli.train, "_result_line", lambda summary: "")  # train's module, where it is looked up
     argv = ["train", "--store", str(tmp_path), "-d", "d", "-b", "a,b", "-m", "fedprox", "--partition", "domain-dirichlet",
-            "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.betas=0.9,0.99",
+            "--alpha", "0.3", "--few-shot", "5", "--subsample", "0.5", "--set", "mu=0.5", "--set", "optim.momentum=0.5",
             "--preset", "fst-cbdg", "--head", "mlp", "--rounds", "7", "--fraction", "0.5", "--eval-every", "2",
             "--seed", "3", "--validation", "--no-batch"]
     assert main(argv) == 0
@@ -243,7 +253,7 @@ def test_a_run_with_a_class_budget_records_it_and_tests_every_class(toy_store, t
     # Toy data: 3 classes x 2 domains, 10 training and 4 test rows per (class, domain); one client per domain.
     spec = RunSpec.of(store=toy_store, **TOY, partition="domain-dirichlet", alpha=1.0, class_budget=5,
                       local_test_mix="uniform", rounds=1, out=tmp_path / "run")
-    from fedcache.federate.train import train
+    from fedcache.training import train
 
     train(spec)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -259,13 +269,13 @@ def test_a_run_option_flag_of_grid_is_that_option_even_where_a_method_has_a_sett
     short key `alpha`, which perfedavg's own alpha makes ambiguous. A flag names the run option: it reaches
     the partition, perfedavg's alpha stays its default, and grids without such a method keep the short key."""
     from fedcache.api import grid_spec
-    from fedcache.sweep import cells, train_config
+    from fedcache.grids import cells, train_config
 
     common = dict(store=tmp_path, dataset="d", backbones="b", out=tmp_path / "g", option_axes={"alpha": ["1", "0.1"]})
     grid = grid_spec(methods="perfedavg,fedavg", **common)
     assert list(grid.sweep) == ["partition.alpha"]
     specs = [train_config(grid, c, None) for c in cells(grid)]
-    assert sorted({s.partition.alpha for s in specs}) == [0.1, 1.0] and all(s.method.settings == () for s in specs)
+    assert sorted({s.partition.alpha for s in specs}) == [0.1, 1.0] and all(s.settings() == [] for s in specs)
     assert list(grid_spec(methods="fedavg", **common).sweep) == ["alpha"]  # unchanged: grids already run keep their keys
     with pytest.raises(ConfigError, match="alpha is ambiguous"):  # `--set alpha=` (or the API's sweep) stays a question
         train_config(*(lambda g: (g, cells(g)[0]))(grid_spec(methods="perfedavg", store=tmp_path, dataset="d",
@@ -277,3 +287,211 @@ def test_a_qualified_partition_key_splits_report_panels_like_its_short_name():
 
     assert is_panel_key("alpha") and is_panel_key("partition.alpha") and is_panel_key("clients")
     assert not is_panel_key("lr") and not is_panel_key("method.alpha") and not is_panel_key("optim.momentum")
+
+
+# Fields that share a name with alpha, lr or seed but are other settings, each with what it is.
+OTHER_SETTINGS = {
+    ("PerFedAvgParams", "alpha"): "Per-FedAvg's personal step size (--set alpha=...), not the partition's",
+    ("DatasetOptions", "seed"): "the split of an image folder that has no train/test split, at extraction",
+    ("ViewSpec", "seed"): "the augmentation seed of extracted views (extract --view-seed)",
+}
+# Fields that carry a declared option's value (no default of their own) rather than declare it.
+DERIVED = {("PartitionRequest", "seed"): "schedule.seed", ("Cell", "seed"): "schedule.seed"}
+
+
+def test_alpha_lr_and_seed_are_each_declared_once():
+    """Every dataclass of fedcache with a field named alpha, lr or seed: one declaration of each (default, range,
+    help) that the CLI, the API, grids and config.json read; the others are other settings (named) or carry the
+    declared value without a default of their own."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import fedcache
+
+    declared: dict[str, list[str]] = {}
+    for info in pkgutil.walk_packages(fedcache.__path__, "fedcache."):
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__):
+                continue
+            for f in dataclasses.fields(cls):
+                if f.name not in ("alpha", "lr", "seed") or (cls.__name__, f.name) in OTHER_SETTINGS:
+                    continue
+                has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                assert has_default != ((cls.__name__, f.name) in DERIVED), (cls.__name__, f.name)
+                if has_default:
+                    declared.setdefault(f.name, []).append(f"{cls.__module__}.{cls.__name__}")
+    assert declared == {"alpha": ["fedcache.federate.partitions.core.PartitionSpec"],
+                        "lr": ["fedcache.federate.optim_config.OptimConfig"],
+                        "seed": ["fedcache.federate.schedule.Schedule"]}
+    # The command line has one flag for each option, with the declared default; lr is a --set setting.
+    assert [o.key for o in options() if o.name in ("alpha", "seed", "lr")] == ["partition.alpha", "schedule.seed"]
+    help_text = subprocess.run([sys.executable, "-m", "fedcache.cli", "train", "-h"], capture_output=True, text=True,
+                               env={**os.environ, "COLUMNS": "200"}).stdout
+    import re
+
+    flags = re.findall(r"^\W+(--[a-z-]+)", help_text, flags=re.M)  # the option table's first column
+    assert flags.count("--alpha") == 1 and flags.count("--seed") == 1 and "[default: 0.5]" in help_text
+
+
+# ---- --set: every key reaches the object it names, ambiguous and unused keys are refused -----------------------
+def test_settings_are_typed_and_unknown_keys_listed():
+    r = resolve_settings("fedprox", ["lr=0.1", "mu=0.5"])
+    assert r.params.mu == 0.5 and r.optim.lr == 0.1
+    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: init, mu; optim: optimizer, lr"):
+        resolve_settings("fedprox", ["mu_typo=1"])
+    with pytest.raises(ConfigError, match="expected a finite number"):
+        resolve_settings("fedprox", ["lr=fast"])
+    with pytest.raises(ConfigError, match="one of sgd, adam"):
+        resolve_settings("fedprox", ["optimizer=lion"])
+    with pytest.raises(ConfigError, match="key=value"):
+        resolve_settings("fedprox", ["lr"])
+
+
+# String fields have no generic "other" value; these are valid non-defaults.
+STRING_VALUES = {"ctx_init": "a photo of a", "weights": "clip.pt", "device": "cuda", "dataset": "cifar10",
+                 "data_root": "/data"}
+
+
+def other_value(name: str, typ, default):
+    """A valid value different from ``default``, as the text ``--set`` would carry, and as parsed."""
+    rng = None
+    if typing.get_origin(typ) is Annotated:
+        typ, rng = typing.get_args(typ)[0], next(a for a in typing.get_args(typ)[1:] if isinstance(a, Range))
+    if typing.get_origin(typ) is Literal:
+        v = next(a for a in typing.get_args(typ) if a != default)
+        return str(v), v
+    if typ is bool:
+        return str(not default), not default
+    if typ is str:
+        return STRING_VALUES[name], STRING_VALUES[name]
+    if typ is int:
+        v = default + 1 if rng is None or rng.contains(default + 1) else default - 1
+        return str(v), v
+    if typ is float:
+        v = default * 2 if default else 0.5
+        if rng is not None and not rng.contains(v):
+            v = (default + rng.hi) / 2 if rng.hi is not None else default / 2
+        return repr(v), v
+    raise AssertionError(f"no test value for {name}: {typ}")
+
+
+def method_cases():
+    for m in METHODS.names():
+        cls = METHODS.get(m)
+        for f in dataclasses.fields(cls.Params):
+            yield pytest.param(m, f.name, id=f"{m}.{f.name}")
+
+
+# A field the defaults do not use (Params.ignored()) is set together with what makes it used.
+ENABLERS = {"noise_scale": {"noise": "laplace"}, "perturb": {"noise": "laplace"}, "predict_with": {"noise": "laplace"},
+            "shots": {"anchors": "prototypes"}, "pad": {"visual": "pixel"}, "dataset": {"visual": "pixel"},
+            "data_root": {"visual": "pixel"}}
+
+
+def enablers(cls, field: str) -> dict[str, str]:
+    if field not in getattr(cls.Params(), "ignored", dict)():
+        return {}
+    assert field in ENABLERS, f"add to ENABLERS what makes {cls.name}'s {field} used"
+    return ENABLERS[field]
+
+
+@pytest.mark.parametrize("method,field", list(method_cases()))
+def test_every_method_setting_arrives(method, field, skewed):
+    cls = METHODS.get(method)
+    typ = fields_of(cls.Params)[field]
+    text, value = other_value(field, typ, getattr(cls.Params(), field))
+    extra = enablers(cls, field)
+    for key in (f"method.{field}", field):  # qualified always; short when no other owner has the name
+        if key == field and field in fields_of(OptimConfig):
+            continue
+        r = resolve_settings(method, [f"{key}={text}", *(f"method.{k}={v}" for k, v in extra.items())])
+        assert getattr(r.params, field) == value
+        assert {k: v for k, v in dataclasses.asdict(r.params).items() if k != field and k not in extra} == \
+            {k: v for k, v in dataclasses.asdict(cls.Params()).items() if k != field and k not in extra}
+    if method in NEEDS_CLIP or {field, *extra} & {"device", "weights", "anchors"}:
+        return  # building these needs a CLIP tower, a GPU or labelled anchors: resolution is checked above
+    ctx = MethodContext(skewed, r.head, r.optim)
+    assert getattr(cls(ctx, r.params).p, field) == value
+
+
+OPTIM_CASES = {
+    "sgd": ["optim.optimizer=sgd", "optim.lr=0.05", "optim.momentum=0.5", "optim.weight_decay=0.001"],
+    "adam": ["optim.optimizer=adam", "optim.lr=0.05", "optim.betas=0.8,0.99", "optim.eps=1e-06", "optim.weight_decay=0.001"],
+}
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS.names() if METHODS.get(m).uses_optimizer])
+@pytest.mark.parametrize("kind", list(OPTIM_CASES))
+def test_every_optimizer_setting_arrives(method, kind, skewed):
+    r = resolve_settings(method, OPTIM_CASES[kind])
+    expected = {"optimizer": kind, "lr": 0.05, "weight_decay": 0.001,
+                **({"momentum": 0.5} if kind == "sgd" else {"betas": (0.8, 0.99), "eps": 1e-6})}
+    assert {k: getattr(r.optim, k) for k in expected} == expected
+    if method not in NEEDS_CLIP:
+        cls = METHODS.get(method)
+        assert cls(MethodContext(skewed, r.head, r.optim), r.params).ctx.optim == r.optim
+
+
+def test_a_key_two_owners_share_is_refused_naming_both_spellings():
+    with pytest.raises(ConfigError) as e:
+        resolve_settings("flesd", ["momentum=0.99"])
+    assert "method.momentum" in str(e.value) and "optim.momentum" in str(e.value)
+    assert resolve_settings("flesd", ["method.momentum=0.99"]).params.momentum == 0.99
+    assert resolve_settings("flesd", ["params.momentum=0.99"]).params.momentum == 0.99
+
+
+def test_unused_optimizer_settings_are_refused():
+    with pytest.raises(ConfigError, match="Adam has no momentum"):
+        resolve_settings("fedavg", ["momentum=0.5"])  # the fedavg default preset is Adam
+    with pytest.raises(ConfigError, match="Adam setting"):
+        resolve_settings("fedavg", ["optimizer=sgd", "eps=1e-6"])
+    with pytest.raises(ConfigError, match="trains nothing"):
+        resolve_settings("clip-zs", ["lr=0.1"])
+
+
+def unused_cases():
+    for m in METHODS.names():
+        params = METHODS.get(m).Params()
+        for field in getattr(params, "ignored", dict)():
+            yield pytest.param(m, field, id=f"{m}.{field}")
+
+
+@pytest.mark.parametrize("method,field", list(unused_cases()))
+def test_a_method_setting_the_defaults_do_not_use_is_refused_with_the_reason(method, field):
+    cls = METHODS.get(method)
+    text, _ = other_value(field, fields_of(cls.Params)[field], getattr(cls.Params(), field))
+    with pytest.raises(ConfigError, match=rf"{method} does not use method\.{field} \(.+\)"):
+        resolve_settings(method, [f"method.{field}={text}"])
+
+
+@pytest.mark.parametrize("method,unused,message,used", [
+    ("fedpcl", ["noise_scale=0.1"], "noise=none sends the clean", ["noise=gaussian", "noise_scale=0.1"]),
+    ("fedpcl", ["perturb=0.3"], "noise=none", ["noise=laplace", "perturb=0.3"]),
+    ("fedpcl", ["noise=laplace", "predict=global", "predict_with=clean"], "predict=global does not classify",
+     ["noise=laplace", "predict_with=clean"]),
+    ("fedpcl", ["loss=supcon", "contrast=batch"], "loss=supcon contrasts", ["contrast=batch"]),
+    ("fedpcl", ["loss=supcon", "prototypes=global"], "loss=supcon contrasts", ["prototypes=global"]),
+    ("fedpcl", ["loss=supcon", "aggregation=mean"], "predict=local does not use the global",
+     ["loss=supcon", "predict=global", "aggregation=mean"]),
+    ("fedpcl", ["prototypes=global", "local_reduce=mean"], "sum and mean are the same", ["local_reduce=mean"]),
+    ("fst-cbdg", ["losses=ist", "sigma=0.1"], "losses=ist draws no synthetic", ["losses=tsamp", "sigma=0.1"]),
+    ("fst-cbdg", ["shots=8"], "anchors=text builds", ["anchors=prototypes", "shots=8"]),
+    ("fst-cbdg", ["anchors=prototypes", "templates=ensemble"], "not from text templates", ["templates=ensemble"]),
+    ("tpfl", ["pad=20"], "visual=feature prompts", ["visual=pixel", "pad=20"]),
+    ("atpfl", ["data_root=/data"], "reads no images", ["visual=pixel", "data_root=/data"]),
+])
+def test_a_method_setting_the_configuration_does_not_use_is_refused(method, unused, message, used):
+    with pytest.raises(ConfigError, match=message):
+        resolve_settings(method, unused)
+    resolve_settings(method, used)  # the same value where something reads it
+
+
+def test_a_key_given_twice_is_refused():
+    with pytest.raises(ConfigError, match="twice"):
+        resolve_settings("fedprox", ["mu=0.1", "method.mu=0.2"])
+    with pytest.raises(ConfigError, match="unknown prefix"):
+        resolve_settings("fedprox", ["server.mu=0.1"])
+    with pytest.raises(ConfigError, match="unknown --set"):
+        resolve_settings("fedprox", ["optim.mu=0.1"])

@@ -77,6 +77,57 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"fedcache.a": {"fedcache.b"}, "fedcache.b": {"fedcache.a"}, "fedcache.c": set()}) == [["fedcache.a", "fedcache.b"]]
 
 
+# The allowed direction of imports: a module imports only from its own layer or the layers below it (first is
+# lowest). Within federate, the methods reach behind the cache through extract (CLIP towers, images); that is why
+# extract sits below federate. spec composes the sections its layers declare; training runs one spec; grids,
+# flower and reports build on training; the API, demo and paper presets on those; nothing imports the CLI.
+LAYERS = [
+    ("errors",),
+    ("config", "registry", "paths", "progress", "table", "noise"),
+    ("store", "trackers"),
+    ("heads",),
+    ("extract",),
+    ("federate",),
+    ("spec",),
+    ("training",),
+    ("flower", "grids", "presets"),
+    ("reports",),
+    ("api",),
+    ("demo", "reproduce"),
+    ("cli", "__main__"),
+]
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None  # the package itself: its lazy attribute access reaches the API, which is the point of it
+    top = parts[1]
+    found = [i for i, layer in enumerate(LAYERS) if top in layer]
+    assert found, f"{top} is in no layer of test_structure.LAYERS: place it"
+    return found[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m, deps in graph.items():
+        here = _layer(m)
+        for d in deps:
+            there = _layer(d)
+            if here is not None and there is not None and there > here:
+                out.append(f"{m} -> {d}")
+    return sorted(out)
+
+
+def test_imports_go_down_the_layers():
+    assert upward_imports(_imports()) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward_imports({"fedcache.federate.driver": {"fedcache.spec"}}) == ["fedcache.federate.driver -> fedcache.spec"]
+    assert upward_imports({"fedcache.spec": {"fedcache.federate.driver"}}) == []
+
+
 def test_nothing_imports_the_cli():
     """Only the CLI package's own modules import it (and fedcache/__main__.py, which runs it)."""
     def cli(m: str) -> bool:
@@ -93,7 +144,7 @@ import numpy as np
 from fedcache.federate.partitions import PartitionRequest, make_partition
 from fedcache.reports.partition_plots import plot_partition
 labels = np.arange(40) % 4
-part = make_partition(PartitionRequest("iid", 2, min_size=1), labels, np.zeros(40, int), labels, np.zeros(40, int))
+part = make_partition(PartitionRequest.of("iid", 2, min_size=1), labels, np.zeros(40, int), labels, np.zeros(40, int))
 paths = plot_partition(part, labels, ["a", "b", "c", "d"], r"{tmp_path}/p")
 import matplotlib.pyplot as plt
 print(matplotlib.get_backend(), len(plt.get_fignums()), all(p.stat().st_size > 0 for p in paths))

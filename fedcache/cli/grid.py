@@ -22,7 +22,7 @@ from fedcache.spec import grid_options, options
 GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out")
 GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process",
               "overwrite": "finished cells are kept; use another --out", "track_dir": "trackers write into the grid's --out"}
-GRID_HOW = ("track", "keep_checkpoints")  # how every cell runs: one value for the grid, not an axis
+GRID_HOW = ("track", "keep_checkpoints", "device")  # how every cell runs: one value for the grid, not an axis
 
 
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
@@ -33,9 +33,10 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
     --rounds 5 --set lr=0.001,0.01 --seeds 0,1 -o runs/grid`."""
     from fedcache.api import grid_spec
-    from fedcache.sweep import run_grid
+    from fedcache.grids import run_grid
 
-    how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints")}
+    how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints"),
+           "device": train_options.pop("device")}
     engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
@@ -43,11 +44,11 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, option_axes=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
-                     keep_checkpoints=how["keep_checkpoints"], **engine)
+                     keep_checkpoints=how["keep_checkpoints"], device=how["device"], **engine)
     trained = []
     t0 = time.perf_counter()
     columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
-    with threads_for(threads, workers=spec.jobs), _progress(*columns) as progress:
+    with threads_for(threads, workers=_workers(spec)), _progress(*columns) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
@@ -63,6 +64,16 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
         console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
                       f"({spec.engine} engine)")
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
+
+
+def _workers(spec) -> int:
+    """The worker processes the grid's cells train in (none on a GPU); the device is checked first, as a run checks
+    it, so that a bad one is a one-line error here too."""
+    from fedcache.grids.processes import jobs_of
+    from fedcache.spec import EngineSpec
+
+    EngineSpec(device=spec.device)
+    return jobs_of(spec)
 
 
 def _grid_signature() -> inspect.Signature:

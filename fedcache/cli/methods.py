@@ -54,7 +54,7 @@ def _method_command(mc, method: str):
     def run(threads: int | None = None, **given) -> None:
         extra = {o.name: given.pop(o.name) for o in mc.extra}
         with threads_for(threads):
-            for line in mc.run(RunSpec.of(method=method, **given), **extra):
+            for line in mc.function()(RunSpec.of(method=method, **given), **extra):
                 console.print(line, highlight=False)
 
     params = _spec_params([o for o in options() if o.name in mc.spec_options])

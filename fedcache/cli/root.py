@@ -88,6 +88,7 @@ EXAMPLES = {
     "store info": "fedcache store info 3f2a --store feats.zarr",
     "store verify": "fedcache store verify --store feats.zarr --repair",
     "store rm": "fedcache store rm --stale --store feats.zarr",
+    "store upgrade": "fedcache store upgrade --store feats.zarr",
     "store export": "fedcache store export --store feats.zarr -d digits5-offline -b efficientnet-lite0 -o lite0.npz",
     "store import": "fedcache store import mine.npz -d mydata -b my-encoder --store feats.zarr",
 }

@@ -31,14 +31,27 @@ def store_ls(store: Path = StoreOpt) -> None:
     table.add_column("id", no_wrap=True, min_width=16)
     for col in ("dataset", "split", "domain", "backbone"):
         table.add_column(col, overflow="fold")
-    for col in ("view", "rows", "dim", "status"):
-        table.add_column(col, no_wrap=True)
+    for col in ("view", "rows", "dim", "disk", "memory", "status"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("disk", "memory") else "left")
     for e in infos:
         k = {f: "?" for f in ("dataset", "split", "domain", "backbone", "view")} | e.key
         name = str(k["backbone"]) + (" [yellow]RANDOM[/]" if e.random_weights else "")
+        disk, memory = fs.sizes(e)
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
-                      str(e.dim), _status(fs, e, current))
+                      str(e.dim), human_bytes(disk), human_bytes(memory), _status(fs, e, current))
     console.print(table if infos else f"{store}: empty store")
+    old = sum(1 for e in infos if e.complete and e.format < 2)
+    if old:
+        console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade --store "
+                      f"{store}` rewrites them to be read at the speed of memory", highlight=False)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
 
 
 def _status(fs, e, current: set) -> str:
@@ -52,10 +65,15 @@ def _status(fs, e, current: set) -> str:
 
 @store_app.command("info")
 def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix is enough)."), store: Path = StoreOpt) -> None:
-    """Show an entry's full key and attributes."""
-    e = _open_store(store).info(entry)
+    """Show an entry's full key and attributes, its format and its size on disk and in memory."""
+    fs = _open_store(store)
+    e = fs.info(entry)
     damaged = {"damaged": e.damaged, "key": e.key} if e.damaged else {}
-    console.print_json(json.dumps({"entry_id": e.entry_id, **damaged, **e.attrs}, default=str))
+    disk, memory = fs.sizes(e)
+    # In memory: what a read of the entry holds (float32 features, labels, ids, domain index), whatever its dtype on disk.
+    size = {"format": e.format, "on_disk": human_bytes(disk), "in_memory": human_bytes(memory),
+            "on_disk_bytes": disk, "in_memory_bytes": memory}
+    console.print_json(json.dumps({"entry_id": e.entry_id, **damaged, "size": size, **e.attrs}, default=str))
 
 
 @store_app.command("verify")
@@ -82,6 +100,25 @@ def store_verify(
     if damaged:
         err.print(f"[red]{damaged} damaged entries[/]: re-run the extraction (or import) that made each, which replaces "
                   f"it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+        raise typer.Exit(1)
+
+
+@store_app.command("upgrade")
+def store_upgrade(store: Path = StoreOpt) -> None:
+    """Rewrite the entries of an older store format in the current one (checked chunk by chunk; bit for bit).
+    Run it while nothing else writes to the store."""
+    from fedcache.store.upgrade import upgrade_store
+
+    colours = {"upgraded": "green", "current": "dim", "skipped": "yellow"}
+
+    def said(r) -> None:
+        console.print(f"{r.entry_id} {escape(r.label)}: [{colours[r.status]}]{r.status}[/]"
+                      + (f" ({escape(r.detail)})" if r.detail else ""), highlight=False)
+
+    results = upgrade_store(_open_store(store), said)
+    skipped = sum(r.status == "skipped" for r in results)
+    console.print(f"{sum(r.status == 'upgraded' for r in results)} entries upgraded, {skipped} skipped", highlight=False)
+    if skipped:
         raise typer.Exit(1)
 
 

@@ -8,10 +8,10 @@ the caller set them). The command owns its process, so it chooses, through torch
   at least a quarter of a second): torch's default on an idle machine, fewer threads beside busy work, one at the
   least. torch's OpenMP threads spin while they wait for each other; beside other busy processes they wait for a
   peer the system has descheduled, and every measured run, from a 784-d logistic regression to an mlp head on
-  3840-d features, took 2-10x as long on two threads as on one. On an idle machine the same runs were
-  1.1-1.5x faster on two threads than on one (benchmarks/threads.py, docs/performance.md), so the work itself
-  does not decide: the machine does.
-- A grid with worker processes (``--jobs`` > 1): one thread, as each worker has.
+  3840-d features, was slower on two threads than on one. On an idle machine the same runs were faster on two
+  threads than on one (benchmarks/threads.py, docs/performance.md), so the work itself does not decide: the
+  machine does.
+- A grid whose cells train in worker processes (``--jobs`` > 1 on the CPU): one thread, as each worker has.
 
 A user's own choice always wins: ``--threads N``, else ``OMP_NUM_THREADS`` (which torch has already read).
 The thread count does not change a run's numbers (the benchmark compares the final states bit for bit).

@@ -59,10 +59,9 @@ def train(threads: int | None = None, **given) -> None:
 
 
 def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
-    from fedcache.federate.train import check_out, resolve, train as run_train
+    from fedcache.training import check_out, train as run_train
 
-    resolve(spec)  # a bad --set, --preset or --out is reported before a progress bar is drawn
-    check_out(spec)
+    check_out(spec)  # a bad --out is reported before a progress bar is drawn
     with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}")) as progress:
         task = progress.add_task(f"{spec.method.name} rounds", total=spec.schedule.rounds, acc="")
 
@@ -107,7 +106,7 @@ def _scheme_line(effective: dict) -> str:
 
 def partition(plot: Optional[Path] = None, **given) -> None:
     """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
-    from fedcache.federate.train import load_data
+    from fedcache.training import load_data
 
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
     if plot is not None:  # before the partition is made, not after

@@ -21,7 +21,7 @@ from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.templates import TEMPLATE_SETS
 from fedcache.extract.transforms import Preprocess, ViewSpec
-from fedcache.federate.settings import Fraction, NonNegative, NonNegativeInt, PositiveInt, check_fields
+from fedcache.config import Fraction, NonNegative, NonNegativeInt, PositiveInt, check_fields
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import EntryWriter, Part, open_writer

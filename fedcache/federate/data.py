@@ -1,38 +1,55 @@
 """Cached features as the federated engine sees them: fused over backbones, as tensors."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 
 from fedcache.errors import EntryNotFoundError, StoreError
-from fedcache.store.feature_store import FeatureStore, FeatureTable
+from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
 
 
-def sample_keys(table: FeatureTable) -> np.ndarray:
+def sample_keys(table: FeatureTable | TableRows) -> np.ndarray:
     """One int64 per row identifying the sample across backbones: (domain, id)."""
     return (table.domains.astype(np.int64) << _ID_BITS) | table.ids
 
 
-def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: str, view: int = 0) -> FeatureTable:
-    """The features of several backbones side by side (FedPCL's fused encoder), aligned by sample."""
-    tables = [store.read(dataset, split, b, view) for b in backbones]
-    if len(tables) == 1:
-        return tables[0]
-    first = tables[0]
+def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: str, view: int = 0,
+               alloc: Callable[[tuple[int, int]], np.ndarray] | None = None) -> FeatureTable:
+    """The features of several backbones side by side (FedPCL's fused encoder), aligned by sample.
+
+    Each backbone's features are read straight into its columns of one (N, D1 + D2 + ...) float32 array,
+    so the features are in memory once; ``alloc(shape)`` gives that array (default ``np.empty``; a grid
+    passes a memory-mapped file)."""
+    parts = [store.rows(dataset, split, b, view) for b in backbones]
+    first = parts[0]
     keys = sample_keys(first)
-    cols = [first.features]
-    for b, t in zip(backbones[1:], tables[1:]):
-        pos = _positions(keys, sample_keys(t), b, dataset, split)
-        cols.append(t.features[pos])
-    return FeatureTable(
-        features=np.concatenate(cols, axis=1), labels=first.labels, ids=first.ids, domains=first.domains,
-        domain_names=first.domain_names, class_names=first.class_names,
-        random_weights=any(t.random_weights for t in tables), entry_ids=sum((t.entry_ids for t in tables), ()),
-    )
+    if len(parts) == 1 and alloc is None:
+        return first.table(store.features(first))
+    out = (alloc or (lambda shape: np.empty(shape, np.float32)))((len(first), sum(p.dim for p in parts)))
+    col = 0
+    for b, p in zip(backbones, parts):
+        at = None if p is first else _destinations(keys, sample_keys(p), b, dataset, split)
+        store.fill(p, out[:, col:col + p.dim], at)
+        col += p.dim
+    return first.table(out, random_weights=any(p.random_weights for p in parts),
+                       entry_ids=sum((p.entry_ids for p in parts), ()))
+
+
+def _destinations(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray | None:
+    """Where each row of a backbone's table goes among the first backbone's rows (-1: nowhere); None when
+    its rows are already in that order."""
+    if len(have) == len(want) and np.array_equal(have, want):
+        return None
+    pos = _positions(want, have, backbone, dataset, split)
+    at = np.full(len(have), -1, np.int64)
+    at[pos] = np.arange(len(want))
+    return at
 
 
 def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: FeatureTable) -> np.ndarray | None:
@@ -122,6 +139,12 @@ class FederatedData:
 
     def sizes(self) -> np.ndarray:
         return np.array([len(r) for r in self.client_train])
+
+    def to(self, device: torch.device) -> "FederatedData":
+        """The same data with its tensors (features, labels, views, class-text embeddings) on ``device``."""
+        move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        tensors = {n: move(getattr(self, n)) for n in ("x_train", "y_train", "x_test", "y_test", "views")}
+        return dataclasses.replace(self, **tensors, info={k: move(v) for k, v in self.info.items()})
 
     @classmethod
     def from_tables(cls, train: FeatureTable, test: FeatureTable, client_train, client_test, **info) -> "FederatedData":

@@ -1,50 +1,49 @@
-"""The round driver: one schedule for every engine.
+"""The round driver: the one loop that runs federated rounds, for K >= 1 federations at once.
 
 The driver owns what a run means: which clients each round samples, what the server broadcasts, the
 server's half of a round (checks, exact bytes, aggregation), the evaluation cadence, the metrics line
-(accuracy, global accuracy, training loss, bytes), ``metrics.jsonl``, checkpoints, resumption and
-``summary.json``. An engine only moves payloads: it takes the broadcast to the sampled clients, brings
-their uploads back (``Round``), and scores clients on their local test rows. The in-process engine is
-``federate/loop.py``; the Flower engines (simulation and deployment) are ``flower/server.py``.
+(accuracy, global accuracy, training loss, bytes), the run directory's files, checkpoints, resumption and
+the summary. An engine only moves payloads: it takes each federation's broadcast to its sampled clients,
+brings their uploads back (a ``Round`` per federation), and scores clients on their local test rows.
+
+A run by itself is one federation. Several runs of one method (grid cells) step in lockstep as K
+federations, each with its own method object (data, partition, seed, settings), schedule and run
+directory; the stacked engine (``federate/stacked.py``) then trains all their sampled clients as one
+computation. Engines: ``federate/inprocess.py`` (every client in this process), ``federate/stacked.py``,
+and the Flower engines of ``flower/server.py`` (simulation and deployment).
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from fedcache.errors import ConfigError
-from fedcache.federate.checkpoints import CHECKPOINT, METRICS, append_line, load_checkpoint, read_history, save_checkpoint
 from fedcache.federate.divergence import check_finite
 from fedcache.federate.local import rng_for
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.metrics import summarize
+from fedcache.federate.rundir import CHECKPOINT, METRICS, RunDir, load_checkpoint, save_checkpoint
+from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
 
 log = logging.getLogger(__name__)
 
-SUMMARY = "summary.json"
-
 
 @dataclass
-class RunConfig:
-    rounds: int = 50
-    fraction: float = 1.0
-    eval_every: int = 1
-    batched: bool = True  # the in-process engine's choice: all sampled clients in one computation, or one by one
-    out: Path | None = None
-    resume: bool = False
-    keep_checkpoints: str = "last"  # last | none (deleted at the end) | all (one per round besides the last)
+class Run:
+    """One federation: its method object (data, partition, seed, settings), its schedule (the run spec's section:
+    rounds, sampled fraction, evaluation cadence), where it writes (None: nowhere) and facts its summary adds."""
 
-    def __post_init__(self) -> None:
-        if self.rounds < 1 or not 0 < self.fraction <= 1 or self.eval_every < 1:
-            raise ConfigError(f"need rounds >= 1, 0 < fraction <= 1, eval_every >= 1 (got {self})")
+    method: Method
+    schedule: Schedule
+    out: RunDir | None = None
+    facts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -66,12 +65,13 @@ class RunResult:
     history: list[dict]
     server: Params
     clients: Params
+    checkpoint: dict = field(default_factory=dict)  # the run's own state after its last round, as a checkpoint keeps it
 
 
 @dataclass
 class Round:
-    """What an engine brings back from a round: the clients whose uploads count (in id order), their
-    stacked uploads and weights (``result``), and the mean local loss of each local-training call."""
+    """What an engine brings back from one federation's round: the clients whose uploads count (in id order),
+    their stacked uploads and weights (``result``), and the mean local loss of each local-training call."""
 
     clients: list[int]
     result: LocalResult
@@ -79,93 +79,110 @@ class Round:
 
 
 class Engine:
-    """Moves payloads between the server and the clients; the driver calls it, in this order:
-    ``init_clients`` (fresh runs), ``load_state_dict`` (resumed runs), ``start``, then per round
-    ``round`` and, when an evaluation is due, ``evaluate``; ``state_dict`` after each round."""
+    """Moves payloads between each federation's server and its clients; the driver calls, in this order:
+    ``init_clients`` (fresh runs), ``load_state_dict`` (resumed runs), ``start``, then per round ``round``
+    and, when an evaluation is due, ``evaluate``; ``state_dict`` after each round."""
 
-    def init_clients(self) -> Params:
-        """The personal state of every client, stacked, if the engine keeps it with the run state."""
-        return {}
+    def init_clients(self, runs: Sequence[Run]) -> list[Params]:
+        """Per federation, the personal state of every client, stacked, if the engine keeps it with the run state."""
+        return [{} for _ in runs]
 
-    def start(self, state: RunState) -> None:
-        """Before the first round of this process (e.g. wait for clients to connect)."""
+    def start(self, states: list[RunState]) -> None:
+        """Before the first round of this process (e.g. wait for clients to connect, or stack the states)."""
 
-    def round(self, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
+    def round(self, states: list[RunState], rnd: int, picks: list[list[int]], downs: list[Params]) -> list[Round]:
         raise NotImplementedError
 
-    def evaluate(self, state: RunState, glob: torch.Tensor | None) -> dict:
-        """``accuracy`` and ``per_client`` (each client on its local test rows), and any facts of the
-        engine's; ``glob``: the global model's logits on the global test split (None if it has none)."""
+    def evaluate(self, i: int, state: RunState, glob: torch.Tensor | None) -> dict:
+        """Federation ``i``'s ``accuracy`` and ``per_client`` (each client on its local test rows), and any facts
+        of the engine's; ``glob``: the global model's logits on the global test split (None if it has none)."""
         raise NotImplementedError
 
-    def facts(self) -> dict:
-        """The engine's additions to the summary."""
+    def facts(self, i: int) -> dict:
+        """The engine's additions to federation ``i``'s summary."""
         return {}
 
     def state_dict(self) -> dict:
-        """What the engine needs, besides the run state, to resume (saved in the checkpoint)."""
+        """What the engine needs, besides the runs' states, to resume (saved in the checkpoint)."""
         return {}
 
     def load_state_dict(self, saved: dict) -> None:
         pass
 
 
-RoundCallback = Callable[[int, int, dict | None], None]
+RoundCallback = Callable[[int, int, list], None]  # (rounds done, rounds, each federation's metrics line or None)
 
 
-def run(method: Method, cfg: RunConfig, engine: Engine, on_round: RoundCallback | None = None,
-        facts: dict | None = None) -> RunResult:
-    """The run: rounds from the start or from ``cfg.out``'s checkpoint, then the summary (written to
-    ``summary.json`` with ``facts`` added, when ``cfg.out`` is set)."""
-    state = initial_state(method, cfg, engine)
-    history = resumed_history(cfg, state.rnd) if cfg.resume else []
-    engine.start(state)
-    t0 = time.perf_counter() - state.seconds
-    for rnd in range(state.rnd, cfg.rounds):
-        clients = sample_clients(method, cfg, rnd)
-        down = method.broadcast(state.server, rnd)
-        line = close_round(method, cfg, engine, state, rnd, down, engine.round(state, rnd, clients, down))
-        if line is not None:
-            history.append(line)
-        state.rnd, state.seconds = rnd + 1, time.perf_counter() - t0
-        _persist(cfg, state, line, engine)
+def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = None, resume: bool = False,
+        checkpoint: "object | None" = None) -> list[RunResult]:
+    """The runs' rounds, from the start or (``resume``) from their checkpoint, then each run's summary.
+
+    A run by itself checkpoints into its run directory. A stack of runs keeps one ``checkpoint`` file (a path)
+    for all of them, so their states are always of one round; each run's directory gets its metrics lines as
+    they come and, at the end, its own checkpoint and summary, as a run by itself leaves them."""
+    runs = list(runs)
+    _check_lockstep(runs)
+    where = _checkpoint_path(runs, checkpoint)
+    states, histories = _initial(runs, engine, where, resume)
+    engine.start(states)
+    rounds = runs[0].schedule.rounds
+    t0 = time.perf_counter() - states[0].seconds
+    for rnd in range(states[0].rnd, rounds):
+        lines = _round(runs, engine, states, rnd)
+        seconds = time.perf_counter() - t0
+        for r, s, h, line in zip(runs, states, histories, lines):
+            s.rnd, s.seconds = rnd + 1, seconds / len(runs)  # each run's share of the stack's time
+            if line is not None:
+                h.append(line)
+                if r.out is not None:
+                    r.out.append(line)
+        _persist(runs, where, _checkpoint(states, engine, seconds))
         if on_round:
-            on_round(rnd + 1, cfg.rounds, line)
-    summary = run_summary(method, state, history, {**engine.facts(), **(facts or {})})
-    _finish(cfg, summary)
-    return RunResult(summary, history, state.server, state.clients)
+            on_round(rnd + 1, rounds, lines)
+    return [_finish(r, i, s, h, engine, stacked=len(runs) > 1) for i, (r, s, h) in enumerate(zip(runs, states, histories))]
 
 
-def resumed_history(cfg: RunConfig, upto: int) -> list[dict]:
-    """The metrics lines up to the checkpoint's round. Unreadable lines are dropped (a torn last line is
-    the round a crash interrupted, run again); a line of a round the checkpoint covers is not run again,
-    so its loss is said rather than left as a silent gap in the history and report."""
-    history = read_history(cfg.out, upto)
-    lost = sorted({r + 1 for r in range(upto) if evaluation_due(cfg, r)} - {line["round"] for line in history})
-    if lost:
-        log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
-                    "and report miss them: run it again with --overwrite to have them", Path(cfg.out) / METRICS, lost)
-    return history
+def _round(runs: list[Run], engine: Engine, states: list[RunState], rnd: int) -> list[dict | None]:
+    picks = [sample_clients(r.method, r.schedule, rnd) for r in runs]
+    downs = [r.method.broadcast(s.server, rnd) for r, s in zip(runs, states)]
+    got = engine.round(states, rnd, picks, downs)
+    return [close_round(r.method, r.schedule, engine, i, s, rnd, d, g)
+            for i, (r, s, d, g) in enumerate(zip(runs, states, downs, got))]
 
 
-def sample_clients(method: Method, cfg: RunConfig, rnd: int) -> list[int]:
+def _check_lockstep(runs: list[Run]) -> None:
+    if not runs:
+        raise ValueError("the driver needs at least one run")
+    if len({(r.schedule.rounds, r.schedule.eval_every) for r in runs}) > 1:
+        raise ConfigError("runs stepped together must share their rounds and evaluation cadence")
+
+
+def _checkpoint_path(runs: list[Run], checkpoint):
+    if checkpoint is not None:
+        return checkpoint
+    if len(runs) == 1 and runs[0].out is not None:
+        return runs[0].out.path / CHECKPOINT
+    return None
+
+
+def sample_clients(method: Method, schedule: Schedule, rnd: int) -> list[int]:
     n = method.ctx.data.n_clients
-    if method.all_clients or cfg.fraction >= 1:
+    if method.all_clients or schedule.fraction >= 1:
         return list(range(n))
-    m = max(1, round(cfg.fraction * n))
+    m = max(1, round(schedule.fraction * n))
     return sorted(int(k) for k in rng_for(method.ctx.seed, rnd, 0, 0, 2).choice(n, m, replace=False))
 
 
-def close_round(method: Method, cfg: RunConfig, engine: Engine, state: RunState, rnd: int, down: Params,
+def close_round(method: Method, schedule: Schedule, engine: Engine, i: int, state: RunState, rnd: int, down: Params,
                 got: Round) -> dict | None:
-    """What follows the clients' half of round ``rnd``: the server's half, and the metrics line if one is due
-    (returned)."""
+    """What follows the clients' half of round ``rnd`` for federation ``i``: the server's half, and the metrics
+    line if one is due (returned)."""
     if got.clients:
         settle(method, state, rnd, got.clients, down, got.result)
     state.losses += got.losses
-    if not evaluation_due(cfg, rnd):
+    if not evaluation_due(schedule, rnd):
         return None
-    line = metrics_line(method, state, engine, rnd)
+    line = metrics_line(method, state, engine, i, rnd)
     state.losses = []
     return line
 
@@ -185,13 +202,13 @@ def settle(method: Method, state: RunState, rnd: int, clients: list[int], down: 
     state.server = method.aggregate(state.server, result, clients, rnd)
 
 
-def evaluation_due(cfg: RunConfig, rnd: int) -> bool:
-    return (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds
+def evaluation_due(schedule: Schedule, rnd: int) -> bool:
+    return (rnd + 1) % schedule.eval_every == 0 or rnd + 1 == schedule.rounds
 
 
-def metrics_line(method: Method, state: RunState, engine: Engine, rnd: int) -> dict:
+def metrics_line(method: Method, state: RunState, engine: Engine, i: int, rnd: int) -> dict:
     glob = global_logits(method, state.server)
-    line = {"round": rnd + 1, **engine.evaluate(state, glob), **global_accuracy(method, glob)}
+    line = {"round": rnd + 1, **engine.evaluate(i, state, glob), **global_accuracy(method, glob)}
     return {**line, "train_loss": train_loss(state.losses), "bytes_up": state.bytes_up, "bytes_down": state.bytes_down}
 
 
@@ -253,47 +270,81 @@ def _per_client(state: RunState) -> dict:
             "bytes_up_per_client": round(state.bytes_up / sent, 1) if sent else 0}
 
 
-# ---- persistence -------------------------------------------------------------------------
-def initial_state(method: Method, cfg: RunConfig, engine: Engine) -> RunState:
-    if not cfg.resume:
-        return RunState(0, method.init_server(), engine.init_clients())
-    ck = load_checkpoint(cfg.out, method.name)
+# ---- start, checkpoints, end ----------------------------------------------------------------------
+def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list[RunState], list[list[dict]]]:
+    if not resume:
+        clients = engine.init_clients(runs)
+        return [RunState(0, r.method.init_server(), c) for r, c in zip(runs, clients)], [[] for _ in runs]
+    if where is None or not where.exists():
+        raise ConfigError(f"--resume: no checkpoint in {where.parent if where else 'the run'}; start the run without --resume")
+    ck = load_checkpoint(where)
+    if len(ck["runs"]) != len(runs):
+        raise ConfigError(f"{where} is a checkpoint of {len(ck['runs'])} runs, not of these {len(runs)}; delete it to start over")
+    log.info("resuming %s after round %d", ", ".join(dict.fromkeys(r.method.name for r in runs)), ck["rnd"])
     engine.load_state_dict(ck.get("engine", {}))
-    return state_from_checkpoint(method, cfg, ck)
+    here = torch.get_default_device()
+    states = [state_from_checkpoint(r.method, r.schedule, _to(saved, here)) for r, saved in zip(runs, ck["runs"])]
+    return states, [resumed_history(r, ck["rnd"]) for r in runs]
 
 
-def state_from_checkpoint(method: Method, cfg: RunConfig, ck: dict) -> RunState:
+def resumed_history(r: Run, upto: int) -> list[dict]:
+    """The metrics lines up to the checkpoint's round. Unreadable lines are dropped (a torn last line is
+    the round a crash interrupted, run again); a line of a round the checkpoint covers is not run again,
+    so its loss is said rather than left as a silent gap in the history and report."""
+    if r.out is None:
+        return []
+    history = r.out.history(upto)
+    lost = sorted({k + 1 for k in range(upto) if evaluation_due(r.schedule, k)} - {line["round"] for line in history})
+    if lost:
+        log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
+                    "and report miss them: run it again with --overwrite to have them", r.out.path / METRICS, lost)
+    return history
+
+
+def _to(value, device: torch.device):
+    """A checkpoint's tensors (in dicts and lists) on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    return value
+
+
+def state_from_checkpoint(method: Method, schedule: Schedule, ck: dict) -> RunState:
     # Older checkpoints kept no losses, and no senders: the sampled clients of those rounds sent.
-    senders = ck.get("senders") or [len(sample_clients(method, cfg, r)) if method.federated else 0 for r in range(ck["rnd"])]
+    senders = ck.get("senders") or [len(sample_clients(method, schedule, r)) if method.federated else 0
+                                    for r in range(ck["rnd"])]
     return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
                     ck["seconds"], list(ck.get("losses", [])), list(senders))
 
 
 def checkpoint_of(state: RunState) -> dict:
-    """The run state as a checkpoint keeps it (``state_from_checkpoint`` reads it back)."""
+    """One run's state as a checkpoint keeps it (``state_from_checkpoint`` reads it back)."""
     return {"rnd": state.rnd, "server": state.server, "clients": state.clients, "bytes_up": state.bytes_up,
             "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds,
             "losses": state.losses, "senders": state.senders}  # so that a run resumed between two metrics lines reports the same train_loss
 
 
-def _persist(cfg: RunConfig, state: RunState, line: dict | None, engine: Engine) -> None:
-    if cfg.out is None:
-        return
-    if line is not None:
-        append_line(cfg.out / METRICS, line)
-    ck = checkpoint_of(state)
+def _checkpoint(states: list[RunState], engine: Engine, seconds: float) -> dict:
     extra = engine.state_dict()
-    save_checkpoint(cfg.out, {**ck, "engine": extra} if extra else ck, cfg.keep_checkpoints == "all")
+    return {"rnd": states[0].rnd, "seconds": seconds, "runs": [checkpoint_of(s) for s in states],
+            **({"engine": extra} if extra else {})}
 
 
-def _finish(cfg: RunConfig, summary: dict) -> None:
-    if cfg.out is None:
-        return
-    write_summary(cfg.out, summary)
-    if cfg.keep_checkpoints == "none":
-        (cfg.out / CHECKPOINT).unlink(missing_ok=True)
+def _persist(runs: list[Run], where, ck: dict) -> None:
+    if len(runs) == 1 and runs[0].out is not None and where == runs[0].out.path / CHECKPOINT:
+        runs[0].out.save_checkpoint(ck)  # with its copy per round where the run keeps them all
+    elif where is not None:
+        save_checkpoint(where, ck)
 
 
-def write_summary(out: Path, summary: dict) -> None:
-    """summary.json, written last: its presence marks the run finished."""
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
+    if stacked:  # its own tensors, not views of the whole stack's
+        state.clients = {n: t.clone() for n, t in state.clients.items()}
+    summary = run_summary(r.method, state, history, {**engine.facts(i), **r.facts})
+    own = checkpoint_of(state)
+    if r.out is not None:
+        r.out.finish(summary, {"rnd": state.rnd, "seconds": state.seconds, "runs": [own]} if stacked else None)
+    return RunResult(summary, history, state.server, state.clients, own)

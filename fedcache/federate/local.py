@@ -26,6 +26,12 @@ def split_loss(out: "torch.Tensor | tuple[torch.Tensor, Params]") -> tuple[torch
     return out if isinstance(out, tuple) else (out, {})
 
 
+def here(array: np.ndarray) -> torch.Tensor:
+    """A host array as a tensor where the run's tensors are (``torch.get_default_device()``: a GPU's in a run on
+    one, set by ``training``; the CPU otherwise)."""
+    return torch.from_numpy(array).to(torch.get_default_device())
+
+
 def rng_for(seed: int, *path: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, *path]))
 
@@ -56,13 +62,13 @@ def train(
     """Run every step of ``plan``; returns the updated parameters (buffers updated too)."""
     params = dict(params)
     optimizer = StackedOptimizer(params, opt, trainable)
-    plan_t = torch.from_numpy(plan)
+    plan_t = torch.from_numpy(plan).to(x.device)
     # Index arithmetic for every step at once: per step it cost as much as a small head's matmuls.
     # Every step is the plan's full width, padding included: a row's arithmetic then never depends on the
     # other rows of the step, so a run stacked with runs of other partitions computes its own run's numbers.
     rows, real = plan_t.clamp_min(0), plan_t >= 0
     active_steps = real.any(2)
-    loss_sum, loss_steps = torch.zeros(plan.shape[0]), torch.zeros(plan.shape[0])
+    loss_sum, loss_steps = torch.zeros(plan.shape[0], device=x.device), torch.zeros(plan.shape[0], device=x.device)
     for s in range(plan.shape[1]):
         idx, mask, active = rows[:, s], real[:, s], active_steps[:, s]
         xb, yb = x[idx], y[idx]

@@ -14,7 +14,7 @@ import torch
 from torch.optim.adam import adam as _torch_adam
 from torch.optim.sgd import sgd as _torch_sgd
 
-from fedcache.federate.optim_config import PRESETS, OptimConfig, describe  # noqa: F401  (re-exported)
+from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig, describe  # noqa: F401  (re-exported)
 
 Params = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class RowOptim:
     """Consecutive blocks of rows with their own settings: (rows, config) in row order, one optimizer kind.
 
-    Several federations trained as one stack (federate/batched.py) each keep their own learning rate,
+    Several federations trained as one stack (federate/stacked.py) each keep their own learning rate,
     decay, momentum or betas. Each block gets its own call of torch's fused kernel, on views of its rows,
     so a federation's update is the very computation its own run makes (a per-row learning-rate tensor
     would change the kernel's arithmetic)."""

@@ -1,28 +1,34 @@
-"""Optimizer settings and the named presets, without torch: the CLI's help texts read them at start-up."""
+"""Optimizer settings (the run spec's ``optim`` section) and the named presets they start from, without torch:
+the CLI's help texts read them at start-up."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from fedcache.errors import ConfigError
-from fedcache.federate.settings import NonNegative, Positive, UnitOpen, check_fields
+from fedcache.config import Checked, Choices, NonNegative, Positive, UnitOpen, opt
+
+
+def _presets() -> tuple[str, ...]:
+    return tuple(_PRESET_ROWS)
+
+
+def _preset_help() -> str:
+    return ("Optimizer defaults: " + "; ".join(f"{n} ({describe(c)})" for n, c in OPTIMIZER_PRESETS.items())
+            + "; default: the method's (`fedcache methods`).")
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(Checked):
+    section = "optim"
+
     optimizer: Literal["sgd", "adam"] = "adam"
     lr: Positive = 1e-3
     momentum: UnitOpen = 0.9  # SGD only
     weight_decay: NonNegative = 1e-4
     betas: tuple[UnitOpen, UnitOpen] = (0.9, 0.999)  # Adam only
     eps: Positive = 1e-8  # Adam only
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in ("sgd", "adam"):
-            raise ConfigError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
-        check_fields(self)
-        if len(self.betas) != 2:  # their range is the type's, checked above
-            raise ConfigError(f"betas must be two numbers in [0, 1), e.g. betas=0.9,0.999 (got {self.betas})")
+    # The preset these settings start from (``--set`` changes them from there); None: given in Python.
+    preset: Annotated[str, Choices(_presets)] | None = opt(None, help=_preset_help)
 
     def ignored(self) -> dict[str, str]:
         """Fields this optimizer does not read (``--set`` refuses them rather than dropping them)."""
@@ -32,21 +38,21 @@ class OptimConfig:
         return {"betas": why, "eps": why}
 
 
-# Optimizer presets. "default" is every method's unless the method is compared in a paper with another
-# setting; "fedpcl" names the same setting after the code it comes from (FedPCL's official code).
-_ADAM_1E3 = OptimConfig("adam", 1e-3, 0.9, 1e-4)
-PRESETS = {
-    "default": _ADAM_1E3,  # Adam 1e-3, wd 1e-4
-    "fedpcl": _ADAM_1E3,  # FedPCL's official code: Adam 1e-3, wd 1e-4 (every method of its comparison)
-    "flesd": OptimConfig("adam", 1e-3, 0.9, 1e-6),  # FLESD's official code: Adam 1e-3, wd 1e-6 (local SimCLR)
-    "fst-cbdg": OptimConfig("sgd", 1e-2, 0.9, 1e-5),  # FST-CBDG paper: SGD 0.01, momentum 0.9, wd 1e-5
-    "promptfl": OptimConfig("sgd", 1e-3, 0.9, 5e-4),  # PromptFL's code: SGD 0.001 (CoOp's momentum 0.9, wd 5e-4)
-    "tpfl": OptimConfig("adam", 1e-3, 0.9, 5e-4),  # TPFL paper: Adam 1e-3; wd unstated, CoOp's 5e-4
+# Optimizer presets: (optimizer, lr, momentum, weight decay). "default" is every method's unless the method is
+# compared in a paper with another setting; "fedpcl" names the same setting after the code it comes from.
+_PRESET_ROWS = {
+    "default": ("adam", 1e-3, 0.9, 1e-4),  # Adam 1e-3, wd 1e-4
+    "fedpcl": ("adam", 1e-3, 0.9, 1e-4),  # FedPCL's official code: Adam 1e-3, wd 1e-4 (every method of its comparison)
+    "flesd": ("adam", 1e-3, 0.9, 1e-6),  # FLESD's official code: Adam 1e-3, wd 1e-6 (local SimCLR)
+    "fst-cbdg": ("sgd", 1e-2, 0.9, 1e-5),  # FST-CBDG paper: SGD 0.01, momentum 0.9, wd 1e-5
+    "promptfl": ("sgd", 1e-3, 0.9, 5e-4),  # PromptFL's code: SGD 0.001 (CoOp's momentum 0.9, wd 5e-4)
+    "tpfl": ("adam", 1e-3, 0.9, 5e-4),  # TPFL paper: Adam 1e-3; wd unstated, CoOp's 5e-4
     # pFedMe's w step and Per-FedAvg's outer step are plain SGD in their papers and official code:
     # pFedMe eta = 0.005 (--learning_rate), Per-FedAvg beta = 0.001 (--beta; the pFedMe repository's commands).
-    "pfedme": OptimConfig("sgd", 5e-3, 0.0, 0.0),
-    "perfedavg": OptimConfig("sgd", 1e-3, 0.0, 0.0),
+    "pfedme": ("sgd", 5e-3, 0.0, 0.0),
+    "perfedavg": ("sgd", 1e-3, 0.0, 0.0),
 }
+OPTIMIZER_PRESETS = {name: OptimConfig(*row, preset=name) for name, row in _PRESET_ROWS.items()}
 
 
 def describe(cfg: OptimConfig) -> str:

@@ -9,12 +9,14 @@ import torch.nn.functional as F
 def padded_rows(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, n_max) row indices and a mask of the real ones."""
     n = max((len(r) for r in rows), default=0)
-    idx = torch.zeros(len(rows), n, dtype=torch.long)
-    mask = torch.zeros(len(rows), n, dtype=torch.bool)
+    idx = np.zeros((len(rows), n), dtype=np.int64)
+    mask = np.zeros((len(rows), n), dtype=bool)
     for i, r in enumerate(rows):
-        idx[i, : len(r)] = torch.from_numpy(r)
+        idx[i, : len(r)] = r
         mask[i, : len(r)] = True
-    return idx, mask
+    # Built on the host, moved once: where the run's tensors are (a GPU's, in a run on one).
+    here = torch.get_default_device()
+    return torch.from_numpy(idx).to(here), torch.from_numpy(mask).to(here)
 
 
 def class_sums(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:

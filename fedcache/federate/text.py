@@ -21,7 +21,7 @@ DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and Promp
 
 def text_anchors(embeddings: np.ndarray | torch.Tensor) -> torch.Tensor:
     """(T, C, D) per-template embeddings -> (C, D) unit anchors."""
-    e = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
+    e = embeddings.float() if isinstance(embeddings, torch.Tensor) else torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
     if e.dim() == 2:
         e = e.unsqueeze(0)
     return F.normalize(F.normalize(e, dim=-1).mean(0), dim=-1)

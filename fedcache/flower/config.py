@@ -22,17 +22,21 @@ from typing import Any
 
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
-from fedcache.federate.methods import Method
-from fedcache.federate.settings import NonNegative, Positive, PositiveInt, check_fields
-from fedcache.federate.train import instantiate, resolve
-from fedcache.spec import HeadSpec, MethodSpec, OptimSpec, RunSpec, ScheduleSpec, build_sections, to_flat
+from fedcache.federate.methods import METHODS, Method
+from fedcache.config import Checked, NonNegative, Positive, PositiveInt, fields_of, parse
+from fedcache.federate.optim_config import OptimConfig
+from fedcache.federate.schedule import Schedule
+from fedcache.spec import HeadChoice, MethodSpec, RunSpec, parse_pairs, parse_options, resolve_method, to_flat
+from fedcache.training import instantiate
 
 RUN_SECTIONS = ("method", "optim", "head", "schedule")  # what the apps read of a run spec
 DEPLOY = "deploy"
 
 
 @dataclass(frozen=True)
-class Deployment:
+class Deployment(Checked):
+    section = DEPLOY
+
     min_clients: PositiveInt = 1  # a round with fewer replies than this (or than were sampled, if fewer) fails
     round_timeout: Positive = 600.0  # seconds the server waits for a round's replies
     connect_timeout: Positive = 120.0  # seconds the server waits for every client to connect
@@ -43,17 +47,19 @@ class Deployment:
     resume_run: str = ""
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        super().__post_init__()
         if self.resume_run and not self.resume_run.isdigit():
             raise ConfigError(f"deploy.resume_run={self.resume_run!r}: give the Flower run id (digits) of the run to continue")
 
 
 @dataclass(frozen=True)
 class FlowerRun:
+    """The run spec's method, optimizer, head and schedule sections, and what only a deployment has."""
+
     method: MethodSpec = MethodSpec("fedavg")
-    optim: OptimSpec = field(default_factory=OptimSpec)
-    head: HeadSpec = field(default_factory=HeadSpec)
-    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    optim: OptimConfig = OptimConfig(preset="default")
+    head: HeadChoice = HeadChoice("linear")
+    schedule: Schedule = field(default_factory=Schedule)
     deploy: Deployment = field(default_factory=Deployment)
 
     def __post_init__(self) -> None:
@@ -67,7 +73,17 @@ class FlowerRun:
         and Deployment fields (``min_clients=2, out=...``)."""
         names = {f.name for f in dataclasses.fields(Deployment)}
         deploy = Deployment(**{k: given.pop(k) for k in list(given) if k in names})
-        return cls(**build_sections(given, RUN_SECTIONS, base=cls()._sections()), deploy=deploy)
+        return cls._built(given, deploy)
+
+    @classmethod
+    def _built(cls, given: dict[str, Any], deploy: Deployment) -> "FlowerRun":
+        given = dict(given)
+        settings = given.pop("settings", None) or given.pop("method.settings", None)
+        per = parse_options(given, RUN_SECTIONS, required=False)
+        base = cls()
+        method, optim, head = resolve_method(per["method"].get("name"), per["optim"].get("preset"), per["head"].get("name"),
+                                             parse_pairs(settings), base)
+        return cls(method, optim, head, dataclasses.replace(base.schedule, **per["schedule"]), deploy)
 
     @classmethod
     def from_spec(cls, spec: RunSpec, **deploy: Any) -> "FlowerRun":
@@ -91,16 +107,10 @@ class FlowerRun:
         if unknown:
             raise ConfigError(f"unknown run config keys {unknown}; fedcache's Flower app knows "
                               f"{sorted(spec_keys | set(deploy_keys))}")
-        deploy = {}
-        for key, f in deploy_keys.items():
-            if key in config:
-                kind = type(f.default)
-                try:
-                    deploy[f.name] = kind(config[key])
-                except (TypeError, ValueError):
-                    raise ConfigError(f"run config {key}={config[key]!r}: expected a {kind.__name__}") from None
-        sections = build_sections({k: v for k, v in config.items() if k in spec_keys}, RUN_SECTIONS, base=cls()._sections())
-        return cls(**sections, deploy=Deployment(**deploy))
+        types = fields_of(Deployment)
+        deploy = {f.name: parse(f"run config {key}", config[key], types[f.name])
+                  for key, f in deploy_keys.items() if key in config}
+        return cls._built({k: v for k, v in config.items() if k in spec_keys}, Deployment(**deploy))
 
     def to_config(self) -> dict[str, str | int | float | bool]:
         return {**to_flat(self._sections()),
@@ -109,12 +119,12 @@ class FlowerRun:
 
 def build_method(run: FlowerRun, data: FederatedData) -> Method:
     """The method as ``fedcache train`` builds it (same preset, --set routing and head choice)."""
-    r = resolve(run)
-    reason = r.method_cls.not_deployable(r.params)
+    cls = METHODS.get(run.method.name)
+    reason = cls.not_deployable(run.method.params)
     if reason:
         raise ConfigError(f"{run.method.name} cannot run on Flower: {reason}; run it with the in-process engine "
                           "(`fedcache train`)")
-    return instantiate(r, data, run.schedule)
+    return instantiate(run, data)
 
 
 # The server's own paths: run config key a submitter might try -> the environment variable that sets it.

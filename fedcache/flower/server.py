@@ -2,7 +2,7 @@
 
 The round driver (``federate/driver.py``) runs the rounds as for the in-process engine (same client
 sampling, ``broadcast`` / ``aggregate`` calls, byte counting, metrics, checkpoints, resumption and
-summary), so a run gives the in-process engine's numbers; ``Federation`` is the engine that moves the
+summary), so a run gives the in-process engine's numbers; ``FlowerEngine`` is the engine that moves the
 payloads. What the network adds: clients are found by asking each node which client it is, and every
 later reply is attributed by its node id; a client that does not answer within ``round-timeout``, or
 whose reply fails the checks of ``replies.py`` (wrong names, shapes or dtypes, NaN, a weight beyond its
@@ -27,8 +27,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate import driver
-from fedcache.federate.checkpoints import append_line, trim_log
-from fedcache.federate.driver import Engine, Round, RunConfig, RunState
+from fedcache.federate.driver import Engine, Round, Run, RunState
+from fedcache.federate.rundir import RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method
 from fedcache.flower.protocol import to_record
@@ -149,15 +149,15 @@ def main(grid: Grid, context: Context) -> None:
 
 
 @dataclass
-class Federation(Engine):
+class FlowerEngine(Engine):
     """The Flower engine on the server: moves the round's payloads over Flower messages to the nodes
-    serving the sampled clients and back; the round driver does the rest."""
+    serving the sampled clients and back; the round driver does the rest. One federation: its run."""
 
     grid: Grid
     method: Method
     run: FlowerRun
     info: ShardInfo
-    out: Path | None
+    out: RunDir | None
     roster: Roster = field(init=False)
     dropped: dict[str, list[int]] = field(default_factory=dict)  # round -> clients dropped from it
     rejected: dict[str, dict[str, str]] = field(default_factory=dict)  # round -> client -> why its reply was refused
@@ -165,13 +165,14 @@ class Federation(Engine):
     def __post_init__(self) -> None:
         self.roster = Roster(self.info.n_clients, self.info.partition_id)
 
-    def start(self, state: RunState) -> None:
-        if self.out is not None and state.rnd:
-            trim_log(self.out / ROUNDS, state.rnd)  # rounds after the checkpoint are run again
+    def start(self, states: list[RunState]) -> None:
+        if self.out is not None and states[0].rnd:
+            self.out.history(states[0].rnd, ROUNDS)  # rounds after the checkpoint are run again
         wait_for_clients(self.grid, self.roster, self.run)
 
-    def round(self, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
+    def round(self, states: list[RunState], rnd: int, picks: list[list[int]], downs: list[Params]) -> list[Round]:
         """Let (re)connected nodes in, run the round, append it to rounds.jsonl with its wall time."""
+        (state,), (clients,), (down,) = states, picks, downs
         t0 = time.perf_counter()
         joined = self.roster.rejoin(self.grid, self.run.deploy.rejoin_wait, self.run.deploy.round_timeout) if rnd else []
         record, got = accepted_round(self, rnd, clients, self.exchange(state, rnd, clients, down))
@@ -180,8 +181,8 @@ class Federation(Engine):
         if record["rejected"]:
             self.rejected[str(rnd + 1)] = record["rejected"]
         if self.out is not None:
-            append_line(self.out / ROUNDS, {**record, "joined": joined, "seconds": round(time.perf_counter() - t0, 3)})
-        return got
+            self.out.append({**record, "joined": joined, "seconds": round(time.perf_counter() - t0, 3)}, ROUNDS)
+        return [got]
 
     def exchange(self, state: RunState, rnd: int, sampled: list[int], down: Params) -> Accepted:
         """Send ``down`` to the sampled clients' nodes; the replies that pass every check."""
@@ -196,7 +197,7 @@ class Federation(Engine):
             roster.drop(k)  # no answer: its node is gone (a restarted one is asked who it is)
         return got
 
-    def evaluate(self, state: RunState, glob: torch.Tensor | None) -> dict:
+    def evaluate(self, i: int, state: RunState, glob: torch.Tensor | None) -> dict:
         """Every connected client scores its local test rows (the server scores the global split)."""
         record = to_record(state.server)
         client_of = self.roster.client_of
@@ -212,7 +213,7 @@ class Federation(Engine):
             out["eval_rejected"] = {str(k): why for k, why in rejected.items()}
         return out
 
-    def facts(self) -> dict:
+    def facts(self, i: int) -> dict:
         return {"engine": "flower", "partition_id": self.info.partition_id, "dropped": self.dropped,
                 "rejected": self.rejected, "refused_nodes": self.roster.refused}
 
@@ -224,7 +225,7 @@ class Federation(Engine):
         self.roster.refused = list(saved.get("refused_nodes", []))
 
 
-def accepted_round(fed: Federation, rnd: int, sampled: list[int], got: Accepted) -> tuple[dict, Round]:
+def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepted) -> tuple[dict, Round]:
     """The round record and the accepted uploads (stacked in client order, as the in-process engine
     stacks them), or a TooFewClientsError if fewer than min-clients are left."""
     clients = sorted(got.replies)
@@ -266,9 +267,8 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
     method = build_method(run, data)
     if paths.out is not None:
         _record_config(paths.out, run, info, method, resume)
-    s = run.schedule
-    cfg = RunConfig(s.rounds, s.fraction, s.eval_every, True, paths.out, resume, keep_checkpoints)
-    result = driver.run(method, cfg, Federation(grid, method, run, info, paths.out))
+    out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
+    (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
     if paths.out is not None:
         # The final server state, for comparing engines: tensors only (read back with weights_only=True).
         torch.save(result.server, paths.out / SERVER_STATE)

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from fedcache.errors import ConfigError, FedcacheError
-from fedcache.federate.train import partition_request
+from fedcache.training import partition_request
 from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards

@@ -41,10 +41,8 @@ class Head(Protocol):
     def classify(self, p: Params, z: torch.Tensor) -> torch.Tensor: ...
 
 
-# With few outputs MKL's batched GEMM runs z @ W (K, n, D) x (K, D, C) slowly and (W^T z^T)^T is faster.
-# Kept on an interleaved A/B of benchmarks/rounds.py with and without --plain-affine (alternating
-# processes): fedavg (1280 -> 10) 1.3-2.1x faster in every pair, fedproto (256 -> 10 after its mlp) never
-# slower (docs/performance.md).
+# With few outputs MKL's batched GEMM runs z @ W (K, n, D) x (K, D, C) slowly and (W^T z^T)^T is faster
+# (docs/performance.md, "Few-class layout"; `benchmarks/rounds.py --plain-affine` runs the other layout).
 FEW_CLASSES = 10
 
 
@@ -88,7 +86,8 @@ def make_head(name: str, d_in: int, n_classes: int) -> Head:
 def uniform_init(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> torch.Tensor:
     """PyTorch's default Linear init (Kaiming-uniform with a=sqrt(5)), reproducible from ``gen``."""
     bound = 1.0 / fan_in**0.5
-    return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+    # Drawn where the generator is, then moved: a run on a GPU starts from the CPU run's very weights.
+    return ((torch.rand(shape, generator=gen, device=gen.device) * 2 - 1) * bound).to(torch.get_default_device())
 
 
 def stack(states: list[Params]) -> Params:

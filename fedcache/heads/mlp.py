@@ -54,7 +54,8 @@ def train_body(x, real, w1, b1, gamma, beta) -> tuple[torch.Tensor, torch.Tensor
     """FC -> ReLU -> BatchNorm over each client's real rows: (z, batch mean, batch variance).
     ``real`` is (K, B, 1) with 1 for real rows."""
     h = torch.relu(torch.baddbmm(b1, x, w1))
-    # (torch.var_mean over the row axis took 8.7x as long as these operations: docs/performance.md)
+    # Moments as a mean, a centring and a mean of squares: torch.var_mean over the row axis is much slower
+    # (docs/performance.md, "BatchNorm moments").
     n = real.sum(1, keepdim=True).clamp_min(1.0)
     mean = (h * real).sum(1, keepdim=True) / n
     centred = h - mean

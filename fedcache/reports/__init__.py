@@ -184,7 +184,7 @@ def _contribution_sections(root: Path, fig_dir: Path) -> list[Section]:
         return []
     import numpy as np
 
-    from fedcache.federate.contribution import Contribution
+    from fedcache.reports.contribution import Contribution
     from fedcache.reports.heatmap import plot_contribution
 
     d = json.loads(path.read_text())

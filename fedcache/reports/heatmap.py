@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcache.federate.contribution import Contribution
+from fedcache.reports.contribution import Contribution
 from fedcache.reports.canvas import subplots
 
 
@@ -30,7 +30,7 @@ def backbone_heatmap(spec, out: Path) -> list[str]:
     """FedPCL's ``fedcache backbone-heatmap``: run FedPCL fused and on each backbone alone, write the heatmap
     to ``out``; the lines to print are the scores and the file written."""
     from fedcache.errors import ConfigError
-    from fedcache.federate.contribution import backbone_contribution
+    from fedcache.reports.contribution import backbone_contribution
     from fedcache.paths import writable_file
 
     if len(spec.data.backbones) < 2:

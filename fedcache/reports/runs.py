@@ -10,7 +10,7 @@ import numpy as np
 from fedcache.errors import ConfigError
 
 SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
-SELECTION = "selection.json"  # a --select grid's choices (fedcache/sweep.py)
+SELECTION = "selection.json"  # a --select grid's choices (fedcache/grids)
 
 
 @dataclass

@@ -7,12 +7,15 @@ Layout (see docs/store.md)::
     <store>/.locks/                                                advisory write locks
 
 An entry is readable only once its ``complete`` attribute is true; it is written last. Reading
-checks every chunk against the checksums written with it (fedcache/store/integrity.py): a damaged
-entry is named, never read as zeros, and never takes the rest of the store down.
+checks every chunk against the checksums written with it as it reads it (fedcache/store/reading.py,
+integrity.py): a damaged entry is named, never read as zeros, and never takes the rest of the store
+down. Entries of format 2 keep each row array as one uncompressed file, which a table of one float32
+entry memory-maps; format-1 entries (zstd, written before) are read through Zarr (docs/store.md).
 """
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import shutil
 from dataclasses import dataclass
@@ -23,13 +26,18 @@ import numpy as np
 import zarr
 
 from fedcache.errors import ConfigError, DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
-from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc, mismatches
+from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
 from fedcache.store.locks import exclusive_lock
+from fedcache.store.reading import EntryReader, fill
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 1
+# 1: zstd-compressed chunks (Zarr's default codec), zlib CRC-32 checksums.
+# 2: new entries uncompressed, CRC-32C checksums (docs/store.md says why); format-1 entries still read.
+STORE_FORMAT = 2
+ENTRY_FORMAT = STORE_FORMAT  # what new entries are written in
+FORMAT_ATTR = "format"  # an entry's format; absent: 1
 ENTRIES = "entries"
 TEXT = "text"
 SLOT_FIELDS = ("dataset", "split", "domain", "backbone", "view")
@@ -61,6 +69,10 @@ class EntryInfo:
     def random_weights(self) -> bool:
         return bool(self.attrs.get("random_weights", False))
 
+    @property
+    def format(self) -> int:
+        return int(self.attrs.get(FORMAT_ATTR, 1))
+
 
 @dataclass
 class FeatureTable:
@@ -77,6 +89,54 @@ class FeatureTable:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+
+@dataclass
+class EntryRows:
+    """One entry's part of a table: its reader, which of its rows are valid, where they start in the table."""
+
+    reader: EntryReader
+    valid: np.ndarray
+    offset: int
+    labels: np.ndarray
+    ids: np.ndarray
+    domains: np.ndarray
+
+
+@dataclass
+class TableRows:
+    """A table before its features are read (``FeatureStore.rows``): everything but them, checked."""
+
+    parts: list[EntryRows]
+    domain_names: tuple[str, ...]
+    class_names: tuple[str, ...]
+    random_weights: bool
+    entry_ids: tuple[str, ...]
+    dim: int
+
+    def __len__(self) -> int:
+        return sum(len(p.labels) for p in self.parts)
+
+    def _cat(self, name: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in self.parts]) if self.parts else np.zeros(0, dtype)
+
+    @functools.cached_property
+    def labels(self) -> np.ndarray:
+        return self._cat("labels", np.int64)
+
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        return self._cat("ids", np.int64)
+
+    @functools.cached_property
+    def domains(self) -> np.ndarray:
+        return self._cat("domains", np.int16)
+
+    def table(self, features: np.ndarray, **replace) -> FeatureTable:
+        fields = dict(features=features, labels=self.labels, ids=self.ids, domains=self.domains,
+                      domain_names=self.domain_names, class_names=self.class_names,
+                      random_weights=self.random_weights, entry_ids=self.entry_ids)
+        return FeatureTable(**{**fields, **replace})
 
 
 def now_iso() -> str:
@@ -213,6 +273,28 @@ class FeatureStore:
         return found
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
+        """The features of every requested domain as one float32 array (see :meth:`features`)."""
+        rows = self.rows(dataset, split, backbone, view, domains)
+        return rows.table(self.features(rows))
+
+    def features(self, rows: TableRows) -> np.ndarray:
+        """The features of ``rows``: when they are exactly one entry's file (one domain, float32, every row
+        valid), that file memory-mapped once each chunk is checked, so the table is the page cache shared by
+        every process reading it; else a new float32 array filled a chunk at a time (:meth:`fill`)."""
+        if len(rows.parts) == 1 and rows.parts[0].valid.all():
+            reader = rows.parts[0].reader
+            mapped = reader.mapped("features", np.dtype(np.float32))
+            self._raise_if_damaged(reader)
+            if mapped is not None:
+                reader.close()
+                return mapped
+        out = np.empty((len(rows), rows.dim), np.float32)
+        self.fill(rows, out)
+        return out
+
+    def rows(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> TableRows:
+        """What :meth:`read` returns except the features (labels, ids, domains, checked): what to allocate
+        for them and how to :meth:`fill` them in."""
         domains = None if domains is None else list(domains)
         found = self.find(dataset, split, backbone, view, domains)
         domain_names = tuple(found[0].attrs["domains"])
@@ -224,49 +306,60 @@ class FeatureStore:
                 f"the store has no {split} features of {dataset}/{','.join(missing)} for {backbone}; "
                 f"run `fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}`"
             )
-        _check_consistent([by_domain[d] for d in wanted], self.path)
-        parts = [self._read_entry(by_domain[d], domain_names.index(d)) for d in wanted]
-        return FeatureTable(
-            features=np.concatenate([p[0] for p in parts]),
-            labels=np.concatenate([p[1] for p in parts]),
-            ids=np.concatenate([p[2] for p in parts]),
-            domains=np.concatenate([p[3] for p in parts]),
-            domain_names=domain_names,
-            class_names=tuple(found[0].attrs["classes"]),
-            random_weights=any(by_domain[d].random_weights for d in wanted),
-            entry_ids=tuple(by_domain[d].entry_id for d in wanted),
-        )
+        infos = [by_domain[d] for d in wanted]
+        _check_consistent(infos, self.path)
+        parts, offset = [], 0
+        for info in infos:
+            reader = self.reader(info)
+            valid = reader.column("valid")
+            labels, ids = reader.column("labels"), reader.column("ids")
+            self._raise_if_damaged(reader)
+            parts.append(EntryRows(reader, valid, offset, labels[valid], ids[valid],
+                                   np.full(int(valid.sum()), domain_names.index(info.key["domain"]), np.int16)))
+            offset += len(parts[-1].labels)
+        return TableRows(parts, domain_names, tuple(found[0].attrs["classes"]), any(e.random_weights for e in infos),
+                         tuple(e.entry_id for e in infos), infos[0].dim if infos else 0)
 
-    def _read_entry(self, info: EntryInfo, domain_index: int) -> tuple[np.ndarray, ...]:
+    def fill(self, rows: TableRows, out: np.ndarray, at: np.ndarray | None = None) -> None:
+        """The features of ``rows`` into ``out`` (N, D): row i of the table into ``out[i]``, or into
+        ``out[at[i]]`` (not at all where -1); ``out`` may be a column slice of a wider array."""
+        fill([(p.reader, p.valid, p.offset) for p in rows.parts], out, at)
+        for p in rows.parts:
+            self._raise_if_damaged(p.reader)
+            p.reader.close()
+
+    def reader(self, info: EntryInfo, check: bool = True) -> EntryReader:
+        """The chunks of a complete entry, checked against its checksums as they are read."""
+        if info.damaged:
+            raise self.damaged(info, info.damaged)
         if not info.complete:
             raise IncompleteEntryError(f"entry {info.entry_id} is incomplete; re-run the extraction to finish it")
-        a = self.read_arrays(info)
-        valid = a["valid"]
-        feats = a["features"][valid].astype(np.float32, copy=False)
-        doms = np.full(int(valid.sum()), domain_index, dtype=np.int16)
-        return feats, a["labels"][valid], a["ids"][valid], doms
+        if info.format < ENTRY_FORMAT:
+            log.info("entry %s is stored in format %d (compressed, read through Zarr); `fedcache store upgrade "
+                     "--store %s` rewrites it for reads at the speed of memory", info.entry_id, info.format, self.path)
+        try:
+            group = self.root[ENTRIES][info.entry_id]
+        except Exception as exc:  # its zarr.json went missing since it was listed
+            raise self.damaged(info, f"its metadata cannot be read ({type(exc).__name__}: {exc})") from None
+        reader = EntryReader(group, self.path / ENTRIES / info.entry_id, info, check)
+        self._raise_if_damaged(reader)
+        return reader
+
+    def _raise_if_damaged(self, reader: EntryReader) -> None:
+        if reader.problem:
+            raise self.damaged(reader.info, reader.problem)
 
     # ---- integrity -------------------------------------------------------------
     def read_arrays(self, info: EntryInfo, verify: bool = True) -> dict[str, np.ndarray]:
-        """The row arrays of a complete entry, checked against their checksums (DamagedEntryError if not)."""
-        if info.damaged:
-            raise self.damaged(info, info.damaged)
-        arrays = {}
-        for name in ROW_ARRAYS:
-            try:
-                arrays[name] = self.root[ENTRIES][info.entry_id][name][:]
-            except Exception as exc:  # a corrupt chunk: Zstd, Zarr or json errors
-                raise self.damaged(info, f"its {name} cannot be read ({type(exc).__name__}: {exc})") from None
-        bad = [n for n, x in arrays.items() if len(x) != info.n_rows or n == "features" and x.shape[1:] != (info.dim,)]
-        if bad:
-            raise self.damaged(info, f"{', '.join(bad)} do not have {info.n_rows} rows of width {info.dim}")
-        if verify and CRC_ATTR in info.attrs:
-            bad = mismatches(arrays, info.attrs[CRC_ATTR], int(info.attrs.get("chunk_rows", 1)))
-            if bad:
-                shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
-                raise self.damaged(
-                    info, f"{shown} do not hold what was written (a chunk file deleted, replaced or corrupted)")
-        return arrays
+        """The row arrays of a complete entry as stored (every row, valid or not), checked against their
+        checksums (DamagedEntryError if not; ``verify=False``: not checked)."""
+        reader = self.reader(info, check=verify)
+        arrays = {name: reader.column(name) for name in ("labels", "ids", "valid")}
+        arrays["features"] = np.empty((info.n_rows, info.dim), np.dtype(info.key.get("dtype", "float32")))
+        fill([(reader, np.ones(info.n_rows, bool), 0)], arrays["features"])
+        reader.close()
+        self._raise_if_damaged(reader)
+        return {name: arrays[name] for name in ROW_ARRAYS}
 
     def verify(self, info: EntryInfo) -> tuple[str, str]:
         """(status, detail): ok, damaged, partial (not finished: not checked) or unchecked (no checksums)."""
@@ -275,12 +368,24 @@ class FeatureStore:
         if not info.complete:
             return "partial", "not complete yet: resumed by re-running its extraction"
         try:
-            self.read_arrays(info)
+            reader = self.reader(info)
         except DamagedEntryError as exc:
             return "damaged", exc.problem
+        reader.scan()
+        reader.close()
+        if reader.problem:
+            return "damaged", reader.problem
         if CRC_ATTR not in info.attrs:
             return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
         return "ok", ""
+
+    def sizes(self, info: EntryInfo) -> tuple[int, int]:
+        """(bytes on disk, bytes in memory once read): its files, and its valid rows as float32 features
+        plus their labels, ids and domain index (what :meth:`read` returns)."""
+        folder = self.path / ENTRIES / info.entry_id
+        disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        rows = int(info.attrs.get("n_valid", info.n_rows))
+        return disk, rows * (4 * info.dim + 8 + 8 + 2)
 
     def damaged(self, info: EntryInfo, problem: str) -> DamagedEntryError:
         return DamagedEntryError(

@@ -2,6 +2,10 @@
 
 Nothing is truncated, coerced or dropped: a field that does not hold exactly what the layout
 (docs/store.md) asks for is refused with one ConfigError naming the file, the field and the fix.
+
+The features are never copied whole: an uncompressed member of an .npz or a contiguous, uncompressed
+HDF5 dataset is memory-mapped (its bytes stay in the page cache), any other is read once, and they are
+checked block by block; the writer converts them to float32 chunk by chunk as it writes.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 @dataclass
 class Split:
-    features: np.ndarray  # (N, D) float32, finite
+    features: np.ndarray  # (N, D) real numbers, finite in float32 (possibly memory-mapped, read-only)
     labels: np.ndarray  # (N,) int64 in [0, len(classes))
     domains: np.ndarray  # (N,) int64 in [0, len(domain_names))
     ids: np.ndarray  # (N,) int64, unique within a domain
@@ -86,9 +90,17 @@ def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
         raise ConfigError(f"{path} is not an HDF5 file; write it with h5py (or save an .npz with numpy)")
     arrays: dict[str, np.ndarray] = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: arrays.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(lambda name, obj: arrays.__setitem__(name, _h5_array(path, obj)) if isinstance(obj, h5py.Dataset) else None)
         meta = {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
     return {k: np.asarray(v) for k, v in arrays.items()}, meta
+
+
+def _h5_array(path: Path, ds) -> np.ndarray:
+    """A contiguous, unfiltered numeric dataset memory-mapped where it lies in the file; any other read."""
+    offset = ds.id.get_offset() if ds.chunks is None and ds.size and ds.dtype.kind in "fiu" else None
+    if offset is None or ds.dtype.byteorder not in "=|<":
+        return ds[()]
+    return np.memmap(path, ds.dtype, mode="r", offset=offset, shape=ds.shape)
 
 
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
@@ -96,16 +108,44 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
         raise ConfigError(f"{path} is not an .npz file (a zip archive); save it with numpy.savez")
     items = {}
     # allow_pickle=False: an .npz from elsewhere must never run code when read.
-    with np.load(path, allow_pickle=False) as z:
+    with np.load(path, allow_pickle=False) as z, zipfile.ZipFile(path) as zf:
         for k in z.files:
             try:
-                items[k] = z[k]
+                mapped = _npz_mapped(path, zf, k) if k == "features" or k.endswith("__features") else None
+                items[k] = z[k] if mapped is None else mapped
             except ValueError as exc:
                 raise ConfigError(f"{path}: array {k!r} cannot be read without unpickling ({exc}); save plain numeric "
                                   "arrays (and the names as JSON strings)") from None
     meta = {k: (str(v) if v.dtype.kind in "US" else v) for k, v in items.items() if v.ndim == 0}
     arrays = {k.replace("__", "/"): v for k, v in items.items() if v.ndim > 0}
     return arrays, meta
+
+
+def _npz_mapped(path: Path, zf: zipfile.ZipFile, key: str) -> np.ndarray | None:
+    """An uncompressed member (``np.savez``) memory-mapped where it lies in the zip file; None otherwise.
+
+    The member's .npy bytes start after its local file header: 30 fixed bytes, then the name and the
+    extra field, whose lengths are the header's last two 16-bit fields."""
+    info = zf.getinfo(f"{key}.npy")
+    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        header = fh.read(30)
+        if header[:4] != b"PK\x03\x04":
+            return None
+        fh.seek(info.header_offset + 30 + int.from_bytes(header[26:28], "little") + int.from_bytes(header[28:30], "little"))
+        try:
+            read = _NPY_HEADERS.get(np.lib.format.read_magic(fh))
+            shape, fortran, dtype = read(fh) if read else (None, True, np.dtype(object))
+        except ValueError:  # not a plain .npy: numpy's own reader says what is wrong
+            return None
+        if fortran or dtype.kind not in "fiu" or not shape or not all(shape):
+            return None
+        return np.memmap(path, dtype, mode="r", offset=fh.tell(), shape=shape)
+
+
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def _group_splits(arrays: dict[str, np.ndarray], path: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -155,22 +195,29 @@ def _check_split(fields: dict[str, np.ndarray], where: str) -> Split:
     return Split(feats, labels, domains, ids)
 
 
+CHECK_BLOCK_ROWS = 8192
+
+
 def _features(a: np.ndarray, where: str) -> np.ndarray:
+    """``a`` itself, once every value is known to be finite in float32 (checked a block of rows at a time,
+    so that no copy of the whole array is made)."""
     if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
         raise ConfigError(f"{where}: features must be (N, D) with N >= 1 rows and D >= 1 columns, got shape {a.shape}")
     if a.dtype.kind not in "fiu":
         raise ConfigError(f"{where}: features must be real numbers (float or int), got {a.dtype}; "
                           "complex, boolean, string or object arrays are not features")
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing cast is what is checked for
-        f32 = a.astype(np.float32)
-    finite = np.isfinite(f32)
-    if not finite.all():
-        r = int(np.flatnonzero(~finite.all(1))[0])
-        value = a[r][~finite[r]][0]
-        why = "NaN or infinite" if not np.isfinite(value) else "beyond the float32 range (|x| > 3.4e38) the store keeps"
-        raise ConfigError(f"{where}: features hold values {why} (row {r}: {value.item()!r}); the store keeps finite float32: "
-                          "fix or rescale them")
-    return f32
+    for lo in range(0, len(a), CHECK_BLOCK_ROWS):
+        block = a[lo:lo + CHECK_BLOCK_ROWS]
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing cast is what is checked for
+            f32 = block.astype(np.float32, copy=False)
+        finite = np.isfinite(f32)
+        if not finite.all():
+            r = int(np.flatnonzero(~finite.all(1))[0])
+            value = block[r][~finite[r]][0]
+            why = "NaN or infinite" if not np.isfinite(value) else "beyond the float32 range (|x| > 3.4e38) the store keeps"
+            raise ConfigError(f"{where}: features hold values {why} (row {lo + r}: {value.item()!r}); the store keeps "
+                              "finite float32: fix or rescale them")
+    return a
 
 
 def _integers(a: np.ndarray, n: int, where: str, signed: bool = False) -> np.ndarray:

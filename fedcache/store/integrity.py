@@ -1,49 +1,65 @@
 """Per-chunk checksums: what a reader gets is what the writer wrote, or a named, damaged entry.
 
-Each writer computes a CRC-32 of every chunk of every row array as it writes it (of the bytes in
-the array's stored dtype, before compression) into the entry's ``chunk_crc32`` array; completion
-copies them into the entry's attributes. A reader recomputes them over what it decoded, so a deleted
-chunk (Zarr reads it as fill values), a chunk copied from another entry or a corrupt one (a Zstd error,
-or bytes that decode to other values) is detected, and the entry named. Checksumming what was decoded
-costs one CRC pass over memory already read (docs/store.md gives the measured ratio); it needs no
-second read of the files.
+Each writer computes a checksum of every chunk of every row array as it writes it (of the bytes in
+the array's stored dtype, before any compression) into the entry's ``chunk_crc32`` array; completion
+copies them into the entry's attributes. A reader recomputes them over the bytes it reads, chunk by
+chunk as each passes on its way into the caller's array, so a deleted chunk, a chunk copied from another
+entry, a truncated or a corrupt one is detected and the entry named, at the cost of one checksum pass
+over bytes already in the CPU's caches (docs/performance.md measures it); it needs no second
+read and no second copy.
+
+Format-2 entries use CRC-32C (Castagnoli, computed in hardware by ``google_crc32c``, a dependency of
+Zarr v3) and say so in their ``checksum`` attribute; format-1 entries, which have no such attribute,
+used zlib's CRC-32 and are still checked with it.
 """
 from __future__ import annotations
 
 import zlib
-from typing import Mapping
+from typing import Callable, Mapping
 
+import google_crc32c
 import numpy as np
+
+from fedcache.registry import Registry
 
 ROW_ARRAYS = ("features", "labels", "ids", "valid")
 CRC_ARRAY = "chunk_crc32"  # (n_chunks, len(ROW_ARRAYS)) uint32, written before a chunk's ``done`` flag
-CRC_ATTR = "crc32"  # {array name: [crc of chunk 0, 1, ...]}, written at completion
+CRC_ATTR = "crc32"  # {array name: [checksum of chunk 0, 1, ...]}, written at completion
+CHECKSUM_ATTR = "checksum"  # the algorithm of an entry's checksums; absent: FORMAT_1_CHECKSUM
+FORMAT_1_CHECKSUM = "crc32"
+
+Checksum = Callable[[bytes], int]
+CHECKSUMS: Registry[Checksum] = Registry("checksum")
+CHECKSUMS.add("crc32", zlib.crc32)
+# google_crc32c takes bytes only (it refuses buffers that could change while it runs without the GIL).
+CHECKSUMS.add("crc32c", google_crc32c.value)
 
 
-def crc(a: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1))
+def as_bytes(a: np.ndarray | bytes) -> bytes:
+    return a if isinstance(a, bytes) else np.ascontiguousarray(a).tobytes()
 
 
-def chunk_crcs(rows: Mapping[str, np.ndarray]) -> np.ndarray:
+def crc(a: np.ndarray | bytes, algorithm: str = FORMAT_1_CHECKSUM) -> int:
+    return int(CHECKSUMS.get(algorithm)(as_bytes(a)))
+
+
+def chunk_crcs(rows: Mapping[str, np.ndarray | bytes], algorithm: str = FORMAT_1_CHECKSUM) -> np.ndarray:
     """The checksums of one chunk's rows of each array, in ROW_ARRAYS order."""
-    return np.array([crc(rows[name]) for name in ROW_ARRAYS], dtype=np.uint32)
+    return np.array([crc(rows[name], algorithm) for name in ROW_ARRAYS], dtype=np.uint32)
 
 
 def as_attr(table: np.ndarray) -> dict[str, list[int]]:
     return {name: [int(v) for v in table[:, j]] for j, name in enumerate(ROW_ARRAYS)}
 
 
-def mismatches(arrays: Mapping[str, np.ndarray], expected: Mapping[str, list[int]], chunk_rows: int) -> list[str]:
-    """'array chunk c' for every chunk whose decoded bytes do not have the recorded checksum."""
-    if not isinstance(expected, Mapping):
-        return ["the checksums themselves (unreadable)"]
-    bad = []
-    for name in ROW_ARRAYS:
-        want = expected.get(name)
-        a = arrays[name]
-        n_chunks = max(1, -(-len(a) // chunk_rows))
-        if not isinstance(want, list) or len(want) != n_chunks:
-            bad.append(f"{name} (no checksums for its {n_chunks} chunks)")
-            continue
-        bad += [f"{name} chunk {c}" for c in range(n_chunks) if crc(a[c * chunk_rows:(c + 1) * chunk_rows]) != want[c]]
-    return bad
+def expected_table(attrs: Mapping, n_chunks: int) -> tuple[dict[str, list[int]] | None, list[str]]:
+    """The recorded checksums of a complete entry (None: written before checksums existed) and what is
+    wrong with them ('features (no checksums for its 3 chunks)', ...)."""
+    if CRC_ATTR not in attrs:
+        return None, []
+    table = attrs[CRC_ATTR]
+    if not isinstance(table, Mapping):
+        return None, ["the checksums themselves (unreadable)"]
+    bad = [f"{name} (no checksums for its {n_chunks} chunks)" for name in ROW_ARRAYS
+           if not isinstance(table.get(name), list) or len(table[name]) != n_chunks]
+    return dict(table), bad

@@ -6,13 +6,15 @@ optional ``S/domains`` (N,) integer domain index and ``S/ids`` (N,); attributes 
 A flat file with just ``features``/``labels`` (and optional ``domains``) is read as one split.
 
 Import checks every field before writing anything (fedcache/store/importing.py): nothing is
-truncated, coerced or dropped; a bad file is one error naming the field and the fix.
+truncated, coerced or dropped; a bad file is one error naming the field and the fix. It holds the
+features at most once (memory-mapped where the file allows) and writes them chunk by chunk.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -84,9 +86,12 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     Every field is checked first (fedcache/store/importing.py): a bad file writes nothing, not even a new store."""
     _check_name(dataset, "--dataset")
     _check_name(backbone, "--backbone")
-    checked = read_checked(Path(path), split)
+    # The digest (a pass over the file) runs beside the checks (another): hashlib lets go of the GIL.
+    with ThreadPoolExecutor(1) as pool:
+        digesting = pool.submit(file_digest, Path(path))
+        checked = read_checked(Path(path), split)
+        digest = digesting.result()[:16]
     store = store if isinstance(store, FeatureStore) else FeatureStore(store)
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     ids = []
     for split_name, s in checked.splits.items():
         for d, domain in enumerate(checked.domain_names):
@@ -94,6 +99,15 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
                            weights_hash=f"imported:{digest}", preprocess={"imported": True}, dtype="float32")
             ids.append(_import_domain(store, key, s, d, checked))
     return ids
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file, read a block at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        while block := fh.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _check_name(name: str, option: str) -> None:
@@ -107,10 +121,12 @@ def _import_domain(store: FeatureStore, key: EntryKey, s: Split, d: int, checked
     rows = np.flatnonzero(s.domains == d)
     attrs = {"classes": checked.classes, "domains": checked.domain_names, "random_weights": checked.random_weights,
              "backbone_source": "imported"}
-    feats, labels, ids = s.features[rows], s.labels[rows], s.ids[rows]
+    # The features are gathered a chunk at a time (a slice, no copy, when the domain's rows are consecutive).
+    consecutive = len(rows) > 0 and rows[-1] - rows[0] == len(rows) - 1
     with open_writer(store, key, len(rows), s.features.shape[1], 1, attrs, Part()) as w:
         for c in w.pending():
             lo, hi = w.chunk_range(c)
-            w.write_chunk(c, feats[lo:hi], labels[lo:hi], ids[lo:hi], np.ones(hi - lo, bool))
+            take = slice(rows[0] + lo, rows[0] + hi) if consecutive else rows[lo:hi]
+            w.write_chunk(c, s.features[take], s.labels[take], s.ids[take], np.ones(hi - lo, bool))
         w.finish([])
     return key.entry_id

@@ -1,26 +1,34 @@
 """Writing one entry chunk by chunk, resumably, by one or several disjoint writers.
 
 The arrays are allocated at full size up front; a writer fills whole row-chunks and
-flags each one in ``done`` only after all of its arrays are written (Zarr's local store
-writes each chunk file atomically). A re-run skips flagged chunks, so an interrupted
-extraction resumes from the last complete chunk. ``complete`` is set last, by whichever
+flags each one in ``done`` only after all of its arrays are written (a flag's file is written
+atomically, a temporary file renamed over it). A re-run skips flagged chunks and writes the others
+again, so an interrupted extraction resumes from the last complete chunk. ``complete`` is set last, by whichever
 writer sees every chunk flagged; readers refuse the entry until then. Each chunk's checksums are
 computed from the rows as written (fedcache/store/integrity.py), so damage done to a chunk at any
 time after its writer wrote it is detected; an existing entry found damaged is replaced.
+
+New entries are written in format 2 (fedcache/store/chunks.py): each row array one uncompressed file,
+a chunk of rows written at its offset with one ``pwrite`` (writers of disjoint parts share the file),
+CRC-32C checksums. An entry begun in format 1 (zstd through Zarr, CRC-32) by an older fedcache is
+resumed in format 1, so its chunks stay alike; `fedcache store upgrade` rewrites it once complete.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import zarr
 
 from fedcache.errors import ConfigError, StoreError
-from fedcache.store.feature_store import ENTRIES, FeatureStore, now_iso
-from fedcache.store.integrity import CRC_ARRAY, CRC_ATTR, ROW_ARRAYS, as_attr, chunk_crcs
+from fedcache.store.chunks import ChunkFiles, RawMeta, RowFile
+from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, FeatureStore, now_iso
+from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT_1_CHECKSUM, ROW_ARRAYS, as_attr,
+                                      chunk_crcs)
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 
@@ -57,12 +65,17 @@ class Part:
 
 
 class EntryWriter:
-    def __init__(self, store: FeatureStore, key: EntryKey, group: zarr.Group) -> None:
+    """Writes the chunks of one entry; ``folder``: where its group lies (default: the store's entries)."""
+
+    def __init__(self, store: FeatureStore, key: EntryKey, group: zarr.Group, folder: Path | None = None) -> None:
         self.store, self.key, self.group = store, key, group
         a = group.attrs
         self.n_rows, self.dim, self.chunk_rows = int(a["n_rows"]), int(a["dim"]), int(a["chunk_rows"])
         self.batch_size = int(a["batch_size"])
+        self.checksum = a.get(CHECKSUM_ATTR, FORMAT_1_CHECKSUM)
         self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
+        folder = folder if folder is not None else store.path / ENTRIES / key.entry_id
+        self.files = _Files(folder, key) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group)
 
     @property
     def n_chunks(self) -> int:
@@ -77,20 +90,17 @@ class EntryWriter:
         return c * self.chunk_rows, min(self.n_rows, (c + 1) * self.chunk_rows)
 
     def pending(self, part: Part = Part()) -> list[int]:
-        done = self.group["done"][:]
+        done = self.files.all("done")
         return [c for c in part.chunks(self.n_chunks) if not done[c]]
 
     def write_chunk(self, c: int, features: np.ndarray, labels: np.ndarray, ids: np.ndarray, valid: np.ndarray) -> None:
         lo, hi = self.chunk_range(c)
         if len(features) != hi - lo:
             raise StoreError(f"chunk {c} of {self.key.label()} needs {hi - lo} rows, got {len(features)}")
-        g = self.group
         given = {"features": features, "labels": labels, "ids": ids, "valid": valid}
-        rows = {n: np.asarray(given[n]).astype(g[n].dtype, copy=False) for n in ROW_ARRAYS}
-        for name in ROW_ARRAYS:
-            g[name][lo:hi] = rows[name]
-        g[CRC_ARRAY][c] = chunk_crcs(rows)
-        g["done"][c] = True  # only now is the chunk counted
+        written = {name: self.files.write(name, c, lo, hi, given[name]) for name in ROW_ARRAYS}
+        self.files.write_small(CRC_ARRAY, c, chunk_crcs(written, self.checksum)[None])
+        self.files.write_small("done", c, np.ones(1, bool))  # only now is the chunk counted
 
     def finish(self, bad_images: list[str]) -> bool:
         """Mark the entry complete if every chunk is done (by any writer); True if so."""
@@ -102,34 +112,100 @@ class EntryWriter:
                 fh.writelines(f"{b}\n" for b in bad_images)
         if self.complete:
             return True
-        if not bool(np.all(self.group["done"][:])):
+        if not bool(np.all(self.files.all("done"))):
             return False
-        n_valid = int(np.count_nonzero(self.group["valid"][:]))
-        crcs = as_attr(self.group[CRC_ARRAY][:])
+        n_valid = int(np.count_nonzero(self.files.all("valid")))
+        crcs = as_attr(self.files.all(CRC_ARRAY))
         self.group.attrs.update({"n_valid": n_valid, "n_bad_images": self.n_rows - n_valid, CRC_ATTR: crcs})
         self.group.attrs.update({"complete": True, "completed_at": now_iso()})
         return True
 
 
-def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict, chunk_rows: int | None) -> zarr.Group:
+class _Files:
+    """Format 2: each row array one file written a chunk of rows at a time, the flags and checksums one
+    small file per chunk (fedcache/store/chunks.py)."""
+
+    def __init__(self, folder: Path, key: EntryKey) -> None:
+        metas = {name: RawMeta.open(folder / name) for name in (*ROW_ARRAYS, CRC_ARRAY, "done")}
+        broken = [name for name, m in metas.items() if m is None]
+        if broken:
+            raise StoreError(f"entry {key.entry_id} ({key.label()}) says format 2 but its {', '.join(broken)} are "
+                             f"not stored uncompressed; remove it with `fedcache store rm {key.entry_id}`")
+        self.rows = {name: RowFile(metas[name]) for name in ROW_ARRAYS}
+        self.small = {name: ChunkFiles(metas[name]) for name in (CRC_ARRAY, "done")}
+
+    def write(self, name: str, c: int, lo: int, hi: int, rows: np.ndarray) -> bytes:
+        """The rows as written (in the stored dtype), to checksum."""
+        return self.rows[name].write(lo, rows)
+
+    def write_small(self, name: str, c: int, rows: np.ndarray) -> None:
+        self.small[name].write(c, rows)
+
+    def all(self, name: str) -> np.ndarray:
+        if name in self.small:
+            return self.small[name].read_all()
+        opened = self.rows[name].open()
+        try:
+            n = self.rows[name].meta.shape[0]
+            return opened.array(opened.read(0, n), 0, n) if n else np.zeros(0, self.rows[name].meta.dtype)
+        finally:
+            opened.close()
+
+
+class _ThroughZarr:
+    """Format 1: through Zarr, with the array's own codecs (an entry an older fedcache began)."""
+
+    def __init__(self, group: zarr.Group) -> None:
+        self.group = group
+
+    def write(self, name: str, c: int, lo: int, hi: int, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows).astype(self.group[name].dtype, copy=False)
+        self.group[name][lo:hi] = rows
+        return rows
+
+    def write_small(self, name: str, c: int, rows: np.ndarray) -> None:
+        self.group[name][c:c + 1] = rows
+
+    def all(self, name: str) -> np.ndarray:
+        return self.group[name][:]
+
+
+def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict,
+                  chunk_rows: int | None, entry_format: int = ENTRY_FORMAT, parent: zarr.Group | None = None) -> zarr.Group:
+    """A new, empty entry in ``parent`` (default: the store's entries)."""
     dtype = np.dtype(key.dtype)
     if chunk_rows is None:
         chunk_rows = chunk_rows_for(dim, dtype.itemsize, batch_size)
     elif chunk_rows % batch_size:
         raise StoreError(f"chunk rows ({chunk_rows}) must be a multiple of the batch size ({batch_size})")
     n_chunks = max(1, -(-n_rows // chunk_rows))
-    g = store.root[ENTRIES].create_group(key.entry_id)
+    if entry_format >= 2 and store.root.attrs.get("fedcache_store", 1) < STORE_FORMAT:
+        store.root.attrs.update({"fedcache_store": STORE_FORMAT})  # an older fedcache must not misread it
+    g = (parent if parent is not None else store.root[ENTRIES]).create_group(key.entry_id)
     rows = (chunk_rows,)
+    # Format 2 stores every array uncompressed (docs/store.md: float features barely compress) and each row
+    # array as one file (one Zarr chunk of every row), which a reader memory-maps; format 1 took Zarr's
+    # default codec and chunks of chunk_rows, and is written only to resume an entry an older fedcache began.
+    codec = {"compressors": None, "filters": None} if entry_format >= 2 else {}
+    if entry_format >= 2:
+        rows = (max(1, n_rows),)
     # The key is kept beside the features too, so an entry whose own metadata is lost still names its slot.
-    g.create_array("features", shape=(n_rows, dim), chunks=(chunk_rows, dim), dtype=dtype, fill_value=0,
-                   attributes={"entry_key": key.to_dict()})
-    g.create_array("labels", shape=(n_rows,), chunks=rows, dtype="int64", fill_value=-1)
-    g.create_array("ids", shape=(n_rows,), chunks=rows, dtype="int64", fill_value=-1)
-    g.create_array("valid", shape=(n_rows,), chunks=rows, dtype="bool", fill_value=False)
-    g.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False)
-    g.create_array(CRC_ARRAY, shape=(n_chunks, len(ROW_ARRAYS)), chunks=(1, len(ROW_ARRAYS)), dtype="uint32", fill_value=0)
+    g.create_array("features", shape=(n_rows, dim), chunks=(rows[0], dim), dtype=dtype, fill_value=0,
+                   attributes={"entry_key": key.to_dict()}, **codec)
+    g.create_array("labels", shape=(n_rows,), chunks=rows, dtype="int64", fill_value=-1, **codec)
+    g.create_array("ids", shape=(n_rows,), chunks=rows, dtype="int64", fill_value=-1, **codec)
+    g.create_array("valid", shape=(n_rows,), chunks=rows, dtype="bool", fill_value=False, **codec)
+    g.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, **codec)
+    g.create_array(CRC_ARRAY, shape=(n_chunks, len(ROW_ARRAYS)), chunks=(1, len(ROW_ARRAYS)), dtype="uint32",
+                   fill_value=0, **codec)
     meta = {"n_rows": n_rows, "dim": dim, "chunk_rows": chunk_rows, "batch_size": batch_size, "created_at": now_iso()}
-    given = {n: v for n, v in attrs.items() if n != CRC_ATTR}  # a copied entry's attributes must not bring its checksums
+    if entry_format >= 2:
+        meta |= {FORMAT_ATTR: entry_format, CHECKSUM_ATTR: "crc32c"}
+    if entry_format >= 2:  # the row files at full size: Zarr reads a partial entry as it did in format 1
+        for name in ROW_ARRAYS:
+            RowFile(RawMeta.open(Path(g.store.root) / g.path / name)).allocate()
+    # A copied entry's attributes must not bring its checksums or its format.
+    given = {n: v for n, v in attrs.items() if n not in (CRC_ATTR, FORMAT_ATTR, CHECKSUM_ATTR)}
     # key and sizes first, ``complete`` last: a reader never sees a half-described entry as usable.
     g.attrs.update({"key": key.to_dict(), **meta, **given, "complete": False})
     return g
@@ -153,13 +229,14 @@ def _discard_if_damaged(store: FeatureStore, key: EntryKey) -> str | None:
 @contextlib.contextmanager
 def open_writer(
     store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict, part: Part = Part(),
-    wait: float = 0.0, chunk_rows: int | None = None,
+    wait: float = 0.0, chunk_rows: int | None = None, entry_format: int = ENTRY_FORMAT,
 ) -> Iterator[EntryWriter]:
     """Create (or reopen) the entry for ``key`` and hold the lock of this writer's part."""
     with exclusive_lock(store.locks_dir / f"{key.entry_id}.create.lock", f"entry {key.label()}", wait=max(wait, 30.0)):
         replaced = _discard_if_damaged(store, key)
         entries = store.root[ENTRIES]
-        group = entries[key.entry_id] if key.entry_id in entries else _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows)
+        group = entries[key.entry_id] if key.entry_id in entries else _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows,
+                                                                                          entry_format)
     writer = EntryWriter(store, key, group)
     if writer.n_rows != n_rows or writer.dim != dim:
         raise StoreError(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.schedule import Schedule
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB, drop_incomplete
 from fedcache.federate.optim import OptimConfig
@@ -32,7 +33,7 @@ def data():
 
 def fedcache(name, data, head, **params):
     cls = METHODS.get(name)
-    ctx = MethodContext(data, head, OptimConfig("sgd", 0.01, 0.0, 0.0), local_epochs=1, batch_size=BATCH, seed=3, rounds=ROUNDS)
+    ctx = MethodContext(data, head, OptimConfig("sgd", 0.01, 0.0, 0.0), schedule=Schedule(local_epochs=1, batch_size=BATCH, seed=3, rounds=ROUNDS))
     return cls(ctx, cls.Params(**params))
 
 

@@ -74,3 +74,31 @@ def test_store_verify(tmp_path):
     res = json.loads(out.read_text())["result"]
     assert res["entries"] == 2 and res["verified_over_unverified"]["median_ratio"] > 0
     assert len(res["verified_s"]) == len(res["unverified_s"]) == 2
+
+
+@pytest.mark.slow
+def test_scale_measures_every_ratio(tmp_path):
+    out = tmp_path / "scale.json"
+    bench("scale").main(["--tiny", "--trials", "1", "--work", str(tmp_path), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert res["read"]["store_read_over_page_cache_copy"]["median_ratio"] > 0
+    assert res["format_1_read"]["format_1_read_over_page_cache_copy"]["median_ratio"] > 0
+    assert res["import"]["GB_per_s"] > 0 and all(v["GB_per_s_stored"] > 0 for v in res["writer"].values())
+    for run in ("first_run", "repeat_run"):
+        assert res["train"][run]["setup_over_rounds"] > 0 and res["train"][run]["peak_rss_over_features"] > 0
+    assert {"10", "100", "1000"} <= set(res["clients"]) and res["clients"]["1000"]["local_test_rows"] > 0
+    assert res["grid"]["jobs_1"]["peak_pss_bytes"] > 0 and res["grid"]["jobs_2"]["peak_pss_bytes"] > 0
+    text = bench("scale").render(out)
+    assert "FeatureStore.read" in text and "| 1,000 | 60 |" in text
+
+
+def test_scale_from_a_store_of_real_features(tmp_path):
+    """Entries of the kept format-1 store (tests/store/data) written again in both formats: sizes and reads."""
+    out = tmp_path / "from_store.json"
+    store = Path(__file__).resolve().parents[1] / "store" / "data" / "store-format-1"
+    bench("scale").main(["--from-store", str(store), "-d", "imported", "-b", "enc", "--trials", "1",
+                         "--work", str(tmp_path), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert res["rows"] == 40 and res["format_1_read_over_format_2_read"]["median_ratio"] > 0
+    assert set(res["entries_bytes_on_disk"]) == {"format_1", "format_2"} and 0 < res["zstd_level_0_kept"] < 2
+    assert store.joinpath("zarr.json").read_text().count('"fedcache_store": 1') == 1  # the original is left as it was

@@ -1,9 +1,10 @@
-"""A small synthetic federated problem shared by the engine tests."""
+"""Small synthetic federated problems shared by the engine and method tests."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedcache.federate.data import FederatedData
 
@@ -39,3 +40,21 @@ def one_thread():
 @pytest.fixture
 def data() -> FederatedData:
     return synthetic()
+
+
+HELD = 6  # classes each client of ``skewed`` holds (label skew, so FedProto's clients miss some classes)
+
+
+@pytest.fixture(scope="module")
+def skewed():
+    """5 clients, 10 classes, 32-d; client k holds classes k..k+5 (mod 10), about 70 rows each."""
+    data = synthetic(per_client=120)
+    for k in range(data.n_clients):
+        held = (k + np.arange(HELD)) % data.n_classes
+        data.client_train[k] = data.client_train[k][np.isin(data.y_train[data.client_train[k]].numpy(), held)]
+        data.client_test[k] = data.client_test[k][np.isin(data.y_test[data.client_test[k]].numpy(), held)]
+    # A stand-in text tower for clip-zs, clip-fc-centralized and fst-cbdg: unit class directions.
+    data.info["text"] = F.normalize(F.one_hot(data.y_train).float().T @ F.normalize(data.x_train, dim=-1), dim=-1)
+    # Two noisy "augmented views" per row for the self-supervised methods (flesd and its baselines).
+    data.views = data.x_train[:, None] + 0.5 * torch.randn(len(data.x_train), 2, data.dim, generator=torch.Generator().manual_seed(5))
+    return data

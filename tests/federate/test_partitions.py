@@ -36,12 +36,12 @@ TRAIN = make_split(50, 0)  # 1200 rows
 TEST = make_split(20, 1)  # 480 rows
 
 REQUESTS = {
-    "iid": PartitionRequest("iid", 6),
-    "dirichlet": PartitionRequest("dirichlet", 6, alpha=0.5),
-    "shards": PartitionRequest("shards", 6, shards=2),
-    "domain": PartitionRequest("domain", 6),
-    "domain-dirichlet": PartitionRequest("domain-dirichlet", 6, alpha=0.5),
-    "class-disjoint": PartitionRequest("class-disjoint", 4),
+    "iid": PartitionRequest.of("iid", 6),
+    "dirichlet": PartitionRequest.of("dirichlet", 6, alpha=0.5),
+    "shards": PartitionRequest.of("shards", 6, shards=2),
+    "domain": PartitionRequest.of("domain", 6),
+    "domain-dirichlet": PartitionRequest.of("domain-dirichlet", 6, alpha=0.5),
+    "class-disjoint": PartitionRequest.of("class-disjoint", 4),
 }
 
 
@@ -71,15 +71,15 @@ def test_scheme_invariants(scheme):
     assert all(r.max() < len(TEST[0]) for r in p.test)
     assert min(len(r) for r in p.train) >= 10
     assert part(request) == p  # deterministic
-    other = part(PartitionRequest(**{**request.to_dict(), "seed": 1}))
+    other = part(PartitionRequest.from_dict({**request.to_dict(), "seed": 1}))
     assert other != p and any(not np.array_equal(a, b) for a, b in zip(other.train, p.train))
 
 
 def test_request_dict_round_trip_and_numpy_scalars_hash_the_same():
-    r = PartitionRequest("dirichlet", np.int64(5), alpha=np.float32(0.5))
-    assert type(r.n_clients) is int and r == PartitionRequest("dirichlet", 5, alpha=0.5)
+    r = PartitionRequest.of("dirichlet", np.int64(5), alpha=np.float32(0.5))
+    assert type(r.n_clients) is int and r == PartitionRequest.of("dirichlet", 5, alpha=0.5)
     assert PartitionRequest.from_dict(r.to_dict()) == r
-    assert r.to_dict()["alpha"] == 0.5
+    assert r.to_dict()["alpha"] is None  # the declared default, stored as partitions were before it was declared
 
 
 def test_iid_sizes_even():
@@ -96,46 +96,46 @@ def mean_label_entropy(p: Partition) -> float:
 
 
 def test_dirichlet_smaller_alpha_is_more_skewed():
-    skewed = part(PartitionRequest("dirichlet", 10, alpha=0.1))
-    flat = part(PartitionRequest("dirichlet", 10, alpha=100.0))
+    skewed = part(PartitionRequest.of("dirichlet", 10, alpha=0.1))
+    flat = part(PartitionRequest.of("dirichlet", 10, alpha=100.0))
     assert mean_label_entropy(skewed) < mean_label_entropy(flat) - 0.5
     assert mean_label_entropy(flat) > 0.95 * np.log(N_CLASSES)
     assert min(len(r) for r in skewed.train) >= 10  # min_size holds
 
 
 def test_dirichlet_min_size_is_enforced():
-    p = part(PartitionRequest("dirichlet", 10, alpha=0.1, min_size=60))
+    p = part(PartitionRequest.of("dirichlet", 10, alpha=0.1, min_size=60))
     assert min(len(r) for r in p.train) >= 60
 
 
 def test_shards_of_two_give_at_most_two_classes():
     # 1200 rows = 24 shards of 50 rows; each class has 150 rows, so every shard is pure.
-    p = part(PartitionRequest("shards", 12, shards=2))
+    p = part(PartitionRequest.of("shards", 12, shards=2))
     assert all(len(classes_of(r)) <= 2 for r in p.train)
     assert all(len(r) == 100 for r in p.train)
 
 
 def test_domain_clients_hold_one_domain_each_in_domain_order():
     for scheme in ("domain", "domain-dirichlet"):
-        p = part(PartitionRequest(scheme, 6))
+        p = part(PartitionRequest.of(scheme, 6))
         held = [np.unique(TRAIN[1][r]).tolist() for r in p.train]
         assert held == [[0], [0], [1], [1], [2], [2]]
 
 
 def test_domain_dirichlet_is_label_skewed_within_domains():
-    p = part(PartitionRequest("domain-dirichlet", 6, alpha=0.05, min_size=5))
+    p = part(PartitionRequest.of("domain-dirichlet", 6, alpha=0.05, min_size=5))
     assert mean_label_entropy(p) < 0.8 * np.log(N_CLASSES)
 
 
 def test_class_disjoint_without_repeats():
-    p = part(PartitionRequest("class-disjoint", 4))
+    p = part(PartitionRequest.of("class-disjoint", 4))
     held = [classes_of(r) for r in p.train]
     assert all(len(h) == 2 for h in held)
     assert set().union(*held) == set(range(N_CLASSES)) and sum(map(len, held)) == N_CLASSES
 
 
 def test_class_disjoint_with_repeats_shares_classes_not_rows():
-    p = part(PartitionRequest("class-disjoint", 4, classes_per_client=2, repeat_rate=0.5))
+    p = part(PartitionRequest.of("class-disjoint", 4, classes_per_client=2, repeat_rate=0.5))
     held = [classes_of(r) for r in p.train]
     assert all(len(h) == 3 for h in held)  # 2 own + round(0.5 * 2) repeated
     everything = np.concatenate(p.train)
@@ -147,7 +147,7 @@ def test_class_disjoint_with_repeats_shares_classes_not_rows():
 
 
 def test_class_disjoint_explicit_group_size_leaves_classes_unused():
-    p = part(PartitionRequest("class-disjoint", 3, classes_per_client=2))
+    p = part(PartitionRequest.of("class-disjoint", 3, classes_per_client=2))
     held = [classes_of(r) for r in p.train]
     assert all(len(h) == 2 for h in held) and len(set().union(*held)) == 6
 
@@ -156,12 +156,12 @@ def test_class_disjoint_explicit_group_size_leaves_classes_unused():
 def test_few_shot_keeps_min_of_n_and_available_per_class(scheme):
     base = REQUESTS[scheme]
     full = part(base)
-    few = part(PartitionRequest(**{**base.to_dict(), "few_shot": 7}))
+    few = part(PartitionRequest.from_dict({**base.to_dict(), "few_shot": 7}))
     for before, after in zip(full.train, few.train):
         assert np.isin(after, before).all()
         expected = np.minimum(np.bincount(TRAIN[0][before], minlength=N_CLASSES), 7)
         assert np.array_equal(np.bincount(TRAIN[0][after], minlength=N_CLASSES), expected)
-    assert part(PartitionRequest(**{**base.to_dict(), "few_shot": 7})) == few
+    assert part(PartitionRequest.from_dict({**base.to_dict(), "few_shot": 7})) == few
 
 
 @pytest.mark.parametrize("scheme", sorted(REQUESTS))
@@ -174,13 +174,13 @@ def test_local_test_sets_follow_the_client_cells(scheme):
 
 
 def test_local_test_of_a_two_class_client():
-    p = part(PartitionRequest("class-disjoint", 4, seed=3))
+    p = part(PartitionRequest.of("class-disjoint", 4, seed=3))
     for train_rows, test_rows in zip(p.train, p.test):
         assert classes_of(test_rows, TEST[0]) == classes_of(train_rows)
 
 
 def test_local_test_proportions_and_budget():
-    p = part(PartitionRequest("dirichlet", 6, alpha=1.0, local_test=60))
+    p = part(PartitionRequest.of("dirichlet", 6, alpha=1.0, local_test=60))
     for train_rows, test_rows in zip(p.train, p.test):
         assert 0 < len(test_rows) <= 60 + N_CLASSES * N_DOMAINS  # rounding may add a few
         q_train = np.bincount(TRAIN[0][train_rows], minlength=N_CLASSES) / len(train_rows)
@@ -189,7 +189,7 @@ def test_local_test_proportions_and_budget():
 
 
 def test_local_test_never_empty_with_tiny_budget():
-    p = part(PartitionRequest("iid", 4, local_test=1))
+    p = part(PartitionRequest.of("iid", 4, local_test=1))
     assert all(len(r) >= 1 for r in p.test)
 
 
@@ -206,7 +206,7 @@ def test_cells_missing_from_test_are_skipped_with_a_warning(caplog):
 
 def test_unused_options_are_warned_about(caplog):
     with caplog.at_level(logging.WARNING):
-        part(PartitionRequest("iid", 3, alpha=0.3))
+        part(PartitionRequest.of("iid", 3, alpha=0.3))
     assert "ignores alpha" in caplog.text
 
 
@@ -216,23 +216,23 @@ ONE_DOMAIN = (TRAIN[0], np.zeros_like(TRAIN[1]), TRAIN[2])
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: PartitionRequest("iid", 0), "n_clients must be at least 1"),
-        (lambda: part(PartitionRequest("iid", 1201)), "only 1200 training rows"),
-        (lambda: PartitionRequest("dirichlet", 4, alpha=0.0), "alpha must be > 0"),
-        (lambda: PartitionRequest("dirichlet", 4, alpha=-1.0), "alpha must be > 0"),
-        (lambda: PartitionRequest("shards", 4, shards=0), "shards per client must be at least 1"),
-        (lambda: part(PartitionRequest("shards", 100, shards=13)), "1300 shards but only 1200"),
-        (lambda: part(PartitionRequest("domain", 4)), "multiple of 3 clients"),
-        (lambda: part(PartitionRequest("domain", 5, clients_per_domain=2)), "set n_clients to 6"),
-        (lambda: part(PartitionRequest("domain-dirichlet", 7)), "multiple of 3 clients"),
-        (lambda: part(PartitionRequest("domain", 2), train=ONE_DOMAIN), "has 1 domain"),
-        (lambda: part(PartitionRequest("dirichlet", 20, min_size=100)), "smaller min_size"),
-        (lambda: part(PartitionRequest("dirichlet", 100, alpha=0.01, min_size=12)), "no Dirichlet"),
-        (lambda: part(PartitionRequest("class-disjoint", 9)), "needs 9 classes but the data has 8"),
-        (lambda: part(PartitionRequest("class-disjoint", 1, repeat_rate=1.0)), "smaller repeat_rate"),
-        (lambda: PartitionRequest("class-disjoint", 4, repeat_rate=1.5), "repeat_rate is a fraction"),
-        (lambda: part(PartitionRequest("iid", 4, few_shot=151)), "few-shot 151 is larger than a class"),
-        (lambda: PartitionRequest("iid", 4, few_shot=0), "few_shot must be at least 1"),
+        (lambda: PartitionRequest.of("iid", 0), "n_clients must be at least 1"),
+        (lambda: part(PartitionRequest.of("iid", 1201)), "only 1200 training rows"),
+        (lambda: PartitionRequest.of("dirichlet", 4, alpha=0.0), r"--alpha \(partition.alpha\)=(0.0|-1.0): must be > 0"),
+        (lambda: PartitionRequest.of("dirichlet", 4, alpha=-1.0), r"--alpha \(partition.alpha\)=(0.0|-1.0): must be > 0"),
+        (lambda: PartitionRequest.of("shards", 4, shards=0), r"--shards \(partition.shards\)=0: must be >= 1"),
+        (lambda: part(PartitionRequest.of("shards", 100, shards=13)), "1300 shards but only 1200"),
+        (lambda: part(PartitionRequest.of("domain", 4)), "multiple of 3 clients"),
+        (lambda: part(PartitionRequest.of("domain", 5, clients_per_domain=2)), "set n_clients to 6"),
+        (lambda: part(PartitionRequest.of("domain-dirichlet", 7)), "multiple of 3 clients"),
+        (lambda: part(PartitionRequest.of("domain", 2), train=ONE_DOMAIN), "has 1 domain"),
+        (lambda: part(PartitionRequest.of("dirichlet", 20, min_size=100)), "smaller min_size"),
+        (lambda: part(PartitionRequest.of("dirichlet", 100, alpha=0.01, min_size=12)), "no Dirichlet"),
+        (lambda: part(PartitionRequest.of("class-disjoint", 9)), "needs 9 classes but the data has 8"),
+        (lambda: part(PartitionRequest.of("class-disjoint", 1, repeat_rate=1.0)), "smaller repeat_rate"),
+        (lambda: PartitionRequest.of("class-disjoint", 4, repeat_rate=1.5), r"--repeat-rate \(partition.repeat_rate\)=1.5: must be in \[0, 1\]"),
+        (lambda: part(PartitionRequest.of("iid", 4, few_shot=151)), "few-shot 151 is larger than a class"),
+        (lambda: PartitionRequest.of("iid", 4, few_shot=0), r"--few-shot \(partition.few_shot\)=0: must be >= 1"),
     ],
 )
 def test_impossible_requests_are_config_errors(make, match):
@@ -245,12 +245,12 @@ def test_empty_client_is_named():
     keep = (TRAIN[1] != 0) | (np.arange(len(TRAIN[0])) == np.flatnonzero(TRAIN[1] == 0)[0])
     train = tuple(a[keep] for a in TRAIN)
     with pytest.raises(ConfigError, match=r"client 1 got no training rows.*fewer clients"):
-        part(PartitionRequest("domain", 6), train=train)
+        part(PartitionRequest.of("domain", 6), train=train)
 
 
 def test_unknown_scheme_suggests():
     with pytest.raises(UnknownNameError, match="dirichlet"):
-        PartitionRequest("dirichlett", 4)
+        PartitionRequest.of("dirichlett", 4)
 
 
 def table(split, order=None) -> FeatureTable:
@@ -301,7 +301,7 @@ def test_find_ignores_other_requests_and_other_data(store_path):
     assert find_partition(store, "ds", REQUESTS["iid"], table_keys(train), table_keys(test)) is None
     p = part(REQUESTS["iid"])
     save_partition(store, "ds", p, table_keys(train), table_keys(test))
-    other = PartitionRequest("iid", 6, seed=1)
+    other = PartitionRequest.of("iid", 6, seed=1)
     assert find_partition(store, "ds", other, table_keys(train), table_keys(test)) is None
     assert find_partition(store, "other-ds", p.request, table_keys(train), table_keys(test)) is None
     fewer = table(tuple(a[1:] for a in TRAIN))
@@ -344,8 +344,8 @@ def test_subsample_keeps_each_clients_label_mix():
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 10, 20000)
-    full = make_partition(PartitionRequest("dirichlet", 5, alpha=1.0), labels, None, labels, None)
-    small = make_partition(PartitionRequest("dirichlet", 5, alpha=1.0, subsample=0.05), labels, None, labels, None)
+    full = make_partition(PartitionRequest.of("dirichlet", 5, alpha=1.0), labels, None, labels, None)
+    small = make_partition(PartitionRequest.of("dirichlet", 5, alpha=1.0, subsample=0.05), labels, None, labels, None)
     for a, b in zip(full.train, small.train):
         assert set(b) <= set(a)
         ca, cb = np.bincount(labels[a], minlength=10), np.bincount(labels[b], minlength=10)
@@ -361,13 +361,13 @@ def _budget_counts(p: Partition, labels=TRAIN[0]) -> np.ndarray:
 def test_class_budget_gives_budget_x_clients_rows_per_class(scheme):
     # 3 clients (one per domain for domain-dirichlet) x budget 10: 30 rows of every class, less up to 2 as each
     # of the 3 shares is floored; 50 rows per (class, domain) are there.
-    p = part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1))
+    p = part(PartitionRequest.of(scheme, 3, alpha=1.0, class_budget=10, min_size=1))
     counts = _budget_counts(p)
     assert ((counts.sum(axis=0) >= 28) & (counts.sum(axis=0) <= 30)).all(), counts
     everything = np.concatenate(p.train)
     assert len(np.unique(everything)) == len(everything) == counts.sum()  # disjoint, and only the budget is used
-    assert part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1)) == p  # deterministic
-    other = part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1, seed=1))
+    assert part(PartitionRequest.of(scheme, 3, alpha=1.0, class_budget=10, min_size=1)) == p  # deterministic
+    other = part(PartitionRequest.of(scheme, 3, alpha=1.0, class_budget=10, min_size=1, seed=1))
     assert not np.array_equal(_budget_counts(other), counts)
 
 
@@ -376,14 +376,14 @@ def test_class_budget_counts_have_the_dirichlet_spread(scheme):
     # A client's share of a class is Beta(alpha, (m - 1) alpha) times B * m rows, floored: mean B - 1/2,
     # variance B^2 (m - 1) / (m alpha + 1) + 1/12. alpha = 1, m = 3, B = 10: 50. Equal shares (no draw)
     # give 0; Dirichlet(100) about 0.7; the draw over the clients of one domain only gives none.
-    counts = np.concatenate([_budget_counts(part(PartitionRequest(scheme, 3, alpha=1.0, class_budget=10, min_size=1,
+    counts = np.concatenate([_budget_counts(part(PartitionRequest.of(scheme, 3, alpha=1.0, class_budget=10, min_size=1,
                                                                   seed=s))).ravel() for s in range(40)])
     assert 9.3 < counts.mean() < 9.7
     assert 40 < counts.var() < 60, counts.var()
 
 
 def test_class_budget_under_domain_dirichlet_draws_from_the_clients_own_domain():
-    p = part(PartitionRequest("domain-dirichlet", 6, alpha=1.0, class_budget=4, min_size=1))
+    p = part(PartitionRequest.of("domain-dirichlet", 6, alpha=1.0, class_budget=4, min_size=1))
     assert [np.unique(TRAIN[1][r]).tolist() for r in p.train] == [[0], [0], [1], [1], [2], [2]]
     assert ((_budget_counts(p).sum(axis=0) > 24 - 6) & (_budget_counts(p).sum(axis=0) <= 24)).all()
 
@@ -392,23 +392,23 @@ def test_class_budget_larger_than_a_pool_shares_what_there_is(caplog):
     # 3 clients x budget 100 = 300 rows of a class, but each domain has 50 of it: the client with the largest
     # share (at least 1/3, so 100 rows) gets all 50 of its domain's; the 2 clients of a domain share its 50.
     with caplog.at_level(logging.WARNING):
-        p = part(PartitionRequest("domain-dirichlet", 3, alpha=1.0, class_budget=100, min_size=1))
+        p = part(PartitionRequest.of("domain-dirichlet", 3, alpha=1.0, class_budget=100, min_size=1))
     counts = _budget_counts(p)
     assert counts.max() == 50 and (counts.max(axis=0) == 50).all()
-    pairs = _budget_counts(part(PartitionRequest("domain-dirichlet", 6, alpha=1.0, class_budget=100, min_size=1)))
+    pairs = _budget_counts(part(PartitionRequest.of("domain-dirichlet", 6, alpha=1.0, class_budget=100, min_size=1)))
     assert (pairs.reshape(3, 2, N_CLASSES).sum(axis=1) <= 50).all() and pairs.reshape(3, 2, -1).sum(1).max() == 50
     assert "asks for more rows than there are" in caplog.text
 
 
 def test_class_budget_is_ignored_with_a_warning_by_other_schemes(caplog):
     with caplog.at_level(logging.WARNING):
-        p = part(PartitionRequest("iid", 4, class_budget=5))
+        p = part(PartitionRequest.of("iid", 4, class_budget=5))
     assert "ignores class_budget" in caplog.text and sum(map(len, p.train)) == len(TRAIN[0])
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: PartitionRequest("dirichlet", 4, class_budget=0), "class_budget must be at least 1"),
-    (lambda: part(PartitionRequest("dirichlet", 4, class_budget=1, min_size=30)), "larger class_budget"),
+    (lambda: PartitionRequest.of("dirichlet", 4, class_budget=0), r"--class-budget \(partition.class_budget\)=0: must be >= 1"),
+    (lambda: part(PartitionRequest.of("dirichlet", 4, class_budget=1, min_size=30)), "larger class_budget"),
 ])
 def test_bad_class_budgets_are_config_errors(make, match):
     with pytest.raises(ConfigError, match=match):
@@ -437,14 +437,8 @@ def test_uniform_local_test_mix_tests_every_class_alike_in_the_clients_domains()
 
 
 def test_local_test_mix_choices_are_the_specs():
-    import typing
-
-    from fedcache.federate.partitions.core import LOCAL_TEST_MIXES
-    from fedcache.spec import option
-
-    assert typing.get_args(option("local_test_mix").type) == LOCAL_TEST_MIXES
-    with pytest.raises(ConfigError, match="local_test_mix must be one of client, uniform"):
-        PartitionRequest("iid", 4, local_test_mix="even")
+    with pytest.raises(ConfigError, match="local_test_mix\\)='even': must be one of client, uniform"):
+        PartitionRequest.of("iid", 4, local_test_mix="even")
 
 
 def test_partition_ids_of_requests_without_the_later_options_are_unchanged():
@@ -452,10 +446,10 @@ def test_partition_ids_of_requests_without_the_later_options_are_unchanged():
     as it was (the literal is the id before they existed), set they give another."""
     from fedcache.federate.partitions.core import PartitionRequest, partition_id
 
-    request = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10)
+    request = PartitionRequest.of("dirichlet", 10, seed=3, alpha=0.1, few_shot=10)
     assert partition_id(request, "abc") == "5bdc868fa2c81d1a"
-    budget = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, class_budget=10)
-    uniform = PartitionRequest("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, local_test_mix="uniform")
+    budget = PartitionRequest.of("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, class_budget=10)
+    uniform = PartitionRequest.of("dirichlet", 10, seed=3, alpha=0.1, few_shot=10, local_test_mix="uniform")
     assert len({partition_id(r, "abc") for r in (request, budget, uniform)}) == 3
 
 
@@ -471,20 +465,27 @@ def test_effective_options_fill_the_scheme_defaults_the_partition_ran_with(schem
     so that its id is unchanged); options the scheme does not read are not recorded as if they were."""
     from fedcache.federate.partitions.core import PartitionRequest, partition_id
 
-    request = PartitionRequest(scheme, 4, **given)
+    request = PartitionRequest.of(scheme, 4, **given)
     effective = request.effective(n_domains=2)
     assert {k: effective[k] for k in expected} == expected
     assert "shards" not in effective or scheme == "shards"
     assert "alpha" not in effective or "dirichlet" in scheme
-    assert partition_id(request, "x") == partition_id(PartitionRequest(scheme, 4, **given), "x")
+    assert partition_id(request, "x") == partition_id(PartitionRequest.of(scheme, 4, **given), "x")
 
 
-def test_the_documented_scheme_defaults_are_the_ones_used():
-    from fedcache.federate.partitions.core import DEFAULT_ALPHA, DEFAULT_SHARDS
+def test_the_scheme_defaults_are_declared_once_and_shown_where_they_are_set():
+    """The partition section declares alpha's and shards' defaults; the request reads them, the CLI's help and
+    the API's signature show them: no second copy that could drift."""
+    import inspect
+
+    import fedcache
+    from fedcache.federate.partitions.core import PartitionSpec
     from fedcache.spec import option
 
-    assert f"default {DEFAULT_ALPHA}" in option("alpha").help
-    assert f"default {DEFAULT_SHARDS}" in option("shards").help
+    assert option("alpha").default == PartitionSpec().alpha == PartitionRequest.of("dirichlet", 4).alpha == 0.5
+    assert option("shards").default == PartitionSpec().shards == PartitionRequest.of("shards", 4).shards == 2
+    signature = inspect.signature(fedcache.train).parameters
+    assert signature["alpha"].default == 0.5 and signature["shards"].default == 2
 
 
 def test_uniform_local_test_mix_keeps_every_row_of_a_class_under_its_quota():
@@ -496,3 +497,53 @@ def test_uniform_local_test_mix_keeps_every_row_of_a_class_under_its_quota():
     got = local_test_sets([np.arange(10)], np.arange(10), np.zeros(10, np.int64), test_labels,
                           np.zeros_like(test_labels), 1000, np.random.default_rng(0), mix="uniform")[0]
     assert np.bincount(test_labels[got], minlength=10).tolist() == [min(n, 100) for n in sizes]
+
+
+# Digests of whole partitions as fedcache made them before the per-client loops became single sorts (commit
+# 0c93000): the same request on the same labels must keep giving the same partition, row for row.
+PINNED = {"dirichlet": (PartitionRequest.of("dirichlet", 40, alpha=0.3, seed=3), "f9a0bee4d99955dd"),
+          "domain-dirichlet": (PartitionRequest.of("domain-dirichlet", 9, alpha=0.5), "a10ab167c9e40462"),
+          "iid-subsample": (PartitionRequest.of("iid", 60, subsample=0.5, local_test=40), "40974564a6ce84a2"),
+          "uniform-mix": (PartitionRequest.of("dirichlet", 20, alpha=1.0, local_test_mix="uniform", local_test=60),
+                          "02f8e9058067f6f0")}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_partitions_are_the_ones_made_before(name):
+    import hashlib
+
+    rng = np.random.default_rng(11)
+    y, d = rng.integers(0, 12, 3000), rng.integers(0, 3, 3000)
+    yt, dt = rng.integers(0, 12, 600), rng.integers(0, 3, 600)
+    request, expected = PINNED[name]
+    p = make_partition(request, y, d, yt, dt)
+    h = hashlib.sha256()
+    for side in (p.train, p.test):
+        for r in side:
+            h.update(np.int64(len(r)).tobytes())
+            h.update(np.asarray(r, np.int64).tobytes())
+    assert h.hexdigest()[:16] == expected
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense-ids", "sparse-ids"])
+def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse):
+    from fedcache.federate.partitions.storage import _rows_by_lookup, _rows_by_search
+
+    rng = np.random.default_rng(4)
+    domains = np.repeat(np.arange(3), 500)
+    ids = np.tile(np.arange(500), 3) * (10_000 if sparse else 1)
+    order = rng.permutation(len(ids))
+    domains, ids = domains[order], ids[order]
+    want = rng.choice(len(ids), 900)
+    want_d, want_i = domains[want].copy(), ids[want].copy()
+    want_i[:5] = -7  # keys the table lacks
+    want_d[5:10] = 9
+    by_search = _rows_by_search(domains, ids, want_d, want_i, "train")
+    by_lookup = _rows_by_lookup(domains, ids, want_d, want_i, "train")
+    assert (by_lookup is None) == sparse  # sparse ids would need too large a table
+    np.testing.assert_array_equal(by_search[10:], want[10:])
+    assert (by_search[:10] == -1).all()
+    if not sparse:
+        np.testing.assert_array_equal(by_lookup, by_search)
+        with pytest.raises(StoreError, match="repeated"):
+            _rows_by_lookup(np.r_[domains, domains[:1]], np.r_[ids, ids[:1]], want_d, want_i, "train")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedcache.extract.runner import ExtractConfig, extract
-from fedcache.federate.train import TrainConfig
+from fedcache.training import TrainConfig
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower would report usage over the network
 pytest.importorskip("flwr")

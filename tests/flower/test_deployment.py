@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedcache.errors import FedcacheError
-from fedcache.federate.train import train
+from fedcache.training import train
 from fedcache.flower.config import FlowerRun
 from fedcache.flower.local import CONNECTION, LocalDeployment, self_signed
 from fedcache.flower.project import write_app

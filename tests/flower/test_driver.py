@@ -12,7 +12,7 @@ from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedcache.errors import ConfigError
-from fedcache.federate.train import train
+from fedcache.training import train
 from fedcache.flower import client, server
 from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.shard import SERVER, client_dir, write_shards

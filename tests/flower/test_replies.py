@@ -19,7 +19,7 @@ from fedcache.federate.methods.base import weighted_average
 from fedcache.flower.client import train_reply
 from fedcache.flower.config import FlowerRun, build_method
 from fedcache.flower.replies import MAX_LOSSES, accept_eval_replies, accept_train_replies, aggregate_alone, expected_reply
-from fedcache.flower.server import Federation, Roster, TooFewClientsError, accepted_round
+from fedcache.flower.server import FlowerEngine, Roster, TooFewClientsError, accepted_round
 from fedcache.flower.shard import ShardInfo
 from tests.federate.conftest import synthetic
 
@@ -211,10 +211,10 @@ def test_a_finite_upload_that_would_overflow_the_aggregate_is_rejected():
     assert not _accept(server, down, replies).rejected  # well-formed: only the probe catches it
 
 
-def _federation(method, min_clients: int) -> Federation:
+def _federation(method, min_clients: int) -> FlowerEngine:
     info = ShardInfo(role="server", client=-1, n_clients=3, dataset="synthetic", backbones=[], partition_id="p",
                      request={}, client_train_sizes=SIZES, client_test_sizes=SIZES)
-    return Federation(None, method, FlowerRun.of(method=method.name, min_clients=min_clients), info, None)
+    return FlowerEngine(None, method, FlowerRun.of(method=method.name, min_clients=min_clients), info, None)
 
 
 def test_a_bad_client_is_dropped_for_the_round_and_the_rest_aggregated():

@@ -6,7 +6,7 @@ import torch
 from fedcache.cli import main
 from fedcache.errors import ConfigError
 from fedcache.federate.data import sample_keys
-from fedcache.federate.train import prepare
+from fedcache.training import prepare
 from fedcache.flower.shard import SERVER, client_dir, load_client, load_server, open_shard, write_shards
 from fedcache.flower.sim import shard_spec
 from fedcache.store.feature_store import FeatureStore

@@ -6,7 +6,7 @@ import torch
 
 from fedcache.cli import main
 from fedcache.errors import FedcacheError
-from fedcache.federate.train import train
+from fedcache.training import train
 from fedcache.flower.server import SERVER_STATE
 from fedcache.flower.sim import train_flower_sim
 

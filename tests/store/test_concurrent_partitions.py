@@ -15,7 +15,7 @@ from fedcache.store.feature_store import FeatureStore
 def test_two_writers_of_the_same_new_partition(store_path, monkeypatch):
     labels, domains = np.arange(40) % 4, np.zeros(40, np.int64)
     keys = (domains, np.arange(40)), (np.zeros(8, np.int64), np.arange(8))
-    request = PartitionRequest("iid", 2, min_size=1)
+    request = PartitionRequest.of("iid", 2, min_size=1)
     partition = make_partition(request, labels, domains, labels[:8], domains[:8])
     FeatureStore(store_path)  # the store exists; the partition does not
     create = zarr.Group.create_group

@@ -36,7 +36,9 @@ def test_round_trip_and_float16_storage(store_path):
     table = FeatureStore(store_path).read("ds", "train", "bb")
     np.testing.assert_allclose(table.features, feats, atol=2e-3)  # float16 by default
     assert table.features.dtype == np.float32 and table.class_names == ("a", "b")
-    assert store.root["entries"][key().entry_id]["features"].chunks == (4, 3)
+    entry = store.root["entries"][key().entry_id]
+    # Checksummed and resumed by chunks of 4 rows; stored as one file (one Zarr chunk), uncompressed.
+    assert entry.attrs["chunk_rows"] == 4 and entry["features"].chunks == (10, 3) and entry["features"].compressors == ()
 
 
 def test_reader_refuses_incomplete_entries(store_path):

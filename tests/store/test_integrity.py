@@ -6,6 +6,7 @@ re-extraction replaces.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -45,32 +46,58 @@ def entry_of(store: Path, split: str, domain: str) -> str:
     return e.entry_id
 
 
-def chunk(store: Path, eid: str, array: str, c: int) -> Path:
-    return store / "entries" / eid / array / "c" / str(c) / ("0" if array == "features" else "")
+def rows_file(store: Path, eid: str, array: str) -> Path:
+    """A format-2 row array's one file (one Zarr chunk spanning every row)."""
+    return store / "entries" / eid / array / "c" / "0" / ("0" if array == "features" else "")
 
 
-def delete_chunk(store, eid, other):
-    chunk(store, eid, "features", 1).unlink()
+def chunk_span(store: Path, eid: str, array: str, c: int) -> slice:
+    """The bytes of checksummed chunk ``c`` of ``array`` in its file."""
+    meta = json.loads((store / "entries" / eid / array / "zarr.json").read_text())
+    row = int(np.prod(meta["shape"][1:])) * np.dtype(meta["data_type"]).itemsize
+    rows = json.loads((store / "entries" / eid / "zarr.json").read_text())["attributes"]["chunk_rows"]
+    return slice(c * rows * row, (c + 1) * rows * row)
 
 
-def delete_valid_chunk(store, eid, other):
-    chunk(store, eid, "valid", 0).unlink()
+def splice(target: Path, span: slice, data: bytes) -> None:
+    content = bytearray(target.read_bytes())
+    content[span] = data
+    target.write_bytes(bytes(content))
+
+
+def delete_features_file(store, eid, other):
+    rows_file(store, eid, "features").unlink()
+
+
+def truncate_features_file(store, eid, other):
+    path = rows_file(store, eid, "features")
+    path.write_bytes(path.read_bytes()[:chunk_span(store, eid, "features", 2).start + 10])
+
+
+def delete_valid_file(store, eid, other):
+    rows_file(store, eid, "valid").unlink()
+
+
+def replace_features_file(store, eid, other):
+    shutil.copyfile(rows_file(store, other, "features"), rows_file(store, eid, "features"))
 
 
 def copy_chunk_from_other_entry(store, eid, other):
-    shutil.copyfile(chunk(store, other, "features", 1), chunk(store, eid, "features", 1))
+    span = chunk_span(store, eid, "features", 1)
+    splice(rows_file(store, eid, "features"), span, rows_file(store, other, "features").read_bytes()[span])
 
 
 def copy_labels_chunk_from_other_entry(store, eid, other):
     # Both domains' training labels are alike; the test split's first chunk holds other labels.
     source = entry_of(store, "test", "light")
-    shutil.copyfile(chunk(store, source, "labels", 0), chunk(store, eid, "labels", 1))
+    splice(rows_file(store, eid, "labels"), chunk_span(store, eid, "labels", 1),
+           rows_file(store, source, "labels").read_bytes()[chunk_span(store, source, "labels", 0)])
 
 
 def corrupt_chunk(store, eid, other):
-    data = bytearray(chunk(store, eid, "features", 2).read_bytes())
-    data[len(data) // 2:] = b"\xff" * (len(data) - len(data) // 2)
-    chunk(store, eid, "features", 2).write_bytes(bytes(data))
+    span = chunk_span(store, eid, "features", 2)
+    half = (span.stop - span.start) // 2
+    splice(rows_file(store, eid, "features"), slice(span.start + half, span.stop), b"\xff" * (span.stop - span.start - half))
 
 
 def truncate_entry_json(store, eid, other):
@@ -87,8 +114,13 @@ def delete_features_json(store, eid, other):
 
 
 METADATA = [truncate_entry_json, delete_entry_json]
-DAMAGE = [delete_chunk, delete_valid_chunk, copy_chunk_from_other_entry, copy_labels_chunk_from_other_entry,
-          corrupt_chunk, truncate_entry_json, delete_entry_json, delete_features_json]
+DAMAGE = [delete_features_file, truncate_features_file, delete_valid_file, replace_features_file, copy_chunk_from_other_entry,
+          copy_labels_chunk_from_other_entry, corrupt_chunk, truncate_entry_json, delete_entry_json, delete_features_json]
+# What the error names for each: the chunks whose bytes are not what was written, or the file that is gone.
+NAMED = {truncate_features_file: "features chunk 2 (missing: the file ends", copy_chunk_from_other_entry: "features chunk 1",
+         copy_labels_chunk_from_other_entry: "labels chunk 1", corrupt_chunk: "features chunk 2",
+         replace_features_file: "features chunk 0", delete_features_file: "features cannot be read",
+         delete_valid_file: "valid cannot be read"}
 
 
 def run(capsys, *args) -> tuple[int, str]:
@@ -103,8 +135,9 @@ def test_damage_is_named_never_read_and_repaired_by_re_extracting(damage, store,
     eid, other = entry_of(store, "train", "light"), entry_of(store, "train", "dark")
     damage(store, eid, other)
 
-    with pytest.raises(DamagedEntryError, match=eid):
+    with pytest.raises(DamagedEntryError, match=eid) as raised:
         FeatureStore(store).read("test-toy", "train", BB)
+    assert NAMED.get(damage, "") in str(raised.value)
     # The rest of the store still works: the other domain, the test split, and every store command.
     assert len(FeatureStore(store).read("test-toy", "train", BB, domains=["dark"])) == 30
     assert len(FeatureStore(store).read("test-toy", "test", BB)) == 24
@@ -129,7 +162,7 @@ def test_damage_is_named_never_read_and_repaired_by_re_extracting(damage, store,
     assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
 
 
-@pytest.mark.parametrize("damage", [delete_chunk, truncate_entry_json], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("damage", [truncate_features_file, truncate_entry_json], ids=lambda f: f.__name__)
 def test_verify_repair_and_rm_remove_a_damaged_entry(damage, store, capsys):
     eid, other = entry_of(store, "train", "light"), entry_of(store, "train", "dark")
     damage(store, eid, other)
@@ -143,7 +176,7 @@ def test_verify_repair_and_rm_remove_a_damaged_entry(damage, store, capsys):
 
 def test_extract_says_it_replaces_a_damaged_complete_entry(store):
     eid = entry_of(store, "test", "dark")
-    chunk(store, eid, "features", 0).unlink()
+    rows_file(store, eid, "features").unlink()
     messages = []
     extract(cfg(store), progress=lambda e: messages.append(e.message))
     assert any(f"entry {eid} was damaged" in m and "extracting it again" in m for m in messages)

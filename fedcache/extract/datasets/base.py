@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from fedcache.errors import BadImageError, ConfigError
-from fedcache.federate.settings import NonNegativeInt, Range
+from fedcache.config import NonNegativeInt, Range
 from fedcache.registry import Registry
 
 SPLITS = ("train", "test")

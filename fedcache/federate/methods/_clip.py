@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
-from fedcache.federate.local import rng_for
+from fedcache.federate.local import here, rng_for
 from fedcache.heads import Params
 from fedcache.heads.base import affine
 
@@ -57,7 +57,7 @@ def prototype_anchors(data: FederatedData, shots: int, seed: int) -> torch.Tenso
     if shots < 1:
         raise ConfigError(f"anchors=prototypes needs shots >= 1, got {shots}")
     held = np.unique(np.concatenate(data.client_train)) if data.client_train else np.zeros(0, np.int64)
-    y = data.y_train.numpy()[held]
+    y = data.y_train.cpu().numpy()[held]
     rng = rng_for(seed, 0, 0, 0, PROTOTYPE_STREAM)
     rows = []
     for c in range(data.n_classes):
@@ -66,4 +66,4 @@ def prototype_anchors(data: FederatedData, shots: int, seed: int) -> torch.Tenso
             raise ConfigError(f"anchors=prototypes: no client holds class {data.class_names[c]!r}; "
                               "use a text tower (anchors=text) or a partition that covers every class")
         rows.append(rng.choice(have, min(shots, len(have)), replace=False))
-    return torch.stack([unit(unit(data.x_train[torch.from_numpy(r)]).mean(0)) for r in rows])
+    return torch.stack([unit(unit(data.x_train[here(r)]).mean(0)) for r in rows])

@@ -2,7 +2,7 @@
 
 Every function returns the per-client mean loss (K,) over the real rows of the batch.
 z are L2-normalised projections (K, B, H) of one run's rows; ``sets`` are its prototype sets (``proto_sets``
-of what its server sent); ``tau`` is a float, or in a stack of runs its rows' values (K,).
+of what its server sent); ``tau`` is the temperature.
 """
 from __future__ import annotations
 
@@ -13,27 +13,21 @@ from fedcache.federate.local import masked_mean
 NEG_INF = float("-inf")
 
 
-def proto_sets(method, down: dict, run: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Run ``run``'s prototype sets to contrast against, per the ablation: [(P (M, C, H), present (M, C))].
-    ``down`` as the run's server broadcasts it, with a leading axis of runs (one for a run by itself); a
-    stack pads the local sets to its run with the most clients, and padding (no counts) is never a set."""
+def proto_sets(method, down: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The prototype sets to contrast against, per the ablation: [(P (M, C, H), present (M, C))], from what
+    the run's server broadcast (``global`` (1, C, H); ``local`` (1, N, C, H), every client's latest set)."""
     sets = []
-    glob, glob_mask = down["global"][run: run + 1], down["global_mask"][run: run + 1]
+    glob, glob_mask = down["global"], down["global_mask"]
     if method.p.prototypes in ("both", "global"):
         sets.append((glob, glob_mask))
     if method.p.prototypes in ("both", "local"):
-        have = down["local_count"][run] > 0
+        have = down["local_count"][0] > 0
         reported = have.any(1)
         # A client's missing classes are filled with the global prototype (official code).
-        filled = torch.where(have.unsqueeze(-1), down["local"][run], glob)
+        filled = torch.where(have.unsqueeze(-1), down["local"][0], glob)
         present = have | glob_mask
         sets.append((filled[reported], present[reported]))
     return sets
-
-
-def _over_tau(s: torch.Tensor, tau) -> torch.Tensor:
-    """Similarities / tau: a float, or a stack's per-row values (K,) (the same float32 division)."""
-    return s / (tau.view(-1, *[1] * (s.dim() - 1)) if isinstance(tau, torch.Tensor) else tau)
 
 
 def _reduce(per_set: torch.Tensor, valid: torch.Tensor, how: str) -> torch.Tensor:
@@ -45,7 +39,7 @@ def _reduce(per_set: torch.Tensor, valid: torch.Tensor, how: str) -> torch.Tenso
 
 def paper_term(z, y, P, present, tau) -> tuple[torch.Tensor, torch.Tensor]:
     """NeurIPS Eq. 8/9: -log exp(z.P_y/tau) / sum_{a != y} exp(z.P_a/tau), per row and set: (K, B, M)."""
-    s = _over_tau(torch.einsum("kbh,mch->kbmc", z, P), tau)
+    s = torch.einsum("kbh,mch->kbmc", z, P) / tau
     onehot = torch.nn.functional.one_hot(y, P.shape[1]).bool().unsqueeze(2)  # (K, B, 1, C)
     pos = (s * onehot).sum(-1)
     neg = s.masked_fill(onehot | ~present.view(1, 1, *present.shape), NEG_INF)
@@ -58,20 +52,26 @@ def batch_term(z, y, mask, P, present, tau) -> tuple[torch.Tensor, torch.Tensor]
     rows (two identical views, as for data without augmentation); positives share the label. (K, B, M)."""
     z2, y2, m2 = torch.cat([z, z], 1), torch.cat([y, y], 1), torch.cat([mask, mask], 1)
     anchors = P[:, y2].permute(1, 0, 2, 3)  # (K, M, 2B, H)
-    s = _over_tau(torch.einsum("kmih,kjh->kmij", anchors, z2), tau)
+    s = torch.einsum("kmih,kjh->kmij", anchors, z2) / tau
     n = z2.shape[1]
     not_self = ~torch.eye(n, dtype=torch.bool)
     cols = (m2.unsqueeze(1) & not_self).unsqueeze(1)  # (K, 1, 2B, 2B)
     pos = cols & (y2.unsqueeze(2) == y2.unsqueeze(1)).unsqueeze(1)
     log_prob = s - s.masked_fill(~cols, NEG_INF).logsumexp(-1, keepdim=True)
-    per_anchor = -(log_prob * pos).sum(-1) / pos.sum(-1).clamp_min(1)  # (K, M, 2B)
+    per_anchor = -_positives(log_prob, pos)  # (K, M, 2B)
     per_row = 0.5 * (per_anchor[..., : n // 2] + per_anchor[..., n // 2:])  # both views of a row
     valid = present[:, y].permute(1, 2, 0) & (pos.sum(-1)[..., : n // 2] > 0).permute(0, 2, 1)
     return per_row.permute(0, 2, 1), valid
 
 
+def _positives(log_prob: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Mean log-probability of each anchor's positives. Selected, not multiplied by the mask: a client with no
+    real row in a step has no column to normalise over, so its log_prob is +inf, and inf * 0 is NaN."""
+    return torch.where(pos, log_prob, 0.0).sum(-1) / pos.sum(-1).clamp_min(1)
+
+
 def fedpcl(method, z, y, mask, sets, tau) -> torch.Tensor:
-    """One run's rows against its ``sets`` (``proto_sets``); ``tau`` a float or its rows' values (K,)."""
+    """The rows against their run's ``sets`` (``proto_sets``), summed or averaged over the sets."""
     total = torch.zeros(z.shape[:2])
     for P, present in sets:
         if method.p.contrast == "batch":
@@ -85,12 +85,12 @@ def fedpcl(method, z, y, mask, sets, tau) -> torch.Tensor:
 def supcon(method, z, y, mask, sets, tau) -> torch.Tensor:
     """Supervised contrastive loss on the local embeddings only (Khosla et al.): anchors are rows."""
     z2, y2, m2 = torch.cat([z, z], 1), torch.cat([y, y], 1), torch.cat([mask, mask], 1)
-    s = _over_tau(torch.bmm(z2, z2.transpose(1, 2)), tau)
+    s = torch.bmm(z2, z2.transpose(1, 2)) / tau
     n = z2.shape[1]
     cols = m2.unsqueeze(1) & ~torch.eye(n, dtype=torch.bool)
     pos = cols & (y2.unsqueeze(2) == y2.unsqueeze(1))
     log_prob = s - s.masked_fill(~cols, NEG_INF).logsumexp(-1, keepdim=True)
-    per_anchor = -(log_prob * pos).sum(-1) / pos.sum(-1).clamp_min(1)
+    per_anchor = -_positives(log_prob, pos)
     return masked_mean(0.5 * (per_anchor[:, : n // 2] + per_anchor[:, n // 2:]), mask)
 
 

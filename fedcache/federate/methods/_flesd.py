@@ -176,7 +176,7 @@ def distil(enc: Params, ens: torch.Tensor, views: torch.Tensor, cfg, gen: torch.
     b, qsize = sizes(len(views), cfg.distill_batch, cfg.queue)
     queue, step = Queue(qsize, cfg.out), 0
     for _ in range(cfg.distill_epochs):
-        perm = torch.randperm(len(views), generator=gen)
+        perm = torch.randperm(len(views), generator=gen, device=gen.device)
         for s in range(len(views) // b):  # drop_last, as the official loader
             rows = perm[s * b: (s + 1) * b]
             xa, xb = (views[rows, v].float()[None] for v in view_pair(step, views.shape[1]))

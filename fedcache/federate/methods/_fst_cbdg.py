@@ -56,6 +56,27 @@ class LocalPass:
     x: list[torch.Tensor] | None  # per client, unit features of its rows (n_i, D) (refresh="all" only)
     gens: list[torch.Generator]
 
+    @classmethod
+    def start(cls, q: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, x: list[torch.Tensor] | None,
+              gens: list[torch.Generator]) -> LocalPass:
+        """A client starts its pass from its pseudo-labels q^{t-1} (Algorithm 1): a copy of the clients' state
+        q (K, n_max, C), cut to the widest of these K clients (``valid``'s width)."""
+        return cls(q[:, : valid.shape[1]].clone(), pos, valid, x, gens)
+
+    def write_into(self, q: torch.Tensor) -> torch.Tensor:
+        """The clients' pseudo-labels after the pass, to keep for their next round: the state ``q`` with this
+        pass's q^t over its first columns."""
+        out = q.clone()
+        out[:, : self.q.shape[1]] = self.q
+        return out
+
+    def refresh(self, rows: str, s: int, params: dict[str, torch.Tensor], logits: torch.Tensor, mask: torch.Tensor,
+                beta: float) -> None:
+        """Eq. 4 at step s, q^t = beta q^{t-1} + (1 - beta) f(z): for every row of the client (Algorithm 1 line 14,
+        "for each image", ``rows="all"``) with the current heads ``params``, or only for the step's mini-batch
+        (``rows="batch"``) with the step's ``logits`` (K, B, C)."""
+        REFRESH[rows](self, s, params, logits, mask, beta)
+
     @staticmethod
     def streams(seed: int, rnd: int, clients: list[int]) -> list[torch.Generator]:
         """Seeded per (run seed, round, client): a client draws the same instances alone or batched."""
@@ -89,15 +110,23 @@ class LocalPass:
             self.q[i, : len(x)] = ema(self.q[i, : len(x)], f, beta)
 
 
+# Which rows Eq. 4 refreshes at each step (the ``refresh`` setting).
+REFRESH = {
+    "all": lambda lp, s, params, logits, mask, beta: lp.refresh_all(params, mask.any(1), beta),
+    "batch": lambda lp, s, params, logits, mask, beta: lp.refresh_batch(s, torch.softmax(logits.detach(), -1), mask, beta),
+}
+
+
 def draw_classes(n: torch.Tensor, share: torch.Tensor, gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """The classes of one step's synthetic instances: client i draws its ``share[i]`` of the n_i of an
     epoch (stochastically rounded), classes in proportion to n_i. Returns y (K, P) and mask (K, P)."""
     draws = []
+    n, share = n.cpu(), share.cpu()  # drawn on the clients' own (CPU) streams, whatever device the run is on
     for i, g in enumerate(gens):
         expected = float(n[i].sum()) * float(share[i])
-        count = int(expected) + int(torch.rand((), generator=g) < expected - int(expected)) if expected > 0 else 0
+        count = int(expected) + int(torch.rand((), generator=g, device=g.device) < expected - int(expected)) if expected > 0 else 0
         draws.append(torch.multinomial(n[i].double(), count, replacement=True, generator=g) if count else
-                     torch.zeros(0, dtype=torch.long))
+                     torch.zeros(0, dtype=torch.long, device=g.device))
     p_max = max((len(y) for y in draws), default=0)
     y = torch.zeros(len(gens), p_max, dtype=torch.long)
     mask = torch.zeros(len(gens), p_max, dtype=torch.bool)
@@ -134,8 +163,9 @@ def explicit_logits(p: dict[str, torch.Tensor], y: torch.Tensor, mask: torch.Ten
     z = torch.empty(*y.shape, anchors.shape[1])
     for i, g in enumerate(gens):
         k = int(mask[i].sum())
-        # Drawn in place: at sharding s=2 these are ~20M floats a round.
-        z[i, :k].normal_(generator=g).mul_(sigma).add_(anchors[y[i, :k]])
+        # Drawn in place where the generator is (at sharding s=2 these are ~20M floats a round).
+        noise = z[i, :k] if z.device == g.device else torch.empty(k, z.shape[-1], device=g.device)
+        z[i, :k] = noise.normal_(generator=g).to(z.device).mul_(sigma).add_(anchors[y[i, :k]])
         z[i, k:] = 0.0
     return affine(p["weight"], p["bias"], z)
 
@@ -167,7 +197,7 @@ class _ImplicitGaussian(torch.autograd.Function):
         for i, g in enumerate(gens):
             k = int(mask[i].sum())
             if k and sigma:
-                u[i, :k] = torch.randn(k, w.shape[2], generator=g).double() @ root[i]  # root is symmetric
+                u[i, :k] = torch.randn(k, w.shape[2], generator=g, device=g.device).to(u.device).double() @ root[i]  # root is symmetric
         base = torch.einsum("cd,kde->kce", anchors, w)  # W^T T_c for every class: (K, C_anchor, C)
         # Padding rows score b, as a zero instance does in the explicit draws.
         logits = base.gather(1, y.unsqueeze(-1).expand(-1, -1, w.shape[2])) * mask.unsqueeze(-1) + b + (sigma * u).float()
@@ -196,7 +226,7 @@ def _noise_part(w, g, u, pinv, mask, gens) -> torch.Tensor:
     n = torch.zeros_like(w)
     for i, gen in enumerate(gens):
         if mask[i].any():
-            n[i] = torch.randn(w.shape[1], w.shape[2], generator=gen)
+            n[i] = torch.randn(w.shape[1], w.shape[2], generator=gen, device=gen.device)
     a = pinv @ (u.transpose(1, 2) @ g - (w.transpose(1, 2) @ n).double() @ root_gg)
     return torch.baddbmm(n @ root_gg.float(), w, a.float())
 

@@ -90,7 +90,7 @@ class PromptedText:
     def init_context(self, text: str, bb: LoadedBackbone, gen: torch.Generator) -> torch.Tensor:
         """(1, M, W): CoOp's N(0, 0.02^2) draw, or the word embeddings of ``text`` (e.g. "a photo of a")."""
         if not text:
-            return torch.randn(1, self.n_ctx, self.width, generator=gen) * CTX_STD
+            return (torch.randn(1, self.n_ctx, self.width, generator=gen, device=gen.device) * CTX_STD).to(self.prefix.device)
         tokens = bb.tokenize([text]).to(self.tokens.device)
         n = int(tokens[0].argmax()) - 1  # between SOS and EOS
         if n != self.n_ctx:

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedcache.config import Checked, NonNegativeInt, Positive, PositiveInt
 from fedcache.errors import ConfigError
-from fedcache.federate.local import masked_mean, train
+from fedcache.federate.local import here, masked_mean, train
 from fedcache.federate.methods.base import Method, MethodContext
 from fedcache.federate.probe import fit_probe
-from fedcache.federate.settings import NonNegativeInt, Positive, PositiveInt
 from fedcache.heads import Params
 
 ENCODER_KEYS = ("w1", "b1", "w2", "b2")
@@ -28,7 +28,7 @@ MASKED = -1e9  # logit of excluded pairs: finite, so fully padded rows give no N
 
 
 @dataclass(frozen=True)
-class SSLParams:
+class SSLParams(Checked):
     hidden: PositiveInt = 512  # width of the representation h
     out: PositiveInt = 128  # width of the projection z
     temperature: Positive = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)
@@ -42,7 +42,8 @@ class SSLParams:
 def init_encoder(dim: int, hidden: int, out: int, gen: torch.Generator) -> Params:
     """One encoder, stacked as K = 1; torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     def uniform(*shape, fan_in):
-        return (torch.rand(1, *shape, generator=gen) * 2 - 1) / math.sqrt(fan_in)
+        return ((torch.rand(1, *shape, generator=gen, device=gen.device) * 2 - 1) / math.sqrt(fan_in)).to(
+            torch.get_default_device())
 
     return {"w1": uniform(dim, hidden, fan_in=dim), "b1": uniform(1, hidden, fan_in=dim),
             "w2": uniform(hidden, out, fan_in=hidden), "b2": uniform(1, out, fan_in=hidden)}
@@ -140,15 +141,15 @@ def probe_logits(p: Params, data, rows: np.ndarray, x: torch.Tensor, c: float, s
 def probe_many(p: Params, data, rows: np.ndarray, xs: list[torch.Tensor], c: float, seed: int) -> list[torch.Tensor]:
     """``probe_logits`` of several inputs with one fitted probe."""
     with torch.no_grad():
-        h_train = represent(p, data.x_train[torch.from_numpy(rows)][None])[0].numpy()
-    model = fit_probe(h_train, data.y_train[torch.from_numpy(rows)].numpy(), c, seed)
+        h_train = represent(p, data.x_train[here(rows)][None])[0].cpu().numpy()
+    model = fit_probe(h_train, data.y_train[here(rows)].cpu().numpy(), c, seed)
     outs = []
     for x in xs:
         with torch.no_grad():
-            h = represent(p, x[None])[0].numpy()
+            h = represent(p, x[None])[0].cpu().numpy()
         out = torch.full((len(x), data.n_classes), MASKED)
         proba = np.maximum(model.predict_proba(h), 1e-30)  # log(0) would be -inf
-        out[:, torch.from_numpy(model[-1].classes_)] = torch.from_numpy(np.log(proba)).float()
+        out[:, here(model[-1].classes_)] = here(np.log(proba)).float()
         outs.append(out)
     return outs
 

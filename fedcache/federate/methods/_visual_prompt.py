@@ -134,7 +134,7 @@ class PixelPrompt(CachedFeatures):
         out = torch.zeros(*rows.shape, self.data.dim)
         if len(real[0]):
             # One prompted image per real row, each with its own client's frame.
-            z = self._encode(p["vprompt"][real[0]], self.images.get("train", rows[real].numpy())[:, None])
+            z = self._encode(p["vprompt"][real[0]], self.images.get("train", rows[real].cpu().numpy())[:, None])
             out = out.index_put(real, z[:, 0])
         return out
 

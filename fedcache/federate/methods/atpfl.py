@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from fedcache.config import NonNegative
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods._prompt import info_nce
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.tpfl import TPFL, TPFLParams
-from fedcache.federate.settings import NonNegative
 from fedcache.heads import Params
 
 PREV = "prev_"  # client-state prefix of the previous round's prompts

@@ -15,28 +15,45 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedcache.config import Checked, check_fields
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.optim import OptimConfig
-from fedcache.federate.settings import check_fields
+from fedcache.federate.schedule import Schedule
 from fedcache.heads import Head, Params, make_head
 from fedcache.registry import Registry
 
 
 @dataclass(frozen=True)
-class NoParams:
+class NoParams(Checked):
     pass
 
 
 @dataclass
 class MethodContext:
+    """What a method is built on: the federation's data, and the head, optimizer and schedule sections of
+    the run specification."""
+
     data: FederatedData
     head: str = "linear"
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    local_epochs: int = 1
-    batch_size: int = 32
-    seed: int = 0
-    rounds: int = 1
+    schedule: Schedule = dataclasses.field(default_factory=Schedule)
+
+    @property
+    def seed(self) -> int:
+        return self.schedule.seed
+
+    @property
+    def local_epochs(self) -> int:
+        return self.schedule.local_epochs
+
+    @property
+    def batch_size(self) -> int:
+        return self.schedule.batch_size
+
+    @property
+    def rounds(self) -> int:
+        return self.schedule.rounds
 
 
 @dataclass
@@ -61,16 +78,26 @@ class CommandOption:
 class MethodCommand:
     """A command that belongs to one method (FedPCL's backbone heatmap): ``fedcache <name>`` takes the run-spec
     options named in ``spec_options`` (with the command's own ``defaults``) and its ``extra`` options, and calls
-    ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. The CLI builds
-    the command from this hook (fedcache/cli/methods.py), so a method adds commands without touching the CLI."""
+    ``run(spec, **extra)`` with the method set to the owner's; ``run`` returns the lines to print. ``run`` is
+    the function, or ``"module:function"`` where its code lives in a layer above the methods (a report that
+    trains runs, say), imported when the command runs. The CLI builds the command from this hook
+    (fedcache/cli/methods.py), so a method adds commands without touching the CLI."""
 
     name: str
     help: str
-    run: Callable[..., list[str]]
+    run: Callable[..., list[str]] | str
     spec_options: tuple[str, ...]
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     extra: tuple[CommandOption, ...] = ()
     example: str = ""  # a command line shown under its help ("fedcache <name> ..."); tests parse it
+
+    def function(self) -> Callable[..., list[str]]:
+        if not isinstance(self.run, str):
+            return self.run
+        import importlib
+
+        module, _, name = self.run.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 class Method:
@@ -78,7 +105,7 @@ class Method:
     description: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
     default_head: ClassVar[str] = "linear"
-    default_preset: ClassVar[str] = "default"  # optimizer preset (optim.PRESETS) of the paper it is compared in
+    default_preset: ClassVar[str] = "default"  # optimizer preset (optim_config.OPTIMIZER_PRESETS) of the paper it is compared in
     personalized: ClassVar[bool] = False  # predictions differ per client
     has_global_model: ClassVar[bool] = True  # a model the global test set can be scored on
     federated: ClassVar[bool] = True  # False: no communication (solo, centralized, linear-probe)
@@ -97,26 +124,6 @@ class Method:
     count_uploads: ClassVar[tuple[str, ...]] = ()
     # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
-    # Several runs (grid cells) of this method may train as one stack of federations (federate/batched.py):
-    # local_update reads a client's data, seed and settings only through client_rows, plan, client_seeds,
-    # sample_counts, self.p and ctx.optim, down row by row (``run_broadcast`` entries run by run, through
-    # run_sizes) and states row by row. Read with ``batchable(cls)``: declared by each class itself, never
-    # inherited, since a subclass changes what local_update computes; settings under which it cannot stack
-    # say why in ``not_batchable``. Each declaration has an equality test (tests/federate/test_batched.py).
-    batchable: ClassVar[bool] = False
-    # Settings (fields of Params) that may differ between the stacked runs: local_update gets them as
-    # (K,) float32 tensors, one value per client row, and must broadcast them row by row.
-    row_params: ClassVar[tuple[str, ...]] = ()
-    # Client-state entries whose trailing axes depend on the run's partition (FST-CBDG's pseudo-labels span
-    # its largest client's rows): a stack zero-pads them to its widest run, so local_update must read row k
-    # only up to its own client's extent.
-    padded_states: ClassVar[tuple[str, ...]] = ()
-    # Broadcast entries that hold what a run's server knows of all its clients (FedPCL's every client's latest
-    # prototype set, (1, N, C, H)) rather than what one client row needs: a stack hands them to local_update
-    # once per run among the clients, (R, ...) in the order of ``run_sizes``, not repeated per row, and
-    # zero-padded to the widest run where the runs' shapes differ (their numbers of clients), so local_update
-    # must read an all-zero padding as absent. A run by itself broadcasts them with their leading axis of 1.
-    run_broadcast: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
@@ -135,18 +142,6 @@ class Method:
         """Why this method, with these settings, cannot run with each client's data on its own machine
         (Flower); empty when it can."""
         return "" if cls.splittable else "it pools every client's data in one place"
-
-    @classmethod
-    def not_batchable(cls, params: Any) -> str:
-        """Why runs of this batchable method, with these settings, cannot train stacked; empty when they can."""
-        return ""
-
-    @classmethod
-    def stack_bytes(cls, params: Any, rows: int, clients: int, dim: int, n_classes: int) -> int:
-        """Bytes a run of ``clients`` clients over ``rows`` training rows holds in a stack beyond its heads and
-        mini-batches (state that spans the clients' rows, copies of rows a local pass makes), at most: the
-        grid's memory budget counts them."""
-        return 0
 
     # ---- state ------------------------------------------------------------------
     def generator(self, *path: int) -> torch.Generator:
@@ -234,23 +229,8 @@ class Method:
     def client_rows(self, clients: list[int]) -> list[np.ndarray]:
         return [self.ctx.data.client_train[k] for k in clients]
 
-    def client_seeds(self, clients: list[int]) -> list[tuple[int, int]]:
-        """(run seed, client id) per client: what a client's own random stream is seeded with, so a stack of
-        runs (whose joint method numbers the clients of every run in one list) draws as each run does."""
-        return [(self.ctx.seed, k) for k in clients]
-
-    def run_sizes(self, clients: list[int]) -> list[int]:
-        """How many of ``clients`` (consecutive) belong to each run: all of them in a run by itself; in a stack of
-        runs, one count per run among them, in the order of the ``run_broadcast`` entries."""
-        return [len(clients)]
-
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
-
-
-def batchable(cls: type[Method]) -> bool:
-    """Whether the class itself declares that its runs can train stacked (see ``Method.batchable``)."""
-    return bool(cls.__dict__.get("batchable", False))
 
 
 def _size(tensors: Params) -> tuple[int, int]:

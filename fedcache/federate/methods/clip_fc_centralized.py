@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 
+from fedcache.config import Checked
 from fedcache.federate.local import cross_entropy
 from fedcache.federate.methods._clip import anchor_head, linear_logits, require_linear, unit, unit_logits
 from fedcache.federate.methods.base import METHODS, MethodContext
@@ -16,7 +17,7 @@ from fedcache.heads import Params
 
 
 @dataclass(frozen=True)
-class ClipFCParams:
+class ClipFCParams(Checked):
     # The paper's comparison curves (Figure 3) start at the zero-shot accuracy, so its linear
     # classifiers start from the text embeddings; "random" is PyTorch's default Linear init.
     init: Literal["text", "random"] = "text"

@@ -7,15 +7,15 @@ from typing import Literal
 
 import torch
 
+from fedcache.config import Checked, Positive
 from fedcache.federate.methods._clip import anchor_head, unit_logits
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
-from fedcache.federate.settings import Positive
 from fedcache.federate.text import text_from_info
 from fedcache.heads import Params
 
 
 @dataclass(frozen=True)
-class ClipZSParams:
+class ClipZSParams(Checked):
     templates: Literal["single", "ensemble"] = "single"  # FST-CBDG: "a photo of a {object}."
     logit_scale: Positive = 100.0  # CLIP's learned temperature; scores only, argmax is unchanged
 

@@ -6,14 +6,16 @@ from typing import Literal
 
 import torch
 
+from fedcache.config import Checked
 from fedcache.federate.methods._clip import anchor_head, require_linear, unit
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.text import text_from_info
 from fedcache.heads import Params, expand
 
 
 @dataclass(frozen=True)
-class FedAvgParams:
+class FedAvgParams(Checked):
     # random: the head's own initialisation on the cached features. text: FST-CBDG's classifier, a linear
     # head on unit-norm features that starts as CLIP's zero-shot classifier (W = class-text embeddings,
     # b = 0); that paper's FedAvg and FedNTD curves start at the zero-shot accuracy (Figure 3).
@@ -21,9 +23,9 @@ class FedAvgParams:
 
 
 @METHODS.register("fedavg")
+@stackable()
 class FedAvg(Method):
     description = "average of locally trained heads, weighted by sample counts"
-    batchable = True
     Params = FedAvgParams
 
     def __init__(self, ctx: MethodContext, params=None) -> None:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fedcache.config import NonNegative, Positive
 from fedcache.federate.local import cross_entropy, masked_mean
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
-from fedcache.federate.settings import NonNegative, Positive
 from fedcache.heads import forward, train_forward
 
 
@@ -27,11 +28,10 @@ class FedNTDParams(FedAvgParams):
 
 
 @METHODS.register("fedntd")
+@stackable(per_row=("beta",))  # tau divides the logits inside not_true_kl: one value per stack
 class FedNTD(FedAvg):
     description = "FedAvg plus distillation of the global model's not-true-class predictions"
     Params = FedNTDParams
-    batchable = True
-    row_params = ("beta",)  # tau divides (K, B, C) logits inside not_true_kl: one value per stack
 
     def loss(self, p, xb, yb, mask, info):
         xb = self.inputs(xb)

@@ -15,19 +15,20 @@ from typing import Literal
 
 import torch
 
+from fedcache.config import Checked, Fraction, NonNegative, Positive
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean, rng_for
 from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
 from fedcache.federate.prototypes import aggregate, class_means, nearest, padded_rows
-from fedcache.federate.settings import Fraction, NonNegative, Positive
+from fedcache.federate.stacking import per_run, same, stackable
 from fedcache.heads import Params
 from fedcache.heads.projection import DIM as PROTO_DIM
 from fedcache.noise import perturb
 
 
 @dataclass(frozen=True)
-class FedPCLParams:
+class FedPCLParams(Checked):
     tau: Positive = 0.07  # paper and official code; the loss divides by it
     # Loss ablation (workshop Table 11 / NeurIPS Table 5). Its "Cross Entropy" and "CE + ProtoDist" rows are
     # FedAvg and FedProto (the same numbers as those methods' rows in NeurIPS Table 11): the names are refused
@@ -71,15 +72,9 @@ class FedPCLParams:
 PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
 
 
-def _backbone_heatmap(spec, out):
-    from fedcache.reports.heatmap import backbone_heatmap
-
-    return backbone_heatmap(spec, out)
-
-
 BACKBONE_HEATMAP = MethodCommand(
     "backbone-heatmap", "FedPCL's backbone-contribution heatmap (paper Figure 4): single vs fused local prototypes.",
-    _backbone_heatmap,
+    "fedcache.reports.heatmap:backbone_heatmap",
     spec_options=("dataset", "backbones", "store", "partition", "clients", "few_shot", "rounds", "seed", "settings"),
     defaults={"partition": "domain", "few_shot": 10},
     extra=(CommandOption("out", Path, "PNG to write.", ("--out", "-o")),),
@@ -87,7 +82,28 @@ BACKBONE_HEATMAP = MethodCommand(
 )
 
 
+def _stack_memory(params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
+    # The run's local prototype sets: the server's, the broadcast and the filled sets of its contrastive loss.
+    sets = 3 * clients * n_classes * PROTO_DIM
+    return 4 * (sets + (_batch_contrast(params, clients, batch) if params.contrast == "batch" else 0))
+
+
+def _batch_contrast(params: FedPCLParams, clients: int, batch: int) -> int:
+    """Floats contrast=batch holds at its peak in a step of every client of the run: per client and prototype
+    set, five copies of the anchors' similarities to the step's 2B views (forward and backward) and two of the
+    anchors (2B x 256); measured within a few percent of the process's peak on CPU."""
+    if params.loss != "fedpcl":
+        return 0
+    n_sets = (clients if params.prototypes != "global" else 0) + (1 if params.prototypes != "local" else 0)
+    views = 2 * batch
+    return clients * n_sets * (5 * views * views + 2 * views * PROTO_DIM)
+
+
 @METHODS.register("fedpcl")
+# Read only in @per_run functions (tau in the contrastive loss, noise_scale and perturb in the sent prototypes'
+# noise), each as the run's own Python number, or by each run's own server (aggregation). Not ce_weight: whether
+# it is 0 decides which layers the whole local pass trains.
+@stackable(per_run=("tau", "noise_scale", "perturb", "aggregation"), memory=_stack_memory)
 class FedPCL(Method):
     description = "personal projection heads; clients exchange class prototypes and train contrastively"
     Params = FedPCLParams
@@ -96,13 +112,6 @@ class FedPCL(Method):
     has_global_model = False
     count_uploads = ("count",)
     commands = (BACKBONE_HEATMAP,)
-    batchable = True
-    # tau only: noise_scale and perturb enter float64 arithmetic (scale x a float64 draw, 1 - p) that a float32
-    # row value would round differently, and ce_weight > 0 decides which layers train (a setting of the stack).
-    row_params = ("tau",)
-    # A run's server sends its global prototypes and every client's latest set: L_p contrasts each row with
-    # its own run's sets, which a stack hands over once per run, padded to its run with the most clients.
-    run_broadcast = ("global", "global_mask", "local", "local_count")
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         if ctx.head != "projection":
@@ -131,15 +140,9 @@ class FedPCL(Method):
 
     def broadcast(self, server: Params, rnd: int) -> Params:
         down = {"global": server["global"], "global_mask": server["global_mask"]}  # (1, C, H), (1, C)
-        if self.p.prototypes != "global":  # (1, N, C, H), (1, N, C): one run's sets (run_broadcast)
+        if self.p.prototypes != "global":  # (1, N, C, H), (1, N, C): every client's latest set
             down.update(local=server["local"].unsqueeze(0), local_count=server["local_count"].unsqueeze(0))
         return down
-
-    @classmethod
-    def stack_bytes(cls, params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
-        # The run's local prototype sets: the server's, the broadcast, its padded copy and the filled sets. (The
-        # rows copied for the prototypes are one run's at a time, as much as the run alone copies.)
-        return 4 * 4 * clients * n_classes * PROTO_DIM
 
     def download_size(self, down: Params) -> tuple[int, int]:
         # Only present prototypes travel, each with its class index (int64).
@@ -147,58 +150,52 @@ class FedPCL(Method):
         return present * self.h, present * (self.h * 4 + 8)
 
     def upload_size(self, uploads: Params, i: int) -> tuple[int, int]:
-        present = int((uploads["count"][i] > 0).sum())  # prototype, class index and count per class held
-        return present * self.h, present * (self.h * 4 + 16)
+        # Per class held: its prototype, its class index and, for the weighted average (Eq. 6), its count; the
+        # plain mean needs no count (the index says the class is held).
+        present = int((uploads["count"][i] > 0).sum())
+        ints = 2 if self.p.aggregation == "weighted" else 1
+        return present * self.h, present * (self.h * 4 + 8 * ints)
 
     # ---- client ---------------------------------------------------------------------
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         head_keys = self.head.body_keys + self.head.head_keys
         params = {n: states[n] for n in head_keys}
-        ready = self._ready(down)
+        ready = self.ready(down)
         if ready or self.p.first_round != "idle":
             keys = self.head.body_keys + (self.head.head_keys if self._trains_classifier(ready) else ())
-            sizes = self.run_sizes(clients)
-            info = {"ready": ready, "sizes": sizes, "sets": [L.proto_sets(self, down, r) for r in range(len(sizes))]}
-            params = self.fit(params, rnd, clients, self.loss, info, keys=keys)
+            params = self.fit(params, rnd, clients, self.loss, {"ready": ready, "down": down}, keys=keys)
         protos, counts = self.client_prototypes(params, clients)
-        sent = self._noised(protos, counts, rnd, clients)
+        sent = self.noised(protos, counts, rnd, clients)
         own = sent if self.p.predict_with == "sent" else protos
         states = {**params, "protos": own, "proto_count": counts}
         return LocalResult(states, {"protos": sent, "count": counts}, counts.sum(1))
 
-    @staticmethod
-    def _ready(down: Params) -> bool:
-        """Whether global prototypes exist (not in round 1), the same for every run of a stack."""
-        ready = down["global_mask"].flatten(1).any(1)  # per run
-        if bool(ready.any()) != bool(ready.all()):
-            raise ConfigError("stacked fedpcl runs disagree on whether global prototypes exist this round (the clients "
-                              "a run sampled last round hold no training rows): run the grid with --engine processes")
-        return bool(ready.any())
+    @per_run(combine=same)  # which layers train is one choice for every row of a local pass
+    def ready(self, down: Params) -> bool:
+        """Whether global prototypes exist (not in round 1)."""
+        return bool(down["global_mask"].any())
 
     def _trains_classifier(self, ready: bool) -> bool:
         # Round 1's CE trains it; the official optimizer (first_round=decay) holds every layer.
         return not ready or self.p.ce_weight > 0
 
+    @per_run("params")
     def client_prototypes(self, params: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class means of the clients' training rows, run by run: in a stack, each run's clients are padded to
-        its own largest client, not the stack's (which would multiply the copy of the rows)."""
-        parts, at = [], 0
-        for size in self.run_sizes(clients):
-            run = slice(at, at + size)
-            at += size
-            idx, mask = padded_rows(self.client_rows(clients[run]))
-            x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
-            with torch.no_grad():
-                z = self.head.features({n: t[run] for n, t in params.items()}, x)
-            parts.append(class_means(z, y, mask, self.c))
-        return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
+        """Class means of the clients' projected training rows (padded to their largest client)."""
+        idx, mask = padded_rows(self.client_rows(clients))
+        x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
+        with torch.no_grad():
+            z = self.head.features(params, x)
+        return class_means(z, y, mask, self.c)
 
-    def _noised(self, protos: torch.Tensor, counts: torch.Tensor, rnd: int, clients: list[int]) -> torch.Tensor:
+    @per_run("protos", "counts")
+    def noised(self, protos: torch.Tensor, counts: torch.Tensor, rnd: int, clients: list[int]) -> torch.Tensor:
+        """What the clients send (Table 15): (1 - p) * prototype + noise, seeded per (run, round, client)."""
         if self.p.noise == "none":
             return protos
         out = []
-        for i, (seed, k) in enumerate(self.client_seeds(clients)):  # per (run, round, client): any batching agrees
-            gen = torch.Generator().manual_seed(int(rng_for(seed, rnd, k, 0, 3).integers(2**62)))
+        for i, k in enumerate(clients):
+            gen = torch.Generator().manual_seed(int(rng_for(self.ctx.seed, rnd, k, 0, 3).integers(2**62)))
             out.append(perturb(protos[i], self.p.noise, self.p.noise_scale, self.p.perturb, gen) * (counts[i] > 0).unsqueeze(-1))
         return torch.stack(out)
 
@@ -208,13 +205,15 @@ class FedPCL(Method):
             if self.p.first_round == "decay":
                 return masked_mean(z.sum(-1) * 0.0, mask), buffers
             return cross_entropy(self.head.classify(p, z), yb, mask), buffers
-        # Run by run: a row contrasts with its own run's sets, in the very arithmetic of that run alone.
-        runs = zip(z.split(info["sizes"]), yb.split(info["sizes"]), mask.split(info["sizes"]), info["sets"],
-                   _split(self.p.tau, info["sizes"]))
-        per_row = torch.cat([L.LOSSES[self.p.loss](self, *run) for run in runs])
+        per_row = self.contrastive(z, yb, mask, info["down"])
         if self.p.ce_weight > 0:
             per_row = per_row + self.p.ce_weight * cross_entropy(self.head.classify(p, z), yb, mask)
         return per_row, buffers
+
+    @per_run("z", "y", "mask")
+    def contrastive(self, z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, down: Params) -> torch.Tensor:
+        """L_g and L_p (Eq. 8-9): the rows against the global prototypes and every client's local set."""
+        return L.LOSSES[self.p.loss](self, z, y, mask, L.proto_sets(self, down), self.p.tau)
 
     # ---- server -------------------------------------------------------------------------
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
@@ -230,13 +229,14 @@ class FedPCL(Method):
         return _PREDICT[self.p.predict](self, server, states, z)
 
 
-def _split(value, sizes: list[int]) -> list:
-    """A setting per run: a float as it is, a stack's (K,) row values cut run by run."""
-    return list(value.split(sizes)) if isinstance(value, torch.Tensor) else [value] * len(sizes)
-
-
 def _by_local(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:
-    return nearest(z, states["protos"], states["proto_count"] > 0)
+    """The nearest own prototype. A client that has no prototypes (never sampled under --fraction < 1, or no
+    training rows) takes the global ones: with none at all every class would score -inf, and argmax say class 0."""
+    own = states["proto_count"] > 0
+    none = ~own.any(-1, keepdim=True)  # (K, 1)
+    k = z.shape[0]
+    protos = torch.where(none.unsqueeze(-1), server["global"].expand(k, -1, -1), states["protos"])
+    return nearest(z, protos, torch.where(none, server["global_mask"].expand(k, -1), own))
 
 
 def _by_global(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:

@@ -11,11 +11,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedcache.errors import ConfigError
+from fedcache.config import Checked, NonNegative
 from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest, padded_rows
-from fedcache.federate.settings import NonNegative
+from fedcache.federate.stacking import per_run, stackable
 from fedcache.heads import Params, expand, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
@@ -23,7 +23,7 @@ CHUNK = 16  # clients per prototype pass, to bound the (K, T, D) gather
 
 
 @dataclass(frozen=True)
-class FedProtoParams:
+class FedProtoParams(Checked):
     lam: NonNegative = 1.0  # weight of the prototype loss; the official code's --ld default (README)
     # "classifier": the client's own head; "proto": the nearest global prototype (the official code reports both)
     predict: Literal["classifier", "proto"] = "classifier"
@@ -48,13 +48,10 @@ class FedProtoParams:
     # (the official code and PFLlib rebuild the prototype set from this round's uploads only).
     missing: Literal["keep", "drop"] = "keep"
 
-    def __post_init__(self) -> None:
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"fedproto {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-
 
 @METHODS.register("fedproto")
+# predict, aggregation and missing are read by each run's own server and evaluation, init by its own init_clients.
+@stackable(per_row=("lam",), per_run=("predict", "aggregation", "missing", "init"))
 class FedProto(Method):
     description = "personal heads; clients exchange per-class prototypes of their representation"
     Params = FedProtoParams
@@ -63,8 +60,6 @@ class FedProto(Method):
     has_global_model = False
     count_uploads = ("counts",)
     needs_representation = "learns prototypes of a representation"
-    batchable = True
-    row_params = ("lam",)
 
     def init_server(self) -> Params:
         c, f = self.ctx.data.n_classes, self.head.feature_dim
@@ -76,8 +71,7 @@ class FedProto(Method):
         return self.head.init(n, self.generator(0, 1))
 
     def broadcast(self, server: Params, rnd: int) -> Params:
-        # Leading axis 1, one set per client row after ``per_row``: a stack of runs (federate/batched.py)
-        # hands each row its own run's prototypes.
+        # With a leading model axis of 1, as a head's parameters travel: ``per_row`` gives each client its copy.
         return {n: t.unsqueeze(0) for n, t in server.items()}
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
@@ -128,16 +122,13 @@ class FedProto(Method):
             return ce + self.p.lam * masked_mean(dist * has, mask), buffers
         return ce + self.p.lam * masked_mean(dist, mask & has), buffers
 
+    @per_run("states")
     def local_prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts. Run by run
-        in a stack, chunked as in the run alone: a chunk is padded to its largest client, and another padded
-        width would round the products and sums differently from the run's own."""
-        parts, at = [], 0
-        for size in self.run_sizes(clients):
-            for i in range(at, at + size, CHUNK):
-                j = min(i + CHUNK, at + size)
-                parts.append(self._prototypes({n: t[i:j] for n, t in states.items()}, clients[i:j]))
-            at += size
+        """(K, C, F) mean representation per class of each client's training rows, and (K, C) counts, a chunk
+        of clients at a time. A chunk is padded to its largest client, and the padded width decides how the
+        products and sums round: so chunks are always of one run's clients."""
+        parts = [self._prototypes({n: t[i: i + CHUNK] for n, t in states.items()}, clients[i: i + CHUNK])
+                 for i in range(0, len(clients), CHUNK)]
         return torch.cat([p for p, _ in parts]), torch.cat([c for _, c in parts])
 
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,9 +210,6 @@ def _by_prototype(method: FedProto, server: Params, states: Params, x: torch.Ten
 
 
 PREDICTORS = {"classifier": _by_classifier, "proto": _by_prototype}
-CHOICES = {"predict": tuple(PREDICTORS), "local_protos": ("after", "last-epoch", "every-epoch"),
-           "aggregation": ("weighted", "uniform"), "init": ("per-client", "shared"),
-           "loss_rows": ("with-prototype", "all"), "missing": ("keep", "drop")}
 
 # The reference algorithm researchers run as "FedProto" (PFLlib's clientproto/serverproto, which follow
 # the official code's training step): every option that differs from the defaults above. The optimizer,

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcache.config import NonNegative
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
-from fedcache.federate.settings import NonNegative
 
 
 @dataclass(frozen=True)
@@ -14,11 +15,10 @@ class FedProxParams(FedAvgParams):
 
 
 @METHODS.register("fedprox")
+@stackable(per_row=("mu",))
 class FedProx(FedAvg):
     description = "FedAvg with a proximal term pulling local heads towards the global one"
     Params = FedProxParams
-    batchable = True
-    row_params = ("mu",)
 
     def loss(self, p, xb, yb, mask, info):
         anchor = info["anchor"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcache.config import NonNegative
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.fedavg_ssl import FedAvgSSL, FedAvgSSLParams
-from fedcache.federate.settings import NonNegative
 
 
 @dataclass(frozen=True)

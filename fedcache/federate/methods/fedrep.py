@@ -8,16 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedcache.errors import ConfigError
+from fedcache.config import Checked, NonNegativeInt
 from fedcache.federate.local import train
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import (METHODS, LocalResult, Method, MethodContext, aggregation_weights,
                                            weighted_average)
-from fedcache.federate.settings import NonNegativeInt
 from fedcache.heads import Params, expand, forward
 
 
 @dataclass(frozen=True)
-class FedRepParams:
+class FedRepParams(Checked):
     # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the official
     # --local_rep_ep). Every official script trains the classifier 10 epochs (--local_ep minus --local_rep_ep),
     # the body 1 (CIFAR-10 2 shards, --local_rep_ep's default) or 5 (the other six scripts).
@@ -29,10 +29,10 @@ class FedRepParams:
 
 
 @METHODS.register("fedrep")
+@stackable()
 class FedRep(Method):
     description = "shared representation (averaged), personal classifier per client"
     Params = FedRepParams
-    batchable = True
     default_head = "mlp"
     personalized = True
     has_global_model = False

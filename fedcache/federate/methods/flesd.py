@@ -19,12 +19,13 @@ from typing import Annotated, Literal
 
 import torch
 
+from fedcache.config import NonNegative, NonNegativeInt, Positive, PositiveInt, Range, UnitOpen
 from fedcache.errors import ConfigError
 from fedcache.federate.methods import _flesd as esd
 from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
-from fedcache.federate.settings import NonNegative, NonNegativeInt, Positive, PositiveInt, Range, UnitOpen
 from fedcache.heads import Params, expand
+from fedcache.federate.local import here
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class FLESD(SSLMethod):
         d = ctx.data
         if d.n_clients < 2:
             raise ConfigError("flesd needs at least 2 clients: client 0's data is the public set, the others train")
-        self.public = torch.from_numpy(esd.public_rows(d.client_train[0], self.p.public_rows, ctx.seed))
+        self.public = here(esd.public_rows(d.client_train[0], self.p.public_rows, ctx.seed))
         if len(self.public) < 1:
             raise ConfigError("flesd's public set (client 0's rows) is empty; give client 0 rows or use fewer clients")
         # The federation is clients 1..N-1; a copy, so the caller's data and context stay untouched.

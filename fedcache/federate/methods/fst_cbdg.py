@@ -14,15 +14,15 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedcache.errors import ConfigError
-from fedcache.federate.local import train
+from fedcache.config import Checked, Fraction, NonNegative, PositiveInt
+from fedcache.federate.local import here, train
 from fedcache.federate.methods import _fst_cbdg as cbdg
 from fedcache.federate.methods._clip import (anchor_head, cosine, linear_logits, prototype_anchors, require_linear,
                                              unit, unit_logits)
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
 from fedcache.federate.prototypes import padded_rows
 from fedcache.federate.text import text_from_info
-from fedcache.federate.settings import Fraction, NonNegative, PositiveInt
+from fedcache.federate.stacking import per_run, stackable
 from fedcache.heads import Params, expand
 
 # (weight of L_iST, weight of lambda * L_tSamp) per ablation of Table 3
@@ -31,7 +31,7 @@ ZERO_SHOT_CHUNK = 8192  # rows per matrix product when computing the initial pse
 
 
 @dataclass(frozen=True)
-class FSTCBDGParams:
+class FSTCBDGParams(Checked):
     beta: Fraction = 0.9  # Eq. 4 moving-average rate; paper Sec. 4.1
     lam: NonNegative = 1.0  # lambda of Eq. 8; paper Sec. 4.1
     gamma: NonNegative = 0.0  # Eq. 7; paper Sec. 4.1
@@ -46,7 +46,7 @@ class FSTCBDGParams:
     anchors: Literal["text", "prototypes"] = "text"  # prototypes: extension for backbones without text
     templates: Literal["single", "ensemble"] = "single"  # Algorithm 1: "a photo of a {object}."
     shots: PositiveInt = 16  # labelled rows per class the server averages for anchors=prototypes
-    refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (see REFRESH)
+    refresh: Literal["all", "batch"] = "all"  # rows whose pseudo-labels each step refreshes (cbdg.LocalPass.refresh)
     # How Eq. 5's instances are drawn: "explicit" draws each D-dimensional z; "implicit" draws only what a
     # linear head's logits and gradients depend on (the same distribution, D/C times fewer numbers).
     synthetic: Literal["implicit", "explicit"] = "implicit"
@@ -65,18 +65,6 @@ class FSTCBDGParams:
         return out
 
 
-def _refresh_batch(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
-    lp.refresh_batch(s, torch.softmax(logits.detach(), -1), mask, m.p.beta)
-
-
-def _refresh_all(m: "FSTCBDG", lp: cbdg.LocalPass, s: int, p: Params, logits: torch.Tensor, mask: torch.Tensor):
-    lp.refresh_all(p, mask.any(1), m.p.beta)
-
-
-# Which pseudo-labels Eq. 4 refreshes each step: every row of the client (Algorithm 1 line 14, "for each
-# image") or only the step's mini-batch.
-REFRESH = {"all": _refresh_all, "batch": _refresh_batch}
-
 def positions(plan: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
     """The (K, S, B) plan's rows as positions in each client's row list (-1 stays): where each row's
     pseudo-label sits."""
@@ -94,28 +82,22 @@ ANCHORS = {
 }
 
 
+def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
+    # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
+    # pass's, the returned one); with refresh=all the unit features of the clients' rows.
+    return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
+
+
 @METHODS.register("fst-cbdg")
+# Eq. 5-7's settings and the anchors are read only in tsamp (@per_run) and in each run's own __init__, so they may
+# differ between stacked runs. beta is not per row: Eq. 4's 1 - beta, a float64 number in a run, would round
+# differently as a float32 row value.
+@stackable(per_run=("lam", "gamma", "sigma", "sampling", "tsamp_weight", "synthetic", "anchors", "shots"),
+           padded_states=("q",), memory=_stack_memory)
 class FSTCBDG(Method):
     description = "unsupervised: self-training on zero-shot soft pseudo-labels + class-balanced text sampling"
     Params = FSTCBDGParams
     default_preset = "fst-cbdg"
-    batchable = True
-    # beta is not: Eq. 4's 1 - beta, a float64 number in a run, would round differently as a float32 row value.
-    row_params = ("lam",)
-    padded_states = ("q",)  # (N, n_max, C): n_max is the run's largest client
-
-    @classmethod
-    def not_batchable(cls, params: FSTCBDGParams) -> str:
-        if params.anchors == "prototypes":
-            return ("fst-cbdg anchors=prototypes draws each run's anchors from its own seed and clients, and a stack "
-                    "trains every run against one set; use anchors=text")
-        return ""
-
-    @classmethod
-    def stack_bytes(cls, params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int) -> int:
-        # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
-        # pass's, the returned one); with refresh=all the unit features of the clients' rows.
-        return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
 
     @classmethod
     def not_deployable(cls, params: FSTCBDGParams) -> str:
@@ -128,7 +110,7 @@ class FSTCBDG(Method):
         require_linear(ctx.head, "fst-cbdg")
         super().__init__(ctx, params)
         self.anchors = ANCHORS[self.p.anchors](self)
-        self.w_ist, self.w_tsamp = LOSS_WEIGHTS[self.p.losses]  # lambda is applied per step (a row setting)
+        self.w_ist, self.w_tsamp = LOSS_WEIGHTS[self.p.losses]
         # Labels never reach training: train() indexes this blank vector instead of y_train.
         self.blind = torch.zeros((), dtype=torch.long).expand(len(ctx.data.x_train))
 
@@ -148,19 +130,18 @@ class FSTCBDG(Method):
         c = self.ctx
         rows = self.client_rows(clients)
         plan = self.plan(rnd, clients)
-        pos = positions(plan, rows)
         _, valid = padded_rows(rows)
-        width = valid.shape[1]
-        q = states["q"][:, :width].clone()
-        x = [unit(c.data.x_train[torch.from_numpy(r)]) for r in rows] if self.p.refresh == "all" else None
-        gens = [g for seed, k in self.client_seeds(clients) for g in cbdg.LocalPass.streams(seed, rnd, [k])]
-        lp = cbdg.LocalPass(q, torch.from_numpy(pos), valid, x, gens)
-        sizes = valid.sum(1).clamp_min(1)
-        params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind,
-                       plan, c.optim, {"pass": lp, "sizes": sizes, "runs": self.run_sizes(clients)})
-        q_out = states["q"].clone()
-        q_out[:, :width] = lp.q
-        return LocalResult({"q": q_out}, params, self.sample_counts(clients))
+        x = [unit(c.data.x_train[here(r)]) for r in rows] if self.p.refresh == "all" else None
+        lp = cbdg.LocalPass.start(states["q"], here(positions(plan, rows)), valid, x, self.streams(rnd, clients))
+        info = {"pass": lp, "sizes": valid.sum(1).clamp_min(1)}
+        params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind, plan,
+                       c.optim, info)
+        return LocalResult({"q": lp.write_into(states["q"])}, params, self.sample_counts(clients))
+
+    @per_run()
+    def streams(self, rnd: int, clients: list[int]) -> list[torch.Generator]:
+        """Each client's random stream for its synthetic instances this round."""
+        return cbdg.LocalPass.streams(self.ctx.seed, rnd, clients)
 
     def loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, info: dict) -> torch.Tensor:
         """L_iST + lambda L_tSamp (Eq. 8) of one step. Algorithm 1 refreshes the pseudo-labels and draws
@@ -169,23 +150,25 @@ class FSTCBDG(Method):
         lp: cbdg.LocalPass = info["pass"]
         s = info["step"]
         logits = linear_logits(p, unit(xb))
-        REFRESH[self.p.refresh](self, lp, s, p, logits, mask)
+        lp.refresh(self.p.refresh, s, p, logits, mask, self.p.beta)
         total = self.w_ist * cbdg.soft_cross_entropy(logits, lp.batch_q(s), mask)
-        weight = self.w_tsamp * self.p.lam  # (K,) in a stack of runs
-        draws = torch.as_tensor(weight) != 0
-        if draws.any():
-            # A row whose weight is 0 draws nothing, as its run alone skips the term.
-            n = cbdg.SAMPLING[self.p.sampling](cbdg.pseudo_counts(lp.q, lp.valid), self.p.gamma) * draws.reshape(-1, 1)
+        if self.w_tsamp:
             share = mask.sum(1) / info["sizes"]  # this batch's fraction of the client's epoch
-            total = total + weight * torch.cat([self._tsamp(p, n, share, lp.gens, run) for run in _runs(info["runs"])])
+            total = total + self.tsamp(p, lp.q, lp.valid, share, lp.gens)
         return total
 
-    def _tsamp(self, p: Params, n: torch.Tensor, share: torch.Tensor, gens: list, run: slice) -> torch.Tensor:
-        """L_tSamp of one run's rows. Run by run in a stack of runs: a step's instances are padded to the run's
-        row with the most draws, as in the run alone (the stack's widest row would round sums differently)."""
-        y, m = cbdg.draw_classes(n[run], share[run], gens[run])
-        logits = cbdg.SYNTHETIC[self.p.synthetic]({k: t[run] for k, t in p.items()}, y, m, self.anchors, self.p.sigma, gens[run])
-        return cbdg.tsamp_loss(logits, y, m, n[run], share[run], self.p.tsamp_weight)
+    @per_run("p", "q", "valid", "share", "gens")
+    def tsamp(self, p: Params, q: torch.Tensor, valid: torch.Tensor, share: torch.Tensor, gens: list) -> torch.Tensor:
+        """lambda L_tSamp of one step (Eq. 5-7): class-balanced synthetic instances drawn around the anchors,
+        ``share`` of the epoch's. A step's instances are padded to its client with the most draws, and that
+        width decides how sums round, so the draws are always of one run's clients."""
+        weight = self.w_tsamp * self.p.lam
+        if weight == 0:  # a client draws nothing, as L_tSamp switched off
+            return torch.zeros(len(share))
+        n = cbdg.SAMPLING[self.p.sampling](cbdg.pseudo_counts(q, valid), self.p.gamma)
+        y, m = cbdg.draw_classes(n, share, gens)
+        logits = cbdg.SYNTHETIC[self.p.synthetic](p, y, m, self.anchors, self.p.sigma, gens)
+        return weight * cbdg.tsamp_loss(logits, y, m, n, share, self.p.tsamp_weight)
 
     # ---- server / evaluation ---------------------------------------------------------------
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
@@ -194,8 +177,3 @@ class FSTCBDG(Method):
     def global_logits(self, server: Params, x: torch.Tensor) -> torch.Tensor:
         return unit_logits(server, x)
 
-
-def _runs(sizes: list[int]) -> list[slice]:
-    """Consecutive row slices of the given sizes (Method.run_sizes: one for a run by itself)."""
-    bounds = np.cumsum([0, *sizes]).tolist()
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]

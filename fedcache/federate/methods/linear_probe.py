@@ -6,14 +6,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedcache.config import Checked, Positive
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
 from fedcache.federate.probe import fit_probe
-from fedcache.federate.settings import Positive
 from fedcache.heads import Params
+from fedcache.federate.local import here
 
 
 @dataclass(frozen=True)
-class LinearProbeParams:
+class LinearProbeParams(Checked):
     c: Positive = 1.0  # inverse L2 strength of scikit-learn's LogisticRegression
 
 
@@ -35,7 +36,7 @@ class LinearProbe(Method):
             return LocalResult({}, down, torch.ones(1))
         d = self.ctx.data
         rows = np.concatenate(self.client_rows(clients))
-        model = fit_probe(d.x_train[rows].numpy(), d.y_train[rows].numpy(), self.p.c, self.ctx.seed)
+        model = fit_probe(d.x_train[rows].cpu().numpy(), d.y_train[rows].cpu().numpy(), self.p.c, self.ctx.seed)
         return LocalResult({}, _as_linear_head(model, d.dim, d.n_classes), torch.ones(1))
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
@@ -51,4 +52,4 @@ def _as_linear_head(model, dim: int, n_classes: int) -> Params:
     b = np.full((n_classes,), -1e9, np.float32)  # classes never seen in training are never predicted
     w[:, lr.classes_] = (coef / scaler.scale_).T
     b[lr.classes_] = icpt - (scaler.mean_ / scaler.scale_) @ coef.T
-    return {"weight": torch.from_numpy(w)[None], "bias": torch.from_numpy(b)[None, None]}
+    return {"weight": here(w)[None], "bias": here(b)[None, None]}

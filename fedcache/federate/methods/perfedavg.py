@@ -14,11 +14,10 @@ from typing import Iterator, Literal
 
 import torch
 
-from fedcache.errors import ConfigError
-from fedcache.federate.local import split_loss
+from fedcache.config import Checked, Positive
+from fedcache.federate.local import here, split_loss
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
-from fedcache.federate.settings import Positive
 from fedcache.heads import Params, expand, forward
 
 # Mini-batches one local step draws: D and D' (first order), plus D'' for the Hessian term (HF).
@@ -27,19 +26,13 @@ ADAPT = 2**31 + 1  # shuffling stream of the evaluation-time adaptation batch, d
 
 
 @dataclass(frozen=True)
-class PerFedAvgParams:
+class PerFedAvgParams(Checked):
     # Step size of the personalisation step. The pFedMe repository (which implements Per-FedAvg) runs
     # it with --learning_rate 0.005 --beta 0.001; beta, the outer step, is the learning rate of the
     # run's optimizer (the perfedavg preset: SGD 0.001).
     alpha: Positive = 0.005
     variant: Literal["fo", "hf"] = "fo"  # "fo": first-order Per-FedAvg; "hf": Hessian-free (Hessian-vector product)
     aggregate: Literal["uniform", "samples"] = "uniform"  # paper: uniform over the sampled clients
-
-    def __post_init__(self) -> None:
-        if self.variant not in BATCHES:
-            raise ConfigError(f"perfedavg variant must be one of {sorted(BATCHES)}, got {self.variant!r}")
-        if self.aggregate not in ("uniform", "samples"):
-            raise ConfigError(f"perfedavg aggregate must be uniform or samples, got {self.aggregate!r}")
 
 
 @METHODS.register("perfedavg")
@@ -63,7 +56,7 @@ class PerFedAvg(Method):
         """Consecutive mini-batches of the usual plan, grouped per step, so an epoch still sees every
         row once; where a client's last group runs short, its first batch stands in for the rest."""
         g = BATCHES[self.p.variant]
-        plan = torch.from_numpy(self.plan(rnd, clients))
+        plan = here(self.plan(rnd, clients))
         k, s, b = plan.shape
         plan = torch.cat([plan, plan.new_full((k, -s % g, b), -1)], 1).view(k, -1, g, b)
         for group in plan.unbind(1):
@@ -78,7 +71,7 @@ class PerFedAvg(Method):
         personalised model); the batch is the first of a fixed shuffle, the same every evaluation."""
         w = expand(server, len(clients))
         keys = self.trainable(w)
-        batch = self.batch(torch.from_numpy(self.plan(ADAPT, clients, epochs=1)[:, 0]))
+        batch = self.batch(here(self.plan(ADAPT, clients, epochs=1)[:, 0]))
         with torch.enable_grad():  # the loop evaluates under no_grad
             g, p = gradients(self.ce_loss, w, keys, batch)
         return forward(self.head, {**p, **{n: w[n] - self.p.alpha * g[n] for n in keys}}, x)

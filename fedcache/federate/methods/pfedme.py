@@ -14,15 +14,15 @@ from typing import Literal
 
 import torch
 
-from fedcache.errors import ConfigError
+from fedcache.config import Checked, NonNegative, Positive, PositiveInt
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, aggregation_weights, gradients, weighted_average
 from fedcache.federate.optim import StackedOptimizer
-from fedcache.federate.settings import NonNegative, Positive, PositiveInt
 from fedcache.heads import Params, expand, forward
+from fedcache.federate.local import here
 
 
 @dataclass(frozen=True)
-class PFedMeParams:
+class PFedMeParams(Checked):
     lam: Positive = 15.0  # official --lamda 15: CIFAR-10 and 3 of 4 MNIST commands (Synthetic 20)
     inner_steps: PositiveInt = 5  # K, official default --K 5
     # Step size of the inner solver for theta: the official CIFAR-10 and Synthetic commands
@@ -35,10 +35,6 @@ class PFedMeParams:
     # L2 coefficient in the inner solver's gradient: 0 in the paper; the official pFedMeOptimizer adds
     # mu * theta with mu = 0.001.
     personal_l2: NonNegative = 0.0
-
-    def __post_init__(self) -> None:
-        if self.aggregate not in ("uniform", "samples"):
-            raise ConfigError(f"pfedme aggregate must be uniform or samples, got {self.aggregate!r}")
 
 
 @METHODS.register("pfedme")
@@ -56,7 +52,7 @@ class PFedMe(Method):
         keys = self.trainable(w)
         theta = dict(w)  # theta restarts from the received global model, as in the official code
         opt = StackedOptimizer(w, self.ctx.optim, keys)
-        for idx in torch.from_numpy(self.plan(rnd, clients)).unbind(1):
+        for idx in here(self.plan(rnd, clients)).unbind(1):
             batch = self.batch(idx)
             active = batch[2].any(1)
             theta = self.personalize(theta, w, keys, batch, active)

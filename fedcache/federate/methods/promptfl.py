@@ -11,19 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
+from fedcache.config import Checked, NonNegative, PositiveInt
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, train
 from fedcache.federate.methods._prompt import PromptedText, load_clip, logit_scale, prompt_logits
 from fedcache.federate.methods._visual_prompt import CachedFeatures
 from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext, weighted_average
-from fedcache.federate.settings import NonNegative, PositiveInt
 from fedcache.heads import Params, expand
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class PromptFLParams:
+class PromptFLParams(Checked):
     n_ctx: PositiveInt = 16  # context tokens (CoOp, PromptFL)
     ctx_init: str = ""  # "": N(0, 0.02^2) as CoOp; or words to start from, e.g. "a photo of a" (with n_ctx=4)
     logit_scale: NonNegative = 0.0  # 0: the CLIP model's own exp(t) (100 for OpenAI's weights)

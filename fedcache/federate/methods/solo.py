@@ -1,18 +1,19 @@
 """Solo: every client trains its own head on its own data and never communicates (FedPCL's lower bound)."""
 from __future__ import annotations
 
+from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.heads import Params, forward
 
 
 @METHODS.register("solo")
+@stackable()
 class Solo(Method):
     description = "local training only, no communication"
     personalized = True
     has_global_model = False
     federated = False
     all_clients = True
-    batchable = True
 
     def init_server(self) -> Params:
         return {}

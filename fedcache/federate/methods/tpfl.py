@@ -14,10 +14,10 @@ from typing import Literal
 
 import torch
 
+from fedcache.config import PositiveInt
 from fedcache.federate.methods._visual_prompt import CachedFeatures, FeaturePrompt, PixelPrompt
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.promptfl import PromptFL, PromptFLParams
-from fedcache.federate.settings import PositiveInt
 from fedcache.federate.source import source_from_info
 
 log = logging.getLogger(__name__)

@@ -7,41 +7,39 @@ feature store, keyed by (domain, id) so that every backbone's table maps onto th
 """
 from fedcache.federate.partitions import schemes as _schemes  # noqa: F401  (registers the schemes)
 from fedcache.federate.partitions.core import (
-    DEFAULT_ALPHA,
-    DEFAULT_SHARDS,
     PARTITIONERS,
     Partition,
     PartitionRequest,
+    PartitionSpec,
     few_shot_filter,
     local_test_sets,
     make_partition,
     partition_id,
     register_scheme,
 )
-from fedcache.federate.partitions.storage import (
-    PARTITIONS,
-    find_partition,
-    keys_hash,
-    load_partition,
-    save_partition,
-    table_keys,
-)
+
+# Imported when first named: the store's module imports zarr, which the run spec (and so the CLI's start-up)
+# does not need for the partition options.
+_STORAGE = ("PARTITIONS", "find_partition", "keys_hash", "load_partition", "save_partition", "table_keys")
+
+
+def __getattr__(name: str):
+    if name in _STORAGE:
+        from fedcache.federate.partitions import storage
+
+        return getattr(storage, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
-    "DEFAULT_ALPHA",
-    "DEFAULT_SHARDS",
     "PARTITIONERS",
-    "PARTITIONS",
     "Partition",
     "PartitionRequest",
+    "PartitionSpec",
     "few_shot_filter",
-    "find_partition",
-    "keys_hash",
-    "load_partition",
     "local_test_sets",
     "make_partition",
     "partition_id",
     "register_scheme",
-    "save_partition",
-    "table_keys",
+    *_STORAGE,
 ]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import asdict, dataclass, fields
-from typing import Callable
+from dataclasses import dataclass, fields
+from typing import Annotated, Callable, Literal
 
 import numpy as np
 
+from fedcache.config import Checked, Choices, Fraction, NonNegativeInt, Positive, PositiveInt, Share, opt
 from fedcache.errors import ConfigError
 from fedcache.registry import Registry
 from fedcache.store.keys import short_hash
@@ -23,11 +24,8 @@ log = logging.getLogger(__name__)
 Partitioner = Callable[[np.ndarray, np.ndarray, "PartitionRequest", np.random.Generator], list[np.ndarray]]
 PARTITIONERS: Registry[Partitioner] = Registry("partition scheme")
 
-DEFAULT_ALPHA = 0.5
-DEFAULT_SHARDS = 2
 # Every scheme accepts these; any other option belongs to the schemes that declare it.
 COMMON_OPTIONS = frozenset({"scheme", "n_clients", "seed", "few_shot", "subsample", "local_test", "local_test_mix"})
-LOCAL_TEST_MIXES = ("client", "uniform")
 # Stream numbers: adding a stage later must not change the streams of the existing ones.
 _FEW_SHOT_STREAM, _LOCAL_TEST_STREAM, _SUBSAMPLE_STREAM = 1, 2, 3
 
@@ -42,99 +40,125 @@ def register_scheme(name: str, options: tuple[str, ...] = ()) -> Callable[[Parti
     return deco
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
+def _schemes() -> tuple[str, ...]:
+    return tuple(PARTITIONERS.names())
 
 
 @dataclass(frozen=True)
-class PartitionRequest:
-    """What partition to make. Options a scheme does not read are ignored with a warning.
+class PartitionSpec(Checked):
+    """The partition options of a run (the run spec's ``partition`` section): each declared here once, with
+    its default and range. A scheme reads the options it declares (``register_scheme``) and the common ones;
+    another one given is ignored with a warning."""
 
-    ``alpha``: Dirichlet concentration of ``dirichlet`` / ``domain-dirichlet`` (default 0.5).
-    ``shards``: shards per client of ``shards`` (default 2).
-    ``clients_per_domain``: ``domain`` / ``domain-dirichlet``; default ``n_clients // n_domains``,
-    and ``clients_per_domain * n_domains`` must equal ``n_clients``.
-    ``classes_per_client``, ``repeat_rate``: ``class-disjoint`` (see that scheme).
-    ``few_shot``: any scheme; each client keeps a random ``min(few_shot, rows it holds)`` rows
-    of each class it holds. A ``few_shot`` larger than the smallest class of the whole training
-    set can never be met and is a ConfigError.
-    ``subsample``: any scheme; each client keeps round(subsample * n) of its n rows of each class,
-    so its label mix is kept while the data shrinks (a fixed number of rows per class, as FedPCL's
-    protocol has, is ``class_budget``).
-    ``class_budget``: ``dirichlet`` / ``domain-dirichlet``; FedPCL's protocol instead of splitting every
-    row: for each class, p ~ Dirichlet(alpha) over all ``n_clients`` and client i gets about
-    ``p_i * class_budget * n_clients`` rows of the class (so ``class_budget`` rows per class per client
-    on average), drawn from its own domain under ``domain-dirichlet`` (see ``schemes.budget_split``).
-    ``min_size``: Dirichlet schemes redraw until every client has that many rows.
-    ``local_test``: most local test rows per client (see ``local_test_sets``).
-    ``local_test_mix``: ``client`` (its classes in its proportions) or ``uniform`` (every class alike).
-    """
+    section = "partition"
 
-    scheme: str
-    n_clients: int
-    seed: int = 0
-    alpha: float | None = None
-    shards: int | None = None
-    clients_per_domain: int | None = None
-    classes_per_client: int | None = None
-    repeat_rate: float = 0.0
-    few_shot: int | None = None
-    class_budget: int | None = None
-    subsample: float = 1.0
-    min_size: int = 10
-    local_test: int = 1000
-    local_test_mix: str = "client"
+    # The help names the schemes as text, so that reading it imports nothing; a test keeps it equal to the registry.
+    scheme: Annotated[str, Choices(_schemes)] = opt(
+        "iid", name="partition", help="iid, dirichlet, shards, domain, domain-dirichlet, class-disjoint.")
+    clients: PositiveInt | None = opt(
+        None, help="Number of clients (default: one per domain for domain partitions, else 10).")
+    alpha: Positive = opt(0.5, help="Dirichlet concentration (dirichlet, domain-dirichlet); 0.1 gives strong label "
+                                    "skew, 100 nearly IID.")
+    shards: PositiveInt = opt(2, help="Shards per client (shards).")
+    few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
+    class_budget: PositiveInt | None = opt(
+        None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
+                   "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
+                   "FedPCL's protocol; default: every row.")
+    subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
+    clients_per_domain: PositiveInt | None = opt(
+        None, help="Clients per domain (domain partitions; default: clients / domains).")
+    classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
+    repeat_rate: Fraction = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
+    local_test: PositiveInt = opt(1000, help="Max local test samples per client.")
+    local_test_mix: Literal["client", "uniform"] = opt(
+        "client", help="client: a client's local test rows follow its (class, domain) mix; uniform: every class "
+                       "alike, from the domains it holds (FedPCL's feature & label shift test sets).")
+    min_size: NonNegativeInt = 10  # Dirichlet schemes redraw until every client has this many rows
 
     def __post_init__(self) -> None:
-        # Plain Python numbers, so that numpy scalars from a CLI or config hash the same.
+        PARTITIONERS.get(self.scheme)  # an unknown scheme says what is close and what exists
+        # Plain Python numbers, so that numpy scalars from a script or config hash the same.
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (np.integer, np.floating)):
                 object.__setattr__(self, f.name, value.item())
-        if self.alpha is not None:
-            object.__setattr__(self, "alpha", float(self.alpha))
-        object.__setattr__(self, "repeat_rate", float(self.repeat_rate))
-        object.__setattr__(self, "subsample", float(self.subsample))
-        PARTITIONERS.get(self.scheme)  # an unknown scheme fails here, with suggestions
-        self._check_ranges()
+        for name in ("alpha", "repeat_rate", "subsample"):
+            if isinstance(getattr(self, name), int):
+                object.__setattr__(self, name, float(getattr(self, name)))
+        super().__post_init__()
 
-    def _check_ranges(self) -> None:
+    def n_clients(self, n_domains: int) -> int:
+        """The client count on data of ``n_domains`` domains: ``clients``, else one per domain
+        (``clients_per_domain`` each) for domain partitions, else DEFAULT_CLIENTS."""
+        if self.clients is not None:
+            return self.clients
+        if self.scheme in DOMAIN_SCHEMES:
+            return n_domains * (self.clients_per_domain or 1)
+        return DEFAULT_CLIENTS
+
+
+DEFAULT_CLIENTS = 10
+DOMAIN_SCHEMES = ("domain", "domain-dirichlet")
+# Options that had no default before they were declared in PartitionSpec: a partition at their default keeps
+# the id it had when they were left unset (stored partitions, and the runs that name them, stay valid).
+UNSET_BEFORE = ("alpha", "shards")
+
+
+@dataclass(frozen=True)
+class PartitionRequest:
+    """What partition to make: the partition options, the number of clients they come to on the data, and
+    the seed. It reads as its options (``request.alpha``)."""
+
+    options: PartitionSpec
+    n_clients: int
+    seed: int  # the run's (schedule.seed)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n_clients", int(self.n_clients))
+        object.__setattr__(self, "seed", int(self.seed))
         _require(self.n_clients >= 1, f"n_clients must be at least 1 (got {self.n_clients})")
         _require(self.seed >= 0, f"the partition seed must be >= 0 (got {self.seed})")
-        _require(
-            self.alpha is None or self.alpha > 0,
-            f"alpha must be > 0 (got {self.alpha}); 0.1 gives strong label skew, 100 nearly IID",
-        )
-        _require(
-            self.shards is None or self.shards >= 1,
-            f"shards per client must be at least 1 (got {self.shards}); 2 is the usual pathological non-IID setting",
-        )
-        for name in ("clients_per_domain", "classes_per_client", "few_shot", "class_budget"):
-            value = getattr(self, name)
-            _require(value is None or value >= 1, f"{name} must be at least 1 or left unset (got {value})")
-        _require(0.0 <= self.repeat_rate <= 1.0, f"repeat_rate is a fraction in [0, 1] (got {self.repeat_rate})")
-        _require(self.min_size >= 0, f"min_size must be >= 0 (got {self.min_size})")
-        _require(0.0 < self.subsample <= 1.0, f"subsample is a fraction in (0, 1] (got {self.subsample})")
-        _require(self.local_test >= 1, f"local_test (max local test rows per client) must be at least 1 (got {self.local_test})")
-        _require(self.local_test_mix in LOCAL_TEST_MIXES,
-                 f"local_test_mix must be one of {', '.join(LOCAL_TEST_MIXES)} (got {self.local_test_mix!r})")
+
+    def __getattr__(self, name: str):
+        if name == "options":  # not yet set (unpickling)
+            raise AttributeError(name)
+        return getattr(self.options, name)
+
+    @classmethod
+    def of(cls, scheme: str, n_clients: int, seed: int | None = None, **options) -> "PartitionRequest":
+        """A request in one line (scripts, tests); the seed defaults as a run's does."""
+        from fedcache.federate.schedule import Schedule
+
+        return cls(PartitionSpec(scheme=scheme, **options), n_clients, Schedule().seed if seed is None else seed)
 
     def to_dict(self) -> dict:
-        return asdict(self)
-
-    def effective(self, n_domains: int) -> dict:
-        """What the scheme ran with: the options it reads, an unset one as the scheme's default (the
-        request keeps ``None`` so that partition ids stay stable; config.json records this as well)."""
-        defaults = {"alpha": DEFAULT_ALPHA, "shards": DEFAULT_SHARDS,
-                    "clients_per_domain": self.n_clients // max(n_domains, 1)}
-        reads = COMMON_OPTIONS | PARTITIONERS.get(self.scheme).options
-        given = {k: v for k, v in self.to_dict().items() if k in reads}
-        return {k: defaults[k] if v is None and k in defaults else v for k, v in given.items()}
+        """The request as partitions are stored and identified (the layout ids have always hashed)."""
+        o = self.options
+        d = {"scheme": o.scheme, "n_clients": self.n_clients, "seed": self.seed, **{
+            f.name: getattr(o, f.name) for f in fields(o) if f.name not in ("scheme", "clients")}}
+        defaults = PartitionSpec()
+        for name in UNSET_BEFORE:
+            if d[name] == getattr(defaults, name):
+                d[name] = None
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "PartitionRequest":
-        return cls(**d)
+        d = dict(d)
+        scheme, n_clients, seed = d.pop("scheme"), d.pop("n_clients"), d.pop("seed")
+        options = {k: v for k, v in d.items() if not (k in UNSET_BEFORE and v is None)}
+        return cls(PartitionSpec(scheme=scheme, **options), n_clients, seed)
+
+    def effective(self, n_domains: int) -> dict:
+        """What the scheme ran with: the options it reads, ``clients_per_domain`` filled in."""
+        reads = COMMON_OPTIONS | PARTITIONERS.get(self.scheme).options
+        given = {k: v for k, v in self.to_dict().items() if k in reads}
+        defaults = PartitionSpec()
+        filled = {k: getattr(defaults, k) if v is None and k in UNSET_BEFORE else v for k, v in given.items()}
+        if "clients_per_domain" in filled and filled["clients_per_domain"] is None:
+            filled["clients_per_domain"] = self.n_clients // max(n_domains, 1)
+        return filled
 
     def rng(self, stream: int | None = None) -> np.random.Generator:
         """The scheme's generator; ``stream`` picks an independent one for a later step."""
@@ -142,6 +166,11 @@ class PartitionRequest:
         const = int.from_bytes(hashlib.sha256(self.scheme.encode()).digest()[:4], "little")
         words = [self.seed, const] if stream is None else [self.seed, const, stream]
         return np.random.default_rng(np.random.SeedSequence(words))
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
 # Options added after partitions were first stored: they enter the id only when set, so a store's existing
@@ -210,8 +239,10 @@ def make_partition(request: PartitionRequest, train_labels, train_domains, test_
 
 
 def _warn_unused_options(request: PartitionRequest, scheme: Partitioner) -> None:
-    used = COMMON_OPTIONS | getattr(scheme, "options", frozenset())
-    ignored = [f.name for f in fields(request) if f.name not in used and getattr(request, f.name) != f.default]
+    used = COMMON_OPTIONS | getattr(scheme, "options", frozenset()) | {"clients"}
+    defaults = PartitionSpec()
+    ignored = [f.name for f in fields(request.options) if f.name not in used
+               and getattr(request.options, f.name) != getattr(defaults, f.name)]
     if ignored:
         log.warning("partition scheme %r ignores %s", request.scheme, ", ".join(ignored))
 
@@ -289,10 +320,9 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     classes = np.unique(labels)
     missing: set[tuple[int, int]] = set()
     out = []
-    for rows in clients:
-        held = {cell: len(r) for cell, r in cells(labels[rows], domains[rows]).items()}
+    for held in held_cells(clients, labels, domains):
         if mix == "uniform":
-            held = {(int(c), int(d)): 1 for d in np.unique(domains[rows]) for c in classes}
+            held = {(int(c), d): 1 for d in sorted({d for _, d in held}) for c in classes}
         missing |= {cell for cell in held if cell not in test_cells}
         present = {cell: n for cell, n in held.items() if cell in test_cells}
         out.append(_draw_test(present, test_cells, budget, rng, mix == "uniform"))
@@ -302,6 +332,22 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
             len(missing), ", ".join(f"class {c}/domain {d}" for c, d in sorted(missing)[:10]),
         )
     return out
+
+
+def held_cells(clients: list[np.ndarray], labels: np.ndarray, domains: np.ndarray) -> list[dict[tuple[int, int], int]]:
+    """Per client, how many of its rows each of its (class, domain) cells holds, cells in sorted order (as
+    ``cells`` lists them): one sort of every client's rows, not one per client."""
+    sizes = np.array([len(r) for r in clients], dtype=np.int64)
+    rows = np.concatenate(clients).astype(np.int64) if len(clients) else np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(len(clients)), sizes)
+    lab, dom = labels[rows], domains[rows]
+    order = np.lexsort((dom, lab, owner))
+    o, lab, dom = owner[order], lab[order], dom[order]
+    starts = np.flatnonzero(np.r_[True, (o[1:] != o[:-1]) | (lab[1:] != lab[:-1]) | (dom[1:] != dom[:-1])])
+    counts = np.diff(np.r_[starts, len(o)]).tolist()
+    cell_label, cell_domain = lab[starts].tolist(), dom[starts].tolist()
+    bounds = np.searchsorted(o[starts], np.arange(len(clients) + 1)).tolist()
+    return [{(cell_label[i], cell_domain[i]): counts[i] for i in range(lo, hi)} for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _draw_test(present: dict, test_cells: dict, budget: int, rng: np.random.Generator, uniform: bool = False) -> np.ndarray:

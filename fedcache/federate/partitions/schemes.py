@@ -10,7 +10,7 @@ import logging
 import numpy as np
 
 from fedcache.errors import ConfigError
-from fedcache.federate.partitions.core import DEFAULT_ALPHA, DEFAULT_SHARDS, PartitionRequest, register_scheme
+from fedcache.federate.partitions.core import PartitionRequest, register_scheme
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def dirichlet(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest
     The whole draw is repeated until every client has at least ``min_size`` rows.
     With ``class_budget``, only a budget of rows per class is spread (``budget_split``).
     """
-    alpha = request.alpha if request.alpha is not None else DEFAULT_ALPHA
+    alpha = request.alpha
     if request.class_budget is not None:
         return budget_split(labels, [np.arange(len(labels))], np.zeros(request.n_clients, np.int64), alpha,
                             request, rng, ["the data"])
@@ -111,12 +111,12 @@ def dirichlet_split(rows, labels, n_clients: int, alpha: float, min_size: int, r
             f"no Dirichlet({alpha}) draw in {MAX_DIRICHLET_TRIES} tries gave every one of {n_clients} clients "
             f"{min_size} rows of {what}; use a larger alpha, fewer clients or a smaller min_size"
         )
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-    for c in range(len(classes)):
-        members = rng.permutation(rows[y == c])
-        for k, piece in enumerate(np.split(members, np.cumsum(counts[c])[:-1])):
-            parts[k].append(piece)
-    return [np.concatenate(p) for p in parts]
+    # Client k holds, class after class, the next counts[c, k] of the class's shuffled rows: every row's client
+    # is worked out at once and the rows grouped by client (stable: in class order, then shuffled order).
+    members = np.concatenate([rng.permutation(rows[y == c]) for c in range(len(classes))])
+    owner = np.concatenate([np.repeat(np.arange(n_clients), counts[c]) for c in range(len(classes))])
+    grouped = members[np.argsort(owner, kind="stable")]
+    return np.split(grouped, np.cumsum(np.bincount(owner, minlength=n_clients))[:-1])
 
 
 def _dirichlet_counts(class_sizes: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
@@ -138,7 +138,7 @@ def _dirichlet_counts(class_sizes: np.ndarray, n_clients: int, alpha: float, rng
 @register_scheme("shards", ("shards",))
 def shards(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest, rng: np.random.Generator) -> list[np.ndarray]:
     """Pathological label skew: rows sorted by label, cut into equal shards, ``shards`` random ones per client."""
-    per_client = request.shards or DEFAULT_SHARDS
+    per_client = request.shards
     n_shards = per_client * request.n_clients
     if n_shards > len(labels):
         raise ConfigError(
@@ -192,7 +192,7 @@ def domain_dirichlet(labels: np.ndarray, domains: np.ndarray, request: Partition
     skew between domains, where splitting each domain's rows has none to add.
     """
     present, per_domain = _domain_clients(domains, request)
-    alpha = request.alpha if request.alpha is not None else DEFAULT_ALPHA
+    alpha = request.alpha
     if request.class_budget is not None:
         pools = [np.flatnonzero(domains == d) for d in present]
         return budget_split(labels, pools, np.repeat(np.arange(len(present)), per_domain), alpha, request, rng,

@@ -73,13 +73,15 @@ def _parent(store: FeatureStore, dataset: str) -> zarr.Group:
     return store.root.require_group(PARTITIONS).require_group(dataset)
 
 
-def save_partition(store: FeatureStore, dataset: str, partition: Partition, train_keys, test_keys) -> str:
+def save_partition(store: FeatureStore, dataset: str, partition: Partition, train_keys, test_keys,
+                   data_hash: str | None = None) -> str:
     """Write ``partition`` (whose rows index the tables keyed by ``train_keys``/``test_keys``); return its id.
+    ``data_hash``: their ``keys_hash``, when the caller has it already.
 
     A complete partition already stored under the same id is kept as it is: it was made by
     the same request on the same samples.
     """
-    data_hash = keys_hash(train_keys, test_keys)
+    data_hash = data_hash or keys_hash(train_keys, test_keys)
     pid = partition.partition_id(data_hash)
     stored = _lookup(store, dataset, pid)
     if stored is not None and stored.attrs.get("complete", False):  # no lock needed (a read-only store works)
@@ -131,10 +133,12 @@ def _stored(store: FeatureStore, dataset: str, pid: str) -> zarr.Group:
     return g
 
 
-def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_keys, test_keys) -> Partition:
-    """A stored partition, with rows of the tables keyed by ``train_keys`` / ``test_keys``."""
+def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_keys, test_keys,
+                   data_hash: str | None = None) -> Partition:
+    """A stored partition, with rows of the tables keyed by ``train_keys`` / ``test_keys`` (whose
+    ``keys_hash`` is ``data_hash``, when the caller has it already)."""
     g = _stored(store, dataset, partition_id)
-    if g.attrs.get("data_hash") != keys_hash(train_keys, test_keys):
+    if g.attrs.get("data_hash") != (data_hash or keys_hash(train_keys, test_keys)):
         log.info("partition %s was made on other rows of %s; mapping its samples onto these tables", partition_id, dataset)
     per_split = []
     for split, keys in zip(_SPLITS, (train_keys, test_keys)):
@@ -147,17 +151,9 @@ def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_k
 
 def _rows_of(domains, ids, want_domains, want_ids, split: str, pid: str) -> np.ndarray:
     """Row index of each wanted (domain, id) key in the table."""
-    order = _sorted_keys(domains, ids, split)
-    sorted_d, sorted_i = domains[order], ids[order]
-    rows = np.full(len(want_ids), -1, dtype=np.int64)
-    for d in np.unique(want_domains):
-        lo, hi = np.searchsorted(sorted_d, d, "left"), np.searchsorted(sorted_d, d, "right")
-        q = np.flatnonzero(want_domains == d)
-        if hi == lo:
-            continue
-        pos = np.minimum(lo + np.searchsorted(sorted_i[lo:hi], want_ids[q]), hi - 1)
-        found = sorted_i[pos] == want_ids[q]
-        rows[q[found]] = order[pos[found]]
+    rows = _rows_by_lookup(domains, ids, want_domains, want_ids, split)
+    if rows is None:
+        rows = _rows_by_search(domains, ids, want_domains, want_ids, split)
     missing = np.flatnonzero(rows < 0)
     if len(missing):
         m = missing[0]
@@ -169,9 +165,47 @@ def _rows_of(domains, ids, want_domains, want_ids, split: str, pid: str) -> np.n
     return rows
 
 
-def find_partition(store: FeatureStore, dataset: str, request: PartitionRequest, train_keys, test_keys) -> Partition | None:
+LOOKUP_SLACK = 4  # a dense table of (domain, id) -> row is used while it has at most this many slots per row
+
+
+def _rows_by_lookup(domains, ids, want_domains, want_ids, split: str) -> np.ndarray | None:
+    """Rows through a dense table indexed by (domain, id): ids are usually 0..n-1 per domain, and a gather
+    of every wanted key costs far less than searching for each. None when the ids are too sparse for it."""
+    if not len(ids):
+        return None
+    width, n_domains = int(ids.max()) + 1, int(domains.max()) + 1
+    if ids.min() < 0 or domains.min() < 0 or width * n_domains > LOOKUP_SLACK * len(ids) + 1024:
+        return None
+    table = np.full(width * n_domains, -1, np.int64)
+    slot = domains * width + ids
+    table[slot] = np.arange(len(ids))
+    if not np.array_equal(table[slot], np.arange(len(ids))):
+        _sorted_keys(domains, ids, split)  # a key written twice: refused there, naming it
+    fits = (want_domains >= 0) & (want_domains < n_domains) & (want_ids >= 0) & (want_ids < width)
+    rows = np.full(len(want_ids), -1, np.int64)
+    rows[fits] = table[want_domains[fits] * width + want_ids[fits]]
+    return rows
+
+
+def _rows_by_search(domains, ids, want_domains, want_ids, split: str) -> np.ndarray:
+    order = _sorted_keys(domains, ids, split)
+    sorted_d, sorted_i = domains[order], ids[order]
+    rows = np.full(len(want_ids), -1, dtype=np.int64)
+    for d in np.unique(want_domains):
+        lo, hi = np.searchsorted(sorted_d, d, "left"), np.searchsorted(sorted_d, d, "right")
+        q = np.flatnonzero(want_domains == d)
+        if hi == lo:
+            continue
+        pos = np.minimum(lo + np.searchsorted(sorted_i[lo:hi], want_ids[q]), hi - 1)
+        found = sorted_i[pos] == want_ids[q]
+        rows[q[found]] = order[pos[found]]
+    return rows
+
+
+def find_partition(store: FeatureStore, dataset: str, request: PartitionRequest, train_keys, test_keys,
+                   data_hash: str | None = None) -> Partition | None:
     """The stored partition for this request on exactly these samples, or None."""
-    data_hash = keys_hash(train_keys, test_keys)
+    data_hash = data_hash or keys_hash(train_keys, test_keys)
     pid = partition_id(request, data_hash)
     g = _lookup(store, dataset, pid)
     if g is None:
@@ -181,4 +215,4 @@ def find_partition(store: FeatureStore, dataset: str, request: PartitionRequest,
         return None
     if canonical_json(dict(attrs.get("request", {}))) != canonical_json(request.to_dict()):
         return None
-    return load_partition(store, dataset, pid, train_keys, test_keys)
+    return load_partition(store, dataset, pid, train_keys, test_keys, data_hash)

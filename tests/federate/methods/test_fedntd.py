@@ -5,11 +5,13 @@ import math
 
 import torch
 
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedntd import not_true_kl
 from fedcache.federate.optim import OptimConfig
 
 from ..conftest import synthetic
+from ..test_methods import make
 
 
 def fedntd(tau: float, beta: float):
@@ -103,3 +105,11 @@ def test_teacher_normalises_with_the_global_models_running_statistics():
     batch_teacher, _ = train_forward(m.head, {n: t.clone() for n, t in received.items()}, x, mask)
     assert not torch.allclose(batch_teacher, teacher, atol=1e-3)
     assert all(torch.equal(anchor[n], received[n]) for n in received)
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+def test_fedntd_equals_fedavg_with_beta_zero(skewed):
+    a = run(make("fedntd", skewed, beta=0.0), RunConfig(rounds=2))
+    b = run(make("fedavg", skewed), RunConfig(rounds=2))
+    for n in a.server:
+        torch.testing.assert_close(a.server[n], b.server[n])

@@ -6,17 +6,22 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.errors import ConfigError
+from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB, drop_incomplete
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.prototypes import class_means
-from fedcache.federate.train import resolve_settings
-from tests.federate.conftest import synthetic
+from tests.resolve import resolve_settings
+from tests.federate.conftest import HELD, synthetic
+
+from .. import test_methods as generic
 
 
 def make(data, **params):
     cls = METHODS.get("fedproto")
-    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.01, 0.0, 0.0), local_epochs=2, batch_size=16, seed=0, rounds=2)
+    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.01, 0.0, 0.0), schedule=Schedule(local_epochs=2, batch_size=16, seed=0, rounds=2))
     return cls(ctx, cls.Params(**params))
 
 
@@ -94,7 +99,7 @@ def test_loss_rows_all_averages_over_every_row(data):
 
 
 def test_reference_options_batched_equals_per_client(data):
-    from fedcache.federate.loop import RunConfig, run
+    from fedcache.federate.inprocess import RunConfig, run
 
     a = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=True)).summary
     b = run(make(data, **PFLLIB), RunConfig(rounds=2, batched=False)).summary
@@ -157,3 +162,75 @@ def test_proto_prediction_never_picks_a_class_without_prototype(data):
     server["counts"][3] = 0.0
     logits = m.client_logits(server, states, [0], x)
     assert torch.isinf(logits[..., 3]).all() and (logits.argmax(-1) != 3).all()
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+def test_fedproto_averages_prototypes_weighted_by_class_counts(skewed):
+    m = generic.make("fedproto", skewed)
+    server = {"protos": torch.tensor([[0.0, 0], [0, 0], [0, 0], [5, 5]]), "counts": torch.tensor([0.0, 0, 0, 7])}
+    uploads = {"protos": torch.tensor([[[1.0, 1], [9, 9], [0, 2], [0, 0]], [[4.0, 4], [2, 0], [7, 7], [0, 0]]]),
+               "counts": torch.tensor([[2.0, 0, 1, 0], [1.0, 3, 0, 0]])}
+    new = m.aggregate(server, LocalResult({}, uploads, torch.tensor([3.0, 4])), [0, 1], 0)
+    # class 0: (2*[1,1] + 1*[4,4]) / 3; classes 1, 2: one holder each (the absent clients' rows are
+    # ignored); class 3: held by nobody this round, keeps its prototype.
+    torch.testing.assert_close(new["protos"], torch.tensor([[2.0, 2], [2, 0], [0, 2], [5, 5]]))
+    torch.testing.assert_close(new["counts"], torch.tensor([3.0, 3, 1, 7]))
+
+
+def test_fedproto_sends_only_the_classes_a_client_holds(skewed):
+    m = generic.make("fedproto", skewed)
+    f = m.head.feature_dim
+    uploads = {"protos": torch.randn(2, 10, f), "counts": torch.tensor([[2.0, 0, 1] + [0] * 7, [0.0] * 9 + [5]])}
+    assert m.upload_size(uploads, 0) == (2 * f, 2 * f * 4 + 2 * 16)  # prototype + int64 index and count
+    assert m.upload_size(uploads, 1) == (f, f * 4 + 16)
+    s = run(m, RunConfig(rounds=2)).summary
+    assert s["bytes_up"] == 2 * 5 * HELD * (f * 4 + 16)
+    # Round 1 receives no prototypes; round 2 every class's (the clients' classes cover all ten).
+    assert s["bytes_down"] == 5 * skewed.n_classes * (f * 4 + 8)
+
+
+@pytest.mark.parametrize("local_protos,epochs_used", [("last-epoch", 1), ("every-epoch", 2)])
+def test_fedproto_epoch_prototypes_average_their_epochs_steps(skewed, monkeypatch, local_protos, epochs_used):
+    """local_protos=last-epoch (the official code's): class means of the representations that the
+    training steps of each client's last local epoch produced; every-epoch (PFLlib's): of every local
+    epoch's steps. Recomputed here from every step's."""
+    from fedcache.federate.methods import fedproto
+
+    steps = []
+    add = fedproto.EpochSums.add
+    monkeypatch.setattr(fedproto.EpochSums, "add", lambda self, s, z, y, mask: (steps.append((s, z, y, mask)), add(self, s, z, y, mask)))
+    m = generic.make("fedproto", skewed, local_protos=local_protos)  # 2 local epochs, batch 16, unequal clients
+    clients = [0, 1, 2]
+    down = {"protos": torch.zeros(1, 10, m.head.feature_dim), "counts": torch.zeros(1, 10)}  # as broadcast sends
+    start = {n: t[clients] for n, t in m.init_clients(5).items()}
+    result = m.local_update(0, clients, down, start)
+    sizes = [len(skewed.client_train[k]) for k in clients]
+    per_epoch = [-(-n // 16) for n in sizes]
+    for i, k in enumerate(clients):
+        first = (2 - epochs_used) * per_epoch[i]
+        z = torch.cat([st[1][i][st[3][i]] for st in steps if first <= st[0] < 2 * per_epoch[i]])
+        y = torch.cat([st[2][i][st[3][i]] for st in steps if first <= st[0] < 2 * per_epoch[i]])
+        assert len(y) == epochs_used * sizes[i]
+        assert sorted(y.tolist()) == sorted(skewed.y_train[skewed.client_train[k]].tolist() * epochs_used)
+        for c in y.unique().tolist():
+            torch.testing.assert_close(result.uploads["protos"][i, c], z[y == c].mean(0))
+    after = generic.make("fedproto", skewed).local_update(0, clients, down, start)
+    if epochs_used == 1:
+        torch.testing.assert_close(result.uploads["counts"], after.uploads["counts"])
+    assert not torch.allclose(result.uploads["protos"], after.uploads["protos"])  # train mode, moving weights
+
+
+def test_fedproto_last_epoch_prototypes_batched_equals_loop(skewed):
+    a = run(generic.make("fedproto", skewed, local_protos="last-epoch"), RunConfig(rounds=3, batched=True))
+    b = run(generic.make("fedproto", skewed, local_protos="last-epoch"), RunConfig(rounds=3, batched=False))
+    assert generic.summary(a) == generic.summary(b)
+    with pytest.raises(ConfigError, match="local_protos"):
+        generic.make("fedproto", skewed, local_protos="first-epoch")
+
+
+def test_fedproto_prototype_prediction_and_head_errors(skewed):
+    assert run(generic.make("fedproto", skewed, predict="proto"), RunConfig(rounds=generic.ROUNDS)).summary["mean_accuracy"] > 60
+    with pytest.raises(ConfigError, match="no representation layers.*use --head mlp"):
+        generic.make("fedproto", skewed, head="linear")
+    with pytest.raises(ConfigError, match="predict"):
+        generic.make("fedproto", skewed, predict="nearest")

@@ -57,7 +57,7 @@ def test_proximal_term_skips_batchnorm_statistics_and_vanishes_at_the_global_hea
 
 def test_a_negative_mu_is_refused():
     from fedcache.errors import ConfigError
-    from fedcache.federate.train import resolve_settings
+    from tests.resolve import resolve_settings
 
     with pytest.raises(ConfigError, match="mu"):
         resolve_settings("fedprox", ["mu=-1"])

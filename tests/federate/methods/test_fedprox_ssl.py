@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods._simclr import ENCODER_KEYS, proximal
 from fedcache.federate.methods.fedprox_ssl import FedProxSSLParams
 

@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.errors import ConfigError
+from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.local import step_plan, train
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
 from fedcache.heads import expand
 
 from ..conftest import synthetic
+from ..test_methods import make
 
 HEAD = ("fc2.weight", "fc2.bias")
 BODY = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
@@ -20,7 +24,7 @@ BODY = ("fc1.weight", "fc1.bias", "bn.weight", "bn.bias")
 def fedrep(head_epochs: int):
     data = synthetic(n_clients=3, per_client=20, n_classes=4, dim=6)
     cls = METHODS.get("fedrep")
-    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), local_epochs=1, batch_size=8)
+    ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), schedule=Schedule(local_epochs=1, batch_size=8))
     return cls(ctx, cls.Params(head_epochs=head_epochs)), data
 
 
@@ -123,7 +127,7 @@ def test_clients_are_scored_with_the_global_body_and_their_own_classifier():
 def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights):
     data = synthetic(n_clients=2, n_classes=4, dim=6, sizes=[8, 24])
     cls = METHODS.get("fedrep")
-    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), batch_size=8),
+    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), schedule=Schedule(batch_size=8)),
             cls.Params(head_epochs=1, aggregate=aggregate))
     got = m.local_update(0, [0, 1], m.init_server(), m.init_clients(2))
     torch.testing.assert_close(got.weights, torch.tensor(weights))
@@ -137,9 +141,8 @@ def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights
 @pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])
 def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
     """FedPCL sets E = 1 for every method: FedRep's cells resolve to 1 classifier epoch + 1 body epoch."""
-    from fedcache.federate.train import resolve
     from fedcache.presets import PRESETS
-    from fedcache.sweep import GridSpec, cells, train_config
+    from fedcache.grids import GridSpec, cells, train_config
 
     p = PRESETS.get(preset)
     rep = [e for e in p.experiments if "fedrep" in e.methods]
@@ -150,5 +153,23 @@ def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
         for cell in cells(spec):
             run = train_config(spec, cell, None)
             assert run.get("local_epochs") == 1
-            assert resolve(run).params.head_epochs == 1
+            assert run.method.params.head_epochs == 1
     assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+def test_fedrep_sends_only_the_body(skewed):
+    m = make("fedrep", skewed)
+    body = sum(t[0].numel() for n, t in m.head.init(1, torch.Generator()).items() if n in m.head.body_keys)
+    assert body == skewed.dim * 256 + 3 * 256  # fc1 weight and bias, BatchNorm weight and bias
+    s = run(m, RunConfig(rounds=2)).summary
+    assert s["bytes_up"] == s["bytes_down"] == 2 * 5 * body * 4
+    with pytest.raises(ConfigError, match="use --head mlp"):
+        make("fedrep", skewed, head="linear")
+
+
+def test_fedrep_keeps_classifiers_personal(skewed):
+    r = run(make("fedrep", skewed), RunConfig(rounds=1))
+    assert set(r.server) == {"fc1.weight", "fc1.bias", "bn.weight", "bn.bias"}
+    w = r.clients["fc2.weight"]
+    assert not torch.allclose(w[0], w[1])  # trained on different data, never averaged

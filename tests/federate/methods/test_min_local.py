@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedcache.federate.loop import RunConfig, run
+from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods._simclr import probe_logits
 
 from ..conftest import synthetic
@@ -30,7 +30,7 @@ def test_summary_reports_the_worst_clients_probe_on_the_whole_test_split():
 
 def test_flesd_table1_compares_min_local_on_the_metric_it_reports():
     from fedcache.presets import PRESETS
-    from fedcache.sweep import METRIC_COLUMNS
+    from fedcache.grids import METRIC_COLUMNS
 
     rows = [n for n in PRESETS.get("flesd-table1").paper if n.method == "min-local"]
     assert rows and all(n.metric == "worst_client_global_accuracy" for n in rows)

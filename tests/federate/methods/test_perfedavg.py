@@ -2,19 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fedcache.errors import ConfigError
+from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.perfedavg import ADAPT, meta_gradient
-from fedcache.federate.optim import PRESETS, OptimConfig
-from fedcache.federate.train import resolve_settings
+from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
+from tests.resolve import resolve_settings
 
+from .. import test_methods as generic
 from ..conftest import synthetic
 
 # Client 0: four rows, so one local step pairs two batches D, D' of two rows (their means differ
@@ -33,7 +38,7 @@ def make(optim: OptimConfig, **params):
     rows = [np.arange(4), np.arange(4, 6)]
     data = FederatedData(x, y, x, y, rows, [r.copy() for r in rows], ("a", "b"))
     cls = METHODS.get("perfedavg")
-    m = cls(MethodContext(data, "linear", optim, local_epochs=1, batch_size=2), cls.Params(**params))
+    m = cls(MethodContext(data, "linear", optim, schedule=Schedule(local_epochs=1, batch_size=2)), cls.Params(**params))
     m.ce_loss = quadratic
     return m
 
@@ -53,7 +58,7 @@ def test_the_default_is_the_papers_update():
 def test_meta_step_matches_hand_computation():
     """temp = w - alpha grad f(w; D); w <- w - beta grad f(temp; D') (first order)."""
     alpha, beta, w = 0.1, 0.5, 2.0
-    m = make(dataclasses.replace(PRESETS["perfedavg"], lr=beta), alpha=alpha)
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["perfedavg"], lr=beta), alpha=alpha)
     a, b = batch_means(m, 0)
     assert a != b
     want = []
@@ -70,14 +75,14 @@ def test_hessian_free_step_matches_hand_computation():
     """HF: w <- w - beta (I - alpha H(w; D'')) grad f(temp; D'); H = 1 here. Client 1's single batch is
     D, D' and D''."""
     alpha, beta, w = 0.1, 0.5, 2.0
-    m = make(dataclasses.replace(PRESETS["perfedavg"], lr=beta), alpha=alpha, variant="hf")
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["perfedavg"], lr=beta), alpha=alpha, variant="hf")
     got = m.local_update(0, [1], {"w": torch.tensor([[w]])}, {}).uploads["w"]
     torch.testing.assert_close(got, torch.tensor([[w - beta * (1 - alpha) * (w - alpha * (w - 3.0) - 3.0)]]))
 
 
 @pytest.mark.parametrize("aggregate, weights, want", [("uniform", (1.0, 1.0), 4.5), ("samples", (4.0, 2.0), 4.0)])
 def test_server_averages_uniformly_or_by_samples(aggregate, weights, want):
-    m = make(PRESETS["perfedavg"], aggregate=aggregate)
+    m = make(OPTIMIZER_PRESETS["perfedavg"], aggregate=aggregate)
     result = m.local_update(0, [0, 1], {"w": torch.tensor([[0.0]])}, {})
     torch.testing.assert_close(result.weights, torch.tensor(weights))
     result.uploads = {"w": torch.tensor([[3.0], [6.0]])}
@@ -112,7 +117,7 @@ def test_personalised_score_is_one_alpha_step_on_a_fixed_training_batch():
     alpha, clients = 0.5, [0, 1]
     data = synthetic(n_clients=2, per_client=20, n_classes=3, dim=4)
     cls = METHODS.get("perfedavg")
-    m = cls(MethodContext(data, "linear", PRESETS["perfedavg"], batch_size=8), cls.Params(alpha=alpha))
+    m = cls(MethodContext(data, "linear", OPTIMIZER_PRESETS["perfedavg"], schedule=Schedule(batch_size=8)), cls.Params(alpha=alpha))
     server = m.init_server()
     x = data.x_test[:5].expand(2, -1, -1)
     got = m.client_logits(server, {}, clients, x)
@@ -126,3 +131,28 @@ def test_personalised_score_is_one_alpha_step_on_a_fixed_training_batch():
         torch.testing.assert_close(got[i], x[i] @ weight + bias)
     assert not torch.allclose(got[0], x[0] @ server["weight"][0] + server["bias"][0])
     torch.testing.assert_close(m.client_logits(server, {}, clients, x), got)  # the same batch at every evaluation
+
+
+def test_perfedavg_first_order_and_hessian_free_steps():
+    w, alpha = {"w": torch.tensor([[2.0]])}, 0.1
+    d1, d2 = batch_of(0.5, 1.5), batch_of(3.0, 3.0)  # means 1 and 3
+    g, _ = meta_gradient(quadratic, w, ("w",), [d1, d2], alpha)
+    # temp = 2 - 0.1 * (2 - 1) = 1.9; FO gradient at temp on D2: 1.9 - 3 = -1.1
+    torch.testing.assert_close(g["w"], torch.tensor([[-1.1]]))
+    g, _ = meta_gradient(quadratic, w, ("w",), [d1, d2, d1], alpha)
+    torch.testing.assert_close(g["w"], torch.tensor([[(1 - alpha) * -1.1]]))  # (I - alpha H) g, H = 1
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+def test_perfedavg_steps_pair_consecutive_batches(skewed):
+    m = generic.make("perfedavg", skewed)
+    plan = torch.from_numpy(m.plan(0, [0, 1]))
+    groups = list(m.step_batches(0, [0, 1]))
+    assert len(groups) == math.ceil(plan.shape[1] / 2) and all(len(g) == 2 for g in groups)
+    x0 = skewed.x_train[plan[0, 0].clamp_min(0)]
+    torch.testing.assert_close(groups[0][0][0][0], x0)
+    hf = generic.make("perfedavg", skewed, variant="hf")
+    assert all(len(g) == 3 for g in hf.step_batches(0, [0]))
+    assert run(hf, RunConfig(rounds=generic.ROUNDS)).summary["mean_accuracy"] > 60
+    with pytest.raises(ConfigError, match="variant"):
+        generic.make("perfedavg", skewed, variant="so")

@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 import torch
 
+from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
-from fedcache.federate.optim import PRESETS, OptimConfig
-from fedcache.federate.train import resolve_settings
+from fedcache.federate.methods.base import gradients
+from fedcache.federate.optim import OPTIMIZER_PRESETS, OptimConfig
+from tests.resolve import resolve_settings
 from fedcache.heads import expand
 
+from .. import test_methods as generic
 from ..conftest import synthetic
 
 # Client 0 holds four rows of value 1, client 1 two rows of value 3; batches of 2 give client 0 two
@@ -35,7 +38,7 @@ def two_clients() -> FederatedData:
 
 def make(optim: OptimConfig, **params):
     cls = METHODS.get("pfedme")
-    m = cls(MethodContext(two_clients(), "linear", optim, local_epochs=1, batch_size=2), cls.Params(**params))
+    m = cls(MethodContext(two_clients(), "linear", optim, schedule=Schedule(local_epochs=1, batch_size=2)), cls.Params(**params))
     m.ce_loss = quadratic  # the data term f, replaced by one whose gradient is known in closed form
     return m
 
@@ -61,7 +64,7 @@ def test_the_default_is_the_papers_update():
 
 def test_w_update_after_k_inner_steps_matches_hand_computation():
     eta, lam, lr, k = 0.25, 2.0, 0.1, 2
-    m = make(dataclasses.replace(PRESETS["pfedme"], lr=eta), lam=lam, personal_lr=lr, inner_steps=k)
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["pfedme"], lr=eta), lam=lam, personal_lr=lr, inner_steps=k)
     result = m.local_update(0, [0, 1], {"w": torch.tensor([[0.5]])}, {})
     w0, theta0 = by_hand(0.5, 1.0, steps=2, k=k, personal_lr=lr, lam=lam, eta=eta)
     w1, theta1 = by_hand(0.5, 3.0, steps=1, k=k, personal_lr=lr, lam=lam, eta=eta)
@@ -74,7 +77,7 @@ def test_w_update_after_k_inner_steps_matches_hand_computation():
 
 @pytest.mark.parametrize("aggregate, weights", [("uniform", (1.0, 1.0)), ("samples", (4.0, 2.0))])
 def test_aggregation_weights(aggregate, weights):
-    m = make(PRESETS["pfedme"], aggregate=aggregate)
+    m = make(OPTIMIZER_PRESETS["pfedme"], aggregate=aggregate)
     result = m.local_update(0, [0, 1], {"w": torch.tensor([[0.5]])}, {})
     torch.testing.assert_close(result.weights, torch.tensor(weights))
 
@@ -86,7 +89,7 @@ def test_aggregation_weights(aggregate, weights):
 ])
 def test_server_mixes_the_average_with_beta(aggregate, beta, want):
     """w_global <- (1 - beta) w_global + beta * average of the sampled clients' w."""
-    m = make(PRESETS["pfedme"], aggregate=aggregate, beta=beta)
+    m = make(OPTIMIZER_PRESETS["pfedme"], aggregate=aggregate, beta=beta)
     weights = m.local_update(0, [0, 1], {"w": torch.tensor([[0.0]])}, {}).weights
     result = LocalResult({}, {"w": torch.tensor([[3.0], [6.0]])}, weights)
     torch.testing.assert_close(m.aggregate({"w": torch.tensor([[1.0]])}, result, [0, 1], 0)["w"], torch.tensor([[want]]))
@@ -94,7 +97,7 @@ def test_server_mixes_the_average_with_beta(aggregate, beta, want):
 
 def test_official_l2_in_the_inner_solver():
     """personal_l2 (the official optimizer's mu) adds mu * theta to the inner gradient."""
-    m = make(dataclasses.replace(PRESETS["pfedme"], lr=0.25), lam=2.0, personal_lr=0.1, inner_steps=1, personal_l2=0.5)
+    m = make(dataclasses.replace(OPTIMIZER_PRESETS["pfedme"], lr=0.25), lam=2.0, personal_lr=0.1, inner_steps=1, personal_l2=0.5)
     theta = m.local_update(0, [1], {"w": torch.tensor([[0.5]])}, {}).states["w"]
     # 0.5 - 0.1 * ((0.5 - 3) + 2 * 0 + 0.5 * 0.5)
     torch.testing.assert_close(theta, torch.tensor([[0.5 - 0.1 * (-2.5 + 0.25)]]))
@@ -103,7 +106,7 @@ def test_official_l2_in_the_inner_solver():
 def small(head: str):
     data = synthetic(n_clients=2, per_client=16, n_classes=3, dim=4)
     cls = METHODS.get("pfedme")
-    return cls(MethodContext(data, head, PRESETS["pfedme"], batch_size=8), cls.Params()), data
+    return cls(MethodContext(data, head, OPTIMIZER_PRESETS["pfedme"], schedule=Schedule(batch_size=8)), cls.Params()), data
 
 
 def test_clients_are_scored_with_their_personalised_theta():
@@ -125,3 +128,24 @@ def test_batchnorm_statistics_travel_from_theta():
     for n in m.head.buffer_keys:
         torch.testing.assert_close(r.uploads[n], r.states[n])
         assert not torch.allclose(r.uploads[n], expand(down, 2)[n])
+
+
+# ---- on test_methods.py's skewed problem -------------------------------------------------------------------
+@pytest.mark.parametrize("beta, want", [(1.0, 4.0), (0.5, 2.5), (2.0, 7.0)])
+def test_pfedme_server_mixes_the_average_with_beta(beta, want, skewed):
+    m = generic.make("pfedme", skewed, beta=beta)
+    server = {"w": torch.tensor([[1.0]])}
+    result = LocalResult({}, {"w": torch.tensor([[3.0], [6.0]])}, torch.tensor([2.0, 1.0]))  # average 4
+    torch.testing.assert_close(m.aggregate(server, result, [0, 1], 0)["w"], torch.tensor([[want]]))
+
+
+def test_pfedme_inner_solver_matches_hand_computation(skewed):
+    # With data gradient g, one inner step is theta - lr * (g + lam (theta - w)).
+    m = generic.make("pfedme", skewed, head="linear", inner_steps=1, personal_lr=0.1, lam=2.0)
+    w = {"weight": torch.zeros(1, skewed.dim, skewed.n_classes), "bias": torch.zeros(1, 1, skewed.n_classes)}
+    theta = {n: t + 0.5 for n, t in w.items()}
+    batch = m.batch(torch.from_numpy(skewed.client_train[0][:4])[None])
+    g, _ = gradients(m.ce_loss, theta, ("weight", "bias"), batch)
+    got = m.personalize(theta, w, ("weight", "bias"), batch, torch.tensor([True]))
+    for n in w:
+        torch.testing.assert_close(got[n], theta[n] - 0.1 * (g[n] + 2.0 * (theta[n] - w[n])))

@@ -1,0 +1,284 @@
+"""Typed configuration: the one validator every setting passes, whoever gives it.
+
+A field states its type with its valid range (``lr: Positive = 1e-3``), its choices (``Literal[...]``, or
+``Annotated[str, Choices(registry)]`` for a registry's names) and, where the command line shows it, its flag
+and help (``opt(...)``). ``parse`` turns a value given as text (a flag, ``--set``, a grid axis, a TOML file, a
+Flower run config) or as Python into the field's type and checks it; ``check`` checks a value given in Python;
+``Checked`` runs ``check`` on every field of a dataclass when it is built. Every message names the setting,
+the value given and what was expected, so every entry point reports a bad value alike. No torch here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fedcache.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed or half-open interval; ``None`` is unbounded. Every float must also be finite."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, v: float) -> bool:
+        above = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
+        below = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The names a text field accepts, asked when checked (a registry filled by import)."""
+
+    names: Callable[[], tuple[str, ...]]
+
+
+Positive = Annotated[float, Range(0, lo_open=True)]
+NonNegative = Annotated[float, Range(0)]
+Fraction = Annotated[float, Range(0, 1)]  # a share or rate, both ends allowed
+Share = Annotated[float, Range(0, 1, lo_open=True)]  # a share that must keep something: (0, 1]
+UnitOpen = Annotated[float, Range(0, 1, hi_open=True)]  # momentum-like: 1 would never move
+PositiveInt = Annotated[int, Range(1)]
+NonNegativeInt = Annotated[int, Range(0)]
+
+
+# ---- how a field appears outside Python ------------------------------------------------------
+@dataclass(frozen=True)
+class Opt:
+    """A field's option: its name, flags, help and role in a grid."""
+
+    help: str | Callable[[], str]  # a callable is asked when the help is shown (it reads a registry)
+    name: str = ""  # option name (API keyword, CLI parameter); default: the field's name
+    short: str = ""  # e.g. "-d"
+    aliases: tuple[str, ...] = ()  # further long flags (--backbone for --backbones)
+    flag: str = ""  # default: --<option name with dashes>; "--a/--no-a" for a switch
+    axis: bool = True  # `fedcache grid` may sweep it (v1,v2,...)
+    recorded: bool = True  # part of what a run is (config.json); False: where it is written, whether it continues
+    sep: str = ","  # how a tuple is written as one string (CLI text, Flower config)
+    repeatable: bool = False  # a tuple given as a repeated flag (--set a=1 --set b=2), not as one text
+
+
+def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, **meta: Any) -> Any:
+    """A dataclass field that is an option: its default, declared here once, and its ``Opt``."""
+    return field(default=default, default_factory=factory, metadata={"opt": Opt(**meta)})
+
+
+def fields_of(cls: type) -> dict[str, Any]:
+    """Field name -> type, with range and choice annotations kept."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+# ---- the validator ---------------------------------------------------------------------------
+_UNIONS = (typing.Union, types.UnionType)
+
+
+def base_type(typ: Any) -> Any:
+    """The type without range, choices and None: str, int, float, bool, tuple, Path, ..."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin is Annotated:
+        return base_type(args[0])
+    if origin in _UNIONS:
+        return base_type(next(a for a in args if a is not type(None)))
+    if origin is Literal:
+        return type(args[0])
+    return tuple if origin is tuple else typ
+
+
+def optional(typ: Any) -> bool:
+    return typing.get_origin(typ) in _UNIONS and type(None) in typing.get_args(typ)
+
+
+def choices(typ: Any) -> tuple:
+    """The values a field accepts, where it names them (a Literal, or a registry's names)."""
+    for t in (typ, *typing.get_args(typ)):
+        if typing.get_origin(t) is Literal:
+            return typing.get_args(t)
+        if typing.get_origin(t) is Annotated:
+            found = next((a for a in typing.get_args(t)[1:] if isinstance(a, Choices)), None)
+            if found is not None:
+                return tuple(found.names())
+            inner = choices(typing.get_args(t)[0])
+            if inner:
+                return inner
+    return ()
+
+
+def value_range(typ: Any) -> Range | None:
+    for t in (typ, *typing.get_args(typ)):
+        if typing.get_origin(t) is Annotated:
+            found = next((a for a in typing.get_args(t)[1:] if isinstance(a, Range)), None)
+            if found is not None:
+                return found
+    return None
+
+
+def parse(label: str, value: Any, typ: Any, sep: str = ",", verbatim: bool = False) -> Any:
+    """``value`` (text, or a Python value) as a value of ``typ``, checked; ConfigError naming ``label`` and the
+    value as given (``verbatim``: text as the user typed it in ``key=value``, unquoted)."""
+    if value is None or (optional(typ) and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        if optional(typ):
+            return None
+        raise ConfigError(f"{label}: a value is required")
+    inner = _without_none(typ)
+    if typing.get_origin(_strip(inner)) is tuple:
+        out = _tuple(label, value, _strip(inner), sep)
+    else:
+        out = _scalar(label, value, base_type(inner))
+    check(label, out, typ, shown=value if verbatim and isinstance(value, str) else None)
+    return out
+
+
+def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
+    """Refuse a value that is not of ``typ`` or outside its range or choices; ConfigError naming ``label`` and
+    the value (``shown``: as the user wrote it)."""
+    given = f"{label}={shown}" if shown is not None else f"{label}={value!r}"
+    if value is None:
+        if not optional(typ):
+            raise ConfigError(f"{label}: a value is required")
+        return
+    inner = _without_none(typ)
+    if typing.get_origin(_strip(inner)) is tuple:
+        _check_tuple(label, value, _strip(inner))
+        return
+    base = base_type(inner)
+    if base is Any:
+        return
+    if base is float:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{given}: must be a finite number")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif base is Path:  # a path given as text is a path
+        ok = isinstance(value, (str, os.PathLike))
+    elif isinstance(base, type):
+        ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(f"{given}: expected {_describe(base)}")
+    allowed = choices(inner)
+    if allowed and value not in allowed:
+        raise ConfigError(f"{given}: must be one of {', '.join(map(str, allowed))}")
+    rng = value_range(inner)
+    if rng is not None and not rng.contains(value):
+        raise ConfigError(f"{given}: must be {rng}")
+
+
+def check_fields(obj: Any, label: Callable[[str], str] | None = None) -> None:
+    """Check every field of a dataclass instance (built in Python, not parsed); ``label(field)`` names it."""
+    for name, typ in fields_of(type(obj)).items():
+        check(label(name) if label else name, getattr(obj, name), typ)
+
+
+class Checked:
+    """Mixin of a dataclass whose fields are checked when it is built. A section of the run specification
+    names itself (``section = "schedule"``), and a message names a field as the user gave it:
+    ``--fraction (schedule.fraction)=1.5: must be in (0, 1]``."""
+
+    section: typing.ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, type(self).label)
+
+    @classmethod
+    def label(cls, name: str) -> str:
+        key = f"{cls.section}.{name}" if cls.section else name
+        o = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("opt")
+        return f"{flag_of(o, name)} ({key})" if o is not None else key
+
+
+def option_name(o: Opt, field_name: str) -> str:
+    return o.name or field_name
+
+
+def flag_of(o: Opt, field_name: str) -> str:
+    """The long flag as messages name it: ``--rounds`` (a switch's ``--batch/--no-batch`` as ``--batch``)."""
+    return (o.flag or "--" + option_name(o, field_name).replace("_", "-")).split("/")[0]
+
+
+# ---- pieces ------------------------------------------------------------------------------------
+def _strip(typ: Any) -> Any:
+    return _strip(typing.get_args(typ)[0]) if typing.get_origin(typ) is Annotated else typ
+
+
+def _without_none(typ: Any) -> Any:
+    if typing.get_origin(typ) in _UNIONS:
+        rest = [a for a in typing.get_args(typ) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else typ
+    return typ
+
+
+def _describe(base: Any) -> str:
+    return {float: "a finite number", int: "an integer", bool: "true or false", str: "text"}.get(
+        base, getattr(base, "__name__", str(base)))
+
+
+def _scalar(label: str, value: Any, base: Any) -> Any:
+    try:
+        if base is bool:
+            return _bool(value)
+        if base in (int, float) and isinstance(value, bool):
+            raise ValueError
+        if base is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        if base is str and not isinstance(value, str):
+            raise ValueError
+        return base(value.strip() if isinstance(value, str) and base is not str else value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{label}={value!r}: expected {_describe(base)}") from None
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError
+        return text in ("true", "1", "yes")
+    if isinstance(value, (bool, int)) and value in (0, 1):
+        return bool(value)
+    raise ValueError
+
+
+def _tuple(label: str, value: Any, typ: Any, sep: str) -> tuple:
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(sep) if v.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ConfigError(f"{label}={value!r}: expected a list")
+    args = typing.get_args(typ)
+    fixed = bool(args) and args[-1] is not Ellipsis
+    if fixed and len(items) != len(args):
+        what = "comma-separated values" if sep == "," else f"values separated by {sep!r}"
+        raise ConfigError(f"{label}={value!r}: expected {len(args)} {what}")
+    kinds = args if fixed else [args[0] if args else str] * len(items)
+    return tuple(parse(label, v, k) for v, k in zip(items, kinds))
+
+
+def _check_tuple(label: str, value: Any, typ: Any) -> None:
+    if not isinstance(value, tuple):
+        raise ConfigError(f"{label}={value!r}: expected a tuple")
+    args = typing.get_args(typ)
+    fixed = bool(args) and args[-1] is not Ellipsis
+    if fixed and len(value) != len(args):
+        raise ConfigError(f"{label}={value!r}: expected {len(args)} values")
+    for v, k in zip(value, args if fixed else [args[0] if args else str] * len(value)):
+        check(label, v, k)

@@ -1,0 +1,167 @@
+"""The in-process engine: every client in this process, each federation's personal client states stacked
+in its run state, local updates batched (or one client at a time). ``run`` is the round driver with this
+engine for a run by itself."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedcache.errors import FedcacheError
+from fedcache.federate import driver
+from fedcache.federate.driver import Engine, Round, Run, RunResult, RunState
+from fedcache.federate.local import recording_losses
+from fedcache.federate.methods.base import LocalResult, Method
+from fedcache.federate.rundir import RunDir
+from fedcache.federate.schedule import Schedule
+from fedcache.heads import Params
+
+OnRound = Callable[[int, int, "dict | None"], None]  # (rounds done, rounds, the run's metrics line or None)
+
+
+@dataclass
+class RunConfig:
+    """A run by itself in this process, in one line (scripts, tests): its schedule's rounds, sampled fraction
+    and evaluation cadence (the method's context holds the rest), the engine's choice, where it writes."""
+
+    rounds: int = 50
+    fraction: float = 1.0
+    eval_every: int = 1
+    batched: bool = True  # all sampled clients in one computation, or one by one
+    out: Path | None = None  # an existing directory: the run directory
+    resume: bool = False
+    keep_checkpoints: str = "last"  # last | none (deleted at the end) | all (one per round besides the last)
+
+    def schedule(self) -> Schedule:
+        return Schedule(rounds=self.rounds, fraction=self.fraction, eval_every=self.eval_every)
+
+
+def run(method: Method, cfg: RunConfig, on_round: OnRound | None = None, facts: dict | None = None) -> RunResult:
+    """One run, in this process."""
+    out = RunDir(cfg.out, cfg.keep_checkpoints) if cfg.out is not None else None
+    return run_one(Run(method, cfg.schedule(), out, facts or {}), cfg.batched, on_round, cfg.resume)
+
+
+def run_one(r: Run, batched: bool = True, on_round: OnRound | None = None, resume: bool = False) -> RunResult:
+    """The round driver with this engine, for a run by itself."""
+    callback = (lambda done, total, lines: on_round(done, total, lines[0])) if on_round else None
+    (result,) = driver.run([r], InProcess([r.method], batched), callback, resume=resume)
+    return result
+
+
+class InProcess(Engine):
+    """Federation by federation, each one's sampled clients in one computation (``batched``) or one by one."""
+
+    def __init__(self, methods: list[Method], batched: bool = True) -> None:
+        self.methods, self.batched = methods, batched
+
+    def init_clients(self, runs) -> list[Params]:
+        return [m.init_clients(m.ctx.data.n_clients) for m in self.methods]
+
+    def round(self, states: list[RunState], rnd: int, picks: list[list[int]], downs: list[Params]) -> list[Round]:
+        return [self._round(m, s, rnd, clients, down) for m, s, clients, down in zip(self.methods, states, picks, downs)]
+
+    def _round(self, method: Method, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
+        with recording_losses() as losses:
+            result = _local(method, self.batched, rnd, clients, down, _gather(state.clients, clients))
+        check_states(method, state.clients, result.states)
+        _scatter(state.clients, result.states, clients)
+        return Round(clients, result, losses)
+
+    def evaluate(self, i: int, state: RunState, glob: torch.Tensor | None) -> dict:
+        return client_accuracy(self.methods[i], state, glob)
+
+
+def _local(method: Method, batched: bool, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
+    if batched or not method.splittable:
+        return method.local_update(rnd, clients, down, states)
+    parts = [method.local_update(rnd, [k], down, _gather(states, [i])) for i, k in enumerate(clients)]
+    cat = lambda dicts: {n: torch.cat([d[n] for d in dicts]) for n in dicts[0]} if dicts and dicts[0] else {}
+    return LocalResult(cat([p.states for p in parts]), cat([p.uploads for p in parts]), torch.cat([p.weights for p in parts]))
+
+
+# Gather and scatter behave the same whatever --fraction is: a method gets its clients' states and
+# returns all of them (check_states), and what it returns is what the store holds after the round.
+# Only where the bytes go differs: when every client trains, the stored tensors themselves are handed
+# over (local training updates weights in place, and _scatter copies only the tensors a method
+# replaced, such as the BatchNorm statistics a head returns); a subset gets copies, written back, so
+# a run of every client copies no state.
+def _gather(stacked: Params, idx: list[int]) -> Params:
+    if stacked and idx == list(range(len(next(iter(stacked.values()))))):
+        return dict(stacked)
+    return {n: t[idx] for n, t in stacked.items()}
+
+
+def check_states(method: Method, stacked: Params, returned: Params) -> None:
+    """A method returns its clients' whole personal state: a state it kept only by updating the given
+    tensors in place would survive a round of every client but be lost with --fraction < 1."""
+    if set(returned) != set(stacked):
+        raise FedcacheError(f"{method.name}.local_update returned states {sorted(returned)} for clients whose state is "
+                            f"{sorted(stacked)}: a method returns every entry of the personal state it is given (and only those)")
+
+
+def _scatter(stacked: Params, part: Params, idx: list[int]) -> None:
+    for n, t in part.items():
+        if not _same_memory(stacked[n], t):
+            stacked[n][idx] = t
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
+# ---- evaluation -----------------------------------------------------------------------
+EVAL_CHUNK = 16  # clients per batched evaluation, to bound the (K, T, D) gather
+
+
+def evaluate(method: Method, state: RunState) -> dict:
+    """The accuracy fields of a metrics line, as the driver writes them for this engine."""
+    glob = driver.global_logits(method, state.server)
+    return {**client_accuracy(method, state, glob), **driver.global_accuracy(method, glob)}
+
+
+def client_accuracy(method: Method, state: RunState, glob: torch.Tensor | None) -> dict:
+    d = method.ctx.data
+    with torch.no_grad():
+        if method.personalized:
+            per_client = _personal_accuracy(method, state)
+        else:
+            correct = (glob.argmax(1) == d.y_test).cpu().numpy()
+            per_client = mean_over_clients(correct, d.client_test)
+    return {"accuracy": float(per_client.mean()), "per_client": [round(float(a), 4) for a in per_client]}
+
+
+EVAL_CLIENTS = 1024  # clients whose local test rows are gathered at once when scoring the global model
+
+
+def mean_over_clients(correct: np.ndarray, client_rows: list[np.ndarray]) -> np.ndarray:
+    """100 x each client's share of ``correct`` over its rows (NaN for a client without any), exactly as
+    ``100.0 * correct[rows].mean()`` gives it, but a block of clients per numpy call: with thousands of
+    clients a call per client cost more than the rows it scores."""
+    out = np.full(len(client_rows), np.nan)
+    for lo in range(0, len(client_rows), EVAL_CLIENTS):
+        block = client_rows[lo:lo + EVAL_CLIENTS]
+        sizes = np.array([len(r) for r in block], dtype=np.int64)
+        held = np.flatnonzero(sizes)
+        if not len(held):
+            continue
+        starts = (np.cumsum(sizes) - sizes)[held]  # an empty client adds no rows, so each segment is one client's
+        hits = np.add.reduceat(correct[np.concatenate(block)].astype(np.int64), starts)
+        out[lo + held] = 100.0 * (hits / sizes[held])
+    return out
+
+
+def _personal_accuracy(method: Method, state: RunState) -> np.ndarray:
+    d = method.ctx.data
+    acc = []
+    for start in range(0, d.n_clients, EVAL_CHUNK):
+        clients = list(range(start, min(d.n_clients, start + EVAL_CHUNK)))
+        x, y, mask = d.rows_of("test", clients)
+        states = {n: t[clients[0] : clients[-1] + 1] for n, t in state.clients.items()}  # views: read only
+        logits = method.client_logits(state.server, states, clients, x)
+        hit = (logits.argmax(-1) == y) & mask
+        acc.extend((100.0 * hit.sum(1) / mask.sum(1)).tolist())
+    return np.array(acc)

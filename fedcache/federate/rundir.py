@@ -1,0 +1,179 @@
+"""A run's directory: one layout for every engine (in-process, stacked, Flower) and every caller
+(``fedcache train``, grid cells, the demo, the Flower server)::
+
+    config.json            what the run computes, written first; a resumed or reused run must compute the same
+    metrics.jsonl          one line per evaluated round, appended as the run goes
+    checkpoint.pt          the run's state after its last finished round, replaced atomically every round
+                           (checkpoint-roundNNNN.pt beside it with keep="all")
+    summary.json           written last: its presence marks the run finished
+
+A crash at any point leaves a run that continues: the checkpoint is never half-written, a metrics line of a
+round after the checkpoint (or a torn one) is dropped and that round runs again.
+
+The checkpoint format is one for every engine: ``{"format": 2, "rnd", "seconds", "runs": [state per run],
+"engine": {...}}``; a run by itself has one state, a stack of F runs F, each as its run alone would keep it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedcache.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CONFIG, METRICS, CHECKPOINT, SUMMARY = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json"
+ROUND_COPIES = "checkpoint-round*.pt"
+FORMAT = 2
+KEEP = ("last", "none", "all")  # the latest checkpoint | none once finished | also one per round
+
+
+@dataclass
+class RunDir:
+    path: Path
+    keep: str = "last"
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        if self.keep not in KEEP:
+            raise ConfigError(f"keep_checkpoints={self.keep!r}: must be one of {', '.join(KEEP)}")
+
+    # ---- what the run computes --------------------------------------------------------------
+    def config(self) -> dict | None:
+        path = self.path / CONFIG
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def write_config(self, config: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json(self.path / CONFIG, config)
+
+    # ---- as it goes ---------------------------------------------------------------------------
+    def started(self) -> bool:
+        return (self.path / METRICS).exists() or self.has_checkpoint()
+
+    def append(self, line: dict, log_name: str = METRICS) -> None:
+        append_line(self.path / log_name, line)
+
+    def history(self, upto: int, log_name: str = METRICS) -> list[dict]:
+        """The log's lines of rounds up to ``upto`` (the checkpoint's): later or torn lines are dropped."""
+        return trim_log(self.path / log_name, upto)
+
+    def has_checkpoint(self) -> bool:
+        return (self.path / CHECKPOINT).exists()
+
+    def save_checkpoint(self, ck: dict) -> None:
+        save_checkpoint(self.path / CHECKPOINT, ck)
+        if self.keep == "all":
+            shutil.copyfile(self.path / CHECKPOINT, self.path / f"checkpoint-round{ck['rnd']:04d}.pt")
+
+    def load_checkpoint(self) -> dict:
+        if not self.has_checkpoint():
+            raise ConfigError(f"--resume: no checkpoint in {self.path}; start the run without --resume")
+        return load_checkpoint(self.path / CHECKPOINT)
+
+    # ---- the end ------------------------------------------------------------------------------
+    def finished(self) -> bool:
+        return (self.path / SUMMARY).exists()
+
+    def summary(self) -> dict:
+        return json.loads((self.path / SUMMARY).read_text())
+
+    def finish(self, summary: dict, final: dict | None = None) -> None:
+        """summary.json, last. ``final``: the finished run's own checkpoint where it trained in a stack (whose
+        checkpoint lives with the stack), so that the run directory continues like any other."""
+        if final is not None and self.keep != "none":
+            self.save_checkpoint(final)
+        write_json(self.path / SUMMARY, summary)
+        if self.keep == "none":
+            (self.path / CHECKPOINT).unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        """Remove the run's files (and nothing else in the directory): --overwrite, or a restart from round 0."""
+        for pattern in (CONFIG, METRICS, SUMMARY, CHECKPOINT, ROUND_COPIES, CHECKPOINT + ".tmp"):
+            for path in self.path.glob(pattern):
+                path.unlink()
+
+
+def same_config(saved: dict, mine: dict) -> list[str]:
+    """The keys (``section.field`` paths) where ``mine`` disagrees with the recorded ``saved``; empty when it is
+    the same run. A key only ``mine`` has is no difference: a later fedcache may record more (a new setting
+    whose default is the old behaviour), and every run made before it must stay resumable."""
+    saved, mine = json.loads(json.dumps(saved)), json.loads(json.dumps(mine))
+    out: list[str] = []
+    _compare(saved, mine, "", out)
+    return out
+
+
+def _compare(saved: Any, mine: Any, at: str, out: list[str]) -> None:
+    if isinstance(saved, dict) and isinstance(mine, dict):
+        for k, v in saved.items():
+            if k not in mine:
+                out.append(f"{at}{k}")
+            else:
+                _compare(v, mine[k], f"{at}{k}.", out)
+    elif saved != mine:
+        out.append(at.rstrip("."))
+
+
+# ---- files ---------------------------------------------------------------------------------------
+def write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path: Path, ck: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save({"format": FORMAT, **ck}, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)  # a crash mid-write leaves the previous checkpoint intact
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint in the one format (one written by fedcache before it, a run's state at the top level, is
+    read as a run by itself)."""
+    # Tensors, dicts, lists, numbers and text only: nothing executable. Read onto the CPU whatever device wrote it;
+    # the driver moves a resumed run's state to the run's device.
+    ck = torch.load(path, weights_only=True, map_location="cpu")
+    if ck.get("format") == FORMAT:
+        return ck
+    if "server" in ck and "rnd" in ck:
+        engine = ck.pop("engine", {})
+        return {"format": FORMAT, "rnd": ck["rnd"], "seconds": ck["seconds"], "runs": [ck], "engine": engine}
+    raise ConfigError(f"{path} is a checkpoint of an older fedcache that this one cannot continue "
+                      "(a grid's batch: it trains from round 0 when the grid is run again); delete it to start over")
+
+
+def append_line(path: Path, line: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def trim_log(path: Path, upto: int) -> list[dict]:
+    """Keep the lines of rounds up to ``upto`` (the checkpoint's) and return them: a line written after
+    the checkpoint (a crash between the two) is dropped, as is a blank or torn one."""
+    if not path.exists():
+        return []
+    kept = [l for l in map(_parse_line, path.read_text().splitlines()) if l is not None and l["round"] <= upto]
+    path.write_text("".join(json.dumps(l) + "\n" for l in kept))
+    return kept
+
+
+def _parse_line(text: str) -> dict | None:
+    """A log line, or None for a blank or torn one: a crash while appending leaves the last line torn,
+    and its round is after the checkpoint's, so it is re-run and written again."""
+    try:
+        line = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return None
+    return line if isinstance(line, dict) and isinstance(line.get("round"), int) else None

@@ -1,0 +1,60 @@
+"""One cell of a grid: its run directory, its run (resumed where it checkpointed), and its row of results."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from fedcache.federate.divergence import DivergedError
+from fedcache.federate.rundir import CHECKPOINT
+from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
+from fedcache.training import train
+
+DONE = "summary.json"  # written last by a run: a finished cell
+DIVERGED = "diverged.json"  # a validation cell whose training became NaN: finished, its candidate values lose
+METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
+                  "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
+                  "rounds", "seconds", "random_weights", "worst_client_global_accuracy")
+
+
+def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
+    """One run in its own directory; an interrupted one resumes from its checkpoint."""
+    out = spec.out / CELLS / c.name
+    resume = (out / CHECKPOINT).exists() and (out / "config.json").exists()
+    if not resume and out.exists():
+        shutil.rmtree(out)  # started but never checkpointed: nothing to keep
+    out.mkdir(parents=True, exist_ok=True)
+    write_cell_json(out, c)
+    cfg = train_config(spec, c, out).replace(resume=resume)
+    try:
+        result = train(cfg, tables=tables, run_name=c.name)
+    except DivergedError as exc:
+        if not cfg.schedule.validation:
+            raise
+        # Tuning tries values that may diverge (a large lr): that is the candidate's result, which loses
+        # (grids/select.py), not the end of the grid. Its error is kept beside the run.
+        (out / DIVERGED).write_text(json.dumps({"error": str(exc)}) + "\n")
+        return diverged_row(c, out)
+    return row(c, result.summary, out)
+
+
+def diverged_row(c: Cell, out: Path) -> dict:
+    # No summary: every figure is None, but a swept key that is also a figure (rounds) keeps its value.
+    return {**row(c, {}, out), **dict(c.setting), "diverged": True}
+
+
+def write_cell_json(out: Path, c: Cell) -> None:
+    (out / "cell.json").write_text(json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n")
+
+
+def row(c: Cell, summary: dict, out: Path) -> dict:
+    """The cell's line of results.csv: its method, axes and seed, the summary's figures and its directory."""
+    return {"method": c.method, **dict(c.setting), "seed": c.seed, **{k: summary.get(k) for k in METRIC_COLUMNS},
+            "run_dir": str(Path(CELLS) / out.name)}
+
+
+def read_done(spec: GridSpec, c: Cell) -> dict | None:
+    path = spec.out / CELLS / c.name / DONE
+    if (path.parent / DIVERGED).exists():
+        return diverged_row(c, path.parent)
+    return row(c, json.loads(path.read_text()), path.parent) if path.exists() else None

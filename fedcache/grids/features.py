@@ -1,0 +1,70 @@
+"""The features a grid's cells share: written once as .npy files and memory-mapped by every worker, so the
+page cache holds one copy however many cells and workers read them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedcache.errors import ConfigError
+from fedcache.grids.spec import FEATURES, GridSpec
+
+
+def write_features(spec: GridSpec) -> Path:
+    """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
+    from fedcache.federate.data import load_fused
+    from fedcache.store.feature_store import FeatureStore
+
+    folder = spec.out / FEATURES
+    store = FeatureStore(spec.store, create=False)
+    if (folder / "meta.json").exists():
+        _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {}
+    for split in ("train", "test"):
+        t = load_fused(store, spec.dataset, spec.backbones, split)
+        for name in ("features", "labels", "ids", "domains"):
+            arr = getattr(t, name)
+            np.save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
+        meta[split] = {"domain_names": list(t.domain_names), "class_names": list(t.class_names),
+                       "random_weights": bool(t.random_weights), "entry_ids": list(t.entry_ids)}
+    (folder / "meta.json").write_text(json.dumps(meta))  # last: its presence means the folder is complete
+    return folder
+
+
+def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:
+    """Finished cells were trained on the saved features: a re-extraction since then must not mix in."""
+    saved = {e for split in ("train", "test") for e in meta[split]["entry_ids"]}
+    current = {e.entry_id for split in ("train", "test") for b in spec.backbones for e in store.find(spec.dataset, split, b)}
+    if saved != current:
+        raise ConfigError(f"the store's features of {spec.dataset} changed since the grid in {spec.out} started "
+                          "(re-extracted?); run the grid with another --out")
+
+
+def read_features(folder: Path):
+    """The shared tables, memory-mapped copy-on-write: pages are shared between workers, and a write
+    (no method writes into its inputs, but torch wants writable arrays) stays private to its process."""
+    from fedcache.store.feature_store import FeatureTable
+
+    meta = json.loads((folder / "meta.json").read_text())
+    tables = []
+    for split in ("train", "test"):
+        arrays = {n: np.load(folder / f"{split}_{n}.npy", mmap_mode="c" if n == "features" else None)
+                  for n in ("features", "labels", "ids", "domains")}
+        m = meta[split]
+        tables.append(FeatureTable(**arrays, domain_names=tuple(m["domain_names"]), class_names=tuple(m["class_names"]),
+                                   random_weights=m["random_weights"], entry_ids=tuple(m["entry_ids"])))
+    return tuple(tables)
+
+
+_TABLES: dict[str, tuple] = {}  # per worker process: the memory-mapped features, opened once
+
+
+def tables_of(folder: Path):
+    """The grid's shared features, read once per process."""
+    key = str(folder)
+    if key not in _TABLES:
+        _TABLES[key] = read_features(folder)
+    return _TABLES[key]

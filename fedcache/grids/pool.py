@@ -1,0 +1,55 @@
+"""Worker processes for a grid's cells and batches: spawned, one torch thread each, stopped with the grid."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+
+from fedcache.errors import FedcacheError
+
+
+def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
+    """Each task's (cell, row) pairs as the task finishes, from ``jobs`` worker processes of one torch thread
+    each (the heads are too small for intra-op parallelism to beat one task per core)."""
+    import multiprocessing
+
+    # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
+    ctx = multiprocessing.get_context("spawn")
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker)
+    try:
+        futures = [pool.submit(fn, *args) for fn, args in tasks]
+        for fut in as_completed(futures):
+            yield from fut.result()
+    except BrokenProcessPool:
+        raise FedcacheError(
+            "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
+            "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
+            "with --jobs 1 to see the error. Finished cells are kept."
+        ) from None
+    except BaseException:
+        # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: leaving the `with` block would
+        # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(set(multiprocessing.active_children()) - before)
+        raise
+    pool.shutdown()
+
+
+def _stop(workers: set, grace: float = 5.0) -> None:
+    for w in workers:
+        w.terminate()
+    deadline = time.monotonic() + grace
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+        if w.is_alive():
+            w.kill()
+
+
+def _init_worker() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)

@@ -1,0 +1,120 @@
+"""Running a grid's cells: check its directory, share its features, make its partitions, train the unfinished
+cells (each as its own run: ``grids/processes.py``; or stacked: ``grids/batches.py``) and write results.csv and
+table.md. (A ``--select`` grid runs this twice: ``grids/select.py``.)"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from fedcache.errors import ConfigError
+from fedcache.federate.rundir import same_config, write_json
+from fedcache.grids.batches import run_batched
+from fedcache.grids.cells import DIVERGED, DONE, read_done
+from fedcache.grids.features import read_features, write_features
+from fedcache.grids.processes import execute, jobs_of
+from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, cells, train_config
+from fedcache.grids.table import grid_caption, write_outputs
+from fedcache.table import Table
+from fedcache.training import load_data
+
+log = logging.getLogger(__name__)
+
+CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell just finished)
+PlanCallback = Callable[[str], None]  # how the engine runs the cells, said before it starts
+
+
+def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
+              on_plan: PlanCallback | None = None) -> Table:
+    """Run every unfinished cell (finished ones are read back), then write results.csv and table.md.
+    ``only``: these cells instead of the whole product (the test runs of a --select grid)."""
+    todo_cells = cells(spec) if only is None else only
+    _check_cells(spec, todo_cells)
+    check_spec(spec)
+    folder = write_features(spec)
+    tables = read_features(folder)
+    _make_partitions(spec, todo_cells, tables)
+    rows: dict[Cell, dict] = {}
+    pending = []
+    for c in todo_cells:
+        done = read_done(spec, c)
+        if done is not None:
+            rows[c] = done
+        else:
+            pending.append(c)
+    total = len(todo_cells)
+    for c, row in _engine(spec, pending, folder, on_plan):
+        rows[c] = row
+        if on_cell:
+            on_cell(len(rows), total, row)
+    table = Table([rows[c] for c in todo_cells])
+    write_outputs(spec.out, table, grid_caption(spec))
+    return table
+
+
+def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
+    if spec.engine == "batched" and todo:
+        return run_batched(spec, todo, folder, on_plan)
+    if on_plan and todo:
+        on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(jobs_of(spec), len(todo))} at a time")
+    return execute(spec, todo, folder)
+
+
+def check_spec(spec: GridSpec) -> None:
+    """A grid directory belongs to one grid: resuming with other options would mix results. The same test as
+    for a run's directory (``rundir.same_config``): what this fedcache records beyond an older grid.json is no
+    difference."""
+    path = spec.out / SPEC
+    mine = json.loads(json.dumps(spec.to_json()))
+    if path.exists():
+        saved = json.loads(path.read_text())
+        # An axis only this grid has is a difference too: it adds cells (unlike a key a later fedcache records).
+        differ = same_config(saved, mine) + [f"sweep.{k}" for k in mine["sweep"] if k not in saved.get("sweep", {})]
+        if not differ:
+            return
+        if _holds_runs(spec.out):
+            raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine, differ)}; "
+                              f"see {path}); use the same options to resume it, or another --out")
+        # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
+        # plan and features. The corrected command its error asked for must not be refused in turn.
+        shutil.rmtree(spec.out / FEATURES, ignore_errors=True)
+    spec.out.mkdir(parents=True, exist_ok=True)
+    write_json(path, mine)
+
+
+def _holds_runs(out: Path) -> bool:
+    """Whether a run under ``out`` finished or checkpointed (a cell, a --select stage's cell, a batch)."""
+    return any(p.name in (DONE, DIVERGED) or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
+
+
+def _differences(saved: dict, mine: dict, keys: list[str]) -> str:
+    """``methods (fedavg,fedproto there, fedavg here), sweep.alpha (...)``: each differing key with both values."""
+    def value(doc: dict, key: str):
+        for part in key.split("."):
+            doc = doc.get(part) if isinstance(doc, dict) else None
+        return doc
+
+    shown = lambda v: "unset" if v in (None, []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+    return ", ".join(f"{k.removeprefix('sweep.')} ({shown(value(saved, k))} there, {shown(value(mine, k))} here)"
+                     for k in keys)
+
+
+def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
+    """Every cell's options (types, ranges) and settings, checked before anything is read or written:
+    a bad value in the last cell must not surface after hours of the others. An unknown method name
+    raises with the close matches and the full list."""
+    for c in todo:
+        train_config(spec, c, None)
+
+
+def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
+    """Every distinct partition is made and stored here, once, so parallel workers only read the store."""
+    seen = set()
+    for c in todo:
+        cfg = train_config(spec, c, None)
+        key = (cfg.partition, cfg.schedule.seed)
+        if key not in seen:
+            seen.add(key)
+            load_data(cfg, tables)

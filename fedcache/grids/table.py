@@ -1,0 +1,70 @@
+"""A grid's results: results.csv (one row per cell) and table.md (mean (std) over seeds per method and
+setting, best per column in bold)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fedcache.errors import ConfigError
+from fedcache.grids.cells import METRIC_COLUMNS
+from fedcache.grids.spec import RESULTS, TABLE, GridSpec
+from fedcache.table import Table
+
+
+def write_outputs(out: Path, table: Table, caption: str = "") -> None:
+    table.to_csv(out / RESULTS)
+    (out / TABLE).write_text(summary_markdown(table, caption=caption) + "\n")
+
+
+def grid_caption(spec: GridSpec) -> str:
+    """What every cell shares: data, fixed options and settings (one value), seeds; axes are the columns."""
+    fixed = [f"{k}={vs[0]}" for k, vs in spec.sweep.items() if len(vs) == 1]
+    return (f"{spec.dataset} on {'+'.join(spec.backbones)}; seeds {','.join(map(str, spec.seeds))}"
+            + (f"; fixed: {', '.join(fixed)}" if fixed else "")
+            + "; every other option at `fedcache train`'s default (each cell's config.json has them all)")
+
+
+def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "", beside: list[str] = ()) -> str:
+    """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best mean of each
+    column in bold. Settings with one value across the grid go to the caption, not the column labels.
+    ``beside``: settings shown next to each result instead of as columns (values chosen per cell)."""
+    rows = table.to_records()
+    if not rows:
+        return "(no runs)"
+    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", "diverged", *METRIC_COLUMNS, *beside)
+                    and len({str(r[k]) for r in rows}) > 1]
+    label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    columns = list(dict.fromkeys(label(r) for r in rows))
+    stats: dict[tuple[str, str], tuple[float, float, int]] = {}
+    for m in methods:
+        for col in columns:
+            vals = [r[metric] for r in rows if r["method"] == m and label(r) == col and r[metric] is not None]
+            if vals:
+                std = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")  # sample std, as the papers print
+                stats[m, col] = (float(np.mean(vals)), std, len(vals))
+    best = {col: max((s[0] for (m, c), s in stats.items() if c == col), default=None) for col in columns}
+    lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
+             "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for m in methods:
+        cells_ = []
+        for col in columns:
+            if (m, col) not in stats:
+                cells_.append("-")
+                continue
+            mean, std, _ = stats[m, col]
+            text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
+            chosen = next((r for r in rows if r["method"] == m and label(r) == col), {})
+            text += "".join(f", {k}={chosen[k]}" for k in beside if k in chosen)
+            cells_.append(f"**{text}**" if np.isclose(mean, best[col]) else text)
+        lines.append(f"| {m} | " + " | ".join(cells_) + " |")
+    return "\n".join(lines)
+
+
+def load_results(out: Path) -> Table:
+    """A finished grid's results.csv as a Table (numbers parsed)."""
+    path = Path(out) / RESULTS
+    if not path.exists():
+        raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid --out {out}` first")
+    return Table.from_csv(path)

@@ -1,0 +1,274 @@
+"""``fedcache train`` as a function of a RunSpec: store -> fused features -> partition -> method -> the round
+driver -> the run directory. What runs above the federated engine: which data a run reads, how its
+partition is found or made, where it writes and whether it may."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedcache import __version__
+from fedcache.errors import ConfigError, DeviceError
+from fedcache.federate.data import FederatedData, check_same_source, load_fused, load_views
+from fedcache.federate.divergence import DivergedError
+from fedcache.federate.driver import Run, RunResult
+from fedcache.federate.inprocess import OnRound, run_one
+from fedcache.federate.methods import Method, MethodContext
+from fedcache.federate.partitions import PartitionRequest, find_partition, local_test_sets, make_partition, save_partition
+from fedcache.federate.partitions.storage import keys_hash, table_keys
+from fedcache.federate.rundir import RunDir, same_config
+from fedcache.federate.source import attach_source
+from fedcache.federate.text import attach_text
+from fedcache.paths import writable_dir
+from fedcache.spec import RunSpec, method_class, migrate_config
+from fedcache.store.feature_store import FeatureStore, FeatureTable
+
+log = logging.getLogger(__name__)
+
+Tables = tuple[FeatureTable, FeatureTable]  # fused (train, test) features
+
+
+# The flat keyword form of a run specification (``TrainConfig(dataset=..., method=..., rounds=5)``), kept
+# for scripts written against it: every option is declared once, in its section of the spec.
+TrainConfig = RunSpec.of
+
+
+def instantiate(spec, data: FederatedData) -> Method:
+    """The method on ``data``, as every engine builds it: the spec's (or a Flower run's) method, optimizer,
+    head and schedule sections."""
+    cls = method_class(spec.method.name)
+    return cls(MethodContext(data, spec.head.name, spec.optim, spec.schedule), spec.method.params)
+
+
+def check_out(spec: RunSpec) -> None:
+    """Where the run writes, checked before any work: writable, and not silently replacing another run."""
+    e = spec.engine
+    if e.resume and e.overwrite:
+        raise ConfigError("--resume continues the run in --out and --overwrite replaces it; give one of them")
+    if e.track:
+        _check_trackers(spec)
+    if e.out is None:
+        return
+    writable_dir(e.out, "--out")
+    if not e.resume and not e.overwrite and RunDir(e.out).started():
+        raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                          "or choose another --out")
+
+
+def _check_trackers(spec: RunSpec) -> None:
+    from fedcache.trackers import known_trackers
+
+    unknown = [t for t in spec.engine.track if t not in known_trackers()]
+    if unknown:
+        raise ConfigError(f"--track {','.join(unknown)}: unknown tracker; known: {', '.join(known_trackers())}")
+    where = spec.engine.track_dir or spec.engine.out
+    if where is None:
+        raise ConfigError("--track needs --out or --track-dir: the directory the trackers write into")
+    writable_dir(where, "--track-dir" if spec.engine.track_dir else "--out")
+
+
+def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
+    """Everything before the first round: data, partition, method, on the run's device (the caller's
+    ``torch.device`` context: ``on_device``); returns the run's config.json too."""
+    cls = method_class(spec.method.name)
+    warn_unused_options(spec, cls)
+    data, part_info = load_data(spec, tables, views=cls.uses_views)
+    device = torch.get_default_device()
+    method = instantiate(spec, data.to(device))
+    return method, run_config(spec, part_info, data, device)
+
+
+def run_device(request: str) -> torch.device:
+    """Where a run's rounds run: ``auto`` is the GPU when there is one (CUDA, else Apple's MPS), said once."""
+    if request == "auto":
+        return _auto_device()
+    device = torch.device(request)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"--device {request} was asked for but no CUDA GPU is visible; use --device cpu or auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("--device mps was asked for but this torch sees no Apple GPU; use --device cpu or auto")
+    return device
+
+
+@functools.cache
+def _auto_device() -> torch.device:
+    if torch.cuda.is_available():
+        log.info("rounds run on the GPU (%s); --device cpu keeps them on the CPU", torch.cuda.get_device_name())
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        log.info("rounds run on Apple's GPU (mps); --device cpu keeps them on the CPU")
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def on_device(spec: RunSpec):
+    """Within it, tensors are made on the run's device (``torch.device`` as a context: this thread only)."""
+    with torch.device(run_device(spec.engine.device)):
+        yield
+
+
+def warn_unused_options(spec: RunSpec, cls) -> None:
+    """Run options a method without an optimizer never reads are said, not dropped. A warning, not an
+    error: a grid (e.g. FST-CBDG's, with clip-zs beside the trained methods) applies them to every method."""
+    if cls.uses_optimizer:
+        return
+    s, defaults = spec.schedule, type(spec.schedule)()
+    unused = [f"--{k.replace('_', '-')} {getattr(s, k)}" for k in ("local_epochs", "batch_size")
+              if getattr(s, k) != getattr(defaults, k)]
+    unused += [f"--preset {spec.optim.preset}"] if spec.optim.preset != cls.default_preset else []
+    if unused:
+        log.warning("%s trains nothing with an optimizer: %s not used", spec.method.name, ", ".join(unused))
+
+
+def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) -> tuple[FederatedData, dict]:
+    """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy)."""
+    d, validation = spec.data, spec.schedule.validation
+    store = FeatureStore(d.store, create=False)
+    train_t, test_t = tables or (load_fused(store, d.dataset, list(d.backbones), s) for s in ("train", "test"))
+    check_same_source(train_t, test_t)  # before a partition is made of them
+    request = partition_request(spec, len(train_t.domain_names))
+    keys = (table_keys(train_t), table_keys(test_t))
+    data_hash = keys_hash(*keys)  # once: each use sorts every key
+    partition = find_partition(store, d.dataset, request, *keys, data_hash=data_hash)
+    if partition is None:
+        partition = make_partition(request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
+    pid = save_partition(store, d.dataset, partition, *keys, data_hash=data_hash)
+    info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
+            "entries": list(train_t.entry_ids + test_t.entry_ids),
+            "scored_on": "validation (spare training rows)" if validation else "test split"}
+    if validation:
+        data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec))
+    else:
+        data = FederatedData.from_tables(train_t, test_t, partition.train, partition.test)
+    data = attach_source(data, store, train_t, train_t if validation else test_t)
+    if views:  # augmented views (extract --views K), kept in the store's dtype: float16 halves the memory
+        aug = load_views(store, d.dataset, list(d.backbones), train_t)
+        data.views = None if aug is None else torch.from_numpy(aug)
+    return attach_text(data, store, list(d.backbones)), info
+
+
+def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
+    """The partition ``spec`` asks for on data of ``n_domains`` domains, seeded by the run's seed."""
+    return PartitionRequest(spec.partition, spec.partition.n_clients(n_domains), spec.schedule.seed)
+
+
+def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
+    """Per client, training rows nobody trains on, with the client's (class, domain) mix."""
+    spare = np.setdiff1d(np.arange(len(train_t)), np.concatenate(partition.train))
+    if not len(spare):
+        raise ConfigError("scoring on validation (--validation, or grid --select) needs training rows that no client trains "
+                          "on: add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N")
+    rng = np.random.default_rng(np.random.SeedSequence([spec.schedule.seed, 7]))
+    picked = local_test_sets(partition.train, train_t.labels, train_t.domains, train_t.labels[spare],
+                             train_t.domains[spare], spec.partition.local_test, rng, spec.partition.local_test_mix)
+    empty = [k for k, rows in enumerate(picked) if not len(rows)]
+    if empty:
+        raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; "
+                          "use a smaller --subsample or --few-shot")
+    return [spare[rows] for rows in picked]
+
+
+def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torch.device) -> dict:
+    """config.json: the spec's tree (``RunSpec.from_dict(config["spec"])`` gives it back), the device kind the
+    rounds ran on (a GPU rounds differently from a CPU), the partition and the data it ran on."""
+    return {
+        "fedcache_version": __version__,
+        "spec": spec.to_dict(),
+        "device": device.type,
+        "partition": part_info,
+        "data": {"dim": data.dim, "classes": list(data.class_names), "domains": list(data.domain_names),
+                 "client_train_sizes": data.sizes().tolist(), "client_test_sizes": [len(r) for r in data.client_test],
+                 "random_weights": data.random_weights},
+    }
+
+
+def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None = None,
+          run_name: str | None = None) -> RunResult:
+    """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
+    check_out(spec)
+    with on_device(spec):
+        method, resolved = prepare(spec, tables)
+        e = spec.engine
+        if e.out is not None:
+            if e.overwrite:
+                RunDir(e.out).clear()
+            _prepare_out(spec, resolved)
+        trackers = _open_trackers(spec, resolved, run_name)
+        out = RunDir(e.out, e.keep_checkpoints) if e.out is not None else None
+        r = Run(method, spec.schedule, out, {"partition_id": resolved["partition"]["partition_id"],
+                                             "device": device_name(torch.get_default_device())})
+        t0 = time.perf_counter()
+        try:
+            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume)
+        except BaseException as exc:
+            for t in trackers:
+                t.fail()
+            if isinstance(exc, DivergedError) and e.out is not None:
+                # --resume would replay the same rounds into the same NaN: say how to start this --out again.
+                raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
+                                    "--overwrite, or choose another --out") from None
+            raise
+    log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
+    for t in trackers:
+        t.close(result.summary)
+    return result
+
+
+def device_name(device: torch.device) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H100 80GB HBM3)``: what summary.json says the rounds ran on."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
+def _open_trackers(spec: RunSpec, resolved: dict, run_name: str | None) -> list:
+    if not spec.engine.track:
+        return []
+    from fedcache.trackers import open_trackers
+
+    name = run_name or (Path(spec.engine.out).name if spec.engine.out else spec.method.name)
+    settings = {"spec": resolved["spec"]}
+    return open_trackers(list(spec.engine.track), Path(spec.engine.track_dir or spec.engine.out), name, settings)
+
+
+def _tracked(on_round: OnRound | None, trackers: list) -> OnRound | None:
+    if not trackers:
+        return on_round
+
+    def callback(done: int, total: int, line: dict | None) -> None:
+        if line is not None:
+            for t in trackers:
+                t.log(line["round"], line)
+        if on_round:
+            on_round(done, total, line)
+
+    return callback
+
+
+def _prepare_out(spec: RunSpec, resolved: dict) -> None:
+    out = RunDir(spec.engine.out)
+    if spec.engine.resume:
+        differ = same_run(out, resolved)
+        if differ is None:
+            raise ConfigError(f"--resume: {out.path} has no config.json; start the run without --resume")
+        if differ:
+            raise ConfigError(f"--resume: the options differ from the run in {out.path} ({', '.join(differ)}); use the "
+                              "same options, --overwrite to replace the run, or a new --out")
+        return
+    out.write_config(resolved)
+
+
+def same_run(out: RunDir, config: dict) -> list[str] | None:
+    """How ``config`` differs from the run recorded in ``out`` (its config.json read in today's layout): the
+    keys that differ, a spec's as ``section.field``; None when ``out`` records none."""
+    saved = out.config()
+    if saved is None:
+        return None
+    return [k.removeprefix("spec.") for k in same_config(migrate_config(saved), config)]

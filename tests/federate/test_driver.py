@@ -1,0 +1,160 @@
+"""The round driver (fedcache/federate/driver.py), through the in-process engine: exact bytes, client sampling,
+determinism, checkpoints and resume, the metrics lines, the evaluation cadence and the training loss."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedcache.errors import ConfigError
+from fedcache.federate.driver import sample_clients
+from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.methods import METHODS, MethodContext
+from fedcache.federate.optim import OptimConfig
+from fedcache.federate.schedule import Schedule
+
+from .conftest import synthetic
+
+
+def make(name, data, head=None, optim=None, **schedule):
+    ctx = MethodContext(data, head or METHODS.get(name).default_head, optim or OptimConfig(), Schedule(**schedule))
+    return METHODS.get(name)(ctx)
+
+
+def test_fedavg_bytes_match_the_formula(data):
+    r = run(make("fedavg", data), RunConfig(rounds=3))
+    per_client = (data.dim * data.n_classes + data.n_classes) * 4  # W and b, float32
+    assert r.summary["bytes_up"] == 3 * 5 * per_client == r.summary["bytes_down"]
+    assert r.summary["params_up_per_round"] == 5 * (data.dim * data.n_classes + data.n_classes)
+
+
+def test_fraction_samples_clients_and_counts_only_them():
+    data = synthetic(n_clients=20, per_client=20)
+    m = make("fedavg", data)
+    r = run(m, RunConfig(rounds=2, fraction=0.25))
+    assert r.summary["bytes_up"] == 2 * 5 * (data.dim * data.n_classes + data.n_classes) * 4
+    picks = [sample_clients(m, RunConfig(fraction=0.25), rnd) for rnd in range(3)]
+    assert all(len(p) == 5 for p in picks) and picks[0] != picks[1]
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedrep"])
+def test_a_client_trains_the_same_whether_every_client_or_a_fraction_trains(name):
+    """One round with an mlp head (BatchNorm statistics, which the head returns): a client sampled with
+    --fraction 0.6 ends the round with the state it has when every client trains; clients not sampled
+    keep their initial state (these methods' local step depends only on the client's own state)."""
+    data = synthetic(sizes=[37, 80, 12, 64, 51])
+    every = run(make(name, data, head="mlp"), RunConfig(rounds=1))
+    some_method = make(name, data, head="mlp")
+    some = run(some_method, RunConfig(rounds=1, fraction=0.6))
+    sampled = sample_clients(some_method, RunConfig(fraction=0.6), 0)
+    initial = some_method.init_clients(data.n_clients)
+    assert len(sampled) == 3 and "bn.running_mean" in some.clients
+    for n, t in some.clients.items():
+        for k in range(data.n_clients):
+            if k in sampled:
+                torch.testing.assert_close(t[k], every.clients[n][k], atol=1e-6, rtol=1e-6, msg=f"{n} of client {k}")
+            else:
+                assert torch.equal(t[k], initial[n][k]), f"{n} of client {k}, not sampled, changed"
+    changed = lambda n: [k for k in range(data.n_clients) if not torch.equal(some.clients[n][k], initial[n][k])]
+    assert changed("bn.running_mean") == changed("bn.running_var") == sampled
+
+
+def test_same_seed_same_numbers_other_seed_differs(data):
+    a = run(make("solo", data, seed=3), RunConfig(rounds=2)).summary
+    b = run(make("solo", data, seed=3), RunConfig(rounds=2)).summary
+    c = run(make("solo", data, seed=4), RunConfig(rounds=2)).summary
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(a) == drop(b) and drop(a) != drop(c)
+
+
+def test_interrupted_run_resumes_to_identical_results(data, tmp_path):
+    full = run(make("solo", data), RunConfig(rounds=4))
+    out = tmp_path / "part"
+    out.mkdir()
+
+    def stop_after_two(done, total, line):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(make("solo", data), RunConfig(rounds=4, out=out), on_round=stop_after_two)
+    # A metrics line written after the last checkpoint (a crash between the two) is dropped on resume.
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"round": 3, "accuracy": -1}) + "\n")
+    resumed = run(make("solo", data), RunConfig(rounds=4, out=out, resume=True))
+    assert resumed.summary["per_client_accuracy"] == full.summary["per_client_accuracy"]
+    for n in full.clients:
+        torch.testing.assert_close(full.clients[n], resumed.clients[n], atol=0, rtol=0)
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["round"] for l in lines] == [1, 2, 3, 4] and lines[2]["accuracy"] != -1
+
+
+def test_resume_without_checkpoint_is_an_error(data, tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        run(make("fedavg", data), RunConfig(rounds=2, out=tmp_path, resume=True))
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume(data, tmp_path):
+    full = run(make("fedavg", data), RunConfig(rounds=3))
+
+    def stop_after_two(done, total, line):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(make("fedavg", data), RunConfig(rounds=3, out=tmp_path), on_round=stop_after_two)
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 3, "accur')  # a crash while appending
+    resumed = run(make("fedavg", data), RunConfig(rounds=3, out=tmp_path, resume=True))
+    assert resumed.summary["per_client_accuracy"] == full.summary["per_client_accuracy"]
+    assert [json.loads(l)["round"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_metrics_line_the_checkpoint_covers_cannot_vanish_silently(data, tmp_path, caplog):
+    """A torn line after the checkpoint is re-run; one the checkpoint already covers (a damaged or edited
+    file: a middle line, or the last line of a finished run) is lost, and a resume says which rounds."""
+    run(make("fedavg", data), RunConfig(rounds=4, out=tmp_path))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:30]  # round 2's line torn in the middle of the file
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # and round 4's
+    with caplog.at_level("WARNING"):
+        resumed = run(make("fedavg", data), RunConfig(rounds=4, out=tmp_path, resume=True))
+    assert [l["round"] for l in resumed.history] == [1, 3]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "rounds [2, 4]" in warned[0] and "--overwrite" in warned[0]
+
+
+def test_eval_every_and_history(data):
+    r = run(make("fedavg", data), RunConfig(rounds=5, eval_every=2))
+    assert [h["round"] for h in r.history] == [2, 4, 5]
+    assert len(r.history[-1]["per_client"]) == 5 and "global_accuracy" in r.history[-1]
+
+
+def test_train_loss_is_the_mean_local_step_loss(tmp_path):
+    # One client, one step over all its rows: the recorded loss is the initial model's cross-entropy.
+    data = synthetic(n_clients=2, per_client=20)
+    m = make("fedavg", data, batch_size=64)
+    init = m.init_server()
+    r = run(m, RunConfig(rounds=2, out=tmp_path))
+    logits = [data.x_train[rows] @ init["weight"][0] + init["bias"][0] for rows in data.client_train]
+    expected = np.mean([torch.nn.functional.cross_entropy(lg, data.y_train[rows]).item()
+                        for lg, rows in zip(logits, data.client_train)])
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["train_loss"] == pytest.approx(expected, rel=1e-5)
+    assert r.history[1]["train_loss"] < first["train_loss"]
+    # Methods that train nothing locally record none.
+    assert run(make("linear-probe", data), RunConfig(rounds=1)).history[0]["train_loss"] is None
+
+
+def test_a_run_resumed_between_two_metrics_lines_reports_the_same_train_loss(data, tmp_path):
+    """The losses of rounds after the last metrics line are kept in the checkpoint."""
+    full = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2))
+
+    def stop_after_three(done, total, line):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path), on_round=stop_after_three)
+    resumed = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path, resume=True))
+    assert resumed.history == full.history and full.history[-1]["train_loss"] is not None

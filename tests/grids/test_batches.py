@@ -1,0 +1,381 @@
+"""`fedcache grid --engine batched` equals `--engine processes`: every cell's files, results.csv and table.md."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedcache.api import grid
+from fedcache.cli import main
+from fedcache.federate.rundir import load_checkpoint
+from fedcache.table import Table
+
+from tests.conftest import BACKBONE
+
+SWEEP = {"partition": "dirichlet", "clients": [3, 4], "alpha": [0.5, 5], "rounds": 3, "lr": [0.003, 0.03]}
+
+
+def run_both(toy_store, tmp_path, methods, sweep, **kw):
+    outs = {}
+    for engine in ("processes", "batched"):
+        outs[engine] = tmp_path / engine
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=methods, sweep=sweep, seeds=[0, 1],
+             out=outs[engine], engine=engine, **kw)
+    return outs["processes"], outs["batched"]
+
+
+def assert_same_cells(a, b):
+    """Same rows (but the seconds), same table.md, and per cell the same config, per-client accuracies in every
+    metrics line, and final state bit for bit: a stacked cell computes its own run's numbers."""
+    rows_a, rows_b = (Table.from_csv(o / "results.csv").to_records() for o in (a, b))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    assert strip(rows_a) == strip(rows_b)
+    assert (a / "table.md").read_text() == (b / "table.md").read_text()
+    for row in rows_a:
+        ca, cb = a / row["run_dir"], b / row["run_dir"]
+        assert json.loads((ca / "config.json").read_text()) == json.loads((cb / "config.json").read_text())
+        lines = [[json.loads(l) for l in (c / "metrics.jsonl").read_text().splitlines()] for c in (ca, cb)]
+        assert [(l["round"], l["per_client"], l["bytes_up"]) for l in lines[0]] == [(l["round"], l["per_client"], l["bytes_up"]) for l in lines[1]]
+        ka, kb = (load_checkpoint(c / "checkpoint.pt")["runs"][0] for c in (ca, cb))
+        assert set(ka) == set(kb)
+        for key in ("rnd", "params_up", "bytes_up", "bytes_down", "senders"):
+            assert ka[key] == kb[key], key
+        sa, sb = ({k: v for k, v in json.loads((c / "summary.json").read_text()).items() if k != "seconds"} for c in (ca, cb))
+        assert sa == sb
+        for part in ("server", "clients"):
+            assert set(ka[part]) == set(kb[part])
+            for n in ka[part]:
+                assert torch.equal(ka[part][n], kb[part][n]), (row["run_dir"], part, n)
+
+
+@pytest.mark.slow
+def test_batched_grid_equals_the_process_grid(toy_store, tmp_path):
+    a, b = run_both(toy_store, tmp_path, ["fedavg", "solo"], {**SWEEP, "fraction": [0.5, 1]})
+    assert_same_cells(a, b)
+    assert not (b / "batches").exists()  # a finished batch leaves only its cells
+
+
+def test_batched_fedprox_grid_with_a_mu_axis_equals_the_process_grid(toy_store, tmp_path):
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "mu": [0.01, 1]}
+    a, b = run_both(toy_store, tmp_path, ["fedprox"], sweep)
+    assert_same_cells(a, b)
+
+
+def test_batched_fedproto_grid_with_a_lam_axis_equals_the_process_grid(toy_store, tmp_path):
+    """fedproto's own head, the mlp head: its BatchNorm statistics stack too."""
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "lam": [0.3, 1]}
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedproto"], sweep, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (4 x 2 fedproto)") and "own runs" not in plans[-1]
+    assert_same_cells(a, b)
+
+
+def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(toy_store, tmp_path):
+    """The grid stacks the tau values of one partition and seed first (cells of 3 and 4 clients in one stack, whose
+    prototype sets it pads to the cell with the most clients, are tested in tests/federate/test_stacked.py)."""
+    sweep = {"partition": "dirichlet", "clients": [3, 4], "alpha": 0.5, "rounds": 3, "tau": [0.07, 0.5],
+             "noise": "gaussian"}
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedpcl"], sweep, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (4 x 2 fedpcl)") and "own runs" not in plans[-1]
+    assert_same_cells(a, b)
+
+
+def test_batched_fedntd_grid_with_optimizer_and_method_axes_equals_the_process_grid(toy_store, tmp_path):
+    """beta (per row) and SGD's momentum (per federation) share a stack; tau (not per row) does not."""
+    # batch_size 4: several steps per round, or momentum (reset every round) would never act
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": 0.5, "rounds": 2, "batch_size": 4, "optimizer": "sgd",
+             "lr": 0.05, "weight_decay": 0.01, "beta": [0.3, 1], "tau": [1, 3], "momentum": [0, 0.9]}
+    outs, plans = {}, []
+    for engine in ("processes", "batched"):
+        outs[engine] = tmp_path / engine
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedntd"], sweep=sweep, seeds=[0],
+             out=outs[engine], engine=engine, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 2 batches (2 x 4 fedntd)")
+    assert_same_cells(outs["processes"], outs["batched"])
+
+
+def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store, tmp_path, capsys):
+    out = tmp_path / "g"
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox,pfedme",
+                 "--partition", "dirichlet", "--alpha", "0.5,5", "--clients", "3", "--rounds", "2", "--set", "lr=0.01,0.1",
+                 "--seeds", "0,1", "--engine", "batched", "--max-batch-cells", "3", "--out", str(out)])
+    captured = capsys.readouterr()
+    printed = " ".join((captured.out + captured.err).split())  # one line, however the console wrapped it
+    assert code == 0
+    assert ("batched engine: 8 cells in 4 batches (4 x 2 fedprox), at most 3 cells per batch; "
+            "8 cells as their own runs: pfedme does not declare that its runs can train stacked (8)") in printed
+    assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
+    assert len(Table.from_csv(out / "results.csv")) == 16
+
+
+def test_the_batched_engine_is_the_default(toy_store, tmp_path, capsys):
+    """Batched is the default: the grid benchmark measured it faster in every trial (docs/performance.md)."""
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedprox", "--partition",
+                 "iid", "--clients", "2", "--rounds", "1", "--set", "lr=0.1,0.01", "--out", str(tmp_path / "g")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "(batched engine)" in out
+    # The plan is one line however narrow the console: a log keeps it whole.
+    plan = err.splitlines()[1]
+    assert plan.startswith("batched engine: 4 cells in 2 batches (2 fedavg, 2 fedprox), at most") and plan.endswith("per batch")
+
+
+def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
+    """--jobs 2: the batches train side by side in worker processes of one torch thread, each method's cells
+    spread over the two workers (one batch per method with --jobs 1); every cell equals the in-process grid's."""
+    sweep = {"partition": "dirichlet", "clients": 3, "rounds": 2, "lr": [0.003, 0.01, 0.03, 0.1]}
+    outs, plans = {}, {}
+    for jobs in (1, 2):
+        outs[jobs], plans[jobs] = tmp_path / f"jobs{jobs}", []
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+             seeds=[0], out=outs[jobs], engine="batched", jobs=jobs, on_plan=plans[jobs].append)
+    assert plans[2][0].startswith("batched engine: 8 cells in 4 batches (2 x 2 fedavg, 2 x 2 fedprox)")
+    assert "2 at a time, each in a worker process" in plans[2][0]
+    assert plans[1][0].startswith("batched engine: 8 cells in 2 batches (4 fedavg, 4 fedprox)")
+    assert "worker process" not in " ".join(plans[1])
+    assert_same_cells(outs[1], outs[2])
+    # Two cells per batch: four batches finish side by side, and none removes the folder another still uses.
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+         seeds=[0], out=tmp_path / "pairs", engine="batched", jobs=2, max_batch_cells=2)
+    assert_same_cells(outs[1], tmp_path / "pairs")
+    assert not (outs[2] / "batches").exists() and not (tmp_path / "pairs" / "batches").exists()
+    # One cell per batch is no stack: each runs as its own run, and the plan says why.
+    plans[0] = []
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
+         seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1, on_plan=plans[0].append)
+    assert "8 cells as their own runs: the limit of 1 cells per batch (8)" in plans[0][0]
+    assert_same_cells(outs[1], tmp_path / "singles")
+
+
+def test_a_finished_batch_leaves_the_shared_batches_folder_to_the_grid(toy_store, tmp_path, monkeypatch):
+    """Batches finish side by side in workers: one that removed the emptied batches/ folder itself raced
+    another doing the same (FileNotFoundError). Only the grid, after every batch, removes it."""
+    from fedcache.grids import batches as sweep
+
+    monkeypatch.setattr(sweep, "_remove_if_empty", lambda path: None)
+    out = tmp_path / "g"
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
+         sweep={"partition": "iid", "clients": 2, "rounds": 1, "lr": [0.01, 0.1]}, out=out, engine="batched", jobs=1)
+    assert (out / "batches").is_dir() and not any((out / "batches").iterdir())
+
+
+# ---- which cells share a batch (grids.batches._key), checked for every option and setting ----------------
+def _other(typ, default):
+    """A value of this (annotated) type other than ``default``; None where there is none to offer."""
+    from fedcache.config import base_type, choices as choices_of
+
+    choices = choices_of(typ)
+    if choices:
+        return next(c for c in choices if c != default)
+    base = base_type(typ)
+    if base is bool:
+        return not default
+    if base is int:
+        return (default or 1) + 1
+    if base is float:
+        return default / 2 if default else 0.5
+    return None
+
+
+# Run options that may differ within a batch: optim.preset's settings apply per federation (one optimizer block
+# each; its optimizer kind is in the key, checked below); --no-batch keeps a cell out of every batch; the partition,
+# seed and fraction are each federation's own (its data, plans and sampling), and decide which cells draw alike.
+PER_FEDERATION_OPTIONS = {"optim.preset", "engine.batched"}
+DRAW_OPTIONS = {"schedule.seed", "schedule.fraction"}
+OTHER_VALUES = {"data.dataset": "other", "data.backbones": ("b1", "b2"), "data.store": "other.zarr",
+                "partition.scheme": "dirichlet", "engine.device": "cpu"}
+PER_ROW_OPTIM = ("lr", "momentum", "weight_decay", "betas", "eps")
+
+
+@pytest.mark.parametrize("method", ["solo", "fedavg", "fedprox", "fedntd", "fedrep", "fedproto", "fst-cbdg", "fedpcl"])
+def test_cells_share_a_batch_only_where_every_difference_is_applied_per_federation(method):
+    """Every recorded run option, every method setting and every optimizer setting changed alone: the
+    grouping key changes, unless the stack applies that setting per federation (the optimizer's lr, decay,
+    momentum, betas, eps; the method's per-row and per-run settings). So a field added to the spec, a method or the
+    optimizer is either in the key or declared per row or run, and never silently taken from a batch's first cell."""
+    import dataclasses
+
+    from fedcache.config import fields_of
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS
+    from fedcache.federate.stacking import stacking_of
+    from fedcache.heads import HEADS
+    from fedcache.spec import MethodSpec, RunSpec, method_class, options
+    from fedcache.grids.batches import _draws, _key, _why_alone
+
+    base = RunSpec.of(store="s.zarr", dataset="d", backbones="b", method=method)
+    declared = stacking_of(method_class(method))
+    assert declared is not None
+    key = _key(base)
+    for o in options():
+        if not o.opt.recorded or o.key in ("method.name", "engine.name"):
+            continue  # not part of a run; the method (first in the key) and its settings are checked below
+        if o.key in PER_FEDERATION_OPTIONS:
+            continue
+        heads = [h for h in HEADS.names() if h != base.head.name]
+        value = {**OTHER_VALUES, "head.name": heads[0]}.get(o.key, _other(o.type, base.get(o.key)))
+        assert value is not None, f"no other value of {o.key} to try: add one to OTHER_VALUES"
+        cfg = base.replace(**{o.key: value})
+        if o.key in DRAW_OPTIONS or o.key.startswith("partition."):
+            assert _key(cfg) == key and _draws(cfg) != _draws(base), o.key
+        else:
+            assert _key(cfg) != key, f"cells differing in {o.key} would share a batch"
+    assert _why_alone(base.replace(batched=False)) == "--no-batch trains each client alone"
+    for preset, optim in OPTIMIZER_PRESETS.items():  # a preset's settings apply per federation, its optimizer kind is the key's
+        cfg = base.replace(preset=preset)
+        assert (_key(cfg) == key) == (optim.optimizer == base.optim.optimizer), preset
+    params = base.method.params
+    for name, typ in fields_of(type(params)).items():
+        other = dataclasses.replace(params, **{name: _other(typ, getattr(params, name))})
+        same = _key(dataclasses.replace(base, method=MethodSpec(method, other))) == key
+        assert same == (name in declared.varying), (
+            f"{method} {name}: " + ("per row or run, yet in the key" if same is False else "not per row or run, yet not in the key"))
+    for name in PER_ROW_OPTIM:
+        value = (0.5, 0.9) if name == "betas" else _other(fields_of(type(base.optim))[name], getattr(base.optim, name))
+        assert _key(dataclasses.replace(base, optim=dataclasses.replace(base.optim, **{name: value}))) == key, name
+    sgd = "adam" if base.optim.optimizer == "sgd" else "sgd"
+    assert _key(dataclasses.replace(base, optim=dataclasses.replace(base.optim, optimizer=sgd))) != key
+
+
+def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_the_same_cells(toy_store, tmp_path, monkeypatch):
+    """Interrupted after round 1 of its first batch, the grid re-run with the same options continues that batch
+    from batches/<id>/checkpoint.pt (not from round 0) and ends with the cells of an uninterrupted grid; the same
+    --out with another grid is refused while the batch's checkpoint is there."""
+    from fedcache.errors import ConfigError
+    from fedcache.federate import driver
+
+    sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], engine="batched")
+    grid(out=tmp_path / "whole", sweep=sweep, **kw)
+    save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, sweep=sweep, **kw)
+    (ck,) = (out / "batches").glob("*/checkpoint.pt")
+    assert torch.load(ck, weights_only=True)["rnd"] == 1
+    with pytest.raises(ConfigError, match="holds a different grid"):
+        grid(out=out, sweep={**sweep, "mu": [0.01, 0.1]}, **kw)
+    monkeypatch.setattr(driver, "save_checkpoint", save)
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+    grid(out=out, sweep=sweep, **kw)
+    assert loaded == [ck]  # the interrupted batch continued; the other batch started fresh
+    assert_same_cells(tmp_path / "whole", out)
+    assert not (out / "batches").exists()
+
+
+def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_otherwise(toy_store, tmp_path, monkeypatch, caplog):
+    """Re-run with a larger --max-batch-cells (or more free memory), the interrupted batch still continues from its
+    checkpoint; with a smaller one it no longer fits: its folder is said and removed, its cells train from round 0.
+    Either way the cells equal an uninterrupted grid's, and batches/ is gone at the end."""
+    from fedcache.federate import driver
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "mu": [0.01, 0.1, 1], "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    save, load = driver.save_checkpoint, driver.load_checkpoint
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
+            raise KeyboardInterrupt
+
+    for again, continued in ((None, True), (2, False)):
+        out, loaded = tmp_path / f"again{again}", []
+        monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            grid(out=out, max_batch_cells=4, **kw)  # two batches of 3 cells; the first is interrupted
+        (ck,) = (out / "batches").glob("*/checkpoint.pt")
+        monkeypatch.setattr(driver, "save_checkpoint", save)
+        monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+        caplog.clear()
+        grid(out=out, max_batch_cells=again, **kw)
+        assert loaded == ([ck] if continued else [])
+        assert ("grouped otherwise now" in caplog.text) != continued
+        assert_same_cells(tmp_path / "whole", out)
+        assert not (out / "batches").exists()
+
+
+def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_checkpoint(toy_store, tmp_path, monkeypatch):
+    """The batch's checkpoint stays until every cell's files are written: interrupted at the first cell, the re-run
+    continues from the last round's checkpoint instead of training the batch again, to the same cells."""
+    from fedcache.federate import driver
+    from fedcache.federate.rundir import RunDir
+
+    sweep_ = {"partition": "iid", "clients": 3, "rounds": 2, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep_)
+    grid(out=tmp_path / "whole", **kw)
+    finish, load, loaded = RunDir.finish, driver.load_checkpoint, []
+
+    def stop(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunDir, "finish", stop)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, **kw)
+    monkeypatch.setattr(RunDir, "finish", finish)
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+    grid(out=out, **kw)
+    assert len(loaded) == 1
+    assert_same_cells(tmp_path / "whole", out)
+    assert not (out / "batches").exists()
+
+
+def test_cells_alone_in_their_partition_and_seed_stack_across_partitions_and_seeds(toy_store, tmp_path):
+    """One cell per partition and seed (alpha x seeds): no two draw the same mini-batches, so they stack across
+    partitions and seeds, each with its own run's numbers. (The toy store is too small for the rounding that
+    cut steps caused to show here; tests/federate/test_stacked.py is the guard of that.)"""
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedproto"], seeds=[0, 1],
+              sweep={"partition": "dirichlet", "alpha": [0.5, 5], "clients": 3, "rounds": 2})
+    plans: list[str] = []
+    grid(out=tmp_path / "b", engine="batched", on_plan=plans.append, **kw)
+    grid(out=tmp_path / "p", engine="processes", **kw)
+    assert plans[0].startswith("batched engine: 8 cells in 2 batches (4 fedavg, 4 fedproto)") and "own runs" not in plans[0]
+    assert_same_cells(tmp_path / "p", tmp_path / "b")
+
+
+def test_a_cell_with_nothing_to_stack_with_runs_as_its_own_run(toy_store, tmp_path):
+    """Cells alone in their group (here: one per method) are not stacks of one: they run as their own runs, and
+    the plan says why; their numbers are the process engine's."""
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], seeds=[0],
+              sweep={"partition": "iid", "clients": 2, "rounds": 2})
+    plans: list[str] = []
+    grid(out=tmp_path / "b", engine="batched", on_plan=plans.append, **kw)
+    grid(out=tmp_path / "p", engine="processes", **kw)
+    assert plans == ["batched engine: no cells to stack; 2 cells as their own runs: no other cell of its method and "
+                     "settings to stack with (2)"]
+    assert not (tmp_path / "b" / "batches").exists()
+    assert_same_cells(tmp_path / "p", tmp_path / "b")
+
+
+def test_cells_of_one_partition_and_seed_stack_together_and_lone_cells_join_across_draws():
+    """Cells that draw alike stack together (their batch steps no longer than each of them); the cells alone in
+    their draws form batches of their own, and one such cell left over joins the smallest batch with room."""
+    from fedcache.grids.batches import _parts
+
+    alone: dict = {}
+    assert _parts({"a": [1, 2, 3], "b": [4, 5], "c": [6], "d": [7]}, 10, [], alone) == [[1, 2, 3], [4, 5], [6, 7]]
+    assert _parts({"a": [1, 2, 3], "b": [4, 5], "c": [6]}, 10, [], alone) == [[1, 2, 3], [4, 5, 6]]
+    assert not alone
+    assert _parts({"a": [1, 2, 3, 4, 5]}, 2, [], alone) == [[1, 2], [3, 4]] and alone == {5: "the limit of 2 cells per batch"}
+    alone = {}
+    assert _parts({"a": [1, 2], "c": [6]}, 2, [], alone) == [[1, 2]] and alone == {6: "the limit of 2 cells per batch"}
+    alone = {}
+    assert _parts({"c": [6]}, 5, [], alone) == [] and alone == {6: "no other cell of its method and settings to stack with"}
+    # Cut to size (a share of the group per worker), though the limit would hold them all.
+    alone = {}
+    assert _parts({d: [d] for d in range(6)}, 10, [], alone, size=3) == [[0, 1, 2], [3, 4, 5]] and not alone
+    # An odd pool leaves no cell alone for the size: the limit alone sends one off.
+    assert _parts({d: [d] for d in range(3)}, 10, [], alone, size=2) == [[0, 1, 2]] and not alone
+    assert _parts({"a": [1, 2, 3]}, 10, [], alone, size=2) == [[1, 2, 3]] and not alone
+    # A started batch continues as it was; what is left of its draws joins the lone cells.
+    alone = {}
+    assert _parts({"a": [1, 2, 3], "b": [4]}, 10, [[1, 2]], alone) == [[1, 2], [3, 4]] and not alone
+

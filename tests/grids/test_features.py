@@ -1,0 +1,40 @@
+"""A grid's shared features (fedcache/grids/features.py): memory-mapped by the workers without a copy, and refused
+when the store's entries changed since the grid started."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fedcache.errors import ConfigError
+from tests.conftest import BACKBONE
+
+
+def test_a_grid_refuses_features_that_changed_since_it_started(toy_grid, toy_store, tmp_path):
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    spec = json.loads((out / "grid.json").read_text())
+    spec["out"] = str(out)
+    (out / "grid.json").write_text(json.dumps(spec))
+    meta = json.loads((out / "features" / "meta.json").read_text())
+    meta["train"]["entry_ids"][0] = "0" * 16  # as if that entry had been re-extracted since
+    (out / "features" / "meta.json").write_text(json.dumps(meta))
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match="changed since the grid"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
+             sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out)
+
+
+def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_grid):
+    import numpy as np
+
+    from fedcache.federate.data import FederatedData
+    from fedcache.grids.features import read_features
+
+    train_t, test_t = read_features(toy_grid / "features")
+    assert isinstance(train_t.features, np.memmap) and train_t.features.dtype == np.float32
+    data = FederatedData.from_tables(train_t, test_t, [np.arange(len(train_t))], [np.arange(len(test_t))])
+    assert np.shares_memory(data.x_train.numpy(), train_t.features)  # the tensor is a view of the mapped file
+    assert np.shares_memory(data.x_test.numpy(), test_t.features)

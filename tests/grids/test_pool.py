@@ -1,0 +1,177 @@
+"""A grid's worker processes (fedcache/grids/pool.py): parallel workers give one process's results, and SIGINT or
+SIGTERM stop a grid and its workers within seconds, finished cells kept and the others checkpointed (both engines)."""
+from __future__ import annotations
+
+import pytest
+
+from fedcache.cli import main
+from fedcache.table import Table
+from tests.conftest import BACKBONE
+
+
+@pytest.mark.slow
+def test_parallel_workers_give_the_same_results_as_one_process(toy_store, tmp_path, capsys):
+    toml = tmp_path / "grid.toml"
+    toml.write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = ["{BACKBONE}"]\n'
+                    'methods = ["fedavg", "fedproto"]\nseeds = [0, 1]\n[set]\nrounds = 2\nclients = 2\nlr = ["0.01", "0.1"]\n')
+    code = main(["grid", "--config", str(toml), "--jobs", "2", "--out", str(tmp_path / "par")])
+    assert code == 0, capsys.readouterr().err
+    assert "results.csv" in capsys.readouterr().out
+    code = main(["grid", "--config", str(toml), "--jobs", "1", "--out", str(tmp_path / "seq")])
+    assert code == 0
+    par = Table.from_csv(tmp_path / "par" / "results.csv")
+    seq = Table.from_csv(tmp_path / "seq" / "results.csv")
+    assert len(par) == 8
+    assert par.column("mean_accuracy") == seq.column("mean_accuracy")
+    assert par.column("bytes_up") == seq.column("bytes_up")
+
+
+def _children(pid: int) -> set[int]:
+    import os
+
+    kids = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                if entry.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.add(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_parallel_grid_and_its_workers(toy_store, tmp_path, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "grid"
+    cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
+           "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--partition", "iid", "--clients", "2",
+           "--jobs", "2", "--engine", "processes", "-o", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        _signal_mid_grid(proc, out, getattr(signal, sig))
+    finally:
+        if proc.poll() is None:  # a failed test must not leave a grid running
+            for pid in _children(proc.pid) | {proc.pid}:
+                os.kill(pid, signal.SIGKILL)
+
+
+def _signal_mid_grid(proc, out, sig):
+    import time
+
+    deadline = time.monotonic() + 120
+    while not (out / "cells").exists() or len(list((out / "cells").glob("*/metrics.jsonl"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.2)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 15
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)]
+
+
+def _grid_process(toy_store, out, *options):
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
+           "--partition", "iid", "--clients", "2", "-o", str(out), *options]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+
+
+def _wait_for(proc, ready, seconds=120):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "timeout"
+        time.sleep(0.2)
+
+
+def _wait_for_exit(workers, seconds=5.0):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)]
+
+
+def _kill_tree(proc):
+    import os
+    import signal
+
+    if proc.poll() is None:  # a failed test must not leave a grid running
+        for pid in _children(proc.pid) | {proc.pid}:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+def test_a_stopped_parallel_grid_keeps_finished_cells_and_resumes_the_others(toy_store, tmp_path):
+    """Short cells finish while long ones train; SIGTERM then leaves the finished ones finished and the long
+    ones checkpointed, so a re-run skips the first and resumes the second."""
+    import signal
+
+    out = tmp_path / "grid"
+    proc = _grid_process(toy_store, out, "-m", "fedavg,fedprox", "--rounds", "2,100000", "--jobs", "2",
+                         "--engine", "processes")
+    try:
+        finished = lambda: list((out / "cells").glob("*rounds=2*/summary.json"))  # noqa: E731
+        started = lambda: list((out / "cells").glob("*rounds=100000*/checkpoint.pt"))  # noqa: E731
+        _wait_for(proc, lambda: (out / "cells").exists() and len(finished()) == 2 and len(started()) == 2)
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 130 and "Traceback" not in err and "re-run the same command to resume" in err, err
+    _wait_for_exit(workers)  # the issue's bound: the workers are gone within a few seconds of the parent
+    assert len(finished()) == 2 and len(started()) == 2
+    assert not list((out / "cells").glob("*rounds=100000*/summary.json"))
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store, tmp_path):
+    """The batched engine trains stacked cells (one batch: in the grid's own process): Ctrl-C stops it within seconds,
+    exit 130, and the batch's checkpoint is on disk for the re-run."""
+    import signal
+    import time
+
+    out = tmp_path / "grid"
+    proc = _grid_process(toy_store, out, "-m", "fedavg", "--rounds", "100000", "--seeds", "0", "--set", "lr=0.01,0.1",
+                         "--jobs", "2", "--engine", "batched")
+    try:
+        _wait_for(proc, lambda: any((out / "batches").glob("*/*.pt")) if (out / "batches").exists() else False)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 15
+    assert any((out / "batches").glob("*/*.pt")) and not list((out / "cells").glob("*/summary.json"))

@@ -1,0 +1,88 @@
+"""Running a grid (fedcache/grids/run.py): one row per cell in results.csv and table.md, a re-run skips finished
+cells and redoes unfinished ones, a different grid in the same directory is refused naming what differs, and
+errors are one line."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+from fedcache.table import Table
+from tests.conftest import BACKBONE
+
+
+def test_grid_writes_one_row_per_run_and_a_table(toy_grid):
+    table = Table.from_csv(toy_grid / "results.csv")
+    assert len(table) == 2 * 2 * 2
+    assert set(table.column("method")) == {"fedavg", "fedproto"} and set(table.column("seed")) == {0, 1}
+    assert all(0 <= a <= 100 for a in table.column("mean_accuracy"))
+    assert all(r == 3 for r in table.column("rounds"))
+    md = (toy_grid / "table.md").read_text()
+    header = next(l for l in md.splitlines() if l.startswith("| method"))
+    assert "alpha=0.5" in header and "alpha=5" in header
+    # One best (bold) entry per setting column.
+    body = [l for l in md.splitlines() if l.startswith("| fed")]
+    assert sum(l.count("**") // 2 for l in body) >= 2
+
+
+def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_store, tmp_path):
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    spec = json.loads((out / "grid.json").read_text())
+    spec["out"] = str(out)
+    (out / "grid.json").write_text(json.dumps(spec))
+    before = Table.from_csv(out / "results.csv").to_records()
+    victim = out / "cells" / "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed=1"
+    (victim / "summary.json").unlink()
+    (victim / "checkpoint.pt").unlink()  # no checkpoint: the cell starts over
+    marker = out / "cells" / "fedavg__partition=dirichlet__clients=3__alpha=0.5__rounds=3__seed=0" / "marker"
+    marker.write_text("finished cells are not touched")
+    from fedcache.api import grid
+
+    ran = []
+    table = grid(config=None, store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
+                 sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
+                 on_cell=lambda done, total, row: ran.append(row["run_dir"]))
+    assert ran == [str(victim.relative_to(out))]
+    assert marker.exists()
+    # The redone cell is deterministic: the table is the same as before.
+    assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]
+
+
+def test_a_different_grid_in_the_same_directory_is_refused(toy_grid, toy_store):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match="different grid"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=toy_grid)
+
+
+def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match=r"differs in methods \(fedavg,fedproto there, fedavg here\), alpha \(0.5,5 there, 0.5 here\);"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=toy_grid,
+             sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5], "rounds": 3})
+
+
+def test_grid_cli_errors_are_one_line(tmp_path, capsys):
+    code = main(["grid", "--store", str(tmp_path / "none.zarr"), "-d", "x", "-b", "y", "-m", "fedavg", "--out", str(tmp_path / "g")])
+    assert code == 1 and "no feature store" in capsys.readouterr().err
+    code = main(["grid", "-d", "x", "-b", "y", "--out", str(tmp_path / "g")])
+    assert code == 2 and "--method" in capsys.readouterr().err
+
+
+def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
+    """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
+    from fedcache.grids.run import _holds_runs
+
+    cell = tmp_path / "validation" / "cells" / "fedavg__lr=1e30__seed=0"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text("{}")
+    assert not _holds_runs(tmp_path)
+    for name in ("diverged.json", "checkpoint.pt", "summary.json"):
+        (cell / name).write_text("{}")
+        assert _holds_runs(tmp_path), name
+        (cell / name).unlink()

@@ -1,0 +1,114 @@
+"""Tune on validation, then test once (fedcache/grids/select.py): per method and other setting, the values with the
+best mean validation score over seeds; a candidate that diverges loses instead of stopping the grid."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcache.errors import ConfigError
+from fedcache.grids.select import choose
+from tests.conftest import BACKBONE
+
+SWEEP = {"partition": "iid", "clients": 2, "subsample": 0.5, "rounds": 2, "lr": ["0.001", "0.1"]}
+
+
+def rows():
+    out = []
+    # fedavg: lr 0.01 wins at alpha 0.1 on the mean over seeds although lr 0.001 has the best single seed.
+    for alpha, lr, scores in (("0.1", "0.001", (70, 40)), ("0.1", "0.01", (60, 58)),
+                              ("1", "0.001", (80, 80)), ("1", "0.01", (70, 75))):
+        out += [{"method": "fedavg", "alpha": alpha, "lr": lr, "seed": s, "mean_accuracy": v} for s, v in enumerate(scores)]
+    # fedprox ties: the value listed first wins.
+    out += [{"method": "fedprox", "alpha": "0.1", "lr": lr, "seed": 0, "mean_accuracy": 50} for lr in ("0.01", "0.001")]
+    return out
+
+
+def test_each_method_and_setting_gets_its_own_choice():
+    got = {(c.method, c.fixed): (c.chosen, c.score) for c in choose(rows(), ["alpha", "lr"], ["lr"])}
+    assert got[("fedavg", (("alpha", "0.1"),))] == ((("lr", "0.01"),), 59.0)
+    assert got[("fedavg", (("alpha", "1"),))] == ((("lr", "0.001"),), 80.0)
+    assert got[("fedprox", (("alpha", "0.1"),))][0] == (("lr", "0.01"),)
+
+
+def test_selecting_a_setting_that_is_not_an_axis_says_how():
+    with pytest.raises(ConfigError, match=r"--select mu: not an axis.*--set lr=1e-3,1e-2 --select lr"):
+        choose(rows(), ["alpha", "lr"], ["mu"])
+
+
+def test_a_value_that_diverged_on_any_seed_is_not_chosen():
+    """lr 0.1 scores 90 on the seed that did not diverge: averaging only that seed would choose it."""
+    rows = [{"method": "fedavg", "lr": "0.001", "seed": s, "mean_accuracy": v} for s, v in enumerate((60, 62))]
+    rows += [{"method": "fedavg", "lr": "0.1", "seed": 0, "mean_accuracy": 90},
+             {"method": "fedavg", "lr": "0.1", "seed": 1, "mean_accuracy": None, "diverged": True}]
+    (choice,) = choose(rows, ["lr"], ["lr"])
+    assert choice.chosen == (("lr", "0.001"),) and choice.score == 61.0
+    assert dict(choice.candidates) == {(("lr", "0.001"),): 61.0, (("lr", "0.1"),): None}
+    every = [{**r, "mean_accuracy": None, "diverged": True} for r in rows if r["lr"] == "0.1"]
+    with pytest.raises(ConfigError, match=r"every value of lr diverged on validation for fedavg; add smaller values"):
+        choose(every, ["lr"], ["lr"])
+
+
+def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_path):
+    from fedcache.api import grid
+
+    out = tmp_path / "cmp"
+    progress = []
+    table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
+                 seeds=[0, 1], out=out, select=["lr"], on_cell=lambda done, total, row: progress.append((done, total)))
+    assert progress == [(i, 8 + 4) for i in range(1, 13)]  # one count over validation then test, never going back
+    validation = sorted(p.name for p in (out / "validation" / "cells").iterdir())
+    assert len(validation) == 2 * 2 * 2 and all("validation=true" in n for n in validation)
+    tested = sorted(p.name for p in (out / "test" / "cells").iterdir())
+    assert len(tested) == 2 * 2 and not any("validation" in n for n in tested)
+    selection = json.loads((out / "selection.json").read_text())
+    for choice in selection["choices"]:
+        scores = {c["lr"]: c["validation_score"] for c in choice["candidates"]}
+        assert choice["chosen"]["lr"] == max(scores, key=scores.get)  # the best mean validation score
+        runs = [r for r in table.to_records() if r["method"] == choice["method"]]
+        assert {str(r["lr"]) for r in runs} == {choice["chosen"]["lr"]} and len(runs) == 2
+    # Validation runs scored spare training rows; the test runs the test split.
+    cfg = json.loads(next((out / "validation" / "cells").iterdir()).joinpath("config.json").read_text())
+    assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
+    md = (out / "table.md").read_text()
+    assert "chosen per method and setting on validation" in md and ", lr=" in md
+    # The report draws the one partition both stages used once (bubbles and sizes), titled by both panels.
+    from fedcache.reports import write_report
+
+    html = write_report(out).html.read_text()
+    assert html.count("<h2>Partition (split=test; split=validation): ") == 2 and "<h2>Partition (split=test): " not in html
+    # The directory now holds a --select grid: the same grid without --select is refused, naming the difference.
+    with pytest.raises(ConfigError, match=r"differs in select \(lr there, unset here\)"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
+             seeds=[0, 1], out=out)
+
+
+def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match="--select mu: not an axis"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], sweep=SWEEP, out=tmp_path / "g",
+             select=["mu"])
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine):
+    """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
+    never chosen), not an error that stops the grid and leaves a run that --resume replays into NaN. The batched
+    engine stacks each seed's two cells: a batch diverges, and its cells then run as their own runs."""
+    from fedcache.api import grid
+    from fedcache.reports import write_report
+
+    out, seen = tmp_path / "div", []
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1], out=out,
+              select=["lr"], sweep={**SWEEP, "preset": "fst-cbdg", "lr": ["0.001", "1e30"]}, engine=engine)
+    table = grid(**kw, on_cell=lambda done, total, row: seen.append(row))
+    assert sorted(r["lr"] for r in seen if r.get("diverged")) == ["1e30", "1e30"]
+    assert len(table) == 2 and {str(r["lr"]) for r in table} == {"0.001"}
+    (choice,) = json.loads((out / "selection.json").read_text())["choices"]
+    assert choice["chosen"] == {"lr": "0.001"} and "diverged on any seed is not chosen" in (out / "table.md").read_text()
+    assert {c["lr"]: c.get("diverged", False) for c in choice["candidates"]} == {"0.001": False, "1e30": True}
+    assert "NaN" in next((out / "validation" / "cells").glob("*1e30*seed=0/diverged.json")).read_text()
+    again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
+    assert again.column("mean_accuracy") == table.column("mean_accuracy")
+    assert "lr=1e30: diverged" in write_report(out).html.read_text()

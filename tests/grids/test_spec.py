@@ -1,0 +1,88 @@
+"""A grid's specification (fedcache/grids/spec.py): its cells are the cartesian product, bad options say how to
+fix them, every train option is a grid option and may be an axis, and every cell runs as the grid says (trackers,
+checkpoints)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+from fedcache.grids import GridSpec, cells, load_toml
+from fedcache.spec import parse_axes as parse_sweep
+from fedcache.table import Table
+from tests.conftest import BACKBONE
+
+
+def test_cells_are_the_cartesian_product(tmp_path):
+    spec = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "fedprox"], out=tmp_path,
+                    seeds=[0, 1, 2], sweep=parse_sweep(["lr=1e-3,1e-2", "alpha=0.1,1"]))
+    grid = cells(spec)
+    assert len(grid) == 2 * 2 * 2 * 3
+    assert len({c.name for c in grid}) == len(grid)
+    assert grid[0].name == "fedavg__lr=1e-3__alpha=0.1__seed=0"
+
+
+def test_bad_grid_options_say_how_to_fix(tmp_path):
+    with pytest.raises(ConfigError, match="--method"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"method": ["x"]})
+    with pytest.raises(ConfigError, match="key=v1,v2"):
+        parse_sweep(["lr"])
+    bad = tmp_path / "g.toml"
+    bad.write_text('dataset = "d"\nmethod = ["fedavg"]\n')
+    with pytest.raises(ConfigError, match="unknown key.*method"):
+        load_toml(bad)
+
+
+def _option_names(command) -> set[str]:
+    return {o for p in command.params for o in p.opts + p.secondary_opts}
+
+
+def test_every_train_option_is_a_grid_option_under_the_same_name():
+    import typer.main
+
+    from fedcache.cli import GRID_SKIPS, app
+
+    commands = typer.main.get_command(app).commands
+    train, grid = commands["train"], commands["grid"]
+    skipped = {o for p in train.params if p.name in GRID_SKIPS for o in p.opts + p.secondary_opts}
+    assert _option_names(train) - skipped <= _option_names(grid)
+    assert skipped == {"--resume", "--no-resume", "--engine", "--overwrite", "--no-overwrite", "--track-dir"}
+
+
+def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp_path, capsys):
+    out = tmp_path / "g"
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedproto",
+                 "--partition", "domain", "--few-shot", "5", "--rounds", "2", "--set", "lr=0.001,0.01",
+                 "--seeds", "0,1", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = Table.from_csv(out / "results.csv").to_records()
+    assert len(rows) == 2 * 2 * 2 and {r["rounds"] for r in rows} == {2}
+    md = (out / "table.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| method"))
+    assert "lr=0.001" in header and "lr=0.01" in header and "rounds" not in header  # only axes label columns
+    caption = md.splitlines()[0]
+    assert all(f in caption for f in ("rounds=2", "partition=domain", "few_shot=5", "test-toy", "seeds 0,1"))
+    # Printed as table.md holds it: a log (console 160 wide) must not wrap a long row or caption.
+    printed = capsys.readouterr().out.splitlines()
+    assert max(map(len, md.splitlines())) > 160 and all(line in printed for line in md.splitlines()), printed
+    # Without --clients a domain partition gives one client per domain (test-toy has two).
+    config = json.loads(next((out / "cells").glob("*/config.json")).read_text())
+    assert config["partition"]["request"]["n_clients"] == 2
+
+
+def test_a_grid_sends_each_cell_to_tensorboard(toy_store, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "g"
+    assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+                 "--clients", "2", "--rounds", "2", "--seeds", "0,1", "--track", "tensorboard", "--keep-checkpoints", "none",
+                 "-o", str(out)]) == 0
+    assert not list((out / "cells").glob("*/checkpoint*.pt"))  # every cell, not only a train run, keeps none
+    runs = sorted(p.name for p in (out / "tensorboard").iterdir())
+    assert runs == sorted(p.name for p in (out / "cells").iterdir()) and len(runs) == 2
+    events = EventAccumulator(str(out / "tensorboard" / runs[0]))
+    events.Reload()
+    assert [e.step for e in events.Scalars("accuracy")] == [1, 2]

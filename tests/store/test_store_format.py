@@ -1,0 +1,243 @@
+"""Store formats: a store written by fedcache before format 2 (tests/store/data/store-format-1, kept byte for
+byte) reads, verifies, resumes and upgrades bit for bit; format-2 tables are the entry's file memory-mapped, or
+one copy in a preallocated array (several domains, fused backbones, float16)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from fedcache.cli import main
+from fedcache.errors import DamagedEntryError, StoreError
+from fedcache.federate.data import load_fused
+from fedcache.store import upgrade as upgrade_module
+from fedcache.store.feature_store import FeatureStore
+from fedcache.store.keys import EntryKey
+from fedcache.store.upgrade import upgrade_store
+from fedcache.store.writer import open_writer
+
+DATA = Path(__file__).parent / "data"
+V1 = DATA / "store-format-1"
+PARTIAL = "2b483227479458be"  # extracted/test/all: 2 of its 3 chunks written
+EXTRACTED = "41ab763820bc40b8"  # extracted/train/all: float16, rows 3 and 17 skipped
+ATTRS = {"classes": ["a", "b", "c"], "domains": ["all"], "random_weights": True, "backbone_source": "test"}
+PARTIAL_KEY = EntryKey("extracted", "fp", "test", "all", "tiny", "w0", {"size": 16})
+
+
+@pytest.fixture
+def old(tmp_path) -> Path:
+    path = tmp_path / "old.zarr"
+    shutil.copytree(V1, path)
+    return path
+
+
+def zarr_table(path: Path, dataset: str, split: str) -> dict[str, np.ndarray]:
+    """The valid rows of a slot's entries as Zarr itself decodes them, domain by domain: the reference."""
+    g = zarr.open_group(str(path), mode="r")["entries"]
+    chosen = sorted((a["key"]["domain"], eid) for eid, e in g.groups() if (a := dict(e.attrs))["key"]["dataset"] == dataset
+                    and a["key"]["split"] == split and a.get("complete"))
+    order = list(dict(g[chosen[0][1]].attrs)["domains"])
+    chosen.sort(key=lambda d: order.index(d[0]))
+    parts = [{n: g[eid][n][:] for n in ("features", "labels", "ids", "valid")} for _, eid in chosen]
+    return {n: np.concatenate([p[n][p["valid"]] for p in parts]).astype(np.float32 if n == "features" else np.int64)
+            for n in ("features", "labels", "ids")}
+
+
+def same_table(table, ref: dict) -> None:
+    for n in ("features", "labels", "ids"):
+        np.testing.assert_array_equal(getattr(table, n), ref[n])
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_format_1_store_reads_as_it_was_written(old):
+    store = FeatureStore(old)
+    for dataset, split in (("imported", "train"), ("imported", "test"), ("extracted", "train")):
+        same_table(store.read(dataset, split, "enc" if dataset == "imported" else "tiny"), zarr_table(old, dataset, split))
+    t = store.read("extracted", "train", "tiny")
+    given = np.load(DATA / "v1-extracted-features.npy")
+    valid = np.ones(21, bool)
+    valid[[3, 17]] = False
+    np.testing.assert_array_equal(t.features, given[valid].astype(np.float16).astype(np.float32))
+    assert {store.verify(e)[0] for e in store.entries()} == {"ok", "partial"}
+    assert store.root.attrs["fedcache_store"] == 1  # reading writes nothing
+
+
+def test_damage_to_a_format_1_chunk_is_named(old):
+    (old / "entries" / EXTRACTED / "features" / "c" / "1" / "0").unlink()  # Zarr reads a deleted chunk as zeros
+    with pytest.raises(DamagedEntryError, match=rf"{EXTRACTED}.*features chunk 1 do not hold what was written"):
+        FeatureStore(old).read("extracted", "train", "tiny")
+
+
+def test_a_partial_format_1_entry_resumes_in_format_1_bit_for_bit(old, tmp_path):
+    given = np.load(DATA / "v1-partial-features.npy")
+    store = FeatureStore(old)
+    with open_writer(store, PARTIAL_KEY, 20, 6, 4, ATTRS, chunk_rows=8) as w:
+        assert w.pending() == [2]
+        for c in w.pending():
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, given[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
+        assert w.finish([])
+    # The same entry written whole by the format-1 writer, in a store of its own.
+    ref = FeatureStore(tmp_path / "ref.zarr")
+    with open_writer(ref, PARTIAL_KEY, 20, 6, 4, ATTRS, chunk_rows=8, entry_format=1) as w:
+        for c in w.pending():
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, given[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
+        assert w.finish([])
+    a, b = (FeatureStore(p).info(PARTIAL) for p in (old, tmp_path / "ref.zarr"))
+    assert a.format == b.format == 1 and a.attrs["crc32"] == b.attrs["crc32"]
+    for name in ("features", "labels", "ids", "valid"):
+        np.testing.assert_array_equal(zarr.open_array(str(old / "entries" / PARTIAL / name))[:],
+                                      zarr.open_array(str(tmp_path / "ref.zarr" / "entries" / PARTIAL / name))[:])
+    codecs = zarr.open_array(str(old / "entries" / PARTIAL / "features")).compressors
+    assert [type(c).__name__ for c in codecs] == ["ZstdCodec"]
+
+
+def test_upgrade_rewrites_bit_for_bit_and_keeps_ids_and_times(old, capsys):
+    before = {e.entry_id: e for e in FeatureStore(old).entries()}
+    tables = {(d, s): zarr_table(old, d, s) for d, s in (("imported", "train"), ("imported", "test"), ("extracted", "train"))}
+    code, out = run(capsys, "store", "upgrade", "--store", str(old))
+    assert code == 1 and "5 entries upgraded, 1 skipped" in out and f"{PARTIAL} extracted/test/all tiny: skipped (partial" in out
+    store = FeatureStore(old)
+    after = {e.entry_id: e for e in store.entries()}
+    assert after.keys() == before.keys()
+    for eid, e in after.items():
+        assert e.completed_at == before[eid].completed_at and e.key == before[eid].key
+        assert e.format == (1 if eid == PARTIAL else 2) and store.verify(e)[0] in ("ok", "partial")
+    for (d, s), ref in tables.items():
+        same_table(store.read(d, s, "enc" if d == "imported" else "tiny"), ref)
+    assert store.root.attrs["fedcache_store"] == 2  # an older fedcache would misread the format-2 entries: it refuses
+    # The partial entry, finished by its extraction (in format 1), then upgraded too.
+    given = np.load(DATA / "v1-partial-features.npy")
+    with open_writer(store, PARTIAL_KEY, 20, 6, 4, ATTRS, chunk_rows=8) as w:
+        for c in w.pending():
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, given[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
+        assert w.finish([])
+    code, out = run(capsys, "store", "upgrade", "--store", str(old))
+    assert code == 0 and "1 entries upgraded, 0 skipped" in out
+    assert not (old / ".upgrade").exists()
+    np.testing.assert_array_equal(FeatureStore(old).read("extracted", "test", "tiny").features,
+                                  given.astype(np.float16).astype(np.float32))
+
+
+def test_an_upgrade_interrupted_mid_swap_is_finished_by_the_next(old, monkeypatch):
+    ref = zarr_table(old, "extracted", "train")
+    renames = []
+
+    def crash_on_second(src, dst):
+        renames.append(src)
+        if len(renames) == 2:
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    real = upgrade_module.os.rename
+    monkeypatch.setattr(upgrade_module.os, "rename", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        upgrade_store(FeatureStore(old))
+    monkeypatch.setattr(upgrade_module.os, "rename", real)
+    assert len(FeatureStore(old).entries()) == 5  # one entry is moved aside
+    upgrade_store(FeatureStore(old))
+    store = FeatureStore(old)
+    assert len(store.entries()) == 6 and {store.verify(e)[0] for e in store.entries()} == {"ok", "partial"}
+    same_table(store.read("extracted", "train", "tiny"), ref)
+
+
+def test_a_damaged_format_1_entry_is_not_upgraded(old, capsys):
+    (old / "entries" / EXTRACTED / "labels" / "c" / "2").unlink()
+    code, out = run(capsys, "store", "upgrade", "--store", str(old))
+    assert code == 1 and f"{EXTRACTED} extracted/train/all tiny: skipped (damaged (labels chunk 2" in out
+    assert FeatureStore(old).info(EXTRACTED).format == 1
+
+
+def test_a_new_entry_in_an_old_store_raises_its_format_and_a_newer_one_is_refused(old):
+    store = FeatureStore(old)
+    key = EntryKey("new", "fp", "train", "all", "enc", "w", {"imported": True}, dtype="float32")
+    with open_writer(store, key, 3, 6, 1, ATTRS) as w:
+        w.write_chunk(0, np.ones((3, 6)), np.zeros(3), np.arange(3), np.ones(3, bool))
+        assert w.finish([])
+    assert store.info(key.entry_id).format == 2 and FeatureStore(old).root.attrs["fedcache_store"] == 2
+    store.root.attrs.update({"fedcache_store": 3})
+    with pytest.raises(StoreError, match="newer fedcache"):
+        FeatureStore(old)
+
+
+def write(store: FeatureStore, key: EntryKey, feats, ids, valid=None, chunk_rows=4) -> None:
+    valid = np.ones(len(feats), bool) if valid is None else valid
+    with open_writer(store, key, len(feats), feats.shape[1], 1, {**ATTRS, "domains": ["d0", "d1"]}, chunk_rows=chunk_rows) as w:
+        for c in w.pending():
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, feats[lo:hi], ids[lo:hi] % 3, ids[lo:hi], valid[lo:hi])
+        assert w.finish([])
+
+
+def key(backbone="a", domain="d0", dtype="float32") -> EntryKey:
+    return EntryKey("ds", "fp", "train", domain, backbone, "w", {"s": 1}, dtype=dtype)
+
+
+def test_one_float32_entry_is_read_as_its_file_memory_mapped(store_path):
+    feats = np.random.default_rng(0).normal(size=(10, 5)).astype(np.float32)
+    store = FeatureStore(store_path)
+    write(store, key(), feats, np.arange(10))
+    t = store.read("ds", "train", "a", domains=["d0"])
+    np.testing.assert_array_equal(t.features, feats)
+    assert t.features.base is not None and not t.features.flags.owndata  # a view of the mapping, not a copy
+    t.features[0] = 7  # copy-on-write: private to this process, the file keeps what was written
+    np.testing.assert_array_equal(FeatureStore(store_path).read("ds", "train", "a", domains=["d0"]).features, feats)
+
+
+def test_domains_fused_backbones_float16_and_skipped_rows_are_one_copy(store_path):
+    rng = np.random.default_rng(1)
+    store = FeatureStore(store_path)
+    fa = {d: rng.normal(size=(9, 4)).astype(np.float32) for d in ("d0", "d1")}
+    fb = {d: rng.normal(size=(10, 3)).astype(np.float32) for d in ("d0", "d1")}
+    valid = np.ones(9, bool)
+    valid[4] = False
+    for d in ("d0", "d1"):
+        write(store, key("a", d), fa[d], np.arange(9), valid)
+        # Backbone b: the same samples in another order, one more sample (id 9) the fused table leaves out.
+        order = rng.permutation(10)
+        write(store, key("b", d, "float16"), fb[d][order], np.arange(10)[order], chunk_rows=3)
+    t = load_fused(store, "ds", ["a", "b"], "train")
+    ref_a = np.concatenate([fa[d][valid] for d in ("d0", "d1")])
+    ids = np.concatenate([np.arange(9)[valid]] * 2)
+    ref_b = np.concatenate([fb[d][np.arange(9)[valid]] for d in ("d0", "d1")]).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(t.features, np.concatenate([ref_a, ref_b], axis=1))
+    np.testing.assert_array_equal(t.ids, ids)
+    assert t.features.flags.owndata and t.features.dtype == np.float32
+    assert list(t.domains) == [0] * 8 + [1] * 8 and len(t.entry_ids) == 4
+
+
+def test_a_table_from_both_formats_reads_whole(old):
+    """A slot whose domains were written by two fedcache versions (one re-imported since)."""
+    store = FeatureStore(old)
+    ref = zarr_table(old, "imported", "train")
+    right = next(e for e in store.entries() if e.key["dataset"] == "imported" and e.key["split"] == "train"
+                 and e.key["domain"] == "right")
+    upgrade_module._rewrite(store, right, EntryKey(**right.key))
+    upgrade_module._swap(store, right.entry_id)
+    store = FeatureStore(old)
+    assert sorted(e.format for e in store.entries() if e.key["dataset"] == "imported" and e.key["split"] == "train") == [1, 2]
+    same_table(store.read("imported", "train", "enc"), ref)
+
+
+def test_a_partial_format_2_entry_reads_through_zarr_as_in_format_1(store_path):
+    """Zarr reads the rows no writer reached yet as the fill value (its row files are allocated whole)."""
+    store = FeatureStore(store_path)
+    feats = np.arange(30, dtype=np.float32).reshape(10, 3)
+    with open_writer(store, key(), 10, 3, 1, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(1, feats[4:8], np.ones(4), np.arange(4, 8), np.ones(4, bool))
+        assert not w.finish([])
+    entry = zarr.open_group(str(store_path), mode="r")["entries"][key().entry_id]
+    np.testing.assert_array_equal(entry["features"][:], np.r_[np.zeros((4, 3)), feats[4:8], np.zeros((2, 3))])
+    np.testing.assert_array_equal(entry["labels"][:], [-1] * 4 + [1] * 4 + [-1] * 2)
+    np.testing.assert_array_equal(entry["valid"][:], [False] * 4 + [True] * 4 + [False] * 2)
+    assert list(entry["done"][:]) == [False, True, False]

@@ -1,0 +1,139 @@
+"""The Python API (fedcache/api.py): cheap import, the same functions as the CLI, results with history and trained
+state; in a notebook, real signatures in help(), HTML reprs, to_pandas() behind an extra, the server as one model."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import fedcache
+from fedcache.errors import ConfigError
+from fedcache.spec import options
+from tests.conftest import BACKBONE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_fedcache_loads_no_torch():
+    code = "import sys, fedcache; fedcache.train; fedcache.grid; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_train_returns_summary_history_and_state(toy_store, tmp_path):
+    run = fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", settings={"lr": 0.05}, clients=2,
+                         rounds=3, out=tmp_path / "run")
+    assert [line["round"] for line in run.metrics] == [1, 2, 3]
+    assert run.metrics[-1]["accuracy"] == pytest.approx(run.summary["mean_accuracy"], abs=1e-3)  # summary: per-client values rounded
+    assert run.server["weight"].shape[-1] == 3 and run.server["bias"].shape[-1] == 3  # the global head, 3 classes
+    assert (tmp_path / "run" / "summary.json").exists() and "fedavg" in repr(run)
+    with pytest.raises(ConfigError, match="unknown option.*round\\b"):
+        fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", round=3)
+
+
+def test_extract_is_callable_and_reuses_the_cache(toy_store):
+    import fedcache.extract.runner
+
+    reports = fedcache.extract_features("test-toy", "tiny-timm-random", store=toy_store, workers=0)
+    assert reports and all(r.status == "already complete" for r in reports)
+    with pytest.raises(ConfigError, match="unknown option"):
+        fedcache.extract_features("test-toy", "tiny-timm-random", store=toy_store, colour="red")
+
+
+def test_table_to_pandas_without_pandas_says_so(monkeypatch):
+    table = fedcache.Table([{"a": 1}, {"a": 2, "b": 3}])
+    assert table.columns == ["a", "b"] and table.column("b") == [None, 3]
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="to_records"):
+        table.to_pandas()
+
+
+def test_performance_page_quotes_the_grid_benchmark_json():
+    spec = importlib.util.spec_from_file_location("grid_speed", ROOT / "benchmarks" / "grid_speed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.render() in (ROOT / "docs" / "performance.md").read_text()
+
+
+# ---- in a notebook ------------------------------------------------------------------------------------------
+def keywords(fn) -> dict[str, inspect.Parameter]:
+    params = inspect.signature(fn).parameters
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), "a **kwargs hides the options"
+    return dict(params)
+
+
+def test_train_signature_lists_every_run_option_with_its_default():
+    params = keywords(fedcache.train)
+    for o in options():
+        name = "method" if o.name == "method" else o.name
+        assert name in params, f"help(fedcache.train) does not show {name}"
+        if not o.required and o.name not in ("store", "settings"):
+            assert params[name].default == o.default, name
+    assert params["rounds"].default == 50 and params["partition"].default == "iid"
+    assert "subsample:" in fedcache.train.__doc__ and "rounds: Federated rounds." in fedcache.train.__doc__
+
+
+def test_extract_and_grid_signatures_are_real():
+    from fedcache.extract.datasets import DatasetOptions
+    from fedcache.extract.runner import ExtractConfig
+
+    params = keywords(fedcache.extract_features)
+    wanted = {f.name for c in (ExtractConfig, DatasetOptions) for f in dataclasses.fields(c)} - {"dataset_options"}
+    assert wanted <= set(params) and params["views"].default == 0 and params["data_root"].default is None
+    assert fedcache.extract_features.__name__ == "extract_features"
+    grid = keywords(fedcache.grid)
+    assert {"methods", "sweep", "seeds", "select", "jobs", "out"} <= set(grid)
+    assert grid["select"].annotation is not str  # resolved annotations, not their text
+
+
+def test_signatures_keep_import_fedcache_cheap():
+    code = "import sys, inspect, fedcache; inspect.signature(fedcache.train); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def run(toy_store, tmp_path_factory):
+    return fedcache.train(toy_store, "test-toy", BACKBONE, "fedavg", clients=2, rounds=2,
+                          out=tmp_path_factory.mktemp("nb") / "run")
+
+
+def test_server_state_is_one_model_without_the_client_axis(run):
+    import torch
+
+    from fedcache.api import one_model
+
+    w, b = run.server["weight"], run.server["bias"]
+    assert w.ndim == 2 and w.shape[1] == 3 and b.shape == (1, 3)  # (D, C) and (1, C): logits = x @ W + b
+    stacked = {"weight": torch.zeros(1, 4, 3), "protos": torch.zeros(3, 4), "counts": torch.zeros(1)}
+    got = one_model(stacked)
+    assert got["weight"].shape == (4, 3) and got["protos"].shape == (3, 4) and got["counts"].shape == (1,)
+
+
+def test_results_show_as_html_in_a_notebook(run, toy_grid):
+    page = run._repr_html_()
+    assert "<table>" in page and "mean_accuracy" in page and "fedavg" in page and "train_loss" in page
+    table = fedcache.Table.from_csv(toy_grid / "results.csv")
+    page = table._repr_html_()
+    assert page.count("<tr>") == len(table) + 1 and "<th>alpha</th>" in page
+    many = fedcache.Table([{"i": i, "x": "<b>"} for i in range(60)])._repr_html_()
+    assert many.count("<tr>") == 51 and "10 more rows" in many and "&lt;b&gt;" in many
+
+
+def test_to_pandas_names_the_extra_and_passes_every_column(run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match=r"pip install 'fedcache\[pandas\]'"):
+        run.to_pandas()
+    extras = (ROOT / "pyproject.toml").read_text()
+    assert '\npandas = ["pandas' in extras  # the extra the message names exists
+    fake = types.ModuleType("pandas")
+    fake.DataFrame = lambda records, columns: (records, columns)
+    monkeypatch.setitem(sys.modules, "pandas", fake)
+    records, columns = run.to_pandas()
+    assert [r["round"] for r in records] == [1, 2] and columns[0] == "round" and "train_loss" in columns

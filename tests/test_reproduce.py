@@ -1,0 +1,138 @@
+"""fedcache reproduce: every preset's dry run, and a real run of a tiny preset on the toy store."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcache import presets as ps
+from fedcache import reproduce as rp
+from fedcache.cli import main
+from fedcache.errors import ConfigError
+
+PAPER_PRESETS = ["fedpcl-table2", "fedpcl-table3", "fedpcl-fairness", "fedpcl-table11", "fedpcl-table15",
+                 "fst-cbdg-table1", "fst-cbdg-table2", "flesd-table1", "tpfl-table1", "tpfl-table2", "fst-cbdg", "tpfl"]
+
+
+def test_every_paper_preset_exists_and_names_real_things():
+    from fedcache.extract.backbones import BACKBONES
+    from fedcache.extract.datasets import DATASETS
+    from fedcache.federate.methods import METHODS
+    from fedcache.config import fields_of
+    from fedcache.spec import is_option
+
+    assert set(PAPER_PRESETS) <= set(rp.names())
+    for name in PAPER_PRESETS:
+        p = rp.get(name)
+        keys = {e.key for e in p.experiments}
+        assert p.paper and all(n.experiment in keys for n in p.paper), name
+        for e in p.experiments:
+            assert e.dataset in DATASETS and all(b in BACKBONES for b in e.backbones), e
+            # Run options, or a method setting that every method of the grid owns (FedRep's E = 1 grid).
+            owned = set.intersection(*(set(fields_of(METHODS.get(m).Params)) for m in e.methods))
+            assert all(is_option(k) or k in owned for k in e.sweep), e.sweep
+        for n in p.paper:
+            exp = next(e for e in p.experiments if e.key == n.experiment)
+            assert n.method in exp.methods and 0 < n.value <= 100, n
+
+
+def test_fedpcl_table2_carries_the_papers_numbers():
+    p = rp.get("fedpcl-table2")
+    got = {(n.experiment, n.method): n.value for n in p.paper}
+    assert got["multi-fedpcl", "fedpcl"] == 55.34 and got["single", "fedproto"] == 51.93 and got["multi", "solo"] == 48.37
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_dry_run_lists_runs_and_what_is_missing(preset, tmp_path, capsys):
+    code = main(["reproduce", preset, "--dry-run", "--store", str(tmp_path / "none.zarr")])
+    out = capsys.readouterr().out
+    assert code == 0
+    p = rp.get(preset)
+    assert p.title.split(" (")[0] in out
+    assert all(f"{e.key}:" in out for e in p.experiments)
+    # Nothing of these papers' data is on a test machine: every dataset is reported missing with a way to get it.
+    needs = rp.check(p, tmp_path / "none.zarr")
+    missing = [n for n in needs if n.kind == "dataset" and not n.ok]
+    assert missing and all(n.how for n in missing)
+    assert "missing" in out
+
+
+def test_user_checkpoint_backbones_are_missing_without_weights(tmp_path):
+    needs = {(n.kind, n.name): n for n in rp.check(rp.get("fedpcl-table2"), tmp_path / "none.zarr")}
+    assert not needs["weights", "resnet18-quickdraw"].ok
+    assert "--weights resnet18-quickdraw=PATH" in needs["weights", "resnet18-quickdraw"].how
+    ckpt = tmp_path / "q.pth"
+    needs = {(n.kind, n.name): n for n in rp.check(rp.get("fedpcl-table2"), tmp_path / "none.zarr", weights={"resnet18-quickdraw": ckpt})}
+    assert needs["weights", "resnet18-quickdraw"].ok
+
+
+def test_an_unregistered_method_is_reported_and_refused(tmp_path):
+    preset = ps.Preset("test-missing-method", "t", "-", (ps.Experiment("e", "test-toy", ("tiny-timm-random",), ("no-such-method",)),), ())
+    needs = rp.check(preset, tmp_path / "s.zarr")
+    assert [n.name for n in needs if not n.ok] == ["no-such-method"]
+    with pytest.raises(ConfigError, match="no-such-method.*not registered"):
+        rp.reproduce(preset, tmp_path / "s.zarr", tmp_path / "out")
+
+
+TOY = ps.Preset(
+    "test-toy-preset", "A tiny preset for tests (its 'paper' numbers are made up for the test)", "-",
+    (ps.Experiment("toy", "test-toy", ("tiny-timm-random",), ("fedavg", "solo"), {"clients": 2, "rounds": 2, "lr": [0.01, 0.1]}, seeds=(0,)),),
+    (ps.PaperNumber("toy", "fedavg", 50.0, "FedAvg, lr 0.1", {"lr": 0.1}), ps.PaperNumber("toy", "solo", 40.0, "Solo, lr 0.01", {"lr": 0.01})),
+)
+
+
+def test_a_real_run_writes_the_report_with_the_papers_numbers(tmp_path):
+    html = rp.reproduce(TOY, tmp_path / "s.zarr", tmp_path / "out")
+    paper = json.loads((tmp_path / "out" / "paper.json").read_text())
+    assert [r["paper"] for r in paper["rows"]] == [50.0, 40.0]
+    assert all(r["fedcache"] is not None and 0 <= r["fedcache"] <= 100 for r in paper["rows"])
+    from fedcache.table import Table
+
+    cells = Table.from_csv(tmp_path / "out" / "toy" / "results.csv")
+    assert paper["rows"][0]["fedcache"] == cells.where(method="fedavg", lr=0.1).column("mean_accuracy")[0]
+    text = html.read_text()
+    assert "Paper vs fedcache" in text and "FedAvg, lr 0.1" in text
+
+
+def test_combined_presets_hold_every_table_and_number():
+    for name, parts in (("fst-cbdg", ("fst-cbdg-table1", "fst-cbdg-table2")), ("tpfl", ("tpfl-table1", "tpfl-table2"))):
+        whole, tables = rp.get(name), [rp.get(p) for p in parts]
+        assert len(whole.experiments) == sum(len(t.experiments) for t in tables)
+        assert sorted(n.value for n in whole.paper) == sorted(n.value for t in tables for n in t.paper)
+        assert len({e.key for e in whole.experiments}) == len(whole.experiments)  # no folder shared by two tables
+
+
+def test_tpfl_tables_run_every_method_with_the_papers_adam():
+    """TPFL Sec. 4.1 states one optimizer, Adam 1e-3: PromptFL's row must not fall back to its own SGD default."""
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS as OPTIM
+
+    for name in ("tpfl-table1", "tpfl-table2"):
+        for e in ps.PRESETS.get(name).experiments:
+            assert "promptfl" in e.methods and e.sweep["preset"] == "tpfl", (name, e.key)
+    assert (OPTIM["tpfl"].optimizer, OPTIM["tpfl"].lr) == ("adam", 1e-3)
+
+
+# fedpcl-table3 sweeps `alpha`, which perfedavg also owns (method.alpha): the grid refuses the ambiguous key.
+# Its presets belong to the `protocol` branch (partition.alpha fixes it); remove this entry when that is merged.
+_CELLS_REFUSED: set = set()
+
+
+def _experiments():
+    for name in ps.PRESETS.names():
+        for e in ps.PRESETS.get(name).experiments:
+            marks = [pytest.mark.xfail(strict=True, raises=ConfigError, reason="ambiguous alpha, branch protocol")] \
+                if (name, e.key) in _CELLS_REFUSED else []
+            yield pytest.param(name, e, id=f"{name}/{e.key}", marks=marks)
+
+
+@pytest.mark.parametrize("name,experiment", list(_experiments()))
+def test_every_preset_cell_resolves(name, experiment, tmp_path):
+    """Each cell's options and --set keys are ones its method accepts and uses (the check a grid makes
+    before any work): a preset cannot ask for a setting the method would refuse or ignore."""
+    from fedcache.grids import run as grid_run
+    from fedcache.api import grid_spec
+
+    e = experiment
+    spec = grid_spec(store=tmp_path / "none.zarr", dataset=e.store_dataset, backbones=list(e.backbones),
+                     methods=list(e.methods), sweep=dict(e.sweep), seeds=list(e.seeds), out=tmp_path / e.key)
+    grid_run._check_cells(spec, grid_run.cells(spec))

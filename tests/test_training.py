@@ -1,0 +1,224 @@
+"""Run orchestration (fedcache/training.py), `fedcache train` end to end on a real store: files written, --set,
+fusion, partitions reused, validation rows, the output policy, errors."""
+import json
+
+import numpy as np
+
+import pytest
+
+from fedcache.cli import main
+from fedcache.errors import ConfigError, EntryNotFoundError
+from fedcache.extract.runner import ExtractConfig, extract
+from fedcache.training import TrainConfig, train
+from tests.conftest import BACKBONE
+
+SUMMARY_KEYS = {"method", "mean_accuracy", "std_accuracy", "global_accuracy", "per_client_accuracy", "worst10",
+                "worst20", "worst40", "best10", "variance", "bytes_up", "bytes_down", "params_up_per_round",
+                "rounds", "seconds", "random_weights"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("train") / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random", "tiny-clip-random"], store=path, workers=0))
+    return path
+
+
+def cfg(store, **kw) -> TrainConfig:
+    base = dict(store=store, dataset="test-toy", backbones=["tiny-timm-random"], method="fedavg", partition="domain",
+                clients=2, rounds=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+                 "--partition", "domain", "--clients", "2", "--rounds", "3", "--set", "lr=0.01", "--out", str(out)])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert code == 0 and "fedavg:" in printed and "RANDOM WEIGHTS" in printed
+    # Not a terminal: plain progress lines instead of a bar that draws nothing.
+    assert "fedavg rounds 0/3 (0%)" in captured.err and "fedavg rounds 3/3 (100%) in" in captured.err
+    config = json.loads((out / "config.json").read_text())
+    assert config["spec"]["optim"]["lr"] == 0.01 and config["spec"]["optim"]["optimizer"] == "adam"
+    assert config["partition"]["request"]["scheme"] == "domain" and config["data"]["client_train_sizes"] == [30, 30]
+    assert config["partition"]["effective"]["clients_per_domain"] == 1  # what ran, where the request says null
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["round"] for l in lines] == [1, 2, 3] and len(lines[0]["per_client"]) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys() and summary["random_weights"] is True
+    # Running into the same directory again needs --resume; with it, the finished run is kept.
+    assert main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+                 "--partition", "domain", "--clients", "2", "--rounds", "3", "--set", "lr=0.01", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "rounds" not in err  # refused before a progress bar is drawn
+    # A bad --set value is refused the same way, before any data is read.
+    assert main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedproto",
+                 "--set", "local_protos=first", "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "local_protos=first: must be one of after, last-epoch" in err and "rounds" not in err
+
+
+def test_resume_with_other_options_is_refused(store, tmp_path):
+    train(cfg(store, out=tmp_path / "r"))
+    with pytest.raises(ConfigError, match="options differ"):
+        train(cfg(store, out=tmp_path / "r", resume=True, settings=["lr=0.5"]))
+
+
+def test_a_run_started_before_a_config_key_was_added_resumes_and_a_changed_value_is_refused(store, tmp_path):
+    """config.json gained `partition.effective`; a grid interrupted before that refused to resume
+    ("the options differ") though nothing it computes had changed."""
+    out = tmp_path / "r"
+    train(cfg(store, out=out, rounds=2))
+    config = json.loads((out / "config.json").read_text())
+    del config["partition"]["effective"]  # as an earlier fedcache wrote it
+    (out / "config.json").write_text(json.dumps(config))
+    assert train(cfg(store, out=out, rounds=2, resume=True)).summary["rounds"] == 2
+    config["spec"]["method"]["params"] = {**config["spec"]["method"]["params"], "init": "text"}
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="options differ"):
+        train(cfg(store, out=out, rounds=2, resume=True))
+
+
+def test_fused_backbones_concatenate_features(store):
+    from fedcache.training import prepare
+
+    method, resolved = prepare(cfg(store, backbones=["tiny-timm-random", "tiny-clip-random"]))
+    assert resolved["data"]["dim"] == 96 + 32
+    assert method.ctx.data.x_train.shape == (60, 128)
+
+
+def test_partition_is_stored_and_reused(store):
+    a = train(cfg(store, partition="iid", clients=3))
+    b = train(cfg(store, partition="iid", clients=3, backbones=["tiny-clip-random"]))
+    assert a.summary["partition_id"] == b.summary["partition_id"]
+
+
+def test_deterministic_runs(store):
+    a, b = train(cfg(store, method="solo")).summary, train(cfg(store, method="solo")).summary
+    assert a["per_client_accuracy"] == b["per_client_accuracy"]
+
+
+def test_missing_features_name_the_extract_command(store):
+    with pytest.raises(EntryNotFoundError, match="fedcache extract --store .* --dataset test-toy --backbones resnet18-birds"):
+        train(cfg(store, backbones=["resnet18-birds"]))
+
+
+def test_impossible_partition_is_a_clear_error(store):
+    with pytest.raises(ConfigError):
+        train(cfg(store, partition="iid", clients=1000))
+
+
+def test_validation_scores_on_spare_training_rows_only(store):
+    from fedcache.training import prepare
+
+    method, resolved = prepare(cfg(store, few_shot=4, validation=True))
+    d = method.ctx.data
+    assert torch_equal(d.x_test, d.x_train) and resolved["partition"]["scored_on"].startswith("validation")
+    used = set(np.concatenate(d.client_train).tolist())
+    for k in range(d.n_clients):
+        val = d.client_test[k]
+        assert len(val) and not used & set(val.tolist())  # never a row some client trains on
+        assert set(d.train_domains[val]) == set(d.train_domains[d.client_train[k]])  # the client's own domain
+    with pytest.raises(ConfigError, match="no client trains on"):
+        prepare(cfg(store, validation=True))  # every training row is used: nothing to validate on
+
+
+def torch_equal(a, b):
+    import torch
+
+    return torch.equal(a, b)
+
+
+def test_backbone_heatmap_command(store, tmp_path, capsys):
+    out = tmp_path / "heat.png"
+    code = main(["backbone-heatmap", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random,tiny-clip-random",
+                 "--clients", "2", "--few-shot", "5", "--rounds", "3", "-o", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and out.stat().st_size > 5000 and "0: light" in printed
+    from fedcache.reports.contribution import backbone_contribution
+
+    c = backbone_contribution(cfg(store, backbones=["tiny-timm-random", "tiny-clip-random"], few_shot=5))
+    assert c.scores.shape == (2, 2) and np.allclose(c.scores.sum(1), 1.0) and (c.scores > 0).all()
+
+
+def test_class_disjoint_from_the_cli(store, tmp_path, capsys):
+    out = tmp_path / "cd"
+    code = main(["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "solo",
+                 "--partition", "class-disjoint", "--clients", "3", "--classes-per-client", "1", "--rounds", "1",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    assert config["partition"]["request"]["classes_per_client"] == 1
+    from fedcache.training import load_data
+
+    data, _ = load_data(cfg(store, partition="class-disjoint", clients=3, classes_per_client=1))
+    held = [set(data.y_train[r].tolist()) for r in data.client_train]
+    assert all(len(h) == 1 for h in held) and len(set.union(*held)) == 3
+
+
+def test_a_diverged_run_directory_offers_overwrite(store, tmp_path, capsys):
+    # issue 18: --resume replays the same rounds into the same NaN and a new run in the directory is refused;
+    # each message names the way out (--overwrite), and it works.
+    args = ["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+            "--rounds", "3", "--out", str(tmp_path / "run")]
+    assert main([*args, "--set", "lr=1e30"]) == 1
+    err = capsys.readouterr().err
+    assert "NaN/inf" in err and "--overwrite" in err and "Traceback" not in err
+    assert main(args) == 2 and "--overwrite" in capsys.readouterr().err  # a new run in the directory
+    assert main([*args, "--resume"]) == 2 and "--overwrite" in capsys.readouterr().err  # with the change
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3
+
+
+def test_run_options_a_method_without_an_optimizer_never_reads_are_said(store, caplog):
+    """linear-probe fits scikit-learn's probe: --local-epochs, --batch-size and --preset change nothing, and
+    a run that got them says so (a warning: grids apply them to every method)."""
+    import logging
+
+    from fedcache.training import prepare
+
+    with caplog.at_level(logging.WARNING, logger="fedcache.training"):
+        prepare(cfg(store, method="linear-probe", local_epochs=7, batch_size=8, preset="fst-cbdg"))
+    assert "linear-probe trains nothing with an optimizer: --local-epochs 7, --batch-size 8, --preset fst-cbdg not used" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedcache.training"):
+        prepare(cfg(store, method="linear-probe"))
+        prepare(cfg(store, method="fedavg", local_epochs=7, preset="fst-cbdg"))
+    assert "not used" not in caplog.text
+
+
+def train_args(toy_store, out, *extra):
+    return ["train", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+            "--clients", "2", "--rounds", "3", "--out", str(out), *extra]
+
+
+def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
+    assert main(train_args(toy_store, tmp_path / "all", "--keep-checkpoints", "all")) == 0
+    # The result is one line in a log (not a terminal), not wrapped at the console's width.
+    result = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedavg: ")]
+    assert len(result) == 1 and len(result[0]) > 160 and result[0].endswith(str(tmp_path / "all")), result
+    assert sorted(p.name for p in (tmp_path / "all").glob("checkpoint*.pt")) == [
+        "checkpoint-round0001.pt", "checkpoint-round0002.pt", "checkpoint-round0003.pt", "checkpoint.pt"]
+    assert main(train_args(toy_store, tmp_path / "none", "--keep-checkpoints", "none")) == 0
+    assert not list((tmp_path / "none").glob("checkpoint*.pt")) and (tmp_path / "none" / "summary.json").exists()
+    # A directory holding a run is refused, and replaced with --overwrite (other files are left alone).
+    (tmp_path / "none" / "notes.txt").write_text("mine")
+    assert main(train_args(toy_store, tmp_path / "none")) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--rounds", "2")) == 0
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["rounds"] == 2
+    assert (tmp_path / "none" / "notes.txt").read_text() == "mine"
+    assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--resume")) == 2
+
+
+def test_out_that_is_a_file_is_refused_before_work(toy_store, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(train_args(toy_store, tmp_path / "f")) == 2
+    assert "is a file; give a directory" in capsys.readouterr().err
+
+
+def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
+    assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
+    err = capsys.readouterr().err
+    assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()
