@@ -15,8 +15,10 @@ RESULT_LINE = re.compile(r": ([0-9.]+) \([0-9.]+\)% over clients.*; (\d+) rounds
 
 
 def child_env(**extra: str) -> dict:
-    """This checkout's fedcache first on the path; no OMP_NUM_THREADS unless ``extra`` sets one."""
+    """This checkout's fedcache first on the path; no OMP_NUM_THREADS unless ``extra`` sets one; INFO records on
+    (the command says its thread choice there, and nothing in the rounds logs at INFO)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["FEDCACHE_LOG"] = "info"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {**env, **extra}
 

@@ -2,6 +2,7 @@
 by the user, restored after; and the library leaves them alone."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -29,6 +30,13 @@ def toy_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("threads") / "store.zarr"
     extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0))
     return path
+
+
+@pytest.fixture
+def said(caplog):
+    """The command's records so far (its thread choice is an INFO record, as the device choice is)."""
+    caplog.set_level(logging.INFO, logger="fedcache.cli")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "fedcache.cli"]
 
 
 @pytest.fixture
@@ -117,45 +125,46 @@ def _machine(monkeypatch, cores: int, others: float) -> None:
     monkeypatch.setattr(threads, "_watched", lambda: others)
 
 
-@pytest.mark.parametrize("others, expected, said", [
+@pytest.mark.parametrize("others, expected, line", [
     (0.0, 2, "torch threads: 2 (torch's default; other processes kept 0.0 of 2 cores busy as this command started; "),
     (1.3, 1, "torch threads: 1 (other processes kept 1.3 of 2 cores busy as this command started; "),
 ])
-def test_train_takes_the_free_cores_says_so_and_restores_the_count(others, expected, said, toy_store, monkeypatch, capsys,
-                                                                    threads_restored):
+def test_train_takes_the_free_cores_says_so_and_restores_the_count(others, expected, line, toy_store, monkeypatch, capsys,
+                                                                    said, threads_restored):
     monkeypatch.delenv(ENV, raising=False)
     _machine(monkeypatch, 2, others)
     torch.set_num_threads(2)
     seen = _spy_on_training(monkeypatch)
     assert main(["train", "--store", str(toy_store), *TOY]) == 0
     assert seen == [expected]
-    assert capsys.readouterr().err.count(said + "--threads N or OMP_NUM_THREADS to change)") == 1
+    assert said() == [line + "--threads N or OMP_NUM_THREADS to change)"]
+    assert "torch threads" not in capsys.readouterr().err  # the log's, not stderr's: a failing command's error stays one line
     assert torch.get_num_threads() == 2  # a caller of main() keeps its own count
 
 
-def test_the_command_watches_the_machine_from_its_start(toy_store, monkeypatch, capsys, threads_restored):
+def test_the_command_watches_the_machine_from_its_start(toy_store, monkeypatch, said, threads_restored):
     monkeypatch.delenv(ENV, raising=False)
     watched, real = [], threads.others_busy
     monkeypatch.setattr(threads, "others_busy", lambda start, end: watched.append((start, end)) or real(start, end))
     assert main(["train", "--store", str(toy_store), *TOY]) == 0
     ((start, end),) = watched
     assert start is threads._START and end.at - start.at >= threads.SHORTEST  # main() marked it, the choice waited
-    assert "torch threads: " in capsys.readouterr().err
+    assert any(m.startswith("torch threads: ") for m in said())
 
 
-@pytest.mark.parametrize("given, env, expected, said", [
+@pytest.mark.parametrize("given, env, expected, line", [
     (["--threads", "3"], None, 3, "torch threads: 3 (--threads)"),
     (["--threads", "3"], "1", 3, "torch threads: 3 (--threads)"),
     ([], "2", 2, f"torch threads: 2 ({ENV}=2)"),
 ])
-def test_threads_option_and_omp_num_threads_win(given, env, expected, said, toy_store, monkeypatch, capsys, threads_restored):
+def test_threads_option_and_omp_num_threads_win(given, env, expected, line, toy_store, monkeypatch, said, threads_restored):
     monkeypatch.delenv(ENV, raising=False)
     if env is not None:
         monkeypatch.setenv(ENV, env)
         torch.set_num_threads(int(env))  # what torch did with the variable when the process started
     seen = _spy_on_training(monkeypatch)
     assert main(["train", "--store", str(toy_store), *TOY, *given]) == 0
-    assert seen == [expected] and said in capsys.readouterr().err
+    assert seen == [expected] and said() == [line]
 
 
 def test_threads_must_be_positive(toy_store, capsys):
@@ -163,23 +172,32 @@ def test_threads_must_be_positive(toy_store, capsys):
     assert "--threads" in capsys.readouterr().err
 
 
-def test_grid_and_the_other_training_commands_take_threads(toy_store, tmp_path, monkeypatch, capsys, threads_restored):
+def test_grid_and_the_other_training_commands_take_threads(toy_store, tmp_path, monkeypatch, capsys, said, threads_restored):
     monkeypatch.delenv(ENV, raising=False)
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
                  "--partition", "domain", "--rounds", "1", "--seeds", "0", "--threads", "2", "-o", str(tmp_path / "g")])
-    assert code == 0 and "torch threads: 2 (--threads)" in capsys.readouterr().err
+    assert code == 0 and said() == ["torch threads: 2 (--threads)"]
+    capsys.readouterr()
     for command in ("demo", "reproduce", "backbone-heatmap"):
         assert main([command, "-h"]) == 0 and "--threads" in capsys.readouterr().out, command
 
 
-def test_grid_with_worker_processes_takes_one_thread(toy_store, tmp_path, monkeypatch, capsys, threads_restored):
+def test_grid_with_worker_processes_takes_one_thread(toy_store, tmp_path, monkeypatch, said, threads_restored):
     monkeypatch.delenv(ENV, raising=False)
     _machine(monkeypatch, 2, 0.0)  # an idle machine: without workers the choice would be torch's default
     torch.set_num_threads(2)
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
                  "--partition", "domain", "--rounds", "1", "--seeds", "0,1", "-j", "2", "-o", str(tmp_path / "g")])
-    assert code == 0 and "torch threads: 1 (its 2 grid worker processes train on one thread each)" in capsys.readouterr().err
+    assert code == 0 and said() == ["torch threads: 1 (its 2 grid worker processes train on one thread each)"]
     assert torch.get_num_threads() == 2
+
+
+def test_a_bad_option_on_a_busy_machine_is_one_error_line(toy_store, tmp_path, monkeypatch, capsys, threads_restored):
+    monkeypatch.delenv(ENV, raising=False)
+    _machine(monkeypatch, 2, 1.9)  # the choice changes the count, and the run then fails on its output path
+    (tmp_path / "f").write_text("x")
+    assert main(["train", "--store", str(toy_store), *TOY, "-o", str(tmp_path / "f" / "run")]) == 2
+    assert capsys.readouterr().err.startswith("error: --out")
 
 
 def test_the_console_script_logs_the_line_at_info(toy_store):

@@ -2,7 +2,8 @@
 
 The library changes nothing process-wide (``import fedcache``, ``fedcache.train(...)`` leave torch's threads as
 the caller set them). The command owns its process, so it chooses, through torch's public
-``torch.set_num_threads``, and says what it chose in one line (an INFO record with ``FEDCACHE_LOG=info``):
+``torch.set_num_threads``, and says what it chose in the log (an INFO record, shown with ``FEDCACHE_LOG=info``,
+as the GPU that ``--device auto`` picks is said; on stderr it would come before a bad option's one-line error):
 
 - The cores other processes leave free, measured while the command starts (from its first line to the choice,
   at least a quarter of a second): torch's default on an idle machine, fewer threads beside busy work, one at the
@@ -30,12 +31,10 @@ from typing import Optional
 
 import typer
 
-from fedcache.cli.common import err
-
 log = logging.getLogger("fedcache.cli")
 
 ENV = "OMP_NUM_THREADS"
-HELP = ("Torch threads of this process (default: the cores other processes leave free, said in the log; "
+HELP = ("Torch threads of this process (default: the cores other processes leave free, said with FEDCACHE_LOG=info; "
         "OMP_NUM_THREADS is honoured).")
 PROCESS_OPTIONS = ("threads",)  # options of the command's process, not of a run: no part of fedcache/spec.py
 SHORTEST = 0.25  # seconds of watching the machine before choosing: /proc/stat counts in hundredths of a second
@@ -148,16 +147,13 @@ def choose(requested: int | None, environ: Mapping[str, str], current: int, core
 
 @contextlib.contextmanager
 def threads_for(requested: int | None, workers: int = 1) -> Iterator[Choice]:
-    """Run the block with the chosen thread count, said once; the previous count is restored after it (a test or a
-    script that calls ``fedcache.cli.main`` keeps its own)."""
+    """Run the block with the chosen thread count, said once in the log; the previous count is restored after it (a
+    test or a script that calls ``fedcache.cli.main`` keeps its own)."""
     import torch
 
     before = torch.get_num_threads()
     choice = choose(requested, os.environ, before, len(usable_cores()), _watched, workers)
-    if log.isEnabledFor(logging.INFO):  # FEDCACHE_LOG=info: the record is the line
-        log.info(choice.line())
-    else:
-        err.print(f"[dim]{choice.line()}[/]", highlight=False, soft_wrap=True)
+    log.info(choice.line())
     torch.set_num_threads(choice.threads)
     try:
         yield choice
