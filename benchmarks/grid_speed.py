@@ -10,6 +10,7 @@ stacked into one computation per method), alternating in this process (--trials 
     .venv/bin/python benchmarks/grid_speed.py [--store PATH] [--jobs 2] [--trials 2] [--out benchmarks/results/grid_speed.json]
     .venv/bin/python benchmarks/grid_speed.py --large    # the 1,000-cell grid (10 lrs x 25 seeds), batched engine only
     .venv/bin/python benchmarks/grid_speed.py --worked   # the worked example's grid (5 rounds): small stacks, cells alone
+    .venv/bin/python benchmarks/grid_speed.py --device cuda --stacking   # a GPU grid's stacks: across draws vs by them
     .venv/bin/python benchmarks/grid_speed.py --render   # the markdown section of docs/performance.md
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 RESULT = Path(__file__).resolve().parent / "results" / "grid_speed.json"
 LARGE_RESULT = RESULT.with_name("grid_speed_large.json")
 WORKED_RESULT = RESULT.with_name("grid_speed_worked.json")
+STACKING_RESULT = RESULT.with_name("grid_speed_gpu_stacking.json")
 SWEEP = {"lr": ["0.003", "0.01", "0.03", "0.1", "0.3"], "alpha": ["0.1", "1"], "partition": ["dirichlet"],
          "clients": ["10"], "rounds": ["20"]}
 LARGE = {**SWEEP, "lr": ["0.002", "0.003", "0.005", "0.01", "0.02", "0.03", "0.05", "0.1", "0.2", "0.3"]}
@@ -213,6 +215,32 @@ def measure_large(store: Path, jobs: int) -> dict:
             "peak_rss_mb_of_a_worker_process": _peak_mb(resource.RUSAGE_CHILDREN), "load_average_after": os.getloadavg()}
 
 
+def measure_stacking(store: Path, trials: int, tiny: bool = False) -> dict:
+    """The batched engine on a GPU, stacks across partitions and seeds (what a GPU grid does) vs stacks of one
+    partition and seed (what a CPU grid does), alternating in this process; every cell compared."""
+    from fedcache.grids import batches
+
+    data, sweep, seeds = (TINY_DATA, TINY, [0, 1]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
+    _features(store, data)
+    runs: dict[str, list[dict]] = {"across": [], "by_draws": []}
+    accuracies = {}
+    default = batches.ACROSS_DRAWS_ON_GPU
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for t in range(trials):
+                for kind in ("across", "by_draws") if t % 2 == 0 else ("by_draws", "across"):
+                    batches.ACROSS_DRAWS_ON_GPU = kind == "across"
+                    where = Path(tmp) / f"{kind}-{t}"
+                    wall, _, plans = timed_grid(store, data, where, "batched", 1, sweep, seeds)
+                    accuracies.setdefault(kind, _accuracies(where / "results.csv"))
+                    runs[kind].append({"wall_seconds": round(wall, 1), "plan": plans})
+    finally:
+        batches.ACROSS_DRAWS_ON_GPU = default
+    return {"runs": runs, "by_draws_over_across_per_trial": [round(b["wall_seconds"] / a["wall_seconds"], 2)
+                                                            for a, b in zip(runs["across"], runs["by_draws"])],
+            "cells_differing": _differing(accuracies["by_draws"], accuracies["across"])}
+
+
 def _floor_rows(r: dict) -> list[str]:
     if "floor" not in r:
         return []
@@ -330,6 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="8 cells of 2 rounds on test-toy: checks the script runs, measures nothing")
     ap.add_argument("--large", action="store_true", help="the 1,000-cell grid with the batched engine alone")
     ap.add_argument("--worked", action="store_true", help="docs/getting-started.md's worked grid (5 rounds), both engines")
+    ap.add_argument("--stacking", action="store_true", help="with --device cuda: stacks across partitions and seeds vs by them")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--device", default="cpu", help="where the cells' rounds run: cpu (default), cuda, ...")
     args = ap.parse_args(argv)
@@ -340,14 +369,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    out = args.out or (LARGE_RESULT if args.large else WORKED_RESULT if args.worked else RESULT)
-    if args.large:
+    out = args.out or (LARGE_RESULT if args.large else WORKED_RESULT if args.worked else STACKING_RESULT if args.stacking else RESULT)
+    if args.stacking:
+        result = measure_stacking(args.store, args.trials, args.tiny)
+    elif args.large:
         result = measure_large(args.store, args.jobs)
     elif args.worked:
         result = measure_worked(args.store, args.jobs, args.tiny, args.trials)
     else:
         result = measure(args.store, args.jobs, args.tiny, args.trials)
-    what = measure_worked.__doc__ if args.worked else __doc__.strip().split("\n\n")[1]
+    what = (measure_worked.__doc__ if args.worked else measure_stacking.__doc__ if args.stacking
+            else __doc__.strip().split("\n\n")[1])
     doc = {"what": " ".join(what.split()), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
                       + (f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""),

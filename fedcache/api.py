@@ -158,7 +158,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
          config: str | Path | None = None, on_cell: Callable | None = None, select: Iterable[str] | None = None,
          track: Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
          max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None,
-         device: str | None = None) -> Table:
+         device: str | None = None, prune: str | None = None, reduction_factor: int | None = None,
+         min_rounds: int | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
     ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
@@ -167,14 +168,17 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
     ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts. ``device``: where
-    every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s.
+    every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s. ``prune="halving"`` (with
+    ``select``): successive halving cuts the candidates on validation (``reduction_factor``, default 3, and
+    ``min_rounds``, the rounds before the first cut; docs/tuning.md).
     """
     from fedcache.grids import run_grid
 
     spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
                      seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,
                      select=list(select) if select else None, track=list(track) if track else None,
-                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device)
+                     keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
+                     prune=prune, reduction_factor=reduction_factor, min_rounds=min_rounds)
     return run_grid(spec, on_cell, on_plan=on_plan)
 
 

@@ -131,6 +131,17 @@ def value_range(typ: Any) -> Range | None:
     return None
 
 
+def allowed(typ: Any) -> str:
+    """What a field accepts, as a user reads it: ``one of a, b``, ``a finite number in (0, 1]``, ``text``."""
+    names = choices(typ)
+    if names:
+        what = "one of " + ", ".join(map(str, names))
+    else:
+        base, bounds = base_type(typ), value_range(typ)
+        what = _describe(base) + (f" {bounds}" if bounds else "")
+    return what + (", or none" if optional(typ) else "")
+
+
 def parse(label: str, value: Any, typ: Any, sep: str = ",", verbatim: bool = False) -> Any:
     """``value`` (text, or a Python value) as a value of ``typ``, checked; ConfigError naming ``label`` and the
     value as given (``verbatim``: text as the user typed it in ``key=value``, unquoted)."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fedcache.config import Checked, Choices, Opt, PositiveInt, base_type, fields_of, flag_of, opt, option_name, parse
+from fedcache.config import Checked, Choices, Opt, PositiveInt, Range, base_type, fields_of, flag_of, opt, option_name, parse
 from fedcache.errors import ConfigError
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
@@ -137,10 +137,30 @@ class GridEngineSpec(Checked):
         help="Most cells trained together in one batch (default: as many as a quarter of the free memory holds).")
 
 
+@dataclass(frozen=True)
+class PruneSpec(Checked):
+    """How a ``--select`` grid spends its rounds on the candidates: all in full, or successive halving
+    (fedcache/grids/halving.py). Part of the grid (it decides which runs train how far), not of any run."""
+
+    section = "prune"
+
+    prune: Literal["none", "halving"] = opt(
+        "none", axis=False,
+        help="With --select: halving trains every candidate a few rounds, keeps the best 1/reduction-factor by mean "
+             "validation score over seeds, continues those from their checkpoints, and so on until one is left "
+             "(docs/tuning.md; a late bloomer can be cut: see there when to keep the full grid).")
+    reduction_factor: Annotated[int, Range(2, None)] = opt(
+        3, axis=False, help="--prune halving: each cut keeps the best 1/reduction-factor of a group's candidates.")
+    min_rounds: PositiveInt | None = opt(
+        None, axis=False,
+        help="--prune halving: rounds before the first cut (default: the rounds / reduction-factor^cuts, so that "
+             "the last cut comes at rounds / reduction-factor).")
+
+
 SECTIONS: dict[str, type] = {"data": DataSpec, "partition": PartitionSpec, "method": MethodSpec, "optim": OptimConfig,
                              "head": HeadChoice, "schedule": Schedule, "engine": EngineSpec}
 # Options of `fedcache grid` itself (not of a run), declared like the run's: the CLI and the grid read them here.
-GRID_SECTIONS: dict[str, type] = {"grid": GridEngineSpec}
+GRID_SECTIONS: dict[str, type] = {"grid": GridEngineSpec, "prune": PruneSpec}
 # What ``--set`` overrides, and the prefixes that qualify a key (``optim.lr``; ``optimizer.`` and ``params.`` too).
 SETTING_GROUPS = ("method", "optim", "head")
 GROUP_ALIASES = {"optimizer": "optim", "params": "method"}
@@ -225,7 +245,7 @@ def options(*sections: str) -> list[Option]:
 
 
 def grid_options() -> list[Option]:
-    """The options of ``fedcache grid`` itself that the spec declares (engine, max_batch_cells)."""
+    """The options of ``fedcache grid`` itself that the spec declares (engine, max_batch_cells, prune, ...)."""
     return options(*GRID_SECTIONS)
 
 

@@ -189,8 +189,9 @@ def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torc
 
 
 def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None = None,
-          run_name: str | None = None) -> RunResult:
-    """One run. ``run_name`` names it for trackers (default: its --out directory's name)."""
+          run_name: str | None = None, stop_after: int | None = None) -> RunResult:
+    """One run. ``run_name`` names it for trackers (default: its --out directory's name). ``stop_after``: pause
+    after that round, to be continued with ``resume`` (``driver.run``; a grid's successive halving)."""
     check_out(spec)
     with on_device(spec):
         method, resolved = prepare(spec, tables)
@@ -205,7 +206,7 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                                              "device": device_name(torch.get_default_device())})
         t0 = time.perf_counter()
         try:
-            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume)
+            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume, stop_after)
         except BaseException as exc:
             for t in trackers:
                 t.fail()
@@ -214,7 +215,8 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                 raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
                                     "--overwrite, or choose another --out") from None
             raise
-    log.info("%s finished in %.2fs", method.name, time.perf_counter() - t0)
+    log.info("%s %s in %.2fs", method.name, f"paused after round {stop_after}" if result.paused else "finished",
+             time.perf_counter() - t0)
     for t in trackers:
         t.close(result.summary)
     return result

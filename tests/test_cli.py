@@ -262,3 +262,22 @@ def test_help_text_with_brackets_is_shown_as_written(capsys, monkeypatch):
     for command in ("train", "grid"):
         assert main([command, "-h"]) == 0
         assert "pip install 'fedcache[tensorboard]' / 'fedcache[mlflow]'" in capsys.readouterr().out
+
+
+def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
+    """`fedcache methods NAME`: each of the method's --set settings, its default and what it accepts, read from
+    its Params (so a new setting shows without a CLI change); an unknown name is one line naming the known ones."""
+    import dataclasses
+
+    from fedcache.cli import main
+    from fedcache.federate.methods import METHODS
+
+    assert main(["methods", "fedproto"]) == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(METHODS.get("fedproto").Params):
+        assert f.name in out
+    assert "one of weighted, uniform" in out and "a finite number >= 0" in out and "docs/methods/fedproto.md" in out
+    assert main(["methods", "fedprox"]) == 0
+    assert "mu" in capsys.readouterr().out
+    assert main(["methods", "nope"]) == 1
+    assert "unknown method 'nope'" in capsys.readouterr().err

@@ -15,10 +15,13 @@ from fedcache.errors import ConfigError
 from fedcache.spec import RunSpec, options
 
 
-def methods() -> None:
-    """List the federated methods."""
+def methods(name: Optional[str] = typer.Argument(None, help="a method: show its settings")) -> None:
+    """List the federated methods, or one method's settings (`fedcache methods fedprox`)."""
     from fedcache.federate.methods import METHODS
 
+    if name is not None:
+        _settings(METHODS.get(name), name)
+        return
     table = Table(box=None)
     table.add_column("name", no_wrap=True, min_width=12)
     for col in ("head", "personal", "global", "federated"):
@@ -31,6 +34,24 @@ def methods() -> None:
     for name, cls in METHODS.items():
         for c in cls.commands:
             console.print(f"{name} adds [bold]fedcache {c.name}[/]: {c.help}")
+
+
+def _settings(cls, name: str) -> None:
+    """A method's ``--set`` settings: default and what each accepts, and where its page is."""
+    import dataclasses
+
+    from fedcache.config import allowed, fields_of
+
+    console.print(f"[bold]{name}[/]: {cls.description}; head {cls.default_head} by default")
+    table = Table(box=None)
+    for col in ("setting", "default", "accepts"):
+        table.add_column(col, no_wrap=col != "accepts")
+    types = fields_of(cls.Params)
+    for f in dataclasses.fields(cls.Params):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        table.add_row(f.name, str(default), allowed(types[f.name]))
+    console.print(table if types else "no settings of its own")
+    console.print(f"Set one with --set {next(iter(types), 'key')}=VALUE; its page: docs/methods/{name}.md", highlight=False)
 
 
 def _method_commands(taken: set[str]) -> dict:

@@ -66,6 +66,7 @@ class RunResult:
     server: Params
     clients: Params
     checkpoint: dict = field(default_factory=dict)  # the run's own state after its last round, as a checkpoint keeps it
+    paused: bool = False  # stopped before its last round (``run(stop_after=...)``): ``summary`` scores that round
 
 
 @dataclass
@@ -114,32 +115,45 @@ RoundCallback = Callable[[int, int, list], None]  # (rounds done, rounds, each f
 
 
 def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = None, resume: bool = False,
-        checkpoint: "object | None" = None) -> list[RunResult]:
+        checkpoint: "object | None" = None, stop_after: int | None = None) -> list[RunResult]:
     """The runs' rounds, from the start or (``resume``) from their checkpoint, then each run's summary.
 
     A run by itself checkpoints into its run directory. A stack of runs keeps one ``checkpoint`` file (a path)
     for all of them, so their states are always of one round; each run's directory gets its metrics lines as
-    they come and, at the end, its own checkpoint and summary, as a run by itself leaves them."""
+    they come and, at the end, its own checkpoint and summary, as a run by itself leaves them. A stack resumes
+    from its checkpoint or, where it has none, from its runs' own (all of one round).
+
+    ``stop_after``: pause after that round (before the last), as an interruption would, but on purpose: every
+    run keeps its own checkpoint to continue from, and its result is scored at that round (``RunResult.paused``)
+    without a summary.json, so a later call with ``resume`` continues it to the same numbers as one call."""
     runs = list(runs)
     _check_lockstep(runs)
     where = _checkpoint_path(runs, checkpoint)
     states, histories = _initial(runs, engine, where, resume)
-    engine.start(states)
     rounds = runs[0].schedule.rounds
-    t0 = time.perf_counter() - states[0].seconds
-    for rnd in range(states[0].rnd, rounds):
+    last = rounds if stop_after is None else _stop_round(stop_after, states[0].rnd, rounds)
+    engine.start(states)
+    start, before = time.perf_counter(), [s.seconds for s in states]
+    for rnd in range(states[0].rnd, last):
         lines = _round(runs, engine, states, rnd)
-        seconds = time.perf_counter() - t0
-        for r, s, h, line in zip(runs, states, histories, lines):
-            s.rnd, s.seconds = rnd + 1, seconds / len(runs)  # each run's share of the stack's time
+        share = (time.perf_counter() - start) / len(runs)  # each run's share of the stack's time
+        for r, s, h, line, b in zip(runs, states, histories, lines, before):
+            s.rnd, s.seconds = rnd + 1, b + share
             if line is not None:
                 h.append(line)
                 if r.out is not None:
                     r.out.append(line)
-        _persist(runs, where, _checkpoint(states, engine, seconds))
+        _persist(runs, where, _checkpoint(states, engine))
         if on_round:
             on_round(rnd + 1, rounds, lines)
-    return [_finish(r, i, s, h, engine, stacked=len(runs) > 1) for i, (r, s, h) in enumerate(zip(runs, states, histories))]
+    end = _finish if last == rounds else _pause
+    return [end(r, i, s, h, engine, stacked=len(runs) > 1) for i, (r, s, h) in enumerate(zip(runs, states, histories))]
+
+
+def _stop_round(stop_after: int, at: int, rounds: int) -> int:
+    if stop_after < 1 or at > stop_after:
+        raise ConfigError(f"stop_after={stop_after}: the runs are at round {at}; pause at a round from {max(at, 1)} on")
+    return min(stop_after, rounds)
 
 
 def _round(runs: list[Run], engine: Engine, states: list[RunState], rnd: int) -> list[dict | None]:
@@ -275,9 +289,7 @@ def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list
     if not resume:
         clients = engine.init_clients(runs)
         return [RunState(0, r.method.init_server(), c) for r, c in zip(runs, clients)], [[] for _ in runs]
-    if where is None or not where.exists():
-        raise ConfigError(f"--resume: no checkpoint in {where.parent if where else 'the run'}; start the run without --resume")
-    ck = load_checkpoint(where)
+    ck = _resumed_checkpoint(runs, where)
     if len(ck["runs"]) != len(runs):
         raise ConfigError(f"{where} is a checkpoint of {len(ck['runs'])} runs, not of these {len(runs)}; delete it to start over")
     log.info("resuming %s after round %d", ", ".join(dict.fromkeys(r.method.name for r in runs)), ck["rnd"])
@@ -285,6 +297,23 @@ def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list
     here = torch.get_default_device()
     states = [state_from_checkpoint(r.method, r.schedule, _to(saved, here)) for r, saved in zip(runs, ck["runs"])]
     return states, [resumed_history(r, ck["rnd"]) for r in runs]
+
+
+def _resumed_checkpoint(runs: list[Run], where) -> dict:
+    """The stack's checkpoint, or one made of its runs' own (runs paused or interrupted by themselves, stacked
+    anew): their states are each run's alone, so they only need to be of one round."""
+    if where is not None and where.exists():
+        return load_checkpoint(where)
+    own = [r.out.path / CHECKPOINT for r in runs if r.out is not None]
+    if len(runs) == 1 or len(own) < len(runs) or not all(p.exists() for p in own):
+        raise ConfigError(f"--resume: no checkpoint in {where.parent if where else 'the run'}; start the run without --resume")
+    cks = [load_checkpoint(p) for p in own]
+    at = {ck["rnd"] for ck in cks}
+    if len(at) > 1:
+        raise ConfigError(f"these runs cannot continue stacked: their checkpoints are of rounds {sorted(at)}, not of one round")
+    if any(len(ck["runs"]) != 1 or ck.get("engine") for ck in cks):
+        raise ConfigError(f"{', '.join(map(str, own))}: not each a checkpoint of one run by itself; delete them to start over")
+    return {"rnd": at.pop(), "runs": [ck["runs"][0] for ck in cks]}
 
 
 def resumed_history(r: Run, upto: int) -> list[dict]:
@@ -327,9 +356,9 @@ def checkpoint_of(state: RunState) -> dict:
             "losses": state.losses, "senders": state.senders}  # so that a run resumed between two metrics lines reports the same train_loss
 
 
-def _checkpoint(states: list[RunState], engine: Engine, seconds: float) -> dict:
+def _checkpoint(states: list[RunState], engine: Engine) -> dict:
     extra = engine.state_dict()
-    return {"rnd": states[0].rnd, "seconds": seconds, "runs": [checkpoint_of(s) for s in states],
+    return {"rnd": states[0].rnd, "seconds": sum(s.seconds for s in states), "runs": [checkpoint_of(s) for s in states],
             **({"engine": extra} if extra else {})}
 
 
@@ -338,6 +367,21 @@ def _persist(runs: list[Run], where, ck: dict) -> None:
         runs[0].out.save_checkpoint(ck)  # with its copy per round where the run keeps them all
     elif where is not None:
         save_checkpoint(where, ck)
+
+
+def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
+    """A run stopped before its last round: scored at this round (the metrics line of a round without one is
+    computed, not logged, so that the run's files stay those of an uninterrupted run) and, where it trained in
+    a stack, its own checkpoint written, so that it continues by itself or in any other stack."""
+    if stacked:
+        state.clients = {n: t.clone() for n, t in state.clients.items()}
+    due = history and history[-1]["round"] == state.rnd
+    line = history[-1] if due else metrics_line(r.method, state, engine, i, state.rnd - 1)
+    summary = run_summary(r.method, state, [line], {**engine.facts(i), **r.facts})
+    own = checkpoint_of(state)
+    if stacked and r.out is not None:
+        r.out.save_checkpoint({"rnd": state.rnd, "seconds": state.seconds, "runs": [own]})
+    return RunResult(summary, history, state.server, state.clients, own, paused=True)
 
 
 def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:

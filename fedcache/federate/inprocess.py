@@ -45,10 +45,11 @@ def run(method: Method, cfg: RunConfig, on_round: OnRound | None = None, facts: 
     return run_one(Run(method, cfg.schedule(), out, facts or {}), cfg.batched, on_round, cfg.resume)
 
 
-def run_one(r: Run, batched: bool = True, on_round: OnRound | None = None, resume: bool = False) -> RunResult:
-    """The round driver with this engine, for a run by itself."""
+def run_one(r: Run, batched: bool = True, on_round: OnRound | None = None, resume: bool = False,
+            stop_after: int | None = None) -> RunResult:
+    """The round driver with this engine, for a run by itself (``stop_after``: see ``driver.run``)."""
     callback = (lambda done, total, lines: on_round(done, total, lines[0])) if on_round else None
-    (result,) = driver.run([r], InProcess([r.method], batched), callback, resume=resume)
+    (result,) = driver.run([r], InProcess([r.method], batched), callback, resume=resume, stop_after=stop_after)
     return result
 
 

@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,13 +30,13 @@ import torch
 
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
-from fedcache.federate.rundir import RunDir
+from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
-from fedcache.grids.cells import row, run_cell, write_cell_json
+from fedcache.grids.cells import result_row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
-from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
+from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
 
@@ -78,14 +78,15 @@ NOTHING_TO_STACK = "no other cell of its method and settings to stack with"
 
 def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
           started: list[list[Hashable]] = (), workers: int = 1, budget: float | None = None,
-          across_draws: bool = False) -> Grouping:
+          across_draws: bool = False, rounds: Mapping[Hashable, tuple[int, int | None]] | None = None) -> Grouping:
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
     continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
     about that share of its group, so that one method's cells spread over the workers (a batch trains on one).
     ``budget``: the bytes one batch may take (default: a share of the free host memory). ``across_draws``: stack
     cells of every partition and seed together (on a GPU, where a step's cost hardly grows with its rows, fewer
-    and wider stacks beat the steps that stacks of one partition save)."""
+    and wider stacks beat the steps that stacks of one partition save). ``rounds``: per run, the round it starts
+    from (its own checkpoint's) and the round it pauses at; only runs alike in both stack."""
     groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
     alone = dict(alone)
     costs: dict[str, int] = {}
@@ -96,7 +97,8 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
         if why:
             alone[key] = why
             continue
-        groups.setdefault(_key(cfg), {}).setdefault(() if across_draws else _draws(cfg), []).append(key)
+        span = (rounds or {}).get(key, (0, None))
+        groups.setdefault((*_key(cfg), span), {}).setdefault(() if across_draws else _draws(cfg), []).append(key)
         costs[cfg.method.name] = max(costs.get(cfg.method.name, 0), cell_bytes(cfg, tables))
     budget = MEMORY_SHARE * free_memory() if budget is None else budget
     batches, methods, limits = [], [], []
@@ -250,16 +252,17 @@ def batch_id(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
-def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path) -> list[tuple[Hashable, object]]:
+def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path, stop: int | None = None) -> list[tuple[Hashable, object]]:
     """Train the runs as one stack, each into its own run directory (``engine.out``), continuing the stack's
-    checkpoint in ``folder`` (the caller removes the folder once it is done); (key, its ``RunResult``) per run."""
+    checkpoint in ``folder`` (the caller removes the folder once it is done), or else the runs' own checkpoints
+    where every run has one (runs paused at one round); (key, its ``RunResult``) per run. ``stop``: pause there."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "runs.json").write_text(json.dumps([str(k) for k in runs], indent=1) + "\n")
     checkpoint = folder / "checkpoint.pt"
-    resume = continuable(checkpoint)
+    resume = continuable(checkpoint) or all((cfg.engine.out / CHECKPOINT).exists() for cfg in runs.values())
     with on_device(next(iter(runs.values()))):  # a grid's cells share the device (engine.device is no axis)
         stack = [_stacked_run(cfg, tables, resume) for cfg in runs.values()]
-        return list(zip(runs, driver.run(stack, Stacked(stack), resume=resume, checkpoint=checkpoint)))
+        return list(zip(runs, driver.run(stack, Stacked(stack), resume=resume, checkpoint=checkpoint, stop_after=stop)))
 
 
 def _stacked_run(cfg: RunSpec, tables, resume: bool) -> Run:
@@ -291,24 +294,28 @@ def continuable(checkpoint: Path) -> bool:
 
 # ---- the engine ------------------------------------------------------------------------------------
 
-def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan) -> Iterator[tuple[Cell, dict]]:
+def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan,
+                stops: Stops | None = None) -> Iterator[tuple[Cell, dict]]:
     """Stackable cells in batches, the others as their own runs; (cell, row) as each finishes. On a GPU every
     batch runs in this process, one after another, as large as its memory holds (workers would each hold a
-    copy of the features and a context of their own)."""
+    copy of the features and a context of their own). ``stops``: the round a cell pauses at (grids/halving.py)."""
+    stops = stops or {}
     tables = read_features(folder)
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
     jobs = jobs_of(spec)
     budget, where = memory_budget(run_device(spec.device))
     started = started_batches(spec.out / BATCHES, todo)
     device = run_device(spec.device)
+    spans = {c: (_start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
     grouping = group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
-                     started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu")
+                     started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu", rounds=spans)
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
     alone = [c for c in todo if c in grouping.alone]
     # Batches first (the longest tasks), then the cells that run alone, in one pool: no worker idles at a
     # barrier between the two.
-    tasks = [(_batch_worker, (spec, batch, folder)) for batch in batches] + [(worker, (spec, c, folder)) for c in alone]
+    tasks = ([(_batch_worker, (spec, batch, folder, stops)) for batch in batches]
+             + [(worker, (spec, c, folder, stops.get(c))) for c in alone])
     text = grouping.describe() + (f" ({where})" if where else "")
     if jobs > 1 and len(tasks) > 1:
         text += f"; {min(jobs, len(tasks))} at a time, each in a worker process of one torch thread"
@@ -317,34 +324,35 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan) -> Iter
         on_plan(text)
     if jobs == 1 or len(tasks) <= 1:
         for batch in batches:
-            yield from _run_batch(spec, batch, tables)
-        yield from execute(spec, alone, folder, jobs=1)  # in this process too: one cell at most, --jobs 1, or a GPU
+            yield from _run_batch(spec, batch, tables, stops)
+        yield from execute(spec, alone, folder, jobs=1, stops=stops)  # in this process too: one cell at most, --jobs 1, or a GPU
     else:  # side by side, one torch thread each, as the process engine runs its cells
         yield from in_workers(jobs, tasks)
     _remove_if_empty(spec.out / BATCHES)
 
 
 
-def _run_batch(spec: GridSpec, batch: dict, tables) -> Iterator[tuple[Cell, dict]]:
+def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tuple[Cell, dict]]:
     from fedcache.federate.divergence import DivergedError
 
     folder = spec.out / BATCHES / batch_id([c.name for c in batch])
+    stop = stops.get(next(iter(batch)))  # one for the batch: the grouping keeps runs of one stop together
     for c in batch:
         out = spec.out / CELLS / c.name
         out.mkdir(parents=True, exist_ok=True)
         write_cell_json(out, c)
     try:
-        done = run_batch(batch, tables, folder)
+        done = run_batch(batch, tables, folder, stop)
     except DivergedError:
         if not all(cfg.schedule.validation for cfg in batch.values()):
             raise
         # Tuning: which stacked run diverged is not known here, so each runs as its own run, which records
         # its own divergence (run_cell); the stack's checkpoint would only replay into NaN.
         shutil.rmtree(folder, ignore_errors=True)
-        yield from ((c, run_cell(spec, c, tables)) for c in batch)
+        yield from ((c, run_cell(spec, c, tables, stop)) for c in batch)
         return
     for c, result in done:
-        yield c, row(c, result.summary, spec.out / CELLS / c.name)
+        yield c, result_row(c, result, spec.out / CELLS / c.name)
     # The grid removes the emptied parent once every batch is done (batches run side by side).
     shutil.rmtree(folder)
 
@@ -356,7 +364,7 @@ def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
     for old in sorted(folder.iterdir()) if folder.is_dir() else []:
         if old.name not in live:
             log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
-                        "free memory, or some of them finished); they train from round 0", old)
+                        "free memory, or some of them finished); they continue from their own checkpoints, or round 0", old)
             shutil.rmtree(old)
 
 
@@ -365,18 +373,27 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def _batch_worker(spec: GridSpec, batch: dict, folder: Path) -> list[tuple[Cell, dict]]:
-    return list(_run_batch(spec, batch, tables_of(folder)))
+def _batch_worker(spec: GridSpec, batch: dict, folder: Path, stops: Stops) -> list[tuple[Cell, dict]]:
+    return list(_run_batch(spec, batch, tables_of(folder), stops))
 
 
 def _alone(spec: GridSpec, c: Cell) -> str:
     """Why the grid runs this cell as its own run whatever its method, or empty."""
-    from fedcache.federate.rundir import CHECKPOINT
-
     if spec.track:
         return "--track sends each run's metrics as it trains"
     if spec.keep_checkpoints == "all":
         return "--keep-checkpoints all keeps every round of each run"
-    if (spec.out / CELLS / c.name / CHECKPOINT).exists():
-        return "started as its own run (resumed as one)"
     return ""
+
+
+def _start_round(out: Path) -> int:
+    """The round of a run directory's own checkpoint (a cell paused, or interrupted by itself), 0 without one:
+    a stack continues runs of one round. Memory-mapped, so only the round number is read."""
+    path = out / CHECKPOINT
+    if not path.exists():
+        return 0
+    try:
+        ck = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except Exception:  # unreadable: the run itself says so when it resumes
+        return -1
+    return int(ck["runs"][0]["rnd"] if "runs" in ck else ck["rnd"])

@@ -6,19 +6,21 @@ import shutil
 from pathlib import Path
 
 from fedcache.federate.divergence import DivergedError
-from fedcache.federate.rundir import CHECKPOINT
+from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
 from fedcache.training import train
 
 DONE = "summary.json"  # written last by a run: a finished cell
 DIVERGED = "diverged.json"  # a validation cell whose training became NaN: finished, its candidate values lose
+RUNGS = "rungs.json"  # a cell paused by successive halving: its summary at each round it paused at
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
                   "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
                   "rounds", "seconds", "random_weights", "worst_client_global_accuracy")
 
 
-def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
-    """One run in its own directory; an interrupted one resumes from its checkpoint."""
+def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
+    """One run in its own directory; an interrupted (or paused) one resumes from its checkpoint. ``stop``: pause
+    after that round (a rung of successive halving, grids/halving.py), scored there."""
     out = spec.out / CELLS / c.name
     resume = (out / CHECKPOINT).exists() and (out / "config.json").exists()
     if not resume and out.exists():
@@ -27,7 +29,7 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
     write_cell_json(out, c)
     cfg = train_config(spec, c, out).replace(resume=resume)
     try:
-        result = train(cfg, tables=tables, run_name=c.name)
+        result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
     except DivergedError as exc:
         if not cfg.schedule.validation:
             raise
@@ -35,6 +37,16 @@ def run_cell(spec: GridSpec, c: Cell, tables) -> dict:
         # (grids/select.py), not the end of the grid. Its error is kept beside the run.
         (out / DIVERGED).write_text(json.dumps({"error": str(exc)}) + "\n")
         return diverged_row(c, out)
+    return result_row(c, result, out)
+
+
+def result_row(c: Cell, result, out: Path) -> dict:
+    """A finished run's row; a paused run's, its summary at that round recorded in rungs.json (one per round it
+    paused at), which marks the cell done up to that round as summary.json marks it finished."""
+    if result.paused:
+        path = out / RUNGS
+        rungs = json.loads(path.read_text()) if path.exists() else {}
+        write_json(path, {**rungs, str(result.summary["rounds"]): result.summary})
     return row(c, result.summary, out)
 
 
@@ -53,8 +65,14 @@ def row(c: Cell, summary: dict, out: Path) -> dict:
             "run_dir": str(Path(CELLS) / out.name)}
 
 
-def read_done(spec: GridSpec, c: Cell) -> dict | None:
+def read_done(spec: GridSpec, c: Cell, stop: int | None = None) -> dict | None:
+    """The row of a cell that finished (or ``stop``: paused at that round, or finished), or None."""
     path = spec.out / CELLS / c.name / DONE
     if (path.parent / DIVERGED).exists():
         return diverged_row(c, path.parent)
+    rungs = path.parent / RUNGS
+    if stop is not None and rungs.exists():
+        paused = json.loads(rungs.read_text()).get(str(stop))
+        if paused is not None:
+            return row(c, paused, path.parent)
     return row(c, json.loads(path.read_text()), path.parent) if path.exists() else None

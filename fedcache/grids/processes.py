@@ -8,24 +8,26 @@ from pathlib import Path
 from fedcache.grids.cells import run_cell
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import in_workers
-from fedcache.grids.spec import Cell, GridSpec
+from fedcache.grids.spec import Cell, GridSpec, Stops
 from fedcache.training import run_device
 
 
-def execute(spec: GridSpec, todo: list[Cell], folder: Path, jobs: int | None = None) -> Iterator[tuple[Cell, dict]]:
-    """(cell, row) of each cell as it finishes, ``jobs`` (default: the grid's; on a GPU, 1) at a time."""
-    jobs = jobs or jobs_of(spec)
+def execute(spec: GridSpec, todo: list[Cell], folder: Path, jobs: int | None = None,
+            stops: Stops | None = None) -> Iterator[tuple[Cell, dict]]:
+    """(cell, row) of each cell as it finishes, ``jobs`` (default: the grid's; on a GPU, 1) at a time.
+    ``stops``: the round a cell pauses at (successive halving's rungs); a cell not in it runs to its end."""
+    jobs, stops = jobs or jobs_of(spec), stops or {}
     if jobs == 1 or len(todo) <= 1:
         tables = read_features(folder)
         for c in todo:
-            yield c, run_cell(spec, c, tables)
+            yield c, run_cell(spec, c, tables, stops.get(c))
         return
-    yield from in_workers(jobs, [(worker, (spec, c, folder)) for c in todo])
+    yield from in_workers(jobs, [(worker, (spec, c, folder, stops.get(c))) for c in todo])
 
 
-def worker(spec: GridSpec, c: Cell, folder: Path) -> list[tuple[Cell, dict]]:
+def worker(spec: GridSpec, c: Cell, folder: Path, stop: int | None = None) -> list[tuple[Cell, dict]]:
     """One cell in a worker process, on the features the process has open."""
-    return [(c, run_cell(spec, c, tables_of(folder)))]
+    return [(c, run_cell(spec, c, tables_of(folder), stop))]
 
 
 def jobs_of(spec: GridSpec) -> int:

@@ -15,7 +15,7 @@ from fedcache.grids.batches import run_batched
 from fedcache.grids.cells import DIVERGED, DONE, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
-from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, cells, train_config
+from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, Stops, cells, train_config
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.table import Table
 from fedcache.training import load_data
@@ -27,9 +27,11 @@ PlanCallback = Callable[[str], None]  # how the engine runs the cells, said befo
 
 
 def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
-              on_plan: PlanCallback | None = None) -> Table:
-    """Run every unfinished cell (finished ones are read back), then write results.csv and table.md.
-    ``only``: these cells instead of the whole product (the test runs of a --select grid)."""
+              on_plan: PlanCallback | None = None, stops: Stops | None = None, write: bool = True) -> Table:
+    """Run every unfinished cell (finished ones are read back), then write results.csv and table.md (unless not
+    ``write``). ``only``: these cells instead of the whole product (the test runs of a --select grid);
+    ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py)."""
+    stops = stops or {}
     todo_cells = cells(spec) if only is None else only
     _check_cells(spec, todo_cells)
     check_spec(spec)
@@ -39,27 +41,29 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     rows: dict[Cell, dict] = {}
     pending = []
     for c in todo_cells:
-        done = read_done(spec, c)
+        done = read_done(spec, c, stops.get(c))
         if done is not None:
             rows[c] = done
         else:
             pending.append(c)
     total = len(todo_cells)
-    for c, row in _engine(spec, pending, folder, on_plan):
+    for c, row in _engine(spec, pending, folder, on_plan, stops):
         rows[c] = row
         if on_cell:
             on_cell(len(rows), total, row)
     table = Table([rows[c] for c in todo_cells])
-    write_outputs(spec.out, table, grid_caption(spec))
+    if write:
+        write_outputs(spec.out, table, grid_caption(spec))
     return table
 
 
-def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None) -> Iterator[tuple[Cell, dict]]:
+def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
+            stops: Stops) -> Iterator[tuple[Cell, dict]]:
     if spec.engine == "batched" and todo:
-        return run_batched(spec, todo, folder, on_plan)
+        return run_batched(spec, todo, folder, on_plan, stops)
     if on_plan and todo:
         on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(jobs_of(spec), len(todo))} at a time")
-    return execute(spec, todo, folder)
+    return execute(spec, todo, folder, stops=stops)
 
 
 def check_spec(spec: GridSpec) -> None:

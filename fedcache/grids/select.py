@@ -8,15 +8,16 @@ report an optimistic number: the test split is read once, for the chosen values.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedcache.errors import ConfigError
+from fedcache.federate.rundir import write_json
+from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_spec, run_cells
 from fedcache.grids.spec import RESULTS, TABLE, Cell, GridSpec, cells
-from fedcache.grids.table import grid_caption, summary_markdown
+from fedcache.grids.table import grid_caption, summary_markdown, write_outputs
 from fedcache.table import Table
 
 VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
@@ -32,63 +33,122 @@ class Choice:
     chosen: tuple[tuple[str, str], ...]  # the selected settings' chosen values
     score: float  # mean validation score over seeds of the chosen values
     candidates: tuple[tuple[tuple[tuple[str, str], ...], float | None], ...]  # every value tried, its score (None: diverged)
+    stopped_at: tuple[tuple[tuple[tuple[str, str], ...], int], ...] = ()  # --prune: the round each value stopped at
 
 
 def choose(rows: list[dict], setting_keys: list[str], select: list[str], metric: str = "mean_accuracy") -> list[Choice]:
     """``rows``: one per validation cell, with ``method``, ``seed``, ``metric`` and each key of
     ``setting_keys`` (the grid's axes, in order); a row with ``diverged`` has no score. Returns one Choice per
-    (method, other settings)."""
+    (method, other settings). Rows with ``stopped_at`` (successive halving) compete only with the group's
+    candidates that trained as long: a value cut at an earlier rung is listed, never chosen."""
     unknown = [k for k in select if k not in setting_keys]
     if unknown:
         raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(setting_keys) or 'none'}); "
                           "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
     others = [k for k in setting_keys if k not in select]
     scores: dict[tuple, dict[tuple, list[float | None]]] = {}
+    stopped: dict[tuple, dict[tuple, int]] = {}
     for r in rows:
         group = (r["method"], tuple((k, str(r[k])) for k in others))
         value = tuple((k, str(r[k])) for k in select)
         score = None if r.get("diverged") or r.get(metric) is None else float(r[metric])
         scores.setdefault(group, {}).setdefault(value, []).append(score)
+        if r.get("stopped_at") is not None:
+            stopped.setdefault(group, {})[value] = int(r["stopped_at"])
     choices = []
     for (method, fixed), by_value in scores.items():
         # A value with a diverged seed has no mean: averaging the other seeds would favour it.
         means = [(value, None if None in v else float(np.mean(v))) for value, v in by_value.items()]
-        scored = [vm for vm in means if vm[1] is not None]
+        at = stopped.get((method, fixed), {})
+        furthest = max(at.values(), default=None)
+        scored = [vm for vm in means if vm[1] is not None and at.get(vm[0]) == furthest]
         if not scored:
             where = ", ".join(f"{k}={v}" for k, v in fixed)
             raise ConfigError(f"--select: every value of {', '.join(select)} diverged on validation for {method}"
                               f"{' at ' + where if where else ''}; add smaller values (e.g. a lower lr) to choose from")
         best = max(scored, key=lambda vm: vm[1])  # max keeps the first of equal scores: the value listed first
-        choices.append(Choice(method, fixed, best[0], best[1], tuple(means)))
+        choices.append(Choice(method, fixed, best[0], best[1], tuple(means), tuple(at.items())))
     return choices
 
 
 def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
-    """--select: every cell on the validation split (spare training rows) in ``out/validation``; per
-    method and other settings the selected axes' values with the best mean over seeds; those alone on
-    the test split in ``out/test``, with the same seeds and partitions. ``out/table.md`` shows the test
-    results with the chosen values; ``out/selection.json`` every candidate's validation score."""
+    """--select: every cell on the validation split (spare training rows) in ``out/validation`` (with --prune
+    halving, the candidates cut as grids/halving.py says); per method and other settings the selected axes' values
+    with the best mean over seeds; those alone on the test split in ``out/test``, with the same seeds and
+    partitions. ``out/table.md`` shows the test results with the chosen values; ``out/selection.json`` every
+    candidate's validation score (and where it was cut)."""
     if "validation" in spec.sweep:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
     check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
-    base = dataclasses.replace(spec, select=[])
-    n_tuned = len(cells(base))
+    base = dataclasses.replace(spec, select=[], prune="none")
     n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
-    tuned = run_cells(dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]}),
-                      _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan)
+    tuning = dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]})
+    tuned, groups, n_tuned = _tune(spec, tuning, on_cell, on_plan, n_tested)
     choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
     tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
                        only=picked, on_plan=on_plan)
-    (spec.out / SELECTION).write_text(json.dumps({"rule": RULE, "selected": spec.select, "choices": [
-        {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
-         "candidates": [{**dict(v), "validation_score": sc, **({"diverged": True} if sc is None else {})}
-                        for v, sc in c.candidates]} for c in choices]}, indent=2) + "\n")
-    caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}), then tested once"
+    write_json(spec.out / SELECTION, selection_doc(spec, choices, groups))
+    caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}"
+    caption += f"; {pruning_caption(spec, groups)})" if groups else ")"
     tested.to_csv(spec.out / RESULTS)
-    (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption, beside=spec.select) + "\n")
+    (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption + ", then tested once", beside=spec.select) + "\n")
     return tested
+
+
+def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int) -> tuple[Table, list[Group], int]:
+    """The validation stage: every cell in full, or pruned by successive halving. Returns its rows, the
+    halving's groups (none for the full stage) and the cell runs it counted for progress."""
+    if spec.prune == "none":
+        n_tuned = len(cells(tuning))
+        return run_cells(tuning, _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan), [], n_tuned
+    rows, groups = run_halving(tuning, spec.select, spec.reduction_factor, spec.min_rounds, on_cell=on_cell,
+                               on_plan=on_plan, after=n_tested)
+    tuned = Table(rows)
+    write_outputs(tuning.out, tuned, grid_caption(tuning) + "; " + pruning_caption(spec, groups)
+                  + "; a candidate cut early shows its score at the round it stopped (stopped_at in results.csv)")
+    return tuned, groups, sum(g.planned() for g in groups)
+
+
+def pruning_caption(spec: GridSpec, groups: list[Group]) -> str:
+    full = sum(len(g.candidates) * g.seeds * g.rounds for g in groups)
+    ran = sum(g.seeds * r for g in groups for r in g.stopped_at.values())
+    return (f"candidates cut by successive halving (reduction factor {spec.reduction_factor}): "
+            f"{ran} of the full grid's {full} validation rounds ({100 * ran / full:.0f}%) trained; "
+            "a candidate cut early is never chosen")
+
+
+def selection_doc(spec: GridSpec, choices: list[Choice], groups: list[Group]) -> dict:
+    """selection.json: the rule, and per group the chosen values, every candidate's validation score (at the round
+    it stopped, with --prune) and, with --prune, each cut."""
+    cuts = {(g.method, g.fixed): g for g in groups}
+
+    def candidate(c: Choice, value, score) -> dict:
+        at = dict(c.stopped_at).get(value)
+        return {**dict(value), "validation_score": score, **({"diverged": True} if score is None else {}),
+                **({"stopped_at": at} if at is not None else {})}
+
+    def group(c: Choice) -> dict:
+        doc = {"method": c.method, **dict(c.fixed), "chosen": dict(c.chosen), "validation_score": c.score,
+               "candidates": [candidate(c, v, sc) for v, sc in c.candidates]}
+        g = cuts.get((c.method, c.fixed))
+        if g is not None:
+            doc["full_rounds"] = g.rounds
+            doc["cuts"] = [{"round": cut["round"], "kept": [dict(v) for v in cut["kept"]],
+                            "scores": [{**dict(v), "validation_score": sc} for v, sc in cut["scores"].items()]}
+                           for cut in g.cuts]
+        return doc
+
+    doc = {"rule": RULE, "selected": spec.select, "choices": [group(c) for c in choices]}
+    if groups:
+        doc["prune"] = {"method": "successive halving", "reduction_factor": spec.reduction_factor,
+                        "min_rounds": spec.min_rounds, "note": PRUNE_NOTE}
+    return doc
+
+
+PRUNE_NOTE = ("each cut keeps the best ceil(n / reduction_factor) candidates of a group by mean validation score over "
+              "seeds at that round; a candidate that would have overtaken them later (a late bloomer) is not seen")
 
 
 def _counting(on_cell: CellCallback | None, before: int, total: int) -> CellCallback | None:

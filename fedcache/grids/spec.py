@@ -7,7 +7,8 @@ Layout of a grid directory::
     cells/<cell>/             one run directory per cell (as ``fedcache train --out`` writes one), plus cell.json;
                               summary.json is written last, so its presence marks a finished cell
     batches/<id>/             a stack of cells while it trains (the batched engine): its checkpoint
-    validation/, test/        a --select grid's two stages, each a grid directory
+    validation/, test/        a --select grid's two stages, each a grid directory (with --prune halving, a
+                              validation cell cut at a rung keeps its checkpoint and rungs.json, no summary.json)
     results.csv, table.md     one row per cell; mean (std) over seeds per method and setting
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from fedcache.errors import ConfigError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import writable_dir
-from fedcache.spec import GridEngineSpec, RunSpec, grid_options, is_option, option, options
+from fedcache.spec import GRID_SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options
 
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", "grid.json"
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
@@ -47,8 +48,11 @@ class GridSpec:
     track: list[str] = field(default_factory=list)
     keep_checkpoints: str = "last"
     device: str = "auto"  # where every cell's rounds run (engine.device); recorded, since a GPU rounds otherwise
-    engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these two (GridEngineSpec)
+    engine: str = GridEngineSpec.engine  # fedcache/spec.py declares these (GridEngineSpec, PruneSpec)
     max_batch_cells: int | None = None
+    prune: str = PruneSpec.prune
+    reduction_factor: int = PruneSpec.reduction_factor
+    min_rounds: int | None = None
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
@@ -66,14 +70,30 @@ class GridSpec:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
-        how = GridEngineSpec(**{o.field: o.parse(getattr(self, o.field)) for o in grid_options()})  # checks them
-        self.engine, self.max_batch_cells = how.engine, how.max_batch_cells
+        for o in grid_options():
+            setattr(self, o.field, o.parse(getattr(self, o.field)))
+        for section in GRID_SECTIONS.values():  # checks them
+            section(**{f.name: getattr(self, f.name) for f in dataclasses.fields(section)})
+        self._check_pruning()
+
+    def _check_pruning(self) -> None:
+        if self.prune == "none":
+            return
+        if not self.select:
+            raise ConfigError(f"--prune {self.prune} cuts the candidates of --select; name the axes to choose, "
+                              "e.g. --set lr=1e-3,1e-2 --select lr")
+        if any(option(k).name == "rounds" for k in self.select if is_option(k)):
+            raise ConfigError(f"--prune {self.prune} gives the candidates rounds itself; it cannot --select rounds")
+        if self.track:
+            raise ConfigError(f"--prune {self.prune} with --track: a tracker's run of a candidate cut early would stay "
+                              "open; track the plain --select grid, or leave out --track")
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
-        for how in ("jobs", "track", "keep_checkpoints", "engine", "max_batch_cells"):  # how the cells run does not change their results
-            d.pop(how)
+        how = ("jobs", "track", "keep_checkpoints", *(o.field for o in grid_options() if not o.opt.recorded))
+        for key in how:  # how the cells run does not change their results
+            d.pop(key)
         return d
 
 
@@ -91,6 +111,9 @@ class Cell:
     @property
     def setting_label(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.setting) or "-"
+
+
+Stops = dict  # Cell -> the round it pauses at (successive halving's rungs); a cell not in it runs to its end
 
 
 def load_toml(path: Path) -> dict:

@@ -32,7 +32,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     rows = table.to_records()
     if not rows:
         return "(no runs)"
-    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", "diverged", *METRIC_COLUMNS, *beside)
+    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *METRIC_COLUMNS, *beside)
                     and len({str(r[k]) for r in rows}) > 1]
     label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -82,11 +82,15 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     keys = layout.panel_keys + layout.legend_keys
     header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
               "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
-    best = {panel: max((g.mean("mean_accuracy") or 0) for g in members) for panel, members in layout.panels(groups).items()}
+    best = {panel: max((g.mean("mean_accuracy") or 0) for g in members if g.stopped_at is None) if any(
+        g.stopped_at is None for g in members) else None for panel, members in layout.panels(groups).items()}
     rows = [header]
     for g in groups:
         acc = _fmt(g.mean("mean_accuracy"), g.std("mean_accuracy"))
-        bold = g.mean("mean_accuracy") is not None and g.mean("mean_accuracy") == best[layout.panel(g)]
+        bold = g.stopped_at is None and g.mean("mean_accuracy") is not None and g.mean("mean_accuracy") == best[layout.panel(g)]
+        if g.stopped_at is not None:
+            then = ", then diverged" if any(r.summary.get("diverged") for r in g.runs) else ""
+            acc += f" (stopped at round {g.stopped_at}{then})"
         rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs)),
                      f"**{acc}**" if bold else acc, _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")),
                      _fmt(g.mean("worst10")), _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
@@ -102,17 +106,27 @@ def _selection_sections(root: Path) -> list[Section]:
     if not path.exists():
         return []
     sel = json.loads(path.read_text())
-    skip = {"method", "chosen", "validation_score", "candidates"}
+    skip = {"method", "chosen", "validation_score", "candidates", "cuts", "full_rounds"}
     keys = list(dict.fromkeys(k for c in sel["choices"] for k in c if k not in skip))
     rows = [["method", *keys, "chosen", "validation score", "candidates (validation score)"]]
     for c in sel["choices"]:
         shown = lambda values: ", ".join(f"{k}={v}" for k, v in values.items() if k in sel["selected"])
-        tried = "; ".join(f"{shown(v)}: {'diverged' if v.get('diverged') else _fmt(v['validation_score'])}" for v in c["candidates"])
+        tried = "; ".join(f"{shown(v)}: {'diverged' if v.get('diverged') else _fmt(v['validation_score'])}{_stop_note(v, c)}"
+                          for v in c["candidates"])
         rows.append([c["method"], *(str(c.get(k, "-")) for k in keys), shown(c["chosen"]), _fmt(c["validation_score"]), tried])
     text = (f"{', '.join(sel['selected'])} chosen per method and setting on the validation split (spare training rows): "
             f"{sel['rule']}. The split=test panels and rows ran the chosen values once on the test split, with the same "
             "seeds and partitions; the split=validation ones are every candidate, scored on validation.")
+    if "prune" in sel:
+        p = sel["prune"]
+        text += (f" Candidates were cut by successive halving (reduction factor {p['reduction_factor']}): {p['note']}; "
+                 "a score marked 'at round r' is of that round, where the candidate stopped.")
     return [Section("Chosen on validation, then tested", text, table=rows)]
+
+
+def _stop_note(candidate: dict, choice: dict) -> str:
+    at = candidate.get("stopped_at")
+    return f" at round {at}" if at is not None and at != choice.get("full_rounds") else ""
 
 
 def _paper_sections(root: Path) -> list[Section]:
@@ -142,10 +156,24 @@ FIGURES = (
 )
 
 
+# Figures of every round: a candidate stopped early by successive halving is drawn up to where it stopped. The
+# others compare final figures, which such a candidate has only of an earlier round: it is left out of them.
+PER_ROUND = {"accuracy-per-round.png", "train-loss-per-round.png", "bytes-per-round.png"}
+
+
 def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list[Section]:
     out = []
+    finished = [g for g in groups if g.stopped_at is None]
     for title, draw, name, text in FIGURES:
-        fig = draw(groups, layout)
+        shown = groups if name in PER_ROUND else finished
+        if not shown:
+            continue
+        if len(shown) < len(groups):
+            text += " Candidates that --prune halving stopped early are left out (their curves are in Accuracy per round)."
+        elif name in PER_ROUND and len(finished) < len(groups):
+            text += (" Dotted vertical lines: the rounds at which --prune halving cut candidates; a curve that ends at "
+                     "one stopped there (cut, or chosen as the last one left).")
+        fig = draw(shown, layout)
         if fig is None:
             continue
         path = fig_dir / name

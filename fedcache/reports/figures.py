@@ -47,7 +47,8 @@ def _shown(groups: list[Group]) -> tuple[list[Group], str]:
 
 
 def _best(groups: list[Group]) -> Group | None:
-    scored = [g for g in groups if g.mean("mean_accuracy") is not None]
+    """The best final accuracy (of the groups that ran every round: an early score is of another round)."""
+    scored = [g for g in groups if g.mean("mean_accuracy") is not None and g.stopped_at is None]
     return max(scored, key=lambda g: g.mean("mean_accuracy")) if scored else None
 
 
@@ -99,11 +100,22 @@ def _curves(key: str, ylabel: str) -> Callable:
             ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
             if g is best and key == "accuracy":
                 ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
+        _halving_cuts(ax, groups)
         _whole_rounds(ax)
         ax.set_ylabel(ylabel)
         return []
 
     return draw
+
+
+def _halving_cuts(ax, groups: list[Group]) -> None:
+    """The rounds at which successive halving stopped candidates (--prune halving): a curve ending at one was cut
+    there, or chosen there as the last one left."""
+    for i, r in enumerate(sorted({g.stopped_at for g in groups if g.stopped_at is not None})):
+        ax.axvline(r, color="0.45", ls=":", lw=1.1, zorder=0, label=None if i else HALVING_CUT)
+
+
+HALVING_CUT = "a cut of successive halving"
 
 
 def _whole_rounds(ax) -> None:

@@ -10,6 +10,8 @@ import numpy as np
 from fedcache.errors import ConfigError
 
 SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
+DIVERGED = "diverged.json"  # a grid cell scored on validation whose training became NaN
+RUNGS = "rungs.json"  # a grid cell successive halving stopped before its last round: its summary at each rung
 SELECTION = "selection.json"  # a --select grid's choices (fedcache/grids)
 
 
@@ -25,6 +27,11 @@ class Run:
     def label(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.setting.items())
         return f"{self.summary['method']} ({extra})" if extra else self.summary["method"]
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The round a --prune halving grid stopped this run at, before its last (None: it ran to the end)."""
+        return self.summary.get("stopped_at")
 
     def option(self, name: str):
         """A run option by its `fedcache train` name (seed, validation, store, ...) from config.json's
@@ -52,6 +59,11 @@ class Group:
     @property
     def setting(self) -> dict:
         return self.runs[0].setting
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The round its runs stopped at before their last (successive halving), or None."""
+        return self.runs[0].stopped_at
 
     def mean(self, key: str) -> float | None:
         vals = [r.summary.get(key) for r in self.runs if r.summary.get(key) is not None]
@@ -84,7 +96,7 @@ def find_runs(root: Path) -> list[Run]:
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; give a run directory (train --out) or a grid directory (grid --out)")
-    paths = sorted(p.parent for p in root.rglob(SUMMARY) if (p.parent / METRICS).exists())
+    paths = sorted({p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name) if (p.parent / METRICS).exists()})
     if not paths:
         raise ConfigError(f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); "
                           "finish the run or grid first")
@@ -113,7 +125,7 @@ def _grid_setting(r: Run) -> dict:
 
 
 def _read(path: Path) -> Run:
-    summary = json.loads((path / SUMMARY).read_text())
+    summary = json.loads((path / SUMMARY).read_text()) if (path / SUMMARY).exists() else _stopped(path)
     history = [json.loads(l) for l in (path / METRICS).read_text().splitlines() if l.strip()]
     config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).exists() else {}
     cell = json.loads((path / CELL).read_text()) if (path / CELL).exists() else {}
@@ -125,3 +137,11 @@ def group_runs(runs: list[Run]) -> list[Group]:
     for r in runs:
         groups.setdefault(r.label, []).append(r)
     return [Group(label, rs) for label, rs in groups.items()]
+
+
+def _stopped(path: Path) -> dict:
+    """A run successive halving stopped early: its summary at the last round it reached, marked so."""
+    rungs = json.loads((path / RUNGS).read_text())
+    last = max(rungs, key=int)
+    diverged = {"diverged": True} if (path / DIVERGED).exists() else {}  # after its last rung, on its way to the next
+    return {**rungs[last], "stopped_at": int(last), **diverged}

@@ -102,3 +102,19 @@ def test_scale_from_a_store_of_real_features(tmp_path):
     assert res["rows"] == 40 and res["format_1_read_over_format_2_read"]["median_ratio"] > 0
     assert set(res["entries_bytes_on_disk"]) == {"format_1", "format_2"} and 0 < res["zstd_level_0_kept"] < 2
     assert store.joinpath("zarr.json").read_text().count('"fedcache_store": 1') == 1  # the original is left as it was
+
+
+def test_halving_against_the_full_select_grid(tmp_path):
+    out = tmp_path / "halving.json"
+    bench("halving").main(["--tiny", "--trials", "1", "--jobs", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    res = json.loads(out.read_text())["grids"]["tiny"]
+    assert res["replay_matches_pruned_grid"] is True and res["choices"]["of"] == 1
+    assert res["full_over_halving"] > 0 and "validation rounds" in res["validation_rounds"]
+
+
+def test_grid_speed_stacking_comparison_runs(tmp_path):
+    """On a GPU it compares stacks across partitions with stacks by partition; here (CPU) it checks the script."""
+    out = tmp_path / "stacking.json"
+    bench("grid_speed").main(["--tiny", "--stacking", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert res["cells_differing"]["differing"] == 0 and len(res["by_draws_over_across_per_trial"]) == 1

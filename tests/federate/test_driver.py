@@ -158,3 +158,30 @@ def test_a_run_resumed_between_two_metrics_lines_reports_the_same_train_loss(dat
         run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path), on_round=stop_after_three)
     resumed = run(make("fedavg", data), RunConfig(rounds=4, eval_every=2, out=tmp_path, resume=True))
     assert resumed.history == full.history and full.history[-1]["train_loss"] is not None
+
+
+def test_a_paused_run_continues_to_the_numbers_and_files_of_one_that_never_paused(data, tmp_path):
+    whole, paused = tmp_path / "whole", tmp_path / "paused"
+    whole.mkdir()
+    full = run(make("fedavg", data, fraction=0.6), RunConfig(rounds=5, out=whole, fraction=0.6, eval_every=2))
+    from fedcache.federate.driver import Run as Federation
+    from fedcache.federate.inprocess import run_one
+    from fedcache.federate.rundir import RunDir
+
+    def federation():
+        m = make("fedavg", data, fraction=0.6)
+        return Federation(m, Schedule(rounds=5, fraction=0.6, eval_every=2), RunDir(paused))
+
+    paused.mkdir()
+    first = run_one(federation(), stop_after=3)
+    assert first.paused and first.summary["rounds"] == 3 and not (paused / "summary.json").exists()
+    again = run_one(federation(), resume=True, stop_after=3)  # at the stop already: scored again, nothing trained
+    assert again.summary["per_client_accuracy"] == first.summary["per_client_accuracy"]
+    with pytest.raises(ConfigError, match="at round 3; pause at a round from 3 on"):
+        run_one(federation(), resume=True, stop_after=2)
+    rest = run_one(federation(), resume=True)
+    assert not rest.paused and rest.history == full.history
+    assert all(torch.equal(rest.server[n], full.server[n]) for n in full.server)
+    assert (paused / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(rest.summary) == drop(full.summary)

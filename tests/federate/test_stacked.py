@@ -335,3 +335,52 @@ def test_an_interrupted_stack_continues_from_its_checkpoint_to_the_same_result(t
             assert a.checkpoint[key] == b.checkpoint[key], key
     with pytest.raises(ConfigError, match="is a checkpoint of 4 runs, not of these 3"):
         run_stack([fresh(f) for f in feds[:3]], ck)
+
+
+@pytest.mark.parametrize("name", ["fedprox", "fst-cbdg", "fedpcl"])
+def test_a_paused_stack_continues_in_other_stacks_to_the_same_result(tmp_path, name):
+    """Successive halving pauses a stack at a rung and continues some of its runs, stacked anew or alone:
+    each paused run keeps its own checkpoint, and continues to the numbers of a stack that never paused."""
+    feds = federations(name, fraction=0.6)
+
+    def written(where: str, which) -> list[Federation]:
+        runs = [fresh(feds[i]) for i in which]
+        for i, r in zip(which, runs):
+            r.out = RunDir(tmp_path / where / str(i))
+            r.out.path.mkdir(parents=True, exist_ok=True)
+        return runs
+
+    whole = run_stack(written("whole", range(4)))
+    paused = driver.run(written("halved", range(4)), Stacked(written("halved", range(4))), stop_after=1,
+                        checkpoint=tmp_path / "batch.pt")
+    assert all(r.paused and r.summary["rounds"] == 1 for r in paused)
+    assert all((tmp_path / "halved" / str(i) / "checkpoint.pt").exists() for i in range(4))
+    assert not any((tmp_path / "halved" / str(i) / "summary.json").exists() for i in range(4))
+    # Scored at round 1, which has no metrics line (eval_every=2): as a run evaluating every round scores it.
+    every = [Federation(fresh(f).method, dataclasses.replace(f.schedule, eval_every=1)) for f in feds]
+    for r, f in zip(paused, every):
+        assert r.summary["per_client_accuracy"] == run_one(f).history[0]["per_client"]
+    pair = written("halved", [0, 2])
+    continued = driver.run(pair, Stacked(pair), resume=True) + [run_one(written("halved", [3])[0], resume=True)]
+    for a, b in zip([whole[0], whole[2], whole[3]], continued):
+        assert not b.paused and a.history == b.history
+        assert all(torch.equal(a.server[n], b.server[n]) for n in a.server)
+        assert all(torch.equal(a.clients[n], b.clients[n]) for n in a.clients)
+        for key in ("params_up", "senders", "bytes_up", "bytes_down", "rnd"):
+            assert a.checkpoint[key] == b.checkpoint[key], key
+    for i in (0, 2, 3):
+        assert (tmp_path / "halved" / str(i) / "metrics.jsonl").read_text() == (tmp_path / "whole" / str(i) / "metrics.jsonl").read_text()
+
+
+def test_runs_paused_at_different_rounds_do_not_stack(tmp_path):
+    feds = federations("fedavg")
+    runs = [fresh(f) for f in feds[:2]]
+    for i, (r, stop) in enumerate(zip(runs, (1, 2))):
+        r.out = RunDir(tmp_path / str(i))
+        r.out.path.mkdir()
+        run_one(r, stop_after=stop)
+    runs = [fresh(f) for f in feds[:2]]
+    for i, r in enumerate(runs):
+        r.out = RunDir(tmp_path / str(i))
+    with pytest.raises(ConfigError, match=r"rounds \[1, 2\], not of one round"):
+        driver.run(runs, Stacked(runs), resume=True)

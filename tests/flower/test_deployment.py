@@ -105,7 +105,7 @@ def test_tls_and_supernode_authentication_refuse_an_unregistered_node(flower_sto
     here with `cryptography`. The registered node serves the run; a node whose key was never registered
     (pointing at the same shard, so it would claim the same client) is refused by the SuperLink."""
     pytest.importorskip("cryptography")
-    cfg = toy_config(flower_store, clients=1, partition="iid", alpha=None, rounds=1, eval_every=1)
+    cfg = toy_config(flower_store, clients=1, partition="iid", rounds=1, eval_every=1)
     write_shards(shard_spec(cfg), tmp_path / "shards")
     write_app(tmp_path / "app")
     shard = client_dir(tmp_path / "shards", 0)

@@ -1,0 +1,218 @@
+"""Successive halving (`--prune halving`) against the full `--select` grid: wall time and the choices.
+
+Two grids on digits5-offline (efficientnet-lite0 features), lr chosen per method and alpha on validation and the
+choice tested once, each run in full and pruned, alternating in this process (--trials of each arm, fresh
+directories). The time is the whole `fedcache.grid` call. Per group (method, alpha) the benchmark records whether
+both arms chose the same lr and, where not, the test accuracy of both choices (mean and sample std over seeds).
+It also replays the halving on the full grid's validation curves (every round is evaluated): a continued
+candidate's numbers are its full run's, so the replay must choose what the pruned grid chose.
+
+    .venv/bin/python benchmarks/halving.py [--store PATH] [--grid worked|wide|both] [--trials 2] [--jobs 2]
+    .venv/bin/python benchmarks/halving.py --replay DIR [--reduction-factor 3] [--min-rounds N]
+        # what halving would have chosen on a finished full --select grid in DIR, without training anything
+    .venv/bin/python benchmarks/halving.py --render     # the section of docs/performance.md
+
+"worked": docs/getting-started.md's grid (fedavg, fedprox, fedproto x alpha {0.1, 1} x lr {1e-3, 1e-2}, 10 clients,
+subsample 0.8, 20 rounds, seeds 0-2). "wide": fedavg, fedprox, fedntd, fedproto x lr {1e-4 ... 3e-2} (6) x alpha
+{0.1, 1} x seeds 0-2, 50 rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write  # noqa: E402
+
+RESULT = Path(__file__).resolve().parent / "results" / "halving.json"
+DATA = ("digits5-offline", "efficientnet-lite0")
+BASE = {"partition": ["dirichlet"], "clients": ["10"], "subsample": ["0.8"]}
+GRIDS = {
+    "worked": (["fedavg", "fedprox", "fedproto"], {**BASE, "alpha": ["0.1", "1"], "rounds": ["20"], "lr": ["1e-3", "1e-2"]}, [0, 1, 2]),
+    "wide": (["fedavg", "fedprox", "fedntd", "fedproto"],
+             {**BASE, "alpha": ["0.1", "1"], "rounds": ["50"], "lr": ["1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2"]}, [0, 1, 2]),
+}
+TINY = (["fedavg"], {"partition": ["iid"], "clients": ["2"], "subsample": ["0.5"], "rounds": ["4"],
+                     "lr": ["1e-3", "1e-2", "1e-1"]}, [0, 1])
+TINY_DATA = ("test-toy", "tiny-timm-random")
+ARMS = ("full", "halving")
+
+
+def _features(store: Path, data: tuple[str, str]) -> None:
+    import fedcache
+    from fedcache.store.feature_store import FeatureStore
+
+    if not (store.exists() and FeatureStore(store, create=False).find(data[0], "test", data[1])):
+        fedcache.extract_features(data[0], [data[1]], store=store)
+
+
+def run_arm(arm: str, store: Path, data, grid, out: Path, jobs: int, eta: int, min_rounds: int | None,
+            plans: list[str]) -> float:
+    import fedcache
+
+    methods, sweep, seeds = grid
+    prune = {"prune": "halving", "reduction_factor": eta, "min_rounds": min_rounds} if arm == "halving" else {}
+    t0 = time.perf_counter()
+    fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=methods, sweep=sweep, seeds=seeds, out=out,
+                  jobs=jobs, select=["lr"], on_plan=plans.append, **prune)
+    return time.perf_counter() - t0
+
+
+def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds: int | None, tiny: bool = False,
+            keep: Path | None = None) -> dict:
+    data, grid = (TINY_DATA, TINY) if tiny else (DATA, GRIDS[name])
+    _features(store, data)
+    walls: dict[str, list[float]] = {a: [] for a in ARMS}
+    plans: dict[str, list[str]] = {a: [] for a in ARMS}
+    out: dict = {"grid": {"methods": grid[0], "sweep": grid[1], "seeds": grid[2]}, "trials": trials,
+                 "load_average_at_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = keep / name if keep else Path(scratch)
+        for t in range(trials):
+            for arm in ARMS if t % 2 == 0 else ARMS[::-1]:
+                said = plans[arm] if t == 0 else []
+                walls[arm].append(round(run_arm(arm, store, data, grid, Path(tmp) / f"{arm}-{t}", jobs, eta, min_rounds, said), 1))
+        full, pruned = Path(tmp) / "full-0", Path(tmp) / "halving-0"
+        out["choices"] = compare(full, pruned)
+        out["replay_matches_pruned_grid"] = replay_choices(full, eta, min_rounds) == chosen(pruned)
+        out["validation_rounds"] = _rounds_caption(pruned)
+    out["wall_seconds"], out["plans"] = walls, plans
+    out["full_over_halving_per_trial"] = [round(f / h, 2) for f, h in zip(walls["full"], walls["halving"])]
+    out["full_over_halving"] = round(statistics.median(walls["full"]) / statistics.median(walls["halving"]), 2)
+    out["reduction_factor"], out["min_rounds"] = eta, min_rounds
+    return out
+
+
+def chosen(grid_dir: Path) -> dict[str, str]:
+    """Group (method and its other settings) -> the chosen lr, from selection.json."""
+    doc = json.loads((grid_dir / "selection.json").read_text())
+    return {_group(c): c["chosen"]["lr"] for c in doc["choices"]}
+
+
+def _group(c: dict) -> str:
+    skip = {"chosen", "validation_score", "candidates", "cuts", "full_rounds"}
+    return " ".join(f"{k}={v}" for k, v in c.items() if k not in skip)
+
+
+def compare(full: Path, pruned: Path) -> dict:
+    """Per group: both choices; where they differ, the test accuracy of each (mean, sample std over seeds) and
+    whether the pruned grid's is within the seeds' std of the full grid's."""
+    a, b = chosen(full), chosen(pruned)
+    tests = {arm: _test_accuracy(d) for arm, d in (("full", full), ("halving", pruned))}
+    groups = []
+    for g in a:
+        row = {"group": g, "full": a[g], "halving": b[g], "same": a[g] == b[g]}
+        if not row["same"]:
+            (fm, fs), (hm, hs) = tests["full"][g], tests["halving"][g]
+            row.update(full_test=[fm, fs], halving_test=[hm, hs], within_full_std=abs(hm - fm) <= fs)
+        groups.append(row)
+    same = sum(r["same"] for r in groups)
+    return {"groups": groups, "same": same, "of": len(groups), "same_share": round(same / len(groups), 3),
+            "differing_within_std": all(r.get("within_full_std", True) for r in groups)}
+
+
+def _test_accuracy(grid_dir: Path) -> dict[str, tuple[float, float]]:
+    """Group -> (mean, sample std over seeds) of the test accuracy of its chosen value."""
+    doc = json.loads((grid_dir / "selection.json").read_text())
+    with open(grid_dir / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    out = {}
+    for c in doc["choices"]:
+        fixed = {k: str(v) for k, v in c.items() if k not in {"chosen", "validation_score", "candidates", "cuts", "full_rounds"}}
+        accs = [float(r["mean_accuracy"]) for r in rows if all(str(r.get(k)) == v for k, v in fixed.items())]
+        out[_group(c)] = (round(statistics.mean(accs), 3), round(statistics.stdev(accs), 3) if len(accs) > 1 else 0.0)
+    return out
+
+
+def _rounds_caption(pruned: Path) -> str:
+    text = (pruned / "table.md").read_text()
+    start = text.find("candidates cut by successive halving")
+    return text[start:text.find(";", text.find("trained", start))] if start >= 0 else ""
+
+
+# ---- replay: halving on a full grid's validation curves ---------------------------------------------------
+def replay_choices(full: Path, eta: int = 3, min_rounds: int | None = None) -> dict[str, str]:
+    """What --prune halving chooses, from a finished full --select grid's validation curves (each candidate's
+    score at a rung is its mean over seeds of the mean over clients at that round)."""
+    from fedcache.grids.halving import rungs
+
+    curves: dict[str, dict[str, list[dict]]] = {}
+    for cell in sorted((full / "validation" / "cells").iterdir()):
+        meta = json.loads((cell / "cell.json").read_text())
+        setting = {k: v for k, v in meta["setting"].items() if k != "validation"}
+        lr = setting.pop("lr")
+        group = " ".join([f"method={meta['method']}"] + [f"{k}={v}" for k, v in setting.items()])
+        lines = {l["round"]: l for l in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())}
+        curves.setdefault(group, {}).setdefault(lr, []).append(lines)
+    out = {}
+    for group, by_lr in curves.items():
+        rounds = max(max(s) for seeds in by_lr.values() for s in seeds)
+        alive = list(by_lr)
+        for r in rungs(rounds, len(alive), eta, min_rounds) + [rounds]:
+            score = {lr: _mean_at(by_lr[lr], r) for lr in alive}
+            ranked = sorted((lr for lr in alive if score[lr] is not None), key=lambda lr: -score[lr])
+            alive = [lr for lr in alive if lr in ranked[:1 if r == rounds else math.ceil(len(alive) / eta)]]
+            if len(alive) <= 1:
+                break
+        out[group] = alive[0]
+    return out
+
+
+def _mean_at(seeds: list[dict], r: int) -> float | None:
+    if any(r not in s for s in seeds):
+        return None  # not evaluated there (or diverged before)
+    return statistics.mean(statistics.mean(s[r]["per_client"]) for s in seeds)
+
+
+# ---- the docs section ---------------------------------------------------------------------------------
+def render(res: dict) -> str:
+    lines = ["| grid | cells (validation) | full / halving wall time (per trial) | same choice | where different: test accuracy, full vs halving |",
+             "|---|---|---|---|---|"]
+    for name, r in res["grids"].items():
+        g = r["grid"]
+        n = len(g["methods"]) * math.prod(len(v) for v in g["sweep"].values()) * len(g["seeds"])
+        diff = "; ".join(f"{d['group']}: lr {d['full']} {d['full_test'][0]:.2f} ± {d['full_test'][1]:.2f} vs lr {d['halving']} "
+                         f"{d['halving_test'][0]:.2f} ± {d['halving_test'][1]:.2f}" for d in r["choices"]["groups"] if not d["same"]) or "-"
+        per = ", ".join(f"{x:.2f}" for x in r["full_over_halving_per_trial"])
+        lines.append(f"| {name} | {n} | **{r['full_over_halving']:.2f}x** ({per}) | {r['choices']['same']} of "
+                     f"{r['choices']['of']} groups | {diff} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", type=Path, default=Path("/tmp/grid-speed-store.zarr"))
+    ap.add_argument("--grid", choices=["worked", "wide", "both"], default="both")
+    ap.add_argument("--trials", type=int, default=2, help="interleaved trials of each arm")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--reduction-factor", type=int, default=3)
+    ap.add_argument("--min-rounds", type=int, default=None)
+    ap.add_argument("--replay", type=Path, default=None, help="a finished full --select grid: replay halving on it")
+    ap.add_argument("--tiny", action="store_true", help="a 6-cell grid of 4 rounds on test-toy: checks the script, measures nothing")
+    ap.add_argument("--render", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--keep", type=Path, default=None, help="keep the grids under this directory (for --replay)")
+    a = ap.parse_args(argv)
+    out = a.out or RESULT
+    if a.render:
+        print(render(json.loads(out.read_text())))
+        return
+    if a.replay:
+        print(json.dumps(replay_choices(a.replay, a.reduction_factor, a.min_rounds), indent=1))
+        return
+    names = ["tiny"] if a.tiny else ["worked", "wide"] if a.grid == "both" else [a.grid]
+    res = {"grids": {n: measure(n, a.store, a.jobs, a.trials, a.reduction_factor, a.min_rounds, a.tiny, a.keep) for n in names},
+           "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    write(res, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Successive halving for ``fedcache grid --select ... --prune halving``: tuning at a fraction of the grid.
+
+A group is what ``--select`` chooses within: one method and one value of every setting that is not selected.
+Its candidates are the values of the selected settings (lr=1e-3, lr=1e-2, ...). Every candidate trains, on the
+validation split, up to the group's first rung; the best 1/eta (``--reduction-factor``) by mean validation score
+over the grid's seeds continue from their checkpoints to the next rung, and so on until one is left, which is the
+choice; if more than one is left after the last rung, they run to the full rounds and the best is chosen as a full
+``--select`` grid chooses. Ties go to the value listed first; a candidate that diverged on any seed is cut.
+
+The rungs: with n candidates, the cuts needed to leave one (each keeps ceil(n/eta)) at rounds
+first, first*eta, ..., with ``first`` = rounds / eta^cuts by default, so that the last cut comes at rounds / eta.
+A paused cell keeps its checkpoint and its row at the rung (``rungs.json``): a re-run reads the rows back and
+makes the same cuts, and a continued cell's numbers are those of a run that never paused (``driver.run``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedcache.grids.run import CellCallback, PlanCallback, run_cells
+from fedcache.grids.spec import Cell, GridSpec, cells, train_config
+
+Value = tuple[tuple[str, str], ...]  # the selected settings' values of one candidate
+VALIDATION_AXIS = "validation"  # the validation stage's own axis: the same in every cell, in no group's key
+
+
+def rungs(rounds: int, candidates: int, eta: int, first: int | None = None) -> list[int]:
+    """The rounds (before the last) at which a group of ``candidates`` is cut."""
+    cuts, left = 0, candidates
+    while left > 1:
+        left, cuts = math.ceil(left / eta), cuts + 1
+    at = rounds / eta ** cuts if first is None else float(first)
+    out: list[int] = []
+    while len(out) < cuts:
+        r = max(1, round(at))
+        if r >= rounds:
+            break
+        if not out or r > out[-1]:
+            out.append(r)
+        at *= eta
+    return out
+
+
+@dataclass
+class Group:
+    method: str
+    fixed: Value  # the settings not selected
+    candidates: dict[Value, list[Cell]]  # in the order the values are listed; a candidate's cells are its seeds
+    rounds: int
+    rungs: list[int]
+    eta: int
+    alive: list[Value] = field(default_factory=list)
+    cuts: list[dict] = field(default_factory=list)  # per rung: its round, every candidate's score, who continued
+    stopped_at: dict[Value, int] = field(default_factory=dict)  # the round each candidate stopped at
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.alive = list(self.candidates)
+
+    @property
+    def stop(self) -> int | None:
+        """The round the live candidates train to next (None: the full rounds)."""
+        return self.rungs[len(self.cuts)] if len(self.cuts) < len(self.rungs) else None
+
+    def label(self) -> str:
+        return self.method + "".join(f" {k}={v}" for k, v in self.fixed)
+
+    def cut(self, rows: dict[Cell, dict], metric: str) -> None:
+        """After the live candidates reached ``stop``: keep the best ceil(n/eta); done with one left, or after
+        the full rounds."""
+        at = self.stop
+        scores = {v: _score([rows[c] for c in self.candidates[v]], metric) for v in self.alive}
+        if at is None:
+            self.stopped_at.update({v: self.rounds for v in self.alive})
+            self.done = True
+            return
+        ranked = sorted((v for v in self.alive if scores[v] is not None), key=lambda v: -scores[v])  # stable: ties keep listing order
+        kept = set(ranked[:math.ceil(len(self.alive) / self.eta)])
+        self.cuts.append({"round": at, "scores": scores, "kept": [v for v in self.alive if v in kept]})
+        self.stopped_at.update({v: at for v in self.alive if v not in kept})
+        self.alive = [v for v in self.alive if v in kept]
+        if len(self.alive) <= 1:
+            self.stopped_at.update({v: at for v in self.alive})
+            self.done = True
+
+    def planned(self) -> int:
+        """Cell runs (a candidate's seeds, each stage) if nothing diverges."""
+        n, runs = len(self.candidates), 0
+        for _ in self.rungs:
+            runs += n
+            n = math.ceil(n / self.eta)
+            if n <= 1:
+                return runs * self.seeds
+        return (runs + n) * self.seeds
+
+    @property
+    def seeds(self) -> int:
+        return len(next(iter(self.candidates.values())))
+
+
+def _score(rows: list[dict], metric: str) -> float | None:
+    """The mean over seeds; None where a seed diverged (averaging the others would favour the candidate)."""
+    values = [None if r.get("diverged") or r.get(metric) is None else float(r[metric]) for r in rows]
+    return None if None in values else float(np.mean(values))
+
+
+def groups_of(spec: GridSpec, select: list[str], eta: int, first: int | None) -> list[Group]:
+    """The validation stage's cells (``spec``: its grid) as groups of candidates, with their rungs."""
+    others = [k for k in spec.sweep if k not in select and k != VALIDATION_AXIS]
+    by_group: dict[tuple, dict[Value, list[Cell]]] = {}
+    for c in cells(spec):
+        setting = dict(c.setting)
+        key = (c.method, tuple((k, setting[k]) for k in others))
+        by_group.setdefault(key, {}).setdefault(tuple((k, setting[k]) for k in select), []).append(c)
+    out = []
+    for (method, fixed), candidates in by_group.items():
+        rounds = train_config(spec, next(iter(candidates.values()))[0], None).schedule.rounds
+        out.append(Group(method, fixed, candidates, rounds, rungs(rounds, len(candidates), eta, first), eta))
+    return out
+
+
+def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, metric: str = "mean_accuracy",
+                on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
+                after: int = 0) -> tuple[list[dict], list[Group]]:
+    """The validation stage of a pruned --select grid (``spec``: that stage's grid). Returns every cell's last row
+    (with ``stopped_at``, the round it stopped at) in the grid's order, and the groups with their cuts.
+    ``after``: the cell runs that follow this stage, for one progress count over both."""
+    groups = groups_of(spec, select, eta, first)
+    _say(on_plan, plan_text(groups, eta))
+    last: dict[Cell, dict] = {}
+    before, total = 0, sum(g.planned() for g in groups) + after
+    while live := [g for g in groups if not g.done]:
+        stops = {c: (g, g.stop) for g in live for v in g.alive for c in g.candidates[v]}
+        step = [c for c in cells(spec) if c in stops]
+        counted = (lambda done, _, row, at=before: on_cell(at + done, max(total, at + done), row)) if on_cell else None
+        table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False,
+                          stops={c: at for c, (_, at) in stops.items() if at is not None})
+        rows = dict(zip(step, table.to_records()))
+        for c, row in rows.items():
+            g, at = stops[c]
+            # A swept ``rounds`` is the cell's setting, not the round a paused summary reached (that is stopped_at).
+            last[c] = {**row, **dict(c.setting), "stopped_at": at or g.rounds}
+        reached = [(g, g.stop) for g in live]
+        for g in live:
+            g.cut(rows, metric)
+        before += len(step)
+        _say(on_plan, step_text(reached))
+    return [last[c] for c in cells(spec)], groups
+
+
+def plan_text(groups: list[Group], eta: int) -> str:
+    """What the grid says before it starts: the rungs of each kind of group, the groups too small to cut."""
+    kinds: dict[tuple, int] = {}
+    for g in groups:
+        kinds[len(g.candidates), tuple(g.rungs), g.rounds] = kinds.get((len(g.candidates), tuple(g.rungs), g.rounds), 0) + 1
+    parts = []
+    for (n, at, rounds), k in kinds.items():
+        where = f"cut at rounds {', '.join(map(str, at))} of {rounds}" if at else f"too small to cut: run in full ({rounds} rounds)"
+        parts.append(f"{k} group{'s' * (k > 1)} of {n} candidate{'s' * (n > 1)}: {where}")
+    full = sum(len(g.candidates) * g.seeds * g.rounds for g in groups)
+    most = sum(_planned_rounds(g) for g in groups)
+    return (f"successive halving (reduction factor {eta}): " + "; ".join(parts)
+            + f"; at most {most} of the full grid's {full} validation rounds ({100 * most / full:.0f}%)")
+
+
+def _planned_rounds(g: Group) -> int:
+    n, done, rounds = len(g.candidates), 0, 0
+    for r in g.rungs:
+        rounds += n * (r - done)
+        n, done = math.ceil(n / g.eta), r
+        if n <= 1:
+            return rounds * g.seeds
+    return (rounds + n * (g.rounds - done)) * g.seeds
+
+
+def step_text(reached: list[tuple[Group, int | None]]) -> str:
+    """After a step: at each rung round, how many candidates continue of how many; the groups that ran in full."""
+    at_round: dict[int, list[int]] = {}
+    full = 0
+    for g, at in reached:
+        if at is None:
+            full += 1
+            continue
+        counts = at_round.setdefault(at, [0, 0])
+        counts[0] += len(g.cuts[-1]["kept"])
+        counts[1] += len(g.cuts[-1]["scores"])
+    parts = [f"round {r}: {k} of {n} candidates kept" for r, (k, n) in sorted(at_round.items())]
+    if full:
+        parts.append(f"{full} group{'s' * (full > 1)} trained to the full rounds")
+    return "halving: " + "; ".join(parts) + " (a group left with one has chosen it)"
+
+
+def _say(on_plan: PlanCallback | None, text: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).info(text)
+    if on_plan:
+        on_plan(text)

@@ -1,0 +1,265 @@
+"""Successive halving for --select (fedcache/grids/halving.py): the rungs, the cuts, and pruned grids on both
+engines: the same choices when resumed, a diverged candidate dropped, continued candidates equal to their full
+runs bit for bit."""
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+
+import pytest
+
+from fedcache.errors import ConfigError
+from fedcache.grids.halving import Group, rungs
+from fedcache.grids.spec import Cell
+from tests.conftest import BACKBONE
+
+
+@pytest.mark.parametrize("rounds, n, eta, first, expected", [
+    (50, 6, 3, None, [6, 17]),  # two cuts (6 -> 2 -> 1), the last at rounds / eta
+    (50, 18, 3, None, [2, 6, 17]),
+    (50, 4, 2, None, [12, 25]),
+    (50, 6, 3, 10, [10, 30]),  # from --min-rounds on
+    (50, 6, 3, 20, [20]),  # the next (60) is past the rounds: the two left run to round 50
+    (9, 6, 3, None, [1, 3]),
+    (2, 6, 3, None, [1]),
+    (1, 6, 3, None, []),  # too few rounds to cut
+    (50, 1, 3, None, []),  # nothing to cut
+])
+def test_rungs(rounds, n, eta, first, expected):
+    assert rungs(rounds, n, eta, first) == expected
+
+
+def group(scores: dict[str, list], rounds=9, at=(1, 3), eta=3):
+    """A group whose candidate ``lr=v`` has ``scores[v][k]`` (a score per seed, or None: diverged) at the k-th stop."""
+    cands = {(("lr", v),): [Cell("fedavg", s, (("lr", v),)) for s in range(2)] for v in scores}
+    return Group("fedavg", (), cands, rounds, list(at), eta)
+
+
+def rows_at(g: Group, scores: dict[str, list], k: int) -> dict:
+    out = {}
+    for value in g.alive:
+        for c in g.candidates[value]:
+            s = scores[value[0][1]][k]
+            out[c] = {"diverged": True} if s is None else {"mean_accuracy": s + c.seed}
+    return out
+
+
+def test_each_cut_keeps_the_best_third_by_mean_over_seeds_then_one_is_chosen():
+    # Ordered by construction: at round 1 d > c > b = e > a > f; at round 3 b overtakes d.
+    scores = {"a": [10], "b": [30, 70], "c": [40, 50], "d": [50, 60], "e": [30], "f": [5]}
+    g = group(scores)
+    g.cut(rows_at(g, scores, 0), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["c", "d"] and g.cuts[0]["round"] == 1 and not g.done
+    assert {v[0][1]: at for v, at in g.stopped_at.items()} == dict.fromkeys("abef", 1)
+    assert g.cuts[0]["scores"][(("lr", "d"),)] == 50.5  # the mean over the two seeds
+    g.cut(rows_at(g, scores, 1), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["d"] and g.done and g.stopped_at[(("lr", "d"),)] == 3
+
+
+def test_a_cut_keeps_a_third_rounded_up():
+    scores = {v: [i] for i, v in enumerate("abcd")}
+    g = group(scores)
+    g.cut(rows_at(g, scores, 0), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["c", "d"]  # ceil(4 / 3) = 2
+
+
+def test_ties_go_to_the_value_listed_first_and_a_diverged_candidate_is_cut():
+    scores = {"a": [20], "b": [None], "c": [20], "d": [20]}  # b would be kept by its place; it diverged
+    g = group(scores, eta=2)
+    g.cut(rows_at(g, scores, 0), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["a", "c"] and g.cuts[0]["scores"][(("lr", "b"),)] is None
+
+
+def test_candidates_left_after_the_last_rung_run_the_full_rounds():
+    scores = {v: [i, i] for i, v in enumerate("abcdef")}
+    g = group(scores, at=(5,))
+    g.cut(rows_at(g, scores, 0), "mean_accuracy")
+    assert g.stop is None and len(g.alive) == 2 and not g.done
+    g.cut(rows_at(g, scores, 1), "mean_accuracy")
+    assert g.done and set(g.stopped_at.values()) == {5, 9}
+    assert g.planned() == (6 + 2) * 2  # cell runs: six candidates, then two, each on two seeds
+
+
+SWEEP = {"partition": "iid", "clients": 2, "subsample": 0.5, "rounds": 9, "preset": "fst-cbdg"}
+LRS = ["0.0001", "0.001", "0.01", "0.1", "0.003", "0.03"]
+
+
+def kw(toy_store, out, engine="processes", **more):
+    return dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1], out=out,
+                select=["lr"], sweep={**SWEEP, "lr": LRS}, engine=engine, **more)
+
+
+@pytest.fixture
+def ordered(monkeypatch):
+    """Validation scores ordered by construction, the same on every engine: lr's rank in LRS at round 1, the reverse
+    from round 3 on; a seed adds a point. The runs train for real (checkpoints, pauses, continuations)."""
+    cells = importlib.import_module("fedcache.grids.cells")  # (fedcache.grids.cells is also a function)
+
+    original = cells.row
+
+    def row(c, summary, out):
+        got = original(c, summary, out)
+        if summary and dict(c.setting).get("validation"):
+            rank = LRS.index(dict(c.setting)["lr"])
+            got["mean_accuracy"] = (rank if summary["rounds"] < 3 else 10 - rank) + c.seed
+        return got
+
+    monkeypatch.setattr(cells, "row", row)
+
+
+def selection(out):
+    return json.loads((out / "selection.json").read_text())
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_group_ordered_by_construction_is_cut_exactly_as_expected(toy_store, tmp_path, ordered, engine):
+    from fedcache.api import grid
+
+    plans = []
+    table = grid(**kw(toy_store, tmp_path / "g", engine), prune="halving", on_plan=plans.append)
+    (choice,) = selection(tmp_path / "g")["choices"]
+    # 6 candidates, reduction factor 3: cut at rounds 1 and 3 of 9. Round 1 keeps the two best (the last two
+    # listed); at round 3 the order is reversed, so the first of those two is chosen.
+    assert [c["round"] for c in choice["cuts"]] == [1, 3]
+    assert [k["lr"] for k in choice["cuts"][0]["kept"]] == ["0.003", "0.03"]
+    assert [k["lr"] for k in choice["cuts"][1]["kept"]] == ["0.003"] and choice["chosen"] == {"lr": "0.003"}
+    assert {c["lr"]: c["stopped_at"] for c in choice["candidates"]} == {**dict.fromkeys(LRS[:4], 1), "0.003": 3, "0.03": 3}
+    assert {str(r["lr"]) for r in table} == {"0.003"} and len(table) == 2  # tested once, on both seeds
+    cells_dir = tmp_path / "g" / "validation" / "cells"
+    assert not any((d / "summary.json").exists() for d in cells_dir.iterdir())  # none trained to round 9
+    assert sorted(json.loads((d / "rungs.json").read_text()).keys() == {"1", "3"} for d in cells_dir.iterdir()).count(True) == 4
+    assert any("cut at rounds 1, 3 of 9" in p for p in plans) and any("round 1: 2 of 6 candidates kept" in p for p in plans)
+    md = (tmp_path / "g" / "table.md").read_text()
+    assert "successive halving (reduction factor 3): 20 of the full grid's 108 validation rounds (19%) trained" in md
+
+
+def test_a_resumed_pruned_grid_makes_the_same_choices_as_an_uninterrupted_one(toy_store, tmp_path, ordered):
+    """Interrupted in the middle of its second rung, then run again on the other engine: each cell continues
+    from its checkpoint or its recorded rung, to the same cuts, choice and test results."""
+    from fedcache.api import grid
+
+    whole = grid(**kw(toy_store, tmp_path / "whole"), prune="halving")
+    seen = []
+
+    def stop_in_rung_two(done, total, row):
+        seen.append(row)
+        if len(seen) == 6 * 2 + 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, tmp_path / "part"), prune="halving", on_cell=stop_in_rung_two)
+    again = []
+    resumed = grid(**kw(toy_store, tmp_path / "part", "batched"), prune="halving",
+                   on_cell=lambda done, total, row: again.append((done, total)))
+    assert selection(tmp_path / "part") == selection(tmp_path / "whole")
+    assert resumed.column("mean_accuracy") == whole.column("mean_accuracy")
+    assert [d for d, _ in again] == sorted(d for d, _ in again) and again[-1][0] == again[-1][1]  # never goes back
+    for d in (tmp_path / "whole" / "validation" / "cells").iterdir():
+        mine = tmp_path / "part" / "validation" / "cells" / d.name
+        assert (mine / "metrics.jsonl").read_text() == (d / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_store, tmp_path, monkeypatch, engine):
+    """--min-rounds 5: one cut at round 5, the two best continue to round 9 from their checkpoints (never trained
+    again from round 0). Their validation runs are those of the full --select grid, bit for bit, and so the choice
+    is the same."""
+    from fedcache.api import grid
+    from fedcache.federate import driver
+
+    grid(**kw(toy_store, tmp_path / "full", engine))
+    trained, original = [], driver._round
+    monkeypatch.setattr(driver, "_round", lambda runs, *a: trained.append(len(runs)) or original(runs, *a))
+    grid(**kw(toy_store, tmp_path / "cut", engine), prune="halving", min_rounds=5)
+    # Federation-rounds: 6 candidates x 2 seeds to round 5, 2 x 2 from 5 to 9; then the choice on the test split.
+    assert sum(trained) == 6 * 2 * 5 + 2 * 2 * 4 + 2 * 9
+    (choice,) = selection(tmp_path / "cut")["choices"]
+    kept = [k["lr"] for k in choice["cuts"][0]["kept"]]
+    assert len(kept) == 2 and choice["chosen"] == selection(tmp_path / "full")["choices"][0]["chosen"]
+    for d in (tmp_path / "cut" / "validation" / "cells").iterdir():
+        full = tmp_path / "full" / "validation" / "cells" / d.name
+        if any(f"lr={lr}__" in d.name for lr in kept):
+            assert (d / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+            mine, theirs = (json.loads((p / "summary.json").read_text()) for p in (d, full))
+            assert mine["per_client_accuracy"] == theirs["per_client_accuracy"]
+        else:  # cut at round 5: its lines are the full run's first five
+            assert (d / "metrics.jsonl").read_text().splitlines() == (full / "metrics.jsonl").read_text().splitlines()[:5]
+    assert (tmp_path / "cut" / "test" / "results.csv").read_text().split("seconds")[0] == \
+        (tmp_path / "full" / "test" / "results.csv").read_text().split("seconds")[0]
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tmp_path, monkeypatch, engine):
+    """lr=1e30 survives round 1 (scored best there by construction) and diverges before round 3 (for real):
+    it is cut at round 3, never chosen, and the grid goes on."""
+    from fedcache.api import grid
+
+    cells = importlib.import_module("fedcache.grids.cells")
+    original = cells.row
+
+    def row(c, summary, out):
+        got = original(c, summary, out)
+        if summary and dict(c.setting).get("validation") and summary["rounds"] == 1:
+            got["mean_accuracy"] = 100.0 if dict(c.setting)["lr"] == "1e30" else got["mean_accuracy"]
+        return got
+
+    monkeypatch.setattr(cells, "row", row)
+    grid(**{**kw(toy_store, tmp_path / "d", engine), "sweep": {**SWEEP, "lr": LRS[:5] + ["1e30"]}}, prune="halving")
+    (choice,) = selection(tmp_path / "d")["choices"]
+    assert "1e30" in [k["lr"] for k in choice["cuts"][0]["kept"]]
+    bad = next(c for c in choice["candidates"] if c["lr"] == "1e30")
+    assert bad.get("diverged") and bad["stopped_at"] == choice["cuts"][1]["round"]
+    assert choice["chosen"]["lr"] != "1e30"
+    from fedcache.reports import write_report
+
+    md = write_report(tmp_path / "d").markdown.read_text()
+    assert "lr=1e30: diverged at round" in md and "then diverged" in md
+
+
+def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tmp_path, ordered):
+    from fedcache.api import grid
+    from fedcache.reports import write_report
+
+    grid(**kw(toy_store, tmp_path / "r"), prune="halving")
+    paths = write_report(tmp_path / "r")
+    md = paths.markdown.read_text()
+    assert "(stopped at round 1)" in md and "(stopped at round 3)" in md
+    assert "Dotted vertical lines: the rounds at which --prune halving cut candidates" in md
+    assert "a cut of successive halving" in paths.html.read_text()  # the legend entry of the rung lines
+    assert "lr=0.0001: 0.50 at round 1" in md  # a cut candidate's score says its round
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(prune="halving", select=None), "--prune halving cuts the candidates of --select"),
+    (dict(prune="halving", track=["jsonl"]), "--prune halving with --track"),
+    (dict(prune="halving", reduction_factor=1), r"--reduction-factor \(prune.reduction_factor\)=1: must be >= 2"),
+    (dict(prune="halving", min_rounds=0), r"--min-rounds \(prune.min_rounds\)=0"),
+    (dict(prune="sometimes"), "must be one of none, halving"),
+])
+def test_bad_pruning_options_are_clear_errors(toy_store, tmp_path, given, message):
+    from fedcache.api import grid
+
+    with pytest.raises(ConfigError, match=message):
+        grid(**{**kw(toy_store, tmp_path / "e"), **given})
+
+
+def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path):
+    from typer.testing import CliRunner
+
+    from fedcache.cli import app
+
+    toml = tmp_path / "grid.toml"
+    toml.write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = ["{BACKBONE}"]\nmethods = ["fedavg"]\n'
+                    f'out = "{tmp_path / "t"}"\nselect = ["lr"]\nprune = "halving"\nreduction_factor = 2\n'
+                    '[set]\npartition = "iid"\nclients = 2\nsubsample = 0.5\nrounds = 4\nlr = ["0.001", "0.01", "0.1"]\n')
+    got = CliRunner().invoke(app, ["grid", "--config", str(toml)])
+    assert got.exit_code == 0, got.output
+    assert "successive halving (reduction factor 2)" in got.output and "candidates kept" in got.output
+    cli = CliRunner().invoke(app, ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
+                                   "--partition", "iid", "--clients", "2", "--subsample", "0.5", "--rounds", "4",
+                                   "--set", "lr=0.001,0.01,0.1", "--select", "lr", "--prune", "halving",
+                                   "--reduction-factor", "2", "-o", str(tmp_path / "c")])
+    assert cli.exit_code == 0, cli.output
+    assert selection(tmp_path / "c")["choices"] == selection(tmp_path / "t")["choices"]
+    shutil.rmtree(tmp_path / "c")
