@@ -18,6 +18,7 @@ from rich.markup import escape
 
 import fedcache
 from fedcache.cli import GRID_HOW, GRID_OWN, GRID_SKIPS, app, main
+from fedcache.cli.threads import PROCESS_OPTIONS
 from fedcache.config import Range, fields_of
 from fedcache.errors import ConfigError
 from fedcache.federate.methods import METHODS, MethodContext
@@ -45,7 +46,7 @@ def _spec_flags(o) -> set[str]:
 
 def test_every_train_option_comes_from_the_spec():
     params = {p.name: p for p in _command("train").params}
-    assert set(params) == {o.name for o in options()}
+    assert set(params) == {o.name for o in options()} | set(PROCESS_OPTIONS)  # --threads: the process's, no run option
     for o in options():
         p = params[o.name]
         assert _flags(p) == _spec_flags(o), o.name
@@ -78,7 +79,7 @@ def test_api_and_cli_take_the_same_names():
     cli = {p.name for p in _command("train").params}
     explicit = {n for n, p in inspect.signature(fedcache.train).parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD}
     assert explicit - {"on_round"} <= cli
-    for name in cli - explicit:  # every other CLI name is a keyword of fedcache.train (built by RunSpec.of)
+    for name in cli - explicit - set(PROCESS_OPTIONS):  # every other CLI name is a keyword of fedcache.train (built by RunSpec.of)
         assert is_option(name)
     with pytest.raises(ConfigError, match=r"unknown option\(s\) colour"):
         fedcache.train("nowhere.zarr", "test-toy", "b", "fedavg", colour="red")

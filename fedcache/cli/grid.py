@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console
+from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.spec import grid_options, options
 
 
@@ -26,7 +27,7 @@ GRID_HOW = ("track", "keep_checkpoints", "device")  # how every cell runs: one v
 
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
           method: Optional[str], settings: List[str], seeds: Optional[str], jobs: Optional[int], out: Optional[Path],
-          select: Optional[str], **train_options) -> None:
+          select: Optional[str], threads: Optional[int], **train_options) -> None:
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv
     and table.md. Every `train` option is accepted; v1,v2,... makes it an axis, e.g.
     `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
@@ -46,7 +47,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
                      keep_checkpoints=how["keep_checkpoints"], device=how["device"], **engine)
     trained = []
     t0 = time.perf_counter()
-    with _progress(TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")) as progress:
+    columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
+    with threads_for(threads, workers=_workers(spec)), _progress(*columns) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
@@ -64,6 +66,16 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 
+def _workers(spec) -> int:
+    """The worker processes the grid's cells train in (none on a GPU); the device is checked first, as a run checks
+    it, so that a bad one is a one-line error here too."""
+    from fedcache.grids.processes import jobs_of
+    from fedcache.spec import EngineSpec
+
+    EngineSpec(device=spec.device)
+    return jobs_of(spec)
+
+
 def _grid_signature() -> inspect.Signature:
     """grid's own options, then every other run-spec option (every `train` option) as an optional axis
     (text, split on commas)."""
@@ -78,6 +90,7 @@ def _grid_signature() -> inspect.Signature:
         ("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes, one torch thread each. \\[default: 1]")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Grid directory: cells/, results.csv, table.md. Re-running skips finished cells.")),
         ("select", Optional[str], typer.Option(None, "--select", help="Axes to tune, e.g. lr: chosen per method and setting on the validation split (spare training rows), then run once on the test split.")),
+        ("threads", Optional[int], threads_option()),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
     for o in grid_options():  # grid's own options that the spec declares
@@ -122,6 +135,7 @@ def reproduce(
     data_root: Optional[Path] = typer.Option(None, help="Where the paper datasets live on disk."),
     weights: List[str] = typer.Option([], "--weights", help="NAME=PATH: load this backbone from a checkpoint (repeatable)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Grid worker processes."),
+    threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Reproduce a paper's table: extract, run the grids, report with the paper's numbers beside fedcache's."""
     from fedcache import reproduce as rp
@@ -143,6 +157,6 @@ def reproduce(
     console.print(table)
     if dry_run:
         return
-    with _progress() as progress:
+    with threads_for(threads), _progress() as progress:
         html = rp.reproduce(p, store, out or Path("runs") / preset, data_root, w, jobs, ExtractProgress(progress))
     console.print(f"report: {html}")

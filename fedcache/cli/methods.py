@@ -10,6 +10,7 @@ import typer.main
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, _spec_params, console
+from fedcache.cli.threads import threads_for, threads_param
 from fedcache.errors import ConfigError
 from fedcache.spec import RunSpec, options
 
@@ -71,10 +72,11 @@ def _method_commands(taken: set[str]) -> dict:
 def _method_command(mc, method: str):
     """A method's command: the run-spec options it names (with its defaults) and its own options; the method
     is its owner."""
-    def run(**given) -> None:
+    def run(threads: int | None = None, **given) -> None:
         extra = {o.name: given.pop(o.name) for o in mc.extra}
-        for line in mc.function()(RunSpec.of(method=method, **given), **extra):
-            console.print(line, highlight=False)
+        with threads_for(threads):
+            for line in mc.function()(RunSpec.of(method=method, **given), **extra):
+                console.print(line, highlight=False)
 
     params = _spec_params([o for o in options() if o.name in mc.spec_options])
     for p in params:
@@ -82,7 +84,7 @@ def _method_command(mc, method: str):
             p.default.default = mc.defaults[p.name]
     params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.type if o.default is ... else Optional[o.type],
                                  default=typer.Option(o.default, *(o.flags or (f"--{o.name.replace('_', '-')}",)), help=o.help))
-               for o in mc.extra]
+               for o in mc.extra] + [threads_param()]
     run.__signature__ = inspect.Signature(params)
     sub = typer.Typer(add_completion=False)
     sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS, epilog=f"Example: {mc.example}" if mc.example else None)(run)

@@ -16,6 +16,7 @@ from fedcache.cli.extract import backbones, datasets, extract
 from fedcache.cli.grid import _grid, report, reproduce
 from fedcache.cli.methods import _method_commands, methods
 from fedcache.cli.store import store_app
+from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError
@@ -112,6 +113,7 @@ INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks."""
+    mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
     logging.basicConfig(level=os.environ.get("FEDCACHE_LOG", "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
     debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
     try:

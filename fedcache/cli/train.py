@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
 from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console
+from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import RunSpec, options
 
@@ -22,12 +23,13 @@ def demo(
                                   help="Backbones to extract and fuse (several: FedPCL's setting)."),
     rounds: int = typer.Option(50, help="Federated rounds per method."),
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Where the runs and report.html go."),
+    threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """The main job on the embedded default: extract digits5-offline, probe it, compare methods, write the report."""
     from fedcache.demo import DATASET, run_demo
 
     t0 = time.perf_counter()
-    with _progress() as progress:
+    with threads_for(threads), _progress() as progress:
         res = run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
     warn = " [yellow](RANDOM WEIGHTS)[/]" if res.random_weights else ""
     fused = "+".join(b.removeprefix("efficientnet-") for b in res.backbones)
@@ -47,10 +49,11 @@ def demo(
     console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
 
 
-def train(**given) -> None:
+def train(threads: int | None = None, **given) -> None:
     """Federated rounds on cached features."""
     spec = RunSpec.of(**given)
-    summary, how = ENGINES[spec.engine.name](spec)
+    with threads_for(threads):
+        summary, how = ENGINES[spec.engine.name](spec)
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
     console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
 
@@ -76,7 +79,7 @@ def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
 
 
 ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}  # the names of spec.EngineSpec.name
-_signed(train, _spec_params(options()))
+_signed(train, _spec_params(options()) + [threads_param()])
 
 
 def _result_line(s: dict) -> str:
