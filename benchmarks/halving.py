@@ -10,6 +10,7 @@ candidate's numbers are its full run's, so the replay must choose what the prune
     .venv/bin/python benchmarks/halving.py [--store PATH] [--grid worked|wide|both] [--trials 2] [--jobs 2]
     .venv/bin/python benchmarks/halving.py --replay DIR [--reduction-factor 3] [--min-rounds N]
         # what halving would have chosen on a finished full --select grid in DIR, without training anything
+    .venv/bin/python benchmarks/halving.py --from-dirs DIR   # the results of a run's --keep DIR (one stopped early too)
     .venv/bin/python benchmarks/halving.py --render     # the section of docs/performance.md
 
 "worked": docs/getting-started.md's grid (fedavg, fedprox, fedproto x alpha {0.1, 1} x lr {1e-3, 1e-2}, 10 clients,
@@ -21,8 +22,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -32,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write  # noqa: E402
 
+log = logging.getLogger("benchmarks.halving")
 RESULT = Path(__file__).resolve().parent / "results" / "halving.json"
 DATA = ("digits5-offline", "efficientnet-lite0")
 BASE = {"partition": ["dirichlet"], "clients": ["10"], "subsample": ["0.8"]}
@@ -55,15 +59,22 @@ def _features(store: Path, data: tuple[str, str]) -> None:
 
 
 def run_arm(arm: str, store: Path, data, grid, out: Path, jobs: int, eta: int, min_rounds: int | None,
-            plans: list[str]) -> float:
+            plans: list[str]) -> tuple[float, float]:
+    """Its wall time and CPU time (this process and its finished workers: on a shared machine the CPU time
+    is what the other sessions' load disturbs least)."""
     import fedcache
 
     methods, sweep, seeds = grid
     prune = {"prune": "halving", "reduction_factor": eta, "min_rounds": min_rounds} if arm == "halving" else {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     fedcache.grid(store=store, dataset=data[0], backbones=data[1], methods=methods, sweep=sweep, seeds=seeds, out=out,
                   jobs=jobs, select=["lr"], on_plan=plans.append, **prune)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
+
+
+def _cpu() -> float:
+    use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in use)
 
 
 def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds: int | None, tiny: bool = False,
@@ -71,6 +82,7 @@ def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds
     data, grid = (TINY_DATA, TINY) if tiny else (DATA, GRIDS[name])
     _features(store, data)
     walls: dict[str, list[float]] = {a: [] for a in ARMS}
+    cpus: dict[str, list[float]] = {a: [] for a in ARMS}
     plans: dict[str, list[str]] = {a: [] for a in ARMS}
     out: dict = {"grid": {"methods": grid[0], "sweep": grid[1], "seeds": grid[2]}, "trials": trials,
                  "load_average_at_start": os.getloadavg()}
@@ -79,16 +91,46 @@ def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds
         for t in range(trials):
             for arm in ARMS if t % 2 == 0 else ARMS[::-1]:
                 said = plans[arm] if t == 0 else []
-                walls[arm].append(round(run_arm(arm, store, data, grid, Path(tmp) / f"{arm}-{t}", jobs, eta, min_rounds, said), 1))
-        full, pruned = Path(tmp) / "full-0", Path(tmp) / "halving-0"
-        out["choices"] = compare(full, pruned)
-        out["replay_matches_pruned_grid"] = replay_choices(full, eta, min_rounds) == chosen(pruned)
-        out["validation_rounds"] = _rounds_caption(pruned)
-    out["wall_seconds"], out["plans"] = walls, plans
-    out["full_over_halving_per_trial"] = [round(f / h, 2) for f, h in zip(walls["full"], walls["halving"])]
-    out["full_over_halving"] = round(statistics.median(walls["full"]) / statistics.median(walls["halving"]), 2)
-    out["reduction_factor"], out["min_rounds"] = eta, min_rounds
+                wall, cpu = run_arm(arm, store, data, grid, Path(tmp) / f"{arm}-{t}", jobs, eta, min_rounds, said)
+                walls[arm].append(round(wall, 1))
+                cpus[arm].append(round(cpu, 1))
+                log.info("%s grid, trial %d, %s: %.1f s, %.1f s of CPU", name, t, arm, wall, cpu)
+        out.update(summarize(Path(tmp), walls, eta, min_rounds))
+        out["cpu_seconds"] = cpus
+        out["cpu_full_over_halving_per_trial"] = [round(f / h, 2) for f, h in zip(cpus["full"], cpus["halving"])]
+    out["plans"] = plans
     return out
+
+
+def summarize(tmp: Path, walls: dict[str, list[float]], eta: int, min_rounds: int | None) -> dict:
+    """The ratios of the trials that both arms finished, and the choices of the first trial's grids."""
+    n = min(len(walls["full"]), len(walls["halving"]))
+    full, pruned = tmp / "full-0", tmp / "halving-0"
+    return {"choices": compare(full, pruned), "replay_matches_pruned_grid": replay_choices(full, eta, min_rounds) == chosen(pruned),
+            "validation_rounds": _rounds_caption(pruned), "wall_seconds": walls,
+            "full_over_halving_per_trial": [round(f / h, 2) for f, h in zip(walls["full"][:n], walls["halving"][:n])],
+            "full_over_halving": round(statistics.median(walls["full"][:n]) / statistics.median(walls["halving"][:n]), 2),
+            "reduction_factor": eta, "min_rounds": min_rounds}
+
+
+def from_dirs(keep: Path, eta: int, min_rounds: int | None) -> dict:
+    """A run's kept grids (--keep DIR), measured from their files: an arm's time is from its first file written
+    to its last (the test stage's table.md); an arm cut off before its end does not count. For a run stopped
+    before its last trial: the trials both arms finished, and their choices, are kept."""
+    grids = {}
+    for d in sorted(p for p in keep.iterdir() if p.is_dir()):
+        walls = {a: [] for a in ARMS}
+        for t in range(len(list(d.iterdir()))):
+            for arm in ARMS:
+                end = d / f"{arm}-{t}" / "test" / "table.md"
+                if end.exists():
+                    start = min(f.stat().st_mtime for f in (d / f"{arm}-{t}").rglob("*") if f.is_file())
+                    walls[arm].append(round(end.stat().st_mtime - start, 1))
+        if walls["full"] and walls["halving"]:
+            grid = json.loads((d / "full-0" / "grid.json").read_text())
+            grids[d.name] = {"grid": {k: grid.get(k) for k in ("methods", "sweep", "seeds")}, "trials": len(walls["full"]),
+                             "timed_from": "the files' modification times", **summarize(d, walls, eta, min_rounds)}
+    return grids
 
 
 def chosen(grid_dir: Path) -> dict[str, str]:
@@ -199,11 +241,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="a 6-cell grid of 4 rounds on test-toy: checks the script, measures nothing")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--keep", type=Path, default=None, help="keep the grids under this directory (for --replay)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the grids under this directory (for --replay, --from-dirs)")
+    ap.add_argument("--from-dirs", type=Path, default=None,
+                    help="a run's --keep directory: its results from the grids there (also of a run stopped early)")
     a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = a.out or RESULT
     if a.render:
         print(render(json.loads(out.read_text())))
+        return
+    if a.from_dirs:
+        write({"grids": from_dirs(a.from_dirs, a.reduction_factor, a.min_rounds),
+               "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}, out)
         return
     if a.replay:
         print(json.dumps(replay_choices(a.replay, a.reduction_factor, a.min_rounds), indent=1))

@@ -106,10 +106,17 @@ def test_scale_from_a_store_of_real_features(tmp_path):
 
 def test_halving_against_the_full_select_grid(tmp_path):
     out = tmp_path / "halving.json"
-    bench("halving").main(["--tiny", "--trials", "1", "--jobs", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    keep = tmp_path / "kept"
+    bench("halving").main(["--tiny", "--trials", "1", "--jobs", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out),
+                           "--keep", str(keep)])
     res = json.loads(out.read_text())["grids"]["tiny"]
     assert res["replay_matches_pruned_grid"] is True and res["choices"]["of"] == 1
     assert res["full_over_halving"] > 0 and "validation rounds" in res["validation_rounds"]
+    assert all(c > 0 for c in res["cpu_seconds"]["full"] + res["cpu_seconds"]["halving"])
+    # The kept grids give the same choices again, timed from their files (a run stopped early is not lost).
+    bench("halving").main(["--from-dirs", str(keep), "--out", str(tmp_path / "again.json")])
+    again = json.loads((tmp_path / "again.json").read_text())["grids"]["tiny"]
+    assert again["choices"] == res["choices"] and again["trials"] == 1 and again["full_over_halving"] > 0
 
 
 def test_grid_speed_stacking_comparison_runs(tmp_path):
