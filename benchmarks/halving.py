@@ -184,8 +184,28 @@ def _rounds_caption(pruned: Path) -> str:
 def replay_choices(full: Path, eta: int = 3, min_rounds: int | None = None) -> dict[str, str]:
     """What --prune halving chooses, from a finished full --select grid's validation curves (each candidate's
     score at a rung is its mean over seeds of the mean over clients at that round)."""
-    from fedcache.grids.halving import rungs
+    return {group: r["choice"] for group, r in _replay(_curves(full), eta, min_rounds).items()}
 
+
+def replay(full: Path, eta: int = 3, min_rounds: int | None = None) -> dict:
+    """The replay against the full grid: per group both choices and, where they differ, how far below the full
+    grid's choice the pruned one scores on validation at the last round, in the seeds' standard deviations of the
+    full grid's choice; and the share of the full grid's validation rounds the pruned grid trains."""
+    curves, best = _curves(full), chosen(full)
+    played, groups = _replay(curves, eta, min_rounds), []
+    for group, r in played.items():
+        by_lr, last = curves[group], r["rounds"]
+        own = [statistics.mean(s[last]["per_client"]) for s in by_lr[best[group]]]
+        gap = (statistics.mean(own) - _mean_at(by_lr[r["choice"]], last)) / statistics.stdev(own)
+        groups.append({"group": group, "full": best[group], "halving": r["choice"], "rungs": r["rungs"],
+                       "below_full_in_stds": round(gap, 2)})
+    share = sum(r["trained"] for r in played.values()) / sum(len(curves[g]) * r["rounds"] for g, r in played.items())
+    return {"reduction_factor": eta, "min_rounds": min_rounds, "same": sum(g["full"] == g["halving"] for g in groups),
+            "of": len(groups), "validation_rounds_share": round(share, 3), "groups": groups}
+
+
+def _curves(full: Path) -> dict[str, dict[str, list[dict]]]:
+    """Group -> lr -> each seed's metrics lines by round."""
     curves: dict[str, dict[str, list[dict]]] = {}
     for cell in sorted((full / "validation" / "cells").iterdir()):
         meta = json.loads((cell / "cell.json").read_text())
@@ -194,17 +214,24 @@ def replay_choices(full: Path, eta: int = 3, min_rounds: int | None = None) -> d
         group = " ".join([f"method={meta['method']}"] + [f"{k}={v}" for k, v in setting.items()])
         lines = {l["round"]: l for l in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())}
         curves.setdefault(group, {}).setdefault(lr, []).append(lines)
+    return curves
+
+
+def _replay(curves: dict, eta: int, min_rounds: int | None) -> dict[str, dict]:
+    from fedcache.grids.halving import rungs
+
     out = {}
     for group, by_lr in curves.items():
         rounds = max(max(s) for seeds in by_lr.values() for s in seeds)
-        alive = list(by_lr)
-        for r in rungs(rounds, len(alive), eta, min_rounds) + [rounds]:
+        alive, cuts, trained, done = list(by_lr), rungs(rounds, len(by_lr), eta, min_rounds), 0, 0
+        for r in cuts + [rounds]:
+            trained, done = trained + len(alive) * (r - done), r
             score = {lr: _mean_at(by_lr[lr], r) for lr in alive}
             ranked = sorted((lr for lr in alive if score[lr] is not None), key=lambda lr: -score[lr])
             alive = [lr for lr in alive if lr in ranked[:1 if r == rounds else math.ceil(len(alive) / eta)]]
             if len(alive) <= 1:
                 break
-        out[group] = alive[0]
+        out[group] = {"choice": alive[0], "rounds": rounds, "rungs": cuts, "trained": trained}
     return out
 
 
@@ -255,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}, out)
         return
     if a.replay:
-        print(json.dumps(replay_choices(a.replay, a.reduction_factor, a.min_rounds), indent=1))
+        print(json.dumps(replay(a.replay, a.reduction_factor, a.min_rounds), indent=1))
         return
     names = ["tiny"] if a.tiny else ["worked", "wide"] if a.grid == "both" else [a.grid]
     res = {"grids": {n: measure(n, a.store, a.jobs, a.trials, a.reduction_factor, a.min_rounds, a.tiny, a.keep) for n in names},

@@ -117,6 +117,8 @@ def test_halving_against_the_full_select_grid(tmp_path):
     bench("halving").main(["--from-dirs", str(keep), "--out", str(tmp_path / "again.json")])
     again = json.loads((tmp_path / "again.json").read_text())["grids"]["tiny"]
     assert again["choices"] == res["choices"] and again["trials"] == 1 and again["full_over_halving"] > 0
+    played = bench("halving").replay(keep / "tiny" / "full-0")
+    assert played["of"] == 1 and played["same"] == (res["choices"]["same"] == 1) and 0 < played["validation_rounds_share"] < 1
 
 
 def test_grid_speed_stacking_comparison_runs(tmp_path):
