@@ -167,9 +167,12 @@ def run_workload(name: str, store: Path, data: tuple[str, str], trials: int, tin
     for _ in range(trials):
         waited = wait_for_quiet(*quiet)
         runs.append({**timed_train(args), "waited_for_quiet": waited})
-    med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
-    return {"train_options": opts, "runs": runs, "median_wall_seconds": round(med("wall_seconds"), 2),
-            "median_rounds_per_second": round(med("rounds_per_second"), 1), "median_accuracy": med("mean_accuracy")}
+    def med(key: str) -> float | None:  # None where no run could say it (rounds quicker than the summary's 0.01 s)
+        values = [r[key] for r in runs if r[key] is not None]
+        return round(statistics.median(values), 2) if values else None
+
+    return {"train_options": opts, "runs": runs, "median_wall_seconds": med("wall_seconds"),
+            "median_rounds_per_second": med("rounds_per_second"), "median_accuracy": med("mean_accuracy")}
 
 
 def measure(a: argparse.Namespace, store: Path, tmp: Path) -> dict:

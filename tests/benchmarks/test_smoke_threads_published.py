@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -63,7 +64,10 @@ def test_published_runs_both_workloads(tmp_path):
     assert set(res) == {"flute-lr-mnist", "pfl-cifar10"}
     for r in res.values():
         (run,) = r["runs"]
-        assert run["threads"] == 1 and run["rounds"] == 3 and r["median_wall_seconds"] > 0
+        # The command picks its threads by the cores other work leaves free: one on a busy machine,
+        # torch's default on an idle one (CI), so only the range is fixed here.
+        assert 1 <= run["threads"] <= (os.cpu_count() or 1)
+        assert run["rounds"] == 3 and r["median_wall_seconds"] > 0
     assert res["flute-lr-mnist"]["published"]["figures"]["FLUTE (Gloo), CPU"] == 200.0
     assert "10 images per class" in res["pfl-cifar10"]["data"]
     table = published.render(out)
