@@ -127,3 +127,10 @@ def test_grid_speed_stacking_comparison_runs(tmp_path):
     bench("grid_speed").main(["--tiny", "--stacking", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
     res = json.loads(out.read_text())["result"]
     assert res["cells_differing"]["differing"] == 0 and len(res["by_draws_over_across_per_trial"]) == 1
+
+
+def test_device_context_comparison_runs(tmp_path):
+    out = tmp_path / "device_context.json"
+    bench("device_context").main(["--tiny", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert all(r["same_accuracy"] and r["context_over_none"] > 0 for r in res.values())
