@@ -129,8 +129,22 @@ def from_dirs(keep: Path, eta: int, min_rounds: int | None) -> dict:
         if walls["full"] and walls["halving"]:
             grid = json.loads((d / "full-0" / "grid.json").read_text())
             grids[d.name] = {"grid": {k: grid.get(k) for k in ("methods", "sweep", "seeds")}, "trials": len(walls["full"]),
-                             "timed_from": "the files' modification times", **summarize(d, walls, eta, min_rounds)}
+                             "timed_from": "the files' modification times", **summarize(d, walls, eta, min_rounds),
+                             "replays": frontier(d / "full-0", eta)}
     return grids
+
+
+def frontier(full: Path, eta: int) -> list[dict]:
+    """The replay with the first cut at the default round and at 1/5 ... 1/2 of the rounds: the share of
+    validation rounds each trains against how often it chooses what the full grid chose."""
+    rounds = int(json.loads((full / "grid.json").read_text())["sweep"]["rounds"][0])
+    out = []
+    for first in (None, *sorted({max(1, round(rounds * f)) for f in (0.2, 0.3, 0.4, 0.5)})):
+        r = replay(full, eta, first)
+        out.append({k: r[k] for k in ("min_rounds", "same", "of", "validation_rounds_share")}
+                   | {"rungs": sorted({tuple(g["rungs"]) for g in r["groups"]}),
+                      "most_below_full_in_stds": max(g["below_full_in_stds"] for g in r["groups"])})
+    return out
 
 
 def chosen(grid_dir: Path) -> dict[str, str]:
@@ -242,17 +256,29 @@ def _mean_at(seeds: list[dict], r: int) -> float | None:
 
 
 # ---- the docs section ---------------------------------------------------------------------------------
+def _short(group: str) -> str:
+    """A group by what varies between the benchmark's groups: the method and alpha."""
+    return " ".join(t.split("=", 1)[1] if t.startswith("method=") else t for t in group.split() if t.split("=")[0] in ("method", "alpha"))
+
+
 def render(res: dict) -> str:
     lines = ["| grid | cells (validation) | full / halving wall time (per trial) | same choice | where different: test accuracy, full vs halving |",
              "|---|---|---|---|---|"]
     for name, r in res["grids"].items():
         g = r["grid"]
         n = len(g["methods"]) * math.prod(len(v) for v in g["sweep"].values()) * len(g["seeds"])
-        diff = "; ".join(f"{d['group']}: lr {d['full']} {d['full_test'][0]:.2f} ± {d['full_test'][1]:.2f} vs lr {d['halving']} "
+        diff = "; ".join(f"{_short(d['group'])}: lr {d['full']} {d['full_test'][0]:.2f} ± {d['full_test'][1]:.2f} vs lr {d['halving']} "
                          f"{d['halving_test'][0]:.2f} ± {d['halving_test'][1]:.2f}" for d in r["choices"]["groups"] if not d["same"]) or "-"
         per = ", ".join(f"{x:.2f}" for x in r["full_over_halving_per_trial"])
         lines.append(f"| {name} | {n} | **{r['full_over_halving']:.2f}x** ({per}) | {r['choices']['same']} of "
                      f"{r['choices']['of']} groups | {diff} |")
+    for name, r in res["grids"].items():
+        if r.get("replays"):
+            lines += ["", f"The {name} grid replayed (first cut; validation rounds trained; same choice as the full grid; the "
+                      "furthest a different choice scores below the full grid's, in its seeds' standard deviations):", "",
+                      "| first cut | cuts | validation rounds | same choice | furthest below |", "|---|---|---|---|---|"]
+            lines += [f"| {p['min_rounds'] or 'default'} | {', '.join(map(str, p['rungs'][0]))} | {100 * p['validation_rounds_share']:.0f}% "
+                      f"| {p['same']} of {p['of']} | {p['most_below_full_in_stds']:.2f} |" for p in r["replays"]]
     return "\n".join(lines)
 
 
