@@ -126,8 +126,10 @@ def cifar10_tree(source: Path, tmp: Path, per_class: int | None) -> Path:
             target.write_bytes(image.read_bytes())
         return root
     with tarfile.open(source) as tar:
-        members = sorted((m for m in tar.getmembers() if m.isfile() and len(Path(m.name).parts) == 3), key=lambda m: m.name)
-        members = _first(members, per_class, lambda m: Path(m.name).parent)
+        files = [m for m in tar.getmembers() if m.isfile() and len(Path(m.name).parts) == 3]
+        kept = {m.name for m in _first(sorted(files, key=lambda m: m.name), per_class, lambda m: Path(m.name).parent)}
+        # In the archive's order: a gzip stream cannot seek back, so each member out of order reads it from the start.
+        members = [m for m in files if m.name in kept]
         tar.extractall(root, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return root
 
