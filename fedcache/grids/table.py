@@ -28,7 +28,8 @@ def grid_caption(spec: GridSpec) -> str:
 
 def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "", beside: list[str] = ()) -> str:
     """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best mean of each
-    column in bold. Settings with one value across the grid go to the caption, not the column labels.
+    column in bold where the column holds two methods or more. Settings with one value across the grid go to
+    the caption, not the column labels.
     ``beside``: settings shown next to each result instead of as columns (values chosen per cell)."""
     rows = table.to_records()
     if not rows:
@@ -45,7 +46,9 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
             if vals:
                 std = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")  # sample std, as the papers print
                 stats[m, col] = (float(np.mean(vals)), std, len(vals))
-    best = {col: max((s[0] for (m, c), s in stats.items() if c == col), default=None) for col in columns}
+    # A best only where a column compares two methods or more: a lone result is nobody's winner.
+    means = {col: [s[0] for (m, c), s in stats.items() if c == col] for col in columns}
+    best = {col: max(v) if len(v) > 1 else None for col, v in means.items()}
     lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for m in methods:
@@ -58,7 +61,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
             text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
             chosen = next((r for r in rows if r["method"] == m and label(r) == col), {})
             text += "".join(f", {k}={chosen[k]}" for k in beside if k in chosen)
-            cells_.append(f"**{text}**" if np.isclose(mean, best[col]) else text)
+            cells_.append(f"**{text}**" if best[col] is not None and np.isclose(mean, best[col]) else text)
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     return "\n".join(lines)
 

@@ -13,3 +13,12 @@ def test_table_marks_the_best_mean_of_each_column():
     assert "| a | 55.00 (7.07) | **85.00 (7.07)** |" in md  # sample std (ddof=1) over seeds, as the papers print
     assert "| b | **70.00 (0.00)** | 15.00 (7.07) |" in md
     assert "sample std, ddof=1" in md
+
+
+def test_a_column_of_one_method_has_no_best():
+    rows = [{"method": "a", "lr": lr, "seed": 0, "mean_accuracy": acc} for lr, acc in [("1", 50.0), ("2", 60.0)]]
+    rows += [{"method": "b", "lr": "1", "seed": 0, "mean_accuracy": 40.0}]
+    md = summary_markdown(Table(rows))
+    assert "| a | **50.00 (one seed)** | 60.00 (one seed) |" in md  # lr=2: a alone, nothing to beat
+    assert "| b | 40.00 (one seed) | - |" in md
+    assert "**" not in summary_markdown(Table(rows[:2]))  # one method: no column compares anything
