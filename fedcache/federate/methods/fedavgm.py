@@ -36,11 +36,16 @@ class FedAvgM(FedAvg):
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
         """v <- beta v + (w - average); w <- w - server_lr v, over the trainable tensors. BatchNorm running
-        statistics take the plain average: a momentum step could overshoot a variance below zero."""
+        statistics take the plain average: a momentum step could overshoot a variance below zero. With beta = 0
+        and server_lr = 1 the step lands on the average itself, FedAvg's head to the bit (w - (w - average)
+        rounds away from it), as Flower's FedAvgM returns the plain average when there is no server optimizer."""
         model = self.broadcast(server, rnd)
         average = super().aggregate(model, result, clients, rnd)
+        plain = self.p.server_momentum == 0 and self.p.server_lr == 1
         out = dict(average)
         for n in self.trainable(model):
             v = self.p.server_momentum * server[MOMENTUM + n] + (model[n] - average[n])
-            out[n], out[MOMENTUM + n] = model[n] - self.p.server_lr * v, v
+            out[MOMENTUM + n] = v
+            if not plain:
+                out[n] = model[n] - self.p.server_lr * v
         return out
