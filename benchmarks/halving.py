@@ -211,11 +211,37 @@ def replay(full: Path, eta: int = 3, min_rounds: int | None = None) -> dict:
         by_lr, last = curves[group], r["rounds"]
         own = [statistics.mean(s[last]["per_client"]) for s in by_lr[best[group]]]
         gap = (statistics.mean(own) - _mean_at(by_lr[r["choice"]], last)) / statistics.stdev(own)
+        behind = [t for t in range(1, last + 1) if _lower(by_lr, best[group], r["choice"], t)]
         groups.append({"group": group, "full": best[group], "halving": r["choice"], "rungs": r["rungs"],
-                       "below_full_in_stds": round(gap, 2)})
+                       "below_full_in_stds": round(gap, 2), "full_choice_behind_until": max(behind, default=None)})
     share = sum(r["trained"] for r in played.values()) / sum(len(curves[g]) * r["rounds"] for g, r in played.items())
     return {"reduction_factor": eta, "min_rounds": min_rounds, "same": sum(g["full"] == g["halving"] for g in groups),
-            "of": len(groups), "validation_rounds_share": round(share, 3), "groups": groups}
+            "of": len(groups), "validation_rounds_share": round(share, 3), "groups": groups,
+            "full_grid_without_one_seed": without_one_seed(curves)}
+
+
+def _lower(by_lr: dict, a: str, b: str, r: int) -> bool:
+    """Whether ``a`` scores below ``b`` on validation at round ``r`` (both evaluated there)."""
+    sa, sb = _mean_at(by_lr[a], r), _mean_at(by_lr[b], r)
+    return sa is not None and sb is not None and sa < sb
+
+
+def without_one_seed(curves: dict) -> dict:
+    """How often the full grid itself chooses the same value when one of its seeds is left out: the noise floor
+    of "the same choice" (a pruned grid can hardly agree with the full grid more than the full grid agrees with
+    itself on other seeds)."""
+    groups = {}
+    for group, by_lr in curves.items():
+        n, last = len(next(iter(by_lr.values()))), max(max(s) for seeds in by_lr.values() for s in seeds)
+
+        def choice(keep):
+            scored = {lr: _mean_at([by_lr[lr][i] for i in keep], last) for lr in by_lr}
+            return max((lr for lr in by_lr if scored[lr] is not None), key=lambda lr: scored[lr])
+        full = choice(range(n))
+        groups[_short(group)] = {"all_seeds": full, "each_left_out": [choice([i for i in range(n) if i != out]) for out in range(n)]}
+    agree = [c == g["all_seeds"] for g in groups.values() for c in g["each_left_out"]]
+    return {"groups_where_every_subset_agrees": sum(all(c == g["all_seeds"] for c in g["each_left_out"]) for g in groups.values()),
+            "of": len(groups), "subsets_agreeing": round(sum(agree) / len(agree), 3), "groups": groups}
 
 
 def _curves(full: Path) -> dict[str, dict[str, list[dict]]]:

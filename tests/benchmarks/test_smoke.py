@@ -119,6 +119,9 @@ def test_halving_against_the_full_select_grid(tmp_path):
     assert again["choices"] == res["choices"] and again["trials"] == 1 and again["full_over_halving"] > 0
     played = bench("halving").replay(keep / "tiny" / "full-0")
     assert played["of"] == 1 and played["same"] == (res["choices"]["same"] == 1) and 0 < played["validation_rounds_share"] < 1
+    alone = played["full_grid_without_one_seed"]  # seeds 0 and 1: each grid of one seed beside the full grid's choice
+    assert "full_choice_behind_until" in played["groups"][0]
+    assert alone["of"] == 1 and len(next(iter(alone["groups"].values()))["each_left_out"]) == 2
 
 
 def test_grid_speed_stacking_comparison_runs(tmp_path):
