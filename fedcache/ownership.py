@@ -140,12 +140,36 @@ def check_free(directory: Path | str, what: str, advice: str = "choose another -
 
 
 def busy(path: Path, what: str, advice: str, wait: float = 0.0) -> DirectoryBusyError:
-    holder = read_holder(path)
+    holder = _settled_holder(path)
     who = holder.describe() if holder else "another process (it is starting)"
     waited = f" (waited {wait:g} s)" if wait else ""
     stop = f"stop it (kill {holder.pid}: finished work is kept and a re-run resumes)" if holder else "stop it"
     return DirectoryBusyError(f"{what} is in use by another fedcache command{waited}: {who}; wait for it to finish, "
                               f"{stop}, or {advice}")
+
+
+def _settled_holder(path: Path, settle: float = 1.0) -> Holder | None:
+    """The holder's record once it has written it: a command that has just taken the lock writes its record a
+    moment later, and until then the file is empty or still names a killed holder before it."""
+    deadline = time.monotonic() + settle
+    while True:
+        holder = read_holder(path)
+        if (holder is not None and _may_run(holder)) or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.02)
+
+
+def _may_run(holder: Holder) -> bool:
+    """False only for a holder on this host whose process is gone."""
+    if holder.host != socket.gethostname():
+        return True
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # alive, someone else's
+    return True
 
 
 def _held_here(key: Path) -> bool:

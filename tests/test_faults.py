@@ -41,7 +41,7 @@ def _results(grid: Path) -> list[dict]:
 
 # ---- two commands on one directory -----------------------------------------------------------------------
 # Rounds enough that the first command is still running when the second has started and been refused.
-GRID_ROUNDS = {"batched": "25", "processes": "150"}
+GRID_ROUNDS = {"batched": "150", "processes": "150"}
 
 
 @pytest.mark.slow

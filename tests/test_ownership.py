@@ -37,6 +37,28 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
     assert not (tmp_path / "d" / LOCK).exists()
 
 
+def test_a_holder_that_has_not_yet_written_its_record_is_named_once_it_has(tmp_path):
+    """Two commands started together: the loser may look while the winner holds the lock but has not written who
+    it is yet (or the file still names the killed holder before it); the message waits a moment for the record."""
+    import threading
+
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / LOCK
+    path.write_text(Holder(2**22 + 12345, socket.gethostname(), "fedcache grid (killed)", "2026-01-01T00:00:00+00:00").to_text())
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    me = Holder(os.getpid(), socket.gethostname(), "fedcache grid -o d", "2026-01-01T00:00:00+00:00")
+    later = threading.Timer(0.3, lambda: (os.ftruncate(fd, 0), os.pwrite(fd, me.to_text().encode(), 0)))
+    later.start()
+    try:
+        with pytest.raises(DirectoryBusyError) as exc:
+            check_free(tmp_path / "d", "the grid directory d")
+    finally:
+        later.join()
+        os.close(fd)
+    assert f"pid {os.getpid()} on {socket.gethostname()} (`fedcache grid -o d`" in str(exc.value)
+
+
 def test_check_free_creates_nothing(tmp_path):
     check_free(tmp_path / "missing", "the run directory missing")
     assert not (tmp_path / "missing").exists()
