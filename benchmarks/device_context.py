@@ -10,6 +10,7 @@ two arms alternating, each run's final accuracies compared.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -32,17 +33,9 @@ def one(store: Path, data: tuple[str, str], options: dict, context: bool) -> tup
     import fedcache
 
     t0 = time.perf_counter()
-    with torch.device("cpu") if context else _nothing():
+    with torch.device("cpu") if context else contextlib.nullcontext():
         result = fedcache.train(store=store, dataset=data[0], backbones=data[1], **{**COMMON, **options})
     return time.perf_counter() - t0, result.summary["mean_accuracy"]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def measure(store: Path, data: tuple[str, str], trials: int, tiny: bool) -> dict:

@@ -238,10 +238,11 @@ def without_one_seed(curves: dict) -> dict:
             scored = {lr: _mean_at([by_lr[lr][i] for i in keep], last) for lr in by_lr}
             return max((lr for lr in by_lr if scored[lr] is not None), key=lambda lr: scored[lr])
         full = choice(range(n))
-        groups[_short(group)] = {"all_seeds": full, "each_left_out": [choice([i for i in range(n) if i != out]) for out in range(n)]}
+        left_out = [choice([i for i in range(n) if i != out]) for out in range(n)] if n > 1 else []  # one seed: none
+        groups[_short(group)] = {"all_seeds": full, "each_left_out": left_out}
     agree = [c == g["all_seeds"] for g in groups.values() for c in g["each_left_out"]]
     return {"groups_where_every_subset_agrees": sum(all(c == g["all_seeds"] for c in g["each_left_out"]) for g in groups.values()),
-            "of": len(groups), "subsets_agreeing": round(sum(agree) / len(agree), 3), "groups": groups}
+            "of": len(groups), "subsets_agreeing": round(sum(agree) / len(agree), 3) if agree else None, "groups": groups}
 
 
 def _curves(full: Path) -> dict[str, dict[str, list[dict]]]:

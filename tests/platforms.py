@@ -1,6 +1,6 @@
 """Which platform a test's exact numbers belong to: float arithmetic rounds differently from one torch build, CPU
-instruction set or CPU to another (an Intel and an AMD AVX-512 machine take different MKL paths), so exact records
-are kept per platform and CPU."""
+instruction set or CPU to another (an AMD EPYC rounded otherwise than the CPU of the first records, both AVX-512),
+so exact records are kept per platform and CPU."""
 from __future__ import annotations
 
 import platform

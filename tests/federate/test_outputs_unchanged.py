@@ -2,8 +2,8 @@
 ``outputs_golden.json``: refactoring the round driver must not change a number.
 
 Float arithmetic rounds differently from one CPU's kernels (AVX2, AVX-512) or torch release to another's,
-and even between CPUs of the same instruction set (an Intel and an AMD AVX-512 machine take different MKL
-paths), so the record holds, per platform and CPU it was made on, the exact bytes of every tensor, and once
+and even between CPUs of the same instruction set (an AMD EPYC against the CPU of the first record, both
+AVX-512), so the record holds, per platform and CPU it was made on, the exact bytes of every tensor, and once
 the numbers themselves (losses, accuracies, bytes, tensor sums), which every platform must reproduce to
 rounding. A run must equal, bit for bit, one of the records of its platform (torch build, instruction set,
 machine): a change of the round driver changes the bytes on every CPU at once. Add this CPU's record once its
@@ -160,6 +160,12 @@ def test_the_numbers_check_catches_a_changed_number():
     changed["history"][-1]["train_loss"] *= 1.01
     with pytest.raises(AssertionError):
         _close(changed, golden, "fedavg-fraction")
+    weight = golden["final"]["server"]["weight"]
+    for key, by in (("sum", 0.5 * math.sqrt(weight["squares"])), ("squares", 0.05 * weight["squares"])):
+        moved = json.loads(json.dumps(golden))
+        moved["final"]["server"]["weight"][key] += by  # a trained tensor moved by more than CPUs round apart
+        with pytest.raises(AssertionError):
+            _close(moved, golden, "fedavg-fraction")
     _close(json.loads(json.dumps(golden)), golden, "fedavg-fraction")
 
 
