@@ -173,6 +173,25 @@ def measure_read(store_path: Path, work: Path, trials: int) -> dict:
             "copying_read_over_page_cache_copy": ratios(times["store_read_copying"], ref)}
 
 
+def measure_mapping(store_path: Path, share: float = 0.01) -> dict:
+    """How much of the mapped features a process's RSS counts after it touches ``share`` of the rows at random (what
+    one round of 10,000 clients at 1% touches): the kernel maps the page cache's pages around each row touched
+    (large folios), so RSS can count every page of the features while a run reads a few of them."""
+    from fedcache.store.feature_store import FeatureStore
+
+    def rss_file() -> int:
+        return next(int(ln.split()[1]) * 1024 for ln in open("/proc/self/status") if ln.startswith("RssFile:"))
+
+    table = FeatureStore(store_path, create=False).read(DATASET, "train", BACKBONE)
+    n = len(table.features)
+    rows = np.sort(np.random.default_rng(0).choice(n, max(1, int(share * n)), replace=False))
+    before = rss_file()
+    touched = table.features[rows]
+    grown = rss_file() - before
+    return {"rows_touched": len(touched), "bytes_of_rows_touched": int(touched.nbytes), "feature_bytes": int(table.features.nbytes),
+            "rss_file_growth_bytes": grown, "rss_growth_over_features": round(grown / table.features.nbytes, 3)}
+
+
 def measure_format_1_read(store_path: Path, work: Path, trials: int) -> dict:
     """The test split written again as a format-1 entry (zstd, Zarr's default codec), read against the same copy."""
     from fedcache.store.feature_store import FeatureStore
@@ -397,6 +416,7 @@ def measure(size: dict, work: Path, trials: int) -> dict:
                      "npz_bytes": npz.stat().st_size}
     npz.unlink()
     res["read"] = measure_read(store, work, trials)
+    res["mapping"] = measure_mapping(store)
     res["format_1_read"] = measure_format_1_read(store, work, trials)
     shm = Path("/dev/shm")
     res["writer"] = measure_writer(store, {"disk": work, **({"tmpfs": shm} if shm.is_dir() else {})})
@@ -477,6 +497,10 @@ def render(path: Path = RESULT) -> str:
         lines.append(f"| grid peak PSS, `-j 2` ({g['jobs_2']['peak_pss_bytes'] / 1e9:.2f} GB) | the same grid, `-j 1` "
                      f"({g['jobs_1']['peak_pss_bytes'] / 1e9:.2f} GB) | {g['peak_pss_jobs_2_over_jobs_1']} |")
         lines.append(f"| grid peak PSS, `-j 2` minus `-j 1` | features' bytes | {g['growth_over_features']} |")
+    if "mapping" in res:
+        m = res["mapping"]
+        lines.append(f"| RSS counted after touching {m['rows_touched']:,} random rows ({m['bytes_of_rows_touched'] / 1e6:.0f} MB) of the "
+                     f"mapped features | features' bytes | {m['rss_growth_over_features']} |")
     lines += [
         "",
         f"Import: {res['import']['GB_per_s']} GB/s of features (the whole `fedcache store import`, child process). "

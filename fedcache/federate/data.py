@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import EntryNotFoundError, StoreError
+from fedcache.federate.partitions.core import compact_rows
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
@@ -154,8 +155,7 @@ class FederatedData:
             y_train=torch.from_numpy(train.labels.astype(np.int64)),
             x_test=torch.from_numpy(np.ascontiguousarray(test.features, dtype=np.float32)),
             y_test=torch.from_numpy(test.labels.astype(np.int64)),
-            client_train=[np.asarray(r, np.int64) for r in client_train],
-            client_test=[np.asarray(r, np.int64) for r in client_test],
+            client_train=compact_rows(client_train), client_test=compact_rows(client_test),
             class_names=train.class_names, domain_names=train.domain_names, train_domains=train.domains,
             random_weights=train.random_weights or test.random_weights, info=info,
         )

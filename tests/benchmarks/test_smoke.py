@@ -88,8 +88,9 @@ def test_scale_measures_every_ratio(tmp_path):
         assert res["train"][run]["setup_over_rounds"] > 0 and res["train"][run]["peak_rss_over_features"] > 0
     assert {"10", "100", "1000"} <= set(res["clients"]) and res["clients"]["1000"]["local_test_rows"] > 0
     assert res["grid"]["jobs_1"]["peak_pss_bytes"] > 0 and res["grid"]["jobs_2"]["peak_pss_bytes"] > 0
+    assert res["mapping"]["rows_touched"] == 60 and res["mapping"]["rss_file_growth_bytes"] >= res["mapping"]["bytes_of_rows_touched"]
     text = bench("scale").render(out)
-    assert "FeatureStore.read" in text and "| 1,000 | 60 |" in text
+    assert "FeatureStore.read" in text and "| 1,000 | 60 |" in text and "random rows" in text
 
 
 def test_scale_from_a_store_of_real_features(tmp_path):

@@ -66,7 +66,7 @@ def test_scheme_invariants(scheme):
     assert len(np.unique(everything)) == len(everything), "clients share training rows"
     assert np.array_equal(np.sort(everything), np.arange(len(TRAIN[0])))  # these requests use every row
     for rows in p.train + p.test:
-        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # sorted, no repeats within a client
+        assert rows.dtype == np.int32 and np.all(np.diff(rows) > 0)  # compact, sorted, no repeats within a client
     assert all(len(r) > 0 for r in p.test)
     assert all(r.max() < len(TEST[0]) for r in p.test)
     assert min(len(r) for r in p.train) >= 10
@@ -321,6 +321,29 @@ def test_load_refuses_a_table_missing_a_sample(store_path):
         load_partition(store, "ds", "0" * 16, table_keys(train), table_keys(test))
 
 
+def test_loading_a_block_of_keys_at_a_time_gives_the_whole_partition(store_path, monkeypatch):
+    import fedcache.federate.partitions.storage as storage
+
+    store = FeatureStore(store_path)
+    train, test = table(TRAIN), table(TEST)
+    p = part(REQUESTS["dirichlet"])
+    pid = save_partition(store, "ds", p, table_keys(train), table_keys(test))
+    monkeypatch.setattr(storage, "LOAD_BLOCK", 7)  # blocks that split clients, and a short last block
+    assert load_partition(store, "ds", pid, table_keys(train), table_keys(test)) == p
+    two_lost = table(tuple(np.r_[a[:1], a[2:9], a[10:]] for a in TRAIN))  # rows 1 and 9: the 1st and 2nd block
+    with pytest.raises(StoreError, match=f"2 train samples missing.*domain {TRAIN[1][1]}, id {TRAIN[2][1]}"):
+        load_partition(store, "ds", pid, table_keys(two_lost), table_keys(test))
+
+
+def test_client_rows_are_int32_until_a_row_needs_more():
+    from fedcache.federate.partitions.core import compact_rows
+
+    small = compact_rows([np.array([3, 1], np.int64), [], np.array([2**31 - 1])])
+    assert [r.dtype for r in small] == [np.int32] * 3 and small[2][0] == 2**31 - 1
+    wide = compact_rows([np.array([0]), np.array([2**31])])
+    assert [r.dtype for r in wide] == [np.int64] * 2 and wide[1][0] == 2**31
+
+
 def test_repeated_keys_are_refused(store_path):
     dup = (TRAIN[1].copy(), TRAIN[2].copy())
     dup[1][1] = dup[1][0]
@@ -527,7 +550,7 @@ def test_partitions_are_the_ones_made_before(name):
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense-ids", "sparse-ids"])
 def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse):
-    from fedcache.federate.partitions.storage import _rows_by_lookup, _rows_by_search
+    from fedcache.federate.partitions.storage import KeyIndex
 
     rng = np.random.default_rng(4)
     domains = np.repeat(np.arange(3), 500)
@@ -538,12 +561,13 @@ def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse
     want_d, want_i = domains[want].copy(), ids[want].copy()
     want_i[:5] = -7  # keys the table lacks
     want_d[5:10] = 9
-    by_search = _rows_by_search(domains, ids, want_d, want_i, "train")
-    by_lookup = _rows_by_lookup(domains, ids, want_d, want_i, "train")
+    by_search = KeyIndex(domains, ids, "train", dense=False).rows(want_d, want_i)
+    index = KeyIndex(domains, ids, "train")
+    by_lookup = index.rows(want_d, want_i) if index.table is not None else None
     assert (by_lookup is None) == sparse  # sparse ids would need too large a table
     np.testing.assert_array_equal(by_search[10:], want[10:])
     assert (by_search[:10] == -1).all()
     if not sparse:
         np.testing.assert_array_equal(by_lookup, by_search)
         with pytest.raises(StoreError, match="repeated"):
-            _rows_by_lookup(np.r_[domains, domains[:1]], np.r_[ids, ids[:1]], want_d, want_i, "train")
+            KeyIndex(np.r_[domains, domains[:1]], np.r_[ids, ids[:1]], "train")

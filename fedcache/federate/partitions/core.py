@@ -178,6 +178,16 @@ def _require(ok: bool, message: str) -> None:
 LATER_OPTIONS = {"class_budget": None, "local_test_mix": "client"}
 
 
+def compact_rows(clients: list) -> list[np.ndarray]:
+    """Each client's row indices as int32 where every row fits it (int64 beyond 2**31 rows): a federation of
+    10,000 clients holds about 10 million local-test indices, and their width is most of a run's working set
+    beyond the features (docs/performance.md, "A million rows and 100,000 clients")."""
+    arrays = [np.asarray(r).reshape(-1) for r in clients]
+    top = max((int(a.max()) for a in arrays if a.size), default=0)
+    dtype = np.int32 if top < 2**31 else np.int64
+    return [a.astype(dtype, copy=False) for a in arrays]
+
+
 def partition_id(request: PartitionRequest, data_hash: str) -> str:
     d = {k: v for k, v in request.to_dict().items() if k not in LATER_OPTIONS or v != LATER_OPTIONS[k]}
     return short_hash({"request": d, "data": data_hash})
@@ -186,12 +196,12 @@ def partition_id(request: PartitionRequest, data_hash: str) -> str:
 @dataclass(eq=False)
 class Partition:
     request: PartitionRequest
-    train: list[np.ndarray]  # per client, sorted int64 rows of the train table
-    test: list[np.ndarray]  # per client, sorted int64 rows of the test table
+    train: list[np.ndarray]  # per client, sorted rows of the train table (compact_rows' dtype)
+    test: list[np.ndarray]  # per client, sorted rows of the test table
 
     def __post_init__(self) -> None:
-        self.train = [np.sort(np.asarray(r, dtype=np.int64)) for r in self.train]
-        self.test = [np.sort(np.asarray(r, dtype=np.int64)) for r in self.test]
+        self.train = [np.sort(r) for r in compact_rows(self.train)]
+        self.test = [np.sort(r) for r in compact_rows(self.test)]
 
     @property
     def n_clients(self) -> int:

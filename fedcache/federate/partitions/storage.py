@@ -155,24 +155,33 @@ def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_k
         log.info("partition %s was made on other rows of %s; mapping its samples onto these tables", partition_id, dataset)
     per_split = []
     for split, keys in zip(_SPLITS, (train_keys, test_keys)):
-        domains, ids = _keys(keys, split)
-        rows = _rows_of(domains, ids, g[f"{split}_domain"][:], g[f"{split}_id"][:], split, partition_id)
+        rows = _rows_of(KeyIndex(*_keys(keys, split), split), g[f"{split}_domain"], g[f"{split}_id"], partition_id)
         offsets = g[f"{split}_offsets"][:]
         per_split.append([rows[lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:])])
     return Partition(PartitionRequest.from_dict(dict(g.attrs["request"])), per_split[0], per_split[1])
 
 
-def _rows_of(domains, ids, want_domains, want_ids, split: str, pid: str) -> np.ndarray:
-    """Row index of each wanted (domain, id) key in the table."""
-    rows = _rows_by_lookup(domains, ids, want_domains, want_ids, split)
-    if rows is None:
-        rows = _rows_by_search(domains, ids, want_domains, want_ids, split)
-    missing = np.flatnonzero(rows < 0)
-    if len(missing):
-        m = missing[0]
+LOAD_BLOCK = 1 << 20  # stored keys mapped at once: 10,000 clients' local test sets hold about 10 million
+
+
+def _rows_of(index: "KeyIndex", want_domains, want_ids, pid: str) -> np.ndarray:
+    """Row index of each wanted (domain, id) key in the table, the stored keys read a block at a time (so a
+    large partition's keys and their temporaries are never all in memory at once)."""
+    n = want_ids.shape[0]
+    rows = np.empty(n, np.int32 if len(index.ids) < 2**31 else np.int64)
+    missing, example = 0, None
+    for lo in range(0, n, LOAD_BLOCK):
+        d, i = (np.asarray(a[lo:lo + LOAD_BLOCK], np.int64) for a in (want_domains, want_ids))
+        found = index.rows(d, i)
+        lost = np.flatnonzero(found < 0)
+        if len(lost) and example is None:
+            example = (d[lost[0]], i[lost[0]])
+        missing += len(lost)
+        rows[lo:lo + len(found)] = found
+    if missing:
         raise StoreError(
-            f"partition {pid} holds {len(missing)} {split} samples missing from the given table, e.g. "
-            f"(domain {want_domains[m]}, id {want_ids[m]}); the table was read with other domains or filtered "
+            f"partition {pid} holds {missing} {index.split} samples missing from the given table, e.g. "
+            f"(domain {example[0]}, id {example[1]}); the table was read with other domains or filtered "
             "differently (e.g. --skip-bad-images): make a new partition for it"
         )
     return rows
@@ -181,38 +190,61 @@ def _rows_of(domains, ids, want_domains, want_ids, split: str, pid: str) -> np.n
 LOOKUP_SLACK = 4  # a dense table of (domain, id) -> row is used while it has at most this many slots per row
 
 
-def _rows_by_lookup(domains, ids, want_domains, want_ids, split: str) -> np.ndarray | None:
-    """Rows through a dense table indexed by (domain, id): ids are usually 0..n-1 per domain, and a gather
-    of every wanted key costs far less than searching for each. None when the ids are too sparse for it."""
+class KeyIndex:
+    """Where each (domain, id) key sits in a table: a dense table indexed by (domain, id) when ids are
+    usually 0..n-1 per domain (a gather of every wanted key costs far less than searching for each), else a
+    search of the sorted keys. Built once, asked a block of keys at a time; refuses tables whose keys repeat."""
+
+    def __init__(self, domains: np.ndarray, ids: np.ndarray, split: str, dense: bool = True) -> None:
+        self.domains, self.ids, self.split = domains, ids, split
+        self.table = _dense_table(domains, ids, split) if dense else None
+        self.order = None if self.table is not None else _sorted_keys(domains, ids, split)
+
+    def rows(self, want_domains: np.ndarray, want_ids: np.ndarray) -> np.ndarray:
+        """Row of each wanted key, -1 where the table lacks it."""
+        if self.table is not None:
+            return self._by_table(want_domains, want_ids)
+        return self._by_search(want_domains, want_ids)
+
+    def _by_table(self, want_domains, want_ids) -> np.ndarray:
+        width, n_domains = self.width
+        fits = (want_domains >= 0) & (want_domains < n_domains) & (want_ids >= 0) & (want_ids < width)
+        rows = np.full(len(want_ids), -1, self.table.dtype)
+        rows[fits] = self.table[want_domains[fits] * width + want_ids[fits]]
+        return rows
+
+    @property
+    def width(self) -> tuple[int, int]:
+        return int(self.ids.max()) + 1, int(self.domains.max()) + 1
+
+    def _by_search(self, want_domains, want_ids) -> np.ndarray:
+        order = self.order
+        sorted_d, sorted_i = self.domains[order], self.ids[order]
+        rows = np.full(len(want_ids), -1, dtype=np.int64)
+        for d in np.unique(want_domains):
+            lo, hi = np.searchsorted(sorted_d, d, "left"), np.searchsorted(sorted_d, d, "right")
+            q = np.flatnonzero(want_domains == d)
+            if hi == lo:
+                continue
+            pos = np.minimum(lo + np.searchsorted(sorted_i[lo:hi], want_ids[q]), hi - 1)
+            found = sorted_i[pos] == want_ids[q]
+            rows[q[found]] = order[pos[found]]
+        return rows
+
+
+def _dense_table(domains: np.ndarray, ids: np.ndarray, split: str) -> np.ndarray | None:
+    """(domain * width + id) -> row, or None when the ids are too sparse for it."""
     if not len(ids):
         return None
     width, n_domains = int(ids.max()) + 1, int(domains.max()) + 1
     if ids.min() < 0 or domains.min() < 0 or width * n_domains > LOOKUP_SLACK * len(ids) + 1024:
         return None
-    table = np.full(width * n_domains, -1, np.int64)
+    table = np.full(width * n_domains, -1, np.int32 if len(ids) < 2**31 else np.int64)
     slot = domains * width + ids
     table[slot] = np.arange(len(ids))
     if not np.array_equal(table[slot], np.arange(len(ids))):
         _sorted_keys(domains, ids, split)  # a key written twice: refused there, naming it
-    fits = (want_domains >= 0) & (want_domains < n_domains) & (want_ids >= 0) & (want_ids < width)
-    rows = np.full(len(want_ids), -1, np.int64)
-    rows[fits] = table[want_domains[fits] * width + want_ids[fits]]
-    return rows
-
-
-def _rows_by_search(domains, ids, want_domains, want_ids, split: str) -> np.ndarray:
-    order = _sorted_keys(domains, ids, split)
-    sorted_d, sorted_i = domains[order], ids[order]
-    rows = np.full(len(want_ids), -1, dtype=np.int64)
-    for d in np.unique(want_domains):
-        lo, hi = np.searchsorted(sorted_d, d, "left"), np.searchsorted(sorted_d, d, "right")
-        q = np.flatnonzero(want_domains == d)
-        if hi == lo:
-            continue
-        pos = np.minimum(lo + np.searchsorted(sorted_i[lo:hi], want_ids[q]), hi - 1)
-        found = sorted_i[pos] == want_ids[q]
-        rows[q[found]] = order[pos[found]]
-    return rows
+    return table
 
 
 def find_partition(store: FeatureStore, dataset: str, request: PartitionRequest, train_keys, test_keys,
