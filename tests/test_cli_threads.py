@@ -47,10 +47,6 @@ def threads_restored():
 
 
 # ---- the choice ---------------------------------------------------------------------------------
-def idle() -> float:
-    return 0.0
-
-
 def _never() -> float:
     raise AssertionError("the machine was watched although the choice did not need it")
 
@@ -72,22 +68,15 @@ def test_without_a_measurement_torch_s_default_stays():
     assert choice == Choice(4, "torch's default: this system does not say how busy its cores are")
 
 
-def test_grid_workers_take_one_thread_and_the_grid_too():
-    assert choose(None, {}, 4, 4, _never, workers=3) == Choice(1, "its 3 grid worker processes train on one thread each")
-    assert choose(None, {}, 4, 4, idle, workers=1).threads == 4
-
-
 def test_omp_num_threads_wins_over_the_policy():
     # torch has read the variable already: the current count is the user's
-    for workers in (1, 3):
-        assert choose(None, {ENV: " 3 "}, 3, 8, _never, workers) == Choice(3, f"{ENV}=3")
+    assert choose(None, {ENV: " 3 "}, 3, 8, _never) == Choice(3, f"{ENV}=3")
     assert choose(None, {ENV: ""}, 4, 4, lambda: 3.5).threads == 1  # set but empty: torch ignores it, so do we
 
 
 def test_threads_option_wins_over_everything():
     for env in ({}, {ENV: "2"}):
-        for workers in (1, 3):
-            assert choose(5, env, 2, 2, _never, workers) == Choice(5, "--threads")
+        assert choose(5, env, 2, 2, _never) == Choice(5, "--threads")
 
 
 def test_others_busy_is_the_machine_s_busy_time_less_this_process_s():
@@ -182,13 +171,28 @@ def test_grid_and_the_other_training_commands_take_threads(toy_store, tmp_path, 
         assert main([command, "-h"]) == 0 and "--threads" in capsys.readouterr().out, command
 
 
-def test_grid_with_worker_processes_takes_one_thread(toy_store, tmp_path, monkeypatch, said, threads_restored):
+@pytest.mark.parametrize("seeds, in_this_process", [("0", [2]), ("0,1", [])])
+def test_a_grid_trains_here_on_the_free_cores_whatever_jobs_says(seeds, in_this_process, toy_store, tmp_path, monkeypatch,
+                                                                  said, threads_restored):
+    """--jobs 2 with one batch (two lrs of one seed) trains it in this process, as fast as `train` would; with two
+    batches (two seeds) both train in workers of one thread each, and this process trains nothing."""
+    import fedcache.grids.batches as batches
+
     monkeypatch.delenv(ENV, raising=False)
-    _machine(monkeypatch, 2, 0.0)  # an idle machine: without workers the choice would be torch's default
+    _machine(monkeypatch, 2, 0.0)  # an idle machine: torch's default
     torch.set_num_threads(2)
+    seen, real = [], batches._run_batch
+
+    def run_batch(*args):
+        seen.append(torch.get_num_threads())
+        yield from real(*args)
+
+    monkeypatch.setattr(batches, "_run_batch", run_batch)
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
-                 "--partition", "domain", "--rounds", "1", "--seeds", "0,1", "-j", "2", "-o", str(tmp_path / "g")])
-    assert code == 0 and said() == ["torch threads: 1 (its 2 grid worker processes train on one thread each)"]
+                 "--partition", "domain", "--rounds", "1", "--set", "lr=0.01,0.1", "--seeds", seeds, "-j", "2",
+                 "-o", str(tmp_path / "g")])
+    assert code == 0 and seen == in_this_process
+    assert said()[0].startswith("torch threads: 2 (torch's default; other processes kept 0.0 of 2 cores busy")
     assert torch.get_num_threads() == 2
 
 

@@ -48,7 +48,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     trained = []
     t0 = time.perf_counter()
     columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
-    with threads_for(threads, workers=_workers(spec)), _progress(*columns) as progress:
+    _check_device(spec)
+    with threads_for(threads), _progress(*columns) as progress:
         task = progress.add_task("grid", total=None, last="")
 
         def on_cell(done: int, total: int, row: dict) -> None:
@@ -66,14 +67,11 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 
-def _workers(spec) -> int:
-    """The worker processes the grid's cells train in (none on a GPU); the device is checked first, as a run checks
-    it, so that a bad one is a one-line error here too."""
-    from fedcache.grids.processes import jobs_of
+def _check_device(spec) -> None:
+    """The device, checked as a run checks it, before the progress bar: a bad one is a one-line error here too."""
     from fedcache.spec import EngineSpec
 
     EngineSpec(device=spec.device)
-    return jobs_of(spec)
 
 
 def _grid_signature() -> inspect.Signature:

@@ -12,7 +12,9 @@ as the GPU that ``--device auto`` picks is said; on stderr it would come before 
   3840-d features, was slower on two threads than on one. On an idle machine the same runs were faster on two
   threads than on one (benchmarks/threads.py, docs/performance.md), so the work itself does not decide: the
   machine does.
-- A grid whose cells train in worker processes (``--jobs`` > 1 on the CPU): one thread, as each worker has.
+- A grid's worker processes (``--jobs`` > 1 on the CPU) take one thread each, as they start
+  (fedcache/grids/pool.py); the choice is this process's, for what it trains itself: a grid with one batch or one
+  cell left trains here whatever ``--jobs`` says, and then runs as fast as ``train`` would.
 
 A user's own choice always wins: ``--threads N``, else ``OMP_NUM_THREADS`` (which torch has already read).
 The thread count does not change a run's numbers (the benchmark compares the final states bit for bit).
@@ -127,16 +129,14 @@ class Choice:
 
 
 def choose(requested: int | None, environ: Mapping[str, str], current: int, cores: int,
-           measure: Callable[[], float | None], workers: int = 1) -> Choice:
-    """``requested`` (--threads), else the ``OMP_NUM_THREADS`` torch has already applied (``current``), else one
-    thread beside the command's own grid workers, else the cores that the busy ones (``measure``: how many other
-    processes keep busy) leave free, at most torch's default (``current``)."""
+           measure: Callable[[], float | None]) -> Choice:
+    """``requested`` (--threads), else the ``OMP_NUM_THREADS`` torch has already applied (``current``), else the
+    cores that the busy ones (``measure``: how many other processes keep busy) leave free, at most torch's default
+    (``current``)."""
     if requested is not None:
         return Choice(requested, "--threads")
     if environ.get(ENV, "").strip():
         return Choice(current, f"{ENV}={environ[ENV].strip()}")
-    if workers > 1:
-        return Choice(1, f"its {workers} grid worker processes train on one thread each")
     others = measure()
     if others is None:
         return Choice(current, "torch's default: this system does not say how busy its cores are")
@@ -146,13 +146,13 @@ def choose(requested: int | None, environ: Mapping[str, str], current: int, core
 
 
 @contextlib.contextmanager
-def threads_for(requested: int | None, workers: int = 1) -> Iterator[Choice]:
+def threads_for(requested: int | None) -> Iterator[Choice]:
     """Run the block with the chosen thread count, said once in the log; the previous count is restored after it (a
     test or a script that calls ``fedcache.cli.main`` keeps its own)."""
     import torch
 
     before = torch.get_num_threads()
-    choice = choose(requested, os.environ, before, len(usable_cores()), _watched, workers)
+    choice = choose(requested, os.environ, before, len(usable_cores()), _watched)
     log.info(choice.line())
     torch.set_num_threads(choice.threads)
     try:
