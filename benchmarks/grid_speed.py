@@ -68,8 +68,6 @@ def measure_worked(store: Path, jobs: int, tiny: bool = False, trials: int = 2) 
     """docs/getting-started.md's worked grid at 5 rounds, both engines interleaved as for the 100-cell grid: the
     validation stage stacks the two lrs of each partition and seed, the test stage (one lr each) stacks cells of
     different partitions and seeds, each method's cells spread over the two workers."""
-    import fedcache
-
     data, sweep, seeds = (TINY_DATA, {**WORKED, "clients": ["3"], "rounds": ["1"]}, [0, 1]) if tiny else ((DATASET, BACKBONE), WORKED, [0, 1, 2])
     _features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
@@ -163,8 +161,6 @@ def stack_steps(store: Path, data: tuple[str, str], sweep: dict, seeds: list[int
 def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
     """Both engines, alternating (trial t runs processes first when t is even, batched first when odd), each
     trial into fresh directories; per engine the median of its trials' cells per minute."""
-    import fedcache
-
     data, sweep, seeds = (TINY_DATA, TINY, [0]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
     _features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}

@@ -121,7 +121,6 @@ def test_sigint_to_a_real_process_exits_130(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     # A real process interrupted while a command runs (the extraction itself is replaced by a wait).
     script = (

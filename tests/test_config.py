@@ -1,7 +1,6 @@
 """The validator at the bottom layer (fedcache/config.py): every number a user can set declares its valid range in
 its type, and a value outside it is refused before any work starts, naming the setting and the range
 (--image-size 0, --set tau=0, ...), whether it comes from the command line, --set or Python."""
-import dataclasses
 import math
 import types
 import typing
@@ -78,7 +77,6 @@ def test_a_method_setting_outside_its_range_is_refused_naming_it(method, field, 
 
 
 def test_a_method_setting_given_in_python_is_checked_too():
-    from fedcache.federate.methods.base import MethodContext
 
     with pytest.raises(ConfigError, match=r"tau=0.0: must be > 0"):
         METHODS.get("fedntd").Params(tau=0.0)

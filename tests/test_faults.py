@@ -26,7 +26,7 @@ import pytest
 
 from fedcache.ownership import LOCK
 from tests.conftest import BACKBONE
-from tests.faults import TOY_CLI, cli_process, holder_pid, kill_all, leftovers, one_error_line, run_cli, wait_until
+from tests.faults import cli_process, holder_pid, kill_all, leftovers, one_error_line, run_cli, wait_until
 
 DATA = ["-d", "test-toy", "-b", BACKBONE]
 HOST = socket.gethostname()

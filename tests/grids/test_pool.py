@@ -56,7 +56,6 @@ def test_a_signal_stops_a_parallel_grid_and_its_workers(toy_store, tmp_path, sig
     import signal
     import subprocess
     import sys
-    import time
 
     out = tmp_path / "grid"
     cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
