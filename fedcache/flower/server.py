@@ -161,6 +161,9 @@ class FlowerEngine(Engine):
     roster: Roster = field(init=False)
     dropped: dict[str, list[int]] = field(default_factory=dict)  # round -> clients dropped from it
     rejected: dict[str, dict[str, str]] = field(default_factory=dict)  # round -> client -> why its reply was refused
+    # The server state sent for evaluation, over every message: real traffic that the run's bytes_down (what
+    # training downloads, the same on every engine) does not count.
+    evaluation_bytes_down: int = 0
 
     def __post_init__(self) -> None:
         self.roster = Roster(self.info.n_clients, self.info.partition_id)
@@ -202,6 +205,7 @@ class FlowerEngine(Engine):
         record = to_record(state.server)
         client_of = self.roster.client_of
         msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate") for node in client_of]
+        self.evaluation_bytes_down += len(msgs) * sum(t.numel() * t.element_size() for t in state.server.values())
         replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
         acc, rejected = accept_eval_replies(replies, client_of, self.info.client_test_sizes)
         for k, why in rejected.items():
@@ -215,14 +219,17 @@ class FlowerEngine(Engine):
 
     def facts(self, i: int) -> dict:
         return {"engine": "flower", "partition_id": self.info.partition_id, "dropped": self.dropped,
-                "rejected": self.rejected, "refused_nodes": self.roster.refused}
+                "rejected": self.rejected, "refused_nodes": self.roster.refused,
+                "evaluation_bytes_down": self.evaluation_bytes_down}
 
     def state_dict(self) -> dict:
-        return {"dropped": self.dropped, "rejected": self.rejected, "refused_nodes": self.roster.refused}
+        return {"dropped": self.dropped, "rejected": self.rejected, "refused_nodes": self.roster.refused,
+                "evaluation_bytes_down": self.evaluation_bytes_down}
 
     def load_state_dict(self, saved: dict) -> None:
         self.dropped, self.rejected = dict(saved.get("dropped", {})), dict(saved.get("rejected", {}))
         self.roster.refused = list(saved.get("refused_nodes", []))
+        self.evaluation_bytes_down = int(saved.get("evaluation_bytes_down", 0))
 
 
 def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepted) -> tuple[dict, Round]:

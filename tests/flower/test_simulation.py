@@ -24,6 +24,8 @@ def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capsys)
     state = torch.load(out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store)))
     assert (out / "shards" / "client-002").is_dir() and flower["engine"] == "flower" and flower["dropped"] == {}
+    # One evaluation (round 3) sent the server state to each of the 3 clients; training's bytes_down leave it out.
+    assert flower["evaluation_bytes_down"] == 3 * sum(t.numel() * t.element_size() for t in state.values())
 
 
 @pytest.mark.slow
