@@ -98,7 +98,8 @@ code = main({args!r})
 wall = time.perf_counter() - t0
 stop.set()
 end = status()
-print("CHILD " + json.dumps({{"code": code, "wall_s": wall, "rss_before_bytes": base["VmRSS"], "peak_rss_bytes": end["VmHWM"],
+print("CHILD " + json.dumps({{"code": code, "wall_s": wall, "rss_before_bytes": base["VmRSS"], "anon_before_bytes": base["RssAnon"],
+                            "peak_rss_bytes": end["VmHWM"],
                             "peak_anon_bytes": max(peak_anon[0], end["RssAnon"])}}))
 """
 
@@ -267,8 +268,9 @@ def measure_train(store_path: Path, work: Path, clients: int, feature_bytes: int
                      "peak_rss_over_features": round(r["peak_rss_bytes"] / feature_bytes, 3),
                      "peak_rss_above_start_over_features": round((r["peak_rss_bytes"] - r["rss_before_bytes"]) / feature_bytes, 3),
                      "peak_anon_over_features": round(r["peak_anon_bytes"] / feature_bytes, 3),
+                     "peak_anon_above_start_over_features": round((r["peak_anon_bytes"] - r["anon_before_bytes"]) / feature_bytes, 3),
                      "rss_before_reading_bytes": r["rss_before_bytes"], "peak_rss_bytes": r["peak_rss_bytes"],
-                     "peak_anon_bytes": r["peak_anon_bytes"]}
+                     "anon_before_reading_bytes": r["anon_before_bytes"], "peak_anon_bytes": r["peak_anon_bytes"]}
     return out
 
 
@@ -484,7 +486,8 @@ def render(path: Path = RESULT) -> str:
         f"| train peak RSS | features' bytes | {tr['repeat_run']['peak_rss_over_features']} |",
         f"| train peak RSS above the process's RSS before reading (torch loaded) | features' bytes | "
         f"**{tr['repeat_run']['peak_rss_above_start_over_features']}** |",
-        f"| train peak anonymous memory (the process's own copies) | features' bytes | {tr['repeat_run']['peak_anon_over_features']} |",
+        f"| train peak anonymous memory, whole / above the start (the run's own copies and working set) | features' bytes | "
+        f"{tr['repeat_run']['peak_anon_over_features']} / {tr['repeat_run'].get('peak_anon_above_start_over_features', '-')} |",
         f"| import peak RSS / peak anonymous memory | features' bytes | {res['import']['peak_rss_over_features']} / "
         f"{res['import']['peak_anon_over_features']} |",
         f"| round, {s['clients'][-1]:,} clients | round, {s['clients'][0]:,} clients (10 sampled each) | "

@@ -77,7 +77,6 @@ def test_a_method_setting_outside_its_range_is_refused_naming_it(method, field, 
 
 
 def test_a_method_setting_given_in_python_is_checked_too():
-
     with pytest.raises(ConfigError, match=r"tau=0.0: must be > 0"):
         METHODS.get("fedntd").Params(tau=0.0)
 

@@ -330,7 +330,9 @@ def test_loading_a_block_of_keys_at_a_time_gives_the_whole_partition(store_path,
     pid = save_partition(store, "ds", p, table_keys(train), table_keys(test))
     monkeypatch.setattr(storage, "LOAD_BLOCK", 7)  # blocks that split clients, and a short last block
     assert load_partition(store, "ds", pid, table_keys(train), table_keys(test)) == p
-    two_lost = table(tuple(np.r_[a[:1], a[2:9], a[10:]] for a in TRAIN))  # rows 1 and 9: the 1st and 2nd block
+    # Rows 1 and 9 of the table sit in different blocks of the stored (client after client) order, row 1's first:
+    # the count adds up over blocks and the example is the first missing key met.
+    two_lost = table(tuple(np.r_[a[:1], a[2:9], a[10:]] for a in TRAIN))
     with pytest.raises(StoreError, match=f"2 train samples missing.*domain {TRAIN[1][1]}, id {TRAIN[2][1]}"):
         load_partition(store, "ds", pid, table_keys(two_lost), table_keys(test))
 

@@ -178,14 +178,19 @@ def _require(ok: bool, message: str) -> None:
 LATER_OPTIONS = {"class_budget": None, "local_test_mix": "client"}
 
 
-def compact_rows(clients: list) -> list[np.ndarray]:
-    """Each client's row indices as int32 where every row fits it (int64 beyond 2**31 rows): a federation of
-    10,000 clients holds about 10 million local-test indices, and their width is most of a run's working set
-    beyond the features (docs/performance.md, "A million rows and 100,000 clients")."""
+def compact_rows(clients: list, sort: bool = False) -> list[np.ndarray]:
+    """Each client's row indices as int32 where every row fits it (int64 beyond 2**31 rows), sorted if asked: the
+    10 million local-test indices of 10,000 clients are the largest array a run holds beside the features
+    (docs/performance.md, "A million rows and 100,000 clients")."""
     arrays = [np.asarray(r).reshape(-1) for r in clients]
     top = max((int(a.max()) for a in arrays if a.size), default=0)
     dtype = np.int32 if top < 2**31 else np.int64
-    return [a.astype(dtype, copy=False) for a in arrays]
+    if not sort:
+        return [a.astype(dtype, copy=False) for a in arrays]
+    out = [a.astype(dtype) for a in arrays]  # a copy each, sorted in place: never the caller's array
+    for a in out:
+        a.sort()
+    return out
 
 
 def partition_id(request: PartitionRequest, data_hash: str) -> str:
@@ -200,8 +205,8 @@ class Partition:
     test: list[np.ndarray]  # per client, sorted rows of the test table
 
     def __post_init__(self) -> None:
-        self.train = [np.sort(r) for r in compact_rows(self.train)]
-        self.test = [np.sort(r) for r in compact_rows(self.test)]
+        self.train = compact_rows(self.train, sort=True)
+        self.test = compact_rows(self.test, sort=True)
 
     @property
     def n_clients(self) -> int:

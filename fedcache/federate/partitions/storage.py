@@ -164,7 +164,7 @@ def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_k
 LOAD_BLOCK = 1 << 20  # stored keys mapped at once: 10,000 clients' local test sets hold about 10 million
 
 
-def _rows_of(index: "KeyIndex", want_domains, want_ids, pid: str) -> np.ndarray:
+def _rows_of(index: KeyIndex, want_domains, want_ids, pid: str) -> np.ndarray:
     """Row index of each wanted (domain, id) key in the table, the stored keys read a block at a time (so a
     large partition's keys and their temporaries are never all in memory at once)."""
     n = want_ids.shape[0]
@@ -198,7 +198,11 @@ class KeyIndex:
     def __init__(self, domains: np.ndarray, ids: np.ndarray, split: str, dense: bool = True) -> None:
         self.domains, self.ids, self.split = domains, ids, split
         self.table = _dense_table(domains, ids, split) if dense else None
-        self.order = None if self.table is not None else _sorted_keys(domains, ids, split)
+        if self.table is not None:
+            self.width, self.n_domains = int(ids.max()) + 1, int(domains.max()) + 1
+        else:
+            self.order = _sorted_keys(domains, ids, split)
+            self.sorted_domains, self.sorted_ids = domains[self.order], ids[self.order]
 
     def rows(self, want_domains: np.ndarray, want_ids: np.ndarray) -> np.ndarray:
         """Row of each wanted key, -1 where the table lacks it."""
@@ -207,19 +211,14 @@ class KeyIndex:
         return self._by_search(want_domains, want_ids)
 
     def _by_table(self, want_domains, want_ids) -> np.ndarray:
-        width, n_domains = self.width
+        width, n_domains = self.width, self.n_domains
         fits = (want_domains >= 0) & (want_domains < n_domains) & (want_ids >= 0) & (want_ids < width)
         rows = np.full(len(want_ids), -1, self.table.dtype)
         rows[fits] = self.table[want_domains[fits] * width + want_ids[fits]]
         return rows
 
-    @property
-    def width(self) -> tuple[int, int]:
-        return int(self.ids.max()) + 1, int(self.domains.max()) + 1
-
     def _by_search(self, want_domains, want_ids) -> np.ndarray:
-        order = self.order
-        sorted_d, sorted_i = self.domains[order], self.ids[order]
+        order, sorted_d, sorted_i = self.order, self.sorted_domains, self.sorted_ids
         rows = np.full(len(want_ids), -1, dtype=np.int64)
         for d in np.unique(want_domains):
             lo, hi = np.searchsorted(sorted_d, d, "left"), np.searchsorted(sorted_d, d, "right")
