@@ -89,7 +89,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     method, info = _setup(context)
     server = from_record(msg.content["server"])
     data, k = method.ctx.data, info.client
-    rows = torch.from_numpy(data.client_test[k])
+    rows = torch.from_numpy(data.client_test[k]).long()  # int32 on the host; long indexes on every device
     x, y = data.x_test[rows], data.y_test[rows]
     with torch.no_grad():
         if method.personalized:
