@@ -42,6 +42,20 @@ def _results(grid: Path) -> list[dict]:
 # ---- two commands on one directory -----------------------------------------------------------------------
 # Rounds enough that the first command is still running when the second has started and been refused.
 GRID_ROUNDS = {"batched": "150", "processes": "150"}
+# The grid with every round slowed down: on an idle machine the first grid could otherwise write its tables and let
+# go of the directory before the second had even started Python (the test then killed a grid that held nothing).
+SLOW_GRID = """
+import sys, time
+import fedcache.federate.driver as driver
+from fedcache.cli import main
+close, delay = driver.close_round, float(sys.argv.pop(1))
+sys.argv[0] = "fedcache"  # the holder's record names the command as the plain CLI's does
+def slow(*a, **k):
+    time.sleep(delay)
+    return close(*a, **k)
+driver.close_round = slow
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 @pytest.mark.slow
@@ -50,7 +64,7 @@ def test_two_grids_started_together_one_runs_and_a_killed_one_is_taken_over(engi
     out = tmp_path / "g"
     argv = ["grid", "--store", toy_store, *DATA, "-m", "fedavg,fedproto", "--partition", "iid", "--clients", "2",
             "--rounds", GRID_ROUNDS[engine], "--engine", engine, "-o", out]
-    a, b = cli_process(argv), cli_process(argv)
+    a, b = cli_process(argv, None, SLOW_GRID, "0.05"), cli_process(argv, None, SLOW_GRID, "0.05")
     try:
         wait_until(lambda: a.poll() is not None or b.poll() is not None, 180)
         loser = a if a.poll() is not None else b
@@ -61,7 +75,7 @@ def test_two_grids_started_together_one_runs_and_a_killed_one_is_taken_over(engi
         assert line.startswith(f"error: the grid directory {out} is in use by another fedcache command: "
                                f"pid {winner.pid} on {HOST} (`fedcache grid "), line
         assert f"kill {winner.pid}" in line and "choose another --out" in line
-        assert winner.poll() is None, "the first grid finished before the test could kill it: give it more rounds"
+        assert winner.poll() is None and holder_pid(out) == winner.pid, "the first grid let go before the test killed it"
     finally:
         kill_all(a), kill_all(b)  # kill -9 of the grid and its workers: its lock file stays behind
     assert holder_pid(out) == winner.pid
