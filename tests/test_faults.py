@@ -40,9 +40,8 @@ def _results(grid: Path) -> list[dict]:
 
 
 # ---- two commands on one directory -----------------------------------------------------------------------
-# Rounds enough that the first command is still running when the second has started and been refused.
-GRID_ROUNDS = {"batched": "150", "processes": "150"}
-# The grid with every round slowed down: on an idle machine the first grid could otherwise write its tables and let
+# Rounds enough, each slowed down, that the first command is still running when the second has started and been
+# refused. Slowed: on an idle machine the first grid could otherwise write its tables and let
 # go of the directory before the second had even started Python (the test then killed a grid that held nothing).
 SLOW_GRID = """
 import sys, time
@@ -63,7 +62,7 @@ sys.exit(main(sys.argv[1:]))
 def test_two_grids_started_together_one_runs_and_a_killed_one_is_taken_over(engine, toy_store, tmp_path, capsys, caplog):
     out = tmp_path / "g"
     argv = ["grid", "--store", toy_store, *DATA, "-m", "fedavg,fedproto", "--partition", "iid", "--clients", "2",
-            "--rounds", GRID_ROUNDS[engine], "--engine", engine, "-o", out]
+            "--rounds", "150", "--engine", engine, "-o", out]
     a, b = cli_process(argv, None, SLOW_GRID, "0.05"), cli_process(argv, None, SLOW_GRID, "0.05")
     try:
         wait_until(lambda: a.poll() is not None or b.poll() is not None, 180)

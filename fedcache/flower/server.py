@@ -30,6 +30,7 @@ from fedcache.federate import driver
 from fedcache.federate.driver import Engine, Round, Run, RunState
 from fedcache.federate.rundir import RunDir
 from fedcache.federate.methods import LocalResult, Method
+from fedcache.federate.methods.base import tensor_size
 from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method
 from fedcache.flower.protocol import to_record
 from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, accept_train_replies, aggregate_alone,
@@ -205,7 +206,7 @@ class FlowerEngine(Engine):
         record = to_record(state.server)
         client_of = self.roster.client_of
         msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate") for node in client_of]
-        self.evaluation_bytes_down += len(msgs) * sum(t.numel() * t.element_size() for t in state.server.values())
+        self.evaluation_bytes_down += len(msgs) * tensor_size(state.server)[1]
         replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
         acc, rejected = accept_eval_replies(replies, client_of, self.info.client_test_sizes)
         for k, why in rejected.items():

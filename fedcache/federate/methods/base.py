@@ -168,10 +168,10 @@ class Method:
 
     def upload_size(self, uploads: Params, i: int) -> tuple[int, int]:
         """(parameters, bytes) client i of the batch sends; by default every uploaded tensor, whole."""
-        return _size({n: t[i] for n, t in uploads.items()})
+        return tensor_size({n: t[i] for n, t in uploads.items()})
 
     def download_size(self, down: Params) -> tuple[int, int]:
-        return _size(down)
+        return tensor_size(down)
 
     # ---- evaluation ------------------------------------------------------------------
     def summary_extra(self) -> dict:
@@ -233,7 +233,8 @@ class Method:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
 
 
-def _size(tensors: Params) -> tuple[int, int]:
+def tensor_size(tensors: Params) -> tuple[int, int]:
+    """(parameters, bytes) of the tensors as they travel: every tensor whole."""
     n = sum(int(t.numel()) for t in tensors.values())
     return n, sum(int(t.numel()) * t.element_size() for t in tensors.values())
 

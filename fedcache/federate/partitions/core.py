@@ -180,7 +180,7 @@ LATER_OPTIONS = {"class_budget": None, "local_test_mix": "client"}
 
 def compact_rows(clients: list, sort: bool = False) -> list[np.ndarray]:
     """Each client's row indices as int32 where every row fits it (int64 beyond 2**31 rows), sorted if asked: the
-    10 million local-test indices of 10,000 clients are the largest array a run holds beside the features
+    10 million local-test indices of 10,000 clients are among the largest arrays a run holds beside the features
     (docs/performance.md, "A million rows and 100,000 clients")."""
     arrays = [np.asarray(r).reshape(-1) for r in clients]
     top = max((int(a.max()) for a in arrays if a.size), default=0)
