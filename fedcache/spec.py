@@ -81,9 +81,9 @@ class MethodSpec(Checked):
     def __post_init__(self) -> None:
         cls = method_class(self.name)  # an unknown name says what is close and what exists
         if self.params is None:
-            object.__setattr__(self, "params", cls.Params())
-        elif type(self.params) is not cls.Params:
-            raise ConfigError(f"{self.name}'s settings are {cls.Params.__name__}, not {type(self.params).__name__}")
+            object.__setattr__(self, "params", cls.Settings())
+        elif type(self.params) is not cls.Settings:
+            raise ConfigError(f"{self.name}'s settings are {cls.Settings.__name__}, not {type(self.params).__name__}")
         super().__post_init__()
 
 
@@ -415,7 +415,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     cls = method_class(name)
     preset = preset or (cls.default_preset if fresh else base.optim.preset)
     optim = base.optim if not fresh and preset == base.optim.preset else OPTIMIZER_PRESETS[preset]
-    params = cls.Params() if fresh else base.method.params
+    params = cls.Settings() if fresh else base.method.params
     head = head or (None if fresh else base.head.name)
     routed = _route_settings(settings, name)
     if routed["optim"] and not cls.uses_optimizer:
@@ -471,7 +471,7 @@ def setting_fields(method: str) -> dict[str, dict[str, Any]]:
     """The ``--set`` groups of ``method``: field name -> type, per group (method, optim, head). The preset is
     an option (``--preset``), not a setting; the head is both (``--head mlp`` or ``--set head=mlp``)."""
     optim = {k: t for k, t in fields_of(OptimConfig).items() if k != "preset"}
-    return {"method": fields_of(method_class(method).Params), "optim": optim, "head": {"head": fields_of(HeadChoice)["name"]}}
+    return {"method": fields_of(method_class(method).Settings), "optim": optim, "head": {"head": fields_of(HeadChoice)["name"]}}
 
 
 def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:

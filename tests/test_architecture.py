@@ -40,7 +40,7 @@ def one(name, rounds=8, fraction=1.0, **settings):
     data = synthetic(n_clients=4, per_client=60)
     cls = METHODS.get(name)
     ctx = MethodContext(data, "linear", OptimConfig("sgd", 0.05, 0.0, 0.0), Schedule(local_epochs=1, batch_size=16))
-    return run(cls(ctx, cls.Params(**settings)), RunConfig(rounds=rounds, fraction=fraction))
+    return run(cls(ctx, cls.Settings(**settings)), RunConfig(rounds=rounds, fraction=fraction))
 """
 
 

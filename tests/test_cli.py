@@ -273,7 +273,7 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
 
     assert main(["methods", "fedproto"]) == 0
     out = capsys.readouterr().out
-    for f in dataclasses.fields(METHODS.get("fedproto").Params):
+    for f in dataclasses.fields(METHODS.get("fedproto").Settings):
         assert f.name in out
     assert "one of weighted, uniform" in out and "a finite number >= 0" in out and "docs/methods/fedproto.md" in out
     assert main(["methods", "fedprox"]) == 0

@@ -103,7 +103,7 @@ def _settings(method: str) -> dict[str, list[str]]:
             t = next(a for a in typing.get_args(t) if a is not type(None))
         return t
 
-    own = fields_of(METHODS.get(method).Params) if method in METHODS.names() else {}
+    own = fields_of(METHODS.get(method).Settings) if method in METHODS.names() else {}
     keys = {f"method.{k}": _setting_values(base(t)) for k, t in own.items()}
     keys.update({f"optim.{k}": _setting_values(base(t)) for k, t in fields_of(OptimConfig).items()})
     keys.update({"bogus": ["1"], "head": ["mlp", "bogus"]})

@@ -20,7 +20,7 @@ from fedcache.spec import SECTIONS
 
 
 def _settable() -> dict[str, type]:
-    classes = {f"{name}.Params": cls.Params for name, cls in METHODS.items()}
+    classes = {f"{name}.Settings": cls.Settings for name, cls in METHODS.items()}
     classes.update({"OptimConfig": OptimConfig, "ExtractConfig": ExtractConfig, "DatasetOptions": DatasetOptions,
                     "flower Deployment": Deployment})
     classes.update({f"spec {name}": cls for name, cls in SECTIONS.items()})
@@ -62,7 +62,7 @@ def _outside(rng: Range, base: type) -> list[str]:
 def _method_cases() -> list:
     cases = []
     for name, cls in METHODS.items():
-        for field, typ in fields_of(cls.Params).items():
+        for field, typ in fields_of(cls.Settings).items():
             nums = _numbers(typ)
             if len(nums) == 1 and typing.get_origin(typ) is not tuple and _range(nums[0]):  # others fail above
                 base = typing.get_args(nums[0])[0]
@@ -78,7 +78,7 @@ def test_a_method_setting_outside_its_range_is_refused_naming_it(method, field, 
 
 def test_a_method_setting_given_in_python_is_checked_too():
     with pytest.raises(ConfigError, match=r"tau=0.0: must be > 0"):
-        METHODS.get("fedntd").Params(tau=0.0)
+        METHODS.get("fedntd").Settings(tau=0.0)
 
 
 @pytest.mark.parametrize("bad", [(0.9, 1.0), (0.9, math.nan), (-0.1, 0.9)])
@@ -139,4 +139,4 @@ def test_instances_built_in_python_are_range_checked():
     with pytest.raises(ConfigError, match="lr"):
         OptimConfig("sgd", float("nan"))
     with pytest.raises(ConfigError, match="finite"):
-        check_fields(METHODS.get("fedprox").Params(mu=float("inf")))
+        check_fields(METHODS.get("fedprox").Settings(mu=float("inf")))

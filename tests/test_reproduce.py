@@ -29,7 +29,7 @@ def test_every_paper_preset_exists_and_names_real_things():
         for e in p.experiments:
             assert e.dataset in DATASETS and all(b in BACKBONES for b in e.backbones), e
             # Run options, or a method setting that every method of the grid owns (FedRep's E = 1 grid).
-            owned = set.intersection(*(set(fields_of(METHODS.get(m).Params)) for m in e.methods))
+            owned = set.intersection(*(set(fields_of(METHODS.get(m).Settings)) for m in e.methods))
             assert all(is_option(k) or k in owned for k in e.sweep), e.sweep
         for n in p.paper:
             exp = next(e for e in p.experiments if e.key == n.experiment)

@@ -186,10 +186,10 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     from fedcache.grids import GridSpec, cells, train_config
 
     @dataclass(frozen=True)
-    class Params:
+    class Settings:
         alpha: float = 1.0  # a method parameter named like the Dirichlet concentration
 
-    method = type("Clash", (), {"Params": Params, "default_preset": "default", "default_head": "linear", "uses_optimizer": True})
+    method = type("Clash", (), {"Settings": Settings, "default_preset": "default", "default_head": "linear", "uses_optimizer": True})
     monkeypatch.setattr(METHODS, "get", lambda name: method)
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
                     sweep={"alpha": ["0.5"]})
@@ -291,7 +291,7 @@ def test_a_qualified_partition_key_splits_report_panels_like_its_short_name():
 
 # Fields that share a name with alpha, lr or seed but are other settings, each with what it is.
 OTHER_SETTINGS = {
-    ("PerFedAvgParams", "alpha"): "Per-FedAvg's personal step size (--set alpha=...), not the partition's",
+    ("PerFedAvgSettings", "alpha"): "Per-FedAvg's personal step size (--set alpha=...), not the partition's",
     ("DatasetOptions", "seed"): "the split of an image folder that has no train/test split, at extraction",
     ("ViewSpec", "seed"): "the augmentation seed of extracted views (extract --view-seed)",
 }
@@ -380,7 +380,7 @@ def other_value(name: str, typ, default):
 def method_cases():
     for m in METHODS.names():
         cls = METHODS.get(m)
-        for f in dataclasses.fields(cls.Params):
+        for f in dataclasses.fields(cls.Settings):
             yield pytest.param(m, f.name, id=f"{m}.{f.name}")
 
 
@@ -391,7 +391,7 @@ ENABLERS = {"noise_scale": {"noise": "laplace"}, "perturb": {"noise": "laplace"}
 
 
 def enablers(cls, field: str) -> dict[str, str]:
-    if field not in getattr(cls.Params(), "ignored", dict)():
+    if field not in getattr(cls.Settings(), "ignored", dict)():
         return {}
     assert field in ENABLERS, f"add to ENABLERS what makes {cls.name}'s {field} used"
     return ENABLERS[field]
@@ -400,8 +400,8 @@ def enablers(cls, field: str) -> dict[str, str]:
 @pytest.mark.parametrize("method,field", list(method_cases()))
 def test_every_method_setting_arrives(method, field, skewed):
     cls = METHODS.get(method)
-    typ = fields_of(cls.Params)[field]
-    text, value = other_value(field, typ, getattr(cls.Params(), field))
+    typ = fields_of(cls.Settings)[field]
+    text, value = other_value(field, typ, getattr(cls.Settings(), field))
     extra = enablers(cls, field)
     for key in (f"method.{field}", field):  # qualified always; short when no other owner has the name
         if key == field and field in fields_of(OptimConfig):
@@ -409,7 +409,7 @@ def test_every_method_setting_arrives(method, field, skewed):
         r = resolve_settings(method, [f"{key}={text}", *(f"method.{k}={v}" for k, v in extra.items())])
         assert getattr(r.params, field) == value
         assert {k: v for k, v in dataclasses.asdict(r.params).items() if k != field and k not in extra} == \
-            {k: v for k, v in dataclasses.asdict(cls.Params()).items() if k != field and k not in extra}
+            {k: v for k, v in dataclasses.asdict(cls.Settings()).items() if k != field and k not in extra}
     if method in NEEDS_CLIP or {field, *extra} & {"device", "weights", "anchors"}:
         return  # building these needs a CLIP tower, a GPU or labelled anchors: resolution is checked above
     ctx = MethodContext(skewed, r.head, r.optim)
@@ -453,7 +453,7 @@ def test_unused_optimizer_settings_are_refused():
 
 def unused_cases():
     for m in METHODS.names():
-        params = METHODS.get(m).Params()
+        params = METHODS.get(m).Settings()
         for field in getattr(params, "ignored", dict)():
             yield pytest.param(m, field, id=f"{m}.{field}")
 
@@ -461,7 +461,7 @@ def unused_cases():
 @pytest.mark.parametrize("method,field", list(unused_cases()))
 def test_a_method_setting_the_defaults_do_not_use_is_refused_with_the_reason(method, field):
     cls = METHODS.get(method)
-    text, _ = other_value(field, fields_of(cls.Params)[field], getattr(cls.Params(), field))
+    text, _ = other_value(field, fields_of(cls.Settings)[field], getattr(cls.Settings(), field))
     with pytest.raises(ConfigError, match=rf"{method} does not use method\.{field} \(.+\)"):
         resolve_settings(method, [f"method.{field}={text}"])
 

@@ -46,8 +46,8 @@ def _settings(cls, name: str) -> None:
     table = Table(box=None)
     for col in ("setting", "default", "accepts"):
         table.add_column(col, no_wrap=col != "accepts")
-    types = fields_of(cls.Params)
-    for f in dataclasses.fields(cls.Params):
+    types = fields_of(cls.Settings)
+    for f in dataclasses.fields(cls.Settings):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         table.add_row(f.name, str(default), allowed(types[f.name]))
     console.print(table if types else "no settings of its own")

@@ -59,7 +59,7 @@ def stackable(per_row: tuple[str, ...] = (), per_run: tuple[str, ...] = (), padd
               memory: Callable[..., int] | None = None, refuse: Callable[[Any], str] | None = None) -> Callable[[type], type]:
     """Class decorator: runs of this method may train stacked (see the module docstring)."""
     def declare(cls: type) -> type:
-        known = {f for f in getattr(cls.Params, "__dataclass_fields__", {})}
+        known = {f for f in getattr(cls.Settings, "__dataclass_fields__", {})}
         unknown = sorted(set(per_row + per_run) - known)
         if unknown:
             raise TypeError(f"{cls.__qualname__} declares stacked settings {unknown} that its Params lack")

@@ -34,7 +34,7 @@ def data():
 def fedcache(name, data, head, **params):
     cls = METHODS.get(name)
     ctx = MethodContext(data, head, OptimConfig("sgd", 0.01, 0.0, 0.0), schedule=Schedule(local_epochs=1, batch_size=BATCH, seed=3, rounds=ROUNDS))
-    return cls(ctx, cls.Params(**params))
+    return cls(ctx, cls.Settings(**params))
 
 
 def modules(params, data, head, k):

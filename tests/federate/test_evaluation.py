@@ -18,7 +18,7 @@ def test_accuracy_is_the_mean_over_clients_of_their_own_accuracy(name):
     data = synthetic(n_clients=3, sizes=[10, 200, 30], spread=3.0)
     cls = METHODS.get(name)
     m = cls(MethodContext(data, "linear", OptimConfig("sgd", 0.05), schedule=Schedule(local_epochs=1, batch_size=16, seed=0, rounds=2)),
-            cls.Params())
+            cls.Settings())
     a = run(m, RunConfig(rounds=2))
     per_client = np.array(a.summary["per_client_accuracy"])
     if m.has_global_model:

@@ -20,7 +20,7 @@ ROUNDS = 5
 def make(name, data, head=None, seed=0, **params):
     cls = METHODS.get(name)
     ctx = MethodContext(data, head or cls.default_head, OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=2, batch_size=16, seed=seed, rounds=ROUNDS))
-    return cls(ctx, cls.Params(**params))
+    return cls(ctx, cls.Settings(**params))
 
 
 def summary(result):
@@ -82,7 +82,7 @@ def test_every_method_has_params_and_a_docs_page():
     docs = Path(__file__).resolve().parents[2] / "docs" / "methods"
     index = (docs / "README.md").read_text()
     for name in METHODS.names():
-        assert dataclasses.is_dataclass(METHODS.get(name).Params), name
+        assert dataclasses.is_dataclass(METHODS.get(name).Settings), name
         assert (docs / f"{name}.md").exists() and f"`{name}`" in index, f"document {name} in docs/methods/"
 
 

@@ -22,7 +22,7 @@ from fedcache.federate.driver import Run as Federation
 from fedcache.federate.inprocess import run_one
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.methods.fedproto import PFLLIB
-from fedcache.federate.methods.fst_cbdg import FSTCBDGParams
+from fedcache.federate.methods.fst_cbdg import FSTCBDGSettings
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.rundir import RunDir
 from fedcache.federate.stacked import Stacked, stack_key, why_alone
@@ -64,7 +64,7 @@ def _row_settings() -> dict[str, dict[str, list]]:
     out = {}
     for name in STACKABLE:
         cls = METHODS.get(name)
-        types, defaults = fields_of(cls.Params), cls.Params(**SHARED.get(name, {}))
+        types, defaults = fields_of(cls.Settings), cls.Settings(**SHARED.get(name, {}))
         out[name] = {s: candidates(types[s], getattr(defaults, s)) for s in stacking_of(cls).varying}
     return out
 
@@ -97,7 +97,7 @@ def test_declarations_are_per_class_and_every_declared_setting_gets_other_values
 
 
 def test_a_stacked_setting_s_candidate_values_follow_its_declared_type():
-    typ = {**fields_of(METHODS.get("fedpcl").Params), **{f"cbdg.{n}": t for n, t in fields_of(FSTCBDGParams).items()}}
+    typ = {**fields_of(METHODS.get("fedpcl").Settings), **{f"cbdg.{n}": t for n, t in fields_of(FSTCBDGSettings).items()}}
     assert candidates(typ["tau"], 0.07) == [0.07, 0.035, 0.14]  # Positive: no zero
     assert candidates(typ["perturb"], 0.1) == [0.1, 0.05, 0.0, 0.2]
     assert candidates(typ["perturb"], 0.8) == [0.8, 0.4, 0.0]  # Fraction: no 1.6
@@ -144,7 +144,7 @@ def federations(name: str, optimizer: str = "adam", fraction: float = 1.0, share
     for i in range(max(len(RUNS), len(values))):
         seed, n, lr = RUNS[i % len(RUNS)]
         data = partitions(base, 10 + i, n, skew=(name, setting) in LABEL_SKEW)
-        params = cls.Params(**{**common, **values[i % len(values)]})
+        params = cls.Settings(**{**common, **values[i % len(values)]})
         momentum, betas, eps = OPTIM_ROWS[i % len(OPTIM_ROWS)]
         optim = OptimConfig(optimizer, lr, momentum, 1e-4 * (i + 1), betas, eps)
         ctx = MethodContext(data, head or cls.default_head, optim, schedule=Schedule(local_epochs=2, batch_size=16, seed=seed, rounds=3))

@@ -28,7 +28,7 @@ MASKED = -1e9  # logit of excluded pairs: finite, so fully padded rows give no N
 
 
 @dataclass(frozen=True)
-class SSLParams(Checked):
+class SSLSettings(Checked):
     hidden: PositiveInt = 512  # width of the representation h
     out: PositiveInt = 128  # width of the projection z
     temperature: Positive = 0.4  # SimCLR's NT-Xent temperature (FLESD's official code: 0.4)
@@ -158,7 +158,7 @@ def probe_many(p: Params, data, rows: np.ndarray, xs: list[torch.Tensor], c: flo
 class SSLMethod(Method):
     """Unlabelled clients train the MLP encoder with SimCLR; evaluation is a linear probe of its representation."""
 
-    Params = SSLParams
+    Settings = SSLSettings
     uses_views = True
     default_preset = "flesd"  # Adam 1e-3, weight decay 1e-6: FLESD's local optimiser (official code)
 

@@ -19,7 +19,7 @@ from fedcache.config import NonNegative
 from fedcache.federate.local import masked_mean
 from fedcache.federate.methods._prompt import info_nce
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.tpfl import TPFL, TPFLParams
+from fedcache.federate.methods.tpfl import TPFL, TPFLSettings
 from fedcache.heads import Params
 
 PREV = "prev_"  # client-state prefix of the previous round's prompts
@@ -27,7 +27,7 @@ TRAINED = "trained"  # client state: 1 once the client has trained (its previous
 
 
 @dataclass(frozen=True)
-class ATPFLParams(TPFLParams):
+class ATPFLSettings(TPFLSettings):
     mu: NonNegative = 1.0  # weight of the InfoNCE terms (Eq. 5); the paper does not state its value
     tau: NonNegative = 0.0  # Gamma of Eq. 4; 0: CLIP's temperature 1 / logit_scale, the Gamma Eq. 2 uses
 
@@ -39,7 +39,7 @@ def _expanded(p: Params, k: int) -> Params:
 @METHODS.register("atpfl")
 class ATPFL(TPFL):
     description = "TPFL plus InfoNCE towards the global prompts and away from the client's previous ones"
-    Params = ATPFLParams
+    Settings = ATPFLSettings
 
     def init_clients(self, n: int) -> Params:
         # Placeholders until a client trains: local_extra uses the received global prompts instead.

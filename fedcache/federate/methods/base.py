@@ -25,7 +25,7 @@ from fedcache.registry import Registry
 
 
 @dataclass(frozen=True)
-class NoParams(Checked):
+class NoSettings(Checked):
     pass
 
 
@@ -103,7 +103,7 @@ class MethodCommand:
 class Method:
     name: ClassVar[str] = ""  # set by the registration (METHODS.register), never by the class
     description: ClassVar[str] = ""
-    Params: ClassVar[type] = NoParams
+    Settings: ClassVar[type] = NoSettings
     default_head: ClassVar[str] = "linear"
     default_preset: ClassVar[str] = "default"  # optimizer preset (optim_config.OPTIMIZER_PRESETS) of the paper it is compared in
     personalized: ClassVar[bool] = False  # predictions differ per client
@@ -127,7 +127,7 @@ class Method:
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         self.ctx = ctx
-        self.p = params if params is not None else self.Params()
+        self.p = params if params is not None else self.Settings()
         check_fields(self.p)
         d = ctx.data
         self.head: Head = make_head(ctx.head, d.dim, d.n_classes)

@@ -17,7 +17,7 @@ from fedcache.heads import Params
 
 
 @dataclass(frozen=True)
-class ClipFCParams(Checked):
+class ClipFCSettings(Checked):
     # The paper's comparison curves (Figure 3) start at the zero-shot accuracy, so its linear
     # classifiers start from the text embeddings; "random" is PyTorch's default Linear init.
     init: Literal["text", "random"] = "text"
@@ -27,7 +27,7 @@ class ClipFCParams(Checked):
 @METHODS.register("clip-fc-centralized")
 class ClipFCCentralized(Centralized):
     description = "supervised linear classifier on pooled unit-norm CLIP features, text-initialised (upper bound)"
-    Params = ClipFCParams
+    Settings = ClipFCSettings
     default_preset = "fst-cbdg"
 
     def __init__(self, ctx: MethodContext, params=None) -> None:

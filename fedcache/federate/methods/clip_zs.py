@@ -15,7 +15,7 @@ from fedcache.heads import Params
 
 
 @dataclass(frozen=True)
-class ClipZSParams(Checked):
+class ClipZSSettings(Checked):
     templates: Literal["single", "ensemble"] = "single"  # FST-CBDG: "a photo of a {object}."
     logit_scale: Positive = 100.0  # CLIP's learned temperature; scores only, argmax is unchanged
 
@@ -23,7 +23,7 @@ class ClipZSParams(Checked):
 @METHODS.register("clip-zs")
 class ClipZS(Method):
     description = "CLIP zero-shot: nearest class-text embedding by cosine similarity; no training"
-    Params = ClipZSParams
+    Settings = ClipZSSettings
     federated = False
     splittable = False
     all_clients = True

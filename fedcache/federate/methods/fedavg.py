@@ -15,7 +15,7 @@ from fedcache.heads import Params, expand
 
 
 @dataclass(frozen=True)
-class FedAvgParams(Checked):
+class FedAvgSettings(Checked):
     # random: the head's own initialisation on the cached features. text: FST-CBDG's classifier, a linear
     # head on unit-norm features that starts as CLIP's zero-shot classifier (W = class-text embeddings,
     # b = 0); that paper's FedAvg and FedNTD curves start at the zero-shot accuracy (Figure 3).
@@ -26,7 +26,7 @@ class FedAvgParams(Checked):
 @stackable()
 class FedAvg(Method):
     description = "average of locally trained heads, weighted by sample counts"
-    Params = FedAvgParams
+    Settings = FedAvgSettings
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         super().__init__(ctx, params)

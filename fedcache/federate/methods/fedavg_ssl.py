@@ -11,13 +11,13 @@ from typing import Literal
 
 import torch
 
-from fedcache.federate.methods._simclr import SSLMethod, SSLParams, local_simclr
+from fedcache.federate.methods._simclr import SSLMethod, SSLSettings, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, weighted_average
 from fedcache.heads import Params, expand
 
 
 @dataclass(frozen=True)
-class FedAvgSSLParams(SSLParams):
+class FedAvgSSLSettings(SSLSettings):
     # samples: FedAvg's average weighted by row counts (the paper names FedAvg); uniform: the official
     # code's average_weights, a plain mean of the clients' encoders
     average: Literal["samples", "uniform"] = "samples"
@@ -26,7 +26,7 @@ class FedAvgSSLParams(SSLParams):
 @METHODS.register("fedavg-ssl")
 class FedAvgSSL(SSLMethod):
     description = "unsupervised: average of locally trained SimCLR encoders (weights travel)"
-    Params = FedAvgSSLParams
+    Settings = FedAvgSSLSettings
 
     def proximal(self) -> float:
         return 0.0

@@ -7,7 +7,7 @@ import torch
 
 from fedcache.config import Positive, UnitOpen
 from fedcache.federate.methods.base import METHODS, LocalResult
-from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgSettings
 from fedcache.federate.stacking import stackable
 from fedcache.heads import Params
 
@@ -15,7 +15,7 @@ MOMENTUM = "v."  # prefix of the server's momentum buffers in its state; they ne
 
 
 @dataclass(frozen=True)
-class FedAvgMParams(FedAvgParams):
+class FedAvgMSettings(FedAvgSettings):
     server_momentum: UnitOpen = 0.9  # beta; the paper sweeps it in [0, 1): 0 with server_lr = 1 is FedAvg
     server_lr: Positive = 1.0  # the server's step along its momentum (the paper's effective rate is server_lr / (1 - beta))
 
@@ -25,7 +25,7 @@ class FedAvgMParams(FedAvgParams):
 @stackable(per_run=("server_momentum", "server_lr"))
 class FedAvgM(FedAvg):
     description = "FedAvg whose server steps along a momentum of the averaged client updates"
-    Params = FedAvgMParams
+    Settings = FedAvgMSettings
 
     def init_server(self) -> Params:
         model = super().init_server()

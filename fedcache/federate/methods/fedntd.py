@@ -15,12 +15,12 @@ from fedcache.config import NonNegative, Positive
 from fedcache.federate.local import cross_entropy, masked_mean
 from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgSettings
 from fedcache.heads import forward, train_forward
 
 
 @dataclass(frozen=True)
-class FedNTDParams(FedAvgParams):
+class FedNTDSettings(FedAvgSettings):
     # The official config/fedntd.json (NTD_Loss's own defaults are tau = 3, beta = 1). FST-CBDG, which
     # compares against FedNTD, does not state them.
     tau: Positive = 1.0  # softmax temperature of both the local and the global logits
@@ -31,7 +31,7 @@ class FedNTDParams(FedAvgParams):
 @stackable(per_row=("beta",))  # tau divides the logits inside not_true_kl: one value per stack
 class FedNTD(FedAvg):
     description = "FedAvg plus distillation of the global model's not-true-class predictions"
-    Params = FedNTDParams
+    Settings = FedNTDSettings
 
     def loss(self, p, xb, yb, mask, info):
         xb = self.inputs(xb)

@@ -28,7 +28,7 @@ from fedcache.noise import perturb
 
 
 @dataclass(frozen=True)
-class FedPCLParams(Checked):
+class FedPCLSettings(Checked):
     tau: Positive = 0.07  # paper and official code; the loss divides by it
     # Loss ablation (workshop Table 11 / NeurIPS Table 5). Its "Cross Entropy" and "CE + ProtoDist" rows are
     # FedAvg and FedProto (the same numbers as those methods' rows in NeurIPS Table 11): the names are refused
@@ -82,13 +82,13 @@ BACKBONE_HEATMAP = MethodCommand(
 )
 
 
-def _stack_memory(params: FedPCLParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
+def _stack_memory(params: FedPCLSettings, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
     # The run's local prototype sets: the server's, the broadcast and the filled sets of its contrastive loss.
     sets = 3 * clients * n_classes * PROTO_DIM
     return 4 * (sets + (_batch_contrast(params, clients, batch) if params.contrast == "batch" else 0))
 
 
-def _batch_contrast(params: FedPCLParams, clients: int, batch: int) -> int:
+def _batch_contrast(params: FedPCLSettings, clients: int, batch: int) -> int:
     """Floats contrast=batch holds at its peak in a step of every client of the run: per client and prototype
     set, five copies of the anchors' similarities to the step's 2B views (forward and backward) and two of the
     anchors (2B x 256); measured within a few percent of the process's peak on CPU."""
@@ -106,7 +106,7 @@ def _batch_contrast(params: FedPCLParams, clients: int, batch: int) -> int:
 @stackable(per_run=("tau", "noise_scale", "perturb", "aggregation"), memory=_stack_memory)
 class FedPCL(Method):
     description = "personal projection heads; clients exchange class prototypes and train contrastively"
-    Params = FedPCLParams
+    Settings = FedPCLSettings
     default_head = "projection"
     personalized = True
     has_global_model = False

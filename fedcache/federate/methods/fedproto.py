@@ -23,7 +23,7 @@ CHUNK = 16  # clients per prototype pass, to bound the (K, T, D) gather
 
 
 @dataclass(frozen=True)
-class FedProtoParams(Checked):
+class FedProtoSettings(Checked):
     lam: NonNegative = 1.0  # weight of the prototype loss; the official code's --ld default (README)
     # "classifier": the client's own head; "proto": the nearest global prototype (the official code reports both)
     predict: Literal["classifier", "proto"] = "classifier"
@@ -54,7 +54,7 @@ class FedProtoParams(Checked):
 @stackable(per_row=("lam",), per_run=("predict", "aggregation", "missing", "init"))
 class FedProto(Method):
     description = "personal heads; clients exchange per-class prototypes of their representation"
-    Params = FedProtoParams
+    Settings = FedProtoSettings
     default_head = "mlp"
     personalized = True
     has_global_model = False

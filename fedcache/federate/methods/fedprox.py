@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from fedcache.config import NonNegative
 from fedcache.federate.stacking import stackable
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg import FedAvg, FedAvgParams
+from fedcache.federate.methods.fedavg import FedAvg, FedAvgSettings
 
 
 @dataclass(frozen=True)
-class FedProxParams(FedAvgParams):
+class FedProxSettings(FedAvgSettings):
     mu: NonNegative = 0.01  # the FedProx paper sweeps {0.001, 0.01, 0.1, 1}; a negative mu pushes away
 
 
@@ -18,7 +18,7 @@ class FedProxParams(FedAvgParams):
 @stackable(per_row=("mu",))
 class FedProx(FedAvg):
     description = "FedAvg with a proximal term pulling local heads towards the global one"
-    Params = FedProxParams
+    Settings = FedProxSettings
 
     def loss(self, p, xb, yb, mask, info):
         anchor = info["anchor"]

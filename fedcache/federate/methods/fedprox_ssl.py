@@ -7,18 +7,18 @@ from dataclasses import dataclass
 
 from fedcache.config import NonNegative
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.fedavg_ssl import FedAvgSSL, FedAvgSSLParams
+from fedcache.federate.methods.fedavg_ssl import FedAvgSSL, FedAvgSSLSettings
 
 
 @dataclass(frozen=True)
-class FedProxSSLParams(FedAvgSSLParams):
+class FedProxSSLSettings(FedAvgSSLSettings):
     mu: NonNegative = 1e-4  # FLESD's official README: "The default mu=1e-4 in the original paper"
 
 
 @METHODS.register("fedprox-ssl")
 class FedProxSSL(FedAvgSSL):
     description = "unsupervised: FedAvg-SSL with a proximal term towards the global encoder"
-    Params = FedProxSSLParams
+    Settings = FedProxSSLSettings
 
     def proximal(self) -> float:
         return self.p.mu

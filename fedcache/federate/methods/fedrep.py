@@ -17,7 +17,7 @@ from fedcache.heads import Params, expand, forward
 
 
 @dataclass(frozen=True)
-class FedRepParams(Checked):
+class FedRepSettings(Checked):
     # Epochs on the personal classifier before the body's epochs (the run's local_epochs, the official
     # --local_rep_ep). Every official script trains the classifier 10 epochs (--local_ep minus --local_rep_ep),
     # the body 1 (CIFAR-10 2 shards, --local_rep_ep's default) or 5 (the other six scripts).
@@ -32,7 +32,7 @@ class FedRepParams(Checked):
 @stackable()
 class FedRep(Method):
     description = "shared representation (averaged), personal classifier per client"
-    Params = FedRepParams
+    Settings = FedRepSettings
     default_head = "mlp"
     personalized = True
     has_global_model = False

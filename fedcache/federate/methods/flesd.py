@@ -22,7 +22,7 @@ import torch
 from fedcache.config import NonNegative, NonNegativeInt, Positive, PositiveInt, Range, UnitOpen
 from fedcache.errors import ConfigError
 from fedcache.federate.methods import _flesd as esd
-from fedcache.federate.methods._simclr import SSLMethod, SSLParams, embed, local_simclr
+from fedcache.federate.methods._simclr import SSLMethod, SSLSettings, embed, local_simclr
 from fedcache.federate.methods.base import METHODS, LocalResult, MethodContext
 from fedcache.heads import Params, expand
 from fedcache.federate.local import here
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class FLESDParams(SSLParams):
+class FLESDSettings(SSLSettings):
     target_t: Positive = 0.1  # tau_T of Eq. 5, also the student's (Eq. 7); official README: 0.1 for both
     momentum: UnitOpen = 0.999  # m of Eq. 10 (official code)
     queue: PositiveInt = 2048  # K, the queue of momentum keys (official code); capped by the public set
@@ -50,7 +50,7 @@ class FLESDParams(SSLParams):
 @METHODS.register("flesd")
 class FLESD(SSLMethod):
     description = "unsupervised: local SimCLR, ensemble similarity distillation on a public set (no weights sent up)"
-    Params = FLESDParams
+    Settings = FLESDSettings
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         super().__init__(ctx, params)

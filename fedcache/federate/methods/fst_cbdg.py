@@ -31,7 +31,7 @@ ZERO_SHOT_CHUNK = 8192  # rows per matrix product when computing the initial pse
 
 
 @dataclass(frozen=True)
-class FSTCBDGParams(Checked):
+class FSTCBDGSettings(Checked):
     beta: Fraction = 0.9  # Eq. 4 moving-average rate; paper Sec. 4.1
     lam: NonNegative = 1.0  # lambda of Eq. 8; paper Sec. 4.1
     gamma: NonNegative = 0.0  # Eq. 7; paper Sec. 4.1
@@ -82,7 +82,7 @@ ANCHORS = {
 }
 
 
-def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
+def _stack_memory(params: FSTCBDGSettings, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
     # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
     # pass's, the returned one); with refresh=all the unit features of the clients' rows.
     return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
@@ -96,11 +96,11 @@ def _stack_memory(params: FSTCBDGParams, rows: int, clients: int, dim: int, n_cl
            padded_states=("q",), memory=_stack_memory)
 class FSTCBDG(Method):
     description = "unsupervised: self-training on zero-shot soft pseudo-labels + class-balanced text sampling"
-    Params = FSTCBDGParams
+    Settings = FSTCBDGSettings
     default_preset = "fst-cbdg"
 
     @classmethod
-    def not_deployable(cls, params: FSTCBDGParams) -> str:
+    def not_deployable(cls, params: FSTCBDGSettings) -> str:
         if params.anchors == "prototypes":
             return ("anchors=prototypes averages labelled rows drawn from every client on the server, which a "
                     "deployment's server does not hold; use anchors=text")

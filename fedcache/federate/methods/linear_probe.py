@@ -14,14 +14,14 @@ from fedcache.federate.local import here
 
 
 @dataclass(frozen=True)
-class LinearProbeParams(Checked):
+class LinearProbeSettings(Checked):
     c: Positive = 1.0  # inverse L2 strength of scikit-learn's LogisticRegression
 
 
 @METHODS.register("linear-probe")
 class LinearProbe(Method):
     description = "scikit-learn logistic regression on all training features pooled (reference ceiling)"
-    Params = LinearProbeParams
+    Settings = LinearProbeSettings
     federated = False
     splittable = False
     all_clients = True

@@ -26,7 +26,7 @@ ADAPT = 2**31 + 1  # shuffling stream of the evaluation-time adaptation batch, d
 
 
 @dataclass(frozen=True)
-class PerFedAvgParams(Checked):
+class PerFedAvgSettings(Checked):
     # Step size of the personalisation step. The pFedMe repository (which implements Per-FedAvg) runs
     # it with --learning_rate 0.005 --beta 0.001; beta, the outer step, is the learning rate of the
     # run's optimizer (the perfedavg preset: SGD 0.001).
@@ -38,7 +38,7 @@ class PerFedAvgParams(Checked):
 @METHODS.register("perfedavg")
 class PerFedAvg(Method):
     description = "FedAvg on the MAML objective; each client adapts the global head with one gradient step"
-    Params = PerFedAvgParams
+    Settings = PerFedAvgSettings
     default_preset = "perfedavg"  # SGD at the paper's beta: the outer step of Algorithm 1
     personalized = True
 

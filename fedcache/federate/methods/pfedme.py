@@ -22,7 +22,7 @@ from fedcache.federate.local import here
 
 
 @dataclass(frozen=True)
-class PFedMeParams(Checked):
+class PFedMeSettings(Checked):
     lam: Positive = 15.0  # official --lamda 15: CIFAR-10 and 3 of 4 MNIST commands (Synthetic 20)
     inner_steps: PositiveInt = 5  # K, official default --K 5
     # Step size of the inner solver for theta: the official CIFAR-10 and Synthetic commands
@@ -40,7 +40,7 @@ class PFedMeParams(Checked):
 @METHODS.register("pfedme")
 class PFedMe(Method):
     description = "personalised models tied to the global one by a Moreau-envelope (L2) term"
-    Params = PFedMeParams
+    Settings = PFedMeSettings
     default_preset = "pfedme"  # SGD at the paper's eta: the w update of Algorithm 1
     personalized = True
 

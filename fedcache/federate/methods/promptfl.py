@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class PromptFLParams(Checked):
+class PromptFLSettings(Checked):
     n_ctx: PositiveInt = 16  # context tokens (CoOp, PromptFL)
     ctx_init: str = ""  # "": N(0, 0.02^2) as CoOp; or words to start from, e.g. "a photo of a" (with n_ctx=4)
     logit_scale: NonNegative = 0.0  # 0: the CLIP model's own exp(t) (100 for OpenAI's weights)
@@ -34,7 +34,7 @@ class PromptFLParams(Checked):
 @METHODS.register("promptfl")
 class PromptFL(Method):
     description = "CoOp context vectors through CLIP's frozen text tower on cached image features; FedAvg of the contexts"
-    Params = PromptFLParams
+    Settings = PromptFLSettings
     default_preset = "promptfl"
 
     def __init__(self, ctx: MethodContext, params=None) -> None:

@@ -17,14 +17,14 @@ import torch
 from fedcache.config import PositiveInt
 from fedcache.federate.methods._visual_prompt import CachedFeatures, FeaturePrompt, PixelPrompt
 from fedcache.federate.methods.base import METHODS
-from fedcache.federate.methods.promptfl import PromptFL, PromptFLParams
+from fedcache.federate.methods.promptfl import PromptFL, PromptFLSettings
 from fedcache.federate.source import source_from_info
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class TPFLParams(PromptFLParams):
+class TPFLSettings(PromptFLSettings):
     visual: Literal["feature", "pixel"] = "feature"
     pad: PositiveInt = 30  # visual=pixel: width of the padding prompt in pixels (Bahng et al.'s default at 224 px)
     dataset: str = ""  # visual=pixel: the dataset's registry name if the store names it differently
@@ -55,7 +55,7 @@ VISUAL = {"feature": _feature, "pixel": _pixel}
 @METHODS.register("tpfl")
 class TPFL(PromptFL):
     description = "PromptFL plus a visual prompt (on cached features, or pixels with visual=pixel); both averaged"
-    Params = TPFLParams
+    Settings = TPFLSettings
     default_preset = "tpfl"
 
     def make_visual(self) -> CachedFeatures:

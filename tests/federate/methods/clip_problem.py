@@ -57,7 +57,7 @@ def biased_problem(shards: int | None = None, seed: int = 0, n_clients: int = 20
 
 def make(name: str, data: FederatedData, seed: int = 0, rounds: int = 10, optim: OptimConfig = OPTIMIZER_PRESETS["fst-cbdg"], **params):
     cls = METHODS.get(name)
-    return cls(MethodContext(data, "linear", optim, Schedule(seed=seed, rounds=rounds)), cls.Params(**params))
+    return cls(MethodContext(data, "linear", optim, Schedule(seed=seed, rounds=rounds)), cls.Settings(**params))
 
 
 def accuracy(name: str, data: FederatedData, rounds: int = 10, **params) -> float:

@@ -24,7 +24,7 @@ def forged_source(n_train: int, n_test: int, weights_hash: str) -> FeatureSource
 def make(name, data, seed=0, lr=2e-2, **params):
     cls = METHODS.get(name)
     ctx = MethodContext(data, "linear", OptimConfig("adam", lr, weight_decay=0.0), schedule=Schedule(local_epochs=2, batch_size=32, seed=seed, rounds=10))
-    return cls(ctx, cls.Params(**params))
+    return cls(ctx, cls.Settings(**params))
 
 
 def accuracy(m, server, data) -> float:

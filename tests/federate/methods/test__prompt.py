@@ -163,10 +163,10 @@ def test_pixel_prompt_sends_only_a_step_s_real_rows_through_the_image_tower(stor
 def test_clear_errors_for_a_head_and_for_fused_backbones(hidden, clip):
     cls = METHODS.get("promptfl")
     with pytest.raises(ConfigError, match="drop --head"):
-        cls(MethodContext(hidden, "mlp"), cls.Params())
+        cls(MethodContext(hidden, "mlp"), cls.Settings())
     keys = ({"backbone": CLIP, "weights_hash": clip.weights_hash}, {"backbone": "tiny-timm-random", "weights_hash": "h"})
     rows = RowSource(np.zeros(400, np.int16), np.arange(400), keys)
     fused = FederatedData(hidden.x_train, hidden.y_train, hidden.x_test, hidden.y_test, hidden.client_train,
                           hidden.client_test, CLASSES, info={"source": FeatureSource(("all",), rows, rows)})
     with pytest.raises(ConfigError, match="exactly one backbone"):
-        cls(MethodContext(fused), cls.Params())
+        cls(MethodContext(fused), cls.Settings())

@@ -21,7 +21,7 @@ def with_text():
 
 def make(name, data, head="linear", **params):
     cls = METHODS.get(name)
-    return cls(MethodContext(data, head, OptimConfig("sgd", 0.1)), cls.Params(**params))
+    return cls(MethodContext(data, head, OptimConfig("sgd", 0.1)), cls.Settings(**params))
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedntd", "fedprox"])
@@ -65,4 +65,4 @@ def test_text_init_needs_the_linear_head_and_a_text_tower():
         make("fedavg", with_text(), head="mlp", init="text")
     with pytest.raises(ConfigError, match="text tower"):
         make("fedntd", synthetic(n_clients=2, per_client=10, n_classes=4, dim=6), init="text")
-    assert METHODS.get("fedavg").Params().init == "random"
+    assert METHODS.get("fedavg").Settings().init == "random"

@@ -16,7 +16,7 @@ def fedavgm(head: str = "linear", **settings):
     data = synthetic(n_clients=4, per_client=30, n_classes=3, dim=4)
     cls = METHODS.get("fedavgm")
     ctx = MethodContext(data, head, OptimConfig("sgd", 0.05), Schedule(local_epochs=1, batch_size=8))
-    return cls(ctx, cls.Params(**settings))
+    return cls(ctx, cls.Settings(**settings))
 
 
 def uploads(values: list[float], like: dict) -> LocalResult:
@@ -59,7 +59,7 @@ def test_without_momentum_at_unit_rate_it_is_fedavg_and_sends_what_fedavg_sends(
     plain = METHODS.get("fedavg")
     still = run(fedavgm(head, server_momentum=0.0, server_lr=1.0), RunConfig(rounds=4, fraction=0.5))
     m = fedavgm(head)
-    ref = run(plain(m.ctx, plain.Params()), RunConfig(rounds=4, fraction=0.5))
+    ref = run(plain(m.ctx, plain.Settings()), RunConfig(rounds=4, fraction=0.5))
     # Bit for bit: w - (w - average) would round away from FedAvg's average (by ~1e-7 over 4 rounds).
     assert still.history == ref.history
     for n in ref.server:

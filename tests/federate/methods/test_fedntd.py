@@ -16,7 +16,7 @@ from ..test_methods import make
 
 def fedntd(tau: float, beta: float):
     data = synthetic(n_clients=1, per_client=4, n_classes=3, dim=3)
-    return METHODS.get("fedntd")(MethodContext(data, "linear", OptimConfig("sgd", 0.1)), METHODS.get("fedntd").Params(tau=tau, beta=beta))
+    return METHODS.get("fedntd")(MethodContext(data, "linear", OptimConfig("sgd", 0.1)), METHODS.get("fedntd").Settings(tau=tau, beta=beta))
 
 
 def identity_head(bias: list[float]) -> dict:
@@ -78,7 +78,7 @@ def test_teacher_normalises_with_the_global_models_running_statistics():
     tau, beta = 2.0, 0.5
     data = synthetic(n_clients=1, per_client=6, n_classes=3, dim=4)
     cls = METHODS.get("fedntd")
-    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.1)), cls.Params(tau=tau, beta=beta))
+    m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.1)), cls.Settings(tau=tau, beta=beta))
     g = torch.Generator().manual_seed(3)
     anchor = m.head.init(1, g)
     h = anchor["bn.running_mean"].shape[-1]

@@ -12,7 +12,7 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, LocalResult, MethodContext
 from fedcache.federate.methods import _fedpcl_losses as L
-from fedcache.federate.methods.fedpcl import FedPCLParams
+from fedcache.federate.methods.fedpcl import FedPCLSettings
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.prototypes import nearest
 from fedcache.federate.schedule import Schedule
@@ -22,7 +22,7 @@ from ..conftest import synthetic
 
 
 def fedpcl(data, **params):
-    return METHODS.get("fedpcl")(MethodContext(data, head="projection"), FedPCLParams(**params))
+    return METHODS.get("fedpcl")(MethodContext(data, head="projection"), FedPCLSettings(**params))
 
 
 def test_server_keeps_latest_local_sets_and_padding_fills_missing_classes():
@@ -101,7 +101,7 @@ def test_paper_term_leaves_classes_absent_from_the_set_out_of_the_denominator():
 
 def test_prediction_is_the_nearest_local_prototype_by_squared_l2():
     data = synthetic(n_clients=1, n_classes=2, dim=2)
-    m = METHODS.get("fedpcl")(MethodContext(data, head="projection"), FedPCLParams())
+    m = METHODS.get("fedpcl")(MethodContext(data, head="projection"), FedPCLSettings())
     h = m.h
     states = {"proj.weight": torch.zeros(1, 2, h), "proj.bias": torch.zeros(1, 1, h),
               "protos": torch.zeros(1, 2, h), "proto_count": torch.ones(1, 2)}
@@ -165,7 +165,7 @@ def test_a_stack_s_memory_estimate_counts_the_batch_contrast_s_similarities():
     memory = stacking_of(METHODS.get("fedpcl")).memory
 
     def estimate(batch=32, **params):
-        return memory(FedPCLParams(**params), 5000, 20, 512, 10, batch)
+        return memory(FedPCLSettings(**params), 5000, 20, 512, 10, batch)
 
     sets = 4 * 3 * 20 * 10 * 256
     assert estimate() == estimate(batch=64) == sets
@@ -227,7 +227,7 @@ def test_training_beats_the_untrained_projection(contrast):
 
     def acc(rounds):
         ctx = MethodContext(data, "projection", OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=5))
-        return run(METHODS.get("fedpcl")(ctx, FedPCLParams(contrast=contrast)), RunConfig(rounds=rounds)).summary["mean_accuracy"]
+        return run(METHODS.get("fedpcl")(ctx, FedPCLSettings(contrast=contrast)), RunConfig(rounds=rounds)).summary["mean_accuracy"]
 
     untrained, trained = acc(1), acc(20)  # round 1 trains nothing (first_round=idle)
     assert untrained < 40 and trained > untrained + 15, (untrained, trained)

@@ -22,7 +22,7 @@ from .. import test_methods as generic
 def make(data, **params):
     cls = METHODS.get("fedproto")
     ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.01, 0.0, 0.0), schedule=Schedule(local_epochs=2, batch_size=16, seed=0, rounds=2))
-    return cls(ctx, cls.Params(**params))
+    return cls(ctx, cls.Settings(**params))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from ..conftest import synthetic
 def fedprox(mu: float, head: str):
     data = synthetic(n_clients=2, per_client=8, n_classes=3, dim=4)
     cls = METHODS.get("fedprox")
-    return cls(MethodContext(data, head, OptimConfig("sgd", 0.1)), cls.Params(mu=mu)), data
+    return cls(MethodContext(data, head, OptimConfig("sgd", 0.1)), cls.Settings(mu=mu)), data
 
 
 def test_proximal_gradient_is_mu_times_the_distance_to_the_global_head():

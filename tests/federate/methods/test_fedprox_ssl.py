@@ -5,7 +5,7 @@ import torch
 
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods._simclr import ENCODER_KEYS, proximal
-from fedcache.federate.methods.fedprox_ssl import FedProxSSLParams
+from fedcache.federate.methods.fedprox_ssl import FedProxSSLSettings
 
 from ..conftest import synthetic
 from ..test_methods import make
@@ -21,7 +21,7 @@ def test_proximal_term_is_mu_times_the_squared_distance_without_a_half():
 
 
 def test_default_mu_is_the_papers_and_mu_reaches_local_training():
-    assert FedProxSSLParams().mu == 1e-4
+    assert FedProxSSLSettings().mu == 1e-4
     data = synthetic(per_client=24)
     data.views = data.x_train[:, None] + 0.3 * torch.randn(len(data.x_train), 2, data.dim,
                                                            generator=torch.Generator().manual_seed(1))

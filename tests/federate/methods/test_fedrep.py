@@ -25,7 +25,7 @@ def fedrep(head_epochs: int):
     data = synthetic(n_clients=3, per_client=20, n_classes=4, dim=6)
     cls = METHODS.get("fedrep")
     ctx = MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), schedule=Schedule(local_epochs=1, batch_size=8))
-    return cls(ctx, cls.Params(head_epochs=head_epochs)), data
+    return cls(ctx, cls.Settings(head_epochs=head_epochs)), data
 
 
 def copy(p):
@@ -128,14 +128,14 @@ def test_server_averages_bodies_uniformly_or_by_sample_counts(aggregate, weights
     data = synthetic(n_clients=2, n_classes=4, dim=6, sizes=[8, 24])
     cls = METHODS.get("fedrep")
     m = cls(MethodContext(data, "mlp", OptimConfig("sgd", 0.5, momentum=0.0, weight_decay=0.0), schedule=Schedule(batch_size=8)),
-            cls.Params(head_epochs=1, aggregate=aggregate))
+            cls.Settings(head_epochs=1, aggregate=aggregate))
     got = m.local_update(0, [0, 1], m.init_server(), m.init_clients(2))
     torch.testing.assert_close(got.weights, torch.tensor(weights))
     server = m.aggregate(m.init_server(), got, [0, 1], 0)
     w = torch.tensor(weights) / sum(weights)
     for n in BODY:
         torch.testing.assert_close(server[n][0], w[0] * got.uploads[n][0] + w[1] * got.uploads[n][1])
-    assert cls.Params().aggregate == "uniform"  # Algorithm 1 and the official code's image datasets
+    assert cls.Settings().aggregate == "uniform"  # Algorithm 1 and the official code's image datasets
 
 
 @pytest.mark.parametrize("preset", ["fedpcl-table2", "fedpcl-table3"])
@@ -154,7 +154,7 @@ def test_fedpcl_comparison_runs_fedrep_at_the_papers_budget(preset, tmp_path):
             run = train_config(spec, cell, None)
             assert run.get("local_epochs") == 1
             assert run.method.params.head_epochs == 1
-    assert METHODS.get("fedrep").Params().head_epochs == 10  # FedRep's own default is untouched
+    assert METHODS.get("fedrep").Settings().head_epochs == 10  # FedRep's own default is untouched
 
 
 # ---- on test_methods.py's skewed problem -------------------------------------------------------------------

@@ -335,9 +335,9 @@ def test_defaults_are_the_papers_and_official_codes():
     """Paper Sec. 5.1 and the official README / options.py: tau_T = 0.1 (also the student's), m = 0.999,
     K = 2048, 200 distillation epochs in batches of 256, Adam 1e-3 (wd 1e-6); local SimCLR T = 0.4;
     the representations of the public set are what a client sends (Eq. 11)."""
-    from fedcache.federate.methods.flesd import FLESDParams
+    from fedcache.federate.methods.flesd import FLESDSettings
 
-    p = FLESDParams()
+    p = FLESDSettings()
     assert (p.target_t, p.momentum, p.queue, p.distill_epochs, p.distill_batch) == (0.1, 0.999, 2048, 200, 256)
     assert (p.distill_lr, p.distill_wd, p.temperature) == (1e-3, 1e-6, 0.4)
     assert (p.upload, p.top_percent, p.precision, p.public_rows) == ("representations", 100.0, "float32", 0)

@@ -200,9 +200,9 @@ def test_pseudo_labels_persist_across_rounds(refresh, iid):
     cls = METHODS.get("fst-cbdg")
     ctx = MethodContext(data, "linear", OPTIMIZER_PRESETS["fst-cbdg"], Schedule(rounds=2))
     p = torch.softmax(unit(data.x_train[data.client_train[0]]) @ data.info["text"].T, -1)
-    one = run(cls(ctx, cls.Params(refresh=refresh)), RunConfig(rounds=1))
+    one = run(cls(ctx, cls.Settings(refresh=refresh)), RunConfig(rounds=1))
     torch.testing.assert_close(one.clients["q"][0], p)
-    two = run(cls(ctx, cls.Params(refresh=refresh)), RunConfig(rounds=2))
+    two = run(cls(ctx, cls.Settings(refresh=refresh)), RunConfig(rounds=2))
     w, b = one.server["weight"][0], one.server["bias"][0]
     f1 = torch.softmax(unit(data.x_train[data.client_train[0]]) @ w + b, -1)
     torch.testing.assert_close(two.clients["q"][0], 0.9 * p + 0.1 * f1)

@@ -38,7 +38,7 @@ def make(optim: OptimConfig, **params):
     rows = [np.arange(4), np.arange(4, 6)]
     data = FederatedData(x, y, x, y, rows, [r.copy() for r in rows], ("a", "b"))
     cls = METHODS.get("perfedavg")
-    m = cls(MethodContext(data, "linear", optim, schedule=Schedule(local_epochs=1, batch_size=2)), cls.Params(**params))
+    m = cls(MethodContext(data, "linear", optim, schedule=Schedule(local_epochs=1, batch_size=2)), cls.Settings(**params))
     m.ce_loss = quadratic
     return m
 
@@ -117,7 +117,7 @@ def test_personalised_score_is_one_alpha_step_on_a_fixed_training_batch():
     alpha, clients = 0.5, [0, 1]
     data = synthetic(n_clients=2, per_client=20, n_classes=3, dim=4)
     cls = METHODS.get("perfedavg")
-    m = cls(MethodContext(data, "linear", OPTIMIZER_PRESETS["perfedavg"], schedule=Schedule(batch_size=8)), cls.Params(alpha=alpha))
+    m = cls(MethodContext(data, "linear", OPTIMIZER_PRESETS["perfedavg"], schedule=Schedule(batch_size=8)), cls.Settings(alpha=alpha))
     server = m.init_server()
     x = data.x_test[:5].expand(2, -1, -1)
     got = m.client_logits(server, {}, clients, x)

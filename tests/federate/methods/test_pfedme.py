@@ -38,7 +38,7 @@ def two_clients() -> FederatedData:
 
 def make(optim: OptimConfig, **params):
     cls = METHODS.get("pfedme")
-    m = cls(MethodContext(two_clients(), "linear", optim, schedule=Schedule(local_epochs=1, batch_size=2)), cls.Params(**params))
+    m = cls(MethodContext(two_clients(), "linear", optim, schedule=Schedule(local_epochs=1, batch_size=2)), cls.Settings(**params))
     m.ce_loss = quadratic  # the data term f, replaced by one whose gradient is known in closed form
     return m
 
@@ -106,7 +106,7 @@ def test_official_l2_in_the_inner_solver():
 def small(head: str):
     data = synthetic(n_clients=2, per_client=16, n_classes=3, dim=4)
     cls = METHODS.get("pfedme")
-    return cls(MethodContext(data, head, OPTIMIZER_PRESETS["pfedme"], schedule=Schedule(batch_size=8)), cls.Params()), data
+    return cls(MethodContext(data, head, OPTIMIZER_PRESETS["pfedme"], schedule=Schedule(batch_size=8)), cls.Settings()), data
 
 
 def test_clients_are_scored_with_their_personalised_theta():
