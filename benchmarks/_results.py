@@ -15,21 +15,6 @@ def meta() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
             "load_average_at_end": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-
-
-def best_ms(fn, repeat: int, warmup: int) -> float:
-    """The fastest of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones, in milliseconds: the
-    least disturbed call, as timeit reports."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return 1e3 * best
-
-
 def write(res: dict, out: Path) -> None:
     res["meta"] = meta()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -88,11 +88,11 @@ def _flower_times(out: Path, wall: float, summary: dict) -> dict:
 
 
 def simulation(store: Path, work: Path, size: Size) -> dict:
-    from fedcache.flower.sim import train_flower_sim
+    from fedcache.flower.sim import train_flower_sim_here  # in this process, as `fedcache train` runs it
 
     out = work / "sim"
     t0 = time.perf_counter()
-    summary = train_flower_sim(config(store, size, out=out))
+    summary = train_flower_sim_here(config(store, size, out=out))
     return _flower_times(out, time.perf_counter() - t0, summary)
 
 

@@ -123,7 +123,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
                       settings=_pairs(settings), **options)
     if spec.engine.name != "in-process":
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
-                          "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
+                          "fedcache.flower.sim.train_flower_sim(spec) (in a child process) or `fedcache train --engine`")
     r = run(spec, on_round)
     return TrainResult(r.summary, r.history, one_model(r.server), r.clients, spec.engine.out)
 

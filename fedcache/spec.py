@@ -13,11 +13,12 @@ options) its flag and help; everything else is derived from the tree:
   ``route`` finds the field a key names, once, for every entry point, and ``fedcache.config.parse`` checks
   its value;
 - a run's ``config.json`` (``to_dict`` / ``from_dict``, the tree as JSON) and the Flower run config
-  (``to_flat`` / ``from_flat``: ``section.field`` keys, plain values, the settings as ``key=value`` text).
+  (``to_flat``: ``section.field`` keys, plain values, the settings as ``key=value`` text; read back by
+  ``fedcache.flower.config.FlowerRun``).
 
 A value out of range fails when the spec is built, before any data is read, with a message naming the flag
 or key, the value and the range. Importing this module imports no torch; building a spec imports the
-method registry (the method's ``Params``).
+method registry (the method's ``Settings``).
 """
 from __future__ import annotations
 
@@ -334,17 +335,6 @@ class RunSpec:
         optim = _apply(spec.optim, {k: (f"optim.{k}", v) for k, v in d.get("optim", {}).items() if k != "preset"})
         return dataclasses.replace(spec, method=MethodSpec(spec.method.name, params), optim=optim)
 
-    # ---- Flower run config -------------------------------------------------------------------------
-    def to_flat(self) -> dict[str, str | int | float | bool]:
-        return to_flat(self.sections())
-
-    @classmethod
-    def from_flat(cls, flat: dict[str, Any], base: "RunSpec") -> "RunSpec":
-        """``base`` with the ``section.field`` values of ``flat`` (other keys are the caller's)."""
-        given = {k: v for k, v in flat.items() if k in _FLAT_KEYS}
-        settings = given.pop("method.settings", "")
-        return base.replace(**given, settings=settings.split() if isinstance(settings, str) else settings)
-
     def settings(self) -> list[str]:
         """The ``--set`` pairs that give this tree's method, optimizer and head settings from the method's
         defaults and the optimizer preset: each setting that differs, qualified."""
@@ -583,4 +573,3 @@ def _text(value: Any) -> str:
 _BY_NAME_ONLY = {o.name: o for o in options() if o is not SETTINGS}
 _BY_KEY = {o.key: o for o in options() if o is not SETTINGS}
 _BY_NAME = {**_BY_NAME_ONLY, **_BY_KEY}
-_FLAT_KEYS = {*_BY_KEY, "method.settings"}

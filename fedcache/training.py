@@ -222,6 +222,9 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
           run_name: str | None = None, stop_after: int | None = None) -> RunResult:
     """One run. ``run_name`` names it for trackers (default: its --out directory's name). ``stop_after``: pause
     after that round, to be continued with ``resume`` (``driver.run``; a grid's successive halving)."""
+    if spec.engine.name != "in-process":  # run silently in-process, it would be recorded as what it is not
+        raise ConfigError(f"this runs in-process; engine={spec.engine.name!r} runs through "
+                          "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
     check_out(spec)
     with owned(spec), on_device(spec):
         method, resolved = prepare(spec, tables)

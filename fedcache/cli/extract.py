@@ -68,8 +68,10 @@ def _noise_option(text: str | None) -> tuple[str, float, float] | None:
         kind, scale, p = parts[0], float(parts[1]), float(parts[2])
     except (IndexError, ValueError):
         raise typer.BadParameter(f"expected KIND,SCALE,P such as gaussian,0.05,0.1; got {text!r}", param_hint="--image-noise")
-    if kind not in ("gaussian", "laplace") or scale < 0 or not 0 <= p <= 1:
-        raise typer.BadParameter("KIND is gaussian or laplace, SCALE >= 0 and 0 <= P <= 1", param_hint="--image-noise")
+    from fedcache.noise import KINDS  # here: importing it imports torch, which --help must not wait for
+
+    if kind not in KINDS or scale < 0 or not 0 <= p <= 1:
+        raise typer.BadParameter(f"KIND is {' or '.join(KINDS)}, SCALE >= 0 and 0 <= P <= 1", param_hint="--image-noise")
     return kind, scale, p
 
 

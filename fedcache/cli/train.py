@@ -73,9 +73,9 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
 
 
 def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
-    from fedcache.flower.sim import train_flower_sim
+    from fedcache.flower.sim import train_flower_sim_here
 
-    return train_flower_sim(spec), " (Flower simulation)"
+    return train_flower_sim_here(spec), " (Flower simulation)"  # here: the command owns its process
 
 
 ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}  # the names of spec.EngineSpec.name

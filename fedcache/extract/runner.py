@@ -237,6 +237,9 @@ def _loader(samples, rows, pre: Preprocess, view, domain_index, batch_size: int,
         _Rows(samples, rows, pre, view, domain_index), batch_size=batch_size, shuffle=False,
         num_workers=workers, pin_memory=plan.device.type == "cuda", prefetch_factor=4 if workers else None,
         worker_init_fn=_one_thread if workers else None,
+        # Its own generator: iterating a loader draws worker seeds from the global torch RNG otherwise, which is
+        # the caller's (views are seeded per image, so nothing extracted depends on it).
+        generator=torch.Generator(),
     )
 
 

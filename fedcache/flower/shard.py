@@ -151,10 +151,10 @@ def _write_client(store, spec, tables, views, partition: Partition, info: ShardI
     train_rows, test_rows = partition.train[k], partition.test[k]
     for split, rows in (("train", train_rows), ("test", test_rows)):
         for b in spec.backbones:
-            _copy_rows(store, shard, tables[split][b], rows, spec, split, b, info)
-    for v, view in enumerate(views, start=1):
+            _copy_rows(store, shard, tables[split][b], rows, info)
+    for view in views:
         for b in spec.backbones:
-            _copy_rows(store, shard, view[b], train_rows, spec, "train", b, info, v)
+            _copy_rows(store, shard, view[b], train_rows, info)
     _copy_text(store, shard, spec.backbones)
     first = spec.backbones[0]
     own = [np.arange(len(train_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
@@ -168,14 +168,13 @@ def _write_server(store, spec, tables, info: ShardInfo, path: Path) -> Path:
     shard = _new_store(path, info)
     n_test = len(tables["test"][spec.backbones[0]])
     for b in spec.backbones:
-        _copy_rows(store, shard, tables["train"][b], np.zeros(0, np.int64), spec, "train", b, info)
-        _copy_rows(store, shard, tables["test"][b], np.arange(n_test), spec, "test", b, info)
+        _copy_rows(store, shard, tables["train"][b], np.zeros(0, np.int64), info)
+        _copy_rows(store, shard, tables["test"][b], np.arange(n_test), info)
     _copy_text(store, shard, spec.backbones)
     return path
 
 
-def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, spec: ShardSpec, split: str, backbone: str,
-               info: ShardInfo, view: int = 0) -> None:
+def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, info: ShardInfo) -> None:
     """Write ``table``'s ``rows`` as the shard's entries, one per domain (empty ones too: readers expect every domain)."""
     for d, entry_id in enumerate(table.entry_ids):
         src = store.info(entry_id)

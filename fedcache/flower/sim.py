@@ -1,6 +1,11 @@
 """`fedcache train --engine flower-sim`: shard, then run the same ServerApp / ClientApp in Flower's
 simulation engine (Ray), one virtual SuperNode per client.
 
+Ray and Flower change the process they run in (a SIGTERM handler, ``sys.excepthook``, environment variables,
+``sys.path``, loggers, warnings filters), so the library's ``train_flower_sim`` runs the simulation in a child
+process (``python -m fedcache.flower.sim``) and leaves its caller's process as it was; ``fedcache train``, which
+owns its process, runs it there (``train_flower_sim_here``).
+
 Flower's public ``run_simulation`` gives the apps an empty run config; the run config reaches both
 apps here through a Flower App directory (``project.write_app``), as it does under ``flwr run``.
 That needs ``_run_simulation``'s ``app_dir`` and ``server_app_context`` arguments, which is why the
@@ -11,9 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+from fedcache import errors
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.training import owned, partition_request
 from fedcache.flower.config import FlowerRun, ServerPaths
@@ -24,8 +32,10 @@ from fedcache.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower reports usage events over the network by default
-os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning; no GPUs are used
+SIM_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",  # Flower reports usage events over the network by default
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # silences a Ray FutureWarning; no GPUs are used
+}
 
 
 def shard_spec(spec: RunSpec) -> ShardSpec:
@@ -40,15 +50,40 @@ def flower_run(spec: RunSpec, shard_dir: Path, **extra) -> FlowerRun:
 
 
 def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
-    """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary.
+    """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary; in a
+    child process, which gets the spec as JSON and answers with the summary or the error as JSON.
     With --resume, the run in --out continues from its checkpoint on the shards already there."""
+    _refuse_unsupported(spec)
     e = spec.engine
-    unsupported = [flag for flag, given in (("--validation", spec.schedule.validation), ("--no-batch", not e.batched),
-                                            ("--overwrite", e.overwrite), ("--track", bool(e.track))) if given]
-    if unsupported:
-        raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; drop them")
-    if e.resume and e.out is None:
-        raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
+    ask = {"spec": spec.to_dict(), "cpus": cpus,
+           "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
+    with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
+        request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
+        request.write_text(json.dumps(ask))
+        child = subprocess.Popen([sys.executable, "-m", "fedcache.flower.sim", str(request), str(answer)],
+                                 env={**os.environ, **SIM_ENV})
+        try:
+            code = child.wait()
+        finally:
+            if child.poll() is None:  # interrupted here: the simulation must not outlive its caller
+                child.terminate()
+                child.wait()
+        if not answer.exists():
+            raise FedcacheError(f"the Flower simulation's process ended (exit code {code}) without a result; "
+                                "see the log above")
+        reply = json.loads(answer.read_text())
+    if "error" in reply:
+        kind = getattr(errors, reply["kind"], FedcacheError)
+        raise (kind if isinstance(kind, type) and issubclass(kind, FedcacheError) else FedcacheError)(reply["error"])
+    return reply["summary"]
+
+
+def train_flower_sim_here(spec: RunSpec, cpus: int | None = None) -> dict:
+    """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring)."""
+    _refuse_unsupported(spec)
+    for k, v in SIM_ENV.items():
+        os.environ.setdefault(k, v)
+    e = spec.engine
     # --out held while the simulation writes it (fedcache/ownership.py), as `train` holds it in-process.
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec):
         base = Path(e.out) if e.out else Path(tmp)
@@ -62,6 +97,16 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
         paths = ServerPaths(shards / SERVER, base if e.out else None)
         return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus,
                         resume=e.resume, keep_checkpoints=e.keep_checkpoints)
+
+
+def _refuse_unsupported(spec: RunSpec) -> None:
+    e = spec.engine
+    unsupported = [flag for flag, given in (("--validation", spec.schedule.validation), ("--no-batch", not e.batched),
+                                            ("--overwrite", e.overwrite), ("--track", bool(e.track))) if given]
+    if unsupported:
+        raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; drop them")
+    if e.resume and e.out is None:
+        raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
 
 
 def _check_shards(shards: Path, want: ShardSpec) -> None:
@@ -103,3 +148,19 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
     if not summary:
         raise FedcacheError("the Flower simulation ended without a result; see the log above for the ServerApp's error")
     return summary
+
+
+def _child(request: Path, answer: Path) -> int:
+    ask = json.loads(request.read_text())
+    spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
+    try:
+        reply = {"summary": train_flower_sim_here(spec, ask["cpus"])}
+    except FedcacheError as err:
+        reply = {"error": str(err), "kind": type(err).__name__}
+    answer.write_text(json.dumps(reply))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2])))

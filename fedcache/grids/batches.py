@@ -308,7 +308,7 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan,
     started = started_batches(spec.out / BATCHES, todo)
     device = run_device(spec.device)
     spans = {c: (_start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
-    grouping = group(runs, tables, spec.max_batch_cells, {c: why for c in todo if (why := _alone(spec, c))},
+    grouping = group(runs, tables, spec.max_batch_cells, dict.fromkeys(todo, why) if (why := _alone(spec)) else {},
                      started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu", rounds=spans)
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
@@ -378,8 +378,8 @@ def _batch_worker(spec: GridSpec, batch: dict, folder: Path, stops: Stops) -> li
     return list(_run_batch(spec, batch, tables_of(folder), stops))
 
 
-def _alone(spec: GridSpec, c: Cell) -> str:
-    """Why the grid runs this cell as its own run whatever its method, or empty."""
+def _alone(spec: GridSpec) -> str:
+    """Why the grid runs every cell as its own run whatever its method, or empty."""
     if spec.track:
         return "--track sends each run's metrics as it trains"
     if spec.keep_checkpoints == "all":

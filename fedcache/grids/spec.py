@@ -128,10 +128,6 @@ class Cell:
         digest = hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
         return f"{name[:CELL_NAME_MAX - 18]}__{digest}"
 
-    @property
-    def setting_label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.setting) or "-"
-
 
 Stops = dict  # Cell -> the round it pauses at (successive halving's rungs); a cell not in it runs to its end
 

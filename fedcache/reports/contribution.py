@@ -33,7 +33,7 @@ def backbone_contribution(cfg: RunSpec) -> Contribution:
         cols.append(_similarity(single.clients, fused.clients))
     scores = np.stack(cols, axis=1)
     scores = scores / np.clip(scores.sum(1, keepdims=True), 1e-12, None)
-    return Contribution(scores, _client_names(cfg, fused), list(cfg.data.backbones))
+    return Contribution(scores, _client_names(cfg), list(cfg.data.backbones))
 
 
 def _similarity(a: dict, b: dict) -> np.ndarray:
@@ -42,7 +42,7 @@ def _similarity(a: dict, b: dict) -> np.ndarray:
     return ((cos * both).sum(1) / both.sum(1).clamp_min(1)).numpy()
 
 
-def _client_names(cfg: RunSpec, result) -> list[str]:
+def _client_names(cfg: RunSpec) -> list[str]:
     from fedcache.training import load_data
 
     data, _ = load_data(cfg)

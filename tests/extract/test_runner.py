@@ -52,6 +52,13 @@ def test_same_inputs_give_identical_bytes(tmp_path):
             np.testing.assert_array_equal(x, y)
 
 
+def test_extraction_leaves_the_callers_torch_rng_alone(tmp_path):
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    extract(cfg(tmp_path / "s.zarr"))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_ctrl_c_then_resume_is_bit_identical(tmp_path):
     extract(cfg(tmp_path / "ref.zarr"))
     seen = {"batches": 0}

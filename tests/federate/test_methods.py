@@ -78,6 +78,20 @@ def test_whole_head_methods_send_the_whole_head(name, skewed):
     assert s["bytes_up"] == s["bytes_down"] == 2 * 5 * n * 4 and s["params_up_per_round"] == 5 * n
 
 
+@pytest.mark.parametrize("name", [n for n in METHODS.names() if METHODS.get(n).heads and n not in NEEDS_CLIP])
+def test_a_head_the_method_does_not_run_with_is_refused_not_replaced(name, skewed):
+    """clip-zs and linear-probe used to set the context's head to linear whatever was asked: the run trained a
+    linear head while config.json recorded the one asked for."""
+    from fedcache.errors import ConfigError
+
+    cls = METHODS.get(name)
+    other = next(h for h in ("linear", "mlp", "projection") if h not in cls.heads)
+    ctx = MethodContext(skewed, other, OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=1, batch_size=16))
+    with pytest.raises(ConfigError, match=f"{name} runs with the .* head only, not '{other}'; drop --head"):
+        cls(ctx, cls.Settings())
+    assert ctx.head == other
+
+
 def test_every_method_has_params_and_a_docs_page():
     docs = Path(__file__).resolve().parents[2] / "docs" / "methods"
     index = (docs / "README.md").read_text()

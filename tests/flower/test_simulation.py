@@ -1,11 +1,16 @@
 """`fedcache train --engine flower-sim`: Flower's simulation engine gives the in-process numbers."""
 import json
+import logging
+import os
+import signal
+import sys
+import warnings
 
 import pytest
 import torch
 
 from fedcache.cli import main
-from fedcache.errors import FedcacheError
+from fedcache.errors import ConfigError, FedcacheError
 from fedcache.training import train
 from fedcache.flower.server import SERVER_STATE
 from fedcache.flower.sim import train_flower_sim
@@ -28,12 +33,27 @@ def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capsys)
     assert flower["evaluation_bytes_down"] == 3 * sum(t.numel() * t.element_size() for t in state.values())
 
 
+def _process_state() -> dict:
+    return {"sigterm": signal.getsignal(signal.SIGTERM), "excepthook": sys.excepthook, "environ": dict(os.environ),
+            "path": list(sys.path), "warnings": list(warnings.filters),
+            "flwr_handlers": list(logging.getLogger("flwr").handlers)}
+
+
 @pytest.mark.slow
-def test_flower_sim_fedpcl_equals_in_process(flower_store, tmp_path):
+def test_flower_sim_fedpcl_equals_in_process_and_leaves_the_callers_process_alone(flower_store, tmp_path):
+    """The library call simulates in a child process: Ray and Flower set a SIGTERM handler, sys.excepthook,
+    environment variables, sys.path, loggers and warnings filters in the process they run in."""
     cfg = toy_config(flower_store, "fedpcl", out=tmp_path / "pcl")
+    before = _process_state()
     flower = train_flower_sim(cfg, cpus=1)
+    assert _process_state() == before
     state = torch.load(cfg.engine.out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store, "fedpcl")))
+
+
+def test_in_process_training_refuses_a_flower_spec(flower_store):
+    with pytest.raises(ConfigError, match="engine='flower-sim' runs through fedcache.flower.sim.train_flower_sim"):
+        train(toy_config(flower_store).replace(engine="flower-sim"))
 
 
 def test_flower_sim_refuses_what_it_cannot_do(flower_store, tmp_path):

@@ -105,6 +105,8 @@ class Method:
     description: ClassVar[str] = ""
     Settings: ClassVar[type] = NoSettings
     default_head: ClassVar[str] = "linear"
+    # The heads it can run with, when not every head: its algorithm is defined on these (--head anything else is refused).
+    heads: ClassVar[tuple[str, ...]] = ()
     default_preset: ClassVar[str] = "default"  # optimizer preset (optim_config.OPTIMIZER_PRESETS) of the paper it is compared in
     personalized: ClassVar[bool] = False  # predictions differ per client
     has_global_model: ClassVar[bool] = True  # a model the global test set can be scored on
@@ -126,6 +128,8 @@ class Method:
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
+        if self.heads and ctx.head not in self.heads:
+            raise ConfigError(f"{self.name} runs with the {' or '.join(self.heads)} head only, not {ctx.head!r}; drop --head")
         self.ctx = ctx
         self.p = params if params is not None else self.Settings()
         check_fields(self.p)

@@ -29,9 +29,9 @@ class ClipZS(Method):
     all_clients = True
     default_preset = "fst-cbdg"
     uses_optimizer = False
+    heads = ("linear",)  # the zero-shot classifier is a linear head W = s * T, b = 0
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
-        ctx.head = "linear"  # the zero-shot classifier is a linear head W = s * T, b = 0
         super().__init__(ctx, params)
         self.text = text_from_info(ctx.data, self.name, self.p.templates)
 

@@ -108,14 +108,13 @@ class FedPCL(Method):
     description = "personal projection heads; clients exchange class prototypes and train contrastively"
     Settings = FedPCLSettings
     default_head = "projection"
+    heads = ("projection",)  # FC-ReLU-L2norm: the prototypes live on its unit sphere
     personalized = True
     has_global_model = False
     count_uploads = ("count",)
     commands = (BACKBONE_HEATMAP,)
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
-        if ctx.head != "projection":
-            raise ConfigError(f"fedpcl needs the projection head (FC-ReLU-L2norm), not {ctx.head!r}; drop --head")
         super().__init__(ctx, params)
         if self.p.loss in PAPER_ROWS:
             method, row = PAPER_ROWS[self.p.loss]

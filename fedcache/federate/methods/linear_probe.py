@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from fedcache.config import Checked, Positive
-from fedcache.federate.methods.base import METHODS, LocalResult, Method, MethodContext
+from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.probe import fit_probe
 from fedcache.heads import Params
 from fedcache.federate.local import here
@@ -26,10 +26,7 @@ class LinearProbe(Method):
     splittable = False
     all_clients = True
     uses_optimizer = False
-
-    def __init__(self, ctx: MethodContext, params=None) -> None:
-        ctx.head = "linear"  # the fitted probe is expressed as a linear head
-        super().__init__(ctx, params)
+    heads = ("linear",)  # the fitted probe is expressed as a linear head
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         if rnd > 0:  # the probe is fitted once; later rounds change nothing

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from fedcache.config import Checked, NonNegative, PositiveInt
-from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, train
 from fedcache.federate.methods._prompt import PromptedText, load_clip, logit_scale, prompt_logits
 from fedcache.federate.methods._visual_prompt import CachedFeatures
@@ -37,9 +36,9 @@ class PromptFL(Method):
     Settings = PromptFLSettings
     default_preset = "promptfl"
 
+    heads = ("linear",)  # it classifies with prompted class-text features: no head of its own
+
     def __init__(self, ctx: MethodContext, params=None) -> None:
-        if ctx.head != "linear":
-            raise ConfigError(f"{self.name} classifies with prompted class-text features and has no head; drop --head")
         super().__init__(ctx, params)
         self.bb = load_clip(ctx.data, self.name, self.p.weights)
         self.bb.model.to(torch.device(self.p.device))

@@ -298,7 +298,7 @@ def test_predicting_with_a_classifier_nothing_trains_is_refused(first_round):
 
 
 def test_needs_the_projection_head():
-    with pytest.raises(ConfigError, match="projection head"):
+    with pytest.raises(ConfigError, match="projection head only"):
         METHODS.get("fedpcl")(MethodContext(synthetic(), head="linear"))
 
 
