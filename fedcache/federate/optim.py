@@ -15,6 +15,7 @@ from torch.optim.adam import adam as _torch_adam
 from torch.optim.sgd import sgd as _torch_sgd
 
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig, describe  # noqa: F401  (re-exported)
+from fedcache.registry import Registry
 
 Params = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class StackedOptimizer:
             raise ValueError(f"optimizer settings for {sum(n for n, _ in self.parts)} rows, parameters have {k}")
         self.t = torch.zeros(k)  # steps taken so far, per client
         self.m = {n: torch.zeros_like(params[n]) for n in self.keys}
-        self.v = {n: torch.zeros_like(params[n]) for n in self.keys} if cfg.optimizer == "adam" else {}
+        self.v = {n: torch.zeros_like(params[n]) for n in self.keys} if OPTIMIZERS.get(cfg.optimizer).second_moment else {}
 
     @torch.no_grad()
     def step(self, params: Params, grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
@@ -85,17 +86,37 @@ class StackedOptimizer:
             # torch's fused kernels (an order of magnitude faster than elementwise Python) apply.
             _fused(cfg, ps, gs, ms, vs, float(t[0]))
             return
+        rule = OPTIMIZERS.get(cfg.optimizer)
         for p, g, m, v in zip(ps, gs, ms, vs or [None] * len(ps)):  # general case: per-client step counts
-            self._update(cfg, p, g, m, v, t + 1)
+            g = g.add(p, alpha=cfg.weight_decay) if cfg.weight_decay else g  # L2 decay in the gradient, as torch.optim does
+            rule.update(cfg, p, g, m, v, t + 1)
 
-    def _update(self, c: OptimConfig, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor | None, t: torch.Tensor) -> None:
-        """One step on (K', ...) tensors, in place."""
-        g = g.add(p, alpha=c.weight_decay) if c.weight_decay else g  # L2 decay in the gradient, as torch.optim does
-        if c.optimizer == "sgd":
-            if c.momentum:
-                g = m.mul_(c.momentum).add_(g)
-            p.sub_(g, alpha=c.lr)
-            return
+
+class SGD:
+    """SGD with momentum (torch.optim.SGD's, no dampening or Nesterov)."""
+
+    second_moment = False
+
+    @staticmethod
+    def update(c: OptimConfig, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: None, t: torch.Tensor) -> None:
+        """One step on (K', ...) tensors with per-row step counts ``t``, in place; ``g`` has the decay in it."""
+        if c.momentum:
+            g = m.mul_(c.momentum).add_(g)
+        p.sub_(g, alpha=c.lr)
+
+    @staticmethod
+    def torch_step(c: OptimConfig, ps, gs, ms, vs, steps_done: float, kw: dict) -> None:
+        _torch_sgd(ps, gs, ms if c.momentum else [None] * len(ps), weight_decay=c.weight_decay,
+                   momentum=c.momentum, lr=c.lr, dampening=0.0, nesterov=False, maximize=False, **kw)
+
+
+class Adam:
+    """Adam with L2 weight decay in the gradient (torch.optim.Adam's, no AMSGrad)."""
+
+    second_moment = True
+
+    @staticmethod
+    def update(c: OptimConfig, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: torch.Tensor) -> None:
         b1, b2 = c.betas
         m.mul_(b1).add_(g, alpha=1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
@@ -103,6 +124,17 @@ class StackedOptimizer:
         step = (c.lr / (1 - b1**t)).view(shape)
         denom = (v / (1 - b2**t).view(shape)).sqrt_().add_(c.eps)
         p.sub_(m / denom * step)
+
+    @staticmethod
+    def torch_step(c: OptimConfig, ps, gs, ms, vs, steps_done: float, kw: dict) -> None:
+        steps = [torch.tensor(steps_done) for _ in ps]  # torch increments these itself
+        _torch_adam(ps, gs, ms, vs, [], steps, amsgrad=False, beta1=c.betas[0], beta2=c.betas[1],
+                    lr=c.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False, **kw)
+
+
+OPTIMIZERS: Registry[type] = Registry("optimizer")  # the names of OptimConfig.optimizer
+OPTIMIZERS.add("sgd", SGD)
+OPTIMIZERS.add("adam", Adam)
 
 
 def _fused(cfg: OptimConfig, ps: list, gs: list, ms: list, vs: list, steps_done: float) -> None:
@@ -121,9 +153,10 @@ def kernel_options() -> dict:
     Asked once, by running both on a one-element tensor, instead of catching a failure on every step.
     """
     try:
-        for optimizer in ("sgd", "adam"):
+        for optimizer in OPTIMIZERS.names():
             p, g, m, v = (torch.zeros(1) for _ in range(4))
-            _torch_step(OptimConfig(optimizer, 0.1, 0.0 if optimizer == "adam" else 0.9), [p], [g], [m], [v], 0.0, {"fused": True})
+            momentum = 0.0 if "momentum" in OptimConfig(optimizer).ignored() else 0.9
+            _torch_step(OptimConfig(optimizer, 0.1, momentum), [p], [g], [m], [v], 0.0, {"fused": True})
     except (RuntimeError, TypeError):
         log.info("torch %s has no fused CPU optimizer kernels; using the single-tensor loop", torch.__version__)
         return {"foreach": False}
@@ -131,10 +164,4 @@ def kernel_options() -> dict:
 
 
 def _torch_step(cfg: OptimConfig, ps, gs, ms, vs, steps_done: float, kw: dict) -> None:
-    if cfg.optimizer == "sgd":
-        _torch_sgd(ps, gs, ms if cfg.momentum else [None] * len(ps), weight_decay=cfg.weight_decay,
-                            momentum=cfg.momentum, lr=cfg.lr, dampening=0.0, nesterov=False, maximize=False, **kw)
-        return
-    steps = [torch.tensor(steps_done) for _ in ps]  # torch increments these itself
-    _torch_adam(ps, gs, ms, vs, [], steps, amsgrad=False, beta1=cfg.betas[0], beta2=cfg.betas[1],
-                          lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.eps, maximize=False, **kw)
+    OPTIMIZERS.get(cfg.optimizer).torch_step(cfg, ps, gs, ms, vs, steps_done, kw)

@@ -32,10 +32,16 @@ class OptimConfig(Checked):
 
     def ignored(self) -> dict[str, str]:
         """Fields this optimizer does not read (``--set`` refuses them rather than dropping them)."""
-        if self.optimizer == "adam":
-            return {"momentum": "Adam has no momentum term; its betas play that role, or set optim.optimizer=sgd"}
-        why = "an Adam setting; the optimizer is sgd (set optim.optimizer=adam to use it)"
-        return {"betas": why, "eps": why}
+        return dict(_UNREAD[self.optimizer])
+
+
+# What each optimizer does not read, and why (its update rule is federate/optim.py's OPTIMIZERS entry).
+_ADAM_ONLY = "an Adam setting; the optimizer is sgd (set optim.optimizer=adam to use it)"
+_UNREAD = {
+    "sgd": {"betas": _ADAM_ONLY, "eps": _ADAM_ONLY},
+    "adam": {"momentum": "Adam has no momentum term; its betas play that role, or set optim.optimizer=sgd"},
+}
+_TITLE = {"sgd": "SGD", "adam": "Adam"}
 
 
 # Optimizer presets: (optimizer, lr, momentum, weight decay). "default" is every method's unless the method is
@@ -57,5 +63,5 @@ OPTIMIZER_PRESETS = {name: OptimConfig(*row, preset=name) for name, row in _PRES
 
 def describe(cfg: OptimConfig) -> str:
     """A preset in a few words, for help texts: 'SGD 0.01, momentum 0.9, wd 1e-05'."""
-    extra = f", momentum {cfg.momentum:g}" if cfg.optimizer == "sgd" else ""
-    return f"{cfg.optimizer.upper() if cfg.optimizer == 'sgd' else 'Adam'} {cfg.lr:g}{extra}, wd {cfg.weight_decay:g}"
+    extra = f", momentum {cfg.momentum:g}" if "momentum" not in cfg.ignored() else ""
+    return f"{_TITLE[cfg.optimizer]} {cfg.lr:g}{extra}, wd {cfg.weight_decay:g}"

@@ -66,3 +66,13 @@ def test_non_contiguous_gradients_are_applied_correctly():
         StackedOptimizer(a, cfg).step(a, {"w": g}, torch.tensor([True, True]))
         StackedOptimizer(b, cfg).step(b, {"w": g.contiguous()}, torch.tensor([True, True]))
         torch.testing.assert_close(a["w"], b["w"], atol=0, rtol=0)
+
+
+def test_every_optimizer_name_has_an_update_rule():
+    """OptimConfig names the optimizers without importing torch (help texts); federate/optim.py's registry
+    holds their rules: the two lists are one."""
+    import typing
+
+    from fedcache.federate.optim import OPTIMIZERS
+
+    assert sorted(typing.get_args(typing.get_type_hints(OptimConfig)["optimizer"])) == sorted(OPTIMIZERS.names())
