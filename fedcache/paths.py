@@ -13,6 +13,7 @@ from pathlib import Path
 from fedcache.errors import ConfigError
 
 
+GRID = "grid.json"  # what marks a grid's directory (fedcache/grids): a run is never written into one
 NAME_MAX = 255  # bytes of one file name on the usual file systems (ext4, xfs, btrfs, apfs, tmpfs)
 NAME_HINT = "give a name of letters, digits, '-', '_' and '.' (e.g. my-dataset)"
 

@@ -25,7 +25,7 @@ from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.ownership import check_free, hold
-from fedcache.paths import writable_dir
+from fedcache.paths import GRID, writable_dir
 from fedcache.spec import RunSpec, method_class, migrate_config
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
@@ -62,6 +62,8 @@ def check_out(spec: RunSpec) -> None:
 
 def _check_not_started(spec: RunSpec) -> None:
     e = spec.engine
+    if (Path(e.out) / GRID).exists():
+        raise ConfigError(f"{e.out} holds a grid ({GRID}), not a run; choose another --out")
     if not e.resume and not e.overwrite and RunDir(e.out).started():
         raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                           "or choose another --out")

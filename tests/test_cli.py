@@ -24,7 +24,7 @@ def test_datasets_and_backbones_list_one_line_each(capsys):
 
 def test_unknown_backbone_is_one_red_line_exit_1_or_2(capsys, store_path):
     code, _, err = run(capsys, "extract", "--dataset", "test-toy", "--backbones", "clip-rn5", "--store", str(store_path))
-    assert code == 1
+    assert code == 2  # a name it does not know is a bad option value (exit 2), as a bad --partition is
     assert err.strip().startswith("error:") and "Did you mean 'clip-rn50'" in err
     assert "Traceback" not in err
 
@@ -101,6 +101,18 @@ def test_ctrl_c_exits_130_so_a_shell_chain_stops(capsys, store_path, monkeypatch
     monkeypatch.setattr(runner, "extract", _interrupt)
     code, _, err = run(capsys, "extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store_path))
     assert code == 130 and "interrupted" in err
+
+
+def test_an_interrupted_train_says_how_to_go_on(capsys, store_path, monkeypatch):
+    """A run's directory is refused without --resume, so "re-run the same command" was advice that failed."""
+    import fedcache.cli.train as train_cli
+
+    monkeypatch.setitem(train_cli.ENGINES, "in-process", _interrupt)
+    argv = ["train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg"]
+    code, _, err = run(capsys, *argv, "--out", str(store_path.parent / "r"))
+    assert code == 130 and "re-run the command with --resume to continue" in err
+    code, _, err = run(capsys, *argv)
+    assert code == 130 and "the run had no --out, so nothing of it was kept" in err
 
 
 def test_a_command_exit_code_is_the_process_exit_code(capsys, store_path, monkeypatch):
@@ -278,5 +290,5 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
     assert "one of weighted, uniform" in out and "a finite number >= 0" in out and "docs/methods/fedproto.md" in out
     assert main(["methods", "fedprox"]) == 0
     assert "mu" in capsys.readouterr().out
-    assert main(["methods", "nope"]) == 1
+    assert main(["methods", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err

@@ -20,7 +20,7 @@ HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 # Redirected output (logs, CI) gets a wide console: rich would cut tables at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=160)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a message is one line in a log or a pipe too (grep finds it); terminals wrap it
 
 DEFAULT_STORE = default_store()
 StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")

@@ -19,7 +19,7 @@ from fedcache.cli.store import store_app
 from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
-from fedcache.errors import ConfigError, FedcacheError
+from fedcache.errors import ConfigError, FedcacheError, UnknownNameError
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # escape: a message quoting a value or a TOML table ([set]) is text, not markup
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return 2 if isinstance(exc, (ConfigError, UnknownNameError)) else 1
     except OSError as exc:  # a full disk in a write fedcache does not make itself (a library's): one line too
         if debug or not is_full(exc):
             raise
@@ -139,8 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     code = code if isinstance(code, int) else 0
     if code == INTERRUPTED:
-        err.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
+        err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv)}")
     return code
+
+
+def _how_to_go_on(argv: list[str]) -> str:
+    words = [a for a in argv if not a.startswith("-")]
+    if words[:1] != ["train"]:
+        return "finished work is kept; re-run the same command to resume"
+    if not {"--out", "-o"} & {a.split("=", 1)[0] for a in argv}:
+        return "the run had no --out, so nothing of it was kept"
+    # A run's directory is refused without --resume: a re-run must not silently continue another run.
+    return "its last checkpoint is kept; re-run the command with --resume to continue from it"
 
 
 def _console_script() -> None:

@@ -18,7 +18,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker)
+    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
     try:
         futures = [pool.submit(fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
@@ -48,8 +48,19 @@ def _stop(workers: set, grace: float = 5.0) -> None:
             w.kill()
 
 
-def _init_worker() -> None:
+def _init_worker(grid: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    import threading
+
     import torch
 
     torch.set_num_threads(1)
+    threading.Thread(target=_leave_with, args=(grid,), daemon=True, name="leave-with-grid").start()
+
+
+def _leave_with(grid: int, every: float = 0.1) -> None:
+    """A grid killed with SIGKILL cannot stop its workers: an orphan went on training and writing the grid's
+    directory under the next command, which had taken the directory over. Its parent gone, a worker leaves."""
+    while os.getppid() == grid:
+        time.sleep(every)
+    os._exit(1)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fedcache.errors import ConfigError
-from fedcache.federate.rundir import same_config, write_json
+from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
 from fedcache.grids.batches import run_batched
 from fedcache.grids.cells import DIVERGED, DONE, read_done
 from fedcache.grids.features import read_features, write_features
@@ -72,6 +72,8 @@ def check_spec(spec: GridSpec) -> None:
     difference."""
     path = spec.out / SPEC
     mine = json.loads(json.dumps(spec.to_json()))
+    if not path.exists() and RunDir(spec.out).started():  # its tables would sit beside the run and mix in reports
+        raise ConfigError(f"{spec.out} holds a run of `fedcache train` ({CONFIG}), not a grid; choose another --out")
     if path.exists():
         saved = json.loads(path.read_text())
         # An axis only this grid has is a difference too: it adds cells (unlike a key a later fedcache records).

@@ -174,3 +174,27 @@ def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert time.monotonic() - t0 < 15
     assert any((out / "batches").glob("*/*.pt")) and not list((out / "cells").glob("*/summary.json"))
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+def test_workers_of_a_grid_killed_with_sigkill_leave_with_it(toy_store, tmp_path):
+    """kill -9 reaches the grid only; its workers used to live on, training and writing into the directory that
+    the next command takes over."""
+    import os
+    import signal
+
+    out = tmp_path / "grid"
+    proc = _grid_process(toy_store, out, "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--jobs", "2",
+                         "--engine", "processes")
+    try:
+        _wait_for(proc, lambda: len(list(out.glob("cells/*/metrics.jsonl"))) >= 2)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        _wait_for_exit(workers, seconds=5.0)
+    finally:
+        _kill_tree(proc)
+        for w in [w for w in locals().get("workers", ()) if _alive(w)]:  # a failed test must not leave them
+            os.kill(w, signal.SIGKILL)

@@ -67,6 +67,18 @@ def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
              sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5], "rounds": 3})
 
 
+def test_a_grid_and_a_run_never_share_a_directory(toy_grid, toy_store, tmp_path):
+    """A grid written into a run's directory mixed its cells with the run in reports, and the other way round."""
+    from fedcache.api import grid, train
+
+    run = tmp_path / "run"
+    train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=run)
+    with pytest.raises(ConfigError, match=f"{run} holds a run of `fedcache train` \\(config.json\\), not a grid"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=run)
+    with pytest.raises(ConfigError, match=f"{toy_grid} holds a grid \\(grid.json\\), not a run"):
+        train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=toy_grid)
+
+
 def test_grid_cli_errors_are_one_line(tmp_path, capsys):
     code = main(["grid", "--store", str(tmp_path / "none.zarr"), "-d", "x", "-b", "y", "-m", "fedavg", "--out", str(tmp_path / "g")])
     assert code == 1 and "no feature store" in capsys.readouterr().err
