@@ -115,6 +115,17 @@ def test_an_interrupted_train_says_how_to_go_on(capsys, store_path, monkeypatch)
     assert code == 130 and "the run had no --out, so nothing of it was kept" in err
 
 
+def test_an_os_error_is_one_line_naming_the_path(capsys, store_path, monkeypatch):
+    import fedcache.cli.train as train_cli
+
+    def denied(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied", "/srv/runs/r")
+
+    monkeypatch.setitem(train_cli.ENGINES, "in-process", denied)
+    code, _, err = run(capsys, "train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg")
+    assert code == 1 and err.strip() == "error: Permission denied: /srv/runs/r (FEDCACHE_DEBUG=1 shows where it happened)"
+
+
 def test_a_command_exit_code_is_the_process_exit_code(capsys, store_path, monkeypatch):
     import typer
 

@@ -132,15 +132,22 @@ def main(argv: list[str] | None = None) -> int:
         # escape: a message quoting a value or a TOML table ([set]) is text, not markup
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2 if isinstance(exc, (ConfigError, UnknownNameError)) else 1
-    except OSError as exc:  # a full disk in a write fedcache does not make itself (a library's): one line too
-        if debug or not is_full(exc):
+    except OSError as exc:  # a full disk, an unwritable path, in a write fedcache does not check itself: one line too
+        if debug:
             raise
-        err.print(f"[red]error:[/] {escape(str(full_disk(exc)))}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(_os_error(exc))}", highlight=False, soft_wrap=True)
         return 1
     code = code if isinstance(code, int) else 0
     if code == INTERRUPTED:
         err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv)}")
     return code
+
+
+def _os_error(exc: OSError) -> str:
+    if is_full(exc):
+        return str(full_disk(exc))
+    where = f" {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}:{where} (FEDCACHE_DEBUG=1 shows where it happened)"
 
 
 def _how_to_go_on(argv: list[str]) -> str:

@@ -226,7 +226,7 @@ ONE_DOMAIN = (TRAIN[0], np.zeros_like(TRAIN[1]), TRAIN[2])
         (lambda: part(PartitionRequest.of("domain", 5, clients_per_domain=2)), "set n_clients to 6"),
         (lambda: part(PartitionRequest.of("domain-dirichlet", 7)), "multiple of 3 clients"),
         (lambda: part(PartitionRequest.of("domain", 2), train=ONE_DOMAIN), "has 1 domain"),
-        (lambda: part(PartitionRequest.of("dirichlet", 20, min_size=100)), "smaller min_size"),
+        (lambda: part(PartitionRequest.of("dirichlet", 20, min_size=100)), "use fewer clients"),
         (lambda: part(PartitionRequest.of("dirichlet", 100, alpha=0.01, min_size=12)), "no Dirichlet"),
         (lambda: part(PartitionRequest.of("class-disjoint", 9)), "needs 9 classes but the data has 8"),
         (lambda: part(PartitionRequest.of("class-disjoint", 1, repeat_rate=1.0)), "smaller repeat_rate"),

@@ -99,8 +99,8 @@ def dirichlet_split(rows, labels, n_clients: int, alpha: float, min_size: int, r
     y = y.reshape(-1)
     if min_size * n_clients > len(rows):
         raise ConfigError(
-            f"min_size {min_size} x {n_clients} clients needs {min_size * n_clients} training rows but {what} has "
-            f"{len(rows)}; use a smaller min_size or fewer clients"
+            f"{n_clients} clients of at least {min_size} rows each need {min_size * n_clients} training rows but "
+            f"{what} has {len(rows)}; use fewer clients"
         )
     for _ in range(MAX_DIRICHLET_TRIES):
         counts = _dirichlet_counts(np.bincount(y, minlength=len(classes)), n_clients, alpha, rng)
@@ -109,7 +109,7 @@ def dirichlet_split(rows, labels, n_clients: int, alpha: float, min_size: int, r
     else:
         raise ConfigError(
             f"no Dirichlet({alpha}) draw in {MAX_DIRICHLET_TRIES} tries gave every one of {n_clients} clients "
-            f"{min_size} rows of {what}; use a larger alpha, fewer clients or a smaller min_size"
+            f"{min_size} rows of {what} (the least a Dirichlet partition gives a client); use a larger alpha or fewer clients"
         )
     # Client k holds, class after class, the next counts[c, k] of the class's shuffled rows: every row's client
     # is worked out at once and the rows grouped by client (stable: in class order, then shuffled order).
