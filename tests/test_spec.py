@@ -273,12 +273,13 @@ def test_a_run_option_flag_of_grid_is_that_option_even_where_a_method_has_a_sett
     from fedcache.api import grid_spec
     from fedcache.grids import cells, train_config
 
-    common = dict(store=tmp_path, dataset="d", backbones="b", out=tmp_path / "g", option_axes={"alpha": ["1", "0.1"]})
+    common = dict(store=tmp_path, dataset="d", backbones="b", out=tmp_path / "g",
+                  option_axes={"alpha": ["1", "0.1"], "partition": ["dirichlet"]})
     grid = grid_spec(methods="perfedavg,fedavg", **common)
-    assert list(grid.sweep) == ["partition.alpha"]
+    assert list(grid.sweep) == ["partition.alpha", "partition"]
     specs = [train_config(grid, c, None) for c in cells(grid)]
     assert sorted({s.partition.alpha for s in specs}) == [0.1, 1.0] and all(s.settings() == [] for s in specs)
-    assert list(grid_spec(methods="fedavg", **common).sweep) == ["alpha"]  # unchanged: grids already run keep their keys
+    assert list(grid_spec(methods="fedavg", **common).sweep) == ["alpha", "partition"]  # unchanged: grids already run keep their keys
     with pytest.raises(ConfigError, match="alpha is ambiguous"):  # `--set alpha=` (or the API's sweep) stays a question
         train_config(*(lambda g: (g, cells(g)[0]))(grid_spec(methods="perfedavg", store=tmp_path, dataset="d",
                                                                backbones="b", out=tmp_path / "h", settings=["alpha=1"])), None)

@@ -81,6 +81,7 @@ class GridSpec:
         if unknown:
             raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
                               "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
+        self._check_partition_axes()
         for o in grid_options():
             setattr(self, o.field, o.parse(getattr(self, o.field)))
         for section in GRID_SECTIONS.values():  # checks them
@@ -89,6 +90,25 @@ class GridSpec:
         from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
 
         check_trackers(self.track)
+
+    def _check_partition_axes(self) -> None:
+        """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell
+        under several names: a table would show a comparison that is not one."""
+        from fedcache.federate.partitions.core import COMMON_OPTIONS, PARTITIONERS
+
+        scheme_key = next((k for k in self.sweep if is_option(k) and option(k).key == "partition.scheme"), None)
+        schemes = self.sweep[scheme_key] if scheme_key else [option("partition").default]
+        for key, values in self.sweep.items():
+            o = option(key) if is_option(key) else None
+            if len(values) < 2 or o is None or o.section != "partition" or o.field in COMMON_OPTIONS | {"scheme"}:
+                continue
+            known = [s for s in schemes if s in PARTITIONERS.names()]  # an unknown scheme is named when its cell is made
+            readers = [s for s in PARTITIONERS.names() if o.field in PARTITIONERS.get(s).options]
+            if known and readers and not set(known) & set(readers):  # no reader at all: every scheme's (clients)
+                raise ConfigError(
+                    f"{o.name}={','.join(values)}: the partition scheme {', '.join(known)} ignores {o.name}, so each value "
+                    f"would train the same cells; drop the axis, or sweep it with a scheme that reads it "
+                    f"(--partition {' or '.join(readers)})")
 
     def _check_pruning(self) -> None:
         if self.prune == "none":

@@ -17,11 +17,11 @@ from tests.conftest import BACKBONE
 
 def test_cells_are_the_cartesian_product(tmp_path):
     spec = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "fedprox"], out=tmp_path,
-                    seeds=[0, 1, 2], sweep=parse_sweep(["lr=1e-3,1e-2", "alpha=0.1,1"]))
+                    seeds=[0, 1, 2], sweep=parse_sweep(["lr=1e-3,1e-2", "alpha=0.1,1", "partition=dirichlet"]))
     grid = cells(spec)
     assert len(grid) == 2 * 2 * 2 * 3
     assert len({c.name for c in grid}) == len(grid)
-    assert grid[0].name == "fedavg__lr=1e-3__alpha=0.1__seed=0"
+    assert grid[0].name == "fedavg__lr=1e-3__alpha=0.1__partition=dirichlet__seed=0"
 
 
 def test_bad_grid_options_say_how_to_fix(tmp_path):
@@ -86,3 +86,17 @@ def test_a_grid_sends_each_cell_to_tensorboard(toy_store, tmp_path):
     events = EventAccumulator(str(out / "tensorboard" / runs[0]))
     events.Reload()
     assert [e.step for e in events.Scalars("accuracy")] == [1, 2]
+
+
+def test_an_axis_that_no_partition_scheme_of_the_grid_reads_is_refused(tmp_path):
+    """--partition domain --alpha 0.1,1 made one cell twice, shown as a comparison of alphas."""
+    def grid(**sweep):
+        return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep=sweep)
+
+    with pytest.raises(ConfigError, match=r"alpha=0.1,1: the partition scheme domain ignores alpha.*"
+                                          r"\(--partition dirichlet or domain-dirichlet\)"):
+        grid(partition=["domain"], alpha=["0.1", "1"])
+    with pytest.raises(ConfigError, match="the partition scheme iid ignores shards"):
+        grid(shards=["2", "4"])  # the default scheme, iid
+    grid(partition=["iid", "dirichlet"], alpha=["0.1", "1"])  # dirichlet reads it: a grid people make
+    grid(partition=["domain"], alpha=["0.1"])  # one value is no axis
