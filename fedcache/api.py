@@ -116,11 +116,12 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
     under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
     hyperparameters: ``{"lr": 0.01}``). Values are checked (type and range) before any data is read."""
-    from fedcache.training import train as run
+    from fedcache.training import check_not_a_cell, train as run
     from fedcache.spec import RunSpec
 
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
+    check_not_a_cell(spec.engine.out)
     if spec.engine.name != "in-process":
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
                           "fedcache.flower.sim.train_flower_sim(spec) (in a child process) or `fedcache train --engine`")

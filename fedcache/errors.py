@@ -65,6 +65,15 @@ class DamagedEntryError(StoreError):
         self.problem = problem or message  # what is wrong, without the advice
 
 
+class DamagedCheckpointError(FedcacheError):
+    """A run's checkpoint no longer holds what was written (flipped bytes, a truncated file)."""
+
+    def __init__(self, path, problem: str) -> None:
+        super().__init__(f"the checkpoint {path} is damaged: {problem}; the run cannot continue from it: start it "
+                         "again with --overwrite (in a grid: delete the folder holding it, and run the grid again)")
+        self.path = path
+
+
 class EntryLockedError(StoreError):
     """Another process is writing the same entry."""
 

@@ -60,6 +60,16 @@ def check_out(spec: RunSpec) -> None:
     _check_not_started(spec)
 
 
+def check_not_a_cell(out: Path | str | None) -> None:
+    """A run given a grid's cell folder (``grid/cells/<cell>``) as its --out: the grid writes its cells itself, a
+    stack of cells at once and without a lock per cell, so the two wrote one folder in turns."""
+    if out is None:
+        return
+    for parent in list(Path(out).resolve().parents)[:3]:
+        if (parent / GRID).exists():
+            raise ConfigError(f"--out {out} is inside the grid {parent}, which writes its cells itself; choose another --out")
+
+
 def _check_not_started(spec: RunSpec) -> None:
     e = spec.engine
     if (Path(e.out) / GRID).exists():

@@ -51,7 +51,10 @@ def demo(
 
 def train(threads: int | None = None, **given) -> None:
     """Federated rounds on cached features."""
+    from fedcache.training import check_not_a_cell
+
     spec = RunSpec.of(**given)
+    check_not_a_cell(spec.engine.out)
     with threads_for(threads):
         summary, how = ENGINES[spec.engine.name](spec)
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.

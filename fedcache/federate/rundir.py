@@ -15,6 +15,7 @@ The checkpoint format is one for every engine: ``{"format": 2, "rnd", "seconds",
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -26,13 +27,40 @@ from typing import Any
 import torch
 
 from fedcache import disk
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, DamagedCheckpointError
 
 log = logging.getLogger(__name__)
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json"
 ROUND_COPIES = "checkpoint-round*.pt"
 FORMAT = 2
+DIGEST = "sha256"  # the checkpoint's key holding the digest of everything else in it
+
+
+def digest(obj: Any) -> str:
+    """SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and every key, list and value."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k in sorted(obj, key=repr):
+            h.update(f"K{k!r}".encode())
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"V{obj!r}".encode())
 KEEP = ("last", "none", "all")  # the latest checkpoint | none once finished | also one per round
 
 
@@ -133,18 +161,27 @@ def write_json(path: Path, doc: Any) -> None:
 
 def save_checkpoint(path: Path, ck: dict) -> None:
     """Serialised in memory first: its size is then known and checked against the free space before a byte is
-    written, and the file is written through a temporary one (a crash mid-write leaves the previous checkpoint)."""
+    written, and the file is written through a temporary one (a crash mid-write leaves the previous checkpoint).
+    It carries a digest of what it holds: torch reads a file with flipped bytes without a word, and a run
+    resumed from it would go on from other numbers."""
     buf = io.BytesIO()
-    torch.save({"format": FORMAT, **ck}, buf)
+    body = {"format": FORMAT, **ck}
+    torch.save({**body, DIGEST: digest(body)}, buf)
     disk.write_atomic(path, buf.getbuffer(), "the checkpoint", check=True)
 
 
 def load_checkpoint(path: Path) -> dict:
     """A checkpoint in the one format (one written by fedcache before it, a run's state at the top level, is
-    read as a run by itself)."""
+    read as a run by itself); DamagedCheckpointError when it no longer holds what was written."""
     # Tensors, dicts, lists, numbers and text only: nothing executable. Read onto the CPU whatever device wrote it;
     # the driver moves a resumed run's state to the run's device.
-    ck = torch.load(path, weights_only=True, map_location="cpu")
+    try:
+        ck = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # truncated or garbled: torch's own error names neither the file nor a way on
+        raise DamagedCheckpointError(path, f"it cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+    written = ck.pop(DIGEST, None)  # checkpoints of fedcache before digests have none
+    if written is not None and written != digest(ck):
+        raise DamagedCheckpointError(path, "what it holds no longer matches the digest written with it")
     if ck.get("format") == FORMAT:
         return ck
     if "server" in ck and "rnd" in ck:

@@ -74,6 +74,9 @@ class GridSpec:
         empty = [k for k, vs in self.sweep.items() if not vs]
         if empty:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
+        _check_once("--seeds", [str(s) for s in self.seeds])
+        for k, vs in self.sweep.items():
+            _check_once(f"--set {k}", vs)
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
         # Said now, not after the cells it tunes on (or the first cell to track) have run.
@@ -231,6 +234,22 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
             raise ConfigError(f"grid file {path}: set.{key}={value!r}: expected a value or a list of values "
                               "(text, numbers, true or false)")
     return table
+
+
+def _check_once(what: str, values: list[str]) -> None:
+    """A value given twice made the same cell twice (or two cells of one value): counted twice in the table's mean
+    and standard deviation."""
+    def same(v: str):
+        try:
+            return float(v)  # 1e-3 and 0.001 too
+        except ValueError:
+            return v
+
+    seen: dict = {}
+    for v in values:
+        if same(v) in seen:
+            raise ConfigError(f"{what}={','.join(values)}: {seen[same(v)]!r} and {v!r} are one value; give each value once")
+        seen[same(v)] = v
 
 
 def cells(spec: GridSpec) -> list[Cell]:

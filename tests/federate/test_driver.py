@@ -185,3 +185,22 @@ def test_a_paused_run_continues_to_the_numbers_and_files_of_one_that_never_pause
     assert (paused / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
     drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
     assert drop(rest.summary) == drop(full.summary)
+
+
+def test_a_damaged_checkpoint_is_refused_naming_it(data, tmp_path):
+    """torch read a checkpoint with flipped bytes without a word, and the resumed run went on from other numbers."""
+    from fedcache.errors import DamagedCheckpointError
+    from fedcache.federate.rundir import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"rnd": 3, "seconds": 1.0, "runs": [{"server": {"w": torch.arange(4096.0)}}], "engine": {}})
+    assert load_checkpoint(path)["runs"][0]["server"]["w"].equal(torch.arange(4096.0))
+    raw = bytearray(path.read_bytes())
+    at = raw.find(torch.arange(4096.0)[1000:1002].numpy().tobytes())
+    raw[at:at + 4] = bytes(b ^ 0xFF for b in raw[at:at + 4])
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DamagedCheckpointError, match=f"the checkpoint {path} is damaged: what it holds no longer matches"):
+        load_checkpoint(path)
+    path.write_bytes(bytes(raw[: len(raw) // 2]))
+    with pytest.raises(DamagedCheckpointError, match="it cannot be read"):
+        load_checkpoint(path)

@@ -30,10 +30,7 @@ def test_grid_writes_one_row_per_run_and_a_table(toy_grid):
 
 def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_store, tmp_path):
     out = tmp_path / "grid"
-    shutil.copytree(toy_grid, out)
-    spec = json.loads((out / "grid.json").read_text())
-    spec["out"] = str(out)
-    (out / "grid.json").write_text(json.dumps(spec))
+    shutil.copytree(toy_grid, out)  # a grid moved (to a larger disk, say) is the same grid where it is now
     before = Table.from_csv(out / "results.csv").to_records()
     victim = out / "cells" / "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed=1"
     (victim / "summary.json").unlink()
@@ -47,7 +44,7 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
                  sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
                  on_cell=lambda done, total, row: ran.append(row["run_dir"]))
     assert ran == [str(victim.relative_to(out))]
-    assert marker.exists()
+    assert marker.exists() and json.loads((out / "grid.json").read_text())["out"] == str(out)
     # The redone cell is deterministic: the table is the same as before.
     assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]
 
@@ -77,6 +74,9 @@ def test_a_grid_and_a_run_never_share_a_directory(toy_grid, toy_store, tmp_path)
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=run)
     with pytest.raises(ConfigError, match=f"{toy_grid} holds a grid \\(grid.json\\), not a run"):
         train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=toy_grid)
+    cell = next((toy_grid / "cells").iterdir())  # the batched engine writes a stack of cells without a lock per cell
+    with pytest.raises(ConfigError, match=f"--out {cell} is inside the grid {toy_grid}, which writes its cells itself"):
+        train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=cell, overwrite=True)
 
 
 def test_grid_cli_errors_are_one_line(tmp_path, capsys):

@@ -100,3 +100,16 @@ def test_an_axis_that_no_partition_scheme_of_the_grid_reads_is_refused(tmp_path)
         grid(shards=["2", "4"])  # the default scheme, iid
     grid(partition=["iid", "dirichlet"], alpha=["0.1", "1"])  # dirichlet reads it: a grid people make
     grid(partition=["domain"], alpha=["0.1"])  # one value is no axis
+
+
+def test_a_value_given_twice_is_refused(tmp_path):
+    """--seeds 0,0,1 counted seed 0 twice in the table's mean; lr=1e-3,0.001 made two cells of one value."""
+    def grid(seeds=(0,), **sweep):
+        return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, seeds=list(seeds),
+                        sweep=sweep)
+
+    with pytest.raises(ConfigError, match=r"--seeds=0,0,1: '0' and '0' are one value; give each value once"):
+        grid(seeds=(0, 0, 1))
+    with pytest.raises(ConfigError, match=r"--set lr=1e-3,0.001: '1e-3' and '0.001' are one value"):
+        grid(lr=["1e-3", "0.001"])
+    grid(seeds=(0, 1), lr=["1e-3", "1e-2"], head=["linear", "mlp"])
