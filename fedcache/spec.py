@@ -498,7 +498,8 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
         raise ConfigError(f"--set {key} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
                           + " or ".join(f"--set {g}.{key}=..." for g in owners))
     if not owners:
-        raise ConfigError(f"unknown --set key(s) {key}. Known keys -- {_listing(groups, run_options)}")
+        raise ConfigError(f"unknown --set key(s) {key}{_near(key, groups, run_options)}. Known keys -- "
+                          f"{_listing(groups, run_options)}")
     return owners[0], key
 
 
@@ -511,6 +512,15 @@ def _route_settings(settings: dict[str, str], method: str) -> dict[str, dict[str
             raise ConfigError(f"--set {group}.{name} is given twice (as {key} and another spelling); keep one")
         routed[group][name] = (key, value)
     return routed
+
+
+def _near(key: str, groups: dict[str, dict[str, Any]], run_options: bool) -> str:
+    """ " (did you mean 'lr'?)" for a typo of a setting (or of a run option, where a key may name one)."""
+    import difflib
+
+    known = [f for fs in groups.values() for f in fs] + (sorted(_BY_NAME_ONLY) if run_options else [])
+    near = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def _listing(groups: dict[str, dict[str, Any]], run_options: bool) -> str:

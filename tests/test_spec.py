@@ -342,8 +342,10 @@ def test_alpha_lr_and_seed_are_each_declared_once():
 def test_settings_are_typed_and_unknown_keys_listed():
     r = resolve_settings("fedprox", ["lr=0.1", "mu=0.5"])
     assert r.params.mu == 0.5 and r.optim.lr == 0.1
-    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo.*method: init, mu; optim: optimizer, lr"):
+    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) mu_typo\. Known keys -- method: init, mu; optim: optimizer, lr"):
         resolve_settings("fedprox", ["mu_typo=1"])
+    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) muu \(did you mean 'mu'\?\)\. Known keys"):
+        resolve_settings("fedprox", ["muu=1"])
     with pytest.raises(ConfigError, match="expected a finite number"):
         resolve_settings("fedprox", ["lr=fast"])
     with pytest.raises(ConfigError, match="one of sgd, adam"):

@@ -85,6 +85,7 @@ class GridSpec:
             raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
                               "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
         self._check_partition_axes()
+        self._check_setting_axes()
         for o in grid_options():
             setattr(self, o.field, o.parse(getattr(self, o.field)))
         for section in GRID_SECTIONS.values():  # checks them
@@ -93,6 +94,27 @@ class GridSpec:
         from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
 
         check_trackers(self.track)
+
+    def _check_setting_axes(self) -> None:
+        """An axis over a method setting that some methods of the grid lack (fedprox's mu in a grid with fedavg)
+        was refused from the first cell of such a method, as an unknown key of it, not saying which method."""
+        from fedcache.errors import UnknownNameError
+        from fedcache.spec import setting_fields
+
+        try:
+            own = {m: setting_fields(m)["method"] for m in self.methods}
+        except UnknownNameError:
+            return  # the unknown method is named where the grid resolves it
+        for key in self.sweep:
+            group, _, name = key.rpartition(".")
+            if group not in ("", "method") or (not group and is_option(key)):
+                continue
+            owners = [m for m in self.methods if name in own[m]]
+            if owners and len(owners) < len(self.methods):
+                others = [m for m in self.methods if m not in owners]
+                raise ConfigError(f"--set {key}: a setting of {', '.join(owners)} only; {', '.join(others)} "
+                                  f"{'has' if len(others) == 1 else 'have'} no {name}. Sweep it in a grid of "
+                                  f"{', '.join(owners)} (-m {','.join(owners)}), and the others in a grid of their own")
 
     def _check_partition_axes(self) -> None:
         """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell

@@ -276,14 +276,38 @@ class FeatureStore:
         self._refuse_damaged(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
         if not found:
             pending = [e for e in infos if e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
-            hint = f"fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}"
             if pending:
                 raise IncompleteEntryError(
                     f"the {split} features of {dataset} for {backbone} are not complete yet "
-                    f"(interrupted or still running); finish them with `{hint}`"
+                    f"(interrupted or still running); finish them with `{self._extract_hint(pending)}`"
                 )
-            raise EntryNotFoundError(f"the store {self.path} has no {split} features of {dataset} for {backbone}; run `{hint}`")
+            raise EntryNotFoundError(self._not_found(cur, dataset, split, backbone))
         return found
+
+    def _extract_hint(self, pending: list[EntryInfo]) -> str:
+        """The extraction that finishes ``pending``: its store, dataset, backbone, and the options in its key that
+        are not the defaults (another --dtype would write new entries instead of finishing these)."""
+        k = pending[0].key
+        hint = f"fedcache extract --store {self.path} --dataset {k['dataset']} --backbones {k['backbone']}"
+        hint += f" --splits {k['split']} --domains {','.join(sorted({e.key['domain'] for e in pending}))}"
+        return hint + (f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else "")
+
+    def _not_found(self, cur: dict, dataset: str, split: str, backbone: str) -> str:
+        """What the store lacks, and the likeliest way on: a close name it does hold (a typo), the split it lacks
+        (an import of one split), or the extraction."""
+        where = f"the store {self.path} has no {split} features of {dataset} for {backbone}"
+        datasets = sorted({s[0] for s in cur})
+        if dataset not in datasets:
+            return where + _close(dataset, datasets, "datasets") + f"; or extract them: `fedcache extract --store {self.path} " \
+                f"--dataset {dataset} --backbones {backbone}`"
+        backbones = sorted({s[3] for s in cur if s[0] == dataset})
+        if backbone not in backbones:
+            return where + _close(backbone, backbones, f"backbones for {dataset}") + \
+                f"; or extract them: `fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}`"
+        splits = sorted({s[1] for s in cur if s[0] == dataset and s[3] == backbone})
+        return where + f" (only {', '.join(splits)}): extract that split (`fedcache extract --store {self.path} --dataset " \
+            f"{dataset} --backbones {backbone} --splits {split}`), or import it if these are imported embeddings " \
+            f"(`fedcache store import FILE --store {self.path} --dataset {dataset} --backbone {backbone} --split {split}`)"
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
         """The features of every requested domain as one float32 array (see :meth:`features`)."""
@@ -514,3 +538,11 @@ class FeatureStore:
         cur = {e.entry_id for e in self.current(infos).values()}
         return [e for e in infos if e.complete and e.entry_id not in cur]
 
+
+def _close(name: str, names: list[str], what: str) -> str:
+    """ "; did you mean 'x'? It holds: ..." """
+    import difflib
+
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return (f"; did you mean {near[0]!r}?" if near else "") + f" (its {what}: {listed or 'none'})"

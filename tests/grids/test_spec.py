@@ -113,3 +113,16 @@ def test_a_value_given_twice_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"--set lr=1e-3,0.001: '1e-3' and '0.001' are one value"):
         grid(lr=["1e-3", "0.001"])
     grid(seeds=(0, 1), lr=["1e-3", "1e-2"], head=["linear", "mlp"])
+
+
+def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
+    def grid(methods, **sweep):
+        return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=methods, out=tmp_path, sweep=sweep)
+
+    with pytest.raises(ConfigError, match=r"--set mu: a setting of fedprox only; fedavg has no mu\. Sweep it in a grid "
+                                          r"of fedprox \(-m fedprox\)"):
+        grid(["fedavg", "fedprox"], mu=["0.01", "0.1"])
+    with pytest.raises(ConfigError, match="a setting of fedprox only"):
+        grid(["fedavg", "fedprox"], **{"method.mu": ["0.01", "0.1"]})
+    grid(["fedprox"], mu=["0.01", "0.1"])
+    grid(["fedavg", "fedprox"], lr=["0.01", "0.1"])  # every method's optimizer

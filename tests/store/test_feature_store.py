@@ -53,6 +53,25 @@ def test_reader_refuses_incomplete_entries(store_path):
         store.read("ds", "train", "other-backbone")
 
 
+def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
+    """A typo was told to run an extraction that then failed on the same typo; an import of one split was told to
+    extract; an unfinished float32 extraction was told to run one that would write float16 entries."""
+    store = FeatureStore(store_path)
+    write_all(store, key(), np.ones((4, 3)), np.zeros(4))
+    with pytest.raises(EntryNotFoundError, match=r"no train features of dz for bb; did you mean 'ds'\? \(its datasets: ds\)"):
+        store.read("dz", "train", "bb")
+    with pytest.raises(EntryNotFoundError, match=r"did you mean 'bb'\? \(its backbones for ds: bb\)"):
+        store.read("ds", "train", "bc")
+    with pytest.raises(EntryNotFoundError, match=r"no test features of ds for bb \(only train\).*--splits test.*"
+                                                 r"fedcache store import FILE .* --split test"):
+        store.read("ds", "test", "bb")
+    k = EntryKey("ds", "fp", "test", "all", "bb", "w1", {"size": 32}, dtype="float32")
+    with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    with pytest.raises(IncompleteEntryError, match=r"--splits test --domains all --dtype float32`"):
+        store.read("ds", "test", "bb")
+
+
 def test_new_key_in_same_slot_supersedes_old(store_path):
     store = FeatureStore(store_path)
     write_all(store, key("old"), np.zeros((4, 3), np.float32), np.zeros(4))
