@@ -15,6 +15,7 @@ from rich.table import Table
 from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.spec import grid_options, options
+from fedcache.wording import count
 
 
 # `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated
@@ -62,7 +63,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
     console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
     if trained:
-        console.print(f"trained {len(trained)} cells in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
+        console.print(f"trained {count(len(trained), 'cell')} in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
                       f"({spec.engine} engine)")
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 

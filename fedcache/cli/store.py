@@ -11,6 +11,7 @@ from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, StoreOpt, _csv, console, err
 from fedcache.errors import ConfigError
+from fedcache.wording import count
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
 
@@ -171,4 +172,4 @@ def store_import(
     from fedcache.store.interchange import import_file
 
     ids = import_file(store, file, dataset, backbone, split)
-    console.print(f"imported {len(ids)} entries as dataset {dataset!r}, backbone {backbone!r}")
+    console.print(f"imported {count(len(ids), 'entry', 'entries')} as dataset {dataset!r}, backbone {backbone!r}")

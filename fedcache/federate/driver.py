@@ -133,6 +133,8 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     rounds = runs[0].schedule.rounds
     last = rounds if stop_after is None else _stop_round(stop_after, states[0].rnd, rounds)
     engine.start(states)
+    if on_round and states[0].rnd:  # resumed: progress starts where the checkpoint is, not at 0
+        on_round(states[0].rnd, rounds, [None] * len(runs))
     start, before = time.perf_counter(), [s.seconds for s in states]
     for rnd in range(states[0].rnd, last):
         lines = _round(runs, engine, states, rnd)

@@ -40,6 +40,7 @@ from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
+from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,14 @@ class Grouping:
             alike[len(b), m] = alike.get((len(b), m), 0) + 1
         sizes = ", ".join(f"{k} x {size} {m}" if k > 1 else f"{size} {m}" for (size, m), k in alike.items())
         if self.batches:
-            text = f"batched engine: {n} cells in {len(self.batches)} batches ({sizes}), at most {self.limit} cells per batch"
+            text = f"batched engine: {count(n, 'cell')} in {count(len(self.batches), 'batch', 'batches')} ({sizes}), at most {count(self.limit, 'cell')} per batch"
         else:
             text = "batched engine: no cells to stack"
         if self.alone:
             reasons: dict[str, int] = {}
             for why in self.alone.values():
                 reasons[why] = reasons.get(why, 0) + 1
-            text += f"; {len(self.alone)} cells as their own runs: " + "; ".join(f"{why} ({k})" for why, k in reasons.items())
+            text += f"; {count(len(self.alone), 'cell')} as their own runs: " + "; ".join(f"{why} ({k})" for why, k in reasons.items())
         return text
 
 
@@ -137,10 +138,10 @@ def _parts(by_draws: dict[tuple, list[Hashable]], limit: int, started, alone: di
         if room:
             min(room, key=len).append(single[0])
         else:
-            alone[single[0]] = NOTHING_TO_STACK if len(keys) == 1 else f"the limit of {limit} cells per batch"
+            alone[single[0]] = NOTHING_TO_STACK if len(keys) == 1 else f"the limit of {count(limit, 'cell')} per batch"
     for part in new:
         if len(part) == 1:  # only where the limit cuts a pool so
-            alone[part[0]] = f"the limit of {limit} cells per batch"
+            alone[part[0]] = f"the limit of {count(limit, 'cell')} per batch"
     return parts + [p for p in new if len(p) > 1]
 
 

@@ -19,6 +19,7 @@ from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, Stops, cells, tr
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.table import Table
 from fedcache.training import load_data
+from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallbac
     if spec.engine == "batched" and todo:
         return run_batched(spec, todo, folder, on_plan, stops)
     if on_plan and todo:
-        on_plan(f"processes engine: {len(todo)} cells as their own runs, {min(jobs_of(spec), len(todo))} at a time")
+        on_plan(f"processes engine: {count(len(todo), 'cell')} as their own runs, {min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder, stops=stops)
 
 

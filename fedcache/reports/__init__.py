@@ -18,6 +18,7 @@ from fedcache.paths import writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
+from fedcache.wording import count
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
 PAPER, CONTRIBUTION = "paper.json", "contribution.json"
@@ -64,7 +65,7 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
 def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layout) -> str:
     random = any(r.summary.get("random_weights") for r in runs)
     warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
-    return (f"{len(runs)} runs in {len(groups)} groups (method and setting; seeds pooled) from `{root}`; "
+    return (f"{count(len(runs), 'run')} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`; "
             f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "

@@ -81,7 +81,10 @@ def test_interrupted_run_resumes_to_identical_results(data, tmp_path):
     # A metrics line written after the last checkpoint (a crash between the two) is dropped on resume.
     with open(out / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"round": 3, "accuracy": -1}) + "\n")
-    resumed = run(make("solo", data), RunConfig(rounds=4, out=out, resume=True))
+    progress = []
+    resumed = run(make("solo", data), RunConfig(rounds=4, out=out, resume=True),
+                  on_round=lambda done, total, line: progress.append((done, line is None)))
+    assert progress == [(2, True), (3, False), (4, False)]  # progress starts at the checkpoint, said before round 3
     assert resumed.summary["per_client_accuracy"] == full.summary["per_client_accuracy"]
     for n in full.clients:
         torch.testing.assert_close(full.clients[n], resumed.clients[n], atol=0, rtol=0)

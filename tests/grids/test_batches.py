@@ -144,7 +144,7 @@ def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_st
     plans[0] = []
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=sweep,
          seeds=[0], out=tmp_path / "singles", engine="batched", jobs=2, max_batch_cells=1, on_plan=plans[0].append)
-    assert "8 cells as their own runs: the limit of 1 cells per batch (8)" in plans[0][0]
+    assert "8 cells as their own runs: the limit of 1 cell per batch (8)" in plans[0][0]
     assert_same_cells(outs[1], tmp_path / "singles")
 
 
