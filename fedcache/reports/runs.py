@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from fedcache.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
 DIVERGED = "diverged.json"  # a grid cell scored on validation whose training became NaN
@@ -96,7 +99,10 @@ def find_runs(root: Path) -> list[Run]:
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; give a run directory (train --out) or a grid directory (grid --out)")
-    paths = sorted({p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name) if (p.parent / METRICS).exists()})
+    finished = {p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name)}
+    paths = sorted(p for p in finished if (p / METRICS).exists())
+    for p in sorted(finished - set(paths)):  # a report short of a run without a word would mislead
+        log.warning("%s is finished but has no %s (deleted?); the report leaves it out", p, METRICS)
     if not paths:
         raise ConfigError(f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); "
                           "finish the run or grid first")

@@ -228,3 +228,18 @@ def test_round_axes_tick_whole_rounds(tmp_path):
         draw(ax, groups, layout, layout.styles(groups))
         fig.canvas.draw()
         assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
+
+
+def test_a_finished_run_without_its_metrics_is_named_not_silently_left_out(toy_grid, tmp_path, caplog):
+    import logging
+    import shutil
+
+    from fedcache.reports.runs import find_runs
+
+    grid = tmp_path / "grid"
+    shutil.copytree(toy_grid, grid)
+    victim = sorted((grid / "cells").iterdir())[0]
+    (victim / "metrics.jsonl").unlink()
+    with caplog.at_level(logging.WARNING):
+        runs = find_runs(grid)
+    assert len(runs) == 7 and f"{victim} is finished but has no metrics.jsonl" in caplog.text
