@@ -573,3 +573,20 @@ def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse
         np.testing.assert_array_equal(by_lookup, by_search)
         with pytest.raises(StoreError, match="repeated"):
             KeyIndex(np.r_[domains, domains[:1]], np.r_[ids, ids[:1]], "train")
+
+
+def test_a_few_shot_beyond_what_clients_hold_is_said(caplog):
+    from fedcache.federate.partitions.core import few_shot_filter
+
+    """--partition domain --few-shot 200 on 80-150 rows per class ran on all of them without a word."""
+    import logging
+
+    labels = np.repeat(np.arange(3), 50)
+    clients = [np.arange(0, 150, 2), np.arange(1, 150, 2)]  # 25 rows of each class each
+    with caplog.at_level(logging.WARNING):
+        few_shot_filter(clients, labels, 10, np.random.default_rng(0))
+    assert "few_shot" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        kept = few_shot_filter(clients, labels, 40, np.random.default_rng(0))
+    assert [len(k) for k in kept] == [75, 75]
+    assert "few_shot 40: 2 of 2 clients hold fewer than 40 training rows of every class they hold (as few as 25)" in caplog.text

@@ -296,15 +296,24 @@ def subsample_filter(clients: list[np.ndarray], labels: np.ndarray, frac: float,
 
 
 def few_shot_filter(clients: list[np.ndarray], labels: np.ndarray, n: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Keep a random ``min(n, held)`` rows of each class each client holds."""
-    out = []
+    """Keep a random ``min(n, held)`` rows of each class each client holds. A client holding fewer than ``n`` of
+    every class it holds keeps all its rows: ``n`` is more than the data, which a warning says (a label-skewed
+    client short of its rare classes only is what a few-shot split of it means)."""
+    out, short, fewest = [], 0, n
     for rows in clients:
         shuffled = rng.permutation(rows)
         order = np.argsort(labels[shuffled], kind="stable")  # stable: keeps the shuffled order within a class
         y = labels[shuffled][order]
         starts = np.flatnonzero(np.r_[True, y[1:] != y[:-1]])
-        rank = np.arange(len(y)) - np.repeat(starts, np.diff(np.r_[starts, len(y)]))
+        held = np.diff(np.r_[starts, len(y)])
+        rank = np.arange(len(y)) - np.repeat(starts, held)
         out.append(np.sort(shuffled[order[rank < n]]))
+        if len(held) and held.max() < n:
+            short, fewest = short + 1, min(fewest, int(held.min()))
+    if short:
+        log.warning("few_shot %d: %d of %d clients hold fewer than %d training rows of every class they hold (as few "
+                    "as %d) and keep all of them; a smaller few_shot gives every such client n rows per class",
+                    n, short, len(clients), n, fewest)
     return out
 
 
