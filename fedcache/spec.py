@@ -452,7 +452,10 @@ def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:
         key, sep, values = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=v1,v2,... (e.g. --set lr=1e-3,1e-2), got {item!r}")
-        out[key.strip().replace("-", "_")] = [v.strip() for v in values.split(",") if v.strip()]
+        parts = [v.strip() for v in values.split(",")]
+        if values.strip() and not all(parts):  # "1e-3,,1e-2": a value left out by mistake, not dropped in silence
+            raise ConfigError(f"--set {item}: an empty value between commas; write {key.strip()}=v1,v2")
+        out[key.strip().replace("-", "_")] = [v for v in parts if v]
     return out
 
 

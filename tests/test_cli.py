@@ -126,6 +126,19 @@ def test_an_os_error_is_one_line_naming_the_path(capsys, store_path, monkeypatch
     assert code == 1 and err.strip() == "error: Permission denied: /srv/runs/r (FEDCACHE_DEBUG=1 shows where it happened)"
 
 
+def test_a_validation_run_says_what_its_accuracy_was_scored_on(capsys, store_path, monkeypatch):
+    import fedcache.cli.train as train_cli
+
+    summary = {"method": "fedavg", "mean_accuracy": 50.0, "std_accuracy": 1.0, "global_accuracy": 51.0, "rounds": 1,
+               "params_up_per_round": 1, "bytes_up": 4, "bytes_down": 4, "seconds": 0.1}
+    monkeypatch.setitem(train_cli.ENGINES, "in-process", lambda spec: (summary, ""))
+    argv = ["train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg"]
+    code, out, _ = run(capsys, *argv, "--validation", "--subsample", "0.8")
+    assert code == 0 and "global 51.00%" in out and "(scored on validation: spare training rows)" in out
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "validation" not in out
+
+
 def test_a_command_exit_code_is_the_process_exit_code(capsys, store_path, monkeypatch):
     import typer
 

@@ -99,9 +99,12 @@ def store_verify(
             console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
         damaged += status == "damaged" and not repair
     if damaged:
-        err.print(f"[red]{damaged} damaged entries[/]: re-run the extraction (or import) that made each, which replaces "
-                  f"it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+        err.print(f"[red]{count(damaged, 'damaged entry', 'damaged entries')}[/]: re-run the extraction (or import) that made "
+                  f"each, which replaces it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
         raise typer.Exit(1)
+    statuses = [c[3] for c in checks]
+    console.print(f"checked {count(len(checks), 'entry', 'entries')}: " + ", ".join(
+        f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)) if checks else "the store holds no entries")
 
 
 @store_app.command("upgrade")

@@ -58,7 +58,8 @@ def train(threads: int | None = None, **given) -> None:
     with threads_for(threads):
         summary, how = ENGINES[spec.engine.name](spec)
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
-    console.print(_result_line(summary) + how + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
+    scored = " (scored on validation: spare training rows)" if spec.schedule.validation else ""
+    console.print(_result_line(summary) + how + scored + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
 
 
 def _train_in_process(spec: RunSpec) -> tuple[dict, str]:

@@ -84,6 +84,10 @@ class GridSpec:
         if unknown:
             raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
                               "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
+        single = [k for k in self.select if len(self.sweep[k]) == 1]
+        if single:  # a validation stage with nothing to choose would double the grid's work for no choice
+            raise ConfigError(f"--select {single[0]}: {single[0]} has one value ({self.sweep[single[0]][0]}), so there is "
+                              f"nothing to choose; give the values to choose from (--set {single[0]}=v1,v2) or drop --select")
         self._check_partition_axes()
         self._check_setting_axes()
         for o in grid_options():

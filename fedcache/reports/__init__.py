@@ -75,7 +75,7 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
 def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
     if mean is None:
         return "-"
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
+    return f"{mean:,.{digits}f}" + (f" ± {std:,.{digits}f}" if std else "")
 
 
 def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list[str]]:

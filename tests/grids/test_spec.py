@@ -126,3 +126,12 @@ def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
         grid(["fedavg", "fedprox"], **{"method.mu": ["0.01", "0.1"]})
     grid(["fedprox"], mu=["0.01", "0.1"])
     grid(["fedavg", "fedprox"], lr=["0.01", "0.1"])  # every method's optimizer
+
+
+def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--select lr: lr has one value \(1e-3\), so there is nothing to choose"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"lr": ["1e-3"]},
+                 select=["lr"])
+    with pytest.raises(ConfigError, match=r"--set lr=1e-3,,1e-2: an empty value between commas; write lr=v1,v2"):
+        parse_sweep(["lr=1e-3,,1e-2"])
+    assert parse_sweep(["lr=1e-3, 1e-2"]) == {"lr": ["1e-3", "1e-2"]}

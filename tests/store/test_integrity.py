@@ -159,7 +159,8 @@ def test_damage_is_named_never_read_and_repaired_by_re_extracting(damage, store,
     again = FeatureStore(store).read("test-toy", "train", BB)
     np.testing.assert_array_equal(again.features, before.features)
     np.testing.assert_array_equal(again.labels, before.labels)
-    assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 0 and re.search(r"checked \d+ entries: \d+ ok$", out.strip())
 
 
 @pytest.mark.parametrize("damage", [truncate_features_file, truncate_entry_json], ids=lambda f: f.__name__)
