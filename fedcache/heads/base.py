@@ -101,3 +101,8 @@ def unstack(p: Params, k: int) -> list[Params]:
 def expand(p: Params, k: int) -> Params:
     """One set of parameters (leading axis 1) copied for K clients."""
     return {name: t.expand(k, *t.shape[1:]).clone() for name, t in p.items()}
+
+
+def as_rows(p: Params, k: int) -> Params:
+    """One set of parameters (leading axis 1, or already K) seen as K rows, without copying: for reading only."""
+    return {name: t.expand(k, *t.shape[1:]) for name, t in p.items()}

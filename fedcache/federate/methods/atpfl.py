@@ -20,7 +20,7 @@ from fedcache.federate.local import masked_mean
 from fedcache.federate.methods._prompt import info_nce
 from fedcache.federate.methods.base import METHODS
 from fedcache.federate.methods.tpfl import TPFL, TPFLSettings
-from fedcache.heads import Params
+from fedcache.heads import Params, as_rows
 
 PREV = "prev_"  # client-state prefix of the previous round's prompts
 TRAINED = "trained"  # client state: 1 once the client has trained (its previous prompts are its own)
@@ -30,10 +30,6 @@ TRAINED = "trained"  # client state: 1 once the client has trained (its previous
 class ATPFLSettings(TPFLSettings):
     mu: NonNegative = 1.0  # weight of the InfoNCE terms (Eq. 5); the paper does not state its value
     tau: NonNegative = 0.0  # Gamma of Eq. 4; 0: CLIP's temperature 1 / logit_scale, the Gamma Eq. 2 uses
-
-
-def _expanded(p: Params, k: int) -> Params:
-    return {n: t.expand(k, *t.shape[1:]) for n, t in p.items()}
 
 
 @METHODS.register("atpfl")
@@ -60,7 +56,7 @@ class ATPFL(TPFL):
         computed once here, not at every step."""
         if not self.p.mu:
             return {}
-        glob = _expanded(down, len(clients))
+        glob = as_rows(down, len(clients))
         prev = self.previous_prompts(glob, states)
         with torch.no_grad():
             text_g, text_prev = self.text.encode(down["ctx"]), self.text.encode(prev["ctx"])

@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 from fedcache.federate.methods._simclr import SSLMethod, SSLSettings, local_simclr
-from fedcache.federate.methods.base import METHODS, LocalResult, weighted_average
+from fedcache.federate.methods.base import METHODS, LocalResult, aggregation_weights, weighted_average
 from fedcache.heads import Params, expand
 
 
@@ -36,5 +34,4 @@ class FedAvgSSL(SSLMethod):
         return LocalResult({}, params, self.sample_counts(clients))
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
-        weights = result.weights if self.p.average == "samples" else torch.ones_like(result.weights)
-        return weighted_average(result.uploads, weights)
+        return weighted_average(result.uploads, aggregation_weights(self.p.average, result.weights))

@@ -16,7 +16,7 @@ from fedcache.federate.local import cross_entropy, masked_mean, train
 from fedcache.federate.methods.base import METHODS, LocalResult, Method
 from fedcache.federate.prototypes import aggregate, class_means, class_sums, means_of, nearest, padded_rows
 from fedcache.federate.stacking import per_run, stackable
-from fedcache.heads import Params, expand, forward
+from fedcache.heads import Params, as_rows, expand, forward
 
 INDEX_BYTES = 8  # a class index or a sample count travels as int64
 CHUNK = 16  # clients per prototype pass, to bound the (K, T, D) gather
@@ -75,7 +75,7 @@ class FedProto(Method):
         return {n: t.unsqueeze(0) for n, t in server.items()}
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
-        down = per_row(down, len(clients))
+        down = as_rows(down, len(clients))
         info = {"protos": down["protos"], "has": down["counts"] > 0}
         if self.p.local_protos != "after":
             info["sums"] = EpochSums(self.epoch_steps(clients), self.ctx.data.n_classes, self.head.feature_dim)
@@ -175,11 +175,6 @@ class EpochSums:
 
     def means(self) -> tuple[torch.Tensor, torch.Tensor]:
         return means_of(self.sums, self.counts), self.counts
-
-
-def per_row(down: Params, k: int) -> Params:
-    """The broadcast (leading axis 1, or already one set per row) as K rows, without copying."""
-    return {n: t.expand(k, *t.shape[1:]) for n, t in down.items()}
 
 
 def drop_incomplete(plan: np.ndarray) -> np.ndarray:
