@@ -15,6 +15,8 @@ def meta() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
             "load_average_at_end": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 def write(res: dict, out: Path) -> None:
     res["meta"] = meta()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,8 @@ class DamagedCheckpointError(FedcacheError):
 
     def __init__(self, path, problem: str) -> None:
         super().__init__(f"the checkpoint {path} is damaged: {problem}; the run cannot continue from it: start it "
-                         "again with --overwrite (in a grid: delete the folder holding it, and run the grid again)")
+                         "again in another --out (or with --overwrite); in a grid, delete the folder holding it and "
+                         "run the grid again")
         self.path = path
 
 

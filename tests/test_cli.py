@@ -109,8 +109,14 @@ def test_an_interrupted_train_says_how_to_go_on(capsys, store_path, monkeypatch)
 
     monkeypatch.setitem(train_cli.ENGINES, "in-process", _interrupt)
     argv = ["train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg"]
-    code, _, err = run(capsys, *argv, "--out", str(store_path.parent / "r"))
-    assert code == 130 and "re-run the command with --resume to continue" in err
+    out = store_path.parent / "r"
+    code, _, err = run(capsys, *argv, "--out", str(out))
+    assert code == 130 and f"no round had finished, so {out} holds no checkpoint; re-run the same command" in err
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+    for given in (["--out", str(out)], [f"--out={out}"], ["-o", str(out)], [f"-o{out}"]):
+        code, _, err = run(capsys, *argv, *given)
+        assert code == 130 and "re-run the command with --resume to continue" in err, given
     code, _, err = run(capsys, *argv)
     assert code == 130 and "the run had no --out, so nothing of it was kept" in err
 

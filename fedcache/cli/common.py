@@ -22,7 +22,7 @@ HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 # Redirected output (logs, CI) gets a wide console, as wide as COLUMNS says where it is set: rich would cut
 # tables at 80 columns.
 _COLUMNS = os.environ.get("COLUMNS", "")
-console = Console() if sys.stdout.isatty() else Console(width=int(_COLUMNS) if _COLUMNS.isdigit() else 160)
+console = Console() if sys.stdout.isatty() else Console(width=int(_COLUMNS) if _COLUMNS.isdigit() and int(_COLUMNS) > 0 else 160)
 err = Console(stderr=True, soft_wrap=True)  # a message is one line in a log or a pipe too (grep finds it); terminals wrap it
 
 DEFAULT_STORE = default_store()

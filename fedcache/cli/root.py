@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import typer
 import typer.core
@@ -154,10 +155,27 @@ def _how_to_go_on(argv: list[str]) -> str:
     words = [a for a in argv if not a.startswith("-")]
     if words[:1] != ["train"]:
         return "finished work is kept; re-run the same command to resume"
-    if not {"--out", "-o"} & {a.split("=", 1)[0] for a in argv}:
+    out = _out_of(argv)
+    if out is None:
         return "the run had no --out, so nothing of it was kept"
+    from fedcache.federate.rundir import CHECKPOINT  # torch is loaded by now: the run was training
+
+    if not (Path(out) / CHECKPOINT).exists():
+        return f"no round had finished, so {out} holds no checkpoint; re-run the same command"
     # A run's directory is refused without --resume: a re-run must not silently continue another run.
     return "its last checkpoint is kept; re-run the command with --resume to continue from it"
+
+
+def _out_of(argv: list[str]) -> str | None:
+    """The value of --out / -o in any of its forms (``--out X``, ``--out=X``, ``-o X``, ``-oX``)."""
+    for i, a in enumerate(argv):
+        if a in ("--out", "-o"):
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if a.startswith("--out="):
+            return a.split("=", 1)[1]
+        if a.startswith("-o") and not a.startswith("--") and len(a) > 2:
+            return a[2:]
+    return None
 
 
 def _console_script() -> None:

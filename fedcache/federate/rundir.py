@@ -49,7 +49,7 @@ def _feed(h: Any, obj: Any) -> None:
         t = obj.detach().to("cpu").contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # its buffer, not a copy
     elif isinstance(obj, dict):
         h.update(f"D{len(obj)}".encode())
         for k in sorted(obj, key=repr):

@@ -62,7 +62,7 @@ def stackable(per_row: tuple[str, ...] = (), per_run: tuple[str, ...] = (), padd
         known = {f for f in getattr(cls.Settings, "__dataclass_fields__", {})}
         unknown = sorted(set(per_row + per_run) - known)
         if unknown:
-            raise TypeError(f"{cls.__qualname__} declares stacked settings {unknown} that its Params lack")
+            raise TypeError(f"{cls.__qualname__} declares stacked settings {unknown} that its Settings lack")
         _DECLARED[cls] = Stacking(per_row, per_run, padded_states, memory or Stacking.memory,
                                   refuse or Stacking.refuse)
         return cls

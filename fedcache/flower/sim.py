@@ -16,14 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from fedcache import errors
 from fedcache.errors import ConfigError, FedcacheError
-from fedcache.training import owned, partition_request
+from fedcache.training import check_not_a_cell, owned, partition_request
 from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
@@ -54,6 +57,7 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     child process, which gets the spec as JSON and answers with the summary or the error as JSON.
     With --resume, the run in --out continues from its checkpoint on the shards already there."""
     _refuse_unsupported(spec)
+    check_not_a_cell(spec.engine.out)
     e = spec.engine
     ask = {"spec": spec.to_dict(), "cpus": cpus,
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
@@ -73,9 +77,18 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
                                 "see the log above")
         reply = json.loads(answer.read_text())
     if "error" in reply:
-        kind = getattr(errors, reply["kind"], FedcacheError)
-        raise (kind if isinstance(kind, type) and issubclass(kind, FedcacheError) else FedcacheError)(reply["error"])
+        raise rebuilt(reply["kind"], reply["error"])
     return reply["summary"]
+
+
+def rebuilt(kind: str, message: str) -> FedcacheError:
+    """The child's error as the same class with the same message. Its constructor is not called: some take other
+    arguments than the message (DamagedCheckpointError: a path and a problem), and the message is already made."""
+    cls = getattr(errors, kind, FedcacheError)
+    cls = cls if isinstance(cls, type) and issubclass(cls, FedcacheError) else FedcacheError
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    return err
 
 
 def train_flower_sim_here(spec: RunSpec, cpus: int | None = None) -> dict:
@@ -151,6 +164,7 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
 
 
 def _child(request: Path, answer: Path) -> int:
+    threading.Thread(target=_stop_without, args=(os.getppid(),), daemon=True, name="stop-without-caller").start()
     ask = json.loads(request.read_text())
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
     try:
@@ -159,6 +173,17 @@ def _child(request: Path, answer: Path) -> int:
         reply = {"error": str(err), "kind": type(err).__name__}
     answer.write_text(json.dumps(reply))
     return 0
+
+
+def _stop_without(caller: int, every: float = 0.2, grace: float = 30.0) -> None:
+    """A caller killed outright (SIGKILL, or SIGTERM without a handler) cannot stop this process, which would go on
+    writing --out under its lock. Its caller gone, the simulation is interrupted as Ctrl-C would (Flower and Ray
+    shut down), and ended if that has not ended it after ``grace`` seconds."""
+    while os.getppid() == caller:
+        time.sleep(every)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(grace)
+    os._exit(1)
 
 
 if __name__ == "__main__":

@@ -102,35 +102,45 @@ class GridSpec:
     def _check_setting_axes(self) -> None:
         """An axis over a method setting that some methods of the grid lack (fedprox's mu in a grid with fedavg)
         was refused from the first cell of such a method, as an unknown key of it, not saying which method."""
-        from fedcache.errors import UnknownNameError
-        from fedcache.spec import setting_fields
-
-        try:
-            own = {m: setting_fields(m)["method"] for m in self.methods}
-        except UnknownNameError:
-            return  # the unknown method is named where the grid resolves it
+        own = self._settings_of_methods()
+        if own is None:
+            return  # an unknown method is named where the grid resolves it
         for key in self.sweep:
             group, _, name = key.rpartition(".")
             if group not in ("", "method") or (not group and is_option(key)):
                 continue
-            owners = [m for m in self.methods if name in own[m]]
+            # A short key may be any group's (optim.momentum too): owned where the method has it in any group.
+            owners = [m for m in self.methods if any(name in fs for g, fs in own[m].items() if not group or g == group)]
             if owners and len(owners) < len(self.methods):
                 others = [m for m in self.methods if m not in owners]
                 raise ConfigError(f"--set {key}: a setting of {', '.join(owners)} only; {', '.join(others)} "
                                   f"{'has' if len(others) == 1 else 'have'} no {name}. Sweep it in a grid of "
                                   f"{', '.join(owners)} (-m {','.join(owners)}), and the others in a grid of their own")
 
+    def _settings_of_methods(self) -> dict | None:
+        """Each method's ``--set`` groups (``spec.setting_fields``), or None when a method is unknown."""
+        from fedcache.errors import UnknownNameError
+        from fedcache.spec import setting_fields
+
+        try:
+            return {m: setting_fields(m) for m in self.methods}
+        except UnknownNameError:
+            return None
+
     def _check_partition_axes(self) -> None:
         """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell
         under several names: a table would show a comparison that is not one."""
         from fedcache.federate.partitions.core import COMMON_OPTIONS, PARTITIONERS
 
+        own = self._settings_of_methods() or {}
         scheme_key = next((k for k in self.sweep if is_option(k) and option(k).key == "partition.scheme"), None)
         schemes = self.sweep[scheme_key] if scheme_key else [option("partition").default]
         for key, values in self.sweep.items():
             o = option(key) if is_option(key) else None
             if len(values) < 2 or o is None or o.section != "partition" or o.field in COMMON_OPTIONS | {"scheme"}:
                 continue
+            if "." not in key and any(key in fs for groups in own.values() for fs in groups.values()):
+                continue  # also a method's setting (perfedavg's alpha): the cells say the key is ambiguous
             known = [s for s in schemes if s in PARTITIONERS.names()]  # an unknown scheme is named when its cell is made
             readers = [s for s in PARTITIONERS.names() if o.field in PARTITIONERS.get(s).options]
             if known and readers and not set(known) & set(readers):  # no reader at all: every scheme's (clients)
@@ -266,10 +276,12 @@ def _check_once(what: str, values: list[str]) -> None:
     """A value given twice made the same cell twice (or two cells of one value): counted twice in the table's mean
     and standard deviation."""
     def same(v: str):
-        try:
-            return float(v)  # 1e-3 and 0.001 too
-        except ValueError:
-            return v
+        for kind in (int, float):  # int first: 2**53 and 2**53 + 1 are one float
+            try:
+                return kind(v)  # 1e-3 and 0.001 too
+            except ValueError:
+                pass
+        return v
 
     seen: dict = {}
     for v in values:

@@ -290,7 +290,10 @@ class FeatureStore:
         k = pending[0].key
         hint = f"fedcache extract --store {self.path} --dataset {k['dataset']} --backbones {k['backbone']}"
         hint += f" --splits {k['split']} --domains {','.join(sorted({e.key['domain'] for e in pending}))}"
-        return hint + (f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else "")
+        hint += f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
+        size = (k.get("preprocess") or {}).get("size")
+        return hint + (f" --image-size {size}" if size else "") + (" (and any other option it was started with)"
+                                                                   if k.get("view") or k.get("augmentation") else "")
 
     def _not_found(self, cur: dict, dataset: str, split: str, backbone: str) -> str:
         """What the store lacks, and the likeliest way on: a close name it does hold (a typo), the split it lacks

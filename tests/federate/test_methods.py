@@ -110,3 +110,10 @@ def test_method_tests_are_named_after_a_method_or_a_methods_module():
     here = Path(__file__).resolve().parent / "methods"
     stray = [p.name for p in sorted(here.glob("test_*.py")) if p.stem.removeprefix("test_") not in known]
     assert not stray, f"name these after the method (its registry name, - as _) or the module they test: {stray}"
+
+
+def test_a_method_naming_its_settings_params_is_told_the_new_name():
+    from fedcache.federate.methods.fedavg import FedAvg, FedAvgSettings
+
+    with pytest.raises(TypeError, match="rename `Params = FedAvgSettings` to `Settings = ...`"):
+        type("Old", (FedAvg,), {"Params": FedAvgSettings})

@@ -576,10 +576,10 @@ def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse
 
 
 def test_a_few_shot_beyond_what_clients_hold_is_said(caplog):
-    from fedcache.federate.partitions.core import few_shot_filter
-
     """--partition domain --few-shot 200 on 80-150 rows per class ran on all of them without a word."""
     import logging
+
+    from fedcache.federate.partitions.core import few_shot_filter
 
     labels = np.repeat(np.arange(3), 50)
     clients = [np.arange(0, 150, 2), np.arange(1, 150, 2)]  # 25 rows of each class each

@@ -84,3 +84,57 @@ def test_unknown_engine_is_a_bad_parameter(flower_store, capsys):
     assert main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                  "--engine", "grpc"]) == 2
     assert "--engine" in capsys.readouterr().err
+
+
+def test_every_error_comes_back_from_the_child_as_itself():
+    """The child reports an error by its class name and message; DamagedCheckpointError's constructor takes a path
+    and a problem, and rebuilding it as kind(message) raised a TypeError that lost the message."""
+    from fedcache import errors
+    from fedcache.flower.sim import rebuilt
+
+    kinds = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.FedcacheError)]
+    assert errors.DamagedCheckpointError in kinds
+    for cls in kinds:
+        err = rebuilt(cls.__name__, "what went wrong")
+        assert type(err) is cls and str(err) == "what went wrong"
+    assert type(rebuilt("ValueError", "x")) is errors.FedcacheError  # only fedcache's own errors are rebuilt
+
+
+CALLER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from tests.flower.conftest import toy_config
+from fedcache.flower.sim import train_flower_sim
+train_flower_sim(toy_config(Path(sys.argv[2]), rounds=100000, eval_every=1000, out=Path(sys.argv[3])), cpus=1)
+"""
+
+
+@pytest.mark.slow
+def test_the_simulation_ends_with_a_caller_killed_outright(flower_store, tmp_path):
+    """Its caller killed with SIGKILL, the simulation's process went on training and writing --out under its lock."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from tests.grids.test_pool import _alive, _children
+
+    out = tmp_path / "sim"
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(Path(__file__).resolve().parents[2]), str(flower_store),
+                               str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoint.pt").exists():  # rounds under way
+            assert caller.poll() is None and time.monotonic() < deadline
+            time.sleep(0.5)
+        (child,) = _children(caller.pid)
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait()
+        deadline = time.monotonic() + 60
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _alive(child)
+    finally:
+        for pid in [p for p in (caller.pid, child) if p and _alive(p)]:
+            os.kill(pid, signal.SIGKILL)

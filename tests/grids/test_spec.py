@@ -135,3 +135,22 @@ def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"--set lr=1e-3,,1e-2: an empty value between commas; write lr=v1,v2"):
         parse_sweep(["lr=1e-3,,1e-2"])
     assert parse_sweep(["lr=1e-3, 1e-2"]) == {"lr": ["1e-3", "1e-2"]}
+
+
+def test_the_axis_checks_leave_ambiguous_keys_to_routing(tmp_path):
+    """perfedavg's own alpha, optim.momentum beside flesd's momentum: the grid's new checks told these users the wrong
+    thing (a partition scheme that ignores alpha; a setting fedavg lacks); the cells say the key is ambiguous."""
+    from fedcache.grids import train_config
+
+    def grid(methods, **sweep):
+        return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=methods, out=tmp_path, sweep=sweep)
+
+    for g in (grid(["perfedavg"], alpha=["0.01", "0.1"]), grid(["flesd", "fedavg"], momentum=["0.9", "0.99"])):
+        with pytest.raises(ConfigError, match="is ambiguous"):
+            for c in cells(g):
+                train_config(g, c, None)
+
+
+def test_large_whole_numbers_are_not_one_value(tmp_path):
+    GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
+             seeds=[2**53, 2**53 + 1])  # one float, two seeds

@@ -68,7 +68,7 @@ def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
     k = EntryKey("ds", "fp", "test", "all", "bb", "w1", {"size": 32}, dtype="float32")
     with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
-    with pytest.raises(IncompleteEntryError, match=r"--splits test --domains all --dtype float32`"):
+    with pytest.raises(IncompleteEntryError, match=r"--splits test --domains all --dtype float32 --image-size 32`"):
         store.read("ds", "test", "bb")
 
 

@@ -127,6 +127,12 @@ class Method:
     # Commands of this method beyond train (``fedcache <command.name>``), built by the CLI from the hook.
     commands: ClassVar[tuple[MethodCommand, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Params" in vars(cls):  # the name before 0.1.0: it would be ignored, and the method's settings unknown
+            raise TypeError(f"{cls.__name__}: a method's settings class is its `Settings` attribute; rename `Params = "
+                            f"{getattr(vars(cls)['Params'], '__name__', '...')}` to `Settings = ...`")
+
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
         if self.heads and ctx.head not in self.heads:
             raise ConfigError(f"{self.name} runs with the {' or '.join(self.heads)} head only, not {ctx.head!r}; drop --head")
