@@ -191,7 +191,8 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     class Settings:
         alpha: float = 1.0  # a method parameter named like the Dirichlet concentration
 
-    method = type("Clash", (), {"Settings": Settings, "default_preset": "default", "default_head": "linear", "uses_optimizer": True})
+    method = type("Clash", (), {"Settings": Settings, "default_preset": "default", "default_head": "linear", "uses_optimizer": True,
+                                     "heads": ()})
     monkeypatch.setattr(METHODS, "get", lambda name: method)
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
                     sweep={"alpha": ["0.5"]})
