@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from fedcache.errors import DirectoryBusyError
 
@@ -246,3 +246,17 @@ def _ago(started: str) -> str:
     if seconds < 0:
         return ""
     return f", {seconds:.0f} s ago" if seconds < 120 else f", {seconds / 60:.0f} min ago" if seconds < 7200 else f", {seconds / 3600:.1f} h ago"
+
+
+def on_orphaned(parent: int, then: Callable[[], None], every: float = 0.1) -> None:
+    """Call ``then`` from a daemon thread once this process's parent is no longer ``parent``. A process a command
+    started (a grid's worker, the Flower simulation) cannot be stopped by a command killed outright (SIGKILL), and
+    would go on writing the directory the next command takes over."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        then()
+
+    threading.Thread(target=watch, daemon=True, name="on-orphaned").start()

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from fedcache.training import check_not_a_cell, owned, partition_request
 from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
+from fedcache.ownership import on_orphaned
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
@@ -164,7 +164,7 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
 
 
 def _child(request: Path, answer: Path) -> int:
-    threading.Thread(target=_stop_without, args=(os.getppid(),), daemon=True, name="stop-without-caller").start()
+    on_orphaned(os.getppid(), _interrupt_then_end, every=0.2)
     ask = json.loads(request.read_text())
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
     try:
@@ -175,12 +175,9 @@ def _child(request: Path, answer: Path) -> int:
     return 0
 
 
-def _stop_without(caller: int, every: float = 0.2, grace: float = 30.0) -> None:
-    """A caller killed outright (SIGKILL, or SIGTERM without a handler) cannot stop this process, which would go on
-    writing --out under its lock. Its caller gone, the simulation is interrupted as Ctrl-C would (Flower and Ray
-    shut down), and ended if that has not ended it after ``grace`` seconds."""
-    while os.getppid() == caller:
-        time.sleep(every)
+def _interrupt_then_end(grace: float = 30.0) -> None:
+    """Its caller gone (killed outright), the simulation is interrupted as Ctrl-C would (Flower and Ray shut
+    down), and ended if that has not ended it after ``grace`` seconds."""
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(grace)
     os._exit(1)

@@ -8,6 +8,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
 from fedcache.errors import FedcacheError
+from fedcache.ownership import on_orphaned
 
 
 def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
@@ -50,17 +51,7 @@ def _stop(workers: set, grace: float = 5.0) -> None:
 
 def _init_worker(grid: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
-    import threading
-
     import torch
 
     torch.set_num_threads(1)
-    threading.Thread(target=_leave_with, args=(grid,), daemon=True, name="leave-with-grid").start()
-
-
-def _leave_with(grid: int, every: float = 0.1) -> None:
-    """A grid killed with SIGKILL cannot stop its workers: an orphan went on training and writing the grid's
-    directory under the next command, which had taken the directory over. Its parent gone, a worker leaves."""
-    while os.getppid() == grid:
-        time.sleep(every)
-    os._exit(1)
+    on_orphaned(grid, lambda: os._exit(1))  # its grid killed outright: it would train on under the next command

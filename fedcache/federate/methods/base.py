@@ -134,8 +134,7 @@ class Method:
                             f"{getattr(vars(cls)['Params'], '__name__', '...')}` to `Settings = ...`")
 
     def __init__(self, ctx: MethodContext, params: Any = None) -> None:
-        if self.heads and ctx.head not in self.heads:
-            raise ConfigError(f"{self.name} runs with the {' or '.join(self.heads)} head only, not {ctx.head!r}; drop --head")
+        check_head(type(self), self.name, ctx.head)
         self.ctx = ctx
         self.p = params if params is not None else self.Settings()
         check_fields(self.p)
@@ -241,6 +240,14 @@ class Method:
 
     def sample_counts(self, clients: list[int]) -> torch.Tensor:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
+
+
+def check_head(cls: type, name: str, head: str) -> None:
+    """Refuse a head the method does not run with (its ``heads``), when its spec is made and when it is built."""
+    heads = getattr(cls, "heads", ())
+    if heads and head not in heads:
+        raise ConfigError(f"{name} runs with the {' or '.join(heads)} head only, not {head!r}; drop --head (in a "
+                          f"grid of several methods, give {name} a grid of its own)")
 
 
 def tensor_size(tensors: Params) -> tuple[int, int]:
