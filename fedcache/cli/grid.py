@@ -65,6 +65,9 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     if trained:
         console.print(f"trained {count(len(trained), 'cell')} in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
                       f"({spec.engine} engine)")
+    else:  # a re-run of a finished grid: say so, rather than let the table pass for a fresh result
+        console.print(f"nothing to train: every cell of this grid had finished in {spec.out} (their results are kept; "
+                      "another --out trains them again)", soft_wrap=True)
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
 
 

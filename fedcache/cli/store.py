@@ -172,7 +172,25 @@ def store_import(
     store: Path = StoreOpt,
 ) -> None:
     """Bring your own embeddings: import them as normal store entries."""
+    from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
+    before = FeatureStore(store) if store.exists() else None
+    had = set(before.entry_ids()) if before else set()
+    read = {e.entry_id for e in before.current().values()} if before else set()
+    stale = {e.entry_id for e in before.stale()} if before else set()
     ids = import_file(store, file, dataset, backbone, split)
-    console.print(f"imported {count(len(ids), 'entry', 'entries')} as dataset {dataset!r}, backbone {backbone!r}")
+    named = f"as dataset {dataset!r}, backbone {backbone!r}"
+    if any(i not in had for i in ids):
+        console.print(f"imported {count(len(ids), 'entry', 'entries')} {named}")
+    elif all(i in read for i in ids):  # the same file again: its entries were there and complete
+        console.print(f"nothing to import: the store already holds {file}'s {count(len(ids), 'entry', 'entries')} {named}",
+                      soft_wrap=True)
+    else:
+        console.print(f"the store already held {file}'s {count(len(ids), 'entry', 'entries')} {named}; runs read them "
+                      "again instead of the ones imported after them", soft_wrap=True)
+    superseded = {e.entry_id for e in FeatureStore(store).stale()} - stale
+    if superseded:  # other data under the same names: runs read this file's entries from now on
+        console.print(f"{count(len(superseded), 'other entry', 'other entries')} {named} "
+                      f"{'is' if len(superseded) == 1 else 'are'} now stale; "
+                      f"`fedcache store rm --stale --store {store}` deletes them", soft_wrap=True)

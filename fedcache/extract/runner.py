@@ -178,7 +178,8 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: entry {key.entry_id} was damaged "
                                f"({writer.replaced}); extracting it again"))
         if writer.complete:
-            emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do"))
+            again = "; runs read it again instead of the newer one" if store.make_current(key.entry_id) else ""
+            emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do{again}"))
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
         pending = writer.pending(cfg.part)
         rows = sum(writer.chunk_range(c)[1] - writer.chunk_range(c)[0] for c in pending)

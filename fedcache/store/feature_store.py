@@ -267,6 +267,18 @@ class FeatureStore:
                 best[e.slot] = e
         return best
 
+    def make_current(self, entry_id: str) -> bool:
+        """Make a complete entry the one its slot reads, as a fresh write of it would; True if another had been.
+        An import or extraction that finds its entry already complete asked for those features now: without this,
+        importing file A, then B, then A again left B's features in every run."""
+        infos = self.entries()
+        mine = next(e for e in infos if e.entry_id == entry_id)
+        newest = self.current(infos).get(mine.slot)
+        if not mine.complete or newest is None or newest.entry_id == entry_id:
+            return False
+        self.root[ENTRIES][entry_id].attrs.update({"completed_at": now_iso()})
+        return True
+
     # ---- reading -------------------------------------------------------------
     def find(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> list[EntryInfo]:
         """The current complete entry of each domain for (dataset, split, backbone, view)."""

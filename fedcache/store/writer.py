@@ -112,6 +112,7 @@ class EntryWriter:
             with open(path, "a", encoding="utf-8", errors="surrogateescape") as fh:
                 fh.writelines(f"{b}\n" for b in bad_images)
         if self.complete:
+            self.store.make_current(self.key.entry_id)
             return True
         if not bool(np.all(self.files.all("done"))):
             return False

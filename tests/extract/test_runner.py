@@ -42,6 +42,21 @@ def test_extract_then_rerun_is_a_noop(store_path):
     assert table.domain_names == ("light", "dark") and sorted(set(table.domains)) == [0, 1]
 
 
+def test_extracting_again_with_earlier_options_reads_those_features_again(store_path):
+    """float32, then float16 (new entries in the same slots), then float32 again: nothing is extracted the third
+    time, and runs read the float32 features again (they kept reading the float16 ones)."""
+    read = lambda: FeatureStore(store_path).read("test-toy", "train", "tiny-timm-random").features  # noqa: E731
+    extract(cfg(store_path, dtype="float32"))
+    first = read().copy()
+    extract(cfg(store_path, dtype="float16"))
+    assert not np.array_equal(read(), first)
+    events = []
+    reports = extract(cfg(store_path, dtype="float32"), progress=events.append)
+    assert {r.status for r in reports} == {"already complete"}
+    np.testing.assert_array_equal(read(), first)
+    assert any("runs read it again instead of the newer one" in (e.message or "") for e in events)
+
+
 def test_same_inputs_give_identical_bytes(tmp_path):
     extract(cfg(tmp_path / "a.zarr"))
     extract(cfg(tmp_path / "b.zarr"))

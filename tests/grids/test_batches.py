@@ -121,6 +121,16 @@ def test_the_batched_engine_is_the_default(toy_store, tmp_path, capsys):
     assert plan.startswith("batched engine: 4 cells in 2 batches (2 fedavg, 2 fedprox), at most") and plan.endswith("per batch")
 
 
+def test_a_finished_grid_run_again_says_it_had_nothing_to_train(toy_store, tmp_path, capsys):
+    args = ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+            "--clients", "2", "--rounds", "1", "--set", "lr=0.1,0.01", "--out", str(tmp_path / "g")]
+    assert main(args) == 0
+    assert "nothing to train" not in capsys.readouterr().out
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing to train: every cell of this grid had finished in" in out and "cells per minute" not in out
+
+
 def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
     """--jobs 2: the batches train side by side in worker processes of one torch thread, each method's cells
     spread over the two workers (one batch per method with --jobs 1); every cell equals the in-process grid's."""

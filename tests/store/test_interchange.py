@@ -32,3 +32,36 @@ def test_npz_without_labels_is_refused(store_path, tmp_path):
         import_file(FeatureStore(store_path), path, "x", "y", split="train")
     with pytest.raises(DataNotFoundError):
         import_file(FeatureStore(store_path), tmp_path / "missing.npz", "x", "y")
+
+
+def _npz(path, seed):
+    rng = np.random.default_rng(seed)
+    np.savez(path, train__features=rng.normal(size=(20, 4)).astype(np.float32), train__labels=rng.integers(0, 3, 20))
+    return path
+
+
+def test_importing_a_file_again_makes_its_features_the_ones_runs_read(store_path, tmp_path):
+    """A, then B, then A again under the same names: runs read A (they read B, the last write, before)."""
+    a, b = _npz(tmp_path / "a.npz", 0), _npz(tmp_path / "b.npz", 1)
+    store = FeatureStore(store_path)
+    for path in (a, b, a):
+        import_file(store, path, "mine", "enc")
+    np.testing.assert_array_equal(store.read("mine", "train", "enc").features, np.load(a)["train__features"])
+    assert len(store.stale()) == 1
+    import_file(store, b, "mine", "enc")
+    np.testing.assert_array_equal(store.read("mine", "train", "enc").features, np.load(b)["train__features"])
+
+
+def test_the_import_command_says_what_it_did(store_path, tmp_path, capsys):
+    from fedcache.cli import main
+
+    a, b = _npz(tmp_path / "a.npz", 0), _npz(tmp_path / "b.npz", 1)
+    said = []
+    for path in (a, a, b, a):
+        assert main(["store", "import", str(path), "--store", str(store_path), "-d", "mine", "-b", "enc"]) == 0
+        said.append(" ".join(capsys.readouterr().out.split()))
+    assert said[0] == "imported 1 entry as dataset 'mine', backbone 'enc'"
+    assert said[1].startswith("nothing to import: the store already holds") and "a.npz's 1 entry" in said[1]
+    assert said[2].startswith("imported 1 entry") and "1 other entry as dataset 'mine', backbone 'enc' is now stale" in said[2]
+    assert "fedcache store rm --stale" in said[2]
+    assert "runs read them again instead of the ones imported after them" in said[3] and "now stale" in said[3]
