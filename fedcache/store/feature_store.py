@@ -523,19 +523,30 @@ class FeatureStore:
 
     def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single") -> np.ndarray:
         """Class-text embeddings (T, C, D) of the newest complete text entry matching the request."""
-        classes = list(classes)
+        best = self._newest_text(backbone, list(classes), template_set)
+        if best is None:
+            raise EntryNotFoundError(
+                f"no '{template_set}' text embeddings for {backbone} and these classes; "
+                f"run `fedcache extract --backbones {backbone}` on the dataset (only CLIP-style backbones have them)"
+            )
+        return self._text(best)
+
+    def _newest_text(self, backbone: str, classes: list[str], template_set: str) -> str | None:
         best = None
         for eid, a in self.text_entries():
             k = a.get("key", {})
             if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
                 if best is None or a["completed_at"] > best[1]["completed_at"]:
                     best = (eid, a)
-        if best is None:
-            raise EntryNotFoundError(
-                f"no '{template_set}' text embeddings for {backbone} and these classes; "
-                f"run `fedcache extract --backbones {backbone}` on the dataset (only CLIP-style backbones have them)"
-            )
-        return self._text(best[0])
+        return None if best is None else best[0]
+
+    def make_text_current(self, key: TextKey) -> bool:
+        """As ``make_current``, for a complete text entry: the text runs read is that of the weights extracted last."""
+        newest = self._newest_text(key.backbone, list(key.classes), key.template_set)
+        if newest is None or newest == key.entry_id:
+            return False
+        self.root[TEXT][key.entry_id].attrs.update({"completed_at": now_iso()})
+        return True
 
     # ---- removal ---------------------------------------------------------------
     def remove(self, entry_id: str) -> EntryInfo:
