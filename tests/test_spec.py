@@ -244,6 +244,14 @@ def test_the_command_line_builds_the_spec_the_api_builds(monkeypatch, tmp_path):
     assert set(cli.ENGINES) == set(option("engine").type.__args__)  # every engine the spec allows is runnable
 
 
+def test_every_grid_engine_the_spec_allows_is_runnable():
+    from fedcache.grids.run import GRID_ENGINES
+    from fedcache.spec import GridEngineSpec
+
+    allowed = typing.get_type_hints(GridEngineSpec)["engine"]
+    assert set(GRID_ENGINES) == set(typing.get_args(allowed))
+
+
 def test_partition_schemes_are_the_registry_s():
     from fedcache.federate.partitions import PARTITIONERS
 

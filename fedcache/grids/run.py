@@ -60,11 +60,20 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
 
 def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
             stops: Stops) -> Iterator[tuple[Cell, dict]]:
-    if spec.engine == "batched" and todo:
-        return run_batched(spec, todo, folder, on_plan, stops)
-    if on_plan and todo:
+    if not todo:
+        return iter(())
+    return GRID_ENGINES[spec.engine](spec, todo, folder, on_plan, stops)
+
+
+def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
+               stops: Stops) -> Iterator[tuple[Cell, dict]]:
+    if on_plan:
         on_plan(f"processes engine: {count(len(todo), 'cell')} as their own runs, {min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder, stops=stops)
+
+
+# The names of spec.GridEngineSpec.engine (a test checks they agree).
+GRID_ENGINES = {"batched": run_batched, "processes": _processes}
 
 
 def check_spec(spec: GridSpec) -> None:
