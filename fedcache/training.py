@@ -330,4 +330,6 @@ def same_run(out: RunDir, config: dict) -> list[str] | None:
     saved = out.config()
     if saved is None:
         return None
-    return [k.removeprefix("spec.") for k in same_config(migrate_config(saved), config)]
+    # The partition's id hashes its request and its data, both compared (partition.request, partition.entries);
+    # the hash itself took in the labels later, and a run made before that must stay resumable.
+    return [k.removeprefix("spec.") for k in same_config(migrate_config(saved), config) if k != "partition.partition_id"]

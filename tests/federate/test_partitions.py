@@ -590,3 +590,51 @@ def test_a_few_shot_beyond_what_clients_hold_is_said(caplog):
         kept = few_shot_filter(clients, labels, 40, np.random.default_rng(0))
     assert [len(k) for k in kept] == [75, 75]
     assert "few_shot 40: 2 of 2 clients hold fewer than 40 training rows of every class they hold (as few as 25)" in caplog.text
+
+
+def _labelled_npz(path, seed):
+    rng = np.random.default_rng(seed)
+    centres, arrays = rng.normal(size=(3, 8)) * 2, {}
+    for split, n in (("train", 120), ("test", 60)):
+        y = rng.integers(0, 3, n)
+        arrays[f"{split}__features"] = (centres[y] + rng.normal(size=(n, 8))).astype(np.float32)
+        arrays[f"{split}__labels"] = y
+    np.savez(path, **arrays)
+    return path
+
+
+def test_a_partition_made_on_other_labels_under_the_same_keys_is_not_reused(tmp_path):
+    """Two files of as many rows (so the same ids, 0..N-1) imported in turn under one name: a Dirichlet few-shot run
+    on the second equals the run on a store that never held the first (the first's partition was reused: its
+    clients' 'five rows per class' were counted on the first file's labels)."""
+    import fedcache
+    from fedcache.store.interchange import import_file
+
+    first, second = _labelled_npz(tmp_path / "c.npz", 3), _labelled_npz(tmp_path / "d.npz", 4)
+    run = lambda store: fedcache.train(store, "ds", "enc", "fedavg", partition="dirichlet", alpha=0.1,  # noqa: E731
+                                       clients=3, few_shot=5, rounds=2).summary
+    both, alone = tmp_path / "both.zarr", tmp_path / "alone.zarr"
+    import_file(both, first, "ds", "enc")
+    earlier = run(both)
+    import_file(both, second, "ds", "enc")
+    import_file(alone, second, "ds", "enc")
+    again, fresh = run(both), run(alone)
+    assert again["partition_id"] == fresh["partition_id"] != earlier["partition_id"]
+    assert again["per_client_accuracy"] == fresh["per_client_accuracy"]
+
+
+def test_a_run_recorded_with_an_older_partition_id_still_resumes(tmp_path):
+    """The id's hash took in the labels later; the request and the entries it hashes are compared themselves."""
+    import json
+
+    import fedcache
+    from fedcache.store.interchange import import_file
+
+    store, out = tmp_path / "s.zarr", tmp_path / "run"
+    import_file(store, _labelled_npz(tmp_path / "c.npz", 3), "ds", "enc")
+    first = fedcache.train(store, "ds", "enc", "fedavg", clients=3, rounds=2, out=out)
+    config = json.loads((out / "config.json").read_text())
+    config["partition"]["partition_id"] = "0123456789abcdef"  # as an older fedcache hashed it
+    (out / "config.json").write_text(json.dumps(config))
+    again = fedcache.train(store, "ds", "enc", "fedavg", clients=3, rounds=2, out=out, resume=True)
+    assert again.summary["per_client_accuracy"] == first.summary["per_client_accuracy"]

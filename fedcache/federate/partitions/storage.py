@@ -10,7 +10,7 @@ loaded for. Layout::
         test_domain, test_id, test_offsets   the same for the local test sets
         attrs: request, dataset, data_hash, n_clients, created_at, then complete = true, written last
 
-The id hashes the request and ``data_hash`` (the sorted train and test keys), so a
+The id hashes the request and ``data_hash`` (the sorted train and test keys and their labels), so a
 partition made on other data is never reused.
 """
 from __future__ import annotations
@@ -33,13 +33,13 @@ PARTITIONS = "partitions"
 _SPLITS = ("train", "test")
 
 
-def table_keys(table: FeatureTable) -> tuple[np.ndarray, np.ndarray]:
-    """The ``(domains, ids)`` keys of a table's rows."""
-    return table.domains, table.ids
+def table_keys(table: FeatureTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``(domains, ids)`` keys of a table's rows, and their labels (hashed with them, never matched)."""
+    return table.domains, table.ids, table.labels
 
 
 def _keys(keys, split: str) -> tuple[np.ndarray, np.ndarray]:
-    domains, ids = (np.asarray(a, dtype=np.int64).reshape(-1) for a in keys)
+    domains, ids = (np.asarray(a, dtype=np.int64).reshape(-1) for a in keys[:2])
     if len(domains) != len(ids):
         raise StoreError(f"{split} keys: {len(domains)} domains but {len(ids)} ids")
     return domains, ids
@@ -59,7 +59,9 @@ def _sorted_keys(domains: np.ndarray, ids: np.ndarray, split: str) -> np.ndarray
 
 
 def keys_hash(train_keys, test_keys) -> str:
-    """A hash of the train and test row keys, independent of row order."""
+    """A hash of the train and test row keys, and of their labels where the keys carry them (``table_keys``),
+    independent of row order. With the labels: other data imported under the same keys (ids default to row
+    numbers) gave the same hash, and a partition made on its labels (Dirichlet, few-shot) was reused."""
     h = hashlib.sha256()
     for split, keys in zip(_SPLITS, (train_keys, test_keys)):
         domains, ids = _keys(keys, split)
@@ -67,6 +69,8 @@ def keys_hash(train_keys, test_keys) -> str:
         h.update(f"{split}:{len(ids)}:".encode())
         h.update(domains[order].tobytes())
         h.update(ids[order].tobytes())
+        if len(keys) > 2:
+            h.update(b"labels:" + np.asarray(keys[2], dtype=np.int64).reshape(-1)[order].tobytes())
     return h.hexdigest()[:16]
 
 
