@@ -35,11 +35,52 @@ def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: s
     out = (alloc or (lambda shape: np.empty(shape, np.float32)))((len(first), sum(p.dim for p in parts)))
     col = 0
     for b, p in zip(backbones, parts):
-        at = None if p is first else _destinations(keys, sample_keys(p), b, dataset, split)
+        at = None if p is first else _align(first, p, keys, b, backbones[0], dataset, split)
         store.fill(p, out[:, col:col + p.dim], at)
         col += p.dim
     return first.table(out, random_weights=any(p.random_weights for p in parts),
                        entry_ids=sum((p.entry_ids for p in parts), ()))
+
+
+def _align(first: TableRows, p: TableRows, keys: np.ndarray, backbone: str, first_backbone: str, dataset: str,
+           split: str) -> np.ndarray | None:
+    """``_destinations`` of a backbone's rows, after checking it holds the first's domains and classes."""
+    where = f"the {split} features of {dataset} for {backbone}", f"those of {first_backbone}"
+    at = _destinations(keys, keys_as_first(first, p, where), backbone, dataset, split)
+    _check_labels(first, p, at, where)
+    return at
+
+
+def keys_as_first(first: TableRows | FeatureTable, p: TableRows | FeatureTable, where: tuple[str, str]) -> np.ndarray:
+    """A backbone's sample keys with its domains numbered as the first backbone's: features imported per
+    backbone may list the same domains in another order (a row's domain index alone would pair a photo with a
+    sketch)."""
+    if p.domain_names == first.domain_names:
+        return sample_keys(p)
+    if sorted(p.domain_names) != sorted(first.domain_names):
+        raise StoreError(f"{where[0]} have the domains {list(p.domain_names)} but {where[1]} have "
+                         f"{list(first.domain_names)}: fused backbones need the same domains (import them under the same names)")
+    renumber = np.array([first.domain_names.index(n) for n in p.domain_names], np.int64)
+    return (renumber[p.domains] << _ID_BITS) | p.ids
+
+
+def _check_labels(first: TableRows, p: TableRows, at: np.ndarray | None, where: tuple[str, str]) -> None:
+    """Every sample has one class whichever backbone's table says it (by class name): the fused table takes the
+    first's labels."""
+    if sorted(p.class_names) != sorted(first.class_names):
+        raise StoreError(f"{where[0]} name the classes {list(p.class_names)[:8]} but {where[1]} "
+                         f"{list(first.class_names)[:8]}: fused backbones need the same classes")
+    renumber = np.array([first.class_names.index(n) for n in p.class_names], np.int64)
+    mine = renumber[p.labels]
+    theirs = first.labels if at is None else np.full(len(mine), -1, np.int64)
+    if at is not None:
+        kept = at >= 0
+        theirs[kept] = first.labels[at[kept]]
+        mine = np.where(kept, mine, -1)
+    differ = int(np.count_nonzero(mine != theirs))
+    if differ:
+        raise StoreError(f"{differ} samples have another class in {where[0]} than in {where[1]}: fused backbones "
+                         "must describe the same labelled samples")
 
 
 def _destinations(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray | None:
@@ -47,7 +88,7 @@ def _destinations(want: np.ndarray, have: np.ndarray, backbone: str, dataset: st
     its rows are already in that order."""
     if len(have) == len(want) and np.array_equal(have, want):
         return None
-    pos = _positions(want, have, backbone, dataset, split)
+    pos = row_positions(want, have, backbone, dataset, split)
     at = np.full(len(have), -1, np.int64)
     at[pos] = np.arange(len(want))
     return at
@@ -62,12 +103,12 @@ def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: F
             table = load_fused(store, dataset, backbones, "train", v)
         except EntryNotFoundError:
             break
-        views.append(table.features[_positions(sample_keys(train), sample_keys(table), f"view {v}", dataset, "train")])
+        views.append(table.features[row_positions(sample_keys(train), sample_keys(table), f"view {v}", dataset, "train")])
         v += 1
     return np.stack(views, 1) if views else None
 
 
-def _positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray:
+def row_positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray:
     order = np.argsort(have)
     pos = np.searchsorted(have, want, sorter=order)
     pos = np.clip(pos, 0, len(have) - 1)

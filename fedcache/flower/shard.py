@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
-from fedcache.federate.data import FederatedData, load_fused, load_views, sample_keys
+from fedcache.federate.data import FederatedData, keys_as_first, load_fused, load_views, row_positions, sample_keys
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.federate.text import attach_text
@@ -123,14 +123,9 @@ def _view_tables(store: FeatureStore, spec: ShardSpec) -> list[dict[str, Feature
 
 
 def _align(first: FeatureTable, table: FeatureTable, backbone: str, dataset: str, split: str) -> np.ndarray:
-    have = sample_keys(table)
-    order = np.argsort(have)
-    pos = np.clip(np.searchsorted(have, sample_keys(first), sorter=order), 0, len(have) - 1)
-    found = have[order[pos]] == sample_keys(first)
-    if not found.all():
-        raise StoreError(f"{int((~found).sum())} {split} samples of {dataset} lack {backbone} features; "
-                         "re-extract so every backbone covers the same images")
-    return order[pos]
+    """The row of ``table`` holding each of ``first``'s samples, domains matched by name (as ``load_fused``)."""
+    where = f"the {split} features of {dataset} for {backbone}", "those of the first backbone"
+    return row_positions(sample_keys(first), keys_as_first(first, table, where), backbone, dataset, split)
 
 
 def _take(t: FeatureTable, rows: np.ndarray) -> FeatureTable:
