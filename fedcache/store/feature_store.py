@@ -141,6 +141,17 @@ class TableRows:
         return FeatureTable(**{**fields, **replace})
 
 
+def _group(e: EntryInfo) -> tuple:
+    """The slot without its domain: what a reader asks for (``find``)."""
+    dataset, split, _, backbone, view = e.slot
+    return dataset, split, backbone, view
+
+
+def _named_by(newest: EntryInfo, e: EntryInfo) -> bool:
+    names = newest.attrs.get("domains")
+    return not isinstance(names, list) or e.slot[2] in names
+
+
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
 
@@ -260,12 +271,19 @@ class FeatureStore:
         return int(flags.sum()), len(flags)
 
     def current(self, infos: Iterable[EntryInfo] | None = None) -> dict[tuple, EntryInfo]:
-        """For each slot, the most recently completed entry (older ones are stale)."""
+        """For each slot, the most recently completed entry (older ones are stale), while its domain is one of the
+        domains the newest entry of its (dataset, split, backbone, view) names: importing a file of other domains
+        under the same names supersedes the domains it lacks (they were read beside the new ones)."""
         best: dict[tuple, EntryInfo] = {}
         for e in infos if infos is not None else self.entries():
             if e.complete and (e.slot not in best or (e.completed_at or "") > (best[e.slot].completed_at or "")):
                 best[e.slot] = e
-        return best
+        newest: dict[tuple, EntryInfo] = {}
+        for e in best.values():
+            group = _group(e)
+            if group not in newest or (e.completed_at or "") > (newest[group].completed_at or ""):
+                newest[group] = e
+        return {slot: e for slot, e in best.items() if _named_by(newest[_group(e)], e)}
 
     def make_current(self, entry_id: str) -> bool:
         """Make a complete entry the one its slot reads, as a fresh write of it would; True if another had been.
@@ -273,8 +291,7 @@ class FeatureStore:
         importing file A, then B, then A again left B's features in every run."""
         infos = self.entries()
         mine = next(e for e in infos if e.entry_id == entry_id)
-        newest = self.current(infos).get(mine.slot)
-        if not mine.complete or newest is None or newest.entry_id == entry_id:
+        if not mine.complete or mine.entry_id in {e.entry_id for e in self.current(infos).values()}:
             return False
         self.root[ENTRIES][entry_id].attrs.update({"completed_at": now_iso()})
         return True

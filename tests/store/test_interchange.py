@@ -65,3 +65,25 @@ def test_the_import_command_says_what_it_did(store_path, tmp_path, capsys):
     assert said[2].startswith("imported 1 entry") and "1 other entry as dataset 'mine', backbone 'enc' is now stale" in said[2]
     assert "fedcache store rm --stale" in said[2]
     assert "runs read them again instead of the ones imported after them" in said[3] and "now stale" in said[3]
+
+
+def test_a_file_of_other_domains_supersedes_the_domains_it_lacks(store_path, tmp_path):
+    """A file without domains ('all'), then one of photo and sketch, under the same names: runs read the photos and
+    sketches only (the old 'all' entries stayed current beside them, and the first slot in sort order decided the
+    table's domains); importing the first file again brings 'all' back alone."""
+    rng = np.random.default_rng(0)
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, train__features=rng.normal(size=(20, 4)).astype(np.float32), train__labels=rng.integers(0, 3, 20))
+    split = tmp_path / "split.npz"
+    np.savez(split, train__features=rng.normal(size=(30, 4)).astype(np.float32), train__labels=rng.integers(0, 3, 30),
+             train__domains=np.arange(30) % 2, domains=np.array('["photo", "sketch"]'))
+    store = FeatureStore(store_path)
+    import_file(store, plain, "mine", "enc")
+    import_file(store, split, "mine", "enc")
+    table = store.read("mine", "train", "enc")
+    assert table.domain_names == ("photo", "sketch") and len(table) == 30
+    assert [e.key["domain"] for e in store.stale()] == ["all"]
+    import_file(store, plain, "mine", "enc")
+    table = store.read("mine", "train", "enc")
+    assert table.domain_names == ("all",) and len(table) == 20
+    assert sorted(e.key["domain"] for e in store.stale()) == ["photo", "sketch"]
