@@ -226,6 +226,10 @@ def partition_charts(run: Run, folder: Path) -> list[Path]:
         store = FeatureStore(Path(run.option("store")), create=False)
         train_t = store.read(dataset, "train", backbone)
         test_t = store.read(dataset, "test", backbone)
+        changed = set(train_t.entry_ids + test_t.entry_ids) - set(part.get("entries", train_t.entry_ids + test_t.entry_ids))
+        if changed:  # the chart would show the classes of other data than the run trained on
+            raise FedcacheError(f"the store's features of {dataset} are not those the run read (entries "
+                                f"{', '.join(sorted(changed))} are newer)")
         p = load_partition(store, dataset, part["partition_id"], table_keys(train_t), table_keys(test_t))
     except (FedcacheError, KeyError, OSError, TypeError) as exc:  # a report must still be written when the store moved or was pruned
         log.warning("partition chart of %s skipped: %s", run.path, exc)

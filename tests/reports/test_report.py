@@ -105,6 +105,33 @@ def test_report_without_the_store_skips_only_the_partition_charts(toy_grid, tmp_
     assert len(paths.figures) == 6 and paths.html.exists()
 
 
+def test_report_of_a_run_whose_store_changed_leaves_its_partition_chart_out(toy_grid, tmp_path, caplog):
+    """Other data imported under the run's names since: the chart would draw the new file's classes."""
+    import json
+
+    import numpy as np
+
+    from fedcache.reports import write_report
+    from fedcache.store.interchange import import_file
+
+    run, store = tmp_path / "run", tmp_path / "store.zarr"
+    shutil.copytree(next((toy_grid / "cells").iterdir()), run)
+    config = json.loads((run / "config.json").read_text())
+    data = config["spec"]["data"]
+    shutil.copytree(data["store"], store)  # the session's store is shared: change a copy
+    data["store"] = str(store)
+    (run / "config.json").write_text(json.dumps(config))
+    before = len(write_report(run).figures)
+    rng = np.random.default_rng(9)
+    other = tmp_path / "other.npz"
+    np.savez(other, train__features=rng.normal(size=(30, 4)).astype(np.float32), train__labels=rng.integers(0, 3, 30),
+             test__features=rng.normal(size=(9, 4)).astype(np.float32), test__labels=rng.integers(0, 3, 9))
+    import_file(data["store"], other, data["dataset"], data["backbones"][0])
+    with caplog.at_level("WARNING"):
+        after = len(write_report(run).figures)
+    assert after < before and "not those the run read" in caplog.text
+
+
 def fake_grid(root: Path, methods=("fedavg", "fedprox", "fedproto", "fedpcl"), alphas=(0.1, 1.0, 10.0),
               lrs=("0.001", "0.01"), seeds=(0, 1), rounds=20) -> Path:
     """Finished grid cells written directly (no training): 4 methods x 3 alphas x 2 lr = 24 groups."""
