@@ -16,8 +16,8 @@ from fedcache.errors import ConfigError
 from fedcache.federate.rundir import write_json
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_spec, run_cells
-from fedcache.grids.spec import RESULTS, TABLE, Cell, GridSpec, cells
-from fedcache.grids.table import grid_caption, summary_markdown, write_outputs
+from fedcache.grids.spec import Cell, GridSpec, cells
+from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.table import Table
 
 VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
@@ -88,12 +88,15 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
     tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
-                       only=picked, on_plan=on_plan)
+                       only=picked, on_plan=on_plan, write=False)
     write_json(spec.out / SELECTION, selection_doc(spec, choices, groups))
+    # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
+    # a column nor (the grid swept several) in the caption's fixed options.
+    chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"
+    write_outputs(spec.out / TEST, tested, grid_caption(base) + f"; {chosen}", beside=spec.select)
     caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}"
     caption += f"; {pruning_caption(spec, groups)})" if groups else ")"
-    tested.to_csv(spec.out / RESULTS)
-    (spec.out / TABLE).write_text(summary_markdown(tested, caption=caption + ", then tested once", beside=spec.select) + "\n")
+    write_outputs(spec.out, tested, caption + ", then tested once", beside=spec.select)
     return tested
 
 

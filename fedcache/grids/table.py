@@ -11,11 +11,12 @@ from fedcache.errors import ConfigError
 from fedcache.grids.cells import METRIC_COLUMNS
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec
 from fedcache.table import Table
+from fedcache.wording import count
 
 
-def write_outputs(out: Path, table: Table, caption: str = "") -> None:
+def write_outputs(out: Path, table: Table, caption: str = "", beside: list[str] = ()) -> None:
     table.to_csv(out / RESULTS)
-    write_text(out / TABLE, summary_markdown(table, caption=caption) + "\n", "the results table")
+    write_text(out / TABLE, summary_markdown(table, caption=caption, beside=beside) + "\n", "the results table")
 
 
 def grid_caption(spec: GridSpec) -> str:
@@ -40,14 +41,18 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     methods = list(dict.fromkeys(r["method"] for r in rows))
     columns = list(dict.fromkeys(label(r) for r in rows))
     stats: dict[tuple[str, str], tuple[float, float, int]] = {}
+    lost: dict[tuple[str, str], int] = {}  # seeds that diverged: no result, but a mean without them would flatter
     for m in methods:
         for col in columns:
-            vals = [r[metric] for r in rows if r["method"] == m and label(r) == col and r[metric] is not None]
+            mine = [r for r in rows if r["method"] == m and label(r) == col]
+            vals = [r[metric] for r in mine if r[metric] is not None]
+            lost[m, col] = sum(1 for r in mine if _true(r.get("diverged")))
             if vals:
                 std = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")  # sample std, as the papers print
                 stats[m, col] = (float(np.mean(vals)), std, len(vals))
-    # A best only where a column compares two methods or more: a lone result is nobody's winner.
-    means = {col: [s[0] for (m, c), s in stats.items() if c == col] for col in columns}
+    # A best only where a column compares two methods or more (a lone result is nobody's winner), and only of
+    # results no seed of which diverged.
+    means = {col: [s[0] for (m, c), s in stats.items() if c == col and not lost[m, c]] for col in columns}
     best = {col: max(v) if len(v) > 1 else None for col, v in means.items()}
     lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
@@ -55,15 +60,23 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
         cells_ = []
         for col in columns:
             if (m, col) not in stats:
-                cells_.append("-")
+                cells_.append(f"diverged ({count(lost[m, col], 'seed')})" if lost.get((m, col)) else "-")
                 continue
-            mean, std, _ = stats[m, col]
+            mean, std, n = stats[m, col]
             text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
+            if lost[m, col]:
+                text += f", {lost[m, col]} of {n + lost[m, col]} seeds diverged"
             chosen = next((r for r in rows if r["method"] == m and label(r) == col), {})
             text += "".join(f", {k}={chosen[k]}" for k in beside if k in chosen)
-            cells_.append(f"**{text}**" if best[col] is not None and np.isclose(mean, best[col]) else text)
+            top = best[col] is not None and not lost[m, col] and np.isclose(mean, best[col])
+            cells_.append(f"**{text}**" if top else text)
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     return "\n".join(lines)
+
+
+def _true(value) -> bool:
+    """A results.csv flag, read back as a bool or as its text."""
+    return value is True or str(value).lower() == "true"
 
 
 def load_results(out: Path) -> Table:

@@ -53,8 +53,9 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     sections = [Section("Results", _results_text(root, runs, groups, layout), table=summary_rows(groups, layout))]
     sections += _selection_sections(Path(root))
     sections += _paper_sections(Path(root))
-    sections += _figure_sections(groups, layout, fig_dir)
-    sections += _partition_sections(groups, layout, fig_dir)
+    scored = [g for g in groups if g.runs]  # a group whose every seed diverged has nothing to draw
+    sections += _figure_sections(scored, layout, fig_dir)
+    sections += _partition_sections(scored, layout, fig_dir)
     sections += _contribution_sections(Path(root), fig_dir)
     title = f"fedcache report: {Path(root).resolve().name}"
     disk.write_text(out / HTML_NAME, render_html(title, sections), "the report")
@@ -65,7 +66,9 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
 def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layout) -> str:
     random = any(r.summary.get("random_weights") for r in runs)
     warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
-    return (f"{count(len(runs), 'run')} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`; "
+    lost = sum(len(g.diverged) for g in groups)
+    lost_text = f" ({count(lost, 'grid cell')} diverged: no result, named beside its group)" if lost else ""
+    return (f"{count(len(runs), 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`; "
             f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
@@ -75,7 +78,7 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
 def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
     if mean is None:
         return "-"
-    return f"{mean:,.{digits}f}" + (f" ± {std:,.{digits}f}" if std else "")
+    return f"{mean:,.{digits}f}" + (f" ± {std:,.{digits}f}" if std is not None else "")
 
 
 def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list[str]]:
@@ -84,19 +87,25 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     keys = layout.panel_keys + layout.legend_keys
     header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
               "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
-    best = {panel: max((g.mean("mean_accuracy") or 0) for g in members if g.stopped_at is None) if any(
-        g.stopped_at is None for g in members) else None for panel, members in layout.panels(groups).items()}
+    # In the running for best: every run reached the end (not stopped by halving, no seed diverged).
+    whole = lambda g: g.stopped_at is None and not g.diverged and g.mean("mean_accuracy") is not None  # noqa: E731
+    best = {panel: max((g.mean("mean_accuracy") for g in members if whole(g)), default=None)
+            for panel, members in layout.panels(groups).items()}
     rows = [header]
     for g in groups:
         acc = _fmt(g.mean("mean_accuracy"), g.std("mean_accuracy"))
-        bold = g.stopped_at is None and g.mean("mean_accuracy") is not None and g.mean("mean_accuracy") == best[layout.panel(g)]
+        bold = whole(g) and g.mean("mean_accuracy") == best[layout.panel(g)]
         if g.stopped_at is not None:
             then = ", then diverged" if any(r.summary.get("diverged") for r in g.runs) else ""
             acc += f" (stopped at round {g.stopped_at}{then})"
-        rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs)),
+        if g.diverged:
+            acc += f" ({len(g.diverged)} of {len(g.runs) + len(g.diverged)} seeds diverged; the mean is of the others)" \
+                if g.runs else " (every seed diverged)"
+        rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs) + len(g.diverged)),
                      f"**{acc}**" if bold else acc, _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")),
                      _fmt(g.mean("worst10")), _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
-                     _fmt(g.mean("params_up_per_client"), digits=0), f"{int(g.mean('params_up_per_round') or 0):,}", f"{int(g.mean('bytes_up') or 0):,}",
+                     _fmt(g.mean("params_up_per_client"), digits=0), f"{round(g.mean('params_up_per_round') or 0):,}",
+                     f"{round(g.mean('bytes_up') or 0):,}",
                      _fmt(g.mean("seconds"))])
     return rows
 

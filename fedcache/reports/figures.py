@@ -47,8 +47,9 @@ def _shown(groups: list[Group]) -> tuple[list[Group], str]:
 
 
 def _best(groups: list[Group]) -> Group | None:
-    """The best final accuracy (of the groups that ran every round: an early score is of another round)."""
-    scored = [g for g in groups if g.mean("mean_accuracy") is not None and g.stopped_at is None]
+    """The best final accuracy (of the groups whose every run ran every round: an early score is of another round,
+    and a mean without the seeds that diverged would flatter)."""
+    scored = [g for g in groups if g.mean("mean_accuracy") is not None and g.stopped_at is None and not g.diverged]
     return max(scored, key=lambda g: g.mean("mean_accuracy")) if scored else None
 
 
@@ -196,6 +197,7 @@ def fairness(groups: list[Group], layout: Layout) -> Figure:
 
 
 def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+    drawn = []
     for g in groups:
         label, st = layout.label(g), styles[layout.label(g)]
         # Down in the label's own line style, faint: a dotted "down" was also the look of some labels' "up".
@@ -203,9 +205,16 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
             x, total = g.curve(key)
             if len(x):
                 per_round = np.diff(np.r_[0, total]) / np.diff(np.r_[0, x])
+                drawn.append(per_round)
                 ax.plot(x, per_round, st.linestyle, color=st.color, lw=width, alpha=alpha,
                         label=label if key == "bytes_up" else None)
-    ax.set_yscale("symlog")
+    # symlog: methods send bytes of different orders and a first round may send none down; within one decade
+    # it draws no tick at all, so the figure could not be read, and a linear axis from 0 serves.
+    positive = np.concatenate(drawn)[np.concatenate(drawn) > 0] if drawn else np.zeros(0)
+    if len(positive) and positive.max() >= 10 * positive.min():
+        ax.set_yscale("symlog")
+    else:
+        ax.set_ylim(bottom=0)
     _whole_rounds(ax)
     ax.set_ylabel("bytes per round, all clients (faint: down)")
     return []

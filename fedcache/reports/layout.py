@@ -53,7 +53,7 @@ class Layout:
         # A key some groups lack varies too (its absence is a value).
         varying = [k for k, vs in values.items() if len(vs) > 1 or any(k not in g.setting for g in groups)]
         fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
-        splits = {"validation" if g.runs[0].option("validation") else "test" for g in groups}
+        splits = {"validation" if g.first.option("validation") else "test" for g in groups}
         return cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
                    tuple(dict.fromkeys(g.method for g in groups)), " and ".join(sorted(splits)))
 

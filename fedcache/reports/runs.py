@@ -53,20 +53,26 @@ class Group:
     """The runs of one method and setting (several seeds)."""
 
     label: str
-    runs: list[Run]
+    runs: list[Run]  # the runs with a result
+    diverged: list[Run] = field(default_factory=list)  # grid cells whose training became NaN: no result, counted
+
+    @property
+    def first(self) -> Run:
+        """A run of the group, for what its runs share (method, setting, options)."""
+        return (self.runs or self.diverged)[0]
 
     @property
     def method(self) -> str:
-        return self.runs[0].summary["method"]
+        return self.first.summary["method"]
 
     @property
     def setting(self) -> dict:
-        return self.runs[0].setting
+        return self.first.setting
 
     @property
     def stopped_at(self) -> int | None:
         """The round its runs stopped at before their last (successive halving), or None."""
-        return self.runs[0].stopped_at
+        return self.runs[0].stopped_at if self.runs else None
 
     def mean(self, key: str) -> float | None:
         vals = [r.summary.get(key) for r in self.runs if r.summary.get(key) is not None]
@@ -106,7 +112,9 @@ def find_runs(root: Path) -> list[Run]:
     if not paths:
         raise ConfigError(f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); "
                           "finish the run or grid first")
-    runs = [_read(p) for p in paths]
+    # Diverged cells have no result but count: a mean over the other seeds alone would pass for all of them.
+    diverged = sorted(p.parent for p in root.rglob(DIVERGED) if (p.parent / CELL).exists() and p.parent not in finished)
+    runs = [_read(p) for p in paths] + [_diverged(p) for p in diverged]
     # Cells of several grids (a reproduce directory) are told apart by their grid's directory.
     grids = {r.path.parent.parent for r in runs if (r.path / CELL).exists()}
     if len(grids) > 1:
@@ -138,11 +146,22 @@ def _read(path: Path) -> Run:
     return Run(path, summary, history, config, cell.get("setting", {}))
 
 
+def _diverged(path: Path) -> Run:
+    cell = json.loads((path / CELL).read_text())
+    config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).exists() else {}
+    return Run(path, {"method": cell["method"], "diverged": True}, [], config, cell.get("setting", {}))
+
+
+def unscored(r: Run) -> bool:
+    """A grid cell that diverged before its end: no result (one stopped by halving keeps its last rung's)."""
+    return bool(r.summary.get("diverged")) and r.stopped_at is None
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(r.label, []).append(r)
-    return [Group(label, rs) for label, rs in groups.items()]
+    return [Group(label, [r for r in rs if not unscored(r)], [r for r in rs if unscored(r)]) for label, rs in groups.items()]
 
 
 def _stopped(path: Path) -> dict:

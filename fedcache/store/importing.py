@@ -103,6 +103,9 @@ def _h5_array(path: Path, ds) -> np.ndarray:
     return np.memmap(path, ds.dtype, mode="r", offset=offset, shape=ds.shape)
 
 
+NAME_LISTS = ("domains", "classes")  # file-level metadata that names things, one name per index
+
+
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     if not zipfile.is_zipfile(path):
         raise ConfigError(f"{path} is not an .npz file (a zip archive); save it with numpy.savez")
@@ -117,7 +120,10 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
                 raise ConfigError(f"{path}: array {k!r} cannot be read without unpickling ({exc}); save plain numeric "
                                   "arrays (and the names as JSON strings)") from None
     meta = {k: (str(v) if v.dtype.kind in "US" else v) for k, v in items.items() if v.ndim == 0}
-    arrays = {k.replace("__", "/"): v for k, v in items.items() if v.ndim > 0}
+    # Names saved as an array of strings (np.array(["photo", "sketch"])), as readily as the JSON string.
+    meta.update({k: json.dumps([str(x) for x in v]) for k, v in items.items() if k in NAME_LISTS and v.ndim == 1
+                 and v.dtype.kind in "US"})
+    arrays = {k.replace("__", "/"): v for k, v in items.items() if v.ndim > 0 and k not in meta}
     return arrays, meta
 
 

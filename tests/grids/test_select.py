@@ -112,3 +112,5 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
     again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
     assert again.column("mean_accuracy") == table.column("mean_accuracy")
     assert "lr=1e30: diverged" in write_report(out).html.read_text()
+    assert "(every seed diverged)" in (out / "report.md").read_text()
+    assert "| fedavg | " in (out / "test" / "table.md").read_text() and ", lr=0.001 |" in (out / "test" / "table.md").read_text()

@@ -22,3 +22,14 @@ def test_a_column_of_one_method_has_no_best():
     assert "| a | **50.00 (one seed)** | 60.00 (one seed) |" in md  # lr=2: a alone, nothing to beat
     assert "| b | 40.00 (one seed) | - |" in md
     assert "**" not in summary_markdown(Table(rows[:2]))  # one method: no column compares anything
+
+
+def test_seeds_that_diverged_are_named_and_never_the_best():
+    """A mean over the seeds that did not diverge would pass for all of them (and was bold as the best)."""
+    rows = [{"method": m, "lr": lr, "seed": s, "mean_accuracy": acc, "diverged": acc is None} for m, lr, s, acc in
+            [("a", "1", 0, 90.0), ("a", "1", 1, None), ("b", "1", 0, 70.0), ("b", "1", 1, 72.0),
+             ("a", "2", 0, None), ("a", "2", 1, None), ("b", "2", 0, 10.0), ("b", "2", 1, 20.0)]]
+    md = summary_markdown(Table(rows))
+    assert "| a | 90.00 (one seed), 1 of 2 seeds diverged | diverged (2 seeds) |" in md
+    assert "| b | 71.00 (1.41) | 15.00 (7.07) |" in md  # against a's diverged seed: nothing comparable to beat
+    assert "**" not in md

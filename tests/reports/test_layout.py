@@ -122,3 +122,20 @@ def test_bytes_down_keeps_its_label_s_line_style():
     for up, down in zip(drawn[::2], drawn[1::2]):
         assert up.get_linestyle() == down.get_linestyle() and up.get_color() == down.get_color()
         assert down.get_alpha() < up.get_alpha() and down.get_label().startswith("_")  # no legend entry
+
+
+def test_a_group_with_diverged_seeds_says_so_and_is_not_the_best():
+    from fedcache.reports import _fmt
+    from fedcache.reports.runs import group_runs
+
+    runs = [Run(Path(f"{m}-{s}"), {"method": m, "mean_accuracy": acc, "bytes_up": 2 * s + 1} if acc is not None
+                else {"method": m, "diverged": True}, [], {}, {"lr": "1"}) for m, s, acc in
+            [("fedavg", 0, 90.0), ("fedavg", 1, None), ("fedprox", 0, 70.0), ("fedprox", 1, 70.0)]]
+    gs = group_runs(runs)
+    rows = summary_rows(gs, Layout.of(gs))
+    header, body = rows[0], {r[0]: r for r in rows[1:]}
+    acc, seeds = next(i for i, h in enumerate(header) if h.endswith("accuracy %")), header.index("seeds")
+    assert body["fedavg"][acc] == "90.00 (1 of 2 seeds diverged; the mean is of the others)" and body["fedavg"][seeds] == "2"
+    assert body["fedprox"][acc] == "**70.00 ± 0.00**"  # a std of 0 over two seeds is shown, not dropped
+    assert body["fedprox"][header.index("bytes up (total)")] == "2"  # (1 + 3) / 2, rounded rather than cut
+    assert _fmt(1.0) == "1.00"

@@ -87,3 +87,14 @@ def test_a_file_of_other_domains_supersedes_the_domains_it_lacks(store_path, tmp
     table = store.read("mine", "train", "enc")
     assert table.domain_names == ("all",) and len(table) == 20
     assert sorted(e.key["domain"] for e in store.stale()) == ["photo", "sketch"]
+
+
+def test_npz_names_may_be_an_array_of_strings(store_path, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "named.npz"
+    np.savez(path, train__features=rng.normal(size=(6, 2)).astype(np.float32), train__labels=np.arange(6) % 2,
+             train__domains=np.arange(6) % 3, domains=np.array(["a", "b", "c"]), classes=np.array(["cat", "dog"]))
+    store = FeatureStore(store_path)
+    import_file(store, path, "mine", "enc")
+    table = store.read("mine", "train", "enc")
+    assert table.domain_names == ("a", "b", "c") and table.class_names == ("cat", "dog")
