@@ -186,6 +186,7 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
             "scored_on": "validation (spare training rows)" if validation else "test split"}
     if validation:
         data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec))
+        data.global_rows = spare_rows(partition, train_t)
     else:
         data = FederatedData.from_tables(train_t, test_t, partition.train, partition.test)
     data = attach_source(data, store, train_t, train_t if validation else test_t)
@@ -200,9 +201,14 @@ def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
     return PartitionRequest(spec.partition, spec.partition.n_clients(n_domains), spec.schedule.seed)
 
 
+def spare_rows(partition, train_t) -> np.ndarray:
+    """The training rows no client trains on: what a run scored on validation is scored on."""
+    return np.setdiff1d(np.arange(len(train_t)), np.concatenate(partition.train))
+
+
 def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
     """Per client, training rows nobody trains on, with the client's (class, domain) mix."""
-    spare = np.setdiff1d(np.arange(len(train_t)), np.concatenate(partition.train))
+    spare = spare_rows(partition, train_t)
     if not len(spare):
         raise ConfigError("scoring on validation (--validation, or grid --select) needs training rows that no client trains "
                           "on: add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N")

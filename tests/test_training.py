@@ -124,6 +124,22 @@ def test_validation_scores_on_spare_training_rows_only(store):
         prepare(cfg(store, validation=True))  # every training row is used: nothing to validate on
 
 
+def test_the_global_accuracy_of_a_validation_run_is_held_out_too(store):
+    """It was scored on the whole training table, the clients' own training rows included."""
+    import torch
+
+    from fedcache.training import prepare
+
+    result = train(cfg(store, few_shot=4, validation=True, partition="iid", clients=2))
+    method, _ = prepare(cfg(store, few_shot=4, validation=True, partition="iid", clients=2))
+    d = method.ctx.data
+    spare = np.setdiff1d(np.arange(len(d.y_train)), np.concatenate(d.client_train))
+    assert d.global_rows.tolist() == spare.tolist()
+    with torch.no_grad():
+        hit = (method.global_logits(result.server, d.x_test).argmax(1) == d.y_test).numpy()
+    assert result.summary["global_accuracy"] == pytest.approx(100.0 * hit[spare].mean())
+
+
 def torch_equal(a, b):
     import torch
 

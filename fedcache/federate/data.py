@@ -158,6 +158,14 @@ class FederatedData:
     info: dict = field(default_factory=dict)
     # (N_train, K, D) augmented views of the training rows, for self-supervised methods; None if not loaded
     views: torch.Tensor | None = None
+    # The rows of the test table the global model is scored on (None: all). Scored on validation, the test table
+    # is the training table, and only its spare rows (no client trains on them) make a held-out score.
+    global_rows: np.ndarray | None = None
+
+    def global_correct(self, logits: torch.Tensor) -> torch.Tensor:
+        """Per scored row of the test table, whether ``logits`` (one row per test row) name its class."""
+        hit = logits.argmax(1) == self.y_test
+        return hit if self.global_rows is None else hit[torch.from_numpy(self.global_rows).to(hit.device)]
 
     def rows_of(self, split: str, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded."""

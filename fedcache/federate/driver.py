@@ -239,7 +239,7 @@ def global_logits(method: Method, server: Params) -> torch.Tensor | None:
 def global_accuracy(method: Method, glob: torch.Tensor | None) -> dict:
     if glob is None:
         return {}
-    return {"global_accuracy": 100.0 * float((glob.argmax(1) == method.ctx.data.y_test).float().mean())}
+    return {"global_accuracy": 100.0 * float(method.ctx.data.global_correct(glob).float().mean())}
 
 
 def train_loss(losses: list[torch.Tensor]) -> float | None:
