@@ -147,7 +147,11 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     if sweep:
         fields["sweep"] = {**fields.get("sweep", {}), **{k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}}
     if flags:
-        fields["sweep"] = {**fields.get("sweep", {}), **option_axes(flags, fields["methods"] or [])}
+        axes = option_axes(flags, fields["methods"] or [])
+        twice = sorted(set(axes) & set(parse_axes(list(settings or []))))
+        if twice:  # --set rounds=6 --rounds 3: one of them would be dropped without a word
+            raise ConfigError(f"{twice[0]} is given both as --set {twice[0]}=... and as its own option; give it once")
+        fields["sweep"] = {**fields.get("sweep", {}), **axes}
     missing = [k for k in ("store", "dataset", "backbones", "methods", "out") if not fields.get(k)]
     if missing:
         flags = {"methods": "--method", "backbones": "--backbones"}

@@ -459,7 +459,10 @@ def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:
         parts = [v.strip() for v in values.split(",")]
         if values.strip() and not all(parts):  # "1e-3,,1e-2": a value left out by mistake, not dropped in silence
             raise ConfigError(f"--set {item}: an empty value between commas; write {key.strip()}=v1,v2")
-        out[key.strip().replace("-", "_")] = [v for v in parts if v]
+        name = key.strip().replace("-", "_")
+        if name in out:  # the last would win without a word
+            raise ConfigError(f"--set {key.strip()} is given twice; give its values once: --set {key.strip()}=v1,v2")
+        out[name] = [v for v in parts if v]
     return out
 
 

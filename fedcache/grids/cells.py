@@ -70,11 +70,13 @@ def row(c: Cell, summary: dict, out: Path) -> dict:
 def read_done(spec: GridSpec, c: Cell, stop: int | None = None) -> dict | None:
     """The row of a cell that finished (or ``stop``: paused at that round, or finished), or None."""
     path = spec.out / CELLS / c.name / DONE
-    if (path.parent / DIVERGED).exists():
-        return diverged_row(c, path.parent)
     rungs = path.parent / RUNGS
+    # The row at a rung first: a cell that paused there and diverged on its way to the next had not diverged yet
+    # (read as diverged at that rung, a re-run made other cuts than the run it continues).
     if stop is not None and rungs.exists():
         paused = json.loads(rungs.read_text()).get(str(stop))
         if paused is not None:
             return row(c, paused, path.parent)
+    if (path.parent / DIVERGED).exists():
+        return diverged_row(c, path.parent)
     return row(c, json.loads(path.read_text()), path.parent) if path.exists() else None

@@ -54,6 +54,7 @@ class Group:
     alive: list[Value] = field(default_factory=list)
     cuts: list[dict] = field(default_factory=list)  # per rung: its round, every candidate's score, who continued
     stopped_at: dict[Value, int] = field(default_factory=dict)  # the round each candidate stopped at
+    revivals: list[dict] = field(default_factory=list)  # kept candidates that diverged, and who trained in their place
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -72,6 +73,9 @@ class Group:
         the full rounds."""
         at = self.stop
         scores = {v: _score([rows[c] for c in self.candidates[v]], metric) for v in self.alive}
+        lost = [v for v in self.alive if scores[v] is None]
+        if lost and self._revive(lost, at):
+            return  # the next best train up to this round too; the cut is made when they are there
         if at is None:
             self.stopped_at.update({v: self.rounds for v in self.alive})
             self.done = True
@@ -84,6 +88,23 @@ class Group:
         if len(self.alive) <= 1:
             self.stopped_at.update({v: at for v in self.alive})
             self.done = True
+
+    def _revive(self, lost: list[Value], at: int | None) -> bool:
+        """Kept candidates diverged on their way to ``at``: as many of the best candidates cut before (the latest
+        cut first, then by their score there) continue from where they stopped in their place, as a full grid
+        would have ranked the diverged ones last. False when none is left to continue."""
+        cut_at = {v: (cut["round"], score) for cut in self.cuts for v, score in cut["scores"].items()
+                  if score is not None and v not in cut["kept"]}
+        gone = {v for r in self.revivals for v in r["diverged"]} | set(lost)
+        pool = sorted((v for v in cut_at if v not in gone and v not in self.alive),
+                      key=lambda v: (-cut_at[v][0], -cut_at[v][1]))
+        revived = pool[:len(lost)]
+        if not revived:
+            return False
+        self.revivals.append({"round": at or self.rounds, "diverged": lost, "revived": revived})
+        self.stopped_at.update({v: at or self.rounds for v in lost})
+        self.alive = [v for v in self.candidates if (v in self.alive and v not in lost) or v in revived]
+        return True
 
     def planned(self) -> int:
         """Cell runs (a candidate's seeds, each stage) if nothing diverges."""
@@ -142,7 +163,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
             g, at = stops[c]
             # A swept ``rounds`` is the cell's setting, not the round a paused summary reached (that is stopped_at).
             last[c] = {**row, **dict(c.setting), "stopped_at": at or g.rounds}
-        reached = [(g, g.stop) for g in live]
+        reached = [(g, g.stop, len(g.revivals)) for g in live]
         for g in live:
             g.cut(rows, metric)
         before += len(step)
@@ -175,11 +196,16 @@ def _planned_rounds(g: Group) -> int:
     return (rounds + n * (g.rounds - done)) * g.seeds
 
 
-def step_text(reached: list[tuple[Group, int | None]]) -> str:
-    """After a step: at each rung round, how many candidates continue of how many; the groups that ran in full."""
+def step_text(reached: list[tuple[Group, int | None, int]]) -> str:
+    """After a step: at each rung round, how many candidates continue of how many; the groups that ran in full;
+    kept candidates that diverged and the ones that continue in their place."""
     at_round: dict[int, list[int]] = {}
-    full = 0
-    for g, at in reached:
+    full, lost, revived = 0, 0, 0
+    for g, at, revivals in reached:
+        if len(g.revivals) > revivals:
+            lost += len(g.revivals[-1]["diverged"])
+            revived += len(g.revivals[-1]["revived"])
+            continue
         if at is None:
             full += 1
             continue
@@ -189,6 +215,8 @@ def step_text(reached: list[tuple[Group, int | None]]) -> str:
     parts = [f"round {r}: {k} of {n} candidates kept" for r, (k, n) in sorted(at_round.items())]
     if full:
         parts.append(f"{full} group{'s' * (full > 1)} trained to the full rounds")
+    if lost:
+        parts.append(f"{lost} kept candidate{'s' * (lost > 1)} diverged: the next best {revived} continue in their place")
     return "halving: " + "; ".join(parts) + " (a group left with one has chosen it)"
 
 

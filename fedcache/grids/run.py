@@ -54,7 +54,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
             on_cell(len(rows), total, row)
     table = Table([rows[c] for c in todo_cells])
     if write:
-        write_outputs(spec.out, table, grid_caption(spec))
+        write_outputs(spec.out, table, grid_caption(spec), axes=list(spec.sweep))
     return table
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedcache.errors import ConfigError
+from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import write_json
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_spec, run_cells
@@ -87,16 +88,23 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
     picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
               for c in choices for seed in spec.seeds]
-    tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
-                       only=picked, on_plan=on_plan, write=False)
+    # Written before the test stage: the choices stand whatever the test runs do.
     write_json(spec.out / SELECTION, selection_doc(spec, choices, groups))
+    try:
+        tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
+                           only=picked, on_plan=on_plan, write=False)
+    except DivergedError as exc:
+        cut = "; successive halving chose it at a rung, before it could diverge there" if groups else ""
+        raise DivergedError(f"--select: a value chosen on validation ({spec.out / SELECTION}) diverged on the test "
+                            f"split{cut}: {exc}. Choose among smaller values{' or leave out --prune' if groups else ''}; "
+                            "the validation cells are kept") from None
     # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
     # a column nor (the grid swept several) in the caption's fixed options.
     chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"
-    write_outputs(spec.out / TEST, tested, grid_caption(base) + f"; {chosen}", beside=spec.select)
+    write_outputs(spec.out / TEST, tested, grid_caption(base) + f"; {chosen}", beside=spec.select, axes=list(spec.sweep))
     caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}"
     caption += f"; {pruning_caption(spec, groups)})" if groups else ")"
-    write_outputs(spec.out, tested, caption + ", then tested once", beside=spec.select)
+    write_outputs(spec.out, tested, caption + ", then tested once", beside=spec.select, axes=list(spec.sweep))
     return tested
 
 
@@ -110,7 +118,8 @@ def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int) -> 
                                on_plan=on_plan, after=n_tested)
     tuned = Table(rows)
     write_outputs(tuning.out, tuned, grid_caption(tuning) + "; " + pruning_caption(spec, groups)
-                  + "; a candidate cut early shows its score at the round it stopped (stopped_at in results.csv)")
+                  + "; a candidate cut early shows its score at the round it stopped (stopped_at in results.csv)",
+                  axes=list(tuning.sweep))
     return tuned, groups, sum(g.planned() for g in groups)
 
 
@@ -141,6 +150,9 @@ def selection_doc(spec: GridSpec, choices: list[Choice], groups: list[Group]) ->
             doc["cuts"] = [{"round": cut["round"], "kept": [dict(v) for v in cut["kept"]],
                             "scores": [{**dict(v), "validation_score": sc} for v, sc in cut["scores"].items()]}
                            for cut in g.cuts]
+            if g.revivals:  # kept candidates that diverged later, and the cut ones that trained on in their place
+                doc["revived"] = [{"round": r["round"], "diverged": [dict(v) for v in r["diverged"]],
+                                   "continued": [dict(v) for v in r["revived"]]} for r in g.revivals]
         return doc
 
     doc = {"rule": RULE, "selected": spec.select, "choices": [group(c) for c in choices]}

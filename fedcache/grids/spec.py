@@ -26,7 +26,7 @@ from fedcache.config import PositiveInt, parse
 from fedcache.errors import ConfigError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, writable_dir
-from fedcache.spec import GRID_SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options
+from fedcache.spec import GRID_SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
@@ -90,6 +90,7 @@ class GridSpec:
                               f"nothing to choose; give the values to choose from (--set {single[0]}=v1,v2) or drop --select")
         self._check_partition_axes()
         self._check_setting_axes()
+        self._check_one_name_per_setting()
         for o in grid_options():
             setattr(self, o.field, o.parse(getattr(self, o.field)))
         for section in GRID_SECTIONS.values():  # checks them
@@ -126,6 +127,23 @@ class GridSpec:
             return {m: setting_fields(m) for m in self.methods}
         except UnknownNameError:
             return None
+
+    def _check_one_name_per_setting(self) -> None:
+        """``lr`` and ``optim.lr`` (a grid file's [set] and a --set, say) are one setting: two axes over it labelled
+        every cell with one and trained it with the other."""
+        from fedcache.errors import FedcacheError
+
+        for m in self.methods:
+            seen: dict[tuple[str, str], str] = {}
+            for key in self.sweep:
+                try:
+                    where = route(key, m, run_options=True)
+                except FedcacheError:  # an unknown method, key or an ambiguous one: said by the other checks
+                    continue
+                if where in seen:
+                    raise ConfigError(f"{seen[where]} and {key} name the same setting of {m} ({'.'.join(where)}); give it "
+                                      "once, under one name")
+                seen[where] = key
 
     def _check_partition_axes(self) -> None:
         """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell

@@ -14,9 +14,9 @@ from fedcache.table import Table
 from fedcache.wording import count
 
 
-def write_outputs(out: Path, table: Table, caption: str = "", beside: list[str] = ()) -> None:
+def write_outputs(out: Path, table: Table, caption: str = "", beside: list[str] = (), axes: list[str] | None = None) -> None:
     table.to_csv(out / RESULTS)
-    write_text(out / TABLE, summary_markdown(table, caption=caption, beside=beside) + "\n", "the results table")
+    write_text(out / TABLE, summary_markdown(table, caption=caption, beside=beside, axes=axes) + "\n", "the results table")
 
 
 def grid_caption(spec: GridSpec) -> str:
@@ -27,16 +27,20 @@ def grid_caption(spec: GridSpec) -> str:
             + "; every other option at `fedcache train`'s default (each cell's config.json has them all)")
 
 
-def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "", beside: list[str] = ()) -> str:
+def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "", beside: list[str] = (),
+                     axes: list[str] | None = None) -> str:
     """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best mean of each
     column in bold where the column holds two methods or more. Settings with one value across the grid go to
     the caption, not the column labels.
-    ``beside``: settings shown next to each result instead of as columns (values chosen per cell)."""
+    ``beside``: settings shown next to each result instead of as columns (values chosen per cell).
+    ``axes``: the grid's axes, when known; without them, every column but the figures may be one (so a swept
+    ``rounds``, also a figure's name, is found only through them: its cells were pooled as seeds)."""
     rows = table.to_records()
     if not rows:
         return "(no runs)"
-    setting_keys = [k for k in rows[0] if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *METRIC_COLUMNS, *beside)
-                    and len({str(r[k]) for r in rows}) > 1]
+    named = axes if axes is not None else [k for k in rows[0] if k not in METRIC_COLUMNS]
+    setting_keys = [k for k in named if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *beside)
+                    and len({str(r.get(k)) for r in rows}) > 1]
     label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
     methods = list(dict.fromkeys(r["method"] for r in rows))
     columns = list(dict.fromkeys(label(r) for r in rows))

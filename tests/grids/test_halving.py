@@ -189,6 +189,30 @@ def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_
         (tmp_path / "full" / "test" / "results.csv").read_text().split("seconds")[0]
 
 
+def test_kept_candidates_that_diverge_later_are_replaced_by_the_next_best_of_their_cut():
+    """d and c are kept at round 1 and both diverge on the way to round 3: a full grid would rank them last, so the
+    best two cut at round 1 (e, then b) train on to round 3 in their place, and the cut is made among them there
+    (it said every value diverged and chose nothing)."""
+    scores = {"a": [10], "b": [30, 40], "c": [40, None], "d": [50, None], "e": [35, 20], "f": [5]}
+    g = group(scores)
+    g.cut(rows_at(g, scores, 0), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["c", "d"]
+    g.cut(rows_at(g, scores, 1), "mean_accuracy")  # c and d diverged: nobody cut yet
+    assert [v[0][1] for v in g.alive] == ["b", "e"] and g.stop == 3 and not g.done and len(g.cuts) == 1
+    assert [[v[0][1] for v in r[k]] for r in g.revivals for k in ("diverged", "revived")] == [["c", "d"], ["e", "b"]]
+    g.cut(rows_at(g, scores, 1), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["b"] and g.done
+
+
+def test_when_every_candidate_diverged_none_is_revived():
+    scores = {"a": [20, None], "b": [None], "c": [30, None]}
+    g = group(scores, eta=2, at=(1,))
+    g.cut(rows_at(g, scores, 0), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["a", "c"]
+    g.cut(rows_at(g, scores, 1), "mean_accuracy")  # the full rounds: a and c diverged, b had already
+    assert g.done and not g.revivals
+
+
 @pytest.mark.parametrize("engine", ["processes", "batched"])
 def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tmp_path, monkeypatch, engine):
     """lr=1e30 survives round 1 (scored best there by construction) and diverges before round 3 (for real):
@@ -215,6 +239,12 @@ def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tm
 
     md = write_report(tmp_path / "d").markdown.read_text()
     assert "lr=1e30: diverged at round" in md and "then diverged" in md
+    # Run again: the cell paused at round 1 that diverged later is read back as it was at round 1, so the same
+    # cuts are made and nothing trains (it was read as diverged at round 1: other cuts, a cut candidate retrained).
+    before = selection(tmp_path / "d")
+    grid(**{**kw(toy_store, tmp_path / "d", engine), "sweep": {**SWEEP, "lr": LRS[:5] + ["1e30"]}}, prune="halving",
+         on_cell=lambda done, total, row: pytest.fail(f"{row} trained again"))
+    assert selection(tmp_path / "d") == before
 
 
 def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tmp_path, ordered):

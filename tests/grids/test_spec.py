@@ -35,6 +35,19 @@ def test_bad_grid_options_say_how_to_fix(tmp_path):
         load_toml(bad)
 
 
+def test_one_setting_given_under_two_names_or_twice_is_refused(tmp_path, capsys):
+    """Each used to pass: two axes over one setting labelled the cells with one and trained them with the other
+    (a grid file's lr beside --set optim.lr), and a value given twice dropped one without a word."""
+    with pytest.raises(ConfigError, match=r"lr and optim.lr name the same setting of fedavg \(optim.lr\)"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path / "g",
+                 sweep={"lr": ["0.1", "0.01"], "optim.lr": ["0.5"]})
+    with pytest.raises(ConfigError, match="--set lr is given twice"):
+        parse_sweep(["lr=1e-3", "lr=1e-1"])
+    base = ["grid", "--store", str(tmp_path), "-d", "d", "-b", "b", "-m", "fedavg", "-o", str(tmp_path / "g")]
+    assert main([*base, "--set", "rounds=6", "--rounds", "3"]) == 2
+    assert "rounds is given both as --set rounds=... and as its own option" in capsys.readouterr().err
+
+
 def _option_names(command) -> set[str]:
     return {o for p in command.params for o in p.opts + p.secondary_opts}
 

@@ -33,3 +33,10 @@ def test_seeds_that_diverged_are_named_and_never_the_best():
     assert "| a | 90.00 (one seed), 1 of 2 seeds diverged | diverged (2 seeds) |" in md
     assert "| b | 71.00 (1.41) | 15.00 (7.07) |" in md  # against a's diverged seed: nothing comparable to beat
     assert "**" not in md
+
+
+def test_a_swept_rounds_is_a_column_when_the_axes_are_known():
+    """``rounds`` is also a figure's name: without the grid's axes its cells were pooled as if they were seeds."""
+    rows = [{"method": "a", "rounds": r, "seed": s, "mean_accuracy": float(r + s)} for r in (3, 9) for s in (0, 1)]
+    assert "| a | 3.50 (0.71) | 9.50 (0.71) |" in summary_markdown(Table(rows), axes=["rounds"])
+    assert "rounds=3" in summary_markdown(Table(rows), axes=["rounds"])
