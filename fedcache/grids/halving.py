@@ -172,13 +172,14 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
 
 
 def plan_text(groups: list[Group], eta: int) -> str:
-    """What the grid says before it starts: the rungs of each kind of group, the groups too small to cut."""
+    """What the grid says before it starts: the rungs of each kind of group, the groups that run in full."""
     kinds: dict[tuple, int] = {}
     for g in groups:
         kinds[len(g.candidates), tuple(g.rungs), g.rounds] = kinds.get((len(g.candidates), tuple(g.rungs), g.rounds), 0) + 1
     parts = []
     for (n, at, rounds), k in kinds.items():
-        where = f"cut at rounds {', '.join(map(str, at))} of {rounds}" if at else f"too small to cut: run in full ({rounds} rounds)"
+        # No rung: the first cut would fall at or after the last round (few rounds, or --min-rounds past them).
+        where = f"cut at rounds {', '.join(map(str, at))} of {rounds}" if at else f"no cut before the last round: run in full ({rounds} rounds)"
         parts.append(f"{k} group{'s' * (k > 1)} of {n} candidate{'s' * (n > 1)}: {where}")
     full = sum(len(g.candidates) * g.seeds * g.rounds for g in groups)
     most = sum(_planned_rounds(g) for g in groups)
