@@ -193,7 +193,7 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
     if views:  # augmented views (extract --views K), kept in the store's dtype: float16 halves the memory
         aug = load_views(store, d.dataset, list(d.backbones), train_t)
         data.views = None if aug is None else torch.from_numpy(aug)
-    return attach_text(data, store, list(d.backbones)), info
+    return attach_text(data, store, list(d.backbones), train_t), info
 
 
 def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
@@ -326,8 +326,18 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
         if differ:
             raise ConfigError(f"--resume: the options differ from the run in {out.path} ({', '.join(differ)}); use the "
                               "same options, --overwrite to replace the run, or a new --out")
+        _same_partition_id(out, resolved)
         return
     out.write_config(resolved)
+
+
+def _same_partition_id(out: RunDir, resolved: dict) -> None:
+    """A run recorded before the partition's hash took in the labels names its partition by the older id: the
+    run's files name it by today's from its resume on, as its summary will (one partition, one id)."""
+    saved = out.config()
+    pid = resolved.get("partition", {}).get("partition_id")
+    if pid and saved.get("partition", {}).get("partition_id") not in (None, pid):
+        out.write_config({**saved, "partition": {**saved["partition"], "partition_id": pid}})
 
 
 def same_run(out: RunDir, config: dict) -> list[str] | None:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, StoreOpt, _csv, console, err
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, FedcacheError
 from fedcache.wording import count
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
@@ -24,7 +24,7 @@ def _open_store(store: Path):
 
 @store_app.command("ls")
 def store_ls(store: Path = StoreOpt) -> None:
-    """List the entries of a store (stale: superseded by a newer extraction of the same slot)."""
+    """List the entries of a store (stale: superseded by a newer extraction or import of the same data)."""
     fs = _open_store(store)
     infos = fs.entries()
     current = {e.entry_id for e in fs.current(infos).values()}
@@ -175,7 +175,10 @@ def store_import(
     from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
-    before = FeatureStore(store) if store.exists() else None
+    try:  # the store as it was (a bad file writes nothing, not even a new store: so never created here)
+        before = FeatureStore(store, create=False)
+    except FedcacheError:
+        before = None
     had = set(before.entry_ids()) if before else set()
     read = {e.entry_id for e in before.current().values()} if before else set()
     stale = {e.entry_id for e in before.stale()} if before else set()

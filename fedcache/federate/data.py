@@ -47,7 +47,7 @@ def _align(first: TableRows, p: TableRows, keys: np.ndarray, backbone: str, firs
     """``_destinations`` of a backbone's rows, after checking it holds the first's domains and classes."""
     where = f"the {split} features of {dataset} for {backbone}", f"those of {first_backbone}"
     at = _destinations(keys, keys_as_first(first, p, where), backbone, dataset, split)
-    _check_labels(first, p, at, where)
+    check_labels(first, p, at, where)
     return at
 
 
@@ -64,7 +64,7 @@ def keys_as_first(first: TableRows | FeatureTable, p: TableRows | FeatureTable, 
     return (renumber[p.domains] << _ID_BITS) | p.ids
 
 
-def _check_labels(first: TableRows, p: TableRows, at: np.ndarray | None, where: tuple[str, str]) -> None:
+def check_labels(first: TableRows, p: TableRows, at: np.ndarray | None, where: tuple[str, str]) -> None:
     """Every sample has one class whichever backbone's table says it (by class name): the fused table takes the
     first's labels."""
     if sorted(p.class_names) != sorted(first.class_names):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError, EntryNotFoundError
 from fedcache.extract.templates import TEMPLATE_SETS
 from fedcache.federate.data import FederatedData
-from fedcache.store.feature_store import FeatureStore
+from fedcache.store.feature_store import FeatureStore, FeatureTable
 
 DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and PromptFL's template
 
@@ -27,29 +27,33 @@ def text_anchors(embeddings: np.ndarray | torch.Tensor) -> torch.Tensor:
     return F.normalize(F.normalize(e, dim=-1).mean(0), dim=-1)
 
 
-def load_text_anchors(store: FeatureStore, backbone: str, classes, template_set: str = DEFAULT_SET) -> torch.Tensor:
-    """The (C, D) anchors of ``backbone``'s text tower for ``classes``; EntryNotFoundError if none were stored."""
-    return text_anchors(store.read_text(backbone, list(classes), template_set))
+def load_text_anchors(store: FeatureStore, backbone: str, classes, template_set: str = DEFAULT_SET,
+                      weights_hash: str | None = None) -> torch.Tensor:
+    """The (C, D) anchors of ``backbone``'s text tower for ``classes`` (of the weights ``weights_hash`` where
+    stored); EntryNotFoundError if none were stored."""
+    return text_anchors(store.read_text(backbone, list(classes), template_set, weights_hash))
 
 
-def load_text_sets(store: FeatureStore, backbone: str, classes) -> dict[str, torch.Tensor]:
+def load_text_sets(store: FeatureStore, backbone: str, classes, weights_hash: str | None = None) -> dict[str, torch.Tensor]:
     """Every template set stored for ``backbone`` and ``classes`` ({} for a backbone without a text tower)."""
     sets = {}
     for name in TEMPLATE_SETS:
         try:
-            sets[name] = load_text_anchors(store, backbone, classes, name)
+            sets[name] = load_text_anchors(store, backbone, classes, name, weights_hash)
         except EntryNotFoundError:
             continue
     return sets
 
 
-def attach_text(data: FederatedData, store: FeatureStore, backbones: list[str]) -> FederatedData:
+def attach_text(data: FederatedData, store: FeatureStore, backbones: list[str], train: FeatureTable | None = None) -> FederatedData:
     """Put the text anchors into ``data.info`` when exactly one backbone is used and it has a text tower.
 
     Fused features (several backbones) get none: the text tower lives in one backbone's space only."""
     if len(backbones) != 1:
         return data
-    sets = load_text_sets(store, backbones[0], data.class_names)
+    # The text of the weights that made ``train``'s features: the store may hold another extraction's beside them.
+    weights = store.info(train.entry_ids[0]).key.get("weights_hash") if train is not None and train.entry_ids else None
+    sets = load_text_sets(store, backbones[0], data.class_names, weights)
     if sets:
         data.info["text_sets"] = sets
         data.info["text"] = sets.get(DEFAULT_SET, next(iter(sets.values())))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
-from fedcache.federate.data import FederatedData, keys_as_first, load_fused, load_views, row_positions, sample_keys
+from fedcache.federate.data import FederatedData, check_labels, keys_as_first, load_fused, load_views, row_positions, sample_keys
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.federate.text import attach_text
@@ -125,7 +125,11 @@ def _view_tables(store: FeatureStore, spec: ShardSpec) -> list[dict[str, Feature
 def _align(first: FeatureTable, table: FeatureTable, backbone: str, dataset: str, split: str) -> np.ndarray:
     """The row of ``table`` holding each of ``first``'s samples, domains matched by name (as ``load_fused``)."""
     where = f"the {split} features of {dataset} for {backbone}", "those of the first backbone"
-    return row_positions(sample_keys(first), keys_as_first(first, table, where), backbone, dataset, split)
+    pos = row_positions(sample_keys(first), keys_as_first(first, table, where), backbone, dataset, split)
+    at = np.full(len(table.labels), -1, np.int64)
+    at[pos] = np.arange(len(pos))
+    check_labels(first, table, at, where)  # refused here, not by every client reading the shards written
+    return pos
 
 
 def _take(t: FeatureTable, rows: np.ndarray) -> FeatureTable:
@@ -217,7 +221,7 @@ def load_client(path: Path | str, views: bool = False) -> tuple[FederatedData, S
     if views:
         aug = load_views(store, info.dataset, info.backbones, train_t)
         data.views = None if aug is None else torch.from_numpy(aug)
-    return attach_text(data, store, info.backbones), info
+    return attach_text(data, store, info.backbones, train_t), info
 
 
 def load_server(path: Path | str) -> tuple[FederatedData, ShardInfo]:
@@ -228,7 +232,7 @@ def load_server(path: Path | str) -> tuple[FederatedData, ShardInfo]:
     train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
     empty = [np.zeros(0, np.int64)] * info.n_clients
     data = FederatedData.from_tables(train_t, test_t, empty, empty)
-    return attach_text(data, store, info.backbones), info
+    return attach_text(data, store, info.backbones, train_t), info
 
 
 def _only_partition(store: FeatureStore, dataset: str, path) -> str:

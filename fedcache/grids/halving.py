@@ -74,8 +74,11 @@ class Group:
         at = self.stop
         scores = {v: _score([rows[c] for c in self.candidates[v]], metric) for v in self.alive}
         lost = [v for v in self.alive if scores[v] is None]
-        if lost and self._revive(lost, at):
-            return  # the next best train up to this round too; the cut is made when they are there
+        # Too few left that did not diverge for what this cut keeps (the full rounds: one to choose): the next best
+        # of the last cut make up the difference. With enough left, the cut is the one halving always made.
+        short = (1 if at is None else math.ceil(len(self.alive) / self.eta)) - (len(self.alive) - len(lost))
+        if short > 0 and self._revive(lost, at, short):
+            return  # they train up to this round too; the cut is made when they are there
         if at is None:
             self.stopped_at.update({v: self.rounds for v in self.alive})
             self.done = True
@@ -89,8 +92,8 @@ class Group:
             self.stopped_at.update({v: at for v in self.alive})
             self.done = True
 
-    def _revive(self, lost: list[Value], at: int | None) -> bool:
-        """Kept candidates diverged on their way to ``at``: as many of the best candidates cut before (the latest
+    def _revive(self, lost: list[Value], at: int | None, count: int) -> bool:
+        """Kept candidates diverged on their way to ``at``: ``count`` of the best candidates cut before (the latest
         cut first, then by their score there) continue from where they stopped in their place, as a full grid
         would have ranked the diverged ones last. False when none is left to continue."""
         cut_at = {v: (cut["round"], score) for cut in self.cuts for v, score in cut["scores"].items()
@@ -98,7 +101,7 @@ class Group:
         gone = {v for r in self.revivals for v in r["diverged"]} | set(lost)
         pool = sorted((v for v in cut_at if v not in gone and v not in self.alive),
                       key=lambda v: (-cut_at[v][0], -cut_at[v][1]))
-        revived = pool[:len(lost)]
+        revived = pool[:count]
         if not revived:
             return False
         self.revivals.append({"round": at or self.rounds, "diverged": lost, "revived": revived})
@@ -217,7 +220,8 @@ def step_text(reached: list[tuple[Group, int | None, int]]) -> str:
     if full:
         parts.append(f"{full} group{'s' * (full > 1)} trained to the full rounds")
     if lost:
-        parts.append(f"{lost} kept candidate{'s' * (lost > 1)} diverged: the next best {revived} continue in their place")
+        parts.append(f"{lost} kept candidate{'s' * (lost > 1)} diverged: the next best {revived} continue{'s' * (revived == 1)} "
+                     "in their place")
     return "halving: " + "; ".join(parts) + " (a group left with one has chosen it)"
 
 

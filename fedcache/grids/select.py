@@ -94,10 +94,12 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
         tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
                            only=picked, on_plan=on_plan, write=False)
     except DivergedError as exc:
-        cut = "; successive halving chose it at a rung, before it could diverge there" if groups else ""
+        early = any(at < g.rounds for g in groups for at in (g.stopped_at.get(v) for v in g.alive) if at is not None)
+        cut = "; successive halving chose it at a rung, before it could diverge there" if early else ""
+        what = str(exc).split(" The run in ")[0]  # a run's own advice (--overwrite) is not a grid's
         raise DivergedError(f"--select: a value chosen on validation ({spec.out / SELECTION}) diverged on the test "
-                            f"split{cut}: {exc}. Choose among smaller values{' or leave out --prune' if groups else ''}; "
-                            "the validation cells are kept") from None
+                            f"split{cut}: {what}. Choose among smaller values{' or leave out --prune' if early else ''}, "
+                            "in a new --out") from None
     # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
     # a column nor (the grid swept several) in the caption's fixed options.
     chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcache.config import PositiveInt, parse
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, writable_dir
 from fedcache.spec import GRID_SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
@@ -131,8 +131,6 @@ class GridSpec:
     def _check_one_name_per_setting(self) -> None:
         """``lr`` and ``optim.lr`` (a grid file's [set] and a --set, say) are one setting: two axes over it labelled
         every cell with one and trained it with the other."""
-        from fedcache.errors import FedcacheError
-
         for m in self.methods:
             seen: dict[tuple[str, str], str] = {}
             for key in self.sweep:

@@ -41,7 +41,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     named = axes if axes is not None else [k for k in rows[0] if k not in METRIC_COLUMNS]
     setting_keys = [k for k in named if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *beside)
                     and len({str(r.get(k)) for r in rows}) > 1]
-    label = lambda r: ", ".join(f"{k}={r[k]}" for k in setting_keys) or metric.replace("_", " ")
+    label = lambda r: ", ".join(f"{k}={r.get(k)}" for k in setting_keys) or metric.replace("_", " ")
     methods = list(dict.fromkeys(r["method"] for r in rows))
     columns = list(dict.fromkeys(label(r) for r in rows))
     stats: dict[tuple[str, str], tuple[float, float, int]] = {}

@@ -68,7 +68,7 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
     warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
     lost = sum(len(g.diverged) for g in groups)
     lost_text = f" ({count(lost, 'grid cell')} diverged: no result, named beside its group)" if lost else ""
-    return (f"{count(len(runs), 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`; "
+    return (f"{count(len(runs) - lost, 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`; "
             f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
@@ -117,7 +117,7 @@ def _selection_sections(root: Path) -> list[Section]:
     if not path.exists():
         return []
     sel = json.loads(path.read_text())
-    skip = {"method", "chosen", "validation_score", "candidates", "cuts", "full_rounds"}
+    skip = {"method", "chosen", "validation_score", "candidates", "cuts", "full_rounds", "revived"}
     keys = list(dict.fromkeys(k for c in sel["choices"] for k in c if k not in skip))
     rows = [["method", *keys, "chosen", "validation score", "candidates (validation score)"]]
     for c in sel["choices"]:
@@ -132,6 +132,9 @@ def _selection_sections(root: Path) -> list[Section]:
         p = sel["prune"]
         text += (f" Candidates were cut by successive halving (reduction factor {p['reduction_factor']}): {p['note']}; "
                  "a score marked 'at round r' is of that round, where the candidate stopped.")
+        if any(c.get("revived") for c in sel["choices"]):
+            text += (" Kept candidates that diverged after a cut were replaced by the next best of that cut "
+                     "(selection.json: revived).")
     return [Section("Chosen on validation, then tested", text, table=rows)]
 
 

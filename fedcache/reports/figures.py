@@ -42,7 +42,8 @@ def _png(fig) -> bytes:
 def _shown(groups: list[Group]) -> tuple[list[Group], str]:
     if len(groups) <= MAX_PER_PANEL:
         return groups, ""
-    best = sorted(groups, key=lambda g: -(g.mean("mean_accuracy") or 0))[:MAX_PER_PANEL]
+    # A group with diverged seeds ranks last: its mean, of the other seeds, would flatter it.
+    best = sorted(groups, key=lambda g: (bool(g.diverged), -(g.mean("mean_accuracy") or 0)))[:MAX_PER_PANEL]
     return [g for g in groups if g in best], f" (best {MAX_PER_PANEL} of {len(groups)})"
 
 

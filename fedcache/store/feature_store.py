@@ -538,9 +538,11 @@ class FeatureStore:
                 log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
         return out
 
-    def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single") -> np.ndarray:
-        """Class-text embeddings (T, C, D) of the newest complete text entry matching the request."""
-        best = self._newest_text(backbone, list(classes), template_set)
+    def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single",
+                  weights_hash: str | None = None) -> np.ndarray:
+        """Class-text embeddings (T, C, D) of the newest complete text entry matching the request; of the weights
+        ``weights_hash`` (those of the image features they go with) where the store has them."""
+        best = self._newest_text(backbone, list(classes), template_set, weights_hash)
         if best is None:
             raise EntryNotFoundError(
                 f"no '{template_set}' text embeddings for {backbone} and these classes; "
@@ -548,14 +550,14 @@ class FeatureStore:
             )
         return self._text(best)
 
-    def _newest_text(self, backbone: str, classes: list[str], template_set: str) -> str | None:
-        best = None
+    def _newest_text(self, backbone: str, classes: list[str], template_set: str, weights_hash: str | None = None) -> str | None:
+        found = []
         for eid, a in self.text_entries():
             k = a.get("key", {})
             if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
-                if best is None or a["completed_at"] > best[1]["completed_at"]:
-                    best = (eid, a)
-        return None if best is None else best[0]
+                found.append((a["completed_at"], k.get("weights_hash") == weights_hash, eid))
+        same = [f for f in found if f[1]]
+        return max(same or found)[2] if found else None
 
     def make_text_current(self, key: TextKey) -> bool:
         """As ``make_current``, for a complete text entry: the text runs read is that of the weights extracted last."""

@@ -638,3 +638,5 @@ def test_a_run_recorded_with_an_older_partition_id_still_resumes(tmp_path):
     (out / "config.json").write_text(json.dumps(config))
     again = fedcache.train(store, "ds", "enc", "fedavg", clients=3, rounds=2, out=out, resume=True)
     assert again.summary["per_client_accuracy"] == first.summary["per_client_accuracy"]
+    recorded = json.loads((out / "config.json").read_text())["partition"]["partition_id"]
+    assert recorded == again.summary["partition_id"] == first.summary["partition_id"]  # one partition, one id

@@ -43,3 +43,14 @@ def test_the_text_of_the_weights_extracted_last_is_the_one_read(tmp_path):
     np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single"), emb["B"])
     assert store.make_text_current(keys["A"]) and not store.make_text_current(keys["A"])
     np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single"), emb["A"])
+
+
+def test_the_text_read_is_that_of_the_weights_of_the_features(tmp_path):
+    """Newest first otherwise: an interrupted extraction or a shard's copies can leave another weights' text newest."""
+    store = FeatureStore(tmp_path / "s.zarr")
+    rng = np.random.default_rng(1)
+    emb = {w: rng.normal(size=(1, 2, 4)).astype(np.float32) for w in ("A", "B")}
+    for w in ("A", "B"):
+        store.put_text(TextKey("clip-x", w, ("a", "b"), ("{}",), "single"), emb[w], False)
+    np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single", weights_hash="A"), emb["A"])
+    np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single", weights_hash="C"), emb["B"])

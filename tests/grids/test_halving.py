@@ -190,18 +190,23 @@ def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_
 
 
 def test_kept_candidates_that_diverge_later_are_replaced_by_the_next_best_of_their_cut():
-    """d and c are kept at round 1 and both diverge on the way to round 3: a full grid would rank them last, so the
-    best two cut at round 1 (e, then b) train on to round 3 in their place, and the cut is made among them there
-    (it said every value diverged and chose nothing)."""
+    """d and c are kept at round 1 and both diverge on the way to round 3, which keeps one: a full grid would rank
+    them last, so the best candidate cut at round 1 (e) trains on to round 3 in their place and is chosen there (it
+    said every value diverged and chose nothing). With one of them left, the cut is the one halving always made."""
     scores = {"a": [10], "b": [30, 40], "c": [40, None], "d": [50, None], "e": [35, 20], "f": [5]}
     g = group(scores)
     g.cut(rows_at(g, scores, 0), "mean_accuracy")
     assert [v[0][1] for v in g.alive] == ["c", "d"]
     g.cut(rows_at(g, scores, 1), "mean_accuracy")  # c and d diverged: nobody cut yet
-    assert [v[0][1] for v in g.alive] == ["b", "e"] and g.stop == 3 and not g.done and len(g.cuts) == 1
-    assert [[v[0][1] for v in r[k]] for r in g.revivals for k in ("diverged", "revived")] == [["c", "d"], ["e", "b"]]
+    assert [v[0][1] for v in g.alive] == ["e"] and g.stop == 3 and not g.done and len(g.cuts) == 1
+    assert [[v[0][1] for v in r[k]] for r in g.revivals for k in ("diverged", "revived")] == [["c", "d"], ["e"]]
     g.cut(rows_at(g, scores, 1), "mean_accuracy")
-    assert [v[0][1] for v in g.alive] == ["b"] and g.done
+    assert [v[0][1] for v in g.alive] == ["e"] and g.done
+    one_left = {**scores, "c": [40, 45]}
+    g = group(one_left)
+    for k in (0, 1):
+        g.cut(rows_at(g, one_left, k), "mean_accuracy")
+    assert [v[0][1] for v in g.alive] == ["c"] and g.done and not g.revivals
 
 
 def test_when_every_candidate_diverged_none_is_revived():

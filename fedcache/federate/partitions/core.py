@@ -71,7 +71,7 @@ class PartitionSpec(Checked):
     classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
     repeat_rate: Fraction = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
     local_test: PositiveInt = opt(1000, help="Local test rows per client, about: each (class, domain) share is rounded "
-                                             "and gets at least one row.")
+                                             "half up (one row per cell if every share rounds to none).")
     local_test_mix: Literal["client", "uniform"] = opt(
         "client", help="client: a client's local test rows follow its (class, domain) mix; uniform: every class "
                        "alike, from the domains it holds (FedPCL's feature & label shift test sets).")
