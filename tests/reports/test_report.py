@@ -225,8 +225,10 @@ def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path)
     choices = [{"method": m, "alpha": a, "chosen": {"lr": "0.01"}, "validation_score": 50.0,
                 "candidates": [{"lr": "0.001", "validation_score": 40.0}, {"lr": "0.01", "validation_score": 50.0}]}
                for m in ("fedavg", "fedprox") for a in ("0.1", "1.0")]
+    # halving's record of a kept candidate that diverged and the one that went on in its place: no column of its own
+    choices[0]["revived"] = [{"round": 3, "diverged": [{"lr": "0.001"}], "continued": [{"lr": "0.01"}]}]
     (root / "selection.json").write_text(json.dumps({"rule": "the highest mean over seeds", "selected": ["lr"],
-                                                     "choices": choices}))
+                                                     "choices": choices, "prune": {"reduction_factor": 3, "note": "cut"}}))
     layout = Layout.of(group_runs(find_runs(root)))
     assert layout.panel_keys == ("split", "alpha") and layout.legend_keys == ("lr",)
     assert "validation" not in layout.fixed and "grid" not in layout.fixed
@@ -236,6 +238,7 @@ def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path)
     assert "validation=" not in html and "grid=" not in html
     # The choices, beside their candidates' validation scores, and the rule that chose them.
     assert "Chosen on validation, then tested" in html and "the highest mean over seeds" in html
+    assert "<th>revived</th>" not in html and "replaced by the next best of that cut" in html
     assert "<td>fedprox</td><td>1.0</td><td>lr=0.01</td><td>50.00</td><td>lr=0.001: 40.00; lr=0.01: 50.00</td>" in html
     # 2 splits x 2 alphas: a 2 x 2 grid of panels, not 3 + 1 with a hole (a panel is 460 px wide at 100 dpi)
     curves = next(p for p in paths.figures if p.name == "accuracy-per-round.png")
