@@ -161,10 +161,13 @@ def _check_consistent(entries: list[EntryInfo], path: Path) -> None:
     made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
     if len(made_by) > 1:
         k = entries[0].key
+        # Imported features name their file in weights_hash ("imported:<digest>"): two files' domains mixed.
+        again = ("import the file again, whole (`fedcache store import FILE`)" if any(
+            str(e.key["weights_hash"]).startswith("imported:") for e in entries) else
+            f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
         raise StoreError(
-            f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were extracted with different weights "
-            f"or preprocessing; re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}` "
-            "so that every domain is current"
+            f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
+            f"or imported files; {again} so that every domain is current"
         )
 
 
