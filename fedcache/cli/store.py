@@ -179,7 +179,7 @@ def store_import(
         before = FeatureStore(store, create=False)
     except FedcacheError:
         before = None
-    had = set(before.entry_ids()) if before else set()
+    had = {e.entry_id for e in before.entries() if e.complete} if before else set()  # a partial one is finished now
     read = {e.entry_id for e in before.current().values()} if before else set()
     stale = {e.entry_id for e in before.stale()} if before else set()
     ids = import_file(store, file, dataset, backbone, split)
