@@ -185,8 +185,9 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
             "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if validation else "test split"}
     if validation:
-        data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec))
-        data.global_rows = spare_rows(partition, train_t)
+        spare = spare_rows(partition, train_t)  # the clients' validation rows, and the global model's
+        data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec, spare))
+        data.global_rows = spare
     else:
         data = FederatedData.from_tables(train_t, test_t, partition.train, partition.test)
     data = attach_source(data, store, train_t, train_t if validation else test_t)
@@ -206,9 +207,8 @@ def spare_rows(partition, train_t) -> np.ndarray:
     return np.setdiff1d(np.arange(len(train_t)), np.concatenate(partition.train))
 
 
-def validation_sets(partition, train_t, spec: RunSpec) -> list[np.ndarray]:
-    """Per client, training rows nobody trains on, with the client's (class, domain) mix."""
-    spare = spare_rows(partition, train_t)
+def validation_sets(partition, train_t, spec: RunSpec, spare: np.ndarray) -> list[np.ndarray]:
+    """Per client, some of the ``spare`` training rows (nobody trains on them), with the client's (class, domain) mix."""
     if not len(spare):
         raise ConfigError("scoring on validation (--validation, or grid --select) needs training rows that no client trains "
                           "on: add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N")

@@ -124,19 +124,30 @@ def test_validation_scores_on_spare_training_rows_only(store):
         prepare(cfg(store, validation=True))  # every training row is used: nothing to validate on
 
 
-def test_the_global_accuracy_of_a_validation_run_is_held_out_too(store):
-    """It was scored on the whole training table, the clients' own training rows included."""
+def test_the_global_accuracy_of_a_validation_run_is_held_out_too(tmp_path):
+    """It was scored on the whole training table, the clients' own training rows included (on which the model
+    scores otherwise than on rows it never saw: checked below, so the test can tell the two apart)."""
     import torch
 
+    from fedcache.store.interchange import import_file
     from fedcache.training import prepare
 
-    result = train(cfg(store, few_shot=4, validation=True, partition="iid", clients=2))
-    method, _ = prepare(cfg(store, few_shot=4, validation=True, partition="iid", clients=2))
+    rng = np.random.default_rng(0)
+    centres, y = rng.normal(size=(4, 16)), rng.integers(0, 4, 500)
+    x = (centres[y] + 2.5 * rng.normal(size=(500, 16))).astype(np.float32)
+    np.savez(tmp_path / "f.npz", train__features=x[:400], train__labels=y[:400], test__features=x[400:],
+             test__labels=y[400:])
+    import_file(tmp_path / "s.zarr", tmp_path / "f.npz", "ds", "enc")
+    run = cfg(tmp_path / "s.zarr", dataset="ds", backbones=["enc"], validation=True, subsample=0.5, partition="iid",
+              clients=2, rounds=5, head="mlp")
+    result = train(run)
+    method, _ = prepare(run)
     d = method.ctx.data
     spare = np.setdiff1d(np.arange(len(d.y_train)), np.concatenate(d.client_train))
     assert d.global_rows.tolist() == spare.tolist()
     with torch.no_grad():
         hit = (method.global_logits(result.server, d.x_test).argmax(1) == d.y_test).numpy()
+    assert hit[spare].mean() != pytest.approx(hit.mean())
     assert result.summary["global_accuracy"] == pytest.approx(100.0 * hit[spare].mean())
 
 

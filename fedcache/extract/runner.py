@@ -148,7 +148,6 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
     for set_name, templates in TEMPLATE_SETS.items():
         key = TextKey(bb.spec.name, bb.weights_hash, tuple(dataset.classes), tuple(templates), set_name)
         if store.has_text(key):
-            store.make_text_current(key)  # the text of the weights asked for last, as their image entries are
             continue
         with torch.inference_mode():
             emb = np.stack([bb.encode_text([t.format(c) for c in dataset.classes]).float().cpu().numpy() for t in templates])

@@ -72,12 +72,11 @@ def check_labels(first: TableRows, p: TableRows, at: np.ndarray | None, where: t
                          f"{list(first.class_names)[:8]}: fused backbones need the same classes")
     renumber = np.array([first.class_names.index(n) for n in p.class_names], np.int64)
     mine = renumber[p.labels]
-    theirs = first.labels if at is None else np.full(len(mine), -1, np.int64)
-    if at is not None:
+    if at is None:  # rows in the first's order
+        differ = int(np.count_nonzero(mine != first.labels))
+    else:  # a row the first lacks (at -1) has nothing to disagree with
         kept = at >= 0
-        theirs[kept] = first.labels[at[kept]]
-        mine = np.where(kept, mine, -1)
-    differ = int(np.count_nonzero(mine != theirs))
+        differ = int(np.count_nonzero(mine[kept] != first.labels[at[kept]]))
     if differ:
         raise StoreError(f"{differ} samples have another class in {where[0]} than in {where[1]}: fused backbones "
                          "must describe the same labelled samples")

@@ -41,41 +41,42 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     named = axes if axes is not None else [k for k in rows[0] if k not in METRIC_COLUMNS]
     setting_keys = [k for k in named if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *beside)
                     and len({str(r.get(k)) for r in rows}) > 1]
-    label = lambda r: ", ".join(f"{k}={r.get(k)}" for k in setting_keys) or metric.replace("_", " ")
+    label = lambda r: ", ".join(f"{k}={r.get(k)}" for k in setting_keys) or metric.replace("_", " ")  # noqa: E731
     methods = list(dict.fromkeys(r["method"] for r in rows))
     columns = list(dict.fromkeys(label(r) for r in rows))
-    stats: dict[tuple[str, str], tuple[float, float, int]] = {}
-    lost: dict[tuple[str, str], int] = {}  # seeds that diverged: no result, but a mean without them would flatter
-    for m in methods:
-        for col in columns:
-            mine = [r for r in rows if r["method"] == m and label(r) == col]
-            vals = [r[metric] for r in mine if r[metric] is not None]
-            lost[m, col] = sum(1 for r in mine if _true(r.get("diverged")))
-            if vals:
-                std = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")  # sample std, as the papers print
-                stats[m, col] = (float(np.mean(vals)), std, len(vals))
+    groups = {(m, col): [r for r in rows if r["method"] == m and label(r) == col] for m in methods for col in columns}
+    stats = {key: _stats(mine, metric) for key, mine in groups.items()}
     # A best only where a column compares two methods or more (a lone result is nobody's winner), and only of
     # results no seed of which diverged.
-    means = {col: [s[0] for (m, c), s in stats.items() if c == col and not lost[m, c]] for col in columns}
+    means = {col: [st[0] for (m, c), st in stats.items() if c == col and st[0] is not None and not st[3]] for col in columns}
     best = {col: max(v) if len(v) > 1 else None for col, v in means.items()}
     lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for m in methods:
-        cells_ = []
-        for col in columns:
-            if (m, col) not in stats:
-                cells_.append(f"diverged ({count(lost[m, col], 'seed')})" if lost.get((m, col)) else "-")
-                continue
-            mean, std, n = stats[m, col]
-            text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
-            if lost[m, col]:
-                text += f", {lost[m, col]} of {n + lost[m, col]} seeds diverged"
-            chosen = next((r for r in rows if r["method"] == m and label(r) == col), {})
-            text += "".join(f", {k}={chosen[k]}" for k in beside if k in chosen)
-            top = best[col] is not None and not lost[m, col] and np.isclose(mean, best[col])
-            cells_.append(f"**{text}**" if top else text)
+        cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[col]) for col in columns]
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     return "\n".join(lines)
+
+
+def _stats(rows: list[dict], metric: str) -> tuple[float | None, float, int, int]:
+    """(mean, sample std or NaN with one seed, seeds with a result, seeds that diverged) of one table cell."""
+    vals = [r[metric] for r in rows if r[metric] is not None]
+    lost = sum(1 for r in rows if _true(r.get("diverged")))  # no result, but a mean without them would flatter
+    if not vals:
+        return None, float("nan"), 0, lost
+    std = float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")  # sample std, as the papers print
+    return float(np.mean(vals)), std, len(vals), lost
+
+
+def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: float | None) -> str:
+    mean, std, n, lost = stats
+    if mean is None:
+        return f"diverged ({count(lost, 'seed')})" if lost else "-"
+    text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
+    if lost:
+        text += f", {lost} of {n + lost} seeds diverged"
+    text += "".join(f", {k}={rows[0][k]}" for k in beside if k in rows[0])
+    return f"**{text}**" if best is not None and not lost and np.isclose(mean, best) else text
 
 
 def _true(value) -> bool:

@@ -211,7 +211,8 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
                         label=label if key == "bytes_up" else None)
     # symlog: methods send bytes of different orders and a first round may send none down; within one decade
     # it draws no tick at all, so the figure could not be read, and a linear axis from 0 serves.
-    positive = np.concatenate(drawn)[np.concatenate(drawn) > 0] if drawn else np.zeros(0)
+    values = np.concatenate(drawn) if drawn else np.zeros(0)
+    positive = values[values > 0]
     if len(positive) and positive.max() >= 10 * positive.min():
         ax.set_yscale("symlog")
     else:

@@ -562,14 +562,6 @@ class FeatureStore:
         same = [f for f in found if f[1]]
         return max(same or found)[2] if found else None
 
-    def make_text_current(self, key: TextKey) -> bool:
-        """As ``make_current``, for a complete text entry: the text runs read is that of the weights extracted last."""
-        newest = self._newest_text(key.backbone, list(key.classes), key.template_set)
-        if newest is None or newest == key.entry_id:
-            return False
-        self.root[TEXT][key.entry_id].attrs.update({"completed_at": now_iso()})
-        return True
-
     # ---- removal ---------------------------------------------------------------
     def remove(self, entry_id: str) -> EntryInfo:
         info = self.info(entry_id)

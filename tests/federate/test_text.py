@@ -31,22 +31,9 @@ def test_text_anchors_come_from_the_store(tmp_path):
     assert "text" not in attach_text(synthetic(), store, ["no-text-backbone"]).info
 
 
-def test_the_text_of_the_weights_extracted_last_is_the_one_read(tmp_path):
-    """Weights A, then B, then A again (extraction finds A's text complete and writes nothing): runs read A's text,
-    as they read A's image entries (tests/extract/test_runner.py)."""
-    store = FeatureStore(tmp_path / "s.zarr")
-    rng = np.random.default_rng(0)
-    keys = {w: TextKey("clip-x", w, ("a", "b"), ("{}",), "single") for w in ("A", "B")}
-    emb = {w: rng.normal(size=(1, 2, 4)).astype(np.float32) for w in keys}
-    for w in ("A", "B"):
-        store.put_text(keys[w], emb[w], False)
-    np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single"), emb["B"])
-    assert store.make_text_current(keys["A"]) and not store.make_text_current(keys["A"])
-    np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single"), emb["A"])
-
-
 def test_the_text_read_is_that_of_the_weights_of_the_features(tmp_path):
-    """Newest first otherwise: an interrupted extraction or a shard's copies can leave another weights' text newest."""
+    """Weights A, then B, then A again (extraction finds A's text complete and writes nothing), an interrupted
+    extraction, or a shard's copies can leave another weights' text the newest: a run reads its features' own."""
     store = FeatureStore(tmp_path / "s.zarr")
     rng = np.random.default_rng(1)
     emb = {w: rng.normal(size=(1, 2, 4)).astype(np.float32) for w in ("A", "B")}
