@@ -106,6 +106,8 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from tests.flower.conftest import toy_config
 from fedcache.flower.sim import train_flower_sim
+import tempfile
+tempfile.tempdir = sys.argv[4]  # killed outright, the caller cannot remove its temporary directory
 train_flower_sim(toy_config(Path(sys.argv[2]), rounds=100000, eval_every=1000, out=Path(sys.argv[3])), cpus=1)
 """
 
@@ -121,7 +123,7 @@ def test_the_simulation_ends_with_a_caller_killed_outright(flower_store, tmp_pat
 
     out = tmp_path / "sim"
     caller = subprocess.Popen([sys.executable, "-c", CALLER, str(Path(__file__).resolve().parents[2]), str(flower_store),
-                               str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               str(out), str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child = None
     try:
         deadline = time.monotonic() + 240
