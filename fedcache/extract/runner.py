@@ -82,8 +82,8 @@ class EntryReport:
 def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[EntryReport]:
     emit = progress or (lambda e: None)
     _check_config(cfg)
-    for name in cfg.backbones:  # fail on a misspelt name before any slow work
-        BACKBONES.get(name)
+    for name in cfg.backbones:  # fail on a misspelt name (or a size it cannot take) before any slow work
+        image_size(cfg, None, BACKBONES.get(name))
     dataset = load_dataset(cfg.dataset, cfg.dataset_options)
     name = cfg.name or _noisy_name(dataset.name, cfg.image_noise)
     if name:
@@ -104,6 +104,18 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             reports.append(_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit))
         backbone.image_encoder.to("cpu")
     return reports
+
+
+def image_size(cfg: ExtractConfig, dataset: Dataset | None, spec) -> int | None:
+    """The size images are resized to (None: the backbone's own): ``--image-size``, else the dataset's default.
+    A backbone with a fixed input size (ViTs, CLIP) takes its own only: a dataset's default does not apply to it
+    (its positional embeddings would not match) and another ``--image-size`` is refused."""
+    if spec.fixed_size:
+        if cfg.image_size and cfg.image_size != spec.input_size:
+            raise ConfigError(f"{spec.name} takes {spec.input_size}x{spec.input_size} images only (its positional "
+                              f"embeddings are fixed), not --image-size {cfg.image_size}; drop --image-size for it")
+        return None
+    return cfg.image_size or (dataset.default_image_size if dataset is not None else None)
 
 
 def _noisy_name(name: str, noise: tuple | None) -> str | None:
@@ -156,7 +168,7 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
 
 
 def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: LoadedBackbone, split: str, domain: str, view: ViewSpec) -> EntryKey:
-    pre = Preprocess.for_backbone(bb.spec, cfg.image_size or dataset.default_image_size, _backend(samples, view))
+    pre = Preprocess.for_backbone(bb.spec, image_size(cfg, dataset, bb.spec), _backend(samples, view))
     if cfg.image_noise and split == "train":  # the paper (and its code) noises the images it trains on, not the test images
         kind, scale, p = cfg.image_noise
         pre = dataclasses.replace(pre, noise=kind, noise_scale=float(scale), noise_perturb=float(p), noise_seed=cfg.view_seed)

@@ -248,3 +248,21 @@ def test_image_noise_is_seeded_recorded_in_the_key_and_on_the_training_split_onl
     clean_test = store.read("test-toy", "test", "tiny-timm-random", domains=["light"]).features
     np.testing.assert_allclose(store.read("test-toy-noise-laplace-0.2-0.1", "test", "tiny-timm-random", domains=["light"]).features,
                                clean_test, atol=2e-3)
+
+
+def test_a_fixed_size_backbone_ignores_the_datasets_default_image_size(store_path, monkeypatch):
+    """A CLIP's positional embeddings fix its input size: digits5-offline's default of 64 (meant for CNNs)
+    crashed tiny-clip-random's 32-pixel ViT with a size mismatch deep inside open_clip."""
+    import fedcache.extract.runner as runner
+
+    load = runner.load_dataset
+    monkeypatch.setattr(runner, "load_dataset", lambda *a, **k: replace(load(*a, **k), default_image_size=64))
+    extract(cfg(store_path, backbones=["tiny-clip-random"], splits=("test",), domains=["light"]))
+    (entry,) = FeatureStore(store_path).entries()
+    assert entry.key["preprocess"]["size"] == 32
+
+
+def test_another_image_size_for_a_fixed_size_backbone_is_refused_before_any_work(store_path):
+    with pytest.raises(ConfigError, match="tiny-clip-random takes 32x32 images only .* drop --image-size"):
+        extract(cfg(store_path, backbones=["tiny-clip-random"], image_size=64))
+    assert not FeatureStore(store_path).entries()

@@ -35,6 +35,9 @@ class BackboneSpec:
     interpolation: str = "bicubic"
     random_weights: bool = False
     has_text: bool = False
+    # Takes input_size images only (fixed positional embeddings: ViTs, CLIP's attention pooling): a dataset's
+    # default image size does not apply to it and another --image-size is refused.
+    fixed_size: bool = False
     weights_help: str = ""  # where the weights come from, shown by `fedcache backbones`
     description: str = ""
     options: dict = field(default_factory=dict, hash=False, compare=False)

@@ -28,7 +28,7 @@ _CLIP = (
 for _name, _arch, _tag, _dim in _CLIP:
     BACKBONES.add(_name, BackboneSpec(
         name=_name, source="open-clip", arch=_arch, weights=_tag, embed_dim=_dim, input_size=224,
-        mean=CLIP_MEAN, std=CLIP_STD, interpolation="bicubic", has_text=True,
+        mean=CLIP_MEAN, std=CLIP_STD, interpolation="bicubic", has_text=True, fixed_size=True,
         weights_help=_HELP.format(tag=_tag, name=_name), description=f"CLIP {_arch} ({_tag})",
     ))
 
@@ -40,7 +40,7 @@ TINY_CLIP_CFG = {
 }
 BACKBONES.add("tiny-clip-random", BackboneSpec(
     name="tiny-clip-random", source="open-clip", arch="tiny", weights="random", embed_dim=32, input_size=32,
-    mean=CLIP_MEAN, std=CLIP_STD, random_weights=True, has_text=True,
+    mean=CLIP_MEAN, std=CLIP_STD, random_weights=True, has_text=True, fixed_size=True,
     weights_help="random init (seed 0), for tests", description="tiny open_clip CLIP with a text tower, random",
 ))
 
@@ -56,7 +56,7 @@ def _open_clip_spec(rest: str) -> BackboneSpec:
     size = cfg["vision_cfg"].get("image_size", 224)
     return BackboneSpec(
         name=f"open_clip:{rest}", source="open-clip", arch=arch, weights=tag or "openai", embed_dim=cfg["embed_dim"],
-        input_size=size if isinstance(size, int) else size[0], mean=CLIP_MEAN, std=CLIP_STD, has_text=True,
+        input_size=size if isinstance(size, int) else size[0], mean=CLIP_MEAN, std=CLIP_STD, has_text=True, fixed_size=True,
         weights_help=_HELP.format(tag=tag or "openai", name=f"open_clip:{rest}"), description=f"open_clip {arch}/{tag}",
     )
 

@@ -29,7 +29,7 @@ for _name, _arch, _dim, _size, _interp in _TIMM:
     _vit = _arch.startswith("vit")
     BACKBONES.add(_name, BackboneSpec(
         name=_name, source="timm", arch=_arch, weights=_arch.split(".", 1)[1], embed_dim=_dim, input_size=_size,
-        interpolation=_interp, weights_help=_HUB_HELP.format(_arch),
+        interpolation=_interp, weights_help=_HUB_HELP.format(_arch), fixed_size=_vit,
         **({"mean": _VIT_MEAN, "std": _VIT_MEAN} if _vit else {}),
         description=f"timm {_arch}, ImageNet",
     ))
