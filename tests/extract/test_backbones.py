@@ -81,8 +81,10 @@ def test_timm_checkpoint_path_loads_without_the_hub(tmp_path):
 def test_prefix_backbones_resolve_specs_offline():
     spec = BACKBONES.get("timm:test_vit")
     assert spec.source == "timm" and spec.embed_dim > 0 and spec.input_size > 0
+    assert spec.fixed_size  # a ViT's positional embeddings fix its input size (timm's fixed_input_size)
+    assert not BACKBONES.get("timm:test_resnet").fixed_size
     spec = BACKBONES.get("open_clip:ViT-B-32/laion2b_s34b_b79k")
-    assert spec.has_text and spec.embed_dim == 512 and spec.weights == "laion2b_s34b_b79k"
+    assert spec.has_text and spec.embed_dim == 512 and spec.weights == "laion2b_s34b_b79k" and spec.fixed_size
     with pytest.raises(WeightsNotFoundError, match="no architecture"):
         BACKBONES.get("open_clip:NoSuchNet/x")
 

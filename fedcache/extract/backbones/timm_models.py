@@ -54,7 +54,7 @@ def _timm_spec(rest: str) -> BackboneSpec:
         name=f"timm:{rest}", source="timm", arch=rest, weights=cfg.get("tag") or "default", embed_dim=model.num_features,
         input_size=int(cfg.get("input_size", (3, 224, 224))[-1]), mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))), interpolation=cfg.get("interpolation", "bicubic"),
-        weights_help=_HUB_HELP.format(rest), description=f"timm {rest}",
+        fixed_size=bool(cfg.get("fixed_input_size", False)), weights_help=_HUB_HELP.format(rest), description=f"timm {rest}",
     )
 
 
