@@ -226,6 +226,14 @@ def test_h_version_and_help(capsys):
     assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, suggestion", [(["trian"], "'train'"), (["store", "lss"], "'ls'")])
+def test_a_misspelled_command_is_suggested_once(argv, suggestion, capsys):
+    """click 8.4+ suggests a close command name itself; typer's suggestion repeated it."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("Did you mean") == 1 and suggestion in err
+
+
 def test_every_command_and_argument_has_its_help_under_h(capsys, monkeypatch):
     """-h on every command and group; each argument's help is shown (click 8.5 dropped typer's argument help:
     `fedcache report -h` listed RUN_DIR with none)."""

@@ -9,6 +9,7 @@ import sys
 from typing import List, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
@@ -24,6 +25,23 @@ HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 _COLUMNS = os.environ.get("COLUMNS", "")
 console = Console() if sys.stdout.isatty() else Console(width=int(_COLUMNS) if _COLUMNS.isdigit() and int(_COLUMNS) > 0 else 160)
 err = Console(stderr=True, soft_wrap=True)  # a message is one line in a log or a pipe too (grep finds it); terminals wrap it
+
+try:  # recent typer vendors click; older typer uses the click package
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as _click_exceptions
+
+
+class Group(typer.core.TyperGroup):
+    """A group of commands whose misspelled command is answered with one suggestion: click 8.4+ suggests close
+    names itself (NoSuchCommand), and typer's own suggestion repeated it (`Did you mean 'train'? Did you mean
+    'train'?`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if hasattr(_click_exceptions, "NoSuchCommand"):
+            self.suggest_commands = False
+
 
 DEFAULT_STORE = default_store()
 StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import typer
-import typer.core
 from rich.markup import escape
 
-from fedcache.cli.common import HELP_FLAGS, console, err, restore_argument_help
+from fedcache.cli.common import HELP_FLAGS, Group, console, err, restore_argument_help
 from fedcache.cli.extract import backbones, datasets, extract
 from fedcache.cli.grid import _grid, report, reproduce
 from fedcache.cli.methods import _method_commands, methods
@@ -28,7 +27,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 
-class _Commands(typer.core.TyperGroup):
+class _Commands(Group):
     """The commands registered below, then those methods declare (resolved only when named, so that
     `fedcache --help` does not import every method)."""
 

@@ -9,11 +9,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, StoreOpt, _csv, console, err
+from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, console, err
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.wording import count
 
-store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, help="Inspect and manage a feature store.")
+store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
 
 
 def _open_store(store: Path):
