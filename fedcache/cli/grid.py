@@ -29,10 +29,9 @@ GRID_HOW = ("track", "keep_checkpoints", "device")  # how every cell runs: one v
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
           method: Optional[str], settings: List[str], seeds: Optional[str], jobs: Optional[int], out: Optional[Path],
           select: Optional[str], threads: Optional[int], **train_options) -> None:
-    """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv
-    and table.md. Every `train` option is accepted; v1,v2,... makes it an axis, e.g.
-    `fedcache grid -d digits5-offline -b efficientnet-lite0 -m fedavg,fedproto --partition domain --few-shot 10
-    --rounds 5 --set lr=0.001,0.01 --seeds 0,1 -o runs/grid`."""
+    """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv and table.md.
+
+    Every `train` option is accepted under the same name; v1,v2,... makes it an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
     from fedcache.api import grid_spec
     from fedcache.grids import run_grid
 
