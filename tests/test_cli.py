@@ -77,6 +77,14 @@ def test_store_rm_without_targets_and_missing_store(capsys, tmp_path):
     assert code == 1 and "no feature store" in err
 
 
+def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
+    """No progress line before the error: a run whose store or features are missing never started a round."""
+    for store, backbone in ((tmp_path / "none.zarr", "tiny-timm-random"), (toy_store, "tiny-clip-random")):
+        code, _, err = run(capsys, "train", "--store", str(store), "-d", "test-toy", "-b", backbone, "-m", "fedavg",
+                           "--rounds", "2", "--out", str(tmp_path / "run"))
+        assert code == 1 and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
+
+
 def test_store_ls_shows_incomplete_entries(capsys, store_path):
     from fedcache.extract.runner import ExtractConfig, extract
 

@@ -67,9 +67,12 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
 
     check_out(spec)  # a bad --out is reported before a progress bar is drawn
     with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}")) as progress:
-        task = progress.add_task(f"{spec.method.name} rounds", total=spec.schedule.rounds, acc="")
+        task = None
 
         def on_round(done: int, total: int, line: dict | None) -> None:
+            nonlocal task
+            if task is None:  # drawn once the run starts: one that cannot (no store, no features) is its error alone
+                task = progress.add_task(f"{spec.method.name} rounds", total=total, acc="")
             acc = f"acc {line['accuracy']:.1f}%" if line else ""
             progress.update(task, completed=done, acc=acc)
 
