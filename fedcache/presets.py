@@ -42,7 +42,7 @@ class PaperNumber:
 class Preset:
     name: str
     title: str  # paper and table
-    source: str  # file in the papers' folder
+    source: str  # the paper, as a reader finds it (the text it was read from is named beside each constant below)
     experiments: tuple[Experiment, ...]
     paper: tuple[PaperNumber, ...]
     notes: str = ""  # how fedcache's setting differs from the paper's
@@ -52,7 +52,7 @@ PRESETS: Registry[Preset] = Registry("preset")
 
 
 FEDPCL_BACKBONES = ("resnet18-quickdraw", "resnet18-aircraft", "resnet18-birds")
-FEDPCL_FILE = "000_430ac1eb8287ee63.txt"
+FEDPCL_PAPER = 'Tan et al., "Federated Learning from Pre-Trained Models: A Contrastive Learning Approach", NeurIPS 2022'  # 000_430ac1eb8287ee63.txt
 # The paper runs "till convergence"; the authors' code uses 50-200 rounds. No optimizer preset is fixed: each
 # method takes its own default. For FedAvg, FedRep, FedProto, Solo and FedPCL that is Adam 1e-3 / wd 1e-4, the
 # paper's stated optimizer (the same setting as the fedpcl preset); pFedMe and Per-FedAvg take their outer step
@@ -113,7 +113,7 @@ def _numbers(experiment: str, rows: dict[str, tuple[float, ...]], columns: tuple
 # The official prepare_data_digits tests each client on the first 200 rows per class of its domain's test split.
 _t2 = dict(partition="domain", clients=5, few_shot=10, local_test=2000, **FEDPCL_TRAIN)
 PRESETS.add("fedpcl-table2", Preset(
-    "fedpcl-table2", "FedPCL Table 2 (feature shift, Digit-5, average over clients)", FEDPCL_FILE,
+    "fedpcl-table2", "FedPCL Table 2 (feature shift, Digit-5, average over clients)", FEDPCL_PAPER,
     (*_fedpcl_grids("single", "digit5", FEDPCL_BACKBONES[:1], _t2),
      *_fedpcl_grids("multi", "digit5", FEDPCL_BACKBONES, _t2)),
     tuple(_fedpcl_numbers("single", {"FedAvg": (44.04,), "pFedMe": (43.00,), "PerFedAvg": (35.21,), "FedRep": (44.14,),
@@ -133,7 +133,7 @@ PRESETS.add("fedpcl-table2", Preset(
 
 # ---- FedPCL Table 3: Office-10 (feature & label shift) and DomainNet (label shift) -------------------------------
 PRESETS.add("fedpcl-table3", Preset(
-    "fedpcl-table3", "FedPCL Table 3 (Office-10 feature & label shift; DomainNet label shift)", FEDPCL_FILE,
+    "fedpcl-table3", "FedPCL Table 3 (Office-10 feature & label shift; DomainNet label shift)", FEDPCL_PAPER,
     (*_fedpcl_grids("office10", "office-caltech10", FEDPCL_BACKBONES,
                     dict(partition="domain-dirichlet", clients=4, batch_size=16, **FEDPCL_FEATURE_LABEL_SHIFT,
                          **FEDPCL_TRAIN)),
@@ -187,7 +187,7 @@ def _fairness_grids(n: int) -> tuple[Experiment, Experiment]:
 
 
 PRESETS.add("fedpcl-fairness", Preset(
-    "fedpcl-fairness", "FedPCL Tables 12-13 (fairness over 40 and 80 clients, MNIST-M label shift)", FEDPCL_FILE,
+    "fedpcl-fairness", "FedPCL Tables 12-13 (fairness over 40 and 80 clients, MNIST-M label shift)", FEDPCL_PAPER,
     (*_fairness_grids(40), *_fairness_grids(80)),
     tuple(_fairness("40-clients", {"FedAvg": (32.20, 16.73, 20.31, 25.01, 54.60, 11.16),
                                    "Ours (FedPCL)": (48.39, 35.35, 37.58, 40.82, 62.72, 8.45)})
@@ -210,7 +210,7 @@ PRESETS.add("fedpcl-fairness", Preset(
 ))
 
 # ---- FedPCL loss ablation: workshop Table 11 (NeurIPS Table 5), Digit-5, 5 clients, 3 backbones ----------------
-FEDPCL_WORKSHOP_FILE = "001_e3a8f38ba59902a3.txt"
+FEDPCL_WORKSHOP_PAPER = 'Tan et al., "Federated Learning from Pre-Trained Models: A Contrastive Learning Approach", workshop version'  # 001_e3a8f38ba59902a3.txt
 # Its "Cross Entropy" and "CE + ProtoDist" rows are FedAvg's and FedProto's numbers (NeurIPS Table 11, Digit-5,
 # feature & label shift, multi-backbone: 32.98 (3.44) and 43.94 (3.02)): those methods, run on the same features,
 # partition and budget, each on its own model as in the paper: the baselines on Table 7's FC-ReLU-BN-FC (mlp),
@@ -221,7 +221,7 @@ _T11_ROWS = {"Cross Entropy": ("ce-rows", "fedavg", {}), "Cross Entropy + ProtoD
              "Ours": ("contrastive", "fedpcl", {"loss": "fedpcl"})}
 _T11_PAPER = {"Cross Entropy": 32.98, "Cross Entropy + ProtoDist": 43.94, "Supervised Contrastive": 42.18, "Ours": 45.22}
 PRESETS.add("fedpcl-table11", Preset(
-    "fedpcl-table11", "FedPCL loss ablation (workshop Table 11 = NeurIPS Table 5; Digit-5, 3 backbones)", FEDPCL_WORKSHOP_FILE,
+    "fedpcl-table11", "FedPCL loss ablation (workshop Table 11 = NeurIPS Table 5; Digit-5, 3 backbones)", FEDPCL_WORKSHOP_PAPER,
     (Experiment("ce-rows", "digit5", FEDPCL_BACKBONES, ("fedavg", "fedproto"), {**_t11, **FEDPCL_BASELINE_HEAD}),
      Experiment("contrastive", "digit5", FEDPCL_BACKBONES, ("fedpcl",), {**_t11, "loss": ["fedpcl", "supcon"]})),
     tuple(PaperNumber(exp, method, _T11_PAPER[row], f"{row} (loss ablation)", where)
@@ -259,7 +259,7 @@ _T15_PAPER = {("laplace", 0.1): (39.93, 38.29), ("gaussian", 0.1): (40.04, 41.10
               ("laplace", 0.2): (40.24, 36.93), ("gaussian", 0.2): (41.83, 40.14)}  # (prototype noise, image noise)
 PRESETS.add("fedpcl-table15", Preset(
     "fedpcl-table15", "FedPCL Table 15 (privacy: noise on prototypes or training images; Office-10 Caltech, label shift)",
-    FEDPCL_FILE,
+    FEDPCL_PAPER,
     (Experiment("clean", "office-caltech10", FEDPCL_BACKBONES, ("fedpcl",), _t15, extract=_T15_DATA),
      Experiment("clean-fedrep", "office-caltech10", FEDPCL_BACKBONES, ("fedrep",), {**_t15, **FEDPCL_FEDREP}, extract=_T15_DATA),
      Experiment("prototype-noise", "office-caltech10", FEDPCL_BACKBONES, ("fedpcl",),
@@ -289,7 +289,7 @@ PRESETS.add("fedpcl-table15", Preset(
 ))
 
 # ---- FST-CBDG Tables 1 and 2: CLIP RN50, 100 clients, 10% per round, 10 rounds -------------------------------
-FST_FILE = "004_5fb3157e9b38add1.txt"
+FST_PAPER = 'Yan and Guo, "Lightweight Unsupervised Federated Learning with Pretrained Vision Language Model"'  # 004_5fb3157e9b38add1.txt
 FST_NAMES = {"CLIP-ZS": "clip-zs", "CLIP-FC-Centralized": "clip-fc-centralized", "FedAvg": "fedavg", "FedNTD": "fedntd",
              "FST-CBDG": "fst-cbdg"}
 # The paper states no batch size; it follows Lee et al. (2022), whose configuration uses 50.
@@ -320,7 +320,7 @@ def _fst_key(key: str, method: str) -> str:
 _t1 = {"CLIP-ZS": (68.7, 39.0, 63.2), "CLIP-FC-Centralized": (77.5, 42.9, 70.4), "FedAvg": (73.3, 37.8, 66.0),
        "FedNTD": (72.8, 39.8, 66.2), "FST-CBDG": (74.0, 43.2, 66.3)}
 PRESETS.add("fst-cbdg-table1", Preset(
-    "fst-cbdg-table1", "FST-CBDG Table 1 (homogeneous data; accuracy of the global model)", FST_FILE,
+    "fst-cbdg-table1", "FST-CBDG Table 1 (homogeneous data; accuracy of the global model)", FST_PAPER,
     tuple(e for ds, _ in _fst_ds for e in _fst_grids(ds, ds, tuple(FST_NAMES.values()), dict(partition="iid", **_fst))),
     tuple(dataclasses.replace(p, experiment=_fst_key(p.experiment, p.method)) for j, (ds, name) in enumerate(_fst_ds)
           for p in _numbers(ds, {k: (v[j],) for k, v in _t1.items()}, (name,), FST_NAMES, metric="global_accuracy")),
@@ -353,13 +353,13 @@ def _fst_table2() -> tuple[tuple[Experiment, ...], tuple[PaperNumber, ...]]:
 
 
 PRESETS.add("fst-cbdg-table2", Preset(
-    "fst-cbdg-table2", "FST-CBDG Table 2 (heterogeneous data: sharding and LDA)", FST_FILE, *_fst_table2(),
+    "fst-cbdg-table2", "FST-CBDG Table 2 (heterogeneous data: sharding and LDA)", FST_PAPER, *_fst_table2(),
     "LDA is fedcache's dirichlet partition. CLIP-ZS and CLIP-FC-Centralized do not depend on the partition: see "
     "fst-cbdg-table1. Seed 0 only (the paper gives none). " + _FST_NOTES,
 ))
 
 # ---- FLESD Table 1: federated self-supervised learning, linear probe -----------------------------------------
-FLESD_FILE = "002_c748d1a78243a80a.txt"
+FLESD_PAPER = '"Towards Communication-Efficient and Privacy-Preserving Federated Representation Learning"'  # 002_c748d1a78243a80a.txt
 FLESD_NAMES = {"Min-Local": "min-local", "FedAvg": "fedavg-ssl", "FedProx": "fedprox-ssl", "FLESD": "flesd"}
 _flesd_alphas = (100.0, 1.0, 0.01)
 _flesd = {"cifar10": {"Min-Local": (62.9, 66.5, 60.4), "FedAvg": (75.6, 75.2, 69.9), "FedProx": (71.3, 72.3, 67.5),
@@ -393,7 +393,7 @@ def _flesd_preset() -> tuple[tuple[Experiment, ...], tuple[PaperNumber, ...]]:
 
 
 PRESETS.add("flesd-table1", Preset(
-    "flesd-table1", "FLESD Table 1 (linear-probe accuracy; CIFAR-10 and CIFAR-100)", FLESD_FILE, *_flesd_preset(),
+    "flesd-table1", "FLESD Table 1 (linear-probe accuracy; CIFAR-10 and CIFAR-100)", FLESD_PAPER, *_flesd_preset(),
     "The paper trains ResNet18 encoders from scratch with SimCLR; fedcache trains an MLP on frozen ImageNet "
     "ResNet18 features (resnet18-imagenet), so its numbers answer a related, cheaper question. Protocol of the "
     "official README: 6 clients (client 0 is FLESD's public set), local batch 1024, Adam 1e-3 wd 1e-6, 200 local "
@@ -403,7 +403,8 @@ PRESETS.add("flesd-table1", Preset(
 ))
 
 # ---- TPFL Tables 1 and 2: prompt learning, 4 shots per class per client --------------------------------------
-TPFL_FILE = "003_0e72197bf9fde2cf.txt"
+TPFL_PAPER = ('Zhao et al., "Inclusive Data Representation in Federated Learning: A Novel Approach Integrating Textual and '
+              'Visual Prompt"')  # 003_0e72197bf9fde2cf.txt
 TPFL_NAMES = {"PromptFL": "promptfl", "TPFL": "tpfl", "ATPFL": "atpfl"}
 _tpfl_ds = (("caltech101", "Caltech-101"), ("flowers102", "Flowers-102"), ("oxford-pets", "Oxford-Pets"),
             ("dtd", "DTD"), ("eurosat", "EuroSAT"), ("stanford-cars", "Stanford Car"))
@@ -429,9 +430,9 @@ def _tpfl(backbone: str, rows: dict) -> tuple[tuple[Experiment, ...], tuple[Pape
     return exps, nums
 
 
-PRESETS.add("tpfl-table1", Preset("tpfl-table1", "TPFL Table 1 (ViT backbone, 5 seeds)", TPFL_FILE,
+PRESETS.add("tpfl-table1", Preset("tpfl-table1", "TPFL Table 1 (ViT backbone, 5 seeds)", TPFL_PAPER,
                                   *_tpfl("clip-vit-b16", _tpfl_vit), _TPFL_NOTES + " The ViT variant is not named; fedcache uses CLIP ViT-B/16."))
-PRESETS.add("tpfl-table2", Preset("tpfl-table2", "TPFL Table 2 (ResNet-50 backbone, 5 seeds)", TPFL_FILE,
+PRESETS.add("tpfl-table2", Preset("tpfl-table2", "TPFL Table 2 (ResNet-50 backbone, 5 seeds)", TPFL_PAPER,
                                   *_tpfl("clip-rn50", _tpfl_rn50), _TPFL_NOTES))
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -49,6 +50,8 @@ def test_dry_run_lists_runs_and_what_is_missing(preset, tmp_path, capsys):
     assert code == 0
     p = rp.get(preset)
     assert p.title.split(" (")[0] in out
+    # The paper is named as a reader finds it, not by the file name of the text it was read from
+    assert '"' in p.source and not re.search(r"\d{3}_[0-9a-f]{16}\.txt", out)
     assert all(f"{e.key}:" in out for e in p.experiments)
     # Nothing of these papers' data is on a test machine: every dataset is reported missing with a way to get it.
     needs = rp.check(p, tmp_path / "none.zarr")
