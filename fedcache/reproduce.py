@@ -66,7 +66,7 @@ def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> N
     if _cached(store, e.store_dataset, backbone):
         return Need("weights", backbone, True, "features already in the store")
     if spec.weights == "user-checkpoint" and backbone not in weights:
-        return Need("weights", backbone, False, f"pass --weights {backbone}=PATH: {spec.weights_help}")
+        return Need("weights", backbone, False, f"needs a checkpoint: {spec.weights_help}")  # the help says how to pass it
     if spec.weights in ("packaged", "random") or backbone in weights:
         return Need("weights", backbone, True, "offline" if spec.weights != "random" else "random weights (timing only)")
     return Need("weights", backbone, True, f"downloaded on first use (needs a network): {spec.weights_help or spec.weights}")
