@@ -106,6 +106,8 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     write_outputs(spec.out / TEST, tested, grid_caption(base) + f"; {chosen}", beside=spec.select, axes=list(spec.sweep))
     caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}"
     caption += f"; {pruning_caption(spec, groups)})" if groups else ")"
+    # Each run_dir relative to --out, as a plain grid's results name them: the test runs are under test/.
+    tested = Table([{**row, "run_dir": f"{TEST}/{row['run_dir']}"} for row in tested])
     write_outputs(spec.out, tested, caption + ", then tested once", beside=spec.select, axes=list(spec.sweep))
     return tested
 

@@ -72,6 +72,11 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     assert cfg["spec"]["schedule"]["validation"] is True and "spare training rows" in cfg["partition"]["scored_on"]
     md = (out / "table.md").read_text()
     assert "chosen per method and setting on validation" in md and ", lr=" in md
+    # Every result names its run relative to --out, in the table returned and in results.csv
+    from fedcache.grids import load_results
+
+    for results in (table, load_results(out)):
+        assert all((out / r["run_dir"] / "summary.json").exists() for r in results)
     # The report draws the one partition both stages used once (bubbles and sizes), titled by both panels.
     from fedcache.reports import write_report
 
