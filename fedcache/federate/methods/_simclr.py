@@ -159,6 +159,9 @@ class SSLMethod(Method):
     """Unlabelled clients train the MLP encoder with SimCLR; evaluation is a linear probe of its representation."""
 
     Settings = SSLSettings
+    # Its own MLP encoder (hidden, out) scored by a linear probe: no head is read, so another --head would be
+    # recorded in config.json and never run.
+    heads = ("linear",)
     uses_views = True
     default_preset = "flesd"  # Adam 1e-3, weight decay 1e-6: FLESD's local optimiser (official code)
 

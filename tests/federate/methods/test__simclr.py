@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from fedcache.federate.methods._simclr import cross_view, nt_xent
@@ -59,3 +60,15 @@ def test_local_simclr_contrasts_two_different_views(monkeypatch):
     pairs = list(zip(seen[::2], seen[1::2]))
     assert all(len(a) == 1 and len(b) == 1 and a != b for a, b in pairs)
     assert set().union(*seen) == {0.0, 1.0, 2.0}  # consecutive pairs cycle through every view
+
+
+@pytest.mark.parametrize("name", ["flesd", "fedavg-ssl", "fedprox-ssl", "min-local"])
+def test_a_head_the_encoder_methods_do_not_read_is_refused(name):
+    """They train an encoder of their own: --head mlp was accepted, recorded in config.json and never run."""
+    from fedcache.errors import ConfigError
+    from fedcache.spec import RunSpec
+
+    with pytest.raises(ConfigError, match=f"{name} runs with the linear head only, not 'mlp'"):
+        RunSpec.of(store="s.zarr", dataset="d", backbones=["b"], method=name, head="mlp")
+    with pytest.raises(ConfigError, match="linear head only"):
+        RunSpec.of(store="s.zarr", dataset="d", backbones=["b"], method=name, settings=["head=mlp"])
