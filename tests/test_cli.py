@@ -36,6 +36,24 @@ def test_bad_option_value_exits_2(capsys, store_path):
     assert code == 2 and "backbones" in err
 
 
+def test_extract_takes_the_test_fraction_of_an_unsplit_image_folder(capsys, store_path, tmp_path):
+    """The imagefolder help names --test-fraction; the command had no such option."""
+    from PIL import Image
+
+    from fedcache.store.feature_store import FeatureStore
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(10):
+            Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    code, _, err = run(capsys, "extract", "-d", "imagefolder", "--path", str(tmp_path / "imgs"), "-b", "tiny-timm-random",
+                       "--store", str(store_path), "--workers", "0", "--test-fraction", "0.5")
+    assert code == 0, err
+    store = FeatureStore(store_path, create=False)
+    assert len(store.read("imagefolder", "test", "tiny-timm-random").labels) == 10
+    assert len(store.read("imagefolder", "train", "tiny-timm-random").labels) == 10
+
+
 def test_debug_env_shows_traceback(monkeypatch, store_path):
     monkeypatch.setenv("FEDCACHE_DEBUG", "1")
     from fedcache.errors import UnknownNameError

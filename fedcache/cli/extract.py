@@ -34,6 +34,7 @@ def extract(
     skip_bad_images: bool = typer.Option(False, help="Skip undecodable images (counted, listed next to the entry)."),
     wait: float = typer.Option(0.0, help="Seconds to wait for another writer of the same entry."),
     seed: int = typer.Option(0, help="Dataset seed (embedded datasets, seeded splits)."),
+    test_fraction: float = typer.Option(0.2, help="Share of each class a seeded split holds out for testing (imagefolder without train/ and test/)."),
     random_init: bool = typer.Option(False, help="Random weights (timing only; results are marked random)."),
     name: Optional[str] = typer.Option(None, help="Name of the dataset in the store (give each image folder its own)."),
     image_noise: Optional[str] = typer.Option(None, help="KIND,SCALE,P: encode (1-P)*x + noise (gaussian|laplace), FedPCL Table 15."),
@@ -47,7 +48,8 @@ def extract(
 
     cfg = ExtractConfig(
         dataset=dataset, backbones=_csv(backbones), store=store,
-        dataset_options=DatasetOptions(data_root=data_root, path=path, download=download, seed=seed),
+        dataset_options=DatasetOptions(data_root=data_root, path=path, download=download, seed=seed,
+                                       test_fraction=test_fraction),
         splits=tuple(_csv(splits)), domains=_csv(domains) if domains else None, device=device, precision=precision,
         image_size=image_size, views=views, view_recipe=view_recipe, view_seed=view_seed, dtype=dtype,
         batch_size=batch_size, workers=workers, weights=parse_weights(weights), part=Part.parse(part),
