@@ -67,6 +67,10 @@ class DataSpec(Checked):
         check_name(self.dataset, "--dataset (data.dataset)")
         for b in self.backbones:
             check_name(b, "--backbones (data.backbones)")
+        twice = sorted({b for b in self.backbones if self.backbones.count(b) > 1})
+        if twice:  # fused with itself, a backbone's features were concatenated twice: a doubled input, not a second view
+            raise ConfigError(f"--backbones (data.backbones): {', '.join(twice)} named more than once; name each backbone "
+                              "to fuse once")
 
 
 @dataclass(frozen=True)

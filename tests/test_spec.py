@@ -122,6 +122,12 @@ def test_numbers_are_checked_when_given_in_python_too():
         RunSpec.of(backbones="b", method="fedavg")
 
 
+def test_a_backbone_named_twice_is_refused():
+    """-b lite0,lite0 fused the same features with themselves: a run on a doubled input, said nowhere."""
+    with pytest.raises(ConfigError, match=r"--backbones \(data.backbones\): b named more than once"):
+        RunSpec.of(**{**TOY, "backbones": ["b", "c", "b"]})
+
+
 def test_option_names_and_qualified_keys_are_the_same_option():
     assert RunSpec.of(**TOY, **{"partition.alpha": "0.5"}) == RunSpec.of(**TOY, alpha=0.5)
     assert RunSpec.of(**TOY).replace(**{"schedule.rounds": 4}).schedule.rounds == 4
