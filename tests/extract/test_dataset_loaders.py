@@ -359,6 +359,13 @@ def test_no_data_root_is_a_config_error() -> None:
         DATASETS.get("mnist").load(DatasetOptions())
 
 
+def test_no_data_root_mentions_download_only_where_it_works() -> None:
+    with pytest.raises(ConfigError, match=r"--data-root DIR \(with --download to fetch it there\)"):
+        DATASETS.get("cifar10").load(DatasetOptions())
+    with pytest.raises(ConfigError, match=r"--data-root DIR$"):  # no downloader to offer
+        DATASETS.get("domainnet").load(DatasetOptions())
+
+
 # ---------------------------------------------------------------- format details
 
 

@@ -98,14 +98,15 @@ def register(row: StandardSet) -> None:
     )
 
 
-def require_data_root(name: str, options: DatasetOptions) -> Path:
+def require_data_root(row: StandardSet, options: DatasetOptions) -> Path:
     if options.data_root is None:
-        raise ConfigError(f"dataset {name!r} is read from a data folder: pass --data-root DIR")
+        fetch = " (with --download to fetch it there)" if row.download else ""
+        raise ConfigError(f"dataset {row.name!r} is read from a data folder: pass --data-root DIR{fetch}")
     return Path(options.data_root).expanduser()
 
 
 def load_standard(row: StandardSet, options: DatasetOptions) -> Dataset:
-    data_root = require_data_root(row.name, options)
+    data_root = require_data_root(row, options)
     try:
         loaded = _read(row, data_root, options)
     except MissingFiles as missing:
