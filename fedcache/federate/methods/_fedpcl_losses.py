@@ -23,10 +23,12 @@ def proto_sets(method, down: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if method.p.prototypes in ("both", "local"):
         have = down["local_count"][0] > 0
         reported = have.any(1)
+        # Only the clients that have reported are gathered, before anything else: this runs at every local step,
+        # and filling all N clients' sets (N x C x H) cost a step in proportion to the federation's size.
+        have = have[reported]
         # A client's missing classes are filled with the global prototype (official code).
-        filled = torch.where(have.unsqueeze(-1), down["local"][0], glob)
-        present = have | glob_mask
-        sets.append((filled[reported], present[reported]))
+        filled = torch.where(have.unsqueeze(-1), down["local"][0][reported], glob)
+        sets.append((filled, have | glob_mask))
     return sets
 
 
