@@ -74,6 +74,7 @@ class GridSpec:
         empty = [k for k, vs in self.sweep.items() if not vs]
         if empty:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
+        _check_once("--method", self.methods)  # a method given twice made each of its cells twice: counted twice
         _check_once("--seeds", [str(s) for s in self.seeds])
         for k, vs in self.sweep.items():
             _check_once(f"--set {k}", vs)

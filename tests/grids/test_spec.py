@@ -128,6 +128,12 @@ def test_a_value_given_twice_is_refused(tmp_path):
     grid(seeds=(0, 1), lr=["1e-3", "1e-2"], head=["linear", "mlp"])
 
 
+def test_a_method_given_twice_is_refused(tmp_path):
+    """-m fedavg,fedavg trained each cell twice and showed one seed's result as a mean (std 0.00) of two."""
+    with pytest.raises(ConfigError, match=r"--method=fedavg,fedprox,fedavg: 'fedavg' and 'fedavg' are one value"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "fedprox", "fedavg"], out=tmp_path)
+
+
 def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
     def grid(methods, **sweep):
         return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=methods, out=tmp_path, sweep=sweep)
