@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache import disk
-from fedcache.paths import writable_dir
+from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
@@ -23,6 +25,8 @@ from fedcache.wording import count
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
 PAPER, CONTRIBUTION = "paper.json", "contribution.json"
 MAX_PARTITIONS = 24  # one bubble chart per setting; past a few dozen a page is scrolled past, not read
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,7 +54,11 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     groups = group_runs(runs)
     layout = Layout.of(groups)
     groups = layout.ordered(groups)
-    sections = [Section("Results", _results_text(root, runs, groups, layout), table=summary_rows(groups, layout))]
+    unfinished = _unfinished(Path(root), runs)
+    if unfinished:
+        log.warning("%s", unfinished.replace("**", "").strip())
+    sections = [Section("Results", unfinished + _results_text(root, runs, groups, layout),
+                        table=summary_rows(groups, layout))]
     sections += _selection_sections(Path(root))
     sections += _paper_sections(Path(root))
     scored = [g for g in groups if g.runs]  # a group whose every seed diverged has nothing to draw
@@ -73,6 +81,31 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
             f"'# of Comm Params'); the best accuracy of each panel setting is in bold.{warn}")
+
+
+def _unfinished(root: Path, runs: list[Run]) -> str:
+    """A grid reported before every cell has a result (still running, or stopped): said first, since its table,
+    its bold best and its figures would otherwise pass for the whole grid's."""
+    expected = _grid_cells(root)
+    if expected is None or len(runs) >= expected:
+        return ""
+    return (f"**Unfinished grid: {len(runs)} of its {expected} cells have a result** (the grid is still running, or "
+            "stopped before the others: run the same `fedcache grid` command to finish it, then report again); "
+            "what follows shows these alone. ")
+
+
+def _grid_cells(root: Path) -> int | None:
+    """How many cells the grid at ``root`` has (a --select grid: its validation and test stages), from grid.json;
+    None where ``root`` is no grid's directory."""
+    try:
+        spec = json.loads((root / GRID).read_text())
+        sweep, select = dict(spec.get("sweep") or {}), set(spec.get("select") or [])
+        per_setting = len(spec["methods"]) * len(spec["seeds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    full = per_setting * math.prod(len(v) for v in sweep.values())
+    tested = per_setting * math.prod(len(v) for k, v in sweep.items() if k not in select)  # one chosen value each
+    return full + tested if select else full
 
 
 def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:

@@ -273,3 +273,25 @@ def test_a_finished_run_without_its_metrics_is_named_not_silently_left_out(toy_g
     with caplog.at_level(logging.WARNING):
         runs = find_runs(grid)
     assert len(runs) == 7 and f"{victim} is finished but has no metrics.jsonl" in caplog.text
+
+
+def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, caplog):
+    """A report made while a grid ran (or after it was stopped) showed the finished cells' table, with a best in
+    bold, as if they were the whole grid."""
+    import json
+    import logging
+
+    from fedcache.reports import _grid_cells, write_report
+
+    root = fake_grid(tmp_path / "grid", methods=("fedavg",), alphas=(0.1,), seeds=(0, 1), rounds=3)
+    spec = {"methods": ["fedavg"], "seeds": [0, 1], "sweep": {"alpha": ["0.1"], "lr": ["0.001", "0.01"]}, "select": []}
+    (root / "grid.json").write_text(json.dumps(spec))
+    assert "Unfinished" not in write_report(root).html.read_text()  # all 4 cells
+    (root / "cells" / "fedavg__alpha=0.1__lr=0.01__seed=1" / "summary.json").unlink()  # a cell still training
+    with caplog.at_level(logging.WARNING):
+        html = write_report(root).html.read_text()
+    assert "Unfinished grid: 3 of its 4 cells have a result" in html and "Unfinished grid: 3 of its 4" in caplog.text
+    # A --select grid: every candidate on validation, then the chosen value of each axis on test.
+    (root / "grid.json").write_text(json.dumps({**spec, "select": ["lr"]}))
+    assert _grid_cells(root) == 4 + 2
+    assert _grid_cells(tmp_path) is None  # no grid: a run, a folder of runs
