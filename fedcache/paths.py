@@ -14,6 +14,9 @@ from fedcache.errors import ConfigError
 
 
 GRID = "grid.json"  # what marks a grid's directory (fedcache/grids): a run is never written into one
+# A run's last finished round (fedcache/federate/rundir.py): here, without torch, for the command line's word after
+# an interrupt, which may come while torch is still half imported.
+CHECKPOINT = "checkpoint.pt"
 NAME_MAX = 255  # bytes of one file name on the usual file systems (ext4, xfs, btrfs, apfs, tmpfs)
 NAME_HINT = "give a name of letters, digits, '-', '_' and '.' (e.g. my-dataset)"
 

@@ -356,3 +356,15 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
     assert "mu" in capsys.readouterr().out
     assert main(["methods", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_an_interrupt_while_torch_imports_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM in a train's first seconds (torch still importing) reached the word after the interrupt,
+    which imported torch again: half imported, it raised a RuntimeError traceback and exit 1 instead of 130."""
+    import sys
+
+    from fedcache.cli.root import _how_to_go_on
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails, as a half-imported torch does
+    monkeypatch.delitem(sys.modules, "fedcache.federate.rundir", raising=False)
+    assert _how_to_go_on(["train", "--out", str(tmp_path / "run")]).startswith("no round had finished")

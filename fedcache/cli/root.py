@@ -157,7 +157,7 @@ def _how_to_go_on(argv: list[str]) -> str:
     out = _out_of(argv)
     if out is None:
         return "the run had no --out, so nothing of it was kept"
-    from fedcache.federate.rundir import CHECKPOINT  # torch is loaded by now: the run was training
+    from fedcache.paths import CHECKPOINT  # not rundir's import of torch: an interrupt may have cut torch's short
 
     if not (Path(out) / CHECKPOINT).exists():
         return f"no round had finished, so {out} holds no checkpoint; re-run the same command"

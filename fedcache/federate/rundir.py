@@ -28,10 +28,11 @@ import torch
 
 from fedcache import disk
 from fedcache.errors import ConfigError, DamagedCheckpointError
+from fedcache.paths import CHECKPOINT
 
 log = logging.getLogger(__name__)
 
-CONFIG, METRICS, CHECKPOINT, SUMMARY = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json"
+CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 ROUND_COPIES = "checkpoint-round*.pt"
 FORMAT = 2
 DIGEST = "sha256"  # the checkpoint's key holding the digest of everything else in it
