@@ -138,4 +138,4 @@ def test_every_preset_cell_resolves(name, experiment, tmp_path):
     e = experiment
     spec = grid_spec(store=tmp_path / "none.zarr", dataset=e.store_dataset, backbones=list(e.backbones),
                      methods=list(e.methods), sweep=dict(e.sweep), seeds=list(e.seeds), out=tmp_path / e.key)
-    grid_run._check_cells(spec, grid_run.cells(spec))
+    grid_run.check_cells(spec, grid_run.cells(spec))

@@ -34,7 +34,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py)."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
-    _check_cells(spec, todo_cells)
+    check_cells(spec, todo_cells)
     check_spec(spec)
     folder = write_features(spec)
     tables = read_features(folder)
@@ -119,7 +119,7 @@ def _differences(saved: dict, mine: dict, keys: list[str]) -> str:
                      for k in keys)
 
 
-def _check_cells(spec: GridSpec, todo: list[Cell]) -> None:
+def check_cells(spec: GridSpec, todo: list[Cell]) -> None:
     """Every cell's options (types, ranges) and settings, checked before anything is read or written:
     a bad value in the last cell must not surface after hours of the others. An unknown method name
     raises with the close matches and the full list."""

@@ -16,7 +16,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import write_json
 from fedcache.grids.halving import Group, run_halving
-from fedcache.grids.run import CellCallback, PlanCallback, check_spec, run_cells
+from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
 from fedcache.grids.spec import Cell, GridSpec, cells
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.table import Table
@@ -80,6 +80,7 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     candidate's validation score (and where it was cut)."""
     if "validation" in spec.sweep:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+    check_cells(spec, cells(spec))  # a typo in a setting is said as one, not as a grid that differs from out's
     check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
     base = dataclasses.replace(spec, select=[], prune="none")
     n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))

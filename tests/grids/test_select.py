@@ -144,3 +144,15 @@ def test_a_chosen_value_that_diverges_on_the_test_split_says_so_in_one_line(toy_
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], out=out,
              select=["lr"], sweep=SWEEP, engine="processes")
     assert json.loads((out / "selection.json").read_text())["choices"]
+
+
+def test_a_misspelt_setting_is_named_as_one_even_where_out_holds_another_grid(toy_store, tmp_path):
+    """Re-run into its --out with a typo (a hand-written grid file's few_shot as fewshot, say), a --select grid
+    said '... holds a different grid (it differs in ...)': the typo is the first thing wrong."""
+    from fedcache.api import grid
+
+    out = tmp_path / "g"
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], sweep=SWEEP, out=out, select=["lr"])
+    with pytest.raises(ConfigError, match=r"unknown --set key\(s\) lrr \(did you mean 'lr'\?\)"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"],
+             sweep={**SWEEP, "lrr": ["0.1", "0.2"]}, out=out, select=["lr"])
