@@ -27,12 +27,19 @@ def write_app(directory: Path | str, run: FlowerRun | None = None) -> Path:
         "tool": {"flwr": {"app": {
             "publisher": "fedcache",
             "components": {"serverapp": "fedcache.flower.server:app", "clientapp": "fedcache.flower.client:app"},
-            "config": _nested((run or FlowerRun()).to_config()),
+            "config": _nested(run.to_config() if run is not None else default_config()),
         }}},
     }
     path = directory / "pyproject.toml"
     path.write_text(tomli_w.dumps(project))
     return path
+
+
+def default_config() -> dict:
+    """The App's default run config: fedavg's, but with the optimizer preset and the head left empty (the
+    method's default), so that a run naming only another method (``--run-config 'method.name="fedpcl"'``)
+    gets that method's own preset and head, as ``fedcache train -m fedpcl`` does, not fedavg's."""
+    return {**FlowerRun().to_config(), "optim.preset": "", "head.name": ""}
 
 
 def _nested(flat: dict) -> dict:

@@ -95,3 +95,16 @@ def test_flwr_run_overrides_reach_the_apps_as_the_run(tmp_path):
     overrides = parse_config_args([argv[argv.index("--run-config") + 1]])
     assert FlowerRun.from_config(get_fused_config_from_dir(tmp_path / "app", overrides)) == run
     assert fuse_dicts(overrides, {}) == run.to_config()
+
+
+@pytest.mark.parametrize("method", ["fedpcl", "fedproto", "pfedme"])
+def test_the_apps_defaults_leave_a_named_method_its_own_preset_and_head(tmp_path, method):
+    """`flwr run APP CONN --run-config 'method.name="fedpcl"'` (deploy.md's example) on the App `fedcache
+    flower-app` writes: the App's defaults held fedavg's preset and head, which then overrode the method's own
+    (FedPCL and FedProto refused the linear head; pFedMe trained silently with the wrong optimizer)."""
+    from flwr.common.config import get_fused_config_from_dir, parse_config_args
+
+    assert main(["flower-app", str(tmp_path / "app")]) == 0
+    overrides = parse_config_args([f'method.name="{method}" schedule.rounds=3'])
+    run = FlowerRun.from_config(get_fused_config_from_dir(tmp_path / "app", overrides))
+    assert run == FlowerRun.of(method=method, rounds=3)
