@@ -80,9 +80,11 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
 
 
 def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
-    from fedcache.flower.sim import train_flower_sim_here
+    from fedcache.flower.sim import train_flower_sim
 
-    return train_flower_sim_here(spec), " (Flower simulation)"  # here: the command owns its process
+    # In a child process, as from Python: interrupted, Flower's simulation leaves threads behind that keep its
+    # process from exiting; the child ends itself, and this command says how to go on.
+    return train_flower_sim(spec), " (Flower simulation)"
 
 
 ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}  # the names of spec.EngineSpec.name

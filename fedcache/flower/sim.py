@@ -2,9 +2,9 @@
 simulation engine (Ray), one virtual SuperNode per client.
 
 Ray and Flower change the process they run in (a SIGTERM handler, ``sys.excepthook``, environment variables,
-``sys.path``, loggers, warnings filters), so the library's ``train_flower_sim`` runs the simulation in a child
-process (``python -m fedcache.flower.sim``) and leaves its caller's process as it was; ``fedcache train``, which
-owns its process, runs it there (``train_flower_sim_here``).
+``sys.path``, loggers, warnings filters), and once interrupted leave threads behind that keep the process from
+exiting, so ``train_flower_sim`` (the library's and ``fedcache train``'s) runs the simulation in a child process
+(``python -m fedcache.flower.sim``, ``train_flower_sim_here``) and leaves its caller's process as it was.
 
 Flower's public ``run_simulation`` gives the apps an empty run config; the run config reaches both
 apps here through a Flower App directory (``project.write_app``), as it does under ``flwr run``.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from fedcache.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
+INTERRUPTED = 130  # the shell's code for SIGINT, as `fedcache` exits when interrupted
 SIM_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",  # Flower reports usage events over the network by default
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # silences a Ray FutureWarning; no GPUs are used
@@ -64,14 +66,15 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
         request.write_text(json.dumps(ask))
+        # Its own session: Ctrl-C reaches the caller only, which interrupts the child once (a second SIGINT would
+        # break Flower's and Ray's shutdown half-way).
         child = subprocess.Popen([sys.executable, "-m", "fedcache.flower.sim", str(request), str(answer)],
-                                 env={**os.environ, **SIM_ENV})
+                                 env={**os.environ, **SIM_ENV}, start_new_session=True)
         try:
             code = child.wait()
         finally:
             if child.poll() is None:  # interrupted here: the simulation must not outlive its caller
-                child.terminate()
-                child.wait()
+                _interrupt(child)
         if not answer.exists():
             raise FedcacheError(f"the Flower simulation's process ended (exit code {code}) without a result; "
                                 "see the log above")
@@ -79,6 +82,18 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     if "error" in reply:
         raise rebuilt(reply["kind"], reply["error"])
     return reply["summary"]
+
+
+def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> None:
+    """Interrupt the simulation as Ctrl-C would (Flower and Ray shut down, the run keeps its last checkpoint) and
+    wait for it; killed if it has not ended after ``grace`` seconds. SIGTERM would meet Ray's handler, which aborts
+    the process in the middle of whatever it was doing."""
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def rebuilt(kind: str, message: str) -> FedcacheError:
@@ -164,20 +179,34 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
 
 
 def _child(request: Path, answer: Path) -> int:
-    on_orphaned(os.getppid(), _interrupt_then_end, every=0.2)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # its caller interrupts it so, even if it ignores Ctrl-C
+    on_orphaned(os.getppid(), lambda: _interrupt_then_end(request.parent), every=0.2)
     ask = json.loads(request.read_text())
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
     try:
         reply = {"summary": train_flower_sim_here(spec, ask["cpus"])}
     except FedcacheError as err:
         reply = {"error": str(err), "kind": type(err).__name__}
+    except KeyboardInterrupt:
+        _end_interrupted()
     answer.write_text(json.dumps(reply))
     return 0
 
 
-def _interrupt_then_end(grace: float = 30.0) -> None:
+def _end_interrupted() -> None:
+    """Interrupted, the simulation has shut down and its --out and temporary directory are let go; but Flower's
+    worker threads still wait for replies of Ray actors that are gone, and a normal exit joins them forever."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED)
+
+
+def _interrupt_then_end(call_dir: Path, grace: float = 30.0) -> None:
     """Its caller gone (killed outright), the simulation is interrupted as Ctrl-C would (Flower and Ray shut
-    down), and ended if that has not ended it after ``grace`` seconds."""
+    down), and ended if that has not ended it after ``grace`` seconds. The caller's temporary directory (the
+    request) is removed here: the caller, killed, cannot."""
+    shutil.rmtree(call_dir, ignore_errors=True)
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(grace)
     os._exit(1)

@@ -131,12 +131,62 @@ def test_the_simulation_ends_with_a_caller_killed_outright(flower_store, tmp_pat
             assert caller.poll() is None and time.monotonic() < deadline
             time.sleep(0.5)
         (child,) = _children(caller.pid)
+        call_dir = Path(Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[-2].decode()).parent
         os.kill(caller.pid, signal.SIGKILL)
         caller.wait()
         deadline = time.monotonic() + 60
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _alive(child)
+        # The killed caller's temporary directory (the request it gave its child) is removed by the child.
+        assert call_dir.name.startswith("fedcache-flower-call-") and not call_dir.exists()
     finally:
         for pid in [p for p in (caller.pid, child) if p and _alive(p)]:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _tree(pid: int) -> set[int]:
+    from tests.grids.test_pool import _children
+
+    kids = _children(pid)
+    return kids.union(*(_tree(k) for k in kids))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_cli_simulation_ends_and_says_how_to_go_on(flower_store, tmp_path, how):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM (to the command) mid-run: `fedcache train
+    --engine flower-sim` printed 'interrupted' and then hung forever (Flower's worker threads wait for Ray actors
+    that are gone, and a normal exit joins them), or was aborted by Ray's SIGTERM handler; it now ends with 130,
+    leaving no process and its checkpoint for --resume."""
+    import subprocess
+    import time
+
+    from tests.grids.test_pool import _alive
+
+    out = tmp_path / "sim"
+    cmd = [sys.executable, "-m", "fedcache.cli", "train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE,
+           "-m", "fedavg", "--clients", "3", "--rounds", "100000", "--eval-every", "1000", "--engine", "flower-sim",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    tree: set[int] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoint.pt").exists():  # rounds under way
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.5)
+        tree = _tree(proc.pid)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 130 and "re-run the command with --resume" in err
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in tree if _alive(p)]
+    finally:
+        for pid in [p for p in tree | {proc.pid} if _alive(p)]:
             os.kill(pid, signal.SIGKILL)
