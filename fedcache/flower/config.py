@@ -119,12 +119,15 @@ class FlowerRun:
 
 def build_method(run: FlowerRun, data: FederatedData) -> Method:
     """The method as ``fedcache train`` builds it (same preset, --set routing and head choice)."""
-    cls = METHODS.get(run.method.name)
-    reason = cls.not_deployable(run.method.params)
-    if reason:
-        raise ConfigError(f"{run.method.name} cannot run on Flower: {reason}; run it with the in-process engine "
-                          "(`fedcache train`)")
+    check_deployable(run.method)
     return instantiate(run, data)
+
+
+def check_deployable(method: MethodSpec) -> None:
+    reason = METHODS.get(method.name).not_deployable(method.params)
+    if reason:
+        raise ConfigError(f"{method.name} cannot run on Flower: {reason}; run it with the in-process engine "
+                          "(`fedcache train`)")
 
 
 # The server's own paths: run config key a submitter might try -> the environment variable that sets it.

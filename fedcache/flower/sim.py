@@ -27,7 +27,8 @@ from pathlib import Path
 from fedcache import errors
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.training import check_not_a_cell, owned, partition_request
-from fedcache.flower.config import FlowerRun, ServerPaths
+from fedcache.federate.rundir import RunDir
+from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
 from fedcache.ownership import on_orphaned
@@ -115,13 +116,13 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None) -> dict:
     # --out held while the simulation writes it (fedcache/ownership.py), as `train` holds it in-process.
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec):
         base = Path(e.out) if e.out else Path(tmp)
-        if not e.resume and (base / "config.json").exists():
-            raise FedcacheError(f"{base} already holds a run; pass --resume to continue it, or choose another --out")
         shards, shard = base / "shards", shard_spec(spec)
         if e.resume:
-            _check_shards(shards, shard)
+            if not (shards / SERVER).is_dir():
+                raise ConfigError(f"--resume: {shards} holds no shards; start the run without --resume")
+            _check_shards(shards, shard, "use the options of the interrupted run")
         else:
-            write_shards(shard, shards)
+            _fresh_start(base, shards, shard)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
         return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus,
                         resume=e.resume, keep_checkpoints=e.keep_checkpoints)
@@ -135,19 +136,38 @@ def _refuse_unsupported(spec: RunSpec) -> None:
         raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; drop them")
     if e.resume and e.out is None:
         raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
+    check_deployable(spec.method)  # before the shards are written and Ray is started, not after
 
 
-def _check_shards(shards: Path, want: ShardSpec) -> None:
-    """A resumed run trains on the shards it started with; they must be of the partition asked for."""
+def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
+    """A run from round 0 in ``base``, which holds no started run (``owned`` refused one), but may hold what an
+    attempt that never finished a round left: its config.json (and a round of rounds.jsonl), removed as in-process
+    ``train`` rewrites them; its shards, reused if of this partition. Shards are written under a temporary name and
+    renamed once complete, so an interrupted sharding leaves nothing that passes for shards."""
+    from fedcache.flower.server import ROUNDS  # flwr: imported once the simulation is under way
+
+    RunDir(base).clear()
+    (base / ROUNDS).unlink(missing_ok=True)
+    if shards.exists():
+        _check_shards(shards, want, f"remove {shards} or choose another --out")
+        return
+    partial = shards.with_name(shards.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # an interrupted sharding's
+    write_shards(want, partial)
+    partial.rename(shards)
+
+
+def _check_shards(shards: Path, want: ShardSpec, advice: str) -> None:
+    """A run trains on the shards it started with; they must be of the partition asked for."""
     if not (shards / SERVER).is_dir():
-        raise ConfigError(f"--resume: {shards} holds no shards; start the run without --resume")
+        raise ConfigError(f"{shards} holds no complete shards; {advice}")
     _, info = open_shard(shards / SERVER)
     asked = {"dataset": want.dataset, "backbones": list(want.backbones), "request": want.request.to_dict()}
     had = {"dataset": info.dataset, "backbones": list(info.backbones), "request": info.request}
     if json.loads(json.dumps(had)) != json.loads(json.dumps(asked)):
         differ = [k for k in asked if json.loads(json.dumps(had[k])) != json.loads(json.dumps(asked[k]))]
-        raise ConfigError(f"--resume: the shards in {shards} were made with other data or partition options "
-                          f"({', '.join(differ)}); use the options of the interrupted run")
+        raise ConfigError(f"the shards in {shards} were made with other data or partition options "
+                          f"({', '.join(differ)}); {advice}")
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,

@@ -190,3 +190,40 @@ def test_an_interrupted_cli_simulation_ends_and_says_how_to_go_on(flower_store, 
     finally:
         for pid in [p for p in tree | {proc.pid} if _alive(p)]:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_method_flower_cannot_run_is_refused_before_any_work(flower_store, tmp_path):
+    """Refused only by the ServerApp, after the shards were written into --out and Ray started (half a minute):
+    the same --out was then refused both without --resume ('shards is not empty') and with it ('no config.json')."""
+    out = tmp_path / "sim"
+    with pytest.raises(ConfigError, match="centralized cannot run on Flower"):
+        train_flower_sim(toy_config(flower_store, "centralized", out=out))
+    assert not out.exists()
+
+
+def test_a_run_that_never_finished_a_round_starts_again(flower_store, tmp_path, monkeypatch):
+    """What an attempt that finished no round left in --out (its shards, config.json, a round of rounds.jsonl, or a
+    sharding cut short) no longer blocks the same command; shards of another partition are said, not used."""
+    import shutil
+
+    from fedcache.flower import sim
+    from fedcache.flower.shard import write_shards
+
+    for k, v in sim.SIM_ENV.items():
+        monkeypatch.setenv(k, v)
+    seen = []
+    monkeypatch.setattr(sim, "simulate", lambda run, paths, *a, **kw: seen.append(paths) or {"trained": True})
+    out = tmp_path / "sim"
+    spec = toy_config(flower_store, out=out)
+    write_shards(sim.shard_spec(spec), out / "shards")
+    (out / "config.json").write_text("{}")
+    (out / "rounds.jsonl").write_text('{"round": 1}\n')
+    assert sim.train_flower_sim_here(spec) == {"trained": True}
+    assert seen[-1].server_shard == out / "shards" / "server"
+    assert not (out / "config.json").exists() and not (out / "rounds.jsonl").exists()
+    with pytest.raises(ConfigError, match=r"other data or partition options \(request\); remove .* or choose another --out"):
+        sim.train_flower_sim_here(toy_config(flower_store, alpha=0.5, out=out))
+    shutil.rmtree(out / "shards")
+    (out / "shards.partial" / "client-000").mkdir(parents=True)  # a sharding interrupted
+    assert sim.train_flower_sim_here(spec) == {"trained": True}
+    assert (out / "shards" / "server").is_dir() and not (out / "shards.partial").exists()
