@@ -30,13 +30,12 @@ from fedcache.federate.partitions import (Partition, PartitionRequest, find_part
                                           save_partition, table_keys)
 from fedcache.federate.text import attach_text
 from fedcache.paths import writable_dir
-from fedcache.store.feature_store import TEXT, FeatureStore, FeatureTable
+from fedcache.store.feature_store import SHARD_ATTR, TEXT, FeatureStore, FeatureTable
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import open_writer
 
 log = logging.getLogger(__name__)
 
-SHARD_ATTR = "fedcache_shard"
 SERVER = "server"
 # Attributes of a source entry that describe its rows, not its origin: recomputed for the shard.
 _ROW_ATTRS = {"key", "n_rows", "dim", "chunk_rows", "batch_size", "created_at", "complete", "completed_at",

@@ -42,6 +42,7 @@ ENTRY_FORMAT = STORE_FORMAT  # what new entries are written in
 FORMAT_ATTR = "format"  # an entry's format; absent: 1
 ENTRIES = "entries"
 TEXT = "text"
+SHARD_ATTR = "fedcache_shard"  # a root attribute: this store is one client's (or the server's) shard, `fedcache shard`
 SLOT_FIELDS = ("dataset", "split", "domain", "backbone", "view")
 
 

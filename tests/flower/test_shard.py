@@ -74,3 +74,18 @@ def test_shard_errors_say_what_to_do(sharded, tmp_path):
         load_server(client_dir(out, 0))
     with pytest.raises(ConfigError, match="no shard at"):
         load_client(tmp_path / "nowhere")
+
+
+def test_a_shard_given_as_the_store_is_refused_and_left_as_it_was(flower_store, tmp_path, capsys):
+    """`train`, `partition` or `shard` with --store a client's shard saved a second partition record into it;
+    that client's Flower node then failed every round ('should hold exactly one partition record, found 2')
+    and a deployment with min_clients below N went on without it."""
+    out = tmp_path / "shards"
+    write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
+    mine = str(client_dir(out, 0))
+    other = ["-d", "test-toy", "-b", BACKBONE, "--partition", "iid", "--clients", "1"]  # the shard holds few rows
+    assert main(["train", "--store", mine, *other, "-m", "fedavg", "--rounds", "1"]) == 1
+    assert main(["shard", "--store", mine, *other, "--out", str(tmp_path / "again")]) == 1
+    assert "is client 0's shard" in capsys.readouterr().err
+    data, info = load_client(mine)  # still the client's shard
+    assert info.client == 0 and len(data.client_train[0]) == info.client_train_sizes[0]

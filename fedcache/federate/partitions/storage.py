@@ -24,7 +24,7 @@ import zarr
 from fedcache import disk
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.federate.partitions.core import Partition, PartitionRequest, partition_id
-from fedcache.store.feature_store import FeatureStore, FeatureTable, now_iso
+from fedcache.store.feature_store import SHARD_ATTR, FeatureStore, FeatureTable, now_iso
 from fedcache.store.keys import canonical_json
 
 log = logging.getLogger(__name__)
@@ -111,10 +111,21 @@ def _save(store: FeatureStore, dataset: str, partition: Partition, pid: str, dat
         return pid
     if pid in parent:
         del parent[pid]  # left incomplete by an interrupted save
+    _refuse_a_second_in_a_shard(store, parent)
     disk.check_space(folder, need, what)
     with disk.on_full_disk(folder, what, need, remove=[folder]):  # half written, it would only be made again
         _write(parent.create_group(pid), partition, data_hash, dataset, train_keys, test_keys)
     return pid
+
+
+def _refuse_a_second_in_a_shard(store: FeatureStore, parent: zarr.Group) -> None:
+    """A client's shard holds its one partition record, which its Flower client reads: a second (``train``,
+    ``partition`` or ``shard`` given the shard as --store) left that client failing every round."""
+    shard = store.root.attrs.get(SHARD_ATTR)
+    if shard is not None and len(list(parent.group_keys())):
+        who = f"client {shard['client']}'s" if shard.get("client", -1) >= 0 else "the server's"
+        raise StoreError(f"{store.path} is {who} shard (written by `fedcache shard` for a Flower client), not a feature "
+                         "store to partition: give --store the feature store the shards were made from")
 
 
 def _write(g: zarr.Group, partition: Partition, data_hash: str, dataset: str, train_keys, test_keys) -> None:
