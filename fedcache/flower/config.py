@@ -8,9 +8,10 @@ train`` under the same fields; the shards already hold the data and the partitio
 what only a deployment has. Values are plain strings, numbers and booleans: nothing but config
 crosses the network with them.
 
-Whoever can reach the SuperLink's port can submit a run config, so it names no server-side path:
+Whoever can reach the SuperLink's port can submit a run config, so it names none of the server's own paths:
 where the server reads its shard and writes its results is the SuperLink operator's setting
-(``ServerPaths``, from the SuperLink's environment).
+(``ServerPaths``, from the SuperLink's environment). Two method settings name files every machine opens
+(promptfl's ``weights``, loaded with ``weights_only=True``; tpfl's ``data_root``): read, never executed.
 """
 from __future__ import annotations
 
