@@ -14,6 +14,7 @@ run id whose directory under it a run continues.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -37,6 +38,7 @@ from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, ac
                                      claimed_client, expected_reply)
 from fedcache.flower.shard import ShardInfo, load_server
 from fedcache.heads import Params
+from fedcache.ownership import hold
 
 log = logging.getLogger(__name__)
 
@@ -271,16 +273,26 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         if resume:
             raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
         log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
-    data, info = load_server(paths.server_shard)
-    method = build_method(run, data)
-    if paths.out is not None:
-        _record_config(paths.out, run, info, method, resume)
-    out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
-    (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
-    if paths.out is not None:
-        # The final server state, for comparing engines: tensors only (read back with weights_only=True).
-        torch.save(result.server, paths.out / SERVER_STATE)
-    return result.summary
+    with _owned(paths.out):
+        data, info = load_server(paths.server_shard)
+        method = build_method(run, data)
+        if paths.out is not None:
+            _record_config(paths.out, run, info, method, resume)
+        out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
+        (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
+        if paths.out is not None:
+            # The final server state, for comparing engines: tensors only (read back with weights_only=True).
+            torch.save(result.server, paths.out / SERVER_STATE)
+        return result.summary
+
+
+def _owned(out: Path | None):
+    """The run's directory held while this ServerApp writes it: a ServerApp left running by a stopped SuperLink
+    and a resumed run of the same id (deploy.resume_run) would otherwise both write it."""
+    if out is None:
+        return contextlib.nullcontext()
+    return hold(out, f"the Flower run directory {out}", advice="start the resumed run once the other ServerApp "
+                "of this run has ended (a stopped SuperLink may leave its flwr-serverapp process running)")
 
 
 def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, resume: bool) -> None:

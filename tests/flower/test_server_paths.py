@@ -57,3 +57,27 @@ def test_the_serverapp_writes_where_the_operator_says(flower_store, tmp_path, mo
     with pytest.raises(server.TooFewClientsError, match="only 0 of 3 clients"):
         server.main(NoNodes(), _context({"deploy.connect_timeout": 0.01}))
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run-7"]
+
+
+def test_a_second_serverapp_of_one_run_is_refused_while_the_first_writes(flower_store, tmp_path, monkeypatch):
+    """A ServerApp left running by a stopped SuperLink and a resumed run of its id (deploy.resume_run) both wrote
+    run-<id>/: the run directory is held while a ServerApp writes it."""
+    import subprocess
+    import sys
+
+    from fedcache.errors import DirectoryBusyError
+
+    write_shards(shard_spec(toy_config(flower_store)), tmp_path / "shards")
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(tmp_path / "shards" / SERVER))
+    first = subprocess.Popen([sys.executable, "-c", "import sys, time; from fedcache.ownership import hold\n"
+                              "with hold(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(60)",
+                              str(tmp_path / "runs" / "run-7")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        with pytest.raises(DirectoryBusyError, match=r"run-7 is in use by another fedcache command.*other ServerApp"):
+            server.main(NoNodes(), _context({"deploy.connect_timeout": 0.01}))
+    finally:
+        first.kill()
+        first.wait()
+    assert not (tmp_path / "runs" / "run-7" / "config.json").exists()
