@@ -85,7 +85,10 @@ class Roster:
         joined = []
         for reply in replies:
             node = reply.metadata.src_node_id
-            if node not in asked or node in self.node_of.values() or reply.has_error():
+            if node not in asked or node in self.node_of.values():
+                continue
+            if reply.has_error():  # said here: else the operator sees only "missing clients" after connect_timeout
+                self._refuse(node, f"its ClientApp failed: {reply.error.reason}")
                 continue
             try:
                 k = claimed_client(reply.content, self.n, self.partition_id)
@@ -137,10 +140,11 @@ def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:
     if missing:
         log.warning("clients %s did not connect within %.0fs", missing, run.deploy.connect_timeout)
     if len(roster.node_of) < min(run.deploy.min_clients, n):
+        refused = "".join(f"; node {r['node']} refused: {r['reason']}" for r in roster.refused)
         raise TooFewClientsError(
             f"only {len(roster.node_of)} of {n} clients connected within deploy.connect_timeout={run.deploy.connect_timeout:g}s "
             f"(deploy.min_clients={run.deploy.min_clients}); missing clients {missing}: start one SuperNode per client with "
-            "--node-config \"shard='<shards>/client-NNN'\""
+            f"--node-config \"shard='<shards>/client-NNN'\"{refused}"
         )
 
 

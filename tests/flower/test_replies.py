@@ -33,14 +33,14 @@ class Reply:
 
     node: int
     content: RecordDict
-    error: bool = False
+    error: SimpleNamespace | None = None  # as Flower's Error: code, reason
 
     @property
     def metadata(self):
         return SimpleNamespace(src_node_id=self.node)
 
     def has_error(self) -> bool:
-        return self.error
+        return self.error is not None
 
 
 def _methods(name: str = "fedavg"):
@@ -264,6 +264,16 @@ def test_a_node_cannot_take_over_a_connected_client_or_name_one_that_does_not_ex
     assert {3, 4, 5, 6, 7, 8, 9} <= roster.dead  # never asked again ...
     roster.drop(0)  # ... except node 3, once client 0's node stops answering: it may be its restarted SuperNode
     assert 3 not in roster.dead and {4, 5, 6, 7, 8, 9} <= roster.dead
+
+
+def test_a_node_whose_clientapp_failed_is_refused_with_its_reason():
+    """A SuperNode given a bad shard path answers with an error: dropped without a word, the operator saw only
+    'missing clients [k]' after connect_timeout, the cause in the SuperNode's own log."""
+    roster = Roster(2, "p1")
+    failed = Reply(5, RecordDict(), SimpleNamespace(code=1, reason="shard /nonexistent does not exist"))
+    assert roster.admit([_claim(1, 0), failed], [1, 5], {1, 5}) == [0]
+    assert roster.refused == [{"node": 5, "reason": "its ClientApp failed: shard /nonexistent does not exist"}]
+    assert 5 in roster.dead
 
 
 def test_a_restarted_node_takes_its_client_back_once_the_old_node_is_gone():
