@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedcache.cli import main
-from fedcache.errors import ConfigError, EntryNotFoundError
+from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.training import TrainConfig, train
 from tests.conftest import BACKBONE
@@ -249,3 +249,26 @@ def test_an_unknown_tracker_is_refused_before_work(toy_store, tmp_path, capsys):
     assert main(train_args(toy_store, tmp_path / "r", "--track", "tensorbord")) == 2
     err = capsys.readouterr().err
     assert "unknown tracker" in err and "tensorboard" in err and not (tmp_path / "r").exists()
+
+
+def test_train_and_test_features_of_different_preprocessing_are_refused(tmp_path):
+    # The test split extracted again at another size: each split is consistent on its own, but a model trained
+    # on one encoder's features and scored on the other's gave a silently wrong accuracy.
+    path = tmp_path / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0))
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0, splits=("test",),
+                          image_size=16))
+    with pytest.raises(StoreError, match="different weights or preprocessing.*--splits train,test"):
+        train(cfg(path))
+    # Extracting the training split the same way makes the two agree again.
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0, splits=("train",),
+                          image_size=16))
+    assert train(cfg(path)).summary["rounds"] == 3
+
+
+def test_noisy_training_features_with_clean_test_features_train(tmp_path):
+    # Image noise is train-only by design (FedPCL Table 15): not a difference in preprocessing.
+    path = tmp_path / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0,
+                          image_noise=("gaussian", 0.1, 0.5)))
+    assert train(cfg(path, dataset="test-toy-noise-gaussian-0.1-0.5")).summary["rounds"] == 3

@@ -11,6 +11,7 @@ import torch
 from fedcache.errors import EntryNotFoundError, StoreError
 from fedcache.federate.partitions.core import compact_rows
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
+from fedcache.store.keys import canonical_json
 
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
 
@@ -138,6 +139,30 @@ def check_same_source(train: FeatureTable, test: FeatureTable) -> None:
         if len(t) and (t.labels.min() < 0 or t.labels.max() >= len(t.class_names)):
             raise StoreError(f"the {split} labels run from {t.labels.min()} to {t.labels.max()} but the dataset names "
                              f"{len(t.class_names)} classes ({where}); {fix}")
+
+
+def check_same_encoder(store: FeatureStore, train: FeatureTable, test: FeatureTable) -> None:
+    """Train and test features of each backbone must come out of the same weights and preprocessing. Each split's
+    domains are checked when read, the two splits never were: `extract --splits test --image-size 32` after a
+    64-pixel extraction trained on one encoder's features and scored on another's (74% fell to 25%, silently).
+    Imported entries are left alone (a file per split is how they come); image noise is train-only by design."""
+    def made_by(table: FeatureTable) -> dict[str, set]:
+        out: dict[str, set] = {}
+        for eid in table.entry_ids:
+            k = store.info(eid).key
+            pre = {n: v for n, v in (k.get("preprocess") or {}).items() if n != "noise"}
+            if not pre.get("imported"):
+                out.setdefault(k["backbone"], set()).add((k["weights_hash"], canonical_json(pre)))
+        return out
+
+    train_by, test_by = made_by(train), made_by(test)
+    differ = [b for b in train_by if b in test_by and train_by[b] != test_by[b]]
+    if differ:
+        raise StoreError(
+            f"the training and test features of {', '.join(differ)} were extracted with different weights or "
+            f"preprocessing (entries {', '.join(train.entry_ids[:2])} (train) and {', '.join(test.entry_ids[:2])} "
+            "(test)); re-run the extraction of both splits with the same --weights and --image-size "
+            "(`fedcache extract ... --splits train,test`)")
 
 
 @dataclass

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
-from fedcache.federate.data import FederatedData, check_labels, keys_as_first, load_fused, load_views, row_positions, sample_keys
+from fedcache.federate.data import FederatedData, check_labels, check_same_encoder, keys_as_first, load_fused, load_views, row_positions, sample_keys
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.federate.text import attach_text
@@ -87,6 +87,8 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
     tables = {s: _tables(store, spec, s) for s in ("train", "test")}
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
+    for b in spec.backbones:  # clients would train on one encoder's features and be scored on another's
+        check_same_encoder(store, tables["train"][b], tables["test"][b])
     keys = (table_keys(train_t), table_keys(test_t))
     partition = find_partition(store, spec.dataset, spec.request, *keys)
     if partition is None:
