@@ -14,22 +14,24 @@ entry memory-maps; format-1 entries (zstd, written before) are read through Zarr
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
-                             StoreError)
+from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryLockedError, EntryNotFoundError,
+                             IncompleteEntryError, StoreError)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
+from fedcache.ownership import read_holder
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.reading import EntryReader, fill
 
@@ -566,8 +568,26 @@ class FeatureStore:
     # ---- removal ---------------------------------------------------------------
     def remove(self, entry_id: str) -> EntryInfo:
         info = self.info(entry_id)
-        self.discard(info.entry_id)
+        with self._no_writer(info):
+            self.discard(info.entry_id)
         return info
+
+    @contextlib.contextmanager
+    def _no_writer(self, info: EntryInfo) -> Iterator[None]:
+        """Hold the locks an extraction or import of the entry takes: removed under a running writer, the entry came
+        back as files without metadata, which stopped every read of the store as a damaged entry of unknown slot."""
+        locks = [self.locks_dir / f"{info.entry_id}.create.lock", *sorted(self.locks_dir.glob(f"{info.entry_id}.part*.lock"))]
+        with contextlib.ExitStack() as held:
+            for path in locks:
+                try:
+                    held.enter_context(exclusive_lock(path, f"entry {info.entry_id} ({info.label()})"))
+                except EntryLockedError:
+                    holder = read_holder(path)
+                    raise EntryLockedError(
+                        f"entry {info.entry_id} ({info.label()}) is being written by "
+                        f"{holder.describe() if holder else 'another process'}; let it finish (or stop it), then remove "
+                        "the entry") from None
+            yield
 
     def discard(self, entry_id: str, kind: str = ENTRIES) -> None:
         shutil.rmtree(self.path / kind / entry_id)
