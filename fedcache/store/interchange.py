@@ -11,16 +11,19 @@ features at most once (memory-mapped where the file allows) and writes them chun
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DiskFullError
+from fedcache.errors import ConfigError, DiskFullError, EntryLockedError
+from fedcache.ownership import read_holder
 from fedcache.paths import check_name
 from fedcache.store.feature_store import ENTRIES, FeatureStore, FeatureTable
 from fedcache.store.importing import Checked, Split, read_checked
@@ -117,17 +120,36 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     ids, made = [], []
     try:
         store = store if isinstance(store, FeatureStore) else FeatureStore(store)
-        for split_name, s in checked.splits.items():
-            for d, domain in enumerate(checked.domain_names):
-                key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain, backbone=backbone,
-                               weights_hash=f"imported:{digest}", preprocess={"imported": True}, dtype="float32")
-                made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
-                ids.append(_import_domain(store, key, s, d, checked))
+        with _one_import(store, dataset, backbone):
+            for split_name, s in checked.splits.items():
+                for d, domain in enumerate(checked.domain_names):
+                    key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain,
+                                   backbone=backbone, weights_hash=f"imported:{digest}", preprocess={"imported": True},
+                                   dtype="float32")
+                    made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
+                    ids.append(_import_domain(store, key, s, d, checked))
     except DiskFullError:
         # An import is all or nothing (a bad file writes nothing either): what it wrote goes, and the space with it.
         disk.discard([where] if new_store else [where / ENTRIES / eid for eid in made])
         raise disk.full_error(where, what, need, advice) from None
     return ids
+
+
+@contextlib.contextmanager
+def _one_import(store: FeatureStore, dataset: str, backbone: str) -> Iterator[None]:
+    """One import at a time under a (dataset, backbone): two at once interleaved their entries, each slot went to
+    whichever finished it last, and every run refused the mix of the two files that both imports said they wrote."""
+    name = f"import.{dataset}.{backbone}"
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(store.lock(name, "", wait=0))
+    except EntryLockedError:
+        holder = read_holder(store.locks_dir / f"{name}.lock")
+        raise EntryLockedError(
+            f"another import as dataset {dataset!r}, backbone {backbone!r} into {store.path} is running: "
+            f"{holder.describe() if holder else 'another process'}; let it finish, then import again") from None
+    with held:
+        yield
 
 
 def file_digest(path: Path) -> str:

@@ -98,3 +98,20 @@ def test_npz_names_may_be_an_array_of_strings(store_path, tmp_path):
     import_file(store, path, "mine", "enc")
     table = store.read("mine", "train", "enc")
     assert table.domain_names == ("a", "b", "c") and table.class_names == ("cat", "dog")
+
+
+def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_nothing(store_path, tmp_path):
+    # Two imports of one (dataset, backbone) at once interleaved their entries: each slot went to whichever
+    # finished it last, both said they had imported, and every run refused the mix of the two files.
+    from fedcache.errors import EntryLockedError
+    from fedcache.store.locks import exclusive_lock
+
+    path = tmp_path / "mine.npz"
+    np.savez(path, train__features=np.ones((4, 3), np.float32), train__labels=np.arange(4) % 2)
+    store = FeatureStore(store_path)
+    with exclusive_lock(store.locks_dir / "import.mine.enc.lock", "an import"):
+        with pytest.raises(EntryLockedError, match="another import as dataset 'mine', backbone 'enc' .* is running: pid"):
+            import_file(store, path, "mine", "enc")
+        assert store.entry_ids() == []
+        assert import_file(store, path, "mine", "other-enc")  # other names are not held up
+    assert import_file(store, path, "mine", "enc")
