@@ -167,21 +167,26 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
         emit(ProgressEvent("info", "", message=f"{bb.spec.name}: stored {set_name} text embeddings ({len(templates)} templates)"))
 
 
-def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: LoadedBackbone, split: str, domain: str, view: ViewSpec) -> EntryKey:
+def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: LoadedBackbone, split: str, domain: str, view: ViewSpec,
+              autocast: torch.dtype | None = None) -> EntryKey:
+    """``autocast``: the reduced precision of the forward pass (None: float32)."""
     pre = Preprocess.for_backbone(bb.spec, image_size(cfg, dataset, bb.spec), _backend(samples, view))
     if cfg.image_noise and split == "train":  # the paper (and its code) noises the images it trains on, not the test images
         kind, scale, p = cfg.image_noise
         pre = dataclasses.replace(pre, noise=kind, noise_scale=float(scale), noise_perturb=float(p), noise_seed=cfg.view_seed)
+    preprocess = pre.to_dict()
+    if autocast is not None:  # bf16/fp16 features differ from float32 ones; float32 keys stay as they were
+        preprocess["forward"] = str(autocast).removeprefix("torch.")
     return EntryKey(
         dataset=dataset.name, dataset_fingerprint=samples.fingerprint(), split=split, domain=domain,
-        backbone=bb.spec.name, weights_hash=bb.weights_hash, preprocess=pre.to_dict(),
+        backbone=bb.spec.name, weights_hash=bb.weights_hash, preprocess=preprocess,
         view=view.index, augmentation=view.key(), dtype=cfg.dtype,
     )
 
 
 def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> EntryReport:
     samples = dataset.samples(split, domain)
-    key = entry_key(cfg, dataset, samples, bb, split, domain, view)
+    key = entry_key(cfg, dataset, samples, bb, split, domain, view, plan.autocast_dtype)
     attrs = {"classes": list(dataset.classes), "domains": list(dataset.domains),
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source}
     t0 = time.perf_counter()

@@ -266,3 +266,15 @@ def test_another_image_size_for_a_fixed_size_backbone_is_refused_before_any_work
     with pytest.raises(ConfigError, match="tiny-clip-random takes 32x32 images only .* drop --image-size"):
         extract(cfg(store_path, backbones=["tiny-clip-random"], image_size=64))
     assert not FeatureStore(store_path).entries()
+
+
+def test_reduced_precision_features_have_their_own_entry(store_path):
+    # The precision was not in the key: features extracted in bf16 (the default on a GPU) were what a later
+    # `--precision fp32` extraction found "already complete", and an interrupted GPU run resumed on a CPU mixed
+    # bf16 and float32 chunks in one entry.
+    one = dict(splits=("test",), domains=["light"], device="cpu")
+    extract(cfg(store_path, precision="bf16", **one))
+    assert {r.status for r in extract(cfg(store_path, precision="fp32", **one))} == {"extracted"}
+    store = FeatureStore(store_path)
+    assert sorted(e.key["preprocess"].get("forward", "float32") for e in store.entries()) == ["bfloat16", "float32"]
+    assert {r.status for r in extract(cfg(store_path, **one))} == {"already complete"}  # fp32 on the CPU: as before
