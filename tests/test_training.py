@@ -272,3 +272,36 @@ def test_noisy_training_features_with_clean_test_features_train(tmp_path):
     extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0,
                           image_noise=("gaussian", 0.1, 0.5)))
     assert train(cfg(path, dataset="test-toy-noise-gaussian-0.1-0.5")).summary["rounds"] == 3
+
+
+def test_an_import_stopped_between_its_splits_is_not_trained_on(tmp_path, monkeypatch):
+    # Importing file B over file A, stopped after B's training split: runs trained on B's features and were
+    # scored on A's. A file of one split replacing that split on purpose still trains.
+    from fedcache.store import interchange
+
+    rng = np.random.default_rng(0)
+    path, files = tmp_path / "store.zarr", {}
+    for name in ("a", "b", "b-train"):
+        labels = np.arange(30) % 2
+        x = rng.normal(size=(30, 4)).astype(np.float32) + labels[:, None]
+        files[name] = tmp_path / f"{name}.npz"
+        halves = {"train__features": x[:20], "train__labels": labels[:20], "test__features": x[20:], "test__labels": labels[20:]}
+        np.savez(files[name], **{k: v for k, v in halves.items() if name != "b-train" or k.startswith("train")})
+    run = lambda: train(TrainConfig(store=path, dataset="mine", backbones=["enc"], method="fedavg",  # noqa: E731
+                                    partition="iid", clients=2, rounds=1))
+    interchange.import_file(path, files["a"], "mine", "enc")
+    interchange.import_file(path, files["b-train"], "mine", "enc")  # on purpose: trains
+    assert run().summary["rounds"] == 1
+    interchange.import_file(path, files["a"], "mine", "enc")
+    write = interchange._import_domain
+
+    def stop_at_the_test_split(store, key, *a):
+        if key.split == "test":
+            raise KeyboardInterrupt
+        return write(store, key, *a)
+
+    monkeypatch.setattr(interchange, "_import_domain", stop_at_the_test_split)
+    with pytest.raises(KeyboardInterrupt):
+        interchange.import_file(path, files["b"], "mine", "enc")
+    with pytest.raises(StoreError, match="different imported files.*import the one you mean again"):
+        run()

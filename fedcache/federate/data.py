@@ -145,24 +145,37 @@ def check_same_encoder(store: FeatureStore, train: FeatureTable, test: FeatureTa
     """Train and test features of each backbone must come out of the same weights and preprocessing. Each split's
     domains are checked when read, the two splits never were: `extract --splits test --image-size 32` after a
     64-pixel extraction trained on one encoder's features and scored on another's (74% fell to 25%, silently).
-    Imported entries are left alone (a file per split is how they come); image noise is train-only by design."""
-    def made_by(table: FeatureTable) -> dict[str, set]:
-        out: dict[str, set] = {}
-        for eid in table.entry_ids:
-            k = store.info(eid).key
-            pre = {n: v for n, v in (k.get("preprocess") or {}).items() if n != "noise"}
-            if not pre.get("imported"):
-                out.setdefault(k["backbone"], set()).add((k["weights_hash"], canonical_json(pre)))
-        return out
-
-    train_by, test_by = made_by(train), made_by(test)
-    differ = [b for b in train_by if b in test_by and train_by[b] != test_by[b]]
-    if differ:
+    Imported features are compared when each came from a file of both splits (an import stopped between them
+    left one file's training rows beside another's test rows); a file of one split may replace that split on
+    purpose. Image noise is train-only."""
+    infos = {split: [store.info(e) for e in t.entry_ids] for split, t in (("train", train), ("test", test))}
+    for backbone in dict.fromkeys(i.key["backbone"] for i in infos["train"]):
+        mine = {split: [i for i in found if i.key["backbone"] == backbone] for split, found in infos.items()}
+        both = mine["train"] + mine["test"]
+        if not mine["test"] or not _differ(mine["train"], mine["test"]):
+            continue
+        if any(_imported(i) for i in both):
+            if all({"train", "test"} <= set(i.attrs.get("file_splits", ())) for i in both):
+                raise StoreError(f"the training and test features of {backbone} come from different imported files "
+                                 f"(entries {mine['train'][0].entry_id} (train) and {mine['test'][0].entry_id} (test)), "
+                                 "though each file held both splits; import the one you mean again, whole")
+            continue
         raise StoreError(
-            f"the training and test features of {', '.join(differ)} were extracted with different weights or "
-            f"preprocessing (entries {', '.join(train.entry_ids[:2])} (train) and {', '.join(test.entry_ids[:2])} "
-            "(test)); re-run the extraction of both splits with the same --weights and --image-size "
+            f"the training and test features of {backbone} were extracted with different weights or preprocessing "
+            f"(entries {mine['train'][0].entry_id} (train) and {mine['test'][0].entry_id} (test)); re-run the "
+            "extraction of both splits with the same --weights, --image-size and --precision "
             "(`fedcache extract ... --splits train,test`)")
+
+
+def _imported(info) -> bool:
+    return bool((info.key.get("preprocess") or {}).get("imported"))
+
+
+def _differ(train: list, test: list) -> bool:
+    def made_by(infos: list) -> set:
+        return {(i.key["weights_hash"], canonical_json({n: v for n, v in (i.key.get("preprocess") or {}).items()
+                                                        if n != "noise"})) for i in infos}
+    return made_by(train) != made_by(test)
 
 
 @dataclass

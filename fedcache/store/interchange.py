@@ -165,7 +165,7 @@ def _import_domain(store: FeatureStore, key: EntryKey, s: Split, d: int, checked
     # Every named domain gets an entry, an empty one too: readers ask for all of a dataset's domains.
     rows = np.flatnonzero(s.domains == d)
     attrs = {"classes": checked.classes, "domains": checked.domain_names, "random_weights": checked.random_weights,
-             "backbone_source": "imported"}
+             "backbone_source": "imported", "file_splits": sorted(checked.splits)}  # what a run checks its splits against
     # The features are gathered a chunk at a time (a slice, no copy, when the domain's rows are consecutive).
     consecutive = len(rows) > 0 and rows[-1] - rows[0] == len(rows) - 1
     with open_writer(store, key, len(rows), s.features.shape[1], 1, attrs, Part()) as w:
