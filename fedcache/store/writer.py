@@ -183,7 +183,11 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     n_chunks = max(1, -(-n_rows // chunk_rows))
     if entry_format >= 2 and store.root.attrs.get("fedcache_store", 1) < STORE_FORMAT:
         store.root.attrs.update({"fedcache_store": STORE_FORMAT})  # an older fedcache must not misread it
-    g = (parent if parent is not None else store.root[ENTRIES]).create_group(key.entry_id)
+    meta = {"n_rows": n_rows, "dim": dim, "chunk_rows": chunk_rows, "batch_size": batch_size, "created_at": now_iso()}
+    # Born with its key and sizes: a group without them is a damaged entry of unknown slot, which stops every read
+    # of the store (and which `store verify --repair` removes) for as long as the arrays take to make.
+    g = (parent if parent is not None else store.root[ENTRIES]).create_group(
+        key.entry_id, attributes={"key": key.to_dict(), **meta, "complete": False})
     rows = (chunk_rows,)
     # Format 2 stores every array uncompressed (docs/store.md: float features barely compress) and each row
     # array as one file (one Zarr chunk of every row), which a reader memory-maps; format 1 took Zarr's
@@ -200,7 +204,6 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     g.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, **codec)
     g.create_array(CRC_ARRAY, shape=(n_chunks, len(ROW_ARRAYS)), chunks=(1, len(ROW_ARRAYS)), dtype="uint32",
                    fill_value=0, **codec)
-    meta = {"n_rows": n_rows, "dim": dim, "chunk_rows": chunk_rows, "batch_size": batch_size, "created_at": now_iso()}
     if entry_format >= 2:
         meta |= {FORMAT_ATTR: entry_format, CHECKSUM_ATTR: "crc32c"}
     if entry_format >= 2:  # the row files at full size: Zarr reads a partial entry as it did in format 1

@@ -137,3 +137,24 @@ def test_an_entry_being_written_is_not_removed(store_path):
         assert store.info(k.entry_id).key == k.to_dict()  # untouched
     assert store.remove(k.entry_id).entry_id == k.entry_id  # once the writer is done
     assert store.entry_ids() == []
+
+
+def test_an_entry_being_made_is_partial_never_damaged(store_path, monkeypatch):
+    # Its group was made without attributes, so until its arrays were made it was a damaged entry of unknown
+    # slot: every read of the store stopped, and `store verify --repair` removed it under its writer.
+    import zarr
+
+    store = FeatureStore(store_path)
+    write_all(store, EntryKey("ds", "fp", "train", "all", "other-bb", "w1", {"size": 32}), np.ones((4, 3)), np.zeros(4))
+    seen = []
+    make = zarr.Group.create_array
+
+    def look_first(group, name, **kw):
+        if name == "features":
+            other = FeatureStore(store_path)
+            seen.append((len(other.read("ds", "train", "other-bb")), other.verify(other.info(key().entry_id))[0]))
+        return make(group, name, **kw)
+
+    monkeypatch.setattr(zarr.Group, "create_array", look_first)
+    write_all(store, key(), np.ones((4, 3)), np.zeros(4))
+    assert seen == [(4, "partial")]
