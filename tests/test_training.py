@@ -305,3 +305,17 @@ def test_an_import_stopped_between_its_splits_is_not_trained_on(tmp_path, monkey
         interchange.import_file(path, files["b"], "mine", "enc")
     with pytest.raises(StoreError, match="different imported files.*import the one you mean again"):
         run()
+
+
+def test_splits_resized_by_different_backends_are_one_encoder():
+    # Same-size arrays are resized per batch ("torch"), other images one by one ("pil"): a dataset whose test
+    # images are held otherwise than its training images is still one encoder's features, not refused.
+    from types import SimpleNamespace
+
+    from fedcache.federate.data import _differ
+
+    def info(backend, size=64):
+        return SimpleNamespace(key={"weights_hash": "w", "preprocess": {"size": size, "backend": backend}})
+
+    assert not _differ([info("torch")], [info("pil")])
+    assert _differ([info("torch")], [info("torch", size=32)])

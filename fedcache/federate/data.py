@@ -171,10 +171,15 @@ def _imported(info) -> bool:
     return bool((info.key.get("preprocess") or {}).get("imported"))
 
 
+# Not compared: noise is train-only by design, and the resize backend follows how a split's images are held
+# (same-size arrays are resized per batch, other images one by one), which a dataset's two splits may differ in.
+_SPLIT_OWN = ("noise", "backend")
+
+
 def _differ(train: list, test: list) -> bool:
     def made_by(infos: list) -> set:
         return {(i.key["weights_hash"], canonical_json({n: v for n, v in (i.key.get("preprocess") or {}).items()
-                                                        if n != "noise"})) for i in infos}
+                                                        if n not in _SPLIT_OWN})) for i in infos}
     return made_by(train) != made_by(test)
 
 
