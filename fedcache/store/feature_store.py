@@ -576,18 +576,24 @@ class FeatureStore:
     def _no_writer(self, info: EntryInfo) -> Iterator[None]:
         """Hold the locks an extraction or import of the entry takes: removed under a running writer, the entry came
         back as files without metadata, which stopped every read of the store as a damaged entry of unknown slot."""
-        locks = [self.locks_dir / f"{info.entry_id}.create.lock", *sorted(self.locks_dir.glob(f"{info.entry_id}.part*.lock"))]
         with contextlib.ExitStack() as held:
-            for path in locks:
-                try:
-                    held.enter_context(exclusive_lock(path, f"entry {info.entry_id} ({info.label()})"))
-                except EntryLockedError:
-                    holder = read_holder(path)
-                    raise EntryLockedError(
-                        f"entry {info.entry_id} ({info.label()}) is being written by "
-                        f"{holder.describe() if holder else 'another process'}; let it finish (or stop it), then remove "
-                        "the entry") from None
+            # The create lock first, then the part locks found while holding it: a writer takes its part lock before
+            # it lets the create lock go, so none can start writing between the look and the removal.
+            self._hold_unwritten(held, self.locks_dir / f"{info.entry_id}.create.lock", info)
+            for path in sorted(self.locks_dir.glob(f"{info.entry_id}.part*.lock")):
+                self._hold_unwritten(held, path, info)
             yield
+
+    @staticmethod
+    def _hold_unwritten(held: contextlib.ExitStack, path: Path, info: EntryInfo) -> None:
+        try:
+            held.enter_context(exclusive_lock(path, f"entry {info.entry_id} ({info.label()})"))
+        except EntryLockedError:
+            holder = read_holder(path)
+            raise EntryLockedError(
+                f"entry {info.entry_id} ({info.label()}) is being written by "
+                f"{holder.describe() if holder else 'another process'}; let it finish (or stop it), then remove "
+                "the entry") from None
 
     def discard(self, entry_id: str, kind: str = ENTRIES) -> None:
         shutil.rmtree(self.path / kind / entry_id)

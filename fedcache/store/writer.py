@@ -25,7 +25,7 @@ import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import ConfigError, StoreError
+from fedcache.errors import ConfigError, EntryLockedError, StoreError
 from fedcache.store.chunks import ChunkFiles, RawMeta, RowFile
 from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, FeatureStore, now_iso
 from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT_1_CHECKSUM, ROW_ARRAYS, as_attr,
@@ -241,26 +241,27 @@ def open_writer(
     is made, a resumed one's pending chunks before they are written."""
     folder = store.path / ENTRIES / key.entry_id
     what = f"the entry {key.entry_id} ({key.label()}) in"
-    with exclusive_lock(store.locks_dir / f"{key.entry_id}.create.lock", f"entry {key.label()}", wait=max(wait, 30.0)):
-        replaced = _discard_if_damaged(store, key)
-        entries = store.root[ENTRIES]
-        if key.entry_id in entries:
-            group = entries[key.entry_id]
-        else:
-            itemsize = np.dtype(key.dtype).itemsize
-            rows_per_chunk = chunk_rows or chunk_rows_for(dim, itemsize, batch_size)
-            need = entry_bytes(n_rows, n_rows, dim, itemsize, max(1, -(-n_rows // rows_per_chunk)))
-            disk.check_space(folder, need, what)
-            with disk.on_full_disk(folder, what, need, remove=[folder]):  # half made, it is of no use
-                group = _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entry_format)
-    writer = EntryWriter(store, key, group)
-    if writer.n_rows != n_rows or writer.dim != dim:
-        raise StoreError(
-            f"entry {key.entry_id} ({key.label()}) exists with {writer.n_rows}x{writer.dim} rows, "
-            f"expected {n_rows}x{dim}; remove it with `fedcache store rm {key.entry_id}`"
-        )
+    create = store.locks_dir / f"{key.entry_id}.create.lock"
     lock = store.locks_dir / f"{key.entry_id}.part{part.index}of{part.count}.lock"
-    with exclusive_lock(lock, f"entry {key.label()} (part {part.index}/{part.count})", wait=wait):
+    part_what = f"entry {key.label()} (part {part.index}/{part.count})"
+    with contextlib.ExitStack() as held:
+        with exclusive_lock(create, f"entry {key.label()}", wait=max(wait, 30.0)):
+            replaced = _discard_if_damaged(store, key)
+            group = _made_or_opened(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entry_format, folder, what)
+            # Taken before the create lock goes: `store rm` holds that lock while it looks for writers' part locks.
+            queued = not _entered(held, lock, part_what)
+        if queued:  # another writer of this part runs: wait for it (--wait) without blocking other parts' writers
+            held.enter_context(exclusive_lock(lock, part_what, wait=wait))
+            with exclusive_lock(create, f"entry {key.label()}", wait=max(wait, 30.0)):
+                if key.entry_id not in store.root[ENTRIES]:
+                    raise StoreError(f"entry {key.entry_id} ({key.label()}) was removed while this writer waited for "
+                                     "the one before it; run the command again")
+        writer = EntryWriter(store, key, group)
+        if writer.n_rows != n_rows or writer.dim != dim:
+            raise StoreError(
+                f"entry {key.entry_id} ({key.label()}) exists with {writer.n_rows}x{writer.dim} rows, "
+                f"expected {n_rows}x{dim}; remove it with `fedcache store rm {key.entry_id}`"
+            )
         # Opened again: while this writer queued (--wait), the one before it may have finished the entry.
         fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])
         fresh.replaced = replaced
@@ -271,6 +272,28 @@ def open_writer(
             disk.check_space(folder, need, what, RESUMED)
         with disk.on_full_disk(folder, what, need, advice=RESUMED):
             yield fresh
+
+
+def _made_or_opened(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entry_format, folder, what):
+    """The entry's group, made (its whole size checked first) if it does not exist yet."""
+    entries = store.root[ENTRIES]
+    if key.entry_id in entries:
+        return entries[key.entry_id]
+    itemsize = np.dtype(key.dtype).itemsize
+    rows_per_chunk = chunk_rows or chunk_rows_for(dim, itemsize, batch_size)
+    need = entry_bytes(n_rows, n_rows, dim, itemsize, max(1, -(-n_rows // rows_per_chunk)))
+    disk.check_space(folder, need, what)
+    with disk.on_full_disk(folder, what, need, remove=[folder]):  # half made, it is of no use
+        return _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entry_format)
+
+
+def _entered(held: contextlib.ExitStack, lock: Path, what: str) -> bool:
+    """Whether ``lock`` was free, and is now held in ``held``."""
+    try:
+        held.enter_context(exclusive_lock(lock, what, wait=0.0))
+    except EntryLockedError:
+        return False
+    return True
 
 
 RESUMED = ("free some space and run the same command again: the chunks written so far are kept, and it continues "

@@ -139,6 +139,32 @@ def test_an_entry_being_written_is_not_removed(store_path):
     assert store.entry_ids() == []
 
 
+def test_an_entry_is_not_removed_between_its_writers_two_locks(store_path, monkeypatch):
+    # The writer let its create lock go before it took its part lock, and `store rm` looked for part locks before
+    # it held the create lock: removed in that moment, the writer stopped with a KeyError (or wrote into the
+    # removed entry's folder).
+    import contextlib
+
+    import fedcache.store.writer as writer
+
+    store, k, refused = FeatureStore(store_path), key(), []
+    real = writer.exclusive_lock
+
+    @contextlib.contextmanager
+    def lock(path, what, wait=0.0):
+        if ".part" in path.name:  # the moment the writer asks for its part lock: `store rm` runs here
+            with pytest.raises(EntryLockedError, match="is being written"):
+                FeatureStore(store_path).remove(k.entry_id)
+            refused.append(path.name)
+        with real(path, what, wait):
+            yield
+
+    monkeypatch.setattr(writer, "exclusive_lock", lock)
+    with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    assert refused and store.info(k.entry_id).key == k.to_dict()
+
+
 def test_an_entry_being_made_is_partial_never_damaged(store_path, monkeypatch):
     # Its group was made without attributes, so until its arrays were made it was a damaged entry of unknown
     # slot: every read of the store stopped, and `store verify --repair` removed it under its writer.
