@@ -142,15 +142,18 @@ def _refuse_unsupported(spec: RunSpec) -> None:
 def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
     """A run from round 0 in ``base``, which holds no started run (``owned`` refused one), but may hold what an
     attempt that never finished a round left: its config.json (and a round of rounds.jsonl), removed as in-process
-    ``train`` rewrites them; its shards, reused if of this partition. Shards are written under a temporary name and
-    renamed once complete, so an interrupted sharding leaves nothing that passes for shards."""
+    ``train`` rewrites them; its shards, written again from the store as it is now (no round used them, and they
+    record neither the store nor its entries: reused, they were another store's or another extraction's features).
+    Shards are written under a temporary name and renamed once complete, so an interrupted sharding leaves nothing
+    that passes for shards."""
     from fedcache.flower.server import ROUNDS  # flwr: imported once the simulation is under way
 
     RunDir(base).clear()
     (base / ROUNDS).unlink(missing_ok=True)
     if shards.exists():
-        _check_shards(shards, want, f"remove {shards} or choose another --out")
-        return
+        if any(shards.iterdir()) and not (shards / SERVER).is_dir():
+            raise ConfigError(f"{shards} holds files that are not fedcache shards; move them, or choose another --out")
+        shutil.rmtree(shards)
     partial = shards.with_name(shards.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # an interrupted sharding's
     write_shards(want, partial)

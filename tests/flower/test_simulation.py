@@ -203,7 +203,8 @@ def test_a_method_flower_cannot_run_is_refused_before_any_work(flower_store, tmp
 
 def test_a_run_that_never_finished_a_round_starts_again(flower_store, tmp_path, monkeypatch):
     """What an attempt that finished no round left in --out (its shards, config.json, a round of rounds.jsonl, or a
-    sharding cut short) no longer blocks the same command; shards of another partition are said, not used."""
+    sharding cut short) no longer blocks the same command; its shards are made again (they might be of another
+    store or partition), and a folder of other files where the shards go is said, not removed."""
     import shutil
 
     from fedcache.flower import sim
@@ -221,8 +222,14 @@ def test_a_run_that_never_finished_a_round_starts_again(flower_store, tmp_path, 
     assert sim.train_flower_sim_here(spec) == {"trained": True}
     assert seen[-1].server_shard == out / "shards" / "server"
     assert not (out / "config.json").exists() and not (out / "rounds.jsonl").exists()
-    with pytest.raises(ConfigError, match=r"other data or partition options \(request\); remove .* or choose another --out"):
-        sim.train_flower_sim_here(toy_config(flower_store, alpha=0.5, out=out))
+    (out / "shards" / "server" / "stale").write_text("of the attempt before")
+    assert sim.train_flower_sim_here(toy_config(flower_store, alpha=0.5, out=out)) == {"trained": True}
+    assert not (out / "shards" / "server" / "stale").exists()  # written again, of the partition asked for now
+    shutil.rmtree(out / "shards")
+    (out / "shards" / "mine").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"holds files that are not fedcache shards"):
+        sim.train_flower_sim_here(spec)
+    assert (out / "shards" / "mine").is_dir()
     shutil.rmtree(out / "shards")
     (out / "shards.partial" / "client-000").mkdir(parents=True)  # a sharding interrupted
     assert sim.train_flower_sim_here(spec) == {"trained": True}
