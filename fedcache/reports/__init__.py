@@ -95,17 +95,32 @@ def _unfinished(root: Path, runs: list[Run]) -> str:
 
 
 def _grid_cells(root: Path) -> int | None:
-    """How many cells the grid at ``root`` has (a --select grid: its validation and test stages), from grid.json;
-    None where ``root`` is no grid's directory."""
+    """How many cells the grid at ``root`` has (a --select grid: its validation and test stages; its test stage
+    alone: one chosen value of each selected axis), from grid.json; None where ``root`` is no grid's directory."""
+    spec = _grid_spec(root)
+    if spec is None:
+        return None
+    select = set(spec.get("select") or [])
+    if (root.parent / SELECTION).exists() and "validation" not in (spec.get("sweep") or {}):
+        outer = _grid_spec(root.parent)  # the test stage's grid.json sweeps every value; only the chosen ran
+        select = set(outer.get("select") or []) if outer else select
+        return _cells(spec, skip=select) if select else None
+    return _cells(spec) + _cells(spec, skip=select) if select else _cells(spec)
+
+
+def _grid_spec(root: Path) -> dict | None:
     try:
         spec = json.loads((root / GRID).read_text())
-        sweep, select = dict(spec.get("sweep") or {}), set(spec.get("select") or [])
-        per_setting = len(spec["methods"]) * len(spec["seeds"])
-    except (OSError, ValueError, KeyError, TypeError):
+        ok = isinstance(spec, dict) and isinstance(spec.get("methods"), list) and isinstance(spec.get("seeds"), list)
+        return spec if ok else None
+    except (OSError, ValueError):
         return None
-    full = per_setting * math.prod(len(v) for v in sweep.values())
-    tested = per_setting * math.prod(len(v) for k, v in sweep.items() if k not in select)  # one chosen value each
-    return full + tested if select else full
+
+
+def _cells(spec: dict, skip: set[str] = frozenset()) -> int:
+    """Methods x seeds x the values of every axis but those in ``skip`` (one value each)."""
+    sweep = dict(spec.get("sweep") or {})
+    return len(spec["methods"]) * len(spec["seeds"]) * math.prod(len(v) for k, v in sweep.items() if k not in skip)
 
 
 def _fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:

@@ -295,3 +295,12 @@ def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, c
     (root / "grid.json").write_text(json.dumps({**spec, "select": ["lr"]}))
     assert _grid_cells(root) == 4 + 2
     assert _grid_cells(tmp_path) is None  # no grid: a run, a folder of runs
+    # Its stages reported alone: test/'s grid.json sweeps every value, but only the chosen one of lr ran there.
+    stage = tmp_path / "select"
+    (stage / "test").mkdir(parents=True)
+    (stage / "validation").mkdir()
+    (stage / "grid.json").write_text(json.dumps({**spec, "select": ["lr"]}))
+    (stage / "selection.json").write_text("{}")
+    (stage / "test" / "grid.json").write_text(json.dumps(spec))
+    (stage / "validation" / "grid.json").write_text(json.dumps({**spec, "sweep": {**spec["sweep"], "validation": ["true"]}}))
+    assert _grid_cells(stage / "test") == 2 and _grid_cells(stage / "validation") == 4
