@@ -13,6 +13,7 @@ flwr version is pinned.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -62,7 +63,10 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     _refuse_unsupported(spec)
     check_not_a_cell(spec.engine.out)
     e = spec.engine
-    ask = {"spec": spec.to_dict(), "cpus": cpus,
+    import torch
+
+    # The caller's thread count, as an in-process run would compute with (the command's --threads choice).
+    ask = {"spec": spec.to_dict(), "cpus": cpus, "threads": torch.get_num_threads(),
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
@@ -93,7 +97,8 @@ def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> None:
     try:
         child.wait(grace)
     except subprocess.TimeoutExpired:
-        child.kill()
+        with contextlib.suppress(ProcessLookupError):  # its whole group: Ray's processes too, not the child alone
+            os.killpg(child.pid, signal.SIGKILL)
         child.wait()
 
 
@@ -205,6 +210,10 @@ def _child(request: Path, answer: Path) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # its caller interrupts it so, even if it ignores Ctrl-C
     on_orphaned(os.getppid(), lambda: _interrupt_then_end(request.parent), every=0.2)
     ask = json.loads(request.read_text())
+    if ask.get("threads"):
+        import torch
+
+        torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
     try:
         reply = {"summary": train_flower_sim_here(spec, ask["cpus"])}

@@ -234,3 +234,33 @@ def test_a_run_that_never_finished_a_round_starts_again(flower_store, tmp_path, 
     (out / "shards.partial" / "client-000").mkdir(parents=True)  # a sharding interrupted
     assert sim.train_flower_sim_here(spec) == {"trained": True}
     assert (out / "shards" / "server").is_dir() and not (out / "shards.partial").exists()
+
+
+def test_the_simulations_process_computes_with_its_callers_threads(flower_store, monkeypatch):
+    """`fedcache train --engine flower-sim` chose its threads (--threads) in the process that only waits for the
+    simulation's: the ServerApp computed with torch's default, all cores."""
+    from pathlib import Path
+
+    from fedcache.flower import sim
+
+    asked = {}
+
+    class Child:  # stands in for the simulation's process: reads the request, answers
+        def __init__(self, args, **kw):
+            asked.update(json.loads(Path(args[-2]).read_text()))
+            Path(args[-1]).write_text(json.dumps({"summary": {"ok": True}}))
+
+        def wait(self, *a):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(sim.subprocess, "Popen", Child)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert sim.train_flower_sim(toy_config(flower_store)) == {"ok": True}
+    finally:
+        torch.set_num_threads(before)
+    assert asked["threads"] == 1
