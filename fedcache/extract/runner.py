@@ -82,8 +82,7 @@ class EntryReport:
 def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[EntryReport]:
     emit = progress or (lambda e: None)
     _check_config(cfg)
-    for name in cfg.backbones:  # fail on a misspelt name (or a size it cannot take) before any slow work
-        image_size(cfg, None, BACKBONES.get(name))
+    _check_image_size(cfg, [BACKBONES.get(name) for name in cfg.backbones])  # a misspelt name too, before slow work
     dataset = load_dataset(cfg.dataset, cfg.dataset_options)
     name = cfg.name or _noisy_name(dataset.name, cfg.image_noise)
     if name:
@@ -106,16 +105,26 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     return reports
 
 
-def image_size(cfg: ExtractConfig, dataset: Dataset | None, spec) -> int | None:
+def image_size(cfg: ExtractConfig, dataset: Dataset, spec) -> int | None:
     """The size images are resized to (None: the backbone's own): ``--image-size``, else the dataset's default.
-    A backbone with a fixed input size (ViTs, CLIP) takes its own only: a dataset's default does not apply to it
-    (its positional embeddings would not match) and another ``--image-size`` is refused."""
+    A backbone with a fixed input size (ViTs, CLIP) takes its own only: neither applies to it (its positional
+    embeddings would not match)."""
     if spec.fixed_size:
-        if cfg.image_size and cfg.image_size != spec.input_size:
-            raise ConfigError(f"{spec.name} takes {spec.input_size}x{spec.input_size} images only (its positional "
-                              f"embeddings are fixed), not --image-size {cfg.image_size}; drop --image-size for it")
         return None
-    return cfg.image_size or (dataset.default_image_size if dataset is not None else None)
+    return cfg.image_size or dataset.default_image_size
+
+
+def _check_image_size(cfg: ExtractConfig, specs: list) -> None:
+    """``--image-size`` that no backbone of the command can take is refused; one that the CNNs take beside a
+    fixed-size backbone (``-b efficientnet-lite0,clip-rn50 --image-size 64``) applies to them, as said here."""
+    fixed = [s for s in specs if s.fixed_size and cfg.image_size and cfg.image_size != s.input_size]
+    if fixed and len(fixed) == len(specs):
+        sizes = ", ".join(f"{s.name} {s.input_size}x{s.input_size}" for s in fixed)
+        raise ConfigError(f"fixed-size backbones take their own input size only ({sizes}: positional embeddings), not "
+                          f"--image-size {cfg.image_size}; drop --image-size")
+    for s in fixed:
+        log.warning("%s takes %dx%d images only: --image-size %d applies to the other backbones", s.name,
+                    s.input_size, s.input_size, cfg.image_size)
 
 
 def _noisy_name(name: str, noise: tuple | None) -> str | None:

@@ -263,9 +263,21 @@ def test_a_fixed_size_backbone_ignores_the_datasets_default_image_size(store_pat
 
 
 def test_another_image_size_for_a_fixed_size_backbone_is_refused_before_any_work(store_path):
-    with pytest.raises(ConfigError, match="tiny-clip-random takes 32x32 images only .* drop --image-size"):
+    with pytest.raises(ConfigError, match=r"own input size only \(tiny-clip-random 32x32.* drop --image-size"):
         extract(cfg(store_path, backbones=["tiny-clip-random"], image_size=64))
     assert not FeatureStore(store_path).entries()
+
+
+def test_an_image_size_beside_a_fixed_size_backbone_applies_to_the_others(store_path, caplog):
+    # Refused for the whole command, it could not be followed: dropping it changed the CNN's size, and its key.
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        extract(cfg(store_path, backbones=["tiny-timm-random", "tiny-clip-random"], image_size=16, splits=("test",),
+                    domains=["light"]))
+    sizes = {e.key["backbone"]: e.key["preprocess"]["size"] for e in FeatureStore(store_path).entries()}
+    assert sizes == {"tiny-timm-random": 16, "tiny-clip-random": 32}
+    assert "tiny-clip-random takes 32x32 images only: --image-size 16 applies to the other backbones" in caplog.text
 
 
 def test_reduced_precision_features_have_their_own_entry(store_path):
