@@ -135,11 +135,17 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     return ids
 
 
+def import_lock(dataset: str, backbone: str) -> str:
+    """The lock's name for imports under (dataset, backbone): hashed, since the names may hold dots (``a.b``/``c``
+    and ``a``/``b.c`` joined alike) and two long ones exceed a file name's 255 bytes."""
+    return "import." + hashlib.sha256(json.dumps([dataset, backbone]).encode()).hexdigest()[:16]
+
+
 @contextlib.contextmanager
 def _one_import(store: FeatureStore, dataset: str, backbone: str) -> Iterator[None]:
     """One import at a time under a (dataset, backbone): two at once interleaved their entries, each slot went to
     whichever finished it last, and every run refused the mix of the two files that both imports said they wrote."""
-    name = f"import.{dataset}.{backbone}"
+    name = import_lock(dataset, backbone)
     held = contextlib.ExitStack()
     try:
         held.enter_context(store.lock(name, "", wait=0))

@@ -104,14 +104,22 @@ def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_noth
     # Two imports of one (dataset, backbone) at once interleaved their entries: each slot went to whichever
     # finished it last, both said they had imported, and every run refused the mix of the two files.
     from fedcache.errors import EntryLockedError
+    from fedcache.store.interchange import import_lock
     from fedcache.store.locks import exclusive_lock
 
     path = tmp_path / "mine.npz"
     np.savez(path, train__features=np.ones((4, 3), np.float32), train__labels=np.arange(4) % 2)
     store = FeatureStore(store_path)
-    with exclusive_lock(store.locks_dir / "import.mine.enc.lock", "an import"):
+    with exclusive_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "an import"):
         with pytest.raises(EntryLockedError, match="another import as dataset 'mine', backbone 'enc' .* is running: pid"):
             import_file(store, path, "mine", "enc")
         assert store.entry_ids() == []
         assert import_file(store, path, "mine", "other-enc")  # other names are not held up
     assert import_file(store, path, "mine", "enc")
+
+
+def test_import_locks_of_dotted_or_long_names_are_apart_and_short():
+    from fedcache.store.interchange import import_lock
+
+    assert import_lock("a.b", "c") != import_lock("a", "b.c")
+    assert len(import_lock("d" * 200, "b" * 200) + ".lock") < 255
