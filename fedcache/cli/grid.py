@@ -31,7 +31,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
           select: Optional[str], threads: Optional[int], **train_options) -> None:
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv and table.md.
 
-    Every `train` option is accepted under the same name; v1,v2,... makes it an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
+    `train`'s options are accepted under the same names (not --resume, --overwrite, --track-dir or --engine: a grid resumes by itself and has its own --engine); v1,v2,... makes one an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
     from fedcache.api import grid_spec
     from fedcache.grids import run_grid
 
