@@ -319,12 +319,26 @@ class FeatureStore:
             raise EntryNotFoundError(self._not_found(cur, dataset, split, backbone))
         return found
 
-    def _extract_hint(self, pending: list[EntryInfo]) -> str:
-        """The extraction that finishes ``pending``: its store, dataset, backbone, and the options in its key that
-        are not the defaults (another --dtype would write new entries instead of finishing these)."""
+    def _missing_domains(self, found: list[EntryInfo], slot: tuple, missing: list[str]) -> StoreError:
+        """Domains of a table the store lacks: an extraction of them left unfinished is said as such, with the
+        command that finishes it; else the extraction that makes them as the other domains were made (another
+        --dtype or --image-size would make entries the table then refuses to mix)."""
+        dataset, split, backbone, view = slot
+        pending = [e for e in self.entries() if not e.complete and e.slot == (dataset, split, e.slot[2], backbone, view)
+                   and e.slot[2] in missing]
+        where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
+        if pending:
+            return IncompleteEntryError(f"the {where} are not complete yet (interrupted or still running); finish them "
+                                        f"with `{self._extract_hint(pending)}`")
+        return EntryNotFoundError(f"the store has no {where}; run `{self._extract_hint(found[:1], missing)}`")
+
+    def _extract_hint(self, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
+        """The extraction that finishes ``pending`` (or makes ``domains`` as ``pending`` were made): its store,
+        dataset, backbone, and the options in its key that are not the defaults (another --dtype would write new
+        entries instead of finishing these)."""
         k = pending[0].key
         hint = f"fedcache extract --store {self.path} --dataset {k['dataset']} --backbones {k['backbone']}"
-        hint += f" --splits {k['split']} --domains {','.join(sorted({e.key['domain'] for e in pending}))}"
+        hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
         hint += f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
         size = (k.get("preprocess") or {}).get("size")
         return hint + (f" --image-size {size}" if size else "") + (" (and any other option it was started with)"
@@ -377,10 +391,7 @@ class FeatureStore:
         by_domain = {e.key["domain"]: e for e in found}
         missing = [d for d in wanted if d not in by_domain]
         if missing:
-            raise EntryNotFoundError(
-                f"the store has no {split} features of {dataset}/{','.join(missing)} for {backbone}; "
-                f"run `fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}`"
-            )
+            raise self._missing_domains(found, (dataset, split, backbone, view), missing)
         infos = [by_domain[d] for d in wanted]
         _check_consistent(infos, self.path)
         parts, offset = [], 0

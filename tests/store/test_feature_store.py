@@ -72,6 +72,26 @@ def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
         store.read("ds", "test", "bb")
 
 
+def test_a_missing_domain_is_told_the_extraction_its_table_can_take(store_path):
+    # One domain complete in float32, the other interrupted: told to run `fedcache extract` without --dtype, the
+    # user wrote new float16 entries instead of finishing it (and a table mixing the two is refused).
+    store = FeatureStore(store_path)
+    two = {**ATTRS, "domains": ["a", "b"]}
+    done = EntryKey("ds", "fp", "train", "a", "bb", "w1", {"size": 32}, dtype="float32")
+    with open_writer(store, done, 4, 3, 2, two, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+        assert w.finish([])
+    half = EntryKey("ds", "fp", "train", "b", "bb", "w1", {"size": 32}, dtype="float32")
+    with open_writer(store, half, 8, 3, 2, two, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    with pytest.raises(IncompleteEntryError, match=r"ds/b for bb are not complete yet.*--domains b --dtype float32"):
+        store.read("ds", "train", "bb")
+    store.discard(half.entry_id)  # never started: the extraction that makes it as domain a was made
+    with pytest.raises(EntryNotFoundError, match=r"no train features of ds/b for bb; run .*--domains b --dtype float32 "
+                                                 r"--image-size 32`"):
+        store.read("ds", "train", "bb")
+
+
 def test_new_key_in_same_slot_supersedes_old(store_path):
     store = FeatureStore(store_path)
     write_all(store, key("old"), np.zeros((4, 3), np.float32), np.zeros(4))
