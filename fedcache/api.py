@@ -133,9 +133,10 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
     from fedcache.spec import parse_axes
     from fedcache.grids import GridSpec, load_toml, option_axes
-    from fedcache.grids.spec import grid_fields
+    from fedcache.grids.spec import check_file_axes, grid_fields
 
     fields = load_toml(Path(config)) if config else {}
+    from_file = {k.replace("-", "_"): v for k, v in fields.get("sweep", {}).items()}
     settings = given.pop("settings", None)
     sweep = given.pop("sweep", None)
     flags = given.pop("option_axes", None)  # the CLI's run-option flags: unambiguous by how they were given
@@ -156,7 +157,11 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     if missing:
         flags = {"methods": "--method", "backbones": "--backbones"}
         raise ConfigError(f"a grid needs {', '.join(flags.get(k, '--' + k) for k in missing)} (as options or in the TOML file)")
-    return GridSpec(**fields)
+    spec = GridSpec(**fields)
+    kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [str(x) for x in (v if isinstance(v, list) else [v])]]
+    if kept:  # not overridden on the command line
+        check_file_axes(spec, kept, Path(config))
+    return spec
 
 
 GRID_FLAGS = {"methods": "--method", "keep_checkpoints": "--keep-checkpoints"}

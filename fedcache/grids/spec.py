@@ -224,6 +224,27 @@ def load_toml(path: Path) -> dict:
     return fields
 
 
+def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
+    """The values a grid file's ``[set]`` gives (``keys``), checked as its cells will be, each with the command
+    line's axes at their first values: a bad one is named with the file (a cell would name it as a --set flag)."""
+    from fedcache.errors import FedcacheError
+
+    others = {k: vs[0] for k, vs in spec.sweep.items() if k not in keys}
+    first = {k: spec.sweep[k][0] for k in keys}
+    for m in spec.methods:
+        try:
+            base = RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=m,
+                              seed=spec.seeds[0], out=None).override(others)
+        except FedcacheError:
+            return  # an unknown method, or the command line's own values: said where the cells are checked
+        for k in keys:
+            for v in spec.sweep[k]:
+                try:
+                    base.override({**first, k: v})
+                except ConfigError as err:
+                    raise ConfigError(f"grid file {path}, under [set]: {err}") from None  # err names the key
+
+
 def _read_toml(path: Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"--config {path} is a directory; give a grid TOML file (docs/getting-started.md)")

@@ -156,3 +156,20 @@ def test_the_issue_s_seeds_and_jobs_run(toy_store, tmp_path, capsys):
     code, err = run_cli(["grid", "-c", tmp_path / "g.toml"], capsys)
     assert code == 0, err
     assert (tmp_path / "g" / "cells" / "fedavg__rounds=1__partition=iid__clients=2__seed=7" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("bad, said", [("rounds = 'ten'", "--rounds (schedule.rounds)='ten': expected an integer"),
+                                       ("lrr = 0.1", "unknown --set key(s) lrr (did you mean 'lr'?)"),
+                                       ("lr = [-0.1, 0.01]", "--set lr=-0.1: must be > 0")])
+def test_a_bad_value_under_set_names_the_file(bad, said, toy_store, tmp_path, capsys):
+    """Checked only as its cells were made, a [set] value was named as if given on the command line."""
+    path = tmp_path / "g.toml"
+    path.write_text(BASE + f"[set]\n{bad}\nclients = 2\n")
+    code, err = run_cli(_command(path, path.read_text(), toy_store, tmp_path / "g"), capsys)
+    assert code in (1, 2) and f"grid file {path}, under [set]: {said}" in one_error_line(err)
+    assert not (tmp_path / "g").exists()
+    # Given again on the command line, the file's value is not the one used, so not the one refused.
+    if bad.startswith("lr ="):
+        code, err = run_cli(_command(path, path.read_text(), toy_store, tmp_path / "g") + ["--set", "lr=0.01",
+                                                                                         "--rounds", "1"], capsys)
+        assert code == 0, err
