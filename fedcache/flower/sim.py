@@ -60,11 +60,11 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary; in a
     child process, which gets the spec as JSON and answers with the summary or the error as JSON.
     With --resume, the run in --out continues from its checkpoint on the shards already there."""
+    import torch
+
     _refuse_unsupported(spec)
     check_not_a_cell(spec.engine.out)
     e = spec.engine
-    import torch
-
     # The caller's thread count, as an in-process run would compute with (the command's --threads choice).
     ask = {"spec": spec.to_dict(), "cpus": cpus, "threads": torch.get_num_threads(),
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
@@ -123,9 +123,7 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None) -> dict:
         base = Path(e.out) if e.out else Path(tmp)
         shards, shard = base / "shards", shard_spec(spec)
         if e.resume:
-            if not (shards / SERVER).is_dir():
-                raise ConfigError(f"--resume: {shards} holds no shards; start the run without --resume")
-            _check_shards(shards, shard, "use the options of the interrupted run")
+            _check_shards(shards, shard)
         else:
             _fresh_start(base, shards, shard)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
@@ -165,17 +163,17 @@ def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
     partial.rename(shards)
 
 
-def _check_shards(shards: Path, want: ShardSpec, advice: str) -> None:
-    """A run trains on the shards it started with; they must be of the partition asked for."""
+def _check_shards(shards: Path, want: ShardSpec) -> None:
+    """A resumed run trains on the shards it started with; they must be of the partition asked for."""
     if not (shards / SERVER).is_dir():
-        raise ConfigError(f"{shards} holds no complete shards; {advice}")
+        raise ConfigError(f"--resume: {shards} holds no shards; start the run without --resume")
     _, info = open_shard(shards / SERVER)
     asked = {"dataset": want.dataset, "backbones": list(want.backbones), "request": want.request.to_dict()}
     had = {"dataset": info.dataset, "backbones": list(info.backbones), "request": info.request}
     if json.loads(json.dumps(had)) != json.loads(json.dumps(asked)):
         differ = [k for k in asked if json.loads(json.dumps(had[k])) != json.loads(json.dumps(asked[k]))]
-        raise ConfigError(f"the shards in {shards} were made with other data or partition options "
-                          f"({', '.join(differ)}); {advice}")
+        raise ConfigError(f"--resume: the shards in {shards} were made with other data or partition options "
+                          f"({', '.join(differ)}); use the options of the interrupted run")
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,

@@ -80,7 +80,8 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     candidate's validation score (and where it was cut)."""
     if "validation" in spec.sweep:
         raise ConfigError("--select tunes on the validation split itself; leave out --validation")
-    check_cells(spec, cells(spec))  # a typo in a setting is said as one, not as a grid that differs from out's
+    # A typo in a setting is said as one, not as a grid that differs from out's (one seed: the seed checks nothing).
+    check_cells(spec, cells(dataclasses.replace(spec, seeds=spec.seeds[:1])))
     check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
     base = dataclasses.replace(spec, select=[], prune="none")
     n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))

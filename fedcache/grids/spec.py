@@ -227,8 +227,6 @@ def load_toml(path: Path) -> dict:
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
     """The values a grid file's ``[set]`` gives (``keys``), checked as its cells will be, each with the command
     line's axes at their first values: a bad one is named with the file (a cell would name it as a --set flag)."""
-    from fedcache.errors import FedcacheError
-
     others = {k: vs[0] for k, vs in spec.sweep.items() if k not in keys}
     first = {k: spec.sweep[k][0] for k in keys}
     for m in spec.methods:

@@ -27,11 +27,10 @@ import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryLockedError, EntryNotFoundError,
-                             IncompleteEntryError, StoreError)
+from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
+                             StoreError)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
-from fedcache.ownership import read_holder
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.reading import EntryReader, fill
 
@@ -218,9 +217,9 @@ class FeatureStore:
     def locks_dir(self) -> Path:
         return self.path / ".locks"
 
-    def lock(self, name: str, what: str, wait: float = 120.0):
+    def lock(self, name: str, what: str, wait: float = 120.0, **advice: str):
         """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""
-        return exclusive_lock(self.locks_dir / f"{name}.lock", what, wait=wait)
+        return exclusive_lock(self.locks_dir / f"{name}.lock", what, wait=wait, **advice)
 
     def bad_images_path(self, entry_id: str) -> Path:
         """The list of images an extraction skipped (outside the Zarr hierarchy, so Zarr ignores it)."""
@@ -590,21 +589,11 @@ class FeatureStore:
         with contextlib.ExitStack() as held:
             # The create lock first, then the part locks found while holding it: a writer takes its part lock before
             # it lets the create lock go, so none can start writing between the look and the removal.
-            self._hold_unwritten(held, self.locks_dir / f"{info.entry_id}.create.lock", info)
+            what, advice = f"entry {info.entry_id} ({info.label()})", "let it finish (or stop it), then remove the entry"
+            held.enter_context(exclusive_lock(self.locks_dir / f"{info.entry_id}.create.lock", what, advice=advice))
             for path in sorted(self.locks_dir.glob(f"{info.entry_id}.part*.lock")):
-                self._hold_unwritten(held, path, info)
+                held.enter_context(exclusive_lock(path, what, advice=advice))
             yield
-
-    @staticmethod
-    def _hold_unwritten(held: contextlib.ExitStack, path: Path, info: EntryInfo) -> None:
-        try:
-            held.enter_context(exclusive_lock(path, f"entry {info.entry_id} ({info.label()})"))
-        except EntryLockedError:
-            holder = read_holder(path)
-            raise EntryLockedError(
-                f"entry {info.entry_id} ({info.label()}) is being written by "
-                f"{holder.describe() if holder else 'another process'}; let it finish (or stop it), then remove "
-                "the entry") from None
 
     def discard(self, entry_id: str, kind: str = ENTRIES) -> None:
         shutil.rmtree(self.path / kind / entry_id)

@@ -22,8 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DiskFullError, EntryLockedError
-from fedcache.ownership import read_holder
+from fedcache.errors import ConfigError, DiskFullError
 from fedcache.paths import check_name
 from fedcache.store.feature_store import ENTRIES, FeatureStore, FeatureTable
 from fedcache.store.importing import Checked, Split, read_checked
@@ -145,16 +144,8 @@ def import_lock(dataset: str, backbone: str) -> str:
 def _one_import(store: FeatureStore, dataset: str, backbone: str) -> Iterator[None]:
     """One import at a time under a (dataset, backbone): two at once interleaved their entries, each slot went to
     whichever finished it last, and every run refused the mix of the two files that both imports said they wrote."""
-    name = import_lock(dataset, backbone)
-    held = contextlib.ExitStack()
-    try:
-        held.enter_context(store.lock(name, "", wait=0))
-    except EntryLockedError:
-        holder = read_holder(store.locks_dir / f"{name}.lock")
-        raise EntryLockedError(
-            f"another import as dataset {dataset!r}, backbone {backbone!r} into {store.path} is running: "
-            f"{holder.describe() if holder else 'another process'}; let it finish, then import again") from None
-    with held:
+    with store.lock(import_lock(dataset, backbone), f"dataset {dataset!r}, backbone {backbone!r} of {store.path}",
+                    wait=0, advice="another import writes it: let it finish, then import again"):
         yield
 
 

@@ -152,7 +152,7 @@ def test_an_entry_being_written_is_not_removed(store_path):
     k = key()
     with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
-        with pytest.raises(EntryLockedError, match=f"entry {k.entry_id} .* is being written by pid .*let it finish"):
+        with pytest.raises(EntryLockedError, match=f"entry {k.entry_id} .* is being written by another process: pid .*; let it finish"):
             store.remove(k.entry_id)
         assert store.info(k.entry_id).key == k.to_dict()  # untouched
     assert store.remove(k.entry_id).entry_id == k.entry_id  # once the writer is done

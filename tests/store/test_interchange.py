@@ -111,7 +111,7 @@ def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_noth
     np.savez(path, train__features=np.ones((4, 3), np.float32), train__labels=np.arange(4) % 2)
     store = FeatureStore(store_path)
     with exclusive_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "an import"):
-        with pytest.raises(EntryLockedError, match="another import as dataset 'mine', backbone 'enc' .* is running: pid"):
+        with pytest.raises(EntryLockedError, match="dataset 'mine', backbone 'enc' of .* is being written by another process: pid .*; another import writes it"):
             import_file(store, path, "mine", "enc")
         assert store.entry_ids() == []
         assert import_file(store, path, "mine", "other-enc")  # other names are not held up
