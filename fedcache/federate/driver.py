@@ -57,6 +57,9 @@ class RunState:
     seconds: float = 0.0
     losses: list[torch.Tensor] = field(default_factory=list)  # local-training losses since the last metrics line
     senders: list[int] = field(default_factory=list)  # per round: how many clients sent (0 for unfederated methods)
+    # Which clients a round has trained (their personal state changed), where the engine keeps ``clients``;
+    # None: every client counts as trained (a state made elsewhere). A checkpoint keeps only these clients' rows.
+    trained: np.ndarray | None = None
 
 
 @dataclass
@@ -162,6 +165,8 @@ def _round(runs: list[Run], engine: Engine, states: list[RunState], rnd: int) ->
     picks = [sample_clients(r.method, r.schedule, rnd) for r in runs]
     downs = [r.method.broadcast(s.server, rnd) for r, s in zip(runs, states)]
     got = engine.round(states, rnd, picks, downs)
+    for s, pick in zip(states, picks):
+        mark_trained(s, pick)
     return [close_round(r.method, r.schedule, engine, i, s, rnd, d, g)
             for i, (r, s, d, g) in enumerate(zip(runs, states, downs, got))]
 
@@ -290,7 +295,8 @@ def _per_client(state: RunState) -> dict:
 def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list[RunState], list[list[dict]]]:
     if not resume:
         clients = engine.init_clients(runs)
-        return [RunState(0, r.method.init_server(), c) for r, c in zip(runs, clients)], [[] for _ in runs]
+        states = [RunState(0, r.method.init_server(), c, trained=np.zeros(_rows(c), bool)) for r, c in zip(runs, clients)]
+        return states, [[] for _ in runs]
     ck = _resumed_checkpoint(runs, where)
     if len(ck["runs"]) != len(runs):
         raise ConfigError(f"{where} is a checkpoint of {len(ck['runs'])} runs, not of these {len(runs)}; delete it to start over")
@@ -347,15 +353,57 @@ def state_from_checkpoint(method: Method, schedule: Schedule, ck: dict) -> RunSt
     # Older checkpoints kept no losses, and no senders: the sampled clients of those rounds sent.
     senders = ck.get("senders") or [len(sample_clients(method, schedule, r)) if method.federated else 0
                                     for r in range(ck["rnd"])]
-    return RunState(ck["rnd"], ck["server"], ck["clients"], ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
-                    ck["seconds"], list(ck.get("losses", [])), list(senders))
+    clients, trained = restored_clients(method, ck)
+    return RunState(ck["rnd"], ck["server"], clients, ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
+                    ck["seconds"], list(ck.get("losses", [])), list(senders), trained)
 
 
 def checkpoint_of(state: RunState) -> dict:
     """One run's state as a checkpoint keeps it (``state_from_checkpoint`` reads it back)."""
-    return {"rnd": state.rnd, "server": state.server, "clients": state.clients, "bytes_up": state.bytes_up,
+    return {"rnd": state.rnd, "server": state.server, **trained_rows(state), "bytes_up": state.bytes_up,
             "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds,
             "losses": state.losses, "senders": state.senders}  # so that a run resumed between two metrics lines reports the same train_loss
+
+
+def mark_trained(state: RunState, clients: list[int]) -> None:
+    if state.trained is not None and state.clients:
+        state.trained[clients] = True
+
+
+def trained_rows(state: RunState) -> dict:
+    """The personal state of the clients a round has trained, and their ids (``client_ids``): every other client
+    still has its initial state, which ``init_clients`` makes again on resume. A run of 10,000 clients that has
+    trained 100 of them checkpoints 100 clients' state, not 10,000."""
+    if not state.clients:
+        return {"clients": {}}
+    n = _rows(state.clients)
+    ids = np.arange(n) if state.trained is None else np.flatnonzero(state.trained)
+    if len(ids) == n:  # every client: the tensors themselves, not a gathered copy
+        return {"clients": state.clients, "client_ids": torch.arange(n)}
+    at = torch.from_numpy(ids).to(next(iter(state.clients.values())).device)
+    return {"clients": {k: t[at] for k, t in state.clients.items()}, "client_ids": at}
+
+
+def restored_clients(method: Method, ck: dict) -> tuple[Params, np.ndarray | None]:
+    """Every client's personal state from a checkpoint: its trained clients' rows over the others' initial state
+    (a checkpoint without ``client_ids``, of fedcache before them, holds every client's)."""
+    saved, ids = ck["clients"], ck.get("client_ids")
+    if not saved:
+        return saved, None
+    n = _rows(saved) if ids is None else method.ctx.data.n_clients
+    trained = np.zeros(n, bool)
+    trained[slice(None) if ids is None else ids.cpu().numpy()] = True
+    if ids is None or len(ids) == n:
+        return saved, trained
+    clients = method.init_clients(n)
+    for k, t in saved.items():
+        clients[k] = clients[k].to(t.device)
+        clients[k][ids] = t
+    return clients, trained
+
+
+def _rows(clients: Params) -> int:
+    return len(next(iter(clients.values()))) if clients else 0
 
 
 def _checkpoint(states: list[RunState], engine: Engine) -> dict:

@@ -207,3 +207,40 @@ def test_a_damaged_checkpoint_is_refused_naming_it(data, tmp_path):
     path.write_bytes(bytes(raw[: len(raw) // 2]))
     with pytest.raises(DamagedCheckpointError, match="it cannot be read"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["fedrep", "fedpcl"])
+def test_a_checkpoint_holds_the_trained_clients_only_and_resumes_exactly(tmp_path, name):
+    """Of 40 clients, 4 train a round: after two rounds the checkpoint holds the state of the (at most 8) clients
+    that trained, not of all 40; resumed, the run ends as one that was never interrupted. A checkpoint of
+    fedcache before client_ids (every client's state) still resumes to the same numbers."""
+    from fedcache.federate.driver import restored_clients
+    from fedcache.federate.rundir import load_checkpoint, save_checkpoint
+
+    data = synthetic(n_clients=40, per_client=12)
+    cfg = dict(rounds=4, fraction=0.1)
+    full = run(make(name, data), RunConfig(**cfg))
+    m = make(name, data)
+    trained = sorted({k for rnd in range(2) for k in sample_clients(m, RunConfig(**cfg), rnd)})
+
+    def interrupted(where):
+        where.mkdir()
+        with pytest.raises(KeyboardInterrupt):
+            run(make(name, data), RunConfig(**cfg, out=where), on_round=lambda done, total, line: (_ for _ in ()).throw(
+                KeyboardInterrupt) if done == 2 else None)
+        return where / "checkpoint.pt"
+
+    ck_path = interrupted(tmp_path / "sparse")
+    ck = load_checkpoint(ck_path)["runs"][0]
+    assert ck["client_ids"].tolist() == trained and 0 < len(trained) < data.n_clients
+    assert all(len(t) == len(trained) for t in ck["clients"].values())
+    dense_path = interrupted(tmp_path / "dense")
+    old = load_checkpoint(dense_path)
+    old["runs"][0]["clients"] = restored_clients(m, old["runs"][0])[0]
+    del old["runs"][0]["client_ids"]
+    save_checkpoint(dense_path, old)
+    for where in (tmp_path / "sparse", tmp_path / "dense"):
+        resumed = run(make(name, data), RunConfig(**cfg, out=where, resume=True))
+        assert resumed.summary["per_client_accuracy"] == full.summary["per_client_accuracy"]
+        for n in full.clients:
+            assert torch.equal(full.clients[n], resumed.clients[n]), n

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedcache.federate.driver import restored_clients
 from fedcache.federate.schedule import Schedule
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
@@ -74,17 +75,20 @@ def _numbers(value):
     return value
 
 
-def _run_state(ck: dict) -> dict:
-    """A checkpoint's state of the run (one file holds a run's state and, where it has one, its engine's)."""
+def _run_state(ck: dict, method) -> dict:
+    """A checkpoint's state of the run (one file holds a run's state and, where it has one, its engine's), every
+    client's state as it restores it: the file holds the trained clients' rows (``client_ids``), resume makes the
+    others' initial state again, and the records are of the whole state."""
     state = {**ck["runs"][0], **({"engine": ck["engine"]} if ck.get("engine") else {})}
-    return {k: v for k, v in state.items() if k != "seconds"}
+    state["clients"] = restored_clients(method, state)[0]
+    return {k: v for k, v in state.items() if k not in ("seconds", "client_ids")}
 
 
-def _files(out: Path) -> dict:
+def _files(out: Path, method) -> dict:
     """Every file a run wrote, with what varies from run to run (wall time) left out."""
     files = {"metrics.jsonl": [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]}
     for ck in sorted(out.glob("checkpoint*.pt")):
-        files[ck.name] = _run_state(torch.load(ck, weights_only=True))
+        files[ck.name] = _run_state(torch.load(ck, weights_only=True), method)
     return files
 
 
@@ -92,9 +96,10 @@ def outputs(case: str, out: Path) -> dict:
     name, head, fields = CASES[case]
     data = synthetic(sizes=[37, 80, 12, 64, 51], seed=3)
     ctx = MethodContext(data, head, OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=2, batch_size=16, seed=5, rounds=fields["rounds"]))
-    r = run(METHODS.get(name)(ctx), RunConfig(**fields, out=out, keep_checkpoints="all"))
+    method = METHODS.get(name)(ctx)
+    r = run(method, RunConfig(**fields, out=out, keep_checkpoints="all"))
     summary = {k: v for k, v in r.summary.items() if k != "seconds"}
-    return {"summary": summary, "history": r.history, **_files(out), "final": {"server": r.server, "clients": r.clients}}
+    return {"summary": summary, "history": r.history, **_files(out, method), "final": {"server": r.server, "clients": r.clients}}
 
 
 # A tensor's sum and sum of squares across CPUs: training grows the last bits of its arithmetic differently on
