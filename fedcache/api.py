@@ -20,7 +20,7 @@ import dataclasses
 import html
 import inspect
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,12 +70,13 @@ class TrainResult:
     """One federated run: ``summary`` (final accuracy, fairness, bytes), ``history`` (one dict per evaluated
     round), and the trained state: ``server``, the global parameters as one model (a linear head's
     ``weight`` is (D, C) and ``bias`` (1, C): logits = x @ weight + bias), and ``clients``, every client's
-    personal parameters stacked along the first axis (client k is ``[k]``)."""
+    personal parameters stacked along the first axis (client k is ``[k]``; each name's tensor is made when read,
+    from the clients the run trained and the others' initial state)."""
 
     summary: dict
     history: list[dict]
     server: dict
-    clients: dict
+    clients: Mapping
     out: Path | None = None
 
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError
+from fedcache.federate.clients import ClientStates
 from fedcache.federate.divergence import check_finite
 from fedcache.federate.local import rng_for
 from fedcache.federate.methods.base import LocalResult, Method
@@ -50,16 +51,13 @@ class Run:
 class RunState:
     rnd: int
     server: Params
-    clients: Params  # the personal state of every client, stacked, where the engine keeps it (else empty)
+    clients: Mapping[str, torch.Tensor]  # every client's personal state (ClientStates), where the engine keeps it; else {}
     bytes_up: int = 0
     bytes_down: int = 0
     params_up: list[int] = field(default_factory=list)  # per round, summed over the clients that sent
     seconds: float = 0.0
     losses: list[torch.Tensor] = field(default_factory=list)  # local-training losses since the last metrics line
     senders: list[int] = field(default_factory=list)  # per round: how many clients sent (0 for unfederated methods)
-    # Which clients a round has trained (their personal state changed), where the engine keeps ``clients``;
-    # None: every client counts as trained (a state made elsewhere). A checkpoint keeps only these clients' rows.
-    trained: np.ndarray | None = None
 
 
 @dataclass
@@ -67,7 +65,7 @@ class RunResult:
     summary: dict
     history: list[dict]
     server: Params
-    clients: Params
+    clients: Mapping[str, torch.Tensor]  # name -> every client's personal state (N, ...), made when read
     checkpoint: dict = field(default_factory=dict)  # the run's own state after its last round, as a checkpoint keeps it
     paused: bool = False  # stopped before its last round (``run(stop_after=...)``): ``summary`` scores that round
 
@@ -87,8 +85,9 @@ class Engine:
     ``init_clients`` (fresh runs), ``load_state_dict`` (resumed runs), ``start``, then per round ``round``
     and, when an evaluation is due, ``evaluate``; ``state_dict`` after each round."""
 
-    def init_clients(self, runs: Sequence[Run]) -> list[Params]:
-        """Per federation, the personal state of every client, stacked, if the engine keeps it with the run state."""
+    def init_clients(self, runs: Sequence[Run]) -> list[Mapping[str, torch.Tensor]]:
+        """Per federation, the personal state of every client (``ClientStates``), if the engine keeps it with the run
+        state."""
         return [{} for _ in runs]
 
     def start(self, states: list[RunState]) -> None:
@@ -165,8 +164,6 @@ def _round(runs: list[Run], engine: Engine, states: list[RunState], rnd: int) ->
     picks = [sample_clients(r.method, r.schedule, rnd) for r in runs]
     downs = [r.method.broadcast(s.server, rnd) for r, s in zip(runs, states)]
     got = engine.round(states, rnd, picks, downs)
-    for s, pick in zip(states, picks):
-        mark_trained(s, pick)
     return [close_round(r.method, r.schedule, engine, i, s, rnd, d, g)
             for i, (r, s, d, g) in enumerate(zip(runs, states, downs, got))]
 
@@ -295,8 +292,7 @@ def _per_client(state: RunState) -> dict:
 def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list[RunState], list[list[dict]]]:
     if not resume:
         clients = engine.init_clients(runs)
-        states = [RunState(0, r.method.init_server(), c, trained=np.zeros(_rows(c), bool)) for r, c in zip(runs, clients)]
-        return states, [[] for _ in runs]
+        return [RunState(0, r.method.init_server(), c) for r, c in zip(runs, clients)], [[] for _ in runs]
     ck = _resumed_checkpoint(runs, where)
     if len(ck["runs"]) != len(runs):
         raise ConfigError(f"{where} is a checkpoint of {len(ck['runs'])} runs, not of these {len(runs)}; delete it to start over")
@@ -353,57 +349,26 @@ def state_from_checkpoint(method: Method, schedule: Schedule, ck: dict) -> RunSt
     # Older checkpoints kept no losses, and no senders: the sampled clients of those rounds sent.
     senders = ck.get("senders") or [len(sample_clients(method, schedule, r)) if method.federated else 0
                                     for r in range(ck["rnd"])]
-    clients, trained = restored_clients(method, ck)
-    return RunState(ck["rnd"], ck["server"], clients, ck["bytes_up"], ck["bytes_down"], list(ck["params_up"]),
-                    ck["seconds"], list(ck.get("losses", [])), list(senders), trained)
+    return RunState(ck["rnd"], ck["server"], restored_clients(method, ck), ck["bytes_up"], ck["bytes_down"],
+                    list(ck["params_up"]), ck["seconds"], list(ck.get("losses", [])), list(senders))
 
 
 def checkpoint_of(state: RunState) -> dict:
-    """One run's state as a checkpoint keeps it (``state_from_checkpoint`` reads it back)."""
-    return {"rnd": state.rnd, "server": state.server, **trained_rows(state), "bytes_up": state.bytes_up,
+    """One run's state as a checkpoint keeps it (``state_from_checkpoint`` reads it back): of the clients' personal
+    state, the rows of those a round has trained and their ``client_ids`` (a run of 10,000 clients that has trained
+    100 of them keeps 100 clients' state)."""
+    clients = state.clients.checkpoint() if isinstance(state.clients, ClientStates) else {"clients": dict(state.clients)}
+    return {"rnd": state.rnd, "server": state.server, **clients, "bytes_up": state.bytes_up,
             "bytes_down": state.bytes_down, "params_up": state.params_up, "seconds": state.seconds,
             "losses": state.losses, "senders": state.senders}  # so that a run resumed between two metrics lines reports the same train_loss
 
 
-def mark_trained(state: RunState, clients: list[int]) -> None:
-    if state.trained is not None and state.clients:
-        state.trained[clients] = True
-
-
-def trained_rows(state: RunState) -> dict:
-    """The personal state of the clients a round has trained, and their ids (``client_ids``): every other client
-    still has its initial state, which ``init_clients`` makes again on resume. A run of 10,000 clients that has
-    trained 100 of them checkpoints 100 clients' state, not 10,000."""
-    if not state.clients:
-        return {"clients": {}}
-    n = _rows(state.clients)
-    ids = np.arange(n) if state.trained is None else np.flatnonzero(state.trained)
-    if len(ids) == n:  # every client: the tensors themselves, not a gathered copy
-        return {"clients": state.clients, "client_ids": torch.arange(n)}
-    at = torch.from_numpy(ids).to(next(iter(state.clients.values())).device)
-    return {"clients": {k: t[at] for k, t in state.clients.items()}, "client_ids": at}
-
-
-def restored_clients(method: Method, ck: dict) -> tuple[Params, np.ndarray | None]:
+def restored_clients(method: Method, ck: dict) -> Mapping[str, torch.Tensor]:
     """Every client's personal state from a checkpoint: its trained clients' rows over the others' initial state
     (a checkpoint without ``client_ids``, of fedcache before them, holds every client's)."""
-    saved, ids = ck["clients"], ck.get("client_ids")
-    if not saved:
-        return saved, None
-    n = _rows(saved) if ids is None else method.ctx.data.n_clients
-    trained = np.zeros(n, bool)
-    trained[slice(None) if ids is None else ids.cpu().numpy()] = True
-    if ids is None or len(ids) == n:
-        return saved, trained
-    clients = method.init_clients(n)
-    for k, t in saved.items():
-        clients[k] = clients[k].to(t.device)
-        clients[k][ids] = t
-    return clients, trained
-
-
-def _rows(clients: Params) -> int:
-    return len(next(iter(clients.values()))) if clients else 0
+    if not ck["clients"]:  # a method without personal state, or an engine that does not keep it (Flower's)
+        return ClientStates(method.ctx.data.n_clients, None, {})
+    return ClientStates.of(method).restore(ck["clients"], ck.get("client_ids"))
 
 
 def _checkpoint(states: list[RunState], engine: Engine) -> dict:
@@ -423,8 +388,6 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
     """A run stopped before its last round: scored at this round (the metrics line of a round without one is
     computed, not logged, so that the run's files stay those of an uninterrupted run) and, where it trained in
     a stack, its own checkpoint written, so that it continues by itself or in any other stack."""
-    if stacked:
-        state.clients = {n: t.clone() for n, t in state.clients.items()}
     due = history and history[-1]["round"] == state.rnd
     line = history[-1] if due else metrics_line(r.method, state, engine, i, state.rnd - 1)
     summary = run_summary(r.method, state, [line], {**engine.facts(i), **r.facts})
@@ -435,8 +398,6 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
 
 
 def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
-    if stacked:  # its own tensors, not views of the whole stack's
-        state.clients = {n: t.clone() for n, t in state.clients.items()}
     summary = run_summary(r.method, state, history, {**engine.facts(i), **r.facts})
     own = checkpoint_of(state)
     if r.out is not None:

@@ -1,6 +1,6 @@
-"""The in-process engine: every client in this process, each federation's personal client states stacked
-in its run state, local updates batched (or one client at a time). ``run`` is the round driver with this
-engine for a run by itself."""
+"""The in-process engine: every client in this process, each federation's personal client states in its run
+state (``federate/clients.py``), local updates batched (or one client at a time). ``run`` is the round driver
+with this engine for a run by itself."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,6 +12,7 @@ import torch
 
 from fedcache.errors import FedcacheError
 from fedcache.federate import driver
+from fedcache.federate.clients import ClientStates
 from fedcache.federate.driver import Engine, Round, Run, RunResult, RunState
 from fedcache.federate.local import recording_losses
 from fedcache.federate.methods.base import LocalResult, Method
@@ -59,17 +60,17 @@ class InProcess(Engine):
     def __init__(self, methods: list[Method], batched: bool = True) -> None:
         self.methods, self.batched = methods, batched
 
-    def init_clients(self, runs) -> list[Params]:
-        return [m.init_clients(m.ctx.data.n_clients) for m in self.methods]
+    def init_clients(self, runs) -> list[ClientStates]:
+        return [ClientStates.of(m) for m in self.methods]
 
     def round(self, states: list[RunState], rnd: int, picks: list[list[int]], downs: list[Params]) -> list[Round]:
         return [self._round(m, s, rnd, clients, down) for m, s, clients, down in zip(self.methods, states, picks, downs)]
 
     def _round(self, method: Method, state: RunState, rnd: int, clients: list[int], down: Params) -> Round:
         with recording_losses() as losses:
-            result = _local(method, self.batched, rnd, clients, down, _gather(state.clients, clients))
+            result = _local(method, self.batched, rnd, clients, down, state.clients.take(clients))
         check_states(method, state.clients, result.states)
-        _scatter(state.clients, result.states, clients)
+        state.clients.put(clients, result.states)
         return Round(clients, result, losses)
 
     def evaluate(self, i: int, state: RunState, glob: torch.Tensor | None) -> dict:
@@ -79,39 +80,22 @@ class InProcess(Engine):
 def _local(method: Method, batched: bool, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
     if batched or not method.splittable:
         return method.local_update(rnd, clients, down, states)
-    parts = [method.local_update(rnd, [k], down, _gather(states, [i])) for i, k in enumerate(clients)]
+    parts = [method.local_update(rnd, [k], down, {n: t[[i]] for n, t in states.items()}) for i, k in enumerate(clients)]
     cat = lambda dicts: {n: torch.cat([d[n] for d in dicts]) for n in dicts[0]} if dicts and dicts[0] else {}
     return LocalResult(cat([p.states for p in parts]), cat([p.uploads for p in parts]), torch.cat([p.weights for p in parts]))
 
 
-# Gather and scatter behave the same whatever --fraction is: a method gets its clients' states and
-# returns all of them (check_states), and what it returns is what the store holds after the round.
-# Only where the bytes go differs: when every client trains, the stored tensors themselves are handed
-# over (local training updates weights in place, and _scatter copies only the tensors a method
-# replaced, such as the BatchNorm statistics a head returns); a subset gets copies, written back, so
-# a run of every client copies no state.
-def _gather(stacked: Params, idx: list[int]) -> Params:
-    if stacked and idx == list(range(len(next(iter(stacked.values()))))):
-        return dict(stacked)
-    return {n: t[idx] for n, t in stacked.items()}
-
-
+# Taking and putting behave the same whatever --fraction is: a method gets its clients' states and returns all
+# of them (check_states), and what it returns is what the run holds after the round. Only where the bytes go
+# differs: when every client trains, the held tensors themselves are handed over (local training updates weights
+# in place, and ``put`` copies only the tensors a method replaced, such as the BatchNorm statistics a head
+# returns); a subset gets copies, written back, so a run of every client copies no state.
 def check_states(method: Method, stacked: Params, returned: Params) -> None:
     """A method returns its clients' whole personal state: a state it kept only by updating the given
     tensors in place would survive a round of every client but be lost with --fraction < 1."""
     if set(returned) != set(stacked):
         raise FedcacheError(f"{method.name}.local_update returned states {sorted(returned)} for clients whose state is "
                             f"{sorted(stacked)}: a method returns every entry of the personal state it is given (and only those)")
-
-
-def _scatter(stacked: Params, part: Params, idx: list[int]) -> None:
-    for n, t in part.items():
-        if not _same_memory(stacked[n], t):
-            stacked[n][idx] = t
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 # ---- evaluation -----------------------------------------------------------------------
@@ -161,7 +145,7 @@ def _personal_accuracy(method: Method, state: RunState) -> np.ndarray:
     for start in range(0, d.n_clients, EVAL_CHUNK):
         clients = list(range(start, min(d.n_clients, start + EVAL_CHUNK)))
         x, y, mask = d.rows_of("test", clients)
-        states = {n: t[clients[0] : clients[-1] + 1] for n, t in state.clients.items()}  # views: read only
+        states = state.clients.take(clients) if state.clients else {}
         logits = method.client_logits(state.server, states, clients, x)
         hit = (logits.argmax(-1) == y) & mask
         acc.extend((100.0 * hit.sum(1) / mask.sum(1)).tolist())

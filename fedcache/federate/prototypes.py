@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def padded_rows(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, n_max) row indices and a mask of the real ones."""
-    n = max((len(r) for r in rows), default=0)
+def padded_rows(rows: list[np.ndarray], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, n_max) row indices and a mask of the real ones (``width``: n_max, at least the longest's)."""
+    n = max((len(r) for r in rows), default=0) if width is None else width
     idx = np.zeros((len(rows), n), dtype=np.int64)
     mask = np.zeros((len(rows), n), dtype=bool)
     for i, r in enumerate(rows):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import ConfigError
+from fedcache.federate.clients import ClientStates
 from fedcache.federate.driver import Engine, Round, Run, RunState
 from fedcache.federate.inprocess import check_states, client_accuracy
 from fedcache.federate.local import recording_losses
@@ -60,22 +61,17 @@ class Stacked(Engine):
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         self.declared = stacking_of(type(self.methods[0]))
         self.joint = _joint_method(self.methods)
-        self.clients: Params = {}
+        self.widest: dict[str, list[int]] = {}
         self.row_values = {n: torch.tensor([getattr(m.p, n) for m in self.methods for _ in range(m.ctx.data.n_clients)],
                                            dtype=torch.float32) for n in self.declared.per_row}
 
-    def init_clients(self, runs) -> list[Params]:
-        return [m.init_clients(m.ctx.data.n_clients) for m in self.methods]
+    def init_clients(self, runs) -> list[ClientStates]:
+        return [ClientStates.of(m) for m in self.methods]
 
     def start(self, states: list[RunState]) -> None:
-        """Stack the runs' client states (fresh or resumed) and point each run's at its rows of the stack."""
-        shapes = [{n: list(t.shape[1:]) for n, t in s.clients.items()} for s in states]
-        widest = {n: [max(dims) for dims in zip(*(sh[n] for sh in shapes))] for n in shapes[0]}
-        self.clients = {n: torch.cat([self._padded(n, s.clients[n], widest[n]) for s in states]) for n in widest}
-        for i, s in enumerate(states):
-            rows = slice(self.offsets[i], self.offsets[i + 1])
-            # Views cut to the run's own shape: its evaluation, checkpoint and result read the stack's tensors.
-            s.clients = {n: t[(rows, *(slice(0, d) for d in shapes[i][n]))] for n, t in self.clients.items()}
+        """The widest shape of each state entry over the runs (fresh or resumed): a round's rows are padded to it."""
+        shapes = [{n: s.clients.shape(n) for n in s.clients} for s in states]
+        self.widest = {n: [max(dims) for dims in zip(*(sh[n] for sh in shapes))] for n in shapes[0]}
 
     def _padded(self, name: str, t: torch.Tensor, widest: list[int]) -> torch.Tensor:
         if list(t.shape[1:]) == widest:
@@ -88,15 +84,22 @@ class Stacked(Engine):
     def round(self, states: list[RunState], rnd: int, picks: list[list[int]], downs: list[Params]) -> list[Round]:
         rows = [self.offsets[i] + k for i, pick in enumerate(picks) for k in pick]
         self._select(rows, picks, downs)
-        idx = torch.tensor(rows, dtype=torch.long)
+        given = self._taken(states, picks)
         with recording_losses() as losses:
-            result = self.joint.local_update(rnd, rows, RowBroadcast(self.joint.name, downs, picks),
-                                             {n: t[idx] for n, t in self.clients.items()})
-        check_states(self.joint, self.clients, result.states)
+            result = self.joint.local_update(rnd, rows, RowBroadcast(self.joint.name, downs, picks), given)
+        check_states(self.joint, given, result.states)
         losses = _checked(losses, len(rows))
-        for n, t in result.states.items():
-            self.clients[n][idx] = t  # before the metrics lines: evaluation reads the clients' new states
-        return list(_per_federation(result, losses, picks))
+        out = list(_per_federation(result, losses, picks))
+        for s, got in zip(states, out):  # before the metrics lines: evaluation reads the clients' new states
+            if got.clients:
+                s.clients.put(got.clients, {n: t[(slice(None), *(slice(0, d) for d in s.clients.shape(n)))]
+                                            for n, t in got.result.states.items()})
+        return out
+
+    def _taken(self, states: list[RunState], picks: list[list[int]]) -> Params:
+        """The sampled clients' states, run after run, each entry padded to the widest run's shape."""
+        parts = [s.clients.take(pick) for s, pick in zip(states, picks) if pick]
+        return {n: torch.cat([self._padded(n, p[n], w) for p in parts]) for n, w in self.widest.items()}
 
     def _select(self, rows: list[int], picks: list[list[int]], downs: list[Params]) -> None:
         """Point the joint method's settings, optimizer and runs at these rows for one ``local_update``."""

@@ -16,6 +16,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedcache.errors import ConfigError
+from fedcache.federate.clients import ClientStates
 from fedcache.federate.local import recording_losses
 from fedcache.federate.methods import METHODS, LocalResult, Method
 from fedcache.flower.config import FlowerRun, build_method
@@ -51,8 +52,7 @@ def _state(method: Method, info: ShardInfo, context: Context) -> dict[str, torch
     """This client's personal state: from the context, or the in-process engine's initial state of client k."""
     if STATE in context.state:
         return from_record(context.state[STATE])
-    everyone = method.init_clients(info.n_clients)
-    return {n: t[[info.client]] for n, t in everyone.items()}
+    return ClientStates.of(method, info.n_clients).take([info.client])
 
 
 @app.query()

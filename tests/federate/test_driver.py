@@ -236,7 +236,7 @@ def test_a_checkpoint_holds_the_trained_clients_only_and_resumes_exactly(tmp_pat
     assert all(len(t) == len(trained) for t in ck["clients"].values())
     dense_path = interrupted(tmp_path / "dense")
     old = load_checkpoint(dense_path)
-    old["runs"][0]["clients"] = restored_clients(m, old["runs"][0])[0]
+    old["runs"][0]["clients"] = dict(restored_clients(m, old["runs"][0]))
     del old["runs"][0]["client_ids"]
     save_checkpoint(dense_path, old)
     for where in (tmp_path / "sparse", tmp_path / "dense"):

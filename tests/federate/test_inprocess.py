@@ -27,11 +27,12 @@ STATEFUL = ["solo", "fedproto", "fedrep", "pfedme", "fedpcl"]
 
 @pytest.mark.parametrize("name", STATEFUL)
 def test_training_client_state_in_place_equals_training_a_copy(name, monkeypatch):
-    import fedcache.federate.inprocess as loop
+    from fedcache.federate.clients import ClientStates
 
     data = synthetic(sizes=[37, 80, 12, 64, 51])
     in_place = run(make(name, data), RunConfig(rounds=3))
-    monkeypatch.setattr(loop, "_gather", lambda stacked, idx: {n: t[idx] for n, t in stacked.items()})
+    assert ClientStates._all_held_in_order(in_place.clients, list(range(data.n_clients)))  # the path taken
+    monkeypatch.setattr(ClientStates, "_all_held_in_order", lambda self, idx: False)  # copies in and out
     copied = run(make(name, data), RunConfig(rounds=3))
     assert in_place.summary["per_client_accuracy"] == copied.summary["per_client_accuracy"]
     for got, want in ((in_place.clients, copied.clients), (in_place.server, copied.server)):

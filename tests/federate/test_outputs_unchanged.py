@@ -80,7 +80,7 @@ def _run_state(ck: dict, method) -> dict:
     client's state as it restores it: the file holds the trained clients' rows (``client_ids``), resume makes the
     others' initial state again, and the records are of the whole state."""
     state = {**ck["runs"][0], **({"engine": ck["engine"]} if ck.get("engine") else {})}
-    state["clients"] = restored_clients(method, state)[0]
+    state["clients"] = dict(restored_clients(method, state))
     return {k: v for k, v in state.items() if k not in ("seconds", "client_ids")}
 
 
@@ -99,7 +99,7 @@ def outputs(case: str, out: Path) -> dict:
     method = METHODS.get(name)(ctx)
     r = run(method, RunConfig(**fields, out=out, keep_checkpoints="all"))
     summary = {k: v for k, v in r.summary.items() if k != "seconds"}
-    return {"summary": summary, "history": r.history, **_files(out, method), "final": {"server": r.server, "clients": r.clients}}
+    return {"summary": summary, "history": r.history, **_files(out, method), "final": {"server": r.server, "clients": dict(r.clients)}}
 
 
 # A tensor's sum and sum of squares across CPUs: training grows the last bits of its arithmetic differently on

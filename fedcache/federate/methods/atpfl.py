@@ -37,8 +37,9 @@ class ATPFL(TPFL):
     description = "TPFL plus InfoNCE towards the global prompts and away from the client's previous ones"
     Settings = ATPFLSettings
 
-    def init_clients(self, n: int) -> Params:
+    def initial_states(self, clients: list[int]) -> Params:
         # Placeholders until a client trains: local_extra uses the received global prompts instead.
+        n = len(clients)
         return {**{PREV + k: torch.zeros(n, *t.shape[1:], dtype=t.dtype) for k, t in self.init_server().items()},
                 TRAINED: torch.zeros(n, 1)}
 

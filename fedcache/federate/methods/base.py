@@ -1,9 +1,9 @@
 """The method interface: a method says what a client does, what the server does, and what travels.
 
 The round driver (federate/driver.py) owns sampling, byte counting, evaluation, checkpoints and
-resumption; a method never touches those. Client state is kept stacked over all clients
-(leading axis N) so an engine can hand any subset of clients to ``local_update`` at once, which
-returns every entry of the states it was given.
+resumption; a method never touches those. Client state is read and written as if stacked over all
+clients (leading axis N: ``federate/clients.py`` holds it) so an engine can hand any subset of clients to
+``local_update`` at once, which returns every entry of the states it was given.
 """
 from __future__ import annotations
 
@@ -161,8 +161,16 @@ class Method:
         return self.head.init(1, self.generator(0, 0))
 
     def init_clients(self, n: int) -> Params:
-        """Personal state of all N clients, stacked; empty for methods without one."""
-        return {}
+        """Personal state of all N clients, stacked; empty for methods without one. A method whose clients' initial
+        states can be made one client at a time defines ``initial_states`` instead."""
+        states = self.initial_states(list(range(n)))
+        return {} if states is None else states
+
+    def initial_states(self, clients: list[int]) -> Params | None:
+        """The initial personal state of these clients alone, stacked (K, ...), where a client's does not depend on
+        the others' (a run of thousands of clients then holds only those a round has trained: federate/clients.py);
+        None where it does (each client's random head drawn from one stream: ``init_clients`` makes them all)."""
+        return None
 
     # ---- one round ----------------------------------------------------------------
     def broadcast(self, server: Params, rnd: int) -> Params:

@@ -67,8 +67,13 @@ class FedProto(Method):
 
     def init_clients(self, n: int) -> Params:
         if self.p.init == "shared":
-            return expand(self.head.init(1, self.generator(0, 1)), n)
+            return super().init_clients(n)
         return self.head.init(n, self.generator(0, 1))
+
+    def initial_states(self, clients: list[int]) -> Params | None:
+        if self.p.init == "shared":
+            return expand(self.head.init(1, self.generator(0, 1)), len(clients))
+        return None  # per-client heads are drawn from one stream, every client's at once
 
     def broadcast(self, server: Params, rnd: int) -> Params:
         # With a leading model axis of 1, as a head's parameters travel: ``per_row`` gives each client its copy.

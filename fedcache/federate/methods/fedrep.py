@@ -49,8 +49,8 @@ class FedRep(Method):
     def init_server(self) -> Params:
         return {n: t for n, t in self._initial().items() if n in self.body}
 
-    def init_clients(self, n: int) -> Params:
-        return expand({k: t for k, t in self._initial().items() if k not in self.body}, n)
+    def initial_states(self, clients: list[int]) -> Params:
+        return expand({k: t for k, t in self._initial().items() if k not in self.body}, len(clients))
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         p = {**states, **expand(down, len(clients))}

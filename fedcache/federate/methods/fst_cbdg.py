@@ -113,17 +113,23 @@ class FSTCBDG(Method):
         self.w_ist, self.w_tsamp = LOSS_WEIGHTS[self.p.losses]
         # Labels never reach training: train() indexes this blank vector instead of y_train.
         self.blind = torch.zeros((), dtype=torch.long).expand(len(ctx.data.x_train))
+        self._zero_shot: torch.Tensor | None = None
+        self._width = 0
 
     def init_server(self) -> Params:
         return anchor_head(self.anchors)
 
-    def init_clients(self, n: int) -> Params:
-        """q^0 = p (Eq. 2): zero-shot probabilities of every client's rows, padded to (N, n_max, C)."""
-        x = self.ctx.data.x_train
-        p = torch.cat([torch.softmax(cosine(x[i: i + ZERO_SHOT_CHUNK], self.anchors.T), -1)
-                       for i in range(0, len(x), ZERO_SHOT_CHUNK)])
-        idx, mask = padded_rows(self.ctx.data.client_train[:n])
-        return {"q": p[idx] * mask.unsqueeze(-1)}
+    def initial_states(self, clients: list[int]) -> Params:
+        """q^0 = p (Eq. 2): the zero-shot probabilities of each client's rows, padded to the run's largest client
+        (K, n_max, C)."""
+        rows = self.ctx.data.client_train
+        if self._zero_shot is None:  # every row's, once: a client's q^0 is read when it first trains
+            x = self.ctx.data.x_train
+            self._zero_shot = torch.cat([torch.softmax(cosine(x[i: i + ZERO_SHOT_CHUNK], self.anchors.T), -1)
+                                         for i in range(0, len(x), ZERO_SHOT_CHUNK)])
+            self._width = max((len(r) for r in rows), default=0)
+        idx, mask = padded_rows([rows[k] for k in clients], self._width)
+        return {"q": self._zero_shot[idx] * mask.unsqueeze(-1)}
 
     # ---- client ---------------------------------------------------------------------
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:

@@ -24,8 +24,8 @@ class MinLocal(SSLMethod):
         super().__init__(ctx, params)
         self.whole_test: dict[int, float] = {}  # client -> its probe's accuracy on the whole test split, last evaluation
 
-    def init_clients(self, n: int) -> Params:
-        return expand(self.init_server(), n)  # one common starting point, as the federated methods have
+    def initial_states(self, clients: list[int]) -> Params:
+        return expand(self.init_server(), len(clients))  # one common starting point, as the federated methods have
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         return LocalResult(local_simclr(self, rnd, clients, states), {}, self.sample_counts(clients))

@@ -44,8 +44,8 @@ class PFedMe(Method):
     default_preset = "pfedme"  # SGD at the paper's eta: the w update of Algorithm 1
     personalized = True
 
-    def init_clients(self, n: int) -> Params:
-        return expand(self.init_server(), n)  # theta before any training: the initial global model
+    def initial_states(self, clients: list[int]) -> Params:
+        return expand(self.init_server(), len(clients))  # theta before any training: the initial global model
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         w = expand(down, len(clients))

@@ -1,0 +1,79 @@
+"""Clients' personal state (fedcache/federate/clients.py): held for the clients a round has written where the method
+can make a client's initial state alone, every client's where it cannot; reads, writes and checkpoints of either
+give what a stack of every client's state gives."""
+import numpy as np
+import pytest
+import torch
+
+from fedcache.federate.clients import ClientStates
+from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.methods import METHODS, MethodContext
+from fedcache.federate.optim import OptimConfig
+from fedcache.federate.schedule import Schedule
+
+from .conftest import synthetic
+
+
+def initial(clients):
+    """Client k starts at k (a state each client has alone, as a method's initial_states makes it)."""
+    k = torch.tensor(clients, dtype=torch.float32)
+    return {"w": k[:, None, None].expand(-1, 2, 3).clone(), "n": torch.zeros(len(clients), 1)}
+
+
+def stack(n):
+    return initial(list(range(n)))
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_reads_and_writes_equal_those_of_a_stack_of_every_client(lazy):
+    n, g = 50, torch.Generator().manual_seed(0)
+    held = ClientStates(n, initial, initial([0])) if lazy else ClientStates(n, None, stack(n))
+    dense = stack(n)
+    for step in range(12):
+        clients = sorted(torch.randperm(n, generator=g)[: 1 + step % 7].tolist())
+        got = held.take(clients)
+        assert all(torch.equal(got[k], dense[k][clients]) for k in dense)
+        new = {k: t + step + 1 for k, t in got.items()}
+        held.put(clients, new)
+        for k in dense:
+            dense[k][clients] = new[k]
+    mixed = [3, 0, 49, 17, 17, 8]  # any order, repeats, written and never-written clients together
+    assert all(torch.equal(held.take(mixed)[k], dense[k][mixed]) for k in dense)
+    assert all(torch.equal(held[k], dense[k]) for k in dense) and list(held) == ["w", "n"]
+    trained = sorted(np.flatnonzero(held.trained).tolist())
+    assert held.used == (len(trained) if lazy else n) and len(trained) < n
+    assert len(held.rows["w"]) < (2 * len(trained) + 16 if lazy else n + 1)  # room grows by doubling
+    ck = held.checkpoint()
+    assert ck["client_ids"].tolist() == trained and len(ck["clients"]["w"]) == len(trained)
+    again = ClientStates(n, initial, initial([0])).restore(ck["clients"], ck["client_ids"])
+    assert all(torch.equal(again[k], dense[k]) for k in dense)
+    assert ClientStates(n, initial, initial([0])).restore(dense, None).trained.all()  # an older checkpoint: every client's
+
+
+def test_a_round_of_every_client_trains_the_held_tensors_in_place():
+    held = ClientStates(6, initial, initial([0]))
+    everyone = list(range(6))
+    held.put(everyone, held.take(everyone))
+    given = held.take(everyone)
+    assert all(given[k] is held.rows[k] for k in given)
+    given["w"].add_(1)  # in place, as local training updates weights
+    held.put(everyone, given)
+    assert torch.equal(held["w"], stack(6)["w"] + 1)
+
+
+@pytest.mark.parametrize("name", ["pfedme", "fedrep", "fedproto"])
+def test_a_run_of_many_clients_holds_only_those_it_trained(name):
+    """400 clients, 4 a round, 3 rounds: at most 12 clients' state held (fedproto with init=shared; its default
+    per-client heads come from one stream and are held for every client), and the numbers of a stack of all."""
+    data = synthetic(n_clients=400, per_client=3)
+    settings = {"fedproto": {"init": "shared"}}.get(name, {})
+    ctx = MethodContext(data, "mlp", OptimConfig("adam", 1e-2), Schedule(batch_size=4))
+    method = METHODS.get(name)(ctx, METHODS.get(name).Settings(**settings))
+    r = run(method, RunConfig(rounds=3, fraction=0.01, eval_every=3))
+    assert 0 < r.clients.trained.sum() <= 12 and len(next(iter(r.clients.rows.values()))) <= 16
+    dense = method.init_clients(data.n_clients)
+    untouched = np.flatnonzero(~r.clients.trained)
+    assert all(torch.equal(r.clients.take(untouched)[k], dense[k][untouched]) for k in dense)
+    if name == "fedproto":
+        default = METHODS.get(name)(ctx)
+        assert ClientStates.of(default).used == data.n_clients
