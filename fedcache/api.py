@@ -20,7 +20,7 @@ import dataclasses
 import html
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,13 +70,12 @@ class TrainResult:
     """One federated run: ``summary`` (final accuracy, fairness, bytes), ``history`` (one dict per evaluated
     round), and the trained state: ``server``, the global parameters as one model (a linear head's
     ``weight`` is (D, C) and ``bias`` (1, C): logits = x @ weight + bias), and ``clients``, every client's
-    personal parameters stacked along the first axis (client k is ``[k]``; each name's tensor is made when read,
-    from the clients the run trained and the others' initial state)."""
+    personal parameters stacked along the first axis (client k is ``[k]``)."""
 
     summary: dict
     history: list[dict]
     server: dict
-    clients: Mapping
+    clients: dict
     out: Path | None = None
 
     @property
@@ -127,7 +126,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
                           "fedcache.flower.sim.train_flower_sim(spec) (in a child process) or `fedcache train --engine`")
     r = run(spec, on_round)
-    return TrainResult(r.summary, r.history, one_model(r.server), r.clients, spec.engine.out)
+    return TrainResult(r.summary, r.history, one_model(r.server), dict(r.clients), spec.engine.out)
 
 
 def grid_spec(config: str | Path | None = None, **given: Any):

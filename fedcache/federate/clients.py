@@ -20,7 +20,8 @@ from fedcache.heads import Params
 
 
 class ClientStates(Mapping):
-    """Name -> the state of every client as an (N, ...) tensor, made when read (``take`` reads some clients)."""
+    """Name -> the state of every client as an (N, ...) tensor, made when read (``take`` reads some clients): for
+    reading; ``put`` writes (``dict(states)`` is a copy to change)."""
 
     def __init__(self, n: int, initial: Callable[[list[int]], Params] | None, held: Params) -> None:
         """``initial``: the initial state of some clients (None: ``held`` is every client's, N rows); ``held``:
@@ -31,6 +32,9 @@ class ClientStates(Mapping):
         self.slot = np.arange(n) if initial is None else np.full(n, -1, np.int64)  # row of each client, -1: none yet
         self.used = n if initial is None else 0
         self.trained = np.zeros(n, bool)  # clients some round has written
+        # Where a never-written client's state is made: the run's device, whatever the default device is when the
+        # state is read (a result read after a GPU run).
+        self.device = next(iter(held.values())).device if held else torch.device("cpu")
 
     @classmethod
     def of(cls, method, n: int | None = None) -> "ClientStates":
@@ -47,6 +51,13 @@ class ClientStates(Mapping):
         if name not in self.names:
             raise KeyError(name)
         return self.take(range(self.n), (name,))[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __reduce__(self):
+        # Pickled, it would carry the method it makes initial states with, and the data behind it.
+        raise TypeError("client states are not saved as they are: save dict(states), every client's state by name")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -69,7 +80,7 @@ class ClientStates(Mapping):
         held = slots >= 0
         if held.all():
             return {k: self.rows[k][torch.from_numpy(slots)] for k in names}
-        fresh = self._initial(idx[~held].tolist())
+        fresh = {k: t.to(self.device) for k, t in self._initial(idx[~held].tolist()).items()}
         if not held.any():
             return {k: fresh[k] for k in names}
         out = {}
@@ -88,6 +99,8 @@ class ClientStates(Mapping):
     def put(self, clients: Sequence[int], states: Params) -> None:
         """The clients' new states (K, ...), as a round leaves them."""
         idx = np.asarray(clients, dtype=np.int64)
+        if len(np.unique(idx)) != len(idx):
+            raise ValueError("put: a client appears twice among the clients written at once")
         self.trained[idx] = True
         new = idx[self.slot[idx] < 0]
         if len(new):

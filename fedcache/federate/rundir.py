@@ -10,7 +10,7 @@
 A crash at any point leaves a run that continues: the checkpoint is never half-written, a metrics line of a
 round after the checkpoint (or a torn one) is dropped and that round runs again.
 
-The checkpoint format is one for every engine: ``{"format": 2, "rnd", "seconds", "runs": [state per run],
+The checkpoint format is one for every engine: ``{"format": 3, "rnd", "seconds", "runs": [state per run],
 "engine": {...}}``; a run by itself has one state, a stack of F runs F, each as its run alone would keep it.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 ROUND_COPIES = "checkpoint-round*.pt"
-FORMAT = 2
+FORMAT = 3  # 3: a run's ``clients`` are the rows of its trained clients, with their ``client_ids``; 2: every client's
 DIGEST = "sha256"  # the checkpoint's key holding the digest of everything else in it
 
 
@@ -183,8 +183,8 @@ def load_checkpoint(path: Path) -> dict:
     written = ck.pop(DIGEST, None)  # checkpoints of fedcache before digests have none
     if written is not None and written != digest(ck):
         raise DamagedCheckpointError(path, "what it holds no longer matches the digest written with it")
-    if ck.get("format") == FORMAT:
-        return ck
+    if ck.get("format") in (2, FORMAT):  # 2: each run's clients are every client's (no client_ids), as 3 reads them
+        return {**ck, "format": FORMAT}
     if "server" in ck and "rnd" in ck:
         engine = ck.pop("engine", {})
         return {"format": FORMAT, "rnd": ck["rnd"], "seconds": ck["seconds"], "runs": [ck], "engine": engine}

@@ -77,3 +77,25 @@ def test_a_run_of_many_clients_holds_only_those_it_trained(name):
     if name == "fedproto":
         default = METHODS.get(name)(ctx)
         assert ClientStates.of(default).used == data.n_clients
+
+
+def test_a_never_trained_client_s_state_is_made_on_the_run_s_device_and_saved_as_a_plain_dict():
+    """Read after the run (a GPU run's result, the default device back to the CPU), a never-trained client's state
+    is made where the held rows are; saved, the states are the dict they read as (pickling the object itself, with
+    the method behind it, is refused)."""
+    import io
+
+    held = ClientStates(5, initial, {k: t.to("meta") for k, t in initial([0]).items()})
+    held.put([2], {k: t.to("meta") for k, t in initial([2]).items()})
+    assert all(t.device.type == "meta" for t in held.take([0, 2, 4]).values())
+    cpu = ClientStates(5, initial, initial([0]))
+    cpu.put([1], {k: t + 7 for k, t in initial([1]).items()})
+    buf = io.BytesIO()
+    with pytest.raises(TypeError, match=r"save dict\(states\)"):
+        torch.save(cpu, io.BytesIO())
+    torch.save(dict(cpu), buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    assert type(saved) is dict and all(torch.equal(saved[k], cpu[k]) for k in cpu) and "w" in cpu and "x" not in cpu
+    with pytest.raises(ValueError, match="a client appears twice"):
+        cpu.put([0, 0], initial([0, 0]))

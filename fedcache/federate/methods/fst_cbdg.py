@@ -129,7 +129,8 @@ class FSTCBDG(Method):
                                          for i in range(0, len(x), ZERO_SHOT_CHUNK)])
             self._width = max((len(r) for r in rows), default=0)
         idx, mask = padded_rows([rows[k] for k in clients], self._width)
-        return {"q": self._zero_shot[idx] * mask.unsqueeze(-1)}
+        here = self._zero_shot.device  # the run's, also when read after it (ClientStates moves it there anyway)
+        return {"q": self._zero_shot[idx.to(here)] * mask.to(here).unsqueeze(-1)}
 
     # ---- client ---------------------------------------------------------------------
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
