@@ -185,6 +185,9 @@ def load_checkpoint(path: Path) -> dict:
         raise DamagedCheckpointError(path, "what it holds no longer matches the digest written with it")
     if ck.get("format") in (2, FORMAT):  # 2: each run's clients are every client's (no client_ids), as 3 reads them
         return {**ck, "format": FORMAT}
+    if isinstance(ck.get("format"), int) and ck["format"] > FORMAT:
+        raise ConfigError(f"{path} was written by a newer fedcache (format {ck['format']}; this one reads up to {FORMAT}): "
+                          "continue it with that version, or delete it to start over")
     if "server" in ck and "rnd" in ck:
         engine = ck.pop("engine", {})
         return {"format": FORMAT, "rnd": ck["rnd"], "seconds": ck["seconds"], "runs": [ck], "engine": engine}
