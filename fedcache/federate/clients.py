@@ -41,7 +41,7 @@ class ClientStates(Mapping):
         """The initial state of ``n`` clients (default: the run's) of ``method``, held sparsely where it can be."""
         n = method.ctx.data.n_clients if n is None else n
         one = method.initial_states([0]) if n else None
-        if one is None:
+        if not one:  # None: every client's at once; {}: no personal state
             return cls(n, None, method.init_clients(n))
         return cls(n, method.initial_states, one)
 

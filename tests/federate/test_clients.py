@@ -99,3 +99,20 @@ def test_a_never_trained_client_s_state_is_made_on_the_run_s_device_and_saved_as
     assert type(saved) is dict and all(torch.equal(saved[k], cpu[k]) for k in cpu) and "w" in cpu and "x" not in cpu
     with pytest.raises(ValueError, match="a client appears twice"):
         cpu.put([0, 0], initial([0, 0]))
+
+
+def test_a_method_whose_initial_states_are_empty_has_no_personal_state():
+    class Stateless:
+        class ctx:
+            class data:
+                n_clients = 4
+
+        def initial_states(self, clients):
+            return {}
+
+        def init_clients(self, n):
+            return {}
+
+    held = ClientStates.of(Stateless())
+    held.put([1, 3], {})
+    assert not held and held.take([0, 2]) == {} and held.checkpoint() == {"clients": {}}
