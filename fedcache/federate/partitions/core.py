@@ -16,6 +16,7 @@ import numpy as np
 
 from fedcache.config import Checked, Choices, Fraction, NonNegativeInt, Positive, PositiveInt, Share, opt
 from fedcache.errors import ConfigError
+from fedcache.federate.partitions.sampling import choice_sets
 from fedcache.registry import Registry
 from fedcache.store.keys import short_hash
 
@@ -320,11 +321,16 @@ def few_shot_filter(clients: list[np.ndarray], labels: np.ndarray, n: int, rng: 
 
 def cells(labels: np.ndarray, domains: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     """Rows of each (class, domain) cell."""
-    pairs, inverse = np.unique(np.stack([labels, domains], axis=1), axis=0, return_inverse=True)
+    keys, rows, starts = _cell_table(labels, domains)
+    return {(int(c), int(d)): rows[lo:hi] for (c, d), lo, hi in zip(keys.tolist(), starts[:-1], starts[1:])}
+
+
+def _cell_table(labels: np.ndarray, domains: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (class, domain) cells in sorted order, every row grouped by cell, and where each cell's rows start."""
+    pairs, inverse = np.unique(np.stack([labels, domains], axis=1).reshape(-1, 2), axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
-    groups = np.split(order, np.cumsum(np.bincount(inverse, minlength=len(pairs)))[:-1])
-    return {(int(c), int(d)): g for (c, d), g in zip(pairs, groups)}
+    return pairs.reshape(-1, 2), order, np.r_[0, np.cumsum(np.bincount(inverse, minlength=len(pairs)))]
 
 
 def local_test_sets(clients, labels, domains, test_labels, test_domains, budget: int, rng: np.random.Generator,
@@ -340,50 +346,69 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     client holds, weighted alike: a client is also tested on the classes it has no rows of, each cell
     on ``min(budget / cells, rows of the cell)`` rows (FedPCL's "the first 100 rows per class"), T
     being ``budget`` whatever the test split holds.
+
+    Every client's rows are drawn as one ``rng.choice`` call per cell, clients in order and a client's cells in
+    order, would draw them (partitions/sampling.py), at a fraction of those calls' cost.
     """
-    test_cells = cells(test_labels, test_domains)
-    classes = np.unique(labels)
-    missing: set[tuple[int, int]] = set()
-    out = []
-    for held in held_cells(clients, labels, domains):
-        if mix == "uniform":
-            held = {(int(c), d): 1 for d in sorted({d for _, d in held}) for c in classes}
-        missing |= {cell for cell in held if cell not in test_cells}
-        present = {cell: n for cell, n in held.items() if cell in test_cells}
-        out.append(_draw_test(present, test_cells, budget, rng, mix == "uniform"))
-    if missing:
+    keys, test_rows, test_starts = _cell_table(test_labels, test_domains)
+    held = _held_table(clients, labels, domains)
+    if mix == "uniform":
+        held = _every_class(held, np.unique(labels))
+    owner, label, domain, count = held
+    cell = _find_cells(keys, label, domain)
+    present = cell >= 0
+    if not present.all():
+        missing = sorted(set(zip(label[~present].tolist(), domain[~present].tolist())))
         log.warning(
             "%d (class, domain) cells held by clients have no test rows and are left out of local test sets: %s",
-            len(missing), ", ".join(f"class {c}/domain {d}" for c, d in sorted(missing)[:10]),
+            len(missing), ", ".join(f"class {c}/domain {d}" for c, d in missing[:10]),
         )
-    return out
+    owner, count, cell = owner[present], count[present], cell[present]
+    available = np.diff(test_starts)[cell]
+    bounds = np.searchsorted(owner, np.arange(len(clients) + 1))
+    per_client = lambda x: np.diff(np.r_[0, np.cumsum(x)][bounds])  # noqa: E731
+    n_k = per_client(count)
+    total = np.full(len(clients), budget, np.int64) if mix == "uniform" else np.minimum(budget, per_client(available))
+    # The client's mix scales to the rows there are, keeping its proportions; a uniform quota does not shrink
+    # (a small test split would otherwise cut its larger classes to its smaller ones' share).
+    take = np.minimum(np.floor(total[owner] * count / n_k[owner] + 0.5).astype(np.int64), available)
+    none = per_client(take) == 0
+    take[none[owner]] = 1
+    drawn = choice_sets(rng, available[take > 0], take[take > 0])
+    rows = test_rows[np.repeat(test_starts[cell][take > 0], take[take > 0]) + drawn].astype(np.int64)
+    return [np.sort(r) for r in np.split(rows, np.cumsum(per_client(take))[:-1])]
 
 
-def held_cells(clients: list[np.ndarray], labels: np.ndarray, domains: np.ndarray) -> list[dict[tuple[int, int], int]]:
-    """Per client, how many of its rows each of its (class, domain) cells holds, cells in sorted order (as
-    ``cells`` lists them): one sort of every client's rows, not one per client."""
+def _held_table(clients: list[np.ndarray], labels: np.ndarray, domains: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per client in order, its (class, domain) cells in sorted order with how many of its rows each holds, as
+    arrays (client, class, domain, rows): one sort of every client's rows, not one per client."""
     sizes = np.array([len(r) for r in clients], dtype=np.int64)
     rows = np.concatenate(clients).astype(np.int64) if len(clients) else np.zeros(0, np.int64)
     owner = np.repeat(np.arange(len(clients)), sizes)
     lab, dom = labels[rows], domains[rows]
     order = np.lexsort((dom, lab, owner))
     o, lab, dom = owner[order], lab[order], dom[order]
-    starts = np.flatnonzero(np.r_[True, (o[1:] != o[:-1]) | (lab[1:] != lab[:-1]) | (dom[1:] != dom[:-1])])
-    counts = np.diff(np.r_[starts, len(o)]).tolist()
-    cell_label, cell_domain = lab[starts].tolist(), dom[starts].tolist()
-    bounds = np.searchsorted(o[starts], np.arange(len(clients) + 1)).tolist()
-    return [{(cell_label[i], cell_domain[i]): counts[i] for i in range(lo, hi)} for lo, hi in zip(bounds[:-1], bounds[1:])]
+    starts = np.flatnonzero(np.r_[True, (o[1:] != o[:-1]) | (lab[1:] != lab[:-1]) | (dom[1:] != dom[:-1])]) if len(o) \
+        else np.zeros(0, np.int64)
+    return o[starts], lab[starts], dom[starts], np.diff(np.r_[starts, len(o)])
 
 
-def _draw_test(present: dict, test_cells: dict, budget: int, rng: np.random.Generator, uniform: bool = False) -> np.ndarray:
-    if not present:
-        return np.zeros(0, dtype=np.int64)
-    n_k = sum(present.values())
-    # The client's mix scales to the rows there are, keeping its proportions; a uniform quota does not shrink
-    # (a small test split would otherwise cut its larger classes to its smaller ones' share).
-    total = budget if uniform else min(budget, sum(len(test_cells[c]) for c in present))
-    take = {c: min(int(np.floor(total * n / n_k + 0.5)), len(test_cells[c])) for c, n in present.items()}
-    if sum(take.values()) == 0:
-        take = dict.fromkeys(present, 1)
-    drawn = [rng.choice(test_cells[c], size=t, replace=False) for c, t in take.items() if t]
-    return np.sort(np.concatenate(drawn)).astype(np.int64)
+def _every_class(held: tuple[np.ndarray, ...], classes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Uniform mix: every class in each domain a client holds, domain by domain, one row's weight each."""
+    owner, _, domain, _ = held
+    pairs = np.unique(np.stack([owner, domain], axis=1).reshape(-1, 2), axis=0)
+    n = len(classes)
+    return (np.repeat(pairs[:, 0], n), np.tile(classes, len(pairs)), np.repeat(pairs[:, 1], n),
+            np.ones(len(pairs) * n, np.int64))
+
+
+def _find_cells(keys: np.ndarray, label: np.ndarray, domain: np.ndarray) -> np.ndarray:
+    """Index of each (class, domain) among the sorted cell ``keys``, or -1 where the cell is not there."""
+    if not len(keys):
+        return np.full(len(label), -1, np.int64)
+    low = min(int(keys[:, 1].min()), int(domain.min(initial=0)))
+    width = max(int(keys[:, 1].max()), int(domain.max(initial=0))) - low + 1
+    code = lambda c, d: c.astype(np.int64) * width + (d.astype(np.int64) - low)  # noqa: E731 (sorted as the keys are)
+    codes, wanted = code(keys[:, 0], keys[:, 1]), code(label, domain)
+    at = np.minimum(np.searchsorted(codes, wanted), len(codes) - 1)
+    return np.where(codes[at] == wanted, at, -1)
