@@ -39,9 +39,10 @@ def test_the_same_picks_as_one_choice_call_per_request(seed):
 
 
 @pytest.mark.parametrize("seed", range(0, 80, 3))
-def test_the_sparse_walk_picks_the_same(seed, monkeypatch):
+def test_the_sparse_walk_and_small_chunks_pick_the_same(seed, monkeypatch):
     monkeypatch.setattr(sampling, "_DENSE_CELLS", 64)  # every block too large to table
     monkeypatch.setattr(sampling, "_MIN_BLOCK", 2)
+    monkeypatch.setattr(sampling, "_CHUNK_DRAWS", 50)  # requests drawn a few at a time
     assert_same_picks(seed, *requests(seed))
 
 

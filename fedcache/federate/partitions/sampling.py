@@ -24,6 +24,7 @@ _BLOCK, _MIN_BLOCK = 4096, 256
 # So do samples large enough that a call's overhead is nothing beside them (this module walks them one position at
 # a time).
 _DIRECT_SIZE, _DIRECT_ANY = 64, 2048
+_CHUNK_DRAWS = 1 << 21  # draws made at once: their int64 arrays stay near 16 MB whatever the number of clients
 
 
 def choice_sets(rng: np.random.Generator, pops, sizes) -> np.ndarray:
@@ -38,12 +39,22 @@ def choice_sets(rng: np.random.Generator, pops, sizes) -> np.ndarray:
     large = ((pops > _DENSE_CELLS // _MIN_BLOCK) & (sizes >= _DIRECT_SIZE)) | (sizes >= _DIRECT_ANY)
     first = 0
     for stop in np.flatnonzero(tail | large).tolist() + [len(pops)]:
-        if stop > first:
-            out[starts[first]:starts[stop]] = _floyd(rng, pops[first:stop], sizes[first:stop])
+        for lo, hi in _chunks(sizes, first, stop):
+            out[starts[lo]:starts[hi]] = _floyd(rng, pops[lo:hi], sizes[lo:hi])
         if stop < len(pops):
             out[starts[stop]:starts[stop + 1]] = rng.choice(int(pops[stop]), int(sizes[stop]), replace=False)
         first = stop + 1
     return out
+
+
+def _chunks(sizes: np.ndarray, first: int, stop: int) -> list[tuple[int, int]]:
+    """Requests first..stop in runs of about ``_CHUNK_DRAWS`` draws (at least one request each)."""
+    ends = np.cumsum(2 * sizes[first:stop])
+    cuts = [first]
+    while cuts[-1] < stop:
+        done = ends[cuts[-1] - first - 1] if cuts[-1] > first else 0
+        cuts.append(max(cuts[-1] + 1, first + int(np.searchsorted(ends, done + _CHUNK_DRAWS, side="right"))))
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _floyd(rng: np.random.Generator, pops: np.ndarray, sizes: np.ndarray) -> np.ndarray:
