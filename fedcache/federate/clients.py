@@ -3,10 +3,10 @@
 A method with personal state gives each of a run's N clients a state, read and written as if stacked (leading
 axis N). With thousands of clients and a round sampling a few, most clients never train, and their state is
 the method's initial one. Where the method can make one client's initial state without the others'
-(``Method.initial_states``: a copy of the initial global model, zeros, the client's own zero-shot labels),
-``ClientStates`` keeps rows only for the clients a round has written and makes the others' when read; else (a
-random head per client drawn from one stream: ``init_clients`` makes them all at once) it holds every client's
-from the start. Either way a checkpoint keeps only the clients a round has trained, and ``restore`` puts them
+(``Method.initial_states``: a copy of the initial global model, zeros, the client's own zero-shot labels, its
+row of every client's random heads drawn from one stream: heads/draws.py), ``ClientStates`` keeps rows only for
+the clients a round has written and makes the others' when read; else (``init_clients`` alone can make them) it
+holds every client's from the start. Either way a checkpoint keeps only the clients a round has trained, and ``restore`` puts them
 back over the initial state of the rest.
 """
 from __future__ import annotations

@@ -30,6 +30,9 @@ class Head(Protocol):
     buffer_keys: tuple[str, ...]  # non-trainable state (BatchNorm running statistics)
     feature_dim: int
 
+    # A head may also list its parameters, ``layout() -> list[Param]``, and build ``init`` from them with
+    # ``init_params``: any one client's initial head can then be made without every client's (heads/draws.py).
+
     def init(self, k: int, gen: torch.Generator) -> Params: ...
 
     def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor: ...
@@ -88,6 +91,22 @@ def uniform_init(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> t
     bound = 1.0 / fan_in**0.5
     # Drawn where the generator is, then moved: a run on a GPU starts from the CPU run's very weights.
     return ((torch.rand(shape, generator=gen, device=gen.device) * 2 - 1) * bound).to(torch.get_default_device())
+
+
+@dataclass(frozen=True)
+class Param:
+    """One of a head's parameters: one client's shape, drawn by ``uniform_init`` with ``fan_in`` when it has one,
+    else filled with ``fill``."""
+    name: str
+    shape: tuple[int, ...]
+    fan_in: int | None = None
+    fill: float = 0.0
+
+
+def init_params(layout: list[Param], k: int, gen: torch.Generator) -> Params:
+    """K clients' parameters, each drawn tensor for all K at once, in the layout's order."""
+    return {p.name: uniform_init((k, *p.shape), p.fan_in, gen) if p.fan_in else torch.full((k, *p.shape), p.fill)
+            for p in layout}
 
 
 def stack(states: list[Params]) -> Params:

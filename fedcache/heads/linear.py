@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.heads.base import HEADS, HeadSpec, Params, affine, uniform_init
+from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, init_params
 
 
 class LinearHead:
@@ -15,9 +15,11 @@ class LinearHead:
     def __init__(self, d_in: int, n_classes: int) -> None:
         self.d_in, self.n_classes, self.feature_dim = d_in, n_classes, d_in
 
+    def layout(self) -> list[Param]:
+        return [Param("weight", (self.d_in, self.n_classes), self.d_in), Param("bias", (1, self.n_classes), self.d_in)]
+
     def init(self, k: int, gen: torch.Generator) -> Params:
-        return {"weight": uniform_init((k, self.d_in, self.n_classes), self.d_in, gen),
-                "bias": uniform_init((k, 1, self.n_classes), self.d_in, gen)}
+        return init_params(self.layout(), k, gen)
 
     def features(self, p: Params, x: torch.Tensor, mask=None) -> torch.Tensor:
         return x  # the frozen backbone's embedding is the representation

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.heads.base import HEADS, HeadSpec, Params, affine, uniform_init
+from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, init_params
 
 HIDDEN = 256
 BN_MOMENTUM = 0.1
@@ -23,16 +23,15 @@ class MLPHead:
     def __init__(self, d_in: int, n_classes: int, hidden: int = HIDDEN) -> None:
         self.d_in, self.n_classes, self.hidden, self.feature_dim = d_in, n_classes, hidden, hidden
 
+    def layout(self) -> list[Param]:
+        h, c = self.hidden, self.n_classes
+        return [Param("fc1.weight", (self.d_in, h), self.d_in), Param("fc1.bias", (1, h), self.d_in),
+                Param("bn.weight", (1, h), fill=1.0), Param("bn.bias", (1, h)),
+                Param("bn.running_mean", (1, h)), Param("bn.running_var", (1, h), fill=1.0),
+                Param("fc2.weight", (h, c), h), Param("fc2.bias", (1, c), h)]
+
     def init(self, k: int, gen: torch.Generator) -> Params:
-        h = self.hidden
-        return {
-            "fc1.weight": uniform_init((k, self.d_in, h), self.d_in, gen),
-            "fc1.bias": uniform_init((k, 1, h), self.d_in, gen),
-            "bn.weight": torch.ones(k, 1, h), "bn.bias": torch.zeros(k, 1, h),
-            "bn.running_mean": torch.zeros(k, 1, h), "bn.running_var": torch.ones(k, 1, h),
-            "fc2.weight": uniform_init((k, h, self.n_classes), h, gen),
-            "fc2.bias": uniform_init((k, 1, self.n_classes), h, gen),
-        }
+        return init_params(self.layout(), k, gen)
 
     def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = torch.relu(torch.baddbmm(p["fc1.bias"], x, p["fc1.weight"]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedcache.heads.base import HEADS, HeadSpec, Params, affine, uniform_init
+from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, init_params
 
 DIM = 256
 
@@ -22,14 +22,13 @@ class ProjectionHead:
     def __init__(self, d_in: int, n_classes: int, dim: int = DIM) -> None:
         self.d_in, self.n_classes, self.feature_dim = d_in, n_classes, dim
 
-    def init(self, k: int, gen: torch.Generator) -> Params:
+    def layout(self) -> list[Param]:
         d = self.feature_dim
-        return {
-            "proj.weight": uniform_init((k, self.d_in, d), self.d_in, gen),
-            "proj.bias": uniform_init((k, 1, d), self.d_in, gen),
-            "cls.weight": uniform_init((k, d, self.n_classes), d, gen),
-            "cls.bias": uniform_init((k, 1, self.n_classes), d, gen),
-        }
+        return [Param("proj.weight", (self.d_in, d), self.d_in), Param("proj.bias", (1, d), self.d_in),
+                Param("cls.weight", (d, self.n_classes), d), Param("cls.bias", (1, self.n_classes), d)]
+
+    def init(self, k: int, gen: torch.Generator) -> Params:
+        return init_params(self.layout(), k, gen)
 
     def features(self, p: Params, x: torch.Tensor, mask=None) -> torch.Tensor:
         return F.normalize(torch.relu(torch.baddbmm(p["proj.bias"], x, p["proj.weight"])), dim=-1)

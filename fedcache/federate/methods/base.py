@@ -21,6 +21,7 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Head, Params, make_head
+from fedcache.heads.draws import ClientHeads
 from fedcache.registry import Registry
 
 
@@ -167,10 +168,17 @@ class Method:
         return {} if states is None else states
 
     def initial_states(self, clients: list[int]) -> Params | None:
-        """The initial personal state of these clients alone, stacked (K, ...), where a client's does not depend on
-        the others' (a run of thousands of clients then holds only those a round has trained: federate/clients.py);
-        None where it does (each client's random head drawn from one stream: ``init_clients`` makes them all)."""
+        """The initial personal state of these clients alone, stacked (K, ...) (a run of thousands of clients then
+        holds only those a round has trained: federate/clients.py); None where only ``init_clients`` can make it."""
         return None
+
+    def client_heads(self, clients: list[int]) -> Params | None:
+        """These clients' rows of ``self.head.init(n, self.generator(0, 1))``, every client's own random head drawn
+        from one stream, made without the others' (heads/draws.py); None for a head that does not list its
+        parameters."""
+        if not hasattr(self, "_client_heads"):
+            self._client_heads = ClientHeads.of(self.head, self.ctx.data.n_clients, lambda: self.generator(0, 1))
+        return None if self._client_heads is None else self._client_heads.rows(clients)
 
     # ---- one round ----------------------------------------------------------------
     def broadcast(self, server: Params, rnd: int) -> Params:

@@ -137,6 +137,12 @@ class FedPCL(Method):
         return {**self.head.init(n, self.generator(0, 1)), "protos": torch.zeros(n, self.c, self.h),
                 "proto_count": torch.zeros(n, self.c)}
 
+    def initial_states(self, clients: list[int]) -> Params | None:
+        heads = self.client_heads(clients)
+        k = len(clients)
+        return None if heads is None else {**heads, "protos": torch.zeros(k, self.c, self.h),
+                                           "proto_count": torch.zeros(k, self.c)}
+
     def broadcast(self, server: Params, rnd: int) -> Params:
         down = {"global": server["global"], "global_mask": server["global_mask"]}  # (1, C, H), (1, C)
         if self.p.prototypes != "global":  # (1, N, C, H), (1, N, C): every client's latest set

@@ -73,7 +73,7 @@ class FedProto(Method):
     def initial_states(self, clients: list[int]) -> Params | None:
         if self.p.init == "shared":
             return expand(self.head.init(1, self.generator(0, 1)), len(clients))
-        return None  # per-client heads are drawn from one stream, every client's at once
+        return self.client_heads(clients)
 
     def broadcast(self, server: Params, rnd: int) -> Params:
         # With a leading model axis of 1, as a head's parameters travel: ``per_row`` gives each client its copy.

@@ -1,0 +1,59 @@
+"""Any clients' rows of ``head.init(n, gen)``, without every client's head in memory.
+
+Methods that give each client its own random head (fedpcl, fedproto's default) draw all N heads from one
+generator: each drawn tensor for every client in turn, float by float (``torch.rand`` on the CPU takes one value of
+the generator per element, in order). Client k's part of a tensor is therefore the draws that follow the tensor's
+start by k times its size. Keeping the generator's state at every ``BLOCK``-th client of every drawn tensor
+(5 KB each: 12 MB for 10,000 clients of the mlp head, whose heads would take 2 GB) lets a block be drawn again
+when one of its clients is asked for, the very floats ``head.init(n, gen)`` gives it.
+tests/heads/test_draws.py holds every head's rows to ``head.init``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from fedcache.heads.base import Head, Param, Params, uniform_init
+
+BLOCK = 16  # clients drawn again together: a round's few clients cost 16 heads' draws each
+
+
+class ClientHeads:
+    """``head.init(n, gen())``'s rows for the clients asked, made when asked."""
+
+    def __init__(self, layout: list[Param], n: int, gen: torch.Generator) -> None:
+        self.layout, self.n = layout, n
+        self.states: dict[str, list[torch.Tensor]] = {}
+        for p in layout:
+            if not p.fan_in:
+                continue
+            size = torch.Size(p.shape).numel()
+            self.states[p.name] = []
+            for lo in range(0, n, BLOCK):
+                self.states[p.name].append(gen.get_state())
+                torch.rand(min(BLOCK, n - lo) * size, generator=gen, device=gen.device)  # past the block's draws
+
+    @classmethod
+    def of(cls, head: Head, n: int, gen: Callable[[], torch.Generator]) -> "ClientHeads | None":
+        """None for a head that does not list its parameters (its ``init`` is then the only way to its draws)."""
+        layout = getattr(head, "layout", None)
+        return cls(layout(), n, gen()) if layout is not None else None
+
+    def rows(self, clients: Iterable[int]) -> Params:
+        clients = [int(c) for c in clients]
+        blocks = sorted({c // BLOCK for c in clients})
+        out = {}
+        for p in self.layout:
+            if p.name not in self.states:
+                out[p.name] = torch.full((len(clients), *p.shape), p.fill)
+                continue
+            drawn = {b: self._block(p, b) for b in blocks}
+            out[p.name] = torch.stack([drawn[c // BLOCK][c % BLOCK] for c in clients]) if clients \
+                else torch.zeros(0, *p.shape)
+        return out
+
+    def _block(self, p: Param, b: int) -> torch.Tensor:
+        gen = torch.Generator()
+        gen.set_state(self.states[p.name][b])
+        return uniform_init((min(BLOCK, self.n - b * BLOCK), *p.shape), p.fan_in, gen)
