@@ -68,6 +68,12 @@ def test_grid_speed_worked_grid_runs_both_engines(tmp_path):
     assert "identical tables" in gs._worked_paragraph(doc)
 
 
+def test_partition_codec(tmp_path):
+    out = tmp_path / "p.json"
+    res = bench("partition_codec").main(["--tiny", "--trials", "2", "--out", str(out)])
+    assert set(res["lz4_over_zstd"]) == {"write_s", "read_s", "bytes"} and json.loads(out.read_text())["clients"] == 100
+
+
 def test_store_verify(tmp_path):
     out = tmp_path / "verify.json"
     bench("store_verify").main(["--tiny", "--trials", "2", "--out", str(out)])

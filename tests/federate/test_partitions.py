@@ -274,11 +274,27 @@ def test_save_load_round_trip(store_path):
     g = store.root["partitions"]["ds"][pid]
     assert g.attrs["complete"] is True and g.attrs["request"] == p.request.to_dict()
     assert g["train_offsets"].shape == (p.n_clients + 1,)
+    assert "blosc" in repr(g["test_id"].metadata.codecs).lower()  # rows LZ4-compressed, byte-shuffled
 
     reopened = FeatureStore(store_path)
     assert load_partition(reopened, "ds", pid, table_keys(train), table_keys(test)) == p
     assert find_partition(reopened, "ds", p.request, table_keys(train), table_keys(test)) == p
     assert save_partition(reopened, "ds", p, table_keys(train), table_keys(test)) == pid  # kept, not rewritten
+
+
+def test_a_partition_stored_with_zarr_s_default_codec_still_loads(store_path, monkeypatch):
+    """Partitions stored before their rows were LZ4-compressed used Zarr's default (zstd)."""
+    import fedcache.federate.partitions.storage as storage
+
+    store = FeatureStore(store_path)
+    train, test = table(TRAIN), table(TEST)
+    p = part(REQUESTS["dirichlet"])
+    monkeypatch.setattr(storage, "_ROWS_CODEC", "auto")
+    pid = save_partition(store, "ds", p, table_keys(train), table_keys(test))
+    codecs = store.root["partitions"]["ds"][pid]["test_id"].metadata.codecs
+    assert "zstd" in repr(codecs).lower() and "blosc" not in repr(codecs).lower()
+    monkeypatch.undo()
+    assert load_partition(FeatureStore(store_path), "ds", pid, table_keys(train), table_keys(test)) == p
 
 
 def test_load_maps_samples_onto_a_reordered_table(store_path):
