@@ -11,10 +11,10 @@ beside it:
   format-1 entry (zstd, read through Zarr: what stores written before format 2 hold) against the same copy;
 - write: `import` throughput (features' bytes / wall time of the child process), and the extraction writer alone
   (`EntryWriter.write_chunk` of in-memory rows, float32 and float16) into the store's disk and into /dev/shm;
-- train: `fedcache train -m fedavg --partition dirichlet --alpha 0.3 --clients 10000 --fraction 0.01 --rounds 10`
-  (a child process, twice: the first run makes and stores the partition, the second reads it back): setup (all
-  before the first round: reading, partition, method) over its ten rounds, and its peak RSS over the features'
-  bytes (with the RSS the process had before reading anything, and its peak anonymous memory);
+- train: `fedcache train -m fedavg --partition dirichlet --alpha 0.3 --clients 10000 --fraction 0.01 --rounds 10
+  --threads CORES` (a child process, twice: the first run makes and stores the partition, the second reads it
+  back): setup (all before the first round: reading, partition, method) over its ten rounds, and its peak RSS over
+  the features' bytes (with the RSS the process had before reading anything, and its peak anonymous memory);
 - clients: a round of FedAvg with 10 clients sampled out of 100 ... 100,000 (IID partition, one process, the
   features read once): a round without evaluation, and the evaluation of every client's local test rows.
 
@@ -256,8 +256,11 @@ def measure_writer(store_path: Path, where: dict[str, Path]) -> dict:
 
 # ---- train ----------------------------------------------------------------------------------------
 def measure_train(store_path: Path, work: Path, clients: int, feature_bytes: int) -> dict:
+    # --threads as many as the cores: what the command chooses on an idle machine, without the quarter second it
+    # watches the machine to choose, which a real command spends importing torch (imported here before timing).
     args = ["train", "--store", str(store_path), "-d", DATASET, "-b", BACKBONE, "-m", "fedavg", "--partition", "dirichlet",
-            "--alpha", "0.3", "--clients", str(clients), "--fraction", "0.01", "--rounds", "10"]
+            "--alpha", "0.3", "--clients", str(clients), "--fraction", "0.01", "--rounds", "10",
+            "--threads", str(len(os.sched_getaffinity(0)))]
     out = {"command": "fedcache " + " ".join(args[:1] + ["--store", "STORE"] + args[3:]), "feature_bytes": feature_bytes}
     for name in ("first_run", "repeat_run"):  # the first makes and stores the partition, the second reads it back
         run_dir = work / f"train-{name}"
