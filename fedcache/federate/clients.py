@@ -40,7 +40,9 @@ class ClientStates(Mapping):
     def of(cls, method, n: int | None = None) -> "ClientStates":
         """The initial state of ``n`` clients (default: the run's) of ``method``, held sparsely where it can be."""
         n = method.ctx.data.n_clients if n is None else n
-        one = method.initial_states([0]) if n else None
+        # initial_states makes the run's clients' states (a head drawn for every client depends on their number):
+        # another number of clients takes init_clients'.
+        one = method.initial_states([0]) if n and n == method.ctx.data.n_clients else None
         if not one:  # None: every client's at once; {}: no personal state
             return cls(n, None, method.init_clients(n))
         return cls(n, method.initial_states, one)

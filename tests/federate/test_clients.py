@@ -78,6 +78,17 @@ def test_a_run_of_many_clients_holds_only_those_it_trained(name, settings):
     assert all(torch.equal(r.clients.take(untouched)[k], dense[k][untouched]) for k in dense)
 
 
+def test_client_states_of_another_number_of_clients_are_init_clients_rows():
+    """A head drawn for every client depends on how many there are: asked for n clients other than the run's,
+    the states are ``init_clients(n)``'s."""
+    data = synthetic(n_clients=20, per_client=3)
+    method = METHODS.get("fedproto")(MethodContext(data, "mlp", OptimConfig("adam", 1e-2), Schedule(batch_size=4)))
+    for n in (5, 40):
+        dense = method.init_clients(n)
+        got = ClientStates.of(method, n).take([n - 1, 0])
+        assert all(torch.equal(got[k], dense[k][[n - 1, 0]]) for k in dense)
+
+
 def test_a_never_trained_client_s_state_is_made_on_the_run_s_device_and_saved_as_a_plain_dict():
     """Read after the run (a GPU run's result, the default device back to the CPU), a never-trained client's state
     is made where the held rows are; saved, the states are the dict they read as (pickling the object itself, with

@@ -109,3 +109,48 @@ def test_local_test_sets_are_the_cell_by_cell_draws(seed, mix):
     for have, expected in zip(got, want):
         assert have.dtype == np.int64
         np.testing.assert_array_equal(have, expected)
+
+
+def test_large_and_negative_labels_and_domains_find_their_cells():
+    labels, domains = np.array([3, 3, 2**33, 2**33, -5]), np.array([0, 2**31 - 1, 0, 2**31 - 1, -(2**40)])
+    clients = [np.array([0]), np.array([2]), np.array([3, 4])]
+    args = (clients, labels, domains, labels.copy(), domains.copy(), 4)
+    want = reference_local_test_sets(*args, np.random.default_rng(0))
+    got = local_test_sets(*args, np.random.default_rng(0))
+    assert [r.tolist() for r in got] == [r.tolist() for r in want] == [[0], [2], [3, 4]]
+
+
+def test_no_clients_have_no_test_sets():
+    assert local_test_sets([], np.arange(3), np.zeros(3, np.int64), np.arange(3), np.zeros(3, np.int64), 5,
+                           np.random.default_rng(0)) == []
+
+
+def test_the_walk_over_positions_stays_short(monkeypatch):
+    """Samples of 128 or more go to rng.choice, whose loop does their work faster, so the vectorised walk (one
+    numpy step per position) never walks far; runs between them still draw together."""
+    walked, calls = [], []
+    real_dense = sampling._resolve_dense
+    monkeypatch.setattr(sampling, "_resolve_dense", lambda values, out, starts, pops, sizes: (
+        walked.append(int(sizes[-1])), real_dense(values, out, starts, pops, sizes))[1])
+
+    class Counted:  # the generator, its calls counted
+        def __init__(self, rng):
+            self.rng = rng
+
+        def integers(self, *a, **k):
+            calls.append("integers")
+            return self.rng.integers(*a, **k)
+
+        def choice(self, *a, **k):
+            calls.append("choice")
+            return self.rng.choice(*a, **k)
+
+    g = np.random.default_rng(5)
+    large = np.arange(3000) % 40 == 0
+    sizes = np.where(large, g.integers(128, 1000, 3000), g.integers(0, 60, 3000))
+    pops = sizes + g.integers(0, 2000, 3000)
+    choice_sets(Counted(np.random.default_rng(1)), pops, sizes)
+    assert walked and max(walked) < sampling._DIRECT_SIZE
+    assert calls.count("choice") == large.sum() and calls.count("integers") <= large.sum() + 1
+    monkeypatch.undo()
+    assert_same_picks(5, pops, sizes)

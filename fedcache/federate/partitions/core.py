@@ -379,7 +379,7 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     at += np.repeat(test_starts[cell][drawing], take[drawing])
     rows = test_rows[at].astype(np.int64, copy=False)
     del at  # 10,000 clients hold 10 million of these: one array of them at a time besides the rows
-    clients_rows = np.split(rows, np.cumsum(per_client(take))[:-1])
+    clients_rows = np.split(rows, np.cumsum(per_client(take))[:-1]) if len(clients) else []
     for r in clients_rows:
         r.sort()
     return clients_rows
@@ -412,9 +412,10 @@ def _find_cells(keys: np.ndarray, label: np.ndarray, domain: np.ndarray) -> np.n
     """Index of each (class, domain) among the sorted cell ``keys``, or -1 where the cell is not there."""
     if not len(keys):
         return np.full(len(label), -1, np.int64)
-    low = min(int(keys[:, 1].min()), int(domain.min(initial=0)))
-    width = max(int(keys[:, 1].max()), int(domain.max(initial=0))) - low + 1
-    code = lambda c, d: c.astype(np.int64) * width + (d.astype(np.int64) - low)  # noqa: E731 (sorted as the keys are)
-    codes, wanted = code(keys[:, 0], keys[:, 1]), code(label, domain)
+    # Ranks among the values that occur: codes sorted as the keys are, and small whatever the labels and domains.
+    _, label_rank = np.unique(np.r_[keys[:, 0], label], return_inverse=True)
+    domains, domain_rank = np.unique(np.r_[keys[:, 1], domain], return_inverse=True)
+    code = label_rank.reshape(-1).astype(np.int64) * len(domains) + domain_rank.reshape(-1)
+    codes, wanted = code[:len(keys)], code[len(keys):]
     at = np.minimum(np.searchsorted(codes, wanted), len(codes) - 1)
     return np.where(codes[at] == wanted, at, -1)

@@ -5,8 +5,9 @@ Local test sets draw a few rows from each (class, domain) cell of each client: 4
 local test set holds are part of every recorded number, so they must not change. numpy's ``Generator.choice``
 (``replace=False``, no ``p``) draws Floyd's algorithm's values and then shuffles them, and the ranges of all
 those bounded integers depend only on (population, size), never on what was drawn. So the draws of a whole run
-of requests come from one ``rng.integers`` call, which consumes the generator exactly as the calls would; the
-collisions Floyd's algorithm resolves are then resolved for every request together, one position at a time.
+of small requests come from one ``rng.integers`` call, which consumes the generator exactly as the calls would,
+and the collisions Floyd's algorithm resolves are then resolved for all of them together, one position at a time.
+Larger samples, whose work outweighs a call's overhead, are still ``rng.choice`` calls, made in their turn.
 tests/federate/test_sampling.py holds this to ``rng.choice`` itself on thousands of requests.
 """
 
@@ -15,15 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 # numpy's Generator.choice serves a population over 10,000 by a partial shuffle when the sample is over 1/50 of it
-# (with shuffle=True); such requests are passed to rng.choice itself.
+# (with shuffle=True): such requests are passed to rng.choice itself.
 _TAIL_POPULATION, _TAIL_CUTOFF = 10_000, 50
+# So are samples of 128 or more: numpy's own loop does their work faster than a walk over their positions here,
+# and one call's overhead is small beside it. The draws of the requests between two such calls still come from one
+# rng.integers call, and every drawn request of a chunk is resolved together.
+_DIRECT_SIZE = 128
 _DENSE_CELLS = 1 << 24  # a block's (requests x population) booleans of what is taken: 16 MB
 _BLOCK, _MIN_BLOCK = 4096, 256
-# Larger samples from populations too large to table cost numpy little per call and this module more (its ids of
-# the values that occur take a sort): rng.choice serves them.
-# So do samples large enough that a call's overhead is nothing beside them (this module walks them one position at
-# a time).
-_DIRECT_SIZE, _DIRECT_ANY = 64, 2048
 _CHUNK_DRAWS = 1 << 21  # draws made at once: their int64 arrays stay near 16 MB whatever the number of clients
 
 
@@ -35,15 +35,9 @@ def choice_sets(rng: np.random.Generator, pops, sizes) -> np.ndarray:
         raise ValueError("every size must be between 0 and its population")
     starts = np.r_[0, np.cumsum(sizes)]
     out = np.empty(int(starts[-1]), np.int64)
-    tail = (pops > _TAIL_POPULATION) & (sizes > pops // _TAIL_CUTOFF)
-    large = ((pops > _DENSE_CELLS // _MIN_BLOCK) & (sizes >= _DIRECT_SIZE)) | (sizes >= _DIRECT_ANY)
-    first = 0
-    for stop in np.flatnonzero(tail | large).tolist() + [len(pops)]:
-        for lo, hi in _chunks(sizes, first, stop):
-            out[starts[lo]:starts[hi]] = _floyd(rng, pops[lo:hi], sizes[lo:hi])
-        if stop < len(pops):
-            out[starts[stop]:starts[stop + 1]] = rng.choice(int(pops[stop]), int(sizes[stop]), replace=False)
-        first = stop + 1
+    direct = ((pops > _TAIL_POPULATION) & (sizes > pops // _TAIL_CUTOFF)) | (sizes >= _DIRECT_SIZE)
+    for lo, hi in _chunks(np.where(direct, 0, sizes), 0, len(pops)):
+        _chunk(rng, pops[lo:hi], sizes[lo:hi], direct[lo:hi], out[starts[lo]:starts[hi]])
     return out
 
 
@@ -57,8 +51,35 @@ def _chunks(sizes: np.ndarray, first: int, stop: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
-def _floyd(rng: np.random.Generator, pops: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Floyd's algorithm for every request, with the draws (and the shuffle's) of all of them from one call."""
+def _chunk(rng: np.random.Generator, pops: np.ndarray, sizes: np.ndarray, direct: np.ndarray, out: np.ndarray) -> None:
+    """A chunk of requests in order: each direct one by rng.choice, the draws of each run of the others between them
+    by one rng.integers call; then Floyd's picks of all the others at once."""
+    drawn_pops, drawn_sizes = pops[~direct], sizes[~direct]
+    highs, floyd = _ranges(drawn_pops, drawn_sizes)
+    drawn = np.empty(len(highs), np.int64)
+    # Where each direct request falls among the draws of the others: after every draw of the requests before it.
+    lengths = drawn_sizes + np.maximum(drawn_sizes - 1, 0)
+    before = np.r_[0, np.cumsum(lengths)][np.cumsum(~direct)[direct]]
+    at, done = np.r_[0, np.cumsum(sizes)], 0
+    for i, cut in zip(np.flatnonzero(direct).tolist(), before.tolist()):
+        if cut > done:
+            drawn[done:cut] = rng.integers(0, highs[done:cut], endpoint=True, dtype=np.int64)
+            done = cut
+        out[at[i]:at[i + 1]] = rng.choice(int(pops[i]), int(sizes[i]), replace=False)
+    if len(highs) > done:
+        drawn[done:] = rng.integers(0, highs[done:], endpoint=True, dtype=np.int64)
+    slots = np.repeat(at[:-1][~direct], drawn_sizes) + _within(drawn_sizes)
+    out[slots] = _resolve(drawn[floyd], drawn_pops, drawn_sizes)
+
+
+def _within(sizes: np.ndarray) -> np.ndarray:
+    """0 .. size-1 for each size, concatenated."""
+    return np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+
+def _ranges(pops: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The upper bounds of every bounded integer numpy draws for these requests, in its order, and which of them are
+    Floyd's (the rest are the shuffle's)."""
     # Per request, numpy draws a value in [0, j] for j = pop - size ... pop - 1, then one in [0, i] for
     # i = size - 1 ... 1 to shuffle them (whose outcome a set does not need, but whose draws it must consume).
     n = len(sizes)
@@ -75,9 +96,7 @@ def _floyd(rng: np.random.Generator, pops: np.ndarray, sizes: np.ndarray) -> np.
     steps = np.repeat(step, length)
     ends = start + step * (length - 1)
     steps[first] = start - np.r_[0, ends[:-1]] if len(ends) else start
-    drawn = rng.integers(0, np.cumsum(steps), endpoint=True, dtype=np.int64)
-    floyd = np.repeat(step > 0, length)
-    return _resolve(drawn[floyd], pops, sizes)
+    return np.cumsum(steps), np.repeat(step > 0, length)
 
 
 def _resolve(values: np.ndarray, pops: np.ndarray, sizes: np.ndarray) -> np.ndarray:
