@@ -92,7 +92,24 @@ def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, obj: arrays.__setitem__(name, _h5_array(path, obj)) if isinstance(obj, h5py.Dataset) else None)
         meta = {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-    return {k: np.asarray(v) for k, v in arrays.items()}, meta
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    # Names written as h5py writes a list of strings (an attribute f.attrs["classes"] = [...], or a dataset of
+    # strings), as readily as the JSON string; a flat file's integer `domains` dataset stays its rows' domains.
+    for k in NAME_LISTS:
+        if k in meta and _strings(np.asarray(meta[k])):
+            meta[k] = json.dumps(_strings(np.asarray(meta[k])))
+        if k in arrays and _strings(arrays[k]):
+            if k in meta:
+                raise ConfigError(f"{path}: {k!r} is both an attribute and a dataset; keep one of them")
+            meta[k] = json.dumps(_strings(arrays.pop(k)))
+    return arrays, meta
+
+
+def _strings(a: np.ndarray) -> list[str] | None:
+    """A 1-D array of text (str, or bytes read back from HDF5) as a list of str; None for anything else."""
+    if a.ndim != 1 or not len(a) or not (a.dtype.kind in "SU" or all(isinstance(x, (bytes, str)) for x in a)):
+        return None
+    return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in a]
 
 
 def _h5_array(path: Path, ds) -> np.ndarray:

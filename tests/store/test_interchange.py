@@ -100,6 +100,35 @@ def test_npz_names_may_be_an_array_of_strings(store_path, tmp_path):
     assert table.domain_names == ("a", "b", "c") and table.class_names == ("cat", "dog")
 
 
+@pytest.mark.parametrize("how", ["attribute", "dataset"])
+def test_h5_names_may_be_a_list_of_strings(store_path, tmp_path, how):
+    """As h5py writes a list of names: f.attrs["classes"] = [...] (read back as an array), or a dataset of strings."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "named.h5"
+    with h5py.File(path, "w") as f:
+        f["train/features"] = rng.normal(size=(6, 2)).astype(np.float32)
+        f["train/labels"], f["train/domains"] = np.arange(6) % 2, np.arange(6) % 3
+        if how == "attribute":
+            f.attrs["classes"], f.attrs["domains"] = ["cat", "dog"], ["a", "b", "c"]
+        else:
+            f["classes"] = np.array(["cat", "dog"], dtype=h5py.string_dtype())
+            f["domains"] = np.array([b"a", b"b", b"c"])  # fixed-length bytes
+    store = FeatureStore(store_path)
+    import_file(store, path, "mine", "enc")
+    table = store.read("mine", "train", "enc")
+    assert table.domain_names == ("a", "b", "c") and table.class_names == ("cat", "dog")
+
+
+def test_h5_names_given_twice_are_refused(store_path, tmp_path):
+    path = tmp_path / "twice.h5"
+    with h5py.File(path, "w") as f:
+        f["train/features"], f["train/labels"] = np.zeros((2, 2), np.float32), np.arange(2)
+        f.attrs["classes"] = '["cat", "dog"]'
+        f["classes"] = np.array(["cat", "dog"], dtype=h5py.string_dtype())
+    with pytest.raises(ConfigError, match="'classes' is both an attribute and a dataset"):
+        import_file(FeatureStore(store_path), path, "mine", "enc")
+
+
 def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_nothing(store_path, tmp_path):
     # Two imports of one (dataset, backbone) at once interleaved their entries: each slot went to whichever
     # finished it last, both said they had imported, and every run refused the mix of the two files.
