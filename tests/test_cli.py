@@ -103,6 +103,13 @@ def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
         assert code == 1 and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
 
 
+def test_grid_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
+    """No progress line before the error: a grid refused before its plan (here too many clients) trained nothing."""
+    code, out, err = run(capsys, "grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",
+                         "fedavg", "--set", "rounds=1", "--clients", "100000", "--out", str(tmp_path / "g"))
+    assert code == 2 and "grid" not in out and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, (out, err)
+
+
 def test_store_ls_shows_incomplete_entries(capsys, store_path):
     from fedcache.extract.runner import ExtractConfig, extract
 

@@ -50,14 +50,19 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
     _check_device(spec)
     with threads_for(threads), _progress(*columns) as progress:
-        task = progress.add_task("grid", total=None, last="")
+        tasks: list[int] = []  # made once the grid has a plan: a grid refused before it says only why
+
+        def on_plan(text: str) -> None:
+            progress.console.print(text, soft_wrap=True, highlight=False)
+            tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
 
         def on_cell(done: int, total: int, row: dict) -> None:
             trained.append(row)
+            tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
             score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
-            progress.update(task, total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
+            progress.update(tasks[0], total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
-        run_grid(spec, on_cell, on_plan=lambda text: progress.console.print(text, soft_wrap=True, highlight=False))
+        run_grid(spec, on_cell, on_plan=on_plan)
     seconds = time.perf_counter() - t0
     # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
     console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
