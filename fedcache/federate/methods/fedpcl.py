@@ -130,8 +130,11 @@ class FedPCL(Method):
         self.n, self.c, self.h = ctx.data.n_clients, ctx.data.n_classes, self.head.feature_dim
 
     def init_server(self) -> Params:
+        # Every client's latest set, held for the clients that have sent one (``local_ids``, ascending): a client
+        # never sampled has none, and ten thousand empty sets cost a run 100 MB a round to copy and checkpoint.
         return {"global": torch.zeros(1, self.c, self.h), "global_mask": torch.zeros(1, self.c, dtype=torch.bool),
-                "local": torch.zeros(self.n, self.c, self.h), "local_count": torch.zeros(self.n, self.c)}
+                "local": torch.zeros(0, self.c, self.h), "local_count": torch.zeros(0, self.c),
+                "local_ids": torch.zeros(0, dtype=torch.long)}
 
     def init_clients(self, n: int) -> Params:
         return {**self.head.init(n, self.generator(0, 1)), "protos": torch.zeros(n, self.c, self.h),
@@ -145,7 +148,7 @@ class FedPCL(Method):
 
     def broadcast(self, server: Params, rnd: int) -> Params:
         down = {"global": server["global"], "global_mask": server["global_mask"]}  # (1, C, H), (1, C)
-        if self.p.prototypes != "global":  # (1, N, C, H), (1, N, C): every client's latest set
+        if self.p.prototypes != "global":  # (1, R, C, H), (1, R, C): the latest set of each client that sent one
             down.update(local=server["local"].unsqueeze(0), local_count=server["local_count"].unsqueeze(0))
         return down
 
@@ -224,14 +227,24 @@ class FedPCL(Method):
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
         up = result.uploads
         glob, present = aggregate(up["protos"], up["count"], weighted=self.p.aggregation == "weighted")
-        local, local_count = server["local"].clone(), server["local_count"].clone()
-        local[clients], local_count[clients] = up["protos"], up["count"]
-        return {"global": glob.unsqueeze(0), "global_mask": present.unsqueeze(0), "local": local, "local_count": local_count}
+        return {"global": glob.unsqueeze(0), "global_mask": present.unsqueeze(0),
+                **latest_sets(server, torch.tensor(clients, dtype=torch.long), up["protos"], up["count"])}
 
     # ---- evaluation -------------------------------------------------------------------------
     def client_logits(self, server: Params, states: Params, clients: list[int], x: torch.Tensor) -> torch.Tensor:
         z = self.head.features(states, x)
         return _PREDICT[self.p.predict](self, server, states, z)
+
+
+def latest_sets(server: Params, clients: torch.Tensor, protos: torch.Tensor, counts: torch.Tensor) -> Params:
+    """The server's sets with these clients' new ones in place of theirs, in ascending client order. A server state
+    of fedcache before ``local_ids`` held a row for every client, row k client k's."""
+    ids = server.get("local_ids", torch.arange(len(server["local"])))
+    kept = ~torch.isin(ids, clients)
+    ids = torch.cat([ids[kept], clients])
+    order = torch.argsort(ids, stable=True)
+    return {"local": torch.cat([server["local"][kept], protos])[order],
+            "local_count": torch.cat([server["local_count"][kept], counts])[order], "local_ids": ids[order]}
 
 
 def _by_local(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,8 @@ def test_server_keeps_latest_local_sets_and_padding_fills_missing_classes():
     up["protos"][0, 0, 0], up["protos"][1, 0, 0], up["protos"][1, 1, 1] = 1.0, 4.0, 1.0
     server = m.aggregate(server, LocalResult({}, up, up["count"].sum(1)), [0, 2], 0)
     assert server["global"][0, 0, 0] == pytest.approx((2 * 1 + 1 * 4) / 3)
-    assert server["local_count"][1].sum() == 0 and server["local_count"][2].tolist() == [1.0, 1.0]
+    # Held for the clients that sent a set (0 and 2), in client order: client 1 was never sampled.
+    assert server["local_ids"].tolist() == [0, 2] and server["local_count"][1].tolist() == [1.0, 1.0]
     sets = L.proto_sets(m, m.broadcast(server, 1))
     (g, g_present), (local, present) = sets
     assert local.shape[0] == 2  # only the clients that reported
@@ -76,6 +77,27 @@ def test_paper_term_matches_hand_computation():
 # Client 2 has reported nothing: no set. Loss = mean over the two rows.
 _EQ10 = {("both", "sum"): ((-2 + 0.4 + 0) + (-2 + 2.8 + 0)) / 2, ("both", "mean"): ((-2 + 0.2) + (-2 + 1.4)) / 2,
          ("global", "sum"): -2.0, ("local", "sum"): (0.4 + 2.8) / 2, ("local", "mean"): (0.2 + 1.4) / 2}
+
+
+def test_the_latest_set_replaces_a_client_s_older_one_and_an_older_server_state_reads_the_same():
+    from fedcache.federate.methods.fedpcl import latest_sets
+
+    m = fedpcl(synthetic(n_clients=4, n_classes=2, dim=4))
+    h = m.h
+    first = {"protos": torch.rand(2, 2, h), "count": torch.tensor([[1.0, 2.0], [3.0, 0.0]])}
+    then = {"protos": torch.rand(2, 2, h), "count": torch.tensor([[2.0, 2.0], [1.0, 1.0]])}
+    server = m.aggregate(m.init_server(), LocalResult({}, first, first["count"].sum(1)), [3, 1], 0)
+    server = m.aggregate(server, LocalResult({}, then, then["count"].sum(1)), [1, 0], 1)
+    assert server["local_ids"].tolist() == [0, 1, 3]
+    torch.testing.assert_close(server["local"], torch.stack([then["protos"][1], then["protos"][0], first["protos"][0]]),
+                               rtol=0, atol=0)
+    # fedcache before local_ids held a row for every client (zeros for one never sampled): read as the same sets.
+    dense = {"local": torch.zeros(4, 2, h), "local_count": torch.zeros(4, 2)}
+    dense["local"][[0, 1, 3]], dense["local_count"][[0, 1, 3]] = server["local"], server["local_count"]
+    again = {**server, **latest_sets(dense, torch.tensor([2]), torch.zeros(1, 2, h), torch.zeros(1, 2))}
+    for (p1, m1), (p2, m2) in zip(L.proto_sets(m, m.broadcast(server, 2)), L.proto_sets(m, m.broadcast(again, 2))):
+        torch.testing.assert_close(p1, p2, rtol=0, atol=0)
+        torch.testing.assert_close(m1, m2, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("prototypes", "local_reduce"), list(_EQ10))
