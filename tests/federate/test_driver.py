@@ -213,7 +213,8 @@ def test_a_damaged_checkpoint_is_refused_naming_it(data, tmp_path):
 def test_a_checkpoint_holds_the_trained_clients_only_and_resumes_exactly(tmp_path, name):
     """Of 40 clients, 4 train a round: after two rounds the checkpoint holds the state of the (at most 8) clients
     that trained, not of all 40; resumed, the run ends as one that was never interrupted. A checkpoint of
-    fedcache before client_ids (every client's state) still resumes to the same numbers."""
+    fedcache before client_ids (every client's state; fedpcl's server a prototype set for every client) still
+    resumes to the same numbers."""
     from fedcache.federate.driver import restored_clients
     from fedcache.federate.rundir import load_checkpoint, save_checkpoint
 
@@ -238,6 +239,13 @@ def test_a_checkpoint_holds_the_trained_clients_only_and_resumes_exactly(tmp_pat
     old = load_checkpoint(dense_path)
     old["runs"][0]["clients"] = dict(restored_clients(m, old["runs"][0]))
     del old["runs"][0]["client_ids"]
+    server = old["runs"][0]["server"]
+    if "local_ids" in server:  # fedpcl before local_ids: a prototype set for every client, zeros if it sent none
+        ids = server.pop("local_ids")
+        for key in ("local", "local_count"):
+            dense = server[key].new_zeros((data.n_clients, *server[key].shape[1:]))
+            dense[ids] = server[key]
+            server[key] = dense
     save_checkpoint(dense_path, old)
     for where in (tmp_path / "sparse", tmp_path / "dense"):
         resumed = run(make(name, data), RunConfig(**cfg, out=where, resume=True))
