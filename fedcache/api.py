@@ -69,7 +69,8 @@ def _extract_features(dataset: str, backbones: str | Iterable[str], store: str |
 class TrainResult:
     """One federated run: ``summary`` (final accuracy, fairness, bytes), ``history`` (one dict per evaluated
     round), and the trained state: ``server``, the global parameters as one model (a linear head's
-    ``weight`` is (D, C) and ``bias`` (1, C): logits = x @ weight + bias), and ``clients``, every client's
+    ``weight`` is (D, C) and ``bias`` (1, C): logits = x @ weight + bias; a method's entries with a row per client,
+    such as fedpcl's prototype sets by ``local_ids``, stay as they are), and ``clients``, every client's
     personal parameters stacked along the first axis (client k is ``[k]``)."""
 
     summary: dict
@@ -103,11 +104,13 @@ class TrainResult:
                 + self.metrics._repr_html_())
 
 
-def one_model(server: dict) -> dict:
+def one_model(server: dict, by_client: tuple[str, ...] = ()) -> dict:
     """The server's state without the leading axis of size 1 that stacks it like the clients' states (the
     batched code runs the global model as K = 1 of K stacked models). Tensors without that axis (FedProto's
-    per-class prototypes, say) are returned as they are."""
-    return {k: t[0] if getattr(t, "ndim", 0) >= 2 and t.shape[0] == 1 else t for k, t in server.items()}
+    per-class prototypes, say) and the entries ``by_client`` (a row per client, however many) are returned as
+    they are."""
+    return {k: t[0] if k not in by_client and getattr(t, "ndim", 0) >= 2 and t.shape[0] == 1 else t
+            for k, t in server.items()}
 
 
 def train(store: str | Path, dataset: str, backbones: str | Iterable[str], method: str,
@@ -116,6 +119,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
     under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
     hyperparameters: ``{"lr": 0.01}``). Values are checked (type and range) before any data is read."""
+    from fedcache.federate.methods import METHODS
     from fedcache.training import check_not_a_cell, train as run
     from fedcache.spec import RunSpec
 
@@ -126,7 +130,8 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
                           "fedcache.flower.sim.train_flower_sim(spec) (in a child process) or `fedcache train --engine`")
     r = run(spec, on_round)
-    return TrainResult(r.summary, r.history, one_model(r.server), dict(r.clients), spec.engine.out)
+    by_client = METHODS.get(spec.method.name).server_by_client
+    return TrainResult(r.summary, r.history, one_model(r.server, by_client), dict(r.clients), spec.engine.out)
 
 
 def grid_spec(config: str | Path | None = None, **given: Any):

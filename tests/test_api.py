@@ -137,3 +137,18 @@ def test_to_pandas_names_the_extra_and_passes_every_column(run, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", fake)
     records, columns = run.to_pandas()
     assert [r["round"] for r in records] == [1, 2] and columns[0] == "round" and "train_loss" in columns
+
+
+def test_one_model_keeps_a_method_s_entries_by_client():
+    """fedpcl's server holds a prototype set per client that has sent one: with one such client it is still a row
+    per client, while its global prototypes lose the stacking axis as every global model does."""
+    import torch
+
+    from fedcache.api import one_model
+    from fedcache.federate.methods import METHODS
+
+    by_client = METHODS.get("fedpcl").server_by_client
+    server = {"global": torch.zeros(1, 3, 4), "local": torch.zeros(1, 3, 4), "local_count": torch.zeros(1, 3),
+              "local_ids": torch.tensor([7])}
+    got = one_model(server, by_client)
+    assert got["global"].shape == (3, 4) and got["local"].shape == (1, 3, 4) and got["local_count"].shape == (1, 3)

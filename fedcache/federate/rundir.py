@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 ROUND_COPIES = "checkpoint-round*.pt"
-FORMAT = 3  # 3: a run's ``clients`` are the rows of its trained clients, with their ``client_ids``; 2: every client's
+# 4: fedpcl's server holds the sets of the clients that have sent one, by ``local_ids`` (an older fedcache would index
+# them by client id); 3: a run's ``clients`` are the rows of its trained clients, with their ``client_ids``; 2: every
+# client's. 2 and 3 read as 4.
+FORMAT = 4
 DIGEST = "sha256"  # the checkpoint's key holding the digest of everything else in it
 
 
@@ -183,7 +186,7 @@ def load_checkpoint(path: Path) -> dict:
     written = ck.pop(DIGEST, None)  # checkpoints of fedcache before digests have none
     if written is not None and written != digest(ck):
         raise DamagedCheckpointError(path, "what it holds no longer matches the digest written with it")
-    if ck.get("format") in (2, FORMAT):  # 2: each run's clients are every client's (no client_ids), as 3 reads them
+    if ck.get("format") in (2, 3, FORMAT):  # 2: every client's state (no client_ids); 2-3: fedpcl's sets a row per client
         return {**ck, "format": FORMAT}
     if isinstance(ck.get("format"), int) and ck["format"] > FORMAT:
         raise ConfigError(f"{path} was written by a newer fedcache (format {ck['format']}; this one reads up to {FORMAT}): "

@@ -131,7 +131,7 @@ def _per_federation(result: LocalResult, losses: list[torch.Tensor], picks: list
 class RowBroadcast(Mapping):
     """The federations' broadcasts row by row, as the joint ``local_update`` reads them: an entry is each
     federation's (leading axis 1) repeated for its sampled rows, built when first read. An entry whose shape
-    differs between the federations (FedPCL's sets of every client of its run) has no row form: the method
+    differs between the federations (FedPCL's sets of the clients of its run that have sent one) has no row form: the method
     reads it in its ``@per_run`` functions, where ``down`` is the run's own broadcast."""
 
     def __init__(self, method: str, downs: list[Params], picks: list[list[int]]) -> None:

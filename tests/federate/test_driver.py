@@ -254,15 +254,17 @@ def test_a_checkpoint_holds_the_trained_clients_only_and_resumes_exactly(tmp_pat
             assert torch.equal(full.clients[n], resumed.clients[n]), n
 
 
-def test_a_format_2_checkpoint_resumes_and_a_newer_one_is_refused(data, tmp_path):
-    """Format 2 (every client's state) is read as format 3; a format this fedcache does not know is refused."""
+def test_format_2_and_3_checkpoints_resume_and_a_newer_one_is_refused(data, tmp_path):
+    """Formats 2 (every client's state) and 3 (fedpcl's server sets a row per client) are read as 4; a format this
+    fedcache does not know is refused."""
     from fedcache.federate.rundir import DIGEST, FORMAT, digest, load_checkpoint
 
-    body = {"format": 2, "rnd": 1, "seconds": 0.5, "runs": [{"server": {}, "clients": {"w": torch.ones(3, 2)}}]}
     path = tmp_path / "checkpoint.pt"
+    for version in (2, 3):
+        body = {"format": version, "rnd": 1, "seconds": 0.5, "runs": [{"server": {}, "clients": {"w": torch.ones(3, 2)}}]}
+        torch.save({**body, DIGEST: digest(body)}, path)
+        assert load_checkpoint(path)["format"] == FORMAT == 4
+    body["format"] = 5
     torch.save({**body, DIGEST: digest(body)}, path)
-    assert load_checkpoint(path)["format"] == FORMAT == 3
-    body["format"] = 4
-    torch.save({**body, DIGEST: digest(body)}, path)
-    with pytest.raises(ConfigError, match="written by a newer fedcache .format 4."):
+    with pytest.raises(ConfigError, match="written by a newer fedcache .format 5."):
         load_checkpoint(path)

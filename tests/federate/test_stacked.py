@@ -260,8 +260,9 @@ def test_fst_cbdg_runs_with_prototype_anchors_stack_each_with_its_own_anchors():
 
 
 def test_a_broadcast_whose_shape_differs_between_runs_is_read_run_by_run(monkeypatch):
-    """FedPCL's local prototype sets span its run's clients: read outside a per_run function, runs of different
-    client counts would not stack (and never be read as another run's sets)."""
+    """FedPCL's local prototype sets are those of its run's clients that have sent one: read outside a per_run
+    function, runs whose senders differ (here runs of different client counts) would not stack (and never be read
+    as another run's sets)."""
     cls = METHODS.get("fedpcl")
     monkeypatch.setattr(cls, "contrastive", cls.contrastive.__wrapped__)
     with pytest.raises(ConfigError, match="fedpcl's broadcast 'local(_count)?' differs in shape between the stacked runs"):

@@ -15,7 +15,8 @@ NEG_INF = float("-inf")
 
 def proto_sets(method, down: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The prototype sets to contrast against, per the ablation: [(P (M, C, H), present (M, C))], from what
-    the run's server broadcast (``global`` (1, C, H); ``local`` (1, N, C, H), every client's latest set)."""
+    the run's server broadcast (``global`` (1, C, H); ``local`` (1, R, C, H), the latest set of each of the R
+    clients that have sent one)."""
     sets = []
     glob, glob_mask = down["global"], down["global_mask"]
     if method.p.prototypes in ("both", "global"):

@@ -111,6 +111,7 @@ class Method:
     default_preset: ClassVar[str] = "default"  # optimizer preset (optim_config.OPTIMIZER_PRESETS) of the paper it is compared in
     personalized: ClassVar[bool] = False  # predictions differ per client
     has_global_model: ClassVar[bool] = True  # a model the global test set can be scored on
+    server_by_client: ClassVar[tuple[str, ...]] = ()  # server entries with a row per client, not one model's
     federated: ClassVar[bool] = True  # False: no communication (solo, centralized, linear-probe)
     # local_update(clients) equals local_update per client, concatenated: the loop path exists and
     # must agree with the batched path. False for methods that pool all clients (centralized).

@@ -83,7 +83,8 @@ BACKBONE_HEATMAP = MethodCommand(
 
 
 def _stack_memory(params: FedPCLSettings, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
-    # The run's local prototype sets: the server's, the broadcast and the filled sets of its contrastive loss.
+    # The run's local prototype sets: the server's, the broadcast and the filled sets of its contrastive loss (at
+    # most every client's: the server holds those of the clients that have sent one).
     sets = 3 * clients * n_classes * PROTO_DIM
     return 4 * (sets + (_batch_contrast(params, clients, batch) if params.contrast == "batch" else 0))
 
@@ -111,6 +112,7 @@ class FedPCL(Method):
     heads = ("projection",)  # FC-ReLU-L2norm: the prototypes live on its unit sphere
     personalized = True
     has_global_model = False
+    server_by_client = ("local", "local_count", "local_ids")  # the sets of the clients that have sent one
     count_uploads = ("count",)
     commands = (BACKBONE_HEATMAP,)
 
@@ -237,14 +239,22 @@ class FedPCL(Method):
 
 
 def latest_sets(server: Params, clients: torch.Tensor, protos: torch.Tensor, counts: torch.Tensor) -> Params:
-    """The server's sets with these clients' new ones in place of theirs, in ascending client order. A server state
-    of fedcache before ``local_ids`` held a row for every client, row k client k's."""
-    ids = server.get("local_ids", torch.arange(len(server["local"])))
-    kept = ~torch.isin(ids, clients)
-    ids = torch.cat([ids[kept], clients])
-    order = torch.argsort(ids, stable=True)
-    return {"local": torch.cat([server["local"][kept], protos])[order],
-            "local_count": torch.cat([server["local_count"][kept], counts])[order], "local_ids": ids[order]}
+    """The server's sets with these clients' new ones in place of theirs, in ascending client order."""
+    ids, local, local_count = server.get("local_ids"), server["local"], server["local_count"]
+    if ids is None:  # fedcache before local_ids: a row per client, zeros where a client has sent no set
+        held = (local_count > 0).any(1)
+        ids, local, local_count = torch.arange(len(local))[held], local[held], local_count[held]
+    union = torch.unique(torch.cat([ids, clients]))  # sorted
+    if len(union) == len(ids):  # every sender held already: one copy, written in place
+        local, local_count = local.clone(), local_count.clone()
+    else:
+        at = torch.searchsorted(union, ids)
+        grown = local.new_empty((len(union), *local.shape[1:])), local_count.new_empty((len(union), *local_count.shape[1:]))
+        grown[0][at], grown[1][at] = local, local_count
+        local, local_count = grown
+    at = torch.searchsorted(union, clients)
+    local[at], local_count[at] = protos, counts
+    return {"local": local, "local_count": local_count, "local_ids": union}
 
 
 def _by_local(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -> torch.Tensor:
