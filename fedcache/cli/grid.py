@@ -52,15 +52,18 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     with threads_for(threads), _progress(*columns) as progress:
         tasks: list[int] = []  # made once the grid has a plan: a grid refused before it says only why
 
+        def task() -> int:
+            tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
+            return tasks[0]
+
         def on_plan(text: str) -> None:
             progress.console.print(text, soft_wrap=True, highlight=False)
-            tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
+            task()
 
         def on_cell(done: int, total: int, row: dict) -> None:
             trained.append(row)
-            tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
             score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
-            progress.update(tasks[0], total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
+            progress.update(task(), total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
         run_grid(spec, on_cell, on_plan=on_plan)
     seconds = time.perf_counter() - t0

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from fedcache.heads.base import Head, Param, Params, uniform_init
+from fedcache.heads.base import Head, Param, Params, init_params
 
 BLOCK = 16  # clients drawn again together: a round's few clients cost 16 heads' draws each
 
@@ -57,4 +57,4 @@ class ClientHeads:
     def _block(self, p: Param, b: int) -> torch.Tensor:
         gen = torch.Generator()
         gen.set_state(self.states[p.name][b])
-        return uniform_init((min(BLOCK, self.n - b * BLOCK), *p.shape), p.fan_in, gen)
+        return init_params([p], min(BLOCK, self.n - b * BLOCK), gen)[p.name]  # as head.init draws it

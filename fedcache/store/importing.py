@@ -96,18 +96,19 @@ def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     # Names written as h5py writes a list of strings (an attribute f.attrs["classes"] = [...], or a dataset of
     # strings), as readily as the JSON string; a flat file's integer `domains` dataset stays its rows' domains.
     for k in NAME_LISTS:
-        if k in meta and _strings(np.asarray(meta[k])):
-            meta[k] = json.dumps(_strings(np.asarray(meta[k])))
-        if k in arrays and _strings(arrays[k]):
+        if k in meta and (names := _strings(np.asarray(meta[k]))) is not None:
+            meta[k] = json.dumps(names)
+        if k in arrays and (names := _strings(arrays[k])) is not None:
             if k in meta:
                 raise ConfigError(f"{path}: {k!r} is both an attribute and a dataset; keep one of them")
-            meta[k] = json.dumps(_strings(arrays.pop(k)))
+            meta[k] = json.dumps(names)
+            del arrays[k]
     return arrays, meta
 
 
 def _strings(a: np.ndarray) -> list[str] | None:
     """A 1-D array of text (str, or bytes read back from HDF5) as a list of str; None for anything else."""
-    if a.ndim != 1 or not len(a) or not (a.dtype.kind in "SU" or all(isinstance(x, (bytes, str)) for x in a)):
+    if a.ndim != 1 or not (a.dtype.kind in "SU" or len(a) and all(isinstance(x, (bytes, str)) for x in a)):
         return None
     return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in a]
 
@@ -138,8 +139,7 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
                                   "arrays (and the names as JSON strings)") from None
     meta = {k: (str(v) if v.dtype.kind in "US" else v) for k, v in items.items() if v.ndim == 0}
     # Names saved as an array of strings (np.array(["photo", "sketch"])), as readily as the JSON string.
-    meta.update({k: json.dumps([str(x) for x in v]) for k, v in items.items() if k in NAME_LISTS and v.ndim == 1
-                 and v.dtype.kind in "US"})
+    meta.update({k: json.dumps(names) for k, v in items.items() if k in NAME_LISTS and (names := _strings(v)) is not None})
     arrays = {k.replace("__", "/"): v for k, v in items.items() if v.ndim > 0 and k not in meta}
     return arrays, meta
 

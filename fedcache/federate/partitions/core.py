@@ -347,8 +347,8 @@ def local_test_sets(clients, labels, domains, test_labels, test_domains, budget:
     on ``min(budget / cells, rows of the cell)`` rows (FedPCL's "the first 100 rows per class"), T
     being ``budget`` whatever the test split holds.
 
-    Every client's rows are drawn as one ``rng.choice`` call per cell, clients in order and a client's cells in
-    order, would draw them (partitions/sampling.py), at a fraction of those calls' cost.
+    The rows are those one ``rng.choice`` call per cell (clients in order, a client's cells in order) draws, drawn
+    at a fraction of those calls' cost (partitions/sampling.py).
     """
     keys, test_rows, test_starts = _cell_table(test_labels, test_domains)
     held = _held_table(clients, labels, domains)
