@@ -183,14 +183,21 @@ def measure_mapping(store_path: Path, share: float = 0.01) -> dict:
     def rss_file() -> int:
         return next(int(ln.split()[1]) * 1024 for ln in open("/proc/self/status") if ln.startswith("RssFile:"))
 
+    from fedcache.store import mapping
+
     table = FeatureStore(store_path, create=False).read(DATASET, "train", BACKBONE)
     n = len(table.features)
     rows = np.sort(np.random.default_rng(0).choice(n, max(1, int(share * n)), replace=False))
     before = rss_file()
+    gathered = mapping.gather(table.features, rows)  # what training reads rows with: a region mapped at a time
+    gather_grown = rss_file() - before
     touched = table.features[rows]
     grown = rss_file() - before
     return {"rows_touched": len(touched), "bytes_of_rows_touched": int(touched.nbytes), "feature_bytes": int(table.features.nbytes),
-            "rss_file_growth_bytes": grown, "rss_growth_over_features": round(grown / table.features.nbytes, 3)}
+            "rss_file_growth_bytes": grown, "rss_growth_over_features": round(grown / table.features.nbytes, 3),
+            "gather_rss_file_growth_bytes": gather_grown,
+            "gather_rss_growth_over_features": round(gather_grown / table.features.nbytes, 3),
+            "same_rows": bool(np.array_equal(gathered, touched))}
 
 
 def measure_format_1_read(store_path: Path, work: Path, trials: int) -> dict:
@@ -506,7 +513,10 @@ def render(path: Path = RESULT) -> str:
     if "mapping" in res:
         m = res["mapping"]
         lines.append(f"| RSS counted after touching {m['rows_touched']:,} random rows ({m['bytes_of_rows_touched'] / 1e6:.0f} MB) of the "
-                     f"mapped features | features' bytes | {m['rss_growth_over_features']} |")
+                     f"mapped features, indexed | features' bytes | {m['rss_growth_over_features']} |")
+        if "gather_rss_growth_over_features" in m:
+            lines.append(f"| the same rows read with `store.mapping.gather` (what training reads with) | features' bytes | "
+                         f"{m['gather_rss_growth_over_features']} |")
     lines += [
         "",
         f"Import: {res['import']['GB_per_s']} GB/s of features (the whole `fedcache store import`, child process). "

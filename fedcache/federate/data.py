@@ -209,13 +209,19 @@ class FederatedData:
         hit = logits.argmax(1) == self.y_test
         return hit if self.global_rows is None else hit[torch.from_numpy(self.global_rows).to(hit.device)]
 
+    def train_features(self, idx: torch.Tensor) -> torch.Tensor:
+        """``x_train[idx]``, read so that a memory-mapped store file does not stay mapped (``local.gather_rows``)."""
+        from fedcache.federate.local import gather_rows
+
+        return gather_rows(self.x_train, idx)
+
     def rows_of(self, split: str, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded."""
         from fedcache.federate.prototypes import padded_rows
 
         x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
         idx, mask = padded_rows([(self.client_train if split == "train" else self.client_test)[k] for k in clients])
-        return x[idx], y[idx], mask
+        return (self.train_features(idx) if split == "train" else x[idx]), y[idx], mask
 
     @property
     def n_clients(self) -> int:

@@ -27,7 +27,7 @@ def check_finite(method: Method, result: LocalResult, clients: list[int], rnd: i
 def _cause(method: Method, k: int, name: str, down: Params) -> str:
     d = method.ctx.data
     rows = torch.as_tensor(d.client_train[k] if k < len(d.client_train) else [], dtype=torch.long)
-    inputs = [("cached training features", d.x_train[rows].flatten(1))]
+    inputs = [("cached training features", d.train_features(rows).flatten(1))]
     if d.views is not None:
         inputs.append(("cached augmented views", d.views[rows].flatten(1)))
     for what, x in inputs:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fedcache.federate.optim import OptimConfig, StackedOptimizer
+from fedcache.store import mapping
 
 Params = dict[str, torch.Tensor]
 # loss(params, xb (K,B,D), yb (K,B), mask (K,B), step_info) -> per-client mean loss (K,), or that and the
@@ -62,6 +63,7 @@ def train(
     """Run every step of ``plan``; returns the updated parameters (buffers updated too)."""
     params = dict(params)
     optimizer = StackedOptimizer(params, opt, trainable)
+    x, y, plan = working_set(x, y, plan)
     plan_t = torch.from_numpy(plan).to(x.device)
     # Index arithmetic for every step at once: per step it cost as much as a small head's matmuls.
     # Every step is the plan's full width, padding included: a row's arithmetic then never depends on the
@@ -86,6 +88,35 @@ def train(
     if sink is not None:
         sink.append(loss_sum / loss_steps.clamp_min(1))
     return params
+
+
+def file_rows(x: torch.Tensor) -> np.ndarray | None:
+    """``x`` as the array over a memory-mapped store file it is, else None (``store.mapping``)."""
+    if x.device.type != "cpu" or not x.is_contiguous() or not mapping.holds(x.data_ptr(), x.nbytes):
+        return None
+    return x.numpy()
+
+
+def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x[idx]``, the same numbers; from a store file's mapping, read so that the file does not stay mapped."""
+    array = file_rows(x)
+    if array is None:
+        return x[idx]
+    used, where = torch.unique(idx.cpu(), return_inverse=True)
+    return torch.from_numpy(mapping.gather(array, used.numpy()))[where].to(idx.device)
+
+
+def working_set(x: torch.Tensor, y: torch.Tensor, plan: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The rows ``plan`` reads, copied out of ``x`` when ``x`` is a memory-mapped store file, and the plan
+    renumbered to them; other ``x`` as given. Gathering the steps' rows through the mapping would leave
+    every folio of the file mapped (``store.mapping``); the copy is the rows this call trains on."""
+    array = file_rows(x)
+    if array is None:
+        return x, y, plan
+    # Row 0 too where the plan pads: padding reads row 0 (train clamps -1 to 0), and so it still does.
+    used = np.unique(np.append(plan[plan >= 0], [0] if (plan < 0).any() else []).astype(np.int64))
+    local = np.where(plan >= 0, np.searchsorted(used, plan), -1)
+    return torch.from_numpy(mapping.gather(array, used)), y[torch.from_numpy(used)], local
 
 
 # Scoped to the round driver's `recording_losses()` block (a context variable, not process state): every

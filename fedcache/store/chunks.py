@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache.store import mapping
+
 # What Zarr writes for ``compressors=None, filters=None``: one-byte types carry no endianness.
 _RAW_CODECS = ([{"name": "bytes", "configuration": {"endian": "little"}}], [{"name": "bytes"}])
 _DTYPES = ("bool", "uint8", "uint32", "int64", "float16", "float32")
@@ -148,7 +150,7 @@ class OpenRows:
         if not self.rows.n_bytes:
             return np.zeros(self.meta.shape, self.meta.dtype)
         mm = mmap.mmap(self.fd, self.rows.n_bytes, access=mmap.ACCESS_COPY)
-        return np.frombuffer(mm, self.meta.dtype).reshape(self.meta.shape)
+        return mapping.register(mm, np.frombuffer(mm, self.meta.dtype).reshape(self.meta.shape))
 
     def close(self) -> None:
         if self.fd is not None:

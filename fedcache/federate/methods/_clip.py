@@ -66,4 +66,4 @@ def prototype_anchors(data: FederatedData, shots: int, seed: int) -> torch.Tenso
             raise ConfigError(f"anchors=prototypes: no client holds class {data.class_names[c]!r}; "
                               "use a text tower (anchors=text) or a partition that covers every class")
         rows.append(rng.choice(have, min(shots, len(have)), replace=False))
-    return torch.stack([unit(unit(data.x_train[here(r)]).mean(0)) for r in rows])
+    return torch.stack([unit(unit(data.train_features(here(r))).mean(0)) for r in rows])

@@ -141,7 +141,7 @@ def probe_logits(p: Params, data, rows: np.ndarray, x: torch.Tensor, c: float, s
 def probe_many(p: Params, data, rows: np.ndarray, xs: list[torch.Tensor], c: float, seed: int) -> list[torch.Tensor]:
     """``probe_logits`` of several inputs with one fitted probe."""
     with torch.no_grad():
-        h_train = represent(p, data.x_train[here(rows)][None])[0].cpu().numpy()
+        h_train = represent(p, data.train_features(here(rows))[None])[0].cpu().numpy()
     model = fit_probe(h_train, data.y_train[here(rows)].cpu().numpy(), c, seed)
     outs = []
     for x in xs:

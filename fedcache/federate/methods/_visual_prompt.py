@@ -32,7 +32,7 @@ class CachedFeatures:
 
     def train_features(self, p: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(K, B) training rows (``mask``: the real ones) -> (K, B, D) unit features."""
-        return F.normalize(self.data.x_train[rows], dim=-1)
+        return F.normalize(self.data.train_features(rows), dim=-1)
 
     def eval_features(self, p: dict, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, dim=-1)
@@ -46,7 +46,7 @@ class FeaturePrompt(CachedFeatures):
         return {"vprompt": torch.zeros(1, self.data.dim)}
 
     def train_features(self, p: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.data.x_train[rows] + p["vprompt"].unsqueeze(1), dim=-1)
+        return F.normalize(self.data.train_features(rows) + p["vprompt"].unsqueeze(1), dim=-1)
 
     def eval_features(self, p: dict, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x + p["vprompt"][0], dim=-1)

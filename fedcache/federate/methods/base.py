@@ -250,7 +250,7 @@ class Method:
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Training rows ``idx`` (K, B), -1 for padding -> (xb, yb, mask)."""
         d = self.ctx.data
-        return d.x_train[idx.clamp_min(0)], d.y_train[idx.clamp_min(0)], idx >= 0
+        return d.train_features(idx.clamp_min(0)), d.y_train[idx.clamp_min(0)], idx >= 0
 
     def client_rows(self, clients: list[int]) -> list[np.ndarray]:
         return [self.ctx.data.client_train[k] for k in clients]

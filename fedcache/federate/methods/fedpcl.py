@@ -193,7 +193,7 @@ class FedPCL(Method):
     def client_prototypes(self, params: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Class means of the clients' projected training rows (padded to their largest client)."""
         idx, mask = padded_rows(self.client_rows(clients))
-        x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
+        x, y = self.ctx.data.train_features(idx), self.ctx.data.y_train[idx]
         with torch.no_grad():
             z = self.head.features(params, x)
         return class_means(z, y, mask, self.c)

@@ -138,7 +138,7 @@ class FedProto(Method):
 
     def _prototypes(self, states: Params, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         idx, mask = padded_rows(self.client_rows(clients))
-        x, y = self.ctx.data.x_train[idx], self.ctx.data.y_train[idx]
+        x, y = self.ctx.data.train_features(idx), self.ctx.data.y_train[idx]
         with torch.no_grad():
             z = self.head.features(states, x, mask)
         return class_means(z, y, mask, self.ctx.data.n_classes)

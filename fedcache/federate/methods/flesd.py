@@ -72,7 +72,7 @@ class FLESD(SSLMethod):
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:
         params = local_simclr(self, rnd, clients, expand(down, len(clients)))
         with torch.no_grad():  # the public set's plain (unaugmented) features, as the official pubset_infer
-            z = embed(params, self.ctx.data.x_train[self.public].expand(len(clients), -1, -1))
+            z = embed(params, self.ctx.data.train_features(self.public).expand(len(clients), -1, -1))
         up = esd.encode(z, self.p.upload, self.p.top_percent, self.p.precision)
         return LocalResult({}, up, self.sample_counts(clients))
 

@@ -124,9 +124,9 @@ class FSTCBDG(Method):
         (K, n_max, C)."""
         rows = self.ctx.data.client_train
         if self._zero_shot is None:  # every row's, once: a client's q^0 is read when it first trains
-            x = self.ctx.data.x_train
-            self._zero_shot = torch.cat([torch.softmax(cosine(x[i: i + ZERO_SHOT_CHUNK], self.anchors.T), -1)
-                                         for i in range(0, len(x), ZERO_SHOT_CHUNK)])
+            d, n = self.ctx.data, len(self.ctx.data.x_train)
+            chunks = (torch.arange(i, min(i + ZERO_SHOT_CHUNK, n), device=d.x_train.device) for i in range(0, n, ZERO_SHOT_CHUNK))
+            self._zero_shot = torch.cat([torch.softmax(cosine(d.train_features(r), self.anchors.T), -1) for r in chunks])
             self._width = max((len(r) for r in rows), default=0)
         idx, mask = padded_rows([rows[k] for k in clients], self._width)
         here = self._zero_shot.device  # the run's, also when read after it (ClientStates moves it there anyway)
@@ -138,7 +138,7 @@ class FSTCBDG(Method):
         rows = self.client_rows(clients)
         plan = self.plan(rnd, clients)
         _, valid = padded_rows(rows)
-        x = [unit(c.data.x_train[here(r)]) for r in rows] if self.p.refresh == "all" else None
+        x = [unit(c.data.train_features(here(r))) for r in rows] if self.p.refresh == "all" else None
         lp = cbdg.LocalPass.start(states["q"], here(positions(plan, rows)), valid, x, self.streams(rnd, clients))
         info = {"pass": lp, "sizes": valid.sum(1).clamp_min(1)}
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind, plan,

@@ -1,0 +1,78 @@
+"""Gathering rows of a memory-mapped feature file without keeping the file mapped.
+
+A table read from one entry is its file memory-mapped (``chunks.OpenRows.mapped``). Reading a row through
+the mapping maps the page-cache folio that holds it, and on current kernels a folio of a file read in
+large pieces is 2 MB: a round that reads 1% of the rows at random leaves nearly every folio of the file
+mapped, and the process's RSS counts all of them, though no byte was copied. ``gather`` copies the rows it
+is asked for a region of the file at a time and unmaps each region once copied (``MADV_DONTNEED``: the
+pages stay in the page cache, only this process's page-table entries go), so what the process holds of
+the file is never more than one region. Arrays that are not such a mapping are indexed as they are.
+"""
+from __future__ import annotations
+
+import mmap
+import weakref
+
+import numpy as np
+
+REGION_BYTES = 32 << 20  # what a gather maps at once: a few page-cache folios, a small share of any table
+_FOLIO_BYTES = 2 << 20  # the largest page-cache folio: a row near a region's end can map the folio after it
+
+# start address -> (the mapping, its length). Weak: the arrays over a mapping keep it alive, this does not.
+_MAPPED: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def register(mm: mmap.mmap, array: np.ndarray) -> np.ndarray:
+    """Remember that ``array`` (over all of ``mm``) is a file mapping, so ``gather`` can unmap what it read."""
+    start = array.__array_interface__["data"][0]
+    _MAPPED[start] = (weakref.ref(mm, lambda _: _MAPPED.pop(start, None)), len(mm))
+    return array
+
+
+def _mapping(array: np.ndarray) -> tuple[mmap.mmap, int] | None:
+    """The registered mapping ``array`` lies in and the array's offset in it, else None."""
+    return _mapping_at(array.__array_interface__["data"][0], array.nbytes) if array.flags.c_contiguous else None
+
+
+def _mapping_at(at: int, nbytes: int) -> tuple[mmap.mmap, int] | None:
+    for start, (ref, length) in list(_MAPPED.items()):
+        mm = ref()
+        if mm is not None and start <= at and at + nbytes <= start + length:
+            return mm, at - start
+    return None
+
+
+def is_mapped(array: np.ndarray) -> bool:
+    return _mapping(array) is not None
+
+
+def holds(address: int, nbytes: int) -> bool:
+    """Whether the ``nbytes`` at ``address`` (a tensor's ``data_ptr()``, say) lie in a registered mapping."""
+    return _mapping_at(address, nbytes) is not None
+
+
+def gather(array: np.ndarray, rows: np.ndarray, region_bytes: int = REGION_BYTES) -> np.ndarray:
+    """``array[rows]`` for ascending ``rows``; over a registered mapping, read a region at a time, each
+    region's pages unmapped once its rows are copied. (The mapping is copy-on-write and nothing writes into a
+    table; a write would be undone when its region is unmapped.)"""
+    found = _mapping(array)
+    if found is None or not len(rows):
+        return array[rows]
+    mm, offset = found
+    row_bytes = array.strides[0]
+    out = np.empty((len(rows), *array.shape[1:]), array.dtype)
+    per = max(1, region_bytes // row_bytes)
+    edges = np.searchsorted(rows, np.arange(0, array.shape[0] + per, per))
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        if hi > lo:
+            out[lo:hi] = array[rows[lo:hi]]
+            _unmap(mm, offset + int(rows[lo]) * row_bytes, offset + (int(rows[hi - 1]) + 1) * row_bytes)
+    return out
+
+
+def _unmap(mm: mmap.mmap, lo: int, hi: int) -> None:
+    """Drop this process's mapping of bytes [lo, hi) and of the folios around them (the file is untouched)."""
+    lo = max(0, (lo - _FOLIO_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE)
+    hi = min(len(mm), hi + _FOLIO_BYTES)
+    if hi > lo and hasattr(mm, "madvise"):  # not on Windows: the rows stay mapped there
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

@@ -1,0 +1,79 @@
+"""Rows gathered from a memory-mapped store file leave at most a region of it mapped, and are the rows."""
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcache.store import mapping
+from fedcache.store.chunks import RawMeta, RowFile
+from fedcache.store.feature_store import FeatureStore
+from fedcache.store.keys import EntryKey
+from fedcache.store.writer import open_writer
+
+ROWS, DIM = 16_384, 512  # 32 MB of float32: larger than the 2 MB regions the tests gather by
+
+
+def row_file(folder: Path, rows: int = ROWS, dim: int = DIM) -> np.ndarray:
+    """A one-file float32 row array of random rows, written and read back memory-mapped."""
+    (folder / "zarr.json").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "zarr.json").write_text(json.dumps({
+        "shape": [rows, dim], "chunk_grid": {"configuration": {"chunk_shape": [rows, dim]}}, "data_type": "float32",
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}], "fill_value": 0,
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}}}))
+    rows_file = RowFile(RawMeta.open(folder))
+    rows_file.allocate()
+    rows_file.write(0, np.random.default_rng(0).standard_normal((rows, dim), dtype=np.float32))
+    return rows_file.open().mapped()
+
+
+def rss_file() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssFile in /proc/self/status (not Linux)")
+
+
+def test_a_gather_is_the_indexed_rows_mapped_or_not(tmp_path):
+    mapped = row_file(tmp_path / "a")
+    assert mapping.is_mapped(mapped) and mapping.is_mapped(mapped[100:200])
+    rows = np.unique(np.random.default_rng(1).integers(0, ROWS, 3000))
+    for array in (mapped, np.array(mapped), mapped[:, :7].copy()):
+        np.testing.assert_array_equal(mapping.gather(array, rows, region_bytes=2 << 20), array[rows])
+    assert not mapping.is_mapped(np.array(mapped))
+    assert mapping.gather(mapped, rows[:0]).shape == (0, DIM)
+
+
+def test_a_gather_leaves_no_more_than_a_region_of_the_file_mapped(tmp_path):
+    if not hasattr(__import__("mmap").mmap, "madvise"):
+        pytest.skip("no madvise here")
+    mapped = row_file(tmp_path / "a")
+    rss_file()  # skips where RSS is not reported
+    rows = np.unique(np.random.default_rng(2).integers(0, ROWS, ROWS // 20))  # 5% of the rows, all over the file
+    before = rss_file()
+    mapping.gather(mapped, rows, region_bytes=2 << 20)
+    # Indexed through the mapping, these rows would map most of the file (fault-around, large folios); a
+    # region and the folios around it are 6 MB of its 32.
+    assert rss_file() - before <= 8 << 20
+
+
+def test_a_store_table_is_registered_and_forgotten_with_its_mapping(store_path):
+    feats = np.random.default_rng(3).standard_normal((40, 8)).astype(np.float32)
+    store = FeatureStore(store_path)
+    key = EntryKey("ds", "fp", "train", "d0", "a", "w", {"s": 1}, dtype="float32")
+    with open_writer(store, key, 40, 8, 1, {"classes": ["a", "b", "c"], "domains": ["d0"], "random_weights": True,
+                                            "backbone_source": "test"}, chunk_rows=16) as w:
+        for c in w.pending():
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, feats[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
+        assert w.finish([])
+    table = store.read("ds", "train", "a", domains=["d0"])
+    assert mapping.is_mapped(table.features)
+    start = table.features.__array_interface__["data"][0]
+    assert start in mapping._MAPPED
+    del table
+    gc.collect()
+    assert start not in mapping._MAPPED
