@@ -66,12 +66,13 @@ def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:
 def read_features(folder: Path):
     """The shared tables, memory-mapped copy-on-write: pages are shared between workers, and a write
     (no method writes into its inputs, but torch wants writable arrays) stays private to its process."""
+    from fedcache.store import mapping
     from fedcache.store.feature_store import FeatureTable
 
     meta = json.loads((folder / "meta.json").read_text())
     tables = []
     for split in ("train", "test"):
-        arrays = {n: np.load(folder / f"{split}_{n}.npy", mmap_mode="c" if n == "features" else None)
+        arrays = {n: mapping.map_npy(folder / f"{split}_{n}.npy") if n == "features" else np.load(folder / f"{split}_{n}.npy")
                   for n in ("features", "labels", "ids", "domains")}
         m = meta[split]
         tables.append(FeatureTable(**arrays, domain_names=tuple(m["domain_names"]), class_names=tuple(m["class_names"]),

@@ -23,10 +23,26 @@ _MAPPED: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def register(mm: mmap.mmap, array: np.ndarray) -> np.ndarray:
-    """Remember that ``array`` (over all of ``mm``) is a file mapping, so ``gather`` can unmap what it read."""
-    start = array.__array_interface__["data"][0]
-    _MAPPED[start] = (weakref.ref(mm, lambda _: _MAPPED.pop(start, None)), len(mm))
+    """Remember that ``array`` (over ``mm``) is a file mapping, so ``gather`` can unmap what it read."""
+    start = np.frombuffer(mm, np.uint8).__array_interface__["data"][0] if len(mm) else 0
+    if len(mm):
+        _MAPPED[start] = (weakref.ref(mm, lambda _: _MAPPED.pop(start, None)), len(mm))
     return array
+
+
+def map_npy(path) -> np.ndarray:
+    """The array of a ``.npy`` file over its memory mapping, copy-on-write and registered (``np.load``'s
+    ``mmap_mode="c"`` without the registration)."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(fh)
+        offset = fh.tell()
+        count = int(np.prod(shape, dtype=np.int64))
+        if fortran or not count:
+            return np.load(path, mmap_mode="c") if count else np.zeros(shape, dtype)
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    return register(mm, np.frombuffer(mm, dtype, count, offset).reshape(shape))
 
 
 def _mapping(array: np.ndarray) -> tuple[mmap.mmap, int] | None:

@@ -32,9 +32,10 @@ def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_gr
 
     from fedcache.federate.data import FederatedData
     from fedcache.grids.features import read_features
+    from fedcache.store import mapping
 
     train_t, test_t = read_features(toy_grid / "features")
-    assert isinstance(train_t.features, np.memmap) and train_t.features.dtype == np.float32
+    assert mapping.is_mapped(train_t.features) and train_t.features.dtype == np.float32
     data = FederatedData.from_tables(train_t, test_t, [np.arange(len(train_t))], [np.arange(len(test_t))])
     assert np.shares_memory(data.x_train.numpy(), train_t.features)  # the tensor is a view of the mapped file
     assert np.shares_memory(data.x_test.numpy(), test_t.features)
