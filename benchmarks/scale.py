@@ -191,6 +191,7 @@ def measure_mapping(store_path: Path, share: float = 0.01) -> dict:
     before = rss_file()
     gathered = mapping.gather(table.features, rows)  # what training reads rows with: a region mapped at a time
     gather_grown = rss_file() - before
+    before = rss_file()  # the gather's last region may still be mapped
     touched = table.features[rows]
     grown = rss_file() - before
     return {"rows_touched": len(touched), "bytes_of_rows_touched": int(touched.nbytes), "feature_bytes": int(table.features.nbytes),

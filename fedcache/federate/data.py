@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -248,11 +249,20 @@ class FederatedData:
     def from_tables(cls, train: FeatureTable, test: FeatureTable, client_train, client_test, **info) -> "FederatedData":
         check_same_source(train, test)
         return cls(
-            x_train=torch.from_numpy(np.ascontiguousarray(train.features, dtype=np.float32)),
+            x_train=features_tensor(train.features),
             y_train=torch.from_numpy(train.labels.astype(np.int64)),
-            x_test=torch.from_numpy(np.ascontiguousarray(test.features, dtype=np.float32)),
+            x_test=features_tensor(test.features),
             y_test=torch.from_numpy(test.labels.astype(np.int64)),
             client_train=compact_rows(client_train), client_test=compact_rows(client_test),
             class_names=train.class_names, domain_names=train.domain_names, train_domains=train.domains,
             random_weights=train.random_weights or test.random_weights, info=info,
         )
+
+
+def features_tensor(features: np.ndarray) -> torch.Tensor:
+    """Float32 features as a tensor over the same memory. A memory-mapped table is read-only
+    (``store.mapping``), and nothing writes into a run's features: torch's warning about it says nothing."""
+    array = np.ascontiguousarray(features, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(array)

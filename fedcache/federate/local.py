@@ -90,31 +90,40 @@ def train(
     return params
 
 
-def file_rows(x: torch.Tensor) -> np.ndarray | None:
-    """``x`` as the array over a memory-mapped store file it is, else None (``store.mapping``)."""
+# Above this share of a mapped table's rows, local training reads it through the mapping: its own copy would cost
+# more (a copy per call, one per grid worker) than the page-cache pages the mapping shares.
+WORKING_SET_SHARE = 0.25
+
+
+def mapped_array(x: torch.Tensor) -> np.ndarray | None:
+    """The array over a memory-mapped store file that ``x`` is a view of (``store.mapping``), else None."""
     if x.device.type != "cpu" or not x.is_contiguous() or not mapping.holds(x.data_ptr(), x.nbytes):
         return None
     return x.numpy()
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``x[idx]``, the same numbers; from a store file's mapping, read so that the file does not stay mapped."""
-    array = file_rows(x)
-    if array is None:
+    """``x[idx]`` for an integer index tensor; from a store file's mapping, read so that the file does not
+    stay mapped."""
+    array = mapped_array(x)
+    if array is None or idx.dtype not in (torch.int64, torch.int32):
         return x[idx]
     used, where = torch.unique(idx.cpu(), return_inverse=True)
-    return torch.from_numpy(mapping.gather(array, used.numpy()))[where].to(idx.device)
+    return torch.from_numpy(mapping.gather(array, used.numpy()))[where]
 
 
 def working_set(x: torch.Tensor, y: torch.Tensor, plan: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The rows ``plan`` reads, copied out of ``x`` when ``x`` is a memory-mapped store file, and the plan
-    renumbered to them; other ``x`` as given. Gathering the steps' rows through the mapping would leave
-    every folio of the file mapped (``store.mapping``); the copy is the rows this call trains on."""
-    array = file_rows(x)
+    """The rows ``plan`` reads, copied out of ``x`` when ``x`` is a memory-mapped store file and they are a
+    small share of it, and the plan renumbered to them; otherwise the arguments as given. Reading the steps'
+    rows through the mapping would leave every folio of the file mapped (``store.mapping``)."""
+    array = mapped_array(x)
     if array is None:
         return x, y, plan
-    # Row 0 too where the plan pads: padding reads row 0 (train clamps -1 to 0), and so it still does.
-    used = np.unique(np.append(plan[plan >= 0], [0] if (plan < 0).any() else []).astype(np.int64))
+    used = np.unique(plan[plan >= 0])
+    if (plan < 0).any() and (not len(used) or used[0] != 0):
+        used = np.insert(used, 0, 0)  # padding reads row 0 (train clamps -1 to 0), and so it still does
+    if len(used) > WORKING_SET_SHARE * len(array):
+        return x, y, plan
     local = np.where(plan >= 0, np.searchsorted(used, plan), -1)
     return torch.from_numpy(mapping.gather(array, used)), y[torch.from_numpy(used)], local
 

@@ -5,8 +5,11 @@ the mapping maps the page-cache folio that holds it, and on current kernels a fo
 large pieces is 2 MB: a round that reads 1% of the rows at random leaves nearly every folio of the file
 mapped, and the process's RSS counts all of them, though no byte was copied. ``gather`` copies the rows it
 is asked for a region of the file at a time and unmaps each region once copied (``MADV_DONTNEED``: the
-pages stay in the page cache, only this process's page-table entries go), so what the process holds of
-the file is never more than one region. Arrays that are not such a mapping are indexed as they are.
+pages stay in the page cache, only this process's page-table entries go), so a gather leaves at most its
+last region and the folios around it mapped. Other reads (indexing the array itself) map pages as before.
+Arrays that are not such a mapping are indexed as they are.
+
+Unmapping a copy-on-write page would drop what was written into it, so registered arrays are read-only.
 """
 from __future__ import annotations
 
@@ -24,9 +27,10 @@ _MAPPED: dict[int, tuple[weakref.ref, int]] = {}
 
 def register(mm: mmap.mmap, array: np.ndarray) -> np.ndarray:
     """Remember that ``array`` (over ``mm``) is a file mapping, so ``gather`` can unmap what it read."""
-    start = np.frombuffer(mm, np.uint8).__array_interface__["data"][0] if len(mm) else 0
     if len(mm):
+        start = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
         _MAPPED[start] = (weakref.ref(mm, lambda _: _MAPPED.pop(start, None)), len(mm))
+    array.flags.writeable = False
     return array
 
 
@@ -51,7 +55,7 @@ def _mapping(array: np.ndarray) -> tuple[mmap.mmap, int] | None:
 
 
 def _mapping_at(at: int, nbytes: int) -> tuple[mmap.mmap, int] | None:
-    for start, (ref, length) in list(_MAPPED.items()):
+    for start, (ref, length) in _MAPPED.copy().items():
         mm = ref()
         if mm is not None and start <= at and at + nbytes <= start + length:
             return mm, at - start
@@ -68,11 +72,12 @@ def holds(address: int, nbytes: int) -> bool:
 
 
 def gather(array: np.ndarray, rows: np.ndarray, region_bytes: int = REGION_BYTES) -> np.ndarray:
-    """``array[rows]`` for ascending ``rows``; over a registered mapping, read a region at a time, each
-    region's pages unmapped once its rows are copied. (The mapping is copy-on-write and nothing writes into a
-    table; a write would be undone when its region is unmapped.)"""
+    """``array[rows]``; over a registered mapping and for ascending ``rows`` within the array, read a region
+    at a time, each region's pages unmapped once its rows are copied."""
     found = _mapping(array)
-    if found is None or not len(rows):
+    rows = np.asarray(rows)
+    if (found is None or not len(rows) or rows.ndim != 1 or rows.dtype.kind not in "iu" or rows[0] < 0
+            or rows[-1] >= len(array) or (np.diff(rows) < 0).any()):
         return array[rows]
     mm, offset = found
     row_bytes = array.strides[0]

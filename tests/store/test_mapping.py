@@ -94,3 +94,13 @@ def test_a_npy_file_maps_as_np_load_reads_it_and_is_registered(tmp_path):
         assert mapping.is_mapped(mapped) == (name in ("c", "v2"))
     rows = np.array([0, 5, 299])
     np.testing.assert_array_equal(mapping.gather(mapping.map_npy(tmp_path / "c.npy"), rows), a[rows])
+
+
+def test_rows_a_region_gather_cannot_take_are_indexed_as_numpy_would(tmp_path):
+    mapped = row_file(tmp_path / "a", rows=3000, dim=8)
+    for rows in ([-1, 5], [5, 2999], [7, 3, 3], np.array([[1, 2], [3, 4]])):
+        np.testing.assert_array_equal(mapping.gather(mapped, np.asarray(rows)), mapped[np.asarray(rows)])
+    with pytest.raises(IndexError):
+        mapping.gather(mapped, np.array([5, 3000]))
+    with pytest.raises(ValueError, match="read-only"):
+        mapped[0] = 1
