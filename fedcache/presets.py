@@ -359,7 +359,7 @@ PRESETS.add("fst-cbdg-table2", Preset(
 ))
 
 # ---- FLESD Table 1: federated self-supervised learning, linear probe -----------------------------------------
-FLESD_PAPER = '"Towards Communication-Efficient and Privacy-Preserving Federated Representation Learning"'  # 002_c748d1a78243a80a.txt
+FLESD_PAPER = 'Shi et al., "Towards Communication-Efficient and Privacy-Preserving Federated Representation Learning", arXiv:2109.14611'  # 002_c748d1a78243a80a.txt
 FLESD_NAMES = {"Min-Local": "min-local", "FedAvg": "fedavg-ssl", "FedProx": "fedprox-ssl", "FLESD": "flesd"}
 _flesd_alphas = (100.0, 1.0, 0.01)
 _flesd = {"cifar10": {"Min-Local": (62.9, 66.5, 60.4), "FedAvg": (75.6, 75.2, 69.9), "FedProx": (71.3, 72.3, 67.5),

@@ -33,11 +33,21 @@ def write_features(spec: GridSpec) -> Path:
             t = load_fused(store, spec.dataset, spec.backbones, split)
             for name in ("features", "labels", "ids", "domains"):
                 arr = getattr(t, name)
-                np.save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
+                _save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
             meta[split] = {"domain_names": list(t.domain_names), "class_names": list(t.class_names),
                            "random_weights": bool(t.random_weights), "entry_ids": list(t.entry_ids)}
         disk.write_text(folder / "meta.json", json.dumps(meta), WHAT)  # last: its presence means the folder is complete
     return folder
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    """``np.save`` a block of rows at a time: a table over a store file's mapping does not stay mapped."""
+    from fedcache.store import mapping
+
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(array))
+        for block in mapping.blocks(array):
+            fh.write(np.ascontiguousarray(block).data)
 
 
 def features_bytes(store, spec: GridSpec) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import weakref
+from typing import Iterator
 
 import numpy as np
 
@@ -89,6 +90,20 @@ def gather(array: np.ndarray, rows: np.ndarray, region_bytes: int = REGION_BYTES
             out[lo:hi] = array[rows[lo:hi]]
             _unmap(mm, offset + int(rows[lo]) * row_bytes, offset + (int(rows[hi - 1]) + 1) * row_bytes)
     return out
+
+
+def blocks(array: np.ndarray, region_bytes: int = REGION_BYTES) -> Iterator[np.ndarray]:
+    """``array``'s rows in order, a region at a time; over a registered mapping each block is a copy, and its
+    region is unmapped once copied (for writing a whole table out without keeping it mapped)."""
+    found = _mapping(array)
+    per = max(1, region_bytes // max(1, array.strides[0] if array.ndim else 1))
+    for lo in range(0, len(array), per):
+        block = array[lo: lo + per]
+        if found is not None:
+            block = block.copy()
+            mm, offset = found
+            _unmap(mm, offset + lo * array.strides[0], offset + (lo + len(block)) * array.strides[0])
+        yield block
 
 
 def _unmap(mm: mmap.mmap, lo: int, hi: int) -> None:

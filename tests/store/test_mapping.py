@@ -104,3 +104,23 @@ def test_rows_a_region_gather_cannot_take_are_indexed_as_numpy_would(tmp_path):
         mapping.gather(mapped, np.array([5, 3000]))
     with pytest.raises(ValueError, match="read-only"):
         mapped[0] = 1
+
+
+def test_blocks_are_the_rows_in_order_and_leave_a_region_mapped(tmp_path):
+    mapped = row_file(tmp_path / "a")
+    before = rss_file()
+    parts = list(mapping.blocks(mapped, region_bytes=2 << 20))
+    assert rss_file() - before <= 8 << 20  # read whole through the mapping, the file would count 32 MB
+    np.testing.assert_array_equal(np.concatenate(parts), mapped)
+    plain = np.arange(10)
+    assert [b.tolist() for b in mapping.blocks(plain, region_bytes=24)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert list(mapping.blocks(mapped[:0])) == []
+
+
+def test_grid_features_written_block_by_block_read_as_np_save_wrote_them(tmp_path):
+    from fedcache.grids.features import _save
+
+    for array in (row_file(tmp_path / "a", rows=5000, dim=8), np.arange(7, dtype=np.int16), np.zeros((0, 3), np.float32)):
+        _save(tmp_path / "x.npy", array)
+        np.save(tmp_path / "y.npy", array)
+        assert (tmp_path / "x.npy").read_bytes() == (tmp_path / "y.npy").read_bytes()
