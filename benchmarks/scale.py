@@ -331,20 +331,21 @@ def measure_clients(store_path: Path, work: Path, counts: list[int]) -> dict:
 
 
 # ---- a grid ----------------------------------------------------------------------------------------
-def tree_pss(root: int) -> int:
-    """Proportional set size of a process and its descendants, in bytes: a page mapped by k of them counts 1/k
-    in each, so features shared through the page cache count once however many workers map them."""
-    total, todo = 0, [root]
+def tree_pss(root: int) -> list[dict]:
+    """Proportional set size (and its anonymous part) of a process and each of its descendants, in bytes: a page
+    mapped by k of them counts 1/k in each, so features shared through the page cache count once however many
+    workers map them."""
+    out, todo = [], [root]
     while todo:
         pid = todo.pop()
         try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-            total += 1024 * int(next(ln.split()[1] for ln in rollup.splitlines() if ln.startswith("Pss:")))
+            rollup = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+            out.append({k.lower(): 1024 * int(rollup[k].split()[0]) for k in ("Pss", "Pss_Anon")})
             for task in Path(f"/proc/{pid}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, StopIteration):  # it ended meanwhile
+        except (OSError, KeyError, ValueError):  # it ended meanwhile
             continue
-    return total
+    return out
 
 
 def measure_grid(store_path: Path, work: Path, jobs: tuple[int, ...] = (1, 2)) -> dict:
@@ -357,13 +358,18 @@ def measure_grid(store_path: Path, work: Path, jobs: tuple[int, ...] = (1, 2)) -
                 "--fraction", "0.1", "--rounds", "2", "--engine", "processes", "-j", str(j), "-o", str(work / f"grid-{j}")]
         proc = subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
-        peak, t0 = 0, time.perf_counter()
+        peak, at_peak, t0 = 0, [], time.perf_counter()
         while proc.poll() is None:
-            peak = max(peak, tree_pss(proc.pid))
+            procs = tree_pss(proc.pid)
+            if sum(p["pss"] for p in procs) > peak:
+                peak, at_peak = sum(p["pss"] for p in procs), procs
             time.sleep(0.05)
         if proc.returncode:
             raise RuntimeError(f"grid -j {j} failed: {proc.stderr.read()[-3000:]}")
-        out[f"jobs_{j}"] = {"peak_pss_bytes": peak, "wall_s": round(time.perf_counter() - t0, 2)}
+        # the processes at the peak, largest first (the grid's own and its workers; small helpers left out)
+        big = sorted((p for p in at_peak if p["pss"] > 50e6), key=lambda p: -p["pss"])
+        out[f"jobs_{j}"] = {"peak_pss_bytes": peak, "wall_s": round(time.perf_counter() - t0, 2),
+                            "processes_at_peak": [{"pss_bytes": p["pss"], "pss_anon_bytes": p["pss_anon"]} for p in big]}
         out["command"] = "fedcache " + " ".join(args[3:-4] + ["-j", "J", "-o", "OUT"]).replace(str(store_path), "STORE")
         shutil.rmtree(work / f"grid-{j}", ignore_errors=True)
     out["peak_pss_jobs_2_over_jobs_1"] = round(out["jobs_2"]["peak_pss_bytes"] / out["jobs_1"]["peak_pss_bytes"], 3)
@@ -511,6 +517,10 @@ def render(path: Path = RESULT) -> str:
         lines.append(f"| grid peak PSS, `-j 2` ({g['jobs_2']['peak_pss_bytes'] / 1e9:.2f} GB) | the same grid, `-j 1` "
                      f"({g['jobs_1']['peak_pss_bytes'] / 1e9:.2f} GB) | {g['peak_pss_jobs_2_over_jobs_1']} |")
         lines.append(f"| grid peak PSS, `-j 2` minus `-j 1` | features' bytes | {g['growth_over_features']} |")
+        if "processes_at_peak" in g["jobs_1"]:
+            gb = lambda p: f"{p['pss_bytes'] / 1e9:.2f} GB ({p['pss_anon_bytes'] / 1e9:.2f} anonymous)"  # noqa: E731
+            lines.append("| grid processes at the peak, PSS each | (absolute) | "
+                         + "; ".join(f"`-j {j}`: " + ", ".join(gb(p) for p in g[f"jobs_{j}"]["processes_at_peak"]) for j in (1, 2)) + " |")
     if "mapping" in res:
         m = res["mapping"]
         lines.append(f"| RSS counted after touching {m['rows_touched']:,} random rows ({m['bytes_of_rows_touched'] / 1e6:.0f} MB) of the "
