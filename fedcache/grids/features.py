@@ -74,16 +74,16 @@ def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:
 
 
 def read_features(folder: Path):
-    """The shared tables, memory-mapped copy-on-write: pages are shared between workers, and a write
-    (no method writes into its inputs, but torch wants writable arrays) stays private to its process."""
+    """The shared tables, the features memory-mapped (``store.mapping.map_npy``): pages are shared between
+    workers, a cell reads its rows without keeping the file mapped, and the arrays are read-only."""
     from fedcache.store import mapping
     from fedcache.store.feature_store import FeatureTable
 
     meta = json.loads((folder / "meta.json").read_text())
     tables = []
     for split in ("train", "test"):
-        arrays = {n: mapping.map_npy(folder / f"{split}_{n}.npy") if n == "features" else np.load(folder / f"{split}_{n}.npy")
-                  for n in ("features", "labels", "ids", "domains")}
+        path = {n: folder / f"{split}_{n}.npy" for n in ("features", "labels", "ids", "domains")}
+        arrays = {n: mapping.map_npy(p) if n == "features" else np.load(p) for n, p in path.items()}
         m = meta[split]
         tables.append(FeatureTable(**arrays, domain_names=tuple(m["domain_names"]), class_names=tuple(m["class_names"]),
                                    random_weights=m["random_weights"], entry_ids=tuple(m["entry_ids"])))

@@ -36,10 +36,12 @@ def register(mm: mmap.mmap, array: np.ndarray) -> np.ndarray:
 
 
 def map_npy(path) -> np.ndarray:
-    """The array of a ``.npy`` file over its memory mapping, copy-on-write and registered (``np.load``'s
-    ``mmap_mode="c"`` without the registration)."""
+    """The array of a ``.npy`` file over its memory mapping, registered and read-only; a Fortran-ordered array is
+    ``np.load``'s ``mmap_mode="c"`` one, not registered (a gather of its rows would not be rows of the file)."""
     with open(path, "rb") as fh:
         version = np.lib.format.read_magic(fh)
+        if version not in ((1, 0), (2, 0)):  # 3.0: structured dtypes with unicode names, never features
+            return np.load(path, mmap_mode="c")
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(fh)
         offset = fh.tell()

@@ -124,9 +124,10 @@ class FSTCBDG(Method):
         (K, n_max, C)."""
         rows = self.ctx.data.client_train
         if self._zero_shot is None:  # every row's, once: a client's q^0 is read when it first trains
-            d, n = self.ctx.data, len(self.ctx.data.x_train)
-            chunks = (torch.arange(i, min(i + ZERO_SHOT_CHUNK, n), device=d.x_train.device) for i in range(0, n, ZERO_SHOT_CHUNK))
-            self._zero_shot = torch.cat([torch.softmax(cosine(d.train_features(r), self.anchors.T), -1) for r in chunks])
+            d = self.ctx.data
+            every = torch.arange(len(d.x_train), device=d.x_train.device)
+            self._zero_shot = torch.cat([torch.softmax(cosine(d.train_features(r), self.anchors.T), -1)
+                                         for r in every.split(ZERO_SHOT_CHUNK)])
             self._width = max((len(r) for r in rows), default=0)
         idx, mask = padded_rows([rows[k] for k in clients], self._width)
         here = self._zero_shot.device  # the run's, also when read after it (ClientStates moves it there anyway)

@@ -33,7 +33,8 @@ class LinearProbe(Method):
             return LocalResult({}, down, torch.ones(1))
         d = self.ctx.data
         rows = np.concatenate(self.client_rows(clients))
-        model = fit_probe(d.train_features(torch.from_numpy(rows)).cpu().numpy(), d.y_train[rows].cpu().numpy(), self.p.c, self.ctx.seed)
+        x = d.train_features(torch.from_numpy(rows)).cpu().numpy()
+        model = fit_probe(x, d.y_train[rows].cpu().numpy(), self.p.c, self.ctx.seed)
         return LocalResult({}, _as_linear_head(model, d.dim, d.n_classes), torch.ones(1))
 
     def aggregate(self, server: Params, result: LocalResult, clients: list[int], rnd: int) -> Params:
