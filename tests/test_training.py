@@ -149,6 +149,11 @@ def test_the_global_accuracy_of_a_validation_run_is_held_out_too(tmp_path):
         hit = (method.global_logits(result.server, d.x_test).argmax(1) == d.y_test).numpy()
     assert hit[spare].mean() != pytest.approx(hit.mean())
     assert result.summary["global_accuracy"] == pytest.approx(100.0 * hit[spare].mean())
+    # Only the spare rows are scored (scoring all cost several times the rounds at scale), once copied; the
+    # clients' validation rows are among them, so each client's accuracy is its rows' of the whole table's.
+    assert d.scored_test() is d.scored_test() and torch.equal(d.scored_test(), d.x_test[torch.from_numpy(spare)])
+    by_hand = [100.0 * hit[rows].mean() for rows in d.client_test]
+    np.testing.assert_allclose(result.summary["per_client_accuracy"], by_hand, atol=1e-3)
 
 
 def torch_equal(a, b):

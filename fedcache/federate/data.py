@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from fedcache.errors import EntryNotFoundError, StoreError
+from fedcache.federate.local import gather_rows
 from fedcache.federate.partitions.core import compact_rows
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
@@ -204,16 +205,35 @@ class FederatedData:
     # The rows of the test table the global model is scored on (None: all). Scored on validation, the test table
     # is the training table, and only its spare rows (no client trains on them) make a held-out score.
     global_rows: np.ndarray | None = None
+    _scored: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    def scored_test(self) -> torch.Tensor:
+        """The test rows the global model is scored on: ``x_test``, or its ``global_rows``, copied once (a region
+        of a mapped file at a time). Scoring the whole of a validation run's test table, the training table, cost
+        several times its rounds at a million rows, for the few rows that count."""
+        if self.global_rows is None:
+            return self.x_test
+        if self._scored is None:
+            self._scored = gather_rows(self.x_test, torch.from_numpy(self.global_rows).to(self.x_test.device))
+        return self._scored
 
     def global_correct(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per scored row of the test table, whether ``logits`` (one row per test row) name its class."""
-        hit = logits.argmax(1) == self.y_test
-        return hit if self.global_rows is None else hit[torch.from_numpy(self.global_rows).to(hit.device)]
+        """Per scored row (``scored_test``), whether ``logits`` (one row per scored row) name its class."""
+        y = self.y_test if self.global_rows is None else self.y_test[torch.from_numpy(self.global_rows).to(self.y_test.device)]
+        return logits.argmax(1) == y
+
+    def test_correct(self, logits: torch.Tensor) -> np.ndarray:
+        """Per row of the test table, whether the global model's ``logits`` (on ``scored_test``) name its class.
+        Rows not scored read as wrong: no client's test rows are among them (a validation run's are spare rows)."""
+        hit = self.global_correct(logits).cpu().numpy()
+        if self.global_rows is None:
+            return hit
+        full = np.zeros(len(self.y_test), bool)
+        full[self.global_rows] = hit
+        return full
 
     def train_features(self, idx: torch.Tensor) -> torch.Tensor:
         """``x_train[idx]``, read so that a memory-mapped store file does not stay mapped (``local.gather_rows``)."""
-        from fedcache.federate.local import gather_rows
-
         return gather_rows(self.x_train, idx)
 
     def rows_of(self, split: str, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -235,7 +235,7 @@ def global_logits(method: Method, server: Params) -> torch.Tensor | None:
     if not method.has_global_model:
         return None
     with torch.no_grad():
-        return method.global_logits(server, method.ctx.data.x_test)
+        return method.global_logits(server, method.ctx.data.scored_test())
 
 
 def global_accuracy(method: Method, glob: torch.Tensor | None) -> dict:

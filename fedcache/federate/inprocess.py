@@ -114,7 +114,7 @@ def client_accuracy(method: Method, state: RunState, glob: torch.Tensor | None) 
         if method.personalized:
             per_client = _personal_accuracy(method, state)
         else:
-            correct = (glob.argmax(1) == d.y_test).cpu().numpy()
+            correct = d.test_correct(glob)
             per_client = mean_over_clients(correct, d.client_test)
     return {"accuracy": float(per_client.mean()), "per_client": [round(float(a), 4) for a in per_client]}
 

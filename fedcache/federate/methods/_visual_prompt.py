@@ -138,11 +138,17 @@ class PixelPrompt(CachedFeatures):
             out = out.index_put(real, z[:, 0])
         return out
 
+    def _rows_of(self, x: torch.Tensor) -> tuple[str, np.ndarray]:
+        """Which split's rows ``x`` holds, and which of its rows: the images are read from the store's sources."""
+        d = self.data
+        if x is d.x_test or x is d.x_train:
+            return ("test" if x is d.x_test else "train"), np.arange(len(x))
+        if d.global_rows is not None and x is d.scored_test():
+            return "test", d.global_rows
+        raise ConfigError("visual=pixel scores images, so it can only be evaluated on the run's own splits")
+
     def eval_features(self, p: dict, x: torch.Tensor) -> torch.Tensor:
-        role = "test" if x is self.data.x_test else "train" if x is self.data.x_train else None
-        if role is None:
-            raise ConfigError("visual=pixel scores images, so it can only be evaluated on the run's own splits")
-        rows = np.arange(len(x))
+        role, rows = self._rows_of(x)
         with torch.no_grad():
             return torch.cat([self._encode(p["vprompt"], self.images.get(role, rows[i: i + EVAL_CHUNK])[None])[0]
                               for i in range(0, len(rows), EVAL_CHUNK)])

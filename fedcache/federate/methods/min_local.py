@@ -35,7 +35,7 @@ class MinLocal(SSLMethod):
         out = []
         for i, k in enumerate(clients):
             own = {n: t[i: i + 1] for n, t in states.items()}
-            local, whole = probe_many(own, d, self.eval_rows, [x[i], d.x_test], self.p.probe_c, c.seed)
+            local, whole = probe_many(own, d, self.eval_rows, [x[i], d.scored_test()], self.p.probe_c, c.seed)
             self.whole_test[k] = 100.0 * float(d.global_correct(whole).float().mean())
             out.append(local)
         return torch.stack(out)

@@ -140,6 +140,18 @@ def test_pixel_prompt_reads_the_cached_images_and_learns(store):
         prepare(TrainConfig(store=store, dataset="test-toy", backbones=[CLIP], method="tpfl", settings=["visual=pixel"]))
 
 
+def test_pixel_prompt_scored_on_validation_reads_the_images_of_the_spare_rows(store):
+    cfg = TrainConfig(store=store, dataset="test-toy", backbones=[CLIP], method="tpfl", partition="domain", clients=2,
+                      validation=True, subsample=0.5, settings=["visual=pixel", "pad=4"])
+    m, _ = prepare(cfg)
+    d, server = m.ctx.data, m.init_server()
+    assert d.global_rows is not None and len(d.global_rows) < len(d.x_test)
+    with torch.no_grad():
+        whole = m.visual.eval_features(server, d.x_test)
+        scored = m.visual.eval_features(server, d.scored_test())
+    torch.testing.assert_close(scored, whole[torch.from_numpy(d.global_rows)], atol=1e-5, rtol=1e-5)
+
+
 def test_pixel_prompt_sends_only_a_step_s_real_rows_through_the_image_tower(store):
     """Every step is the full batch width (local.train): a short client's padding rows would otherwise cost whole
     image-tower passes. Real rows get what encoding every row gives them; padding rows are zeros."""
