@@ -152,6 +152,9 @@ def test_the_global_accuracy_of_a_validation_run_is_held_out_too(tmp_path):
     # Only the spare rows are scored (scoring all cost several times the rounds at scale), once copied; the
     # clients' validation rows are among them, so each client's accuracy is its rows' of the whole table's.
     assert d.scored_test() is d.scored_test() and torch.equal(d.scored_test(), d.x_test[torch.from_numpy(spare)])
+    x, y, mask = d.rows_of("test", [0, 1])  # a personalized method's evaluation reads them from that copy
+    idx = [torch.from_numpy(d.client_test[k].astype(np.int64)) for k in (0, 1)]
+    assert torch.equal(x[mask], torch.cat([d.x_test[i] for i in idx])) and torch.equal(y[mask], torch.cat([d.y_test[i] for i in idx]))
     by_hand = [100.0 * hit[rows].mean() for rows in d.client_test]
     np.testing.assert_allclose(result.summary["per_client_accuracy"], by_hand, atol=1e-3)
 

@@ -240,9 +240,20 @@ class FederatedData:
         """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded."""
         from fedcache.federate.prototypes import padded_rows
 
-        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
-        idx, mask = padded_rows([(self.client_train if split == "train" else self.client_test)[k] for k in clients])
-        return (self.train_features(idx) if split == "train" else x[idx]), y[idx], mask
+        if split == "train":
+            idx, mask = padded_rows([self.client_train[k] for k in clients])
+            return self.train_features(idx), self.y_train[idx], mask
+        idx, mask = padded_rows([self.client_test[k] for k in clients])
+        return self.test_features(idx), self.y_test[idx], mask
+
+    def test_features(self, idx: torch.Tensor) -> torch.Tensor:
+        """``x_test[idx]`` for rows the global model is scored on (padding: row 0). Scored on validation, they are
+        read from the scored rows' copy (``scored_test``): through the training table's mapping, a few rows of
+        each client would map the whole file."""
+        if self.global_rows is None:
+            return self.x_test[idx]
+        at = np.searchsorted(self.global_rows, idx.cpu().numpy())
+        return self.scored_test()[torch.from_numpy(at).to(idx.device)]
 
     @property
     def n_clients(self) -> int:
