@@ -247,9 +247,9 @@ class FederatedData:
         return self.test_features(idx), self.y_test[idx], mask
 
     def test_features(self, idx: torch.Tensor) -> torch.Tensor:
-        """``x_test[idx]`` for rows the global model is scored on (padding: row 0). Scored on validation, they are
-        read from the scored rows' copy (``scored_test``): through the training table's mapping, a few rows of
-        each client would map the whole file."""
+        """``x_test[idx]`` for clients' test rows (``idx`` as ``padded_rows`` pads it; a padding row, masked,
+        may read another row). Scored on validation, they are read from the scored rows' copy (``scored_test``):
+        through the training table's mapping, a few rows of each client would map the whole file."""
         if self.global_rows is None:
             return self.x_test[idx]
         at = np.searchsorted(self.global_rows, idx.cpu().numpy())
