@@ -145,8 +145,8 @@ class OpenRows:
         return np.frombuffer(data, self.meta.dtype).reshape((hi - lo, *self.meta.shape[1:]))
 
     def mapped(self) -> np.ndarray:
-        """The whole array over the page cache, copy-on-write: pages are shared with every process mapping
-        the file, and a write into the array (none is expected) stays private to this process."""
+        """The whole array over the page cache, read-only and registered (``store.mapping``): pages are shared
+        with every process mapping the file, and training reads rows out of it without keeping it mapped."""
         if not self.rows.n_bytes:
             return np.zeros(self.meta.shape, self.meta.dtype)
         mm = mmap.mmap(self.fd, self.rows.n_bytes, access=mmap.ACCESS_COPY)

@@ -98,7 +98,7 @@ def blocks(array: np.ndarray, region_bytes: int = REGION_BYTES) -> Iterator[np.n
     """``array``'s rows in order, a region at a time; over a registered mapping each block is a copy, and its
     region is unmapped once copied (for writing a whole table out without keeping it mapped)."""
     found = _mapping(array)
-    per = max(1, region_bytes // max(1, array.strides[0] if array.ndim else 1))
+    per = max(1, region_bytes // max(1, array.strides[0]))
     for lo in range(0, len(array), per):
         block = array[lo: lo + per]
         if found is not None:

@@ -95,10 +95,13 @@ def test_scale_measures_every_ratio(tmp_path):
         assert res["train"][run]["peak_anon_above_start_over_features"] > 0
     assert {"10", "100", "1000"} <= set(res["clients"]) and res["clients"]["1000"]["local_test_rows"] > 0
     assert res["grid"]["jobs_1"]["peak_pss_bytes"] > 0 and res["grid"]["jobs_2"]["peak_pss_bytes"] > 0
+    assert len(res["grid"]["jobs_2"]["processes_at_peak"]) >= len(res["grid"]["jobs_1"]["processes_at_peak"]) >= 1
     # RSS counters are batched per task on some kernels: a few faults on a tiny table may not show yet
     assert res["mapping"]["rows_touched"] == 60 and res["mapping"]["rss_growth_over_features"] >= 0
+    assert res["mapping"]["same_rows"] and res["mapping"]["gather_rss_growth_over_features"] >= 0
     text = bench("scale").render(out)
     assert "FeatureStore.read" in text and "| 1,000 | 60 |" in text and "random rows" in text
+    assert "store.mapping.gather" in text and "processes at the peak" in text
 
 
 def test_scale_from_a_store_of_real_features(tmp_path):
