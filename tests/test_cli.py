@@ -375,3 +375,29 @@ def test_an_interrupt_while_torch_imports_is_one_line_not_a_traceback(tmp_path, 
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails, as a half-imported torch does
     monkeypatch.delitem(sys.modules, "fedcache.federate.rundir", raising=False)
     assert _how_to_go_on(["train", "--out", str(tmp_path / "run")]).startswith("no round had finished")
+
+
+def test_extract_options_default_to_the_config_s_defaults():
+    """`fedcache extract` lists its options by hand (reading ExtractConfig at start would import torch); each one
+    that is a field of ExtractConfig or DatasetOptions must default to the field's default, as the Python API
+    (which takes the fields themselves) does."""
+    import dataclasses
+    import inspect
+
+    from fedcache.cli.extract import extract
+    from fedcache.extract.datasets import DatasetOptions
+    from fedcache.extract.runner import ExtractConfig
+    from fedcache.store.writer import Part
+
+    fields = {f.name: f for cls in (ExtractConfig, DatasetOptions) for f in dataclasses.fields(cls)}
+    as_text = {"splits": ",".join, "part": lambda p: f"{p.index}/{p.count}", "weights": lambda w: list(w.items())}
+    checked = []
+    for name, p in inspect.signature(extract).parameters.items():
+        f = fields.get(name)
+        default = f.default_factory() if f and f.default_factory is not dataclasses.MISSING else getattr(f, "default", None)
+        if f is None or dataclasses.MISSING in (default, p.default.default) or p.default.default is ...:
+            continue  # a CLI-only option, or a required one (the store's default is the CLI's own)
+        assert p.default.default == as_text.get(name, lambda v: v)(default), name
+        checked.append(name)
+    assert {"seed", "test_fraction", "download", "views", "dtype", "batch_size", "part", "splits"} <= set(checked)
+    assert Part.parse("0/1") == Part()
