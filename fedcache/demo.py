@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, extract
-from fedcache.federate.data import load_fused
+from fedcache.federate.data import load_splits
 from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.rundir import RunDir
 from fedcache.training import on_device, prepare, same_run, train
@@ -51,7 +51,7 @@ def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, ro
     if tables is None:
         extract(ExtractConfig(dataset=dataset, backbones=backbones, store=store), progress)
         fs = FeatureStore(store)
-        tables = tuple(load_fused(fs, dataset, backbones, s) for s in ("train", "test"))
+        tables = load_splits(fs, dataset, backbones)
     train_t, test_t = tables
     result = DemoResult(_probes(train_t, test_t, out, progress), random_weights=train_t.random_weights, backbones=tuple(backbones))
     base = RunSpec.of(store=store, dataset=dataset, backbones=backbones, method="fedavg", partition="domain",
@@ -82,7 +82,7 @@ def _cached(store: Path, dataset: str, backbones: list[str]):
 
     try:
         fs = FeatureStore(store, create=False)
-        tables = tuple(load_fused(fs, dataset, backbones, s) for s in ("train", "test"))
+        tables = load_splits(fs, dataset, backbones)
     except FedcacheError:
         return None
     want = len(DATASETS.get(dataset).domains)

@@ -14,7 +14,7 @@ import torch
 
 from fedcache import __version__
 from fedcache.errors import ConfigError, DeviceError, DiskFullError
-from fedcache.federate.data import FederatedData, check_same_encoder, check_same_source, load_fused, load_views
+from fedcache.federate.data import FederatedData, check_same_encoder, check_same_source, load_splits, load_views
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.driver import Run, RunResult
 from fedcache.federate.inprocess import OnRound, run_one
@@ -172,7 +172,7 @@ def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) 
     """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy)."""
     d, validation = spec.data, spec.schedule.validation
     store = FeatureStore(d.store, create=False)
-    train_t, test_t = tables or (load_fused(store, d.dataset, list(d.backbones), s) for s in ("train", "test"))
+    train_t, test_t = tables or load_splits(store, d.dataset, list(d.backbones))
     check_same_source(train_t, test_t)  # before a partition is made of them
     check_same_encoder(store, train_t, test_t)
     request = partition_request(spec, len(train_t.domain_names))

@@ -15,6 +15,7 @@ from fedcache.federate.partitions.core import compact_rows
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
 
+SPLITS = ("train", "test")
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
 
 
@@ -23,14 +24,29 @@ def sample_keys(table: FeatureTable | TableRows) -> np.ndarray:
     return (table.domains.astype(np.int64) << _ID_BITS) | table.ids
 
 
+def load_splits(store: FeatureStore, dataset: str, backbones: list[str]) -> tuple[FeatureTable, FeatureTable]:
+    """The fused (train, test) tables, their entries found while no import writes the pair (``split_rows``)."""
+    rows = split_rows(store, dataset, backbones)
+    return tuple(load_fused(store, dataset, backbones, s, parts=rows[s]) for s in SPLITS)
+
+
+def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[str, list[TableRows]]:
+    """Each split's rows per backbone, found under ``FeatureStore.between_imports``: an import writes its splits one
+    after another, and finding them in its midst gave the new training split with the old test split. The
+    features are read after (the entries found are complete, and an import writes new ones)."""
+    with store.between_imports(dataset, backbones):
+        return {s: [store.rows(dataset, s, b) for b in backbones] for s in SPLITS}
+
+
 def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: str, view: int = 0,
-               alloc: Callable[[tuple[int, int]], np.ndarray] | None = None) -> FeatureTable:
+               alloc: Callable[[tuple[int, int]], np.ndarray] | None = None,
+               parts: list[TableRows] | None = None) -> FeatureTable:
     """The features of several backbones side by side (FedPCL's fused encoder), aligned by sample.
 
     Each backbone's features are read straight into its columns of one (N, D1 + D2 + ...) float32 array,
     so the features are in memory once; ``alloc(shape)`` gives that array (default ``np.empty``; a grid
-    passes a memory-mapped file)."""
-    parts = [store.rows(dataset, split, b, view) for b in backbones]
+    passes a memory-mapped file). ``parts``: the backbones' rows, found already (``split_rows``)."""
+    parts = parts or [store.rows(dataset, split, b, view) for b in backbones]
     first = parts[0]
     keys = sample_keys(first)
     if len(parts) == 1 and alloc is None:

@@ -85,7 +85,8 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
     store = FeatureStore(spec.store, create=False)
-    tables = {s: _tables(store, spec, s) for s in ("train", "test")}
+    with store.between_imports(spec.dataset, spec.backbones):  # both splits from one import (data.split_rows)
+        tables = {s: _tables(store, spec, s) for s in ("train", "test")}
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
     for b in spec.backbones:  # clients would train on one encoder's features and be scored on another's
         check_same_encoder(store, tables["train"][b], tables["test"][b])

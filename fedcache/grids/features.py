@@ -16,7 +16,7 @@ WHAT = "the grid's shared features"
 
 def write_features(spec: GridSpec) -> Path:
     """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
-    from fedcache.federate.data import load_fused
+    from fedcache.federate.data import load_fused, split_rows
     from fedcache.store.feature_store import FeatureStore
 
     folder = spec.out / FEATURES
@@ -24,13 +24,19 @@ def write_features(spec: GridSpec) -> Path:
     if (folder / "meta.json").exists():
         _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))
         return folder
-    need = features_bytes(store, spec)
-    disk.check_space(folder / "train_features.npy", need, WHAT)  # before the store is read or a byte written
+    rows = split_rows(store, spec.dataset, spec.backbones)
+    need = features_bytes(rows)
+    try:
+        disk.check_space(folder / "train_features.npy", need, WHAT)  # before the features are read or a byte written
+    except BaseException:
+        for r in (r for parts in rows.values() for r in parts):
+            r.close()
+        raise
     folder.mkdir(parents=True, exist_ok=True)
     meta = {}
     with disk.on_full_disk(folder, WHAT, need, remove=[folder]):  # a part of them is of no use to any cell
         for split in ("train", "test"):
-            t = load_fused(store, spec.dataset, spec.backbones, split)
+            t = load_fused(store, spec.dataset, spec.backbones, split, parts=rows[split])
             for name in ("features", "labels", "ids", "domains"):
                 arr = getattr(t, name)
                 _save(folder / f"{split}_{name}.npy", np.ascontiguousarray(arr, np.float32 if name == "features" else arr.dtype))
@@ -50,17 +56,13 @@ def _save(path: Path, array: np.ndarray) -> None:
             fh.write(np.ascontiguousarray(block).data)
 
 
-def features_bytes(store, spec: GridSpec) -> int:
-    """The bytes of the .npy files: per row the fused float32 features and its label, id and domain; read from
-    the entries' row counts and widths (their small columns), not their features."""
+def features_bytes(rows: dict) -> int:
+    """The bytes of the .npy files: per row the fused float32 features and its label, id and domain; from each
+    split's rows per backbone (``federate.data.split_rows``: their row counts and widths), not their features."""
     total = disk.BLOCK  # meta.json
-    for split in ("train", "test"):
-        parts = [store.rows(spec.dataset, split, b) for b in spec.backbones]
+    for parts in rows.values():
         n, header = len(parts[0]), 128
         total += sum(disk.on_disk(header + n * size) for size in (4 * sum(p.dim for p in parts), 8, 8, 2))
-        for p in parts:
-            for e in p.parts:
-                e.reader.close()
     return total
 
 

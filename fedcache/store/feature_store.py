@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import functools
+import hashlib
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, Entr
                              StoreError)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
-from fedcache.store.locks import exclusive_lock
+from fedcache.store.locks import exclusive_lock, shared_lock
 from fedcache.store.reading import EntryReader, fill
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,11 @@ class TableRows:
 
     def __len__(self) -> int:
         return sum(len(p.labels) for p in self.parts)
+
+    def close(self) -> None:
+        """Close the entries' files (reading the features closes them too): the table is not read after all."""
+        for p in self.parts:
+            p.reader.close()
 
     def _cat(self, name: str, dtype) -> np.ndarray:
         return np.concatenate([getattr(p, name) for p in self.parts]) if self.parts else np.zeros(0, dtype)
@@ -220,6 +227,18 @@ class FeatureStore:
     def lock(self, name: str, what: str, wait: float = 120.0, **advice: str):
         """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""
         return exclusive_lock(self.locks_dir / f"{name}.lock", what, wait=wait, **advice)
+
+    @contextlib.contextmanager
+    def between_imports(self, dataset: str, backbones: Iterable[str]) -> Iterator[None]:
+        """No import under (dataset, backbone) writes meanwhile: an import writes its splits one after another,
+        so a reader that found the new training split and then the old test split would train on one file and
+        score on another. A running import is refused in one line naming it; imports wait for the block."""
+        with contextlib.ExitStack() as held:
+            for b in sorted(set(backbones)):
+                held.enter_context(shared_lock(
+                    self.locks_dir / f"{import_lock(dataset, b)}.lock", f"dataset {dataset!r}, backbone {b!r} of {self.path}",
+                    advice="an import writes it: read it once the import has finished"))
+            yield
 
     def bad_images_path(self, entry_id: str) -> Path:
         """The list of images an extraction skipped (outside the Zarr hierarchy, so Zarr ignores it)."""
@@ -613,3 +632,9 @@ def _close(name: str, names: list[str], what: str) -> str:
     near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
     return (f"; did you mean {near[0]!r}?" if near else "") + f" (its {what}: {listed or 'none'})"
+
+
+def import_lock(dataset: str, backbone: str) -> str:
+    """The lock's name for imports under (dataset, backbone): hashed, since the names may hold dots (``a.b``/``c``
+    and ``a``/``b.c`` joined alike) and two long ones exceed a file name's 255 bytes."""
+    return "import." + hashlib.sha256(json.dumps([dataset, backbone]).encode()).hexdigest()[:16]

@@ -24,7 +24,7 @@ import numpy as np
 from fedcache import disk
 from fedcache.errors import ConfigError, DiskFullError
 from fedcache.paths import check_name
-from fedcache.store.feature_store import ENTRIES, FeatureStore, FeatureTable
+from fedcache.store.feature_store import ENTRIES, FeatureStore, FeatureTable, import_lock
 from fedcache.store.importing import Checked, Split, read_checked
 from fedcache.store.keys import EntryKey
 from fedcache.store.writer import Part, open_writer
@@ -134,10 +134,7 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     return ids
 
 
-def import_lock(dataset: str, backbone: str) -> str:
-    """The lock's name for imports under (dataset, backbone): hashed, since the names may hold dots (``a.b``/``c``
-    and ``a``/``b.c`` joined alike) and two long ones exceed a file name's 255 bytes."""
-    return "import." + hashlib.sha256(json.dumps([dataset, backbone]).encode()).hexdigest()[:16]
+READERS_WAIT = 5.0  # seconds: a run that reads the pair holds it shared while it finds its entries, well under this
 
 
 @contextlib.contextmanager
@@ -145,7 +142,7 @@ def _one_import(store: FeatureStore, dataset: str, backbone: str) -> Iterator[No
     """One import at a time under a (dataset, backbone): two at once interleaved their entries, each slot went to
     whichever finished it last, and every run refused the mix of the two files that both imports said they wrote."""
     with store.lock(import_lock(dataset, backbone), f"dataset {dataset!r}, backbone {backbone!r} of {store.path}",
-                    wait=0, advice="another import writes it: let it finish, then import again"):
+                    wait=READERS_WAIT, advice="another import writes it (or a run finds its entries): let it finish, then import again"):
         yield
 
 

@@ -28,23 +28,59 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, path, what, wait, advice)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         with contextlib.suppress(OSError):  # a full disk: the lock holds without its record
             os.ftruncate(fd, 0)
             os.pwrite(fd, Holder.me().to_text().encode(), 0)
         yield
     finally:
+        # The record goes with the lock: a writer refused later by a reader (shared_lock) must not name this
+        # finished one. A holder killed outright leaves its record, which the next holder replaces.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _acquire(fd: int, path: Path, what: str, wait: float, advice: str) -> None:
+@contextlib.contextmanager
+def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -> Iterator[None]:
+    """Hold ``path`` shared: no exclusive holder (a writer) meanwhile, other shared holders welcome. Nothing is
+    written to the file. A store this process may not write is read without the lock (no lock file can be made
+    there, and where one exists it is still taken)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+    except PermissionError:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            yield
+            return
+    try:
+        _acquire(fd, path, what, wait, advice, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, path: Path, what: str, wait: float, advice: str, mode: int = fcntl.LOCK_EX) -> None:
     deadline = time.monotonic() + wait
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 holder = read_holder(path)
-                who = holder.describe() if holder else "another process"
-                raise EntryLockedError(f"{what} is being written by another process: {who}; {advice}") from None
+                who = f": {holder.describe()}" if holder else ""
+                raise EntryLockedError(f"{what} is being written by another process{who}; {advice}") from None
             time.sleep(POLL)
+

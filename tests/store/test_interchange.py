@@ -129,13 +129,14 @@ def test_h5_names_given_twice_are_refused(store_path, tmp_path):
         import_file(FeatureStore(store_path), path, "mine", "enc")
 
 
-def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_nothing(store_path, tmp_path):
+def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_nothing(store_path, tmp_path, monkeypatch):
     # Two imports of one (dataset, backbone) at once interleaved their entries: each slot went to whichever
     # finished it last, both said they had imported, and every run refused the mix of the two files.
     from fedcache.errors import EntryLockedError
     from fedcache.store.interchange import import_lock
     from fedcache.store.locks import exclusive_lock
 
+    monkeypatch.setattr("fedcache.store.interchange.READERS_WAIT", 0.0)  # the wait for readers is tested below
     path = tmp_path / "mine.npz"
     np.savez(path, train__features=np.ones((4, 3), np.float32), train__labels=np.arange(4) % 2)
     store = FeatureStore(store_path)
@@ -152,3 +153,67 @@ def test_import_locks_of_dotted_or_long_names_are_apart_and_short():
 
     assert import_lock("a.b", "c") != import_lock("a", "b.c")
     assert len(import_lock("d" * 200, "b" * 200) + ".lock") < 255
+
+
+def _both_splits(path, seed):
+    rng = np.random.default_rng(seed)
+    np.savez(path, **{f"{s}__{k}": v for s in ("train", "test") for k, v in
+                      (("features", rng.normal(size=(12, 4)).astype(np.float32)), ("labels", np.arange(12) % 3))})
+    return path
+
+
+def test_a_run_never_reads_one_import_s_training_split_with_another_s_test_split(store_path, tmp_path, monkeypatch):
+    """An import writes its splits one after another: a run that found its entries in between read the new
+    training split with the old test split. It is refused in one line naming the import, and reads both new
+    splits once the import is done."""
+    from fedcache.errors import EntryLockedError
+    from fedcache.federate.data import load_splits
+    from fedcache.store import interchange
+
+    store = FeatureStore(store_path)
+    old = import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc")
+    seen = []
+    write_domain = interchange._import_domain
+
+    def reading_between_splits(store_, key, *args):
+        eid = write_domain(store_, key, *args)
+        if key.split == "train":  # the new training split is written, the test split is not yet
+            with pytest.raises(EntryLockedError, match="dataset 'mine', backbone 'enc' of .* is being written by another "
+                                                       "process: pid .*; an import writes it"):
+                load_splits(FeatureStore(store_path, create=False), "mine", ["enc"])
+            seen.append(key.split)
+        return eid
+
+    monkeypatch.setattr(interchange, "_import_domain", reading_between_splits)
+    new = import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc")
+    assert seen == ["train"] and set(new).isdisjoint(old)
+    train, test = load_splits(FeatureStore(store_path, create=False), "mine", ["enc"])
+    assert set(train.entry_ids + test.entry_ids) == set(new)
+
+
+def test_an_import_waits_for_a_run_finding_its_entries(store_path, tmp_path):
+    """A run holds the pair while it finds its entries (a moment): an import started then waits for it instead of
+    being refused as if another import wrote."""
+    import threading
+    import time
+
+    from fedcache.store.feature_store import import_lock
+    from fedcache.store.locks import shared_lock
+
+    store = FeatureStore(store_path)
+    import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc")
+    held, release = threading.Event(), threading.Event()
+
+    def reader():
+        with shared_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "a run"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    held.wait(10)
+    threading.Timer(0.5, release.set).start()
+    t0 = time.monotonic()
+    assert import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc")
+    assert time.monotonic() - t0 >= 0.4
+    t.join()
