@@ -9,7 +9,7 @@ import numpy as np
 
 from fedcache import disk
 from fedcache.errors import ConfigError
-from fedcache.grids.spec import FEATURES, GridSpec
+from fedcache.grids.spec import GridSpec
 
 WHAT = "the grid's shared features"
 
@@ -19,7 +19,7 @@ def write_features(spec: GridSpec) -> Path:
     from fedcache.federate.data import load_fused, split_rows
     from fedcache.store.feature_store import FeatureStore
 
-    folder = spec.out / FEATURES
+    folder = spec.features_folder
     store = FeatureStore(spec.store, create=False)
     if (folder / "meta.json").exists():
         _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))

@@ -36,9 +36,15 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     todo_cells = cells(spec) if only is None else only
     check_cells(spec, todo_cells)
     check_spec(spec)
+    fresh = not spec.features_folder.exists()
     folder = write_features(spec)
     tables = read_features(folder)
-    _make_partitions(spec, todo_cells, tables)
+    try:
+        _make_partitions(spec, todo_cells, tables)
+    except BaseException:
+        if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     rows: dict[Cell, dict] = {}
     pending = []
     for c in todo_cells:

@@ -8,6 +8,7 @@ report an optimistic number: the test split is read once, for the chosen values.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import write_json
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
-from fedcache.grids.spec import Cell, GridSpec, cells
+from fedcache.grids.spec import FEATURES, Cell, GridSpec, cells
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.table import Table
 
@@ -83,7 +84,9 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     # A typo in a setting is said as one, not as a grid that differs from out's (one seed: the seed checks nothing).
     check_cells(spec, cells(dataclasses.replace(spec, seeds=spec.seeds[:1])))
     check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
-    base = dataclasses.replace(spec, select=[], prune="none")
+    base = dataclasses.replace(spec, select=[], prune="none", features=spec.features_folder)
+    for stage in (VALIDATION, TEST):  # an older fedcache's copy per stage: both read the grid's own now
+        shutil.rmtree(spec.out / stage / FEATURES, ignore_errors=True)
     n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
     tuning = dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]})
     tuned, groups, n_tuned = _tune(spec, tuning, on_cell, on_plan, n_tested)

@@ -57,6 +57,8 @@ class GridSpec:
     prune: str = PruneSpec.prune
     reduction_factor: int = PruneSpec.reduction_factor
     min_rounds: int | None = None
+    # Where the shared features are (default: out/features). Both stages of a --select grid read its own.
+    features: Path | None = None
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
@@ -178,10 +180,14 @@ class GridSpec:
             raise ConfigError(f"--prune {self.prune} with --track: a tracker's run of a candidate cut early would stay "
                               "open; track the plain --select grid, or leave out --track")
 
+    @property
+    def features_folder(self) -> Path:
+        return self.features or self.out / FEATURES
+
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
-        how = ("jobs", "track", "keep_checkpoints", *(o.field for o in grid_options() if not o.opt.recorded))
+        how = ("jobs", "track", "keep_checkpoints", "features", *(o.field for o in grid_options() if not o.opt.recorded))
         for key in how:  # how the cells run does not change their results
             d.pop(key)
         return d
@@ -213,7 +219,7 @@ def load_toml(path: Path) -> dict:
     checked by the validator the command line's values pass (``grid_fields``), so a bad one is a message naming
     the file, the key, the value and what was expected."""
     raw = _read_toml(Path(path))
-    known = {f.name for f in dataclasses.fields(GridSpec) if f.name != "sweep"} | {"set"}
+    known = {f.name for f in dataclasses.fields(GridSpec) if f.name not in ("sweep", "features")} | {"set"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}; "

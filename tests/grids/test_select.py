@@ -57,6 +57,8 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
                  seeds=[0, 1], out=out, select=["lr"], on_cell=lambda done, total, row: progress.append((done, total)))
     assert progress == [(i, 8 + 4) for i in range(1, 13)]  # one count over validation then test, never going back
+    # Both stages read one copy of the features, the grid's own.
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("features")) == ["features"]
     validation = sorted(p.name for p in (out / "validation" / "cells").iterdir())
     assert len(validation) == 2 * 2 * 2 and all("validation=true" in n for n in validation)
     tested = sorted(p.name for p in (out / "test" / "cells").iterdir())
@@ -156,3 +158,18 @@ def test_a_misspelt_setting_is_named_as_one_even_where_out_holds_another_grid(to
     with pytest.raises(ConfigError, match=r"unknown --set key\(s\) lrr \(did you mean 'lr'\?\)"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"],
              sweep={**SWEEP, "lrr": ["0.1", "0.2"]}, out=out, select=["lr"])
+
+
+def test_a_grid_refused_before_its_first_cell_leaves_no_copy_of_the_features(toy_store, tmp_path):
+    """--select without spare rows is refused once the features are read; the copy it made for its cells went with
+    it (a store's worth of float32 in a directory nothing would read), and the corrected command runs there."""
+    from fedcache.api import grid
+
+    out = tmp_path / "g"
+    no_spare = {k: v for k, v in SWEEP.items() if k != "subsample"}
+    with pytest.raises(ConfigError, match="needs training rows that no client trains on"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], sweep=no_spare, out=out,
+             select=["lr"])
+    assert not list(out.rglob("features"))
+    grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], sweep=SWEEP, out=out, select=["lr"])
+    assert (out / "features" / "meta.json").exists()
