@@ -122,11 +122,13 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
         with _one_import(store, dataset, backbone):
             for split_name, s in checked.splits.items():
                 for d, domain in enumerate(checked.domain_names):
+                    rows, reordered = domain_rows(s, d)
+                    # An entry of rows put in id order is another entry than an older fedcache made of the same file.
+                    how = {"imported": True, **({"rows": "in id order"} if reordered else {})}
                     key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain,
-                                   backbone=backbone, weights_hash=f"imported:{digest}", preprocess={"imported": True},
-                                   dtype="float32")
+                                   backbone=backbone, weights_hash=f"imported:{digest}", preprocess=how, dtype="float32")
                     made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
-                    ids.append(_import_domain(store, key, s, d, checked))
+                    ids.append(_import_domain(store, key, s, rows, checked))
     except DiskFullError:
         # An import is all or nothing (a bad file writes nothing either): what it wrote goes, and the space with it.
         disk.discard([where] if new_store else [where / ENTRIES / eid for eid in made])
@@ -155,9 +157,19 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _import_domain(store: FeatureStore, key: EntryKey, s: Split, d: int, checked: Checked) -> str:
-    # Every named domain gets an entry, an empty one too: readers ask for all of a dataset's domains.
+def domain_rows(s: Split, d: int) -> tuple[np.ndarray, bool]:
+    """The file's rows of domain ``d`` in id order, and whether that is another order than the file's. A table's
+    row order decides its partitions (and so the numbers) under a partition id that does not: the same samples
+    imported in another order must make the same store, as an extraction (in id order) does."""
     rows = np.flatnonzero(s.domains == d)
+    ids = s.ids[rows]
+    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return rows, False
+    return rows[np.argsort(ids, kind="stable")], True
+
+
+def _import_domain(store: FeatureStore, key: EntryKey, s: Split, rows: np.ndarray, checked: Checked) -> str:
+    # Every named domain gets an entry, an empty one too: readers ask for all of a dataset's domains.
     attrs = {"classes": checked.classes, "domains": checked.domain_names, "random_weights": checked.random_weights,
              "backbone_source": "imported", "file_splits": sorted(checked.splits)}  # what a run checks its splits against
     # The features are gathered a chunk at a time (a slice, no copy, when the domain's rows are consecutive).
