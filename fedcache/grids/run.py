@@ -36,7 +36,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     todo_cells = cells(spec) if only is None else only
     check_cells(spec, todo_cells)
     check_spec(spec)
-    fresh = not spec.features_folder.exists()
+    fresh = not (spec.features_folder / "meta.json").exists()
     folder = write_features(spec)
     tables = read_features(folder)
     try:

@@ -173,7 +173,7 @@ def _import_domain(store: FeatureStore, key: EntryKey, s: Split, rows: np.ndarra
     attrs = {"classes": checked.classes, "domains": checked.domain_names, "random_weights": checked.random_weights,
              "backbone_source": "imported", "file_splits": sorted(checked.splits)}  # what a run checks its splits against
     # The features are gathered a chunk at a time (a slice, no copy, when the domain's rows are consecutive).
-    consecutive = len(rows) > 0 and rows[-1] - rows[0] == len(rows) - 1
+    consecutive = len(rows) > 0 and rows[-1] - rows[0] == len(rows) - 1 and bool(np.all(rows[1:] > rows[:-1]))
     with open_writer(store, key, len(rows), s.features.shape[1], 1, attrs, Part()) as w:
         for c in w.pending():
             lo, hi = w.chunk_range(c)

@@ -47,28 +47,28 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE
 @contextlib.contextmanager
 def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -> Iterator[None]:
     """Hold ``path`` shared: no exclusive holder (a writer) meanwhile, other shared holders welcome. Nothing is
-    written to the file. A store this process may not write is read without the lock (no lock file can be made
-    there, and where one exists it is still taken)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except FileNotFoundError:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            yield
-            return
-    except PermissionError:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            yield
-            return
+    written to the file. In a store this process may not write, a lock file that exists is still taken; where none
+    exists and none can be made, the block runs without it."""
+    fd = _lock_fd(path)
+    if fd is None:
+        yield
+        return
     try:
         _acquire(fd, path, what, wait, advice, fcntl.LOCK_SH)
         yield
     finally:
         os.close(fd)
+
+
+def _lock_fd(path: Path) -> int | None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only store (permissions, a read-only mount)
+        try:
+            return os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
 
 
 def _acquire(fd: int, path: Path, what: str, wait: float, advice: str, mode: int = fcntl.LOCK_EX) -> None:

@@ -247,3 +247,25 @@ def test_the_same_samples_imported_in_another_row_order_train_to_the_same_number
         runs[name] = ({k: v for k, v in r.summary.items() if k != "seconds"}, [h.get("mean_accuracy") for h in r.history])
     assert runs["sorted"] == runs["shuffled"]
     assert runs["sorted"][0]["mean_accuracy"] > 50  # it learnt: equal numbers of a run that learnt nothing would say little
+
+
+def test_rows_of_one_block_in_another_id_order_are_stored_in_id_order(store_path, tmp_path):
+    """A domain's rows spanning one block of the file (its first row first, its last last) were copied as that
+    block, in the file's order."""
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    ids, labels = np.array([0, 2, 1, 3, 4, 5]), np.array([0, 1, 1, 0, 1, 0])
+    path = tmp_path / "swapped.npz"
+    np.savez(path, train__features=x, train__labels=labels, train__ids=ids)
+    import_file(FeatureStore(store_path), path, "mine", "enc")
+    t = FeatureStore(store_path, create=False).read("mine", "train", "enc")
+    order = np.argsort(ids)
+    assert t.ids.tolist() == list(range(6)) and t.labels.tolist() == labels[order].tolist()
+    np.testing.assert_array_equal(t.features, x[order])
+
+
+def test_a_read_where_no_lock_file_can_be_made_runs_without_one(tmp_path):
+    from fedcache.store.locks import shared_lock
+
+    (tmp_path / "not-a-dir").write_text("")
+    with shared_lock(tmp_path / "not-a-dir" / "x.lock", "a store"):
+        pass
