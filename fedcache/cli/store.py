@@ -157,7 +157,7 @@ def store_export(
     if not _csv(splits):
         raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
     fs = _open_store(store)
-    tables = {s: fs.read(dataset, s, backbone) for s in _csv(splits)}
+    tables = fs.read_splits(dataset, _csv(splits), backbone)
     fmt = fmt or {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix, "")
     export_tables(tables, out, fmt)
     console.print(f"wrote {out} ({', '.join(f'{s}: {len(t)} rows' for s, t in tables.items())})")

@@ -85,8 +85,7 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
     store = FeatureStore(spec.store, create=False)
-    with store.between_imports(spec.dataset, spec.backbones):  # both splits from one import (data.split_rows)
-        tables = {s: _tables(store, spec, s) for s in ("train", "test")}
+    tables = _tables(store, spec, ("train", "test"))
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
     for b in spec.backbones:  # clients would train on one encoder's features and be scored on another's
         check_same_encoder(store, tables["train"][b], tables["test"][b])
@@ -107,18 +106,22 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     return paths
 
 
-def _tables(store: FeatureStore, spec: ShardSpec, split: str, view: int = 0) -> dict[str, FeatureTable]:
-    """Each backbone's table, its rows put in the order of the first backbone's (as ``load_fused`` aligns them)."""
-    tables = {b: store.read(spec.dataset, split, b, view) for b in spec.backbones}
-    first = tables[spec.backbones[0]]
-    return {b: _take(t, _align(first, t, b, spec.dataset, split)) for b, t in tables.items()}
+def _tables(store: FeatureStore, spec: ShardSpec, splits: tuple[str, ...], view: int = 0) -> dict[str, dict[str, FeatureTable]]:
+    """Per split, each backbone's table, its rows put in the order of the first backbone's (as ``load_fused`` aligns
+    them); each backbone's splits found together (``FeatureStore.read_splits``)."""
+    read = {b: store.read_splits(spec.dataset, splits, b, view) for b in spec.backbones}
+    out = {}
+    for split in splits:
+        first = read[spec.backbones[0]][split]
+        out[split] = {b: _take(t[split], _align(first, t[split], b, spec.dataset, split)) for b, t in read.items()}
+    return out
 
 
 def _view_tables(store: FeatureStore, spec: ShardSpec) -> list[dict[str, FeatureTable]]:
     views, v = [], 1
     while True:
         try:
-            views.append(_tables(store, spec, "train", v))
+            views.append(_tables(store, spec, ("train",), v)["train"])
         except EntryNotFoundError:
             return views
         v += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -84,9 +85,7 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     # A typo in a setting is said as one, not as a grid that differs from out's (one seed: the seed checks nothing).
     check_cells(spec, cells(dataclasses.replace(spec, seeds=spec.seeds[:1])))
     check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
-    base = dataclasses.replace(spec, select=[], prune="none", features=spec.features_folder)
-    for stage in (VALIDATION, TEST):  # an older fedcache's copy per stage: both read the grid's own now
-        shutil.rmtree(spec.out / stage / FEATURES, ignore_errors=True)
+    base = dataclasses.replace(spec, select=[], prune="none", features=_shared_features(spec))
     n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
     tuning = dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]})
     tuned, groups, n_tuned = _tune(spec, tuning, on_cell, on_plan, n_tested)
@@ -115,6 +114,20 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     tested = Table([{**row, "run_dir": f"{TEST}/{row['run_dir']}"} for row in tested])
     write_outputs(spec.out, tested, caption + ", then tested once", beside=spec.select, axes=list(spec.sweep))
     return tested
+
+
+def _shared_features(spec: GridSpec) -> Path:
+    """The features both stages read: the grid's own. An older fedcache wrote a copy per stage; the first becomes
+    the grid's (its entries are checked against the store as ever: cells trained on it must not mix with cells of
+    a re-extraction), the other goes."""
+    shared = spec.features_folder
+    for stage in (VALIDATION, TEST):
+        old = spec.out / stage / FEATURES
+        if (old / "meta.json").exists() and not (shared / "meta.json").exists():
+            shutil.rmtree(shared, ignore_errors=True)
+            old.rename(shared)
+        shutil.rmtree(old, ignore_errors=True)
+    return shared
 
 
 def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int) -> tuple[Table, list[Group], int]:

@@ -384,6 +384,13 @@ class FeatureStore:
         rows = self.rows(dataset, split, backbone, view, domains)
         return rows.table(self.features(rows))
 
+    def read_splits(self, dataset: str, splits: Iterable[str], backbone: str, view: int = 0) -> dict[str, FeatureTable]:
+        """:meth:`read` of several splits, their entries found under :meth:`between_imports` (an import writes its
+        splits one after another) and their features read after, so that an import waits on the finding alone."""
+        with self.between_imports(dataset, [backbone]):
+            found = {s: self.rows(dataset, s, backbone, view) for s in splits}
+        return {s: rows.table(self.features(rows)) for s, rows in found.items()}
+
     def features(self, rows: TableRows) -> np.ndarray:
         """The features of ``rows``: when they are exactly one entry's file (one domain, float32, every row
         valid), that file memory-mapped once each chunk is checked, so the table is the page cache shared by

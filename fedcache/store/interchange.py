@@ -119,16 +119,17 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     ids, made = [], []
     try:
         store = store if isinstance(store, FeatureStore) else FeatureStore(store)
+        rows = {(name, d): domain_rows(s, d) for name, s in checked.splits.items() for d in range(len(checked.domain_names))}
+        # The entries of a file whose rows were put in id order are other entries than an older fedcache made of it;
+        # all of them, as every entry of one import must have one key but for its split and domain.
+        how = {"imported": True, **({"rows": "in id order"} if any(r for _, r in rows.values()) else {})}
         with _one_import(store, dataset, backbone):
             for split_name, s in checked.splits.items():
                 for d, domain in enumerate(checked.domain_names):
-                    rows, reordered = domain_rows(s, d)
-                    # An entry of rows put in id order is another entry than an older fedcache made of the same file.
-                    how = {"imported": True, **({"rows": "in id order"} if reordered else {})}
                     key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain,
                                    backbone=backbone, weights_hash=f"imported:{digest}", preprocess=how, dtype="float32")
                     made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
-                    ids.append(_import_domain(store, key, s, rows, checked))
+                    ids.append(_import_domain(store, key, s, rows[split_name, d][0], checked))
     except DiskFullError:
         # An import is all or nothing (a bad file writes nothing either): what it wrote goes, and the space with it.
         disk.discard([where] if new_store else [where / ENTRIES / eid for eid in made])

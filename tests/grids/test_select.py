@@ -173,3 +173,30 @@ def test_a_grid_refused_before_its_first_cell_leaves_no_copy_of_the_features(toy
     assert not list(out.rglob("features"))
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], sweep=SWEEP, out=out, select=["lr"])
     assert (out / "features" / "meta.json").exists()
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_an_older_select_grid_s_copy_per_stage_becomes_the_grid_s_own(toy_store, tmp_path, changed):
+    """An older fedcache wrote the features once per stage. Resumed, the validation copy becomes the grid's (checked
+    against the store as ever: a re-extraction since is refused, not mixed in) and the test copy goes."""
+    import shutil
+
+    from fedcache.api import grid
+
+    out = tmp_path / "g"
+    run = lambda: grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], sweep=SWEEP,  # noqa: E731
+                       out=out, select=["lr"])
+    first = run().to_records()
+    for stage in ("validation", "test"):  # the older layout
+        shutil.copytree(out / "features", out / stage / "features")
+    shutil.rmtree(out / "features")
+    if changed:
+        meta = json.loads((out / "validation" / "features" / "meta.json").read_text())
+        meta["train"]["entry_ids"][0] = "0" * 16  # as if that entry had been re-extracted since
+        (out / "validation" / "features" / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(ConfigError, match="changed since the grid"):
+            run()
+        return
+    again = run().to_records()
+    assert [r["mean_accuracy"] for r in again] == [r["mean_accuracy"] for r in first]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("features")) == ["features"]

@@ -269,3 +269,57 @@ def test_a_read_where_no_lock_file_can_be_made_runs_without_one(tmp_path):
     (tmp_path / "not-a-dir").write_text("")
     with shared_lock(tmp_path / "not-a-dir" / "x.lock", "a store"):
         pass
+
+
+def _split_file(path, order_train, order_test, test_domains=(0, 1)):
+    """Train and test splits of 2 domains (20 rows each, ids 0..19 within a domain), each written in its order;
+    the test split holds only the rows of ``test_domains``."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    labels, domains, ids = np.arange(40) % 2, np.repeat([0, 1], 20), np.tile(np.arange(20), 2)
+    keep = np.isin(domains, test_domains)
+    arrays = {}
+    for split, order, rows in (("train", order_train, np.arange(40)), ("test", order_test, np.flatnonzero(keep))):
+        pick = rows[order(len(rows))]
+        arrays.update({f"{split}__features": x[pick], f"{split}__labels": labels[pick], f"{split}__domains": domains[pick],
+                       f"{split}__ids": ids[pick]})
+    np.savez(path, domains='["a", "b"]', **arrays)
+    return path
+
+
+SORTED = np.arange
+SHUFFLED = lambda n: np.random.default_rng(n).permutation(n)  # noqa: E731
+FIRST_DOMAIN_SHUFFLED = lambda n: np.concatenate([np.random.default_rng(1).permutation(n // 2), np.arange(n // 2, n)])  # noqa: E731
+
+
+@pytest.mark.parametrize("orders", [(SHUFFLED, SORTED, (0, 1)), (FIRST_DOMAIN_SHUFFLED, FIRST_DOMAIN_SHUFFLED, (0, 1)),
+                                    (SHUFFLED, SHUFFLED, (0,))],
+                         ids=["train-shuffled-test-sorted", "one-domain-shuffled", "an-empty-domain"])
+def test_a_file_only_partly_out_of_id_order_is_one_import(store_path, tmp_path, orders):
+    """Whether rows were put in id order is in every entry's key: marked per entry, a file with a sorted split, a
+    sorted domain or an empty one made entries of two keys, which runs refused as two encoders' features."""
+    from fedcache.api import train
+    from fedcache.federate.data import load_splits
+
+    import_file(FeatureStore(store_path), _split_file(tmp_path / "f.npz", *orders), "mine", "enc")
+    tr, te = load_splits(FeatureStore(store_path, create=False), "mine", ["enc"])
+    assert tr.ids.tolist() == [*range(20), *range(20)] and len(te) == 20 * len(orders[2])
+    assert train(store=store_path, dataset="mine", backbones="enc", method="fedavg", partition="iid", clients=2,
+                 rounds=1).summary["rounds"] == 1
+
+
+def test_an_export_is_refused_while_an_import_writes_its_splits(store_path, tmp_path, capsys):
+    """Export finds its splits as a run does (``FeatureStore.read_splits``, also what shards read): between an
+    import's two splits it wrote one file's training rows beside another's test rows."""
+    from fedcache.cli import main
+    from fedcache.store.feature_store import import_lock
+    from fedcache.store.locks import exclusive_lock
+
+    store = FeatureStore(store_path)
+    import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc")
+    export = ["store", "export", "-d", "mine", "-b", "enc", "-o", str(tmp_path / "out.npz"), "--store", str(store_path)]
+    with exclusive_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "an import"):
+        assert main(export) == 1
+    assert "is being written by another process: pid" in capsys.readouterr().err
+    assert not (tmp_path / "out.npz").exists()
+    assert main(export) == 0 and (tmp_path / "out.npz").exists()
