@@ -11,6 +11,8 @@ candidate's numbers are its full run's, so the replay must choose what the prune
     .venv/bin/python benchmarks/halving.py --replay DIR [--reduction-factor 3] [--min-rounds N]
         # what halving would have chosen on a finished full --select grid in DIR, without training anything
     .venv/bin/python benchmarks/halving.py --from-dirs DIR   # the results of a run's --keep DIR (one stopped early too)
+    .venv/bin/python benchmarks/halving.py --replay DIR --search
+        # other rules (smoothed scores, near ties kept) at every reduction factor and first cut, replayed on DIR
     .venv/bin/python benchmarks/halving.py --render     # the section of docs/performance.md
 
 "worked": docs/getting-started.md's grid (fedavg, fedprox, fedproto x alpha {0.1, 1} x lr {1e-3, 1e-2}, 10 clients,
@@ -37,6 +39,7 @@ from _results import write  # noqa: E402
 
 log = logging.getLogger("benchmarks.halving")
 RESULT = Path(__file__).resolve().parent / "results" / "halving.json"
+SEARCH = RESULT.with_name("halving_search.json")
 DATA = ("digits5-offline", "efficientnet-lite0")
 BASE = {"partition": ["dirichlet"], "clients": ["10"], "subsample": ["0.8"]}
 GRIDS = {
@@ -276,6 +279,91 @@ def _replay(curves: dict, eta: int, min_rounds: int | None) -> dict[str, dict]:
     return out
 
 
+# ---- search: which rules could have chosen as the full grid did, at what share of its rounds ----------------
+def _seed_scores(seeds: list[dict], r: int) -> list[float] | None:
+    if any(r not in s for s in seeds):
+        return None
+    return [statistics.mean(s[r]["per_client"]) for s in seeds]
+
+
+def _last_rounds(k: int):
+    """Rank by the mean score over the last ``k`` evaluated rounds up to the cut (smoother than one round's)."""
+    def rank(by_lr: dict, alive: list[str], r: int) -> dict[str, float]:
+        out = {}
+        for lr in alive:
+            scores = [m for t in range(max(1, r - k + 1), r + 1) if (m := _mean_at(by_lr[lr], t)) is not None]
+            if scores:
+                out[lr] = statistics.mean(scores)
+        return out
+    return rank
+
+
+def _within(z: float):
+    """Keep, beyond the best ceil(n/eta), any candidate within ``z`` standard errors (over seeds) of the last of
+    them: a near tie at a cut is not decided by one seed's noise."""
+    def keep(by_lr: dict, ranked: list[str], n_keep: int, r: int) -> set[str]:
+        sc = {lr: _seed_scores(by_lr[lr], r) for lr in ranked}
+        se = {lr: statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0 for lr, v in sc.items()}
+        mean, last = {lr: statistics.mean(v) for lr, v in sc.items()}, ranked[n_keep - 1]
+        return set(ranked[:n_keep]) | {lr for lr in ranked if mean[lr] >= mean[last] - z * math.hypot(se[lr], se[last])}
+    return keep
+
+
+def _top(by_lr: dict, ranked: list[str], n_keep: int, r: int) -> set[str]:
+    return set(ranked[:n_keep])
+
+
+RULES = {"halving": (_last_rounds(1), _top), **{f"mean of last {k} rounds": (_last_rounds(k), _top) for k in (3, 5)},
+         **{f"keep within {z} SE": (_last_rounds(1), _within(z)) for z in (1, 2)}}
+
+
+def _play(by_lr: dict, cuts: list[int], eta: int, rounds: int, rule) -> tuple[str, int]:
+    """The choice and the candidate rounds trained of one group under ``rule`` (rank, keep)."""
+    rank, keep = rule
+    alive, trained, done = list(by_lr), 0, 0
+    for r in cuts + [rounds]:
+        trained, done = trained + len(alive) * (r - done), r
+        score = rank(by_lr, alive, r) if r < rounds else _last_rounds(1)(by_lr, alive, r)
+        ranked = sorted(score, key=lambda lr: -score[lr])
+        kept = set(ranked[:1]) if r == rounds else keep(by_lr, ranked, math.ceil(len(alive) / eta), r)
+        alive = [lr for lr in alive if lr in kept]
+        if len(alive) <= 1:
+            break
+    return alive[0], trained
+
+
+def search(full: Path, etas=(2, 3, 4, 6), shares=(0.15, 0.2, 0.3)) -> dict:
+    """Every rule of RULES at every reduction factor and first cut, replayed on a finished full --select grid: per
+    rule, the frontier of (share of the full grid's validation rounds, groups choosing as the full grid did), and
+    the most groups any setting reaches within each share."""
+    from fedcache.grids.halving import rungs
+
+    curves, best = _curves(full), chosen(full)
+    rounds = {g: max(max(s) for seeds in by_lr.values() for s in seeds) for g, by_lr in curves.items()}
+    total = sum(len(by_lr) * rounds[g] for g, by_lr in curves.items())
+    out = {}
+    for name, rule in RULES.items():
+        points = []
+        for eta in etas:
+            for first in range(1, max(rounds.values()) // 2 + 1):
+                played = {g: _play(by_lr, rungs(rounds[g], len(by_lr), eta, first), eta, rounds[g], rule) for g, by_lr in curves.items()}
+                points.append({"share": round(sum(t for _, t in played.values()) / total, 3),
+                               "same": sum(c == best[g] for g, (c, _) in played.items()), "reduction_factor": eta, "first_cut": first})
+        out[name] = {"frontier": _frontier(points), "most_same_within": {
+            str(s): max((p["same"] for p in points if p["share"] <= s), default=0) for s in shares}}
+    return {"groups": len(curves), "rules": out}
+
+
+def _frontier(points: list[dict]) -> list[dict]:
+    """The points no other beats: each one chooses as the full grid did in more groups than any cheaper point."""
+    front, most = [], -1
+    for p in sorted(points, key=lambda p: (p["share"], -p["same"])):
+        if p["same"] > most:
+            front.append(p)
+            most = p["same"]
+    return front
+
+
 def _mean_at(seeds: list[dict], r: int) -> float | None:
     if any(r not in s for s in seeds):
         return None  # not evaluated there (or diverged before)
@@ -286,6 +374,29 @@ def _mean_at(seeds: list[dict], r: int) -> float | None:
 def _short(group: str) -> str:
     """A group by what varies between the benchmark's groups: the method and alpha."""
     return " ".join(t.split("=", 1)[1] if t.startswith("method=") else t for t in group.split() if t.split("=")[0] in ("method", "alpha"))
+
+
+def _cpu_model() -> str:
+    try:
+        return next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+def render_search(doc: dict) -> str:
+    """The search's table: per rule, the most groups choosing as the full grid did within each share of its
+    validation rounds, and the cheapest setting choosing as it did in every group."""
+    shares = list(next(iter(doc["search"]["rules"].values()))["most_same_within"])
+    n = doc["search"]["groups"]
+    lines = ["| rule | " + " | ".join(f"within {100 * float(s):.0f}% of the rounds" for s in shares)
+             + f" | fewest rounds for {n} of {n} (reduction factor, first cut) |", "|---" * (len(shares) + 2) + "|"]
+    for name, r in doc["search"]["rules"].items():
+        every = next((p for p in r["frontier"] if p["same"] == n), None)
+        cheapest = f"{100 * every['share']:.0f}% ({every['reduction_factor']}, {every['first_cut']})" if every else "none"
+        lines.append(f"| {name} | " + " | ".join(f"{r['most_same_within'][s]} of {n}" for s in shares) + f" | {cheapest} |")
+    return "\n".join(lines)
 
 
 def render(res: dict) -> str:
@@ -318,8 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reduction-factor", type=int, default=3)
     ap.add_argument("--min-rounds", type=int, default=None)
     ap.add_argument("--replay", type=Path, default=None, help="a finished full --select grid: replay halving on it")
+    ap.add_argument("--search", action="store_true", help="with --replay: every rule at every reduction factor and first "
+                    "cut, their frontiers of rounds trained against choices kept (results/halving_search.json)")
     ap.add_argument("--tiny", action="store_true", help="a 6-cell grid of 4 rounds on test-toy: checks the script, measures nothing")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--render-search", action="store_true", help="the table of results/halving_search.json")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="keep the grids under this directory (for --replay, --from-dirs)")
     ap.add_argument("--from-dirs", type=Path, default=None,
@@ -330,9 +444,21 @@ def main(argv: list[str] | None = None) -> None:
     if a.render:
         print(render(json.loads(out.read_text())))
         return
+    if a.render_search:
+        print(render_search(json.loads((a.out or SEARCH).read_text())))
+        return
     if a.from_dirs:
         write({"grids": from_dirs(a.from_dirs, a.reduction_factor, a.min_rounds),
                "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}, out)
+        return
+    if a.replay and a.search:
+        played = replay(a.replay, a.reduction_factor, a.min_rounds)
+        alone = played["full_grid_without_one_seed"]
+        write({"search": search(a.replay), "grid": json.loads((a.replay / "grid.json").read_text()),
+               "default_replay": {k: played[k] for k in ("same", "of", "validation_rounds_share")},
+               "full_grid_without_one_seed": {k: alone[k] for k in ("groups_where_every_subset_agrees", "of", "subsets_agreeing")},
+               "cpu": _cpu_model(),  # another CPU rounds otherwise, and over 50 rounds some choices move
+               "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}, a.out or SEARCH)
         return
     if a.replay:
         print(json.dumps(replay(a.replay, a.reduction_factor, a.min_rounds), indent=1))

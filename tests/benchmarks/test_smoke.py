@@ -134,6 +134,13 @@ def test_halving_against_the_full_select_grid(tmp_path):
     alone = played["full_grid_without_one_seed"]  # seeds 0 and 1: each grid of one seed beside the full grid's choice
     assert "full_choice_behind_until" in played["groups"][0]
     assert alone["of"] == 1 and len(next(iter(alone["groups"].values()))["each_left_out"]) == 2
+    # Other rules at every reduction factor and first cut: the plain one's frontier includes what halving chose.
+    bench("halving").main(["--replay", str(keep / "tiny" / "full-0"), "--search", "--out", str(tmp_path / "search.json")])
+    rules = json.loads((tmp_path / "search.json").read_text())["search"]["rules"]
+    assert set(rules) == set(bench("halving").RULES) and all(r["frontier"] for r in rules.values())
+    assert max(p["same"] for p in rules["halving"]["frontier"]) >= played["same"]
+    table = bench("halving").render_search(json.loads((tmp_path / "search.json").read_text()))
+    assert table.count("\n") == 1 + len(rules) and "| halving | " in table
 
 
 def test_grid_speed_stacking_comparison_runs(tmp_path):
