@@ -267,15 +267,9 @@ def _replay(curves: dict, eta: int, min_rounds: int | None) -> dict[str, dict]:
     out = {}
     for group, by_lr in curves.items():
         rounds = max(max(s) for seeds in by_lr.values() for s in seeds)
-        alive, cuts, trained, done = list(by_lr), rungs(rounds, len(by_lr), eta, min_rounds), 0, 0
-        for r in cuts + [rounds]:
-            trained, done = trained + len(alive) * (r - done), r
-            score = {lr: _mean_at(by_lr[lr], r) for lr in alive}
-            ranked = sorted((lr for lr in alive if score[lr] is not None), key=lambda lr: -score[lr])
-            alive = [lr for lr in alive if lr in ranked[:1 if r == rounds else math.ceil(len(alive) / eta)]]
-            if len(alive) <= 1:
-                break
-        out[group] = {"choice": alive[0], "rounds": rounds, "rungs": cuts, "trained": trained}
+        cuts = rungs(rounds, len(by_lr), eta, min_rounds)
+        choice, trained = _play(by_lr, cuts, eta, rounds, RULES["halving"])
+        out[group] = {"choice": choice, "rounds": rounds, "rungs": cuts, "trained": trained}
     return out
 
 
@@ -365,9 +359,8 @@ def _frontier(points: list[dict]) -> list[dict]:
 
 
 def _mean_at(seeds: list[dict], r: int) -> float | None:
-    if any(r not in s for s in seeds):
-        return None  # not evaluated there (or diverged before)
-    return statistics.mean(statistics.mean(s[r]["per_client"]) for s in seeds)
+    scores = _seed_scores(seeds, r)  # None: not evaluated there (or diverged before)
+    return None if scores is None else statistics.mean(scores)
 
 
 # ---- the docs section ---------------------------------------------------------------------------------

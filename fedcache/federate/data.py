@@ -25,17 +25,10 @@ def sample_keys(table: FeatureTable | TableRows) -> np.ndarray:
 
 
 def load_splits(store: FeatureStore, dataset: str, backbones: list[str]) -> tuple[FeatureTable, FeatureTable]:
-    """The fused (train, test) tables, their entries found while no import writes the pair (``split_rows``)."""
-    rows = split_rows(store, dataset, backbones)
+    """The fused (train, test) tables, their entries found while no import writes the pair
+    (``FeatureStore.split_rows``)."""
+    rows = store.split_rows(dataset, SPLITS, backbones)
     return tuple(load_fused(store, dataset, backbones, s, parts=rows[s]) for s in SPLITS)
-
-
-def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[str, list[TableRows]]:
-    """Each split's rows per backbone, found under ``FeatureStore.between_imports``: an import writes its splits one
-    after another, and finding them in its midst gave the new training split with the old test split. The
-    features are read after (the entries found are complete, and an import writes new ones)."""
-    with store.between_imports(dataset, backbones):
-        return {s: [store.rows(dataset, s, b) for b in backbones] for s in SPLITS}
 
 
 def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: str, view: int = 0,
@@ -45,7 +38,7 @@ def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: s
 
     Each backbone's features are read straight into its columns of one (N, D1 + D2 + ...) float32 array,
     so the features are in memory once; ``alloc(shape)`` gives that array (default ``np.empty``; a grid
-    passes a memory-mapped file). ``parts``: the backbones' rows, found already (``split_rows``)."""
+    passes a memory-mapped file). ``parts``: the backbones' rows, found already (``FeatureStore.split_rows``)."""
     parts = parts or [store.rows(dataset, split, b, view) for b in backbones]
     first = parts[0]
     keys = sample_keys(first)

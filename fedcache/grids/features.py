@@ -16,7 +16,7 @@ WHAT = "the grid's shared features"
 
 def write_features(spec: GridSpec) -> Path:
     """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
-    from fedcache.federate.data import load_fused, split_rows
+    from fedcache.federate.data import SPLITS, load_fused
     from fedcache.store.feature_store import FeatureStore
 
     folder = spec.features_folder
@@ -24,7 +24,7 @@ def write_features(spec: GridSpec) -> Path:
     if (folder / "meta.json").exists():
         _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))
         return folder
-    rows = split_rows(store, spec.dataset, spec.backbones)
+    rows = store.split_rows(spec.dataset, SPLITS, spec.backbones)
     need = features_bytes(rows)
     try:
         disk.check_space(folder / "train_features.npy", need, WHAT)  # before the features are read or a byte written
@@ -58,7 +58,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 def features_bytes(rows: dict) -> int:
     """The bytes of the .npy files: per row the fused float32 features and its label, id and domain; from each
-    split's rows per backbone (``federate.data.split_rows``: their row counts and widths), not their features."""
+    split's rows per backbone (``FeatureStore.split_rows``: their row counts and widths), not their features."""
     total = disk.BLOCK  # meta.json
     for parts in rows.values():
         n, header = len(parts[0]), 128

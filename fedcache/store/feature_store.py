@@ -385,11 +385,18 @@ class FeatureStore:
         return rows.table(self.features(rows))
 
     def read_splits(self, dataset: str, splits: Iterable[str], backbone: str, view: int = 0) -> dict[str, FeatureTable]:
-        """:meth:`read` of several splits, their entries found under :meth:`between_imports` (an import writes its
-        splits one after another) and their features read after, so that an import waits on the finding alone."""
-        with self.between_imports(dataset, [backbone]):
-            found = {s: self.rows(dataset, s, backbone, view) for s in splits}
-        return {s: rows.table(self.features(rows)) for s, rows in found.items()}
+        """:meth:`read` of several splits, their entries found together (:meth:`split_rows`)."""
+        found = self.split_rows(dataset, splits, [backbone], view)
+        return {s: rows.table(self.features(rows)) for s, (rows,) in found.items()}
+
+    def split_rows(self, dataset: str, splits: Iterable[str], backbones: Iterable[str], view: int = 0) -> dict[str, list[TableRows]]:
+        """Per split, each backbone's :meth:`rows`, found under :meth:`between_imports`: an import writes its splits
+        one after another, and finding them in its midst gave the new training split with the old test split. The
+        features are read after (the entries found are complete, and an import writes new ones), so that an import
+        waits on the finding alone."""
+        backbones = list(backbones)
+        with self.between_imports(dataset, backbones):
+            return {s: [self.rows(dataset, s, b, view) for b in backbones] for s in splits}
 
     def features(self, rows: TableRows) -> np.ndarray:
         """The features of ``rows``: when they are exactly one entry's file (one domain, float32, every row
