@@ -18,6 +18,9 @@ from fedcache.ownership import POLL, Holder, read_holder
 
 
 QUEUE = "wait for it to finish, or pass --wait SECONDS to queue behind it"
+# The umask decides, as for the store's own files: in a store a group shares (umask 002), a lock file one user
+# made stays writable by the others.
+LOCK_MODE = 0o666
 
 
 @contextlib.contextmanager
@@ -25,22 +28,29 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE
     """Hold an exclusive lock on ``path``; wait up to ``wait`` seconds, then fail clearly: ``what`` is being written
     by its holder (named), and ``advice`` says what to do."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd, recorded = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE), True
+    except PermissionError:
+        # Another user's lock file (made before LOCK_MODE, or under a stricter umask): flock needs no write
+        # permission, so the lock holds; only the record of who holds it is not written.
+        fd, recorded = os.open(path, os.O_RDONLY), False
     try:
         _acquire(fd, path, what, wait, advice)
     except BaseException:
         os.close(fd)
         raise
     try:
-        with contextlib.suppress(OSError):  # a full disk: the lock holds without its record
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, Holder.me().to_text().encode(), 0)
+        if recorded:
+            with contextlib.suppress(OSError):  # a full disk: the lock holds without its record
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, Holder.me().to_text().encode(), 0)
         yield
     finally:
         # The record goes with the lock: a writer refused later by a reader (shared_lock) must not name this
         # finished one. A holder killed outright leaves its record, which the next holder replaces.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+        if recorded:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         os.close(fd)  # closing the descriptor releases the lock
 
 
@@ -63,7 +73,7 @@ def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -
 def _lock_fd(path: Path) -> int | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE)
     except OSError:  # a read-only store (permissions, a read-only mount)
         try:
             return os.open(path, os.O_RDONLY)

@@ -1,0 +1,52 @@
+"""Lock files in a store that several Unix users share."""
+import os
+
+import pytest
+
+from fedcache.errors import EntryLockedError
+from fedcache.store.locks import exclusive_lock, shared_lock
+
+
+@pytest.fixture
+def group_umask():
+    old = os.umask(0o002)
+    yield
+    os.umask(old)
+
+
+def test_a_lock_file_follows_the_umask(tmp_path, group_umask):
+    with shared_lock(tmp_path / "r.lock", "a run"):
+        pass
+    with exclusive_lock(tmp_path / "w.lock", "an import"):
+        pass
+    # 0o664: another member of the store's group can open it to lock it and to write who holds it
+    assert {(tmp_path / f).stat().st_mode & 0o777 for f in ("r.lock", "w.lock")} == {0o664}
+
+
+@pytest.fixture
+def not_writable(monkeypatch):
+    """``open(path, O_RDWR)`` refused for the lock files, as for another user's 0644 file (tests may run as
+    root, which the permission bits would not stop)."""
+    real = os.open
+
+    def fake(path, flags, *args, **kwargs):
+        if str(path).endswith(".lock") and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake)
+
+
+def test_another_user_s_lock_file_still_locks(tmp_path, not_writable):
+    path = tmp_path / "w.lock"
+    path.write_text("")
+    with exclusive_lock(path, "an import"):
+        with pytest.raises(EntryLockedError, match="an import is being written by another process; "):
+            with exclusive_lock(path, "an import"):
+                pass
+        with pytest.raises(EntryLockedError, match="being written"):
+            with shared_lock(path, "an import"):
+                pass
+    assert path.read_text() == ""  # no record written where it could not be; none named in the refusal
+    with exclusive_lock(path, "an import"):  # released
+        pass
