@@ -22,3 +22,25 @@ def write(res: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
+
+
+def features(store: Path, data: tuple[str, str]) -> None:
+    """A benchmark's features (dataset, backbone): extracted into ``store`` the first time, read from it after (a
+    copied store is used as it is, on a machine that cannot load the backbone)."""
+    import fedcache
+
+    if not stored(store, data):
+        fedcache.extract_features(data[0], [data[1]], store=store)
+
+
+def stored(store: Path, data: tuple[str, str]) -> bool:
+    """Whether ``store`` holds test features of (dataset, backbone)."""
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.store.feature_store import FeatureStore
+
+    if not store.exists():
+        return False
+    try:
+        return bool(FeatureStore(store, create=False).find(data[0], "test", data[1]))
+    except EntryNotFoundError:  # the store has other features
+        return False

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write  # noqa: E402
+from _results import features, write  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent / "results" / "device_context.json"
 DATA = ("digits5-offline", "efficientnet-lite0")
@@ -64,11 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=RESULT)
     a = ap.parse_args(argv)
     data = TINY_DATA if a.tiny else DATA
-    import fedcache
-    from fedcache.store.feature_store import FeatureStore
-
-    if not (a.store.exists() and FeatureStore(a.store, create=False).find(data[0], "test", data[1])):
-        fedcache.extract_features(data[0], [data[1]], store=a.store)
+    features(a.store, data)
     res = {"what": __doc__.split("\n\n")[0], "result": measure(a.store, data, a.trials, a.tiny),
            "command": "benchmarks/device_context.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     write(res, a.out)

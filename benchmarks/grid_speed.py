@@ -11,6 +11,7 @@ stacked into one computation per method), alternating in this process (--trials 
     .venv/bin/python benchmarks/grid_speed.py --large    # the 1,000-cell grid (10 lrs x 25 seeds), batched engine only
     .venv/bin/python benchmarks/grid_speed.py --worked   # the worked example's grid (5 rounds): small stacks, cells alone
     .venv/bin/python benchmarks/grid_speed.py --device cuda --stacking   # a GPU grid's stacks: across draws vs by them
+    .venv/bin/python benchmarks/grid_speed.py --heads [--data DATASET,BACKBONE]   # on a CPU: cells stacked vs alone, per head
     .venv/bin/python benchmarks/grid_speed.py --render   # the markdown section of docs/performance.md
 """
 from __future__ import annotations
@@ -23,12 +24,17 @@ import resource
 import statistics
 import tempfile
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import features, stored  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent / "results" / "grid_speed.json"
 LARGE_RESULT = RESULT.with_name("grid_speed_large.json")
 WORKED_RESULT = RESULT.with_name("grid_speed_worked.json")
 STACKING_RESULT = RESULT.with_name("grid_speed_gpu_stacking.json")
+HEADS_RESULT = RESULT.with_name("grid_speed_heads.json")
 SWEEP = {"lr": ["0.003", "0.01", "0.03", "0.1", "0.3"], "alpha": ["0.1", "1"], "partition": ["dirichlet"],
          "clients": ["10"], "rounds": ["20"]}
 LARGE = {**SWEEP, "lr": ["0.002", "0.003", "0.005", "0.01", "0.02", "0.03", "0.05", "0.1", "0.2", "0.3"]}
@@ -41,16 +47,6 @@ TINY_DATA = ("test-toy", "tiny-timm-random")  # extracted in seconds: the smoke 
 METHODS, SEEDS, DATASET, BACKBONE = ["fedavg", "fedprox"], [0, 1, 2, 3, 4], "digits5-offline", "efficientnet-lite0"
 ENGINES = ("processes", "batched")
 DEVICE = "cpu"  # --device: where the cells' rounds run (on a GPU both engines run in one process, jobs aside)
-
-
-def _features(store: Path, data: tuple[str, str]) -> None:
-    """The benchmark's features: extracted the first time, read from the store after (a copied store is used as it
-    is, on a machine that cannot load the backbone)."""
-    import fedcache
-    from fedcache.store.feature_store import FeatureStore
-
-    if not (store.exists() and FeatureStore(store, create=False).find(data[0], "test", data[1])):
-        fedcache.extract_features(data[0], [data[1]], store=store)
 
 
 def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs: int, sweep: dict, seeds: list[int],
@@ -69,7 +65,7 @@ def measure_worked(store: Path, jobs: int, tiny: bool = False, trials: int = 2) 
     validation stage stacks the two lrs of each partition and seed, the test stage (one lr each) stacks cells of
     different partitions and seeds, each method's cells spread over the two workers."""
     data, sweep, seeds = (TINY_DATA, {**WORKED, "clients": ["3"], "rounds": ["1"]}, [0, 1]) if tiny else ((DATASET, BACKBONE), WORKED, [0, 1, 2])
-    _features(store, data)
+    features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
     tables: set[str] = set()
@@ -162,7 +158,7 @@ def measure(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict
     """Both engines, alternating (trial t runs processes first when t is even, batched first when odd), each
     trial into fresh directories; per engine the median of its trials' cells per minute."""
     data, sweep, seeds = (TINY_DATA, TINY, [0]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
-    _features(store, data)
+    features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
     floors: list[float] = []  # per trial, after its two grids
@@ -217,7 +213,7 @@ def measure_stacking(store: Path, trials: int, tiny: bool = False) -> dict:
     from fedcache.grids import batches
 
     data, sweep, seeds = (TINY_DATA, TINY, [0, 1]) if tiny else ((DATASET, BACKBONE), SWEEP, SEEDS)
-    _features(store, data)
+    features(store, data)
     runs: dict[str, list[dict]] = {"across": [], "by_draws": []}
     accuracies = {}
     default = batches.ACROSS_DRAWS_ON_GPU
@@ -235,6 +231,93 @@ def measure_stacking(store: Path, trials: int, tiny: bool = False) -> dict:
     return {"runs": runs, "by_draws_over_across_per_trial": [round(b["wall_seconds"] / a["wall_seconds"], 2)
                                                             for a, b in zip(runs["across"], runs["by_draws"])],
             "cells_differing": _differing(accuracies["by_draws"], accuracies["across"])}
+
+
+# One method per head: linear (fedavg), FedPCL's projection, FedProto's MLP. "same draws": the six lrs of one
+# partition and seed; "across draws": one lr, two alphas x three seeds (a --select grid's test stage).
+HEAD_METHODS = ["fedavg", "fedpcl", "fedproto"]
+HEAD_CASES = {"same draws": ({"alpha": ["0.1"], "lr": ["1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2"]}, [0]),
+              "across draws": ({"alpha": ["0.1", "1"], "lr": ["1e-3"]}, [0, 1, 2])}
+HEAD_BASE = {"partition": ["dirichlet"], "clients": ["10"], "subsample": ["0.8"]}
+HEAD_ROUNDS = {"fedavg": "150", "fedpcl": "20", "fedproto": "20"}  # about 30 s a grid here: the grid's setup is small beside it
+
+
+def measure_heads(store: Path, trials: int, tiny: bool = False, data: tuple[str, str] = (DATASET, BACKBONE)) -> dict:
+    """On a CPU, one worker: six cells of one method trained as one stack vs each as its own run, alternating in
+    this process (LARGEST_STACKED_HEAD_ON_CPU set above every head, then to 0), per
+    method (head) and case (the six cells share their partition and seed, or are of three seeds and two alphas);
+    every cell compared. Rounds per method: HEAD_ROUNDS."""
+    from fedcache.grids import batches
+
+    data = TINY_DATA if tiny else data
+    base = {**HEAD_BASE, "clients": ["3"]} if tiny else HEAD_BASE
+    features(store, data)
+    default, out = batches.LARGEST_STACKED_HEAD_ON_CPU, {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for method in HEAD_METHODS:
+                for case, (sweep, seeds) in HEAD_CASES.items():
+                    walls, accuracies, said = {"stacked": [], "alone": []}, {}, {}
+                    for t in range(trials):
+                        for arm in ("stacked", "alone") if t % 2 == 0 else ("alone", "stacked"):
+                            batches.LARGEST_STACKED_HEAD_ON_CPU = 2**62 if arm == "stacked" else 0
+                            where = Path(tmp) / f"{method}-{case}-{arm}-{t}".replace(" ", "-")
+                            rounds = {"rounds": ["1" if tiny else HEAD_ROUNDS[method]]}
+                            wall, _, plans = timed_grid(store, data, where, "batched", 1, {**base, **sweep, **rounds}, seeds, [method])
+                            walls[arm].append(round(wall, 1))
+                            accuracies.setdefault(arm, _accuracies(where / "results.csv"))
+                            said.setdefault(arm, plans)
+                    out.setdefault(method, {"head_parameters": _head_parameters(method, where)})[case] = {
+                        "wall_seconds": walls, "alone_over_stacked_per_trial": [round(s / a, 2) for s, a in zip(walls["stacked"], walls["alone"])],
+                        "cells_differing": _differing(accuracies["stacked"], accuracies["alone"]), "plans": said}
+    finally:
+        batches.LARGEST_STACKED_HEAD_ON_CPU = default
+    return out
+
+
+def _head_parameters(method: str, grid: Path) -> int:
+    """One client's head's parameters and buffers (the method's default head, on the grid's features)."""
+    from fedcache.grids.batches import head_parameters
+    from fedcache.grids.features import read_features
+    from fedcache.spec import method_class
+
+    return head_parameters(method_class(method).default_head, read_features(grid / "features"))
+
+
+def synthetic(store: Path, shape: str) -> tuple[str, str]:
+    """``DxC``: random D-dimensional embeddings of C classes around random class means (7,000 training rows and
+    2,000 test rows, about digits5-offline's), imported into ``store`` once: heads of other sizes than the real
+    features give. The (dataset, backbone) to read them as."""
+    import numpy as np
+
+    from fedcache.store.interchange import import_file
+
+    dim, classes = map(int, shape.lower().split("x"))
+    data = ("synthetic", f"random-{dim}d-{classes}c")
+    if stored(store, data):
+        return data
+    rng = np.random.default_rng(0)
+    means = 2 * rng.normal(size=(classes, dim))
+    arrays = {}
+    for split, n in (("train", 7000), ("test", 2000)):
+        labels = rng.integers(0, classes, n)
+        arrays[f"{split}__features"] = (rng.normal(size=(n, dim)) + means[labels]).astype(np.float32)
+        arrays[f"{split}__labels"] = labels
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "synthetic.npz", **arrays, classes=np.array(json.dumps([f"c{i}" for i in range(classes)])))
+        import_file(store, Path(tmp) / "synthetic.npz", *data)
+    return data
+
+
+def render_heads(path: Path = HEADS_RESULT) -> str:
+    """The table of docs/performance.md's section on head size, from the JSON."""
+    d = json.loads(path.read_text())
+    lines = ["| method (head) | head parameters | same draws: alone over stacked (speed) | across draws: alone over stacked (speed) |",
+             "|---|---|---|---|"]
+    for method, r in d["result"].items():
+        cells = [", ".join(f"{x}x" for x in r[case]["alone_over_stacked_per_trial"]) for case in HEAD_CASES]
+        lines.append(f"| {method} | {r['head_parameters']:,} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 def _floor_rows(r: dict) -> list[str]:
@@ -355,18 +438,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--large", action="store_true", help="the 1,000-cell grid with the batched engine alone")
     ap.add_argument("--worked", action="store_true", help="docs/getting-started.md's worked grid (5 rounds), both engines")
     ap.add_argument("--stacking", action="store_true", help="with --device cuda: stacks across partitions and seeds vs by them")
+    ap.add_argument("--heads", action="store_true", help="on a CPU: cells stacked vs alone, per head size")
+    ap.add_argument("--data", default=f"{DATASET},{BACKBONE}",
+                    help="with --heads: DATASET,BACKBONE of the store, or synthetic:DxC (random D-dim features of C classes)")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--device", default="cpu", help="where the cells' rounds run: cpu (default), cuda, ...")
     args = ap.parse_args(argv)
     global DEVICE
     DEVICE = args.device
     if args.render:
-        print(render(args.out or RESULT))
+        print(render_heads(args.out or HEADS_RESULT) if args.heads else render(args.out or RESULT))
         return
     import torch
 
-    out = args.out or (LARGE_RESULT if args.large else WORKED_RESULT if args.worked else STACKING_RESULT if args.stacking else RESULT)
-    if args.stacking:
+    out = args.out or (LARGE_RESULT if args.large else WORKED_RESULT if args.worked else STACKING_RESULT if args.stacking
+                       else HEADS_RESULT if args.heads else RESULT)
+    if args.heads:
+        data = synthetic(args.store, args.data.split(":", 1)[1]) if args.data.startswith("synthetic:") else tuple(args.data.split(","))
+        result = measure_heads(args.store, args.trials, args.tiny, data)
+    elif args.stacking:
         result = measure_stacking(args.store, args.trials, args.tiny)
     elif args.large:
         result = measure_large(args.store, args.jobs)
@@ -375,11 +465,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         result = measure(args.store, args.jobs, args.tiny, args.trials)
     what = (measure_worked.__doc__ if args.worked else measure_stacking.__doc__ if args.stacking
-            else __doc__.strip().split("\n\n")[1])
+            else measure_heads.__doc__ if args.heads else __doc__.strip().split("\n\n")[1])
     doc = {"what": " ".join(what.split()), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
                       + (f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""),
-           "device": args.device,
+           "device": args.device, **({"data": args.data} if args.heads else {}),
            "jobs": args.jobs, "tiny": args.tiny, "result": result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

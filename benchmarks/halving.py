@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write  # noqa: E402
+from _results import features, write  # noqa: E402
 
 log = logging.getLogger("benchmarks.halving")
 RESULT = Path(__file__).resolve().parent / "results" / "halving.json"
@@ -51,14 +51,6 @@ TINY = (["fedavg"], {"partition": ["iid"], "clients": ["2"], "subsample": ["0.5"
                      "lr": ["1e-3", "1e-2", "1e-1"]}, [0, 1])
 TINY_DATA = ("test-toy", "tiny-timm-random")
 ARMS = ("full", "halving")
-
-
-def _features(store: Path, data: tuple[str, str]) -> None:
-    import fedcache
-    from fedcache.store.feature_store import FeatureStore
-
-    if not (store.exists() and FeatureStore(store, create=False).find(data[0], "test", data[1])):
-        fedcache.extract_features(data[0], [data[1]], store=store)
 
 
 def run_arm(arm: str, store: Path, data, grid, out: Path, jobs: int, eta: int, min_rounds: int | None,
@@ -83,7 +75,7 @@ def _cpu() -> float:
 def measure(name: str, store: Path, jobs: int, trials: int, eta: int, min_rounds: int | None, tiny: bool = False,
             keep: Path | None = None) -> dict:
     data, grid = (TINY_DATA, TINY) if tiny else (DATA, GRIDS[name])
-    _features(store, data)
+    features(store, data)
     walls: dict[str, list[float]] = {a: [] for a in ARMS}
     cpus: dict[str, list[float]] = {a: [] for a in ARMS}
     plans: dict[str, list[str]] = {a: [] for a in ARMS}

@@ -80,7 +80,8 @@ NOTHING_TO_STACK = "no other cell of its method and settings to stack with"
 
 def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, alone: dict[Hashable, str],
           started: list[list[Hashable]] = (), workers: int = 1, budget: float | None = None,
-          across_draws: bool = False, rounds: Mapping[Hashable, tuple[int, int | None]] | None = None) -> Grouping:
+          across_draws: bool = False, rounds: Mapping[Hashable, tuple[int, int | None]] | None = None,
+          largest_head: int | None = None) -> Grouping:
     """``alone``: runs the caller already keeps out of the stacks, with the reason. ``started``: batches an
     interrupted grid checkpointed (``started_batches``); each stays a batch where it still fits, so that it
     continues from its checkpoint even where the budget now cuts its group otherwise. ``workers``: a batch holds
@@ -88,14 +89,16 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
     ``budget``: the bytes one batch may take (default: a share of the free host memory). ``across_draws``: stack
     cells of every partition and seed together (on a GPU, where a step's cost hardly grows with its rows, fewer
     and wider stacks beat the steps that stacks of one partition save). ``rounds``: per run, the round it starts
-    from (its own checkpoint's) and the round it pauses at; only runs alike in both stack."""
+    from (its own checkpoint's) and the round it pauses at; only runs alike in both stack. ``largest_head``: runs
+    whose head has more parameters train as their own runs (LARGEST_STACKED_HEAD_ON_CPU)."""
     groups: dict[tuple, dict[tuple, list[Hashable]]] = {}
     alone = dict(alone)
     costs: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # head -> its parameters
     for key, cfg in runs.items():
         if key in alone:
             continue
-        why = _why_alone(cfg)
+        why = _why_alone(cfg) or _too_large(cfg, tables, largest_head, sizes)
         if why:
             alone[key] = why
             continue
@@ -185,6 +188,23 @@ def _why_alone(cfg: RunSpec) -> str:
     return why
 
 
+# On a CPU a stack saves the per-step cost of torch's dispatch, which a small head's arithmetic cannot hide; a
+# large head's arithmetic dominates, and a stack adds the padding to its longest client (grid_speed.py --heads,
+# docs/performance.md). The bound lies between the head sizes measured there.
+LARGEST_STACKED_HEAD_ON_CPU = 100_000
+
+
+def _too_large(cfg: RunSpec, tables, largest: int | None, sizes: dict[str, int]) -> str:
+    """Why a run trains as its own run for its head's size (``largest``: the most parameters a stacked head may
+    have; None: any), or empty. ``sizes`` caches each head's count."""
+    if largest is None:
+        return ""
+    if cfg.head.name not in sizes:
+        sizes[cfg.head.name] = head_parameters(cfg.head.name, tables)
+    n = sizes[cfg.head.name]
+    return f"a head of {n:,} parameters trains faster alone on a CPU" if n > largest else ""
+
+
 def _key(cfg: RunSpec) -> tuple:
     """What the runs of one batch share: federate.stacked.stack_key, from the spec before any data is read;
     the method's name first."""
@@ -208,8 +228,6 @@ def cell_bytes(cfg, tables) -> int:
     eight times (received, trained, gradients, Adam's two moments, upload, state, server share) and one
     mini-batch of inputs, activations and their gradients; and what the method holds over the rows
     (its stacking declaration's ``memory``)."""
-    import torch
-
     from fedcache.federate.stacking import stacking_of
     from fedcache.spec import method_class
     from fedcache.training import partition_request
@@ -218,12 +236,20 @@ def cell_bytes(cfg, tables) -> int:
     train_t = tables[0]
     dim, classes = train_t.features.shape[1], len(train_t.class_names)
     head = make_head(cfg.head.name, dim, classes)
-    params = sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
+    params = head_parameters(cfg.head.name, tables)
     clients = partition_request(cfg, len(train_t.domain_names)).n_clients
     step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
     rows = stacking_of(method_class(cfg.method.name)).memory(cfg.method.params, len(train_t.labels), clients, dim, classes,
                                                              cfg.schedule.batch_size)
     return 4 * clients * (8 * params + step) + rows
+
+
+def head_parameters(name: str, tables) -> int:
+    """One client's head's (``name``) parameters and buffers on the grid's features."""
+    from fedcache.heads import make_head
+
+    head = make_head(name, tables[0].features.shape[1], len(tables[0].class_names))
+    return sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
 
 
 ACROSS_DRAWS_ON_GPU = True  # see group(); benchmarks/grid_speed.py --device cuda measures both
@@ -310,7 +336,8 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan,
     device = run_device(spec.device)
     spans = {c: (_start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
     grouping = group(runs, tables, spec.max_batch_cells, dict.fromkeys(todo, why) if (why := _alone(spec)) else {},
-                     started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu", rounds=spans)
+                     started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu", rounds=spans,
+                     largest_head=LARGEST_STACKED_HEAD_ON_CPU if device.type == "cpu" else None)
     _drop_stale_batches(spec.out / BATCHES, grouping.batches)
     batches = [{c: runs[c] for c in batch} for batch in grouping.batches]
     alone = [c for c in todo if c in grouping.alone]

@@ -151,6 +151,35 @@ def test_grid_speed_stacking_comparison_runs(tmp_path):
     assert res["cells_differing"]["differing"] == 0 and len(res["by_draws_over_across_per_trial"]) == 1
 
 
+def test_grid_speed_heads_comparison_runs(tmp_path):
+    """Cells stacked vs alone per head: here on test-toy's tiny features, the script and its table."""
+    out = tmp_path / "heads.json"
+    bench("grid_speed").main(["--heads", "--tiny", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert set(res) == set(bench("grid_speed").HEAD_METHODS)
+    for r in res.values():
+        assert r["head_parameters"] > 0
+        for case in bench("grid_speed").HEAD_CASES:
+            assert r[case]["cells_differing"] == {"cells": 6, "differing": 0, "max_points": 0.0}
+            assert len(r[case]["alone_over_stacked_per_trial"]) == 1
+            plans = r[case]["plans"]
+            assert plans["stacked"][0].startswith("batched engine: 6 cells in 1 batch")
+            assert "6 cells as their own runs: a head of" in plans["alone"][0]
+    table = bench("grid_speed").render_heads(out)
+    assert table.count("\n") == 1 + len(res) and "| fedproto | " in table
+
+
+def test_grid_speed_heads_synthetic_features(tmp_path):
+    """--data synthetic:DxC imports random features of that shape once, then finds them."""
+    from fedcache.store.feature_store import FeatureStore
+
+    store = tmp_path / "store.zarr"
+    data = bench("grid_speed").synthetic(store, "8x3")
+    assert data == ("synthetic", "random-8d-3c") and bench("grid_speed").synthetic(store, "8x3") == data
+    table = FeatureStore(store, create=False).read(*data[:1], "train", data[1])
+    assert table.features.shape == (7000, 8) and set(table.labels.tolist()) == {0, 1, 2}
+
+
 def test_device_context_comparison_runs(tmp_path):
     out = tmp_path / "device_context.json"
     bench("device_context").main(["--tiny", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])

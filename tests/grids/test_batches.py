@@ -351,6 +351,27 @@ def test_cells_alone_in_their_partition_and_seed_stack_across_partitions_and_see
     assert_same_cells(tmp_path / "p", tmp_path / "b")
 
 
+def test_on_a_cpu_cells_of_a_large_head_run_as_their_own_runs(toy_store, tmp_path, monkeypatch):
+    """A head of more than LARGEST_STACKED_HEAD_ON_CPU parameters trains faster alone on a CPU than in a stack
+    (benchmarks/grid_speed.py --heads): its cells run as their own runs and the plan says why; the others stack;
+    every cell has its own run's numbers. The bound is set here between the toy store's linear and MLP heads."""
+    from fedcache.grids import batches
+    from fedcache.grids.features import read_features
+
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedproto"], seeds=[0, 1],
+              sweep={"partition": "dirichlet", "alpha": [0.5, 5], "clients": 3, "rounds": 2})
+    grid(out=tmp_path / "p", engine="processes", **kw)
+    tables = read_features(tmp_path / "p" / "features")
+    linear, mlp = batches.head_parameters("linear", tables), batches.head_parameters("mlp", tables)
+    assert linear < mlp
+    monkeypatch.setattr(batches, "LARGEST_STACKED_HEAD_ON_CPU", (linear + mlp) // 2)
+    plans: list[str] = []
+    grid(out=tmp_path / "b", engine="batched", on_plan=plans.append, **kw)
+    assert plans[0].startswith("batched engine: 4 cells in 1 batch (4 fedavg)")
+    assert plans[0].endswith(f"4 cells as their own runs: a head of {mlp:,} parameters trains faster alone on a CPU (4)")
+    assert_same_cells(tmp_path / "p", tmp_path / "b")
+
+
 def test_a_cell_with_nothing_to_stack_with_runs_as_its_own_run(toy_store, tmp_path):
     """Cells alone in their group (here: one per method) are not stacks of one: they run as their own runs, and
     the plan says why; their numbers are the process engine's."""
