@@ -244,7 +244,7 @@ HEAD_ROUNDS = {"fedavg": "150", "fedpcl": "20", "fedproto": "20"}  # about 30 s 
 
 def measure_heads(store: Path, trials: int, tiny: bool = False, data: tuple[str, str] = (DATASET, BACKBONE)) -> dict:
     """On a CPU, one worker: six cells of one method trained as one stack vs each as its own run, alternating in
-    this process (LARGEST_STACKED_HEAD_ON_CPU set above every head, then to 0), per
+    this process (the batched engine's bound on a stacked head's size set above every head, then to none), per
     method (head) and case (the six cells share their partition and seed, or are of three seeds and two alphas);
     every cell compared. Rounds per method: HEAD_ROUNDS."""
     from fedcache.grids import batches
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
                       + (f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""),
            "device": args.device, **({"data": args.data} if args.heads else {}),
-           "jobs": args.jobs, "tiny": args.tiny, "result": result}
+           "jobs": 1 if args.heads else args.jobs, "tiny": args.tiny, "result": result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))

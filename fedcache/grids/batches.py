@@ -95,10 +95,11 @@ def group(runs: dict[Hashable, RunSpec], tables, max_batch_cells: int | None, al
     alone = dict(alone)
     costs: dict[str, int] = {}
     sizes: dict[str, int] = {}  # head -> its parameters
+    continuing = {k for batch in started for k in batch}  # a checkpointed stack continues whatever its head's size
     for key, cfg in runs.items():
         if key in alone:
             continue
-        why = _why_alone(cfg) or _too_large(cfg, tables, largest_head, sizes)
+        why = _why_alone(cfg) or ("" if key in continuing else _too_large(cfg, tables, largest_head, sizes))
         if why:
             alone[key] = why
             continue
@@ -236,7 +237,7 @@ def cell_bytes(cfg, tables) -> int:
     train_t = tables[0]
     dim, classes = train_t.features.shape[1], len(train_t.class_names)
     head = make_head(cfg.head.name, dim, classes)
-    params = head_parameters(cfg.head.name, tables)
+    params = _parameters(head)
     clients = partition_request(cfg, len(train_t.domain_names)).n_clients
     step = cfg.schedule.batch_size * (dim + 2 * (head.feature_dim + classes)) * 3
     rows = stacking_of(method_class(cfg.method.name)).memory(cfg.method.params, len(train_t.labels), clients, dim, classes,
@@ -248,7 +249,10 @@ def head_parameters(name: str, tables) -> int:
     """One client's head's (``name``) parameters and buffers on the grid's features."""
     from fedcache.heads import make_head
 
-    head = make_head(name, tables[0].features.shape[1], len(tables[0].class_names))
+    return _parameters(make_head(name, tables[0].features.shape[1], len(tables[0].class_names)))
+
+
+def _parameters(head) -> int:
     return sum(t.numel() for t in head.init(1, torch.Generator().manual_seed(0)).values())
 
 

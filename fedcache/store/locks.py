@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from fedcache.errors import EntryLockedError
+from fedcache.errors import EntryLockedError, StoreError
 from fedcache.ownership import POLL, Holder, read_holder
 
 
 QUEUE = "wait for it to finish, or pass --wait SECONDS to queue behind it"
-# The umask decides, as for the store's own files: in a store a group shares (umask 002), a lock file one user
-# made stays writable by the others.
+# The umask decides: in a store a group shares (umask 002), a lock file one user made (readers make them too)
+# stays writable by the others.
 LOCK_MODE = 0o666
 
 
@@ -31,11 +31,21 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE
     try:
         fd, recorded = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE), True
     except PermissionError:
-        # Another user's lock file (made before LOCK_MODE, or under a stricter umask): flock needs no write
-        # permission, so the lock holds; only the record of who holds it is not written.
+        if not path.exists():
+            raise  # a store directory this process may not write: the permission is the error
+        # Another user's lock file (made before LOCK_MODE, or under a stricter umask): a local flock needs no
+        # write permission, so the lock holds; only the record of who holds it is not written.
         fd, recorded = os.open(path, os.O_RDONLY), False
     try:
         _acquire(fd, path, what, wait, advice)
+    except OSError as exc:
+        os.close(fd)
+        if recorded or isinstance(exc, BlockingIOError):
+            raise
+        # NFS emulates flock with POSIX locks, which need a descriptor open for writing for an exclusive one.
+        raise StoreError(f"cannot lock {path}: another user's lock file that this file system locks only when "
+                         f"writable; make it group-writable (chmod g+w {path}) or remove it while no fedcache "
+                         f"command uses the store ({exc.strerror})") from None
     except BaseException:
         os.close(fd)
         raise

@@ -312,6 +312,35 @@ def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_othe
         assert not (out / "batches").exists()
 
 
+def test_an_interrupted_stack_of_a_large_head_continues_from_its_checkpoint(toy_store, tmp_path, monkeypatch):
+    """A stack checkpointed where its head stacked (a GPU, an older fedcache) continues as a stack on a CPU that
+    would run such cells alone: its rounds are not trained again."""
+    from fedcache.federate import driver
+    from fedcache.grids import batches
+
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedproto"], seeds=[0],
+              sweep={"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03, 0.3]})
+    grid(out=tmp_path / "whole", **kw)
+    save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=tmp_path / "g", **kw)
+    (ck,) = (tmp_path / "g" / "batches").glob("*/checkpoint.pt")
+    monkeypatch.setattr(driver, "save_checkpoint", save)
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+    monkeypatch.setattr(batches, "LARGEST_STACKED_HEAD_ON_CPU", 0)
+    plans: list[str] = []
+    grid(out=tmp_path / "g", on_plan=plans.append, **kw)
+    assert loaded == [ck] and plans[0].startswith("batched engine: 3 cells in 1 batch (3 fedproto)")
+    assert_same_cells(tmp_path / "whole", tmp_path / "g")
+
+
 def test_a_batch_interrupted_while_its_cells_are_written_continues_from_its_checkpoint(toy_store, tmp_path, monkeypatch):
     """The batch's checkpoint stays until every cell's files are written: interrupted at the first cell, the re-run
     continues from the last round's checkpoint instead of training the batch again, to the same cells."""

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from fedcache.errors import EntryLockedError
+from fedcache.errors import EntryLockedError, StoreError
 from fedcache.store.locks import exclusive_lock, shared_lock
 
 
@@ -50,3 +50,29 @@ def test_another_user_s_lock_file_still_locks(tmp_path, not_writable):
     assert path.read_text() == ""  # no record written where it could not be; none named in the refusal
     with exclusive_lock(path, "an import"):  # released
         pass
+
+
+def test_no_lock_file_and_no_permission_to_make_one_says_so(tmp_path, not_writable):
+    with pytest.raises(PermissionError):
+        with exclusive_lock(tmp_path / "w.lock", "an import"):
+            pass
+
+
+def test_a_file_system_that_cannot_lock_a_read_only_file_says_what_to_do(tmp_path, not_writable, monkeypatch):
+    """NFS emulates flock with POSIX locks: an exclusive one on a descriptor open read-only fails (EBADF)."""
+    import errno
+    import fcntl
+
+    real = fcntl.flock
+
+    def nfs(fd, op):
+        if op & fcntl.LOCK_EX:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", nfs)
+    path = tmp_path / "w.lock"
+    path.write_text("")
+    with pytest.raises(StoreError, match=r"cannot lock .*w\.lock: another user's lock file .*\(chmod g\+w"):
+        with exclusive_lock(path, "an import"):
+            pass
