@@ -25,6 +25,20 @@ def run_both(toy_store, tmp_path, methods, sweep, **kw):
     return outs["processes"], outs["batched"]
 
 
+def stop_after_round_1(monkeypatch):
+    """Interrupt the next grid as Ctrl-C would, right after its checkpoint of round 1."""
+    from fedcache.federate import driver
+
+    save = driver.save_checkpoint
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+
+
 def assert_same_cells(a, b):
     """Same rows (but the seconds), same table.md, and per cell the same config, per-client accuracies in every
     metrics line, and final state bit for bit: a stacked cell computes its own run's numbers."""
@@ -259,12 +273,7 @@ def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_
     grid(out=tmp_path / "whole", sweep=sweep, **kw)
     save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
 
-    def save_then_stop(path, ck):
-        save(path, ck)
-        if ck["rnd"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+    stop_after_round_1(monkeypatch)
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         grid(out=out, sweep=sweep, **kw)
@@ -291,14 +300,9 @@ def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_othe
     grid(out=tmp_path / "whole", **kw)
     save, load = driver.save_checkpoint, driver.load_checkpoint
 
-    def save_then_stop(path, ck):
-        save(path, ck)
-        if ck["rnd"] == 1:
-            raise KeyboardInterrupt
-
     for again, continued in ((None, True), (2, False)):
         out, loaded = tmp_path / f"again{again}", []
-        monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+        stop_after_round_1(monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             grid(out=out, max_batch_cells=4, **kw)  # two batches of 3 cells; the first is interrupted
         (ck,) = (out / "batches").glob("*/checkpoint.pt")
@@ -323,12 +327,7 @@ def test_an_interrupted_stack_of_a_large_head_continues_from_its_checkpoint(toy_
     grid(out=tmp_path / "whole", **kw)
     save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
 
-    def save_then_stop(path, ck):
-        save(path, ck)
-        if ck["rnd"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+    stop_after_round_1(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         grid(out=tmp_path / "g", **kw)
     (ck,) = (tmp_path / "g" / "batches").glob("*/checkpoint.pt")
