@@ -22,9 +22,9 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
-import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -239,7 +239,7 @@ HEAD_METHODS = ["fedavg", "fedpcl", "fedproto"]
 HEAD_CASES = {"same draws": ({"alpha": ["0.1"], "lr": ["1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2"]}, [0]),
               "across draws": ({"alpha": ["0.1", "1"], "lr": ["1e-3"]}, [0, 1, 2])}
 HEAD_BASE = {"partition": ["dirichlet"], "clients": ["10"], "subsample": ["0.8"]}
-HEAD_ROUNDS = {"fedavg": "150", "fedpcl": "20", "fedproto": "20"}  # about 30 s a grid here: the grid's setup is small beside it
+HEAD_ROUNDS = {"fedavg": "150", "fedpcl": "20", "fedproto": "20"}  # 10-70 s a grid here: its setup is small beside it
 
 
 def measure_heads(store: Path, trials: int, tiny: bool = False, data: tuple[str, str] = (DATASET, BACKBONE)) -> dict:
@@ -390,7 +390,7 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT, worked: Path = WORKE
     lines = [
         "## A 100-cell grid: batched engine vs process engine",
         f"`.venv/bin/python benchmarks/grid_speed.py --trials {r['trials']}`: " + d["what"]
-        + f" (`benchmarks/results/grid_speed.json`, {d['measured_at']}, {d['machine']}; load average {load} at the start).", "",
+        + f" (`benchmarks/results/grid_speed.json`, {d['measured_at'][:10]}, {d['machine']}; load average {load} at the start).", "",
         "| engine | cells per minute (median of trials) | relative |", "|---|---|---|",
         f"| processes (`--engine processes --jobs {d['jobs']}`) | {p['cells_per_minute']} | 1 |",
         f"| batched (`--engine batched`) | {b['cells_per_minute']} | {r['batched_over_processes_cells_per_minute']}x |",
@@ -405,7 +405,7 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT, worked: Path = WORKE
         L = json.loads(large.read_text())
         R = L["result"]
         lines += ["", f"`.venv/bin/python benchmarks/grid_speed.py --large` (`benchmarks/results/{large.name}`, "
-                  f"{L['measured_at']}): the 1,000-cell grid (lr x 10, seeds 0-24), batched engine only: "
+                  f"{L['measured_at'][:10]}): the 1,000-cell grid (lr x 10, seeds 0-24), batched engine only: "
                   f"{R['cells_per_minute']} cells per minute ({R['wall_seconds']} s), peak resident memory "
                   f"{R['peak_rss_mb_of_this_process']} MB in the benchmark process"
                   + (f", {R['peak_rss_mb_of_a_worker_process']} MB in the largest worker process" if "peak_rss_mb_of_a_worker_process" in R else "")
@@ -422,7 +422,7 @@ def _worked_paragraph(d: dict) -> str:
     p, b = r["processes"], r["batched"]
     per_trial = ", ".join(f"{x}x" for x in r["batched_over_processes_per_trial"])
     return (f"`.venv/bin/python benchmarks/grid_speed.py --worked --trials {r['trials']}` (`benchmarks/results/{WORKED_RESULT.name}`, "
-            f"{d['measured_at']}): {' '.join(measure_worked.__doc__.split())} Median wall time {p['wall_seconds']} s on the "
+            f"{d['measured_at'][:10]}): {' '.join(measure_worked.__doc__.split())} Median wall time {p['wall_seconds']} s on the "
             f"process engine, {b['wall_seconds']} s on the batched engine; batched over processes per interleaved trial "
             f"(wall time ratio): {per_trial}; " + ("identical tables" if r["same_table_md"] else "the tables differ")
             + f". The batched engine's plan: {' / '.join(b['trials'][0]['plan'])}.")

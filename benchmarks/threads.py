@@ -210,7 +210,7 @@ def render(path: Path = RESULT) -> str:
                          f"{min(bg, default=0):.2f}-{max(bg, default=0):.2f} | {'yes' if all(same) else 'NO'} |")
     loaded = f"loaded: {doc['load_processes']} spinning processes; " if "loaded" in res["runs"] else ""
     note = (f"torch's default here: {res['torch_default_threads']} threads; {loaded}{doc['trials']} trials; "
-            f"{doc['meta']['cpus']} cores; {doc['meta']['when']}")
+            f"{doc['meta']['cpus']} cores; {doc['meta']['when'][:10]}")
     return "\n".join(lines) + "\n\n" + note
 
 

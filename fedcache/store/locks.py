@@ -27,15 +27,7 @@ LOCK_MODE = 0o666
 def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -> Iterator[None]:
     """Hold an exclusive lock on ``path``; wait up to ``wait`` seconds, then fail clearly: ``what`` is being written
     by its holder (named), and ``advice`` says what to do."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, recorded = os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE), True
-    except PermissionError:
-        if not path.exists():
-            raise  # a store directory this process may not write: the permission is the error
-        # Another user's lock file (made before LOCK_MODE, or under a stricter umask): a local flock needs no
-        # write permission, so the lock holds; only the record of who holds it is not written.
-        fd, recorded = os.open(path, os.O_RDONLY), False
+    fd, recorded = _lock_fd(path, required=True)
     try:
         _acquire(fd, path, what, wait, advice)
     except OSError as exc:
@@ -69,10 +61,11 @@ def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -
     """Hold ``path`` shared: no exclusive holder (a writer) meanwhile, other shared holders welcome. Nothing is
     written to the file. In a store this process may not write, a lock file that exists is still taken; where none
     exists and none can be made, the block runs without it."""
-    fd = _lock_fd(path)
-    if fd is None:
+    opened = _lock_fd(path)
+    if opened is None:
         yield
         return
+    fd = opened[0]
     try:
         _acquire(fd, path, what, wait, advice, fcntl.LOCK_SH)
         yield
@@ -80,14 +73,20 @@ def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -
         os.close(fd)
 
 
-def _lock_fd(path: Path) -> int | None:
+def _lock_fd(path: Path, required: bool = False) -> tuple[int, bool] | None:
+    """A descriptor to lock ``path`` by, and whether it is open for writing. A read-only store, or another user's
+    lock file (made before LOCK_MODE, or under a stricter umask): open for reading, since a local flock needs no
+    write permission; only the holder record is then not written. Where the file is missing and cannot be made:
+    None, or with ``required`` the error of making it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE)
-    except OSError:  # a read-only store (permissions, a read-only mount)
+        return os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE), True
+    except OSError as making:
         try:
-            return os.open(path, os.O_RDONLY)
+            return os.open(path, os.O_RDONLY), False
         except OSError:
+            if required:
+                raise making from None
             return None
 
 
