@@ -20,6 +20,10 @@ from typing import Iterator
 
 from fedcache.errors import DiskFullError
 
+# Files are made as open() makes them and the umask decides: in a store or run directory a group shares
+# (umask 002), what one user wrote (a chunk, a run's files, a lock) stays writable by the others.
+FILE_MODE = 0o666
+
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # numpy's tofile reports a short write without an errno (wording differs across versions).
 # Libraries that wrap the error (h5py) keep its text.
@@ -129,7 +133,7 @@ def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: 
         check_space(path, len(data), what, advice)
     with on_full_disk(path, what, len(data), remove=[tmp], advice=advice):
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
             try:
                 write_all(fd, data)
             finally:
@@ -146,7 +150,7 @@ def write_text(path: Path | str, text: str, what: str, advice: str = AGAIN) -> N
 
 def append(path: Path | str, data: bytes, what: str, advice: str = AGAIN) -> None:
     """``data`` at the end of ``path``; on a full disk the file is cut back to where it ended (no torn line)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         end = os.fstat(fd).st_size
         write_all(fd, data)

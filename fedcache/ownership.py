@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from fedcache.disk import FILE_MODE
 from fedcache.errors import DirectoryBusyError
 
 log = logging.getLogger(__name__)
@@ -154,12 +155,12 @@ def _settled_holder(path: Path, settle: float = 1.0) -> Holder | None:
     deadline = time.monotonic() + settle
     while True:
         holder = read_holder(path)
-        if (holder is not None and _may_run(holder)) or time.monotonic() >= deadline:
+        if (holder is not None and may_run(holder)) or time.monotonic() >= deadline:
             return holder
         time.sleep(0.02)
 
 
-def _may_run(holder: Holder) -> bool:
+def may_run(holder: Holder) -> bool:
     """False only for a holder on this host whose process is gone."""
     if holder.host != socket.gethostname():
         return True
@@ -187,7 +188,7 @@ def _acquire(path: Path, what: str, wait: float, advice: str) -> int | None:
     deadline = time.monotonic() + wait
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except FileNotFoundError:  # the holder before made the directory for its lock alone, and removed it
             path.parent.mkdir(parents=True, exist_ok=True)
             continue

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache.disk import FILE_MODE
 from fedcache.store import mapping
 
 # What Zarr writes for ``compressors=None, filters=None``: one-byte types carry no endianness.
@@ -92,10 +93,10 @@ class RowFile:
         if not data:
             return data
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         except FileNotFoundError:  # the first rows written make the folder
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         try:
             view, offset = memoryview(data), lo * m.row_bytes
             while view:  # pwrite may write less than asked (a signal, a full disk raises)

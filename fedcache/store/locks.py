@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from fedcache.disk import FILE_MODE
 from fedcache.errors import EntryLockedError, StoreError
-from fedcache.ownership import POLL, Holder, read_holder
+from fedcache.ownership import POLL, Holder, may_run, read_holder
 
 
 QUEUE = "wait for it to finish, or pass --wait SECONDS to queue behind it"
-# The umask decides: in a store a group shares (umask 002), a lock file one user made (readers make them too)
-# stays writable by the others.
-LOCK_MODE = 0o666
 
 
 @contextlib.contextmanager
@@ -75,12 +73,12 @@ def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -
 
 def _lock_fd(path: Path, required: bool = False) -> tuple[int, bool] | None:
     """A descriptor to lock ``path`` by, and whether it is open for writing. A read-only store, or another user's
-    lock file (made before LOCK_MODE, or under a stricter umask): open for reading, since a local flock needs no
+    lock file (made before FILE_MODE, or under a stricter umask): open for reading, since a local flock needs no
     write permission; only the holder record is then not written. Where the file is missing and cannot be made:
     None, or with ``required`` the error of making it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, LOCK_MODE), True
+        return os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE), True
     except OSError as making:
         try:
             return os.open(path, os.O_RDONLY), False
@@ -98,8 +96,10 @@ def _acquire(fd: int, path: Path, what: str, wait: float, advice: str, mode: int
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
+                # A writer killed outright left its record; a reader, or a writer without write permission on the
+                # lock file, writes none: the record names the holder only while its process runs.
                 holder = read_holder(path)
-                who = f": {holder.describe()}" if holder else ""
+                who = f": {holder.describe()}" if holder and may_run(holder) else ""
                 raise EntryLockedError(f"{what} is being written by another process{who}; {advice}") from None
             time.sleep(POLL)
 

@@ -52,6 +52,24 @@ def test_another_user_s_lock_file_still_locks(tmp_path, not_writable):
         pass
 
 
+def test_a_refusal_does_not_name_a_killed_writer(tmp_path):
+    """A writer killed with -9 leaves its record; the lock is now held by a reader, which records nothing."""
+    import subprocess
+    import sys
+
+    from fedcache.ownership import Holder
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = tmp_path / "w.lock"
+    path.write_text(Holder(dead.pid, Holder.me().host, "fedcache import ...", Holder.me().started).to_text())
+    with shared_lock(path, "an import"):
+        with pytest.raises(EntryLockedError) as refused:
+            with exclusive_lock(path, "an import"):
+                pass
+    assert f"pid {dead.pid}" not in str(refused.value) and "being written by another process; " in str(refused.value)
+
+
 def test_no_lock_file_and_no_permission_to_make_one_says_so(tmp_path, not_writable):
     with pytest.raises(PermissionError):
         with exclusive_lock(tmp_path / "w.lock", "an import"):
@@ -76,3 +94,18 @@ def test_a_file_system_that_cannot_lock_a_read_only_file_says_what_to_do(tmp_pat
     with pytest.raises(StoreError, match=r"cannot lock .*w\.lock: another user's lock file .*\(chmod g\+w"):
         with exclusive_lock(path, "an import"):
             pass
+
+
+def test_a_store_and_a_run_made_under_a_group_umask_are_group_writable(tmp_path, group_umask):
+    """Another member of the group resumes an entry or a run one user started: it writes into their chunk
+    files, their run's files, their locks."""
+    from fedcache.api import train
+    from fedcache.extract.runner import ExtractConfig, extract
+
+    store = tmp_path / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=store, workers=0))
+    train(store=store, dataset="test-toy", backbones="tiny-timm-random", method="fedavg", rounds=2, clients=2,
+          out=tmp_path / "run")
+    made = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(made) > 20
+    assert [str(p.relative_to(tmp_path)) for p in made if not p.stat().st_mode & 0o020] == []
