@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import sys
@@ -428,6 +429,14 @@ def _worked_paragraph(d: dict) -> str:
             + f". The batched engine's plan: {' / '.join(b['trials'][0]['plan'])}.")
 
 
+def _data_arg(text: str) -> str:
+    """--data: ``DATASET,BACKBONE`` or ``synthetic:DxC``, checked before anything is measured."""
+    if re.fullmatch(r"synthetic:[1-9][0-9]*x[1-9][0-9]*", text, re.IGNORECASE) or re.fullmatch(r"[^,:\s]+,[^,\s]+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give DATASET,BACKBONE (e.g. {DATASET},{BACKBONE}) or synthetic:DxC "
+                                     "(e.g. synthetic:512x10)")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", type=Path, default=Path("/tmp/grid-speed-store.zarr"))
@@ -439,11 +448,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--worked", action="store_true", help="docs/getting-started.md's worked grid (5 rounds), both engines")
     ap.add_argument("--stacking", action="store_true", help="with --device cuda: stacks across partitions and seeds vs by them")
     ap.add_argument("--heads", action="store_true", help="on a CPU: cells stacked vs alone, per head size")
-    ap.add_argument("--data", default=f"{DATASET},{BACKBONE}",
-                    help="with --heads: DATASET,BACKBONE of the store, or synthetic:DxC (random D-dim features of C classes)")
+    ap.add_argument("--data", type=_data_arg, default=None,
+                    help=f"with --heads: DATASET,BACKBONE of the store (default {DATASET},{BACKBONE}), or synthetic:DxC "
+                         "(random D-dim features of C classes)")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--device", default="cpu", help="where the cells' rounds run: cpu (default), cuda, ...")
     args = ap.parse_args(argv)
+    if args.data and (args.tiny or not args.heads):
+        ap.error("--data goes with --heads, without --tiny (which runs on test-toy)")
     global DEVICE
     DEVICE = args.device
     if args.render:
@@ -454,7 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (LARGE_RESULT if args.large else WORKED_RESULT if args.worked else STACKING_RESULT if args.stacking
                        else HEADS_RESULT if args.heads else RESULT)
     if args.heads:
-        data = synthetic(args.store, args.data.split(":", 1)[1]) if args.data.startswith("synthetic:") else tuple(args.data.split(","))
+        given = args.data or f"{DATASET},{BACKBONE}"
+        data = synthetic(args.store, given.split(":", 1)[1]) if given.startswith("synthetic:") else tuple(given.split(","))
         result = measure_heads(args.store, args.trials, args.tiny, data)
     elif args.stacking:
         result = measure_stacking(args.store, args.trials, args.tiny)
@@ -469,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"what": " ".join(what.split()), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "machine": f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
                       + (f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""),
-           "device": args.device, **({"data": args.data} if args.heads else {}),
+           "device": args.device, **({"data": given} if args.heads else {}),
            "jobs": 1 if args.heads else args.jobs, "tiny": args.tiny, "result": result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -15,6 +15,7 @@ run id whose directory under it a run continues.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fedcache import disk
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate import driver
 from fedcache.federate.driver import Engine, Round, Run, RunState
@@ -285,8 +287,11 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
         (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
         if paths.out is not None:
-            # The final server state, for comparing engines: tensors only (read back with weights_only=True).
-            torch.save(result.server, paths.out / SERVER_STATE)
+            # The final server state, for comparing engines: tensors only (read back with weights_only=True);
+            # through a temporary file, as a checkpoint: a full disk leaves none rather than a part.
+            buf = io.BytesIO()
+            torch.save(result.server, buf)
+            disk.write_atomic(paths.out / SERVER_STATE, buf.getbuffer(), "the server's final state", check=True)
         return result.summary
 
 
@@ -309,7 +314,7 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
         if path.exists():
             raise ConfigError(f"{out} already holds a run; resume it or start a new one elsewhere")
         out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(config, indent=2) + "\n")
+        disk.write_text(path, json.dumps(config, indent=2) + "\n", "the run's config.json")
         return
     if method.init_clients(1):
         raise ConfigError(f"{method.name} keeps personal client state on the nodes, which a resumed Flower run does not "

@@ -180,6 +180,16 @@ def test_grid_speed_heads_synthetic_features(tmp_path):
     assert table.features.shape == (7000, 8) and set(table.labels.tolist()) == {0, 1, 2}
 
 
+@pytest.mark.parametrize("args, said", [(["--heads", "--data", "digits5"], "give DATASET,BACKBONE"),
+                                        (["--heads", "--data", "synthetic:512"], "or synthetic:DxC"),
+                                        (["--heads", "--tiny", "--data", "synthetic:8x3"], "without --tiny"),
+                                        (["--data", "synthetic:8x3"], "goes with --heads")])
+def test_grid_speed_refuses_a_data_it_would_not_measure(args, said, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench("grid_speed").main(args)
+    assert exc.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_device_context_comparison_runs(tmp_path):
     out = tmp_path / "device_context.json"
     bench("device_context").main(["--tiny", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
