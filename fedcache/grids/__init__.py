@@ -11,14 +11,17 @@
 """
 from __future__ import annotations
 
+import logging
+
 from fedcache.errors import DiskFullError
-from fedcache.grids.cells import METRIC_COLUMNS
-from fedcache.grids.run import CellCallback, PlanCallback, run_cells
+from fedcache.grids.cells import DIVERGED, METRIC_COLUMNS
+from fedcache.grids.run import CellCallback, PlanCallback, in_saved_order, run_cells
 from fedcache.grids.select import run_selected
 from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.grids.table import load_results, summary_markdown
 from fedcache.ownership import hold
 from fedcache.table import Table
+from fedcache.wording import count
 
 
 def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
@@ -26,13 +29,27 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
     ``--select``, tuned on the validation split first and the chosen values tested once."""
     # Held before its grid.json is read, until its tables are written (fedcache/ownership.py): two grids in one
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
+    spec.check_given()
     with hold(spec.out, f"the grid directory {spec.out}"):
+        spec = in_saved_order(spec)
         try:
             if spec.select:
                 return run_selected(spec, on_cell, on_plan)
-            return run_cells(spec, on_cell, on_plan=on_plan)
+            return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan))
         except DiskFullError as exc:  # a cell's advice speaks of train's --resume: a grid resumes by itself
             raise exc.advised(AGAIN) from None
+
+
+def _said_diverged(spec: GridSpec, table: Table) -> Table:
+    """Cells that diverged are rows marked so (table.md says "diverged"); said once more where a user looks last."""
+    lost = [r for r in table if r.get("diverged")]
+    if lost:
+        first = lost[0]
+        logging.getLogger(__name__).warning(
+            "%s diverged (%s is the first; its error is in %s): table.md marks %s; lower the values that "
+            "diverge, or leave them out, in a new --out", count(len(lost), "cell") + f" of {len(table)}",
+            first["run_dir"], spec.out / first["run_dir"] / DIVERGED, "them" if len(lost) > 1 else "it")
+    return table
 
 
 AGAIN = ("free some space and run the same grid command again: finished cells are kept, the others continue from "

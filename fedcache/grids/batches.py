@@ -377,10 +377,8 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
     try:
         done = run_batch(batch, tables, folder, stop)
     except DivergedError:
-        if not all(cfg.schedule.validation for cfg in batch.values()):
-            raise
-        # Tuning: which stacked run diverged is not known here, so each runs as its own run, which records
-        # its own divergence (run_cell); the stack's checkpoint would only replay into NaN.
+        # Which stacked run diverged is not known here, so each runs as its own run, which records its own
+        # divergence (run_cell); the stack's checkpoint would only replay into NaN.
         shutil.rmtree(folder, ignore_errors=True)
         yield from ((c, run_cell(spec, c, tables, stop)) for c in batch)
         return

@@ -12,7 +12,7 @@ from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
 from fedcache.training import train
 
 DONE = "summary.json"  # written last by a run: a finished cell
-DIVERGED = "diverged.json"  # a validation cell whose training became NaN: finished, its candidate values lose
+DIVERGED = "diverged.json"  # a cell whose training became NaN: finished, marked in the table (a candidate: it loses)
 RUNGS = "rungs.json"  # a cell paused by successive halving: its summary at each round it paused at
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
                   "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
@@ -32,11 +32,10 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
     try:
         result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
     except DivergedError as exc:
-        if not cfg.schedule.validation:
-            raise
-        # Tuning tries values that may diverge (a large lr): that is the candidate's result, which loses
-        # (grids/select.py), not the end of the grid. Its error is kept beside the run.
-        write_text(out / DIVERGED, json.dumps({"error": str(exc)}) + "\n", "the cell's record")
+        # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and a
+        # --select candidate that loses, grids/select.py), not the end of the other cells. Its error is kept
+        # beside the run, where a re-run reads it as done.
+        write_text(out / DIVERGED, json.dumps({"error": str(exc).split(" The run in ")[0]}) + "\n", "the cell's record")
         return diverged_row(c, out)
     return result_row(c, result, out)
 

@@ -3,6 +3,7 @@ cells (each as its own run: ``grids/processes.py``; or stacked: ``grids/batches.
 table.md. (A ``--select`` grid runs this twice: ``grids/select.py``.)"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -17,8 +18,9 @@ from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, Stops, cells, train_config
 from fedcache.grids.table import grid_caption, write_outputs
+from fedcache.spec import method_class
 from fedcache.table import Table
-from fedcache.training import load_data
+from fedcache.training import instantiate, load_data
 from fedcache.wording import count
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     tables = read_features(folder)
     try:
         _make_partitions(spec, todo_cells, tables)
+        _check_methods(spec, todo_cells, tables)
     except BaseException:
         if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
             shutil.rmtree(folder, ignore_errors=True)
@@ -108,6 +111,19 @@ def check_spec(spec: GridSpec) -> None:
     write_json(path, mine)
 
 
+def in_saved_order(spec: GridSpec) -> GridSpec:
+    """``spec`` with its axes in the order ``out/grid.json`` lists them. A cell's folder is named by its settings
+    in axis order: a grid file whose [set] lines moved, or a command line giving its axes in another order, would
+    otherwise train every cell again under new names beside the old ones (and a report would count both)."""
+    try:
+        saved = json.loads((spec.out / SPEC).read_text()).get("sweep", {})
+    except (OSError, ValueError, AttributeError):
+        return spec  # no grid here yet, or a damaged grid.json: check_spec says so
+    if set(saved) != set(spec.sweep) or list(saved) == list(spec.sweep):
+        return spec
+    return dataclasses.replace(spec, sweep={k: spec.sweep[k] for k in saved})
+
+
 def _holds_runs(out: Path) -> bool:
     """Whether a run under ``out`` finished or checkpointed (a cell, a --select stage's cell, a batch)."""
     return any(p.name in (DONE, DIVERGED) or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
@@ -131,6 +147,18 @@ def check_cells(spec: GridSpec, todo: list[Cell]) -> None:
     raises with the close matches and the full list."""
     for c in todo:
         train_config(spec, c, None)
+
+
+def _check_methods(spec: GridSpec, todo: list[Cell], tables) -> None:
+    """Each method built once on its first cell's data, before any cell trains: what a method needs of the data
+    (clip-zs a backbone with a text tower, say) is said now, not after the other methods' cells have trained.
+    Methods draw from their own generators, so building one here changes no cell's numbers."""
+    first = {}
+    for c in todo:
+        first.setdefault(c.method, c)
+    for c in first.values():
+        cfg = train_config(spec, c, None)
+        instantiate(cfg, load_data(cfg, tables, views=method_class(c.method).uses_views)[0])
 
 
 def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:

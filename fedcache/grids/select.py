@@ -8,6 +8,7 @@ report an optimistic number: the test split is read once, for the chosen values.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from fedcache.errors import ConfigError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import write_json
+from fedcache.grids.cells import DIVERGED
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
 from fedcache.grids.spec import FEATURES, Cell, GridSpec, cells
@@ -94,16 +96,16 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
               for c in choices for seed in spec.seeds]
     # Written before the test stage: the choices stand whatever the test runs do.
     write_json(spec.out / SELECTION, selection_doc(spec, choices, groups))
-    try:
-        tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
-                           only=picked, on_plan=on_plan, write=False)
-    except DivergedError as exc:
+    tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
+                       only=picked, on_plan=on_plan, write=False)
+    lost = [r for r in tested if r.get("diverged")]
+    if lost:
         early = any(at < g.rounds for g in groups for at in (g.stopped_at.get(v) for v in g.alive) if at is not None)
         cut = "; successive halving chose it at a rung, before it could diverge there" if early else ""
-        what = str(exc).split(" The run in ")[0]  # a run's own advice (--overwrite) is not a grid's
+        what = json.loads((spec.out / TEST / lost[0]["run_dir"] / DIVERGED).read_text())["error"]
         raise DivergedError(f"--select: a value chosen on validation ({spec.out / SELECTION}) diverged on the test "
                             f"split{cut}: {what}. Choose among smaller values{' or leave out --prune' if early else ''}, "
-                            "in a new --out") from None
+                            "in a new --out")
     # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
     # a column nor (the grid swept several) in the caption's fixed options.
     chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"

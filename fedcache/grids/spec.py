@@ -78,6 +78,7 @@ class GridSpec:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
         _check_once("--method", self.methods)  # a method given twice made each of its cells twice: counted twice
         _check_once("--seeds", [str(s) for s in self.seeds])
+        _check_once("--select", self.select)  # "lr, lr chosen": and the corrected --select refused as another grid
         for k, vs in self.sweep.items():
             _check_once(f"--set {k}", vs)
         if self.jobs < 1:
@@ -167,6 +168,18 @@ class GridSpec:
                     f"{o.name}={','.join(values)}: the partition scheme {', '.join(known)} ignores {o.name}, so each value "
                     f"would train the same cells; drop the axis, or sweep it with a scheme that reads it "
                     f"(--partition {' or '.join(readers)})")
+
+    def check_given(self) -> None:
+        """What a user's grid may not give, though the grids made from it (a --select grid's stages) carry it:
+        --reduction-factor and --min-rounds without --prune are unused, yet part of the grid's identity, so
+        dropping them later would be refused as another grid."""
+        if self.prune != "none":
+            return
+        given = [f for f, unset in (("--reduction-factor", self.reduction_factor == PruneSpec.reduction_factor),
+                                    ("--min-rounds", self.min_rounds is None)) if not unset]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} set{'s' * (len(given) == 1)} how --prune halving cuts; add "
+                              f"--prune halving (with --select), or leave {'them' if len(given) > 1 else 'it'} out")
 
     def _check_pruning(self) -> None:
         if self.prune == "none":

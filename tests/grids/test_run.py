@@ -49,6 +49,50 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
     assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]
 
 
+def test_axes_in_another_order_resume_the_same_cells(toy_grid, toy_store, tmp_path):
+    """A grid file whose [set] lines moved is the same grid: nothing trains again under other folder names."""
+    from fedcache.api import grid
+
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    ran = []
+    table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto", seeds=[0, 1], out=out,
+                 sweep={"rounds": 3, "alpha": [0.5, 5], "clients": 3, "partition": "dirichlet"},
+                 on_cell=lambda done, total, row: ran.append(row["run_dir"]))
+    assert ran == [] and len(list((out / "cells").iterdir())) == len(table) == 8
+    assert list(json.loads((out / "grid.json").read_text())["sweep"]) == ["partition", "clients", "alpha", "rounds"]
+
+
+def test_a_method_the_data_cannot_serve_is_refused_before_any_cell_trains(toy_store, tmp_path):
+    """clip-zs needs a text tower, which the toy backbone lacks: said before fedavg's cells train, not after."""
+    from fedcache.api import grid
+
+    out = tmp_path / "grid"
+    with pytest.raises(ConfigError, match="clip-zs needs a backbone with a text tower"):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,clip-zs", seeds=[0], out=out,
+             sweep={"rounds": 1, "partition": "iid", "clients": 2})
+    assert not (out / "cells").exists() and sorted(p.name for p in out.iterdir()) == ["grid.json"]
+
+
+@pytest.mark.parametrize("engine", ["batched", "processes"])
+def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, toy_store, tmp_path, caplog):
+    """An lr too large for one cell does not end an overnight grid: its row says diverged, its error is kept, and
+    a re-run reads it as done."""
+    from fedcache.api import grid
+
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=tmp_path / "g",
+              sweep={"rounds": 2, "partition": "iid", "clients": 2, "lr": ["0.1", "1e300"]}, engine=engine)
+    table = grid(**kw)
+    lost = [r for r in table if r.get("diverged")]
+    assert [r["lr"] for r in lost] == ["1e300", "1e300"] and all(r["mean_accuracy"] is not None for r in table if r not in lost)
+    assert "| fedavg | " in (tmp_path / "g" / "table.md").read_text() and "diverged (2 seeds)" in (tmp_path / "g" / "table.md").read_text()
+    assert "NaN/inf" in json.loads((tmp_path / "g" / lost[0]["run_dir"] / "diverged.json").read_text())["error"]
+    assert "2 cells of 4 diverged" in caplog.text
+    ran = []
+    grid(**kw, on_cell=lambda done, total, row: ran.append(row))
+    assert ran == []
+
+
 def test_a_different_grid_in_the_same_directory_is_refused(toy_grid, toy_store):
     from fedcache.api import grid
 

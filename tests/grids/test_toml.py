@@ -81,6 +81,11 @@ CASES = [
     ("prune = 'sometimes'", BASE + "prune = 'sometimes'\n", "grid file {path}: prune='sometimes': must be one of none, halving"),
     ("reduction_factor = 1", BASE + "reduction_factor = 1\n", "grid file {path}: reduction_factor=1: must be >= 2"),
     ("prune without select", BASE + "prune = 'halving'\n" + RUN, "--prune halving cuts the candidates of --select"),
+    ("min_rounds without prune", BASE + "min_rounds = 2\n" + RUN, "--min-rounds sets how --prune halving cuts; add --prune halving"),
+    ("reduction_factor without prune", BASE + "reduction_factor = 2\nmin_rounds = 2\n" + RUN,
+     "--reduction-factor and --min-rounds set how --prune halving cuts; add --prune halving (with --select), or leave them out"),
+    ("select twice", BASE + "select = ['lr', 'lr']\n[set]\nlr = [0.1, 0.01]\nrounds = 1\n",
+     "--select=lr,lr: 'lr' and 'lr' are one value; give each value once"),
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
     ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n", "grid file {path}: set.lr={'a': 1}: expected a value or a list of values"),

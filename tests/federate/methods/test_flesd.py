@@ -387,6 +387,15 @@ def test_cli_trains_flesd_on_a_multi_view_store(view_store, tmp_path, capsys):
     assert code == 0  # methods that do not use views ignore them
 
 
+def test_a_grid_of_flesd_runs_on_a_multi_view_store(view_store, tmp_path):
+    """A grid builds each method on its data before any cell trains: flesd's with the views it reads."""
+    from fedcache.api import grid
+
+    table = grid(store=view_store, dataset="test-toy", backbones="tiny-timm-random", methods="flesd,fedavg", seeds=[0],
+                 out=tmp_path / "grid", sweep={"clients": 3, "rounds": 1, "batch_size": 8})
+    assert len(table) == 2 and all(0 <= r["mean_accuracy"] <= 100 for r in table)
+
+
 # ---- the paper preset ---------------------------------------------------------------------------------------
 def test_table1_preset_runs_the_official_local_simclr_protocol():
     """The official README's local SimCLR: batch 1024, Adam 1e-3 with wd 1e-6, 200 local epochs in all,
