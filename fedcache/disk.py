@@ -24,16 +24,19 @@ from fedcache.errors import DiskFullError
 # (umask 002), what one user wrote (a chunk, a run's files, a lock) stays writable by the others.
 FILE_MODE = 0o666
 
-FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# No room for what is being written: the disk, the user's quota, or the largest file allowed (a file system's
+# limit, FAT32's 4 GB, or the shell's `ulimit -f`; Python ignores SIGXFSZ, so the write fails with EFBIG).
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # numpy's tofile reports a short write without an errno (wording differs across versions).
 # Libraries that wrap the error (h5py) keep its text.
-_SHORT_WRITE = re.compile(r"Not enough free space|\d+ requested and \d+ written|No space left on device|Disk quota exceeded")
+_SHORT_WRITE = re.compile(r"Not enough free space|\d+ requested and \d+ written|No space left on device|Disk quota exceeded"
+                          r"|File too large")
 AGAIN = "free some space and run the same command again"
 BLOCK = 4096  # what a small file takes on the usual file systems: sizes are rounded up to it
 
 
 def is_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says the file system (or the user's quota) has no room left."""
+    """Whether ``exc`` says there is no room left: the file system, the user's quota, a file-size limit."""
     if isinstance(exc, DiskFullError):
         return True
     if not isinstance(exc, OSError):
@@ -65,6 +68,9 @@ def full_error(path: Path | str, what: str, need: int | None = None, advice: str
                exc: BaseException | None = None) -> DiskFullError:
     """The one line: which file, what it needs (about: ``need``), what is free, what to do."""
     free = free_bytes(Path(path).parent)
+    if getattr(exc, "errno", None) == errno.EFBIG or "File too large" in str(exc or ""):
+        return DiskFullError(f"cannot write {what} {path}: it is larger than the largest file allowed there (the file "
+                             "system's limit, 4 GB on FAT32, say, or the shell's `ulimit -f`)", advice, too_large=True)
     if getattr(exc, "errno", None) == errno.EDQUOT:
         room = "your disk quota is reached" + (f" (it needs about {human(need)})" if need else "")
     elif free is None:

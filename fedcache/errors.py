@@ -86,10 +86,13 @@ class DirectoryBusyError(FedcacheError):
 class DiskFullError(FedcacheError, OSError):
     """A write found no space left (or a quota reached); the message names the path and the space it needs."""
 
-    def __init__(self, what: str, advice: str = "") -> None:
+    def __init__(self, what: str, advice: str = "", too_large: bool = False) -> None:
+        if too_large:  # a file-size limit: more free space would not help, the rest of the advice still holds
+            advice = advice.replace("free some space", "write to a file system that allows larger files (or raise "
+                                    "`ulimit -f`)", 1)
         super().__init__(f"{what}; {advice}" if advice else what)
-        self.what, self.advice = what, advice
+        self.what, self.advice, self.too_large = what, advice, too_large
 
     def advised(self, advice: str) -> "DiskFullError":
         """The same error with what the caller, who knows more, advises instead."""
-        return DiskFullError(self.what, advice)
+        return DiskFullError(self.what, advice, self.too_large)

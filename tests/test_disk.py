@@ -17,7 +17,9 @@ from tests.faults import fill, free_up, leftovers
 
 @pytest.mark.parametrize("exc", [OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "Disk quota exceeded"),
                                  OSError("1000000 requested and 262112 written"), OSError("Not enough free space to write 34800640 bytes"),
-                                 OSError(5, "Can't write data (file write failed: errno = 28, error message = 'No space left on device')")])
+                                 OSError(5, "Can't write data (file write failed: errno = 28, error message = 'No space left on device')"),
+                                 OSError(errno.EFBIG, "File too large"),
+                                 OSError(5, "Driver write request failed (file write failed: errno = 27, error message = 'File too large')")])
 def test_every_shape_of_a_full_disk_is_recognised(exc):
     assert disk.is_full(exc)
 
@@ -37,6 +39,15 @@ def test_the_message_names_the_file_the_need_and_the_free_space(tmp_path, monkey
     assert str(err.advised("continue with --resume")).endswith("is free there; continue with --resume")
     quota = disk.full_error(tmp_path / "x", "the file", 10, exc=OSError(errno.EDQUOT, "Disk quota exceeded"))
     assert "your disk quota is reached" in str(quota)
+
+
+def test_a_file_size_limit_is_said_as_one_with_advice_that_fits(tmp_path):
+    """EFBIG (FAT32's 4 GB, `ulimit -f`): not a full disk, so the advice is not to free space; the rest holds."""
+    err = disk.full_error(tmp_path / "e.h5", "the export", 10, exc=OSError(errno.EFBIG, "File too large"))
+    assert str(err) == (f"cannot write the export {tmp_path}/e.h5: it is larger than the largest file allowed there (the "
+                        "file system's limit, 4 GB on FAT32, say, or the shell's `ulimit -f`); write to a file system that "
+                        "allows larger files (or raise `ulimit -f`) and run the same command again")
+    assert "(or raise `ulimit -f`), then continue" in str(err.advised("free some space, then continue"))
 
 
 def test_a_write_that_does_not_fit_leaves_the_old_file_and_no_temporary_one(tmp_path, fake_disk):

@@ -26,7 +26,7 @@ import pytest
 
 from fedcache.ownership import LOCK
 from tests.conftest import BACKBONE
-from tests.faults import cli_process, holder_pid, kill_all, leftovers, one_error_line, run_cli, wait_until
+from tests.faults import TOY_CLI, cli_process, holder_pid, kill_all, leftovers, one_error_line, run_cli, wait_until
 
 DATA = ["-d", "test-toy", "-b", BACKBONE]
 HOST = socket.gethostname()
@@ -216,6 +216,31 @@ def test_a_full_disk_is_one_line_and_the_same_command_then_succeeds(command, lea
     assert code == 0, err
     if after:  # what it wrote reads back whole
         assert run_cli(after, capsys)[0] == 0
+
+
+def test_a_file_size_limit_is_one_line_and_the_same_command_then_succeeds(toy_store, tmp_path, capsys):
+    """EFBIG (FAT32's 4 GB, `ulimit -f`) on a run's first checkpoint: one line, and no run left behind that neither a
+    re-run nor --resume would take (as a full disk leaves none)."""
+    import resource
+    import subprocess
+    import sys
+
+    argv = ["train", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "3"]
+    assert run_cli(argv + ["--out", tmp_path / "first"], capsys)[0] == 0  # its partition stored, its file sizes known
+    size = {f.name: f.stat().st_size for f in (tmp_path / "first").iterdir()}
+    limit = (size["config.json"] + size["checkpoint.pt"]) // 2
+    assert size["config.json"] < limit < size["checkpoint.pt"]
+    limited = subprocess.run(
+        [sys.executable, "-c", TOY_CLI, *map(str, argv + ["--out", tmp_path / "run"])], capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[1], preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    line = one_error_line(limited.stderr)
+    assert limited.returncode == 1 and "Traceback" not in limited.stderr, limited.stderr
+    assert line.startswith(f"error: cannot write the checkpoint {tmp_path}/run/checkpoint.pt: it is larger than the "
+                           "largest file allowed there"), line
+    assert "free some space" not in line and "or raise `ulimit -f`" in line, line
+    assert leftovers(tmp_path / "run") == []
+    code, err = run_cli(argv + ["--out", tmp_path / "run"] + (["--resume"] if "--resume" in line else []), capsys)
+    assert code == 0, err
 
 
 # ---- names that are paths ------------------------------------------------------------------------------------
