@@ -152,7 +152,7 @@ def store_export(
     store: Path = StoreOpt,
 ) -> None:
     """Export the features of a dataset and backbone to HDF5 or NPZ."""
-    from fedcache.store.interchange import export_tables
+    from fedcache.store.exporting import export_tables
 
     if not _csv(splits):
         raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")

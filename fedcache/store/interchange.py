@@ -1,4 +1,4 @@
-"""Export entries to HDF5 / NPZ, and import your own embeddings as normal entries.
+"""Import your own embeddings as normal entries (their export: fedcache/store/exporting.py).
 
 File layout (both formats): per split ``S`` in the file, ``S/features`` (N, D), ``S/labels`` (N,),
 optional ``S/domains`` (N,) integer domain index and ``S/ids`` (N,); attributes (HDF5) or
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -22,82 +20,12 @@ from typing import Iterator
 import numpy as np
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DiskFullError
+from fedcache.errors import DiskFullError
 from fedcache.paths import check_name
-from fedcache.store.feature_store import ENTRIES, FeatureStore, FeatureTable, import_lock
+from fedcache.store.feature_store import ENTRIES, FeatureStore, import_lock
 from fedcache.store.importing import Checked, Split, read_checked
 from fedcache.store.keys import EntryKey
 from fedcache.store.writer import Part, open_writer
-
-FORMATS = ("h5", "npz")
-
-
-def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str) -> None:
-    arrays: dict[str, np.ndarray] = {}
-    for split, t in tables.items():
-        arrays.update({f"{split}/features": t.features, f"{split}/labels": t.labels,
-                       f"{split}/domains": t.domains.astype(np.int64), f"{split}/ids": t.ids})
-    first = next(iter(tables.values()))
-    meta = {"classes": json.dumps(list(first.class_names)), "domains": json.dumps(list(first.domain_names)),
-            "random_weights": json.dumps(first.random_weights)}
-    writer = _WRITERS[_check_format(fmt)]
-    path = Path(path)
-    _check_writable(path)
-    # Written beside it, then renamed: a failed export leaves no part of a file (and an older file intact).
-    tmp = path.with_name(f".{path.name}.partial")
-    # Checked first, as if uncompressed (features barely compress): HDF5 on a disk that fills as it writes can
-    # take the process down (h5py fails while closing the file), so it must not start a write that cannot fit.
-    need = sum(a.nbytes for a in arrays.values()) + 4 * disk.BLOCK
-    advice = "free some space or choose another --out"
-    disk.check_space(path, need, "the export", advice)
-    try:
-        with disk.on_full_disk(path, "the export", need, remove=[tmp], advice=advice):
-            writer(tmp, arrays, meta)
-            os.replace(tmp, path)
-    except DiskFullError:
-        raise
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose another --out") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _check_writable(path: Path) -> None:
-    parent = path.parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"cannot write {path}: {parent} is a file, not a directory; choose another --out")
-    if not parent.is_dir():
-        raise ConfigError(f"cannot write {path}: the directory {parent} does not exist; create it or choose another --out")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"cannot write {path}: the directory {parent} is not writable; choose another --out")
-    if path.is_dir():
-        raise ConfigError(f"cannot write {path}: it is a directory; name a file (.h5 or .npz) with --out")
-
-
-def _write_h5(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    import h5py
-
-    with h5py.File(path, "w") as f:
-        for name, arr in arrays.items():
-            f.create_dataset(name, data=arr, compression="gzip" if arr.ndim == 2 else None)
-        f.attrs.update(meta)
-
-
-def _write_npz(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    flat = {k.replace("/", "__"): v for k, v in arrays.items()}
-    with open(path, "wb") as fh:  # a file object: numpy would append ".npz" to any other name
-        np.savez_compressed(fh, **flat, **{k: np.array(v) for k, v in meta.items()})
-
-
-_WRITERS = {"h5": _write_h5, "npz": _write_npz}
-
-
-def _check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    return fmt
 
 
 def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: str, split: str | None = None) -> list[str]:

@@ -1,0 +1,146 @@
+"""`store export` when its write fails (a full disk, a file-size limit): one error line, exit code 1, no part of a
+file left, an older file of that name as it was; and the space it checks for first is about the file's size.
+
+HDF5 2.0 segfaulted the process once one of its writes had failed (after the error line), so the failures run in
+a process of their own here: a crash is a return code, not a lost test session."""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedcache import disk
+from fedcache.store.feature_store import FeatureStore
+from fedcache.store.interchange import import_file
+from tests.faults import ROOT, leftovers, one_error_line, run_cli
+
+ROWS, DIM = 3000, 128
+OLD = b"an older export, to be kept"
+# The CLI, with the check of the free space before writing turned off: as if another process took the space
+# after it (a full disk mid-export).
+UNCHECKED_CLI = ("import sys\nimport fedcache.disk\nfedcache.disk.check_space = lambda *a, **k: None\n"
+                 "from fedcache.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+
+
+def _store(tmp_path, zeros: float = 0.0):
+    """A store of one imported dataset (train and test), its features ``zeros`` exact zeros (a ReLU's are most)."""
+    rng = np.random.default_rng(0)
+    split = {}
+    for name in ("train", "test"):
+        features = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+        features[rng.random(features.shape) < zeros] = 0
+        split |= {f"{name}__features": features, f"{name}__labels": rng.integers(0, 5, ROWS)}
+    np.savez(tmp_path / "feats.npz", **split)
+    store = tmp_path / "store.zarr"
+    import_file(FeatureStore(store), tmp_path / "feats.npz", "mine", "enc")
+    return store
+
+
+def _export(store, out, *head: str, **run) -> subprocess.CompletedProcess:
+    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", str(store), "-o", str(out)]
+    return subprocess.run([sys.executable, *(head or ["-m", "fedcache.cli"]), *argv], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), FEDCACHE_DEBUG=""), timeout=120, **run)
+
+
+def _refused_cleanly(done: subprocess.CompletedProcess, out) -> str:
+    """The error line of an export that failed as it should (no crash, nothing of it left, the old file kept)."""
+    assert done.returncode == 1, (done.returncode, done.stderr)  # -11: the segfault
+    assert "Traceback" not in done.stderr and "Driver write request failed" not in done.stderr, done.stderr
+    assert leftovers(out.parent) == [] and out.read_bytes() == OLD
+    line = one_error_line(done.stderr)
+    assert str(out) in line, line
+    return line
+
+
+@pytest.mark.parametrize("fmt", ["h5", "npz"])
+def test_an_export_past_the_file_size_limit_is_one_line(tmp_path, fmt):
+    store, out = _store(tmp_path), tmp_path / "out" / f"feats.{fmt}"
+    out.parent.mkdir()
+    out.write_bytes(OLD)
+    limit = 256 << 10  # `ulimit -f`: the file takes about 3 MB
+    done = _export(store, out, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert "ulimit -f" in _refused_cleanly(done, out)
+
+
+@pytest.mark.parametrize("fmt", ["h5", "npz"])
+def test_an_export_onto_a_disk_that_fills_as_it_writes_is_one_line(tmp_path, small_disk, fmt):
+    store, out = _store(tmp_path), small_disk("1m") / f"feats.{fmt}"
+    out.write_bytes(OLD)
+    line = _refused_cleanly(_export(store, out, "-c", UNCHECKED_CLI), out)
+    assert "no space left on the disk for the export" in line, line
+
+
+def test_an_h5_export_that_finds_the_disk_full_leaves_nothing_and_runs_once_there_is_room(tmp_path, fake_disk, capsys,
+                                                                                         monkeypatch):
+    """The same in this process, on the faked full disk (any machine): its writes go through os.write."""
+    store, where = _store(tmp_path), tmp_path / "disk"
+    where.mkdir()
+    out = where / "feats.h5"
+    out.write_bytes(OLD)
+    full = fake_disk(where, 200 << 10)
+    monkeypatch.setattr(disk, "check_space", lambda *a, **k: None)  # the space went after the check
+    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o", out]
+    code, err = run_cli(argv, capsys)
+    assert code == 1 and "no space left on the disk for the export" in one_error_line(err), err
+    assert leftovers(where) == [] and out.read_bytes() == OLD
+    full.free = 1 << 40
+    assert run_cli(argv, capsys)[0] == 0
+    assert FeatureStore(store).read("mine", "train", "enc").features.shape == (ROWS, DIM)
+
+
+@pytest.mark.parametrize("zeros", [0.72, 0.0], ids=["relu", "dense"])
+@pytest.mark.parametrize("fmt", ["h5", "npz"])
+def test_the_space_an_export_checks_for_is_about_the_size_of_its_file(tmp_path, fake_disk, capsys, fmt, zeros):
+    """efficientnet-lite0's features are 72% zeros: taken as incompressible, an export needing 13 MB was refused
+    as needing 61 MB."""
+    store = _store(tmp_path, zeros)
+    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o"]
+    assert run_cli([*argv, tmp_path / f"free.{fmt}"], capsys)[0] == 0
+    size = (tmp_path / f"free.{fmt}").stat().st_size
+    room = tmp_path / "room"
+    room.mkdir()
+    fake = fake_disk(room, int(size * 1.15))
+    code, err = run_cli([*argv, room / f"fits.{fmt}"], capsys)
+    assert code == 0, err
+    fake.free = size // 2
+    code, err = run_cli([*argv, room / f"short.{fmt}"], capsys)
+    said = re.search(r"it needs about ([\d.]+) (kB|MB)", one_error_line(err))
+    need = float(said[1]) * {"kB": 1e3, "MB": 1e6}[said[2]]
+    assert code == 1 and 0.85 < need / size < 1.15, (need, size)
+
+
+# The CLI, Ctrl-C pressed as HDF5 writes (in its call to the file's write).
+INTERRUPTED_CLI = ("import os, signal, sys\nfrom fedcache.store.exporting import _Sink\nwrite = _Sink.write\n"
+                   "def interrupted(sink, data):\n    os.kill(os.getpid(), signal.SIGINT)\n    return write(sink, data)\n"
+                   "_Sink.write = interrupted\nfrom fedcache.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+
+
+def test_ctrl_c_during_an_h5_export_stops_it_once_hdf5_has_closed_the_file(tmp_path):
+    """Its KeyboardInterrupt, raised in a call HDF5 makes to write, would be a failed write (the crash): Ctrl-C waits
+    for the block being written, then the export stops as any interrupted command does."""
+    store, out = _store(tmp_path), tmp_path / "out" / "feats.h5"
+    out.parent.mkdir()
+    out.write_bytes(OLD)
+    done = _export(store, out, "-c", INTERRUPTED_CLI)
+    assert done.returncode == 130 and "interrupted" in done.stderr, (done.returncode, done.stderr)
+    assert leftovers(out.parent) == [] and out.read_bytes() == OLD
+
+
+def test_what_hdf5_writes_after_a_failed_write_is_held_where_it_reads(tmp_path, fake_disk):
+    from fedcache.store.exporting import _Sink
+
+    fake_disk(tmp_path, 4)
+    with _Sink(tmp_path / "f") as sink:
+        assert sink.write(b"abcdefgh") == 8  # 4 bytes fit: HDF5 is told all 8 were written
+        sink.seek(2)
+        sink.write(b"XY")
+        sink.seek(0)
+        assert sink.read(10) == b"abXYefgh\0\0" and sink.stopped
+        with pytest.raises(OSError) as kept:
+            sink.raise_kept()
+    assert disk.is_full(kept.value) and (tmp_path / "f").read_bytes() == b"abcd"
