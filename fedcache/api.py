@@ -9,10 +9,11 @@
                           methods=["fedavg", "fedproto"], sweep={"alpha": [0.1, 1.0]}, seeds=[0, 1], out="grid")
     fedcache.report("grid")   # -> grid/report.html
 
-Every function takes the same names as the CLI options (with ``settings`` as a dict or ``key=value`` list)
-and reports progress through an optional callback instead of drawing anything. ``help()`` and
-``inspect.signature`` show every option: the signatures are built from the declarations the CLI is built
-from (``fedcache/spec.py`` for train, ``ExtractConfig`` for extract), not written out a second time.
+Every function takes the same names as the CLI options (``settings`` as a dict, a ``key=value`` text or a list
+of them; an option of several values as one value, a comma-separated text or a list) and reports progress
+through an optional callback instead of drawing anything. ``help()`` and ``inspect.signature`` show every
+option: the signatures are built from the declarations the CLI is built from (``fedcache/spec.py`` for train,
+``ExtractConfig`` for extract), not written out a second time.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import dataclasses
 import html
 import inspect
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,36 @@ def _names(value: str | Iterable[str] | None) -> list[str] | None:
     return list(value)
 
 
-def _pairs(settings: dict[str, Any] | Iterable[str] | None) -> list[str]:
-    if not settings:
+def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
+    """``settings`` as ``--set`` pairs. A text holds them space-separated, as ``--set``'s value does: listing it
+    would make each character a pair."""
+    if settings is None:
         return []
-    if isinstance(settings, dict):
+    if isinstance(settings, Mapping):
         return [f"{k}={v}" for k, v in settings.items()]
-    return list(settings)
+    if isinstance(settings, str):
+        return settings.split()
+    if isinstance(settings, Iterable):
+        return list(settings)
+    raise ConfigError(f"settings={settings!r}: expected a dict {{key: value}}, a 'key=value' text or a list of them, "
+                      "e.g. settings={'lr': 0.01}")
+
+
+def _listed(value: Any) -> Any:
+    """A grid field of one or more values (seeds, select, track) as ``grid_fields`` reads it: one value and a
+    comma-separated text pass as they are (it splits the text); any other iterable (a tuple, a range) is listed
+    here, since it would be taken for one value there."""
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        return list(value)
+    return value
+
+
+def _sweep_axes(sweep: Any) -> dict[str, list]:
+    """``sweep`` as key -> its values; one value is an axis of one."""
+    if not isinstance(sweep, Mapping):
+        raise ConfigError(f"sweep={sweep!r}: sweep is a dict {{key: value or list of values}}, "
+                          "e.g. sweep={'rounds': 10, 'lr': [0.01, 0.1]}")
+    return {k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}
 
 
 def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path = "fedcache-store.zarr",
@@ -114,15 +139,17 @@ def one_model(server: dict, by_client: tuple[str, ...] = ()) -> dict:
 
 
 def train(store: str | Path, dataset: str, backbones: str | Iterable[str], method: str,
-          settings: dict[str, Any] | Iterable[str] | None = None, on_round: Callable | None = None,
+          settings: dict[str, Any] | str | Iterable[str] | None = None, on_round: Callable | None = None,
           **options: Any) -> TrainResult:
     """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
     under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
-    hyperparameters: ``{"lr": 0.01}``). Values are checked (type and range) before any data is read."""
+    hyperparameters): a dict ``{"lr": 0.01}``, a text ``"lr=0.01 mu=0.1"`` or a list ``["lr=0.01"]``.
+    Values are checked (type and range) before any data is read."""
     from fedcache.federate.methods import METHODS
     from fedcache.training import check_not_a_cell, train as run
     from fedcache.spec import RunSpec
 
+    _refuse_settings_as_options(options)
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
     check_not_a_cell(spec.engine.out)
@@ -132,6 +159,22 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     r = run(spec, on_round)
     by_client = METHODS.get(spec.method.name).server_by_client
     return TrainResult(r.summary, r.history, one_model(r.server, by_client), dict(r.clients), spec.engine.out)
+
+
+def _refuse_settings_as_options(options: dict[str, Any]) -> None:
+    """``train(lr=0.1)``: the run options' check would call lr an unknown option and list the options, which do
+    not have it, without a word of where it goes. Any method's setting counts: with a method that lacks it,
+    ``settings`` then says which keys that method has."""
+    from fedcache.federate.methods import METHODS
+    from fedcache.spec import is_option, setting_fields
+
+    known = {name for m in METHODS.names() for group in setting_fields(m).values() for name in group}
+    misplaced = {k: v for k, v in options.items() if k in known and not is_option(k)}
+    if misplaced:
+        what = ("is a method/optimizer setting, not a run option; pass it" if len(misplaced) == 1
+                else "are method/optimizer settings, not run options; pass them")
+        pairs = ", ".join(f"{k!r}: {v!r}" for k, v in misplaced.items())
+        raise ConfigError(f"fedcache.train(): {', '.join(misplaced)} {what} as settings={{{pairs}}}")
 
 
 def grid_spec(config: str | Path | None = None, **given: Any):
@@ -150,8 +193,8 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
         fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
-    if sweep:
-        fields["sweep"] = {**fields.get("sweep", {}), **{k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}}
+    if sweep is not None:
+        fields["sweep"] = {**fields.get("sweep", {}), **_sweep_axes(sweep)}
     if flags:
         axes = option_axes(flags, fields["methods"] or [])
         twice = sorted(set(axes) & set(parse_axes(list(settings or []))))
@@ -182,16 +225,18 @@ def _grid_flag(key: str) -> str:
 
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
          methods: str | Iterable[str] | None = None, sweep: dict[str, Any] | None = None,
-         seeds: Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
-         config: str | Path | None = None, on_cell: Callable | None = None, select: Iterable[str] | None = None,
-         track: Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
+         seeds: int | str | Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
+         config: str | Path | None = None, on_cell: Callable | None = None, select: str | Iterable[str] | None = None,
+         track: str | Iterable[str] | None = None, keep_checkpoints: str | None = None, engine: str | None = None,
          max_batch_cells: int | None = None, on_plan: Callable[[str], None] | None = None,
          device: str | None = None, prune: str | None = None, reduction_factor: int | None = None,
          min_rounds: int | None = None) -> Table:
     """The cartesian grid methods x sweep x seeds (``fedcache grid``); returns one row per run.
 
-    ``sweep`` maps a key to its values: run options (alpha, partition, clients, rounds, ...; the names of
-    ``fedcache.train``) or method/optimizer settings (lr, mu, ...). Finished cells in ``out`` are read back, not re-run.
+    ``backbones``, ``methods``, ``seeds``, ``select`` and ``track`` each take one value, a comma-separated text
+    (``seeds="0,1"``) or a list. ``sweep`` is a dict that maps a key to its value or list of values: run options
+    (alpha, partition, clients, rounds, ...; the names of ``fedcache.train``) or method/optimizer settings (lr, mu,
+    ...). Finished cells in ``out`` are read back, not re-run.
     ``select``: sweep keys chosen per method and setting on the validation split, then run once on the test
     split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
@@ -202,9 +247,9 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     """
     from fedcache.grids import run_grid
 
-    spec = grid_spec(config, store=store, dataset=dataset, backbones=backbones, methods=methods, sweep=sweep,
-                     seeds=list(seeds) if seeds is not None else None, out=out, jobs=jobs,
-                     select=list(select) if select else None, track=list(track) if track else None,
+    spec = grid_spec(config, store=store, dataset=dataset, backbones=_listed(backbones), methods=_listed(methods),
+                     sweep=sweep, seeds=_listed(seeds), out=out, jobs=jobs, select=_listed(select) or None,
+                     track=_listed(track) or None,
                      keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
                      prune=prune, reduction_factor=reduction_factor, min_rounds=min_rounds)
     return run_grid(spec, on_cell, on_plan=on_plan)

@@ -152,3 +152,79 @@ def test_one_model_keeps_a_method_s_entries_by_client():
               "local_ids": torch.tensor([7])}
     got = one_model(server, by_client)
     assert got["global"].shape == (3, 4) and got["local"].shape == (1, 3, 4) and got["local_count"].shape == (1, 3)
+
+
+# ---- what the arguments accept: one value, a comma-separated text or a list, as methods= and backbones= ------
+@pytest.fixture
+def grid_spec_of(monkeypatch, tmp_path):
+    """``grid_spec_of(**arguments)``: the GridSpec ``fedcache.grid`` builds from them, without running a cell."""
+    import fedcache.grids
+
+    monkeypatch.setattr(fedcache.grids, "run_grid", lambda spec, on_cell=None, on_plan=None: spec)
+    base = dict(store=tmp_path / "store.zarr", dataset="test-toy", backbones=BACKBONE, methods="fedavg")
+    return lambda **given: fedcache.grid(**{**base, "out": tmp_path / "grid", **given})
+
+
+def test_grid_select_and_track_take_a_text(grid_spec_of):
+    sweep = {"lr": [0.01, 0.1], "rounds": [1, 2]}
+    assert grid_spec_of(sweep=sweep, select="lr").select == ["lr"]  # not l,r
+    assert grid_spec_of(sweep=sweep, select="lr,rounds").select == ["lr", "rounds"]
+    assert grid_spec_of(sweep=sweep, select=("lr",)).select == ["lr"]
+    assert grid_spec_of(track="tensorboard").track == ["tensorboard"]
+    with pytest.raises(ConfigError, match="^--track csv: unknown tracker"):  # not c,s,v
+        grid_spec_of(track="csv")
+
+
+def test_grid_seeds_take_one_a_text_or_a_list(grid_spec_of):
+    assert grid_spec_of(seeds=0).seeds == [0]
+    assert grid_spec_of(seeds="0,1").seeds == [0, 1]
+    assert grid_spec_of(seeds=[2, 3]).seeds == grid_spec_of(seeds=range(2, 4)).seeds == [2, 3]
+    with pytest.raises(ConfigError, match="--seeds='x': expected an integer"):
+        grid_spec_of(seeds="0,x")
+
+
+@pytest.mark.parametrize("sweep", [["rounds=1"], "rounds=1"])
+def test_grid_sweep_that_is_not_a_dict_says_what_it_is(grid_spec_of, sweep):
+    with pytest.raises(ConfigError, match=r"^sweep=.*: sweep is a dict \{key: value or list of values\}"):
+        grid_spec_of(sweep=sweep)
+
+
+@pytest.fixture
+def train_spec_of(monkeypatch, toy_store):
+    """``train_spec_of(method, **arguments)``: the RunSpec ``fedcache.train`` builds from them, without training."""
+    import fedcache.training
+
+    class Built(Exception):
+        pass
+
+    def stop(spec, on_round=None):
+        raise Built(spec)
+
+    monkeypatch.setattr(fedcache.training, "train", stop)
+
+    def spec_of(method: str, **given):
+        with pytest.raises(Built) as built:
+            fedcache.train(toy_store, "test-toy", BACKBONE, method, **given)
+        return built.value.args[0]
+    return spec_of
+
+
+def test_train_settings_take_a_text_a_dict_or_a_list(train_spec_of):
+    as_text = train_spec_of("fedprox", settings="lr=0.1 mu=0.5")  # --set's own form: space-separated
+    assert as_text.optim.lr == 0.1 and as_text.method.params.mu == 0.5
+    for same in ({"lr": 0.1, "mu": 0.5}, ["lr=0.1", "mu=0.5"]):
+        spec = train_spec_of("fedprox", settings=same)
+        assert (spec.optim, spec.method) == (as_text.optim, as_text.method)
+    with pytest.raises(ConfigError, match=r"^settings=0.1: expected a dict \{key: value\}"):
+        fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", settings=0.1)
+
+
+def test_train_says_a_setting_given_as_an_option_goes_in_settings():
+    with pytest.raises(ConfigError, match=r"lr is a method/optimizer setting, not a run option; "
+                                          r"pass it as settings=\{'lr': 0.1\}$"):
+        fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", lr=0.1)
+    with pytest.raises(ConfigError, match=r"lr, mu are method/optimizer settings.*settings=\{'lr': 0.1, 'mu': 0.01\}"):
+        fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedprox", lr=0.1, mu=0.01)
+    with pytest.raises(ConfigError, match="unknown option.*colour") as err:  # not a setting either: as before
+        fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", colour="red")
+    assert "settings=" not in str(err.value)
