@@ -21,6 +21,7 @@ class _Task:
     fields: dict[str, Any]
     start: float = field(default_factory=time.monotonic)
     completed: float = 0.0
+    first: float = 0.0  # what was done before it started (a resumed run's rounds): no part of its rate
     printed_step: int = -1
     printed_at: float = 0.0
 
@@ -36,8 +37,8 @@ class PlainProgress:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
-        self.tasks.append(_Task(description, total, fields, start=self.clock()))
+    def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
+        self.tasks.append(_Task(description, total, fields, start=self.clock(), completed=completed, first=completed))
         self._emit(self.tasks[-1], force=True)
         return len(self.tasks) - 1
 
@@ -70,8 +71,8 @@ class PlainProgress:
             return " ".join(filter(None, [task.description, count, extra]))
         elapsed = now - task.start
         parts = [task.description, f"{task.completed:g}/{task.total:g} ({100 * task.completed / task.total:.0f}%)"]
-        if 0 < task.completed < task.total and elapsed > 0:
-            parts.append(f"ETA {_duration(elapsed * (task.total - task.completed) / task.completed)}")
+        if task.first < task.completed < task.total and elapsed > 0:
+            parts.append(f"ETA {_duration(elapsed * (task.total - task.completed) / (task.completed - task.first))}")
         elif task.completed >= task.total:
             parts.append(f"in {_duration(elapsed)}")
         return " ".join(parts + ([extra] if extra else []))

@@ -46,3 +46,15 @@ def test_a_total_learned_later_is_used():
     clock.t = 10
     progress.update(task, total=4, completed=1, last="fedavg seed 0: 60.0%")
     assert out.getvalue().splitlines() == ["grid started", "grid 1/4 (25%) ETA 30s fedavg seed 0: 60.0%"]
+
+
+def test_a_task_resumed_part_way_starts_there_and_estimates_from_its_own_rate():
+    """A resumed run: 60 of 100 done before it started, 10 s for the next 10: 30 s left (not 10 s / 70 items)."""
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=5, clock=clock)
+    task = progress.add_task("fedavg rounds", total=100, completed=60)
+    for _ in range(10):
+        clock.t += 1
+        progress.advance(task)
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["fedavg rounds 60/100 (60%)", "fedavg rounds 70/100 (70%) ETA 30s"]

@@ -1,7 +1,10 @@
 """Worker processes for a grid's cells and batches: spawned, one torch thread each, stopped with the grid."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,7 +24,8 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     before = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
     try:
-        futures = [pool.submit(fn, *args) for fn, args in tasks]
+        with _workers_ignore_ctrl_c():  # the pool starts its workers as the tasks are submitted
+            futures = [pool.submit(fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
             yield from fut.result()
     except BrokenProcessPool:
@@ -37,6 +41,23 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
         _stop(set(multiprocessing.active_children()) - before)
         raise
     pool.shutdown()
+
+
+@contextlib.contextmanager
+def _workers_ignore_ctrl_c() -> Iterator[None]:
+    """Workers started in the block ignore SIGINT for life (an ignored signal stays ignored across exec, and Python
+    keeps it so). Ctrl-C reaches the whole process group: a worker still importing torch printed its own
+    KeyboardInterrupt traceback before the grid's one line. The grid stops its workers itself (``_stop``). This
+    process ignores it only while it starts them (milliseconds), and only from the main thread, which alone may
+    set a handler."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # None: a handler set outside Python, which could not be put back
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _stop(workers: set, grace: float = 5.0) -> None:

@@ -198,3 +198,21 @@ def test_workers_of_a_grid_killed_with_sigkill_leave_with_it(toy_store, tmp_path
         _kill_tree(proc)
         for w in [w for w in locals().get("workers", ()) if _alive(w)]:  # a failed test must not leave them
             os.kill(w, signal.SIGKILL)
+
+
+def _sigint_handler() -> list:
+    import signal
+
+    return [signal.getsignal(signal.SIGINT)]
+
+
+def test_workers_ignore_ctrl_c_which_the_grid_handles():
+    """Ctrl-C reaches the whole process group: a worker still importing torch printed a traceback of its own
+    before the grid's one line. Workers ignore it; this process, once they are started, handles it as before."""
+    import signal
+
+    from fedcache.grids.pool import in_workers
+
+    before = signal.getsignal(signal.SIGINT)
+    assert list(in_workers(2, [(_sigint_handler, ()), (_sigint_handler, ())])) == [signal.SIG_IGN, signal.SIG_IGN]
+    assert signal.getsignal(signal.SIGINT) is before
