@@ -498,7 +498,7 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
             raise ConfigError(f"unknown --set key {key}: {section} has no setting {name!r}. Known keys -- "
                               f"{_listing(groups, run_options)}")
         raise ConfigError(f"--set {key}: unknown prefix {prefix!r}; use one of "
-                          + ", ".join(g + "." for g in (*SETTING_GROUPS, *(SECTIONS if run_options else ()))))
+                          + ", ".join(g + "." for g in dict.fromkeys((*SETTING_GROUPS, *(SECTIONS if run_options else ())))))
     owners = [g for g, fs in groups.items() if key in fs]
     if key == "head":
         return "head", "name"

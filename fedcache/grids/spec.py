@@ -63,7 +63,8 @@ class GridSpec:
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
         self.seeds = [option("seed").parse(s) for s in self.seeds]  # 'a' is a clear error, not a ValueError
-        self.sweep = {k.replace("-", "_"): [str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
+        # Padding ("0.1 " in a file) would name a column and a cell folder, and make a second value of one.
+        self.sweep = {k.strip().replace("-", "_"): [str(v).strip() for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
         missing = [what for what, given in (("method (--method)", self.methods), ("backbone (--backbones)", self.backbones),
                                             ("seed (--seeds)", self.seeds)) if not given]
@@ -272,7 +273,7 @@ def _read_toml(path: Path) -> dict:
     except OSError as exc:
         raise ConfigError(f"grid file {path} cannot be read ({exc.strerror or exc}); check its permissions") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (some Windows editors write one) is no statement
     except UnicodeDecodeError as exc:
         raise ConfigError(f"grid file {path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); "
                           "save it as UTF-8") from None
@@ -315,9 +316,12 @@ def grid_fields(given: dict[str, Any], label) -> dict[str, Any]:
 
 
 def _sweep(table: Any, path: Path) -> dict[str, list]:
-    """The ``[set]`` table: key -> one value or a list of values, each text, a number or true/false."""
+    """The ``[set]`` table: key -> one value or a list of values, each text, a number or true/false. A dotted key
+    (``optim.momentum = [0, 0.9]``, or a ``[set.optim]`` table), which TOML reads as a table, is the ``--set`` key
+    of the same spelling."""
     if not isinstance(table, dict):
         raise ConfigError(f"grid file {path}: set={table!r}: expected a table ([set] with key = value lines)")
+    table = _dotted(table)
     scalar = (str, int, float, bool)
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
@@ -325,6 +329,14 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
             raise ConfigError(f"grid file {path}: set.{key}={value!r}: expected a value or a list of values "
                               "(text, numbers, true or false)")
     return table
+
+
+def _dotted(table: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        out.update(_dotted(value, name + ".") if isinstance(value, dict) and value else {name: value})
+    return out
 
 
 def _check_once(what: str, values: list[str]) -> None:

@@ -88,10 +88,10 @@ CASES = [
      "--select=lr,lr: 'lr' and 'lr' are one value; give each value once"),
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
-    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n", "grid file {path}: set.lr={'a': 1}: expected a value or a list of values"),
+    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}, under [set]: --set lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
     ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}: set.lr=[[1]]: expected a value or a list of values"),
     ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}: set.lr=datetime.date(1979, 5, 27): expected a value"),
-    ("a table below set", BASE + "[set.nested]\na = 1\n", "grid file {path}: set.nested={'a': 1}: expected a value"),
+    ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}: set.nested.a=[[1]]: expected a value"),
     ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "--set lr= has no values"),
     ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "--set lr='x': expected a finite number"),
     ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "--rounds (schedule.rounds)=0: must be >= 1"),
@@ -153,6 +153,24 @@ def test_the_file_forms_of_command_line_values_are_taken(tmp_path):
                                      'store = "s.zarr"\ndataset = "d"\nout = "g"\n[set]\nlr = [0.1]\n')
     a, b = GridSpec(**load_toml(tmp_path / "a.toml")), GridSpec(**load_toml(tmp_path / "b.toml"))
     assert a == b and a.seeds == [7] and a.jobs == 2 and a.methods == ["fedavg", "fedprox"]
+
+
+@pytest.mark.parametrize("text", ["[set]\noptim.momentum = [0.5, 0.9]\n", "[set.optim]\nmomentum = [0.5, 0.9]\n"])
+def test_a_dotted_key_under_set_is_the_set_key_of_that_spelling(text, tmp_path):
+    """TOML reads ``optim.momentum = ...`` (and a [set.optim] table) as a table: it is --set optim.momentum."""
+    (tmp_path / "g.toml").write_text('methods = "fedavg"\nbackbones = "b"\nstore = "s.zarr"\ndataset = "d"\nout = "g"\n' + text)
+    assert load_toml(tmp_path / "g.toml")["sweep"] == {"optim.momentum": [0.5, 0.9]}
+
+
+def test_padding_around_a_key_or_a_value_under_set_is_no_part_of_it(tmp_path):
+    (tmp_path / "g.toml").write_text('methods = "fedavg"\nbackbones = "b"\nstore = "s.zarr"\ndataset = "d"\nout = "g"\n'
+                                     '[set]\n"lr " = ["0.1 ", " 0.01"]\n')
+    assert GridSpec(**load_toml(tmp_path / "g.toml")).sweep == {"lr": ["0.1", "0.01"]}
+
+
+def test_a_file_with_a_byte_order_mark_is_read(tmp_path):
+    (tmp_path / "g.toml").write_bytes(b"\xef\xbb\xbf" + b'methods = "fedavg"\nseeds = 3\n')
+    assert load_toml(tmp_path / "g.toml")["seeds"] == [3]
 
 
 def test_the_issue_s_seeds_and_jobs_run(toy_store, tmp_path, capsys):
