@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 LOCK = ".fedcache.lock"
 POLL = 0.2  # seconds between tries while waiting
+RESUMES = "a re-run resumes"  # a grid's; a run's needs --resume
 _HELD: dict[Path, int] = {}  # directories this process holds -> how many holds are open on each
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system without flock
 
@@ -90,11 +91,12 @@ def read_holder(path: Path) -> Holder | None:
 
 
 @contextlib.contextmanager
-def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "choose another --out") -> Iterator[None]:
+def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "choose another --out",
+         resumes: str = RESUMES) -> Iterator[None]:
     """Own ``directory`` (created if missing) for the block. ``what`` names it in messages (``the grid directory
     runs/x``); another command's hold is waited for up to ``wait`` seconds, then refused with DirectoryBusyError
-    naming the holder, what to do, and ``advice``. A directory this process already holds (or one below it) is
-    its own."""
+    naming the holder, what to do, and ``advice`` (``resumes``: how its work is taken up once it is stopped). A
+    directory this process already holds (or one below it) is its own."""
     directory = Path(directory)
     key = directory.resolve()
     if _held_here(key):
@@ -107,7 +109,7 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK
-    fd = _acquire(path, what, wait, advice)
+    fd = _acquire(path, what, wait, advice, resumes)
     _HELD[key] = 1
     try:
         yield
@@ -120,7 +122,7 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
                 directory.rmdir()  # only if empty: a command refused before writing leaves nothing behind
 
 
-def check_free(directory: Path | str, what: str, advice: str = "choose another --out") -> None:
+def check_free(directory: Path | str, what: str, advice: str = "choose another --out", resumes: str = RESUMES) -> None:
     """Refuse now (DirectoryBusyError) if another command holds ``directory``; nothing is created."""
     directory = Path(directory)
     path = directory / LOCK
@@ -133,18 +135,18 @@ def check_free(directory: Path | str, what: str, advice: str = "choose another -
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise busy(path, what, advice) from None
+        raise busy(path, what, advice, resumes=resumes) from None
     except OSError:
         pass  # no flock here: hold() says so when it runs
     finally:
         os.close(fd)
 
 
-def busy(path: Path, what: str, advice: str, wait: float = 0.0) -> DirectoryBusyError:
+def busy(path: Path, what: str, advice: str, wait: float = 0.0, resumes: str = RESUMES) -> DirectoryBusyError:
     holder = _settled_holder(path)
     who = holder.describe() if holder else "another process (it is starting)"
     waited = f" (waited {wait:g} s)" if wait else ""
-    stop = f"stop it (kill {holder.pid}: finished work is kept and a re-run resumes)" if holder else "stop it"
+    stop = f"stop it (kill {holder.pid}: finished work is kept and {resumes})" if holder else "stop it"
     return DirectoryBusyError(f"{what} is in use by another fedcache command{waited}: {who}; wait for it to finish, "
                               f"{stop}, or {advice}")
 
@@ -183,7 +185,7 @@ def _release_count(key: Path) -> None:
         del _HELD[key]
 
 
-def _acquire(path: Path, what: str, wait: float, advice: str) -> int | None:
+def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str) -> int | None:
     """The descriptor holding the lock on ``path``; None where the file system has no flock (said once)."""
     deadline = time.monotonic() + wait
     while True:
@@ -197,7 +199,7 @@ def _acquire(path: Path, what: str, wait: float, advice: str) -> int | None:
         except BlockingIOError:
             os.close(fd)
             if time.monotonic() >= deadline:
-                raise busy(path, what, advice, wait) from None
+                raise busy(path, what, advice, wait, resumes) from None
             time.sleep(POLL)
             continue
         except OSError as exc:

@@ -14,6 +14,7 @@ from fedcache.errors import ConfigError
 
 
 GRID = "grid.json"  # what marks a grid's directory (fedcache/grids): a run is never written into one
+STORE_MARK = "fedcache_store"  # the attribute in a feature store's root zarr.json (fedcache/store)
 # A run's last finished round (fedcache/federate/rundir.py): here, without torch, for the command line's word after
 # an interrupt, which may come while torch is still half imported.
 CHECKPOINT = "checkpoint.pt"
@@ -79,6 +80,18 @@ def writable_dir(path: Path | str, option: str) -> Path:
         raise ConfigError(f"{option} {path} is a file; give a directory (it is created if missing)")
     _check_below(path, path, option)
     return path
+
+
+def check_outside(out: Path | str, option: str = "--out") -> None:
+    """An output directory outside every feature store and grid directory: written into a store, its files sat
+    among the store's; into another grid (its ``cells/``, say), a report of that grid counted them as its own."""
+    out = Path(out).absolute()
+    for parent in (out, *out.parents):
+        meta = parent / "zarr.json"
+        if meta.is_file() and STORE_MARK in meta.read_text(errors="replace"):
+            raise ConfigError(f"{option} {out} is inside the feature store {parent}; choose a directory outside it")
+        if parent != out and (parent / GRID).is_file():
+            raise ConfigError(f"{option} {out} is inside the grid directory {parent}; choose a directory outside it")
 
 
 def _check_below(target: Path, path: Path, option: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.ownership import check_free, hold
-from fedcache.paths import GRID, writable_dir
+from fedcache.paths import GRID, check_outside, writable_dir
 from fedcache.spec import RunSpec, method_class, migrate_config
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
@@ -56,7 +57,8 @@ def check_out(spec: RunSpec) -> None:
     if e.out is None:
         return
     writable_dir(e.out, "--out")
-    check_free(e.out, _what(e.out))  # another command writing it is named, not mistaken for a finished run
+    # Another command writing it is named, not mistaken for a finished run.
+    check_free(e.out, _what(e.out), resumes=RESUMES)
     _check_not_started(spec)
 
 
@@ -68,6 +70,7 @@ def check_not_a_cell(out: Path | str | None) -> None:
     for parent in list(Path(out).resolve().parents)[:3]:
         if (parent / GRID).exists():
             raise ConfigError(f"--out {out} is inside the grid {parent}, which writes its cells itself; choose another --out")
+    check_outside(out)  # a feature store, a grid further up
 
 
 def _check_not_started(spec: RunSpec) -> None:
@@ -83,6 +86,9 @@ def _what(out: Path) -> str:
     return f"the run directory {out}"
 
 
+RESUMES = "the same command with --resume continues it"  # told where another command holds the run
+
+
 @contextlib.contextmanager
 def owned(spec: RunSpec):
     """The run's --out held for the block (fedcache/ownership.py): a second command on it is refused, naming this
@@ -90,7 +96,7 @@ def owned(spec: RunSpec):
     if spec.engine.out is None:
         yield
         return
-    with hold(spec.engine.out, _what(spec.engine.out)):
+    with hold(spec.engine.out, _what(spec.engine.out), resumes=RESUMES):
         _check_not_started(spec)
         yield
 
@@ -325,8 +331,8 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
         if differ is None:
             raise ConfigError(f"--resume: {out.path} has no config.json; start the run without --resume")
         if differ:
-            raise ConfigError(f"--resume: the options differ from the run in {out.path} ({', '.join(differ)}); use the "
-                              "same options, --overwrite to replace the run, or a new --out")
+            raise ConfigError(f"--resume: the options differ from the run in {out.path} ({_differences(out, resolved, differ)}); "
+                              "use the same options, --overwrite to replace the run, or a new --out")
         _same_partition_id(out, resolved)
         return
     out.write_config(resolved)
@@ -339,6 +345,33 @@ def _same_partition_id(out: RunDir, resolved: dict) -> None:
     pid = resolved.get("partition", {}).get("partition_id")
     if pid and saved.get("partition", {}).get("partition_id") not in (None, pid):
         out.write_config({**saved, "partition": {**saved["partition"], "partition_id": pid}})
+
+
+def _differences(out: RunDir, config: dict, keys: list[str]) -> str:
+    """``seed (0 there, 1 here), rounds (400 there, 300 here)``: the options given otherwise; what follows from
+    them (the partition a seed draws, its clients' sizes) is named only where no option differs."""
+    saved = migrate_config(out.config())
+    options = [k for k in keys if _value(config.get("spec", {}), k) is not _MISSING]  # same_run drops "spec."
+    if options:
+        saved, config, keys = saved.get("spec", {}), config["spec"], options
+    return ", ".join(f"{k.rpartition('.')[2] if options else k} ({_shown(saved, k)} there, {_shown(config, k)} here)"
+                     for k in keys)
+
+
+def _shown(doc: dict, key: str) -> str:
+    v = _value(doc, key)
+    return "unset" if v is _MISSING or v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+_MISSING = object()
+
+
+def _value(doc: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return _MISSING
+        doc = doc[part]
+    return doc
 
 
 def same_run(out: RunDir, config: dict) -> list[str] | None:

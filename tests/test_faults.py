@@ -103,6 +103,7 @@ def test_a_second_train_on_a_running_out_is_refused_and_a_killed_one_is_taken_ov
             line = one_error_line(err)
             assert code == 1 and line.startswith(f"error: the run directory {out} is in use by another fedcache "
                                                  f"command: pid {first.pid} on {HOST}"), err
+            assert f"(kill {first.pid}: finished work is kept and the same command with --resume continues it)" in line
         assert (out / "config.json").read_bytes() == config and first.poll() is None
     finally:
         kill_all(first)

@@ -168,7 +168,7 @@ def test_a_run_s_config_json_holds_its_spec(toy_store, tmp_path):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert RunSpec.from_dict(config["spec"]) == spec.replace(out=None)
     assert config["spec"]["optim"]["lr"] == 0.01 and config["spec"]["head"]["name"] == "linear"
-    with pytest.raises(ConfigError, match=r"options differ .*\(schedule.rounds\)"):
+    with pytest.raises(ConfigError, match=r"options differ from the run in .* \(rounds \(2 there, 3 here\)\); use the same"):
         train(spec.replace(rounds=3, resume=True))
 
 

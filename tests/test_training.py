@@ -61,8 +61,10 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
 
 def test_resume_with_other_options_is_refused(store, tmp_path):
     train(cfg(store, out=tmp_path / "r"))
-    with pytest.raises(ConfigError, match="options differ"):
+    with pytest.raises(ConfigError, match=r"options differ from the run in .* \(lr \(0.001 there, 0.5 here\)\)"):
         train(cfg(store, out=tmp_path / "r", resume=True, settings=["lr=0.5"]))
+    with pytest.raises(ConfigError, match=r"\(seed \(0 there, 3 here\)\); use the same"):  # not what it draws
+        train(cfg(store, out=tmp_path / "r", resume=True, seed=3))
 
 
 def test_a_run_started_before_a_config_key_was_added_resumes_and_a_changed_value_is_refused(store, tmp_path):

@@ -20,6 +20,7 @@ from fedcache.grids.select import run_selected
 from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.grids.table import load_results, summary_markdown
 from fedcache.ownership import hold
+from fedcache.paths import check_outside
 from fedcache.table import Table
 from fedcache.wording import count
 
@@ -30,6 +31,7 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
     # Held before its grid.json is read, until its tables are written (fedcache/ownership.py): two grids in one
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
     spec.check_given()
+    check_outside(spec.out)
     with hold(spec.out, f"the grid directory {spec.out}"):
         spec = in_saved_order(spec)
         try:

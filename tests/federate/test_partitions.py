@@ -297,6 +297,26 @@ def test_a_partition_stored_with_zarr_s_default_codec_still_loads(store_path, mo
     assert load_partition(FeatureStore(store_path), "ds", pid, table_keys(train), table_keys(test)) == p
 
 
+def test_a_new_partition_in_a_store_this_user_may_not_write_says_so(store_path, monkeypatch):
+    """Another user's store: a partition it holds is read; a new one is refused in one line naming the store and
+    the way on (the raw PermissionError named a Zarr file). Root is not stopped by permission bits: Zarr's write
+    is refused here as the file system refuses it."""
+    import fedcache.federate.partitions.storage as storage
+
+    store = FeatureStore(store_path)
+    train, test = table(TRAIN), table(TEST)
+    held = save_partition(store, "ds", part(REQUESTS["iid"]), table_keys(train), table_keys(test))
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(store_path / "partitions" / "ds" / "zarr.json"))
+
+    monkeypatch.setattr(storage, "_save", refused)
+    assert save_partition(store, "ds", part(REQUESTS["iid"]), table_keys(train), table_keys(test)) == held
+    with pytest.raises(StoreError, match=f"cannot store the new partition [0-9a-f]+ of ds in {store_path} \\(Permission "
+                                         "denied: .*zarr.json\\): use a store you can write to, or have its owner make"):
+        save_partition(store, "ds", part(REQUESTS["dirichlet"]), table_keys(train), table_keys(test))
+
+
 def test_load_maps_samples_onto_a_reordered_table(store_path):
     store = FeatureStore(store_path)
     train, test = table(TRAIN), table(TEST)

@@ -93,6 +93,23 @@ def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, toy_store,
     assert ran == []
 
 
+def test_a_grid_or_a_run_is_never_written_into_a_store_or_another_grid(toy_grid, toy_store, tmp_path):
+    """Into another grid's cells/ a report of that grid counted the new cells as its own; into a store, its files
+    sat among the store's."""
+    from fedcache.api import grid, train
+
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0],
+              sweep={"rounds": 1, "partition": "iid", "clients": 2})
+    for out, where in ((toy_grid / "cells" / "mine", f"inside the grid directory {toy_grid}"),
+                       (toy_store / "runs", f"inside the feature store {toy_store}")):
+        with pytest.raises(ConfigError, match=f"--out {out} is {where}; choose a directory outside it"):
+            grid(**kw, out=out)
+        assert not out.exists()
+    with pytest.raises(ConfigError, match="inside the feature store"):
+        train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=toy_store / "run")
+    assert not (toy_store / "run").exists()
+
+
 def test_a_different_grid_in_the_same_directory_is_refused(toy_grid, toy_store):
     from fedcache.api import grid
 

@@ -94,8 +94,13 @@ def save_partition(store: FeatureStore, dataset: str, partition: Partition, trai
         log.info("partition %s of %s is already stored", pid, dataset)
         return pid
     # Two runs making the same new partition at once: the second waits, then finds it complete.
-    with store.lock(PARTITIONS, f"the partitions of {store.path}"):
-        return _save(store, dataset, partition, pid, data_hash, train_keys, test_keys)
+    try:
+        with store.lock(PARTITIONS, f"the partitions of {store.path}"):
+            return _save(store, dataset, partition, pid, data_hash, train_keys, test_keys)
+    except PermissionError as exc:  # a store another user owns, or a read-only one: stored partitions still work
+        raise StoreError(f"cannot store the new partition {pid} of {dataset} in {store.path} ({exc.strerror}: "
+                         f"{exc.filename}): use a store you can write to, or have its owner make the partition once "
+                         "(`fedcache partition` with this run's partition options and seed)") from None
 
 
 SMALL_FILES = 16 * 4096  # a stored partition's metadata and offsets: small files of a block each
