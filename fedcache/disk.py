@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -152,6 +153,20 @@ def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: 
 
 def write_text(path: Path | str, text: str, what: str, advice: str = AGAIN) -> None:
     write_atomic(path, text.encode(), what, advice)
+
+
+def log_lines(text: str) -> list[dict]:
+    """The rounds of a metrics log (``append``'s lines), without a blank or torn one: a crash while appending
+    leaves the last line torn, and its round, after the checkpoint's, is run and written again on resume."""
+    lines = []
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw) if raw.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("round"), int):
+            lines.append(line)
+    return lines
 
 
 def append(path: Path | str, data: bytes, what: str, advice: str = AGAIN) -> None:

@@ -207,16 +207,8 @@ def trim_log(path: Path, upto: int) -> list[dict]:
     the checkpoint (a crash between the two) is dropped, as is a blank or torn one."""
     if not path.exists():
         return []
-    kept = [l for l in map(_parse_line, path.read_text().splitlines()) if l is not None and l["round"] <= upto]
+    kept = [l for l in disk.log_lines(path.read_text()) if l["round"] <= upto]
     disk.write_text(path, "".join(json.dumps(l) + "\n" for l in kept), "the metrics log")
     return kept
 
 
-def _parse_line(text: str) -> dict | None:
-    """A log line, or None for a blank or torn one: a crash while appending leaves the last line torn,
-    and its round is after the checkpoint's, so it is re-run and written again."""
-    try:
-        line = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
-        return None
-    return line if isinstance(line, dict) and isinstance(line.get("round"), int) else None

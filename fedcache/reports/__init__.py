@@ -12,6 +12,7 @@ import html
 import json
 import logging
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,8 +50,28 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     out = writable_dir(out, "--out") if out else None  # before any figure is drawn
     runs = find_runs(root)
     out = out or writable_dir(root, "the run directory (or give --out)")
-    fig_dir = out / FIG_DIR
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    fig_dir, staged = out / FIG_DIR, out / f".{FIG_DIR}.partial"
+    # Drawn beside the last report's figures, which give way only once every one is: a report that fails part way
+    # (a full disk) leaves the last one whole, and a figure the new one does not draw goes with the old set.
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    try:
+        sections, title = _sections(root, runs, staged)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    page = render_html(title, sections)  # reads the figures where they were drawn
+    for sec in sections:  # where the figures will be
+        sec.image = fig_dir / sec.image.relative_to(staged) if sec.image else None
+    disk.write_text(out / HTML_NAME, page, "the report")
+    disk.write_text(out / MD_NAME, render_markdown(title, sections, out), "the report")
+    shutil.rmtree(fig_dir, ignore_errors=True)
+    staged.rename(fig_dir)
+    return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
+
+
+def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section], str]:
+    """The report's sections, their figures drawn into ``fig_dir``, and its title."""
     groups = group_runs(runs)
     layout = Layout.of(groups)
     groups = layout.ordered(groups)
@@ -65,10 +86,7 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     sections += _figure_sections(scored, layout, fig_dir)
     sections += _partition_sections(scored, layout, fig_dir)
     sections += _contribution_sections(Path(root), fig_dir)
-    title = f"fedcache report: {Path(root).resolve().name}"
-    disk.write_text(out / HTML_NAME, render_html(title, sections), "the report")
-    disk.write_text(out / MD_NAME, render_markdown(title, sections, out), "the report")
-    return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
+    return sections, f"fedcache report: {Path(root).resolve().name}"
 
 
 def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layout) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache.disk import log_lines
 from fedcache.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _grid_setting(r: Run) -> dict:
 
 def _read(path: Path) -> Run:
     summary = json.loads((path / SUMMARY).read_text()) if (path / SUMMARY).exists() else _stopped(path)
-    history = [json.loads(l) for l in (path / METRICS).read_text().splitlines() if l.strip()]
+    history = log_lines((path / METRICS).read_text())  # a line torn by a crash is no round
     config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).exists() else {}
     cell = json.loads((path / CELL).read_text()) if (path / CELL).exists() else {}
     return Run(path, summary, history, config, cell.get("setting", {}))

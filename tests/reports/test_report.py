@@ -275,6 +275,57 @@ def test_a_finished_run_without_its_metrics_is_named_not_silently_left_out(toy_g
     assert len(runs) == 7 and f"{victim} is finished but has no metrics.jsonl" in caplog.text
 
 
+def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_path, monkeypatch):
+    """A full disk while the figures were drawn left the last report.md beside some of the new report's figures
+    (another grid's plots under the old text); a figure only an older report drew was never removed."""
+    from fedcache import disk
+    from fedcache.errors import DiskFullError
+    from fedcache.reports import write_report
+
+    import shutil
+
+    out, other = tmp_path / "report", tmp_path / "other"
+    shutil.copytree(toy_grid, other)  # another grid: its figures differ
+    for cell in (other / "cells").glob("fedproto*"):
+        shutil.rmtree(cell)
+    write_report(toy_grid, out)
+    (out / "report-figures" / "from-an-older-report.png").write_bytes(b"old")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real, drawn = disk.write_atomic, []
+
+    def fills(path, data, what, *args, **kwargs):
+        drawn.append(path)
+        if len(drawn) == 2:
+            raise DiskFullError(f"no space left on the disk for {what} {path}", disk.AGAIN)
+        return real(path, data, what, *args, **kwargs)
+
+    monkeypatch.setattr(disk, "write_atomic", fills)
+    with pytest.raises(DiskFullError):
+        write_report(other, out)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    monkeypatch.undo()
+    paths = write_report(other, out)
+    figures = sorted(p.name for p in (out / "report-figures").iterdir())
+    assert "from-an-older-report.png" not in figures and figures == sorted(p.name for p in paths.figures)
+    assert sorted(p.name for p in out.iterdir()) == ["report-figures", "report.html", "report.md"]
+
+
+def test_a_metrics_line_torn_by_a_crash_is_no_round_of_the_report(toy_grid, tmp_path):
+    """A crash while a line was appended leaves it torn; --resume drops it, and a report made before must too."""
+    import shutil
+
+    from fedcache.reports.runs import find_runs
+
+    grid = tmp_path / "grid"
+    shutil.copytree(toy_grid, grid)
+    victim = sorted((grid / "cells").iterdir())[0]
+    whole = (victim / "metrics.jsonl").read_text()
+    with open(victim / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 4, "accuracy": 70.1, "per_cl')
+    runs = {r.path: r for r in find_runs(grid)}
+    assert [l["round"] for l in runs[victim].history] == [1, 2, 3] and whole.count("\n") == 3
+
+
 def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, caplog):
     """A report made while a grid ran (or after it was stopped) showed the finished cells' table, with a best in
     bold, as if they were the whole grid."""
