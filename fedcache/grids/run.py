@@ -57,6 +57,12 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
         else:
             pending.append(c)
     total = len(todo_cells)
+    if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
+        text = (f"resuming {spec.out}: {len(rows)} of {count(total, 'cell')} finished before, {len(pending)} to train "
+                "(each from its last checkpoint, if any)")
+        log.info(text)
+        if on_plan:
+            on_plan(text)
     for c, row in _engine(spec, pending, folder, on_plan, stops):
         rows[c] = row
         if on_cell:

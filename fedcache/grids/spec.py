@@ -84,6 +84,7 @@ class GridSpec:
             _check_once(f"--set {k}", vs)
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
+        self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
         # Said now, not after the cells it tunes on (or the first cell to track) have run.
         unknown = [k for k in self.select if k not in self.sweep]
         if unknown:
@@ -329,6 +330,15 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
             raise ConfigError(f"grid file {path}: set.{key}={value!r}: expected a value or a list of values "
                               "(text, numbers, true or false)")
     return table
+
+
+def _axis_named(name: str, axes: list[str]) -> str:
+    """The axis a --select name means: itself, or the one axis it is the last part of (--alpha with perfedavg in the
+    grid is the axis partition.alpha, option_axes)."""
+    if name in axes:
+        return name
+    qualified = [a for a in axes if a.rpartition(".")[2] == name]
+    return qualified[0] if len(qualified) == 1 else name
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:

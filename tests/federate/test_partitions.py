@@ -317,6 +317,16 @@ def test_a_new_partition_in_a_store_this_user_may_not_write_says_so(store_path, 
         save_partition(store, "ds", part(REQUESTS["dirichlet"]), table_keys(train), table_keys(test))
 
 
+def test_a_partition_that_fits_is_not_refused_by_its_space_check(store_path, fake_disk):
+    """Its rows were counted at 16 bytes each, uncompressed: 1,680 rows asked for 92 kB, and a disk with less free
+    refused a partition that takes a fraction of it."""
+    store = FeatureStore(store_path)
+    train, test = table(TRAIN), table(TEST)
+    fake_disk(store_path, 80_000)
+    pid = save_partition(store, "ds", part(REQUESTS["dirichlet"]), table_keys(train), table_keys(test))
+    assert load_partition(store, "ds", pid, table_keys(train), table_keys(test)) == part(REQUESTS["dirichlet"])
+
+
 def test_load_maps_samples_onto_a_reordered_table(store_path):
     store = FeatureStore(store_path)
     train, test = table(TRAIN), table(TEST)

@@ -39,11 +39,12 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
     marker.write_text("finished cells are not touched")
     from fedcache.api import grid
 
-    ran = []
+    ran, plans = [], []
     table = grid(config=None, store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
                  sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
-                 on_cell=lambda done, total, row: ran.append(row["run_dir"]))
+                 on_cell=lambda done, total, row: ran.append(row["run_dir"]), on_plan=plans.append)
     assert ran == [str(victim.relative_to(out))]
+    assert plans[0] == f"resuming {out}: 7 of 8 cells finished before, 1 to train (each from its last checkpoint, if any)"
     assert marker.exists() and json.loads((out / "grid.json").read_text())["out"] == str(out)
     # The redone cell is deterministic: the table is the same as before.
     assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]

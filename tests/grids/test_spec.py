@@ -156,6 +156,18 @@ def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
     assert parse_sweep(["lr=1e-3, 1e-2"]) == {"lr": ["1e-3", "1e-2"]}
 
 
+def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):
+    """grid -m fedavg,perfedavg --alpha 0.1,1 makes the axis partition.alpha (perfedavg has an alpha of its own):
+    --select alpha, the name the user typed, is that axis; where two axes end in it, it names neither."""
+    def grid(sweep, select):
+        return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "perfedavg"], out=tmp_path,
+                        sweep={"partition": ["dirichlet"], **sweep, "subsample": ["0.8"]}, select=select)
+
+    assert grid({"partition.alpha": ["0.1", "1"]}, ["alpha"]).select == ["partition.alpha"]
+    with pytest.raises(ConfigError, match="--select alpha: not an axis of this grid"):
+        grid({"partition.alpha": ["0.1", "1"], "method.alpha": ["0.01", "0.1"]}, ["alpha"])
+
+
 def test_the_axis_checks_leave_ambiguous_keys_to_routing(tmp_path):
     """perfedavg's own alpha, optim.momentum beside flesd's momentum: the grid's new checks told these users the wrong
     thing (a partition scheme that ignores alpha; a setting fedavg lacks); the cells say the key is ambiguous."""
