@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DiskFullError
+from fedcache.errors import ConfigError, DiskFullError, StoreError
 from fedcache.store.feature_store import FeatureTable
 
 FORMATS = ("h5", "npz")
@@ -163,16 +163,23 @@ class _Sink:
         self.handlers: dict[int, object] = {}
 
     def __enter__(self) -> _Sink:
-        if threading.current_thread() is threading.main_thread():  # elsewhere, no handler runs in this thread
-            self.handlers = {s: signal.signal(s, self._hold) for s in self.HELD if signal.getsignal(s) is not None}
+        # Only a Python handler can raise inside HDF5's write: an ignored signal stays ignored, and a default one
+        # ends the process (the temporary file is never renamed). Elsewhere than the main thread, none runs here.
+        if threading.current_thread() is threading.main_thread():
+            self.handlers = {s: signal.signal(s, self._hold) for s in self.HELD if callable(signal.getsignal(s))}
         return self
 
-    def __exit__(self, *exc) -> None:
-        os.close(self.fd)
-        for signum, handler in self.handlers.items():
-            signal.signal(signum, handler)
+    def __exit__(self, kind, *exc) -> None:
+        try:
+            os.close(self.fd)
+        finally:
+            for signum, handler in self.handlers.items():
+                signal.signal(signum, handler)
         for signum in self.signals:
-            signal.raise_signal(signum)
+            signal.raise_signal(signum)  # its own handler: Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM
+        if self.signals and kind is None:  # a handler that did not raise: the file is cut short all the same
+            raise StoreError(f"the export was stopped by {signal.Signals(self.signals[0]).name} before it was "
+                             "complete; run it again")
 
     def _hold(self, signum: int, frame) -> None:
         self.signals.append(signum)

@@ -131,6 +131,27 @@ def test_ctrl_c_during_an_h5_export_stops_it_once_hdf5_has_closed_the_file(tmp_p
     assert leftovers(out.parent) == [] and out.read_bytes() == OLD
 
 
+@pytest.mark.parametrize("handler, code", [("signal.SIG_IGN", 0), ("lambda *a: None", 1)])
+def test_a_signal_its_handler_does_not_raise_for_never_leaves_a_short_file(tmp_path, handler, code):
+    """An ignored SIGINT (a command started in the background by a script) is not held: the export completes whole.
+    A handler that returns (an application's) was held, so the file is short: refused, not renamed into place."""
+    store, out = _store(tmp_path), tmp_path / "out" / "feats.h5"
+    out.parent.mkdir()
+    out.write_bytes(OLD)
+    done = _export(store, out, "-c", f"import signal\nsignal.signal(signal.SIGINT, {handler})\n" + INTERRUPTED_CLI)
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert leftovers(out.parent) == []
+    if code:
+        assert "the export was stopped by SIGINT before it was complete" in one_error_line(done.stderr)
+        assert out.read_bytes() == OLD
+    else:
+        import h5py
+
+        with h5py.File(out) as f:
+            table = FeatureStore(store, create=False).read("mine", "train", "enc")
+            assert np.array_equal(f["train/features"][:], table.features)
+
+
 def test_what_hdf5_writes_after_a_failed_write_is_held_where_it_reads(tmp_path, fake_disk):
     from fedcache.store.exporting import _Sink
 
