@@ -41,13 +41,6 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     fresh = not (spec.features_folder / "meta.json").exists()
     folder = write_features(spec)
     tables = read_features(folder)
-    try:
-        _make_partitions(spec, todo_cells, tables)
-        _check_methods(spec, todo_cells, tables)
-    except BaseException:
-        if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
     rows: dict[Cell, dict] = {}
     pending = []
     for c in todo_cells:
@@ -56,6 +49,13 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
             rows[c] = done
         else:
             pending.append(c)
+    try:
+        _make_partitions(spec, todo_cells, tables)
+        _check_methods(spec, pending, tables)  # what trains now: a finished grid builds nothing to write its tables
+    except BaseException:
+        if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     total = len(todo_cells)
     if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
         text = (f"resuming {spec.out}: {len(rows)} of {count(total, 'cell')} finished before, {len(pending)} to train "

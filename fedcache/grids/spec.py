@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -79,12 +80,12 @@ class GridSpec:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
         _check_once("--method", self.methods)  # a method given twice made each of its cells twice: counted twice
         _check_once("--seeds", [str(s) for s in self.seeds])
-        _check_once("--select", self.select)  # "lr, lr chosen": and the corrected --select refused as another grid
         for k, vs in self.sweep.items():
             _check_once(f"--set {k}", vs)
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
         self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
+        _check_once("--select", self.select)  # "lr, lr chosen": and the corrected --select refused as another grid
         # Said now, not after the cells it tunes on (or the first cell to track) have run.
         unknown = [k for k in self.select if k not in self.sweep]
         if unknown:
@@ -179,9 +180,18 @@ class GridSpec:
             return
         given = [f for f, unset in (("--reduction-factor", self.reduction_factor == PruneSpec.reduction_factor),
                                     ("--min-rounds", self.min_rounds is None)) if not unset]
-        if given:
+        if given and not self._recorded_as_given():
             raise ConfigError(f"{' and '.join(given)} set{'s' * (len(given) == 1)} how --prune halving cuts; add "
                               f"--prune halving (with --select), or leave {'them' if len(given) > 1 else 'it'} out")
+
+    def _recorded_as_given(self) -> bool:
+        """A grid an older fedcache started with them: resumed as it was made (it would be refused either way)."""
+        try:
+            saved = json.loads((self.out / SPEC).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(saved, dict) and (saved.get("reduction_factor"), saved.get("min_rounds")) == (
+            self.reduction_factor, self.min_rounds)
 
     def _check_pruning(self) -> None:
         if self.prune == "none":

@@ -166,6 +166,8 @@ def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):
     assert grid({"partition.alpha": ["0.1", "1"]}, ["alpha"]).select == ["partition.alpha"]
     with pytest.raises(ConfigError, match="--select alpha: not an axis of this grid"):
         grid({"partition.alpha": ["0.1", "1"], "method.alpha": ["0.01", "0.1"]}, ["alpha"])
+    with pytest.raises(ConfigError, match="--select=partition.alpha,partition.alpha: .* are one value"):
+        grid({"partition.alpha": ["0.1", "1"]}, ["alpha", "partition.alpha"])
 
 
 def test_the_axis_checks_leave_ambiguous_keys_to_routing(tmp_path):

@@ -155,6 +155,21 @@ def test_the_file_forms_of_command_line_values_are_taken(tmp_path):
     assert a == b and a.seeds == [7] and a.jobs == 2 and a.methods == ["fedavg", "fedprox"]
 
 
+def test_a_grid_an_older_fedcache_started_with_unused_prune_options_resumes(toy_store, tmp_path, capsys):
+    """--min-rounds without --prune, refused now, was taken before: its grid (grid.json records it) still resumes."""
+    import json
+
+    out = tmp_path / "g"
+    argv = ["grid", "--store", toy_store, "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--rounds", "1",
+            "--partition", "iid", "--clients", "2", "-o", out]
+    assert run_cli(argv, capsys)[0] == 0
+    spec = json.loads((out / "grid.json").read_text())
+    (out / "grid.json").write_text(json.dumps({**spec, "min_rounds": 2}))  # as the older fedcache recorded it
+    assert run_cli(argv + ["--min-rounds", "2"], capsys)[0] == 0
+    code, err = run_cli(argv + ["--min-rounds", "3"], capsys)
+    assert code == 2 and "--min-rounds sets how --prune halving cuts" in err
+
+
 @pytest.mark.parametrize("text", ["[set]\noptim.momentum = [0.5, 0.9]\n", "[set.optim]\nmomentum = [0.5, 0.9]\n"])
 def test_a_dotted_key_under_set_is_the_set_key_of_that_spelling(text, tmp_path):
     """TOML reads ``optim.momentum = ...`` (and a [set.optim] table) as a table: it is --set optim.momentum."""
