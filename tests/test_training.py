@@ -59,6 +59,15 @@ def test_cli_train_writes_config_metrics_summary(store, tmp_path, capsys):
     assert "local_protos=first: must be one of after, last-epoch" in err and "rounds" not in err
 
 
+def test_a_fresh_run_evaluated_every_other_round_is_not_called_resumed(store, tmp_path, capsys):
+    """A round without evaluation reports no metrics line, as the first report of a resumed run does."""
+    argv = ["train", "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg", "--partition",
+            "domain", "--clients", "2", "--rounds", "3", "--eval-every", "2", "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "fedavg rounds 0/3 (0%)" in err and "resumed" not in err, err
+
+
 def test_resume_with_other_options_is_refused(store, tmp_path):
     train(cfg(store, out=tmp_path / "r"))
     with pytest.raises(ConfigError, match=r"options differ from the run in .* \(lr \(0.001 there, 0.5 here\)\)"):

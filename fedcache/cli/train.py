@@ -72,7 +72,8 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
         def on_round(done: int, total: int, line: dict | None) -> None:
             nonlocal task
             if task is None:  # drawn once the run starts: one that cannot (no store, no features) is its error alone
-                start = done if line is None else 0  # a resumed run's first call: where its checkpoint is
+                # A resumed run's first call, where its checkpoint is (a round without evaluation has no line too).
+                start = done if line is None and spec.engine.resume else 0
                 resumed = f" (resumed after round {start})" if start else ""
                 task = progress.add_task(f"{spec.method.name} rounds{resumed}", total=total, completed=start, acc="")
             acc = f"acc {line['accuracy']:.1f}%" if line else ""

@@ -53,19 +53,21 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     fig_dir, staged = out / FIG_DIR, out / f".{FIG_DIR}.partial"
     # Drawn beside the last report's figures, which give way only once every one is: a report that fails part way
     # (a full disk) leaves the last one whole, and a figure the new one does not draw goes with the old set.
+    # The two texts are written there too, and moved out with the figures: renames, which a full disk cannot stop.
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     try:
         sections, title = _sections(root, runs, staged)
+        disk.write_text(staged / HTML_NAME, render_html(title, sections), "the report")  # reads the figures
+        for sec in sections:  # where the figures will be
+            sec.image = fig_dir / sec.image.relative_to(staged) if sec.image else None
+        disk.write_text(staged / MD_NAME, render_markdown(title, sections, out), "the report")
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    page = render_html(title, sections)  # reads the figures where they were drawn
-    for sec in sections:  # where the figures will be
-        sec.image = fig_dir / sec.image.relative_to(staged) if sec.image else None
-    disk.write_text(out / HTML_NAME, page, "the report")
-    disk.write_text(out / MD_NAME, render_markdown(title, sections, out), "the report")
     shutil.rmtree(fig_dir, ignore_errors=True)
+    for name in (HTML_NAME, MD_NAME):
+        (staged / name).replace(out / name)
     staged.rename(fig_dir)
     return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
 

@@ -291,18 +291,22 @@ def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_pa
     write_report(toy_grid, out)
     (out / "report-figures" / "from-an-older-report.png").write_bytes(b"old")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    real, drawn = disk.write_atomic, []
+    real, drawn, fail_at = disk.write_atomic, [], [0]
 
     def fills(path, data, what, *args, **kwargs):
         drawn.append(path)
-        if len(drawn) == 2:
+        if len(drawn) == fail_at[0]:
             raise DiskFullError(f"no space left on the disk for {what} {path}", disk.AGAIN)
         return real(path, data, what, *args, **kwargs)
 
     monkeypatch.setattr(disk, "write_atomic", fills)
-    with pytest.raises(DiskFullError):
-        write_report(other, out)
-    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    write_report(other, tmp_path / "counted")  # every file it writes, the last one report.md
+    assert drawn[-1].name == "report.md"
+    for fail_at[0] in (2, len(drawn)):  # a figure; report.md, once report.html is written
+        drawn.clear()
+        with pytest.raises(DiskFullError):
+            write_report(other, out)
+        assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     monkeypatch.undo()
     paths = write_report(other, out)
     figures = sorted(p.name for p in (out / "report-figures").iterdir())

@@ -121,7 +121,8 @@ def _save(store: FeatureStore, dataset: str, partition: Partition, pid: str, dat
         del parent[pid]  # left incomplete by an interrupted save
     _refuse_a_second_in_a_shard(store, parent)
     disk.check_space(folder, need, what)
-    with disk.on_full_disk(folder, what, need, remove=[folder]):  # half written, it would only be made again
+    # No size in the message: only a lower bound is known. Half written, it would only be made again.
+    with disk.on_full_disk(folder, what, remove=[folder]):
         _write(parent.create_group(pid), partition, data_hash, dataset, train_keys, test_keys)
     return pid
 
