@@ -14,7 +14,7 @@ from fedcache.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
-DIVERGED = "diverged.json"  # a grid cell scored on validation whose training became NaN
+DIVERGED = "diverged.json"  # a grid cell whose training became NaN
 RUNGS = "rungs.json"  # a grid cell successive halving stopped before its last round: its summary at each rung
 SELECTION = "selection.json"  # a --select grid's choices (fedcache/grids)
 
@@ -107,6 +107,7 @@ def find_runs(root: Path) -> list[Run]:
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; give a run directory (train --out) or a grid directory (grid --out)")
     finished = {p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name)}
+    finished -= {p for p in finished if _training_past_its_rung(p)}
     paths = sorted(p for p in finished if (p / METRICS).exists())
     for p in sorted(finished - set(paths)):  # a report short of a run without a word would mislead
         log.warning("%s is finished but has no %s (deleted?); the report leaves it out", p, METRICS)
@@ -163,6 +164,15 @@ def group_runs(runs: list[Run]) -> list[Group]:
     for r in runs:
         groups.setdefault(r.label, []).append(r)
     return [Group(label, [r for r in rs if not unscored(r)], [r for r in rs if unscored(r)]) for label, rs in groups.items()]
+
+
+def _training_past_its_rung(path: Path) -> bool:
+    """A candidate successive halving kept, stopped (the grid was) on its way to the next rung: in training, not
+    stopped at its last rung as a candidate that was cut there is."""
+    if any((path / name).exists() for name in (SUMMARY, DIVERGED)) or not (path / METRICS).exists():
+        return False  # finished; or diverged after its rung, which _stopped says
+    last = max(map(int, json.loads((path / RUNGS).read_text())), default=0)
+    return any(line["round"] > last for line in log_lines((path / METRICS).read_text()))
 
 
 def _stopped(path: Path) -> dict:

@@ -314,6 +314,27 @@ def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["report-figures", "report.html", "report.md"]
 
 
+def test_a_kept_candidate_stopped_on_its_way_to_the_next_rung_is_in_training_not_cut(toy_grid, tmp_path):
+    """A killed halving grid: a candidate cut at round 1 stopped there; one kept at round 1 that trained on to round 3
+    before the grid was stopped was shown as "stopped at round 1" too."""
+    import json
+    import shutil
+
+    from fedcache.reports.runs import find_runs
+
+    grid = tmp_path / "grid"
+    shutil.copytree(toy_grid, grid)
+    cut, kept = sorted((grid / "cells").iterdir())[:2]
+    for cell in (cut, kept):
+        summary = json.loads((cell / "summary.json").read_text())
+        (cell / "rungs.json").write_text(json.dumps({"1": {**summary, "rounds": 1}}))
+        (cell / "summary.json").unlink()
+    lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text(lines[0])  # cut at round 1: it went no further
+    runs = {r.path: r for r in find_runs(grid)}
+    assert runs[cut].summary["stopped_at"] == 1 and kept not in runs and len(runs) == 7
+
+
 def test_a_metrics_line_torn_by_a_crash_is_no_round_of_the_report(toy_grid, tmp_path):
     """A crash while a line was appended leaves it torn; --resume drops it, and a report made before must too."""
     import shutil
