@@ -33,6 +33,8 @@ CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 2
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
+_RESERVED_ADVICE = ("give methods with --method, seeds with --seeds (in a grid file: methods = [...], seeds = [...] at the "
+                    f"top, as out, engine and device); {', '.join(_RESERVED)} cannot be swept with --set")
 
 
 @dataclass
@@ -73,8 +75,7 @@ class GridSpec:
             raise ConfigError(f"a grid needs at least one {', one '.join(missing)}")
         bad = [k for k in self.sweep if is_option(k) and option(k).name in _RESERVED]
         if bad:
-            raise ConfigError(f"--set {bad[0]}=...: give methods with --method, seeds with --seeds; "
-                              f"{', '.join(_RESERVED)} cannot be swept with --set")
+            raise ConfigError(f"--set {bad[0]}=...: {_RESERVED_ADVICE}")
         empty = [k for k, vs in self.sweep.items() if not vs]
         if empty:
             raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
@@ -252,7 +253,24 @@ def load_toml(path: Path) -> dict:
     fields = grid_fields({k: v for k, v in raw.items() if k != "set"}, lambda key: f"grid file {path}: {key}")
     if "set" in raw:
         fields["sweep"] = _sweep(raw["set"], path)
+    _check_file_lists(fields, path)
     return fields
+
+
+def _check_file_lists(fields: dict, path: Path) -> None:
+    """What GridSpec would refuse naming the command line's flag (--seeds=0,0), said with the file and its key."""
+    for key in ("methods", "backbones", "seeds", "select"):
+        if key in fields:
+            if not fields[key] and key != "select":
+                raise ConfigError(f"grid file {path}: {key}=[]: give at least one")
+            _check_once(f"grid file {path}: {key}", [str(v) for v in fields[key]])
+    for key, value in fields.get("sweep", {}).items():
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ConfigError(f"grid file {path}: set.{key}=[]: give a value or a list of values")
+        if is_option(key) and option(key).name in _RESERVED:
+            raise ConfigError(f"grid file {path}: set.{key}: not an axis; {_RESERVED_ADVICE}")
+        _check_once(f"grid file {path}: set.{key}", [str(v).strip() for v in values])
 
 
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
@@ -271,7 +289,9 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
                 try:
                     base.override({**first, k: v})
                 except ConfigError as err:
-                    raise ConfigError(f"grid file {path}, under [set]: {err}") from None  # err names the key
+                    # "0.1,0.01" is two values on the command line, one text in a file.
+                    listed = f"; several values are a list in a grid file: {k} = [{', '.join(v.split(','))}]" if "," in v else ""
+                    raise ConfigError(f"grid file {path}, under [set]: {err}{listed}") from None  # err names the key
 
 
 def _read_toml(path: Path) -> dict:
