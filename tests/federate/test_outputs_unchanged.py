@@ -95,17 +95,19 @@ def _files(out: Path, method) -> dict:
 def outputs(case: str, out: Path) -> dict:
     name, head, fields = CASES[case]
     data = synthetic(sizes=[37, 80, 12, 64, 51], seed=3)
-    ctx = MethodContext(data, head, OptimConfig("adam", 1e-2), schedule=Schedule(local_epochs=2, batch_size=16, seed=5, rounds=fields["rounds"]))
+    # Adam at 1e-2 drove these heads to near-zero losses, where its normalised steps turn rounding noise into
+    # full-size updates: FedRep's per-client loop then differed by 44% in a number between two instruction sets.
+    ctx = MethodContext(data, head, OptimConfig("adam", 1e-3), schedule=Schedule(local_epochs=2, batch_size=16, seed=5, rounds=fields["rounds"]))
     method = METHODS.get(name)(ctx)
     r = run(method, RunConfig(**fields, out=out, keep_checkpoints="all"))
     summary = {k: v for k, v in r.summary.items() if k != "seconds"}
     return {"summary": summary, "history": r.history, **_files(out, method), "final": {"server": r.server, "clients": dict(r.clients)}}
 
 
-# A tensor's sum and sum of squares across CPUs: training grows the last bits of its arithmetic differently on
-# each, most in BatchNorm statistics (this AMD EPYC against the first record's CPU: sums off by up to 4.6% of the
-# tensor's norm in the per-client FedRep loop, squares by 0.24%), while every loss and accuracy agreed within 4e-5.
-TENSOR_SUM_OF_NORM, TENSOR_SQUARES = 0.2, 1e-2
+# A tensor's sum and sum of squares across CPUs, far above what rounding moves them: between this AMD EPYC's AVX2
+# kernels and torch's generic ones (ATEN_CPU_CAPABILITY=default) every case's sums moved by at most 1.1e-4 of
+# the tensor's norm, squares by 1.8e-5 of themselves, losses and accuracies by 1e-6.
+TENSOR_SUM_OF_NORM, TENSOR_SQUARES = 1e-2, 1e-3
 
 
 def _close(got, want, at: str) -> None:
@@ -162,16 +164,18 @@ def test_the_numbers_check_catches_a_changed_number():
     """The platform-independent check is not so loose that a real change passes it."""
     golden = json.loads(GOLDEN.read_text())["numbers"]["fedavg-fraction"]
     changed = json.loads(json.dumps(golden))
-    changed["history"][-1]["train_loss"] *= 1.01
+    changed["history"][-1]["train_loss"] *= 1.001
     with pytest.raises(AssertionError):
         _close(changed, golden, "fedavg-fraction")
     weight = golden["final"]["server"]["weight"]
-    for key, by in (("sum", 0.5 * math.sqrt(weight["squares"])), ("squares", 0.05 * weight["squares"])):
+    for key, by in (("sum", 0.02 * math.sqrt(weight["squares"])), ("squares", 0.002 * weight["squares"])):
         moved = json.loads(json.dumps(golden))
         moved["final"]["server"]["weight"][key] += by  # a trained tensor moved by more than CPUs round apart
         with pytest.raises(AssertionError):
             _close(moved, golden, "fedavg-fraction")
-    _close(json.loads(json.dumps(golden)), golden, "fedavg-fraction")
+    rounded = json.loads(json.dumps(golden))
+    rounded["final"]["server"]["weight"]["sum"] += 1e-3 * math.sqrt(weight["squares"])  # ten times what CPUs moved
+    _close(rounded, golden, "fedavg-fraction")
 
 
 def test_a_platform_s_records_are_its_cpus_and_its_record_from_before_cpus_were_named():
