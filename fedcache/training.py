@@ -236,6 +236,8 @@ def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torc
         "fedcache_version": __version__,
         "spec": spec.to_dict(),
         "device": device.type,
+        # Where the spec's relative paths (its store) were read from: a report made elsewhere still finds them.
+        "cwd": str(Path.cwd()),
         "partition": part_info,
         "data": {"dim": data.dim, "classes": list(data.class_names), "domains": list(data.domain_names),
                  "client_train_sizes": data.sizes().tolist(), "client_test_sizes": [len(r) for r in data.client_test],
@@ -382,4 +384,8 @@ def same_run(out: RunDir, config: dict) -> list[str] | None:
         return None
     # The partition's id hashes its request and its data, both compared (partition.request, partition.entries);
     # the hash itself took in the labels later, and a run made before that must stay resumable.
-    return [k.removeprefix("spec.") for k in same_config(migrate_config(saved), config) if k != "partition.partition_id"]
+    return [k.removeprefix("spec.") for k in same_config(migrate_config(saved), config) if k not in _NOT_COMPARED]
+
+
+# The partition's id: see same_run. Where a run started: a run resumed from another directory is the same run.
+_NOT_COMPARED = ("partition.partition_id", "cwd")

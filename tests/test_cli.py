@@ -401,3 +401,17 @@ def test_extract_options_default_to_the_config_s_defaults():
         checked.append(name)
     assert {"seed", "test_fraction", "download", "views", "dtype", "batch_size", "part", "splits"} <= set(checked)
     assert Part.parse("0/1") == Part()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["train", "--out", ""], "an empty argument after --out"),
+    (["grid", "--out=", "-m", "fedavg"], "--out= with nothing after the ="),
+    (["report", ""], "an empty argument after report"),
+])
+def test_an_empty_argument_is_refused_before_anything_runs(capsys, tmp_path, monkeypatch, args, said):
+    """``--out "$RUN"`` with RUN unset: an empty path is the current directory, where the run would have
+    written its files."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, *args)
+    assert code == 2 and said in err and "an unset shell variable" in err, err
+    assert list(tmp_path.iterdir()) == []

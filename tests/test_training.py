@@ -91,6 +91,15 @@ def test_a_run_started_before_a_config_key_was_added_resumes_and_a_changed_value
         train(cfg(store, out=out, rounds=2, resume=True))
 
 
+def test_a_run_resumed_from_another_directory_is_the_same_run(store, tmp_path, monkeypatch):
+    """config.json records where the run started (for a report made elsewhere), which is no option of the run."""
+    out = tmp_path / "r"
+    train(cfg(store, out=out, rounds=2))
+    monkeypatch.chdir(tmp_path)
+    assert json.loads((out / "config.json").read_text())["cwd"] != str(tmp_path)
+    assert train(cfg(store, out=out, rounds=2, resume=True)).summary["rounds"] == 2
+
+
 def test_fused_backbones_concatenate_features(store):
     from fedcache.training import prepare
 

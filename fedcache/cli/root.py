@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
     logging.basicConfig(level=os.environ.get("FEDCACHE_LOG", "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
     debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
+    empty = _empty_argument(sys.argv[1:] if argv is None else argv)
+    if empty:
+        err.print(f"[red]error:[/] {escape(empty)}: an unset shell variable? Give a value, or leave the option out",
+                  highlight=False, soft_wrap=True)
+        return 2
     try:
         # Without standalone mode click returns typer.Exit codes (130 for Ctrl-C) instead of raising them.
         code = app(args=argv, standalone_mode=False, prog_name="fedcache")
@@ -141,6 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     if code == INTERRUPTED:
         err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv)}")
     return code
+
+
+def _empty_argument(argv: list[str]) -> str | None:
+    """An empty argument is an unset shell variable (``--out "$RUN"``) far more often than a choice, and one is
+    read as something else: an empty path is the current directory, where a run would write its files."""
+    for i, a in enumerate(argv):
+        if a == "":
+            return f'an empty argument after {argv[i - 1]}' if i else "an empty argument"
+        if a.startswith("--") and a.endswith("=") and a.count("=") == 1:
+            return f"{a} with nothing after the ="
+    return None
 
 
 def _os_error(exc: OSError) -> str:

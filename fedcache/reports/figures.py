@@ -226,6 +226,14 @@ def bytes_per_round(groups: list[Group], layout: Layout) -> Figure:
     return _panels(layout, groups, _bytes)
 
 
+def _store_of(run: Run) -> Path:
+    """The run's store: a relative path as from where the run started (recorded since config.json had "cwd"),
+    else as from here (a project folder moved with its store)."""
+    given = Path(run.option("store"))
+    started = Path(run.config.get("cwd") or ".") / given
+    return started if started.exists() or not given.exists() else given
+
+
 def partition_charts(run: Run, folder: Path) -> list[Path]:
     """The bubble chart and sizes of the run's partition, read back from its store; [] when it is gone."""
     from fedcache.federate.partitions.storage import load_partition, table_keys
@@ -234,7 +242,7 @@ def partition_charts(run: Run, folder: Path) -> list[Path]:
 
     dataset, backbone, part = run.option("dataset"), (run.option("backbones") or [None])[0], run.config.get("partition", {})
     try:
-        store = FeatureStore(Path(run.option("store")), create=False)
+        store = FeatureStore(_store_of(run), create=False)
         train_t = store.read(dataset, "train", backbone)
         test_t = store.read(dataset, "test", backbone)
         changed = set(train_t.entry_ids + test_t.entry_ids) - set(part.get("entries", train_t.entry_ids + test_t.entry_ids))

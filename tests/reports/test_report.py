@@ -380,3 +380,14 @@ def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, c
     (stage / "test" / "grid.json").write_text(json.dumps(spec))
     (stage / "validation" / "grid.json").write_text(json.dumps({**spec, "sweep": {**spec["sweep"], "validation": ["true"]}}))
     assert _grid_cells(stage / "test") == 2 and _grid_cells(stage / "validation") == 4
+
+
+def test_a_report_made_elsewhere_finds_a_store_given_relative_to_where_the_run_started(toy_store, tmp_path, monkeypatch):
+    from fedcache.api import train
+    from fedcache.reports import write_report
+
+    monkeypatch.chdir(toy_store.parent)
+    train(toy_store.name, "test-toy", "tiny-timm-random", "fedavg", clients=2, rounds=1, out=tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    charts = [p.name for p in write_report(tmp_path / "run").figures if p.name.startswith("partition-")]
+    assert len(charts) == 2, charts

@@ -205,7 +205,7 @@ def test_damaged_text_embeddings_are_named_and_written_again(tmp_path):
 
 def test_store_info_of_an_empty_id_is_refused(store, capsys):
     code, out = run(capsys, "store", "info", "", "--store", str(store))
-    assert code == 2 and "not an entry id" in out
+    assert code == 2 and "an empty argument after info" in out
     code, out = run(capsys, "store", "rm", " ", "--store", str(store))
     assert code == 2 and "not an entry id" in out
 
