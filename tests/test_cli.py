@@ -191,6 +191,7 @@ def test_a_command_exit_code_is_the_process_exit_code(capsys, store_path, monkey
     assert code == 3
 
 
+@pytest.mark.slow
 def test_sigint_to_a_real_process_exits_130(tmp_path):
     import os
     import signal

@@ -57,6 +57,7 @@ def test_grid_speed_runs_both_engines(tmp_path):
     assert "cells per minute" in text and "arithmetic floor" in text and "mini-batch steps" in text
 
 
+@pytest.mark.slow
 def test_grid_speed_worked_grid_runs_both_engines(tmp_path):
     out = tmp_path / "worked.json"
     gs = bench("grid_speed")
@@ -143,6 +144,7 @@ def test_halving_against_the_full_select_grid(tmp_path):
     assert table.count("\n") == 1 + len(rules) and "| halving | " in table
 
 
+@pytest.mark.slow
 def test_grid_speed_stacking_comparison_runs(tmp_path):
     """On a GPU it compares stacks across partitions with stacks by partition; here (CPU) it checks the script."""
     out = tmp_path / "stacking.json"
@@ -151,6 +153,7 @@ def test_grid_speed_stacking_comparison_runs(tmp_path):
     assert res["cells_differing"]["differing"] == 0 and len(res["by_draws_over_across_per_trial"]) == 1
 
 
+@pytest.mark.slow
 def test_grid_speed_heads_comparison_runs(tmp_path):
     """Cells stacked vs alone per head: here on test-toy's tiny features, the script and its table."""
     out = tmp_path / "heads.json"

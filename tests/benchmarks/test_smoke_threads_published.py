@@ -15,6 +15,7 @@ from tests.conftest import SHARED_DATA
 CIFAR_JPEG = SHARED_DATA / "cifar10-jpeg.tar.gz"
 
 
+@pytest.mark.slow
 def test_threads_runs_both_arms_idle_and_beside_load(tmp_path):
     out = tmp_path / "threads.json"
     bench("threads").main(["--tiny", "--only", "linear-1280", "--out", str(out)])
@@ -54,6 +55,7 @@ def _jpeg_tree(root, per_class: int = 3) -> None:
                 Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(root / split / c / f"{i:04d}.jpg")
 
 
+@pytest.mark.slow
 def test_published_runs_both_workloads(tmp_path):
     tree, out = tmp_path / "cifar", tmp_path / "published.json"
     _jpeg_tree(tree, per_class=12)
@@ -84,6 +86,7 @@ def test_digits_are_mnist_shaped_and_seeded():
 
 
 @pytest.mark.skipif(not CIFAR_JPEG.is_file(), reason=f"no CIFAR-10 JPEG tarball at {CIFAR_JPEG}")
+@pytest.mark.slow
 def test_published_reads_the_cifar10_tarball(tmp_path):
     root = bench("published").cifar10_tree(CIFAR_JPEG, tmp_path, per_class=2)
     listed = sorted(p.relative_to(root).parts[:2] for p in root.glob("*/*/*.jpg"))

@@ -111,6 +111,7 @@ extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=
 """
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_is_bit_identical(tmp_path):
     extract(cfg(tmp_path / "ref.zarr"))
     store = tmp_path / "run.zarr"

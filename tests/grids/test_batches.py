@@ -145,6 +145,7 @@ def test_a_finished_grid_run_again_says_it_had_nothing_to_train(toy_store, tmp_p
     assert "nothing to train: every cell of this grid had finished in" in out and "cells per minute" not in out
 
 
+@pytest.mark.slow
 def test_batched_batches_in_worker_processes_equal_the_batches_in_process(toy_store, tmp_path):
     """--jobs 2: the batches train side by side in worker processes of one torch thread, each method's cells
     spread over the two workers (one batch per method with --jobs 1); every cell equals the in-process grid's."""
