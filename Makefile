@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(VENV)/bin/fedcache demo
 
 # The default run stays under 10 minutes on a 2-core CI machine; tests marked slow (real Flower
-# deployments, signals to real process trees, the full demo, the larger benchmark smoke runs) run in test-slow,
-# which CI runs after it.
+# deployments, signals to real process trees, the full demo, the larger benchmark smoke runs, a full disk on a
+# real tmpfs) run in test-slow, which CI runs after it.
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu and not slow"
 

@@ -203,6 +203,7 @@ def test_a_bad_option_on_a_busy_machine_is_one_error_line(toy_store, tmp_path, m
     assert capsys.readouterr().err.startswith("error: --out")
 
 
+@pytest.mark.slow
 def test_the_console_script_logs_the_line_at_info(toy_store):
     env = {k: v for k, v in os.environ.items() if k != ENV}
     env.update(PYTHONPATH=str(REPO), FEDCACHE_LOG="info")

@@ -201,6 +201,7 @@ def test_a_method_flower_cannot_run_is_refused_before_any_work(flower_store, tmp
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_run_that_never_finished_a_round_starts_again(flower_store, tmp_path, monkeypatch):
     """What an attempt that finished no round left in --out (its shards, config.json, a round of rounds.jsonl, or a
     sharding cut short) no longer blocks the same command; its shards are made again (they might be of another

@@ -206,6 +206,7 @@ def _sigint_handler() -> list:
     return [signal.getsignal(signal.SIGINT)]
 
 
+@pytest.mark.slow
 def test_workers_ignore_ctrl_c_which_the_grid_handles():
     """Ctrl-C reaches the whole process group: a worker still importing torch printed a traceback of its own
     before the grid's one line. Workers ignore it; this process, once they are started, handles it as before."""

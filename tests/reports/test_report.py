@@ -275,6 +275,7 @@ def test_a_finished_run_without_its_metrics_is_named_not_silently_left_out(toy_g
     assert len(runs) == 7 and f"{victim} is finished but has no metrics.jsonl" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_path, monkeypatch):
     """A full disk while the figures were drawn left the last report.md beside some of the new report's figures
     (another grid's plots under the old text); a figure only an older report drew was never removed."""
