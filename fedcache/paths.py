@@ -85,13 +85,14 @@ def writable_dir(path: Path | str, option: str) -> Path:
 def check_outside(out: Path | str, option: str = "--out") -> None:
     """An output directory outside every feature store and grid directory: written into a store, its files sat
     among the store's; into another grid (its ``cells/``, say), a report of that grid counted them as its own."""
-    out = Path(out).absolute()
+    out = Path(out).resolve()  # a link into a store or a grid is inside it
     for parent in (out, *out.parents):
         meta = parent / "zarr.json"
         if meta.is_file() and STORE_MARK in meta.read_text(errors="replace"):
             raise ConfigError(f"{option} {out} is inside the feature store {parent}; choose a directory outside it")
         if parent != out and (parent / GRID).is_file():
-            raise ConfigError(f"{option} {out} is inside the grid directory {parent}; choose a directory outside it")
+            raise ConfigError(f"{option} {out} is inside the grid directory {parent}, which writes its cells itself; "
+                              "choose a directory outside it")
 
 
 def _check_below(target: Path, path: Path, option: str) -> None:
