@@ -181,7 +181,7 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
     from fedcache.spec import parse_axes
     from fedcache.grids import GridSpec, load_toml, option_axes
-    from fedcache.grids.spec import check_file_axes, grid_fields
+    from fedcache.grids.spec import check_file_axes, grid_fields, grid_flag
 
     fields = load_toml(Path(config)) if config else {}
     from_file = {k.replace("-", "_"): v for k, v in fields.get("sweep", {}).items()}
@@ -189,7 +189,7 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     sweep = given.pop("sweep", None)
     flags = given.pop("option_axes", None)  # the CLI's run-option flags: unambiguous by how they were given
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
-    fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, _grid_flag))
+    fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
     if settings:
         fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
@@ -210,17 +210,6 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
     return spec
-
-
-GRID_FLAGS = {"methods": "--method", "keep_checkpoints": "--keep-checkpoints"}
-
-
-def _grid_flag(key: str) -> str:
-    """A grid field as messages name it: its flag, and for the options the spec declares its key too, as a run's."""
-    from fedcache.spec import grid_options
-
-    declared = {o.name: f"{o.flag} ({o.key})" for o in grid_options()}
-    return declared.get(key) or GRID_FLAGS.get(key, f"--{key}")
 
 
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,

@@ -21,6 +21,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from fedcache.config import PositiveInt, parse
@@ -35,6 +36,43 @@ CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches",
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 _RESERVED_ADVICE = ("give methods with --method, seeds with --seeds (in a grid file: methods = [...], seeds = [...] at the "
                     f"top, as out, engine and device); {', '.join(_RESERVED)} cannot be swept with --set")
+
+
+GRID_FLAGS = {"methods": "--method", "keep_checkpoints": "--keep-checkpoints"}
+
+
+def grid_flag(key: str) -> str:
+    """A grid field as messages name it: its flag, and for the options the spec declares its key too, as a run's."""
+    declared = {o.name: f"{o.flag} ({o.key})" for o in grid_options()}
+    return declared.get(key) or GRID_FLAGS.get(key, f"--{key}")
+
+
+@dataclass(frozen=True)
+class Names:
+    """How a grid's messages name what it was given: the command line's flags, or a grid file's keys."""
+    key: Callable[[str], str] = grid_flag
+    axis: Callable[[str], str] = "--set {}".format
+
+    @classmethod
+    def of_file(cls, path: Path) -> Names:
+        return cls(f"grid file {path}: {{}}".format, f"grid file {path}: set.{{}}".format)
+
+
+def check_lists(fields: dict[str, Any], names: Names) -> None:
+    """A grid's lists and axes: none empty, none giving a value twice (its cells made twice, counted twice in a
+    table's mean and standard deviation), no axis over an option the grid fixes itself; said in ``names``."""
+    for key in ("methods", "backbones", "seeds", "select"):
+        if key in fields:
+            if not fields[key] and key != "select":
+                raise ConfigError(f"{names.key(key)}=[]: give at least one")
+            _check_once(names.key(key), [str(v) for v in fields[key]])
+    for key, given in fields.get("sweep", {}).items():
+        if is_option(key) and option(key).name in _RESERVED:
+            raise ConfigError(f"{names.axis(key)}: not an axis; {_RESERVED_ADVICE}")
+        values = given if isinstance(given, (list, tuple)) else [given]
+        if not values:
+            raise ConfigError(f"{names.axis(key)}=[]: give a value or a list of values")
+        _check_once(names.axis(key), [str(v).strip() for v in values])
 
 
 @dataclass
@@ -69,20 +107,7 @@ class GridSpec:
         # Padding ("0.1 " in a file) would name a column and a cell folder, and make a second value of one.
         self.sweep = {k.strip().replace("-", "_"): [str(v).strip() for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
-        missing = [what for what, given in (("method (--method)", self.methods), ("backbone (--backbones)", self.backbones),
-                                            ("seed (--seeds)", self.seeds)) if not given]
-        if missing:
-            raise ConfigError(f"a grid needs at least one {', one '.join(missing)}")
-        bad = [k for k in self.sweep if is_option(k) and option(k).name in _RESERVED]
-        if bad:
-            raise ConfigError(f"--set {bad[0]}=...: {_RESERVED_ADVICE}")
-        empty = [k for k, vs in self.sweep.items() if not vs]
-        if empty:
-            raise ConfigError(f"--set {empty[0]}= has no values; write --set {empty[0]}=v1,v2")
-        _check_once("--method", self.methods)  # a method given twice made each of its cells twice: counted twice
-        _check_once("--seeds", [str(s) for s in self.seeds])
-        for k, vs in self.sweep.items():
-            _check_once(f"--set {k}", vs)
+        check_lists(vars(self), Names())
         if self.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
         self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
@@ -253,24 +278,8 @@ def load_toml(path: Path) -> dict:
     fields = grid_fields({k: v for k, v in raw.items() if k != "set"}, lambda key: f"grid file {path}: {key}")
     if "set" in raw:
         fields["sweep"] = _sweep(raw["set"], path)
-    _check_file_lists(fields, path)
+    check_lists(fields, Names.of_file(path))
     return fields
-
-
-def _check_file_lists(fields: dict, path: Path) -> None:
-    """What GridSpec would refuse naming the command line's flag (--seeds=0,0), said with the file and its key."""
-    for key in ("methods", "backbones", "seeds", "select"):
-        if key in fields:
-            if not fields[key] and key != "select":
-                raise ConfigError(f"grid file {path}: {key}=[]: give at least one")
-            _check_once(f"grid file {path}: {key}", [str(v) for v in fields[key]])
-    for key, value in fields.get("sweep", {}).items():
-        values = value if isinstance(value, list) else [value]
-        if not values:
-            raise ConfigError(f"grid file {path}: set.{key}=[]: give a value or a list of values")
-        if is_option(key) and option(key).name in _RESERVED:
-            raise ConfigError(f"grid file {path}: set.{key}: not an axis; {_RESERVED_ADVICE}")
-        _check_once(f"grid file {path}: set.{key}", [str(v).strip() for v in values])
 
 
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:

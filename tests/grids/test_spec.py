@@ -134,6 +134,21 @@ def test_a_method_given_twice_is_refused(tmp_path):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "fedprox", "fedavg"], out=tmp_path)
 
 
+
+@pytest.mark.parametrize("given, message", [
+    ({"methods": []}, r"--method=\[\]: give at least one"),
+    ({"backbones": []}, r"--backbones=\[\]: give at least one"),
+    ({"seeds": []}, r"--seeds=\[\]: give at least one"),
+    ({"backbones": ["b", "b"]}, r"--backbones=b,b: 'b' and 'b' are one value"),
+    ({"sweep": {"lr": []}}, r"--set lr=\[\]: give a value or a list of values"),
+    ({"sweep": {"seed": ["1", "2"]}}, r"--set seed: not an axis; give methods with --method, seeds with --seeds"),
+])
+def test_what_the_command_line_gives_is_checked_as_a_grid_file_is_named_by_its_flags(tmp_path, given, message):
+    """One check for both (grids.spec.check_lists): a grid file's messages name its keys (tests/grids/test_toml.py)."""
+    fields = {"store": tmp_path, "dataset": "d", "backbones": ["b"], "methods": ["fedavg"], "out": tmp_path, **given}
+    with pytest.raises(ConfigError, match=message):
+        GridSpec(**fields)
+
 def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
     def grid(methods, **sweep):
         return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=methods, out=tmp_path, sweep=sweep)
