@@ -22,6 +22,32 @@ def test_datasets_and_backbones_list_one_line_each(capsys):
     assert "RANDOM" in line
 
 
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_listings_fit_a_narrow_terminal_without_cutting_names_or_numbers(capsys, monkeypatch, store_path, columns):
+    """At 80 columns rich squeezed every column: dims read 40… (4096), methods clip-fc-centr…, the datasets'
+    source and classes vanished and `store ls` folded each entry over ten lines of two letters. Now the free
+    text is cut to the room left, optional columns are dropped (a line says which), and only a table that
+    still does not fit is printed wider than the terminal, one line per entry."""
+    from fedcache.cli.common import console
+
+    code, _, _ = run(capsys, "extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store_path), "--workers", "0")
+    assert code == 0
+    monkeypatch.setattr(console, "width", columns)
+    for args, names in ((["backbones"], ["alexnet-imagenet", "4096", "clip-rn50", "1024", "efficientnet-lite"]),
+                        (["methods"], ["clip-fc-centralized", "linear", "projection"]),
+                        (["datasets"], ["digits5-offline", "torchvision", "from data"]),
+                        (["store", "ls", "--store", str(store_path)], ["tiny-timm-random RANDOM", "complete", "train"])):
+        code, out, _ = run(capsys, *args)
+        lines = out.splitlines()
+        assert code == 0 and all(n in out for n in names), (args, out)
+        assert "…" not in "".join(l.split()[0] for l in lines if l.strip()), out  # first column whole
+        rows = [l for l in lines if l.strip() and not l.endswith("COLUMNS=160 shows them)")]
+        if args[0] != "store" and columns == 80:  # at 60 a listing may be wider than the terminal, never cut
+            assert max(map(len, rows)) <= columns, out
+    assert len([l for l in lines if "tiny-timm-random" in l]) == 4  # one line per entry
+    assert f"not shown at {columns} columns" in out
+
 def test_unknown_backbone_is_one_red_line_exit_1_or_2(capsys, store_path):
     code, _, err = run(capsys, "extract", "--dataset", "test-toy", "--backbones", "clip-rn5", "--store", str(store_path))
     assert code == 2  # a name it does not know is a bad option value (exit 2), as a bad --partition is

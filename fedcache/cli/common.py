@@ -12,6 +12,7 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
@@ -25,6 +26,44 @@ HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 _COLUMNS = os.environ.get("COLUMNS", "")
 console = Console() if sys.stdout.isatty() else Console(width=int(_COLUMNS) if _COLUMNS.isdigit() and int(_COLUMNS) > 0 else 160)
 err = Console(stderr=True, soft_wrap=True)  # a message is one line in a log or a pipe too (grep finds it); terminals wrap it
+
+FLEXIBLE_MIN = 12  # characters of a free-text column (a description) below which other columns make room
+
+
+def print_table(table: Table, optional: tuple[str, ...] = (), flexible: str | None = None) -> None:
+    """``table`` as wide as the console: its ``flexible`` column (free text) is cut to the room the others leave;
+    while that is under FLEXIBLE_MIN, the ``optional`` columns, least wanted first, are left out (a line says which
+    and how to see them). A table still wider is printed whole for the terminal to wrap, never squeezed into
+    columns of a few letters (``4096`` shown as ``40…``)."""
+    flex = next((c for c in table.columns if c.header == flexible), None)
+    cap = flex.max_width if flex else None
+
+    def width(flex_width: int | None = cap) -> int:
+        if flex is not None:
+            flex.max_width = flex_width
+        return console.measure(table, options=console.options.update_width(1 << 16)).maximum
+
+    least = min(cap or FLEXIBLE_MIN, FLEXIBLE_MIN) if flex else None
+    hidden = []
+    for name in optional:
+        if width(least) <= console.width:
+            break
+        column = next((c for c in table.columns if c.header == name), None)
+        if column is not None:
+            table.columns.remove(column)
+            hidden.append(name)
+    if flex is not None:
+        room = console.width - (width(1) - 1)
+        width(max(least, min(room, cap or room)))
+    shown, console.width = console.width, max(width(flex.max_width if flex else None), console.width)
+    try:  # print() itself cannot go wider than the console
+        console.print(table)
+    finally:
+        console.width = shown
+    if hidden:
+        console.print(f"[dim]{', '.join(hidden)} not shown at {shown} columns (COLUMNS=160 shows them)[/]",
+                      highlight=False)
+
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click import exceptions as _click_exceptions

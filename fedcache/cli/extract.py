@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, console
+from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, console, print_table
 
 
 def extract(
@@ -102,7 +102,7 @@ def datasets() -> None:
         n_cls = str(len(spec.classes)) if spec.classes else "from data"
         doms = ",".join(spec.domains) if spec.domains != ("all",) else "-"
         table.add_row(name, spec.source, n_cls, doms, spec.description)
-    console.print(table)
+    print_table(table, optional=("domains",), flexible="description")
 
 
 _WEIGHTS_FROM = {
@@ -126,6 +126,6 @@ def backbones() -> None:
     for name, spec in BACKBONES.items():
         weights = "[yellow]RANDOM[/] " + spec.weights_help if spec.random_weights else f"{spec.weights} ({_WEIGHTS_FROM[spec.source]})"
         table.add_row(name, spec.source, str(spec.embed_dim), str(spec.input_size), "yes" if spec.has_text else "", weights)
-    console.print(table)
+    print_table(table, flexible="weights (from)")
     for prefix, help_text in BACKBONES.prefixes().items():
         console.print(f"also: [bold]{help_text}[/]")

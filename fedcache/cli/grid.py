@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console
+from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, print_table
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.spec import grid_options, options
 from fedcache.wording import count
@@ -163,7 +163,7 @@ def reproduce(
     for n in needs:
         status = "[red]missing[/]" if not n.ok else "[yellow]download[/]" if n.how.startswith("downloaded") else "[green]ok[/]"
         table.add_row(n.kind, n.name, status, n.how)
-    console.print(table)
+    print_table(table, flexible="how")
     if dry_run:
         return
     with threads_for(threads), _progress() as progress:

@@ -9,7 +9,7 @@ import typer
 import typer.main
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, _spec_params, console
+from fedcache.cli.common import HELP_FLAGS, _spec_params, console, print_table
 from fedcache.cli.threads import threads_for, threads_param
 from fedcache.errors import ConfigError
 from fedcache.spec import RunSpec, options
@@ -30,7 +30,7 @@ def methods(name: Optional[str] = typer.Argument(None, help="a method: show its 
     for name, cls in METHODS.items():
         yes = lambda b: "yes" if b else ""
         table.add_row(name, cls.default_head, yes(cls.personalized), yes(cls.has_global_model), yes(cls.federated), cls.description)
-    console.print(table)
+    print_table(table, flexible="description")
     for name, cls in METHODS.items():
         for c in cls.commands:
             console.print(f"{name} adds [bold]fedcache {c.name}[/]: {c.help}")
@@ -50,7 +50,10 @@ def _settings(cls, name: str) -> None:
     for f in dataclasses.fields(cls.Settings):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         table.add_row(f.name, str(default), allowed(types[f.name]))
-    console.print(table if types else "no settings of its own")
+    if types:
+        print_table(table, flexible="accepts")
+    else:
+        console.print("no settings of its own")
     console.print(f"Set one with --set {next(iter(types), 'key')}=VALUE; its page: docs/methods/{name}.md", highlight=False)
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, console, err
+from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, console, err, print_table
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.wording import count
 
@@ -30,9 +30,7 @@ def store_ls(store: Path = StoreOpt) -> None:
     current = {e.entry_id for e in fs.current(infos).values()}
     table = Table(box=None)
     table.add_column("id", no_wrap=True, min_width=16)
-    for col in ("dataset", "split", "domain", "backbone"):
-        table.add_column(col, overflow="fold")
-    for col in ("view", "rows", "dim", "disk", "memory", "status"):
+    for col in ("dataset", "split", "domain", "backbone", "view", "rows", "dim", "disk", "memory", "status"):
         table.add_column(col, no_wrap=True, justify="right" if col in ("disk", "memory") else "left")
     for e in infos:
         k = {f: "?" for f in ("dataset", "split", "domain", "backbone", "view")} | e.key
@@ -40,7 +38,10 @@ def store_ls(store: Path = StoreOpt) -> None:
         disk, memory = fs.sizes(e)
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
                       str(e.dim), human_bytes(disk), human_bytes(memory), _status(fs, e, current))
-    console.print(table if infos else f"{store}: empty store")
+    if infos:
+        print_table(table, optional=("view", "memory", "dim", "disk"))
+    else:
+        console.print(f"{store}: empty store")
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
         console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade --store "

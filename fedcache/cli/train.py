@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
-from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console
+from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, print_table
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import RunSpec, options
@@ -37,14 +37,15 @@ def demo(
     for r in res.probes:
         probe.add_row(r.domain, str(r.n_train), str(r.n_test), f"{r.accuracy:.1f}")
     console.print(probe)
-    fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}")
-    for col in ("method", "acc % (std)", "global %", "params up/rnd", "bytes up/rnd", "sec"):
+    fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}; "
+                      "params and bytes up per round")
+    for col in ("method", "acc % (std)", "global %", "params up", "bytes up", "sec"):
         fed.add_column(col, no_wrap=True, min_width=max(len(col), 5))
     for name, s in res.runs.items():
         glob = f"{s['global_accuracy']:.2f}" if s.get("global_accuracy") is not None else "-"
         fed.add_row(name, f"{s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})", glob, f"{s['params_up_per_round']:,}",
                     f"{s['bytes_up'] // max(1, s['rounds']):,}", f"{s['seconds']:.1f}")
-    console.print(fed)
+    print_table(fed, optional=("sec",))
     console.print(f"report: [bold]{res.report}[/]")
     console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
 
