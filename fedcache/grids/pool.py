@@ -25,7 +25,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
     try:
         with _workers_ignore_ctrl_c():  # the pool starts its workers as the tasks are submitted
-            futures = [pool.submit(fn, *args) for fn, args in tasks]
+            futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
             yield from fut.result()
     except BrokenProcessPool:
@@ -72,7 +72,29 @@ def _stop(workers: set, grace: float = 5.0) -> None:
 
 def _init_worker(grid: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    # The grid stops its workers with SIGTERM (``_stop``): a worker exits as Python does, so its cell's clean-up
+    # runs (its run directory's lock is let go) and what it registered with multiprocessing's resource tracker
+    # is unregistered. Killed outright by the signal, each worker's Blosc lock (numcodecs makes one to read the
+    # partition) was reported as "leaked semaphore objects" under the grid's one line.
+    signal.signal(signal.SIGTERM, _exit)
     import torch
 
     torch.set_num_threads(1)
     on_orphaned(grid, lambda: os._exit(1))  # its grid killed outright: it would train on under the next command
+
+
+_stopping = False  # this worker was sent SIGTERM
+
+
+def _exit(signum: int, frame) -> None:
+    global _stopping
+    _stopping = True
+    raise SystemExit(128 + signum)  # in a cell, the pool sends it back as the cell's error; the worker goes on
+
+
+def _unless_stopping(fn: Callable, *args):
+    """``fn(*args)`` in a worker not yet stopped: the pool hands a stopped worker the cells it had queued all the
+    same, and only once none is left does it tell the worker to exit."""
+    if _stopping:
+        raise SystemExit(128 + signal.SIGTERM)
+    return fn(*args)

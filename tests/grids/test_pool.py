@@ -83,7 +83,9 @@ def _signal_mid_grid(proc, out, sig):
     t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    # One line: workers killed outright left multiprocessing's resource tracker warning of "leaked semaphore
+    # objects" (numcodecs' Blosc lock) after it.
+    assert proc.returncode == 130 and "Traceback" not in err and "resource_tracker" not in err, err
     assert time.monotonic() - t0 < 15
     time.sleep(0.5)
     assert not [w for w in workers if _alive(w)]
@@ -171,7 +173,9 @@ def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store
         _, err = proc.communicate(timeout=30)
     finally:
         _kill_tree(proc)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    # One line: workers killed outright left multiprocessing's resource tracker warning of "leaked semaphore
+    # objects" (numcodecs' Blosc lock) after it.
+    assert proc.returncode == 130 and "Traceback" not in err and "resource_tracker" not in err, err
     assert time.monotonic() - t0 < 15
     assert any((out / "batches").glob("*/*.pt")) and not list((out / "cells").glob("*/summary.json"))
 
