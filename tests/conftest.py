@@ -10,6 +10,9 @@ import pytest
 # No test may reach a network: make hub libraries fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# pytest-xdist's workers have COLUMNS=80 (one process has none: the CLI's console is then 160 wide). One width
+# everywhere, so a message wrapped at a temporary path's length cannot split the words a test looks for.
+os.environ["COLUMNS"] = "160"
 
 from fedcache.extract.datasets import DATASETS, Dataset, DatasetSpec, Samples  # noqa: E402
 from fedcache.extract.datasets.base import ArraySource  # noqa: E402
