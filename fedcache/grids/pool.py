@@ -28,19 +28,26 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
             futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
             yield from fut.result()
-    except BrokenProcessPool:
-        raise FedcacheError(
-            "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
-            "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
-            "with --jobs 1 to see the error. Finished cells are kept."
-        ) from None
-    except BaseException:
+    except BaseException as exc:
         # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: leaving the `with` block would
         # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
         pool.shutdown(wait=False, cancel_futures=True)
         _stop(set(multiprocessing.active_children()) - before)
+        lost = next((text for kind, text in _LOST_WORKER.items() if isinstance(exc, kind)), None)
+        if lost:
+            raise FedcacheError(lost) from None
         raise
     pool.shutdown()
+
+
+# A worker gone under the grid (the grid stops its own workers only once it is stopping itself).
+_LOST_WORKER = {
+    BrokenProcessPool: "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
+                       "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
+                       "with --jobs 1 to see the error. Finished cells are kept.",
+    SystemExit: "a grid worker process was sent SIGTERM from outside the grid (a job scheduler's limit, `kill`?), "
+                "so the grid stopped. Finished cells are kept; the same command resumes the others.",
+}
 
 
 @contextlib.contextmanager

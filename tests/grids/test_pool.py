@@ -173,12 +173,35 @@ def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store
         _, err = proc.communicate(timeout=30)
     finally:
         _kill_tree(proc)
-    # One line: workers killed outright left multiprocessing's resource tracker warning of "leaked semaphore
-    # objects" (numcodecs' Blosc lock) after it.
     assert proc.returncode == 130 and "Traceback" not in err and "resource_tracker" not in err, err
     assert time.monotonic() - t0 < 15
     assert any((out / "batches").glob("*/*.pt")) and not list((out / "cells").glob("*/summary.json"))
 
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.slow
+def test_a_worker_sent_sigterm_from_outside_stops_the_grid_in_one_line(toy_store, tmp_path):
+    """A worker exits on SIGTERM as Python does (pool._init_worker), which from outside the grid (a scheduler, kill)
+    reached the grid as the cell's SystemExit: it must stop the grid with its other workers and say so, not pass
+    as an exit status without a word while the other worker trains on."""
+    import os
+    import signal
+
+    out = tmp_path / "grid"
+    proc = _grid_process(toy_store, out, "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--jobs", "2",
+                         "--engine", "processes")
+    try:
+        _wait_for(proc, lambda: len(list(out.glob("cells/*/metrics.jsonl"))) >= 2)
+        workers = _children(proc.pid) - {os.getpid()}
+        worker = next(w for w in workers if "spawn_main" in open(f"/proc/{w}/cmdline").read())
+        os.kill(worker, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 1 and "Traceback" not in err and "resource_tracker" not in err, err
+    assert "a grid worker process was sent SIGTERM from outside the grid" in err
+    _wait_for_exit(workers)
 
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.slow
