@@ -52,10 +52,11 @@ def print_table(table: Table, optional: tuple[str, ...] = (), flexible: str | No
         if column is not None:
             table.columns.remove(column)
             hidden.append(name)
+    natural = width()
     if flex is not None:
         room = console.width - (width(1) - 1)
-        width(max(least, min(room, cap or room)))
-    shown, console.width = console.width, max(width(flex.max_width if flex else None), console.width)
+        natural = width(max(least, min(room, cap or room)))
+    shown, console.width = console.width, max(natural, console.width)
     try:  # print() itself cannot go wider than the console
         console.print(table)
     finally:

@@ -83,7 +83,7 @@ def _init_worker(grid: int) -> None:
     # runs (its run directory's lock is let go) and what it registered with multiprocessing's resource tracker
     # is unregistered. Killed outright by the signal, each worker's Blosc lock (numcodecs makes one to read the
     # partition) was reported as "leaked semaphore objects" under the grid's one line.
-    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     import torch
 
     torch.set_num_threads(1)
@@ -93,7 +93,7 @@ def _init_worker(grid: int) -> None:
 _stopping = False  # this worker was sent SIGTERM
 
 
-def _exit(signum: int, frame) -> None:
+def _exit_on_sigterm(signum: int, frame) -> None:
     global _stopping
     _stopping = True
     raise SystemExit(128 + signum)  # in a cell, the pool sends it back as the cell's error; the worker goes on

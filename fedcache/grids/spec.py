@@ -19,9 +19,9 @@ import itertools
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from fedcache.config import PositiveInt, parse
