@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fedcache.errors import ConfigError
 from fedcache.extract.backbones import BACKBONES, LOADERS, LoadedBackbone, LoadRequest
+from fedcache.extract.backbones.base import seeded_init
 from fedcache.extract.datasets import DATASETS, Dataset, DatasetOptions
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,10 @@ def load_backbone(name: str, checkpoint: Path | None = None, random_init: bool =
         spec = replace(spec, weights=f"checkpoint {Path(checkpoint).name}", random_weights=False)
     elif random_init:
         spec = replace(spec, weights="random", random_weights=True)
-    loaded = LOADERS.get(spec.source)(LoadRequest(spec, Path(checkpoint) if checkpoint else None))
+    # Seeded and forked: random weights are the same on every load (their hash keys the store), and building a
+    # model draws from torch's generator, which is the caller's, not ours to move.
+    with seeded_init(0):
+        loaded = LOADERS.get(spec.source)(LoadRequest(spec, Path(checkpoint) if checkpoint else None))
     loaded.image_encoder.eval().requires_grad_(False)
     if not loaded.embed_dim:
         loaded.embed_dim = spec.embed_dim

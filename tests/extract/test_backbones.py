@@ -105,3 +105,13 @@ def test_parse_weights():
         parse_weights(["resnet18-bird=/x.pth"])
     with pytest.raises(ConfigError, match="no such file"):
         load_backbone("resnet18-birds", checkpoint="/nonexistent.pth")
+
+
+@pytest.mark.parametrize("name,random_init", [("efficientnet-lite0", False), ("alexnet-imagenet", True),
+                                              ("resnet18-quickdraw", True)])
+def test_loading_a_backbone_leaves_the_callers_torch_generator_alone_and_random_weights_repeat(name, random_init):
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    a = load_backbone(name, random_init=random_init)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert load_backbone(name, random_init=random_init).weights_hash == a.weights_hash
