@@ -30,12 +30,31 @@ from fedcache.errors import ConfigError
 from fedcache.table import Table
 
 
-def _names(value: str | Iterable[str] | None) -> list[str] | None:
+def _names(value: str | Iterable[str] | None, what: str = "backbones") -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
-    return list(value)
+    names = list(value) if isinstance(value, Iterable) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{what}={value!r}: give a name, comma-separated names (\"a,b\") or a list of names")
+    return names
+
+
+def _check_callback(name: str, callback: Callable | None, *arguments: str) -> None:
+    """A callback that cannot take what fedcache passes would fail only once a round or a cell has trained and
+    written its folder (a retry then finds a run there), so it is checked before anything runs."""
+    if callback is None:
+        return
+    call = f"{name}({', '.join(arguments)})"
+    if not callable(callback):
+        raise ConfigError(f"{name}={callback!r} is not a function; give one that fedcache calls as {call}")
+    try:
+        inspect.signature(callback).bind(*arguments)
+    except TypeError as exc:
+        raise ConfigError(f"{name}: fedcache calls it as {call}, which {callback!r} cannot take ({exc})") from None
+    except ValueError:  # no signature to read (some builtins): it is called as it is
+        pass
 
 
 def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
@@ -85,7 +104,7 @@ def _extract_features(dataset: str, backbones: str | Iterable[str], store: str |
     ds_opts = DatasetOptions(**{k: options.pop(k) for k in list(options) if k in ds_fields})
     _check_keys(ExtractConfig, options, "extract")
     if "splits" in options:
-        options["splits"] = tuple(_names(options["splits"]))
+        options["splits"] = tuple(_names(options["splits"], "splits"))
     cfg = ExtractConfig(dataset=dataset, backbones=_names(backbones), store=Path(store), dataset_options=ds_opts, **options)
     return run(cfg, progress)
 
@@ -150,6 +169,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     from fedcache.spec import RunSpec
 
     _refuse_settings_as_options(options)
+    _check_callback("on_round", on_round, "done", "total", "line")
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
     check_not_a_cell(spec.engine.out)
@@ -177,11 +197,12 @@ def _refuse_settings_as_options(options: dict[str, Any]) -> None:
         raise ConfigError(f"fedcache.train(): {', '.join(misplaced)} {what} as settings={{{pairs}}}")
 
 
-def grid_spec(config: str | Path | None = None, **given: Any):
-    """A GridSpec from an optional TOML file, overridden by the arguments that are not None."""
+def grid_spec(config: str | Path | None = None, default_store: str | Path | None = None, **given: Any):
+    """A GridSpec from an optional TOML file, overridden by the arguments that are not None; ``default_store``
+    where neither gives a store (the command line's FEDCACHE_STORE)."""
     from fedcache.spec import parse_axes
     from fedcache.grids import GridSpec, load_toml, option_axes
-    from fedcache.grids.spec import check_file_axes, grid_fields, grid_flag
+    from fedcache.grids.spec import axis_text, check_file_axes, grid_fields, grid_flag
 
     fields = load_toml(Path(config)) if config else {}
     from_file = {k.replace("-", "_"): v for k, v in fields.get("sweep", {}).items()}
@@ -190,7 +211,7 @@ def grid_spec(config: str | Path | None = None, **given: Any):
     flags = given.pop("option_axes", None)  # the CLI's run-option flags: unambiguous by how they were given
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
     fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
-    fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"))
+    fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"), "methods")
     if settings:
         fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
     if sweep is not None:
@@ -201,12 +222,19 @@ def grid_spec(config: str | Path | None = None, **given: Any):
         if twice:  # --set rounds=6 --rounds 3: one of them would be dropped without a word
             raise ConfigError(f"{twice[0]} is given both as --set {twice[0]}=... and as its own option; give it once")
         fields["sweep"] = {**fields.get("sweep", {}), **axes}
+    if not fields.get("store") and default_store:  # the CLI's FEDCACHE_STORE, below a file's store and --store
+        fields["store"] = default_store
     missing = [k for k in ("store", "dataset", "backbones", "methods", "out") if not fields.get(k)]
     if missing:
         flags = {"methods": "--method", "backbones": "--backbones"}
-        raise ConfigError(f"a grid needs {', '.join(flags.get(k, '--' + k) for k in missing)} (as options or in the TOML file)")
+        as_flags = ", ".join(flags.get(k, "--" + k) for k in missing)
+        if config:
+            empty = " (the file is empty)" if not load_toml(Path(config)) else ""
+            raise ConfigError(f"grid file {config}{empty} gives no {', '.join(missing)}: add them at its top "
+                              f"({missing[0]} = ...), or give {as_flags}")
+        raise ConfigError(f"a grid needs {as_flags} (as options or in the TOML file)")
     spec = GridSpec(**fields)
-    kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [str(x) for x in (v if isinstance(v, list) else [v])]]
+    kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
     return spec
@@ -232,16 +260,19 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     ``on_plan`` is told how the engine runs the cells (how it grouped them) before it starts. ``device``: where
     every cell's rounds run (auto, cpu, cuda, cuda:N, mps), as ``fedcache.train``'s. ``prune="halving"`` (with
     ``select``): successive halving cuts the candidates on validation (``reduction_factor``, default 3, and
-    ``min_rounds``, the rounds before the first cut; docs/tuning.md).
+    ``min_rounds``, the rounds before the first cut; docs/tuning.md). Swept values come back as numbers where
+    they are numbers (``where(lr=0.01)``), as ``Table.from_csv`` reads them from results.csv.
     """
     from fedcache.grids import run_grid
 
+    _check_callback("on_cell", on_cell, "done", "total", "row")
+    _check_callback("on_plan", on_plan, "text")
     spec = grid_spec(config, store=store, dataset=dataset, backbones=_listed(backbones), methods=_listed(methods),
                      sweep=sweep, seeds=_listed(seeds), out=out, jobs=jobs, select=_listed(select) or None,
                      track=_listed(track) or None,
                      keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
                      prune=prune, reduction_factor=reduction_factor, min_rounds=min_rounds)
-    return run_grid(spec, on_cell, on_plan=on_plan)
+    return run_grid(spec, on_cell, on_plan=on_plan).parsed(spec.sweep)
 
 
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import html
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,13 @@ class Table:
 
     def where(self, **equal: Any) -> Table:
         return Table([r for r in self.rows if all(r.get(k) == v for k, v in equal.items())])
+
+    def parsed(self, columns: Iterable[str]) -> Table:
+        """``columns``' texts as numbers, booleans and None, as ``from_csv`` reads them back: a grid keeps its axis
+        values as the texts they were given in (they name its folders), while a user filters by number
+        (``where(lr=0.01)``)."""
+        texts = set(columns)
+        return Table([{k: _parse(v) if k in texts and isinstance(v, str) else v for k, v in r.items()} for r in self.rows])
 
     def to_csv(self, path: Path) -> Path:
         path = Path(path)

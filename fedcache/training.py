@@ -55,6 +55,9 @@ def check_out(spec: RunSpec) -> None:
     if e.track:
         _check_trackers(spec)
     if e.out is None:
+        if e.resume or e.overwrite:  # found out only after the data is read, or (--overwrite) never
+            flag = "--resume" if e.resume else "--overwrite"
+            raise ConfigError(f"{flag} works on the run folder in --out, and none was given; add --out DIR")
         return
     writable_dir(e.out, "--out")
     # Another command writing it is named, not mistaken for a finished run.

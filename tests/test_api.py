@@ -46,6 +46,31 @@ def test_extract_is_callable_and_reuses_the_cache(toy_store):
         fedcache.extract_features("test-toy", "tiny-timm-random", store=toy_store, colour="red")
 
 
+def test_a_grid_gives_swept_numbers_back_as_numbers_as_its_results_csv_reads_them(toy_store, tmp_path):
+    table = fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", out=tmp_path / "g",
+                          sweep={"partition": "iid", "rounds": 1, "clients": 3, "lr": [0.01, "1e-1"]})
+    assert sorted(table.column("lr")) == [0.01, 0.1] and table.column("clients") == [3, 3]
+    assert len(table.where(lr=0.01)) == 1 and table.column("partition") == ["iid", "iid"]
+    assert table.to_records() == fedcache.Table.from_csv(tmp_path / "g" / "results.csv").to_records()
+
+
+def test_what_would_fail_after_training_is_refused_before_anything_runs(toy_store, tmp_path):
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1, out=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^on_round: fedcache calls it as on_round\(done, total, line\), which .* cannot take"):
+        fedcache.train(**base, on_round=lambda done, total: None)
+    with pytest.raises(ConfigError, match=r"^on_round='x' is not a function; give one that fedcache calls as on_round\("):
+        fedcache.train(**base, on_round="x")
+    with pytest.raises(ConfigError, match=r"^backbones=123: give a name, comma-separated names"):
+        fedcache.train(**{**base, "backbones": 123})
+    with pytest.raises(ConfigError, match=r"^--resume works on the run folder in --out, and none was given; add --out"):
+        fedcache.train(**{**base, "out": None}, resume=True)
+    with pytest.raises(ConfigError, match=r"^on_cell: fedcache calls it as on_cell\(done, total, row\)"):
+        fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", out=tmp_path / "g",
+                      sweep={"rounds": 1}, on_cell=lambda row: None)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "g").exists()
+    fedcache.train(**base, on_round=print)  # a builtin, whose signature may not be readable, is called as it is
+
+
 def test_table_to_pandas_without_pandas_says_so(monkeypatch):
     table = fedcache.Table([{"a": 1}, {"a": 2, "b": 3}])
     assert table.columns == ["a", "b"] and table.column("b") == [None, 3]
@@ -160,9 +185,10 @@ def grid_spec_of(monkeypatch, tmp_path):
     """``grid_spec_of(**arguments)``: the GridSpec ``fedcache.grid`` builds from them, without running a cell."""
     import fedcache.grids
 
-    monkeypatch.setattr(fedcache.grids, "run_grid", lambda spec, on_cell=None, on_plan=None: spec)
+    specs = []
+    monkeypatch.setattr(fedcache.grids, "run_grid", lambda spec, on_cell=None, on_plan=None: specs.append(spec) or fedcache.Table([]))
     base = dict(store=tmp_path / "store.zarr", dataset="test-toy", backbones=BACKBONE, methods="fedavg")
-    return lambda **given: fedcache.grid(**{**base, "out": tmp_path / "grid", **given})
+    return lambda **given: (fedcache.grid(**{**base, "out": tmp_path / "grid", **given}), specs[-1])[1]
 
 
 def test_grid_select_and_track_take_a_text(grid_spec_of):
