@@ -186,6 +186,9 @@ class FeatureStore:
         new = not self.path.exists()
         if new and not create:
             raise StoreError(f"no feature store at {self.path}; create one with `fedcache extract --store {self.path} ...`")
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
+                             "as --store, or a new folder's path to create one")
         try:
             self.root = self._open_root(create)
         except DiskFullError:

@@ -143,6 +143,10 @@ def test_part_parsing():
 def test_not_a_store(tmp_path):
     with pytest.raises(StoreError, match="no feature store"):
         FeatureStore(tmp_path / "missing.zarr", create=False)
+    (tmp_path / "feats.npz").write_bytes(b"not a folder")
+    for create in (False, True):
+        with pytest.raises(StoreError, match=r"feats.npz is a file, not a feature store \(a store is a folder\); give"):
+            FeatureStore(tmp_path / "feats.npz", create=create)
 
 
 def test_an_entry_being_written_is_not_removed(store_path):
