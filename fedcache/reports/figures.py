@@ -162,14 +162,33 @@ def final_accuracy(groups: list[Group], layout: Layout) -> Figure:
 
 
 def _boxes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
+    from matplotlib.cbook import boxplot_stats
+
     labels = [layout.label(g) for g in groups]
-    box = ax.boxplot([g.per_client() for g in groups], showmeans=True, patch_artist=True)
-    for patch, label in zip(box["boxes"], labels):
-        patch.set_facecolor(styles[label].color)
-        patch.set_alpha(0.5)
+    for x, (g, label) in enumerate(zip(groups, labels), start=1):
+        (stats,) = boxplot_stats(np.asarray(g.per_client(), dtype=float))
+        _box(ax, x, stats, styles[label].color)
     ax.set_xticks(range(1, len(groups) + 1), labels, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("final accuracy % per client")
     return labels
+
+
+def _box(ax, x: float, stats: dict, color: str, half: float = 0.25) -> None:
+    """A box plot's box (quartiles), median, whiskers (1.5 IQR), mean (triangle) and outliers, as plain artists:
+    ``Axes.boxplot`` reads every rcParam, which makes matplotlib choose its backend and import pyplot (canvas.py)."""
+    from matplotlib.patches import Rectangle
+
+    q1, q3 = stats["q1"], stats["q3"]
+    ax.add_patch(Rectangle((x - half, q1), 2 * half, q3 - q1, facecolor=color, alpha=0.5, edgecolor="black",
+                           zorder=1.8))  # over the grid lines, under the median
+    ax.plot([x - half, x + half], [stats["med"]] * 2, color="tab:orange")
+    for end, edge in ((stats["whislo"], q1), (stats["whishi"], q3)):
+        ax.plot([x, x], [end, edge], color="black", linewidth=1)
+        ax.plot([x - half / 2, x + half / 2], [end, end], color="black", linewidth=1)
+    ax.plot([x], [stats["mean"]], marker="^", color="tab:green", linestyle="none")
+    if len(stats["fliers"]):
+        ax.plot([x] * len(stats["fliers"]), stats["fliers"], marker="o", markerfacecolor="none", color="black",
+                linestyle="none")
 
 
 def client_distribution(groups: list[Group], layout: Layout) -> Figure:

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,17 @@ def test_a_report_made_elsewhere_finds_a_store_given_relative_to_where_the_run_s
     monkeypatch.chdir(tmp_path)
     charts = [p.name for p in write_report(tmp_path / "run").figures if p.name.startswith("partition-")]
     assert len(charts) == 2, charts
+
+
+def test_a_report_leaves_a_scripts_matplotlib_unchosen(toy_grid, tmp_path):
+    """With no backend chosen yet, the report must not choose one (nor import pyplot): Axes.boxplot did both."""
+    shutil.copytree(toy_grid, tmp_path / "grid")
+    script = f"""
+import sys, matplotlib, fedcache
+fedcache.report(r"{tmp_path / 'grid'}")
+print(dict.__getitem__(matplotlib.rcParams, "backend") is matplotlib.rcsetup._auto_backend_sentinel,
+      "matplotlib.pyplot" in sys.modules)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["True", "False"]
