@@ -7,11 +7,24 @@ hung. `PlainProgress` takes the calls the CLI makes on a rich `Progress` (`add_t
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rich.console import Console
+
+
+def log_to_stderr(level: str | int) -> None:
+    """A command's log lines on stderr from ``level`` up. The level goes on the handler too: a library that sets
+    its own logger lower (flwr's is at DEBUG) passes the root logger's level, which only filters the root's
+    own records, and its debug lines reached the terminal."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for handler in root.handlers:
+        if handler not in before:  # a handler that was there (a test's, an application's) is not ours to change
+            handler.setLevel(level)
 
 
 @dataclass

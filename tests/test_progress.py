@@ -1,5 +1,7 @@
 """Plain progress lines where a progress bar would draw nothing (logs, CI, notebooks)."""
 import io
+import subprocess
+import sys
 
 from rich.console import Console
 
@@ -58,3 +60,11 @@ def test_a_task_resumed_part_way_starts_there_and_estimates_from_its_own_rate():
         progress.advance(task)
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["fedavg rounds 60/100 (60%)", "fedavg rounds 70/100 (70%) ETA 30s"]
+
+
+def test_a_librarys_debug_logger_is_held_back_at_the_commands_level():
+    """flwr sets its logger to DEBUG; the root logger's level never filters its records, the handler's does."""
+    code = ("import logging; from fedcache.progress import log_to_stderr; log_to_stderr('WARNING'); "
+            "lib = logging.getLogger('flwr'); lib.setLevel(logging.DEBUG); lib.debug('noise'); lib.warning('kept')")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert err == "WARNING flwr: kept\n"

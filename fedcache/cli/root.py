@@ -2,7 +2,6 @@
 example per command, and the entry point that turns errors and signals into exit codes."""
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -20,6 +19,7 @@ from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError, UnknownNameError
+from fedcache.progress import log_to_stderr
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -114,7 +114,7 @@ INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks."""
     mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
-    logging.basicConfig(level=os.environ.get("FEDCACHE_LOG", "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(os.environ.get("FEDCACHE_LOG", "WARNING").upper())
     debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
     empty = _empty_argument(sys.argv[1:] if argv is None else argv)
     if empty:

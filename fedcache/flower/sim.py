@@ -33,6 +33,7 @@ from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
 from fedcache.ownership import on_orphaned
+from fedcache.progress import log_to_stderr
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
@@ -243,5 +244,5 @@ def _interrupt_then_end(call_dir: Path, grace: float = 30.0) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.WARNING)
     sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2])))
