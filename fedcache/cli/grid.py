@@ -40,7 +40,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
-    spec = grid_spec(config=config, store=store or (None if config else DEFAULT_STORE), dataset=dataset,
+    spec = grid_spec(config=config, store=store, default_store=DEFAULT_STORE, dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, option_axes=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
@@ -102,9 +102,9 @@ def _grid_signature() -> inspect.Signature:
         ("threads", Optional[int], threads_option()),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in own]
-    for o in grid_options():  # grid's own options that the spec declares
+    for o in grid_options():  # grid's own options that the spec declares: text here, checked by grid_spec
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                                        default=typer.Option(None, *o.flags, help=o.help + ("" if o.default is None else f" \\[default: {o.default}]"))))
+                                        default=typer.Option(None, *o.flags, metavar=_metavar(o), help=o.help + ("" if o.default is None else f" \\[default: {o.default}]"))))
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
@@ -120,6 +120,15 @@ def _grid_signature() -> inspect.Signature:
             opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
     return inspect.Signature(params)
+
+
+def _metavar(o) -> str:
+    """What the help shows an option takes: the spec's type, though the option is read as text (grid_spec checks
+    it with messages that name the flag)."""
+    from fedcache.config import choices
+
+    names = choices(o.type)
+    return "[" + "|".join(map(str, names)) + "]" if names else {int: "INTEGER", float: "FLOAT"}.get(o.base, "TEXT")
 
 
 _grid.__signature__ = _grid_signature()

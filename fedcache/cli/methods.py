@@ -50,11 +50,11 @@ def _settings(cls, name: str) -> None:
     for f in dataclasses.fields(cls.Settings):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         table.add_row(f.name, str(default), allowed(types[f.name]))
-    if types:
-        print_table(table, flexible="accepts")
-    else:
-        console.print("no settings of its own")
-    console.print(f"Set one with --set {next(iter(types), 'key')}=VALUE; its page: docs/methods/{name}.md", highlight=False)
+    if not types:
+        console.print(f"no settings of its own; its page: docs/methods/{name}.md", highlight=False)
+        return
+    print_table(table, flexible="accepts")
+    console.print(f"Set one with --set {next(iter(types))}=VALUE; its page: docs/methods/{name}.md", highlight=False)
 
 
 def _method_commands(taken: set[str]) -> dict:

@@ -122,8 +122,9 @@ class FedPCL(Method):
             method, row = PAPER_ROWS[self.p.loss]
             raise ConfigError(
                 f"loss={self.p.loss}: the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are "
-                f"{method}'s in the paper's Table 11); run -m {method} --head projection on the same partition, or "
-                "`fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss is fedpcl or supcon")
+                f"{method}'s in the paper's Table 11); run -m {method} --head mlp (the paper's baseline head, Table 7) "
+                "on the same partition, or `fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss "
+                "is fedpcl or supcon")
         if self.p.predict == "classifier" and self.p.ce_weight == 0 and self.p.first_round != "ce":
             raise ConfigError(
                 f"predict=classifier with ce_weight=0 and first_round={self.p.first_round}: nothing trains the classifier, "
