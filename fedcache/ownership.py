@@ -106,7 +106,7 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
         finally:
             _release_count(key)
         return
-    created = not directory.exists()
+    made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK
     fd = _acquire(path, what, wait, advice, resumes)
@@ -117,9 +117,9 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
         _release_count(key)
         if fd is not None:
             _let_go(fd, path)
-        if created:
-            with contextlib.suppress(OSError):
-                directory.rmdir()  # only if empty: a command refused before writing leaves nothing behind
+        with contextlib.suppress(OSError):
+            for made_dir in made:  # only if empty: a command refused before writing leaves nothing behind,
+                made_dir.rmdir()   # nor the parents it made (runs/ of runs/g)
 
 
 def check_free(directory: Path | str, what: str, advice: str = "choose another --out", resumes: str = RESUMES) -> None:

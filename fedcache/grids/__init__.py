@@ -11,13 +11,15 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 
-from fedcache.errors import DiskFullError
+from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.cells import DIVERGED, METRIC_COLUMNS
-from fedcache.grids.run import CellCallback, PlanCallback, in_saved_order, run_cells
+from fedcache.grids.run import CellCallback, PlanCallback, _holds_runs, in_saved_order, run_cells
 from fedcache.grids.select import run_selected
-from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
+from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.grids.table import load_results, summary_markdown
 from fedcache.ownership import hold
 from fedcache.paths import check_outside
@@ -32,6 +34,7 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
     spec.check_given()
     check_outside(spec.out)
+    fresh = not (spec.out / SPEC).exists()
     with hold(spec.out, f"the grid directory {spec.out}"):
         spec = in_saved_order(spec)
         try:
@@ -40,6 +43,23 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
             return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan))
         except DiskFullError as exc:  # a cell's advice speaks of train's --resume: a grid resumes by itself
             raise exc.advised(AGAIN) from None
+        except FedcacheError:
+            if fresh:  # refused before any cell ran (an unknown dataset, --select without spare rows): no plan left
+                _forget_plan(spec.out)
+            raise
+
+
+def _forget_plan(out) -> None:
+    """What a grid refused before its first cell wrote (its grid.json, its stages' and its features): the
+    directory is as it was, and empty it is removed (ownership.hold)."""
+    if _holds_runs(out):
+        return
+    for stage in (out / "validation", out / "test", out):
+        (stage / SPEC).unlink(missing_ok=True)
+        shutil.rmtree(stage / FEATURES, ignore_errors=True)
+        for empty in ((stage / "cells", stage) if stage != out else ()):
+            with contextlib.suppress(OSError):
+                empty.rmdir()
 
 
 def _said_diverged(spec: GridSpec, table: Table) -> Table:

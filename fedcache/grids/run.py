@@ -8,6 +8,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 from fedcache.errors import ConfigError
@@ -125,9 +126,23 @@ def in_saved_order(spec: GridSpec) -> GridSpec:
         saved = json.loads((spec.out / SPEC).read_text()).get("sweep", {})
     except (OSError, ValueError, AttributeError):
         return spec  # no grid here yet, or a damaged grid.json: check_spec says so
-    if set(saved) != set(spec.sweep) or list(saved) == list(spec.sweep):
+    if not isinstance(saved, dict) or set(saved) != set(spec.sweep):
         return spec
-    return dataclasses.replace(spec, sweep={k: spec.sweep[k] for k in saved})
+    # A value spelled otherwise than the grid that started here (1e-3 and 0.001, 1 and 1.0, true and True: one
+    # value) keeps that grid's spelling, which names its cells' folders: refused as another grid otherwise.
+    sweep = {k: _saved_spelling(spec.sweep[k], saved[k]) for k in saved}
+    if sweep == spec.sweep and list(sweep) == list(spec.sweep):
+        return spec
+    return dataclasses.replace(spec, sweep=sweep)
+
+
+def _saved_spelling(values: list[str], saved: Any) -> list[str]:
+    from fedcache.grids.spec import same_value
+
+    if not isinstance(saved, list):
+        return values
+    spelled = {same_value(str(v)): str(v) for v in saved}
+    return [spelled.get(same_value(v), v) for v in values]
 
 
 def _holds_runs(out: Path) -> bool:

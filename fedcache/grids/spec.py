@@ -72,7 +72,18 @@ def check_lists(fields: dict[str, Any], names: Names) -> None:
         values = given if isinstance(given, (list, tuple)) else [given]
         if not values:
             raise ConfigError(f"{names.axis(key)}=[]: give a value or a list of values")
-        _check_once(names.axis(key), [str(v).strip() for v in values])
+        _check_once(names.axis(key), [axis_text(v) for v in values])
+
+
+def axis_text(value: Any) -> str:
+    """One axis value as the command line spells it, whatever gave it (a grid file's TOML value, the API's
+    Python value): ``true``/``false``, not ``True``; ``2``, not ``2.0`` (an integral number is an integer for
+    ``rounds`` as on the command line, and names one cell folder with ``--alpha 0.1,1``'s ``1``); text stripped."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value).strip()
 
 
 @dataclass
@@ -105,7 +116,7 @@ class GridSpec:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
         self.seeds = [option("seed").parse(s) for s in self.seeds]  # 'a' is a clear error, not a ValueError
         # Padding ("0.1 " in a file) would name a column and a cell folder, and make a second value of one.
-        self.sweep = {k.strip().replace("-", "_"): [str(v).strip() for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
+        self.sweep = {k.strip().replace("-", "_"): [axis_text(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
         check_lists(vars(self), Names())
         if self.jobs < 1:
@@ -273,13 +284,42 @@ def load_toml(path: Path) -> dict:
     known = {f.name for f in dataclasses.fields(GridSpec) if f.name not in ("sweep", "features")} | {"set"}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}; "
-                          "run options and settings (rounds, alpha, lr, ...) go under [set]")
+        raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(_suggested(k, known) for k in unknown)}; known: "
+                          f"{', '.join(sorted(known))}; run options and settings (rounds, alpha, lr, ...) go under [set]")
     fields = grid_fields({k: v for k, v in raw.items() if k != "set"}, lambda key: f"grid file {path}: {key}")
     if "set" in raw:
+        if isinstance(raw["set"], dict):
+            _refuse_grid_keys_under_set(raw["set"], known - {"set"}, path)
         fields["sweep"] = _sweep(raw["set"], path)
     check_lists(fields, Names.of_file(path))
     return fields
+
+
+# A grid's own keys under [set], as a user may spell them there: the top-level key each one is.
+_TOP_ALIASES = {"seed": "seeds", "method": "methods", "backbone": "backbones"}
+
+
+def _refuse_grid_keys_under_set(table: dict, top: set[str], path: Path) -> None:
+    """``seeds``, ``jobs``, ``select``, ... under [set]: keys of the grid itself, one per file at its top. Said as
+    that (the unknown-key message suggested ``seed``, itself refused under [set]; ``select`` suggested ``seed``)."""
+    for key in table:
+        name = key.strip().replace("-", "_")
+        name = _TOP_ALIASES.get(name, name)
+        if name in top:
+            raise ConfigError(f"grid file {path}: set.{key}: not an axis; {name} is a key of the grid itself: write "
+                              f"{name} = ... at the top of the file, above [set]")
+
+
+def _suggested(key: str, known: set[str]) -> str:
+    import difflib
+
+    name = key.replace("-", "_")
+    if name in _TOP_ALIASES or name in known:
+        return f"{key} (did you mean {_TOP_ALIASES.get(name, name)}?)"
+    if is_option(name) and option(name).name not in _RESERVED:
+        return f"{key} (a run option: put it under [set])"
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"{key} (did you mean {close[0]}?)" if close else key
 
 
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
@@ -320,7 +360,18 @@ def _read_toml(path: Path) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"grid file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"grid file {path} is not valid TOML: {_toml_problem(str(exc), text)}") from None
+
+
+def _toml_problem(message: str, text: str) -> str:
+    """tomllib's message, with what it means where it is terse: a key given twice is "Cannot overwrite a value"."""
+    found = re.search(r"\(at line (\d+), column \d+\)", message)
+    if not found or not message.startswith("Cannot overwrite a value"):
+        return message
+    line = text.splitlines()[int(found.group(1)) - 1] if int(found.group(1)) <= len(text.splitlines()) else ""
+    key = line.split("=", 1)[0].strip()
+    return (f"{key or 'a key'} is given twice (the second at line {found.group(1)}); give each key once, and the "
+            "values of an axis as one list: key = [v1, v2]")
 
 
 def _grid_types() -> dict[str, tuple[Any, bool]]:
@@ -362,6 +413,12 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
     if not isinstance(table, dict):
         raise ConfigError(f"grid file {path}: set={table!r}: expected a table ([set] with key = value lines)")
     table = _dotted(table)
+    seen: dict[str, str] = {}
+    for key in table:  # local-epochs and local_epochs: one axis; GridSpec kept the last without a word
+        name = key.strip().replace("-", "_")
+        if name in seen:
+            raise ConfigError(f"grid file {path}: set.{seen[name]} and set.{key} are one key ({name}); give it once")
+        seen[name] = key
     scalar = (str, int, float, bool)
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
@@ -388,22 +445,26 @@ def _dotted(table: dict, prefix: str = "") -> dict:
     return out
 
 
+def same_value(v: str) -> Any:
+    """What an axis value means, whatever its spelling: 1e-3 and 0.001 are one value, 1 and 1.0, true and True."""
+    if v.lower() in ("true", "false"):
+        return v.lower()
+    for kind in (int, float):  # int first: 2**53 and 2**53 + 1 are one float
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
 def _check_once(what: str, values: list[str]) -> None:
     """A value given twice made the same cell twice (or two cells of one value): counted twice in the table's mean
     and standard deviation."""
-    def same(v: str):
-        for kind in (int, float):  # int first: 2**53 and 2**53 + 1 are one float
-            try:
-                return kind(v)  # 1e-3 and 0.001 too
-            except ValueError:
-                pass
-        return v
-
     seen: dict = {}
     for v in values:
-        if same(v) in seen:
-            raise ConfigError(f"{what}={','.join(values)}: {seen[same(v)]!r} and {v!r} are one value; give each value once")
-        seen[same(v)] = v
+        if same_value(v) in seen:
+            raise ConfigError(f"{what}={','.join(values)}: {seen[same_value(v)]!r} and {v!r} are one value; give each value once")
+        seen[same_value(v)] = v
 
 
 def cells(spec: GridSpec) -> list[Cell]:
