@@ -1,6 +1,6 @@
 """fedcache: federated learning on cached embeddings of frozen pretrained models."""
 # fedcache leaves OpenMP's waiting policy to torch: no spin setting is better both on an idle machine
-# and on one shared with a busy process (docs/performance.md, "Findings of past investigations").
+# and on one shared with a busy process (CHANGELOG.md, "Measurements and investigations").
 
 __version__ = "0.1.0"
 

@@ -200,8 +200,7 @@ def _refuse_settings_as_options(options: dict[str, Any]) -> None:
 def grid_spec(config: str | Path | None = None, default_store: str | Path | None = None, **given: Any):
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None; ``default_store``
     where neither gives a store (the command line's FEDCACHE_STORE)."""
-    from fedcache.spec import parse_axes
-    from fedcache.grids import GridSpec, load_toml, option_axes
+    from fedcache.grids import GridSpec, load_toml
     from fedcache.grids.spec import axis_text, check_file_axes, grid_fields, grid_flag
 
     fields = load_toml(Path(config)) if config else {}
@@ -212,16 +211,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
     fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"), "methods")
-    if settings:
-        fields["sweep"] = {**fields.get("sweep", {}), **parse_axes(list(settings))}
-    if sweep is not None:
-        fields["sweep"] = {**fields.get("sweep", {}), **_sweep_axes(sweep)}
-    if flags:
-        axes = option_axes(flags, fields["methods"] or [])
-        twice = sorted(set(axes) & set(parse_axes(list(settings or []))))
-        if twice:  # --set rounds=6 --rounds 3: one of them would be dropped without a word
-            raise ConfigError(f"{twice[0]} is given both as --set {twice[0]}=... and as its own option; give it once")
-        fields["sweep"] = {**fields.get("sweep", {}), **axes}
+    fields["sweep"] = _merged_sweep(fields.get("sweep", {}), fields["methods"] or [], settings, sweep, flags)
     if not fields.get("store") and default_store:  # the CLI's FEDCACHE_STORE, below a file's store and --store
         fields["store"] = default_store
     missing = [k for k in ("store", "dataset", "backbones", "methods", "out") if not fields.get(k)]
@@ -238,6 +228,28 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
     return spec
+
+
+def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any, flags: Any) -> dict:
+    """The grid file's axes with the call's over them (``--set``, ``sweep=``, the run-option flags). The call's key
+    replaces the file's for the same setting under another name too (``optim.lr`` in the file, ``--set lr``), as
+    under the same name: refused as one setting given twice, the command line could not override the file."""
+    from fedcache.grids import option_axes
+    from fedcache.grids.spec import setting_places
+    from fedcache.spec import parse_axes
+
+    given = parse_axes(list(settings)) if settings else {}
+    if sweep is not None:
+        given.update(_sweep_axes(sweep))
+    if flags:
+        axes = option_axes(flags, methods)
+        twice = sorted(set(axes) & set(parse_axes(list(settings or []))))
+        if twice:  # --set rounds=6 --rounds 3: one of them would be dropped without a word
+            raise ConfigError(f"{twice[0]} is given both as --set {twice[0]}=... and as its own option; give it once")
+        given.update(axes)
+    taken = {place for key in given for place in setting_places(key, methods)}
+    kept = {k: v for k, v in from_file.items() if k not in given and not setting_places(k, methods) & taken}
+    return {**kept, **given}
 
 
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,

@@ -173,19 +173,15 @@ class GridSpec:
             return None
 
     def _check_one_name_per_setting(self) -> None:
-        """``lr`` and ``optim.lr`` (a grid file's [set] and a --set, say) are one setting: two axes over it labelled
-        every cell with one and trained it with the other."""
-        for m in self.methods:
-            seen: dict[tuple[str, str], str] = {}
-            for key in self.sweep:
-                try:
-                    where = route(key, m, run_options=True)
-                except FedcacheError:  # an unknown method, key or an ambiguous one: said by the other checks
-                    continue
-                if where in seen:
-                    raise ConfigError(f"{seen[where]} and {key} name the same setting of {m} ({'.'.join(where)}); give it "
-                                      "once, under one name")
-                seen[where] = key
+        """``lr`` and ``optim.lr`` (two --set, say) are one setting: two axes over it labelled every cell with one
+        and trained it with the other."""
+        seen: dict[tuple, str] = {}
+        for key in self.sweep:
+            for m, where in setting_places(key, self.methods):
+                if (m, where) in seen:
+                    raise ConfigError(f"{seen[m, where]} and {key} name the same setting of {m} ({'.'.join(where)}); "
+                                      "give it once, under one name")
+                seen[m, where] = key
 
     def _check_partition_axes(self) -> None:
         """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell
@@ -443,6 +439,18 @@ def _dotted(table: dict, prefix: str = "") -> dict:
         name = f"{prefix}{key}"
         out.update(_dotted(value, name + ".") if isinstance(value, dict) and value else {name: value})
     return out
+
+
+def setting_places(key: str, methods: list[str]) -> set[tuple[str, tuple]]:
+    """Where ``key`` lands in each method's configuration: ``lr`` and ``optim.lr`` land in one place. None for a
+    method that lacks it (an unknown method, key or an ambiguous one: said by other checks)."""
+    places = set()
+    for m in methods:
+        try:
+            places.add((m, route(key.strip().replace("-", "_"), m, run_options=True)))
+        except FedcacheError:
+            pass
+    return places
 
 
 def same_value(v: str) -> Any:

@@ -54,7 +54,7 @@ def train_body(x, real, w1, b1, gamma, beta) -> tuple[torch.Tensor, torch.Tensor
     ``real`` is (K, B, 1) with 1 for real rows."""
     h = torch.relu(torch.baddbmm(b1, x, w1))
     # Moments as a mean, a centring and a mean of squares: torch.var_mean over the row axis is much slower
-    # (docs/performance.md, "BatchNorm moments").
+    # (CHANGELOG.md, "Measurements and investigations").
     n = real.sum(1, keepdim=True).clamp_min(1.0)
     mean = (h * real).sum(1, keepdim=True) / n
     centred = h - mean

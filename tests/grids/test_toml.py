@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fedcache.errors import ConfigError
 from fedcache.grids import GridSpec, load_toml
 from tests.conftest import BACKBONE
 from tests.faults import one_error_line, run_cli
@@ -271,3 +272,16 @@ def test_a_grid_file_without_a_store_takes_fedcache_store(toy_store, tmp_path, c
     (tmp_path / "g.toml").write_text(f'dataset = "test-toy"\nbackbones = "{BACKBONE}"\n{BASE}out = "{tmp_path / "g"}"\n{RUN}')
     code, err = run_cli(["grid", "-c", tmp_path / "g.toml"], capsys)
     assert code == 0, err
+
+
+def test_the_command_line_overrides_a_files_setting_given_under_another_name(tmp_path):
+    """optim.lr in the file, --set lr on the command line: one setting, and the command line wins as it does
+    under the same name (it was refused as the setting given twice)."""
+    from fedcache.api import grid_spec
+
+    (tmp_path / "g.toml").write_text(f'{BASE}backbones = "b"\nstore = "s.zarr"\ndataset = "d"\nout = "{tmp_path / "g"}"\n'
+                                     '[set]\noptim.lr = [0.1, 0.2]\nlocal-epochs = 2\nrounds = 3\n')
+    spec = grid_spec(tmp_path / "g.toml", settings=["lr=0.01", "local_epochs=1"])
+    assert spec.sweep == {"rounds": ["3"], "lr": ["0.01"], "local_epochs": ["1"]}
+    with pytest.raises(ConfigError, match="lr and optim.lr name the same setting of fedavg"):
+        grid_spec(tmp_path / "g.toml", settings=["lr=0.01", "optim.lr=0.02"])
