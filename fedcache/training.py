@@ -76,7 +76,10 @@ def _check_not_started(spec: RunSpec) -> None:
     e = spec.engine
     if (Path(e.out) / GRID).exists():
         raise ConfigError(f"{e.out} holds a grid ({GRID}), not a run; choose another --out")
-    if not e.resume and not e.overwrite and RunDir(e.out).started():
+    out = RunDir(e.out)
+    # Metrics lines without a checkpoint are of rounds nothing can continue (a kill between the first round's line
+    # and its checkpoint): such a directory is started again, not refused (--resume would find no checkpoint).
+    if not e.resume and not e.overwrite and (out.has_checkpoint() or out.finished()):
         raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                           "or choose another --out")
 
@@ -256,8 +259,8 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
         method, resolved = prepare(spec, tables)
         e = spec.engine
         if e.out is not None:
-            if e.overwrite:
-                RunDir(e.out).clear()
+            if e.overwrite or (not e.resume and not RunDir(e.out).has_checkpoint()):
+                RunDir(e.out).clear()  # --overwrite; or the lines of rounds no checkpoint covers (see _check_not_started)
             _prepare_out(spec, resolved)
         trackers = _open_trackers(spec, resolved, run_name)
         out = RunDir(e.out, e.keep_checkpoints) if e.out is not None else None

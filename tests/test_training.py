@@ -347,3 +347,38 @@ def test_splits_resized_by_different_backends_are_one_encoder():
 
     assert not _differ([info("torch")], [info("pil")])
     assert _differ([info("torch")], [info("torch", size=32)])
+
+
+def test_a_run_killed_between_its_first_metrics_line_and_its_first_checkpoint_starts_again(store, tmp_path):
+    """kill -9 after round 1's line and before round 1's checkpoint: a plain re-run was refused ("pass --resume")
+    and --resume too ("no checkpoint ... start the run without --resume")."""
+    whole = train(cfg(store, out=tmp_path / "whole"))
+    out = tmp_path / "killed"
+    out.mkdir()
+    (out / "config.json").write_text((tmp_path / "whole" / "config.json").read_text())
+    (out / "metrics.jsonl").write_text((tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    again = train(cfg(store, out=out))
+    assert again.history == whole.history
+    assert (out / "metrics.jsonl").read_text() == (tmp_path / "whole" / "metrics.jsonl").read_text()
+
+
+def test_a_clear_cut_short_never_leaves_a_summary_without_its_metrics(store, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from fedcache.federate.rundir import RunDir
+
+    train(cfg(store, out=tmp_path / "r"))
+    real = Path.unlink
+    removed = []
+
+    def killed_after_two(self, *a, **kw):
+        if len(removed) == 2:
+            raise KeyboardInterrupt
+        removed.append(self.name)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "unlink", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        RunDir(tmp_path / "r").clear()
+    left = {p.name for p in (tmp_path / "r").iterdir()}
+    assert "summary.json" not in left and "config.json" in left, left
