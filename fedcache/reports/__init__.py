@@ -21,6 +21,7 @@ from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
+from fedcache.store.locks import exclusive_lock
 from fedcache.wording import count
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
@@ -50,6 +51,18 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     out = writable_dir(out, "--out") if out else None  # before any figure is drawn
     runs = find_runs(root)
     out = out or writable_dir(root, "the run directory (or give --out)")
+    # One report at a time into one directory: two share the staging folder, and the second removed the first's
+    # figures under it ("No such file or directory: .../.report-figures.partial/accuracy-per-round.png").
+    with exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT,
+                        advice="another `fedcache report` writes it; report again once it has finished"):
+        return _write_report(root, runs, out)
+
+
+REPORT_LOCK = ".report.lock"
+REPORT_WAIT = 300.0  # seconds: a second report of the same directory waits for the first, then writes its own
+
+
+def _write_report(root: Path, runs: list[Run], out: Path) -> ReportPaths:
     fig_dir, staged = out / FIG_DIR, out / f".{FIG_DIR}.partial"
     # Drawn beside the last report's figures, which give way only once every one is: a report that fails part way
     # (a full disk) leaves the last one whole, and a figure the new one does not draw goes with the old set.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedcache.cli import main
+from fedcache.errors import FedcacheError
 
 CHECK_SCRIPT = """<script>
 window.addEventListener('load', () => {
@@ -407,3 +408,16 @@ print(dict.__getitem__(matplotlib.rcParams, "backend") is matplotlib.rcsetup._au
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout
     assert out.split() == ["True", "False"]
+
+
+def test_a_second_report_of_one_directory_waits_for_the_first(toy_grid, tmp_path, monkeypatch):
+    """Two reports shared one staging folder, and the second removed the first's figures under it."""
+    import fedcache.reports as reports
+    from fedcache.store.locks import exclusive_lock
+
+    shutil.copytree(toy_grid, tmp_path / "grid")
+    monkeypatch.setattr(reports, "REPORT_WAIT", 0.2)
+    with exclusive_lock(tmp_path / "grid" / reports.REPORT_LOCK, "a report"):
+        with pytest.raises(FedcacheError, match="another `fedcache report` writes it; report again once it has finished"):
+            reports.write_report(tmp_path / "grid")
+    assert reports.write_report(tmp_path / "grid").html.exists()
