@@ -358,6 +358,8 @@ class FeatureStore:
         dataset, backbone, and the options in its key that are not the defaults (another --dtype would write new
         entries instead of finishing these)."""
         k = pending[0].key
+        if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
+            return f"fedcache store import FILE --store {self.path} --dataset {k['dataset']} --backbone {k['backbone']}"
         hint = f"fedcache extract --store {self.path} --dataset {k['dataset']} --backbones {k['backbone']}"
         hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
         hint += f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""

@@ -223,7 +223,7 @@ def _discard_if_damaged(store: FeatureStore, key: EntryKey) -> str | None:
     info = store.info(key.entry_id)
     status, why = store.verify(info)
     if status == "partial" and CRC_ARRAY not in store.root[ENTRIES][key.entry_id]:
-        status, why = "damaged", "it was started by an older fedcache, without checksums"
+        status, why = "damaged", "it has no checksums: interrupted while it was being made, or started by an older fedcache"
     if status != "damaged":
         return None
     log.warning("entry %s (%s) is damaged (%s); writing it again", key.entry_id, key.label(), why)

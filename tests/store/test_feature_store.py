@@ -70,6 +70,13 @@ def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
     with pytest.raises(IncompleteEntryError, match=r"--splits test --domains all --dtype float32 --image-size 32`"):
         store.read("ds", "test", "bb")
+    # An import's entries: no extraction makes them (the backbone is the file's name for its encoder).
+    k = EntryKey("ds", "fp", "train", "all", "enc", "imported:fp", {"imported": True}, dtype="float32")
+    with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    with pytest.raises(IncompleteEntryError, match=r"finish them with `fedcache store import FILE --store .* --dataset ds "
+                                                   r"--backbone enc`"):
+        store.read("ds", "train", "enc")
 
 
 def test_a_missing_domain_is_told_the_extraction_its_table_can_take(store_path):
