@@ -28,6 +28,7 @@ from typing import Any
 
 from fedcache.errors import ConfigError
 from fedcache.table import Table
+from fedcache.wording import count
 
 
 def _names(value: str | Iterable[str] | None, what: str = "backbones") -> list[str] | None:
@@ -135,7 +136,7 @@ class TrainResult:
     def __repr__(self) -> str:
         s = self.summary
         return (f"TrainResult({s['method']}: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients, "
-                f"{s['rounds']} rounds, {len(self.history)} evaluations)")
+                f"{count(s['rounds'], 'round')}, {count(len(self.history), 'evaluation')})")
 
     def _repr_html_(self) -> str:
         """A notebook's view: the summary's headline figures, then the per-round metrics."""
@@ -284,7 +285,9 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
                      track=_listed(track) or None,
                      keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
                      prune=prune, reduction_factor=reduction_factor, min_rounds=min_rounds)
-    return run_grid(spec, on_cell, on_plan=on_plan).parsed(spec.sweep)
+    # The rows as the returned table has them: numbers where the axis values are numbers.
+    told = (lambda done, total, row: on_cell(done, total, Table([row]).parsed(spec.sweep)[0])) if on_cell else None
+    return run_grid(spec, told, on_plan=on_plan).parsed(spec.sweep)
 
 
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:

@@ -98,8 +98,8 @@ def _parse(text: str) -> Any:
     """CSV cells back to numbers, booleans and None (a swept value written as 1e-3 reads back as 0.001)."""
     if text == "":
         return None
-    if text in ("True", "False"):
-        return text == "True"
+    if text.lower() in ("true", "false"):  # True from Python, true as the command line and a grid spell it
+        return text.lower() == "true"
     for conv in (int, float):
         try:
             return conv(text)

@@ -47,9 +47,13 @@ def test_extract_is_callable_and_reuses_the_cache(toy_store):
 
 
 def test_a_grid_gives_swept_numbers_back_as_numbers_as_its_results_csv_reads_them(toy_store, tmp_path):
+    told = []
     table = fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", out=tmp_path / "g",
-                          sweep={"partition": "iid", "rounds": 1, "clients": 3, "lr": [0.01, "1e-1"]})
+                          sweep={"partition": "iid", "rounds": 1, "clients": 3, "lr": [0.01, "1e-1"]},
+                          on_cell=lambda done, total, row: told.append(row))
     assert sorted(table.column("lr")) == [0.01, 0.1] and table.column("clients") == [3, 3]
+    assert sorted(r["lr"] for r in told) == [0.01, 0.1]  # the progress rows are the returned table's
+    assert fedcache.Table([{"x": "true", "y": "True", "z": "no"}]).parsed(["x", "y", "z"])[0] == {"x": True, "y": True, "z": "no"}
     assert len(table.where(lr=0.01)) == 1 and table.column("partition") == ["iid", "iid"]
     assert table.to_records() == fedcache.Table.from_csv(tmp_path / "g" / "results.csv").to_records()
 

@@ -61,8 +61,9 @@ def _status(fs, e, current: set) -> str:
         return "[red]damaged[/] (see `store verify`)"
     if not e.complete:
         done = fs.chunks_done(e)
-        # No flags yet: made, and stopped (or still running) before its arrays were; `store verify` says partial too.
-        return f"[yellow]partial {done[0]}/{done[1]}[/]" if done else "[yellow]partial (no chunk written)[/]"
+        if done is None:
+            return "[red]damaged[/] (see `store verify`)"
+        return f"[yellow]partial {done[0]}/{done[1]}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 
 

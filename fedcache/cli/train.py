@@ -15,6 +15,7 @@ from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _sig
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import RunSpec, options
+from fedcache.wording import count
 
 
 def demo(
@@ -102,7 +103,7 @@ def _result_line(s: dict) -> str:
     return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
             f"{s.get('params_up_per_client', 0):,.0f} params up per client per round ({s['params_up_per_round']:,} per round "
             f"over the clients that sent), {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
-            f"{s['rounds']} rounds in {s['seconds']:.2f}s{rnd}")
+            f"{count(s['rounds'], 'round')} in {s['seconds']:.2f}s{rnd}")
 
 
 PARTITION_OPTIONS = [*options("data", "partition"), next(o for o in options("schedule") if o.name == "seed")]

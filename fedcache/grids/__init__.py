@@ -17,7 +17,7 @@ import shutil
 
 from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.cells import DIVERGED, METRIC_COLUMNS
-from fedcache.grids.run import CellCallback, PlanCallback, _holds_runs, in_saved_order, run_cells
+from fedcache.grids.run import CellCallback, PlanCallback, holds_runs, in_saved_order, run_cells
 from fedcache.grids.select import run_selected
 from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.grids.table import load_results, summary_markdown
@@ -34,7 +34,9 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
     spec.check_given()
     check_outside(spec.out)
-    fresh = not (spec.out / SPEC).exists()
+    # Only a directory that was empty or absent is this call's to tidy when it is refused: an existing one may hold
+    # features/ or validation/ of the user's own.
+    fresh = not spec.out.exists() or not any(spec.out.iterdir())
     with hold(spec.out, f"the grid directory {spec.out}"):
         spec = in_saved_order(spec)
         try:
@@ -52,7 +54,7 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
 def _forget_plan(out) -> None:
     """What a grid refused before its first cell wrote (its grid.json, its stages' and its features): the
     directory is as it was, and empty it is removed (ownership.hold)."""
-    if _holds_runs(out):
+    if holds_runs(out):
         return
     for stage in (out / "validation", out / "test", out):
         (stage / SPEC).unlink(missing_ok=True)

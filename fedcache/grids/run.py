@@ -17,7 +17,7 @@ from fedcache.grids.batches import run_batched
 from fedcache.grids.cells import DIVERGED, DONE, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
-from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, Stops, cells, train_config
+from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.spec import method_class
 from fedcache.table import Table
@@ -108,7 +108,7 @@ def check_spec(spec: GridSpec) -> None:
         if not differ:
             write_json(path, mine)
             return
-        if _holds_runs(spec.out):
+        if holds_runs(spec.out):
             raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine, differ)}; "
                               f"see {path}); use the same options to resume it, or another --out")
         # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
@@ -137,15 +137,13 @@ def in_saved_order(spec: GridSpec) -> GridSpec:
 
 
 def _saved_spelling(values: list[str], saved: Any) -> list[str]:
-    from fedcache.grids.spec import same_value
-
     if not isinstance(saved, list):
         return values
     spelled = {same_value(str(v)): str(v) for v in saved}
     return [spelled.get(same_value(v), v) for v in values]
 
 
-def _holds_runs(out: Path) -> bool:
+def holds_runs(out: Path) -> bool:
     """Whether a run under ``out`` finished or checkpointed (a cell, a --select stage's cell, a batch)."""
     return any(p.name in (DONE, DIVERGED) or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
 

@@ -285,7 +285,8 @@ def load_toml(path: Path) -> dict:
     fields = grid_fields({k: v for k, v in raw.items() if k != "set"}, lambda key: f"grid file {path}: {key}")
     if "set" in raw:
         if isinstance(raw["set"], dict):
-            _refuse_grid_keys_under_set(raw["set"], known - {"set"}, path)
+            # engine at the top is the grid's (batched|processes), under [set] the run's: said by the axis check
+            _refuse_grid_keys_under_set(raw["set"], known - {"set", "engine"}, path)
         fields["sweep"] = _sweep(raw["set"], path)
     check_lists(fields, Names.of_file(path))
     return fields

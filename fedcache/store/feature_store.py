@@ -290,9 +290,13 @@ class FeatureStore:
         return self._info(entry_id)
 
     def chunks_done(self, info: EntryInfo) -> tuple[int, int] | None:
-        """(done, total) chunks of a partial entry, or None if its flags cannot be read."""
+        """(done, total) chunks of a partial entry; (0, 0) before its flags were made (stopped, or still running,
+        as it was created); None if they cannot be read."""
         try:
-            flags = self.root[ENTRIES][info.entry_id]["done"][:]
+            group = self.root[ENTRIES][info.entry_id]
+            if "done" not in group:
+                return 0, 0
+            flags = group["done"][:]
         except Exception:
             return None
         return int(flags.sum()), len(flags)

@@ -153,13 +153,13 @@ def test_grid_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
     """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
-    from fedcache.grids.run import _holds_runs
+    from fedcache.grids.run import holds_runs
 
     cell = tmp_path / "validation" / "cells" / "fedavg__lr=1e30__seed=0"
     cell.mkdir(parents=True)
     (cell / "cell.json").write_text("{}")
-    assert not _holds_runs(tmp_path)
+    assert not holds_runs(tmp_path)
     for name in ("diverged.json", "checkpoint.pt", "summary.json"):
         (cell / name).write_text("{}")
-        assert _holds_runs(tmp_path), name
+        assert holds_runs(tmp_path), name
         (cell / name).unlink()

@@ -257,6 +257,26 @@ def test_a_grid_refused_once_the_store_is_read_leaves_nothing(fault, toy_store, 
     code, err = run_cli(["grid", "-c", tmp_path / "g.toml"], capsys)
     assert code in (1, 2) and one_error_line(err)
     assert not (tmp_path / "runs").exists()
+    # A directory that held something before is not this grid's to tidy.
+    (tmp_path / "runs" / "g").mkdir(parents=True)
+    (tmp_path / "runs" / "g" / "notes.txt").write_text("mine")
+    code, err = run_cli(["grid", "-c", tmp_path / "g.toml"], capsys)
+    assert code in (1, 2) and (tmp_path / "runs" / "g" / "notes.txt").read_text() == "mine"
+
+
+def test_a_grid_saved_by_an_older_fedcache_resumes_under_its_spelling(tmp_path):
+    """True, 1.0 and 1e-3 in an older grid.json (its cell folders' names) against true, 1 and 0.001 now."""
+    import json
+
+    from fedcache.grids.run import in_saved_order
+
+    out = tmp_path / "g"
+    out.mkdir()
+    (out / "grid.json").write_text(json.dumps({"sweep": {"lr": ["1e-3", "0.1"], "validation": ["True"], "rounds": ["1.0"]}}))
+    spec = GridSpec(methods=["fedavg"], backbones=["b"], store=tmp_path / "s.zarr", dataset="d", out=out,
+                    sweep={"rounds": [1.0], "validation": [True], "lr": [0.001, 0.1]})
+    assert spec.sweep == {"rounds": ["1"], "validation": ["true"], "lr": ["0.001", "0.1"]}
+    assert in_saved_order(spec).sweep == {"lr": ["1e-3", "0.1"], "validation": ["True"], "rounds": ["1.0"]}
 
 
 def test_an_empty_grid_file_is_said_as_that(tmp_path, capsys):

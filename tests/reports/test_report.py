@@ -314,7 +314,7 @@ def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_pa
     paths = write_report(other, out)
     figures = sorted(p.name for p in (out / "report-figures").iterdir())
     assert "from-an-older-report.png" not in figures and figures == sorted(p.name for p in paths.figures)
-    assert sorted(p.name for p in out.iterdir()) == ["report-figures", "report.html", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [".report.lock", "report-figures", "report.html", "report.md"]  # the lock: one report at a time
 
 
 def test_a_kept_candidate_stopped_on_its_way_to_the_next_rung_is_in_training_not_cut(toy_grid, tmp_path):
@@ -421,3 +421,20 @@ def test_a_second_report_of_one_directory_waits_for_the_first(toy_grid, tmp_path
         with pytest.raises(FedcacheError, match="another `fedcache report` writes it; report again once it has finished"):
             reports.write_report(tmp_path / "grid")
     assert reports.write_report(tmp_path / "grid").html.exists()
+    # One that finds the lock held waits, and writes once it is let go.
+    import threading
+
+    monkeypatch.setattr(reports, "REPORT_WAIT", 30.0)
+    held, release = threading.Event(), threading.Event()
+
+    def first():
+        with exclusive_lock(tmp_path / "grid" / reports.REPORT_LOCK, "a report"):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    held.wait(10)
+    threading.Timer(0.5, release.set).start()
+    assert reports.write_report(tmp_path / "grid").html.exists() and release.is_set()
+    thread.join()

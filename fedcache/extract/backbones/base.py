@@ -83,6 +83,8 @@ def hash_state(module: nn.Module) -> str:
 @contextlib.contextmanager
 def seeded_init(seed: int = 0) -> Iterator[None]:
     """Reproducible random initialisation that leaves the caller's RNG untouched."""
+    # The CPU generator only, forked and seeded: torch.manual_seed would also reseed every GPU's, which
+    # fork_rng(devices=[]) does not give back. Models are built on the CPU.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         yield
