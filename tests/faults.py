@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -246,3 +247,25 @@ def wait_until(ready, seconds: float = 120.0, proc: subprocess.Popen | None = No
         assert proc is None or proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "timeout"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock, for_seconds: float = 0.5):
+    """``lock`` (a lock's context manager) entered by another thread, let go ``for_seconds`` after this block
+    starts: what this block does meanwhile meets it held. Yields the event set when it is let go."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    threading.Timer(for_seconds, release.set).start()
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join()

@@ -12,6 +12,7 @@ import pytest
 
 from fedcache.cli import main
 from fedcache.errors import FedcacheError
+from tests.faults import held_by_another_thread
 
 CHECK_SCRIPT = """<script>
 window.addEventListener('load', () => {
@@ -422,19 +423,6 @@ def test_a_second_report_of_one_directory_waits_for_the_first(toy_grid, tmp_path
             reports.write_report(tmp_path / "grid")
     assert reports.write_report(tmp_path / "grid").html.exists()
     # One that finds the lock held waits, and writes once it is let go.
-    import threading
-
     monkeypatch.setattr(reports, "REPORT_WAIT", 30.0)
-    held, release = threading.Event(), threading.Event()
-
-    def first():
-        with exclusive_lock(tmp_path / "grid" / reports.REPORT_LOCK, "a report"):
-            held.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=first)
-    thread.start()
-    held.wait(10)
-    threading.Timer(0.5, release.set).start()
-    assert reports.write_report(tmp_path / "grid").html.exists() and release.is_set()
-    thread.join()
+    with held_by_another_thread(exclusive_lock(tmp_path / "grid" / reports.REPORT_LOCK, "a report")) as let_go:
+        assert reports.write_report(tmp_path / "grid").html.exists() and let_go.is_set()

@@ -6,6 +6,7 @@ import pytest
 from fedcache.errors import ConfigError, DataNotFoundError
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.interchange import import_file
+from tests.faults import held_by_another_thread
 
 
 def test_flat_h5_with_domains_becomes_entries(store_path, tmp_path):
@@ -194,7 +195,6 @@ def test_a_run_never_reads_one_import_s_training_split_with_another_s_test_split
 def test_an_import_waits_for_a_run_finding_its_entries(store_path, tmp_path):
     """A run holds the pair while it finds its entries (a moment): an import started then waits for it instead of
     being refused as if another import wrote."""
-    import threading
     import time
 
     from fedcache.store.feature_store import import_lock
@@ -202,21 +202,10 @@ def test_an_import_waits_for_a_run_finding_its_entries(store_path, tmp_path):
 
     store = FeatureStore(store_path)
     import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc")
-    held, release = threading.Event(), threading.Event()
-
-    def reader():
-        with shared_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "a run"):
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=reader)
-    t.start()
-    held.wait(10)
-    threading.Timer(0.5, release.set).start()
-    t0 = time.monotonic()
-    assert import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc")
-    assert time.monotonic() - t0 >= 0.4
-    t.join()
+    with held_by_another_thread(shared_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "a run")):
+        t0 = time.monotonic()
+        assert import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc")
+        assert time.monotonic() - t0 >= 0.4
 
 
 def _samples(tmp_path, name, order):
