@@ -51,6 +51,17 @@ class Choices:
     names: Callable[[], tuple[str, ...]]
 
 
+@dataclass(frozen=True)
+class Redirect:
+    """Values a field refuses with a message of their own (value -> where to go instead): names a user will
+    try, from a paper, that are another method. They are not among the values the field lists as accepted."""
+
+    to: tuple[tuple[str, str], ...]
+
+    def message(self, value: Any) -> str | None:
+        return dict(self.to).get(value)
+
+
 Positive = Annotated[float, Range(0, lo_open=True)]
 NonNegative = Annotated[float, Range(0)]
 Fraction = Annotated[float, Range(0, 1)]  # a share or rate, both ends allowed
@@ -123,9 +134,14 @@ def choices(typ: Any) -> tuple:
 
 
 def value_range(typ: Any) -> Range | None:
+    return _annotation(typ, Range)
+
+
+def _annotation(typ: Any, kind: type) -> Any:
+    """The first ``kind`` among ``typ``'s annotations (or those of its union's members), else None."""
     for t in (typ, *typing.get_args(typ)):
         if typing.get_origin(t) is Annotated:
-            found = next((a for a in typing.get_args(t)[1:] if isinstance(a, Range)), None)
+            found = next((a for a in typing.get_args(t)[1:] if isinstance(a, kind)), None)
             if found is not None:
                 return found
     return None
@@ -185,6 +201,9 @@ def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
         ok = True
     if not ok:
         raise ConfigError(f"{given}: expected {_describe(base)}")
+    redirect = _annotation(inner, Redirect)
+    if redirect is not None and redirect.message(value):
+        raise ConfigError(f"{given}: {redirect.message(value)}")
     allowed = choices(inner)
     if allowed and value not in allowed:
         raise ConfigError(f"{given}: must be one of {', '.join(map(str, allowed))}")

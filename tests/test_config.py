@@ -140,3 +140,17 @@ def test_instances_built_in_python_are_range_checked():
         OptimConfig("sgd", float("nan"))
     with pytest.raises(ConfigError, match="finite"):
         check_fields(METHODS.get("fedprox").Settings(mu=float("inf")))
+
+
+def test_a_redirected_value_is_refused_with_its_own_message_and_not_listed_as_accepted():
+    from typing import Literal
+
+    from fedcache.config import Redirect, allowed, parse
+
+    typ = Annotated[Literal["a", "b"], Redirect((("c", "c is method d: run -m d"),))]
+    assert allowed(typ) == "one of a, b"
+    assert parse("x", "b", typ) == "b"
+    with pytest.raises(ConfigError, match="^x=c: c is method d: run -m d$"):
+        parse("x", "c", typ, verbatim=True)
+    with pytest.raises(ConfigError, match="must be one of a, b"):
+        parse("x", "e", typ)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
-from fedcache.config import Checked, Fraction, NonNegative, Positive
+from fedcache.config import Checked, Fraction, NonNegative, Positive, Redirect
 from fedcache.errors import ConfigError
 from fedcache.federate.local import cross_entropy, masked_mean, rng_for
 from fedcache.federate.methods.base import METHODS, CommandOption, LocalResult, Method, MethodCommand, MethodContext
@@ -27,13 +27,22 @@ from fedcache.heads.projection import DIM as PROTO_DIM
 from fedcache.noise import perturb
 
 
+# loss -> (the method the paper's row is, the row's name in the paper)
+PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
+_TO_PAPER_ROWS = Redirect(tuple(
+    (loss, f"the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are {method}'s in the "
+           f"paper's Table 11); run -m {method} --head mlp (the paper's baseline head, Table 7) on the same partition, "
+           "or `fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss is fedpcl or supcon")
+    for loss, (method, row) in PAPER_ROWS.items()))
+
+
 @dataclass(frozen=True)
 class FedPCLSettings(Checked):
     tau: Positive = 0.07  # paper and official code; the loss divides by it
     # Loss ablation (workshop Table 11 / NeurIPS Table 5). Its "Cross Entropy" and "CE + ProtoDist" rows are
     # FedAvg and FedProto (the same numbers as those methods' rows in NeurIPS Table 11): the names are refused
     # here and point there (the fedpcl-table11 preset runs them on the same partition and budget).
-    loss: Literal["fedpcl", "supcon", "ce", "ce+protodist"] = "fedpcl"
+    loss: Annotated[Literal["fedpcl", "supcon"], _TO_PAPER_ROWS] = "fedpcl"
     prototypes: Literal["both", "global", "local"] = "both"  # Table 12 ablation: L_g, L_p, or both
     contrast: Literal["prototypes", "batch"] = "prototypes"  # paper Eq. 8-9 (NeurIPS numbering) | official ConLoss
     local_reduce: Literal["sum", "mean"] = "sum"  # L_p over clients: official sums, Eq. 9 averages
@@ -66,10 +75,6 @@ class FedPCLSettings(Checked):
         elif self.prototypes == "global":
             out["local_reduce"] = "prototypes=global contrasts with one prototype set, so sum and mean are the same"
         return out
-
-
-# loss -> (the method the paper's row is, the row's name in the paper)
-PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
 
 
 BACKBONE_HEATMAP = MethodCommand(
@@ -118,13 +123,6 @@ class FedPCL(Method):
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         super().__init__(ctx, params)
-        if self.p.loss in PAPER_ROWS:
-            method, row = PAPER_ROWS[self.p.loss]
-            raise ConfigError(
-                f"loss={self.p.loss}: the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are "
-                f"{method}'s in the paper's Table 11); run -m {method} --head mlp (the paper's baseline head, Table 7) "
-                "on the same partition, or `fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss "
-                "is fedpcl or supcon")
         if self.p.predict == "classifier" and self.p.ce_weight == 0 and self.p.first_round != "ce":
             raise ConfigError(
                 f"predict=classifier with ce_weight=0 and first_round={self.p.first_round}: nothing trains the classifier, "
