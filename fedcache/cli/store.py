@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, console, err, print_table
-from fedcache.errors import ConfigError, FedcacheError
+from fedcache.errors import ConfigError
 from fedcache.wording import count
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
@@ -175,27 +175,19 @@ def store_import(
     store: Path = StoreOpt,
 ) -> None:
     """Bring your own embeddings: import them as normal store entries."""
-    from fedcache.store.feature_store import FeatureStore
     from fedcache.store.interchange import import_file
 
-    try:  # the store as it was (a bad file writes nothing, not even a new store: so never created here)
-        before = FeatureStore(store, create=False)
-    except FedcacheError:
-        before = None
-    had = {e.entry_id for e in before.entries() if e.complete} if before else set()  # a partial one is finished now
-    read = {e.entry_id for e in before.current().values()} if before else set()
-    stale = {e.entry_id for e in before.stale()} if before else set()
-    ids = import_file(store, file, dataset, backbone, split)
-    named = f"as dataset {dataset!r}, backbone {backbone!r}"
-    if any(i not in had for i in ids):
+    done = import_file(store, file, dataset, backbone, split)
+    named, ids = f"as dataset {dataset!r}, backbone {backbone!r}", done.ids
+    if done.written:
         console.print(f"imported {count(len(ids), 'entry', 'entries')} {named}")
-    elif all(i in read for i in ids):  # the same file again: its entries were there and complete
+    elif done.were_current:  # the same file again: its entries were there and complete
         console.print(f"nothing to import: the store already holds {file}'s {count(len(ids), 'entry', 'entries')} {named}",
                       soft_wrap=True)
     else:
         console.print(f"the store already held {file}'s {count(len(ids), 'entry', 'entries')} {named}; runs read them "
                       "again instead of the ones imported after them", soft_wrap=True)
-    superseded = {e.entry_id for e in FeatureStore(store).stale()} - stale
+    superseded = done.superseded
     if superseded:  # other data under the same names: runs read this file's entries from now on
         console.print(f"{count(len(superseded), 'other entry', 'other entries')} {named} "
                       f"{'is' if len(superseded) == 1 else 'are'} now stale; "

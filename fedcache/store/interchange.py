@@ -12,8 +12,10 @@ features at most once (memory-mapped where the file allows) and writes them chun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -28,8 +30,19 @@ from fedcache.store.keys import EntryKey
 from fedcache.store.writer import Part, open_writer
 
 
-def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: str, split: str | None = None) -> list[str]:
-    """Write each split of the file as complete store entries, one per named domain; returns entry ids.
+@dataclass(frozen=True)
+class Imported:
+    """What an import did, as the store was while it held the import's lock (a second import queued behind a
+    first finds the first's entries there)."""
+
+    ids: list[str]  # every entry of the file, in the file's split and domain order
+    written: list[str]  # those this import wrote (absent, or left partial by an interrupted import)
+    were_current: bool  # nothing written and every entry the one runs read already
+    superseded: list[str]  # other entries under the same names that runs no longer read
+
+
+def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: str, split: str | None = None) -> Imported:
+    """Write each split of the file as complete store entries, one per named domain.
 
     Every field is checked first (fedcache/store/importing.py): a bad file writes nothing, not even a new store."""
     check_name(dataset, "--dataset")  # a folder of the store (its partitions), and named in comma lists
@@ -44,24 +57,37 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
     what, advice = f"the import of {path} into", "free some space and import again: nothing of this import was kept"
     need = sum(len(s.features) * (4 * s.features.shape[1] + 17) for s in checked.splits.values())
     disk.check_space(where, need, what, advice)
-    ids, made = [], []
+    made: list[str] = []
     try:
         store = store if isinstance(store, FeatureStore) else FeatureStore(store)
-        rows = {(name, d): domain_rows(s, d) for name, s in checked.splits.items() for d in range(len(checked.domain_names))}
-        # The entries of a file whose rows were put in id order are other entries than an older fedcache made of it;
-        # all of them, as every entry of one import must have one key but for its split and domain.
-        how = {"imported": True, **({"rows": "in id order"} if any(r for _, r in rows.values()) else {})}
         with _one_import(store, dataset, backbone):
-            for split_name, s in checked.splits.items():
-                for d, domain in enumerate(checked.domain_names):
-                    key = EntryKey(dataset=dataset, dataset_fingerprint=digest, split=split_name, domain=domain,
-                                   backbone=backbone, weights_hash=f"imported:{digest}", preprocess=how, dtype="float32")
-                    made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
-                    ids.append(_import_domain(store, key, s, rows[split_name, d][0], checked))
+            infos = store.entries()
+            complete = {e.entry_id for e in infos if e.complete}
+            current = {e.entry_id for e in store.current(infos).values()}
+            ids = _write_entries(store, checked, EntryKey(dataset=dataset, dataset_fingerprint=digest, split="",
+                                                          domain="", backbone=backbone, weights_hash=f"imported:{digest}",
+                                                          preprocess={}, dtype="float32"), made)
+            return Imported(ids, [i for i in ids if i not in complete], set(ids) <= current,
+                            sorted({e.entry_id for e in store.stale()} - (complete - current)))
     except DiskFullError:
         # An import is all or nothing (a bad file writes nothing either): what it wrote goes, and the space with it.
         disk.discard([where] if new_store else [where / ENTRIES / eid for eid in made])
         raise disk.full_error(where, what, need, advice) from None
+
+
+def _write_entries(store: FeatureStore, checked: Checked, base: EntryKey, made: list[str]) -> list[str]:
+    """One entry per split and named domain, keyed as ``base`` but for those; ``made`` collects the ids that were
+    not in the store before (what a full disk deletes)."""
+    rows = {(name, d): domain_rows(s, d) for name, s in checked.splits.items() for d in range(len(checked.domain_names))}
+    # The entries of a file whose rows were put in id order are other entries than an older fedcache made of it;
+    # all of them, as every entry of one import must have one key but for its split and domain.
+    how = {"imported": True, **({"rows": "in id order"} if any(r for _, r in rows.values()) else {})}
+    ids = []
+    for split_name, s in checked.splits.items():
+        for d, domain in enumerate(checked.domain_names):
+            key = dataclasses.replace(base, split=split_name, domain=domain, preprocess=how)
+            made += [] if key.entry_id in store.entry_ids() else [key.entry_id]
+            ids.append(_import_domain(store, key, s, rows[split_name, d][0], checked))
     return ids
 
 

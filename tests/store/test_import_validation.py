@@ -117,7 +117,7 @@ def test_splits_of_other_widths_and_split_option_misuse(tmp_path, store_path):
 def test_exact_values_survive_and_every_named_domain_gets_an_entry(tmp_path, store_path):
     arrays = {**good(), "labels": (np.arange(N) % 3).astype(np.float64)}  # whole floats are integers
     path = save_npz(tmp_path / "ok.npz", in_split(arrays), classes=json.dumps(["a", "b", "c"]), domains=json.dumps(["x", "y", "z"]))
-    ids = import_file(FeatureStore(store_path), path, "mine", "enc")
+    ids = import_file(FeatureStore(store_path), path, "mine", "enc").ids
     assert len(ids) == 3  # domain "z" has no rows: an empty entry, as readers expect every domain
     t = FeatureStore(store_path).read("mine", "train", "enc")
     order = np.lexsort((t.ids, t.domains))
@@ -213,7 +213,7 @@ def test_fuzz_malformed_files_raise_only_fedcache_errors(arrays, fmt, split, tmp
                 else:
                     f[k.replace("__", "/")] = v
     try:
-        ids = import_file(FeatureStore(tmp / "s.zarr"), path, "m", "e", split=split)
+        ids = import_file(FeatureStore(tmp / "s.zarr"), path, "m", "e", split=split).ids
     except FedcacheError:
         return
     store = FeatureStore(tmp / "s.zarr")

@@ -19,7 +19,7 @@ def test_flat_h5_with_domains_becomes_entries(store_path, tmp_path):
     store = FeatureStore(store_path)
     with pytest.raises(ConfigError, match="--split"):
         import_file(store, path, "mine", "enc")
-    ids = import_file(store, path, "mine", "enc", split="train")
+    ids = import_file(store, path, "mine", "enc", split="train").ids
     assert len(ids) == 3
     table = store.read("mine", "train", "enc")
     assert table.domain_names == ("domain0", "domain1", "domain2") and len(table) == 30
@@ -145,8 +145,40 @@ def test_a_second_import_under_the_same_names_at_once_is_refused_and_writes_noth
         with pytest.raises(EntryLockedError, match="dataset 'mine', backbone 'enc' of .* is being written by another process: pid .*; another import writes it"):
             import_file(store, path, "mine", "enc")
         assert store.entry_ids() == []
-        assert import_file(store, path, "mine", "other-enc")  # other names are not held up
-    assert import_file(store, path, "mine", "enc")
+        assert import_file(store, path, "mine", "other-enc").written  # other names are not held up
+    assert import_file(store, path, "mine", "enc").written
+
+
+def test_an_import_queued_behind_the_same_import_says_it_wrote_nothing(store_path, tmp_path, monkeypatch):
+    """What an import wrote is judged under its lock: a second import of the same file, queued while the first
+    wrote, said "imported 2 entries" though the first had written them."""
+    import threading
+
+    from fedcache.store import interchange
+
+    path = _both_splits(tmp_path / "f.npz", 0)
+    writing, go_on, calls = threading.Event(), threading.Event(), []
+    write_domain = interchange._import_domain
+
+    def slow_first_domain(*args):
+        calls.append(1)
+        if len(calls) == 1:  # the first import, mid-write, holding the lock
+            writing.set()
+            go_on.wait(10)
+        return write_domain(*args)
+
+    monkeypatch.setattr(interchange, "_import_domain", slow_first_domain)
+    first = []
+    thread = threading.Thread(target=lambda: first.append(import_file(FeatureStore(store_path), path, "mine", "enc")))
+    thread.start()
+    writing.wait(10)
+    threading.Timer(0.5, go_on.set).start()
+    second = import_file(FeatureStore(store_path), path, "mine", "enc")  # waits for the first's lock
+    thread.join()
+    assert first[0].written == first[0].ids and len(first[0].ids) == 2
+    assert second.ids == first[0].ids and second.written == [] and second.were_current and second.superseded == []
+    again = import_file(FeatureStore(store_path), _both_splits(tmp_path / "g.npz", 1), "mine", "enc")
+    assert again.written == again.ids and sorted(again.superseded) == sorted(first[0].ids)
 
 
 def test_import_locks_of_dotted_or_long_names_are_apart_and_short():
@@ -172,7 +204,7 @@ def test_a_run_never_reads_one_import_s_training_split_with_another_s_test_split
     from fedcache.store import interchange
 
     store = FeatureStore(store_path)
-    old = import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc")
+    old = import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc").ids
     seen = []
     write_domain = interchange._import_domain
 
@@ -186,7 +218,7 @@ def test_a_run_never_reads_one_import_s_training_split_with_another_s_test_split
         return eid
 
     monkeypatch.setattr(interchange, "_import_domain", reading_between_splits)
-    new = import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc")
+    new = import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc").ids
     assert seen == ["train"] and set(new).isdisjoint(old)
     train, test = load_splits(FeatureStore(store_path, create=False), "mine", ["enc"])
     assert set(train.entry_ids + test.entry_ids) == set(new)
@@ -204,7 +236,7 @@ def test_an_import_waits_for_a_run_finding_its_entries(store_path, tmp_path):
     import_file(store, _both_splits(tmp_path / "old.npz", 0), "mine", "enc")
     with held_by_another_thread(shared_lock(store.locks_dir / f"{import_lock('mine', 'enc')}.lock", "a run")):
         t0 = time.monotonic()
-        assert import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc")
+        assert import_file(store, _both_splits(tmp_path / "new.npz", 1), "mine", "enc").written
         assert time.monotonic() - t0 >= 0.4
 
 
