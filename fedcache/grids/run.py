@@ -13,11 +13,11 @@ from pathlib import Path
 
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
-from fedcache.grids.batches import run_batched
+from fedcache.grids.batches import run_batched, started_batches
 from fedcache.grids.cells import DIVERGED, DONE, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
-from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
+from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.spec import method_class
 from fedcache.table import Table
@@ -83,9 +83,21 @@ def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallbac
 
 def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
                stops: Stops) -> Iterator[tuple[Cell, dict]]:
+    _refuse_batched_progress(spec, todo)
     if on_plan:
         on_plan(f"processes engine: {count(len(todo), 'cell')} as their own runs, {min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder, stops=stops)
+
+
+def _refuse_batched_progress(spec: GridSpec, todo: list[Cell]) -> None:
+    """Cells an interrupted batched grid trained together continue from their batch's checkpoint, which only the
+    batched engine reads: the process engine would train them again from round 0 and leave it behind."""
+    started = [c for batch in started_batches(spec.out / BATCHES, todo) for c in batch]
+    if started:
+        raise ConfigError(
+            f"{spec.out}: {count(len(started), 'cell')} of this grid stopped part-way in the batched engine, whose "
+            f"checkpoints ({spec.out / BATCHES}) only it continues; resume with --engine batched, or delete "
+            f"{spec.out / BATCHES} to train them again from round 0 with --engine processes")
 
 
 # The names of spec.GridEngineSpec.engine (a test checks they agree).

@@ -290,6 +290,39 @@ def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_
     assert not (out / "batches").exists()
 
 
+def test_the_process_engine_refuses_to_restart_what_an_interrupted_batch_holds(toy_store, tmp_path, monkeypatch):
+    """Resumed with --engine processes, an interrupted batched grid trained its batch's cells again from round 0 and
+    left batches/<id>/checkpoint.pt behind. It is refused in one line, writes nothing, and the batched engine then
+    continues the batch; with batches/ deleted, the process engine trains the grid whole."""
+    import shutil
+
+    from fedcache.errors import ConfigError
+    from fedcache.federate import driver
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    save = driver.save_checkpoint
+    out = tmp_path / "g"
+    stop_after_round_1(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, engine="batched", **kw)
+    monkeypatch.setattr(driver, "save_checkpoint", save)
+    (ck,) = (out / "batches").glob("*/checkpoint.pt")
+    before = sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock")
+    with pytest.raises(ConfigError, match=r"2 cells of this grid stopped part-way in the batched engine.*--engine batched, "
+                                          r"or delete .*batches to train them again from round 0 with --engine processes"):
+        grid(out=out, engine="processes", **kw)
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before and ck.exists()
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    grid(out=out, engine="batched", **kw)
+    assert_same_cells(tmp_path / "whole", out)
+    shutil.rmtree(copy / "batches")
+    grid(out=copy, engine="processes", **kw)
+    assert_same_cells(tmp_path / "whole", copy)
+
+
 def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_otherwise(toy_store, tmp_path, monkeypatch, caplog):
     """Re-run with a larger --max-batch-cells (or more free memory), the interrupted batch still continues from its
     checkpoint; with a smaller one it no longer fits: its folder is said and removed, its cells train from round 0.
