@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 
@@ -19,9 +18,9 @@ from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.cells import DIVERGED, METRIC_COLUMNS
 from fedcache.grids.run import CellCallback, PlanCallback, holds_runs, in_saved_order, run_cells
 from fedcache.grids.select import run_selected
-from fedcache.grids.spec import FEATURES, SPEC, Cell, GridSpec, cells, load_toml, option_axes, train_config
+from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.grids.table import load_results, summary_markdown
-from fedcache.ownership import hold
+from fedcache.ownership import LOCK, hold
 from fedcache.paths import check_outside
 from fedcache.table import Table
 from fedcache.wording import count
@@ -52,16 +51,13 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
 
 
 def _forget_plan(out) -> None:
-    """What a grid refused before its first cell wrote (its grid.json, its stages' and its features): the
-    directory is as it was, and empty it is removed (ownership.hold)."""
+    """What a grid refused before its first cell wrote left in a directory that was empty or absent (its
+    grid.json, its stages' and its features): removed, but for the hold's lock; hold() then removes the directory."""
     if holds_runs(out):
         return
-    for stage in (out / "validation", out / "test", out):
-        (stage / SPEC).unlink(missing_ok=True)
-        shutil.rmtree(stage / FEATURES, ignore_errors=True)
-        for empty in ((stage / "cells", stage) if stage != out else ()):
-            with contextlib.suppress(OSError):
-                empty.rmdir()
+    for path in out.iterdir():
+        if path.name != LOCK:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def _said_diverged(spec: GridSpec, table: Table) -> Table:
