@@ -188,3 +188,55 @@ def test_plotting_lives_in_reports():
                and any(n.startswith("matplotlib.") for n in ([a.name for a in node.names] if isinstance(node, ast.Import)
                                                           else [f"{node.module}.{a.name}" if node.module else a.name for a in node.names]))]
     assert drawing == []
+
+
+SCREEN = 50  # lines a function may take, from its def (or first decorator) to its end, docstring included
+
+
+def _long_functions(source: str, limit: int = SCREEN) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if node.end_lineno - start + 1 > limit:
+                out.append(f"{node.name} ({node.end_lineno - start + 1} lines)")
+    return out
+
+
+def test_every_function_fits_on_one_screen():
+    assert {m: found for m, f in _modules().items() if (found := _long_functions(f.read_text()))} == {}
+
+
+def test_the_screen_check_finds_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(SCREEN))
+    assert _long_functions(f"@decorated\ndef short():\n    pass\n\ndef long():\n{body}\n") == [f"long ({SCREEN + 1} lines)"]
+
+
+def _unsafe_torch(source: str) -> list[str]:
+    """Private torch APIs (``torch._x``, ``from torch._x import``), ``torch.load`` without ``weights_only=True``
+    and ``np.load`` with ``allow_pickle``: what could break on a torch release, or unpickle what it reads."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and ast.unparse(node.value).startswith("torch"):
+            out.append(ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch._"):
+            out.append(f"from {node.module} import")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+            safe = any(k.arg == "weights_only" and getattr(k.value, "value", None) is True for k in node.keywords)
+            out += [] if safe else [ast.unparse(node)]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("np.load", "numpy.load"):
+            out += [ast.unparse(node) for k in node.keywords if k.arg == "allow_pickle" and getattr(k.value, "value", 1) is not False]
+    return out
+
+
+def test_no_private_torch_api_and_no_unpickling_load():
+    assert {m: found for m, f in _modules().items() if (found := _unsafe_torch(f.read_text()))} == {}
+
+
+def test_the_torch_check_finds_each_kind():
+    source = ("import torch\nfrom torch._dynamo import x\ntorch._C.f()\ntorch.load(p)\ntorch.load(p, weights_only=False)\n"
+              "torch.load(p, weights_only=True)\nnp.load(p, allow_pickle=True)\nnp.load(p, allow_pickle=False)\n"
+              "torch.nn.Linear(1, 1)\n")
+    assert sorted(_unsafe_torch(source)) == ["from torch._dynamo import", "np.load(p, allow_pickle=True)", "torch._C",
+                                             "torch.load(p)", "torch.load(p, weights_only=False)"]
