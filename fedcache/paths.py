@@ -18,6 +18,13 @@ STORE_MARK = "fedcache_store"  # the attribute in a feature store's root zarr.js
 # A run's last finished round (fedcache/federate/rundir.py): here, without torch, for the command line's word after
 # an interrupt, which may come while torch is still half imported.
 CHECKPOINT = "checkpoint.pt"
+# The rest of a run directory's layout (fedcache/federate/rundir.py) and the marks a grid puts beside a cell's run
+# (fedcache/grids): spelled once, here, without torch, for the writers and for the reports that read them back.
+CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
+CELL = "cell.json"  # a grid cell's method, seed and setting
+DIVERGED = "diverged.json"  # a grid cell whose training became NaN
+RUNGS = "rungs.json"  # a grid cell successive halving paused: its summary at each round it paused at
+SELECTION = "selection.json"  # a --select grid's choices
 NAME_MAX = 255  # bytes of one file name on the usual file systems (ext4, xfs, btrfs, apfs, tmpfs)
 NAME_HINT = "give a name of letters, digits, '-', '_' and '.' (e.g. my-dataset)"
 

@@ -28,11 +28,10 @@ import torch
 
 from fedcache import disk
 from fedcache.errors import ConfigError, DamagedCheckpointError
-from fedcache.paths import CHECKPOINT
+from fedcache.paths import CHECKPOINT, CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger(__name__)
 
-CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 ROUND_COPIES = "checkpoint-round*.pt"
 # 4: fedpcl's server holds the sets of the clients that have sent one, by ``local_ids`` (an older fedcache would index
 # them by client id); 3: a run's ``clients`` are the rows of its trained clients, with their ``client_ids``; 2: every

@@ -23,6 +23,7 @@ from pathlib import Path
 from fedcache.errors import FedcacheError
 from fedcache.flower.config import SERVER_ENV, FlowerRun
 from fedcache.flower.shard import SERVER
+from fedcache.paths import SUMMARY
 
 CONNECTION = "loopback"  # the name of the SuperLink connection in $FLWR_HOME/config.toml
 HOST = "127.0.0.1"
@@ -207,10 +208,10 @@ class LocalDeployment:
         proc = subprocess.run(self.flwr_run_command(app, run), env=self.env, cwd=self.workdir, capture_output=True,
                               text=True, timeout=timeout, start_new_session=True)
         new = sorted(self.run_dirs() - before)
-        if len(new) != 1 or not (new[0] / "summary.json").exists():
+        if len(new) != 1 or not (new[0] / SUMMARY).exists():
             raise FedcacheError(f"{_server_error(proc.stdout + proc.stderr)}the Flower run wrote no summary "
                                 f"(flwr exited {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-        return json.loads((new[0] / "summary.json").read_text()), new[0]
+        return json.loads((new[0] / SUMMARY).read_text()), new[0]
 
 
 _SERVER_ERROR = re.compile(r"^fedcache\.[\w.]*Error: (.+)$", re.MULTILINE)

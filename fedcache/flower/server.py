@@ -31,7 +31,7 @@ from fedcache import disk
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate import driver
 from fedcache.federate.driver import Engine, Round, Run, RunState
-from fedcache.federate.rundir import RunDir
+from fedcache.federate.rundir import CONFIG, RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.federate.methods.base import tensor_size
 from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method
@@ -309,7 +309,7 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
     deployment's timeouts); a resumed run must compute the same."""
     computes = {k: v for k, v in run.to_config().items() if not k.startswith("deploy.")}
     config = {"run": computes, "partition_id": info.partition_id}
-    path = out / "config.json"
+    path = out / CONFIG
     if not resume:
         if path.exists():
             raise ConfigError(f"{out} already holds a run; resume it or start a new one elsewhere")

@@ -167,7 +167,7 @@ def started_batches(folder: Path, keys: list[Hashable]) -> list[list[Hashable]]:
     out = []
     for runs in sorted(folder.glob("*/runs.json")):
         names = json.loads(runs.read_text())
-        if (runs.parent / "checkpoint.pt").exists() and all(n in by_name for n in names):
+        if (runs.parent / CHECKPOINT).exists() and all(n in by_name for n in names):
             out.append([by_name[n] for n in names])
     return out
 
@@ -290,7 +290,7 @@ def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path, stop: int | N
     where every run has one (runs paused at one round); (key, its ``RunResult``) per run. ``stop``: pause there."""
     folder.mkdir(parents=True, exist_ok=True)
     write_text(folder / "runs.json", json.dumps([str(k) for k in runs], indent=1) + "\n", "the batch's record")
-    checkpoint = folder / "checkpoint.pt"
+    checkpoint = folder / CHECKPOINT
     resume = continuable(checkpoint) or all((cfg.engine.out / CHECKPOINT).exists() for cfg in runs.values())
     with on_device(next(iter(runs.values()))):  # a grid's cells share the device (engine.device is no axis)
         stack = [_stacked_run(cfg, tables, resume) for cfg in runs.values()]

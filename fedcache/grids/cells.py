@@ -9,11 +9,10 @@ from fedcache.disk import write_text
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
+from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
 from fedcache.training import train
 
-DONE = "summary.json"  # written last by a run: a finished cell
-DIVERGED = "diverged.json"  # a cell whose training became NaN: finished, marked in the table (a candidate: it loses)
-RUNGS = "rungs.json"  # a cell paused by successive halving: its summary at each round it paused at
+DONE = SUMMARY  # written last by a run: a finished cell; DIVERGED marks one finished as NaN (a candidate: it loses)
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
                   "variance", "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client",
                   "rounds", "seconds", "random_weights", "worst_client_global_accuracy")
@@ -23,7 +22,7 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
     """One run in its own directory; an interrupted (or paused) one resumes from its checkpoint. ``stop``: pause
     after that round (a rung of successive halving, grids/halving.py), scored there."""
     out = spec.out / CELLS / c.name
-    resume = (out / CHECKPOINT).exists() and (out / "config.json").exists()
+    resume = (out / CHECKPOINT).exists() and (out / CONFIG).exists()
     if not resume and out.exists():
         shutil.rmtree(out)  # started but never checkpointed: nothing to keep
     out.mkdir(parents=True, exist_ok=True)
@@ -56,7 +55,7 @@ def diverged_row(c: Cell, out: Path) -> dict:
 
 
 def write_cell_json(out: Path, c: Cell) -> None:
-    write_text(out / "cell.json", json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n",
+    write_text(out / CELL, json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n",
                "the cell's record")
 
 

@@ -23,9 +23,10 @@ from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
 from fedcache.grids.spec import FEATURES, Cell, GridSpec, cells
 from fedcache.grids.table import grid_caption, write_outputs
+from fedcache.paths import SELECTION
 from fedcache.table import Table
 
-VALIDATION, TEST, SELECTION = "validation", "test", "selection.json"
+VALIDATION, TEST = "validation", "test"
 
 RULE = ("the highest mean over seeds of the validation score; ties go to the value listed first; "
         "a value that diverged on any seed is not chosen")

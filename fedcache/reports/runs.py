@@ -10,13 +10,9 @@ import numpy as np
 
 from fedcache.disk import log_lines
 from fedcache.errors import ConfigError
+from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SELECTION, SUMMARY
 
 log = logging.getLogger(__name__)
-
-SUMMARY, METRICS, CONFIG, CELL = "summary.json", "metrics.jsonl", "config.json", "cell.json"
-DIVERGED = "diverged.json"  # a grid cell whose training became NaN
-RUNGS = "rungs.json"  # a grid cell successive halving stopped before its last round: its summary at each rung
-SELECTION = "selection.json"  # a --select grid's choices (fedcache/grids)
 
 
 @dataclass
