@@ -32,24 +32,38 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv and table.md.
 
     `train`'s options are accepted under the same names (not --resume, --overwrite, --track-dir or --engine: a grid resumes by itself and has its own --engine); v1,v2,... makes one an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
+    spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options)
+    t0 = time.perf_counter()
+    _check_device(spec)
+    with threads_for(threads):
+        trained = _run_with_progress(spec)
+    _say_what_was_trained(spec, trained, time.perf_counter() - t0)
+
+
+def _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options: dict):
+    """The grid's spec from the command line: every other `train` option is an axis (one value or several), but
+    for those that say how every cell runs and grid's own engine options."""
     from fedcache.api import grid_spec
-    from fedcache.grids import run_grid
 
     how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints"),
            "device": train_options.pop("device")}
     engine = {o.name: train_options.pop(o.name) for o in grid_options()}
     axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
             for name, value in train_options.items() if value is not None}
-    spec = grid_spec(config=config, store=store, default_store=DEFAULT_STORE, dataset=dataset,
+    return grid_spec(config=config, store=store, default_store=DEFAULT_STORE, dataset=dataset,
                      backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
                      settings=settings, option_axes=axes or None, seeds=_csv(seeds) if seeds else None,
                      jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
                      keep_checkpoints=how["keep_checkpoints"], device=how["device"], **engine)
+
+
+def _run_with_progress(spec) -> list[dict]:
+    """Run the grid under one bar; the rows of the cells it trained (a finished cell read back is none)."""
+    from fedcache.grids import run_grid
+
     trained = []
-    t0 = time.perf_counter()
     columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
-    _check_device(spec)
-    with threads_for(threads), _progress(*columns) as progress:
+    with _progress(*columns) as progress:
         tasks: list[int] = []  # made once the grid has a plan: a grid refused before it says only why
 
         def task() -> int:
@@ -66,7 +80,10 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
             progress.update(task(), total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
         run_grid(spec, on_cell, on_plan=on_plan)
-    seconds = time.perf_counter() - t0
+    return trained
+
+
+def _say_what_was_trained(spec, trained: list[dict], seconds: float) -> None:
     # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
     console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
     if trained:
