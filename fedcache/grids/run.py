@@ -42,28 +42,11 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     fresh = not (spec.features_folder / "meta.json").exists()
     folder = write_features(spec)
     tables = read_features(folder)
-    rows: dict[Cell, dict] = {}
-    pending = []
-    for c in todo_cells:
-        done = read_done(spec, c, stops.get(c))
-        if done is not None:
-            rows[c] = done
-        else:
-            pending.append(c)
-    try:
-        _make_partitions(spec, todo_cells, tables)
-        _check_methods(spec, pending, tables)  # what trains now: a finished grid builds nothing to write its tables
-    except BaseException:
-        if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
+    rows, pending = _finished_and_pending(spec, todo_cells, stops)
+    _prepare(spec, todo_cells, pending, tables, folder, fresh)
     total = len(todo_cells)
     if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
-        text = (f"resuming {spec.out}: {len(rows)} of {count(total, 'cell')} finished before, {len(pending)} to train "
-                "(each from its last checkpoint, if any)")
-        log.info(text)
-        if on_plan:
-            on_plan(text)
+        _say_resuming(spec, len(rows), total, len(pending), on_plan)
     for c, row in _engine(spec, pending, folder, on_plan, stops):
         rows[c] = row
         if on_cell:
@@ -72,6 +55,38 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     if write:
         write_outputs(spec.out, table, grid_caption(spec), axes=list(spec.sweep))
     return table
+
+
+def _finished_and_pending(spec: GridSpec, todo: list[Cell], stops: Stops) -> tuple[dict[Cell, dict], list[Cell]]:
+    """The rows of the cells that finished before (or paused where ``stops`` says), and the cells left to train."""
+    rows: dict[Cell, dict] = {}
+    pending = []
+    for c in todo:
+        done = read_done(spec, c, stops.get(c))
+        if done is not None:
+            rows[c] = done
+        else:
+            pending.append(c)
+    return rows, pending
+
+
+def _prepare(spec: GridSpec, todo: list[Cell], pending: list[Cell], tables, folder: Path, fresh: bool) -> None:
+    """The cells' partitions and the methods that train now, checked before any cell runs."""
+    try:
+        _make_partitions(spec, todo, tables)
+        _check_methods(spec, pending, tables)  # what trains now: a finished grid builds nothing to write its tables
+    except BaseException:
+        if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int, on_plan: PlanCallback | None) -> None:
+    text = (f"resuming {spec.out}: {finished} of {count(total, 'cell')} finished before, {pending} to train "
+            "(each from its last checkpoint, if any)")
+    log.info(text)
+    if on_plan:
+        on_plan(text)
 
 
 def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
