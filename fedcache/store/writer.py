@@ -188,13 +188,24 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     # of the store (and which `store verify --repair` removes) for as long as the arrays take to make.
     g = (parent if parent is not None else store.root[ENTRIES]).create_group(
         key.entry_id, attributes={"key": key.to_dict(), **meta, "complete": False})
-    rows = (chunk_rows,)
+    _create_arrays(g, key, n_rows, dim, dtype, chunk_rows, n_chunks, entry_format)
+    if entry_format >= 2:
+        meta |= {FORMAT_ATTR: entry_format, CHECKSUM_ATTR: "crc32c"}
+    # A copied entry's attributes must not bring its checksums or its format.
+    given = {n: v for n, v in attrs.items() if n not in (CRC_ATTR, FORMAT_ATTR, CHECKSUM_ATTR)}
+    # key and sizes first, ``complete`` last: a reader never sees a half-described entry as usable.
+    g.attrs.update({"key": key.to_dict(), **meta, **given, "complete": False})
+    return g
+
+
+def _create_arrays(g: zarr.Group, key: EntryKey, n_rows: int, dim: int, dtype: np.dtype, chunk_rows: int,
+                   n_chunks: int, entry_format: int) -> None:
+    """The entry's empty arrays: the row arrays, the chunks' done flags and their checksums."""
     # Format 2 stores every array uncompressed (docs/store.md: float features barely compress) and each row
     # array as one file (one Zarr chunk of every row), which a reader memory-maps; format 1 took Zarr's
     # default codec and chunks of chunk_rows, and is written only to resume an entry an older fedcache began.
     codec = {"compressors": None, "filters": None} if entry_format >= 2 else {}
-    if entry_format >= 2:
-        rows = (max(1, n_rows),)
+    rows = (max(1, n_rows),) if entry_format >= 2 else (chunk_rows,)
     # The key is kept beside the features too, so an entry whose own metadata is lost still names its slot.
     g.create_array("features", shape=(n_rows, dim), chunks=(rows[0], dim), dtype=dtype, fill_value=0,
                    attributes={"entry_key": key.to_dict()}, **codec)
@@ -204,16 +215,9 @@ def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, bat
     g.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, **codec)
     g.create_array(CRC_ARRAY, shape=(n_chunks, len(ROW_ARRAYS)), chunks=(1, len(ROW_ARRAYS)), dtype="uint32",
                    fill_value=0, **codec)
-    if entry_format >= 2:
-        meta |= {FORMAT_ATTR: entry_format, CHECKSUM_ATTR: "crc32c"}
     if entry_format >= 2:  # the row files at full size: Zarr reads a partial entry as it did in format 1
         for name in ROW_ARRAYS:
             RowFile(RawMeta.open(Path(g.store.root) / g.path / name)).allocate()
-    # A copied entry's attributes must not bring its checksums or its format.
-    given = {n: v for n, v in attrs.items() if n not in (CRC_ATTR, FORMAT_ATTR, CHECKSUM_ATTR)}
-    # key and sizes first, ``complete`` last: a reader never sees a half-described entry as usable.
-    g.attrs.update({"key": key.to_dict(), **meta, **given, "complete": False})
-    return g
 
 
 def _discard_if_damaged(store: FeatureStore, key: EntryKey) -> str | None:
