@@ -10,7 +10,7 @@
 A crash at any point leaves a run that continues: the checkpoint is never half-written, a metrics line of a
 round after the checkpoint (or a torn one) is dropped and that round runs again.
 
-The checkpoint format is one for every engine: ``{"format": 3, "rnd", "seconds", "runs": [state per run],
+The checkpoint format is one for every engine: ``{"format": 4, "rnd", "seconds", "runs": [state per run],
 "engine": {...}}``; a run by itself has one state, a stack of F runs F, each as its run alone would keep it.
 """
 from __future__ import annotations
