@@ -100,6 +100,8 @@ def _curves(key: str, ylabel: str) -> Callable:
             ax.plot(x, mean, st.linestyle, color=st.color, marker=st.marker, markevery=max(1, len(x) // 8), ms=4,
                     lw=1.4, label=label)
             ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
+            if g.stopped_at is not None or len(x) == 1:  # where a curve ends early; one point alone draws no line
+                ax.plot(x[-1:], mean[-1:], st.marker or "o", color=st.color, ms=5, mec="black", mew=0.5)
             if g is best and key == "accuracy":
                 ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
         _halving_cuts(ax, groups)

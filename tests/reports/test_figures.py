@@ -1,0 +1,46 @@
+"""What the report's figures draw, read back from the matplotlib artists (no pixels): every group is visible,
+axes stay readable, legends are in the table's order."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedcache.reports import figures
+from fedcache.reports.layout import Layout
+from fedcache.reports.runs import Group, Run
+
+
+def run(method: str, lr: str, seed: int, accs, *, stopped_at=None, loss=None, setting=None) -> Run:
+    history = [{"round": r + 1, "accuracy": a, "train_loss": (loss[r] if loss else 1.0 / (r + 1)),
+                "bytes_up": 1000 * (r + 1), "bytes_down": 1000 * (r + 1)} for r, a in enumerate(accs)]
+    summary = {"method": method, "mean_accuracy": accs[-1], "per_client_accuracy": [accs[-1]] * 3, "seed": seed}
+    if stopped_at is not None:
+        summary["stopped_at"] = stopped_at
+    return Run(Path(f"{method}-{lr}-{seed}"), summary, history, {}, setting or {"rounds": "6", "lr": lr})
+
+
+def group(*runs: Run) -> Group:
+    return Group(runs[0].label, list(runs))
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The matplotlib figures the report's figure functions draw, instead of their PNG bytes."""
+    figs = []
+    monkeypatch.setattr(figures, "_png", lambda fig: figs.append(fig) or b"")
+    return figs
+
+
+def test_a_candidate_cut_after_one_round_is_drawn(drawn):
+    """--prune halving cuts most candidates at the first rung: one point each, which a line without a marker
+    does not draw at all (4 of a 6-candidate group were invisible)."""
+    gs = [group(*(run("fedavg", lr, s, [10.0 + i], stopped_at=1) for s in (0, 1))) for i, lr in enumerate(["1e-4", "3e-4"])]
+    gs.append(group(*(run("fedavg", "1e-3", s, [30.0, 40.0, 50.0, 55.0]) for s in (0, 1))))
+    layout = Layout.of(gs)
+    figures.accuracy_per_round(gs, layout)
+    (ax,) = [a for a in drawn[0].axes if a.get_visible()]
+    for g in gs[:2]:
+        y = g.mean("mean_accuracy")
+        points = [line for line in ax.get_lines() if list(line.get_xdata()) == [1] and list(line.get_ydata()) == [y]]
+        assert any(line.get_marker() not in (None, "None", "", " ") for line in points), g.label
