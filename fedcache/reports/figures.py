@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 MAX_PER_PANEL = 12  # lines or bars; beyond this a panel is unreadable: the best are shown, the title says so
 PANEL_SIZE = (4.6, 3.3)  # inches; at 100 dpi a panel is 460 px wide
 BEST = "★"
+YLABEL_CHARS = 34  # characters per line of a panel's y label: about the height of a panel at its font size
 
 
 @dataclass
@@ -74,8 +76,10 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
         ax.set_visible(False)
     for ax in axes[:, 1:].flat:  # the y axis is shared: labelled once per row
         ax.set_ylabel("")
+    for ax in axes[:, 0]:  # a label longer than the panel is tall ran past its top, into the legend
+        ax.set_ylabel(textwrap.fill(ax.get_ylabel(), YLABEL_CHARS))
     if rows > 1:  # once for the figure: a label as long as two panels are tall ran into the next row's
-        text = axes[0, 0].get_ylabel()
+        text = axes[0, 0].get_ylabel().replace("\n", " ")
         for ax in axes[:, 0]:
             ax.set_ylabel("")
         fig.supylabel(text, fontsize=10)

@@ -44,3 +44,18 @@ def test_a_candidate_cut_after_one_round_is_drawn(drawn):
         y = g.mean("mean_accuracy")
         points = [line for line in ax.get_lines() if list(line.get_xdata()) == [1] and list(line.get_ydata()) == [y]]
         assert any(line.get_marker() not in (None, "None", "", " ") for line in points), g.label
+
+
+def test_a_long_y_label_of_a_one_row_figure_is_wrapped_to_the_panel(drawn):
+    """A --select grid's 'test and validation accuracy %, mean over clients' ran past the top of a one-row figure."""
+    gs = [group(*(run(m, "1e-3", s, [30.0, 40.0]) for s in (0, 1))) for m in ("fedavg", "fedprox")]
+    layout = Layout.of(gs)
+    layout = Layout(layout.fixed, layout.panel_keys, layout.legend_keys, layout.methods, "test and validation")
+    figures.accuracy_per_round(gs, layout)
+    ax = drawn[0].axes[0]
+    lines = ax.get_ylabel().splitlines()
+    assert len(lines) > 1 and all(len(line) <= figures.YLABEL_CHARS for line in lines)
+    drawn[0].canvas.draw()
+    label, box = ax.yaxis.label.get_window_extent(), ax.get_window_extent()
+    assert label.height <= box.height, (label.height, box.height)
+
