@@ -77,7 +77,8 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     for ax in axes[:, 1:].flat:  # the y axis is shared: labelled once per row
         ax.set_ylabel("")
     for ax in axes[:, 0]:  # a label longer than the panel is tall ran past its top, into the legend
-        ax.set_ylabel(textwrap.fill(ax.get_ylabel(), YLABEL_CHARS))
+        log = " (log scale)" if ax.get_yscale() == "log" else ""  # the panels share it: one panel's curves chose it
+        ax.set_ylabel(textwrap.fill(ax.get_ylabel() + log, YLABEL_CHARS))
     if rows > 1:  # once for the figure: a label as long as two panels are tall ran into the next row's
         text = axes[0, 0].get_ylabel().replace("\n", " ")
         for ax in axes[:, 0]:
@@ -110,10 +111,19 @@ def _curves(key: str, ylabel: str) -> Callable:
                 ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
         _halving_cuts(ax, groups)
         _whole_rounds(ax)
+        if key == "train_loss" and _spans_decades(ax):
+            ax.set_yscale("log")  # a diverging setting's loss (1e7) flattened every other curve onto 0
         ax.set_ylabel(ylabel)
         return []
 
     return draw
+
+
+def _spans_decades(ax, decades: float = 2.0) -> bool:
+    """Whether the positive values drawn in ``ax`` span more than ``decades`` orders of magnitude."""
+    values = np.concatenate([np.asarray(line.get_ydata(), float) for line in ax.get_lines()] or [np.zeros(0)])
+    positive = values[np.isfinite(values) & (values > 0)]
+    return len(positive) > 0 and positive.max() > 10 ** decades * positive.min()
 
 
 def _halving_cuts(ax, groups: list[Group]) -> None:

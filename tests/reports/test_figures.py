@@ -59,3 +59,13 @@ def test_a_long_y_label_of_a_one_row_figure_is_wrapped_to_the_panel(drawn):
     label, box = ax.yaxis.label.get_window_extent(), ax.get_window_extent()
     assert label.height <= box.height, (label.height, box.height)
 
+
+def test_a_diverging_settings_training_loss_does_not_flatten_the_others(drawn):
+    """lr=3e4 with SGD: a finite loss of 1e7 put every other curve on 0 of a linear axis."""
+    gs = [group(*(run("fedavg", "1e-1", s, [50.0, 60.0, 61.0], loss=[1.3, 1.0, 0.8]) for s in (0, 1))),
+          group(*(run("fedavg", "3e4", s, [10.0, 11.0, 11.0], loss=[2e7, 2.5e7, 2.4e7]) for s in (0, 1)))]
+    figures.train_loss_per_round(gs, Layout.of(gs))
+    ax = drawn[0].axes[0]
+    assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
+    figures.train_loss_per_round(gs[:1], Layout.of(gs[:1]))  # a loss within a decade stays linear
+    assert drawn[1].axes[0].get_yscale() == "linear" and "log" not in drawn[1].axes[0].get_ylabel()
