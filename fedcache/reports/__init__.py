@@ -185,8 +185,8 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
         rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs) + len(g.diverged)),
                      f"**{acc}**" if bold else acc, _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")),
                      _fmt(g.mean("worst10")), _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
-                     _fmt(g.mean("params_up_per_client"), digits=0), f"{round(g.mean('params_up_per_round') or 0):,}",
-                     f"{round(g.mean('bytes_up') or 0):,}",
+                     _fmt(g.mean("params_up_per_client"), digits=0), _fmt(g.mean("params_up_per_round"), digits=0),
+                     _fmt(g.mean("bytes_up"), digits=0),
                      _fmt(g.mean("seconds"))])
     return rows
 

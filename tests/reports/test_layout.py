@@ -139,3 +139,18 @@ def test_a_group_with_diverged_seeds_says_so_and_is_not_the_best():
     assert body["fedprox"][acc] == "**70.00 ± 0.00**"  # a std of 0 over two seeds is shown, not dropped
     assert body["fedprox"][header.index("bytes up (total)")] == "2"  # (1 + 2) / 2, rounded rather than cut
     assert _fmt(1.0) == "1.00"
+
+
+def test_a_group_whose_every_seed_diverged_sends_no_number_not_zero_bytes():
+    """A diverged cell has no summary: its traffic is unknown ("-"), not 0 bytes, which reads as a real figure."""
+    from fedcache.reports.runs import group_runs
+
+    runs = [Run(Path(f"{lr}-{s}"), {"method": "fedavg", "mean_accuracy": 60.0, "bytes_up": 100, "params_up_per_round": 25}
+                if lr == "1" else {"method": "fedavg", "diverged": True}, [], {}, {"lr": lr}) for lr in ("1", "1e6") for s in (0, 1)]
+    gs = group_runs(runs)
+    header, *body = summary_rows(gs, Layout.of(gs))
+    diverged = next(r for r in body if r[header.index("lr")] == "1e6")
+    for column in ("params up per client/round", "params up/round", "bytes up (total)", "global %", "seconds"):
+        assert diverged[header.index(column)] == "-", column
+    ok = next(r for r in body if r[header.index("lr")] == "1")
+    assert ok[header.index("bytes up (total)")] == "100" and ok[header.index("params up/round")] == "25"
