@@ -88,6 +88,9 @@ def _write_report(root: Path, runs: list[Run], out: Path) -> ReportPaths:
 def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section], str]:
     """The report's sections, their figures drawn into ``fig_dir``, and its title."""
     groups = group_runs(runs)
+    spec = _grid_spec(Path(root))
+    for g in groups:  # a group with fewer seeds than its grid's is partial (the grid is unfinished)
+        g.expected_seeds = len(spec["seeds"]) if spec else None
     layout = Layout.of(groups)
     groups = layout.ordered(groups)
     unfinished = _unfinished(Path(root), runs)
@@ -98,7 +101,7 @@ def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section]
     sections += _selection_sections(Path(root))
     sections += _paper_sections(Path(root))
     scored = [g for g in groups if g.runs]  # a group whose every seed diverged has nothing to draw
-    sections += _figure_sections(scored, layout, fig_dir)
+    sections += _figure_sections(scored, layout, fig_dir, _fewer_seeds(groups, layout))
     sections += _partition_sections(scored, layout, fig_dir)
     sections += _contribution_sections(Path(root), fig_dir)
     return sections, f"fedcache report: {Path(root).resolve().name}"
@@ -168,8 +171,8 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     keys = layout.panel_keys + layout.legend_keys
     header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
               "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
-    # In the running for best: every run reached the end (not stopped by halving, no seed diverged).
-    whole = lambda g: g.stopped_at is None and not g.diverged and g.mean("mean_accuracy") is not None  # noqa: E731
+    # In the running for best: every seed reached the end (not stopped by halving, none diverged or still to run).
+    whole = lambda g: g.complete and g.mean("mean_accuracy") is not None  # noqa: E731
     best = {panel: max((g.mean("mean_accuracy") for g in members if whole(g)), default=None)
             for panel, members in layout.panels(groups).items()}
     rows = [header]
@@ -182,7 +185,11 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
         if g.diverged:
             acc += f" ({len(g.diverged)} of {len(g.runs) + len(g.diverged)} seeds diverged; the mean is of the others)" \
                 if g.runs else " (every seed diverged)"
-        rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys), str(len(g.runs) + len(g.diverged)),
+        tried = len(g.runs) + len(g.diverged)
+        if g.unfinished_seeds:
+            acc += f" ({g.unfinished_seeds} of {g.expected_seeds} seeds not run yet)"
+        rows.append([g.method, *(str(g.setting.get(k, "-")) for k in keys),
+                     f"{tried} of {g.expected_seeds}" if g.unfinished_seeds else str(tried),
                      f"**{acc}**" if bold else acc, _fmt(g.mean("std_accuracy")), _fmt(g.mean("global_accuracy")),
                      _fmt(g.mean("worst10")), _fmt(g.mean("best10")), _fmt(g.mean("variance"), digits=1),
                      _fmt(g.mean("params_up_per_client"), digits=0), _fmt(g.mean("params_up_per_round"), digits=0),
@@ -256,7 +263,27 @@ FIGURES = (
 PER_ROUND = {"accuracy-per-round.png", "train-loss-per-round.png", "bytes-per-round.png"}
 
 
-def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list[Section]:
+def _fewer_seeds(groups: list[Group], layout: Layout) -> str:
+    """What the figures' means leave out: groups not drawn (every seed diverged) and groups drawn from fewer seeds
+    than the others (some diverged, or an unfinished grid has not run them yet), named as the legend names them."""
+    def name(g: Group) -> str:
+        where = f" ({layout.panel_title(layout.panel(g))})" if layout.panel_keys else ""
+        return layout.label(g).replace("\n", " ") + where
+
+    gone = [name(g) for g in groups if not g.runs]
+    fewer = []
+    for g in groups:
+        if g.runs and (g.diverged or g.unfinished_seeds):
+            why = ", ".join(filter(None, [f"{len(g.diverged)} diverged" if g.diverged else "",
+                                          f"{g.unfinished_seeds} not run yet" if g.unfinished_seeds else ""]))
+            of = g.expected_seeds or len(g.runs) + len(g.diverged)
+            fewer.append(f"{name(g)}: {count(len(g.runs), 'seed')} of {of} ({why})")
+    text = f" Not drawn, every seed diverged: {', '.join(gone)}." if gone else ""
+    text += f" Drawn from fewer seeds: {'; '.join(fewer)}; not marked best." if fewer else ""
+    return text
+
+
+def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path, fewer_seeds: str = "") -> list[Section]:
     out = []
     finished = [g for g in groups if g.stopped_at is None]
     for title, draw, name, text in FIGURES:
@@ -268,6 +295,7 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> list
         elif name in PER_ROUND and len(finished) < len(groups):
             text += (" Dotted vertical lines: the rounds at which --prune halving cut candidates; a curve that ends at "
                      "one stopped there (cut, or chosen as the last one left).")
+        text += fewer_seeds
         fig = draw(shown, layout)
         if fig is None:
             continue

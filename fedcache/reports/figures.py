@@ -50,9 +50,9 @@ def _shown(groups: list[Group]) -> tuple[list[Group], str]:
 
 
 def _best(groups: list[Group]) -> Group | None:
-    """The best final accuracy (of the groups whose every run ran every round: an early score is of another round,
-    and a mean without the seeds that diverged would flatter)."""
-    scored = [g for g in groups if g.mean("mean_accuracy") is not None and g.stopped_at is None and not g.diverged]
+    """The best final accuracy (of the groups whose every seed ran every round: an early score is of another round,
+    and a mean without the seeds that diverged, or have not run yet, would flatter)."""
+    scored = [g for g in groups if g.mean("mean_accuracy") is not None and g.complete]
     return max(scored, key=lambda g: g.mean("mean_accuracy")) if scored else None
 
 

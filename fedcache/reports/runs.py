@@ -52,6 +52,18 @@ class Group:
     label: str
     runs: list[Run]  # the runs with a result
     diverged: list[Run] = field(default_factory=list)  # grid cells whose training became NaN: no result, counted
+    expected_seeds: int | None = None  # the grid's seeds (None: not a grid); fewer runs: the grid is unfinished
+
+    @property
+    def unfinished_seeds(self) -> int:
+        """Seeds of the grid with neither a result nor a divergence yet (an unfinished grid)."""
+        return max(0, (self.expected_seeds or 0) - len(self.runs) - len(self.diverged))
+
+    @property
+    def complete(self) -> bool:
+        """Every seed has a result: none diverged, none still to run, none stopped early by halving. Only a
+        complete group can be the best: a mean over fewer seeds, or of an earlier round, would flatter it."""
+        return bool(self.runs) and not self.diverged and not self.unfinished_seeds and self.stopped_at is None
 
     @property
     def first(self) -> Run:

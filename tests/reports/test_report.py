@@ -386,6 +386,44 @@ def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, c
     assert _grid_cells(stage / "test") == 2 and _grid_cells(stage / "validation") == 4
 
 
+def test_an_unfinished_grids_group_with_fewer_seeds_is_named_and_never_the_best(tmp_path):
+    """Stopped part way, fedprox had 1 of its 3 seeds: its one-seed 69.41 was bold and starred over fedavg's
+    3-seed mean, and the figures drew it like the others."""
+    import json
+
+    from fedcache.reports import write_report
+
+    root = fake_grid(tmp_path / "grid", methods=("fedavg", "fedprox"), alphas=(1.0,), lrs=("0.01",), seeds=(0, 1, 2), rounds=3)
+    (root / "grid.json").write_text(json.dumps({"methods": ["fedavg", "fedprox"], "seeds": [0, 1, 2],
+                                                "sweep": {"alpha": ["1.0"], "lr": ["0.01"]}, "select": []}))
+    for seed in (1, 2):
+        (root / "cells" / f"fedprox__alpha=1.0__lr=0.01__seed={seed}" / "summary.json").unlink()
+    paths = write_report(root)
+    md = paths.markdown.read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| fed")}
+    assert "| 1 of 3 |" in rows["fedprox"] and "(2 of 3 seeds not run yet)" in rows["fedprox"]
+    assert "**" not in rows["fedprox"] and "**" in rows["fedavg"]  # fedprox's mean is higher, of one seed
+    assert "Drawn from fewer seeds: fedprox: 1 seed of 3 (2 not run yet)" in md
+
+
+def test_a_group_whose_every_seed_diverged_is_named_under_the_figures_it_is_missing_from(tmp_path):
+    import json
+
+    from fedcache.reports import write_report
+
+    root = fake_grid(tmp_path / "grid", methods=("fedavg",), alphas=(1.0,), lrs=("0.01", "1e6"), seeds=(0, 1), rounds=3)
+    for seed in (0, 1):
+        cell = root / "cells" / f"fedavg__alpha=1.0__lr=1e6__seed={seed}"
+        for name in ("summary.json", "metrics.jsonl"):
+            (cell / name).unlink()
+        (cell / "diverged.json").write_text(json.dumps({"error": "round 1: NaN"}))
+        info = json.loads((cell / "cell.json").read_text())
+        (cell / "cell.json").write_text(json.dumps({**info, "method": "fedavg"}))  # as the grid writes it
+    md = write_report(root).markdown.read_text()
+    accuracy = md.split("## Accuracy per round")[1].split("##")[0]
+    assert "Not drawn, every seed diverged: fedavg lr=1e6." in accuracy
+
+
 def test_a_report_made_elsewhere_finds_a_store_given_relative_to_where_the_run_started(toy_store, tmp_path, monkeypatch):
     from fedcache.api import train
     from fedcache.reports import write_report
