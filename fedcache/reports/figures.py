@@ -87,6 +87,10 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     handles = [h for ax in axes.flat for h in ax.get_legend_handles_labels()[0]]
     names = [n for ax in axes.flat for n in ax.get_legend_handles_labels()[1]]
     unique = dict(zip(names, handles))
+    # In the table's order (methods as listed, each with its own settings in order), not the panels' first sighting
+    # of each: a --select report's legend read "fedavg lr=1e-3, fedprox lr=1e-2, fedavg lr=1e-2, fedprox lr=1e-3".
+    rank = {layout.label(g): (layout.methods.index(g.method), layout._values(g, layout.legend_keys)) for g in groups}
+    unique = dict(sorted(unique.items(), key=lambda kv: (0, *rank[kv[0]]) if kv[0] in rank else (1,)))
     if unique:
         fig.legend(unique.values(), unique.keys(), loc="outside lower center",
                    ncols=max(1, min(len(unique), int(3 * cols * width))), fontsize=8, frameon=False)

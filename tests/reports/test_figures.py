@@ -69,3 +69,15 @@ def test_a_diverging_settings_training_loss_does_not_flatten_the_others(drawn):
     assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
     figures.train_loss_per_round(gs[:1], Layout.of(gs[:1]))  # a loss within a decade stays linear
     assert drawn[1].axes[0].get_yscale() == "linear" and "log" not in drawn[1].axes[0].get_ylabel()
+
+
+def test_the_legend_lists_methods_in_order_each_with_its_settings_in_order(drawn):
+    """Panels saw the chosen lr first (test) and the others later (validation): the legend was in that order."""
+    setting = lambda split, lr: {"split": split, "lr": lr}  # noqa: E731
+    gs = [group(run("fedavg", "1e-3", 0, [40.0], setting=setting("test", "1e-3"))),
+          group(run("fedprox", "1e-2", 0, [45.0], setting=setting("test", "1e-2"))),
+          *(group(run(m, lr, 0, [40.0], setting=setting("validation", lr))) for m in ("fedavg", "fedprox") for lr in ("1e-3", "1e-2"))]
+    layout = Layout.of(gs)
+    figures.accuracy_per_round(layout.ordered(gs), layout)
+    names = [t.get_text() for t in drawn[0].legends[0].get_texts()]
+    assert names == ["fedavg lr=1e-3", "fedavg lr=1e-2", "fedprox lr=1e-3", "fedprox lr=1e-2"]
