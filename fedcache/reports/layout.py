@@ -98,7 +98,7 @@ class Layout:
 
     def styles(self, groups: list[Group]) -> dict[str, Style]:
         """One style per label, the same in every panel: colour by method, line style and marker by the
-        method's own settings, so no two labels look alike."""
+        method's own settings, so no two labels look alike; with one method, colour by its settings too."""
         palette = _palette(len(self.methods))
         colour = {m: palette[i % len(palette)] for i, m in enumerate(self.methods)}
         looks = list(itertools.product(MARKERS, LINE_STYLES))
@@ -107,9 +107,13 @@ class Layout:
         own = sorted({self._values(g, self.legend_keys) for g in groups})
         start = {m: (i // len(palette)) * 7 for i, m in enumerate(self.methods)}
         styles: dict[str, Style] = {}
+        # One method: its settings take the colours too (six lr candidates in one blue were told apart by dashes).
+        by_setting = len(self.methods) == 1 and len(own) > 1
+        shades = _palette(len(own)) if by_setting else []
         for g in groups:
-            marker, line = looks[(start[g.method] + own.index(self._values(g, self.legend_keys))) % len(looks)]
-            styles.setdefault(self.label(g), Style(colour[g.method], line, marker))
+            i = own.index(self._values(g, self.legend_keys))
+            marker, line = looks[(start[g.method] + i) % len(looks)]
+            styles.setdefault(self.label(g), Style(shades[i % len(shades)] if by_setting else colour[g.method], line, marker))
         return styles
 
 

@@ -154,3 +154,12 @@ def test_a_group_whose_every_seed_diverged_sends_no_number_not_zero_bytes():
         assert diverged[header.index(column)] == "-", column
     ok = next(r for r in body if r[header.index("lr")] == "1")
     assert ok[header.index("bytes up (total)")] == "100" and ok[header.index("params up/round")] == "25"
+
+
+def test_one_methods_settings_get_colours_of_their_own():
+    """A --prune halving grid of one method and six lr: all six were one blue, told apart by line style alone."""
+    gs = groups(["fedavg"], alphas=("1",), lrs=("1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2"))
+    styles = Layout.of(gs).styles(gs)
+    assert len({s.color for s in styles.values()}) == 6 and len(set(styles.values())) == 6
+    two = groups(["fedavg", "fedprox"], alphas=("1",))  # several methods: still one colour per method
+    assert len({s.color for s in Layout.of(two).styles(two).values()}) == 2
