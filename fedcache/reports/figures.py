@@ -256,6 +256,9 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
         ax.set_yscale("symlog")
     else:
         ax.set_ylim(bottom=0)
+    from matplotlib.ticker import EngFormatter
+
+    ax.yaxis.set_major_formatter(EngFormatter(unit="B", sep=" "))  # 256 kB, not 250000
     _whole_rounds(ax)
     ax.set_ylabel("bytes per round, all clients (faint: down)")
     return []

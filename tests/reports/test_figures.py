@@ -81,3 +81,14 @@ def test_the_legend_lists_methods_in_order_each_with_its_settings_in_order(drawn
     figures.accuracy_per_round(layout.ordered(gs), layout)
     names = [t.get_text() for t in drawn[0].legends[0].get_texts()]
     assert names == ["fedavg lr=1e-3", "fedavg lr=1e-2", "fedprox lr=1e-3", "fedprox lr=1e-2"]
+
+
+def test_bytes_per_round_are_read_in_units(drawn):
+    """256,200 B a round was ticked 250000, 200000, ...: a reader counted zeros."""
+    g = group(run("fedavg", "1e-3", 0, [40.0, 50.0]))
+    g.runs[0].history = [{"round": r, "accuracy": 40.0, "bytes_up": 256_200 * r, "bytes_down": 256_200 * r} for r in (1, 2)]
+    figures.bytes_per_round([g], Layout.of([g]))
+    ax = drawn[0].axes[0]
+    drawn[0].canvas.draw()
+    ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert any(t.endswith(" kB") for t in ticks) and not any(t.isdigit() and len(t) > 4 for t in ticks), ticks
