@@ -250,7 +250,9 @@ FIGURES = (
     ("Training loss per round", figures.train_loss_per_round, "train-loss-per-round.png",
      "The sampled clients' mean loss over their local steps; band: ± sample std over seeds."),
     ("Per-client accuracy distribution", figures.client_distribution, "per-client-accuracy.png",
-     "Final accuracy of every client, all seeds pooled; triangle: mean."),
+     "Final accuracy of every client, all seeds pooled: box from the first to the third quartile, black line the "
+     "median, whiskers to the furthest client within 1.5 box lengths, circles the clients beyond, white triangle "
+     "the mean."),
     ("Fairness", figures.fairness, "fairness.png",
      "Mean accuracy of the worst / best share of clients (as FedPCL Tables 12-13), mean over seeds."),
     ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png",

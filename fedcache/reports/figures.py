@@ -201,11 +201,11 @@ def _box(ax, x: float, stats: dict, color: str, half: float = 0.25) -> None:
     q1, q3 = stats["q1"], stats["q3"]
     ax.add_patch(Rectangle((x - half, q1), 2 * half, q3 - q1, facecolor=color, alpha=0.5, edgecolor="black",
                            zorder=1.8))  # over the grid lines, under the median
-    ax.plot([x - half, x + half], [stats["med"]] * 2, color="tab:orange")
+    ax.plot([x - half, x + half], [stats["med"]] * 2, color="black", lw=1.6)  # tab:orange vanished on orange boxes
     for end, edge in ((stats["whislo"], q1), (stats["whishi"], q3)):
         ax.plot([x, x], [end, edge], color="black", linewidth=1)
         ax.plot([x - half / 2, x + half / 2], [end, end], color="black", linewidth=1)
-    ax.plot([x], [stats["mean"]], marker="^", color="tab:green", linestyle="none")
+    ax.plot([x], [stats["mean"]], marker="^", color="white", markeredgecolor="black", linestyle="none")
     if len(stats["fliers"]):
         ax.plot([x] * len(stats["fliers"]), stats["fliers"], marker="o", markerfacecolor="none", color="black",
                 linestyle="none")

@@ -92,3 +92,20 @@ def test_bytes_per_round_are_read_in_units(drawn):
     drawn[0].canvas.draw()
     ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert any(t.endswith(" kB") for t in ticks) and not any(t.isdigit() and len(t) > 4 for t in ticks), ticks
+
+
+def test_a_boxs_median_and_mean_stand_out_on_every_methods_colour(drawn):
+    """The median was tab:orange and the mean tab:green: on fedprox's orange box (and a third method's green one)
+    they could not be seen."""
+    from matplotlib.colors import to_rgba
+
+    gs = [group(run(m, "1e-3", 0, [40.0 + i])) for i, m in enumerate(("fedavg", "fedprox", "fedproto"))]
+    for g in gs:
+        g.runs[0].summary["per_client_accuracy"] = [20.0, 35.0, 50.0, 60.0, 70.0]
+    figures.client_distribution(gs, Layout.of(gs))
+    ax = drawn[0].axes[0]
+    boxes = {to_rgba(p.get_facecolor())[:3] for p in ax.patches}
+    marks = [line for line in ax.get_lines() if len(line.get_xdata()) in (1, 2)]
+    for line in marks:
+        colour = to_rgba(line.get_color())[:3]
+        assert colour not in boxes, line
