@@ -72,6 +72,7 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
         labels += draw(ax, shown, layout, styles)
         ax.set_title(layout.panel_title(panel) + note, fontsize=9)
         ax.grid(True, color="0.92")
+        ax.set_axisbelow(True)  # grid lines behind bars, not drawn across them
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     for ax in axes[:, 1:].flat:  # the y axis is shared: labelled once per row
@@ -172,6 +173,7 @@ def _bars(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> 
     if best is not None:
         i = groups.index(best)
         ax.annotate(BEST, (x[i], means[i] + errs[i]), ha="center", va="bottom", fontsize=14)
+    ax.margins(y=0.12)  # room above the tallest error bar for the star, which ran into the panel's title
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel(f"final {layout.evaluated_on} accuracy %")
     return labels

@@ -109,3 +109,14 @@ def test_a_boxs_median_and_mean_stand_out_on_every_methods_colour(drawn):
     for line in marks:
         colour = to_rgba(line.get_color())[:3]
         assert colour not in boxes, line
+
+
+def test_the_best_bars_star_stays_inside_its_panel_and_the_grid_behind_the_bars(drawn):
+    gs = [group(*(run(m, "1e-3", s, [a + s]) for s in (0, 1))) for m, a in (("fedavg", 60.0), ("fedprox", 69.0))]
+    figures.final_accuracy(gs, Layout.of(gs))
+    fig = drawn[0]
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    (star,) = [t for t in ax.texts if t.get_text() == figures.BEST]
+    assert star.get_window_extent().y1 <= ax.get_window_extent().y1, "the star runs past the panel's top"
+    assert ax.get_axisbelow() is True
