@@ -442,3 +442,10 @@ def test_an_empty_argument_is_refused_before_anything_runs(capsys, tmp_path, mon
     code, _, err = run(capsys, *args)
     assert code == 2 and said in err and "an unset shell variable" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_report_says_the_last_report_is_kept_not_resume():
+    from fedcache.cli.root import _how_to_go_on
+
+    said = _how_to_go_on(["report", "runs/cmp"])
+    assert "resume" not in said and "left as it was" in said

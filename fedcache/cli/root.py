@@ -168,6 +168,8 @@ def _os_error(exc: OSError) -> str:
 
 def _how_to_go_on(argv: list[str]) -> str:
     words = [a for a in argv if not a.startswith("-")]
+    if words[:1] == ["report"]:  # nothing to resume: the figures are drawn aside and replace the last report whole
+        return "the last report (if any) is left as it was; run the same command again to write it"
     if words[:1] != ["train"]:
         return "finished work is kept; re-run the same command to resume"
     out = _out_of(argv)
