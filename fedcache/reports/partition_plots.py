@@ -33,11 +33,16 @@ def _thin(n: int) -> np.ndarray:
     return np.arange(0, n, step)
 
 
-def _title(partition: Partition) -> str:
+def _title(partition: Partition, n_domains: int = 1) -> str:
+    """The scheme with the settings it ran with: defaults filled in (a default alpha is stored as null, and a
+    Dirichlet partition's title said no alpha at all), settings that change nothing (subsample 1) left out."""
     r = partition.request
-    hidden = ("scheme", "n_clients", "local_test", "local_test_mix", "min_size")  # not about the training rows
-    extras = [f"{k}={v}" for k, v in r.to_dict().items() if k not in hidden and v not in (None, 0.0)]
-    return f"{r.scheme} partition, {partition.n_clients} clients" + (f" ({', '.join(extras)})" if extras else "")
+    hidden = ("scheme", "n_clients", "seed", "local_test", "local_test_mix", "min_size")  # not about the training rows
+    inert = {"subsample": 1.0, "repeat_rate": 0.0}
+    extras = [f"{k}={v}" for k, v in r.effective(n_domains).items()
+              if k not in hidden and v is not None and inert.get(k, object()) != v]
+    return (f"{r.scheme} partition, {partition.n_clients} clients, seed {r.seed}"
+            + (f" ({', '.join(extras)})" if extras else ""))
 
 
 def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: Path) -> Path:
@@ -128,7 +133,8 @@ def plot_partition(
     prefix.parent.mkdir(parents=True, exist_ok=True)
     n_classes = max(len(class_names), int(np.max(train_labels)) + 1 if len(train_labels) else 0)
     counts = client_class_counts(partition, train_labels, n_classes)
-    title = _title(partition)
+    n_domains = len(np.unique(np.asarray(train_domains))) if train_domains is not None else 1
+    title = _title(partition, n_domains)
     return [
         _bubbles(counts, class_names, title, Path(f"{prefix}-bubbles.png")),
         _sizes(partition, train_domains, domain_names, title, Path(f"{prefix}-sizes.png")),
