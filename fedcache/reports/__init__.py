@@ -207,6 +207,9 @@ def _selection_sections(root: Path) -> list[Section]:
     sel = json.loads(path.read_text())
     skip = {"method", "chosen", "validation_score", "candidates", "cuts", "full_rounds", "revived"}
     keys = list(dict.fromkeys(k for c in sel["choices"] for k in c if k not in skip))
+    # Only the settings that tell choices apart: the fixed ones (partition, clients, rounds, ...) are in the results'
+    # caption, and repeated on every row they pushed the candidates' scores off the page.
+    keys = [k for k in keys if len({str(c.get(k, "-")) for c in sel["choices"]}) > 1]
     rows = [["method", *keys, "chosen", "validation score", "candidates (validation score)"]]
     for c in sel["choices"]:
         shown = lambda values: ", ".join(f"{k}={v}" for k, v in values.items() if k in sel["selected"])

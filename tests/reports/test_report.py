@@ -225,7 +225,7 @@ def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path)
         info["setting"]["validation"] = "true"
         (cell / "cell.json").write_text(json.dumps(info))
     fake_grid(root / "test", methods=("fedavg", "fedprox"), alphas=(0.1, 1.0), lrs=("0.01",), rounds=5)
-    choices = [{"method": m, "alpha": a, "chosen": {"lr": "0.01"}, "validation_score": 50.0,
+    choices = [{"method": m, "alpha": a, "rounds": "5", "chosen": {"lr": "0.01"}, "validation_score": 50.0,
                 "candidates": [{"lr": "0.001", "validation_score": 40.0}, {"lr": "0.01", "validation_score": 50.0}]}
                for m in ("fedavg", "fedprox") for a in ("0.1", "1.0")]
     # halving's record of a kept candidate that diverged and the one that went on in its place: no column of its own
@@ -243,6 +243,7 @@ def test_a_select_grid_reports_its_validation_and_test_stages_by_split(tmp_path)
     assert "Chosen on validation, then tested" in html and "the highest mean over seeds" in html
     assert "<th>revived</th>" not in html and "replaced by the next best of that cut" in html
     assert "<td>fedprox</td><td>1.0</td><td>lr=0.01</td><td>50.00</td><td>lr=0.001: 40.00; lr=0.01: 50.00</td>" in html
+    assert "<th>rounds</th>" not in html  # the same in every choice: said once, in the results' caption
     # 2 splits x 2 alphas: a 2 x 2 grid of panels, not 3 + 1 with a hole (a panel is 460 px wide at 100 dpi)
     curves = next(p for p in paths.figures if p.name == "accuracy-per-round.png")
     assert png_width(curves) < 2.5 * 460, png_width(curves)
