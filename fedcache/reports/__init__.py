@@ -116,7 +116,8 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
             f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
-            f"'# of Comm Params'); the best accuracy of each panel setting is in bold.{warn}")
+            f"'# of Comm Params'); seconds is a run's wall time, and cells the batched engine trained together each show "
+            f"their batch's; the best accuracy of each panel setting is in bold.{warn}")
 
 
 def _unfinished(root: Path, runs: list[Run]) -> str:
