@@ -378,7 +378,7 @@ def other_value(name: str, typ, default):
     """A valid value different from ``default``, as the text ``--set`` would carry, and as parsed."""
     rng = None
     if typing.get_origin(typ) is Annotated:
-        typ, rng = typing.get_args(typ)[0], next(a for a in typing.get_args(typ)[1:] if isinstance(a, Range))
+        typ, rng = typing.get_args(typ)[0], next((a for a in typing.get_args(typ)[1:] if isinstance(a, Range)), None)
     if typing.get_origin(typ) is Literal:
         v = next(a for a in typing.get_args(typ) if a != default)
         return str(v), v
