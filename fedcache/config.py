@@ -10,6 +10,7 @@ the value given and what was expected, so every entry point reports a bad value 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -94,6 +95,13 @@ def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSIN
 
 def fields_of(cls: type) -> dict[str, Any]:
     """Field name -> type, with range and choice annotations kept."""
+    return dict(_fields_of(cls))
+
+
+@functools.cache
+def _fields_of(cls: type) -> dict[str, Any]:
+    # get_type_hints evaluates every annotation's text anew (compile, eval): a grid of 2,000 cells spent most of
+    # its minute before the first cell in it. A class's annotations do not change once it is made.
     hints = typing.get_type_hints(cls, include_extras=True)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
@@ -120,14 +128,20 @@ def optional(typ: Any) -> bool:
 
 def choices(typ: Any) -> tuple:
     """The values a field accepts, where it names them (a Literal, or a registry's names)."""
+    source = _choice_source(typ)
+    return tuple(source.names()) if isinstance(source, Choices) else source
+
+
+def _choice_source(typ: Any) -> tuple | Choices:
+    """A Literal's values, or the Choices whose registry names them when asked (filled by import); () if neither."""
     for t in (typ, *typing.get_args(typ)):
         if typing.get_origin(t) is Literal:
             return typing.get_args(t)
         if typing.get_origin(t) is Annotated:
             found = next((a for a in typing.get_args(t)[1:] if isinstance(a, Choices)), None)
             if found is not None:
-                return tuple(found.names())
-            inner = choices(typing.get_args(t)[0])
+                return found
+            inner = _choice_source(typing.get_args(t)[0])
             if inner:
                 return inner
     return ()
@@ -177,21 +191,21 @@ def parse(label: str, value: Any, typ: Any, sep: str = ",", verbatim: bool = Fal
 def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
     """Refuse a value that is not of ``typ`` or outside its range or choices; ConfigError naming ``label`` and
     the value (``shown``: as the user wrote it)."""
-    given = f"{label}={shown}" if shown is not None else f"{label}={value!r}"
+    given = lambda: f"{label}={shown}" if shown is not None else f"{label}={value!r}"
+    shape = _shape(typ)
     if value is None:
-        if not optional(typ):
+        if not shape.optional:
             raise ConfigError(f"{label}: a value is required")
         return
-    inner = _without_none(typ)
-    if typing.get_origin(_strip(inner)) is tuple:
-        _check_tuple(label, value, _strip(inner))
+    if shape.tupled is not None:
+        _check_tuple(label, value, shape.tupled)
         return
-    base = base_type(inner)
+    base = shape.base
     if base is Any:
         return
     if base is float:
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{given}: must be a finite number")
+            raise ConfigError(f"{given()}: must be a finite number")
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif base is Path:  # a path given as text is a path
         ok = isinstance(value, (str, os.PathLike))
@@ -200,22 +214,52 @@ def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
     else:
         ok = True
     if not ok:
-        raise ConfigError(f"{given}: expected {_describe(base)}")
-    redirect = _annotation(inner, Redirect)
-    if redirect is not None and redirect.message(value):
-        raise ConfigError(f"{given}: {redirect.message(value)}")
-    allowed = choices(inner)
+        raise ConfigError(f"{given()}: expected {_describe(base)}")
+    if shape.redirect is not None and shape.redirect.message(value):
+        raise ConfigError(f"{given()}: {shape.redirect.message(value)}")
+    allowed = tuple(shape.names.names()) if isinstance(shape.names, Choices) else shape.names
     if allowed and value not in allowed:
-        raise ConfigError(f"{given}: must be one of {', '.join(map(str, allowed))}")
-    rng = value_range(inner)
-    if rng is not None and not rng.contains(value):
-        raise ConfigError(f"{given}: must be {rng}")
+        raise ConfigError(f"{given()}: must be one of {', '.join(map(str, allowed))}")
+    if shape.range is not None and not shape.range.contains(value):
+        raise ConfigError(f"{given()}: must be {shape.range}")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What ``check`` asks of a type, worked out once per type (typing's introspection is most of a check)."""
+
+    optional: bool
+    tupled: Any  # the tuple type of a tuple field, else None
+    base: Any
+    names: tuple | Choices
+    range: Range | None
+    redirect: Redirect | None
+
+
+def _shape(typ: Any) -> _Shape:
+    try:
+        return _cached_shape(typ)
+    except TypeError:  # an annotation that cannot be hashed
+        return _cached_shape.__wrapped__(typ)
+
+
+@functools.cache
+def _cached_shape(typ: Any) -> _Shape:
+    inner = _without_none(typ)
+    if typing.get_origin(_strip(inner)) is tuple:
+        return _Shape(optional(typ), _strip(inner), tuple, (), None, None)
+    return _Shape(optional(typ), None, base_type(inner), _choice_source(inner), value_range(inner),
+                  _annotation(inner, Redirect))
 
 
 def check_fields(obj: Any, label: Callable[[str], str] | None = None) -> None:
     """Check every field of a dataclass instance (built in Python, not parsed); ``label(field)`` names it."""
-    for name, typ in fields_of(type(obj)).items():
-        check(label(name) if label else name, getattr(obj, name), typ)
+    for name, typ in _fields_of(type(obj)).items():
+        try:
+            check(name, getattr(obj, name), typ)
+        except ConfigError:  # named as the user gave it only then: the label costs more than the check
+            check(label(name) if label else name, getattr(obj, name), typ)
+            raise
 
 
 class Checked:

@@ -19,7 +19,7 @@ from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
-from fedcache.spec import method_class
+from fedcache.spec import RunSpec, method_class
 from fedcache.table import Table
 from fedcache.training import instantiate, load_data
 from fedcache.wording import count
@@ -37,13 +37,13 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py)."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
-    check_cells(spec, todo_cells)
+    configs = check_cells(spec, todo_cells)
     check_spec(spec)
     fresh = not (spec.features_folder / "meta.json").exists()
     folder = write_features(spec)
     tables = read_features(folder)
     rows, pending = _finished_and_pending(spec, todo_cells, stops)
-    _prepare(spec, todo_cells, pending, tables, folder, fresh)
+    _prepare(configs, pending, tables, folder, fresh)
     total = len(todo_cells)
     if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
         _say_resuming(spec, len(rows), total, len(pending), on_plan)
@@ -70,11 +70,11 @@ def _finished_and_pending(spec: GridSpec, todo: list[Cell], stops: Stops) -> tup
     return rows, pending
 
 
-def _prepare(spec: GridSpec, todo: list[Cell], pending: list[Cell], tables, folder: Path, fresh: bool) -> None:
+def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: Path, fresh: bool) -> None:
     """The cells' partitions and the methods that train now, checked before any cell runs."""
     try:
-        _make_partitions(spec, todo, tables)
-        _check_methods(spec, pending, tables)  # what trains now: a finished grid builds nothing to write its tables
+        _make_partitions(configs, tables)
+        _check_methods(configs, pending, tables)  # what trains now: a finished grid builds nothing to write its tables
     except BaseException:
         if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
             shutil.rmtree(folder, ignore_errors=True)
@@ -187,15 +187,14 @@ def _differences(saved: dict, mine: dict, keys: list[str]) -> str:
                      for k in keys)
 
 
-def check_cells(spec: GridSpec, todo: list[Cell]) -> None:
+def check_cells(spec: GridSpec, todo: list[Cell]) -> dict[Cell, RunSpec]:
     """Every cell's options (types, ranges) and settings, checked before anything is read or written:
     a bad value in the last cell must not surface after hours of the others. An unknown method name
-    raises with the close matches and the full list."""
-    for c in todo:
-        train_config(spec, c, None)
+    raises with the close matches and the full list. Returns each cell's run spec (without its out)."""
+    return {c: train_config(spec, c, None) for c in todo}
 
 
-def _check_methods(spec: GridSpec, todo: list[Cell], tables) -> None:
+def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables) -> None:
     """Each method built once on its first cell's data, before any cell trains: what a method needs of the data
     (clip-zs a backbone with a text tower, say) is said now, not after the other methods' cells have trained.
     Methods draw from their own generators, so building one here changes no cell's numbers."""
@@ -203,15 +202,14 @@ def _check_methods(spec: GridSpec, todo: list[Cell], tables) -> None:
     for c in todo:
         first.setdefault(c.method, c)
     for c in first.values():
-        cfg = train_config(spec, c, None)
+        cfg = configs[c]
         instantiate(cfg, load_data(cfg, tables, views=method_class(c.method).uses_views)[0])
 
 
-def _make_partitions(spec: GridSpec, todo: list[Cell], tables) -> None:
+def _make_partitions(configs: dict[Cell, RunSpec], tables) -> None:
     """Every distinct partition is made and stored here, once, so parallel workers only read the store."""
     seen = set()
-    for c in todo:
-        cfg = train_config(spec, c, None)
+    for cfg in configs.values():
         key = (cfg.partition, cfg.schedule.seed)
         if key not in seen:
             seen.add(key)
