@@ -264,6 +264,14 @@ FIGURES = (
 )
 
 
+# The captions of the figures whose spread is over seeds, where every label has one seed: no band, no error bars.
+ONE_SEED = {
+    "accuracy-per-round.png": "One seed per line (no spread to draw); ★ the best final accuracy of the panel.",
+    "final-accuracy.png": "One seed per bar (no error bars); ★ the best of the panel.",
+    "train-loss-per-round.png": "The sampled clients' mean loss over their local steps; one seed per line.",
+}
+
+
 # Figures of every round: a candidate stopped early by successive halving is drawn up to where it stopped. The
 # others compare final figures, which such a candidate has only of an earlier round: it is left out of them.
 PER_ROUND = {"accuracy-per-round.png", "train-loss-per-round.png", "bytes-per-round.png"}
@@ -296,6 +304,8 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path, fewer_s
         shown = groups if name in PER_ROUND else finished
         if not shown:
             continue
+        if all(len(g.runs) <= 1 for g in shown):
+            text = ONE_SEED.get(name, text)
         if len(shown) < len(groups):
             text += " Candidates that --prune halving stopped early are left out (their curves are in Accuracy per round)."
         elif name in PER_ROUND and len(finished) < len(groups):

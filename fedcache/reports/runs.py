@@ -112,6 +112,8 @@ class Group:
 def find_runs(root: Path) -> list[Run]:
     """Every finished run at or below ``root`` (a train --out directory, a grid, or a folder of runs)."""
     root = Path(root)
+    if not root.exists():
+        raise ConfigError(f"{root} does not exist; give a run directory (train --out) or a grid directory (grid --out)")
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; give a run directory (train --out) or a grid directory (grid --out)")
     finished = {p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name)}

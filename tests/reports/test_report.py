@@ -70,7 +70,11 @@ def test_report_of_a_single_run_and_of_nothing(toy_store, tmp_path, capsys):
     html = report(run.out)
     assert html == tmp_path / "run" / "report.html" and "fedavg" in html.read_text()
     code = main(["report", str(tmp_path / "empty")])
-    assert code == 2 and "is not a directory" in capsys.readouterr().err
+    assert code == 2 and "empty does not exist; give a run directory" in capsys.readouterr().err
+    code = main(["report", str(tmp_path / "run" / "config.json")])
+    assert code == 2 and "config.json is not a directory" in capsys.readouterr().err
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "band: ± sample std" not in md and "One seed per line (no spread to draw)" in md  # one seed: no band
     (tmp_path / "empty").mkdir()
     code = main(["report", str(tmp_path / "empty")])
     assert code == 2 and "no finished runs" in capsys.readouterr().err
@@ -405,6 +409,7 @@ def test_an_unfinished_grids_group_with_fewer_seeds_is_named_and_never_the_best(
     assert "| 1 of 3 |" in rows["fedprox"] and "(2 of 3 seeds not run yet)" in rows["fedprox"]
     assert "**" not in rows["fedprox"] and "**" in rows["fedavg"]  # fedprox's mean is higher, of one seed
     assert "Drawn from fewer seeds: fedprox: 1 seed of 3 (2 not run yet)" in md
+    assert "band: ± sample std over seeds" in md  # fedavg has three
 
 
 def test_a_group_whose_every_seed_diverged_is_named_under_the_figures_it_is_missing_from(tmp_path):
