@@ -41,6 +41,7 @@ from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, ac
 from fedcache.flower.shard import ShardInfo, load_server
 from fedcache.heads import Params
 from fedcache.ownership import hold
+from fedcache.paths import CHECKPOINT
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:
 def main(grid: Grid, context: Context) -> None:
     run = FlowerRun.from_config(dict(context.run_config))
     resume = run.deploy.resume_run
-    serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id), resume=bool(resume))
+    serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id), resume=bool(resume),
+          resume_as=f"deploy.resume_run='{resume}'")
 
 
 @dataclass
@@ -269,9 +271,11 @@ def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepte
     return record, Round(clients, LocalResult({}, stacked, torch.cat([got.replies[k][1] for k in clients])), losses)
 
 
-def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last") -> dict:
+def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last",
+          resume_as: str = "--resume") -> dict:
     """The whole run (continued from the checkpoint in ``paths.out`` with ``resume``); returns the
-    summary (as ``fedcache train`` writes it)."""
+    summary (as ``fedcache train`` writes it). ``resume_as`` names the option that asked to resume, in messages:
+    a deployment's submitter gave ``deploy.resume_run``, not ``--resume``."""
     if paths.server_shard is None:
         raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
                             "`fedcache shard` wrote, in the environment flower-superlink starts in")
@@ -283,7 +287,7 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         data, info = load_server(paths.server_shard)
         method = build_method(run, data)
         if paths.out is not None:
-            _record_config(paths.out, run, info, method, resume)
+            _record_config(paths.out, run, info, method, resume, resume_as)
         out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
         (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
         if paths.out is not None:
@@ -304,7 +308,8 @@ def _owned(out: Path | None):
                 "of this run has ended (a stopped SuperLink may leave its flwr-serverapp process running)")
 
 
-def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, resume: bool) -> None:
+def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, resume: bool,
+                   resume_as: str = "--resume") -> None:
     """config.json: what the run computes (the run sections and the shards' partition, not the
     deployment's timeouts); a resumed run must compute the same."""
     computes = {k: v for k, v in run.to_config().items() if not k.startswith("deploy.")}
@@ -319,12 +324,18 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
     if method.init_clients(1):
         raise ConfigError(f"{method.name} keeps personal client state on the nodes, which a resumed Flower run does not "
                           "have; resume it with the in-process engine, or start the Flower run again")
+    again = ("check the run id (`flwr run` printed it), or submit the run anew without deploy.resume_run"
+             if resume_as.startswith("deploy.") else f"start the run without {resume_as}")
     if not path.exists():
-        raise ConfigError(f"--resume: {out} has no config.json; start the run without --resume")
+        raise ConfigError(f"{resume_as}: {out} has no config.json; {again}")
+    # Checked here, not by the round driver, whose message names --resume: a run stopped before its first round
+    # ended has its config.json but nothing to continue from.
+    if not (out / CHECKPOINT).exists():
+        raise ConfigError(f"{resume_as}: {out} has no checkpoint (the run stopped before its first round ended); {again}")
     saved = json.loads(path.read_text())
     if saved != json.loads(json.dumps(config)):
         differ = sorted(k for k in {**saved.get("run", {}), **config["run"]} if saved.get("run", {}).get(k) != config["run"].get(k))
         if saved.get("partition_id") != config["partition_id"]:
             differ.append("partition_id (the shards)")
-        raise ConfigError(f"--resume: the run in {out} was made with other settings ({', '.join(differ)}); use the same "
+        raise ConfigError(f"{resume_as}: the run in {out} was made with other settings ({', '.join(differ)}); use the same "
                           "settings and shards, or start a new run")

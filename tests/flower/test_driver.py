@@ -140,3 +140,28 @@ def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_pat
     assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
     with pytest.raises(ConfigError, match="deploy.resume_run='run-7': give the Flower run id"):
         _run(resume_run="run-7")
+
+
+def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_path, monkeypatch):
+    """The submitter gave deploy.resume_run, not --resume: the refusals say so, also for a run stopped before its
+    first round ended (config.json, no checkpoint), which the round driver would refuse naming --resume."""
+    from fedcache.flower.config import SERVER_ENV
+
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(shards / SERVER))
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    nodes = [client_dir(shards, k) for k in range(3)]
+
+    def main(run_id: int, run: FlowerRun, stop_before=None) -> None:
+        client._client.cache_clear()
+        context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
+        server.main(DirectGrid(nodes, run, stop_before), context)
+
+    with pytest.raises(Interrupted):
+        main(7, _run(), stop_before=1)
+    for resumed, why in (("7", "has no checkpoint"), ("9", "has no config.json"), ("7", "other settings")):
+        run = _run(resume_run=resumed, rounds=5 if why == "other settings" else 4)
+        if why == "other settings":
+            (tmp_path / "runs" / "run-7" / "checkpoint.pt").write_bytes(b"")  # past the checkpoint check
+        with pytest.raises(ConfigError, match=f"deploy.resume_run='{resumed}': .*{why}") as err:
+            main(8, run)
+        assert "--resume" not in str(err.value)
