@@ -46,13 +46,14 @@ class Certs:
     key: Path
 
 
-def self_signed(directory: Path) -> Certs:
+def self_signed(directory: Path | str) -> Certs:
     """A throw-away CA and a server certificate for 127.0.0.1 / localhost (loopback trials only)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
@@ -75,6 +76,7 @@ def self_signed(directory: Path) -> Certs:
     paths.ca.write_bytes(ca.public_bytes(pem))
     paths.cert.write_bytes(cert.public_bytes(pem))
     paths.key.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths.key.chmod(0o600)  # a private key, unencrypted: readable by its owner only, as node_keys' are
     return paths
 
 
