@@ -15,16 +15,21 @@ before anything in it is used, because anyone holding a SuperNode can send anyth
 
 A reply that fails is rejected with a reason (the server drops that client for the round and records
 why) instead of stopping or crashing the run. Arrays are read with numpy's ``allow_pickle=False``
-(Flower's ``Array.numpy``): an object array is refused, never unpickled.
+(Flower's ``Array.numpy``): an object array is refused, never unpickled; and only once their .npy header declares
+the expected shape and dtype and the bytes they carry are that many (``declared``), as np.load allocates what a
+header declares.
 """
 from __future__ import annotations
 
+import io
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from numpy.lib import format as npy
 
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.heads import Params
@@ -168,12 +173,12 @@ def read_losses(content: RecordDict) -> torch.Tensor:
     record = _field(content, "loss", None, ArrayRecord)
     if set(record) != {"loss"}:
         raise BadReply(f"loss names {sorted(record)}; expected ['loss']")
-    try:
-        t = torch.from_numpy(record["loss"].numpy().copy())
-    except (ValueError, TypeError, OSError, EOFError) as e:
-        raise BadReply(f"loss is not a readable numeric array ({type(e).__name__}: {e})") from None
-    if t.dim() != 1 or t.dtype != torch.float32 or len(t) > MAX_LOSSES or not bool(torch.isfinite(t).all()):
-        raise BadReply(f"loss must be at most {MAX_LOSSES} finite float32 numbers (got {tuple(t.shape)} {t.dtype})")
+    shape, dtype = declared(record["loss"], "loss")
+    if len(shape) != 1 or dtype != torch.float32 or shape[0] > MAX_LOSSES:
+        raise BadReply(f"loss must be at most {MAX_LOSSES} finite float32 numbers (got {shape} {dtype})")
+    t = _loaded(record["loss"], "loss")
+    if not bool(torch.isfinite(t).all()):
+        raise BadReply(f"loss must be at most {MAX_LOSSES} finite float32 numbers (got NaN or inf)")
     return t
 
 
@@ -182,17 +187,41 @@ def _tensors(record: ArrayRecord, expected: dict[str, tuple[tuple[int, ...], tor
         raise BadReply(f"{what} names {sorted(record)}; expected {sorted(expected)}")
     out = {}
     for name, (shape, dtype) in expected.items():
-        try:
-            array = record[name].numpy()  # np.load(..., allow_pickle=False): object arrays raise
-            t = torch.from_numpy(array.copy())
-        except (ValueError, TypeError, OSError, EOFError) as e:
-            raise BadReply(f"{what} '{name}' is not a readable numeric array ({type(e).__name__}: {e})") from None
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise BadReply(f"{what} '{name}' is {tuple(t.shape)} {t.dtype}; expected {shape} {dtype}")
+        got = declared(record[name], f"{what} '{name}'")
+        if got != (shape, dtype):
+            raise BadReply(f"{what} '{name}' is {got[0]} {got[1]}; expected {shape} {dtype}")
+        t = _loaded(record[name], f"{what} '{name}'")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise BadReply(f"{what} '{name}' holds NaN or inf")
         out[name] = t
     return out
+
+
+def declared(array: Array, what: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype an array's .npy bytes declare, read from their header alone. np.load allocates the
+    array the header declares before it reads the data: a forged header (36 TiB in 16 bytes) would make it raise
+    MemoryError and end the ServerApp, so the header is checked first and the data must be exactly that size."""
+    fp = io.BytesIO(array.data)
+    try:
+        version = npy.read_magic(fp)
+        if version not in ((1, 0), (2, 0)):  # what np.save writes for numeric arrays
+            raise ValueError(f".npy format version {version}")
+        shape, _, dtype = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(fp)
+        as_torch = torch.from_numpy(np.empty(0, dtype)).dtype  # object, structured, byte-swapped: TypeError/ValueError
+    except (ValueError, TypeError, OSError, EOFError) as e:
+        raise BadReply(f"{what} is not a readable numeric array ({type(e).__name__}: {e})") from None
+    carried = len(array.data) - fp.tell()
+    if carried != dtype.itemsize * math.prod(shape):
+        raise BadReply(f"{what} declares {tuple(shape)} {dtype} but carries {carried} bytes of data")
+    return tuple(shape), as_torch
+
+
+def _loaded(array: Array, what: str) -> torch.Tensor:
+    """The array whose header ``declared`` checked; np.load(..., allow_pickle=False): an object array raises."""
+    try:
+        return torch.from_numpy(array.numpy().copy())
+    except (ValueError, TypeError, OSError, EOFError) as e:
+        raise BadReply(f"{what} is not a readable numeric array ({type(e).__name__}: {e})") from None
 
 
 # ---- evaluation replies -----------------------------------------------------------------------

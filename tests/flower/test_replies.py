@@ -180,6 +180,30 @@ def test_a_pickled_object_array_is_refused_and_never_unpickled(setting):
     assert "not a readable numeric array" in got.rejected[0] and not _Bomb.ran
 
 
+def _forged(shape: tuple, extra: bytes = b"\0" * 16) -> Array:
+    """A float32 .npy whose header declares ``shape`` but whose data is ``extra``."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=buf.getvalue() + extra)
+
+
+def test_a_forged_npy_header_is_refused_before_anything_is_allocated(setting):
+    """np.load allocates the array a header declares before reading its data: 36 TiB declared in a 16-byte upload
+    raised MemoryError in the server (the ServerApp ended), instead of dropping the client for the round."""
+    server, down, honest = setting
+    name = _first(honest[0])
+    huge = RecordDict({**train_reply(honest[0]), "up": ArrayRecord({**train_reply(honest[0])["up"], name: _forged((10**13,))})})
+    short = train_reply(honest[1])
+    shape = tuple(honest[1].uploads[name].shape)
+    short["up"] = ArrayRecord({**short["up"], name: _forged(shape, b"\0" * 4)})  # the right header, too few bytes
+    losses = train_reply(honest[2])
+    losses["loss"] = ArrayRecord({"loss": _forged((10**13,))})
+    got = _accept(server, down, [Reply(101, huge), Reply(102, short), Reply(103, losses)])
+    assert not got.replies and sorted(got.rejected) == [0, 1, 2]
+    assert "declares (10000000000000,) float32 but carries 16 bytes" in got.rejected[0]
+    assert "carries 4 bytes" in got.rejected[1] and "loss declares (10000000000000,)" in got.rejected[2]
+
+
 @pytest.mark.parametrize("counts, why", [("inflated", "summing to at most"), ("negative", "non-negative"),
                                          ("fraction", "whole")])
 def test_per_class_counts_cannot_outweigh_the_clients_rows(counts, why):
