@@ -75,12 +75,30 @@ class Holder:
         return f"pid {self.pid} on {self.host} (`{self.command}`, started {self.started}{_ago(self.started)})"
 
 
+# Options whose value is a credential: Flower starts each flwr-serverapp with --token, its key to the SuperLink. The
+# lock file is world-readable and a refused command prints its holder, which a deployment streams to any submitter.
+SECRET_OPTIONS = ("--token",)
+
+
 def command_line(limit: int = 160) -> str:
-    """This process's command as a user typed it: ``fedcache grid -o runs/x ...`` for the CLI, else the program."""
+    """This process's command as a user typed it: ``fedcache grid -o runs/x ...`` for the CLI, else the program;
+    credentials (``SECRET_OPTIONS``) masked."""
     argv = list(sys.argv) or ["python"]
     head = "fedcache" if Path(argv[0]).name in ("fedcache", "__main__.py") else Path(argv[0]).name or "python"
-    text = " ".join([head, *map(shlex.quote, argv[1:])])
+    text = " ".join([head, *map(shlex.quote, _masked(argv[1:]))])
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _masked(args: list[str]) -> list[str]:
+    out = []
+    for i, a in enumerate(args):
+        name = a.split("=", 1)[0]
+        if i and args[i - 1] in SECRET_OPTIONS:
+            a = "***"
+        elif name in SECRET_OPTIONS and "=" in a:
+            a = f"{name}=***"
+        out.append(a)
+    return out
 
 
 def read_holder(path: Path) -> Holder | None:

@@ -185,3 +185,15 @@ def test_a_lock_on_a_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
         finally:
             if stack:
                 stack[0].__exit__(None, None, None)
+
+
+def test_a_credential_on_the_command_line_is_not_recorded(tmp_path, monkeypatch):
+    """Flower starts each ServerApp with --token, its key to the SuperLink: the lock file (world-readable) and the
+    message naming the holder (streamed to whoever submitted a resumed run) held its first hundred characters."""
+    token = "a1b2c3" * 40
+    for argv in (["/venv/bin/flwr-serverapp", "--runtime-api-address", "127.0.0.1:9091", "--token", token, "--insecure"],
+                 ["/venv/bin/flwr-serverapp", f"--token={token}"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        with hold(tmp_path / "run", "the run directory"):
+            record = (tmp_path / "run" / LOCK).read_text()
+        assert token[:6] not in record and "--token" in record and "flwr-serverapp" in record
