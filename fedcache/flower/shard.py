@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,10 +82,24 @@ class ShardInfo:
 
 # ---- writing -----------------------------------------------------------------------------
 def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
-    """One store per client plus the server's; returns their paths (clients first, server last)."""
+    """One store per client plus the server's; returns their paths (clients first, server last). They are written
+    into a hidden directory beside ``out``, renamed to ``out`` once all are complete: a sharding killed part-way left
+    complete-looking client-000/ beside a partial client-001/ and no server/, for a user to copy to a machine."""
     out = writable_dir(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        paths = _write_all(spec, staging)
+        staging.rename(out)  # replaces an empty ``out``
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # what SIGKILL leaves instead is hidden and named partial
+        raise
+    return [out / p.relative_to(staging) for p in paths]
+
+
+def _write_all(spec: ShardSpec, out: Path) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
     tables = _tables(store, spec, ("train", "test"))
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))

@@ -89,3 +89,25 @@ def test_a_shard_given_as_the_store_is_refused_and_left_as_it_was(flower_store, 
     assert "is client 0's shard" in capsys.readouterr().err
     data, info = load_client(mine)  # still the client's shard
     assert info.client == 0 and len(data.client_train[0]) == info.client_train_sizes[0]
+
+
+def test_an_interrupted_sharding_leaves_nothing_that_passes_for_shards(flower_store, tmp_path, monkeypatch):
+    """`fedcache shard` killed part-way left client-000/ complete, client-001/ partial and no server/ in --out, and a
+    re-run refused the not-empty --out: the shards appear in --out only once all of them are written."""
+    from fedcache.flower import shard
+
+    out = tmp_path / "shards"
+    out.mkdir()  # an empty --out is taken
+
+    def killed(*args):
+        assert not any(out.iterdir()) and client_dir(args[-1].parent, 0).exists()  # a kill here would leave --out empty
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(shard, "_write_server", killed)
+        with pytest.raises(KeyboardInterrupt):
+            write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"] and not any(out.iterdir())
+    paths = write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
+    assert paths == [client_dir(out, k) for k in range(3)] + [out / SERVER]
+    assert open_shard(out / SERVER)[1].role == "server" and sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
