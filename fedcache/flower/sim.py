@@ -137,7 +137,8 @@ def _refuse_unsupported(spec: RunSpec) -> None:
     unsupported = [flag for flag, given in (("--validation", spec.schedule.validation), ("--no-batch", not e.batched),
                                             ("--overwrite", e.overwrite), ("--track", bool(e.track))) if given]
     if unsupported:
-        raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; drop them")
+        raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; "
+                            f"drop {'them' if len(unsupported) > 1 else 'it'}")
     if e.resume and e.out is None:
         raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
     check_deployable(spec.method)  # before the shards are written and Ray is started, not after

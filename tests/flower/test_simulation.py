@@ -59,8 +59,10 @@ def test_in_process_training_refuses_a_flower_spec(flower_store):
 def test_flower_sim_refuses_what_it_cannot_do(flower_store, tmp_path):
     with pytest.raises(FedcacheError, match="--resume continues the run in --out"):
         train_flower_sim(toy_config(flower_store, resume=True))
-    with pytest.raises(FedcacheError, match="does not support --validation, --track"):
+    with pytest.raises(FedcacheError, match="does not support --validation, --track; drop them$"):
         train_flower_sim(toy_config(flower_store, validation=True, track=("tensorboard",), out=tmp_path))
+    with pytest.raises(FedcacheError, match="does not support --validation; drop it$"):
+        train_flower_sim(toy_config(flower_store, validation=True, out=tmp_path))
     with pytest.raises(FedcacheError, match="holds no shards"):
         train_flower_sim(toy_config(flower_store, resume=True, out=tmp_path))
 
