@@ -117,13 +117,13 @@ def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards
         _serve(shards, tmp_path / "empty", _run(), resume=True)
 
 
-def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_path, monkeypatch):
-    """The ServerApp entry point: run 7 is interrupted; run 8, submitted with deploy.resume_run='7',
-    continues in run-7/ (the operator's runs directory) and ends as an uninterrupted run."""
+def _server_app(shards, runs, monkeypatch):
+    """The ServerApp's entry point as a SuperLink calls it (run id, run config), the operator's environment set:
+    the server's shard and its runs directory."""
     from fedcache.flower.config import SERVER_ENV
 
     monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(shards / SERVER))
-    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(runs))
     nodes = [client_dir(shards, k) for k in range(3)]
 
     def main(run_id: int, run: FlowerRun, stop_before=None) -> None:
@@ -131,6 +131,13 @@ def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_pat
         context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
         server.main(DirectGrid(nodes, run, stop_before), context)
 
+    return main
+
+
+def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_path, monkeypatch):
+    """The ServerApp entry point: run 7 is interrupted; run 8, submitted with deploy.resume_run='7',
+    continues in run-7/ (the operator's runs directory) and ends as an uninterrupted run."""
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
     full = _serve(shards, tmp_path / "full", _run())
     with pytest.raises(Interrupted):
         main(7, _run(), stop_before=3)
@@ -145,17 +152,7 @@ def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_pat
 def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_path, monkeypatch):
     """The submitter gave deploy.resume_run, not --resume: the refusals say so, also for a run stopped before its
     first round ended (config.json, no checkpoint), which the round driver would refuse naming --resume."""
-    from fedcache.flower.config import SERVER_ENV
-
-    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(shards / SERVER))
-    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
-    nodes = [client_dir(shards, k) for k in range(3)]
-
-    def main(run_id: int, run: FlowerRun, stop_before=None) -> None:
-        client._client.cache_clear()
-        context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
-        server.main(DirectGrid(nodes, run, stop_before), context)
-
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
     with pytest.raises(Interrupted):
         main(7, _run(), stop_before=1)
     for resumed, why in (("7", "has no checkpoint"), ("9", "has no config.json"), ("7", "other settings")):
