@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from fedcache.federate.data import FederatedData, check_labels, check_same_encod
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.federate.text import attach_text
+from fedcache.ownership import LOCK, hold
 from fedcache.paths import writable_dir
 from fedcache.store.feature_store import SHARD_ATTR, TEXT, FeatureStore, FeatureTable
 from fedcache.store.keys import EntryKey, TextKey
@@ -81,22 +81,33 @@ class ShardInfo:
 
 
 # ---- writing -----------------------------------------------------------------------------
+STAGING = ".partial"  # in --out, under its hold: the shards being written, moved in once all are complete
+
+
 def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     """One store per client plus the server's; returns their paths (clients first, server last). They are written
-    into a hidden directory beside ``out``, renamed to ``out`` once all are complete: a sharding killed part-way left
-    complete-looking client-000/ beside a partial client-001/ and no server/, for a user to copy to a machine."""
+    into ``out``/.partial and moved into ``out`` once all are complete, server/ last: a sharding killed part-way left
+    complete-looking client-000/ beside a partial client-001/ and no server/, for a user to copy to a machine. ``out``
+    itself is kept ('.', a link, a mount point, its mode), and held: a second sharding into it is refused."""
     out = writable_dir(out, "--out")
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        paths = _write_all(spec, staging)
-        staging.rename(out)  # replaces an empty ``out``
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # what SIGKILL leaves instead is hidden and named partial
-        raise
-    return [out / p.relative_to(staging) for p in paths]
+    with hold(out, f"the shard directory {out}", advice="shard into another --out", resumes="a re-run shards again"):
+        staging = out / STAGING
+        if staging.exists():  # SIGKILL runs no clean-up; under the hold no other sharding writes it
+            log.warning("removing %s, left by an interrupted sharding", staging)
+            shutil.rmtree(staging)
+        if any(p.name != LOCK for p in out.iterdir()):
+            raise ConfigError(f"{out} is not empty; shard into a new directory (or remove the old shards)")
+        staging.mkdir()
+        moved: list[Path] = []
+        try:
+            for p in _write_all(spec, staging):
+                moved.append(p.rename(out / p.name))
+            staging.rmdir()
+        except BaseException:
+            for p in [*moved, staging]:
+                shutil.rmtree(p, ignore_errors=True)
+            raise
+    return moved
 
 
 def _write_all(spec: ShardSpec, out: Path) -> list[Path]:

@@ -7,6 +7,7 @@ from fedcache.cli import main
 from fedcache.errors import ConfigError
 from fedcache.federate.data import sample_keys
 from fedcache.training import prepare
+from fedcache.ownership import LOCK
 from fedcache.flower.shard import SERVER, client_dir, load_client, load_server, open_shard, write_shards
 from fedcache.flower.sim import shard_spec
 from fedcache.store.feature_store import FeatureStore
@@ -100,14 +101,63 @@ def test_an_interrupted_sharding_leaves_nothing_that_passes_for_shards(flower_st
     out.mkdir()  # an empty --out is taken
 
     def killed(*args):
-        assert not any(out.iterdir()) and client_dir(args[-1].parent, 0).exists()  # a kill here would leave --out empty
+        # a kill here would leave no shards in --out: only .partial, which the next sharding removes
+        assert _names(out) == [shard.STAGING] and client_dir(args[-1].parent, 0).exists()
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
         m.setattr(shard, "_write_server", killed)
         with pytest.raises(KeyboardInterrupt):
             write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"] and not any(out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"] and _names(out) == []
     paths = write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
     assert paths == [client_dir(out, k) for k in range(3)] + [out / SERVER]
     assert open_shard(out / SERVER)[1].role == "server" and sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+
+
+def _names(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != LOCK)
+
+
+def test_an_existing_out_is_kept_and_a_new_one_has_the_usual_mode(flower_store, tmp_path, monkeypatch):
+    """An empty --out that exists ('.', a link to a directory, a mount point) has the shards moved into it: renaming a
+    staging directory onto it failed with EBUSY or ENOTDIR, after every shard was written. A new --out is made with
+    the umask's mode (mkdtemp's 0700 kept a SuperNode's service account out)."""
+    import os
+    import stat
+    from pathlib import Path
+
+    new = tmp_path / "new"
+    write_shards(shard_spec(toy_config(flower_store, clients=2)), new)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o777 & ~umask
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    paths = write_shards(shard_spec(toy_config(flower_store, clients=2)), Path("."))
+    assert _names(here) == ["client-000", "client-001", SERVER]
+    assert paths == [client_dir(Path("."), k) for k in range(2)] + [Path(".") / SERVER]
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    write_shards(shard_spec(toy_config(flower_store, clients=2)), tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (target / SERVER).is_dir()
+
+
+def test_a_killed_shardings_staging_is_removed_by_the_next_and_a_second_sharding_at_once_is_refused(flower_store, tmp_path):
+    """SIGKILL runs no clean-up: the .partial it leaves in --out is removed by the next sharding into it. Meanwhile,
+    a sharding into an --out another one holds is refused, naming it, rather than removing its .partial."""
+    from fedcache.errors import DirectoryBusyError
+    from fedcache.flower import shard
+    from fedcache.store.locks import exclusive_lock
+    from tests.faults import held_by_another_thread
+
+    out = tmp_path / "shards"
+    (out / shard.STAGING / "client-000").mkdir(parents=True)
+    with held_by_another_thread(exclusive_lock(out / LOCK, "another sharding"), for_seconds=5):
+        with pytest.raises(DirectoryBusyError, match="the shard directory .*shards"):
+            write_shards(shard_spec(toy_config(flower_store, clients=2)), out)
+    assert (out / shard.STAGING / "client-000").is_dir()
+    write_shards(shard_spec(toy_config(flower_store, clients=2)), out)
+    assert _names(out) == ["client-000", "client-001", SERVER]
