@@ -125,8 +125,10 @@ def _curves(key: str, ylabel: str) -> Callable:
 
 
 def _spans_decades(ax, decades: float = 2.0) -> bool:
-    """Whether the positive values drawn in ``ax`` span more than ``decades`` orders of magnitude."""
-    values = np.concatenate([np.asarray(line.get_ydata(), float) for line in ax.get_lines()] or [np.zeros(0)])
+    """Whether the positive values drawn in ``ax`` span more than ``decades`` orders of magnitude. Data lines only:
+    a halving cut's axvline has y 0 to 1 in axes units, which read as a loss of 1 made losses of 0.002 to 0.05 log."""
+    data = [line for line in ax.get_lines() if line.get_transform() == ax.transData]
+    values = np.concatenate([np.asarray(line.get_ydata(), float) for line in data] or [np.zeros(0)])
     positive = values[np.isfinite(values) & (values > 0)]
     return len(positive) > 0 and positive.max() > 10 ** decades * positive.min()
 

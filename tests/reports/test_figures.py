@@ -69,6 +69,12 @@ def test_a_diverging_settings_training_loss_does_not_flatten_the_others(drawn):
     assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
     figures.train_loss_per_round(gs[:1], Layout.of(gs[:1]))  # a loss within a decade stays linear
     assert drawn[1].axes[0].get_yscale() == "linear" and "log" not in drawn[1].axes[0].get_ylabel()
+    # a halving cut's vertical line (y 0..1 in axes units) is no loss of 1: small losses within a decade stay linear
+    cut = [group(*(run("fedavg", lr, s, accs, loss=loss, stopped_at=stop) for s in (0, 1)))
+           for lr, accs, loss, stop in (("1e-1", [50.0, 60.0, 61.0], [0.02, 0.01, 0.005], None),
+                                        ("1e-2", [40.0], [0.03], 1))]
+    figures.train_loss_per_round(cut, Layout.of(cut))
+    assert drawn[2].axes[0].get_yscale() == "linear"
 
 
 def test_the_legend_lists_methods_in_order_each_with_its_settings_in_order(drawn):
