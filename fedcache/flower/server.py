@@ -41,7 +41,7 @@ from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, ac
 from fedcache.flower.shard import ShardInfo, load_server
 from fedcache.heads import Params
 from fedcache.ownership import hold
-from fedcache.paths import CHECKPOINT
+from fedcache.paths import CHECKPOINT, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +331,9 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
     # Checked here, not by the round driver, whose message names --resume: a run stopped before its first round
     # ended has its config.json but nothing to continue from.
     if not (out / CHECKPOINT).exists():
+        if (out / SUMMARY).exists():  # keep_checkpoints=none removes it once the run is done
+            raise ConfigError(f"{resume_as}: the run in {out} finished (its {SUMMARY} is there) and kept no checkpoint; "
+                              "nothing is left to run")
         raise ConfigError(f"{resume_as}: {out} has no checkpoint (the run stopped before its first round ended); {again}")
     saved = json.loads(path.read_text())
     if saved != json.loads(json.dumps(config)):

@@ -162,3 +162,13 @@ def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_pat
         with pytest.raises(ConfigError, match=f"deploy.resume_run='{resumed}': .*{why}") as err:
             main(8, run)
         assert "--resume" not in str(err.value)
+
+
+def test_a_finished_run_without_its_checkpoint_is_not_said_to_have_stopped_before_its_first_round(shards, tmp_path):
+    """keep_checkpoints=none removes a finished run's checkpoint: a resume of it was told the run 'stopped before its
+    first round ended' and to start it anew, which config.json then refuses."""
+    run = _run(rounds=2)
+    _serve(shards, tmp_path / "done", run)
+    (tmp_path / "done" / "checkpoint.pt").unlink()  # as keep_checkpoints=none leaves it
+    with pytest.raises(ConfigError, match="finished .*kept no checkpoint; nothing is left to run"):
+        _serve(shards, tmp_path / "done", run, resume=True)
