@@ -75,9 +75,17 @@ def self_signed(directory: Path | str) -> Certs:
     paths = Certs(directory / "ca.crt", directory / "server.pem", directory / "server.key")
     paths.ca.write_bytes(ca.public_bytes(pem))
     paths.cert.write_bytes(cert.public_bytes(pem))
-    paths.key.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    paths.key.chmod(0o600)  # a private key, unencrypted: readable by its owner only, as node_keys' are
+    _write_private(paths.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return paths
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """A private key, unencrypted: created readable by its owner only (written 0644 and then chmod-ed, another user
+    could open it in between and read it through that descriptor later); an existing one is replaced by a new file."""
+    path.unlink(missing_ok=True)  # a descriptor another user holds on the old file never sees the new key
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
 
 
 def node_keys(directory: Path, name: str) -> tuple[Path, Path]:
@@ -88,9 +96,8 @@ def node_keys(directory: Path, name: str) -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     private, public = directory / name, directory / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))
-    private.chmod(0o600)
+    _write_private(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                              serialization.NoEncryption()))
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
     return private, public
 
