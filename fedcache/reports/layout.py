@@ -7,6 +7,7 @@ A comparison is read inside a panel: settings of the data and the partition (alp
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import textwrap
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class Layout:
     legend_keys: tuple[str, ...]
     methods: tuple[str, ...]
     evaluated_on: str  # "test" or "validation"
+    # Every group's own settings (legend values), so that a label keeps its look in a figure that leaves some out
+    # (final figures leave out candidates halving cut).
+    settings: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def of(cls, groups: list[Group]) -> "Layout":
@@ -54,8 +58,9 @@ class Layout:
         varying = [k for k, vs in values.items() if len(vs) > 1 or any(k not in g.setting for g in groups)]
         fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
         splits = {"validation" if g.first.option("validation") else "test" for g in groups}
-        return cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
-                   tuple(dict.fromkeys(g.method for g in groups)), " and ".join(sorted(splits)))
+        layout = cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
+                     tuple(dict.fromkeys(g.method for g in groups)), " and ".join(sorted(splits)))
+        return dataclasses.replace(layout, settings=tuple(sorted({layout._values(g, layout.legend_keys) for g in groups})))
 
     def panel(self, g: Group) -> tuple[tuple[str, str], ...]:
         return tuple((k, str(g.setting.get(k, "-"))) for k in self.panel_keys)
@@ -104,7 +109,7 @@ class Layout:
         looks = list(itertools.product(MARKERS, LINE_STYLES))
         # The same own settings (lr=0.01, say) get the same look in every method, so a line style means one
         # value across the figure; past the palette's colours, methods sharing a colour start at other looks.
-        own = sorted({self._values(g, self.legend_keys) for g in groups})
+        own = sorted(set(self.settings) | {self._values(g, self.legend_keys) for g in groups})
         start = {m: (i // len(palette)) * 7 for i, m in enumerate(self.methods)}
         styles: dict[str, Style] = {}
         # One method: its settings take the colours too (six lr candidates in one blue were told apart by dashes).

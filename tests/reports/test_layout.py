@@ -163,3 +163,13 @@ def test_one_methods_settings_get_colours_of_their_own():
     assert len({s.color for s in styles.values()}) == 6 and len(set(styles.values())) == 6
     two = groups(["fedavg", "fedprox"], alphas=("1",))  # several methods: still one colour per method
     assert len({s.color for s in Layout.of(two).styles(two).values()}) == 2
+
+
+@pytest.mark.parametrize("methods", [["fedavg"], ["fedavg", "fedprox"]])
+def test_a_label_keeps_its_look_in_a_figure_that_leaves_some_groups_out(methods):
+    """The final figures leave out the candidates halving cut: each label's colour and marker were worked out again
+    from the groups left, so lr=3e-3 was green in one figure and orange in the next."""
+    gs = groups(methods, alphas=("1",), lrs=("1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2"))
+    layout = Layout.of(gs)
+    every, kept = layout.styles(gs), layout.styles(gs[2::3])
+    assert kept == {label: every[label] for label in kept} and len(kept) == len(gs[2::3])
