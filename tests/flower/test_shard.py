@@ -161,3 +161,13 @@ def test_a_killed_shardings_staging_is_removed_by_the_next_and_a_second_sharding
     assert (out / shard.STAGING / "client-000").is_dir()
     write_shards(shard_spec(toy_config(flower_store, clients=2)), out)
     assert _names(out) == ["client-000", "client-001", SERVER]
+
+
+def test_shards_below_a_directory_this_process_holds(flower_store, tmp_path):
+    """flower-sim shards into its run directory, which it holds: hold() of a directory below one this process holds
+    makes nothing, so write_shards makes --out itself."""
+    from fedcache.ownership import hold
+
+    with hold(tmp_path / "run", "the run directory"):
+        paths = write_shards(shard_spec(toy_config(flower_store, clients=2)), tmp_path / "run" / "shards.partial")
+    assert paths[-1] == tmp_path / "run" / "shards.partial" / SERVER and paths[-1].is_dir()
