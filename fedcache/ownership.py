@@ -117,15 +117,28 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
     directory this process already holds (or one below it) is its own."""
     directory = Path(directory)
     key = directory.resolve()
-    if _held_here(key):
-        _HELD[key] = _HELD.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            _release_count(key)
-        return
     made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
+    try:
+        with _nested(key) if _held_here(key) else _locked(directory, key, what, wait, advice, resumes):
+            yield
+    finally:
+        with contextlib.suppress(OSError):
+            for made_dir in made:  # only if empty: a command refused before writing leaves nothing behind,
+                made_dir.rmdir()   # nor the parents it made (runs/ of runs/g)
+
+
+@contextlib.contextmanager
+def _nested(key: Path) -> Iterator[None]:
+    _HELD[key] = _HELD.get(key, 0) + 1
+    try:
+        yield
+    finally:
+        _release_count(key)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, resumes: str) -> Iterator[None]:
     path = directory / LOCK
     fd = _acquire(path, what, wait, advice, resumes)
     _HELD[key] = 1
@@ -135,9 +148,6 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
         _release_count(key)
         if fd is not None:
             _let_go(fd, path)
-        with contextlib.suppress(OSError):
-            for made_dir in made:  # only if empty: a command refused before writing leaves nothing behind,
-                made_dir.rmdir()   # nor the parents it made (runs/ of runs/g)
 
 
 def check_free(directory: Path | str, what: str, advice: str = "choose another --out", resumes: str = RESUMES) -> None:

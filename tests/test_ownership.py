@@ -104,6 +104,19 @@ def test_a_process_holds_a_directory_once_and_what_is_below_it(tmp_path):
     assert not (tmp_path / "grid" / LOCK).exists()
 
 
+def test_a_directory_below_one_this_process_holds_is_made_as_any_other(tmp_path):
+    """hold() says it creates its directory: below a held one it made nothing, and its caller (``fedcache shard``
+    into flower-sim's run directory) met a missing directory."""
+    with hold(tmp_path / "run", "run"):
+        with hold(tmp_path / "run" / "shards" / "a", "shards"):
+            assert (tmp_path / "run" / "shards" / "a").is_dir()
+            (tmp_path / "run" / "shards" / "a" / "x").write_text("x")
+        with hold(tmp_path / "run" / "empty", "empty"):
+            assert (tmp_path / "run" / "empty").is_dir()
+        assert not (tmp_path / "run" / "empty").exists()  # made for the hold alone, removed as at the top
+    assert (tmp_path / "run" / "shards" / "a" / "x").exists()
+
+
 def test_a_directory_made_for_the_lock_alone_is_removed(tmp_path):
     with hold(tmp_path / "new", "new"):
         pass

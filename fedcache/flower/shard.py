@@ -91,7 +91,6 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
     itself is kept ('.', a link, a mount point, its mode), and held: a second sharding into it is refused."""
     out = writable_dir(out, "--out")
     with hold(out, f"the shard directory {out}", advice="shard into another --out", resumes="a re-run shards again"):
-        out.mkdir(parents=True, exist_ok=True)  # hold() leaves it to us below a directory this process holds
         staging = out / STAGING
         if staging.exists():  # SIGKILL runs no clean-up; under the hold no other sharding writes it
             log.warning("removing %s, left by an interrupted sharding", staging)
