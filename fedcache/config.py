@@ -175,6 +175,9 @@ def allowed(typ: Any) -> str:
 def parse(label: str, value: Any, typ: Any, sep: str = ",", verbatim: bool = False) -> Any:
     """``value`` (text, or a Python value) as a value of ``typ``, checked; ConfigError naming ``label`` and the
     value as given (``verbatim``: text as the user typed it in ``key=value``, unquoted)."""
+    if isinstance(value, str) and not value.strip() and base_type(_without_none(typ)) is Path:
+        # Path("") is the working directory: an unset variable (--out "$OUT") would write there, or nowhere.
+        raise ConfigError(f"{label}='': give a path{' (or leave it out)' if optional(typ) else ''}")
     if value is None or (optional(typ) and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         if optional(typ):
             return None

@@ -68,6 +68,8 @@ def test_what_would_fail_after_training_is_refused_before_anything_runs(toy_stor
         fedcache.train(**{**base, "backbones": 123})
     with pytest.raises(ConfigError, match=r"^--resume works on the run folder in --out, and none was given; add --out"):
         fedcache.train(**{**base, "out": None}, resume=True)
+    with pytest.raises(ConfigError, match=r"out\)='': give a path \(or leave it out\)"):  # trained, saving nothing
+        fedcache.train(**{**base, "out": ""})
     with pytest.raises(ConfigError, match=r"^on_cell: fedcache calls it as on_cell\(done, total, row\)"):
         fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", out=tmp_path / "g",
                       sweep={"rounds": 1}, on_cell=lambda row: None)
