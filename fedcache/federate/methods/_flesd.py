@@ -1,8 +1,8 @@
 """FLESD's pieces as plain functions: what a client sends (the representations of the public set, as
 the paper's Eq. 11 and the official code, or a similarity matrix over it, dense or top-n%), the
 server's ensemble (Eq. 4-6) and the ensemble similarity distillation with a momentum encoder and a
-FIFO queue (Eq. 7-10). Equation numbers: Fan et al., "FLESD: Federated Self-Supervised Learning via
-Ensemble Similarity Distillation"."""
+FIFO queue (Eq. 7-10). Equation numbers: Shi et al., "Towards Communication-Efficient and
+Privacy-Preserving Federated Representation Learning" (arXiv:2109.14611 v2)."""
 from __future__ import annotations
 
 import numpy as np

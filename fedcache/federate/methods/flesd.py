@@ -1,4 +1,4 @@
-"""FLESD (Fan et al., "FLESD: Federated Self-Supervised Learning via Ensemble Similarity Distillation"):
+"""FLESD (Shi et al., "Towards Communication-Efficient and Privacy-Preserving Federated Representation Learning"):
 unlabelled clients train the MLP encoder locally with SimCLR for many epochs, then send the
 representations of a public set (the paper's Eq. 11 and the official code; ``upload=similarities``
 sends the P x P similarity matrix instead, dense or top-n%). The server forms each client's
