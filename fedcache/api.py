@@ -205,6 +205,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     from fedcache.grids.spec import axis_text, check_file_axes, grid_fields, grid_flag
 
     fields = load_toml(Path(config)) if config else {}
+    file_fields = dict(fields)
     from_file = {k.replace("-", "_"): v for k, v in fields.get("sweep", {}).items()}
     settings = given.pop("settings", None)
     sweep = given.pop("sweep", None)
@@ -224,11 +225,26 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
             raise ConfigError(f"grid file {config}{empty} gives no {', '.join(missing)}: add them at its top "
                               f"({missing[0]} = ...), or give {as_flags}")
         raise ConfigError(f"a grid needs {as_flags} (as options or in the TOML file)")
-    spec = GridSpec(**fields)
+    spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"]))
     kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
     return spec
+
+
+def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict):
+    """Which of a grid's keys its file gave and the call did not replace (named as the file's keys in messages),
+    and every key given at all (a default value given on purpose is then told apart from one left out)."""
+    from fedcache.grids.spec import Names
+
+    called = {k for k, v in given.items() if v is not None}
+    def axis(key: str) -> str:
+        return key.strip().replace("-", "_")  # as GridSpec names its axes
+
+    filed = {k for k in file_fields if k != "sweep" and k not in called}
+    filed |= {axis(k) for k, v in file_fields.get("sweep", {}).items() if sweep.get(k) is v}
+    return Names(Path(config) if config else None, frozenset(filed),
+                 frozenset(called | set(file_fields) | {axis(k) for k in sweep}))
 
 
 def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any, flags: Any) -> dict:

@@ -47,15 +47,86 @@ def grid_flag(key: str) -> str:
     return declared.get(key) or GRID_FLAGS.get(key, f"--{key}")
 
 
+def _toml(value: Any) -> str:
+    """A value as a grid file spells it: ``["lr"]``, ``"halving"``, ``2``, ``0.1``, ``true``."""
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_toml(v) for v in value)}]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)) or value in ("true", "false"):
+        return str(value)
+    try:  # an axis value is text: 0.1 as written, not "0.1"
+        float(value)
+        return str(value)
+    except ValueError:
+        return json.dumps(str(value))
+
+
+def _flag(key: str) -> str:
+    return GRID_FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
 @dataclass(frozen=True)
 class Names:
-    """How a grid's messages name what it was given: the command line's flags, or a grid file's keys."""
-    key: Callable[[str], str] = grid_flag
-    axis: Callable[[str], str] = "--set {}".format
+    """How a grid's messages name what it was given: a key that a grid file gave as the file's key (the file named
+    at the message's start), one the command line gave as its flag; advice on what to add is spelled for the file
+    when the grid has one, since that is where its user writes."""
+    file: Path | None = None
+    in_file: frozenset[str] = frozenset()  # top-level keys and [set] axes the file gave (the call did not replace)
+    given: frozenset[str] | None = None  # every key the file or the call gave; None: not known (a GridSpec in Python)
 
     @classmethod
-    def of_file(cls, path: Path) -> Names:
-        return cls(f"grid file {path}: {{}}".format, f"grid file {path}: set.{{}}".format)
+    def of_file(cls, path: Path, fields: dict) -> Names:
+        keys = frozenset(fields) | frozenset(fields.get("sweep", {}))
+        return cls(Path(path), keys, keys)
+
+    def _filed(self, key: str) -> bool:
+        return self.file is not None and key in self.in_file
+
+    def _spelled_as_file(self, key: str) -> bool:
+        called = self.given is not None and key in self.given and key not in self.in_file
+        return self.file is not None and not called
+
+    def where(self, *keys: str) -> str:
+        """``grid file g.toml: `` when the file gave one of ``keys``."""
+        return f"grid file {self.file}: " if any(self._filed(k) for k in keys) else ""
+
+    def key(self, key: str) -> str:
+        """A grid key inside a sentence: ``select`` or ``--select``."""
+        return key if self._spelled_as_file(key) else _flag(key)
+
+    def lead(self, key: str, value: Any) -> str:
+        """A message's start, naming a grid key and its value as given: ``grid file g.toml: select = ["mu"]``."""
+        if self._filed(key):
+            return f"grid file {self.file}: {key}={_toml(value)}"
+        if isinstance(value, (list, tuple)):
+            return f"{_flag(key)}={','.join(map(str, value)) or '[]'}"
+        return f"{_flag(key)} {value}"
+
+    def axis(self, key: str, values: list | None = None) -> str:
+        """An axis at a message's start: ``grid file g.toml: set.alpha = [0.1, 1]`` or ``--set alpha=0.1,1``."""
+        if self._filed(key):
+            return f"grid file {self.file}: set.{key}" + (f"={_toml(values)}" if values is not None else "")
+        return f"--set {key}" + (f"={','.join(map(str, values))}" if values is not None else "")
+
+    def add(self, key: str, value: Any) -> str:
+        """Advice to give a grid key: ``prune = "halving"`` (at the file's top) or ``--prune halving``."""
+        if self.file:
+            return f"{key} = {_toml(value)}"
+        return f"{_flag(key)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+
+    def add_axis(self, key: str, values: list, either: bool = False) -> str:
+        """Advice to give an axis: ``lr = ["1e-3", "1e-2"] under [set]`` or ``--set lr=1e-3,1e-2``; ``either``:
+        one of ``values`` (``partition = "dirichlet" or "domain-dirichlet" under [set]``)."""
+        if self.file:
+            shown = " or ".join(map(_toml, values)) if either else _toml(values)
+            return f"{key} = {shown} under [set]"
+        listed = (" or " if either else ",").join(map(str, values))
+        return f"{option(key).flag} {listed}" if is_option(key) else f"--set {key}={listed}"
+
+    def was_given(self, key: str, is_default: bool) -> bool:
+        """Whether the user gave ``key``; where that is not known, whether it differs from its default."""
+        return key in self.given if self.given is not None else not is_default
 
 
 def check_lists(fields: dict[str, Any], names: Names) -> None:
@@ -64,15 +135,15 @@ def check_lists(fields: dict[str, Any], names: Names) -> None:
     for key in ("methods", "backbones", "seeds", "select"):
         if key in fields:
             if not fields[key] and key != "select":
-                raise ConfigError(f"{names.key(key)}=[]: give at least one")
-            _check_once(names.key(key), [str(v) for v in fields[key]])
+                raise ConfigError(f"{names.lead(key, [])}: give at least one")
+            _check_once(names.lead(key, fields[key]), [str(v) for v in fields[key]])
     for key, given in fields.get("sweep", {}).items():
         if is_option(key) and option(key).name in _RESERVED:
             raise ConfigError(f"{names.axis(key)}: not an axis; {_RESERVED_ADVICE}")
         values = given if isinstance(given, (list, tuple)) else [given]
         if not values:
             raise ConfigError(f"{names.axis(key)}=[]: give a value or a list of values")
-        _check_once(names.axis(key), [axis_text(v) for v in values])
+        _check_once(names.axis(key, [axis_text(v) for v in values]), [axis_text(v) for v in values])
 
 
 def axis_text(value: Any) -> str:
@@ -111,6 +182,8 @@ class GridSpec:
     min_rounds: int | None = None
     # Where the shared features are (default: out/features). Both stages of a --select grid read its own.
     features: Path | None = None
+    # How messages name what the user gave (a grid file's keys or flags), and what was given at all.
+    names: Names = field(default_factory=Names, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
@@ -118,20 +191,10 @@ class GridSpec:
         # Padding ("0.1 " in a file) would name a column and a cell folder, and make a second value of one.
         self.sweep = {k.strip().replace("-", "_"): [axis_text(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
-        check_lists(vars(self), Names())
+        check_lists(vars(self), self.names)
         if self.jobs < 1:
-            raise ConfigError(f"--jobs must be >= 1, got {self.jobs}")
-        self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
-        _check_once("--select", self.select)  # "lr, lr chosen": and the corrected --select refused as another grid
-        # Said now, not after the cells it tunes on (or the first cell to track) have run.
-        unknown = [k for k in self.select if k not in self.sweep]
-        if unknown:
-            raise ConfigError(f"--select {','.join(unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
-                              "give the values to choose from as an axis, e.g. --set lr=1e-3,1e-2 --select lr")
-        single = [k for k in self.select if len(self.sweep[k]) == 1]
-        if single:  # a validation stage with nothing to choose would double the grid's work for no choice
-            raise ConfigError(f"--select {single[0]}: {single[0]} has one value ({self.sweep[single[0]][0]}), so there is "
-                              f"nothing to choose; give the values to choose from (--set {single[0]}=v1,v2) or drop --select")
+            raise ConfigError(f"{self.names.lead('jobs', self.jobs)}: must be >= 1")
+        self._check_select()
         self._check_partition_axes()
         self._check_setting_axes()
         self._check_one_name_per_setting()
@@ -143,6 +206,22 @@ class GridSpec:
         from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
 
         check_trackers(self.track)
+
+    def _check_select(self) -> None:
+        """Said now, not after the cells it tunes on (or the first cell to track) have run."""
+        n = self.names
+        self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
+        _check_once(n.lead("select", self.select), self.select)  # and the corrected one refused as another grid
+        example = f"e.g. {n.add_axis('lr', ['1e-3', '1e-2'])} and {n.add('select', ['lr'])}"
+        unknown = [k for k in self.select if k not in self.sweep]
+        if unknown:
+            raise ConfigError(f"{n.lead('select', unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
+                              f"give the values to choose from as an axis, {example}")
+        single = [k for k in self.select if len(self.sweep[k]) == 1]
+        if single:  # a validation stage with nothing to choose would double the grid's work for no choice
+            k = single[0]
+            raise ConfigError(f"{n.lead('select', [k])}: {k} has one value ({self.sweep[k][0]}), so there is nothing to "
+                              f"choose; give the values to choose from ({n.add_axis(k, ['v1', 'v2'])}) or drop {n.key('select')}")
 
     def _check_setting_axes(self) -> None:
         """An axis over a method setting that some methods of the grid lack (fedprox's mu in a grid with fedavg)
@@ -158,9 +237,10 @@ class GridSpec:
             owners = [m for m in self.methods if any(name in fs for g, fs in own[m].items() if not group or g == group)]
             if owners and len(owners) < len(self.methods):
                 others = [m for m in self.methods if m not in owners]
-                raise ConfigError(f"--set {key}: a setting of {', '.join(owners)} only; {', '.join(others)} "
+                raise ConfigError(f"{self.names.axis(key)}: a setting of {', '.join(owners)} only; {', '.join(others)} "
                                   f"{'has' if len(others) == 1 else 'have'} no {name}. Sweep it in a grid of "
-                                  f"{', '.join(owners)} (-m {','.join(owners)}), and the others in a grid of their own")
+                                  f"{', '.join(owners)} ({self.names.add('methods', owners)}), and the others in a grid "
+                                  "of their own")
 
     def _settings_of_methods(self) -> dict | None:
         """Each method's ``--set`` groups (``spec.setting_fields``), or None when a method is unknown."""
@@ -201,9 +281,9 @@ class GridSpec:
             readers = [s for s in PARTITIONERS.names() if o.field in PARTITIONERS.get(s).options]
             if known and readers and not set(known) & set(readers):  # no reader at all: every scheme's (clients)
                 raise ConfigError(
-                    f"{o.name}={','.join(values)}: the partition scheme {', '.join(known)} ignores {o.name}, so each value "
-                    f"would train the same cells; drop the axis, or sweep it with a scheme that reads it "
-                    f"(--partition {' or '.join(readers)})")
+                    f"{self.names.axis(key, values)}: the partition scheme {', '.join(known)} ignores "
+                    f"{o.name}, so each value would train the same cells; drop the axis, or sweep it with a scheme that "
+                    f"reads it ({self.names.add_axis(scheme_key or 'partition', readers, either=True)})")
 
     def check_given(self) -> None:
         """What a user's grid may not give, though the grids made from it (a --select grid's stages) carry it:
@@ -211,11 +291,14 @@ class GridSpec:
         dropping them later would be refused as another grid."""
         if self.prune != "none":
             return
-        given = [f for f, unset in (("--reduction-factor", self.reduction_factor == PruneSpec.reduction_factor),
-                                    ("--min-rounds", self.min_rounds is None)) if not unset]
+        n = self.names
+        given = [k for k in ("reduction_factor", "min_rounds")
+                 if n.was_given(k, getattr(self, k) == getattr(PruneSpec, k))]
         if given and not self._recorded_as_given():
-            raise ConfigError(f"{' and '.join(given)} set{'s' * (len(given) == 1)} how --prune halving cuts; add "
-                              f"--prune halving (with --select), or leave {'them' if len(given) > 1 else 'it'} out")
+            named = " and ".join(n.key(k) for k in given)
+            raise ConfigError(f"{n.where(*given)}{named} set{'s' * (len(given) == 1)} how successive halving cuts; add "
+                              f"{n.add('prune', 'halving')} (with {n.key('select')}), or leave "
+                              f"{'them' if len(given) > 1 else 'it'} out")
 
     def _recorded_as_given(self) -> bool:
         """A grid an older fedcache started with them: resumed as it was made (it would be refused either way)."""
@@ -229,14 +312,16 @@ class GridSpec:
     def _check_pruning(self) -> None:
         if self.prune == "none":
             return
+        n, prune = self.names, self.names.lead("prune", self.prune)
         if not self.select:
-            raise ConfigError(f"--prune {self.prune} cuts the candidates of --select; name the axes to choose, "
-                              "e.g. --set lr=1e-3,1e-2 --select lr")
+            raise ConfigError(f"{prune} cuts the candidates of {n.key('select')}; name the axes to choose, e.g. "
+                              f"{n.add_axis('lr', ['1e-3', '1e-2'])} and {n.add('select', ['lr'])}")
         if any(option(k).name == "rounds" for k in self.select if is_option(k)):
-            raise ConfigError(f"--prune {self.prune} gives the candidates rounds itself; it cannot --select rounds")
+            raise ConfigError(f"{prune} gives the candidates rounds itself; it cannot select rounds "
+                              f"({n.lead('select', self.select)})")
         if self.track:
-            raise ConfigError(f"--prune {self.prune} with --track: a tracker's run of a candidate cut early would stay "
-                              "open; track the plain --select grid, or leave out --track")
+            raise ConfigError(f"{prune} with {n.key('track')}: a tracker's run of a candidate cut early would stay "
+                              f"open; track the plain {n.key('select')} grid, or leave out {n.key('track')}")
 
     @property
     def features_folder(self) -> Path:
@@ -245,6 +330,7 @@ class GridSpec:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["store"], d["out"] = str(self.store), str(self.out)
+        d.pop("names")  # how its messages speak
         how = ("jobs", "track", "keep_checkpoints", "features", *(o.field for o in grid_options() if not o.opt.recorded))
         for key in how:  # how the cells run does not change their results
             d.pop(key)
@@ -277,7 +363,7 @@ def load_toml(path: Path) -> dict:
     checked by the validator the command line's values pass (``grid_fields``), so a bad one is a message naming
     the file, the key, the value and what was expected."""
     raw = _read_toml(Path(path))
-    known = {f.name for f in dataclasses.fields(GridSpec) if f.name not in ("sweep", "features")} | {"set"}
+    known = {f.name for f in dataclasses.fields(GridSpec) if f.name not in ("sweep", "features", "names")} | {"set"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(_suggested(k, known) for k in unknown)}; known: "
@@ -288,7 +374,7 @@ def load_toml(path: Path) -> dict:
             # engine at the top is the grid's (batched|processes), under [set] the run's: said by the axis check
             _refuse_grid_keys_under_set(raw["set"], known - {"set", "engine"}, path)
         fields["sweep"] = _sweep(raw["set"], path)
-    check_lists(fields, Names.of_file(path))
+    check_lists(fields, Names.of_file(path, fields))
     return fields
 
 
@@ -466,13 +552,13 @@ def same_value(v: str) -> Any:
     return v
 
 
-def _check_once(what: str, values: list[str]) -> None:
+def _check_once(lead: str, values: list[str]) -> None:
     """A value given twice made the same cell twice (or two cells of one value): counted twice in the table's mean
-    and standard deviation."""
+    and standard deviation. ``lead`` names the key and its values (``Names.lead``)."""
     seen: dict = {}
     for v in values:
         if same_value(v) in seen:
-            raise ConfigError(f"{what}={','.join(values)}: {seen[same_value(v)]!r} and {v!r} are one value; give each value once")
+            raise ConfigError(f"{lead}: {seen[same_value(v)]!r} and {v!r} are one value; give each value once")
         seen[same_value(v)] = v
 
 

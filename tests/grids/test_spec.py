@@ -154,7 +154,7 @@ def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
         return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=methods, out=tmp_path, sweep=sweep)
 
     with pytest.raises(ConfigError, match=r"--set mu: a setting of fedprox only; fedavg has no mu\. Sweep it in a grid "
-                                          r"of fedprox \(-m fedprox\)"):
+                                          r"of fedprox \(--method fedprox\)"):
         grid(["fedavg", "fedprox"], mu=["0.01", "0.1"])
     with pytest.raises(ConfigError, match="a setting of fedprox only"):
         grid(["fedavg", "fedprox"], **{"method.mu": ["0.01", "0.1"]})
@@ -163,7 +163,7 @@ def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
 
 
 def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"--select lr: lr has one value \(1e-3\), so there is nothing to choose"):
+    with pytest.raises(ConfigError, match=r"--select=lr: lr has one value \(1e-3\), so there is nothing to choose"):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep={"lr": ["1e-3"]},
                  select=["lr"])
     with pytest.raises(ConfigError, match=r"--set lr=1e-3,,1e-2: an empty value between commas; write lr=v1,v2"):
@@ -179,7 +179,7 @@ def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):
                         sweep={"partition": ["dirichlet"], **sweep, "subsample": ["0.8"]}, select=select)
 
     assert grid({"partition.alpha": ["0.1", "1"]}, ["alpha"]).select == ["partition.alpha"]
-    with pytest.raises(ConfigError, match="--select alpha: not an axis of this grid"):
+    with pytest.raises(ConfigError, match="--select=alpha: not an axis of this grid"):
         grid({"partition.alpha": ["0.1", "1"], "method.alpha": ["0.01", "0.1"]}, ["alpha"])
     with pytest.raises(ConfigError, match="--select=partition.alpha,partition.alpha: .* are one value"):
         grid({"partition.alpha": ["0.1", "1"]}, ["alpha", "partition.alpha"])

@@ -47,7 +47,7 @@ CASES = [
     ("seeds = 1.5", BASE + "seeds = 1.5\n", "grid file {path}: seeds=1.5: expected an integer"),
     ("seeds = [true]", BASE + "seeds = [true]\n", "grid file {path}: seeds=True: expected an integer"),
     ("seeds = []", BASE + "seeds = []\n" + RUN, "grid file {path}: seeds=[]: give at least one"),
-    ("seeds twice", BASE + "seeds = [0, 0]\n" + RUN, "grid file {path}: seeds=0,0: '0' and '0' are one value"),
+    ("seeds twice", BASE + "seeds = [0, 0]\n" + RUN, "grid file {path}: seeds=[0, 0]: '0' and '0' are one value"),
     # jobs
     ("jobs = 'x'", BASE + "jobs = 'x'\n", "grid file {path}: jobs='x': expected an integer"),
     ("jobs = 0", BASE + "jobs = 0\n", "grid file {path}: jobs=0: must be >= 1"),
@@ -71,7 +71,7 @@ CASES = [
     ("a dataset not in the store", BASE + "dataset = 'nope'\n" + RUN, "features of nope"),
     # how it runs
     ("select = 5", BASE + "select = 5\n", "grid file {path}: select=5: expected text"),
-    ("select of no axis", BASE + "select = ['lr']\n" + RUN, "--select lr: not an axis of this grid"),
+    ("select of no axis", BASE + "select = ['lr']\n" + RUN, 'grid file {path}: select=["lr"]: not an axis of this grid'),
     ("track = 5", BASE + "track = 5\n", "grid file {path}: track=5: expected text"),
     ("an unknown tracker", BASE + "track = 'bogus'\n" + RUN, "--track bogus: unknown tracker"),
     ("keep_checkpoints = 'x'", BASE + "keep_checkpoints = 'x'\n", "grid file {path}: keep_checkpoints='x': must be one of last, none, all"),
@@ -82,12 +82,28 @@ CASES = [
     ("max_batch_cells = 'x'", BASE + "max_batch_cells = 'x'\n", "grid file {path}: max_batch_cells='x': expected an integer"),
     ("prune = 'sometimes'", BASE + "prune = 'sometimes'\n", "grid file {path}: prune='sometimes': must be one of none, halving"),
     ("reduction_factor = 1", BASE + "reduction_factor = 1\n", "grid file {path}: reduction_factor=1: must be >= 2"),
-    ("prune without select", BASE + "prune = 'halving'\n" + RUN, "--prune halving cuts the candidates of --select"),
-    ("min_rounds without prune", BASE + "min_rounds = 2\n" + RUN, "--min-rounds sets how --prune halving cuts; add --prune halving"),
+    ("prune without select", BASE + "prune = 'halving'\n" + RUN, 'grid file {path}: prune="halving" cuts the candidates of select; name the axes to choose, '
+     'e.g. lr = [1e-3, 1e-2] under [set] and select = ["lr"]'),
+    ("min_rounds without prune", BASE + "min_rounds = 2\n" + RUN, 'grid file {path}: min_rounds sets how successive halving cuts; add prune = "halving"'),
     ("reduction_factor without prune", BASE + "reduction_factor = 2\nmin_rounds = 2\n" + RUN,
-     "--reduction-factor and --min-rounds set how --prune halving cuts; add --prune halving (with --select), or leave them out"),
+     'grid file {path}: reduction_factor and min_rounds set how successive halving cuts; add prune = "halving" (with '
+     'select), or leave them out'),
+    ("reduction_factor = 3, its default, without prune", BASE + "reduction_factor = 3\n" + RUN,
+     "grid file {path}: reduction_factor sets how successive halving cuts"),
+    ("prune with track", BASE + "prune = 'halving'\nselect = ['lr']\ntrack = ['jsonl']\n[set]\nlr = [0.1, 0.01]\nrounds = 2\n",
+     'grid file {path}: prune="halving" with track: '),
+    ("select of one value", BASE + "select = ['lr']\n[set]\nlr = 0.1\nrounds = 1\n",
+     'grid file {path}: select=["lr"]: lr has one value (0.1), so there is nothing to choose; give the values to choose '
+     'from (lr = ["v1", "v2"] under [set]) or drop select'),
+    ("a setting some methods lack", 'methods = ["fedavg", "fedprox"]\n' + RUN + "mu = [0.1, 1]\n",
+     'grid file {path}: set.mu: a setting of fedprox only; fedavg has no mu. Sweep it in a grid of fedprox '
+     '(methods = ["fedprox"])'),
+    ("an axis the partition ignores", BASE + RUN + "alpha = [0.1, 1]\n",
+     'grid file {path}: set.alpha=[0.1, 1]: the partition scheme iid ignores alpha, so each value would train the same '
+     'cells; drop the axis, or sweep it with a scheme that reads it (partition = "dirichlet" or "domain-dirichlet" '
+     'under [set])'),
     ("select twice", BASE + "select = ['lr', 'lr']\n[set]\nlr = [0.1, 0.01]\nrounds = 1\n",
-     "grid file {path}: select=lr,lr: 'lr' and 'lr' are one value; give each value once"),
+     'grid file {path}: select=["lr", "lr"]: \'lr\' and \'lr\' are one value; give each value once'),
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
     ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}, under [set]: --set lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
@@ -95,7 +111,7 @@ CASES = [
     ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}: set.lr=datetime.date(1979, 5, 27): expected a value"),
     ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}: set.nested.a=[[1]]: expected a value"),
     ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}: set.lr=[]: give a value or a list of values"),
-    ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}: set.lr=1e-3,0.001: '1e-3' and '0.001' are one value"),
+    ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}: set.lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
     ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "--set lr='x': expected a finite number"),
     ("set.lr comma text", BASE + "[set]\nlr = '0.1,0.01'\nrounds = 1\n",
      "--set lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
@@ -157,6 +173,19 @@ def test_a_malformed_grid_file_is_one_line_naming_the_key(case, toy_store, tmp_p
     assert not out.exists()
 
 
+def test_a_key_the_command_line_gives_over_the_file_is_named_by_its_flag(toy_store, tmp_path, capsys):
+    """Messages name a grid file's keys as the file spells them, and a flag that replaced one as the flag."""
+    path = _write(tmp_path, BASE + "min_rounds = 2\n" + RUN)
+    argv = _command(path, BASE, toy_store, tmp_path / "g")
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and f"grid file {path}: min_rounds sets how" in one_error_line(err)
+    code, err = run_cli(argv + ["--min-rounds", "3"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and line.startswith("error: --min-rounds sets how successive halving cuts; add prune = "), line
+    code, err = run_cli(argv + ["--reduction-factor", "3"], capsys)  # the default, given on purpose
+    assert code == 2 and f"grid file {path}: --reduction-factor and min_rounds set how" in err
+
+
 def test_the_file_forms_of_command_line_values_are_taken(tmp_path):
     """One value for a list (as --seeds 7), text for a number (as --jobs 2), comma text for a list."""
     (tmp_path / "a.toml").write_text('methods = "fedavg,fedprox"\nbackbones = "b"\nseeds = 7\njobs = "2"\n'
@@ -179,7 +208,7 @@ def test_a_grid_an_older_fedcache_started_with_unused_prune_options_resumes(toy_
     (out / "grid.json").write_text(json.dumps({**spec, "min_rounds": 2}))  # as the older fedcache recorded it
     assert run_cli(argv + ["--min-rounds", "2"], capsys)[0] == 0
     code, err = run_cli(argv + ["--min-rounds", "3"], capsys)
-    assert code == 2 and "--min-rounds sets how --prune halving cuts" in err
+    assert code == 2 and "--min-rounds sets how successive halving cuts" in err
 
 
 @pytest.mark.parametrize("text", ["[set]\noptim.momentum = [0.5, 0.9]\n", "[set.optim]\nmomentum = [0.5, 0.9]\n"])
