@@ -63,6 +63,15 @@ class Redirect:
         return dict(self.to).get(value)
 
 
+@dataclass(frozen=True)
+class Reader:
+    """How text becomes a value of a type with no text form of its own (``0/4`` -> a Part, ``NAME=PATH`` items ->
+    a dict): ``read(value)`` returns the value, or raises ValueError saying what it expected. A value already of
+    the type (from Python) is not read."""
+
+    read: Callable[[Any], Any]
+
+
 Positive = Annotated[float, Range(0, lo_open=True)]
 NonNegative = Annotated[float, Range(0)]
 Fraction = Annotated[float, Range(0, 1)]  # a share or rate, both ends allowed
@@ -183,7 +192,10 @@ def parse(label: str, value: Any, typ: Any, sep: str = ",", verbatim: bool = Fal
             return None
         raise ConfigError(f"{label}: a value is required")
     inner = _without_none(typ)
-    if typing.get_origin(_strip(inner)) is tuple:
+    reader = _annotation(inner, Reader)
+    if reader is not None:
+        out = _read(label, value, reader, base_type(inner))
+    elif typing.get_origin(_strip(inner)) is tuple:
         out = _tuple(label, value, _strip(inner), sep)
     else:
         out = _scalar(label, value, base_type(inner))
@@ -268,7 +280,8 @@ def check_fields(obj: Any, label: Callable[[str], str] | None = None) -> None:
 class Checked:
     """Mixin of a dataclass whose fields are checked when it is built. A section of the run specification
     names itself (``section = "schedule"``), and a message names a field as the user gave it:
-    ``--fraction (schedule.fraction)=1.5: must be in (0, 1]``."""
+    ``--fraction (schedule.fraction)=1.5: must be in (0, 1]``; a class of no section (a stage's settings, not
+    kept as a tree) by its flag alone: ``--batch-size=0: must be >= 1``."""
 
     section: typing.ClassVar[str] = ""
 
@@ -277,9 +290,10 @@ class Checked:
 
     @classmethod
     def label(cls, name: str) -> str:
-        key = f"{cls.section}.{name}" if cls.section else name
         o = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("opt")
-        return f"{flag_of(o, name)} ({key})" if o is not None else key
+        if o is None:
+            return f"{cls.section}.{name}" if cls.section else name
+        return Option(cls.section, name, None, o, None).label
 
 
 def option_name(o: Opt, field_name: str) -> str:
@@ -289,6 +303,73 @@ def option_name(o: Opt, field_name: str) -> str:
 def flag_of(o: Opt, field_name: str) -> str:
     """The long flag as messages name it: ``--rounds`` (a switch's ``--batch/--no-batch`` as ``--batch``)."""
     return (o.flag or "--" + option_name(o, field_name).replace("_", "-")).split("/")[0]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One field that has an ``Opt``, as the outside sees it: the command line's option, the API's keyword."""
+
+    section: str  # the section of the tree it is in ("" where the settings are no tree: extract's)
+    field: str
+    type: Any  # with its range and choices
+    opt: Opt
+    default: Any  # dataclasses.MISSING: required
+
+    @property
+    def name(self) -> str:
+        return option_name(self.opt, self.field)
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.field}" if self.section else self.field
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The CLI's flags; a switch is ``--x/--no-x``."""
+        long = self.opt.flag or "--" + self.name.replace("_", "-")
+        if self.base is bool and "/" not in long:
+            long = f"{long}/--no-{long[2:]}"
+        return (long, *self.opt.aliases, *((self.opt.short,) if self.opt.short else ()))
+
+    @property
+    def flag(self) -> str:
+        """The flag as error messages name it: ``--rounds``."""
+        return flag_of(self.opt, self.field)
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``--rounds (schedule.rounds)``, or the flag alone outside a tree."""
+        return f"{self.flag} ({self.key})" if self.section else self.flag
+
+    @property
+    def help(self) -> str:
+        return self.opt.help() if callable(self.opt.help) else self.opt.help
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+    @property
+    def base(self) -> Any:
+        """The type without range and None: str, int, float, bool, Path, tuple."""
+        return base_type(self.type)
+
+    @property
+    def read(self) -> bool:
+        """Whether its text is read by a ``Reader`` (a type with no text form of its own)."""
+        return _annotation(self.type, Reader) is not None
+
+    def parse(self, value: Any) -> Any:
+        """A value of this option from Python or text (CLI, grid axis, Flower config), type-checked."""
+        return parse(self.label, value, self.type, self.opt.sep)
+
+
+def options_of(cls: type, section: str = "") -> list[Option]:
+    """The fields of ``cls`` that have an ``Opt``, in declaration order, with their defaults."""
+    types = fields_of(cls)
+    return [Option(section, f.name, types[f.name], f.metadata["opt"],
+                   f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(cls) if "opt" in f.metadata]
 
 
 # ---- pieces ------------------------------------------------------------------------------------
@@ -321,6 +402,15 @@ def _scalar(label: str, value: Any, base: Any) -> Any:
         return base(value.strip() if isinstance(value, str) and base is not str else value)
     except (TypeError, ValueError):
         raise ConfigError(f"{label}={value!r}: expected {_describe(base)}") from None
+
+
+def _read(label: str, value: Any, reader: Reader, base: Any) -> Any:
+    if isinstance(value, typing.get_origin(base) or base):
+        return value
+    try:
+        return reader.read(value)
+    except ValueError as exc:
+        raise ConfigError(f"{label}={value!r}: {exc}") from None
 
 
 def _bool(value: Any) -> bool:

@@ -27,6 +27,11 @@ RUNGS = "rungs.json"  # a grid cell successive halving paused: its summary at ea
 SELECTION = "selection.json"  # a --select grid's choices
 NAME_MAX = 255  # bytes of one file name on the usual file systems (ext4, xfs, btrfs, apfs, tmpfs)
 NAME_HINT = "give a name of letters, digits, '-', '_' and '.' (e.g. my-dataset)"
+STORE_HELP = "Feature store path (env FEDCACHE_STORE)."  # every command's --store, and the API's store
+
+
+def default_store() -> Path:
+    return Path(os.environ.get("FEDCACHE_STORE", "fedcache-store.zarr"))
 
 
 def check_name(name: object, what: str) -> str:

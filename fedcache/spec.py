@@ -23,23 +23,18 @@ method registry (the method's ``Settings``).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fedcache.config import Checked, Choices, Opt, PositiveInt, Range, base_type, fields_of, flag_of, opt, option_name, parse
+from fedcache.config import Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
-from fedcache.paths import check_name
+from fedcache.paths import STORE_HELP, check_name, default_store
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
-
-
-def default_store() -> Path:
-    return Path(os.environ.get("FEDCACHE_STORE", "fedcache-store.zarr"))
 
 
 def _heads() -> tuple[str, ...]:
@@ -55,7 +50,7 @@ class DataSpec(Checked):
     dataset: str = opt(short="-d", axis=False, help="Dataset name in the store (see `fedcache store ls`).")
     backbones: tuple[str, ...] = opt(short="-b", aliases=("--backbone",), axis=False,
                                      help="One backbone, or several to fuse (concatenated).")
-    store: Path = opt(factory=default_store, axis=False, help="Feature store path (env FEDCACHE_STORE).")
+    store: Path = opt(factory=default_store, axis=False, help=STORE_HELP)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,55 +178,6 @@ def method_class(name: str):
 
 
 # ---- options: the fields the command line and the API name ------------------------------------
-@dataclass(frozen=True)
-class Option:
-    """One option of the spec as the outside sees it."""
-
-    section: str
-    field: str
-    type: Any  # with its range and choices
-    opt: Opt
-    default: Any  # dataclasses.MISSING: required
-
-    @property
-    def name(self) -> str:
-        return option_name(self.opt, self.field)
-
-    @property
-    def key(self) -> str:
-        return f"{self.section}.{self.field}"
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        """The CLI's flags; a switch is ``--x/--no-x``."""
-        long = self.opt.flag or "--" + self.name.replace("_", "-")
-        if self.base is bool and "/" not in long:
-            long = f"{long}/--no-{long[2:]}"
-        return (long, *self.opt.aliases, *((self.opt.short,) if self.opt.short else ()))
-
-    @property
-    def flag(self) -> str:
-        """The flag as error messages name it: ``--rounds``."""
-        return flag_of(self.opt, self.field)
-
-    @property
-    def help(self) -> str:
-        return self.opt.help() if callable(self.opt.help) else self.opt.help
-
-    @property
-    def required(self) -> bool:
-        return self.default is dataclasses.MISSING
-
-    @property
-    def base(self) -> Any:
-        """The type without range and None: str, int, float, bool, Path, tuple."""
-        return base_type(self.type)
-
-    def parse(self, value: Any) -> Any:
-        """A value of this option from Python or text (CLI, grid axis, Flower config), type-checked."""
-        return parse(f"{self.flag} ({self.key})", value, self.type, self.opt.sep)
-
-
 # ``--set key=value``: not a field of the tree but what overrides its method, optimizer and head settings.
 SETTINGS = Option("method", "settings", tuple[str, ...], Opt(
     help="key=value for method / optimizer hyperparameters (repeatable).", flag="--set", axis=False, recorded=False,
@@ -243,12 +189,7 @@ def options(*sections: str) -> list[Option]:
     and ``--set`` with the method's."""
     out = []
     for sec in sections or tuple(SECTIONS):
-        cls = {**SECTIONS, **GRID_SECTIONS}[sec]
-        types = fields_of(cls)
-        for f in dataclasses.fields(cls):
-            if "opt" in f.metadata:
-                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                out.append(Option(sec, f.name, types[f.name], f.metadata["opt"], default))
+        out += options_of({**SECTIONS, **GRID_SECTIONS}[sec], sec)
         if sec == "method":
             out.append(SETTINGS)
     return out

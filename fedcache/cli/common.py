@@ -17,7 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from fedcache.progress import PlainProgress
-from fedcache.spec import Option, default_store
+from fedcache.config import Option
+from fedcache.paths import STORE_HELP, default_store
 
 HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 
@@ -84,7 +85,7 @@ class Group(typer.core.TyperGroup):
 
 
 DEFAULT_STORE = default_store()
-StoreOpt = typer.Option(DEFAULT_STORE, "--store", help="Feature store path (env FEDCACHE_STORE).")
+StoreOpt = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP)
 
 
 def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]:
