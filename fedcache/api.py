@@ -17,7 +17,6 @@ option: the signatures are built from the declarations the CLI is built from (``
 """
 from __future__ import annotations
 
-import dataclasses
 import html
 import inspect
 import typing
@@ -90,24 +89,19 @@ def _sweep_axes(sweep: Any) -> dict[str, list]:
     return {k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}
 
 
-def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path = "fedcache-store.zarr",
+def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path | None = None,
                       progress: Callable | None = None, **options: Any):
     """Run each backbone once over the dataset and cache the embeddings; returns one report per entry.
 
-    ``options`` are ExtractConfig fields (splits, domains, device, image_size, views, dtype, ...), and the
-    dataset options ``data_root``, ``path``, ``download``, ``seed``.
+    ``options`` are extract's settings under the CLI's names (fedcache/extract/config.py: splits, domains, device,
+    image_size, views, dtype, data_root, path, download, seed, ...), a value as Python or as the flag's text.
+    ``store``: default FEDCACHE_STORE, else fedcache-store.zarr, as for the CLI and ``train``.
     """
-    from fedcache.extract.datasets import DatasetOptions
-    from fedcache.extract.runner import ExtractConfig
+    from fedcache.extract.config import extract_config
     from fedcache.extract.runner import extract as run
 
-    ds_fields = {f.name for f in dataclasses.fields(DatasetOptions)}
-    ds_opts = DatasetOptions(**{k: options.pop(k) for k in list(options) if k in ds_fields})
-    _check_keys(ExtractConfig, options, "extract")
-    if "splits" in options:
-        options["splits"] = tuple(_names(options["splits"], "splits"))
-    cfg = ExtractConfig(dataset=dataset, backbones=_names(backbones), store=Path(store), dataset_options=ds_opts, **options)
-    return run(cfg, progress)
+    where = {} if store is None else {"store": store}
+    return run(extract_config(dataset=dataset, backbones=backbones, **where, **options), progress)
 
 
 @dataclass
@@ -313,13 +307,6 @@ def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:
     return write_report(Path(run_or_grid), Path(out) if out else None).html
 
 
-def _check_keys(cls: type, options: dict, what: str) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"fedcache.{what}(): unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-
-
 # ---- signatures ----------------------------------------------------------------------------
 # help() and inspect.signature show the real parameters, built from the declarations the CLI uses, so
 # they cannot drift from what the functions accept (tests/test_api.py checks both).
@@ -363,22 +350,17 @@ grid.__signature__ = _fixed(grid, [])
 
 
 def _with_extract_signature(fn: Callable) -> Callable:
-    """extract's options are ExtractConfig's and DatasetOptions' fields; reading them imports the
-    extraction code (torch), so this runs on first access of ``extract_features``, not on ``import fedcache``."""
-    from fedcache.extract.datasets import DatasetOptions
-    from fedcache.extract.runner import ExtractConfig
+    """extract's options are declared in fedcache/extract/config.py (its settings); reading them imports no torch,
+    but they are read on first access of ``extract_features``, not on ``import fedcache``, which needs none."""
+    from fedcache.extract.config import DatasetOptions, ExtractConfig, options
 
-    taken = set(inspect.signature(fn).parameters) | {"dataset_options"}
-    params, seen = [], set()
-    for cls in (ExtractConfig, DatasetOptions):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name in taken or f.name in seen:
-                continue
-            seen.add(f.name)
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            params.append(_keyword(f.name, default, hints[f.name]))
-    fn.__signature__ = _fixed(fn, params)
+    hints = {**typing.get_type_hints(DatasetOptions), **typing.get_type_hints(ExtractConfig)}  # without ranges
+    declared = {o.name: o for o in options()}
+    own = _fixed(fn, [_keyword(o.name, o.default, hints[o.field]) for o in declared.values()
+                      if o.name not in inspect.signature(fn).parameters])
+    # The store's default is the setting's (FEDCACHE_STORE), which ``store=None`` stands for.
+    fn.__signature__ = own.replace(parameters=[p.replace(default=declared["store"].default) if p.name == "store" else p
+                                               for p in own.parameters.values()])
     fn.__name__ = fn.__qualname__ = "extract_features"
     return fn
 

@@ -404,30 +404,39 @@ def test_an_interrupt_while_torch_imports_is_one_line_not_a_traceback(tmp_path, 
     assert _how_to_go_on(["train", "--out", str(tmp_path / "run")]).startswith("no round had finished")
 
 
-def test_extract_options_default_to_the_config_s_defaults():
-    """`fedcache extract` lists its options by hand (reading ExtractConfig at start would import torch); each one
-    that is a field of ExtractConfig or DatasetOptions must default to the field's default, as the Python API
-    (which takes the fields themselves) does."""
+def _as_help_shows(o):
+    """A default as `--help` writes it ("" where it shows none)."""
+    d = o.default
+    if d is None or d == {} or o.required:
+        return ""
+    if isinstance(d, bool):
+        return o.flags[0].split("/")[0 if d else 1].lstrip("-")
+    return ",".join(d) if isinstance(d, tuple) else str(d)
+
+
+def test_extract_help_lists_every_setting_with_its_help_and_default(capsys, monkeypatch):
+    """`fedcache extract`'s options are generated from ExtractConfig and DatasetOptions (fedcache/extract/config.py):
+    every field is an option (dataset_options by its own fields), shown with the field's help and default, and
+    the defaults the command passes are the fields' own. The options were a second, hand-written table."""
     import dataclasses
     import inspect
 
     from fedcache.cli.extract import extract
-    from fedcache.extract.datasets import DatasetOptions
-    from fedcache.extract.runner import ExtractConfig
-    from fedcache.store.writer import Part
+    from fedcache.extract.config import DatasetOptions, ExtractConfig, extract_config, options
 
-    fields = {f.name: f for cls in (ExtractConfig, DatasetOptions) for f in dataclasses.fields(cls)}
-    as_text = {"splits": ",".join, "part": lambda p: f"{p.index}/{p.count}", "weights": lambda w: list(w.items())}
-    checked = []
-    for name, p in inspect.signature(extract).parameters.items():
-        f = fields.get(name)
-        default = f.default_factory() if f and f.default_factory is not dataclasses.MISSING else getattr(f, "default", None)
-        if f is None or dataclasses.MISSING in (default, p.default.default) or p.default.default is ...:
-            continue  # a CLI-only option, or a required one (the store's default is the CLI's own)
-        assert p.default.default == as_text.get(name, lambda v: v)(default), name
-        checked.append(name)
-    assert {"seed", "test_fraction", "download", "views", "dtype", "batch_size", "part", "splits"} <= set(checked)
-    assert Part.parse("0/1") == Part()
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+    assert main(["extract", "-h"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    declared = {o.field: o for o in options()}
+    fields = {f.name for cls in (ExtractConfig, DatasetOptions) for f in dataclasses.fields(cls)} - {"dataset_options"}
+    assert set(declared) == fields
+    for o in declared.values():
+        line = next((l for l in lines if re.search(rf"\s{o.flag}[\s,]", l)), "")
+        assert o.help in line, (o.name, line)
+        shown = _as_help_shows(o)
+        assert (f"[default: {shown}]" in line) if shown else "[default:" not in line, (o.name, line)
+    given = {n: p.default.default for n, p in inspect.signature(extract).parameters.items() if p.default.default is not ...}
+    assert extract_config(dataset="d", backbones="b", **given) == ExtractConfig(dataset="d", backbones=("b",))
 
 
 @pytest.mark.parametrize("args, said", [

@@ -89,21 +89,31 @@ StoreOpt = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP)
 
 
 def _spec_params(opts: list[Option], **help_for: str) -> list[inspect.Parameter]:
-    """Typer parameters of run-spec options, named, typed, flagged and documented as fedcache/spec.py declares
-    them (``help_for``: a command's own help text for an option it reads differently)."""
-    params = []
-    for o in opts:
-        if o.opt.repeatable:
-            typ, default = List[str], list(o.default)
-        elif o.base is tuple:
-            typ, default = str, ",".join(o.default) if not o.required else ...
-        else:
-            typ, default = o.base, ... if o.required else o.default
-            if o.default is None:
-                typ = Optional[typ]
-        option = typer.Option(default, *o.flags, help=escape(help_for.get(o.name, o.help)))  # help is rich markup
-        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=typ))
-    return params
+    """Typer parameters of options declared on typed settings (fedcache/spec.py, fedcache/extract/config.py),
+    named, typed, flagged and documented as declared (``help_for``: a command's own help text for an option it
+    reads differently)."""
+    return [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=_typer_type(o),
+                              default=typer_option(o, help_for.get(o.name))) for o in opts]
+
+
+def typer_option(o: Option, help: str | None = None):
+    """``o`` as typer's option: its flags, its default as the command line writes it, its help."""
+    if o.required:
+        default = ...
+    elif o.opt.repeatable or o.default is None:
+        default = None if o.default is None else list(o.default)
+    else:  # a comma list, or a type read from its own text (``i/n``)
+        default = o.opt.sep.join(map(str, o.default)) if o.base is tuple else str(o.default) if o.read else o.default
+    return typer.Option(default, *o.flags, help=escape(help or o.help))  # help is rich markup
+
+
+def _typer_type(o: Option):
+    """What typer passes: a repeatable option's texts, one text for a comma list or a type read from text (the
+    settings parse it), else the field's own type."""
+    if o.opt.repeatable:
+        return List[str]
+    typ = str if o.base is tuple or o.read else o.base
+    return Optional[typ] if o.default is None else typ
 
 
 def restore_argument_help(command) -> None:

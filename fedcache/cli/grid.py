@@ -12,8 +12,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, print_table
+from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, print_table, typer_option
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
+from fedcache.extract.config import options as extract_options
 from fedcache.spec import grid_options, options
 from fedcache.wording import count
 
@@ -162,25 +163,26 @@ def report(
     console.print(f"wrote {paths.html} ({len(paths.figures)} figures embedded) and {paths.markdown}")
 
 
+EXTRACT_OPTIONS = {o.name: o for o in extract_options()}  # reproduce extracts: its --data-root and --weights are extract's
+
+
 def reproduce(
     preset: Optional[str] = typer.Argument(None, help="A paper table (leave out to list them)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would run and what data, weights and methods are missing."),
     store: Path = StoreOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<preset>)."),
-    data_root: Optional[Path] = typer.Option(None, help="Where the paper datasets live on disk."),
-    weights: List[str] = typer.Option([], "--weights", help="NAME=PATH: load this backbone from a checkpoint (repeatable)."),
+    data_root: Optional[Path] = typer_option(EXTRACT_OPTIONS["data_root"]),
+    weights: List[str] = typer_option(EXTRACT_OPTIONS["weights"]),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Grid worker processes."),
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Reproduce a paper's table: extract, run the grids, report with the paper's numbers beside fedcache's."""
     from fedcache import reproduce as rp
-    from fedcache.extract.loading import parse_weights
-
     if preset is None:
         for name in rp.names():
             console.print(f"[bold]{name}[/]: {rp.get(name).title}")
         return
-    p, w = rp.get(preset), parse_weights(weights)
+    p, w = rp.get(preset), EXTRACT_OPTIONS["weights"].parse(weights)
     console.print(f"[bold]{p.title}[/] ({p.source}; {len(p.paper)} reported numbers)\n{p.notes}")
     for line in rp.plan_lines(p):
         console.print(f"  {line}")

@@ -35,14 +35,3 @@ def load_backbone(name: str, checkpoint: Path | None = None, random_init: bool =
         loaded.embed_dim = spec.embed_dim
     return loaded
 
-
-def parse_weights(items: list[str]) -> dict[str, Path]:
-    """``--weights NAME=PATH`` (repeatable) into a dict."""
-    out: dict[str, Path] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"--weights expects NAME=PATH (e.g. resnet18-quickdraw=ckpt/quickdraw.pth), got {item!r}")
-        BACKBONES.get(name)  # unknown names fail here with suggestions
-        out[name] = Path(path).expanduser()
-    return out

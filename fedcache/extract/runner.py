@@ -7,7 +7,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,45 +15,17 @@ from torch.utils.data import DataLoader
 
 from fedcache.errors import BadImageError, ConfigError, NonFiniteFeaturesError
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
-from fedcache.extract.datasets import Dataset, DatasetOptions, Samples
+from fedcache.extract.config import ExtractConfig
+from fedcache.extract.datasets import Dataset, Samples
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.templates import TEMPLATE_SETS
 from fedcache.extract.transforms import Preprocess, ViewSpec
-from fedcache.config import Fraction, NonNegative, NonNegativeInt, PositiveInt, check_fields
-from fedcache.paths import check_name
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, TextKey
-from fedcache.store.writer import EntryWriter, Part, open_writer
+from fedcache.store.writer import EntryWriter, open_writer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ExtractConfig:
-    dataset: str
-    backbones: list[str]
-    store: Path
-    dataset_options: DatasetOptions = field(default_factory=DatasetOptions)
-    splits: tuple[str, ...] = ("train", "test")
-    domains: list[str] | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    image_size: PositiveInt | None = None
-    views: NonNegativeInt = 0
-    view_recipe: str = "simclr"
-    view_seed: NonNegativeInt = 0
-    dtype: str = "float16"
-    batch_size: PositiveInt = 64
-    workers: NonNegativeInt | None = None
-    weights: dict[str, Path] = field(default_factory=dict)
-    part: Part = field(default_factory=Part)
-    skip_bad_images: bool = False
-    wait: NonNegative = 0.0
-    random_init: bool = False
-    chunk_rows: PositiveInt | None = None  # default: about 4 MB per chunk
-    name: str | None = None  # the dataset's name in the store (default: its registry name)
-    image_noise: tuple[str, NonNegative, Fraction] | None = None  # (kind, scale s, perturbation p): FedPCL Table 15
 
 
 @dataclass(frozen=True)
@@ -81,7 +52,6 @@ class EntryReport:
 
 def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[EntryReport]:
     emit = progress or (lambda e: None)
-    _check_config(cfg)
     _check_image_size(cfg, [BACKBONES.get(name) for name in cfg.backbones])  # a misspelt name too, before slow work
     dataset = load_dataset(cfg.dataset, cfg.dataset_options)
     name = cfg.name or _noisy_name(dataset.name, cfg.image_noise)
@@ -133,19 +103,6 @@ def _noisy_name(name: str, noise: tuple | None) -> str | None:
         return None
     kind, scale, p = noise
     return f"{name}-noise-{kind}-{scale:g}-{p:g}"
-
-
-def _check_config(cfg: ExtractConfig) -> None:
-    if not cfg.backbones:
-        raise ConfigError("--backbones needs at least one name; see `fedcache backbones`")
-    if cfg.name is not None:
-        check_name(cfg.name, "--name")  # the dataset's name in the store: one of its folders
-    if cfg.dtype not in ("float16", "float32"):
-        raise ConfigError(f"--dtype must be float16 or float32, got {cfg.dtype!r}")
-    # Every number against the range its field declares, before a dataset or backbone is loaded.
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
-    check_fields(cfg, label=flag)
-    check_fields(cfg.dataset_options, label=flag)
 
 
 def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec]]:

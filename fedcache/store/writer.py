@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -25,13 +24,14 @@ import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import ConfigError, EntryLockedError, StoreError
+from fedcache.errors import EntryLockedError, StoreError
 from fedcache.store.chunks import ChunkFiles, RawMeta, RowFile
 from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, FeatureStore, now_iso
 from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT_1_CHECKSUM, ROW_ARRAYS, as_attr,
                                       chunk_crcs)
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
+from fedcache.store.parts import Part
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +43,6 @@ def chunk_rows_for(dim: int, itemsize: int, batch_size: int, target: int = TARGE
     resumed run sees exactly the same batches (and so writes the same bits)."""
     rows = max(1, target // max(1, dim * itemsize))
     return max(batch_size, rows // batch_size * batch_size)
-
-
-@dataclass(frozen=True)
-class Part:
-    index: int = 0
-    count: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> "Part":
-        try:
-            i, n = (int(x) for x in text.split("/"))
-        except ValueError:
-            raise ConfigError(f"--part must look like i/n (e.g. 0/4), got {text!r}") from None
-        if n < 1 or not 0 <= i < n:
-            raise ConfigError(f"--part {text}: need 0 <= i < n")
-        return cls(i, n)
-
-    def chunks(self, n_chunks: int) -> list[int]:
-        # Contiguous ranges keep each writer's reads and writes local.
-        return [int(c) for c in np.array_split(np.arange(n_chunks), self.count)[self.index]]
 
 
 class EntryWriter:

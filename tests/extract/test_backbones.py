@@ -5,7 +5,8 @@ import torchvision
 
 from fedcache.errors import ConfigError, UnknownNameError, WeightsNotFoundError
 from fedcache.extract.backbones import BACKBONES
-from fedcache.extract.loading import load_backbone, parse_weights
+from fedcache.extract.config import parse_weights
+from fedcache.extract.loading import load_backbone
 
 PAPER_BACKBONES = [
     "clip-rn50", "clip-rn101", "clip-vit-b32", "clip-vit-b16", "clip-vit-l14",

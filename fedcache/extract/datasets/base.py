@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 from PIL import Image
 
 from fedcache.errors import BadImageError, ConfigError
-from fedcache.config import NonNegativeInt, Range
+from fedcache.extract.config import DatasetOptions  # declared with extract's settings, whose options it holds
 from fedcache.registry import Registry
 
 SPLITS = ("train", "test")
@@ -157,18 +157,6 @@ class Dataset:
                 f"dataset {self.name!r} has no split {split!r} for domain {domain!r}; "
                 f"splits: {have}, domains: {list(self.domains)}"
             ) from None
-
-
-@dataclass(frozen=True)
-class DatasetOptions:
-    """What the user may pass to any loader (most loaders use only some of it)."""
-
-    data_root: Path | None = None
-    path: Path | None = None  # imagefolder
-    download: bool = False
-    seed: NonNegativeInt = 0
-    test_fraction: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.2  # for folders without a train/test split
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
