@@ -27,7 +27,7 @@ class Part:
         try:
             return cls(int(i), int(n))
         except ValueError:  # ConfigError is one: a part out of range reads the same as one misspelt
-            raise ValueError("expected i/n with 0 <= i < n, such as 0/4") from None
+            raise ValueError("expected i/n, the i-th of n parts with 0 <= i < n, such as 0/4") from None
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"

@@ -29,7 +29,7 @@ def test_text_and_python_values_give_the_same_settings():
     (dict(view_recipe="simclr2"), "--view-recipe='simclr2': must be one of simclr, simclr-noflip"),
     (dict(image_noise="uniform,1,0.5"), "--image-noise='uniform': must be one of gaussian, laplace"),
     (dict(image_noise="gaussian,1"), "--image-noise='gaussian,1': expected 3 comma-separated values"),
-    (dict(part="2/2"), "--part='2/2': expected i/n with 0 <= i < n"),
+    (dict(part="2/2"), "--part='2/2': expected i/n, the i-th of n parts"),
     (dict(weights=["resnet18-birds"]), "--weights=['resnet18-birds']: expected NAME=PATH"),
     (dict(backbones=""), "--backbones needs at least one name"),
     (dict(colour="red"), "unknown option(s) colour"),
