@@ -74,9 +74,9 @@ class ExtractConfig(Checked):
     dataset_options: DatasetOptions = field(default_factory=DatasetOptions)  # its fields are options of their own
     splits: tuple[str, ...] = opt(("train", "test"), help="Splits to extract.")
     domains: tuple[str, ...] | None = opt(None, help="Only these domains (comma-separated).")
-    device: str = opt("auto", help="auto, cpu, cuda or cuda:N.")
+    device: str = opt("auto", help="auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
-        "auto", help="auto (bf16/fp16 on CUDA, fp32 on CPU), fp32, bf16, fp16.")
+        "auto", help="auto (bf16/fp16 on CUDA, fp32 on CPU and MPS), fp32, bf16, fp16 (not bf16 on MPS).")
     image_size: PositiveInt | None = opt(None, help="Input size (default: the dataset's, else the backbone's).")
     views: NonNegativeInt = opt(0, help="Also store K augmented views per training image.")
     view_recipe: Annotated[str, Choices(_recipes)] = opt(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import torch
@@ -9,7 +10,6 @@ import torch
 from fedcache.errors import ConfigError, DeviceError
 
 log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class DevicePlan:
@@ -20,26 +20,44 @@ class DevicePlan:
 
 
 def plan_device(request: str = "auto", precision: str = "auto") -> DevicePlan:
-    """``auto`` uses CUDA when present and says so when it falls back to the CPU."""
-    if request not in ("auto", "cpu", "cuda") and not request.startswith("cuda:"):
-        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {request!r}")
-    has_cuda = torch.cuda.is_available()
+    """``auto`` uses CUDA when present, else Apple's GPU (MPS), else the CPU, and says which it took."""
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", request):
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {request!r}")
+    has_cuda, has_mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if request.startswith("cuda") and not has_cuda:
         raise DeviceError("--device cuda was requested but no CUDA GPU is visible; use --device cpu or --device auto")
+    if request == "mps" and not has_mps:
+        raise DeviceError("--device mps was requested but this torch sees no Apple GPU (MPS); use --device cpu or "
+                          "--device auto")
     note = ""
     if request == "auto":
-        request = "cuda" if has_cuda else "cpu"
-        note = "using the GPU" if has_cuda else "no CUDA GPU found; extracting on the CPU"
+        request, note = _auto(has_cuda, has_mps)
     device = torch.device(request)
     return DevicePlan(device, _autocast_dtype(device, precision), device.type == "cuda", note)
+
+
+def _auto(has_cuda: bool, has_mps: bool) -> tuple[str, str]:
+    """The device ``auto`` takes, and the note that says which."""
+    if has_cuda:
+        return "cuda", "using the GPU"
+    if has_mps:
+        return "mps", "no CUDA GPU found; extracting on Apple's GPU (mps)"
+    return "cpu", "no CUDA GPU found; extracting on the CPU"
 
 
 def _autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     choices = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if precision == "auto":
         if device.type != "cuda":
-            return None  # CPU autocast is slower than fp32 on most CPUs and changes the bits
+            # CPU autocast is slower than fp32 on most CPUs and changes the bits. On MPS autocast covers only some
+            # operators (which, and in which dtypes, varies with torch and macOS) and changes the bits too; fp32 is
+            # what the CPU computes, and --precision fp16 asks for the faster pass where wanted.
+            return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if precision not in choices:
         raise ConfigError(f"--precision must be auto, fp32, bf16 or fp16, got {precision!r}")
+    if device.type == "mps" and precision == "bf16":
+        # Where a torch or macOS lacks bf16 autocast on MPS, torch warns and runs fp32, while the entry's key would
+        # record bf16 features.
+        raise ConfigError("--precision bf16 is not supported on MPS; use --precision fp16 or fp32")
     return choices[precision]

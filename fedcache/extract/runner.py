@@ -209,8 +209,8 @@ class _Rows(torch.utils.data.Dataset):
 
 def default_workers(plan: DevicePlan) -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # On the CPU the forward pass needs the cores; one decoder process keeps it fed.
-    return min(8, max(1, cpus - 1)) if plan.device.type == "cuda" else (1 if cpus > 1 else 0)
+    # On the CPU the forward pass needs the cores; one decoder process keeps it fed. On a GPU (CUDA, MPS) they decode.
+    return min(8, max(1, cpus - 1)) if plan.device.type != "cpu" else (1 if cpus > 1 else 0)
 
 
 def _loader(samples, rows, pre: Preprocess, view, domain_index, batch_size: int, workers: int | None, plan) -> DataLoader:
