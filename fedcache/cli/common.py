@@ -100,10 +100,14 @@ def typer_option(o: Option, help: str | None = None):
     """``o`` as typer's option: its flags, its default as the command line writes it, its help."""
     if o.required:
         default = ...
-    elif o.opt.repeatable or o.default is None:
-        default = None if o.default is None else list(o.default)
-    else:  # a comma list, or a type read from its own text (``i/n``)
-        default = o.opt.sep.join(map(str, o.default)) if o.base is tuple else str(o.default) if o.read else o.default
+    elif o.default is None:
+        default = None
+    elif o.opt.repeatable:
+        default = list(o.default)
+    elif o.base is tuple:  # one text: a comma list
+        default = o.opt.sep.join(map(str, o.default))
+    else:  # a type read from its own text (a Part, ``0/1``) as that text
+        default = str(o.default) if o.read else o.default
     return typer.Option(default, *o.flags, help=escape(help or o.help))  # help is rich markup
 
 
