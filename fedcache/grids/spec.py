@@ -28,7 +28,7 @@ from fedcache.config import PositiveInt, parse
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, writable_dir
-from fedcache.spec import GRID_SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
+from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
@@ -385,8 +385,10 @@ _TOP_ALIASES = {"seed": "seeds", "method": "methods", "backbone": "backbones"}
 def _refuse_grid_keys_under_set(table: dict, top: set[str], path: Path) -> None:
     """``seeds``, ``jobs``, ``select``, ... under [set]: keys of the grid itself, one per file at its top. Said as
     that (the unknown-key message suggested ``seed``, itself refused under [set]; ``select`` suggested ``seed``)."""
-    for key in table:
+    for key, value in table.items():
         name = key.strip().replace("-", "_")
+        if isinstance(value, dict) and name in SECTIONS:
+            continue  # method.mu = ... (or [set.method]) is TOML's table of the --set key method.mu, not methods
         name = _TOP_ALIASES.get(name, name)
         if name in top:
             raise ConfigError(f"grid file {path}: set.{key}: not an axis; {name} is a key of the grid itself: write "

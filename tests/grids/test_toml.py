@@ -211,11 +211,15 @@ def test_a_grid_an_older_fedcache_started_with_unused_prune_options_resumes(toy_
     assert code == 2 and "--min-rounds sets how successive halving cuts" in err
 
 
-@pytest.mark.parametrize("text", ["[set]\noptim.momentum = [0.5, 0.9]\n", "[set.optim]\nmomentum = [0.5, 0.9]\n"])
-def test_a_dotted_key_under_set_is_the_set_key_of_that_spelling(text, tmp_path):
-    """TOML reads ``optim.momentum = ...`` (and a [set.optim] table) as a table: it is --set optim.momentum."""
-    (tmp_path / "g.toml").write_text('methods = "fedavg"\nbackbones = "b"\nstore = "s.zarr"\ndataset = "d"\nout = "g"\n' + text)
-    assert load_toml(tmp_path / "g.toml")["sweep"] == {"optim.momentum": [0.5, 0.9]}
+@pytest.mark.parametrize("text, key", [("[set]\noptim.momentum = [0.5, 0.9]\n", "optim.momentum"),
+                                       ("[set.optim]\nmomentum = [0.5, 0.9]\n", "optim.momentum"),
+                                       ("[set]\nmethod.mu = [0.5, 0.9]\n", "method.mu"),
+                                       ("[set.method]\nmu = [0.5, 0.9]\n", "method.mu")])
+def test_a_dotted_key_under_set_is_the_set_key_of_that_spelling(text, key, tmp_path):
+    """TOML reads ``optim.momentum = ...`` (and a [set.optim] table) as a table: it is --set optim.momentum. The
+    ``method.`` section too, though a bare ``method`` under [set] is the grid's own ``methods`` misplaced."""
+    (tmp_path / "g.toml").write_text('methods = "fedprox"\nbackbones = "b"\nstore = "s.zarr"\ndataset = "d"\nout = "g"\n' + text)
+    assert load_toml(tmp_path / "g.toml")["sweep"] == {key: [0.5, 0.9]}
 
 
 def test_padding_around_a_key_or_a_value_under_set_is_no_part_of_it(tmp_path):
