@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedcache import disk
 from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, extract
 from fedcache.federate.data import load_splits
 from fedcache.federate.probe import ProbeResult, probe_per_domain
@@ -93,17 +94,27 @@ def _probes(train_t, test_t, out: Path | None, progress: ProgressFn | None = Non
     """The per-domain probe, kept in ``out`` for the same features (it is the slowest step of a re-run)."""
     key = list(train_t.entry_ids + test_t.entry_ids)
     path = out / "probe.json" if out is not None else None
-    if path is not None and path.exists():
-        saved = json.loads(path.read_text())
-        if saved["entries"] == key:
-            return [ProbeResult(**r) for r in saved["probes"]]
+    saved = _saved(path) if path is not None else None
+    if saved is not None and saved.get("entries") == key:
+        return [ProbeResult(**r) for r in saved["probes"]]
     say, stage = progress or (lambda e: None), "demo: linear probe per domain"  # minutes on a CPU: a log shows each
     probes = probe_per_domain(train_t, test_t, on_probe=lambda done, total: say(
         ProgressEvent("start", stage, total=total) if done == 0 else ProgressEvent("advance", stage, advance=1)))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"entries": key, "probes": [dataclasses.asdict(r) for r in probes]}))
+        disk.write_text(path, json.dumps({"entries": key, "probes": [dataclasses.asdict(r) for r in probes]}),
+                        "the demo's probe")
     return probes
+
+
+def _saved(path: Path) -> dict | None:
+    """A file the demo keeps to skip work on a re-run, or None where there is none to trust: an older fedcache
+    wrote it in place, so a kill or a full disk could leave it torn, and a torn one must be redone, not a crash."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 def train_or_reuse(cfg: RunSpec, tables=None) -> dict:
@@ -126,11 +137,11 @@ def _contribution(cfg: RunSpec, out: Path) -> None:
     path = out / CONTRIBUTION
     key = json.dumps({"backbones": list(cfg.data.backbones), "rounds": cfg.schedule.rounds,
                       "few_shot": cfg.partition.few_shot, "seed": cfg.schedule.seed})
-    if path.exists() and json.loads(path.read_text()).get("key") == key:
+    if (_saved(path) or {}).get("key") == key:
         return
     c = backbone_contribution(cfg)
     save_contribution(c, path, f"FedPCL, {cfg.schedule.rounds} rounds, one client per domain: similarity of each client's "
                                "local prototypes on one backbone alone and on the three fused (rows sum to 1).")
     doc = json.loads(path.read_text())
     doc["key"] = key
-    path.write_text(json.dumps(doc))
+    disk.write_text(path, json.dumps(doc), "the backbone contribution")

@@ -204,3 +204,44 @@ def test_readme_demo_table_is_what_make_demo_prints(tmp_path):
     if recording:
         records[record_key()] = {"probe": printed[0], "runs": printed[1]}
         DEMO_RECORDS.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+
+
+# ---- the demo's cached probe on a full disk, and one a kill tore ------------------------------------------
+def _toy_tables():
+    import numpy as np
+
+    from fedcache.store.feature_store import FeatureTable
+
+    rng = np.random.default_rng(0)
+
+    def table(n):
+        return FeatureTable(rng.normal(size=(n, 4)).astype(np.float32), np.arange(n) % 2, np.arange(n), np.arange(n) % 3,
+                            ("a", "b", "c"), ("0", "1"), False, ("e",))
+
+    return table(60), table(30)
+
+
+def test_a_full_disk_leaves_no_torn_probe_and_the_next_demo_probes_again(tmp_path, fake_disk):
+    """probe.json was written in place: a full disk left it empty, and every later demo stopped on reading it
+    (a JSONDecodeError traceback) until the user found and deleted it."""
+    from fedcache.demo import _probes
+    from fedcache.errors import DiskFullError
+    from tests.faults import leftovers
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    disk = fake_disk(out, 10)
+    with pytest.raises(DiskFullError, match="probe"):
+        _probes(*_toy_tables(), out)
+    assert not (out / "probe.json").exists() and leftovers(out) == []
+    disk.free = 1 << 40
+    assert _probes(*_toy_tables(), out) == _probes(*_toy_tables(), None)
+
+
+def test_a_torn_probe_file_is_probed_again(tmp_path):
+    """A probe.json an older fedcache left torn (killed while writing it) is no cache: probed again, not a crash."""
+    from fedcache.demo import _probes
+
+    (tmp_path / "probe.json").write_text('{"entries": [')
+    assert _probes(*_toy_tables(), tmp_path) == _probes(*_toy_tables(), None)
+    assert json.loads((tmp_path / "probe.json").read_text())["probes"]
