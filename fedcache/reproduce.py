@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcache import disk
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.paths import writable_dir
 from fedcache.presets import PRESETS, Experiment, Preset
@@ -134,7 +135,7 @@ def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:
                      "note": f"{p.method}, mean of {len(mine)} runs" if mine else f"{p.method}: not run"})
     doc = {"title": preset.title, "text": preset.notes, "rows": rows}
     path = out / "paper.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    disk.write_text(path, json.dumps(doc, indent=2) + "\n", "the paper's numbers")
     return path
 
 

@@ -139,3 +139,17 @@ def test_every_preset_cell_resolves(name, experiment, tmp_path):
     spec = grid_spec(store=tmp_path / "none.zarr", dataset=e.store_dataset, backbones=list(e.backbones),
                      methods=list(e.methods), sweep=dict(e.sweep), seeds=list(e.seeds), out=tmp_path / e.key)
     grid_run.check_cells(spec, grid_run.cells(spec))
+
+
+def test_a_full_disk_keeps_the_last_paper_json_whole(tmp_path, fake_disk):
+    """paper.json was written in place: a full disk left it torn, and `fedcache report` of the folder then stopped
+    on it with a JSONDecodeError traceback. Now the one line, and the last whole paper.json is kept."""
+    from fedcache.errors import DiskFullError
+    from tests.faults import leftovers
+
+    disk = fake_disk(tmp_path, 1 << 40)
+    before = rp.write_paper_json(TOY, {}, tmp_path).read_bytes()
+    disk.free = 10
+    with pytest.raises(DiskFullError, match="paper.json"):
+        rp.write_paper_json(TOY, {}, tmp_path)
+    assert (tmp_path / "paper.json").read_bytes() == before and leftovers(tmp_path) == []
