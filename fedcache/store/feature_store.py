@@ -20,7 +20,9 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -45,6 +47,7 @@ ENTRY_FORMAT = STORE_FORMAT  # what new entries are written in
 FORMAT_ATTR = "format"  # an entry's format; absent: 1
 ENTRIES = "entries"
 TEXT = "text"
+REMOVING = ".removing"  # entries being deleted (``discard``), out of every reader's sight
 SHARD_ATTR = "fedcache_shard"  # a root attribute: this store is one client's (or the server's) shard, `fedcache shard`
 SLOT_FIELDS = ("dataset", "split", "domain", "backbone", "view")
 
@@ -638,8 +641,15 @@ class FeatureStore:
             yield
 
     def discard(self, entry_id: str, kind: str = ENTRIES) -> None:
-        shutil.rmtree(self.path / kind / entry_id)
+        # Deleted in place, an entry went file by file in directory order: stopped midway (Ctrl-C, kill), it was
+        # left without its rows while its zarr.json still said complete. One rename out of its folder takes it from
+        # every reader at once; the files are deleted after, and what a stopped removal left, by the next one.
+        trash = self.path / REMOVING
+        trash.mkdir(exist_ok=True)
+        os.rename(self.path / kind / entry_id, Path(tempfile.mkdtemp(dir=trash)) / entry_id)
         self.bad_images_path(entry_id).unlink(missing_ok=True)
+        for left in trash.iterdir():
+            shutil.rmtree(left, ignore_errors=True)  # another process's removal may be deleting it too
 
     def stale(self) -> list[EntryInfo]:
         """Complete entries superseded by a newer one in the same slot (never read again)."""

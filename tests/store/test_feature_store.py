@@ -215,3 +215,30 @@ def test_an_entry_being_made_is_partial_never_damaged(store_path, monkeypatch):
     monkeypatch.setattr(zarr.Group, "create_array", look_first)
     write_all(store, key(), np.ones((4, 3)), np.zeros(4))
     assert seen == [(4, "partial")]
+
+
+def test_a_removal_stopped_midway_leaves_no_entry_that_looks_complete(store_path, monkeypatch):
+    """`store rm` removed an entry's files in place, in directory order: stopped midway (Ctrl-C, kill), the entry
+    was left without its features while its zarr.json still said complete, and `store ls` listed it as complete."""
+    import shutil
+
+    store = FeatureStore(store_path)
+    gone, kept = key("w1"), key("w2", domain="other")
+    for k in (gone, kept):
+        write_all(store, k, np.ones((4, 3), np.float32), np.zeros(4, int))
+    real = shutil.rmtree
+
+    def stopped(path, *args, **kw):  # the first of the entry's arrays removed, then Ctrl-C
+        real(next(p for p in sorted(store_path.rglob("features")) if gone.entry_id in str(p)))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        store.remove(gone.entry_id)
+    monkeypatch.undo()
+    again = FeatureStore(store_path)
+    assert [e.entry_id for e in again.entries()] == [kept.entry_id]  # gone, not a complete entry without rows
+    assert again.verify(again.info(kept.entry_id))[0] == "ok"
+    again.remove(kept.entry_id)  # and the next removal clears what the stopped one left
+    assert sorted(p.name for p in store_path.iterdir() if p.name.startswith(".") and p.name != ".locks") in ([], [".removing"])
+    assert not any((store_path / ".removing").glob("*"))
