@@ -83,7 +83,7 @@ def test_the_cycle_check_finds_a_cycle():
 # extract sits below federate. spec composes the sections its layers declare; training runs one spec; grids,
 # flower and reports build on training; the API, demo and paper presets on those; nothing imports the CLI.
 LAYERS = [
-    ("errors", "wording"),
+    ("errors", "wording", "borrowed"),
     ("config", "registry", "paths", "progress", "table", "noise", "disk", "ownership"),
     ("store", "trackers"),
     ("heads",),

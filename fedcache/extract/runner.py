@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from fedcache.borrowed import handler_kept, start_method_unset
 from fedcache.errors import BadImageError, ConfigError, NonFiniteFeaturesError
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.config import ExtractConfig
@@ -63,15 +65,17 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
         emit(ProgressEvent("info", "", message=plan.note))
     store = FeatureStore(cfg.store)
     reports: list[EntryReport] = []
-    for name in cfg.backbones:
-        backbone = load_backbone(name, cfg.weights.get(name), cfg.random_init)
-        backbone.image_encoder.to(plan.device)
-        if plan.channels_last:
-            backbone.image_encoder.to(memory_format=torch.channels_last)
-        _store_text(store, dataset, backbone, emit)
-        for split, domain, view in _jobs(cfg, dataset):
-            reports.append(_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit))
-        backbone.image_encoder.to("cpu")
+    # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
+    with start_method_unset(), handler_kept(signal.SIGCHLD):
+        for name in cfg.backbones:
+            backbone = load_backbone(name, cfg.weights.get(name), cfg.random_init)
+            backbone.image_encoder.to(plan.device)
+            if plan.channels_last:
+                backbone.image_encoder.to(memory_format=torch.channels_last)
+            _store_text(store, dataset, backbone, emit)
+            for split, domain, view in _jobs(cfg, dataset):
+                reports.append(_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit))
+            backbone.image_encoder.to("cpu")
     return reports
 
 

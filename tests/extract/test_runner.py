@@ -291,3 +291,21 @@ def test_reduced_precision_features_have_their_own_entry(store_path):
     store = FeatureStore(store_path)
     assert sorted(e.key["preprocess"].get("forward", "float32") for e in store.entries()) == ["bfloat16", "float32"]
     assert {r.status for r in extract(cfg(store_path, **one))} == {"already complete"}  # fp32 on the CPU: as before
+
+
+def test_decoding_workers_leave_the_start_method_and_sigchld_to_the_caller(store_path):
+    """torch's DataLoader fixed the process's start method (its workers' queue) and left its SIGCHLD handler installed
+    once it had started workers. In a process of its own: torch does both once per process."""
+    code = f"""
+import multiprocessing, signal
+import tests.conftest  # the tiny dataset
+from fedcache.extract.runner import ExtractConfig, extract
+def mine(signum, frame): pass
+signal.signal(signal.SIGCHLD, mine)
+reports = extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store={str(store_path)!r},
+                                workers=1, batch_size=4))
+assert all(r.status == "extracted" for r in reports), [r.status for r in reports]
+print(signal.getsignal(signal.SIGCHLD) is mine, multiprocessing.get_start_method(allow_none=True))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "None"], out.stderr

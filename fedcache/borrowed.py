@@ -1,0 +1,43 @@
+"""Process-wide state that a dependency changes while fedcache uses it, given back when that use ends.
+
+The library changes nothing process-wide: the process is its caller's (only the `fedcache` command owns its
+own). Some dependencies change it as a side effect of the work fedcache asks of them; each such place runs
+inside one of these, which puts back what it found, through public APIs only.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import signal
+import threading
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def start_method_unset() -> Iterator[None]:
+    """multiprocessing's start method left unset where the caller had not set it. The first multiprocessing object
+    made with the default context (a DataLoader's worker queue, numcodecs' Blosc lock) fixes it for the whole
+    process, after which the caller's own ``multiprocessing.set_start_method("spawn")`` raises. What exists keeps
+    its context; later objects get the method the caller chooses. A method that was set is left as it is."""
+    unset = multiprocessing.get_start_method(allow_none=True) is None
+    try:
+        yield
+    finally:
+        if unset:
+            multiprocessing.set_start_method(None, force=True)
+
+
+@contextlib.contextmanager
+def handler_kept(signum: int) -> Iterator[None]:
+    """The handler of ``signum`` as the caller had it. torch's DataLoader installs a SIGCHLD handler, once per
+    process, the first time it starts workers, and leaves it there; given back, the loaders of this process
+    still find a dead worker, by the status check they make every few seconds, instead of at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers: nothing here can change one
+        return
+    before = signal.getsignal(signum)
+    try:
+        yield
+    finally:
+        if before is not None and signal.getsignal(signum) is not before:  # None: set outside Python, not ours to set
+            signal.signal(signum, before)
