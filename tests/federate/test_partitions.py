@@ -1,5 +1,8 @@
 """Client partitions: every scheme's invariants, few-shot, local test sets, errors, storage, plots."""
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from fedcache.federate.partitions import (
     table_keys,
 )
 from fedcache.store.feature_store import FeatureStore, FeatureTable
+
+REPO = Path(__file__).resolve().parents[2]
 
 N_CLASSES, N_DOMAINS = 8, 3
 
@@ -686,3 +691,27 @@ def test_a_run_recorded_with_an_older_partition_id_still_resumes(tmp_path):
     assert again.summary["per_client_accuracy"] == first.summary["per_client_accuracy"]
     recorded = json.loads((out / "config.json").read_text())["partition"]["partition_id"]
     assert recorded == again.summary["partition_id"] == first.summary["partition_id"]  # one partition, one id
+
+
+@pytest.mark.parametrize("call", ["save", "load"])
+def test_storing_a_partition_leaves_the_start_method_to_the_caller(call, store_path):
+    """Blosc's first use (numcodecs makes a multiprocessing lock) fixed the process's start method, after which the
+    caller's own set_start_method raised. In a process of its own: it happens once per process."""
+    store = FeatureStore(store_path)
+    keys = table_keys(table(TRAIN)), table_keys(table(TEST))
+    pid = save_partition(store, "ds", part(REQUESTS["dirichlet"]), *keys) if call == "load" else None
+    code = f"""
+import multiprocessing
+from fedcache.federate.partitions import load_partition, save_partition, table_keys
+from fedcache.store.feature_store import FeatureStore
+from tests.federate.test_partitions import REQUESTS, TEST, TRAIN, part, table
+store, keys = FeatureStore({str(store_path)!r}), (table_keys(table(TRAIN)), table_keys(table(TEST)))
+if {call!r} == "save":
+    save_partition(store, "other", part(REQUESTS["iid"]), *keys)
+else:
+    assert load_partition(store, "ds", {pid!r}, *keys) == part(REQUESTS["dirichlet"])
+multiprocessing.set_start_method("spawn")  # raised "context has already been set"
+print(multiprocessing.get_start_method())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.split() == ["spawn"], out.stderr

@@ -23,6 +23,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from fedcache import disk
+from fedcache.borrowed import start_method_unset
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.federate.partitions.core import Partition, PartitionRequest, partition_id
 from fedcache.store.feature_store import SHARD_ATTR, FeatureStore, FeatureTable, now_iso
@@ -149,10 +150,11 @@ def _write(g: zarr.Group, partition: Partition, data_hash: str, dataset: str, tr
         rows = np.concatenate(clients) if clients else np.zeros(0, np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= len(ids)):
             raise StoreError(f"the partition's {split} rows do not fit a table of {len(ids)} rows: pass the keys of the table it was made on")
-        g.create_array(f"{split}_domain", data=domains[rows], compressors=_ROWS_CODEC)
-        g.create_array(f"{split}_id", data=ids[rows], compressors=_ROWS_CODEC)
-        g.create_array(f"{split}_offsets", data=np.r_[0, np.cumsum([len(c) for c in clients])].astype(np.int64),
-                       compressors=_ROWS_CODEC)
+        with start_method_unset():  # Blosc's first use makes a multiprocessing lock, which fixes the start method
+            g.create_array(f"{split}_domain", data=domains[rows], compressors=_ROWS_CODEC)
+            g.create_array(f"{split}_id", data=ids[rows], compressors=_ROWS_CODEC)
+            g.create_array(f"{split}_offsets", data=np.r_[0, np.cumsum([len(c) for c in clients])].astype(np.int64),
+                           compressors=_ROWS_CODEC)
     g.attrs.update({
         "request": partition.request.to_dict(), "dataset": dataset, "data_hash": data_hash,
         "n_clients": partition.n_clients, "created_at": now_iso(),
@@ -185,10 +187,11 @@ def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_k
     if g.attrs.get("data_hash") != (data_hash or keys_hash(train_keys, test_keys)):
         log.info("partition %s was made on other rows of %s; mapping its samples onto these tables", partition_id, dataset)
     per_split = []
-    for split, keys in zip(_SPLITS, (train_keys, test_keys)):
-        rows = _rows_of(KeyIndex(*_keys(keys, split), split), g[f"{split}_domain"], g[f"{split}_id"], partition_id)
-        offsets = g[f"{split}_offsets"][:]
-        per_split.append([rows[lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:])])
+    with start_method_unset():  # Blosc's first use makes a multiprocessing lock, which fixes the start method
+        for split, keys in zip(_SPLITS, (train_keys, test_keys)):
+            rows = _rows_of(KeyIndex(*_keys(keys, split), split), g[f"{split}_domain"], g[f"{split}_id"], partition_id)
+            offsets = g[f"{split}_offsets"][:]
+            per_split.append([rows[lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:])])
     return Partition(PartitionRequest.from_dict(dict(g.attrs["request"])), per_split[0], per_split[1])
 
 
