@@ -7,8 +7,10 @@ hung. `PlainProgress` takes the calls the CLI makes on a rich `Progress` (`add_t
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,6 +27,22 @@ def log_to_stderr(level: str | int) -> None:
     for handler in root.handlers:
         if handler not in before:  # a handler that was there (a test's, an application's) is not ours to change
             handler.setLevel(level)
+
+
+@contextlib.contextmanager
+def logging_to_stderr(level: str | int) -> Iterator[None]:
+    """``log_to_stderr`` for a block, for a command called from Python (a script, a test): the handler it adds is
+    removed and the root logger's level put back after the block, since the process is the caller's."""
+    root = logging.getLogger()
+    handlers, level_before = list(root.handlers), root.level
+    log_to_stderr(level)
+    added = [h for h in root.handlers if h not in handlers]
+    try:
+        yield
+    finally:
+        for handler in added:
+            root.removeHandler(handler)
+        root.setLevel(level_before)
 
 
 @dataclass

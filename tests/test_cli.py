@@ -458,3 +458,20 @@ def test_an_interrupted_report_says_the_last_report_is_kept_not_resume():
 
     said = _how_to_go_on(["report", "runs/cmp"])
     assert "resume" not in said and "left as it was" in said
+
+
+@pytest.mark.parametrize("args", [["datasets"], ["extract", "-d", "nope", "-b", "tiny-timm-random"], ["--nope"]])
+def test_main_called_from_python_gives_the_process_back(args, monkeypatch, capsys):
+    """main() from a script or a notebook left its stderr handler on the root logger (every later log line of the
+    caller's printed twice, or at FEDCACHE_LOG's level), the root logger at that level, and typer's sys.excepthook."""
+    import logging
+    import sys
+
+    monkeypatch.setenv("FEDCACHE_LOG", "info")
+    root = logging.getLogger()
+    # As in a script: no handler yet (pytest's own would make logging.basicConfig add none), Python's hook.
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    before = (list(root.handlers), root.level, sys.excepthook)
+    main(args)
+    assert (list(root.handlers), root.level, sys.excepthook) == before

@@ -68,3 +68,12 @@ def test_a_librarys_debug_logger_is_held_back_at_the_commands_level():
             "lib = logging.getLogger('flwr'); lib.setLevel(logging.DEBUG); lib.debug('noise'); lib.warning('kept')")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert err == "WARNING flwr: kept\n"
+
+
+def test_logging_to_stderr_for_a_block_removes_its_handler_and_level_after_it():
+    code = ("import logging; from fedcache.progress import logging_to_stderr\n"
+            "with logging_to_stderr('INFO'): logging.getLogger('x').info('during')\n"
+            "root = logging.getLogger(); print(root.handlers, logging.getLevelName(root.level))\n"
+            "logging.getLogger('x').warning('after')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "[] WARNING\n" and out.stderr == "INFO x: during\nafter\n"  # after: logging's last resort

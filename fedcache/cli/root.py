@@ -19,7 +19,7 @@ from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError, UnknownNameError
-from fedcache.progress import log_to_stderr
+from fedcache.progress import log_to_stderr, logging_to_stderr
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -112,9 +112,23 @@ INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks."""
+    """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks.
+    Called from Python (a script, a notebook, a test) the process is the caller's: what the command sets up for
+    itself, its log handler on the root logger and typer's ``sys.excepthook``, is put back when it returns."""
+    hook = sys.excepthook
+    try:
+        with logging_to_stderr(_log_level()):
+            return _command(argv)
+    finally:
+        sys.excepthook = hook
+
+
+def _log_level() -> str:
+    return os.environ.get("FEDCACHE_LOG", "WARNING").upper()
+
+
+def _command(argv: list[str] | None) -> int:
     mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
-    log_to_stderr(os.environ.get("FEDCACHE_LOG", "WARNING").upper())
     debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
     empty = _empty_argument(sys.argv[1:] if argv is None else argv)
     if empty:
@@ -199,7 +213,9 @@ def _console_script() -> None:
     # The command line owns its process: SIGTERM (a job scheduler, `kill`) stops it like Ctrl-C, so grid
     # workers are stopped and finished work kept, instead of the process vanishing mid-write.
     signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    # Its log lines and typer's tracebacks (FEDCACHE_DEBUG=1) last until the process exits: nothing to put back.
+    log_to_stderr(_log_level())
+    sys.exit(_command(None))
 
 
 def _terminated(signum: int, frame: object) -> None:
