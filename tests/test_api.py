@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import os
 import subprocess
 import sys
 import types
@@ -260,3 +261,17 @@ def test_train_says_a_setting_given_as_an_option_goes_in_settings():
     with pytest.raises(ConfigError, match="unknown option.*colour") as err:  # not a setting either: as before
         fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", colour="red")
     assert "settings=" not in str(err.value)
+
+
+@pytest.mark.slow  # a process of its own that imports torch, timm and matplotlib: half a minute on a 2-core CI machine
+def test_the_library_leaves_the_process_as_it_found_it(tmp_path):
+    """extract_features, train, grid, report and a store read, once each on a tiny store, change no process-wide
+    state (tests/process_state.py: torch's threads, RNGs and flags, numpy's and random's RNGs, matplotlib, logging,
+    warnings, signal handlers, the environment, cwd, umask, hooks, start method, threads, children, open files)
+    and leave no file in the working or temporary directory."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "tests.process_state", str(tmp_path)], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "{}"
