@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
+from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
 from fedcache.ownership import on_orphaned
 
@@ -24,7 +25,9 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     before = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
     try:
-        with _workers_ignore_ctrl_c():  # the pool starts its workers as the tasks are submitted
+        # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context, fixes
+        # this process's default start method (multiprocessing records it for the child): the caller's to choose.
+        with _workers_ignore_ctrl_c(), start_method_unset():
             futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
         for fut in as_completed(futures):
             yield from fut.result()

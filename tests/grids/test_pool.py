@@ -244,3 +244,18 @@ def test_workers_ignore_ctrl_c_which_the_grid_handles():
     before = signal.getsignal(signal.SIGINT)
     assert list(in_workers(2, [(_sigint_handler, ()), (_sigint_handler, ())])) == [signal.SIG_IGN, signal.SIG_IGN]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_starting_workers_leaves_the_start_method_to_the_caller():
+    """Starting a process, even from the spawn context, records the default start method for the child, which fixed
+    it in the grid's process: the caller's own set_start_method then raised. In a process of its own (once fixed, it
+    stays so)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import multiprocessing\nfrom fedcache.grids.pool import in_workers\n"
+            "assert list(in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],))])) in ([1, 2, 3, 4], [3, 4, 1, 2])\n"
+            "multiprocessing.set_start_method('spawn')\nprint(multiprocessing.get_start_method())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0 and out.stdout.split() == ["spawn"], out.stderr
