@@ -1,0 +1,45 @@
+"""fedcache/borrowed.py: what a dependency changes in the caller's process is put back, through public APIs."""
+from __future__ import annotations
+
+import multiprocessing
+import signal
+
+import pytest
+
+from fedcache.borrowed import handler_kept, start_method_unset
+
+
+@pytest.fixture
+def start_method():
+    """This process's start method, unset for the test and put back after it."""
+    was = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(None, force=True)
+    yield
+    multiprocessing.set_start_method(was, force=True)
+
+
+def test_an_unset_start_method_is_unset_again(start_method):
+    with start_method_unset():
+        multiprocessing.Lock()  # what numcodecs and a DataLoader do: the default context, fixed by its first use
+        assert multiprocessing.get_start_method(allow_none=True) is not None
+    assert multiprocessing.get_start_method(allow_none=True) is None
+
+
+def test_a_start_method_the_caller_set_stays(start_method):
+    multiprocessing.set_start_method("spawn")
+    with start_method_unset():
+        multiprocessing.Lock()
+    assert multiprocessing.get_start_method(allow_none=True) == "spawn"
+
+
+def test_a_handler_installed_in_the_block_is_removed_and_the_caller_s_put_back():
+    def callers(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGCHLD, callers)
+    try:
+        with handler_kept(signal.SIGCHLD):
+            signal.signal(signal.SIGCHLD, lambda s, f: None)
+        assert signal.getsignal(signal.SIGCHLD) is callers
+    finally:
+        signal.signal(signal.SIGCHLD, before)
