@@ -1,11 +1,12 @@
 """A grid's results: results.csv (one row per cell) and table.md (mean (std) over seeds per method and
-setting, best per column in bold)."""
+setting, the best of each data setting in bold, as the report marks it)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from fedcache.best import Result, best_marks, is_panel_key
 from fedcache.disk import write_text
 from fedcache.errors import ConfigError
 from fedcache.grids.cells import METRIC_COLUMNS
@@ -29,8 +30,8 @@ def grid_caption(spec: GridSpec) -> str:
 
 def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str = "", beside: list[str] = (),
                      axes: list[str] | None = None) -> str:
-    """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best mean of each
-    column in bold where the column holds two methods or more. Settings with one value across the grid go to
+    """Methods as rows, the settings that vary as columns, mean (std) over seeds; the best of each data setting
+    in bold (``fedcache.best``: the report's table marks the same results). Settings with one value across the grid go to
     the caption, not the column labels.
     ``beside``: settings shown next to each result instead of as columns (values chosen per cell).
     ``axes``: the grid's axes, when known; without them, every column but the figures may be one (so a swept
@@ -46,14 +47,15 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     columns = list(dict.fromkeys(label(r) for r in rows))
     groups = {(m, col): [r for r in rows if r["method"] == m and label(r) == col] for m in methods for col in columns}
     stats = {key: _stats(mine, metric) for key, mine in groups.items()}
-    # A best only where a column compares two methods or more (a lone result is nobody's winner), and only of
-    # results no seed of which diverged.
-    means = {col: [st[0] for (m, c), st in stats.items() if c == col and st[0] is not None and not st[3]] for col in columns}
-    best = {col: max(v) if len(v) > 1 else None for col, v in means.items()}
+    # The report's rule (fedcache/best.py): the best of each data setting, a column's panel in the report.
+    panel = [k for k in setting_keys if is_panel_key(k)]
+    where = {label(r): tuple(str(r.get(k)) for k in panel) for r in rows}
+    marks = best_marks([Result(where[col], st[0], _whole(st, groups[m, col])) for (m, col), st in stats.items()])
+    best = dict(zip(stats, marks))
     lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for m in methods:
-        cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[col]) for col in columns]
+        cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[m, col]) for col in columns]
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     return "\n".join(lines)
 
@@ -68,7 +70,15 @@ def _stats(rows: list[dict], metric: str) -> tuple[float | None, float, int, int
     return float(np.mean(vals)), std, len(vals), lost
 
 
-def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: float | None) -> str:
+def _whole(stats: tuple, rows: list[dict]) -> bool:
+    """Every seed has a result of the last round: none diverged, none cut early by successive halving (a validation
+    table's candidate shows its score of the round it stopped at)."""
+    cut = any(r.get("stopped_at") is not None and r.get("rounds") is not None and int(r["stopped_at"]) < int(r["rounds"])
+              for r in rows)
+    return stats[0] is not None and not stats[3] and not cut
+
+
+def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: bool) -> str:
     mean, std, n, lost = stats
     if mean is None:
         return f"diverged ({count(lost, 'seed')})" if lost else "-"
@@ -76,7 +86,7 @@ def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: float | 
     if lost:
         text += f", {lost} of {n + lost} seeds diverged"
     text += "".join(f", {k}={rows[0][k]}" for k in beside if k in rows[0])
-    return f"**{text}**" if best is not None and not lost and np.isclose(mean, best) else text
+    return f"**{text}**" if best else text
 
 
 def _true(value) -> bool:

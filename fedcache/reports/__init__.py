@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache import disk
+from fedcache.best import Result, best_marks
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
@@ -117,7 +118,8 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
             f"'# of Comm Params'); seconds is a run's wall time, and cells the batched engine trained together each show "
-            f"their batch's; the best accuracy of each panel setting is in bold.{warn}")
+            f"their batch's; in bold the best accuracy of each panel setting, where two results or more ran every seed to the "
+            f"end (table.md marks the same).{warn}")
 
 
 def _unfinished(root: Path, runs: list[Run]) -> str:
@@ -172,14 +174,12 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     keys = layout.panel_keys + layout.legend_keys
     header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
               "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
-    # In the running for best: every seed reached the end (not stopped by halving, none diverged or still to run).
-    whole = lambda g: g.complete and g.mean("mean_accuracy") is not None  # noqa: E731
-    best = {panel: max((g.mean("mean_accuracy") for g in members if whole(g)), default=None)
-            for panel, members in layout.panels(groups).items()}
+    # table.md's rule (fedcache/best.py): in the running, the groups whose every seed reached the end (not stopped by
+    # halving, none diverged or still to run), each against the others of its panel.
+    marks = best_marks([Result(layout.panel(g), g.mean("mean_accuracy"), g.complete) for g in groups])
     rows = [header]
-    for g in groups:
+    for g, bold in zip(groups, marks):
         acc = _fmt(g.mean("mean_accuracy"), g.std("mean_accuracy"))
-        bold = whole(g) and g.mean("mean_accuracy") == best[layout.panel(g)]
         if g.stopped_at is not None:
             then = ", then diverged" if any(r.summary.get("diverged") for r in g.runs) else ""
             acc += f" (stopped at round {g.stopped_at}{then})"

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from fedcache.best import Result, best_marks
 from fedcache.errors import FedcacheError
 from fedcache.reports.canvas import subplots
 from fedcache.reports.layout import Layout, Style
@@ -49,11 +50,12 @@ def _shown(groups: list[Group]) -> tuple[list[Group], str]:
     return [g for g in groups if g in best], f" (best {MAX_PER_PANEL} of {len(groups)})"
 
 
-def _best(groups: list[Group]) -> Group | None:
-    """The best final accuracy (of the groups whose every seed ran every round: an early score is of another round,
-    and a mean without the seeds that diverged, or have not run yet, would flatter)."""
-    scored = [g for g in groups if g.mean("mean_accuracy") is not None and g.complete]
-    return max(scored, key=lambda g: g.mean("mean_accuracy")) if scored else None
+def _best(groups: list[Group]) -> list[Group]:
+    """The best final accuracy of a panel, by the tables' rule (fedcache/best.py): of the groups whose every seed ran
+    every round (an early score is of another round, and a mean without the seeds that diverged, or have not run
+    yet, would flatter), where two or more compare; ties all."""
+    marks = best_marks([Result((), g.mean("mean_accuracy"), g.complete) for g in groups])
+    return [g for g, best in zip(groups, marks) if best]
 
 
 def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 1.0) -> Figure:
@@ -112,7 +114,7 @@ def _curves(key: str, ylabel: str) -> Callable:
             ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
             if g.stopped_at is not None or len(x) == 1:  # where a curve ends early; one point alone draws no line
                 ax.plot(x[-1:], mean[-1:], st.marker or "o", color=st.color, ms=5, mec="black", mew=0.5)
-            if g is best and key == "accuracy":
+            if any(g is b for b in best) and key == "accuracy":
                 ax.plot(x[-1:], mean[-1:], "*", color=st.color, ms=13, mec="black", mew=0.6)
         _halving_cuts(ax, groups)
         _whole_rounds(ax)
@@ -172,8 +174,7 @@ def _bars(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> 
     bars = ax.bar(x, means, 0.7, yerr=errs, capsize=3, color=colours, edgecolor="white")
     for bar, hatch in zip(bars, hatches):
         bar.set_hatch(hatch)
-    if best is not None:
-        i = groups.index(best)
+    for i in (groups.index(g) for g in best):
         ax.annotate(BEST, (x[i], means[i] + errs[i]), ha="center", va="bottom", fontsize=14)
     ax.margins(y=0.12)  # room above the tallest error bar for the star, which ran into the panel's title
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)

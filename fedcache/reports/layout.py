@@ -12,22 +12,12 @@ import itertools
 import textwrap
 from dataclasses import dataclass
 
+from fedcache.best import is_panel_key
 from fedcache.reports.runs import Group
-from fedcache.spec import is_option, option
 
-# Settings that change the data a method sees: comparisons across them are not like for like.
-PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
-              "class_budget", "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test",
-              "local_test_mix", "run")
 MAX_LABEL = 40  # characters per line; a longer legend entry is wrapped onto more lines
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = (None, "o", "s", "^", "v", "D")
-
-
-def is_panel_key(key: str) -> bool:
-    """``alpha`` and its qualified spelling ``partition.alpha`` (a grid with perfedavg, whose own ``alpha``
-    makes the short key ambiguous) split the figures alike."""
-    return key in PANEL_KEYS or (is_option(key) and option(key).name in PANEL_KEYS)
 
 
 @dataclass(frozen=True)

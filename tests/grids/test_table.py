@@ -1,27 +1,30 @@
-"""A grid's table (fedcache/grids/table.py): mean (sample std) over seeds, the best of each column in bold."""
+"""A grid's table (fedcache/grids/table.py): mean (sample std) over seeds, the best of each data setting in bold."""
 from __future__ import annotations
 
 from fedcache.grids import summary_markdown
 from fedcache.table import Table
 
 
-def test_table_marks_the_best_mean_of_each_column():
-    rows = [{"method": m, "lr": lr, "seed": s, "mean_accuracy": acc} for m, lr, s, acc in
-            [("a", "1", 0, 50.0), ("a", "1", 1, 60.0), ("b", "1", 0, 70.0), ("b", "1", 1, 70.0),
-             ("a", "2", 0, 90.0), ("a", "2", 1, 80.0), ("b", "2", 0, 10.0), ("b", "2", 1, 20.0)]]
+def test_table_marks_the_best_mean_of_each_data_setting():
+    """Every method with each of its own settings (lr) competes inside a data setting (alpha), as in the report."""
+    rows = [{"method": m, "alpha": a, "lr": lr, "seed": s, "mean_accuracy": acc + 10 * s} for m, a, lr, s, acc in
+            [("a", "1", "1", s, acc) for s, acc in ((0, 50.0), (1, 50.0))] + [
+             (m, a, lr, s, acc) for m, a, lr, acc in [("b", "1", "1", 60.0), ("a", "1", "2", 80.0), ("b", "1", "2", 10.0),
+                                                       ("a", "5", "1", 20.0), ("b", "5", "1", 30.0), ("a", "5", "2", 25.0),
+                                                       ("b", "5", "2", 28.0)] for s in (0, 1)]]
     md = summary_markdown(Table(rows))
-    assert "| a | 55.00 (7.07) | **85.00 (7.07)** |" in md  # sample std (ddof=1) over seeds, as the papers print
-    assert "| b | **70.00 (0.00)** | 15.00 (7.07) |" in md
+    assert "| a | 55.00 (7.07) | **85.00 (7.07)** | 25.00 (7.07) | 30.00 (7.07) |" in md  # sample std (ddof=1) over seeds
+    assert "| b | 65.00 (7.07) | 15.00 (7.07) | **35.00 (7.07)** | 33.00 (7.07) |" in md  # one best per alpha, not per lr
     assert "sample std, ddof=1" in md
 
 
-def test_a_column_of_one_method_has_no_best():
-    rows = [{"method": "a", "lr": lr, "seed": 0, "mean_accuracy": acc} for lr, acc in [("1", 50.0), ("2", 60.0)]]
-    rows += [{"method": "b", "lr": "1", "seed": 0, "mean_accuracy": 40.0}]
+def test_a_lone_result_has_no_best():
+    rows = [{"method": "a", "alpha": a, "seed": 0, "mean_accuracy": acc} for a, acc in [("1", 50.0), ("2", 60.0)]]
+    rows += [{"method": "b", "alpha": "1", "seed": 0, "mean_accuracy": 40.0}]
     md = summary_markdown(Table(rows))
-    assert "| a | **50.00 (one seed)** | 60.00 (one seed) |" in md  # lr=2: a alone, nothing to beat
+    assert "| a | **50.00 (one seed)** | 60.00 (one seed) |" in md  # alpha=2: a alone, nothing to beat
     assert "| b | 40.00 (one seed) | - |" in md
-    assert "**" not in summary_markdown(Table(rows[:2]))  # one method: no column compares anything
+    assert "**" not in summary_markdown(Table(rows[:1]))
 
 
 def test_seeds_that_diverged_are_named_and_never_the_best():
@@ -31,12 +34,13 @@ def test_seeds_that_diverged_are_named_and_never_the_best():
              ("a", "2", 0, None), ("a", "2", 1, None), ("b", "2", 0, 10.0), ("b", "2", 1, 20.0)]]
     md = summary_markdown(Table(rows))
     assert "| a | 90.00 (one seed), 1 of 2 seeds diverged | diverged (2 seeds) |" in md
-    assert "| b | 71.00 (1.41) | 15.00 (7.07) |" in md  # against a's diverged seed: nothing comparable to beat
-    assert "**" not in md
+    assert "| b | **71.00 (1.41)** | 15.00 (7.07) |" in md  # a's 90 is of one seed: neither marked nor a contender
+    alone = [r for r in rows if (r["method"], r["lr"]) != ("b", "2")]  # b lr=1 against a's diverged seeds only
+    assert "**" not in summary_markdown(Table(alone))
 
 
 def test_a_swept_rounds_is_a_column_when_the_axes_are_known():
     """``rounds`` is also a figure's name: without the grid's axes its cells were pooled as if they were seeds."""
     rows = [{"method": "a", "rounds": r, "seed": s, "mean_accuracy": float(r + s)} for r in (3, 9) for s in (0, 1)]
-    assert "| a | 3.50 (0.71) | 9.50 (0.71) |" in summary_markdown(Table(rows), axes=["rounds"])
+    assert "| a | 3.50 (0.71) | **9.50 (0.71)** |" in summary_markdown(Table(rows), axes=["rounds"])
     assert "rounds=3" in summary_markdown(Table(rows), axes=["rounds"])

@@ -57,6 +57,35 @@ def test_the_best_of_each_panel_is_bold_once():
         assert len(bold) == 1 and bold[0][0] == "fedprox" and bold[0][header.index("lr")] == "0.01"
 
 
+def test_table_md_and_the_reports_table_mark_the_same_best():
+    """table.md bolded the best of each column (a data setting and one lr), the report the best of each panel (the
+    data setting): for the same numbers a reader saw two bests of alpha=0.1 in one and one in the other."""
+    from fedcache.grids import summary_markdown
+    from fedcache.reports.runs import group_runs
+    from fedcache.table import Table
+
+    means = {("fedavg", "0.1", "0.001"): 60.0, ("fedavg", "0.1", "0.01"): 50.0, ("fedprox", "0.1", "0.001"): 55.0,
+             ("fedprox", "0.1", "0.01"): 58.0, ("fedavg", "1", "0.001"): 70.0, ("fedavg", "1", "0.01"): 72.0,
+             ("fedprox", "1", "0.001"): 65.0, ("fedprox", "1", "0.01"): 99.0}  # fedprox's 99: 1 of 2 seeds diverged
+    records, runs = [], []
+    for (m, a, lr), mean in means.items():
+        for s in (0, 1):
+            acc = None if mean == 99.0 and s else mean + (s - 0.5)
+            records.append({"method": m, "alpha": a, "lr": lr, "seed": s, "mean_accuracy": acc, "diverged": acc is None})
+            summary = {"method": m, "mean_accuracy": acc} if acc is not None else {"method": m, "diverged": True}
+            runs.append(Run(Path(f"{m}-{a}-{lr}-{s}"), summary, [], {}, {"alpha": a, "lr": lr}))
+    md = summary_markdown(Table(records), axes=["alpha", "lr"]).splitlines()
+    columns = md[2].strip("| ").split(" | ")[1:]
+    in_table = {(row.strip("| ").split(" | ")[0], col) for row in md[4:]
+                for col, cell in zip(columns, row.strip("| ").split(" | ")[1:]) if cell.startswith("**")}
+    gs = group_runs(runs)
+    rows = summary_rows(gs, Layout.of(gs))
+    header, body = rows[0], rows[1:]
+    acc, alpha, lr = next(i for i, h in enumerate(header) if h.endswith("accuracy %")), header.index("alpha"), header.index("lr")
+    in_report = {(r[0], f"alpha={r[alpha]}, lr={r[lr]}") for r in body if r[acc].startswith("**")}
+    assert in_table == in_report == {("fedavg", "alpha=0.1, lr=0.001"), ("fedavg", "alpha=1, lr=0.01")}
+
+
 def test_long_labels_stay_distinct():
     """Four settings of one method vary: each label is longer than MAX_LABEL. Cut short, the groups that differ
     only past the cut shared a label, a line style and a legend entry; wrapped, each keeps its own."""
@@ -136,7 +165,8 @@ def test_a_group_with_diverged_seeds_says_so_and_is_not_the_best():
     header, body = rows[0], {r[0]: r for r in rows[1:]}
     acc, seeds = next(i for i, h in enumerate(header) if h.endswith("accuracy %")), header.index("seeds")
     assert body["fedavg"][acc] == "90.00 (1 of 2 seeds diverged; the mean is of the others)" and body["fedavg"][seeds] == "2"
-    assert body["fedprox"][acc] == "**70.00 ± 0.00**"  # a std of 0 over two seeds is shown, not dropped
+    # A std of 0 over two seeds is shown, not dropped; not bold: the one whole result is nobody's winner (as table.md).
+    assert body["fedprox"][acc] == "70.00 ± 0.00"
     assert body["fedprox"][header.index("bytes up (total)")] == "2"  # (1 + 2) / 2, rounded rather than cut
     assert _fmt(1.0) == "1.00"
 

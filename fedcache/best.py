@@ -1,0 +1,46 @@
+"""Which result is marked the best: one rule for table.md, the report's results table and its figures' star, so
+the three never mark different results among the same numbers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+from fedcache.spec import is_option, option
+
+# Settings that change the data a method sees: comparisons across them are not like for like. The report draws one
+# panel per combination of their values; table.md's columns combine them with the methods' own settings.
+PANEL_KEYS = ("split", "grid", "dataset", "backbones", "partition", "clients", "alpha", "shards", "few_shot", "subsample",
+              "class_budget", "clients_per_domain", "classes_per_client", "repeat_rate", "fraction", "local_test",
+              "local_test_mix", "run")
+DIGITS = 2  # both tables print a mean with two decimals: results that print the same number tie
+
+
+def is_panel_key(key: str) -> bool:
+    """``alpha`` and its qualified spelling ``partition.alpha`` (a grid with perfedavg, whose own ``alpha``
+    makes the short key ambiguous) split the figures alike."""
+    return key in PANEL_KEYS or (is_option(key) and option(key).name in PANEL_KEYS)
+
+
+@dataclass(frozen=True)
+class Result:
+    where: Hashable  # the values of the data settings (the report's panel): a result competes only inside its own
+    mean: float | None
+    whole: bool  # every seed has a result of the last round: none diverged, was stopped early or is still to run
+
+
+def best_marks(results: list[Result]) -> list[bool]:
+    """Whether each result is the best of its data setting: the highest mean, as printed, of the whole results there,
+    where two or more whole results compare (a lone result is nobody's winner). Ties are all marked.
+
+    Per data setting, not per column of table.md: a column there is a data setting and one value of each swept
+    method setting (lr, mu), and marking each column made every lr value a contest of its own, so one data setting
+    had as many bests as lr values; the report's table (one row per method and setting) and its figures' star
+    compare everything one panel holds. A method's own settings are part of what is compared; the data is not.
+    A mean of fewer seeds, or of an earlier round, would flatter: such a result ("k of n seeds") is never marked,
+    and is no contender either."""
+    contenders: dict[Hashable, list[float]] = {}
+    for r in results:
+        if r.whole and r.mean is not None:
+            contenders.setdefault(r.where, []).append(round(r.mean, DIGITS))
+    top = {where: max(means) for where, means in contenders.items() if len(means) > 1}
+    return [r.whole and r.mean is not None and round(r.mean, DIGITS) == top.get(r.where) for r in results]
