@@ -317,7 +317,7 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path, fewer_s
             continue
         path = fig_dir / name
         disk.write_atomic(path, fig.png, "the report's figure")
-        out.append(Section(title, text, image=path, labels=fig.labels))
+        out.append(Section(title, text + fig.note, image=path, labels=fig.labels))
     return out
 
 

@@ -34,6 +34,7 @@ YLABEL_CHARS = 34  # characters per line of a panel's y label: about the height 
 class Figure:
     png: bytes
     labels: list[str]  # each line of every label drawn
+    note: str = ""  # for the caption: the lines drawn as one because they coincide, named
 
 
 def _png(fig) -> bytes:
@@ -87,6 +88,18 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
         for ax in axes[:, 0]:
             ax.set_ylabel("")
         fig.supylabel(text, fontsize=10)
+    unique = _legend(fig, axes, layout, groups, cols, width)
+    # After the legend, which keeps each label's own line style: a shared line's dashes would read as a third style.
+    same: dict[str, list[str]] = {}
+    for ax, panel in zip(axes.flat, panels):
+        for names in _coinciding(ax):
+            same.setdefault(names, []).append(layout.panel_title(panel))
+    lines = [line for label in labels + unique for line in label.splitlines()]  # a label may be wrapped
+    return Figure(_png(fig), list(dict.fromkeys(lines)), _same_note(same, len(panels)))
+
+
+def _legend(fig, axes, layout: Layout, groups: list[Group], cols: int, width: float) -> list[str]:
+    """One legend under the panels, each label once; returns the labels."""
     handles = [h for ax in axes.flat for h in ax.get_legend_handles_labels()[0]]
     names = [n for ax in axes.flat for n in ax.get_legend_handles_labels()[1]]
     unique = dict(zip(names, handles))
@@ -97,8 +110,47 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
     if unique:
         fig.legend(unique.values(), unique.keys(), loc="outside lower center",
                    ncols=max(1, min(len(unique), int(3 * cols * width))), fontsize=8, frameon=False)
-    lines = [line for label in labels + list(unique) for line in label.splitlines()]  # a label may be wrapped
-    return Figure(_png(fig), list(dict.fromkeys(lines)))
+    return list(unique)
+
+
+SAME = 0.004  # of a panel's width and height: about a pixel of its axes, within which two lines draw as one
+DASH = 6.0  # points: each colour's stretch of a shared line (about 8 px; a bytes figure's faint "down" line in step)
+
+
+def _coinciding(ax) -> list[str]:
+    """Lines of one kind (width and alpha) that coincide, every point within SAME, hid all but the last drawn, and
+    the legend named them all: each is redrawn in dashes that leave gaps for the others' (at their true values, no
+    offset), so every colour shows along the shared line. Returns each set's names, "a = b" (lines named by gid)."""
+    ax.get_xlim(), ax.get_ylim()  # the limits autoscaling chose: the axes fractions below are of the drawn panel
+    to_axes = ax.transScale + ax.transLimits  # log and symlog axes included: a pixel is a pixel
+    sets: list[list] = []
+    for line in ax.get_lines():
+        x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        if line.get_gid() is None or line.get_transform() != ax.transData or len(x) < 2:
+            continue  # halving cuts, end markers and stars are no series
+        xy, kind = to_axes.transform(np.column_stack([x, y])), (line.get_linewidth(), line.get_alpha())
+        match = next((s for s in sets if s[0][1] == kind and s[0][2].shape == xy.shape
+                      and np.abs(s[0][2] - xy).max() <= SAME), None)
+        if match is None:
+            match = []
+            sets.append(match)
+        match.append((line, kind, xy))
+    named = []
+    for s in (s for s in sets if len(s) > 1):
+        for i, (line, _, _) in enumerate(s):
+            dash = DASH / line.get_linewidth()  # matplotlib scales dashes by the width: thin and thick lines in step
+            line.set_linestyle((i * dash, (dash, (len(s) - 1) * dash)))
+        named.append(" = ".join(dict.fromkeys(line.get_gid().replace("\n", " ") for line, _, _ in s)))
+    return list(dict.fromkeys(n for n in named if " = " in n))
+
+
+def _same_note(same: dict[str, list[str]], panels: int) -> str:
+    """The caption's words for the lines drawn as one: which, and in which panels where not in all."""
+    if not same:
+        return ""
+    where = lambda titles: "" if len(titles) == panels else f" ({'; '.join(titles)})"  # noqa: E731
+    return (" Lines that coincide share one path in alternating dashes of their colours: "
+            + ", ".join(f"{names}{where(titles)}" for names, titles in same.items()) + ".")
 
 
 def _curves(key: str, ylabel: str) -> Callable:
@@ -110,7 +162,7 @@ def _curves(key: str, ylabel: str) -> Callable:
                 continue
             label, st = layout.label(g), styles[layout.label(g)]
             ax.plot(x, mean, st.linestyle, color=st.color, marker=st.marker, markevery=max(1, len(x) // 8), ms=4,
-                    lw=1.4, label=label)
+                    lw=1.4, label=label, gid=label)
             ax.fill_between(x, mean - std, mean + std, color=st.color, alpha=0.12, lw=0)
             if g.stopped_at is not None or len(x) == 1:  # where a curve ends early; one point alone draws no line
                 ax.plot(x[-1:], mean[-1:], st.marker or "o", color=st.color, ms=5, mec="black", mew=0.5)
@@ -252,7 +304,7 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
                 per_round = np.diff(np.r_[0, total]) / np.diff(np.r_[0, x])
                 drawn.append(per_round)
                 ax.plot(x, per_round, st.linestyle, color=st.color, lw=width, alpha=alpha,
-                        label=label if key == "bytes_up" else None)
+                        label=label if key == "bytes_up" else None, gid=label)
     # symlog: methods send bytes of different orders and a first round may send none down; within one decade
     # it draws no tick at all, so the figure could not be read, and a linear axis from 0 serves.
     values = np.concatenate(drawn) if drawn else np.zeros(0)

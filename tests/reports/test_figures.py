@@ -126,3 +126,32 @@ def test_the_best_bars_star_stays_inside_its_panel_and_the_grid_behind_the_bars(
     (star,) = [t for t in ax.texts if t.get_text() == figures.BEST]
     assert star.get_window_extent().y1 <= ax.get_window_extent().y1, "the star runs past the panel's top"
     assert ax.get_axisbelow() is True
+
+
+def _pixels(png: bytes, colour) -> int:
+    """How many pixels of ``png`` are ``colour`` (antialiased edges aside)."""
+    import io
+
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    from matplotlib.image import imread
+
+    rgb = imread(io.BytesIO(png))[..., :3]
+    return int((np.abs(rgb - np.array(to_rgb(colour))).max(-1) < 0.03).sum())
+
+
+@pytest.mark.parametrize("draw", [figures.bytes_per_round, figures.accuracy_per_round])
+def test_lines_that_coincide_all_show_and_are_named(draw):
+    """fedavg and fedprox send the same bytes: fedprox's line was drawn over fedavg's, which left a legend entry and
+    no line (mu=0 makes their accuracy the same too)."""
+    gs = [group(*(run(m, "1e-3", s, [30.0 + r for r in range(8)]) for s in (0, 1))) for m in ("fedavg", "fedprox")]
+    gs.append(group(*(run("fedproto", "1e-3", s, [60.0 + r for r in range(8)]) for s in (0, 1))))
+    for r in gs[2].runs:  # fedproto sends other bytes
+        r.history = [{**line, "bytes_up": 300 * line["round"], "bytes_down": 300 * line["round"]} for line in r.history]
+    layout = Layout.of(gs)
+    blue = layout.styles(gs)["fedavg"].color
+    alone = _pixels(draw(gs[:1], Layout(layout.fixed, (), (), ("fedavg",), "test")).png, blue)
+    both = draw(gs, layout)
+    assert _pixels(both.png, blue) > 0.3 * alone, "fedavg's line is hidden under fedprox's"
+    assert "fedavg = fedprox" in both.note and "fedproto" not in both.note
+    assert draw(gs[1:], Layout.of(gs[1:])).note == ""  # nothing coincides: nothing to say
