@@ -79,6 +79,15 @@ class EntryLockedError(StoreError):
     """Another process is writing the same entry."""
 
 
+class DamagedFileError(FedcacheError, ValueError):
+    """A file fedcache wrote (a run's summary.json, a grid's cell.json) is not what it wrote: torn by a crash of an
+    older version that wrote it in place, or edited by hand. The message names the file and what to do."""
+
+    def __init__(self, path, problem: str, advice: str) -> None:
+        super().__init__(f"{path} is damaged ({problem}; torn by an interrupted write, or edited by hand?); {advice}")
+        self.path, self.problem = path, problem
+
+
 class DirectoryBusyError(FedcacheError):
     """Another fedcache command is writing the directory (a run's, a grid's); the message names it."""
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from fedcache import disk
 from fedcache.best import Result, best_marks
+from fedcache.errors import DamagedFileError
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
-from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
+from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs, read_json
 from fedcache.store.locks import exclusive_lock
 from fedcache.wording import count
 
@@ -99,13 +100,31 @@ def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section]
         log.warning("%s", unfinished.replace("**", "").strip())
     sections = [Section("Results", unfinished + _results_text(root, runs, groups, layout),
                         table=summary_rows(groups, layout))]
-    sections += _selection_sections(Path(root))
-    sections += _paper_sections(Path(root))
+    sections += _optional(Path(root) / SELECTION, _selection_sections, "Chosen on validation, then tested",
+                          "run the same `fedcache grid` command again, which writes it again")
+    sections += _optional(Path(root) / PAPER, _paper_sections, "Paper vs fedcache",
+                          "run the same `fedcache reproduce` command again, which writes it again")
     scored = [g for g in groups if g.runs]  # a group whose every seed diverged has nothing to draw
     sections += _figure_sections(scored, layout, fig_dir, _fewer_seeds(groups, layout))
     sections += _partition_sections(scored, layout, fig_dir)
-    sections += _contribution_sections(Path(root), fig_dir)
+    sections += _optional(Path(root) / CONTRIBUTION, lambda d: _contribution_sections(d, fig_dir),
+                          "FedPCL: which backbone each client leans on", "run `fedcache demo` again, which writes it again")
     return sections, f"fedcache report: {Path(root).resolve().name}"
+
+
+def _optional(path: Path, build, title: str, advice: str) -> list[Section]:
+    """The sections ``build`` makes of the JSON file at ``path``, a part the report can go on without: a torn or
+    hand-edited one is a warning naming it, and a section of that title saying the part is missing and why."""
+    if not path.exists():
+        return []
+    try:
+        return build(read_json(path, advice))
+    except DamagedFileError as exc:
+        damaged = exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not of the shape written
+        damaged = DamagedFileError(path, f"not as fedcache writes it: {type(exc).__name__}: {exc}", advice)
+    log.warning("%s; the report goes on without it", damaged)
+    return [Section(f"{title}: missing", f"**Not shown: {damaged}.**")]
 
 
 def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layout) -> str:
@@ -119,7 +138,13 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
             f"'# of Comm Params'); seconds is a run's wall time, and cells the batched engine trained together each show "
             f"their batch's; in bold the best accuracy of each panel setting, where two results or more ran every seed to the "
-            f"end (table.md marks the same).{warn}")
+            f"end (table.md marks the same).{warn}{_cut_short(runs)}")
+
+
+def _cut_short(runs: list[Run]) -> str:
+    """Runs whose per-round metrics are cut short: their table row holds, their curves (and their group's) stop early."""
+    cut = [r.missing for r in runs if r.missing]
+    return f" **Metrics cut short (torn or edited): {'; '.join(cut)}.**" if cut else ""
 
 
 def _unfinished(root: Path, runs: list[Run]) -> str:
@@ -199,13 +224,9 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     return rows
 
 
-def _selection_sections(root: Path) -> list[Section]:
+def _selection_sections(sel: dict) -> list[Section]:
     """A --select grid's choices (selection.json): per method and setting, the value chosen on validation and
     every candidate's validation score, so a test result is read beside the value it was run with."""
-    path = root / SELECTION
-    if not path.exists():
-        return []
-    sel = json.loads(path.read_text())
     skip = {"method", "chosen", "validation_score", "candidates", "cuts", "full_rounds", "revived"}
     keys = list(dict.fromkeys(k for c in sel["choices"] for k in c if k not in skip))
     # Only the settings that tell choices apart: the fixed ones (partition, clients, rounds, ...) are in the results'
@@ -235,11 +256,8 @@ def _stop_note(candidate: dict, choice: dict) -> str:
     return f" at round {at}" if at is not None and at != choice.get("full_rounds") else ""
 
 
-def _paper_sections(root: Path) -> list[Section]:
-    path = root / PAPER
-    if not path.exists():
-        return []
-    paper = json.loads(path.read_text())
+def _paper_sections(paper: dict) -> list[Section]:
+    """paper.json (fedcache reproduce): the paper's numbers beside fedcache's."""
     rows = [["what", "paper", "fedcache", "note"]]
     for r in paper["rows"]:
         rows.append([r["what"], _fmt(r.get("paper")), _fmt(r.get("fedcache")), r.get("note", "")])
@@ -345,16 +363,13 @@ def _partition_sections(groups: list[Group], layout: Layout, fig_dir: Path) -> l
     return out
 
 
-def _contribution_sections(root: Path, fig_dir: Path) -> list[Section]:
-    path = root / CONTRIBUTION
-    if not path.exists():
-        return []
+def _contribution_sections(d: dict, fig_dir: Path) -> list[Section]:
+    """contribution.json (the demo's FedPCL run): the backbone heatmap."""
     import numpy as np
 
     from fedcache.reports.contribution import Contribution
     from fedcache.reports.heatmap import plot_contribution
 
-    d = json.loads(path.read_text())
     c = Contribution(np.array(d["scores"]), d["clients"], d["backbones"])
     png = plot_contribution(c, fig_dir / "backbone-heatmap.png")
     return [Section("FedPCL: which backbone each client leans on (paper Figure 4)", d.get("text", ""), image=png)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcache.disk import log_lines
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SELECTION, SUMMARY
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,7 @@ class Run:
     history: list[dict]
     config: dict
     setting: dict = field(default_factory=dict)  # swept values (grid cells), seed excluded
+    missing: str = ""  # what the report lacks of this run (its metrics.jsonl cut short), said beside the results
 
     @property
     def label(self) -> str:
@@ -150,18 +151,79 @@ def _grid_setting(r: Run) -> dict:
     return {"grid": grid.name, **r.setting}
 
 
+# A run's own files are rewritten by running it again: a grid runs a cell again once its folder is gone.
+REDO_RUN = ("delete the folder {folder} and run the same `fedcache train` or `fedcache grid` command again (a grid runs "
+            "that cell again), or move the folder out to report the others")
+
+
+def read_json(path: Path, advice: str, problem=lambda value: "" if isinstance(value, dict) else "not a JSON object"):
+    """``path``'s JSON, checked by ``problem`` (what is wrong with it, or ""); a torn or hand-edited file raises
+    DamagedFileError, one line naming it and ``advice``, where it would be a traceback further on."""
+    try:
+        value = json.loads(path.read_bytes())
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError of bytes cut inside a character
+        raise DamagedFileError(path, f"not JSON: {exc}", advice) from None
+    wrong = problem(value)
+    if wrong:
+        raise DamagedFileError(path, wrong, advice)
+    return value
+
+
+def _summary_problem(value) -> str:
+    """A summary is a JSON object naming its method: the report labels and groups runs by it."""
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    return "" if isinstance(value.get("method"), str) else "no \"method\" in it"
+
+
+def _rungs_problem(value) -> str:
+    """rungs.json: a summary per round a halving grid paused the run at, keyed by that round."""
+    if not isinstance(value, dict) or not value:
+        return "not a JSON object of rounds"
+    if not all(k.isdigit() for k in value):
+        return "a key that is not a round"
+    return next(filter(None, map(_summary_problem, value.values())), "")
+
+
+def _run_json(path: Path, name: str, problem=None) -> dict:
+    """A run's ``name`` file ({} where it has none)."""
+    if not (path / name).exists():
+        return {}
+    advice = REDO_RUN.format(folder=path)
+    return read_json(path / name, advice, problem) if problem else read_json(path / name, advice)
+
+
 def _read(path: Path) -> Run:
-    summary = json.loads((path / SUMMARY).read_text()) if (path / SUMMARY).exists() else _stopped(path)
-    history = log_lines((path / METRICS).read_text())  # a line torn by a crash is no round
-    config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).exists() else {}
-    cell = json.loads((path / CELL).read_text()) if (path / CELL).exists() else {}
-    return Run(path, summary, history, config, cell.get("setting", {}))
+    summary = _run_json(path, SUMMARY, _summary_problem) or _stopped(path)
+    # A line torn by a crash is no round; bytes cut inside a character are one such line.
+    history = log_lines((path / METRICS).read_text(errors="replace"))
+    run = Run(path, summary, history, _run_json(path, CONFIG), _setting(path))
+    run.missing = _cut_short(run)
+    return run
+
+
+def _setting(path: Path) -> dict:
+    cell = _run_json(path, CELL)
+    if not isinstance(cell.get("setting", {}), dict):
+        raise DamagedFileError(path / CELL, "its \"setting\" is not a JSON object", REDO_RUN.format(folder=path))
+    return cell.get("setting", {})
+
+
+def _cut_short(run: Run) -> str:
+    """What a finished run's metrics.jsonl lacks: cut short (by hand, or an older version's torn file), its curves
+    stop early; said, since the report can go on with the summary's figures."""
+    rounds = run.summary.get("rounds")  # a run halving stopped: the round it stopped at
+    last = max((line["round"] for line in run.history), default=0)
+    if not isinstance(rounds, int) or last >= rounds:
+        return ""
+    log.warning("%s holds rounds up to %d of the run's %d (cut short); its group's curves in the report stop there",
+                run.path / METRICS, last, rounds)
+    return f"{run.path / METRICS} holds rounds up to {last} of {rounds}: its group's curves stop there"
 
 
 def _diverged(path: Path) -> Run:
-    cell = json.loads((path / CELL).read_text())
-    config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).exists() else {}
-    return Run(path, {"method": cell["method"], "diverged": True}, [], config, cell.get("setting", {}))
+    cell = _run_json(path, CELL, _summary_problem)  # a diverged cell is named by its cell.json's method
+    return Run(path, {"method": cell["method"], "diverged": True}, [], _run_json(path, CONFIG), _setting(path))
 
 
 def unscored(r: Run) -> bool:
@@ -181,13 +243,13 @@ def _training_past_its_rung(path: Path) -> bool:
     stopped at its last rung as a candidate that was cut there is."""
     if any((path / name).exists() for name in (SUMMARY, DIVERGED)) or not (path / METRICS).exists():
         return False  # finished; or diverged after its rung, which _stopped says
-    last = max(map(int, json.loads((path / RUNGS).read_text())), default=0)
-    return any(line["round"] > last for line in log_lines((path / METRICS).read_text()))
+    last = max(map(int, _run_json(path, RUNGS, _rungs_problem)), default=0)
+    return any(line["round"] > last for line in log_lines((path / METRICS).read_text(errors="replace")))
 
 
 def _stopped(path: Path) -> dict:
     """A run successive halving stopped early: its summary at the last round it reached, marked so."""
-    rungs = json.loads((path / RUNGS).read_text())
+    rungs = _run_json(path, RUNGS, _rungs_problem)
     last = max(rungs, key=int)
     diverged = {"diverged": True} if (path / DIVERGED).exists() else {}  # after its last rung, on its way to the next
     return {**rungs[last], "stopped_at": int(last), **diverged}
