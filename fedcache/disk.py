@@ -131,16 +131,18 @@ def discard(paths: Iterable[Path]) -> None:
                 p.unlink()
 
 
-def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: str = AGAIN, check: bool = False) -> None:
+def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: str = AGAIN, check: bool = False,
+                 mode: int = FILE_MODE) -> None:
     """``data`` into ``path`` through a temporary file renamed over it: a reader sees the old file or the new one,
-    never a part. ``check``: compare the size with the free space first (worth it for large files)."""
+    never a part. ``check``: compare the size with the free space first (worth it for large files). ``mode``: a
+    narrower one (0o600, a private key) for a file that must never be readable by others."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if check:
         check_space(path, len(data), what, advice)
     with on_full_disk(path, what, len(data), remove=[tmp], advice=advice):
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            fd = _create(tmp, mode)
             try:
                 write_all(fd, data)
             finally:
@@ -149,6 +151,15 @@ def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: 
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def _create(tmp: Path, mode: int) -> int:
+    """The temporary file, open to write. A private one is a new file, private from its first byte: an old one
+    (of a write that was killed) may have been opened by another user, who would read what is written into it."""
+    if mode == FILE_MODE:
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp.unlink(missing_ok=True)
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
 
 
 def write_text(path: Path | str, text: str, what: str, advice: str = AGAIN) -> None:

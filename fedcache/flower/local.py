@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedcache import disk
 from fedcache.errors import FedcacheError
 from fedcache.flower.config import SERVER_ENV, FlowerRun
 from fedcache.flower.shard import SERVER
@@ -73,19 +74,18 @@ def self_signed(directory: Path | str) -> Certs:
     cert = build(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]), key.public_key(), False)
     pem = serialization.Encoding.PEM
     paths = Certs(directory / "ca.crt", directory / "server.pem", directory / "server.key")
-    paths.ca.write_bytes(ca.public_bytes(pem))
-    paths.cert.write_bytes(cert.public_bytes(pem))
+    # Each whole or not at all (a full disk): a certificate cut short is read as a bad one, not as a full disk.
+    disk.write_atomic(paths.ca, ca.public_bytes(pem), "the loopback CA certificate")
+    disk.write_atomic(paths.cert, cert.public_bytes(pem), "the SuperLink's certificate")
     _write_private(paths.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return paths
 
 
 def _write_private(path: Path, data: bytes) -> None:
     """A private key, unencrypted: created readable by its owner only (written 0644 and then chmod-ed, another user
-    could open it in between and read it through that descriptor later); an existing one is replaced by a new file."""
-    path.unlink(missing_ok=True)  # a descriptor another user holds on the old file never sees the new key
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+    could open it in between and read it through that descriptor later), whole or not at all. The new key is a new
+    file renamed over the old one: a descriptor another user holds on the old file never sees the new key."""
+    disk.write_atomic(path, data, "the private key", mode=0o600)
 
 
 def node_keys(directory: Path, name: str) -> tuple[Path, Path]:
@@ -98,7 +98,8 @@ def node_keys(directory: Path, name: str) -> tuple[Path, Path]:
     private, public = directory / name, directory / f"{name}.pub"
     _write_private(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                               serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+    disk.write_atomic(public, key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH),
+                      "the SuperNode's public key")
     return private, public
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tomli_w
 
-from fedcache import __version__
+from fedcache import __version__, disk
 from fedcache.flower.config import FlowerRun
 from fedcache.paths import writable_dir
 
@@ -31,7 +31,8 @@ def write_app(directory: Path | str, run: FlowerRun | None = None) -> Path:
         }}},
     }
     path = directory / "pyproject.toml"
-    path.write_text(tomli_w.dumps(project))
+    # Whole or not at all: `flwr run` reads a pyproject.toml cut at a line's end as a complete one.
+    disk.write_text(path, tomli_w.dumps(project), "the Flower App's project file")
     return path
 
 

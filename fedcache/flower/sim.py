@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedcache import errors
-from fedcache.errors import ConfigError, FedcacheError
+from fedcache import disk, errors
+from fedcache.errors import ConfigError, DiskFullError, FedcacheError
 from fedcache.training import check_not_a_cell, owned, partition_request
 from fedcache.federate.rundir import RunDir
 from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
@@ -71,7 +71,7 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
-        request.write_text(json.dumps(ask))
+        disk.write_text(request, json.dumps(ask), "the Flower simulation's request")
         # Its own session: Ctrl-C reaches the caller only, which interrupts the child once (a second SIGINT would
         # break Flower's and Ray's shutdown half-way).
         child = subprocess.Popen([sys.executable, "-m", "fedcache.flower.sim", str(request), str(answer)],
@@ -221,7 +221,12 @@ def _child(request: Path, answer: Path) -> int:
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:
         _end_interrupted()
-    answer.write_text(json.dumps(reply))
+    # Whole or not at all: its caller reads an answer that exists, and one cut short by a full disk was a traceback.
+    try:
+        disk.write_text(answer, json.dumps(reply), "the Flower simulation's answer")
+    except DiskFullError as err:  # the caller, finding no answer, points at this line
+        log.error("%s", err)
+        return 1
     return 0
 
 
