@@ -164,8 +164,9 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
         rows = dict(zip(step, table.to_records()))
         for c, row in rows.items():
             g, at = stops[c]
-            # A swept ``rounds`` is the cell's setting, not the round a paused summary reached (that is stopped_at).
-            last[c] = {**row, **dict(c.setting), "stopped_at": at or g.rounds}
+            # ``rounds`` is the cell's setting (its full rounds), not the round a paused summary reached: that is
+            # stopped_at, and table.md tells a cut candidate by stopped_at < rounds (it is never marked best).
+            last[c] = {**row, "rounds": g.rounds, **dict(c.setting), "stopped_at": at or g.rounds}
         reached = [(g, g.stop, len(g.revivals)) for g in live]
         for g in live:
             g.cut(rows, metric)

@@ -9,6 +9,8 @@ import shutil
 
 import pytest
 
+import fedcache
+
 from fedcache.errors import ConfigError
 from fedcache.grids.halving import Group, rungs
 from fedcache.grids.spec import Cell
@@ -263,6 +265,20 @@ def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tm
     assert "Dotted vertical lines: the rounds at which --prune halving cut candidates" in md
     assert "a cut of successive halving" in paths.html.read_text()  # the legend entry of the rung lines
     assert "lr=0.0001: 0.50 at round 1" in md  # a cut candidate's score says its round
+
+
+def test_table_md_never_marks_a_cut_candidate_best(toy_store, tmp_path, ordered):
+    """A paused cell's summary says the round it reached: with rounds not an axis, a cut candidate's row read as a
+    whole run (stopped_at == rounds), and validation/table.md bolded it where the report marks none."""
+    from fedcache.api import grid
+
+    sweep = {k: v for k, v in kw(toy_store, tmp_path)["sweep"].items() if k != "rounds"}  # rounds: train's default
+    grid(**{**kw(toy_store, tmp_path / "g"), "sweep": sweep}, prune="halving")
+    rows = fedcache.Table.from_csv(tmp_path / "g" / "validation" / "results.csv").to_records()
+    # The group stops at one candidate (round 17 of 50): no candidate ran the full rounds, so none is whole.
+    assert all(int(r["stopped_at"]) < 50 and int(r["rounds"]) == 50 for r in rows)
+    table = (tmp_path / "g" / "validation" / "table.md").read_text()
+    assert "10.50 (0.71)" in table and "**" not in table, table
 
 
 @pytest.mark.parametrize("given, message", [
