@@ -21,8 +21,8 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -644,9 +644,11 @@ class FeatureStore:
         # Deleted in place, an entry went file by file in directory order: stopped midway (Ctrl-C, kill), it was
         # left without its rows while its zarr.json still said complete. One rename out of its folder takes it from
         # every reader at once; the files are deleted after, and what a stopped removal left, by the next one.
+        # Renamed straight to a name of its own: a folder made first to rename into was empty for a moment, and a
+        # concurrent removal's sweep below deleted it, so this rename failed (FileNotFoundError).
         trash = self.path / REMOVING
         trash.mkdir(exist_ok=True)
-        os.rename(self.path / kind / entry_id, Path(tempfile.mkdtemp(dir=trash)) / entry_id)
+        os.rename(self.path / kind / entry_id, trash / f"{entry_id}.{secrets.token_hex(8)}")
         self.bad_images_path(entry_id).unlink(missing_ok=True)
         for left in trash.iterdir():
             shutil.rmtree(left, ignore_errors=True)  # another process's removal may be deleting it too

@@ -242,3 +242,26 @@ def test_a_removal_stopped_midway_leaves_no_entry_that_looks_complete(store_path
     again.remove(kept.entry_id)  # and the next removal clears what the stopped one left
     assert sorted(p.name for p in store_path.iterdir() if p.name.startswith(".") and p.name != ".locks") in ([], [".removing"])
     assert not any((store_path / ".removing").glob("*"))
+
+
+def test_two_removals_at_once_both_remove_their_entry(store_path, monkeypatch):
+    """A removal made an empty folder under .removing/ to rename its entry into; another removal's sweep between
+    the two deleted that folder, and the rename failed with FileNotFoundError, the entry left in place."""
+    import os
+
+    store = FeatureStore(store_path)
+    first, second = key("w1"), key("w2", domain="other")
+    for k in (first, second):
+        write_all(store, k, np.ones((4, 3), np.float32), np.zeros(4, int))
+    real, interleaved = os.rename, []
+
+    def other_removal_first(src, dst):  # the other command's whole removal runs just before this rename
+        if not interleaved:
+            interleaved.append(True)
+            FeatureStore(store_path).remove(second.entry_id)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", other_removal_first)
+    store.remove(first.entry_id)
+    monkeypatch.undo()
+    assert FeatureStore(store_path).entries() == [] and not any((store_path / ".removing").glob("*"))
