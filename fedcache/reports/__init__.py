@@ -122,7 +122,10 @@ def _optional(path: Path, build, title: str, advice: str) -> list[Section]:
     except DamagedFileError as exc:
         damaged = exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not of the shape written
-        damaged = DamagedFileError(path, f"not as fedcache writes it: {type(exc).__name__}: {exc}", advice)
+        # Raised while the part is built, so it may also be a bug of the report's: the traceback is kept (DEBUG).
+        log.debug("building the part of %s failed", path, exc_info=True)
+        damaged = DamagedFileError(path, f"not as fedcache writes it, or not read as written: {type(exc).__name__}: "
+                                         f"{exc}", advice)
     log.warning("%s; the report goes on without it", damaged)
     return [Section(f"{title}: missing", f"**Not shown: {damaged}.**")]
 
