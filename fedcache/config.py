@@ -409,8 +409,9 @@ def _read(label: str, value: Any, reader: Reader, base: Any) -> Any:
         return value
     try:
         return reader.read(value)
-    except ValueError as exc:
-        raise ConfigError(f"{label}={value!r}: {exc}") from None
+    except ValueError as exc:  # a repeated flag's list: the message names the item that is wrong
+        shown = label if isinstance(value, (list, tuple)) else f"{label}={value!r}"
+        raise ConfigError(f"{shown}: {exc}") from None
 
 
 def _bool(value: Any) -> bool:

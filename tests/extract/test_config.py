@@ -30,7 +30,7 @@ def test_text_and_python_values_give_the_same_settings():
     (dict(image_noise="uniform,1,0.5"), "--image-noise='uniform': must be one of gaussian, laplace"),
     (dict(image_noise="gaussian,1"), "--image-noise='gaussian,1': expected 3 comma-separated values"),
     (dict(part="2/2"), "--part='2/2': expected i/n, the i-th of n parts"),
-    (dict(weights=["resnet18-birds"]), "--weights=['resnet18-birds']: expected NAME=PATH"),
+    (dict(weights=["resnet18-birds"]), "--weights: expected NAME=PATH (e.g. resnet18-quickdraw=ckpt/quickdraw.pth), got 'resnet18-birds'"),
     (dict(backbones=""), "--backbones needs at least one name"),
     (dict(colour="red"), "unknown option(s) colour"),
 ])
