@@ -209,19 +209,21 @@ class GridSpec:
 
     def _check_select(self) -> None:
         """Said now, not after the cells it tunes on (or the first cell to track) have run."""
-        n = self.names
+        n, given = self.names, list(self.select)
+        lead = n.lead("select", given)  # as the user wrote it: a short name may stand for a qualified axis
         self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
-        _check_once(n.lead("select", self.select), self.select)  # and the corrected one refused as another grid
+        _check_once(lead, self.select)  # and the corrected one refused as another grid
         example = f"e.g. {n.add_axis('lr', ['1e-3', '1e-2'])} and {n.add('select', ['lr'])}"
         unknown = [k for k in self.select if k not in self.sweep]
         if unknown:
-            raise ConfigError(f"{n.lead('select', unknown)}: not an axis of this grid (axes: {', '.join(self.sweep) or 'none'}); "
-                              f"give the values to choose from as an axis, {example}")
+            raise ConfigError(f"{lead}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not an axis of this "
+                              f"grid (axes: {', '.join(self.sweep) or 'none'}); give the values to choose from as an "
+                              f"axis, {example}")
         single = [k for k in self.select if len(self.sweep[k]) == 1]
         if single:  # a validation stage with nothing to choose would double the grid's work for no choice
             k = single[0]
-            raise ConfigError(f"{n.lead('select', [k])}: {k} has one value ({self.sweep[k][0]}), so there is nothing to "
-                              f"choose; give the values to choose from ({n.add_axis(k, ['v1', 'v2'])}) or drop {n.key('select')}")
+            raise ConfigError(f"{lead}: {k} has one value ({self.sweep[k][0]}), so there is nothing to choose; give "
+                              f"the values to choose from ({n.add_axis(k, ['v1', 'v2'])}) or drop {n.key('select')}")
 
     def _check_setting_axes(self) -> None:
         """An axis over a method setting that some methods of the grid lack (fedprox's mu in a grid with fedavg)

@@ -93,7 +93,7 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
 def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
     from fedcache.api import grid
 
-    with pytest.raises(ConfigError, match="--select=mu: not an axis"):
+    with pytest.raises(ConfigError, match="--select=mu: mu is not an axis"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], sweep=SWEEP, out=tmp_path / "g",
              select=["mu"])
 

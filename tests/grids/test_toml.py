@@ -71,7 +71,7 @@ CASES = [
     ("a dataset not in the store", BASE + "dataset = 'nope'\n" + RUN, "features of nope"),
     # how it runs
     ("select = 5", BASE + "select = 5\n", "grid file {path}: select=5: expected text"),
-    ("select of no axis", BASE + "select = ['lr']\n" + RUN, 'grid file {path}: select=["lr"]: not an axis of this grid'),
+    ("select of no axis", BASE + "select = ['lr']\n" + RUN, 'grid file {path}: select=["lr"]: lr is not an axis of this grid'),
     ("track = 5", BASE + "track = 5\n", "grid file {path}: track=5: expected text"),
     ("an unknown tracker", BASE + "track = 'bogus'\n" + RUN, "--track bogus: unknown tracker"),
     ("keep_checkpoints = 'x'", BASE + "keep_checkpoints = 'x'\n", "grid file {path}: keep_checkpoints='x': must be one of last, none, all"),
