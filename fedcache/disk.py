@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Iterator
 
-from fedcache.errors import DiskFullError
+from fedcache.errors import DamagedFileError, DiskFullError
 
 # Files are made as open() makes them and the umask decides: in a store or run directory a group shares
 # (umask 002), what one user wrote (a chunk, a run's files, a lock) stays writable by the others.
@@ -209,3 +209,16 @@ def _torch_short_write(exc: BaseException, path: Path | str) -> bool:
         return False
     free = free_bytes(Path(path).parent)
     return free is not None and free < (1 << 20)
+
+
+def read_json(path: Path, advice: str, problem=lambda value: "" if isinstance(value, dict) else "not a JSON object"):
+    """``path``'s JSON, checked by ``problem`` (what is wrong with it, or ""); a torn or hand-edited file raises
+    DamagedFileError, one line naming it and ``advice``, where it would be a traceback further on."""
+    try:
+        value = json.loads(Path(path).read_bytes())
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError of bytes cut inside a character
+        raise DamagedFileError(path, f"not JSON: {exc}", advice) from None
+    wrong = problem(value)
+    if wrong:
+        raise DamagedFileError(path, wrong, advice)
+    return value

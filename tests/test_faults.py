@@ -295,3 +295,23 @@ def test_a_grid_cell_s_folder_name_fits_a_file_system_and_stays_its_own():
     for name in names:
         assert len(name) <= CELL_NAME_MAX and "/" not in name and name not in (".", "..") and not name.startswith(".")
     assert names[0].startswith("fedavg__set.note=xxx")
+
+
+def test_a_torn_file_of_a_run_or_a_grid_cell_is_one_line_naming_it(toy_store, tmp_path, capsys):
+    """An older fedcache wrote summary.json and config.json in place, and a user may edit them: a re-run that read
+    a torn one stopped with a JSONDecodeError traceback; it is one line naming the file and how to go on."""
+    grid = ["grid", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "1", "--set", "lr=0.1,0.01", "-o", tmp_path / "g"]
+    assert run_cli(grid, capsys)[0] == 0
+    summary = next((tmp_path / "g" / "cells").glob("*lr=0.1*")) / "summary.json"
+    summary.write_text(summary.read_text()[:20])
+    code, err = run_cli(grid, capsys)
+    line = one_error_line(err)
+    assert code == 1 and f"{summary} is damaged (not JSON" in line and "delete the cell's folder" in line, line
+    shutil.rmtree(summary.parent)
+    assert run_cli(grid, capsys)[0] == 0  # as the line says: that cell trains again
+    train = ["train", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "1", "-o", tmp_path / "r"]
+    assert run_cli(train, capsys)[0] == 0
+    (tmp_path / "r" / "config.json").write_text("{")
+    code, err = run_cli(train + ["--resume"], capsys)
+    line = one_error_line(err)
+    assert code == 1 and "config.json is damaged (not JSON" in line and f"delete the folder {tmp_path / 'r'}" in line, line

@@ -80,7 +80,11 @@ class RunDir:
     # ---- what the run computes --------------------------------------------------------------
     def config(self) -> dict | None:
         path = self.path / CONFIG
-        return json.loads(path.read_text()) if path.exists() else None
+        return disk.read_json(path, self._again) if path.exists() else None
+
+    @property
+    def _again(self) -> str:
+        return f"delete the folder {self.path} and run the same command again, which starts that run again"
 
     def write_config(self, config: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -118,7 +122,7 @@ class RunDir:
         return (self.path / SUMMARY).exists()
 
     def summary(self) -> dict:
-        return json.loads((self.path / SUMMARY).read_text())
+        return disk.read_json(self.path / SUMMARY, self._again)
 
     def finish(self, summary: dict, final: dict | None = None) -> None:
         """summary.json, last. ``final``: the finished run's own checkpoint where it trained in a stack (whose

@@ -5,7 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
-from fedcache.disk import write_text
+from fedcache.disk import read_json, write_text
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
@@ -44,7 +44,7 @@ def result_row(c: Cell, result, out: Path) -> dict:
     paused at), which marks the cell done up to that round as summary.json marks it finished."""
     if result.paused:
         path = out / RUNGS
-        rungs = json.loads(path.read_text()) if path.exists() else {}
+        rungs = read_json(path, _again(out)) if path.exists() else {}
         write_json(path, {**rungs, str(result.summary["rounds"]): result.summary})
     return row(c, result.summary, out)
 
@@ -72,9 +72,13 @@ def read_done(spec: GridSpec, c: Cell, stop: int | None = None) -> dict | None:
     # The row at a rung first: a cell that paused there and diverged on its way to the next had not diverged yet
     # (read as diverged at that rung, a re-run made other cuts than the run it continues).
     if stop is not None and rungs.exists():
-        paused = json.loads(rungs.read_text()).get(str(stop))
+        paused = read_json(rungs, _again(path.parent)).get(str(stop))
         if paused is not None:
             return row(c, paused, path.parent)
     if (path.parent / DIVERGED).exists():
         return diverged_row(c, path.parent)
-    return row(c, json.loads(path.read_text()), path.parent) if path.exists() else None
+    return row(c, read_json(path, _again(path.parent)), path.parent) if path.exists() else None
+
+
+def _again(cell: Path) -> str:
+    return f"delete the cell's folder {cell} and run the same grid command again, which trains that cell again"

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache import disk
+from fedcache.disk import read_json
 from fedcache.best import Result, best_marks
 from fedcache.errors import DamagedFileError
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
-from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs, read_json
+from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
 from fedcache.store.locks import exclusive_lock
 from fedcache.wording import count
 

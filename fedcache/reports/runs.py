@@ -1,14 +1,13 @@
 """Finding and reading the runs under a run or grid directory, grouped by method and setting."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fedcache.disk import log_lines
+from fedcache.disk import log_lines, read_json
 from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SELECTION, SUMMARY
 
@@ -154,19 +153,6 @@ def _grid_setting(r: Run) -> dict:
 # A run's own files are rewritten by running it again: a grid runs a cell again once its folder is gone.
 REDO_RUN = ("delete the folder {folder} and run the same `fedcache train` or `fedcache grid` command again (a grid runs "
             "that cell again), or move the folder out to report the others")
-
-
-def read_json(path: Path, advice: str, problem=lambda value: "" if isinstance(value, dict) else "not a JSON object"):
-    """``path``'s JSON, checked by ``problem`` (what is wrong with it, or ""); a torn or hand-edited file raises
-    DamagedFileError, one line naming it and ``advice``, where it would be a traceback further on."""
-    try:
-        value = json.loads(path.read_bytes())
-    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError of bytes cut inside a character
-        raise DamagedFileError(path, f"not JSON: {exc}", advice) from None
-    wrong = problem(value)
-    if wrong:
-        raise DamagedFileError(path, wrong, advice)
-    return value
 
 
 def _summary_problem(value) -> str:
