@@ -309,6 +309,15 @@ def test_a_torn_file_of_a_run_or_a_grid_cell_is_one_line_naming_it(toy_store, tm
     assert code == 1 and f"{summary} is damaged (not JSON" in line and "delete the cell's folder" in line, line
     shutil.rmtree(summary.parent)
     assert run_cli(grid, capsys)[0] == 0  # as the line says: that cell trains again
+    for name, advice in (("grid.json", "delete it, and the grid takes this command's options"),
+                         ("features/meta.json", "delete the folder")):
+        path = tmp_path / "g" / name
+        kept = path.read_text()
+        path.write_text(kept[:15])
+        code, err = run_cli(grid, capsys)
+        line = one_error_line(err)
+        assert code == 1 and f"{path} is damaged (not JSON" in line and advice in line, line
+        path.write_text(kept)
     train = ["train", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "1", "-o", tmp_path / "r"]
     assert run_cli(train, capsys)[0] == 0
     (tmp_path / "r" / "config.json").write_text("{")

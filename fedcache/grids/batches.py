@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcache.disk import write_text
+from fedcache.disk import read_json, write_text
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
@@ -166,7 +166,8 @@ def started_batches(folder: Path, keys: list[Hashable]) -> list[list[Hashable]]:
     by_name = {str(k): k for k in keys}
     out = []
     for runs in sorted(folder.glob("*/runs.json")):
-        names = json.loads(runs.read_text())
+        names = read_json(runs, f"delete the folder {runs.parent} and run the grid again: its cells train again "
+                                "from their start", problem=lambda v: "" if isinstance(v, list) else "not a JSON list")
         if (runs.parent / CHECKPOINT).exists() and all(n in by_name for n in names):
             out.append([by_name[n] for n in names])
     return out

@@ -13,6 +13,7 @@ from fedcache.grids.spec import GridSpec
 
 WHAT = "the grid's shared features"
 
+_AGAIN = "delete the folder {} and run the grid again, which writes the features again"
 
 def write_features(spec: GridSpec) -> Path:
     """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
@@ -22,7 +23,7 @@ def write_features(spec: GridSpec) -> Path:
     folder = spec.features_folder
     store = FeatureStore(spec.store, create=False)
     if (folder / "meta.json").exists():
-        _check_same_entries(store, spec, json.loads((folder / "meta.json").read_text()))
+        _check_same_entries(store, spec, disk.read_json(folder / "meta.json", _AGAIN.format(folder)))
         return folder
     rows = store.split_rows(spec.dataset, SPLITS, spec.backbones)
     need = features_bytes(rows)
@@ -81,7 +82,7 @@ def read_features(folder: Path):
     from fedcache.store import mapping
     from fedcache.store.feature_store import FeatureTable
 
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = disk.read_json(folder / "meta.json", _AGAIN.format(folder))
     tables = []
     for split in ("train", "test"):
         path = {n: folder / f"{split}_{n}.npy" for n in ("features", "labels", "ids", "domains")}

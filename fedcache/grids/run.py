@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from pathlib import Path
 
+from fedcache.disk import read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
 from fedcache.grids.batches import run_batched, started_batches
@@ -128,7 +129,8 @@ def check_spec(spec: GridSpec) -> None:
     if not path.exists() and RunDir(spec.out).started():  # its tables would sit beside the run and mix in reports
         raise ConfigError(f"{spec.out} holds a run of `fedcache train` ({CONFIG}), not a grid; choose another --out")
     if path.exists():
-        saved = json.loads(path.read_text())
+        saved = read_json(path, f"delete it, and the grid takes this command's options (cells of the same names are "
+                                f"read back, not trained again), or choose another --out")
         # An axis only this grid has is a difference too: it adds cells (unlike a key a later fedcache records).
         differ = same_config(saved, mine) + [f"sweep.{k}" for k in mine["sweep"] if k not in saved.get("sweep", {})]
         differ = [k for k in differ if k != "out"]  # a grid moved to another disk (a full one) is the same grid
