@@ -229,16 +229,13 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
 def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict):
     """Which of a grid's keys its file gave and the call did not replace (named as the file's keys in messages),
     and every key given at all (a default value given on purpose is then told apart from one left out)."""
-    from fedcache.grids.spec import Names
+    from fedcache.grids.spec import Names, axis_key
 
     called = {k for k, v in given.items() if v is not None}
-    def axis(key: str) -> str:
-        return key.strip().replace("-", "_")  # as GridSpec names its axes
-
     filed = {k for k in file_fields if k != "sweep" and k not in called}
-    filed |= {axis(k) for k, v in file_fields.get("sweep", {}).items() if sweep.get(k) is v}
+    filed |= {axis_key(k) for k, v in file_fields.get("sweep", {}).items() if sweep.get(k) is v}
     return Names(Path(config) if config else None, frozenset(filed),
-                 frozenset(called | set(file_fields) | {axis(k) for k in sweep}))
+                 frozenset(called | set(file_fields) | {axis_key(k) for k in sweep}))
 
 
 def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any, flags: Any) -> dict:

@@ -72,6 +72,7 @@ class Reader:
     read: Callable[[Any], Any]
 
 
+DEVICES = r"auto|cpu|mps|cuda(:\d+)?"  # what --device takes, for rounds (train, grid) and for extract alike
 Positive = Annotated[float, Range(0, lo_open=True)]
 NonNegative = Annotated[float, Range(0)]
 Fraction = Annotated[float, Range(0, 1)]  # a share or rate, both ends allowed

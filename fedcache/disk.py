@@ -211,14 +211,19 @@ def _torch_short_write(exc: BaseException, path: Path | str) -> bool:
     return free is not None and free < (1 << 20)
 
 
-def read_json(path: Path, advice: str, problem=lambda value: "" if isinstance(value, dict) else "not a JSON object"):
-    """``path``'s JSON, checked by ``problem`` (what is wrong with it, or ""); a torn or hand-edited file raises
-    DamagedFileError, one line naming it and ``advice``, where it would be a traceback further on."""
+def _not_an_object(value) -> str:
+    return "" if isinstance(value, dict) else "not a JSON object"
+
+
+def read_json(path: Path, advice: str, problem=None):
+    """``path``'s JSON, checked by ``problem`` (what is wrong with it, or ""; default: a JSON object is expected);
+    a torn or hand-edited file raises DamagedFileError, one line naming it and ``advice``, where it would be a
+    traceback further on."""
     try:
         value = json.loads(Path(path).read_bytes())
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError of bytes cut inside a character
         raise DamagedFileError(path, f"not JSON: {exc}", advice) from None
-    wrong = problem(value)
+    wrong = (problem or _not_an_object)(value)
     if wrong:
         raise DamagedFileError(path, wrong, advice)
     return value

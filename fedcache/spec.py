@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fedcache.config import Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
+from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
@@ -121,7 +121,7 @@ class EngineSpec(Checked):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+        if not re.fullmatch(DEVICES, self.device):
             raise ConfigError(f"--device (engine.device)={self.device!r}: must be auto, cpu, cuda, cuda:N or mps")
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedcache.config import DEVICES
 from fedcache.errors import ConfigError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ class DevicePlan:
 
 def plan_device(request: str = "auto", precision: str = "auto") -> DevicePlan:
     """``auto`` uses CUDA when present, else Apple's GPU (MPS), else the CPU, and says which it took."""
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", request):
+    if not re.fullmatch(DEVICES, request):
         raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {request!r}")
     has_cuda, has_mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if request.startswith("cuda") and not has_cuda:

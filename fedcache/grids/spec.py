@@ -146,6 +146,11 @@ def check_lists(fields: dict[str, Any], names: Names) -> None:
         _check_once(names.axis(key, [axis_text(v) for v in values]), [axis_text(v) for v in values])
 
 
+def axis_key(key: str) -> str:
+    """An axis's name as a grid keeps it: ``local-epochs`` and `` local_epochs`` are ``local_epochs``."""
+    return key.strip().replace("-", "_")
+
+
 def axis_text(value: Any) -> str:
     """One axis value as the command line spells it, whatever gave it (a grid file's TOML value, the API's
     Python value): ``true``/``false``, not ``True``; ``2``, not ``2.0`` (an integral number is an integer for
@@ -189,7 +194,7 @@ class GridSpec:
         self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
         self.seeds = [option("seed").parse(s) for s in self.seeds]  # 'a' is a clear error, not a ValueError
         # Padding ("0.1 " in a file) would name a column and a cell folder, and make a second value of one.
-        self.sweep = {k.strip().replace("-", "_"): [axis_text(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
+        self.sweep = {axis_key(k): [axis_text(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
         check_lists(vars(self), self.names)
         if self.jobs < 1:
@@ -388,7 +393,7 @@ def _refuse_grid_keys_under_set(table: dict, top: set[str], path: Path) -> None:
     """``seeds``, ``jobs``, ``select``, ... under [set]: keys of the grid itself, one per file at its top. Said as
     that (the unknown-key message suggested ``seed``, itself refused under [set]; ``select`` suggested ``seed``)."""
     for key, value in table.items():
-        name = key.strip().replace("-", "_")
+        name = axis_key(key)
         if isinstance(value, dict) and name in SECTIONS:
             continue  # method.mu = ... (or [set.method]) is TOML's table of the --set key method.mu, not methods
         name = _TOP_ALIASES.get(name, name)
@@ -502,7 +507,7 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
     table = _dotted(table)
     seen: dict[str, str] = {}
     for key in table:  # local-epochs and local_epochs: one axis; GridSpec kept the last without a word
-        name = key.strip().replace("-", "_")
+        name = axis_key(key)
         if name in seen:
             raise ConfigError(f"grid file {path}: set.{seen[name]} and set.{key} are one key ({name}); give it once")
         seen[name] = key
@@ -538,7 +543,7 @@ def setting_places(key: str, methods: list[str]) -> set[tuple[str, tuple]]:
     places = set()
     for m in methods:
         try:
-            places.add((m, route(key.strip().replace("-", "_"), m, run_options=True)))
+            places.add((m, route(axis_key(key), m, run_options=True)))
         except FedcacheError:
             pass
     return places

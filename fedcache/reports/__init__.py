@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache import disk
-from fedcache.disk import read_json
 from fedcache.best import Result, best_marks
 from fedcache.errors import DamagedFileError
 from fedcache.paths import GRID, writable_dir
@@ -119,7 +118,7 @@ def _optional(path: Path, build, title: str, advice: str) -> list[Section]:
     if not path.exists():
         return []
     try:
-        return build(read_json(path, advice))
+        return build(disk.read_json(path, advice))
     except DamagedFileError as exc:
         damaged = exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not of the shape written

@@ -175,8 +175,7 @@ def _run_json(path: Path, name: str, problem=None) -> dict:
     """A run's ``name`` file ({} where it has none)."""
     if not (path / name).exists():
         return {}
-    advice = REDO_RUN.format(folder=path)
-    return read_json(path / name, advice, problem) if problem else read_json(path / name, advice)
+    return read_json(path / name, REDO_RUN.format(folder=path), problem)
 
 
 def _read(path: Path) -> Run:
