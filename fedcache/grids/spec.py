@@ -207,6 +207,7 @@ class GridSpec:
             setattr(self, o.field, o.parse(getattr(self, o.field)))
         for section in GRID_SECTIONS.values():  # checks them
             section(**{f.name: getattr(self, f.name) for f in dataclasses.fields(section)})
+        self._check_engine()
         self._check_pruning()  # before the trackers' names: with --prune, no tracker at all
         from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
 
@@ -315,6 +316,16 @@ class GridSpec:
             return False
         return isinstance(saved, dict) and (saved.get("reduction_factor"), saved.get("min_rounds")) == (
             self.reduction_factor, self.min_rounds)
+
+    def _check_engine(self) -> None:
+        """A batch bound with the processes engine would be taken and never read: said, as an unused halving
+        option is."""
+        if self.engine != "processes" or self.max_batch_cells is None:
+            return
+        n = self.names
+        raise ConfigError(f"{n.where('max_batch_cells', 'engine')}{n.key('max_batch_cells')} bounds the batched "
+                          f"engine's batches, and {n.lead('engine', self.engine).removeprefix(n.where('engine'))} "
+                          f"trains each cell as its own run; leave it out, or use {n.add('engine', 'batched')}")
 
     def _check_pruning(self) -> None:
         if self.prune == "none":

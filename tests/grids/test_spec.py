@@ -142,6 +142,9 @@ def test_a_method_given_twice_is_refused(tmp_path):
     ({"backbones": ["b", "b"]}, r"--backbones=b,b: 'b' and 'b' are one value"),
     ({"sweep": {"lr": []}}, r"--set lr=\[\]: give a value or a list of values"),
     ({"sweep": {"seed": ["1", "2"]}}, r"--set seed: not an axis; give methods with --method, seeds with --seeds"),
+    ({"engine": "processes", "max_batch_cells": 2}, r"--max-batch-cells bounds the batched engine's batches, and "
+                                                    r"--engine processes trains each cell as its own run; leave it out, "
+                                                    r"or use --engine batched"),
 ])
 def test_what_the_command_line_gives_is_checked_as_a_grid_file_is_named_by_its_flags(tmp_path, given, message):
     """One check for both (grids.spec.check_lists): a grid file's messages name its keys (tests/grids/test_toml.py)."""

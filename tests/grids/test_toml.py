@@ -80,6 +80,9 @@ CASES = [
     ("engine = 'x'", BASE + "engine = 'x'\n", "grid file {path}: engine='x': must be one of batched, processes"),
     ("max_batch_cells = 0", BASE + "max_batch_cells = 0\n", "grid file {path}: max_batch_cells=0: must be >= 1"),
     ("max_batch_cells = 'x'", BASE + "max_batch_cells = 'x'\n", "grid file {path}: max_batch_cells='x': expected an integer"),
+    ("max_batch_cells with the processes engine", BASE + "engine = 'processes'\nmax_batch_cells = 2\n" + RUN,
+     "grid file {path}: max_batch_cells bounds the batched engine's batches, and engine=\"processes\" trains each cell "
+     'as its own run; leave it out, or use engine = "batched"'),
     ("prune = 'sometimes'", BASE + "prune = 'sometimes'\n", "grid file {path}: prune='sometimes': must be one of none, halving"),
     ("reduction_factor = 1", BASE + "reduction_factor = 1\n", "grid file {path}: reduction_factor=1: must be >= 2"),
     ("prune without select", BASE + "prune = 'halving'\n" + RUN, 'grid file {path}: prune="halving" cuts the candidates of select; name the axes to choose, '
