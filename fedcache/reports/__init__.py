@@ -93,7 +93,7 @@ def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section]
     spec = _grid_spec(Path(root))
     for g in groups:  # a group with fewer seeds than its grid's is partial (the grid is unfinished)
         g.expected_seeds = len(spec["seeds"]) if spec else None
-    layout = Layout.of(groups)
+    layout = Layout.of(groups, spec["methods"] if spec else [])  # the legend in table.md's order
     groups = layout.ordered(groups)
     unfinished = _unfinished(Path(root), runs)
     if unfinished:

@@ -39,7 +39,9 @@ class Layout:
     settings: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
-    def of(cls, groups: list[Group]) -> "Layout":
+    def of(cls, groups: list[Group], methods: list[str] = ()) -> "Layout":
+        """``methods``: the grid's own order (table.md's), where the report has one; any other method follows
+        as first seen."""
         values: dict[str, set[str]] = {}
         for g in groups:
             for k, v in g.setting.items():
@@ -49,7 +51,7 @@ class Layout:
         fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
         splits = {"validation" if g.first.option("validation") else "test" for g in groups}
         layout = cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
-                     tuple(dict.fromkeys(g.method for g in groups)), " and ".join(sorted(splits)))
+                     _methods(groups, methods), " and ".join(sorted(splits)))
         return dataclasses.replace(layout, settings=tuple(sorted({layout._values(g, layout.legend_keys) for g in groups})))
 
     def panel(self, g: Group) -> tuple[tuple[str, str], ...]:
@@ -63,8 +65,9 @@ class Layout:
 
     def ordered(self, groups: list[Group]) -> list[Group]:
         """Panels in the order of their settings' values (numbers as numbers: alpha 0.1, 1, 10), inside a
-        panel the methods as first seen, each with its own settings' values in order. Run directories sort as
-        text, by whatever their names begin with (a --select grid's chosen lr put alpha=1 before alpha=0.1)."""
+        panel the methods in the grid's order (else as first seen), each with its own settings' values in order.
+        Run directories sort as text, by whatever their names begin with (a --select grid's chosen lr put alpha=1
+        before alpha=0.1)."""
         methods = {m: i for i, m in enumerate(self.methods)}
         return sorted(groups, key=lambda g: (self._values(g, self.panel_keys), methods[g.method], self._values(g, self.legend_keys)))
 
@@ -128,3 +131,8 @@ def _palette(n: int) -> list[str]:
     name = "tab10" if n <= 10 else "tab20"
     cmap = colormaps[name]
     return [cmap(i) for i in range(cmap.N)]
+
+
+def _methods(groups: list[Group], order: list[str]) -> tuple[str, ...]:
+    seen = dict.fromkeys(g.method for g in groups)
+    return tuple(dict.fromkeys([*(m for m in order if m in seen), *seen]))

@@ -471,3 +471,17 @@ def test_a_second_report_of_one_directory_waits_for_the_first(toy_grid, tmp_path
     monkeypatch.setattr(reports, "REPORT_WAIT", 30.0)
     with held_by_another_thread(exclusive_lock(tmp_path / "grid" / reports.REPORT_LOCK, "a report")) as let_go:
         assert reports.write_report(tmp_path / "grid").html.exists() and let_go.is_set()
+
+
+def test_the_reports_table_and_legends_list_methods_in_the_grids_order(tmp_path):
+    """table.md lists methods as the grid gave them; the report listed them as their folders sort (fedavg before
+    fedprox whatever the grid said), so one grid's two tables disagreed."""
+    import json
+
+    from fedcache.reports import write_report
+
+    root = fake_grid(tmp_path / "grid", methods=("fedprox", "fedavg"), alphas=(0.1,), lrs=("0.01",))
+    (root / "grid.json").write_text(json.dumps({"methods": ["fedprox", "fedavg"], "seeds": [0, 1], "sweep": {}}))
+    rows = [line.split("|")[1].strip() for line in write_report(root).markdown.read_text().splitlines()
+            if line.startswith("| fed")]
+    assert rows == ["fedprox", "fedavg"]
