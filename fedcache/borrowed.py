@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import random
 import signal
 import threading
 from collections.abc import Iterator
@@ -41,3 +42,15 @@ def handler_kept(signum: int) -> Iterator[None]:
     finally:
         if before is not None and signal.getsignal(signum) is not before:  # None: set outside Python, not ours to set
             signal.signal(signum, before)
+
+
+@contextlib.contextmanager
+def random_kept() -> Iterator[None]:
+    """Python's ``random`` where the caller's seed left it, for a block that imports a dependency: scikit-learn's
+    estimators import rich, whose import draws 24 bits of the global generator for its style ids, so a script's
+    next ``random.random()`` after its first linear probe differed from the same script without one."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)

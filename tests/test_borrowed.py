@@ -43,3 +43,26 @@ def test_a_handler_installed_in_the_block_is_removed_and_the_caller_s_put_back()
         assert signal.getsignal(signal.SIGCHLD) is callers
     finally:
         signal.signal(signal.SIGCHLD, before)
+
+
+SEEDED_DRAW = """
+import random, sys
+random.seed(0)
+if sys.argv[1] == "probe":
+    import numpy as np
+    from fedcache.federate.probe import fit_probe
+    fit_probe(np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2)
+print(random.random())
+"""
+
+
+def test_a_linear_probe_leaves_the_scripts_random_where_its_seed_put_it():
+    """scikit-learn's first import pulled in rich, which drew from Python's global generator: a seeded script's
+    next draw after its first probe differed. In fresh processes, since this one may have imported both already."""
+    import subprocess
+    import sys
+
+    def draw(what: str) -> str:
+        return subprocess.run([sys.executable, "-c", SEEDED_DRAW, what], capture_output=True, text=True,
+                              check=True).stdout
+    assert draw("probe") == draw("none")

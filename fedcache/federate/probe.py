@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcache.borrowed import random_kept
 from fedcache.store.feature_store import FeatureTable
 
 
@@ -20,10 +21,11 @@ class ProbeResult:
 
 def fit_probe(x: np.ndarray, y: np.ndarray, c: float = 1.0, seed: int = 0):
     # scikit-learn takes a second to import; every Flower ClientApp process would pay it for nothing
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    with random_kept():
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
 
     model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed))
     with warnings.catch_warnings():

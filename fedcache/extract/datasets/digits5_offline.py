@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont, ImageOps
 
+from fedcache.borrowed import random_kept
 from fedcache.errors import ConfigError, DataNotFoundError
 from fedcache.extract.datasets.base import DATASETS, ArraySource, Dataset, DatasetOptions, DatasetSpec, Samples
 
@@ -247,7 +248,8 @@ def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
     if csv.is_file():
         data = np.loadtxt(csv, delimiter=",", dtype=np.float64)
         return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits
+    with random_kept():
+        from sklearn.datasets import load_digits
 
     digits = load_digits()
     return digits.images, digits.target.astype(np.int64)
