@@ -191,6 +191,8 @@ def _calls(workdir: Path) -> None:
     store, on = workdir / "store.zarr", dict(dataset=TOY, backbones=BACKBONE)
     fedcache.extract_features(TOY, [BACKBONE], store=store, workers=1, batch_size=4)  # workers: a DataLoader's
     fedcache.train(store=store, **on, method="fedavg", partition="domain", rounds=2, out=workdir / "run")
+    # scikit-learn's first import (a probe's) pulls in rich, which draws from Python's random
+    fedcache.train(store=store, **on, method="linear-probe", partition="domain", rounds=1, out=workdir / "probe")
     fedcache.grid(store=store, **on, methods="fedavg,fedproto", sweep={"partition": "domain", "rounds": 2},
                   seeds=[0], out=workdir / "grid")
     fedcache.report(workdir / "grid")
@@ -208,6 +210,10 @@ def main(workdir: Path) -> dict[str, Any]:
     # Imported first: importing timm sets TORCHINDUCTOR_CACHE_DIR and makes that folder in the temporary directory
     # (torch's inductor), huggingface_hub gives its logger a handler. Their imports, not fedcache's calls.
     import timm  # noqa: F401
+    # scikit-learn's import sets KMP_* variables for Intel's OpenMP, SciPy's adds warning filters; a probe's
+    # estimators also pull in rich, which draws from Python's random: fedcache gives that back (borrowed.py).
+    import scipy.special  # noqa: F401
+    import sklearn  # noqa: F401
 
     import fedcache.api  # noqa: F401
     import tests.conftest  # noqa: F401  (the tiny dataset, and the environment the tests run in)

@@ -265,10 +265,10 @@ def test_train_says_a_setting_given_as_an_option_goes_in_settings():
 
 @pytest.mark.slow  # a process of its own that imports torch, timm and matplotlib: half a minute on a 2-core CI machine
 def test_the_library_leaves_the_process_as_it_found_it(tmp_path):
-    """extract_features, train, grid, report and a store read, once each on a tiny store, change no process-wide
-    state (tests/process_state.py: torch's threads, RNGs and flags, numpy's and random's RNGs, matplotlib, logging,
-    warnings, signal handlers, the environment, cwd, umask, hooks, start method, threads, children, open files)
-    and leave no file in the working or temporary directory."""
+    """extract_features, train (fedavg and a linear probe), grid, report and a store read, once each on a tiny
+    store, change no process-wide state (tests/process_state.py: torch's threads, RNGs and flags, numpy's and
+    random's RNGs, matplotlib, logging, warnings, signal handlers, the environment, cwd, umask, hooks, start
+    method, threads, children, open files) and leave no file in the working or temporary directory."""
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "tests.process_state", str(tmp_path)], capture_output=True, text=True,
