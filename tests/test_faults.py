@@ -324,3 +324,38 @@ def test_a_torn_file_of_a_run_or_a_grid_cell_is_one_line_naming_it(toy_store, tm
     code, err = run_cli(train + ["--resume"], capsys)
     line = one_error_line(err)
     assert code == 1 and "config.json is damaged (not JSON" in line and f"delete the folder {tmp_path / 'r'}" in line, line
+
+
+def test_a_torn_diverged_json_of_a_tested_cell_is_one_line_naming_it(toy_store, tmp_path, capsys):
+    """A --select grid's test stage names the chosen value that diverged by its diverged.json's error: a torn one
+    stopped the grid with a JSONDecodeError traceback."""
+    out = tmp_path / "g"
+    grid = ["grid", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "1",
+            "--subsample", "0.5", "--set", "lr=0.1,0.01", "--select", "lr", "-o", out]
+    assert run_cli(grid, capsys)[0] == 0
+    cell = next((out / "test" / "cells").iterdir())
+    (cell / "diverged.json").write_text('{"error": "lo')  # a re-run reads the cell as diverged, and its error
+    code, err = run_cli(grid, capsys)
+    line = one_error_line(err)
+    assert code == 1 and f"{cell / 'diverged.json'} is damaged (not JSON" in line, line
+    assert f"delete the cell's folder {cell}" in line, line
+    shutil.rmtree(cell)
+    assert run_cli(grid, capsys)[0] == 0  # as the line says: that cell is tested again
+
+
+@pytest.mark.parametrize("spec", [["data"], {"data": 3}], ids=["spec a list", "a section a number"])
+def test_a_hand_edited_config_json_spec_is_one_line_in_the_report(spec, toy_store, tmp_path, capsys):
+    """The report reads a run's options from config.json's spec (Run.option): a spec that is not an object of
+    objects stopped it with an AttributeError traceback ('list' object has no attribute 'get')."""
+    import json
+
+    run = tmp_path / "r"
+    train = ["train", "--store", toy_store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "1",
+             "-o", run]
+    assert run_cli(train, capsys)[0] == 0
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "spec": spec}))
+    code, err = run_cli(["report", run, "-o", tmp_path / "rep"], capsys)
+    line = one_error_line(err)
+    assert code == 1 and f"{run / 'config.json'} is damaged (its \"spec\"" in line and f"delete the folder {run}" in line, line
+    assert not (tmp_path / "rep" / "report.html").exists()

@@ -49,6 +49,17 @@ def result_row(c: Cell, result, out: Path) -> dict:
     return row(c, result.summary, out)
 
 
+def read_diverged(cell: Path) -> str:
+    """The error a diverged cell's diverged.json keeps (its run's DivergedError, as run_cell wrote it)."""
+    return read_json(cell / DIVERGED, _again(cell), _diverged_problem)["error"]
+
+
+def _diverged_problem(value) -> str:
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    return "" if isinstance(value.get("error"), str) else "no \"error\" text in it"
+
+
 def diverged_row(c: Cell, out: Path) -> dict:
     # No summary: every figure is None, but a swept key that is also a figure (rounds) keeps its value.
     return {**row(c, {}, out), **dict(c.setting), "diverged": True}

@@ -8,7 +8,6 @@ report an optimistic number: the test split is read once, for the chosen values.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 from fedcache.errors import ConfigError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import write_json
-from fedcache.grids.cells import DIVERGED
+from fedcache.grids.cells import read_diverged
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
 from fedcache.grids.spec import FEATURES, Cell, GridSpec, cells
@@ -103,7 +102,7 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     if lost:
         early = any(at < g.rounds for g in groups for at in (g.stopped_at.get(v) for v in g.alive) if at is not None)
         cut = "; successive halving chose it at a rung, before it could diverge there" if early else ""
-        what = json.loads((spec.out / TEST / lost[0]["run_dir"] / DIVERGED).read_text())["error"]
+        what = read_diverged(spec.out / TEST / lost[0]["run_dir"])
         raise DivergedError(f"--select: a value chosen on validation ({spec.out / SELECTION}) diverged on the test "
                             f"split{cut}: {what}. Choose among smaller values{' or leave out --prune' if early else ''}, "
                             "in a new --out")

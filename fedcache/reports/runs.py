@@ -171,6 +171,18 @@ def _rungs_problem(value) -> str:
     return next(filter(None, map(_summary_problem, value.values())), "")
 
 
+def _config_problem(value) -> str:
+    """config.json: the report reads a run's options from its "spec" (runs written before it: "train") and its
+    partition from "partition", each a JSON object, and the spec's sections too (``Run.option``)."""
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    for name in ("spec", "train", "partition"):
+        if not isinstance(value.get(name, {}), dict):
+            return f"its \"{name}\" is not a JSON object"
+    section = next((k for k, v in (value.get("spec") or {}).items() if not isinstance(v, dict)), None)
+    return f"its \"spec\" section \"{section}\" is not a JSON object" if section else ""
+
+
 def _run_json(path: Path, name: str, problem=None) -> dict:
     """A run's ``name`` file ({} where it has none)."""
     if not (path / name).exists():
@@ -182,7 +194,7 @@ def _read(path: Path) -> Run:
     summary = _run_json(path, SUMMARY, _summary_problem) or _stopped(path)
     # A line torn by a crash is no round; bytes cut inside a character are one such line.
     history = log_lines((path / METRICS).read_text(errors="replace"))
-    run = Run(path, summary, history, _run_json(path, CONFIG), _setting(path))
+    run = Run(path, summary, history, _run_json(path, CONFIG, _config_problem), _setting(path))
     run.missing = _cut_short(run)
     return run
 
@@ -208,7 +220,8 @@ def _cut_short(run: Run) -> str:
 
 def _diverged(path: Path) -> Run:
     cell = _run_json(path, CELL, _summary_problem)  # a diverged cell is named by its cell.json's method
-    return Run(path, {"method": cell["method"], "diverged": True}, [], _run_json(path, CONFIG), _setting(path))
+    return Run(path, {"method": cell["method"], "diverged": True}, [], _run_json(path, CONFIG, _config_problem),
+               _setting(path))
 
 
 def unscored(r: Run) -> bool:
