@@ -219,6 +219,59 @@ def test_a_full_disk_is_one_line_and_the_same_command_then_succeeds(command, lea
         assert run_cli(after, capsys)[0] == 0
 
 
+# Free bytes to leave for `fedcache shard` (real tmpfs, faked disk): a shard's Zarr metadata (no file named by Zarr),
+# an entry of the first client, the partition record of the second client.
+SHARD_LEAVE = {"metadata": (16_384, None), "entry": (65_536, 20_000), "partition": (300_000, 60_000)}
+
+
+@pytest.mark.parametrize("where", sorted(SHARD_LEAVE))
+def test_a_full_disk_while_sharding_is_one_line_of_out_and_the_same_command_then_succeeds(where, tight_disk, toy_store,
+                                                                                          capsys):
+    """The shards are written in OUT/.partial, removed when the disk fills: the line named a file in that folder
+    (gone by then), some lines advised that "the chunks written so far are kept" (nothing is), and Zarr's metadata
+    write was "no space left on the disk ([Errno 28] No space left on device)", naming nothing."""
+    leave = SHARD_LEAVE[where][not tight_disk.real]
+    if leave is None:
+        pytest.skip("the faked disk does not reach Zarr's own writes: the next test fakes that one")
+    out = tight_disk.path / "sh"
+    argv = ["shard", "--store", toy_store, *DATA, "--partition", "iid", "--clients", "2", "-o", out]
+    tight_disk.leave(leave)
+    code, err = run_cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith("error: no space left on the disk for "), err
+    assert f" {out}/" in line or f" {out}:" in line, line
+    assert ".partial" not in line and "kept" not in line and line.endswith("which shards again from the start"), line
+    assert not out.exists() or list(out.iterdir()) == []
+    tight_disk.free_up()
+    code, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["client-000", "client-001", "server"]
+
+
+def test_a_full_disk_in_a_shard_s_zarr_metadata_is_one_line_naming_out(toy_store, tmp_path, capsys, monkeypatch):
+    """Zarr writes a shard's attributes itself, and its OSError names no file."""
+    import errno
+
+    import fedcache.flower.shard as shard
+
+    made = shard._new_store
+
+    def full_at_the_second(path, info):
+        if info.client == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return made(path, info)
+
+    monkeypatch.setattr(shard, "_new_store", full_at_the_second)
+    out = tmp_path / "sh"
+    argv = ["shard", "--store", toy_store, *DATA, "--partition", "iid", "--clients", "2", "-o", out]
+    code, err = run_cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith(f"error: no space left on the disk for the shards in {out}: "), line
+    assert line.endswith("which shards again from the start") and not out.exists()
+    monkeypatch.setattr(shard, "_new_store", made)
+    assert run_cli(argv, capsys)[0] == 0
+
+
 def test_a_file_size_limit_is_one_line_and_the_same_command_then_succeeds(toy_store, tmp_path, capsys):
     """EFBIG (FAT32's 4 GB, `ulimit -f`) on a run's first checkpoint: one line, and no run left behind that neither a
     re-run nor --resume would take (as a full disk leaves none)."""

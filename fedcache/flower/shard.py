@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
+from fedcache import disk
+from fedcache.errors import ConfigError, DiskFullError, EntryNotFoundError, StoreError
 from fedcache.federate.data import FederatedData, check_labels, check_same_encoder, keys_as_first, load_fused, load_views, row_positions, sample_keys
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
@@ -103,11 +104,27 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
             for p in _write_all(spec, staging):
                 moved.append(p.rename(out / p.name))
             staging.rmdir()
-        except BaseException:
+        except BaseException as exc:
             for p in [*moved, staging]:
                 shutil.rmtree(p, ignore_errors=True)
+            if disk.is_full(exc):
+                raise _full(exc, staging, out) from None
             raise
     return moved
+
+
+# Nothing of a sharding that stopped is kept (its staging folder goes), so a re-run starts again: not the advice of
+# the store's writers ("the chunks written so far are kept"), which holds for an extraction, not here.
+AGAIN = "free some space and run the same command again, which shards again from the start"
+
+
+def _full(exc: BaseException, staging: Path, out: Path) -> DiskFullError:
+    """A full disk met while sharding, as one line of ``out``: the path it names is where the shard would have been
+    (the staging folder it was written in is gone), and the advice is the sharding's. Zarr's own metadata writes
+    (a shard's attributes) fail without saying their file: then the shards in ``out`` are named."""
+    if isinstance(exc, DiskFullError):
+        return DiskFullError(exc.what.replace(f"{staging}/", f"{out}/"), AGAIN, exc.too_large)
+    return disk.full_error(out, "the shards in", advice=AGAIN, exc=exc)
 
 
 def _write_all(spec: ShardSpec, out: Path) -> list[Path]:
