@@ -84,13 +84,17 @@ def check_path_text(path: Path | str, option: str) -> None:
                               f"most {NAME_MAX} in a name; choose a shorter one")
 
 
-def writable_dir(path: Path | str, option: str) -> Path:
-    """``path`` as a directory this process can create or write into; ConfigError naming ``option`` if not."""
+WRITE_ELSEWHERE = "choose a directory you can write to"
+
+
+def writable_dir(path: Path | str, option: str, advice: str = WRITE_ELSEWHERE) -> Path:
+    """``path`` as a directory this process can create or write into; ConfigError naming ``option`` if not, with
+    ``advice`` where it is not writable (the caller may know a better way than another directory)."""
     check_path_text(path, option)
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path} is a file; give a directory (it is created if missing)")
-    _check_below(path, path, option)
+    _check_below(path, path, option, advice)
     return path
 
 
@@ -107,12 +111,22 @@ def check_outside(out: Path | str, option: str = "--out") -> None:
                               "choose a directory outside it")
 
 
-def _check_below(target: Path, path: Path, option: str) -> None:
+def _check_below(target: Path, path: Path, option: str, advice: str = WRITE_ELSEWHERE) -> None:
     existing = _nearest_existing(path)
     if not existing.is_dir():
         raise ConfigError(f"{option} {target}: {existing} is a file, so nothing can be made below it; choose another path")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {target}: no permission to write in {existing}; choose a directory you can write to")
+        raise ConfigError(f"{option} {target}: {_not_writable(existing)}; {advice}")
+
+
+def _not_writable(directory: Path) -> str:
+    """Why nothing can be written in ``directory``: a read-only mount (a snapshot, a shared volume, `mount -o ro`)
+    is not fixed as a permission is, by its owner."""
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return f"{directory} is on a read-only file system" if read_only else f"no permission to write in {directory}"
 
 
 def writable_file(path: Path | str, option: str) -> Path:

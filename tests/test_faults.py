@@ -412,3 +412,29 @@ def test_a_hand_edited_config_json_spec_is_one_line_in_the_report(spec, toy_stor
     line = one_error_line(err)
     assert code == 1 and f"{run / 'config.json'} is damaged (its \"spec\"" in line and f"delete the folder {run}" in line, line
     assert not (tmp_path / "rep" / "report.html").exists()
+
+
+# ---- permission denied -------------------------------------------------------------------------------------
+def test_a_report_of_a_read_only_directory_says_to_give_out(toy_grid, tmp_path, capsys, monkeypatch):
+    """A colleague's grid, read-only to this user: the report reads it and writes where --out says. Without --out
+    the line named "the run directory (or give --out)" as if it were an option."""
+    import os
+
+    from tests.test_paths import deny_writes_below
+
+    theirs = tmp_path / "theirs"
+    shutil.copytree(toy_grid, theirs)
+    before = sorted(p.relative_to(theirs) for p in theirs.rglob("*"))
+    theirs.chmod(0o555)
+    try:
+        if os.access(theirs, os.W_OK):  # root writes anywhere: the check is what os.access answers for a user
+            deny_writes_below(monkeypatch, theirs)
+        code, err = run_cli(["report", theirs], capsys)
+        assert code == 2 and one_error_line(err) == (
+            f"error: cannot write the report into {theirs}: no permission to write in {theirs}; its runs are only "
+            "read, so give --out DIR, a directory you can write to, for the report"), err
+        code, err = run_cli(["report", theirs, "-o", tmp_path / "mine"], capsys)
+        assert code == 0 and (tmp_path / "mine" / "report.html").exists(), err
+    finally:
+        theirs.chmod(0o755)
+    assert sorted(p.relative_to(theirs) for p in theirs.rglob("*")) == before  # no .report.lock, no figures

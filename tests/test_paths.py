@@ -27,6 +27,17 @@ def test_no_permission_is_named(tmp_path, monkeypatch):
         writable_dir(tmp_path / "x", "--plot")
 
 
+def test_a_read_only_file_system_is_named_as_one(tmp_path, monkeypatch):
+    """A read-only mount is no permission its owner can change: said as what it is (it read "no permission")."""
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    monkeypatch.setattr(os, "statvfs", lambda path: ReadOnly())
+    with pytest.raises(ConfigError, match=rf"--out {tmp_path}/x: {tmp_path} is on a read-only file system; choose a "):
+        writable_dir(tmp_path / "x", "--out")
+
+
 def test_files(tmp_path):
     assert writable_file(tmp_path / "a" / "out.h5", "-o") == tmp_path / "a" / "out.h5"
     with pytest.raises(ConfigError, match="is a directory; give a file name"):

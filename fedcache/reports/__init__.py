@@ -52,7 +52,7 @@ class Section:
 def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     out = writable_dir(out, "--out") if out else None  # before any figure is drawn
     runs = find_runs(root)
-    out = out or writable_dir(root, "the run directory (or give --out)")
+    out = out or writable_dir(root, "cannot write the report into", advice=REPORT_ELSEWHERE)
     # One report at a time into one directory: two share the staging folder, and the second removed the first's
     # figures under it ("No such file or directory: .../.report-figures.partial/accuracy-per-round.png").
     with exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT,
@@ -60,6 +60,8 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
         return _write_report(root, runs, out)
 
 
+# The runs are only read: a colleague's read-only directory (or a read-only mount) is reported into another.
+REPORT_ELSEWHERE = "its runs are only read, so give --out DIR, a directory you can write to, for the report"
 REPORT_LOCK = ".report.lock"
 REPORT_WAIT = 300.0  # seconds: a second report of the same directory waits for the first, then writes its own
 
