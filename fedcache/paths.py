@@ -7,6 +7,8 @@ option to change. The same holds for a name that becomes a path: a dataset's nam
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from pathlib import Path
 
@@ -96,6 +98,51 @@ def writable_dir(path: Path | str, option: str, advice: str = WRITE_ELSEWHERE) -
         raise ConfigError(f"{option} {path} is a file; give a directory (it is created if missing)")
     _check_below(path, path, option, advice)
     return path
+
+
+# What a file system refuses: another user's file or folder (EACCES, EPERM), or a read-only mount (EROFS, which is
+# no PermissionError).
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+STORE_DENIED = ("use a store you can write to (--store, or FEDCACHE_STORE), or have its owner run this command; "
+                "reading a complete store needs no write permission")
+
+
+def is_denied(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DENIED
+
+
+def denied_problem(exc: OSError) -> tuple[bool, str]:
+    """Whether a read was refused (the file is there, unreadable; else a write was), and what, in words naming the
+    file: a read-only file system, or a missing permission."""
+    where = exc.filename or "a file"
+    if exc.errno == errno.EROFS:
+        return False, f"{where} is on a read-only file system"
+    unreadable = bool(exc.filename) and os.path.exists(where) and not os.access(where, os.R_OK)
+    return unreadable, f"no permission to {'read' if unreadable else 'write'} {where}"
+
+
+def denied_line(exc: OSError) -> str:
+    """A refusal raised where fedcache does not check first (an extraction, an import or `store rm` in a store
+    another user owns, or on a read-only mount): what was refused and what to do, said of the feature store where
+    the file is one's."""
+    read, problem = denied_problem(exc)
+    store = store_holding(exc.filename) if exc.filename else None
+    if store is None:
+        return f"{problem}; {'have its owner make it readable' if read else 'choose a path you can write to'}"
+    if read:
+        return f"cannot read the feature store {store} ({problem}); have its owner make it readable (chmod -R a+rX)"
+    return f"cannot write in the feature store {store} ({problem}); {STORE_DENIED}"
+
+
+def store_holding(path: Path | str) -> Path | None:
+    """The feature store ``path`` is in (or is), if any."""
+    path = Path(path).absolute()
+    for parent in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            meta = parent / "zarr.json"
+            if meta.is_file() and STORE_MARK in meta.read_text(errors="replace"):
+                return parent
+    return None
 
 
 def check_outside(out: Path | str, option: str = "--out") -> None:

@@ -180,15 +180,19 @@ def test_an_interrupted_train_says_how_to_go_on(capsys, store_path, monkeypatch)
     assert code == 130 and "the run had no --out, so nothing of it was kept" in err
 
 
-def test_an_os_error_is_one_line_naming_the_path(capsys, store_path, monkeypatch):
+@pytest.mark.parametrize("exc, line", [
+    (PermissionError(13, "Permission denied", "/srv/runs/r"), "no permission to write /srv/runs/r; choose a path you can write to"),
+    (OSError(5, "Input/output error", "/srv/runs/r"), "Input/output error: /srv/runs/r (FEDCACHE_DEBUG=1 shows where it happened)"),
+])
+def test_an_os_error_is_one_line_naming_the_path(exc, line, capsys, store_path, monkeypatch):
     import fedcache.cli.train as train_cli
 
-    def denied(*_args, **_kwargs):
-        raise PermissionError(13, "Permission denied", "/srv/runs/r")
+    def failing(*_args, **_kwargs):
+        raise exc
 
-    monkeypatch.setitem(train_cli.ENGINES, "in-process", denied)
+    monkeypatch.setitem(train_cli.ENGINES, "in-process", failing)
     code, _, err = run(capsys, "train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg")
-    assert code == 1 and err.strip() == "error: Permission denied: /srv/runs/r (FEDCACHE_DEBUG=1 shows where it happened)"
+    assert code == 1 and err.strip() == f"error: {line}"
 
 
 def test_a_validation_run_says_what_its_accuracy_was_scored_on(capsys, store_path, monkeypatch):

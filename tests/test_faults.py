@@ -438,3 +438,98 @@ def test_a_report_of_a_read_only_directory_says_to_give_out(toy_grid, tmp_path, 
     finally:
         theirs.chmod(0o755)
     assert sorted(p.relative_to(theirs) for p in theirs.rglob("*")) == before  # no .report.lock, no figures
+
+
+def _deny_writes_in(monkeypatch, folder: Path) -> None:
+    """Files and folders below ``folder`` refuse writes as another user's do (EACCES), where this process is root
+    (a real chmod does it otherwise): opening to write, and making a folder."""
+    import errno
+    import os
+
+    if not os.access(folder, os.W_OK):
+        return  # not root: the chmod already denies it
+    real_open, real_mkdir, folder = os.open, os.mkdir, str(folder)
+
+    def below(path) -> bool:
+        path = os.path.abspath(path)
+        return path == folder or path.startswith(folder + os.sep)
+
+    def refuse(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def fake_open(path, flags, *args, **kwargs):
+        if below(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if below(path) and not os.path.isdir(path):
+            refuse(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+def _read_only(path: Path) -> None:
+    for p in [path, *path.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+
+
+def test_a_read_only_store_is_read_and_a_write_into_it_is_one_line(toy_store, tmp_path, capsys, monkeypatch):
+    """A store another user made (read-only to this one): a run reads it as it is, and an extraction that has
+    something to write said "Permission denied: .../.locks/<entry>.create.lock (FEDCACHE_DEBUG=1 shows where it
+    happened)", naming neither the store nor what to do."""
+    store = tmp_path / "theirs.zarr"
+    shutil.copytree(toy_store, store)
+    part = ["--partition", "iid", "--clients", "2"]
+    assert run_cli(["partition", "--store", store, *DATA, *part], capsys)[0] == 0  # its owner made the partition
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    _read_only(store)
+    try:
+        _deny_writes_in(monkeypatch, store)
+        code, err = run_cli(["train", "--store", store, *DATA, "-m", "fedavg", *part, "--rounds", "1",
+                             "-o", tmp_path / "run"], capsys)
+        assert code == 0, err
+        code, err = run_cli(["extract", *DATA, "--store", store, "--workers", "0", "--name", "mine"], capsys)
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"error: cannot write in the feature store {store} (no permission to "
+                                             f"write {store}/.locks/"), line
+        assert line.endswith("use a store you can write to (--store, or FEDCACHE_STORE), or have its owner run this "
+                             "command; reading a complete store needs no write permission"), line
+    finally:
+        for p in [store, *store.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+
+
+def test_a_new_store_in_a_read_only_folder_is_one_line_saying_so(tmp_path, capsys, monkeypatch):
+    """It said "... is not a fedcache feature store: [Errno 13] Permission denied", as if a store were there."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        _deny_writes_in(monkeypatch, ro)
+        code, err = run_cli(["extract", *DATA, "--store", ro / "s.zarr", "--workers", "0"], capsys)
+    finally:
+        ro.chmod(0o755)
+    assert code == 1 and one_error_line(err) == (
+        f"error: cannot make the feature store {ro / 's.zarr'} (no permission to write {ro / 's.zarr'}); give a "
+        "--store (or FEDCACHE_STORE) in a folder you can write to"), err
+    assert list(ro.iterdir()) == []
+
+
+@pytest.mark.skipif(__import__("os").geteuid() == 0, reason="root reads every file: the permission cannot be denied")
+def test_a_store_group_this_user_cannot_read_is_not_called_damaged(toy_store, tmp_path, capsys):
+    """Another user's store made under a strict umask: its entries group unreadable here was "damaged: delete
+    .../entries/zarr.json and fedcache writes it again", advice that would lose that user's store."""
+    store = tmp_path / "theirs.zarr"
+    shutil.copytree(toy_store, store)
+    (store / "entries" / "zarr.json").chmod(0)
+    try:
+        code, err = run_cli(["store", "ls", "--store", store], capsys)
+    finally:
+        (store / "entries" / "zarr.json").chmod(0o644)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (no permission to read "), line
+    assert "damaged" not in line and "delete" not in line, line

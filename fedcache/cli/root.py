@@ -19,6 +19,7 @@ from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError, UnknownNameError
+from fedcache.paths import denied_line, is_denied
 from fedcache.progress import log_to_stderr, logging_to_stderr
 
 try:  # recent typer vendors click; older typer uses the click package
@@ -176,6 +177,8 @@ def _empty_argument(argv: list[str]) -> str | None:
 def _os_error(exc: OSError) -> str:
     if is_full(exc):
         return str(full_disk(exc))
+    if is_denied(exc):
+        return denied_line(exc)
     where = f" {exc.filename}" if exc.filename else ""
     return f"{exc.strerror or exc}:{where} (FEDCACHE_DEBUG=1 shows where it happened)"
 

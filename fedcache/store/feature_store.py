@@ -33,6 +33,7 @@ import zarr
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError)
+from fedcache.paths import STORE_DENIED, denied_problem, is_denied
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
 from fedcache.store.locks import exclusive_lock, shared_lock
@@ -206,6 +207,8 @@ class FeatureStore:
         except Exception as exc:
             if disk.is_full(exc):
                 raise disk.full_error(self.path / "zarr.json", "the feature store") from None
+            if is_denied(exc):  # not "is not a fedcache feature store": it may well be one, or become one
+                raise StoreError(self._denied(exc)) from None
             raise StoreError(f"{self.path} is not a fedcache feature store: {exc}") from exc
         fmt = root.attrs.get("fedcache_store")
         if fmt is None:
@@ -222,9 +225,21 @@ class FeatureStore:
                 meta = self.path / name / "zarr.json"
                 if disk.is_full(exc):
                     raise disk.full_error(meta, "the feature store's metadata") from None
+                if is_denied(exc):  # another user's unreadable group is no damage: deleting it would be wrong
+                    raise StoreError(self._denied(exc)) from None
                 raise StoreError(f"{self.path}: the metadata of its {name!r} group is damaged ({type(exc).__name__}: {exc}); "
                                  f"delete {meta} and fedcache writes it again") from None
         return root
+
+    def _denied(self, exc: OSError) -> str:
+        """Opening (or making) the store refused: a new one in a folder this user cannot write in, another user's
+        store it cannot read, one on a read-only mount."""
+        read, problem = denied_problem(exc)
+        if read:
+            return f"cannot read the feature store {self.path} ({problem}); have its owner make it readable (chmod -R a+rX)"
+        if (self.path / "zarr.json").exists():
+            return f"cannot open the feature store {self.path} ({problem}); {STORE_DENIED}"
+        return f"cannot make the feature store {self.path} ({problem}); give a --store (or FEDCACHE_STORE) in a folder you can write to"
 
     @property
     def locks_dir(self) -> Path:
