@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.methods import METHODS, Method
 from fedcache.config import Checked, NonNegative, Positive, PositiveInt, fields_of, parse
 from fedcache.federate.optim_config import OptimConfig
 from fedcache.federate.schedule import Schedule
-from fedcache.spec import HeadChoice, MethodSpec, RunSpec, parse_pairs, parse_options, resolve_method, to_flat
+from fedcache.spec import (HeadChoice, MethodSpec, RunSpec, options, parse_pairs, parse_options, resolve_method,
+                           to_flat)
 from fedcache.training import instantiate
 
 RUN_SECTIONS = ("method", "optim", "head", "schedule")  # what the apps read of a run spec
@@ -96,6 +98,15 @@ class FlowerRun:
 
     @classmethod
     def from_config(cls, config: dict) -> "FlowerRun":
+        """The run a Flower run config asks for; a value refused is a ConfigError naming its key and where to correct
+        it (both apps read it: the ServerApp refuses the run before any round)."""
+        try:
+            return cls._from_config(config)
+        except FedcacheError as err:
+            raise refused_config(err, config) from None
+
+    @classmethod
+    def _from_config(cls, config: dict) -> "FlowerRun":
         server_side = sorted(set(config) & set(SERVER_ENV))
         if server_side:
             raise ConfigError(
@@ -116,6 +127,21 @@ class FlowerRun:
     def to_config(self) -> dict[str, str | int | float | bool]:
         return {**to_flat(self._sections()),
                 **{f"{DEPLOY}.{k}": v for k, v in dataclasses.asdict(self.deploy).items()}}
+
+
+def refused_config(err: FedcacheError, config: dict) -> ConfigError:
+    """``err`` as one line that names the run config key at fault and where to correct it. The checks are
+    ``fedcache train``'s, whose messages name its options (``--set lr='abc'``, ``--head``) or only the value
+    (``unknown method 'fedavgg'``): a submitter of ``flwr run`` knows the keys."""
+    message = str(err).removeprefix("run config ").rstrip(".")
+    named = [k for k in config if k in message]
+    if not named:  # the key of the option the message names (--set: method.settings), else of the value it quotes
+        named = [o.key for o in options(*RUN_SECTIONS) if o.key in config and re.search(rf"{re.escape(o.flag)}\b", message)]
+    if not named:
+        named = [k for k, v in config.items() if isinstance(v, str) and v and repr(v) in message]
+    where = "".join(f"{k}={config[k]!r}: " for k in named if k not in message)
+    return ConfigError(f"run config refused: {where}{message}; correct it in `flwr run --run-config` or in the App's "
+                       "pyproject.toml [tool.flwr.app.config], and submit the run again")
 
 
 def build_method(run: FlowerRun, data: FederatedData) -> Method:

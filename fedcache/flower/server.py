@@ -153,10 +153,18 @@ def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run = FlowerRun.from_config(dict(context.run_config))
-    resume = run.deploy.resume_run
-    serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id), resume=bool(resume),
-          resume_as=f"deploy.resume_run='{resume}'")
+    try:
+        run = FlowerRun.from_config(dict(context.run_config))
+        resume = run.deploy.resume_run
+        serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id), resume=bool(resume),
+              resume_as=f"deploy.resume_run='{resume}'")
+    except FedcacheError as err:
+        # Flower (1.41) logs whatever a ServerApp raises with its whole traceback into the run's log stream, marks
+        # the run finished:failed, and `flwr run --stream` exits 0 all the same; no public API changes that. So the
+        # reason comes first, as one line (stderr is streamed too), and the error is raised again from here, so
+        # that Flower's traceback is its own few frames ending in the same line, not fedcache's call stack.
+        log.error("fedcache: the run stopped: %s", err)
+        raise err.with_traceback(None) from None
 
 
 @dataclass

@@ -81,3 +81,40 @@ def test_a_second_serverapp_of_one_run_is_refused_while_the_first_writes(flower_
         first.kill()
         first.wait()
     assert not (tmp_path / "runs" / "run-7" / "config.json").exists()
+
+
+class Untouched:
+    """A Grid that a refused run must never use."""
+
+    def get_node_ids(self):
+        raise AssertionError("a refused run config went on to ask for the nodes")
+
+
+def test_a_refused_run_config_is_one_line_naming_the_key_and_starts_nothing(tmp_path, monkeypatch, caplog):
+    """`flwr run ... --run-config "method.settings='lr=abc'"` streamed fedcache's whole call stack inside Flower's
+    traceback, the key named only as `--set`; `flwr run` exits 0 whatever the ServerApp raises (Flower 1.41). The
+    ServerApp logs one line naming the key and where to correct it, and raises it again with a traceback of its own
+    frame only (Flower adds its few), before any node is asked or any directory made."""
+    import logging
+    import traceback
+
+    monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
+    with caplog.at_level(logging.ERROR, logger="fedcache"), pytest.raises(ConfigError) as err:
+        server.main(Untouched(), _context({"method.settings": "lr=abc"}))
+    line = str(err.value)
+    assert line.startswith("run config refused: method.settings='lr=abc': ") and "flwr run --run-config" in line, line
+    assert [r.getMessage() for r in caplog.records] == [f"fedcache: the run stopped: {line}"]
+    assert [f.name for f in traceback.extract_tb(err.tb)] == ["test_a_refused_run_config_is_one_line_naming_the_key_and_starts_nothing", "main"]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("config, key", [({"method.name": "fedavgg"}, "method.name='fedavgg': unknown method"),
+                                         ({"method.name": "fedpcl", "head.name": "linear"}, "head.name='linear': fedpcl runs"),
+                                         ({"method.settings": "lr"}, "method.settings='lr': --set expects key=value"),
+                                         ({"schedule.rounds": 0}, "(schedule.rounds)=0: must be >= 1"),
+                                         ({"deploy.min_clients": 0}, "refused: deploy.min_clients=0: must be >= 1")])
+def test_a_refused_run_config_names_its_key(config, key):
+    """Messages made for `fedcache train` name its options or only the value; a run config's name the key."""
+    with pytest.raises(ConfigError, match="correct it in `flwr run --run-config`") as err:
+        FlowerRun.from_config(config)
+    assert str(err.value).startswith("run config refused: ") and key in str(err.value), str(err.value)
