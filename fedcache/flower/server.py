@@ -343,10 +343,23 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
             raise ConfigError(f"{resume_as}: the run in {out} finished (its {SUMMARY} is there) and kept no checkpoint; "
                               "nothing is left to run")
         raise ConfigError(f"{resume_as}: {out} has no checkpoint (the run stopped before its first round ended); {again}")
-    saved = json.loads(path.read_text())
+    saved = disk.read_json(path, _start_again(out, resume_as), _not_a_run_config)
     if saved != json.loads(json.dumps(config)):
         differ = sorted(k for k in {**saved.get("run", {}), **config["run"]} if saved.get("run", {}).get(k) != config["run"].get(k))
         if saved.get("partition_id") != config["partition_id"]:
             differ.append("partition_id (the shards)")
         raise ConfigError(f"{resume_as}: the run in {out} was made with other settings ({', '.join(differ)}); use the same "
                           "settings and shards, or start a new run")
+
+
+def _start_again(out: Path, resume_as: str) -> str:
+    """What to do when a resumed run's config.json is damaged: without it nothing says what the checkpoint computes."""
+    if resume_as.startswith("deploy."):
+        return "submit the run anew without deploy.resume_run, which starts it again under a new run id"
+    return f"delete the folder {out} and run the same command without {resume_as}, which starts that run again"
+
+
+def _not_a_run_config(value) -> str:
+    """What is wrong with a Flower run's config.json read back (a hand edit), or ""."""
+    ok = isinstance(value, dict) and isinstance(value.get("run", {}), dict)
+    return "" if ok else 'not a JSON object with a "run" object'

@@ -172,3 +172,25 @@ def test_a_finished_run_without_its_checkpoint_is_not_said_to_have_stopped_befor
     (tmp_path / "done" / "checkpoint.pt").unlink()  # as keep_checkpoints=none leaves it
     with pytest.raises(ConfigError, match="finished .*kept no checkpoint; nothing is left to run"):
         _serve(shards, tmp_path / "done", run, resume=True)
+
+
+@pytest.mark.parametrize("text, problem", [('{"run": {"method.na', "not JSON"), ("[]", 'not a JSON object with a "run" object'),
+                                           ('{"run": 3}', 'not a JSON object with a "run" object')])
+def test_a_torn_config_json_met_by_a_resume_is_one_line_naming_it(shards, tmp_path, monkeypatch, text, problem):
+    """The ServerApp read a resumed run's config.json with json.loads: torn or hand-edited, it was a JSONDecodeError
+    (or AttributeError) traceback; it is one line naming the file and how to start the run again (disk.read_json)."""
+    from fedcache.errors import DamagedFileError
+
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path / "sim", _run(), stop_before=3)
+    (tmp_path / "sim" / "config.json").write_text(text)
+    with pytest.raises(DamagedFileError, match=rf"config.json is damaged \({problem}.*delete the folder .*sim and run the "
+                                               r"same command without --resume"):
+        _serve(shards, tmp_path / "sim", _run(), resume=True)
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
+    with pytest.raises(Interrupted):
+        main(7, _run(), stop_before=3)
+    (tmp_path / "runs" / "run-7" / "config.json").write_text(text)
+    with pytest.raises(DamagedFileError, match=rf"run-7/config.json is damaged \({problem}.*submit the run anew without "
+                                               "deploy.resume_run"):
+        main(8, _run(resume_run="7"))
