@@ -59,7 +59,7 @@ def _state(method: Method, info: ShardInfo, context: Context) -> dict[str, torch
 def identify(msg: Message, context: Context) -> Message:
     """Which client this node is, so the server can sample by client id as the in-process engine does."""
     _, info = _setup(context)
-    claim = ConfigRecord({"client": info.client, "partition-id": info.partition_id})
+    claim = ConfigRecord({"client": info.client, "partition-id": info.partition_id, "shards": info.sharding})
     return Message(RecordDict({"client": claim}), reply_to=msg)
 
 

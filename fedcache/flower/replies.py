@@ -58,9 +58,11 @@ def expected_reply(method: Method, rnd: int, down: Params) -> Expected:
 
 
 # ---- identity ---------------------------------------------------------------------------------
-def claimed_client(content: RecordDict, n_clients: int, partition_id: str) -> int:
+def claimed_client(content: RecordDict, n_clients: int, partition_id: str, sharding: str | None = None) -> int:
     """The client an identifying node says it serves: one of this federation's, from shards of the
-    server's partition (a node started on another sharding's shard would train on other rows)."""
+    server's partition (a node started on another sharding's shard would train on other rows) and, given
+    ``sharding``, of the server's own `fedcache shard` output (another backbone's or extraction's features are
+    of the same partition)."""
     k = _field(content, "client", "client", ConfigRecord)
     if not _is_int(k) or not 0 <= k < n_clients:
         raise BadReply(f"claims client {k!r}, but the federation has clients 0..{n_clients - 1}")
@@ -68,6 +70,10 @@ def claimed_client(content: RecordDict, n_clients: int, partition_id: str) -> in
     if theirs != partition_id:
         raise BadReply(f"serves a shard of partition {theirs!r}, but the server's shard is of {partition_id!r}: "
                        "give every SuperNode a client directory from the same `fedcache shard` output as the server's")
+    if sharding is not None and (theirs := _field(content, "client", "shards", ConfigRecord)) != sharding:
+        raise BadReply(f"serves a shard of the same partition cut from other features (shards {theirs!r}, the server's "
+                       f"{sharding!r}: another backbone or extraction): give every SuperNode a client directory from "
+                       "the same `fedcache shard` output as the server's")
     return int(k)
 
 

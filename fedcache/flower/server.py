@@ -64,6 +64,7 @@ class Roster:
 
     n: int  # the federation's clients: 0..n-1
     partition_id: str  # the partition of the server's shard; every node's shard must be of it
+    sharding: str | None = None  # the server's shards' mark (ShardInfo.sharding); every node's must be the same
     node_of: dict[int, int] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
     refused: list[dict] = field(default_factory=list)  # nodes refused, with why (for the summary)
@@ -94,7 +95,7 @@ class Roster:
                 self._refuse(node, f"its ClientApp failed: {reply.error.reason}")
                 continue
             try:
-                k = claimed_client(reply.content, self.n, self.partition_id)
+                k = claimed_client(reply.content, self.n, self.partition_id, self.sharding)
             except BadReply as e:
                 self._refuse(node, str(e))
                 continue
@@ -185,7 +186,7 @@ class FlowerEngine(Engine):
     evaluation_bytes_down: int = 0
 
     def __post_init__(self) -> None:
-        self.roster = Roster(self.info.n_clients, self.info.partition_id)
+        self.roster = Roster(self.info.n_clients, self.info.partition_id, self.info.sharding)
 
     def start(self, states: list[RunState]) -> None:
         if self.out is not None and states[0].rnd:
@@ -321,7 +322,7 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
     """config.json: what the run computes (the run sections and the shards' partition, not the
     deployment's timeouts); a resumed run must compute the same."""
     computes = {k: v for k, v in run.to_config().items() if not k.startswith("deploy.")}
-    config = {"run": computes, "partition_id": info.partition_id}
+    config = {"run": computes, "partition_id": info.partition_id, "shards": info.source}
     path = out / CONFIG
     if not resume:
         if path.exists():
@@ -344,10 +345,13 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
                               "nothing is left to run")
         raise ConfigError(f"{resume_as}: {out} has no checkpoint (the run stopped before its first round ended); {again}")
     saved = disk.read_json(path, _start_again(out, resume_as), _not_a_run_config)
+    if "shards" not in saved:  # recorded before the shards' source was: compared by their partition only
+        config.pop("shards")
     if saved != json.loads(json.dumps(config)):
         differ = sorted(k for k in {**saved.get("run", {}), **config["run"]} if saved.get("run", {}).get(k) != config["run"].get(k))
         if saved.get("partition_id") != config["partition_id"]:
             differ.append("partition_id (the shards)")
+        differ += _other_source(saved.get("shards"), config.get("shards"))
         raise ConfigError(f"{resume_as}: the run in {out} was made with other settings ({', '.join(differ)}); use the same "
                           "settings and shards, or start a new run")
 
@@ -363,3 +367,12 @@ def _not_a_run_config(value) -> str:
     """What is wrong with a Flower run's config.json read back (a hand edit), or ""."""
     ok = isinstance(value, dict) and isinstance(value.get("run", {}), dict)
     return "" if ok else 'not a JSON object with a "run" object'
+
+
+def _other_source(saved: dict | None, now: dict | None) -> list[str]:
+    """How the server's shards now differ from those the run was made with, beyond the partition (a re-shard of the
+    same partition of another backbone, or of features extracted again), as the refusal names it."""
+    if saved is None or now is None or saved == json.loads(json.dumps(now)):
+        return []
+    named = [f"the shards' {k} ({saved.get(k)} there, {now[k]} here)" for k in ("dataset", "backbones") if saved.get(k) != now[k]]
+    return named or ["the features the shards were cut from (the store's entries)"]

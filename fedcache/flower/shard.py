@@ -17,6 +17,8 @@ in the in-process engine.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -72,6 +74,20 @@ class ShardInfo:
     # Every client's local test rows: the server checks the row count a client says it evaluated on
     # (empty in shards written before it was recorded: then unchecked).
     client_test_sizes: list[int] = dataclasses.field(default_factory=list)
+    # The source store's entries the shards were cut from (train and test, every backbone): the partition's id is
+    # the same for every backbone and every extraction of the same samples (empty in shards written before).
+    entries: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def source(self) -> dict:
+        """What the shards were cut from, beside the partition: a run goes on only on shards of the same."""
+        return {"dataset": self.dataset, "backbones": list(self.backbones), "entries": sorted(self.entries)}
+
+    @property
+    def sharding(self) -> str:
+        """One `fedcache shard` output's mark (its partition and source): every node's shard must carry the server's."""
+        text = json.dumps([self.partition_id, self.source], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
     def read(cls, store: FeatureStore) -> "ShardInfo":
@@ -141,7 +157,8 @@ def _write_all(spec: ShardSpec, out: Path) -> list[Path]:
     views = _view_tables(store, spec)
     base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
                 request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
-                client_test_sizes=[len(r) for r in partition.test])
+                client_test_sizes=[len(r) for r in partition.test],
+                entries=sorted(e for b in spec.backbones for s in ("train", "test") for e in tables[s][b].entry_ids))
     paths = []
     for k in range(partition.n_clients):
         info = ShardInfo(role="client", client=k, **base)

@@ -194,3 +194,35 @@ def test_a_torn_config_json_met_by_a_resume_is_one_line_naming_it(shards, tmp_pa
     with pytest.raises(DamagedFileError, match=rf"run-7/config.json is damaged \({problem}.*submit the run anew without "
                                                "deploy.resume_run"):
         main(8, _run(resume_run="7"))
+
+
+@pytest.fixture(scope="module")
+def other_shards(flower_store, tmp_path_factory):
+    """The same partition (same samples, options and seed: the same partition id) cut from another backbone."""
+    out = tmp_path_factory.mktemp("other") / "shards"
+    write_shards(shard_spec(toy_config(flower_store, clients=3, backbones=["tiny-clip-random"])), out)
+    return out
+
+
+def test_a_resume_on_shards_cut_again_from_other_features_is_refused(shards, other_shards, tmp_path):
+    """`fedcache shard` run again into the shards' place with another -b (or on features extracted again) gives the
+    same partition id: a resumed run took them for its own and went on from a head of the other features (or failed
+    loading it, when their sizes differ). The run records what its shards were cut from and refuses others."""
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path, _run(), stop_before=2)
+    grid = DirectGrid([client_dir(other_shards, k) for k in range(3)], _run())
+    with pytest.raises(ConfigError, match=r"other settings \(the shards' backbones \(\['tiny-timm-random'\] there, "
+                                          r"\['tiny-clip-random'\] here\)\); use the same settings and shards"):
+        server.serve(grid, _run(), ServerPaths(other_shards / SERVER, tmp_path), resume=True)
+    assert (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "summary.json").exists()
+
+
+def test_nodes_on_shards_cut_from_other_features_than_the_servers_are_refused(shards, other_shards, tmp_path):
+    """Client shards of one `fedcache shard` output and the server's of another, of the same partition: the nodes were
+    admitted (same partition id) and trained on other features than the server's, silently where their sizes agree."""
+    run = _run(connect_timeout=0.5)
+    grid = DirectGrid([client_dir(other_shards, k) for k in range(3)], run)
+    client._client.cache_clear()
+    with pytest.raises(server.TooFewClientsError, match=r"only 0 of 3 clients.*node 100 refused: serves a shard of the "
+                                                        r"same partition cut from other features"):
+        server.serve(grid, run, ServerPaths(shards / SERVER, tmp_path))
