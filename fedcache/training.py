@@ -80,8 +80,9 @@ def _check_not_started(spec: RunSpec) -> None:
     # Metrics lines without a checkpoint are of rounds nothing can continue (a kill between the first round's line
     # and its checkpoint): such a directory is started again, not refused (--resume would find no checkpoint).
     if not e.resume and not e.overwrite and (out.has_checkpoint() or out.finished()):
-        raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-                          "or choose another --out")
+        # --engine flower-sim refuses --overwrite: offered there, the advice led to a second refusal.
+        replace = "delete the folder to start it again" if e.name == "flower-sim" else "--overwrite to replace it"
+        raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, {replace}, or choose another --out")
 
 
 def _what(out: Path) -> str:

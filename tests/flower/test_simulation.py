@@ -267,3 +267,15 @@ def test_the_simulations_process_computes_with_its_callers_threads(flower_store,
     finally:
         torch.set_num_threads(before)
     assert asked["threads"] == 1
+
+
+def test_a_started_run_in_out_is_refused_without_offering_what_flower_sim_refuses(flower_store, tmp_path, capsys):
+    """A flower-sim killed midway and run again without --resume was told to pass `--overwrite`, which flower-sim
+    then refused (`does not support --overwrite; drop it`)."""
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "checkpoint.pt").write_bytes(b"")  # what a killed run leaves, as far as the check goes
+    code = main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--clients", "3",
+                 "--engine", "flower-sim", "--out", str(tmp_path / "sim")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "already holds a run; pass --resume to continue it, delete the folder to start it again" in err, err
+    assert "--overwrite" not in err
