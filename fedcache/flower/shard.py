@@ -16,6 +16,7 @@ in the in-process engine.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DiskFullError, EntryNotFoundError, StoreError
+from fedcache.errors import ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, StoreError
 from fedcache.federate.data import FederatedData, check_labels, check_same_encoder, keys_as_first, load_fused, load_views, row_positions, sample_keys
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
@@ -279,6 +280,11 @@ def load_client(path: Path | str, views: bool = False) -> tuple[FederatedData, S
     store, info = open_shard(path)
     if info.role != "client":
         raise ConfigError(f"{path} is the server's shard, not a client's; point the client at a client-NNN directory")
+    with _damaged_shard(path, info):
+        return _load_client(store, info, path, views)
+
+
+def _load_client(store: FeatureStore, info: ShardInfo, path, views: bool) -> tuple[FederatedData, ShardInfo]:
     train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
     keys = (table_keys(train_t), table_keys(test_t))
     pid = _only_partition(store, info.dataset, path)
@@ -295,10 +301,24 @@ def load_server(path: Path | str) -> tuple[FederatedData, ShardInfo]:
     store, info = open_shard(path)
     if info.role != "server":
         raise ConfigError(f"{path} is client {info.client}'s shard; the server reads the 'server' directory of the shards")
-    train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
+    with _damaged_shard(path, info):
+        train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
     empty = [np.zeros(0, np.int64)] * info.n_clients
     data = FederatedData.from_tables(train_t, test_t, empty, empty)
     return attach_text(data, store, info.backbones, train_t), info
+
+
+@contextlib.contextmanager
+def _damaged_shard(path, info: ShardInfo):
+    """A damaged entry of a shard said as the shard's: the store's advice (extract it again, `store rm` it) would
+    break a shard further; a shard is copied again, or cut again by the same `fedcache shard` (the same shards)."""
+    try:
+        yield
+    except DamagedEntryError as err:
+        who = "the server's shard" if info.role == "server" else f"client {info.client}'s shard"
+        raise DamagedEntryError(f"{who} {path} is damaged: {err.problem}; copy that directory again from the "
+                                "`fedcache shard` output it came from, or run the same `fedcache shard` command again "
+                                "into a new --out and use its directory", err.problem) from None
 
 
 def _only_partition(store: FeatureStore, dataset: str, path) -> str:

@@ -171,3 +171,22 @@ def test_shards_below_a_directory_this_process_holds(flower_store, tmp_path):
     with hold(tmp_path / "run", "the run directory"):
         paths = write_shards(shard_spec(toy_config(flower_store, clients=2)), tmp_path / "run" / "shards.partial")
     assert paths[-1] == tmp_path / "run" / "shards.partial" / SERVER and paths[-1].is_dir()
+
+
+def test_a_shard_missing_a_file_is_named_as_a_shard_with_a_fix_that_keeps_it_one(sharded, tmp_path):
+    """A client shard copied without one of its files: the ClientApp (and a SuperNode's refusal the server logs) said
+    the store's advice, to extract the entry again or `fedcache store rm` it, which cannot mend a shard."""
+    import shutil
+
+    from fedcache.errors import DamagedEntryError
+
+    _, out = sharded
+    for shard, who in ((client_dir(out, 1), "client 1's shard"), (out / SERVER, "the server's shard")):
+        copy = tmp_path / shard.name
+        shutil.copytree(shard, copy)
+        for chunk in copy.glob("entries/*/features/c/0/0"):  # (an entry of no rows is never read)
+            chunk.unlink()
+        with pytest.raises(DamagedEntryError, match=rf"{who} {copy} is damaged: its features cannot be read .*is missing"
+                                                    r"\); copy that directory again from the `fedcache shard` output") as err:
+            (load_client if shard.name != SERVER else load_server)(copy)
+        assert "store rm" not in str(err.value) and "fedcache extract" not in str(err.value)
