@@ -6,11 +6,13 @@ default run config; ``flwr run DIR CONNECTION --run-config "method='fedpcl' ..."
 """
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import tomli_w
 
 from fedcache import __version__, disk
+from fedcache.errors import ConfigError
 from fedcache.flower.config import FlowerRun
 from fedcache.paths import writable_dir
 
@@ -26,14 +28,33 @@ def write_app(directory: Path | str, run: FlowerRun | None = None) -> Path:
                     "dependencies": [f"flwr=={FLWR_VERSION}", f"fedcache=={__version__}"]},
         "tool": {"flwr": {"app": {
             "publisher": "fedcache",
-            "components": {"serverapp": "fedcache.flower.server:app", "clientapp": "fedcache.flower.client:app"},
+            "components": {"serverapp": SERVERAPP, "clientapp": "fedcache.flower.client:app"},
             "config": _nested(run.to_config() if run is not None else default_config()),
         }}},
     }
     path = directory / "pyproject.toml"
+    _refuse_another_project(path)
     # Whole or not at all: `flwr run` reads a pyproject.toml cut at a line's end as a complete one.
     disk.write_text(path, tomli_w.dumps(project), "the Flower App's project file")
     return path
+
+
+SERVERAPP = "fedcache.flower.server:app"
+
+
+def _refuse_another_project(path: Path) -> None:
+    """An App written before is written again (a new default config); any other pyproject.toml there is someone's
+    project (`fedcache flower-app .` in one replaced the user's own), never overwritten."""
+    if not path.exists():
+        return
+    try:
+        components = tomllib.loads(path.read_text())["tool"]["flwr"]["app"]["components"]
+        ours = components.get("serverapp") == SERVERAPP
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError):
+        ours = False
+    if not ours:
+        raise ConfigError(f"{path} is not a fedcache Flower App's, and is kept; give `fedcache flower-app` a directory "
+                          "of its own (a new one is created)")
 
 
 def default_config() -> dict:

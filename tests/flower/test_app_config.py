@@ -108,3 +108,14 @@ def test_the_apps_defaults_leave_a_named_method_its_own_preset_and_head(tmp_path
     overrides = parse_config_args([f'method.name="{method}" schedule.rounds=3'])
     run = FlowerRun.from_config(get_fused_config_from_dir(tmp_path / "app", overrides))
     assert run == FlowerRun.of(method=method, rounds=3)
+
+
+def test_flower_app_keeps_another_projects_pyproject_and_rewrites_its_own(tmp_path, capsys):
+    """`fedcache flower-app .` in a project directory replaced that project's own pyproject.toml without a word."""
+    mine = '[project]\nname = "mine"\nversion = "1"\n'
+    (tmp_path / "pyproject.toml").write_text(mine)
+    assert main(["flower-app", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "pyproject.toml is not a fedcache Flower App's, and is kept; give `fedcache flower-app` a directory of its own" in err
+    assert (tmp_path / "pyproject.toml").read_text() == mine
+    assert main(["flower-app", str(tmp_path / "app")]) == 0 and main(["flower-app", str(tmp_path / "app")]) == 0
