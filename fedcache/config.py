@@ -235,9 +235,19 @@ def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
         raise ConfigError(f"{given()}: {shape.redirect.message(value)}")
     allowed = tuple(shape.names.names()) if isinstance(shape.names, Choices) else shape.names
     if allowed and value not in allowed:
-        raise ConfigError(f"{given()}: must be one of {', '.join(map(str, allowed))}")
+        raise ConfigError(f"{given()}: must be one of {', '.join(map(str, allowed))}{_close_choice(value, allowed)}")
     if shape.range is not None and not shape.range.contains(value):
         raise ConfigError(f"{given()}: must be {shape.range}")
+
+
+def _close_choice(value: Any, allowed: tuple) -> str:
+    """ " (did you mean 'dirichlet'?)" for a typo of a choice, as for a method's or a dataset's name."""
+    import difflib
+
+    if not isinstance(value, str):
+        return ""
+    near = difflib.get_close_matches(value, [str(a) for a in allowed], n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 @dataclass(frozen=True)

@@ -154,3 +154,14 @@ def test_a_redirected_value_is_refused_with_its_own_message_and_not_listed_as_ac
         parse("x", "c", typ, verbatim=True)
     with pytest.raises(ConfigError, match="must be one of a, b"):
         parse("x", "e", typ)
+
+
+def test_a_typo_of_a_choice_names_the_close_one():
+    """`--partition dirichlett` said what the choices are, not which one was meant (a method's typo did)."""
+    from fedcache.spec import RunSpec
+
+    with pytest.raises(ConfigError, match=r"must be one of .*shards \(did you mean 'dirichlet'\?\)$"):
+        RunSpec.of(dataset="d", backbones="b", method="fedavg", partition="dirichlett")
+    with pytest.raises(ConfigError) as far:
+        RunSpec.of(dataset="d", backbones="b", method="fedavg", partition="zzz")
+    assert "did you mean" not in str(far.value)
