@@ -57,7 +57,15 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     for m in methods:
         cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[m, col]) for col in columns]
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
+    if any(marks):
+        lines += ["", _legend(panel)]
     return "\n".join(lines)
+
+
+def _legend(panel: list[str]) -> str:
+    """What bold means, under the table: the file is read without the docs or the report beside it."""
+    each = f" of each {' and '.join(panel)}" if panel else ""
+    return f"In bold: the highest mean{each}, among the results whose every seed ran to the end."
 
 
 def _stats(rows: list[dict], metric: str) -> tuple[float | None, float, int, int]:

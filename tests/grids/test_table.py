@@ -16,6 +16,7 @@ def test_table_marks_the_best_mean_of_each_data_setting():
     assert "| a | 55.00 (7.07) | **85.00 (7.07)** | 25.00 (7.07) | 30.00 (7.07) |" in md  # sample std (ddof=1) over seeds
     assert "| b | 65.00 (7.07) | 15.00 (7.07) | **35.00 (7.07)** | 33.00 (7.07) |" in md  # one best per alpha, not per lr
     assert "sample std, ddof=1" in md
+    assert md.endswith("\n\nIn bold: the highest mean of each alpha, among the results whose every seed ran to the end.")
 
 
 def test_a_lone_result_has_no_best():
@@ -25,6 +26,7 @@ def test_a_lone_result_has_no_best():
     assert "| a | **50.00 (one seed)** | 60.00 (one seed) |" in md  # alpha=2: a alone, nothing to beat
     assert "| b | 40.00 (one seed) | - |" in md
     assert "**" not in summary_markdown(Table(rows[:1]))
+    assert "In bold" not in summary_markdown(Table(rows[:1]))  # nothing bold, nothing to explain
 
 
 def test_seeds_that_diverged_are_named_and_never_the_best():
