@@ -222,8 +222,9 @@ class GridSpec:
         example = f"e.g. {n.add_axis('lr', ['1e-3', '1e-2'])} and {n.add('select', ['lr'])}"
         unknown = [k for k in self.select if k not in self.sweep]
         if unknown:
+            axes = [k for k, vs in self.sweep.items() if len(vs) > 1]  # a key given one value is fixed, not an axis
             raise ConfigError(f"{lead}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not an axis of this "
-                              f"grid (axes: {', '.join(self.sweep) or 'none'}); give the values to choose from as an "
+                              f"grid (axes: {', '.join(axes) or 'none'}); give the values to choose from as an "
                               f"axis, {example}")
         single = [k for k in self.select if len(self.sweep[k]) == 1]
         if single:  # a validation stage with nothing to choose would double the grid's work for no choice

@@ -188,6 +188,13 @@ def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):
         grid({"partition.alpha": ["0.1", "1"]}, ["alpha", "partition.alpha"])
 
 
+def test_select_of_no_axis_lists_only_the_axes(tmp_path):
+    """`--rounds 2 --set lr=0.1,0.01 --select mu` listed rounds among the axes: a key of one value is fixed."""
+    with pytest.raises(ConfigError, match=r"mu is not an axis of this grid \(axes: lr\);"):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
+                 sweep={"rounds": ["2"], "lr": ["0.1", "0.01"]}, select=["mu"])
+
+
 def test_the_axis_checks_leave_ambiguous_keys_to_routing(tmp_path):
     """perfedavg's own alpha, optim.momentum beside flesd's momentum: the grid's new checks told these users the wrong
     thing (a partition scheme that ignores alpha; a setting fedavg lacks); the cells say the key is ambiguous."""
