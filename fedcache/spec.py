@@ -453,9 +453,21 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
         raise ConfigError(f"--set {key} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
                           + " or ".join(f"--set {g}.{key}=..." for g in owners))
     if not owners:
-        raise ConfigError(f"unknown --set key(s) {key}{_near(key, groups, run_options)}. Known keys -- "
-                          f"{_listing(groups, run_options)}")
+        hint = _near(key, groups, run_options) or _elsewhere(key, method)
+        raise ConfigError(f"unknown --set key(s) {key}{hint}. Known keys -- {_listing(groups, run_options)}")
     return owners[0], key
+
+
+def _elsewhere(key: str, method: str) -> str:
+    """ " (a setting of fedprox, fedprox-ssl; fedavg has none)": a key right for another method (fedprox's mu with
+    -m fedavg) is no typo, and the list of fedavg's keys alone did not say where it belongs."""
+    from fedcache.federate.methods import METHODS
+
+    owners = [m for m in METHODS.names() if m != method and key in fields_of(method_class(m).Settings)]
+    if not owners:
+        return ""
+    listed = ", ".join(owners[:4]) + (", ..." if len(owners) > 4 else "")
+    return f" (a setting of {listed}; {method} has no {key})"
 
 
 def _route_settings(settings: dict[str, str], method: str) -> dict[str, dict[str, tuple[str, Any]]]:
