@@ -392,6 +392,11 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
     assert "one of weighted, uniform" in out and "a finite number >= 0" in out and "docs/methods/fedproto.md" in out
     assert main(["methods", "fedprox"]) == 0
     assert "mu" in capsys.readouterr().out
+    # --preset's help sends the reader to `fedcache methods` for the method's preset: it is there.
+    assert main(["methods", "fst-cbdg"]) == 0
+    assert "Optimizer: preset fst-cbdg (SGD 0.01, momentum 0.9, wd 1e-05)" in capsys.readouterr().out
+    assert main(["methods", "linear-probe"]) == 0
+    assert "Optimizer: none" in capsys.readouterr().out
     assert main(["methods", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
 

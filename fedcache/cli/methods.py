@@ -52,9 +52,21 @@ def _settings(cls, name: str) -> None:
         table.add_row(f.name, str(default), allowed(types[f.name]))
     if not types:
         console.print(f"no settings of its own; its page: docs/methods/{name}.md", highlight=False)
-        return
-    print_table(table, flexible="accepts")
-    console.print(f"Set one with --set {next(iter(types))}=VALUE; its page: docs/methods/{name}.md", highlight=False)
+    else:
+        print_table(table, flexible="accepts")
+        console.print(f"Set one with --set {next(iter(types))}=VALUE; its page: docs/methods/{name}.md", highlight=False)
+    console.print(_optimizer_line(cls), highlight=False)
+
+
+def _optimizer_line(cls) -> str:
+    """The optimizer a method starts from: `--preset`'s help sends the reader here for "the method's" preset."""
+    from fedcache.federate.optim_config import OPTIMIZER_PRESETS, describe
+
+    if not cls.uses_optimizer:
+        return "Optimizer: none (it trains nothing with an optimizer; --set lr=... and the like are refused)"
+    preset = cls.default_preset
+    return (f"Optimizer: preset {preset} ({describe(OPTIMIZER_PRESETS[preset])}); change it with --preset NAME or "
+            "--set lr=VALUE, weight_decay=VALUE, ...")
 
 
 def _method_commands(taken: set[str]) -> dict:
