@@ -131,9 +131,9 @@ def _grid_signature() -> inspect.Signature:
         default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
         shown = "" if o.default in (None, ()) else f" \\[default: {default}]"
         if o.name in GRID_HOW:
-            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell; not an axis).{shown}"), Optional[str]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}. One value for every cell, not an axis.{shown}"), Optional[str]
         elif o.base is bool:  # a switch sets every cell
-            opt, typ = typer.Option(None, *o.flags, help=f"{what} (every cell)."), Optional[bool]
+            opt, typ = typer.Option(None, *o.flags, help=f"{what}. For every cell."), Optional[bool]
         else:
             opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
