@@ -129,7 +129,7 @@ class TrainResult:
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"TrainResult({s['method']}: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients, "
+        return (f"TrainResult({s['method']}: {s['mean_accuracy']:.2f}% mean over clients (std {s['std_accuracy']:.2f}), "
                 f"{count(s['rounds'], 'round')}, {count(len(self.history), 'evaluation')})")
 
     def _repr_html_(self) -> str:

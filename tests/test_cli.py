@@ -484,3 +484,15 @@ def test_main_called_from_python_gives_the_process_back(args, monkeypatch, capsy
     before = (list(root.handlers), root.level, sys.excepthook)
     main(args)
     assert (list(root.handlers), root.level, sys.excepthook) == before
+
+
+def test_the_train_line_says_which_std_and_that_bytes_are_totals():
+    """`fedavg: 61.58 (15.93)% over clients, ..., 12,810,000 B up` left the reader to guess what the bracket and
+    the bytes were: a std over clients, and totals over every round."""
+    from fedcache.cli import _result_line
+
+    line = _result_line({"method": "fedavg", "mean_accuracy": 61.58, "std_accuracy": 15.93, "global_accuracy": 61.0,
+                         "params_up_per_client": 12810, "params_up_per_round": 64050, "bytes_up": 12810000,
+                         "bytes_down": 12810000, "rounds": 50, "seconds": 7.4})
+    assert "61.58% mean over clients (std 15.93), global 61.00%" in line
+    assert "12,810,000 B up and 12,810,000 B down in all; 50 rounds" in line

@@ -100,9 +100,9 @@ def _result_line(s: dict) -> str:
     glob = f", global {s['global_accuracy']:.2f}%" if s.get("global_accuracy") is not None else ""
     rnd = " [yellow](RANDOM WEIGHTS)[/]" if s.get("random_weights") else ""
     rnd += " [yellow](BYPASSED THE FEATURE CACHE: raw images)[/]" if s.get("bypasses_cache") else ""
-    return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})% over clients{glob}; "
+    return (f"[bold]{s['method']}[/]: {s['mean_accuracy']:.2f}% mean over clients (std {s['std_accuracy']:.2f}){glob}; "
             f"{s.get('params_up_per_client', 0):,.0f} params up per client per round ({s['params_up_per_round']:,} per round "
-            f"over the clients that sent), {s['bytes_up']:,} B up, {s['bytes_down']:,} B down; "
+            f"over the clients that sent), {s['bytes_up']:,} B up and {s['bytes_down']:,} B down in all; "
             f"{count(s['rounds'], 'round')} in {s['seconds']:.2f}s{rnd}")
 
 
