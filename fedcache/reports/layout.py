@@ -87,7 +87,7 @@ class Layout:
 
     def caption(self) -> str:
         fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
-        parts = [f"evaluated on the {self.evaluated_on} split"]
+        parts = [f"evaluated on the {self.evaluated_on} split{'s' if ' and ' in self.evaluated_on else ''}"]
         if fixed:
             parts.append(f"fixed: {fixed}")
         if self.panel_keys:

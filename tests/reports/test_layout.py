@@ -203,3 +203,12 @@ def test_a_label_keeps_its_look_in_a_figure_that_leaves_some_groups_out(methods)
     layout = Layout.of(gs)
     every, kept = layout.styles(gs), layout.styles(gs[2::3])
     assert kept == {label: every[label] for label in kept} and len(kept) == len(gs[2::3])
+
+
+def test_the_caption_names_one_split_or_two():
+    """A --select grid's report said 'evaluated on the test and validation split'."""
+    def caption(on):
+        return Layout(fixed={}, panel_keys=(), legend_keys=(), methods=("a",), evaluated_on=on).caption()
+
+    assert caption("test") == "evaluated on the test split"
+    assert caption("test and validation") == "evaluated on the test and validation splits"
