@@ -106,7 +106,7 @@ def test_an_axis_that_no_partition_scheme_of_the_grid_reads_is_refused(tmp_path)
     def grid(**sweep):
         return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path, sweep=sweep)
 
-    with pytest.raises(ConfigError, match=r"alpha=0.1,1: the partition scheme domain ignores alpha.*"
+    with pytest.raises(ConfigError, match=r"^--alpha 0.1,1: the partition scheme domain ignores alpha.*"
                                           r"\(--partition dirichlet or domain-dirichlet\)"):
         grid(partition=["domain"], alpha=["0.1", "1"])
     with pytest.raises(ConfigError, match="the partition scheme iid ignores shards"):
