@@ -137,13 +137,35 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
     warn = " **Features from RANDOM weights: these accuracies say nothing about the method.**" if random else ""
     lost = sum(len(g.diverged) for g in groups)
     lost_text = f" ({count(lost, 'grid cell')} diverged: no result, named beside its group)" if lost else ""
-    return (f"{count(len(runs) - lost, 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`; "
-            f"{layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
+    data, mixed = _data_text(runs, groups, layout)
+    return (f"{count(len(runs) - lost, 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`"
+            f"{data}; {layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
             f"'# of Comm Params'); seconds is a run's wall time, and cells the batched engine trained together each show "
             f"their batch's; in bold the best accuracy of each panel setting, where two results or more ran every seed to the "
-            f"end (table.md marks the same).{warn}{_cut_short(runs)}")
+            f"end (table.md marks the same).{mixed}{warn}{_cut_short(runs)}")
+
+
+def _data_text(runs: list[Run], groups: list[Group], layout: Layout) -> tuple[str, str]:
+    """The features the runs trained on (a mailed report named neither dataset nor backbone), and a warning where a
+    panel, whose results are compared and one marked the best, holds runs on different features (separate runs
+    of several methods in one folder)."""
+    def data(r: Run) -> str | None:
+        dataset, backbones = r.option("dataset"), r.option("backbones")
+        if not dataset:
+            return None
+        return f"{dataset} on {'+'.join(backbones) if isinstance(backbones, (list, tuple)) else backbones}"
+
+    seen = list(dict.fromkeys(d for d in map(data, runs) if d))
+    if not seen:
+        return "", ""
+    mixed = [title for panel, gs in layout.panels(groups).items()
+             if len({d for g in gs for d in map(data, [*g.runs, *g.diverged]) if d}) > 1
+             for title in [layout.panel_title(panel)]]
+    warn = (f" **Runs on different features share a panel ({'; '.join(mixed)}): their accuracies are not like for like, "
+            "yet the table and figures compare them (the best is marked among them).**" if mixed else "")
+    return f" ({'; '.join(seen)})", warn
 
 
 def _cut_short(runs: list[Run]) -> str:

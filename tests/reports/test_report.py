@@ -485,3 +485,29 @@ def test_the_reports_table_and_legends_list_methods_in_the_grids_order(tmp_path)
     rows = [line.split("|")[1].strip() for line in write_report(root).markdown.read_text().splitlines()
             if line.startswith("| fed")]
     assert rows == ["fedprox", "fedavg"]
+
+
+def test_a_report_names_the_features_and_warns_where_runs_on_different_ones_are_compared(tmp_path):
+    """A folder of separate runs (fedavg on one backbone, fedpcl on two fused) was one panel with one bold best, and
+    the report named neither dataset nor backbone: it read as a like-for-like comparison."""
+    import json
+
+    import fedcache
+
+    for method, backbones, acc in (("fedavg", ["lite0"], 61.0), ("fedpcl", ["lite0", "lite1"], 68.0)):
+        run = tmp_path / "runs" / method
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "accuracy": acc, "per_client": [acc, acc],
+                                                       "bytes_up": 10, "bytes_down": 10}) + "\n")
+        (run / "summary.json").write_text(json.dumps({"method": method, "mean_accuracy": acc, "std_accuracy": 0.0,
+                                                      "per_client_accuracy": [acc, acc], "worst10": acc, "worst20": acc,
+                                                      "worst40": acc, "best10": acc, "variance": 0.0, "bytes_up": 10,
+                                                      "params_up_per_round": 5, "seconds": 1.0, "rounds": 1}))
+        (run / "config.json").write_text(json.dumps({"spec": {"data": {"dataset": "digits", "backbones": backbones}}}))
+    fedcache.report(tmp_path / "runs")
+    text = (tmp_path / "runs" / "report.md").read_text()
+    assert "(digits on lite0; digits on lite0+lite1)" in text
+    assert "Runs on different features share a panel (all runs)" in text
+    fedcache.report(tmp_path / "runs" / "fedavg")  # one run: its features named, nothing to warn of
+    one = (tmp_path / "runs" / "fedavg" / "report.md").read_text()
+    assert "(digits on lite0)" in one and "different features" not in one
