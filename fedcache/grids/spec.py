@@ -107,7 +107,8 @@ class Names:
         """An axis at a message's start: ``grid file g.toml: set.alpha = [0.1, 1]`` or ``--set alpha=0.1,1``."""
         if self._filed(key):
             return f"grid file {self.file}: set.{key}" + (f"={_toml(values)}" if values is not None else "")
-        if is_option(key) and "." not in key and option(key).name not in _RESERVED:  # an option's own flag: --alpha 0.1,1
+        # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false
+        if is_option(key) and "." not in key and option(key).name not in _RESERVED and option(key).base is not bool:
             return option(key).flag + (f" {','.join(map(str, values))}" if values is not None else "")
         return f"--set {key}" + (f"={','.join(map(str, values))}" if values is not None else "")
 

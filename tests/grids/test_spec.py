@@ -142,6 +142,9 @@ def test_a_method_given_twice_is_refused(tmp_path):
     ({"backbones": ["b", "b"]}, r"--backbones=b,b: 'b' and 'b' are one value"),
     ({"sweep": {"lr": []}}, r"--set lr=\[\]: give a value or a list of values"),
     ({"sweep": {"seed": ["1", "2"]}}, r"--set seed: not an axis; give methods with --method, seeds with --seeds"),
+    # a switch takes no list on the command line (--validation true,false is an extra argument): --set it is
+    ({"sweep": {"validation": ["true", "true"]}}, r"^--set validation=true,true: 'true' and 'true' are one value"),
+    ({"sweep": {"alpha": ["1", "1"]}}, r"^--alpha 1,1: '1' and '1' are one value"),
     ({"engine": "processes", "max_batch_cells": 2}, r"--max-batch-cells bounds the batched engine's batches, and "
                                                     r"--engine processes trains each cell as its own run; leave it out, "
                                                     r"or use --engine batched"),
