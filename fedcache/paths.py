@@ -117,8 +117,20 @@ def denied_problem(exc: OSError) -> tuple[bool, str]:
     where = exc.filename or "a file"
     if exc.errno == errno.EROFS:
         return False, f"{where} is on a read-only file system"
-    unreadable = bool(exc.filename) and os.path.exists(where) and not os.access(where, os.R_OK)
+    unreadable = bool(exc.filename) and _unreadable(where)
     return unreadable, f"no permission to {'read' if unreadable else 'write'} {where}"
+
+
+def _unreadable(path: str) -> bool:
+    """Whether ``path`` is there and this user cannot read it, or cannot even look (a folder above it is another
+    user's, not searchable: a store made under umask 077), which os.path.exists answers as missing."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return not os.access(path, os.R_OK)
 
 
 def denied_line(exc: OSError) -> str:

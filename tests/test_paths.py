@@ -38,6 +38,28 @@ def test_a_read_only_file_system_is_named_as_one(tmp_path, monkeypatch):
         writable_dir(tmp_path / "x", "--out")
 
 
+def test_a_file_in_a_folder_this_user_cannot_search_is_said_unreadable(tmp_path, monkeypatch):
+    """Another user's store made under umask 077: opening its entries/zarr.json is refused, and os.path.exists says
+    False (the folder cannot be searched), so the refusal read "no permission to write" and advised another store."""
+    import errno
+
+    from fedcache.paths import denied_problem
+
+    hidden, real_stat = tmp_path / "theirs", os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(path).startswith(str(hidden) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    where = str(hidden / "entries" / "zarr.json")
+    assert denied_problem(PermissionError(errno.EACCES, "Permission denied", where)) == (
+        True, f"no permission to read {where}")
+    monkeypatch.setattr(os, "stat", real_stat)  # a file not there: a write was refused
+    assert denied_problem(PermissionError(errno.EACCES, "Permission denied", where))[0] is False
+
+
 def test_files(tmp_path):
     assert writable_file(tmp_path / "a" / "out.h5", "-o") == tmp_path / "a" / "out.h5"
     with pytest.raises(ConfigError, match="is a directory; give a file name"):
