@@ -394,7 +394,9 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
     assert "mu" in capsys.readouterr().out
     # --preset's help sends the reader to `fedcache methods` for the method's preset: it is there.
     assert main(["methods", "fst-cbdg"]) == 0
-    assert "Optimizer: preset fst-cbdg (SGD 0.01, momentum 0.9, wd 1e-05)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Optimizer: preset fst-cbdg (SGD 0.01, momentum 0.9, wd 1e-05)" in out
+    assert "--set lr=VALUE --set weight_decay=VALUE" in out  # as train takes them (a comma splits no --set)
     assert main(["methods", "linear-probe"]) == 0
     assert "Optimizer: none" in capsys.readouterr().out
     assert main(["methods", "nope"]) == 2

@@ -66,7 +66,7 @@ def _optimizer_line(cls) -> str:
         return "Optimizer: none (it trains nothing with an optimizer; --set lr=... and the like are refused)"
     preset = cls.default_preset
     return (f"Optimizer: preset {preset} ({describe(OPTIMIZER_PRESETS[preset])}); change it with --preset NAME or "
-            "--set lr=VALUE, weight_decay=VALUE, ...")
+            "--set lr=VALUE --set weight_decay=VALUE (one --set each: lr=0.1,weight_decay=0 is one value of lr)")
 
 
 def _method_commands(taken: set[str]) -> dict:
