@@ -142,8 +142,18 @@ def denied_line(exc: OSError) -> str:
     if store is None:
         return f"{problem}; {'have its owner make it readable' if read else 'choose a path you can write to'}"
     if read:
-        return f"cannot read the feature store {store} ({problem}); have its owner make it readable (chmod -R a+rX)"
+        return unreadable_store(store, problem)
     return f"cannot write in the feature store {store} ({problem}); {STORE_DENIED}"
+
+
+def unreadable_store(store: Path, problem: str) -> str:
+    return f"cannot read the feature store {store} ({problem}); have its owner make it readable (chmod -R a+rX)"
+
+
+def is_store(directory: Path) -> bool:
+    """Whether ``directory`` is a fedcache feature store: its root zarr.json carries the mark."""
+    meta = directory / "zarr.json"
+    return meta.is_file() and STORE_MARK in meta.read_text(errors="replace")
 
 
 def store_holding(path: Path | str) -> Path | None:
@@ -151,8 +161,7 @@ def store_holding(path: Path | str) -> Path | None:
     path = Path(path).absolute()
     for parent in (path, *path.parents):
         with contextlib.suppress(OSError):
-            meta = parent / "zarr.json"
-            if meta.is_file() and STORE_MARK in meta.read_text(errors="replace"):
+            if is_store(parent):
                 return parent
     return None
 
@@ -162,8 +171,7 @@ def check_outside(out: Path | str, option: str = "--out") -> None:
     among the store's; into another grid (its ``cells/``, say), a report of that grid counted them as its own."""
     out = Path(out).resolve()  # a link into a store or a grid is inside it
     for parent in (out, *out.parents):
-        meta = parent / "zarr.json"
-        if meta.is_file() and STORE_MARK in meta.read_text(errors="replace"):
+        if is_store(parent):
             raise ConfigError(f"{option} {out} is inside the feature store {parent}; choose a directory outside it")
         if parent != out and (parent / GRID).is_file():
             raise ConfigError(f"{option} {out} is inside the grid directory {parent}, which writes its cells itself; "

@@ -47,10 +47,10 @@ def _refuse_another_project(path: Path) -> None:
     project (`fedcache flower-app .` in one replaced the user's own), never overwritten."""
     if not path.exists():
         return
-    try:
+    try:  # a file this user may not read raises as itself (the command's one line for a refused read)
         components = tomllib.loads(path.read_text())["tool"]["flwr"]["app"]["components"]
         ours = components.get("serverapp") == SERVERAPP
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError):
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError):
         ours = False
     if not ours:
         raise ConfigError(f"{path} is not a fedcache Flower App's, and is kept; give `fedcache flower-app` a directory "

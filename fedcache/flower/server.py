@@ -345,8 +345,7 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
                               "nothing is left to run")
         raise ConfigError(f"{resume_as}: {out} has no checkpoint (the run stopped before its first round ended); {again}")
     saved = disk.read_json(path, _start_again(out, resume_as), _not_a_run_config)
-    if "shards" not in saved:  # recorded before the shards' source was: compared by their partition only
-        config.pop("shards")
+    _known_to_both(saved, config)
     if saved != json.loads(json.dumps(config)):
         differ = sorted(k for k in {**saved.get("run", {}), **config["run"]} if saved.get("run", {}).get(k) != config["run"].get(k))
         if saved.get("partition_id") != config["partition_id"]:
@@ -354,6 +353,17 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
         differ += _other_source(saved.get("shards"), config.get("shards"))
         raise ConfigError(f"{resume_as}: the run in {out} was made with other settings ({', '.join(differ)}); use the same "
                           "settings and shards, or start a new run")
+
+
+def _known_to_both(saved: dict, config: dict) -> None:
+    """What one side recorded before fedcache recorded it is unknown there, not different: a run recorded before the
+    shards' source was is compared by their partition only, shards cut before their entries were by their dataset
+    and backbones."""
+    if "shards" not in saved:
+        config.pop("shards")
+    elif isinstance(saved["shards"], dict) and not (saved["shards"].get("entries") and config["shards"]["entries"]):
+        saved["shards"].pop("entries", None)
+        config["shards"] = {k: v for k, v in config["shards"].items() if k != "entries"}
 
 
 def _start_again(out: Path, resume_as: str) -> str:

@@ -33,7 +33,7 @@ import zarr
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError)
-from fedcache.paths import STORE_DENIED, denied_problem, is_denied
+from fedcache.paths import STORE_DENIED, denied_problem, is_denied, unreadable_store
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
 from fedcache.store.keys import TextKey, canonical_json
 from fedcache.store.locks import exclusive_lock, shared_lock
@@ -236,7 +236,7 @@ class FeatureStore:
         store it cannot read, one on a read-only mount."""
         read, problem = denied_problem(exc)
         if read:
-            return f"cannot read the feature store {self.path} ({problem}); have its owner make it readable (chmod -R a+rX)"
+            return unreadable_store(self.path, problem)
         if (self.path / "zarr.json").exists():
             return f"cannot open the feature store {self.path} ({problem}); {STORE_DENIED}"
         return f"cannot make the feature store {self.path} ({problem}); give a --store (or FEDCACHE_STORE) in a folder you can write to"

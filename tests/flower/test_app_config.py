@@ -119,3 +119,22 @@ def test_flower_app_keeps_another_projects_pyproject_and_rewrites_its_own(tmp_pa
     assert "pyproject.toml is not a fedcache Flower App's, and is kept; give `fedcache flower-app` a directory of its own" in err
     assert (tmp_path / "pyproject.toml").read_text() == mine
     assert main(["flower-app", str(tmp_path / "app")]) == 0 and main(["flower-app", str(tmp_path / "app")]) == 0
+
+
+def test_a_pyproject_this_user_cannot_read_is_said_unreadable_not_someone_elses(tmp_path, monkeypatch, capsys):
+    """An App directory whose pyproject.toml this user may not read was called "not a fedcache Flower App's": it may
+    well be one; the refused read is the command's one line for it (root reads every file: the refusal is faked)."""
+    from pathlib import Path
+
+    assert main(["flower-app", str(tmp_path)]) == 0
+    read = Path.read_text
+
+    def refuse(self, *a, **kw):
+        if self.name == "pyproject.toml":
+            raise PermissionError(13, "Permission denied", str(self))
+        return read(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    assert main(["flower-app", str(tmp_path)]) != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no permission to" in err and "not a fedcache Flower App" not in err

@@ -226,3 +226,14 @@ def test_nodes_on_shards_cut_from_other_features_than_the_servers_are_refused(sh
     with pytest.raises(server.TooFewClientsError, match=r"only 0 of 3 clients.*node 100 refused: serves a shard of the "
                                                         r"same partition cut from other features"):
         server.serve(grid, run, ServerPaths(shards / SERVER, tmp_path))
+
+
+def test_a_run_on_shards_cut_before_their_entries_were_recorded_resumes_on_the_same_features(shards, tmp_path):
+    """Shards cut by an older fedcache carry no store entries: a run on them, resumed on the same features cut again
+    (which carry them), was refused as cut "from other features"; what one side lacks is unknown, not different."""
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path, _run(), stop_before=2)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved["shards"]["entries"] = []
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert _serve(shards, tmp_path, _run(), resume=True)["rounds"] == 4  # _run's rounds: it went on to the end
