@@ -161,12 +161,13 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     Values are checked (type and range) before any data is read."""
     from fedcache.federate.methods import METHODS
     from fedcache.training import check_not_a_cell, train as run
-    from fedcache.spec import RunSpec
+    from fedcache.spec import RunSpec, refuse_unread_options
 
     _refuse_settings_as_options(options)
     _check_callback("on_round", on_round, "done", "total", "line")
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
+    refuse_unread_options(spec, options)
     check_not_a_cell(spec.engine.out)
     if spec.engine.name != "in-process":
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "

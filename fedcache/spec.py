@@ -504,6 +504,23 @@ def _refuse_unused(given: dict[str, str], obj: Any, group: str, owner: str) -> N
         raise ConfigError(f"{owner} does not use {'; '.join(bad)}: remove the setting or change what makes it unused")
 
 
+def refuse_unread_options(spec: RunSpec, given: Iterable[str]) -> None:
+    """A partition option the user gave (``given``: the option names or keys given, not those left at their
+    defaults) that the run's scheme does not read is refused, as a grid's axis over it is: ``--alpha 0.3`` with
+    the iid scheme warned once, when the partition was first made, and a re-run that found it stored trained the
+    same IID split without a word."""
+    from fedcache.federate.partitions.core import readers
+
+    scheme = spec.partition.scheme
+    for name in given:
+        o = option(name) if is_option(name) else None
+        if o is None or o.section != "partition" or scheme in readers(o.field):
+            continue
+        raise ConfigError(f"{o.flag} {_text(spec.get(o.key))}: the partition scheme {scheme} ignores {o.name}, so the run "
+                          f"would be the same without it; drop {o.flag}, or use a scheme that reads it "
+                          f"(--partition {' or '.join(readers(o.field))})")
+
+
 # ---- config.json of earlier fedcache versions ---------------------------------------------------------
 def migrate(d: dict) -> dict:
     """A ``spec`` of a config.json written before the tree held typed settings (``method.settings`` pairs,

@@ -498,3 +498,26 @@ def test_the_train_line_says_which_std_and_that_bytes_are_totals():
                          "bytes_down": 12810000, "rounds": 50, "seconds": 7.4})
     assert "61.58% mean over clients (std 15.93), global 61.00%" in line
     assert "12,810,000 B up and 12,810,000 B down in all; 50 rounds" in line
+
+
+def test_train_refuses_a_partition_option_its_scheme_ignores_every_time(capsys, toy_store, tmp_path):
+    """`--alpha 0.3` with the default iid scheme warned only when the partition was first made: a re-run found it
+    stored, printed nothing, and trained IID. It is refused every time, naming what to do; left at its default, or
+    with a scheme that reads it, it is fine."""
+    import fedcache
+    from fedcache.errors import ConfigError
+
+    data = ["--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "--clients", "2"]
+    args = [*data, "-m", "fedavg", "--rounds", "1"]
+    for _ in range(2):
+        code, _, err = run(capsys, "train", *args, "--alpha", "0.3")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert ("--alpha 0.3: the partition scheme iid ignores alpha, so the run would be the same without it; drop "
+                "--alpha, or use a scheme that reads it (--partition dirichlet or domain-dirichlet)") in err
+    code, _, err = run(capsys, "partition", *data, "--alpha", "0.5")  # given at its default value: still given
+    assert code == 2 and "ignores alpha" in err
+    with pytest.raises(ConfigError, match=r"^--shards 2: the partition scheme dirichlet ignores shards.*--partition shards\)$"):
+        fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", partition="dirichlet", shards=2, rounds=1)
+    for extra in ([], ["--partition", "dirichlet", "--alpha", "0.3"]):
+        code, _, err = run(capsys, "train", *args, *extra)
+        assert code == 0, err

@@ -69,8 +69,19 @@ def print_table(table: Table, optional: tuple[str, ...] = (), flexible: str | No
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click import exceptions as _click_exceptions
+    from typer._click import globals as _click_globals
 except ImportError:  # pragma: no cover
     from click import exceptions as _click_exceptions
+    from click import globals as _click_globals
+
+
+def given_on_command_line(values: dict) -> list[str]:
+    """The names in ``values`` (a command's options) that the command line gave: typer passes every option, those
+    left out at their defaults too, and only click knows which a user typed."""
+    ctx = _click_globals.get_current_context(silent=True)
+    if ctx is None:  # called outside a command (from Python): every value counts as given
+        return list(values)
+    return [k for k in values if getattr(ctx.get_parameter_source(k), "name", "DEFAULT") != "DEFAULT"]
 
 
 class Group(typer.core.TyperGroup):

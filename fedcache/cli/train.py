@@ -11,10 +11,11 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
-from fedcache.cli.common import ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, print_table
+from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console,
+                                 given_on_command_line, print_table)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
-from fedcache.spec import RunSpec, options
+from fedcache.spec import RunSpec, options, refuse_unread_options
 from fedcache.wording import count
 
 
@@ -56,6 +57,7 @@ def train(threads: int | None = None, **given) -> None:
     from fedcache.training import check_not_a_cell
 
     spec = RunSpec.of(**given)
+    refuse_unread_options(spec, given_on_command_line(given))
     check_not_a_cell(spec.engine.out)
     with threads_for(threads):
         summary, how = ENGINES[spec.engine.name](spec)
@@ -123,6 +125,7 @@ def partition(plot: Optional[Path] = None, **given) -> None:
     from fedcache.training import load_data
 
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    refuse_unread_options(spec, given_on_command_line(given))
     if plot is not None:  # before the partition is made, not after
         writable_file(Path(f"{plot}-bubbles.png"), "--plot")
     data, info = load_data(spec)

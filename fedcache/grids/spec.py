@@ -278,7 +278,7 @@ class GridSpec:
     def _check_partition_axes(self) -> None:
         """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell
         under several names: a table would show a comparison that is not one."""
-        from fedcache.federate.partitions.core import COMMON_OPTIONS, PARTITIONERS
+        from fedcache.federate.partitions.core import COMMON_OPTIONS, PARTITIONERS, readers as schemes_reading
 
         own = self._settings_of_methods() or {}
         scheme_key = next((k for k in self.sweep if is_option(k) and option(k).key == "partition.scheme"), None)
@@ -290,7 +290,7 @@ class GridSpec:
             if "." not in key and any(key in fs for groups in own.values() for fs in groups.values()):
                 continue  # also a method's setting (perfedavg's alpha): the cells say the key is ambiguous
             known = [s for s in schemes if s in PARTITIONERS.names()]  # an unknown scheme is named when its cell is made
-            readers = [s for s in PARTITIONERS.names() if o.field in PARTITIONERS.get(s).options]
+            readers = schemes_reading(o.field)
             if known and readers and not set(known) & set(readers):  # no reader at all: every scheme's (clients)
                 raise ConfigError(
                     f"{self.names.axis(key, values)}: the partition scheme {', '.join(known)} ignores "

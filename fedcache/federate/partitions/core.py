@@ -45,11 +45,20 @@ def _schemes() -> tuple[str, ...]:
     return tuple(PARTITIONERS.names())
 
 
+def readers(option_field: str) -> list[str]:
+    """The schemes that read a scheme's own option (``alpha``: dirichlet, domain-dirichlet); every scheme reads the
+    common ones and the client count."""
+    if option_field in COMMON_OPTIONS | {"clients"}:
+        return list(PARTITIONERS.names())
+    return [s for s in PARTITIONERS.names() if option_field in PARTITIONERS.get(s).options]
+
+
 @dataclass(frozen=True)
 class PartitionSpec(Checked):
     """The partition options of a run (the run spec's ``partition`` section): each declared here once, with
     its default and range. A scheme reads the options it declares (``register_scheme``) and the common ones;
-    another one given is ignored with a warning."""
+    another one given is refused by ``train`` and ``partition`` (``spec.refuse_unread_options``), and warned about
+    where a partition is made from Python."""
 
     section = "partition"
 
