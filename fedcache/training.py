@@ -221,15 +221,38 @@ def validation_sets(partition, train_t, spec: RunSpec, spare: np.ndarray) -> lis
     """Per client, some of the ``spare`` training rows (nobody trains on them), with the client's (class, domain) mix."""
     if not len(spare):
         raise ConfigError("scoring on validation (--validation, or grid --select) needs training rows that no client trains "
-                          "on: add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N")
+                          f"on: {_spare_advice(spec.partition)}")
     rng = np.random.default_rng(np.random.SeedSequence([spec.schedule.seed, 7]))
     picked = local_test_sets(partition.train, train_t.labels, train_t.domains, train_t.labels[spare],
                              train_t.domains[spare], spec.partition.local_test, rng, spec.partition.local_test_mix)
     empty = [k for k, rows in enumerate(picked) if not len(rows)]
     if empty:
-        raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; "
-                          "use a smaller --subsample or --few-shot")
+        given = _spare_makers(spec.partition)
+        cure = f"use a smaller {' or '.join(flag for flag, _ in given)}" if given else _spare_advice(spec.partition)
+        raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; {cure}")
     return [spare[rows] for rows in picked]
+
+
+_SUBSAMPLE_ADVICE = "add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare)"
+
+
+def _spare_makers(p) -> list[tuple[str, object]]:
+    """The options given that leave training rows spare, as (flag, value)."""
+    made = (("--few-shot", p.few_shot), ("--class-budget", p.class_budget),
+            ("--subsample", p.subsample if p.subsample < 1 else None))
+    return [(flag, value) for flag, value in made if value is not None]
+
+
+def _spare_advice(p) -> str:
+    """How to leave rows spare, said for what was given: `add --few-shot N` to a run given --few-shot 500, which
+    kept every row its clients hold, was no advice."""
+    given = _spare_makers(p)
+    if not given:
+        return f"{_SUBSAMPLE_ADVICE} or --few-shot N"
+    named = " and ".join(f"{flag} {value}" for flag, value in given)
+    smaller = " or ".join(flag for flag, _ in given)
+    more = "" if p.subsample < 1 else f", or {_SUBSAMPLE_ADVICE}"
+    return f"{named} left every row to its clients; use a smaller {smaller}{more}"
 
 
 def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torch.device) -> dict:

@@ -521,3 +521,16 @@ def test_train_refuses_a_partition_option_its_scheme_ignores_every_time(capsys, 
     for extra in ([], ["--partition", "dirichlet", "--alpha", "0.3"]):
         code, _, err = run(capsys, "train", *args, *extra)
         assert code == 0, err
+
+
+def test_validation_without_spare_rows_advises_for_what_was_given(capsys, toy_store):
+    """`--few-shot N` that keeps every row its clients hold was told to add `--subsample 0.8 ... or --few-shot N`,
+    as if it had not been given."""
+    args = ["train", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+            "--partition", "domain", "--rounds", "1", "--validation"]
+    code, _, err = run(capsys, *args, "--few-shot", "10")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--few-shot 10 left every row to its clients; use a smaller --few-shot, or add --subsample 0.8" in err
+    assert "or --few-shot N" not in err
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N" in err
