@@ -34,6 +34,7 @@ def test_listings_fit_a_narrow_terminal_without_cutting_names_or_numbers(capsys,
     code, _, _ = run(capsys, "extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store_path), "--workers", "0")
     assert code == 0
     monkeypatch.setattr(console, "width", columns)
+    monkeypatch.setattr("fedcache.cli.common._piped", lambda: False)  # a terminal of that width
     for args, names in ((["backbones"], ["alexnet-imagenet", "4096", "clip-rn50", "1024", "efficientnet-lite"]),
                         (["methods"], ["clip-fc-centralized", "linear", "projection"]),
                         (["datasets"], ["digits5-offline", "torchvision", "from data"]),
@@ -534,3 +535,28 @@ def test_validation_without_spare_rows_advises_for_what_was_given(capsys, toy_st
     assert "or --few-shot N" not in err
     code, _, err = run(capsys, *args)
     assert code == 2 and "add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare) or --few-shot N" in err
+
+
+def test_a_piped_table_is_whole(toy_store):
+    """Piped or redirected, a listing was cut at 160 columns (or COLUMNS) with an ellipsis: `synt…`, `(handwr…`,
+    `fedavg ... average of locally trained heads, weighted by s…`. A pipe has no width to fit: every column whole."""
+    import os
+    import subprocess
+    import sys
+
+    from fedcache.extract.datasets import DATASETS
+    from fedcache.federate.methods import METHODS
+
+    env = {**os.environ, "COLUMNS": "80"}
+    def piped(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "fedcache.cli", *args], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, check=True)
+        assert "…" not in done.stdout, done.stdout
+        return done.stdout
+
+    out = piped("datasets")
+    spec = DATASETS.get("digits5-offline")
+    assert ",".join(spec.domains) in out and spec.description in out
+    assert METHODS.get("fedavg").description in piped("methods")
+    assert "tiny-timm-random RANDOM" in piped("store", "ls", "--store", str(toy_store))
+

@@ -22,8 +22,8 @@ from fedcache.paths import STORE_HELP, default_store
 
 HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 
-# Redirected output (logs, CI) gets a wide console, as wide as COLUMNS says where it is set: rich would cut
-# tables at 80 columns.
+# Redirected output (logs, CI) gets a wide console, as wide as COLUMNS says where it is set: rich would wrap
+# lines at 80 columns (tables are printed whole: print_table).
 _COLUMNS = os.environ.get("COLUMNS", "")
 console = Console() if sys.stdout.isatty() else Console(width=int(_COLUMNS) if _COLUMNS.isdigit() and int(_COLUMNS) > 0 else 160)
 err = Console(stderr=True, soft_wrap=True)  # a message is one line in a log or a pipe too (grep finds it); terminals wrap it
@@ -31,18 +31,29 @@ err = Console(stderr=True, soft_wrap=True)  # a message is one line in a log or 
 FLEXIBLE_MIN = 12  # characters of a free-text column (a description) below which other columns make room
 
 
+def _piped() -> bool:
+    """Whether stdout is no terminal (a pipe, a file, a log): it has no width for a table to fit."""
+    return not console.is_terminal
+
+
 def print_table(table: Table, optional: tuple[str, ...] = (), flexible: str | None = None) -> None:
-    """``table`` as wide as the console: its ``flexible`` column (free text) is cut to the room the others leave;
+    """``table`` as wide as the terminal: its ``flexible`` column (free text) is cut to the room the others leave;
     while that is under FLEXIBLE_MIN, the ``optional`` columns, least wanted first, are left out (a line says which
     and how to see them). A table still wider is printed whole for the terminal to wrap, never squeezed into
-    columns of a few letters (``4096`` shown as ``40…``)."""
+    columns of a few letters (``4096`` shown as ``40…``). Piped or redirected, every column is whole, one line a
+    row: a log or a grep cut ``synthdigits`` to ``synt…`` at any width chosen for it."""
+    if _piped():
+        for column in table.columns:
+            column.max_width = None
+        _print_wide(table, _width(table))
+        return
     flex = next((c for c in table.columns if c.header == flexible), None)
     cap = flex.max_width if flex else None
 
     def width(flex_width: int | None = cap) -> int:
         if flex is not None:
             flex.max_width = flex_width
-        return console.measure(table, options=console.options.update_width(1 << 16)).maximum
+        return _width(table)
 
     least = min(cap or FLEXIBLE_MIN, FLEXIBLE_MIN) if flex else None
     hidden = []
@@ -57,14 +68,25 @@ def print_table(table: Table, optional: tuple[str, ...] = (), flexible: str | No
     if flex is not None:
         room = console.width - (width(1) - 1)
         natural = width(max(least, min(room, cap or room)))
+    shown = console.width
+    _print_wide(table, natural)
+    if hidden:
+        console.print(f"[dim]{', '.join(hidden)} not shown at {shown} columns (COLUMNS=160 shows them)[/]",
+                      highlight=False)
+
+
+def _width(table: Table) -> int:
+    """The width ``table`` takes with room for all of it."""
+    return console.measure(table, options=console.options.update_width(1 << 16)).maximum
+
+
+def _print_wide(table: Table, natural: int) -> None:
+    """Print ``table`` at least ``natural`` columns wide, wider than the console if need be."""
     shown, console.width = console.width, max(natural, console.width)
     try:  # print() itself cannot go wider than the console
         console.print(table)
     finally:
         console.width = shown
-    if hidden:
-        console.print(f"[dim]{', '.join(hidden)} not shown at {shown} columns (COLUMNS=160 shows them)[/]",
-                      highlight=False)
 
 
 try:  # recent typer vendors click; older typer uses the click package

@@ -38,7 +38,7 @@ def demo(
     probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {fused} on {DATASET}{warn}")
     for r in res.probes:
         probe.add_row(r.domain, str(r.n_train), str(r.n_test), f"{r.accuracy:.1f}")
-    console.print(probe)
+    print_table(probe)
     fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}; "
                       "params and bytes up per round")
     for col in ("method", "acc % (std)", "global %", "params up", "bytes up", "sec"):
