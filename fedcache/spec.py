@@ -106,16 +106,18 @@ class EngineSpec(Checked):
     device: str = opt("auto", axis=False, help="Where the rounds run: auto (a GPU when there is one, said once), cpu, "
                                                "cuda, cuda:N or mps. The features, partitions and states stay there.")
     out: Path | None = opt(None, short="-o", axis=False, recorded=False,
-                           help="Run directory: config.json, metrics.jsonl, summary.json.")
+                           help="Run directory: config.json, metrics.jsonl, checkpoints, summary.json. Left out, the "
+                                "run writes nothing: it prints its result and cannot be resumed or reported.")
     resume: bool = opt(False, axis=False, recorded=False, help="Continue the run in --out from its last checkpoint.")
     overwrite: bool = opt(False, axis=False, recorded=False,
                           help="Replace the run in --out (a finished or diverged one) instead of refusing.")
     keep_checkpoints: Literal["last", "none", "all"] = opt(
         "last", axis=False, recorded=False,
-        help="last: the latest checkpoint (what --resume needs); none: deleted when the run finishes; all: one per round.")
+        help="last: the latest checkpoint (what continuing an interrupted run needs); none: deleted when the run "
+             "finishes; all: one per round.")
     track: tuple[str, ...] = opt((), axis=False, recorded=False,
                                  help="Also send metrics to: tensorboard, mlflow (comma-separated; pip install "
-                                      "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under --track-dir (a grid: under its --out).")
+                                      "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under --track-dir.")
     track_dir: Path | None = opt(None, axis=False, recorded=False,
                                  help="Where trackers write (default: --out; a grid's cells use the grid's --out).")
 

@@ -560,3 +560,18 @@ def test_a_piped_table_is_whole(toy_store):
     assert METHODS.get("fedavg").description in piped("methods")
     assert "tiny-timm-random RANDOM" in piped("store", "ls", "--store", str(toy_store))
 
+
+def test_train_and_grid_help_name_only_their_own_flags():
+    """`grid -h` said --keep-checkpoints keeps `what --resume needs` and --track writes `under --track-dir`, options
+    grid has not; `train -h` did not say that a run without --out writes nothing."""
+    import re as re_
+
+    commands = dict(_all_commands())
+    for name in ("train", "grid"):
+        cmd = commands[name]
+        flags = {f for p in cmd.params for f in (*p.opts, *p.secondary_opts)}
+        for p in cmd.params:
+            named = set(re_.findall(r"(?<![\w-])--[a-z][a-z-]*", getattr(p, "help", None) or ""))
+            assert named <= flags, (name, p.name, named - flags)
+    out = next(p for p in commands["train"].params if p.name == "out")
+    assert "Left out, the run writes nothing" in out.help

@@ -25,6 +25,9 @@ GRID_OWN = ("dataset", "backbones", "method", "store", "settings", "seed", "out"
 GRID_SKIPS = {"resume": "a grid resumes its unfinished cells by itself", "engine": "grid cells run in-process",
               "overwrite": "finished cells are kept; use another --out", "track_dir": "trackers write into the grid's --out"}
 GRID_HOW = ("track", "keep_checkpoints", "device")  # how every cell runs: one value for the grid, not an axis
+# A train option's help that names what a grid has not (train's --track-dir): the grid's own words.
+GRID_HELP = {"track": "Also send every cell's metrics to: tensorboard, mlflow (comma-separated; pip install "
+                      "'fedcache[tensorboard]' / 'fedcache[mlflow]'); written under the grid's --out."}
 
 
 def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str], backbones: Optional[str],
@@ -126,7 +129,7 @@ def _grid_signature() -> inspect.Signature:
     for o in options():
         if o.name in GRID_OWN or o.name in GRID_SKIPS:
             continue
-        what = escape(o.help.rstrip("."))
+        what = escape(GRID_HELP.get(o.name, o.help).rstrip("."))
         # train's default, shown as train's help shows it (\\[ is a literal bracket in rich markup)
         default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
         shown = "" if o.default in (None, ()) else f" \\[default: {default}]"
