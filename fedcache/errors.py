@@ -47,7 +47,13 @@ class StoreError(FedcacheError):
 
 
 class EntryNotFoundError(StoreError, KeyError):
-    """The store has no (complete) entry for the requested features."""
+    """The store has no (complete) entry for the requested features. ``missing``: ("dataset" or "backbone", name)
+    where the store holds no features of that name at all, and ``found`` the message without its advice to extract
+    them: the store cannot tell whether fedcache can extract a name (its registries are above it), its caller can."""
+
+    def __init__(self, message: str = "", missing: tuple[str, str] | None = None, found: str = "") -> None:
+        super().__init__(message)
+        self.missing, self.found = missing, found
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

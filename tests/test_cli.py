@@ -575,3 +575,18 @@ def test_train_and_grid_help_name_only_their_own_flags():
             assert named <= flags, (name, p.name, named - flags)
     out = next(p for p in commands["train"].params if p.name == "out")
     assert "Left out, the run writes nothing" in out.help
+
+
+def test_features_missing_from_the_store_are_advised_to_be_extracted_only_where_they_can_be(capsys, toy_store):
+    """`train -d digits5` (no such dataset) ended `or extract them: fedcache extract ... --dataset digits5`; so did a
+    backbone that no registry knows. Such a name is said to be unknown, with the name fedcache knows that is close."""
+    base = ["train", "--store", str(toy_store), "-m", "fedavg", "--rounds", "1"]
+    for data, unknown, near in ((["-d", "digits5", "-b", "tiny-timm-random"], "dataset 'digits5'", "digit5"),
+                                (["-d", "test-toy", "-b", "efficientnet-lite"], "backbone 'efficientnet-lite'",
+                                 "efficientnet-lite0")):
+        code, _, err = run(capsys, *base, *data)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert f"it knows no {unknown} (did you mean " in err and f"'{near}'" in err and "`fedcache extract" not in err, err
+    for data in (["-d", "digits5-offline", "-b", "tiny-timm-random"], ["-d", "test-toy", "-b", "tiny-clip-random"]):
+        code, _, err = run(capsys, *base, *data)
+        assert code == 1 and "or extract them: `fedcache extract" in err, err

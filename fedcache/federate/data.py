@@ -27,8 +27,39 @@ def sample_keys(table: FeatureTable | TableRows) -> np.ndarray:
 def load_splits(store: FeatureStore, dataset: str, backbones: list[str]) -> tuple[FeatureTable, FeatureTable]:
     """The fused (train, test) tables, their entries found while no import writes the pair
     (``FeatureStore.split_rows``)."""
-    rows = store.split_rows(dataset, SPLITS, backbones)
+    rows = split_rows(store, dataset, backbones)
     return tuple(load_fused(store, dataset, backbones, s, parts=rows[s]) for s in SPLITS)
+
+
+def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[str, list[TableRows]]:
+    """``store.split_rows`` of the train and test splits. A dataset or backbone the store has never held is advised
+    to be extracted only where fedcache can extract it: `-d digits5` was told to `fedcache extract --dataset
+    digits5`, a dataset that does not exist."""
+    try:
+        return store.split_rows(dataset, SPLITS, backbones)
+    except EntryNotFoundError as exc:
+        raise _unextractable(exc) or exc
+
+
+def _unextractable(exc: EntryNotFoundError) -> EntryNotFoundError | None:
+    """``exc`` said again for a name no registry of extract knows (unknown, or embeddings of one's own); None where
+    the name can be extracted."""
+    import difflib
+
+    from fedcache.extract.backbones import BACKBONES
+    from fedcache.extract.datasets import DATASETS
+
+    if exc.missing is None:
+        return None
+    kind, name = exc.missing
+    registry = {"dataset": DATASETS, "backbone": BACKBONES}[kind]
+    if name in registry or name.partition(":")[0] in registry.prefixes():
+        return None
+    near = ", ".join(map(repr, difflib.get_close_matches(name, registry.names(), n=3, cutoff=0.5)))  # as Registry says it
+    listing = "`fedcache datasets`" if kind == "dataset" else "`fedcache backbones`"
+    return EntryNotFoundError(f"{exc.found}; nor can fedcache extract them: it knows no {kind} {name!r}"
+                              f"{f' (did you mean {near}?)' if near else ''}; {listing} lists those it knows, and "
+                              "`fedcache store import` adds embeddings of your own", exc.missing, exc.found)
 
 
 def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: str, view: int = 0,

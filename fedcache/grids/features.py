@@ -17,7 +17,7 @@ _AGAIN = "delete the folder {} and run the grid again, which writes the features
 
 def write_features(spec: GridSpec) -> Path:
     """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
-    from fedcache.federate.data import SPLITS, load_fused
+    from fedcache.federate.data import load_fused, split_rows
     from fedcache.store.feature_store import FeatureStore
 
     folder = spec.features_folder
@@ -25,7 +25,7 @@ def write_features(spec: GridSpec) -> Path:
     if (folder / "meta.json").exists():
         _check_same_entries(store, spec, disk.read_json(folder / "meta.json", _AGAIN.format(folder)))
         return folder
-    rows = store.split_rows(spec.dataset, SPLITS, spec.backbones)
+    rows = split_rows(store, spec.dataset, spec.backbones)
     need = features_bytes(rows)
     try:
         disk.check_space(folder / "train_features.npy", need, WHAT)  # before the features are read or a byte written

@@ -359,7 +359,7 @@ class FeatureStore:
                     f"the {split} features of {dataset} for {backbone} are not complete yet "
                     f"(interrupted or still running); finish them with `{self._extract_hint(pending)}`"
                 )
-            raise EntryNotFoundError(self._not_found(cur, dataset, split, backbone))
+            raise self._not_found(cur, dataset, split, backbone)
         return found
 
     def _missing_domains(self, found: list[EntryInfo], slot: tuple, missing: list[str]) -> StoreError:
@@ -389,22 +389,24 @@ class FeatureStore:
         return hint + (f" --image-size {size}" if size else "") + (" (and any other option it was started with)"
                                                                    if k.get("view") or k.get("augmentation") else "")
 
-    def _not_found(self, cur: dict, dataset: str, split: str, backbone: str) -> str:
+    def _not_found(self, cur: dict, dataset: str, split: str, backbone: str) -> EntryNotFoundError:
         """What the store lacks, and the likeliest way on: a close name it does hold (a typo), the split it lacks
         (an import of one split), or the extraction."""
         where = f"the store {self.path} has no {split} features of {dataset} for {backbone}"
+        extract = f"; or extract them: `fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}`"
         datasets = sorted({s[0] for s in cur})
         if dataset not in datasets:
-            return where + _close(dataset, datasets, "datasets") + f"; or extract them: `fedcache extract --store {self.path} " \
-                f"--dataset {dataset} --backbones {backbone}`"
+            found = where + _close(dataset, datasets, "datasets")
+            return EntryNotFoundError(found + extract, ("dataset", dataset), found)
         backbones = sorted({s[3] for s in cur if s[0] == dataset})
         if backbone not in backbones:
-            return where + _close(backbone, backbones, f"backbones for {dataset}") + \
-                f"; or extract them: `fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}`"
+            found = where + _close(backbone, backbones, f"backbones for {dataset}")
+            return EntryNotFoundError(found + extract, ("backbone", backbone), found)
         splits = sorted({s[1] for s in cur if s[0] == dataset and s[3] == backbone})
-        return where + f" (only {', '.join(splits)}): extract that split (`fedcache extract --store {self.path} --dataset " \
-            f"{dataset} --backbones {backbone} --splits {split}`), or import it if these are imported embeddings " \
-            f"(`fedcache store import FILE --store {self.path} --dataset {dataset} --backbone {backbone} --split {split}`)"
+        return EntryNotFoundError(
+            where + f" (only {', '.join(splits)}): extract that split (`fedcache extract --store {self.path} --dataset "
+            f"{dataset} --backbones {backbone} --splits {split}`), or import it if these are imported embeddings "
+            f"(`fedcache store import FILE --store {self.path} --dataset {dataset} --backbone {backbone} --split {split}`)")
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
         """The features of every requested domain as one float32 array (see :meth:`features`)."""
