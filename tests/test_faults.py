@@ -519,15 +519,35 @@ def test_a_new_store_in_a_read_only_folder_is_one_line_saying_so(tmp_path, capsy
     assert list(ro.iterdir()) == []
 
 
-@pytest.mark.skipif(__import__("os").geteuid() == 0, reason="root reads every file: the permission cannot be denied")
-def test_a_store_group_this_user_cannot_read_is_not_called_damaged(toy_store, tmp_path, capsys):
+# Root reads every file; without the two capabilities that let it (setpriv, util-linux) it is refused as a user is.
+AS_A_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
+def _as_a_user(argv: list[str]) -> tuple[int, str]:
+    """(exit code, stderr) of ``fedcache argv`` in a process of its own that file permissions bind, also as root."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.faults import ROOT
+
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("root reads every file, and there is no setpriv here to drop that")
+    prefix = AS_A_USER if os.geteuid() == 0 else []
+    done = subprocess.run([*prefix, sys.executable, "-m", "fedcache.cli", *map(str, argv)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "FEDCACHE_DEBUG": ""}, timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, done.stderr
+
+
+def test_a_store_group_this_user_cannot_read_is_not_called_damaged(toy_store, tmp_path):
     """Another user's store made under a strict umask: its entries group unreadable here was "damaged: delete
     .../entries/zarr.json and fedcache writes it again", advice that would lose that user's store."""
     store = tmp_path / "theirs.zarr"
     shutil.copytree(toy_store, store)
     (store / "entries" / "zarr.json").chmod(0)
     try:
-        code, err = run_cli(["store", "ls", "--store", store], capsys)
+        code, err = _as_a_user(["store", "ls", "--store", store])
     finally:
         (store / "entries" / "zarr.json").chmod(0o644)
     line = one_error_line(err)

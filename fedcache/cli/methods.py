@@ -63,7 +63,8 @@ def _optimizer_line(cls) -> str:
     from fedcache.federate.optim_config import OPTIMIZER_PRESETS, describe
 
     if not cls.uses_optimizer:
-        return "Optimizer: none (it trains nothing with an optimizer; --set lr=... and the like are refused)"
+        return ("Optimizer: none (it trains nothing with an optimizer; --set lr=... and the like are refused, "
+                "--preset, --local-epochs and --batch-size are unused, with a warning)")
     preset = cls.default_preset
     return (f"Optimizer: preset {preset} ({describe(OPTIMIZER_PRESETS[preset])}); change it with --preset NAME or "
             "--set lr=VALUE --set weight_decay=VALUE (one --set each: lr=0.1,weight_decay=0 is one value of lr)")
