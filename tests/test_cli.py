@@ -517,6 +517,8 @@ def test_train_refuses_a_partition_option_its_scheme_ignores_every_time(capsys, 
                 "--alpha, or use a scheme that reads it (--partition dirichlet or domain-dirichlet)") in err
     code, _, err = run(capsys, "partition", *data, "--alpha", "0.5")  # given at its default value: still given
     assert code == 2 and "ignores alpha" in err
+    code, _, err = run(capsys, "shard", *data, "--alpha", "0.3", "--out", str(tmp_path / "shards"))
+    assert code == 2 and "ignores alpha" in err and not (tmp_path / "shards").exists()
     with pytest.raises(ConfigError, match=r"^--shards 2: the partition scheme dirichlet ignores shards.*--partition shards\)$"):
         fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", partition="dirichlet", shards=2, rounds=1)
     for extra in ([], ["--partition", "dirichlet", "--alpha", "0.3"]):

@@ -153,6 +153,7 @@ def shard(out: Path, **given) -> None:
     from fedcache.flower.sim import shard_spec
 
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+    refuse_unread_options(spec, given_on_command_line(given))
     console.print(describe(write_shards(shard_spec(spec), out)))
 
 
