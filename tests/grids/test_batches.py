@@ -472,3 +472,27 @@ def test_cells_of_one_partition_and_seed_stack_together_and_lone_cells_join_acro
     alone = {}
     assert _parts({"a": [1, 2, 3], "b": [4]}, 10, [[1, 2]], alone) == [[1, 2], [3, 4]] and not alone
 
+
+
+def test_a_torn_runs_json_of_an_interrupted_batch_is_one_line_and_its_advice_works(toy_store, tmp_path, monkeypatch):
+    """A batch's runs.json cut short (a crash while it was written by an older fedcache, a hand edit) met by the re-run:
+    one line naming it and what to do, and doing that trains the batch's cells again to the uninterrupted numbers."""
+    import shutil
+
+    from fedcache.errors import DamagedFileError
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    stop_after_round_1(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=tmp_path / "g", **kw)
+    monkeypatch.undo()
+    (runs,) = (tmp_path / "g" / "batches").glob("*/runs.json")
+    runs.write_text('["fedavg')
+    with pytest.raises(DamagedFileError, match=rf"{runs} is damaged .*delete the folder {runs.parent} and run the grid "
+                                               r"again"):
+        grid(out=tmp_path / "g", **kw)
+    shutil.rmtree(runs.parent)
+    grid(out=tmp_path / "g", **kw)
+    assert_same_cells(tmp_path / "whole", tmp_path / "g")
