@@ -167,7 +167,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     _check_callback("on_round", on_round, "done", "total", "line")
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
-    refuse_unread_options(spec, options)
+    refuse_unread_options(spec, [k for k, v in options.items() if v is not None])  # None: the default, as left out
     check_not_a_cell(spec.engine.out)
     if spec.engine.name != "in-process":
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "

@@ -21,6 +21,13 @@ def is_panel_key(key: str) -> bool:
     return key in PANEL_KEYS or (is_option(key) and option(key).name in PANEL_KEYS)
 
 
+def bold_meaning(panel_keys) -> str:
+    """What bold marks, in words for a reader without the docs (table.md's line under the table, the report's
+    caption): ``the highest mean of each alpha, among the results whose every seed ran to the end``."""
+    each = f" of each {' and '.join(panel_keys)}" if panel_keys else ""
+    return f"the highest mean{each}, among the results whose every seed ran to the end"
+
+
 @dataclass(frozen=True)
 class Result:
     where: Hashable  # the values of the data settings (the report's panel): a result competes only inside its own

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcache.best import Result, best_marks, is_panel_key
+from fedcache.best import Result, best_marks, bold_meaning, is_panel_key
 from fedcache.disk import write_text
 from fedcache.errors import ConfigError
 from fedcache.grids.cells import METRIC_COLUMNS
@@ -64,8 +64,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
 
 def _legend(panel: list[str]) -> str:
     """What bold means, under the table: the file is read without the docs or the report beside it."""
-    each = f" of each {' and '.join(panel)}" if panel else ""
-    return f"In bold: the highest mean{each}, among the results whose every seed ran to the end."
+    return f"In bold: {bold_meaning(panel)}."
 
 
 def _stats(rows: list[dict], metric: str) -> tuple[float | None, float, int, int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcache import disk
-from fedcache.best import Result, best_marks
+from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
@@ -143,8 +143,8 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
             f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
             f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
             f"'# of Comm Params'); seconds is a run's wall time, and cells the batched engine trained together each show "
-            f"their batch's; in bold the best accuracy of each panel setting, where two results or more ran every seed to the "
-            f"end (table.md marks the same).{mixed}{warn}{_cut_short(runs)}")
+            f"their batch's; in bold {bold_meaning(layout.panel_keys)}, where two or more compare (table.md marks the "
+            f"same).{mixed}{warn}{_cut_short(runs)}")
 
 
 def _data_text(runs: list[Run], groups: list[Group], layout: Layout) -> tuple[str, str]:

@@ -59,6 +59,9 @@ def test_report_of_a_grid_has_tables_and_embedded_figures(toy_grid, tmp_path, ca
     assert "Training loss per round" in html
     assert "RANDOM weights" in html
     md = (out / "report.md").read_text()
+    # What bold marks, in table.md's words (the report said "of each panel setting")
+    assert ("in bold the highest mean of each alpha, among the results whose every seed ran to the end, where two or "
+            "more compare (table.md marks the same)") in md
     for ref in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         assert (out / ref).stat().st_size > 1000, ref
 
