@@ -15,15 +15,7 @@ entry memory-maps; format-1 entries (zstd, written before) are read through Zarr
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import functools
-import hashlib
-import json
 import logging
-import os
-import secrets
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -31,127 +23,23 @@ import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
-                             StoreError)
+from fedcache.errors import ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.paths import STORE_DENIED, denied_problem, is_denied, unreadable_store
-from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS, crc
-from fedcache.store.keys import TextKey, canonical_json
-from fedcache.store.locks import exclusive_lock, shared_lock
+from fedcache.store import lookup
+from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
+                                    EntryInfo, now_iso)
+from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS
+from fedcache.store.locks import exclusive_lock, import_lock, shared_lock
 from fedcache.store.reading import EntryReader, fill
+from fedcache.store.removal import Removal
+from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent
+from fedcache.store.text import TextEmbeddings
+
+# Re-exported: the rest of fedcache (and its tests) import these from here.
+__all__ = ["ENTRIES", "ENTRY_FORMAT", "FORMAT_ATTR", "SHARD_ATTR", "STORE_FORMAT", "TEXT", "EntryInfo", "FeatureStore",
+           "FeatureTable", "TableRows", "import_lock", "now_iso"]
 
 log = logging.getLogger(__name__)
-
-# 1: zstd-compressed chunks (Zarr's default codec), zlib CRC-32 checksums.
-# 2: new entries uncompressed, CRC-32C checksums (docs/store.md says why); format-1 entries still read.
-STORE_FORMAT = 2
-ENTRY_FORMAT = STORE_FORMAT  # what new entries are written in
-FORMAT_ATTR = "format"  # an entry's format; absent: 1
-ENTRIES = "entries"
-TEXT = "text"
-REMOVING = ".removing"  # entries being deleted (``discard``), out of every reader's sight
-SHARD_ATTR = "fedcache_shard"  # a root attribute: this store is one client's (or the server's) shard, `fedcache shard`
-SLOT_FIELDS = ("dataset", "split", "domain", "backbone", "view")
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    entry_id: str
-    key: dict
-    n_rows: int
-    dim: int
-    complete: bool
-    completed_at: str | None
-    attrs: dict
-    damaged: str | None = None  # why its metadata cannot be read (then complete is False)
-
-    @property
-    def slot(self) -> tuple:
-        k = self.key
-        return tuple(k.get(f) for f in SLOT_FIELDS)
-
-    def label(self) -> str:
-        k = self.key
-        if not k:
-            return "key unreadable"
-        return f"{k.get('dataset')}/{k.get('split')}/{k.get('domain')} {k.get('backbone')}"
-
-    @property
-    def random_weights(self) -> bool:
-        return bool(self.attrs.get("random_weights", False))
-
-    @property
-    def format(self) -> int:
-        return int(self.attrs.get(FORMAT_ATTR, 1))
-
-
-@dataclass
-class FeatureTable:
-    """Features of one (dataset, split, backbone, view), all requested domains together."""
-
-    features: np.ndarray  # (N, D) float32
-    labels: np.ndarray  # (N,) int64
-    ids: np.ndarray  # (N,) int64, unique within a domain
-    domains: np.ndarray  # (N,) int16 index into domain_names
-    domain_names: tuple[str, ...]
-    class_names: tuple[str, ...]
-    random_weights: bool
-    entry_ids: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-@dataclass
-class EntryRows:
-    """One entry's part of a table: its reader, which of its rows are valid, where they start in the table."""
-
-    reader: EntryReader
-    valid: np.ndarray
-    offset: int
-    labels: np.ndarray
-    ids: np.ndarray
-    domains: np.ndarray
-
-
-@dataclass
-class TableRows:
-    """A table before its features are read (``FeatureStore.rows``): everything but them, checked."""
-
-    parts: list[EntryRows]
-    domain_names: tuple[str, ...]
-    class_names: tuple[str, ...]
-    random_weights: bool
-    entry_ids: tuple[str, ...]
-    dim: int
-
-    def __len__(self) -> int:
-        return sum(len(p.labels) for p in self.parts)
-
-    def close(self) -> None:
-        """Close the entries' files (reading the features closes them too): the table is not read after all."""
-        for p in self.parts:
-            p.reader.close()
-
-    def _cat(self, name: str, dtype) -> np.ndarray:
-        return np.concatenate([getattr(p, name) for p in self.parts]) if self.parts else np.zeros(0, dtype)
-
-    @functools.cached_property
-    def labels(self) -> np.ndarray:
-        return self._cat("labels", np.int64)
-
-    @functools.cached_property
-    def ids(self) -> np.ndarray:
-        return self._cat("ids", np.int64)
-
-    @functools.cached_property
-    def domains(self) -> np.ndarray:
-        return self._cat("domains", np.int16)
-
-    def table(self, features: np.ndarray, **replace) -> FeatureTable:
-        fields = dict(features=features, labels=self.labels, ids=self.ids, domains=self.domains,
-                      domain_names=self.domain_names, class_names=self.class_names,
-                      random_weights=self.random_weights, entry_ids=self.entry_ids)
-        return FeatureTable(**{**fields, **replace})
 
 
 def _group(e: EntryInfo) -> tuple:
@@ -165,26 +53,7 @@ def _named_by(newest: EntryInfo, e: EntryInfo) -> bool:
     return not isinstance(names, list) or e.slot[2] in names
 
 
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
-
-
-def _check_consistent(entries: list[EntryInfo], path: Path) -> None:
-    """Features of different domains are only comparable if made by the same weights and preprocessing."""
-    made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
-    if len(made_by) > 1:
-        k = entries[0].key
-        # Imported features name their file in weights_hash ("imported:<digest>"): two files' domains mixed.
-        again = ("import the file again, whole (`fedcache store import FILE`)" if any(
-            str(e.key["weights_hash"]).startswith("imported:") for e in entries) else
-            f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
-        raise StoreError(
-            f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
-            f"or imported files; {again} so that every domain is current"
-        )
-
-
-class FeatureStore:
+class FeatureStore(TextEmbeddings, Removal):
     def __init__(self, path: str | Path, create: bool = True) -> None:
         self.path = Path(path)
         new = not self.path.exists()
@@ -351,62 +220,12 @@ class FeatureStore:
         infos = self.entries()
         cur = self.current(infos)
         found = [e for s, e in cur.items() if s[0] == dataset and s[1] == split and s[3] == backbone and s[4] == view]
-        self._refuse_damaged(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
+        hit = lookup.damaged_in(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
+        if hit:
+            raise self.damaged(hit, hit.damaged or "")
         if not found:
-            pending = [e for e in infos if e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
-            if pending:
-                raise IncompleteEntryError(
-                    f"the {split} features of {dataset} for {backbone} are not complete yet "
-                    f"(interrupted or still running); finish them with `{self._extract_hint(pending)}`"
-                )
-            raise self._not_found(cur, dataset, split, backbone)
+            raise lookup.nothing_found(self.path, infos, cur, (dataset, split, backbone, view))
         return found
-
-    def _missing_domains(self, found: list[EntryInfo], slot: tuple, missing: list[str]) -> StoreError:
-        """Domains of a table the store lacks: an extraction of them left unfinished is said as such, with the
-        command that finishes it; else the extraction that makes them as the other domains were made (another
-        --dtype or --image-size would make entries the table then refuses to mix)."""
-        dataset, split, backbone, view = slot
-        pending = [e for e in self.entries() if not e.complete and e.slot == (dataset, split, e.slot[2], backbone, view)
-                   and e.slot[2] in missing]
-        where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
-        if pending:
-            return IncompleteEntryError(f"the {where} are not complete yet (interrupted or still running); finish them "
-                                        f"with `{self._extract_hint(pending)}`")
-        return EntryNotFoundError(f"the store has no {where}; run `{self._extract_hint(found[:1], missing)}`")
-
-    def _extract_hint(self, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
-        """The extraction that finishes ``pending`` (or makes ``domains`` as ``pending`` were made): its store,
-        dataset, backbone, and the options in its key that are not the defaults (another --dtype would write new
-        entries instead of finishing these)."""
-        k = pending[0].key
-        if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
-            return f"fedcache store import FILE --store {self.path} --dataset {k['dataset']} --backbone {k['backbone']}"
-        hint = f"fedcache extract --store {self.path} --dataset {k['dataset']} --backbones {k['backbone']}"
-        hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
-        hint += f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
-        size = (k.get("preprocess") or {}).get("size")
-        return hint + (f" --image-size {size}" if size else "") + (" (and any other option it was started with)"
-                                                                   if k.get("view") or k.get("augmentation") else "")
-
-    def _not_found(self, cur: dict, dataset: str, split: str, backbone: str) -> EntryNotFoundError:
-        """What the store lacks, and the likeliest way on: a close name it does hold (a typo), the split it lacks
-        (an import of one split), or the extraction."""
-        where = f"the store {self.path} has no {split} features of {dataset} for {backbone}"
-        extract = f"; or extract them: `fedcache extract --store {self.path} --dataset {dataset} --backbones {backbone}`"
-        datasets = sorted({s[0] for s in cur})
-        if dataset not in datasets:
-            found = where + _close(dataset, datasets, "datasets")
-            return EntryNotFoundError(found + extract, ("dataset", dataset), found)
-        backbones = sorted({s[3] for s in cur if s[0] == dataset})
-        if backbone not in backbones:
-            found = where + _close(backbone, backbones, f"backbones for {dataset}")
-            return EntryNotFoundError(found + extract, ("backbone", backbone), found)
-        splits = sorted({s[1] for s in cur if s[0] == dataset and s[3] == backbone})
-        return EntryNotFoundError(
-            where + f" (only {', '.join(splits)}): extract that split (`fedcache extract --store {self.path} --dataset "
-            f"{dataset} --backbones {backbone} --splits {split}`), or import it if these are imported embeddings "
-            f"(`fedcache store import FILE --store {self.path} --dataset {dataset} --backbone {backbone} --split {split}`)")
 
     def read(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> FeatureTable:
         """The features of every requested domain as one float32 array (see :meth:`features`)."""
@@ -452,9 +271,9 @@ class FeatureStore:
         by_domain = {e.key["domain"]: e for e in found}
         missing = [d for d in wanted if d not in by_domain]
         if missing:
-            raise self._missing_domains(found, (dataset, split, backbone, view), missing)
+            raise lookup.missing_domains(self.path, self.entries(), found, (dataset, split, backbone, view), missing)
         infos = [by_domain[d] for d in wanted]
-        _check_consistent(infos, self.path)
+        check_consistent(infos, self.path)
         parts, offset = [], 0
         for info in infos:
             reader = self.reader(info)
@@ -540,153 +359,8 @@ class FeatureStore:
             "`fedcache extract` or `fedcache store import` that made it replaces a damaged entry), or remove it with "
             f"`fedcache store rm {info.entry_id} --store {self.path}`; `fedcache store verify` checks every entry", problem)
 
-    def _refuse_damaged(self, infos: list[EntryInfo], want: tuple, domains: set | None) -> None:
-        """A damaged entry that may fill a slot asked for (or whose slot is unknown) stops the read."""
-        dataset, split, backbone, view = want
-
-        def may_fill(e: EntryInfo) -> bool:
-            s = e.slot
-            return s[:2] == (dataset, split) and s[3:] == (backbone, view) and (domains is None or s[2] in domains)
-
-        hit = [e for e in infos if e.damaged and (not e.key or may_fill(e))]
-        if hit:
-            raise self.damaged(hit[0], hit[0].damaged or "")
-
-    # ---- text embeddings -------------------------------------------------------
-    def put_text(self, key: TextKey, embeddings: np.ndarray, random_weights: bool) -> str:
-        """Store per-template class-text embeddings (T, C, D); written whole, then marked complete."""
-        group = self.root[TEXT]
-        eid = key.entry_id
-        folder = self.path / TEXT / eid
-        shutil.rmtree(folder, ignore_errors=True)
-        emb = np.asarray(embeddings, dtype=np.float32)
-        what = f"the text embeddings of {key.backbone} in"
-        disk.check_space(folder, emb.nbytes, what)
-        with disk.on_full_disk(folder, what, emb.nbytes, remove=[folder]):  # a text entry is written whole or not at all
-            g = group.create_group(eid)
-            g.create_array("embeddings", data=emb)
-            g.attrs.update({"key": key.to_dict(), "random_weights": random_weights, CRC_ATTR: crc(emb)})
-            g.attrs.update({"complete": True, "completed_at": now_iso()})
-        return eid
-
-    def has_text(self, key: TextKey) -> bool:
-        """True if the text entry is complete and intact (a damaged one is written again)."""
-        try:
-            self._text(key.entry_id)
-        except StoreError:
-            return False
-        return True
-
-    def _text(self, entry_id: str) -> np.ndarray:
-        where = f"text entry {entry_id} in {self.path}"
-        try:
-            g = self.root[TEXT][entry_id]
-            a = dict(g.attrs)
-            if not a.get("complete"):
-                raise IncompleteEntryError(f"{where} is not complete")
-            emb = g["embeddings"][:]
-        except StoreError:
-            raise
-        except Exception as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        else:
-            if CRC_ATTR not in a or crc(emb) == a[CRC_ATTR]:
-                return emb
-            problem = "its embeddings do not hold what was written"
-        raise DamagedEntryError(f"{where} is damaged ({problem}); re-run `fedcache extract` for its backbone, which "
-                                "writes it again", problem)
-
-    def verify_text(self, entry_id: str) -> tuple[str, str]:
-        """(status, detail) of a text entry, as :meth:`verify`."""
-        try:
-            self._text(entry_id)
-        except IncompleteEntryError:
-            return "partial", "not complete: written again by the next extraction of its backbone"
-        except DamagedEntryError as exc:
-            return "damaged", exc.problem
-        return "ok", ""
-
-    def text_entries(self) -> list[tuple[str, dict]]:
-        """(entry id, attributes) of every readable text entry; damaged ones are left out (`store verify` names them)."""
-        out = []
-        for eid in self.entry_ids(TEXT):
-            try:
-                out.append((eid, dict(self.root[TEXT][eid].attrs)))
-            except Exception:
-                log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
-        return out
-
-    def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single",
-                  weights_hash: str | None = None) -> np.ndarray:
-        """Class-text embeddings (T, C, D) of the newest complete text entry matching the request; of the weights
-        ``weights_hash`` (those of the image features they go with) where the store has them."""
-        best = self._newest_text(backbone, list(classes), template_set, weights_hash)
-        if best is None:
-            raise EntryNotFoundError(
-                f"no '{template_set}' text embeddings for {backbone} and these classes; "
-                f"run `fedcache extract --backbones {backbone}` on the dataset (only CLIP-style backbones have them)"
-            )
-        return self._text(best)
-
-    def _newest_text(self, backbone: str, classes: list[str], template_set: str, weights_hash: str | None = None) -> str | None:
-        found = []
-        for eid, a in self.text_entries():
-            k = a.get("key", {})
-            if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
-                found.append((a["completed_at"], k.get("weights_hash") == weights_hash, eid))
-        same = [f for f in found if f[1]]
-        return max(same or found)[2] if found else None
-
-    # ---- removal ---------------------------------------------------------------
-    def remove(self, entry_id: str) -> EntryInfo:
-        info = self.info(entry_id)
-        with self._no_writer(info):
-            self.discard(info.entry_id)
-        return info
-
-    @contextlib.contextmanager
-    def _no_writer(self, info: EntryInfo) -> Iterator[None]:
-        """Hold the locks an extraction or import of the entry takes: removed under a running writer, the entry came
-        back as files without metadata, which stopped every read of the store as a damaged entry of unknown slot."""
-        with contextlib.ExitStack() as held:
-            # The create lock first, then the part locks found while holding it: a writer takes its part lock before
-            # it lets the create lock go, so none can start writing between the look and the removal.
-            what, advice = f"entry {info.entry_id} ({info.label()})", "let it finish (or stop it), then remove the entry"
-            held.enter_context(exclusive_lock(self.locks_dir / f"{info.entry_id}.create.lock", what, advice=advice))
-            for path in sorted(self.locks_dir.glob(f"{info.entry_id}.part*.lock")):
-                held.enter_context(exclusive_lock(path, what, advice=advice))
-            yield
-
-    def discard(self, entry_id: str, kind: str = ENTRIES) -> None:
-        # Deleted in place, an entry went file by file in directory order: stopped midway (Ctrl-C, kill), it was
-        # left without its rows while its zarr.json still said complete. One rename out of its folder takes it from
-        # every reader at once; the files are deleted after, and what a stopped removal left, by the next one.
-        # Renamed straight to a name of its own: a folder made first to rename into was empty for a moment, and a
-        # concurrent removal's sweep below deleted it, so this rename failed (FileNotFoundError).
-        trash = self.path / REMOVING
-        trash.mkdir(exist_ok=True)
-        os.rename(self.path / kind / entry_id, trash / f"{entry_id}.{secrets.token_hex(8)}")
-        self.bad_images_path(entry_id).unlink(missing_ok=True)
-        for left in trash.iterdir():
-            shutil.rmtree(left, ignore_errors=True)  # another process's removal may be deleting it too
-
     def stale(self) -> list[EntryInfo]:
         """Complete entries superseded by a newer one in the same slot (never read again)."""
         infos = self.entries()
         cur = {e.entry_id for e in self.current(infos).values()}
         return [e for e in infos if e.complete and e.entry_id not in cur]
-
-
-def _close(name: str, names: list[str], what: str) -> str:
-    """ "; did you mean 'x'? It holds: ..." """
-    import difflib
-
-    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
-    listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-    return (f"; did you mean {near[0]!r}?" if near else "") + f" (its {what}: {listed or 'none'})"
-
-
-def import_lock(dataset: str, backbone: str) -> str:
-    """The lock's name for imports under (dataset, backbone): hashed, since the names may hold dots (``a.b``/``c``
-    and ``a``/``b.c`` joined alike) and two long ones exceed a file name's 255 bytes."""
-    return "import." + hashlib.sha256(json.dumps([dataset, backbone]).encode()).hexdigest()[:16]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -103,3 +105,8 @@ def _acquire(fd: int, path: Path, what: str, wait: float, advice: str, mode: int
                 raise EntryLockedError(f"{what} is being written by another process{who}; {advice}") from None
             time.sleep(POLL)
 
+
+def import_lock(dataset: str, backbone: str) -> str:
+    """The lock's name for imports under (dataset, backbone): hashed, since the names may hold dots (``a.b``/``c``
+    and ``a``/``b.c`` joined alike) and two long ones exceed a file name's 255 bytes."""
+    return "import." + hashlib.sha256(json.dumps([dataset, backbone]).encode()).hexdigest()[:16]

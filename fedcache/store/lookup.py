@@ -1,0 +1,95 @@
+"""Why a read finds nothing, and the command that makes or finishes what it asked for.
+
+Free functions of the store's path and entries, not methods: they only word errors, and need nothing else of
+the store (``FeatureStore.find`` and ``rows`` raise what they return).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.store.entries import EntryInfo
+
+
+def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
+    """A damaged entry that may fill a slot asked for (or whose slot is unknown): it stops the read."""
+    dataset, split, backbone, view = want
+
+    def may_fill(e: EntryInfo) -> bool:
+        s = e.slot
+        return s[:2] == (dataset, split) and s[3:] == (backbone, view) and (domains is None or s[2] in domains)
+
+    hit = [e for e in infos if e.damaged and (not e.key or may_fill(e))]
+    return hit[0] if hit else None
+
+
+def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) -> StoreError:
+    """No current entry of (dataset, split, backbone, view): an unfinished one is said as such, with the command
+    that finishes it; else what the store lacks (:func:`not_found`)."""
+    dataset, split, backbone, view = want
+    pending = [e for e in infos if e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
+    if pending:
+        return IncompleteEntryError(
+            f"the {split} features of {dataset} for {backbone} are not complete yet "
+            f"(interrupted or still running); finish them with `{extract_hint(path, pending)}`"
+        )
+    return not_found(path, cur, dataset, split, backbone)
+
+
+def missing_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], slot: tuple,
+                    missing: list[str]) -> StoreError:
+    """Domains of a table the store lacks: an extraction of them left unfinished is said as such, with the
+    command that finishes it; else the extraction that makes them as the other domains were made (another
+    --dtype or --image-size would make entries the table then refuses to mix)."""
+    dataset, split, backbone, view = slot
+    pending = [e for e in infos if not e.complete and e.slot == (dataset, split, e.slot[2], backbone, view)
+               and e.slot[2] in missing]
+    where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
+    if pending:
+        return IncompleteEntryError(f"the {where} are not complete yet (interrupted or still running); finish them "
+                                    f"with `{extract_hint(path, pending)}`")
+    return EntryNotFoundError(f"the store has no {where}; run `{extract_hint(path, found[:1], missing)}`")
+
+
+def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
+    """The extraction that finishes ``pending`` (or makes ``domains`` as ``pending`` were made): its store,
+    dataset, backbone, and the options in its key that are not the defaults (another --dtype would write new
+    entries instead of finishing these)."""
+    k = pending[0].key
+    if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
+        return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
+    hint = f"fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}"
+    hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
+    hint += f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
+    size = (k.get("preprocess") or {}).get("size")
+    return hint + (f" --image-size {size}" if size else "") + (" (and any other option it was started with)"
+                                                               if k.get("view") or k.get("augmentation") else "")
+
+
+def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) -> EntryNotFoundError:
+    """What the store lacks, and the likeliest way on: a close name it does hold (a typo), the split it lacks
+    (an import of one split), or the extraction."""
+    where = f"the store {path} has no {split} features of {dataset} for {backbone}"
+    extract = f"; or extract them: `fedcache extract --store {path} --dataset {dataset} --backbones {backbone}`"
+    datasets = sorted({s[0] for s in cur})
+    if dataset not in datasets:
+        found = where + _close(dataset, datasets, "datasets")
+        return EntryNotFoundError(found + extract, ("dataset", dataset), found)
+    backbones = sorted({s[3] for s in cur if s[0] == dataset})
+    if backbone not in backbones:
+        found = where + _close(backbone, backbones, f"backbones for {dataset}")
+        return EntryNotFoundError(found + extract, ("backbone", backbone), found)
+    splits = sorted({s[1] for s in cur if s[0] == dataset and s[3] == backbone})
+    return EntryNotFoundError(
+        where + f" (only {', '.join(splits)}): extract that split (`fedcache extract --store {path} --dataset "
+        f"{dataset} --backbones {backbone} --splits {split}`), or import it if these are imported embeddings "
+        f"(`fedcache store import FILE --store {path} --dataset {dataset} --backbone {backbone} --split {split}`)")
+
+
+def _close(name: str, names: list[str], what: str) -> str:
+    """ "; did you mean 'x'? It holds: ..." """
+    import difflib
+
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return (f"; did you mean {near[0]!r}?" if near else "") + f" (its {what}: {listed or 'none'})"

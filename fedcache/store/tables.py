@@ -1,0 +1,100 @@
+"""What reading the store hands out: a table of features (``FeatureTable``) and, before its features are read,
+its rows (``TableRows``), made of each entry's part (``EntryRows``)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedcache.errors import StoreError
+from fedcache.store.entries import EntryInfo
+from fedcache.store.keys import canonical_json
+from fedcache.store.reading import EntryReader
+
+
+@dataclass
+class FeatureTable:
+    """Features of one (dataset, split, backbone, view), all requested domains together."""
+
+    features: np.ndarray  # (N, D) float32
+    labels: np.ndarray  # (N,) int64
+    ids: np.ndarray  # (N,) int64, unique within a domain
+    domains: np.ndarray  # (N,) int16 index into domain_names
+    domain_names: tuple[str, ...]
+    class_names: tuple[str, ...]
+    random_weights: bool
+    entry_ids: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class EntryRows:
+    """One entry's part of a table: its reader, which of its rows are valid, where they start in the table."""
+
+    reader: EntryReader
+    valid: np.ndarray
+    offset: int
+    labels: np.ndarray
+    ids: np.ndarray
+    domains: np.ndarray
+
+
+@dataclass
+class TableRows:
+    """A table before its features are read (``FeatureStore.rows``): everything but them, checked."""
+
+    parts: list[EntryRows]
+    domain_names: tuple[str, ...]
+    class_names: tuple[str, ...]
+    random_weights: bool
+    entry_ids: tuple[str, ...]
+    dim: int
+
+    def __len__(self) -> int:
+        return sum(len(p.labels) for p in self.parts)
+
+    def close(self) -> None:
+        """Close the entries' files (reading the features closes them too): the table is not read after all."""
+        for p in self.parts:
+            p.reader.close()
+
+    def _cat(self, name: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in self.parts]) if self.parts else np.zeros(0, dtype)
+
+    @functools.cached_property
+    def labels(self) -> np.ndarray:
+        return self._cat("labels", np.int64)
+
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        return self._cat("ids", np.int64)
+
+    @functools.cached_property
+    def domains(self) -> np.ndarray:
+        return self._cat("domains", np.int16)
+
+    def table(self, features: np.ndarray, **replace) -> FeatureTable:
+        fields = dict(features=features, labels=self.labels, ids=self.ids, domains=self.domains,
+                      domain_names=self.domain_names, class_names=self.class_names,
+                      random_weights=self.random_weights, entry_ids=self.entry_ids)
+        return FeatureTable(**{**fields, **replace})
+
+
+
+def check_consistent(entries: list[EntryInfo], path: Path) -> None:
+    """Features of different domains are only comparable if made by the same weights and preprocessing."""
+    made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
+    if len(made_by) > 1:
+        k = entries[0].key
+        # Imported features name their file in weights_hash ("imported:<digest>"): two files' domains mixed.
+        again = ("import the file again, whole (`fedcache store import FILE`)" if any(
+            str(e.key["weights_hash"]).startswith("imported:") for e in entries) else
+            f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
+        raise StoreError(
+            f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
+            f"or imported files; {again} so that every domain is current"
+        )

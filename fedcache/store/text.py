@@ -1,0 +1,113 @@
+"""CLIP class-text embeddings: per backbone and class list, one (T, C, D) array per template set, written whole.
+
+A mixin of ``FeatureStore``, so that ``store.put_text(...)`` and the rest stay the store's own methods with no
+forwarding; it uses only the store's ``root``, ``path`` and ``entry_ids``.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import zarr
+
+from fedcache import disk
+from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.store.entries import TEXT, now_iso
+from fedcache.store.integrity import CRC_ATTR, crc
+from fedcache.store.keys import TextKey
+
+log = logging.getLogger(__name__)
+
+
+class TextEmbeddings:
+    """The store's ``text/`` group (docs/store.md)."""
+
+    path: Path
+    root: zarr.Group
+
+    def put_text(self, key: TextKey, embeddings: np.ndarray, random_weights: bool) -> str:
+        """Store per-template class-text embeddings (T, C, D); written whole, then marked complete."""
+        group = self.root[TEXT]
+        eid = key.entry_id
+        folder = self.path / TEXT / eid
+        shutil.rmtree(folder, ignore_errors=True)
+        emb = np.asarray(embeddings, dtype=np.float32)
+        what = f"the text embeddings of {key.backbone} in"
+        disk.check_space(folder, emb.nbytes, what)
+        with disk.on_full_disk(folder, what, emb.nbytes, remove=[folder]):  # a text entry is written whole or not at all
+            g = group.create_group(eid)
+            g.create_array("embeddings", data=emb)
+            g.attrs.update({"key": key.to_dict(), "random_weights": random_weights, CRC_ATTR: crc(emb)})
+            g.attrs.update({"complete": True, "completed_at": now_iso()})
+        return eid
+
+    def has_text(self, key: TextKey) -> bool:
+        """True if the text entry is complete and intact (a damaged one is written again)."""
+        try:
+            self._text(key.entry_id)
+        except StoreError:
+            return False
+        return True
+
+    def _text(self, entry_id: str) -> np.ndarray:
+        where = f"text entry {entry_id} in {self.path}"
+        try:
+            g = self.root[TEXT][entry_id]
+            a = dict(g.attrs)
+            if not a.get("complete"):
+                raise IncompleteEntryError(f"{where} is not complete")
+            emb = g["embeddings"][:]
+        except StoreError:
+            raise
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if CRC_ATTR not in a or crc(emb) == a[CRC_ATTR]:
+                return emb
+            problem = "its embeddings do not hold what was written"
+        raise DamagedEntryError(f"{where} is damaged ({problem}); re-run `fedcache extract` for its backbone, which "
+                                "writes it again", problem)
+
+    def verify_text(self, entry_id: str) -> tuple[str, str]:
+        """(status, detail) of a text entry, as :meth:`verify`."""
+        try:
+            self._text(entry_id)
+        except IncompleteEntryError:
+            return "partial", "not complete: written again by the next extraction of its backbone"
+        except DamagedEntryError as exc:
+            return "damaged", exc.problem
+        return "ok", ""
+
+    def text_entries(self) -> list[tuple[str, dict]]:
+        """(entry id, attributes) of every readable text entry; damaged ones are left out (`store verify` names them)."""
+        out = []
+        for eid in self.entry_ids(TEXT):
+            try:
+                out.append((eid, dict(self.root[TEXT][eid].attrs)))
+            except Exception:
+                log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
+        return out
+
+    def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single",
+                  weights_hash: str | None = None) -> np.ndarray:
+        """Class-text embeddings (T, C, D) of the newest complete text entry matching the request; of the weights
+        ``weights_hash`` (those of the image features they go with) where the store has them."""
+        best = self._newest_text(backbone, list(classes), template_set, weights_hash)
+        if best is None:
+            raise EntryNotFoundError(
+                f"no '{template_set}' text embeddings for {backbone} and these classes; "
+                f"run `fedcache extract --backbones {backbone}` on the dataset (only CLIP-style backbones have them)"
+            )
+        return self._text(best)
+
+    def _newest_text(self, backbone: str, classes: list[str], template_set: str, weights_hash: str | None = None) -> str | None:
+        found = []
+        for eid, a in self.text_entries():
+            k = a.get("key", {})
+            if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
+                found.append((a["completed_at"], k.get("weights_hash") == weights_hash, eid))
+        same = [f for f in found if f[1]]
+        return max(same or found)[2] if found else None
