@@ -513,6 +513,8 @@ def refuse_unread_options(spec: RunSpec, given: Iterable[str]) -> None:
     same IID split without a word."""
     from fedcache.federate.partitions.core import readers
 
+    if spec.engine.resume:  # the run's config.json decides: a run recorded with the option resumes with it
+        return
     scheme = spec.partition.scheme
     for name in given:
         o = option(name) if is_option(name) else None

@@ -526,6 +526,20 @@ def test_train_refuses_a_partition_option_its_scheme_ignores_every_time(capsys, 
         assert code == 0, err
 
 
+def test_a_run_recorded_with_an_option_its_scheme_ignores_resumes(capsys, toy_store, tmp_path):
+    """A run started before the refusal (`--alpha 0.3` with iid, in its config.json) could not be resumed: with
+    --alpha it was refused, and without it --resume found the options differ (alpha 0.3 there, 0.5 here)."""
+    from fedcache.spec import RunSpec
+    from fedcache.training import train
+
+    args = ["--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "--clients", "2", "-m", "fedavg",
+            "--rounds", "1", "--alpha", "0.3", "--out", str(tmp_path / "run")]
+    train(RunSpec.of(store=toy_store, dataset="test-toy", backbones=["tiny-timm-random"], method="fedavg", clients=2,
+                     rounds=1, alpha=0.3, out=tmp_path / "run"))
+    code, _, err = run(capsys, "train", *args, "--resume")
+    assert code == 0, err
+
+
 def test_validation_without_spare_rows_advises_for_what_was_given(capsys, toy_store):
     """`--few-shot N` that keeps every row its clients hold was told to add `--subsample 0.8 ... or --few-shot N`,
     as if it had not been given."""
