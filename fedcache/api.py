@@ -17,6 +17,8 @@ option: the signatures are built from the declarations the CLI is built from (``
 """
 from __future__ import annotations
 
+import dataclasses
+
 import html
 import inspect
 import typing
@@ -167,7 +169,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     _check_callback("on_round", on_round, "done", "total", "line")
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
-    refuse_unread_options(spec, [k for k, v in options.items() if v is not None])  # None: the default, as left out
+    refuse_unread_options(spec, _chosen(options))
     check_not_a_cell(spec.engine.out)
     if spec.engine.name != "in-process":
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
@@ -175,6 +177,19 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     r = run(spec, on_round)
     by_client = METHODS.get(spec.method.name).server_by_client
     return TrainResult(r.summary, r.history, one_model(r.server, by_client), dict(r.clients), spec.engine.out)
+
+
+def _chosen(options: dict[str, Any]) -> list[str]:
+    """The options a call chose: a value of None or an option's default is none (a wrapper passing every option,
+    ``**vars(args)``, passes ``alpha=0.5`` with ``partition="iid"``); the CLI, which knows what was typed, counts a
+    typed default too."""
+    from fedcache.spec import is_option, option
+
+    def default(key: str, value: Any) -> bool:
+        o = option(key)
+        return o.default is not dataclasses.MISSING and o.parse(value) == o.default
+
+    return [k for k, v in options.items() if v is not None and not (is_option(k) and default(k, v))]
 
 
 def _refuse_settings_as_options(options: dict[str, Any]) -> None:

@@ -277,7 +277,8 @@ class GridSpec:
 
     def _check_partition_axes(self) -> None:
         """An axis over a partition option that every scheme of the grid ignores makes cells that are one cell
-        under several names: a table would show a comparison that is not one."""
+        under several names: a table would show a comparison that is not one. One value is refused as ``train``
+        refuses it (spec.refuse_unread_options): the grid would say it ran with alpha 0.3, and ran IID."""
         from fedcache.federate.partitions.core import COMMON_OPTIONS, PARTITIONERS, readers as schemes_reading
 
         own = self._settings_of_methods() or {}
@@ -285,17 +286,21 @@ class GridSpec:
         schemes = self.sweep[scheme_key] if scheme_key else [option("partition").default]
         for key, values in self.sweep.items():
             o = option(key) if is_option(key) else None
-            if len(values) < 2 or o is None or o.section != "partition" or o.field in COMMON_OPTIONS | {"scheme"}:
+            if o is None or o.section != "partition" or o.field in COMMON_OPTIONS | {"scheme"}:
+                continue
+            if len(values) < 2 and (self.out / SPEC).exists():  # a grid started with it is continued as it was made
                 continue
             if "." not in key and any(key in fs for groups in own.values() for fs in groups.values()):
                 continue  # also a method's setting (perfedavg's alpha): the cells say the key is ambiguous
             known = [s for s in schemes if s in PARTITIONERS.names()]  # an unknown scheme is named when its cell is made
             readers = schemes_reading(o.field)
             if known and readers and not set(known) & set(readers):  # no reader at all: every scheme's (clients)
+                same = ("each value would train the same cells; drop the axis, or sweep it" if len(values) > 1 else
+                        "the cells would be the same without it; drop it, or use it")
                 raise ConfigError(
                     f"{self.names.axis(key, values)}: the partition scheme {', '.join(known)} ignores "
-                    f"{o.name}, so each value would train the same cells; drop the axis, or sweep it with a scheme that "
-                    f"reads it ({self.names.add_axis(scheme_key or 'partition', readers, either=True)})")
+                    f"{o.name}, so {same} with a scheme that reads it "
+                    f"({self.names.add_axis(scheme_key or 'partition', readers, either=True)})")
 
     def check_given(self) -> None:
         """What a user's grid may not give, though the grids made from it (a --select grid's stages) carry it:
