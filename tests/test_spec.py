@@ -205,7 +205,8 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     with pytest.raises(ConfigError, match=r"alpha is ambiguous.*partition.alpha=\.\.\. or method.alpha="):
         train_config(grid, cells(grid)[0], None)
     for key, where in (("partition.alpha", "partition"), ("method.alpha", "settings")):
-        grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path, sweep={key: ["0.5"]})
+        grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
+                        sweep={key: ["0.5"], "partition": ["dirichlet"]})  # a scheme that reads alpha
         spec = train_config(grid, cells(grid)[0], None)
         assert (spec.partition.alpha == 0.5) if where == "partition" else (spec.method.params.alpha == 0.5)
 
