@@ -118,7 +118,7 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
     directory = Path(directory)
     key = directory.resolve()
     made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
-    directory.mkdir(parents=True, exist_ok=True)
+    _make(directory)
     try:
         with _nested(key) if _held_here(key) else _locked(directory, key, what, wait, advice, resumes):
             yield
@@ -126,6 +126,19 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
         with contextlib.suppress(OSError):
             for made_dir in made:  # only if empty: a command refused before writing leaves nothing behind,
                 made_dir.rmdir()   # nor the parents it made (runs/ of runs/g)
+
+
+def _make(directory: Path) -> None:
+    """``mkdir -p`` of a folder that other holders make and remove (each removes the empty folders it made as it
+    lets go): pathlib's ``exist_ok`` raises FileExistsError when the folder was there as mkdir tried and gone when
+    it looked again; it is made again."""
+    while True:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return
+        except FileExistsError:
+            if os.path.lexists(directory) and not directory.is_dir():  # a file: no folder can be made there
+                raise
 
 
 @contextlib.contextmanager
@@ -220,7 +233,7 @@ def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str) -> i
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except FileNotFoundError:  # the holder before made the directory for its lock alone, and removed it
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make(path.parent)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -210,3 +210,23 @@ def test_a_credential_on_the_command_line_is_not_recorded(tmp_path, monkeypatch)
         with hold(tmp_path / "run", "the run directory"):
             record = (tmp_path / "run" / LOCK).read_text()
         assert token[:6] not in record and "--token" in record and "flwr-serverapp" in record
+
+
+def test_a_folder_another_holder_removes_as_this_one_makes_it_is_made_again(tmp_path, monkeypatch):
+    """Holders remove the empty folders they made as they let go: one there as mkdir tried and gone when pathlib looked
+    again raised FileExistsError out of hold() (a CI run of the test above). Faked: the first mkdir finds it "there"."""
+    import os
+
+    from fedcache.ownership import hold
+
+    target, real, raced = tmp_path / "d", os.mkdir, []
+
+    def mkdir(path, *args, **kwargs):
+        if os.fspath(path) == str(target) and not raced:
+            raced.append(path)
+            raise FileExistsError(17, "File exists", str(path))  # made and removed by another holder meanwhile
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    with hold(target, "the folder d"):
+        assert target.is_dir() and raced
