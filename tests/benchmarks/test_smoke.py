@@ -198,3 +198,18 @@ def test_device_context_comparison_runs(tmp_path):
     bench("device_context").main(["--tiny", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
     res = json.loads(out.read_text())["result"]
     assert all(r["same_accuracy"] and r["context_over_none"] > 0 for r in res.values())
+
+
+@pytest.mark.parametrize("rounds", [1, 50])
+def test_the_benchmarks_read_train_s_result_line_as_train_prints_it(rounds):
+    """benchmarks/_runs.py parses `fedcache train`'s last line; when its wording changed, only the slow smoke tests
+    (the published workloads' rounds came back None) said so."""
+    from rich.text import Text
+
+    from fedcache.cli.train import _result_line
+
+    summary = {"method": "fedavg", "mean_accuracy": 61.584, "std_accuracy": 15.93, "global_accuracy": 61.0,
+               "params_up_per_client": 5130, "params_up_per_round": 51300, "bytes_up": 12810000,
+               "bytes_down": 12810000, "rounds": rounds, "seconds": 3.214}
+    found = bench("_runs").RESULT_LINE.search(Text.from_markup(_result_line(summary)).plain)
+    assert found and found.groups() == ("61.58", str(rounds), "3.21")
