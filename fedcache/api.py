@@ -18,7 +18,6 @@ option: the signatures are built from the declarations the CLI is built from (``
 from __future__ import annotations
 
 import dataclasses
-
 import html
 import inspect
 import typing

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fedcache.errors import ConfigError
+from fedcache.wording import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -242,12 +243,7 @@ def check(label: str, value: Any, typ: Any, shown: str | None = None) -> None:
 
 def _close_choice(value: Any, allowed: tuple) -> str:
     """ " (did you mean 'dirichlet'?)" for a typo of a choice, as for a method's or a dataset's name."""
-    import difflib
-
-    if not isinstance(value, str):
-        return ""
-    near = difflib.get_close_matches(value, [str(a) for a in allowed], n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+    return did_you_mean(value, allowed) if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
+from fedcache.wording import did_you_mean
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -485,11 +486,8 @@ def _route_settings(settings: dict[str, str], method: str) -> dict[str, dict[str
 
 def _near(key: str, groups: dict[str, dict[str, Any]], run_options: bool) -> str:
     """ " (did you mean 'lr'?)" for a typo of a setting (or of a run option, where a key may name one)."""
-    import difflib
-
     known = [f for fs in groups.values() for f in fs] + (sorted(_BY_NAME_ONLY) if run_options else [])
-    near = difflib.get_close_matches(key, known, n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+    return did_you_mean(key, known)
 
 
 def _listing(groups: dict[str, dict[str, Any]], run_options: bool) -> str:

@@ -14,6 +14,7 @@ from fedcache.federate.local import gather_rows
 from fedcache.federate.partitions.core import compact_rows
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
+from fedcache.wording import did_you_mean
 
 SPLITS = ("train", "test")
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
@@ -44,8 +45,6 @@ def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[
 def _unextractable(exc: EntryNotFoundError) -> EntryNotFoundError | None:
     """``exc`` said again for a name no registry of extract knows (unknown, or embeddings of one's own); None where
     the name can be extracted."""
-    import difflib
-
     from fedcache.extract.backbones import BACKBONES
     from fedcache.extract.datasets import DATASETS
 
@@ -55,10 +54,10 @@ def _unextractable(exc: EntryNotFoundError) -> EntryNotFoundError | None:
     registry = {"dataset": DATASETS, "backbone": BACKBONES}[kind]
     if name in registry or name.partition(":")[0] in registry.prefixes():
         return None
-    near = ", ".join(map(repr, difflib.get_close_matches(name, registry.names(), n=3, cutoff=0.5)))  # as Registry says it
+    near = did_you_mean(name, registry.names(), n=3, cutoff=0.5)  # as Registry's own message picks them
     listing = "`fedcache datasets`" if kind == "dataset" else "`fedcache backbones`"
     return EntryNotFoundError(f"{exc.found}; nor can fedcache extract them: it knows no {kind} {name!r}"
-                              f"{f' (did you mean {near}?)' if near else ''}; {listing} lists those it knows, and "
+                              f"{near}; {listing} lists those it knows, and "
                               "`fedcache store import` adds embeddings of your own", exc.missing, exc.found)
 
 

@@ -160,9 +160,8 @@ def _data_text(runs: list[Run], groups: list[Group], layout: Layout) -> tuple[st
     seen = list(dict.fromkeys(d for d in map(data, runs) if d))
     if not seen:
         return "", ""
-    mixed = [title for panel, gs in layout.panels(groups).items()
-             if len({d for g in gs for d in map(data, [*g.runs, *g.diverged]) if d}) > 1
-             for title in [layout.panel_title(panel)]]
+    mixed = [layout.panel_title(panel) for panel, gs in layout.panels(groups).items()
+             if len({d for g in gs for d in map(data, [*g.runs, *g.diverged]) if d}) > 1]
     warn = (f" **Runs on different features share a panel ({'; '.join(mixed)}): their accuracies are not like for like, "
             "yet the table and figures compare them (the best is marked among them).**" if mixed else "")
     return f" ({'; '.join(seen)})", warn

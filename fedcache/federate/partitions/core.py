@@ -57,8 +57,8 @@ def readers(option_field: str) -> list[str]:
 class PartitionSpec(Checked):
     """The partition options of a run (the run spec's ``partition`` section): each declared here once, with
     its default and range. A scheme reads the options it declares (``register_scheme``) and the common ones;
-    another one given is refused by ``train``, ``partition`` and ``shard`` (``spec.refuse_unread_options``), and warned about
-    where a partition is made from Python."""
+    another one given is refused by ``train``, ``partition``, ``shard`` (``spec.refuse_unread_options``) and a new
+    grid, and warned about where a partition is made from Python."""
 
     section = "partition"
 
