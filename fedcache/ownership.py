@@ -110,17 +110,20 @@ def read_holder(path: Path) -> Holder | None:
 
 @contextlib.contextmanager
 def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "choose another --out",
-         resumes: str = RESUMES) -> Iterator[None]:
+         resumes: str = RESUMES, holder: Holder | None = None) -> Iterator[None]:
     """Own ``directory`` (created if missing) for the block. ``what`` names it in messages (``the grid directory
     runs/x``); another command's hold is waited for up to ``wait`` seconds, then refused with DirectoryBusyError
     naming the holder, what to do, and ``advice`` (``resumes``: how its work is taken up once it is stopped). A
-    directory this process already holds (or one below it) is its own."""
+    directory this process already holds (or one below it) is its own. ``holder``: who is recorded as holding it,
+    this process unless given (a process that works for the command a user started names that command: the one
+    to wait for or stop)."""
     directory = Path(directory)
     key = directory.resolve()
     made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
     _make(directory)
     try:
-        with _nested(key) if _held_here(key) else _locked(directory, key, what, wait, advice, resumes):
+        mine = holder or Holder.me()
+        with _nested(key) if _held_here(key) else _locked(directory, key, what, wait, advice, resumes, mine):
             yield
     finally:
         with contextlib.suppress(OSError):
@@ -151,9 +154,10 @@ def _nested(key: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, resumes: str) -> Iterator[None]:
+def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, resumes: str,
+            holder: Holder) -> Iterator[None]:
     path = directory / LOCK
-    fd = _acquire(path, what, wait, advice, resumes)
+    fd = _acquire(path, what, wait, advice, resumes, holder)
     _HELD[key] = 1
     try:
         yield
@@ -226,7 +230,7 @@ def _release_count(key: Path) -> None:
         del _HELD[key]
 
 
-def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str) -> int | None:
+def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str, holder: Holder) -> int | None:
     """The descriptor holding the lock on ``path``; None where the file system has no flock (said once)."""
     deadline = time.monotonic() + wait
     while True:
@@ -251,7 +255,7 @@ def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str) -> i
                         "it at the same time", what, exc.strerror)
             return None
         if _is_current(fd, path):
-            _record(fd, path, what)
+            _record(fd, path, what, holder)
             return fd
         os.close(fd)  # its holder removed it as we opened it: try the file now at the path
 
@@ -263,15 +267,15 @@ def _is_current(fd: int, path: Path) -> bool:
         return False
 
 
-def _record(fd: int, path: Path, what: str) -> None:
-    """Say whose lock a killed command left behind, then write ours."""
+def _record(fd: int, path: Path, what: str, holder: Holder) -> None:
+    """Say whose lock a killed command left behind, then write ours (``holder``)."""
     previous = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
     if previous is not None:
         log.warning("%s was left locked by %s, which stopped without letting go (killed?); taking it over", what,
                     previous.describe())
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, Holder.me().to_text().encode(), 0)
+        os.pwrite(fd, holder.to_text().encode(), 0)
     except OSError as exc:  # a full disk: the lock holds all the same, and the write that needs space says so
         log.debug("%s: the holder's record was not written (%s)", path, exc)
 

@@ -25,7 +25,7 @@ from fedcache.federate.partitions.storage import keys_hash, table_keys
 from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
-from fedcache.ownership import check_free, hold
+from fedcache.ownership import Holder, check_free, hold
 from fedcache.paths import GRID, check_outside, writable_dir
 from fedcache.spec import RunSpec, method_class, migrate_config
 from fedcache.store.feature_store import FeatureStore, FeatureTable
@@ -93,13 +93,14 @@ RESUMES = "the same command with --resume continues it"  # told where another co
 
 
 @contextlib.contextmanager
-def owned(spec: RunSpec):
+def owned(spec: RunSpec, holder: Holder | None = None):
     """The run's --out held for the block (fedcache/ownership.py): a second command on it is refused, naming this
-    one. Checked again once held: a command that finished between ``check_out`` and now left its run there."""
+    one (or ``holder``: the command this process works for). Checked again once held: a command that finished
+    between ``check_out`` and now left its run there."""
     if spec.engine.out is None:
         yield
         return
-    with hold(spec.engine.out, _what(spec.engine.out), resumes=RESUMES):
+    with hold(spec.engine.out, _what(spec.engine.out), resumes=RESUMES, holder=holder):
         _check_not_started(spec)
         yield
 

@@ -171,6 +171,20 @@ def test_the_holder_record_names_the_command(tmp_path, monkeypatch):
     assert record["command"] == "fedcache grid -o 'runs/my grid'" and record["pid"] == os.getpid()
 
 
+def test_a_process_holding_for_the_command_that_started_it_is_named_as_that_command(tmp_path, monkeypatch):
+    """The Flower simulation's process holds --out for the `fedcache train` that started it: a refused command named
+    the simulation's pid and `sim.py /tmp/.../request.json ...`, not the command the user can see and stop."""
+    from fedcache.ownership import busy
+
+    user = Holder(os.getppid(), socket.gethostname(), "fedcache train --engine flower-sim -o runs/x", "2026-01-01T00:00:00+00:00")
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/fedcache/flower/sim.py", "/tmp/call/request.json", "/tmp/call/answer.json"])
+    with hold(tmp_path, "the run directory x", holder=user):
+        assert Holder.parse((tmp_path / LOCK).read_text()) == user
+        text = str(busy(tmp_path / LOCK, "the run directory x", "choose another --out"))
+    assert f"pid {user.pid} on {user.host} (`fedcache train --engine flower-sim -o runs/x`" in text
+    assert f"kill {user.pid}:" in text and "sim.py" not in text
+
+
 def test_a_lock_on_a_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
     """The race the removal makes, played in order: this process opens the lock file, its holder lets go
     (removing it), a third process makes and holds a new one, and only then does this process's flock run; it

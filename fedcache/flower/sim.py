@@ -32,7 +32,7 @@ from fedcache.federate.rundir import RunDir
 from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
-from fedcache.ownership import on_orphaned
+from fedcache.ownership import Holder, on_orphaned
 from fedcache.progress import log_to_stderr
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
@@ -66,8 +66,9 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     _refuse_unsupported(spec)
     check_not_a_cell(spec.engine.out)
     e = spec.engine
-    # The caller's thread count, as an in-process run would compute with (the command's --threads choice).
-    ask = {"spec": spec.to_dict(), "cpus": cpus, "threads": torch.get_num_threads(),
+    # The caller's thread count, as an in-process run would compute with (the command's --threads choice); the
+    # caller as the holder of --out, which a refused command names: the process a user started, and can stop.
+    ask = {"spec": spec.to_dict(), "cpus": cpus, "threads": torch.get_num_threads(), "holder": Holder.me().to_text(),
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
@@ -113,14 +114,15 @@ def rebuilt(kind: str, message: str) -> FedcacheError:
     return err
 
 
-def train_flower_sim_here(spec: RunSpec, cpus: int | None = None) -> dict:
-    """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring)."""
+def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder | None = None) -> dict:
+    """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring).
+    ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller)."""
     _refuse_unsupported(spec)
     for k, v in SIM_ENV.items():
         os.environ.setdefault(k, v)
     e = spec.engine
     # --out held while the simulation writes it (fedcache/ownership.py), as `train` holds it in-process.
-    with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec):
+    with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec, holder):
         base = Path(e.out) if e.out else Path(tmp)
         shards, shard = base / "shards", shard_spec(spec)
         if e.resume:
@@ -216,7 +218,7 @@ def _child(request: Path, answer: Path) -> int:
         torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
     try:
-        reply = {"summary": train_flower_sim_here(spec, ask["cpus"])}
+        reply = {"summary": train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""))}
     except FedcacheError as err:
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:

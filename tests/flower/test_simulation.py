@@ -160,10 +160,13 @@ def test_an_interrupted_cli_simulation_ends_and_says_how_to_go_on(flower_store, 
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM (to the command) mid-run: `fedcache train
     --engine flower-sim` printed 'interrupted' and then hung forever (Flower's worker threads wait for Ray actors
     that are gone, and a normal exit joins them), or was aborted by Ray's SIGTERM handler; it now ends with 130,
-    leaving no process and its checkpoint for --resume."""
+    leaving no process and its checkpoint for --resume. Meanwhile a command refused --out names this command's pid,
+    the one SIGTERM is sent to here (it named the simulation's process, whose SIGTERM meets Ray's handler)."""
     import subprocess
     import time
 
+    from fedcache.errors import DirectoryBusyError
+    from fedcache.ownership import check_free
     from tests.grids.test_pool import _alive
 
     out = tmp_path / "sim"
@@ -179,6 +182,9 @@ def test_an_interrupted_cli_simulation_ends_and_says_how_to_go_on(flower_store, 
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.5)
         tree = _tree(proc.pid)
+        with pytest.raises(DirectoryBusyError) as busy:  # named as the command started, not its simulation's process
+            check_free(out, "the run directory")
+        assert f"pid {proc.pid} " in str(busy.value) and "(`fedcache train --store" in str(busy.value)
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -267,6 +273,46 @@ def test_the_simulations_process_computes_with_its_callers_threads(flower_store,
     finally:
         torch.set_num_threads(before)
     assert asked["threads"] == 1
+
+
+def test_the_simulation_holds_out_as_the_command_its_user_started(flower_store, tmp_path, monkeypatch):
+    """The simulation's process holds --out and wrote itself as the holder: a second command on --out was told the
+    child's pid and `sim.py /tmp/fedcache-flower-call-.../request.json ...`, a process the user never started and
+    must not stop (SIGTERM meets Ray's handler). It names its caller: `fedcache train ...` and that process's pid."""
+    from pathlib import Path
+
+    from fedcache.flower import sim
+    from fedcache.ownership import LOCK, Holder, busy, command_line
+
+    out = tmp_path / "sim"
+    seen = {}
+
+    def simulate(*args, **kwargs):
+        seen["holder"] = Holder.parse((out / LOCK).read_text())
+        seen["refusal"] = str(busy(out / LOCK, f"the run directory {out}", "choose another --out"))
+        return {"trained": True}
+
+    class Child:  # the simulation's process, played here: its own command line, the request it is given
+        def __init__(self, args, **kw):
+            with monkeypatch.context() as m:
+                m.setattr(sys, "argv", [sim.__file__, *args[-2:]])
+                self.code = sim._child(Path(args[-2]), Path(args[-1]))
+
+        def wait(self, *a):
+            return self.code
+
+        def poll(self):
+            return self.code
+
+    for name, stand_in in (("simulate", simulate), ("_fresh_start", lambda *a: None), ("on_orphaned", lambda *a, **k: None)):
+        monkeypatch.setattr(sim, name, stand_in)
+    monkeypatch.setattr(sim.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(sim.subprocess, "Popen", Child)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fedcache", "train", "--engine", "flower-sim", "--out", str(out)])
+    assert sim.train_flower_sim(toy_config(flower_store, out=out)) == {"trained": True}
+    assert (seen["holder"].pid, seen["holder"].command) == (os.getpid(), command_line())
+    assert f"pid {os.getpid()} " in seen["refusal"] and f"(`fedcache train --engine flower-sim --out {out}`" in seen["refusal"]
+    assert "sim.py" not in seen["refusal"]
 
 
 def test_a_started_run_in_out_is_refused_without_offering_what_flower_sim_refuses(flower_store, tmp_path, capsys):
