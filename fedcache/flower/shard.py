@@ -168,6 +168,27 @@ def _write_all(spec: ShardSpec, out: Path) -> list[Path]:
     return paths
 
 
+def entries_now(store: FeatureStore, dataset: str, backbones: list[str]) -> list[str]:
+    """The store's current entries of ``dataset``'s train and test features for ``backbones``: what a sharding now
+    would cut shards from (``ShardInfo.entries``); metadata only, no features read."""
+    return sorted(e.entry_id for b in backbones for s in ("train", "test") for e in store.find(dataset, s, b))
+
+
+def changed_since_cut(info: ShardInfo, store: FeatureStore) -> str:
+    """How the store's features of the shards' dataset and backbones differ from those ``info``'s shards were cut
+    from (extracted or imported again since: new entries, with new ids), or "" when they do not. Shards cut before
+    their entries were recorded are not checked ("")."""
+    if not info.entries:
+        return ""
+    now, had = entries_now(store, info.dataset, info.backbones), set(info.entries)
+    new = [store.info(e).label() for e in now if e not in had]
+    if new:
+        more = f" and {len(new) - 3} more" if len(new) > 3 else ""
+        return f"new entries for {', '.join(new[:3])}{more}"
+    gone = had - set(now)
+    return f"{len(gone)} of the entries they were cut from are no longer the store's current features" if gone else ""
+
+
 def _tables(store: FeatureStore, spec: ShardSpec, splits: tuple[str, ...], view: int = 0) -> dict[str, dict[str, FeatureTable]]:
     """Per split, each backbone's table, its rows put in the order of the first backbone's (as ``load_fused`` aligns
     them); each backbone's splits found together (``FeatureStore.read_splits``)."""

@@ -31,7 +31,7 @@ from fedcache.training import check_not_a_cell, owned, partition_request
 from fedcache.federate.rundir import RunDir
 from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
-from fedcache.flower.shard import SERVER, ShardSpec, open_shard, write_shards
+from fedcache.flower.shard import SERVER, ShardInfo, ShardSpec, changed_since_cut, open_shard, write_shards
 from fedcache.ownership import Holder, on_orphaned
 from fedcache.progress import log_to_stderr
 from fedcache.spec import RunSpec
@@ -150,7 +150,7 @@ def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
     """A run from round 0 in ``base``, which holds no started run (``owned`` refused one), but may hold what an
     attempt that never finished a round left: its config.json (and a round of rounds.jsonl), removed as in-process
     ``train`` rewrites them; its shards, written again from the store as it is now (no round used them, and they
-    record neither the store nor its entries: reused, they were another store's or another extraction's features).
+    do not record which store they were cut from: reused, they could be another store's features).
     Shards are written under a temporary name and renamed once complete, so an interrupted sharding leaves nothing
     that passes for shards."""
     from fedcache.flower.server import ROUNDS  # flwr: imported once the simulation is under way
@@ -178,6 +178,22 @@ def _check_shards(shards: Path, want: ShardSpec) -> None:
         differ = [k for k in asked if json.loads(json.dumps(had[k])) != json.loads(json.dumps(asked[k]))]
         raise ConfigError(f"--resume: the shards in {shards} were made with other data or partition options "
                           f"({', '.join(differ)}); use the options of the interrupted run")
+    _check_features(shards, info, want.store)
+
+
+def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:
+    """The shards hold copies of the store's features: a run resumed on them after those features were extracted
+    (or imported) again would finish on features the store no longer holds."""
+    if not info.entries:
+        log.warning("the shards in %s were cut by an older fedcache, which did not record the store entries they came "
+                    "from: whether the features in %s changed since is not checked", shards, store)
+        return
+    changed = changed_since_cut(info, FeatureStore(store, create=False))
+    if changed:
+        raise ConfigError(f"--resume: the shards in {shards} were cut from other features than {store} holds now "
+                          f"({changed}: extracted or imported again since?); the run would go on from features the "
+                          "store no longer holds: start it again without --resume in another --out, which cuts its "
+                          "shards from the features as they are now")
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,

@@ -245,6 +245,41 @@ def test_a_run_that_never_finished_a_round_starts_again(flower_store, tmp_path, 
     assert (out / "shards" / "server").is_dir() and not (out / "shards.partial").exists()
 
 
+def test_a_resume_after_the_features_were_extracted_again_is_refused(flower_store, tmp_path, monkeypatch, caplog):
+    """--resume went on on the shards already in --out, copies of the features as they were: after the store's were
+    extracted again (another dtype here; another weight or dataset alike), the run finished on features the store no
+    longer holds. Shards cut before their entries were recorded go on as before, saying the check was not made."""
+    import shutil
+
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.flower import sim
+    from fedcache.flower.shard import SERVER, entries_now, open_shard, write_shards
+    from fedcache.store.feature_store import SHARD_ATTR, FeatureStore
+
+    store, out = tmp_path / "store.zarr", tmp_path / "sim"
+    shutil.copytree(flower_store, store)
+    ran = []
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: ran.append(kw["resume"]) or {"trained": True})
+    write_shards(sim.shard_spec(toy_config(store, out=out)), out / "shards")  # what the interrupted run cut
+    shard, info = open_shard(out / "shards" / SERVER)
+    assert info.entries == entries_now(FeatureStore(store, create=False), "test-toy", [BACKBONE])
+    resume = toy_config(store, out=out, resume=True)
+    assert sim.train_flower_sim_here(resume) == {"trained": True} and ran == [True]  # the same features: goes on
+
+    extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE], store=store, splits=("train",), dtype="float32",
+                          workers=0))
+    with pytest.raises(ConfigError, match=rf"--resume: the shards in {out / 'shards'} were cut from other features than "
+                                          rf"{store} holds now \(new entries for test-toy/train/\S+ {BACKBONE}.*start it "
+                                          "again without --resume in another --out") as refused:
+        sim.train_flower_sim_here(resume)
+    assert "\n" not in str(refused.value) and ran == [True]
+
+    shard.root.attrs.update({SHARD_ATTR: {**shard.root.attrs[SHARD_ATTR], "entries": []}})  # cut by an older fedcache
+    with caplog.at_level("WARNING", logger="fedcache.flower.sim"):
+        assert sim.train_flower_sim_here(resume) == {"trained": True} and ran == [True, True]
+    assert "did not record the store entries they came from" in caplog.text
+
+
 def test_the_simulations_process_computes_with_its_callers_threads(flower_store, monkeypatch):
     """`fedcache train --engine flower-sim` chose its threads (--threads) in the process that only waits for the
     simulation's: the ServerApp computed with torch's default, all cores."""
