@@ -71,6 +71,15 @@ class DamagedEntryError(StoreError):
         self.problem = problem or message  # what is wrong, without the advice
 
 
+class UnreadableEntryError(StoreError):
+    """An entry this user may not read (another user's, made under a strict umask, or chmod-ed): not damaged, so
+    neither to be re-created nor removed; the message names the file and says to have its owner make it readable."""
+
+    def __init__(self, message: str, problem: str) -> None:
+        super().__init__(message)
+        self.problem = problem  # what was refused, without the advice
+
+
 class DamagedCheckpointError(FedcacheError):
     """A run's checkpoint no longer holds what was written (flipped bytes, a truncated file)."""
 

@@ -523,8 +523,9 @@ def test_a_new_store_in_a_read_only_folder_is_one_line_saying_so(tmp_path, capsy
 AS_A_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
 
 
-def _as_a_user(argv: list[str]) -> tuple[int, str]:
-    """(exit code, stderr) of ``fedcache argv`` in a process of its own that file permissions bind, also as root."""
+def _as_a_user(argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stderr, stdout) of ``fedcache argv`` in a process of its own that file permissions bind, also as
+    root."""
     import os
     import subprocess
     import sys
@@ -534,10 +535,11 @@ def _as_a_user(argv: list[str]) -> tuple[int, str]:
     if os.geteuid() == 0 and not shutil.which("setpriv"):
         pytest.skip("root reads every file, and there is no setpriv here to drop that")
     prefix = AS_A_USER if os.geteuid() == 0 else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDCACHE_DEBUG": "", "COLUMNS": "1000"}  # a line per entry
     done = subprocess.run([*prefix, sys.executable, "-m", "fedcache.cli", *map(str, argv)], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "FEDCACHE_DEBUG": ""}, timeout=120)
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.returncode, done.stderr
+                          text=True, env=env, timeout=120)
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    return done.returncode, done.stderr, done.stdout
 
 
 def test_a_store_group_this_user_cannot_read_is_not_called_damaged(toy_store, tmp_path):
@@ -547,9 +549,57 @@ def test_a_store_group_this_user_cannot_read_is_not_called_damaged(toy_store, tm
     shutil.copytree(toy_store, store)
     (store / "entries" / "zarr.json").chmod(0)
     try:
-        code, err = _as_a_user(["store", "ls", "--store", store])
+        code, err, _ = _as_a_user(["store", "ls", "--store", store])
     finally:
         (store / "entries" / "zarr.json").chmod(0o644)
     line = one_error_line(err)
     assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (no permission to read "), line
     assert "damaged" not in line and "delete" not in line, line
+
+
+def _restore(path: Path) -> None:
+    path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@pytest.mark.parametrize("refused", ["a chunk file", "an array's zarr.json", "the entry's folder"])
+def test_an_entry_this_user_cannot_read_is_named_so_not_damaged(refused, toy_store, tmp_path):
+    """Another user's entry (made under a strict umask, or chmod-ed) unreadable here: a run said it was "damaged
+    ... Re-create it ... or remove it with `fedcache store rm`", and `store verify --repair` removed it."""
+    from fedcache.store.feature_store import FeatureStore
+
+    store = tmp_path / "theirs.zarr"
+    shutil.copytree(toy_store, store)
+    entry = next(e for e in FeatureStore(store).entries() if e.key["split"] == "train")
+    folder = store / "entries" / entry.entry_id
+    target = {"a chunk file": folder / "features" / "c" / "0" / "0", "an array's zarr.json": folder / "labels" / "zarr.json",
+              "the entry's folder": folder}[refused]
+    target.chmod(0)
+    try:
+        code, err, _ = _as_a_user(["train", "--store", store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2",
+                                   "--rounds", "1", "-o", tmp_path / "run"])
+        checked, summary, listed = _as_a_user(["store", "verify", "--repair", "--store", store])
+    finally:
+        _restore(target)
+    file = target if target.is_file() else folder / "zarr.json"
+    line = one_error_line(err)
+    assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (entry {entry.entry_id} "), line
+    assert line.endswith(f": no permission to read {file}); have its owner make it readable (chmod -R a+rX)"), line
+    assert checked == 1 and f"{entry.entry_id} " in listed and f": unreadable (no permission to read {file})" in listed
+    assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
+    assert FeatureStore(store).verify(FeatureStore(store).info(entry.entry_id))[0] == "ok"  # --repair left it
+
+
+def test_a_format_1_chunk_this_user_cannot_read_is_named_so(tmp_path):
+    """Zarr reads a format-1 entry's chunks: one unreadable here was "damaged (cannot be decoded (PermissionError"."""
+    from tests.store.test_store_format import EXTRACTED, V1
+
+    store = tmp_path / "old.zarr"
+    shutil.copytree(V1, store)
+    chunk = store / "entries" / EXTRACTED / "features" / "c" / "1" / "0"
+    chunk.chmod(0)
+    try:
+        code, summary, listed = _as_a_user(["store", "verify", "--store", store])
+    finally:
+        _restore(chunk)
+    assert code == 1 and f"{EXTRACTED} extracted/train/all tiny: unreadable (no permission to read {chunk})" in listed, listed
+    assert "damaged" not in listed + summary, listed + summary

@@ -58,7 +58,7 @@ def human_bytes(n: int) -> str:
 
 def _status(fs, e, current: set) -> str:
     if e.damaged:
-        return "[red]damaged[/] (see `store verify`)"
+        return f"[red]{'unreadable' if e.denied else 'damaged'}[/] (see `store verify`)"
     if not e.complete:
         done = fs.chunks_done(e)
         if done is None:
@@ -72,7 +72,7 @@ def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix 
     """Show an entry's full key and attributes, its format and its size on disk and in memory."""
     fs = _open_store(store)
     e = fs.info(entry)
-    damaged = {"damaged": e.damaged, "key": e.key} if e.damaged else {}
+    damaged = {"unreadable" if e.denied else "damaged": e.damaged, "key": e.key} if e.damaged else {}
     disk, memory = fs.sizes(e)
     # In memory: what a read of the entry holds (float32 features, labels, ids, domain index), whatever its dtype on disk.
     size = {"format": e.format, "on_disk": human_bytes(disk), "in_memory": human_bytes(memory),
@@ -85,7 +85,8 @@ def store_verify(
     repair: bool = typer.Option(False, help="Remove the damaged entries (then re-extract or re-import them)."),
     store: Path = StoreOpt,
 ) -> None:
-    """Check every entry against its checksums; name the damaged ones (exit 1 if any are left)."""
+    """Check every entry against its checksums; name the damaged ones, and those this user cannot read (exit 1 if any
+    are left)."""
     from rich.markup import escape
 
     from fedcache.store.feature_store import ENTRIES, TEXT
@@ -93,7 +94,7 @@ def store_verify(
     fs = _open_store(store)
     checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e)) for e in fs.entries()]
     checks += [(TEXT, eid, "text embeddings", *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
-    damaged = 0
+    damaged = unreadable = 0
     for kind, eid, label, status, why in checks:
         colour = {"ok": "green", "damaged": "red"}.get(status, "yellow")
         console.print(f"{eid} {escape(label)}: [{colour}]{status}[/]" + (f" ({escape(why)})" if why else ""), highlight=False)
@@ -101,9 +102,14 @@ def store_verify(
             fs.discard(eid, kind)
             console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
         damaged += status == "damaged" and not repair
+        unreadable += status == "unreadable"
+    if unreadable:  # not checked, and not to be repaired: another user's permissions, not damage
+        err.print(f"[red]{count(unreadable, 'entry', 'entries')} not readable by this user[/]: have the store's owner make "
+                  f"them readable (chmod -R a+rX {store}), or verify it as its owner", highlight=False)
     if damaged:
         err.print(f"[red]{count(damaged, 'damaged entry', 'damaged entries')}[/]: re-run the extraction (or import) that made "
                   f"each, which replaces it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+    if damaged or unreadable:
         raise typer.Exit(1)
     statuses = [c[3] for c in checks]
     console.print(f"checked {count(len(checks), 'entry', 'entries')}: " + ", ".join(

@@ -116,6 +116,7 @@ class OpenRows:
 
     def __init__(self, rows: RowFile) -> None:
         self.rows, self.meta = rows, rows.meta
+        self.fd: int | None = None  # for close() when the open below raises (a file this user may not read)
         try:
             self.fd = os.open(rows.path, os.O_RDONLY)
         except FileNotFoundError:

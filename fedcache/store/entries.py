@@ -30,6 +30,7 @@ class EntryInfo:
     completed_at: str | None
     attrs: dict
     damaged: str | None = None  # why its metadata cannot be read (then complete is False)
+    denied: bool = False  # what ``damaged`` says is a permission this user lacks, not damage: never removed for it
 
     @property
     def slot(self) -> tuple:

@@ -23,7 +23,8 @@ import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
+                             StoreError, UnreadableEntryError)
 from fedcache.paths import STORE_DENIED, denied_problem, is_denied, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
@@ -152,6 +153,9 @@ class FeatureStore(TextEmbeddings, Removal):
             if not isinstance(key, dict) or not set(SLOT_FIELDS) <= set(key):
                 raise ValueError(f"its key is {key!r}")
         except Exception as exc:  # Zarr and json raise many types for a damaged zarr.json
+            if is_denied(exc):  # another user's entry, made under a strict umask: unreadable here, not damaged
+                return EntryInfo(entry_id, self._salvaged_key(entry_id), 0, 0, False, None, {},
+                                 damaged=denied_problem(exc)[1], denied=True)
             return EntryInfo(entry_id, self._salvaged_key(entry_id), 0, 0, False, None, {},
                              damaged=f"its metadata (zarr.json) cannot be read ({type(exc).__name__}: {exc})")
         return EntryInfo(entry_id, key, n_rows, dim, bool(a.get("complete", False)), a.get("completed_at"), a)
@@ -222,7 +226,7 @@ class FeatureStore(TextEmbeddings, Removal):
         found = [e for s, e in cur.items() if s[0] == dataset and s[1] == split and s[3] == backbone and s[4] == view]
         hit = lookup.damaged_in(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
         if hit:
-            raise self.damaged(hit, hit.damaged or "")
+            raise self.refused(hit, hit.damaged or "", hit.denied)
         if not found:
             raise lookup.nothing_found(self.path, infos, cur, (dataset, split, backbone, view))
         return found
@@ -297,7 +301,7 @@ class FeatureStore(TextEmbeddings, Removal):
     def reader(self, info: EntryInfo, check: bool = True) -> EntryReader:
         """The chunks of a complete entry, checked against its checksums as they are read."""
         if info.damaged:
-            raise self.damaged(info, info.damaged)
+            raise self.refused(info, info.damaged, info.denied)
         if not info.complete:
             raise IncompleteEntryError(f"entry {info.entry_id} is incomplete; re-run the extraction to finish it")
         if info.format < ENTRY_FORMAT:
@@ -306,6 +310,8 @@ class FeatureStore(TextEmbeddings, Removal):
         try:
             group = self.root[ENTRIES][info.entry_id]
         except Exception as exc:  # its zarr.json went missing since it was listed
+            if is_denied(exc):
+                raise self.refused(info, denied_problem(exc)[1], denied=True) from None
             raise self.damaged(info, f"its metadata cannot be read ({type(exc).__name__}: {exc})") from None
         reader = EntryReader(group, self.path / ENTRIES / info.entry_id, info, check)
         self._raise_if_damaged(reader)
@@ -313,7 +319,7 @@ class FeatureStore(TextEmbeddings, Removal):
 
     def _raise_if_damaged(self, reader: EntryReader) -> None:
         if reader.problem:
-            raise self.damaged(reader.info, reader.problem)
+            raise self.refused(reader.info, reader.problem, bool(reader.denied))
 
     # ---- integrity -------------------------------------------------------------
     def read_arrays(self, info: EntryInfo, verify: bool = True) -> dict[str, np.ndarray]:
@@ -328,19 +334,20 @@ class FeatureStore(TextEmbeddings, Removal):
         return {name: arrays[name] for name in ROW_ARRAYS}
 
     def verify(self, info: EntryInfo) -> tuple[str, str]:
-        """(status, detail): ok, damaged, partial (not finished: not checked) or unchecked (no checksums)."""
+        """(status, detail): ok, damaged, unreadable (by this user: not checked), partial (not finished: not
+        checked) or unchecked (no checksums)."""
         if info.damaged:
-            return "damaged", info.damaged
+            return ("unreadable" if info.denied else "damaged"), info.damaged
         if not info.complete:
             return "partial", "not complete yet: resumed by re-running its extraction"
         try:
             reader = self.reader(info)
-        except DamagedEntryError as exc:
-            return "damaged", exc.problem
+        except (DamagedEntryError, UnreadableEntryError) as exc:
+            return ("unreadable" if isinstance(exc, UnreadableEntryError) else "damaged"), exc.problem
         reader.scan()
         reader.close()
         if reader.problem:
-            return "damaged", reader.problem
+            return ("unreadable" if reader.denied else "damaged"), reader.problem
         if CRC_ATTR not in info.attrs:
             return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
         return "ok", ""
@@ -352,6 +359,14 @@ class FeatureStore(TextEmbeddings, Removal):
         disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         rows = int(info.attrs.get("n_valid", info.n_rows))
         return disk, rows * (4 * info.dim + 8 + 8 + 2)
+
+    def refused(self, info: EntryInfo, problem: str, denied: bool = False) -> StoreError:
+        """Why ``info`` cannot be read, as the error to raise: damaged, or (``denied``) not readable by this user,
+        whose advice is a permission: re-creating or removing another user's entry would be wrong."""
+        if denied:
+            return UnreadableEntryError(unreadable_store(self.path, f"entry {info.entry_id} ({info.label()}): {problem}"),
+                                        problem)
+        return self.damaged(info, problem)
 
     def damaged(self, info: EntryInfo, problem: str) -> DamagedEntryError:
         return DamagedEntryError(

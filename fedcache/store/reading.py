@@ -6,7 +6,8 @@ caller's array (``fill``) or, when the table is exactly the file (one entry, flo
 the file is memory-mapped and *is* the table (``mapped``): the features stay in the page cache, shared
 by every process reading them. Format-1 arrays (zstd chunks) are read through Zarr, a block of chunks
 per call. A damaged chunk (missing, truncated, replaced, corrupt) is noted with its name and the read
-goes on, so that one error names every damaged chunk of the entry (``problem``).
+goes on, so that one error names every damaged chunk of the entry (``problem``). A file this user may not
+read (another user's permissions) is no damage: it is noted apart (``denied``), and said as such.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Iterator
 import numpy as np
 import zarr
 
+from fedcache.paths import denied_problem, is_denied
 from fedcache.store.chunks import ChunkError, OpenRows, RawMeta, RowFile
 from fedcache.store.integrity import CHECKSUM_ATTR, CHECKSUMS, FORMAT_1_CHECKSUM, ROW_ARRAYS, as_bytes, expected_table
 
@@ -46,6 +48,8 @@ class _ZarrChunks:
             try:
                 rows = self.array[lo:hi]
             except Exception as exc:  # Zstd, Zarr or json errors of one chunk
+                if is_denied(exc):  # a chunk file this user may not read is not damaged (EntryReader.denied)
+                    raise
                 raise ChunkError(f"cannot be decoded ({type(exc).__name__}: {exc})") from None
         else:
             rows = block[lo - b * span:hi - b * span]
@@ -73,11 +77,14 @@ class EntryReader:
         self.checksum = CHECKSUMS.get(info.attrs.get(CHECKSUM_ATTR, FORMAT_1_CHECKSUM))
         self.expected, self.bad = expected_table(info.attrs, self.n_chunks) if check else (None, [])
         self.unreadable: str | None = None  # an array whose metadata or file as a whole cannot be read
+        self.denied: str | None = None  # a file this user may not read (another user's permissions): no damage
         self._sources: dict[str, _FileRows | _ZarrChunks | None] = {}
 
     @property
     def problem(self) -> str | None:
         """What is wrong with what was read so far, in one line (None: nothing)."""
+        if self.denied:
+            return self.denied
         if self.unreadable or not self.bad:
             return self.unreadable
         shown = ", ".join(self.bad[:SHOWN]) + (f" and {len(self.bad) - SHOWN} more" if len(self.bad) > SHOWN else "")
@@ -96,8 +103,15 @@ class EntryReader:
                 self._sources[name] = self._open(name)
             except Exception as exc:  # a damaged or deleted zarr.json or file: json, Zarr or OS errors
                 self._sources[name] = None
-                self.unreadable = self.unreadable or f"its {name} cannot be read ({type(exc).__name__}: {exc})"
+                if not self._refused(exc):
+                    self.unreadable = self.unreadable or f"its {name} cannot be read ({type(exc).__name__}: {exc})"
         return self._sources[name]
+
+    def _refused(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a permission this user lacks (then noted in ``denied``), not damage."""
+        if is_denied(exc):
+            self.denied = self.denied or denied_problem(exc)[1]
+        return is_denied(exc)
 
     def _open(self, name: str) -> _FileRows | _ZarrChunks:
         meta = RawMeta.open(self.path / name)
@@ -130,6 +144,10 @@ class EntryReader:
             rows, data = source.read(lo, hi) if hi > lo else (None, b"")
         except ChunkError as exc:
             self.bad.append(f"{name} chunk {c} ({exc})")
+            return None
+        except OSError as exc:  # a format-1 chunk file this user may not read
+            if not self._refused(exc):
+                raise
             return None
         if self.expected is not None and int(self.checksum(as_bytes(data))) != self.expected[name][c]:
             self.bad.append(f"{name} chunk {c}")

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import zarr
 
-from fedcache.errors import DamagedEntryError
+from fedcache.errors import DamagedEntryError, UnreadableEntryError
 from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, EntryInfo, FeatureStore
 from fedcache.store.integrity import ROW_ARRAYS
 from fedcache.store.keys import EntryKey
@@ -55,7 +55,7 @@ def upgrade_store(store: FeatureStore, on_entry: Callable[[Upgraded], None] | No
 def _upgrade(store: FeatureStore, info: EntryInfo) -> Upgraded:
     eid, label = info.entry_id, info.label()
     if info.damaged:
-        return Upgraded(eid, label, "skipped", f"damaged ({info.damaged}); `fedcache store verify --repair` removes it")
+        return _skipped(info, store.refused(info, info.damaged, info.denied))
     if info.format >= ENTRY_FORMAT:
         return Upgraded(eid, label, "current")
     if not info.complete:
@@ -66,11 +66,19 @@ def _upgrade(store: FeatureStore, info: EntryInfo) -> Upgraded:
     with exclusive_lock(store.locks_dir / f"{eid}.create.lock", f"entry {key.label()}", wait=30.0):
         try:
             _rewrite(store, info, key)
-        except DamagedEntryError as exc:
+        except (DamagedEntryError, UnreadableEntryError) as exc:
             shutil.rmtree(store.path / STAGING / eid, ignore_errors=True)
-            return Upgraded(eid, label, "skipped", f"damaged ({exc.problem}); `fedcache store verify --repair` removes it")
+            return _skipped(info, exc)
         _swap(store, eid)
     return Upgraded(eid, label, "upgraded")
+
+
+def _skipped(info: EntryInfo, why: DamagedEntryError | UnreadableEntryError) -> Upgraded:
+    if isinstance(why, UnreadableEntryError):  # another user's permissions: removing it would be wrong
+        return Upgraded(info.entry_id, info.label(), "skipped", f"not readable by this user ({why.problem}); have its "
+                        "owner make it readable (chmod -R a+rX)")
+    return Upgraded(info.entry_id, info.label(), "skipped", f"damaged ({why.problem}); `fedcache store verify --repair` "
+                    "removes it")
 
 
 def _rewrite(store: FeatureStore, info: EntryInfo, key: EntryKey) -> None:
@@ -90,7 +98,7 @@ def _rewrite(store: FeatureStore, info: EntryInfo, key: EntryKey) -> None:
             # An empty entry has one empty chunk, which the reader does not read.
             rows = [reader.chunk(name, c) for name in ROW_ARRAYS] if hi > lo else [np.zeros((0, info.dim))] + [[]] * 3
             if reader.problem:
-                raise store.damaged(info, reader.problem)
+                raise store.refused(info, reader.problem, bool(reader.denied))
             writer.write_chunk(c, *rows)
     finally:
         reader.close()
