@@ -18,6 +18,7 @@ option: the signatures are built from the declarations the CLI is built from (``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import inspect
 import typing
@@ -26,9 +27,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, FedcacheError
+from fedcache.paths import denied_error, is_denied
 from fedcache.table import Table
 from fedcache.wording import count
+
+
+def _refusals_said(fn: Callable) -> Callable:
+    """``fn``, whose refusals by the file system that fedcache does not check for first (an extraction into another
+    user's store, a file on a read-only mount) raise :class:`~fedcache.errors.DeniedError` with the line the command
+    line prints, instead of Python's "[Errno 13] Permission denied: '.../x.lock'", which names neither the store
+    nor what to do. It is still an OSError of the same errno and file (a PermissionError where it was one)."""
+    @functools.wraps(fn)
+    def said(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FedcacheError:
+            raise
+        except OSError as exc:
+            if not is_denied(exc):
+                raise
+            raise denied_error(exc) from exc
+    return said
 
 
 def _names(value: str | Iterable[str] | None, what: str = "backbones") -> list[str] | None:
@@ -90,6 +110,7 @@ def _sweep_axes(sweep: Any) -> dict[str, list]:
     return {k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}
 
 
+@_refusals_said
 def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path | None = None,
                       progress: Callable | None = None, **options: Any):
     """Run each backbone once over the dataset and cache the embeddings; returns one report per entry.
@@ -153,6 +174,7 @@ def one_model(server: dict, by_client: tuple[str, ...] = ()) -> dict:
             for k, t in server.items()}
 
 
+@_refusals_said
 def train(store: str | Path, dataset: str, backbones: str | Iterable[str], method: str,
           settings: dict[str, Any] | str | Iterable[str] | None = None, on_round: Callable | None = None,
           **options: Any) -> TrainResult:
@@ -275,6 +297,7 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
     return {**kept, **given}
 
 
+@_refusals_said
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
          methods: str | Iterable[str] | None = None, sweep: dict[str, Any] | None = None,
          seeds: int | str | Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
@@ -312,6 +335,7 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     return run_grid(spec, told, on_plan=on_plan).parsed(spec.sweep)
 
 
+@_refusals_said
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:
     """``fedcache report``: HTML (self-contained) and markdown for a run or grid directory; returns the HTML path."""
     from fedcache.reports import write_report

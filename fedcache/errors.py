@@ -6,6 +6,8 @@ catching ``ValueError`` / ``FileNotFoundError`` / ``KeyError`` keeps working.
 """
 from __future__ import annotations
 
+import os as _os
+
 
 class FedcacheError(Exception):
     """Base class: the CLI prints these as one red line and exits with code 1."""
@@ -105,6 +107,27 @@ class DamagedFileError(FedcacheError, ValueError):
 
 class DirectoryBusyError(FedcacheError):
     """Another fedcache command is writing the directory (a run's, a grid's); the message names it."""
+
+
+class DeniedError(FedcacheError, OSError):
+    """The file system refused a read or a write that fedcache does not check for first (another user's store or
+    directory, a read-only mount): the message names the file and what to do. ``errno`` and ``filename`` are the
+    refusal's, so code that catches ``OSError`` and reads them keeps working (the original is ``__cause__``)."""
+
+    def __init__(self, message: str, errno: int | None = None, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno, self.filename = errno, filename
+        self.strerror = _os.strerror(errno) if errno else None
+
+    def __str__(self) -> str:  # OSError would say "[Errno 13] Permission denied: ..." once errno is set
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):  # OSError pickles (errno, strerror, filename) as the arguments once a filename is set
+        return type(self), (str(self), self.errno, self.filename)
+
+
+class PermissionDeniedError(DeniedError, PermissionError):
+    """A refused permission (EACCES, EPERM): a PermissionError as before, said in one line."""
 
 
 class DiskFullError(FedcacheError, OSError):

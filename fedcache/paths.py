@@ -12,7 +12,7 @@ import errno
 import os
 from pathlib import Path
 
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, DeniedError, PermissionDeniedError
 
 
 GRID = "grid.json"  # what marks a grid's directory (fedcache/grids): a run is never written into one
@@ -144,6 +144,13 @@ def denied_line(exc: OSError) -> str:
     if read:
         return unreadable_store(store, problem)
     return f"cannot write in the feature store {store} ({problem}); {STORE_DENIED}"
+
+
+def denied_error(exc: OSError) -> DeniedError:
+    """``exc`` in the command line's words (:func:`denied_line`), still an OSError of its errno and file, and a
+    PermissionError where it was one: what a Python caller of fedcache gets."""
+    kind = PermissionDeniedError if isinstance(exc, PermissionError) else DeniedError
+    return kind(denied_line(exc), exc.errno, exc.filename)
 
 
 def unreadable_store(store: Path, problem: str) -> str:

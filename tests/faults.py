@@ -269,3 +269,36 @@ def held_by_another_thread(lock, for_seconds: float = 0.5):
     finally:
         release.set()
         thread.join()
+
+
+def deny_writes_in(monkeypatch, folder: Path) -> None:
+    """Files and folders below ``folder`` refuse writes as another user's do (EACCES), where this process is root
+    (a real chmod does it otherwise): opening to write, and making a folder."""
+    if not os.access(folder, os.W_OK):
+        return  # not root: the chmod already denies it
+    real_open, real_mkdir, folder = os.open, os.mkdir, str(folder)
+
+    def below(path) -> bool:
+        path = os.path.abspath(path)
+        return path == folder or path.startswith(folder + os.sep)
+
+    def refuse(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def fake_open(path, flags, *args, **kwargs):
+        if below(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if below(path) and not os.path.isdir(path):
+            refuse(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+def read_only(path: Path) -> None:
+    for p in [path, *path.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)

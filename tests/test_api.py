@@ -275,3 +275,50 @@ def test_the_library_leaves_the_process_as_it_found_it(tmp_path):
                          cwd=ROOT, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "{}"
+
+
+def test_a_store_this_user_cannot_write_is_the_cli_s_line_and_still_a_permission_error(toy_store, tmp_path, monkeypatch):
+    """An extraction into another user's store raised Python's "[Errno 13] Permission denied: '.../.locks/<entry>.
+    create.lock'" in a notebook, naming neither the store nor what to do, where the command line says both."""
+    import errno
+    import pickle
+    import shutil
+
+    from fedcache.errors import FedcacheError
+    from fedcache.paths import STORE_DENIED
+    from tests.faults import deny_writes_in, read_only
+
+    store = tmp_path / "theirs.zarr"
+    shutil.copytree(toy_store, store)
+    read_only(store)
+    try:
+        deny_writes_in(monkeypatch, store)
+        with pytest.raises(PermissionError) as caught:
+            fedcache.extract_features("test-toy", BACKBONE, store=store, workers=0, name="mine")
+    finally:
+        for p in [store, *store.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    exc = caught.value
+    assert str(exc).startswith(f"cannot write in the feature store {store} (no permission to write {store}/.locks/"), exc
+    assert str(exc).endswith(STORE_DENIED) and isinstance(exc, FedcacheError)
+    assert exc.errno == errno.EACCES and exc.filename.startswith(f"{store}/.locks/") and exc.__cause__ is not None
+    again = pickle.loads(pickle.dumps(exc))  # as a worker of the caller's own multiprocessing pool sends it back
+    assert (type(again), str(again), again.errno, again.filename) == (type(exc), str(exc), exc.errno, exc.filename)
+
+
+def test_a_read_only_mount_stays_an_os_error_that_is_no_permission_error(tmp_path):
+    """EROFS is an OSError, not a PermissionError: said in one line, its type is kept, not widened."""
+    import errno
+
+    from fedcache.errors import DeniedError
+    from fedcache.paths import denied_error
+
+    exc = denied_error(OSError(errno.EROFS, "Read-only file system", str(tmp_path / "x")))
+    assert isinstance(exc, DeniedError) and not isinstance(exc, PermissionError) and exc.errno == errno.EROFS
+    assert str(exc) == f"{tmp_path / 'x'} is on a read-only file system; choose a path you can write to"
+
+
+def test_every_api_function_says_a_refused_file_in_one_line():
+    """The wrapper is what turns a refusal into the CLI's line: a function of the API without it would not."""
+    functions = [name for name in fedcache._API if inspect.isfunction(getattr(fedcache, name))]
+    assert functions and all(getattr(fedcache, name).__wrapped__ for name in functions), functions

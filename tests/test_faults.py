@@ -26,7 +26,8 @@ import pytest
 
 from fedcache.ownership import LOCK
 from tests.conftest import BACKBONE
-from tests.faults import TOY_CLI, cli_process, holder_pid, kill_all, leftovers, one_error_line, run_cli, wait_until
+from tests.faults import (TOY_CLI, cli_process, deny_writes_in, holder_pid, kill_all, leftovers, one_error_line, read_only,
+                          run_cli, wait_until)
 
 DATA = ["-d", "test-toy", "-b", BACKBONE]
 HOST = socket.gethostname()
@@ -440,42 +441,6 @@ def test_a_report_of_a_read_only_directory_says_to_give_out(toy_grid, tmp_path, 
     assert sorted(p.relative_to(theirs) for p in theirs.rglob("*")) == before  # no .report.lock, no figures
 
 
-def _deny_writes_in(monkeypatch, folder: Path) -> None:
-    """Files and folders below ``folder`` refuse writes as another user's do (EACCES), where this process is root
-    (a real chmod does it otherwise): opening to write, and making a folder."""
-    import errno
-    import os
-
-    if not os.access(folder, os.W_OK):
-        return  # not root: the chmod already denies it
-    real_open, real_mkdir, folder = os.open, os.mkdir, str(folder)
-
-    def below(path) -> bool:
-        path = os.path.abspath(path)
-        return path == folder or path.startswith(folder + os.sep)
-
-    def refuse(path):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-
-    def fake_open(path, flags, *args, **kwargs):
-        if below(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
-            refuse(path)
-        return real_open(path, flags, *args, **kwargs)
-
-    def fake_mkdir(path, *args, **kwargs):
-        if below(path) and not os.path.isdir(path):
-            refuse(path)
-        return real_mkdir(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", fake_open)
-    monkeypatch.setattr(os, "mkdir", fake_mkdir)
-
-
-def _read_only(path: Path) -> None:
-    for p in [path, *path.rglob("*")]:
-        p.chmod(0o555 if p.is_dir() else 0o444)
-
-
 def test_a_read_only_store_is_read_and_a_write_into_it_is_one_line(toy_store, tmp_path, capsys, monkeypatch):
     """A store another user made (read-only to this one): a run reads it as it is, and an extraction that has
     something to write said "Permission denied: .../.locks/<entry>.create.lock (FEDCACHE_DEBUG=1 shows where it
@@ -485,9 +450,9 @@ def test_a_read_only_store_is_read_and_a_write_into_it_is_one_line(toy_store, tm
     part = ["--partition", "iid", "--clients", "2"]
     assert run_cli(["partition", "--store", store, *DATA, *part], capsys)[0] == 0  # its owner made the partition
     before = sorted(p.relative_to(store) for p in store.rglob("*"))
-    _read_only(store)
+    read_only(store)
     try:
-        _deny_writes_in(monkeypatch, store)
+        deny_writes_in(monkeypatch, store)
         code, err = run_cli(["train", "--store", store, *DATA, "-m", "fedavg", *part, "--rounds", "1",
                              "-o", tmp_path / "run"], capsys)
         assert code == 0, err
@@ -509,7 +474,7 @@ def test_a_new_store_in_a_read_only_folder_is_one_line_saying_so(tmp_path, capsy
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        _deny_writes_in(monkeypatch, ro)
+        deny_writes_in(monkeypatch, ro)
         code, err = run_cli(["extract", *DATA, "--store", ro / "s.zarr", "--workers", "0"], capsys)
     finally:
         ro.chmod(0o755)
