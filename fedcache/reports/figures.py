@@ -20,14 +20,14 @@ import numpy as np
 from fedcache.best import Result, best_marks
 from fedcache.errors import FedcacheError
 from fedcache.reports.canvas import subplots
-from fedcache.reports.layout import Layout, Style
+from fedcache.reports.layout import Layout, Style, evaluated_on
 from fedcache.reports.runs import Group, Run
 
 log = logging.getLogger(__name__)
 MAX_PER_PANEL = 12  # lines or bars; beyond this a panel is unreadable: the best are shown, the title says so
 PANEL_SIZE = (4.6, 3.3)  # inches; at 100 dpi a panel is 460 px wide
 BEST = "★"
-YLABEL_CHARS = 34  # characters per line of a panel's y label: about the height of a panel at its font size
+YLABEL_CHARS = 30  # characters per line of a panel's y label: about the height of a panel at its font size (7.5 px each)
 
 
 @dataclass
@@ -78,16 +78,7 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
         ax.set_axisbelow(True)  # grid lines behind bars, not drawn across them
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    for ax in axes[:, 1:].flat:  # the y axis is shared: labelled once per row
-        ax.set_ylabel("")
-    for ax in axes[:, 0]:  # a label longer than the panel is tall ran past its top, into the legend
-        log = " (log scale)" if ax.get_yscale() == "log" else ""  # the panels share it: one panel's curves chose it
-        ax.set_ylabel(textwrap.fill(ax.get_ylabel() + log, YLABEL_CHARS))
-    if rows > 1:  # once for the figure: a label as long as two panels are tall ran into the next row's
-        text = axes[0, 0].get_ylabel().replace("\n", " ")
-        for ax in axes[:, 0]:
-            ax.set_ylabel("")
-        fig.supylabel(text, fontsize=10)
+    _ylabels(fig, axes, len(panels))
     unique = _legend(fig, axes, layout, groups, cols, width)
     # After the legend, which keeps each label's own line style: a shared line's dashes would read as a third style.
     same: dict[str, list[str]] = {}
@@ -96,6 +87,31 @@ def _panels(layout: Layout, groups: list[Group], draw: Callable, width: float = 
             same.setdefault(names, []).append(layout.panel_title(panel))
     lines = [line for label in labels + unique for line in label.splitlines()]  # a label may be wrapped
     return Figure(_png(fig), list(dict.fromkeys(lines)), _same_note(same, len(panels)))
+
+
+def _ylabels(fig, axes, panels: int) -> None:
+    """The y axis is shared: labelled once per row whose panels show the same, once for the figure where all do;
+    else on each panel, which says what it shows (a --select report's test and validation panels were all labelled
+    "test and validation accuracy %")."""
+    same = len({ax.get_ylabel() for ax in list(axes.flat)[:panels]}) == 1
+    for r, row in enumerate(axes):
+        shown = list(row)[:panels - r * len(row)]
+        if len({ax.get_ylabel() for ax in shown}) == 1:
+            for ax in shown[1:]:
+                ax.set_ylabel("")
+        for ax in (ax for ax in shown if ax.get_ylabel()):
+            _wrap_ylabel(ax)
+    if same and len(axes) > 1:  # once for the figure: a label as long as two panels are tall ran into the next row's
+        text = axes[0, 0].get_ylabel().replace("\n", " ")
+        for ax in axes[:, 0]:
+            ax.set_ylabel("")
+        fig.supylabel(text, fontsize=10)
+
+
+def _wrap_ylabel(ax) -> None:
+    """A label longer than the panel is tall ran past its top, into the legend."""
+    log = " (log scale)" if ax.get_yscale() == "log" else ""  # the panels share it: one panel's curves chose it
+    ax.set_ylabel(textwrap.fill(ax.get_ylabel() + log, YLABEL_CHARS))
 
 
 def _legend(fig, axes, layout: Layout, groups: list[Group], cols: int, width: float) -> list[str]:
@@ -154,6 +170,7 @@ def _same_note(same: dict[str, list[str]], panels: int) -> str:
 
 
 def _curves(key: str, ylabel: str) -> Callable:
+    """Draws the per-round curves of ``key``, the y axis labelled ``ylabel`` ({split}: the split the panel shows)."""
     def draw(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> list[str]:
         best = _best(groups)
         for g in groups:
@@ -172,7 +189,7 @@ def _curves(key: str, ylabel: str) -> Callable:
         _whole_rounds(ax)
         if key == "train_loss" and _spans_decades(ax):
             ax.set_yscale("log")  # a diverging setting's loss (1e7) flattened every other curve onto 0
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel.format(split=evaluated_on(groups)))  # the panel's split: a --select report has both
         return []
 
     return draw
@@ -206,7 +223,7 @@ def _whole_rounds(ax) -> None:
 
 
 def accuracy_per_round(groups: list[Group], layout: Layout) -> Figure:
-    return _panels(layout, groups, _curves("accuracy", f"{layout.evaluated_on} accuracy %, mean over clients"))
+    return _panels(layout, groups, _curves("accuracy", "{split} accuracy %, mean over clients"))
 
 
 def train_loss_per_round(groups: list[Group], layout: Layout) -> Figure | None:
@@ -230,7 +247,7 @@ def _bars(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> 
         ax.annotate(BEST, (x[i], means[i] + errs[i]), ha="center", va="bottom", fontsize=14)
     ax.margins(y=0.12)  # room above the tallest error bar for the star, which ran into the panel's title
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel(f"final {layout.evaluated_on} accuracy %")
+    ax.set_ylabel(f"final {evaluated_on(groups)} accuracy %")
     return labels
 
 

@@ -33,7 +33,7 @@ class Layout:
     panel_keys: tuple[str, ...]
     legend_keys: tuple[str, ...]
     methods: tuple[str, ...]
-    evaluated_on: str  # "test" or "validation"
+    evaluated_on: str  # "test", "validation", or "test and validation" (a --select grid's report)
     # Every group's own settings (legend values), so that a label keeps its look in a figure that leaves some out
     # (final figures leave out candidates halving cut).
     settings: tuple[tuple[str, ...], ...] = ()
@@ -49,9 +49,8 @@ class Layout:
         # A key some groups lack varies too (its absence is a value).
         varying = [k for k, vs in values.items() if len(vs) > 1 or any(k not in g.setting for g in groups)]
         fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
-        splits = {"validation" if g.first.option("validation") else "test" for g in groups}
         layout = cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
-                     _methods(groups, methods), " and ".join(sorted(splits)))
+                     _methods(groups, methods), evaluated_on(groups))
         return dataclasses.replace(layout, settings=tuple(sorted({layout._values(g, layout.legend_keys) for g in groups})))
 
     def panel(self, g: Group) -> tuple[tuple[str, str], ...]:
@@ -113,6 +112,11 @@ class Layout:
             marker, line = looks[(start[g.method] + i) % len(looks)]
             styles.setdefault(self.label(g), Style(shades[i % len(shades)] if by_setting else colour[g.method], line, marker))
         return styles
+
+
+def evaluated_on(groups: list[Group]) -> str:
+    """The split ``groups`` were scored on, or both ("test and validation")."""
+    return " and ".join(sorted({"validation" if g.first.option("validation") else "test" for g in groups}))
 
 
 def _natural(value) -> tuple:

@@ -11,13 +11,14 @@ from fedcache.reports.layout import Layout
 from fedcache.reports.runs import Group, Run
 
 
-def run(method: str, lr: str, seed: int, accs, *, stopped_at=None, loss=None, setting=None) -> Run:
+def run(method: str, lr: str, seed: int, accs, *, stopped_at=None, loss=None, setting=None, validation=False) -> Run:
     history = [{"round": r + 1, "accuracy": a, "train_loss": (loss[r] if loss else 1.0 / (r + 1)),
                 "bytes_up": 1000 * (r + 1), "bytes_down": 1000 * (r + 1)} for r, a in enumerate(accs)]
     summary = {"method": method, "mean_accuracy": accs[-1], "per_client_accuracy": [accs[-1]] * 3, "seed": seed}
     if stopped_at is not None:
         summary["stopped_at"] = stopped_at
-    return Run(Path(f"{method}-{lr}-{seed}"), summary, history, {}, setting or {"rounds": "6", "lr": lr})
+    config = {"train": {"validation": True}} if validation else {}  # a --select grid's first stage
+    return Run(Path(f"{method}-{lr}-{seed}"), summary, history, config, setting or {"rounds": "6", "lr": lr})
 
 
 def group(*runs: Run) -> Group:
@@ -47,17 +48,41 @@ def test_a_candidate_cut_after_one_round_is_drawn(drawn):
 
 
 def test_a_long_y_label_of_a_one_row_figure_is_wrapped_to_the_panel(drawn):
-    """A --select grid's 'test and validation accuracy %, mean over clients' ran past the top of a one-row figure."""
-    gs = [group(*(run(m, "1e-3", s, [30.0, 40.0]) for s in (0, 1))) for m in ("fedavg", "fedprox")]
-    layout = Layout.of(gs)
-    layout = Layout(layout.fixed, layout.panel_keys, layout.legend_keys, layout.methods, "test and validation")
-    figures.accuracy_per_round(gs, layout)
+    """A --select grid's 'test and validation accuracy %, mean over clients' ran past the top of a one-row figure;
+    'validation accuracy %, mean over clients' is as long as the panel is tall."""
+    gs = [group(*(run(m, "1e-3", s, [30.0, 40.0], validation=True) for s in (0, 1))) for m in ("fedavg", "fedprox")]
+    figures.accuracy_per_round(gs, Layout.of(gs))
     ax = drawn[0].axes[0]
     lines = ax.get_ylabel().splitlines()
     assert len(lines) > 1 and all(len(line) <= figures.YLABEL_CHARS for line in lines)
     drawn[0].canvas.draw()
     label, box = ax.yaxis.label.get_window_extent(), ax.get_window_extent()
     assert label.height <= box.height, (label.height, box.height)
+
+
+def _split_group(method: str, split: str, alpha: str) -> Group:
+    setting = {"split": split, "alpha": alpha, "lr": "1e-3"}
+    return group(*(run(method, "1e-3", s, [30.0, 40.0], setting=setting, validation=split == "validation") for s in (0, 1)))
+
+
+@pytest.mark.parametrize("alphas", [["1"], ["0.1", "1"]])
+def test_each_panel_of_a_select_report_says_which_split_it_shows(drawn, alphas):
+    """A --select grid's report has a panel per split, each with one split's runs: every y axis read "test and
+    validation accuracy %". One row: each panel says its own; a row per split: its first panel says it."""
+    gs = [_split_group(m, split, a) for split in ("test", "validation") for a in alphas for m in ("fedavg", "fedprox")]
+    layout = Layout.of(gs)
+    figures.accuracy_per_round(gs, layout)
+    figures.final_accuracy(gs, layout)
+    for fig in drawn:
+        said = {}
+        for ax in (a for a in fig.axes if a.get_visible()):
+            split = ax.get_title().split(",")[0].removeprefix("split=")
+            label = ax.get_ylabel().replace("\n", " ")
+            assert {"test", "validation"} - {split} & set(label.split()) == set(), (ax.get_title(), label)
+            said.setdefault(split, []).append(label)
+        assert not [t for t in fig.texts if "accuracy" in t.get_text()]  # no label of the whole figure, which shows both
+        assert all(sum(f"{split} accuracy %" in label for label in labels) == (len(labels) if len(alphas) == 1 else 1)
+                   for split, labels in said.items()), said
 
 
 def test_a_diverging_settings_training_loss_does_not_flatten_the_others(drawn):
@@ -75,6 +100,13 @@ def test_a_diverging_settings_training_loss_does_not_flatten_the_others(drawn):
                                         ("1e-2", [40.0], [0.03], 1))]
     figures.train_loss_per_round(cut, Layout.of(cut))
     assert drawn[2].axes[0].get_yscale() == "linear"
+
+
+def test_a_log_scale_is_said_once_per_row_with_its_label(drawn):
+    gs = [group(*(run("fedavg", lr, s, [50.0, 60.0, 61.0], loss=loss, setting={"alpha": a, "lr": lr}) for s in (0, 1)))
+          for a in ("0.1", "1") for lr, loss in (("1e-1", [1.3, 1.0, 0.8]), ("3e4", [2e7, 2.5e7, 2.4e7]))]
+    figures.train_loss_per_round(gs, Layout.of(gs))
+    assert [ax.get_ylabel() for ax in drawn[0].axes] == ["training loss (log scale)", ""]
 
 
 def test_the_legend_lists_methods_in_order_each_with_its_settings_in_order(drawn):
