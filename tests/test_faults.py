@@ -488,9 +488,9 @@ def test_a_new_store_in_a_read_only_folder_is_one_line_saying_so(tmp_path, capsy
 AS_A_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
 
 
-def _as_a_user(argv: list[str]) -> tuple[int, str, str]:
-    """(exit code, stderr, stdout) of ``fedcache argv`` in a process of its own that file permissions bind, also as
-    root."""
+def _as_a_user(argv: list[str], script: str | None = None) -> tuple[int, str, str]:
+    """(exit code, stderr, stdout) of ``fedcache argv`` (or ``script``, ``TOY_CLI`` say) in a process of its own that
+    file permissions bind, also as root."""
     import os
     import subprocess
     import sys
@@ -501,7 +501,8 @@ def _as_a_user(argv: list[str]) -> tuple[int, str, str]:
         pytest.skip("root reads every file, and there is no setpriv here to drop that")
     prefix = AS_A_USER if os.geteuid() == 0 else []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDCACHE_DEBUG": "", "COLUMNS": "1000"}  # a line per entry
-    done = subprocess.run([*prefix, sys.executable, "-m", "fedcache.cli", *map(str, argv)], capture_output=True,
+    head = ["-c", script] if script else ["-m", "fedcache.cli"]
+    done = subprocess.run([*prefix, sys.executable, *head, *map(str, argv)], capture_output=True,
                           text=True, env=env, timeout=120)
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     return done.returncode, done.stderr, done.stdout
@@ -542,13 +543,15 @@ def test_an_entry_this_user_cannot_read_is_named_so_not_damaged(refused, toy_sto
     try:
         code, err, _ = _as_a_user(["train", "--store", store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "2",
                                    "--rounds", "1", "-o", tmp_path / "run"])
+        extracted, extract_err, _ = _as_a_user(["extract", *DATA, "--store", store, "--workers", "0"], TOY_CLI)
         checked, summary, listed = _as_a_user(["store", "verify", "--repair", "--store", store])
     finally:
         _restore(target)
     file = target if target.is_file() else folder / "zarr.json"
-    line = one_error_line(err)
-    assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (entry {entry.entry_id} "), line
-    assert line.endswith(f": no permission to read {file}); have its owner make it readable (chmod -R a+rX)"), line
+    for code, err in ((code, err), (extracted, extract_err)):  # extract said "already complete", or replaced it
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (entry {entry.entry_id} "), line
+        assert line.endswith(f": no permission to read {file}); have its owner make it readable (chmod -R a+rX)"), line
     assert checked == 1 and f"{entry.entry_id} " in listed and f": unreadable (no permission to read {file})" in listed
     assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
     assert FeatureStore(store).verify(FeatureStore(store).info(entry.entry_id))[0] == "ok"  # --repair left it

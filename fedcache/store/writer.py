@@ -206,6 +206,8 @@ def _discard_if_damaged(store: FeatureStore, key: EntryKey) -> str | None:
         return None
     info = store.info(key.entry_id)
     status, why = store.verify(info)
+    if status == "unreadable":  # another user's permissions: not damage to replace, nor complete to this user
+        raise store.refused(info, why, denied=True)
     if status == "partial" and CRC_ARRAY not in store.root[ENTRIES][key.entry_id]:
         status, why = "damaged", "it has no checksums: interrupted while it was being made, or started by an older fedcache"
     if status != "damaged":
