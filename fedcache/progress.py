@@ -4,6 +4,8 @@ A rich progress bar draws nothing when stderr is redirected, so a long `extract`
 hung. `PlainProgress` takes the calls the CLI makes on a rich `Progress` (`add_task`, `advance`, `update`,
 `console`) and prints a line when a task starts, at every tenth of its total (at most one line per
 `min_interval` seconds), and when it finishes, with the rate and the remaining time.
+
+`said_step` is for the steps before a task starts (a grid reading its features): logged, and said where slow.
 """
 from __future__ import annotations
 
@@ -12,9 +14,26 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from rich.console import Console
+if TYPE_CHECKING:  # rich's import draws from Python's random: the library's steps (said_step) must not import it
+    from rich.console import Console
+
+
+# Seconds a step before a command's own progress starts (reading a large store, making its partitions) must take to
+# be said where that progress is shown: a short run prints what it printed before; the log has every step.
+SLOW_STEP = 2.0
+
+StepCallback = Callable[[str], None]  # a step done, said in one line (``said_step``)
+
+
+def said_step(logger: logging.Logger, on_step: StepCallback | None, text: str, seconds: float) -> None:
+    """A step done before the progress of the work itself (a grid's cells, a run's rounds): ``text`` in the log
+    (INFO), and to ``on_step`` (a command prints it beside its progress) where it took ``SLOW_STEP`` seconds or
+    more. Without it, a grid on a million rows said nothing for the half minute before its first cell."""
+    logger.info(text)
+    if on_step is not None and seconds >= SLOW_STEP:
+        on_step(text)
 
 
 def log_to_stderr(level: str | int) -> None:

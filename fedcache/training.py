@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fedcache import __version__
+from fedcache.disk import human
 from fedcache.errors import ConfigError, DeviceError, DiskFullError
 from fedcache.federate.data import FederatedData, check_same_encoder, check_same_source, load_splits, load_views
 from fedcache.federate.divergence import DivergedError
@@ -27,8 +28,10 @@ from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.ownership import Holder, check_free, hold
 from fedcache.paths import GRID, check_outside, writable_dir
+from fedcache.progress import StepCallback, said_step
 from fedcache.spec import RunSpec, method_class, migrate_config
 from fedcache.store.feature_store import FeatureStore, FeatureTable
+from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -121,15 +124,28 @@ def _check_trackers(spec: RunSpec) -> None:
     writable_dir(where, "--track-dir" if spec.engine.track_dir else "--out")
 
 
-def prepare(spec: RunSpec, tables: Tables | None = None) -> tuple[Method, dict]:
+def prepare(spec: RunSpec, tables: Tables | None = None, on_step: StepCallback | None = None) -> tuple[Method, dict]:
     """Everything before the first round: data, partition, method, on the run's device (the caller's
-    ``torch.device`` context: ``on_device``); returns the run's config.json too."""
+    ``torch.device`` context: ``on_device``); returns the run's config.json too. ``on_step``: the data read from
+    the store, where that took a while (``progress.said_step``)."""
     cls = method_class(spec.method.name)
     warn_unused_options(spec, cls)
+    t0 = time.perf_counter()
     data, part_info = load_data(spec, tables, views=cls.uses_views)
+    if tables is None:  # read from the store here, not shared by a grid
+        seconds = time.perf_counter() - t0
+        said_step(log, on_step, _data_text(spec, data, part_info, seconds), seconds)
     device = torch.get_default_device()
     method = instantiate(spec, data.to(device))
     return method, run_config(spec, part_info, data, device)
+
+
+def _data_text(spec: RunSpec, data: FederatedData, part_info: dict, seconds: float) -> str:
+    # Scored on validation, the test table is the training table: its rows are read once.
+    tensors = [data.x_train] if spec.schedule.validation else [data.x_train, data.x_test]
+    rows, size, d = sum(len(x) for x in tensors), sum(x.nbytes for x in tensors), spec.data
+    return (f"data ready in {seconds:.1f} s: {count(rows, 'row')} ({human(size)}) of {d.dataset} on "
+            f"{'+'.join(d.backbones)} read from {d.store}, partition {part_info['partition_id']}")
 
 
 def run_device(request: str) -> torch.device:
@@ -273,15 +289,16 @@ def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torc
 
 
 def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None = None,
-          run_name: str | None = None, stop_after: int | None = None) -> RunResult:
+          run_name: str | None = None, stop_after: int | None = None, on_step: StepCallback | None = None) -> RunResult:
     """One run. ``run_name`` names it for trackers (default: its --out directory's name). ``stop_after``: pause
-    after that round, to be continued with ``resume`` (``driver.run``; a grid's successive halving)."""
+    after that round, to be continued with ``resume`` (``driver.run``; a grid's successive halving). ``on_step``:
+    the steps before the first round that took a while (``progress.said_step``)."""
     if spec.engine.name != "in-process":  # run silently in-process, it would be recorded as what it is not
         raise ConfigError(f"this runs in-process; engine={spec.engine.name!r} runs through "
                           "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
     check_out(spec)
     with owned(spec), on_device(spec):
-        method, resolved = prepare(spec, tables)
+        method, resolved = prepare(spec, tables, on_step)
         e = spec.engine
         if e.out is not None:
             if e.overwrite or (not e.resume and not RunDir(e.out).has_checkpoint()):

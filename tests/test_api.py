@@ -38,6 +38,17 @@ def test_train_returns_summary_history_and_state(toy_store, tmp_path):
         fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", round=3)
 
 
+def test_the_library_prints_nothing_of_its_slow_steps(toy_store, tmp_path, capsys, monkeypatch):
+    """The command line says a slow store read or partitioning; from Python the steps go to the log only."""
+    from fedcache import progress
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)
+    fedcache.train(toy_store, "test-toy", BACKBONE, "fedavg", clients=2, rounds=1)
+    fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", out=tmp_path / "g",
+                  sweep={"partition": "iid", "rounds": 1, "clients": 2}, on_plan=lambda text: None)
+    assert capsys.readouterr() == ("", "")
+
+
 def test_extract_is_callable_and_reuses_the_cache(toy_store):
     import fedcache.extract.runner
 

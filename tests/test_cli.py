@@ -130,6 +130,20 @@ def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
         assert code == 1 and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
 
 
+def test_train_says_a_slow_data_read_before_its_rounds(capsys, toy_store, tmp_path, monkeypatch):
+    """A million rows read and partitioned took seconds before the rounds' first line: said where it took
+    ``progress.SLOW_STEP`` seconds or more (0 here)."""
+    from fedcache import progress
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)
+    code, _, err = run(capsys, "train", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg",
+                       "--clients", "2", "--rounds", "2")
+    lines = err.splitlines()
+    assert code == 0 and re.fullmatch(rf"data ready in \d+\.\d s: 84 rows \([\d.]+ kB\) of test-toy on tiny-timm-random "
+                                      rf"read from {re.escape(str(toy_store))}, partition [0-9a-f]+", lines[0]), err
+    assert lines[1].startswith("fedavg rounds "), err
+
+
 def test_grid_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
     """No progress line before the error: a grid refused before its plan (here too many clients) trained nothing."""
     code, out, err = run(capsys, "grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",

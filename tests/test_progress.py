@@ -77,3 +77,19 @@ def test_logging_to_stderr_for_a_block_removes_its_handler_and_level_after_it():
             "logging.getLogger('x').warning('after')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "[] WARNING\n" and out.stderr == "INFO x: during\nafter\n"  # after: logging's last resort
+
+
+def test_a_step_is_logged_and_said_only_where_it_took_slow_step_seconds(caplog):
+    """A step before a command's progress (a grid reading a million rows): said where it was slow, so a short run
+    prints what it printed before; the log (INFO) has every step."""
+    import logging
+
+    from fedcache import progress
+
+    said, log = [], logging.getLogger("fedcache.test")
+    with caplog.at_level(logging.INFO, logger="fedcache.test"):
+        progress.said_step(log, said.append, "fast", progress.SLOW_STEP / 10)
+        progress.said_step(log, said.append, "slow", progress.SLOW_STEP)
+        progress.said_step(log, None, "to nobody", 60.0)  # the library called without a callback: quiet
+    assert said == ["slow"]
+    assert [r.getMessage() for r in caplog.records] == ["fast", "slow", "to nobody"]

@@ -74,6 +74,9 @@ def _run_with_progress(spec) -> list[dict]:
             tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
             return tasks[0]
 
+        def on_step(text: str) -> None:  # no task yet: a grid its partitions refuse next never said "grid started"
+            progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
+
         def on_plan(text: str) -> None:
             progress.console.print(text, soft_wrap=True, highlight=False)
             task()
@@ -83,7 +86,7 @@ def _run_with_progress(spec) -> list[dict]:
             score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
             progress.update(task(), total=total, completed=done, last=f"{row['method']} seed {row['seed']}: {score}")
 
-        run_grid(spec, on_cell, on_plan=on_plan)
+        run_grid(spec, on_cell, on_plan=on_plan, on_step=on_step)
     return trained
 
 

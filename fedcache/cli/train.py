@@ -83,7 +83,10 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
             acc = f"acc {line['accuracy']:.1f}%" if line else ""
             progress.update(task, completed=done, acc=acc)
 
-        return run_train(spec, on_round).summary, ""
+        def on_step(text: str) -> None:  # no task yet: the rounds' is drawn once the first has run
+            progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+        return run_train(spec, on_round, on_step=on_step).summary, ""
 
 
 def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:

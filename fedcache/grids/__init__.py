@@ -22,13 +22,16 @@ from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, t
 from fedcache.grids.table import load_results, summary_markdown
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import check_outside
+from fedcache.progress import StepCallback
 from fedcache.table import Table
 from fedcache.wording import count
 
 
-def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None) -> Table:
+def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
+             on_step: StepCallback | None = None) -> Table:
     """Every unfinished cell of the grid (finished ones are read back), then results.csv and table.md; with
-    ``--select``, tuned on the validation split first and the chosen values tested once."""
+    ``--select``, tuned on the validation split first and the chosen values tested once. ``on_step``: the steps
+    before the cells (reading the features, making the partitions) that took a while (``progress.said_step``)."""
     # Held before its grid.json is read, until its tables are written (fedcache/ownership.py): two grids in one
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
     spec.check_given()
@@ -40,8 +43,8 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
         spec = in_saved_order(spec)
         try:
             if spec.select:
-                return run_selected(spec, on_cell, on_plan)
-            return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan))
+                return run_selected(spec, on_cell, on_plan, on_step)
+            return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan, on_step=on_step))
         except DiskFullError as exc:  # a cell's advice speaks of train's --resume: a grid resumes by itself
             raise exc.advised(AGAIN) from None
         except FedcacheError:

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedcache.grids.run import CellCallback, PlanCallback, run_cells
 from fedcache.grids.spec import Cell, GridSpec, cells, train_config
+from fedcache.progress import StepCallback
 
 Value = tuple[tuple[str, str], ...]  # the selected settings' values of one candidate
 VALIDATION_AXIS = "validation"  # the validation stage's own axis: the same in every cell, in no group's key
@@ -147,7 +148,7 @@ def groups_of(spec: GridSpec, select: list[str], eta: int, first: int | None) ->
 
 def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, metric: str = "mean_accuracy",
                 on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
-                after: int = 0) -> tuple[list[dict], list[Group]]:
+                after: int = 0, on_step: StepCallback | None = None) -> tuple[list[dict], list[Group]]:
     """The validation stage of a pruned --select grid (``spec``: that stage's grid). Returns every cell's last row
     (with ``stopped_at``, the round it stopped at) in the grid's order, and the groups with their cuts.
     ``after``: the cell runs that follow this stage, for one progress count over both."""
@@ -159,7 +160,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
         stops = {c: (g, g.stop) for g in live for v in g.alive for c in g.candidates[v]}
         step = [c for c in cells(spec) if c in stops]
         counted = (lambda done, _, row, at=before: on_cell(at + done, max(total, at + done), row)) if on_cell else None
-        table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False,
+        table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False, on_step=on_step,
                           stops={c: at for c, (_, at) in stops.items() if at is not None})
         rows = dict(zip(step, table.to_records()))
         for c, row in rows.items():

@@ -7,11 +7,12 @@ import dataclasses
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from pathlib import Path
 
-from fedcache.disk import read_json
+from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
 from fedcache.grids.batches import run_batched, started_batches
@@ -20,6 +21,7 @@ from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
+from fedcache.progress import StepCallback, said_step
 from fedcache.spec import RunSpec, method_class
 from fedcache.table import Table
 from fedcache.training import instantiate, load_data
@@ -32,19 +34,20 @@ PlanCallback = Callable[[str], None]  # how the engine runs the cells, said befo
 
 
 def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
-              on_plan: PlanCallback | None = None, stops: Stops | None = None, write: bool = True) -> Table:
+              on_plan: PlanCallback | None = None, stops: Stops | None = None, write: bool = True,
+              on_step: StepCallback | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md (unless not
     ``write``). ``only``: these cells instead of the whole product (the test runs of a --select grid);
-    ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py)."""
+    ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py); ``on_step``: the
+    steps before the first cell that took a while (``progress.said_step``)."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
     configs = check_cells(spec, todo_cells)
     check_spec(spec)
     fresh = not (spec.features_folder / "meta.json").exists()
-    folder = write_features(spec)
-    tables = read_features(folder)
+    folder, tables = _shared_features(spec, fresh, on_step)
     rows, pending = _finished_and_pending(spec, todo_cells, stops)
-    _prepare(configs, pending, tables, folder, fresh)
+    _prepare(configs, pending, tables, folder, fresh, on_step)
     total = len(todo_cells)
     if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
         _say_resuming(spec, len(rows), total, len(pending), on_plan)
@@ -71,15 +74,36 @@ def _finished_and_pending(spec: GridSpec, todo: list[Cell], stops: Stops) -> tup
     return rows, pending
 
 
-def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: Path, fresh: bool) -> None:
+def _shared_features(spec: GridSpec, fresh: bool, on_step: StepCallback | None) -> tuple[Path, tuple]:
+    """The grid's features, written from the store where ``fresh`` (said: on a large store, the longest step before
+    the first cell), and read back memory-mapped."""
+    t0 = time.perf_counter()
+    folder = write_features(spec)
+    tables = read_features(folder)
+    if fresh:
+        seconds = time.perf_counter() - t0
+        rows, size = sum(len(t) for t in tables), sum(t.features.nbytes for t in tables)
+        said_step(log, on_step, f"shared features ready in {seconds:.1f} s: {count(rows, 'row')} ({human(size)}) of "
+                                f"{spec.dataset} on {'+'.join(spec.backbones)} read from {spec.store} into {folder}",
+                  seconds)
+    return folder, tables
+
+
+def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: Path, fresh: bool,
+             on_step: StepCallback | None) -> None:
     """The cells' partitions and the methods that train now, checked before any cell runs."""
+    t0 = time.perf_counter()
     try:
-        _make_partitions(configs, tables)
-        _check_methods(configs, pending, tables)  # what trains now: a finished grid builds nothing to write its tables
+        partitions = _make_partitions(configs, tables)
+        # What trains now: a finished grid builds nothing to write its tables.
+        methods = _check_methods(configs, pending, tables)
     except BaseException:
         if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
             shutil.rmtree(folder, ignore_errors=True)
         raise
+    seconds = time.perf_counter() - t0
+    said_step(log, on_step, f"partitions ready in {seconds:.1f} s: {count(partitions, 'partition')}, "
+                            f"{count(methods, 'method')} checked", seconds)
 
 
 def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int, on_plan: PlanCallback | None) -> None:
@@ -196,23 +220,26 @@ def check_cells(spec: GridSpec, todo: list[Cell]) -> dict[Cell, RunSpec]:
     return {c: train_config(spec, c, None) for c in todo}
 
 
-def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables) -> None:
+def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables) -> int:
     """Each method built once on its first cell's data, before any cell trains: what a method needs of the data
     (clip-zs a backbone with a text tower, say) is said now, not after the other methods' cells have trained.
-    Methods draw from their own generators, so building one here changes no cell's numbers."""
+    Methods draw from their own generators, so building one here changes no cell's numbers. Returns how many."""
     first = {}
     for c in todo:
         first.setdefault(c.method, c)
     for c in first.values():
         cfg = configs[c]
         instantiate(cfg, load_data(cfg, tables, views=method_class(c.method).uses_views)[0])
+    return len(first)
 
 
-def _make_partitions(configs: dict[Cell, RunSpec], tables) -> None:
-    """Every distinct partition is made and stored here, once, so parallel workers only read the store."""
+def _make_partitions(configs: dict[Cell, RunSpec], tables) -> int:
+    """Every distinct partition is made and stored here, once, so parallel workers only read the store; returns
+    how many."""
     seen = set()
     for cfg in configs.values():
         key = (cfg.partition, cfg.schedule.seed)
         if key not in seen:
             seen.add(key)
             load_data(cfg, tables)
+    return len(seen)

@@ -4,7 +4,11 @@ errors are one line."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -142,6 +146,37 @@ def test_a_grid_and_a_run_never_share_a_directory(toy_grid, toy_store, tmp_path)
     cell = next((toy_grid / "cells").iterdir())  # the batched engine writes a stack of cells without a lock per cell
     with pytest.raises(ConfigError, match=f"--out {cell} is inside the grid directory {toy_grid}, which writes its cells itself"):
         train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=cell, overwrite=True)
+
+
+def test_slow_steps_before_the_first_cell_are_said_before_the_plan(toy_store, tmp_path, capsys, monkeypatch):
+    """Reading a large store and making its partitions left a grid silent for its first half minute; each step is
+    a line where it took ``progress.SLOW_STEP`` seconds or more (0 here), before the plan and the "grid started"
+    line, which a grid refused by its partitions must not print."""
+    from fedcache import progress
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)
+    assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition",
+                 "dirichlet", "--alpha", "0.5,5", "--clients", "3", "--rounds", "1", "--out", str(tmp_path / "slow")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(rf"shared features ready in \d+\.\d s: 84 rows \([\d.]+ kB\) of test-toy on {BACKBONE} read from "
+                        rf"{re.escape(str(toy_store))} into {re.escape(str(tmp_path / 'slow' / 'features'))}", err[0]), err
+    assert re.fullmatch(r"partitions ready in \d+\.\d s: 2 partitions, 1 method checked", err[1]), err
+    assert err[2].startswith("batched engine: ") and err[3] == "grid started", err
+
+
+def test_a_slow_step_goes_to_a_log_file(toy_store, tmp_path):
+    """`fedcache grid ... 2> grid.log`: the step's line is in the log, and its INFO record under FEDCACHE_LOG=info."""
+    code = ("import sys; from fedcache import progress; progress.SLOW_STEP = 0.0\n"
+            "from fedcache.cli.root import _console_script; sys.argv[0] = 'fedcache'; _console_script()")
+    log = tmp_path / "grid.log"
+    with open(log, "w") as fh:
+        subprocess.run([sys.executable, "-c", code, "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
+                        "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds", "1", "--out", str(tmp_path / "g")],
+                       stdout=subprocess.DEVNULL, stderr=fh, env={**os.environ, "FEDCACHE_LOG": "info"}, check=True)
+    lines = log.read_text().splitlines()
+    said = next(line for line in lines if line.startswith("shared features ready in "))
+    assert f"INFO fedcache.grids.run: {said}" in lines
+    assert any(line.startswith("partitions ready in ") for line in lines)
 
 
 def test_grid_cli_errors_are_one_line(tmp_path, capsys):
