@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console,
@@ -157,7 +157,17 @@ def shard(out: Path, **given) -> None:
 
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
     refuse_unread_options(spec, given_on_command_line(given))
-    console.print(describe(write_shards(shard_spec(spec), out)))
+    with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as progress:
+        task = None
+
+        def on_shard(done: int, total: int) -> None:
+            nonlocal task
+            if task is None:  # drawn once the partition is made: a sharding refused before it is its error alone
+                task = progress.add_task("shards", total=total)
+            progress.update(task, completed=done)
+
+        paths = write_shards(shard_spec(spec), out, on_shard)
+    console.print(describe(paths))
 
 
 _signed(shard, _spec_params(PARTITION_OPTIONS, seed="Partition seed (use the run's --seed).")

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,11 +103,13 @@ class ShardInfo:
 STAGING = ".partial"  # in --out, under its hold: the shards being written, moved in once all are complete
 
 
-def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
+def write_shards(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None] | None = None) -> list[Path]:
     """One store per client plus the server's; returns their paths (clients first, server last). They are written
     into ``out``/.partial and moved into ``out`` once all are complete, server/ last: a sharding killed part-way left
     complete-looking client-000/ beside a partial client-001/ and no server/, for a user to copy to a machine. ``out``
-    itself is kept ('.', a link, a mount point, its mode), and held: a second sharding into it is refused."""
+    itself is kept ('.', a link, a mount point, its mode), and held: a second sharding into it is refused.
+    ``on_shard(done, total)`` before the first shard (done = 0) and after each: a shard takes about a second, 100
+    clients minutes."""
     out = writable_dir(out, "--out")
     with hold(out, f"the shard directory {out}", advice="shard into another --out", resumes="a re-run shards again"):
         staging = out / STAGING
@@ -118,7 +121,7 @@ def write_shards(spec: ShardSpec, out: Path) -> list[Path]:
         staging.mkdir()
         moved: list[Path] = []
         try:
-            for p in _write_all(spec, staging):
+            for p in _write_all(spec, staging, on_shard or (lambda done, total: None)):
                 moved.append(p.rename(out / p.name))
             staging.rmdir()
         except BaseException as exc:
@@ -144,7 +147,7 @@ def _full(exc: BaseException, staging: Path, out: Path) -> DiskFullError:
     return disk.full_error(out, "the shards in", advice=AGAIN, exc=exc)
 
 
-def _write_all(spec: ShardSpec, out: Path) -> list[Path]:
+def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None]) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
     tables = _tables(store, spec, ("train", "test"))
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
@@ -160,11 +163,14 @@ def _write_all(spec: ShardSpec, out: Path) -> list[Path]:
                 request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
                 client_test_sizes=[len(r) for r in partition.test],
                 entries=sorted(e for b in spec.backbones for s in ("train", "test") for e in tables[s][b].entry_ids))
-    paths = []
+    paths, total = [], partition.n_clients + 1
+    on_shard(0, total)
     for k in range(partition.n_clients):
         info = ShardInfo(role="client", client=k, **base)
         paths.append(_write_client(store, spec, tables, views, partition, info, client_dir(out, k)))
+        on_shard(len(paths), total)
     paths.append(_write_server(store, spec, tables, ShardInfo(role="server", client=-1, **base), out / SERVER))
+    on_shard(total, total)
     return paths
 
 
