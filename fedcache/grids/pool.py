@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
 from fedcache.borrowed import start_method_unset
@@ -23,24 +23,64 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
+    with _sigterm_reports(ctx) as (report_to, sigterm):
+        pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
+                                   initargs=(os.getpid(), report_to))
+        try:
+            # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
+            # fixes this process's default start method (multiprocessing records it for the child): the caller's
+            # to choose.
+            with _workers_ignore_ctrl_c(), start_method_unset():
+                futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
+            for fut in _as_finished(futures, sigterm):
+                yield from fut.result()
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: leaving the `with` block would
+            # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
+            pool.shutdown(wait=False, cancel_futures=True)
+            _stop(set(multiprocessing.active_children()) - before)
+            lost = next((text for kind, text in _LOST_WORKER.items() if isinstance(exc, kind)), None)
+            if lost:
+                raise FedcacheError(lost) from None
+            raise
+        pool.shutdown()
+
+
+def _as_finished(futures: list[Future], sigterm: Future) -> Iterator[Future]:
+    """``futures`` as they finish, and ``sigterm`` (its result raises) as soon as a worker between cells reports
+    a SIGTERM: the grid stops then as for a busy worker's."""
+    left = set(futures)
+    for fut in as_completed([*futures, sigterm]):
+        yield fut
+        left.discard(fut)
+        if not left:
+            return
+
+
+@contextlib.contextmanager
+def _sigterm_reports(ctx) -> Iterator[tuple[object, Future]]:
+    """(the end of a pipe that workers report a SIGTERM on, a future that fails with SystemExit once one does),
+    read by a thread of this process while the block runs."""
+    reader, writer = ctx.Pipe(duplex=False)
+    sigterm: Future = Future()
+    listener = threading.Thread(target=_listen, args=(reader, sigterm), name="fedcache-grid-sigterm", daemon=True)
+    listener.start()
     try:
-        # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context, fixes
-        # this process's default start method (multiprocessing records it for the child): the caller's to choose.
-        with _workers_ignore_ctrl_c(), start_method_unset():
-            futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
-        for fut in as_completed(futures):
-            yield from fut.result()
-    except BaseException as exc:
-        # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: leaving the `with` block would
-        # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
-        pool.shutdown(wait=False, cancel_futures=True)
-        _stop(set(multiprocessing.active_children()) - before)
-        lost = next((text for kind, text in _LOST_WORKER.items() if isinstance(exc, kind)), None)
-        if lost:
-            raise FedcacheError(lost) from None
-        raise
-    pool.shutdown()
+        yield writer, sigterm
+    finally:
+        writer.send_bytes(_GRID_DONE)
+        listener.join()
+        reader.close()
+        writer.close()
+
+
+_GRID_DONE = b""  # this process's last message on the pipe; a worker's is _SIGTERM
+_SIGTERM = b"SIGTERM"
+
+
+def _listen(reader, sigterm: Future) -> None:
+    if reader.recv_bytes() == _SIGTERM:
+        sigterm.set_exception(SystemExit(128 + signal.SIGTERM))
 
 
 # A worker gone under the grid (the grid stops its own workers only once it is stopping itself).
@@ -80,12 +120,15 @@ def _stop(workers: set, grace: float = 5.0) -> None:
             w.kill()
 
 
-def _init_worker(grid: int) -> None:
+def _init_worker(grid: int, report_to) -> None:
+    global _report_to
     os.environ["OMP_NUM_THREADS"] = "1"
-    # The grid stops its workers with SIGTERM (``_stop``): a worker exits as Python does, so its cell's clean-up
-    # runs (its run directory's lock is let go) and what it registered with multiprocessing's resource tracker
-    # is unregistered. Killed outright by the signal, each worker's Blosc lock (numcodecs makes one to read the
-    # partition) was reported as "leaked semaphore objects" under the grid's one line.
+    _report_to = report_to
+    # The grid stops its workers with SIGTERM (``_stop``): a worker leaves as Python does (SystemExit in its cell;
+    # between cells, on the pool's last message), so its cell's clean-up runs (its run directory's lock is let go)
+    # and what it registered with multiprocessing's resource tracker is unregistered. Killed outright by the
+    # signal, each worker's Blosc lock (numcodecs makes one to read the partition) was reported as "leaked
+    # semaphore objects" under the grid's one line.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     import torch
 
@@ -93,18 +136,34 @@ def _init_worker(grid: int) -> None:
     on_orphaned(grid, lambda: os._exit(1))  # its grid killed outright: it would train on under the next command
 
 
+_report_to = None  # the grid's pipe for a SIGTERM that finds this worker between cells
+_in_cell = False  # this worker runs a cell (``_unless_stopping``)
 _stopping = False  # this worker was sent SIGTERM
 
 
 def _exit_on_sigterm(signum: int, frame) -> None:
     global _stopping
+    if _stopping:
+        return  # already leaving (the grid stops every worker, this one too): let its clean-up run
     _stopping = True
-    raise SystemExit(128 + signum)  # in a cell, the pool sends it back as the cell's error; the worker goes on
+    if _in_cell:
+        raise SystemExit(128 + signum)  # the pool sends it back as the cell's error; the worker goes on
+    # Between cells the worker is in the pool's own code, reading its next cell from the pipe all workers share:
+    # an exception there could leave half a message in it, which another worker then read as garbage (an
+    # EOFError traceback under the grid's line), and a worker gone there broke the pool ("a grid worker process
+    # died"). It tells the grid, which stops; the worker refuses its next cell or leaves on the pool's last message.
+    with contextlib.suppress(OSError):  # a grid already gone
+        _report_to.send_bytes(_SIGTERM)
 
 
 def _unless_stopping(fn: Callable, *args):
     """``fn(*args)`` in a worker not yet stopped: the pool hands a stopped worker the cells it had queued all the
     same, and only once none is left does it tell the worker to exit."""
-    if _stopping:
-        raise SystemExit(128 + signal.SIGTERM)
-    return fn(*args)
+    global _in_cell
+    try:
+        _in_cell = True
+        if _stopping:  # also a SIGTERM that came as this cell was handed over
+            raise SystemExit(128 + signal.SIGTERM)
+        return fn(*args)
+    finally:
+        _in_cell = False

@@ -203,6 +203,93 @@ def test_a_worker_sent_sigterm_from_outside_stops_the_grid_in_one_line(toy_store
     assert "a grid worker process was sent SIGTERM from outside the grid" in err
     _wait_for_exit(workers)
 
+
+def _meet(folder: str) -> None:
+    """Both workers hold a task at once: the first done could otherwise take the other task too."""
+    import os
+    import time
+
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _own_pid(folder: str) -> list[int]:
+    import os
+
+    _meet(folder)
+    return [os.getpid()]
+
+
+def _long(folder: str) -> list:
+    import time
+
+    _meet(folder)
+    time.sleep(120)
+    return []
+
+
+@pytest.mark.slow
+def test_a_worker_sent_sigterm_between_cells_stops_the_grid_in_one_line(tmp_path):
+    """A worker waiting for its next cell, sent SIGTERM from outside, left the pool there: the grid said a worker
+    had died (re-run with --jobs 1). Exiting in the pool's own code could also leave half a message in the pipe the
+    workers share, which the other read as garbage: the flaky EOFError traceback of the test above."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, signal, time\nfrom fedcache.grids.pool import in_workers\n"
+            "from tests.grids.test_pool import _long, _own_pid\n"
+            f"tasks = [(_own_pid, ({str(tmp_path)!r},)), (_long, ({str(tmp_path)!r},))]\n"
+            "try:\n"
+            "    for pid in in_workers(2, tasks):\n"
+            "        time.sleep(0.5)  # back in the pool, waiting for a cell that will not come\n"
+            "        t0 = time.monotonic()\n"
+            "        os.kill(pid, signal.SIGTERM)\n"
+            "except Exception as e:\n"
+            "    print(e)\n"
+            "    print(time.monotonic() - t0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2],
+                         timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr and "resource_tracker" not in out.stderr, out.stderr
+    line, took = out.stdout.splitlines()
+    assert "a grid worker process was sent SIGTERM from outside the grid" in line
+    assert float(took) < 10  # the other worker stopped too, not left to train its 120 s
+
+
+def test_a_sigterm_between_cells_is_told_to_the_grid_not_raised(monkeypatch):
+    """Between cells a worker is in the pool's own code: SystemExit raised there is what tore the pool's messages.
+    The worker tells the grid instead, and refuses the next cell it is handed; in a cell it raises, once."""
+    import multiprocessing
+    import signal
+
+    from fedcache.grids import pool
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    monkeypatch.setattr(pool, "_report_to", writer)
+    monkeypatch.setattr(pool, "_stopping", False)
+    pool._exit_on_sigterm(signal.SIGTERM, None)
+    assert reader.poll(5) and reader.recv_bytes() == pool._SIGTERM
+    pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, as it stops its workers: already told
+    assert not reader.poll(0.1)
+    with pytest.raises(SystemExit):
+        pool._unless_stopping(print, "a cell it must not run")
+    cleaned = []
+
+    def cell():
+        try:
+            pool._exit_on_sigterm(signal.SIGTERM, None)
+        finally:
+            pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, stopping its workers: the clean-up runs
+            cleaned.append(True)
+
+    monkeypatch.setattr(pool, "_stopping", False)
+    with pytest.raises(SystemExit):
+        pool._unless_stopping(cell)
+    assert cleaned and not reader.poll(0.1)
+
+
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.slow
 def test_workers_of_a_grid_killed_with_sigkill_leave_with_it(toy_store, tmp_path):
