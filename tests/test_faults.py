@@ -571,3 +571,41 @@ def test_a_format_1_chunk_this_user_cannot_read_is_named_so(tmp_path):
         _restore(chunk)
     assert code == 1 and f"{EXTRACTED} extracted/train/all tiny: unreadable (no permission to read {chunk})" in listed, listed
     assert "damaged" not in listed + summary, listed + summary
+
+
+# What a method that uses class-text embeddings reads (fedcache/federate/text.py), its error said as the CLI does.
+READ_TEXT = ("import sys, tests.conftest\nfrom fedcache.store.feature_store import FeatureStore\ntry:\n"
+             "    FeatureStore(sys.argv[1], create=False).read_text(sys.argv[2], tests.conftest.TOY_CLASSES)\n"
+             "except Exception as exc:\n    sys.exit(f'error: {type(exc).__name__}: {exc}')\n")
+
+
+@pytest.mark.parametrize("refused", ["its embeddings' chunk", "its zarr.json"])
+def test_text_embeddings_this_user_cannot_read_are_named_so_not_damaged(refused, tmp_path):
+    """A CLIP backbone's class-text embeddings unreadable here: `store verify` called them damaged and --repair removed
+    them, an extraction wrote over them, a read said they were damaged (or, their zarr.json refused, never extracted)."""
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.store.feature_store import TEXT, FeatureStore
+
+    store, clip = tmp_path / "theirs.zarr", "tiny-clip-random"
+    extract(ExtractConfig(dataset="test-toy", backbones=[clip], store=store, splits=("test",), domains=["light"], workers=0))
+    eid = next(e for e, a in FeatureStore(store).text_entries() if a["key"]["template_set"] == "single")  # READ_TEXT's
+    folder = store / TEXT / eid
+    target = {"its embeddings' chunk": folder / "embeddings" / "c" / "0" / "0" / "0", "its zarr.json": folder / "zarr.json"}[refused]
+    before = target.read_bytes()
+    target.chmod(0)
+    try:
+        read, read_err, _ = _as_a_user([store, clip], READ_TEXT)
+        extracted, extract_err, _ = _as_a_user(["extract", "-d", "test-toy", "-b", clip, "--splits", "test", "--domains",
+                                                "light", "--store", store, "--workers", "0"], TOY_CLI)
+        checked, summary, listed = _as_a_user(["store", "verify", "--repair", "--store", store])
+    finally:
+        _restore(target)
+    assert read == 1 and one_error_line(read_err) == (
+        f"error: UnreadableEntryError: cannot read the feature store {store} (text entry {eid}: no permission to "
+        f"read {target}); have its owner make it readable (chmod -R a+rX)"), read_err
+    line = one_error_line(extract_err)
+    assert extracted == 1 and line == f"error: cannot read the feature store {store} (text entry {eid}: no permission to " \
+                                      f"read {target}); have its owner make it readable (chmod -R a+rX)", line
+    assert checked == 1 and f"{eid} text embeddings: unreadable (no permission to read {target})" in listed, listed
+    assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
+    assert target.read_bytes() == before and FeatureStore(store).verify_text(eid) == ("ok", "")  # left as it was

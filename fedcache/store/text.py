@@ -14,7 +14,8 @@ import numpy as np
 import zarr
 
 from fedcache import disk
-from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError, UnreadableEntryError
+from fedcache.paths import denied_problem, is_denied, unreadable_store
 from fedcache.store.entries import TEXT, now_iso
 from fedcache.store.integrity import CRC_ATTR, crc
 from fedcache.store.keys import TextKey
@@ -45,9 +46,12 @@ class TextEmbeddings:
         return eid
 
     def has_text(self, key: TextKey) -> bool:
-        """True if the text entry is complete and intact (a damaged one is written again)."""
+        """True if the text entry is complete and intact (a damaged one is written again); UnreadableEntryError
+        where this user may not read it (another user's permissions: not damage to write over)."""
         try:
             self._text(key.entry_id)
+        except UnreadableEntryError:
+            raise
         except StoreError:
             return False
         return True
@@ -63,6 +67,8 @@ class TextEmbeddings:
         except StoreError:
             raise
         except Exception as exc:
+            if is_denied(exc):  # another user's entry, made under a strict umask: unreadable here, not damaged
+                raise self._unreadable_text(entry_id, denied_problem(exc)[1]) from None
             problem = f"{type(exc).__name__}: {exc}"
         else:
             if CRC_ATTR not in a or crc(emb) == a[CRC_ATTR]:
@@ -70,6 +76,10 @@ class TextEmbeddings:
             problem = "its embeddings do not hold what was written"
         raise DamagedEntryError(f"{where} is damaged ({problem}); re-run `fedcache extract` for its backbone, which "
                                 "writes it again", problem)
+
+    def _unreadable_text(self, entry_id: str, problem: str) -> UnreadableEntryError:
+        """As ``FeatureStore.refused`` says a feature entry this user may not read: its owner's to make readable."""
+        return UnreadableEntryError(unreadable_store(self.path, f"text entry {entry_id}: {problem}"), problem)
 
     def verify_text(self, entry_id: str) -> tuple[str, str]:
         """(status, detail) of a text entry, as :meth:`verify`."""
@@ -79,23 +89,35 @@ class TextEmbeddings:
             return "partial", "not complete: written again by the next extraction of its backbone"
         except DamagedEntryError as exc:
             return "damaged", exc.problem
+        except UnreadableEntryError as exc:
+            return "unreadable", exc.problem
         return "ok", ""
 
     def text_entries(self) -> list[tuple[str, dict]]:
-        """(entry id, attributes) of every readable text entry; damaged ones are left out (`store verify` names them)."""
-        out = []
+        """(entry id, attributes) of every readable text entry; damaged ones, and those this user may not read, are
+        left out (`store verify` names them)."""
+        return self._text_attrs()[0]
+
+    def _text_attrs(self) -> tuple[list[tuple[str, dict]], list[UnreadableEntryError]]:
+        """:meth:`text_entries`, and why each text entry this user may not read is not among them."""
+        out, refused = [], []
         for eid in self.entry_ids(TEXT):
             try:
                 out.append((eid, dict(self.root[TEXT][eid].attrs)))
-            except Exception:
-                log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
-        return out
+            except Exception as exc:
+                if is_denied(exc):
+                    refused.append(self._unreadable_text(eid, denied_problem(exc)[1]))
+                else:
+                    log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
+        return out, refused
 
     def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single",
                   weights_hash: str | None = None) -> np.ndarray:
         """Class-text embeddings (T, C, D) of the newest complete text entry matching the request; of the weights
         ``weights_hash`` (those of the image features they go with) where the store has them."""
-        best = self._newest_text(backbone, list(classes), template_set, weights_hash)
+        best, refused = self._newest_text(backbone, list(classes), template_set, weights_hash)
+        if best is None and refused:  # one of them may be the one asked for: not to be extracted again, nor said missing
+            raise refused[0]
         if best is None:
             raise EntryNotFoundError(
                 f"no '{template_set}' text embeddings for {backbone} and these classes; "
@@ -103,11 +125,15 @@ class TextEmbeddings:
             )
         return self._text(best)
 
-    def _newest_text(self, backbone: str, classes: list[str], template_set: str, weights_hash: str | None = None) -> str | None:
+    def _newest_text(self, backbone: str, classes: list[str], template_set: str,
+                     weights_hash: str | None = None) -> tuple[str | None, list[UnreadableEntryError]]:
+        """The id of the newest text entry matching the request (None: none does), and the text entries this user
+        may not read (whose keys are unknown)."""
         found = []
-        for eid, a in self.text_entries():
+        entries, refused = self._text_attrs()
+        for eid, a in entries:
             k = a.get("key", {})
             if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
                 found.append((a["completed_at"], k.get("weights_hash") == weights_hash, eid))
         same = [f for f in found if f[1]]
-        return max(same or found)[2] if found else None
+        return (max(same or found)[2] if found else None), refused
