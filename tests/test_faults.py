@@ -609,3 +609,24 @@ def test_text_embeddings_this_user_cannot_read_are_named_so_not_damaged(refused,
     assert checked == 1 and f"{eid} text embeddings: unreadable (no permission to read {target})" in listed, listed
     assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
     assert target.read_bytes() == before and FeatureStore(store).verify_text(eid) == ("ok", "")  # left as it was
+
+
+@pytest.mark.parametrize("refused", ["zarr.json", "a chunk file"])
+def test_a_partial_entry_whose_done_flags_this_user_cannot_read_is_named_so(refused, tmp_path):
+    """An unfinished entry of another user's store, its done flags unreadable here: `store ls` said "damaged" (and
+    `store verify` "partial", as if nothing were wrong)."""
+    from tests.store.test_store_format import PARTIAL, V1
+
+    store = tmp_path / "old.zarr"
+    shutil.copytree(V1, store)
+    target = store / "entries" / PARTIAL / "done" / {"zarr.json": "zarr.json", "a chunk file": "c/0"}[refused]
+    target.chmod(0)
+    try:
+        code, _, listed = _as_a_user(["store", "ls", "--store", store])
+        checked, summary, verified = _as_a_user(["store", "verify", "--store", store])
+    finally:
+        _restore(target)
+    row = next(line.strip() for line in listed.splitlines() if line.strip().startswith(PARTIAL))
+    assert code == 0 and row.endswith("unreadable (see `store verify`)"), listed
+    assert checked == 1 and f"{PARTIAL} extracted/test/all tiny: unreadable (no permission to read {target})" in verified
+    assert "1 entry not readable by this user" in summary and "damaged" not in listed + verified + summary, verified

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, console, err, print_table
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, UnreadableEntryError
 from fedcache.wording import count
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
@@ -60,7 +60,10 @@ def _status(fs, e, current: set) -> str:
     if e.damaged:
         return f"[red]{'unreadable' if e.denied else 'damaged'}[/] (see `store verify`)"
     if not e.complete:
-        done = fs.chunks_done(e)
+        try:
+            done = fs.chunks_done(e)
+        except UnreadableEntryError:  # its flags are another user's: not damage, nor to be removed
+            return "[red]unreadable[/] (see `store verify`)"
         if done is None:
             return "[red]damaged[/] (see `store verify`)"
         return f"[yellow]partial {done[0]}/{done[1]}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"

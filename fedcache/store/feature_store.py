@@ -182,13 +182,15 @@ class FeatureStore(TextEmbeddings, Removal):
 
     def chunks_done(self, info: EntryInfo) -> tuple[int, int] | None:
         """(done, total) chunks of a partial entry; (0, 0) before its flags were made (stopped, or still running,
-        as it was created); None if they cannot be read."""
+        as it was created); None if they cannot be read (damaged); UnreadableEntryError where this user may not."""
         try:
             group = self.root[ENTRIES][info.entry_id]
             if "done" not in group:
                 return 0, 0
             flags = group["done"][:]
-        except Exception:
+        except Exception as exc:
+            if is_denied(exc):  # another user's permissions on its flags: not damage
+                raise self.refused(info, denied_problem(exc)[1], denied=True) from None
             return None
         return int(flags.sum()), len(flags)
 
@@ -339,7 +341,7 @@ class FeatureStore(TextEmbeddings, Removal):
         if info.damaged:
             return ("unreadable" if info.denied else "damaged"), info.damaged
         if not info.complete:
-            return "partial", "not complete yet: resumed by re-running its extraction"
+            return self._partial(info)
         try:
             reader = self.reader(info)
         except (DamagedEntryError, UnreadableEntryError) as exc:
@@ -351,6 +353,15 @@ class FeatureStore(TextEmbeddings, Removal):
         if CRC_ATTR not in info.attrs:
             return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
         return "ok", ""
+
+    def _partial(self, info: EntryInfo) -> tuple[str, str]:
+        """:meth:`verify` of an unfinished entry: not checked, but unreadable where this user may not read how far
+        it got (``store ls`` says so, and points here)."""
+        try:
+            self.chunks_done(info)
+        except UnreadableEntryError as exc:
+            return "unreadable", exc.problem
+        return "partial", "not complete yet: resumed by re-running its extraction"
 
     def sizes(self, info: EntryInfo) -> tuple[int, int]:
         """(bytes on disk, bytes in memory once read): its files, and its valid rows as float32 features
