@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -37,13 +38,14 @@ from fedcache.federate.partitions import (Partition, PartitionRequest, find_part
 from fedcache.federate.text import attach_text
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import writable_dir
-from fedcache.store.feature_store import SHARD_ATTR, TEXT, FeatureStore, FeatureTable
+from fedcache.store.feature_store import SHARD_ATTR, TEXT, EntryInfo, FeatureStore, FeatureTable
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import open_writer
 
 log = logging.getLogger(__name__)
 
 SERVER = "server"
+T = TypeVar("T")
 # Attributes of a source entry that describe its rows, not its origin: recomputed for the shard.
 _ROW_ATTRS = {"key", "n_rows", "dim", "chunk_rows", "batch_size", "created_at", "complete", "completed_at",
               "n_valid", "n_bad_images"}
@@ -76,8 +78,9 @@ class ShardInfo:
     # Every client's local test rows: the server checks the row count a client says it evaluated on
     # (empty in shards written before it was recorded: then unchecked).
     client_test_sizes: list[int] = dataclasses.field(default_factory=list)
-    # The source store's entries the shards were cut from (train and test, every backbone): the partition's id is
-    # the same for every backbone and every extraction of the same samples (empty in shards written before).
+    # The source store's entries the shards were cut from (train and test, every backbone, and the training split's
+    # augmented views): the partition's id is the same for every backbone and every extraction of the same samples
+    # (empty in shards written before).
     entries: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -162,7 +165,7 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
                 request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
                 client_test_sizes=[len(r) for r in partition.test],
-                entries=sorted(e for b in spec.backbones for s in ("train", "test") for e in tables[s][b].entry_ids))
+                entries=_cut_from(spec.backbones, [tables["train"], tables["test"], *views]))
     paths, total = [], partition.n_clients + 1
     on_shard(0, total)
     for k in range(partition.n_clients):
@@ -174,10 +177,17 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     return paths
 
 
+def _cut_from(backbones: list[str], tables: list[dict[str, FeatureTable]]) -> list[str]:
+    """The entries ``tables`` (each backbone's, of a split or a view) were read from: ``ShardInfo.entries``."""
+    return sorted(e for t in tables for b in backbones for e in t[b].entry_ids)
+
+
 def entries_now(store: FeatureStore, dataset: str, backbones: list[str]) -> list[str]:
-    """The store's current entries of ``dataset``'s train and test features for ``backbones``: what a sharding now
-    would cut shards from (``ShardInfo.entries``); metadata only, no features read."""
-    return sorted(e.entry_id for b in backbones for s in ("train", "test") for e in store.find(dataset, s, b))
+    """The store's current entries of ``dataset``'s train and test features and training views for ``backbones``:
+    what a sharding now would cut shards from (``ShardInfo.entries``); metadata only, no features read."""
+    found = [e for b in backbones for s in ("train", "test") for e in store.find(dataset, s, b)]
+    views = _each_view(lambda v: [e for b in backbones for e in store.find(dataset, "train", b, v)])
+    return sorted(e.entry_id for e in found + [e for view in views for e in view])
 
 
 def changed_since_cut(info: ShardInfo, store: FeatureStore) -> str:
@@ -187,12 +197,18 @@ def changed_since_cut(info: ShardInfo, store: FeatureStore) -> str:
     if not info.entries:
         return ""
     now, had = entries_now(store, info.dataset, info.backbones), set(info.entries)
-    new = [store.info(e).label() for e in now if e not in had]
+    new = [_label(store.info(e)) for e in now if e not in had]
     if new:
         more = f" and {len(new) - 3} more" if len(new) > 3 else ""
         return f"new entries for {', '.join(new[:3])}{more}"
     gone = had - set(now)
     return f"{len(gone)} of the entries they were cut from are no longer the store's current features" if gone else ""
+
+
+def _label(info: EntryInfo) -> str:
+    """``info.label()`` and its view: a new view entry read as new features of the same split."""
+    view = info.key.get("view")
+    return info.label() + (f" view {view}" if view else "")
 
 
 def _tables(store: FeatureStore, spec: ShardSpec, splits: tuple[str, ...], view: int = 0) -> dict[str, dict[str, FeatureTable]]:
@@ -207,10 +223,16 @@ def _tables(store: FeatureStore, spec: ShardSpec, splits: tuple[str, ...], view:
 
 
 def _view_tables(store: FeatureStore, spec: ShardSpec) -> list[dict[str, FeatureTable]]:
+    return _each_view(lambda v: _tables(store, spec, ("train",), v)["train"])
+
+
+def _each_view(read: Callable[[int], T]) -> list[T]:
+    """``read(v)`` of the augmented views 1, 2, ... up to the first the store lacks (EntryNotFoundError): the views
+    a sharding copies, and a resume checks."""
     views, v = [], 1
     while True:
         try:
-            views.append(_tables(store, spec, ("train",), v)["train"])
+            views.append(read(v))
         except EntryNotFoundError:
             return views
         v += 1

@@ -280,6 +280,38 @@ def test_a_resume_after_the_features_were_extracted_again_is_refused(flower_stor
     assert "did not record the store entries they came from" in caplog.text
 
 
+def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, tmp_path, monkeypatch):
+    """Client shards copy the training split's augmented views (``extract --views``), separate entries of the store:
+    they were not among the entries the shards recorded, so a resume after the views were extracted again (another
+    --view-seed here) finished on the old views."""
+    import shutil
+
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.flower import sim
+    from fedcache.flower.shard import SERVER, entries_now, open_shard, write_shards
+    from fedcache.store.feature_store import FeatureStore
+
+    store, out = tmp_path / "store.zarr", tmp_path / "sim"
+    shutil.copytree(flower_store, store)
+    views = dict(dataset="test-toy", backbones=[BACKBONE], store=store, splits=("train",), views=1, workers=0)
+    extract(ExtractConfig(**views))
+    ran = []
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: ran.append(kw["resume"]) or {"trained": True})
+    write_shards(sim.shard_spec(toy_config(store, out=out)), out / "shards")
+    _, info = open_shard(out / "shards" / SERVER)
+    source = FeatureStore(store, create=False)
+    viewed = {e.entry_id for e in source.entries() if e.key["view"] == 1}
+    assert len(viewed) == 2 and viewed <= set(info.entries) == set(entries_now(source, "test-toy", [BACKBONE]))
+    resume = toy_config(store, out=out, resume=True)
+    assert sim.train_flower_sim_here(resume) == {"trained": True} and ran == [True]
+
+    extract(ExtractConfig(**views, view_seed=1))  # view 0 is the same entry; view 1's are new
+    with pytest.raises(ConfigError, match=rf"were cut from other features than {store} holds now \(new entries for "
+                                          rf"test-toy/train/\S+ {BACKBONE} view 1, test-toy/train/\S+ {BACKBONE} view 1:"):
+        sim.train_flower_sim_here(resume)
+    assert ran == [True]
+
+
 def test_the_simulations_process_computes_with_its_callers_threads(flower_store, monkeypatch):
     """`fedcache train --engine flower-sim` chose its threads (--threads) in the process that only waits for the
     simulation's: the ServerApp computed with torch's default, all cores."""
