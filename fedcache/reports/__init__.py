@@ -223,7 +223,9 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
     """One row per group: the method, a column per setting that varies, then the figures."""
     layout = layout or Layout.of(groups)
     keys = layout.panel_keys + layout.legend_keys
-    header = ["method", *keys, "seeds", f"{layout.evaluated_on} accuracy %", "std over clients", "global %",
+    # A --select report's rows are of both splits, each saying its own in the split column.
+    scored = "accuracy % on the row's split" if "split" in keys else f"{layout.evaluated_on} accuracy %"
+    header = ["method", *keys, "seeds", scored, "std over clients", "global %",
               "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
     # table.md's rule (fedcache/best.py): in the running, the groups whose every seed reached the end (not stopped by
     # halving, none diverged or still to run), each against the others of its panel.

@@ -212,3 +212,20 @@ def test_the_caption_names_one_split_or_two():
 
     assert caption("test") == "evaluated on the test split"
     assert caption("test and validation") == "evaluated on the test and validation splits"
+
+
+def test_a_select_reports_accuracy_column_says_it_is_of_the_rows_split():
+    """Its header said "test and validation accuracy %" above rows that are each of one split (the split column)."""
+    gs = []
+    for split in ("test", "validation"):
+        config = {"train": {"validation": split == "validation"}}
+        runs = [Run(Path(f"{split}-{s}"), {"method": "fedavg", "mean_accuracy": 50.0 + s}, [], config,
+                    {"split": split, "alpha": "1"}) for s in (0, 1)]
+        gs.append(Group(runs[0].label, runs))
+    layout = Layout.of(gs)
+    assert layout.evaluated_on == "test and validation" and layout.panel_keys == ("split",)
+    header, *body = summary_rows(gs, layout)
+    assert header[header.index("seeds") + 1] == "accuracy % on the row's split"
+    assert [r[header.index("split")] for r in body] == ["test", "validation"]
+    plain = gs[:1]  # one split, no split column: the header names it
+    assert "test accuracy %" in summary_rows(plain, Layout.of(plain))[0]
