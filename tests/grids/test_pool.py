@@ -98,8 +98,16 @@ def _grid_process(toy_store, out, *options):
 
     cmd = [sys.executable, "-m", "fedcache.cli", "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
            "--partition", "iid", "--clients", "2", "-o", str(out), *options]
+    # SIGINT as a terminal's command has it: a test run started in the background of a script inherits it
+    # ignored, and a command left so is not ours to interrupt with it.
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()), preexec_fn=_sigint_as_in_a_terminal)
+
+
+def _sigint_as_in_a_terminal() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for(proc, ready, seconds=120):
