@@ -30,7 +30,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
             # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
             # fixes this process's default start method (multiprocessing records it for the child): the caller's
             # to choose.
-            with _workers_ignore_ctrl_c(), start_method_unset():
+            with _workers_deaf_to_ctrl_c(), start_method_unset():
                 futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
             for fut in _as_finished(futures, sigterm):
                 yield from fut.result()
@@ -94,20 +94,32 @@ _LOST_WORKER = {
 
 
 @contextlib.contextmanager
-def _workers_ignore_ctrl_c() -> Iterator[None]:
-    """Workers started in the block ignore SIGINT for life (an ignored signal stays ignored across exec, and Python
-    keeps it so). Ctrl-C reaches the whole process group: a worker still importing torch printed its own
-    KeyboardInterrupt traceback before the grid's one line. The grid stops its workers itself (``_stop``). This
-    process ignores it only while it starts them (milliseconds), and only from the main thread, which alone may
-    set a handler."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield  # None: a handler set outside Python, which could not be put back
+def _workers_deaf_to_ctrl_c() -> Iterator[None]:
+    """Workers started in the block never get SIGINT: Ctrl-C reaches the whole process group, and a worker still
+    importing torch printed its own KeyboardInterrupt traceback before the grid's one line (the grid stops its
+    workers itself, ``_stop``). A blocked signal stays blocked across fork and exec, so this thread blocks SIGINT
+    while it starts them (``_init_worker`` then ignores it). Ignored here instead, a SIGINT sent meanwhile (a
+    script's ``kill -INT`` on reading "grid started") was lost, and the grid trained on. One sent meanwhile is held
+    (from the main thread, which alone may set a handler) and raised once the workers are started: another thread
+    may take it while this one blocks it, and its KeyboardInterrupt must not cut a worker's start short."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks, and no handler passes to a child there
+        yield
         return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started by the first worker, it would unblock SIGINT in this thread
+    held: list[int] = []
+    hold = threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT))
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) if hold else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if hold:
+            signal.signal(signal.SIGINT, before)  # runs the held handler for a signal just let through, first
+        if held:
+            signal.raise_signal(signal.SIGINT)  # the caller's handler: Ctrl-C's KeyboardInterrupt
 
 
 def _stop(workers: set, grace: float = 5.0) -> None:
@@ -130,6 +142,7 @@ def _init_worker(grid: int, report_to) -> None:
     # signal, each worker's Blosc lock (numcodecs makes one to read the partition) was reported as "leaked
     # semaphore objects" under the grid's one line.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # blocked since it started; ignored even if something unblocks it
     import torch
 
     torch.set_num_threads(1)

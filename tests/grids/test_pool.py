@@ -325,20 +325,48 @@ def test_workers_of_a_grid_killed_with_sigkill_leave_with_it(toy_store, tmp_path
 def _sigint_handler() -> list:
     import signal
 
-    return [signal.getsignal(signal.SIGINT)]
+    return [(signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))]
 
 
+@pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="needs signal masks")
 @pytest.mark.slow
 def test_workers_ignore_ctrl_c_which_the_grid_handles():
     """Ctrl-C reaches the whole process group: a worker still importing torch printed a traceback of its own
-    before the grid's one line. Workers ignore it; this process, once they are started, handles it as before."""
+    before the grid's one line. Workers never get it (blocked from their start, then ignored); this process, once
+    they are started, handles it as before."""
     import signal
 
     from fedcache.grids.pool import in_workers
 
     before = signal.getsignal(signal.SIGINT)
-    assert list(in_workers(2, [(_sigint_handler, ()), (_sigint_handler, ())])) == [signal.SIG_IGN, signal.SIG_IGN]
+    assert list(in_workers(2, [(_sigint_handler, ()), (_sigint_handler, ())])) == [(signal.SIG_IGN, True)] * 2
     assert signal.getsignal(signal.SIGINT) is before
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="needs signal masks")
+def test_a_sigint_as_the_grid_starts_its_workers_still_stops_it():
+    """The grid ignored SIGINT while it started its workers (so that they would ignore it), and one sent then was
+    lost: a script's `kill -INT` on reading "grid started" left the grid training. Sent from inside the pool's
+    submit (the workers start there), it must interrupt. In a process of its own: a signal to this one would stop
+    pytest."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, signal\nfrom concurrent.futures import ProcessPoolExecutor\nimport fedcache.grids.pool as pool\n"
+            "class Signalled(ProcessPoolExecutor):\n"
+            "    def submit(self, *args, **kwargs):\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        return super().submit(*args, **kwargs)\n"
+            "pool.ProcessPoolExecutor = Signalled\n"
+            "try:\n"
+            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],))])))\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 0 and out.stdout.split() == ["interrupted"] and not out.stderr, (out.stdout, out.stderr)
 
 
 def test_starting_workers_leaves_the_start_method_to_the_caller():
