@@ -114,10 +114,8 @@ def test_the_space_an_export_checks_for_is_about_the_size_of_its_file(tmp_path, 
     assert code == 1 and 0.85 < need / size < 1.15, (need, size)
 
 
-# The CLI, Ctrl-C pressed as HDF5 writes (in its call to the file's write). SIGINT as a terminal's command has it:
-# a test run started in the background of a script inherits it ignored, which the export rightly leaves ignored.
-INTERRUPTED_CLI = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-                   "from fedcache.store.exporting import _Sink\nwrite = _Sink.write\n"
+# The CLI, Ctrl-C pressed as HDF5 writes (in its call to the file's write).
+INTERRUPTED_CLI = ("import os, signal, sys\nfrom fedcache.store.exporting import _Sink\nwrite = _Sink.write\n"
                    "def interrupted(sink, data):\n    os.kill(os.getpid(), signal.SIGINT)\n    return write(sink, data)\n"
                    "_Sink.write = interrupted\nfrom fedcache.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
@@ -128,7 +126,10 @@ def test_ctrl_c_during_an_h5_export_stops_it_once_hdf5_has_closed_the_file(tmp_p
     store, out = _store(tmp_path), tmp_path / "out" / "feats.h5"
     out.parent.mkdir()
     out.write_bytes(OLD)
-    done = _export(store, out, "-c", INTERRUPTED_CLI)
+    # SIGINT as a terminal's command has it: a test run started in the background of a script hands it down
+    # ignored, which the export rightly leaves ignored.
+    terminal = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    done = _export(store, out, "-c", terminal + INTERRUPTED_CLI)
     assert done.returncode == 130 and "interrupted" in done.stderr, (done.returncode, done.stderr)
     assert leftovers(out.parent) == [] and out.read_bytes() == OLD
 
