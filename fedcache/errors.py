@@ -77,9 +77,9 @@ class UnreadableEntryError(StoreError):
     """An entry this user may not read (another user's, made under a strict umask, or chmod-ed): not damaged, so
     neither to be re-created nor removed; the message names the file and says to have its owner make it readable."""
 
-    def __init__(self, message: str, problem: str) -> None:
+    def __init__(self, message: str, problem: str = "") -> None:  # a default: unpickled from its message alone
         super().__init__(message)
-        self.problem = problem  # what was refused, without the advice
+        self.problem = problem or message  # what was refused, without the advice
 
 
 class DamagedCheckpointError(FedcacheError):

@@ -68,10 +68,12 @@ def _sigterm_reports(ctx) -> Iterator[tuple[object, Future]]:
     try:
         yield writer, sigterm
     finally:
-        writer.send_bytes(_GRID_DONE)
-        listener.join()
-        reader.close()
-        writer.close()
+        try:
+            writer.send_bytes(_GRID_DONE)
+            listener.join()
+        finally:  # also when a second Ctrl-C cuts the join short: no pipe left open in a long-lived interpreter
+            writer.close()
+            reader.close()
 
 
 _GRID_DONE = b""  # this process's last message on the pipe; a worker's is _SIGTERM
@@ -79,7 +81,11 @@ _SIGTERM = b"SIGTERM"
 
 
 def _listen(reader, sigterm: Future) -> None:
-    if reader.recv_bytes() == _SIGTERM:
+    try:
+        said = reader.recv_bytes()
+    except (EOFError, OSError):  # the pipe closed under it: the grid is leaving anyway
+        return
+    if said == _SIGTERM:
         sigterm.set_exception(SystemExit(128 + signal.SIGTERM))
 
 
@@ -115,11 +121,24 @@ def _workers_deaf_to_ctrl_c() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if hold:
-            signal.signal(signal.SIGINT, before)  # runs the held handler for a signal just let through, first
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        finally:
+            if hold:
+                _put_back(signal.SIGINT, before)
         if held:
             signal.raise_signal(signal.SIGINT)  # the caller's handler: Ctrl-C's KeyboardInterrupt
+
+
+def _put_back(signum: int, handler) -> None:
+    """``handler`` for ``signum``, even if a pending handler raises as it is set (signal.signal runs them first: a
+    SIGTERM the CLI turns into an interrupt, a timeout's SIGALRM): left as the stand-in, it swallowed every later
+    Ctrl-C in the caller's interpreter."""
+    try:
+        signal.signal(signum, handler)
+    except BaseException:
+        signal.signal(signum, handler)  # the raising handler has run: nothing is pending now
+        raise
 
 
 def _stop(workers: set, grace: float = 5.0) -> None:

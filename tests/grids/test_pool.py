@@ -354,7 +354,8 @@ def test_a_sigint_as_the_grid_starts_its_workers_still_stops_it():
     import sys
     from pathlib import Path
 
-    code = ("import os, signal\nfrom concurrent.futures import ProcessPoolExecutor\nimport fedcache.grids.pool as pool\n"
+    code = ("import os, signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as a terminal's command
+            "from concurrent.futures import ProcessPoolExecutor\nimport fedcache.grids.pool as pool\n"
             "class Signalled(ProcessPoolExecutor):\n"
             "    def submit(self, *args, **kwargs):\n"
             "        os.kill(os.getpid(), signal.SIGINT)\n"

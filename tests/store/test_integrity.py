@@ -218,3 +218,14 @@ def test_damaged_metadata_of_the_entries_group_says_which_file_to_delete(store, 
     meta.unlink()
     code, out = run(capsys, "store", "verify", "--store", str(store))
     assert code == 0 and out.count(": ok") == 4
+
+
+def test_an_unreadable_entry_error_crosses_a_process_boundary():
+    """Grid workers read the store: an entry made unreadable under a running grid came back from a worker as an
+    error the pool could not unpickle (its problem was a required argument), and the grid said a worker died."""
+    import pickle
+
+    from fedcache.errors import UnreadableEntryError
+
+    exc = pickle.loads(pickle.dumps(UnreadableEntryError("cannot read the feature store S (...)", "no permission")))
+    assert str(exc) == "cannot read the feature store S (...)" and exc.problem
