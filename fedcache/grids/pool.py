@@ -23,6 +23,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
+    workers: set = set()
     with _sigterm_reports(ctx) as (report_to, sigterm):
         pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
                                    initargs=(os.getpid(), report_to))
@@ -32,6 +33,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
             # to choose.
             with _workers_deaf_to_ctrl_c(), start_method_unset():
                 futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
+            workers = set(multiprocessing.active_children()) - before
             for fut in _as_finished(futures, sigterm):
                 yield from fut.result()
         except BaseException as exc:
@@ -39,7 +41,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
             # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
             pool.shutdown(wait=False, cancel_futures=True)
             _stop(set(multiprocessing.active_children()) - before)
-            lost = next((text for kind, text in _LOST_WORKER.items() if isinstance(exc, kind)), None)
+            lost = _lost_worker(exc, workers)
             if lost:
                 raise FedcacheError(lost) from None
             raise
@@ -97,6 +99,18 @@ _LOST_WORKER = {
     SystemExit: "a grid worker process was sent SIGTERM from outside the grid (a job scheduler's limit, `kill`?), "
                 "so the grid stopped. Finished cells are kept; the same command resumes the others.",
 }
+
+
+def _lost_worker(exc: BaseException, workers: set) -> str | None:
+    """The line for a worker gone under the grid, or None. A worker sent SIGTERM while still starting, before
+    ``_init_worker`` sets its handler (a scheduler's kill of every process of the job), dies of it and breaks the
+    pool as a crash does: told apart by how the workers that are gone ended, every one by SIGTERM (once broken, the
+    pool sends it to the others itself; a crashed worker had ended otherwise first). Blocking SIGTERM while the
+    workers start instead kept a worker that the grid stops as it starts importing torch until the grace ran out."""
+    ended = {w.exitcode for w in workers} - {None}
+    if isinstance(exc, BrokenProcessPool) and ended == {-signal.SIGTERM}:
+        exc = SystemExit(128 + signal.SIGTERM)
+    return next((text for kind, text in _LOST_WORKER.items() if isinstance(exc, kind)), None)
 
 
 @contextlib.contextmanager

@@ -383,3 +383,73 @@ def test_starting_workers_leaves_the_start_method_to_the_caller():
             "multiprocessing.set_start_method('spawn')\nprint(multiprocessing.get_start_method())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert out.returncode == 0 and out.stdout.split() == ["spawn"], out.stderr
+
+
+def _sigterm_then_init(*args) -> None:
+    """A worker's initializer sent SIGTERM before it sets its handler: from outside, a scheduler's kill of every
+    process of the job, which can find a worker still starting."""
+    import os
+    import signal
+
+    from fedcache.grids.pool import _init_worker
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    _init_worker(*args)
+
+
+@pytest.mark.slow
+def test_a_worker_sent_sigterm_as_it_starts_stops_the_grid_in_one_line():
+    """Before its initializer set its SIGTERM handler a worker died of the signal, and the grid took it for a crash:
+    "a grid worker process died ... re-run with --jobs 1". The workers here send it themselves, as their
+    initializer starts (in_workers passes pool._init_worker)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import _sigterm_then_init\n"
+            "pool._init_worker = _sigterm_then_init\n"
+            "try:\n"
+            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],))])))\n"
+            "except Exception as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    assert "a grid worker process was sent SIGTERM from outside the grid" in out.stdout, out.stdout
+
+
+def _one_crashes_then_init(*args) -> None:
+    """The first worker to start crashes; the other is still starting when the pool, broken, terminates it."""
+    import os
+    import time
+
+    from fedcache.grids.pool import _init_worker
+
+    try:
+        os.close(os.open(os.environ["CRASH_MARK"], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        time.sleep(30)
+    else:
+        os._exit(1)
+    _init_worker(*args)
+
+
+@pytest.mark.slow
+def test_a_worker_that_crashes_as_it_starts_is_not_taken_for_a_sigterm(tmp_path):
+    """A crashed worker breaks the pool, which then sends SIGTERM to the others: the grid still says a worker died
+    (re-run with --jobs 1), though every other worker ended by SIGTERM."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import _one_crashes_then_init\n"
+            "pool._init_worker = _one_crashes_then_init\n"
+            "try:\n"
+            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],))])))\n"
+            "except Exception as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[2], env=dict(os.environ, CRASH_MARK=str(tmp_path / "crashed")))
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    assert "a grid worker process died" in out.stdout, out.stdout
