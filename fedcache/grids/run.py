@@ -39,7 +39,8 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md (unless not
     ``write``). ``only``: these cells instead of the whole product (the test runs of a --select grid);
     ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py); ``on_step``: the
-    steps before the first cell that took a while (``progress.said_step``)."""
+    steps before the first cell that took a while (``progress.said_step``), and a re-run's count of the cells left
+    (else told to ``on_plan``)."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
     configs = check_cells(spec, todo_cells)
@@ -50,7 +51,9 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     _prepare(configs, pending, tables, folder, fresh, on_step)
     total = len(todo_cells)
     if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
-        _say_resuming(spec, len(rows), total, len(pending), on_plan)
+        # As a step where the caller takes them (the CLI prints one without starting its bar, whose "grid started"
+        # then follows the engine's plan, as on a fresh grid); else with the plan.
+        _say_resuming(spec, len(rows), total, len(pending), on_step or on_plan)
     for c, row in _engine(spec, pending, folder, on_plan, stops):
         rows[c] = row
         if on_cell:
@@ -106,12 +109,13 @@ def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: 
                             f"{count(methods, 'method')} checked", seconds)
 
 
-def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int, on_plan: PlanCallback | None) -> None:
+def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int,
+                  say: Callable[[str], None] | None) -> None:
     text = (f"resuming {spec.out}: {finished} of {count(total, 'cell')} finished before, {pending} to train "
             "(each from its last checkpoint, if any)")
     log.info(text)
-    if on_plan:
-        on_plan(text)
+    if say:
+        say(text)
 
 
 def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,

@@ -54,6 +54,21 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
     assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]
 
 
+def test_a_resumed_grid_says_grid_started_after_the_engine_s_plan(toy_grid, toy_store, tmp_path, capsys):
+    """A fresh grid prints its engine's plan, then "grid started"; a re-run printed "grid started" between its
+    "resuming" line and the plan."""
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    (out / "cells" / "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed=1" / "summary.json").unlink()
+    capsys.readouterr()
+    assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedproto",
+                 "--partition", "dirichlet", "--clients", "3", "--alpha", "0.5,5", "--rounds", "3", "--seeds", "0,1",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"resuming {out}: 7 of 8 cells") and err[1].startswith("batched engine: "), err
+    assert err[2] == "grid started", err
+
+
 def test_axes_in_another_order_resume_the_same_cells(toy_grid, toy_store, tmp_path, monkeypatch):
     """A grid file whose [set] lines moved is the same grid: nothing trains again under other folder names (and
     nothing is built for cells that do not train)."""
