@@ -17,15 +17,40 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def start_method_unset() -> Iterator[None]:
     """multiprocessing's start method left unset where the caller had not set it. The first multiprocessing object
-    made with the default context (a DataLoader's worker queue, numcodecs' Blosc lock) fixes it for the whole
-    process, after which the caller's own ``multiprocessing.set_start_method("spawn")`` raises. What exists keeps
-    its context; later objects get the method the caller chooses. A method that was set is left as it is."""
-    unset = multiprocessing.get_start_method(allow_none=True) is None
+    made with the default context (a DataLoader's worker queue, numcodecs' Blosc lock, a spawned process) fixes
+    it for the whole process, after which the caller's own ``multiprocessing.set_start_method("spawn")`` raises.
+    What exists keeps its context; later objects get the method the caller chooses. A method that was set is left
+    as it is.
+
+    Unsetting it is a write to process-wide state, so it is made as narrowly as public APIs allow: once, by the
+    last of the blocks open in any thread (a grid starting its workers while another thread reads a store: the
+    block that found the method fixed by the other's work left it fixed), and only where the method is the
+    default (``get_all_start_methods()[0]``), which a first use fixes by itself: another thread's choice of
+    another method meanwhile stays. While a block is open, another thread's ``set_start_method()`` without
+    ``force`` is refused, as it is after any use of multiprocessing."""
+    with _Blocks.lock:
+        if not _Blocks.open:
+            _Blocks.found_unset = multiprocessing.get_start_method(allow_none=True) is None
+        _Blocks.open += 1
     try:
         yield
     finally:
-        if unset:
-            multiprocessing.set_start_method(None, force=True)
+        with _Blocks.lock:
+            _Blocks.open -= 1
+            if not _Blocks.open and _Blocks.found_unset and _fixed_by_a_first_use():
+                multiprocessing.set_start_method(None, force=True)
+
+
+class _Blocks:
+    """The blocks of ``start_method_unset`` open in this process, in any thread."""
+
+    lock = threading.Lock()
+    open = 0
+    found_unset = False  # the method was unset as the first of them began
+
+
+def _fixed_by_a_first_use() -> bool:
+    return multiprocessing.get_start_method(allow_none=True) == multiprocessing.get_all_start_methods()[0]
 
 
 @contextlib.contextmanager

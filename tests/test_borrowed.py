@@ -32,6 +32,30 @@ def test_a_start_method_the_caller_set_stays(start_method):
     assert multiprocessing.get_start_method(allow_none=True) == "spawn"
 
 
+def test_a_start_method_another_thread_chose_in_the_block_stays(start_method):
+    """The block ends by unsetting the method: one that another thread of the caller chose meanwhile (other than
+    the default, which a first use fixes anyway) was unset with it."""
+    if len(multiprocessing.get_all_start_methods()) < 2:
+        pytest.skip("one start method here")
+    other = multiprocessing.get_all_start_methods()[1]
+    with start_method_unset():
+        multiprocessing.set_start_method(other)  # as another thread does, unaware of the block
+    assert multiprocessing.get_start_method(allow_none=True) == other
+
+
+def test_overlapping_blocks_of_two_threads_leave_the_method_unset(start_method):
+    """Two threads of the caller each in a block (a grid starting workers, a store read): the second found the
+    method fixed by the first's work, so the last to leave left it fixed. Interleaved by hand in one thread."""
+    first, second = start_method_unset(), start_method_unset()
+    first.__enter__()
+    multiprocessing.Lock()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    multiprocessing.Lock()
+    second.__exit__(None, None, None)
+    assert multiprocessing.get_start_method(allow_none=True) is None
+
+
 def test_a_handler_installed_in_the_block_is_removed_and_the_caller_s_put_back():
     def callers(signum, frame):
         pass
