@@ -70,23 +70,11 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
     from fedcache.training import check_out, train as run_train
 
     check_out(spec)  # a bad --out is reported before a progress bar is drawn
-    with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}")) as progress:
-        task = None
-
-        def on_round(done: int, total: int, line: dict | None) -> None:
-            nonlocal task
-            if task is None:  # drawn once the run starts: one that cannot (no store, no features) is its error alone
-                # A resumed run's first call, where its checkpoint is (a round without evaluation has no line too).
-                start = done if line is None and spec.engine.resume else 0
-                resumed = f" (resumed after round {start})" if start else ""
-                task = progress.add_task(f"{spec.method.name} rounds{resumed}", total=total, completed=start, acc="")
-            acc = f"acc {line['accuracy']:.1f}%" if line else ""
-            progress.update(task, completed=done, acc=acc)
-
+    with _rounds_progress() as progress:
         def on_step(text: str) -> None:  # no task yet: the rounds' is drawn once the first has run
             progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
 
-        return run_train(spec, on_round, on_step=on_step).summary, ""
+        return run_train(spec, _rounds_bar(progress, spec), on_step=on_step).summary, ""
 
 
 def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
@@ -94,7 +82,29 @@ def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
 
     # In a child process, as from Python: interrupted, Flower's simulation leaves threads behind that keep its
     # process from exiting; the child ends itself, and this command says how to go on.
-    return train_flower_sim(spec), " (Flower simulation)"
+    with _rounds_progress() as progress:
+        return train_flower_sim(spec, on_round=_rounds_bar(progress, spec)), " (Flower simulation)"
+
+
+def _rounds_progress():
+    return _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}"))
+
+
+def _rounds_bar(progress, spec: RunSpec):
+    """The run's rounds as a bar with the last accuracy: every engine's ``on_round``."""
+    task = None
+
+    def on_round(done: int, total: int, line: dict | None) -> None:
+        nonlocal task
+        if task is None:  # drawn once the run starts: one that cannot (no store, no features) is its error alone
+            # A resumed run's first call, where its checkpoint is (a round without evaluation has no line too).
+            start = done if line is None and spec.engine.resume else 0
+            resumed = f" (resumed after round {start})" if start else ""
+            task = progress.add_task(f"{spec.method.name} rounds{resumed}", total=total, completed=start, acc="")
+        acc = f"acc {line['accuracy']:.1f}%" if line else ""
+        progress.update(task, completed=done, acc=acc)
+
+    return on_round
 
 
 ENGINES = {"in-process": _train_in_process, "flower-sim": _train_flower_sim}  # the names of spec.EngineSpec.name

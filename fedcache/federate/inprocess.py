@@ -49,9 +49,14 @@ def run(method: Method, cfg: RunConfig, on_round: OnRound | None = None, facts: 
 def run_one(r: Run, batched: bool = True, on_round: OnRound | None = None, resume: bool = False,
             stop_after: int | None = None) -> RunResult:
     """The round driver with this engine, for a run by itself (``stop_after``: see ``driver.run``)."""
-    callback = (lambda done, total, lines: on_round(done, total, lines[0])) if on_round else None
-    (result,) = driver.run([r], InProcess([r.method], batched), callback, resume=resume, stop_after=stop_after)
+    (result,) = driver.run([r], InProcess([r.method], batched), for_one_run(on_round), resume=resume,
+                           stop_after=stop_after)
     return result
+
+
+def for_one_run(on_round: OnRound | None) -> driver.RoundCallback | None:
+    """``on_round`` as the round driver calls it for a run by itself (every engine's: the same calls)."""
+    return (lambda done, total, lines: on_round(done, total, lines[0])) if on_round else None
 
 
 class InProcess(Engine):

@@ -31,6 +31,7 @@ from fedcache import disk
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate import driver
 from fedcache.federate.driver import Engine, Round, Run, RunState
+from fedcache.federate.inprocess import OnRound, for_one_run
 from fedcache.federate.rundir import CONFIG, RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.federate.methods.base import tensor_size
@@ -281,10 +282,11 @@ def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepte
 
 
 def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last",
-          resume_as: str = "--resume") -> dict:
+          resume_as: str = "--resume", on_round: OnRound | None = None) -> dict:
     """The whole run (continued from the checkpoint in ``paths.out`` with ``resume``); returns the
     summary (as ``fedcache train`` writes it). ``resume_as`` names the option that asked to resume, in messages:
-    a deployment's submitter gave ``deploy.resume_run``, not ``--resume``."""
+    a deployment's submitter gave ``deploy.resume_run``, not ``--resume``. ``on_round``: called as the in-process
+    engine calls it (``fedcache.train``'s)."""
     if paths.server_shard is None:
         raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
                             "`fedcache shard` wrote, in the environment flower-superlink starts in")
@@ -298,7 +300,8 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         if paths.out is not None:
             _record_config(paths.out, run, info, method, resume, resume_as)
         out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
-        (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out), resume=resume)
+        (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out),
+                               for_one_run(on_round), resume=resume)
         if paths.out is not None:
             # The final server state, for comparing engines: tensors only (read back with weights_only=True);
             # through a temporary file, as a checkpoint: a full disk leaves none rather than a part.

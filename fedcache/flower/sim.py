@@ -28,6 +28,7 @@ from pathlib import Path
 from fedcache import disk, errors
 from fedcache.errors import ConfigError, DiskFullError, FedcacheError
 from fedcache.training import check_not_a_cell, owned, partition_request
+from fedcache.federate.inprocess import OnRound
 from fedcache.federate.rundir import RunDir
 from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
@@ -57,10 +58,11 @@ def flower_run(spec: RunSpec, shard_dir: Path, **extra) -> FlowerRun:
     return FlowerRun.from_spec(spec, shard_dir=str(shard_dir), **extra)
 
 
-def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
+def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound | None = None) -> dict:
     """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary; in a
     child process, which gets the spec as JSON and answers with the summary or the error as JSON.
-    With --resume, the run in --out continues from its checkpoint on the shards already there."""
+    With --resume, the run in --out continues from its checkpoint on the shards already there.
+    ``on_round(done, total, line)``: called here as ``fedcache.train`` calls it, as the child reports each round."""
     import torch
 
     _refuse_unsupported(spec)
@@ -72,13 +74,15 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
+        rounds = Rounds(Path(tmp) / "rounds.jsonl", on_round) if on_round else None
+        ask["rounds"] = str(rounds.path) if rounds else None
         disk.write_text(request, json.dumps(ask), "the Flower simulation's request")
         # Its own session: Ctrl-C reaches the caller only, which interrupts the child once (a second SIGINT would
         # break Flower's and Ray's shutdown half-way).
         child = subprocess.Popen([sys.executable, "-m", "fedcache.flower.sim", str(request), str(answer)],
                                  env={**os.environ, **SIM_ENV}, start_new_session=True)
         try:
-            code = child.wait()
+            code = _wait(child, rounds)
         finally:
             if child.poll() is None:  # interrupted here: the simulation must not outlive its caller
                 _interrupt(child)
@@ -89,6 +93,51 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None) -> dict:
     if "error" in reply:
         raise rebuilt(reply["kind"], reply["error"])
     return reply["summary"]
+
+
+class Rounds:
+    """The rounds the simulation has finished, as the child reports them (``report_rounds``): JSON lines appended
+    to a file in the call's own directory, each read once whole and passed to ``on_round``."""
+
+    def __init__(self, path: Path, on_round: OnRound) -> None:
+        self.path, self.on_round, self.read = path, on_round, 0
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.read)
+                new = f.read()
+        except FileNotFoundError:  # no round finished yet
+            return
+        whole = new.rfind(b"\n") + 1  # a line the child is still writing is read at the next poll
+        self.read += whole
+        for raw in new[:whole].splitlines():
+            r = json.loads(raw)
+            self.on_round(r["done"], r["total"], r["line"])
+
+
+def report_rounds(path: Path) -> OnRound:
+    """The child's side of ``Rounds``: each round appended as one JSON line (never a pickle: plain data only)."""
+    def on_round(done: int, total: int, line: dict | None) -> None:
+        text = json.dumps({"done": done, "total": total, "line": line}) + "\n"
+        disk.append(path, text.encode(), "the Flower simulation's progress")
+
+    return on_round
+
+
+def _wait(child: subprocess.Popen, rounds: Rounds | None, every: float = 0.2) -> int:
+    """The child's exit code, passing on the rounds it reports meanwhile (and those it reported just before it
+    ended)."""
+    if rounds is None:
+        return child.wait()
+    while True:
+        try:
+            code = child.wait(every)
+        except subprocess.TimeoutExpired:
+            rounds.poll()
+            continue
+        rounds.poll()
+        return code
 
 
 def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> None:
@@ -114,9 +163,11 @@ def rebuilt(kind: str, message: str) -> FedcacheError:
     return err
 
 
-def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder | None = None) -> dict:
+def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder | None = None,
+                          on_round: OnRound | None = None) -> dict:
     """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring).
-    ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller)."""
+    ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller).
+    ``on_round``: called from the ServerApp's thread."""
     _refuse_unsupported(spec)
     for k, v in SIM_ENV.items():
         os.environ.setdefault(k, v)
@@ -131,7 +182,7 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
             _fresh_start(base, shards, shard)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
         return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus,
-                        resume=e.resume, keep_checkpoints=e.keep_checkpoints)
+                        resume=e.resume, keep_checkpoints=e.keep_checkpoints, on_round=on_round)
 
 
 def _refuse_unsupported(spec: RunSpec) -> None:
@@ -197,7 +248,7 @@ def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,
-             resume: bool = False, keep_checkpoints: str = "last") -> dict:
+             resume: bool = False, keep_checkpoints: str = "last", on_round: OnRound | None = None) -> dict:
     """Run ``run`` with ``n_clients`` virtual SuperNodes; returns the server's summary."""
     from flwr.app import Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
@@ -209,7 +260,7 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
     summary: dict = {}
 
     def main(grid, context) -> None:  # keeps the summary in this process
-        summary.update(server.serve(grid, run, paths, resume, keep_checkpoints))
+        summary.update(server.serve(grid, run, paths, resume, keep_checkpoints, on_round=on_round))
 
     app = server.ServerApp()
     app.main()(main)
@@ -233,8 +284,10 @@ def _child(request: Path, answer: Path) -> int:
 
         torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
+    on_round = report_rounds(Path(ask["rounds"])) if ask.get("rounds") else None
     try:
-        reply = {"summary": train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""))}
+        reply = {"summary": train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""),
+                                                  on_round=on_round)}
     except FedcacheError as err:
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:

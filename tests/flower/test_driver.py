@@ -62,10 +62,10 @@ def shards(flower_store, tmp_path_factory):
     return out
 
 
-def _serve(shards, out, run: FlowerRun, stop_before=None, resume=False) -> dict:
+def _serve(shards, out, run: FlowerRun, stop_before=None, resume=False, on_round=None) -> dict:
     grid = DirectGrid([client_dir(shards, k) for k in range(3)], run, stop_before)
     client._client.cache_clear()  # each run's nodes start fresh, as new ClientApp processes would
-    return server.serve(grid, run, ServerPaths(shards / SERVER, out), resume=resume)
+    return server.serve(grid, run, ServerPaths(shards / SERVER, out), resume=resume, on_round=on_round)
 
 
 def _run(method="fedavg", **kw) -> FlowerRun:
@@ -85,6 +85,22 @@ def test_the_flower_engine_gives_the_in_process_numbers(flower_store, shards, tm
     [line] = _lines(tmp_path / "metrics.jsonl")
     assert line["train_loss"] == pytest.approx(inproc.history[-1]["train_loss"], abs=2e-6) and line["train_loss"] > 0
     assert (tmp_path / "checkpoint.pt").exists() and json.loads((tmp_path / "summary.json").read_text())["rounds"] == 3
+
+
+def test_the_flower_engine_reports_each_round_as_the_in_process_engine_does(flower_store, shards, tmp_path):
+    """on_round(done, total, line): once per round in order, the round's metrics line where it was evaluated;
+    a resumed run's first call is where its checkpoint is, with no line."""
+    calls = {"flower": [], "in-process": [], "resumed": []}
+    record = lambda name: lambda done, total, line: calls[name].append((done, total, line and round(line["accuracy"], 2)))
+    _serve(shards, tmp_path / "flower", _run(fraction=1.0, rounds=3, eval_every=2), on_round=record("flower"))
+    train(toy_config(flower_store, eval_every=2), record("in-process"))
+    assert [(d, t) for d, t, _ in calls["flower"]] == [(1, 3), (2, 3), (3, 3)]
+    assert [acc is None for *_, acc in calls["flower"]] == [True, False, False]
+    assert calls["flower"] == calls["in-process"]
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path / "part", _run(), stop_before=3)
+    _serve(shards, tmp_path / "part", _run(), resume=True, on_round=record("resumed"))
+    assert [(d, t, acc is None) for d, t, acc in calls["resumed"]] == [(2, 4, True), (3, 4, True), (4, 4, False)]
 
 
 def test_an_interrupted_flower_run_resumes_to_the_uninterrupted_one(shards, tmp_path):

@@ -3,6 +3,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import warnings
 
@@ -13,7 +14,7 @@ from fedcache.cli import main
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.training import train
 from fedcache.flower.server import SERVER_STATE
-from fedcache.flower.sim import train_flower_sim
+from fedcache.flower.sim import Rounds, _wait, report_rounds, train_flower_sim
 
 from .conftest import BACKBONE, assert_same_run, toy_config
 
@@ -24,7 +25,10 @@ def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capsys)
     code = main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                  "--partition", "dirichlet", "--alpha", "1.0", "--clients", "3", "--rounds", "3", "--seed", "1",
                  "--eval-every", "3", "--engine", "flower-sim", "--out", str(out)])
-    assert code == 0 and "Flower simulation" in capsys.readouterr().out
+    out_text, err = capsys.readouterr()
+    assert code == 0 and "Flower simulation" in out_text
+    # The rounds' progress, as the in-process engine draws it (plain lines where stderr is not a terminal).
+    assert "fedavg rounds 3/3 (100%)" in err and "acc " in err.splitlines()[-1], err
     flower = json.loads((out / "summary.json").read_text())
     state = torch.load(out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store)))
@@ -51,6 +55,24 @@ def test_flower_sim_fedpcl_equals_in_process_and_leaves_the_callers_process_alon
     assert_same_run(flower, state, train(toy_config(flower_store, "fedpcl")))
 
 
+def test_the_rounds_the_child_reports_are_passed_on_whole_and_once(tmp_path):
+    """The child appends a JSON line per round; the caller reads a line once it is whole, each line once, and
+    those written just before the child ended."""
+    path, calls = tmp_path / "rounds.jsonl", []
+    rounds, report = Rounds(path, lambda *call: calls.append(call)), report_rounds(path)
+    rounds.poll()  # no round yet: no file
+    report(1, 3, None)
+    report(2, 3, {"round": 2, "accuracy": float("nan")})
+    with open(path, "a") as f:
+        f.write('{"done": 3, "tot')  # the child is writing round 3
+    rounds.poll()
+    assert calls[0] == (1, 3, None) and calls[1][:2] == (2, 3) and len(calls) == 2
+    with open(path, "a") as f:
+        f.write('al": 3, "line": {"round": 3}}\n')
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert _wait(child, rounds, every=0.05) == 0 and calls[2:] == [(3, 3, {"round": 3})]
+
+
 def test_in_process_training_refuses_a_flower_spec(flower_store):
     with pytest.raises(ConfigError, match="engine='flower-sim' runs through fedcache.flower.sim.train_flower_sim"):
         train(toy_config(flower_store).replace(engine="flower-sim"))
@@ -71,9 +93,14 @@ def test_flower_sim_refuses_what_it_cannot_do(flower_store, tmp_path):
 def test_flower_sim_resume_continues_the_run_in_out(flower_store, tmp_path):
     """--resume reaches the ServerApp through the simulation: a finished run resumes to its own summary
     (an interrupted one is tested without Ray in test_driver.py); other settings or shards are refused."""
-    out = tmp_path / "sim"
-    first = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out), cpus=1)
-    again = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out, resume=True), cpus=1)
+    out, calls = tmp_path / "sim", []
+    record = lambda done, total, line: calls.append((done, total, line and line["round"]))
+    first = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out), cpus=1, on_round=record)
+    # One call per round, in order, with the round's metrics line, as fedcache.train's on_round gets them.
+    assert calls == [(1, 2, 1), (2, 2, 2)]
+    again = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out, resume=True), cpus=1,
+                             on_round=record)
+    assert calls[2:] == [(2, 2, None)]  # resumed where its checkpoint is: nothing left to run
     drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
     assert drop(again) == drop(first) and len((out / "metrics.jsonl").read_text().splitlines()) == 2
     with pytest.raises(FedcacheError, match="other settings"):  # the rounds are part of the run's settings
@@ -107,7 +134,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from tests.flower.conftest import toy_config
-from fedcache.flower.sim import train_flower_sim
+from fedcache.flower.sim import Rounds, _wait, report_rounds, train_flower_sim
 import tempfile
 tempfile.tempdir = sys.argv[4]  # killed outright, the caller cannot remove its temporary directory
 train_flower_sim(toy_config(Path(sys.argv[2]), rounds=100000, eval_every=1000, out=Path(sys.argv[3])), cpus=1)
