@@ -122,3 +122,23 @@ def test_tls_and_supernode_authentication_refuse_an_unregistered_node(flower_sto
     state = torch.load(out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(cfg))
     assert flower["refused_nodes"] == [] and flower["dropped"] == {}
+
+
+def test_a_failed_run_is_its_one_line_in_the_stream_and_in_flwr_ls(tmp_path):
+    """What docs/deploy.md tells a submitter, on the Flower this project pins: `flwr run --stream` exits 0 however
+    the run ended (it streams the log and never asks the run's status, flwr/cli/run/run.py); the stream shows
+    fedcache's one line before Flower's traceback, and `flwr ls --format json` says finished:failed with that line in
+    its status-details. A Flower that exits otherwise fails this test: update the docs then. No SuperNode is needed:
+    a refused run config stops the ServerApp before it asks for any."""
+    write_app(tmp_path / "app")
+    with LocalDeployment(tmp_path, [], server_shard=tmp_path / "server") as d:
+        cmd = d.flwr_run_command(tmp_path / "app", FlowerRun.of(method="fedavg", rounds=1))
+        cmd = [a.replace('method.name="fedavg"', 'method.name="fedavgg"') for a in cmd]  # FlowerRun.of refuses it
+        proc = subprocess.run(cmd, env=d.env, cwd=d.workdir, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                              start_new_session=True)
+        [run] = json.loads(d.flwr(["ls", CONNECTION, "--format", "json"]))["runs"]
+    line = "run config refused: method.name='fedavgg': unknown method 'fedavgg'"
+    assert proc.returncode == 0, proc.stderr
+    ours, flowers = proc.stdout.find(f"fedcache: the run stopped: {line}"), proc.stdout.find("ServerApp raised an exception")
+    assert 0 <= ours < flowers and f"fedcache.errors.ConfigError: {line}" in proc.stdout[flowers:], proc.stdout
+    assert run["status"] == "finished:failed" and line in run["status-details"], run
