@@ -27,6 +27,7 @@ from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, Entr
                              StoreError, UnreadableEntryError)
 from fedcache.paths import STORE_DENIED, denied_problem, is_denied, unreadable_store
 from fedcache.store import lookup
+from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
                                     EntryInfo, now_iso)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS
@@ -181,18 +182,27 @@ class FeatureStore(TextEmbeddings, Removal):
         return self._info(entry_id)
 
     def chunks_done(self, info: EntryInfo) -> tuple[int, int] | None:
-        """(done, total) chunks of a partial entry; (0, 0) before its flags were made (stopped, or still running,
-        as it was created); None if they cannot be read (damaged); UnreadableEntryError where this user may not."""
+        """(done, total) chunks of a partial entry, as its writer reads them when it resumes; (0, 0) before its flags
+        were made (stopped, or still running, as it was created); None if they cannot be read so (damaged: its
+        extraction cannot resume it, and replaces it); UnreadableEntryError where this user may not."""
         try:
             group = self.root[ENTRIES][info.entry_id]
             if "done" not in group:
                 return 0, 0
-            flags = group["done"][:]
+            flags = self._done_flags(info, group)
         except Exception as exc:
             if is_denied(exc):  # another user's permissions on its flags: not damage
                 raise self.refused(info, denied_problem(exc)[1], denied=True) from None
             return None
-        return int(flags.sum()), len(flags)
+        return (int(flags.sum()), len(flags)) if flags is not None else None
+
+    def _done_flags(self, info: EntryInfo, group: zarr.Group) -> np.ndarray | None:
+        """The flags as the writer reads them (fedcache/store/writer.py): a format-2 entry's from their files, where
+        a torn flag is one not set yet (written again), and None if they are not stored so; Zarr's for format 1."""
+        if info.format < 2:
+            return group["done"][:]
+        meta = RawMeta.open(self.path / ENTRIES / info.entry_id / "done")
+        return ChunkFiles(meta).read_all() if meta is not None else None
 
     def current(self, infos: Iterable[EntryInfo] | None = None) -> dict[tuple, EntryInfo]:
         """For each slot, the most recently completed entry (older ones are stale), while its domain is one of the
@@ -356,11 +366,13 @@ class FeatureStore(TextEmbeddings, Removal):
 
     def _partial(self, info: EntryInfo) -> tuple[str, str]:
         """:meth:`verify` of an unfinished entry: not checked, but unreadable where this user may not read how far
-        it got (``store ls`` says so, and points here)."""
+        it got, and damaged where its writer could not (``store ls`` says so, and points here)."""
         try:
-            self.chunks_done(info)
+            done = self.chunks_done(info)
         except UnreadableEntryError as exc:
             return "unreadable", exc.problem
+        if done is None:  # its extraction cannot resume it: re-running it replaces the entry, as a damaged one
+            return "damaged", "not complete, and its done flags (which chunks were written) cannot be read"
         return "partial", "not complete yet: resumed by re-running its extraction"
 
     def sizes(self, info: EntryInfo) -> tuple[int, int]:

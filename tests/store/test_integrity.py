@@ -175,6 +175,41 @@ def test_verify_repair_and_rm_remove_a_damaged_entry(damage, store, capsys):
     assert code == 0 and f"removed {other}" in out and not (store / "entries" / other).exists()
 
 
+def unfinished(store: Path, eid: str) -> Path:
+    """The entry as an extraction stopped after its first two chunks leaves it; its ``done`` folder."""
+    meta = store / "entries" / eid / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"] = {k: v for k, v in doc["attributes"].items() if k not in ("crc32", "n_valid", "completed_at")}
+    meta.write_text(json.dumps({**doc, "attributes": {**doc["attributes"], "complete": False}}))
+    done = store / "entries" / eid / "done"
+    for c in (2, 3):
+        (done / "c" / str(c)).unlink()
+    return done
+
+
+@pytest.mark.parametrize("flags", ["their zarr.json", "a flag's file"])
+def test_an_unfinished_entry_with_damaged_done_flags_is_called_the_same_by_ls_and_verify(flags, store, capsys):
+    """`store ls` said "damaged" and `store verify` "partial ... resumed by re-running its extraction" of the same
+    entry; with its flags' zarr.json damaged, that extraction then stopped with a traceback. Now both say what its
+    extraction does: a torn flag is a chunk not written yet (resumed), flags it cannot read are damage (replaced)."""
+    before = FeatureStore(store).read("test-toy", "train", BB)
+    eid = entry_of(store, "train", "light")
+    done = unfinished(store, eid)
+    if flags == "their zarr.json":
+        (done / "zarr.json").write_text("{")
+    else:
+        (done / "c" / "1").write_bytes(b"\x01\x01")  # torn (not one flag): the writer sets it again
+    said = {"their zarr.json": "damaged", "a flag's file": "partial 1/4"}[flags]
+    code, out = run(capsys, "store", "ls", "--store", str(store))
+    assert code == 0 and re.search(rf"{eid} .* {said}", out), out
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    status = said.split()[0]
+    assert code == (1 if status == "damaged" else 0) and f"{eid} test-toy/train/light {BB}: {status} (" in out, out
+    extract(cfg(store))  # resumes the entry, or replaces it
+    np.testing.assert_array_equal(FeatureStore(store).read("test-toy", "train", BB).features, before.features)
+    assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
+
+
 def test_extract_says_it_replaces_a_damaged_complete_entry(store):
     eid = entry_of(store, "test", "dark")
     rows_file(store, eid, "features").unlink()
