@@ -153,6 +153,20 @@ def denied_error(exc: OSError) -> DeniedError:
     return kind(denied_line(exc), exc.errno, exc.filename)
 
 
+def owner(path: Path) -> str | None:
+    """The user name (or uid) of ``path``'s owner, who can make it readable; None where even that cannot be seen."""
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):  # no user database (Windows), or a uid it does not name
+        return f"uid {uid}"
+
+
 def unreadable_store(store: Path, problem: str) -> str:
     return f"cannot read the feature store {store} ({problem}); have its owner make it readable (chmod -R a+rX)"
 

@@ -547,12 +547,17 @@ def test_an_entry_this_user_cannot_read_is_named_so_not_damaged(refused, toy_sto
         checked, summary, listed = _as_a_user(["store", "verify", "--repair", "--store", store])
     finally:
         _restore(target)
+    import pwd
+
     file = target if target.is_file() else folder / "zarr.json"
+    # Its folder unreadable, what it holds is unknown: it was labelled "key unreadable"; now whose it is, who can help.
+    label = f"(data unknown, owned by {pwd.getpwuid(folder.stat().st_uid).pw_name})" if target == folder else ""
     for code, err in ((code, err), (extracted, extract_err)):  # extract said "already complete", or replaced it
         line = one_error_line(err)
-        assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (entry {entry.entry_id} "), line
+        assert code == 1 and line.startswith(f"error: cannot read the feature store {store} (entry {entry.entry_id} {label}"), line
         assert line.endswith(f": no permission to read {file}); have its owner make it readable (chmod -R a+rX)"), line
     assert checked == 1 and f"{entry.entry_id} " in listed and f": unreadable (no permission to read {file})" in listed
+    assert label.strip("()") in listed and "key unreadable" not in listed + err, listed
     assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
     assert FeatureStore(store).verify(FeatureStore(store).info(entry.entry_id))[0] == "ok"  # --repair left it
 

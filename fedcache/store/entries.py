@@ -31,6 +31,7 @@ class EntryInfo:
     attrs: dict
     damaged: str | None = None  # why its metadata cannot be read (then complete is False)
     denied: bool = False  # what ``damaged`` says is a permission this user lacks, not damage: never removed for it
+    owner: str | None = None  # whose folder it is, where ``denied`` (the user who can make it readable)
 
     @property
     def slot(self) -> tuple:
@@ -39,8 +40,10 @@ class EntryInfo:
 
     def label(self) -> str:
         k = self.key
-        if not k:
-            return "key unreadable"
+        if not k:  # its metadata and its features' both unread: what it holds is not known
+            if self.denied:  # the messages around it say to have its owner make it readable: say who that is
+                return f"data unknown, owned by {self.owner}" if self.owner else "data unknown, not readable by this user"
+            return "data unknown, metadata damaged"
         return f"{k.get('dataset')}/{k.get('split')}/{k.get('domain')} {k.get('backbone')}"
 
     @property

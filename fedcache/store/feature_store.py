@@ -25,7 +25,7 @@ import zarr
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError, UnreadableEntryError)
-from fedcache.paths import STORE_DENIED, denied_problem, is_denied, unreadable_store
+from fedcache.paths import STORE_DENIED, denied_problem, is_denied, owner, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
@@ -156,7 +156,7 @@ class FeatureStore(TextEmbeddings, Removal):
         except Exception as exc:  # Zarr and json raise many types for a damaged zarr.json
             if is_denied(exc):  # another user's entry, made under a strict umask: unreadable here, not damaged
                 return EntryInfo(entry_id, self._salvaged_key(entry_id), 0, 0, False, None, {},
-                                 damaged=denied_problem(exc)[1], denied=True)
+                                 damaged=denied_problem(exc)[1], denied=True, owner=owner(self.path / ENTRIES / entry_id))
             return EntryInfo(entry_id, self._salvaged_key(entry_id), 0, 0, False, None, {},
                              damaged=f"its metadata (zarr.json) cannot be read ({type(exc).__name__}: {exc})")
         return EntryInfo(entry_id, key, n_rows, dim, bool(a.get("complete", False)), a.get("completed_at"), a)

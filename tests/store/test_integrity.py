@@ -210,6 +210,17 @@ def test_an_unfinished_entry_with_damaged_done_flags_is_called_the_same_by_ls_an
     assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
 
 
+def test_an_entry_whose_data_cannot_be_known_is_labelled_so(store, capsys):
+    """Its zarr.json and its features' both damaged, the entry was labelled "key unreadable"."""
+    eid = entry_of(store, "train", "light")
+    truncate_entry_json(store, eid, None)
+    delete_features_json(store, eid, None)
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 1 and f"{eid} data unknown, metadata damaged: damaged (" in out, out
+    with pytest.raises(DamagedEntryError, match=f"entry {eid} \\(data unknown, metadata damaged\\) in"):
+        FeatureStore(store).read("test-toy", "train", BB)
+
+
 def test_extract_says_it_replaces_a_damaged_complete_entry(store):
     eid = entry_of(store, "test", "dark")
     rows_file(store, eid, "features").unlink()
