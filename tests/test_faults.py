@@ -605,15 +605,78 @@ def test_text_embeddings_this_user_cannot_read_are_named_so_not_damaged(refused,
         checked, summary, listed = _as_a_user(["store", "verify", "--repair", "--store", store])
     finally:
         _restore(target)
+    what = {"its embeddings' chunk": f"{clip} text embeddings, single templates",
+            "its zarr.json": "text embeddings, backbone unknown"}[refused]
     assert read == 1 and one_error_line(read_err) == (
-        f"error: UnreadableEntryError: cannot read the feature store {store} (text entry {eid}: no permission to "
-        f"read {target}); have its owner make it readable (chmod -R a+rX)"), read_err
+        f"error: UnreadableEntryError: cannot read the feature store {store} (text entry {eid} ({what}): no permission "
+        f"to read {target}); have its owner make it readable (chmod -R a+rX)"), read_err
     line = one_error_line(extract_err)
-    assert extracted == 1 and line == f"error: cannot read the feature store {store} (text entry {eid}: no permission to " \
-                                      f"read {target}); have its owner make it readable (chmod -R a+rX)", line
+    assert extracted == 1 and line == f"error: cannot read the feature store {store} (text entry {eid} ({what}): no " \
+                                      f"permission to read {target}); have its owner make it readable (chmod -R a+rX)", line
     assert checked == 1 and f"{eid} text embeddings: unreadable (no permission to read {target})" in listed, listed
     assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
     assert target.read_bytes() == before and FeatureStore(store).verify_text(eid) == ("ok", "")  # left as it was
+
+
+@pytest.fixture(scope="module")
+def two_backbones(tmp_path_factory) -> Path:
+    """A store of a backbone with a text tower and one without."""
+    from fedcache.extract.runner import ExtractConfig, extract
+
+    path = tmp_path_factory.mktemp("two") / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE, "tiny-clip-random"], store=path, workers=0))
+    return path
+
+
+def _clip_text(store: Path, template_set: str = "single") -> tuple[str, Path]:
+    from fedcache.store.feature_store import TEXT, FeatureStore
+
+    eid = next(e for e, a in FeatureStore(store).text_entries() if a["key"]["template_set"] == template_set)
+    return eid, store / TEXT / eid
+
+
+@pytest.mark.parametrize("fault", ["unreadable", "damaged"])
+def test_sharding_names_the_backbone_whose_text_embeddings_it_cannot_read(fault, two_backbones, tmp_path):
+    """`fedcache shard` copied class-text embeddings unchecked (damaged ones into every shard) and, refused one, said
+    only "cannot read the feature store ... (no permission to read FILE)", not what that file is."""
+    store = tmp_path / "theirs.zarr"
+    shutil.copytree(two_backbones, store)
+    eid, folder = _clip_text(store)
+    chunk = folder / "embeddings" / "c" / "0" / "0" / "0"
+    if fault == "damaged":
+        chunk.write_bytes(chunk.read_bytes()[:-4] + b"\xff\xff\xff\xff")
+    chunk.chmod(0 if fault == "unreadable" else 0o644)
+    try:
+        code, err, _ = _as_a_user(["shard", "--store", store, "-d", "test-toy", "-b", "tiny-clip-random", "--partition",
+                                   "iid", "--clients", "2", "--out", tmp_path / "shards"], TOY_CLI)
+    finally:
+        _restore(chunk)
+    line = one_error_line(err)
+    assert code == 1 and f"text entry {eid} (tiny-clip-random text embeddings, single templates)" in line, line
+    assert ("no permission to read" if fault == "unreadable" else "is damaged") in line, line
+
+
+def test_another_backbones_unreadable_text_entry_is_not_what_a_run_lacks(two_backbones, tmp_path):
+    """A CLIP backbone's text entry this user may not read (its key unknown): every run on the other backbone, even
+    fedavg, stopped on it, and a method that needs text was told about it instead of that its backbone has none."""
+    store = tmp_path / "theirs.zarr"
+    shutil.copytree(two_backbones, store)
+    _, folder = _clip_text(store)
+    (folder / "zarr.json").chmod(0)
+    run = ["train", "--store", store, "-d", "test-toy", "--partition", "iid", "--clients", "2", "--rounds", "1"]
+    try:
+        plain = _as_a_user([*run, "-b", BACKBONE, "-m", "fedavg"], TOY_CLI)
+        texts = _as_a_user([*run, "-b", BACKBONE, "-m", "clip-zs"], TOY_CLI)
+        sharded = _as_a_user(["shard", "--store", store, "-d", "test-toy", "-b", BACKBONE, "--partition", "iid",
+                              "--clients", "2", "--out", tmp_path / "shards"], TOY_CLI)
+        its_own = _as_a_user([*run, "-b", "tiny-clip-random", "-m", "clip-zs"], TOY_CLI)  # it may be this one's
+    finally:
+        _restore(folder / "zarr.json")
+    assert plain[0] == 0 and sharded[0] == 0, plain[1] + sharded[1]
+    line = one_error_line(texts[1])
+    assert texts[0] == 2 and line.startswith("error: clip-zs needs a backbone with a text tower") and "extract" in line, line
+    line = one_error_line(its_own[1])
+    assert its_own[0] == 1 and "(text embeddings, backbone unknown): no permission to read" in line, line
 
 
 @pytest.mark.parametrize("refused", ["zarr.json", "a chunk file"])

@@ -21,10 +21,10 @@ from fedcache.extract.config import ExtractConfig
 from fedcache.extract.datasets import Dataset, Samples
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
-from fedcache.extract.templates import TEMPLATE_SETS
+from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.extract.transforms import Preprocess, ViewSpec
 from fedcache.store.feature_store import FeatureStore
-from fedcache.store.keys import EntryKey, TextKey
+from fedcache.store.keys import EntryKey
 from fedcache.store.writer import EntryWriter, open_writer
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
     if bb.encode_text is None:
         return
     for set_name, templates in TEMPLATE_SETS.items():
-        key = TextKey(bb.spec.name, bb.weights_hash, tuple(dataset.classes), tuple(templates), set_name)
+        key = text_key(bb.spec.name, bb.weights_hash, dataset.classes, set_name)
         if store.has_text(key):
             continue
         with torch.inference_mode():

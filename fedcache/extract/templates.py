@@ -5,6 +5,10 @@ varied phrasings, which is known to make zero-shot heads more robust to wording.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
+from fedcache.store.keys import TextKey
+
 TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
     "single": ("a photo of a {}.",),
     "ensemble": (
@@ -26,3 +30,9 @@ TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
         "a {} in a video game.",
     ),
 }
+
+
+def text_key(backbone: str, weights_hash: str, classes: Iterable[str], set_name: str) -> TextKey:
+    """The key of the text entry an extraction writes for ``backbone``'s weights, ``classes`` and one template set:
+    what a reader that needs them may be refused (an unreadable entry of unknown key is its only if it has its id)."""
+    return TextKey(backbone, weights_hash, tuple(classes), tuple(TEMPLATE_SETS[set_name]), set_name)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedcache.errors import ConfigError, EntryNotFoundError
-from fedcache.extract.templates import TEMPLATE_SETS
+from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.federate.data import FederatedData
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
@@ -30,8 +30,10 @@ def text_anchors(embeddings: np.ndarray | torch.Tensor) -> torch.Tensor:
 def load_text_anchors(store: FeatureStore, backbone: str, classes, template_set: str = DEFAULT_SET,
                       weights_hash: str | None = None) -> torch.Tensor:
     """The (C, D) anchors of ``backbone``'s text tower for ``classes`` (of the weights ``weights_hash`` where
-    stored); EntryNotFoundError if none were stored."""
-    return text_anchors(store.read_text(backbone, list(classes), template_set, weights_hash))
+    stored); EntryNotFoundError if none were stored. A text entry this user may not read is said instead only where it
+    may be the one an extraction of those weights wrote (another backbone's is not what a run lacks)."""
+    wanted = [text_key(backbone, weights_hash, classes, template_set).entry_id] if weights_hash else None
+    return text_anchors(store.read_text(backbone, list(classes), template_set, weights_hash, wanted))
 
 
 def load_text_sets(store: FeatureStore, backbone: str, classes, weights_hash: str | None = None) -> dict[str, torch.Tensor]:

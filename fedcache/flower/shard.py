@@ -35,10 +35,11 @@ from fedcache.errors import ConfigError, DamagedEntryError, DiskFullError, Entry
 from fedcache.federate.data import FederatedData, check_labels, check_same_encoder, keys_as_first, load_fused, load_views, row_positions, sample_keys
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
+from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.federate.text import attach_text
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import writable_dir
-from fedcache.store.feature_store import SHARD_ATTR, TEXT, EntryInfo, FeatureStore, FeatureTable
+from fedcache.store.feature_store import SHARD_ATTR, EntryInfo, FeatureStore, FeatureTable
 from fedcache.store.keys import EntryKey, TextKey
 from fedcache.store.writer import open_writer
 
@@ -270,7 +271,7 @@ def _write_client(store, spec, tables, views, partition: Partition, info: ShardI
     for view in views:
         for b in spec.backbones:
             _copy_rows(store, shard, view[b], train_rows, info)
-    _copy_text(store, shard, spec.backbones)
+    _copy_text(store, shard, tables["train"])
     first = spec.backbones[0]
     own = [np.arange(len(train_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
     own_test = [np.arange(len(test_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
@@ -285,7 +286,7 @@ def _write_server(store, spec, tables, info: ShardInfo, path: Path) -> Path:
     for b in spec.backbones:
         _copy_rows(store, shard, tables["train"][b], np.zeros(0, np.int64), info)
         _copy_rows(store, shard, tables["test"][b], np.arange(n_test), info)
-    _copy_text(store, shard, spec.backbones)
+    _copy_text(store, shard, tables["train"])
     return path
 
 
@@ -306,12 +307,16 @@ def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, info: ShardI
             w.finish([])
 
 
-def _copy_text(store: FeatureStore, shard: FeatureStore, backbones: list[str]) -> None:
-    for _, g in store.root[TEXT].groups():
-        k = dict(g.attrs.get("key", {}))
-        if g.attrs.get("complete") and k.get("backbone") in backbones:
-            key = TextKey(**{**k, "classes": tuple(k["classes"]), "templates": tuple(k["templates"])})
-            shard.put_text(key, g["embeddings"][:], bool(g.attrs.get("random_weights", False)))
+def _copy_text(store: FeatureStore, shard: FeatureStore, train: dict[str, FeatureTable]) -> None:
+    """Every text entry of the backbones of ``train`` (each backbone's training table), checked as a run reads it: one
+    damaged or unreadable is named with its backbone. One this user may not read, whose backbone is unknown, stops the
+    sharding only where it may be what an extraction of these features' weights wrote."""
+    wanted = [text_key(b, store.info(t.entry_ids[0]).key["weights_hash"], t.class_names, s).entry_id
+              for b, t in train.items() if t.entry_ids for s in TEMPLATE_SETS]
+    for _, a, embeddings in store.texts_of(train, wanted):
+        k = a["key"]
+        key = TextKey(**{**k, "classes": tuple(k["classes"]), "templates": tuple(k["templates"])})
+        shard.put_text(key, embeddings, bool(a.get("random_weights", False)))
 
 
 # ---- reading -----------------------------------------------------------------------------

@@ -57,29 +57,32 @@ class TextEmbeddings:
         return True
 
     def _text(self, entry_id: str) -> np.ndarray:
-        where = f"text entry {entry_id} in {self.path}"
+        a: dict = {}
         try:
             g = self.root[TEXT][entry_id]
             a = dict(g.attrs)
             if not a.get("complete"):
-                raise IncompleteEntryError(f"{where} is not complete")
+                raise IncompleteEntryError(f"text entry {entry_id} ({text_label(a)}) in {self.path} is not complete")
             emb = g["embeddings"][:]
         except StoreError:
             raise
         except Exception as exc:
             if is_denied(exc):  # another user's entry, made under a strict umask: unreadable here, not damaged
-                raise self._unreadable_text(entry_id, denied_problem(exc)[1]) from None
+                raise self._unreadable_text(entry_id, denied_problem(exc)[1], a) from None
             problem = f"{type(exc).__name__}: {exc}"
         else:
             if CRC_ATTR not in a or crc(emb) == a[CRC_ATTR]:
                 return emb
             problem = "its embeddings do not hold what was written"
-        raise DamagedEntryError(f"{where} is damaged ({problem}); re-run `fedcache extract` for its backbone, which "
-                                "writes it again", problem)
+        backbone = a.get("key", {}).get("backbone") if isinstance(a.get("key"), dict) else None
+        again = f"the `fedcache extract ... --backbones {backbone}` that made it" if backbone else "`fedcache extract` for its backbone"
+        raise DamagedEntryError(f"text entry {entry_id} ({text_label(a)}) in {self.path} is damaged ({problem}); re-run "
+                                f"{again}, which writes it again", problem)
 
-    def _unreadable_text(self, entry_id: str, problem: str) -> UnreadableEntryError:
+    def _unreadable_text(self, entry_id: str, problem: str, attrs: dict | None = None) -> UnreadableEntryError:
         """As ``FeatureStore.refused`` says a feature entry this user may not read: its owner's to make readable."""
-        return UnreadableEntryError(unreadable_store(self.path, f"text entry {entry_id}: {problem}"), problem)
+        return UnreadableEntryError(unreadable_store(self.path, f"text entry {entry_id} ({text_label(attrs or {})}): "
+                                                                f"{problem}"), problem)
 
     def verify_text(self, entry_id: str) -> tuple[str, str]:
         """(status, detail) of a text entry, as :meth:`verify`."""
@@ -98,26 +101,41 @@ class TextEmbeddings:
         left out (`store verify` names them)."""
         return self._text_attrs()[0]
 
-    def _text_attrs(self) -> tuple[list[tuple[str, dict]], list[UnreadableEntryError]]:
-        """:meth:`text_entries`, and why each text entry this user may not read is not among them."""
-        out, refused = [], []
+    def _text_attrs(self) -> tuple[list[tuple[str, dict]], dict[str, UnreadableEntryError]]:
+        """:meth:`text_entries`, and why each text entry this user may not read is not among them, by id."""
+        out, refused = [], {}
         for eid in self.entry_ids(TEXT):
             try:
                 out.append((eid, dict(self.root[TEXT][eid].attrs)))
             except Exception as exc:
                 if is_denied(exc):
-                    refused.append(self._unreadable_text(eid, denied_problem(exc)[1]))
+                    refused[eid] = self._unreadable_text(eid, denied_problem(exc)[1])
                 else:
                     log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
         return out, refused
 
+    def texts_of(self, backbones: Iterable[str], wanted: Iterable[str] | None = None) -> list[tuple[str, dict, np.ndarray]]:
+        """(id, attributes, embeddings) of every complete text entry of ``backbones``, each checked (DamagedEntryError,
+        UnreadableEntryError naming it). One this user may not read, whose backbone is unknown, is refused only where
+        it may be theirs: ``wanted``, the ids an extraction of theirs writes (:func:`unrelated`), where given."""
+        backbones = set(backbones)
+        entries, refused = self._text_attrs()
+        theirs = [(eid, a) for eid, a in entries if a.get("complete") and a.get("key", {}).get("backbone") in backbones]
+        for eid, exc in refused.items():
+            if not unrelated(eid, wanted):
+                raise exc
+        return [(eid, a, self._text(eid)) for eid, a in theirs]
+
     def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single",
-                  weights_hash: str | None = None) -> np.ndarray:
+                  weights_hash: str | None = None, wanted: Iterable[str] | None = None) -> np.ndarray:
         """Class-text embeddings (T, C, D) of the newest complete text entry matching the request; of the weights
-        ``weights_hash`` (those of the image features they go with) where the store has them."""
+        ``weights_hash`` (those of the image features they go with) where the store has them. ``wanted``: the ids of
+        the entries that would be the one asked for (an extraction's, ``fedcache.federate.text``), so that a text
+        entry this user may not read, of unknown key, is said instead of "not extracted" only where it may be it."""
         best, refused = self._newest_text(backbone, list(classes), template_set, weights_hash)
-        if best is None and refused:  # one of them may be the one asked for: not to be extracted again, nor said missing
-            raise refused[0]
+        maybe = [exc for eid, exc in refused.items() if not unrelated(eid, wanted)]
+        if best is None and maybe:  # it may be the one asked for: not to be extracted again, nor said missing
+            raise maybe[0]
         if best is None:
             raise EntryNotFoundError(
                 f"no '{template_set}' text embeddings for {backbone} and these classes; "
@@ -126,7 +144,7 @@ class TextEmbeddings:
         return self._text(best)
 
     def _newest_text(self, backbone: str, classes: list[str], template_set: str,
-                     weights_hash: str | None = None) -> tuple[str | None, list[UnreadableEntryError]]:
+                     weights_hash: str | None = None) -> tuple[str | None, dict[str, UnreadableEntryError]]:
         """The id of the newest text entry matching the request (None: none does), and the text entries this user
         may not read (whose keys are unknown)."""
         found = []
@@ -137,3 +155,16 @@ class TextEmbeddings:
                 found.append((a["completed_at"], k.get("weights_hash") == weights_hash, eid))
         same = [f for f in found if f[1]]
         return (max(same or found)[2] if found else None), refused
+
+
+def unrelated(entry_id: str, wanted: Iterable[str] | None) -> bool:
+    """Whether a text entry of unknown key (this user may not read it) cannot be one of ``wanted`` (None: any may be)."""
+    return wanted is not None and entry_id not in set(wanted)
+
+
+def text_label(attrs: dict) -> str:
+    """What a text entry holds, from its attributes, as ``EntryInfo.label`` says a feature entry's."""
+    k = attrs.get("key")
+    if not isinstance(k, dict) or not k.get("backbone"):
+        return "text embeddings, backbone unknown"
+    return f"{k['backbone']} text embeddings, {k.get('template_set', '?')} templates"
