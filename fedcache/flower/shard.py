@@ -153,7 +153,8 @@ def _full(exc: BaseException, staging: Path, out: Path) -> DiskFullError:
 
 def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None]) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
-    tables = _tables(store, spec, ("train", "test"))
+    cut = cut_from(store, spec.dataset, spec.backbones)
+    tables = {split: _tables(store, spec, split, cut[split, 0]) for split in ("train", "test")}
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
     for b in spec.backbones:  # clients would train on one encoder's features and be scored on another's
         check_same_encoder(store, tables["train"][b], tables["test"][b])
@@ -162,11 +163,11 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     if partition is None:
         partition = make_partition(spec.request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
     pid = save_partition(store, spec.dataset, partition, *keys)
-    views = _view_tables(store, spec)
+    views = [_tables(store, spec, "train", found) for (_, view), found in cut.items() if view]
     base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
                 request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
                 client_test_sizes=[len(r) for r in partition.test],
-                entries=_cut_from(spec.backbones, [tables["train"], tables["test"], *views]))
+                entries=entry_ids(cut))
     paths, total = [], partition.n_clients + 1
     on_shard(0, total)
     for k in range(partition.n_clients):
@@ -178,17 +179,31 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     return paths
 
 
-def _cut_from(backbones: list[str], tables: list[dict[str, FeatureTable]]) -> list[str]:
-    """The entries ``tables`` (each backbone's, of a split or a view) were read from: ``ShardInfo.entries``."""
-    return sorted(e for t in tables for b in backbones for e in t[b].entry_ids)
+# (split, view) -> backbone -> the entries that backbone's table of the split (or view) reads
+Cut = dict[tuple[str, int], dict[str, list[EntryInfo]]]
+
+
+def cut_from(store: FeatureStore, dataset: str, backbones: list[str]) -> Cut:
+    """The entries a sharding of ``dataset``'s ``backbones`` cuts its shards from now: each backbone's train and test
+    entries and its training views' (1, 2, ... up to the first the store lacks), as a read takes them
+    (``FeatureStore.table_entries``), found together under ``between_imports``; metadata only. The one computation of
+    them: a sharding reads exactly these and records their ids (``ShardInfo.entries``), a resume compares a cut now."""
+    def found(split: str, view: int) -> dict[str, list[EntryInfo]]:
+        return {b: store.table_entries(dataset, split, b, view) for b in backbones}
+
+    with store.between_imports(dataset, backbones):
+        cut = {("train", 0): found("train", 0), ("test", 0): found("test", 0)}
+        cut.update({("train", v): t for v, t in enumerate(_each_view(lambda v: found("train", v)), 1)})
+    return cut
+
+
+def entry_ids(cut: Cut) -> list[str]:
+    return sorted(e.entry_id for tables in cut.values() for infos in tables.values() for e in infos)
 
 
 def entries_now(store: FeatureStore, dataset: str, backbones: list[str]) -> list[str]:
-    """The store's current entries of ``dataset``'s train and test features and training views for ``backbones``:
-    what a sharding now would cut shards from (``ShardInfo.entries``); metadata only, no features read."""
-    found = [e for b in backbones for s in ("train", "test") for e in store.find(dataset, s, b)]
-    views = _each_view(lambda v: [e for b in backbones for e in store.find(dataset, "train", b, v)])
-    return sorted(e.entry_id for e in found + [e for view in views for e in view])
+    """The ids of the entries a sharding now would cut shards from (``ShardInfo.entries``); metadata only."""
+    return entry_ids(cut_from(store, dataset, backbones))
 
 
 def changed_since_cut(info: ShardInfo, store: FeatureStore) -> str:
@@ -212,19 +227,17 @@ def _label(info: EntryInfo) -> str:
     return info.label() + (f" view {view}" if view else "")
 
 
-def _tables(store: FeatureStore, spec: ShardSpec, splits: tuple[str, ...], view: int = 0) -> dict[str, dict[str, FeatureTable]]:
-    """Per split, each backbone's table, its rows put in the order of the first backbone's (as ``load_fused`` aligns
-    them); each backbone's splits found together (``FeatureStore.read_splits``)."""
-    read = {b: store.read_splits(spec.dataset, splits, b, view) for b in spec.backbones}
-    out = {}
-    for split in splits:
-        first = read[spec.backbones[0]][split]
-        out[split] = {b: _take(t[split], _align(first, t[split], b, spec.dataset, split)) for b, t in read.items()}
-    return out
+def _tables(store: FeatureStore, spec: ShardSpec, split: str, cut: dict[str, list[EntryInfo]]) -> dict[str, FeatureTable]:
+    """Each backbone's table of ``split`` read from its entries in ``cut``, its rows put in the order of the first
+    backbone's (as ``load_fused`` aligns them)."""
+    read = {b: _read(store, cut[b]) for b in spec.backbones}
+    first = read[spec.backbones[0]]
+    return {b: _take(t, _align(first, t, b, spec.dataset, split)) for b, t in read.items()}
 
 
-def _view_tables(store: FeatureStore, spec: ShardSpec) -> list[dict[str, FeatureTable]]:
-    return _each_view(lambda v: _tables(store, spec, ("train",), v)["train"])
+def _read(store: FeatureStore, infos: list[EntryInfo]) -> FeatureTable:
+    rows = store.entry_rows(infos)
+    return rows.table(store.features(rows))
 
 
 def _each_view(read: Callable[[int], T]) -> list[T]:

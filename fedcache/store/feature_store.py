@@ -280,16 +280,28 @@ class FeatureStore(TextEmbeddings, Removal):
     def rows(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> TableRows:
         """What :meth:`read` returns except the features (labels, ids, domains, checked): what to allocate
         for them and how to :meth:`fill` them in."""
+        return self.entry_rows(self.table_entries(dataset, split, backbone, view, domains))
+
+    def table_entries(self, dataset: str, split: str, backbone: str, view: int = 0,
+                      domains: Iterable[str] | None = None) -> list[EntryInfo]:
+        """The entries :meth:`read` reads, in its row order: the current entry of each domain asked for (by default
+        each domain the entries name), of one making (``check_consistent``); metadata only. :meth:`find` may find
+        more (a domain the entries do not name): what a read was made of is these."""
         domains = None if domains is None else list(domains)
         found = self.find(dataset, split, backbone, view, domains)
-        domain_names = tuple(found[0].attrs["domains"])
-        wanted = list(domains) if domains is not None else list(domain_names)
+        wanted = list(domains) if domains is not None else list(found[0].attrs["domains"])
         by_domain = {e.key["domain"]: e for e in found}
         missing = [d for d in wanted if d not in by_domain]
         if missing:
             raise lookup.missing_domains(self.path, self.entries(), found, (dataset, split, backbone, view), missing)
         infos = [by_domain[d] for d in wanted]
         check_consistent(infos, self.path)
+        return infos
+
+    def entry_rows(self, infos: list[EntryInfo]) -> TableRows:
+        """:meth:`rows` of the entries ``infos`` (:meth:`table_entries`): a reader that must read exactly the
+        entries it found (and recorded) reads them so, not as found again."""
+        domain_names = tuple(infos[0].attrs["domains"]) if infos else ()
         parts, offset = [], 0
         for info in infos:
             reader = self.reader(info)
@@ -299,8 +311,8 @@ class FeatureStore(TextEmbeddings, Removal):
             parts.append(EntryRows(reader, valid, offset, labels[valid], ids[valid],
                                    np.full(int(valid.sum()), domain_names.index(info.key["domain"]), np.int16)))
             offset += len(parts[-1].labels)
-        return TableRows(parts, domain_names, tuple(found[0].attrs["classes"]), any(e.random_weights for e in infos),
-                         tuple(e.entry_id for e in infos), infos[0].dim if infos else 0)
+        return TableRows(parts, domain_names, tuple(infos[0].attrs["classes"]) if infos else (),
+                         any(e.random_weights for e in infos), tuple(e.entry_id for e in infos), infos[0].dim if infos else 0)
 
     def fill(self, rows: TableRows, out: np.ndarray, at: np.ndarray | None = None) -> None:
         """The features of ``rows`` into ``out`` (N, D): row i of the table into ``out[i]``, or into

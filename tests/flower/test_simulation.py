@@ -339,6 +339,32 @@ def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, 
     assert ran == [True]
 
 
+def test_a_resume_on_a_store_whose_views_are_of_some_domains_goes_on(flower_store, tmp_path, monkeypatch):
+    """Views extracted for one domain (`extract --views 1 --domains light`) are no table: a sharding copies none (as
+    train reads none). The entries a resume compared were every current entry `find` found, the view's among them:
+    the same store, untouched since the sharding, was refused as 'new entries for test-toy/train/light ... view 1'.
+    The sharding and the resume take their entries from one function (``cut_from``)."""
+    import shutil
+
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.flower import sim
+    from fedcache.flower.shard import SERVER, entries_now, open_shard, write_shards
+    from fedcache.store.feature_store import FeatureStore
+
+    store, out = tmp_path / "store.zarr", tmp_path / "sim"
+    shutil.copytree(flower_store, store)
+    extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE], store=store, splits=("train",), views=1,
+                          domains=("light",), workers=0))
+    ran = []
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: ran.append(kw["resume"]) or {"trained": True})
+    write_shards(sim.shard_spec(toy_config(store, out=out)), out / "shards")
+    assert sim.train_flower_sim_here(toy_config(store, out=out, resume=True)) == {"trained": True} and ran == [True]
+    _, info = open_shard(out / "shards" / SERVER)
+    source = FeatureStore(store, create=False)
+    assert not {e.entry_id for e in source.entries() if e.key["view"]} & set(info.entries)
+    assert info.entries == entries_now(source, "test-toy", [BACKBONE])
+
+
 def test_the_simulations_process_computes_with_its_callers_threads(flower_store, monkeypatch):
     """`fedcache train --engine flower-sim` chose its threads (--threads) in the process that only waits for the
     simulation's: the ServerApp computed with torch's default, all cores."""
