@@ -42,10 +42,24 @@ def store_ls(store: Path = StoreOpt) -> None:
         print_table(table, optional=("view", "memory", "dim", "disk"))
     else:
         console.print(f"{store}: empty store")
+    _say_unfinished(fs, infos)
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
         console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade --store "
                       f"{store}` rewrites them to be read at the speed of memory", highlight=False)
+
+
+def _say_unfinished(fs, infos) -> None:
+    """The partial entries' commands: the table says which are partial, not how to finish them (an augmented view's
+    is an `extract --views`, which the plain extraction of its split is not)."""
+    from fedcache.store import lookup
+
+    partial = [e for e in infos if not e.complete and not e.damaged]
+    if partial:
+        hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
+        console.print(f"{count(len(partial), 'partial entry', 'partial entries')} (an extraction or import interrupted, or "
+                      f"still running): finish {'it' if len(partial) == 1 else 'them'} with "
+                      + " and ".join(f"`{h}`" for h in hints), highlight=False)
 
 
 def human_bytes(n: int) -> str:

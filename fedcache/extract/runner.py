@@ -158,7 +158,8 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
     samples = dataset.samples(split, domain)
     key = entry_key(cfg, dataset, samples, bb, split, domain, view, plan.autocast_dtype)
     attrs = {"classes": list(dataset.classes), "domains": list(dataset.domains),
-             "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source}
+             "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source,
+             **({"views": cfg.views} if view.index else {})}  # an interrupted --views N is finished by --views N
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:
         if writer.replaced:

@@ -29,10 +29,7 @@ def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) ->
     dataset, split, backbone, view = want
     pending = [e for e in infos if e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
     if pending:
-        return IncompleteEntryError(
-            f"the {split} features of {dataset} for {backbone} are not complete yet "
-            f"(interrupted or still running); finish them with `{extract_hint(path, pending)}`"
-        )
+        return unfinished(path, infos, pending, f"{split} features of {dataset} for {backbone}")
     return not_found(path, cur, dataset, split, backbone)
 
 
@@ -46,9 +43,51 @@ def missing_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], 
                and e.slot[2] in missing]
     where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
     if pending:
-        return IncompleteEntryError(f"the {where} are not complete yet (interrupted or still running); finish them "
-                                    f"with `{extract_hint(path, pending)}`")
+        return unfinished(path, infos, pending, where)
     return EntryNotFoundError(f"the store has no {where}; run `{extract_hint(path, found[:1], missing)}`")
+
+
+def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], what: str) -> IncompleteEntryError:
+    """``what`` (``pending``'s features) is not complete, and the command that finishes it. An augmented view is said
+    as one, and finished by an `extract --views` (the plain extraction of its split and domains hinted before finds
+    them complete and leaves the view unfinished)."""
+    view = pending[0].key.get("view") or 0
+    if not view:
+        return IncompleteEntryError(f"the {what} are not complete yet (interrupted or still running); finish them with "
+                                    f"`{extract_hint(path, pending)}`")
+    return IncompleteEntryError(f"augmented view {view} of the {what} is not complete yet (an `extract --views` "
+                                f"interrupted or still running); finish the views with `{views_hint(path, infos, pending[0])}`")
+
+
+def finish_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
+    """The command that finishes the unfinished entry ``pending``, and the others its extraction left (`store ls`)."""
+    if pending.key.get("view"):
+        return views_hint(path, infos, pending)
+    but_domain = lambda k: {**k, "domain": None}  # noqa: E731
+    return extract_hint(path, [e for e in infos if not e.complete and not e.damaged
+                               and but_domain(e.key) == but_domain(pending.key)])
+
+
+def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
+    """The `extract --views` that finishes the views ``pending`` is one of: every domain (a table of a view needs
+    them all), as many views as its extraction asked for (its entries' ``views``; else the highest begun), of its
+    recipe and seed (another would make other views)."""
+    k = pending.key
+    same = [e for e in infos if e.key.get("augmentation") == k.get("augmentation")
+            and (e.slot[0], e.slot[1], e.slot[3]) == (k["dataset"], k["split"], k["backbone"])]
+    hint = f"fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']} --splits {k['split']}"
+    hint += f" --views {max(max(e.key.get('view') or 0, int(e.attrs.get('views') or 0)) for e in same)}"
+    aug = k.get("augmentation") or {}
+    hint += f" --view-recipe {aug['recipe']}" if aug.get("recipe", "simclr") != "simclr" else ""
+    hint += f" --view-seed {aug['seed']}" if aug.get("seed", 0) else ""
+    return hint + _made_as(k)
+
+
+def _made_as(k: dict) -> str:
+    """The options of an extraction's key that are not the defaults: another would write new entries."""
+    hint = f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
+    size = (k.get("preprocess") or {}).get("size")
+    return hint + (f" --image-size {size}" if size else "")
 
 
 def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
@@ -60,10 +99,7 @@ def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
     hint = f"fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}"
     hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
-    hint += f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
-    size = (k.get("preprocess") or {}).get("size")
-    return hint + (f" --image-size {size}" if size else "") + (" (and any other option it was started with)"
-                                                               if k.get("view") or k.get("augmentation") else "")
+    return hint + _made_as(k) + (" (and any other option it was started with)" if k.get("view") or k.get("augmentation") else "")
 
 
 def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) -> EntryNotFoundError:

@@ -96,6 +96,44 @@ def test_ctrl_c_then_resume_is_bit_identical(tmp_path):
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("stop_in", ["light", "dark"])  # no entry of view 1 complete; light's complete, dark's not
+def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_finishes_it(store_path, stop_in, capsys):
+    """An `extract --views 2` interrupted in view 1 was 'the train features of test-toy for ... are not complete yet',
+    finished with `extract --splits train --domains light (and any other option it was started with)`: that command
+    found the plain features complete and left the view unfinished, the train that needs the views refused again.
+    `store ls` said 'partial' and no command."""
+    from fedcache.cli import main
+    from fedcache.errors import IncompleteEntryError
+    from fedcache.federate.data import load_views
+
+    extract(cfg(store_path))
+    label = {"now": ""}
+
+    def interrupt(event):
+        label["now"] = event.label if event.kind == "start" else label["now"]
+        if event.kind == "advance" and label["now"] == f"test-toy/train/{stop_in} tiny-timm-random view 1":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, splits=("train",), views=2), progress=interrupt)
+    store = FeatureStore(store_path)
+    train = store.read("test-toy", "train", "tiny-timm-random")
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        load_views(store, "test-toy", ["tiny-timm-random"], train)  # what a train on the views reads
+    finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
+              "--views 2 --image-size 32")
+    assert str(unfinished.value) == (
+        f"augmented view 1 of the train features of test-toy{'' if stop_in == 'light' else '/dark'} for "
+        f"tiny-timm-random is not complete yet (an `extract --views` interrupted or still running); finish the views "
+        f"with `{finish}`")
+    capsys.readouterr()
+    assert main(["store", "ls", "--store", str(store_path)]) == 0
+    assert f"1 partial entry (an extraction or import interrupted, or still running): finish it with `{finish}`" in " ".join(
+        capsys.readouterr().out.split())
+    extract(cfg(store_path, splits=("train",), views=2))  # the command said (chunk sizes are the entries' own)
+    assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 2, 96)
+
+
 KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {repo!r})
