@@ -28,7 +28,7 @@ import shlex
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -52,6 +52,9 @@ class Holder:
     host: str
     command: str
     started: str  # ISO time, UTC
+    # The process holding it for the command ``pid`` (flower-sim's child), 0 for the command itself: a command killed
+    # outright leaves it ending for up to half a minute, still holding, and the line must name a process that lives.
+    via: int = 0
 
     @classmethod
     def me(cls) -> "Holder":
@@ -63,7 +66,7 @@ class Holder:
         """The holder a lock file records; None when it is empty or not a record (a holder still writing it)."""
         try:
             doc = json.loads(text)
-            return cls(int(doc["pid"]), str(doc["host"]), str(doc["command"]), str(doc["started"]))
+            return cls(int(doc["pid"]), str(doc["host"]), str(doc["command"]), str(doc["started"]), int(doc.get("via", 0)))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -71,8 +74,21 @@ class Holder:
         return json.dumps(asdict(self)) + "\n"
 
     def describe(self) -> str:
-        """``pid 4242 on host-a (`fedcache grid ...`, started 2025-01-01T10:00:00+00:00, 3 min ago)``"""
-        return f"pid {self.pid} on {self.host} (`{self.command}`, started {self.started}{_ago(self.started)})"
+        """``pid 4242 on host-a (`fedcache grid ...`, started 2025-01-01T10:00:00+00:00, 3 min ago)``; the process
+        holding it for a command that is gone, as working for that command."""
+        started = f"started {self.started}{_ago(self.started)}"
+        if self.to_stop != self.pid:
+            return f"pid {self.via} on {self.host} (working for `{self.command}`, pid {self.pid}, which is gone; {started})"
+        return f"pid {self.pid} on {self.host} (`{self.command}`, {started})"
+
+    @property
+    def to_stop(self) -> int:
+        """The pid to stop: the command's, or the process holding it for the command once that is gone."""
+        return self.via if self.via and not _may_run(self.host, self.pid) else self.pid
+
+    def for_me(self) -> "Holder":
+        """This record as held by this process for its command (``via``)."""
+        return self if self.pid == os.getpid() else replace(self, via=os.getpid())
 
 
 # Options whose value is a credential: Flower starts each flwr-serverapp with --token, its key to the SuperLink. The
@@ -122,7 +138,7 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "cho
     made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
     _make(directory)
     try:
-        mine = holder or Holder.me()
+        mine = holder.for_me() if holder else Holder.me()
         with _nested(key) if _held_here(key) else _locked(directory, key, what, wait, advice, resumes, mine):
             yield
     finally:
@@ -191,7 +207,7 @@ def busy(path: Path, what: str, advice: str, wait: float = 0.0, resumes: str = R
     holder = _settled_holder(path)
     who = holder.describe() if holder else "another process (it is starting)"
     waited = f" (waited {wait:g} s)" if wait else ""
-    stop = f"stop it (kill {holder.pid}: finished work is kept and {resumes})" if holder else "stop it"
+    stop = f"stop it (kill {holder.to_stop}: finished work is kept and {resumes})" if holder else "stop it"
     return DirectoryBusyError(f"{what} is in use by another fedcache command{waited}: {who}; wait for it to finish, "
                               f"{stop}, or {advice}")
 
@@ -208,11 +224,15 @@ def _settled_holder(path: Path, settle: float = 1.0) -> Holder | None:
 
 
 def may_run(holder: Holder) -> bool:
-    """False only for a holder on this host whose process is gone."""
-    if holder.host != socket.gethostname():
+    """False only for a holder on this host whose process is gone (and the process holding it for it, if any)."""
+    return _may_run(holder.host, holder.pid) or bool(holder.via) and _may_run(holder.host, holder.via)
+
+
+def _may_run(host: str, pid: int) -> bool:
+    if host != socket.gethostname():
         return True
     try:
-        os.kill(holder.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:

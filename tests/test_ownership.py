@@ -3,6 +3,7 @@ queues behind it; a lock file a killed holder left is taken over and said; the f
 go, and no two holders ever overlap, even as files are removed and made again."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -179,10 +180,27 @@ def test_a_process_holding_for_the_command_that_started_it_is_named_as_that_comm
     user = Holder(os.getppid(), socket.gethostname(), "fedcache train --engine flower-sim -o runs/x", "2026-01-01T00:00:00+00:00")
     monkeypatch.setattr(sys, "argv", ["/venv/lib/fedcache/flower/sim.py", "/tmp/call/request.json", "/tmp/call/answer.json"])
     with hold(tmp_path, "the run directory x", holder=user):
-        assert Holder.parse((tmp_path / LOCK).read_text()) == user
+        assert Holder.parse((tmp_path / LOCK).read_text()) == dataclasses.replace(user, via=os.getpid())
         text = str(busy(tmp_path / LOCK, "the run directory x", "choose another --out"))
     assert f"pid {user.pid} on {user.host} (`fedcache train --engine flower-sim -o runs/x`" in text
     assert f"kill {user.pid}:" in text and "sim.py" not in text
+
+
+def test_a_process_holding_for_a_command_killed_outright_is_named_itself(tmp_path):
+    """flower-sim's child holds --out for its caller; a caller killed outright (SIGKILL) leaves the child ending for
+    up to half a minute, and a refused command named the caller, a pid that was gone ('kill' it: nothing to kill)."""
+    from fedcache.ownership import busy
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process
+    user = Holder(gone.pid, socket.gethostname(), "fedcache train --engine flower-sim -o runs/x", "2026-01-01T00:00:00+00:00")
+    with hold(tmp_path, "the run directory x", holder=user):
+        start = time.monotonic()
+        text = str(busy(tmp_path / LOCK, "the run directory x", "choose another --out"))
+        assert time.monotonic() - start < 0.5  # a live holder: not waited for as one still writing its record
+    assert (f"in use by another fedcache command: pid {os.getpid()} on {user.host} (working for `fedcache train "
+            f"--engine flower-sim -o runs/x`, pid {gone.pid}, which is gone; started ") in text
+    assert f"kill {os.getpid()}:" in text and "\n" not in text
 
 
 def test_a_lock_on_a_file_its_holder_removed_is_no_lock(tmp_path, monkeypatch):
