@@ -108,9 +108,9 @@ class FakeDisk:
         real_open, real_write, real_pwrite, real_free = os.open, os.write, os.pwrite, disk.free_bytes
         real_write_array = np.lib.format.write_array
 
-        def fake_open(path, flags, mode=0o777, **kw):
-            fd = real_open(path, flags, mode, **kw)
-            self.paths[fd] = Path(os.path.abspath(path))
+        def fake_open(path, flags, mode=0o777, *, dir_fd=None):
+            fd = real_open(path, flags, mode, dir_fd=dir_fd)
+            self.paths[fd] = Path(opened_path(path, dir_fd))
             return fd
 
         def take(fd: int, n: int) -> int:
@@ -271,6 +271,21 @@ def held_by_another_thread(lock, for_seconds: float = 0.5):
         thread.join()
 
 
+def opened_path(path, dir_fd: int | None = None) -> str:
+    """The absolute path ``os.open(path, ..., dir_fd=dir_fd)`` opens: a relative path is relative to the folder
+    ``dir_fd`` is open on where given (shutil.rmtree opens so), not to the working directory."""
+    path = os.fsdecode(path)
+    if dir_fd is None or os.path.isabs(path):
+        return os.path.abspath(path)
+    import fcntl
+
+    if hasattr(fcntl, "F_GETPATH"):  # macOS: no /proc
+        folder = os.fsdecode(fcntl.fcntl(dir_fd, fcntl.F_GETPATH, bytes(1024)).rstrip(b"\0"))
+    else:
+        folder = os.readlink(f"/proc/self/fd/{dir_fd}")
+    return os.path.normpath(os.path.join(folder, path))
+
+
 def deny_writes_in(monkeypatch, folder: Path) -> None:
     """Files and folders below ``folder`` refuse writes as another user's do (EACCES), where this process is root
     (a real chmod does it otherwise): opening to write, and making a folder."""
@@ -279,21 +294,21 @@ def deny_writes_in(monkeypatch, folder: Path) -> None:
     real_open, real_mkdir, folder = os.open, os.mkdir, str(folder)
 
     def below(path) -> bool:
-        path = os.path.abspath(path)
         return path == folder or path.startswith(folder + os.sep)
 
     def refuse(path):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
-    def fake_open(path, flags, *args, **kwargs):
-        if below(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+    def fake_open(path, flags, mode=0o777, *, dir_fd=None):
+        if below(opened_path(path, dir_fd)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
             refuse(path)
-        return real_open(path, flags, *args, **kwargs)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
 
-    def fake_mkdir(path, *args, **kwargs):
-        if below(path) and not os.path.isdir(path):
+    def fake_mkdir(path, mode=0o777, *, dir_fd=None):
+        where = opened_path(path, dir_fd)
+        if below(where) and not os.path.isdir(where):
             refuse(path)
-        return real_mkdir(path, *args, **kwargs)
+        return real_mkdir(path, mode, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "open", fake_open)
     monkeypatch.setattr(os, "mkdir", fake_mkdir)

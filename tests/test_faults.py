@@ -698,3 +698,37 @@ def test_a_partial_entry_whose_done_flags_this_user_cannot_read_is_named_so(refu
     assert code == 0 and row.endswith("unreadable (see `store verify`)"), listed
     assert checked == 1 and f"{PARTIAL} extracted/test/all tiny: unreadable (no permission to read {target})" in verified
     assert "1 entry not readable by this user" in summary and "damaged" not in listed + verified + summary, verified
+
+
+def test_the_faked_refusals_and_full_disk_see_a_path_opened_relative_to_a_folder(tmp_path, monkeypatch, fake_disk):
+    """``os.open(name, ..., dir_fd=fd)`` opens ``name`` in the folder ``fd`` is open on (shutil.rmtree opens so):
+    ``deny_writes_in`` and the faked full disk took ``name`` relative to the working directory, so a write there
+    was let through, and one in the working directory refused in its stead."""
+    import errno
+    import os
+
+    denied, full = tmp_path / "denied", tmp_path / "full"
+    denied.mkdir(), full.mkdir()
+    monkeypatch.chdir(tmp_path)
+    deny_writes_in(monkeypatch, denied)
+    fake_disk(full, 0)
+    at = os.open(denied, os.O_RDONLY)
+    try:
+        with pytest.raises(PermissionError):
+            os.open("made", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=at)
+        with pytest.raises(PermissionError):
+            os.mkdir("made", dir_fd=at)
+    finally:
+        os.close(at)
+    at = os.open(full, os.O_RDONLY)
+    try:
+        fd = os.open("file", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=at)
+    finally:
+        os.close(at)
+    try:
+        with pytest.raises(OSError) as exc:
+            os.write(fd, b"x")
+        assert exc.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    os.close(os.open(tmp_path / "denied-not", os.O_WRONLY | os.O_CREAT, 0o644))  # outside: written

@@ -275,27 +275,28 @@ def test_a_sigterm_between_cells_is_told_to_the_grid_not_raised(monkeypatch):
     from fedcache.grids import pool
 
     reader, writer = multiprocessing.Pipe(duplex=False)
-    monkeypatch.setattr(pool, "_report_to", writer)
-    monkeypatch.setattr(pool, "_stopping", False)
-    pool._exit_on_sigterm(signal.SIGTERM, None)
-    assert reader.poll(5) and reader.recv_bytes() == pool._SIGTERM
-    pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, as it stops its workers: already told
-    assert not reader.poll(0.1)
-    with pytest.raises(SystemExit):
-        pool._unless_stopping(print, "a cell it must not run")
-    cleaned = []
+    with reader, writer:  # closed when the test ends, passed or not: no pipe left to the interpreter's end
+        monkeypatch.setattr(pool, "_report_to", writer)
+        monkeypatch.setattr(pool, "_stopping", False)
+        pool._exit_on_sigterm(signal.SIGTERM, None)
+        assert reader.poll(5) and reader.recv_bytes() == pool._SIGTERM
+        pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, as it stops its workers: already told
+        assert not reader.poll(0.1)
+        with pytest.raises(SystemExit):
+            pool._unless_stopping(print, "a cell it must not run")
+        cleaned = []
 
-    def cell():
-        try:
-            pool._exit_on_sigterm(signal.SIGTERM, None)
-        finally:
-            pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, stopping its workers: the clean-up runs
-            cleaned.append(True)
+        def cell():
+            try:
+                pool._exit_on_sigterm(signal.SIGTERM, None)
+            finally:
+                pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, stopping its workers: the clean-up runs
+                cleaned.append(True)
 
-    monkeypatch.setattr(pool, "_stopping", False)
-    with pytest.raises(SystemExit):
-        pool._unless_stopping(cell)
-    assert cleaned and not reader.poll(0.1)
+        monkeypatch.setattr(pool, "_stopping", False)
+        with pytest.raises(SystemExit):
+            pool._unless_stopping(cell)
+        assert cleaned and not reader.poll(0.1)
 
 
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
