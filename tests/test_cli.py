@@ -144,6 +144,21 @@ def test_train_says_a_slow_data_read_before_its_rounds(capsys, toy_store, tmp_pa
     assert lines[1].startswith("fedavg rounds "), err
 
 
+def test_train_shows_its_rounds_before_the_first_is_done(capsys, toy_store, monkeypatch):
+    """The bar is drawn as the rounds start: drawn once the first was done, a long first round (seconds at a million
+    rows) was silent. A first round that fails shows it under "rounds 0/2"."""
+    from fedcache.errors import FedcacheError
+    from fedcache.federate import driver
+
+    def failing(runs, engine, states, rnd):
+        raise FedcacheError("the first round failed")
+
+    monkeypatch.setattr(driver, "_round", failing)
+    code, _, err = run(capsys, "train", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",
+                       "fedavg", "--clients", "2", "--rounds", "2")
+    assert code == 1 and err.splitlines() == ["fedavg rounds 0/2 (0%)", "error: the first round failed"], err
+
+
 def test_grid_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
     """No progress line before the error: a grid refused before its plan (here too many clients) trained nothing."""
     code, out, err = run(capsys, "grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",

@@ -225,4 +225,4 @@ def test_the_library_changes_no_thread_count(toy_store, tmp_path, threads_restor
     fedcache.grid(store=toy_store, dataset="test-toy", backbones="tiny-timm-random", methods=["fedavg"],
                   sweep={"partition": "domain", "rounds": 1}, seeds=[0], out=tmp_path / "g",
                   on_cell=lambda *_: during.append(torch.get_num_threads()))
-    assert during == [2, 2, 2] and torch.get_num_threads() == 2
+    assert during == [2, 2, 2, 2] and torch.get_num_threads() == 2  # on_round as the rounds start and after each

@@ -71,7 +71,7 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
 
     check_out(spec)  # a bad --out is reported before a progress bar is drawn
     with _rounds_progress() as progress:
-        def on_step(text: str) -> None:  # no task yet: the rounds' is drawn once the first has run
+        def on_step(text: str) -> None:  # no task yet: the rounds' is drawn as they start
             progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
 
         return run_train(spec, _rounds_bar(progress, spec), on_step=on_step).summary, ""
@@ -96,11 +96,9 @@ def _rounds_bar(progress, spec: RunSpec):
 
     def on_round(done: int, total: int, line: dict | None) -> None:
         nonlocal task
-        if task is None:  # drawn once the run starts: one that cannot (no store, no features) is its error alone
-            # A resumed run's first call, where its checkpoint is (a round without evaluation has no line too).
-            start = done if line is None and spec.engine.resume else 0
-            resumed = f" (resumed after round {start})" if start else ""
-            task = progress.add_task(f"{spec.method.name} rounds{resumed}", total=total, completed=start, acc="")
+        if task is None:  # drawn as the rounds start: a run that cannot (no store, no features) is its error alone
+            resumed = f" (resumed after round {done})" if done else ""  # the first call is at the checkpoint
+            task = progress.add_task(f"{spec.method.name} rounds{resumed}", total=total, completed=done, acc="")
         acc = f"acc {line['accuracy']:.1f}%" if line else ""
         progress.update(task, completed=done, acc=acc)
 

@@ -113,7 +113,9 @@ class Engine:
         pass
 
 
-RoundCallback = Callable[[int, int, list], None]  # (rounds done, rounds, each federation's metrics line or None)
+# (rounds done, rounds, each federation's metrics line or None): called as the rounds start (every line None,
+# done the rounds a resumed run had done), then after each round.
+RoundCallback = Callable[[int, int, list], None]
 
 
 def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = None, resume: bool = False,
@@ -135,7 +137,7 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     rounds = runs[0].schedule.rounds
     last = rounds if stop_after is None else _stop_round(stop_after, states[0].rnd, rounds)
     engine.start(states)
-    if on_round and states[0].rnd:  # resumed: progress starts where the checkpoint is, not at 0
+    if on_round:  # progress shown as the rounds start (at a resumed run's checkpoint), not once the first is done
         on_round(states[0].rnd, rounds, [None] * len(runs))
     start, before = time.perf_counter(), [s.seconds for s in states]
     for rnd in range(states[0].rnd, last):

@@ -20,7 +20,8 @@ from fedcache.federate.rundir import RunDir
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
 
-OnRound = Callable[[int, int, "dict | None"], None]  # (rounds done, rounds, the run's metrics line or None)
+# (rounds done, rounds, the run's metrics line or None): as the rounds start (line None), then after each round.
+OnRound = Callable[[int, int, "dict | None"], None]
 
 
 @dataclass

@@ -59,6 +59,14 @@ def test_a_client_trains_the_same_whether_every_client_or_a_fraction_trains(name
     assert changed("bn.running_mean") == changed("bn.running_var") == sampled
 
 
+def test_progress_is_said_as_the_rounds_start(data):
+    """Before the first round too (done 0, no line): a command's bar showed nothing through a long first round."""
+    calls = []
+    run(make("fedavg", data), RunConfig(rounds=3, eval_every=2),
+        on_round=lambda done, total, line: calls.append((done, total, line is None)))
+    assert calls == [(0, 3, True), (1, 3, True), (2, 3, False), (3, 3, False)]
+
+
 def test_same_seed_same_numbers_other_seed_differs(data):
     a = run(make("solo", data, seed=3), RunConfig(rounds=2)).summary
     b = run(make("solo", data, seed=3), RunConfig(rounds=2)).summary
