@@ -117,15 +117,20 @@ class PlainProgress:
     def line(self, task: _Task, now: float) -> str:
         extra = " ".join(str(v) for v in task.fields.values() if v)
         if not task.total:
-            count = f"{task.completed:g} done" if task.completed else "started"
+            count = f"{_number(task.completed)} done" if task.completed else "started"
             return " ".join(filter(None, [task.description, count, extra]))
         elapsed = now - task.start
-        parts = [task.description, f"{task.completed:g}/{task.total:g} ({100 * task.completed / task.total:.0f}%)"]
+        parts = [task.description, f"{_number(task.completed)}/{_number(task.total)} ({100 * task.completed / task.total:.0f}%)"]
         if task.first < task.completed < task.total and elapsed > 0:
             parts.append(f"ETA {_duration(elapsed * (task.total - task.completed) / (task.completed - task.first))}")
         elif task.completed >= task.total:
             parts.append(f"in {_duration(elapsed)}")
         return " ".join(parts + ([extra] if extra else []))
+
+
+def _number(x: float) -> str:
+    """A count in full (``1100000``, where ``:g`` wrote an import's rows as ``1.1e+06``)."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
 
 
 def _duration(seconds: float) -> str:

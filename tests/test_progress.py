@@ -50,6 +50,15 @@ def test_a_total_learned_later_is_used():
     assert out.getvalue().splitlines() == ["grid started", "grid 1/4 (25%) ETA 30s fedavg seed 0: 60.0%"]
 
 
+def test_counts_of_millions_are_written_in_full():
+    """An import's rows: ``:g`` wrote 1,100,000 as ``1.1e+06``."""
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock)
+    task = progress.add_task("rows written", total=1_100_000)
+    progress.update(task, completed=1_100_000)
+    assert out.getvalue().splitlines() == ["rows written 0/1100000 (0%)", "rows written 1100000/1100000 (100%) in 0s"]
+
+
 def test_a_task_resumed_part_way_starts_there_and_estimates_from_its_own_rate():
     """A resumed run: 60 of 100 done before it started, 10 s for the next 10: 30 s left (not 10 s / 70 items)."""
     out, clock = io.StringIO(), Clock()

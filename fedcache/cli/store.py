@@ -7,9 +7,10 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, console, err, print_table
+from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table
 from fedcache.errors import ConfigError, UnreadableEntryError
 from fedcache.wording import count
 
@@ -198,9 +199,7 @@ def store_import(
     store: Path = StoreOpt,
 ) -> None:
     """Bring your own embeddings: import them as normal store entries."""
-    from fedcache.store.interchange import import_file
-
-    done = import_file(store, file, dataset, backbone, split)
+    done = _import_with_progress(store, file, dataset, backbone, split)
     named, ids = f"as dataset {dataset!r}, backbone {backbone!r}", done.ids
     if done.written:
         console.print(f"imported {count(len(ids), 'entry', 'entries')} {named}")
@@ -215,3 +214,23 @@ def store_import(
         console.print(f"{count(len(superseded), 'other entry', 'other entries')} {named} "
                       f"{'is' if len(superseded) == 1 else 'are'} now stale; "
                       f"`fedcache store rm --stale --store {store}` deletes them", soft_wrap=True)
+
+
+def _import_with_progress(store: Path, file: Path, dataset: str, backbone: str, split: Optional[str]):
+    """The import under a bar over the rows written, drawn once the file is checked: a file refused is its error
+    alone. A check that took a while is said above it (a million rows take seconds to check, and to write)."""
+    from fedcache.store.interchange import import_file
+
+    with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as progress:
+        task = None
+
+        def on_rows(done: int, total: int) -> None:
+            nonlocal task
+            if task is None:
+                task = progress.add_task("rows written", total=total)
+            progress.update(task, completed=done)
+
+        def on_step(text: str) -> None:
+            progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+        return import_file(store, file, dataset, backbone, split, on_step=on_step, on_rows=on_rows)

@@ -344,3 +344,36 @@ def test_an_export_is_refused_while_an_import_writes_its_splits(store_path, tmp_
     assert "is being written by another process: pid" in capsys.readouterr().err
     assert not (tmp_path / "out.npz").exists()
     assert main(export) == 0 and (tmp_path / "out.npz").exists()
+
+
+def test_an_import_says_its_rows_as_it_writes_them(store_path, tmp_path):
+    """A million rows took seconds to write without a word: ``on_rows(done, total)`` as the writing starts and after
+    each chunk, across the file's entries."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "three.npz"
+    np.savez(path, train__features=rng.normal(size=(30, 4)).astype(np.float32), train__labels=rng.integers(0, 3, 30),
+             train__domains=np.arange(30) // 10, domains=np.array('["a", "b", "c"]'))
+    calls = []
+    import_file(FeatureStore(store_path), path, "mine", "enc", on_rows=lambda done, total: calls.append((done, total)))
+    assert calls == [(0, 30), (10, 30), (20, 30), (30, 30)]
+
+
+def test_the_import_command_says_a_slow_check_and_its_rows(store_path, tmp_path, capsys, monkeypatch):
+    """The check said where it took ``progress.SLOW_STEP`` seconds or more (0 here), then the rows written; a file
+    refused is its error alone."""
+    import re
+
+    from fedcache import progress
+    from fedcache.cli import main
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)
+    path = _npz(tmp_path / "a.npz", 0)
+    assert main(["store", "import", str(path), "--store", str(store_path), "-d", "mine", "-b", "enc"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(rf"{re.escape(str(path))} checked in \d+\.\d s: 20 rows of 4 features in 1 split \(train\)", lines[0])
+    assert lines[1:] == ["rows written 0/20 (0%)", "rows written 20/20 (100%) in 0s"], lines
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, features=np.zeros((3, 2)))
+    assert main(["store", "import", str(bad), "--store", str(store_path), "-d", "mine", "-b", "enc"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1, err
