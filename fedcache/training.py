@@ -130,11 +130,7 @@ def prepare(spec: RunSpec, tables: Tables | None = None, on_step: StepCallback |
     the store, where that took a while (``progress.said_step``)."""
     cls = method_class(spec.method.name)
     warn_unused_options(spec, cls)
-    t0 = time.perf_counter()
-    data, part_info = load_data(spec, tables, views=cls.uses_views)
-    if tables is None:  # read from the store here, not shared by a grid
-        seconds = time.perf_counter() - t0
-        said_step(log, on_step, _data_text(spec, data, part_info, seconds), seconds)
+    data, part_info = load_data(spec, tables, views=cls.uses_views, on_step=on_step)
     device = torch.get_default_device()
     method = instantiate(spec, data.to(device))
     return method, run_config(spec, part_info, data, device)
@@ -194,8 +190,19 @@ def warn_unused_options(spec: RunSpec, cls) -> None:
         log.warning("%s trains nothing with an optimizer: %s not used", spec.method.name, ", ".join(unused))
 
 
-def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False) -> tuple[FederatedData, dict]:
-    """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy)."""
+def load_data(spec: RunSpec, tables: Tables | None = None, views: bool = False,
+              on_step: StepCallback | None = None) -> tuple[FederatedData, dict]:
+    """``tables``: the fused (train, test) features already in memory (a grid shares one memory-mapped copy).
+    ``on_step``: the data read from the store and partitioned, where that took a while (``progress.said_step``)."""
+    t0 = time.perf_counter()
+    data, info = _load_data(spec, tables, views)
+    if tables is None:  # read from the store here, not shared by a grid
+        seconds = time.perf_counter() - t0
+        said_step(log, on_step, _data_text(spec, data, info, seconds), seconds)
+    return data, info
+
+
+def _load_data(spec: RunSpec, tables: Tables | None, views: bool) -> tuple[FederatedData, dict]:
     d, validation = spec.data, spec.schedule.validation
     store = FeatureStore(d.store, create=False)
     train_t, test_t = tables or load_splits(store, d.dataset, list(d.backbones))

@@ -159,6 +159,23 @@ def test_train_shows_its_rounds_before_the_first_is_done(capsys, toy_store, monk
     assert code == 1 and err.splitlines() == ["fedavg rounds 0/2 (0%)", "error: the first round failed"], err
 
 
+def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_path, monkeypatch):
+    """A million rows read and partitioned took seconds without a word: said on stderr where it took
+    ``progress.SLOW_STEP`` seconds or more (0 here), the command's own line on stdout; a partition that cannot be
+    made is its error alone."""
+    from fedcache import progress
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)
+    data = ("--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random")
+    code, out, err = run(capsys, "partition", *data, "--partition", "dirichlet", "--clients", "3")
+    assert code == 0 and out.startswith("partition ") and re.fullmatch(
+        rf"data ready in \d+\.\d s: 84 rows \([\d.]+ kB\) of test-toy on tiny-timm-random read from "
+        rf"{re.escape(str(toy_store))}, partition [0-9a-f]+", err.strip()), (out, err)
+    code, out, err = run(capsys, "partition", "--store", str(tmp_path / "none.zarr"), "-d", "test-toy", "-b",
+                         "tiny-timm-random")
+    assert code == 1 and not out and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
+
+
 def test_grid_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
     """No progress line before the error: a grid refused before its plan (here too many clients) trained nothing."""
     code, out, err = run(capsys, "grid", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console,
+from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
                                  given_on_command_line, print_table)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
@@ -139,7 +139,7 @@ def partition(plot: Optional[Path] = None, **given) -> None:
     refuse_unread_options(spec, given_on_command_line(given))
     if plot is not None:  # before the partition is made, not after
         writable_file(Path(f"{plot}-bubbles.png"), "--plot")
-    data, info = load_data(spec)
+    data, info = load_data(spec, on_step=_said)  # reading a million rows and partitioning them takes seconds
     sizes, tests = data.sizes(), [len(r) for r in data.client_test]
     console.print(f"partition [bold]{info['partition_id']}[/] ({_scheme_line(info['effective'])}, {len(sizes)} clients): train sizes "
                   f"{sizes.min()}-{sizes.max()} (total {sizes.sum()}), local test sizes {min(tests)}-{max(tests)}")
@@ -156,6 +156,10 @@ _signed(partition, _spec_params(PARTITION_OPTIONS, backbones="Any extracted back
                                seed="Partition seed (use the run's --seed).")
         + [inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                              default=typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."))])
+
+
+def _said(text: str) -> None:  # beside progress, not in the command's output
+    err.print(text, soft_wrap=True, highlight=False, markup=False)
 
 
 def shard(out: Path, **given) -> None:
