@@ -1,5 +1,6 @@
 """The command line: exit codes, one-line errors, listings, and the store subcommands."""
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -174,6 +175,23 @@ def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_
     code, out, err = run(capsys, "partition", "--store", str(tmp_path / "none.zarr"), "-d", "test-toy", "-b",
                          "tiny-timm-random")
     assert code == 1 and not out and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_slow_import_is_said_while_it_runs(capsys, monkeypatch):
+    """torch's import, 2.5 to 8 s on a busy machine before a grid's first line: said once it has taken
+    ``progress.SLOW_STEP`` seconds, before what follows it; a fast one says nothing."""
+    import time
+
+    from fedcache import progress
+    from fedcache.cli.common import said_while_slow
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.05)
+    with said_while_slow("loading torch ..."):
+        time.sleep(1)
+    print("after", file=sys.stderr)
+    with said_while_slow("loading torch ..."):
+        pass
+    assert capsys.readouterr().err.splitlines() == ["loading torch ...", "after"]
 
 
 def test_grid_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):

@@ -3,9 +3,16 @@ specification, comma lists and progress display. Nothing here registers a comman
 does), so every command module can import it without a cycle."""
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
+import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import ModuleType
 from typing import List, Optional
 
 import typer
@@ -16,6 +23,7 @@ from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from fedcache import progress as steps
 from fedcache.progress import PlainProgress
 from fedcache.config import Option
 from fedcache.paths import STORE_HELP, default_store
@@ -202,3 +210,34 @@ def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
         return PlainProgress(err)
     columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn())
     return Progress(*columns, console=err)
+
+
+def import_with_torch(module: str) -> ModuleType:
+    """``module``, which imports torch, imported, said on stderr while that takes ``progress.SLOW_STEP`` seconds or
+    more: torch's import took 2.5 to 8 s on a busy machine, the silence before a grid's or a run's first line."""
+    if module in sys.modules:  # no wait (a command called from Python, a test)
+        return sys.modules[module]
+    t0 = time.perf_counter()
+    with said_while_slow("loading torch ..."):
+        loaded = importlib.import_module(module)
+    logging.getLogger("fedcache.cli").info("%s and torch imported in %.1f s", module, time.perf_counter() - t0)
+    return loaded
+
+
+@contextlib.contextmanager
+def said_while_slow(text: str) -> Iterator[None]:
+    """``text`` on stderr once the block has run ``progress.SLOW_STEP`` seconds, while it still runs (a step said
+    after it is done leaves the wait silent); a fast block prints nothing. Said before anything after the block."""
+    done = threading.Event()
+
+    def say() -> None:
+        if not done.wait(steps.SLOW_STEP):
+            err.print(text, highlight=False, markup=False)
+
+    sayer = threading.Thread(target=say, name="fedcache-said-while-slow", daemon=True)
+    sayer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sayer.join()

@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, print_table, typer_option
+from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, import_with_torch,
+                                 print_table, typer_option)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.extract.config import options as extract_options
 from fedcache.spec import grid_options, options
@@ -36,6 +37,7 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv and table.md.
 
     `train`'s options are accepted under the same names (not --resume, --overwrite, --track-dir or --engine: a grid resumes by itself and has its own --engine); v1,v2,... makes one an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
+    import_with_torch("fedcache.grids")  # which the grid's spec is made by
     spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options)
     t0 = time.perf_counter()
     _check_device(spec)

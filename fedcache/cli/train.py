@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
-                                 given_on_command_line, print_table)
+                                 given_on_command_line, import_with_torch, print_table)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import RunSpec, options, refuse_unread_options
@@ -54,11 +54,10 @@ def demo(
 
 def train(threads: int | None = None, **given) -> None:
     """Federated rounds on cached features."""
-    from fedcache.training import check_not_a_cell
-
     spec = RunSpec.of(**given)
     refuse_unread_options(spec, given_on_command_line(given))
-    check_not_a_cell(spec.engine.out)
+    training = import_with_torch("fedcache.training")
+    training.check_not_a_cell(spec.engine.out)
     with threads_for(threads):
         summary, how = ENGINES[spec.engine.name](spec)
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
@@ -133,13 +132,12 @@ def _scheme_line(effective: dict) -> str:
 
 def partition(plot: Optional[Path] = None, **given) -> None:
     """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
-    from fedcache.training import load_data
-
     spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
     refuse_unread_options(spec, given_on_command_line(given))
     if plot is not None:  # before the partition is made, not after
         writable_file(Path(f"{plot}-bubbles.png"), "--plot")
-    data, info = load_data(spec, on_step=_said)  # reading a million rows and partitioning them takes seconds
+    training = import_with_torch("fedcache.training")
+    data, info = training.load_data(spec, on_step=_said)  # reading a million rows and partitioning them takes seconds
     sizes, tests = data.sizes(), [len(r) for r in data.client_test]
     console.print(f"partition [bold]{info['partition_id']}[/] ({_scheme_line(info['effective'])}, {len(sizes)} clients): train sizes "
                   f"{sizes.min()}-{sizes.max()} (total {sizes.sum()}), local test sizes {min(tests)}-{max(tests)}")

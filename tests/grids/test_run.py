@@ -191,6 +191,8 @@ def test_a_slow_step_goes_to_a_log_file(toy_store, tmp_path):
     lines = log.read_text().splitlines()
     said = next(line for line in lines if line.startswith("shared features ready in "))
     assert f"INFO fedcache.grids.run: {said}" in lines
+    # torch's import (seconds under load) said while it runs, before the grid's first line
+    assert lines.index("loading torch ...") < lines.index(said), lines
     assert any(line.startswith("partitions ready in ") for line in lines)
 
 
