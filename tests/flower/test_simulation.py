@@ -96,11 +96,12 @@ def test_flower_sim_resume_continues_the_run_in_out(flower_store, tmp_path):
     out, calls = tmp_path / "sim", []
     record = lambda done, total, line: calls.append((done, total, line and line["round"]))
     first = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out), cpus=1, on_round=record)
-    # One call per round, in order, with the round's metrics line, as fedcache.train's on_round gets them.
-    assert calls == [(1, 2, 1), (2, 2, 2)]
+    # One call as the rounds start, then one per round, in order, with the round's metrics line, as
+    # fedcache.train's on_round gets them.
+    assert calls == [(0, 2, None), (1, 2, 1), (2, 2, 2)]
     again = train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, out=out, resume=True), cpus=1,
                              on_round=record)
-    assert calls[2:] == [(2, 2, None)]  # resumed where its checkpoint is: nothing left to run
+    assert calls[3:] == [(2, 2, None)]  # resumed where its checkpoint is: nothing left to run
     drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
     assert drop(again) == drop(first) and len((out / "metrics.jsonl").read_text().splitlines()) == 2
     with pytest.raises(FedcacheError, match="other settings"):  # the rounds are part of the run's settings
