@@ -88,14 +88,14 @@ def test_the_flower_engine_gives_the_in_process_numbers(flower_store, shards, tm
 
 
 def test_the_flower_engine_reports_each_round_as_the_in_process_engine_does(flower_store, shards, tmp_path):
-    """on_round(done, total, line): once per round in order, the round's metrics line where it was evaluated;
-    a resumed run's first call is where its checkpoint is, with no line."""
+    """on_round(done, total, line): once as the rounds start (done 0, no line), then once per round in order, the
+    round's metrics line where it was evaluated; a resumed run's first call is where its checkpoint is, with no line."""
     calls = {"flower": [], "in-process": [], "resumed": []}
     record = lambda name: lambda done, total, line: calls[name].append((done, total, line and round(line["accuracy"], 2)))
     _serve(shards, tmp_path / "flower", _run(fraction=1.0, rounds=3, eval_every=2), on_round=record("flower"))
     train(toy_config(flower_store, eval_every=2), record("in-process"))
-    assert [(d, t) for d, t, _ in calls["flower"]] == [(1, 3), (2, 3), (3, 3)]
-    assert [acc is None for *_, acc in calls["flower"]] == [True, False, False]
+    assert [(d, t) for d, t, _ in calls["flower"]] == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert [acc is None for *_, acc in calls["flower"]] == [True, True, False, False]
     assert calls["flower"] == calls["in-process"]
     with pytest.raises(Interrupted):
         _serve(shards, tmp_path / "part", _run(), stop_before=3)
