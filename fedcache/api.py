@@ -29,6 +29,7 @@ from typing import Any
 
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.paths import denied_error, is_denied
+from fedcache.progress import check_callback
 from fedcache.table import Table
 from fedcache.wording import count
 
@@ -60,22 +61,6 @@ def _names(value: str | Iterable[str] | None, what: str = "backbones") -> list[s
     if names is None or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{what}={value!r}: give a name, comma-separated names (\"a,b\") or a list of names")
     return names
-
-
-def _check_callback(name: str, callback: Callable | None, *arguments: str) -> None:
-    """A callback that cannot take what fedcache passes would fail only once a round or a cell has trained and
-    written its folder (a retry then finds a run there), so it is checked before anything runs."""
-    if callback is None:
-        return
-    call = f"{name}({', '.join(arguments)})"
-    if not callable(callback):
-        raise ConfigError(f"{name}={callback!r} is not a function; give one that fedcache calls as {call}")
-    try:
-        inspect.signature(callback).bind(*arguments)
-    except TypeError as exc:
-        raise ConfigError(f"{name}: fedcache calls it as {call}, which {callback!r} cannot take ({exc})") from None
-    except ValueError:  # no signature to read (some builtins): it is called as it is
-        pass
 
 
 def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
@@ -187,7 +172,7 @@ def train(store: str | Path, dataset: str, backbones: str | Iterable[str], metho
     from fedcache.spec import RunSpec, refuse_unread_options
 
     _refuse_settings_as_options(options)
-    _check_callback("on_round", on_round, "done", "total", "line")
+    check_callback("on_round", on_round, "done", "total", "line")
     spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
                       settings=_pairs(settings), **options)
     refuse_unread_options(spec, _chosen(options))
@@ -323,8 +308,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     """
     from fedcache.grids import run_grid
 
-    _check_callback("on_cell", on_cell, "done", "total", "row")
-    _check_callback("on_plan", on_plan, "text")
+    check_callback("on_cell", on_cell, "done", "total", "row")
+    check_callback("on_plan", on_plan, "text")
     spec = grid_spec(config, store=store, dataset=dataset, backbones=_listed(backbones), methods=_listed(methods),
                      sweep=sweep, seeds=_listed(seeds), out=out, jobs=jobs, select=_listed(select) or None,
                      track=_listed(track) or None,

@@ -5,16 +5,21 @@ hung. `PlainProgress` takes the calls the CLI makes on a rich `Progress` (`add_t
 `console`) and prints a line when a task starts, at every tenth of its total (at most one line per
 `min_interval` seconds), and when it finishes, with the rate and the remaining time.
 
-`said_step` is for the steps before a task starts (a grid reading its features): logged, and said where slow.
+`said_step` is for the steps before a task starts (a grid reading its features): logged, and said where slow;
+`said_now` for a step said as it starts, one slow whatever the data (Ray starting). `check_callback` refuses a
+progress callback that cannot take what it will be given.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from fedcache.errors import ConfigError
 
 if TYPE_CHECKING:  # rich's import draws from Python's random: the library's steps (said_step) must not import it
     from rich.console import Console
@@ -34,6 +39,31 @@ def said_step(logger: logging.Logger, on_step: StepCallback | None, text: str, s
     logger.info(text)
     if on_step is not None and seconds >= SLOW_STEP:
         on_step(text)
+
+
+def said_now(logger: logging.Logger, on_step: StepCallback | None, text: str) -> None:
+    """A step said as it starts, in the log (INFO) and to ``on_step``, where it is slow whatever the data (Ray
+    starting and shutting down take seconds on any run): ``said_step`` says a step once it is done, and only
+    where it was slow, which left a Flower simulation's command silent for its first half minute."""
+    logger.info(text)
+    if on_step is not None:
+        on_step(text)
+
+
+def check_callback(name: str, callback: Callable | None, *arguments: str) -> None:
+    """A callback that cannot take what fedcache passes would fail only once a round or a cell has trained and
+    written its folder (a retry then finds a run there), so it is checked before anything runs."""
+    if callback is None:
+        return
+    call = f"{name}({', '.join(arguments)})"
+    if not callable(callback):
+        raise ConfigError(f"{name}={callback!r} is not a function; give one that fedcache calls as {call}")
+    try:
+        inspect.signature(callback).bind(*arguments)
+    except TypeError as exc:
+        raise ConfigError(f"{name}: fedcache calls it as {call}, which {callback!r} cannot take ({exc})") from None
+    except ValueError:  # no signature to read (some builtins): it is called as it is
+        pass
 
 
 def log_to_stderr(level: str | int) -> None:

@@ -70,10 +70,7 @@ def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
 
     check_out(spec)  # a bad --out is reported before a progress bar is drawn
     with _rounds_progress() as progress:
-        def on_step(text: str) -> None:  # no task yet: the rounds' is drawn as they start
-            progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
-
-        return run_train(spec, _rounds_bar(progress, spec), on_step=on_step).summary, ""
+        return run_train(spec, _rounds_bar(progress, spec), on_step=_step_lines(progress)).summary, ""
 
 
 def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
@@ -82,11 +79,20 @@ def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
     # In a child process, as from Python: interrupted, Flower's simulation leaves threads behind that keep its
     # process from exiting; the child ends itself, and this command says how to go on.
     with _rounds_progress() as progress:
-        return train_flower_sim(spec, on_round=_rounds_bar(progress, spec)), " (Flower simulation)"
+        summary = train_flower_sim(spec, on_round=_rounds_bar(progress, spec), on_step=_step_lines(progress))
+    return summary, " (Flower simulation)"
 
 
 def _rounds_progress():
     return _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}"))
+
+
+def _step_lines(progress):
+    """Every engine's ``on_step``: the line above the rounds bar (or before it is drawn)."""
+    def on_step(text: str) -> None:
+        progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+    return on_step
 
 
 def _rounds_bar(progress, spec: RunSpec):

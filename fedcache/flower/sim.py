@@ -34,7 +34,7 @@ from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardInfo, ShardSpec, changed_since_cut, open_shard, write_shards
 from fedcache.ownership import Holder, on_orphaned
-from fedcache.progress import log_to_stderr
+from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_now
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
 
@@ -58,13 +58,18 @@ def flower_run(spec: RunSpec, shard_dir: Path, **extra) -> FlowerRun:
     return FlowerRun.from_spec(spec, shard_dir=str(shard_dir), **extra)
 
 
-def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound | None = None) -> dict:
+def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound | None = None,
+                     on_step: StepCallback | None = None) -> dict:
     """Shard into ``<out>/shards`` (a temporary directory without --out), simulate, return the summary; in a
     child process, which gets the spec as JSON and answers with the summary or the error as JSON.
     With --resume, the run in --out continues from its checkpoint on the shards already there.
-    ``on_round(done, total, line)``: called here as ``fedcache.train`` calls it, as the child reports each round."""
+    ``on_round(done, total, line)``: called here as ``fedcache.train`` calls it, as the child reports each round;
+    ``on_step(text)``: as Flower and Ray start, and once the rounds are done, as they shut down (seconds each:
+    the rounds of a small run take less); both logged at INFO too."""
     import torch
 
+    check_callback("on_round", on_round, "done", "total", "line")  # before the child starts, not at its first round
+    check_callback("on_step", on_step, "text")
     _refuse_unsupported(spec)
     check_not_a_cell(spec.engine.out)
     e = spec.engine
@@ -74,15 +79,15 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
-        rounds = Rounds(Path(tmp) / "rounds.jsonl", on_round) if on_round else None
-        ask["rounds"] = str(rounds.path) if rounds else None
+        progress = Progress(Path(tmp) / "progress.jsonl", on_round, on_step)
+        ask["progress"] = str(progress.path)
         disk.write_text(request, json.dumps(ask), "the Flower simulation's request")
         # Its own session: Ctrl-C reaches the caller only, which interrupts the child once (a second SIGINT would
         # break Flower's and Ray's shutdown half-way).
         child = subprocess.Popen([sys.executable, "-m", "fedcache.flower.sim", str(request), str(answer)],
                                  env={**os.environ, **SIM_ENV}, start_new_session=True)
         try:
-            code = _wait(child, rounds)
+            code = _wait(child, progress)
         finally:
             if child.poll() is None:  # interrupted here: the simulation must not outlive its caller
                 _interrupt(child)
@@ -95,48 +100,53 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
     return reply["summary"]
 
 
-class Rounds:
-    """The rounds the simulation has finished, as the child reports them (``report_rounds``): JSON lines appended
-    to a file in the call's own directory, each read once whole and passed to ``on_round``."""
+class Progress:
+    """The rounds the simulation has finished and the steps it is taking, as the child reports them
+    (``report_progress``): JSON lines appended to a file in the call's own directory, each read once whole and
+    passed to ``on_round``, or logged and passed to ``on_step``."""
 
-    def __init__(self, path: Path, on_round: OnRound) -> None:
-        self.path, self.on_round, self.read = path, on_round, 0
+    def __init__(self, path: Path, on_round: OnRound | None = None, on_step: StepCallback | None = None) -> None:
+        self.path, self.on_round, self.on_step, self.read = path, on_round, on_step, 0
 
     def poll(self) -> None:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.read)
                 new = f.read()
-        except FileNotFoundError:  # no round finished yet
+        except FileNotFoundError:  # nothing reported yet
             return
         whole = new.rfind(b"\n") + 1  # a line the child is still writing is read at the next poll
         self.read += whole
         for raw in new[:whole].splitlines():
             r = json.loads(raw)
-            self.on_round(r["done"], r["total"], r["line"])
+            if "step" in r:
+                said_now(log, self.on_step, r["step"])  # logged here: the child logs warnings only
+            elif self.on_round is not None:
+                self.on_round(r["done"], r["total"], r["line"])
 
 
-def report_rounds(path: Path) -> OnRound:
-    """The child's side of ``Rounds``: each round appended as one JSON line (never a pickle: plain data only)."""
+def report_progress(path: Path) -> tuple[OnRound, StepCallback]:
+    """The child's side of ``Progress``: (on_round, on_step), each call appended as one JSON line (never a
+    pickle: plain data only)."""
+    def report(record: dict) -> None:
+        disk.append(path, (json.dumps(record) + "\n").encode(), "the Flower simulation's progress")
+
     def on_round(done: int, total: int, line: dict | None) -> None:
-        text = json.dumps({"done": done, "total": total, "line": line}) + "\n"
-        disk.append(path, text.encode(), "the Flower simulation's progress")
+        report({"done": done, "total": total, "line": line})
 
-    return on_round
+    return on_round, lambda text: report({"step": text})
 
 
-def _wait(child: subprocess.Popen, rounds: Rounds | None, every: float = 0.2) -> int:
-    """The child's exit code, passing on the rounds it reports meanwhile (and those it reported just before it
-    ended)."""
-    if rounds is None:
-        return child.wait()
+def _wait(child: subprocess.Popen, progress: Progress, every: float = 0.2) -> int:
+    """The child's exit code, passing on the rounds and steps it reports meanwhile (and those it reported just
+    before it ended)."""
     while True:
         try:
             code = child.wait(every)
         except subprocess.TimeoutExpired:
-            rounds.poll()
+            progress.poll()
             continue
-        rounds.poll()
+        progress.poll()
         return code
 
 
@@ -164,10 +174,10 @@ def rebuilt(kind: str, message: str) -> FedcacheError:
 
 
 def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder | None = None,
-                          on_round: OnRound | None = None) -> dict:
+                          on_round: OnRound | None = None, on_step: StepCallback | None = None) -> dict:
     """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring).
     ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller).
-    ``on_round``: called from the ServerApp's thread."""
+    ``on_round``: called from the ServerApp's thread; ``on_step``: as ``simulate`` calls it."""
     _refuse_unsupported(spec)
     for k, v in SIM_ENV.items():
         os.environ.setdefault(k, v)
@@ -182,7 +192,7 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
             _fresh_start(base, shards, shard)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
         return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus,
-                        resume=e.resume, keep_checkpoints=e.keep_checkpoints, on_round=on_round)
+                        resume=e.resume, keep_checkpoints=e.keep_checkpoints, on_round=on_round, on_step=on_step)
 
 
 def _refuse_unsupported(spec: RunSpec) -> None:
@@ -248,8 +258,12 @@ def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,
-             resume: bool = False, keep_checkpoints: str = "last", on_round: OnRound | None = None) -> dict:
-    """Run ``run`` with ``n_clients`` virtual SuperNodes; returns the server's summary."""
+             resume: bool = False, keep_checkpoints: str = "last", on_round: OnRound | None = None,
+             on_step: StepCallback | None = None) -> dict:
+    """Run ``run`` with ``n_clients`` virtual SuperNodes; returns the server's summary. ``on_step``: told as Flower
+    and Ray start, and as they shut down once the rounds are done; each takes seconds, longer than the rounds of a
+    small run, and the caller's rounds bar showed nothing meanwhile, then sat at its end."""
+    said_now(log, on_step, f"starting Flower's simulation (Ray, {n_clients} virtual SuperNodes) ...")
     from flwr.app import Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
@@ -261,6 +275,7 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
 
     def main(grid, context) -> None:  # keeps the summary in this process
         summary.update(server.serve(grid, run, paths, resume, keep_checkpoints, on_round=on_round))
+        said_now(log, on_step, "rounds done; Flower and Ray shutting down ...")
 
     app = server.ServerApp()
     app.main()(main)
@@ -284,10 +299,10 @@ def _child(request: Path, answer: Path) -> int:
 
         torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
-    on_round = report_rounds(Path(ask["rounds"])) if ask.get("rounds") else None
+    on_round, on_step = report_progress(Path(ask["progress"]))
     try:
         reply = {"summary": train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""),
-                                                  on_round=on_round)}
+                                                  on_round=on_round, on_step=on_step)}
     except FedcacheError as err:
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:

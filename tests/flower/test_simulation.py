@@ -14,7 +14,7 @@ from fedcache.cli import main
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.training import train
 from fedcache.flower.server import SERVER_STATE
-from fedcache.flower.sim import Rounds, _wait, report_rounds, train_flower_sim
+from fedcache.flower.sim import Progress, _wait, report_progress, train_flower_sim
 
 from .conftest import BACKBONE, assert_same_run, toy_config
 
@@ -28,7 +28,12 @@ def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capsys)
     out_text, err = capsys.readouterr()
     assert code == 0 and "Flower simulation" in out_text
     # The rounds' progress, as the in-process engine draws it (plain lines where stderr is not a terminal).
-    assert "fedavg rounds 3/3 (100%)" in err and "acc " in err.splitlines()[-1], err
+    assert "fedavg rounds 3/3 (100%)" in err and "acc " in err, err
+    # Said as Ray starts, and as it shuts down after the last round: seconds each, which showed nothing.
+    lines = err.splitlines()
+    start = lines.index("starting Flower's simulation (Ray, 3 virtual SuperNodes) ...")
+    assert lines.index("rounds done; Flower and Ray shutting down ...") > lines.index(next(
+        l for l in lines if l.startswith("fedavg rounds 3/3"))) > start, err
     flower = json.loads((out / "summary.json").read_text())
     state = torch.load(out / SERVER_STATE, weights_only=True)
     assert_same_run(flower, state, train(toy_config(flower_store)))
@@ -58,8 +63,8 @@ def test_flower_sim_fedpcl_equals_in_process_and_leaves_the_callers_process_alon
 def test_the_rounds_the_child_reports_are_passed_on_whole_and_once(tmp_path):
     """The child appends a JSON line per round; the caller reads a line once it is whole, each line once, and
     those written just before the child ended."""
-    path, calls = tmp_path / "rounds.jsonl", []
-    rounds, report = Rounds(path, lambda *call: calls.append(call)), report_rounds(path)
+    path, calls = tmp_path / "progress.jsonl", []
+    rounds, (report, _) = Progress(path, lambda *call: calls.append(call)), report_progress(path)
     rounds.poll()  # no round yet: no file
     report(1, 3, None)
     report(2, 3, {"round": 2, "accuracy": float("nan")})
@@ -71,6 +76,39 @@ def test_the_rounds_the_child_reports_are_passed_on_whole_and_once(tmp_path):
         f.write('al": 3, "line": {"round": 3}}\n')
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     assert _wait(child, rounds, every=0.05) == 0 and calls[2:] == [(3, 3, {"round": 3})]
+
+
+def test_the_steps_the_child_reports_are_logged_and_said(tmp_path, caplog):
+    """Flower's and Ray's start and shutdown take seconds each (longer than a small run's rounds): the child
+    reports them as it reports rounds, and the caller logs them (the child logs warnings only) and passes them on,
+    with or without an on_round."""
+    path, steps = tmp_path / "progress.jsonl", []
+    report_round, report_step = report_progress(path)
+    report_step("starting")
+    report_round(1, 1, None)
+    report_step("shutting down")
+    caplog.set_level(logging.INFO, logger="fedcache.flower.sim")
+    Progress(path, on_step=steps.append).poll()
+    assert steps == ["starting", "shutting down"]
+    assert [r.getMessage() for r in caplog.records if r.name == "fedcache.flower.sim"] == steps
+    rounds, said = [], []
+    Progress(path, lambda *call: rounds.append(call), said.append).poll()
+    assert rounds == [(1, 1, None)] and said == steps
+
+
+@pytest.mark.parametrize("given", [dict(on_round=lambda done, total: None), dict(on_step=lambda: None),
+                                   dict(on_round="not a function")])
+def test_a_callback_that_cannot_take_its_arguments_is_refused_before_the_child_starts(flower_store, given,
+                                                                                       monkeypatch):
+    """As fedcache.train refuses it: called only as the child reports, it failed once Ray had started (and a
+    round had trained and written --out)."""
+    def started(*args, **kwargs):
+        raise AssertionError("the child was started")
+
+    monkeypatch.setattr(subprocess, "Popen", started)
+    name = next(iter(given))
+    with pytest.raises(ConfigError, match=f"^{name}"):
+        train_flower_sim(toy_config(flower_store), **given)
 
 
 def test_in_process_training_refuses_a_flower_spec(flower_store):
@@ -135,7 +173,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from tests.flower.conftest import toy_config
-from fedcache.flower.sim import Rounds, _wait, report_rounds, train_flower_sim
+from fedcache.flower.sim import train_flower_sim
 import tempfile
 tempfile.tempdir = sys.argv[4]  # killed outright, the caller cannot remove its temporary directory
 train_flower_sim(toy_config(Path(sys.argv[2]), rounds=100000, eval_every=1000, out=Path(sys.argv[3])), cpus=1)
