@@ -58,6 +58,8 @@ class Holder:
 
     @classmethod
     def me(cls) -> "Holder":
+        if _working_for is not None:
+            return _working_for.for_me()
         return cls(os.getpid(), socket.gethostname(), command_line(),
                    _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
@@ -89,6 +91,17 @@ class Holder:
     def for_me(self) -> "Holder":
         """This record as held by this process for its command (``via``)."""
         return self if self.pid == os.getpid() else replace(self, via=os.getpid())
+
+
+_working_for: Holder | None = None  # set in a grid's worker process (``work_for``)
+
+
+def work_for(holder: Holder) -> None:
+    """What this process locks from now on, it holds for ``holder``'s command (the one to stop; this process as
+    ``via``). For a grid's worker process only, which is the grid's own: a worker named itself, with the grid's
+    command line, so a cell it left locked when killed was blamed on a `fedcache grid` that had stopped cleanly."""
+    global _working_for
+    _working_for = holder
 
 
 # Options whose value is a credential: Flower starts each flwr-serverapp with --token, its key to the SuperLink. The
@@ -291,13 +304,22 @@ def _record(fd: int, path: Path, what: str, holder: Holder) -> None:
     """Say whose lock a killed command left behind, then write ours (``holder``)."""
     previous = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
     if previous is not None:
-        log.warning("%s was left locked by %s, which stopped without letting go (killed?); taking it over", what,
-                    previous.describe())
+        log.warning("%s was left locked by %s; taking it over", what, _left_by(previous))
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.to_text().encode(), 0)
     except OSError as exc:  # a full disk: the lock holds all the same, and the write that needs space says so
         log.debug("%s: the holder's record was not written (%s)", path, exc)
+
+
+def _left_by(previous: Holder) -> str:
+    if not previous.via:
+        return f"{previous.describe()}, which stopped without letting go (killed?)"
+    # A process holding it for a command lets go as it leaves, even when stopped; a grid being stopped kills the
+    # workers that do not stop in time (fedcache/grids/pool.py), which it says as it stops.
+    return (f"pid {previous.via}, working for pid {previous.pid} on {previous.host} (`{previous.command}`, started "
+            f"{previous.started}{_ago(previous.started)}), which ended without letting go (killed? a grid being "
+            "stopped kills the workers that do not stop in time)")
 
 
 def _let_go(fd: int, path: Path) -> None:

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from fedcache.errors import DirectoryBusyError
+from fedcache import ownership
 from fedcache.ownership import LOCK, Holder, check_free, hold
 from tests.faults import ROOT, held_elsewhere
 
@@ -87,6 +88,31 @@ def test_a_lock_a_killed_holder_left_is_taken_over_and_said(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "taking it over" in r.getMessage()]
     assert len(said) == 1 and f"pid {proc.pid}" in said[0] and "the run directory d was left locked" in said[0]
     assert not (tmp_path / "d" / LOCK).exists()
+
+
+def test_a_lock_a_killed_grid_worker_left_names_the_worker_and_its_grid(tmp_path, caplog):
+    """A grid stopping kills the workers still running after a grace; each leaves its cell's lock. The record
+    named the worker's pid with the grid's command line, and the re-run said that `fedcache grid` "stopped without
+    letting go (killed?)", of a grid that had stopped cleanly."""
+    grid = Holder(2**22 + 1, socket.gethostname(), "fedcache grid -o g", "2026-01-01T00:00:00+00:00")
+    (tmp_path / LOCK).write_text(Holder(**{**grid.__dict__, "via": 2**22 + 2}).to_text())
+    with caplog.at_level(logging.WARNING), hold(tmp_path, "the run directory c"):
+        pass
+    said = [r.getMessage() for r in caplog.records if "taking it over" in r.getMessage()]
+    assert len(said) == 1 and "stopped without letting go" not in said[0], said
+    assert said[0].startswith(f"the run directory c was left locked by pid {2**22 + 2}, working for pid {2**22 + 1} "
+                              f"on {socket.gethostname()} (`fedcache grid -o g`"), said
+    assert "a grid being stopped kills the workers that do not stop in time" in said[0]
+
+
+def test_a_process_working_for_another_holds_for_it(tmp_path, monkeypatch):
+    """A grid's worker holds its cells for the grid: a command refused there is told to stop the grid (the
+    process its user started), and the record still says which process took the lock."""
+    grid = Holder(os.getppid(), socket.gethostname(), "fedcache grid -o g", "2026-01-01T00:00:00+00:00")
+    monkeypatch.setattr(ownership, "_working_for", grid)
+    with hold(tmp_path, "c"):
+        held = Holder.parse((tmp_path / LOCK).read_text())
+    assert held == Holder(grid.pid, grid.host, grid.command, grid.started, via=os.getpid())
 
 
 def test_a_record_left_in_an_unlocked_file_is_taken_over(tmp_path, caplog):

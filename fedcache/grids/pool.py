@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -12,7 +13,11 @@ from concurrent.futures.process import BrokenProcessPool
 
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
-from fedcache.ownership import on_orphaned
+from fedcache.ownership import Holder, on_orphaned, work_for
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE = 5.0  # seconds a stopped worker has to leave before it is killed
 
 
 def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
@@ -26,7 +31,7 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     workers: set = set()
     with _sigterm_reports(ctx) as (report_to, sigterm):
         pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
-                                   initargs=(os.getpid(), report_to))
+                                   initargs=(os.getpid(), report_to, Holder.me().to_text()))
         try:
             # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
             # fixes this process's default start method (multiprocessing records it for the child): the caller's
@@ -155,20 +160,41 @@ def _put_back(signum: int, handler) -> None:
         raise
 
 
-def _stop(workers: set, grace: float = 5.0) -> None:
+def _stop(workers: set, grace: float | None = None) -> int:
+    """Stop ``workers`` (SIGTERM: each leaves as Python does), killing those still running after ``grace`` seconds
+    (``STOP_GRACE``), which is said; returns how many were killed."""
+    grace = STOP_GRACE if grace is None else grace
     for w in workers:
         w.terminate()
     deadline = time.monotonic() + grace
+    killed = 0
     for w in workers:
         w.join(max(0.0, deadline - time.monotonic()))
         if w.is_alive():
             w.kill()
+            killed += 1
+    _say_killed(killed, grace)
+    return killed
 
 
-def _init_worker(grid: int, report_to) -> None:
+def _say_killed(killed: int, grace: float) -> None:
+    """A killed worker leaves its cell's lock file (a re-run takes it over, naming the worker) and the semaphores
+    it registered with multiprocessing's resource tracker (numcodecs' Blosc lock), which the tracker removes as
+    the grid exits, warning of them as "leaked": said here first, since nothing else says why. Not suppressed:
+    only a process-wide warnings filter or PYTHONWARNINGS would reach the tracker, and the caller's process is
+    not the library's to change."""
+    if killed:
+        log.warning("%d grid worker%s did not stop within %g s and %s killed; a re-run resumes %s cells from their "
+                    "last checkpoints (Python may then warn of semaphores they leaked: it removes them as it exits)",
+                    killed, "s" if killed > 1 else "", grace, "were" if killed > 1 else "was",
+                    "their" if killed > 1 else "its")
+
+
+def _init_worker(grid: int, report_to, holder: str) -> None:
     global _report_to
     os.environ["OMP_NUM_THREADS"] = "1"
     _report_to = report_to
+    work_for(Holder.parse(holder))  # the cells it locks are held for the grid, the command to stop
     # The grid stops its workers with SIGTERM (``_stop``): a worker leaves as Python does (SystemExit in its cell;
     # between cells, on the pool's last message), so its cell's clean-up runs (its run directory's lock is let go)
     # and what it registered with multiprocessing's resource tracker is unregistered. Killed outright by the
