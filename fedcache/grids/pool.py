@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import wait
 
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
@@ -169,8 +170,9 @@ def _stop(workers: set, grace: float | None = None) -> int:
     deadline = time.monotonic() + grace
     killed = 0
     for w in workers:
-        w.join(max(0.0, deadline - time.monotonic()))
-        if w.is_alive():
+        # Ended is told by the sentinel, not is_alive(): the broken pool's own thread may be reaping the same worker,
+        # and is_alive() then said a dead one ran (a worker counted as killed that had stopped at once).
+        if not wait([w.sentinel], max(0.0, deadline - time.monotonic())):
             w.kill()
             killed += 1
     _say_killed(killed, grace)
