@@ -444,10 +444,13 @@ def test_a_worker_that_crashes_as_it_starts_is_not_taken_for_a_sigterm(tmp_path)
     import sys
     from pathlib import Path
 
+    # Three cells for two workers: ProcessPoolExecutor wakes its manager thread before it spawns a worker, so with
+    # as many cells as workers the last one's death can go unseen until another worker's result (here, 30 s on):
+    # the third submit wakes it after both exist (in 5 of 10 runs with two cells, none of 8 with three).
     code = ("import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import _one_crashes_then_init\n"
             "pool._init_worker = _one_crashes_then_init\n"
             "try:\n"
-            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],))])))\n"
+            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],)), (sorted, ([6, 5],))])))\n"
             "except Exception as e:\n"
             "    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
