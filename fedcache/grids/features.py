@@ -68,9 +68,11 @@ def features_bytes(rows: dict) -> int:
 
 
 def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:
-    """Finished cells were trained on the saved features: a re-extraction since then must not mix in."""
+    """Finished cells were trained on the saved features: a re-extraction since then must not mix in. Compared with
+    the entries a read takes now (``table_entries``), as the features were read, not with every entry ``find`` finds."""
     saved = {e for split in ("train", "test") for e in meta[split]["entry_ids"]}
-    current = {e.entry_id for split in ("train", "test") for b in spec.backbones for e in store.find(spec.dataset, split, b)}
+    current = {e.entry_id for split in ("train", "test") for b in spec.backbones
+               for e in store.table_entries(spec.dataset, split, b)}
     if saved != current:
         raise ConfigError(f"the store's features of {spec.dataset} changed since the grid in {spec.out} started "
                           "(re-extracted?); run the grid with another --out")
