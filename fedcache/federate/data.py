@@ -137,16 +137,26 @@ def _destinations(want: np.ndarray, have: np.ndarray, backbone: str, dataset: st
 
 def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: FeatureTable) -> np.ndarray | None:
     """The augmented training views (``extract --views K``) as (N, K, D), rows aligned with ``train``;
-    None when the store has none."""
+    None when the store has none. A view the store holds of some domains only is refused (the domains that lack it,
+    and the extraction that completes it), not left out: a method then said it found fewer views, or none."""
     views, v = [], 1
     while True:
         try:
             table = load_fused(store, dataset, backbones, "train", v)
         except EntryNotFoundError:
+            _check_whole(store, dataset, backbones, v)
             break
         views.append(table.features[row_positions(sample_keys(train), sample_keys(table), f"view {v}", dataset, "train")])
         v += 1
     return np.stack(views, 1) if views else None
+
+
+def _check_whole(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> None:
+    """Raise where a backbone holds training view ``view`` of some domains only (``extract --views K --domains``):
+    the domains that lack it, and the extraction that completes it (``FeatureStore.table_entries``)."""
+    held = {s[3] for s in store.current() if s[:2] == (dataset, "train") and s[4] == view}
+    for b in (b for b in backbones if b in held):
+        store.table_entries(dataset, "train", b, view)
 
 
 def row_positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray:

@@ -44,6 +44,11 @@ def missing_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], 
     where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
     if pending:
         return unfinished(path, infos, pending, where)
+    if view:  # `extract --views K --domains ...`: the plain extraction of the missing domains hinted makes no view
+        have = ",".join(e.key["domain"] for e in found)
+        return EntryNotFoundError(
+            f"augmented view {view} of the {split} features of {dataset} for {backbone} is of {have} only "
+            f"({','.join(missing)} lack it); complete it with `{views_hint(path, infos, found[0])}`")
     return EntryNotFoundError(f"the store has no {where}; run `{extract_hint(path, found[:1], missing)}`")
 
 

@@ -134,6 +134,27 @@ def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_fin
     assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 2, 96)
 
 
+def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store_path):
+    """Views extracted for one domain (`extract --views 1 --domains light`) were left out without a word: a method
+    training on views then said it found 0. The domains that lack the view are named, with the command that
+    completes it."""
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.federate.data import load_views
+
+    extract(cfg(store_path))
+    extract(cfg(store_path, splits=("train",), views=1, domains=("light",)))
+    store = FeatureStore(store_path)
+    train = store.read("test-toy", "train", "tiny-timm-random")
+    with pytest.raises(EntryNotFoundError) as partial:
+        load_views(store, "test-toy", ["tiny-timm-random"], train)
+    complete = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
+                "--views 1 --image-size 32")
+    assert str(partial.value) == ("augmented view 1 of the train features of test-toy for tiny-timm-random is of "
+                                  f"light only (dark lack it); complete it with `{complete}`")
+    extract(cfg(store_path, splits=("train",), views=1))  # the command said
+    assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 1, 96)
+
+
 KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {repo!r})
