@@ -109,6 +109,14 @@ def _noisy_name(name: str, noise: tuple | None) -> str | None:
     return f"{name}-noise-{kind}-{scale:g}-{p:g}"
 
 
+def _made_from(cfg: ExtractConfig, dataset: Dataset) -> dict:
+    """What an entry stored under a name of its own (``--name``, ``--image-noise``) was extracted from: the command
+    that makes or finishes it names the dataset fedcache knows, not the store's name (``store.lookup.extract_hint``)."""
+    if dataset.name == cfg.dataset:
+        return {}
+    return {"made_from": {"dataset": cfg.dataset, "image_noise": list(cfg.image_noise) if cfg.image_noise else None}}
+
+
 def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec]]:
     domains = cfg.domains or list(dataset.domains)
     unknown = [d for d in domains if d not in dataset.domains]
@@ -159,7 +167,8 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
     key = entry_key(cfg, dataset, samples, bb, split, domain, view, plan.autocast_dtype)
     attrs = {"classes": list(dataset.classes), "domains": list(dataset.domains),
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source,
-             **({"views": cfg.views} if view.index else {})}  # an interrupted --views N is finished by --views N
+             **({"views": cfg.views} if view.index else {}),  # an interrupted --views N is finished by --views N
+             **_made_from(cfg, dataset)}
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:
         if writer.replaced:

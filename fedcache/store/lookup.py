@@ -80,7 +80,7 @@ def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
     k = pending.key
     same = [e for e in infos if e.key.get("augmentation") == k.get("augmentation")
             and (e.slot[0], e.slot[1], e.slot[3]) == (k["dataset"], k["split"], k["backbone"])]
-    hint = f"fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']} --splits {k['split']}"
+    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {k['backbone']} --splits {k['split']}"
     hint += f" --views {max(max(e.key.get('view') or 0, int(e.attrs.get('views') or 0)) for e in same)}"
     aug = k.get("augmentation") or {}
     hint += f" --view-recipe {aug['recipe']}" if aug.get("recipe", "simclr") != "simclr" else ""
@@ -102,9 +102,22 @@ def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None
     k = pending[0].key
     if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
-    hint = f"fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}"
+    hint = f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']}"
     hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
     return hint + _made_as(k) + (" (and any other option it was started with)" if k.get("view") or k.get("augmentation") else "")
+
+
+def _dataset(e: EntryInfo, seed: bool = True) -> str:
+    """The dataset options that make ``e``'s: a noisy or renamed dataset's store name is no dataset fedcache knows.
+    ``seed``: with the noise's seed (--view-seed; False where the hint says the views' own)."""
+    made = e.attrs.get("made_from")
+    if not isinstance(made, dict):
+        return f" --dataset {e.key['dataset']}"
+    noise = made.get("image_noise")
+    noise_seed = ((e.key.get("preprocess") or {}).get("noise") or {}).get("seed")  # the noise's seed is --view-seed's
+    return (f" --dataset {made['dataset']} --name {e.key['dataset']}"
+            + (f" --image-noise {','.join(f'{x:g}' if not isinstance(x, str) else x for x in noise)}" if noise else "")
+            + (f" --view-seed {noise_seed}" if seed and noise_seed else ""))
 
 
 def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) -> EntryNotFoundError:

@@ -310,6 +310,24 @@ def test_image_noise_is_seeded_recorded_in_the_key_and_on_the_training_split_onl
                                clean_test, atol=2e-3)
 
 
+def test_the_command_that_completes_a_noisy_dataset_names_the_dataset_fedcache_knows(tmp_path):
+    """A noisy dataset's entries are stored as `test-toy-noise-laplace-0.2-0.1`: the extraction hinted for its missing
+    domains said `--dataset test-toy-noise-laplace-0.2-0.1`, which no registry knows. The hint is a command that works."""
+    import shlex
+
+    from fedcache.cli import main
+    from fedcache.errors import EntryNotFoundError
+
+    store_path = tmp_path / "n.zarr"
+    extract(cfg(store_path, domains=["light"], image_noise=("laplace", 0.2, 0.1)))
+    with pytest.raises(EntryNotFoundError) as missing:
+        FeatureStore(store_path).read("test-toy-noise-laplace-0.2-0.1", "train", "tiny-timm-random")
+    hint = str(missing.value).split("`")[1]
+    assert " --dataset test-toy --name test-toy-noise-laplace-0.2-0.1 --image-noise laplace,0.2,0.1 " in hint
+    assert main(shlex.split(hint)[1:] + ["--workers", "0"]) == 0
+    assert FeatureStore(store_path).read("test-toy-noise-laplace-0.2-0.1", "train", "tiny-timm-random").domain_names == ("light", "dark")
+
+
 def test_a_fixed_size_backbone_ignores_the_datasets_default_image_size(store_path, monkeypatch):
     """A CLIP's positional embeddings fix its input size: digits5-offline's default of 64 (meant for CNNs)
     crashed tiny-clip-random's 32-pixel ViT with a size mismatch deep inside open_clip."""
