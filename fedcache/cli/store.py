@@ -108,10 +108,12 @@ def store_verify(
     from rich.markup import escape
 
     from fedcache.store.feature_store import ENTRIES, TEXT
+    from fedcache.store.text import text_label
 
     fs = _open_store(store)
     checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e)) for e in fs.entries()]
-    checks += [(TEXT, eid, "text embeddings", *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
+    attrs = dict(fs.text_entries())  # readable ones: each named by its backbone and template set
+    checks += [(TEXT, eid, text_label(attrs.get(eid, {})), *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
     damaged = unreadable = 0
     for kind, eid, label, status, why in checks:
         colour = {"ok": "green", "damaged": "red"}.get(status, "yellow")

@@ -275,3 +275,16 @@ def test_an_unreadable_entry_error_crosses_a_process_boundary():
 
     exc = pickle.loads(pickle.dumps(UnreadableEntryError("cannot read the feature store S (...)", "no permission")))
     assert str(exc) == "cannot read the feature store S (...)" and exc.problem
+
+
+def test_store_verify_names_each_text_entrys_backbone_and_templates(tmp_path, capsys):
+    """Every text entry was listed as just 'text embeddings': two backbones' could not be told apart."""
+    from fedcache.store.keys import TextKey
+
+    fs = FeatureStore(tmp_path / "s.zarr")
+    emb = np.zeros((1, 2, 3), np.float32)
+    for backbone in ("clip-a", "clip-b"):
+        fs.put_text(TextKey(backbone, "w", ("a", "b"), ("a photo of {}",), "single"), emb, False)
+    code, out = run(capsys, "store", "verify", "--store", str(tmp_path / "s.zarr"))
+    assert code == 0
+    assert "clip-a text embeddings, single templates: ok" in out and "clip-b text embeddings, single templates: ok" in out
