@@ -2,6 +2,7 @@
 `shard` and `flower-app`. Their options (but demo's) are generated from fedcache/spec.py."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from pathlib import Path
@@ -182,7 +183,8 @@ def shard(out: Path, **given) -> None:
                 task = progress.add_task("shards", total=total)
             progress.update(task, completed=done)
 
-        paths = write_shards(shard_spec(spec), out, on_shard)
+        # the method that will train on the shards is not known here: a view they leave out is warned of (views None)
+        paths = write_shards(dataclasses.replace(shard_spec(spec), views=None), out, on_shard)
     console.print(describe(paths))
 
 

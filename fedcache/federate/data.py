@@ -144,14 +144,14 @@ def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: F
         try:
             table = load_fused(store, dataset, backbones, "train", v)
         except EntryNotFoundError:
-            _check_whole(store, dataset, backbones, v)
+            check_whole_view(store, dataset, backbones, v)
             break
         views.append(table.features[row_positions(sample_keys(train), sample_keys(table), f"view {v}", dataset, "train")])
         v += 1
     return np.stack(views, 1) if views else None
 
 
-def _check_whole(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> None:
+def check_whole_view(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> None:
     """Raise where a backbone holds training view ``view`` of some domains only (``extract --views K --domains``):
     the domains that lack it, and the extraction that completes it (``FeatureStore.table_entries``)."""
     held = {s[3] for s in store.current() if s[:2] == (dataset, "train") and s[4] == view}

@@ -32,7 +32,8 @@ import torch
 
 from fedcache import disk
 from fedcache.errors import ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, StoreError
-from fedcache.federate.data import FederatedData, check_labels, check_same_encoder, keys_as_first, load_fused, load_views, row_positions, sample_keys
+from fedcache.federate.data import (FederatedData, check_labels, check_same_encoder, check_whole_view, keys_as_first,
+                                   load_fused, load_views, row_positions, sample_keys)
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
@@ -64,6 +65,10 @@ class ShardSpec:
     dataset: str
     backbones: list[str]
     request: PartitionRequest
+    # The run's method trains on augmented views: a view of some domains only, which a sharding leaves out, is refused
+    # before any shard is written (its clients said they found fewer views, or 0). None: the method is not known
+    # (`fedcache shard`), and such a view is warned of.
+    views: bool | None = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ def _full(exc: BaseException, staging: Path, out: Path) -> DiskFullError:
 def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None]) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
     cut = cut_from(store, spec.dataset, spec.backbones)
+    _check_views(store, spec, len(cut) - 1)  # the view after the last one cut (train and test are 2 of cut's)
     tables = {split: _tables(store, spec, split, cut[split, 0]) for split in ("train", "test")}
     train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
     for b in spec.backbones:  # clients would train on one encoder's features and be scored on another's
@@ -177,6 +183,24 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     paths.append(_write_server(store, spec, tables, ShardInfo(role="server", client=-1, **base), out / SERVER))
     on_shard(total, total)
     return paths
+
+
+def _check_views(store: FeatureStore, spec: ShardSpec, view: int) -> None:
+    """Refuse (or, the method not known, warn of) training view ``view``, which the sharding leaves out, where a
+    backbone holds it of some domains only (``extract --views K --domains``): the domains that lack it, and the
+    extraction that completes it."""
+    if spec.views is False:
+        return
+    try:
+        check_whole_view(store, spec.dataset, spec.backbones, view)
+    except EntryNotFoundError as err:
+        if spec.views:
+            raise
+        from fedcache.federate.methods import METHODS
+
+        names = ", ".join(n for n, c in METHODS.items() if c.uses_views)
+        log.warning("the shards hold no augmented view %d, which a method that trains on views (%s) needs: %s, "
+                    "then shard again", view, names, err)
 
 
 # (split, view) -> backbone -> the entries that backbone's table of the split (or view) reads

@@ -404,6 +404,35 @@ def test_a_resume_on_a_store_whose_views_are_of_some_domains_goes_on(flower_stor
     assert info.entries == entries_now(source, "test-toy", [BACKBONE])
 
 
+def test_a_views_method_on_a_view_of_some_domains_is_refused_before_sharding(flower_store, tmp_path, monkeypatch, caplog):
+    """A sharding leaves out a view extracted for some domains only (`extract --views 1 --domains light`): a method
+    that trains on views then said in every client, once Ray was up, that it found 0 views. It is refused before any
+    shard is written, with the line `train` gives; `fedcache shard`, which does not know the method, warns of it."""
+    import shutil
+
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.flower import sim
+
+    store, out = tmp_path / "store.zarr", tmp_path / "sim"
+    shutil.copytree(flower_store, store)
+    extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE], store=store, splits=("train",), views=1,
+                          domains=("light",), workers=0))
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: pytest.fail("the simulation started"))
+    said = (f"augmented view 1 of the train features of test-toy for {BACKBONE} is of light only (dark lack it); "
+            f"complete it with `fedcache extract --store {store} --dataset test-toy --backbones {BACKBONE} "
+            "--splits train --views 1")
+    with pytest.raises(EntryNotFoundError) as refused:
+        sim.train_flower_sim_here(toy_config(store, method="fedavg-ssl", out=out))
+    assert str(refused.value).startswith(said) and not (out / "shards").exists()
+
+    with caplog.at_level("WARNING", logger="fedcache.flower.shard"):
+        assert main(["shard", "--store", str(store), "-d", "test-toy", "-b", BACKBONE, "--partition", "iid",
+                     "--clients", "2", "--out", str(tmp_path / "shards")]) == 0
+    assert ("the shards hold no augmented view 1, which a method that trains on views (fedavg-ssl, fedprox-ssl, "
+            f"flesd, min-local) needs: {said}") in caplog.text
+
+
 def test_the_simulations_process_computes_with_its_callers_threads(flower_store, monkeypatch):
     """`fedcache train --engine flower-sim` chose its threads (--threads) in the process that only waits for the
     simulation's: the ServerApp computed with torch's default, all cores."""
