@@ -23,6 +23,7 @@ from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.extract.transforms import Preprocess, ViewSpec
+from fedcache.store import lookup
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey
 from fedcache.store.writer import EntryWriter, open_writer
@@ -76,7 +77,16 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             for split, domain, view in _jobs(cfg, dataset):
                 reports.append(_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit))
             backbone.image_encoder.to("cpu")
+            _say_unfinished_views(cfg, store, dataset.name, backbone.spec.name, emit)
     return reports
+
+
+def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str, backbone: str, emit: ProgressFn) -> None:
+    """A plain extraction (no --views) of a backbone whose `extract --views` was interrupted: it finds its own entries
+    complete and leaves the views unfinished without a word, which a train on the views then refuses."""
+    unfinished = "" if cfg.views else lookup.unfinished_views(store.path, store.entries(), dataset, backbone)
+    if unfinished:
+        emit(ProgressEvent("info", "", message=unfinished))
 
 
 def image_size(cfg: ExtractConfig, dataset: Dataset, spec) -> int | None:

@@ -64,6 +64,20 @@ def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], wha
                                 f"interrupted or still running); finish the views with `{views_hint(path, infos, pending[0])}`")
 
 
+def unfinished_views(path: Path, infos: list[EntryInfo], dataset: str, backbone: str) -> str:
+    """The first unfinished augmented view of ``dataset``'s ``backbone`` (an `extract --views` interrupted or still
+    running), as :func:`unfinished` says it, with the command that finishes the views; "" when none is. A plain
+    extraction finds its own entries complete and leaves them unfinished: it says so."""
+    pending = sorted((e for e in infos if not e.complete and not e.damaged and e.key.get("view")
+                      and (e.key["dataset"], e.key["backbone"]) == (dataset, backbone)), key=lambda e: e.key["view"])
+    if not pending:
+        return ""
+    first = [e for e in pending if e.key["view"] == pending[0].key["view"]]
+    domains = [e.key["domain"] for e in first]
+    of = "" if set(domains) >= set(first[0].attrs.get("domains") or ()) else "/" + ",".join(domains)
+    return str(unfinished(path, infos, first, f"{first[0].key['split']} features of {dataset}{of} for {backbone}"))
+
+
 def finish_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
     """The command that finishes the unfinished entry ``pending``, and the others its extraction left (`store ls`)."""
     if pending.key.get("view"):

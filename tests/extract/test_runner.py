@@ -134,6 +134,35 @@ def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_fin
     assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 2, 96)
 
 
+def test_a_plain_extraction_names_an_unfinished_views_extraction_and_the_command_that_finishes_it(store_path):
+    """A plain `extract` (no --views) over an `extract --views 2` interrupted found its own entries complete and said
+    nothing of the views it left unfinished, which a train on them then refused. It says them, with their command."""
+    notes = []
+
+    def interrupt(event):
+        if event.kind == "start" and event.label == "test-toy/train/dark tiny-timm-random view 1":
+            raise KeyboardInterrupt
+
+    def said(event):
+        notes.extend([event.message] if event.kind == "info" else [])
+
+    extract(cfg(store_path), progress=said)
+    assert not [n for n in notes if "not complete" in n]  # no views begun: nothing said of them
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, splits=("train",), views=2), progress=interrupt)
+    notes.clear()
+    extract(cfg(store_path), progress=said)
+    finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
+              "--views 2 --image-size 32")
+    assert notes[-1] == ("augmented view 1 of the train features of test-toy/dark for tiny-timm-random is not complete "
+                         "yet (an `extract --views` interrupted or still running); finish the views with "
+                         f"`{finish}`")
+    extract(cfg(store_path, splits=("train",), views=2))  # the command said
+    notes.clear()
+    extract(cfg(store_path), progress=said)
+    assert not [n for n in notes if "not complete" in n]
+
+
 def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store_path):
     """Views extracted for one domain (`extract --views 1 --domains light`) were left out without a word: a method
     training on views then said it found 0. The domains that lack the view are named, with the command that
