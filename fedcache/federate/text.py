@@ -3,7 +3,8 @@
 The store keeps one (T, C, D) array per template set, written at extraction. Methods get one
 (C, D) anchor per class: the L2-normalised mean of the L2-normalised template embeddings (CLIP's
 prompt ensembling). ``train.load_data`` attaches them to ``FederatedData.info``:
-``info["text"]`` (the ``single`` set when there is one) and ``info["text_sets"]`` (every set).
+``info["text"]`` (the ``single`` set when there is one) and ``info["text_sets"]`` (every set); where a backbone with a
+text tower has none stored, ``info["text_hint"]``: why, and the extraction that stores them.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcache.errors import ConfigError, EntryNotFoundError
+from fedcache.errors import ConfigError, EntryNotFoundError, UnknownNameError
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.federate.data import FederatedData
+from fedcache.store import lookup
+from fedcache.store.entries import SHARD_ATTR
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
 DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and PromptFL's template
@@ -59,7 +62,44 @@ def attach_text(data: FederatedData, store: FeatureStore, backbones: list[str], 
     if sets:
         data.info["text_sets"] = sets
         data.info["text"] = sets.get(DEFAULT_SET, next(iter(sets.values())))
+    elif hint := _text_hint(store, backbones[0], train):
+        data.info["text_hint"] = hint
     return data
+
+
+def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -> str:
+    """Why a backbone with a text tower has no class-text embeddings stored for ``train``'s classes, and the
+    extraction that stores them ("" for a backbone without one, or a shard: its store is not where they are made).
+    Extracted features (their text entries removed): the extraction that made them, which finds them complete and
+    stores the text."""
+    from fedcache.extract.backbones import BACKBONES  # the registry only: no model library is imported
+
+    try:
+        has_text = BACKBONES.get(backbone).has_text
+    except (UnknownNameError, ConfigError):  # an imported encoder of the user's own
+        return ""
+    if not has_text or train is None or not train.entry_ids or SHARD_ATTR in store.root.attrs:
+        return ""
+    infos = [store.info(e) for e in train.entry_ids]
+    none = f"the store holds no class-text embeddings of {backbone} for the classes of {infos[0].key['dataset']}"
+    if (infos[0].key.get("preprocess") or {}).get("imported"):
+        return f"{none}: its features were imported, and an import stores none; {_imported_hint(store, backbone, infos[0])}"
+    return (f"{none} (removed, or never extracted); extract them with `{lookup.extract_hint(store.path, infos)}`, "
+            "which finds the features complete and stores the text")
+
+
+def _imported_hint(store: FeatureStore, backbone: str, entry) -> str:
+    """An extraction that stores ``backbone``'s text for an imported entry's classes: of a dataset of those classes,
+    under another --name (its features would otherwise be current in the imported ones' place)."""
+    # Imported here: the datasets' registry costs a run about 0.3 s (PIL, scipy), a Flower ClientApp each message
+    from fedcache.extract.datasets import DATASETS
+
+    dataset = entry.key["dataset"]
+    known = dataset in DATASETS
+    command = (f"fedcache extract --store {store.path} --dataset {dataset if known else 'DATASET'} --name "
+               f"{dataset}-text --backbones {backbone} --splits test")
+    return (f"extract them with `{command}`" + ("" if known else ", DATASET one that fedcache reads with these classes")
+            + " (--name keeps the features it extracts apart from the imported ones)")
 
 
 def text_from_info(data: FederatedData, method: str, template_set: str | None = None) -> torch.Tensor:
@@ -71,6 +111,8 @@ def text_from_info(data: FederatedData, method: str, template_set: str | None = 
         anchors = sets[template_set]
     elif data.info.get("text") is not None:
         anchors = data.info["text"]
+    elif data.info.get("text_hint"):  # a backbone with a text tower, whose embeddings the store lacks
+        raise ConfigError(f"{method} needs class-text embeddings: {data.info['text_hint']}")
     else:
         raise ConfigError(
             f"{method} needs a backbone with a text tower, e.g. clip-rn50; extract it with "

@@ -41,3 +41,47 @@ def test_the_text_read_is_that_of_the_weights_of_the_features(tmp_path):
         store.put_text(TextKey("clip-x", w, ("a", "b"), ("{}",), "single"), emb[w], False)
     np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single", weights_hash="A"), emb["A"])
     np.testing.assert_array_equal(store.read_text("clip-x", ["a", "b"], "single", weights_hash="C"), emb["B"])
+
+
+def test_a_clip_backbone_without_its_text_says_the_extraction_that_stores_it(tmp_path):
+    """clip-zs on a CLIP backbone whose text entries were removed (or whose features were imported: an import stores no
+    text) said it needs 'a backbone with a text tower, e.g. clip-rn50': it has one. It says the extraction that stores
+    that backbone's text, and that command does."""
+    import shlex
+
+    import pytest
+
+    import fedcache
+    from fedcache.cli import main
+    from fedcache.errors import ConfigError
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.store.feature_store import TEXT
+    from fedcache.store.interchange import import_file
+
+    store_path, clip = tmp_path / "s.zarr", "tiny-clip-random"
+    extract(ExtractConfig(dataset="test-toy", backbones=[clip], store=store_path, workers=0))
+    store = FeatureStore(store_path)
+    for eid in store.entry_ids(TEXT):
+        store.discard(eid, TEXT)
+    train = lambda path: fedcache.train(path, "test-toy", clip, "clip-zs", clients=2, rounds=1)  # noqa: E731
+    with pytest.raises(ConfigError) as missing:
+        train(store_path)
+    command = (f"fedcache extract --store {store_path} --dataset test-toy --backbones {clip} --splits train "
+               "--domains dark,light --image-size 32")
+    assert str(missing.value) == (f"clip-zs needs class-text embeddings: the store holds no class-text embeddings of {clip} "
+                                  f"for the classes of test-toy (removed, or never extracted); extract them with "
+                                  f"`{command}`, which finds the features complete and stores the text")
+    assert main(shlex.split(command)[1:] + ["--workers", "0"]) == 0
+    train(store_path)
+
+    imported = tmp_path / "imported.zarr"
+    assert main(["store", "export", "--store", str(store_path), "-d", "test-toy", "-b", clip, "-o", str(tmp_path / "f.h5")]) == 0
+    import_file(imported, tmp_path / "f.h5", "test-toy", clip)
+    with pytest.raises(ConfigError) as none:
+        train(imported)
+    command = f"fedcache extract --store {imported} --dataset test-toy --name test-toy-text --backbones {clip} --splits test"
+    assert str(none.value) == (f"clip-zs needs class-text embeddings: the store holds no class-text embeddings of {clip} for "
+                               "the classes of test-toy: its features were imported, and an import stores none; extract "
+                               f"them with `{command}` (--name keeps the features it extracts apart from the imported ones)")
+    assert main(shlex.split(command)[1:] + ["--workers", "0"]) == 0
+    train(imported)
