@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from fedcache import disk
-from fedcache.errors import ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, StoreError
+from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
+                             StoreError)
 from fedcache.federate.data import (FederatedData, check_labels, check_same_encoder, check_whole_view, keys_as_first,
                                    load_fused, load_views, row_positions, sample_keys)
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
@@ -193,7 +194,7 @@ def _check_views(store: FeatureStore, spec: ShardSpec, view: int) -> None:
         return
     try:
         check_whole_view(store, spec.dataset, spec.backbones, view)
-    except EntryNotFoundError as err:
+    except (EntryNotFoundError, IncompleteEntryError) as err:  # some domains lack it, or their extraction is unfinished
         if spec.views:
             raise
         from fedcache.federate.methods import METHODS
