@@ -170,7 +170,7 @@ def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_
     data = ("--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random")
     code, out, err = run(capsys, "partition", *data, "--partition", "dirichlet", "--clients", "3")
     assert code == 0 and out.startswith("partition ") and re.fullmatch(
-        rf"data ready in \d+\.\d s: 84 rows \([\d.]+ kB\) of test-toy on tiny-timm-random read from "
+        rf"partition ready in \d+\.\d s: the labels of 84 rows of test-toy on tiny-timm-random read from "
         rf"{re.escape(str(toy_store))}, partition [0-9a-f]+", err.strip()), (out, err)
     code, out, err = run(capsys, "partition", "--store", str(tmp_path / "none.zarr"), "-d", "test-toy", "-b",
                          "tiny-timm-random")

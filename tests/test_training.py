@@ -382,3 +382,29 @@ def test_a_clear_cut_short_never_leaves_a_summary_without_its_metrics(store, tmp
         RunDir(tmp_path / "r").clear()
     left = {p.name for p in (tmp_path / "r").iterdir()}
     assert "summary.json" not in left and "config.json" in left, left
+
+
+@pytest.mark.parametrize("kw", [dict(partition="dirichlet", clients=3, alpha=0.3), dict(partition="domain"),
+                                dict(partition="iid", clients=4, few_shot=5, backbones=["tiny-timm-random", "tiny-clip-random"])],
+                         ids=["dirichlet", "domain", "fused-few-shot"])
+def test_partition_only_makes_the_partition_a_run_makes(kw, store, tmp_path):
+    """`fedcache partition` reads the labels, domains and ids alone (``partition_only``): the partition it makes, in a
+    store of its own, is the one a run makes reading the features, row for row."""
+    import shutil
+
+    from fedcache.training import load_data, partition_only
+
+    made = {}
+    for way in ("run", "partition"):
+        shutil.copytree(store, tmp_path / way)
+        spec = cfg(tmp_path / way, **kw)
+        if way == "run":
+            data, info = load_data(spec)
+            made[way] = info, data.client_train, data.client_test
+        else:
+            part, info, _ = partition_only(spec)
+            made[way] = info, part.train, part.test
+    (run_info, *run_rows), (info, *rows) = made["run"], made["partition"]
+    assert info == run_info
+    for mine, theirs in zip(rows, run_rows):
+        assert len(mine) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(mine, theirs))

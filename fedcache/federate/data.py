@@ -32,6 +32,13 @@ def load_splits(store: FeatureStore, dataset: str, backbones: list[str]) -> tupl
     return tuple(load_fused(store, dataset, backbones, s, parts=rows[s]) for s in SPLITS)
 
 
+def load_split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> tuple[TableRows, TableRows]:
+    """:func:`load_splits` without the features: the fused (train, test) rows (``fused_rows``), for what needs only
+    the labels, domains and ids of a table (a partition). The features are not read; reading them checks them."""
+    rows = split_rows(store, dataset, backbones)
+    return tuple(fused_rows(dataset, backbones, s, rows[s]) for s in SPLITS)
+
+
 def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[str, list[TableRows]]:
     """``store.split_rows`` of the train and test splits. A dataset or backbone the store has never held is advised
     to be extracted only where fedcache can extract it: `-d digits5` was told to `fedcache extract --dataset
@@ -82,6 +89,22 @@ def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: s
         col += p.dim
     return first.table(out, random_weights=any(p.random_weights for p in parts),
                        entry_ids=sum((p.entry_ids for p in parts), ()))
+
+
+def fused_rows(dataset: str, backbones: list[str], split: str, parts: list[TableRows]) -> TableRows:
+    """What :func:`load_fused` of ``parts`` (each backbone's rows) returns but its features: the first backbone's
+    rows (labels, ids, domains, read and checked), each other backbone's matched to them and checked as
+    ``load_fused`` checks them, the width of the fused features. The entries' files are closed unread."""
+    first = parts[0]
+    try:
+        keys = sample_keys(first)
+        for b, p in zip(backbones[1:], parts[1:]):
+            _align(first, p, keys, b, backbones[0], dataset, split)
+    finally:
+        for p in parts:
+            p.close()
+    return dataclasses.replace(first, random_weights=any(p.random_weights for p in parts),
+                               entry_ids=sum((p.entry_ids for p in parts), ()), dim=sum(p.dim for p in parts))
 
 
 def _align(first: TableRows, p: TableRows, keys: np.ndarray, backbone: str, first_backbone: str, dataset: str,
@@ -172,16 +195,16 @@ def row_positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: st
     return order[pos]
 
 
-def check_same_source(train: FeatureTable, test: FeatureTable) -> None:
+def check_same_source(train: FeatureTable | TableRows, test: FeatureTable | TableRows) -> None:
     """Train and test rows are scored by one model, so they need one width, one class list and one domain
     list. Each split's entries are checked when written, but two `store import`s of one dataset (one per
     split) can disagree: a model trained on 3 classes scored on test labels of 7 would be silently wrong."""
     where = f"entries {', '.join(train.entry_ids[:2])} (train) and {', '.join(test.entry_ids[:2])} (test)"
     fix = ("re-import (or re-extract) both splits from one encoder with the same 'classes' and 'domains', "
            "or give the mismatched split another --dataset name")
-    if train.features.shape[1] != test.features.shape[1]:
-        raise StoreError(f"the training features are {train.features.shape[1]} wide but the test features "
-                         f"{test.features.shape[1]} ({where}): they come from different encoders; {fix}")
+    if train.dim != test.dim:
+        raise StoreError(f"the training features are {train.dim} wide but the test features "
+                         f"{test.dim} ({where}): they come from different encoders; {fix}")
     for what, a, b in (("classes", train.class_names, test.class_names), ("domains", train.domain_names, test.domain_names)):
         if tuple(a) != tuple(b):
             raise StoreError(f"the training and test splits name different {what} (train: {list(a)[:8]}, test: "
@@ -192,7 +215,7 @@ def check_same_source(train: FeatureTable, test: FeatureTable) -> None:
                              f"{len(t.class_names)} classes ({where}); {fix}")
 
 
-def check_same_encoder(store: FeatureStore, train: FeatureTable, test: FeatureTable) -> None:
+def check_same_encoder(store: FeatureStore, train: FeatureTable | TableRows, test: FeatureTable | TableRows) -> None:
     """Train and test features of each backbone must come out of the same weights and preprocessing. Each split's
     domains are checked when read, the two splits never were: `extract --splits test --image-size 32` after a
     64-pixel extraction trained on one encoder's features and scored on another's (74% fell to 25%, silently).

@@ -43,11 +43,11 @@ def _similarity(a: dict, b: dict) -> np.ndarray:
 
 
 def _client_names(cfg: RunSpec) -> list[str]:
-    from fedcache.training import load_data
+    from fedcache.training import partition_only
 
-    data, _ = load_data(cfg)
+    part, _, train = partition_only(cfg)  # the clients' domains: the features are not read
     names = []
-    for k, rows in enumerate(data.client_train):
-        doms = sorted({data.domain_names[d] for d in data.train_domains[rows]})
-        names.append(f"{k}: {doms[0]}" if len(doms) == 1 and len(data.domain_names) > 1 else f"client {k}")
+    for k, rows in enumerate(part.train):
+        doms = sorted({train.domain_names[d] for d in train.domains[rows]})
+        names.append(f"{k}: {doms[0]}" if len(doms) == 1 and len(train.domain_names) > 1 else f"client {k}")
     return names

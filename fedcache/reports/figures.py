@@ -350,6 +350,13 @@ def _store_of(run: Run) -> Path:
     return started if started.exists() or not given.exists() else given
 
 
+def _labels_of(store, dataset: str, split: str, backbone: str):
+    """The rows of a table (labels, domains, ids, checked) without its features, which a chart never shows."""
+    rows = store.rows(dataset, split, backbone)
+    rows.close()
+    return rows
+
+
 def partition_charts(run: Run, folder: Path) -> list[Path]:
     """The bubble chart and sizes of the run's partition, read back from its store; [] when it is gone."""
     from fedcache.federate.partitions.storage import load_partition, table_keys
@@ -359,8 +366,7 @@ def partition_charts(run: Run, folder: Path) -> list[Path]:
     dataset, backbone, part = run.option("dataset"), (run.option("backbones") or [None])[0], run.config.get("partition", {})
     try:
         store = FeatureStore(_store_of(run), create=False)
-        train_t = store.read(dataset, "train", backbone)
-        test_t = store.read(dataset, "test", backbone)
+        train_t, test_t = (_labels_of(store, dataset, split, backbone) for split in ("train", "test"))
         changed = set(train_t.entry_ids + test_t.entry_ids) - set(part.get("entries", train_t.entry_ids + test_t.entry_ids))
         if changed:  # the chart would show the classes of other data than the run trained on
             raise FedcacheError(f"the store's features of {dataset} are not those the run read (entries "

@@ -30,6 +30,11 @@ class FeatureTable:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def dim(self) -> int:
+        """The width of a row's features (as ``TableRows.dim``, which has no features to ask)."""
+        return int(self.features.shape[1])
+
 
 @dataclass
 class EntryRows:

@@ -445,6 +445,22 @@ def test_a_report_made_elsewhere_finds_a_store_given_relative_to_where_the_run_s
     assert len(charts) == 2, charts
 
 
+def test_a_report_draws_the_partition_from_the_labels_not_the_features(toy_store, tmp_path):
+    """The charts show the classes and domains of the clients' rows: a report read every feature of the store for
+    them (seconds at a million rows), and features damaged since the run cost the report its charts."""
+    from fedcache.api import train
+    from fedcache.reports import write_report
+    from fedcache.store.feature_store import FeatureStore
+
+    store = tmp_path / "store.zarr"
+    shutil.copytree(toy_store, store)
+    train(str(store), "test-toy", "tiny-timm-random", "fedavg", clients=2, rounds=1, out=tmp_path / "run")
+    for e in FeatureStore(store).entries():
+        shutil.rmtree(store / "entries" / e.entry_id / "features")
+    charts = [p.name for p in write_report(tmp_path / "run").figures if p.name.startswith("partition-")]
+    assert len(charts) == 2, charts
+
+
 def test_a_report_leaves_a_scripts_matplotlib_unchosen(toy_grid, tmp_path):
     """With no backend chosen yet, the report must not choose one (nor import pyplot): Axes.boxplot did both."""
     shutil.copytree(toy_grid, tmp_path / "grid")

@@ -288,3 +288,33 @@ def test_store_verify_names_each_text_entrys_backbone_and_templates(tmp_path, ca
     code, out = run(capsys, "store", "verify", "--store", str(tmp_path / "s.zarr"))
     assert code == 0
     assert "clip-a text embeddings, single templates: ok" in out and "clip-b text embeddings, single templates: ok" in out
+
+
+FEATURE_DAMAGE = [delete_features_file, truncate_features_file, replace_features_file, corrupt_chunk, delete_features_json]
+PARTITION = ("--partition", "dirichlet", "--clients", "3", "--seed", "5")
+
+
+@pytest.mark.parametrize("damage", FEATURE_DAMAGE, ids=lambda f: f.__name__)
+def test_partition_reads_labels_not_features(damage, store, finished, capsys):
+    """A partition is made of the labels, domains and ids: `fedcache partition` read and checked every feature of a
+    million rows (most of its time) for nothing. Damaged features make the same partition, and still stop a run."""
+    intact = store.parent / "intact.zarr"
+    shutil.copytree(finished, intact)
+    eid, other = entry_of(store, "train", "light"), entry_of(store, "train", "dark")
+    damage(store, eid, other)
+    data = ("--store", str(store), "-d", "test-toy", "-b", BB)
+    made = [run(capsys, "partition", "--store", str(s), "-d", "test-toy", "-b", BB, *PARTITION) for s in (store, intact)]
+    line = [[ln for ln in out.splitlines() if re.match(r"partition [0-9a-f]+ \(", ln)] for _, out in made]
+    assert [code for code, _ in made] == [0, 0] and len(line[0]) == 1 and line[0] == line[1], made
+    code, out = run(capsys, "train", *data, "-m", "fedavg", "--rounds", "1", *PARTITION, "--out", str(store.parent / "run"))
+    assert code == 1 and eid in out and "damaged" in out
+
+
+@pytest.mark.parametrize("damage", [copy_labels_chunk_from_other_entry, delete_valid_file, truncate_entry_json],
+                         ids=lambda f: f.__name__)
+def test_partition_refuses_damaged_labels(damage, store, capsys):
+    """What a partition is made of is still checked: a labels chunk that is not what was written is named."""
+    eid, other = entry_of(store, "train", "light"), entry_of(store, "train", "dark")
+    damage(store, eid, other)
+    code, out = run(capsys, "partition", "--store", str(store), "-d", "test-toy", "-b", BB, *PARTITION)
+    assert code == 1 and eid in out and "damaged" in out and NAMED.get(damage, "") in out and "Traceback" not in out
