@@ -33,8 +33,8 @@ import torch
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError)
-from fedcache.federate.data import (FederatedData, check_labels, check_same_encoder, check_whole_view, keys_as_first,
-                                   load_fused, load_views, row_positions, sample_keys)
+from fedcache.federate.data import (FederatedData, check_labels, check_same_encoder, check_whole_view, fused_rows,
+                                   keys_as_first, load_fused, load_views, row_positions, sample_keys)
 from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
                                           save_partition, table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
@@ -161,15 +161,8 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     store = FeatureStore(spec.store, create=False)
     cut = cut_from(store, spec.dataset, spec.backbones)
     _check_views(store, spec, len(cut) - 1)  # the view after the last one cut (train and test are 2 of cut's)
+    partition, pid = _partition(store, spec, cut)
     tables = {split: _tables(store, spec, split, cut[split, 0]) for split in ("train", "test")}
-    train_t, test_t = (tables[s][spec.backbones[0]] for s in ("train", "test"))
-    for b in spec.backbones:  # clients would train on one encoder's features and be scored on another's
-        check_same_encoder(store, tables["train"][b], tables["test"][b])
-    keys = (table_keys(train_t), table_keys(test_t))
-    partition = find_partition(store, spec.dataset, spec.request, *keys)
-    if partition is None:
-        partition = make_partition(spec.request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
-    pid = save_partition(store, spec.dataset, partition, *keys)
     views = [_tables(store, spec, "train", found) for (_, view), found in cut.items() if view]
     base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
                 request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
@@ -206,6 +199,21 @@ def _check_views(store: FeatureStore, spec: ShardSpec, view: int) -> None:
 
 # (split, view) -> backbone -> the entries that backbone's table of the split (or view) reads
 Cut = dict[tuple[str, int], dict[str, list[EntryInfo]]]
+
+
+def _partition(store: FeatureStore, spec: ShardSpec, cut: Cut) -> tuple[Partition, str]:
+    """The partition of the training and test entries of ``cut`` (found or made, and stored) and its id, from their
+    labels, domains and ids, each backbone's matched to the first's (``fused_rows``): a partition refused is said
+    before a feature is read, and reading the features checks them."""
+    rows = {s: [store.entry_rows(cut[s, 0][b]) for b in spec.backbones] for s in ("train", "test")}
+    train_t, test_t = (fused_rows(spec.dataset, spec.backbones, s, rows[s]) for s in ("train", "test"))
+    for train_b, test_b in zip(rows["train"], rows["test"]):  # clients would train on one encoder's features and be
+        check_same_encoder(store, train_b, test_b)  # scored on another's
+    keys = (table_keys(train_t), table_keys(test_t))
+    partition = find_partition(store, spec.dataset, spec.request, *keys)
+    if partition is None:
+        partition = make_partition(spec.request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
+    return partition, save_partition(store, spec.dataset, partition, *keys)
 
 
 def cut_from(store: FeatureStore, dataset: str, backbones: list[str]) -> Cut:

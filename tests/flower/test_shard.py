@@ -76,6 +76,16 @@ def test_sharding_shows_its_progress_a_shard_at_a_time(flower_store, tmp_path, c
     assert err[0] == "shards 0/3 (0%)" and err[-1].startswith("shards 3/3 (100%) in "), err
 
 
+def test_a_partition_that_cannot_be_made_is_refused_before_a_feature_is_read(flower_store, tmp_path, monkeypatch):
+    """Sharding made its partition of the labels after reading every backbone's features (seconds at a million
+    rows) for a refusal that needs none of them."""
+    read, features = [], FeatureStore.features
+    monkeypatch.setattr(FeatureStore, "features", lambda self, rows: read.append(rows) or features(self, rows))
+    with pytest.raises(ConfigError, match="1000 clients but only 60 training rows"):
+        write_shards(shard_spec(toy_config(flower_store, backbones=FUSED, partition="iid", clients=1000)), tmp_path / "s")
+    assert read == []
+
+
 def test_shard_errors_say_what_to_do(sharded, tmp_path):
     cfg, out = sharded
     with pytest.raises(ConfigError, match="not empty"):
