@@ -134,7 +134,6 @@ def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
 def test_train_says_a_slow_data_read_before_its_rounds(capsys, toy_store, tmp_path, monkeypatch):
     """A million rows read and partitioned took seconds before the rounds' first line: said where it took
     ``progress.SLOW_STEP`` seconds or more (0 here)."""
-    import fedcache.training  # noqa: F401  (loaded: its "loading torch ..." line, SLOW_STEP 0 too, is another test's)
     from fedcache import progress
 
     monkeypatch.setattr(progress, "SLOW_STEP", 0.0)

@@ -215,8 +215,8 @@ def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
 def import_with_torch(module: str) -> ModuleType:
     """``module``, which imports torch, imported, said on stderr while that takes ``progress.SLOW_STEP`` seconds or
     more: torch's import took 2.5 to 8 s on a busy machine, the silence before a grid's or a run's first line."""
-    if module in sys.modules:  # no wait (a command called from Python, a test)
-        return sys.modules[module]
+    if module in sys.modules or "torch" in sys.modules:  # no torch to wait for (a command called from Python, a test)
+        return importlib.import_module(module)
     t0 = time.perf_counter()
     with said_while_slow("loading torch ..."):
         loaded = importlib.import_module(module)
