@@ -403,20 +403,28 @@ def test_a_worker_sent_sigterm_as_it_starts_stops_the_grid_in_one_line():
     """Before its initializer set its SIGTERM handler a worker died of the signal, and the grid took it for a crash:
     "a grid worker process died ... re-run with --jobs 1". The workers here send it themselves, as their
     initializer starts (in_workers passes pool._init_worker)."""
+    out = _sorts_in_workers_started_by("_sigterm_then_init", cells=2)
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    assert "a grid worker process was sent SIGTERM from outside the grid" in out.stdout, out.stdout
+
+
+def _sorts_in_workers_started_by(init: str, cells: int, **env: str):
+    """A subprocess running ``cells`` small cells on two grid workers whose initializer is this module's ``init``
+    (in_workers passes pool._init_worker); what it printed: the cells' results, or the grid's line."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    code = ("import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import _sigterm_then_init\n"
-            "pool._init_worker = _sigterm_then_init\n"
+    tasks = ", ".join(f"(sorted, ([{2 * i + 2}, {2 * i + 1}],))" for i in range(cells))
+    code = (f"import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import {init}\n"
+            f"pool._init_worker = {init}\n"
             "try:\n"
-            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],))])))\n"
+            f"    print(list(pool.in_workers(2, [{tasks}])))\n"
             "except Exception as e:\n"
             "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[2])
-    assert out.returncode == 0 and not out.stderr, out.stderr
-    assert "a grid worker process was sent SIGTERM from outside the grid" in out.stdout, out.stdout
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[2], env=dict(os.environ, **env))
 
 
 def _one_crashes_then_init(*args) -> None:
@@ -439,22 +447,10 @@ def _one_crashes_then_init(*args) -> None:
 def test_a_worker_that_crashes_as_it_starts_is_not_taken_for_a_sigterm(tmp_path):
     """A crashed worker breaks the pool, which then sends SIGTERM to the others: the grid still says a worker died
     (re-run with --jobs 1), though every other worker ended by SIGTERM."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     # Three cells for two workers: ProcessPoolExecutor wakes its manager thread before it spawns a worker, so with
     # as many cells as workers the last one's death can go unseen until another worker's result (here, 30 s on):
     # the third submit wakes it after both exist (in 5 of 10 runs with two cells, none of 8 with three).
-    code = ("import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import _one_crashes_then_init\n"
-            "pool._init_worker = _one_crashes_then_init\n"
-            "try:\n"
-            "    print(list(pool.in_workers(2, [(sorted, ([2, 1],)), (sorted, ([4, 3],)), (sorted, ([6, 5],))])))\n"
-            "except Exception as e:\n"
-            "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[2], env=dict(os.environ, CRASH_MARK=str(tmp_path / "crashed")))
+    out = _sorts_in_workers_started_by("_one_crashes_then_init", cells=3, CRASH_MARK=str(tmp_path / "crashed"))
     assert out.returncode == 0 and not out.stderr, out.stderr
     assert "a grid worker process died" in out.stdout, out.stdout
 
