@@ -119,7 +119,11 @@ class Progress:
         whole = new.rfind(b"\n") + 1  # a line the child is still writing is read at the next poll
         self.read += whole
         for raw in new[:whole].splitlines():
-            r = json.loads(raw)
+            try:
+                r = json.loads(raw)
+            except ValueError:  # progress only: the run's own answer says how it ended
+                log.warning("a progress line of the Flower simulation could not be read; left out: %r", raw[:200])
+                continue
             if "step" in r:
                 said_now(log, self.on_step, r["step"])  # logged here: the child logs warnings only
             elif self.on_round is not None:
@@ -129,8 +133,19 @@ class Progress:
 def report_progress(path: Path) -> tuple[OnRound, StepCallback]:
     """The child's side of ``Progress``: (on_round, on_step), each call appended as one JSON line (never a
     pickle: plain data only)."""
+    failed = False
+
     def report(record: dict) -> None:
-        disk.append(path, (json.dumps(record) + "\n").encode(), "the Flower simulation's progress")
+        # Progress only: a line that cannot be written (a full disk under the call's temporary directory) must not
+        # end the run, which says itself what stops it; said once, then no more lines (none torn: disk.append).
+        nonlocal failed
+        if failed:
+            return
+        try:
+            disk.append(path, (json.dumps(record) + "\n").encode(), "the Flower simulation's progress")
+        except (OSError, FedcacheError) as exc:
+            failed = True
+            log.warning("the Flower simulation's progress is no longer shown: %s", exc)
 
     def on_round(done: int, total: int, line: dict | None) -> None:
         report({"done": done, "total": total, "line": line})

@@ -78,6 +78,22 @@ def test_the_rounds_the_child_reports_are_passed_on_whole_and_once(tmp_path):
     assert _wait(child, rounds, every=0.05) == 0 and calls[2:] == [(3, 3, {"round": 3})]
 
 
+def test_progress_that_cannot_be_written_or_read_does_not_end_the_run(tmp_path, caplog):
+    """Progress only: a line the child cannot write (a full disk) raised out of the run's rounds, and a line the
+    caller could not read stopped the caller on a traceback. Each is one warning; the child then writes no more."""
+    report, _ = report_progress(tmp_path / "gone" / "progress.jsonl")  # its folder is not there: every write fails
+    with caplog.at_level(logging.WARNING):
+        report(1, 2, None)
+        report(2, 2, None)
+    assert [r.getMessage().startswith("the Flower simulation's progress is no longer shown") for r in caplog.records] == [True]
+    caplog.clear()
+    path, calls = tmp_path / "progress.jsonl", []
+    path.write_text('{"done": 1, not json\n{"done": 2, "total": 2, "line": null}\n')
+    with caplog.at_level(logging.WARNING):
+        Progress(path, lambda *call: calls.append(call)).poll()
+    assert calls == [(2, 2, None)] and "could not be read" in caplog.text
+
+
 def test_the_steps_the_child_reports_are_logged_and_said(tmp_path, caplog):
     """Flower's and Ray's start and shutdown take seconds each (longer than a small run's rounds): the child
     reports them as it reports rounds, and the caller logs them (the child logs warnings only) and passes them on,
