@@ -315,11 +315,11 @@ def _record(fd: int, path: Path, what: str, holder: Holder) -> None:
 def _left_by(previous: Holder) -> str:
     if not previous.via:
         return f"{previous.describe()}, which stopped without letting go (killed?)"
-    # A process holding it for a command lets go as it leaves, even when stopped; a grid being stopped kills the
-    # workers that do not stop in time (fedcache/grids/pool.py), which it says as it stops.
+    # A process holding it for a command lets go as it leaves, even when stopped; the command kills it when it does
+    # not stop in time (a grid's workers, fedcache/grids/pool.py, which says so; flower-sim's child, sim.py).
     return (f"pid {previous.via}, working for pid {previous.pid} on {previous.host} (`{previous.command}`, started "
-            f"{previous.started}{_ago(previous.started)}), which ended without letting go (killed? a grid being "
-            "stopped kills the workers that do not stop in time)")
+            f"{previous.started}{_ago(previous.started)}), which ended without letting go (killed? the command it "
+            "worked for kills it when it does not stop in time)")
 
 
 def _let_go(fd: int, path: Path) -> None:

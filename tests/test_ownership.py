@@ -102,7 +102,7 @@ def test_a_lock_a_killed_grid_worker_left_names_the_worker_and_its_grid(tmp_path
     assert len(said) == 1 and "stopped without letting go" not in said[0], said
     assert said[0].startswith(f"the run directory c was left locked by pid {2**22 + 2}, working for pid {2**22 + 1} "
                               f"on {socket.gethostname()} (`fedcache grid -o g`"), said
-    assert "a grid being stopped kills the workers that do not stop in time" in said[0]
+    assert "the command it worked for kills it when it does not stop in time" in said[0]
 
 
 def test_a_process_working_for_another_holds_for_it(tmp_path, monkeypatch):
