@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcache.errors import ConfigError, EntryNotFoundError, UnknownNameError
+from fedcache.errors import ConfigError, EntryNotFoundError
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.federate.data import FederatedData
 from fedcache.store import lookup
@@ -72,15 +72,14 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
     extraction that stores them ("" for a backbone without one, or a shard: its store is not where they are made).
     Extracted features (their text entries removed): the extraction that made them, which finds them complete and
     stores the text."""
-    from fedcache.extract.backbones import BACKBONES  # the registry only: no model library is imported
+    from fedcache.extract.backbones import has_text_tower  # the registry only: no model library is imported
 
-    try:
-        has_text = BACKBONES.get(backbone).has_text
-    except (UnknownNameError, ConfigError):  # an imported encoder of the user's own
-        return ""
-    if not has_text or train is None or not train.entry_ids or SHARD_ATTR in store.root.attrs:
+    # Every fedavg run on a backbone without text comes here: nothing on this path builds a model (has_text_tower).
+    if train is None or not train.entry_ids or SHARD_ATTR in store.root.attrs:
         return ""
     infos = [store.info(e) for e in train.entry_ids]
+    if not has_text_tower(backbone, infos[0].attrs.get("backbone_source")):
+        return ""
     none = f"the store holds no class-text embeddings of {backbone} for the classes of {infos[0].key['dataset']}"
     if (infos[0].key.get("preprocess") or {}).get("imported"):
         return f"{none}: its features were imported, and an import stores none; {_imported_hint(store, backbone, infos[0])}"

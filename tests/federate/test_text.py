@@ -85,3 +85,40 @@ def test_a_clip_backbone_without_its_text_says_the_extraction_that_stores_it(tmp
                                f"them with `{command}` (--name keeps the features it extracts apart from the imported ones)")
     assert main(shlex.split(command)[1:] + ["--workers", "0"]) == 0
     train(imported)
+
+
+def _one_entry_store(path, backbone: str, source: str):
+    """A store of one complete train entry of ``backbone`` (3 classes), and that table."""
+    from fedcache.store.keys import EntryKey
+    from fedcache.store.writer import open_writer
+
+    store = FeatureStore(path)
+    key = EntryKey("ds", "fp", "train", "d0", backbone, "w", {"s": 1}, dtype="float32")
+    with open_writer(store, key, 6, 4, 1, {"classes": ["a", "b", "c"], "domains": ["d0"], "random_weights": True,
+                                           "backbone_source": source}) as w:
+        for c in w.pending():
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, np.ones((hi - lo, 4), np.float32), np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
+        w.finish([])
+    return store, store.read("ds", "train", backbone, domains=["d0"])
+
+
+def test_a_run_on_a_prefixed_backbone_builds_no_model_for_the_text_hint(tmp_path, monkeypatch):
+    """attach_text resolved a timm:/open_clip: name through its registry factory on every run without text: timm built
+    the model (seconds, torch's RNG drawn from), and a model the installed timm lacks refused a plain fedavg run."""
+    from fedcache.extract.backbones import BACKBONES
+
+    def factory(rest):
+        raise AssertionError(f"a factory was called for {rest!r}")
+
+    for prefix in BACKBONES.prefixes():
+        monkeypatch.setitem(BACKBONES._prefixes, prefix, (factory, ""))
+    store, table = _one_entry_store(tmp_path / "t.zarr", "timm:resnet18", "timm")
+    data = synthetic(n_classes=3, dim=4)
+    data.class_names = ("a", "b", "c")
+    rng = torch.get_rng_state()
+    info = attach_text(data, store, ["timm:resnet18"], table).info
+    assert not {"text", "text_hint"} & set(info)
+    assert torch.equal(torch.get_rng_state(), rng)
+    store, table = _one_entry_store(tmp_path / "c.zarr", "open_clip:RN50/openai", "open-clip")
+    assert "open_clip:RN50/openai" in attach_text(data, store, ["open_clip:RN50/openai"], table).info["text_hint"]

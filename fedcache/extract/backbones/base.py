@@ -67,6 +67,20 @@ class LoadRequest:
 
 BACKBONES: Registry[BackboneSpec] = Registry("backbone")
 LOADERS: Registry[Callable[[LoadRequest], LoadedBackbone]] = Registry("backbone source")
+# Prefixes of BACKBONES whose every backbone has a text tower: said without their factories, which build a model or
+# import its library (seconds, and a model's initialisation draws from torch's RNG).
+TEXT_PREFIXES: set[str] = set()
+
+
+def has_text_tower(name: str, source: str | None = None) -> bool:
+    """Whether backbone ``name`` has a text tower, decided without building anything: a registered name's spec, a
+    prefix of :data:`TEXT_PREFIXES`, or else ``source`` (an entry's ``backbone_source``), where the registered backbones
+    of that source have one (an imported encoder's, "imported", has none)."""
+    if name in BACKBONES:
+        return BACKBONES.get(name).has_text
+    if name.partition(":")[0] in TEXT_PREFIXES:
+        return True
+    return any(s.has_text for _, s in BACKBONES.items() if s.source == source)
 
 
 def hash_state(module: nn.Module) -> str:

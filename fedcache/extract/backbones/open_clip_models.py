@@ -10,7 +10,8 @@ from torch import nn
 from fedcache.errors import WeightsNotFoundError
 from fedcache.extract.backbones._checkpoint import read_state_dict
 from fedcache.extract.backbones.base import (
-    BACKBONES, CLIP_MEAN, CLIP_STD, LOADERS, BackboneSpec, LoadedBackbone, LoadRequest, hash_state, seeded_init,
+    BACKBONES, CLIP_MEAN, CLIP_STD, LOADERS, TEXT_PREFIXES, BackboneSpec, LoadedBackbone, LoadRequest, hash_state,
+    seeded_init,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def _open_clip_spec(rest: str) -> BackboneSpec:
 
 
 BACKBONES.add_prefix("open_clip", _open_clip_spec, "open_clip:<arch>/<pretrained tag>")
+TEXT_PREFIXES.add("open_clip")
 
 
 class _ImageTower(nn.Module):
