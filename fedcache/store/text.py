@@ -74,7 +74,7 @@ class TextEmbeddings:
             if CRC_ATTR not in a or crc(emb) == a[CRC_ATTR]:
                 return emb
             problem = "its embeddings do not hold what was written"
-        backbone = a.get("key", {}).get("backbone") if isinstance(a.get("key"), dict) else None
+        backbone = _key(a).get("backbone")
         again = f"the `fedcache extract ... --backbones {backbone}` that made it" if backbone else "`fedcache extract` for its backbone"
         raise DamagedEntryError(f"text entry {entry_id} ({text_label(a)}) in {self.path} is damaged ({problem}); re-run "
                                 f"{again}, which writes it again", problem)
@@ -120,7 +120,7 @@ class TextEmbeddings:
         it may be theirs: ``wanted``, the ids an extraction of theirs writes (:func:`unrelated`), where given."""
         backbones = set(backbones)
         entries, refused = self._text_attrs()
-        theirs = [(eid, a) for eid, a in entries if a.get("complete") and a.get("key", {}).get("backbone") in backbones]
+        theirs = [(eid, a) for eid, a in entries if a.get("complete") and _key(a).get("backbone") in backbones]
         for eid, exc in refused.items():
             if not unrelated(eid, wanted):
                 raise exc
@@ -150,7 +150,7 @@ class TextEmbeddings:
         found = []
         entries, refused = self._text_attrs()
         for eid, a in entries:
-            k = a.get("key", {})
+            k = _key(a)
             if a.get("complete") and k.get("backbone") == backbone and k.get("classes") == classes and k.get("template_set") == template_set:
                 found.append((a["completed_at"], k.get("weights_hash") == weights_hash, eid))
         same = [f for f in found if f[1]]
@@ -160,6 +160,12 @@ class TextEmbeddings:
 def unrelated(entry_id: str, wanted: Iterable[str] | None) -> bool:
     """Whether a text entry of unknown key (this user may not read it) cannot be one of ``wanted`` (None: any may be)."""
     return wanted is not None and entry_id not in set(wanted)
+
+
+def _key(attrs: dict) -> dict:
+    """A text entry's key from its attributes; {} where damaged attributes hold something else there."""
+    k = attrs.get("key")
+    return k if isinstance(k, dict) else {}
 
 
 def text_label(attrs: dict) -> str:

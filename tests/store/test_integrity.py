@@ -290,6 +290,23 @@ def test_store_verify_names_each_text_entrys_backbone_and_templates(tmp_path, ca
     assert "clip-a text embeddings, single templates: ok" in out and "clip-b text embeddings, single templates: ok" in out
 
 
+
+def test_a_text_entry_whose_key_attribute_is_damaged_stops_no_other_read(tmp_path):
+    """A text entry whose attributes hold something else than a dict as its key: every read of the store's text, of
+    any backbone, failed with AttributeError ('str' object has no attribute 'get')."""
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.store.keys import TextKey
+
+    fs = FeatureStore(tmp_path / "s.zarr")
+    emb = np.zeros((1, 2, 3), np.float32)
+    damaged = fs.put_text(TextKey("clip-a", "w", ("a", "b"), ("a photo of {}",), "single"), emb, False)
+    fs.root["text"][damaged].attrs["key"] = "not a key"
+    with pytest.raises(EntryNotFoundError):
+        fs.read_text("clip-b", ["a", "b"])
+    assert fs.texts_of({"clip-b": (["a", "b"], "w")}) == []
+    assert fs.verify_text(damaged)[0] == "ok"
+
+
 FEATURE_DAMAGE = [delete_features_file, truncate_features_file, replace_features_file, corrupt_chunk, delete_features_json]
 PARTITION = ("--partition", "dirichlet", "--clients", "3", "--seed", "5")
 
