@@ -354,12 +354,14 @@ def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, info: ShardI
 
 
 def _copy_text(store: FeatureStore, shard: FeatureStore, train: dict[str, FeatureTable]) -> None:
-    """Every text entry of the backbones of ``train`` (each backbone's training table), checked as a run reads it: one
-    damaged or unreadable is named with its backbone. One this user may not read, whose backbone is unknown, stops the
-    sharding only where it may be what an extraction of these features' weights wrote."""
-    wanted = [text_key(b, store.info(t.entry_ids[0]).key["weights_hash"], t.class_names, s).entry_id
-              for b, t in train.items() if t.entry_ids for s in TEMPLATE_SETS]
-    for _, a, embeddings in store.texts_of(train, wanted):
+    """The text entries of the backbones of ``train`` (each backbone's training table) for its classes and weights
+    (``texts_of``), checked as a run reads them: one damaged or unreadable is named with its backbone. One this user may
+    not read, whose backbone is unknown, stops the sharding only where it may be what an extraction of these features'
+    weights wrote."""
+    weights = {b: store.info(t.entry_ids[0]).key["weights_hash"] for b, t in train.items() if t.entry_ids}
+    wanted = [text_key(b, w, train[b].class_names, s).entry_id for b, w in weights.items() for s in TEMPLATE_SETS]
+    of = {b: (train[b].class_names, w) for b, w in weights.items()}
+    for _, a, embeddings in store.texts_of(of, wanted):
         k = a["key"]
         key = TextKey(**{**k, "classes": tuple(k["classes"]), "templates": tuple(k["templates"])})
         shard.put_text(key, embeddings, bool(a.get("random_weights", False)))

@@ -114,16 +114,22 @@ class TextEmbeddings:
                     log.warning("text entry %s in %s is damaged; `fedcache store verify` names it", eid, self.path)
         return out, refused
 
-    def texts_of(self, backbones: Iterable[str], wanted: Iterable[str] | None = None) -> list[tuple[str, dict, np.ndarray]]:
-        """(id, attributes, embeddings) of every complete text entry of ``backbones``, each checked (DamagedEntryError,
-        UnreadableEntryError naming it). One this user may not read, whose backbone is unknown, is refused only where
-        it may be theirs: ``wanted``, the ids an extraction of theirs writes (:func:`unrelated`), where given."""
-        backbones = set(backbones)
+    def texts_of(self, of: dict[str, tuple[Iterable[str], str | None]],
+                 wanted: Iterable[str] | None = None) -> list[tuple[str, dict, np.ndarray]]:
+        """(id, attributes, embeddings) of every complete text entry of each backbone of ``of`` for its (classes,
+        weights hash): of those weights where the store has any, as :meth:`read_text` reads. Each is checked
+        (DamagedEntryError, UnreadableEntryError naming it); another dataset's text on the same backbone is not read.
+        One this user may not read, whose key is unknown, is refused only where it may be theirs: ``wanted``, the ids
+        an extraction of theirs writes (:func:`unrelated`), where given."""
         entries, refused = self._text_attrs()
-        theirs = [(eid, a) for eid, a in entries if a.get("complete") and _key(a).get("backbone") in backbones]
         for eid, exc in refused.items():
             if not unrelated(eid, wanted):
                 raise exc
+        theirs = []
+        for backbone, (classes, weights_hash) in of.items():
+            mine = [(eid, a) for eid, a in entries if a.get("complete") and _key(a).get("backbone") == backbone
+                    and _key(a).get("classes") == list(classes)]
+            theirs += [(eid, a) for eid, a in mine if _key(a).get("weights_hash") == weights_hash] or mine
         return [(eid, a, self._text(eid)) for eid, a in theirs]
 
     def read_text(self, backbone: str, classes: Iterable[str], template_set: str = "single",

@@ -211,3 +211,25 @@ def test_a_shard_missing_a_file_is_named_as_a_shard_with_a_fix_that_keeps_it_one
                                                     r"\); copy that directory again from the `fedcache shard` output") as err:
             (load_client if shard.name != SERVER else load_server)(copy)
         assert "store rm" not in str(err.value) and "fedcache extract" not in str(err.value)
+
+
+def test_another_datasets_text_on_the_backbone_is_neither_checked_nor_copied(flower_store, tmp_path):
+    """Every text entry of the backbone was checked and copied whatever its classes: another dataset's, damaged,
+    refused the sharding of this one, and intact it went into every shard."""
+    import shutil
+
+    from fedcache.store.keys import TextKey
+
+    path = tmp_path / "store.zarr"
+    shutil.copytree(flower_store, path)
+    store, emb = FeatureStore(path), np.ones((1, 2, 3), np.float32)
+    other = [store.put_text(TextKey("tiny-clip-random", "w", classes, ("a photo of {}",), "single"), emb, False)
+             for classes in (("x", "y"), ("u", "v"))]
+    (path / "text" / other[0] / "embeddings" / "c" / "0" / "0" / "0").unlink()  # damaged: its chunk gone
+    out = tmp_path / "shards"
+    assert main(["shard", "--store", str(path), "-d", "test-toy", "-b", "tiny-clip-random", "--partition", "dirichlet",
+                 "--alpha", "1.0", "--clients", "2", "--seed", "1", "--out", str(out)]) == 0
+    shard, _ = open_shard(client_dir(out, 0))
+    copied = [a["key"]["classes"] for _, a in shard.text_entries()]
+    assert copied and all(classes == list(store.read("test-toy", "train", "tiny-clip-random").class_names)
+                          for classes in copied)
