@@ -175,9 +175,11 @@ def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: F
 
 
 def check_whole_view(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> None:
-    """Raise where a backbone holds training view ``view`` of some domains only (``extract --views K --domains``):
-    the domains that lack it, and the extraction that completes it (``FeatureStore.table_entries``)."""
-    held = {s[3] for s in store.current() if s[:2] == (dataset, "train") and s[4] == view}
+    """Raise where a backbone holds training view ``view`` of some domains only (``extract --views K --domains``),
+    or holds it unfinished (an `extract --views` interrupted or still running, no domain of it complete yet): the
+    domains that lack it, or the extraction that completes it (``FeatureStore.table_entries``)."""
+    held = {e.slot[3] for e in store.entries()
+            if e.slot[:2] == (dataset, "train") and e.slot[4] == view and not e.damaged}
     for b in (b for b in backbones if b in held):
         store.table_entries(dataset, "train", b, view)
 

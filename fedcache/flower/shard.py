@@ -274,13 +274,14 @@ def _read(store: FeatureStore, infos: list[EntryInfo]) -> FeatureTable:
 
 
 def _each_view(read: Callable[[int], T]) -> list[T]:
-    """``read(v)`` of the augmented views 1, 2, ... up to the first the store lacks (EntryNotFoundError): the views
-    a sharding copies, and a resume checks."""
+    """``read(v)`` of the augmented views 1, 2, ... up to the first the store lacks or holds unfinished (an
+    `extract --views` interrupted or still running): the views a sharding copies, and a resume checks. Whether the
+    view stopped at matters is the method's (``_check_views``), not every sharding's and resume's."""
     views, v = [], 1
     while True:
         try:
             views.append(read(v))
-        except EntryNotFoundError:
+        except (EntryNotFoundError, IncompleteEntryError):
             return views
         v += 1
 

@@ -449,6 +449,44 @@ def test_a_views_method_on_a_view_of_some_domains_is_refused_before_sharding(flo
             f"flesd, min-local) needs: {said}") in caplog.text
 
 
+@pytest.mark.parametrize("stop_in", ["light", "dark"])  # no domain of view 1 complete; light's complete, dark's not
+def test_an_unfinished_view_is_left_to_the_method(flower_store, tmp_path, monkeypatch, caplog, stop_in):
+    """An `extract --views` interrupted (or still running) in view 1: finding the entries a sharding cuts raised its
+    IncompleteEntryError before the view was weighed, so a fedavg run (no views), `fedcache shard` and a resume's
+    check were refused over a view they never read. Only a method that trains on views is refused; `fedcache shard`
+    warns."""
+    import shutil
+
+    from fedcache.errors import IncompleteEntryError
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.flower import sim
+    from fedcache.flower.shard import SERVER, changed_since_cut, open_shard, write_shards
+    from fedcache.store.feature_store import FeatureStore
+
+    store, out = tmp_path / "store.zarr", tmp_path / "sim"
+    shutil.copytree(flower_store, store)
+
+    def interrupt(event):
+        if event.kind == "start" and event.label == f"test-toy/train/{stop_in} {BACKBONE} view 1":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE], store=store, splits=("train",), views=1,
+                              workers=0), progress=interrupt)
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: pytest.fail("the simulation started"))
+    with pytest.raises(IncompleteEntryError, match="augmented view 1 of the train features of test-toy"):
+        sim.train_flower_sim_here(toy_config(store, method="fedavg-ssl", out=out))
+    assert not (out / "shards").exists()
+
+    write_shards(sim.shard_spec(toy_config(store, out=out)), out / "shards")  # fedavg: no view read
+    _, info = open_shard(out / "shards" / SERVER)
+    assert changed_since_cut(info, FeatureStore(store, create=False)) == ""  # what a resume checks
+    with caplog.at_level("WARNING", logger="fedcache.flower.shard"):
+        assert main(["shard", "--store", str(store), "-d", "test-toy", "-b", BACKBONE, "--partition", "iid",
+                     "--clients", "2", "--out", str(tmp_path / "shards")]) == 0
+    assert "the shards hold no augmented view 1" in caplog.text and "is not complete yet" in caplog.text
+
+
 def test_the_simulations_process_computes_with_its_callers_threads(flower_store, monkeypatch):
     """`fedcache train --engine flower-sim` chose its threads (--threads) in the process that only waits for the
     simulation's: the ServerApp computed with torch's default, all cores."""
