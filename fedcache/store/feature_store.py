@@ -183,16 +183,23 @@ class FeatureStore(TextEmbeddings, Removal):
 
     def chunks_done(self, info: EntryInfo) -> tuple[int, int] | None:
         """(done, total) chunks of a partial entry, as its writer reads them when it resumes; (0, 0) before its flags
-        were made (stopped, or still running, as it was created); None if they cannot be read so (damaged: its
-        extraction cannot resume it, and replaces it); UnreadableEntryError where this user may not."""
+        were made (format 1: stopped, or still running, as it was created; a format-2 entry is marked so once they
+        are); None where its flags' metadata is damaged or missing (its extraction cannot resume it, and replaces
+        it); UnreadableEntryError where this user may not read them. Another OSError (EIO, EMFILE, a network file
+        system's) says nothing of the entry and is raised: an entry another writer is filling must not be called
+        damaged, and replaced, for it."""
         try:
             group = self.root[ENTRIES][info.entry_id]
-            if "done" not in group:
+            if info.format < 2 and "done" not in group:
                 return 0, 0
             flags = self._done_flags(info, group)
-        except Exception as exc:
+        except OSError as exc:
             if is_denied(exc):  # another user's permissions on its flags: not damage
                 raise self.refused(info, denied_problem(exc)[1], denied=True) from None
+            if isinstance(exc, FileNotFoundError) and (self.path / ENTRIES / info.entry_id / "zarr.json").is_file():
+                return None  # its flags' zarr.json is gone, the entry is not (removed whole, it would be too)
+            raise
+        except Exception:  # Zarr and json raise many types for damaged metadata
             return None
         return (int(flags.sum()), len(flags)) if flags is not None else None
 

@@ -187,19 +187,22 @@ def unfinished(store: Path, eid: str) -> Path:
     return done
 
 
-@pytest.mark.parametrize("flags", ["their zarr.json", "a flag's file"])
+@pytest.mark.parametrize("flags", ["their zarr.json", "a flag's file", "their zarr.json, deleted"])
 def test_an_unfinished_entry_with_damaged_done_flags_is_called_the_same_by_ls_and_verify(flags, store, capsys):
     """`store ls` said "damaged" and `store verify` "partial ... resumed by re-running its extraction" of the same
     entry; with its flags' zarr.json damaged, that extraction then stopped with a traceback. Now both say what its
-    extraction does: a torn flag is a chunk not written yet (resumed), flags it cannot read are damage (replaced)."""
+    extraction does: a torn flag is a chunk not written yet (resumed), flags it cannot read are damage (replaced).
+    Their zarr.json deleted, Zarr found no flags: "partial (no chunk written)", and the extraction's traceback."""
     before = FeatureStore(store).read("test-toy", "train", BB)
     eid = entry_of(store, "train", "light")
     done = unfinished(store, eid)
     if flags == "their zarr.json":
         (done / "zarr.json").write_text("{")
+    elif flags == "their zarr.json, deleted":
+        (done / "zarr.json").unlink()
     else:
         (done / "c" / "1").write_bytes(b"\x01\x01")  # torn (not one flag): the writer sets it again
-    said = {"their zarr.json": "damaged", "a flag's file": "partial 1/4"}[flags]
+    said = {"a flag's file": "partial 1/4"}.get(flags, "damaged")
     code, out = run(capsys, "store", "ls", "--store", str(store))
     assert code == 0 and re.search(rf"{eid} .* {said}", out), out
     code, out = run(capsys, "store", "verify", "--store", str(store))
@@ -208,6 +211,37 @@ def test_an_unfinished_entry_with_damaged_done_flags_is_called_the_same_by_ls_an
     extract(cfg(store))  # resumes the entry, or replaces it
     np.testing.assert_array_equal(FeatureStore(store).read("test-toy", "train", BB).features, before.features)
     assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
+
+
+def test_an_unfinished_entry_whose_flags_the_file_system_fails_to_read_is_not_replaced(store, capsys, monkeypatch):
+    """Any error reading an unfinished entry's done flags made it "damaged": a second `--part` writer opening the
+    entry, or `store verify --repair`, met with a passing EIO (EMFILE, a network file system) removed a partial
+    entry another writer was filling. Such an error says nothing of the entry: it is raised, and the entry kept."""
+    import errno
+
+    from types import SimpleNamespace
+
+    from fedcache.store import feature_store
+    from fedcache.store.writer import _discard_if_damaged
+
+    eid = entry_of(store, "train", "light")
+    unfinished(store, eid)
+    real = feature_store.RawMeta.open
+
+    def failing(path):
+        if Path(path).name == "done":
+            raise OSError(errno.EIO, "Input/output error", str(Path(path) / "zarr.json"))
+        return real(path)
+
+    monkeypatch.setattr(feature_store.RawMeta, "open", staticmethod(failing))
+    fs = FeatureStore(store)
+    with pytest.raises(OSError):
+        _discard_if_damaged(fs, SimpleNamespace(entry_id=eid, label=lambda: "test-toy/train/light"))  # as open_writer
+    code, out = run(capsys, "store", "verify", "--repair", "--store", str(store))
+    assert code != 0 and "Input/output error" in out and "removed" not in out, out
+    assert (store / "entries" / eid / "done" / "zarr.json").is_file()
+    monkeypatch.undo()
+    assert FeatureStore(store).chunks_done(FeatureStore(store).info(eid)) == (2, 4)
 
 
 def test_an_entry_whose_data_cannot_be_known_is_labelled_so(store, capsys):
