@@ -613,7 +613,7 @@ def test_text_embeddings_this_user_cannot_read_are_named_so_not_damaged(refused,
     line = one_error_line(extract_err)
     assert extracted == 1 and line == f"error: cannot read the feature store {store} (text entry {eid} ({what}): no " \
                                       f"permission to read {target}); have its owner make it readable (chmod -R a+rX)", line
-    assert checked == 1 and f"{eid} text embeddings: unreadable (no permission to read {target})" in listed, listed
+    assert checked == 1 and f"{eid} {what}: unreadable (no permission to read {target})" in listed, listed
     assert "1 entry not readable by this user" in summary and "damaged" not in listed + summary, listed + summary
     assert target.read_bytes() == before and FeatureStore(store).verify_text(eid) == ("ok", "")  # left as it was
 
