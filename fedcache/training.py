@@ -22,9 +22,7 @@ from fedcache.federate.divergence import DivergedError
 from fedcache.federate.driver import Run, RunResult
 from fedcache.federate.inprocess import OnRound, run_one
 from fedcache.federate.methods import Method, MethodContext
-from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, local_test_sets, make_partition,
-                                          save_partition)
-from fedcache.federate.partitions.storage import keys_hash, table_keys
+from fedcache.federate.partitions import Partition, PartitionRequest, local_test_sets, stored_partition
 from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
@@ -229,12 +227,7 @@ def _partition(spec: RunSpec, store: FeatureStore, train_t: Rows, test_t: Rows) 
     check_same_source(train_t, test_t)  # before a partition is made of them
     check_same_encoder(store, train_t, test_t)
     request = partition_request(spec, len(train_t.domain_names))
-    keys = (table_keys(train_t), table_keys(test_t))
-    data_hash = keys_hash(*keys)  # once: each use sorts every key
-    partition = find_partition(store, spec.data.dataset, request, *keys, data_hash=data_hash)
-    if partition is None:
-        partition = make_partition(request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
-    pid = save_partition(store, spec.data.dataset, partition, *keys, data_hash=data_hash)
+    partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
     info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
             "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if spec.schedule.validation else "test split"}

@@ -77,9 +77,10 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
     # Every fedavg run on a backbone without text comes here: nothing on this path builds a model (has_text_tower).
     if train is None or not train.entry_ids or SHARD_ATTR in store.root.attrs:
         return ""
-    infos = [store.info(e) for e in train.entry_ids]
-    if not has_text_tower(backbone, infos[0].attrs.get("backbone_source")):
+    first = store.info(train.entry_ids[0])
+    if not has_text_tower(backbone, first.attrs.get("backbone_source")):
         return ""
+    infos = [first] + [store.info(e) for e in train.entry_ids[1:]]
     none = f"the store holds no class-text embeddings of {backbone} for the classes of {infos[0].key['dataset']}"
     if (infos[0].key.get("preprocess") or {}).get("imported"):
         return f"{none}: its features were imported, and an import stores none; {_imported_hint(store, backbone, infos[0])}"

@@ -35,8 +35,8 @@ from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, Entr
                              StoreError)
 from fedcache.federate.data import (FederatedData, check_labels, check_same_encoder, check_whole_view, fused_rows,
                                    keys_as_first, load_fused, load_views, row_positions, sample_keys)
-from fedcache.federate.partitions import (Partition, PartitionRequest, find_partition, load_partition, make_partition,
-                                          save_partition, table_keys)
+from fedcache.federate.partitions import (Partition, PartitionRequest, load_partition, save_partition, stored_partition,
+                                          table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.federate.text import attach_text
 from fedcache.ownership import LOCK, hold
@@ -209,11 +209,7 @@ def _partition(store: FeatureStore, spec: ShardSpec, cut: Cut) -> tuple[Partitio
     train_t, test_t = (fused_rows(spec.dataset, spec.backbones, s, rows[s]) for s in ("train", "test"))
     for train_b, test_b in zip(rows["train"], rows["test"]):  # clients would train on one encoder's features and be
         check_same_encoder(store, train_b, test_b)  # scored on another's
-    keys = (table_keys(train_t), table_keys(test_t))
-    partition = find_partition(store, spec.dataset, spec.request, *keys)
-    if partition is None:
-        partition = make_partition(spec.request, train_t.labels, train_t.domains, test_t.labels, test_t.domains)
-    return partition, save_partition(store, spec.dataset, partition, *keys)
+    return stored_partition(store, spec.dataset, spec.request, train_t, test_t)
 
 
 def cut_from(store: FeatureStore, dataset: str, backbones: list[str]) -> Cut:

@@ -20,7 +20,8 @@ from fedcache.federate.partitions.core import (
 
 # Imported when first named: the store's module imports zarr, which the run spec (and so the CLI's start-up)
 # does not need for the partition options.
-_STORAGE = ("PARTITIONS", "find_partition", "keys_hash", "load_partition", "save_partition", "table_keys")
+_STORAGE = ("PARTITIONS", "find_partition", "keys_hash", "load_partition", "save_partition", "stored_partition",
+            "table_keys")
 
 
 def __getattr__(name: str):

@@ -25,7 +25,7 @@ from zarr.codecs import BloscCodec
 from fedcache import disk
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
-from fedcache.federate.partitions.core import Partition, PartitionRequest, partition_id
+from fedcache.federate.partitions.core import Partition, PartitionRequest, make_partition, partition_id
 from fedcache.store.feature_store import SHARD_ATTR, FeatureStore, FeatureTable, now_iso
 from fedcache.store.keys import canonical_json
 
@@ -278,6 +278,17 @@ def _dense_table(domains: np.ndarray, ids: np.ndarray, split: str) -> np.ndarray
     if not np.array_equal(table[slot], np.arange(len(ids))):
         _sorted_keys(domains, ids, split)  # a key written twice: refused there, naming it
     return table
+
+
+def stored_partition(store: FeatureStore, dataset: str, request: PartitionRequest, train, test) -> tuple[Partition, str]:
+    """The partition ``request`` makes of the ``train`` and ``test`` tables (or their rows: labels, domains and ids
+    only), found in ``store`` or made and stored there, and its id: what a run and a sharding partition by."""
+    keys = (table_keys(train), table_keys(test))
+    data_hash = keys_hash(*keys)  # once: each use sorts every key
+    partition = find_partition(store, dataset, request, *keys, data_hash=data_hash)
+    if partition is None:
+        partition = make_partition(request, train.labels, train.domains, test.labels, test.domains)
+    return partition, save_partition(store, dataset, partition, *keys, data_hash=data_hash)
 
 
 def find_partition(store: FeatureStore, dataset: str, request: PartitionRequest, train_keys, test_keys,
