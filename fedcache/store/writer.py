@@ -56,7 +56,10 @@ class EntryWriter:
         self.checksum = a.get(CHECKSUM_ATTR, FORMAT_1_CHECKSUM)
         self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
         folder = folder if folder is not None else store.path / ENTRIES / key.entry_id
-        self.files = _Files(folder, key) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group)
+        # A complete entry's flags and chunk checksums are not opened: its checksums are its attributes, and reads
+        # never look at them (a complete entry whose done/zarr.json went missing is intact, and is found complete).
+        self.files = None if self.complete else (
+            _Files(folder, key) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group))
 
     @property
     def n_chunks(self) -> int:
@@ -71,6 +74,8 @@ class EntryWriter:
         return c * self.chunk_rows, min(self.n_rows, (c + 1) * self.chunk_rows)
 
     def pending(self, part: Part = Part()) -> list[int]:
+        if self.files is None:  # complete
+            return []
         done = self.files.all("done")
         return [c for c in part.chunks(self.n_chunks) if not done[c]]
 

@@ -213,6 +213,24 @@ def test_an_unfinished_entry_with_damaged_done_flags_is_called_the_same_by_ls_an
     assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
 
 
+@pytest.mark.parametrize("flags", ["deleted", "damaged"])
+def test_a_complete_entry_without_its_done_flags_metadata_is_complete_everywhere(flags, store, capsys):
+    """A complete entry's done flags are no longer read (its checksums are its attributes): reads, `store ls` and
+    `store verify` found it intact, but the extraction that made it, run again, opened its flags and stopped with a
+    FileNotFoundError (or a JSON) traceback. It is complete and ok in all of them, and the extraction says so."""
+    before = FeatureStore(store).read("test-toy", "train", BB)
+    eid = entry_of(store, "train", "light")
+    meta = store / "entries" / eid / "done" / "zarr.json"
+    meta.unlink() if flags == "deleted" else meta.write_text("{")
+    code, out = run(capsys, "store", "ls", "--store", str(store))
+    assert code == 0 and re.search(rf"{eid} .* complete", out), out
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 0 and f"{eid} test-toy/train/light {BB}: ok" in out, out
+    reports = extract(cfg(store))
+    assert {r.status for r in reports} == {"already complete"}
+    np.testing.assert_array_equal(FeatureStore(store).read("test-toy", "train", BB).features, before.features)
+
+
 def test_an_unfinished_entry_whose_flags_the_file_system_fails_to_read_is_not_replaced(store, capsys, monkeypatch):
     """Any error reading an unfinished entry's done flags made it "damaged": a second `--part` writer opening the
     entry, or `store verify --repair`, met with a passing EIO (EMFILE, a network file system) removed a partial
