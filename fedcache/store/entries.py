@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
+from typing import Iterable
 
 # 1: zstd-compressed chunks (Zarr's default codec), zlib CRC-32 checksums.
 # 2: new entries uncompressed, CRC-32C checksums (docs/store.md says why); format-1 entries still read.
@@ -58,3 +59,8 @@ class EntryInfo:
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def newest(infos: Iterable[EntryInfo]) -> EntryInfo:
+    """The entry completed last (the first of those completed at once): the extraction or import last asked for."""
+    return max(infos, key=lambda e: e.completed_at or "")

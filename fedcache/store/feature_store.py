@@ -29,7 +29,7 @@ from fedcache.paths import STORE_DENIED, denied_problem, is_denied, owner, unrea
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
-                                    EntryInfo, now_iso)
+                                    EntryInfo, newest, now_iso)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS
 from fedcache.store.locks import exclusive_lock, import_lock, shared_lock
 from fedcache.store.reading import EntryReader, fill
@@ -219,12 +219,11 @@ class FeatureStore(TextEmbeddings, Removal):
         for e in infos if infos is not None else self.entries():
             if e.complete and (e.slot not in best or (e.completed_at or "") > (best[e.slot].completed_at or "")):
                 best[e.slot] = e
-        newest: dict[tuple, EntryInfo] = {}
+        groups: dict[tuple, list[EntryInfo]] = {}
         for e in best.values():
-            group = _group(e)
-            if group not in newest or (e.completed_at or "") > (newest[group].completed_at or ""):
-                newest[group] = e
-        return {slot: e for slot, e in best.items() if _named_by(newest[_group(e)], e)}
+            groups.setdefault(_group(e), []).append(e)
+        last = {group: newest(infos) for group, infos in groups.items()}
+        return {slot: e for slot, e in best.items() if _named_by(last[_group(e)], e)}
 
     def make_current(self, entry_id: str) -> bool:
         """Make a complete entry the one its slot reads, as a fresh write of it would; True if another had been.
@@ -292,11 +291,13 @@ class FeatureStore(TextEmbeddings, Removal):
     def table_entries(self, dataset: str, split: str, backbone: str, view: int = 0,
                       domains: Iterable[str] | None = None) -> list[EntryInfo]:
         """The entries :meth:`read` reads, in its row order: the current entry of each domain asked for (by default
-        each domain the entries name), of one making (``check_consistent``); metadata only. :meth:`find` may find
-        more (a domain the entries do not name): what a read was made of is these."""
+        each domain the newest entry names, as :meth:`current` keeps them), of one making (``check_consistent``);
+        metadata only. :meth:`find` may find more (a domain the entries do not name): what a read was made of is
+        these. Not the first entry found's domains: an import of fewer domains beside an extraction's was read
+        alone or refused by which domain's name sorted first."""
         domains = None if domains is None else list(domains)
         found = self.find(dataset, split, backbone, view, domains)
-        wanted = list(domains) if domains is not None else list(found[0].attrs["domains"])
+        wanted = list(domains) if domains is not None else list(newest(found).attrs["domains"])
         by_domain = {e.key["domain"]: e for e in found}
         missing = [d for d in wanted if d not in by_domain]
         if missing:

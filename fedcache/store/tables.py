@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcache.errors import StoreError
-from fedcache.store.entries import EntryInfo
+from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json
 from fedcache.store.reading import EntryReader
 
@@ -95,10 +95,11 @@ def check_consistent(entries: list[EntryInfo], path: Path) -> None:
     made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
     if len(made_by) > 1:
         k = entries[0].key
-        # Imported features name their file in weights_hash ("imported:<digest>"): two files' domains mixed.
-        again = ("import the file again, whole (`fedcache store import FILE`)" if any(
-            str(e.key["weights_hash"]).startswith("imported:") for e in entries) else
-            f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
+        # Made again as last asked for (the newest entry); imported features name their file in weights_hash
+        # ("imported:<digest>"). An extraction's domains beside an older import's are completed by the extraction.
+        again = ("import the file again, whole (`fedcache store import FILE`)" if
+                 str(newest(entries).key["weights_hash"]).startswith("imported:") else
+                 f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
         raise StoreError(
             f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
             f"or imported files; {again} so that every domain is current"

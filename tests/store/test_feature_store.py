@@ -15,8 +15,8 @@ def key(weights: str = "w1", size: int = 32, domain: str = "all") -> EntryKey:
     return EntryKey("ds", "fp", "train", domain, "bb", weights, {"size": size})
 
 
-def write_all(store, k, feats, labels, batch=2, chunk_rows=None, part=Part()):
-    with open_writer(store, k, len(feats), feats.shape[1], batch, ATTRS, part, chunk_rows=chunk_rows) as w:
+def write_all(store, k, feats, labels, batch=2, chunk_rows=None, part=Part(), attrs=ATTRS):
+    with open_writer(store, k, len(feats), feats.shape[1], batch, attrs, part, chunk_rows=chunk_rows) as w:
         for c in w.pending(part):
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, feats[lo:hi], labels[lo:hi], np.arange(lo, hi), np.ones(hi - lo, bool))
@@ -97,6 +97,28 @@ def test_a_missing_domain_is_told_the_extraction_its_table_can_take(store_path):
     with pytest.raises(EntryNotFoundError, match=r"no train features of ds/b for bb; run .*--domains b --dtype float32 "
                                                  r"--image-size 32`"):
         store.read("ds", "train", "bb")
+
+
+@pytest.mark.parametrize("imported", ["a", "b"])
+def test_a_table_takes_the_domains_its_newest_entry_names_whichever_sorts_first(store_path, imported):
+    """Extracted domains a and b, an import of one of them, then that extraction of the other again (complete: made
+    current): the table took the domains of the first entry found (by domain name). The import of a was read alone,
+    the extraction's b left out without a word; the import of b was refused, told to import the file again. Both now
+    take the newest entry's domains (the extraction's: a and b), refuse the mix and say to re-run the extraction."""
+    store = FeatureStore(store_path)
+    rows, both = np.zeros((4, 3), np.float32), {**ATTRS, "domains": ["a", "b"]}
+    for d in ("a", "b"):
+        write_all(store, key(domain=d), rows, np.zeros(4), attrs=both)
+    write_all(store, key("imported:f", domain=imported), rows + 1, np.zeros(4), attrs={**ATTRS, "domains": [imported]})
+    assert [e.key["domain"] for e in store.table_entries("ds", "train", "bb")] == [imported]  # the import, whole
+    other = "b" if imported == "a" else "a"
+    write_all(store, key(domain=other), rows, np.zeros(4), attrs=both)  # extracted again: current, the newest
+    with pytest.raises(StoreError, match=r"ds/train for bb were made by different weights, preprocessing or imported "
+                                         r"files; re-run `fedcache extract --store .* --dataset ds --backbones bb`"):
+        store.table_entries("ds", "train", "bb")
+    write_all(store, key(domain=imported), rows, np.zeros(4), attrs=both)  # the extraction said: every domain again
+    found = store.table_entries("ds", "train", "bb")
+    assert [(e.key["domain"], e.key["weights_hash"]) for e in found] == [("a", "w1"), ("b", "w1")]
 
 
 def test_new_key_in_same_slot_supersedes_old(store_path):
