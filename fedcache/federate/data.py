@@ -12,6 +12,7 @@ import torch
 from fedcache.errors import EntryNotFoundError, StoreError
 from fedcache.federate.local import gather_rows
 from fedcache.federate.partitions.core import compact_rows
+from fedcache.store import lookup
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
 from fedcache.wording import did_you_mean
@@ -160,8 +161,11 @@ def _destinations(want: np.ndarray, have: np.ndarray, backbone: str, dataset: st
 
 def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: FeatureTable) -> np.ndarray | None:
     """The augmented training views (``extract --views K``) as (N, K, D), rows aligned with ``train``;
-    None when the store has none. A view the store holds of some domains only is refused (the domains that lack it,
-    and the extraction that completes it), not left out: a method then said it found fewer views, or none."""
+    None when the store has none. A view the store holds of some domains or fused backbones only is refused (what
+    lacks it, and the extraction that completes it), not left out: a method then said it found fewer views, or
+    none. So is an unfinished view (an `extract --views` interrupted or still running: ``IncompleteEntryError``,
+    naming it and the command that finishes it), though the views before it are complete: a run on fewer views than
+    were asked for would train on other data than the user's, without a word."""
     views, v = [], 1
     while True:
         try:
@@ -177,11 +181,19 @@ def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: F
 def check_whole_view(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> None:
     """Raise where a backbone holds training view ``view`` of some domains only (``extract --views K --domains``),
     or holds it unfinished (an `extract --views` interrupted or still running, no domain of it complete yet): the
-    domains that lack it, or the extraction that completes it (``FeatureStore.table_entries``)."""
-    held = {e.slot[3] for e in store.entries()
-            if e.slot[:2] == (dataset, "train") and e.slot[4] == view and not e.damaged}
+    domains that lack it, or the extraction that completes it (``FeatureStore.table_entries``). Or where a fused
+    backbone holds none of the view another holds (``extract --views K`` run for one of them): the backbone that lacks
+    it, and the extraction that makes it for it."""
+    infos = store.entries()
+    of_view = [e for e in infos if e.slot[:2] == (dataset, "train") and e.slot[4] == view]
+    held = {e.slot[3]: e for e in of_view if not e.damaged}
     for b in (b for b in backbones if b in held):
         store.table_entries(dataset, "train", b, view)
+    lacking = [b for b in backbones if b not in {e.slot[3] for e in of_view}]
+    have = [held[b] for b in backbones if b in held]
+    if have and lacking:
+        like = store.table_entries(dataset, "train", lacking[0])[0]  # its features, as the views are to be made
+        raise lookup.view_lacking(store.path, infos, have[0], like)
 
 
 def row_positions(want: np.ndarray, have: np.ndarray, backbone: str, dataset: str, split: str) -> np.ndarray:

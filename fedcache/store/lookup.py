@@ -87,19 +87,31 @@ def finish_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
                                and but_domain(e.key) == but_domain(pending.key)])
 
 
-def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
+def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None) -> str:
     """The `extract --views` that finishes the views ``pending`` is one of: every domain (a table of a view needs
     them all), as many views as its extraction asked for (its entries' ``views``; else the highest begun), of its
-    recipe and seed (another would make other views)."""
-    k = pending.key
+    recipe and seed (another would make other views). ``like``: an entry of another backbone, which lacks the
+    views: the command makes them for it, as its own features were made (its --dtype and --image-size)."""
+    k, made = pending.key, (like or pending).key
     same = [e for e in infos if e.key.get("augmentation") == k.get("augmentation")
             and (e.slot[0], e.slot[1], e.slot[3]) == (k["dataset"], k["split"], k["backbone"])]
-    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {k['backbone']} --splits {k['split']}"
+    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {made['backbone']} --splits {k['split']}"
     hint += f" --views {max(max(e.key.get('view') or 0, int(e.attrs.get('views') or 0)) for e in same)}"
     aug = k.get("augmentation") or {}
     hint += f" --view-recipe {aug['recipe']}" if aug.get("recipe", "simclr") != "simclr" else ""
     hint += f" --view-seed {aug['seed']}" if aug.get("seed", 0) else ""
-    return hint + _made_as(k)
+    return hint + _made_as(made)
+
+
+def view_lacking(path: Path, infos: list[EntryInfo], have: EntryInfo, like: EntryInfo) -> EntryNotFoundError:
+    """Augmented view of ``have`` (an entry of it) held for its backbone, none of it for ``like``'s (an entry of that
+    backbone's features), fused beside it: a run on the views the backbones share would train on fewer views than
+    were extracted. The `extract --views` that makes them for ``like``'s backbone."""
+    k = have.key
+    return EntryNotFoundError(
+        f"augmented view {k['view']} of the {k['split']} features of {k['dataset']} is extracted for {k['backbone']} "
+        f"but not for {like.key['backbone']} (fused backbones train on the views of each); extract it with "
+        f"`{views_hint(path, infos, have, like)}`")
 
 
 def _made_as(k: dict) -> str:

@@ -1,5 +1,6 @@
 """Extraction end to end on a tiny dataset and tiny random backbones: resume, keys, views, errors."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -182,6 +183,63 @@ def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store
                                   f"light only (dark lack it); complete it with `{complete}`")
     extract(cfg(store_path, splits=("train",), views=1))  # the command said
     assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 1, 96)
+
+
+def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_that_lacks_it(store_path):
+    """`extract --views 2` run for one of two fused backbones: the views' loop stopped at the other's missing view 1
+    and checked only the backbones that held it, so a method training on views found none, without a word. The
+    backbone that lacks the view is named, with the extraction that makes it for it (its own --image-size)."""
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.federate.data import load_fused, load_views
+
+    both = ["tiny-timm-random", "tiny-clip-random"]
+    extract(cfg(store_path, backbones=both, splits=("train",)))
+    extract(cfg(store_path, splits=("train",), views=2))  # tiny-timm-random's alone
+    store = FeatureStore(store_path)
+    make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-clip-random --splits train "
+            "--views 2 --image-size 32")
+    for fused in (both, both[::-1]):  # whichever comes first
+        train = load_fused(store, "test-toy", fused, "train")
+        with pytest.raises(EntryNotFoundError) as lacking:
+            load_views(store, "test-toy", fused, train)
+        assert str(lacking.value) == ("augmented view 1 of the train features of test-toy is extracted for "
+                                      "tiny-timm-random but not for tiny-clip-random (fused backbones train on the views "
+                                      f"of each); extract it with `{make}`")
+    extract(cfg(store_path, backbones=["tiny-clip-random"], splits=("train",), views=2))  # the command said
+    train = load_fused(store, "test-toy", both, "train")
+    assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
+
+
+def test_an_unfinished_view_after_complete_ones_refuses_a_views_run_in_one_line(store_path, capsys):
+    """`extract --views 2` interrupted in view 2, view 1 complete: a run on view 1 alone would train on fewer views
+    than were asked for, without a word. `train` with a method that trains on views refuses in one line naming
+    view 2 and the command that finishes it, no traceback; once finished, it trains on both."""
+    from fedcache.cli import main
+    from fedcache.errors import IncompleteEntryError
+    from fedcache.federate.data import load_views
+
+    def interrupt(event):
+        if event.kind == "start" and event.label == "test-toy/train/dark tiny-timm-random view 2":
+            raise KeyboardInterrupt
+
+    extract(cfg(store_path))
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, splits=("train",), views=2), progress=interrupt)
+    store = FeatureStore(store_path)
+    train = store.read("test-toy", "train", "tiny-timm-random")
+    finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
+              "--views 2 --image-size 32")
+    said = ("augmented view 2 of the train features of test-toy/dark for tiny-timm-random is not complete yet (an "
+            f"`extract --views` interrupted or still running); finish the views with `{finish}`")
+    with pytest.raises(IncompleteEntryError, match=re.escape(said)):
+        load_views(store, "test-toy", ["tiny-timm-random"], train)
+    argv = ["train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg-ssl",
+            "--rounds", "1", "--out", str(store_path.parent / "run")]
+    capsys.readouterr()
+    code, err = main(argv), capsys.readouterr().err
+    assert code == 1 and " ".join(err.split()) == f"error: {said}", err  # one line, wrapped at most
+    extract(cfg(store_path, splits=("train",), views=2))  # the command said
+    assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 2, 96)
 
 
 KILL_SCRIPT = """
