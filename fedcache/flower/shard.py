@@ -181,8 +181,8 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
 
 def _check_views(store: FeatureStore, spec: ShardSpec, view: int) -> None:
     """Refuse (or, the method not known, warn of) training view ``view``, which the sharding leaves out, where a
-    backbone holds it of some domains only (``extract --views K --domains``): the domains that lack it, and the
-    extraction that completes it."""
+    backbone holds it of some domains only (``extract --views K --domains``) or another fused backbone holds it and
+    this one none (``check_whole_view``): what lacks it, and the extraction that completes it."""
     if spec.views is False:
         return
     try:

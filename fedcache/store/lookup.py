@@ -95,7 +95,8 @@ def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     k, made = pending.key, (like or pending).key
     same = [e for e in infos if e.key.get("augmentation") == k.get("augmentation")
             and (e.slot[0], e.slot[1], e.slot[3]) == (k["dataset"], k["split"], k["backbone"])]
-    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {made['backbone']} --splits {k['split']}"
+    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {made['backbone']}"
+    hint += f" --splits {k['split']}"
     hint += f" --views {max(max(e.key.get('view') or 0, int(e.attrs.get('views') or 0)) for e in same)}"
     aug = k.get("augmentation") or {}
     hint += f" --view-recipe {aug['recipe']}" if aug.get("recipe", "simclr") != "simclr" else ""

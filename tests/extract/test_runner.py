@@ -203,8 +203,8 @@ def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_
         with pytest.raises(EntryNotFoundError) as lacking:
             load_views(store, "test-toy", fused, train)
         assert str(lacking.value) == ("augmented view 1 of the train features of test-toy is extracted for "
-                                      "tiny-timm-random but not for tiny-clip-random (fused backbones train on the views "
-                                      f"of each); extract it with `{make}`")
+                                      "tiny-timm-random but not for tiny-clip-random (fused backbones train on the "
+                                      f"views of each); extract it with `{make}`")
     extract(cfg(store_path, backbones=["tiny-clip-random"], splits=("train",), views=2))  # the command said
     train = load_fused(store, "test-toy", both, "train")
     assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
