@@ -85,7 +85,7 @@ def test_the_cycle_check_finds_a_cycle():
 # training; the API, demo and paper presets on those; nothing imports the CLI.
 LAYERS = [
     ("errors", "wording", "borrowed"),
-    ("config", "registry", "paths", "progress", "table", "noise", "disk", "ownership"),
+    ("config", "registry", "paths", "progress", "table", "noise", "disk", "ownership", "workers"),
     ("store", "trackers"),
     ("heads",),
     ("extract",),

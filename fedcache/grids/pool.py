@@ -1,4 +1,5 @@
-"""Worker processes for a grid's cells and batches: spawned, one torch thread each, stopped with the grid."""
+"""Worker processes for a grid's cells and batches: spawned, one torch thread each, stopped with the grid (what a
+worker sets up as it starts, and between its cells: fedcache/workers.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,8 @@ from multiprocessing.connection import wait
 
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
-from fedcache.ownership import Holder, on_orphaned, work_for
+from fedcache.ownership import Holder
+from fedcache.workers import SIGTERM_SAID, init_worker, log_from_worker, unless_stopping
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +33,14 @@ def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
     before = set(multiprocessing.active_children())
     workers: set = set()
     with _sigterm_reports(ctx) as (report_to, sigterm):
-        pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
-                                   initargs=(os.getpid(), report_to, Holder.me().to_text()))
+        pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=init_worker,
+                                   initargs=(os.getpid(), report_to, Holder.me().to_text(), _log_level()))
         try:
             # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
             # fixes this process's default start method (multiprocessing records it for the child): the caller's
             # to choose.
             with _workers_deaf_to_ctrl_c(), start_method_unset():
-                futures = [pool.submit(_unless_stopping, fn, *args) for fn, args in tasks]
+                futures = [pool.submit(unless_stopping, fn, *args) for fn, args in tasks]
             workers = set(multiprocessing.active_children()) - before
             for fut in _as_finished(futures, sigterm):
                 yield from fut.result()
@@ -67,11 +69,11 @@ def _as_finished(futures: list[Future], sigterm: Future) -> Iterator[Future]:
 
 @contextlib.contextmanager
 def _sigterm_reports(ctx) -> Iterator[tuple[object, Future]]:
-    """(the end of a pipe that workers report a SIGTERM on, a future that fails with SystemExit once one does),
-    read by a thread of this process while the block runs."""
+    """(the end of a pipe that workers report a SIGTERM and their log records on, a future that fails with
+    SystemExit once one reports a SIGTERM), read by a thread of this process while the block runs."""
     reader, writer = ctx.Pipe(duplex=False)
     sigterm: Future = Future()
-    listener = threading.Thread(target=_listen, args=(reader, sigterm), name="fedcache-grid-sigterm", daemon=True)
+    listener = threading.Thread(target=_listen, args=(reader, sigterm), name="fedcache-grid-workers", daemon=True)
     listener.start()
     try:
         yield writer, sigterm
@@ -84,17 +86,27 @@ def _sigterm_reports(ctx) -> Iterator[tuple[object, Future]]:
             reader.close()
 
 
-_GRID_DONE = b""  # this process's last message on the pipe; a worker's is _SIGTERM
-_SIGTERM = b"SIGTERM"
+_GRID_DONE = b""  # this process's last message on the pipe, once its workers are gone (theirs are never empty)
 
 
 def _listen(reader, sigterm: Future) -> None:
-    try:
-        said = reader.recv_bytes()
-    except (EOFError, OSError):  # the pipe closed under it: the grid is leaving anyway
-        return
-    if said == _SIGTERM:
-        sigterm.set_exception(SystemExit(128 + signal.SIGTERM))
+    while True:
+        try:
+            said = reader.recv_bytes()
+        except (EOFError, OSError):  # the pipe closed under it: the grid is leaving anyway
+            return
+        if said == _GRID_DONE:
+            return
+        if said != SIGTERM_SAID:
+            log_from_worker(said)
+        elif not sigterm.done():  # the grid stops on the first; a second worker's changes nothing
+            sigterm.set_exception(SystemExit(128 + signal.SIGTERM))
+
+
+def _log_level() -> int:
+    """The lowest level this process writes fedcache's records at, or any other's: a worker's lower ones are
+    dropped where they are made, instead of sent to be dropped here."""
+    return min(logging.getLogger().getEffectiveLevel(), logging.getLogger("fedcache").getEffectiveLevel())
 
 
 # A worker gone under the grid (the grid stops its own workers only once it is stopping itself).
@@ -109,10 +121,11 @@ _LOST_WORKER = {
 
 def _lost_worker(exc: BaseException, workers: set) -> str | None:
     """The line for a worker gone under the grid, or None. A worker sent SIGTERM while still starting, before
-    ``_init_worker`` sets its handler (a scheduler's kill of every process of the job), dies of it and breaks the
-    pool as a crash does: told apart by how the workers that are gone ended, every one by SIGTERM (once broken, the
-    pool sends it to the others itself; a crashed worker had ended otherwise first). Blocking SIGTERM while the
-    workers start instead kept a worker that the grid stops as it starts importing torch until the grace ran out."""
+    ``init_worker`` sets its handler (a scheduler's kill of every process of the job, in Python's start or its
+    re-import of the main script), dies of it and breaks the pool as a crash does: told apart by how the workers
+    that are gone ended, every one by SIGTERM (once broken, the pool sends it to the others itself; a crashed
+    worker had ended otherwise first). Blocking SIGTERM while the workers start instead kept a worker that the grid
+    stops as it starts until the grace ran out."""
     ended = {w.exitcode for w in workers} - {None}
     if isinstance(exc, BrokenProcessPool) and ended == {-signal.SIGTERM}:
         exc = SystemExit(128 + signal.SIGTERM)
@@ -124,7 +137,7 @@ def _workers_deaf_to_ctrl_c() -> Iterator[None]:
     """Workers started in the block never get SIGINT: Ctrl-C reaches the whole process group, and a worker still
     importing torch printed its own KeyboardInterrupt traceback before the grid's one line (the grid stops its
     workers itself, ``_stop``). A blocked signal stays blocked across fork and exec, so this thread blocks SIGINT
-    while it starts them (``_init_worker`` then ignores it). Ignored here instead, a SIGINT sent meanwhile (a
+    while it starts them (``workers.init_worker`` then ignores it). Ignored here instead, a SIGINT sent meanwhile (a
     script's ``kill -INT`` on reading "grid started") was lost, and the grid trained on. One sent meanwhile is held
     (from the main thread, which alone may set a handler) and raised once the workers are started: another thread
     may take it while this one blocks it, and its KeyboardInterrupt must not cut a worker's start short."""
@@ -190,54 +203,3 @@ def _say_killed(killed: int, grace: float) -> None:
                     "last checkpoints (Python may then warn of semaphores they leaked: it removes them as it exits)",
                     killed, "s" if killed > 1 else "", grace, "were" if killed > 1 else "was",
                     "their" if killed > 1 else "its")
-
-
-def _init_worker(grid: int, report_to, holder: str) -> None:
-    global _report_to
-    os.environ["OMP_NUM_THREADS"] = "1"
-    _report_to = report_to
-    work_for(Holder.parse(holder))  # the cells it locks are held for the grid, the command to stop
-    # The grid stops its workers with SIGTERM (``_stop``): a worker leaves as Python does (SystemExit in its cell;
-    # between cells, on the pool's last message), so its cell's clean-up runs (its run directory's lock is let go)
-    # and what it registered with multiprocessing's resource tracker is unregistered. Killed outright by the
-    # signal, each worker's Blosc lock (numcodecs makes one to read the partition) was reported as "leaked
-    # semaphore objects" under the grid's one line.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # blocked since it started; ignored even if something unblocks it
-    import torch
-
-    torch.set_num_threads(1)
-    on_orphaned(grid, lambda: os._exit(1))  # its grid killed outright: it would train on under the next command
-
-
-_report_to = None  # the grid's pipe for a SIGTERM that finds this worker between cells
-_in_cell = False  # this worker runs a cell (``_unless_stopping``)
-_stopping = False  # this worker was sent SIGTERM
-
-
-def _exit_on_sigterm(signum: int, frame) -> None:
-    global _stopping
-    if _stopping:
-        return  # already leaving (the grid stops every worker, this one too): let its clean-up run
-    _stopping = True
-    if _in_cell:
-        raise SystemExit(128 + signum)  # the pool sends it back as the cell's error; the worker goes on
-    # Between cells the worker is in the pool's own code, reading its next cell from the pipe all workers share:
-    # an exception there could leave half a message in it, which another worker then read as garbage (an
-    # EOFError traceback under the grid's line), and a worker gone there broke the pool ("a grid worker process
-    # died"). It tells the grid, which stops; the worker refuses its next cell or leaves on the pool's last message.
-    with contextlib.suppress(OSError):  # a grid already gone
-        _report_to.send_bytes(_SIGTERM)
-
-
-def _unless_stopping(fn: Callable, *args):
-    """``fn(*args)`` in a worker not yet stopped: the pool hands a stopped worker the cells it had queued all the
-    same, and only once none is left does it tell the worker to exit."""
-    global _in_cell
-    try:
-        _in_cell = True
-        if _stopping:  # also a SIGTERM that came as this cell was handed over
-            raise SystemExit(128 + signal.SIGTERM)
-        return fn(*args)
-    finally:
-        _in_cell = False

@@ -190,7 +190,7 @@ def test_a_signal_stops_the_batched_engine_with_its_batch_checkpointed(toy_store
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.slow
 def test_a_worker_sent_sigterm_from_outside_stops_the_grid_in_one_line(toy_store, tmp_path):
-    """A worker exits on SIGTERM as Python does (pool._init_worker), which from outside the grid (a scheduler, kill)
+    """A worker exits on SIGTERM as Python does (workers.init_worker), which from outside the grid (a scheduler, kill)
     reached the grid as the cell's SystemExit: it must stop the grid with its other workers and say so, not pass
     as an exit status without a word while the other worker trains on."""
     import os
@@ -272,30 +272,30 @@ def test_a_sigterm_between_cells_is_told_to_the_grid_not_raised(monkeypatch):
     import multiprocessing
     import signal
 
-    from fedcache.grids import pool
+    from fedcache import workers
 
     reader, writer = multiprocessing.Pipe(duplex=False)
     with reader, writer:  # closed when the test ends, passed or not: no pipe left to the interpreter's end
-        monkeypatch.setattr(pool, "_report_to", writer)
-        monkeypatch.setattr(pool, "_stopping", False)
-        pool._exit_on_sigterm(signal.SIGTERM, None)
-        assert reader.poll(5) and reader.recv_bytes() == pool._SIGTERM
-        pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, as it stops its workers: already told
+        monkeypatch.setattr(workers, "_report_to", writer)
+        monkeypatch.setattr(workers, "_stopping", False)
+        workers._exit_on_sigterm(signal.SIGTERM, None)
+        assert reader.poll(5) and reader.recv_bytes() == workers.SIGTERM_SAID
+        workers._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, as it stops its workers: already told
         assert not reader.poll(0.1)
         with pytest.raises(SystemExit):
-            pool._unless_stopping(print, "a cell it must not run")
+            workers.unless_stopping(print, "a cell it must not run")
         cleaned = []
 
         def cell():
             try:
-                pool._exit_on_sigterm(signal.SIGTERM, None)
+                workers._exit_on_sigterm(signal.SIGTERM, None)
             finally:
-                pool._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, stopping its workers: the clean-up runs
+                workers._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, stopping its workers: the clean-up runs
                 cleaned.append(True)
 
-        monkeypatch.setattr(pool, "_stopping", False)
+        monkeypatch.setattr(workers, "_stopping", False)
         with pytest.raises(SystemExit):
-            pool._unless_stopping(cell)
+            workers.unless_stopping(cell)
         assert cleaned and not reader.poll(0.1)
 
 
@@ -392,17 +392,17 @@ def _sigterm_then_init(*args) -> None:
     import os
     import signal
 
-    from fedcache.grids.pool import _init_worker
+    from fedcache.workers import init_worker
 
     os.kill(os.getpid(), signal.SIGTERM)
-    _init_worker(*args)
+    init_worker(*args)
 
 
 @pytest.mark.slow
 def test_a_worker_sent_sigterm_as_it_starts_stops_the_grid_in_one_line():
     """Before its initializer set its SIGTERM handler a worker died of the signal, and the grid took it for a crash:
     "a grid worker process died ... re-run with --jobs 1". The workers here send it themselves, as their
-    initializer starts (in_workers passes pool._init_worker)."""
+    initializer starts (in_workers passes workers.init_worker)."""
     out = _sorts_in_workers_started_by("_sigterm_then_init", cells=2)
     assert out.returncode == 0 and not out.stderr, out.stderr
     assert "a grid worker process was sent SIGTERM from outside the grid" in out.stdout, out.stdout
@@ -410,7 +410,7 @@ def test_a_worker_sent_sigterm_as_it_starts_stops_the_grid_in_one_line():
 
 def _sorts_in_workers_started_by(init: str, cells: int, **env: str):
     """A subprocess running ``cells`` small cells on two grid workers whose initializer is this module's ``init``
-    (in_workers passes pool._init_worker); what it printed: the cells' results, or the grid's line."""
+    (in_workers passes workers.init_worker); what it printed: the cells' results, or the grid's line."""
     import os
     import subprocess
     import sys
@@ -418,7 +418,7 @@ def _sorts_in_workers_started_by(init: str, cells: int, **env: str):
 
     tasks = ", ".join(f"(sorted, ([{2 * i + 2}, {2 * i + 1}],))" for i in range(cells))
     code = (f"import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import {init}\n"
-            f"pool._init_worker = {init}\n"
+            f"pool.init_worker = {init}\n"
             "try:\n"
             f"    print(list(pool.in_workers(2, [{tasks}])))\n"
             "except Exception as e:\n"
@@ -432,7 +432,7 @@ def _one_crashes_then_init(*args) -> None:
     import os
     import time
 
-    from fedcache.grids.pool import _init_worker
+    from fedcache.workers import init_worker
 
     try:
         os.close(os.open(os.environ["CRASH_MARK"], os.O_CREAT | os.O_EXCL))
@@ -440,7 +440,7 @@ def _one_crashes_then_init(*args) -> None:
         time.sleep(30)
     else:
         os._exit(1)
-    _init_worker(*args)
+    init_worker(*args)
 
 
 @pytest.mark.slow
@@ -545,6 +545,113 @@ def test_a_grid_whose_workers_were_killed_says_so_and_its_rerun_does_not_blame_i
         _, err = again.communicate(timeout=60)
     finally:
         _kill_tree(again)
-    # A worker killed once its cell had let go (as it was exiting) left no lock: one line at least, each of them right.
+    # A worker killed once its cell had let go (as it was exiting) left no lock: one line at least, each of them right,
+    # and written as the CLI writes its log lines.
     taken = [l for l in err.splitlines() if "taking it over" in l]
     assert taken and all(f", working for pid {first.pid} on " in l and "stopped without letting go" not in l for l in taken), err
+    assert all(l.startswith("WARNING fedcache.ownership: the run directory ") for l in taken), err
+
+
+def test_the_worker_initializer_s_module_imports_no_torch():
+    """Unpickling a worker's initializer imports its module before the initializer runs: in fedcache.grids.pool,
+    that was torch (seconds), and the worker had no SIGTERM handler nor SIGINT ignored all that time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fedcache.grids import pool
+
+    assert pool.init_worker.__module__ == "fedcache.workers"
+    code = "import sys, fedcache.workers\nprint(sorted({'torch', 'numpy', 'fedcache.grids'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert out.stdout.split() == ["[]"], out.stderr
+
+
+SPY_ON_HANDLERS = '''
+import signal, sys
+
+SEEN = []
+
+
+def _spy(signum, handler, _real=signal.signal):
+    """In a worker (this script, re-imported there as __mp_main__): whether torch was imported as SIGTERM's handler
+    was set."""
+    if signum == signal.SIGTERM and __name__ == "__mp_main__":
+        SEEN.append("torch" in sys.modules)
+    return _real(signum, handler)
+
+
+signal.signal = _spy
+
+
+def seen():
+    return [list(SEEN)]
+
+
+if __name__ == "__main__":
+    from fedcache.grids.pool import in_workers
+
+    print(list(in_workers(2, [(seen, ()), (seen, ())])))
+'''
+
+
+@pytest.mark.slow
+def test_a_worker_s_signal_handlers_are_set_before_it_imports_torch(tmp_path):
+    """The order as a worker runs it: its initializer sets SIGTERM's handler with torch not yet imported (a spy in
+    the main script, which each spawned worker runs first)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "grid_script.py"
+    script.write_text(SPY_ON_HANDLERS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[[False],", "[False]]"], out.stdout
+
+
+def _logs(text: str) -> list[str]:
+    import logging
+
+    logging.getLogger("fedcache.in_a_worker").warning("%s warned", text)
+    logging.getLogger("fedcache.in_a_worker").info("%s informed", text)
+    logging.getLogger("elsewhere").info("%s: not at the grid's level for this logger", text)
+    return [text]
+
+
+@pytest.mark.slow
+def test_a_worker_s_log_records_are_written_by_the_grid_s_handlers(caplog, capfd):
+    """A worker's records (a cell lock's takeover line) went through logging.lastResort: no ``WARNING name:``, and
+    written whatever FEDCACHE_LOG said. They are handled by the grid's logger of their name, at its levels."""
+    import logging
+    import os
+
+    from fedcache.grids.pool import in_workers
+
+    with caplog.at_level(logging.INFO, logger="fedcache"):
+        assert sorted(in_workers(2, [(_logs, ("one",)), (_logs, ("two",))])) == ["one", "two"]
+    got = sorted((r.name, r.levelname, r.getMessage()) for r in caplog.records if r.process != os.getpid())
+    assert got == [("fedcache.in_a_worker", "INFO", "one informed"), ("fedcache.in_a_worker", "INFO", "two informed"),
+                   ("fedcache.in_a_worker", "WARNING", "one warned"), ("fedcache.in_a_worker", "WARNING", "two warned")]
+    assert "warned" not in capfd.readouterr().err  # nor written by the worker itself
+
+
+def test_a_worker_s_record_is_one_write_to_the_pipe(caplog):
+    """Every worker writes to one pipe, without a lock: a record longer than PIPE_BUF could be interleaved with
+    another's, so it is cut to fit; the grid handles it as its own, with the worker's pid."""
+    import logging
+    import select
+
+    from fedcache.workers import log_from_worker, record_bytes
+
+    said = record_bytes(logging.WARNING, "fedcache.x", "é" * 10_000)
+    assert len(said) <= getattr(select, "PIPE_BUF", 512) - 4 and said.endswith(b" [...]")
+    with caplog.at_level(logging.WARNING):
+        log_from_worker(record_bytes(logging.WARNING, "fedcache.x", "a 100% line"))
+        log_from_worker(record_bytes(logging.INFO, "fedcache.x", "below the level"))
+        log_from_worker(said)
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records][:1] == [
+        ("fedcache.x", "WARNING", "a 100% line")]
+    assert len(caplog.records) == 2 and caplog.records[1].getMessage().startswith("éé")
