@@ -41,6 +41,7 @@ LOCK = ".fedcache.lock"
 POLL = 0.2  # seconds between tries while waiting
 RESUMES = "a re-run resumes"  # a grid's; a run's needs --resume
 _HELD: dict[Path, int] = {}  # directories this process holds -> how many holds are open on each
+_RECORDS: dict[Path, Holder] = {}  # directories this process holds by their lock file -> the record it wrote
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system without flock
 
 
@@ -51,17 +52,21 @@ class Holder:
     pid: int
     host: str
     command: str
-    started: str  # ISO time, UTC
+    started: str  # ISO time, UTC: when its command took the first directory it holds (``me``)
     # The process holding it for the command ``pid`` (flower-sim's child), 0 for the command itself: a command killed
     # outright leaves it ending for up to half a minute, still holding, and the line must name a process that lives.
     via: int = 0
 
     @classmethod
     def me(cls) -> "Holder":
+        """This process's record: the one it wrote for a directory it still holds, so that what it holds later and
+        its workers' cells name its command as started when it took that (a grid's workers recorded the time the
+        pool started, minutes or hours later with --select); else one started now."""
         if _working_for is not None:
             return _working_for.for_me()
-        return cls(os.getpid(), socket.gethostname(), command_line(),
-                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        held = next(iter(_RECORDS.values()), None)
+        return held or cls(os.getpid(), socket.gethostname(), command_line(),
+                           _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     @classmethod
     def parse(cls, text: str) -> "Holder | None":
@@ -188,6 +193,7 @@ def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, res
     path = directory / LOCK
     fd = _acquire(path, what, wait, advice, resumes, holder)
     _HELD[key] = 1
+    _RECORDS[key] = holder
     try:
         yield
     finally:
@@ -261,6 +267,7 @@ def _release_count(key: Path) -> None:
     _HELD[key] -= 1
     if not _HELD[key]:
         del _HELD[key]
+        _RECORDS.pop(key, None)
 
 
 def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str, holder: Holder) -> int | None:

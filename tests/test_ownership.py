@@ -115,6 +115,19 @@ def test_a_process_working_for_another_holds_for_it(tmp_path, monkeypatch):
     assert held == Holder(grid.pid, grid.host, grid.command, grid.started, via=os.getpid())
 
 
+def test_while_a_process_holds_a_directory_its_record_is_the_one_it_wrote(tmp_path):
+    """A grid gave its workers Holder.me() as it started them: its cells' locks said the grid had started then
+    (minutes later; with --select, hours). What a process holds, or its workers hold, names its command as started
+    when it took its directory; once it lets go, a later command of the process is its own."""
+    with hold(tmp_path / "g", "g"):
+        grid = Holder.parse((tmp_path / "g" / LOCK).read_text())
+        time.sleep(1.1)  # the record's time is to the second
+        assert Holder.me() == grid
+        with hold(tmp_path / "other", "other"):
+            assert Holder.parse((tmp_path / "other" / LOCK).read_text()) == grid
+    assert Holder.me().started != grid.started
+
+
 def test_a_record_left_in_an_unlocked_file_is_taken_over(tmp_path, caplog):
     (tmp_path / LOCK).write_text(Holder(999999, "elsewhere", "fedcache grid -o x", "2020-01-01T00:00:00+00:00").to_text())
     with caplog.at_level(logging.WARNING), hold(tmp_path, "x"):

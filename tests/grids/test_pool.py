@@ -499,17 +499,22 @@ def _holder():
 
 
 @pytest.mark.slow
-def test_a_worker_holds_its_cells_for_the_grid():
+def test_a_worker_holds_its_cells_for_the_grid(tmp_path):
     """A killed worker's cell lock named the worker with the grid's command line; the re-run then blamed a `fedcache
-    grid` that had stopped cleanly. A worker holds for the grid (the command to stop), and says it is its worker."""
+    grid` that had stopped cleanly. A worker holds for the grid (the command to stop), and says it is its worker;
+    the grid started when it took its directory (its workers' records said: when they were started)."""
     import os
+    import time
 
     from fedcache.grids.pool import in_workers
-    from fedcache.ownership import Holder
+    from fedcache.ownership import LOCK, Holder, hold
 
-    me = Holder.me()
-    for worker, holder in in_workers(2, [(_holder, ()), (_holder, ())]):
-        assert (holder.pid, holder.command, holder.via) == (os.getpid(), me.command, worker) and worker != os.getpid()
+    with hold(tmp_path, "the grid directory"):
+        me = Holder.parse((tmp_path / LOCK).read_text())
+        time.sleep(1.1)  # the record's time is to the second: the workers start in another
+        for worker, holder in in_workers(2, [(_holder, ()), (_holder, ())]):
+            assert (holder.pid, holder.command, holder.via, holder.started) == (os.getpid(), me.command, worker,
+                                                                                 me.started) and worker != os.getpid()
 
 
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc")
