@@ -137,7 +137,7 @@ def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: 
     never a part. ``check``: compare the size with the free space first (worth it for large files). ``mode``: a
     narrower one (0o600, a private key) for a file that must never be readable by others."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + PARTIAL)
     if check:
         check_space(path, len(data), what, advice)
     with on_full_disk(path, what, len(data), remove=[tmp], advice=advice):
@@ -151,6 +151,17 @@ def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: 
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+PARTIAL = ".tmp"  # what write_atomic writes a file as before renaming it
+
+
+def remove_partial_writes(folder: Path | str) -> None:
+    """The temporary files of ``write_atomic`` calls whose process was killed (one that fails removes its own), in
+    ``folder``: for a caller that knows no write there is under way, whose file would go from under it."""
+    for tmp in Path(folder).glob("*" + PARTIAL):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _create(tmp: Path, mode: int) -> int:

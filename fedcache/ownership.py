@@ -309,14 +309,41 @@ def _is_current(fd: int, path: Path) -> bool:
 
 def _record(fd: int, path: Path, what: str, holder: Holder) -> None:
     """Say whose lock a killed command left behind, then write ours (``holder``)."""
-    previous = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
-    if previous is not None:
-        log.warning("%s was left locked by %s; taking it over", what, _left_by(previous))
+    _say_left(fd, what)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.to_text().encode(), 0)
     except OSError as exc:  # a full disk: the lock holds all the same, and the write that needs space says so
         log.debug("%s: the holder's record was not written (%s)", path, exc)
+
+
+def _say_left(fd: int, what: str) -> None:
+    previous = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+    if previous is not None:
+        log.warning("%s was left locked by %s; taking it over", what, _left_by(previous))
+
+
+def clear_left(directory: Path | str, what: str) -> bool:
+    """Remove the lock file that a killed holder left in ``directory``, said as a takeover is; True if there was
+    one. For a directory below one this process holds, which it writes without a lock of its own: a grid's cell
+    that its worker was killed in. A lock still held is left, its holder alive (so is any lock where the file
+    system has no flock, which cannot tell the two apart)."""
+    path = Path(directory) / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        left = _is_current(fd, path)  # else its holder removed it as we opened it
+    except OSError:
+        left = False
+    if not left:
+        os.close(fd)
+        return False
+    _say_left(fd, what)
+    _let_go(fd, path)
+    return True
 
 
 def _left_by(previous: Holder) -> str:

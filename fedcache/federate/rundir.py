@@ -137,7 +137,7 @@ class RunDir:
         """Remove the run's files (and nothing else in the directory): --overwrite, or a restart from round 0. The
         mark of a finished run goes first and config.json last: a clear cut short (a kill) never leaves a summary
         without its metrics, nor a checkpoint without the config it continues."""
-        for pattern in (SUMMARY, CHECKPOINT, ROUND_COPIES, CHECKPOINT + ".tmp", METRICS, CONFIG):
+        for pattern in (SUMMARY, CHECKPOINT, ROUND_COPIES, CHECKPOINT + disk.PARTIAL, METRICS, CONFIG):
             for path in self.path.glob(pattern):
                 path.unlink()
 

@@ -5,10 +5,11 @@ import json
 import shutil
 from pathlib import Path
 
-from fedcache.disk import read_json, write_text
+from fedcache.disk import read_json, remove_partial_writes, write_text
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
+from fedcache.ownership import LOCK, clear_left
 from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
 from fedcache.training import train
 
@@ -37,6 +38,17 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
         write_text(out / DIVERGED, json.dumps({"error": str(exc).split(" The run in ")[0]}) + "\n", "the cell's record")
         return diverged_row(c, out)
     return result_row(c, result, out)
+
+
+def clear_killed(grid: Path) -> None:
+    """What workers killed in their cells left there (stopped by their grid too late, or a kill -9): each cell's
+    lock, said as a worker taking the cell over says it, and the temporary files of the writes they were cut short
+    in (an empty checkpoint.pt.tmp). Otherwise a re-run with --jobs 1 or the batched engine (cells trained
+    without a lock of their own: the grid's is theirs), or one where the cell had finished, left them for good. A
+    cell whose lock is still held is left as it is: its holder lives, and may be writing."""
+    for lock in sorted((grid / CELLS).glob(f"*/{LOCK}")):
+        if clear_left(lock.parent, f"the run directory {lock.parent}"):
+            remove_partial_writes(lock.parent)
 
 
 def result_row(c: Cell, result, out: Path) -> dict:

@@ -16,7 +16,7 @@ from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
 from fedcache.grids.batches import run_batched, started_batches
-from fedcache.grids.cells import DIVERGED, DONE, read_done
+from fedcache.grids.cells import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
@@ -47,6 +47,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     check_spec(spec)
     fresh = not (spec.features_folder / "meta.json").exists()
     folder, tables = _shared_features(spec, fresh, on_step)
+    clear_killed(spec.out)
     rows, pending = _finished_and_pending(spec, todo_cells, stops)
     _prepare(configs, pending, tables, folder, fresh, on_step)
     total = len(todo_cells)

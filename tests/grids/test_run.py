@@ -69,6 +69,64 @@ def test_a_resumed_grid_says_grid_started_after_the_engine_s_plan(toy_grid, toy_
     assert err[2] == "grid started", err
 
 
+def _left_by_a_killed_worker(cell, via: int) -> None:
+    """A worker's lock in ``cell``, as one killed while it trained there leaves it: its record, no flock; an empty
+    checkpoint.pt.tmp, as a kill in the middle of a checkpoint leaves one."""
+    import socket
+
+    from fedcache.ownership import LOCK, Holder
+
+    grid = Holder(2**22 + 1, socket.gethostname(), "fedcache grid -o g", "2026-01-01T00:00:00+00:00", via=via)
+    (cell / LOCK).write_text(grid.to_text())
+    (cell / "checkpoint.pt.tmp").write_bytes(b"")
+
+
+def test_a_rerun_in_one_process_clears_what_killed_workers_left_in_their_cells(toy_grid, toy_store, tmp_path, caplog):
+    """A killed worker leaves its cell's lock and its half-written files. A grid training its cells in its own
+    process (--jobs 1, the batched engine) holds them by its own lock and never took theirs: they stayed, in the
+    cell it resumed and in one that had finished. Each is taken over as it starts, and said."""
+    import logging
+
+    from fedcache.api import grid
+
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    resumed = out / "cells" / "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed=1"
+    (resumed / "summary.json").unlink()
+    finished = out / "cells" / "fedavg__partition=dirichlet__clients=3__alpha=0.5__rounds=3__seed=0"
+    _left_by_a_killed_worker(resumed, 2**22 + 2)
+    _left_by_a_killed_worker(finished, 2**22 + 3)
+    with caplog.at_level(logging.WARNING):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto", seeds=[0, 1], out=out,
+             sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, jobs=1)
+    assert not list(out.glob("cells/*/.fedcache.lock")) and not list(out.glob("cells/*/*.tmp"))
+    assert (resumed / "summary.json").exists() and (finished / "checkpoint.pt").exists()
+    said = sorted(r.getMessage() for r in caplog.records if "taking it over" in r.getMessage())
+    assert [l.split(",")[0] for l in said] == [f"the run directory {finished} was left locked by pid {2**22 + 3}",
+                                               f"the run directory {resumed} was left locked by pid {2**22 + 2}"], said
+
+
+def test_a_cell_whose_lock_is_held_is_left_as_it_is(tmp_path):
+    """The lock of a cell still held (a worker of a grid killed outright, ending): its holder may be writing the
+    file its .tmp becomes. Only a cell whose lock was left is cleared; a cell without one is not the grid's to
+    judge."""
+    from fedcache.grids.cells import clear_killed
+    from fedcache.ownership import LOCK
+    from tests.faults import held_elsewhere
+
+    left, held, unlocked = (tmp_path / "cells" / name for name in ("left", "held", "unlocked"))
+    left.mkdir(parents=True)
+    unlocked.mkdir()
+    _left_by_a_killed_worker(left, 2**22 + 2)
+    (unlocked / "checkpoint.pt.tmp").write_bytes(b"")
+    with held_elsewhere(held):
+        (held / "checkpoint.pt.tmp").write_bytes(b"")
+        clear_killed(tmp_path)
+        assert (held / LOCK).exists() and (held / "checkpoint.pt.tmp").exists()
+    assert not (left / LOCK).exists() and not (left / "checkpoint.pt.tmp").exists()
+    assert (unlocked / "checkpoint.pt.tmp").exists()
+
+
 def test_axes_in_another_order_resume_the_same_cells(toy_grid, toy_store, tmp_path, monkeypatch):
     """A grid file whose [set] lines moved is the same grid: nothing trains again under other folder names (and
     nothing is built for cells that do not train)."""
