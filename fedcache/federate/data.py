@@ -15,6 +15,7 @@ from fedcache.federate.partitions.core import compact_rows
 from fedcache.store import lookup
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
+from fedcache.store.tables import closed_on_error
 from fedcache.wording import did_you_mean
 
 SPLITS = ("train", "test")
@@ -30,7 +31,8 @@ def load_splits(store: FeatureStore, dataset: str, backbones: list[str]) -> tupl
     """The fused (train, test) tables, their entries found while no import writes the pair
     (``FeatureStore.split_rows``)."""
     rows = split_rows(store, dataset, backbones)
-    return tuple(load_fused(store, dataset, backbones, s, parts=rows[s]) for s in SPLITS)
+    with closed_on_error(*(p for s in SPLITS for p in rows[s])):
+        return tuple(load_fused(store, dataset, backbones, s, parts=rows[s]) for s in SPLITS)
 
 
 def load_split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> tuple[TableRows, TableRows]:
@@ -79,15 +81,16 @@ def load_fused(store: FeatureStore, dataset: str, backbones: list[str], split: s
     passes a memory-mapped file). ``parts``: the backbones' rows, found already (``FeatureStore.split_rows``)."""
     parts = parts or [store.rows(dataset, split, b, view) for b in backbones]
     first = parts[0]
-    keys = sample_keys(first)
     if len(parts) == 1 and alloc is None:
         return first.table(store.features(first))
-    out = (alloc or (lambda shape: np.empty(shape, np.float32)))((len(first), sum(p.dim for p in parts)))
-    col = 0
-    for b, p in zip(backbones, parts):
-        at = None if p is first else _align(first, p, keys, b, backbones[0], dataset, split)
-        store.fill(p, out[:, col:col + p.dim], at)
-        col += p.dim
+    with closed_on_error(*parts):
+        keys = sample_keys(first)
+        out = (alloc or (lambda shape: np.empty(shape, np.float32)))((len(first), sum(p.dim for p in parts)))
+        col = 0
+        for b, p in zip(backbones, parts):
+            at = None if p is first else _align(first, p, keys, b, backbones[0], dataset, split)
+            store.fill(p, out[:, col:col + p.dim], at)
+            col += p.dim
     return first.table(out, random_weights=any(p.random_weights for p in parts),
                        entry_ids=sum((p.entry_ids for p in parts), ()))
 

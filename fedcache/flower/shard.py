@@ -43,6 +43,7 @@ from fedcache.ownership import LOCK, hold
 from fedcache.paths import writable_dir
 from fedcache.store.feature_store import SHARD_ATTR, EntryInfo, FeatureStore, FeatureTable
 from fedcache.store.keys import EntryKey, TextKey
+from fedcache.store.tables import closed_on_error
 from fedcache.store.writer import open_writer
 
 log = logging.getLogger(__name__)
@@ -206,7 +207,8 @@ def _partition(store: FeatureStore, spec: ShardSpec, cut: Cut) -> tuple[Partitio
     labels, domains and ids, each backbone's matched to the first's (``fused_rows``): a partition refused is said
     before a feature is read, and reading the features checks them."""
     rows = {s: [store.entry_rows(cut[s, 0][b]) for b in spec.backbones] for s in ("train", "test")}
-    train_t, test_t = (fused_rows(spec.dataset, spec.backbones, s, rows[s]) for s in ("train", "test"))
+    with closed_on_error(*rows["train"], *rows["test"]):
+        train_t, test_t = (fused_rows(spec.dataset, spec.backbones, s, rows[s]) for s in ("train", "test"))
     for train_b, test_b in zip(rows["train"], rows["test"]):  # clients would train on one encoder's features and be
         check_same_encoder(store, train_b, test_b)  # scored on another's
     return stored_partition(store, spec.dataset, spec.request, train_t, test_t)

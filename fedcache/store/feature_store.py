@@ -34,7 +34,7 @@ from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS
 from fedcache.store.locks import exclusive_lock, import_lock, shared_lock
 from fedcache.store.reading import EntryReader, fill
 from fedcache.store.removal import Removal
-from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent
+from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent, closed_on_error
 from fedcache.store.text import TextEmbeddings
 
 # Re-exported: the rest of fedcache (and its tests) import these from here.
@@ -257,7 +257,8 @@ class FeatureStore(TextEmbeddings, Removal):
     def read_splits(self, dataset: str, splits: Iterable[str], backbone: str, view: int = 0) -> dict[str, FeatureTable]:
         """:meth:`read` of several splits, their entries found together (:meth:`split_rows`)."""
         found = self.split_rows(dataset, splits, [backbone], view)
-        return {s: rows.table(self.features(rows)) for s, (rows,) in found.items()}
+        with closed_on_error(*(rows for rows, in found.values())):
+            return {s: rows.table(self.features(rows)) for s, (rows,) in found.items()}
 
     def split_rows(self, dataset: str, splits: Iterable[str], backbones: Iterable[str], view: int = 0) -> dict[str, list[TableRows]]:
         """Per split, each backbone's :meth:`rows`, found under :meth:`between_imports`: an import writes its splits
@@ -274,8 +275,9 @@ class FeatureStore(TextEmbeddings, Removal):
         every process reading it; else a new float32 array filled a chunk at a time (:meth:`fill`)."""
         if len(rows.parts) == 1 and rows.parts[0].valid.all():
             reader = rows.parts[0].reader
-            mapped = reader.mapped("features", np.dtype(np.float32))
-            self._raise_if_damaged(reader)
+            with closed_on_error(reader):
+                mapped = reader.mapped("features", np.dtype(np.float32))
+                self._raise_if_damaged(reader)
             if mapped is not None:
                 reader.close()
                 return mapped
@@ -310,25 +312,35 @@ class FeatureStore(TextEmbeddings, Removal):
         """:meth:`rows` of the entries ``infos`` (:meth:`table_entries`): a reader that must read exactly the
         entries it found (and recorded) reads them so, not as found again."""
         domain_names = tuple(infos[0].attrs["domains"]) if infos else ()
-        parts, offset = [], 0
+        parts: list[EntryRows] = []
+        offset = 0
         for info in infos:
-            reader = self.reader(info)
-            valid = reader.column("valid")
-            labels, ids = reader.column("labels"), reader.column("ids")
-            self._raise_if_damaged(reader)
-            parts.append(EntryRows(reader, valid, offset, labels[valid], ids[valid],
-                                   np.full(int(valid.sum()), domain_names.index(info.key["domain"]), np.int16)))
+            with closed_on_error(*parts):  # the entries read so far: their files stayed open with the error
+                parts.append(self._entry_part(info, domain_names, offset))
             offset += len(parts[-1].labels)
         return TableRows(parts, domain_names, tuple(infos[0].attrs["classes"]) if infos else (),
                          any(e.random_weights for e in infos), tuple(e.entry_id for e in infos), infos[0].dim if infos else 0)
 
+    def _entry_part(self, info: EntryInfo, domain_names: tuple[str, ...], offset: int) -> EntryRows:
+        """One entry's labels, ids and valid rows, checked, its first row the table's ``offset``; its files are
+        closed where it raises."""
+        reader = self.reader(info)
+        with closed_on_error(reader):
+            valid = reader.column("valid")
+            labels, ids = reader.column("labels"), reader.column("ids")
+            self._raise_if_damaged(reader)
+            domain = np.full(int(valid.sum()), domain_names.index(info.key["domain"]), np.int16)
+        return EntryRows(reader, valid, offset, labels[valid], ids[valid], domain)
+
     def fill(self, rows: TableRows, out: np.ndarray, at: np.ndarray | None = None) -> None:
         """The features of ``rows`` into ``out`` (N, D): row i of the table into ``out[i]``, or into
         ``out[at[i]]`` (not at all where -1); ``out`` may be a column slice of a wider array."""
-        fill([(p.reader, p.valid, p.offset) for p in rows.parts], out, at)
-        for p in rows.parts:
-            self._raise_if_damaged(p.reader)
-            p.reader.close()
+        try:
+            fill([(p.reader, p.valid, p.offset) for p in rows.parts], out, at)
+            for p in rows.parts:
+                self._raise_if_damaged(p.reader)
+        finally:
+            rows.close()
 
     def reader(self, info: EntryInfo, check: bool = True) -> EntryReader:
         """The chunks of a complete entry, checked against its checksums as they are read."""

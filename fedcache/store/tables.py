@@ -2,9 +2,12 @@
 its rows (``TableRows``), made of each entry's part (``EntryRows``)."""
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -46,6 +49,25 @@ class EntryRows:
     labels: np.ndarray
     ids: np.ndarray
     domains: np.ndarray
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def closed_on_error(*opened: _Closable) -> Iterator[None]:
+    """Close ``opened`` (entries' readers, rows) where the block raises (a damaged or missing entry): their files
+    stayed open for as long as anything held the exception, a traceback kept by a caller or a log."""
+    try:
+        yield
+    except BaseException:
+        for o in opened:
+            o.close()
+        raise
 
 
 @dataclass

@@ -2,7 +2,10 @@
 import lists its domains in; backbones that disagree on domains, classes or a sample's class are refused."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,3 +72,40 @@ def test_classes_listed_in_another_order_are_the_same_classes(tmp_path):
                 "fz", "e2")
     t = load_fused(store, "fz", ["e1", "e2"], "train")
     np.testing.assert_array_equal(t.labels, labels)
+
+
+def _open_files() -> dict[str, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
+@pytest.mark.parametrize("read", ["load_splits", "write_shards"])
+def test_backbones_refused_leave_no_file_open(tmp_path, read):
+    """The training split's backbones refused (a sample's class differs), the test split's rows, found with them,
+    stayed open for as long as the error was held (a caller's traceback, a log)."""
+    from fedcache.federate.data import load_splits
+    from fedcache.federate.partitions import PartitionRequest
+    from fedcache.flower.shard import ShardSpec, write_shards
+
+    labels = np.random.default_rng(0).integers(0, 3, 2 * N)
+    flipped = labels.copy()
+    flipped[5] = (flipped[5] + 1) % 3
+    store = FeatureStore(tmp_path / "s.zarr")
+    for name, train_labels in (("e1", labels), ("e2", flipped)):
+        path = _save(tmp_path / f"{name}.npz", ["photo", "sketch"], [0, 1], train_labels)
+        arrays = dict(np.load(path))
+        arrays.update({k.replace("train__", "test__"): v for k, v in arrays.items() if k.startswith("train__")})
+        arrays["test__labels"] = labels
+        np.savez(path, **arrays)
+        import_file(store, path, "fz", name)
+    reads = {"load_splits": lambda: load_splits(store, "fz", ["e1", "e2"]),
+             "write_shards": lambda: write_shards(ShardSpec(store.path, "fz", ["e1", "e2"], PartitionRequest.of("iid", 2, 0)),
+                                                  tmp_path / "shards")}
+    before = _open_files()
+    with pytest.raises(StoreError, match="1 samples have another class in the train features of fz for e2") as raised:
+        reads[read]()
+    assert _open_files() == before, raised.value  # the error still held, as a caller holds it

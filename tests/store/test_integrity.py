@@ -6,9 +6,12 @@ re-extraction replaces.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,9 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import DamagedEntryError
 from fedcache.extract.runner import ExtractConfig, extract
+from fedcache.federate.data import load_fused, load_splits
+from fedcache.federate.partitions import PartitionRequest
+from fedcache.flower.shard import ShardSpec, write_shards
 from fedcache.store.feature_store import FeatureStore
 
 BB = "tiny-timm-random"
@@ -387,3 +393,58 @@ def test_partition_refuses_damaged_labels(damage, store, capsys):
     damage(store, eid, other)
     code, out = run(capsys, "partition", "--store", str(store), "-d", "test-toy", "-b", BB, *PARTITION)
     assert code == 1 and eid in out and "damaged" in out and NAMED.get(damage, "") in out and "Traceback" not in out
+
+
+def open_files() -> dict[str, str]:
+    """This process's open file descriptors and what each is (Linux: /proc/self/fd)."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return out
+
+
+# Each read, and the entry damaged: one it reads after others (the second of the training table; the test split's,
+# found after the training split's), or one of the training split read before the test split's (found already).
+READS = {"read": (lambda fs: fs.read("test-toy", "train", BB), ("train", "dark")),
+         "read_splits": (lambda fs: fs.read_splits("test-toy", ("train", "test"), BB), ("test", "light")),
+         "read_splits train": (lambda fs: fs.read_splits("test-toy", ("train", "test"), BB), ("train", "dark")),
+         "load_splits": (lambda fs: load_splits(fs, "test-toy", [BB]), ("test", "light")),
+         "load_splits train": (lambda fs: load_splits(fs, "test-toy", [BB]), ("train", "dark")),
+         "load_fused": (lambda fs: load_fused(fs, "test-toy", [BB, BB], "train"), ("train", "dark")),
+         # its partition reads the labels of the test split after the training split's
+         "write_shards": (lambda fs: write_shards(ShardSpec(fs.path, "test-toy", [BB], PartitionRequest.of("iid", 2, 0)),
+                                                  Path(tempfile.mkdtemp(dir=fs.path.parent))), ("test", "light"))}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
+@pytest.mark.parametrize("damage", [delete_valid_file, copy_labels_chunk_from_other_entry, corrupt_chunk, delete_features_file],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("read", READS)
+def test_a_read_refused_at_a_later_entry_leaves_no_file_open(read, damage, store):
+    """Each entry read opens its files: where a later entry was damaged, the earlier entries' stayed open for as long
+    as the error was held (a caller's traceback, a log), and a process that skipped damaged stores ran out of them."""
+    fs = FeatureStore(store)
+    read_it, (split, domain) = READS[read]
+    read_it(fs)  # whatever Zarr or a read opens once and keeps is open before the count
+    damage(store, entry_of(store, split, domain), entry_of(store, "train", "light"))
+    before = open_files()
+    with pytest.raises(DamagedEntryError) as raised:
+        read_it(fs)
+    assert open_files() == before, raised.value  # the error still held, as a caller holds it
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
+def test_a_damaged_memory_mapped_table_leaves_no_file_open(tmp_path):
+    """A table of one float32 entry is its file memory-mapped once every chunk is checked: a damaged chunk left
+    the file open."""
+    store = tmp_path / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=[BB], store=store, batch_size=4, chunk_rows=8, dtype="float32",
+                          workers=0))
+    fs = FeatureStore(store)
+    fs.read("test-toy", "train", BB, domains=["light"])
+    corrupt_chunk(store, entry_of(store, "train", "light"), None)
+    before = open_files()
+    with pytest.raises(DamagedEntryError, match="features chunk 2") as raised:
+        fs.read("test-toy", "train", BB, domains=["light"])
+    assert open_files() == before, raised.value
