@@ -92,10 +92,10 @@ def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     them all), as many views as its extraction asked for (its entries' ``views``; else the highest begun), of its
     recipe and seed (another would make other views). ``like``: an entry of another backbone, which lacks the
     views: the command makes them for it, as its own features were made (its --dtype and --image-size)."""
-    k, made = pending.key, (like or pending).key
+    k, made = pending.key, like or pending
     same = [e for e in infos if e.key.get("augmentation") == k.get("augmentation")
             and (e.slot[0], e.slot[1], e.slot[3]) == (k["dataset"], k["split"], k["backbone"])]
-    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {made['backbone']}"
+    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {made.key['backbone']}"
     hint += f" --splits {k['split']}"
     hint += f" --views {max(max(e.key.get('view') or 0, int(e.attrs.get('views') or 0)) for e in same)}"
     aug = k.get("augmentation") or {}
@@ -115,11 +115,13 @@ def view_lacking(path: Path, infos: list[EntryInfo], have: EntryInfo, like: Entr
         f"`{views_hint(path, infos, have, like)}`")
 
 
-def _made_as(k: dict) -> str:
-    """The options of an extraction's key that are not the defaults: another would write new entries."""
+def _made_as(e: EntryInfo) -> str:
+    """The options ``e``'s extraction was made with that are not the defaults: another would write new entries (the
+    pretrained weights for --random-init's: another weights hash)."""
+    k = e.key
     hint = f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
     size = (k.get("preprocess") or {}).get("size")
-    return hint + (f" --image-size {size}" if size else "")
+    return hint + (f" --image-size {size}" if size else "") + (" --random-init" if e.random_weights else "")
 
 
 def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
@@ -131,7 +133,7 @@ def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
     hint = f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']}"
     hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
-    return hint + _made_as(k) + (" (and any other option it was started with)" if k.get("view") or k.get("augmentation") else "")
+    return hint + _made_as(pending[0]) + (" (and any other option it was started with)" if k.get("view") or k.get("augmentation") else "")
 
 
 def _dataset(e: EntryInfo, seed: bool = True) -> str:

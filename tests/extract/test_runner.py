@@ -1,6 +1,7 @@
 """Extraction end to end on a tiny dataset and tiny random backbones: resume, keys, views, errors."""
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -122,7 +123,7 @@ def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_fin
     with pytest.raises(IncompleteEntryError) as unfinished:
         load_views(store, "test-toy", ["tiny-timm-random"], train)  # what a train on the views reads
     finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-              "--views 2 --image-size 32")
+              "--views 2 --image-size 32 --random-init")
     assert str(unfinished.value) == (
         f"augmented view 1 of the train features of test-toy{'' if stop_in == 'light' else '/dark'} for "
         f"tiny-timm-random is not complete yet (an `extract --views` interrupted or still running); finish the views "
@@ -154,7 +155,7 @@ def test_a_plain_extraction_names_an_unfinished_views_extraction_and_the_command
     notes.clear()
     extract(cfg(store_path), progress=said)
     finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-              "--views 2 --image-size 32")
+              "--views 2 --image-size 32 --random-init")
     assert notes[-1] == ("augmented view 1 of the train features of test-toy/dark for tiny-timm-random is not complete "
                          "yet (an `extract --views` interrupted or still running); finish the views with "
                          f"`{finish}`")
@@ -178,7 +179,7 @@ def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store
     with pytest.raises(EntryNotFoundError) as partial:
         load_views(store, "test-toy", ["tiny-timm-random"], train)
     complete = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-                "--views 1 --image-size 32")
+                "--views 1 --image-size 32 --random-init")
     assert str(partial.value) == ("augmented view 1 of the train features of test-toy for tiny-timm-random is of "
                                   f"light only (dark lack it); complete it with `{complete}`")
     extract(cfg(store_path, splits=("train",), views=1))  # the command said
@@ -473,3 +474,26 @@ print(signal.getsignal(signal.SIGCHLD) is mine, multiprocessing.get_start_method
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and out.stdout.split() == ["True", "None"], out.stderr
+
+
+def test_the_command_that_finishes_a_random_init_extraction_extracts_random_weights(store_path):
+    """An `extract --random-init` of a pretrained backbone, interrupted, was to be finished by an extraction without
+    --random-init: that loads the pretrained weights (a download; other entries) and leaves these unfinished."""
+    from fedcache.cli import main
+    from fedcache.errors import IncompleteEntryError
+
+    backbone = "timm:test_resnet"  # pretrained weights on the Hub (none offline); its architecture is tiny
+
+    def interrupt(event):
+        if event.kind == "start" and event.label == f"test-toy/train/dark {backbone}":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, backbones=[backbone], random_init=True, image_size=32), progress=interrupt)
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(store_path).read("test-toy", "train", backbone)
+    command = str(unfinished.value).split("`")[1]
+    assert command == (f"fedcache extract --store {store_path} --dataset test-toy --backbones {backbone} --splits train "
+                       "--domains dark --image-size 32 --random-init")
+    assert main(shlex.split(command)[1:] + ["--workers", "0", "--batch-size", "4", "--chunk-rows", "8"]) == 0
+    assert FeatureStore(store_path).read("test-toy", "train", backbone).random_weights
