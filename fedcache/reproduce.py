@@ -49,13 +49,19 @@ def check(preset: Preset, store: Path, data_root: Path | None = None, weights: d
 
 
 def _cached(store: Path, dataset: str, backbone: str) -> bool:
+    """Whether the store holds rows of ``dataset``'s train and test features of ``backbone``: their entries found
+    complete and their labels checked (``FeatureStore.rows``), not their features, which reading them all took of
+    the check. Damaged features are found by the extraction ``reproduce`` runs (it verifies, and replaces, them)."""
     from fedcache.store.feature_store import FeatureStore
 
     try:
         fs = FeatureStore(store, create=False)
-        return all(len(fs.read(dataset, s, backbone).labels) for s in ("train", "test"))
+        found = [fs.rows(dataset, s, backbone) for s in ("train", "test")]
     except FedcacheError:
         return False
+    for rows in found:
+        rows.close()
+    return all(len(rows) for rows in found)
 
 
 def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> Need:

@@ -153,3 +153,45 @@ def test_a_full_disk_keeps_the_last_paper_json_whole(tmp_path, fake_disk):
     with pytest.raises(DiskFullError, match="paper.json"):
         rp.write_paper_json(TOY, {}, tmp_path)
     assert (tmp_path / "paper.json").read_bytes() == before and leftovers(tmp_path) == []
+
+
+def test_what_the_store_holds_is_asked_of_its_entries_and_labels_not_its_features(toy_store, tmp_path, monkeypatch):
+    """`reproduce` (and its --dry-run) read every feature of each preset's backbones to say they were in the store:
+    at a paper's scale, minutes before anything ran. The same answers, from the entries and their labels."""
+    import shutil
+
+    from fedcache.errors import FedcacheError
+    from fedcache.store.feature_store import FeatureStore
+    from tests.conftest import BACKBONE
+
+    def read_whole(store) -> bool:  # the answer as it was: every table read
+        try:
+            return all(len(FeatureStore(store, create=False).read("test-toy", s, BACKBONE)) for s in ("train", "test"))
+        except FedcacheError:
+            return False
+
+    def no_features(*args, **kwargs):
+        raise AssertionError("a feature was read")
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(toy_store, store)
+    (light,) = [e.entry_id for e in FeatureStore(store).entries() if e.slot[1:3] == ("train", "light")]
+    entry = FeatureStore(store).root["entries"][light]
+    labels = store / "entries" / light / "labels" / "c" / "0"
+
+    def unfinished():
+        entry.attrs["complete"] = False
+
+    def damaged_labels():
+        entry.attrs["complete"] = True
+        labels.write_bytes(b"\xff" * len(labels.read_bytes()))
+
+    for state, change, held in (("intact", lambda: None, True), ("unfinished", unfinished, False),
+                                ("damaged labels", damaged_labels, False)):
+        change()
+        assert read_whole(store) is held, state
+        with monkeypatch.context() as m:
+            m.setattr(FeatureStore, "fill", no_features)
+            m.setattr(FeatureStore, "features", no_features)
+            assert rp._cached(store, "test-toy", BACKBONE) is held, state
+            assert not rp._cached(store, "test-toy", "other-backbone") and not rp._cached(tmp_path / "none", "test-toy", BACKBONE)
