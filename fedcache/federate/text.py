@@ -8,6 +8,8 @@ text tower has none stored, ``info["text_hint"]``: why, and the extraction that 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from fedcache.store import lookup
 from fedcache.store.entries import SHARD_ATTR
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 
+SOURCE = "STORE"  # a shard's hint: the store the shards were cut from
 DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and PromptFL's template
 
 
@@ -69,26 +72,32 @@ def attach_text(data: FederatedData, store: FeatureStore, backbones: list[str], 
 
 def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -> str:
     """Why a backbone with a text tower has no class-text embeddings stored for ``train``'s classes, and the
-    extraction that stores them ("" for a backbone without one, or a shard: its store is not where they are made).
-    Extracted features (their text entries removed): the extraction that made them, which finds them complete and
-    stores the text."""
+    extraction that stores them ("" for a backbone without one). Extracted features (their text entries removed): the
+    extraction that made them, which finds them complete and stores the text. A shard's (which holds the text its
+    store held when it was cut): that extraction into the store it was cut from, then the sharding again."""
     from fedcache.extract.backbones import has_text_tower  # the registry only: no model library is imported
 
     # Every fedavg run on a backbone without text comes here: nothing on this path builds a model (has_text_tower).
-    if train is None or not train.entry_ids or SHARD_ATTR in store.root.attrs:
+    if train is None or not train.entry_ids:
         return ""
     first = store.info(train.entry_ids[0])
     if not has_text_tower(backbone, first.attrs.get("backbone_source")):
         return ""
     infos = [first] + [store.info(e) for e in train.entry_ids[1:]]
-    none = f"the store holds no class-text embeddings of {backbone} for the classes of {infos[0].key['dataset']}"
+    shard = SHARD_ATTR in store.root.attrs
+    path = Path(SOURCE) if shard else store.path  # a shard does not record its store's path: the user knows it
+    none = (f"the {'shard' if shard else 'store'} holds no class-text embeddings of {backbone} for the classes of "
+            f"{infos[0].key['dataset']}")
     if (infos[0].key.get("preprocess") or {}).get("imported"):
-        return f"{none}: its features were imported, and an import stores none; {_imported_hint(store, backbone, infos[0])}"
-    return (f"{none} (removed, or never extracted); extract them with `{lookup.extract_hint(store.path, infos)}`, "
-            "which finds the features complete and stores the text")
+        hint = f"{none}: its features were imported, and an import stores none; {_imported_hint(path, backbone, infos[0])}"
+    else:
+        hint = (f"{none} (removed, or never extracted); extract them with `{lookup.extract_hint(path, infos)}`, "
+                "which finds the features complete and stores the text")
+    return hint + (f", {SOURCE} being the store the shards were cut from; then cut the shards again (`fedcache shard`)"
+                   if shard else "")
 
 
-def _imported_hint(store: FeatureStore, backbone: str, entry) -> str:
+def _imported_hint(path: Path, backbone: str, entry) -> str:
     """An extraction that stores ``backbone``'s text for an imported entry's classes: of a dataset of those classes,
     under another --name (its features would otherwise be current in the imported ones' place)."""
     # Imported here: the datasets' registry costs a run about 0.3 s (PIL, scipy), a Flower ClientApp each message
@@ -96,7 +105,7 @@ def _imported_hint(store: FeatureStore, backbone: str, entry) -> str:
 
     dataset = entry.key["dataset"]
     known = dataset in DATASETS
-    command = (f"fedcache extract --store {store.path} --dataset {dataset if known else 'DATASET'} --name "
+    command = (f"fedcache extract --store {path} --dataset {dataset if known else 'DATASET'} --name "
                f"{dataset}-text --backbones {backbone} --splits test")
     return (f"extract them with `{command}`" + ("" if known else ", DATASET one that fedcache reads with these classes")
             + " (--name keeps the features it extracts apart from the imported ones)")

@@ -233,3 +233,39 @@ def test_another_datasets_text_on_the_backbone_is_neither_checked_nor_copied(flo
     copied = [a["key"]["classes"] for _, a in shard.text_entries()]
     assert copied and all(classes == list(store.read("test-toy", "train", "tiny-clip-random").class_names)
                           for classes in copied)
+
+
+def test_shards_of_a_clip_backbone_without_its_text_say_the_extraction_that_stores_it(flower_store, tmp_path):
+    """A text method on shards cut from a store whose CLIP text entries were removed said it needs 'a backbone with a
+    text tower, e.g. clip-rn50': the shards' backbone has one. They say the extraction that stores its text (into the
+    store they were cut from), as a run on the store does, and that command and a sharding again give them the text."""
+    import shlex
+    import shutil
+
+    from fedcache.federate.text import text_from_info
+    from fedcache.store.feature_store import TEXT
+
+    path, clip = tmp_path / "store.zarr", "tiny-clip-random"
+    shutil.copytree(flower_store, path)
+    store = FeatureStore(path)
+    for eid in store.entry_ids(TEXT):
+        store.discard(eid, TEXT)
+
+    def shard(out):
+        assert main(["shard", "--store", str(path), "-d", "test-toy", "-b", clip, "--partition", "iid", "--clients", "2",
+                     "--seed", "1", "--out", str(out)]) == 0
+        return load_client(client_dir(out, 0))[0], load_server(out / SERVER)[0]
+
+    command = (f"fedcache extract --store STORE --dataset test-toy --backbones {clip} --splits train --domains dark,light "
+               "--image-size 32 --random-init")
+    for data in shard(tmp_path / "shards"):
+        with pytest.raises(ConfigError) as missing:
+            text_from_info(data, "clip-zs")
+        assert str(missing.value) == (
+            f"clip-zs needs class-text embeddings: the shard holds no class-text embeddings of {clip} for the classes of "
+            f"test-toy (removed, or never extracted); extract them with `{command}`, which finds the features complete "
+            "and stores the text, STORE being the store the shards were cut from; then cut the shards again "
+            "(`fedcache shard`)")
+    assert main(shlex.split(command.replace("STORE", str(path)))[1:] + ["--workers", "0"]) == 0
+    for data in shard(tmp_path / "again"):
+        assert text_from_info(data, "clip-zs").shape == (data.n_classes, data.dim)
