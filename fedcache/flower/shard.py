@@ -295,6 +295,10 @@ def _align(first: FeatureTable, table: FeatureTable, backbone: str, dataset: str
 
 
 def _take(t: FeatureTable, rows: np.ndarray) -> FeatureTable:
+    """``t``'s ``rows``; ``t`` itself where they are all its rows in order (the first backbone's, and any other read in
+    its order): copying its features took another table's memory at once (a memory-mapped table's: read in whole)."""
+    if len(rows) == len(t) and np.array_equal(rows, np.arange(len(t))):
+        return t
     return dataclasses.replace(t, features=t.features[rows], labels=t.labels[rows], ids=t.ids[rows], domains=t.domains[rows])
 
 
@@ -320,8 +324,8 @@ def _write_client(store, spec, tables, views, partition: Partition, info: ShardI
     first = spec.backbones[0]
     own = [np.arange(len(train_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
     own_test = [np.arange(len(test_rows)) if c == k else np.zeros(0, np.int64) for c in range(info.n_clients)]
-    sub_train, sub_test = _take(tables["train"][first], train_rows), _take(tables["test"][first], test_rows)
-    save_partition(shard, spec.dataset, Partition(partition.request, own, own_test), table_keys(sub_train), table_keys(sub_test))
+    keys = [tuple(a[rows] for a in table_keys(tables[s][first])) for s, rows in (("train", train_rows), ("test", test_rows))]
+    save_partition(shard, spec.dataset, Partition(partition.request, own, own_test), *keys)  # no feature copied for them
     return path
 
 

@@ -1,4 +1,6 @@
 """`fedcache shard`: each client's store holds exactly its rows and reads back as the engine's data."""
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -269,3 +271,69 @@ def test_shards_of_a_clip_backbone_without_its_text_say_the_extraction_that_stor
     assert main(shlex.split(command.replace("STORE", str(path)))[1:] + ["--workers", "0"]) == 0
     for data in shard(tmp_path / "again"):
         assert text_from_info(data, "clip-zs").shape == (data.n_classes, data.dim)
+
+
+def _shard_files(out) -> dict:
+    """Every file of a sharding's output as bytes, its metadata without the times it was written at."""
+    import json
+
+    files = {}
+    for p in sorted(q for q in out.rglob("*") if q.is_file() and ".locks" not in q.parts):
+        data = p.read_bytes()
+        if p.name == "zarr.json":
+            meta = json.loads(data)
+            for when in ("created_at", "completed_at"):
+                meta.get("attributes", {}).pop(when, None)
+            data = json.dumps(meta, sort_keys=True).encode()
+        files[str(p.relative_to(out))] = data
+    return files
+
+
+def test_shards_are_the_same_as_those_cut_from_copied_tables(flower_store, tmp_path, monkeypatch):
+    """The first backbone's table (and any other already in its order) is no longer copied to put its rows in their
+    own order: every shard, the views and the fused second backbone's included, holds the same bytes."""
+    import dataclasses
+
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.flower import shard as sharding
+
+    store = tmp_path / "store.zarr"
+    shutil.copytree(flower_store, store)
+    extract(ExtractConfig(dataset="test-toy", backbones=FUSED, store=store, splits=("train",), views=1, workers=0))
+
+    def shard(out):
+        assert main(["shard", "--store", str(store), "-d", "test-toy", "-b", ",".join(FUSED), "--partition", "dirichlet",
+                     "--alpha", "1.0", "--clients", "3", "--seed", "1", "--out", str(out)]) == 0
+        return _shard_files(out)
+
+    now = shard(tmp_path / "now")
+    monkeypatch.setattr(sharding, "_take", lambda t, rows: dataclasses.replace(
+        t, features=t.features[rows], labels=t.labels[rows], ids=t.ids[rows], domains=t.domains[rows]))
+    copied = shard(tmp_path / "copied")
+    assert list(now) == list(copied) and any("features" in f for f in now)
+    assert [f for f in now if now[f] != copied[f]] == []
+
+
+def test_a_sharding_copies_no_table_of_features(tmp_path):
+    """A sharding copied the first backbone's table whole to put its rows in the order they were in (at a million
+    rows, another table's memory at once; a memory-mapped table's, read into memory), and each client's rows once
+    more for its partition record's keys. One float32 table is its file memory-mapped: nothing is copied whole."""
+    import tracemalloc
+
+    from fedcache.federate.partitions import PartitionRequest
+    from fedcache.flower.shard import ShardSpec
+    from fedcache.store.interchange import import_file
+
+    rows, dim, rng = 64000, 256, np.random.default_rng(0)  # 64 MB, 16 chunks: a chunk is read (and checked) at once
+    arrays = {f"{s}__{name}": a for s, n in (("train", rows), ("test", rows // 10)) for name, a in (
+        ("features", rng.standard_normal((n, dim), dtype=np.float32)), ("labels", rng.integers(0, 4, n)))}
+    np.savez(tmp_path / "f.npz", **arrays, classes=np.array('["a", "b", "c", "d"]'))
+    import_file(tmp_path / "s.zarr", tmp_path / "f.npz", "big", "enc")
+    tracemalloc.start()
+    try:
+        write_shards(ShardSpec(tmp_path / "s.zarr", "big", ["enc"], PartitionRequest.of("iid", 2, 0)), tmp_path / "out")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # A client's rows' features copied were half of them; the table, all.
+    assert peak < arrays["train__features"].nbytes / 4, peak
