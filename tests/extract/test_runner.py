@@ -198,7 +198,7 @@ def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_
     extract(cfg(store_path, splits=("train",), views=2))  # tiny-timm-random's alone
     store = FeatureStore(store_path)
     make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-clip-random --splits train "
-            "--views 2 --image-size 32")
+            "--views 2 --image-size 32 --random-init")
     for fused in (both, both[::-1]):  # whichever comes first
         train = load_fused(store, "test-toy", fused, "train")
         with pytest.raises(EntryNotFoundError) as lacking:
@@ -229,7 +229,7 @@ def test_an_unfinished_view_after_complete_ones_refuses_a_views_run_in_one_line(
     store = FeatureStore(store_path)
     train = store.read("test-toy", "train", "tiny-timm-random")
     finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-              "--views 2 --image-size 32")
+              "--views 2 --image-size 32 --random-init")
     said = ("augmented view 2 of the train features of test-toy/dark for tiny-timm-random is not complete yet (an "
             f"`extract --views` interrupted or still running); finish the views with `{finish}`")
     with pytest.raises(IncompleteEntryError, match=re.escape(said)):
