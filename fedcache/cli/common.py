@@ -215,13 +215,24 @@ def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
 def import_with_torch(module: str) -> ModuleType:
     """``module``, which imports torch, imported, said on stderr while that takes ``progress.SLOW_STEP`` seconds or
     more: torch's import took 2.5 to 8 s on a busy machine, the silence before a grid's or a run's first line."""
-    if module in sys.modules or "torch" in sys.modules:  # no torch to wait for (a command called from Python, a test)
+    if module in sys.modules:
         return importlib.import_module(module)
+    with loading_torch(f"{module} imported"):
+        return importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def loading_torch(what: str) -> Iterator[None]:
+    """A block that imports torch (``what`` it does: for the log), said on stderr (``loading torch ...``) while it takes
+    ``progress.SLOW_STEP`` seconds or more; nothing is said where torch is loaded already (a command called from
+    Python, a test)."""
+    if "torch" in sys.modules:
+        yield
+        return
     t0 = time.perf_counter()
     with said_while_slow("loading torch ..."):
-        loaded = importlib.import_module(module)
-    logging.getLogger("fedcache.cli").info("%s and torch imported in %.1f s", module, time.perf_counter() - t0)
-    return loaded
+        yield
+    logging.getLogger("fedcache.cli").info("%s, with torch, in %.1f s", what, time.perf_counter() - t0)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 and `reproduce` (a paper's table)."""
 from __future__ import annotations
 
+import importlib
 import inspect
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, import_with_torch,
+from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, loading_torch,
                                  print_table, typer_option)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.extract.config import options as extract_options
@@ -37,8 +38,11 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv and table.md.
 
     `train`'s options are accepted under the same names (not --resume, --overwrite, --track-dir or --engine: a grid resumes by itself and has its own --engine); v1,v2,... makes one an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
-    import_with_torch("fedcache.grids")  # which the grid's spec is made by
-    spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options)
+    # The spec's checks of the options and the grid file need no torch and come first (GridSpec): a bad one is its
+    # line at once. Its methods' checks, then the engines, import torch.
+    with loading_torch("grid spec checked and fedcache.grids.run imported"):
+        spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options)
+        importlib.import_module("fedcache.grids.run")
     t0 = time.perf_counter()
     _check_device(spec)
     with threads_for(threads):

@@ -4,27 +4,38 @@
 - ``features``: the fused features, written once and memory-mapped by every worker
 - ``run``: check the directory, make the partitions, run the unfinished cells, write the results
 - ``processes`` / ``batches``: the two engines (each cell its own run; cells stacked into one computation)
-- ``pool``: worker processes; ``cells``: one cell's run and row; ``select``: tune on validation, test once
+- ``pool``: worker processes; ``cell``: one cell's run and row; ``select``: tune on validation, test once
 - ``table``: results.csv and table.md
 
 (``fedcache.grid`` is the Python API's function, hence ``grids`` for the package.)
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import shutil
+from typing import TYPE_CHECKING
 
 from fedcache.errors import DiskFullError, FedcacheError
-from fedcache.grids.cells import DIVERGED, METRIC_COLUMNS
-from fedcache.grids.run import CellCallback, PlanCallback, holds_runs, in_saved_order, run_cells
-from fedcache.grids.select import run_selected
 from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
-from fedcache.grids.table import load_results, summary_markdown
 from fedcache.ownership import LOCK, hold
-from fedcache.paths import check_outside
+from fedcache.paths import DIVERGED, check_outside
 from fedcache.progress import StepCallback
 from fedcache.table import Table
 from fedcache.wording import count
+
+if TYPE_CHECKING:
+    from fedcache.grids.run import CellCallback, PlanCallback
+
+# Imported when first named, and the engines when a grid runs: they import torch, which a grid's spec (its options
+# and TOML file) does not need, so `fedcache grid` refuses a bad one without waiting seconds for torch.
+_RUNNING = {"METRIC_COLUMNS": "cell", "load_results": "table", "summary_markdown": "table"}
+
+
+def __getattr__(name: str):
+    if name in _RUNNING:
+        return getattr(importlib.import_module(f"fedcache.grids.{_RUNNING[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
@@ -32,6 +43,9 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
     """Every unfinished cell of the grid (finished ones are read back), then results.csv and table.md; with
     ``--select``, tuned on the validation split first and the chosen values tested once. ``on_step``: the steps
     before the cells (reading the features, making the partitions) that took a while (``progress.said_step``)."""
+    from fedcache.grids.run import in_saved_order, run_cells
+    from fedcache.grids.select import run_selected
+
     # Held before its grid.json is read, until its tables are written (fedcache/ownership.py): two grids in one
     # directory would replace each other's files and mix their cells; the second is refused, naming the first.
     spec.check_given()
@@ -56,6 +70,8 @@ def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanC
 def _forget_plan(out) -> None:
     """What a grid refused before its first cell wrote left in a directory that was empty or absent (its
     grid.json, its stages' and its features): removed, but for the hold's lock; hold() then removes the directory."""
+    from fedcache.grids.run import holds_runs
+
     if holds_runs(out):
         return
     for path in out.iterdir():

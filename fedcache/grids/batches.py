@@ -33,7 +33,7 @@ from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
-from fedcache.grids.cells import result_row, run_cell, write_cell_json
+from fedcache.grids.cell import result_row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import in_workers
 from fedcache.grids.processes import execute, jobs_of, worker

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedcache.grids.cells import run_cell
+from fedcache.grids.cell import run_cell
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import in_workers
 from fedcache.grids.spec import Cell, GridSpec, Stops

@@ -16,7 +16,7 @@ from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
 from fedcache.grids.batches import run_batched, started_batches
-from fedcache.grids.cells import DIVERGED, DONE, clear_killed, read_done
+from fedcache.grids.cell import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config

@@ -17,7 +17,7 @@ import numpy as np
 from fedcache.errors import ConfigError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import write_json
-from fedcache.grids.cells import read_diverged
+from fedcache.grids.cell import read_diverged
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
 from fedcache.grids.spec import FEATURES, Cell, GridSpec, cells

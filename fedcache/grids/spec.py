@@ -203,15 +203,17 @@ class GridSpec:
         if self.jobs < 1:
             raise ConfigError(f"{self.names.lead('jobs', self.jobs)}: must be >= 1")
         self._check_select()
-        self._check_partition_axes()
-        self._check_setting_axes()
-        self._check_one_name_per_setting()
         for o in grid_options():
             setattr(self, o.field, o.parse(getattr(self, o.field)))
         for section in GRID_SECTIONS.values():  # checks them
             section(**{f.name: getattr(self, f.name) for f in dataclasses.fields(section)})
         self._check_engine()
         self._check_pruning()  # before the trackers' names: with --prune, no tracker at all
+        # The checks above need no torch; those below read the methods' settings, which import it (seconds): a
+        # grid's bad option or file is refused before that wait.
+        self._check_partition_axes()
+        self._check_setting_axes()
+        self._check_one_name_per_setting()
         from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
 
         check_trackers(self.track)

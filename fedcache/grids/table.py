@@ -9,7 +9,7 @@ import numpy as np
 from fedcache.best import Result, best_marks, bold_meaning, is_panel_key
 from fedcache.disk import write_text
 from fedcache.errors import ConfigError
-from fedcache.grids.cells import METRIC_COLUMNS
+from fedcache.grids.cell import METRIC_COLUMNS
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec
 from fedcache.table import Table
 from fedcache.wording import count

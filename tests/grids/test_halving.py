@@ -96,7 +96,7 @@ def kw(toy_store, out, engine="processes", **more):
 def ordered(monkeypatch):
     """Validation scores ordered by construction, the same on every engine: lr's rank in LRS at round 1, the reverse
     from round 3 on; a seed adds a point. The runs train for real (checkpoints, pauses, continuations)."""
-    cells = importlib.import_module("fedcache.grids.cells")  # (fedcache.grids.cells is also a function)
+    cells = importlib.import_module("fedcache.grids.cell")
 
     original = cells.row
 
@@ -226,7 +226,7 @@ def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tm
     it is cut at round 3, never chosen, and the grid goes on."""
     from fedcache.api import grid
 
-    cells = importlib.import_module("fedcache.grids.cells")
+    cells = importlib.import_module("fedcache.grids.cell")
     original = cells.row
 
     def row(c, summary, out):

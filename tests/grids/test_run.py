@@ -261,6 +261,35 @@ def test_grid_cli_errors_are_one_line(tmp_path, capsys):
     assert code == 2 and "--method" in capsys.readouterr().err
 
 
+def test_a_bad_grid_option_or_file_is_refused_before_torch_loads(tmp_path):
+    """`fedcache grid` loaded torch (seconds, `loading torch ...` on a busy machine) before it read its options: a
+    bad --select or --prune, --prune without --select, or a bad grid file is now its one line, torch not imported."""
+    bad_file = tmp_path / "bad.toml"
+    bad_file.write_text('methods = ["fedavg"\n')
+    code = ("import sys; from fedcache.cli import main; *grid, bad_file = sys.argv[1:]\n"
+            "bads = ['--select', 'lr'], ['--prune', 'sometimes'], ['--prune', 'halving'], ['--config', bad_file]\n"
+            "for bad in bads:\n"
+            "    assert main(['grid', *grid, *bad]) == 2\n"
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, "--store", str(tmp_path / "s.zarr"), "-d", "x", "-b", "y", "-m",
+                           "fedavg", "--out", str(tmp_path / "g"), str(bad_file)], capture_output=True, text=True)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 0 and done.stdout.strip() == "False", (done.stdout, done.stderr)
+    assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), lines
+    assert "--select=lr" in lines[0] and "--prune" in lines[1] and "cuts the candidates" in lines[2], lines
+    assert "not valid TOML" in lines[3], lines
+
+
+def test_the_grids_cells_function_stays_a_function_once_the_engines_are_imported():
+    """fedcache.grids imports its engines when a grid runs, not when it is imported: a submodule of the name of its
+    ``cells`` function, imported with them, replaced that function on the package (`fedcache.grids.cells(spec)`
+    became a module)."""
+    import fedcache.grids.run  # noqa: F401  (the engines, and the modules they import)
+    from fedcache.grids import cells
+
+    assert callable(cells) and cells.__module__ == "fedcache.grids.spec"
+
+
 def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tmp_path):
     """What keeps another grid out of a --out: a refused start's cell.json alone does not."""
     from fedcache.grids.run import holds_runs

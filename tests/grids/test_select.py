@@ -125,21 +125,18 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
 
 def test_a_chosen_value_that_diverges_on_the_test_split_says_so_in_one_line(toy_store, tmp_path, monkeypatch):
     """The test stage's divergence named no stage nor choice; the choices are written before it runs."""
-    import importlib
-
     from fedcache.api import grid
     from fedcache.federate.divergence import DivergedError
+    from fedcache.grids import cell
 
-    cells = importlib.import_module("fedcache.grids.cells")  # fedcache.grids.cells is also a function's name
-
-    real = cells.train
+    real = cell.train
 
     def train(cfg, **kw):
         if not cfg.schedule.validation:
             raise DivergedError("round 2, client 0: 'weight' became NaN/inf")
         return real(cfg, **kw)
 
-    monkeypatch.setattr(cells, "train", train)
+    monkeypatch.setattr(cell, "train", train)
     out = tmp_path / "g"
     with pytest.raises(DivergedError, match=r"--select: a value chosen on validation \(.*selection.json\) diverged on the "
                                             r"test split: round 2, client 0"):
