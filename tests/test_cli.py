@@ -160,6 +160,30 @@ def test_train_shows_its_rounds_before_the_first_is_done(capsys, toy_store, monk
     assert code == 1 and err.splitlines() == ["fedavg rounds 0/2 (0%)", "error: the first round failed"], err
 
 
+def test_train_bar_on_a_terminal_shows_the_time_its_first_round_takes(capsys, toy_store, monkeypatch):
+    """On a terminal the rounds bar stood at 0/2 for the whole first round (10 to 20 s at a million rows), nothing
+    moving: it shows the time elapsed, which counts while a round runs."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from fedcache.errors import FedcacheError
+    from fedcache.federate import driver
+
+    def slow(runs, engine, states, rnd):
+        time.sleep(1.2)
+        raise FedcacheError("the first round failed")
+
+    screen = io.StringIO()
+    monkeypatch.setattr("fedcache.cli.common.err", Console(file=screen, force_terminal=True, width=100))
+    monkeypatch.setattr(driver, "_round", slow)
+    code, _, _ = run(capsys, "train", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",
+                     "fedavg", "--clients", "2", "--rounds", "2")
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # the bar's last frame, less its colours
+    assert code == 1 and re.search(r"fedavg rounds .* 0/2 0:00:01", shown), shown
+
+
 def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_path, monkeypatch):
     """A million rows read and partitioned took seconds without a word: said on stderr where it took
     ``progress.SLOW_STEP`` seconds or more (0 here), the command's own line on stdout; a partition that cannot be

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
@@ -85,7 +85,9 @@ def _train_flower_sim(spec: RunSpec) -> tuple[dict, str]:
 
 
 def _rounds_progress():
-    return _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[acc]}"))
+    # The time elapsed counts while a round runs: the bar alone stood still for a first round of 10 to 20 s.
+    return _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     TextColumn("{task.fields[acc]}"))
 
 
 def _step_lines(progress):
