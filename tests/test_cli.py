@@ -201,6 +201,27 @@ def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_
     assert code == 1 and not out and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "partition", "shard", "extract", "demo"])
+def test_commands_say_loading_torch_before_anything_else(toy_store, tmp_path, command):
+    """`loading torch ...` is said where torch is not loaded yet: train, partition and shard loaded it silently in
+    their spec (its method), extract in its config (the backbones' names), demo at its first line, so none said it
+    in the seconds it takes on a busy machine. Said at once here (``progress.SLOW_STEP`` 0), before anything else."""
+    import subprocess
+
+    data = ["--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random"]
+    (tmp_path / "a-file").write_text("")
+    args = {"train": ["train", *data, "-m", "fedavg", "--rounds", "1", "--clients", "2"],
+            "partition": ["partition", *data],
+            "shard": ["shard", *data, "--clients", "2", "--out", str(tmp_path / "shards")],
+            "extract": ["extract", "-d", "digits5-offline", "-b", "no-such-backbone", "--store", str(tmp_path / "s")],
+            "demo": ["demo", "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "a-file")]}[command]
+    code = ("import sys; from fedcache import progress; progress.SLOW_STEP = 0.0\n"
+            "from fedcache.cli import main; main(sys.argv[1:])")
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert done.stderr.splitlines()[:1] == ["loading torch ..."], done.stderr
+
+
 def test_a_slow_import_is_said_while_it_runs(capsys, monkeypatch):
     """torch's import, 2.5 to 8 s on a busy machine before a grid's first line: said once it has taken
     ``progress.SLOW_STEP`` seconds, before what follows it; a fast one says nothing."""

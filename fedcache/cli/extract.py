@@ -7,15 +7,15 @@ from pathlib import Path
 
 from rich.table import Table
 
-from fedcache.cli.common import ExtractProgress, _progress, _signed, _spec_params, console, print_table
+from fedcache.cli.common import ExtractProgress, _progress, _signed, _spec_params, console, loading_torch, print_table
 from fedcache.extract.config import extract_config, options
 
 
 def extract(**given) -> None:
     """Run every backbone once over every image and cache the embeddings."""
-    from fedcache.extract.runner import extract as run
-
-    cfg = extract_config(**given)
+    with loading_torch("extract config checked and fedcache.extract.runner imported"):  # its backbones import torch
+        cfg = extract_config(**given)
+        from fedcache.extract.runner import extract as run
     t0 = time.perf_counter()
     with _progress() as progress:
         reports = run(cfg, ExtractProgress(progress))

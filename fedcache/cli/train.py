@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
-                                 given_on_command_line, import_with_torch, print_table)
+                                 given_on_command_line, import_with_torch, loading_torch, print_table)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import RunSpec, options, refuse_unread_options
@@ -29,14 +30,13 @@ def demo(
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """The main job on the embedded default: extract digits5-offline, probe it, compare methods, write the report."""
-    from fedcache.demo import DATASET, run_demo
-
+    demos = import_with_torch("fedcache.demo")
     t0 = time.perf_counter()
     with threads_for(threads), _progress() as progress:
-        res = run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
+        res = demos.run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
     warn = " [yellow](RANDOM WEIGHTS)[/]" if res.random_weights else ""
     fused = "+".join(b.removeprefix("efficientnet-") for b in res.backbones)
-    probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {fused} on {DATASET}{warn}")
+    probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {fused} on {demos.DATASET}{warn}")
     for r in res.probes:
         probe.add_row(r.domain, str(r.n_train), str(r.n_test), f"{r.accuracy:.1f}")
     print_table(probe)
@@ -55,9 +55,10 @@ def demo(
 
 def train(threads: int | None = None, **given) -> None:
     """Federated rounds on cached features."""
-    spec = RunSpec.of(**given)
-    refuse_unread_options(spec, given_on_command_line(given))
-    training = import_with_torch("fedcache.training")
+    with loading_torch("run spec made and fedcache.training imported"):  # the spec's method imports torch
+        spec = RunSpec.of(**given)  # its options, checked before the method is
+        refuse_unread_options(spec, given_on_command_line(given))
+        training = importlib.import_module("fedcache.training")
     training.check_not_a_cell(spec.engine.out)
     with threads_for(threads):
         summary, how = ENGINES[spec.engine.name](spec)
@@ -141,11 +142,12 @@ def _scheme_line(effective: dict) -> str:
 
 def partition(plot: Optional[Path] = None, **given) -> None:
     """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
-    spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
-    refuse_unread_options(spec, given_on_command_line(given))
-    if plot is not None:  # before the partition is made, not after
-        writable_file(Path(f"{plot}-bubbles.png"), "--plot")
-    training = import_with_torch("fedcache.training")
+    with loading_torch("run spec made and fedcache.training imported"):  # the spec's method imports torch
+        spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+        refuse_unread_options(spec, given_on_command_line(given))
+        if plot is not None:  # before the partition is made, not after
+            writable_file(Path(f"{plot}-bubbles.png"), "--plot")
+        training = importlib.import_module("fedcache.training")
     # A million rows' labels, domains and ids read and partitioned take under a second; no feature is read.
     part, info, train = training.partition_only(spec, on_step=_said)
     sizes, tests = [len(r) for r in part.train], [len(r) for r in part.test]
@@ -170,11 +172,11 @@ def _said(text: str) -> None:  # beside progress, not in the command's output
 
 def shard(out: Path, **given) -> None:
     """One self-contained feature store per client (only its rows) plus the server's, for a Flower deployment."""
-    from fedcache.flower.shard import describe, write_shards
-    from fedcache.flower.sim import shard_spec
-
-    spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
-    refuse_unread_options(spec, given_on_command_line(given))
+    with loading_torch("shard spec made and fedcache.flower.shard imported"):  # the spec's method imports torch
+        spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
+        refuse_unread_options(spec, given_on_command_line(given))
+        from fedcache.flower.shard import describe, write_shards
+        from fedcache.flower.sim import shard_spec
     with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as progress:
         task = None
 
