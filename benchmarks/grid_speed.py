@@ -124,7 +124,7 @@ def floor_seconds(n_train: int, n_test: int, dim: int, classes: int, clients: in
 def floor_cells_per_minute(store: Path, data: tuple[str, str], sweep: dict, jobs: int) -> float:
     """The floor's cells per minute with ``jobs`` cells at a time, each on a core of its own (perfect scaling):
     what no engine computing the cells' products can beat here."""
-    from fedcache.federate.data import load_fused
+    from fedcache.federate.tables import load_fused
     from fedcache.store.feature_store import FeatureStore
 
     fs = FeatureStore(store, create=False)
@@ -140,7 +140,7 @@ def stack_steps(store: Path, data: tuple[str, str], sweep: dict, seeds: list[int
     cells. Per method, the grid's cells stacked by partition and seed vs all in one stack (every partition)."""
     import math
 
-    from fedcache.federate.data import load_fused
+    from fedcache.federate.tables import load_fused
     from fedcache.federate.partitions.core import PartitionRequest, make_partition
     from fedcache.store.feature_store import FeatureStore
 

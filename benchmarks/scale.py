@@ -152,7 +152,7 @@ def ratios(arm: list[float], ref: list[float]) -> dict:
 
 
 def measure_read(store_path: Path, work: Path, trials: int) -> dict:
-    from fedcache.federate.data import load_fused
+    from fedcache.federate.tables import load_fused
     from fedcache.store.feature_store import FeatureStore
 
     store = FeatureStore(store_path, create=False)
@@ -289,7 +289,7 @@ def measure_train(store_path: Path, work: Path, clients: int, feature_bytes: int
 def measure_clients(store_path: Path, work: Path, counts: list[int]) -> dict:
     """FedAvg, 10 clients a round out of n: setup (partition made), a round (checkpoint written, no evaluation),
     and one evaluation of every client on its local test rows, each timed on its own."""
-    from fedcache.federate.data import load_fused
+    from fedcache.federate.tables import load_fused
     from fedcache.federate.driver import RunState
     from fedcache.federate.inprocess import RunConfig, evaluate, run
     from fedcache.training import prepare

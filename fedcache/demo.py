@@ -15,9 +15,9 @@ from pathlib import Path
 
 from fedcache import disk
 from fedcache.extract.runner import ExtractConfig, ProgressEvent, ProgressFn, extract
-from fedcache.federate.data import load_splits
 from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.rundir import RunDir
+from fedcache.federate.tables import load_splits
 from fedcache.training import on_device, prepare, same_run, train
 from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec

@@ -289,6 +289,25 @@ class RunSpec:
         return settings_of(self.method, self.optim)
 
 
+@dataclass(frozen=True)
+class DataPartition:
+    """A RunSpec's sections that a partition is made of (its data, partition and seed), without the method: the
+    methods' classes import torch (seconds), which `fedcache partition` needs none of (fedcache/partitioning.py)."""
+    data: DataSpec
+    partition: PartitionSpec = field(default_factory=PartitionSpec)
+    schedule: Schedule = field(default_factory=Schedule)
+
+    @classmethod
+    def of(cls, **given: Any) -> "DataPartition":
+        """As ``RunSpec.of``, of the data, partition and schedule options alone."""
+        per = parse_options(given, ("data", "partition", "schedule"))
+        return cls(**{s: SECTIONS[s](**values) for s, values in per.items()})
+
+    def get(self, name: str) -> Any:
+        o = option(name)
+        return getattr(getattr(self, o.section), o.field)
+
+
 def settings_of(method: MethodSpec, optim: OptimConfig) -> list[str]:
     base_params, base_optim = type(method.params)(), OPTIMIZER_PRESETS.get(optim.preset, OptimConfig())
     pairs = [f"method.{k}={_text(v)}" for k, v in dataclasses.asdict(method.params).items()
@@ -504,14 +523,14 @@ def _refuse_unused(given: dict[str, str], obj: Any, group: str, owner: str) -> N
         raise ConfigError(f"{owner} does not use {'; '.join(bad)}: remove the setting or change what makes it unused")
 
 
-def refuse_unread_options(spec: RunSpec, given: Iterable[str]) -> None:
+def refuse_unread_options(spec: RunSpec | DataPartition, given: Iterable[str]) -> None:
     """A partition option the user gave (``given``: the option names or keys given, not those left at their
     defaults) that the run's scheme does not read is refused, as a grid's axis over it is: ``--alpha 0.3`` with
     the iid scheme warned once, when the partition was first made, and a re-run that found it stored trained the
     same IID split without a word."""
     from fedcache.federate.partitions.core import readers
 
-    if spec.engine.resume:  # the run's config.json decides: a run recorded with the option resumes with it
+    if isinstance(spec, RunSpec) and spec.engine.resume:  # the run's config.json decides: recorded, the option resumes
         return
     scheme = spec.partition.scheme
     for name in given:

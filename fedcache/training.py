@@ -16,27 +16,27 @@ import torch
 from fedcache import __version__
 from fedcache.disk import human
 from fedcache.errors import ConfigError, DeviceError, DiskFullError
-from fedcache.federate.data import (FederatedData, check_same_encoder, check_same_source, load_split_rows, load_splits,
-                                    load_views)
+from fedcache.federate.data import FederatedData
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.driver import Run, RunResult
 from fedcache.federate.inprocess import OnRound, run_one
 from fedcache.federate.methods import Method, MethodContext
-from fedcache.federate.partitions import Partition, PartitionRequest, local_test_sets, stored_partition
+from fedcache.federate.partitions import local_test_sets
 from fedcache.federate.rundir import RunDir, same_config
 from fedcache.federate.source import attach_source
+from fedcache.federate.tables import load_splits, load_views
 from fedcache.federate.text import attach_text
 from fedcache.ownership import Holder, check_free, hold
+from fedcache.partitioning import partition_of
 from fedcache.paths import GRID, check_outside, writable_dir
 from fedcache.progress import StepCallback, said_step
 from fedcache.spec import RunSpec, method_class, migrate_config
-from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
+from fedcache.store.feature_store import FeatureStore, FeatureTable
 from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
 Tables = tuple[FeatureTable, FeatureTable]  # fused (train, test) features
-Rows = FeatureTable | TableRows  # a table, or its rows before (or without) its features
 
 
 # The flat keyword form of a run specification (``TrainConfig(dataset=..., method=..., rounds=5)``), kept
@@ -207,7 +207,7 @@ def _load_data(spec: RunSpec, tables: Tables | None, views: bool) -> tuple[Feder
     d, validation = spec.data, spec.schedule.validation
     store = FeatureStore(d.store, create=False)
     train_t, test_t = tables or load_splits(store, d.dataset, list(d.backbones))
-    partition, info = _partition(spec, store, train_t, test_t)
+    partition, info = partition_of(spec, store, train_t, test_t)
     if validation:
         spare = spare_rows(partition, train_t)  # the clients' validation rows, and the global model's
         data = FederatedData.from_tables(train_t, train_t, partition.train, validation_sets(partition, train_t, spec, spare))
@@ -219,40 +219,6 @@ def _load_data(spec: RunSpec, tables: Tables | None, views: bool) -> tuple[Feder
         aug = load_views(store, d.dataset, list(d.backbones), train_t)
         data.views = None if aug is None else torch.from_numpy(aug)
     return attach_text(data, store, list(d.backbones), train_t), info
-
-
-def _partition(spec: RunSpec, store: FeatureStore, train_t: Rows, test_t: Rows) -> tuple[Partition, dict]:
-    """The partition ``spec`` asks for of the tables (or their rows: only labels, domains and ids are read), found
-    in the store or made and stored there, and what config.json records of it."""
-    check_same_source(train_t, test_t)  # before a partition is made of them
-    check_same_encoder(store, train_t, test_t)
-    request = partition_request(spec, len(train_t.domain_names))
-    partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
-    info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
-            "entries": list(train_t.entry_ids + test_t.entry_ids),
-            "scored_on": "validation (spare training rows)" if spec.schedule.validation else "test split"}
-    return partition, info
-
-
-def partition_only(spec: RunSpec, on_step: StepCallback | None = None) -> tuple[Partition, dict, TableRows]:
-    """The partition of ``spec`` as :func:`load_data` finds or makes it, from the labels, domains and ids of the
-    store's tables alone (``load_split_rows``): the features are neither read nor checked (`fedcache partition`;
-    a run that reads them checks them). Also the training rows, whose labels and domains a plot shows."""
-    t0 = time.perf_counter()
-    d = spec.data
-    store = FeatureStore(d.store, create=False)
-    train_r, test_r = load_split_rows(store, d.dataset, list(d.backbones))
-    partition, info = _partition(spec, store, train_r, test_r)
-    seconds = time.perf_counter() - t0
-    said_step(log, on_step, f"partition ready in {seconds:.1f} s: the labels of {count(len(train_r) + len(test_r), 'row')} "
-                            f"of {d.dataset} on {'+'.join(d.backbones)} read from {d.store}, partition {info['partition_id']}",
-              seconds)
-    return partition, info, train_r
-
-
-def partition_request(spec: RunSpec, n_domains: int) -> PartitionRequest:
-    """The partition ``spec`` asks for on data of ``n_domains`` domains, seeded by the run's seed."""
-    return PartitionRequest(spec.partition, spec.partition.n_clients(n_domains), spec.schedule.seed)
 
 
 def spare_rows(partition, train_t) -> np.ndarray:

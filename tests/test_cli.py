@@ -202,17 +202,16 @@ def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["train", "partition", "shard", "extract", "demo"])
+@pytest.mark.parametrize("command", ["train", "shard", "extract", "demo"])
 def test_commands_say_loading_torch_before_anything_else(toy_store, tmp_path, command):
-    """`loading torch ...` is said where torch is not loaded yet: train, partition and shard loaded it silently in
-    their spec (its method), extract in its config (the backbones' names), demo at its first line, so none said it
-    in the seconds it takes on a busy machine. Said at once here (``progress.SLOW_STEP`` 0), before anything else."""
+    """`loading torch ...` is said where torch is not loaded yet: train and shard loaded it silently in their spec
+    (its method), extract in its config (the backbones' names), demo at its first line, so none said it in the
+    seconds it takes on a busy machine. Said at once here (``progress.SLOW_STEP`` 0), before anything else."""
     import subprocess
 
     data = ["--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random"]
     (tmp_path / "a-file").write_text("")
     args = {"train": ["train", *data, "-m", "fedavg", "--rounds", "1", "--clients", "2"],
-            "partition": ["partition", *data],
             "shard": ["shard", *data, "--clients", "2", "--out", str(tmp_path / "shards")],
             "extract": ["extract", "-d", "digits5-offline", "-b", "no-such-backbone", "--store", str(tmp_path / "s")],
             "demo": ["demo", "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "a-file")]}[command]
@@ -220,6 +219,20 @@ def test_commands_say_loading_torch_before_anything_else(toy_store, tmp_path, co
             "from fedcache.cli import main; main(sys.argv[1:])")
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     assert done.stderr.splitlines()[:1] == ["loading torch ..."], done.stderr
+
+
+def test_partition_loads_no_torch(toy_store):
+    """`fedcache partition` spent most of its seconds loading torch for a method it never used (its spec's): it
+    reads the labels, domains and ids and makes the partition without torch, so it has no `loading torch ...`."""
+    import subprocess
+
+    code = ("import sys; from fedcache import progress; progress.SLOW_STEP = 0.0\n"
+            "from fedcache.cli import main; code = main(sys.argv[1:]); print('torch' in sys.modules, code)")
+    done = subprocess.run([sys.executable, "-c", code, "partition", "--store", str(toy_store), "-d", "test-toy", "-b",
+                           "tiny-timm-random", "--partition", "dirichlet", "--clients", "3"], capture_output=True, text=True)
+    out = done.stdout.splitlines()
+    assert out[0].startswith("partition ") and out[-1] == "False 0", (done.stdout, done.stderr)
+    assert done.stderr.startswith("partition ready in ") and "loading torch" not in done.stderr, done.stderr
 
 
 def test_a_slow_import_is_said_while_it_runs(capsys, monkeypatch):

@@ -81,7 +81,7 @@ def test_the_cycle_check_finds_a_cycle():
 # The allowed direction of imports: a module imports only from its own layer or the layers below it (first is
 # lowest). Within federate, the methods reach behind the cache through extract (CLIP towers, images); that is why
 # extract sits below federate. spec composes the sections its layers declare (best, beside it, reads its options to
-# mark one best result alike for grids and reports); training runs one spec; grids, flower and reports build on
+# mark one best result alike for grids and reports); training runs one spec, partitioning finds its partition; grids, flower and reports build on
 # training; the API, demo and paper presets on those; nothing imports the CLI.
 LAYERS = [
     ("errors", "wording", "borrowed"),
@@ -91,7 +91,7 @@ LAYERS = [
     ("extract",),
     ("federate",),
     ("spec", "best"),
-    ("training",),
+    ("training", "partitioning"),
     ("flower", "grids", "presets"),
     ("reports",),
     ("api",),

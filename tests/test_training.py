@@ -340,7 +340,7 @@ def test_splits_resized_by_different_backends_are_one_encoder():
     # images are held otherwise than its training images is still one encoder's features, not refused.
     from types import SimpleNamespace
 
-    from fedcache.federate.data import _differ
+    from fedcache.federate.tables import _differ
 
     def info(backend, size=64):
         return SimpleNamespace(key={"weights_hash": "w", "preprocess": {"size": size, "backend": backend}})
@@ -392,7 +392,8 @@ def test_partition_only_makes_the_partition_a_run_makes(kw, store, tmp_path):
     store of its own, is the one a run makes reading the features, row for row."""
     import shutil
 
-    from fedcache.training import load_data, partition_only
+    from fedcache.partitioning import partition_only
+    from fedcache.training import load_data
 
     made = {}
     for way in ("run", "partition"):

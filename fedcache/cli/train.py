@@ -17,7 +17,7 @@ from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _si
                                  given_on_command_line, import_with_torch, loading_torch, print_table)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
-from fedcache.spec import RunSpec, options, refuse_unread_options
+from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options
 from fedcache.wording import count
 
 
@@ -142,14 +142,14 @@ def _scheme_line(effective: dict) -> str:
 
 def partition(plot: Optional[Path] = None, **given) -> None:
     """Make (or find) a seeded partition, store it beside the features, and optionally plot it."""
-    with loading_torch("run spec made and fedcache.training imported"):  # the spec's method imports torch
-        spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
-        refuse_unread_options(spec, given_on_command_line(given))
-        if plot is not None:  # before the partition is made, not after
-            writable_file(Path(f"{plot}-bubbles.png"), "--plot")
-        training = importlib.import_module("fedcache.training")
+    from fedcache.partitioning import partition_only
+
+    spec = DataPartition.of(**given)  # no method: its class imports torch (seconds), which a partition needs none of
+    refuse_unread_options(spec, given_on_command_line(given))
+    if plot is not None:  # before the partition is made, not after
+        writable_file(Path(f"{plot}-bubbles.png"), "--plot")
     # A million rows' labels, domains and ids read and partitioned take under a second; no feature is read.
-    part, info, train = training.partition_only(spec, on_step=_said)
+    part, info, train = partition_only(spec, on_step=_said)
     sizes, tests = [len(r) for r in part.train], [len(r) for r in part.test]
     console.print(f"partition [bold]{info['partition_id']}[/] ({_scheme_line(info['effective'])}, {len(sizes)} clients): train sizes "
                   f"{min(sizes)}-{max(sizes)} (total {sum(sizes)}), local test sizes {min(tests)}-{max(tests)}")

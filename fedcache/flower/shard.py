@@ -33,8 +33,9 @@ import torch
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError)
-from fedcache.federate.data import (FederatedData, check_labels, check_same_encoder, check_whole_view, fused_rows,
-                                   keys_as_first, load_fused, load_views, row_positions, sample_keys)
+from fedcache.federate.data import FederatedData
+from fedcache.federate.tables import (check_labels, check_same_encoder, check_whole_view, fused_rows, keys_as_first,
+                                     load_fused, load_views, row_positions, sample_keys)
 from fedcache.federate.partitions import (Partition, PartitionRequest, load_partition, save_partition, stored_partition,
                                           table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from fedcache import disk, errors
 from fedcache.errors import ConfigError, DiskFullError, FedcacheError
-from fedcache.training import check_not_a_cell, owned, partition_request
+from fedcache.partitioning import partition_request
+from fedcache.training import check_not_a_cell, owned
 from fedcache.federate.inprocess import OnRound
 from fedcache.federate.rundir import RunDir
 from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable

@@ -232,7 +232,7 @@ def cell_bytes(cfg, tables) -> int:
     (its stacking declaration's ``memory``)."""
     from fedcache.federate.stacking import stacking_of
     from fedcache.spec import method_class
-    from fedcache.training import partition_request
+    from fedcache.partitioning import partition_request
     from fedcache.heads import make_head
 
     train_t = tables[0]

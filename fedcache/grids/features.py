@@ -17,7 +17,7 @@ _AGAIN = "delete the folder {} and run the grid again, which writes the features
 
 def write_features(spec: GridSpec) -> Path:
     """The fused train/test tables as .npy files (float32, row-major) plus their metadata, written once."""
-    from fedcache.federate.data import load_fused, split_rows
+    from fedcache.federate.tables import load_fused, split_rows
     from fedcache.store.feature_store import FeatureStore
 
     folder = spec.features_folder

@@ -43,7 +43,7 @@ def _similarity(a: dict, b: dict) -> np.ndarray:
 
 
 def _client_names(cfg: RunSpec) -> list[str]:
-    from fedcache.training import partition_only
+    from fedcache.partitioning import partition_only
 
     part, _, train = partition_only(cfg)  # the clients' domains: the features are not read
     names = []

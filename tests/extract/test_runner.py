@@ -106,7 +106,7 @@ def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_fin
     `store ls` said 'partial' and no command."""
     from fedcache.cli import main
     from fedcache.errors import IncompleteEntryError
-    from fedcache.federate.data import load_views
+    from fedcache.federate.tables import load_views
 
     extract(cfg(store_path))
     label = {"now": ""}
@@ -170,7 +170,7 @@ def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store
     training on views then said it found 0. The domains that lack the view are named, with the command that
     completes it."""
     from fedcache.errors import EntryNotFoundError
-    from fedcache.federate.data import load_views
+    from fedcache.federate.tables import load_views
 
     extract(cfg(store_path))
     extract(cfg(store_path, splits=("train",), views=1, domains=("light",)))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedcache.errors import StoreError
-from fedcache.federate.data import load_fused
+from fedcache.federate.tables import load_fused
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.interchange import import_file
 

@@ -7,7 +7,7 @@ import torch
 
 from fedcache.cli import main
 from fedcache.errors import ConfigError
-from fedcache.federate.data import sample_keys
+from fedcache.federate.tables import sample_keys
 from fedcache.training import prepare
 from fedcache.ownership import LOCK
 from fedcache.flower.shard import SERVER, client_dir, load_client, load_server, open_shard, write_shards

@@ -200,7 +200,7 @@ def test_a_run_never_reads_one_import_s_training_split_with_another_s_test_split
     training split with the old test split. It is refused in one line naming the import, and reads both new
     splits once the import is done."""
     from fedcache.errors import EntryLockedError
-    from fedcache.federate.data import load_splits
+    from fedcache.federate.tables import load_splits
     from fedcache.store import interchange
 
     store = FeatureStore(store_path)
@@ -320,7 +320,7 @@ def test_a_file_only_partly_out_of_id_order_is_one_import(store_path, tmp_path, 
     """Whether rows were put in id order is in every entry's key: marked per entry, a file with a sorted split, a
     sorted domain or an empty one made entries of two keys, which runs refused as two encoders' features."""
     from fedcache.api import train
-    from fedcache.federate.data import load_splits
+    from fedcache.federate.tables import load_splits
 
     import_file(FeatureStore(store_path), _split_file(tmp_path / "f.npz", *orders), "mine", "enc")
     tr, te = load_splits(FeatureStore(store_path, create=False), "mine", ["enc"])

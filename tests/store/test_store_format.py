@@ -12,7 +12,7 @@ import zarr
 
 from fedcache.cli import main
 from fedcache.errors import DamagedEntryError, StoreError
-from fedcache.federate.data import load_fused
+from fedcache.federate.tables import load_fused
 from fedcache.store import upgrade as upgrade_module
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey

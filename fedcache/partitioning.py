@@ -1,0 +1,53 @@
+"""A run's partition: the one its spec asks for (``partition_request``), found in the store or made of its tables
+(``partition_of``), or of their labels, domains and ids alone (``partition_only``). No torch: `fedcache partition`
+imports this module and a ``spec.DataPartition`` (no method), not training.py, whose run loads torch (seconds)."""
+from __future__ import annotations
+
+import logging
+import time
+
+from fedcache.federate.partitions import Partition, PartitionRequest, stored_partition
+from fedcache.federate.tables import check_same_encoder, check_same_source, load_split_rows
+from fedcache.progress import StepCallback, said_step
+from fedcache.spec import DataPartition, RunSpec
+from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
+from fedcache.wording import count
+
+log = logging.getLogger(__name__)
+
+Spec = RunSpec | DataPartition  # what a partition reads of a spec: its data, partition and schedule sections
+Rows = FeatureTable | TableRows  # a table, or its rows before (or without) its features
+
+
+def partition_of(spec: Spec, store: FeatureStore, train_t: Rows, test_t: Rows) -> tuple[Partition, dict]:
+    """The partition ``spec`` asks for of the tables (or their rows: only labels, domains and ids are read), found
+    in the store or made and stored there, and what config.json records of it."""
+    check_same_source(train_t, test_t)  # before a partition is made of them
+    check_same_encoder(store, train_t, test_t)
+    request = partition_request(spec, len(train_t.domain_names))
+    partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
+    info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
+            "entries": list(train_t.entry_ids + test_t.entry_ids),
+            "scored_on": "validation (spare training rows)" if spec.schedule.validation else "test split"}
+    return partition, info
+
+
+def partition_only(spec: Spec, on_step: StepCallback | None = None) -> tuple[Partition, dict, TableRows]:
+    """The partition of ``spec`` as ``training.load_data`` finds or makes it, from the labels, domains and ids of the
+    store's tables alone (``load_split_rows``): the features are neither read nor checked (`fedcache partition`;
+    a run that reads them checks them). Also the training rows, whose labels and domains a plot shows."""
+    t0 = time.perf_counter()
+    d = spec.data
+    store = FeatureStore(d.store, create=False)
+    train_r, test_r = load_split_rows(store, d.dataset, list(d.backbones))
+    partition, info = partition_of(spec, store, train_r, test_r)
+    seconds = time.perf_counter() - t0
+    said_step(log, on_step, f"partition ready in {seconds:.1f} s: the labels of {count(len(train_r) + len(test_r), 'row')} "
+                            f"of {d.dataset} on {'+'.join(d.backbones)} read from {d.store}, partition {info['partition_id']}",
+              seconds)
+    return partition, info, train_r
+
+
+def partition_request(spec: Spec, n_domains: int) -> PartitionRequest:
+    """The partition ``spec`` asks for on data of ``n_domains`` domains, seeded by the run's seed."""
+    return PartitionRequest(spec.partition, spec.partition.n_clients(n_domains), spec.schedule.seed)
