@@ -191,7 +191,7 @@ def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_
     and checked only the backbones that held it, so a method training on views found none, without a word. The
     backbone that lacks the view is named, with the extraction that makes it for it (its own --image-size)."""
     from fedcache.errors import EntryNotFoundError
-    from fedcache.federate.data import load_fused, load_views
+    from fedcache.federate.tables import load_fused, load_views
 
     both = ["tiny-timm-random", "tiny-clip-random"]
     extract(cfg(store_path, backbones=both, splits=("train",)))
@@ -217,7 +217,7 @@ def test_an_unfinished_view_after_complete_ones_refuses_a_views_run_in_one_line(
     view 2 and the command that finishes it, no traceback; once finished, it trains on both."""
     from fedcache.cli import main
     from fedcache.errors import IncompleteEntryError
-    from fedcache.federate.data import load_views
+    from fedcache.federate.tables import load_views
 
     def interrupt(event):
         if event.kind == "start" and event.label == "test-toy/train/dark tiny-timm-random view 2":

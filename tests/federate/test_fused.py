@@ -87,7 +87,7 @@ def _open_files() -> dict[str, str]:
 def test_backbones_refused_leave_no_file_open(tmp_path, read):
     """The training split's backbones refused (a sample's class differs), the test split's rows, found with them,
     stayed open for as long as the error was held (a caller's traceback, a log)."""
-    from fedcache.federate.data import load_splits
+    from fedcache.federate.tables import load_splits
     from fedcache.federate.partitions import PartitionRequest
     from fedcache.flower.shard import ShardSpec, write_shards
 

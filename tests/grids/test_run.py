@@ -110,7 +110,7 @@ def test_a_cell_whose_lock_is_held_is_left_as_it_is(tmp_path):
     """The lock of a cell still held (a worker of a grid killed outright, ending): its holder may be writing the
     file its .tmp becomes. Only a cell whose lock was left is cleared; a cell without one is not the grid's to
     judge."""
-    from fedcache.grids.cells import clear_killed
+    from fedcache.grids.cell import clear_killed
     from fedcache.ownership import LOCK
     from tests.faults import held_elsewhere
 

@@ -20,7 +20,7 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import DamagedEntryError
 from fedcache.extract.runner import ExtractConfig, extract
-from fedcache.federate.data import load_fused, load_splits
+from fedcache.federate.tables import load_fused, load_splits
 from fedcache.federate.partitions import PartitionRequest
 from fedcache.flower.shard import ShardSpec, write_shards
 from fedcache.store.feature_store import FeatureStore
