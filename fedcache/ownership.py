@@ -330,7 +330,7 @@ def clear_left(directory: Path | str, what: str) -> bool:
     system has no flock, which cannot tell the two apart)."""
     path = Path(directory) / LOCK
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDWR)  # not read-only: where flock is POSIX locks (NFS), LOCK_EX needs a writable fd
     except OSError:
         return False
     try:

@@ -78,7 +78,7 @@ def unless_stopping(fn: Callable, *args):
 # A record is one write to the pipe that every worker shares: one of at most PIPE_BUF bytes is never interleaved
 # with another's, and no lock is needed (one that a killed worker held would stop the others' logging).
 _MESSAGE = getattr(select, "PIPE_BUF", 512) - 4  # less the length multiprocessing writes before each message
-_CUT = " [...]".encode()
+_CUT = " [...] ".encode()
 
 
 def _log_to_grid(level: int) -> None:
@@ -105,12 +105,16 @@ class _ToGrid(logging.Handler):
 
 
 def record_bytes(levelno: int, name: str, text: str) -> bytes:
-    """``levelno pid name`` and the record's text on the next line, cut to fit one write to the pipe."""
+    """``levelno pid name`` and the record's text on the next line, cut to fit one write to the pipe: its start and
+    its end kept (a traceback's last line is its reason), the middle left out."""
     head = f"{levelno} {os.getpid()} {name}\n".encode()
     body = text.encode(errors="replace")
     room = _MESSAGE - len(head)
     if len(body) > room:
-        body = body[: room - len(_CUT)].decode(errors="ignore").encode() + _CUT
+        keep = (room - len(_CUT)) // 2
+        start = body[:keep].decode(errors="ignore").encode()  # never half a character
+        end = body[len(body) - keep:].decode(errors="ignore").encode()
+        body = start + _CUT + end
     return head + body
 
 

@@ -37,7 +37,8 @@ def load_split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> 
     """:func:`load_splits` without the features: the fused (train, test) rows (``fused_rows``), for what needs only
     the labels, domains and ids of a table (a partition). The features are not read; reading them checks them."""
     rows = split_rows(store, dataset, backbones)
-    return tuple(fused_rows(dataset, backbones, s, rows[s]) for s in SPLITS)
+    with closed_on_error(*(p for s in SPLITS for p in rows[s])):
+        return tuple(fused_rows(dataset, backbones, s, rows[s]) for s in SPLITS)
 
 
 def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[str, list[TableRows]]:

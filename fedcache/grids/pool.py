@@ -98,9 +98,21 @@ def _listen(reader, sigterm: Future) -> None:
         if said == _GRID_DONE:
             return
         if said != SIGTERM_SAID:
-            log_from_worker(said)
+            _logged(said)
         elif not sigterm.done():  # the grid stops on the first; a second worker's changes nothing
             sigterm.set_exception(SystemExit(128 + signal.SIGTERM))
+
+
+def _logged(said: bytes) -> None:
+    """A worker's record written by this process's logging; a filter or handler of the caller's that raises is said
+    once and the record dropped: the thread that reads the pipe also hears the workers' SIGTERM, and a grid whose reader
+    died hung once the workers' records filled the pipe."""
+    try:
+        log_from_worker(said)
+    except Exception as exc:  # noqa: BLE001 - any error of a caller's logging set-up
+        logging.lastResort.handle(logging.makeLogRecord({
+            "msg": f"a grid worker's log record could not be written ({type(exc).__name__}: {exc}); dropped",
+            "levelno": logging.WARNING, "levelname": "WARNING"}))
 
 
 def _log_level() -> int:

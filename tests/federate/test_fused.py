@@ -1,4 +1,4 @@
-"""Fused backbones (fedcache/federate/data.py: load_fused): rows aligned by sample, whatever order each backbone's
+"""Fused backbones (fedcache/federate/tables.py: load_fused): rows aligned by sample, whatever order each backbone's
 import lists its domains in; backbones that disagree on domains, classes or a sample's class are refused."""
 from __future__ import annotations
 
@@ -83,11 +83,11 @@ def _open_files() -> dict[str, str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
-@pytest.mark.parametrize("read", ["load_splits", "write_shards"])
+@pytest.mark.parametrize("read", ["load_splits", "load_split_rows", "write_shards"])
 def test_backbones_refused_leave_no_file_open(tmp_path, read):
     """The training split's backbones refused (a sample's class differs), the test split's rows, found with them,
     stayed open for as long as the error was held (a caller's traceback, a log)."""
-    from fedcache.federate.tables import load_splits
+    from fedcache.federate.tables import load_split_rows, load_splits
     from fedcache.federate.partitions import PartitionRequest
     from fedcache.flower.shard import ShardSpec, write_shards
 
@@ -103,6 +103,7 @@ def test_backbones_refused_leave_no_file_open(tmp_path, read):
         np.savez(path, **arrays)
         import_file(store, path, "fz", name)
     reads = {"load_splits": lambda: load_splits(store, "fz", ["e1", "e2"]),
+             "load_split_rows": lambda: load_split_rows(store, "fz", ["e1", "e2"]),
              "write_shards": lambda: write_shards(ShardSpec(store.path, "fz", ["e1", "e2"], PartitionRequest.of("iid", 2, 0)),
                                                   tmp_path / "shards")}
     before = _open_files()

@@ -651,8 +651,9 @@ def test_a_worker_s_record_is_one_write_to_the_pipe(caplog):
 
     from fedcache.workers import log_from_worker, record_bytes
 
-    said = record_bytes(logging.WARNING, "fedcache.x", "é" * 10_000)
-    assert len(said) <= getattr(select, "PIPE_BUF", 512) - 4 and said.endswith(b" [...]")
+    said = record_bytes(logging.WARNING, "fedcache.x", "é" * 10_000 + "\nValueError: the reason")
+    assert len(said) <= getattr(select, "PIPE_BUF", 512) - 4 and b" [...] " in said
+    assert said.endswith("\nValueError: the reason".encode())  # a traceback's last line kept
     with caplog.at_level(logging.WARNING):
         log_from_worker(record_bytes(logging.WARNING, "fedcache.x", "a 100% line"))
         log_from_worker(record_bytes(logging.INFO, "fedcache.x", "below the level"))
@@ -660,3 +661,38 @@ def test_a_worker_s_record_is_one_write_to_the_pipe(caplog):
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records][:1] == [
         ("fedcache.x", "WARNING", "a 100% line")]
     assert len(caplog.records) == 2 and caplog.records[1].getMessage().startswith("éé")
+
+
+def test_a_logging_filter_that_raises_does_not_stop_the_grid_hearing_its_workers(capfd):
+    """The thread reading the workers' pipe writes their records through the caller's logging and hears their SIGTERM:
+    a filter of the caller's that raised ended it, and a SIGTERM said after was never heard (the grid then hung once
+    the workers' records filled the pipe)."""
+    import logging
+    import multiprocessing
+    import threading
+    from concurrent.futures import Future
+
+    from fedcache.grids.pool import _GRID_DONE, _listen
+    from fedcache.workers import SIGTERM_SAID, record_bytes
+
+    def refuse(record):
+        raise RuntimeError("a filter that fails")
+
+    logger = logging.getLogger("fedcache.filtered")
+    logger.addFilter(refuse)
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sigterm: Future = Future()
+    listening = threading.Thread(target=_listen, args=(reader, sigterm))
+    try:
+        listening.start()
+        writer.send_bytes(record_bytes(logging.WARNING, "fedcache.filtered", "a record"))
+        writer.send_bytes(SIGTERM_SAID)
+        assert isinstance(sigterm.exception(timeout=10), SystemExit)
+        writer.send_bytes(_GRID_DONE)
+        listening.join(10)
+        assert not listening.is_alive()
+    finally:
+        logger.removeFilter(refuse)
+        writer.close()
+        reader.close()
+    assert "could not be written (RuntimeError: a filter that fails); dropped" in capfd.readouterr().err
