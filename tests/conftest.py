@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny in-memory dataset registered for tests, offline settings, and a tiny store and grid."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -115,3 +116,12 @@ def tight_disk(request, tmp_path, monkeypatch):
     disk = TightDisk(tmp_path / "disk", monkeypatch, real=request.param == "tmpfs")
     yield disk
     disk.close()
+
+
+def open_files() -> dict[str, str]:
+    """This process's open file descriptors and what each is (Linux: /proc/self/fd)."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return out

@@ -2,9 +2,7 @@
 import lists its domains in; backbones that disagree on domains, classes or a sample's class are refused."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ from fedcache.errors import StoreError
 from fedcache.federate.tables import load_fused
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.interchange import import_file
+from tests.conftest import open_files
 
 N = 40
 
@@ -74,14 +73,6 @@ def test_classes_listed_in_another_order_are_the_same_classes(tmp_path):
     np.testing.assert_array_equal(t.labels, labels)
 
 
-def _open_files() -> dict[str, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
 @pytest.mark.parametrize("read", ["load_splits", "load_split_rows", "write_shards"])
 def test_backbones_refused_leave_no_file_open(tmp_path, read):
@@ -106,7 +97,7 @@ def test_backbones_refused_leave_no_file_open(tmp_path, read):
              "load_split_rows": lambda: load_split_rows(store, "fz", ["e1", "e2"]),
              "write_shards": lambda: write_shards(ShardSpec(store.path, "fz", ["e1", "e2"], PartitionRequest.of("iid", 2, 0)),
                                                   tmp_path / "shards")}
-    before = _open_files()
+    before = open_files()
     with pytest.raises(StoreError, match="1 samples have another class in the train features of fz for e2") as raised:
         reads[read]()
-    assert _open_files() == before, raised.value  # the error still held, as a caller holds it
+    assert open_files() == before, raised.value  # the error still held, as a caller holds it

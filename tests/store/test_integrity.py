@@ -6,9 +6,7 @@ re-extraction replaces.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -24,6 +22,7 @@ from fedcache.federate.tables import load_fused, load_splits
 from fedcache.federate.partitions import PartitionRequest
 from fedcache.flower.shard import ShardSpec, write_shards
 from fedcache.store.feature_store import FeatureStore
+from tests.conftest import open_files
 
 BB = "tiny-timm-random"
 
@@ -393,15 +392,6 @@ def test_partition_refuses_damaged_labels(damage, store, capsys):
     damage(store, eid, other)
     code, out = run(capsys, "partition", "--store", str(store), "-d", "test-toy", "-b", BB, *PARTITION)
     assert code == 1 and eid in out and "damaged" in out and NAMED.get(damage, "") in out and "Traceback" not in out
-
-
-def open_files() -> dict[str, str]:
-    """This process's open file descriptors and what each is (Linux: /proc/self/fd)."""
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-    return out
 
 
 # Each read, and the entry damaged: one it reads after others (the second of the training table; the test split's,
