@@ -124,5 +124,17 @@ def check_consistent(entries: list[EntryInfo], path: Path) -> None:
                  f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
         raise StoreError(
             f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
-            f"or imported files; {again} so that every domain is current"
+            f"or imported files ({_makings(entries)}); {again} so that every domain is current"
         )
+
+
+def _makings(entries: list[EntryInfo]) -> str:
+    """Which domain came from which making, "a imported, b extracted": a mix refused names them, so the user knows
+    which of their commands made which. Makings said alike (two imports, two extractions) add their entry's id."""
+    groups: dict[tuple, list[EntryInfo]] = {}
+    for e in entries:
+        groups.setdefault((e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]), []).append(e)
+    how = {g: "imported" if str(g[0]).startswith("imported:") else "extracted" for g in groups}
+    alike = {h for h in how.values() if list(how.values()).count(h) > 1}
+    return ", ".join(f"{','.join(e.key['domain'] for e in es)} {how[g]}"
+                     + (f" ({','.join(e.entry_id for e in es)})" if how[g] in alike else "") for g, es in groups.items())

@@ -317,7 +317,8 @@ def test_changed_weights_or_preprocessing_make_new_entries(store_path, tmp_path)
 def test_reader_refuses_to_mix_domains_made_by_different_weights(store_path):
     extract(cfg(store_path, splits=("test",)))
     extract(cfg(store_path, splits=("test",), domains=["light"], image_size=24))
-    with pytest.raises(StoreError, match="different weights, preprocessing or imported files; re-run `fedcache extract"):
+    with pytest.raises(StoreError, match=r"different weights, preprocessing or imported files \(light extracted \(\w+\), "
+                                         r"dark extracted \(\w+\)\); re-run `fedcache extract"):
         FeatureStore(store_path).read("test-toy", "test", "tiny-timm-random")
 
 

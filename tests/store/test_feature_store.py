@@ -112,13 +112,28 @@ def test_a_table_takes_the_domains_its_newest_entry_names_whichever_sorts_first(
     write_all(store, key("imported:f", domain=imported), rows + 1, np.zeros(4), attrs={**ATTRS, "domains": [imported]})
     assert [e.key["domain"] for e in store.table_entries("ds", "train", "bb")] == [imported]  # the import, whole
     other = "b" if imported == "a" else "a"
+    made = "a imported, b extracted" if imported == "a" else "a extracted, b imported"  # which domain came from which
     write_all(store, key(domain=other), rows, np.zeros(4), attrs=both)  # extracted again: current, the newest
     with pytest.raises(StoreError, match=r"ds/train for bb were made by different weights, preprocessing or imported "
-                                         r"files; re-run `fedcache extract --store .* --dataset ds --backbones bb`"):
+                                         rf"files \({made}\); re-run `fedcache extract "
+                                         r"--store .* --dataset ds --backbones bb`"):
         store.table_entries("ds", "train", "bb")
     write_all(store, key(domain=imported), rows, np.zeros(4), attrs=both)  # the extraction said: every domain again
     found = store.table_entries("ds", "train", "bb")
     assert [(e.key["domain"], e.key["weights_hash"]) for e in found] == [("a", "w1"), ("b", "w1")]
+
+
+def test_a_mix_of_two_extractions_names_each_domains_entries(store_path):
+    """Domains of two extractions (another --image-size for one) are named by their entries, as `store ls` lists them:
+    "extracted" twice would not say which is which."""
+    store = FeatureStore(store_path)
+    rows, both = np.zeros((4, 3), np.float32), {**ATTRS, "domains": ["a", "b"]}
+    write_all(store, key(domain="a"), rows, np.zeros(4), attrs=both)
+    write_all(store, key(size=64, domain="b"), rows, np.zeros(4), attrs=both)
+    with pytest.raises(StoreError) as mixed:
+        store.table_entries("ds", "train", "bb")
+    a, b = key(domain="a").entry_id, key(size=64, domain="b").entry_id
+    assert f"imported files (a extracted ({a}), b extracted ({b})); re-run" in str(mixed.value)
 
 
 def test_new_key_in_same_slot_supersedes_old(store_path):
