@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -127,6 +128,13 @@ def _made_from(cfg: ExtractConfig, dataset: Dataset) -> dict:
     return {"made_from": {"dataset": cfg.dataset, "image_noise": list(cfg.image_noise) if cfg.image_noise else None}}
 
 
+def _weights_file(cfg: ExtractConfig, backbone: str) -> dict:
+    """The checkpoint an entry was extracted from (``--weights NAME=PATH``), absolute: the command that finishes or
+    completes it names it (``store.lookup``); its hash alone cannot say which file to load again."""
+    path = cfg.weights.get(backbone)
+    return {"weights_file": str(Path(path).resolve())} if path is not None else {}
+
+
 def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec]]:
     domains = cfg.domains or list(dataset.domains)
     unknown = [d for d in domains if d not in dataset.domains]
@@ -178,7 +186,7 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
     attrs = {"classes": list(dataset.classes), "domains": list(dataset.domains),
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source,
              **({"views": cfg.views} if view.index else {}),  # an interrupted --views N is finished by --views N
-             **_made_from(cfg, dataset)}
+             **_weights_file(cfg, bb.spec.name), **_made_from(cfg, dataset)}
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:
         if writer.replaced:

@@ -5,6 +5,7 @@ the store (``FeatureStore.find`` and ``rows`` raise what they return).
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
@@ -117,11 +118,23 @@ def view_lacking(path: Path, infos: list[EntryInfo], have: EntryInfo, like: Entr
 
 def _made_as(e: EntryInfo) -> str:
     """The options ``e``'s extraction was made with that are not the defaults: another would write new entries (the
-    pretrained weights for --random-init's: another weights hash)."""
+    pretrained weights for --random-init's or a checkpoint's: another weights hash)."""
     k = e.key
     hint = f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
     size = (k.get("preprocess") or {}).get("size")
-    return hint + (f" --image-size {size}" if size else "") + (" --random-init" if e.random_weights else "")
+    return hint + (f" --image-size {size}" if size else "") + (" --random-init" if e.random_weights else "") + _weights(e)
+
+
+def _weights(e: EntryInfo) -> str:
+    """``--weights NAME=PATH`` of an entry extracted from a checkpoint (its metadata's ``weights_file``). An entry of
+    a backbone that takes only a checkpoint, made before the file was recorded, names none: no one can say which."""
+    backbone, file = e.key["backbone"], e.attrs.get("weights_file")
+    if file:
+        return f" --weights {shlex.quote(f'{backbone}={file}')}"
+    if e.attrs.get("backbone_source") == "checkpoint" and not e.random_weights:
+        return (f" --weights {backbone}=CHECKPOINT (CHECKPOINT: the file these were extracted from, which the store "
+                "does not record)")
+    return ""
 
 
 def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:

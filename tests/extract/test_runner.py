@@ -296,14 +296,7 @@ def _wait_for_some_chunks(store: Path, proc, timeout: float = 60.0) -> None:
 def test_changed_weights_or_preprocessing_make_new_entries(store_path, tmp_path):
     extract(cfg(store_path, splits=("test",), domains=["light"]))
     extract(cfg(store_path, splits=("test",), domains=["light"], image_size=24))
-    from fedcache.extract.loading import load_backbone
-
-    bb = load_backbone("tiny-timm-random")
-    sd = bb.image_encoder.state_dict()
-    first = next(k for k, v in sd.items() if v.is_floating_point())
-    sd[first] = sd[first] + 0.5
-    ckpt = tmp_path / "changed.pth"
-    torch.save(sd, ckpt)
+    ckpt = _changed_checkpoint(tmp_path / "changed.pth")
     extract(cfg(store_path, splits=("test",), domains=["light"], weights={"tiny-timm-random": ckpt}))
     store = FeatureStore(store_path)
     entries = store.entries()
@@ -498,3 +491,56 @@ def test_the_command_that_finishes_a_random_init_extraction_extracts_random_weig
                        "--domains dark --image-size 32 --random-init")
     assert main(shlex.split(command)[1:] + ["--workers", "0", "--batch-size", "4", "--chunk-rows", "8"]) == 0
     assert FeatureStore(store_path).read("test-toy", "train", backbone).random_weights
+
+
+def _changed_checkpoint(path: Path) -> Path:
+    """tiny-timm-random's weights, one tensor moved: a checkpoint whose features differ from the backbone's own."""
+    from fedcache.extract.loading import load_backbone
+
+    sd = load_backbone("tiny-timm-random").image_encoder.state_dict()
+    first = next(k for k, v in sd.items() if v.is_floating_point())
+    sd[first] = sd[first] + 0.5
+    torch.save(sd, path)
+    return path
+
+
+def test_the_command_that_finishes_a_checkpoints_extraction_loads_that_checkpoint(store_path, tmp_path, monkeypatch):
+    """An `extract --weights NAME=PATH`, interrupted, was to be finished by an extraction without --weights: that
+    loads the backbone's own weights (other entries) and leaves these unfinished. The checkpoint's path, recorded
+    absolute, is in the command, which works from another directory."""
+    from fedcache.cli import main
+    from fedcache.errors import IncompleteEntryError
+
+    (tmp_path / "my ckpts").mkdir()
+    monkeypatch.chdir(tmp_path / "my ckpts")
+    ckpt = _changed_checkpoint(tmp_path / "my ckpts" / "changed.pth")
+
+    def interrupt(event):
+        if event.kind == "start" and event.label == "test-toy/train/dark tiny-timm-random":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, weights={"tiny-timm-random": Path("changed.pth")}, image_size=32), progress=interrupt)
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(store_path).read("test-toy", "train", "tiny-timm-random")
+    command = str(unfinished.value).split("`")[1]
+    assert command == (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits "
+                       f"train --domains dark --image-size 32 --weights 'tiny-timm-random={ckpt}'")
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(command)[1:] + ["--workers", "0", "--batch-size", "4", "--chunk-rows", "8"]) == 0
+    table = FeatureStore(store_path).read("test-toy", "train", "tiny-timm-random")
+    assert not table.random_weights and len(table.domain_names) == 2
+
+
+def test_a_checkpoint_backbones_entry_without_its_file_says_the_file_is_not_known():
+    """Entries of a backbone that loads only a checkpoint (resnet18-quickdraw), made before the file was recorded:
+    the command names a placeholder and says the store does not record the file, not a command that cannot load."""
+    from fedcache.store import lookup
+    from fedcache.store.entries import EntryInfo
+
+    key = {"dataset": "digit5", "split": "train", "domain": "mnist", "backbone": "resnet18-quickdraw", "view": 0,
+           "dtype": "float16", "preprocess": {"size": 64}}
+    old = EntryInfo("e1", key, 4, 512, False, None, {"backbone_source": "checkpoint", "random_weights": False})
+    assert lookup.extract_hint(Path("s.zarr"), [old]).endswith(
+        "--image-size 64 --weights resnet18-quickdraw=CHECKPOINT (CHECKPOINT: the file these were extracted from, "
+        "which the store does not record)")
