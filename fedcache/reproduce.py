@@ -51,7 +51,7 @@ def check(preset: Preset, store: Path, data_root: Path | None = None, weights: d
 def _cached(store: Path, dataset: str, backbone: str) -> bool:
     """Whether the store holds rows of ``dataset``'s train and test features of ``backbone``: their entries found
     complete and their labels checked (``FeatureStore.rows``), not their features, which reading them all took of
-    the check. Damaged features are found by the extraction ``reproduce`` runs (it verifies, and replaces, them)."""
+    the check. Damaged features are found by the grid's read of them (their checksums), which says what replaces them."""
     from fedcache.store.feature_store import FeatureStore
 
     try:
@@ -120,12 +120,21 @@ def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = N
                           + f". `fedcache reproduce {preset.name} --dry-run` lists everything it needs")
     tables = {}
     for e in preset.experiments:
-        extract_features(e.dataset, list(e.backbones), store=store, progress=progress, data_root=data_root,
-                weights={b: Path(p) for b, p in (weights or {}).items() if b in e.backbones}, **e.extract)
+        todo = _to_extract(e, store, weights or {})
+        if todo:
+            extract_features(e.dataset, todo, store=store, progress=progress, data_root=data_root,
+                             weights={b: Path(p) for b, p in (weights or {}).items() if b in todo}, **e.extract)
         tables[e.key] = grid(store=store, dataset=e.store_dataset, backbones=list(e.backbones), methods=list(e.methods),
                              sweep=dict(e.sweep), seeds=list(e.seeds), out=Path(out) / e.key, jobs=jobs, on_cell=on_cell)
     write_paper_json(preset, tables, Path(out))
     return report(out)
+
+
+def _to_extract(e: Experiment, store: Path, weights: dict) -> list[str]:
+    """The backbones of ``e`` to extract: those whose features the store lacks (``_cached``), and those given a
+    checkpoint (``--weights``: its features, which the store may not hold yet). An extraction loads every backbone
+    it is given, stored or not: seconds to minutes each, and offline an error where the weights are absent."""
+    return [b for b in e.backbones if b in weights or not _cached(store, e.store_dataset, b)]
 
 
 def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:

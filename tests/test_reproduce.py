@@ -195,3 +195,31 @@ def test_what_the_store_holds_is_asked_of_its_entries_and_labels_not_its_feature
             m.setattr(FeatureStore, "features", no_features)
             assert rp._cached(store, "test-toy", BACKBONE) is held, state
             assert not rp._cached(store, "test-toy", "other-backbone") and not rp._cached(tmp_path / "none", "test-toy", BACKBONE)
+
+
+def test_a_run_loads_only_the_backbones_whose_features_it_extracts(toy_store, tmp_path, monkeypatch):
+    """`reproduce` extracted every backbone of a preset, loading each model though its features were stored: slow,
+    and offline an error where the weights are absent. Only the backbone the store lacks is loaded now."""
+    import shutil
+
+    from fedcache.errors import WeightsNotFoundError
+    from fedcache.extract import runner
+    from tests.conftest import BACKBONE
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(toy_store, store)  # BACKBONE's features; tiny-clip-random's are extracted by the run
+    loaded, load = [], runner.load_backbone
+
+    def offline(name, *args, **kwargs):
+        loaded.append(name)
+        if name == BACKBONE:  # as a pretrained backbone's weights, absent offline
+            raise WeightsNotFoundError(f"{name}: no weights offline")
+        return load(name, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "load_backbone", offline)
+    fused = ps.Preset("test-fused", "t", "-", (ps.Experiment("e", "test-toy", (BACKBONE, "tiny-clip-random"), ("fedavg",),
+                                                            {"clients": 2, "rounds": 1}, seeds=(0,)),), ())
+    rp.reproduce(fused, store, tmp_path / "out")
+    assert loaded == ["tiny-clip-random"]
+    rp.reproduce(fused, store, tmp_path / "again")  # every backbone stored now: none is loaded
+    assert loaded == ["tiny-clip-random"]
