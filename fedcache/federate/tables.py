@@ -11,6 +11,7 @@ import numpy as np
 
 from fedcache.errors import EntryNotFoundError, StoreError
 from fedcache.store import lookup
+from fedcache.store.entries import EntryInfo
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
 from fedcache.store.tables import closed_on_error
@@ -171,13 +172,38 @@ def load_views(store: FeatureStore, dataset: str, backbones: list[str], train: F
     views, v = [], 1
     while True:
         try:
-            table = load_fused(store, dataset, backbones, "train", v)
+            table = load_fused(store, dataset, backbones, "train", v, parts=_view_rows(store, dataset, backbones, v))
         except EntryNotFoundError:
             check_whole_view(store, dataset, backbones, v)
             break
         views.append(table.features[row_positions(sample_keys(train), sample_keys(table), f"view {v}", dataset, "train")])
         v += 1
     return np.stack(views, 1) if views else None
+
+
+def _view_rows(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> list[TableRows]:
+    """Each backbone's rows of training view ``view``, its entries checked to be made alike
+    (:func:`check_views_alike`) before any is opened."""
+    found = {b: store.table_entries(dataset, "train", b, view) for b in backbones}
+    check_views_alike(store, found)
+    parts: list[TableRows] = []
+    for b in backbones:
+        with closed_on_error(*parts):
+            parts.append(store.entry_rows(found[b]))
+    return parts
+
+
+def check_views_alike(store: FeatureStore, found: dict[str, list[EntryInfo]]) -> None:
+    """Raise where a domain's augmented view (``found``: each fused backbone's entries of it) was made with another
+    recipe or seed for one backbone than for the first (``extract --views K --view-seed S`` of one of them): fused
+    side by side, a row would join two different augmentations of its image. Names both, and the extraction that
+    makes the view for the other backbone as for the first."""
+    (_, first), *others = found.items()
+    made = {e.key["domain"]: e for e in first}
+    for e in (e for _, entries in others for e in entries):
+        have = made.get(e.key["domain"])
+        if have is not None and e.key.get("augmentation") != have.key.get("augmentation"):
+            raise lookup.views_differ(store.path, store.entries(), have, e)
 
 
 def check_whole_view(store: FeatureStore, dataset: str, backbones: list[str], view: int) -> None:

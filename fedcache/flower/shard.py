@@ -34,8 +34,8 @@ from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError)
 from fedcache.federate.data import FederatedData
-from fedcache.federate.tables import (check_labels, check_same_encoder, check_whole_view, fused_rows, keys_as_first,
-                                     load_fused, load_views, row_positions, sample_keys)
+from fedcache.federate.tables import (check_labels, check_same_encoder, check_views_alike, check_whole_view, fused_rows,
+                                     keys_as_first, load_fused, load_views, row_positions, sample_keys)
 from fedcache.federate.partitions import (Partition, PartitionRequest, load_partition, save_partition, stored_partition,
                                           table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
@@ -162,7 +162,7 @@ def _full(exc: BaseException, staging: Path, out: Path) -> DiskFullError:
 def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None]) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
     cut = cut_from(store, spec.dataset, spec.backbones)
-    _check_views(store, spec, len(cut) - 1)  # the view after the last one cut (train and test are 2 of cut's)
+    _check_views(store, spec, cut)
     partition, pid = _partition(store, spec, cut)
     tables = {split: _tables(store, spec, split, cut[split, 0]) for split in ("train", "test")}
     views = [_tables(store, spec, "train", found) for (_, view), found in cut.items() if view]
@@ -181,22 +181,35 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     return paths
 
 
-def _check_views(store: FeatureStore, spec: ShardSpec, view: int) -> None:
-    """Refuse (or, the method not known, warn of) training view ``view``, which the sharding leaves out, where a
-    backbone holds it of some domains only (``extract --views K --domains``) or another fused backbone holds it and
-    this one none (``check_whole_view``): what lacks it, and the extraction that completes it."""
+def _check_views(store: FeatureStore, spec: ShardSpec, cut: Cut) -> None:
+    """Refuse (or, the method not known, warn of) the training views cut where a view was made with another recipe
+    or seed for one fused backbone than for another (``check_views_alike``); and the view after them, which the
+    sharding leaves out, where a backbone holds it of some domains only (``extract --views K --domains``) or another
+    fused backbone holds it and this one none (``check_whole_view``): what lacks it, and the extraction that
+    completes it."""
     if spec.views is False:
         return
+    view = len(cut) - 1  # the view after the last one cut (train and test are 2 of cut's)
+    try:
+        for found in (found for (_, v), found in cut.items() if v):
+            check_views_alike(store, found)
+    except StoreError as err:
+        _refused_or_said(spec, err, "the shards' augmented views are not fit for a method that trains on views (%s): %s")
     try:
         check_whole_view(store, spec.dataset, spec.backbones, view)
     except (EntryNotFoundError, IncompleteEntryError) as err:  # some domains lack it, or their extraction is unfinished
-        if spec.views:
-            raise
-        from fedcache.federate.methods import METHODS
+        _refused_or_said(spec, err, f"the shards hold no augmented view {view}, which a method that trains on views "
+                                    "(%s) needs: %s, then shard again")
 
-        names = ", ".join(n for n, c in METHODS.items() if c.uses_views)
-        log.warning("the shards hold no augmented view %d, which a method that trains on views (%s) needs: %s, "
-                    "then shard again", view, names, err)
+
+def _refused_or_said(spec: ShardSpec, err: Exception, warning: str) -> None:
+    """``err`` raised for a method that trains on views; for a method not known, ``warning`` (of the methods that
+    do, and ``err``)."""
+    if spec.views:
+        raise err
+    from fedcache.federate.methods import METHODS
+
+    log.warning(warning, ", ".join(n for n, c in METHODS.items() if c.uses_views), err)
 
 
 # (split, view) -> backbone -> the entries that backbone's table of the split (or view) reads

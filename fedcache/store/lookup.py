@@ -116,6 +116,21 @@ def view_lacking(path: Path, infos: list[EntryInfo], have: EntryInfo, like: Entr
         f"`{views_hint(path, infos, have, like)}`")
 
 
+def views_differ(path: Path, infos: list[EntryInfo], have: EntryInfo, other: EntryInfo) -> StoreError:
+    """Augmented view of ``have`` (an entry of it) made with another recipe or seed than ``other``'s, of the same
+    domain for another backbone fused beside it: each fused row would join two different augmentations of its
+    image. The `extract --views` that makes it for ``other``'s backbone as it was made for ``have``'s."""
+    k, o = have.key, other.key
+    aug, oaug = k.get("augmentation") or {}, o.get("augmentation") or {}
+    differ = [n for n in ("recipe", "seed") if aug.get(n) != oaug.get(n)]
+    said = lambda a: " ".join(f"--view-{n} {a.get(n)}" for n in differ)  # noqa: E731
+    return StoreError(
+        f"augmented view {k['view']} of the {k['split']} features of {k['dataset']}/{k['domain']} was made with "
+        f"{said(aug)} for {k['backbone']} but {said(oaug)} for {o['backbone']} (fused backbones join each image's "
+        f"view {k['view']}: these would be different augmentations of it); re-extract it for {o['backbone']} as for "
+        f"{k['backbone']} with `{views_hint(path, infos, have, other)}`")
+
+
 def _made_as(e: EntryInfo) -> str:
     """The options ``e``'s extraction was made with that are not the defaults: another would write new entries (the
     pretrained weights for --random-init's or a checkpoint's: another weights hash)."""

@@ -211,6 +211,35 @@ def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_
     assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
 
 
+def test_a_view_made_with_another_seed_for_one_fused_backbone_is_refused_with_the_command_that_remakes_it(store_path):
+    """`extract --views 2` of two fused backbones, then of one of them again with another --view-seed: view k of
+    one and view k of the other were fused unchecked, each row joining two different augmentations of its image.
+    Refused, naming the backbones, the view and what differs, with the extraction that makes it alike; once run,
+    the views are read (the shards' too: `fedcache shard` of a views method refuses them as a run does)."""
+    from fedcache.federate.tables import load_fused, load_views
+    from fedcache.federate.partitions import PartitionRequest
+    from fedcache.flower.shard import ShardSpec, write_shards
+
+    both = ["tiny-timm-random", "tiny-clip-random"]
+    extract(cfg(store_path, backbones=both, views=2))  # the test split too: a sharding reads it
+    extract(cfg(store_path, backbones=["tiny-clip-random"], splits=("train",), views=2, view_seed=3))
+    store = FeatureStore(store_path)
+    train = load_fused(store, "test-toy", both, "train")
+    make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-clip-random --splits train "
+            "--views 2 --image-size 32 --random-init")
+    with pytest.raises(StoreError) as differ:
+        load_views(store, "test-toy", both, train)
+    assert str(differ.value) == (
+        "augmented view 1 of the train features of test-toy/light was made with --view-seed 0 for tiny-timm-random but "
+        "--view-seed 3 for tiny-clip-random (fused backbones join each image's view 1: these would be different "
+        f"augmentations of it); re-extract it for tiny-clip-random as for tiny-timm-random with `{make}`")
+    spec = ShardSpec(store_path, "test-toy", both, PartitionRequest.of("iid", 2, 0), views=True)
+    with pytest.raises(StoreError, match=re.escape(str(differ.value))):
+        write_shards(spec, store_path.parent / "shards")
+    extract(cfg(store_path, backbones=["tiny-clip-random"], splits=("train",), views=2))  # the command said
+    assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
+
+
 def test_an_unfinished_view_after_complete_ones_refuses_a_views_run_in_one_line(store_path, capsys):
     """`extract --views 2` interrupted in view 2, view 1 complete: a run on view 1 alone would train on fewer views
     than were asked for, without a word. `train` with a method that trains on views refuses in one line naming
