@@ -35,7 +35,7 @@ from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
 from fedcache.grids.cell import result_row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
-from fedcache.grids.pool import in_workers
+from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
 from fedcache.spec import RunSpec
@@ -327,11 +327,12 @@ def continuable(checkpoint: Path) -> bool:
 
 # ---- the engine ------------------------------------------------------------------------------------
 
-def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan,
-                stops: Stops | None = None) -> Iterator[tuple[Cell, dict]]:
+def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: Stops | None = None,
+                workers: Workers | None = None) -> Iterator[tuple[Cell, dict]]:
     """Stackable cells in batches, the others as their own runs; (cell, row) as each finishes. On a GPU every
     batch runs in this process, one after another, as large as its memory holds (workers would each hold a
-    copy of the features and a context of their own). ``stops``: the round a cell pauses at (grids/halving.py)."""
+    copy of the features and a context of their own). ``stops``: the round a cell pauses at (grids/halving.py);
+    ``workers``: the processes to run them in (a --select grid's, ``pool.Workers``), else started here."""
     stops = stops or {}
     tables = read_features(folder)
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
@@ -361,7 +362,7 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan,
             yield from _run_batch(spec, batch, tables, stops)
         yield from execute(spec, alone, folder, jobs=1, stops=stops)  # in this process too: one cell at most, --jobs 1, or a GPU
     else:  # side by side, one torch thread each, as the process engine runs its cells
-        yield from in_workers(jobs, tasks)
+        yield from in_workers(jobs, tasks, workers)
     _remove_if_empty(spec.out / BATCHES)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedcache.grids.pool import Workers
 from fedcache.grids.run import CellCallback, PlanCallback, run_cells
 from fedcache.grids.spec import Cell, GridSpec, cells, train_config
 from fedcache.progress import StepCallback
@@ -148,10 +149,12 @@ def groups_of(spec: GridSpec, select: list[str], eta: int, first: int | None) ->
 
 def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, metric: str = "mean_accuracy",
                 on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
-                after: int = 0, on_step: StepCallback | None = None) -> tuple[list[dict], list[Group]]:
+                after: int = 0, on_step: StepCallback | None = None,
+                workers: Workers | None = None) -> tuple[list[dict], list[Group]]:
     """The validation stage of a pruned --select grid (``spec``: that stage's grid). Returns every cell's last row
     (with ``stopped_at``, the round it stopped at) in the grid's order, and the groups with their cuts.
-    ``after``: the cell runs that follow this stage, for one progress count over both."""
+    ``after``: the cell runs that follow this stage, for one progress count over both; ``workers``: the worker
+    processes every rung trains in (``pool.Workers``)."""
     groups = groups_of(spec, select, eta, first)
     _say(on_plan, plan_text(groups, eta))
     last: dict[Cell, dict] = {}
@@ -161,7 +164,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
         step = [c for c in cells(spec) if c in stops]
         counted = (lambda done, _, row, at=before: on_cell(at + done, max(total, at + done), row)) if on_cell else None
         table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False, on_step=on_step,
-                          stops={c: at for c, (_, at) in stops.items() if at is not None})
+                          stops={c: at for c, (_, at) in stops.items() if at is not None}, workers=workers)
         rows = dict(zip(step, table.to_records()))
         for c, row in rows.items():
             g, at = stops[c]

@@ -23,37 +23,86 @@ log = logging.getLogger(__name__)
 STOP_GRACE = 5.0  # seconds a stopped worker has to leave before it is killed
 
 
-def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]]) -> Iterator:
+def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]], workers: Workers | None = None) -> Iterator:
     """Each task's (cell, row) pairs as the task finishes, from ``jobs`` worker processes of one torch thread
-    each (the heads are too small for intra-op parallelism to beat one task per core)."""
-    import multiprocessing
+    each (the heads are too small for intra-op parallelism to beat one task per core): ``workers``' processes
+    where given (kept for the caller's next tasks), else ones started for these tasks and stopped after them."""
+    if workers is not None:
+        yield from workers.run(tasks)
+        return
+    with Workers(min(jobs, len(tasks))) as started:
+        yield from started.run(tasks)
 
-    # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
-    ctx = multiprocessing.get_context("spawn")
-    before = set(multiprocessing.active_children())
-    workers: set = set()
-    with _sigterm_reports(ctx) as (report_to, sigterm):
-        pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=init_worker,
-                                   initargs=(os.getpid(), report_to, Holder.me().to_text(), _log_level()))
+
+class Workers:
+    """Up to ``jobs`` worker processes, started as tasks need them (the pool starts one for a task submitted while
+    none is idle) and kept until the ``with`` block ends: a --select grid's stages and the rungs of its successive
+    halving train in the same processes, each started once (a start imports torch: seconds of CPU a worker). With
+    the processes, the pipe their log records and SIGTERM reports come on, and the thread that reads it."""
+
+    def __init__(self, jobs: int) -> None:
+        import multiprocessing
+
+        # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
+        self._ctx = multiprocessing.get_context("spawn")
+        self._jobs = jobs
+        self._before = set(multiprocessing.active_children())
+        self._started: set = set()  # every worker the pool started, for how the gone ones ended (_lost_worker)
+        self._reports = contextlib.ExitStack()
+        self._pool: ProcessPoolExecutor | None = None
+        self._sigterm: Future | None = None
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        try:
+            if exc is None and self._pool is not None:
+                self._pool.shutdown()
+            else:  # Ctrl-C or an error between tasks (a rung's cut): no cell runs, none is waited for
+                self._abandon()
+        finally:
+            self._reports.close()
+
+    def run(self, tasks: list[tuple[Callable, tuple]]) -> Iterator:
+        """Each task's (cell, row) pairs as the task finishes, in the workers started so far, and new ones while
+        fewer than ``jobs`` run."""
+        import multiprocessing
+
+        pool = self._pool or self._start()
         try:
             # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
             # fixes this process's default start method (multiprocessing records it for the child): the caller's
             # to choose.
             with _workers_deaf_to_ctrl_c(), start_method_unset():
                 futures = [pool.submit(unless_stopping, fn, *args) for fn, args in tasks]
-            workers = set(multiprocessing.active_children()) - before
-            for fut in _as_finished(futures, sigterm):
+            self._started |= set(multiprocessing.active_children()) - self._before
+            for fut in _as_finished(futures, self._sigterm):
                 yield from fut.result()
         except BaseException as exc:
-            # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: leaving the `with` block would
+            # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: the pool's own shutdown would
             # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
-            pool.shutdown(wait=False, cancel_futures=True)
-            _stop(set(multiprocessing.active_children()) - before)
-            lost = _lost_worker(exc, workers)
+            self._abandon()
+            lost = _lost_worker(exc, self._started)
             if lost:
                 raise FedcacheError(lost) from None
             raise
-        pool.shutdown()
+
+    def _start(self) -> ProcessPoolExecutor:
+        report_to, self._sigterm = self._reports.enter_context(_sigterm_reports(self._ctx))
+        self._pool = ProcessPoolExecutor(self._jobs, mp_context=self._ctx, initializer=init_worker,
+                                         initargs=(os.getpid(), report_to, Holder.me().to_text(), _log_level()))
+        return self._pool
+
+    def _abandon(self) -> None:
+        """The queue dropped, the running cells and every worker stopped (``_stop``)."""
+        import multiprocessing
+
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(set(multiprocessing.active_children()) - self._before)
 
 
 def _as_finished(futures: list[Future], sigterm: Future) -> Iterator[Future]:

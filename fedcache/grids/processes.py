@@ -7,22 +7,23 @@ from pathlib import Path
 
 from fedcache.grids.cell import run_cell
 from fedcache.grids.features import read_features, tables_of
-from fedcache.grids.pool import in_workers
+from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.spec import Cell, GridSpec, Stops
 from fedcache.training import run_device
 
 
 def execute(spec: GridSpec, todo: list[Cell], folder: Path, jobs: int | None = None,
-            stops: Stops | None = None) -> Iterator[tuple[Cell, dict]]:
+            stops: Stops | None = None, workers: Workers | None = None) -> Iterator[tuple[Cell, dict]]:
     """(cell, row) of each cell as it finishes, ``jobs`` (default: the grid's; on a GPU, 1) at a time.
-    ``stops``: the round a cell pauses at (successive halving's rungs); a cell not in it runs to its end."""
+    ``stops``: the round a cell pauses at (successive halving's rungs); a cell not in it runs to its end.
+    ``workers``: the processes to run them in (a --select grid's, ``pool.Workers``); else started here."""
     jobs, stops = jobs or jobs_of(spec), stops or {}
     if jobs == 1 or len(todo) <= 1:
         tables = read_features(folder)
         for c in todo:
             yield c, run_cell(spec, c, tables, stops.get(c))
         return
-    yield from in_workers(jobs, [(worker, (spec, c, folder, stops.get(c))) for c in todo])
+    yield from in_workers(jobs, [(worker, (spec, c, folder, stops.get(c))) for c in todo], workers)
 
 
 def worker(spec: GridSpec, c: Cell, folder: Path, stop: int | None = None) -> list[tuple[Cell, dict]]:

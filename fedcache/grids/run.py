@@ -18,6 +18,7 @@ from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
 from fedcache.grids.batches import run_batched, started_batches
 from fedcache.grids.cell import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
+from fedcache.grids.pool import Workers
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
@@ -35,12 +36,13 @@ PlanCallback = Callable[[str], None]  # how the engine runs the cells, said befo
 
 def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
               on_plan: PlanCallback | None = None, stops: Stops | None = None, write: bool = True,
-              on_step: StepCallback | None = None) -> Table:
+              on_step: StepCallback | None = None, workers: Workers | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md (unless not
     ``write``). ``only``: these cells instead of the whole product (the test runs of a --select grid);
     ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py); ``on_step``: the
     steps before the first cell that took a while (``progress.said_step``), and a re-run's count of the cells left
-    (else told to ``on_plan``)."""
+    (else told to ``on_plan``); ``workers``: the worker processes to train in (``pool.Workers``: a --select grid's,
+    kept for its next stage or rung), else started for these cells."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
     configs = check_cells(spec, todo_cells)
@@ -55,7 +57,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
         # As a step where the caller takes them (the CLI prints one without starting its bar, whose "grid started"
         # then follows the engine's plan, as on a fresh grid); else with the plan.
         _say_resuming(spec, len(rows), total, len(pending), on_step or on_plan)
-    for c, row in _engine(spec, pending, folder, on_plan, stops):
+    for c, row in _engine(spec, pending, folder, on_plan, stops, workers):
         rows[c] = row
         if on_cell:
             on_cell(len(rows), total, row)
@@ -120,18 +122,18 @@ def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int,
 
 
 def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
-            stops: Stops) -> Iterator[tuple[Cell, dict]]:
+            stops: Stops, workers: Workers | None) -> Iterator[tuple[Cell, dict]]:
     if not todo:
         return iter(())
-    return GRID_ENGINES[spec.engine](spec, todo, folder, on_plan, stops)
+    return GRID_ENGINES[spec.engine](spec, todo, folder, on_plan, stops, workers)
 
 
 def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
-               stops: Stops) -> Iterator[tuple[Cell, dict]]:
+               stops: Stops, workers: Workers | None) -> Iterator[tuple[Cell, dict]]:
     _refuse_batched_progress(spec, todo)
     if on_plan:
         on_plan(f"processes engine: {count(len(todo), 'cell')} as their own runs, {min(jobs_of(spec), len(todo))} at a time")
-    return execute(spec, todo, folder, stops=stops)
+    return execute(spec, todo, folder, stops=stops, workers=workers)
 
 
 def _refuse_batched_progress(spec: GridSpec, todo: list[Cell]) -> None:

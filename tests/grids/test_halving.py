@@ -191,6 +191,32 @@ def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_
         (tmp_path / "full" / "test" / "results.csv").read_text().split("seconds")[0]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_parallel_pruned_grid_trains_its_rungs_and_test_stage_in_the_same_workers(toy_store, tmp_path, caplog, engine):
+    """--jobs 2: the rungs (cuts at rounds 1 and 3) and the test stage train in the same two worker processes,
+    started once (a start imports torch in each: seconds a rung), told by the process of each record the workers
+    send; to the choices and results of one process. (The batched engine runs the test stage's one batch here.)"""
+    import logging
+    import os
+
+    from fedcache.api import grid
+
+    grid(**kw(toy_store, tmp_path / "one", engine), prune="halving")
+    caplog.set_level(logging.INFO, logger="fedcache")  # the workers send their records from INFO on
+    grid(**kw(toy_store, tmp_path / "par", engine, jobs=2), prune="halving")
+    workers = {r.process for r in caplog.records if r.process != os.getpid()}
+    assert len(workers) == 2
+    if engine == "processes":  # the test stage's runs, the only ones to finish (one candidate left trains no more)
+        tested = {r.process for r in caplog.records if r.name == "fedcache.training" and "finished" in r.getMessage()}
+        assert tested and tested <= workers
+    assert (tmp_path / "par" / "selection.json").read_bytes() == (tmp_path / "one" / "selection.json").read_bytes()
+    for stage in ("validation", "test"):
+        for d in (tmp_path / "one" / stage / "cells").iterdir():
+            mine = tmp_path / "par" / stage / "cells" / d.name
+            assert (mine / "metrics.jsonl").read_text() == (d / "metrics.jsonl").read_text()
+
+
 def test_kept_candidates_that_diverge_later_are_replaced_by_the_next_best_of_their_cut():
     """d and c are kept at round 1 and both diverge on the way to round 3, which keeps one: a full grid would rank
     them last, so the best candidate cut at round 1 (e) trains on to round 3 in their place and is chosen there (it

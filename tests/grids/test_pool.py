@@ -696,3 +696,54 @@ def test_a_logging_filter_that_raises_does_not_stop_the_grid_hearing_its_workers
         writer.close()
         reader.close()
     assert "could not be written (RuntimeError: a filter that fails); dropped" in capfd.readouterr().err
+
+
+
+def _pid_once_both_started(folder: str) -> list[int]:
+    """This worker's pid, once two workers took one of these cells each (a worker still importing torch as the grid
+    stops does not leave until the import is done: seconds, past the grace on a loaded machine)."""
+    import os
+    import time
+    from pathlib import Path
+
+    (Path(folder) / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [os.getpid()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, said", [(9, "a grid worker process died"),
+                                          (15, "a grid worker process was sent SIGTERM from outside the grid")])
+def test_a_worker_gone_between_two_runs_of_kept_workers_stops_the_next_in_one_line(tmp_path, signum, said):
+    """A --select grid keeps its workers between its stages and rungs (pool.Workers): one killed or sent SIGTERM
+    while idle there stops the grid at its next rung with the grid's line for it, the other worker stopped too."""
+    import os
+    import time
+
+    from fedcache.errors import FedcacheError
+    from fedcache.grids.pool import Workers
+
+    both = [(_pid_once_both_started, (str(tmp_path),))] * 2
+    with pytest.raises(FedcacheError, match=said) as caught, Workers(2) as workers:
+        first = set(workers.run(both))
+        assert len(first) == 2 and os.getpid() not in first
+        os.kill(min(first), signum)
+        time.sleep(0.5)  # idle: the pool, or the grid's thread that reads the workers' pipe, hears it meanwhile
+        list(workers.run(both))
+    assert "\n" not in str(caught.value)
+    deadline = time.monotonic() + 5  # a killed one (the grid's _stop) takes a moment to end
+    while any(map(_running, first)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_running, first))  # both gone with the grid's line
+
+
+def _running(pid: int) -> bool:
+    """``pid`` runs: neither gone nor ended and not yet reaped (the pool's own thread may be reaping it)."""
+    import os
+
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
