@@ -10,7 +10,8 @@ and carries on as a re-run does (finished work kept, a checkpointed run resumed)
 The file is removed when its holder lets go. A command that opened it just before (and waited) would then hold
 a lock on a file no longer in the directory, so a lock counts only while its file is still the one at the path.
 Within one process the lock is reentrant: a grid holds its directory, and the cells it trains in this process
-(each a run directory below it) are already its own.
+(each a run directory below it) are already its own. It still takes each cell's lock as it trains it (``inside``):
+a worker of a grid killed outright may still be writing there for a moment (or longer, stopped), holding it.
 
 A store's entries are locked per entry and per part instead (fedcache/store/locks.py, with the same holder
 record): several extractions of disjoint parts of one store are meant to run at once.
@@ -144,20 +145,22 @@ def read_holder(path: Path) -> Holder | None:
 
 @contextlib.contextmanager
 def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "choose another --out",
-         resumes: str = RESUMES, holder: Holder | None = None) -> Iterator[None]:
+         resumes: str = RESUMES, holder: Holder | None = None, inside: bool = False) -> Iterator[None]:
     """Own ``directory`` (created if missing) for the block. ``what`` names it in messages (``the grid directory
     runs/x``); another command's hold is waited for up to ``wait`` seconds, then refused with DirectoryBusyError
     naming the holder, what to do, and ``advice`` (``resumes``: how its work is taken up once it is stopped). A
     directory this process already holds (or one below it) is its own. ``holder``: who is recorded as holding it,
     this process unless given (a process that works for the command a user started names that command: the one
-    to wait for or stop)."""
+    to wait for or stop). ``inside``: locked even below a directory this process holds (a grid's cell it trains
+    itself): a worker of a grid killed outright may still be writing there, holding the cell's lock."""
     directory = Path(directory)
     key = directory.resolve()
     made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
     _make(directory)
     try:
         mine = holder.for_me() if holder else Holder.me()
-        with _nested(key) if _held_here(key) else _locked(directory, key, what, wait, advice, resumes, mine):
+        nested = key in _HELD if inside else _held_here(key)
+        with _nested(key) if nested else _locked(directory, key, what, wait, advice, resumes, mine):
             yield
     finally:
         with contextlib.suppress(OSError):
@@ -294,13 +297,15 @@ def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str, hold
             log.warning("%s: this file system cannot lock files (%s); nothing stops a second command from writing "
                         "it at the same time", what, exc.strerror)
             return None
-        if _is_current(fd, path):
+        if is_current(fd, path):
             _record(fd, path, what, holder)
             return fd
         os.close(fd)  # its holder removed it as we opened it: try the file now at the path
 
 
-def _is_current(fd: int, path: Path) -> bool:
+def is_current(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is open on the file now at ``path``: a lock taken on a file its holder removed as it let go
+    (and another command has made again since) is no lock."""
     try:
         return os.fstat(fd).st_ino == os.stat(path).st_ino
     except FileNotFoundError:
@@ -321,29 +326,6 @@ def _say_left(fd: int, what: str) -> None:
     previous = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
     if previous is not None:
         log.warning("%s was left locked by %s; taking it over", what, _left_by(previous))
-
-
-def clear_left(directory: Path | str, what: str) -> bool:
-    """Remove the lock file that a killed holder left in ``directory``, said as a takeover is; True if there was
-    one. For a directory below one this process holds, which it writes without a lock of its own: a grid's cell
-    that its worker was killed in. A lock still held is left, its holder alive (so is any lock where the file
-    system has no flock, which cannot tell the two apart)."""
-    path = Path(directory) / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR)  # not read-only: where flock is POSIX locks (NFS), LOCK_EX needs a writable fd
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        left = _is_current(fd, path)  # else its holder removed it as we opened it
-    except OSError:
-        left = False
-    if not left:
-        os.close(fd)
-        return False
-    _say_left(fd, what)
-    _let_go(fd, path)
-    return True
 
 
 def _left_by(previous: Holder) -> str:

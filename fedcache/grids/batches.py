@@ -14,6 +14,7 @@ The grid decides which of its cells come here; runs that cannot stack run as the
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,16 +29,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcache.disk import read_json, write_text
+from fedcache.disk import discard, read_json, write_text
+from fedcache.errors import DirectoryBusyError
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
-from fedcache.grids.cell import result_row, run_cell, write_cell_json
+from fedcache.grids.cell import hold_cell, result_row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
+from fedcache.ownership import LOCK, hold
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
 from fedcache.wording import count
@@ -372,22 +375,25 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
 
     folder = spec.out / BATCHES / batch_id([c.name for c in batch])
     stop = stops.get(next(iter(batch)))  # one for the batch: the grouping keeps runs of one stop together
-    for c in batch:
-        out = spec.out / CELLS / c.name
-        out.mkdir(parents=True, exist_ok=True)
-        write_cell_json(out, c)
-    try:
-        done = run_batch(batch, tables, folder, stop)
-    except DivergedError:
-        # Which stacked run diverged is not known here, so each runs as its own run, which records its own
-        # divergence (run_cell); the stack's checkpoint would only replay into NaN.
-        shutil.rmtree(folder, ignore_errors=True)
-        yield from ((c, run_cell(spec, c, tables, stop)) for c in batch)
-        return
-    for c, result in done:
-        yield c, result_row(c, result, spec.out / CELLS / c.name)
-    # The grid removes the emptied parent once every batch is done (batches run side by side).
-    shutil.rmtree(folder)
+    with hold_cell(folder):
+        for c in batch:
+            # Each cell checked free of a live holder (a worker of a grid killed outright), one at a time: held for
+            # the whole batch, a stack of thousands of cells would keep as many files open (past `ulimit -n`).
+            with hold_cell(spec.out / CELLS / c.name):
+                write_cell_json(spec.out / CELLS / c.name, c)
+        try:
+            done = run_batch(batch, tables, folder, stop)
+        except DivergedError:
+            # Which stacked run diverged is not known here, so each runs as its own run, which records its own
+            # divergence (run_cell); the stack's checkpoint would only replay into NaN.
+            discard(p for p in folder.iterdir() if p.name != LOCK)
+            yield from ((c, run_cell(spec, c, tables, stop)) for c in batch)
+            done = []
+        rows = [(c, result_row(c, result, spec.out / CELLS / c.name)) for c, result in done]
+    # Removed once let go (the lock's file with it); the grid removes the emptied parent once every batch is done
+    # (batches run side by side).
+    shutil.rmtree(folder, ignore_errors=True)
+    yield from rows
 
 
 def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
@@ -396,9 +402,16 @@ def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
     live = {batch_id([c.name for c in b]) for b in batches}
     for old in sorted(folder.iterdir()) if folder.is_dir() else []:
         if old.name not in live:
-            log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
-                        "free memory, or some of them finished); they continue from their own checkpoints, or round 0", old)
-            shutil.rmtree(old)
+            _drop(old)
+
+
+def _drop(old: Path) -> None:
+    # Unless a worker of a grid killed outright still holds it: its cells then wait for it, or are refused.
+    with contextlib.suppress(DirectoryBusyError), hold(old, f"the run directory {old}", inside=True):
+        log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
+                    "free memory, or some of them finished); they continue from their own checkpoints, or round 0", old)
+        discard(p for p in old.iterdir() if p.name != LOCK)
+    _remove_if_empty(old)  # its lock's file went as it was let go
 
 
 def _remove_if_empty(path: Path) -> None:

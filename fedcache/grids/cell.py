@@ -1,15 +1,17 @@
 """One cell of a grid: its run directory, its run (resumed where it checkpointed), and its row of results."""
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
-from fedcache.disk import read_json, remove_partial_writes, write_text
+from fedcache.disk import discard, read_json, remove_partial_writes, write_text
+from fedcache.errors import DirectoryBusyError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
-from fedcache.grids.spec import CELLS, Cell, GridSpec, train_config
-from fedcache.ownership import LOCK, clear_left
+from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
+from fedcache.ownership import LOCK, hold
 from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
 from fedcache.training import train
 
@@ -23,32 +25,47 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
     """One run in its own directory; an interrupted (or paused) one resumes from its checkpoint. ``stop``: pause
     after that round (a rung of successive halving, grids/halving.py), scored there."""
     out = spec.out / CELLS / c.name
-    resume = (out / CHECKPOINT).exists() and (out / CONFIG).exists()
-    if not resume and out.exists():
-        shutil.rmtree(out)  # started but never checkpointed: nothing to keep
-    out.mkdir(parents=True, exist_ok=True)
-    write_cell_json(out, c)
-    cfg = train_config(spec, c, out).replace(resume=resume)
-    try:
-        result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
-    except DivergedError as exc:
-        # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and a
-        # --select candidate that loses, grids/select.py), not the end of the other cells. Its error is kept
-        # beside the run, where a re-run reads it as done.
-        write_text(out / DIVERGED, json.dumps({"error": str(exc).split(" The run in ")[0]}) + "\n", "the cell's record")
-        return diverged_row(c, out)
-    return result_row(c, result, out)
+    with hold_cell(out):
+        resume = (out / CHECKPOINT).exists() and (out / CONFIG).exists()
+        if not resume:
+            discard(p for p in out.iterdir() if p.name != LOCK)  # started but never checkpointed: nothing to keep
+        write_cell_json(out, c)
+        cfg = train_config(spec, c, out).replace(resume=resume)
+        try:
+            result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
+        except DivergedError as exc:
+            # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and
+            # a --select candidate that loses, grids/select.py), not the end of the other cells. Its error is kept
+            # beside the run, where a re-run reads it as done.
+            write_text(out / DIVERGED, json.dumps({"error": str(exc).split(" The run in ")[0]}) + "\n",
+                       "the cell's record")
+            return diverged_row(c, out)
+        return result_row(c, result, out)
+
+
+# Seconds a cell's live holder is waited for: a worker of a grid killed outright leaves within a tenth of a second
+# (ownership.on_orphaned) unless it is stopped (Ctrl-Z) or the machine is swamped; then the grid refuses, naming it.
+CELL_WAIT = 5.0
+
+
+@contextlib.contextmanager
+def hold_cell(folder: Path) -> Iterator[None]:
+    """``folder`` (a cell's, or a batch's) locked while this process writes it, with the temporary files of writes
+    cut short there removed: a grid trains its cells under its own lock, but a worker of a grid killed outright
+    may still be writing one (two writers of one checkpoint), and a cell's lock is what says so."""
+    with hold(folder, f"the run directory {folder}", wait=CELL_WAIT, inside=True):
+        remove_partial_writes(folder)
+        yield
 
 
 def clear_killed(grid: Path) -> None:
-    """What workers killed in their cells left there (stopped by their grid too late, or a kill -9): each cell's
-    lock, said as a worker taking the cell over says it, and the temporary files of the writes they were cut short
-    in (an empty checkpoint.pt.tmp). Otherwise a re-run with --jobs 1 or the batched engine (cells trained
-    without a lock of their own: the grid's is theirs), or one where the cell had finished, left them for good. A
-    cell whose lock is still held is left as it is: its holder lives, and may be writing."""
-    for lock in sorted((grid / CELLS).glob(f"*/{LOCK}")):
-        if clear_left(lock.parent, f"the run directory {lock.parent}"):
-            remove_partial_writes(lock.parent)
+    """What a grid or its workers killed in their cells and batches left there (stopped by their grid too late, a
+    kill -9 of the grid): each cell's lock, said as a worker taking the cell over says it, and the temporary files
+    of the writes they were cut short in (an empty checkpoint.pt.tmp), also in a cell that finished or a batch no
+    cell continues. A folder whose lock is still held is left as it is: its holder lives, and may be writing."""
+    for folder in sorted([*(grid / CELLS).glob("*/"), *(grid / BATCHES).glob("*/")]):
+        with contextlib.suppress(DirectoryBusyError), hold(folder, f"the run directory {folder}", inside=True):
+            remove_partial_writes(folder)
 
 
 def result_row(c: Cell, result, out: Path) -> dict:

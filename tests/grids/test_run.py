@@ -108,23 +108,61 @@ def test_a_rerun_in_one_process_clears_what_killed_workers_left_in_their_cells(t
 
 def test_a_cell_whose_lock_is_held_is_left_as_it_is(tmp_path):
     """The lock of a cell still held (a worker of a grid killed outright, ending): its holder may be writing the
-    file its .tmp becomes. Only a cell whose lock was left is cleared; a cell without one is not the grid's to
-    judge."""
+    file its .tmp becomes. A cell whose lock was left, and one without a lock (a grid killed in its own process:
+    every writer of a cell holds its lock, so nobody writes it), is cleared, and so is a batch's folder (its
+    checkpoint.pt.tmp)."""
     from fedcache.grids.cell import clear_killed
     from fedcache.ownership import LOCK
     from tests.faults import held_elsewhere
 
     left, held, unlocked = (tmp_path / "cells" / name for name in ("left", "held", "unlocked"))
+    batch = tmp_path / "batches" / "0123456789abcdef"
     left.mkdir(parents=True)
     unlocked.mkdir()
+    batch.mkdir(parents=True)
     _left_by_a_killed_worker(left, 2**22 + 2)
     (unlocked / "checkpoint.pt.tmp").write_bytes(b"")
+    (batch / "checkpoint.pt.tmp").write_bytes(b"")
     with held_elsewhere(held):
         (held / "checkpoint.pt.tmp").write_bytes(b"")
         clear_killed(tmp_path)
         assert (held / LOCK).exists() and (held / "checkpoint.pt.tmp").exists()
     assert not (left / LOCK).exists() and not (left / "checkpoint.pt.tmp").exists()
-    assert (unlocked / "checkpoint.pt.tmp").exists()
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == [
+        held.relative_to(tmp_path) / "checkpoint.pt.tmp"]
+
+
+TOY_ARGV = ["-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedproto", "--partition", "dirichlet", "--clients", "3",
+            "--alpha", "0.5,5", "--rounds", "3", "--seeds", "0,1"]
+
+
+@pytest.mark.parametrize("engine", ["batched", "processes"])
+def test_a_rerun_in_one_process_waits_for_a_cell_s_live_holder_then_refuses(engine, toy_grid, toy_store, tmp_path,
+                                                                             capsys, monkeypatch):
+    """A worker of a grid killed outright (kill -9) may still be writing its cell as the same grid command starts
+    again: the grid's own lock is free, and a re-run training its cells in its own process (--jobs 1) trained that
+    cell too, clearing it under the worker (two writers of one checkpoint). It waits for the cell's holder, then
+    refuses in one line naming it; the cell is left to its holder."""
+    import fedcache.grids.cell as cell
+    from tests.faults import held_elsewhere, one_error_line, run_cli
+
+    monkeypatch.setattr(cell, "CELL_WAIT", 0.5)
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    name = "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed={}"
+    held, other = (out / "cells" / name.format(s) for s in (1, 0))
+    for pending in (held, other):  # two of one stack in the batched engine
+        (pending / "summary.json").unlink()
+        (pending / "checkpoint.pt").unlink()
+    (held / "theirs").write_text("the live holder's file")
+    argv = ["grid", "--store", toy_store, *TOY_ARGV, "--jobs", "1", "--engine", engine, "--out", out]
+    with held_elsewhere(held) as holder:
+        code, err = run_cli(argv, capsys)
+        assert code == 1 and one_error_line(err).startswith(f"error: the run directory {held} is in use by another "
+                                                            f"fedcache command (waited 0.5 s): pid {holder.pid} "), err
+        assert (held / "theirs").read_text() == "the live holder's file" and not (held / "summary.json").exists()
+    assert run_cli(argv, capsys)[0] == 0  # its holder gone, the same command trains the cell
+    assert (held / "summary.json").exists() and not list(out.glob("cells/*/.fedcache.lock"))
 
 
 def test_axes_in_another_order_resume_the_same_cells(toy_grid, toy_store, tmp_path, monkeypatch):
