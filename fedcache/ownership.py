@@ -294,8 +294,9 @@ def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str, hold
             os.close(fd)
             if exc.errno not in _NO_FLOCK:
                 raise
-            log.warning("%s: this file system cannot lock files (%s); nothing stops a second command from writing "
-                        "it at the same time", what, exc.strerror)
+            if not _held_here(path.parent.resolve()):  # a grid's cell: its grid's hold has said so
+                log.warning("%s: this file system cannot lock files (%s); nothing stops a second command from "
+                            "writing it at the same time", what, exc.strerror)
             return None
         if is_current(fd, path):
             _record(fd, path, what, holder)
