@@ -17,19 +17,46 @@ from typing import Iterator
 
 from fedcache.disk import FILE_MODE
 from fedcache.errors import EntryLockedError, StoreError
-from fedcache.ownership import POLL, Holder, may_run, read_holder
+from fedcache.ownership import POLL, Holder, is_current, may_run, read_holder
 
 
 QUEUE = "wait for it to finish, or pass --wait SECONDS to queue behind it"
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -> Iterator[None]:
+def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE,
+                   transient: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on ``path``; wait up to ``wait`` seconds, then fail clearly: ``what`` is being written
-    by its holder (named), and ``advice`` says what to do."""
+    by its holder (named), and ``advice`` says what to do. ``transient``: the file goes as the lock is let go (a
+    lock of one command's work, such as a report's, leaves nothing in the directory). Removed while still held: a
+    process that waited on it then holds a file no longer at the path, sees so, and locks the one there now."""
+    deadline = time.monotonic() + wait
+    fd, recorded = _exclusive_fd(path, what, deadline, advice)
+    while transient and not is_current(fd, path):
+        os.close(fd)
+        fd, recorded = _exclusive_fd(path, what, deadline, advice)
+    try:
+        if recorded:
+            with contextlib.suppress(OSError):  # a full disk: the lock holds without its record
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, Holder.me().to_text().encode(), 0)
+        yield
+    finally:
+        # The record goes with the lock: a writer refused later by a reader (shared_lock) must not name this
+        # finished one. A holder killed outright leaves its record, which the next holder replaces.
+        with contextlib.suppress(OSError):
+            if transient:
+                path.unlink()
+            elif recorded:
+                os.ftruncate(fd, 0)
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _exclusive_fd(path: Path, what: str, deadline: float, advice: str) -> tuple[int, bool]:
+    """A descriptor holding ``path`` exclusively, waited for until ``deadline``, and whether it is open for writing."""
     fd, recorded = _lock_fd(path, required=True)
     try:
-        _acquire(fd, path, what, wait, advice)
+        _acquire(fd, path, what, max(0.0, deadline - time.monotonic()), advice)
     except OSError as exc:
         os.close(fd)
         if recorded or isinstance(exc, BlockingIOError):
@@ -41,19 +68,7 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE
     except BaseException:
         os.close(fd)
         raise
-    try:
-        if recorded:
-            with contextlib.suppress(OSError):  # a full disk: the lock holds without its record
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, Holder.me().to_text().encode(), 0)
-        yield
-    finally:
-        # The record goes with the lock: a writer refused later by a reader (shared_lock) must not name this
-        # finished one. A holder killed outright leaves its record, which the next holder replaces.
-        if recorded:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-        os.close(fd)  # closing the descriptor releases the lock
+    return fd, recorded
 
 
 @contextlib.contextmanager

@@ -323,7 +323,8 @@ def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_pa
     paths = write_report(other, out)
     figures = sorted(p.name for p in (out / "report-figures").iterdir())
     assert "from-an-older-report.png" not in figures and figures == sorted(p.name for p in paths.figures)
-    assert sorted(p.name for p in out.iterdir()) == [".report.lock", "report-figures", "report.html", "report.md"]  # the lock: one report at a time
+    # One report at a time, by a lock whose file goes with it: it was left in the directory for good.
+    assert sorted(p.name for p in out.iterdir()) == ["report-figures", "report.html", "report.md"]
 
 
 def test_a_kept_candidate_stopped_on_its_way_to_the_next_rung_is_in_training_not_cut(toy_grid, tmp_path):
@@ -490,6 +491,36 @@ def test_a_second_report_of_one_directory_waits_for_the_first(toy_grid, tmp_path
     monkeypatch.setattr(reports, "REPORT_WAIT", 30.0)
     with held_by_another_thread(exclusive_lock(tmp_path / "grid" / reports.REPORT_LOCK, "a report")) as let_go:
         assert reports.write_report(tmp_path / "grid").html.exists() and let_go.is_set()
+
+
+def test_a_report_s_lock_file_goes_and_one_that_waited_on_it_takes_the_new_one(tmp_path):
+    """The report's lock file is removed as it is let go. A report that had opened it and waited then holds a file
+    no longer in the directory, while a third report locks the one made there since: each must go on only once it
+    holds the file at the path, never two at once."""
+    import threading
+    import time
+
+    from fedcache.reports import REPORT_LOCK
+    from fedcache.store.locks import exclusive_lock
+
+    path, inside, overlaps = tmp_path / REPORT_LOCK, [], []
+
+    def report(name: str) -> None:
+        with exclusive_lock(path, "the report", wait=30, transient=True):
+            overlaps.append(list(inside))
+            inside.append(name)
+            time.sleep(0.6)
+            inside.remove(name)
+
+    first = exclusive_lock(path, "the report", transient=True)
+    first.__enter__()
+    waiting = threading.Thread(target=report, args=("waited",))
+    waiting.start()
+    time.sleep(0.5)  # it has opened the file and polls its lock
+    first.__exit__(None, None, None)
+    report("third")  # at once, before the waiting one's next poll: it makes the lock file again
+    waiting.join()
+    assert overlaps == [[], []] and not path.exists()
 
 
 def test_the_reports_table_and_legends_list_methods_in_the_grids_order(tmp_path):
