@@ -70,8 +70,8 @@ def check_out(spec: RunSpec) -> None:
 
 
 def check_not_a_cell(out: Path | str | None) -> None:
-    """A run given a grid's cell folder (``grid/cells/<cell>``) as its --out: the grid writes its cells itself, a
-    stack of cells at once and without a lock per cell, so the two wrote one folder in turns."""
+    """A run given a grid's cell folder (``grid/cells/<cell>``) as its --out: the grid writes its cells itself (a
+    stack of cells at once), locking each only while it trains it, so the two wrote one folder in turns."""
     if out is not None:
         check_outside(out)  # and outside a feature store
 

@@ -82,9 +82,9 @@ def _left_by_a_killed_worker(cell, via: int) -> None:
 
 
 def test_a_rerun_in_one_process_clears_what_killed_workers_left_in_their_cells(toy_grid, toy_store, tmp_path, caplog):
-    """A killed worker leaves its cell's lock and its half-written files. A grid training its cells in its own
-    process (--jobs 1, the batched engine) holds them by its own lock and never took theirs: they stayed, in the
-    cell it resumed and in one that had finished. Each is taken over as it starts, and said."""
+    """A killed worker leaves its cell's lock and its half-written files, in the cell a re-run resumes and in one
+    that had finished. A re-run training its cells in its own process (--jobs 1, the batched engine) takes each
+    over as it starts, and says so."""
     import logging
 
     from fedcache.api import grid
@@ -254,7 +254,7 @@ def test_a_grid_and_a_run_never_share_a_directory(toy_grid, toy_store, tmp_path)
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=run)
     with pytest.raises(ConfigError, match=f"{toy_grid} holds a grid \\(grid.json\\), not a run"):
         train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=toy_grid)
-    cell = next((toy_grid / "cells").iterdir())  # the batched engine writes a stack of cells without a lock per cell
+    cell = next((toy_grid / "cells").iterdir())  # the grid writes its cells itself, a stack of them at once
     with pytest.raises(ConfigError, match=f"--out {cell} is inside the grid directory {toy_grid}, which writes its cells itself"):
         train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=cell, overwrite=True)
 
