@@ -217,8 +217,16 @@ def option(name: str) -> Option:
 
 
 # ---- the tree -----------------------------------------------------------------------------------
+class _ByOption:
+    """``get``: an option's value in a spec's sections, by the option's name or qualified key."""
+
+    def get(self, name: str) -> Any:
+        o = option(name)
+        return getattr(getattr(self, o.section), o.field)
+
+
 @dataclass(frozen=True)
-class RunSpec:
+class RunSpec(_ByOption):
     data: DataSpec
     method: MethodSpec
     partition: PartitionSpec = field(default_factory=PartitionSpec)
@@ -257,10 +265,6 @@ class RunSpec:
     def sections(self) -> dict[str, Any]:
         return {s: getattr(self, s) for s in SECTIONS}
 
-    def get(self, name: str) -> Any:
-        o = option(name)
-        return getattr(getattr(self, o.section), o.field)
-
     # ---- config.json ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The tree as JSON values, nested by section: what a run's config.json records (not where the run is
@@ -290,7 +294,7 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class DataPartition:
+class DataPartition(_ByOption):
     """A RunSpec's sections that a partition is made of (its data, partition and seed), without the method: the
     methods' classes import torch (seconds), which `fedcache partition` needs none of (fedcache/partitioning.py)."""
     data: DataSpec
@@ -302,10 +306,6 @@ class DataPartition:
         """As ``RunSpec.of``, of the data, partition and schedule options alone."""
         per = parse_options(given, ("data", "partition", "schedule"))
         return cls(**{s: SECTIONS[s](**values) for s, values in per.items()})
-
-    def get(self, name: str) -> Any:
-        o = option(name)
-        return getattr(getattr(self, o.section), o.field)
 
 
 def settings_of(method: MethodSpec, optim: OptimConfig) -> list[str]:

@@ -113,6 +113,18 @@ def test_a_bad_value_fails_before_any_work_naming_the_field_and_its_range(flag, 
     assert message in str(exc.value).replace("\n", "")
 
 
+def test_a_partition_spec_reads_its_options_as_a_run_spec_does():
+    """DataPartition (a run's data, partition and seed, without the method) finds an option's value as RunSpec does,
+    by name or qualified key: one ``get`` for both, not a copy that could drift."""
+    from fedcache.spec import DataPartition
+
+    given = dict(dataset="x", backbones="y", partition="dirichlet", alpha=0.3, seed=4)
+    part, run = DataPartition.of(**given), RunSpec.of(**given, method="fedavg")
+    assert [part.get(k) for k in ("alpha", "partition.alpha", "seed", "dataset")] == [0.3, 0.3, 4, "x"]
+    assert [run.get(k) for k in ("alpha", "partition.alpha", "seed", "dataset")] == [0.3, 0.3, 4, "x"]
+    assert DataPartition.get is RunSpec.get
+
+
 def test_numbers_are_checked_when_given_in_python_too():
     with pytest.raises(ConfigError, match=r"--fraction \(schedule.fraction\)=2.0: must be in \(0, 1\]"):
         RunSpec.of(**TOY, fraction=2)
