@@ -160,21 +160,23 @@ def one_model(server: dict, by_client: tuple[str, ...] = ()) -> dict:
 
 
 @_refusals_said
-def train(store: str | Path, dataset: str, backbones: str | Iterable[str], method: str,
-          settings: dict[str, Any] | str | Iterable[str] | None = None, on_round: Callable | None = None,
-          **options: Any) -> TrainResult:
-    """Federated rounds on cached features (``fedcache train``). The keyword options are the run options
-    under the CLI's names (listed below); ``settings`` are the ``--set`` pairs (method and optimizer
-    hyperparameters): a dict ``{"lr": 0.01}``, a text ``"lr=0.01 mu=0.1"`` or a list ``["lr=0.01"]``.
-    Values are checked (type and range) before any data is read."""
+def train(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
+          method: str | None = None, settings: dict[str, Any] | str | Iterable[str] | None = None,
+          on_round: Callable | None = None, **options: Any) -> TrainResult:
+    """Federated rounds on cached features (``fedcache train``). ``dataset``, ``backbones`` and ``method`` are
+    required; ``store``: default FEDCACHE_STORE, else fedcache-store.zarr, as for the CLI and ``extract_features``.
+    The keyword options are the run options under the CLI's names (listed below); ``settings`` are the ``--set``
+    pairs (method and optimizer hyperparameters): a dict ``{"lr": 0.01}``, a text ``"lr=0.01 mu=0.1"`` or a list
+    ``["lr=0.01"]``. Values are checked (type and range) before any data is read."""
     from fedcache.federate.methods import METHODS
     from fedcache.training import check_not_a_cell, train as run
     from fedcache.spec import RunSpec, refuse_unread_options
 
     _refuse_settings_as_options(options)
     check_callback("on_round", on_round, "done", "total", "line")
-    spec = RunSpec.of(store=store, dataset=dataset, backbones=_names(backbones), method=method,
-                      settings=_pairs(settings), **options)
+    named_ = {"store": store, "dataset": dataset, "backbones": _names(backbones), "method": method}
+    # None is left out: the store then defaults as the CLI's does, a missing dataset is named as one
+    spec = RunSpec.of(**{k: v for k, v in named_.items() if v is not None}, settings=_pairs(settings), **options)
     refuse_unread_options(spec, _chosen(options))
     check_not_a_cell(spec.engine.out)
     if spec.engine.name != "in-process":
@@ -297,6 +299,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     (``seeds="0,1"``) or a list. ``sweep`` is a dict that maps a key to its value or list of values: run options
     (alpha, partition, clients, rounds, ...; the names of ``fedcache.train``) or method/optimizer settings (lr, mu,
     ...). Finished cells in ``out`` are read back, not re-run.
+    ``store``: default FEDCACHE_STORE, else fedcache-store.zarr (below a grid file's store), as for the CLI and
+    ``extract_features``.
     ``select``: sweep keys chosen per method and setting on the validation split, then run once on the test
     split (the returned rows are the test runs). ``engine``: "batched" (cells trained together, the default)
     or "processes" (each cell its own run); ``max_batch_cells`` bounds a batch (fedcache/spec.py, GridEngineSpec);
@@ -307,10 +311,11 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     they are numbers (``where(lr=0.01)``), as ``Table.from_csv`` reads them from results.csv.
     """
     from fedcache.grids import run_grid
+    from fedcache.paths import default_store
 
     check_callback("on_cell", on_cell, "done", "total", "row")
     check_callback("on_plan", on_plan, "text")
-    spec = grid_spec(config, store=store, dataset=dataset, backbones=_listed(backbones), methods=_listed(methods),
+    spec = grid_spec(config, default_store=default_store(), store=store, dataset=dataset, backbones=_listed(backbones), methods=_listed(methods),
                      sweep=sweep, seeds=_listed(seeds), out=out, jobs=jobs, select=_listed(select) or None,
                      track=_listed(track) or None,
                      keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
@@ -343,13 +348,22 @@ def _fixed(fn: Callable, options: list[inspect.Parameter]) -> inspect.Signature:
     return inspect.Signature(own + options, return_annotation=hints.get("return", inspect.Signature.empty))
 
 
+def _store_shown(sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` with the store that ``store=None`` stands for as its default (FEDCACHE_STORE, else
+    fedcache-store.zarr): the same in extract_features, train and grid."""
+    from fedcache.paths import default_store
+
+    return sig.replace(parameters=[p.replace(default=default_store()) if p.name == "store" else p
+                                   for p in sig.parameters.values()])
+
+
 def _train_signature() -> inspect.Signature:
     from fedcache.spec import SECTIONS, options
 
     taken = set(inspect.signature(train).parameters) | {"settings"}
     hints = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}  # without the range annotations
-    return _fixed(train, [_keyword(o.name, None if o.required else o.default, hints[o.section][o.field])
-                          for o in options() if o.name not in taken])
+    return _store_shown(_fixed(train, [_keyword(o.name, None if o.required else o.default, hints[o.section][o.field])
+                                       for o in options() if o.name not in taken]))
 
 
 def _option_lines(rows: list[tuple[str, str]]) -> str:
@@ -367,7 +381,7 @@ def _train_doc() -> str:
 
 train.__doc__ = _train_doc()
 train.__signature__ = _train_signature()
-grid.__signature__ = _fixed(grid, [])
+grid.__signature__ = _store_shown(_fixed(grid, []))
 
 
 def _with_extract_signature(fn: Callable) -> Callable:
@@ -376,12 +390,8 @@ def _with_extract_signature(fn: Callable) -> Callable:
     from fedcache.extract.config import DatasetOptions, ExtractConfig, options
 
     hints = {**typing.get_type_hints(DatasetOptions), **typing.get_type_hints(ExtractConfig)}  # without ranges
-    declared = {o.name: o for o in options()}
-    own = _fixed(fn, [_keyword(o.name, o.default, hints[o.field]) for o in declared.values()
-                      if o.name not in inspect.signature(fn).parameters])
-    # The store's default is the setting's (FEDCACHE_STORE), which ``store=None`` stands for.
-    fn.__signature__ = own.replace(parameters=[p.replace(default=declared["store"].default) if p.name == "store" else p
-                                               for p in own.parameters.values()])
+    fn.__signature__ = _store_shown(_fixed(fn, [_keyword(o.name, o.default, hints[o.field]) for o in options()
+                                                if o.name not in inspect.signature(fn).parameters]))
     fn.__name__ = fn.__qualname__ = "extract_features"
     return fn
 

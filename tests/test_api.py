@@ -333,3 +333,21 @@ def test_every_api_function_says_a_refused_file_in_one_line():
     """The wrapper is what turns a refusal into the CLI's line: a function of the API without it would not."""
     functions = [name for name in fedcache._API if inspect.isfunction(getattr(fedcache, name))]
     assert functions and all(getattr(fedcache, name).__wrapped__ for name in functions), functions
+
+
+# ---- the store's default, and messages in the caller's names ------------------------------------------------
+def test_train_and_grid_default_the_store_as_extract_features_and_the_cli_do(grid_spec_of, tmp_path, monkeypatch):
+    shown = {f.__name__: inspect.signature(f).parameters["store"].default
+             for f in (fedcache.extract_features, fedcache.train, fedcache.grid)}
+    # the store a signature shows (FEDCACHE_STORE's, as the signatures were made) is the same in all three
+    assert isinstance(shown["train"], Path) and shown == dict.fromkeys(shown, shown["train"])
+    assert all("FEDCACHE_STORE" in f.__doc__ for f in (fedcache.train, fedcache.grid))
+    monkeypatch.setenv("FEDCACHE_STORE", str(tmp_path / "env.zarr"))  # read when called
+    assert grid_spec_of(store=None).store == tmp_path / "env.zarr"
+
+
+def test_train_without_a_store_reads_fedcache_store(toy_store, monkeypatch):
+    monkeypatch.setenv("FEDCACHE_STORE", str(toy_store))
+    run = fedcache.train(dataset="test-toy", backbones=BACKBONE, method="fedavg", clients=2, rounds=1)
+    assert run.summary["rounds"] == 1
+
