@@ -31,7 +31,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.paths import denied_error, is_denied
 from fedcache.progress import check_callback
 from fedcache.table import Table
-from fedcache.wording import count
+from fedcache.wording import count, keyword_names, named
 
 
 def _refusals_said(fn: Callable) -> Callable:
@@ -50,6 +50,16 @@ def _refusals_said(fn: Callable) -> Callable:
                 raise
             raise denied_error(exc) from exc
     return said
+
+
+def _keywords_named(fn: Callable) -> Callable:
+    """``fn``, whose messages name the options by the keywords its caller passed (``rounds=0: must be >= 1``,
+    ``unknown settings key(s) lrr``), not by the command line's flags (``--rounds``, ``--set``)."""
+    @functools.wraps(fn)
+    def named_so(*args: Any, **kwargs: Any) -> Any:
+        with keyword_names():
+            return fn(*args, **kwargs)
+    return named_so
 
 
 def _names(value: str | Iterable[str] | None, what: str = "backbones") -> list[str] | None:
@@ -96,6 +106,7 @@ def _sweep_axes(sweep: Any) -> dict[str, list]:
 
 
 @_refusals_said
+@_keywords_named
 def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path | None = None,
                       progress: Callable | None = None, **options: Any):
     """Run each backbone once over the dataset and cache the embeddings; returns one report per entry.
@@ -160,6 +171,7 @@ def one_model(server: dict, by_client: tuple[str, ...] = ()) -> dict:
 
 
 @_refusals_said
+@_keywords_named
 def train(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
           method: str | None = None, settings: dict[str, Any] | str | Iterable[str] | None = None,
           on_round: Callable | None = None, **options: Any) -> TrainResult:
@@ -236,13 +248,12 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
         fields["store"] = default_store
     missing = [k for k in ("store", "dataset", "backbones", "methods", "out") if not fields.get(k)]
     if missing:
-        flags = {"methods": "--method", "backbones": "--backbones"}
-        as_flags = ", ".join(flags.get(k, "--" + k) for k in missing)
+        as_flags = ", ".join(map(grid_flag, missing))
         if config:
             empty = " (the file is empty)" if not load_toml(Path(config)) else ""
             raise ConfigError(f"grid file {config}{empty} gives no {', '.join(missing)}: add them at its top "
                               f"({missing[0]} = ...), or give {as_flags}")
-        raise ConfigError(f"a grid needs {as_flags} (as options or in the TOML file)")
+        raise ConfigError(f"a grid needs {as_flags} ({named('as options', 'as arguments')} or in the TOML file)")
     spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"]))
     kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
     if kept:  # not overridden on the command line
@@ -285,6 +296,7 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
 
 
 @_refusals_said
+@_keywords_named
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
          methods: str | Iterable[str] | None = None, sweep: dict[str, Any] | None = None,
          seeds: int | str | Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
@@ -326,6 +338,7 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
 
 
 @_refusals_said
+@_keywords_named
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:
     """``fedcache report``: HTML (self-contained) and markdown for a run or grid directory; returns the HTML path."""
     from fedcache.reports import write_report

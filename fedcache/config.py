@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fedcache.errors import ConfigError
-from fedcache.wording import did_you_mean
+from fedcache.wording import did_you_mean, named
 
 
 @dataclass(frozen=True)
@@ -340,13 +340,20 @@ class Option:
 
     @property
     def flag(self) -> str:
-        """The flag as error messages name it: ``--rounds``."""
-        return flag_of(self.opt, self.field)
+        """The flag as error messages name it: ``--rounds``; in a Python API call its keyword, ``rounds`` (a
+        switch's as it is turned on, ``resume=True``)."""
+        return named(flag_of(self.opt, self.field), self.name + ("=True" if self.base is bool else ""))
 
     @property
     def label(self) -> str:
-        """How messages name it: ``--rounds (schedule.rounds)``, or the flag alone outside a tree."""
-        return f"{self.flag} ({self.key})" if self.section else self.flag
+        """How messages name it: ``--rounds (schedule.rounds)``, or the flag alone outside a tree; in a Python API
+        call its keyword, ``rounds``."""
+        return named(f"{self.flag} ({self.key})" if self.section else self.flag, self.name)
+
+    def given(self, value: Any) -> str:
+        """The option with a value, as the caller wrote it: ``--alpha 0.3`` or ``alpha=0.3``."""
+        text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+        return named(f"{self.flag} {text}", f"{self.name}={value!r}")
 
     @property
     def help(self) -> str:

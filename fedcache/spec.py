@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
-from fedcache.wording import did_you_mean
+from fedcache.wording import did_you_mean, named, set_flag
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -56,16 +56,16 @@ class DataSpec(Checked):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.dataset:
-            raise ConfigError("--dataset (data.dataset): a value is required")
+            raise ConfigError(f"{self.label('dataset')}: a value is required")
         if not self.backbones:
-            raise ConfigError("--backbones (data.backbones): give at least one name")
+            raise ConfigError(f"{self.label('backbones')}: give at least one name")
         # The names a store can hold (a dataset's is a folder of it): any other was never extracted or imported.
-        check_name(self.dataset, "--dataset (data.dataset)")
+        check_name(self.dataset, self.label("dataset"))
         for b in self.backbones:
-            check_name(b, "--backbones (data.backbones)")
+            check_name(b, self.label("backbones"))
         twice = sorted({b for b in self.backbones if self.backbones.count(b) > 1})
         if twice:  # fused with itself, a backbone's features were concatenated twice: a doubled input, not a second view
-            raise ConfigError(f"--backbones (data.backbones): {', '.join(twice)} named more than once; name each backbone "
+            raise ConfigError(f"{self.label('backbones')}: {', '.join(twice)} named more than once; name each backbone "
                               "to fuse once")
 
 
@@ -125,7 +125,7 @@ class EngineSpec(Checked):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not re.fullmatch(DEVICES, self.device):
-            raise ConfigError(f"--device (engine.device)={self.device!r}: must be auto, cpu, cuda, cuda:N or mps")
+            raise ConfigError(f"{self.label('device')}={self.device!r}: must be auto, cpu, cuda, cuda:N or mps")
 
 
 @dataclass(frozen=True)
@@ -367,7 +367,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     its own defaults, preset and head), with the preset and head given, and the ``--set`` settings applied."""
     name = name or (base.method.name if base is not None else "")
     if not name:
-        raise ConfigError("--method (method.name): a value is required; `fedcache methods` lists them")
+        raise ConfigError(f"{MethodSpec.label('name')}: a value is required; `fedcache methods` lists them")
     fresh = base is None or name != base.method.name
     cls = method_class(name)
     preset = preset or (cls.default_preset if fresh else base.optim.preset)
@@ -376,7 +376,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     head = head or (None if fresh else base.head.name)
     routed = _route_settings(settings, name)
     if routed["optim"] and not cls.uses_optimizer:
-        raise ConfigError(f"{name} trains nothing with an optimizer; remove --set "
+        raise ConfigError(f"{name} trains nothing with an optimizer; remove {set_flag()} "
                           + ", ".join(f"optim.{k}" for k in routed["optim"]))
     params, optim = _apply(params, routed["method"]), _apply(optim, routed["optim"])
     _refuse_unused(routed["method"], params, "method", name)
@@ -392,7 +392,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
 def _apply(obj: Any, values: dict[str, tuple[str, Any]]) -> Any:
     """``obj`` with each field set to its value, parsed: ``values`` maps field -> (the key as given, value)."""
     types = fields_of(type(obj))
-    parsed = {k: parse(f"--set {k}", v, types[k], verbatim=True) for k, (key, v) in values.items()}
+    parsed = {k: parse(f"{set_flag()} {k}", v, types[k], verbatim=True) for k, (key, v) in values.items()}
     return dataclasses.replace(obj, **parsed) if parsed else obj
 
 
@@ -408,10 +408,11 @@ def parse_pairs(settings: Any) -> dict[str, str]:
     for item in settings:
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set expects key=value (e.g. --set lr=0.01), got {item!r}")
+            example = named("--set lr=0.01", "settings={'lr': 0.01}")
+            raise ConfigError(f"{set_flag()} expects key=value (e.g. {example}), got {item!r}")
         key = key.strip().replace("-", "_")
         if key in out:
-            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value.strip()!r}); keep one")
+            raise ConfigError(f"{set_flag()} {key} is given twice ({out[key]!r} and {value.strip()!r}); keep one")
         out[key] = value.strip()
     return out
 
@@ -448,6 +449,7 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     leave the other at its default)."""
     key = key.replace("-", "_")
     groups = setting_fields(method)
+    given = named("--set", "sweep" if run_options else "settings")  # a grid's axes are the API's sweep
     prefix, dot, name = key.partition(".")
     if dot:
         section = GROUP_ALIASES.get(prefix, prefix)
@@ -458,9 +460,9 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
         if run_options and is_option(key):
             return option(key).section, option(key).field
         if section in groups or (run_options and section in SECTIONS):
-            raise ConfigError(f"unknown --set key {key}: {section} has no setting {name!r}. Known keys -- "
+            raise ConfigError(f"unknown {given} key {key}: {section} has no setting {name!r}. Known keys -- "
                               f"{_listing(groups, run_options)}")
-        raise ConfigError(f"--set {key}: unknown prefix {prefix!r}; use one of "
+        raise ConfigError(f"{given} {key}: unknown prefix {prefix!r}; use one of "
                           + ", ".join(g + "." for g in dict.fromkeys((*SETTING_GROUPS, *(SECTIONS if run_options else ())))))
     owners = [g for g, fs in groups.items() if key in fs]
     if key == "head":
@@ -468,15 +470,15 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     if run_options and is_option(key):
         if owners:
             o = option(key)
-            raise ConfigError(f"--set {key} is ambiguous: it is the run option {o.key} and a setting of {method} "
+            raise ConfigError(f"{given} {key} is ambiguous: it is the run option {o.key} and a setting of {method} "
                               f"({owners[0]}.{key}); write {o.key}=... or {owners[0]}.{key}=...")
         return option(key).section, option(key).field
     if len(owners) > 1:
-        raise ConfigError(f"--set {key} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
-                          + " or ".join(f"--set {g}.{key}=..." for g in owners))
+        raise ConfigError(f"{given} {key} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
+                          + " or ".join(f"{given} {g}.{key}=..." for g in owners))
     if not owners:
         hint = _near(key, groups, run_options) or _elsewhere(key, method)
-        raise ConfigError(f"unknown --set key(s) {key}{hint}. Known keys -- {_listing(groups, run_options)}")
+        raise ConfigError(f"unknown {given} key(s) {key}{hint}. Known keys -- {_listing(groups, run_options)}")
     return owners[0], key
 
 
@@ -498,7 +500,7 @@ def _route_settings(settings: dict[str, str], method: str) -> dict[str, dict[str
     for key, value in settings.items():
         group, name = route(key, method)
         if name in routed[group]:
-            raise ConfigError(f"--set {group}.{name} is given twice (as {key} and another spelling); keep one")
+            raise ConfigError(f"{set_flag()} {group}.{name} is given twice (as {key} and another spelling); keep one")
         routed[group][name] = (key, value)
     return routed
 
@@ -511,7 +513,7 @@ def _near(key: str, groups: dict[str, dict[str, Any]], run_options: bool) -> str
 
 def _listing(groups: dict[str, dict[str, Any]], run_options: bool) -> str:
     text = "; ".join(f"{g}: {', '.join(fs) or '-'}" for g, fs in groups.items())
-    return text + ("; and the run options (`fedcache train -h`)" if run_options else "")
+    return text + (f"; and the run options ({named('`fedcache train -h`', 'help(fedcache.train)')})" if run_options else "")
 
 
 def _refuse_unused(given: dict[str, str], obj: Any, group: str, owner: str) -> None:
@@ -537,9 +539,10 @@ def refuse_unread_options(spec: RunSpec | DataPartition, given: Iterable[str]) -
         o = option(name) if is_option(name) else None
         if o is None or o.section != "partition" or scheme in readers(o.field):
             continue
-        raise ConfigError(f"{o.flag} {_text(spec.get(o.key))}: the partition scheme {scheme} ignores {o.name}, so the run "
+        schemes = named(" or ".join(readers(o.field)), " or ".join(map(repr, readers(o.field))))
+        raise ConfigError(f"{o.given(spec.get(o.key))}: the partition scheme {scheme} ignores {o.name}, so the run "
                           f"would be the same without it; drop {o.flag}, or use a scheme that reads it "
-                          f"(--partition {' or '.join(readers(o.field))})")
+                          f"({option('partition').flag}{named(' ', '=')}{schemes})")
 
 
 # ---- config.json of earlier fedcache versions ---------------------------------------------------------

@@ -30,9 +30,9 @@ from fedcache.ownership import Holder, check_free, hold
 from fedcache.partitioning import partition_of
 from fedcache.paths import GRID, check_outside, writable_dir
 from fedcache.progress import StepCallback, said_step
-from fedcache.spec import RunSpec, method_class, migrate_config
+from fedcache.spec import RunSpec, method_class, migrate_config, option
 from fedcache.store.feature_store import FeatureStore, FeatureTable
-from fedcache.wording import count
+from fedcache.wording import count, named
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +54,17 @@ def instantiate(spec, data: FederatedData) -> Method:
 def check_out(spec: RunSpec) -> None:
     """Where the run writes, checked before any work: writable, and not silently replacing another run."""
     e = spec.engine
+    resume, overwrite, out = (option(name).flag for name in ("resume", "overwrite", "out"))  # or the API's keywords
     if e.resume and e.overwrite:
-        raise ConfigError("--resume continues the run in --out and --overwrite replaces it; give one of them")
+        raise ConfigError(f"{resume} continues the run in {out} and {overwrite} replaces it; give one of them")
     if e.track:
         _check_trackers(spec)
     if e.out is None:
         if e.resume or e.overwrite:  # found out only after the data is read, or (--overwrite) never
-            flag = "--resume" if e.resume else "--overwrite"
-            raise ConfigError(f"{flag} works on the run folder in --out, and none was given; add --out DIR")
+            raise ConfigError(f"{resume if e.resume else overwrite} works on the run folder in {out}, and none was "
+                              f"given; add {out}{named(' DIR', '=...')}")
         return
-    writable_dir(e.out, "--out")
+    writable_dir(e.out, out)
     # Another command writing it is named, not mistaken for a finished run.
     check_free(e.out, _what(e.out), resumes=RESUMES)
     _check_not_started(spec)
@@ -78,15 +79,16 @@ def check_not_a_cell(out: Path | str | None) -> None:
 
 def _check_not_started(spec: RunSpec) -> None:
     e = spec.engine
+    resume, overwrite, out = (option(name).flag for name in ("resume", "overwrite", "out"))
     if (Path(e.out) / GRID).exists():
-        raise ConfigError(f"{e.out} holds a grid ({GRID}), not a run; choose another --out")
+        raise ConfigError(f"{e.out} holds a grid ({GRID}), not a run; choose another {out}")
     out = RunDir(e.out)
     # Metrics lines without a checkpoint are of rounds nothing can continue (a kill between the first round's line
     # and its checkpoint): such a directory is started again, not refused (--resume would find no checkpoint).
     if not e.resume and not e.overwrite and (out.has_checkpoint() or out.finished()):
         # --engine flower-sim refuses --overwrite: offered there, the advice led to a second refusal.
-        replace = "delete the folder to start it again" if e.name == "flower-sim" else "--overwrite to replace it"
-        raise ConfigError(f"{e.out} already holds a run; pass --resume to continue it, {replace}, or choose another --out")
+        replace = "delete the folder to start it again" if e.name == "flower-sim" else f"{overwrite} to replace it"
+        raise ConfigError(f"{e.out} already holds a run; pass {resume} to continue it, {replace}, or choose another {out}")
 
 
 def _what(out: Path) -> str:
@@ -114,15 +116,17 @@ def check_trackers(names) -> None:
 
     unknown = [t for t in names if t not in known_trackers()]
     if unknown:
-        raise ConfigError(f"--track {','.join(unknown)}: unknown tracker; known: {', '.join(known_trackers())}")
+        raise ConfigError(f"{option('track').flag}{named(' ', '=')}{','.join(unknown)}: unknown tracker; known: "
+                          f"{', '.join(known_trackers())}")
 
 
 def _check_trackers(spec: RunSpec) -> None:
     check_trackers(spec.engine.track)
     where = spec.engine.track_dir or spec.engine.out
     if where is None:
-        raise ConfigError("--track needs --out or --track-dir: the directory the trackers write into")
-    writable_dir(where, "--track-dir" if spec.engine.track_dir else "--out")
+        track, out, track_dir = (option(name).flag for name in ("track", "out", "track_dir"))
+        raise ConfigError(f"{track} needs {out} or {track_dir}: the directory the trackers write into")
+    writable_dir(where, option("track_dir" if spec.engine.track_dir else "out").flag)
 
 
 def prepare(spec: RunSpec, tables: Tables | None = None, on_step: StepCallback | None = None) -> tuple[Method, dict]:

@@ -1,5 +1,14 @@
-"""Words shared by messages: counts ("1 run", "2 runs", "3 batches") and the near names of a typo."""
+"""Words shared by messages: counts ("1 run", "2 runs", "3 batches"), the near names of a typo, and how an option
+is named: the command line's flag (``--rounds``), or inside a Python API call the keyword the caller passed
+(``rounds``)."""
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+# Set for the length of a fedcache.api call (its context alone: other threads and calls keep the flags).
+_KEYWORDS: ContextVar[bool] = ContextVar("fedcache_keyword_names", default=False)
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -12,3 +21,29 @@ def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:
 
     near = difflib.get_close_matches(name, [str(k) for k in known], n=n, cutoff=cutoff)
     return f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
+
+
+@contextlib.contextmanager
+def keyword_names() -> Iterator[None]:
+    """Messages raised inside name options as Python keyword arguments (``rounds=0``, ``settings``), not as the
+    command line's flags (``--rounds``, ``--set``): a library caller never typed a flag."""
+    token = _KEYWORDS.set(True)
+    try:
+        yield
+    finally:
+        _KEYWORDS.reset(token)
+
+
+def by_keyword() -> bool:
+    """Whether messages name options as keyword arguments now (inside ``keyword_names()``)."""
+    return _KEYWORDS.get()
+
+
+def named(flag: str, keyword: str) -> str:
+    """``flag`` as the command line spells an option in a message, or ``keyword`` inside ``keyword_names()``."""
+    return keyword if by_keyword() else flag
+
+
+def set_flag() -> str:
+    """The method/optimizer settings as messages name them: ``--set`` (CLI), ``settings`` (API)."""
+    return named("--set", "settings")

@@ -641,7 +641,9 @@ def test_train_refuses_a_partition_option_its_scheme_ignores_every_time(capsys, 
     assert code == 2 and "ignores alpha" in err
     code, _, err = run(capsys, "shard", *data, "--alpha", "0.3", "--out", str(tmp_path / "shards"))
     assert code == 2 and "ignores alpha" in err and not (tmp_path / "shards").exists()
-    with pytest.raises(ConfigError, match=r"^--shards 3: the partition scheme dirichlet ignores shards.*--partition shards\)$"):
+    # From Python, named by the keywords given
+    with pytest.raises(ConfigError, match=r"^shards=3: the partition scheme dirichlet ignores shards.*; drop shards, "
+                                          r"or use a scheme that reads it \(partition='shards'\)$"):
         fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", partition="dirichlet", shards=3, rounds=1)
     # From Python a default passed is no choice: a wrapper passing every option (**vars(args)) still runs
     fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", clients=2, alpha=0.5, shards=2, rounds=1)

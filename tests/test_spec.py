@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -108,9 +109,10 @@ def test_a_bad_value_fails_before_any_work_naming_the_field_and_its_range(flag, 
     assert main(["train", "--store", str(store), "-d", "x", "-b", "y", "-m", "fedavg", flag, value]) == 2
     err = capsys.readouterr().err
     assert message in err and "no feature store" not in err
-    with pytest.raises(ConfigError) as exc:  # the Python API says the same
-        fedcache.train(store, "x", "y", "fedavg", **{option(flag[2:]).name: value})
-    assert message in str(exc.value).replace("\n", "")
+    name = option(flag[2:]).name
+    with pytest.raises(ConfigError) as exc:  # the Python API says the same, naming the keyword it was given
+        fedcache.train(store, "x", "y", "fedavg", **{name: value})
+    assert str(exc.value).startswith(re.sub(r"^--[a-z-]+ \([a-z_.]+\)", name, message))
 
 
 def test_a_partition_spec_reads_its_options_as_a_run_spec_does():
@@ -239,10 +241,10 @@ def test_a_grid_checks_every_cell_before_any_work(tmp_path):
     from fedcache.api import grid
 
     out = tmp_path / "g"
-    with pytest.raises(ConfigError, match=r"--rounds \(schedule.rounds\)=0: must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^rounds=0: must be >= 1"):
         grid(store=tmp_path / "missing.zarr", dataset="d", backbones="b", methods="fedavg", out=out,
              sweep={"rounds": [2, 0]})
-    with pytest.raises(ConfigError, match=r"--set lr=-1: must be > 0"):
+    with pytest.raises(ConfigError, match=r"^settings lr=-1: must be > 0"):
         grid(store=tmp_path / "missing.zarr", dataset="d", backbones="b", methods="fedavg", out=out,
              sweep={"lr": [0.1, -1]})
     assert not out.exists()  # nothing written, the store not even opened

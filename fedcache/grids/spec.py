@@ -29,6 +29,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, writable_dir
 from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
+from fedcache.wording import by_keyword, named
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
@@ -43,8 +44,8 @@ GRID_FLAGS = {"methods": "--method", "keep_checkpoints": "--keep-checkpoints"}
 
 def grid_flag(key: str) -> str:
     """A grid field as messages name it: its flag, and for the options the spec declares its key too, as a run's."""
-    declared = {o.name: f"{o.flag} ({o.key})" for o in grid_options()}
-    return declared.get(key) or GRID_FLAGS.get(key, f"--{key}")
+    declared = {o.name: o.label for o in grid_options()}
+    return declared.get(key) or _flag(key)
 
 
 def _toml(value: Any) -> str:
@@ -63,7 +64,8 @@ def _toml(value: Any) -> str:
 
 
 def _flag(key: str) -> str:
-    return GRID_FLAGS.get(key, "--" + key.replace("_", "-"))
+    """A grid key's flag (``--method``), or in a Python API call the keyword (``methods``)."""
+    return named(GRID_FLAGS.get(key, "--" + key.replace("_", "-")), key)
 
 
 @dataclass(frozen=True)
@@ -100,13 +102,15 @@ class Names:
         if self._filed(key):
             return f"grid file {self.file}: {key}={_toml(value)}"
         if isinstance(value, (list, tuple)):
-            return f"{_flag(key)}={','.join(map(str, value)) or '[]'}"
-        return f"{_flag(key)} {value}"
+            return f"{_flag(key)}={named(','.join(map(str, value)) or '[]', repr(list(value)))}"
+        return named(f"{_flag(key)} {value}", f"{key}={value!r}")
 
     def axis(self, key: str, values: list | None = None) -> str:
         """An axis at a message's start: ``grid file g.toml: set.alpha = [0.1, 1]`` or ``--set alpha=0.1,1``."""
         if self._filed(key):
             return f"grid file {self.file}: set.{key}" + (f"={_toml(values)}" if values is not None else "")
+        if by_keyword():  # fedcache.grid(sweep={...})
+            return f"sweep[{key!r}]" + (f"={values!r}" if values is not None else "")
         # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false
         if is_option(key) and "." not in key and option(key).name not in _RESERVED and option(key).base is not bool:
             return option(key).flag + (f" {','.join(map(str, values))}" if values is not None else "")
@@ -116,7 +120,8 @@ class Names:
         """Advice to give a grid key: ``prune = "halving"`` (at the file's top) or ``--prune halving``."""
         if self.file:
             return f"{key} = {_toml(value)}"
-        return f"{_flag(key)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+        return named(f"{_flag(key)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}",
+                     f"{key}={value!r}")
 
     def add_axis(self, key: str, values: list, either: bool = False) -> str:
         """Advice to give an axis: ``lr = ["1e-3", "1e-2"] under [set]`` or ``--set lr=1e-3,1e-2``; ``either``:
@@ -124,6 +129,8 @@ class Names:
         if self.file:
             shown = " or ".join(map(_toml, values)) if either else _toml(values)
             return f"{key} = {shown} under [set]"
+        if by_keyword():
+            return f"sweep={{{key!r}: {' or '.join(map(repr, values)) if either else values!r}}}"
         listed = (" or " if either else ",").join(map(str, values))
         return f"{option(key).flag} {listed}" if is_option(key) else f"--set {key}={listed}"
 
