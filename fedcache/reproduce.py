@@ -48,20 +48,39 @@ def check(preset: Preset, store: Path, data_root: Path | None = None, weights: d
     return needs
 
 
-def _cached(store: Path, dataset: str, backbone: str) -> bool:
-    """Whether the store holds rows of ``dataset``'s train and test features of ``backbone``: their entries found
-    complete and their labels checked (``FeatureStore.rows``), not their features, which reading them all took of
-    the check. Damaged features are found by the grid's read of them (their checksums), which says what replaces them."""
+def _cached(store: Path, e: Experiment, backbone: str) -> bool:
+    """Whether the store holds rows of ``e``'s train and test features of ``backbone`` as the preset's extraction
+    makes them (:func:`_made_by_preset`): their entries found complete and their labels checked
+    (``FeatureStore.rows``), not their features, which reading them all took of the check. Damaged features are found
+    by the grid's read of them (their checksums), which says what replaces them."""
     from fedcache.store.feature_store import FeatureStore
 
     try:
         fs = FeatureStore(store, create=False)
-        found = [fs.rows(dataset, s, backbone) for s in ("train", "test")]
+        infos = [fs.table_entries(e.store_dataset, s, backbone) for s in ("train", "test")]
+        found = [fs.entry_rows(i) for i in infos]
     except FedcacheError:
         return False
     for rows in found:
         rows.close()
-    return all(len(rows) for rows in found)
+    return all(len(rows) for rows in found) and all(_made_by_preset(e, backbone, i) for i in sum(infos, []))
+
+
+def _made_by_preset(e: Experiment, backbone: str, info) -> bool:
+    """Whether entry ``info`` is what the preset's extraction of ``backbone`` makes: an entry's slot is current
+    whatever made it, and features of `extract --random-init`, another --dtype or --image-size, a `--weights`
+    checkpoint or an import would train the paper's grid without a word. A checkpoint-only backbone's features
+    come from a checkpoint whatever makes them: the one stored stands (``--weights`` extracts it again)."""
+    from fedcache.extract.backbones import BACKBONES
+    from fedcache.extract.datasets import DATASETS
+
+    spec, k, opts = BACKBONES.get(backbone), info.key, e.extract
+    default = DATASETS.get(e.dataset).default_image_size if e.dataset in DATASETS else None
+    size = spec.input_size if spec.fixed_size else opts.get("image_size") or default or spec.input_size
+    pre = k.get("preprocess") or {}
+    return (k.get("dtype", "float16") == opts.get("dtype", "float16") and pre.get("size") == size
+            and not pre.get("imported") and info.random_weights == (spec.random_weights or bool(opts.get("random_init")))
+            and (spec.weights == "user-checkpoint" or not info.attrs.get("weights_file")))
 
 
 def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> Need:
@@ -70,7 +89,7 @@ def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> N
     if backbone not in BACKBONES:
         return Need("weights", backbone, False, "unknown backbone (`fedcache backbones` lists them)")
     spec = BACKBONES.get(backbone)
-    if _cached(store, e.store_dataset, backbone):
+    if _cached(store, e, backbone):
         return Need("weights", backbone, True, "features already in the store")
     if spec.weights == "user-checkpoint" and backbone not in weights:
         return Need("weights", backbone, False, f"needs a checkpoint: {spec.weights_help}")  # the help says how to pass it
@@ -84,7 +103,7 @@ def _dataset_need(e: Experiment, store: Path, data_root: Path | None) -> Need:
 
     if e.dataset not in DATASETS:
         return Need("dataset", e.dataset, False, "not a fedcache dataset")
-    if all(_cached(store, e.store_dataset, b) for b in e.backbones):
+    if all(_cached(store, e, b) for b in e.backbones):
         return Need("dataset", e.store_dataset, True, "features already in the store")
     spec = DATASETS.get(e.dataset)
     if spec.source == "embedded":
@@ -131,10 +150,11 @@ def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = N
 
 
 def _to_extract(e: Experiment, store: Path, weights: dict) -> list[str]:
-    """The backbones of ``e`` to extract: those whose features the store lacks (``_cached``), and those given a
+    """The backbones of ``e`` to extract: those whose features the store lacks, or holds made otherwise than the
+    preset makes them (``_cached``), and those given a
     checkpoint (``--weights``: its features, which the store may not hold yet). An extraction loads every backbone
     it is given, stored or not: seconds to minutes each, and offline an error where the weights are absent."""
-    return [b for b in e.backbones if b in weights or not _cached(store, e.store_dataset, b)]
+    return [b for b in e.backbones if b in weights or not _cached(store, e, b)]
 
 
 def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:

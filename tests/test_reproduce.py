@@ -82,6 +82,7 @@ TOY = ps.Preset(
     (ps.Experiment("toy", "test-toy", ("tiny-timm-random",), ("fedavg", "solo"), {"clients": 2, "rounds": 2, "lr": [0.01, 0.1]}, seeds=(0,)),),
     (ps.PaperNumber("toy", "fedavg", 50.0, "FedAvg, lr 0.1", {"lr": 0.1}), ps.PaperNumber("toy", "solo", 40.0, "Solo, lr 0.01", {"lr": 0.01})),
 )
+TOY_E = TOY.experiments[0]
 
 
 def test_a_real_run_writes_the_report_with_the_papers_numbers(tmp_path):
@@ -193,8 +194,8 @@ def test_what_the_store_holds_is_asked_of_its_entries_and_labels_not_its_feature
         with monkeypatch.context() as m:
             m.setattr(FeatureStore, "fill", no_features)
             m.setattr(FeatureStore, "features", no_features)
-            assert rp._cached(store, "test-toy", BACKBONE) is held, state
-            assert not rp._cached(store, "test-toy", "other-backbone") and not rp._cached(tmp_path / "none", "test-toy", BACKBONE)
+            assert rp._cached(store, TOY_E, BACKBONE) is held, state
+            assert not rp._cached(store, TOY_E, "tiny-clip-random") and not rp._cached(tmp_path / "none", TOY_E, BACKBONE)
 
 
 def test_a_run_loads_only_the_backbones_whose_features_it_extracts(toy_store, tmp_path, monkeypatch):
@@ -223,3 +224,53 @@ def test_a_run_loads_only_the_backbones_whose_features_it_extracts(toy_store, tm
     assert loaded == ["tiny-clip-random"]
     rp.reproduce(fused, store, tmp_path / "again")  # every backbone stored now: none is loaded
     assert loaded == ["tiny-clip-random"]
+
+
+def test_features_stored_otherwise_than_the_preset_makes_them_are_extracted_again(toy_store, tmp_path):
+    """A slot's entry is current whatever made it: with the store's newest features of a preset backbone from
+    another --dtype, --image-size or a --weights checkpoint, `reproduce` skipped their extraction (they had rows)
+    and trained the paper's grid on them without a word. They are extracted as the preset makes them."""
+    import shutil
+
+    from fedcache.api import extract_features
+    from fedcache.store.feature_store import FeatureStore
+    from tests.conftest import BACKBONE
+
+    def newest_keys(store):
+        return [e.key for s, e in FeatureStore(store).current().items() if s[1] in ("train", "test")]
+
+    for made, options in (("dtype", {"dtype": "float32"}), ("image size", {"image_size": 48}), ("checkpoint", None)):
+        store = tmp_path / made / "s.zarr"
+        shutil.copytree(toy_store, store)
+        if options:
+            extract_features("test-toy", [BACKBONE], store=store, workers=0, **options)
+        else:  # as an extraction from `--weights` records it (its entries' key, another weights hash, is kept)
+            for e in FeatureStore(store).entries():
+                FeatureStore(store).root["entries"][e.entry_id].attrs["weights_file"] = "/elsewhere/model.pt"
+        assert rp._to_extract(TOY_E, store, {}) == [BACKBONE], made
+        if not options:  # hand-made: the key is the preset's own, which an extraction finds complete and keeps
+            continue
+        rp.reproduce(ps.Preset("t", "t", "-", (TOY_E,), ()), store, tmp_path / made / "out")
+        assert all(k["dtype"] == "float16" and k["preprocess"]["size"] == 32 for k in newest_keys(store)), made
+        assert rp._to_extract(TOY_E, store, {}) == [], made  # as the preset makes them now: not again
+
+
+def test_a_checkpoint_only_backbone_stored_from_its_checkpoint_is_not_extracted_again():
+    """A checkpoint-only backbone (resnet18-quickdraw) is made from a checkpoint whatever makes it: its stored
+    features stand; made with --random-init, they are not the preset's (and it asks for --weights)."""
+    from fedcache.store.entries import EntryInfo
+
+    e = ps.Experiment("e", "test-toy", ("resnet18-quickdraw",), ("fedavg",), {})
+    key = {"backbone": "resnet18-quickdraw", "dtype": "float16", "preprocess": {"size": 64}}
+
+    def entry(**attrs):
+        return EntryInfo("x", key, 1, 1, True, None, attrs)
+
+    assert rp._made_by_preset(e, "resnet18-quickdraw", entry(weights_file="/w/quickdraw.pt"))
+    assert not rp._made_by_preset(e, "resnet18-quickdraw", entry(random_weights=True))
+    digits = ps.Experiment("e", "digits5-offline", ("tiny-timm-random",), ("fedavg",), {})  # resized to 64 by default
+    made = {"backbone": "tiny-timm-random", "dtype": "float16"}
+    assert rp._made_by_preset(digits, "tiny-timm-random", EntryInfo("x", {**made, "preprocess": {"size": 64}}, 1, 1, True,
+                                                                    None, {"random_weights": True}))
+    assert not rp._made_by_preset(digits, "tiny-timm-random", EntryInfo("x", {**made, "preprocess": {"size": 32}}, 1, 1,
+                                                                        True, None, {"random_weights": True}))

@@ -168,6 +168,9 @@ class DatasetSpec:
     classes: tuple[str, ...] = ()  # empty when only known after loading (imagefolder)
     domains: tuple[str, ...] = (DEFAULT_DOMAIN,)
     how_to_get: str = ""
+    # The size its images are resized to when --image-size is not given (its Dataset's): what an extraction with the
+    # defaults records, known without loading the images (``reproduce`` asks it of a store's entries).
+    default_image_size: int | None = None
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
