@@ -60,7 +60,7 @@ def _say_unfinished(fs, infos) -> None:
         hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
         console.print(f"{count(len(partial), 'partial entry', 'partial entries')} (an extraction or import interrupted, or "
                       f"still running): finish {'it' if len(partial) == 1 else 'them'} with "
-                      + " and ".join(f"`{h}`" for h in hints), highlight=False)
+                      + " and ".join(hints), highlight=False)
 
 
 def human_bytes(n: int) -> str:

@@ -91,7 +91,7 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
     if (infos[0].key.get("preprocess") or {}).get("imported"):
         hint = f"{none}: its features were imported, and an import stores none; {_imported_hint(path, backbone, infos[0])}"
     else:
-        hint = (f"{none} (removed, or never extracted); extract them with `{lookup.extract_hint(path, infos)}`, "
+        hint = (f"{none} (removed, or never extracted); extract them with {lookup.extract_said(path, infos)}, "
                 "which finds the features complete and stores the text")
     return hint + (f", {SOURCE} being the store the shards were cut from; then cut the shards again (`fedcache shard`)"
                    if shard else "")

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
-from fedcache.store.entries import EntryInfo
+from fedcache.store.entries import EntryInfo, newest
 
 
 def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
@@ -49,8 +49,8 @@ def missing_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], 
         have = ",".join(e.key["domain"] for e in found)
         return EntryNotFoundError(
             f"augmented view {view} of the {split} features of {dataset} for {backbone} is of {have} only "
-            f"({','.join(missing)} lack it); complete it with `{views_hint(path, infos, found[0])}`")
-    return EntryNotFoundError(f"the store has no {where}; run `{extract_hint(path, found[:1], missing)}`")
+            f"({','.join(missing)} lack it); complete it with {views_said(path, infos, found[0])}")
+    return EntryNotFoundError(f"the store has no {where}; run {extract_said(path, found[:1], missing)}")
 
 
 def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], what: str) -> IncompleteEntryError:
@@ -60,9 +60,9 @@ def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], wha
     view = pending[0].key.get("view") or 0
     if not view:
         return IncompleteEntryError(f"the {what} are not complete yet (interrupted or still running); finish them with "
-                                    f"`{extract_hint(path, pending)}`")
+                                    f"{extract_said(path, pending)}")
     return IncompleteEntryError(f"augmented view {view} of the {what} is not complete yet (an `extract --views` "
-                                f"interrupted or still running); finish the views with `{views_hint(path, infos, pending[0])}`")
+                                f"interrupted or still running); finish the views with {views_said(path, infos, pending[0])}")
 
 
 def unfinished_views(path: Path, infos: list[EntryInfo], dataset: str, backbone: str) -> str:
@@ -80,11 +80,12 @@ def unfinished_views(path: Path, infos: list[EntryInfo], dataset: str, backbone:
 
 
 def finish_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
-    """The command that finishes the unfinished entry ``pending``, and the others its extraction left (`store ls`)."""
+    """The command that finishes the unfinished entry ``pending``, and the others its extraction left (`store ls`),
+    in backticks and with what it cannot say (:func:`extract_said`)."""
     if pending.key.get("view"):
-        return views_hint(path, infos, pending)
+        return views_said(path, infos, pending)
     but_domain = lambda k: {**k, "domain": None}  # noqa: E731
-    return extract_hint(path, [e for e in infos if not e.complete and not e.damaged
+    return extract_said(path, [e for e in infos if not e.complete and not e.damaged
                                and but_domain(e.key) == but_domain(pending.key)])
 
 
@@ -113,7 +114,7 @@ def view_lacking(path: Path, infos: list[EntryInfo], have: EntryInfo, like: Entr
     return EntryNotFoundError(
         f"augmented view {k['view']} of the {k['split']} features of {k['dataset']} is extracted for {k['backbone']} "
         f"but not for {like.key['backbone']} (fused backbones train on the views of each); extract it with "
-        f"`{views_hint(path, infos, have, like)}`")
+        f"{views_said(path, infos, have, like)}")
 
 
 def views_differ(path: Path, infos: list[EntryInfo], have: EntryInfo, other: EntryInfo) -> StoreError:
@@ -128,7 +129,26 @@ def views_differ(path: Path, infos: list[EntryInfo], have: EntryInfo, other: Ent
         f"augmented view {k['view']} of the {k['split']} features of {k['dataset']}/{k['domain']} was made with "
         f"{said(aug)} for {k['backbone']} but {said(oaug)} for {o['backbone']} (fused backbones join each image's "
         f"view {k['view']}: these would be different augmentations of it); re-extract it for {o['backbone']} as for "
-        f"{k['backbone']} with `{views_hint(path, infos, have, other)}`")
+        f"{k['backbone']} with {views_said(path, infos, have, other)}")
+
+
+def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None) -> str:
+    """:func:`views_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`)."""
+    return f"`{views_hint(path, infos, pending, like)}`" + _unsaid(like or pending)
+
+
+def extract_said(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
+    """:func:`extract_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`): a plain
+    extraction of an augmented view's entries does not say the options (--views ...) it was started with."""
+    k = pending[0].key
+    started = "and any other option it was started with" if k.get("view") or k.get("augmentation") else ""
+    return f"`{extract_hint(path, pending, domains)}`" + _unsaid(pending[0], started)
+
+
+def _unsaid(made: EntryInfo, *more: str) -> str:
+    """What a command pasted from backticks cannot carry, said after them: in them, a "(" stops the shell."""
+    notes = [n for n in (_unrecorded(made), *more) if n]
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _made_as(e: EntryInfo) -> str:
@@ -146,22 +166,26 @@ def _weights(e: EntryInfo) -> str:
     backbone, file = e.key["backbone"], e.attrs.get("weights_file")
     if file:
         return f" --weights {shlex.quote(f'{backbone}={file}')}"
-    if e.attrs.get("backbone_source") == "checkpoint" and not e.random_weights:
-        return (f" --weights {backbone}=CHECKPOINT (CHECKPOINT: the file these were extracted from, which the store "
-                "does not record)")
+    return f" --weights {backbone}=CHECKPOINT" if _unrecorded(e) else ""
+
+
+def _unrecorded(e: EntryInfo) -> str:
+    """What the placeholder CHECKPOINT of :func:`_weights` stands for, where it names one; else ""."""
+    if e.attrs.get("backbone_source") == "checkpoint" and not e.random_weights and not e.attrs.get("weights_file"):
+        return "CHECKPOINT: the file these were extracted from, which the store does not record"
     return ""
 
 
 def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
     """The extraction that finishes ``pending`` (or makes ``domains`` as ``pending`` were made): its store,
     dataset, backbone, and the options in its key that are not the defaults (another --dtype would write new
-    entries instead of finishing these)."""
+    entries instead of finishing these). The command alone, to be put in backticks: :func:`extract_said`."""
     k = pending[0].key
     if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
     hint = f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']}"
     hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
-    return hint + _made_as(pending[0]) + (" (and any other option it was started with)" if k.get("view") or k.get("augmentation") else "")
+    return hint + _made_as(pending[0])
 
 
 def _dataset(e: EntryInfo, seed: bool = True) -> str:
@@ -190,11 +214,20 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
     if backbone not in backbones:
         found = where + _close(backbone, backbones, f"backbones for {dataset}")
         return EntryNotFoundError(found + extract, ("backbone", backbone), found)
-    splits = sorted({s[1] for s in cur if s[0] == dataset and s[3] == backbone})
+    held = [e for s, e in cur.items() if s[0] == dataset and s[3] == backbone]
     return EntryNotFoundError(
-        where + f" (only {', '.join(splits)}): extract that split (`fedcache extract --store {path} --dataset "
-        f"{dataset} --backbones {backbone} --splits {split}`), or import it if these are imported embeddings "
+        where + f" (only {', '.join(sorted({e.key['split'] for e in held}))}): extract that split, as the others were "
+        f"made ({made_as_said(path, newest(held), split)}), or import it if these are imported embeddings "
         f"(`fedcache store import FILE --store {path} --dataset {dataset} --backbone {backbone} --split {split}`)")
+
+
+def made_as_said(path: Path, like: EntryInfo, split: str | None = None) -> str:
+    """The extraction of ``like``'s backbone (of ``split`` only, where given) made as ``like`` was, in backticks, and
+    what it cannot say: its dataset options and making (--dtype, --weights ...; the defaults would make features
+    that the table of ``like``'s domains refuses beside its others, or load weights a checkpoint-only backbone lacks)."""
+    splits = f" --splits {split}" if split else ""
+    return (f"`fedcache extract --store {path}{_dataset(like)} --backbones {like.key['backbone']}{splits}"
+            f"{_made_as(like)}`" + _unsaid(like))
 
 
 def _close(name: str, names: list[str], what: str) -> str:

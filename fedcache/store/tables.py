@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from fedcache.errors import StoreError
+from fedcache.store import lookup
 from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json
 from fedcache.store.reading import EntryReader
@@ -116,12 +117,13 @@ def check_consistent(entries: list[EntryInfo], path: Path) -> None:
     """Features of different domains are only comparable if made by the same weights and preprocessing."""
     made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
     if len(made_by) > 1:
-        k = entries[0].key
-        # Made again as last asked for (the newest entry); imported features name their file in weights_hash
-        # ("imported:<digest>"). An extraction's domains beside an older import's are completed by the extraction.
+        k, last = entries[0].key, newest(entries)
+        # Made again as last asked for (the newest entry: its making, --dtype, --weights ...); imported features name
+        # their file in weights_hash ("imported:<digest>"). An extraction's domains beside an older import's are
+        # completed by the extraction.
         again = ("import the file again, whole (`fedcache store import FILE`)" if
-                 str(newest(entries).key["weights_hash"]).startswith("imported:") else
-                 f"re-run `fedcache extract --store {path} --dataset {k['dataset']} --backbones {k['backbone']}`")
+                 str(last.key["weights_hash"]).startswith("imported:") else
+                 f"re-run {lookup.made_as_said(path, last)}")
         raise StoreError(
             f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
             f"or imported files ({_makings(entries)}); {again} so that every domain is current"

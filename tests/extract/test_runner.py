@@ -570,6 +570,14 @@ def test_a_checkpoint_backbones_entry_without_its_file_says_the_file_is_not_know
     key = {"dataset": "digit5", "split": "train", "domain": "mnist", "backbone": "resnet18-quickdraw", "view": 0,
            "dtype": "float16", "preprocess": {"size": 64}}
     old = EntryInfo("e1", key, 4, 512, False, None, {"backbone_source": "checkpoint", "random_weights": False})
-    assert lookup.extract_hint(Path("s.zarr"), [old]).endswith(
-        "--image-size 64 --weights resnet18-quickdraw=CHECKPOINT (CHECKPOINT: the file these were extracted from, "
-        "which the store does not record)")
+    said = lookup.extract_said(Path("s.zarr"), [old])
+    # Pasted from its backticks, the command runs (a "(" in them stopped the shell); what it stands for follows them.
+    assert said.endswith("--image-size 64 --weights resnet18-quickdraw=CHECKPOINT` (CHECKPOINT: the file these were "
+                         "extracted from, which the store does not record)")
+    assert shlex.split(said.split("`")[1])[-2:] == ["--weights", "resnet18-quickdraw=CHECKPOINT"]
+    viewed = EntryInfo("e2", {**key, "view": 1, "augmentation": {"recipe": "simclr"}}, 4, 512, False, None, old.attrs)
+    said = lookup.extract_said(Path("s.zarr"), [viewed])
+    assert said.endswith("=CHECKPOINT` (CHECKPOINT: the file these were extracted from, which the store does not "
+                         "record; and any other option it was started with)")
+    assert lookup.views_said(Path("s.zarr"), [viewed], viewed).endswith(
+        "=CHECKPOINT` (CHECKPOINT: the file these were extracted from, which the store does not record)")

@@ -116,7 +116,7 @@ def test_a_table_takes_the_domains_its_newest_entry_names_whichever_sorts_first(
     write_all(store, key(domain=other), rows, np.zeros(4), attrs=both)  # extracted again: current, the newest
     with pytest.raises(StoreError, match=r"ds/train for bb were made by different weights, preprocessing or imported "
                                          rf"files \({made}\); re-run `fedcache extract "
-                                         r"--store .* --dataset ds --backbones bb`"):
+                                         r"--store .* --dataset ds --backbones bb --image-size 32`"):
         store.table_entries("ds", "train", "bb")
     write_all(store, key(domain=imported), rows, np.zeros(4), attrs=both)  # the extraction said: every domain again
     found = store.table_entries("ds", "train", "bb")
@@ -302,3 +302,24 @@ def test_two_removals_at_once_both_remove_their_entry(store_path, monkeypatch):
     store.remove(first.entry_id)
     monkeypatch.undo()
     assert FeatureStore(store_path).entries() == [] and not any((store_path / ".removing").glob("*"))
+
+
+def test_the_extraction_a_refusal_gives_is_made_as_the_stored_features_were(store_path):
+    """A mix of makings refused, and a split the store lacks, said to run `fedcache extract ... --backbones bb` with
+    the defaults: pasted, it loaded other weights (or failed for a checkpoint-only backbone) and made features of
+    another making again. The newest (or the found) entry's making is carried: --dtype, --weights."""
+    store = FeatureStore(store_path)
+    ckpt = {**ATTRS, "domains": ["a", "b"], "weights_file": "/ckpts/my model.pt"}
+    write_all(store, key("w2", domain="a"), np.ones((4, 3)), np.zeros(4), attrs={**ATTRS, "domains": ["a", "b"]})
+    write_all(store, key("w1", domain="b"), np.ones((4, 3)), np.zeros(4), attrs=ckpt)
+    write_all(store, EntryKey("ds", "fp", "train", "a", "bb", "w1", {"size": 32}, dtype="float32"), np.ones((4, 3)),
+              np.zeros(4), attrs=ckpt)  # the newest: a float32 extraction from a checkpoint, of a only
+    with pytest.raises(StoreError, match="made by different weights") as mixed:
+        store.read("ds", "train", "bb")
+    assert str(mixed.value).split("`")[-2] == ("fedcache extract --store " + str(store_path) + " --dataset ds "
+                                               "--backbones bb --dtype float32 --image-size 32 --weights 'bb=/ckpts/my model.pt'")
+    with pytest.raises(EntryNotFoundError, match=r"\(only train\)") as lacking:
+        store.read("ds", "test", "bb")
+    assert str(lacking.value).split("`")[1] == ("fedcache extract --store " + str(store_path) + " --dataset ds "
+                                                "--backbones bb --splits test --dtype float32 --image-size 32 "
+                                                "--weights 'bb=/ckpts/my model.pt'")
