@@ -203,6 +203,9 @@ def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, res
         _release_count(key)
         if fd is not None:
             _let_go(fd, path)
+        else:  # no flock: the file locks nothing; left, every cell kept one and a batch's folder was never removed
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def check_free(directory: Path | str, what: str, advice: str = "choose another --out", resumes: str = RESUMES) -> None:
@@ -294,7 +297,8 @@ def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str, hold
             os.close(fd)
             if exc.errno not in _NO_FLOCK:
                 raise
-            if not _held_here(path.parent.resolve()):  # a grid's cell: its grid's hold has said so
+            # Said once, by the grid's own hold: not for a cell below it, nor in a grid's worker (it holds nothing).
+            if _working_for is None and not _held_here(path.parent.resolve()):
                 log.warning("%s: this file system cannot lock files (%s); nothing stops a second command from "
                             "writing it at the same time", what, exc.strerror)
             return None

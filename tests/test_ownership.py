@@ -176,6 +176,23 @@ def test_a_file_system_without_locks_is_said_and_not_fatal(tmp_path, monkeypatch
         with hold(tmp_path / "cells" / "c", "the run directory c", inside=True):  # said once, not for every cell
             pass
     assert caplog.text.count("cannot lock files") == 1, caplog.text
+    # The lock file locked nothing: left, every cell kept one for good, and a batch's folder was never removed.
+    assert not list(tmp_path.rglob(LOCK))
+
+
+def test_a_grid_s_worker_does_not_say_again_that_files_cannot_be_locked(tmp_path, monkeypatch, caplog):
+    """A spawned worker of a grid (--jobs N) holds nothing of its own: it said so for every cell it locked, each
+    line forwarded to the grid's log under the grid's own."""
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(ownership, "_working_for", Holder(1, socket.gethostname(), "fedcache grid -o x", "2026-01-01"))
+    with caplog.at_level(logging.WARNING):
+        for name in ("a", "b"):
+            with hold(tmp_path / "cells" / name, f"the run directory {name}", inside=True):
+                pass
+    assert "cannot lock files" not in caplog.text
 
 
 SWAPPER = """
