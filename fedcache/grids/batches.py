@@ -14,7 +14,6 @@ The grid decides which of its cells come here; runs that cannot stack run as the
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +29,6 @@ import numpy as np
 import torch
 
 from fedcache.disk import discard, read_json, write_text
-from fedcache.errors import DirectoryBusyError
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
@@ -40,7 +38,7 @@ from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
-from fedcache.ownership import LOCK, hold
+from fedcache.ownership import LOCK
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
 from fedcache.wording import count
@@ -375,7 +373,7 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
 
     folder = spec.out / BATCHES / batch_id([c.name for c in batch])
     stop = stops.get(next(iter(batch)))  # one for the batch: the grouping keeps runs of one stop together
-    with hold_cell(folder):
+    with hold_cell(folder, "the batch"):
         for c in batch:
             # Each cell checked free of a live holder (a worker of a grid killed outright), one at a time: held for
             # the whole batch, a stack of thousands of cells would keep as many files open (past `ulimit -n`).
@@ -406,8 +404,9 @@ def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
 
 
 def _drop(old: Path) -> None:
-    # Unless a worker of a grid killed outright still holds it: its cells then wait for it, or are refused.
-    with contextlib.suppress(DirectoryBusyError), hold(old, f"the run directory {old}", inside=True):
+    # Held by a live process (a worker of a grid killed outright), it is waited for, then refused: its cells are
+    # locked only as it starts, so they would train here under its holder (clear_killed refuses one held as the grid starts).
+    with hold_cell(old, "the batch"):
         log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
                     "free memory, or some of them finished); they continue from their own checkpoints, or round 0", old)
         discard(p for p in old.iterdir() if p.name != LOCK)

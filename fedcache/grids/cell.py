@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedcache.disk import discard, read_json, remove_partial_writes, write_text
+from fedcache.disk import PARTIAL, discard, read_json, remove_partial_writes, write_text
 from fedcache.errors import DirectoryBusyError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
@@ -49,11 +49,11 @@ CELL_WAIT = 5.0
 
 
 @contextlib.contextmanager
-def hold_cell(folder: Path) -> Iterator[None]:
+def hold_cell(folder: Path, what: str = "the run directory") -> Iterator[None]:
     """``folder`` (a cell's, or a batch's) locked while this process writes it, with the temporary files of writes
     cut short there removed: a grid trains its cells under its own lock, but a worker of a grid killed outright
     may still be writing one (two writers of one checkpoint), and a cell's lock is what says so."""
-    with hold(folder, f"the run directory {folder}", wait=CELL_WAIT, inside=True):
+    with hold(folder, f"{what} {folder}", wait=CELL_WAIT, inside=True):
         remove_partial_writes(folder)
         yield
 
@@ -62,10 +62,23 @@ def clear_killed(grid: Path) -> None:
     """What a grid or its workers killed in their cells and batches left there (stopped by their grid too late, a
     kill -9 of the grid): each cell's lock, said as a worker taking the cell over says it, and the temporary files
     of the writes they were cut short in (an empty checkpoint.pt.tmp), also in a cell that finished or a batch no
-    cell continues. A folder whose lock is still held is left as it is: its holder lives, and may be writing."""
-    for folder in sorted([*(grid / CELLS).glob("*/"), *(grid / BATCHES).glob("*/")]):
+    cell continues. A cell whose lock is still held is left as it is: its holder lives, and may be writing; the
+    grid waits for it, or refuses, as it trains the cell. A batch still held is waited for, then refused
+    (DirectoryBusyError): its cells are locked only as it starts, and a re-run grouping them otherwise (or running
+    each alone) would train them under its holder."""
+    for folder in _left_in(grid / CELLS):
         with contextlib.suppress(DirectoryBusyError), hold(folder, f"the run directory {folder}", inside=True):
             remove_partial_writes(folder)
+    for folder in _left_in(grid / BATCHES):
+        with hold_cell(folder, "the batch"):
+            pass
+
+
+def _left_in(parent: Path) -> list[Path]:
+    """The folders in ``parent`` with a lock file or a temporary file in them, the only ones a killed writer left
+    anything in: a lock taken on each of thousands of finished cells, on every rung, took seconds on NFS."""
+    found = {p.parent for pattern in (f"*/{LOCK}", f"*/*{PARTIAL}") for p in parent.glob(pattern)}
+    return sorted(p for p in found if p.is_dir())
 
 
 def result_row(c: Cell, result, out: Path) -> dict:

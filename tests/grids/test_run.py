@@ -132,6 +132,33 @@ def test_a_cell_whose_lock_is_held_is_left_as_it_is(tmp_path):
         held.relative_to(tmp_path) / "checkpoint.pt.tmp"]
 
 
+def test_a_rerun_locks_only_the_folders_a_killed_writer_left_something_in(tmp_path, monkeypatch):
+    """Every run_cells (each halving rung, the test stage) cleared every cell, finished ones too: a lock taken and
+    a record written per cell, seconds a rung on NFS with thousands of cells. Only a folder with a lock file or a
+    temporary file in it is locked; a stray file beside the cells is no folder (on Python 3.10, glob("*/") gave
+    files too, and locking one raised FileExistsError)."""
+    import fedcache.grids.cell as cell
+    from fedcache.ownership import hold
+
+    finished, left = tmp_path / "cells" / "finished", tmp_path / "cells" / "left"
+    finished.mkdir(parents=True)
+    left.mkdir()
+    (finished / "summary.json").write_text("{}")
+    (left / "checkpoint.pt.tmp").write_bytes(b"")
+    (tmp_path / "batches").mkdir()
+    for stray in (tmp_path / "cells" / "notes.txt", tmp_path / "batches" / "notes.txt"):
+        stray.write_text("a user's")
+    held = []
+
+    def spy(folder, *args, **kwargs):
+        held.append(folder)
+        return hold(folder, *args, **kwargs)
+
+    monkeypatch.setattr(cell, "hold", spy)
+    cell.clear_killed(tmp_path)
+    assert held == [left] and not (left / "checkpoint.pt.tmp").exists()
+
+
 TOY_ARGV = ["-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedproto", "--partition", "dirichlet", "--clients", "3",
             "--alpha", "0.5,5", "--rounds", "3", "--seeds", "0,1"]
 
@@ -163,6 +190,37 @@ def test_a_rerun_in_one_process_waits_for_a_cell_s_live_holder_then_refuses(engi
         assert (held / "theirs").read_text() == "the live holder's file" and not (held / "summary.json").exists()
     assert run_cli(argv, capsys)[0] == 0  # its holder gone, the same command trains the cell
     assert (held / "summary.json").exists() and not list(out.glob("cells/*/.fedcache.lock"))
+
+
+@pytest.mark.parametrize("engine", [["--engine", "batched", "--max-batch-cells", "1"], ["--engine", "processes"]])
+def test_a_rerun_waits_for_a_batch_s_live_holder_then_refuses(engine, toy_grid, toy_store, tmp_path, capsys,
+                                                              monkeypatch):
+    """A worker of a grid killed outright may still be training a batch as the grid starts again, grouping its
+    cells otherwise (a lower --max-batch-cells, the processes engine). The batch's cells are locked only as it
+    starts: the re-run skipped the held batch without a word and trained its cells under the worker writing them.
+    It waits for the batch's holder, then refuses in one line naming the batch; its cells are left to it."""
+    import fedcache.grids.cell as cell
+    from fedcache.grids.batches import batch_id
+    from tests.faults import held_elsewhere, one_error_line, run_cli
+
+    monkeypatch.setattr(cell, "CELL_WAIT", 0.5)
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    name = "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed={}"
+    stacked = [out / "cells" / name.format(s) for s in (0, 1)]
+    for pending in stacked:
+        (pending / "summary.json").unlink()
+        (pending / "checkpoint.pt").unlink()
+        (pending / "theirs").write_text("the live holder's file")
+    batch = out / "batches" / batch_id([c.name for c in stacked])
+    argv = ["grid", "--store", toy_store, *TOY_ARGV, "--jobs", "1", *engine, "--out", out]
+    with held_elsewhere(batch) as holder:
+        code, err = run_cli(argv, capsys)
+        assert code == 1 and one_error_line(err).startswith(f"error: the batch {batch} is in use by another fedcache "
+                                                            f"command (waited 0.5 s): pid {holder.pid} "), err
+        assert all((c / "theirs").exists() and not (c / "summary.json").exists() for c in stacked)
+    assert run_cli(argv, capsys)[0] == 0  # its holder gone, the same command trains the cells
+    assert all((c / "summary.json").exists() for c in stacked)
 
 
 def test_axes_in_another_order_resume_the_same_cells(toy_grid, toy_store, tmp_path, monkeypatch):
