@@ -206,7 +206,8 @@ def test_a_parallel_pruned_grid_trains_its_rungs_and_test_stage_in_the_same_work
     caplog.set_level(logging.INFO, logger="fedcache")  # the workers send their records from INFO on
     grid(**kw(toy_store, tmp_path / "par", engine, jobs=2), prune="halving")
     workers = {r.process for r in caplog.records if r.process != os.getpid()}
-    assert len(workers) == 2
+    # One worker may take every task of a toy grid (the other idle, or started late); a start per rung made more.
+    assert 1 <= len(workers) <= 2, workers
     if engine == "processes":  # the test stage's runs, the only ones to finish (one candidate left trains no more)
         tested = {r.process for r in caplog.records if r.name == "fedcache.training" and "finished" in r.getMessage()}
         assert tested and tested <= workers
