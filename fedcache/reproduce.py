@@ -54,11 +54,15 @@ def _cached(store: Path, e: Experiment, backbone: str) -> bool:
     (``FeatureStore.rows``), not their features, which reading them all took of the check. Damaged features are found
     by the grid's read of them (their checksums), which says what replaces them."""
     from fedcache.store.feature_store import FeatureStore
+    from fedcache.store.tables import closed_on_error
 
     try:
         fs = FeatureStore(store, create=False)
         infos = [fs.table_entries(e.store_dataset, s, backbone) for s in ("train", "test")]
-        found = [fs.entry_rows(i) for i in infos]
+        found = []
+        for i in infos:
+            with closed_on_error(*found):  # the train rows, where the test's are refused
+                found.append(fs.entry_rows(i))
     except FedcacheError:
         return False
     for rows in found:

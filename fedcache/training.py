@@ -82,10 +82,10 @@ def _check_not_started(spec: RunSpec) -> None:
     resume, overwrite, out = (option(name).flag for name in ("resume", "overwrite", "out"))
     if (Path(e.out) / GRID).exists():
         raise ConfigError(f"{e.out} holds a grid ({GRID}), not a run; choose another {out}")
-    out = RunDir(e.out)
+    run = RunDir(e.out)
     # Metrics lines without a checkpoint are of rounds nothing can continue (a kill between the first round's line
     # and its checkpoint): such a directory is started again, not refused (--resume would find no checkpoint).
-    if not e.resume and not e.overwrite and (out.has_checkpoint() or out.finished()):
+    if not e.resume and not e.overwrite and (run.has_checkpoint() or run.finished()):
         # --engine flower-sim refuses --overwrite: offered there, the advice led to a second refusal.
         replace = "delete the folder to start it again" if e.name == "flower-sim" else f"{overwrite} to replace it"
         raise ConfigError(f"{e.out} already holds a run; pass {resume} to continue it, {replace}, or choose another {out}")

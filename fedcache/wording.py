@@ -7,8 +7,9 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-# Set for the length of a fedcache.api call (its context alone: other threads and calls keep the flags).
-_KEYWORDS: ContextVar[bool] = ContextVar("fedcache_keyword_names", default=False)
+# Set for the length of a fedcache.api call (its context alone: other threads and calls keep the flags), unless a
+# command line set it first: `fedcache reproduce` calls the API, and its user typed flags.
+_KEYWORDS: ContextVar[bool | None] = ContextVar("fedcache_keyword_names", default=None)
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -26,8 +27,22 @@ def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:
 @contextlib.contextmanager
 def keyword_names() -> Iterator[None]:
     """Messages raised inside name options as Python keyword arguments (``rounds=0``, ``settings``), not as the
-    command line's flags (``--rounds``, ``--set``): a library caller never typed a flag."""
-    token = _KEYWORDS.set(True)
+    command line's flags (``--rounds``, ``--set``): a library caller never typed a flag. Inside
+    ``flag_names()`` (a command of the command line that calls the API) the flags stay."""
+    with _naming(True if _KEYWORDS.get() is None else _KEYWORDS.get()):
+        yield
+
+
+@contextlib.contextmanager
+def flag_names() -> Iterator[None]:
+    """Messages raised inside name options as the command line's flags, also where it calls the Python API."""
+    with _naming(False):
+        yield
+
+
+@contextlib.contextmanager
+def _naming(keywords: bool) -> Iterator[None]:
+    token = _KEYWORDS.set(keywords)
     try:
         yield
     finally:
@@ -36,7 +51,7 @@ def keyword_names() -> Iterator[None]:
 
 def by_keyword() -> bool:
     """Whether messages name options as keyword arguments now (inside ``keyword_names()``)."""
-    return _KEYWORDS.get()
+    return bool(_KEYWORDS.get())
 
 
 def named(flag: str, keyword: str) -> str:

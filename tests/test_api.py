@@ -403,3 +403,36 @@ def test_the_keyword_names_last_as_long_as_the_call():
         fedcache.train("unused.zarr", "x", "y", "fedavg", rounds=0)
     with pytest.raises(ConfigError, match=r"^--rounds \(schedule.rounds\)=0"):
         RunSpec.of(dataset="x", backbones="y", method="fedavg", rounds=0)
+
+
+def test_a_command_that_calls_the_python_api_names_its_flags(monkeypatch, capsys, tmp_path):
+    """`fedcache reproduce` trains through fedcache.grid: its user typed --jobs, not jobs=."""
+    import fedcache.reproduce
+    from fedcache.cli import main
+
+    monkeypatch.setattr(fedcache.reproduce, "check", lambda *a, **k: [])  # nothing to fetch or extract
+    monkeypatch.setattr(fedcache.reproduce, "_to_extract", lambda *a, **k: [])
+    code = main(["reproduce", "fedpcl-fairness", "--jobs", "0", "--store", str(tmp_path / "s.zarr"),
+                 "--out", str(tmp_path / "out")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code != 0 and "error: --jobs=0: must be >= 1" in err, err  # as `fedcache grid --jobs 0` says it
+
+
+def test_a_run_directory_already_used_is_named_by_the_flags_or_the_keywords(capsys, tmp_path, monkeypatch):
+    """The whole refusal: its advice ends with the option that chooses another directory (it ended with a repr)."""
+    from fedcache.cli import main
+    from fedcache.training import _check_not_started
+    from fedcache.spec import RunSpec
+    from fedcache.wording import keyword_names
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    monkeypatch.setattr("fedcache.federate.rundir.RunDir.finished", lambda self: True)
+    spec = RunSpec.of(dataset="x", backbones="y", method="fedavg", out=str(out))
+    with pytest.raises(ConfigError, match=r"already holds a run; pass --resume to continue it, --overwrite to "
+                                          r"replace it, or choose another --out$"):
+        _check_not_started(spec)
+    with keyword_names(), pytest.raises(ConfigError, match=r"pass resume=True to continue it, overwrite=True to "
+                                                           r"replace it, or choose another out$"):
+        _check_not_started(spec)

@@ -21,6 +21,7 @@ from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError, UnknownNameError
 from fedcache.paths import denied_line, is_denied
 from fedcache.progress import log_to_stderr, logging_to_stderr
+from fedcache.wording import flag_names
 
 try:  # recent typer vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException
@@ -138,7 +139,8 @@ def _command(argv: list[str] | None) -> int:
         return 2
     try:
         # Without standalone mode click returns typer.Exit codes (130 for Ctrl-C) instead of raising them.
-        code = app(args=argv, standalone_mode=False, prog_name="fedcache")
+        with flag_names():  # its user typed flags, also where a command calls the Python API (reproduce)
+            code = app(args=argv, standalone_mode=False, prog_name="fedcache")
     except typer.Exit as exc:
         code = exc.exit_code
     except ClickException as exc:
