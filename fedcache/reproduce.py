@@ -77,10 +77,10 @@ def _made_by_preset(e: Experiment, backbone: str, info) -> bool:
     come from a checkpoint whatever makes them: the one stored stands (``--weights`` extracts it again)."""
     from fedcache.extract.backbones import BACKBONES
     from fedcache.extract.datasets import DATASETS
+    from fedcache.extract.sizes import image_size
 
     spec, k, opts = BACKBONES.get(backbone), info.key, e.extract
-    default = DATASETS.get(e.dataset).default_image_size if e.dataset in DATASETS else None
-    size = spec.input_size if spec.fixed_size else opts.get("image_size") or default or spec.input_size
+    size = image_size(opts.get("image_size"), DATASETS.get(e.dataset) if e.dataset in DATASETS else None, spec)
     pre = k.get("preprocess") or {}
     return (k.get("dtype", "float16") == opts.get("dtype", "float16") and pre.get("size") == size
             and not pre.get("imported") and info.random_weights == (spec.random_weights or bool(opts.get("random_init")))

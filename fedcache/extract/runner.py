@@ -22,6 +22,7 @@ from fedcache.extract.config import ExtractConfig
 from fedcache.extract.datasets import Dataset, Samples
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
+from fedcache.extract.sizes import image_size
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.extract.transforms import Preprocess, ViewSpec
 from fedcache.store import lookup
@@ -90,15 +91,6 @@ def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str,
         emit(ProgressEvent("info", "", message=unfinished))
 
 
-def image_size(cfg: ExtractConfig, dataset: Dataset, spec) -> int | None:
-    """The size images are resized to (None: the backbone's own): ``--image-size``, else the dataset's default.
-    A backbone with a fixed input size (ViTs, CLIP) takes its own only: neither applies to it (its positional
-    embeddings would not match)."""
-    if spec.fixed_size:
-        return None
-    return cfg.image_size or dataset.default_image_size
-
-
 def _check_image_size(cfg: ExtractConfig, specs: list) -> None:
     """``--image-size`` that no backbone of the command can take is refused; one that the CNNs take beside a
     fixed-size backbone (``-b efficientnet-lite0,clip-rn50 --image-size 64``) applies to them, as said here."""
@@ -122,10 +114,28 @@ def _noisy_name(name: str, noise: tuple | None) -> str | None:
 
 def _made_from(cfg: ExtractConfig, dataset: Dataset) -> dict:
     """What an entry stored under a name of its own (``--name``, ``--image-noise``) was extracted from: the command
-    that makes or finishes it names the dataset fedcache knows, not the store's name (``store.lookup.extract_hint``)."""
+    that makes or finishes it names the dataset fedcache knows, not the store's name, and the domains a --name
+    holds (``store.lookup.extract_hint``)."""
     if dataset.name == cfg.dataset:
         return {}
-    return {"made_from": {"dataset": cfg.dataset, "image_noise": list(cfg.image_noise) if cfg.image_noise else None}}
+    subset = {"domains": _domains(cfg, dataset)} if _is_subset(cfg) else {}
+    return {"made_from": {"dataset": cfg.dataset, "image_noise": list(cfg.image_noise) if cfg.image_noise else None,
+                          **subset}}
+
+
+def _is_subset(cfg: ExtractConfig) -> bool:
+    """A --name given with --domains names a dataset of those domains (``-d digits5-offline --domains mnist-m --name
+    digits5-offline-mnist-m``): a read of it is of them. A noisy dataset's own name (given as --name by the hints
+    that complete it) is the whole dataset's, noised."""
+    return bool(cfg.domains) and cfg.name not in (None, cfg.dataset, _noisy_name(cfg.dataset, cfg.image_noise))
+
+
+def _domains(cfg: ExtractConfig, dataset: Dataset) -> list[str]:
+    """The domains of the dataset an entry is one domain of (its attrs' ``domains``, what a read of it wants),
+    in the dataset's order: the --domains of a --name (:func:`_is_subset`), else every domain."""
+    if _is_subset(cfg):
+        return [d for d in dataset.domains if d in cfg.domains]
+    return list(dataset.domains)
 
 
 def _weights_file(cfg: ExtractConfig, backbone: str) -> dict:
@@ -166,7 +176,7 @@ def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit:
 def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: LoadedBackbone, split: str, domain: str, view: ViewSpec,
               autocast: torch.dtype | None = None) -> EntryKey:
     """``autocast``: the reduced precision of the forward pass (None: float32)."""
-    pre = Preprocess.for_backbone(bb.spec, image_size(cfg, dataset, bb.spec), _backend(samples, view))
+    pre = Preprocess.for_backbone(bb.spec, image_size(cfg.image_size, dataset, bb.spec), _backend(samples, view))
     if cfg.image_noise and split == "train":  # the paper (and its code) noises the images it trains on, not the test images
         kind, scale, p = cfg.image_noise
         pre = dataclasses.replace(pre, noise=kind, noise_scale=float(scale), noise_perturb=float(p), noise_seed=cfg.view_seed)
@@ -183,8 +193,9 @@ def entry_key(cfg: ExtractConfig, dataset: Dataset, samples: Samples, bb: Loaded
 def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> EntryReport:
     samples = dataset.samples(split, domain)
     key = entry_key(cfg, dataset, samples, bb, split, domain, view, plan.autocast_dtype)
-    attrs = {"classes": list(dataset.classes), "domains": list(dataset.domains),
+    attrs = {"classes": list(dataset.classes), "domains": _domains(cfg, dataset),
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source,
+             "default_image_size": image_size(None, dataset, bb.spec),  # a hint says --image-size where not this
              **({"views": cfg.views} if view.index else {}),  # an interrupted --views N is finished by --views N
              **_weights_file(cfg, bb.spec.name), **_made_from(cfg, dataset)}
     t0 = time.perf_counter()

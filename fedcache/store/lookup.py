@@ -157,7 +157,10 @@ def _made_as(e: EntryInfo) -> str:
     k = e.key
     hint = f" --dtype {k['dtype']}" if k.get("dtype", "float16") != "float16" else ""
     size = (k.get("preprocess") or {}).get("size")
-    return hint + (f" --image-size {size}" if size else "") + (" --random-init" if e.random_weights else "") + _weights(e)
+    # The size its extraction would have made without --image-size (``extract.sizes.image_size``, recorded: the store
+    # sits below extract); an entry made before it was recorded says its size.
+    size_said = f" --image-size {size}" if size and size != e.attrs.get("default_image_size") else ""
+    return hint + size_said + (" --random-init" if e.random_weights else "") + _weights(e)
 
 
 def _weights(e: EntryInfo) -> str:
@@ -183,22 +186,32 @@ def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None
     k = pending[0].key
     if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
-    hint = f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']}"
-    hint += f" --splits {k['split']} --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
+    hint = f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']} --splits {k['split']}"
+    if not _subset(pending[0]):  # a --name's --domains are all of them: fewer would make a dataset of those
+        hint += f" --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
     return hint + _made_as(pending[0])
 
 
 def _dataset(e: EntryInfo, seed: bool = True) -> str:
-    """The dataset options that make ``e``'s: a noisy or renamed dataset's store name is no dataset fedcache knows.
-    ``seed``: with the noise's seed (--view-seed; False where the hint says the views' own)."""
+    """The dataset options that make ``e``'s: a noisy or renamed dataset's store name is no dataset fedcache knows,
+    and a dataset stored under --name of some domains is of those (:func:`_subset`). ``seed``: with the noise's seed
+    (--view-seed; False where the hint says the views' own)."""
     made = e.attrs.get("made_from")
     if not isinstance(made, dict):
         return f" --dataset {e.key['dataset']}"
     noise = made.get("image_noise")
     noise_seed = ((e.key.get("preprocess") or {}).get("noise") or {}).get("seed")  # the noise's seed is --view-seed's
-    return (f" --dataset {made['dataset']} --name {e.key['dataset']}"
+    subset = _subset(e)
+    return (f" --dataset {made['dataset']} --name {e.key['dataset']}" + (f" --domains {','.join(subset)}" if subset else "")
             + (f" --image-noise {','.join(f'{x:g}' if not isinstance(x, str) else x for x in noise)}" if noise else "")
             + (f" --view-seed {noise_seed}" if seed and noise_seed else ""))
+
+
+def _subset(e: EntryInfo) -> list[str]:
+    """The domains of a dataset stored under --name with --domains (its ``made_from``'s): every command that makes
+    more of it names them all, as a --name with fewer (or none: every domain) makes a dataset of those."""
+    made = e.attrs.get("made_from")
+    return list(made.get("domains") or []) if isinstance(made, dict) else []
 
 
 def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) -> EntryNotFoundError:
@@ -213,7 +226,9 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
     backbones = sorted({s[3] for s in cur if s[0] == dataset})
     if backbone not in backbones:
         found = where + _close(backbone, backbones, f"backbones for {dataset}")
-        return EntryNotFoundError(found + extract, ("backbone", backbone), found)
+        like = newest(e for s, e in cur.items() if s[0] == dataset)  # a renamed one's store name is no dataset
+        return EntryNotFoundError(found + f"; or extract them: `fedcache extract --store {path}{_dataset(like)} "
+                                  f"--backbones {backbone}`", ("backbone", backbone), found)
     held = [e for s, e in cur.items() if s[0] == dataset and s[3] == backbone]
     return EntryNotFoundError(
         where + f" (only {', '.join(sorted({e.key['split'] for e in held}))}): extract that split, as the others were "

@@ -123,7 +123,7 @@ def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_fin
     with pytest.raises(IncompleteEntryError) as unfinished:
         load_views(store, "test-toy", ["tiny-timm-random"], train)  # what a train on the views reads
     finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-              "--views 2 --image-size 32 --random-init")
+              "--views 2 --random-init")
     assert str(unfinished.value) == (
         f"augmented view 1 of the train features of test-toy{'' if stop_in == 'light' else '/dark'} for "
         f"tiny-timm-random is not complete yet (an `extract --views` interrupted or still running); finish the views "
@@ -155,7 +155,7 @@ def test_a_plain_extraction_names_an_unfinished_views_extraction_and_the_command
     notes.clear()
     extract(cfg(store_path), progress=said)
     finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-              "--views 2 --image-size 32 --random-init")
+              "--views 2 --random-init")
     assert notes[-1] == ("augmented view 1 of the train features of test-toy/dark for tiny-timm-random is not complete "
                          "yet (an `extract --views` interrupted or still running); finish the views with "
                          f"`{finish}`")
@@ -179,7 +179,7 @@ def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store
     with pytest.raises(EntryNotFoundError) as partial:
         load_views(store, "test-toy", ["tiny-timm-random"], train)
     complete = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-                "--views 1 --image-size 32 --random-init")
+                "--views 1 --random-init")
     assert str(partial.value) == ("augmented view 1 of the train features of test-toy for tiny-timm-random is of "
                                   f"light only (dark lack it); complete it with `{complete}`")
     extract(cfg(store_path, splits=("train",), views=1))  # the command said
@@ -198,7 +198,7 @@ def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_
     extract(cfg(store_path, splits=("train",), views=2))  # tiny-timm-random's alone
     store = FeatureStore(store_path)
     make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-clip-random --splits train "
-            "--views 2 --image-size 32 --random-init")
+            "--views 2 --random-init")
     for fused in (both, both[::-1]):  # whichever comes first
         train = load_fused(store, "test-toy", fused, "train")
         with pytest.raises(EntryNotFoundError) as lacking:
@@ -226,7 +226,7 @@ def test_a_view_made_with_another_seed_for_one_fused_backbone_is_refused_with_th
     store = FeatureStore(store_path)
     train = load_fused(store, "test-toy", both, "train")
     make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-clip-random --splits train "
-            "--views 2 --image-size 32 --random-init")
+            "--views 2 --random-init")
     with pytest.raises(StoreError) as differ:
         load_views(store, "test-toy", both, train)
     assert str(differ.value) == (
@@ -258,7 +258,7 @@ def test_an_unfinished_view_after_complete_ones_refuses_a_views_run_in_one_line(
     store = FeatureStore(store_path)
     train = store.read("test-toy", "train", "tiny-timm-random")
     finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-              "--views 2 --image-size 32 --random-init")
+              "--views 2 --random-init")
     said = ("augmented view 2 of the train features of test-toy/dark for tiny-timm-random is not complete yet (an "
             f"`extract --views` interrupted or still running); finish the views with `{finish}`")
     with pytest.raises(IncompleteEntryError, match=re.escape(said)):
@@ -439,6 +439,40 @@ def test_the_command_that_completes_a_noisy_dataset_names_the_dataset_fedcache_k
     assert FeatureStore(store_path).read("test-toy-noise-laplace-0.2-0.1", "train", "tiny-timm-random").domain_names == ("light", "dark")
 
 
+def test_a_dataset_stored_under_a_name_of_some_domains_is_read_and_made_again_as_those(tmp_path):
+    """`--domains light --name toy-light` stores a dataset of light alone: its entries named every domain of test-toy,
+    so reading it wanted dark, and every hint (a split it lacks, a backbone it lacks) extracted all domains, or
+    named toy-light as the dataset. Each hint, pasted, makes light alone, under that name, and the table reads."""
+    from fedcache.cli import main
+    from fedcache.errors import EntryNotFoundError
+
+    store_path = tmp_path / "s.zarr"
+    extract(cfg(store_path, splits=("train",), domains=["light"], name="toy-light"))
+    assert FeatureStore(store_path).read("toy-light", "train", "tiny-timm-random").domain_names == ("light",)
+    for backbone in ("tiny-timm-random", "tiny-clip-random"):  # its test split; another backbone
+        with pytest.raises(EntryNotFoundError) as missing:
+            FeatureStore(store_path).read("toy-light", "test", backbone)
+        hint = shlex.split(str(missing.value).split("`")[1])
+        said = dict(zip(hint[2::2], hint[3::2]))
+        assert (said["--dataset"], said["--name"], said["--domains"]) == ("test-toy", "toy-light", "light"), hint
+        assert main(hint[1:] + ["--workers", "0"]) == 0
+        assert FeatureStore(store_path).read("toy-light", "test", backbone).domain_names == ("light",)
+
+
+def test_a_hint_says_the_image_size_only_where_it_is_not_the_default(tmp_path):
+    """Every hint said --image-size: an entry of the dataset's (else the backbone's) default size is made again
+    without it; one of another size keeps it, which the default would not make."""
+    from fedcache.errors import EntryNotFoundError
+
+    for size, said in ((None, ""), (32, ""), (16, " --image-size 16")):
+        store_path = tmp_path / f"{size}.zarr"
+        extract(cfg(store_path, splits=("train",), domains=["light"], image_size=size))
+        with pytest.raises(EntryNotFoundError) as missing:
+            FeatureStore(store_path).read("test-toy", "test", "tiny-timm-random")
+        hint = str(missing.value).split("`")[1]
+        assert hint.endswith(f"--backbones tiny-timm-random --splits test{said} --random-init"), hint
+
+
 def test_a_fixed_size_backbone_ignores_the_datasets_default_image_size(store_path, monkeypatch):
     """A CLIP's positional embeddings fix its input size: digits5-offline's default of 64 (meant for CNNs)
     crashed tiny-clip-random's 32-pixel ViT with a size mismatch deep inside open_clip."""
@@ -517,7 +551,7 @@ def test_the_command_that_finishes_a_random_init_extraction_extracts_random_weig
         FeatureStore(store_path).read("test-toy", "train", backbone)
     command = str(unfinished.value).split("`")[1]
     assert command == (f"fedcache extract --store {store_path} --dataset test-toy --backbones {backbone} --splits train "
-                       "--domains dark --image-size 32 --random-init")
+                       "--domains dark --random-init")
     assert main(shlex.split(command)[1:] + ["--workers", "0", "--batch-size", "4", "--chunk-rows", "8"]) == 0
     assert FeatureStore(store_path).read("test-toy", "train", backbone).random_weights
 
@@ -554,7 +588,7 @@ def test_the_command_that_finishes_a_checkpoints_extraction_loads_that_checkpoin
         FeatureStore(store_path).read("test-toy", "train", "tiny-timm-random")
     command = str(unfinished.value).split("`")[1]
     assert command == (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits "
-                       f"train --domains dark --image-size 32 --weights 'tiny-timm-random={ckpt}'")
+                       f"train --domains dark --weights 'tiny-timm-random={ckpt}'")
     monkeypatch.chdir(tmp_path)
     assert main(shlex.split(command)[1:] + ["--workers", "0", "--batch-size", "4", "--chunk-rows", "8"]) == 0
     table = FeatureStore(store_path).read("test-toy", "train", "tiny-timm-random")

@@ -67,7 +67,7 @@ def test_a_clip_backbone_without_its_text_says_the_extraction_that_stores_it(tmp
     with pytest.raises(ConfigError) as missing:
         train(store_path)
     command = (f"fedcache extract --store {store_path} --dataset test-toy --backbones {clip} --splits train "
-               "--domains dark,light --image-size 32 --random-init")  # the backbone's weights are random
+               "--domains dark,light --random-init")  # the backbone's weights are random
     assert str(missing.value) == (f"clip-zs needs class-text embeddings: the store holds no class-text embeddings of {clip} "
                                   f"for the classes of test-toy (removed, or never extracted); extract them with "
                                   f"`{command}`, which finds the features complete and stores the text")

@@ -259,7 +259,7 @@ def test_shards_of_a_clip_backbone_without_its_text_say_the_extraction_that_stor
         return load_client(client_dir(out, 0))[0], load_server(out / SERVER)[0]
 
     command = (f"fedcache extract --store STORE --dataset test-toy --backbones {clip} --splits train --domains dark,light "
-               "--image-size 32 --random-init")
+               "--random-init")
     for data in shard(tmp_path / "shards"):
         with pytest.raises(ConfigError) as missing:
             text_from_info(data, "clip-zs")
