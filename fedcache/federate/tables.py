@@ -202,7 +202,7 @@ def check_views_alike(store: FeatureStore, found: dict[str, list[EntryInfo]]) ->
     made = {e.key["domain"]: e for e in first}
     for e in (e for _, entries in others for e in entries):
         have = made.get(e.key["domain"])
-        if have is not None and e.key.get("augmentation") != have.key.get("augmentation"):
+        if have is not None and lookup.view_differences([have, e]):
             raise lookup.views_differ(store.path, store.entries(), have, e)
 
 

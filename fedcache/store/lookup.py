@@ -6,10 +6,12 @@ the store (``FeatureStore.find`` and ``rows`` raise what they return).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
+from fedcache.store.keys import canonical_json
 
 
 def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
@@ -123,13 +125,44 @@ def views_differ(path: Path, infos: list[EntryInfo], have: EntryInfo, other: Ent
     image. The `extract --views` that makes it for ``other``'s backbone as it was made for ``have``'s."""
     k, o = have.key, other.key
     aug, oaug = k.get("augmentation") or {}, o.get("augmentation") or {}
-    differ = [n for n in ("recipe", "seed") if aug.get(n) != oaug.get(n)]
-    said = lambda a: " ".join(f"--view-{n} {a.get(n)}" for n in differ)  # noqa: E731
+    said = _view_options(view_differences([have, other]))
     return StoreError(
         f"augmented view {k['view']} of the {k['split']} features of {k['dataset']}/{k['domain']} was made with "
         f"{said(aug)} for {k['backbone']} but {said(oaug)} for {o['backbone']} (fused backbones join each image's "
         f"view {k['view']}: these would be different augmentations of it); re-extract it for {o['backbone']} as for "
         f"{k['backbone']} with {views_said(path, infos, have, other)}")
+
+
+def view_differences(entries: Iterable[EntryInfo]) -> list[str]:
+    """What of their augmentation (recipe, seed) differs among ``entries`` of one augmented view: [] where it is
+    one. Entries of another augmentation hold other crops of their images, whether of one domain for fused backbones
+    (:func:`views_differ`) or of a backbone's domains side by side in its table (:func:`views_mixed`)."""
+    augs = [e.key.get("augmentation") or {} for e in entries]
+    names = dict.fromkeys(n for a in augs for n in a)
+    return [n for n in names if len({canonical_json(a.get(n)) for a in augs}) > 1]
+
+
+def views_mixed(path: Path, entries: list[EntryInfo]) -> StoreError:
+    """The domains of an augmented view of one backbone (``entries``: its table's) made with other recipes or seeds
+    (`extract --views K --domains D --view-seed S`): its table would train on other augmentations of some domains
+    than of the others, as one view. The `extract --views` that makes every domain as the newest was made."""
+    k, last = entries[0].key, newest(entries)
+    said = _view_options(view_differences(entries))
+    groups: dict[str, list[EntryInfo]] = {}
+    for e in entries:
+        groups.setdefault(canonical_json(e.key.get("augmentation")), []).append(e)
+    mine = groups.pop(canonical_json(last.key.get("augmentation")))  # said last: the making the command repeats
+    made = [f"{said(es[0].key.get('augmentation') or {})} for {','.join(e.key['domain'] for e in es)}"
+            for es in [*groups.values(), mine]]
+    return StoreError(
+        f"augmented view {k['view']} of the {k['split']} features of {k['dataset']} for {k['backbone']} was made with "
+        f"{', '.join(made[:-1])} but {made[-1]} (one view of its domains: these would be different augmentations); "
+        f"re-extract every domain as {last.key['domain']} was with {views_said(path, entries, last)}")
+
+
+def _view_options(differ: list[str]):
+    """How an augmentation is said by the options of ``differ`` that make it: ``--view-seed 1``."""
+    return lambda aug: " ".join(f"--view-{n} {aug.get(n)}" for n in differ)
 
 
 def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None) -> str:

@@ -114,7 +114,8 @@ class TableRows:
 
 
 def check_consistent(entries: list[EntryInfo], path: Path) -> None:
-    """Features of different domains are only comparable if made by the same weights and preprocessing."""
+    """Features of different domains are only comparable if made by the same weights and preprocessing, and an
+    augmented view's by the same augmentation."""
     made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
     if len(made_by) > 1:
         k, last = entries[0].key, newest(entries)
@@ -128,6 +129,8 @@ def check_consistent(entries: list[EntryInfo], path: Path) -> None:
             f"the domains of {k['dataset']}/{k['split']} for {k['backbone']} were made by different weights, preprocessing "
             f"or imported files ({_makings(entries)}); {again} so that every domain is current"
         )
+    if lookup.view_differences(entries):  # of one making, but other crops of some domains' images than of others
+        raise lookup.views_mixed(path, entries)
 
 
 def _makings(entries: list[EntryInfo]) -> str:

@@ -240,6 +240,30 @@ def test_a_view_made_with_another_seed_for_one_fused_backbone_is_refused_with_th
     assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
 
 
+def test_a_view_made_with_another_seed_for_some_domains_of_one_backbone_is_refused_with_the_command(store_path):
+    """`extract --views 2`, then `extract --views 2 --domains dark --view-seed 1`: the table of view 1 took light's
+    crops of seed 0 beside dark's of seed 1 unchecked (only fused backbones were compared). Refused in one line,
+    naming the view, the domains and what differs, with the extraction that makes every domain alike; once run, the
+    views are read."""
+    from fedcache.federate.tables import load_views
+
+    extract(cfg(store_path))
+    extract(cfg(store_path, splits=("train",), views=2))
+    extract(cfg(store_path, splits=("train",), views=2, domains=("dark",), view_seed=1))
+    store = FeatureStore(store_path)
+    train = store.read("test-toy", "train", "tiny-timm-random")
+    make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
+            "--views 2 --view-seed 1 --image-size 32 --random-init")
+    with pytest.raises(StoreError) as mixed:
+        load_views(store, "test-toy", ["tiny-timm-random"], train)
+    assert str(mixed.value) == (
+        "augmented view 1 of the train features of test-toy for tiny-timm-random was made with --view-seed 0 for "
+        "light but --view-seed 1 for dark (one view of its domains: these would be different augmentations); "
+        f"re-extract every domain as dark was with `{make}`")
+    extract(cfg(store_path, splits=("train",), views=2, view_seed=1))  # the command said
+    assert load_views(store, "test-toy", ["tiny-timm-random"], train).shape == (60, 2, 96)
+
+
 def test_an_unfinished_view_after_complete_ones_refuses_a_views_run_in_one_line(store_path, capsys):
     """`extract --views 2` interrupted in view 2, view 1 complete: a run on view 1 alone would train on fewer views
     than were asked for, without a word. `train` with a method that trains on views refuses in one line naming
