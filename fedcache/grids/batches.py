@@ -165,13 +165,19 @@ def started_batches(folder: Path, keys: list[Hashable]) -> list[list[Hashable]]:
     """The batches under ``folder`` (a grid's batches/) with a checkpoint whose runs are all among ``keys``,
     in their order (``run_batch`` records them by ``str(key)``)."""
     by_name = {str(k): k for k in keys}
-    out = []
-    for runs in sorted(folder.glob("*/runs.json")):
-        names = read_json(runs, f"delete the folder {runs.parent} and run the grid again: its cells train again "
-                                "from their start", problem=lambda v: "" if isinstance(v, list) else "not a JSON list")
-        if (runs.parent / CHECKPOINT).exists() and all(n in by_name for n in names):
-            out.append([by_name[n] for n in names])
-    return out
+    return [[by_name[n] for n in names] for batch, names in _recorded(folder)
+            if (batch / CHECKPOINT).exists() and all(n in by_name for n in names)]
+
+
+def _recorded(folder: Path) -> list[tuple[Path, list[str]]]:
+    """Each batch folder under ``folder`` with its runs as ``run_batch`` records them (``str(key)``)."""
+    return [(runs.parent, read_json(runs, f"delete the folder {runs.parent} and run the grid again: its cells train "
+                                          "again from their start", problem=_not_a_list))
+            for runs in sorted(folder.glob("*/runs.json"))]
+
+
+def _not_a_list(value) -> str:
+    return "" if isinstance(value, list) else "not a JSON list"
 
 
 def _split(keys: list, parts: int) -> list[list]:
@@ -403,12 +409,27 @@ def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:
             _drop(old)
 
 
-def _drop(old: Path) -> None:
+def drop_batches_of(folder: Path, todo: list[Cell]) -> None:
+    """The folders of batches (under ``folder``, a grid's batches/) that hold a cell of ``todo``, which the process
+    engine trains as their own runs, said and removed: left, a batch whose other cells had finished (interrupted as
+    it wrote them) was continued by a later batched run once its cells were to train again, from a checkpoint that
+    is not of their runs now. (A batch whose cells are all to train is refused before: ``run._refuse_batched_progress``.)"""
+    names = {str(c) for c in todo}
+    for batch, held in _recorded(folder):
+        if names & set(held):
+            _drop(batch, "whose cells the process engine trains as their own runs now")
+    _remove_if_empty(folder)
+
+
+REGROUPED = ("whose cells are grouped otherwise now (a lower --max-batch-cells, less free memory, or some of them "
+             "finished)")
+
+
+def _drop(old: Path, why: str = REGROUPED) -> None:
     # Held by a live process (a worker of a grid killed outright), it is waited for, then refused: its cells are
     # locked only as it starts, so they would train here under its holder (clear_killed refuses one held as the grid starts).
     with hold_cell(old, "the batch"):
-        log.warning("%s: an interrupted batch whose cells are grouped otherwise now (a lower --max-batch-cells, less "
-                    "free memory, or some of them finished); they continue from their own checkpoints, or round 0", old)
+        log.warning("%s: an interrupted batch %s; they continue from their own checkpoints, or round 0", old, why)
         discard(p for p in old.iterdir() if p.name != LOCK)
     _remove_if_empty(old)  # its lock's file went as it was let go
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
-from fedcache.grids.batches import run_batched, started_batches
+from fedcache.grids.batches import drop_batches_of, run_batched, started_batches
 from fedcache.grids.cell import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.pool import Workers
@@ -131,6 +131,7 @@ def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallbac
 def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
                stops: Stops, workers: Workers | None) -> Iterator[tuple[Cell, dict]]:
     _refuse_batched_progress(spec, todo)
+    drop_batches_of(spec.out / BATCHES, todo)
     if on_plan:
         on_plan(f"processes engine: {count(len(todo), 'cell')} as their own runs, {min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder, stops=stops, workers=workers)

@@ -496,3 +496,44 @@ def test_a_torn_runs_json_of_an_interrupted_batch_is_one_line_and_its_advice_wor
     shutil.rmtree(runs.parent)
     grid(out=tmp_path / "g", **kw)
     assert_same_cells(tmp_path / "whole", tmp_path / "g")
+
+
+def test_the_process_engine_removes_the_batch_folder_of_the_cells_it_trains(toy_store, tmp_path, monkeypatch, caplog):
+    """A batched grid interrupted as it wrote its cells' files (the first finished, the second not) left the batch's
+    checkpoint of its last round; re-run with --engine processes (not refused: one of the batch's cells finished), the
+    second cell trained by itself, and the batch's folder stayed, never read again by the grid that left it, but
+    continued by a later batched run once its cells were to train again (their folders deleted, as a damaged cell's
+    message asks): from a checkpoint of their last round, with none of their metrics, it stopped in an IndexError.
+    The process engine removes the folder of a batch whose cells it trains, saying so; the cells then train again
+    from round 0 to an uninterrupted grid's."""
+    import shutil
+
+    from fedcache.federate import driver
+    from fedcache.federate.rundir import RunDir
+
+    sweep_ = {"partition": "iid", "clients": 3, "rounds": 2, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep_)
+    grid(out=tmp_path / "whole", **kw)
+    finish, load, loaded = RunDir.finish, driver.load_checkpoint, []
+
+    def finish_one(self, *args):
+        monkeypatch.setattr(RunDir, "finish", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        return finish(self, *args)
+
+    monkeypatch.setattr(RunDir, "finish", finish_one)
+    out = tmp_path / "g"
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, engine="batched", **kw)
+    monkeypatch.setattr(RunDir, "finish", finish)
+    assert len(list((out / "cells").glob("*/summary.json"))) == 1 and list((out / "batches").glob("*/checkpoint.pt"))
+    caplog.clear()
+    grid(out=out, engine="processes", **kw)
+    assert not (out / "batches").exists(), sorted((out / "batches").rglob("*"))
+    assert "the process engine trains as their own runs now" in caplog.text
+    assert_same_cells(tmp_path / "whole", out)
+    for cell in (out / "cells").iterdir():
+        shutil.rmtree(cell)
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+    grid(out=out, engine="batched", **kw)
+    assert loaded == []
+    assert_same_cells(tmp_path / "whole", out)
