@@ -253,7 +253,7 @@ def test_a_view_made_with_another_seed_for_some_domains_of_one_backbone_is_refus
     store = FeatureStore(store_path)
     train = store.read("test-toy", "train", "tiny-timm-random")
     make = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random --splits train "
-            "--views 2 --view-seed 1 --image-size 32 --random-init")
+            "--views 2 --view-seed 1 --random-init")
     with pytest.raises(StoreError) as mixed:
         load_views(store, "test-toy", ["tiny-timm-random"], train)
     assert str(mixed.value) == (
