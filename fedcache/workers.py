@@ -16,26 +16,30 @@ import os
 import select
 import signal
 from collections.abc import Callable
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import SemLock
 
 from fedcache.ownership import Holder, on_orphaned, work_for
 
 SIGTERM_SAID = b"SIGTERM"  # a worker's message to the grid when SIGTERM finds it between cells
 
 _report_to = None  # the grid's pipe (``SIGTERM_SAID``, log records)
+_stops_all = None  # the grid's pipe that turns readable once it stops every worker (``_grid_stops_all``)
 _in_cell = False  # this worker runs a cell (``unless_stopping``)
 _stopping = False  # this worker was sent SIGTERM
+_leaving = False  # this worker leaves the pool's wait for its next cell (``_exit_on_sigterm``)
 
 
-def init_worker(grid: int, report_to, holder: str, level: int) -> None:
+def init_worker(grid: int, report_to, holder: str, level: int, stops_all) -> None:
     """A worker's start: ``grid`` is the grid's pid, ``holder`` its lock record, ``level`` the lowest level the grid
-    writes its log records at."""
-    global _report_to
-    _report_to = report_to  # before the handler, which may use it at once
+    writes its log records at, ``stops_all`` the pipe the grid says on that it stops every worker."""
+    global _report_to, _stops_all
+    _report_to, _stops_all = report_to, stops_all  # before the handler, which may use them at once
     # The grid stops its workers with SIGTERM (pool._stop): a worker leaves as Python does (SystemExit in its cell;
-    # between cells, on the pool's last message), so its cell's clean-up runs (its run directory's lock is let go)
-    # and what it registered with multiprocessing's resource tracker is unregistered. Killed outright by the
-    # signal, each worker's Blosc lock (numcodecs makes one to read the partition) was reported as "leaked
-    # semaphore objects" under the grid's one line.
+    # between cells, on the pool's last message or once the grid stops them all), so its cell's clean-up runs (its
+    # run directory's lock is let go) and what it registered with multiprocessing's resource tracker is
+    # unregistered. Killed outright by the signal, each worker's Blosc lock (numcodecs makes one to read the
+    # partition) was reported as "leaked semaphore objects" under the grid's one line.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # blocked since it started; ignored even if something unblocks it
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -48,7 +52,13 @@ def init_worker(grid: int, report_to, holder: str, level: int) -> None:
 
 
 def _exit_on_sigterm(signum: int, frame) -> None:
-    global _stopping
+    global _stopping, _leaving
+    if not (_in_cell or _leaving) and _grid_stops_all() and _waits_for_a_cell(frame):
+        # The pool's last message may never come: a worker killed outright as it read the queue holds the queue's
+        # lock for good. Anywhere else (reading the queue, sending a cell's result, already leaving) the worker
+        # goes on, and the grid sends SIGTERM again until it has left (pool._stop).
+        _leaving = True  # once: a second SystemExit would cut its clean-up short
+        raise SystemExit(128 + signum)
     if _stopping:
         return  # already leaving (the grid stops every worker, this one too): let its clean-up run
     _stopping = True
@@ -60,6 +70,22 @@ def _exit_on_sigterm(signum: int, frame) -> None:
     # died"). It tells the grid, which stops; the worker refuses its next cell or leaves on the pool's last message.
     with contextlib.suppress(OSError):  # a grid already gone
         _report_to.send_bytes(SIGTERM_SAID)
+
+
+def _grid_stops_all() -> bool:
+    """The grid said that it stops every worker (or is gone): its one byte there is never read."""
+    try:
+        return _stops_all is not None and _stops_all.poll()
+    except OSError:  # closed under it
+        return True
+
+
+def _waits_for_a_cell(frame) -> bool:
+    """``frame`` (where a signal found the worker) is the pool's wait for the next cell blocked on the queue's lock:
+    not reading from the queue, where leaving after a message's length would leave its body to the next reader."""
+    if frame is not None and frame.f_code is SemLock.__enter__.__code__:
+        frame = frame.f_back
+    return frame is not None and frame.f_code is Queue.get.__code__
 
 
 def unless_stopping(fn: Callable, *args):

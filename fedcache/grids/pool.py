@@ -21,6 +21,7 @@ from fedcache.workers import SIGTERM_SAID, init_worker, log_from_worker, unless_
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0  # seconds a stopped worker has to leave before it is killed
+RESEND = 0.2  # seconds between the SIGTERMs a stopped worker is sent until it leaves (``_stop``)
 
 
 def in_workers(jobs: int, tasks: list[tuple[Callable, tuple]], workers: Workers | None = None) -> Iterator:
@@ -51,6 +52,7 @@ class Workers:
         self._reports = contextlib.ExitStack()
         self._pool: ProcessPoolExecutor | None = None
         self._sigterm: Future | None = None
+        self._stop_all: Callable[[], None] = lambda: None  # says to the workers that the grid stops them all
 
     def __enter__(self) -> Workers:
         return self
@@ -90,8 +92,10 @@ class Workers:
 
     def _start(self) -> ProcessPoolExecutor:
         report_to, self._sigterm = self._reports.enter_context(_sigterm_reports(self._ctx))
+        stops_all, self._stop_all = self._reports.enter_context(_stop_all_notice(self._ctx))
         self._pool = ProcessPoolExecutor(self._jobs, mp_context=self._ctx, initializer=init_worker,
-                                         initargs=(os.getpid(), report_to, Holder.me().to_text(), _log_level()))
+                                         initargs=(os.getpid(), report_to, Holder.me().to_text(), _log_level(),
+                                                   stops_all))
         return self._pool
 
     def _abandon(self) -> None:
@@ -102,6 +106,7 @@ class Workers:
             return
         pool, self._pool = self._pool, None
         pool.shutdown(wait=False, cancel_futures=True)
+        self._stop_all()  # before SIGTERM: a worker between cells then leaves at once (workers._exit_on_sigterm)
         _stop(set(multiprocessing.active_children()) - self._before)
 
 
@@ -133,6 +138,18 @@ def _sigterm_reports(ctx) -> Iterator[tuple[object, Future]]:
         finally:  # also when a second Ctrl-C cuts the join short: no pipe left open in a long-lived interpreter
             writer.close()
             reader.close()
+
+
+@contextlib.contextmanager
+def _stop_all_notice(ctx) -> Iterator[tuple[object, Callable[[], None]]]:
+    """(the end of a pipe that a worker sent SIGTERM between cells looks at, a call that makes it readable for every
+    worker: the grid stops them all). A worker sent SIGTERM from outside tells the grid instead (``_listen``)."""
+    reader, writer = ctx.Pipe(duplex=False)
+    try:
+        yield reader, lambda: writer.send_bytes(b"stop")  # never read: readable for every worker from then on
+    finally:
+        writer.close()
+        reader.close()
 
 
 _GRID_DONE = b""  # this process's last message on the pipe, once its workers are gone (theirs are never empty)
@@ -239,18 +256,24 @@ def _stop(workers: set, grace: float | None = None) -> int:
     """Stop ``workers`` (SIGTERM: each leaves as Python does), killing those still running after ``grace`` seconds
     (``STOP_GRACE``), which is said; returns how many were killed."""
     grace = STOP_GRACE if grace is None else grace
-    for w in workers:
-        w.terminate()
     deadline = time.monotonic() + grace
-    killed = 0
-    for w in workers:
+    running = set(workers)
+    while running:
+        # Sent again until each has ended: a worker sent it in its cell (by the pool, broken by a worker killed
+        # outright) lets its clean-up run, then waits for its next cell where only the signal ends the wait. One past
+        # its clean-up, in Python's teardown (seconds of torch's on a loaded machine), ends of it at once.
+        for w in running:
+            w.terminate()
         # Ended is told by the sentinel, not is_alive(): the broken pool's own thread may be reaping the same worker,
         # and is_alive() then said a dead one ran (a worker counted as killed that had stopped at once).
-        if not wait([w.sentinel], max(0.0, deadline - time.monotonic())):
-            w.kill()
-            killed += 1
-    _say_killed(killed, grace)
-    return killed
+        ended = wait([w.sentinel for w in running], min(RESEND, max(0.0, deadline - time.monotonic())))
+        running = {w for w in running if w.sentinel not in ended}
+        if time.monotonic() >= deadline:
+            break
+    for w in running:
+        w.kill()
+    _say_killed(len(running), grace)
+    return len(running)
 
 
 def _say_killed(killed: int, grace: float) -> None:

@@ -747,3 +747,81 @@ def _running(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
     except ChildProcessError:
         return False
+
+
+def _own_pid_later(folder: str) -> list[int]:
+    """``_own_pid``, a second later: the other worker is back first, reading the pool's queue (holding its lock)."""
+    import os
+    import time
+
+    _meet(folder)
+    time.sleep(1.0)
+    return [os.getpid()]
+
+
+def _long_with_slow_clean_up(folder: str) -> list:
+    """A cell that takes 1.5 s to leave once stopped (a checkpoint written as it is interrupted)."""
+    import time
+
+    try:
+        _long(folder)
+    finally:
+        time.sleep(1.5)
+    return []
+
+
+def _ends_without_a_kill(workers, cells, caplog) -> float:
+    """Seconds ``workers``' ``cells`` took to stop in the grid's one line, none of its workers killed by the grid."""
+    import logging
+    import time
+
+    from fedcache.errors import FedcacheError
+
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="fedcache.grids.pool"), \
+            pytest.raises(FedcacheError, match="a grid worker process died"):
+        with workers:
+            list(cells)
+    assert not [r for r in caplog.records if "did not stop" in r.getMessage()]
+    return time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_it_reads_the_queue_does_not_leave_the_others_waiting(tmp_path, monkeypatch, caplog):
+    """A worker killed outright while idle, reading the queue for its next cell (after a rung), holds the queue's
+    lock for good: the other idle worker waited for the pool's last message behind it until the grid killed it."""
+    import os
+    import time
+
+    from fedcache.grids import pool
+
+    monkeypatch.setattr(pool, "STOP_GRACE", 30.0)  # the old wait: 30 s, and "did not stop ... killed"
+    workers = pool.Workers(2)
+    reading, waiting = list(workers.run([(_own_pid, (str(tmp_path),)), (_own_pid_later, (str(tmp_path),))]))
+    time.sleep(0.5)  # both idle
+    os.kill(reading, 9)
+    time.sleep(0.5)
+    assert _ends_without_a_kill(workers, workers.run([(_own_pid, (str(tmp_path),))] * 2), caplog) < 15
+    deadline = time.monotonic() + 5  # its pipes closed as it exits, it is not yet ended
+    while _running(waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(waiting)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_idle_beside_a_running_cell_does_not_leave_that_worker_waiting(tmp_path, monkeypatch, caplog):
+    """Fewer cells than workers (a test stage): the idle one killed, the broken pool stops the other's cell, which
+    is still cleaning up when the grid sends its SIGTERM; it then waited behind the dead worker's queue lock."""
+    import os
+    import time
+
+    from fedcache.grids import pool
+
+    monkeypatch.setattr(pool, "STOP_GRACE", 30.0)
+    workers = pool.Workers(2)
+    tasks = [(_own_pid, (str(tmp_path),)), (_long_with_slow_clean_up, (str(tmp_path),))]
+    cells = workers.run(tasks)
+    idle = next(cells)  # the cell that ends at once
+    time.sleep(0.5)  # back in the pool, reading the queue for a cell that will not come
+    os.kill(idle, 9)
+    assert _ends_without_a_kill(workers, cells, caplog) < 15
