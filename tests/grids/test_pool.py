@@ -572,6 +572,68 @@ def test_the_worker_initializer_s_module_imports_no_torch():
     assert out.stdout.split() == ["[]"], out.stderr
 
 
+# Each process of the grid writes, as it exits, whether it is a spawned worker and whether it imported the CLI.
+SAYS_WHAT_IT_IMPORTED = '''
+import atexit, os, sys
+
+
+def _said():
+    spawned = "multiprocessing" in sys.modules and sys.modules["multiprocessing"].parent_process() is not None
+    with open(os.path.join(os.environ["FEDCACHE_TEST_IMPORTED"], str(os.getpid())), "w") as fh:
+        fh.write(f"{spawned} {'fedcache.cli' in sys.modules}")
+
+
+atexit.register(_said)
+'''
+
+
+def _console_script_as_pip_writes_it(folder):
+    """The `fedcache` script that pip writes for pyproject.toml's [project.scripts] entry: a file importing the
+    entry point at its top (pip's template, as in a virtualenv's bin/)."""
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    entry = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]["fedcache"]
+    module, function = entry.split(":")
+    script = folder / "fedcache"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nif __name__ == '__main__':\n"
+                      f"    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit({function}())\n")
+    return script
+
+
+@pytest.mark.slow
+def test_the_console_script_s_grid_workers_do_not_import_the_cli(toy_store, tmp_path):
+    """A spawned worker re-runs its parent's main script before its first cell: the console script's import of
+    `fedcache.cli` (typer, rich: half a second of each worker's start, without its SIGTERM handler) ran in every
+    worker of `fedcache grid --jobs N`. The entry point imports the CLI only when the command runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site, said = tmp_path / "site", tmp_path / "said"
+    site.mkdir()
+    said.mkdir()
+    (site / "sitecustomize.py").write_text(SAYS_WHAT_IT_IMPORTED)
+    script = _console_script_as_pip_writes_it(tmp_path)
+    cmd = [sys.executable, str(script), "grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE,
+           "--partition", "iid", "--clients", "2", "-m", "fedavg,fedprox", "--rounds", "1", "--jobs", "2",
+           "--engine", "processes", "-o", str(tmp_path / "grid")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(Path(__file__).parents[2])]),
+               FEDCACHE_TEST_IMPORTED=str(said))
+    grid = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, err = grid.communicate(timeout=120)
+    finally:
+        _kill_tree(grid)
+    assert grid.returncode == 0, err
+    seen = {int(f.name): f.read_text().split() for f in said.iterdir()}
+    workers = [cli for pid, (worker, cli) in seen.items() if worker == "True"]
+    assert seen[grid.pid] == ["False", "True"] and 1 <= len(workers) <= 2, seen  # the check sees the CLI's import
+    assert workers == ["False"] * len(workers), seen
+
+
 SPY_ON_HANDLERS = '''
 import signal, sys
 
