@@ -208,7 +208,7 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do{again}"))
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
         pending = writer.pending(cfg.part)
-        rows = sum(writer.chunk_range(c)[1] - writer.chunk_range(c)[0] for c in pending)
+        rows = sum(writer.chunk_range(c)[1] - writer.resume_row(c) for c in pending)  # less the rows kept
         emit(ProgressEvent("start", key.label(), total=rows))
         bad = _fill_chunks(cfg, writer, samples, dataset.domains.index(domain), bb, plan, view, pending, emit, key)
         done = writer.finish(bad)
@@ -286,30 +286,27 @@ def _forward(bb: LoadedBackbone, plan: DevicePlan, pre: Preprocess, x: torch.Ten
 
 
 def _fill_chunks(cfg, writer: EntryWriter, samples: Samples, domain_index: int, bb, plan, view, pending, emit, key) -> list[str]:
-    """Run the backbone over the pending chunks, writing each chunk as soon as it is full."""
+    """Run the backbone over the rows of the pending chunks not yet written, writing each batch as it comes (an
+    interruption keeps them: a re-run resumes after them)."""
     if not pending:
         return []
-    rows = np.concatenate([np.arange(*writer.chunk_range(c)) for c in pending])
+    rows = np.concatenate([np.arange(writer.resume_row(c), writer.chunk_range(c)[1]) for c in pending])
     pre = Preprocess.from_dict(key.preprocess)
-    # The batch size recorded at creation fixes batch boundaries, so a resumed run computes the same bits.
+    # The batch size recorded at creation fixes batch boundaries (chunks and the rows kept of one are whole
+    # batches), so a resumed run computes the same bits.
     loader = _loader(samples, rows, pre, view, domain_index, writer.batch_size, cfg.workers, plan)
     bad: list[str] = []
     chunks = iter(pending)
     c = next(chunks)
-    buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for x, idx, ok in loader:
         ok = ok.numpy().astype(bool)
         idx = idx.numpy()
         _check_bad(samples, idx, ok, cfg.skip_bad_images, bad)
         feats = _forward(bb, plan, pre, x, samples.ids[idx], domain_index)
         _check_finite(feats, samples, idx, ok, key.dtype, key)
-        buf.append((feats, idx, ok))
+        if writer.write_rows(c, int(idx[0]), feats, samples.labels[idx], samples.ids[idx], ok):
+            c = next(chunks, None)
         emit(ProgressEvent("advance", key.label(), advance=len(idx)))
-        lo, hi = writer.chunk_range(c)
-        if sum(len(b[1]) for b in buf) == hi - lo:
-            feats, idxs, oks = (np.concatenate(z) for z in zip(*buf))
-            writer.write_chunk(c, feats, samples.labels[idxs], samples.ids[idxs], oks)
-            buf, c = [], next(chunks, None)
     return bad
 
 
@@ -346,6 +343,6 @@ def _check_finite(feats: np.ndarray, samples: Samples, idx: np.ndarray, ok: np.n
         why = (f"the features exceed the range of the store's {np.dtype(dtype).name} "
                f"(largest |value| {float(np.abs(feats[bad]).max()):.4g}): extract with --dtype float32")
     raise NonFiniteFeaturesError(
-        f"{key.label()}: non-finite features for {len(names)} image(s): {listing}; {why}. Nothing of this chunk "
+        f"{key.label()}: non-finite features for {len(names)} image(s): {listing}; {why}. Nothing of this batch "
         "was stored; the entry stays incomplete and a re-run resumes it"
     )

@@ -191,10 +191,10 @@ class ChunkFiles:
         lo, hi = self.rows(c)
         full = np.full((m.chunk_rows, *m.shape[1:]), m.fill, m.dtype)  # an edge chunk is stored whole, as Zarr does
         full[: hi - lo] = rows
-        _write_atomic(m.chunk_path(c), full.tobytes())
+        write_atomic(m.chunk_path(c), full.tobytes())
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         try:

@@ -28,11 +28,19 @@ CRC_ATTR = "crc32"  # {array name: [checksum of chunk 0, 1, ...]}, written at co
 CHECKSUM_ATTR = "checksum"  # the algorithm of an entry's checksums; absent: FORMAT_1_CHECKSUM
 FORMAT_1_CHECKSUM = "crc32"
 
-Checksum = Callable[[bytes], int]
+# (bytes, start) -> checksum: ``start`` the checksum of the bytes before them (0: none), so that a chunk written a
+# batch at a time gets the checksum of its whole bytes.
+Checksum = Callable[..., int]
 CHECKSUMS: Registry[Checksum] = Registry("checksum")
 CHECKSUMS.add("crc32", zlib.crc32)
-# google_crc32c takes bytes only (it refuses buffers that could change while it runs without the GIL).
-CHECKSUMS.add("crc32c", google_crc32c.value)
+
+
+def _crc32c(data: bytes, start: int = 0) -> int:
+    # google_crc32c takes bytes only (it refuses buffers that could change while it runs without the GIL).
+    return google_crc32c.extend(start, data) if start else google_crc32c.value(data)
+
+
+CHECKSUMS.add("crc32c", _crc32c)
 
 
 def as_bytes(a: np.ndarray | bytes) -> bytes:
@@ -43,9 +51,13 @@ def crc(a: np.ndarray | bytes, algorithm: str = FORMAT_1_CHECKSUM) -> int:
     return int(CHECKSUMS.get(algorithm)(as_bytes(a)))
 
 
-def chunk_crcs(rows: Mapping[str, np.ndarray | bytes], algorithm: str = FORMAT_1_CHECKSUM) -> np.ndarray:
-    """The checksums of one chunk's rows of each array, in ROW_ARRAYS order."""
-    return np.array([crc(rows[name], algorithm) for name in ROW_ARRAYS], dtype=np.uint32)
+def chunk_crcs(rows: Mapping[str, np.ndarray | bytes], algorithm: str = FORMAT_1_CHECKSUM,
+               start: np.ndarray | None = None) -> np.ndarray:
+    """The checksums of one chunk's rows of each array, in ROW_ARRAYS order; ``start``: those of the chunk's rows
+    before them (its rows written so far)."""
+    first = np.zeros(len(ROW_ARRAYS), np.uint32) if start is None else start
+    checksum = CHECKSUMS.get(algorithm)
+    return np.array([checksum(as_bytes(rows[name]), int(s)) for name, s in zip(ROW_ARRAYS, first)], dtype=np.uint32)
 
 
 def as_attr(table: np.ndarray) -> dict[str, list[int]]:

@@ -1,9 +1,12 @@
 """Writing one entry chunk by chunk, resumably, by one or several disjoint writers.
 
-The arrays are allocated at full size up front; a writer fills whole row-chunks and
-flags each one in ``done`` only after all of its arrays are written (a flag's file is written
-atomically, a temporary file renamed over it). A re-run skips flagged chunks and writes the others
-again, so an interrupted extraction resumes from the last complete chunk. ``complete`` is set last, by whichever
+The arrays are allocated at full size up front; a writer fills row-chunks in order, a batch of rows at a
+time, and flags each chunk in ``done`` only after all of its rows of all of its arrays are written (a flag's
+file is written atomically, a temporary file renamed over it). A re-run skips flagged chunks. Of a chunk not
+flagged, a format-2 writer keeps the rows it wrote: after each batch it records how many (and their checksums)
+in a small file beside the flags, and a re-run that finds those rows' bytes still matching them continues
+after them, so an interrupted extraction redoes at most a batch, however large its chunks (a chunk is the
+unit of checksums and reads, about 4 MB; a small domain is one chunk). ``complete`` is set last, by whichever
 writer sees every chunk flagged; readers refuse the entry until then. Each chunk's checksums are
 computed from the rows as written (fedcache/store/integrity.py), so damage done to a chunk at any
 time after its writer wrote it is detected; an existing entry found damaged is replaced.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -25,7 +29,7 @@ import zarr
 
 from fedcache import disk
 from fedcache.errors import EntryLockedError, StoreError
-from fedcache.store.chunks import ChunkFiles, RawMeta, RowFile
+from fedcache.store.chunks import ChunkError, ChunkFiles, RawMeta, RowFile, write_atomic
 from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, FeatureStore, now_iso
 from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT_1_CHECKSUM, ROW_ARRAYS, as_attr,
                                       chunk_crcs)
@@ -34,6 +38,15 @@ from fedcache.store.locks import exclusive_lock
 from fedcache.store.parts import Part
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Begun:
+    """A chunk being written: the row its next rows start at, and the checksums of its rows before it."""
+
+    next: int
+    crcs: np.ndarray  # uint32, in ROW_ARRAYS order
+
 
 TARGET_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -55,6 +68,7 @@ class EntryWriter:
         self.batch_size = int(a["batch_size"])
         self.checksum = a.get(CHECKSUM_ATTR, FORMAT_1_CHECKSUM)
         self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
+        self.begun: dict[int, _Begun] = {}  # chunks this writer has rows of (or found rows of kept), not yet done
         folder = folder if folder is not None else store.path / ENTRIES / key.entry_id
         # A complete entry's flags and chunk checksums are not opened: its checksums are its attributes, and reads
         # never look at them (a complete entry whose done/zarr.json went missing is intact, and is found complete).
@@ -79,14 +93,44 @@ class EntryWriter:
         done = self.files.all("done")
         return [c for c in part.chunks(self.n_chunks) if not done[c]]
 
+    def resume_row(self, c: int) -> int:
+        """The first row of pending chunk ``c`` still to write: past the rows of it an interrupted writer kept."""
+        return self._begun(c).next
+
+    def _begun(self, c: int) -> _Begun:
+        if c not in self.begun:
+            lo, hi = self.chunk_range(c)
+            kept = self.files.kept(c, lo, hi, self.batch_size, self.checksum)
+            self.begun[c] = kept or _Begun(lo, np.zeros(len(ROW_ARRAYS), np.uint32))
+        return self.begun[c]
+
     def write_chunk(self, c: int, features: np.ndarray, labels: np.ndarray, ids: np.ndarray, valid: np.ndarray) -> None:
+        """All the rows of chunk ``c`` (whatever was kept of it is written again)."""
         lo, hi = self.chunk_range(c)
         if len(features) != hi - lo:
             raise StoreError(f"chunk {c} of {self.key.label()} needs {hi - lo} rows, got {len(features)}")
+        self.begun[c] = _Begun(lo, np.zeros(len(ROW_ARRAYS), np.uint32))
+        self.write_rows(c, lo, features, labels, ids, valid)
+
+    def write_rows(self, c: int, lo: int, features: np.ndarray, labels: np.ndarray, ids: np.ndarray,
+                   valid: np.ndarray) -> bool:
+        """Rows from ``lo`` of chunk ``c``, where its rows written so far end (:meth:`resume_row`); True once they
+        finish the chunk, which is then flagged done. Format 2 keeps rows of an unfinished chunk for a re-run."""
+        begun, (first, hi) = self._begun(c), self.chunk_range(c)
+        if lo != begun.next or lo + len(features) > hi:
+            raise StoreError(f"chunk {c} of {self.key.label()} continues at row {begun.next} (it ends at {hi}), "
+                             f"not with rows {lo}..{lo + len(features)}")
         given = {"features": features, "labels": labels, "ids": ids, "valid": valid}
-        written = {name: self.files.write(name, c, lo, hi, given[name]) for name in ROW_ARRAYS}
-        self.files.write_small(CRC_ARRAY, c, chunk_crcs(written, self.checksum)[None])
+        written = {name: self.files.write(name, c, lo, lo + len(features), given[name]) for name in ROW_ARRAYS}
+        begun.crcs, begun.next = chunk_crcs(written, self.checksum, begun.crcs), lo + len(features)
+        if begun.next < hi:
+            self.files.keep(c, begun.next - first, begun.crcs)
+            return False
+        self.files.write_small(CRC_ARRAY, c, begun.crcs[None])
         self.files.write_small("done", c, np.ones(1, bool))  # only now is the chunk counted
+        self.files.forget(c)
+        del self.begun[c]
+        return True
 
     def finish(self, bad_images: list[str]) -> bool:
         """Mark the entry complete if every chunk is done (by any writer); True if so."""
@@ -128,6 +172,41 @@ class _Files:
     def write_small(self, name: str, c: int, rows: np.ndarray) -> None:
         self.small[name].write(c, rows)
 
+    def _kept_path(self, c: int) -> Path:
+        # Beside the flags' chunk folder, a dot file: Zarr takes it for no chunk of the flags.
+        return self.small["done"].meta.path / f".rows_kept.{c}"
+
+    def keep(self, c: int, n: int, crcs: np.ndarray) -> None:
+        """Record that the first ``n`` rows of chunk ``c`` are written, with their checksums (atomically)."""
+        write_atomic(self._kept_path(c), np.concatenate([[n], crcs.astype(np.int64)]).astype("<i8").tobytes())
+
+    def forget(self, c: int) -> None:
+        self._kept_path(c).unlink(missing_ok=True)
+
+    def kept(self, c: int, lo: int, hi: int, batch_size: int, checksum: str) -> _Begun | None:
+        """The rows of chunk ``c`` an interrupted writer recorded, if their bytes still match their checksums and
+        end on a batch (so a re-run computes the same batches); else None: the chunk is written from its start."""
+        try:
+            saved = np.frombuffer(self._kept_path(c).read_bytes(), "<i8")
+        except FileNotFoundError:
+            return None
+        if len(saved) != 1 + len(ROW_ARRAYS) or not 0 < saved[0] < hi - lo or saved[0] % batch_size:
+            return None  # torn, or not of this entry's chunks
+        n = int(saved[0])
+        try:
+            rows = {name: self._read(name, lo, lo + n) for name in ROW_ARRAYS}
+        except ChunkError:
+            return None
+        crcs = chunk_crcs(rows, checksum)
+        return _Begun(lo + n, crcs) if np.array_equal(crcs, saved[1:]) else None
+
+    def _read(self, name: str, lo: int, hi: int) -> bytes:
+        opened = self.rows[name].open()
+        try:
+            return opened.read(lo, hi)
+        finally:
+            opened.close()
+
     def all(self, name: str) -> np.ndarray:
         if name in self.small:
             return self.small[name].read_all()
@@ -152,6 +231,16 @@ class _ThroughZarr:
 
     def write_small(self, name: str, c: int, rows: np.ndarray) -> None:
         self.group[name][c:c + 1] = rows
+
+    # An older fedcache's format resumes by whole chunks: rows of an unfinished chunk are not kept.
+    def keep(self, c: int, n: int, crcs: np.ndarray) -> None:
+        pass
+
+    def forget(self, c: int) -> None:
+        pass
+
+    def kept(self, c: int, lo: int, hi: int, batch_size: int, checksum: str) -> None:
+        return None
 
     def all(self, name: str) -> np.ndarray:
         return self.group[name][:]
