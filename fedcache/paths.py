@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from fedcache.errors import ConfigError, DeniedError, PermissionDeniedError
+from fedcache.wording import named
 
 
 GRID = "grid.json"  # what marks a grid's directory (fedcache/grids): a run is never written into one
@@ -187,15 +188,16 @@ def store_holding(path: Path | str) -> Path | None:
     return None
 
 
-def check_outside(out: Path | str, option: str = "--out") -> None:
+def check_outside(out: Path | str) -> None:
     """An output directory outside every feature store and grid directory: written into a store, its files sat
     among the store's; into another grid (its ``cells/``, say), a report of that grid counted them as its own."""
     out = Path(out).resolve()  # a link into a store or a grid is inside it
+    given = named(f"--out {out}", f"out={str(out)!r}")
     for parent in (out, *out.parents):
         if is_store(parent):
-            raise ConfigError(f"{option} {out} is inside the feature store {parent}; choose a directory outside it")
+            raise ConfigError(f"{given} is inside the feature store {parent}; choose a directory outside it")
         if parent != out and (parent / GRID).is_file():
-            raise ConfigError(f"{option} {out} is inside the grid directory {parent}, which writes its cells itself; "
+            raise ConfigError(f"{given} is inside the grid directory {parent}, which writes its cells itself; "
                               "choose a directory outside it")
 
 

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
-from fedcache.wording import did_you_mean, named, set_flag
+from fedcache.wording import did_you_mean, named, set_flag, setting, swept
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -260,7 +260,8 @@ class RunSpec(_ByOption):
                 direct[f"{section}.{name}"] = value
             else:
                 settings[f"{section}.{name}"] = value
-        return _build(self, {**direct, "settings": settings})
+        with swept():  # a bad setting is named as the sweep that gave it, in the Python API
+            return _build(self, {**direct, "settings": settings})
 
     def sections(self) -> dict[str, Any]:
         return {s: getattr(self, s) for s in SECTIONS}
@@ -392,7 +393,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
 def _apply(obj: Any, values: dict[str, tuple[str, Any]]) -> Any:
     """``obj`` with each field set to its value, parsed: ``values`` maps field -> (the key as given, value)."""
     types = fields_of(type(obj))
-    parsed = {k: parse(f"{set_flag()} {k}", v, types[k], verbatim=True) for k, (key, v) in values.items()}
+    parsed = {k: parse(setting(k), v, types[k], verbatim=True) for k, (key, v) in values.items()}
     return dataclasses.replace(obj, **parsed) if parsed else obj
 
 

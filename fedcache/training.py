@@ -155,9 +155,11 @@ def run_device(request: str) -> torch.device:
         return _auto_device()
     device = torch.device(request)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"--device {request} was asked for but no CUDA GPU is visible; use --device cpu or auto")
+        raise DeviceError(f"{option('device').given(request)} was asked for but no CUDA GPU is visible; use "
+                          f"{option('device').given('cpu')} or auto")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceError("--device mps was asked for but this torch sees no Apple GPU; use --device cpu or auto")
+        raise DeviceError(f"{option('device').given('mps')} was asked for but this torch sees no Apple GPU; use "
+                          f"{option('device').given('cpu')} or auto")
     return device
 
 
@@ -188,9 +190,8 @@ def warn_unused_options(spec: RunSpec, cls) -> None:
     if cls.uses_optimizer:
         return
     s, defaults = spec.schedule, type(spec.schedule)()
-    unused = [f"--{k.replace('_', '-')} {getattr(s, k)}" for k in ("local_epochs", "batch_size")
-              if getattr(s, k) != getattr(defaults, k)]
-    unused += [f"--preset {spec.optim.preset}"] if spec.optim.preset != cls.default_preset else []
+    unused = [option(k).given(getattr(s, k)) for k in ("local_epochs", "batch_size") if getattr(s, k) != getattr(defaults, k)]
+    unused += [option("preset").given(spec.optim.preset)] if spec.optim.preset != cls.default_preset else []
     if unused:
         log.warning("%s trains nothing with an optimizer: %s not used", spec.method.name, ", ".join(unused))
 
@@ -233,27 +234,29 @@ def spare_rows(partition, train_t) -> np.ndarray:
 def validation_sets(partition, train_t, spec: RunSpec, spare: np.ndarray) -> list[np.ndarray]:
     """Per client, some of the ``spare`` training rows (nobody trains on them), with the client's (class, domain) mix."""
     if not len(spare):
-        raise ConfigError("scoring on validation (--validation, or grid --select) needs training rows that no client trains "
-                          f"on: {_spare_advice(spec.partition)}")
+        raise ConfigError(f"scoring on validation ({option('validation').flag}, or grid {named('--select', 'select')}) "
+                          f"needs training rows that no client trains on: {_spare_advice(spec.partition)}")
     rng = np.random.default_rng(np.random.SeedSequence([spec.schedule.seed, 7]))
     picked = local_test_sets(partition.train, train_t.labels, train_t.domains, train_t.labels[spare],
                              train_t.domains[spare], spec.partition.local_test, rng, spec.partition.local_test_mix)
     empty = [k for k, rows in enumerate(picked) if not len(rows)]
     if empty:
         given = _spare_makers(spec.partition)
-        cure = f"use a smaller {' or '.join(flag for flag, _ in given)}" if given else _spare_advice(spec.partition)
-        raise ConfigError(f"--validation: clients {empty} have no spare training rows of their classes; {cure}")
+        cure = f"use a smaller {' or '.join(option(o).flag for o, _ in given)}" if given else _spare_advice(spec.partition)
+        raise ConfigError(f"{option('validation').flag}: clients {empty} have no spare training rows of their classes; "
+                          f"{cure}")
     return [spare[rows] for rows in picked]
 
 
-_SUBSAMPLE_ADVICE = "add --subsample 0.8 (each client trains on 80% of its rows; the rest are spare)"
+def _subsample_advice() -> str:
+    return f"add {option('subsample').given(0.8)} (each client trains on 80% of its rows; the rest are spare)"
 
 
 def _spare_makers(p) -> list[tuple[str, object]]:
-    """The options given that leave training rows spare, as (flag, value)."""
-    made = (("--few-shot", p.few_shot), ("--class-budget", p.class_budget),
-            ("--subsample", p.subsample if p.subsample < 1 else None))
-    return [(flag, value) for flag, value in made if value is not None]
+    """The options given that leave training rows spare, as (option name, value)."""
+    made = (("few_shot", p.few_shot), ("class_budget", p.class_budget),
+            ("subsample", p.subsample if p.subsample < 1 else None))
+    return [(name, value) for name, value in made if value is not None]
 
 
 def _spare_advice(p) -> str:
@@ -261,11 +264,11 @@ def _spare_advice(p) -> str:
     kept every row its clients hold, was no advice."""
     given = _spare_makers(p)
     if not given:
-        return f"{_SUBSAMPLE_ADVICE} or --few-shot N"
-    named = " and ".join(f"{flag} {value}" for flag, value in given)
-    smaller = " or ".join(flag for flag, _ in given)
-    more = "" if p.subsample < 1 else f", or {_SUBSAMPLE_ADVICE}"
-    return f"{named} left every row to its clients; use a smaller {smaller}{more}"
+        return f"{_subsample_advice()} or {named('--few-shot N', 'few_shot=N')}"
+    said = " and ".join(option(o).given(value) for o, value in given)
+    smaller = " or ".join(option(o).flag for o, _ in given)
+    more = "" if p.subsample < 1 else f", or {_subsample_advice()}"
+    return f"{said} left every row to its clients; use a smaller {smaller}{more}"
 
 
 def run_config(spec: RunSpec, part_info: dict, data: FederatedData, device: torch.device) -> dict:
@@ -371,10 +374,12 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
     if spec.engine.resume:
         differ = same_run(out, resolved)
         if differ is None:
-            raise ConfigError(f"--resume: {out.path} has no config.json; start the run without --resume")
+            raise ConfigError(f"{option('resume').flag}: {out.path} has no config.json; start the run without "
+                              f"{option('resume').flag}")
         if differ:
-            raise ConfigError(f"--resume: the options differ from the run in {out.path} ({_differences(out, resolved, differ)}); "
-                              "use the same options, --overwrite to replace the run, or a new --out")
+            raise ConfigError(f"{option('resume').flag}: the options differ from the run in {out.path} "
+                              f"({_differences(out, resolved, differ)}); use the same options, "
+                              f"{option('overwrite').flag} to replace the run, or a new {option('out').flag}")
         _same_partition_id(out, resolved)
         return
     out.write_config(resolved)

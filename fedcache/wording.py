@@ -10,6 +10,8 @@ from contextvars import ContextVar
 # Set for the length of a fedcache.api call (its context alone: other threads and calls keep the flags), unless a
 # command line set it first: `fedcache reproduce` calls the API, and its user typed flags.
 _KEYWORDS: ContextVar[bool | None] = ContextVar("fedcache_keyword_names", default=None)
+# Where the settings were given: a run's (``--set``, ``settings``), or a grid's axes (``--set``, ``sweep``).
+_SWEPT: ContextVar[bool] = ContextVar("fedcache_settings_swept", default=False)
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -41,12 +43,35 @@ def flag_names() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _naming(keywords: bool) -> Iterator[None]:
+def _naming(keywords: bool | None) -> Iterator[None]:
     token = _KEYWORDS.set(keywords)
     try:
         yield
     finally:
         _KEYWORDS.reset(token)
+
+
+def naming() -> bool | None:
+    """How messages name options now, for ``named_as`` in another process (a grid's worker): the context
+    variable does not cross into it."""
+    return _KEYWORDS.get()
+
+
+@contextlib.contextmanager
+def named_as(state: bool | None) -> Iterator[None]:
+    """Messages raised inside name options as they were named where ``naming()`` gave ``state``."""
+    with _naming(state):
+        yield
+
+
+@contextlib.contextmanager
+def swept() -> Iterator[None]:
+    """Settings checked inside are a grid's axes: the Python API's ``sweep``, not ``settings``."""
+    token = _SWEPT.set(True)
+    try:
+        yield
+    finally:
+        _SWEPT.reset(token)
 
 
 def by_keyword() -> bool:
@@ -61,4 +86,11 @@ def named(flag: str, keyword: str) -> str:
 
 def set_flag() -> str:
     """The method/optimizer settings as messages name them: ``--set`` (CLI), ``settings`` (API)."""
-    return named("--set", "settings")
+    return named("--set", "sweep" if _SWEPT.get() else "settings")
+
+
+def setting(key: str) -> str:
+    """One setting as messages name it: ``--set lr``, ``settings lr``, or a grid's axis ``sweep['lr']``."""
+    if by_keyword() and _SWEPT.get():
+        return f"sweep[{key!r}]"
+    return f"{set_flag()} {key}"

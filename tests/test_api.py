@@ -436,3 +436,24 @@ def test_a_run_directory_already_used_is_named_by_the_flags_or_the_keywords(caps
     with keyword_names(), pytest.raises(ConfigError, match=r"pass resume=True to continue it, overwrite=True to "
                                                            r"replace it, or choose another out$"):
         _check_not_started(spec)
+
+
+def test_the_advice_of_a_refused_run_or_grid_names_keywords_in_python(toy_store, tmp_path):
+    """Messages that spelled their advice as flags (--out, --subsample 0.8, --set) to a caller who typed none."""
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE)
+    with pytest.raises(ConfigError) as err:
+        fedcache.train(**base, method="fedavg", rounds=1, clients=2, partition="iid", validation=True)
+    assert str(err.value).startswith("scoring on validation (validation=True, or grid select) needs training rows")
+    assert str(err.value).endswith("add subsample=0.8 (each client trains on 80% of its rows; the rest are spare) "
+                                   "or few_shot=N") and "--" not in str(err.value)
+    grid = tmp_path / "g"
+    (grid / "x").mkdir(parents=True)
+    (grid / "grid.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^out='{grid / 'x'}' is inside the grid directory {grid}, "):
+        fedcache.train(**base, method="fedavg", rounds=1, out=grid / "x")
+    with pytest.raises(ConfigError, match=r"^sweep\['seed'\]: not an axis; give methods with methods=, seeds with "
+                                          r"seeds=; .* cannot be swept$"):
+        fedcache.grid(**base, methods="fedavg", sweep={"seed": [1, 2]}, out=tmp_path / "g2")
+    with pytest.raises(ConfigError, match=r"^sweep\['lr'\]=-1: must be > 0"):  # a setting swept, not settings=
+        fedcache.grid(**base, methods="fedavg", sweep={"lr": [-1, 0.1]}, out=tmp_path / "g3")
+

@@ -29,6 +29,7 @@ import torch
 from fedcache import disk
 from fedcache.errors import ConfigError, DamagedCheckpointError
 from fedcache.paths import CHECKPOINT, CONFIG, METRICS, SUMMARY
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,8 @@ class RunDir:
 
     def load_checkpoint(self) -> dict:
         if not self.has_checkpoint():
-            raise ConfigError(f"--resume: no checkpoint in {self.path}; start the run without --resume")
+            resume = named("--resume", "resume=True")
+            raise ConfigError(f"{resume}: no checkpoint in {self.path}; start the run without {resume}")
         return load_checkpoint(self.path / CHECKPOINT)
 
     # ---- the end ------------------------------------------------------------------------------

@@ -144,8 +144,9 @@ def _refuse_batched_progress(spec: GridSpec, todo: list[Cell]) -> None:
     if started:
         raise ConfigError(
             f"{spec.out}: {count(len(started), 'cell')} of this grid stopped part-way in the batched engine, whose "
-            f"checkpoints ({spec.out / BATCHES}) only it continues; resume with --engine batched, or delete "
-            f"{spec.out / BATCHES} to train them again from round 0 with --engine processes")
+            f"checkpoints ({spec.out / BATCHES}) only it continues; resume with {spec.names.add('engine', 'batched')}, "
+            f"or delete {spec.out / BATCHES} to train them again from round 0 with "
+            f"{spec.names.add('engine', 'processes')}")
 
 
 # The names of spec.GridEngineSpec.engine (a test checks they agree).
@@ -159,10 +160,11 @@ def check_spec(spec: GridSpec) -> None:
     path = spec.out / SPEC
     mine = json.loads(json.dumps(spec.to_json()))
     if not path.exists() and RunDir(spec.out).started():  # its tables would sit beside the run and mix in reports
-        raise ConfigError(f"{spec.out} holds a run of `fedcache train` ({CONFIG}), not a grid; choose another --out")
+        raise ConfigError(f"{spec.out} holds a run of `fedcache train` ({CONFIG}), not a grid; choose another "
+                          f"{spec.names.key('out')}")
     if path.exists():
         saved = read_json(path, f"delete it, and the grid takes this command's options (cells of the same names are "
-                                f"read back, not trained again), or choose another --out")
+                                f"read back, not trained again), or choose another {spec.names.key('out')}")
         # An axis only this grid has is a difference too: it adds cells (unlike a key a later fedcache records).
         differ = same_config(saved, mine) + [f"sweep.{k}" for k in mine["sweep"] if k not in saved.get("sweep", {})]
         differ = [k for k in differ if k != "out"]  # a grid moved to another disk (a full one) is the same grid
@@ -171,7 +173,8 @@ def check_spec(spec: GridSpec) -> None:
             return
         if holds_runs(spec.out):
             raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine, differ)}; "
-                              f"see {path}); use the same options to resume it, or another --out")
+                              f"see {path}); use the same options to resume it, or another "
+                              f"{spec.names.key('out')}")
         # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
         # plan and features. The corrected command its error asked for must not be refused in turn.
         shutil.rmtree(spec.out / FEATURES, ignore_errors=True)

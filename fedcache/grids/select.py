@@ -27,6 +27,7 @@ from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.paths import SELECTION
 from fedcache.progress import StepCallback
 from fedcache.table import Table
+from fedcache.wording import named
 
 VALIDATION, TEST = "validation", "test"
 
@@ -72,7 +73,7 @@ def choose(rows: list[dict], setting_keys: list[str], select: list[str], metric:
         scored = [vm for vm in means if vm[1] is not None and at.get(vm[0]) == furthest]
         if not scored:
             where = ", ".join(f"{k}={v}" for k, v in fixed)
-            raise ConfigError(f"--select: every value of {', '.join(select)} diverged on validation for {method}"
+            raise ConfigError(f"{named('--select', 'select')}: every value of {', '.join(select)} diverged on validation for {method}"
                               f"{' at ' + where if where else ''}; add smaller values (e.g. a lower lr) to choose from")
         best = max(scored, key=lambda vm: vm[1])  # max keeps the first of equal scores: the value listed first
         choices.append(Choice(method, fixed, best[0], best[1], tuple(means), tuple(at.items())))
@@ -87,7 +88,8 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     partitions. ``out/table.md`` shows the test results with the chosen values; ``out/selection.json`` every
     candidate's validation score (and where it was cut)."""
     if "validation" in spec.sweep:
-        raise ConfigError("--select tunes on the validation split itself; leave out --validation")
+        raise ConfigError(f"{spec.names.key('select')} tunes on the validation split itself; leave out "
+                          f"{spec.names.axis('validation')}")
     # A typo in a setting is said as one, not as a grid that differs from out's (one seed: the seed checks nothing).
     check_cells(spec, cells(dataclasses.replace(spec, seeds=spec.seeds[:1])))
     check_spec(spec)  # out/grid.json names the --select grid: a plain grid there (or another --select) is refused
@@ -108,9 +110,10 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
         early = any(at < g.rounds for g in groups for at in (g.stopped_at.get(v) for v in g.alive) if at is not None)
         cut = "; successive halving chose it at a rung, before it could diverge there" if early else ""
         what = read_diverged(spec.out / TEST / lost[0]["run_dir"])
-        raise DivergedError(f"--select: a value chosen on validation ({spec.out / SELECTION}) diverged on the test "
-                            f"split{cut}: {what}. Choose among smaller values{' or leave out --prune' if early else ''}, "
-                            "in a new --out")
+        prune = f" or leave out {spec.names.key('prune')}" if early else ""
+        raise DivergedError(f"{spec.names.key('select')}: a value chosen on validation ({spec.out / SELECTION}) diverged "
+                            f"on the test split{cut}: {what}. Choose among smaller values{prune}, in a new "
+                            f"{spec.names.key('out')}")
     # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
     # a column nor (the grid swept several) in the caption's fixed options.
     chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"

@@ -35,8 +35,14 @@ CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 2
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
-_RESERVED_ADVICE = ("give methods with --method, seeds with --seeds (in a grid file: methods = [...], seeds = [...] at the "
-                    f"top, as out, engine and device); {', '.join(_RESERVED)} cannot be swept with --set")
+
+
+def _reserved_advice() -> str:
+    """Where a grid takes the run options it fixes itself, said as the caller gives them."""
+    if by_keyword():
+        return f"give methods with methods=, seeds with seeds=; {', '.join(_RESERVED)} cannot be swept"
+    return ("give methods with --method, seeds with --seeds (in a grid file: methods = [...], seeds = [...] at the "
+            f"top, as out, engine and device); {', '.join(_RESERVED)} cannot be swept with --set")
 
 
 GRID_FLAGS = {"methods": "--method", "keep_checkpoints": "--keep-checkpoints"}
@@ -149,7 +155,7 @@ def check_lists(fields: dict[str, Any], names: Names) -> None:
             _check_once(names.lead(key, fields[key]), [str(v) for v in fields[key]])
     for key, given in fields.get("sweep", {}).items():
         if is_option(key) and option(key).name in _RESERVED:
-            raise ConfigError(f"{names.axis(key)}: not an axis; {_RESERVED_ADVICE}")
+            raise ConfigError(f"{names.axis(key)}: not an axis; {_reserved_advice()}")
         values = given if isinstance(given, (list, tuple)) else [given]
         if not values:
             raise ConfigError(f"{names.axis(key)}=[]: give a value or a list of values")
@@ -466,7 +472,8 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
 
 def _read_toml(path: Path) -> dict:
     if path.is_dir():
-        raise ConfigError(f"--config {path} is a directory; give a grid TOML file (docs/getting-started.md)")
+        given = named(f"--config {path}", f"config={str(path)!r}")
+        raise ConfigError(f"{given} is a directory; give a grid TOML file (docs/getting-started.md)")
     try:
         data = path.read_bytes()
     except FileNotFoundError:

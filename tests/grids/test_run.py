@@ -279,7 +279,7 @@ def test_a_grid_or_a_run_is_never_written_into_a_store_or_another_grid(toy_grid,
               sweep={"rounds": 1, "partition": "iid", "clients": 2})
     for out, where in ((toy_grid / "cells" / "mine", f"inside the grid directory {toy_grid}"),
                        (toy_store / "runs", f"inside the feature store {toy_store}")):
-        with pytest.raises(ConfigError, match=f"--out {out} is {where}(, which writes its cells itself)?; choose a directory outside it"):
+        with pytest.raises(ConfigError, match=f"^out='{out}' is {where}(, which writes its cells itself)?; choose a directory outside it"):
             grid(**kw, out=out)
         assert not out.exists()
     with pytest.raises(ConfigError, match="inside the feature store"):
@@ -313,7 +313,7 @@ def test_a_grid_and_a_run_never_share_a_directory(toy_grid, toy_store, tmp_path)
     with pytest.raises(ConfigError, match=f"{toy_grid} holds a grid \\(grid.json\\), not a run"):
         train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=toy_grid)
     cell = next((toy_grid / "cells").iterdir())  # the grid writes its cells itself, a stack of them at once
-    with pytest.raises(ConfigError, match=f"--out {cell} is inside the grid directory {toy_grid}, which writes its cells itself"):
+    with pytest.raises(ConfigError, match=f"^out='{cell}' is inside the grid directory {toy_grid}, which writes its cells itself"):
         train(toy_store, "test-toy", BACKBONE, "fedavg", rounds=1, clients=2, partition="iid", out=cell, overwrite=True)
 
 

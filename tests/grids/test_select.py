@@ -138,7 +138,7 @@ def test_a_chosen_value_that_diverges_on_the_test_split_says_so_in_one_line(toy_
 
     monkeypatch.setattr(cell, "train", train)
     out = tmp_path / "g"
-    with pytest.raises(DivergedError, match=r"--select: a value chosen on validation \(.*selection.json\) diverged on the "
+    with pytest.raises(DivergedError, match=r"^select: a value chosen on validation \(.*selection.json\) diverged on the "
                                             r"test split: round 2, client 0"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], out=out,
              select=["lr"], sweep=SWEEP, engine="processes")
