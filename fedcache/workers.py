@@ -20,6 +20,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import SemLock
 
 from fedcache.ownership import Holder, on_orphaned, work_for
+from fedcache.wording import named_as
 
 SIGTERM_SAID = b"SIGTERM"  # a worker's message to the grid when SIGTERM finds it between cells
 
@@ -88,15 +89,17 @@ def _waits_for_a_cell(frame) -> bool:
     return frame is not None and frame.f_code is Queue.get.__code__
 
 
-def unless_stopping(fn: Callable, *args):
+def unless_stopping(naming: bool | None, fn: Callable, *args):
     """``fn(*args)`` in a worker not yet stopped: the pool hands a stopped worker the cells it had queued all the
-    same, and only once none is left does it tell the worker to exit."""
+    same, and only once none is left does it tell the worker to exit. Its messages name the options as the
+    grid's caller names them (``naming``: ``wording.naming()`` there; a context variable stays in its process)."""
     global _in_cell
     try:
         _in_cell = True
         if _stopping:  # also a SIGTERM that came as this cell was handed over
             raise SystemExit(128 + signal.SIGTERM)
-        return fn(*args)
+        with named_as(naming):
+            return fn(*args)
     finally:
         _in_cell = False
 

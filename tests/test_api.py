@@ -457,3 +457,11 @@ def test_the_advice_of_a_refused_run_or_grid_names_keywords_in_python(toy_store,
     with pytest.raises(ConfigError, match=r"^sweep\['lr'\]=-1: must be > 0"):  # a setting swept, not settings=
         fedcache.grid(**base, methods="fedavg", sweep={"lr": [-1, 0.1]}, out=tmp_path / "g3")
 
+
+def test_a_grid_worker_names_keywords_as_its_python_caller_does(toy_store, tmp_path):
+    """The naming crosses into the --jobs workers: a context variable stays in its process."""
+    sweep = {"rounds": 1, "clients": 2, "partition": "iid", "validation": [False, True]}  # cell 1: checked here
+    with pytest.raises(ConfigError) as err:
+        fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", sweep=sweep,
+                      engine="processes", jobs=2, out=tmp_path / "g")
+    assert "add subsample=0.8" in str(err.value) and "--" not in str(err.value), str(err.value)

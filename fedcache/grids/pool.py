@@ -16,6 +16,7 @@ from multiprocessing.connection import wait
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
 from fedcache.ownership import Holder
+from fedcache.wording import naming
 from fedcache.workers import SIGTERM_SAID, init_worker, log_from_worker, unless_stopping
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class Workers:
             # fixes this process's default start method (multiprocessing records it for the child): the caller's
             # to choose.
             with _workers_deaf_to_ctrl_c(), start_method_unset():
-                futures = [pool.submit(unless_stopping, fn, *args) for fn, args in tasks]
+                futures = [pool.submit(unless_stopping, naming(), fn, *args) for fn, args in tasks]
             self._started |= set(multiprocessing.active_children()) - self._before
             for fut in _as_finished(futures, self._sigterm):
                 yield from fut.result()

@@ -283,7 +283,7 @@ def test_a_sigterm_between_cells_is_told_to_the_grid_not_raised(monkeypatch):
         workers._exit_on_sigterm(signal.SIGTERM, None)  # the grid's own, as it stops its workers: already told
         assert not reader.poll(0.1)
         with pytest.raises(SystemExit):
-            workers.unless_stopping(print, "a cell it must not run")
+            workers.unless_stopping(None, print, "a cell it must not run")
         cleaned = []
 
         def cell():
@@ -295,7 +295,7 @@ def test_a_sigterm_between_cells_is_told_to_the_grid_not_raised(monkeypatch):
 
         monkeypatch.setattr(workers, "_stopping", False)
         with pytest.raises(SystemExit):
-            workers.unless_stopping(cell)
+            workers.unless_stopping(None, cell)
         assert cleaned and not reader.poll(0.1)
 
 
