@@ -234,7 +234,7 @@ def cut_from(store: FeatureStore, dataset: str, backbones: list[str]) -> Cut:
     (``FeatureStore.table_entries``), found together under ``between_imports``; metadata only. The one computation of
     them: a sharding reads exactly these and records their ids (``ShardInfo.entries``), a resume compares a cut now."""
     def found(split: str, view: int) -> dict[str, list[EntryInfo]]:
-        return {b: store.table_entries(dataset, split, b, view) for b in backbones}
+        return {b: store.table_entries(dataset, split, b, view, with_splits=("train", "test")) for b in backbones}
 
     with store.between_imports(dataset, backbones):
         cut = {("train", 0): found("train", 0), ("test", 0): found("test", 0)}

@@ -267,7 +267,8 @@ class FeatureStore(TextEmbeddings, Removal):
         waits on the finding alone."""
         backbones = list(backbones)
         with self.between_imports(dataset, backbones):
-            return {s: [self.rows(dataset, s, b, view) for b in backbones] for s in splits}
+            splits = list(splits)
+            return {s: [self.rows(dataset, s, b, view, with_splits=splits) for b in backbones] for s in splits}
 
     def features(self, rows: TableRows) -> np.ndarray:
         """The features of ``rows``: when they are exactly one entry's file (one domain, float32, every row
@@ -285,25 +286,29 @@ class FeatureStore(TextEmbeddings, Removal):
         self.fill(rows, out)
         return out
 
-    def rows(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None) -> TableRows:
+    def rows(self, dataset: str, split: str, backbone: str, view: int = 0, domains: Iterable[str] | None = None,
+             with_splits: Iterable[str] = ()) -> TableRows:
         """What :meth:`read` returns except the features (labels, ids, domains, checked): what to allocate
-        for them and how to :meth:`fill` them in."""
-        return self.entry_rows(self.table_entries(dataset, split, backbone, view, domains))
+        for them and how to :meth:`fill` them in. ``with_splits``: as :meth:`table_entries`'."""
+        return self.entry_rows(self.table_entries(dataset, split, backbone, view, domains, with_splits))
 
     def table_entries(self, dataset: str, split: str, backbone: str, view: int = 0,
-                      domains: Iterable[str] | None = None) -> list[EntryInfo]:
+                      domains: Iterable[str] | None = None, with_splits: Iterable[str] = ()) -> list[EntryInfo]:
         """The entries :meth:`read` reads, in its row order: the current entry of each domain asked for (by default
         each domain the newest entry names, as :meth:`current` keeps them), of one making (``check_consistent``);
         metadata only. :meth:`find` may find more (a domain the entries do not name): what a read was made of is
         these. Not the first entry found's domains: an import of fewer domains beside an extraction's was read
-        alone or refused by which domain's name sorted first."""
+        alone or refused by which domain's name sorted first. ``with_splits``: the splits read with this one (a run's
+        train and test): where domains are missing, the extraction said makes what the store lacks of each."""
         domains = None if domains is None else list(domains)
         found = self.find(dataset, split, backbone, view, domains)
         wanted = list(domains) if domains is not None else list(newest(found).attrs["domains"])
         by_domain = {e.key["domain"]: e for e in found}
         missing = [d for d in wanted if d not in by_domain]
         if missing:
-            raise lookup.missing_domains(self.path, self.entries(), found, (dataset, split, backbone, view), missing)
+            infos = self.entries()
+            raise lookup.missing_domains(self.path, infos, self.current(infos), found, (dataset, split, backbone, view),
+                                         missing, list(with_splits))
         infos = [by_domain[d] for d in wanted]
         check_consistent(infos, self.path)
         return infos

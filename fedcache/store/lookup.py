@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Sequence
 
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
@@ -36,33 +37,64 @@ def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) ->
     return not_found(path, cur, dataset, split, backbone)
 
 
-def missing_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], slot: tuple,
-                    missing: list[str]) -> StoreError:
+def missing_domains(path: Path, infos: list[EntryInfo], cur: dict, found: list[EntryInfo], slot: tuple,
+                    missing: list[str], splits: Sequence[str] = ()) -> StoreError:
     """Domains of a table the store lacks: an extraction of them left unfinished is said as such, with the
     command that finishes it; else the extraction that makes them as the other domains were made (another
-    --dtype or --image-size would make entries the table then refuses to mix)."""
+    --dtype or --image-size would make entries the table then refuses to mix), and the --name that makes the others
+    a dataset of their own. ``splits``: those read with this one (a run's train and test): the command makes what
+    the store lacks of each (:func:`_lacking`), so that it is run once, not once a split."""
     dataset, split, backbone, view = slot
     pending = [e for e in infos if not e.complete and e.slot == (dataset, split, e.slot[2], backbone, view)
                and e.slot[2] in missing]
     where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
+    needed = list(dict.fromkeys([*splits, split]))
+    lack_splits, lack_domains = _lacking(cur, slot, {e.key["domain"] for e in found} | set(missing), needed)
     if pending:
-        return unfinished(path, infos, pending, where)
+        return unfinished(path, infos, pending, where, lack_domains, lack_splits)
     if view:  # `extract --views K --domains ...`: the plain extraction of the missing domains hinted makes no view
         have = ",".join(e.key["domain"] for e in found)
         return EntryNotFoundError(
             f"augmented view {view} of the {split} features of {dataset} for {backbone} is of {have} only "
             f"({','.join(missing)} lack it); complete it with {views_said(path, infos, found[0])}")
-    return EntryNotFoundError(f"the store has no {where}; run {extract_said(path, found[:1], missing)}")
+    return EntryNotFoundError(f"the store has no {where}; run {extract_said(path, found[:1], lack_domains, lack_splits)}"
+                              + _named_said(path, found, needed))
 
 
-def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], what: str) -> IncompleteEntryError:
-    """``what`` (``pending``'s features) is not complete, and the command that finishes it. An augmented view is said
-    as one, and finished by an `extract --views` (the plain extraction of its split and domains hinted before finds
-    them complete and leaves the view unfinished)."""
+def _lacking(cur: dict, slot: tuple, wanted: set[str], splits: list[str]) -> tuple[list[str], list[str]]:
+    """Of ``splits``, those of which the store lacks a domain of ``wanted`` (for ``slot``'s dataset, backbone and
+    view), and the domains they lack together: one extraction of those makes them all (it finds the entries it
+    holds complete and keeps them)."""
+    dataset, _, backbone, view = slot
+    held = lambda split: {s[2] for s in cur if (s[0], s[1], s[3], s[4]) == (dataset, split, backbone, view)}  # noqa: E731
+    lack = {split: wanted - held(split) for split in splits}
+    return [s for s in lack if lack[s]], sorted(set().union(*lack.values()))
+
+
+def _named_said(path: Path, found: list[EntryInfo], splits: list[str]) -> str:
+    """The other way on for a dataset fedcache knows, read for every domain: ``found``'s domains stored under a
+    --name of their own (a dataset of those domains, which runs on that name read); "" for one stored so already, or
+    imported, or noisy (its hints name its --name)."""
+    like = found[0]
+    if isinstance(like.attrs.get("made_from"), dict) or (like.key.get("preprocess") or {}).get("imported"):
+        return ""
+    held = [d for d in like.attrs.get("domains") or () if d in {e.key["domain"] for e in found}]
+    name = "-".join([like.key["dataset"], *held])
+    return (f", or store {','.join(held)} as a dataset of its own with `fedcache extract --store {path} --dataset "
+            f"{like.key['dataset']} --name {name} --domains {','.join(held)} --backbones {like.key['backbone']} --splits "
+            f"{','.join(splits)}{_made_as(like)}` and run on {name}")
+
+
+def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], what: str,
+               domains: list[str] | None = None, splits: list[str] | None = None) -> IncompleteEntryError:
+    """``what`` (``pending``'s features) is not complete, and the command that finishes it (and makes ``domains`` of
+    ``splits``, where given: what the read lacks beside them). An augmented view is said as one, and finished by an
+    `extract --views` (the plain extraction of its split and domains hinted before finds them complete and leaves
+    the view unfinished)."""
     view = pending[0].key.get("view") or 0
     if not view:
         return IncompleteEntryError(f"the {what} are not complete yet (interrupted or still running); finish them with "
-                                    f"{extract_said(path, pending)}")
+                                    f"{extract_said(path, pending, domains, splits)}")
     return IncompleteEntryError(f"augmented view {view} of the {what} is not complete yet (an `extract --views` "
                                 f"interrupted or still running); finish the views with {views_said(path, infos, pending[0])}")
 
@@ -170,12 +202,13 @@ def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     return f"`{views_hint(path, infos, pending, like)}`" + _unsaid(like or pending)
 
 
-def extract_said(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
+def extract_said(path: Path, pending: list[EntryInfo], domains: list[str] | None = None,
+                 splits: list[str] | None = None) -> str:
     """:func:`extract_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`): a plain
     extraction of an augmented view's entries does not say the options (--views ...) it was started with."""
     k = pending[0].key
     started = "and any other option it was started with" if k.get("view") or k.get("augmentation") else ""
-    return f"`{extract_hint(path, pending, domains)}`" + _unsaid(pending[0], started)
+    return f"`{extract_hint(path, pending, domains, splits)}`" + _unsaid(pending[0], started)
 
 
 def _unsaid(made: EntryInfo, *more: str) -> str:
@@ -212,14 +245,16 @@ def _unrecorded(e: EntryInfo) -> str:
     return ""
 
 
-def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None) -> str:
-    """The extraction that finishes ``pending`` (or makes ``domains`` as ``pending`` were made): its store,
-    dataset, backbone, and the options in its key that are not the defaults (another --dtype would write new
-    entries instead of finishing these). The command alone, to be put in backticks: :func:`extract_said`."""
+def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None,
+                 splits: list[str] | None = None) -> str:
+    """The extraction that finishes ``pending`` (or makes ``domains`` of ``splits``, default its split, as ``pending``
+    were made): its store, dataset, backbone, and the options in its key that are not the defaults (another --dtype
+    would write new entries instead of finishing these). The command alone, to be put in backticks: :func:`extract_said`."""
     k = pending[0].key
     if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
-    hint = f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']} --splits {k['split']}"
+    hint = (f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']} "
+            f"--splits {','.join(splits or [k['split']])}")
     if not _subset(pending[0]):  # a --name's --domains are all of them: fewer would make a dataset of those
         hint += f" --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
     return hint + _made_as(pending[0])

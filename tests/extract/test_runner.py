@@ -550,6 +550,93 @@ def test_a_dataset_stored_under_a_name_of_some_domains_is_read_and_made_again_as
         assert FeatureStore(store_path).read("toy-light", "test", backbone).domain_names == ("light",)
 
 
+FOUR = ("light", "dark", "pale", "deep")
+
+
+@pytest.fixture
+def toy4(monkeypatch) -> str:
+    """test-toy with four domains (pale and deep repeat light's and dark's images), registered for this test only."""
+    from fedcache.extract.datasets import DATASETS, Dataset, DatasetSpec
+
+    toy = DATASETS.get("test-toy")
+
+    def load(options):
+        two = toy.load(options)
+        splits = {(s, d): two.splits[(s, two.domains[i % 2])] for s in ("train", "test") for i, d in enumerate(FOUR)}
+        return Dataset("test-toy4", two.classes, FOUR, splits, default_image_size=two.default_image_size)
+
+    monkeypatch.setitem(DATASETS._items, "test-toy4", DatasetSpec("test-toy4", "four domains", "embedded", load,
+                                                                   toy.classes, FOUR, default_image_size=32))
+    return "test-toy4"
+
+
+def test_a_runs_missing_domains_are_made_by_one_command_of_every_split_it_lacks(tmp_path, toy4):
+    """A store of two domains of four, both splits: a run's read (train, then test) said `--splits train --domains
+    ...`, and once that ran, the same of the test split: two extractions (torch and the dataset loaded twice). The
+    command said makes both splits; pasted once, the run reads. The other way on, a --name of the domains held,
+    works too."""
+    from fedcache.cli import main
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.federate.tables import load_splits
+
+    store_path = tmp_path / "s.zarr"
+    extract(cfg(store_path, dataset=toy4, domains=["light", "dark"]))
+    with pytest.raises(EntryNotFoundError) as missing:
+        load_splits(FeatureStore(store_path), toy4, ["tiny-timm-random"])
+    said = str(missing.value)
+    assert said.startswith("the store has no train features of test-toy4/pale,deep for tiny-timm-random; run "), said
+    commands = [shlex.split(c) for c in said.split("`")[1::2]]
+    assert commands[0][1:] == ["extract", "--store", str(store_path), "--dataset", toy4, "--backbones", "tiny-timm-random",
+                        "--splits", "train,test", "--domains", "deep,pale", "--random-init"]
+    make, named = commands
+    assert named[named.index("--name") + 1] == "test-toy4-light-dark" and said.endswith("and run on test-toy4-light-dark")
+    assert main(named[1:] + ["--workers", "0"]) == 0
+    train, test = load_splits(FeatureStore(store_path), "test-toy4-light-dark", ["tiny-timm-random"])
+    assert train.domain_names == test.domain_names == ("light", "dark")
+    assert main(make[1:] + ["--workers", "0"]) == 0
+    train, test = load_splits(FeatureStore(store_path), toy4, ["tiny-timm-random"])
+    assert train.domain_names == test.domain_names == FOUR
+
+
+def test_a_store_lacking_a_whole_split_beside_missing_domains_is_made_by_one_command(tmp_path, toy4):
+    """Two domains of the train split only: the command makes the test split of every domain too (an extraction
+    finds the train entries it holds complete)."""
+    from fedcache.cli import main
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.federate.tables import load_splits
+
+    store_path = tmp_path / "s.zarr"
+    extract(cfg(store_path, dataset=toy4, domains=["light", "dark"], splits=("train",)))
+    with pytest.raises(EntryNotFoundError) as missing:
+        load_splits(FeatureStore(store_path), toy4, ["tiny-timm-random"])
+    make = shlex.split(str(missing.value).split("`")[1])
+    assert make[make.index("--splits") + 1:make.index("--domains") + 2] == ["train,test", "--domains", "dark,deep,light,pale"]
+    assert main(make[1:] + ["--workers", "0"]) == 0
+    train, test = load_splits(FeatureStore(store_path), toy4, ["tiny-timm-random"])
+    assert train.domain_names == test.domain_names == FOUR
+
+
+def test_extracting_some_domains_says_a_run_reads_every_domain_and_the_ways_on(tmp_path, toy4):
+    """`extract --domains` of some domains, no --name, succeeded in silence; every run on the dataset was then refused
+    for the others. It says so at once, with the run's own words and both ways on; not where the store holds the
+    others, nor for a --name (a dataset of those domains)."""
+    store_path = tmp_path / "s.zarr"
+    notes = []
+    said = lambda e: notes.append(e.message) if e.kind == "info" else None  # noqa: E731
+    extract(cfg(store_path, dataset=toy4, domains=["light", "dark"]), progress=said)
+    told = [n for n in notes if "every domain" in n]
+    assert told == [f"a run on test-toy4 reads every domain of it: the store has no train features of "
+                    f"test-toy4/pale,deep for tiny-timm-random; run `fedcache extract --store {store_path} --dataset "
+                    "test-toy4 --backbones tiny-timm-random --splits train,test --domains deep,pale --random-init`, or "
+                    f"store light,dark as a dataset of its own with `fedcache extract --store {store_path} --dataset "
+                    "test-toy4 --name test-toy4-light-dark --domains light,dark --backbones tiny-timm-random --splits "
+                    "train,test --random-init` and run on test-toy4-light-dark"]
+    for quiet in (dict(domains=["pale", "deep"]), dict(domains=["light"], name="toy4-light")):
+        notes.clear()
+        extract(cfg(store_path, dataset=toy4, **quiet), progress=said)
+        assert not [n for n in notes if "every domain" in n], notes
+
+
 def test_a_hint_says_the_image_size_only_where_it_is_not_the_default(tmp_path):
     """Every hint said --image-size: an entry of the dataset's (else the backbone's) default size is made again
     without it; one of another size keeps it, which the default would not make."""
