@@ -4,7 +4,8 @@ The store keeps one (T, C, D) array per template set, written at extraction. Met
 (C, D) anchor per class: the L2-normalised mean of the L2-normalised template embeddings (CLIP's
 prompt ensembling). ``train.load_data`` attaches them to ``FederatedData.info``:
 ``info["text"]`` (the ``single`` set when there is one) and ``info["text_sets"]`` (every set); where a backbone with a
-text tower has none stored, ``info["text_hint"]``: why, and the extraction that stores them.
+text tower has none stored, ``info["text_hint"]``: why, and the extraction that stores them; where the backbones have no
+text at all, ``info["text_extract"]``: the extraction of a backbone with a text tower for the run's dataset and store.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from fedcache.federate.data import FederatedData
 from fedcache.store import lookup
 from fedcache.store.entries import SHARD_ATTR
 from fedcache.store.feature_store import FeatureStore, FeatureTable
+from fedcache.wording import named
 
 SOURCE = "STORE"  # a shard's hint: the store the shards were cut from
+TEXT_BACKBONE = "clip-rn50"  # the backbone with a text tower a run without text is pointed to
 DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and PromptFL's template
 
 
@@ -56,18 +59,33 @@ def load_text_sets(store: FeatureStore, backbone: str, classes, weights_hash: st
 def attach_text(data: FederatedData, store: FeatureStore, backbones: list[str], train: FeatureTable | None = None) -> FederatedData:
     """Put the text anchors into ``data.info`` when exactly one backbone is used and it has a text tower.
 
-    Fused features (several backbones) get none: the text tower lives in one backbone's space only."""
-    if len(backbones) != 1:
-        return data
-    # The text of the weights that made ``train``'s features: the store may hold another extraction's beside them.
-    weights = store.info(train.entry_ids[0]).key.get("weights_hash") if train is not None and train.entry_ids else None
-    sets = load_text_sets(store, backbones[0], data.class_names, weights)
-    if sets:
-        data.info["text_sets"] = sets
-        data.info["text"] = sets.get(DEFAULT_SET, next(iter(sets.values())))
-    elif hint := _text_hint(store, backbones[0], train):
-        data.info["text_hint"] = hint
+    Fused features (several backbones) get none: the text tower lives in one backbone's space only. Without text, the
+    extraction of a backbone with a text tower (``info["text_extract"]``), for a method that needs text to name."""
+    if len(backbones) == 1:
+        # The text of the weights that made ``train``'s features: the store may hold another extraction's beside them.
+        weights = store.info(train.entry_ids[0]).key.get("weights_hash") if train is not None and train.entry_ids else None
+        sets = load_text_sets(store, backbones[0], data.class_names, weights)
+        if sets:
+            data.info["text_sets"] = sets
+            data.info["text"] = sets.get(DEFAULT_SET, next(iter(sets.values())))
+            return data
+        if hint := _text_hint(store, backbones[0], train):
+            data.info["text_hint"] = hint
+            return data
+    if extraction := _tower_extraction(store, train):
+        data.info["text_extract"] = extraction
     return data
+
+
+def _tower_extraction(store: FeatureStore, train: FeatureTable | None) -> str:
+    """The extraction of a backbone with a text tower for ``train``'s dataset (as it was made: its --name, --domains)
+    into this store, in backticks ("" without an entry to say it of). A shard's: into the store it was cut from."""
+    if train is None or not train.entry_ids:
+        return ""
+    shard = SHARD_ATTR in store.root.attrs
+    said = lookup.backbone_said(Path(SOURCE) if shard else store.path, store.info(train.entry_ids[0]), TEXT_BACKBONE)
+    return said + (f", {SOURCE} being the store the shards were cut from, then cut the shards again (`fedcache shard`)"
+                   if shard else "")
 
 
 def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -> str:
@@ -111,8 +129,10 @@ def _imported_hint(path: Path, backbone: str, entry) -> str:
             + " (--name keeps the features it extracts apart from the imported ones)")
 
 
-def text_from_info(data: FederatedData, method: str, template_set: str | None = None) -> torch.Tensor:
-    """The (C, D) unit text anchors a method asked for, or a ConfigError that says how to get them."""
+def text_from_info(data: FederatedData, method: str, template_set: str | None = None,
+                   without: dict[str, str] | None = None) -> torch.Tensor:
+    """The (C, D) unit text anchors a method asked for, or a ConfigError that says how to get them. ``without``: the
+    method's settings with which it runs without text (fst-cbdg's anchors=prototypes), said as the other way on."""
     sets = data.info.get("text_sets") or {}
     if template_set is not None and sets:
         if template_set not in sets:
@@ -123,13 +143,23 @@ def text_from_info(data: FederatedData, method: str, template_set: str | None = 
     elif data.info.get("text_hint"):  # a backbone with a text tower, whose embeddings the store lacks
         raise ConfigError(f"{method} needs class-text embeddings: {data.info['text_hint']}")
     else:
+        extraction = data.info.get("text_extract") or f"`fedcache extract --dataset DATASET --backbones {TEXT_BACKBONE}`"
         raise ConfigError(
-            f"{method} needs a backbone with a text tower, e.g. clip-rn50; extract it with "
-            "`fedcache extract --dataset DATASET --backbones clip-rn50` (features and class-text embeddings "
-            "are stored together) and train on that one backbone (fused backbones carry no text)"
+            f"{method} needs a backbone with a text tower, e.g. {TEXT_BACKBONE}; extract it with {extraction} "
+            "(features and class-text embeddings are stored together) and train on that one backbone (fused "
+            f"backbones carry no text){_without_text(method, without)}"
         )
     anchors = text_anchors(anchors)
     if anchors.shape != (data.n_classes, data.dim):
         raise ConfigError(f"{method}: text embeddings are {tuple(anchors.shape)} but the features need "
                           f"({data.n_classes}, {data.dim}); use the backbone the text was extracted with")
     return anchors
+
+
+def _without_text(method: str, without: dict[str, str] | None) -> str:
+    """"; or run it without text: --set anchors=prototypes" (in an API call ``settings={...}``), or "" for a method that
+    needs text whatever its settings."""
+    if not without:
+        return ""
+    flags = " ".join(f"--set {k}={v}" for k, v in without.items())
+    return f"; or run {method} without text: {named(flags, f'settings={without!r}')}"

@@ -260,6 +260,12 @@ def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None
     return hint + _made_as(pending[0])
 
 
+def backbone_said(path: Path, like: EntryInfo, backbone: str) -> str:
+    """The extraction of ``backbone``'s features of the dataset ``like`` (an entry) is of, as it was made (its
+    --name, --domains, noise), in backticks: another backbone for that dataset in that store."""
+    return f"`fedcache extract --store {path}{_dataset(like)} --backbones {backbone}`"
+
+
 def _dataset(e: EntryInfo, seed: bool = True) -> str:
     """The dataset options that make ``e``'s: a noisy or renamed dataset's store name is no dataset fedcache knows,
     and a dataset stored under --name of some domains is of those (:func:`_subset`). ``seed``: with the noise's seed

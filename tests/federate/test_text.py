@@ -122,3 +122,30 @@ def test_a_run_on_a_prefixed_backbone_builds_no_model_for_the_text_hint(tmp_path
     assert torch.equal(torch.get_rng_state(), rng)
     store, table = _one_entry_store(tmp_path / "c.zarr", "open_clip:RN50/openai", "open-clip")
     assert "open_clip:RN50/openai" in attach_text(data, store, ["open_clip:RN50/openai"], table).info["text_hint"]
+
+
+def test_a_method_without_a_text_tower_names_the_extraction_of_one_and_the_way_without_text(toy_store, capsys):
+    """fst-cbdg on a backbone without a text tower said `fedcache extract --dataset DATASET --backbones clip-rn50`
+    though the run knows its dataset and store, and not that the method runs without text (anchors=prototypes): both
+    are said, the second as the caller names settings (``--set``, or ``settings=`` in an API call)."""
+    import pytest
+
+    import fedcache
+    from fedcache.errors import ConfigError
+    from tests.conftest import BACKBONE
+    from tests.faults import one_error_line, run_cli
+
+    run = {"clients": 2, "rounds": 1, "partition": "iid"}
+    extraction = f"extract it with `fedcache extract --store {toy_store} --dataset test-toy --backbones clip-rn50` ("
+    with pytest.raises(ConfigError) as api:
+        fedcache.train(toy_store, "test-toy", BACKBONE, "fst-cbdg", **run)
+    said = str(api.value)
+    assert extraction in said and said.endswith("; or run fst-cbdg without text: settings={'anchors': 'prototypes'}"), said
+    flags = [f"--{k}={v}" for k, v in run.items()]
+    code, err = run_cli(["train", "--store", toy_store, "-d", "test-toy", "-b", BACKBONE, "-m", "fst-cbdg", *flags], capsys)
+    line = one_error_line(err)
+    assert code == 2 and extraction in line and line.endswith("without text: --set anchors=prototypes"), line
+    with pytest.raises(ConfigError) as zero_shot:  # needs text whatever its settings: no other way said
+        fedcache.train(toy_store, "test-toy", BACKBONE, "clip-zs", **run)
+    assert extraction in str(zero_shot.value) and "without text" not in str(zero_shot.value)
+    fedcache.train(toy_store, "test-toy", BACKBONE, "fst-cbdg", settings={"anchors": "prototypes"}, **run)  # the way said

@@ -33,7 +33,9 @@ class ClipFCCentralized(Centralized):
     def __init__(self, ctx: MethodContext, params=None) -> None:
         require_linear(ctx.head, "clip-fc-centralized")
         super().__init__(ctx, params)
-        self.text = text_from_info(ctx.data, self.name, self.p.templates) if self.p.init == "text" else None
+        self.text = None
+        if self.p.init == "text":
+            self.text = text_from_info(ctx.data, self.name, self.p.templates, without={"init": "random"})
 
     def init_server(self) -> Params:
         return anchor_head(self.text) if self.text is not None else super().init_server()

@@ -33,7 +33,7 @@ class FedAvg(Method):
         self.text = None
         if self.p.init == "text":
             require_linear(ctx.head, f"{self.name} init=text")
-            self.text = text_from_info(ctx.data, self.name)
+            self.text = text_from_info(ctx.data, self.name, without={"init": "random"})
 
     def init_server(self) -> Params:
         return anchor_head(self.text) if self.text is not None else super().init_server()

@@ -77,7 +77,7 @@ def positions(plan: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
 
 
 ANCHORS = {
-    "text": lambda m: text_from_info(m.ctx.data, m.name, m.p.templates),
+    "text": lambda m: text_from_info(m.ctx.data, m.name, m.p.templates, without={"anchors": "prototypes"}),
     "prototypes": lambda m: prototype_anchors(m.ctx.data, m.p.shots, m.ctx.seed),
 }
 
