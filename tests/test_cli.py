@@ -574,6 +574,18 @@ def test_extract_help_lists_every_setting_with_its_help_and_default(capsys, monk
 
 
 @pytest.mark.parametrize("args, said", [
+    (["train", "--rounds", "abc"], "error: Invalid value for '--rounds': 'abc' is not a valid integer."),
+    (["train", "-d", "x", "--fraction", "half"], "error: Invalid value for '--fraction': 'half' is not a valid float."),
+    (["grid", "--jobs", "two"], "error: Invalid value for '--jobs' / '-j': 'two' is not a valid integer."),
+])
+def test_a_value_of_the_wrong_type_is_one_line_as_every_other_bad_value(capsys, args, said):
+    """click's own type check (an integer option given text) printed its usage and a 'Try --help' line around the
+    error, where fedcache's checks of every other bad value (--rounds 0) print one line; exit 2 either way."""
+    code, out, err = run(capsys, *args)
+    assert code == 2 and err.strip() == said and not out, (out, err)
+
+
+@pytest.mark.parametrize("args, said", [
     (["train", "--out", ""], "an empty argument after --out"),
     (["grid", "--out=", "-m", "fedavg"], "--out= with nothing after the ="),
     (["report", ""], "an empty argument after report"),

@@ -24,9 +24,9 @@ from fedcache.progress import log_to_stderr, logging_to_stderr
 from fedcache.wording import flag_names
 
 try:  # recent typer vendors click; older typer uses the click package
-    from typer._click.exceptions import ClickException
+    from typer._click.exceptions import BadParameter, ClickException
 except ImportError:  # pragma: no cover
-    from click.exceptions import ClickException
+    from click.exceptions import BadParameter, ClickException
 
 
 class _Commands(Group):
@@ -143,6 +143,9 @@ def _command(argv: list[str] | None) -> int:
             code = app(args=argv, standalone_mode=False, prog_name="fedcache")
     except typer.Exit as exc:
         code = exc.exit_code
+    except BadParameter as exc:  # a value of the wrong type (--rounds abc): one line, as fedcache's checks say theirs
+        err.print(f"[red]error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
+        return exc.exit_code
     except ClickException as exc:
         exc.show()
         return exc.exit_code
