@@ -465,3 +465,18 @@ def test_a_grid_worker_names_keywords_as_its_python_caller_does(toy_store, tmp_p
         fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", sweep=sweep,
                       engine="processes", jobs=2, out=tmp_path / "g")
     assert "add subsample=0.8" in str(err.value) and "--" not in str(err.value), str(err.value)
+
+
+def test_resume_on_a_folder_without_a_run_names_the_keyword(toy_store, tmp_path):
+    """resume=True where out holds no run, or another one, said '--resume: ... start the run without --resume' to a
+    caller who gave no flag: the docs' train cell says what resume=True does, and this is its refusal."""
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1, clients=2)
+    with pytest.raises(ConfigError) as empty:
+        fedcache.train(**base, out=tmp_path / "run", resume=True)
+    assert str(empty.value).startswith("resume=True: ") and str(empty.value).endswith("start the run without resume=True")
+    first = fedcache.train(**base, out=tmp_path / "run")
+    with pytest.raises(ConfigError) as other:
+        fedcache.train(**base, out=tmp_path / "run", resume=True, seed=1)
+    assert str(other.value).startswith("resume=True: the options differ") and "overwrite=True to replace" in str(other.value)
+    again = fedcache.train(**base, out=tmp_path / "run", resume=True)  # finished: read back, nothing trained
+    assert again.summary["mean_accuracy"] == first.summary["mean_accuracy"] and again.history == first.history
