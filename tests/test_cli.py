@@ -585,6 +585,13 @@ def test_a_value_of_the_wrong_type_is_one_line_as_every_other_bad_value(capsys, 
     assert code == 2 and err.strip() == said and not out, (out, err)
 
 
+def test_a_missing_argument_still_shows_the_usage(capsys):
+    """A missing argument is a BadParameter too, but the one-line form of a wrong value would drop the usage line
+    that says what the command takes."""
+    code, out, err = run(capsys, "store", "info")
+    assert code == 2 and "Usage: fedcache store info" in err and "Missing argument 'ENTRY'" in err, (out, err)
+
+
 @pytest.mark.parametrize("args, said", [
     (["train", "--out", ""], "an empty argument after --out"),
     (["grid", "--out=", "-m", "fedavg"], "--out= with nothing after the ="),

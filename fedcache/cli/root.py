@@ -24,9 +24,9 @@ from fedcache.progress import log_to_stderr, logging_to_stderr
 from fedcache.wording import flag_names
 
 try:  # recent typer vendors click; older typer uses the click package
-    from typer._click.exceptions import BadParameter, ClickException
+    from typer._click.exceptions import BadParameter, ClickException, MissingParameter
 except ImportError:  # pragma: no cover
-    from click.exceptions import BadParameter, ClickException
+    from click.exceptions import BadParameter, ClickException, MissingParameter
 
 
 class _Commands(Group):
@@ -144,6 +144,9 @@ def _command(argv: list[str] | None) -> int:
     except typer.Exit as exc:
         code = exc.exit_code
     except BadParameter as exc:  # a value of the wrong type (--rounds abc): one line, as fedcache's checks say theirs
+        if isinstance(exc, MissingParameter):  # no value at all: the usage line says what the command takes
+            exc.show()
+            return exc.exit_code
         err.print(f"[red]error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except ClickException as exc:
