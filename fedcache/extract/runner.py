@@ -229,7 +229,7 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
         rows = sum(writer.chunk_range(c)[1] - writer.resume_row(c) for c in pending)  # less the rows kept
         emit(ProgressEvent("start", key.label(), total=rows))
         bad = _fill_chunks(cfg, writer, samples, dataset.domains.index(domain), bb, plan, view, pending, emit, key)
-        done = writer.finish(bad)
+        done = writer.finish(samples.source.describe)  # lists every bad image, also of the rows a run before kept
         emit(ProgressEvent("end", key.label()))
     # Chunks written by this run: none when it queued (--wait) behind a writer that finished them.
     status = ("extracted" if pending else "already complete") if done else "part done"

@@ -367,7 +367,7 @@ def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, info: ShardI
                 lo, hi = w.chunk_range(c)
                 r = mine[lo:hi]
                 w.write_chunk(c, table.features[r], table.labels[r], table.ids[r], np.ones(len(r), bool))
-            w.finish([])
+            w.finish()
 
 
 def _copy_text(store: FeatureStore, shard: FeatureStore, train: dict[str, FeatureTable]) -> None:

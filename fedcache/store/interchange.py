@@ -174,5 +174,5 @@ def _import_domain(store: FeatureStore, key: EntryKey, s: Split, rows: np.ndarra
             take = slice(rows[0] + lo, rows[0] + hi) if consecutive else rows[lo:hi]
             w.write_chunk(c, s.features[take], s.labels[take], s.ids[take], np.ones(hi - lo, bool))
             rows_done.wrote(hi - lo)
-        w.finish([])
+        w.finish()
     return key.entry_id

@@ -102,7 +102,7 @@ def _rewrite(store: FeatureStore, info: EntryInfo, key: EntryKey) -> None:
             writer.write_chunk(c, *rows)
     finally:
         reader.close()
-    writer.finish([])
+    writer.finish()
     group.attrs.update({"completed_at": info.completed_at})  # which entry of a slot is current must not change
 
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import zarr
@@ -132,24 +132,34 @@ class EntryWriter:
         del self.begun[c]
         return True
 
-    def finish(self, bad_images: list[str]) -> bool:
-        """Mark the entry complete if every chunk is done (by any writer); True if so."""
-        if bad_images:
-            path = self.store.bad_images_path(self.key.entry_id)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # surrogateescape: a file name that is not valid UTF-8 is listed as the bytes it is on disk.
-            with open(path, "a", encoding="utf-8", errors="surrogateescape") as fh:
-                fh.writelines(f"{b}\n" for b in bad_images)
+    def finish(self, describe: Callable[[int], str] | None = None) -> bool:
+        """Mark the entry complete if every chunk is done (by any writer); True if so. ``describe(i)`` names row
+        ``i``'s image: given, the rows not valid (bad images skipped, by this run or the one it resumed, by any
+        writer) are listed in the store's reports, the file's list made whole before the entry is complete."""
         if self.complete:
             self.store.make_current(self.key.entry_id)
             return True
         if not bool(np.all(self.files.all("done"))):
             return False
-        n_valid = int(np.count_nonzero(self.files.all("valid")))
+        valid = self.files.all("valid")
+        if describe is not None:
+            self._list_bad_images(valid, describe)
         crcs = as_attr(self.files.all(CRC_ARRAY))
+        n_valid = int(np.count_nonzero(valid))
         self.group.attrs.update({"n_valid": n_valid, "n_bad_images": self.n_rows - n_valid, CRC_ATTR: crcs})
         self.group.attrs.update({"complete": True, "completed_at": now_iso()})
         return True
+
+    def _list_bad_images(self, valid: np.ndarray, describe: Callable[[int], str]) -> None:
+        # From the rows, not from the names a run met: a resumed run never sees the bad images of the rows it kept.
+        names = [describe(int(i)) for i in np.flatnonzero(~valid)]
+        path = self.store.bad_images_path(self.key.entry_id)
+        if not names:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # surrogateescape: a file name that is not valid UTF-8 is listed as the bytes it is on disk.
+        write_atomic(path, "".join(f"{n}\n" for n in names).encode("utf-8", "surrogateescape"))
 
 
 class _Files:

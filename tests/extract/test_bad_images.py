@@ -22,9 +22,9 @@ def folder(tmp_path):
     return root
 
 
-def run(store, folder, **kw):
+def run(store, folder, progress=None, **kw):
     return extract(ExtractConfig(dataset="imagefolder", backbones=["tiny-timm-random"], store=store,
-                                 dataset_options=DatasetOptions(path=folder), batch_size=2, workers=0, **kw))
+                                 dataset_options=DatasetOptions(path=folder), batch_size=2, workers=0, **kw), progress)
 
 
 def test_bad_image_error_names_the_file(store_path, folder):
@@ -50,3 +50,26 @@ def test_name_gives_a_folder_its_own_store_name(store_path, folder):
     run(store_path, folder, skip_bad_images=True, name="my-pets", splits=("test",))
     table = FeatureStore(store_path).read("my-pets", "test", "tiny-timm-random")
     assert len(table) == 6 and table.class_names == ("cat", "dog")
+
+
+def test_a_resumed_extraction_lists_the_bad_images_of_the_rows_it_kept(store_path, folder):
+    """The list was written from the names the finishing run met: rows kept from an interrupted run were counted in
+    n_bad_images but their bad images never listed, and a domain smaller than a chunk keeps every batch it wrote."""
+    (folder / "train" / "dog" / "broken.png").rename(folder / "train" / "cat" / "0a-broken.png")  # row 1 of 7
+    seen = {"batches": 0}
+
+    def interrupt(event):
+        if event.kind == "advance":
+            seen["batches"] += 1
+            if seen["batches"] == 2:  # rows 0..3 of the train entry written and kept
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(store_path, folder, skip_bad_images=True, progress=interrupt)
+    reports = run(store_path, folder, skip_bad_images=True)
+    store = FeatureStore(store_path)
+    entry = next(e for e in store.entries() if e.key["split"] == "train")
+    train = next(r for r in reports if r.entry_id == entry.entry_id)
+    assert train.rows == 7 - 4 and train.bad_images == []  # this run met no bad image
+    assert entry.attrs["n_bad_images"] == 1
+    assert store.bad_images_path(entry.entry_id).read_text().splitlines() == [str(folder / "train" / "cat" / "0a-broken.png")]

@@ -99,7 +99,7 @@ def _one_entry_store(path, backbone: str, source: str):
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, np.ones((hi - lo, 4), np.float32), np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
-        w.finish([])
+        w.finish()
     return store, store.read("ds", "train", backbone, domains=["d0"])
 
 

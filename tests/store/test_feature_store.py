@@ -20,7 +20,7 @@ def write_all(store, k, feats, labels, batch=2, chunk_rows=None, part=Part(), at
         for c in w.pending(part):
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, feats[lo:hi], labels[lo:hi], np.arange(lo, hi), np.ones(hi - lo, bool))
-        return w.finish([])
+        return w.finish()
 
 
 def test_chunk_rows_are_whole_batches_of_about_4mb():
@@ -46,7 +46,7 @@ def test_reader_refuses_incomplete_entries(store_path):
     k = key()
     with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
-        assert not w.finish([])
+        assert not w.finish()
     with pytest.raises(IncompleteEntryError, match="not complete yet"):
         store.read("ds", "train", "bb")
     with pytest.raises(EntryNotFoundError, match="fedcache extract --store"):
@@ -87,7 +87,7 @@ def test_a_missing_domain_is_told_the_extraction_its_table_can_take(store_path):
     done = EntryKey("ds", "fp", "train", "a", "bb", "w1", {"size": 32}, dtype="float32")
     with open_writer(store, done, 4, 3, 2, two, chunk_rows=4) as w:
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
-        assert w.finish([])
+        assert w.finish()
     half = EntryKey("ds", "fp", "train", "b", "bb", "w1", {"size": 32}, dtype="float32")
     with open_writer(store, half, 8, 3, 2, two, chunk_rows=4) as w:
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))

@@ -69,7 +69,7 @@ def test_a_store_table_is_registered_and_forgotten_with_its_mapping(store_path):
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, feats[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
-        assert w.finish([])
+        assert w.finish()
     table = store.read("ds", "train", "a", domains=["d0"])
     assert mapping.is_mapped(table.features)
     start = table.features.__array_interface__["data"][0]

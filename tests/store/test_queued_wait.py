@@ -39,7 +39,7 @@ def test_a_queued_extraction_that_processed_nothing_says_so(tmp_path):
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, *(arrays[n][lo:hi] for n in ("features", "labels", "ids", "valid")))
-        assert w.finish([])
+        assert w.finish()
         completed_at = fs.info(info.entry_id).completed_at
     queued.join()
     (report,) = reports

@@ -84,14 +84,14 @@ def test_a_partial_format_1_entry_resumes_in_format_1_bit_for_bit(old, tmp_path)
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, given[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
-        assert w.finish([])
+        assert w.finish()
     # The same entry written whole by the format-1 writer, in a store of its own.
     ref = FeatureStore(tmp_path / "ref.zarr")
     with open_writer(ref, PARTIAL_KEY, 20, 6, 4, ATTRS, chunk_rows=8, entry_format=1) as w:
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, given[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
-        assert w.finish([])
+        assert w.finish()
     a, b = (FeatureStore(p).info(PARTIAL) for p in (old, tmp_path / "ref.zarr"))
     assert a.format == b.format == 1 and a.attrs["crc32"] == b.attrs["crc32"]
     for name in ("features", "labels", "ids", "valid"):
@@ -121,7 +121,7 @@ def test_upgrade_rewrites_bit_for_bit_and_keeps_ids_and_times(old, capsys):
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, given[lo:hi], np.arange(lo, hi) % 3, np.arange(lo, hi), np.ones(hi - lo, bool))
-        assert w.finish([])
+        assert w.finish()
     code, out = run(capsys, "store", "upgrade", "--store", str(old))
     assert code == 0 and "1 entries upgraded, 0 skipped" in out
     assert not (old / ".upgrade").exists()
@@ -163,7 +163,7 @@ def test_a_new_entry_in_an_old_store_raises_its_format_and_a_newer_one_is_refuse
     key = EntryKey("new", "fp", "train", "all", "enc", "w", {"imported": True}, dtype="float32")
     with open_writer(store, key, 3, 6, 1, ATTRS) as w:
         w.write_chunk(0, np.ones((3, 6)), np.zeros(3), np.arange(3), np.ones(3, bool))
-        assert w.finish([])
+        assert w.finish()
     assert store.info(key.entry_id).format == 2 and FeatureStore(old).root.attrs["fedcache_store"] == 2
     store.root.attrs.update({"fedcache_store": 3})
     with pytest.raises(StoreError, match="newer fedcache"):
@@ -176,7 +176,7 @@ def write(store: FeatureStore, key: EntryKey, feats, ids, valid=None, chunk_rows
         for c in w.pending():
             lo, hi = w.chunk_range(c)
             w.write_chunk(c, feats[lo:hi], ids[lo:hi] % 3, ids[lo:hi], valid[lo:hi])
-        assert w.finish([])
+        assert w.finish()
 
 
 def key(backbone="a", domain="d0", dtype="float32") -> EntryKey:
@@ -235,7 +235,7 @@ def test_a_partial_format_2_entry_reads_through_zarr_as_in_format_1(store_path):
     feats = np.arange(30, dtype=np.float32).reshape(10, 3)
     with open_writer(store, key(), 10, 3, 1, ATTRS, chunk_rows=4) as w:
         w.write_chunk(1, feats[4:8], np.ones(4), np.arange(4, 8), np.ones(4, bool))
-        assert not w.finish([])
+        assert not w.finish()
     entry = zarr.open_group(str(store_path), mode="r")["entries"][key().entry_id]
     np.testing.assert_array_equal(entry["features"][:], np.r_[np.zeros((4, 3)), feats[4:8], np.zeros((2, 3))])
     np.testing.assert_array_equal(entry["labels"][:], [-1] * 4 + [1] * 4 + [-1] * 2)
