@@ -146,7 +146,7 @@ def write_shards(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None
 
 
 # Nothing of a sharding that stopped is kept (its staging folder goes), so a re-run starts again: not the advice of
-# the store's writers ("the chunks written so far are kept"), which holds for an extraction, not here.
+# the store's writers ("the batches written so far are kept"), which holds for an extraction, not here.
 AGAIN = "free some space and run the same command again, which shards again from the start"
 
 

@@ -147,6 +147,7 @@ class EntryWriter:
         crcs = as_attr(self.files.all(CRC_ARRAY))
         n_valid = int(np.count_nonzero(valid))
         self.group.attrs.update({"n_valid": n_valid, "n_bad_images": self.n_rows - n_valid, CRC_ATTR: crcs})
+        self.files.sweep()
         self.group.attrs.update({"complete": True, "completed_at": now_iso()})
         return True
 
@@ -193,15 +194,25 @@ class _Files:
     def forget(self, c: int) -> None:
         self._kept_path(c).unlink(missing_ok=True)
 
+    def sweep(self) -> None:
+        """Remove what a killed writer left of no use once every chunk is done: records of kept rows and the
+        temporary files of atomic writes (write_atomic's ``.<name>.<pid>.partial``)."""
+        done = self.small["done"].meta.path
+        for left in (*done.glob(".rows_kept.*"), *done.parent.rglob(".*.partial")):
+            left.unlink(missing_ok=True)
+
     def kept(self, c: int, lo: int, hi: int, batch_size: int, checksum: str) -> _Begun | None:
         """The rows of chunk ``c`` an interrupted writer recorded, if their bytes still match their checksums and
         end on a batch (so a re-run computes the same batches); else None: the chunk is written from its start."""
         try:
-            saved = np.frombuffer(self._kept_path(c).read_bytes(), "<i8")
+            raw = self._kept_path(c).read_bytes()
         except FileNotFoundError:
             return None
-        if len(saved) != 1 + len(ROW_ARRAYS) or not 0 < saved[0] < hi - lo or saved[0] % batch_size:
-            return None  # torn, or not of this entry's chunks
+        if len(raw) != 8 * (1 + len(ROW_ARRAYS)):
+            return None  # torn (written atomically, but a copy or a full disk may cut it), or of another fedcache
+        saved = np.frombuffer(raw, "<i8")
+        if not 0 < saved[0] < hi - lo or saved[0] % batch_size:
+            return None  # not of this entry's chunks
         n = int(saved[0])
         try:
             rows = {name: self._read(name, lo, lo + n) for name in ROW_ARRAYS}
@@ -247,6 +258,9 @@ class _ThroughZarr:
         pass
 
     def forget(self, c: int) -> None:
+        pass
+
+    def sweep(self) -> None:
         pass
 
     def kept(self, c: int, lo: int, hi: int, batch_size: int, checksum: str) -> None:
@@ -386,8 +400,8 @@ def _entered(held: contextlib.ExitStack, lock: Path, what: str) -> bool:
     return True
 
 
-RESUMED = ("free some space and run the same command again: the chunks written so far are kept, and it continues "
-           "from them")
+RESUMED = ("free some space and run the same command again: the batches written so far are kept, and it continues "
+           "after them")
 BLOCK = 4096  # a small file takes a block of the file system
 
 

@@ -165,6 +165,36 @@ def test_rows_kept_of_a_chunk_whose_bytes_changed_are_written_again(tmp_path, mo
             np.testing.assert_array_equal(x, y)
 
 
+def test_an_extraction_killed_between_a_batchs_rows_and_its_record_redoes_that_batch(tmp_path, monkeypatch):
+    """Rows are written before the record that counts them: a writer stopped in between leaves rows past the
+    record, which a re-run writes again (it resumes after the rows recorded), bit for bit."""
+    from fedcache.store import writer
+
+    extract(cfg(tmp_path / "ref.zarr", chunk_rows=None))
+    store, keep, calls = tmp_path / "run.zarr", writer._Files.keep, {"n": 0}
+
+    def killed_at_the_third(self, c, n, crcs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third batch's rows are written, its record not
+            raise KeyboardInterrupt
+        keep(self, c, n, crcs)
+
+    monkeypatch.setattr(writer._Files, "keep", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store, chunk_rows=None))
+    monkeypatch.setattr(writer._Files, "keep", keep)
+    (record,) = store.glob("entries/*/done/.rows_kept.0")
+    assert np.frombuffer(record.read_bytes(), "<i8")[0] == 8
+    counted, total = _count_embedded(monkeypatch), sum(e.n_rows for e in FeatureStore(tmp_path / "ref.zarr").entries())
+    extract(cfg(store, chunk_rows=None))
+    assert counted["rows"] == total - 8
+    ref, run = all_arrays(tmp_path / "ref.zarr"), all_arrays(store)
+    assert ref.keys() == run.keys()
+    for eid in ref:
+        for x, y in zip(ref[eid], run[eid]):
+            np.testing.assert_array_equal(x, y)
+
+
 @pytest.mark.parametrize("stop_in", ["light", "dark"])  # no entry of view 1 complete; light's complete, dark's not
 def test_an_unfinished_views_extraction_is_said_as_one_with_the_command_that_finishes_it(store_path, stop_in, capsys):
     """An `extract --views 2` interrupted in view 1 was 'the train features of test-toy for ... are not complete yet',

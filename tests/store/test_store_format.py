@@ -241,3 +241,85 @@ def test_a_partial_format_2_entry_reads_through_zarr_as_in_format_1(store_path):
     np.testing.assert_array_equal(entry["labels"][:], [-1] * 4 + [1] * 4 + [-1] * 2)
     np.testing.assert_array_equal(entry["valid"][:], [False] * 4 + [True] * 4 + [False] * 2)
     assert list(entry["done"][:]) == [False, True, False]
+
+
+D0 = {**ATTRS, "domains": ["d0"]}  # an entry of the one domain of key()
+
+
+def _rows(lo: int, hi: int, dim: int = 3) -> tuple[np.ndarray, ...]:
+    return (np.arange(lo * dim, hi * dim, dtype=np.float32).reshape(-1, dim), np.arange(lo, hi) % 3, np.arange(lo, hi),
+            np.ones(hi - lo, bool))
+
+
+def _kept_record(store_path: Path) -> Path:
+    (record,) = (store_path / "entries" / key().entry_id / "done").glob(".rows_kept.*")
+    return record
+
+
+def test_the_rows_kept_of_a_chunk_are_resumed_after(store_path):
+    """The reference for the refusals below: a record that holds is resumed after."""
+    store = FeatureStore(store_path)
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert not w.write_rows(0, 0, *_rows(0, 4))
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert w.resume_row(0) == 4
+
+
+@pytest.mark.parametrize("size", [0, 5, 8 * 5 + 3, 8 * 6])  # empty, short of one number, torn mid-number, one too many
+def test_a_record_of_kept_rows_of_the_wrong_length_starts_its_chunk_again(store_path, size):
+    """A record whose length was not a multiple of 8 bytes raised numpy's ValueError on every re-run."""
+    store = FeatureStore(store_path)
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert not w.write_rows(0, 0, *_rows(0, 4))
+    record = _kept_record(store_path)
+    record.write_bytes((record.read_bytes() + bytes(8))[:size])
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert w.resume_row(0) == 0
+        assert w.write_rows(0, 0, *_rows(0, 8)) and w.write_rows(1, 8, *_rows(8, 10))
+        assert w.finish()
+    np.testing.assert_array_equal(store.read("ds", "train", "a").features, _rows(0, 10)[0])
+
+
+def test_kept_rows_that_do_not_end_on_a_batch_are_not_resumed_after(store_path):
+    """A re-run computes the batches from the chunk's start: rows kept up to mid-batch (recorded with their right
+    checksums) would make it compute other batches, so other bits."""
+    store = FeatureStore(store_path)
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert not w.write_rows(0, 0, *_rows(0, 3))
+    assert np.frombuffer(_kept_record(store_path).read_bytes(), "<i8")[0] == 3
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert w.resume_row(0) == 0
+
+
+def test_a_format_1_entry_interrupted_mid_chunk_resumes_by_whole_chunks(tmp_path):
+    """An older fedcache's format records no kept rows: the chunk is written again from its start, bit for bit."""
+    store, ref = FeatureStore(tmp_path / "s.zarr"), FeatureStore(tmp_path / "ref.zarr")
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8, entry_format=1) as w:
+        assert not w.write_rows(0, 0, *_rows(0, 4))
+    for s in (store, ref):
+        with open_writer(s, key(), 10, 3, 2, D0, chunk_rows=8, entry_format=1) as w:
+            assert w.resume_row(0) == 0 and w.resume_row(1) == 8
+            w.write_rows(0, 0, *_rows(0, 8))
+            w.write_rows(1, 8, *_rows(8, 10))
+            assert w.finish()
+    assert not list((tmp_path / "s.zarr").rglob(".rows_kept.*"))
+    a, b = (s.info(key().entry_id) for s in (store, ref))
+    assert a.format == b.format == 1 and a.attrs["crc32"] == b.attrs["crc32"]
+    np.testing.assert_array_equal(store.read("ds", "train", "a").features, _rows(0, 10)[0])
+
+
+def test_completing_an_entry_removes_what_killed_writers_left(store_path):
+    """A writer killed after a chunk's done flag, before it removed the chunk's record of kept rows, or in the
+    middle of an atomic write, left those files in the complete entry for good."""
+    store = FeatureStore(store_path)
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert w.write_rows(0, 0, *_rows(0, 8))
+    folder = store_path / "entries" / key().entry_id
+    left = [folder / "done" / ".rows_kept.0", folder / "done" / "c" / ".1.4242.partial",
+            folder / "chunk_crc32" / "c" / ".1.4242.partial"]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8) as w:
+        assert w.write_rows(1, 8, *_rows(8, 10)) and w.finish()
+    assert [p for p in left if p.exists()] == []
