@@ -480,3 +480,16 @@ def test_resume_on_a_folder_without_a_run_names_the_keyword(toy_store, tmp_path)
     assert str(other.value).startswith("resume=True: the options differ") and "overwrite=True to replace" in str(other.value)
     again = fedcache.train(**base, out=tmp_path / "run", resume=True)  # finished: read back, nothing trained
     assert again.summary["mean_accuracy"] == first.summary["mean_accuracy"] and again.history == first.history
+
+
+def test_resume_where_out_has_a_config_but_no_checkpoint_names_the_keyword(toy_store, tmp_path):
+    """A run stopped before its first checkpoint (config.json written, no round done) was refused with
+    '--resume: no checkpoint in ...' by the round driver, to a caller who gave no flag."""
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1, clients=2)
+    fedcache.train(**base, out=tmp_path / "run")
+    for name in ("checkpoint.pt", "summary.json", "metrics.jsonl"):  # as a kill before round 1 leaves the folder
+        (tmp_path / "run" / name).unlink(missing_ok=True)
+    with pytest.raises(ConfigError) as err:
+        fedcache.train(**base, out=tmp_path / "run", resume=True)
+    assert str(err.value).startswith("resume=True: no checkpoint in ") and "--" not in str(err.value), str(err.value)
+    assert str(err.value).endswith("start the run without resume=True")
