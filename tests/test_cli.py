@@ -373,6 +373,43 @@ def test_sigint_to_a_real_process_exits_130(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
+def test_signals_while_the_first_is_handled_change_nothing(toy_store, tmp_path):
+    """A second SIGTERM or Ctrl-C reaching `fedcache train` while it stopped for the first raised KeyboardInterrupt
+    again wherever it landed (rich printing the "interrupted" line, torch's exit hooks): a traceback, exit -2 or
+    -15. A burst of both, every 5 ms after the first until the process is gone, reaches every stage of its handling
+    (each try failed so before); the run ends as after one signal."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fedcache.cli", "train", "--store", str(toy_store), "-d", "test-toy",
+                             "-b", "tiny-timm-random", "-m", "fedavg", "--partition", "iid", "--clients", "2", "--rounds",
+                             "100000", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "checkpoint.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1] if proc.poll() else "timeout"
+            time.sleep(0.05)
+        for sig in [signal.SIGTERM, signal.SIGINT] * 400:
+            if proc.poll() is not None:
+                break
+            proc.send_signal(sig)
+            time.sleep(0.005)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a failed test must not leave a run training
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and "Signal" not in err, (proc.returncode, err)
+    assert err.count("interrupted") == 1 and "its last checkpoint is kept" in err, err
+    assert (out / "checkpoint.pt").exists()
+
+
 def _all_commands():
     import typer.main
 

@@ -223,11 +223,35 @@ def _out_of(argv: list[str]) -> str | None:
 def _console_script() -> None:
     # The command line owns its process: SIGTERM (a job scheduler, `kill`) stops it like Ctrl-C, so grid
     # workers are stopped and finished work kept, instead of the process vanishing mid-write.
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, _interrupted)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started ignoring it (in the background) still does
+        signal.signal(signal.SIGINT, _interrupted)
     # Its log lines and typer's tracebacks (FEDCACHE_DEBUG=1) last until the process exits: nothing to put back.
     log_to_stderr(_log_level())
-    sys.exit(_command(None))
+    code = _command(None)
+    try:
+        _ours_to(signal.SIG_IGN)  # nothing is left to stop (see _interrupted)
+    except KeyboardInterrupt:  # one pending as the command returned: it had nothing left to stop either
+        _ours_to(signal.SIG_IGN)
+    sys.exit(code)
 
 
-def _terminated(signum: int, frame: object) -> None:
+def _interrupted(signum: int, frame: object) -> None:
+    """The first SIGTERM or Ctrl-C stops the command as Ctrl-C does; later ones change nothing. One that came while
+    the first was handled (workers stopped, the "interrupted" line printed, torch's exit hooks) raised again there:
+    a KeyboardInterrupt traceback instead of the one line, and exit -2 instead of 130. They are caught by a handler
+    that does nothing until the command returns, then ignored: ignored at once, one already pending was reported
+    by Python ("Signal 15 ignored due to race condition"), and handled to the end, one sent as Python exits (its
+    handlers back to the default by then) killed the process."""
+    _ours_to(_ignored)
     raise KeyboardInterrupt
+
+
+def _ignored(signum: int, frame: object) -> None:
+    pass
+
+
+def _ours_to(handler) -> None:
+    for each in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(each) in (_interrupted, _ignored):
+            signal.signal(each, handler)
