@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcache.disk import discard, read_json, write_text
+from fedcache.disk import discard, log_lines, read_json, write_text
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
@@ -39,6 +39,7 @@ from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
 from fedcache.ownership import LOCK
+from fedcache.paths import CONFIG, METRICS
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
 from fedcache.wording import count
@@ -345,6 +346,7 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: 
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
     jobs = jobs_of(spec)
     budget, where = memory_budget(run_device(spec.device))
+    drop_behind_batches(spec.out / BATCHES, runs)
     started = started_batches(spec.out / BATCHES, todo)
     device = run_device(spec.device)
     spans = {c: (_start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
@@ -421,6 +423,36 @@ def drop_batches_of(folder: Path, todo: list[Cell]) -> None:
     _remove_if_empty(folder)
 
 
+def drop_behind_batches(folder: Path, runs: Mapping[Hashable, RunSpec]) -> None:
+    """The folders of batches (under ``folder``, a grid's batches/) whose checkpoint is of a round that the run
+    directory of one of ``runs`` it stacks lacks, said and removed. A grid killed after a batch's cells were written
+    but before its folder went left a checkpoint of their last round, which no run read (its cells had finished);
+    once their folders were deleted (as a damaged cell's message asks), a later run continued it without the
+    cells' config.json and metrics lines."""
+    by_name = {str(k): cfg for k, cfg in runs.items()}
+    for batch, names in _recorded(folder):
+        rnd = _start_round(batch)
+        behind = [by_name[n].engine.out for n in names if n in by_name and not _holds_rounds(by_name[n], rnd)]
+        if behind:
+            _drop(batch, f"whose checkpoint of round {rnd} is ahead of the run folder {behind[0]}"
+                         + (f" and {count(len(behind) - 1, 'other cell')}" if len(behind) > 1 else "")
+                         + " (deleted or cleared since)")
+    _remove_if_empty(folder)
+
+
+def _holds_rounds(cfg: RunSpec, rnd: int) -> bool:
+    """Whether a run's directory holds what a stacked checkpoint of round ``rnd`` implies: its config.json and the
+    metrics line of the last round evaluated by then. Read only: resuming trims the log."""
+    out = cfg.engine.out
+    if rnd <= 0:  # none yet, or unreadable (the resume says so)
+        return True
+    if not (out / CONFIG).exists():
+        return False
+    due = [k + 1 for k in range(rnd) if driver.evaluation_due(cfg.schedule, k)]
+    metrics = out / METRICS
+    return not due or (metrics.exists() and due[-1] in {line["round"] for line in log_lines(metrics.read_text())})
+
+
 REGROUPED = ("whose cells are grouped otherwise now (a lower --max-batch-cells, less free memory, or some of them "
              "finished)")
 
@@ -453,8 +485,8 @@ def _alone(spec: GridSpec) -> str:
 
 
 def _start_round(out: Path) -> int:
-    """The round of a run directory's own checkpoint (a cell paused, or interrupted by itself), 0 without one:
-    a stack continues runs of one round. Memory-mapped, so only the round number is read."""
+    """The round of a run directory's own checkpoint (a cell paused, or interrupted by itself), or of a batch's
+    folder, 0 without one, -1 unreadable: a stack continues runs of one round. Memory-mapped, so only the round number is read."""
     path = out / CHECKPOINT
     if not path.exists():
         return 0

@@ -15,12 +15,12 @@ from pathlib import Path
 from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
-from fedcache.grids.batches import drop_batches_of, run_batched, started_batches
+from fedcache.grids.batches import drop_batches_of, drop_behind_batches, run_batched, started_batches
 from fedcache.grids.cell import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.pool import Workers
 from fedcache.grids.processes import execute, jobs_of
-from fedcache.grids.spec import BATCHES, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
+from fedcache.grids.spec import BATCHES, CELLS, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.progress import StepCallback, said_step
 from fedcache.spec import RunSpec, method_class
@@ -130,6 +130,7 @@ def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallbac
 
 def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
                stops: Stops, workers: Workers | None) -> Iterator[tuple[Cell, dict]]:
+    drop_behind_batches(spec.out / BATCHES, {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo})
     _refuse_batched_progress(spec, todo)
     drop_batches_of(spec.out / BATCHES, todo)
     if on_plan:

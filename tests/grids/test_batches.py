@@ -537,3 +537,55 @@ def test_the_process_engine_removes_the_batch_folder_of_the_cells_it_trains(toy_
     grid(out=out, engine="batched", **kw)
     assert loaded == []
     assert_same_cells(tmp_path / "whole", out)
+
+
+def _killed_as_its_batch_folder_is_removed(monkeypatch, out, **kw):
+    """A batched grid killed after every cell of its batch was written, before the batch's folder was removed."""
+    import shutil
+
+    rmtree = shutil.rmtree
+
+    def kill(path, *args, **kwargs):
+        if path.parent == out / "batches":
+            raise KeyboardInterrupt
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", kill)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=out, engine="batched", **kw)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert len(list((out / "cells").glob("*/summary.json"))) == 2 and list((out / "batches").glob("*/checkpoint.pt"))
+
+
+@pytest.mark.parametrize("engine", ["batched", "processes"])
+def test_a_batch_left_by_a_grid_killed_after_its_cells_finished_is_not_continued_once_they_train_again(
+        toy_store, tmp_path, monkeypatch, caplog, engine):
+    """Killed after its batch's cells were all written but before the batch's folder went, a grid left a checkpoint of
+    the batch's last round that no run read (every cell had finished). Once the cells' folders were deleted (as a
+    damaged cell's message asks), a batched re-run continued the batch from that checkpoint, with none of the cells'
+    metrics lines (an IndexError, or cells without their rounds), and the process engine refused to train them. The
+    batch is said and removed, and its cells train again from round 0 to an uninterrupted grid's files."""
+    import shutil
+
+    from fedcache.federate import driver
+
+    sweep_ = {"partition": "iid", "clients": 3, "rounds": 2, "mu": [0.01, 1]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedprox"], seeds=[0], sweep=sweep_)
+    grid(out=tmp_path / "whole", engine="batched", **kw)
+    out = tmp_path / "g"
+    _killed_as_its_batch_folder_is_removed(monkeypatch, out, **kw)
+    for cell in (out / "cells").iterdir():
+        shutil.rmtree(cell)
+    load, loaded = driver.load_checkpoint, []
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+    caplog.clear()
+    grid(out=out, engine=engine, **kw)
+    assert loaded == [] and f"is ahead of the run folder {out / 'cells'}/fedprox__" in caplog.text
+    assert not (out / "batches").exists()
+    assert_same_cells(tmp_path / "whole", out)
+    strip = lambda d: {k: v for k, v in d.items() if k != "seconds"}  # the only figure a run cannot repeat
+    for cell in (tmp_path / "whole" / "cells").iterdir():
+        again = out / "cells" / cell.name
+        assert [strip(json.loads(l)) for l in (cell / "metrics.jsonl").read_text().splitlines()] == \
+               [strip(json.loads(l)) for l in (again / "metrics.jsonl").read_text().splitlines()]
+        assert strip(json.loads((cell / "summary.json").read_text())) == strip(json.loads((again / "summary.json").read_text()))
