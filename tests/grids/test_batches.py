@@ -310,8 +310,8 @@ def test_the_process_engine_refuses_to_restart_what_an_interrupted_batch_holds(t
     monkeypatch.setattr(driver, "save_checkpoint", save)
     (ck,) = (out / "batches").glob("*/checkpoint.pt")
     before = sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock")
-    with pytest.raises(ConfigError, match=r"2 cells of this grid stopped part-way in the batched engine.*--engine batched, "
-                                          r"or delete .*batches to train them again from round 0 with --engine processes"):
+    with pytest.raises(ConfigError, match=r"2 cells of this grid stopped part-way in the batched engine.*engine='batched', "
+                                          r"or delete .*batches to train them again from round 0 with engine='processes'"):
         grid(out=out, engine="processes", **kw)
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before and ck.exists()
     copy = tmp_path / "copy"
