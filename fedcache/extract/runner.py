@@ -26,6 +26,7 @@ from fedcache.extract.sizes import image_size
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.extract.transforms import Preprocess, ViewSpec
 from fedcache.store import lookup
+from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey
 from fedcache.store.writer import EntryWriter, open_writer
@@ -62,11 +63,12 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     name = cfg.name or _noisy_name(dataset.name, cfg.image_noise)
     if name:
         dataset = dataclasses.replace(dataset, name=name)
+    store = FeatureStore(cfg.store)
+    _check_named_domains(cfg, store, dataset)
     plan = plan_device(cfg.device, cfg.precision)
     if plan.note:
         log.info(plan.note)
         emit(ProgressEvent("info", "", message=plan.note))
-    store = FeatureStore(cfg.store)
     reports: list[EntryReport] = []
     # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
     with start_method_unset(), handler_kept(signal.SIGCHLD):
@@ -136,7 +138,8 @@ def _made_from(cfg: ExtractConfig, dataset: Dataset) -> dict:
     holds (``store.lookup.extract_hint``)."""
     if dataset.name == cfg.dataset:
         return {}
-    subset = {"domains": _domains(cfg, dataset)} if _is_subset(cfg) else {}
+    # Every domain without --domains, recorded too: an entry of a --name without them was of an old subset or not.
+    subset = {"domains": _domains(cfg, dataset)} if _named(cfg) else {}
     return {"made_from": {"dataset": cfg.dataset, "image_noise": list(cfg.image_noise) if cfg.image_noise else None,
                           **subset}}
 
@@ -145,7 +148,31 @@ def _is_subset(cfg: ExtractConfig) -> bool:
     """A --name given with --domains names a dataset of those domains (``-d digits5-offline --domains mnist-m --name
     digits5-offline-mnist-m``): a read of it is of them. A noisy dataset's own name (given as --name by the hints
     that complete it) is the whole dataset's, noised."""
-    return bool(cfg.domains) and cfg.name not in (None, cfg.dataset, _noisy_name(cfg.dataset, cfg.image_noise))
+    return bool(cfg.domains) and _named(cfg)
+
+
+def _named(cfg: ExtractConfig) -> bool:
+    """A --name of the user's: not the dataset's own, nor the noisy dataset's (which the hints that complete it give)."""
+    return cfg.name not in (None, cfg.dataset, _noisy_name(cfg.dataset, cfg.image_noise))
+
+
+def _check_named_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset) -> None:
+    """A --name whose entries (any split, backbone) are of other domains than this command makes: the name's tables
+    would mix them (a read wanted the newest entry's domains of entries recording others), or a fewer --domains found
+    the others complete and kept them. Refused before any work, with both ways on."""
+    if not _named(cfg):
+        return
+    mine = _domains(cfg, dataset)
+    held = [e for e in store.entries() if e.key and e.key.get("dataset") == dataset.name]
+    other = [e for e in held if e.attrs.get("domains") is not None and set(e.attrs["domains"]) != set(mine)]
+    if not other:
+        return
+    asked = f"--domains {','.join(cfg.domains)}" if cfg.domains else "without --domains"
+    raise ConfigError(
+        f"--name {dataset.name} {asked} makes a dataset of {','.join(mine)}, but the store's entries of {dataset.name} "
+        f"are of {','.join(newest(other).attrs['domains'])} (a name's domains are one for all its splits and "
+        f"backbones); extract under another --name, or remove its entries first with `fedcache store rm --store "
+        f"{store.path} {' '.join(e.entry_id for e in held)}`")
 
 
 def _domains(cfg: ExtractConfig, dataset: Dataset) -> list[str]:

@@ -37,6 +37,7 @@ from fedcache.flower.shard import SERVER, ShardInfo, ShardSpec, changed_since_cu
 from fedcache.ownership import Holder, on_orphaned
 from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_now
 from fedcache.spec import RunSpec, method_class
+from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ SIM_ENV = {
 def shard_spec(spec: RunSpec) -> ShardSpec:
     d = spec.data
     entries = FeatureStore(d.store, create=False).find(d.dataset, "train", d.backbones[0])
-    n_domains = len(entries[0].attrs["domains"]) if entries else 1  # no entry: write_shards says what is missing
+    n_domains = len(newest(entries).attrs["domains"]) if entries else 1  # no entry: write_shards says what is missing
     return ShardSpec(Path(d.store), d.dataset, list(d.backbones), partition_request(spec, n_domains),
                      method_class(spec.method.name).uses_views)
 

@@ -316,7 +316,7 @@ class FeatureStore(TextEmbeddings, Removal):
     def entry_rows(self, infos: list[EntryInfo]) -> TableRows:
         """:meth:`rows` of the entries ``infos`` (:meth:`table_entries`): a reader that must read exactly the
         entries it found (and recorded) reads them so, not as found again."""
-        domain_names = tuple(infos[0].attrs["domains"]) if infos else ()
+        domain_names = tuple(newest(infos).attrs["domains"]) if infos else ()  # as table_entries wanted them
         parts: list[EntryRows] = []
         offset = 0
         for info in infos:

@@ -49,6 +49,8 @@ def missing_domains(path: Path, infos: list[EntryInfo], cur: dict, found: list[E
                and e.slot[2] in missing]
     where = f"{split} features of {dataset}/{','.join(missing)} for {backbone}"
     needed = list(dict.fromkeys([*splits, split]))
+    if found and _domains_unrecorded(found[0]):
+        return _named_before_domains(path, infos, found, where, needed)
     lack_splits, lack_domains = _lacking(cur, slot, {e.key["domain"] for e in found} | set(missing), needed)
     if pending:
         return unfinished(path, infos, pending, where, lack_domains, lack_splits)
@@ -59,6 +61,31 @@ def missing_domains(path: Path, infos: list[EntryInfo], cur: dict, found: list[E
             f"({','.join(missing)} lack it); complete it with {views_said(path, infos, found[0])}")
     return EntryNotFoundError(f"the store has no {where}; run {extract_said(path, found[:1], lack_domains, lack_splits)}"
                               + _named_said(path, found, needed))
+
+
+def _domains_unrecorded(e: EntryInfo) -> bool:
+    """An entry of a --name extracted before its --domains were recorded (``made_from`` without them): its ``domains``
+    name every domain of the source whatever --domains made it, so no command can say which domains the name is of."""
+    made = e.attrs.get("made_from")
+    return isinstance(made, dict) and not made.get("image_noise") and "domains" not in made
+
+
+def _named_before_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], where: str,
+                          splits: list[str]) -> EntryNotFoundError:
+    """Missing domains of such a --name (:func:`_domains_unrecorded`): an extraction of them would make a dataset of
+    those alone (--domains) or keep the ones it holds beside them (none), either perhaps not what it was. The safe way
+    on remakes it of the domains it holds, which a user who wanted the others can extend in the same command."""
+    like, name = found[0], found[0].key["dataset"]
+    mine = [e for e in infos if e.key and e.key.get("dataset") == name]
+    held = ",".join(e.key["domain"] for e in found)
+    backbones = ",".join(sorted({e.key["backbone"] for e in mine}))
+    splits = ",".join(sorted({e.key["split"] for e in mine} | set(splits)))
+    return EntryNotFoundError(
+        f"the store has no {where}; {name} was extracted under --name before fedcache recorded its --domains, so no "
+        f"command can say whether it is of {held} only: remove its entries with `fedcache store rm --store {path} "
+        f"{' '.join(e.entry_id for e in mine)}` and extract it again with --domains listing those it should hold, such "
+        f"as the ones it has: `fedcache extract --store {path} --dataset {like.attrs['made_from']['dataset']} --name "
+        f"{name} --domains {held} --backbones {backbones} --splits {splits}{_made_as(like)}`" + _unsaid(like))
 
 
 def _lacking(cur: dict, slot: tuple, wanted: set[str], splits: list[str]) -> tuple[list[str], list[str]]:

@@ -667,6 +667,66 @@ def test_extracting_some_domains_says_a_run_reads_every_domain_and_the_ways_on(t
         assert not [n for n in notes if "every domain" in n], notes
 
 
+@pytest.mark.parametrize("first,then", [(["light"], ["light", "dark"]), (["light", "dark"], ["light"]),
+                                         (["light"], None)])
+def test_a_name_extracted_again_with_other_domains_is_refused_before_any_work(tmp_path, first, then):
+    """A --name grown by a later --domains made entries recording other domains than its first ones, and every read
+    of it raised a bare ValueError; one shrunk found the others complete and went on reading them. Refused in one
+    line naming both, with the `store rm` that frees the name; pasted, the same extraction makes the name anew."""
+    from fedcache.cli import main
+
+    store_path = tmp_path / "s.zarr"
+    extract(cfg(store_path, domains=first, name="Y"))
+    ids = {e.entry_id for e in FeatureStore(store_path).entries()}
+    with pytest.raises(ConfigError) as refused:
+        extract(cfg(store_path, domains=then, name="Y"))
+    asked = f"--domains {','.join(then)}" if then else "without --domains"
+    said = str(refused.value)
+    assert said.startswith(f"--name Y {asked} makes a dataset of {','.join(then or ['light', 'dark'])}, but the store's "
+                           f"entries of Y are of {','.join(first)} ") and "\n" not in said, said
+    assert {e.entry_id for e in FeatureStore(store_path).entries()} == ids  # nothing made
+    rm = shlex.split(said.split("`")[1])
+    assert set(rm[5:]) == ids and main(rm[1:]) == 0
+    extract(cfg(store_path, domains=then, name="Y"))
+    for split in ("train", "test"):
+        assert FeatureStore(store_path).read("Y", split, "tiny-timm-random").domain_names == tuple(then or ["light", "dark"])
+
+
+def test_a_table_names_its_domains_as_its_newest_entry_does(store_path):
+    """Entries of one table recording other domains (a --name grown before that was refused): the domains a read wants
+    were its newest entry's, the names it gave rows its first entry's, and the read raised a bare ValueError."""
+    extract(cfg(store_path, domains=["light", "dark"], name="Y", splits=("train",)))
+    light = next(e for e in FeatureStore(store_path).entries() if e.key["domain"] == "light")
+    zarr.open_group(str(store_path / "entries" / light.entry_id), mode="r+").attrs["domains"] = ["light"]
+    table = FeatureStore(store_path).read("Y", "train", "tiny-timm-random")
+    assert table.domain_names == ("light", "dark") and set(np.unique(table.domains)) == {0, 1}
+
+
+def test_a_name_extracted_before_its_domains_were_recorded_is_made_again_as_its_entries_hold(tmp_path):
+    """Entries of `--name X --domains light` made before made_from recorded the domains name every domain: the hint
+    extracted `--name X --domains dark`, which made X of dark alone and dropped light. It says to remove them and
+    extract again with the domains X holds; both pasted, X reads light as before."""
+    from fedcache.cli import main
+    from fedcache.errors import EntryNotFoundError
+    from fedcache.federate.tables import load_splits
+
+    store_path = tmp_path / "s.zarr"
+    extract(cfg(store_path, domains=["light"], name="X"))
+    for eid, e in zarr.open_group(str(store_path), mode="r+")["entries"].groups():  # as an older fedcache made them
+        made = dict(e.attrs["made_from"])
+        del made["domains"]
+        e.attrs.update({"made_from": made, "domains": ["light", "dark"]})
+    with pytest.raises(EntryNotFoundError) as missing:
+        load_splits(FeatureStore(store_path), "X", ["tiny-timm-random"])
+    said = str(missing.value)
+    assert "X was extracted under --name before fedcache recorded its --domains" in said and "\n" not in said, said
+    rm, again = (shlex.split(c) for c in said.split("`")[1::2])
+    assert main(rm[1:]) == 0 and main(again[1:] + ["--workers", "0"]) == 0
+    assert dict(zip(again[2::2], again[3::2]))["--domains"] == "light", again
+    train, test = load_splits(FeatureStore(store_path), "X", ["tiny-timm-random"])
+    assert train.domain_names == test.domain_names == ("light",)
+
+
 def test_a_hint_says_the_image_size_only_where_it_is_not_the_default(tmp_path):
     """Every hint said --image-size: an entry of the dataset's (else the backbone's) default size is made again
     without it; one of another size keeps it, which the default would not make."""
