@@ -81,12 +81,21 @@ def _grid_stops_all() -> bool:
         return True
 
 
+# Looked up once, and None where a Python has them in C: its workers then never leave from the handler, as before.
+_LOCK_ENTER = getattr(getattr(SemLock, "__enter__", None), "__code__", None)
+_QUEUE_GET = getattr(getattr(Queue, "get", None), "__code__", None)
+
+
 def _waits_for_a_cell(frame) -> bool:
     """``frame`` (where a signal found the worker) is the pool's wait for the next cell blocked on the queue's lock:
-    not reading from the queue, where leaving after a message's length would leave its body to the next reader."""
-    if frame is not None and frame.f_code is SemLock.__enter__.__code__:
-        frame = frame.f_back
-    return frame is not None and frame.f_code is Queue.get.__code__
+    not reading from the queue, where leaving after a message's length would leave its body to the next reader.
+    False where it cannot be told: an error raised in a signal handler lands anywhere in the worker."""
+    try:
+        if frame is not None and frame.f_code is _LOCK_ENTER:
+            frame = frame.f_back
+        return frame is not None and frame.f_code is _QUEUE_GET
+    except Exception:  # noqa: BLE001 - see above
+        return False
 
 
 def unless_stopping(naming: bool | None, fn: Callable, *args):

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import wait as finished
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait
 
@@ -53,6 +54,7 @@ class Workers:
         self._reports = contextlib.ExitStack()
         self._pool: ProcessPoolExecutor | None = None
         self._sigterm: Future | None = None
+        self._futures: list[Future] = []  # the last run's cells
         self._stop_all: Callable[[], None] = lambda: None  # says to the workers that the grid stops them all
 
     def __enter__(self) -> Workers:
@@ -61,7 +63,7 @@ class Workers:
     def __exit__(self, kind, exc, tb) -> None:
         try:
             if exc is None and self._pool is not None:
-                self._pool.shutdown()
+                self._close()
             else:  # Ctrl-C or an error between tasks (a rung's cut): no cell runs, none is waited for
                 self._abandon()
         finally:
@@ -79,6 +81,7 @@ class Workers:
             # to choose.
             with _workers_deaf_to_ctrl_c(), start_method_unset():
                 futures = [pool.submit(unless_stopping, naming(), fn, *args) for fn, args in tasks]
+            self._futures = futures
             self._started |= set(multiprocessing.active_children()) - self._before
             for fut in _as_finished(futures, self._sigterm):
                 yield from fut.result()
@@ -99,6 +102,25 @@ class Workers:
                                                    stops_all))
         return self._pool
 
+    def _close(self) -> None:
+        """Each worker gone on the pool's last message, once the cells are done. One killed outright as it read
+        the queue for a next cell holds the queue's lock for good: the broken pool's SIGTERM then finds the others
+        waiting behind it (they tell the grid), where only the grid's stop ends their wait (``_abandon``). All
+        results in, the grid ends as it would have; a cell's result lost with the worker is its one line."""
+        import multiprocessing
+
+        pool, self._pool = self._pool, None
+        finished(self._futures)  # cells the caller left unread still finish, as the pool's own shutdown waited
+        workers = set(multiprocessing.active_children()) - self._before
+        pool.shutdown(wait=False)
+        running = _not_gone(workers, self._sigterm)
+        if running:
+            self._stop_all()
+            _stop(running)
+        lost = _broken(self._futures)
+        if lost is not None:
+            raise FedcacheError(_lost_worker(lost, self._started))
+
     def _abandon(self) -> None:
         """The queue dropped, the running cells and every worker stopped (``_stop``)."""
         import multiprocessing
@@ -109,6 +131,23 @@ class Workers:
         pool.shutdown(wait=False, cancel_futures=True)
         self._stop_all()  # before SIGTERM: a worker between cells then leaves at once (workers._exit_on_sigterm)
         _stop(set(multiprocessing.active_children()) - self._before)
+
+
+def _not_gone(workers: set, sigterm: Future) -> set:
+    """``workers`` still running once ``sigterm`` tells of a worker sent SIGTERM between cells (as the pool breaks,
+    or from outside), or after ``STOP_GRACE`` seconds."""
+    deadline = time.monotonic() + STOP_GRACE
+    running = set(workers)
+    while running and not sigterm.done() and time.monotonic() < deadline:
+        ended = wait([w.sentinel for w in running], min(RESEND, max(0.0, deadline - time.monotonic())))
+        running = {w for w in running if w.sentinel not in ended}
+    return running
+
+
+def _broken(futures: list[Future]) -> BrokenProcessPool | None:
+    """The error of a cell among ``futures`` whose worker died (how the pool says it broke), if any."""
+    errors = (f.exception() for f in futures if not f.cancelled())
+    return next((e for e in errors if isinstance(e, BrokenProcessPool)), None)
 
 
 def _as_finished(futures: list[Future], sigterm: Future) -> Iterator[Future]:
@@ -261,8 +300,9 @@ def _stop(workers: set, grace: float | None = None) -> int:
     running = set(workers)
     while running:
         # Sent again until each has ended: a worker sent it in its cell (by the pool, broken by a worker killed
-        # outright) lets its clean-up run, then waits for its next cell where only the signal ends the wait. One past
-        # its clean-up, in Python's teardown (seconds of torch's on a loaded machine), ends of it at once.
+        # outright) lets its clean-up run, then waits for its next cell where only the signal ends the wait. One
+        # already in Python's teardown (seconds of torch's on a loaded machine) has its handler reset to the
+        # default, so the next one ends it at once instead of leaving it to the kill after the grace.
         for w in running:
             w.terminate()
         # Ended is told by the sentinel, not is_alive(): the broken pool's own thread may be reaping the same worker,

@@ -266,6 +266,24 @@ def test_a_worker_sent_sigterm_between_cells_stops_the_grid_in_one_line(tmp_path
     assert float(took) < 10  # the other worker stopped too, not left to train its 120 s
 
 
+def test_where_a_sigterm_found_a_worker_is_never_an_error_in_its_handler():
+    """A frame the check cannot read (a Python whose queue or lock has other code) is not the wait for a cell: an
+    error raised in the handler would land wherever the signal found the worker."""
+    import sys
+    from multiprocessing.queues import Queue
+
+    from fedcache import workers
+
+    class Unreadable:
+        @property
+        def f_code(self):
+            raise RuntimeError("no code here")
+
+    assert workers._waits_for_a_cell(Unreadable()) is False
+    assert workers._waits_for_a_cell(sys._getframe()) is False
+    assert workers._waits_for_a_cell(type("Frame", (), {"f_code": Queue.get.__code__})()) is True
+
+
 def test_a_sigterm_between_cells_is_told_to_the_grid_not_raised(monkeypatch):
     """Between cells a worker is in the pool's own code: SystemExit raised there is what tore the pool's messages.
     The worker tells the grid instead, and refuses the next cell it is handed; in a cell it raises, once."""
@@ -887,3 +905,72 @@ def test_a_worker_killed_idle_beside_a_running_cell_does_not_leave_that_worker_w
     time.sleep(0.5)  # back in the pool, reading the queue for a cell that will not come
     os.kill(idle, 9)
     assert _ends_without_a_kill(workers, cells, caplog) < 15
+
+
+def _closed_within(workers, seconds: float) -> BaseException | None:
+    """What ``workers``' clean exit raised, or AssertionError if it had not returned after ``seconds``."""
+    import threading
+
+    said: list = []
+
+    def close():
+        try:
+            workers.__exit__(None, None, None)
+            said.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            said.append(exc)
+
+    closing = threading.Thread(target=close, daemon=True)
+    closing.start()
+    closing.join(seconds)
+    return said[0] if said else AssertionError(f"the workers' exit still waited after {seconds} s")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_idle_as_the_workers_close_does_not_leave_the_others_waiting(tmp_path, monkeypatch):
+    """Every result read (a --select grid's last stage), an idle worker killed outright as it read the queue holds
+    its lock for good: the pool's own shutdown waited for the other worker behind it forever. Nothing was lost."""
+    import os
+    import time
+
+    from fedcache.grids import pool
+
+    monkeypatch.setattr(pool, "STOP_GRACE", 30.0)
+    workers = pool.Workers(2)
+    reading, waiting = list(workers.run([(_own_pid, (str(tmp_path),)), (_own_pid_later, (str(tmp_path),))]))
+    time.sleep(0.5)  # both idle
+    os.kill(reading, 9)
+    time.sleep(0.5)
+    try:
+        assert _closed_within(workers, 15) is None
+        deadline = time.monotonic() + 5  # its pipes closed as it exits, it is not yet ended
+        while _running(waiting) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(waiting)
+    finally:  # the old exit: the pool's thread joins this worker at the test process's exit
+        if _running(waiting):
+            os.kill(waiting, 9)
+
+
+@pytest.mark.slow
+def test_a_cell_left_unread_whose_worker_was_killed_is_the_grid_s_one_line(tmp_path):
+    """The ``with`` block left without error before every result was read: the cells still finish, and one whose
+    worker died is said (it ended the grid without a word, the cell's result lost)."""
+    import multiprocessing
+    import os
+    import time
+
+    from fedcache.errors import FedcacheError
+    from fedcache.grids import pool
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    workers = pool.Workers(2)
+    cells = workers.run([(_own_pid, (str(tmp_path),)), (_long, (str(tmp_path),))])
+    idle = next(cells)
+    busy = {p.pid for p in multiprocessing.active_children()} - before - {idle}
+    assert len(busy) == 1
+    os.kill(busy.pop(), 9)
+    time.sleep(0.5)
+    said = _closed_within(workers, 30)
+    assert isinstance(said, FedcacheError) and "a grid worker process died" in str(said), said
+    assert str(said).count("\n") == 0
