@@ -10,8 +10,9 @@ from contextvars import ContextVar
 # Set for the length of a fedcache.api call (its context alone: other threads and calls keep the flags), unless a
 # command line set it first: `fedcache reproduce` calls the API, and its user typed flags.
 _KEYWORDS: ContextVar[bool | None] = ContextVar("fedcache_keyword_names", default=None)
-# Where the settings were given: a run's (``--set``, ``settings``), or a grid's axes (``--set``, ``sweep``).
-_SWEPT: ContextVar[bool] = ContextVar("fedcache_settings_swept", default=False)
+# Where the settings were given: a run's (``--set``, ``settings``), a grid's axes (``--set``, ``sweep``), or a grid
+# file's [set] (``--set``, its keys: the API caller wrote the file, not a ``sweep``).
+_GIVEN: ContextVar[str] = ContextVar("fedcache_settings_given", default="settings")
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -66,12 +67,26 @@ def named_as(state: bool | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def swept() -> Iterator[None]:
-    """Settings checked inside are a grid's axes: the Python API's ``sweep``, not ``settings``."""
-    token = _SWEPT.set(True)
+    """Settings checked inside are a grid's axes: the Python API's ``sweep``, not ``settings`` (inside
+    ``filed()``, still the file's)."""
+    with _given("file" if _GIVEN.get() == "file" else "sweep"):
+        yield
+
+
+@contextlib.contextmanager
+def filed() -> Iterator[None]:
+    """Settings checked inside came from a grid file's [set]: the Python API names each by its key there."""
+    with _given("file"):
+        yield
+
+
+@contextlib.contextmanager
+def _given(where: str) -> Iterator[None]:
+    token = _GIVEN.set(where)
     try:
         yield
     finally:
-        _SWEPT.reset(token)
+        _GIVEN.reset(token)
 
 
 def by_keyword() -> bool:
@@ -86,11 +101,12 @@ def named(flag: str, keyword: str) -> str:
 
 def set_flag() -> str:
     """The method/optimizer settings as messages name them: ``--set`` (CLI), ``settings`` (API)."""
-    return named("--set", "sweep" if _SWEPT.get() else "settings")
+    return named("--set", "settings" if _GIVEN.get() == "settings" else "sweep")
 
 
 def setting(key: str) -> str:
-    """One setting as messages name it: ``--set lr``, ``settings lr``, or a grid's axis ``sweep['lr']``."""
-    if by_keyword() and _SWEPT.get():
-        return f"sweep[{key!r}]"
-    return f"{set_flag()} {key}"
+    """One setting as messages name it: ``--set lr`` on the command line; in the Python API ``settings['lr']``, a
+    grid's axis ``sweep['lr']``, or a grid file's key ``lr``."""
+    if not by_keyword():
+        return f"--set {key}"
+    return key if _GIVEN.get() == "file" else f"{set_flag()}[{key!r}]"

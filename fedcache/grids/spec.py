@@ -29,7 +29,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, writable_dir
 from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
-from fedcache.wording import by_keyword, named
+from fedcache.wording import by_keyword, filed, named
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
@@ -463,7 +463,8 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
         for k in keys:
             for v in spec.sweep[k]:
                 try:
-                    base.override({**first, k: v})
+                    with filed():  # err names the value by the file's key, not as a sweep= the caller never gave
+                        base.override({**first, k: v})
                 except ConfigError as err:
                     # "0.1,0.01" is two values on the command line, one text in a file.
                     listed = f"; several values are a list in a grid file: {k} = [{', '.join(v.split(','))}]" if "," in v else ""

@@ -261,6 +261,18 @@ def test_a_bad_value_under_set_names_the_file(bad, said, toy_store, tmp_path, ca
         assert code == 0, err
 
 
+def test_a_bad_value_under_set_is_named_by_the_file_s_key_in_python(toy_store, tmp_path):
+    """fedcache.grid(config=...): the value came from the file, not a sweep= the caller never passed."""
+    import fedcache
+
+    path = tmp_path / "g.toml"
+    path.write_text(BASE + "[set]\nlr = -1\nclients = 2\n")
+    with pytest.raises(ConfigError) as err:
+        fedcache.grid(config=path, store=toy_store, dataset="test-toy", backbones=BACKBONE, out=tmp_path / "g")
+    assert str(err.value).startswith(f"grid file {path}, under [set]: lr=-1: must be > 0")
+    assert not (tmp_path / "g").exists()
+
+
 def test_toml_values_are_spelled_as_the_command_line_spells_them(tmp_path):
     """true names its cells as --validation does (not True); an integral number is an integer (rounds = 2.0 is
     --rounds 2, as jobs = 2.0 at the top is --jobs 2), and alpha = [0.1, 1.0] is --alpha 0.1,1."""
