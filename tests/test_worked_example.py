@@ -80,7 +80,7 @@ def test_select_without_spare_rows_names_the_option_to_add(toy_store, tmp_path, 
     from fedcache.api import grid as run_grid
 
     sweep = {"partition": "dirichlet", "alpha": 1, "clients": 3, "rounds": 2, "lr": ["1e-3", "1e-2"]}
-    with pytest.raises(ConfigError, match=r"add --subsample 0.8"):
+    with pytest.raises(ConfigError, match=r"add subsample=0\.8"):  # the Python API's keyword for --subsample
         run_grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0],
                  sweep=sweep, select=["lr"], out=tmp_path / "no-spare")
     assert grid[i + 1] == "0.8"  # the option the message names is the one the page uses
