@@ -29,10 +29,9 @@ from fedcache.federate.divergence import check_finite
 from fedcache.federate.local import rng_for
 from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.metrics import summarize
-from fedcache.federate.rundir import CHECKPOINT, METRICS, RunDir, load_checkpoint, save_checkpoint
+from fedcache.federate.rundir import CHECKPOINT, METRICS, RunDir, load_checkpoint, no_checkpoint, save_checkpoint
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
-from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +312,7 @@ def _resumed_checkpoint(runs: list[Run], where) -> dict:
         return load_checkpoint(where)
     own = [r.out.path / CHECKPOINT for r in runs if r.out is not None]
     if len(runs) == 1 or len(own) < len(runs) or not all(p.exists() for p in own):
-        resume = named("--resume", "resume=True")  # reached by fedcache.train(resume=True) as by the flag
-        raise ConfigError(f"{resume}: no checkpoint in {where.parent if where else 'the run'}; start the run without {resume}")
+        raise no_checkpoint(where.parent if where else "the run")  # fedcache.train(resume=True) reaches it too
     cks = [load_checkpoint(p) for p in own]
     at = {ck["rnd"] for ck in cks}
     if len(at) > 1:

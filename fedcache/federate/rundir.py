@@ -115,8 +115,7 @@ class RunDir:
 
     def load_checkpoint(self) -> dict:
         if not self.has_checkpoint():
-            resume = named("--resume", "resume=True")
-            raise ConfigError(f"{resume}: no checkpoint in {self.path}; start the run without {resume}")
+            raise no_checkpoint(self.path)
         return load_checkpoint(self.path / CHECKPOINT)
 
     # ---- the end ------------------------------------------------------------------------------
@@ -179,6 +178,12 @@ def save_checkpoint(path: Path, ck: dict) -> None:
     body = {"format": FORMAT, **ck}
     torch.save({**body, DIGEST: digest(body)}, buf)
     disk.write_atomic(path, buf.getbuffer(), "the checkpoint", check=True)
+
+
+def no_checkpoint(where: Path | str) -> ConfigError:
+    """A resume with nothing to resume from, named as the caller asked for it (the flag, or the API's keyword)."""
+    resume = named("--resume", "resume=True")
+    return ConfigError(f"{resume}: no checkpoint in {where}; start the run without {resume}")
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -101,8 +101,14 @@ def test_interrupted_run_resumes_to_identical_results(data, tmp_path):
 
 
 def test_resume_without_checkpoint_is_an_error(data, tmp_path):
-    with pytest.raises(ConfigError, match="no checkpoint"):
+    """The round driver's refusal and a run directory's are one message (rundir.no_checkpoint), for one place."""
+    from fedcache.federate.rundir import RunDir
+
+    with pytest.raises(ConfigError, match="no checkpoint") as driven:
         run(make("fedavg", data), RunConfig(rounds=2, out=tmp_path, resume=True))
+    with pytest.raises(ConfigError) as read:
+        RunDir(tmp_path).load_checkpoint()
+    assert str(driven.value) == str(read.value) == f"--resume: no checkpoint in {tmp_path}; start the run without --resume"
 
 
 def test_a_torn_last_metrics_line_is_dropped_on_resume(data, tmp_path):
