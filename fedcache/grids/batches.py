@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
-from fedcache.grids.cell import hold_cell, result_row, run_cell, write_cell_json
+from fedcache.grids.cell import cell_record, hold_cell, result_row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
@@ -162,23 +162,35 @@ def _continued(started: list[list[Hashable]], keys: list[Hashable], limit: int) 
     return kept
 
 
-def started_batches(folder: Path, keys: list[Hashable]) -> list[list[Hashable]]:
+def started_batches(folder: Path, keys: list[Cell]) -> list[list[Cell]]:
     """The batches under ``folder`` (a grid's batches/) with a checkpoint whose runs are all among ``keys``,
-    in their order (``run_batch`` records them by ``str(key)``)."""
-    by_name = {str(k): k for k in keys}
+    in their order."""
+    by_name = _by_name(keys)
     return [[by_name[n] for n in names] for batch, names in _recorded(folder)
             if (batch / CHECKPOINT).exists() and all(n in by_name for n in names)]
 
 
+def _by_name(keys: Iterable[Cell]) -> dict[str, Cell]:
+    """Each cell by the names ``_recorded`` gives the runs of a batch: its fields' JSON (``cell.cell_record``), and
+    ``str(cell)``, the Python text an older fedcache recorded (its interrupted batches continue all the same)."""
+    return {name: c for c in keys for name in (json.dumps(cell_record(c)), str(c))}
+
+
 def _recorded(folder: Path) -> list[tuple[Path, list[str]]]:
-    """Each batch folder under ``folder`` with its runs as ``run_batch`` records them (``str(key)``)."""
-    return [(runs.parent, read_json(runs, f"delete the folder {runs.parent} and run the grid again: its cells train "
-                                          "again from their start", problem=_not_a_list))
+    """Each batch folder under ``folder`` with its runs as ``run_batch`` records them, each named by its fields'
+    JSON (or, recorded by an older fedcache, its text)."""
+    return [(runs.parent, [r if isinstance(r, str) else json.dumps(r) for r in read_json(
+                runs, f"delete the folder {runs.parent} and run the grid again: its cells train again from their start",
+                problem=_not_runs)])
             for runs in sorted(folder.glob("*/runs.json"))]
 
 
-def _not_a_list(value) -> str:
-    return "" if isinstance(value, list) else "not a JSON list"
+def _not_runs(value) -> str:
+    if not isinstance(value, list):
+        return "not a JSON list"
+    fields = set(cell_record(Cell("", 0, ())))
+    ok = all(isinstance(r, str) or (isinstance(r, dict) and set(r) == fields) for r in value)
+    return "" if ok else f"not a list of runs (each an object of {', '.join(sorted(fields))})"
 
 
 def _split(keys: list, parts: int) -> list[list]:
@@ -293,12 +305,12 @@ def batch_id(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
-def run_batch(runs: dict[Hashable, RunSpec], tables, folder: Path, stop: int | None = None) -> list[tuple[Hashable, object]]:
+def run_batch(runs: dict[Cell, RunSpec], tables, folder: Path, stop: int | None = None) -> list[tuple[Cell, object]]:
     """Train the runs as one stack, each into its own run directory (``engine.out``), continuing the stack's
     checkpoint in ``folder`` (the caller removes the folder once it is done), or else the runs' own checkpoints
     where every run has one (runs paused at one round); (key, its ``RunResult``) per run. ``stop``: pause there."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_text(folder / "runs.json", json.dumps([str(k) for k in runs], indent=1) + "\n", "the batch's record")
+    write_text(folder / "runs.json", json.dumps([cell_record(k) for k in runs], indent=1) + "\n", "the batch's record")
     checkpoint = folder / CHECKPOINT
     resume = continuable(checkpoint) or all((cfg.engine.out / CHECKPOINT).exists() for cfg in runs.values())
     with on_device(next(iter(runs.values()))):  # a grid's cells share the device (engine.device is no axis)
@@ -416,20 +428,20 @@ def drop_batches_of(folder: Path, todo: list[Cell]) -> None:
     engine trains as their own runs, said and removed: left, a batch whose other cells had finished (interrupted as
     it wrote them) was continued by a later batched run once its cells were to train again, from a checkpoint that
     is not of their runs now. (A batch whose cells are all to train is refused before: ``run._refuse_batched_progress``.)"""
-    names = {str(c) for c in todo}
+    names = set(_by_name(todo))
     for batch, held in _recorded(folder):
         if names & set(held):
             _drop(batch, "whose cells the process engine trains as their own runs now")
     _remove_if_empty(folder)
 
 
-def drop_behind_batches(folder: Path, runs: Mapping[Hashable, RunSpec]) -> None:
+def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
     """The folders of batches (under ``folder``, a grid's batches/) whose checkpoint is of a round that the run
     directory of one of ``runs`` it stacks lacks, said and removed. A grid killed after a batch's cells were written
     but before its folder went left a checkpoint of their last round, which no run read (its cells had finished);
     once their folders were deleted (as a damaged cell's message asks), a later run continued it without the
     cells' config.json and metrics lines."""
-    by_name = {str(k): cfg for k, cfg in runs.items()}
+    by_name = {name: runs[c] for name, c in _by_name(runs).items()}
     for batch, names in _recorded(folder):
         rnd = _start_round(batch)
         behind = [by_name[n].engine.out for n in names if n in by_name and not _holds_rounds(by_name[n], rnd)]

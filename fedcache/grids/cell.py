@@ -108,8 +108,13 @@ def diverged_row(c: Cell, out: Path) -> dict:
 
 
 def write_cell_json(out: Path, c: Cell) -> None:
-    write_text(out / CELL, json.dumps({"method": c.method, "seed": c.seed, "setting": dict(c.setting)}) + "\n",
-               "the cell's record")
+    write_text(out / CELL, json.dumps(cell_record(c)) + "\n", "the cell's record")
+
+
+def cell_record(c: Cell) -> dict:
+    """A cell as plain JSON fields (its cell.json, a batch's runs.json): its method, seed and swept settings, in
+    the grid's axis order."""
+    return {"method": c.method, "seed": c.seed, "setting": dict(c.setting)}
 
 
 def row(c: Cell, summary: dict, out: Path) -> dict:

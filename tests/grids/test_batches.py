@@ -589,3 +589,29 @@ def test_a_batch_left_by_a_grid_killed_after_its_cells_finished_is_not_continued
         assert [strip(json.loads(l)) for l in (cell / "metrics.jsonl").read_text().splitlines()] == \
                [strip(json.loads(l)) for l in (again / "metrics.jsonl").read_text().splitlines()]
         assert strip(json.loads((cell / "summary.json").read_text())) == strip(json.loads((again / "summary.json").read_text()))
+
+
+def test_a_batch_records_its_cells_as_plain_json_and_an_older_record_still_continues(toy_store, tmp_path, monkeypatch,
+                                                                                     caplog):
+    """runs.json names each stacked cell by its fields (method, seed, setting), not by Python's text of the Cell; a
+    batch an older fedcache recorded so still continues from its checkpoint, to an uninterrupted grid's numbers."""
+    import logging
+
+    from fedcache.grids.spec import Cell
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    stop_after_round_1(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=tmp_path / "g", **kw)
+    monkeypatch.undo()
+    (runs,) = (tmp_path / "g" / "batches").glob("*/runs.json")
+    recorded = json.loads(runs.read_text())
+    fixed = {"partition": "iid", "clients": "3", "rounds": "3"}
+    assert recorded == [{"method": "fedavg", "seed": 0, "setting": {**fixed, "lr": lr}} for lr in ("0.003", "0.03")]
+    runs.write_text(json.dumps([str(Cell(r["method"], r["seed"], tuple(r["setting"].items()))) for r in recorded]))
+    with caplog.at_level(logging.INFO, logger="fedcache"):
+        grid(out=tmp_path / "g", **kw)
+    assert "resuming fedavg after round 1" in caplog.text and "interrupted batch" not in caplog.text
+    assert_same_cells(tmp_path / "whole", tmp_path / "g")
