@@ -55,6 +55,7 @@ class Workers:
         self._pool: ProcessPoolExecutor | None = None
         self._sigterm: Future | None = None
         self._futures: list[Future] = []  # the last run's cells
+        self._read: set[Future] = set()  # those of them whose result the caller was given
         self._stop_all: Callable[[], None] = lambda: None  # says to the workers that the grid stops them all
 
     def __enter__(self) -> Workers:
@@ -81,9 +82,10 @@ class Workers:
             # to choose.
             with _workers_deaf_to_ctrl_c(), start_method_unset():
                 futures = [pool.submit(unless_stopping, naming(), fn, *args) for fn, args in tasks]
-            self._futures = futures
+            self._futures, self._read = futures, set()
             self._started |= set(multiprocessing.active_children()) - self._before
             for fut in _as_finished(futures, self._sigterm):
+                self._read.add(fut)
                 yield from fut.result()
         except BaseException as exc:
             # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: the pool's own shutdown would
@@ -120,6 +122,9 @@ class Workers:
         lost = _broken(self._futures)
         if lost is not None:
             raise FedcacheError(_lost_worker(lost, self._started))
+        failed = _unread_error(self._futures, self._read)
+        if failed is not None:  # raised as reading its result would have: the caller's one line for it
+            raise failed
 
     def _abandon(self) -> None:
         """The queue dropped, the running cells and every worker stopped (``_stop``)."""
@@ -148,6 +153,14 @@ def _broken(futures: list[Future]) -> BrokenProcessPool | None:
     """The error of a cell among ``futures`` whose worker died (how the pool says it broke), if any."""
     errors = (f.exception() for f in futures if not f.cancelled())
     return next((e for e in errors if isinstance(e, BrokenProcessPool)), None)
+
+
+def _unread_error(futures: list[Future], read: set[Future]) -> Exception | None:
+    """The error of the first cell among ``futures`` that raised one and whose result was never read (a caller that
+    stopped reading before the last cell, then left the ``with`` block): its workers close cleanly, and the cell's
+    error was lost without a word."""
+    errors = (f.exception() for f in futures if f not in read and not f.cancelled())
+    return next((e for e in errors if isinstance(e, Exception)), None)
 
 
 def _as_finished(futures: list[Future], sigterm: Future) -> Iterator[Future]:

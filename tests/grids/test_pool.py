@@ -974,3 +974,25 @@ def test_a_cell_left_unread_whose_worker_was_killed_is_the_grid_s_one_line(tmp_p
     said = _closed_within(workers, 30)
     assert isinstance(said, FedcacheError) and "a grid worker process died" in str(said), said
     assert str(said).count("\n") == 0
+
+
+def _refused_after(seconds: float) -> list:
+    import time
+
+    from fedcache.errors import ConfigError
+
+    time.sleep(seconds)
+    raise ConfigError("cell 2 refused: its one line")
+
+
+def test_a_cell_error_whose_result_was_never_read_is_said_as_the_workers_close():
+    """A caller that stops reading before the last cell and leaves the ``with`` block closes the workers cleanly; a
+    cell among those unread that raised was then lost without a word. It is raised as its read would have raised it."""
+    from fedcache.errors import ConfigError
+    from fedcache.grids.pool import Workers
+
+    with pytest.raises(ConfigError, match=r"^cell 2 refused: its one line$"):
+        with Workers(2) as workers:
+            rows = workers.run([(sorted, ([2, 1],)), (_refused_after, (1.0,))])
+            assert next(rows) == 1  # the first cell's, long before the second's error
+    rows.close()
