@@ -102,3 +102,30 @@ def test_a_step_is_logged_and_said_only_where_it_took_slow_step_seconds(caplog):
         progress.said_step(log, None, "to nobody", 60.0)  # the library called without a callback: quiet
     assert said == ["slow"]
     assert [r.getMessage() for r in caplog.records] == ["fast", "slow", "to nobody"]
+
+
+def test_a_log_line_while_a_bar_is_drawn_prints_above_the_bar_not_on_it():
+    """A command's stderr handler wrote to the terminal itself while a bar was drawn there: a grid worker's record
+    landed after the bar's text on its line (`... 50% -:--:--WARNING ...`) and left a copy of the bar in the
+    scrollback. While the bar is drawn, its lines go through the bar's console, which prints them above it."""
+    import logging
+
+    from fedcache.cli.common import Bar
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        with Bar(console=Console(file=out, force_terminal=True, width=60), auto_refresh=False) as bar:
+            task = bar.add_task("grid", total=2)
+            bar.update(task, completed=1)
+            bar.refresh()
+            logging.getLogger("fedcache.test").warning("a worker's line")
+            bar.update(task, completed=2)
+        logging.getLogger("fedcache.test").warning("after the bar")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = out.getvalue().replace("\x1b[2K", "").replace("\r", "\n").splitlines()
+    assert "WARNING fedcache.test: a worker's line" in lines, lines  # a line of its own
+    assert lines[-1].endswith("WARNING fedcache.test: after the bar") and handler.stream is out

@@ -209,7 +209,27 @@ def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
     if not err.is_terminal:
         return PlainProgress(err)
     columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn())
-    return Progress(*columns, console=err)
+    return Bar(*columns, console=err)
+
+
+class Bar(Progress):
+    """A live bar whose command's log lines print above it. The command's stderr handler (``log_to_stderr``) holds
+    the terminal's stream, not the one rich puts in sys.stderr while the bar is drawn: a line (a grid worker's record,
+    a cell's) landed on the bar's own line, after its text, and left a copy of the bar behind it in the scrollback."""
+
+    def start(self) -> None:
+        super().start()
+        proxy = sys.stderr  # rich's, writing through the bar's console, where it redirects (a terminal)
+        self._moved = [h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler
+                       and h.stream is self.console.file and hasattr(proxy, "rich_proxied_file")]
+        for handler in self._moved:
+            handler.setStream(proxy)
+
+    def stop(self) -> None:
+        for handler in getattr(self, "_moved", []):
+            handler.setStream(self.console.file)
+        self._moved = []
+        super().stop()
 
 
 def import_with_torch(module: str) -> ModuleType:

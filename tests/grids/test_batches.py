@@ -615,3 +615,26 @@ def test_a_batch_records_its_cells_as_plain_json_and_an_older_record_still_conti
         grid(out=tmp_path / "g", **kw)
     assert "resuming fedavg after round 1" in caplog.text and "interrupted batch" not in caplog.text
     assert_same_cells(tmp_path / "whole", tmp_path / "g")
+
+
+def test_cells_finishing_together_are_each_logged_once_with_a_rising_count_as_progress_says_them(toy_store, tmp_path,
+                                                                                                 capsys, caplog):
+    """Batches of two side by side in two workers: their cells finish together. Each is logged once, counted 1..N in
+    order, named by the axes its grid varies (the method and seed alone named a batch's cells alike), and a progress
+    line (a log file's, where no bar is drawn) names the cell of its count in the same words."""
+    import logging
+    import re
+
+    with caplog.at_level(logging.INFO, logger="fedcache.grids"):
+        code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition",
+                     "iid", "--clients", "2", "--rounds", "1", "--set", "lr=0.1,0.01", "--seeds", "0,1", "--jobs", "2",
+                     "--engine", "batched", "--max-batch-cells", "2", "--out", str(tmp_path / "g")])
+    err = capsys.readouterr().err
+    assert code == 0 and "2 x 2 fedavg" in err
+    logged = [re.fullmatch(r"cell (\d+)/4 finished: (.+)", r.getMessage()) for r in caplog.records
+              if r.name == "fedcache.grids" and r.getMessage().startswith("cell ")]
+    assert [m[1] for m in logged] == ["1", "2", "3", "4"], caplog.text
+    assert sorted(m[2].split(":")[0] for m in logged) == sorted(
+        f"fedavg lr={lr} seed {seed}" for lr in ("0.1", "0.01") for seed in (0, 1))
+    shown = re.findall(r"^grid (\d+)/4 \(\d+%\) (?:ETA|in) \S+ (.+)$", err, re.M)
+    assert shown and all(text == dict(m.groups() for m in logged)[n] for n, text in shown), (shown, caplog.text)
