@@ -270,7 +270,36 @@ def test_store_ls_shows_incomplete_entries(capsys, store_path):
         extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=store_path, workers=0,
                               batch_size=4, chunk_rows=8), progress=stop)
     code, out, _ = run(capsys, "store", "ls", "--store", str(store_path))
-    assert code == 0 and "partial 0/4" in out
+    assert code == 0 and "partial 4/30 rows" in out  # the first batch, kept: no chunk of 8 rows done
+
+
+def _stopped_after(batches: int):
+    seen = {"n": 0}
+
+    def stop(event):
+        seen["n"] += event.kind == "advance"
+        if seen["n"] == batches:
+            raise KeyboardInterrupt
+
+    return stop
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_store_ls_counts_the_rows_a_resumed_extraction_keeps(capsys, store_path, changed):
+    """A domain of one chunk interrupted after 3 batches was `partial 0/1` (chunks done), though its re-run keeps
+    those 12 rows. Rows kept whose bytes changed since are computed again: they are not counted."""
+    from fedcache.extract.runner import ExtractConfig, extract
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=store_path, workers=0,
+                              batch_size=4), progress=_stopped_after(3))
+    if changed:
+        (features,) = store_path.glob("entries/*/features/c/0/0")
+        with open(features, "r+b") as fh:  # a byte of row 5
+            fh.seek(5 * 96 * 2)
+            fh.write(bytes([fh.read(1)[0] ^ 0xFF]))
+    code, out, _ = run(capsys, "store", "ls", "--store", str(store_path))
+    assert code == 0 and ("partial 0/30 rows" if changed else "partial 12/30 rows") in out, out
 
 
 def _interrupt(*_args, **_kwargs):

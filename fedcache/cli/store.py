@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table
-from fedcache.errors import ConfigError, UnreadableEntryError
+from fedcache.errors import ConfigError, StoreError, UnreadableEntryError
 from fedcache.wording import count
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
@@ -81,8 +81,20 @@ def _status(fs, e, current: set) -> str:
             return "[red]unreadable[/] (see `store verify`)"
         if done is None:
             return "[red]damaged[/] (see `store verify`)"
-        return f"[yellow]partial {done[0]}/{done[1]}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
+        return f"[yellow]partial {_kept(fs, e, done)}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
+
+
+def _kept(fs, e, done: tuple[int, int]) -> str:
+    """How far a partial entry got: its rows kept (a domain of one chunk keeps its batches), or, where its row files
+    cannot be read for that, its chunks done."""
+    from fedcache.store.writer import rows_written
+
+    try:
+        return f"{rows_written(fs, e)}/{e.n_rows} rows"
+    # A key of another fedcache, or row files `store verify` says what is wrong with: the flags still say how far.
+    except (StoreError, OSError, TypeError):
+        return f"{done[0]}/{done[1]} chunks"
 
 
 @store_app.command("info")

@@ -30,7 +30,8 @@ import zarr
 from fedcache import disk
 from fedcache.errors import EntryLockedError, StoreError
 from fedcache.store.chunks import ChunkError, ChunkFiles, RawMeta, RowFile, write_atomic
-from fedcache.store.feature_store import ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, FeatureStore, now_iso
+from fedcache.store.feature_store import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, STORE_FORMAT, EntryInfo, FeatureStore,
+                                          now_iso)
 from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT_1_CHECKSUM, ROW_ARRAYS, as_attr,
                                       chunk_crcs)
 from fedcache.store.keys import EntryKey
@@ -268,6 +269,15 @@ class _ThroughZarr:
 
     def all(self, name: str) -> np.ndarray:
         return self.group[name][:]
+
+
+def rows_written(store: FeatureStore, info: EntryInfo) -> int:
+    """The rows of a partial entry its extraction will not compute again: those of its done chunks and those kept of
+    the others, as its writer finds them when it resumes (kept rows whose bytes no longer match their checksums, or
+    of format 1, are not counted). ``store ls`` says them; a chunk count said 0 of a domain of one chunk."""
+    writer = EntryWriter(store, EntryKey(**info.key), store.root[ENTRIES][info.entry_id],
+                         store.path / ENTRIES / info.entry_id)
+    return info.n_rows - sum(writer.chunk_range(c)[1] - writer.resume_row(c) for c in writer.pending())
 
 
 def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict,
