@@ -352,7 +352,7 @@ def open_writer(
 ) -> Iterator[EntryWriter]:
     """Create (or reopen) the entry for ``key`` and hold the lock of this writer's part. On a full disk the
     entry's finished chunks stay (it is resumed), after its space is checked: a new entry's whole size before it
-    is made, a resumed one's pending chunks before they are written."""
+    is made, a resumed one's rows still to write (of its pending chunks, less the rows kept) before they are."""
     folder = store.path / ENTRIES / key.entry_id
     what = f"the entry {key.entry_id} ({key.label()}) in"
     create = store.locks_dir / f"{key.entry_id}.create.lock"
@@ -380,7 +380,8 @@ def open_writer(
         fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])
         fresh.replaced = replaced
         pending = fresh.pending(part)
-        rows = sum(min(n_rows, (c + 1) * fresh.chunk_rows) - c * fresh.chunk_rows for c in pending)
+        # The rows still to write: of a chunk partly kept, those after its kept rows (as the extraction resumes it).
+        rows = sum(fresh.chunk_range(c)[1] - fresh.resume_row(c) for c in pending)
         need = entry_bytes(rows, 0, dim, np.dtype(key.dtype).itemsize, len(pending))
         if pending:
             disk.check_space(folder, need, what, RESUMED)

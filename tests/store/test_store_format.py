@@ -265,6 +265,27 @@ def test_the_rows_kept_of_a_chunk_are_resumed_after(store_path):
         assert w.resume_row(0) == 4
 
 
+def test_a_resume_checks_the_space_of_the_rows_it_still_writes(store_path, monkeypatch):
+    """The space a resumed entry needs was counted by whole pending chunks: a chunk with most of its rows kept was
+    refused on a disk with room for the rest of them."""
+    from fedcache import disk
+    from fedcache.errors import DiskFullError
+    from fedcache.store.writer import entry_bytes
+
+    store, dim = FeatureStore(store_path), 1000
+    with open_writer(store, key(), 10, dim, 2, D0, chunk_rows=8) as w:
+        assert not w.write_rows(0, 0, *_rows(0, 6, dim))
+    rest = entry_bytes(2 + 2, 0, dim, 4, 2)  # rows 6..7 of chunk 0, 8..9 of chunk 1
+    monkeypatch.setattr(disk, "free_bytes", lambda path: rest - 1)  # a byte short of them: refused
+    with pytest.raises(DiskFullError, match="the batches written so far are kept"):
+        with open_writer(store, key(), 10, dim, 2, D0, chunk_rows=8):
+            pass
+    monkeypatch.setattr(disk, "free_bytes", lambda path: rest)
+    with open_writer(store, key(), 10, dim, 2, D0, chunk_rows=8) as w:
+        assert w.write_rows(0, 6, *_rows(6, 8, dim)) and w.write_rows(1, 8, *_rows(8, 10, dim)) and w.finish()
+    np.testing.assert_array_equal(store.read("ds", "train", "a").features, _rows(0, 10, dim)[0])
+
+
 @pytest.mark.parametrize("size", [0, 5, 8 * 5 + 3, 8 * 6])  # empty, short of one number, torn mid-number, one too many
 def test_a_record_of_kept_rows_of_the_wrong_length_starts_its_chunk_again(store_path, size):
     """A record whose length was not a multiple of 8 bytes raised numpy's ValueError on every re-run."""
