@@ -53,7 +53,7 @@ class EntryReport:
     status: str  # "extracted", "already complete", "part done"
     rows: int
     seconds: float
-    bad_images: list[str] = field(default_factory=list)
+    bad_images: list[str] = field(default_factory=list)  # the entry's, once complete; else this run's (its part)
 
 
 def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[EntryReport]:
@@ -260,6 +260,8 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
         emit(ProgressEvent("end", key.label()))
     # Chunks written by this run: none when it queued (--wait) behind a writer that finished them.
     status = ("extracted" if pending else "already complete") if done else "part done"
+    # Completed by this run: the entry's bad images (also of rows a run before kept), as listed beside it.
+    bad = writer.bad_images if done else bad
     return EntryReport(key.label(), key.entry_id, status, rows, time.perf_counter() - t0, bad)
 
 

@@ -70,6 +70,7 @@ class EntryWriter:
         self.checksum = a.get(CHECKSUM_ATTR, FORMAT_1_CHECKSUM)
         self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
         self.begun: dict[int, _Begun] = {}  # chunks this writer has rows of (or found rows of kept), not yet done
+        self.bad_images: list[str] = []  # once :meth:`finish` completes the entry: its bad images, as listed
         folder = folder if folder is not None else store.path / ENTRIES / key.entry_id
         # A complete entry's flags and chunk checksums are not opened: its checksums are its attributes, and reads
         # never look at them (a complete entry whose done/zarr.json went missing is intact, and is found complete).
@@ -136,7 +137,8 @@ class EntryWriter:
     def finish(self, describe: Callable[[int], str] | None = None) -> bool:
         """Mark the entry complete if every chunk is done (by any writer); True if so. ``describe(i)`` names row
         ``i``'s image: given, the rows not valid (bad images skipped, by this run or the one it resumed, by any
-        writer) are listed in the store's reports, the file's list made whole before the entry is complete."""
+        writer) are listed in the store's reports, the file's list made whole before the entry is complete, and
+        kept in ``bad_images``."""
         if self.complete:
             self.store.make_current(self.key.entry_id)
             return True
@@ -154,7 +156,7 @@ class EntryWriter:
 
     def _list_bad_images(self, valid: np.ndarray, describe: Callable[[int], str]) -> None:
         # From the rows, not from the names a run met: a resumed run never sees the bad images of the rows it kept.
-        names = [describe(int(i)) for i in np.flatnonzero(~valid)]
+        names = self.bad_images = [describe(int(i)) for i in np.flatnonzero(~valid)]
         path = self.store.bad_images_path(self.key.entry_id)
         if not names:
             path.unlink(missing_ok=True)

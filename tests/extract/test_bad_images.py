@@ -54,7 +54,8 @@ def test_name_gives_a_folder_its_own_store_name(store_path, folder):
 
 def test_a_resumed_extraction_lists_the_bad_images_of_the_rows_it_kept(store_path, folder):
     """The list was written from the names the finishing run met: rows kept from an interrupted run were counted in
-    n_bad_images but their bad images never listed, and a domain smaller than a chunk keeps every batch it wrote."""
+    n_bad_images but their bad images never listed, and a domain smaller than a chunk keeps every batch it wrote.
+    The finishing run's report (the command's "N bad images skipped") counted only those it met: none."""
     (folder / "train" / "dog" / "broken.png").rename(folder / "train" / "cat" / "0a-broken.png")  # row 1 of 7
     seen = {"batches": 0}
 
@@ -70,6 +71,8 @@ def test_a_resumed_extraction_lists_the_bad_images_of_the_rows_it_kept(store_pat
     store = FeatureStore(store_path)
     entry = next(e for e in store.entries() if e.key["split"] == "train")
     train = next(r for r in reports if r.entry_id == entry.entry_id)
-    assert train.rows == 7 - 4 and train.bad_images == []  # this run met no bad image
+    listed = [str(folder / "train" / "cat" / "0a-broken.png")]
     assert entry.attrs["n_bad_images"] == 1
-    assert store.bad_images_path(entry.entry_id).read_text().splitlines() == [str(folder / "train" / "cat" / "0a-broken.png")]
+    assert store.bad_images_path(entry.entry_id).read_text().splitlines() == listed
+    # This run met no bad image; its report counted none, and its summary said no bad image skipped.
+    assert train.rows == 7 - 4 and train.bad_images == listed
