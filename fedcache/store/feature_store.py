@@ -245,6 +245,9 @@ class FeatureStore(TextEmbeddings, Removal):
         hit = lookup.damaged_in(infos, (dataset, split, backbone, view), None if domains is None else set(domains))
         if hit:
             raise self.refused(hit, hit.damaged or "", hit.denied)
+        misplaced = lookup.misplaced_in(self.path, infos, (dataset, split, backbone, view))
+        if misplaced:
+            raise misplaced
         if not found:
             raise lookup.nothing_found(self.path, infos, cur, (dataset, split, backbone, view))
         return found

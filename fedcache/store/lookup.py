@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Sequence
 
-from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json
 
@@ -25,6 +25,24 @@ def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> Entr
 
     hit = [e for e in infos if e.damaged and (not e.key or may_fill(e))]
     return hit[0] if hit else None
+
+
+def misplaced_in(path: Path, infos: list[EntryInfo], want: tuple) -> DamagedEntryError | None:
+    """The newest complete entry of (dataset, split, backbone, view) where its ``domains``, which a read takes for the
+    table's, lack its own domain: damaged, or of another store. A read then kept none of the entries, and said them
+    not complete yet; its extraction finds it complete (its checksums hold) and changes nothing."""
+    dataset, split, backbone, view = want
+    done = [e for e in infos if e.complete and e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
+    last = newest(done) if done else None
+    names = last.attrs.get("domains") if last else None
+    if not isinstance(names, list) or last.key["domain"] in names:
+        return None
+    problem = (f"it is of domain {last.key['domain']} but records the domains of its dataset as "
+               f"{','.join(map(str, names)) or 'none'}")
+    return DamagedEntryError(
+        f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {problem}, so no read can "
+        f"place its rows; remove it with `fedcache store rm {last.entry_id} --store {path}` and run the extraction "
+        "(or import) that made it again", problem)
 
 
 def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) -> StoreError:

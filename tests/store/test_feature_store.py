@@ -53,6 +53,24 @@ def test_reader_refuses_incomplete_entries(store_path):
         store.read("ds", "train", "other-backbone")
 
 
+@pytest.mark.parametrize("names", [["other"], []])
+def test_an_entry_whose_domains_lack_its_own_is_said_to_be_damaged_with_the_store_rm_that_frees_it(store_path, names):
+    """Its `domains` (the table's, which a read takes from the newest entry) without its own domain: no entry was
+    read, and the read said the features not complete yet, finished by an extraction that finds them complete."""
+    from fedcache.errors import DamagedEntryError
+
+    store = FeatureStore(store_path)
+    assert write_all(store, key(), np.ones((4, 3)), np.zeros(4))
+    store.root["entries"][key().entry_id].attrs.update({"domains": names})
+    with pytest.raises(DamagedEntryError) as refused:
+        FeatureStore(store_path).read("ds", "train", "bb")
+    said = str(refused.value)
+    assert "not complete" not in said and len(said.splitlines()) == 1
+    assert f"entry {key().entry_id} (ds/train/all bb) in {store_path} is damaged or of another store" in said
+    assert "it is of domain all but records the domains of its dataset as" in said
+    assert f"`fedcache store rm {key().entry_id} --store {store_path}`" in said
+
+
 def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
     """A typo was told to run an extraction that then failed on the same typo; an import of one split was told to
     extract; an unfinished float32 extraction was told to run one that would write float16 entries."""
