@@ -28,7 +28,7 @@ from fedcache.extract.transforms import Preprocess, ViewSpec
 from fedcache.store import lookup
 from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
-from fedcache.store.keys import EntryKey
+from fedcache.store.keys import EntryKey, noisy_name
 from fedcache.store.writer import EntryWriter, open_writer
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     emit = progress or (lambda e: None)
     _check_image_size(cfg, [BACKBONES.get(name) for name in cfg.backbones])  # a misspelt name too, before slow work
     dataset = load_dataset(cfg.dataset, cfg.dataset_options)
-    name = cfg.name or _noisy_name(dataset.name, cfg.image_noise)
+    name = cfg.name or noisy_name(dataset.name, cfg.image_noise)
     if name:
         dataset = dataclasses.replace(dataset, name=name)
     store = FeatureStore(cfg.store)
@@ -124,14 +124,6 @@ def _check_image_size(cfg: ExtractConfig, specs: list) -> None:
                     s.input_size, s.input_size, cfg.image_size)
 
 
-def _noisy_name(name: str, noise: tuple | None) -> str | None:
-    """Noisy features get their own dataset name, so they never replace the clean ones in a slot."""
-    if not noise:
-        return None
-    kind, scale, p = noise
-    return f"{name}-noise-{kind}-{scale:g}-{p:g}"
-
-
 def _made_from(cfg: ExtractConfig, dataset: Dataset) -> dict:
     """What an entry stored under a name of its own (``--name``, ``--image-noise``) was extracted from: the command
     that makes or finishes it names the dataset fedcache knows, not the store's name, and the domains a --name
@@ -153,7 +145,7 @@ def _is_subset(cfg: ExtractConfig) -> bool:
 
 def _named(cfg: ExtractConfig) -> bool:
     """A --name of the user's: not the dataset's own, nor the noisy dataset's (which the hints that complete it give)."""
-    return cfg.name not in (None, cfg.dataset, _noisy_name(cfg.dataset, cfg.image_noise))
+    return cfg.name not in (None, cfg.dataset, noisy_name(cfg.dataset, cfg.image_noise))
 
 
 def _check_named_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset) -> None:

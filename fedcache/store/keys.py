@@ -22,6 +22,15 @@ def short_hash(obj: object, n: int = 16) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:n]
 
 
+def noisy_name(dataset: str, noise) -> str | None:
+    """The store name of ``dataset`` extracted with ``--image-noise KIND,SCALE,P`` (``noise``; None: not noisy):
+    noisy features get their own dataset name, so they never replace the clean ones in a slot."""
+    if not noise:
+        return None
+    kind, scale, p = noise
+    return f"{dataset}-noise-{kind}-{float(scale):g}-{float(p):g}"
+
+
 @dataclass(frozen=True)
 class EntryKey:
     dataset: str

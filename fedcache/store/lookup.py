@@ -12,7 +12,7 @@ from typing import Sequence
 
 from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
-from fedcache.store.keys import canonical_json
+from fedcache.store.keys import canonical_json, noisy_name
 
 
 def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
@@ -83,9 +83,11 @@ def missing_domains(path: Path, infos: list[EntryInfo], cur: dict, found: list[E
 
 def _domains_unrecorded(e: EntryInfo) -> bool:
     """An entry of a --name extracted before its --domains were recorded (``made_from`` without them): its ``domains``
-    name every domain of the source whatever --domains made it, so no command can say which domains the name is of."""
+    name every domain of the source whatever --domains made it, so no command can say which domains the name is of.
+    Not the noisy dataset's own name (every domain, noised); a --name given with --image-noise is a --name."""
     made = e.attrs.get("made_from")
-    return isinstance(made, dict) and not made.get("image_noise") and "domains" not in made
+    return (isinstance(made, dict) and "domains" not in made
+            and e.key["dataset"] != noisy_name(made.get("dataset"), made.get("image_noise")))
 
 
 def _named_before_domains(path: Path, infos: list[EntryInfo], found: list[EntryInfo], where: str,
@@ -102,8 +104,8 @@ def _named_before_domains(path: Path, infos: list[EntryInfo], found: list[EntryI
         f"the store has no {where}; {name} was extracted under --name before fedcache recorded its --domains, so no "
         f"command can say whether it is of {held} only: remove its entries with `fedcache store rm --store {path} "
         f"{' '.join(e.entry_id for e in mine)}` and extract it again with --domains listing those it should hold, such "
-        f"as the ones it has: `fedcache extract --store {path} --dataset {like.attrs['made_from']['dataset']} --name "
-        f"{name} --domains {held} --backbones {backbones} --splits {splits}{_made_as(like)}`" + _unsaid(like))
+        f"as the ones it has: `fedcache extract --store {path}{_dataset(like)} --domains {held} --backbones {backbones} "
+        f"--splits {splits}{_made_as(like)}`" + _unsaid(like))
 
 
 def _lacking(cur: dict, slot: tuple, wanted: set[str], splits: list[str]) -> tuple[list[str], list[str]]:

@@ -702,16 +702,18 @@ def test_a_table_names_its_domains_as_its_newest_entry_does(store_path):
     assert table.domain_names == ("light", "dark") and set(np.unique(table.domains)) == {0, 1}
 
 
-def test_a_name_extracted_before_its_domains_were_recorded_is_made_again_as_its_entries_hold(tmp_path):
+@pytest.mark.parametrize("noise", [None, ("gaussian", 0.1, 0.5)])
+def test_a_name_extracted_before_its_domains_were_recorded_is_made_again_as_its_entries_hold(tmp_path, noise):
     """Entries of `--name X --domains light` made before made_from recorded the domains name every domain: the hint
     extracted `--name X --domains dark`, which made X of dark alone and dropped light. It says to remove them and
-    extract again with the domains X holds; both pasted, X reads light as before."""
+    extract again with the domains X holds; both pasted, X reads light as before. A --name given with --image-noise
+    was taken for the noisy dataset's own name, and hinted the extraction of X of dark alone (which is refused)."""
     from fedcache.cli import main
     from fedcache.errors import EntryNotFoundError
     from fedcache.federate.tables import load_splits
 
     store_path = tmp_path / "s.zarr"
-    extract(cfg(store_path, domains=["light"], name="X"))
+    extract(cfg(store_path, domains=["light"], name="X", image_noise=noise))
     for eid, e in zarr.open_group(str(store_path), mode="r+")["entries"].groups():  # as an older fedcache made them
         made = dict(e.attrs["made_from"])
         del made["domains"]
@@ -722,7 +724,8 @@ def test_a_name_extracted_before_its_domains_were_recorded_is_made_again_as_its_
     assert "X was extracted under --name before fedcache recorded its --domains" in said and "\n" not in said, said
     rm, again = (shlex.split(c) for c in said.split("`")[1::2])
     assert main(rm[1:]) == 0 and main(again[1:] + ["--workers", "0"]) == 0
-    assert dict(zip(again[2::2], again[3::2]))["--domains"] == "light", again
+    options = dict(zip(again[2::2], again[3::2]))
+    assert options["--domains"] == "light" and options.get("--image-noise") == (noise and "gaussian,0.1,0.5"), again
     train, test = load_splits(FeatureStore(store_path), "X", ["tiny-timm-random"])
     assert train.domain_names == test.domain_names == ("light",)
 
