@@ -20,6 +20,7 @@ from fedcache.errors import BadImageError, ConfigError, EntryNotFoundError, NonF
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.config import ExtractConfig
 from fedcache.extract.datasets import Dataset, Samples
+from fedcache.extract.datasets.base import SPLITS
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.sizes import image_size
@@ -97,12 +98,13 @@ def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str,
 def _say_other_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset, backbone: str, emit: ProgressFn) -> None:
     """`--domains` of some of a dataset's domains, without --name: a run on the dataset reads every domain of it, and
     was refused once the store lacked the others (minutes after this command, which said nothing). Said here as the
-    run will say it, with its two ways on: extract the others, or store these under a --name of their own."""
+    run will say it, with its two ways on: extract the others, or store these under a --name of their own; either
+    of the splits a run reads (train and test: every split of a dataset), whichever this command extracted."""
     if not cfg.domains or _is_subset(cfg) or set(cfg.domains) >= set(dataset.domains):
         return
     try:
         for split in cfg.splits:
-            store.table_entries(dataset.name, split, backbone, with_splits=cfg.splits)
+            store.table_entries(dataset.name, split, backbone, with_splits=SPLITS)
     except EntryNotFoundError as exc:
         said = f"a run on {dataset.name} reads every domain of it: {exc}"
         log.info(said)

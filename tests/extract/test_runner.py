@@ -667,6 +667,25 @@ def test_extracting_some_domains_says_a_run_reads_every_domain_and_the_ways_on(t
         assert not [n for n in notes if "every domain" in n], notes
 
 
+def test_extracting_some_domains_of_one_split_says_the_extraction_a_run_needs(tmp_path, toy4):
+    """`extract --domains light,dark --splits train`: its line named `--splits train`, and a run, which reads the train
+    and test splits, was then refused for the test split. It names both, and pasted, a run reads every domain."""
+    from fedcache.cli import main
+    from fedcache.federate.tables import load_splits
+
+    store_path = tmp_path / "s.zarr"
+    notes = []
+    extract(cfg(store_path, dataset=toy4, domains=["light", "dark"], splits=("train",)),
+            progress=lambda e: notes.append(e.message) if e.kind == "info" else None)
+    (told,) = [n for n in notes if "every domain" in n]
+    command, named = (shlex.split(c) for c in told.split("`")[1::2])
+    assert dict(zip(command[2::2], command[3::2]))["--splits"] == "train,test", told
+    assert dict(zip(named[2::2], named[3::2]))["--splits"] == "train,test", told
+    assert main(command[1:] + ["--workers", "0"]) == 0
+    train, test = load_splits(FeatureStore(store_path), "test-toy4", ["tiny-timm-random"])
+    assert train.domain_names == test.domain_names == FOUR
+
+
 @pytest.mark.parametrize("first,then", [(["light"], ["light", "dark"]), (["light", "dark"], ["light"]),
                                          (["light"], None)])
 def test_a_name_extracted_again_with_other_domains_is_refused_before_any_work(tmp_path, first, then):
