@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fedcache.errors import ConfigError
-from fedcache.wording import did_you_mean, named
+from fedcache.wording import did_you_mean, named, option
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,14 @@ class Choices:
 @dataclass(frozen=True)
 class Redirect:
     """Values a field refuses with a message of their own (value -> where to go instead): names a user will
-    try, from a paper, that are another method. They are not among the values the field lists as accepted."""
+    try, from a paper, that are another method. They are not among the values the field lists as accepted. A
+    message that names options is a function, said when raised: the command line's flags or the API's keywords."""
 
-    to: tuple[tuple[str, str], ...]
+    to: tuple[tuple[str, str | Callable[[], str]], ...]
 
     def message(self, value: Any) -> str | None:
-        return dict(self.to).get(value)
+        said = dict(self.to).get(value)
+        return said() if callable(said) else said
 
 
 @dataclass(frozen=True)
@@ -347,8 +349,8 @@ class Option:
     @property
     def label(self) -> str:
         """How messages name it: ``--rounds (schedule.rounds)``, or the flag alone outside a tree; in a Python API
-        call its keyword, ``rounds``."""
-        return named(f"{self.flag} ({self.key})" if self.section else self.flag, self.name)
+        call its keyword, ``rounds`` (a grid's axis ``sweep['rounds']``); from a grid file, its key there."""
+        return option(f"{self.flag} ({self.key})" if self.section else self.flag, self.name)
 
     def given(self, value: Any) -> str:
         """The option with a value, as the caller wrote it: ``--alpha 0.3`` or ``alpha=0.3``."""

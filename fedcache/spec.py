@@ -22,6 +22,7 @@ method registry (the method's ``Settings``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
@@ -450,7 +451,8 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     leave the other at its default)."""
     key = key.replace("-", "_")
     groups = setting_fields(method)
-    given = named("--set", "sweep" if run_options else "settings")  # a grid's axes are the API's sweep
+    with swept() if run_options else contextlib.nullcontext():
+        given = set_flag()  # a grid's axes are the API's sweep; a grid file's, its [set]
     prefix, dot, name = key.partition(".")
     if dot:
         section = GROUP_ALIASES.get(prefix, prefix)

@@ -75,7 +75,7 @@ def swept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def filed() -> Iterator[None]:
-    """Settings checked inside came from a grid file's [set]: the Python API names each by its key there."""
+    """Settings and options checked inside came from a grid file's [set]: messages name each by its key there."""
     with _given("file"):
         yield
 
@@ -99,14 +99,26 @@ def named(flag: str, keyword: str) -> str:
     return keyword if by_keyword() else flag
 
 
+def option(flag: str, keyword: str) -> str:
+    """A run option as messages name it: ``flag`` on the command line (``--rounds (schedule.rounds)``), ``keyword``
+    in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] by its
+    key there (``rounds``) in both, as the file spells it."""
+    given = _GIVEN.get()
+    if given == "file" or not by_keyword():
+        return keyword if given == "file" else flag
+    return f"sweep[{keyword!r}]" if given == "sweep" else keyword
+
+
 def set_flag() -> str:
-    """The method/optimizer settings as messages name them: ``--set`` (CLI), ``settings`` (API)."""
-    return named("--set", "settings" if _GIVEN.get() == "settings" else "sweep")
+    """The method/optimizer settings as messages name them: ``--set`` (CLI), ``settings`` (API), a grid's axes
+    ``sweep`` (API), a grid file's ``[set]`` (both)."""
+    given = _GIVEN.get()
+    return "[set]" if given == "file" else named("--set", "settings" if given == "settings" else "sweep")
 
 
 def setting(key: str) -> str:
     """One setting as messages name it: ``--set lr`` on the command line; in the Python API ``settings['lr']``, a
-    grid's axis ``sweep['lr']``, or a grid file's key ``lr``."""
-    if not by_keyword():
-        return f"--set {key}"
-    return key if _GIVEN.get() == "file" else f"{set_flag()}[{key!r}]"
+    grid's axis ``sweep['lr']``; a grid file's key ``lr`` in both, as the file spells it."""
+    if _GIVEN.get() == "file":
+        return key
+    return f"{set_flag()}[{key!r}]" if by_keyword() else f"--set {key}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fedcache
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, FedcacheError
 from fedcache.spec import options
 from tests.conftest import BACKBONE
 
@@ -465,6 +465,63 @@ def test_a_grid_worker_names_keywords_as_its_python_caller_does(toy_store, tmp_p
         fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", sweep=sweep,
                       engine="processes", jobs=2, out=tmp_path / "g")
     assert "add subsample=0.8" in str(err.value) and "--" not in str(err.value), str(err.value)
+
+
+EXTRACT_NAMES = [  # an extraction's refusal: (what the caller passed, the message's start, as Python spells it)
+    (dict(dataset="test-toy", name="a/b"), "name 'a/b': a name cannot hold a path separator"),
+    (dict(dataset="test-toy", weights={BACKBONE: "/nope.pth"}), f"weights={{{BACKBONE!r}: '/nope.pth'}}: no such file"),
+    (dict(dataset="imagefolder"), "dataset 'imagefolder' needs path=ROOT, a folder laid out as"),
+    (dict(dataset="cifar10"), "dataset 'cifar10' is read from a data folder: pass data_root=DIR (with download=True "),
+    (dict(dataset="test-toy", device="cuda"), "device='cuda' was requested but no CUDA GPU is visible; use device='cpu'"),
+]
+
+
+@pytest.mark.parametrize("given,told", EXTRACT_NAMES)
+def test_an_extraction_s_refusals_name_its_keywords_in_python(given, told, tmp_path):
+    """fedcache.extract_features said --name, --weights, --path, --data-root, --download, --device to a caller who
+    typed no flag."""
+    import torch
+
+    if given.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the extraction would run")
+    with pytest.raises(FedcacheError) as err:  # a DeviceError, a ConfigError
+        fedcache.extract_features(backbones=BACKBONE, store=tmp_path / "s.zarr", workers=0, **given)
+    assert str(err.value).startswith(told) and "--" not in str(err.value), str(err.value)
+
+
+def test_a_name_extracted_again_with_other_domains_names_the_keywords_in_python(tmp_path):
+    """The refusal of a name's other domains named --name and --domains; its `store rm` stays a command to paste."""
+    base = dict(dataset="test-toy", backbones=BACKBONE, store=tmp_path / "s.zarr", workers=0, name="Y")
+    fedcache.extract_features(**base, domains=["light"])
+    with pytest.raises(ConfigError) as err:
+        fedcache.extract_features(**base, domains=["light", "dark"])
+    said = str(err.value)
+    assert said.startswith("name='Y' domains=['light', 'dark'] makes a dataset of light,dark, but the store's entries "
+                           "of Y are of light "), said
+    assert "extract under another name, or remove its entries first with `fedcache store rm --store " in said
+    assert "--" not in said.split("`")[0], said
+
+
+def test_a_swept_run_option_is_named_as_the_sweep_gave_it(tmp_path):
+    """sweep={'rounds': [1, 0]} was refused as rounds=0, an argument the caller never passed (as sweep['lr'] is)."""
+    with pytest.raises(ConfigError, match=r"^sweep\['rounds'\]=0: must be >= 1"):
+        fedcache.grid(store=tmp_path, dataset="x", backbones="y", methods="fedavg", sweep={"rounds": [1, 0]},
+                      out=tmp_path / "g")
+
+
+def test_a_method_s_refusals_name_its_keywords_in_python(tmp_path):
+    """A head the method does not run with (drop --head), and fedpcl's redirect to the paper's row (-m fedavg
+    --head mlp), as a Python caller passes them."""
+    with pytest.raises(ConfigError) as err:
+        fedcache.train(tmp_path, "x", "y", "fedpcl", head="linear")
+    assert "not 'linear'; drop head= (in a grid" in str(err.value) and "--" not in str(err.value), str(err.value)
+    with pytest.raises(ConfigError) as err:
+        fedcache.train(tmp_path, "x", "y", "fedpcl", settings={"loss": "ce"})
+    assert "; run method='fedavg', head='mlp' (the paper's baseline head" in str(err.value), str(err.value)
+    from fedcache.spec import RunSpec  # the command line's words, outside the call
+
+    with pytest.raises(ConfigError, match=r"; run -m fedavg --head mlp \(the paper's"):
+        RunSpec.of(dataset="x", backbones="y", method="fedpcl", settings=["loss=ce"])
 
 
 def test_resume_on_a_folder_without_a_run_names_the_keyword(toy_store, tmp_path):

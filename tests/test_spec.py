@@ -241,7 +241,7 @@ def test_a_grid_checks_every_cell_before_any_work(tmp_path):
     from fedcache.api import grid
 
     out = tmp_path / "g"
-    with pytest.raises(ConfigError, match=r"^rounds=0: must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^sweep\['rounds'\]=0: must be >= 1"):  # as the call gave it
         grid(store=tmp_path / "missing.zarr", dataset="d", backbones="b", methods="fedavg", out=out,
              sweep={"rounds": [2, 0]})
     with pytest.raises(ConfigError, match=r"^sweep\['lr'\]=-1: must be > 0"):  # as the call gave it

@@ -107,9 +107,9 @@ class ExtractConfig(Checked):
         super().__post_init__()
         check_fields(self.dataset_options, lambda name: next(o.flag for o in options_of(DatasetOptions) if o.field == name))
         if not self.backbones:
-            raise ConfigError("--backbones needs at least one name; see `fedcache backbones`")
+            raise ConfigError(f"{self.label('backbones')} needs at least one name; see `fedcache backbones`")
         if self.name is not None:
-            check_name(self.name, "--name")  # the dataset's name in the store: one of its folders
+            check_name(self.name, self.label("name"))  # the dataset's name in the store: one of its folders
 
 
 def options() -> list[Option]:

@@ -9,6 +9,7 @@ import torch
 
 from fedcache.config import DEVICES
 from fedcache.errors import ConfigError, DeviceError
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +24,24 @@ class DevicePlan:
 def plan_device(request: str = "auto", precision: str = "auto") -> DevicePlan:
     """``auto`` uses CUDA when present, else Apple's GPU (MPS), else the CPU, and says which it took."""
     if not re.fullmatch(DEVICES, request):
-        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {request!r}")
+        raise ConfigError(f"{named('--device', 'device')} must be auto, cpu, cuda, cuda:N or mps, got {request!r}")
     has_cuda, has_mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if request.startswith("cuda") and not has_cuda:
-        raise DeviceError("--device cuda was requested but no CUDA GPU is visible; use --device cpu or --device auto")
+        raise DeviceError(f"{_device('cuda')} was requested but no CUDA GPU is visible; use {_device('cpu')} or "
+                          f"{_device('auto')}")
     if request == "mps" and not has_mps:
-        raise DeviceError("--device mps was requested but this torch sees no Apple GPU (MPS); use --device cpu or "
-                          "--device auto")
+        raise DeviceError(f"{_device('mps')} was requested but this torch sees no Apple GPU (MPS); use "
+                          f"{_device('cpu')} or {_device('auto')}")
     note = ""
     if request == "auto":
         request, note = _auto(has_cuda, has_mps)
     device = torch.device(request)
     return DevicePlan(device, _autocast_dtype(device, precision), device.type == "cuda", note)
+
+
+def _device(name: str) -> str:
+    """A device as the caller chooses it: ``--device cpu``, or ``device='cpu'`` in a Python API call."""
+    return named(f"--device {name}", f"device={name!r}")
 
 
 def _auto(has_cuda: bool, has_mps: bool) -> tuple[str, str]:
@@ -56,9 +63,11 @@ def _autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
             return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if precision not in choices:
-        raise ConfigError(f"--precision must be auto, fp32, bf16 or fp16, got {precision!r}")
+        raise ConfigError(f"{named('--precision', 'precision')} must be auto, fp32, bf16 or fp16, got {precision!r}")
     if device.type == "mps" and precision == "bf16":
         # Where a torch or macOS lacks bf16 autocast on MPS, torch warns and runs fp32, while the entry's key would
         # record bf16 features.
-        raise ConfigError("--precision bf16 is not supported on MPS; use --precision fp16 or fp32")
+        said = named("--precision bf16 is not supported on MPS; use --precision fp16 or fp32",
+                     "precision='bf16' is not supported on MPS; use precision='fp16' or 'fp32'")
+        raise ConfigError(said)
     return choices[precision]

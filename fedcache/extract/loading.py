@@ -9,6 +9,7 @@ from fedcache.errors import ConfigError
 from fedcache.extract.backbones import BACKBONES, LOADERS, LoadedBackbone, LoadRequest
 from fedcache.extract.backbones.base import seeded_init
 from fedcache.extract.datasets import DATASETS, Dataset, DatasetOptions
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,8 @@ def load_backbone(name: str, checkpoint: Path | None = None, random_init: bool =
     spec = BACKBONES.get(name)
     if checkpoint is not None:
         if not Path(checkpoint).is_file():
-            raise ConfigError(f"--weights {name}={checkpoint}: no such file")
+            raise ConfigError(f"{named(f'--weights {name}={checkpoint}', f'weights={{{name!r}: {str(checkpoint)!r}}}')}: "
+                              "no such file")
         spec = replace(spec, weights=f"checkpoint {Path(checkpoint).name}", random_weights=False)
     elif random_init:
         spec = replace(spec, weights="random", random_weights=True)

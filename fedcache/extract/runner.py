@@ -31,6 +31,7 @@ from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, noisy_name
 from fedcache.store.writer import EntryWriter, open_writer
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,11 @@ def _check_image_size(cfg: ExtractConfig, specs: list) -> None:
     if fixed and len(fixed) == len(specs):
         sizes = ", ".join(f"{s.name} {s.input_size}x{s.input_size}" for s in fixed)
         raise ConfigError(f"fixed-size backbones take their own input size only ({sizes}: positional embeddings), not "
-                          f"--image-size {cfg.image_size}; drop --image-size")
+                          f"{named(f'--image-size {cfg.image_size}', f'image_size={cfg.image_size}')}; drop "
+                          f"{named('--image-size', 'image_size')}")
     for s in fixed:
-        log.warning("%s takes %dx%d images only: --image-size %d applies to the other backbones", s.name,
-                    s.input_size, s.input_size, cfg.image_size)
+        log.warning("%s takes %dx%d images only: %s applies to the other backbones", s.name, s.input_size,
+                    s.input_size, named(f"--image-size {cfg.image_size}", f"image_size={cfg.image_size}"))
 
 
 def _made_from(cfg: ExtractConfig, dataset: Dataset) -> dict:
@@ -161,12 +163,13 @@ def _check_named_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Datas
     other = [e for e in held if e.attrs.get("domains") is not None and set(e.attrs["domains"]) != set(mine)]
     if not other:
         return
-    asked = f"--domains {','.join(cfg.domains)}" if cfg.domains else "without --domains"
+    asked = (named(f"--domains {','.join(cfg.domains)}", f"domains={list(cfg.domains)!r}") if cfg.domains
+             else f"without {named('--domains', 'domains')}")
     raise ConfigError(
-        f"--name {dataset.name} {asked} makes a dataset of {','.join(mine)}, but the store's entries of {dataset.name} "
-        f"are of {','.join(newest(other).attrs['domains'])} (a name's domains are one for all its splits and "
-        f"backbones); extract under another --name, or remove its entries first with `fedcache store rm --store "
-        f"{store.path} {' '.join(e.entry_id for e in held)}`")
+        f"{named(f'--name {dataset.name}', f'name={dataset.name!r}')} {asked} makes a dataset of {','.join(mine)}, but "
+        f"the store's entries of {dataset.name} are of {','.join(newest(other).attrs['domains'])} (a name's domains are "
+        f"one for all its splits and backbones); extract under another {named('--name', 'name')}, or remove its "
+        f"entries first with `fedcache store rm --store {store.path} {' '.join(e.entry_id for e in held)}`")
 
 
 def _domains(cfg: ExtractConfig, dataset: Dataset) -> list[str]:
@@ -356,7 +359,8 @@ def _check_bad(samples: Samples, idx: np.ndarray, ok: np.ndarray, skip: bool, ba
         name = samples.source.describe(int(i))
         if not skip:
             raise BadImageError(
-                f"cannot decode image {name}; fix or remove it, or pass --skip-bad-images to skip bad images "
+                f"cannot decode image {name}; fix or remove it, or pass {named('--skip-bad-images', 'skip_bad_images=True')} "
+                "to skip bad images "
                 "(they are counted and listed next to the entry)"
             )
         bad.append(name)
@@ -379,10 +383,11 @@ def _check_finite(feats: np.ndarray, samples: Samples, idx: np.ndarray, ok: np.n
     listing = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
     if (ok & ~finite32).any():
         why = ("the backbone's output is NaN/inf for these images (a corrupt image, image noise that overflows, "
-               "or reduced precision: try --precision fp32)")
+               f"or reduced precision: try {named('--precision fp32', 'precision=' + repr('fp32'))})")
     else:
         why = (f"the features exceed the range of the store's {np.dtype(dtype).name} "
-               f"(largest |value| {float(np.abs(feats[bad]).max()):.4g}): extract with --dtype float32")
+               f"(largest |value| {float(np.abs(feats[bad]).max()):.4g}): extract with "
+               f"{named('--dtype float32', 'dtype=' + repr('float32'))}")
     raise NonFiniteFeaturesError(
         f"{key.label()}: non-finite features for {len(names)} image(s): {listing}; {why}. Nothing of this batch "
         "was stored; the entry stays incomplete and a re-run resumes it"

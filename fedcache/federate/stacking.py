@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from fedcache.errors import ConfigError
+from fedcache.wording import named
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def same(outs: list) -> Any:
     """The value every run computed; a stack whose runs disagree cannot train their rows as one."""
     if any(o != outs[0] for o in outs[1:]):
         raise ConfigError(f"the stacked runs disagree on a fact their rows must share this round ({outs}): "
-                          "run the grid with --engine processes")
+                          f"run the grid with {named('--engine processes', 'engine=' + repr('processes'))}")
     return outs[0]
 
 

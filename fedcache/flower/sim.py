@@ -39,6 +39,7 @@ from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_
 from fedcache.spec import RunSpec, method_class
 from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -215,13 +216,15 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
 
 def _refuse_unsupported(spec: RunSpec) -> None:
     e = spec.engine
-    unsupported = [flag for flag, given in (("--validation", spec.schedule.validation), ("--no-batch", not e.batched),
-                                            ("--overwrite", e.overwrite), ("--track", bool(e.track))) if given]
+    given = ((("--validation", "validation=True"), spec.schedule.validation), (("--no-batch", "batched=False"), not e.batched),
+             (("--overwrite", "overwrite=True"), e.overwrite), (("--track", "track"), bool(e.track)))
+    unsupported = [named(*said) for said, on in given if on]
     if unsupported:
-        raise FedcacheError(f"--engine flower-sim does not support {', '.join(unsupported)}; "
-                            f"drop {'them' if len(unsupported) > 1 else 'it'}")
+        raise FedcacheError(f"{named('--engine flower-sim', 'engine=' + repr('flower-sim'))} does not support "
+                            f"{', '.join(unsupported)}; drop {'them' if len(unsupported) > 1 else 'it'}")
     if e.resume and e.out is None:
-        raise ConfigError("--resume continues the run in --out; give the --out of the interrupted run")
+        raise ConfigError(named("--resume continues the run in --out; give the --out of the interrupted run",
+                                "resume=True continues the run in out; give the out of the interrupted run"))
     check_deployable(spec.method)  # before the shards are written and Ray is started, not after
 
 
@@ -238,7 +241,8 @@ def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
     (base / ROUNDS).unlink(missing_ok=True)
     if shards.exists():
         if any(shards.iterdir()) and not (shards / SERVER).is_dir():
-            raise ConfigError(f"{shards} holds files that are not fedcache shards; move them, or choose another --out")
+            raise ConfigError(f"{shards} holds files that are not fedcache shards; move them, or choose another "
+                              f"{named('--out', 'out')}")
         shutil.rmtree(shards)
     partial = shards.with_name(shards.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # an interrupted sharding's
@@ -249,13 +253,13 @@ def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
 def _check_shards(shards: Path, want: ShardSpec) -> None:
     """A resumed run trains on the shards it started with; they must be of the partition asked for."""
     if not (shards / SERVER).is_dir():
-        raise ConfigError(f"--resume: {shards} holds no shards; start the run without --resume")
+        raise ConfigError(f"{_resume()}: {shards} holds no shards; start the run without {_resume()}")
     _, info = open_shard(shards / SERVER)
     asked = {"dataset": want.dataset, "backbones": list(want.backbones), "request": want.request.to_dict()}
     had = {"dataset": info.dataset, "backbones": list(info.backbones), "request": info.request}
     if json.loads(json.dumps(had)) != json.loads(json.dumps(asked)):
         differ = [k for k in asked if json.loads(json.dumps(had[k])) != json.loads(json.dumps(asked[k]))]
-        raise ConfigError(f"--resume: the shards in {shards} were made with other data or partition options "
+        raise ConfigError(f"{_resume()}: the shards in {shards} were made with other data or partition options "
                           f"({', '.join(differ)}); use the options of the interrupted run")
     _check_features(shards, info, want.store)
 
@@ -269,10 +273,14 @@ def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:
         return
     changed = changed_since_cut(info, FeatureStore(store, create=False))
     if changed:
-        raise ConfigError(f"--resume: the shards in {shards} were cut from other features than {store} holds now "
+        raise ConfigError(f"{_resume()}: the shards in {shards} were cut from other features than {store} holds now "
                           f"({changed}: extracted or imported again since?); the run would go on from features the "
-                          "store no longer holds: start it again without --resume in another --out, which cuts its "
-                          "shards from the features as they are now")
+                          f"store no longer holds: start it again without {_resume()} in another "
+                          f"{named('--out', 'out')}, which cuts its shards from the features as they are now")
+
+
+def _resume() -> str:
+    return named("--resume", "resume=True")
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,

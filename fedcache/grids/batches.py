@@ -42,7 +42,7 @@ from fedcache.ownership import LOCK
 from fedcache.paths import CONFIG, METRICS
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
-from fedcache.wording import count
+from fedcache.wording import count, named
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def _why_alone(cfg: RunSpec) -> str:
 
     why = why_not_stackable(method_class(cfg.method.name), cfg.method.params)
     if not why and not cfg.engine.batched:
-        return "--no-batch trains each client alone"
+        return f"{named('--no-batch', 'batched=False')} trains each client alone"
     return why
 
 
@@ -465,15 +465,18 @@ def _holds_rounds(cfg: RunSpec, rnd: int) -> bool:
     return not due or (metrics.exists() and due[-1] in {line["round"] for line in log_lines(metrics.read_text())})
 
 
-REGROUPED = ("whose cells are grouped otherwise now (a lower --max-batch-cells, less free memory, or some of them "
-             "finished)")
+def regrouped() -> str:
+    """Why an interrupted batch is dropped, naming the option as the grid's caller does."""
+    return (f"whose cells are grouped otherwise now (a lower {named('--max-batch-cells', 'max_batch_cells')}, less "
+            "free memory, or some of them finished)")
 
 
-def _drop(old: Path, why: str = REGROUPED) -> None:
+def _drop(old: Path, why: str | None = None) -> None:
     # Held by a live process (a worker of a grid killed outright), it is waited for, then refused: its cells are
     # locked only as it starts, so they would train here under its holder (clear_killed refuses one held as the grid starts).
     with hold_cell(old, "the batch"):
-        log.warning("%s: an interrupted batch %s; they continue from their own checkpoints, or round 0", old, why)
+        log.warning("%s: an interrupted batch %s; they continue from their own checkpoints, or round 0", old,
+                    why or regrouped())
         discard(p for p in old.iterdir() if p.name != LOCK)
     _remove_if_empty(old)  # its lock's file went as it was let go
 
@@ -490,9 +493,9 @@ def _batch_worker(spec: GridSpec, batch: dict, folder: Path, stops: Stops) -> li
 def _alone(spec: GridSpec) -> str:
     """Why the grid runs every cell as its own run whatever its method, or empty."""
     if spec.track:
-        return "--track sends each run's metrics as it trains"
+        return f"{named('--track', 'track')} sends each run's metrics as it trains"
     if spec.keep_checkpoints == "all":
-        return "--keep-checkpoints all keeps every round of each run"
+        return f"{named('--keep-checkpoints all', 'keep_checkpoints=' + repr('all'))} keeps every round of each run"
     return ""
 
 

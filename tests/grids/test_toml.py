@@ -109,19 +109,19 @@ CASES = [
      'grid file {path}: select=["lr", "lr"]: \'lr\' and \'lr\' are one value; give each value once'),
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
-    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}, under [set]: --set lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
+    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}, under [set]: [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
     ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}: set.lr=[[1]]: expected a value or a list of values"),
     ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}: set.lr=datetime.date(1979, 5, 27): expected a value"),
     ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}: set.nested.a=[[1]]: expected a value"),
     ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}: set.lr=[]: give a value or a list of values"),
     ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}: set.lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
-    ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "--set lr='x': expected a finite number"),
+    ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "under [set]: lr='x': expected a finite number"),
     ("set.lr comma text", BASE + "[set]\nlr = '0.1,0.01'\nrounds = 1\n",
-     "--set lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
+     "under [set]: lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
     ("set.key hyphen and underscore", BASE + "[set]\nlocal-epochs = 1\nlocal_epochs = 2\n",
      "grid file {path}: set.local-epochs and set.local_epochs are one key (local_epochs); give it once"),
-    ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "--rounds (schedule.rounds)=0: must be >= 1"),
-    ("an unknown setting", BASE + "[set]\nbogus = 1\nrounds = 1\n", "unknown --set key(s) bogus"),
+    ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "under [set]: rounds=0: must be >= 1"),
+    ("an unknown setting", BASE + "[set]\nbogus = 1\nrounds = 1\n", "under [set]: unknown [set] key(s) bogus"),
     ("set.seed", BASE + "[set]\nseed = 1\n", "grid file {path}: set.seed: not an axis; seeds is a key of the grid itself: write seeds = ... at the top of the file, above [set]"),
     ("set.out", BASE + "[set]\nout = 'x'\n", "grid file {path}: set.out: not an axis; out is a key of the grid itself"),
     ("set.seeds", BASE + "[set]\nseeds = [1, 2]\n", "grid file {path}: set.seeds: not an axis; seeds is a key of the grid itself"),
@@ -130,7 +130,7 @@ CASES = [
     ("a key twice, said as that", BASE + "jobs = 1\njobs = 2\n", "jobs is given twice (the second at line 3); give each key once"),
     ("an unknown key, suggested", BASE + "keep-checkpoints = 'none'\n", "unknown key(s) keep-checkpoints (did you mean keep_checkpoints?)"),
     ("an unknown partition", BASE + "[set]\npartition = 'nope'\nrounds = 1\n", "nope"),
-    ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "--alpha (partition.alpha)=-1.0: must be > 0"),
+    ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "under [set]: alpha=-1.0: must be > 0"),
 ]
 
 
@@ -244,11 +244,15 @@ def test_the_issue_s_seeds_and_jobs_run(toy_store, tmp_path, capsys):
     assert (tmp_path / "g" / "cells" / "fedavg__rounds=1__partition=iid__clients=2__seed=7" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("bad, said", [("rounds = 'ten'", "--rounds (schedule.rounds)='ten': expected an integer"),
-                                       ("lrr = 0.1", "unknown --set key(s) lrr (did you mean 'lr'?)"),
-                                       ("lr = [-0.1, 0.01]", "--set lr=-0.1: must be > 0")])
+BAD_UNDER_SET = [("rounds = 'ten'", "rounds='ten': expected an integer"),  # named by its key in the file
+                 ("lrr = 0.1", "unknown [set] key(s) lrr (did you mean 'lr'?)"),
+                 ("lr = [-0.1, 0.01]", "lr=-0.1: must be > 0")]
+
+
+@pytest.mark.parametrize("bad, said", BAD_UNDER_SET)
 def test_a_bad_value_under_set_names_the_file(bad, said, toy_store, tmp_path, capsys):
-    """Checked only as its cells were made, a [set] value was named as if given on the command line."""
+    """Checked only as its cells were made, a [set] value was named as if given on the command line; then as a flag
+    after the file's name (--set lr=-0.1), though the value was the file's: it is named by its key there."""
     path = tmp_path / "g.toml"
     path.write_text(BASE + f"[set]\n{bad}\nclients = 2\n")
     code, err = run_cli(_command(path, path.read_text(), toy_store, tmp_path / "g"), capsys)
@@ -261,15 +265,17 @@ def test_a_bad_value_under_set_names_the_file(bad, said, toy_store, tmp_path, ca
         assert code == 0, err
 
 
-def test_a_bad_value_under_set_is_named_by_the_file_s_key_in_python(toy_store, tmp_path):
-    """fedcache.grid(config=...): the value came from the file, not a sweep= the caller never passed."""
+@pytest.mark.parametrize("bad, said", BAD_UNDER_SET)
+def test_a_bad_value_under_set_is_named_by_the_file_s_key_in_python(bad, said, toy_store, tmp_path):
+    """fedcache.grid(config=...): the value came from the file, not a sweep= the caller never passed (nor an unknown
+    key of a sweep)."""
     import fedcache
 
     path = tmp_path / "g.toml"
-    path.write_text(BASE + "[set]\nlr = -1\nclients = 2\n")
+    path.write_text(BASE + f"[set]\n{bad}\nclients = 2\n")
     with pytest.raises(ConfigError) as err:
         fedcache.grid(config=path, store=toy_store, dataset="test-toy", backbones=BACKBONE, out=tmp_path / "g")
-    assert str(err.value).startswith(f"grid file {path}, under [set]: lr=-1: must be > 0")
+    assert str(err.value).startswith(f"grid file {path}, under [set]: {said}"), str(err.value)
     assert not (tmp_path / "g").exists()
 
 

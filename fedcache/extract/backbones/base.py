@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fedcache.registry import Registry
+from fedcache.wording import named
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -102,3 +103,9 @@ def seeded_init(seed: int = 0) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         yield
+
+
+def pass_weights(name: str) -> str:
+    """How a checkpoint of backbone ``name`` is given: ``--weights NAME=PATH``, or in a Python API call
+    ``weights={'NAME': PATH}``."""
+    return named(f"--weights {name}=PATH", f"weights={{{name!r}: PATH}}")

@@ -11,7 +11,7 @@ from fedcache.errors import WeightsNotFoundError
 from fedcache.extract.backbones._checkpoint import read_state_dict
 from fedcache.extract.backbones.base import (
     BACKBONES, CLIP_MEAN, CLIP_STD, LOADERS, TEXT_PREFIXES, BackboneSpec, LoadedBackbone, LoadRequest, hash_state,
-    seeded_init,
+    pass_weights, seeded_init,
 )
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _build(spec: BackboneSpec, req: LoadRequest) -> nn.Module:
     except Exception as exc:
         raise WeightsNotFoundError(
             f"could not get open_clip weights {spec.arch}/{spec.weights}: {exc}. Without network access, "
-            f"download them elsewhere and pass --weights {spec.name}=PATH"
+            f"download them elsewhere and pass {pass_weights(spec.name)}"
         ) from exc
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from fedcache.errors import WeightsNotFoundError
 from fedcache.extract.backbones._checkpoint import read_state_dict
-from fedcache.extract.backbones.base import BACKBONES, LOADERS, BackboneSpec, LoadedBackbone, LoadRequest, hash_state, seeded_init
+from fedcache.extract.backbones.base import BACKBONES, LOADERS, BackboneSpec, LoadedBackbone, LoadRequest, hash_state, pass_weights, seeded_init
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _create_pretrained(spec: BackboneSpec) -> nn.Module:
     except Exception as exc:  # network errors come in many types
         raise WeightsNotFoundError(
             f"could not get the pretrained weights of {spec.name} ({spec.arch}) from the hub: {exc}. "
-            f"Without network access, download them elsewhere and pass --weights {spec.name}=PATH "
+            f"Without network access, download them elsewhere and pass {pass_weights(spec.name)} "
             "(a .safetensors or .pth state dict)"
         ) from exc
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from fedcache.errors import WeightsNotFoundError
 from fedcache.extract.backbones._checkpoint import read_state_dict
-from fedcache.extract.backbones.base import BACKBONES, LOADERS, BackboneSpec, LoadedBackbone, LoadRequest, hash_state
+from fedcache.extract.backbones.base import BACKBONES, LOADERS, BackboneSpec, LoadedBackbone, LoadRequest, hash_state, pass_weights
 
 BACKBONES.add("alexnet-imagenet", BackboneSpec(
     name="alexnet-imagenet", source="torchvision", arch="alexnet", weights="IMAGENET1K_V1", embed_dim=4096,
@@ -57,7 +57,7 @@ def load_torchvision(req: LoadRequest) -> LoadedBackbone:
         except Exception as exc:
             raise WeightsNotFoundError(
                 f"could not download the {spec.weights} weights of {spec.name}: {exc}. "
-                f"Download them elsewhere and pass --weights {spec.name}=PATH"
+                f"Download them elsewhere and pass {pass_weights(spec.name)}"
             ) from exc
     model = _FEATURE_HEADS[spec.arch](net)
     return LoadedBackbone(spec, model, hash_state(model), embed_dim=spec.embed_dim)

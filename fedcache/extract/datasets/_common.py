@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from fedcache.errors import ConfigError, DataNotFoundError
+from fedcache.wording import named
 from fedcache.extract.datasets.base import (
     DATASETS,
     DEFAULT_DOMAIN,
@@ -79,8 +80,18 @@ class StandardSet:
 def how_to_get(row: StandardSet, manual_only: bool = False) -> str:
     """The row's how-to (written as a clause, lower case), as a sentence for users."""
     if row.download is not None and not manual_only:
-        return f"Pass --download to fetch it with torchvision into --data-root, or {row.how_to_get}"
-    return row.how_to_get[:1].upper() + row.how_to_get[1:]
+        return (f"Pass {named('--download', 'download=True')} to fetch it with torchvision into {_data_root()}, or "
+                f"{_said(row.how_to_get)}")
+    return _said(row.how_to_get[:1].upper() + row.how_to_get[1:])
+
+
+def _data_root() -> str:
+    return named("--data-root", "data_root")
+
+
+def _said(how: str) -> str:
+    """A row's how-to, whose folder is the command line's --data-root: ``data_root`` in a Python API call."""
+    return how.replace("--data-root", _data_root())
 
 
 def register(row: StandardSet) -> None:
@@ -100,8 +111,9 @@ def register(row: StandardSet) -> None:
 
 def require_data_root(row: StandardSet, options: DatasetOptions) -> Path:
     if options.data_root is None:
-        fetch = " (with --download to fetch it there)" if row.download else ""
-        raise ConfigError(f"dataset {row.name!r} is read from a data folder: pass --data-root DIR{fetch}")
+        fetch = f" (with {named('--download', 'download=True')} to fetch it there)" if row.download else ""
+        raise ConfigError(f"dataset {row.name!r} is read from a data folder: pass {named('--data-root DIR', 'data_root=DIR')}"
+                          f"{fetch}")
     return Path(options.data_root).expanduser()
 
 
@@ -144,7 +156,7 @@ def _not_found(row: StandardSet, missing: MissingFiles, options: DatasetOptions)
     where = " or ".join(str(p.resolve()) for p in missing.paths)
     how = how_to_get(row)
     if options.download and row.download is None:
-        how = f"--download is not available for {row.name!r}. {how}"
+        how = f"{named('--download', 'download=True')} is not available for {row.name!r}. {how}"
     return DataNotFoundError(f"dataset {row.name!r} not found: expected {where}. {how}")
 
 

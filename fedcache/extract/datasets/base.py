@@ -19,6 +19,7 @@ from PIL import Image
 from fedcache.errors import BadImageError, ConfigError
 from fedcache.extract.config import DatasetOptions  # declared with extract's settings, whose options it holds
 from fedcache.registry import Registry
+from fedcache.wording import named
 
 SPLITS = ("train", "test")
 DEFAULT_DOMAIN = "all"
@@ -93,7 +94,7 @@ class FileSource:
         except Exception as exc:  # PIL raises many types for a bad file
             raise BadImageError(
                 f"cannot decode image {path}: {exc}. Remove or replace the file, "
-                "or pass --skip-bad-images to skip it and record it next to the entry"
+                f"or pass {named('--skip-bad-images', 'skip_bad_images=True')} to skip it and record it next to the entry"
             ) from exc
 
     def describe(self, i: int) -> str:

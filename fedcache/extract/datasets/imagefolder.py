@@ -25,6 +25,7 @@ from fedcache.extract.datasets._common import (
     subfolders,
 )
 from fedcache.extract.datasets.base import DATASETS, DEFAULT_DOMAIN, SPLITS, Dataset, DatasetOptions, DatasetSpec
+from fedcache.wording import named
 
 LAYOUTS = (
     "ROOT/<class>/<image>, ROOT/<domain>/<class>/<image>, or either of them below ROOT/train/ and ROOT/test/"
@@ -90,7 +91,7 @@ def _flatten(listing: Listing, index: dict[str, int]) -> tuple[list[Path], list[
 
 def load_imagefolder(options: DatasetOptions) -> Dataset:
     if options.path is None:
-        raise ConfigError(f"dataset 'imagefolder' needs --path ROOT, a folder laid out as {LAYOUTS}")
+        raise ConfigError(f"dataset 'imagefolder' needs {named('--path ROOT', 'path=ROOT')}, a folder laid out as {LAYOUTS}")
     root = Path(options.path).expanduser()
     if not root.is_dir():
         raise DataNotFoundError(f"imagefolder: {root.resolve()} is not a folder; expected {LAYOUTS}")

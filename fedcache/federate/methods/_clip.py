@@ -11,6 +11,7 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.local import here, rng_for
 from fedcache.heads import Params
 from fedcache.heads.base import affine
+from fedcache.wording import named
 
 PROTOTYPE_STREAM = 9  # rng stream of the server's labelled prototype rows, distinct from every other draw
 
@@ -46,7 +47,7 @@ def unit_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
 def require_linear(head: str, method: str) -> None:
     if head != "linear":
         raise ConfigError(f"{method} trains a linear classifier initialised from class anchors, not {head!r}; "
-                          "drop --head")
+                          f"drop {named('--head', 'head=')}")
 
 
 def prototype_anchors(data: FederatedData, shots: int, seed: int) -> torch.Tensor:

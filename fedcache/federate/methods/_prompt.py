@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.source import source_from_info
+from fedcache.wording import setting
 
 CTX_STD = 0.02  # CoOp's random initialisation of the context vectors
 PLACEHOLDER = "X"  # CoOp's stand-in word for a context position before its embedding is replaced
@@ -42,7 +43,7 @@ def load_clip(data: FederatedData, method: str, weights: str = "") -> LoadedBack
     if bb.weights_hash != recorded:
         raise ConfigError(
             f"{method}: the {name} weights loaded here (hash {bb.weights_hash}) are not the ones the cached "
-            f"features were extracted with (hash {recorded}); pass the same checkpoint with --set weights=PATH"
+            f"features were extracted with (hash {recorded}); pass the same checkpoint with {setting('weights')}=PATH"
         )
     return bb
 

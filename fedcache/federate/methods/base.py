@@ -23,6 +23,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.heads import Head, Params, make_head
 from fedcache.heads.draws import ClientHeads
 from fedcache.registry import Registry
+from fedcache.wording import named
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class Method:
         if self.needs_representation and not self.head.body_keys:
             raise ConfigError(
                 f"{self.name} {self.needs_representation}; the {ctx.head!r} head has no representation layers "
-                "(its representation is the frozen embedding itself): use --head mlp"
+                f"(its representation is the frozen embedding itself): use {named('--head mlp', 'head=' + repr('mlp'))}"
             )
 
     @classmethod
@@ -263,8 +264,8 @@ def check_head(cls: type, name: str, head: str) -> None:
     """Refuse a head the method does not run with (its ``heads``), when its spec is made and when it is built."""
     heads = getattr(cls, "heads", ())
     if heads and head not in heads:
-        raise ConfigError(f"{name} runs with the {' or '.join(heads)} head only, not {head!r}; drop --head (in a "
-                          f"grid of several methods, give {name} a grid of its own)")
+        raise ConfigError(f"{name} runs with the {' or '.join(heads)} head only, not {head!r}; drop "
+                          f"{named('--head', 'head=')} (in a grid of several methods, give {name} a grid of its own)")
 
 
 def tensor_size(tensors: Params) -> tuple[int, int]:

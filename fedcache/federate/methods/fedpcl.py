@@ -9,6 +9,7 @@ option restoring either behaviour.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -25,15 +26,19 @@ from fedcache.federate.stacking import per_run, same, stackable
 from fedcache.heads import Params
 from fedcache.heads.projection import DIM as PROTO_DIM
 from fedcache.noise import perturb
+from fedcache.wording import named
 
 
 # loss -> (the method the paper's row is, the row's name in the paper)
 PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
-_TO_PAPER_ROWS = Redirect(tuple(
-    (loss, f"the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are {method}'s in the "
-           f"paper's Table 11); run -m {method} --head mlp (the paper's baseline head, Table 7) on the same partition, "
-           "or `fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss is fedpcl or supcon")
-    for loss, (method, row) in PAPER_ROWS.items()))
+def _to_paper_row(method: str, row: str) -> str:
+    run = named(f"-m {method} --head mlp", f"method={method!r}, head='mlp'")
+    return (f"the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are {method}'s in the "
+            f"paper's Table 11); run {run} (the paper's baseline head, Table 7) on the same partition, "
+            "or `fedcache reproduce fedpcl-table11` for the whole ablation. fedpcl's loss is fedpcl or supcon")
+
+
+_TO_PAPER_ROWS = Redirect(tuple((loss, functools.partial(_to_paper_row, *to)) for loss, to in PAPER_ROWS.items()))
 
 
 @dataclass(frozen=True)
