@@ -104,8 +104,10 @@ def option(flag: str, keyword: str) -> str:
     in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] by its
     key there (``rounds``) in both, as the file spells it."""
     given = _GIVEN.get()
-    if given == "file" or not by_keyword():
-        return keyword if given == "file" else flag
+    if given == "file":
+        return keyword
+    if not by_keyword():
+        return flag
     return f"sweep[{keyword!r}]" if given == "sweep" else keyword
 
 

@@ -31,6 +31,8 @@ from fedcache.wording import named
 
 # loss -> (the method the paper's row is, the row's name in the paper)
 PAPER_ROWS = {"ce": ("fedavg", "Cross Entropy"), "ce+protodist": ("fedproto", "Cross Entropy + ProtoDist")}
+
+
 def _to_paper_row(method: str, row: str) -> str:
     run = named(f"-m {method} --head mlp", f"method={method!r}, head='mlp'")
     return (f"the FedPCL paper's {row!r} row of its loss ablation is {method} (its numbers are {method}'s in the "
