@@ -302,6 +302,40 @@ def test_store_ls_counts_the_rows_a_resumed_extraction_keeps(capsys, store_path,
     assert code == 0 and ("partial 0/30 rows" if changed else "partial 12/30 rows") in out, out
 
 
+@pytest.mark.parametrize("attr", ["batch_size", "chunk_rows", "garbage", "removed"])
+def test_store_ls_says_chunks_of_an_entry_whose_rows_cannot_be_counted(capsys, store_path, monkeypatch, attr):
+    """A partial entry whose batch size or chunk rows are missing or garbage, or removed by a `store rm` between the
+    listing and its status, is said by its chunks done: it was a traceback (KeyError, ValueError from the writer's
+    attributes). One without its n_rows is damaged, listed as such before its rows are counted."""
+    import json
+
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.store import feature_store
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=store_path, workers=0,
+                              batch_size=4, chunk_rows=8), progress=_stopped_after(3))
+    (meta,) = store_path.glob("entries/*/zarr.json")
+    if attr == "removed":
+        chunks_done = feature_store.FeatureStore.chunks_done
+
+        def removed_after(fs, info):  # as a concurrent `store rm` removes it, once its flags are read
+            done = chunks_done(fs, info)
+            del fs.root[feature_store.ENTRIES][info.entry_id]
+            return done
+
+        monkeypatch.setattr(feature_store.FeatureStore, "chunks_done", removed_after)
+    else:
+        doc = json.loads(meta.read_text())
+        if attr == "garbage":
+            doc["attributes"]["batch_size"] = "four"
+        else:
+            del doc["attributes"][attr]
+        meta.write_text(json.dumps(doc))
+    code, out, err = run(capsys, "store", "ls", "--store", str(store_path))
+    assert code == 0 and "partial 1/4 chunks" in out, (out, err)
+
+
 def _interrupt(*_args, **_kwargs):
     raise KeyboardInterrupt
 

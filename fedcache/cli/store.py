@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table
-from fedcache.errors import ConfigError, StoreError, UnreadableEntryError
+from fedcache.errors import ConfigError, UnreadableEntryError
 from fedcache.wording import count
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
@@ -92,8 +92,9 @@ def _kept(fs, e, done: tuple[int, int]) -> str:
 
     try:
         return f"{rows_written(fs, e)}/{e.n_rows} rows"
-    # A key of another fedcache, or row files `store verify` says what is wrong with: the flags still say how far.
-    except (StoreError, OSError, TypeError):
+    # A key of another fedcache, attributes or row files `store verify` says what is wrong with, or an entry a
+    # `store rm` removed since it was listed: the flags read still say how far. Zarr and json raise many types.
+    except Exception:
         return f"{done[0]}/{done[1]} chunks"
 
 
