@@ -333,7 +333,7 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
                      keep_checkpoints=keep_checkpoints, engine=engine, max_batch_cells=max_batch_cells, device=device,
                      prune=prune, reduction_factor=reduction_factor, min_rounds=min_rounds)
     # The rows as the returned table has them: numbers where the axis values are numbers.
-    told = (lambda done, total, row: on_cell(done, total, Table([row]).parsed(spec.sweep)[0])) if on_cell else None
+    told = (lambda done, total, row, _text: on_cell(done, total, Table([row]).parsed(spec.sweep)[0])) if on_cell else None
     return run_grid(spec, told, on_plan=on_plan).parsed(spec.sweep)
 
 

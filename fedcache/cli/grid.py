@@ -69,7 +69,7 @@ def _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, o
 
 def _run_with_progress(spec) -> list[dict]:
     """Run the grid under one bar; the rows of the cells it trained (a finished cell read back is none)."""
-    from fedcache.grids import cell_text, run_grid
+    from fedcache.grids import run_grid
 
     trained = []
     columns = TextColumn("grid"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}")
@@ -87,9 +87,9 @@ def _run_with_progress(spec) -> list[dict]:
             progress.console.print(text, soft_wrap=True, highlight=False)
             task()
 
-        def on_cell(done: int, total: int, row: dict) -> None:  # in the log too, each cell once (run_grid)
+        def on_cell(done: int, total: int, row: dict, text: str) -> None:  # in the log too, in the same words (run_grid)
             trained.append(row)
-            progress.update(task(), total=total, completed=done, last=cell_text(row, spec.sweep))
+            progress.update(task(), total=total, completed=done, last=text)
 
         run_grid(spec, on_cell, on_plan=on_plan, on_step=on_step)
     return trained

@@ -25,11 +25,13 @@ from fedcache.table import Table
 from fedcache.wording import count
 
 if TYPE_CHECKING:
-    from fedcache.grids.run import CellCallback, PlanCallback
+    from fedcache.grids.run import CellCallback, PlanCallback, SaidCellCallback
 
 # Imported when first named, and the engines when a grid runs: they import torch, which a grid's spec (its options
 # and TOML file) does not need, so `fedcache grid` refuses a bad one without waiting seconds for torch.
 _RUNNING = {"METRIC_COLUMNS": "cell", "load_results": "table", "summary_markdown": "table"}
+
+log = logging.getLogger(__name__)
 
 
 def __getattr__(name: str):
@@ -38,11 +40,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def run_grid(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
+def run_grid(spec: GridSpec, on_cell: SaidCellCallback | None = None, on_plan: PlanCallback | None = None,
              on_step: StepCallback | None = None) -> Table:
     """Every unfinished cell of the grid (finished ones are read back), then results.csv and table.md; with
-    ``--select``, tuned on the validation split first and the chosen values tested once. ``on_step``: the steps
-    before the cells (reading the features, making the partitions) that took a while (``progress.said_step``)."""
+    ``--select``, tuned on the validation split first and the chosen values tested once. ``on_cell(done, total, row,
+    text)``: each finished cell, ``text`` its words as logged. ``on_step``: the steps before the cells (reading the
+    features, making the partitions) that took a while (``progress.said_step``)."""
     from fedcache.grids.run import in_saved_order, run_cells
     from fedcache.grids.select import run_selected
 
@@ -89,16 +92,17 @@ def cell_text(row: dict, sweep: dict[str, list[str]]) -> str:
     return " ".join([row["method"], *axes, f"seed {row['seed']}:", score])
 
 
-def _logged_cells(spec: GridSpec, on_cell: CellCallback | None) -> CellCallback:
-    """``on_cell``, after each finished cell is logged once with the count it is given (one count over a --select
-    grid's stages): cells that finish together (a batch, the workers side by side) each have their line, where a
-    command's progress shows every tenth of the grid."""
-    log = logging.getLogger(__name__)
+def _logged_cells(spec: GridSpec, on_cell: SaidCellCallback | None) -> CellCallback:
+    """``on_cell``, after each finished cell is logged with the count it is given (one count over a --select grid's
+    stages): cells that finish together (a batch, the workers side by side) each have their line, where a command's
+    progress shows every tenth of the grid. Its words are said once, of ``spec`` in its saved order, and given to
+    ``on_cell``: a progress line naming the axes in the order the command gave them would differ from the log's."""
 
     def logged(done: int, total: int, row: dict) -> None:
-        log.info("cell %d/%d finished: %s", done, total, cell_text(row, spec.sweep))
+        text = cell_text(row, spec.sweep)
+        log.info("cell %d/%d finished: %s", done, total, text)
         if on_cell is not None:
-            on_cell(done, total, row)
+            on_cell(done, total, row, text)
 
     return logged
 
@@ -108,7 +112,7 @@ def _said_diverged(spec: GridSpec, table: Table) -> Table:
     lost = [r for r in table if r.get("diverged")]
     if lost:
         first = lost[0]
-        logging.getLogger(__name__).warning(
+        log.warning(
             "%s diverged (%s is the first; its error is in %s): table.md marks %s; lower the values that "
             "diverge, or leave them out, in a new --out", count(len(lost), "cell") + f" of {len(table)}",
             first["run_dir"], spec.out / first["run_dir"] / DIVERGED, "them" if len(lost) > 1 else "it")

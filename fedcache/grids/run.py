@@ -31,6 +31,7 @@ from fedcache.wording import count
 log = logging.getLogger(__name__)
 
 CellCallback = Callable[[int, int, dict], None]  # (done, total, row of the cell just finished)
+SaidCellCallback = Callable[[int, int, dict, str], None]  # the same, and the cell in words as logged (grids.cell_text)
 PlanCallback = Callable[[str], None]  # how the engine runs the cells, said before it starts
 
 

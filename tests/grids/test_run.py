@@ -398,3 +398,30 @@ def test_a_directory_holds_runs_once_a_cell_finished_checkpointed_or_diverged(tm
         (cell / name).write_text("{}")
         assert holds_runs(tmp_path), name
         (cell / name).unlink()
+
+
+def test_a_resumed_grid_with_its_axes_given_in_another_order_says_each_cell_as_it_logs_it(toy_store, tmp_path, capsys,
+                                                                                          caplog):
+    """The progress line named a cell's axes in the order the command gave them, the log in the order the grid began
+    with (its folders' names): one cell said two ways."""
+    import logging
+
+    from fedcache.api import grid
+
+    def stop(done, total, row):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "g"
+    with pytest.raises(KeyboardInterrupt):
+        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=out, on_cell=stop,
+             sweep={"partition": "dirichlet", "clients": 3, "rounds": 1, "lr": [0.1, 0.01], "alpha": [0.5, 5]})
+    with caplog.at_level(logging.INFO, logger="fedcache.grids"):
+        code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--seeds", "0",
+                     "--partition", "dirichlet", "--clients", "3", "--rounds", "1", "--set", "alpha=0.5,5", "--set",
+                     "lr=0.1,0.01", "--out", str(out)])
+    err = capsys.readouterr().err
+    logged = dict(re.fullmatch(r"cell (\d+)/4 finished: (.+)", r.getMessage()).groups() for r in caplog.records
+                  if r.name == "fedcache.grids" and r.getMessage().startswith("cell "))
+    assert code == 0 and all(text.startswith("fedavg lr=") for text in logged.values()), logged
+    shown = re.findall(r"^grid (\d+)/4 \(\d+%\) (?:ETA|in) \S+ (.+)$", err, re.M)
+    assert shown and all(text == logged[n] for n, text in shown), (shown, logged)
