@@ -250,7 +250,7 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do{again}"))
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
         pending = writer.pending(cfg.part)
-        rows = sum(writer.chunk_range(c)[1] - writer.resume_row(c) for c in pending)  # less the rows kept
+        rows = writer.rows_to_write(pending)
         emit(ProgressEvent("start", key.label(), total=rows))
         bad = _fill_chunks(cfg, writer, samples, dataset.domains.index(domain), bb, plan, view, pending, emit, key)
         done = writer.finish(samples.source.describe)  # lists every bad image, also of the rows a run before kept

@@ -99,6 +99,10 @@ class EntryWriter:
         """The first row of pending chunk ``c`` still to write: past the rows of it an interrupted writer kept."""
         return self._begun(c).next
 
+    def rows_to_write(self, chunks: list[int]) -> int:
+        """The rows of pending ``chunks`` still to write: of a chunk partly kept, those after its kept rows."""
+        return sum(self.chunk_range(c)[1] - self.resume_row(c) for c in chunks)
+
     def _begun(self, c: int) -> _Begun:
         if c not in self.begun:
             lo, hi = self.chunk_range(c)
@@ -279,7 +283,7 @@ def rows_written(store: FeatureStore, info: EntryInfo) -> int:
     of format 1, are not counted). ``store ls`` says them; a chunk count said 0 of a domain of one chunk."""
     writer = EntryWriter(store, EntryKey(**info.key), store.root[ENTRIES][info.entry_id],
                          store.path / ENTRIES / info.entry_id)
-    return info.n_rows - sum(writer.chunk_range(c)[1] - writer.resume_row(c) for c in writer.pending())
+    return info.n_rows - writer.rows_to_write(writer.pending())
 
 
 def _create_entry(store: FeatureStore, key: EntryKey, n_rows: int, dim: int, batch_size: int, attrs: dict,
@@ -382,9 +386,7 @@ def open_writer(
         fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])
         fresh.replaced = replaced
         pending = fresh.pending(part)
-        # The rows still to write: of a chunk partly kept, those after its kept rows (as the extraction resumes it).
-        rows = sum(fresh.chunk_range(c)[1] - fresh.resume_row(c) for c in pending)
-        need = entry_bytes(rows, 0, dim, np.dtype(key.dtype).itemsize, len(pending))
+        need = entry_bytes(fresh.rows_to_write(pending), 0, dim, np.dtype(key.dtype).itemsize, len(pending))
         if pending:
             disk.check_space(folder, need, what, RESUMED)
         with disk.on_full_disk(folder, what, need, advice=RESUMED):
