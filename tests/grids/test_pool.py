@@ -976,23 +976,39 @@ def test_a_cell_left_unread_whose_worker_was_killed_is_the_grid_s_one_line(tmp_p
     assert str(said).count("\n") == 0
 
 
-def _refused_after(seconds: float) -> list:
+def _refused_once(flag: str) -> list:
+    """Raises once ``flag`` exists (the test makes it after reading the other cell's row): the error is never first."""
     import time
+    from pathlib import Path
 
     from fedcache.errors import ConfigError
 
-    time.sleep(seconds)
+    deadline = time.monotonic() + 60
+    while not Path(flag).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{flag} never made")
+        time.sleep(0.01)
     raise ConfigError("cell 2 refused: its one line")
 
 
-def test_a_cell_error_whose_result_was_never_read_is_said_as_the_workers_close():
+def test_a_cell_error_whose_result_was_never_read_is_said_as_the_workers_close(tmp_path):
     """A caller that stops reading before the last cell and leaves the ``with`` block closes the workers cleanly; a
-    cell among those unread that raised was then lost without a word. It is raised as its read would have raised it."""
+    cell among those unread that raised was then lost without a word. It is raised as its read would have raised it:
+    by the block's exit, the erring cell held until the other's row was read."""
+    import contextlib
+
     from fedcache.errors import ConfigError
     from fedcache.grids.pool import Workers
 
-    with pytest.raises(ConfigError, match=r"^cell 2 refused: its one line$"):
-        with Workers(2) as workers:
-            rows = workers.run([(sorted, ([2, 1],)), (_refused_after, (1.0,))])
-            assert next(rows) == 1  # the first cell's, long before the second's error
-    rows.close()
+    flag = tmp_path / "read"
+    block = contextlib.ExitStack()
+    workers = block.enter_context(Workers(2))
+    rows = workers.run([(sorted, ([2, 1],)), (_refused_once, (str(flag),))])
+    try:
+        assert next(rows) == 1
+        flag.touch()
+        with pytest.raises(ConfigError, match=r"^cell 2 refused: its one line$"):
+            block.close()  # the with block left, the second cell's result unread
+    finally:
+        rows.close()
+        block.close()
