@@ -55,7 +55,9 @@ class EntryReport:
     status: str  # "extracted", "already complete", "part done"
     rows: int
     seconds: float
-    bad_images: list[str] = field(default_factory=list)  # the entry's, once complete; else this run's (its part)
+    # Of an entry this run completes, the entry's (rows kept before too); of one left partial, this run's (its part);
+    # of one found already complete, none.
+    bad_images: list[str] = field(default_factory=list)
 
 
 def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[EntryReport]:

@@ -74,5 +74,5 @@ def test_a_resumed_extraction_lists_the_bad_images_of_the_rows_it_kept(store_pat
     listed = [str(folder / "train" / "cat" / "0a-broken.png")]
     assert entry.attrs["n_bad_images"] == 1
     assert store.bad_images_path(entry.entry_id).read_text().splitlines() == listed
-    # This run met no bad image; its report counted none, and its summary said no bad image skipped.
+    # This run met no bad image: its report lists the entry's, of the rows it kept (it counted none, nor its summary).
     assert train.rows == 7 - 4 and train.bad_images == listed
