@@ -220,14 +220,14 @@ class Bar(Progress):
     def start(self) -> None:
         super().start()
         proxy = sys.stderr  # rich's, writing through the bar's console, where it redirects (a terminal)
-        self._moved = [h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler
+        self._moved = [(h, h.stream) for h in logging.getLogger().handlers if type(h) is logging.StreamHandler
                        and h.stream is self.console.file and hasattr(proxy, "rich_proxied_file")]
-        for handler in self._moved:
+        for handler, _ in self._moved:
             handler.setStream(proxy)
 
     def stop(self) -> None:
-        for handler in getattr(self, "_moved", []):
-            handler.setStream(self.console.file)
+        for handler, stream in getattr(self, "_moved", []):
+            handler.setStream(stream)
         self._moved = []
         super().stop()
 
