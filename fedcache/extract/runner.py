@@ -20,7 +20,7 @@ from fedcache.errors import BadImageError, ConfigError, EntryNotFoundError, NonF
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.config import ExtractConfig
 from fedcache.extract.datasets import Dataset, Samples
-from fedcache.extract.datasets.base import SPLITS
+from fedcache.extract.datasets.base import SPLITS, skip_bad_images_named
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.sizes import image_size
@@ -361,7 +361,7 @@ def _check_bad(samples: Samples, idx: np.ndarray, ok: np.ndarray, skip: bool, ba
         name = samples.source.describe(int(i))
         if not skip:
             raise BadImageError(
-                f"cannot decode image {name}; fix or remove it, or pass {named('--skip-bad-images', 'skip_bad_images=True')} "
+                f"cannot decode image {name}; fix or remove it, or pass {skip_bad_images_named()} "
                 "to skip bad images "
                 "(they are counted and listed next to the entry)"
             )

@@ -180,9 +180,14 @@ def save_checkpoint(path: Path, ck: dict) -> None:
     disk.write_atomic(path, buf.getbuffer(), "the checkpoint", check=True)
 
 
+def resume_named() -> str:
+    """The resume as the caller asked for it: the flag, or the API's keyword."""
+    return named("--resume", "resume=True")
+
+
 def no_checkpoint(where: Path | str) -> ConfigError:
-    """A resume with nothing to resume from, named as the caller asked for it (the flag, or the API's keyword)."""
-    resume = named("--resume", "resume=True")
+    """A resume with nothing to resume from, named as the caller asked for it."""
+    resume = resume_named()
     return ConfigError(f"{resume}: no checkpoint in {where}; start the run without {resume}")
 
 

@@ -134,8 +134,9 @@ def join(outs: list) -> Any:
 def same(outs: list) -> Any:
     """The value every run computed; a stack whose runs disagree cannot train their rows as one."""
     if any(o != outs[0] for o in outs[1:]):
+        processes = named("--engine processes", "engine='processes'")
         raise ConfigError(f"the stacked runs disagree on a fact their rows must share this round ({outs}): "
-                          f"run the grid with {named('--engine processes', 'engine=' + repr('processes'))}")
+                          f"run the grid with {processes}")
     return outs[0]
 
 

@@ -30,7 +30,7 @@ from fedcache.errors import ConfigError, DiskFullError, FedcacheError
 from fedcache.partitioning import partition_request
 from fedcache.training import check_not_a_cell, owned
 from fedcache.federate.inprocess import OnRound
-from fedcache.federate.rundir import RunDir
+from fedcache.federate.rundir import RunDir, resume_named
 from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import SERVER, ShardInfo, ShardSpec, changed_since_cut, open_shard, write_shards
@@ -220,7 +220,8 @@ def _refuse_unsupported(spec: RunSpec) -> None:
              (("--overwrite", "overwrite=True"), e.overwrite), (("--track", "track"), bool(e.track)))
     unsupported = [named(*said) for said, on in given if on]
     if unsupported:
-        raise FedcacheError(f"{named('--engine flower-sim', 'engine=' + repr('flower-sim'))} does not support "
+        engine = named("--engine flower-sim", "engine='flower-sim'")
+        raise FedcacheError(f"{engine} does not support "
                             f"{', '.join(unsupported)}; drop {'them' if len(unsupported) > 1 else 'it'}")
     if e.resume and e.out is None:
         raise ConfigError(named("--resume continues the run in --out; give the --out of the interrupted run",
@@ -253,13 +254,13 @@ def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
 def _check_shards(shards: Path, want: ShardSpec) -> None:
     """A resumed run trains on the shards it started with; they must be of the partition asked for."""
     if not (shards / SERVER).is_dir():
-        raise ConfigError(f"{_resume()}: {shards} holds no shards; start the run without {_resume()}")
+        raise ConfigError(f"{resume_named()}: {shards} holds no shards; start the run without {resume_named()}")
     _, info = open_shard(shards / SERVER)
     asked = {"dataset": want.dataset, "backbones": list(want.backbones), "request": want.request.to_dict()}
     had = {"dataset": info.dataset, "backbones": list(info.backbones), "request": info.request}
     if json.loads(json.dumps(had)) != json.loads(json.dumps(asked)):
         differ = [k for k in asked if json.loads(json.dumps(had[k])) != json.loads(json.dumps(asked[k]))]
-        raise ConfigError(f"{_resume()}: the shards in {shards} were made with other data or partition options "
+        raise ConfigError(f"{resume_named()}: the shards in {shards} were made with other data or partition options "
                           f"({', '.join(differ)}); use the options of the interrupted run")
     _check_features(shards, info, want.store)
 
@@ -273,14 +274,10 @@ def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:
         return
     changed = changed_since_cut(info, FeatureStore(store, create=False))
     if changed:
-        raise ConfigError(f"{_resume()}: the shards in {shards} were cut from other features than {store} holds now "
+        raise ConfigError(f"{resume_named()}: the shards in {shards} were cut from other features than {store} holds now "
                           f"({changed}: extracted or imported again since?); the run would go on from features the "
-                          f"store no longer holds: start it again without {_resume()} in another "
+                          f"store no longer holds: start it again without {resume_named()} in another "
                           f"{named('--out', 'out')}, which cuts its shards from the features as they are now")
-
-
-def _resume() -> str:
-    return named("--resume", "resume=True")
 
 
 def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, cpus: int | None = None,

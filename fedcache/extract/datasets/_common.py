@@ -80,13 +80,17 @@ class StandardSet:
 def how_to_get(row: StandardSet, manual_only: bool = False) -> str:
     """The row's how-to (written as a clause, lower case), as a sentence for users."""
     if row.download is not None and not manual_only:
-        return (f"Pass {named('--download', 'download=True')} to fetch it with torchvision into {_data_root()}, or "
+        return (f"Pass {_download_named()} to fetch it with torchvision into {_data_root()}, or "
                 f"{_said(row.how_to_get)}")
     return _said(row.how_to_get[:1].upper() + row.how_to_get[1:])
 
 
 def _data_root() -> str:
     return named("--data-root", "data_root")
+
+
+def _download_named() -> str:
+    return named("--download", "download=True")
 
 
 def _said(how: str) -> str:
@@ -111,7 +115,7 @@ def register(row: StandardSet) -> None:
 
 def require_data_root(row: StandardSet, options: DatasetOptions) -> Path:
     if options.data_root is None:
-        fetch = f" (with {named('--download', 'download=True')} to fetch it there)" if row.download else ""
+        fetch = f" (with {_download_named()} to fetch it there)" if row.download else ""
         raise ConfigError(f"dataset {row.name!r} is read from a data folder: pass {named('--data-root DIR', 'data_root=DIR')}"
                           f"{fetch}")
     return Path(options.data_root).expanduser()
@@ -156,7 +160,7 @@ def _not_found(row: StandardSet, missing: MissingFiles, options: DatasetOptions)
     where = " or ".join(str(p.resolve()) for p in missing.paths)
     how = how_to_get(row)
     if options.download and row.download is None:
-        how = f"{named('--download', 'download=True')} is not available for {row.name!r}. {how}"
+        how = f"{_download_named()} is not available for {row.name!r}. {how}"
     return DataNotFoundError(f"dataset {row.name!r} not found: expected {where}. {how}")
 
 

@@ -25,6 +25,11 @@ SPLITS = ("train", "test")
 DEFAULT_DOMAIN = "all"
 
 
+def skip_bad_images_named() -> str:
+    """The option that skips bad images, as the caller names it: the flag, or the API's keyword."""
+    return named("--skip-bad-images", "skip_bad_images=True")
+
+
 class ImageSource(Protocol):
     """Random access to RGB images; ``describe`` names an image in error messages."""
 
@@ -94,7 +99,7 @@ class FileSource:
         except Exception as exc:  # PIL raises many types for a bad file
             raise BadImageError(
                 f"cannot decode image {path}: {exc}. Remove or replace the file, "
-                f"or pass {named('--skip-bad-images', 'skip_bad_images=True')} to skip it and record it next to the entry"
+                f"or pass {skip_bad_images_named()} to skip it and record it next to the entry"
             ) from exc
 
     def describe(self, i: int) -> str:

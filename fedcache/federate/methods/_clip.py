@@ -11,7 +11,7 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.local import here, rng_for
 from fedcache.heads import Params
 from fedcache.heads.base import affine
-from fedcache.wording import named
+from fedcache.federate.methods.base import head_named
 
 PROTOTYPE_STREAM = 9  # rng stream of the server's labelled prototype rows, distinct from every other draw
 
@@ -47,7 +47,7 @@ def unit_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
 def require_linear(head: str, method: str) -> None:
     if head != "linear":
         raise ConfigError(f"{method} trains a linear classifier initialised from class anchors, not {head!r}; "
-                          f"drop {named('--head', 'head=')}")
+                          f"drop {head_named()}")
 
 
 def prototype_anchors(data: FederatedData, shots: int, seed: int) -> torch.Tensor:

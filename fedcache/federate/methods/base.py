@@ -144,9 +144,10 @@ class Method:
         d = ctx.data
         self.head: Head = make_head(ctx.head, d.dim, d.n_classes)
         if self.needs_representation and not self.head.body_keys:
+            mlp = named("--head mlp", "head='mlp'")
             raise ConfigError(
                 f"{self.name} {self.needs_representation}; the {ctx.head!r} head has no representation layers "
-                f"(its representation is the frozen embedding itself): use {named('--head mlp', 'head=' + repr('mlp'))}"
+                f"(its representation is the frozen embedding itself): use {mlp}"
             )
 
     @classmethod
@@ -260,12 +261,17 @@ class Method:
         return torch.tensor([len(self.ctx.data.client_train[k]) for k in clients], dtype=torch.float32)
 
 
+def head_named() -> str:
+    """The head option as the caller names it, to drop: the flag, or the API's keyword."""
+    return named("--head", "head=")
+
+
 def check_head(cls: type, name: str, head: str) -> None:
     """Refuse a head the method does not run with (its ``heads``), when its spec is made and when it is built."""
     heads = getattr(cls, "heads", ())
     if heads and head not in heads:
         raise ConfigError(f"{name} runs with the {' or '.join(heads)} head only, not {head!r}; drop "
-                          f"{named('--head', 'head=')} (in a grid of several methods, give {name} a grid of its own)")
+                          f"{head_named()} (in a grid of several methods, give {name} a grid of its own)")
 
 
 def tensor_size(tensors: Params) -> tuple[int, int]:
