@@ -102,7 +102,7 @@ def named(flag: str, keyword: str) -> str:
 def option(flag: str, keyword: str) -> str:
     """A run option as messages name it: ``flag`` on the command line (``--rounds (schedule.rounds)``), ``keyword``
     in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] by its
-    key there (``rounds``) in both, as the file spells it."""
+    key there (``rounds``) in both, normalised as settings are (a file's ``local-epochs`` is ``local_epochs``)."""
     given = _GIVEN.get()
     if given == "file":
         return keyword
@@ -120,7 +120,8 @@ def set_flag() -> str:
 
 def setting(key: str) -> str:
     """One setting as messages name it: ``--set lr`` on the command line; in the Python API ``settings['lr']``, a
-    grid's axis ``sweep['lr']``; a grid file's key ``lr`` in both, as the file spells it."""
+    grid's axis ``sweep['lr']``; a grid file's key ``lr`` in both, normalised (a file's ``local-epochs`` is
+    ``local_epochs``)."""
     if _GIVEN.get() == "file":
         return key
     return f"{set_flag()}[{key!r}]" if by_keyword() else f"--set {key}"
