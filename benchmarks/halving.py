@@ -284,6 +284,28 @@ def _last_rounds(k: int):
     return rank
 
 
+def _trend(weight: float, window: float = 0.5):
+    """Rank by where a candidate's recent trend points at the full rounds: a line fitted to its mean score against
+    log(round) over the last ``window`` of the rounds so far, its rise from the cut to the full rounds counted at
+    ``weight`` (a falling curve keeps its fitted score). A late bloomer is one still rising at a cut where a faster
+    candidate has levelled off; the weight below one hedges against a line through a few noisy rounds."""
+    import numpy as np
+
+    def rank(by_lr: dict, alive: list[str], r: int) -> dict[str, float]:
+        full = max(max(s) for seeds in by_lr.values() for s in seeds)
+        out = {}
+        for lr in alive:
+            pts = [(t, m) for t in range(max(1, int(r * (1 - window))), r + 1) if (m := _mean_at(by_lr[lr], t)) is not None]
+            if len(pts) < 3:  # too few rounds for a line: its score at the cut
+                if pts:
+                    out[lr] = pts[-1][1]
+                continue
+            slope, at0 = np.polyfit(np.log([t for t, _ in pts]), [m for _, m in pts], 1)
+            out[lr] = float(at0 + slope * math.log(r) + weight * max(slope, 0.0) * math.log(full / r))
+        return out
+    return rank
+
+
 def _within(z: float):
     """Keep, beyond the best ceil(n/eta), any candidate within ``z`` standard errors (over seeds) of the last of
     them: a near tie at a cut is not decided by one seed's noise."""
@@ -300,7 +322,8 @@ def _top(by_lr: dict, ranked: list[str], n_keep: int, r: int) -> set[str]:
 
 
 RULES = {"halving": (_last_rounds(1), _top), **{f"mean of last {k} rounds": (_last_rounds(k), _top) for k in (3, 5)},
-         **{f"keep within {z} SE": (_last_rounds(1), _within(z)) for z in (1, 2)}}
+         **{f"keep within {z} SE": (_last_rounds(1), _within(z)) for z in (1, 2)},
+         **{f"trend to the full rounds x{w}": (_trend(w), _top) for w in (0.25, 0.5, 1.0)}}
 
 
 def _play(by_lr: dict, cuts: list[int], eta: int, rounds: int, rule) -> tuple[str, int]:
