@@ -481,14 +481,7 @@ def test_a_torn_runs_json_of_an_interrupted_batch_is_one_line_and_its_advice_wor
 
     from fedcache.errors import DamagedFileError
 
-    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
-    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
-    grid(out=tmp_path / "whole", **kw)
-    stop_after_round_1(monkeypatch)
-    with pytest.raises(KeyboardInterrupt):
-        grid(out=tmp_path / "g", **kw)
-    monkeypatch.undo()
-    (runs,) = (tmp_path / "g" / "batches").glob("*/runs.json")
+    kw, runs = _a_batch_stopped_after_round_1(toy_store, tmp_path, monkeypatch)
     runs.write_text('["fedavg')
     with pytest.raises(DamagedFileError, match=rf"{runs} is damaged .*delete the folder {runs.parent} and run the grid "
                                                r"again"):
@@ -599,14 +592,7 @@ def test_a_batch_records_its_cells_as_plain_json_and_an_older_record_still_conti
 
     from fedcache.grids.spec import Cell
 
-    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
-    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
-    grid(out=tmp_path / "whole", **kw)
-    stop_after_round_1(monkeypatch)
-    with pytest.raises(KeyboardInterrupt):
-        grid(out=tmp_path / "g", **kw)
-    monkeypatch.undo()
-    (runs,) = (tmp_path / "g" / "batches").glob("*/runs.json")
+    kw, runs = _a_batch_stopped_after_round_1(toy_store, tmp_path, monkeypatch)
     recorded = json.loads(runs.read_text())
     fixed = {"partition": "iid", "clients": "3", "rounds": "3"}
     assert recorded == [{"method": "fedavg", "seed": 0, "setting": {**fixed, "lr": lr}} for lr in ("0.003", "0.03")]
@@ -638,3 +624,17 @@ def test_cells_finishing_together_are_each_logged_once_with_a_rising_count_as_pr
         f"fedavg lr={lr} seed {seed}" for lr in ("0.1", "0.01") for seed in (0, 1))
     shown = re.findall(r"^grid (\d+)/4 \(\d+%\) (?:ETA|in) \S+ (.+)$", err, re.M)
     assert shown and all(text == dict(m.groups() for m in logged)[n] for n, text in shown), (shown, caplog.text)
+
+
+def _a_batch_stopped_after_round_1(toy_store, tmp_path, monkeypatch):
+    """A two-cell fedavg grid trained whole into whole/, and stopped after round 1 in g/: its keywords and the
+    stopped batch's runs.json."""
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    stop_after_round_1(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=tmp_path / "g", **kw)
+    monkeypatch.undo()
+    (runs,) = (tmp_path / "g" / "batches").glob("*/runs.json")
+    return kw, runs
