@@ -143,9 +143,19 @@ def frontier(full: Path, eta: int) -> list[dict]:
 
 
 def chosen(grid_dir: Path) -> dict[str, str]:
-    """Group (method and its other settings) -> the chosen lr, from selection.json."""
+    """Group (method and its other settings) -> the chosen lr, from selection.json; of a full grid stopped before
+    its choices, of its groups whose every cell finished, chosen as --select chooses (see ``_curves``)."""
+    if not (grid_dir / "selection.json").exists():
+        return {group: _best_at_end(by_lr) for group, by_lr in _curves(grid_dir).items()}
     doc = json.loads((grid_dir / "selection.json").read_text())
     return {_group(c): c["chosen"]["lr"] for c in doc["choices"]}
+
+
+def _best_at_end(by_lr: dict) -> str:
+    """--select's choice: the highest mean over seeds at the last round, among values no seed of which diverged."""
+    last = max(max(s) for seeds in by_lr.values() for s in seeds)
+    scored = {lr: _mean_at(seeds, last) for lr, seeds in by_lr.items()}
+    return max((lr for lr in by_lr if scored[lr] is not None), key=lambda lr: scored[lr])
 
 
 def _group(c: dict) -> str:
@@ -241,9 +251,13 @@ def without_one_seed(curves: dict) -> dict:
 
 
 def _curves(full: Path) -> dict[str, dict[str, list[dict]]]:
-    """Group -> lr -> each seed's metrics lines by round."""
+    """Group -> lr -> each seed's metrics lines by round. Of a full grid stopped before its choices (no
+    selection.json), only the groups whose every cell finished: a replay on a grid stopped part of the way."""
     curves: dict[str, dict[str, list[dict]]] = {}
-    for cell in sorted((full / "validation" / "cells").iterdir()):
+    cells = sorted((full / "validation" / "cells").iterdir())
+    if not (full / "selection.json").exists():
+        cells = _finished_groups(full, cells)
+    for cell in cells:
         meta = json.loads((cell / "cell.json").read_text())
         setting = {k: v for k, v in meta["setting"].items() if k != "validation"}
         lr = setting.pop("lr")
@@ -263,6 +277,23 @@ def _replay(curves: dict, eta: int, min_rounds: int | None) -> dict[str, dict]:
         choice, trained = _play(by_lr, cuts, eta, rounds, RULES["halving"])
         out[group] = {"choice": choice, "rounds": rounds, "rungs": cuts, "trained": trained}
     return out
+
+
+def _finished_groups(full: Path, cells: list[Path]) -> list[Path]:
+    """The cells of the groups (method and every setting but lr and the seed) whose every cell of the grid's sweep
+    finished (summary.json, or diverged.json)."""
+    grid = json.loads((full / "grid.json").read_text())
+    expected = len(grid["sweep"]["lr"]) * len(grid["seeds"])
+    by_group: dict[str, list[Path]] = {}
+    for cell in cells:
+        meta = json.loads((cell / "cell.json").read_text())
+        key = json.dumps([meta["method"], {k: v for k, v in meta["setting"].items() if k != "lr"}])
+        by_group.setdefault(key, []).append(cell)
+    return [c for group in by_group.values() if len(group) == expected and all(map(_finished, group)) for c in group]
+
+
+def _finished(cell: Path) -> bool:
+    return (cell / "summary.json").exists() or (cell / "diverged.json").exists()
 
 
 # ---- search: which rules could have chosen as the full grid did, at what share of its rounds ----------------
@@ -358,8 +389,11 @@ def search(full: Path, etas=(2, 3, 4, 6), shares=(0.15, 0.2, 0.3)) -> dict:
                 played = {g: _play(by_lr, rungs(rounds[g], len(by_lr), eta, first), eta, rounds[g], rule) for g, by_lr in curves.items()}
                 points.append({"share": round(sum(t for _, t in played.values()) / total, 3),
                                "same": sum(c == best[g] for g, (c, _) in played.items()), "reduction_factor": eta, "first_cut": first})
+        default = {g: _play(by_lr, rungs(rounds[g], len(by_lr), 3), 3, rounds[g], rule) for g, by_lr in curves.items()}
         out[name] = {"frontier": _frontier(points), "most_same_within": {
-            str(s): max((p["same"] for p in points if p["share"] <= s), default=0) for s in shares}}
+            str(s): max((p["same"] for p in points if p["share"] <= s), default=0) for s in shares},
+            "default_cuts": {"same": sum(c == best[g] for g, (c, _) in default.items()),  # reduction factor 3
+                             "share": round(sum(t for _, t in default.values()) / total, 3)}}
     return {"groups": len(curves), "rules": out}
 
 
@@ -464,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         alone = played["full_grid_without_one_seed"]
         write({"search": search(a.replay), "grid": json.loads((a.replay / "grid.json").read_text()),
                "default_replay": {k: played[k] for k in ("same", "of", "validation_rounds_share")},
-               "full_grid_without_one_seed": {k: alone[k] for k in ("groups_where_every_subset_agrees", "of", "subsets_agreeing")},
+               "full_grid_without_one_seed": alone,  # with each group's choice of all seeds and without each
                "cpu": _cpu_model(),  # another CPU rounds otherwise, and over 50 rounds some choices move
                "command": "benchmarks/halving.py " + " ".join(argv if argv is not None else sys.argv[1:])}, a.out or SEARCH)
         return

@@ -142,6 +142,15 @@ def test_halving_against_the_full_select_grid(tmp_path):
     assert max(p["same"] for p in rules["halving"]["frontier"]) >= played["same"]
     table = bench("halving").render_search(json.loads((tmp_path / "search.json").read_text()))
     assert table.count("\n") == 1 + len(rules) and "| halving | " in table
+    assert rules["halving"]["default_cuts"]["same"] == played["same"]
+    # A full grid stopped before its choices: its finished groups, chosen as --select chooses; none unfinished.
+    import shutil
+
+    stopped = shutil.copytree(keep / "tiny" / "full-0", tmp_path / "stopped")
+    (stopped / "selection.json").unlink()
+    assert bench("halving").chosen(stopped) == bench("halving").chosen(keep / "tiny" / "full-0")
+    (next((stopped / "validation" / "cells").iterdir()) / "summary.json").unlink()
+    assert bench("halving").chosen(stopped) == {}
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.local import here, rng_for
+from fedcache.federate.methods.base import head_named
 from fedcache.heads import Params
 from fedcache.heads.base import affine
-from fedcache.federate.methods.base import head_named
 
 PROTOTYPE_STREAM = 9  # rng stream of the server's labelled prototype rows, distinct from every other draw
 
