@@ -129,9 +129,12 @@ class PlainProgress:
 
     def update(self, task_id: int, *, total: float | None = None, completed: float | None = None, **fields: Any) -> None:
         task = self.tasks[task_id]
+        grown = total is not None and task.total is not None and total > task.total
         task.total = task.total if total is None else total
         task.completed = task.completed if completed is None else completed
         task.fields.update(fields)
+        if grown and task.printed_step == 10:  # said finished, then given more (halving's next rung): its tenths go on
+            task.printed_step = int(10 * task.completed / task.total)
         self._emit(task)
 
     def _emit(self, task: _Task, force: bool = False) -> None:

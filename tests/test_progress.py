@@ -50,6 +50,21 @@ def test_a_total_learned_later_is_used():
     assert out.getvalue().splitlines() == ["grid started", "grid 1/4 (25%) ETA 30s fedavg seed 0: 60.0%"]
 
 
+def test_a_total_grown_after_its_end_goes_on_being_said_to_its_new_end():
+    """A halving grid's total grows as its rungs are planned: once a line said 100%, nothing more was printed."""
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock)
+    task = progress.add_task("grid", total=4)
+    progress.update(task, completed=4)
+    progress.update(task, total=8)
+    for done in range(5, 9):
+        clock.t += 1
+        progress.update(task, completed=done)
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("grid 4/4 (100%)") and lines[-1].startswith("grid 8/8 (100%)")
+    assert any(line.startswith("grid 6/8 (75%)") for line in lines)
+
+
 def test_counts_of_millions_are_written_in_full():
     """An import's rows: ``:g`` wrote 1,100,000 as ``1.1e+06``."""
     out, clock = io.StringIO(), Clock()

@@ -400,6 +400,8 @@ class FeatureStore(TextEmbeddings, Removal):
         reader.close()
         if reader.problem:
             return ("unreadable" if reader.denied else "damaged"), reader.problem
+        if misplaced := lookup.own_domain_missing(info):
+            return "damaged", f"{misplaced}, so no read can place its rows"
         if CRC_ATTR not in info.attrs:
             return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
         return "ok", ""

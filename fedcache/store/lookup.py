@@ -27,6 +27,16 @@ def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> Entr
     return hit[0] if hit else None
 
 
+def own_domain_missing(info: EntryInfo) -> str | None:
+    """What is wrong with an entry whose recorded ``domains`` lack its own domain (None where they hold it, or
+    record none): no read can place its rows."""
+    names = info.attrs.get("domains")
+    if not isinstance(names, list) or info.key["domain"] in names:
+        return None
+    return (f"it is of domain {info.key['domain']} but records the domains of its dataset as "
+            f"{','.join(map(str, names)) or 'none'}")
+
+
 def misplaced_in(path: Path, infos: list[EntryInfo], want: tuple) -> DamagedEntryError | None:
     """The newest complete entry of (dataset, split, backbone, view) where its ``domains``, which a read takes for the
     table's, lack its own domain: damaged, or of another store. A read then kept none of the entries, and said them
@@ -34,11 +44,9 @@ def misplaced_in(path: Path, infos: list[EntryInfo], want: tuple) -> DamagedEntr
     dataset, split, backbone, view = want
     done = [e for e in infos if e.complete and e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
     last = newest(done) if done else None
-    names = last.attrs.get("domains") if last else None
-    if not isinstance(names, list) or last.key["domain"] in names:
+    problem = own_domain_missing(last) if last else None
+    if not problem:
         return None
-    problem = (f"it is of domain {last.key['domain']} but records the domains of its dataset as "
-               f"{','.join(map(str, names)) or 'none'}")
     return DamagedEntryError(
         f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {problem}, so no read can "
         f"place its rows; remove it with `fedcache store rm {last.entry_id} --store {path}` and run the extraction "

@@ -69,6 +69,8 @@ def test_an_entry_whose_domains_lack_its_own_is_said_to_be_damaged_with_the_stor
     assert f"entry {key().entry_id} (ds/train/all bb) in {store_path} is damaged or of another store" in said
     assert "it is of domain all but records the domains of its dataset as" in said
     assert f"`fedcache store rm {key().entry_id} --store {store_path}`" in said
+    status, detail = FeatureStore(store_path).verify(FeatureStore(store_path).entries()[0])
+    assert status == "damaged" and detail.startswith("it is of domain all but records")  # verify called it ok
 
 
 def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
