@@ -232,6 +232,25 @@ class Bar(Progress):
         super().stop()
 
 
+def step_printer(console: Console):
+    """A library call's ``on_step`` (and a grid's ``on_plan``) for a command: each line printed beside its progress,
+    unless the command's log shows it already (``FEDCACHE_LOG=info``: the library logs every step it says, and the
+    line appeared twice)."""
+    def on_step(text: str) -> None:
+        if not _steps_in_log():
+            console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+    return on_step
+
+
+def _steps_in_log() -> bool:
+    """The command's stderr handler (``progress.log_to_stderr``) writes fedcache's INFO records."""
+    if not logging.getLogger("fedcache").isEnabledFor(logging.INFO):
+        return False
+    return any(type(h) is logging.StreamHandler and h.level <= logging.INFO and h.stream in (sys.stderr, sys.__stderr__)
+               for h in logging.getLogger().handlers)
+
+
 def import_with_torch(module: str) -> ModuleType:
     """``module``, which imports torch, imported, said on stderr while that takes ``progress.SLOW_STEP`` seconds or
     more: torch's import took 2.5 to 8 s on a busy machine, the silence before a grid's or a run's first line."""

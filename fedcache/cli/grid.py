@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, loading_torch,
-                                 print_table, typer_option)
+                                 print_table, step_printer, typer_option)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.extract.config import options as extract_options
 from fedcache.spec import grid_options, options
@@ -80,11 +80,10 @@ def _run_with_progress(spec) -> list[dict]:
             tasks[:] = tasks or [progress.add_task("grid", total=None, last="")]
             return tasks[0]
 
-        def on_step(text: str) -> None:  # no task yet: a grid its partitions refuse next never said "grid started"
-            progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
+        on_step = step_printer(progress.console)  # no task yet: a grid its partitions refuse next never said "grid started"
 
         def on_plan(text: str) -> None:
-            progress.console.print(text, soft_wrap=True, highlight=False)
+            on_step(text)
             task()
 
         def on_cell(done: int, total: int, row: dict, text: str) -> None:  # in the log too, in the same words (run_grid)

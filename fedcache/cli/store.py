@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table
+from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table, step_printer
 from fedcache.errors import ConfigError, UnreadableEntryError
 from fedcache.wording import count
 
@@ -245,7 +245,4 @@ def _import_with_progress(store: Path, file: Path, dataset: str, backbone: str, 
                 task = progress.add_task("rows written", total=total)
             progress.update(task, completed=done)
 
-        def on_step(text: str) -> None:
-            progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
-
-        return import_file(store, file, dataset, backbone, split, on_step=on_step, on_rows=on_rows)
+        return import_file(store, file, dataset, backbone, split, on_step=step_printer(progress.console), on_rows=on_rows)

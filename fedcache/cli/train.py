@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
-                                 given_on_command_line, import_with_torch, loading_torch, print_table)
+                                 given_on_command_line, import_with_torch, loading_torch, print_table, step_printer)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options
@@ -93,10 +93,7 @@ def _rounds_progress():
 
 def _step_lines(progress):
     """Every engine's ``on_step``: the line above the rounds bar (or before it is drawn)."""
-    def on_step(text: str) -> None:
-        progress.console.print(text, soft_wrap=True, highlight=False, markup=False)
-
-    return on_step
+    return step_printer(progress.console)
 
 
 def _rounds_bar(progress, spec: RunSpec):
@@ -166,8 +163,7 @@ _signed(partition, _spec_params(PARTITION_OPTIONS, backbones="Any extracted back
                              default=typer.Option(None, help="Write <PLOT>-bubbles.png and <PLOT>-sizes.png."))])
 
 
-def _said(text: str) -> None:  # beside progress, not in the command's output
-    err.print(text, soft_wrap=True, highlight=False, markup=False)
+_said = step_printer(err)  # beside progress, not in the command's output
 
 
 def shard(out: Path, **given) -> None:

@@ -40,6 +40,7 @@ from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
 from fedcache.ownership import LOCK
 from fedcache.paths import CONFIG, METRICS
+from fedcache.progress import said_now
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
 from fedcache.wording import count, named
@@ -375,9 +376,7 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: 
     text = grouping.describe() + (f" ({where})" if where else "")
     if jobs > 1 and len(tasks) > 1:
         text += f"; {min(jobs, len(tasks))} at a time, each in a worker process of one torch thread"
-    log.info(text)
-    if on_plan:
-        on_plan(text)
+    said_now(log, on_plan, text)
     if jobs == 1 or len(tasks) <= 1:
         for batch in batches:
             yield from _run_batch(spec, batch, tables, stops)

@@ -14,6 +14,7 @@ makes the same cuts, and a continued cell's numbers are those of a run that neve
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import numpy as np
 from fedcache.grids.pool import Workers
 from fedcache.grids.run import CellCallback, PlanCallback, run_cells
 from fedcache.grids.spec import Cell, GridSpec, cells, train_config
-from fedcache.progress import StepCallback
+from fedcache.progress import StepCallback, said_now
 
 Value = tuple[tuple[str, str], ...]  # the selected settings' values of one candidate
 VALIDATION_AXIS = "validation"  # the validation stage's own axis: the same in every cell, in no group's key
@@ -231,8 +232,4 @@ def step_text(reached: list[tuple[Group, int | None, int]]) -> str:
 
 
 def _say(on_plan: PlanCallback | None, text: str) -> None:
-    import logging
-
-    logging.getLogger(__name__).info(text)
-    if on_plan:
-        on_plan(text)
+    said_now(logging.getLogger(__name__), on_plan, text)

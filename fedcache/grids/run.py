@@ -22,7 +22,7 @@ from fedcache.grids.pool import Workers
 from fedcache.grids.processes import execute, jobs_of
 from fedcache.grids.spec import BATCHES, CELLS, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
-from fedcache.progress import StepCallback, said_step
+from fedcache.progress import StepCallback, said_now, said_step
 from fedcache.spec import RunSpec, method_class
 from fedcache.table import Table
 from fedcache.training import instantiate, load_data
@@ -134,8 +134,8 @@ def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCall
     drop_behind_batches(spec.out / BATCHES, {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo})
     _refuse_batched_progress(spec, todo)
     drop_batches_of(spec.out / BATCHES, todo)
-    if on_plan:
-        on_plan(f"processes engine: {count(len(todo), 'cell')} as their own runs, {min(jobs_of(spec), len(todo))} at a time")
+    said_now(log, on_plan, f"processes engine: {count(len(todo), 'cell')} as their own runs, "
+                           f"{min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder, stops=stops, workers=workers)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -96,17 +97,20 @@ def test_batched_fedpcl_grid_with_tau_and_clients_axes_equals_the_process_grid(t
     assert_same_cells(a, b)
 
 
-def test_batched_fedntd_grid_with_optimizer_and_method_axes_equals_the_process_grid(toy_store, tmp_path):
+def test_batched_fedntd_grid_with_optimizer_and_method_axes_equals_the_process_grid(toy_store, tmp_path, caplog):
     """beta (per row) and SGD's momentum (per federation) share a stack; tau (not per row) does not."""
     # batch_size 4: several steps per round, or momentum (reset every round) would never act
     sweep = {"partition": "dirichlet", "clients": 3, "alpha": 0.5, "rounds": 2, "batch_size": 4, "optimizer": "sgd",
              "lr": 0.05, "weight_decay": 0.01, "beta": [0.3, 1], "tau": [1, 3], "momentum": [0, 0.9]}
     outs, plans = {}, []
-    for engine in ("processes", "batched"):
-        outs[engine] = tmp_path / engine
-        grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedntd"], sweep=sweep, seeds=[0],
-             out=outs[engine], engine=engine, on_plan=plans.append)
+    with caplog.at_level(logging.INFO, logger="fedcache"):
+        for engine in ("processes", "batched"):
+            outs[engine] = tmp_path / engine
+            grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedntd"], sweep=sweep, seeds=[0],
+                 out=outs[engine], engine=engine, on_plan=plans.append)
     assert plans[-1].startswith("batched engine: 8 cells in 2 batches (2 x 4 fedntd)")
+    logged = [r.getMessage() for r in caplog.records]
+    assert plans[0].startswith("processes engine: 8 cells") and all(p in logged for p in plans)  # each engine's logged
     assert_same_cells(outs["processes"], outs["batched"])
 
 
@@ -122,6 +126,18 @@ def test_the_grid_says_how_it_grouped_cells_and_runs_the_others_alone(toy_store,
             "8 cells as their own runs: pfedme does not declare that its runs can train stacked (8)") in printed
     assert "trained 16 cells in" in printed and "cells per minute (batched engine)" in printed
     assert len(Table.from_csv(out / "results.csv")) == 16
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_the_plan_is_said_once_whatever_the_log_shows(toy_store, tmp_path, capsys, monkeypatch, level):
+    """With FEDCACHE_LOG=info the plan (and every step the library says) printed twice: logged, then printed."""
+    monkeypatch.setenv("FEDCACHE_LOG", level)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a shell: the command's own stderr handler
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition",
+                 "iid", "--clients", "2", "--rounds", "1", "--set", "lr=0.1,0.01", "--out", str(tmp_path / "g")])
+    err = capsys.readouterr().err
+    assert code == 0 and err.count("batched engine: 2 cells in 1 batch") == 1, err
+    assert ("INFO fedcache.grids.batches: batched engine:" in err) == (level == "info")
 
 
 def test_the_batched_engine_is_the_default(toy_store, tmp_path, capsys):
