@@ -82,6 +82,10 @@ def _status(fs, e, current: set) -> str:
         if done is None:
             return "[red]damaged[/] (see `store verify`)"
         return f"[yellow]partial {_kept(fs, e, done)}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
+    from fedcache.store.lookup import own_domain_missing
+
+    if own_domain_missing(e):  # no read can place its rows
+        return "[red]damaged[/] (see `store verify`)"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 
 

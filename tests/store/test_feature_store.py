@@ -54,7 +54,7 @@ def test_reader_refuses_incomplete_entries(store_path):
 
 
 @pytest.mark.parametrize("names", [["other"], []])
-def test_an_entry_whose_domains_lack_its_own_is_said_to_be_damaged_with_the_store_rm_that_frees_it(store_path, names):
+def test_an_entry_whose_domains_lack_its_own_is_said_to_be_damaged_with_the_store_rm_that_frees_it(store_path, names, capsys):
     """Its `domains` (the table's, which a read takes from the newest entry) without its own domain: no entry was
     read, and the read said the features not complete yet, finished by an extraction that finds them complete."""
     from fedcache.errors import DamagedEntryError
@@ -71,6 +71,10 @@ def test_an_entry_whose_domains_lack_its_own_is_said_to_be_damaged_with_the_stor
     assert f"`fedcache store rm {key().entry_id} --store {store_path}`" in said
     status, detail = FeatureStore(store_path).verify(FeatureStore(store_path).entries()[0])
     assert status == "damaged" and detail.startswith("it is of domain all but records")  # verify called it ok
+    from fedcache.cli import main
+
+    assert main(["store", "ls", "--store", str(store_path)]) == 0
+    assert "damaged (see `store verify`)" in capsys.readouterr().out  # ls called it complete
 
 
 def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
