@@ -286,7 +286,7 @@ def test_a_removal_stopped_midway_leaves_no_entry_that_looks_complete(store_path
     store = FeatureStore(store_path)
     gone, kept = key("w1"), key("w2", domain="other")
     for k in (gone, kept):
-        write_all(store, k, np.ones((4, 3), np.float32), np.zeros(4, int))
+        write_all(store, k, np.ones((4, 3), np.float32), np.zeros(4, int), attrs={**ATTRS, "domains": ["all", "other"]})
     real = shutil.rmtree
 
     def stopped(path, *args, **kw):  # the first of the entry's arrays removed, then Ctrl-C
