@@ -105,8 +105,8 @@ def _sweep_axes(sweep: Any) -> dict[str, list]:
     return {k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}
 
 
-@_refusals_said
 @_keywords_named
+@_refusals_said
 def _extract_features(dataset: str, backbones: str | Iterable[str], store: str | Path | None = None,
                       progress: Callable | None = None, **options: Any):
     """Run each backbone once over the dataset and cache the embeddings; returns one report per entry.
@@ -170,8 +170,8 @@ def one_model(server: dict, by_client: tuple[str, ...] = ()) -> dict:
             for k, t in server.items()}
 
 
-@_refusals_said
 @_keywords_named
+@_refusals_said
 def train(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
           method: str | None = None, settings: dict[str, Any] | str | Iterable[str] | None = None,
           on_round: Callable | None = None, **options: Any) -> TrainResult:
@@ -295,8 +295,8 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
     return {**kept, **given}
 
 
-@_refusals_said
 @_keywords_named
+@_refusals_said
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
          methods: str | Iterable[str] | None = None, sweep: dict[str, Any] | None = None,
          seeds: int | str | Iterable[int] | None = None, out: str | Path | None = None, jobs: int | None = None,
@@ -337,8 +337,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     return run_grid(spec, told, on_plan=on_plan).parsed(spec.sweep)
 
 
-@_refusals_said
 @_keywords_named
+@_refusals_said
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:
     """``fedcache report``: HTML (self-contained) and markdown for a run or grid directory; returns the HTML path."""
     from fedcache.reports import write_report

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os as _os
 
+from fedcache.wording import named
+
 
 class FedcacheError(Exception):
     """Base class: the CLI prints these as one red line and exits with code 1."""
@@ -86,9 +88,9 @@ class DamagedCheckpointError(FedcacheError):
     """A run's checkpoint no longer holds what was written (flipped bytes, a truncated file)."""
 
     def __init__(self, path, problem: str) -> None:
+        again = named("another --out (or with --overwrite)", "another out (or with overwrite=True)")
         super().__init__(f"the checkpoint {path} is damaged: {problem}; the run cannot continue from it: start it "
-                         "again in another --out (or with --overwrite); in a grid, delete the folder holding it and "
-                         "run the grid again")
+                         f"again in {again}; in a grid, delete the folder holding it and run the grid again")
         self.path = path
 
 

@@ -104,8 +104,12 @@ def writable_dir(path: Path | str, option: str, advice: str = WRITE_ELSEWHERE) -
 # What a file system refuses: another user's file or folder (EACCES, EPERM), or a read-only mount (EROFS, which is
 # no PermissionError).
 DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
-STORE_DENIED = ("use a store you can write to (--store, or FEDCACHE_STORE), or have its owner run this command; "
-                "reading a complete store needs no write permission")
+
+
+def store_denied() -> str:
+    """What to do about a store this user may not write in, named as the caller gives the store."""
+    return (f"use a store you can write to ({named('--store', 'store=...')}, or FEDCACHE_STORE), or have its owner "
+            f"run {named('this command', 'this call')}; reading a complete store needs no write permission")
 
 
 def is_denied(exc: BaseException) -> bool:
@@ -144,7 +148,7 @@ def denied_line(exc: OSError) -> str:
         return f"{problem}; {'have its owner make it readable' if read else 'choose a path you can write to'}"
     if read:
         return unreadable_store(store, problem)
-    return f"cannot write in the feature store {store} ({problem}); {STORE_DENIED}"
+    return f"cannot write in the feature store {store} ({problem}); {store_denied()}"
 
 
 def denied_error(exc: OSError) -> DeniedError:

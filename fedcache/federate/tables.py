@@ -15,7 +15,7 @@ from fedcache.store.entries import EntryInfo
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
 from fedcache.store.tables import closed_on_error
-from fedcache.wording import did_you_mean
+from fedcache.wording import by_keyword, did_you_mean, named
 
 SPLITS = ("train", "test")
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
@@ -243,7 +243,7 @@ def check_same_source(train: FeatureTable | TableRows, test: FeatureTable | Tabl
     split) can disagree: a model trained on 3 classes scored on test labels of 7 would be silently wrong."""
     where = f"entries {', '.join(train.entry_ids[:2])} (train) and {', '.join(test.entry_ids[:2])} (test)"
     fix = ("re-import (or re-extract) both splits from one encoder with the same 'classes' and 'domains', "
-           "or give the mismatched split another --dataset name")
+           f"or give the mismatched split another {named('--dataset', 'dataset')} name")
     if train.dim != test.dim:
         raise StoreError(f"the training features are {train.dim} wide but the test features "
                          f"{test.dim} ({where}): they come from different encoders; {fix}")
@@ -279,8 +279,13 @@ def check_same_encoder(store: FeatureStore, train: FeatureTable | TableRows, tes
         raise StoreError(
             f"the training and test features of {backbone} were extracted with different weights or preprocessing "
             f"(entries {mine['train'][0].entry_id} (train) and {mine['test'][0].entry_id} (test)); re-run the "
-            "extraction of both splits with the same --weights, --image-size and --precision "
-            "(`fedcache extract ... --splits train,test`)")
+            f"extraction of both splits with the same {_same_making()}")
+
+
+def _same_making() -> str:
+    if by_keyword():
+        return "weights, image_size and precision (fedcache.extract_features(..., splits=['train', 'test']))"
+    return "--weights, --image-size and --precision (`fedcache extract ... --splits train,test`)"
 
 
 def _imported(info) -> bool:

@@ -207,7 +207,7 @@ class GridSpec:
     names: Names = field(default_factory=Names, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.store, self.out = Path(self.store), writable_dir(self.out, "--out")
+        self.store, self.out = Path(self.store), writable_dir(self.out, self.names.key("out"))
         self.seeds = [option("seed").parse(s) for s in self.seeds]  # 'a' is a clear error, not a ValueError
         # Padding ("0.1 " in a file) would name a column and a cell folder, and make a second value of one.
         self.sweep = {axis_key(k): [axis_text(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
@@ -468,7 +468,9 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
                 except ConfigError as err:
                     # "0.1,0.01" is two values on the command line, one text in a file.
                     listed = f"; several values are a list in a grid file: {k} = [{', '.join(v.split(','))}]" if "," in v else ""
-                    raise ConfigError(f"grid file {path}, under [set]: {err}{listed}") from None  # err names the key
+                    # err names the key; where it names the table too ([set] lr.a), the table is said once
+                    under = "" if "[set]" in str(err) else ", under [set]"
+                    raise ConfigError(f"grid file {path}{under}: {err}{listed}") from None
 
 
 def _read_toml(path: Path) -> dict:

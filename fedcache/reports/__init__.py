@@ -24,7 +24,7 @@ from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
 from fedcache.store.locks import exclusive_lock
-from fedcache.wording import count
+from fedcache.wording import count, named
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
 PAPER, CONTRIBUTION = "paper.json", "contribution.json"
@@ -50,9 +50,9 @@ class Section:
 
 
 def write_report(root: Path, out: Path | None = None) -> ReportPaths:
-    out = writable_dir(out, "--out") if out else None  # before any figure is drawn
+    out = writable_dir(out, named("--out", "out")) if out else None  # before any figure is drawn
     runs = find_runs(root)
-    out = out or writable_dir(root, "cannot write the report into", advice=REPORT_ELSEWHERE)
+    out = out or writable_dir(root, "cannot write the report into", advice=report_elsewhere())
     # One report at a time into one directory: two share the staging folder, and the second removed the first's
     # figures under it ("No such file or directory: .../.report-figures.partial/accuracy-per-round.png").
     with exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT, transient=True,
@@ -61,7 +61,11 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
 
 
 # The runs are only read: a colleague's read-only directory (or a read-only mount) is reported into another.
-REPORT_ELSEWHERE = "its runs are only read, so give --out DIR, a directory you can write to, for the report"
+def report_elsewhere() -> str:
+    return (f"its runs are only read, so give {named('--out DIR', 'out=DIR')}, a directory you can write to, "
+            "for the report")
+
+
 REPORT_LOCK = ".report.lock"
 REPORT_WAIT = 300.0  # seconds: a second report of the same directory waits for the first, then writes its own
 

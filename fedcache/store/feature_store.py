@@ -25,7 +25,7 @@ import zarr
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError, UnreadableEntryError)
-from fedcache.paths import STORE_DENIED, denied_problem, is_denied, owner, unreadable_store
+from fedcache.paths import denied_problem, is_denied, owner, store_denied, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
@@ -36,6 +36,7 @@ from fedcache.store.reading import EntryReader, fill
 from fedcache.store.removal import Removal
 from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent, closed_on_error
 from fedcache.store.text import TextEmbeddings
+from fedcache.wording import named
 
 # Re-exported: the rest of fedcache (and its tests) import these from here.
 __all__ = ["ENTRIES", "ENTRY_FORMAT", "FORMAT_ATTR", "SHARD_ATTR", "STORE_FORMAT", "TEXT", "EntryInfo", "FeatureStore",
@@ -63,7 +64,7 @@ class FeatureStore(TextEmbeddings, Removal):
             raise StoreError(f"no feature store at {self.path}; create one with `fedcache extract --store {self.path} ...`")
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
-                             "as --store, or a new folder's path to create one")
+                             f"as {named('--store', 'store')}, or a new folder's path to create one")
         try:
             self.root = self._open_root(create)
         except DiskFullError:
@@ -109,8 +110,9 @@ class FeatureStore(TextEmbeddings, Removal):
         if read:
             return unreadable_store(self.path, problem)
         if (self.path / "zarr.json").exists():
-            return f"cannot open the feature store {self.path} ({problem}); {STORE_DENIED}"
-        return f"cannot make the feature store {self.path} ({problem}); give a --store (or FEDCACHE_STORE) in a folder you can write to"
+            return f"cannot open the feature store {self.path} ({problem}); {store_denied()}"
+        return (f"cannot make the feature store {self.path} ({problem}); give {named('a --store', 'a store=...')} "
+                "(or FEDCACHE_STORE) in a folder you can write to")
 
     @property
     def locks_dir(self) -> Path:

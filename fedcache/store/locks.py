@@ -18,13 +18,16 @@ from typing import Iterator
 from fedcache.disk import FILE_MODE
 from fedcache.errors import EntryLockedError, StoreError
 from fedcache.ownership import POLL, Holder, is_current, may_run, read_holder
+from fedcache.wording import named
 
 
-QUEUE = "wait for it to finish, or pass --wait SECONDS to queue behind it"
+def queue_advice() -> str:
+    """What a writer refused by another writer of its entry can do, named as its caller gives the wait."""
+    return f"wait for it to finish, or pass {named('--wait SECONDS', 'wait=SECONDS')} to queue behind it"
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE,
+def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str | None = None,
                    transient: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on ``path``; wait up to ``wait`` seconds, then fail clearly: ``what`` is being written
     by its holder (named), and ``advice`` says what to do. ``transient``: the file goes as the lock is let go (a
@@ -52,7 +55,7 @@ def exclusive_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _exclusive_fd(path: Path, what: str, deadline: float, advice: str) -> tuple[int, bool]:
+def _exclusive_fd(path: Path, what: str, deadline: float, advice: str | None) -> tuple[int, bool]:
     """A descriptor holding ``path`` exclusively, waited for until ``deadline``, and whether it is open for writing."""
     fd, recorded = _lock_fd(path, required=True)
     try:
@@ -72,7 +75,7 @@ def _exclusive_fd(path: Path, what: str, deadline: float, advice: str) -> tuple[
 
 
 @contextlib.contextmanager
-def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str = QUEUE) -> Iterator[None]:
+def shared_lock(path: Path, what: str, wait: float = 0.0, advice: str | None = None) -> Iterator[None]:
     """Hold ``path`` shared: no exclusive holder (a writer) meanwhile, other shared holders welcome. Nothing is
     written to the file. In a store this process may not write, a lock file that exists is still taken; where none
     exists and none can be made, the block runs without it."""
@@ -105,7 +108,7 @@ def _lock_fd(path: Path, required: bool = False) -> tuple[int, bool] | None:
             return None
 
 
-def _acquire(fd: int, path: Path, what: str, wait: float, advice: str, mode: int = fcntl.LOCK_EX) -> None:
+def _acquire(fd: int, path: Path, what: str, wait: float, advice: str | None, mode: int = fcntl.LOCK_EX) -> None:
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -117,6 +120,8 @@ def _acquire(fd: int, path: Path, what: str, wait: float, advice: str, mode: int
                 # lock file, writes none: the record names the holder only while its process runs.
                 holder = read_holder(path)
                 who = f": {holder.describe()}" if holder and may_run(holder) else ""
+                # Said when refused, not when defined: the caller (a flag, or a keyword) is known only then.
+                advice = advice or queue_advice()
                 raise EntryLockedError(f"{what} is being written by another process{who}; {advice}") from None
             time.sleep(POLL)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from fedcache.errors import ConfigError
 from fedcache.registry import Registry
+from fedcache.wording import named
 
 # The per-round figures a tracker receives (numbers only; per-client lists stay in metrics.jsonl).
 ROUND_KEYS = ("accuracy", "global_accuracy", "train_loss", "bytes_up", "bytes_down")
@@ -29,7 +30,8 @@ class Tracker:
 
     @classmethod
     def missing(cls, exc: ImportError) -> ConfigError:
-        return ConfigError(f"--track {cls.name} needs {exc.name}: pip install 'fedcache[{cls.extra}]'")
+        given = named(f"--track {cls.name}", f"track={cls.name!r}")
+        return ConfigError(f"{given} needs {exc.name}: pip install 'fedcache[{cls.extra}]'")
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:

@@ -76,3 +76,17 @@ def test_a_resumed_extraction_lists_the_bad_images_of_the_rows_it_kept(store_pat
     assert store.bad_images_path(entry.entry_id).read_text().splitlines() == listed
     # This run met no bad image: its report lists the entry's, of the rows it kept (it counted none, nor its summary).
     assert train.rows == 7 - 4 and train.bad_images == listed
+
+
+def test_a_bad_image_decoded_in_a_loader_worker_is_one_line_naming_the_keyword(store_path, folder):
+    """Decoded in a DataLoader worker process, a bad image is said in the caller's process (torch would re-raise a
+    worker's error as "Caught BadImageError in DataLoader worker process 0." and its traceback), and in a Python
+    call as the keyword, not the command line's --skip-bad-images."""
+    import fedcache
+
+    with pytest.raises(BadImageError) as err:
+        fedcache.extract_features("imagefolder", "tiny-timm-random", store=store_path, path=folder, batch_size=2,
+                                  workers=2)
+    said = str(err.value)
+    assert "\n" not in said and "worker" not in said and " --" not in said, said
+    assert "broken.png" in said and "pass skip_bad_images=True to skip bad images" in said, said

@@ -251,20 +251,22 @@ def test_a_method_the_data_cannot_serve_is_refused_before_any_cell_trains(toy_st
     assert not out.exists()  # not even the plan: the corrected call starts afresh
 
 
-@pytest.mark.parametrize("engine", ["batched", "processes"])
-def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, toy_store, tmp_path, caplog):
+@pytest.mark.parametrize("engine, jobs", [("batched", 1), ("processes", 1), ("processes", 2)])
+def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_store, tmp_path, caplog):
     """An lr too large for one cell does not end an overnight grid: its row says diverged, its error is kept, and
-    a re-run reads it as done."""
+    a re-run reads it as done. Its advice names the lr as the grid's caller gave it (sweep['lr'], in this process
+    or a worker's), not as train's settings['lr']."""
     from fedcache.api import grid
 
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0, 1], out=tmp_path / "g",
-              sweep={"rounds": 2, "partition": "iid", "clients": 2, "lr": ["0.1", "1e300"]}, engine=engine)
+              sweep={"rounds": 2, "partition": "iid", "clients": 2, "lr": ["0.1", "1e300"]}, engine=engine, jobs=jobs)
     table = grid(**kw)
     lost = [r for r in table if r.get("diverged")]
     assert [r["lr"] for r in lost] == [1e300, 1e300] and all(r["mean_accuracy"] is not None for r in table if r not in lost)
     assert "| fedavg | " in (tmp_path / "g" / "table.md").read_text() and "diverged (2 seeds)" in (tmp_path / "g" / "table.md").read_text()
-    assert "NaN/inf" in json.loads((tmp_path / "g" / lost[0]["run_dir"] / "diverged.json").read_text())["error"]
-    assert "2 cells of 4 diverged" in caplog.text
+    error = json.loads((tmp_path / "g" / lost[0]["run_dir"] / "diverged.json").read_text())["error"]
+    assert "NaN/inf" in error and "lower the learning rate (sweep['lr']=...)" in error, error
+    assert "2 cells of 4 diverged" in caplog.text and "in a new out" in caplog.text
     ran = []
     grid(**kw, on_cell=lambda done, total, row: ran.append(row))
     assert ran == []

@@ -28,6 +28,7 @@ from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.federate.partitions.core import Partition, PartitionRequest, make_partition, partition_id
 from fedcache.store.feature_store import SHARD_ATTR, FeatureStore, FeatureTable, now_iso
 from fedcache.store.keys import canonical_json
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,8 @@ def save_partition(store: FeatureStore, dataset: str, partition: Partition, trai
         return pid
     # Two runs making the same new partition at once: the second waits, then finds it complete.
     try:
-        with store.lock(PARTITIONS, f"the partitions of {store.path}"):
+        # Its advice is not the extraction's (--wait): a run has no such option, and waited two minutes already.
+        with store.lock(PARTITIONS, f"the partitions of {store.path}", advice="run again once it has finished"):
             return _save(store, dataset, partition, pid, data_hash, train_keys, test_keys)
     except PermissionError as exc:  # a store another user owns, or a read-only one: stored partitions still work
         raise StoreError(f"cannot store the new partition {pid} of {dataset} in {store.path} ({exc.strerror}: "
@@ -135,7 +137,7 @@ def _refuse_a_second_in_a_shard(store: FeatureStore, parent: zarr.Group) -> None
     if shard is not None and len(list(parent.group_keys())):
         who = f"client {shard['client']}'s" if shard.get("client", -1) >= 0 else "the server's"
         raise StoreError(f"{store.path} is {who} shard (written by `fedcache shard` for a Flower client), not a feature "
-                         "store to partition: give --store the feature store the shards were made from")
+                         f"store to partition: give the feature store the shards were made from as {named('--store', 'store')}")
 
 
 # Clients' sorted row ids compress as well byte-shuffled with LZ4 as with Zarr's default zstd, in about a third of
@@ -216,7 +218,7 @@ def _rows_of(index: KeyIndex, want_domains, want_ids, pid: str) -> np.ndarray:
         raise StoreError(
             f"partition {pid} holds {missing} {index.split} samples missing from the given table, e.g. "
             f"(domain {example[0]}, id {example[1]}); the table was read with other domains or filtered "
-            "differently (e.g. --skip-bad-images): make a new partition for it"
+            f"differently (e.g. {named('--skip-bad-images', 'skip_bad_images=True')}): make a new partition for it"
         )
     return rows
 

@@ -1,0 +1,95 @@
+"""Advice shared by the command line and the Python API names what its reader gave: a flag (``--out``) on the
+command line, the keyword (``out``) in a Python call. Each text here said the flag to a Python caller too."""
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+
+from fedcache.errors import ConfigError, DamagedCheckpointError, EntryLockedError, FedcacheError
+from fedcache.wording import flag_names, keyword_names
+
+
+def _both(make) -> tuple[str, str]:
+    """The message ``make()`` gives (or raises) on the command line and in a Python API call."""
+    said = []
+    for naming in (flag_names, keyword_names):
+        with naming():
+            try:
+                said.append(str(make()))
+            except FedcacheError as exc:  # the message is what is compared
+                said.append(str(exc))
+    return said[0], said[1]
+
+
+def _locked_advice(tmp_path) -> str:
+    from fedcache.store.locks import exclusive_lock
+
+    path = tmp_path / "entry.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(EntryLockedError) as err, exclusive_lock(path, "entry x"):
+            pass
+    finally:
+        os.close(fd)
+    return str(err.value)
+
+
+def _tracker_missing() -> str:
+    from fedcache.trackers.mlflow_tracker import MLflow
+
+    return str(MLflow.missing(ModuleNotFoundError("no mlflow", name="mlflow")))
+
+
+def _same_making() -> str:
+    from fedcache.federate.tables import _same_making
+
+    return _same_making()
+
+
+CASES = [
+    ("a damaged checkpoint", lambda tmp: DamagedCheckpointError(tmp / "checkpoint.pt", "it cannot be read"),
+     "another --out (or with --overwrite)", "another out (or with overwrite=True)"),
+    ("an entry another writer holds", _locked_advice, "pass --wait SECONDS", "pass wait=SECONDS"),
+    ("a tracker not installed", lambda tmp: _tracker_missing(), "--track mlflow needs", "track='mlflow' needs"),
+    ("features of two makings", lambda tmp: _same_making(), "--weights, --image-size and --precision",
+     "weights, image_size and precision (fedcache.extract_features(..., splits=['train', 'test']))"),
+]
+
+
+@pytest.mark.parametrize("what, make, flag, keyword", CASES, ids=[c[0] for c in CASES])
+def test_advice_names_the_flag_on_the_command_line_and_the_keyword_in_python(what, make, flag, keyword, tmp_path):
+    on_cli, in_python = _both(lambda: make(tmp_path))
+    assert flag in on_cli, on_cli
+    assert keyword in in_python and " --" not in in_python, in_python
+
+
+def test_a_report_s_out_is_named_as_the_call_gave_it(toy_grid, tmp_path):
+    """fedcache.report(out=a_file) said "--out ... is a file", a flag the caller never typed."""
+    import fedcache
+
+    taken = tmp_path / "taken"
+    taken.write_text("mine")
+    with pytest.raises(ConfigError) as err:
+        fedcache.report(toy_grid, out=taken)
+    assert str(err.value) == f"out {taken} is a file; give a directory (it is created if missing)"
+
+
+def test_a_store_that_cannot_be_made_is_named_as_the_call_gave_it(tmp_path, monkeypatch):
+    """fedcache.extract_features(store=...) in a folder this user cannot write in said "give a --store"."""
+    import fedcache
+    from fedcache.errors import StoreError
+    from tests.faults import deny_writes_in
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        deny_writes_in(monkeypatch, ro)
+        with pytest.raises(StoreError) as err:
+            fedcache.extract_features("test-toy", "tiny-timm-random", store=ro / "s.zarr", workers=0)
+    finally:
+        ro.chmod(0o755)
+    assert str(err.value).endswith("; give a store=... (or FEDCACHE_STORE) in a folder you can write to"), err.value
