@@ -93,3 +93,13 @@ def test_a_store_that_cannot_be_made_is_named_as_the_call_gave_it(tmp_path, monk
     finally:
         ro.chmod(0o755)
     assert str(err.value).endswith("; give a store=... (or FEDCACHE_STORE) in a folder you can write to"), err.value
+
+
+def test_a_report_of_no_directory_says_how_a_python_caller_makes_one(tmp_path):
+    """fedcache.report(missing) said "give a run directory (train --out)", the command line's way to make one."""
+    import fedcache
+
+    with pytest.raises(ConfigError) as err:
+        fedcache.report(tmp_path / "nope")
+    assert str(err.value) == (f"{tmp_path / 'nope'} does not exist; give a run directory (fedcache.train(out=...)) or "
+                              "a grid directory (fedcache.grid(out=...))")

@@ -10,6 +10,7 @@ import numpy as np
 from fedcache.disk import log_lines, read_json
 from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SELECTION, SUMMARY
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +110,18 @@ class Group:
         return np.concatenate([np.asarray(r.summary.get("per_client_accuracy", []), float) for r in self.runs])
 
 
+def _give_a_directory() -> str:
+    return (f"give a run directory ({named('train --out', 'fedcache.train(out=...)')}) or a grid directory "
+            f"({named('grid --out', 'fedcache.grid(out=...)')})")
+
+
 def find_runs(root: Path) -> list[Run]:
     """Every finished run at or below ``root`` (a train --out directory, a grid, or a folder of runs)."""
     root = Path(root)
     if not root.exists():
-        raise ConfigError(f"{root} does not exist; give a run directory (train --out) or a grid directory (grid --out)")
+        raise ConfigError(f"{root} does not exist; {_give_a_directory()}")
     if not root.is_dir():
-        raise ConfigError(f"{root} is not a directory; give a run directory (train --out) or a grid directory (grid --out)")
+        raise ConfigError(f"{root} is not a directory; {_give_a_directory()}")
     finished = {p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name)}
     finished -= {p for p in finished if _training_past_its_rung(p)}
     paths = sorted(p for p in finished if (p / METRICS).exists())
