@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fedcache.errors import DamagedFileError, DiskFullError
+from fedcache.wording import named
 
 # Files are made as open() makes them and the umask decides: in a store or run directory a group shares
 # (umask 002), what one user wrote (a chunk, a run's files, a lock) stays writable by the others.
@@ -32,7 +33,13 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # Libraries that wrap the error (h5py) keep its text.
 _SHORT_WRITE = re.compile(r"Not enough free space|\d+ requested and \d+ written|No space left on device|Disk quota exceeded"
                           r"|File too large")
-AGAIN = "free some space and run the same command again"
+
+
+def again() -> str:
+    """What a full disk's refusal advises by default, named for its caller (a command, or a Python call)."""
+    return f"free some space and run the same {named('command', 'call')} again"
+
+
 BLOCK = 4096  # what a small file takes on the usual file systems: sizes are rounded up to it
 
 
@@ -65,9 +72,11 @@ def human(n: int | float) -> str:
     return ""
 
 
-def full_error(path: Path | str, what: str, need: int | None = None, advice: str = AGAIN,
+def full_error(path: Path | str, what: str, need: int | None = None, advice: str | None = None,
                exc: BaseException | None = None) -> DiskFullError:
-    """The one line: which file, what it needs (about: ``need``), what is free, what to do."""
+    """The one line: which file, what it needs (about: ``need``), what is free, what to do (``advice``: :func:`again`
+    where not given)."""
+    advice = advice or again()
     free = free_bytes(Path(path).parent)
     if getattr(exc, "errno", None) == errno.EFBIG or "File too large" in str(exc or ""):
         return DiskFullError(f"cannot write {what} {path}: it is larger than the largest file allowed there (the file "
@@ -93,10 +102,10 @@ def full_disk(exc: OSError) -> DiskFullError:
     where = exc.filename or getattr(exc, "filename2", None)
     if where:
         return full_error(where, "writing", exc=exc)
-    return DiskFullError(f"no space left on the disk ({exc})", AGAIN)
+    return DiskFullError(f"no space left on the disk ({exc})", again())
 
 
-def check_space(path: Path | str, need: int, what: str, advice: str = AGAIN, margin: int = 0) -> None:
+def check_space(path: Path | str, need: int, what: str, advice: str | None = None, margin: int = 0) -> None:
     """Refuse before writing ``need`` bytes at ``path`` where its file system has less free (plus ``margin`` for
     the metadata beside it)."""
     free = free_bytes(Path(path).parent)
@@ -106,7 +115,7 @@ def check_space(path: Path | str, need: int, what: str, advice: str = AGAIN, mar
 
 @contextlib.contextmanager
 def on_full_disk(path: Path | str, what: str, need: int | None = None, remove: Iterable[Path] = (),
-                 advice: str = AGAIN) -> Iterator[None]:
+                 advice: str | None = None) -> Iterator[None]:
     """Within the block, a write that finds the disk full removes ``remove`` (its temporary or partial files and
     folders) and raises DiskFullError naming ``path`` (an inner one, already said, passes through)."""
     try:
@@ -131,7 +140,7 @@ def discard(paths: Iterable[Path]) -> None:
                 p.unlink()
 
 
-def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: str = AGAIN, check: bool = False,
+def write_atomic(path: Path | str, data: bytes | memoryview, what: str, advice: str | None = None, check: bool = False,
                  mode: int = FILE_MODE) -> None:
     """``data`` into ``path`` through a temporary file renamed over it: a reader sees the old file or the new one,
     never a part. ``check``: compare the size with the free space first (worth it for large files). ``mode``: a
@@ -173,7 +182,7 @@ def _create(tmp: Path, mode: int) -> int:
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
 
 
-def write_text(path: Path | str, text: str, what: str, advice: str = AGAIN) -> None:
+def write_text(path: Path | str, text: str, what: str, advice: str | None = None) -> None:
     write_atomic(path, text.encode(), what, advice)
 
 
@@ -191,7 +200,7 @@ def log_lines(text: str) -> list[dict]:
     return lines
 
 
-def append(path: Path | str, data: bytes, what: str, advice: str = AGAIN) -> None:
+def append(path: Path | str, data: bytes, what: str, advice: str | None = None) -> None:
     """``data`` at the end of ``path``; on a full disk the file is cut back to where it ended (no torn line)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:

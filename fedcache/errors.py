@@ -14,6 +14,19 @@ from fedcache.wording import named
 class FedcacheError(Exception):
     """Base class: the CLI prints these as one red line and exits with code 1."""
 
+    def __reduce__(self):
+        # Pickled (a grid's worker process raising it) as its message and attributes: the default pickles the
+        # arguments, and a class made from others than its message (a path and a problem) failed to unpickle, so
+        # the worker's one-line error reached the grid as a broken pool.
+        return _unpickled, (type(self), self.args, self.__dict__)
+
+
+def _unpickled(cls: type, args: tuple, state: dict) -> FedcacheError:
+    error = cls.__new__(cls, *args)
+    error.args = args  # OSError's __new__ leaves them to an __init__ of its own, which a subclass replaces
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(FedcacheError, ValueError):
     """A bad option value or combination of options."""
@@ -79,7 +92,7 @@ class UnreadableEntryError(StoreError):
     """An entry this user may not read (another user's, made under a strict umask, or chmod-ed): not damaged, so
     neither to be re-created nor removed; the message names the file and says to have its owner make it readable."""
 
-    def __init__(self, message: str, problem: str = "") -> None:  # a default: unpickled from its message alone
+    def __init__(self, message: str, problem: str = "") -> None:
         super().__init__(message)
         self.problem = problem or message  # what was refused, without the advice
 

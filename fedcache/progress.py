@@ -104,6 +104,7 @@ class _Task:
     first: float = 0.0  # what was done before it started (a resumed run's rounds): no part of its rate
     printed_step: int = -1
     printed_at: float = 0.0
+    printed_total: float | None = None  # the total its last line said: a new end after one said is said too
 
 
 class PlainProgress:
@@ -142,9 +143,10 @@ class PlainProgress:
         step = int(10 * task.completed / task.total) if task.total else 0
         done = bool(task.total) and task.completed >= task.total
         due = step > task.printed_step and now - task.printed_at >= self.min_interval
-        if not (force or done or due) or (done and task.printed_step == 10):
+        said_done = task.printed_step == 10 and task.printed_total == task.total
+        if not (force or done or due) or (done and said_done):
             return
-        task.printed_step, task.printed_at = (10 if done else step), now
+        task.printed_step, task.printed_at, task.printed_total = (10 if done else step), now, task.total
         self.console.print(self.line(task, now), highlight=False, soft_wrap=True)
 
     def line(self, task: _Task, now: float) -> str:

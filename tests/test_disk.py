@@ -123,3 +123,14 @@ def test_a_real_small_file_system(small_disk):
     free_up(where)
     disk.write_text(where / "config.json", "x" * 20_000, "the run file")
     assert len((where / "config.json").read_text()) == 20_000
+
+
+def test_a_full_disk_advises_the_same_command_or_call_again(tmp_path):
+    """A full disk said "run the same command again" to a Python caller, whose grid or train is a call."""
+    from fedcache.disk import full_error
+    from fedcache.wording import flag_names, keyword_names
+
+    with keyword_names():
+        assert "free some space and run the same call again" in str(full_error(tmp_path / "f", "the file"))
+    with flag_names():
+        assert "free some space and run the same command again" in str(full_error(tmp_path / "f", "the file"))

@@ -51,18 +51,22 @@ def test_a_total_learned_later_is_used():
 
 
 def test_a_total_grown_after_its_end_goes_on_being_said_to_its_new_end():
-    """A halving grid's total grows as its rungs are planned: once a line said 100%, nothing more was printed."""
+    """A halving grid's count as the grid command gives it: a revived candidate's runs past the planned total
+    (``update(total=max(planned, done), completed=done)``), then its test stage. Once a line said 100%, nothing more
+    was printed, not even the end."""
     out, clock = io.StringIO(), Clock()
     progress = PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock)
-    task = progress.add_task("grid", total=4)
-    progress.update(task, completed=4)
-    progress.update(task, total=8)
-    for done in range(5, 9):
+    task = progress.add_task("grid", total=None)
+    for done in range(1, 11):  # 8 planned, 10 run
+        clock.t += 1
+        progress.update(task, total=max(8, done), completed=done)
+    progress.update(task, total=20)  # the test stage: 10 more
+    for done in range(11, 21):
         clock.t += 1
         progress.update(task, completed=done)
     lines = out.getvalue().splitlines()
-    assert lines[1].startswith("grid 4/4 (100%)") and lines[-1].startswith("grid 8/8 (100%)")
-    assert any(line.startswith("grid 6/8 (75%)") for line in lines)
+    assert [line.split()[1] for line in lines if "(100%)" in line] == ["8/8", "9/9", "10/10", "20/20"]
+    assert "grid 16/20 (80%) ETA 4s" in lines  # its tenths go on after the new total
 
 
 def test_counts_of_millions_are_written_in_full():

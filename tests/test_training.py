@@ -288,6 +288,11 @@ def test_train_and_test_features_of_different_preprocessing_are_refused(tmp_path
                           image_size=16))
     with pytest.raises(StoreError, match="different weights or preprocessing.*--splits train,test"):
         train(cfg(path))
+    import fedcache  # a Python caller is told the keywords
+
+    with pytest.raises(StoreError, match=r"same weights, image_size and precision \(fedcache.extract_features"):
+        fedcache.train(store=path, dataset="test-toy", backbones="tiny-timm-random", method="fedavg",
+                       partition="domain", clients=2, rounds=1)
     # Extracting the training split the same way makes the two agree again.
     extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=path, workers=0, splits=("train",),
                           image_size=16))

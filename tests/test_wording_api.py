@@ -43,19 +43,11 @@ def _tracker_missing() -> str:
     return str(MLflow.missing(ModuleNotFoundError("no mlflow", name="mlflow")))
 
 
-def _same_making() -> str:
-    from fedcache.federate.tables import _same_making
-
-    return _same_making()
-
-
 CASES = [
     ("a damaged checkpoint", lambda tmp: DamagedCheckpointError(tmp / "checkpoint.pt", "it cannot be read"),
      "another --out (or with --overwrite)", "another out (or with overwrite=True)"),
     ("an entry another writer holds", _locked_advice, "pass --wait SECONDS", "pass wait=SECONDS"),
     ("a tracker not installed", lambda tmp: _tracker_missing(), "--track mlflow needs", "track='mlflow' needs"),
-    ("features of two makings", lambda tmp: _same_making(), "--weights, --image-size and --precision",
-     "weights, image_size and precision (fedcache.extract_features(..., splits=['train', 'test']))"),
 ]
 
 

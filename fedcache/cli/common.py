@@ -200,8 +200,8 @@ class ExtractProgress:
             self.tasks[e.label] = self.progress.add_task(e.label, total=e.total)
         elif e.kind == "advance":
             self.progress.advance(self.tasks[e.label], e.advance)
-        elif e.kind == "info" and e.message:
-            self.progress.console.print(f"[dim]{e.message}[/]")
+        elif e.kind == "info" and e.message and not _steps_in_log():  # the log line says it (extract logs each)
+            self.progress.console.print(f"[dim]{escape(e.message)}[/]")
 
 
 def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:

@@ -38,7 +38,8 @@ def store_ls(store: Path = StoreOpt) -> None:
         name = str(k["backbone"]) + (" [yellow]RANDOM[/]" if e.random_weights else "")
         disk, memory = fs.sizes(e)
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
-                      str(e.dim), human_bytes(disk), human_bytes(memory), _status(fs, e, current))
+                      str(e.dim), human_bytes(disk), human_bytes(memory),
+                      _status(fs, e, infos, current))
     if infos:
         print_table(table, optional=("view", "memory", "dim", "disk"))
     else:
@@ -71,21 +72,22 @@ def human_bytes(n: int) -> str:
     return ""
 
 
-def _status(fs, e, current: set) -> str:
-    if e.damaged:
-        return f"[red]{'unreadable' if e.denied else 'damaged'}[/] (see `store verify`)"
+_SEE_VERIFY = " (see `store verify`)"
+
+
+def _status(fs, e, infos: list, current: set) -> str:
+    from fedcache.store.lookup import misplaced
+
+    if e.damaged or (e.complete and misplaced(e, infos)):  # the latter: no read can place its rows
+        return f"[red]{'unreadable' if e.denied else 'damaged'}[/]{_SEE_VERIFY}"
     if not e.complete:
         try:
             done = fs.chunks_done(e)
         except UnreadableEntryError:  # its flags are another user's: not damage, nor to be removed
-            return "[red]unreadable[/] (see `store verify`)"
+            return f"[red]unreadable[/]{_SEE_VERIFY}"
         if done is None:
-            return "[red]damaged[/] (see `store verify`)"
+            return f"[red]damaged[/]{_SEE_VERIFY}"
         return f"[yellow]partial {_kept(fs, e, done)}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
-    from fedcache.store.lookup import own_domain_missing
-
-    if own_domain_missing(e):  # no read can place its rows
-        return "[red]damaged[/] (see `store verify`)"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 
 
@@ -128,7 +130,8 @@ def store_verify(
     from fedcache.store.text import text_label
 
     fs = _open_store(store)
-    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e)) for e in fs.entries()]
+    infos = fs.entries()
+    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e, infos)) for e in infos]
     attrs = dict(fs.text_entries())  # readable ones: each named by its backbone and template set
     checks += [(TEXT, eid, text_label(attrs.get(eid, {})), *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
     damaged = unreadable = 0

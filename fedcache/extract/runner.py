@@ -61,7 +61,7 @@ class EntryReport:
 
 
 def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[EntryReport]:
-    emit = progress or (lambda e: None)
+    emit = _logged(progress)
     _check_image_size(cfg, [BACKBONES.get(name) for name in cfg.backbones])  # a misspelt name too, before slow work
     dataset = load_dataset(cfg.dataset, cfg.dataset_options)
     name = cfg.name or noisy_name(dataset.name, cfg.image_noise)
@@ -71,7 +71,6 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     _check_named_domains(cfg, store, dataset)
     plan = plan_device(cfg.device, cfg.precision)
     if plan.note:
-        log.info(plan.note)
         emit(ProgressEvent("info", "", message=plan.note))
     reports: list[EntryReport] = []
     # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
@@ -88,6 +87,18 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             _say_unfinished_views(cfg, store, dataset.name, backbone.spec.name, emit)
             _say_other_domains(cfg, store, dataset, backbone.spec.name, emit)
     return reports
+
+
+def _logged(progress: ProgressFn | None) -> ProgressFn:
+    """``progress``, with every "info" event's message logged at INFO too, as the library's other steps are: a
+    caller that gives no progress (a script with logging) reads them there."""
+    def emit(event: ProgressEvent) -> None:
+        if event.kind == "info" and event.message:
+            log.info(event.message)
+        if progress is not None:
+            progress(event)
+
+    return emit
 
 
 def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str, backbone: str, emit: ProgressFn) -> None:
@@ -110,7 +121,6 @@ def _say_other_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset
             store.table_entries(dataset.name, split, backbone, with_splits=SPLITS)
     except EntryNotFoundError as exc:
         said = f"a run on {dataset.name} reads every domain of it: {exc}"
-        log.info(said)
         emit(ProgressEvent("info", "", message=said))
     except StoreError:  # entries a run refuses otherwise (mixed makings, unfinished): its read says so, not this
         pass

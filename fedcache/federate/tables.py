@@ -15,7 +15,7 @@ from fedcache.store.entries import EntryInfo
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
 from fedcache.store.keys import canonical_json
 from fedcache.store.tables import closed_on_error
-from fedcache.wording import by_keyword, did_you_mean, named
+from fedcache.wording import did_you_mean, named
 
 SPLITS = ("train", "test")
 _ID_BITS = 40  # sample ids stay below 2**40; the domain index goes above them
@@ -279,13 +279,9 @@ def check_same_encoder(store: FeatureStore, train: FeatureTable | TableRows, tes
         raise StoreError(
             f"the training and test features of {backbone} were extracted with different weights or preprocessing "
             f"(entries {mine['train'][0].entry_id} (train) and {mine['test'][0].entry_id} (test)); re-run the "
-            f"extraction of both splits with the same {_same_making()}")
-
-
-def _same_making() -> str:
-    if by_keyword():
-        return "weights, image_size and precision (fedcache.extract_features(..., splits=['train', 'test']))"
-    return "--weights, --image-size and --precision (`fedcache extract ... --splits train,test`)"
+            "extraction of both splits with the same "
+            + named("--weights, --image-size and --precision (`fedcache extract ... --splits train,test`)",
+                    "weights, image_size and precision (fedcache.extract_features(..., splits=['train', 'test']))"))
 
 
 def _imported(info) -> bool:

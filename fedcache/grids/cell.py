@@ -141,4 +141,4 @@ def read_done(spec: GridSpec, c: Cell, stop: int | None = None) -> dict | None:
 
 
 def _again(cell: Path) -> str:
-    return f"delete the cell's folder {cell} and run the same grid command again, which trains that cell again"
+    return f"delete the cell's folder {cell} and run the same grid again, which trains that cell again"

@@ -151,9 +151,11 @@ def groups_of(spec: GridSpec, select: list[str], eta: int, first: int | None) ->
 def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, metric: str = "mean_accuracy",
                 on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
                 after: int = 0, on_step: StepCallback | None = None,
-                workers: Workers | None = None) -> tuple[list[dict], list[Group]]:
+                workers: Workers | None = None) -> tuple[list[dict], list[Group], int]:
     """The validation stage of a pruned --select grid (``spec``: that stage's grid). Returns every cell's last row
-    (with ``stopped_at``, the round it stopped at) in the grid's order, and the groups with their cuts.
+    (with ``stopped_at``, the round it stopped at) in the grid's order, the groups with their cuts, and the cell
+    runs it made (more than planned where a diverged candidate's place went to the next best; fewer where a group
+    was left with one).
     ``after``: the cell runs that follow this stage, for one progress count over both; ``workers``: the worker
     processes every rung trains in (``pool.Workers``)."""
     groups = groups_of(spec, select, eta, first)
@@ -177,7 +179,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
             g.cut(rows, metric)
         before += len(step)
         _say(on_plan, step_text(reached))
-    return [last[c] for c in cells(spec)], groups
+    return [last[c] for c in cells(spec)], groups, before
 
 
 def plan_text(groups: list[Group], eta: int) -> str:

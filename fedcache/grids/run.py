@@ -165,7 +165,7 @@ def check_spec(spec: GridSpec) -> None:
         raise ConfigError(f"{spec.out} holds a run of `fedcache train` ({CONFIG}), not a grid; choose another "
                           f"{spec.names.key('out')}")
     if path.exists():
-        saved = read_json(path, f"delete it, and the grid takes this command's options (cells of the same names are "
+        saved = read_json(path, f"delete it, and the grid takes the options it is given now (cells of the same names are "
                                 f"read back, not trained again), or choose another {spec.names.key('out')}")
         # An axis only this grid has is a difference too: it adds cells (unlike a key a later fedcache records).
         differ = same_config(saved, mine) + [f"sweep.{k}" for k in mine["sweep"] if k not in saved.get("sweep", {})]

@@ -148,13 +148,13 @@ def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int, on_
         n_tuned = len(cells(tuning))
         return run_cells(tuning, _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan, on_step=on_step,
                          workers=workers), [], n_tuned
-    rows, groups = run_halving(tuning, spec.select, spec.reduction_factor, spec.min_rounds, on_cell=on_cell,
+    rows, groups, ran = run_halving(tuning, spec.select, spec.reduction_factor, spec.min_rounds, on_cell=on_cell,
                                on_plan=on_plan, after=n_tested, on_step=on_step, workers=workers)
     tuned = Table(rows)
     write_outputs(tuning.out, tuned, grid_caption(tuning) + "; " + pruning_caption(spec, groups)
                   + "; a candidate cut early shows its score at the round it stopped (stopped_at in results.csv)",
                   axes=list(tuning.sweep))
-    return tuned, groups, sum(g.planned() for g in groups)
+    return tuned, groups, ran  # the test stage counts on from there: the count never goes back
 
 
 def pruning_caption(spec: GridSpec, groups: list[Group]) -> str:

@@ -56,7 +56,7 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     # One report at a time into one directory: two share the staging folder, and the second removed the first's
     # figures under it ("No such file or directory: .../.report-figures.partial/accuracy-per-round.png").
     with exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT, transient=True,
-                        advice="another `fedcache report` writes it; report again once it has finished"):
+                        advice="report again once it has finished"):
         return _write_report(root, runs, out)
 
 

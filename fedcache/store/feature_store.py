@@ -387,9 +387,10 @@ class FeatureStore(TextEmbeddings, Removal):
         self._raise_if_damaged(reader)
         return {name: arrays[name] for name in ROW_ARRAYS}
 
-    def verify(self, info: EntryInfo) -> tuple[str, str]:
+    def verify(self, info: EntryInfo, infos: list[EntryInfo] | None = None) -> tuple[str, str]:
         """(status, detail): ok, damaged, unreadable (by this user: not checked), partial (not finished: not
-        checked) or unchecked (no checksums)."""
+        checked) or unchecked (no checksums). ``infos``: the store's entries, where the caller has them (whether
+        ``info`` is the newest of its table is checked against them)."""
         if info.damaged:
             return ("unreadable" if info.denied else "damaged"), info.damaged
         if not info.complete:
@@ -402,8 +403,8 @@ class FeatureStore(TextEmbeddings, Removal):
         reader.close()
         if reader.problem:
             return ("unreadable" if reader.denied else "damaged"), reader.problem
-        if misplaced := lookup.own_domain_missing(info):
-            return "damaged", f"{misplaced}, so no read can place its rows"
+        if misplaced := lookup.misplaced(info, self.entries() if infos is None else infos):
+            return "damaged", misplaced
         if CRC_ATTR not in info.attrs:
             return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
         return "ok", ""

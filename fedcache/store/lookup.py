@@ -27,30 +27,33 @@ def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> Entr
     return hit[0] if hit else None
 
 
-def own_domain_missing(info: EntryInfo) -> str | None:
-    """What is wrong with an entry whose recorded ``domains`` lack its own domain (None where they hold it, or
-    record none): no read can place its rows."""
+def misplaced(info: EntryInfo, infos: list[EntryInfo]) -> str | None:
+    """What is wrong with ``info`` where no read can place its rows: it is the newest complete entry of its table
+    (dataset, split, backbone, view), whose ``domains`` a read takes for the table's, and they lack its own domain.
+    None otherwise: an older entry's own list is not read."""
+    k = info.slot
+    table = [e for e in infos if e.complete and e.slot[:2] == k[:2] and e.slot[3:] == k[3:]]
     names = info.attrs.get("domains")
-    if not isinstance(names, list) or info.key["domain"] in names:
+    if not table or newest(table).entry_id != info.entry_id or not isinstance(names, list) or k[2] in names:
         return None
-    return (f"it is of domain {info.key['domain']} but records the domains of its dataset as "
-            f"{','.join(map(str, names)) or 'none'}")
+    return (f"it is of domain {k[2]} but records the domains of its dataset as {','.join(map(str, names)) or 'none'}, "
+            "so no read can place its rows")
 
 
 def misplaced_in(path: Path, infos: list[EntryInfo], want: tuple) -> DamagedEntryError | None:
-    """The newest complete entry of (dataset, split, backbone, view) where its ``domains``, which a read takes for the
-    table's, lack its own domain: damaged, or of another store. A read then kept none of the entries, and said them
-    not complete yet; its extraction finds it complete (its checksums hold) and changes nothing."""
+    """The newest complete entry of (dataset, split, backbone, view) where :func:`misplaced`: damaged, or of another
+    store. A read then kept none of the entries, and said them not complete yet; its extraction finds it complete
+    (its checksums hold) and changes nothing."""
     dataset, split, backbone, view = want
     done = [e for e in infos if e.complete and e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
     last = newest(done) if done else None
-    problem = own_domain_missing(last) if last else None
+    problem = misplaced(last, infos) if last else None
     if not problem:
         return None
     return DamagedEntryError(
-        f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {problem}, so no read can "
-        f"place its rows; remove it with `fedcache store rm {last.entry_id} --store {path}` and run the extraction "
-        "(or import) that made it again", problem)
+        f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {problem}; remove it with "
+        f"`fedcache store rm {last.entry_id} --store {path}` and run the extraction (or import) that made it again",
+        problem)
 
 
 def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) -> StoreError:

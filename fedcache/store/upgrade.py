@@ -63,7 +63,8 @@ def _upgrade(store: FeatureStore, info: EntryInfo) -> Upgraded:
     key = EntryKey(**info.key)
     if key.entry_id != eid:
         return Upgraded(eid, label, "skipped", "its key no longer hashes to its id (made by a much older fedcache)")
-    with exclusive_lock(store.locks_dir / f"{eid}.create.lock", f"entry {key.label()}", wait=30.0):
+    with exclusive_lock(store.locks_dir / f"{eid}.create.lock", f"entry {key.label()}", wait=30.0,
+                        advice="upgrade again once it has finished"):
         try:
             _rewrite(store, info, key)
         except (DamagedEntryError, UnreadableEntryError) as exc:

@@ -34,6 +34,27 @@ def all_arrays(store_path) -> dict:
     return {eid: (e["features"][:], e["labels"][:], e["ids"][:]) for eid, e in g["entries"].groups()}
 
 
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_an_extract_says_each_step_once_whatever_the_log_shows(store_path, capsys, monkeypatch, level):
+    """With FEDCACHE_LOG=info the command printed a step the runner logged (a device note, the other domains) a
+    second time; a step it did not log ("already complete") was in no log."""
+    import logging
+
+    from fedcache.cli import main
+
+    extract(cfg(store_path))
+    monkeypatch.setenv("FEDCACHE_LOG", level)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a shell: the command's own stderr handler
+    assert main(["extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store_path), "--workers", "0",
+                 "--batch-size", "4"]) == 0
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    line = "already complete (entry"
+    lines = [text for text in said.splitlines() if line in text]
+    assert len(lines) == 4, said  # 2 splits x 2 domains, each once
+    assert all(text.startswith("INFO fedcache.extract.runner: ") == (level == "info") for text in lines), said
+
+
 def test_extract_then_rerun_is_a_noop(store_path):
     first = extract(cfg(store_path))
     assert {r.status for r in first} == {"extracted"} and len(first) == 4  # 2 splits x 2 domains

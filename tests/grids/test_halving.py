@@ -281,6 +281,30 @@ def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tm
     assert selection(tmp_path / "d") == before
 
 
+def test_a_revived_candidate_s_runs_are_counted_and_the_test_stage_counts_on_from_them(toy_store, tmp_path,
+                                                                                         monkeypatch):
+    """Both candidates kept at round 1 diverge before the next rung: the next best is revived, runs the plan did not
+    count. The test stage counted on from the plan's count, so the progress went back (and a log's never said 100%)."""
+    from fedcache.api import grid
+
+    cells = importlib.import_module("fedcache.grids.cell")
+    original = cells.row
+
+    def row(c, summary, out):
+        got = original(c, summary, out)
+        if summary and dict(c.setting).get("validation") and summary["rounds"] == 1 and "e" in dict(c.setting)["lr"][1:]:
+            got["mean_accuracy"] = 100.0  # 1e30 and 1e29 kept at round 1 by construction; they diverge after it
+        return got
+
+    monkeypatch.setattr(cells, "row", row)
+    counts = []
+    grid(**{**kw(toy_store, tmp_path / "r"), "sweep": {**SWEEP, "lr": LRS[:4] + ["1e29", "1e30"]}}, prune="halving",
+         on_cell=lambda done, total, row: counts.append((done, total)))
+    (choice,) = selection(tmp_path / "r")["choices"]
+    assert [r["diverged"] for r in choice["revived"]] == [[{"lr": "1e29"}, {"lr": "1e30"}]], choice
+    assert [done for done, _ in counts] == list(range(1, len(counts) + 1)) and counts[-1][0] == counts[-1][1], counts
+
+
 def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tmp_path, ordered):
     from fedcache.api import grid
     from fedcache.reports import write_report

@@ -77,6 +77,21 @@ def test_an_entry_whose_domains_lack_its_own_is_said_to_be_damaged_with_the_stor
     assert "damaged (see `store verify`)" in capsys.readouterr().out  # ls called it complete
 
 
+def test_an_older_entry_whose_own_domains_lack_its_domain_is_read_and_verified_ok(store_path, capsys):
+    """A read takes a table's domains from its newest entry alone: an older entry's own list is never read, and
+    verify called it damaged (its rows read), so `verify --repair` removed an entry the read then missed."""
+    from fedcache.cli import main
+
+    store = FeatureStore(store_path)
+    write_all(store, key(domain="a"), np.ones((4, 3)), np.zeros(4), attrs={**ATTRS, "domains": ["b"]})
+    write_all(store, key(domain="b"), np.ones((4, 3)), np.zeros(4), attrs={**ATTRS, "domains": ["a", "b"]})
+    assert FeatureStore(store_path).read("ds", "train", "bb").domain_names == ("a", "b")
+    assert main(["store", "verify", "--repair", "--store", str(store_path)]) == 0
+    assert main(["store", "ls", "--store", str(store_path)]) == 0
+    assert "damaged" not in capsys.readouterr().out
+    assert len(FeatureStore(store_path).read("ds", "train", "bb")) == 8
+
+
 def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
     """A typo was told to run an extraction that then failed on the same typo; an import of one split was told to
     extract; an unfinished float32 extraction was told to run one that would write float16 entries."""
