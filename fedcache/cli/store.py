@@ -182,10 +182,12 @@ def store_rm(
     store: Path = StoreOpt,
 ) -> None:
     """Remove entries (by id, or all stale ones)."""
+    if not entries and not stale:
+        raise ConfigError("name entry ids to remove, or pass --stale")
     fs = _open_store(store)
     targets = list(entries or []) + ([e.entry_id for e in fs.stale()] if stale else [])
-    if not targets:
-        raise ConfigError("name entry ids to remove, or pass --stale")
+    if not targets:  # --stale on a store with none: nothing to do, which is no error
+        console.print(f"no stale entries in {store}: nothing removed", soft_wrap=True, highlight=False)
     for eid in targets:
         info = fs.remove(eid)
         console.print(f"removed {info.entry_id} ({info.key.get('dataset')}/{info.key.get('split')}/{info.key.get('domain')} {info.key.get('backbone')})")

@@ -68,6 +68,24 @@ def test_the_import_command_says_what_it_did(store_path, tmp_path, capsys):
     assert "runs read them again instead of the ones imported after them" in said[3] and "now stale" in said[3]
 
 
+def test_store_rm_stale_removes_the_stale_entries_then_says_none_are_left(store_path, tmp_path, capsys):
+    """The advice the import gives, followed twice: the second finds nothing stale, which is no error (it said
+    "name entry ids to remove, or pass --stale", exit 2, to a command that had passed --stale)."""
+    from fedcache.cli import main
+
+    for path in (_npz(tmp_path / "a.npz", 0), _npz(tmp_path / "b.npz", 1)):
+        import_file(FeatureStore(store_path), path, "mine", "enc")
+    capsys.readouterr()
+    assert main(["store", "rm", "--stale", "--store", str(store_path)]) == 0
+    assert capsys.readouterr().out.startswith("removed ")
+    assert main(["store", "rm", "--stale", "--store", str(store_path)]) == 0
+    said = capsys.readouterr()
+    assert " ".join(said.out.split()) == f"no stale entries in {store_path}: nothing removed" and not said.err
+    assert FeatureStore(store_path).read("mine", "train", "enc").features.shape == (20, 4)
+    assert main(["store", "rm", "--store", str(store_path)]) == 2
+    assert "name entry ids to remove, or pass --stale" in capsys.readouterr().err
+
+
 def test_a_file_of_other_domains_supersedes_the_domains_it_lacks(store_path, tmp_path):
     """A file without domains ('all'), then one of photo and sketch, under the same names: runs read the photos and
     sketches only (the old 'all' entries stayed current beside them, and the first slot in sort order decided the
