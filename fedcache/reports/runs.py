@@ -123,7 +123,7 @@ def find_runs(root: Path) -> list[Run]:
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; {_give_a_directory()}")
     finished = {p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name)}
-    finished -= {p for p in finished if _training_past_its_rung(p)}
+    finished -= _in_training(finished)
     paths = sorted(p for p in finished if (p / METRICS).exists())
     for p in sorted(finished - set(paths)):  # a report short of a run without a word would mislead
         log.warning("%s is finished but has no %s (deleted?); the report leaves it out", p, METRICS)
@@ -249,6 +249,33 @@ def _training_past_its_rung(path: Path) -> bool:
         return False  # finished; or diverged after its rung, which _stopped says
     last = max(map(int, _run_json(path, RUNGS, _rungs_problem)), default=0)
     return any(line["round"] > last for line in log_lines((path / METRICS).read_text(errors="replace")))
+
+
+def _in_training(paths: set[Path]) -> set[Path]:
+    """The cells of ``paths`` that halving kept at their last rung, on their way to the next. A candidate is kept or
+    cut with all its seeds, and the grid trains them in turns: a seed still waiting at the rung, beside one that has
+    gone past it (or finished), was kept there too, not cut."""
+    past = {p for p in paths if _training_past_its_rung(p)}
+    reached = {p: _last_round(p) for p in paths if not (p / DIVERGED).exists()}
+    furthest: dict[tuple, int] = {}
+    for p, at in reached.items():
+        if (key := _candidate(p)) is not None:
+            furthest[key] = max(furthest.get(key, 0), at)
+    waiting = {p for p in reached if (p / RUNGS).exists() and not (p / SUMMARY).exists() and _candidate(p) is not None}
+    return past | {p for p in waiting if furthest[_candidate(p)] > reached[p]}
+
+
+def _last_round(path: Path) -> int:
+    history = log_lines((path / METRICS).read_text(errors="replace")) if (path / METRICS).exists() else []
+    return max((line["round"] for line in history), default=0)
+
+
+def _candidate(path: Path) -> tuple | None:
+    """A grid cell's candidate: its grid, method and setting, its seed left out (None: not a grid cell)."""
+    cell = _run_json(path, CELL)
+    if cell.get("method") is None:
+        return None
+    return path.parent, cell["method"], tuple(sorted((str(k), str(v)) for k, v in (cell.get("setting") or {}).items()))
 
 
 def _stopped(path: Path) -> dict:

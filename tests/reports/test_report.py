@@ -337,15 +337,50 @@ def test_a_kept_candidate_stopped_on_its_way_to_the_next_rung_is_in_training_not
 
     grid = tmp_path / "grid"
     shutil.copytree(toy_grid, grid)
-    cut, kept = sorted((grid / "cells").iterdir())[:2]
-    for cell in (cut, kept):
+    cut, cut_too, kept = sorted((grid / "cells").iterdir())[:3]  # a candidate is cut with all its seeds (0 and 1)
+    for cell in (cut, cut_too, kept):
         summary = json.loads((cell / "summary.json").read_text())
         (cell / "rungs.json").write_text(json.dumps({"1": {**summary, "rounds": 1}}))
         (cell / "summary.json").unlink()
-    lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
-    (cut / "metrics.jsonl").write_text(lines[0])  # cut at round 1: it went no further
+    for cell in (cut, cut_too):
+        lines = (cell / "metrics.jsonl").read_text().splitlines(keepends=True)
+        (cell / "metrics.jsonl").write_text(lines[0])  # cut at round 1: it went no further
     runs = {r.path: r for r in find_runs(grid)}
     assert runs[cut].summary["stopped_at"] == 1 and kept not in runs and len(runs) == 7
+
+
+def test_a_kept_candidate_s_seed_waiting_at_the_rung_is_in_training_with_the_seed_gone_past_it(toy_grid, tmp_path):
+    """A halving grid stopped between two seeds of a kept candidate: the seed still at the rung showed as "stopped at
+    round 1" beside its sibling (in training, left out), as if that one candidate had been cut on one seed."""
+    import json
+    import shutil
+
+    from fedcache.reports.runs import find_runs
+
+    grid = tmp_path / "grid"
+    shutil.copytree(toy_grid, grid)
+    cells = sorted((grid / "cells").iterdir())
+    by_name = {(c.name.split("__")[0], "alpha=0.5" in c.name, c.name[-1]): c for c in cells}
+
+    def pause(cell, went_on: bool) -> None:
+        summary = json.loads((cell / "summary.json").read_text())
+        (cell / "rungs.json").write_text(json.dumps({"1": {**summary, "rounds": 1}}))
+        (cell / "summary.json").unlink()
+        if not went_on:
+            (cell / "metrics.jsonl").write_text((cell / "metrics.jsonl").read_text().splitlines(keepends=True)[0])
+
+    kept_on, kept_waiting = by_name["fedavg", True, "0"], by_name["fedavg", True, "1"]
+    pause(kept_on, went_on=True)
+    pause(kept_waiting, went_on=False)
+    cut = [by_name["fedavg", False, seed] for seed in "01"]
+    for cell in cut:
+        pause(cell, went_on=False)
+    finished, finished_waiting = by_name["fedproto", True, "0"], by_name["fedproto", True, "1"]
+    pause(finished_waiting, went_on=False)  # kept to the full rounds: its seed 0 finished
+    runs = {r.path: r for r in find_runs(grid)}
+    assert kept_on not in runs and kept_waiting not in runs and finished_waiting not in runs
+    assert [runs[c].summary["stopped_at"] for c in cut] == [1, 1] and "stopped_at" not in runs[finished].summary
+    assert len(runs) == 5
 
 
 def test_a_metrics_line_torn_by_a_crash_is_no_round_of_the_report(toy_grid, tmp_path):
