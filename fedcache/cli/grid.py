@@ -97,13 +97,19 @@ def _run_with_progress(spec) -> list[dict]:
 def _say_what_was_trained(spec, trained: list[dict], seconds: float) -> None:
     # Unwrapped and unstyled: a log keeps each markdown row on one line, as in table.md.
     console.print((spec.out / "table.md").read_text(), soft_wrap=True, markup=False, highlight=False)
-    if trained:
-        console.print(f"trained {count(len(trained), 'cell')} in {seconds:.1f} s: {60 * len(trained) / seconds:.1f} cells per minute "
+    if cells := _cells(trained):
+        console.print(f"trained {count(cells, 'cell')} in {seconds:.1f} s: {60 * cells / seconds:.1f} cells per minute "
                       f"({spec.engine} engine)")
     else:  # a re-run of a finished grid: say so, rather than let the table pass for a fresh result
         console.print(f"nothing to train: every cell of this grid had finished in {spec.out} (their results are kept; "
                       "another --out trains them again)", soft_wrap=True)
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
+
+
+def _cells(trained: list[dict]) -> int:
+    """The cells among the rows the progress counted, each once: --prune halving counts a candidate at every rung it
+    reaches (a validation cell and the test cell of one setting share a name but not their ``validation``)."""
+    return len({(str(row.get("validation")), row.get("run_dir", i)) for i, row in enumerate(trained)})
 
 
 def _check_device(spec) -> None:

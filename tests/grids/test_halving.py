@@ -358,6 +358,9 @@ def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path):
     got = CliRunner().invoke(app, ["grid", "--config", str(toml)])
     assert got.exit_code == 0, got.output
     assert "successive halving (reduction factor 2)" in got.output and "candidates kept" in got.output
+    # Each cell counted once: a candidate at every rung it reached was a cell more each time (the progress's count).
+    cells = sum(1 for stage in ("validation", "test") for _ in (tmp_path / "t" / stage / "cells").iterdir())
+    assert f"trained {cells} cells in" in " ".join(got.output.split()) and cells == 3 + 1
     cli = CliRunner().invoke(app, ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                                    "--partition", "iid", "--clients", "2", "--subsample", "0.5", "--rounds", "4",
                                    "--set", "lr=0.001,0.01,0.1", "--select", "lr", "--prune", "halving",
