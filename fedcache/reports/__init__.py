@@ -276,7 +276,8 @@ def _selection_sections(sel: dict) -> list[Section]:
     if "prune" in sel:
         p = sel["prune"]
         text += (f" Candidates were cut by successive halving (reduction factor {p['reduction_factor']}): {p['note']}; "
-                 "a score marked 'at round r' is of that round, where the candidate stopped.")
+                 "a score marked 'at round r' is of that round, where the candidate stopped; 'diverged by round r': "
+                 "on its way to that round's cut.")
         if any(c.get("revived") for c in sel["choices"]):
             text += (" Kept candidates that diverged after a cut were replaced by the next best of that cut "
                      "(selection.json: revived).")
@@ -285,7 +286,10 @@ def _selection_sections(sel: dict) -> list[Section]:
 
 def _stop_note(candidate: dict, choice: dict) -> str:
     at = candidate.get("stopped_at")
-    return f" at round {at}" if at is not None and at != choice.get("full_rounds") else ""
+    if at is None or at == choice.get("full_rounds"):
+        return ""
+    # A diverged candidate's stop is the rung that cut it: it diverged on its way there, in any round up to it.
+    return f" by round {at}" if candidate.get("diverged") else f" at round {at}"
 
 
 def _paper_sections(paper: dict) -> list[Section]:

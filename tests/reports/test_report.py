@@ -596,3 +596,19 @@ def test_a_report_names_the_features_and_warns_where_runs_on_different_ones_are_
     fedcache.report(tmp_path / "runs" / "fedavg")  # one run: its features named, nothing to warn of
     one = (tmp_path / "runs" / "fedavg" / "report.md").read_text()
     assert "(digits on lite0)" in one and "different features" not in one
+
+
+def test_a_halving_candidate_that_diverged_before_its_cut_is_not_said_to_diverge_at_the_cut():
+    """Its stopped_at is the rung that cut it: a candidate that diverged in round 1, cut at round 2, read "diverged at
+    round 2", where "at round r" says a score is of that round."""
+    from fedcache.reports import _selection_sections
+
+    candidates = [{"lr": "0.01", "validation_score": 63.3, "stopped_at": 2},
+                  {"lr": "1e5", "validation_score": None, "diverged": True, "stopped_at": 2},
+                  {"lr": "0.001", "validation_score": 60.0, "stopped_at": 6}]
+    sel = {"rule": "the highest mean over seeds", "selected": ["lr"], "prune": {"reduction_factor": 3, "note": "cut"},
+           "choices": [{"method": "fedavg", "chosen": {"lr": "0.01"}, "validation_score": 63.3, "full_rounds": 6,
+                        "candidates": candidates}]}
+    (section,) = _selection_sections(sel)
+    assert section.table[1][-1] == "lr=0.01: 63.30 at round 2; lr=1e5: diverged by round 2; lr=0.001: 60.00"
+    assert "'diverged by round r': on its way to that round's cut" in section.text
