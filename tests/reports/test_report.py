@@ -612,3 +612,16 @@ def test_a_halving_candidate_that_diverged_before_its_cut_is_not_said_to_diverge
     (section,) = _selection_sections(sel)
     assert section.table[1][-1] == "lr=0.01: 63.30 at round 2; lr=1e5: diverged by round 2; lr=0.001: 60.00"
     assert "'diverged by round r': on its way to that round's cut" in section.text
+
+
+def test_the_star_s_caption_says_a_lone_result_gets_none(toy_grid, tmp_path):
+    """A report of one run drew no star (a lone result is nobody's winner, fedcache/best.py) under a caption that
+    promised "★ the best final accuracy of the panel"."""
+    import shutil
+
+    from fedcache.reports import write_report
+
+    run = tmp_path / "run"
+    shutil.copytree(sorted((toy_grid / "cells").iterdir())[0], run)
+    said = [line for line in write_report(run).markdown.read_text().splitlines() if "★" in line]
+    assert len(said) == 2 and all("where two or more compare" in line for line in said)
