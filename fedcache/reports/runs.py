@@ -256,6 +256,8 @@ def _in_training(paths: set[Path]) -> set[Path]:
     cut with all its seeds, and the grid trains them in turns: a seed still waiting at the rung, beside one that has
     gone past it (or finished), was kept there too, not cut."""
     past = {p for p in paths if _training_past_its_rung(p)}
+    if not any((p / RUNGS).exists() and not (p / SUMMARY).exists() for p in paths - past):
+        return past  # no seed waits at a rung (no halving grid): every other run's metrics need not be read twice
     reached = {p: _last_round(p) for p in paths if not (p / DIVERGED).exists()}
     furthest: dict[tuple, int] = {}
     for p, at in reached.items():
