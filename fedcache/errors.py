@@ -17,7 +17,11 @@ class FedcacheError(Exception):
     def __reduce__(self):
         # Pickled (a grid's worker process raising it) as its message and attributes: the default pickles the
         # arguments, and a class made from others than its message (a path and a problem) failed to unpickle, so
-        # the worker's one-line error reached the grid as a broken pool.
+        # the worker's one-line error reached the grid as a broken pool. An OSError made as one is (errno, text,
+        # file), with no __init__ of its own, pickles as OSError does, its fields kept.
+        own_init = any("__init__" in vars(c) for c in type(self).__mro__ if issubclass(c, FedcacheError))
+        if isinstance(self, OSError) and not own_init:
+            return super().__reduce__()
         return _unpickled, (type(self), self.args, self.__dict__)
 
 

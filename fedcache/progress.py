@@ -116,7 +116,9 @@ class PlainProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        for task in self.tasks:  # an end held back by min_interval (a total grown again) is said as the work ends
+            if task.total and task.completed >= task.total and not self._said_done(task):
+                self._print(task, self.clock())
 
     def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
         self.tasks.append(_Task(description, total, fields, start=self.clock(), completed=completed, first=completed))
@@ -142,11 +144,22 @@ class PlainProgress:
         now = self.clock()
         step = int(10 * task.completed / task.total) if task.total else 0
         done = bool(task.total) and task.completed >= task.total
-        due = step > task.printed_step and now - task.printed_at >= self.min_interval
-        said_done = task.printed_step == 10 and task.printed_total == task.total
-        if not (force or done or due) or (done and said_done):
-            return
-        task.printed_step, task.printed_at, task.printed_total = (10 if done else step), now, task.total
+        waited = now - task.printed_at >= self.min_interval
+        due = step > task.printed_step and waited
+        # A first end is said at once; a new one after an end was said (a total grown with the count: halving's
+        # revived runs) waits as the tenths do, or a line a cell would print, and the last is said on exit.
+        end = done and not self._said_done(task) and (task.printed_step != 10 or waited)
+        if force or due or end:
+            self._print(task, now)
+
+    @staticmethod
+    def _said_done(task: _Task) -> bool:
+        return task.printed_step == 10 and task.printed_total == task.total
+
+    def _print(self, task: _Task, now: float) -> None:
+        done = bool(task.total) and task.completed >= task.total
+        step = 10 if done else (int(10 * task.completed / task.total) if task.total else 0)
+        task.printed_step, task.printed_at, task.printed_total = step, now, task.total
         self.console.print(self.line(task, now), highlight=False, soft_wrap=True)
 
     def line(self, task: _Task, now: float) -> str:

@@ -331,10 +331,10 @@ def _after_full_disk(exc: DiskFullError, out: RunDir) -> DiskFullError:
     """What to do once there is space: continue from the last checkpoint, or, before the first, start again (its
     files are removed: --resume would find no round to continue, and a plain re-run would call it started)."""
     if out.has_checkpoint():
-        return exc.advised("free some space, then continue the run: the same command with --resume (a grid resumes "
-                           "its cells by itself)")
+        again = named("the same command with --resume", "the same call with resume=True")
+        return exc.advised(f"free some space, then continue the run: {again} (a grid resumes its cells by itself)")
     out.clear()
-    return exc.advised("nothing of the run was kept; free some space and run the same command again")
+    return exc.advised(f"nothing of the run was kept; free some space and run the same {named('command', 'call')} again")
 
 
 def device_name(device: torch.device) -> str:

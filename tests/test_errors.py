@@ -18,4 +18,14 @@ def test_an_error_unpickles_as_it_was(error):
     """DamagedCheckpointError (a path and a problem) failed to unpickle: raised in a worker, it broke the pool."""
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is type(error) and str(again) == str(error) and again.args == error.args
-    assert {k: v for k, v in vars(again).items()} == vars(error)
+    assert vars(again) == vars(error)
+    if isinstance(error, OSError):  # OSError's own fields are no attributes of the instance's dict
+        assert (again.errno, again.strerror, again.filename) == (error.errno, error.strerror, error.filename)
+
+
+def test_an_os_error_made_as_os_errors_are_keeps_its_fields():
+    """A fedcache OSError without an __init__ of its own, made as OSError is (errno, text, file): pickled from its
+    message alone, it lost them."""
+    error = errors.DataNotFoundError(2, "no such file", "/data/x.png")
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.errno, again.strerror, again.filename) == (2, "no such file", "/data/x.png")

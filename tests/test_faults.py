@@ -363,7 +363,7 @@ def test_a_torn_file_of_a_run_or_a_grid_cell_is_one_line_naming_it(toy_store, tm
     assert code == 1 and f"{summary} is damaged (not JSON" in line and "delete the cell's folder" in line, line
     shutil.rmtree(summary.parent)
     assert run_cli(grid, capsys)[0] == 0  # as the line says: that cell trains again
-    for name, advice in (("grid.json", "delete it, and the grid takes this command's options"),
+    for name, advice in (("grid.json", "delete it, and the grid takes the options it is given now"),
                          ("features/meta.json", "delete the folder")):
         path = tmp_path / "g" / name
         kept = path.read_text()

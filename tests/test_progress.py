@@ -69,6 +69,18 @@ def test_a_total_grown_after_its_end_goes_on_being_said_to_its_new_end():
     assert "grid 16/20 (80%) ETA 4s" in lines  # its tenths go on after the new total
 
 
+def test_new_ends_in_quick_succession_wait_as_tenths_do_and_the_last_is_said_on_exit():
+    """A total grown with the count printed a line per cell (each a new 100%), past the one-per-interval promise."""
+    out, clock = io.StringIO(), Clock()
+    with PlainProgress(Console(file=out, width=200), min_interval=5, clock=clock) as progress:
+        task = progress.add_task("grid", total=None)
+        for done in range(1, 15):  # 8 planned, 14 run, one a second
+            clock.t += 1
+            progress.update(task, total=max(8, done), completed=done)
+    ends = [line.split()[1] for line in out.getvalue().splitlines() if "(100%)" in line]
+    assert ends == ["8/8", "13/13", "14/14"]  # the first at once, then one per 5 s, the last as the work ends
+
+
 def test_counts_of_millions_are_written_in_full():
     """An import's rows: ``:g`` wrote 1,100,000 as ``1.1e+06``."""
     out, clock = io.StringIO(), Clock()

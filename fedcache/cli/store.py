@@ -26,9 +26,11 @@ def _open_store(store: Path):
 @store_app.command("ls")
 def store_ls(store: Path = StoreOpt) -> None:
     """List the entries of a store (stale: superseded by a newer extraction or import of the same data)."""
+    from fedcache.store.lookup import misplaced_entries
+
     fs = _open_store(store)
     infos = fs.entries()
-    current = {e.entry_id for e in fs.current(infos).values()}
+    current, misplaced = {e.entry_id for e in fs.current(infos).values()}, misplaced_entries(infos)
     table = Table(box=None)
     table.add_column("id", no_wrap=True, min_width=16)
     for col in ("dataset", "split", "domain", "backbone", "view", "rows", "dim", "disk", "memory", "status"):
@@ -39,7 +41,7 @@ def store_ls(store: Path = StoreOpt) -> None:
         disk, memory = fs.sizes(e)
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
                       str(e.dim), human_bytes(disk), human_bytes(memory),
-                      _status(fs, e, infos, current))
+                      _status(fs, e, misplaced, current))
     if infos:
         print_table(table, optional=("view", "memory", "dim", "disk"))
     else:
@@ -75,10 +77,8 @@ def human_bytes(n: int) -> str:
 _SEE_VERIFY = " (see `store verify`)"
 
 
-def _status(fs, e, infos: list, current: set) -> str:
-    from fedcache.store.lookup import misplaced
-
-    if e.damaged or (e.complete and misplaced(e, infos)):  # the latter: no read can place its rows
+def _status(fs, e, misplaced: dict, current: set) -> str:
+    if e.damaged or e.entry_id in misplaced:  # the latter: no read can place its rows
         return f"[red]{'unreadable' if e.denied else 'damaged'}[/]{_SEE_VERIFY}"
     if not e.complete:
         try:
@@ -127,11 +127,13 @@ def store_verify(
     from rich.markup import escape
 
     from fedcache.store.feature_store import ENTRIES, TEXT
+    from fedcache.store.lookup import misplaced_entries
     from fedcache.store.text import text_label
 
     fs = _open_store(store)
     infos = fs.entries()
-    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e, infos)) for e in infos]
+    misplaced = misplaced_entries(infos)
+    checks = [(ENTRIES, e.entry_id, e.label(), *fs.verify(e, misplaced)) for e in infos]
     attrs = dict(fs.text_entries())  # readable ones: each named by its backbone and template set
     checks += [(TEXT, eid, text_label(attrs.get(eid, {})), *fs.verify_text(eid)) for eid in fs.entry_ids(TEXT)]
     damaged = unreadable = 0
@@ -143,6 +145,8 @@ def store_verify(
             console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
         damaged += status == "damaged" and not repair
         unreadable += status == "unreadable"
+    if repair:
+        _repair_newly_misplaced(fs)
     if unreadable:  # not checked, and not to be repaired: another user's permissions, not damage
         err.print(f"[red]{count(unreadable, 'entry', 'entries')} not readable by this user[/]: have the store's owner make "
                   f"them readable (chmod -R a+rX {store}), or verify it as its owner", highlight=False)
@@ -154,6 +158,21 @@ def store_verify(
     statuses = [c[3] for c in checks]
     console.print(f"checked {count(len(checks), 'entry', 'entries')}: " + ", ".join(
         f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)) if checks else "the store holds no entries")
+
+
+def _repair_newly_misplaced(fs) -> None:
+    """A table's newest entry removed as misplaced makes the next newest the one whose domains a read takes: checked
+    again, and removed where they lack its own too, until a read can place every table's rows."""
+    from rich.markup import escape
+
+    from fedcache.store.feature_store import ENTRIES
+    from fedcache.store.lookup import misplaced_entries
+
+    while left := misplaced_entries(fs.entries()):
+        for eid, why in left.items():
+            console.print(f"{eid}, now the newest of its table: [red]damaged[/] ({escape(why)})", highlight=False)
+            fs.discard(eid, ENTRIES)
+            console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
 
 
 @store_app.command("upgrade")

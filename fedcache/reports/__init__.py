@@ -305,7 +305,7 @@ FIGURES = (
      "Mean over seeds, band: ± sample std over seeds; ★ the best final accuracy of the panel, where two or more "
      "compare."),
     ("Final accuracy", figures.final_accuracy, "final-accuracy.png",
-     "Mean over seeds, error bars: ± sample std over seeds; ★ the best of the panel, where two or more compare."),
+     "Mean over seeds, error bars: ± sample std over seeds; ★ the best of the panel among the results that ran to the end, where two or more compare."),
     ("Training loss per round", figures.train_loss_per_round, "train-loss-per-round.png",
      "The sampled clients' mean loss over their local steps; band: ± sample std over seeds."),
     ("Per-client accuracy distribution", figures.client_distribution, "per-client-accuracy.png",
@@ -323,7 +323,7 @@ FIGURES = (
 ONE_SEED = {
     "accuracy-per-round.png": "One seed per line (no spread to draw); ★ the best final accuracy of the panel, where "
                               "two or more compare.",
-    "final-accuracy.png": "One seed per bar (no error bars); ★ the best of the panel, where two or more compare.",
+    "final-accuracy.png": "One seed per bar (no error bars); ★ the best of the panel among the results that ran to the end, where two or more compare.",
     "train-loss-per-round.png": "The sampled clients' mean loss over their local steps; one seed per line.",
 }
 

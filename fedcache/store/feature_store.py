@@ -387,10 +387,10 @@ class FeatureStore(TextEmbeddings, Removal):
         self._raise_if_damaged(reader)
         return {name: arrays[name] for name in ROW_ARRAYS}
 
-    def verify(self, info: EntryInfo, infos: list[EntryInfo] | None = None) -> tuple[str, str]:
+    def verify(self, info: EntryInfo, misplaced: dict[str, str] | None = None) -> tuple[str, str]:
         """(status, detail): ok, damaged, unreadable (by this user: not checked), partial (not finished: not
-        checked) or unchecked (no checksums). ``infos``: the store's entries, where the caller has them (whether
-        ``info`` is the newest of its table is checked against them)."""
+        checked) or unchecked (no checksums). ``misplaced``: ``lookup.misplaced_entries`` of the store's entries,
+        where the caller verifies them all (made once, not once an entry)."""
         if info.damaged:
             return ("unreadable" if info.denied else "damaged"), info.damaged
         if not info.complete:
@@ -403,8 +403,9 @@ class FeatureStore(TextEmbeddings, Removal):
         reader.close()
         if reader.problem:
             return ("unreadable" if reader.denied else "damaged"), reader.problem
-        if misplaced := lookup.misplaced(info, self.entries() if infos is None else infos):
-            return "damaged", misplaced
+        misplaced = lookup.misplaced_entries(self.entries()) if misplaced is None else misplaced
+        if info.entry_id in misplaced:
+            return "damaged", misplaced[info.entry_id]
         if CRC_ATTR not in info.attrs:
             return "unchecked", "written by an older fedcache, without checksums: re-extract it to add them"
         return "ok", ""

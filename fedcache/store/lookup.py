@@ -27,33 +27,39 @@ def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> Entr
     return hit[0] if hit else None
 
 
-def misplaced(info: EntryInfo, infos: list[EntryInfo]) -> str | None:
-    """What is wrong with ``info`` where no read can place its rows: it is the newest complete entry of its table
-    (dataset, split, backbone, view), whose ``domains`` a read takes for the table's, and they lack its own domain.
-    None otherwise: an older entry's own list is not read."""
-    k = info.slot
-    table = [e for e in infos if e.complete and e.slot[:2] == k[:2] and e.slot[3:] == k[3:]]
-    names = info.attrs.get("domains")
-    if not table or newest(table).entry_id != info.entry_id or not isinstance(names, list) or k[2] in names:
-        return None
-    return (f"it is of domain {k[2]} but records the domains of its dataset as {','.join(map(str, names)) or 'none'}, "
-            "so no read can place its rows")
+def misplaced_entries(infos: list[EntryInfo]) -> dict[str, str]:
+    """{entry id: what is wrong} of each table's (dataset, split, backbone, view) newest complete entry whose
+    recorded ``domains``, which a read takes for the table's, lack its own domain: no read can place its rows. An
+    older entry's own list is never read. One pass: `store ls` and `store verify` ask it of every entry."""
+    tables: dict[tuple, list[EntryInfo]] = {}
+    for e in infos:
+        if e.complete:
+            slot = e.slot
+            tables.setdefault(slot[:2] + slot[3:], []).append(e)
+    found = {}
+    for table in tables.values():
+        last = newest(table)
+        names, domain = last.attrs.get("domains"), last.slot[2]
+        if isinstance(names, list) and domain not in names:
+            found[last.entry_id] = (f"it is of domain {domain} but records the domains of its dataset as "
+                                    f"{','.join(map(str, names)) or 'none'}, so no read can place its rows")
+    return found
 
 
 def misplaced_in(path: Path, infos: list[EntryInfo], want: tuple) -> DamagedEntryError | None:
-    """The newest complete entry of (dataset, split, backbone, view) where :func:`misplaced`: damaged, or of another
-    store. A read then kept none of the entries, and said them not complete yet; its extraction finds it complete
-    (its checksums hold) and changes nothing."""
+    """The newest complete entry of (dataset, split, backbone, view) where :func:`misplaced_entries`: damaged, or of
+    another store. A read then kept none of the entries, and said them not complete yet; its extraction finds it
+    complete (its checksums hold) and changes nothing."""
     dataset, split, backbone, view = want
     done = [e for e in infos if e.complete and e.slot[:2] == (dataset, split) and e.slot[3:] == (backbone, view)]
-    last = newest(done) if done else None
-    problem = misplaced(last, infos) if last else None
-    if not problem:
+    bad = misplaced_entries(done)
+    if not bad:
         return None
+    last = next(e for e in done if e.entry_id in bad)
     return DamagedEntryError(
-        f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {problem}; remove it with "
-        f"`fedcache store rm {last.entry_id} --store {path}` and run the extraction (or import) that made it again",
-        problem)
+        f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {bad[last.entry_id]}; "
+        f"remove it with `fedcache store rm {last.entry_id} --store {path}` and run the extraction (or import) that "
+        "made it again", bad[last.entry_id])
 
 
 def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) -> StoreError:

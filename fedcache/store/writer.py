@@ -37,6 +37,7 @@ from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.parts import Part
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -388,8 +389,8 @@ def open_writer(
         pending = fresh.pending(part)
         need = entry_bytes(fresh.rows_to_write(pending), 0, dim, np.dtype(key.dtype).itemsize, len(pending))
         if pending:
-            disk.check_space(folder, need, what, RESUMED)
-        with disk.on_full_disk(folder, what, need, advice=RESUMED):
+            disk.check_space(folder, need, what, resumed())
+        with disk.on_full_disk(folder, what, need, advice=resumed()):
             yield fresh
 
 
@@ -415,8 +416,12 @@ def _entered(held: contextlib.ExitStack, lock: Path, what: str) -> bool:
     return True
 
 
-RESUMED = ("free some space and run the same command again: the batches written so far are kept, and it continues "
-           "after them")
+def resumed() -> str:
+    """A full disk's advice to an extraction: its batches are kept (named for its caller: a command, or a call)."""
+    return (f"free some space and run the same {named('command', 'call')} again: the batches written so far are kept, "
+            "and it continues after them")
+
+
 BLOCK = 4096  # a small file takes a block of the file system
 
 

@@ -272,7 +272,7 @@ def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tm
     from fedcache.reports import write_report
 
     md = write_report(tmp_path / "d").markdown.read_text()
-    assert "lr=1e30: diverged at round" in md and "then diverged" in md
+    assert "lr=1e30: diverged by round" in md and "then diverged" in md
     # Run again: the cell paused at round 1 that diverged later is read back as it was at round 1, so the same
     # cuts are made and nothing trains (it was read as diverged at round 1: other cuts, a cut candidate retrained).
     before = selection(tmp_path / "d")

@@ -92,6 +92,19 @@ def test_an_older_entry_whose_own_domains_lack_its_domain_is_read_and_verified_o
     assert len(FeatureStore(store_path).read("ds", "train", "bb")) == 8
 
 
+def test_verify_repair_checks_a_table_again_once_its_newest_entry_is_removed(store_path, capsys):
+    """The newest entry removed as misplaced made the older one, whose own domains lack its domain too, the one a read
+    takes the domains from: verify exited 0 and the next read refused the store."""
+    from fedcache.cli import main
+
+    store = FeatureStore(store_path)
+    write_all(store, key(domain="a"), np.ones((4, 3)), np.zeros(4), attrs={**ATTRS, "domains": ["b"]})
+    write_all(store, key(domain="b"), np.ones((4, 3)), np.zeros(4), attrs={**ATTRS, "domains": ["c"]})
+    assert main(["store", "verify", "--repair", "--store", str(store_path)]) == 0
+    assert f"{key(domain='a').entry_id}, now the newest of its table: damaged" in capsys.readouterr().out
+    assert FeatureStore(store_path).entries() == []
+
+
 def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
     """A typo was told to run an extraction that then failed on the same typo; an import of one split was told to
     extract; an unfinished float32 extraction was told to run one that would write float16 entries."""
