@@ -31,7 +31,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.paths import denied_error, is_denied
 from fedcache.progress import check_callback
 from fedcache.table import Table
-from fedcache.wording import count, keyword_names, named
+from fedcache.wording import count, did_you_mean, keyword_names, named
 
 
 def _refusals_said(fn: Callable) -> Callable:
@@ -50,6 +50,35 @@ def _refusals_said(fn: Callable) -> Callable:
                 raise
             raise denied_error(exc) from exc
     return said
+
+
+def _keywords_checked(fn: Callable) -> Callable:
+    """``fn`` (no ``**options``), whose unknown keyword is said with the one it likely meant (``method``: did you mean
+    ``methods``?) and, a run option or setting given to ``grid``, where it goes (``sweep={'rounds': ...}``): Python's
+    TypeError named the keyword alone."""
+    known = inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        unknown = [k for k in kwargs if k not in known]
+        if unknown:
+            key = unknown[0]
+            hint = _swept_hint(key, known) if fn.__name__ == "grid" else ""
+            raise TypeError(f"fedcache.{fn.__name__}() got an unexpected keyword argument {key!r}"
+                            f"{hint or did_you_mean(key, known)}")
+        return fn(*args, **kwargs)
+    return checked
+
+
+def _swept_hint(key: str, known: Mapping) -> str:
+    """Where a run option given to ``grid`` goes (not one the grid takes itself as a list: ``seed``, ``method``)."""
+    from fedcache.spec import option
+
+    try:
+        option(key)
+    except ConfigError:
+        return ""
+    return "" if f"{key}s" in known else f"; a run option is one of the grid's axes: sweep={{{key!r}: value or [values]}}"
 
 
 def _keywords_named(fn: Callable) -> Callable:
@@ -295,6 +324,7 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
     return {**kept, **given}
 
 
+@_keywords_checked
 @_keywords_named
 @_refusals_said
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
@@ -337,6 +367,7 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     return run_grid(spec, told, on_plan=on_plan).parsed(spec.sweep)
 
 
+@_keywords_checked
 @_keywords_named
 @_refusals_said
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:

@@ -213,7 +213,8 @@ def option(name: str) -> Option:
     """An option by its name (``clients``) or its qualified key (``partition.clients``)."""
     found = _BY_NAME.get(name.replace("-", "_"))
     if found is None:
-        raise ConfigError(f"unknown option {name!r}; known: {', '.join(sorted(_BY_NAME_ONLY))}")
+        raise ConfigError(f"unknown option {name!r}{did_you_mean(name, sorted(_BY_NAME_ONLY))}; known: "
+                          f"{', '.join(sorted(_BY_NAME_ONLY))}")
     return found
 
 
@@ -350,7 +351,8 @@ def parse_options(given: dict[str, Any], names: tuple[str, ...], required: bool 
     known = {k for k, o in _BY_NAME.items() if o.section in names and o is not SETTINGS}
     unknown = sorted(k for k in given if k.replace("-", "_") not in known)
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(o.name for o in options(*names)))}")
+        said = ", ".join(k + did_you_mean(k, sorted(o.name for o in options(*names))) for k in unknown)
+        raise ConfigError(f"unknown option(s) {said}; known: {', '.join(sorted(o.name for o in options(*names)))}")
     per: dict[str, dict[str, Any]] = {s: {} for s in names}
     for key, value in given.items():
         o = option(key)

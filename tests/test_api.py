@@ -552,3 +552,19 @@ def test_resume_where_out_has_a_config_but_no_checkpoint_names_the_keyword(toy_s
         fedcache.train(**base, out=tmp_path / "run", resume=True)
     assert str(err.value).startswith("resume=True: no checkpoint in ") and "--" not in str(err.value), str(err.value)
     assert str(err.value).endswith("start the run without resume=True")
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"method": "fedavg"}, "got an unexpected keyword argument 'method' (did you mean 'methods'?)"),
+    ({"rounds": 5}, "got an unexpected keyword argument 'rounds'; a run option is one of the grid's axes: "
+                    "sweep={'rounds': value or [values]}"),
+])
+def test_a_wrong_keyword_to_grid_says_what_was_meant(given, said, tmp_path):
+    """Python's bare TypeError named the keyword alone; `fedcache.train(round=5)` listed every option."""
+    import fedcache
+
+    with pytest.raises(TypeError) as refused:
+        fedcache.grid(store=tmp_path / "s", **given)
+    assert str(refused.value) == f"fedcache.grid() {said}"
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) round \(did you mean 'rounds'\?\); known: "):
+        fedcache.train(store=tmp_path / "s", dataset="test-toy", backbones="b", method="fedavg", round=5)

@@ -73,8 +73,13 @@ class Grouping:
             reasons: dict[str, int] = {}
             for why in self.alone.values():
                 reasons[why] = reasons.get(why, 0) + 1
-            text += f"; {count(len(self.alone), 'cell')} as their own runs: " + "; ".join(f"{why} ({k})" for why, k in reasons.items())
+            text += f"; {own_runs(len(self.alone))}: " + "; ".join(f"{why} ({k})" for why, k in reasons.items())
         return text
+
+
+def own_runs(n: int) -> str:
+    """``1 cell as its own run``, ``3 cells as their own runs``."""
+    return f"{count(n, 'cell')} as {'its own run' if n == 1 else 'their own runs'}"
 
 
 # ---- grouping ------------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from pathlib import Path
 from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
-from fedcache.grids.batches import drop_batches_of, drop_behind_batches, run_batched, started_batches
+from fedcache.grids.batches import drop_batches_of, drop_behind_batches, own_runs, run_batched, started_batches
 from fedcache.grids.cell import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
 from fedcache.grids.pool import Workers
 from fedcache.grids.processes import execute, jobs_of
-from fedcache.grids.spec import BATCHES, CELLS, FEATURES, SPEC, Cell, GridSpec, Stops, cells, same_value, train_config
+from fedcache.grids.spec import BATCHES, CELLS, FEATURES, SPEC, Cell, GridSpec, Names, Stops, cells, same_value, train_config
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.progress import StepCallback, said_now, said_step
 from fedcache.spec import RunSpec, method_class
@@ -134,7 +134,7 @@ def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCall
     drop_behind_batches(spec.out / BATCHES, {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo})
     _refuse_batched_progress(spec, todo)
     drop_batches_of(spec.out / BATCHES, todo)
-    said_now(log, on_plan, f"processes engine: {count(len(todo), 'cell')} as their own runs, "
+    said_now(log, on_plan, f"processes engine: {own_runs(len(todo))}, "
                            f"{min(jobs_of(spec), len(todo))} at a time")
     return execute(spec, todo, folder, stops=stops, workers=workers)
 
@@ -174,7 +174,7 @@ def check_spec(spec: GridSpec) -> None:
             write_json(path, mine)
             return
         if holds_runs(spec.out):
-            raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine, differ)}; "
+            raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine, differ, spec.names)}; "
                               f"see {path}); use the same options to resume it, or another "
                               f"{spec.names.key('out')}")
         # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
@@ -214,16 +214,17 @@ def holds_runs(out: Path) -> bool:
     return any(p.name in (DONE, DIVERGED) or p.suffix == ".pt" for p in out.rglob("*") if p.is_file())
 
 
-def _differences(saved: dict, mine: dict, keys: list[str]) -> str:
-    """``methods (fedavg,fedproto there, fedavg here), sweep.alpha (...)``: each differing key with both values."""
+def _differences(saved: dict, mine: dict, keys: list[str], names: Names) -> str:
+    """``--method (fedavg,fedproto there, fedavg here), alpha (...)``: each differing key with both values, a grid
+    option named as its caller gave it (its flag, keyword or file key), an axis by its name."""
     def value(doc: dict, key: str):
         for part in key.split("."):
             doc = doc.get(part) if isinstance(doc, dict) else None
         return doc
 
     shown = lambda v: "unset" if v in (None, []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
-    return ", ".join(f"{k.removeprefix('sweep.')} ({shown(value(saved, k))} there, {shown(value(mine, k))} here)"
-                     for k in keys)
+    said = lambda k: k.removeprefix("sweep.") if k.startswith("sweep.") else names.key(k)
+    return ", ".join(f"{said(k)} ({shown(value(saved, k))} there, {shown(value(mine, k))} here)" for k in keys)
 
 
 def check_cells(spec: GridSpec, todo: list[Cell]) -> dict[Cell, RunSpec]:

@@ -654,3 +654,11 @@ def _a_batch_stopped_after_round_1(toy_store, tmp_path, monkeypatch):
     monkeypatch.undo()
     (runs,) = (tmp_path / "g" / "batches").glob("*/runs.json")
     return kw, runs
+
+
+def test_the_plan_says_one_cell_alone_in_the_singular():
+    """`1 cell as their own runs: ...`."""
+    from fedcache.grids.batches import Grouping
+
+    plan = Grouping(batches=[["a", "b"]], alone={"c": "why"}, methods=["fedavg"], per_cell_bytes={}, limit=5).describe()
+    assert plan == "batched engine: 2 cells in 1 batch (2 fedavg), at most 5 cells per batch; 1 cell as its own run: why (1)"

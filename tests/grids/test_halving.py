@@ -368,3 +368,14 @@ def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path):
     assert cli.exit_code == 0, cli.output
     assert selection(tmp_path / "c")["choices"] == selection(tmp_path / "t")["choices"]
     shutil.rmtree(tmp_path / "c")
+
+
+def test_a_halving_grid_that_cut_nothing_says_so_in_its_caption(toy_store, tmp_path):
+    """One round leaves no rung to cut at: table.md said "candidates cut by successive halving ... (100%)"."""
+    from fedcache.api import grid
+
+    grid(**{**kw(toy_store, tmp_path / "one"), "sweep": {**SWEEP, "rounds": 1, "lr": LRS[:2]}, "seeds": [0]},
+         prune="halving")
+    caption = (tmp_path / "one" / "validation" / "table.md").read_text()
+    assert "successive halving (reduction factor 3) cut no candidate: every group trained its candidates to the full " \
+           "rounds" in caption and "candidates cut by" not in caption

@@ -296,6 +296,17 @@ def test_a_different_grid_in_the_same_directory_is_refused(toy_grid, toy_store):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", seeds=[0], out=toy_grid)
 
 
+def test_a_different_grid_names_an_option_as_the_command_line_gave_it(toy_store, tmp_path, capsys):
+    """The command line was told the Python keyword: `differs in reduction_factor (3 there, 2 here)`."""
+    args = ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+            "--clients", "2", "--subsample", "0.5", "--rounds", "3", "--set", "lr=0.1,0.01,0.001", "--select", "lr",
+            "--prune", "halving", "--out", str(tmp_path / "g")]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args + ["--reduction-factor", "2"]) == 2
+    assert "differs in --reduction-factor (3 there, 2 here)" in " ".join(capsys.readouterr().err.split())
+
+
 def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
     from fedcache.api import grid
 
