@@ -62,7 +62,7 @@ def test_a_signal_stops_a_parallel_grid_and_its_workers(toy_store, tmp_path, sig
            "-m", "fedavg,fedprox,fedproto,solo", "--rounds", "100000", "--partition", "iid", "--clients", "2",
            "--jobs", "2", "--engine", "processes", "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()), preexec_fn=_sigint_as_in_a_terminal)
     try:
         _signal_mid_grid(proc, out, getattr(signal, sig))
     finally:
