@@ -31,6 +31,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.spec import (HeadChoice, MethodSpec, RunSpec, options, parse_pairs, parse_options, resolve_method,
                            to_flat)
 from fedcache.training import instantiate
+from fedcache.wording import named
 
 RUN_SECTIONS = ("method", "optim", "head", "schedule")  # what the apps read of a run spec
 DEPLOY = "deploy"
@@ -148,6 +149,19 @@ def build_method(run: FlowerRun, data: FederatedData) -> Method:
     """The method as ``fedcache train`` builds it (same preset, --set routing and head choice)."""
     check_deployable(run.method)
     return instantiate(run, data)
+
+
+def refuse_resume_with_client_state(method: Method, out: Path, resume_as: str) -> None:
+    """A resumed Flower run's nodes start from their initial state: a method whose clients keep state between rounds
+    would go on from a state other than the interrupted run's. Its directory holds a Flower run, which the in-process
+    engine cannot continue either, so the advice is to start again elsewhere."""
+    if not method.init_clients(1):
+        return
+    again = ("submit the run anew without deploy.resume_run" if resume_as.startswith("deploy.")
+             else f"start it again without {resume_as} in another {named('--out', 'out')}")
+    raise ConfigError(f"{resume_as}: {method.name} keeps personal client state on the nodes, which a resumed Flower run "
+                      f"does not have, so the run in {out} cannot continue; {again} (runs of the in-process engine, "
+                      f"{named('`fedcache train` without --engine', 'fedcache.train')}, resume)")
 
 
 def check_deployable(method: MethodSpec) -> None:

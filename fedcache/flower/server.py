@@ -35,7 +35,7 @@ from fedcache.federate.inprocess import OnRound, for_one_run
 from fedcache.federate.rundir import CONFIG, RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.federate.methods.base import tensor_size
-from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method
+from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method, refuse_resume_with_client_state
 from fedcache.flower.protocol import to_record
 from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, accept_train_replies, aggregate_alone,
                                      claimed_client, expected_reply)
@@ -333,9 +333,7 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
         out.mkdir(parents=True, exist_ok=True)
         disk.write_text(path, json.dumps(config, indent=2) + "\n", "the run's config.json")
         return
-    if method.init_clients(1):
-        raise ConfigError(f"{method.name} keeps personal client state on the nodes, which a resumed Flower run does not "
-                          "have; resume it with the in-process engine, or start the Flower run again")
+    refuse_resume_with_client_state(method, out, resume_as)
     again = ("check the run id (`flwr run` printed it), or submit the run anew without deploy.resume_run"
              if resume_as.startswith("deploy.") else f"start the run without {resume_as}")
     if not path.exists():

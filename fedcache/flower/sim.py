@@ -31,9 +31,11 @@ from fedcache.partitioning import partition_request
 from fedcache.training import check_not_a_cell, owned
 from fedcache.federate.inprocess import OnRound
 from fedcache.federate.rundir import RunDir, resume_named
-from fedcache.flower.config import FlowerRun, ServerPaths, check_deployable
+from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable,
+                                    refuse_resume_with_client_state)
 from fedcache.flower.project import write_app
-from fedcache.flower.shard import SERVER, ShardInfo, ShardSpec, changed_since_cut, open_shard, write_shards
+from fedcache.flower.shard import (SERVER, ShardInfo, ShardSpec, changed_since_cut, load_server, open_shard,
+                                   write_shards)
 from fedcache.ownership import Holder, on_orphaned
 from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_now
 from fedcache.spec import RunSpec, method_class
@@ -205,12 +207,14 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec, holder):
         base = Path(e.out) if e.out else Path(tmp)
         shards, shard = base / "shards", shard_spec(spec)
+        run = flower_run(spec, shards)
         if e.resume:
             _check_shards(shards, shard)
+            _refuse_client_state(run, shards, base)
         else:
             _fresh_start(base, shards, shard)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
-        return simulate(flower_run(spec, shards), paths, shard.request.n_clients, Path(tmp) / "app", cpus,
+        return simulate(run, paths, shard.request.n_clients, Path(tmp) / "app", cpus,
                         resume=e.resume, keep_checkpoints=e.keep_checkpoints, on_round=on_round, on_step=on_step)
 
 
@@ -263,6 +267,13 @@ def _check_shards(shards: Path, want: ShardSpec) -> None:
         raise ConfigError(f"{resume_named()}: the shards in {shards} were made with other data or partition options "
                           f"({', '.join(differ)}); use the options of the interrupted run")
     _check_features(shards, info, want.store)
+
+
+def _refuse_client_state(run: FlowerRun, shards: Path, out: Path) -> None:
+    """The ServerApp refuses such a resume too, but only once Ray and Flower have started (a minute on a small
+    machine): said here before them."""
+    data, _ = load_server(shards / SERVER)
+    refuse_resume_with_client_state(build_method(run, data), out, resume_named())
 
 
 def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:

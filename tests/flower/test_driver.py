@@ -127,7 +127,8 @@ def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards
         _serve(shards, tmp_path, _run(), stop_before=2)
     with pytest.raises(ConfigError, match=r"other settings \(schedule.rounds\)"):
         _serve(shards, tmp_path, _run(rounds=5), resume=True)
-    with pytest.raises(ConfigError, match="fedproto keeps personal client state on the nodes"):
+    with pytest.raises(ConfigError, match="fedproto keeps personal client state on the nodes.*start it again without "
+                                          "--resume in another --out"):
         _serve(shards, tmp_path, _run("fedproto"), resume=True)
     with pytest.raises(ConfigError, match="no config.json"):
         _serve(shards, tmp_path / "empty", _run(), resume=True)
@@ -178,6 +179,10 @@ def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_pat
         with pytest.raises(ConfigError, match=f"deploy.resume_run='{resumed}': .*{why}") as err:
             main(8, run)
         assert "--resume" not in str(err.value)
+    with pytest.raises(ConfigError, match="deploy.resume_run='7': fedproto keeps personal client state .*; submit the "
+                                          "run anew without deploy.resume_run") as err:
+        main(8, _run("fedproto", resume_run="7", rounds=4))
+    assert "--resume" not in str(err.value) and "in-process engine, or" not in str(err.value)
 
 
 def test_a_finished_run_without_its_checkpoint_is_not_said_to_have_stopped_before_its_first_round(shards, tmp_path):

@@ -362,6 +362,24 @@ def test_a_resume_after_the_features_were_extracted_again_is_refused(flower_stor
     assert "did not record the store entries they came from" in caplog.text
 
 
+def test_a_resume_of_a_method_with_client_state_is_refused_before_ray_with_advice_that_works(flower_store, tmp_path,
+                                                                                             monkeypatch):
+    """The ServerApp refused it once Ray had started (a minute on a small machine), saying to resume the run 'with the
+    in-process engine', which refuses a Flower run's directory (its config.json is another's), and the same command
+    without --resume refuses a directory that holds a run: the one way on is another --out."""
+    from fedcache.flower import sim
+    from fedcache.flower.shard import write_shards
+
+    out, ran = tmp_path / "sim", []
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: ran.append(kw["resume"]) or {"trained": True})
+    write_shards(sim.shard_spec(toy_config(flower_store, "fedproto", out=out)), out / "shards")
+    with pytest.raises(ConfigError, match=rf"--resume: fedproto keeps personal client state on the nodes, .* the run in "
+                                          rf"{out} cannot continue; start it again without --resume in another --out") as e:
+        sim.train_flower_sim_here(toy_config(flower_store, "fedproto", out=out, resume=True))
+    assert ran == [] and "resume it with the in-process engine" not in str(e.value)
+    assert sim.train_flower_sim_here(toy_config(flower_store, out=out, resume=True)) == {"trained": True}  # fedavg goes on
+
+
 def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, tmp_path, monkeypatch):
     """Client shards copy the training split's augmented views (``extract --views``), separate entries of the store:
     they were not among the entries the shards recorded, so a resume after the views were extracted again (another
