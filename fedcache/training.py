@@ -372,6 +372,7 @@ def _tracked(on_round: OnRound | None, trackers: list) -> OnRound | None:
 def _prepare_out(spec: RunSpec, resolved: dict) -> None:
     out = RunDir(spec.engine.out)
     if spec.engine.resume:
+        _not_a_flower_run(out)
         differ = same_run(out, resolved)
         if differ is None:
             raise ConfigError(f"{option('resume').flag}: {out.path} has no config.json; start the run without "
@@ -383,6 +384,16 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
         _same_partition_id(out, resolved)
         return
     out.write_config(resolved)
+
+
+def _not_a_flower_run(out: RunDir) -> None:
+    """A Flower run's config.json records its run config and shards (flower/server.py), not a spec: compared as one,
+    every option was said to differ, in a dump of both records."""
+    saved = out.config()
+    if isinstance(saved, dict) and "spec" not in saved and {"run", "shards"} <= saved.keys():
+        raise ConfigError(f"{option('resume').flag}: {out.path} holds a run of "
+                          f"{named('--engine flower-sim', 'the Flower simulation')}, which this engine cannot continue; "
+                          f"resume it with {named('--engine flower-sim', 'fedcache.flower.sim.train_flower_sim')}")
 
 
 def _same_partition_id(out: RunDir, resolved: dict) -> None:

@@ -185,6 +185,17 @@ def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_pat
     assert "--resume" not in str(err.value) and "in-process engine, or" not in str(err.value)
 
 
+def test_the_in_process_engine_refuses_to_resume_a_flower_run_in_one_line(flower_store, shards, tmp_path):
+    """Its config.json records a run config and shards, not a spec: compared as one, every option was said to differ,
+    in a dump of both records, with advice (the same options, --overwrite) that could not help."""
+    with pytest.raises(Interrupted):
+        _serve(shards, tmp_path / "sim", _run(), stop_before=3)
+    with pytest.raises(ConfigError, match=r"sim holds a run of --engine flower-sim, which this engine cannot continue; "
+                                          r"resume it with --engine flower-sim$") as err:
+        train(toy_config(flower_store, out=tmp_path / "sim", resume=True))
+    assert "differ" not in str(err.value)
+
+
 def test_a_finished_run_without_its_checkpoint_is_not_said_to_have_stopped_before_its_first_round(shards, tmp_path):
     """keep_checkpoints=none removes a finished run's checkpoint: a resume of it was told the run 'stopped before its
     first round ended' and to start it anew, which config.json then refuses."""
