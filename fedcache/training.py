@@ -22,7 +22,7 @@ from fedcache.federate.driver import Run, RunResult
 from fedcache.federate.inprocess import OnRound, run_one
 from fedcache.federate.methods import Method, MethodContext
 from fedcache.federate.partitions import local_test_sets
-from fedcache.federate.rundir import RunDir, same_config
+from fedcache.federate.rundir import RunDir, check_resumable, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.tables import load_splits, load_views
 from fedcache.federate.text import attach_text
@@ -65,6 +65,8 @@ def check_out(spec: RunSpec) -> None:
                               f"given; add {out}{named(' DIR', '=...')}")
         return
     writable_dir(e.out, out)
+    if e.resume:
+        check_resumable(e.out)
     # Another command writing it is named, not mistaken for a finished run.
     check_free(e.out, _what(e.out), resumes=RESUMES)
     _check_not_started(spec)

@@ -530,9 +530,15 @@ def test_resume_on_a_folder_without_a_run_names_the_keyword(toy_store, tmp_path)
     """resume=True where out holds no run, or another one, said '--resume: ... start the run without --resume' to a
     caller who gave no flag: the docs' train cell says what resume=True does, and this is its refusal."""
     base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1, clients=2)
+    with pytest.raises(ConfigError) as absent:
+        fedcache.train(**base, out=tmp_path / "run", resume=True)
+    # A folder that does not exist was said to have "no config.json" (the run's lock had made it for a moment).
+    assert str(absent.value) == f"resume=True: {tmp_path / 'run'} does not exist; start the run without resume=True"
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()
     with pytest.raises(ConfigError) as empty:
         fedcache.train(**base, out=tmp_path / "run", resume=True)
-    assert str(empty.value).startswith("resume=True: ") and str(empty.value).endswith("start the run without resume=True")
+    assert str(empty.value) == f"resume=True: {tmp_path / 'run'} has no config.json; start the run without resume=True"
     first = fedcache.train(**base, out=tmp_path / "run")
     with pytest.raises(ConfigError) as other:
         fedcache.train(**base, out=tmp_path / "run", resume=True, seed=1)

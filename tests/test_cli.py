@@ -356,14 +356,27 @@ def test_an_interrupted_train_says_how_to_go_on(capsys, store_path, monkeypatch)
     argv = ["train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg"]
     out = store_path.parent / "r"
     code, _, err = run(capsys, *argv, "--out", str(out))
-    assert code == 130 and f"no round had finished, so {out} holds no checkpoint; re-run the same command" in err
+    # The run's lock made --out and removed it, empty, as it let go: "{out} holds no checkpoint" was of no folder.
+    assert code == 130 and f"no round had finished and {out} does not exist; re-run the same command" in err
+    assert not out.exists()
     out.mkdir()
+    code, _, err = run(capsys, *argv, "--out", str(out))  # a folder the user made: it stays, checkpoint-less
+    assert code == 130 and f"no round had finished, so {out} holds no checkpoint; re-run the same command" in err
     (out / "checkpoint.pt").write_bytes(b"")
     for given in (["--out", str(out)], [f"--out={out}"], ["-o", str(out)], [f"-o{out}"]):
         code, _, err = run(capsys, *argv, *given)
         assert code == 130 and "re-run the command with --resume to continue" in err, given
     code, _, err = run(capsys, *argv)
     assert code == 130 and "the run had no --out, so nothing of it was kept" in err
+
+
+def test_train_resume_of_a_folder_that_does_not_exist_says_so(capsys, store_path):
+    """--resume --out DIR where DIR does not exist said DIR "has no config.json", of no folder (a mistyped --out)."""
+    out = store_path.parent / "no-such-run"
+    code, _, err = run(capsys, "train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random",
+                       "-m", "fedavg", "--resume", "--out", str(out))
+    assert code == 2 and f"--resume: {out} does not exist; start the run without --resume" in err, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("exc, line", [

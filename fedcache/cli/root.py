@@ -202,6 +202,8 @@ def _how_to_go_on(argv: list[str]) -> str:
         return "the run had no --out, so nothing of it was kept"
     from fedcache.paths import CHECKPOINT  # not rundir's import of torch: an interrupt may have cut torch's short
 
+    if not Path(out).exists():  # the run's lock made it, and removed it again as it let go, empty
+        return f"no round had finished and {out} does not exist; re-run the same command"
     if not (Path(out) / CHECKPOINT).exists():
         return f"no round had finished, so {out} holds no checkpoint; re-run the same command"
     # A run's directory is refused without --resume: a re-run must not silently continue another run.

@@ -185,6 +185,14 @@ def resume_named() -> str:
     return named("--resume", "resume=True")
 
 
+def check_resumable(out: Path | str) -> None:
+    """A resume of a folder that does not exist, refused before it is made (held) and the data is read: said of
+    the folder, not as a run folder without a config.json or a checkpoint (a mistyped --out, most often)."""
+    if not Path(out).exists():
+        resume = resume_named()
+        raise ConfigError(f"{resume}: {out} does not exist; start the run without {resume}")
+
+
 def no_checkpoint(where: Path | str) -> ConfigError:
     """A resume with nothing to resume from, named as the caller asked for it."""
     resume = resume_named()

@@ -30,7 +30,7 @@ from fedcache.errors import ConfigError, DiskFullError, FedcacheError
 from fedcache.partitioning import partition_request
 from fedcache.training import check_not_a_cell, owned
 from fedcache.federate.inprocess import OnRound
-from fedcache.federate.rundir import RunDir, resume_named
+from fedcache.federate.rundir import RunDir, check_resumable, resume_named
 from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable,
                                     refuse_resume_with_client_state)
 from fedcache.flower.project import write_app
@@ -230,6 +230,8 @@ def _refuse_unsupported(spec: RunSpec) -> None:
     if e.resume and e.out is None:
         raise ConfigError(named("--resume continues the run in --out; give the --out of the interrupted run",
                                 "resume=True continues the run in out; give the out of the interrupted run"))
+    if e.resume:
+        check_resumable(e.out)
     check_deployable(spec.method)  # before the shards are written and Ray is started, not after
 
 

@@ -141,6 +141,8 @@ def test_flower_sim_refuses_what_it_cannot_do(flower_store, tmp_path):
         train_flower_sim(toy_config(flower_store, validation=True, out=tmp_path))
     with pytest.raises(FedcacheError, match="holds no shards"):
         train_flower_sim(toy_config(flower_store, resume=True, out=tmp_path))
+    with pytest.raises(ConfigError, match=f"^--resume: {tmp_path / 'gone'} does not exist; start the run without"):
+        train_flower_sim(toy_config(flower_store, resume=True, out=tmp_path / "gone"))  # not "holds no shards"
 
 
 @pytest.mark.slow
