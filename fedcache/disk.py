@@ -35,9 +35,11 @@ _SHORT_WRITE = re.compile(r"Not enough free space|\d+ requested and \d+ written|
                           r"|File too large")
 
 
-def again() -> str:
-    """What a full disk's refusal advises by default, named for its caller (a command, or a Python call)."""
-    return f"free some space and run the same {named('command', 'call')} again"
+def again(what: str = "", kept: str = "") -> str:
+    """What a full disk's refusal advises, named for its caller (a command, or a Python call): ``what`` it is (the
+    same ``grid`` command), ``kept``: what of its work a re-run takes up."""
+    same = f"{what} {named('command', 'call')}" if what else named("command", "call")
+    return f"free some space and run the same {same} again" + (f": {kept}" if kept else "")
 
 
 BLOCK = 4096  # what a small file takes on the usual file systems: sizes are rounded up to it

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedcache import __version__
-from fedcache.disk import human
+from fedcache.disk import again, human
 from fedcache.errors import ConfigError, DeviceError, DiskFullError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.divergence import DivergedError
@@ -333,10 +333,10 @@ def _after_full_disk(exc: DiskFullError, out: RunDir) -> DiskFullError:
     """What to do once there is space: continue from the last checkpoint, or, before the first, start again (its
     files are removed: --resume would find no round to continue, and a plain re-run would call it started)."""
     if out.has_checkpoint():
-        again = named("the same command with --resume", "the same call with resume=True")
-        return exc.advised(f"free some space, then continue the run: {again} (a grid resumes its cells by itself)")
+        resume = named("the same command with --resume", "the same call with resume=True")
+        return exc.advised(f"free some space, then continue the run: {resume} (a grid resumes its cells by itself)")
     out.clear()
-    return exc.advised(f"nothing of the run was kept; free some space and run the same {named('command', 'call')} again")
+    return exc.advised(f"nothing of the run was kept; {again()}")
 
 
 def device_name(device: torch.device) -> str:

@@ -134,3 +134,14 @@ def test_a_full_disk_advises_the_same_command_or_call_again(tmp_path):
         assert "free some space and run the same call again" in str(full_error(tmp_path / "f", "the file"))
     with flag_names():
         assert "free some space and run the same command again" in str(full_error(tmp_path / "f", "the file"))
+
+
+def test_a_full_disk_s_advice_names_what_to_run_again_and_what_is_kept():
+    """One sentence for every caller's advice (a grid's, an extraction's): only what it runs and keeps differ."""
+    from fedcache.wording import flag_names, keyword_names
+
+    with flag_names():
+        assert disk.again() == "free some space and run the same command again"
+        assert disk.again("grid", "its cells are kept") == "free some space and run the same grid command again: its cells are kept"
+    with keyword_names():
+        assert disk.again(kept="the batches are kept") == "free some space and run the same call again: the batches are kept"

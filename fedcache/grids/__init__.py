@@ -16,13 +16,14 @@ import logging
 import shutil
 from typing import TYPE_CHECKING
 
+from fedcache.disk import again
 from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import DIVERGED, check_outside
 from fedcache.progress import StepCallback
 from fedcache.table import Table
-from fedcache.wording import count, named
+from fedcache.wording import count
 
 if TYPE_CHECKING:
     from fedcache.grids.run import CellCallback, PlanCallback, SaidCellCallback
@@ -64,7 +65,7 @@ def run_grid(spec: GridSpec, on_cell: SaidCellCallback | None = None, on_plan: P
                 return run_selected(spec, on_cell, on_plan, on_step)
             return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan, on_step=on_step))
         except DiskFullError as exc:  # a cell's advice speaks of train's --resume: a grid resumes by itself
-            raise exc.advised(again()) from None
+            raise exc.advised(again("grid", "finished cells are kept, the others continue from their last checkpoint")) from None
         except FedcacheError:
             if fresh:  # refused before any cell ran (an unknown dataset, --select without spare rows): no plan left
                 _forget_plan(spec.out)
@@ -118,11 +119,6 @@ def _said_diverged(spec: GridSpec, table: Table) -> Table:
             first["run_dir"], spec.out / first["run_dir"] / DIVERGED, "them" if len(lost) > 1 else "it",
             spec.names.key("out"))
     return table
-
-
-def again() -> str:
-    return (f"free some space and run the same grid {named('command', 'call')} again: finished cells are kept, the "
-            "others continue from their last checkpoint")
 
 
 __all__ = ["METRIC_COLUMNS", "Cell", "GridSpec", "cell_text", "cells", "load_results", "load_toml", "option_axes", "run_grid",

@@ -37,7 +37,6 @@ from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.parts import Part
-from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -418,8 +417,7 @@ def _entered(held: contextlib.ExitStack, lock: Path, what: str) -> bool:
 
 def resumed() -> str:
     """A full disk's advice to an extraction: its batches are kept (named for its caller: a command, or a call)."""
-    return (f"free some space and run the same {named('command', 'call')} again: the batches written so far are kept, "
-            "and it continues after them")
+    return disk.again(kept="the batches written so far are kept, and it continues after them")
 
 
 BLOCK = 4096  # a small file takes a block of the file system

@@ -439,3 +439,23 @@ def test_a_resumed_grid_with_its_axes_given_in_another_order_says_each_cell_as_i
     assert code == 0 and all(text.startswith("fedavg lr=") for text in logged.values()), logged
     shown = re.findall(r"^grid (\d+)/4 \(\d+%\) (?:ETA|in) \S+ (.+)$", err, re.M)
     assert shown and all(text == logged[n] for n, text in shown), (shown, logged)
+
+
+def test_a_full_disk_advises_the_same_grid_command_or_call_again(toy_store, tmp_path, monkeypatch, capsys):
+    """A grid on a full disk advises running it again, which takes up its cells (a cell's own advice speaks of
+    train's --resume): "the same grid command" on the command line, "the same grid call" to fedcache.grid."""
+    import fedcache
+    import fedcache.grids.run as grid_run
+    from fedcache.errors import DiskFullError
+
+    def full(*_args, **_kwargs):
+        raise DiskFullError("no space left on the disk for the checkpoint c.pt", "the cell's own advice")
+
+    monkeypatch.setattr(grid_run, "run_cells", full)
+    kept = "finished cells are kept, the others continue from their last checkpoint"
+    with pytest.raises(DiskFullError) as err:
+        fedcache.grid(toy_store, "test-toy", BACKBONE, "fedavg", sweep={"rounds": 1}, out=tmp_path / "api")
+    assert str(err.value) == f"no space left on the disk for the checkpoint c.pt; free some space and run the same grid call again: {kept}"
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--rounds", "1",
+                 "--out", str(tmp_path / "cli")])
+    assert code == 1 and f"free some space and run the same grid command again: {kept}" in capsys.readouterr().err
