@@ -4,8 +4,9 @@ is named: the command line's flag (``--rounds``), or inside a Python API call th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from pathlib import Path
 
 # Set for the length of a fedcache.api call (its context alone: other threads and calls keep the flags), unless a
 # command line set it first: `fedcache reproduce` calls the API, and its user typed flags.
@@ -13,6 +14,9 @@ _KEYWORDS: ContextVar[bool | None] = ContextVar("fedcache_keyword_names", defaul
 # Where the settings were given: a run's (``--set``, ``settings``), a grid's axes (``--set``, ``sweep``), or a grid
 # file's [set] (``--set``, its keys: the API caller wrote the file, not a ``sweep``).
 _GIVEN: ContextVar[str] = ContextVar("fedcache_settings_given", default="settings")
+# A grid file's [set] axes, inside a grid's cells: the file, and each axis by the name a message asks for (``lr``)
+# -> its key there (``optim.lr``). The file's user wrote them there, not as a sweep or a --set.
+_FILE_AXES: ContextVar[tuple[str, Mapping[str, str]]] = ContextVar("fedcache_file_axes", default=("", {}))
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -43,13 +47,17 @@ def flag_names() -> Iterator[None]:
         yield
 
 
+def _naming(keywords: bool | None) -> contextlib.AbstractContextManager[None]:
+    return _set(_KEYWORDS, keywords)
+
+
 @contextlib.contextmanager
-def _naming(keywords: bool | None) -> Iterator[None]:
-    token = _KEYWORDS.set(keywords)
+def _set(var: ContextVar, value) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _KEYWORDS.reset(token)
+        var.reset(token)
 
 
 def naming() -> bool | None:
@@ -66,10 +74,13 @@ def named_as(state: bool | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def swept() -> Iterator[None]:
+def swept(file: Path | str | None = None, keys: Mapping[str, str] | None = None) -> Iterator[None]:
     """Settings checked inside are a grid's axes: the Python API's ``sweep``, not ``settings`` (inside
-    ``filed()``, still the file's)."""
-    with _given("file" if _GIVEN.get() == "file" else "sweep"):
+    ``filed()``, still the file's). ``keys``: the axes grid ``file``'s [set] gave (the name a message asks for ->
+    its key there), named as the file's wherever a cell's message comes from: ``grid file g.toml's [set] lr``;
+    left out, those of an enclosing ``swept`` stay."""
+    axes = _FILE_AXES.get() if keys is None else (str(file), dict(keys))
+    with _given("file" if _GIVEN.get() == "file" else "sweep"), _set(_FILE_AXES, axes):
         yield
 
 
@@ -80,13 +91,15 @@ def filed() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _given(where: str) -> Iterator[None]:
-    token = _GIVEN.set(where)
-    try:
-        yield
-    finally:
-        _GIVEN.reset(token)
+def _given(where: str) -> contextlib.AbstractContextManager[None]:
+    return _set(_GIVEN, where)
+
+
+def _in_file(name: str) -> str | None:
+    """``name`` as a grid's file gave it, where it did (inside ``swept(file, keys)``): ``grid file g.toml's [set]
+    lr``."""
+    file, keys = _FILE_AXES.get()
+    return f"grid file {file}'s [set] {keys[name]}" if name in keys else None
 
 
 def by_keyword() -> bool:
@@ -102,10 +115,13 @@ def named(flag: str, keyword: str) -> str:
 def option(flag: str, keyword: str) -> str:
     """A run option as messages name it: ``flag`` on the command line (``--rounds (schedule.rounds)``), ``keyword``
     in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] by its
-    key there (``rounds``) in both, normalised as settings are (a file's ``local-epochs`` is ``local_epochs``)."""
+    key there (``rounds``) in both, normalised as settings are (a file's ``local-epochs`` is ``local_epochs``), and
+    in a grid's cell with the file (``grid file g.toml's [set] rounds``)."""
     given = _GIVEN.get()
     if given == "file":
         return keyword
+    if filed := _in_file(keyword):
+        return filed
     if not by_keyword():
         return flag
     return f"sweep[{keyword!r}]" if given == "sweep" else keyword
@@ -121,7 +137,9 @@ def set_flag() -> str:
 def setting(key: str) -> str:
     """One setting as messages name it: ``--set lr`` on the command line; in the Python API ``settings['lr']``, a
     grid's axis ``sweep['lr']``; a grid file's key ``lr`` in both, normalised (a file's ``local-epochs`` is
-    ``local_epochs``)."""
+    ``local_epochs``), in a grid's cell with the file (``grid file g.toml's [set] lr``)."""
     if _GIVEN.get() == "file":
         return key
+    if filed := _in_file(key):
+        return filed
     return f"{set_flag()}[{key!r}]" if by_keyword() else f"--set {key}"

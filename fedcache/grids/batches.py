@@ -43,7 +43,7 @@ from fedcache.paths import CONFIG, METRICS
 from fedcache.progress import said_now
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
-from fedcache.wording import count, named, swept
+from fedcache.wording import count, named
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
             with hold_cell(spec.out / CELLS / c.name):
                 write_cell_json(spec.out / CELLS / c.name, c)
         try:
-            with swept():  # as a cell of its own (run_cell): sweep['lr'], not train's settings['lr']
+            with spec.names.swept(spec.sweep):  # as a cell of its own (run_cell), not as train's settings['lr']
                 done = run_batch(batch, tables, folder, stop)
         except DivergedError:
             # Which stacked run diverged is not known here, so each runs as its own run, which records its own

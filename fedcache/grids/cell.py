@@ -14,7 +14,6 @@ from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
 from fedcache.training import train
-from fedcache.wording import swept
 
 DONE = SUMMARY  # written last by a run: a finished cell; DIVERGED marks one finished as NaN (a candidate: it loses)
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
@@ -33,7 +32,7 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
         write_cell_json(out, c)
         cfg = train_config(spec, c, out).replace(resume=resume)
         try:
-            with swept():  # its advice names a setting as the grid's caller gave it: sweep['lr'], not settings['lr']
+            with spec.names.swept(spec.sweep):  # its advice names a setting as the grid's caller gave it: not settings['lr']
                 result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
         except DivergedError as exc:
             # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and

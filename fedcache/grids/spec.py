@@ -13,13 +13,14 @@ Layout of a grid directory::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, writable_dir
 from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
-from fedcache.wording import by_keyword, filed, named
+from fedcache.wording import by_keyword, filed, named, swept
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
@@ -139,6 +140,11 @@ class Names:
             return f"sweep={{{key!r}: {' or '.join(map(repr, values)) if either else values!r}}}"
         listed = (" or " if either else ",").join(map(str, values))
         return f"{option(key).flag} {listed}" if is_option(key) else f"--set {key}={listed}"
+
+    def swept(self, axes: Iterable[str]) -> contextlib.AbstractContextManager[None]:
+        """Messages raised inside (a cell's) name the grid's ``axes`` as its caller gave them: a sweep's
+        (``sweep['lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set] lr``)."""
+        return swept(self.file, {k.rsplit(".", 1)[-1]: k for k in axes if self._filed(k)})
 
     def was_given(self, key: str, is_default: bool) -> bool:
         """Whether the user gave ``key``; where that is not known, whether it differs from its default."""

@@ -272,6 +272,32 @@ def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_
     assert ran == []
 
 
+@pytest.mark.parametrize("engine, jobs, key", [("batched", 1, "lr"), ("processes", 2, "optim.lr")])
+def test_a_diverged_cell_names_an_lr_from_the_grid_file_by_the_file(engine, jobs, key, toy_store, tmp_path, capsys):
+    """A grid file's [set] lr that diverged was advised as sweep['lr'] to fedcache.grid(config=...), and as
+    --set lr on the command line: its user wrote it in the file. One the command line gave over the file stays
+    --set lr."""
+    from fedcache.api import grid
+
+    toml = tmp_path / "grid.toml"
+    toml.write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = ["{BACKBONE}"]\nmethods = ["fedavg"]\n'
+                    f'seeds = [0]\nengine = "{engine}"\njobs = {jobs}\n'
+                    f'[set]\n"{key}" = ["0.1", "1e300"]\nrounds = 2\npartition = "iid"\nclients = 2\n')
+
+    def advice(out) -> str:
+        (cell,) = (c for c in (out / "cells").iterdir() if (c / "diverged.json").exists())
+        return json.loads((cell / "diverged.json").read_text())["error"].split("; ")[-1]
+
+    said = f"training diverged from finite inputs: lower the learning rate (grid file {toml}'s [set] {key}=...)."
+    grid(config=toml, out=tmp_path / "api")
+    assert advice(tmp_path / "api") == said
+    assert main(["grid", "--config", str(toml), "--out", str(tmp_path / "cli")]) == 0
+    assert advice(tmp_path / "cli") == said
+    assert main(["grid", "--config", str(toml), "--out", str(tmp_path / "set"), "--set", f"{key}=1e300"]) == 0
+    assert advice(tmp_path / "set") == "training diverged from finite inputs: lower the learning rate (--set lr=...)."
+    capsys.readouterr()
+
+
 def test_a_grid_or_a_run_is_never_written_into_a_store_or_another_grid(toy_grid, toy_store, tmp_path):
     """Into another grid's cells/ a report of that grid counted the new cells as its own; into a store, its files
     sat among the store's."""
