@@ -317,8 +317,9 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                 t.fail()
             if isinstance(exc, DivergedError) and e.out is not None:
                 # --resume would replay the same rounds into the same NaN: say how to start this --out again.
+                overwrite, out_flag = option("overwrite").flag, option("out").flag  # or the API's keywords
                 raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
-                                    "--overwrite, or choose another --out") from None
+                                    f"{overwrite}, or choose another {out_flag}") from None
             if isinstance(exc, DiskFullError) and e.out is not None:
                 raise _after_full_disk(exc, RunDir(e.out)) from None
             raise

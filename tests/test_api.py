@@ -574,3 +574,15 @@ def test_a_wrong_keyword_to_grid_says_what_was_meant(given, said, tmp_path):
     assert str(refused.value) == f"fedcache.grid() {said}"
     with pytest.raises(ConfigError, match=r"unknown option\(s\) round \(did you mean 'rounds'\?\); known: "):
         fedcache.train(store=tmp_path / "s", dataset="test-toy", backbones="b", method="fedavg", round=5)
+
+
+def test_a_run_that_diverged_says_how_to_start_it_again_by_the_keywords(toy_store, tmp_path):
+    """fedcache.train's diverged run was told to start again "with the change and --overwrite, or choose another
+    --out": flags the caller never typed."""
+    from fedcache.federate.divergence import DivergedError
+
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1, clients=2)
+    with pytest.raises(DivergedError) as err:
+        fedcache.train(**base, settings={"lr": 1e300}, out=tmp_path / "run")
+    assert str(err.value).endswith(f"The run in {tmp_path / 'run'} stopped there: start it again with the change and "
+                                   "overwrite=True, or choose another out"), str(err.value)

@@ -3,8 +3,9 @@
 Each field is declared once, with its type, range, default and, as an option, its flag and help (``opt``);
 `fedcache extract`'s options and ``fedcache.extract_features``' keywords are derived from these fields
 (``options()``), and ``extract_config`` parses and checks their values, text or Python, the same way for both.
-A message names a setting by its flag (``--batch-size=0: must be >= 1``): extract writes no config.json whose
-keys a message could name. No torch here: `fedcache extract --help` reads this module.
+A message names a setting by its flag (``--batch-size=0: must be >= 1``), in a Python call by its keyword
+(``batch_size=0``): extract writes no config.json whose keys a message could name. No torch here: `fedcache extract
+--help` reads this module.
 """
 from __future__ import annotations
 
