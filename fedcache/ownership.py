@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 
 from fedcache.disk import FILE_MODE
 from fedcache.errors import DirectoryBusyError
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def read_holder(path: Path) -> Holder | None:
 
 
 @contextlib.contextmanager
-def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str = "choose another --out",
+def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str | None = None,
          resumes: str = RESUMES, holder: Holder | None = None, inside: bool = False) -> Iterator[None]:
     """Own ``directory`` (created if missing) for the block. ``what`` names it in messages (``the grid directory
     runs/x``); another command's hold is waited for up to ``wait`` seconds, then refused with DirectoryBusyError
@@ -191,7 +192,7 @@ def _nested(key: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, resumes: str,
+def _locked(directory: Path, key: Path, what: str, wait: float, advice: str | None, resumes: str,
             holder: Holder) -> Iterator[None]:
     path = directory / LOCK
     fd = _acquire(path, what, wait, advice, resumes, holder)
@@ -208,7 +209,7 @@ def _locked(directory: Path, key: Path, what: str, wait: float, advice: str, res
                 path.unlink()
 
 
-def check_free(directory: Path | str, what: str, advice: str = "choose another --out", resumes: str = RESUMES) -> None:
+def check_free(directory: Path | str, what: str, advice: str | None = None, resumes: str = RESUMES) -> None:
     """Refuse now (DirectoryBusyError) if another command holds ``directory``; nothing is created."""
     directory = Path(directory)
     path = directory / LOCK
@@ -228,7 +229,9 @@ def check_free(directory: Path | str, what: str, advice: str = "choose another -
         os.close(fd)
 
 
-def busy(path: Path, what: str, advice: str, wait: float = 0.0, resumes: str = RESUMES) -> DirectoryBusyError:
+def busy(path: Path, what: str, advice: str | None, wait: float = 0.0, resumes: str = RESUMES) -> DirectoryBusyError:
+    """``advice``: what else to do; by default another --out (in a Python call, ``out``)."""
+    advice = advice or named("choose another --out", "choose another out")
     holder = _settled_holder(path)
     who = holder.describe() if holder else "another process (it is starting)"
     waited = f" (waited {wait:g} s)" if wait else ""
@@ -276,7 +279,7 @@ def _release_count(key: Path) -> None:
         _RECORDS.pop(key, None)
 
 
-def _acquire(path: Path, what: str, wait: float, advice: str, resumes: str, holder: Holder) -> int | None:
+def _acquire(path: Path, what: str, wait: float, advice: str | None, resumes: str, holder: Holder) -> int | None:
     """The descriptor holding the lock on ``path``; None where the file system has no flock (said once)."""
     deadline = time.monotonic() + wait
     while True:

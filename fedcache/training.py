@@ -68,7 +68,7 @@ def check_out(spec: RunSpec) -> None:
     if e.resume:
         check_resumable(e.out)
     # Another command writing it is named, not mistaken for a finished run.
-    check_free(e.out, _what(e.out), resumes=RESUMES)
+    check_free(e.out, _what(e.out), resumes=_resumes())
     _check_not_started(spec)
 
 
@@ -97,7 +97,9 @@ def _what(out: Path) -> str:
     return f"the run directory {out}"
 
 
-RESUMES = "the same command with --resume continues it"  # told where another command holds the run
+def _resumes() -> str:
+    """How a run held by another command is taken up once that one is stopped, named for the caller."""
+    return named("the same command with --resume continues it", "the same call with resume=True continues it")
 
 
 @contextlib.contextmanager
@@ -108,7 +110,7 @@ def owned(spec: RunSpec, holder: Holder | None = None):
     if spec.engine.out is None:
         yield
         return
-    with hold(spec.engine.out, _what(spec.engine.out), resumes=RESUMES, holder=holder):
+    with hold(spec.engine.out, _what(spec.engine.out), resumes=_resumes(), holder=holder):
         _check_not_started(spec)
         yield
 

@@ -586,3 +586,21 @@ def test_a_run_that_diverged_says_how_to_start_it_again_by_the_keywords(toy_stor
         fedcache.train(**base, settings={"lr": 1e300}, out=tmp_path / "run")
     assert str(err.value).endswith(f"The run in {tmp_path / 'run'} stopped there: start it again with the change and "
                                    "overwrite=True, or choose another out"), str(err.value)
+
+
+def test_a_run_folder_another_command_holds_is_refused_by_the_keywords(toy_store, tmp_path, capsys):
+    """fedcache.train into a folder another command holds was told "the same command with --resume continues it
+    ... or choose another --out"; the command line keeps its flags."""
+    from fedcache.cli import main
+    from fedcache.errors import DirectoryBusyError
+    from tests.faults import held_elsewhere
+
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1, clients=2)
+    with held_elsewhere(tmp_path / "run"):
+        with pytest.raises(DirectoryBusyError) as err:
+            fedcache.train(**base, out=tmp_path / "run")
+        assert main(["train", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
+                     "--out", str(tmp_path / "run")]) == 1
+    said = str(err.value)
+    assert "the same call with resume=True continues it)" in said and said.endswith(", or choose another out"), said
+    assert "the same command with --resume continues it), or choose another --out" in capsys.readouterr().err
