@@ -164,10 +164,12 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
     before, total = 0, sum(g.planned() for g in groups) + after
     while live := [g for g in groups if not g.done]:
         stops = {c: (g, g.stop) for g in live for v in g.alive for c in g.candidates[v]}
-        step = [c for c in cells(spec) if c in stops]
+        # A kept candidate beside revived ones is at this stop already: its row is the one it had, not a cell run.
+        waiting = {c for c, (g, at) in stops.items() if c in last and last[c]["stopped_at"] == (at or g.rounds)}
+        step = [c for c in cells(spec) if c in stops and c not in waiting]
         counted = (lambda done, _, row, at=before: on_cell(at + done, max(total, at + done), row)) if on_cell else None
         table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False, on_step=on_step,
-                          stops={c: at for c, (_, at) in stops.items() if at is not None}, workers=workers)
+                          stops={c: stops[c][1] for c in step if stops[c][1] is not None}, workers=workers)
         rows = dict(zip(step, table.to_records()))
         for c, row in rows.items():
             g, at = stops[c]
@@ -176,7 +178,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
             last[c] = {**row, "rounds": g.rounds, **dict(c.setting), "stopped_at": at or g.rounds}
         reached = [(g, g.stop, len(g.revivals)) for g in live]
         for g in live:
-            g.cut(rows, metric)
+            g.cut({**{c: last[c] for c in waiting}, **rows}, metric)
         before += len(step)
         _say(on_plan, step_text(reached))
     return [last[c] for c in cells(spec)], groups, before

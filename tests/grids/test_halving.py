@@ -305,6 +305,33 @@ def test_a_revived_candidate_s_runs_are_counted_and_the_test_stage_counts_on_fro
     assert [done for done, _ in counts] == list(range(1, len(counts) + 1)) and counts[-1][0] == counts[-1][1], counts
 
 
+def test_a_kept_candidate_beside_revived_ones_is_counted_once(toy_store, tmp_path, monkeypatch):
+    """Reduction factor 2: round 1 keeps three (0.1, 1e29, 1e30 by construction), the two huge ones diverge before
+    round 2, and the next best of round 1 is revived beside 0.1, which waits at round 2. Its cells were read back
+    there and counted again: the progress count skipped their number."""
+    from fedcache.api import grid
+
+    cells = importlib.import_module("fedcache.grids.cell")
+    original = cells.row
+    kept = {"0.1", "1e29", "1e30"}
+
+    def row(c, summary, out):
+        got = original(c, summary, out)
+        if summary and dict(c.setting).get("validation") and summary["rounds"] == 1 and dict(c.setting)["lr"] in kept:
+            got["mean_accuracy"] = 1000.0
+        return got
+
+    monkeypatch.setattr(cells, "row", row)
+    counts = []
+    grid(**{**kw(toy_store, tmp_path / "r"), "sweep": {**SWEEP, "lr": LRS[:4] + ["1e29", "1e30"]}}, prune="halving",
+         reduction_factor=2, on_cell=lambda done, total, row: counts.append((done, total)))
+    (choice,) = selection(tmp_path / "r")["choices"]
+    assert [r["diverged"] for r in choice["revived"]] == [[{"lr": "1e29"}, {"lr": "1e30"}]], choice
+    assert [done for done, _ in counts] == list(range(1, len(counts) + 1)) and counts[-1][0] == counts[-1][1], counts
+    # Six candidates to round 1, three to round 2, one revived to round 2, one chosen on test; two seeds each.
+    assert len(counts) == (6 + 3 + 1 + 1) * 2
+
+
 def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tmp_path, ordered):
     from fedcache.api import grid
     from fedcache.reports import write_report
