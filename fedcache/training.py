@@ -321,7 +321,7 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                 # --resume would replay the same rounds into the same NaN: say how to start this --out again.
                 overwrite, out_flag = option("overwrite").flag, option("out").flag  # or the API's keywords
                 raise DivergedError(f"{exc}. The run in {e.out} stopped there: start it again with the change and "
-                                    f"{overwrite}, or choose another {out_flag}") from None
+                                    f"{overwrite}, or choose another {out_flag}", in_round=exc.in_round) from None
             if isinstance(exc, DiskFullError) and e.out is not None:
                 raise _after_full_disk(exc, RunDir(e.out)) from None
             raise

@@ -4,6 +4,7 @@ import pickle
 import pytest
 
 from fedcache import errors
+from fedcache.federate.divergence import DivergedError
 
 
 @pytest.mark.parametrize("error", [
@@ -13,6 +14,7 @@ from fedcache import errors
     errors.DiskFullError("no space left on /tmp", "free some space", too_large=True),
     errors.PermissionDeniedError("cannot write in s.zarr", 13, "s.zarr"),
     errors.UnreadableEntryError("entry x is unreadable", "permission denied"),
+    DivergedError("round 2, client 0: 'weight' became NaN/inf", in_round=2),  # the round, for a grid's diverged.json
 ])
 def test_an_error_unpickles_as_it_was(error):
     """DamagedCheckpointError (a path and a problem) failed to unpickle: raised in a worker, it broke the pool."""

@@ -11,7 +11,11 @@ from fedcache.wording import setting
 
 
 class DivergedError(FedcacheError, FloatingPointError):
-    """A client's update became NaN or infinite."""
+    """A client's update became NaN or infinite; ``in_round``: the round it did (from 1), where known."""
+
+    def __init__(self, message: str, in_round: int | None = None):
+        super().__init__(message)
+        self.in_round = in_round
 
 
 def check_finite(method: Method, result: LocalResult, clients: list[int], rnd: int, down: Params) -> None:
@@ -22,7 +26,8 @@ def check_finite(method: Method, result: LocalResult, clients: list[int], rnd: i
             bad = ~torch.isfinite(t.flatten(1).sum(1, dtype=torch.float32))
             if bad.any():
                 k = clients[int(bad.nonzero()[0, 0])]
-                raise DivergedError(f"round {rnd + 1}, client {k}: '{name}' became NaN/inf; {_cause(method, k, name, down)}")
+                raise DivergedError(f"round {rnd + 1}, client {k}: '{name}' became NaN/inf; {_cause(method, k, name, down)}",
+                                    in_round=rnd + 1)
 
 
 def _cause(method: Method, k: int, name: str, down: Params) -> str:

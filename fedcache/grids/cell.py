@@ -38,8 +38,9 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
             # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and
             # a --select candidate that loses, grids/select.py), not the end of the other cells. Its error is kept
             # beside the run, where a re-run reads it as done.
-            write_text(out / DIVERGED, json.dumps({"error": str(exc).split(" The run in ")[0]}) + "\n",
-                       "the cell's record")
+            # Its round too: the rounds it ran (a --prune halving grid's share of the full grid's counts them).
+            record = {"error": str(exc).split(" The run in ")[0], "round": exc.in_round}
+            write_text(out / DIVERGED, json.dumps(record) + "\n", "the cell's record")
             return diverged_row(c, out)
         return result_row(c, result, out)
 
@@ -95,6 +96,12 @@ def result_row(c: Cell, result, out: Path) -> dict:
 def read_diverged(cell: Path) -> str:
     """The error a diverged cell's diverged.json keeps (its run's DivergedError, as run_cell wrote it)."""
     return read_json(cell / DIVERGED, _again(cell), _diverged_problem)["error"]
+
+
+def diverged_round(cell: Path) -> int | None:
+    """The round a diverged cell diverged in (None: a record of an older fedcache, which kept no round)."""
+    at = read_json(cell / DIVERGED, _again(cell), _diverged_problem).get("round")
+    return at if isinstance(at, int) else None
 
 
 def _diverged_problem(value) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedcache.grids.cell import diverged_round
 from fedcache.grids.pool import Workers
 from fedcache.grids.run import CellCallback, PlanCallback, run_cells
 from fedcache.grids.spec import Cell, GridSpec, cells, train_config
@@ -58,6 +59,7 @@ class Group:
     cuts: list[dict] = field(default_factory=list)  # per rung: its round, every candidate's score, who continued
     stopped_at: dict[Value, int] = field(default_factory=dict)  # the round each candidate stopped at
     revivals: list[dict] = field(default_factory=list)  # kept candidates that diverged, and who trained in their place
+    ran: dict[Cell, int] = field(default_factory=dict)  # the rounds each cell trained (grids/select.pruning_caption)
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -127,6 +129,13 @@ class Group:
         return len(next(iter(self.candidates.values())))
 
 
+def _rounds_run(spec: GridSpec, row: dict, stop: int) -> int:
+    """A cell's rounds up to ``stop``, or up to the round it diverged in: its run stopped there."""
+    if not row.get("diverged"):
+        return stop
+    return diverged_round(spec.out / row["run_dir"]) or stop  # a record of an older fedcache names no round
+
+
 def _score(rows: list[dict], metric: str) -> float | None:
     """The mean over seeds; None where a seed diverged (averaging the others would favour the candidate)."""
     values = [None if r.get("diverged") or r.get(metric) is None else float(r[metric]) for r in rows]
@@ -176,6 +185,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
             # ``rounds`` is the cell's setting (its full rounds), not the round a paused summary reached: that is
             # stopped_at, and table.md tells a cut candidate by stopped_at < rounds (it is never marked best).
             last[c] = {**row, "rounds": g.rounds, **dict(c.setting), "stopped_at": at or g.rounds}
+            g.ran[c] = _rounds_run(spec, row, at or g.rounds)
         reached = [(g, g.stop, len(g.revivals)) for g in live]
         for g in live:
             g.cut({**{c: last[c] for c in waiting}, **rows}, metric)

@@ -159,8 +159,8 @@ def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int, on_
 
 def pruning_caption(spec: GridSpec, groups: list[Group]) -> str:
     full = sum(len(g.candidates) * g.seeds * g.rounds for g in groups)
-    ran = sum(g.seeds * r for g in groups for r in g.stopped_at.values())
-    if ran >= full:  # every group too small to prune (or left whole): no cut to speak of
+    ran = sum(r for g in groups for r in g.ran.values())  # a diverged cell's up to where it stopped, not to its cut
+    if not any(g.cuts for g in groups):  # every group too small to prune: a diverged candidate ran fewer, cut by none
         return (f"successive halving (reduction factor {spec.reduction_factor}) cut no candidate: every group trained "
                 "its candidates to the full rounds")
     return (f"candidates cut by successive halving (reduction factor {spec.reduction_factor}): "

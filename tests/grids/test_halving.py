@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shutil
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import fedcache
 
 from fedcache.errors import ConfigError
+from fedcache.grids.cell import read_diverged
 from fedcache.grids.halving import Group, rungs
 from fedcache.grids.spec import Cell
 from tests.conftest import BACKBONE
@@ -273,6 +275,13 @@ def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tm
 
     md = write_report(tmp_path / "d").markdown.read_text()
     assert "lr=1e30: diverged by round" in md and "then diverged" in md
+    # The rounds that ran: 1e30's seeds stopped in the round they diverged in, before the cut at round 3.
+    val = tmp_path / "d" / "validation"
+    lost = {r["run_dir"]: int(re.match(r"round (\d+),", read_diverged(val / r["run_dir"])).group(1))
+            for r in fedcache.Table.from_csv(val / "results.csv").to_records() if r["diverged"]}
+    assert len(lost) == 2 and all(at < 3 for at in lost.values()), lost
+    trained = 4 * 2 * 1 + 2 * 3 + sum(lost.values())  # four cut at round 1, the other kept to round 3 (two seeds each)
+    assert f"{trained} of the full grid's 108 validation rounds" in (tmp_path / "d" / "table.md").read_text()
     # Run again: the cell paused at round 1 that diverged later is read back as it was at round 1, so the same
     # cuts are made and nothing trains (it was read as diverged at round 1: other cuts, a cut candidate retrained).
     before = selection(tmp_path / "d")
@@ -397,12 +406,15 @@ def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path):
     shutil.rmtree(tmp_path / "c")
 
 
-def test_a_halving_grid_that_cut_nothing_says_so_in_its_caption(toy_store, tmp_path):
-    """One round leaves no rung to cut at: table.md said "candidates cut by successive halving ... (100%)"."""
+@pytest.mark.parametrize("lrs, more", [(LRS[:2], dict(rounds=1)), (["0.0001", "1e30"], dict(rounds=3, min_rounds=3))])
+def test_a_halving_grid_that_cut_nothing_says_so_in_its_caption(toy_store, tmp_path, lrs, more):
+    """One round (or --min-rounds at the rounds) leaves no rung to cut at: table.md said "candidates cut by
+    successive halving ... (100%)". A candidate that diverged (1e30, before round 3) ran fewer rounds, and cut none."""
     from fedcache.api import grid
 
-    grid(**{**kw(toy_store, tmp_path / "one"), "sweep": {**SWEEP, "rounds": 1, "lr": LRS[:2]}, "seeds": [0]},
-         prune="halving")
+    rounds, cut = {"rounds": more["rounds"]}, {k: v for k, v in more.items() if k != "rounds"}
+    grid(**{**kw(toy_store, tmp_path / "one"), "sweep": {**SWEEP, **rounds, "lr": lrs}, "seeds": [0]}, prune="halving",
+         **cut)
     caption = (tmp_path / "one" / "validation" / "table.md").read_text()
     assert "successive halving (reduction factor 3) cut no candidate: every group trained its candidates to the full " \
            "rounds" in caption and "candidates cut by" not in caption
