@@ -28,6 +28,7 @@ CELL = "cell.json"  # a grid cell's method, seed and setting
 DIVERGED = "diverged.json"  # a grid cell whose training became NaN
 RUNGS = "rungs.json"  # a grid cell successive halving paused: its summary at each round it paused at
 SELECTION = "selection.json"  # a --select grid's choices
+RESULTS = "results.csv"  # a grid's results, written once its cells are done (a --prune halving stage: every cut made)
 NAME_MAX = 255  # bytes of one file name on the usual file systems (ext4, xfs, btrfs, apfs, tmpfs)
 NAME_HINT = "give a name of letters, digits, '-', '_' and '.' (e.g. my-dataset)"
 STORE_HELP = "Feature store path (env FEDCACHE_STORE)."  # every command's --store, and the API's store

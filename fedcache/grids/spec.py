@@ -28,12 +28,12 @@ from typing import Any
 from fedcache.config import PositiveInt, parse
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
-from fedcache.paths import GRID, writable_dir
+from fedcache.paths import GRID, RESULTS, writable_dir
 from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
 from fedcache.wording import by_keyword, filed, named, swept
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
-CELLS, FEATURES, BATCHES, RESULTS, TABLE, SPEC = "cells", "features", "batches", "results.csv", "table.md", GRID
+CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 

@@ -1,6 +1,7 @@
 """Finding and reading the runs under a run or grid directory, grouped by method and setting."""
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,7 @@ import numpy as np
 
 from fedcache.disk import log_lines, read_json
 from fedcache.errors import ConfigError, DamagedFileError
-from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SELECTION, SUMMARY
+from fedcache.paths import CELL, CONFIG, DIVERGED, GRID, METRICS, RESULTS, RUNGS, SELECTION, SUMMARY
 from fedcache.wording import named
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,7 @@ def _in_training(paths: set[Path]) -> set[Path]:
     past = {p for p in paths if _training_past_its_rung(p)}
     if not any((p / RUNGS).exists() and not (p / SUMMARY).exists() for p in paths - past):
         return past  # no seed waits at a rung (no halving grid): every other run's metrics need not be read twice
+    past |= _awaiting_cut(paths)
     reached = {p: _last_round(p) for p in paths if not (p / DIVERGED).exists()}
     furthest: dict[tuple, int] = {}
     for p, at in reached.items():
@@ -265,6 +267,39 @@ def _in_training(paths: set[Path]) -> set[Path]:
             furthest[key] = max(furthest.get(key, 0), at)
     waiting = {p for p in reached if (p / RUNGS).exists() and not (p / SUMMARY).exists() and _candidate(p) is not None}
     return past | {p for p in waiting if furthest[_candidate(p)] > reached[p]}
+
+
+def _awaiting_cut(paths: set[Path]) -> set[Path]:
+    """The runs of ``paths`` paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
+    unfinished, as a full grid's interrupted cells are, not cut. The kept candidates of a cut train past its rung
+    next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut."""
+    paused = {p for p in paths if (p / RUNGS).exists() and not (p.parent.parent / RESULTS).exists()
+              and not any((p / name).exists() for name in (SUMMARY, DIVERGED))}
+    if not paused:
+        return set()
+    selected: dict[Path, set[str]] = {}  # per stage, the axes its grid selects (read once)
+    furthest: dict[tuple, int] = {}
+    for p in paths:
+        if (key := _group(p, selected)) is not None:
+            furthest[key] = max(furthest.get(key, 0), _last_round(p))
+    rung = lambda p: max(map(int, _run_json(p, RUNGS, _rungs_problem)))  # noqa: E731
+    return {p for p in paused if furthest.get(_group(p, selected), 0) <= rung(p)}
+
+
+def _group(path: Path, selected: dict[Path, set[str]]) -> tuple | None:
+    """A grid cell's halving group: its stage, method and the settings its grid does not select (None: no cell)."""
+    cell = _run_json(path, CELL)
+    if cell.get("method") is None:
+        return None
+    stage = path.parent.parent
+    if stage not in selected:
+        try:  # the --select grid's, above its stages (none, or damaged: the report reads its cells as they are)
+            spec = json.loads((stage.parent / GRID).read_text())
+        except (OSError, ValueError):
+            spec = None
+        selected[stage] = set(spec.get("select") or []) if isinstance(spec, dict) else set()
+    setting = (cell.get("setting") or {}).items()
+    return stage, cell["method"], tuple(sorted((str(k), str(v)) for k, v in setting if k not in selected[stage]))
 
 
 def _last_round(path: Path) -> int:

@@ -164,6 +164,34 @@ def test_a_resumed_pruned_grid_makes_the_same_choices_as_an_uninterrupted_one(to
         assert (mine / "metrics.jsonl").read_text() == (d / "metrics.jsonl").read_text()
 
 
+@pytest.mark.parametrize("trained, paused", [(9, 1), (6 * 2 + 2 * 2, 3)])
+def test_a_pruned_grid_interrupted_before_a_cut_shows_its_paused_candidates_unfinished(toy_store, tmp_path, ordered,
+                                                                                        trained, paused):
+    """Ctrl-C before the cut at round 1 (9 of its 12 cells there), or before the one at round 3 (both kept candidates
+    there): the report showed the candidates paused there as "stopped at round r", as if cut. No cut was made: they
+    are unfinished, as a full grid's interrupted cells are; the grid resumed makes the cuts an uninterrupted one made."""
+    from fedcache.api import grid
+    from fedcache.reports import write_report
+
+    def interrupt(done, total, row):
+        if done == trained:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, tmp_path / "part"), prune="halving", on_cell=interrupt)
+    if paused == 1:  # nothing has a result yet
+        with pytest.raises(ConfigError, match="^no finished runs under"):
+            write_report(tmp_path / "part")
+    else:  # the four cut at round 1 have theirs
+        md = write_report(tmp_path / "part").markdown.read_text()
+        assert "Unfinished grid: 8 of its 14 cells have a result" in md
+        assert "(stopped at round 1)" in md and f"stopped at round {paused}" not in md
+    grid(**kw(toy_store, tmp_path / "part"), prune="halving")
+    grid(**kw(toy_store, tmp_path / "whole"), prune="halving")
+    assert selection(tmp_path / "part") == selection(tmp_path / "whole")
+    assert "Unfinished" not in write_report(tmp_path / "part").markdown.read_text()
+
+
 @pytest.mark.parametrize("engine", ["processes", "batched"])
 def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_store, tmp_path, monkeypatch, engine):
     """--min-rounds 5: one cut at round 5, the two best continue to round 9 from their checkpoints (never trained
