@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def find_runs(root: Path) -> list[Run]:
         raise ConfigError(f"{root} does not exist; {_give_a_directory()}")
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; {_give_a_directory()}")
-    finished = {p.parent for name in (SUMMARY, RUNGS) for p in root.rglob(name)}
+    found = _files_named(root, (SUMMARY, RUNGS, DIVERGED))
+    finished = {p.parent for p in found if p.name != DIVERGED}
     finished -= _in_training(finished)
     paths = sorted(p for p in finished if (p / METRICS).exists())
     for p in sorted(finished - set(paths)):  # a report short of a run without a word would mislead
@@ -132,7 +134,8 @@ def find_runs(root: Path) -> list[Run]:
         raise ConfigError(f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); "
                           "finish the run or grid first")
     # Diverged cells have no result but count: a mean over the other seeds alone would pass for all of them.
-    diverged = sorted(p.parent for p in root.rglob(DIVERGED) if (p.parent / CELL).exists() and p.parent not in finished)
+    diverged = sorted(p.parent for p in found
+                      if p.name == DIVERGED and (p.parent / CELL).exists() and p.parent not in finished)
     runs = [_read(p) for p in paths] + [_diverged(p) for p in diverged]
     # Cells of several grids (a reproduce directory) are told apart by their grid's directory.
     grids = {r.path.parent.parent for r in runs if (r.path / CELL).exists()}
@@ -146,6 +149,22 @@ def find_runs(root: Path) -> list[Run]:
         if not r.setting and methods.count(r.summary["method"]) > 1:
             r.setting = {"run": r.path.name}
     return runs
+
+
+def _files_named(root: Path, names: tuple[str, ...]) -> list[Path]:
+    """Files so named at or below ``root``, links to directories followed: a folder of links to runs and grids (to
+    report them together) was reported as holding no run, as ``Path.rglob`` does not follow them. A link back up
+    the tree is entered once."""
+    seen: set[tuple[int, int]] = set()
+    found = []
+    for top, dirs, files in os.walk(root, followlinks=True):
+        st = os.stat(top)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        found += [Path(top) / f for f in files if f in names]
+    return found
 
 
 def _grid_setting(r: Run) -> dict:

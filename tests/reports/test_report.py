@@ -625,3 +625,16 @@ def test_the_star_s_caption_says_a_lone_result_gets_none(toy_grid, tmp_path):
     shutil.copytree(sorted((toy_grid / "cells").iterdir())[0], run)
     said = [line for line in write_report(run).markdown.read_text().splitlines() if "★" in line]
     assert len(said) == 2 and all("where two or more compare" in line for line in said)
+
+
+def test_a_folder_of_links_to_grids_reports_their_runs(toy_grid, tmp_path):
+    """Links to runs and grids gathered in one folder (to report them together) were passed over: no finished runs."""
+    from fedcache.reports.runs import find_runs
+
+    together = tmp_path / "together"
+    together.mkdir()
+    (together / "a").symlink_to(toy_grid, target_is_directory=True)
+    (together / "loop").symlink_to(together, target_is_directory=True)  # a link back up: entered once, not forever
+    runs = find_runs(together)
+    assert len(runs) == len(find_runs(toy_grid)) == 8
+    assert all(str(r.path).startswith(str(together / "a")) for r in runs)  # named as the user linked them
