@@ -260,6 +260,7 @@ def _fresh_start(base: Path, shards: Path, want: ShardSpec) -> None:
 def _check_shards(shards: Path, want: ShardSpec) -> None:
     """A resumed run trains on the shards it started with; they must be of the partition asked for."""
     if not (shards / SERVER).is_dir():
+        _not_an_in_process_run(shards.parent)
         raise ConfigError(f"{resume_named()}: {shards} holds no shards; start the run without {resume_named()}")
     _, info = open_shard(shards / SERVER)
     asked = {"dataset": want.dataset, "backbones": list(want.backbones), "request": want.request.to_dict()}
@@ -269,6 +270,17 @@ def _check_shards(shards: Path, want: ShardSpec) -> None:
         raise ConfigError(f"{resume_named()}: the shards in {shards} were made with other data or partition options "
                           f"({', '.join(differ)}); use the options of the interrupted run")
     _check_features(shards, info, want.store)
+
+
+def _not_an_in_process_run(out: Path) -> None:
+    """A run of the in-process engine has no shards: told to start without --resume, its user was then told the
+    folder already holds a run (pass --resume), a loop. training._not_a_flower_run is the other way round."""
+    saved = RunDir(out).config()
+    if isinstance(saved, dict) and "spec" in saved:
+        resume = resume_named()
+        raise ConfigError(f"{resume}: {out} holds a run of the in-process engine, which the Flower simulation cannot "
+                          f"continue; resume it with {named('`fedcache train` without --engine', 'fedcache.train')} "
+                          f"and {resume}, or start the simulation in another {named('--out', 'out')}")
 
 
 def _refuse_client_state(run: FlowerRun, shards: Path, out: Path) -> None:

@@ -145,6 +145,15 @@ def test_flower_sim_refuses_what_it_cannot_do(flower_store, tmp_path):
         train_flower_sim(toy_config(flower_store, resume=True, out=tmp_path / "gone"))  # not "holds no shards"
 
 
+def test_flower_sim_resume_of_an_in_process_run_says_which_engine_continues_it(flower_store, tmp_path):
+    """It said the folder held no shards, to start without --resume; without it, that the folder held a run."""
+    out = tmp_path / "run"
+    train(toy_config(flower_store, out=out, rounds=1, eval_every=1))
+    with pytest.raises(ConfigError, match=f"^--resume: {out} holds a run of the in-process engine, which the Flower "
+                                          "simulation cannot continue; resume it with `fedcache train` without --engine"):
+        train_flower_sim(toy_config(flower_store, resume=True, out=out))
+
+
 @pytest.mark.slow
 def test_flower_sim_resume_continues_the_run_in_out(flower_store, tmp_path):
     """--resume reaches the ServerApp through the simulation: a finished run resumes to its own summary
