@@ -34,6 +34,8 @@ from fedcache.wording import by_keyword, filed, named, swept
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
+# Two grids compared in one report: a report reads a folder of links to them (reports/runs.py).
+_TOGETHER = "to report both together, link them into one folder: ln -s, then fedcache report that folder"
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).
 _RESERVED = tuple(o.name for o in options() if not o.opt.axis)
 
@@ -270,10 +272,11 @@ class GridSpec:
             owners = [m for m in self.methods if any(name in fs for g, fs in own[m].items() if not group or g == group)]
             if owners and len(owners) < len(self.methods):
                 others = [m for m in self.methods if m not in owners]
+                verb = "Sweep" if len(self.sweep[key]) > 1 else "Set"  # a fixed value is refused too
                 raise ConfigError(f"{self.names.axis(key)}: a setting of {', '.join(owners)} only; {', '.join(others)} "
-                                  f"{'has' if len(others) == 1 else 'have'} no {name}. Sweep it in a grid of "
+                                  f"{'has' if len(others) == 1 else 'have'} no {name}. {verb} it in a grid of "
                                   f"{', '.join(owners)} ({self.names.add('methods', owners)}), and the others in a grid "
-                                  "of their own")
+                                  f"of their own ({_TOGETHER})")
 
     def _settings_of_methods(self) -> dict | None:
         """Each method's ``--set`` groups (``spec.setting_fields``), or None when a method is unknown."""

@@ -170,6 +170,10 @@ def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
         grid(["fedavg", "fedprox"], mu=["0.01", "0.1"])
     with pytest.raises(ConfigError, match="a setting of fedprox only"):
         grid(["fedavg", "fedprox"], **{"method.mu": ["0.01", "0.1"]})
+    with pytest.raises(ConfigError, match=r"--set mu: a setting of fedprox only; fedavg has no mu\. Set it in a grid "
+                                          r"of fedprox \(--method fedprox\), and the others in a grid of their own "
+                                          r"\(to report both together, link them into one folder"):
+        grid(["fedavg", "fedprox"], mu=["0.01"])  # a fixed value: nothing is swept
     grid(["fedprox"], mu=["0.01", "0.1"])
     grid(["fedavg", "fedprox"], lr=["0.01", "0.1"])  # every method's optimizer
 
