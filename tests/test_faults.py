@@ -527,7 +527,9 @@ def _restore(path: Path) -> None:
     path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-@pytest.mark.parametrize("refused", ["a chunk file", "an array's zarr.json", "the entry's folder"])
+# One case in make test, the others (over 20 s each on a 2-core machine) in make test-slow.
+@pytest.mark.parametrize("refused", ["a chunk file", pytest.param("an array's zarr.json", marks=pytest.mark.slow),
+                                     pytest.param("the entry's folder", marks=pytest.mark.slow)])
 def test_an_entry_this_user_cannot_read_is_named_so_not_damaged(refused, toy_store, tmp_path):
     """Another user's entry (made under a strict umask, or chmod-ed) unreadable here: a run said it was "damaged
     ... Re-create it ... or remove it with `fedcache store rm`", and `store verify --repair` removed it."""
@@ -584,7 +586,8 @@ READ_TEXT = ("import sys, tests.conftest\nfrom fedcache.store.feature_store impo
              "except Exception as exc:\n    sys.exit(f'error: {type(exc).__name__}: {exc}')\n")
 
 
-@pytest.mark.parametrize("refused", ["its embeddings' chunk", "its zarr.json"])
+# One case in make test, the other (over 20 s on a 2-core machine) in make test-slow.
+@pytest.mark.parametrize("refused", ["its embeddings' chunk", pytest.param("its zarr.json", marks=pytest.mark.slow)])
 def test_text_embeddings_this_user_cannot_read_are_named_so_not_damaged(refused, tmp_path):
     """A CLIP backbone's class-text embeddings unreadable here: `store verify` called them damaged and --repair removed
     them, an extraction wrote over them, a read said they were damaged (or, their zarr.json refused, never extracted)."""
@@ -656,6 +659,8 @@ def test_sharding_names_the_backbone_whose_text_embeddings_it_cannot_read(fault,
     assert ("no permission to read" if fault == "unreadable" else "is damaged") in line, line
 
 
+# Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
+@pytest.mark.slow
 def test_another_backbones_unreadable_text_entry_is_not_what_a_run_lacks(two_backbones, tmp_path):
     """A CLIP backbone's text entry this user may not read (its key unknown): every run on the other backbone, even
     fedavg, stopped on it, and a method that needs text was told about it instead of that its backbone has none."""

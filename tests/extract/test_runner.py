@@ -65,6 +65,8 @@ def test_extract_then_rerun_is_a_noop(store_path):
     assert table.domain_names == ("light", "dark") and sorted(set(table.domains)) == [0, 1]
 
 
+# Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
+@pytest.mark.slow
 def test_extracting_again_with_earlier_options_reads_those_features_again(store_path):
     """float32, then float16 (new entries in the same slots), then float32 again: nothing is extracted the third
     time, and runs read the float32 features again (they kept reading the float16 ones)."""
@@ -329,6 +331,8 @@ def test_a_view_extracted_for_one_fused_backbone_only_is_said_with_the_backbone_
     assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
 
 
+# Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
+@pytest.mark.slow
 def test_a_view_made_with_another_seed_for_one_fused_backbone_is_refused_with_the_command_that_remakes_it(store_path):
     """`extract --views 2` of two fused backbones, then of one of them again with another --view-seed: view k of
     one and view k of the other were fused unchecked, each row joining two different augmentations of its image.
@@ -358,6 +362,8 @@ def test_a_view_made_with_another_seed_for_one_fused_backbone_is_refused_with_th
     assert load_views(store, "test-toy", both, train).shape == (60, 2, train.features.shape[1])
 
 
+# Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
+@pytest.mark.slow
 def test_a_view_made_with_another_seed_for_some_domains_of_one_backbone_is_refused_with_the_command(store_path):
     """`extract --views 2`, then `extract --views 2 --domains dark --view-seed 1`: the table of view 1 took light's
     crops of seed 0 beside dark's of seed 1 unchecked (only fused backbones were compared). Refused in one line,

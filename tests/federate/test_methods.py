@@ -38,7 +38,12 @@ NEEDS_CLIP = {"promptfl", "tpfl", "atpfl"}
 SERVER_TRAINS, SERVER_TRAINS_TOL = {"flesd"}, 1e-3
 
 
-@pytest.mark.parametrize("name", [n for n in METHODS.names() if n not in NEEDS_CLIP])
+# Over 20 s each on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
+HEAVY = {"flesd", "min-local", "fedprox-ssl", "fedavg-ssl"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n
+                                  for n in METHODS.names() if n not in NEEDS_CLIP])
 def test_method_learns_deterministically_and_counts_bytes(name, skewed):
     sizes = []
     m = make(name, skewed)

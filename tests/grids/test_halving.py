@@ -382,6 +382,8 @@ def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tm
     assert "lr=0.0001: 0.50 at round 1" in md  # a cut candidate's score says its round
 
 
+# Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
+@pytest.mark.slow
 def test_table_md_never_marks_a_cut_candidate_best(toy_store, tmp_path, ordered):
     """A paused cell's summary says the round it reached: with rounds not an axis, a cut candidate's row read as a
     whole run (stopped_at == rounds), and validation/table.md bolded it where the report marks none."""
