@@ -158,6 +158,7 @@ def _files_named(root: Path, names: tuple[str, ...]) -> list[Path]:
     seen: set[tuple[int, int]] = set()
     found = []
     for top, dirs, files in os.walk(root, followlinks=True):
+        dirs.sort()  # of two links to one folder, the first by name is the one a report names
         st = os.stat(top)
         if (st.st_dev, st.st_ino) in seen:
             dirs.clear()
@@ -267,8 +268,12 @@ def _training_past_its_rung(path: Path) -> bool:
     stopped at its last rung as a candidate that was cut there is."""
     if any((path / name).exists() for name in (SUMMARY, DIVERGED)) or not (path / METRICS).exists():
         return False  # finished; or diverged after its rung, which _stopped says
-    last = max(map(int, _run_json(path, RUNGS, _rungs_problem)), default=0)
+    last = _last_rung(path)
     return any(line["round"] > last for line in log_lines((path / METRICS).read_text(errors="replace")))
+
+
+def _last_rung(path: Path) -> int:
+    return max(map(int, _run_json(path, RUNGS, _rungs_problem)), default=0)
 
 
 def _in_training(paths: set[Path]) -> set[Path]:
@@ -280,10 +285,7 @@ def _in_training(paths: set[Path]) -> set[Path]:
         return past  # no seed waits at a rung (no halving grid): every other run's metrics need not be read twice
     past |= _awaiting_cut(paths)
     reached = {p: _last_round(p) for p in paths if not (p / DIVERGED).exists()}
-    furthest: dict[tuple, int] = {}
-    for p, at in reached.items():
-        if (key := _candidate(p)) is not None:
-            furthest[key] = max(furthest.get(key, 0), at)
+    furthest = _furthest(reached, _candidate)
     waiting = {p for p in reached if (p / RUNGS).exists() and not (p / SUMMARY).exists() and _candidate(p) is not None}
     return past | {p for p in waiting if furthest[_candidate(p)] > reached[p]}
 
@@ -291,18 +293,33 @@ def _in_training(paths: set[Path]) -> set[Path]:
 def _awaiting_cut(paths: set[Path]) -> set[Path]:
     """The runs of ``paths`` paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
     unfinished, as a full grid's interrupted cells are, not cut. The kept candidates of a cut train past its rung
-    next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut."""
+    next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut.
+    (A group whose last candidate waits at a rung while other groups revive theirs reads so too: unfinished.)"""
     paused = {p for p in paths if (p / RUNGS).exists() and not (p.parent.parent / RESULTS).exists()
               and not any((p / name).exists() for name in (SUMMARY, DIVERGED))}
     if not paused:
         return set()
     selected: dict[Path, set[str]] = {}  # per stage, the axes its grid selects (read once)
+    group = lambda p: _group(p, selected)  # noqa: E731
+    furthest = _furthest({p: _reached(p) for p in paths}, group)
+    return {p for p in paused if furthest.get(group(p), 0) <= _last_rung(p)}
+
+
+def _reached(path: Path) -> int:
+    """The last round a run trained. One kept at a rung that then diverged trained past it: its metrics stop at the
+    rung (the round that diverged is never logged), yet the cut at that rung was made."""
+    if (path / DIVERGED).exists() and (path / RUNGS).exists():
+        return _last_rung(path) + 1
+    return _last_round(path)
+
+
+def _furthest(reached: dict[Path, int], key) -> dict[tuple, int]:
+    """The furthest round any run of each ``key`` (a candidate, a group) reached."""
     furthest: dict[tuple, int] = {}
-    for p in paths:
-        if (key := _group(p, selected)) is not None:
-            furthest[key] = max(furthest.get(key, 0), _last_round(p))
-    rung = lambda p: max(map(int, _run_json(p, RUNGS, _rungs_problem)))  # noqa: E731
-    return {p for p in paused if furthest.get(_group(p, selected), 0) <= rung(p)}
+    for p, at in reached.items():
+        if (k := key(p)) is not None:
+            furthest[k] = max(furthest.get(k, 0), at)
+    return furthest
 
 
 def _group(path: Path, selected: dict[Path, set[str]]) -> tuple | None:
@@ -312,9 +329,11 @@ def _group(path: Path, selected: dict[Path, set[str]]) -> tuple | None:
         return None
     stage = path.parent.parent
     if stage not in selected:
-        try:  # the --select grid's, above its stages (none, or damaged: the report reads its cells as they are)
-            spec = json.loads((stage.parent / GRID).read_text())
-        except (OSError, ValueError):
+        try:  # the --select grid's, above its stages (none: not a --select grid's stage)
+            spec = json.loads((stage.parent / GRID).read_text()) if (stage.parent / GRID).exists() else None
+        except (OSError, ValueError) as exc:
+            log.warning("%s is damaged (%s): the report takes each candidate of %s for a group of its own, and may "
+                        "call cut ones unfinished", stage.parent / GRID, exc, stage)
             spec = None
         selected[stage] = set(spec.get("select") or []) if isinstance(spec, dict) else set()
     setting = (cell.get("setting") or {}).items()

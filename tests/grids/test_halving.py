@@ -369,6 +369,35 @@ def test_a_kept_candidate_beside_revived_ones_is_counted_once(toy_store, tmp_pat
     assert len(counts) == (6 + 3 + 1 + 1) * 2
 
 
+def test_a_grid_stopped_after_its_kept_candidates_diverged_shows_the_cut_ones_cut(toy_store, tmp_path, monkeypatch):
+    """Round 1 keeps 1e29 and 1e30 (by construction), both diverge in round 2, and the grid is stopped before the
+    next best, revived, trains past round 1. No run's metrics go past round 1 (a round that diverged is never
+    logged), so the report took the cut made at round 1 for one never made: the cut candidates were unfinished."""
+    from fedcache.api import grid
+    from fedcache.reports import write_report
+
+    cells = importlib.import_module("fedcache.grids.cell")
+    original = cells.row
+
+    def row(c, summary, out):
+        got = original(c, summary, out)
+        if summary and dict(c.setting).get("validation") and summary["rounds"] == 1 and dict(c.setting)["lr"] in HUGE:
+            got["mean_accuracy"] = 1000.0
+        return got
+
+    def interrupt(done, total, row):
+        if done == 6 * 2 + 2 * 2:  # every cell to round 1, then the kept ones' diverged
+            raise KeyboardInterrupt
+
+    HUGE = ("1e29", "1e30")
+    monkeypatch.setattr(cells, "row", row)
+    with pytest.raises(KeyboardInterrupt):
+        grid(**{**kw(toy_store, tmp_path / "r"), "sweep": {**SWEEP, "lr": LRS[:4] + list(HUGE)}}, prune="halving",
+             on_cell=interrupt)
+    md = write_report(tmp_path / "r").markdown.read_text()
+    assert md.count("(stopped at round 1)") == 4, md  # the four candidates cut there
+
+
 def test_pruned_grid_report_draws_candidates_to_where_they_stopped(toy_store, tmp_path, ordered):
     from fedcache.api import grid
     from fedcache.reports import write_report
@@ -448,3 +477,4 @@ def test_a_halving_grid_that_cut_nothing_says_so_in_its_caption(toy_store, tmp_p
     caption = (tmp_path / "one" / "validation" / "table.md").read_text()
     assert "successive halving (reduction factor 3) cut no candidate: every group trained its candidates to the full " \
            "rounds" in caption and "candidates cut by" not in caption
+    assert ("(one that diverged, until it did)" in caption) == ("1e30" in lrs)
