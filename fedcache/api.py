@@ -52,22 +52,23 @@ def _refusals_said(fn: Callable) -> Callable:
     return said
 
 
-def _keywords_checked(fn: Callable) -> Callable:
-    """``fn`` (no ``**options``), whose unknown keyword is said with the one it likely meant (``method``: did you mean
-    ``methods``?) and, a run option or setting given to ``grid``, where it goes (``sweep={'rounds': ...}``): Python's
-    TypeError named the keyword alone."""
-    known = inspect.signature(fn).parameters
+def _keywords_checked(hint: Callable[[str, Mapping], str] | None = None) -> Callable[[Callable], Callable]:
+    """Decorates ``fn`` (no ``**options``), whose unknown keyword is said with the one it likely meant (``method``:
+    did you mean ``methods``?), or with ``hint``'s advice where it has one (a grid's: where a run option goes,
+    ``sweep={'rounds': ...}``): Python's TypeError named the keyword alone."""
+    def decorate(fn: Callable) -> Callable:
+        known = inspect.signature(fn).parameters
 
-    @functools.wraps(fn)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        unknown = [k for k in kwargs if k not in known]
-        if unknown:
-            key = unknown[0]
-            hint = _swept_hint(key, known) if fn.__name__ == "grid" else ""
-            raise TypeError(f"fedcache.{fn.__name__}() got an unexpected keyword argument {key!r}"
-                            f"{hint or did_you_mean(key, known)}")
-        return fn(*args, **kwargs)
-    return checked
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            unknown = [k for k in kwargs if k not in known]
+            if unknown:
+                key = unknown[0]
+                said = (hint(key, known) if hint else "") or did_you_mean(key, known)
+                raise TypeError(f"fedcache.{fn.__name__}() got an unexpected keyword argument {key!r}{said}")
+            return fn(*args, **kwargs)
+        return checked
+    return decorate
 
 
 def _swept_hint(key: str, known: Mapping) -> str:
@@ -324,7 +325,7 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
     return {**kept, **given}
 
 
-@_keywords_checked
+@_keywords_checked(hint=_swept_hint)
 @_keywords_named
 @_refusals_said
 def grid(store: str | Path | None = None, dataset: str | None = None, backbones: str | Iterable[str] | None = None,
@@ -367,7 +368,7 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
     return run_grid(spec, told, on_plan=on_plan).parsed(spec.sweep)
 
 
-@_keywords_checked
+@_keywords_checked()
 @_keywords_named
 @_refusals_said
 def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:

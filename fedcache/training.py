@@ -392,10 +392,8 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
 
 
 def _not_a_flower_run(out: RunDir) -> None:
-    """A Flower run's config.json records its run config and shards (flower/server.py), not a spec: compared as one,
-    every option was said to differ, in a dump of both records."""
-    saved = out.config()
-    if isinstance(saved, dict) and "spec" not in saved and {"run", "shards"} <= saved.keys():
+    """A Flower run's config.json, compared as a spec, said every option differed, in a dump of both records."""
+    if out.made_by() == "flower":
         raise ConfigError(f"{option('resume').flag}: {out.path} holds a run of "
                           f"{named('--engine flower-sim', 'the Flower simulation')}, which this engine cannot continue; "
                           f"resume it with {named('--engine flower-sim', 'fedcache.flower.sim.train_flower_sim')}")

@@ -83,6 +83,16 @@ class RunDir:
         path = self.path / CONFIG
         return disk.read_json(path, self._again) if path.exists() else None
 
+    def made_by(self) -> str | None:
+        """Which engine's run its config.json records: ``in-process`` (a spec), ``flower`` (a Flower run's config and
+        shards, flower/server.py), None (none yet). A resume on the other engine is refused as such, not compared."""
+        saved = self.config()
+        if not isinstance(saved, dict):
+            return None
+        if "spec" in saved:
+            return "in-process"
+        return "flower" if {"run", "shards"} <= saved.keys() else None
+
     @property
     def _again(self) -> str:
         return f"delete the folder {self.path} and run the same command again, which starts that run again"

@@ -275,8 +275,7 @@ def _check_shards(shards: Path, want: ShardSpec) -> None:
 def _not_an_in_process_run(out: Path) -> None:
     """A run of the in-process engine has no shards: told to start without --resume, its user was then told the
     folder already holds a run (pass --resume), a loop. training._not_a_flower_run is the other way round."""
-    saved = RunDir(out).config()
-    if isinstance(saved, dict) and "spec" in saved:
+    if RunDir(out).made_by() == "in-process":
         resume = resume_named()
         raise ConfigError(f"{resume}: {out} holds a run of the in-process engine, which the Flower simulation cannot "
                           f"continue; resume it with {named('`fedcache train` without --engine', 'fedcache.train')} "

@@ -283,25 +283,26 @@ def _in_training(paths: set[Path]) -> set[Path]:
     past = {p for p in paths if _training_past_its_rung(p)}
     if not any((p / RUNGS).exists() and not (p / SUMMARY).exists() for p in paths - past):
         return past  # no seed waits at a rung (no halving grid): every other run's metrics need not be read twice
-    past |= _awaiting_cut(paths)
-    reached = {p: _last_round(p) for p in paths if not (p / DIVERGED).exists()}
+    everyone = {p: _reached(p) for p in paths}  # each run's metrics read once, for both questions
+    past |= _awaiting_cut(everyone)
+    reached = {p: at for p, at in everyone.items() if not (p / DIVERGED).exists()}
     furthest = _furthest(reached, _candidate)
     waiting = {p for p in reached if (p / RUNGS).exists() and not (p / SUMMARY).exists() and _candidate(p) is not None}
     return past | {p for p in waiting if furthest[_candidate(p)] > reached[p]}
 
 
-def _awaiting_cut(paths: set[Path]) -> set[Path]:
-    """The runs of ``paths`` paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
+def _awaiting_cut(reached: dict[Path, int]) -> set[Path]:
+    """The runs of ``reached`` (each run's last round, ``_reached``) paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
     unfinished, as a full grid's interrupted cells are, not cut. The kept candidates of a cut train past its rung
     next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut.
     (A group whose last candidate waits at a rung while other groups revive theirs reads so too: unfinished.)"""
-    paused = {p for p in paths if (p / RUNGS).exists() and not (p.parent.parent / RESULTS).exists()
+    paused = {p for p in reached if (p / RUNGS).exists() and not (p.parent.parent / RESULTS).exists()
               and not any((p / name).exists() for name in (SUMMARY, DIVERGED))}
     if not paused:
         return set()
     selected: dict[Path, set[str]] = {}  # per stage, the axes its grid selects (read once)
     group = lambda p: _group(p, selected)  # noqa: E731
-    furthest = _furthest({p: _reached(p) for p in paths}, group)
+    furthest = _furthest(reached, group)
     return {p for p in paused if furthest.get(group(p), 0) <= _last_rung(p)}
 
 
