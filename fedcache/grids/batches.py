@@ -445,29 +445,48 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
     directory of one of ``runs`` it stacks lacks, said and removed. A grid killed after a batch's cells were written
     but before its folder went left a checkpoint of their last round, which no run read (its cells had finished);
     once their folders were deleted (as a damaged cell's message asks), a later run continued it without the
-    cells' config.json and metrics lines."""
+    cells' config.json and metrics lines. A damaged line in place of the last one is no such gap: the batch
+    continues (the resume keeps the readable lines and says which it lacks), but where that line is of the cells'
+    last round, from which their results are read."""
     by_name = {name: runs[c] for name, c in _by_name(runs).items()}
     for batch, names in _recorded(folder):
         rnd = _start_round(batch)
-        behind = [by_name[n].engine.out for n in names if n in by_name and not _holds_rounds(by_name[n], rnd)]
+        lacking = {n: _lacks(by_name[n], rnd) for n in names if n in by_name}
+        behind = [by_name[n].engine.out for n, lacks in lacking.items() if lacks == _BEHIND]
+        last = [by_name[n].engine.out for n, lacks in lacking.items() if lacks == _LAST_LINE]
         if behind:
             _drop(batch, f"whose checkpoint of round {rnd} is ahead of the run folder {behind[0]}"
                          + (f" and {count(len(behind) - 1, 'other cell')}" if len(behind) > 1 else "")
                          + " (deleted or cleared since)")
+        elif last:
+            _drop(batch, f"whose checkpoint is of its cells' last round ({rnd}), whose metrics line in {last[0] / METRICS} "
+                         "is damaged: a cell's results are read from that line")
     _remove_if_empty(folder)
 
 
-def _holds_rounds(cfg: RunSpec, rnd: int) -> bool:
-    """Whether a run's directory holds what a stacked checkpoint of round ``rnd`` implies: its config.json and the
-    metrics line of the last round evaluated by then. Read only: resuming trims the log."""
+_BEHIND, _LAST_LINE = "behind", "last line"  # what a run's directory lacks of a stacked checkpoint (_lacks)
+
+
+def _lacks(cfg: RunSpec, rnd: int) -> str | None:
+    """What a run's directory lacks of what a stacked checkpoint of round ``rnd`` implies, or None: its config.json
+    or its metrics lines up to the last round evaluated by then (``_BEHIND``: fewer lines than rounds evaluated, a
+    damaged line counted as one), or, damaged, the line of its last round, which its summary is made from
+    (``_LAST_LINE``; a damaged line of an earlier round is only a gap in its history). Read only: resuming trims the log."""
     out = cfg.engine.out
     if rnd <= 0:  # none yet, or unreadable (the resume says so)
-        return True
+        return None
     if not (out / CONFIG).exists():
-        return False
+        return _BEHIND
     due = [k + 1 for k in range(rnd) if driver.evaluation_due(cfg.schedule, k)]
-    metrics = out / METRICS
-    return not due or (metrics.exists() and due[-1] in {line["round"] for line in log_lines(metrics.read_text())})
+    text = (out / METRICS).read_text() if (out / METRICS).exists() else ""
+    lines = log_lines(text)
+    read = [line["round"] for line in lines if line["round"] <= rnd]
+    if not due or due[-1] in read:
+        return None
+    damaged = sum(1 for raw in text.splitlines() if raw.strip()) - len(lines)
+    if len(read) + damaged < len(due):
+        return _BEHIND
+    return _LAST_LINE if rnd == cfg.schedule.rounds else None
 
 
 def regrouped() -> str:

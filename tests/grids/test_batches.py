@@ -662,3 +662,49 @@ def test_the_plan_says_one_cell_alone_in_the_singular():
 
     plan = Grouping(batches=[["a", "b"]], alone={"c": "why"}, methods=["fedavg"], per_cell_bytes={}, limit=5).describe()
     assert plan == "batched engine: 2 cells in 1 batch (2 fedavg), at most 5 cells per batch; 1 cell as its own run: why (1)"
+
+
+@pytest.mark.parametrize("stopped_after", [1, 3])
+def test_a_damaged_metrics_line_of_a_stopped_batch_s_cell_keeps_the_batch_unless_its_results_need_that_line(
+        toy_store, tmp_path, monkeypatch, caplog, stopped_after):
+    """A batch stopped after round 1 of 3, one of its cells' metrics line of that round damaged: the batch was
+    dropped as if the cell's folder had been deleted, and its cells trained again from round 0. It continues from
+    its checkpoint, the cell's readable lines kept and its lost round said. Stopped after the last round (before
+    its cells were finished), the damaged line is the one the cell's results are read from: dropped, and said so."""
+    from fedcache.federate import driver
+
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
+    grid(out=tmp_path / "whole", **kw)
+    save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == stopped_after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        grid(out=tmp_path / "g", **kw)
+    monkeypatch.setattr(driver, "save_checkpoint", save)
+    (ck,) = (tmp_path / "g" / "batches").glob("*/checkpoint.pt")
+    cell = sorted((tmp_path / "g" / "cells").iterdir())[0]
+    lines = (cell / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["round"] == stopped_after
+    (cell / "metrics.jsonl").write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+    monkeypatch.setattr(driver, "load_checkpoint", lambda path: loaded.append(path) or load(path))
+    caplog.set_level(logging.WARNING, logger="fedcache")
+    grid(out=tmp_path / "g", **kw)
+    whole = [json.loads(l) for l in (tmp_path / "whole" / "cells" / cell.name / "metrics.jsonl").read_text().splitlines()]
+    again = [json.loads(l) for l in (cell / "metrics.jsonl").read_text().splitlines()]
+    if stopped_after == 3:
+        assert loaded == [] and "is ahead of" not in caplog.text
+        assert f"whose metrics line in {cell / 'metrics.jsonl'} is damaged: a cell's results are read from" in caplog.text
+        assert_same_cells(tmp_path / "whole", tmp_path / "g")
+        return
+    assert loaded == [ck] and "interrupted batch" not in caplog.text
+    assert f"{cell / 'metrics.jsonl'} lacked readable metrics lines of rounds [1]" in caplog.text
+    assert [(l["round"], l["per_client"]) for l in again] == [(l["round"], l["per_client"]) for l in whole[1:]]
+    rows = [Table.from_csv(o / "results.csv").to_records() for o in (tmp_path / "whole", tmp_path / "g")]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in rows[0]] == \
+           [{k: v for k, v in r.items() if k != "seconds"} for r in rows[1]]
