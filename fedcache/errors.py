@@ -128,6 +128,12 @@ class DirectoryBusyError(FedcacheError):
     """Another fedcache command is writing the directory (a run's, a grid's); the message names it."""
 
 
+class CellFailedError(FedcacheError):
+    """A grid cell (or a batch of cells) raised an error that is not one of fedcache's (a bug, an exhausted
+    resource): the message names the cell and the error; the original is ``__cause__`` (in a worker process, its
+    traceback is)."""
+
+
 class DeniedError(FedcacheError, OSError):
     """The file system refused a read or a write that fedcache does not check for first (another user's store or
     directory, a read-only mount): the message names the file and what to do. ``errno`` and ``filename`` are the

@@ -33,7 +33,7 @@ from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
-from fedcache.grids.cell import cell_record, hold_cell, result_row, run_cell, write_cell_json
+from fedcache.grids.cell import cell_record, failing_as, hold_cell, result_row, run_cell, write_cell_json
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
@@ -404,7 +404,7 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
             with hold_cell(spec.out / CELLS / c.name):
                 write_cell_json(spec.out / CELLS / c.name, c)
         try:
-            with spec.names.swept(spec.sweep):  # as a cell of its own (run_cell), not as train's settings['lr']
+            with spec.names.swept(spec.sweep), failing_as(_batch_text(batch)):  # names as a cell of its own (run_cell) does
                 done = run_batch(batch, tables, folder, stop)
         except DivergedError:
             # Which stacked run diverged is not known here, so each runs as its own run, which records its own
@@ -417,6 +417,12 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
     # (batches run side by side).
     shutil.rmtree(folder, ignore_errors=True)
     yield from rows
+
+
+def _batch_text(batch: dict) -> str:
+    first = next(iter(batch))
+    others = f" and {count(len(batch) - 1, 'other cell')}" if len(batch) > 1 else ""
+    return f"the batch of {CELLS}/{first.name}{others}"
 
 
 def _drop_stale_batches(folder: Path, batches: list[list[Cell]]) -> None:

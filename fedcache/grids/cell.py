@@ -7,13 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedcache.disk import PARTIAL, discard, read_json, remove_partial_writes, write_text
-from fedcache.errors import DirectoryBusyError
+from fedcache.errors import CellFailedError, DirectoryBusyError, FedcacheError
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
 from fedcache.training import train
+from fedcache.wording import named
 
 DONE = SUMMARY  # written last by a run: a finished cell; DIVERGED marks one finished as NaN (a candidate: it loses)
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
@@ -32,7 +33,8 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
         write_cell_json(out, c)
         cfg = train_config(spec, c, out).replace(resume=resume)
         try:
-            with spec.names.swept(spec.sweep):  # its advice names a setting as the grid's caller gave it: not settings['lr']
+            # Its advice names a setting as the grid's caller gave it: not settings['lr'].
+            with spec.names.swept(spec.sweep), failing_as(f"the cell {CELLS}/{c.name}"):
                 result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
         except DivergedError as exc:
             # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and
@@ -43,6 +45,23 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
             write_text(out / DIVERGED, json.dumps(record) + "\n", "the cell's record")
             return diverged_row(c, out)
         return result_row(c, result, out)
+
+
+@contextlib.contextmanager
+def failing_as(what: str) -> Iterator[None]:
+    """An error of the block that is not one of fedcache's (a bug, an exhausted resource; an OSError is said in one
+    line already) raised as one line naming ``what`` (a cell, a batch): of a grid of hundreds of cells, a traceback
+    said neither which cell failed nor that the finished ones are kept."""
+    try:
+        yield
+    except (FedcacheError, OSError):
+        raise
+    except Exception as exc:
+        said = (str(exc).strip().splitlines() or [""])[0]
+        where = named("FEDCACHE_DEBUG=1 shows where it happened", "the error's cause shows where it happened")
+        raise CellFailedError(f"{what} failed: {type(exc).__name__}{': ' + said if said else ''} ({where}); "
+                              f"finished cells are kept, and the same grid {named('command', 'call')} run again "
+                              "trains this one again") from exc
 
 
 # Seconds a cell's live holder is waited for: a worker of a grid killed outright leaves within a tenth of a second

@@ -485,3 +485,55 @@ def test_a_full_disk_advises_the_same_grid_command_or_call_again(toy_store, tmp_
     code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--rounds", "1",
                  "--out", str(tmp_path / "cli")])
     assert code == 1 and f"free some space and run the same grid command again: {kept}" in capsys.readouterr().err
+
+
+def _fails_in_a_cell() -> list:
+    from fedcache.grids.cell import failing_as
+
+    with failing_as("the cell cells/x"):
+        raise RuntimeError("boom\nits second line")
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_cell_s_own_error_is_one_line_naming_it_and_a_re_run_trains_only_it(toy_store, tmp_path, monkeypatch,
+                                                                              capsys, engine):
+    """A cell (or its batch) that raised an error of no fedcache kind (a bug, memory run out) stopped the grid with
+    a traceback naming neither the cell nor what was kept. One line names it and the error, the grid exits non-zero,
+    and the same command run again trains only what did not finish."""
+    from fedcache.grids import batches, cell
+
+    argv = ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg,fedproto", "--partition",
+            "iid", "--clients", "2", "--rounds", "1", "--seeds", "0,1", "--engine", engine, "--jobs", "1",
+            "--out", str(tmp_path / "g")]
+    train, run_batch = cell.train, batches.run_batch
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a method's bug\nwhose second line")
+
+    monkeypatch.setattr(batches, "run_batch", lambda batch, *a: bug() if next(iter(batch)).method == "fedproto"
+                        else run_batch(batch, *a))
+    monkeypatch.setattr(cell, "train", lambda cfg, **kw: bug() if kw["run_name"].startswith("fedproto") else train(cfg, **kw))
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    what = "the batch of cells/fedproto__" if engine == "batched" else "the cell cells/fedproto__"
+    (said,) = [l for l in err.splitlines() if l.startswith("error:")]
+    assert re.fullmatch(rf"error: {what}\S+( and 1 other cell)? failed: RuntimeError: a method's bug \(FEDCACHE_DEBUG=1 "
+                        r"shows where it happened\); finished cells are kept, and the same grid command run again trains "
+                        r"this one again", said), err
+    kept = {p.parent.name for p in (tmp_path / "g" / "cells").glob("*/summary.json")}
+    assert kept == {f"fedavg__partition=iid__clients=2__rounds=1__seed={s}" for s in (0, 1)}
+    monkeypatch.setattr(batches, "run_batch", run_batch)
+    monkeypatch.setattr(cell, "train", train)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "2 of 4 cells finished before, 2 to train" in err
+    assert len(list((tmp_path / "g" / "cells").glob("*/summary.json"))) == 4
+
+
+def test_a_cell_s_own_error_reaches_the_grid_from_a_worker_as_its_one_line():
+    from fedcache.errors import CellFailedError
+    from fedcache.grids.pool import Workers
+
+    with Workers(1) as workers, pytest.raises(CellFailedError, match=r"^the cell cells/x failed: RuntimeError: boom \("):
+        list(workers.run([(_fails_in_a_cell, ())]))
