@@ -136,8 +136,8 @@ class PlainProgress:
         task.total = task.total if total is None else total
         task.completed = task.completed if completed is None else completed
         task.fields.update(fields)
-        if grown and task.printed_step == 10:  # said finished, then given more (halving's next rung): its tenths go on
-            task.printed_step = int(10 * task.completed / task.total)
+        if grown:  # given more (halving's revived runs, its test stage), even once said finished: its tenths go on
+            task.printed_step = min(task.printed_step, int(10 * task.completed / task.total))
         self._emit(task)
 
     def _emit(self, task: _Task, force: bool = False) -> None:

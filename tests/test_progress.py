@@ -69,6 +69,22 @@ def test_a_total_grown_after_its_end_goes_on_being_said_to_its_new_end():
     assert "grid 16/20 (80%) ETA 4s" in lines  # its tenths go on after the new total
 
 
+def test_a_total_grown_before_its_end_goes_on_with_the_tenths_of_the_new_total():
+    """A halving grid whose revived candidates ran more than planned, counted on by its test stage: the total grows
+    at 95 of 100 to 200. Its tenths went on only once past the 90% said before, so nothing was said until the end."""
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock)
+    task = progress.add_task("grid", total=100)
+    for done in range(1, 96):
+        clock.t += 1
+        progress.update(task, completed=done)
+    for done in range(96, 201):
+        clock.t += 1
+        progress.update(task, total=200, completed=done)
+    counts = [line.split()[1] for line in out.getvalue().splitlines()]
+    assert counts[-7:] == ["90/100", "100/200", "120/200", "140/200", "160/200", "180/200", "200/200"]
+
+
 def test_new_ends_in_quick_succession_wait_as_tenths_do_and_the_last_is_said_on_exit():
     """A total grown with the count printed a line per cell (each a new 100%), past the one-per-interval promise."""
     out, clock = io.StringIO(), Clock()
