@@ -84,6 +84,14 @@ def swept(file: Path | str | None = None, keys: Mapping[str, str] | None = None)
         yield
 
 
+def run_again() -> str:
+    """How a run is trained again from round 0, as its caller does it: a grid's cell (inside ``swept``) by deleting
+    its folder and running the same grid again (a grid takes no --overwrite), a run with ``--overwrite``."""
+    if _GIVEN.get() != "settings":
+        return f"delete its folder and run the same grid {named('command', 'call')} again"
+    return f"run it again with {named('--overwrite', 'overwrite=True')}"
+
+
 @contextlib.contextmanager
 def filed() -> Iterator[None]:
     """Settings and options checked inside came from a grid file's [set]: messages name each by its key there."""

@@ -32,6 +32,7 @@ from fedcache.federate.metrics import summarize
 from fedcache.federate.rundir import CHECKPOINT, METRICS, RunDir, load_checkpoint, no_checkpoint, save_checkpoint
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
+from fedcache.wording import run_again
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +333,7 @@ def resumed_history(r: Run, upto: int) -> list[dict]:
     lost = sorted({k + 1 for k in range(upto) if evaluation_due(r.schedule, k)} - {line["round"] for line in history})
     if lost:
         log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
-                    "and report miss them: run it again with --overwrite to have them", r.out.path / METRICS, lost)
+                    "and report miss them: %s to have them", r.out.path / METRICS, lost, run_again())
     return history
 
 

@@ -12,6 +12,7 @@ from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.schedule import Schedule
+from fedcache.wording import keyword_names
 
 from .conftest import synthetic
 
@@ -139,6 +140,10 @@ def test_a_metrics_line_the_checkpoint_covers_cannot_vanish_silently(data, tmp_p
     assert [l["round"] for l in resumed.history] == [1, 3]
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "rounds [2, 4]" in warned[0] and "--overwrite" in warned[0]
+    caplog.clear()
+    with caplog.at_level("WARNING"), keyword_names():  # fedcache.train(resume=True) names its keyword
+        run(make("fedavg", data), RunConfig(rounds=4, out=tmp_path, resume=True))
+    assert "miss them: run it again with overwrite=True to have them" in caplog.text
 
 
 def test_eval_every_and_history(data):

@@ -704,6 +704,7 @@ def test_a_damaged_metrics_line_of_a_stopped_batch_s_cell_keeps_the_batch_unless
         return
     assert loaded == [ck] and "interrupted batch" not in caplog.text
     assert f"{cell / 'metrics.jsonl'} lacked readable metrics lines of rounds [1]" in caplog.text
+    assert "miss them: delete its folder and run the same grid call again to have them" in caplog.text
     assert [(l["round"], l["per_client"]) for l in again] == [(l["round"], l["per_client"]) for l in whole[1:]]
     rows = [Table.from_csv(o / "results.csv").to_records() for o in (tmp_path / "whole", tmp_path / "g")]
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in rows[0]] == \
