@@ -404,7 +404,8 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
             with hold_cell(spec.out / CELLS / c.name):
                 write_cell_json(spec.out / CELLS / c.name, c)
         try:
-            with spec.names.swept(spec.sweep), failing_as(_batch_text(batch)):  # names as a cell of its own (run_cell) does
+            # Its messages name a setting as a cell of its own does (run_cell), not as train's settings['lr'].
+            with spec.names.swept(spec.sweep), failing_as(_batch_text(batch)):
                 done = run_batch(batch, tables, folder, stop)
         except DivergedError:
             # Which stacked run diverged is not known here, so each runs as its own run, which records its own
@@ -465,8 +466,8 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
                          + (f" and {count(len(behind) - 1, 'other cell')}" if len(behind) > 1 else "")
                          + " (deleted or cleared since)")
         elif last:
-            _drop(batch, f"whose checkpoint is of its cells' last round ({rnd}), whose metrics line in {last[0] / METRICS} "
-                         "is damaged: a cell's results are read from that line")
+            _drop(batch, f"whose checkpoint is of its cells' last round ({rnd}), whose metrics line in "
+                         f"{last[0] / METRICS} is damaged: a cell's results are read from that line")
     _remove_if_empty(folder)
 
 
@@ -477,7 +478,8 @@ def _lacks(cfg: RunSpec, rnd: int) -> str | None:
     """What a run's directory lacks of what a stacked checkpoint of round ``rnd`` implies, or None: its config.json
     or its metrics lines up to the last round evaluated by then (``_BEHIND``: fewer lines than rounds evaluated, a
     damaged line counted as one), or, damaged, the line of its last round, which its summary is made from
-    (``_LAST_LINE``; a damaged line of an earlier round is only a gap in its history). Read only: resuming trims the log."""
+    (``_LAST_LINE``; a damaged line of an earlier round is only a gap in its history). Read only: resuming trims
+    the log."""
     out = cfg.engine.out
     if rnd <= 0:  # none yet, or unreadable (the resume says so)
         return None
