@@ -112,12 +112,14 @@ def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str,
 def _say_other_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset, backbone: str, emit: ProgressFn) -> None:
     """`--domains` of some of a dataset's domains, without --name: a run on the dataset reads every domain of it, and
     was refused once the store lacked the others (minutes after this command, which said nothing). Said here as the
-    run will say it, with its two ways on: extract the others, or store these under a --name of their own; either
-    of the splits a run reads (train and test: every split of a dataset), whichever this command extracted."""
+    run will say it, with its two ways on: extract the others, or store these under a --name of their own. Of each
+    split a run reads (train and test) that the store holds: `--splits train` of the last domains beside a test split
+    of the others said nothing, and the run was refused for the test split (one it lacks whole is not this line's)."""
     if not cfg.domains or _is_subset(cfg) or set(cfg.domains) >= set(dataset.domains):
         return
+    held = {s[1] for s in store.current() if (s[0], s[3], s[4]) == (dataset.name, backbone, 0)}
     try:
-        for split in cfg.splits:
+        for split in [s for s in SPLITS if s in held]:
             store.table_entries(dataset.name, split, backbone, with_splits=SPLITS)
     except EntryNotFoundError as exc:
         said = f"a run on {dataset.name} reads every domain of it: {exc}"

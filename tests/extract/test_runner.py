@@ -932,3 +932,24 @@ def test_a_checkpoint_backbones_entry_without_its_file_says_the_file_is_not_know
                          "record; and any other option it was started with)")
     assert lookup.views_said(Path("s.zarr"), [viewed], viewed).endswith(
         "=CHECKPOINT` (CHECKPOINT: the file these were extracted from, which the store does not record)")
+
+
+def test_extracting_the_last_domains_of_one_split_says_what_the_other_split_lacks(tmp_path, toy4):
+    """`extract --domains light,dark`, then `--domains pale,deep --splits train`: the train split held every domain,
+    so the line (asked of the splits extracted) said nothing, and a run was refused for the test split's. It says
+    the extraction that the run needs, which, pasted, makes a run read every domain."""
+    from fedcache.cli import main
+    from fedcache.federate.tables import load_splits
+
+    store_path = tmp_path / "s.zarr"
+    extract(cfg(store_path, dataset=toy4, domains=["light", "dark"]))
+    notes = []
+    extract(cfg(store_path, dataset=toy4, domains=["pale", "deep"], splits=("train",)),
+            progress=lambda e: notes.append(e.message) if e.kind == "info" else None)
+    (told,) = [n for n in notes if "every domain" in n]
+    assert "the store has no test features of test-toy4/pale,deep" in told, told
+    command = shlex.split(told.split("`")[1])
+    assert dict(zip(command[2::2], command[3::2]))["--splits"] == "test", told
+    assert main(command[1:] + ["--workers", "0"]) == 0
+    train, test = load_splits(FeatureStore(store_path), "test-toy4", ["tiny-timm-random"])
+    assert train.domain_names == test.domain_names == FOUR
