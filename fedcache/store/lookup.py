@@ -272,7 +272,9 @@ def extract_said(path: Path, pending: list[EntryInfo], domains: list[str] | None
     extraction of an augmented view's entries does not say the options (--views ...) it was started with."""
     k = pending[0].key
     started = "and any other option it was started with" if k.get("view") or k.get("augmentation") else ""
-    return f"`{extract_hint(path, pending, domains, splits)}`" + _unsaid(pending[0], started)
+    every = (f"it extracts every domain of {pending[0].attrs['made_from']['dataset']}, which the entries of "
+             f"{k['dataset']} record" if _domains_unrecorded(pending[0]) else "")
+    return f"`{extract_hint(path, pending, domains, splits)}`" + _unsaid(pending[0], started, every)
 
 
 def _unsaid(made: EntryInfo, *more: str) -> str:
@@ -319,7 +321,9 @@ def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None
         return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
     hint = (f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']} "
             f"--splits {','.join(splits or [k['split']])}")
-    if not _subset(pending[0]):  # a --name's --domains are all of them: fewer would make a dataset of those
+    # A --name's --domains are all of them: fewer would make a dataset of those. One made before they were recorded
+    # records every domain of its source, and any --domains is refused beside them: without, it makes those.
+    if not _subset(pending[0]) and not _domains_unrecorded(pending[0]):
         hint += f" --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
     return hint + _made_as(pending[0])
 

@@ -776,6 +776,31 @@ def test_a_name_extracted_before_its_domains_were_recorded_is_made_again_as_its_
     assert train.domain_names == test.domain_names == ("light",)
 
 
+def test_an_unfinished_name_extracted_before_its_domains_were_recorded_is_finished_by_a_command_that_runs(store_path):
+    """An unfinished entry of `--name X --domains light` made before made_from recorded the domains (its entries name
+    every domain): the hint said `--name X ... --domains light`, which the extraction refuses (the entries record
+    light,dark). The command it says now runs, and X reads the domains its entries record."""
+    from fedcache.cli import main
+    from fedcache.errors import IncompleteEntryError
+
+    def stop(event):
+        if event.kind == "advance":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, domains=["light"], name="X", splits=("train",)), progress=stop)
+    for eid, e in zarr.open_group(str(store_path), mode="r+")["entries"].groups():  # as an older fedcache made them
+        made = dict(e.attrs["made_from"])
+        del made["domains"]
+        e.attrs.update({"made_from": made, "domains": ["light", "dark"]})
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(store_path).read("X", "train", "tiny-timm-random")
+    said = str(unfinished.value)
+    (finish,) = (shlex.split(c) for c in said.split("`")[1::2])
+    assert main(finish[1:] + ["--workers", "0"]) == 0, said
+    assert FeatureStore(store_path).read("X", "train", "tiny-timm-random").domain_names == ("light", "dark")
+
+
 def test_a_hint_says_the_image_size_only_where_it_is_not_the_default(tmp_path):
     """Every hint said --image-size: an entry of the dataset's (else the backbone's) default size is made again
     without it; one of another size keeps it, which the default would not make."""
