@@ -40,11 +40,12 @@ def check(preset: Preset, store: Path, data_root: Path | None = None, weights: d
     for m in sorted({m for e in preset.experiments for m in e.methods}):
         needs.append(Need("method", m, m in METHODS, "" if m in METHODS else "not registered in this fedcache version (`fedcache methods` lists what is)"))
     for e in preset.experiments:
+        lacking = [b for b in e.backbones if not _cached(store, e, b)]  # asked once a backbone, not once a need
         for b in e.backbones:
             if not any(n.kind == "weights" and n.name == b for n in needs):
-                needs.append(_weights_need(b, weights, store, e))
+                needs.append(_weights_need(b, weights, b not in lacking))
         if not any(n.kind == "dataset" and n.name == e.store_dataset for n in needs):
-            needs.append(_dataset_need(e, store, data_root))
+            needs.append(_dataset_need(e, lacking, data_root))
     return needs
 
 
@@ -58,7 +59,8 @@ def _cached(store: Path, e: Experiment, backbone: str) -> bool:
 
     try:
         fs = FeatureStore(store, create=False)
-        infos = [fs.table_entries(e.store_dataset, s, backbone) for s in ("train", "test")]
+        with fs.between_imports(e.store_dataset, [backbone]):  # both splits found together, as a run finds them
+            infos = [fs.table_entries(e.store_dataset, s, backbone) for s in ("train", "test")]
         found = []
         for i in infos:
             with closed_on_error(*found):  # the train rows, where the test's are refused
@@ -87,13 +89,13 @@ def _made_by_preset(e: Experiment, backbone: str, info) -> bool:
             and (spec.weights == "user-checkpoint" or not info.attrs.get("weights_file")))
 
 
-def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> Need:
+def _weights_need(backbone: str, weights: dict, cached: bool) -> Need:
     from fedcache.extract.backbones import BACKBONES
 
     if backbone not in BACKBONES:
         return Need("weights", backbone, False, "unknown backbone (`fedcache backbones` lists them)")
     spec = BACKBONES.get(backbone)
-    if _cached(store, e, backbone):
+    if cached:
         return Need("weights", backbone, True, "features already in the store")
     if spec.weights == "user-checkpoint" and backbone not in weights:
         return Need("weights", backbone, False, f"needs a checkpoint: {spec.weights_help}")  # the help says how to pass it
@@ -102,21 +104,25 @@ def _weights_need(backbone: str, weights: dict, store: Path, e: Experiment) -> N
     return Need("weights", backbone, True, f"downloaded on first use (needs a network): {spec.weights_help or spec.weights}")
 
 
-def _dataset_need(e: Experiment, store: Path, data_root: Path | None) -> Need:
+def _dataset_need(e: Experiment, lacking: list[str], data_root: Path | None) -> Need:
+    """The dataset ``e`` is extracted from, where the store lacks its features of the backbones ``lacking`` (or
+    holds them made otherwise than the preset makes them): the line says which, which the run extracts."""
     from fedcache.extract.datasets import DATASETS, DatasetOptions
 
     if e.dataset not in DATASETS:
         return Need("dataset", e.dataset, False, "not a fedcache dataset")
-    if all(_cached(store, e, b) for b in e.backbones):
+    if not lacking:
         return Need("dataset", e.store_dataset, True, "features already in the store")
     spec = DATASETS.get(e.dataset)
+    extracts = (f" (the run extracts its features of {', '.join(lacking)}: the store lacks them, or holds them made "
+                "otherwise than the preset makes them)")
     if spec.source == "embedded":
-        return Need("dataset", e.store_dataset, True, "generated offline")
+        return Need("dataset", e.store_dataset, True, "generated offline" + extracts)
     try:
         spec.load(DatasetOptions(data_root=data_root))
     except FedcacheError as exc:
         return Need("dataset", e.store_dataset, False, spec.how_to_get or str(exc))
-    return Need("dataset", e.store_dataset, True, f"found under {data_root}")
+    return Need("dataset", e.store_dataset, True, f"found under {data_root}" + extracts)
 
 
 # ---- running -------------------------------------------------------------------------------------

@@ -274,3 +274,22 @@ def test_a_checkpoint_only_backbone_stored_from_its_checkpoint_is_not_extracted_
                                                                     None, {"random_weights": True}))
     assert not rp._made_by_preset(digits, "tiny-timm-random", EntryInfo("x", {**made, "preprocess": {"size": 32}}, 1, 1,
                                                                         True, None, {"random_weights": True}))
+
+
+def test_a_dry_run_says_which_backbones_features_the_run_extracts(toy_store, tmp_path):
+    """The store's check was asked per need and split, and its answer unsaid: a store lacking the test features of a
+    domain listed the dataset as "generated offline", all ok, as an empty store did. The dataset's line says whose
+    features the run extracts; a store holding them says they are there."""
+    import shutil
+
+    from fedcache.store.feature_store import FeatureStore
+    from tests.conftest import BACKBONE
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(toy_store, store)
+    assert [n.how for n in rp.check(TOY, store) if n.kind == "dataset"] == ["features already in the store"]
+    (dark,) = [e.entry_id for e in FeatureStore(store).entries() if e.slot[1:3] == ("test", "dark")]
+    FeatureStore(store).discard(dark, "entries")
+    (dataset,) = [n for n in rp.check(TOY, store) if n.kind == "dataset"]
+    assert dataset.ok and dataset.how.startswith("generated offline (the run extracts its features of "
+                                                 f"{BACKBONE}: the store lacks them"), dataset.how
