@@ -350,7 +350,7 @@ class Option:
     def label(self) -> str:
         """How messages name it: ``--rounds (schedule.rounds)``, or the flag alone outside a tree; in a Python API
         call its keyword, ``rounds`` (a grid's axis ``sweep['rounds']``); from a grid file, its key there."""
-        return option(f"{self.flag} ({self.key})" if self.section else self.flag, self.name)
+        return option(f"{self.flag} ({self.key})" if self.section else self.flag, self.name, self.key)
 
     def given(self, value: Any) -> str:
         """The option with a value, as the caller wrote it: ``--alpha 0.3`` or ``alpha=0.3``."""

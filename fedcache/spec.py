@@ -286,8 +286,8 @@ class RunSpec(_ByOption):
         flat = {f"{s}.{k}": v for s, fields_ in d.items() if s in SECTIONS for k, v in fields_.items()
                 if f"{s}.{k}" in _BY_KEY}
         spec = cls.of(**flat)
-        params = _apply(spec.method.params, {k: (f"method.{k}", v) for k, v in d["method"].get("params", {}).items()})
-        optim = _apply(spec.optim, {k: (f"optim.{k}", v) for k, v in d.get("optim", {}).items() if k != "preset"})
+        params = _apply(spec.method.params, "method", {k: (f"method.{k}", v) for k, v in d["method"].get("params", {}).items()})
+        optim = _apply(spec.optim, "optim", {k: (f"optim.{k}", v) for k, v in d.get("optim", {}).items() if k != "preset"})
         return dataclasses.replace(spec, method=MethodSpec(spec.method.name, params), optim=optim)
 
     def settings(self) -> list[str]:
@@ -382,7 +382,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     if routed["optim"] and not cls.uses_optimizer:
         raise ConfigError(f"{name} trains nothing with an optimizer; remove {set_flag()} "
                           + ", ".join(f"optim.{k}" for k in routed["optim"]))
-    params, optim = _apply(params, routed["method"]), _apply(optim, routed["optim"])
+    params, optim = _apply(params, "method", routed["method"]), _apply(optim, "optim", routed["optim"])
     _refuse_unused(routed["method"], params, "method", name)
     _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
     head = routed["head"]["name"][1] if "name" in routed["head"] else head
@@ -393,10 +393,11 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     return MethodSpec(name, params), optim, HeadChoice(head or cls.default_head)
 
 
-def _apply(obj: Any, values: dict[str, tuple[str, Any]]) -> Any:
-    """``obj`` with each field set to its value, parsed: ``values`` maps field -> (the key as given, value)."""
+def _apply(obj: Any, group: str, values: dict[str, tuple[str, Any]]) -> Any:
+    """``obj`` (the settings ``group``) with each field set to its value, parsed: ``values`` maps field -> (the key
+    as given, value)."""
     types = fields_of(type(obj))
-    parsed = {k: parse(setting(k), v, types[k], verbatim=True) for k, (key, v) in values.items()}
+    parsed = {k: parse(setting(f"{group}.{k}"), v, types[k], verbatim=True) for k, (key, v) in values.items()}
     return dataclasses.replace(obj, **parsed) if parsed else obj
 
 

@@ -14,8 +14,10 @@ _KEYWORDS: ContextVar[bool | None] = ContextVar("fedcache_keyword_names", defaul
 # Where the settings were given: a run's (``--set``, ``settings``), a grid's axes (``--set``, ``sweep``), or a grid
 # file's [set] (``--set``, its keys: the API caller wrote the file, not a ``sweep``).
 _GIVEN: ContextVar[str] = ContextVar("fedcache_settings_given", default="settings")
-# A grid file's [set] axes, inside a grid's cells: the file, and each axis by the name a message asks for (``lr``)
-# -> its key there (``optim.lr``). The file's user wrote them there, not as a sweep or a --set.
+# A grid file's [set] axes, in its pre-flight check and inside its cells: the file, and each axis by the full name of
+# the setting or option it sets (``optim.lr``, ``schedule.rounds``) -> its key there (``lr``). By the full name: two
+# axes whose names end alike (flesd's ``method.momentum``, ``optim.momentum``) are two settings. The file's user
+# wrote them there, not as a sweep or a --set.
 _FILE_AXES: ContextVar[tuple[str, Mapping[str, str]]] = ContextVar("fedcache_file_axes", default=("", {}))
 
 
@@ -76,8 +78,8 @@ def named_as(state: bool | None) -> Iterator[None]:
 @contextlib.contextmanager
 def swept(file: Path | str | None = None, keys: Mapping[str, str] | None = None) -> Iterator[None]:
     """Settings checked inside are a grid's axes: the Python API's ``sweep``, not ``settings`` (inside
-    ``filed()``, still the file's). ``keys``: the axes grid ``file``'s [set] gave (the name a message asks for ->
-    its key there), named as the file's wherever a cell's message comes from: ``grid file g.toml's [set] lr``;
+    ``filed()``, still the file's). ``keys``: the axes grid ``file``'s [set] gave (the full name of what each sets
+    -> its key there), named as the file's wherever a cell's message comes from: ``grid file g.toml's [set] lr``;
     left out, those of an enclosing ``swept`` stay."""
     axes = _FILE_AXES.get() if keys is None else (str(file), dict(keys))
     with _given("file" if _GIVEN.get() == "file" else "sweep"), _set(_FILE_AXES, axes):
@@ -93,9 +95,10 @@ def run_again() -> str:
 
 
 @contextlib.contextmanager
-def filed() -> Iterator[None]:
-    """Settings and options checked inside came from a grid file's [set]: messages name each by its key there."""
-    with _given("file"):
+def filed(file: Path | str, keys: Mapping[str, str]) -> Iterator[None]:
+    """Settings and options checked inside came from grid ``file``'s [set]: messages name each by its key there
+    (``keys``: as ``swept``'s), with the file, as a cell does."""
+    with _given("file"), _set(_FILE_AXES, (str(file), dict(keys))):
         yield
 
 
@@ -103,11 +106,17 @@ def _given(where: str) -> contextlib.AbstractContextManager[None]:
     return _set(_GIVEN, where)
 
 
+def in_grid_file(file: Path | str, key: str = "") -> str:
+    """A grid file's [set] key as every message names it, before the check of its cells and in one:
+    ``grid file g.toml's [set] lr`` (``key`` left out, the table: ``grid file g.toml's [set]``)."""
+    return f"grid file {file}'s [set]" + (f" {key}" if key else "")
+
+
 def _in_file(name: str) -> str | None:
-    """``name`` as a grid's file gave it, where it did (inside ``swept(file, keys)``): ``grid file g.toml's [set]
-    lr``."""
+    """The setting or option of full name ``name`` (``optim.lr``) as a grid's file gave it, where it did (inside
+    ``swept(file, keys)`` or ``filed``): ``grid file g.toml's [set] lr``."""
     file, keys = _FILE_AXES.get()
-    return f"grid file {file}'s [set] {keys[name]}" if name in keys else None
+    return in_grid_file(file, keys[name]) if name in keys else None
 
 
 def by_keyword() -> bool:
@@ -120,16 +129,15 @@ def named(flag: str, keyword: str) -> str:
     return keyword if by_keyword() else flag
 
 
-def option(flag: str, keyword: str) -> str:
+def option(flag: str, keyword: str, key: str = "") -> str:
     """A run option as messages name it: ``flag`` on the command line (``--rounds (schedule.rounds)``), ``keyword``
-    in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] by its
-    key there (``rounds``) in both, normalised as settings are (a file's ``local-epochs`` is ``local_epochs``), and
-    in a grid's cell with the file (``grid file g.toml's [set] rounds``)."""
+    in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] (``key``:
+    its full name, ``schedule.rounds``) by its key there, with the file (``grid file g.toml's [set] rounds``)."""
+    if filed := _in_file(key):
+        return filed
     given = _GIVEN.get()
     if given == "file":
         return keyword
-    if filed := _in_file(keyword):
-        return filed
     if not by_keyword():
         return flag
     return f"sweep[{keyword!r}]" if given == "sweep" else keyword
@@ -143,11 +151,12 @@ def set_flag() -> str:
 
 
 def setting(key: str) -> str:
-    """One setting as messages name it: ``--set lr`` on the command line; in the Python API ``settings['lr']``, a
-    grid's axis ``sweep['lr']``; a grid file's key ``lr`` in both, normalised (a file's ``local-epochs`` is
-    ``local_epochs``), in a grid's cell with the file (``grid file g.toml's [set] lr``)."""
-    if _GIVEN.get() == "file":
-        return key
+    """One setting as messages name it, ``key`` its full name (``optim.lr``): ``--set lr`` on the command line; in
+    the Python API ``settings['lr']``, a grid's axis ``sweep['lr']``; a grid file's [set] key by its key there, with
+    the file (``grid file g.toml's [set] lr``)."""
     if filed := _in_file(key):
         return filed
-    return f"{set_flag()}[{key!r}]" if by_keyword() else f"--set {key}"
+    name = key.rsplit(".", 1)[-1]
+    if _GIVEN.get() == "file":
+        return name
+    return f"{set_flag()}[{name!r}]" if by_keyword() else f"--set {name}"

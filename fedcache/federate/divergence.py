@@ -47,7 +47,7 @@ def _cause(method: Method, k: int, name: str, down: Params) -> str:
         return f"what the server sent this round was already not finite ({', '.join(sent)}): resume from an earlier checkpoint"
     h = method.head
     if name in (*h.body_keys, *h.head_keys, *getattr(h, "buffer_keys", ())):
-        return f"training diverged from finite inputs: lower the learning rate ({setting('lr')}=...)"
+        return f"training diverged from finite inputs: lower the learning rate ({setting('optim.lr')}=...)"
     return (f"'{name}' is not a weight of the {getattr(h, 'name', '')} head but something {method.name} computes or trains itself, "
             "from finite features and a finite received model: check the method's settings (learning rate, "
             "noise scale, ...)")

@@ -405,7 +405,7 @@ def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tu
                 write_cell_json(spec.out / CELLS / c.name, c)
         try:
             # Its messages name a setting as a cell of its own does (run_cell), not as train's settings['lr'].
-            with spec.names.swept(spec.sweep), failing_as(_batch_text(batch)):
+            with spec.names.swept(spec.sweep, spec.methods), failing_as(_batch_text(batch)):
                 done = run_batch(batch, tables, folder, stop)
         except DivergedError:
             # Which stacked run diverged is not known here, so each runs as its own run, which records its own

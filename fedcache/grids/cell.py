@@ -34,7 +34,7 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
         cfg = train_config(spec, c, out).replace(resume=resume)
         try:
             # Its advice names a setting as the grid's caller gave it: not settings['lr'].
-            with spec.names.swept(spec.sweep), failing_as(f"the cell {CELLS}/{c.name}"):
+            with spec.names.swept(spec.sweep, spec.methods), failing_as(f"the cell {CELLS}/{c.name}"):
                 result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
         except DivergedError as exc:
             # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and

@@ -30,7 +30,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
 from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
-from fedcache.wording import by_keyword, filed, named, swept
+from fedcache.wording import by_keyword, filed, in_grid_file, named, swept
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
@@ -143,10 +143,10 @@ class Names:
         listed = (" or " if either else ",").join(map(str, values))
         return f"{option(key).flag} {listed}" if is_option(key) else f"--set {key}={listed}"
 
-    def swept(self, axes: Iterable[str]) -> contextlib.AbstractContextManager[None]:
-        """Messages raised inside (a cell's) name the grid's ``axes`` as its caller gave them: a sweep's
-        (``sweep['lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set] lr``)."""
-        return swept(self.file, {k.rsplit(".", 1)[-1]: k for k in axes if self._filed(k)})
+    def swept(self, axes: Iterable[str], methods: Iterable[str]) -> contextlib.AbstractContextManager[None]:
+        """Messages raised inside (a cell's, of one of ``methods``) name the grid's ``axes`` as its caller gave
+        them: a sweep's (``sweep['lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set] lr``)."""
+        return swept(self.file, file_keys([k for k in axes if self._filed(k)], methods))
 
     def was_given(self, key: str, is_default: bool) -> bool:
         """Whether the user gave ``key``; where that is not known, whether it differs from its default."""
@@ -458,6 +458,12 @@ def _suggested(key: str, known: set[str]) -> str:
     return f"{key} (did you mean {close[0]}?)" if close else key
 
 
+def file_keys(keys: Iterable[str], methods: Iterable[str]) -> dict[str, str]:
+    """A grid file's [set] ``keys`` by the full name of what each sets for any of ``methods`` (``optim.lr`` ->
+    ``lr``), as ``wording.swept`` and ``filed`` look them up."""
+    return {f"{s}.{f}": k for k in keys for _, (s, f) in setting_places(k, list(methods))}
+
+
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
     """The values a grid file's ``[set]`` gives (``keys``), checked as its cells will be, each with the command
     line's axes at their first values: a bad one is named with the file (a cell would name it as a --set flag)."""
@@ -472,14 +478,21 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
         for k in keys:
             for v in spec.sweep[k]:
                 try:
-                    with filed():  # err names the value by the file's key, not as a sweep= the caller never gave
+                    with filed(path, file_keys(keys, spec.methods)):  # err names the value by the file's key, as a cell does
                         base.override({**first, k: v})
                 except ConfigError as err:
-                    # "0.1,0.01" is two values on the command line, one text in a file.
-                    listed = f"; several values are a list in a grid file: {k} = [{', '.join(v.split(','))}]" if "," in v else ""
-                    # err names the key; where it names the table too ([set] lr.a), the table is said once
-                    under = "" if "[set]" in str(err) else ", under [set]"
-                    raise ConfigError(f"grid file {path}{under}: {err}{listed}") from None
+                    raise ConfigError(_in_file_said(err, path, k, v)) from None
+
+
+def _in_file_said(err: ConfigError, path: Path, key: str, value: str) -> str:
+    """A bad value of grid file ``path``'s [set] ``key``: ``err`` with the file named once, as a cell names it."""
+    # "0.1,0.01" is two values on the command line, one text in a file.
+    listed = f"; several values are a list in a grid file: {key} = [{', '.join(value.split(','))}]" if "," in value else ""
+    said = str(err)
+    if in_grid_file(path) in said:  # err names the value itself: grid file g.toml's [set] lr=-1
+        return said + listed
+    # where err names the table ([set] lr.a, unknown [set] key(s)), the table is said once
+    return f"grid file {path}: {said}{listed}" if "[set]" in said else f"{in_grid_file(path)}: {said}{listed}"
 
 
 def _read_toml(path: Path) -> dict:

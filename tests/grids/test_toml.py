@@ -10,6 +10,7 @@ import pytest
 
 from fedcache.errors import ConfigError
 from fedcache.grids import GridSpec, load_toml
+from fedcache.grids.spec import Names
 from tests.conftest import BACKBONE
 from tests.faults import one_error_line, run_cli
 
@@ -115,12 +116,12 @@ CASES = [
     ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}: set.nested.a=[[1]]: expected a value"),
     ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}: set.lr=[]: give a value or a list of values"),
     ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}: set.lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
-    ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "under [set]: lr='x': expected a finite number"),
+    ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "grid file {path}'s [set] lr='x': expected a finite number"),
     ("set.lr comma text", BASE + "[set]\nlr = '0.1,0.01'\nrounds = 1\n",
-     "under [set]: lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
+     "grid file {path}'s [set] lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
     ("set.key hyphen and underscore", BASE + "[set]\nlocal-epochs = 1\nlocal_epochs = 2\n",
      "grid file {path}: set.local-epochs and set.local_epochs are one key (local_epochs); give it once"),
-    ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "under [set]: rounds=0: must be >= 1"),
+    ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "grid file {path}'s [set] rounds=0: must be >= 1"),
     ("an unknown setting", BASE + "[set]\nbogus = 1\nrounds = 1\n", "grid file {path}: unknown [set] key(s) bogus"),
     ("set.seed", BASE + "[set]\nseed = 1\n", "grid file {path}: set.seed: not an axis; seeds is a key of the grid itself: write seeds = ... at the top of the file, above [set]"),
     ("set.out", BASE + "[set]\nout = 'x'\n", "grid file {path}: set.out: not an axis; out is a key of the grid itself"),
@@ -130,7 +131,7 @@ CASES = [
     ("a key twice, said as that", BASE + "jobs = 1\njobs = 2\n", "jobs is given twice (the second at line 3); give each key once"),
     ("an unknown key, suggested", BASE + "keep-checkpoints = 'none'\n", "unknown key(s) keep-checkpoints (did you mean keep_checkpoints?)"),
     ("an unknown partition", BASE + "[set]\npartition = 'nope'\nrounds = 1\n", "nope"),
-    ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "under [set]: alpha=-1.0: must be > 0"),
+    ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "grid file {path}'s [set] alpha=-1.0: must be > 0"),
 ]
 
 
@@ -245,10 +246,10 @@ def test_the_issue_s_seeds_and_jobs_run(toy_store, tmp_path, capsys):
 
 
 # After "grid file PATH": the table named once, by the message or before it ("under [set]: [set] lr.a" said it twice).
-BAD_UNDER_SET = [("rounds = 'ten'", ", under [set]: rounds='ten': expected an integer"),  # named by its key in the file
+BAD_UNDER_SET = [("rounds = 'ten'", "'s [set] rounds='ten': expected an integer"),  # named by its key in the file
                  ("lrr = 0.1", ": unknown [set] key(s) lrr (did you mean 'lr'?)"),
                  ("lr = {a = 1}", ": [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., "),
-                 ("lr = [-0.1, 0.01]", ", under [set]: lr=-0.1: must be > 0")]
+                 ("lr = [-0.1, 0.01]", "'s [set] lr=-0.1: must be > 0")]
 
 
 @pytest.mark.parametrize("bad, said", BAD_UNDER_SET)
@@ -362,3 +363,20 @@ def test_the_command_line_overrides_a_files_setting_given_under_another_name(tmp
     assert spec.sweep == {"rounds": ["3"], "lr": ["0.01"], "local_epochs": ["1"]}
     with pytest.raises(ConfigError, match="lr and optim.lr name the same setting of fedavg"):
         grid_spec(tmp_path / "g.toml", settings=["lr=0.01", "optim.lr=0.02"])
+
+
+def test_two_set_keys_ending_alike_are_each_named_by_its_own_key(toy_store, tmp_path):
+    """flesd has a method.momentum and an optim.momentum: as two axes of a grid file they were one name to its
+    messages (keyed by the last part), so a bad one could be named as the other; before the cells and in one."""
+    import fedcache
+    from fedcache.wording import setting
+
+    path = tmp_path / "g.toml"
+    path.write_text('methods = ["flesd"]\n[set]\n"optim.momentum" = [0.9]\n"method.momentum" = [-1]\nclients = 2\n')
+    with pytest.raises(ConfigError) as err:
+        fedcache.grid(config=path, store=toy_store, dataset="test-toy", backbones=BACKBONE, out=tmp_path / "g")
+    assert str(err.value).startswith(f"grid file {path}'s [set] method.momentum=-1"), str(err.value)
+    fields = load_toml(path)
+    with Names.of_file(path, fields).swept(fields["sweep"], fields["methods"]):  # as a cell's messages name them
+        for key in ("optim.momentum", "method.momentum"):
+            assert setting(key) == f"grid file {path}'s [set] {key}"

@@ -43,7 +43,7 @@ def load_clip(data: FederatedData, method: str, weights: str = "") -> LoadedBack
     if bb.weights_hash != recorded:
         raise ConfigError(
             f"{method}: the {name} weights loaded here (hash {bb.weights_hash}) are not the ones the cached "
-            f"features were extracted with (hash {recorded}); pass the same checkpoint with {setting('weights')}=PATH"
+            f"features were extracted with (hash {recorded}); pass the same checkpoint with {setting('method.weights')}=PATH"
         )
     return bb
 
