@@ -115,9 +115,9 @@ def _said_diverged(spec: GridSpec, table: Table) -> Table:
         first = lost[0]
         log.warning(
             "%s diverged (%s is the first; its error is in %s): table.md marks %s; lower the values that "
-            "diverge, or leave them out, in a new %s", count(len(lost), "cell") + f" of {len(table)}",
+            "diverge, or leave them out, in %s", count(len(lost), "cell") + f" of {len(table)}",
             first["run_dir"], spec.out / first["run_dir"] / DIVERGED, "them" if len(lost) > 1 else "it",
-            spec.names.key("out"))
+            spec.names.new_out())
     return table
 
 

@@ -112,8 +112,8 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
         what = read_diverged(spec.out / TEST / lost[0]["run_dir"])
         prune = f" or leave out {spec.names.key('prune')}" if early else ""
         raise DivergedError(f"{spec.names.key('select')}: a value chosen on validation ({spec.out / SELECTION}) diverged "
-                            f"on the test split{cut}: {what}. Choose among smaller values{prune}, in a new "
-                            f"{spec.names.key('out')}")
+                            f"on the test split{cut}: {what}. Choose among smaller values{prune}, in "
+                            f"{spec.names.new_out()}")
     # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
     # a column nor (the grid swept several) in the caption's fixed options.
     chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"

@@ -132,6 +132,10 @@ class Names:
         return named(f"{_flag(key)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}",
                      f"{key}={value!r}")
 
+    def new_out(self) -> str:
+        """Advice to run a grid again elsewhere: ``a new directory (--out DIR)``, ``(out='DIR')``, ``(out = "DIR")``."""
+        return f"a new directory ({self.add('out', 'DIR')})"
+
     def add_axis(self, key: str, values: list, either: bool = False) -> str:
         """Advice to give an axis: ``lr = ["1e-3", "1e-2"] under [set]`` or ``--set lr=1e-3,1e-2``; ``either``:
         one of ``values`` (``partition = "dirichlet" or "domain-dirichlet" under [set]``)."""

@@ -266,7 +266,7 @@ def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_
     assert "| fedavg | " in (tmp_path / "g" / "table.md").read_text() and "diverged (2 seeds)" in (tmp_path / "g" / "table.md").read_text()
     error = json.loads((tmp_path / "g" / lost[0]["run_dir"] / "diverged.json").read_text())["error"]
     assert "NaN/inf" in error and "lower the learning rate (sweep['lr']=...)" in error, error
-    assert "2 cells of 4 diverged" in caplog.text and "in a new out" in caplog.text
+    assert "2 cells of 4 diverged" in caplog.text and "in a new directory (out='DIR')" in caplog.text
     ran = []
     grid(**kw, on_cell=lambda done, total, row: ran.append(row))
     assert ran == []

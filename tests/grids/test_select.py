@@ -139,7 +139,7 @@ def test_a_chosen_value_that_diverges_on_the_test_split_says_so_in_one_line(toy_
     monkeypatch.setattr(cell, "train", train)
     out = tmp_path / "g"
     with pytest.raises(DivergedError, match=r"^select: a value chosen on validation \(.*selection.json\) diverged on the "
-                                            r"test split: round 2, client 0"):
+                                            r"test split: round 2, client 0.*Choose among smaller values, in a new directory \(out='DIR'\)$"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], out=out,
              select=["lr"], sweep=SWEEP, engine="processes")
     assert json.loads((out / "selection.json").read_text())["choices"]
