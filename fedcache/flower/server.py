@@ -35,7 +35,8 @@ from fedcache.federate.inprocess import OnRound, for_one_run
 from fedcache.federate.rundir import CONFIG, RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.federate.methods.base import tensor_size
-from fedcache.flower.config import SERVER_ENV, FlowerRun, ServerPaths, build_method, refuse_resume_with_client_state
+from fedcache.flower.config import (SERVER_ENV, FlowerRun, ServerPaths, build_method, refuse_resume_with_client_state,
+                                     start_anew)
 from fedcache.flower.protocol import to_record
 from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, accept_train_replies, aggregate_alone,
                                      claimed_client, expected_reply)
@@ -294,6 +295,9 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         if resume:
             raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
         log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
+    elif resume and not paths.out.exists():
+        # said before the folder is held (made): as train's check_resumable, a mistyped run id most often
+        raise ConfigError(f"{resume_as}: {paths.out} does not exist; {_again(resume_as)}")
     with _owned(paths.out):
         data, info = load_server(paths.server_shard)
         method = build_method(run, data)
@@ -334,8 +338,7 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
         disk.write_text(path, json.dumps(config, indent=2) + "\n", "the run's config.json")
         return
     refuse_resume_with_client_state(method, out, resume_as)
-    again = ("check the run id (`flwr run` printed it), or submit the run anew without deploy.resume_run"
-             if resume_as.startswith("deploy.") else f"start the run without {resume_as}")
+    again = _again(resume_as)
     if not path.exists():
         raise ConfigError(f"{resume_as}: {out} has no config.json; {again}")
     # Checked here, not by the round driver, whose message names --resume: a run stopped before its first round
@@ -367,11 +370,15 @@ def _known_to_both(saved: dict, config: dict) -> None:
         config["shards"] = {k: v for k, v in config["shards"].items() if k != "entries"}
 
 
+def _again(resume_as: str) -> str:
+    """What to do when the run to resume is not there to continue (no folder, no config.json, no checkpoint)."""
+    return start_anew(resume_as, f"start the run without {resume_as}", before="check the run id (`flwr run` printed it), or ")
+
+
 def _start_again(out: Path, resume_as: str) -> str:
     """What to do when a resumed run's config.json is damaged: without it nothing says what the checkpoint computes."""
-    if resume_as.startswith("deploy."):
-        return "submit the run anew without deploy.resume_run, which starts it again under a new run id"
-    return f"delete the folder {out} and run the same command without {resume_as}, which starts that run again"
+    return start_anew(resume_as, f"delete the folder {out} and run the same command without {resume_as}, which starts that "
+                      "run again", after=", which starts it again under a new run id")
 
 
 def _not_a_run_config(value) -> str:

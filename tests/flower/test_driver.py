@@ -130,8 +130,12 @@ def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards
     with pytest.raises(ConfigError, match="fedproto keeps personal client state on the nodes.*start it again without "
                                           "--resume in another --out"):
         _serve(shards, tmp_path, _run("fedproto"), resume=True)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no config.json"):
         _serve(shards, tmp_path / "empty", _run(), resume=True)
+    with pytest.raises(ConfigError, match=r"^--resume: \S+missing does not exist; start the run without --resume$"):
+        _serve(shards, tmp_path / "missing", _run(), resume=True)
+    assert not (tmp_path / "missing").exists()
 
 
 def _server_app(shards, runs, monkeypatch):
@@ -172,7 +176,8 @@ def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_pat
     main = _server_app(shards, tmp_path / "runs", monkeypatch)
     with pytest.raises(Interrupted):
         main(7, _run(), stop_before=1)
-    for resumed, why in (("7", "has no checkpoint"), ("9", "has no config.json"), ("7", "other settings")):
+    (tmp_path / "runs" / "run-5").mkdir()
+    for resumed, why in (("7", "has no checkpoint"), ("5", "has no config.json"), ("7", "other settings")):
         run = _run(resume_run=resumed, rounds=5 if why == "other settings" else 4)
         if why == "other settings":
             (tmp_path / "runs" / "run-7" / "checkpoint.pt").write_bytes(b"")  # past the checkpoint check
@@ -183,6 +188,18 @@ def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_pat
                                           "run anew without deploy.resume_run") as err:
         main(8, _run("fedproto", resume_run="7", rounds=4))
     assert "--resume" not in str(err.value) and "in-process engine, or" not in str(err.value)
+
+
+def test_a_deployment_resuming_a_run_id_that_never_ran_says_so_and_makes_nothing(shards, tmp_path, monkeypatch):
+    """The server's hold of the run's folder made it first: a run id with no run was said to have no config.json,
+    and its empty folder stayed among the runs."""
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ConfigError) as err:
+        main(8, _run(resume_run="9"))
+    assert str(err.value) == (f"deploy.resume_run='9': {tmp_path / 'runs' / 'run-9'} does not exist; check the run id "
+                              "(`flwr run` printed it), or submit the run anew without deploy.resume_run")
+    assert list((tmp_path / "runs").iterdir()) == []
 
 
 def test_the_in_process_engine_refuses_to_resume_a_flower_run_in_one_line(flower_store, shards, tmp_path):
