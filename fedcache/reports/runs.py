@@ -126,7 +126,8 @@ def find_runs(root: Path) -> list[Run]:
         raise ConfigError(f"{root} is not a directory; {_give_a_directory()}")
     found = _files_named(root, (SUMMARY, RUNGS, DIVERGED))
     finished = {p.parent for p in found if p.name != DIVERGED}
-    finished -= _in_training(finished)
+    cells = _Cells()
+    finished -= _in_training(finished, cells)
     paths = sorted(p for p in finished if (p / METRICS).exists())
     for p in sorted(finished - set(paths)):  # a report short of a run without a word would mislead
         log.warning("%s is finished but has no %s (deleted?); the report leaves it out", p, METRICS)
@@ -136,7 +137,7 @@ def find_runs(root: Path) -> list[Run]:
     # Diverged cells have no result but count: a mean over the other seeds alone would pass for all of them.
     diverged = sorted(p.parent for p in found
                       if p.name == DIVERGED and (p.parent / CELL).exists() and p.parent not in finished)
-    runs = [_read(p) for p in paths] + [_diverged(p) for p in diverged]
+    runs = [_read(p, cells[p]) for p in paths] + [_diverged(p) for p in diverged]
     # Cells of several grids (a reproduce directory) are told apart by their grid's directory.
     grids = {r.path.parent.parent for r in runs if (r.path / CELL).exists()}
     if len(grids) > 1:
@@ -217,17 +218,26 @@ def _run_json(path: Path, name: str, problem=None) -> dict:
     return read_json(path / name, REDO_RUN.format(folder=path), problem)
 
 
-def _read(path: Path) -> Run:
+class _Cells(dict):
+    """Each run's cell.json ({} where it has none), read once however many questions a report asks of it (its
+    halving group, its candidate, its setting)."""
+
+    def __missing__(self, path: Path) -> dict:
+        self[path] = cell = _run_json(path, CELL)
+        return cell
+
+
+def _read(path: Path, cell: dict) -> Run:
+    """A finished run; ``cell``: its cell.json."""
     summary = _run_json(path, SUMMARY, _summary_problem) or _stopped(path)
     # A line torn by a crash is no round; bytes cut inside a character are one such line.
     history = log_lines((path / METRICS).read_text(errors="replace"))
-    run = Run(path, summary, history, _run_json(path, CONFIG, _config_problem), _setting(path))
+    run = Run(path, summary, history, _run_json(path, CONFIG, _config_problem), _setting(path, cell))
     run.missing = _cut_short(run)
     return run
 
 
-def _setting(path: Path) -> dict:
-    cell = _run_json(path, CELL)
+def _setting(path: Path, cell: dict) -> dict:
     if not isinstance(cell.get("setting", {}), dict):
         raise DamagedFileError(path / CELL, "its \"setting\" is not a JSON object", REDO_RUN.format(folder=path))
     return cell.get("setting", {})
@@ -248,7 +258,7 @@ def _cut_short(run: Run) -> str:
 def _diverged(path: Path) -> Run:
     cell = _run_json(path, CELL, _summary_problem)  # a diverged cell is named by its cell.json's method
     return Run(path, {"method": cell["method"], "diverged": True}, [], _run_json(path, CONFIG, _config_problem),
-               _setting(path))
+               _setting(path, cell))
 
 
 def unscored(r: Run) -> bool:
@@ -276,7 +286,7 @@ def _last_rung(path: Path) -> int:
     return max(map(int, _run_json(path, RUNGS, _rungs_problem)), default=0)
 
 
-def _in_training(paths: set[Path]) -> set[Path]:
+def _in_training(paths: set[Path], cells: _Cells) -> set[Path]:
     """The cells of ``paths`` that halving kept at their last rung, on their way to the next. A candidate is kept or
     cut with all its seeds, and the grid trains them in turns: a seed still waiting at the rung, beside one that has
     gone past it (or finished), was kept there too, not cut."""
@@ -284,14 +294,15 @@ def _in_training(paths: set[Path]) -> set[Path]:
     if not any((p / RUNGS).exists() and not (p / SUMMARY).exists() for p in paths - past):
         return past  # no seed waits at a rung (no halving grid): every other run's metrics need not be read twice
     everyone = {p: _reached(p) for p in paths}  # each run's metrics read once, for both questions
-    past |= _awaiting_cut(everyone)
+    past |= _awaiting_cut(everyone, cells)
     reached = {p: at for p, at in everyone.items() if not (p / DIVERGED).exists()}
-    furthest = _furthest(reached, _candidate)
-    waiting = {p for p in reached if (p / RUNGS).exists() and not (p / SUMMARY).exists() and _candidate(p) is not None}
-    return past | {p for p in waiting if furthest[_candidate(p)] > reached[p]}
+    candidate = {p: _candidate(p, cells[p]) for p in reached}
+    furthest = _furthest(reached, candidate)
+    waiting = {p for p in reached if (p / RUNGS).exists() and not (p / SUMMARY).exists() and candidate[p] is not None}
+    return past | {p for p in waiting if furthest[candidate[p]] > reached[p]}
 
 
-def _awaiting_cut(reached: dict[Path, int]) -> set[Path]:
+def _awaiting_cut(reached: dict[Path, int], cells: _Cells) -> set[Path]:
     """The runs of ``reached`` (each run's last round, ``_reached``) paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
     unfinished, as a full grid's interrupted cells are, not cut. The kept candidates of a cut train past its rung
     next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut.
@@ -301,9 +312,9 @@ def _awaiting_cut(reached: dict[Path, int]) -> set[Path]:
     if not paused:
         return set()
     selected: dict[Path, set[str]] = {}  # per stage, the axes its grid selects (read once)
-    group = lambda p: _group(p, selected)  # noqa: E731
+    group = {p: _group(p, cells[p], selected) for p in reached}
     furthest = _furthest(reached, group)
-    return {p for p in paused if furthest.get(group(p), 0) <= _last_rung(p)}
+    return {p for p in paused if furthest.get(group[p], 0) <= _last_rung(p)}
 
 
 def _reached(path: Path) -> int:
@@ -314,18 +325,18 @@ def _reached(path: Path) -> int:
     return _last_round(path)
 
 
-def _furthest(reached: dict[Path, int], key) -> dict[tuple, int]:
-    """The furthest round any run of each ``key`` (a candidate, a group) reached."""
+def _furthest(reached: dict[Path, int], key: dict[Path, tuple | None]) -> dict[tuple, int]:
+    """The furthest round any run of each ``key`` (its candidate, its group) reached."""
     furthest: dict[tuple, int] = {}
     for p, at in reached.items():
-        if (k := key(p)) is not None:
+        if (k := key[p]) is not None:
             furthest[k] = max(furthest.get(k, 0), at)
     return furthest
 
 
-def _group(path: Path, selected: dict[Path, set[str]]) -> tuple | None:
-    """A grid cell's halving group: its stage, method and the settings its grid does not select (None: no cell)."""
-    cell = _run_json(path, CELL)
+def _group(path: Path, cell: dict, selected: dict[Path, set[str]]) -> tuple | None:
+    """A grid cell's halving group (``cell``: its cell.json): its stage, method and the settings its grid does not
+    select (None: no cell)."""
     if cell.get("method") is None:
         return None
     stage = path.parent.parent
@@ -346,9 +357,9 @@ def _last_round(path: Path) -> int:
     return max((line["round"] for line in history), default=0)
 
 
-def _candidate(path: Path) -> tuple | None:
-    """A grid cell's candidate: its grid, method and setting, its seed left out (None: not a grid cell)."""
-    cell = _run_json(path, CELL)
+def _candidate(path: Path, cell: dict) -> tuple | None:
+    """A grid cell's candidate (``cell``: its cell.json): its grid, method and setting, its seed left out (None: not
+    a grid cell)."""
     if cell.get("method") is None:
         return None
     return path.parent, cell["method"], tuple(sorted((str(k), str(v)) for k, v in (cell.get("setting") or {}).items()))

@@ -3,6 +3,7 @@ engines: the same choices when resumed, a diverged candidate dropped, continued 
 runs bit for bit."""
 from __future__ import annotations
 
+import collections
 import importlib
 import json
 import re
@@ -166,7 +167,7 @@ def test_a_resumed_pruned_grid_makes_the_same_choices_as_an_uninterrupted_one(to
 
 @pytest.mark.parametrize("trained, paused", [(9, 1), (6 * 2 + 2 * 2, 3)])
 def test_a_pruned_grid_interrupted_before_a_cut_shows_its_paused_candidates_unfinished(toy_store, tmp_path, ordered,
-                                                                                        trained, paused):
+                                                                                        trained, paused, monkeypatch):
     """Ctrl-C before the cut at round 1 (9 of its 12 cells there), or before the one at round 3 (both kept candidates
     there): the report showed the candidates paused there as "stopped at round r", as if cut. No cut was made: they
     are unfinished, as a full grid's interrupted cells are; the grid resumed makes the cuts an uninterrupted one made."""
@@ -186,10 +187,27 @@ def test_a_pruned_grid_interrupted_before_a_cut_shows_its_paused_candidates_unfi
         md = write_report(tmp_path / "part").markdown.read_text()
         assert "Unfinished grid: 8 of its 14 cells have a result" in md
         assert "(stopped at round 1)" in md and f"stopped at round {paused}" not in md
+        assert _cell_json_reads(tmp_path / "part", monkeypatch) == {1}  # a paused run's was read for its group, then to judge it
     grid(**kw(toy_store, tmp_path / "part"), prune="halving")
     grid(**kw(toy_store, tmp_path / "whole"), prune="halving")
     assert selection(tmp_path / "part") == selection(tmp_path / "whole")
     assert "Unfinished" not in write_report(tmp_path / "part").markdown.read_text()
+
+
+def _cell_json_reads(root, monkeypatch) -> set[int]:
+    """How many times a report's search for runs under ``root`` reads each cell.json it reads."""
+    from fedcache.reports import runs
+
+    reads, real = collections.Counter(), runs._run_json
+
+    def counted(path, name, problem=None):
+        reads[path] += name == runs.CELL
+        return real(path, name, problem)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(runs, "_run_json", counted)
+        runs.find_runs(root)
+    return set(reads.values()) - {0}
 
 
 @pytest.mark.parametrize("engine", ["processes", "batched"])
