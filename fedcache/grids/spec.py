@@ -473,6 +473,7 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
     line's axes at their first values: a bad one is named with the file (a cell would name it as a --set flag)."""
     others = {k: vs[0] for k, vs in spec.sweep.items() if k not in keys}
     first = {k: spec.sweep[k][0] for k in keys}
+    in_file = file_keys(keys, spec.methods)
     for m in spec.methods:
         try:
             base = RunSpec.of(store=spec.store, dataset=spec.dataset, backbones=spec.backbones, method=m,
@@ -482,7 +483,7 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
         for k in keys:
             for v in spec.sweep[k]:
                 try:
-                    with filed(path, file_keys(keys, spec.methods)):  # err names the value by the file's key, as a cell does
+                    with filed(path, in_file):  # err names the value by the file's key, as a cell does
                         base.override({**first, k: v})
                 except ConfigError as err:
                     raise ConfigError(_in_file_said(err, path, k, v)) from None
