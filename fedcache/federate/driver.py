@@ -391,9 +391,7 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
     """A run stopped before its last round: scored at this round (the metrics line of a round without one is
     computed, not logged, so that the run's files stay those of an uninterrupted run) and, where it trained in
     a stack, its own checkpoint written, so that it continues by itself or in any other stack."""
-    due = history and history[-1]["round"] == state.rnd
-    line = history[-1] if due else metrics_line(r.method, state, engine, i, state.rnd - 1)
-    summary = run_summary(r.method, state, [line], {**engine.facts(i), **r.facts})
+    summary = run_summary(r.method, state, [_last_line(r, i, state, history, engine)], {**engine.facts(i), **r.facts})
     own = checkpoint_of(state)
     if stacked and r.out is not None:
         r.out.save_checkpoint({"rnd": state.rnd, "seconds": state.seconds, "runs": [own]})
@@ -401,8 +399,18 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
 
 
 def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
-    summary = run_summary(r.method, state, history, {**engine.facts(i), **r.facts})
+    summary = run_summary(r.method, state, [_last_line(r, i, state, history, engine)], {**engine.facts(i), **r.facts})
     own = checkpoint_of(state)
     if r.out is not None:
         r.out.finish(summary, {"rnd": state.rnd, "seconds": state.seconds, "runs": [own]} if stacked else None)
     return RunResult(summary, history, state.server, state.clients, own)
+
+
+def _last_line(r: Run, i: int, state: RunState, history: list[dict], engine: Engine) -> dict:
+    """The metrics line of the run's round now, its summary's source: the logged one, else scored again from the
+    state (a pause at a round that logs none, or a run resumed at its last round whose line was damaged: the
+    checkpoint holds that round's state, and scoring reads nothing else). Not logged: the training loss that line
+    said is not in the checkpoint."""
+    if history and history[-1]["round"] == state.rnd:
+        return history[-1]
+    return metrics_line(r.method, state, engine, i, state.rnd - 1)

@@ -146,6 +146,24 @@ def test_a_metrics_line_the_checkpoint_covers_cannot_vanish_silently(data, tmp_p
     assert "miss them: run it again with overwrite=True to have them" in caplog.text
 
 
+@pytest.mark.parametrize("name,eval_every", [("fedavg", 1), ("fedrep", 1), ("fedavg", 5)])
+def test_a_run_resumed_at_its_last_round_whose_line_is_damaged_is_summarised_at_that_round(data, tmp_path, name,
+                                                                                           eval_every):
+    """The checkpoint of the last round holds its trained state: the summary is that round's, scored again, as an
+    uninterrupted run's (it was the previous line's, or, with no other line, an IndexError)."""
+    full = run(make(name, data, fraction=0.6), RunConfig(rounds=3, fraction=0.6, eval_every=eval_every))
+    run(make(name, data, fraction=0.6), RunConfig(rounds=3, fraction=0.6, eval_every=eval_every, out=tmp_path))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+    (tmp_path / "summary.json").unlink()
+    resumed = run(make(name, data, fraction=0.6),
+                  RunConfig(rounds=3, fraction=0.6, eval_every=eval_every, out=tmp_path, resume=True))
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(resumed.summary) == drop(full.summary)
+    assert drop(json.loads((tmp_path / "summary.json").read_text())) == drop(full.summary)
+    assert [l["round"] for l in resumed.history] == [l["round"] for l in full.history[:-1]]
+
+
 def test_eval_every_and_history(data):
     r = run(make("fedavg", data), RunConfig(rounds=5, eval_every=2))
     assert [h["round"] for h in r.history] == [2, 4, 5]
