@@ -270,10 +270,15 @@ class FeatureStore(TextEmbeddings, Removal):
         one after another, and finding them in its midst gave the new training split with the old test split. The
         features are read after (the entries found are complete, and an import writes new ones), so that an import
         waits on the finding alone."""
-        backbones = list(backbones)
+        backbones, splits = list(backbones), list(splits)
+        found: list[TableRows] = []
         with self.between_imports(dataset, backbones):
-            splits = list(splits)
-            return {s: [self.rows(dataset, s, b, view, with_splits=splits) for b in backbones] for s in splits}
+            for s in splits:
+                for b in backbones:
+                    with closed_on_error(*found):  # the rows found so far: their files stayed open with the error
+                        found.append(self.rows(dataset, s, b, view, with_splits=splits))
+        n = len(backbones)
+        return {s: found[i * n:(i + 1) * n] for i, s in enumerate(splits)}
 
     def features(self, rows: TableRows) -> np.ndarray:
         """The features of ``rows``: when they are exactly one entry's file (one domain, float32, every row

@@ -375,3 +375,22 @@ def test_the_extraction_a_refusal_gives_is_made_as_the_stored_features_were(stor
     assert str(lacking.value).split("`")[1] == ("fedcache extract --store " + str(store_path) + " --dataset ds "
                                                 "--backbones bb --splits test --dtype float32 --image-size 32 "
                                                 "--weights 'bb=/ckpts/my model.pt'")
+
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+@pytest.mark.parametrize("backbones", [["bb"], ["bb", "other"]])
+def test_split_rows_closes_the_rows_it_found_when_another_is_refused(store_path, monkeypatch, backbones):
+    """The train split's rows of the first backbone found, the next rows refused (a split or a backbone not
+    extracted): split_rows left closing their files to whatever freed them last (a finalizer, on CPython as the
+    error unwound; anything still holding the rows, such as this test, kept them open)."""
+    from tests.conftest import open_files
+
+    store = FeatureStore(store_path)
+    write_all(store, key(), np.ones((6, 3), np.float32), np.arange(6) % 2)
+    found, rows = [], FeatureStore.rows
+    monkeypatch.setattr(FeatureStore, "rows", lambda self, *a, **kw: found.append(rows(self, *a, **kw)) or found[-1])
+    before = open_files()
+    with pytest.raises(EntryNotFoundError) as raised:
+        store.split_rows("ds", ["train", "test"], backbones)
+    assert len(found) == 1 and open_files() == before, raised.value
