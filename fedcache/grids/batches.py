@@ -454,7 +454,8 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
     once their folders were deleted (as a damaged cell's message asks), a later run continued it without the
     cells' config.json and metrics lines. A damaged line in place of the last one is no such gap: the batch
     continues (the resume keeps the readable lines and says which it lacks), but where that line is of the cells'
-    last round, from which their results are read."""
+    last round: continued, a cell would be scored again from the checkpoint but lack that line for good (its training
+    loss is not in the checkpoint), which training the batch again writes back."""
     by_name = {name: runs[c] for name, c in _by_name(runs).items()}
     for batch, names in _recorded(folder):
         rnd = _start_round(batch)
@@ -467,7 +468,7 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
                          + " (deleted or cleared since)")
         elif last:
             _drop(batch, f"whose checkpoint is of its cells' last round ({rnd}), whose metrics line in "
-                         f"{last[0] / METRICS} is damaged: a cell's results are read from that line")
+                         f"{last[0] / METRICS} is damaged: trained again, the cell has that line back")
     _remove_if_empty(folder)
 
 
@@ -477,8 +478,8 @@ _BEHIND, _LAST_LINE = "behind", "last line"  # what a run's directory lacks of a
 def _lacks(cfg: RunSpec, rnd: int) -> str | None:
     """What a run's directory lacks of what a stacked checkpoint of round ``rnd`` implies, or None: its config.json
     or its metrics lines up to the last round evaluated by then (``_BEHIND``: fewer lines than rounds evaluated, a
-    damaged line counted as one), or, damaged, the line of its last round, which its summary is made from
-    (``_LAST_LINE``; a damaged line of an earlier round is only a gap in its history). Read only: resuming trims
+    damaged line counted as one), or, damaged, the line of its last round (``_LAST_LINE``: the batch trains again,
+    which writes it back; a damaged line of an earlier round is only a gap in its history). Read only: resuming trims
     the log."""
     out = cfg.engine.out
     if rnd <= 0:  # none yet, or unreadable (the resume says so)

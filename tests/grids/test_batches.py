@@ -670,7 +670,7 @@ def test_a_damaged_metrics_line_of_a_stopped_batch_s_cell_keeps_the_batch_unless
     """A batch stopped after round 1 of 3, one of its cells' metrics line of that round damaged: the batch was
     dropped as if the cell's folder had been deleted, and its cells trained again from round 0. It continues from
     its checkpoint, the cell's readable lines kept and its lost round said. Stopped after the last round (before
-    its cells were finished), the damaged line is the one the cell's results are read from: dropped, and said so."""
+    its cells were finished), the batch is dropped, and said so: trained again, the cell has that line back."""
     from fedcache.federate import driver
 
     sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
@@ -699,7 +699,7 @@ def test_a_damaged_metrics_line_of_a_stopped_batch_s_cell_keeps_the_batch_unless
     again = [json.loads(l) for l in (cell / "metrics.jsonl").read_text().splitlines()]
     if stopped_after == 3:
         assert loaded == [] and "is ahead of" not in caplog.text
-        assert f"whose metrics line in {cell / 'metrics.jsonl'} is damaged: a cell's results are read from" in caplog.text
+        assert f"whose metrics line in {cell / 'metrics.jsonl'} is damaged: trained again, the cell has that line back" in caplog.text
         assert_same_cells(tmp_path / "whole", tmp_path / "g")
         return
     assert loaded == [ck] and "interrupted batch" not in caplog.text
