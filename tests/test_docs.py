@@ -193,6 +193,20 @@ def test_method_pages_hold_no_measured_tables():
     assert not found, "move these rows to a page of docs/results/ with the command that measures them"
 
 
+def test_every_method_page_says_what_it_trains_sends_and_changes():
+    """docs/methods/README.md promises each page says what the method trains and sends, and how it differs from its
+    paper and official code: a section for each, the differences as a table."""
+    missing = []
+    for page in sorted(p for p in (DOCS / "methods").glob("*.md") if p.name != "README.md"):
+        sections = {s.split("\n", 1)[0].lower(): s for s in re.split(r"^## ", FENCE.sub("", page.read_text()), flags=re.M)}
+        for what, starts in (("what it trains", ("what it trains", "what it does")), ("what travels", ("what travels",)),
+                             ("a table of differences", ("differences",))):
+            body = next((s for head, s in sections.items() if head.startswith(starts)), "")
+            if not body or (what == "a table of differences" and "\n|---" not in body):
+                missing.append(f"{page.name}: {what}")
+    assert not missing, f"add these sections to the method pages: {missing}"
+
+
 def test_speed_ratios_live_only_in_performance_md():
     """Speed is measured on one machine at one time: docs/performance.md holds it beside the command."""
     found = [f"{page.relative_to(ROOT)}: {m.group(0)}" for page in doc_files() if page.name != "performance.md"
