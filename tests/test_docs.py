@@ -148,6 +148,21 @@ def test_every_file_the_docs_name_exists():
     assert not missing
 
 
+BENCHMARK_COMMAND = re.compile(r"\b(benchmarks/\w+\.py)((?:\s+(?:--[a-z][\w-]*|[^\s`|()-][^\s`|()]*))*)")
+
+
+def test_every_benchmark_option_the_docs_name_exists():
+    """A figure's command names its benchmark's options as the script spells them (a renamed flag leaves the
+    figure without a command that reproduces it)."""
+    unknown = []
+    for page in doc_files():
+        for script, words in BENCHMARK_COMMAND.findall(page.read_text()):
+            source = (ROOT / script).read_text() if (ROOT / script).exists() else ""
+            unknown += [f"{page.relative_to(ROOT)}: {script} {flag}" for flag in re.findall(r"--[a-z][\w-]*", words)
+                        if f'"{flag}"' not in source]
+    assert not unknown
+
+
 # ---- what belongs where: measured figures live on results pages and in performance.md ------------------
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"```.*?```", re.S)
