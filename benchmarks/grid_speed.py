@@ -62,9 +62,10 @@ def timed_grid(store: Path, data: tuple[str, str], out: Path, engine: str, jobs:
 
 
 def measure_worked(store: Path, jobs: int, tiny: bool = False, trials: int = 2) -> dict:
-    """docs/getting-started.md's worked grid at 5 rounds, both engines interleaved as for the 100-cell grid: the
-    validation stage stacks the two lrs of each partition and seed, the test stage (one lr each) stacks cells of
-    different partitions and seeds, each method's cells spread over the two workers."""
+    """docs/getting-started.md's worked grid at 5 rounds, both engines interleaved as for the 100-cell grid: for
+    fedavg and fedprox the validation stage stacks the two lrs of each partition and seed, the test stage (one lr
+    each) stacks cells of different partitions and seeds; fedproto's cells (a 331,530-parameter head) train alone
+    on a CPU; each method's cells spread over the two workers."""
     data, sweep, seeds = (TINY_DATA, {**WORKED, "clients": ["3"], "rounds": ["1"]}, [0, 1]) if tiny else ((DATASET, BACKBONE), WORKED, [0, 1, 2])
     features(store, data)
     out: dict = {"load_average_at_start": os.getloadavg(), "trials": trials}
@@ -426,7 +427,8 @@ def _worked_paragraph(d: dict) -> str:
             f"{d['measured_at'][:10]}): {' '.join(measure_worked.__doc__.split())} Median wall time {p['wall_seconds']} s on the "
             f"process engine, {b['wall_seconds']} s on the batched engine; batched over processes per interleaved trial "
             f"(wall time ratio): {per_trial}; " + ("identical tables" if r["same_table_md"] else "the tables differ")
-            + f". The batched engine's plan: {' / '.join(b['trials'][0]['plan'])}.")
+            + f". The batched engine's plan: {' / '.join(b['trials'][0]['plan'])}. The machine is shared: its 1-minute "
+            f"load average after each trial was {_loads(p, b)}.")
 
 
 def _data_arg(text: str) -> str:
