@@ -391,7 +391,7 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
     """A run stopped before its last round: scored at this round (the metrics line of a round without one is
     computed, not logged, so that the run's files stay those of an uninterrupted run) and, where it trained in
     a stack, its own checkpoint written, so that it continues by itself or in any other stack."""
-    summary = run_summary(r.method, state, [_last_line(r, i, state, history, engine)], {**engine.facts(i), **r.facts})
+    summary = _summary(r, i, state, history, engine)
     own = checkpoint_of(state)
     if stacked and r.out is not None:
         r.out.save_checkpoint({"rnd": state.rnd, "seconds": state.seconds, "runs": [own]})
@@ -399,11 +399,19 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
 
 
 def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
-    summary = run_summary(r.method, state, [_last_line(r, i, state, history, engine)], {**engine.facts(i), **r.facts})
+    summary = _summary(r, i, state, history, engine)
     own = checkpoint_of(state)
     if r.out is not None:
         r.out.finish(summary, {"rnd": state.rnd, "seconds": state.seconds, "runs": [own]} if stacked else None)
     return RunResult(summary, history, state.server, state.clients, own)
+
+
+def _summary(r: Run, i: int, state: RunState, history: list[dict], engine: Engine) -> dict:
+    # The engine's facts read before a round is scored again: that scoring (a pause, a damaged last line) is no
+    # round of the run, and its evaluation traffic (a Flower engine's) would make the figures other than an
+    # uninterrupted run's, whose checkpointed facts already count that round's evaluation where it had one.
+    facts = {**engine.facts(i), **r.facts}
+    return run_summary(r.method, state, [_last_line(r, i, state, history, engine)], facts)
 
 
 def _last_line(r: Run, i: int, state: RunState, history: list[dict], engine: Engine) -> dict:

@@ -122,6 +122,25 @@ def test_an_interrupted_flower_run_resumes_to_the_uninterrupted_one(shards, tmp_
         torch.testing.assert_close(a[n], b[n], atol=0, rtol=0)
 
 
+def _tear_last_line(run_dir):
+    """A crash while the last metrics line was written, after its round's checkpoint: no summary.json either."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+    (run_dir / "summary.json").unlink()
+
+
+def test_a_run_resumed_at_its_last_round_to_score_it_again_counts_the_evaluation_traffic_once(shards, tmp_path):
+    """Scoring the last round again sends one more evaluation round to the nodes: the summary's evaluation_bytes_down
+    counted it, so the resumed run's figures were not the uninterrupted run's."""
+    run = _run(rounds=2, eval_every=1)
+    full = _serve(shards, tmp_path / "full", run)
+    _serve(shards, tmp_path / "g", run)
+    _tear_last_line(tmp_path / "g")
+    again = _serve(shards, tmp_path / "g", run, resume=True)
+    assert full["evaluation_bytes_down"] > 0
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
+
+
 def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards, tmp_path):
     with pytest.raises(Interrupted):
         _serve(shards, tmp_path, _run(), stop_before=2)
