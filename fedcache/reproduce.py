@@ -39,8 +39,12 @@ def check(preset: Preset, store: Path, data_root: Path | None = None, weights: d
     needs: list[Need] = []
     for m in sorted({m for e in preset.experiments for m in e.methods}):
         needs.append(Need("method", m, m in METHODS, "" if m in METHODS else "not registered in this fedcache version (`fedcache methods` lists what is)"))
+    cached: dict[tuple[str, str], bool] = {}  # (store dataset, backbone): the store asked once each, not per experiment
     for e in preset.experiments:
-        lacking = [b for b in e.backbones if not _cached(store, e, b)]  # asked once a backbone, not once a need
+        for b in e.backbones:
+            if (e.store_dataset, b) not in cached:
+                cached[e.store_dataset, b] = _cached(store, e, b)
+        lacking = [b for b in e.backbones if not cached[e.store_dataset, b]]
         for b in e.backbones:
             if not any(n.kind == "weights" and n.name == b for n in needs):
                 needs.append(_weights_need(b, weights, b not in lacking))

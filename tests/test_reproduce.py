@@ -60,6 +60,17 @@ def test_dry_run_lists_runs_and_what_is_missing(preset, tmp_path, capsys):
     assert "missing" in out
 
 
+@pytest.mark.parametrize("preset", ["fst-cbdg", "fedpcl-table3"])
+def test_the_check_asks_the_store_once_for_each_dataset_and_backbone(preset, tmp_path, monkeypatch):
+    """Each experiment asked the store of its every backbone, though their needs were listed: 18 asks, not 4."""
+    asked = []
+    monkeypatch.setattr(rp, "_cached", lambda store, e, b: asked.append((e.store_dataset, b)) or False)
+    p = rp.get(preset)
+    rp.check(p, tmp_path / "none.zarr")
+    assert sorted(asked) == sorted({(e.store_dataset, b) for e in p.experiments for b in e.backbones})
+    assert len(asked) < sum(len(e.backbones) for e in p.experiments)  # the presets share them: the test can fail
+
+
 def test_user_checkpoint_backbones_are_missing_without_weights(tmp_path):
     needs = {(n.kind, n.name): n for n in rp.check(rp.get("fedpcl-table2"), tmp_path / "none.zarr")}
     assert not needs["weights", "resnet18-quickdraw"].ok
