@@ -157,19 +157,20 @@ def refuse_resume_with_client_state(method: Method, out: Path, resume_as: str) -
     engine cannot continue either, so the advice is to start again elsewhere."""
     if not method.init_clients(1):
         return
-    again = start_anew(resume_as, f"start it again without {resume_as} in another {named('--out', 'out')}")
+    again = SUBMIT_ANEW if deployed(resume_as) else f"start it again without {resume_as} in another {named('--out', 'out')}"
     raise ConfigError(f"{resume_as}: {method.name} keeps personal client state on the nodes, which a resumed Flower run "
                       f"does not have, so the run in {out} cannot continue; {again} (runs of the in-process engine, "
                       f"{named('`fedcache train` without --engine', 'fedcache.train')}, resume)")
 
 
-def start_anew(resume_as: str, otherwise: str, before: str = "", after: str = "") -> str:
-    """Advice to start a run again that cannot resume: a deployment's (``resume_as`` is its
-    ``deploy.resume_run='7'``) is submitted anew without it, ``before`` and ``after`` what else to say there; a
-    ``--resume`` of the simulation, ``otherwise``."""
-    if not resume_as.startswith(f"{DEPLOY}."):
-        return otherwise
-    return f"{before}submit the run anew without {DEPLOY}.resume_run{after}"
+# How a deployment's run that cannot resume starts again: the submitter's words, not the simulation's --resume.
+SUBMIT_ANEW = f"submit the run anew without {DEPLOY}.resume_run"
+
+
+def deployed(resume_as: str) -> bool:
+    """Whether the resume was a deployment's (``resume_as`` is its ``deploy.resume_run='7'``), not a ``--resume`` of
+    the simulation: its advice is then ``SUBMIT_ANEW``."""
+    return resume_as.startswith(f"{DEPLOY}.")
 
 
 def check_deployable(method: MethodSpec) -> None:

@@ -35,8 +35,8 @@ from fedcache.federate.inprocess import OnRound, for_one_run
 from fedcache.federate.rundir import CONFIG, RunDir
 from fedcache.federate.methods import LocalResult, Method
 from fedcache.federate.methods.base import tensor_size
-from fedcache.flower.config import (SERVER_ENV, FlowerRun, ServerPaths, build_method, refuse_resume_with_client_state,
-                                     start_anew)
+from fedcache.flower.config import (SERVER_ENV, SUBMIT_ANEW, FlowerRun, ServerPaths, build_method, deployed,
+                                     refuse_resume_with_client_state)
 from fedcache.flower.protocol import to_record
 from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, accept_train_replies, aggregate_alone,
                                      claimed_client, expected_reply)
@@ -372,13 +372,16 @@ def _known_to_both(saved: dict, config: dict) -> None:
 
 def _again(resume_as: str) -> str:
     """What to do when the run to resume is not there to continue (no folder, no config.json, no checkpoint)."""
-    return start_anew(resume_as, f"start the run without {resume_as}", before="check the run id (`flwr run` printed it), or ")
+    if deployed(resume_as):
+        return f"check the run id (`flwr run` printed it), or {SUBMIT_ANEW}"
+    return f"start the run without {resume_as}"
 
 
 def _start_again(out: Path, resume_as: str) -> str:
     """What to do when a resumed run's config.json is damaged: without it nothing says what the checkpoint computes."""
-    return start_anew(resume_as, f"delete the folder {out} and run the same command without {resume_as}, which starts that "
-                      "run again", after=", which starts it again under a new run id")
+    if deployed(resume_as):
+        return f"{SUBMIT_ANEW}, which starts it again under a new run id"
+    return f"delete the folder {out} and run the same command without {resume_as}, which starts that run again"
 
 
 def _not_a_run_config(value) -> str:
