@@ -87,11 +87,18 @@ def swept(file: Path | str | None = None, keys: Mapping[str, str] | None = None)
 
 
 def run_again() -> str:
-    """How a run is trained again from round 0, as its caller does it: a grid's cell (inside ``swept``) by deleting
-    its folder and running the same grid again (a grid takes no --overwrite), a run with ``--overwrite``."""
+    """How a run is trained again from round 0, as its caller does it: a grid's cell (inside ``swept``) as
+    ``cell_again`` says, a run with ``--overwrite``."""
     if _GIVEN.get() != "settings":
-        return f"delete its folder and run the same grid {named('command', 'call')} again"
+        return cell_again()
     return f"run it again with {named('--overwrite', 'overwrite=True')}"
+
+
+def cell_again(folder: Path | str | None = None) -> str:
+    """How a grid's cell (of ``folder``, where the message names it) is trained again: by deleting its folder and
+    running the same grid again (a grid takes no --overwrite)."""
+    its = f"the cell's folder {folder}" if folder is not None else "its folder"
+    return f"delete {its} and run the same grid {named('command', 'call')} again"
 
 
 @contextlib.contextmanager

@@ -106,6 +106,11 @@ class Engine:
         """The engine's additions to federation ``i``'s summary."""
         return {}
 
+    def start_again(self) -> str:
+        """How a run of this engine is trained again from round 0, as advice in messages (a Flower deployment's
+        submitter has no --overwrite)."""
+        return run_again()
+
     def state_dict(self) -> dict:
         """What the engine needs, besides the runs' states, to resume (saved in the checkpoint)."""
         return {}
@@ -303,7 +308,7 @@ def _initial(runs: list[Run], engine: Engine, where, resume: bool) -> tuple[list
     engine.load_state_dict(ck.get("engine", {}))
     here = torch.get_default_device()
     states = [state_from_checkpoint(r.method, r.schedule, _to(saved, here)) for r, saved in zip(runs, ck["runs"])]
-    return states, [resumed_history(r, ck["rnd"]) for r in runs]
+    return states, [resumed_history(r, ck["rnd"], engine.start_again()) for r in runs]
 
 
 def _resumed_checkpoint(runs: list[Run], where) -> dict:
@@ -323,17 +328,18 @@ def _resumed_checkpoint(runs: list[Run], where) -> dict:
     return {"rnd": at.pop(), "runs": [ck["runs"][0] for ck in cks]}
 
 
-def resumed_history(r: Run, upto: int) -> list[dict]:
+def resumed_history(r: Run, upto: int, again: str) -> list[dict]:
     """The metrics lines up to the checkpoint's round. Unreadable lines are dropped (a torn last line is
     the round a crash interrupted, run again); a line of a round the checkpoint covers is not run again,
-    so its loss is said rather than left as a silent gap in the history and report."""
+    so its loss is said rather than left as a silent gap in the history and report, with ``again``: how to
+    train the run again to have it."""
     if r.out is None:
         return []
     history = r.out.history(upto)
     lost = sorted({k + 1 for k in range(upto) if evaluation_due(r.schedule, k)} - {line["round"] for line in history})
     if lost:
         log.warning("%s lacked readable metrics lines of rounds %s (damaged or edited); the resumed run's history "
-                    "and report miss them: %s to have them", r.out.path / METRICS, lost, run_again())
+                    "and report miss them: %s to have them", r.out.path / METRICS, lost, again)
     return history
 
 

@@ -186,6 +186,7 @@ class FlowerEngine(Engine):
     # The server state sent for evaluation, over every message: real traffic that the run's bytes_down (what
     # training downloads, the same on every engine) does not count.
     evaluation_bytes_down: int = 0
+    resume_as: str = "--resume"  # the option that resumed the run, for advice (serve's)
 
     def __post_init__(self) -> None:
         self.roster = Roster(self.info.n_clients, self.info.partition_id, self.info.sharding)
@@ -243,6 +244,9 @@ class FlowerEngine(Engine):
         return {"engine": "flower", "partition_id": self.info.partition_id, "dropped": self.dropped,
                 "rejected": self.rejected, "refused_nodes": self.roster.refused,
                 "evaluation_bytes_down": self.evaluation_bytes_down}
+
+    def start_again(self) -> str:
+        return _start_again(self.out.path, self.resume_as)  # a run resumed has its directory
 
     def state_dict(self) -> dict:
         return {"dropped": self.dropped, "rejected": self.rejected, "refused_nodes": self.roster.refused,
@@ -304,8 +308,8 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         if paths.out is not None:
             _record_config(paths.out, run, info, method, resume, resume_as)
         out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
-        (result,) = driver.run([Run(method, run.schedule, out)], FlowerEngine(grid, method, run, info, out),
-                               for_one_run(on_round), resume=resume)
+        engine = FlowerEngine(grid, method, run, info, out, resume_as=resume_as)
+        (result,) = driver.run([Run(method, run.schedule, out)], engine, for_one_run(on_round), resume=resume)
         if paths.out is not None:
             # The final server state, for comparing engines: tensors only (read back with weights_only=True);
             # through a temporary file, as a checkpoint: a full disk leaves none rather than a part.

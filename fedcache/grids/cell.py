@@ -14,7 +14,7 @@ from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
 from fedcache.training import train
-from fedcache.wording import named
+from fedcache.wording import cell_again, named
 
 DONE = SUMMARY  # written last by a run: a finished cell; DIVERGED marks one finished as NaN (a candidate: it loses)
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
@@ -166,4 +166,4 @@ def read_done(spec: GridSpec, c: Cell, stop: int | None = None) -> dict | None:
 
 
 def _again(cell: Path) -> str:
-    return f"delete the cell's folder {cell} and run the same grid again, which trains that cell again"
+    return f"{cell_again(cell)}, which trains that cell again"

@@ -5,6 +5,7 @@ checkpoints, and an interrupted run resumed from its checkpoint equals an uninte
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -139,6 +140,25 @@ def test_a_run_resumed_at_its_last_round_to_score_it_again_counts_the_evaluation
     again = _serve(shards, tmp_path / "g", run, resume=True)
     assert full["evaluation_bytes_down"] > 0
     assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
+
+
+@pytest.mark.parametrize("resume_as, advice", [
+    ("deploy.resume_run='7'", "submit the run anew without deploy.resume_run, which starts it again under a new run id"),
+    ("--resume", "delete the folder {out} and run the same command without --resume, which starts that run again")])
+def test_a_resumed_flower_run_lacking_a_metrics_line_says_how_a_flower_run_starts_again(shards, tmp_path, caplog,
+                                                                                      resume_as, advice):
+    """It was told to run it again with --overwrite, which neither a deployment nor the simulation takes."""
+    run, out = _run(rounds=2, eval_every=1), tmp_path / "run"
+    _serve(shards, out, run)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(["{damaged", *lines[1:]]) + "\n")
+    (out / "summary.json").unlink()
+    client._client.cache_clear()
+    grid = DirectGrid([client_dir(shards, k) for k in range(3)], run, None)
+    with caplog.at_level(logging.WARNING, logger="fedcache"):
+        server.serve(grid, run, ServerPaths(shards / SERVER, out), resume=True, resume_as=resume_as)
+    assert "lacked readable metrics lines of rounds [1]" in caplog.text and "overwrite" not in caplog.text
+    assert f"miss them: {advice.format(out=out)} to have them" in caplog.text
 
 
 def test_resume_refuses_other_settings_and_client_state_it_cannot_restore(shards, tmp_path):
