@@ -126,8 +126,9 @@ class Names:
         return f"--set {key}" + (f"={','.join(map(str, values))}" if values is not None else "")
 
     def add(self, key: str, value: Any) -> str:
-        """Advice to give a grid key: ``prune = "halving"`` (at the file's top) or ``--prune halving``."""
-        if self.file:
+        """Advice to give a grid key: ``prune = "halving"`` (at the file's top) or ``--prune halving`` (also with a file,
+        where the command line gave the key: its value there overrides the file's)."""
+        if self._spelled_as_file(key):
             return f"{key} = {_toml(value)}"
         return named(f"{_flag(key)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}",
                      f"{key}={value!r}")

@@ -380,3 +380,13 @@ def test_two_set_keys_ending_alike_are_each_named_by_its_own_key(toy_store, tmp_
     with Names.of_file(path, fields).swept(fields["sweep"], fields["methods"]):  # as a cell's messages name them
         for key in ("optim.momentum", "method.momentum"):
             assert setting(key) == f"grid file {path}'s [set] {key}"
+
+
+def test_advice_for_a_new_out_names_the_flag_where_the_command_line_gave_out_with_a_grid_file():
+    """The file's `out = "DIR"` was advised, which the command line's --out would override again."""
+    from fedcache.grids.spec import Names
+
+    toml = Path("g.toml")
+    assert Names(toml, frozenset({"methods"}), frozenset({"methods", "out"})).new_out() == "a new directory (--out DIR)"
+    assert Names(toml, frozenset({"out"}), frozenset({"out"})).new_out() == 'a new directory (out = "DIR")'
+    assert Names(toml, frozenset(), frozenset()).new_out() == 'a new directory (out = "DIR")'  # written where it is missing
