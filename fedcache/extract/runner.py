@@ -117,7 +117,8 @@ def _say_other_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset
     of the others said nothing, and the run was refused for the test split (one it lacks whole is not this line's)."""
     if not cfg.domains or _is_subset(cfg) or set(cfg.domains) >= set(dataset.domains):
         return
-    held = {s[1] for s in store.current() if (s[0], s[3], s[4]) == (dataset.name, backbone, 0)}
+    held = {split for name, split, _domain, made_by, view in store.current()
+            if (name, made_by, view) == (dataset.name, backbone, 0)}
     try:
         for split in [s for s in SPLITS if s in held]:
             store.table_entries(dataset.name, split, backbone, with_splits=SPLITS)
