@@ -28,18 +28,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcache.disk import discard, log_lines, read_json, write_text
+from fedcache.disk import discard, read_json, write_text
 from fedcache.federate import driver
 from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
-from fedcache.grids.cell import cell_record, failing_as, hold_cell, result_row, run_cell, write_cell_json
+from fedcache.grids.cell import (BEHIND, LAST_LINE, cell_record, failing_as, hold_cell, lacks, last_line_lost,
+                                 result_row, run_cell, start_again, start_round, write_cell_json)
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, Stops, train_config
 from fedcache.ownership import LOCK
-from fedcache.paths import CONFIG, METRICS
+from fedcache.paths import METRICS
 from fedcache.progress import said_now
 from fedcache.spec import RunSpec
 from fedcache.training import device_name, on_device, prepare, run_device
@@ -364,10 +365,11 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: 
     runs = {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}
     jobs = jobs_of(spec)
     budget, where = memory_budget(run_device(spec.device))
-    drop_behind_batches(spec.out / BATCHES, runs)
+    drop_behind_batches(spec.out / BATCHES, runs, stops)
+    _start_again_where_last_line_lost(runs, stops)
     started = started_batches(spec.out / BATCHES, todo)
     device = run_device(spec.device)
-    spans = {c: (_start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
+    spans = {c: (start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
     grouping = group(runs, tables, spec.max_batch_cells, dict.fromkeys(todo, why) if (why := _alone(spec)) else {},
                      started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu", rounds=spans,
                      largest_head=LARGEST_STACKED_HEAD_ON_CPU if device.type == "cpu" else None)
@@ -390,6 +392,15 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: 
         yield from in_workers(jobs, tasks, workers)
     _remove_if_empty(spec.out / BATCHES)
 
+
+
+def _start_again_where_last_line_lost(runs: Mapping[Cell, RunSpec], stops: Stops) -> None:
+    """Cells whose own checkpoint's last line is lost, emptied before they are grouped, as a cell run alone is
+    (``run_cell``): stacked from that checkpoint, they would lack that line for good."""
+    for c, cfg in runs.items():
+        if last_line_lost(cfg, stops.get(c)):
+            with hold_cell(cfg.engine.out):
+                start_again(cfg, stops.get(c))
 
 
 def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tuple[Cell, dict]]:
@@ -447,7 +458,7 @@ def drop_batches_of(folder: Path, todo: list[Cell]) -> None:
     _remove_if_empty(folder)
 
 
-def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
+def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec], stops: Stops) -> None:
     """The folders of batches (under ``folder``, a grid's batches/) whose checkpoint is of a round that the run
     directory of one of ``runs`` it stacks lacks, said and removed. A grid killed after a batch's cells were written
     but before its folder went left a checkpoint of their last round, which no run read (its cells had finished);
@@ -455,47 +466,22 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec]) -> None:
     cells' config.json and metrics lines. A damaged line in place of the last one is no such gap: the batch
     continues (the resume keeps the readable lines and says which it lacks), but where that line is of the cells'
     last round: continued, a cell would be scored again from the checkpoint but lack that line for good (its training
-    loss is not in the checkpoint), which training the batch again writes back."""
-    by_name = {name: runs[c] for name, c in _by_name(runs).items()}
+    loss is not in the checkpoint), which training the batch again writes back. ``stops``: the round each cell pauses
+    at (a halving rung), its last round here."""
+    cells = _by_name(runs)
     for batch, names in _recorded(folder):
-        rnd = _start_round(batch)
-        lacking = {n: _lacks(by_name[n], rnd) for n in names if n in by_name}
-        behind = [by_name[n].engine.out for n, lacks in lacking.items() if lacks == _BEHIND]
-        last = [by_name[n].engine.out for n, lacks in lacking.items() if lacks == _LAST_LINE]
+        rnd = start_round(batch)
+        lacking = {n: lacks(runs[cells[n]], rnd, stops.get(cells[n])) for n in names if n in cells}
+        behind = [runs[cells[n]].engine.out for n, why in lacking.items() if why == BEHIND]
+        last = [runs[cells[n]].engine.out for n, why in lacking.items() if why == LAST_LINE]
         if behind:
             _drop(batch, f"whose checkpoint of round {rnd} is ahead of the run folder {behind[0]}"
                          + (f" and {count(len(behind) - 1, 'other cell')}" if len(behind) > 1 else "")
                          + " (deleted or cleared since)")
         elif last:
-            _drop(batch, f"whose checkpoint is of its cells' last round ({rnd}), whose metrics line in "
+            _drop(batch, f"whose checkpoint is of the round its cells stop at ({rnd}), whose metrics line in "
                          f"{last[0] / METRICS} is damaged: trained again, the cell has that line back")
     _remove_if_empty(folder)
-
-
-_BEHIND, _LAST_LINE = "behind", "last line"  # what a run's directory lacks of a stacked checkpoint (_lacks)
-
-
-def _lacks(cfg: RunSpec, rnd: int) -> str | None:
-    """What a run's directory lacks of what a stacked checkpoint of round ``rnd`` implies, or None: its config.json
-    or its metrics lines up to the last round evaluated by then (``_BEHIND``: fewer lines than rounds evaluated, a
-    damaged line counted as one), or, damaged, the line of its last round (``_LAST_LINE``: the batch trains again,
-    which writes it back; a damaged line of an earlier round is only a gap in its history). Read only: resuming trims
-    the log."""
-    out = cfg.engine.out
-    if rnd <= 0:  # none yet, or unreadable (the resume says so)
-        return None
-    if not (out / CONFIG).exists():
-        return _BEHIND
-    due = [k + 1 for k in range(rnd) if driver.evaluation_due(cfg.schedule, k)]
-    text = (out / METRICS).read_text() if (out / METRICS).exists() else ""
-    lines = log_lines(text)
-    read = [line["round"] for line in lines if line["round"] <= rnd]
-    if not due or due[-1] in read:
-        return None
-    damaged = sum(1 for raw in text.splitlines() if raw.strip()) - len(lines)
-    if len(read) + damaged < len(due):
-        return _BEHIND
-    return _LAST_LINE if rnd == cfg.schedule.rounds else None
 
 
 def regrouped() -> str:
@@ -530,16 +516,3 @@ def _alone(spec: GridSpec) -> str:
     if spec.keep_checkpoints == "all":
         return f"{named('--keep-checkpoints all', 'keep_checkpoints=' + repr('all'))} keeps every round of each run"
     return ""
-
-
-def _start_round(out: Path) -> int:
-    """The round of a run directory's own checkpoint (a cell paused, or interrupted by itself), or of a batch's
-    folder, 0 without one, -1 unreadable: a stack continues runs of one round. Memory-mapped, so only the round number is read."""
-    path = out / CHECKPOINT
-    if not path.exists():
-        return 0
-    try:
-        ck = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
-    except Exception:  # unreadable: the run itself says so when it resumes
-        return -1
-    return int(ck["runs"][0]["rnd"] if "runs" in ck else ck["rnd"])

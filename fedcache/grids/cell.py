@@ -3,18 +3,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedcache.disk import PARTIAL, discard, read_json, remove_partial_writes, write_text
+import torch
+
+from fedcache.disk import PARTIAL, discard, log_lines, read_json, remove_partial_writes, write_text
 from fedcache.errors import CellFailedError, DirectoryBusyError, FedcacheError
+from fedcache.federate import driver
 from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.ownership import LOCK, hold
-from fedcache.paths import CELL, CONFIG, DIVERGED, RUNGS, SUMMARY
+from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SUMMARY
+from fedcache.spec import RunSpec
 from fedcache.training import train
 from fedcache.wording import cell_again, named
+
+log = logging.getLogger(__name__)
 
 DONE = SUMMARY  # written last by a run: a finished cell; DIVERGED marks one finished as NaN (a candidate: it loses)
 METRIC_COLUMNS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10",
@@ -27,11 +34,14 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
     after that round (a rung of successive halving, grids/halving.py), scored there."""
     out = spec.out / CELLS / c.name
     with hold_cell(out):
+        cfg = train_config(spec, c, out)
+        if last_line_lost(cfg, stop):
+            start_again(cfg, stop)
         resume = (out / CHECKPOINT).exists() and (out / CONFIG).exists()
         if not resume:
             discard(p for p in out.iterdir() if p.name != LOCK)  # started but never checkpointed: nothing to keep
         write_cell_json(out, c)
-        cfg = train_config(spec, c, out).replace(resume=resume)
+        cfg = cfg.replace(resume=resume)
         try:
             # Its advice names a setting as the grid's caller gave it: not settings['lr'].
             with spec.names.swept(spec.sweep, spec.methods), failing_as(f"the cell {CELLS}/{c.name}"):
@@ -45,6 +55,63 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
             write_text(out / DIVERGED, json.dumps(record) + "\n", "the cell's record")
             return diverged_row(c, out)
         return result_row(c, result, out)
+
+
+def last_line_lost(cfg: RunSpec, stop: int | None) -> bool:
+    """Whether a run directory's own checkpoint is of its last round (``stop``, a rung, where it pauses there), whose
+    metrics line is damaged: continued, the run would be scored again but lack that line for good (its training
+    loss is not in the checkpoint); trained again, as a batched grid trains such a cell's batch again, it has it
+    back. Read only."""
+    return lacks(cfg, start_round(cfg.engine.out), stop) == LAST_LINE
+
+
+def start_again(cfg: RunSpec, stop: int | None) -> None:
+    """A run directory whose last line is lost (``last_line_lost``) emptied, said, under its lock: it trains from
+    round 0."""
+    out = cfg.engine.out
+    log.warning("%s: its checkpoint is of the round it stops at (%d), whose metrics line in %s is damaged; it trains "
+                "again from round 0, which writes that line back", out, stop or cfg.schedule.rounds, out / METRICS)
+    discard(p for p in out.iterdir() if p.name != LOCK)
+
+
+BEHIND, LAST_LINE = "behind", "last line"  # what a run's directory lacks of a checkpoint (lacks)
+
+
+def lacks(cfg: RunSpec, rnd: int, stop: int | None = None) -> str | None:
+    """What a run's directory lacks of what a checkpoint of round ``rnd`` (its own, or a batch's) implies, or None:
+    its config.json or its metrics lines up to the last round evaluated by then (``BEHIND``: fewer lines than rounds
+    evaluated, a damaged line counted as one), or, damaged, the line of its last round, ``stop`` where it pauses at
+    a rung (``LAST_LINE``: training again writes it back; a damaged line of an earlier round is only a gap in its
+    history). Read only: resuming trims the log."""
+    out = cfg.engine.out
+    if rnd <= 0:  # none yet, or unreadable (the resume says so)
+        return None
+    if not (out / CONFIG).exists():
+        return BEHIND
+    due = [k + 1 for k in range(rnd) if driver.evaluation_due(cfg.schedule, k)]
+    text = (out / METRICS).read_text() if (out / METRICS).exists() else ""
+    lines = log_lines(text)
+    read = [line["round"] for line in lines if line["round"] <= rnd]
+    if not due or due[-1] in read:
+        return None
+    damaged = sum(1 for raw in text.splitlines() if raw.strip()) - len(lines)
+    if len(read) + damaged < len(due):
+        return BEHIND
+    return LAST_LINE if rnd == (stop or cfg.schedule.rounds) else None
+
+
+def start_round(out: Path) -> int:
+    """The round of a run directory's own checkpoint (a cell paused, or interrupted by itself), or of a batch's
+    folder, 0 without one, -1 unreadable: a stack continues runs of one round. Memory-mapped, so only the round
+    number is read."""
+    path = out / CHECKPOINT
+    if not path.exists():
+        return 0
+    try:
+        ck = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except Exception:  # unreadable: the run itself says so when it resumes
+        return -1
+    return int(ck["runs"][0]["rnd"] if "runs" in ck else ck["rnd"])
 
 
 @contextlib.contextmanager

@@ -131,7 +131,7 @@ def _engine(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallbac
 
 def _processes(spec: GridSpec, todo: list[Cell], folder: Path, on_plan: PlanCallback | None,
                stops: Stops, workers: Workers | None) -> Iterator[tuple[Cell, dict]]:
-    drop_behind_batches(spec.out / BATCHES, {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo})
+    drop_behind_batches(spec.out / BATCHES, {c: train_config(spec, c, spec.out / CELLS / c.name) for c in todo}, stops)
     _refuse_batched_progress(spec, todo)
     drop_batches_of(spec.out / BATCHES, todo)
     said_now(log, on_plan, f"processes engine: {own_runs(len(todo))}, "

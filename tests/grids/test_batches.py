@@ -709,3 +709,30 @@ def test_a_damaged_metrics_line_of_a_stopped_batch_s_cell_keeps_the_batch_unless
     rows = [Table.from_csv(o / "results.csv").to_records() for o in (tmp_path / "whole", tmp_path / "g")]
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in rows[0]] == \
            [{k: v for k, v in r.items() if k != "seconds"} for r in rows[1]]
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_finished_cell_whose_last_metrics_line_is_damaged_trains_again_on_either_engine(
+        toy_store, tmp_path, caplog, engine):
+    """A grid killed between a cell's checkpoint of its last round and its summary.json, that round's metrics line
+    damaged: continued, the cell was scored again from the checkpoint but lacked that line for good (its report
+    said it was cut short). Either engine trains it again from round 0, said, as a batched grid trains the batch
+    of such a cell again: its files equal an uninterrupted grid's."""
+    sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
+    kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep,
+              engine=engine)
+    grid(out=tmp_path / "whole", **kw)
+    grid(out=tmp_path / "g", **kw)
+    cells = sorted((tmp_path / "g" / "cells").iterdir())  # both: the batched engine stacks them
+    for cell in cells:
+        lines = (cell / "metrics.jsonl").read_text().splitlines()
+        assert json.loads(lines[-1])["round"] == 3
+        (cell / "metrics.jsonl").write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+        (cell / "summary.json").unlink()
+    caplog.set_level(logging.WARNING, logger="fedcache")
+    grid(out=tmp_path / "g", **kw)
+    for cell in cells:
+        assert f"its checkpoint is of the round it stops at (3), whose metrics line in {cell / 'metrics.jsonl'} is " \
+               "damaged; it trains again from round 0, which writes that line back" in caplog.text
+        assert (cell / "metrics.jsonl").read_text().count("\n") == len(lines)
+    assert_same_cells(tmp_path / "whole", tmp_path / "g")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import importlib
 import json
+import logging
 import re
 import shutil
 
@@ -496,3 +497,49 @@ def test_a_halving_grid_that_cut_nothing_says_so_in_its_caption(toy_store, tmp_p
     assert "successive halving (reduction factor 3) cut no candidate: every group trained its candidates to the full " \
            "rounds" in caption and "candidates cut by" not in caption
     assert ("(one that diverged, until it did)" in caption) == ("1e30" in lrs)
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_rung_s_damaged_metrics_line_is_trained_again_on_either_engine(toy_store, tmp_path, monkeypatch, ordered,
+                                                                         caplog, engine):
+    """Killed right after the checkpoint of round 1, the first rung, whose metrics line is then damaged: a batched
+    grid continued the batch (only the full rounds' line dropped it), so the cells lacked their rung's line for good
+    and the report called the grid unfinished. Either engine trains them again, said: the grid's choices and the
+    cells' lines are an uninterrupted grid's."""
+    from fedcache.api import grid
+    from fedcache.federate import driver, rundir
+    from fedcache.reports import write_report
+
+    grid(**kw(toy_store, tmp_path / "whole", engine), prune="halving")
+    # A batch's checkpoint, or a cell's own; patched in this process, where the cells train (--jobs 1).
+    writer = driver if engine == "batched" else rundir
+    save = writer.save_checkpoint
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, tmp_path / "g", engine, jobs=1), prune="halving")
+    monkeypatch.setattr(writer, "save_checkpoint", save)
+    cells = tmp_path / "g" / "validation" / "cells"
+    damaged = [c for c in sorted(cells.iterdir()) if (c / "metrics.jsonl").exists()]
+    assert damaged and all(not (c / "rungs.json").exists() for c in damaged)
+    for cell in damaged:
+        (line,) = (cell / "metrics.jsonl").read_text().splitlines()
+        assert json.loads(line)["round"] == 1
+        (cell / "metrics.jsonl").write_text(line[:20] + "\n")
+    caplog.set_level(logging.WARNING, logger="fedcache")
+    grid(**kw(toy_store, tmp_path / "g", engine), prune="halving")
+    said = ("whose checkpoint is of the round its cells stop at (1), whose metrics line in "
+            f"{damaged[0] / 'metrics.jsonl'} is damaged" if engine == "batched" else
+            f"{damaged[0]}: its checkpoint is of the round it stops at (1), whose metrics line in "
+            f"{damaged[0] / 'metrics.jsonl'} is damaged; it trains again from round 0")
+    assert said in caplog.text and "lacked readable metrics lines" not in caplog.text
+    assert selection(tmp_path / "g") == selection(tmp_path / "whole")
+    for cell in damaged:
+        whole = tmp_path / "whole" / "validation" / "cells" / cell.name
+        assert (cell / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+    assert "Unfinished" not in write_report(tmp_path / "g").markdown.read_text()
