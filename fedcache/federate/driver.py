@@ -140,8 +140,8 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     _check_lockstep(runs)
     where = _checkpoint_path(runs, checkpoint)
     states, histories = _initial(runs, engine, where, resume)
-    rounds = runs[0].schedule.rounds
-    last = rounds if stop_after is None else _stop_round(stop_after, states[0].rnd, rounds)
+    at, rounds = states[0].rnd, runs[0].schedule.rounds
+    last = rounds if stop_after is None else _stop_round(stop_after, at, rounds)
     engine.start(states)
     if on_round:  # progress shown as the rounds start (at a resumed run's checkpoint), not once the first is done
         on_round(states[0].rnd, rounds, [None] * len(runs))
@@ -159,7 +159,8 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
         if on_round:
             on_round(rnd + 1, rounds, lines)
     end = _finish if last == rounds else _pause
-    return [end(r, i, s, h, engine, stacked=len(runs) > 1) for i, (r, s, h) in enumerate(zip(runs, states, histories))]
+    return [end(r, i, s, h, engine, stacked=len(runs) > 1, trained=last > at)
+            for i, (r, s, h) in enumerate(zip(runs, states, histories))]
 
 
 def _stop_round(stop_after: int, at: int, rounds: int) -> int:
@@ -393,38 +394,44 @@ def _persist(runs: list[Run], where, ck: dict) -> None:
         save_checkpoint(where, ck)
 
 
-def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
+def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool,
+           trained: bool) -> RunResult:
     """A run stopped before its last round: scored at this round (the metrics line of a round without one is
     computed, not logged, so that the run's files stay those of an uninterrupted run) and, where it trained in
     a stack, its own checkpoint written, so that it continues by itself or in any other stack."""
-    summary = _summary(r, i, state, history, engine)
+    summary = _summary(r, i, state, history, engine, trained)
     own = checkpoint_of(state)
     if stacked and r.out is not None:
         r.out.save_checkpoint({"rnd": state.rnd, "seconds": state.seconds, "runs": [own]})
     return RunResult(summary, history, state.server, state.clients, own, paused=True)
 
 
-def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool) -> RunResult:
-    summary = _summary(r, i, state, history, engine)
+def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool,
+            trained: bool) -> RunResult:
+    summary = _summary(r, i, state, history, engine, trained)
     own = checkpoint_of(state)
     if r.out is not None:
         r.out.finish(summary, {"rnd": state.rnd, "seconds": state.seconds, "runs": [own]} if stacked else None)
     return RunResult(summary, history, state.server, state.clients, own)
 
 
-def _summary(r: Run, i: int, state: RunState, history: list[dict], engine: Engine) -> dict:
-    # The engine's facts read before a round is scored again: that scoring (a pause, a damaged last line) is no
-    # round of the run, and its evaluation traffic (a Flower engine's) would make the figures other than an
-    # uninterrupted run's, whose checkpointed facts already count that round's evaluation where it had one.
+def _summary(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, trained: bool) -> dict:
+    # The engine's facts read before a round is scored again: that scoring (a pause, a damaged last line, a resume
+    # that trained nothing) is no round of the run, and its evaluation traffic (a Flower engine's) would make the
+    # figures other than an uninterrupted run's, whose checkpointed facts already count that round's evaluation.
     facts = {**engine.facts(i), **r.facts}
-    return run_summary(r.method, state, [_last_line(r, i, state, history, engine)], facts)
+    return run_summary(r.method, state, [_last_line(r, i, state, history, engine, trained)], facts)
 
 
-def _last_line(r: Run, i: int, state: RunState, history: list[dict], engine: Engine) -> dict:
+def _last_line(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, trained: bool) -> dict:
     """The metrics line of the run's round now, its summary's source: the logged one, else scored again from the
     state (a pause at a round that logs none, or a run resumed at its last round whose line was damaged: the
     checkpoint holds that round's state, and scoring reads nothing else). Not logged: the training loss that line
-    said is not in the checkpoint."""
+    said is not in the checkpoint. ``trained``: whether this call trained that round; where not (resumed at the
+    round it ends at), the logged line is kept but the round scored again all the same, since a method's summary
+    may hold what its evaluation found beside the line (min-local's probes on the whole test split)."""
     if history and history[-1]["round"] == state.rnd:
+        if not trained:
+            metrics_line(r.method, state, engine, i, state.rnd - 1)
         return history[-1]
     return metrics_line(r.method, state, engine, i, state.rnd - 1)

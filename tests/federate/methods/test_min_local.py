@@ -1,6 +1,8 @@
 """Min-Local's paper metric: the worst client's linear probe on the whole test split (FLESD Table 1)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -26,6 +28,20 @@ def test_summary_reports_the_worst_clients_probe_on_the_whole_test_split():
     assert s["worst_client_global_accuracy"] == min(s["per_client_global_accuracy"])
     assert len(set(whole)) > 1  # the clients differ, so min is not max or mean here
     assert s["global_accuracy"] is None  # no global model
+
+
+def test_a_run_resumed_at_its_last_round_reports_the_worst_clients_probe(tmp_path):
+    """Killed between its last checkpoint and its summary.json, its metrics lines intact: the resume trains no round,
+    so evaluation never ran in it, and the summary lacked the probes evaluation finds (FLESD Table 1's metric)."""
+    data = synthetic(n_clients=3, per_client=30, n_classes=4, dim=8, sizes=[10, 30, 50])
+    data.views = data.x_train[:, None] + 0.3 * torch.randn(len(data.x_train), 2, 8, generator=torch.Generator().manual_seed(1))
+    full = run(make("min-local", data, hidden=6, out=4, probe_rows=0), RunConfig(rounds=2, out=tmp_path))
+    (tmp_path / "summary.json").unlink()
+    again = run(make("min-local", data, hidden=6, out=4, probe_rows=0), RunConfig(rounds=2, out=tmp_path, resume=True))
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert "worst_client_global_accuracy" in full.summary
+    assert drop(again.summary) == drop(full.summary)
+    assert drop(json.loads((tmp_path / "summary.json").read_text())) == drop(full.summary)
 
 
 def test_flesd_table1_compares_min_local_on_the_metric_it_reports():
