@@ -26,18 +26,22 @@ def run_both(toy_store, tmp_path, methods, sweep, **kw):
     return outs["processes"], outs["batched"]
 
 
-def stop_after_round_1(monkeypatch):
-    """Interrupt the next grid as Ctrl-C would, right after its checkpoint of round 1."""
+def stop_after_round_1(monkeypatch, writer=None):
+    """Interrupt the next grid as Ctrl-C would, right after its checkpoint of round 1: a batch's (``writer`` the
+    driver, by default) or a cell's own (``fedcache.federate.rundir``, where the cells train in this process).
+    Returns what it patched, to be put back."""
     from fedcache.federate import driver
 
-    save = driver.save_checkpoint
+    writer = writer or driver
+    save = writer.save_checkpoint
 
     def save_then_stop(path, ck):
         save(path, ck)
         if ck["rnd"] == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(driver, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(writer, "save_checkpoint", save_then_stop)
+    return save
 
 
 def assert_same_cells(a, b):

@@ -19,6 +19,7 @@ from fedcache.grids.cell import read_diverged
 from fedcache.grids.halving import Group, rungs
 from fedcache.grids.spec import Cell
 from tests.conftest import BACKBONE
+from tests.grids.test_batches import stop_after_round_1
 
 
 @pytest.mark.parametrize("rounds, n, eta, first, expected", [
@@ -513,14 +514,7 @@ def test_a_rung_s_damaged_metrics_line_is_trained_again_on_either_engine(toy_sto
     grid(**kw(toy_store, tmp_path / "whole", engine), prune="halving")
     # A batch's checkpoint, or a cell's own; patched in this process, where the cells train (--jobs 1).
     writer = driver if engine == "batched" else rundir
-    save = writer.save_checkpoint
-
-    def save_then_stop(path, ck):
-        save(path, ck)
-        if ck["rnd"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(writer, "save_checkpoint", save_then_stop)
+    save = stop_after_round_1(monkeypatch, writer)
     with pytest.raises(KeyboardInterrupt):
         grid(**kw(toy_store, tmp_path / "g", engine, jobs=1), prune="halving")
     monkeypatch.setattr(writer, "save_checkpoint", save)
