@@ -71,6 +71,9 @@ def start_again(cfg: RunSpec, stop: int | None) -> None:
     out = cfg.engine.out
     log.warning("%s: its checkpoint is of the round it stops at (%d), whose metrics line in %s is damaged; it trains "
                 "again from round 0, which writes that line back", out, stop or cfg.schedule.rounds, out / METRICS)
+    # The checkpoint first: killed in between, the cell starts afresh next time rather than continuing without its
+    # line (the rest gone, it would read as a cell whose lines were deleted, which continues).
+    discard([out / CHECKPOINT])
     discard(p for p in out.iterdir() if p.name != LOCK)
 
 
@@ -97,7 +100,9 @@ def lacks(cfg: RunSpec, rnd: int, stop: int | None = None) -> str | None:
     damaged = sum(1 for raw in text.splitlines() if raw.strip()) - len(lines)
     if len(read) + damaged < len(due):
         return BEHIND
-    return LAST_LINE if rnd == (stop or cfg.schedule.rounds) else None
+    # Of the round it stops at, and only where that round logs a line (--eval-every: a rung may log none, and a
+    # damaged earlier line is then only a gap).
+    return LAST_LINE if rnd == (stop or cfg.schedule.rounds) == due[-1] else None
 
 
 def start_round(out: Path) -> int:

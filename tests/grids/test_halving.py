@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -537,3 +538,72 @@ def test_a_rung_s_damaged_metrics_line_is_trained_again_on_either_engine(toy_sto
         whole = tmp_path / "whole" / "validation" / "cells" / cell.name
         assert (cell / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
     assert "Unfinished" not in write_report(tmp_path / "g").markdown.read_text()
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_rung_that_logs_no_line_continues_past_a_damaged_earlier_line(toy_store, tmp_path, monkeypatch, ordered,
+                                                                      caplog, engine):
+    """--eval-every 2, rungs at rounds 1 and 3 of 9: a cell paused at round 3, which logs no line, whose round-2
+    line is damaged continues (a gap in its history), on either engine: it was emptied and trained again from
+    round 0, said as if round 3's line were damaged."""
+    from fedcache.api import grid
+    from fedcache.federate import driver, rundir
+
+    writer = driver if engine == "batched" else rundir
+    save = writer.save_checkpoint
+
+    def save_then_stop(path, ck):
+        save(path, ck)
+        if ck["rnd"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "save_checkpoint", save_then_stop)
+    args = kw(toy_store, tmp_path / "g", engine, jobs=1)
+    args["sweep"] = {**args["sweep"], "eval_every": 2}
+    with pytest.raises(KeyboardInterrupt):
+        grid(**args, prune="halving")
+    monkeypatch.setattr(writer, "save_checkpoint", save)
+    hit = []
+    for metrics in sorted((tmp_path / "g" / "validation" / "cells").glob("*/metrics.jsonl")):
+        lines = metrics.read_text().splitlines()
+        if lines and json.loads(lines[-1])["round"] == 2:
+            metrics.write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+            hit.append(metrics)
+    assert hit
+    caplog.set_level(logging.WARNING, logger="fedcache")
+    grid(**args, prune="halving")
+    assert "trains again from round 0" not in caplog.text
+    assert "whose checkpoint is of the round its cells stop at" not in caplog.text
+
+
+def test_a_cell_killed_while_it_is_emptied_to_train_again_starts_afresh(toy_store, tmp_path, monkeypatch, ordered):
+    """Killed while a cell whose rung line was damaged is emptied (grids/cell.start_again), right after its
+    metrics.jsonl went: the next grid continued the cell from its checkpoint, its rung line lost for good; the
+    checkpoint goes first, so the cell trains afresh and its lines are an uninterrupted grid's."""
+    from fedcache.api import grid
+    from fedcache.federate import rundir
+    from fedcache.grids import cell as cell_module
+
+    grid(**kw(toy_store, tmp_path / "whole", "processes"), prune="halving")
+    save = stop_after_round_1(monkeypatch, rundir)
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, tmp_path / "g", "processes", jobs=1), prune="halving")
+    monkeypatch.setattr(rundir, "save_checkpoint", save)
+    damaged = sorted(p.parent for p in (tmp_path / "g" / "validation" / "cells").glob("*/metrics.jsonl"))
+    for cell in damaged:
+        (line,) = (cell / "metrics.jsonl").read_text().splitlines()
+        (cell / "metrics.jsonl").write_text(line[:20] + "\n")
+    real = cell_module.discard
+
+    def killed(paths):  # one file gone (the metrics line, where the listing puts it first), then the kill
+        first = sorted(paths, key=lambda p: Path(p).name != "metrics.jsonl")[:1]
+        real(first)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cell_module, "discard", killed)
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, tmp_path / "g", "processes", jobs=1), prune="halving")
+    monkeypatch.setattr(cell_module, "discard", real)
+    grid(**kw(toy_store, tmp_path / "g", "processes"), prune="halving")
+    whole = tmp_path / "whole" / "validation" / "cells" / damaged[0].name
+    assert (damaged[0] / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
