@@ -26,8 +26,8 @@ def run_both(toy_store, tmp_path, methods, sweep, **kw):
     return outs["processes"], outs["batched"]
 
 
-def stop_after_round_1(monkeypatch, writer=None):
-    """Interrupt the next grid as Ctrl-C would, right after its checkpoint of round 1: a batch's (``writer`` the
+def stop_after_round(monkeypatch, writer=None, at=1):
+    """Interrupt the next grid as Ctrl-C would, right after its checkpoint of round ``at``: a batch's (``writer`` the
     driver, by default) or a cell's own (``fedcache.federate.rundir``, where the cells train in this process).
     Returns what it patched, to be put back."""
     from fedcache.federate import driver
@@ -37,7 +37,7 @@ def stop_after_round_1(monkeypatch, writer=None):
 
     def save_then_stop(path, ck):
         save(path, ck)
-        if ck["rnd"] == 1:
+        if ck["rnd"] == at:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(writer, "save_checkpoint", save_then_stop)
@@ -294,7 +294,7 @@ def test_an_interrupted_batched_grid_continues_its_batch_from_the_checkpoint_to_
     grid(out=tmp_path / "whole", sweep=sweep, **kw)
     save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
 
-    stop_after_round_1(monkeypatch)
+    stop_after_round(monkeypatch)
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         grid(out=out, sweep=sweep, **kw)
@@ -324,7 +324,7 @@ def test_the_process_engine_refuses_to_restart_what_an_interrupted_batch_holds(t
     grid(out=tmp_path / "whole", **kw)
     save = driver.save_checkpoint
     out = tmp_path / "g"
-    stop_after_round_1(monkeypatch)
+    stop_after_round(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         grid(out=out, engine="batched", **kw)
     monkeypatch.setattr(driver, "save_checkpoint", save)
@@ -356,7 +356,7 @@ def test_an_interrupted_batch_continues_where_the_grid_now_groups_its_cells_othe
 
     for again, continued in ((None, True), (2, False)):
         out, loaded = tmp_path / f"again{again}", []
-        stop_after_round_1(monkeypatch)
+        stop_after_round(monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             grid(out=out, max_batch_cells=4, **kw)  # two batches of 3 cells; the first is interrupted
         (ck,) = (out / "batches").glob("*/checkpoint.pt")
@@ -381,7 +381,7 @@ def test_an_interrupted_stack_of_a_large_head_continues_from_its_checkpoint(toy_
     grid(out=tmp_path / "whole", **kw)
     save, load, loaded = driver.save_checkpoint, driver.load_checkpoint, []
 
-    stop_after_round_1(monkeypatch)
+    stop_after_round(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         grid(out=tmp_path / "g", **kw)
     (ck,) = (tmp_path / "g" / "batches").glob("*/checkpoint.pt")
@@ -652,7 +652,7 @@ def _a_batch_stopped_after_round_1(toy_store, tmp_path, monkeypatch):
     sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep)
     grid(out=tmp_path / "whole", **kw)
-    stop_after_round_1(monkeypatch)
+    stop_after_round(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         grid(out=tmp_path / "g", **kw)
     monkeypatch.undo()

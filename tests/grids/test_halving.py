@@ -20,7 +20,7 @@ from fedcache.grids.cell import read_diverged
 from fedcache.grids.halving import Group, rungs
 from fedcache.grids.spec import Cell
 from tests.conftest import BACKBONE
-from tests.grids.test_batches import stop_after_round_1
+from tests.grids.test_batches import stop_after_round
 
 
 @pytest.mark.parametrize("rounds, n, eta, first, expected", [
@@ -515,7 +515,7 @@ def test_a_rung_s_damaged_metrics_line_is_trained_again_on_either_engine(toy_sto
     grid(**kw(toy_store, tmp_path / "whole", engine), prune="halving")
     # A batch's checkpoint, or a cell's own; patched in this process, where the cells train (--jobs 1).
     writer = driver if engine == "batched" else rundir
-    save = stop_after_round_1(monkeypatch, writer)
+    save = stop_after_round(monkeypatch, writer)
     with pytest.raises(KeyboardInterrupt):
         grid(**kw(toy_store, tmp_path / "g", engine, jobs=1), prune="halving")
     monkeypatch.setattr(writer, "save_checkpoint", save)
@@ -550,14 +550,7 @@ def test_a_rung_that_logs_no_line_continues_past_a_damaged_earlier_line(toy_stor
     from fedcache.federate import driver, rundir
 
     writer = driver if engine == "batched" else rundir
-    save = writer.save_checkpoint
-
-    def save_then_stop(path, ck):
-        save(path, ck)
-        if ck["rnd"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(writer, "save_checkpoint", save_then_stop)
+    save = stop_after_round(monkeypatch, writer, at=3)
     args = kw(toy_store, tmp_path / "g", engine, jobs=1)
     args["sweep"] = {**args["sweep"], "eval_every": 2}
     with pytest.raises(KeyboardInterrupt):
@@ -585,7 +578,7 @@ def test_a_cell_killed_while_it_is_emptied_to_train_again_starts_afresh(toy_stor
     from fedcache.grids import cell as cell_module
 
     grid(**kw(toy_store, tmp_path / "whole", "processes"), prune="halving")
-    save = stop_after_round_1(monkeypatch, rundir)
+    save = stop_after_round(monkeypatch, rundir)
     with pytest.raises(KeyboardInterrupt):
         grid(**kw(toy_store, tmp_path / "g", "processes", jobs=1), prune="halving")
     monkeypatch.setattr(rundir, "save_checkpoint", save)
