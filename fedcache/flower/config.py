@@ -151,6 +151,12 @@ def build_method(run: FlowerRun, data: FederatedData) -> Method:
     return instantiate(run, data)
 
 
+def may_keep_client_state(cls: type[Method]) -> bool:
+    """Whether ``cls``'s clients may hold personal state (it makes their initial one): only such a method must be
+    built, on the server shard's data, to tell whether a resume is refused (``refuse_resume_with_client_state``)."""
+    return cls.init_clients is not Method.init_clients or cls.initial_states is not Method.initial_states
+
+
 def refuse_resume_with_client_state(method: Method, out: Path, resume_as: str) -> None:
     """A resumed Flower run's nodes start from their initial state: a method whose clients keep state between rounds
     would go on from a state other than the interrupted run's. Its directory holds a Flower run, which the in-process

@@ -31,7 +31,7 @@ from fedcache.partitioning import partition_request
 from fedcache.training import check_not_a_cell, owned
 from fedcache.federate.inprocess import OnRound
 from fedcache.federate.rundir import RunDir, check_resumable, resume_named
-from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable,
+from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable, may_keep_client_state,
                                     refuse_resume_with_client_state)
 from fedcache.flower.project import write_app
 from fedcache.flower.shard import (SERVER, ShardInfo, ShardSpec, changed_since_cut, load_server, open_shard,
@@ -284,7 +284,10 @@ def _not_an_in_process_run(out: Path) -> None:
 
 def _refuse_client_state(run: FlowerRun, shards: Path, out: Path) -> None:
     """The ServerApp refuses such a resume too, but only once Ray and Flower have started (a minute on a small
-    machine): said here before them."""
+    machine): said here before them. Only a method that may keep such state is built for it (the server shard read):
+    fedavg's resume reads nothing more before Ray starts."""
+    if not may_keep_client_state(method_class(run.method.name)):
+        return
     data, _ = load_server(shards / SERVER)
     refuse_resume_with_client_state(build_method(run, data), out, resume_named())
 

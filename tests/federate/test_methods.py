@@ -122,3 +122,12 @@ def test_a_method_naming_its_settings_params_is_told_the_new_name():
 
     with pytest.raises(TypeError, match="rename `Params = FedAvgSettings` to `Settings = ...`"):
         type("Old", (FedAvg,), {"Params": FedAvgSettings})
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS.names() if n not in NEEDS_CLIP])
+def test_a_method_that_may_keep_client_state_is_told_by_its_class(name, skewed):
+    """A Flower resume builds the method (reading the server shard) only where its class may keep client state:
+    a class said not to must make none, or such a resume would go on from other client states than the run had."""
+    from fedcache.flower.config import may_keep_client_state
+
+    assert may_keep_client_state(METHODS.get(name)) == bool(make(name, skewed).init_clients(1))

@@ -391,6 +391,24 @@ def test_a_resume_of_a_method_with_client_state_is_refused_before_ray_with_advic
     assert sim.train_flower_sim_here(toy_config(flower_store, out=out, resume=True)) == {"trained": True}  # fedavg goes on
 
 
+def test_a_resume_of_a_method_without_client_state_reads_no_server_shard_before_ray(flower_store, tmp_path,
+                                                                                     monkeypatch):
+    """The server shard was read and the method built before Ray started, for fedavg too, which keeps no client
+    state to refuse: only the ServerApp needs them."""
+    from fedcache.flower import sim
+    from fedcache.flower.shard import write_shards
+
+    out, read, load_server = tmp_path / "sim", [], sim.load_server
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: {"trained": True})
+    monkeypatch.setattr(sim, "load_server", lambda path: read.append(path) or load_server(path))
+    write_shards(sim.shard_spec(toy_config(flower_store, out=out)), out / "shards")
+    assert sim.train_flower_sim_here(toy_config(flower_store, out=out, resume=True)) == {"trained": True}
+    assert read == []
+    with pytest.raises(ConfigError, match="fedproto keeps personal client state"):  # read where it is needed
+        sim.train_flower_sim_here(toy_config(flower_store, "fedproto", out=out, resume=True))
+    assert read == [out / "shards" / "server"]
+
+
 def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, tmp_path, monkeypatch):
     """Client shards copy the training split's augmented views (``extract --views``), separate entries of the store:
     they were not among the entries the shards recorded, so a resume after the views were extracted again (another
