@@ -50,6 +50,10 @@ SIM_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",  # Flower reports usage events over the network by default
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # silences a Ray FutureWarning; no GPUs are used
 }
+# What the user's own environment may set otherwise. Flower's log level (its documented variable), in the simulation's
+# process and its Ray actors, which inherit it: each actor logs a WARNING as the simulation ends it ("Manually
+# terminating ClientAppActor"), which Ray forwarded, in colour, to the end of every run's output. Errors still show.
+SIM_DEFAULTS = {"FLWR_LOG_LEVEL": "ERROR"}
 
 
 def shard_spec(spec: RunSpec) -> ShardSpec:
@@ -91,7 +95,7 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
         # Its own session: Ctrl-C reaches the caller only, which interrupts the child once (a second SIGINT would
         # break Flower's and Ray's shutdown half-way).
         child = subprocess.Popen([sys.executable, "-m", "fedcache.flower.sim", str(request), str(answer)],
-                                 env={**os.environ, **SIM_ENV}, start_new_session=True)
+                                 env={**SIM_DEFAULTS, **os.environ, **SIM_ENV}, start_new_session=True)
         try:
             code = _wait(child, progress)
         finally:
@@ -200,7 +204,7 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
     ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller).
     ``on_round``: called from the ServerApp's thread; ``on_step``: as ``simulate`` calls it."""
     _refuse_unsupported(spec)
-    for k, v in SIM_ENV.items():
+    for k, v in {**SIM_ENV, **SIM_DEFAULTS}.items():
         os.environ.setdefault(k, v)
     e = spec.engine
     # --out held while the simulation writes it (fedcache/ownership.py), as `train` holds it in-process.

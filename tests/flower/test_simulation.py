@@ -20,13 +20,16 @@ from .conftest import BACKBONE, assert_same_run, toy_config
 
 
 @pytest.mark.slow
-def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capsys):
+def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capfd):
+    """capfd: the simulation's process and its Ray actors write to the file descriptors, not to sys.stderr."""
     out = tmp_path / "sim"
     code = main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                  "--partition", "dirichlet", "--alpha", "1.0", "--clients", "3", "--rounds", "3", "--seed", "1",
                  "--eval-every", "3", "--engine", "flower-sim", "--out", str(out)])
-    out_text, err = capsys.readouterr()
+    out_text, err = capfd.readouterr()
     assert code == 0 and "Flower simulation" in out_text
+    # Every Ray actor's WARNING as the simulation ended it, forwarded in colour at the end of every run's output.
+    assert "Manually terminating" not in err and "\x1b[" not in err, err
     # The rounds' progress, as the in-process engine draws it (plain lines where stderr is not a terminal).
     assert "fedavg rounds 3/3 (100%)" in err and "acc " in err, err
     # Said as Ray starts, and as it shuts down after the last round: seconds each, which showed nothing.
@@ -562,6 +565,46 @@ def test_the_simulations_process_computes_with_its_callers_threads(flower_store,
     finally:
         torch.set_num_threads(before)
     assert asked["threads"] == 1
+
+
+FLOWER_WARNS = ("import logging; from flwr.supercore.logger import log; "
+                "log(logging.WARNING, 'Manually terminating ClientAppActor')")
+
+
+@pytest.mark.parametrize("users", [None, "WARNING"])
+def test_flowers_warnings_are_kept_out_of_the_simulation_unless_its_user_sets_flowers_level(flower_store, monkeypatch,
+                                                                                           users):
+    """Each Ray actor logged ``WARNING: Manually terminating ClientAppActor`` (in colour) as the simulation ended it,
+    and Ray forwarded it to the end of the run's output. The simulation's process, whose environment its actors
+    inherit, gets Flower's level ERROR (FLWR_LOG_LEVEL, Flower's own setting), unless the user set one; the caller's
+    environment is left as it was."""
+    from pathlib import Path
+
+    from fedcache.flower import sim
+
+    env = {}
+
+    class Child:  # stands in for the simulation's process: keeps the environment it is started with, answers
+        def __init__(self, args, **kw):
+            env.update(kw["env"])
+            Path(args[-1]).write_text(json.dumps({"summary": {"ok": True}}))
+
+        def wait(self, *a):
+            return 0
+
+        def poll(self):
+            return 0
+
+    if users:
+        monkeypatch.setenv("FLWR_LOG_LEVEL", users)
+    else:
+        monkeypatch.delenv("FLWR_LOG_LEVEL", raising=False)
+    with monkeypatch.context() as m:  # subprocess's own Popen, for the process started below
+        m.setattr(sim.subprocess, "Popen", Child)
+        assert sim.train_flower_sim(toy_config(flower_store)) == {"ok": True}
+    assert os.environ.get("FLWR_LOG_LEVEL") == users
+    said = subprocess.run([sys.executable, "-c", FLOWER_WARNS], env=env, capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0 and ("Manually terminating" in said.stderr) == (users == "WARNING"), said.stderr
 
 
 def test_the_simulation_holds_out_as_the_command_its_user_started(flower_store, tmp_path, monkeypatch):
