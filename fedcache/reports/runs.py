@@ -11,7 +11,7 @@ import numpy as np
 
 from fedcache.disk import log_lines, read_json
 from fedcache.errors import ConfigError, DamagedFileError
-from fedcache.paths import CELL, CONFIG, DIVERGED, GRID, METRICS, RESULTS, RUNGS, SELECTION, SUMMARY
+from fedcache.paths import CELL, CONFIG, DIVERGED, GRID, METRICS, RESULTS, RUNGS, SELECTION, SUMMARY, is_store
 from fedcache.wording import named
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def find_runs(root: Path) -> list[Run]:
                       if p.name == DIVERGED and (p.parent / CELL).exists() and p.parent not in finished)
     runs = [_read(p, cells[p]) for p in paths] + [_diverged(p) for p in diverged]
     # Cells of several grids (a reproduce directory) are told apart by their grid's directory.
-    grids = {r.path.parent.parent for r in runs if (r.path / CELL).exists()}
+    grids = {grid_of(r.path) for r in runs if (r.path / CELL).exists()}
     if len(grids) > 1:
         for r in runs:
             if (r.path / CELL).exists():
@@ -155,13 +155,14 @@ def find_runs(root: Path) -> list[Run]:
 def _files_named(root: Path, names: tuple[str, ...]) -> list[Path]:
     """Files so named at or below ``root``, links to directories followed: a folder of links to runs and grids (to
     report them together) was reported as holding no run, as ``Path.rglob`` does not follow them. A link back up
-    the tree is entered once."""
+    the tree is entered once; a feature store (a grid's features, a Flower run's shards, one linked beside the runs)
+    is not entered: it holds no run, and thousands of files."""
     seen: set[tuple[int, int]] = set()
     found = []
     for top, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()  # of two links to one folder, the first by name is the one a report names
         st = os.stat(top)
-        if (st.st_dev, st.st_ino) in seen:
+        if (st.st_dev, st.st_ino) in seen or ("zarr.json" in files and is_store(Path(top))):
             dirs.clear()
             continue
         seen.add((st.st_dev, st.st_ino))
@@ -169,10 +170,17 @@ def _files_named(root: Path, names: tuple[str, ...]) -> list[Path]:
     return found
 
 
+def grid_of(cell: Path) -> Path:
+    """The grid (or --select stage) directory of a cell, as the report reached it (through links, named as they are);
+    its real one where the cell was reached through a link to the grid's cells folder itself, whose parent is no grid."""
+    reached, real = cell.parent.parent, cell.resolve().parent.parent
+    return reached if reached.exists() and os.path.samefile(reached, real) else real
+
+
 def _grid_setting(r: Run) -> dict:
     """Which grid a cell belongs to. The two stages of a --select grid (validation/, test/ beside
     selection.json) are its ``split``, which also says what its ``validation`` setting said."""
-    grid = r.path.parent.parent
+    grid = grid_of(r.path)
     if (grid.parent / SELECTION).exists():
         return {"split": grid.name, **{k: v for k, v in r.setting.items() if k != "validation"}}
     return {"grid": grid.name, **r.setting}
@@ -307,7 +315,7 @@ def _awaiting_cut(reached: dict[Path, int], cells: _Cells) -> set[Path]:
     unfinished, as a full grid's interrupted cells are, not cut. The kept candidates of a cut train past its rung
     next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut.
     (A group whose last candidate waits at a rung while other groups revive theirs reads so too: unfinished.)"""
-    paused = {p for p in reached if (p / RUNGS).exists() and not (p.parent.parent / RESULTS).exists()
+    paused = {p for p in reached if (p / RUNGS).exists() and not (grid_of(p) / RESULTS).exists()
               and not any((p / name).exists() for name in (SUMMARY, DIVERGED))}
     if not paused:
         return set()
@@ -339,7 +347,7 @@ def _group(path: Path, cell: dict, selected: dict[Path, set[str]]) -> tuple | No
     select (None: no cell)."""
     if cell.get("method") is None:
         return None
-    stage = path.parent.parent
+    stage = grid_of(path)
     if stage not in selected:
         try:  # the --select grid's, above its stages (none: not a --select grid's stage)
             spec = json.loads((stage.parent / GRID).read_text()) if (stage.parent / GRID).exists() else None

@@ -638,3 +638,42 @@ def test_a_folder_of_links_to_grids_reports_their_runs(toy_grid, tmp_path):
     runs = find_runs(together)
     assert len(runs) == len(find_runs(toy_grid)) == 8
     assert all(str(r.path).startswith(str(together / "a")) for r in runs)  # named as the user linked them
+
+
+def test_a_report_does_not_walk_into_feature_stores(toy_grid, toy_store, tmp_path, monkeypatch):
+    """Every file of a linked feature store (and of a grid's own features) was walked past, looking for runs."""
+    from fedcache.paths import store_holding
+    from fedcache.reports import runs
+
+    together = tmp_path / "together"
+    together.mkdir()
+    (together / "grid").symlink_to(toy_grid, target_is_directory=True)
+    (together / "store").symlink_to(toy_store, target_is_directory=True)
+    walked, walk = [], os.walk
+
+    def recorded(*args, **kwargs):
+        for step in walk(*args, **kwargs):  # the same lists: what the walk clears, it does not enter
+            walked.append(Path(step[0]).resolve())
+            yield step
+
+    monkeypatch.setattr(runs.os, "walk", recorded)
+    assert len(runs.find_runs(together)) == 8
+    assert toy_store.resolve() in walked  # looked at, to be seen to be a store
+    assert [p for p in walked if store_holding(p) not in (None, p)] == []
+
+
+def test_a_grid_reached_first_through_a_link_to_its_cells_is_named_by_its_own_folder(toy_grid, tmp_path):
+    """Linked to as a whole after a link to its cells/ (read first by name), a grid's cells were found through the
+    latter and the grid named by the folder holding that link, as if it were the grid."""
+    from fedcache.reports.runs import find_runs
+
+    other = tmp_path / "other"
+    shutil.copytree(toy_grid, other, symlinks=True)
+    together = tmp_path / "together"
+    together.mkdir()
+    (together / "a-cells").symlink_to(toy_grid / "cells", target_is_directory=True)
+    (together / "b-grid").symlink_to(toy_grid, target_is_directory=True)
+    (together / "c").symlink_to(other, target_is_directory=True)
+    runs = find_runs(together)
+    assert len(runs) == 16
+    assert {r.setting["grid"] for r in runs} == {toy_grid.name, "c"}
