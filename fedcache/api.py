@@ -31,7 +31,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.paths import denied_error, is_denied
 from fedcache.progress import check_callback
 from fedcache.table import Table
-from fedcache.wording import count, did_you_mean, keyword_names, named
+from fedcache.wording import count, did_you_mean, keyword_names, named, typed_as
 
 
 def _refusals_said(fn: Callable) -> Callable:
@@ -212,7 +212,7 @@ def train(store: str | Path | None = None, dataset: str | None = None, backbones
     ``["lr=0.01"]``. Values are checked (type and range) before any data is read."""
     from fedcache.federate.methods import METHODS
     from fedcache.training import check_not_a_cell, train as run
-    from fedcache.spec import RunSpec, refuse_unread_options
+    from fedcache.spec import RunSpec, refuse_unread_options, typed_keys
 
     _refuse_settings_as_options(options)
     check_callback("on_round", on_round, "done", "total", "line")
@@ -224,7 +224,8 @@ def train(store: str | Path | None = None, dataset: str | None = None, backbones
     if spec.engine.name != "in-process":
         raise ConfigError(f"fedcache.train() runs in-process; for engine={spec.engine.name!r} call "
                           "fedcache.flower.sim.train_flower_sim(spec) (in a child process) or `fedcache train --engine`")
-    r = run(spec, on_round)
+    with typed_as(typed_keys(_pairs(settings), spec.method.name)):  # advice met in training names them as given
+        r = run(spec, on_round)
     by_client = METHODS.get(spec.method.name).server_by_client
     return TrainResult(r.summary, r.history, one_model(r.server, by_client), dict(r.clients), spec.engine.out)
 

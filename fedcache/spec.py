@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
-from fedcache.wording import did_you_mean, named, set_flag, setting, swept
+from fedcache.wording import did_you_mean, named, set_flag, setting, swept, typed_as
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -255,14 +255,15 @@ class RunSpec(_ByOption):
 
     def override(self, pairs: Mapping[str, Any]) -> "RunSpec":
         """A copy with ``key -> value`` overrides of run options and settings alike (a grid cell's axes)."""
-        direct, settings = {}, {}
+        direct, settings, typed = {}, {}, {}
         for key, value in pairs.items():
             section, name = route(key, self.method.name, run_options=True)
             if is_option(f"{section}.{name}"):
                 direct[f"{section}.{name}"] = value
             else:
                 settings[f"{section}.{name}"] = value
-        with swept():  # a bad setting is named as the sweep that gave it, in the Python API
+                typed[f"{section}.{name}"] = key.replace("-", "_")
+        with swept(), typed_as(typed):  # a bad setting is named as the sweep gave it (the sweep, in the Python API)
             return _build(self, {**direct, "settings": settings})
 
     def sections(self) -> dict[str, Any]:
@@ -382,7 +383,8 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     if routed["optim"] and not cls.uses_optimizer:
         raise ConfigError(f"{name} trains nothing with an optimizer; remove {set_flag()} "
                           + ", ".join(f"optim.{k}" for k in routed["optim"]))
-    params, optim = _apply(params, "method", routed["method"]), _apply(optim, "optim", routed["optim"])
+    with typed_as({f"{g}.{f}": key for g, fs in routed.items() for f, (key, _) in fs.items()}):
+        params, optim = _apply(params, "method", routed["method"]), _apply(optim, "optim", routed["optim"])
     _refuse_unused(routed["method"], params, "method", name)
     _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
     head = routed["head"]["name"][1] if "name" in routed["head"] else head
@@ -420,6 +422,12 @@ def parse_pairs(settings: Any) -> dict[str, str]:
             raise ConfigError(f"{set_flag()} {key} is given twice ({out[key]!r} and {value.strip()!r}); keep one")
         out[key] = value.strip()
     return out
+
+
+def typed_keys(settings: Any, method: str) -> dict[str, str]:
+    """Each ``--set`` key of ``settings`` (as ``parse_pairs`` reads them) by the full name of what it sets for
+    ``method`` (``optim.lr`` -> ``lr``): for ``wording.typed_as`` while the run they made trains."""
+    return {".".join(route(k, method)): k for k in parse_pairs(settings)}
 
 
 def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:

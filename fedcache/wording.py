@@ -19,6 +19,10 @@ _GIVEN: ContextVar[str] = ContextVar("fedcache_settings_given", default="setting
 # axes whose names end alike (flesd's ``method.momentum``, ``optim.momentum``) are two settings. The file's user
 # wrote them there, not as a sweep or a --set.
 _FILE_AXES: ContextVar[tuple[str, Mapping[str, str]]] = ContextVar("fedcache_file_axes", default=("", {}))
+# The settings a run or a grid was given (by --set, settings, sweep), by full name (``optim.lr``) -> the key its
+# user gave it by (``lr`` or ``optim.lr``): a message names a setting as its user typed it, so that a search of
+# the command or the call finds it.
+_TYPED: ContextVar[Mapping[str, str]] = ContextVar("fedcache_settings_typed", default={})
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -109,6 +113,15 @@ def filed(file: Path | str, keys: Mapping[str, str]) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def typed_as(keys: Mapping[str, str]) -> Iterator[None]:
+    """Settings named inside are named by the key their user gave each (``keys``: its full name -> that key, as
+    ``--set optim.lr=-1`` if so typed); one given neither here nor in an enclosing ``typed_as``, by its short name.
+    An enclosing ``typed_as`` wins: it is nearer the user (a grid's ``--set lr`` reaches a run as ``optim.lr``)."""
+    with _set(_TYPED, {**keys, **_TYPED.get()}):
+        yield
+
+
 def _given(where: str) -> contextlib.AbstractContextManager[None]:
     return _set(_GIVEN, where)
 
@@ -158,12 +171,13 @@ def set_flag() -> str:
 
 
 def setting(key: str) -> str:
-    """One setting as messages name it, ``key`` its full name (``optim.lr``): ``--set lr`` on the command line; in
-    the Python API ``settings['lr']``, a grid's axis ``sweep['lr']``; a grid file's [set] key by its key there, with
-    the file (``grid file g.toml's [set] lr``)."""
+    """One setting as messages name it, ``key`` its full name (``optim.lr``), by the key its user gave it (inside
+    ``typed_as``; one not given by its short name, ``lr``): ``--set lr`` on the command line; in the Python API
+    ``settings['lr']``, a grid's axis ``sweep['lr']``; a grid file's [set] key by its key there, with the file
+    (``grid file g.toml's [set] lr``)."""
     if filed := _in_file(key):
         return filed
-    name = key.rsplit(".", 1)[-1]
+    name = _TYPED.get().get(key) or key.rsplit(".", 1)[-1]
     if _GIVEN.get() == "file":
         return name
     return f"{set_flag()}[{name!r}]" if by_keyword() else f"--set {name}"

@@ -864,3 +864,10 @@ def test_features_missing_from_the_store_are_advised_to_be_extracted_only_where_
     for data in (["-d", "digits5-offline", "-b", "tiny-timm-random"], ["-d", "test-toy", "-b", "tiny-clip-random"]):
         code, _, err = run(capsys, *base, *data)
         assert code == 1 and "or extract them: `fedcache extract" in err, err
+
+
+def test_train_advice_on_divergence_names_the_lr_as_typed(capsys, toy_store, tmp_path):
+    """``--set optim.lr=1e300`` diverged with the advice ``--set lr=...``: named as typed, it is the one to lower."""
+    code, _, err = run(capsys, "train", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",
+                       "fedavg", "--clients", "2", "--rounds", "2", "--set", "optim.lr=1e300", "--out", str(tmp_path / "r"))
+    assert code == 1 and "lower the learning rate (--set optim.lr=...)" in err, err

@@ -95,3 +95,30 @@ def test_a_report_of_no_directory_says_how_a_python_caller_makes_one(tmp_path):
         fedcache.report(tmp_path / "nope")
     assert str(err.value) == (f"{tmp_path / 'nope'} does not exist; give a run directory (fedcache.train(out=...)) or "
                               "a grid directory (fedcache.grid(out=...))")
+
+
+@pytest.mark.parametrize("typed", ["optim.lr", "lr"])
+def test_a_setting_is_named_as_its_user_typed_it(typed):
+    """``--set optim.lr=-1`` was said as ``--set lr=-1``, by train and by a grid's axis: a message names a setting
+    by the key its user gave it (a search of the command for it finds it), the short one where typed short."""
+    from fedcache.spec import RunSpec
+
+    base = RunSpec.of(dataset="d", backbones=["b"], method="fedavg")
+    flag, keyword = _both(lambda: RunSpec.of(dataset="d", backbones=["b"], method="fedavg", settings=[f"{typed}=-1"]))
+    assert flag.startswith(f"--set {typed}=-1:") and keyword.startswith(f"settings[{typed!r}]=-1:"), (flag, keyword)
+    flag, keyword = _both(lambda: base.override({typed: "-1"}))  # a grid's cell
+    assert flag.startswith(f"--set {typed}=-1:") and keyword.startswith(f"sweep[{typed!r}]=-1:"), (flag, keyword)
+
+
+def test_advice_in_a_run_or_a_cell_names_a_setting_as_its_user_typed_it():
+    """Advice met while a run trains (lower the learning rate: ``--set lr=...``) names the setting as the command
+    or the grid gave it: by the train command's --set keys, by a grid's axes in its cells."""
+    from fedcache.grids.spec import Names
+    from fedcache.spec import typed_keys
+    from fedcache.wording import setting, typed_as
+
+    with flag_names(), typed_as(typed_keys(["optim.lr=10", "mu=0.1"], "fedprox")):
+        assert (setting("optim.lr"), setting("method.mu"), setting("optim.momentum")) == (
+            "--set optim.lr", "--set mu", "--set momentum")
+    with keyword_names(), Names().swept(["optim.lr"], ["fedavg"]):
+        assert setting("optim.lr") == "sweep['optim.lr']"

@@ -17,8 +17,8 @@ from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _si
                                  given_on_command_line, import_with_torch, loading_torch, print_table, step_printer)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
-from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options
-from fedcache.wording import count
+from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options, typed_keys
+from fedcache.wording import count, typed_as
 
 
 def demo(
@@ -60,7 +60,7 @@ def train(threads: int | None = None, **given) -> None:
         refuse_unread_options(spec, given_on_command_line(given))
         training = importlib.import_module("fedcache.training")
     training.check_not_a_cell(spec.engine.out)
-    with threads_for(threads):
+    with threads_for(threads), typed_as(typed_keys(given.get("settings"), spec.method.name)):
         summary, how = ENGINES[spec.engine.name](spec)
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
     scored = " (scored on validation: spare training rows)" if spec.schedule.validation else ""

@@ -20,7 +20,7 @@ import itertools
 import json
 import re
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
 from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
-from fedcache.wording import by_keyword, filed, in_grid_file, named, swept
+from fedcache.wording import by_keyword, filed, in_grid_file, named, swept, typed_as
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
@@ -148,10 +148,15 @@ class Names:
         listed = (" or " if either else ",").join(map(str, values))
         return f"{option(key).flag} {listed}" if is_option(key) else f"--set {key}={listed}"
 
-    def swept(self, axes: Iterable[str], methods: Iterable[str]) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def swept(self, axes: Iterable[str], methods: Iterable[str]) -> Iterator[None]:
         """Messages raised inside (a cell's, of one of ``methods``) name the grid's ``axes`` as its caller gave
-        them: a sweep's (``sweep['lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set] lr``)."""
-        return swept(self.file, file_keys([k for k in axes if self._filed(k)], methods))
+        them: a sweep's (``sweep['optim.lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set]
+        lr``)."""
+        in_file = [k for k in axes if self._filed(k)]
+        swept_ = file_keys([k for k in axes if k not in in_file], methods)
+        with swept(self.file, file_keys(in_file, methods)), typed_as(swept_):
+            yield
 
     def was_given(self, key: str, is_default: bool) -> bool:
         """Whether the user gave ``key``; where that is not known, whether it differs from its default."""

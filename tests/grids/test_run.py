@@ -275,8 +275,8 @@ def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_
 @pytest.mark.parametrize("engine, jobs, key", [("batched", 1, "lr"), ("processes", 2, "optim.lr")])
 def test_a_diverged_cell_names_an_lr_from_the_grid_file_by_the_file(engine, jobs, key, toy_store, tmp_path, capsys):
     """A grid file's [set] lr that diverged was advised as sweep['lr'] to fedcache.grid(config=...), and as
-    --set lr on the command line: its user wrote it in the file. One the command line gave over the file stays
-    --set lr."""
+    --set lr on the command line: its user wrote it in the file. One the command line gave over the file is named
+    as the command line gave it (--set optim.lr)."""
     from fedcache.api import grid
 
     toml = tmp_path / "grid.toml"
@@ -294,7 +294,7 @@ def test_a_diverged_cell_names_an_lr_from_the_grid_file_by_the_file(engine, jobs
     assert main(["grid", "--config", str(toml), "--out", str(tmp_path / "cli")]) == 0
     assert advice(tmp_path / "cli") == said
     assert main(["grid", "--config", str(toml), "--out", str(tmp_path / "set"), "--set", f"{key}=1e300"]) == 0
-    assert advice(tmp_path / "set") == "training diverged from finite inputs: lower the learning rate (--set lr=...)."
+    assert advice(tmp_path / "set") == f"training diverged from finite inputs: lower the learning rate (--set {key}=...)."
     capsys.readouterr()
 
 
