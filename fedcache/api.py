@@ -84,7 +84,7 @@ def _swept_hint(key: str, known: Mapping) -> str:
 
 def _keywords_named(fn: Callable) -> Callable:
     """``fn``, whose messages name the options by the keywords its caller passed (``rounds=0: must be >= 1``,
-    ``unknown settings key(s) lrr``), not by the command line's flags (``--rounds``, ``--set``)."""
+    ``settings['lrr']: unknown key``), not by the command line's flags (``--rounds``, ``--set``)."""
     @functools.wraps(fn)
     def named_so(*args: Any, **kwargs: Any) -> Any:
         with keyword_names():

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
-from fedcache.wording import did_you_mean, named, set_flag, setting, swept, typed_as
+from fedcache.wording import did_you_mean, named, set_flag, set_key, setting, swept, typed_as
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -463,7 +463,7 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     key = key.replace("-", "_")
     groups = setting_fields(method)
     with swept() if run_options else contextlib.nullcontext():
-        given = set_flag()  # a grid's axes are the API's sweep; a grid file's, its [set]
+        given, said = set_flag(), set_key(key)  # a grid's axes are the API's sweep; a grid file's, its [set]
     prefix, dot, name = key.partition(".")
     if dot:
         section = GROUP_ALIASES.get(prefix, prefix)
@@ -474,9 +474,9 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
         if run_options and is_option(key):
             return option(key).section, option(key).field
         if section in groups or (run_options and section in SECTIONS):
-            raise ConfigError(f"unknown {given} key {key}: {section} has no setting {name!r}. Known keys -- "
+            raise ConfigError(f"{said}: unknown key; {section} has no setting {name!r}. Known keys -- "
                               f"{_listing(groups, run_options)}")
-        raise ConfigError(f"{given} {key}: unknown prefix {prefix!r}; use one of "
+        raise ConfigError(f"{said}: unknown prefix {prefix!r}; use one of "
                           + ", ".join(g + "." for g in dict.fromkeys((*SETTING_GROUPS, *(SECTIONS if run_options else ())))))
     owners = [g for g, fs in groups.items() if key in fs]
     if key == "head":
@@ -484,15 +484,15 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     if run_options and is_option(key):
         if owners:
             o = option(key)
-            raise ConfigError(f"{given} {key} is ambiguous: it is the run option {o.key} and a setting of {method} "
+            raise ConfigError(f"{said} is ambiguous: it is the run option {o.key} and a setting of {method} "
                               f"({owners[0]}.{key}); write {o.key}=... or {owners[0]}.{key}=...")
         return option(key).section, option(key).field
     if len(owners) > 1:
-        raise ConfigError(f"{given} {key} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
+        raise ConfigError(f"{said} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
                           + " or ".join(f"{given} {g}.{key}=..." for g in owners))
     if not owners:
         hint = _near(key, groups, run_options) or _elsewhere(key, method)
-        raise ConfigError(f"unknown {given} key(s) {key}{hint}. Known keys -- {_listing(groups, run_options)}")
+        raise ConfigError(f"{said}: unknown key{hint}. Known keys -- {_listing(groups, run_options)}")
     return owners[0], key
 
 

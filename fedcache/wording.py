@@ -170,6 +170,16 @@ def set_flag() -> str:
     return "[set]" if given == "file" else named("--set", "settings" if given == "settings" else "sweep")
 
 
+def set_key(key: str) -> str:
+    """A key as its user gave it to the settings, at the start of a message about it: ``--set lrr`` on the command
+    line, in the Python API ``settings['lrr']`` (a grid's axis ``sweep['lrr']``), a grid file's [set] key with the
+    file (``grid file g.toml's [set] lrr``), as every message about that file's keys names them."""
+    file, _ = _FILE_AXES.get()
+    if _GIVEN.get() == "file":
+        return in_grid_file(file, key) if file else f"[set] {key}"
+    return f"{set_flag()}[{key!r}]" if by_keyword() else f"--set {key}"
+
+
 def setting(key: str) -> str:
     """One setting as messages name it, ``key`` its full name (``optim.lr``), by the key its user gave it (inside
     ``typed_as``; one not given by its short name, ``lr``): ``--set lr`` on the command line; in the Python API

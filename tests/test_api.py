@@ -355,8 +355,8 @@ def test_train_without_a_store_reads_fedcache_store(toy_store, monkeypatch):
 
 
 CALLER_NAMES = [  # what was wrong: (CLI arguments, the message's start there), (API keywords, its start there)
-    (["--set", "lrr=1"], "unknown --set key(s) lrr (did you mean 'lr'?)",
-     {"settings": {"lrr": 1}}, "unknown settings key(s) lrr (did you mean 'lr'?)"),
+    (["--set", "lrr=1"], "--set lrr: unknown key (did you mean 'lr'?)",
+     {"settings": {"lrr": 1}}, "settings['lrr']: unknown key (did you mean 'lr'?)"),
     (["--set", "lr=-1"], "--set lr=-1: must be > 0", {"settings": {"lr": -1}}, "settings['lr']=-1: must be > 0"),
     (["--set", "lr"], "--set expects key=value (e.g. --set lr=0.01)",
      {"settings": ["lr"]}, "settings expects key=value (e.g. settings={'lr': 0.01})"),

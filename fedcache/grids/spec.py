@@ -115,9 +115,9 @@ class Names:
         return named(f"{_flag(key)} {value}", f"{key}={value!r}")
 
     def axis(self, key: str, values: list | None = None) -> str:
-        """An axis at a message's start: ``grid file g.toml: set.alpha = [0.1, 1]`` or ``--set alpha=0.1,1``."""
+        """An axis at a message's start: ``grid file g.toml's [set] alpha=[0.1, 1]`` or ``--set alpha=0.1,1``."""
         if self._filed(key):
-            return f"grid file {self.file}: set.{key}" + (f"={_toml(values)}" if values is not None else "")
+            return in_grid_file(self.file, key) + (f"={_toml(values)}" if values is not None else "")
         if by_keyword():  # fedcache.grid(sweep={...})
             return f"sweep[{key!r}]" + (f"={values!r}" if values is not None else "")
         # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false
@@ -452,7 +452,7 @@ def _refuse_grid_keys_under_set(table: dict, top: set[str], path: Path) -> None:
             continue  # method.mu = ... (or [set.method]) is TOML's table of the --set key method.mu, not methods
         name = _TOP_ALIASES.get(name, name)
         if name in top:
-            raise ConfigError(f"grid file {path}: set.{key}: not an axis; {name} is a key of the grid itself: write "
+            raise ConfigError(f"{in_grid_file(path, key)}: not an axis; {name} is a key of the grid itself: write "
                               f"{name} = ... at the top of the file, above [set]")
 
 
@@ -500,10 +500,9 @@ def _in_file_said(err: ConfigError, path: Path, key: str, value: str) -> str:
     # "0.1,0.01" is two values on the command line, one text in a file.
     listed = f"; several values are a list in a grid file: {key} = [{', '.join(value.split(','))}]" if "," in value else ""
     said = str(err)
-    if in_grid_file(path) in said:  # err names the value itself: grid file g.toml's [set] lr=-1
+    if in_grid_file(path) in said:  # err names the key itself: grid file g.toml's [set] lr=-1, [set] lrr: unknown key
         return said + listed
-    # where err names the table ([set] lr.a, unknown [set] key(s)), the table is said once
-    return f"grid file {path}: {said}{listed}" if "[set]" in said else f"{in_grid_file(path)}: {said}{listed}"
+    return f"{in_grid_file(path, key)}: {said}{listed}"
 
 
 def _read_toml(path: Path) -> dict:
@@ -581,13 +580,13 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
     for key in table:  # local-epochs and local_epochs: one axis; GridSpec kept the last without a word
         name = axis_key(key)
         if name in seen:
-            raise ConfigError(f"grid file {path}: set.{seen[name]} and set.{key} are one key ({name}); give it once")
+            raise ConfigError(f"{in_grid_file(path, seen[name])} and {key} are one key ({name}); give it once")
         seen[name] = key
     scalar = (str, int, float, bool)
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, scalar) for v in values):
-            raise ConfigError(f"grid file {path}: set.{key}={value!r}: expected a value or a list of values "
+            raise ConfigError(f"{in_grid_file(path, key)}={value!r}: expected a value or a list of values "
                               "(text, numbers, true or false)")
     return table
 

@@ -152,7 +152,7 @@ def test_a_misspelt_setting_is_named_as_one_even_where_out_holds_another_grid(to
 
     out = tmp_path / "g"
     grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], sweep=SWEEP, out=out, select=["lr"])
-    with pytest.raises(ConfigError, match=r"unknown sweep key\(s\) lrr \(did you mean 'lr'\?\)"):
+    with pytest.raises(ConfigError, match=r"sweep\['lrr'\]: unknown key \(did you mean 'lr'\?\)"):
         grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"],
              sweep={**SWEEP, "lrr": ["0.1", "0.2"]}, out=out, select=["lr"])
 

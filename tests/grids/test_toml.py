@@ -100,34 +100,34 @@ CASES = [
      'grid file {path}: select=["lr"]: lr has one value (0.1), so there is nothing to choose; give the values to choose '
      'from (lr = ["v1", "v2"] under [set]) or drop select'),
     ("a setting some methods lack", 'methods = ["fedavg", "fedprox"]\n' + RUN + "mu = [0.1, 1]\n",
-     'grid file {path}: set.mu: a setting of fedprox only; fedavg has no mu. Sweep it in a grid of fedprox '
+     "grid file {path}'s [set] mu: a setting of fedprox only; fedavg has no mu. Sweep it in a grid of fedprox "
      '(methods = ["fedprox"])'),
     ("an axis the partition ignores", BASE + RUN + "alpha = [0.1, 1]\n",
-     'grid file {path}: set.alpha=[0.1, 1]: the partition scheme iid ignores alpha, so each value would train the same '
+     "grid file {path}'s [set] alpha=[0.1, 1]: the partition scheme iid ignores alpha, so each value would train the same "
      'cells; drop the axis, or sweep it with a scheme that reads it (partition = "dirichlet" or "domain-dirichlet" '
      'under [set])'),
     ("select twice", BASE + "select = ['lr', 'lr']\n[set]\nlr = [0.1, 0.01]\nrounds = 1\n",
      'grid file {path}: select=["lr", "lr"]: \'lr\' and \'lr\' are one value; give each value once'),
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
-    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}: [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
-    ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}: set.lr=[[1]]: expected a value or a list of values"),
-    ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}: set.lr=datetime.date(1979, 5, 27): expected a value"),
-    ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}: set.nested.a=[[1]]: expected a value"),
-    ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}: set.lr=[]: give a value or a list of values"),
-    ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}: set.lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
+    ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}'s [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
+    ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}'s [set] lr=[[1]]: expected a value or a list of values"),
+    ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}'s [set] lr=datetime.date(1979, 5, 27): expected a value"),
+    ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}'s [set] nested.a=[[1]]: expected a value"),
+    ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}'s [set] lr=[]: give a value or a list of values"),
+    ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}'s [set] lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
     ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "grid file {path}'s [set] lr='x': expected a finite number"),
     ("set.lr comma text", BASE + "[set]\nlr = '0.1,0.01'\nrounds = 1\n",
      "grid file {path}'s [set] lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
     ("set.key hyphen and underscore", BASE + "[set]\nlocal-epochs = 1\nlocal_epochs = 2\n",
-     "grid file {path}: set.local-epochs and set.local_epochs are one key (local_epochs); give it once"),
+     "grid file {path}'s [set] local-epochs and local_epochs are one key (local_epochs); give it once"),
     ("set.rounds = 0", BASE + "[set]\nrounds = 0\n", "grid file {path}'s [set] rounds=0: must be >= 1"),
-    ("an unknown setting", BASE + "[set]\nbogus = 1\nrounds = 1\n", "grid file {path}: unknown [set] key(s) bogus"),
-    ("set.seed", BASE + "[set]\nseed = 1\n", "grid file {path}: set.seed: not an axis; seeds is a key of the grid itself: write seeds = ... at the top of the file, above [set]"),
-    ("set.out", BASE + "[set]\nout = 'x'\n", "grid file {path}: set.out: not an axis; out is a key of the grid itself"),
-    ("set.seeds", BASE + "[set]\nseeds = [1, 2]\n", "grid file {path}: set.seeds: not an axis; seeds is a key of the grid itself"),
-    ("set.jobs", BASE + "[set]\njobs = 2\n", "grid file {path}: set.jobs: not an axis; jobs is a key of the grid itself"),
-    ("set.select", BASE + "[set]\nselect = ['lr']\n", "grid file {path}: set.select: not an axis; select is a key of the grid itself"),
+    ("an unknown setting", BASE + "[set]\nbogus = 1\nrounds = 1\n", "grid file {path}'s [set] bogus: unknown key"),
+    ("set.seed", BASE + "[set]\nseed = 1\n", "grid file {path}'s [set] seed: not an axis; seeds is a key of the grid itself: write seeds = ... at the top of the file, above [set]"),
+    ("set.out", BASE + "[set]\nout = 'x'\n", "grid file {path}'s [set] out: not an axis; out is a key of the grid itself"),
+    ("set.seeds", BASE + "[set]\nseeds = [1, 2]\n", "grid file {path}'s [set] seeds: not an axis; seeds is a key of the grid itself"),
+    ("set.jobs", BASE + "[set]\njobs = 2\n", "grid file {path}'s [set] jobs: not an axis; jobs is a key of the grid itself"),
+    ("set.select", BASE + "[set]\nselect = ['lr']\n", "grid file {path}'s [set] select: not an axis; select is a key of the grid itself"),
     ("a key twice, said as that", BASE + "jobs = 1\njobs = 2\n", "jobs is given twice (the second at line 3); give each key once"),
     ("an unknown key, suggested", BASE + "keep-checkpoints = 'none'\n", "unknown key(s) keep-checkpoints (did you mean keep_checkpoints?)"),
     ("an unknown partition", BASE + "[set]\npartition = 'nope'\nrounds = 1\n", "nope"),
@@ -245,10 +245,11 @@ def test_the_issue_s_seeds_and_jobs_run(toy_store, tmp_path, capsys):
     assert (tmp_path / "g" / "cells" / "fedavg__rounds=1__partition=iid__clients=2__seed=7" / "summary.json").exists()
 
 
-# After "grid file PATH": the table named once, by the message or before it ("under [set]: [set] lr.a" said it twice).
+# After "grid file PATH": its [set] key, one phrasing whatever is wrong with it ("grid file g.toml: unknown [set]
+# key(s) lrr", "grid file g.toml: [set] lr.a" were others; "under [set]: [set] lr.a" said the table twice).
 BAD_UNDER_SET = [("rounds = 'ten'", "'s [set] rounds='ten': expected an integer"),  # named by its key in the file
-                 ("lrr = 0.1", ": unknown [set] key(s) lrr (did you mean 'lr'?)"),
-                 ("lr = {a = 1}", ": [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., "),
+                 ("lrr = 0.1", "'s [set] lrr: unknown key (did you mean 'lr'?)"),
+                 ("lr = {a = 1}", "'s [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., "),
                  ("lr = [-0.1, 0.01]", "'s [set] lr=-0.1: must be > 0")]
 
 
