@@ -137,7 +137,10 @@ class PlainProgress:
         task.completed = task.completed if completed is None else completed
         task.fields.update(fields)
         if grown:  # given more (halving's revived runs, its test stage), even once said finished: its tenths go on
-            task.printed_step = min(task.printed_step, int(10 * task.completed / task.total))
+            now = int(10 * task.completed / task.total)
+            # But from the tenth just below the one said last, the next line would say that tenth again.
+            if now < task.printed_step - 1:
+                task.printed_step = now
         self._emit(task)
 
     def _emit(self, task: _Task, force: bool = False) -> None:

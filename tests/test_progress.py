@@ -85,6 +85,19 @@ def test_a_total_grown_before_its_end_goes_on_with_the_tenths_of_the_new_total()
     assert counts[-7:] == ["90/100", "100/200", "120/200", "140/200", "160/200", "180/200", "200/200"]
 
 
+def test_a_total_grown_across_a_tenth_does_not_say_that_tenth_again():
+    """A halving grid's count whose total grows by two revived runs at 23 of 24: 22/24 said 92%, the total became 26,
+    its tenths were lowered to that of 23/26 (88%), and 24/26 said the tenth just said again (92%)."""
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock)
+    task = progress.add_task("grid", total=24)
+    for done in range(1, 27):
+        clock.t += 1
+        progress.update(task, total=24 if done < 23 else 26, completed=done)
+    counts = [line.split()[1] for line in out.getvalue().splitlines()]
+    assert counts[-3:] == ["20/24", "22/24", "26/26"], counts
+
+
 def test_new_ends_in_quick_succession_wait_as_tenths_do_and_the_last_is_said_on_exit():
     """A total grown with the count printed a line per cell (each a new 100%), past the one-per-interval promise."""
     out, clock = io.StringIO(), Clock()
