@@ -168,7 +168,7 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
     ``after``: the cell runs that follow this stage, for one progress count over both; ``workers``: the worker
     processes every rung trains in (``pool.Workers``)."""
     groups = groups_of(spec, select, eta, first)
-    _say(on_plan, plan_text(groups, eta))
+    plan: str | None = plan_text(groups, eta)  # said by the first rung once its partitions are made, as a plain grid's
     last: dict[Cell, dict] = {}
     before, total = 0, sum(g.planned() for g in groups) + after
     while live := [g for g in groups if not g.done]:
@@ -178,7 +178,8 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
         step = [c for c in cells(spec) if c in stops and c not in waiting]
         counted = (lambda done, _, row, at=before: on_cell(at + done, max(total, at + done), row)) if on_cell else None
         table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False, on_step=on_step,
-                          stops={c: stops[c][1] for c in step if stops[c][1] is not None}, workers=workers)
+                          stops={c: stops[c][1] for c in step if stops[c][1] is not None}, workers=workers, plan=plan)
+        plan = None
         rows = dict(zip(step, table.to_records()))
         for c, row in rows.items():
             g, at = stops[c]

@@ -37,13 +37,15 @@ PlanCallback = Callable[[str], None]  # how the engine runs the cells, said befo
 
 def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
               on_plan: PlanCallback | None = None, stops: Stops | None = None, write: bool = True,
-              on_step: StepCallback | None = None, workers: Workers | None = None) -> Table:
+              on_step: StepCallback | None = None, workers: Workers | None = None, plan: str | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md (unless not
     ``write``). ``only``: these cells instead of the whole product (the test runs of a --select grid);
     ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py); ``on_step``: the
     steps before the first cell that took a while (``progress.said_step``), and a re-run's count of the cells left
     (else told to ``on_plan``); ``workers``: the worker processes to train in (``pool.Workers``: a --select grid's,
-    kept for its next stage or rung), else started for these cells."""
+    kept for its next stage or rung), else started for these cells; ``plan``: the caller's own (halving's rungs), said
+    once the partitions are made, before the engine's plan, as a re-run's count is (said before them, a command's
+    "grid started" came before its "partitions ready")."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
     configs = check_cells(spec, todo_cells)
@@ -58,6 +60,8 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
         # As a step where the caller takes them (the CLI prints one without starting its bar, whose "grid started"
         # then follows the engine's plan, as on a fresh grid); else with the plan.
         _say_resuming(spec, len(rows), total, len(pending), on_step or on_plan)
+    if plan is not None:  # as the resuming line is: "grid started" follows the engine's plan
+        said_now(log, on_step or on_plan, plan)
     for c, row in _engine(spec, pending, folder, on_plan, stops, workers):
         rows[c] = row
         if on_cell:

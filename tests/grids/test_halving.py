@@ -462,9 +462,10 @@ def test_bad_pruning_options_are_clear_errors(toy_store, tmp_path, given, messag
         grid(**{**kw(toy_store, tmp_path / "e"), **given})
 
 
-def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path):
+def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
+    from fedcache import progress
     from fedcache.cli import app
 
     toml = tmp_path / "grid.toml"
@@ -477,11 +478,17 @@ def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path):
     # Each cell counted once: a candidate at every rung it reached was a cell more each time (the progress's count).
     cells = sum(1 for stage in ("validation", "test") for _ in (tmp_path / "t" / stage / "cells").iterdir())
     assert f"trained {cells} cells in" in " ".join(got.output.split()) and cells == 3 + 1
+    # The steps before the first cell said (SLOW_STEP 0), then the plans and "grid started", as a plain grid says them
+    # (test_run): halving's plan came first, and "grid started" with it, before the partitions were made.
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)
     cli = CliRunner().invoke(app, ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                                    "--partition", "iid", "--clients", "2", "--subsample", "0.5", "--rounds", "4",
                                    "--set", "lr=0.001,0.01,0.1", "--select", "lr", "--prune", "halving",
                                    "--reduction-factor", "2", "-o", str(tmp_path / "c")])
     assert cli.exit_code == 0, cli.output
+    said = cli.output.splitlines()
+    assert [line.split(" ")[0] for line in said[:4]] == ["shared", "partitions", "successive", "batched"], said
+    assert said[4] == "grid started", said
     assert selection(tmp_path / "c")["choices"] == selection(tmp_path / "t")["choices"]
     shutil.rmtree(tmp_path / "c")
 
