@@ -34,7 +34,7 @@ from fedcache.federate.driver import Run
 from fedcache.federate.rundir import CHECKPOINT, RunDir
 from fedcache.federate.stacked import Stacked
 from fedcache.grids.cell import (BEHIND, LAST_LINE, cell_record, failing_as, hold_cell, lacks, last_line_lost,
-                                 result_row, run_cell, start_again, start_round, write_cell_json)
+                                 lost_how, result_row, run_cell, start_again, start_round, write_cell_json)
 from fedcache.grids.features import read_features, tables_of
 from fedcache.grids.pool import Workers, in_workers
 from fedcache.grids.processes import execute, jobs_of, worker
@@ -464,10 +464,10 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec], stops: Stops
     but before its folder went left a checkpoint of their last round, which no run read (its cells had finished);
     once their folders were deleted (as a damaged cell's message asks), a later run continued it without the
     cells' config.json and metrics lines. A damaged line in place of the last one is no such gap: the batch
-    continues (the resume keeps the readable lines and says which it lacks), but where that line is of the cells'
-    last round: continued, a cell would be scored again from the checkpoint but lack that line for good (its training
-    loss is not in the checkpoint), which training the batch again writes back. ``stops``: the round each cell pauses
-    at (a halving rung), its last round here."""
+    continues (the resume keeps the readable lines and says which it lacks), but where a cell lacks the line of its
+    last round (damaged or deleted, ``lacks``): continued, it would be scored again from the checkpoint but lack that
+    line for good (its training loss is not in the checkpoint), which training the batch again writes back.
+    ``stops``: the round each cell pauses at (a halving rung), its last round here."""
     cells = _by_name(runs)
     for batch, names in _recorded(folder):
         rnd = start_round(batch)
@@ -480,7 +480,7 @@ def drop_behind_batches(folder: Path, runs: Mapping[Cell, RunSpec], stops: Stops
                          + " (deleted or cleared since)")
         elif last:
             _drop(batch, f"whose checkpoint is of the round its cells stop at ({rnd}), whose metrics line in "
-                         f"{last[0] / METRICS} is damaged: trained again, the cell has that line back")
+                         f"{last[0] / METRICS} is {lost_how(last[0])}: trained again, the cell has that line back")
     _remove_if_empty(folder)
 
 

@@ -59,9 +59,9 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
 
 def last_line_lost(cfg: RunSpec, stop: int | None) -> bool:
     """Whether a run directory's own checkpoint is of its last round (``stop``, a rung, where it pauses there), whose
-    metrics line is damaged: continued, the run would be scored again but lack that line for good (its training
-    loss is not in the checkpoint); trained again, as a batched grid trains such a cell's batch again, it has it
-    back. Read only."""
+    metrics line is lost (``lacks``): continued, the run would be scored again but lack that line for good (its
+    training loss is not in the checkpoint); trained again, as a batched grid trains such a cell's batch again, it
+    has it back. Read only."""
     return lacks(cfg, start_round(cfg.engine.out), stop) == LAST_LINE
 
 
@@ -69,12 +69,21 @@ def start_again(cfg: RunSpec, stop: int | None) -> None:
     """A run directory whose last line is lost (``last_line_lost``) emptied, said, under its lock: it trains from
     round 0."""
     out = cfg.engine.out
-    log.warning("%s: its checkpoint is of the round it stops at (%d), whose metrics line in %s is damaged; it trains "
-                "again from round 0, which writes that line back", out, stop or cfg.schedule.rounds, out / METRICS)
-    # The checkpoint first: killed in between, the cell starts afresh next time rather than continuing without its
-    # line (the rest gone, it would read as a cell whose lines were deleted, which continues).
+    log.warning("%s: its checkpoint is of the round it stops at (%d), whose metrics line in %s is %s; it trains "
+                "again from round 0, which writes that line back", out, stop or cfg.schedule.rounds, out / METRICS,
+                lost_how(out))
+    # The checkpoint first: killed in between, the cell starts afresh next time whatever of the rest is left (a
+    # checkpoint left without its config.json would be discarded too, but one left beside a log trimmed otherwise
+    # need not read as this again).
     discard([out / CHECKPOINT])
     discard(p for p in out.iterdir() if p.name != LOCK)
+
+
+def lost_how(out: Path) -> str:
+    """How a run directory's lost last metrics line went (``lacks``): ``damaged`` where an unreadable line is left in
+    its place, else ``missing`` (deleted, with its file or alone)."""
+    text = (out / METRICS).read_text() if (out / METRICS).exists() else ""
+    return "damaged" if sum(1 for raw in text.splitlines() if raw.strip()) > len(log_lines(text)) else "missing"
 
 
 BEHIND, LAST_LINE = "behind", "last line"  # what a run's directory lacks of a checkpoint (lacks)
@@ -83,9 +92,10 @@ BEHIND, LAST_LINE = "behind", "last line"  # what a run's directory lacks of a c
 def lacks(cfg: RunSpec, rnd: int, stop: int | None = None) -> str | None:
     """What a run's directory lacks of what a checkpoint of round ``rnd`` (its own, or a batch's) implies, or None:
     its config.json or its metrics lines up to the last round evaluated by then (``BEHIND``: fewer lines than rounds
-    evaluated, a damaged line counted as one), or, damaged, the line of its last round, ``stop`` where it pauses at
-    a rung (``LAST_LINE``: training again writes it back; a damaged line of an earlier round is only a gap in its
-    history). Read only: resuming trims the log."""
+    evaluated, a damaged line counted as one), or the line of its last round, ``stop`` where it pauses at a rung
+    (``LAST_LINE``: damaged, deleted, or its whole file deleted; training again writes it back, where continued the
+    run is scored again but lacks that line for good; a lost line of an earlier round is only a gap in its history).
+    Read only: resuming trims the log."""
     out = cfg.engine.out
     if rnd <= 0:  # none yet, or unreadable (the resume says so)
         return None
@@ -97,12 +107,12 @@ def lacks(cfg: RunSpec, rnd: int, stop: int | None = None) -> str | None:
     read = [line["round"] for line in lines if line["round"] <= rnd]
     if not due or due[-1] in read:
         return None
-    damaged = sum(1 for raw in text.splitlines() if raw.strip()) - len(lines)
-    if len(read) + damaged < len(due):
-        return BEHIND
     # Of the round it stops at, and only where that round logs a line (--eval-every: a rung may log none, and a
-    # damaged earlier line is then only a gap).
-    return LAST_LINE if rnd == (stop or cfg.schedule.rounds) == due[-1] else None
+    # lost earlier line is then only a gap).
+    if rnd == (stop or cfg.schedule.rounds) == due[-1]:
+        return LAST_LINE
+    damaged = sum(1 for raw in text.splitlines() if raw.strip()) - len(lines)
+    return BEHIND if len(read) + damaged < len(due) else None
 
 
 def start_round(out: Path) -> int:

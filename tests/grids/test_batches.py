@@ -715,28 +715,36 @@ def test_a_damaged_metrics_line_of_a_stopped_batch_s_cell_keeps_the_batch_unless
            [{k: v for k, v in r.items() if k != "seconds"} for r in rows[1]]
 
 
+@pytest.mark.parametrize("lost", ["damaged", "missing"])
 @pytest.mark.parametrize("engine", ["processes", "batched"])
-def test_a_finished_cell_whose_last_metrics_line_is_damaged_trains_again_on_either_engine(
-        toy_store, tmp_path, caplog, engine):
+def test_a_finished_cell_whose_last_metrics_line_is_damaged_or_deleted_trains_again_on_either_engine(
+        toy_store, tmp_path, caplog, engine, lost):
     """A grid killed between a cell's checkpoint of its last round and its summary.json, that round's metrics line
     damaged: continued, the cell was scored again from the checkpoint but lacked that line for good (its report
     said it was cut short). Either engine trains it again from round 0, said, as a batched grid trains the batch
-    of such a cell again: its files equal an uninterrupted grid's."""
+    of such a cell again: its files equal an uninterrupted grid's. A line deleted, or the whole file (one cell each),
+    lacks as much: they continued without it (or without any line), "lacked readable metrics lines"."""
     sweep = {"partition": "iid", "clients": 3, "rounds": 3, "lr": [0.003, 0.03]}
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0], sweep=sweep,
               engine=engine)
     grid(out=tmp_path / "whole", **kw)
     grid(out=tmp_path / "g", **kw)
     cells = sorted((tmp_path / "g" / "cells").iterdir())  # both: the batched engine stacks them
-    for cell in cells:
+    for k, cell in enumerate(cells):
         lines = (cell / "metrics.jsonl").read_text().splitlines()
         assert json.loads(lines[-1])["round"] == 3
-        (cell / "metrics.jsonl").write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+        if lost == "damaged":
+            (cell / "metrics.jsonl").write_text("\n".join([*lines[:-1], lines[-1][:20]]) + "\n")
+        elif k == 0:
+            (cell / "metrics.jsonl").unlink()
+        else:
+            (cell / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")
         (cell / "summary.json").unlink()
     caplog.set_level(logging.WARNING, logger="fedcache")
     grid(out=tmp_path / "g", **kw)
     for cell in cells:
         assert f"its checkpoint is of the round it stops at (3), whose metrics line in {cell / 'metrics.jsonl'} is " \
-               "damaged; it trains again from round 0, which writes that line back" in caplog.text
+               f"{lost}; it trains again from round 0, which writes that line back" in caplog.text
         assert (cell / "metrics.jsonl").read_text().count("\n") == len(lines)
+    assert "lacked readable metrics lines" not in caplog.text
     assert_same_cells(tmp_path / "whole", tmp_path / "g")
