@@ -366,10 +366,10 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: 
     jobs = jobs_of(spec)
     budget, where = memory_budget(run_device(spec.device))
     drop_behind_batches(spec.out / BATCHES, runs, stops)
-    _start_again_where_last_line_lost(runs, stops)
+    own = _own_rounds(runs, stops)
     started = started_batches(spec.out / BATCHES, todo)
     device = run_device(spec.device)
-    spans = {c: (start_round(spec.out / CELLS / c.name), stops.get(c)) for c in todo}
+    spans = {c: (own[c], stops.get(c)) for c in todo}
     grouping = group(runs, tables, spec.max_batch_cells, dict.fromkeys(todo, why) if (why := _alone(spec)) else {},
                      started, jobs, budget, across_draws=ACROSS_DRAWS_ON_GPU and device.type != "cpu", rounds=spans,
                      largest_head=LARGEST_STACKED_HEAD_ON_CPU if device.type == "cpu" else None)
@@ -394,13 +394,18 @@ def run_batched(spec: GridSpec, todo: list[Cell], folder: Path, on_plan, stops: 
 
 
 
-def _start_again_where_last_line_lost(runs: Mapping[Cell, RunSpec], stops: Stops) -> None:
-    """Cells whose own checkpoint's last line is lost, emptied before they are grouped, as a cell run alone is
-    (``run_cell``): stacked from that checkpoint, they would lack that line for good."""
+def _own_rounds(runs: Mapping[Cell, RunSpec], stops: Stops) -> dict[Cell, int]:
+    """The round of each cell's own checkpoint (``start_round``, read once), 0 for a cell whose last line is lost,
+    emptied before it is grouped, as a cell run alone is (``run_cell``): stacked from that checkpoint, it would lack
+    that line for good."""
+    own = {}
     for c, cfg in runs.items():
-        if last_line_lost(cfg, stops.get(c)):
+        own[c] = start_round(cfg.engine.out)
+        if last_line_lost(cfg, stops.get(c), own[c]):
             with hold_cell(cfg.engine.out):
                 start_again(cfg, stops.get(c))
+            own[c] = 0
+    return own
 
 
 def _run_batch(spec: GridSpec, batch: dict, tables, stops: Stops) -> Iterator[tuple[Cell, dict]]:

@@ -57,12 +57,12 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
         return result_row(c, result, out)
 
 
-def last_line_lost(cfg: RunSpec, stop: int | None) -> bool:
-    """Whether a run directory's own checkpoint is of its last round (``stop``, a rung, where it pauses there), whose
-    metrics line is lost (``lacks``): continued, the run would be scored again but lack that line for good (its
-    training loss is not in the checkpoint); trained again, as a batched grid trains such a cell's batch again, it
-    has it back. Read only."""
-    return lacks(cfg, start_round(cfg.engine.out), stop) == LAST_LINE
+def last_line_lost(cfg: RunSpec, stop: int | None, rnd: int | None = None) -> bool:
+    """Whether a run directory's own checkpoint (of round ``rnd``, read here where not given) is of its last round
+    (``stop``, a rung, where it pauses there), whose metrics line is lost (``lacks``): continued, the run would be
+    scored again but lack that line for good (its training loss is not in the checkpoint); trained again, as a
+    batched grid trains such a cell's batch again, it has it back. Read only."""
+    return lacks(cfg, start_round(cfg.engine.out) if rnd is None else rnd, stop) == LAST_LINE
 
 
 def start_again(cfg: RunSpec, stop: int | None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -153,9 +154,9 @@ class Names:
         """Messages raised inside (a cell's, of one of ``methods``) name the grid's ``axes`` as its caller gave
         them: a sweep's (``sweep['optim.lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set]
         lr``)."""
-        in_file = [k for k in axes if self._filed(k)]
-        swept_ = file_keys([k for k in axes if k not in in_file], methods)
-        with swept(self.file, file_keys(in_file, methods)), typed_as(swept_):
+        in_file = tuple(k for k in axes if self._filed(k))
+        swept_ = _file_keys_once(tuple(k for k in axes if k not in in_file), tuple(methods))
+        with swept(self.file, _file_keys_once(in_file, tuple(methods))), typed_as(swept_):
             yield
 
     def was_given(self, key: str, is_default: bool) -> bool:
@@ -472,6 +473,13 @@ def file_keys(keys: Iterable[str], methods: Iterable[str]) -> dict[str, str]:
     """A grid file's [set] ``keys`` by the full name of what each sets for any of ``methods`` (``optim.lr`` ->
     ``lr``), as ``wording.swept`` and ``filed`` look them up."""
     return {f"{s}.{f}": k for k in keys for _, (s, f) in setting_places(k, list(methods))}
+
+
+@functools.cache
+def _file_keys_once(keys: tuple[str, ...], methods: tuple[str, ...]) -> dict[str, str]:
+    """``file_keys``, worked out once per process for a grid's cells (each of which says its messages inside
+    ``Names.swept``), not again for each: the grid's methods were checked to exist before any cell runs."""
+    return file_keys(keys, methods)
 
 
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
