@@ -154,9 +154,9 @@ class Names:
         """Messages raised inside (a cell's, of one of ``methods``) name the grid's ``axes`` as its caller gave
         them: a sweep's (``sweep['optim.lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set]
         lr``)."""
-        in_file = tuple(k for k in axes if self._filed(k))
-        swept_ = _file_keys_once(tuple(k for k in axes if k not in in_file), tuple(methods))
-        with swept(self.file, _file_keys_once(in_file, tuple(methods))), typed_as(swept_):
+        in_file, methods = tuple(k for k in axes if self._filed(k)), tuple(methods)
+        swept_ = _file_keys_once(tuple(k for k in axes if k not in in_file), methods)
+        with swept(self.file, _file_keys_once(in_file, methods)), typed_as(swept_):
             yield
 
     def was_given(self, key: str, is_default: bool) -> bool:
