@@ -463,7 +463,7 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     key = key.replace("-", "_")
     groups = setting_fields(method)
     with swept() if run_options else contextlib.nullcontext():
-        given, said = set_flag(), set_key(key)  # a grid's axes are the API's sweep; a grid file's, its [set]
+        said = set_key(key)  # a grid's axes are the API's sweep; a grid file's, its [set]
     prefix, dot, name = key.partition(".")
     if dot:
         section = GROUP_ALIASES.get(prefix, prefix)
@@ -488,12 +488,23 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
                               f"({owners[0]}.{key}); write {o.key}=... or {owners[0]}.{key}=...")
         return option(key).section, option(key).field
     if len(owners) > 1:
-        raise ConfigError(f"{said} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write "
-                          + " or ".join(f"{given} {g}.{key}=..." for g in owners))
+        with swept() if run_options else contextlib.nullcontext():
+            ways = " or ".join(_write_setting(f"{g}.{key}") for g in owners)
+        raise ConfigError(f"{said} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write {ways}")
     if not owners:
         hint = _near(key, groups, run_options) or _elsewhere(key, method)
         raise ConfigError(f"{said}: unknown key{hint}. Known keys -- {_listing(groups, run_options)}")
     return owners[0], key
+
+
+def _write_setting(key: str) -> str:
+    """Advice to give setting ``key`` where its user gives settings: ``--set optim.lr=...``, in a Python API call
+    ``settings={'optim.lr': ...}`` (a grid's axes: ``sweep={...}``), in a grid file ``[set] optim.lr=...``: the
+    API caller passes a dict, where ``settings optim.lr=...`` is no Python."""
+    given = set_flag()
+    if given == "[set]":
+        return f"[set] {key}=..."
+    return named(f"{given} {key}=...", f"{given}={{{key!r}: ...}}")
 
 
 def _elsewhere(key: str, method: str) -> str:
