@@ -17,7 +17,7 @@ from multiprocessing.connection import wait
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
 from fedcache.ownership import Holder
-from fedcache.wording import naming
+from fedcache.wording import named, naming
 from fedcache.workers import SIGTERM_SAID, init_worker, log_from_worker, unless_stopping
 
 log = logging.getLogger(__name__)
@@ -240,14 +240,20 @@ def _log_level() -> int:
     return min(logging.getLogger().getEffectiveLevel(), logging.getLogger("fedcache").getEffectiveLevel())
 
 
-# A worker gone under the grid (the grid stops its own workers only once it is stopping itself).
-_LOST_WORKER = {
-    BrokenProcessPool: "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
-                       "`if __name__ == '__main__':` (worker processes re-import the script); otherwise re-run "
-                       "with --jobs 1 to see the error. Finished cells are kept.",
-    SystemExit: "a grid worker process was sent SIGTERM from outside the grid (a job scheduler's limit, `kill`?), "
-                "so the grid stopped. Finished cells are kept; the same command resumes the others.",
-}
+def _worker_died() -> str:
+    return ("a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
+            "`if __name__ == '__main__':` (worker processes re-import the script); otherwise "
+            f"{named('re-run with --jobs 1', 'call it again with jobs=1')} to see the error. Finished cells are kept.")
+
+
+def _worker_sent_sigterm() -> str:
+    return ("a grid worker process was sent SIGTERM from outside the grid (a job scheduler's limit, `kill`?), so the "
+            f"grid stopped. Finished cells are kept; the same {named('command', 'call')} resumes the others.")
+
+
+# A worker gone under the grid (the grid stops its own workers only once it is stopping itself): its line, built
+# when said, so that it names what the grid's caller gives (a command's --jobs, fedcache.grid's jobs).
+_LOST_WORKER = {BrokenProcessPool: _worker_died, SystemExit: _worker_sent_sigterm}
 
 
 def _lost_worker(exc: BaseException, workers: set) -> str | None:
@@ -260,7 +266,7 @@ def _lost_worker(exc: BaseException, workers: set) -> str | None:
     ended = {w.exitcode for w in workers} - {None}
     if isinstance(exc, BrokenProcessPool) and ended == {-signal.SIGTERM}:
         exc = SystemExit(128 + signal.SIGTERM)
-    return next((text for kind, text in _LOST_WORKER.items() if isinstance(exc, kind)), None)
+    return next((said() for kind, said in _LOST_WORKER.items() if isinstance(exc, kind)), None)
 
 
 @contextlib.contextmanager
