@@ -71,7 +71,9 @@ def load_user_resnet18(req: LoadRequest) -> LoadedBackbone:
     net = torchvision.models.resnet18(weights=None)
     net.fc = nn.Identity()
     if req.checkpoint is None and not spec.random_weights:
-        raise WeightsNotFoundError(f"{spec.name} needs a checkpoint: {spec.weights_help}")
+        # The help, as `fedcache backbones` shows it, says the flag: a Python caller passes the keyword.
+        help_ = spec.weights_help.replace(f"--weights {spec.name}=PATH", pass_weights(spec.name))
+        raise WeightsNotFoundError(f"{spec.name} needs a checkpoint: {help_}")
     if req.checkpoint is not None:
         sd = {k: v for k, v in read_state_dict(req.checkpoint).items() if not k.startswith("fc.")}
         missing, unexpected = net.load_state_dict(sd, strict=False)
