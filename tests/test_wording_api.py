@@ -122,3 +122,55 @@ def test_advice_in_a_run_or_a_cell_names_a_setting_as_its_user_typed_it():
             "--set optim.lr", "--set mu", "--set momentum")
     with keyword_names(), Names().swept(["optim.lr"], ["fedavg"]):
         assert setting("optim.lr") == "sweep['optim.lr']"
+
+
+def test_an_ambiguous_setting_is_advised_as_the_call_gives_settings(tmp_path):
+    """flesd's ``momentum`` is its own and the optimizer's: a Python call was told to ``write settings
+    method.momentum=...`` (``sweep method.momentum=...``), which is no Python, where the command line says
+    ``--set method.momentum=...``."""
+    import fedcache
+    from fedcache.spec import RunSpec
+
+    with pytest.raises(ConfigError) as err:
+        fedcache.train(dataset="d", backbones="b", method="flesd", settings={"momentum": 0.5})
+    assert str(err.value).endswith("write settings={'method.momentum': ...} or settings={'optim.momentum': ...}")
+    with pytest.raises(ConfigError) as err:
+        fedcache.grid(dataset="d", backbones="b", methods="flesd", sweep={"momentum": [0.5, 0.9]},
+                      out=tmp_path / "g")
+    assert str(err.value).endswith("write sweep={'method.momentum': ...} or sweep={'optim.momentum': ...}")
+    with flag_names(), pytest.raises(ConfigError) as err:
+        RunSpec.of(dataset="d", backbones=["b"], method="flesd", settings=["momentum=0.5"])
+    assert str(err.value).endswith("write --set method.momentum=... or --set optim.momentum=...")
+
+
+@pytest.mark.parametrize("ended, flag, keyword", [
+    ("died", "otherwise re-run with --jobs 1 to see the error", "otherwise call it again with jobs=1 to see the error"),
+    ("sent SIGTERM", "the same command resumes the others", "the same call resumes the others")])
+def test_a_grid_worker_gone_is_said_as_the_grid_was_started(ended, flag, keyword):
+    """A ``fedcache.grid(jobs=2)`` whose worker died was told to "re-run with --jobs 1" (sent SIGTERM: "the same
+    command resumes"): the line is built in the call, which reads its workers' results."""
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    from fedcache.grids.pool import _lost_worker
+
+    exc = BrokenProcessPool() if ended == "died" else SystemExit(128 + signal.SIGTERM)
+    on_cli, in_python = _both(lambda: _lost_worker(exc, set()))
+    assert ended in on_cli and flag in on_cli, on_cli
+    assert ended in in_python and keyword in in_python and " --" not in in_python, in_python
+
+
+def test_a_backbone_without_its_checkpoint_is_told_to_a_python_caller_as_a_keyword(tmp_path):
+    """``extract_features`` of a checkpoint backbone without ``weights`` said "pass --weights NAME=PATH"."""
+    import fedcache
+    from fedcache.errors import WeightsNotFoundError
+
+    with pytest.raises(WeightsNotFoundError) as err:
+        fedcache.extract_features("test-toy", "resnet18-quickdraw", store=tmp_path / "s.zarr", workers=0)
+    said = str(err.value)
+    assert "pass weights={'resnet18-quickdraw': PATH} to a .pth" in said and " --" not in said, said
+    with flag_names():
+        from fedcache.extract.loading import load_backbone
+
+        with pytest.raises(WeightsNotFoundError, match="pass --weights resnet18-quickdraw=PATH to a .pth"):
+            load_backbone("resnet18-quickdraw")
