@@ -58,3 +58,25 @@ def test_non_utf8_file_names_are_fingerprinted_and_extracted(tmp_path):
                                     workers=0, dataset_options=opts))
     assert {r.status for r in reports} == {"extracted"}
     assert len(FeatureStore(store).read("imagefolder", "train", "tiny-timm-random")) > 0
+
+
+def test_a_folder_named_from_another_directory_is_the_same_images(tmp_path, monkeypatch):
+    """The fingerprint hashed the paths as spelled: `--path imgs` and the same folder as `--path /abs/imgs` (or from
+    another directory) were other data, extracted again beside the first, and a resume from elsewhere began anew."""
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (30 * i, 100 if cls == "b" else 0, 0)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    store = tmp_path / "s.zarr"
+
+    def run(path: Path) -> set[str]:
+        return {r.status for r in extract(ExtractConfig(
+            dataset="imagefolder", backbones=["tiny-timm-random"], store=store, batch_size=4, workers=0,
+            dataset_options=DatasetOptions(path=path, test_fraction=0.5)))}
+
+    monkeypatch.chdir(tmp_path)
+    assert run(Path("imgs")) == {"extracted"}
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert run(tmp_path / "imgs") == run(Path("../imgs")) == {"already complete"}
+    assert len(FeatureStore(store).entries()) == 2

@@ -106,12 +106,13 @@ class FileSource:
         return str(self.paths[i])
 
     def fingerprint(self) -> str:
-        # Paths, sizes and mtimes: cheap, and changes whenever a file is replaced.
+        # Paths, sizes and mtimes: cheap, and changes whenever a file is replaced. Absolute paths: a folder is the
+        # same images whichever directory names it, and however (`imgs`, `../imgs`, `/data/imgs`).
         h = hashlib.sha256()
         for p in self.paths:
             st = p.stat()
             # os.fsencode: a file name that is not valid UTF-8 hashes as the bytes it is on disk.
-            h.update(os.fsencode(p) + f"|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            h.update(os.fsencode(os.path.abspath(p)) + f"|{st.st_size}|{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]
 
 
