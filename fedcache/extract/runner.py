@@ -19,7 +19,7 @@ from fedcache.borrowed import handler_kept, start_method_unset
 from fedcache.errors import BadImageError, ConfigError, EntryNotFoundError, NonFiniteFeaturesError, StoreError
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.config import ExtractConfig
-from fedcache.extract.datasets import Dataset, Samples
+from fedcache.extract.datasets import Dataset, DatasetOptions, Samples
 from fedcache.extract.datasets.base import SPLITS, skip_bad_images_named
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
@@ -202,6 +202,16 @@ def _weights_file(cfg: ExtractConfig, backbone: str) -> dict:
     return {"weights_file": str(Path(path).resolve())} if path is not None else {}
 
 
+def _read_with(cfg: ExtractConfig) -> dict:
+    """The dataset options an entry's images were read with that are not the defaults (``--path`` and
+    ``--data-root`` absolute): the command that finishes or completes it names them (``store.lookup``), since
+    without them it reads no images (imagefolder needs its folder) or another seeded split of them."""
+    given, default = cfg.dataset_options, DatasetOptions()
+    said = {f: getattr(given, f) for f in lookup.READ_WITH if getattr(given, f) != getattr(default, f)}
+    said = {f: str(Path(v).expanduser().resolve()) if isinstance(v, Path) else v for f, v in said.items()}
+    return {"dataset_options": said} if said else {}
+
+
 def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec]]:
     domains = cfg.domains or list(dataset.domains)
     unknown = [d for d in domains if d not in dataset.domains]
@@ -254,7 +264,7 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source,
              "default_image_size": image_size(None, dataset, bb.spec),  # a hint says --image-size where not this
              **({"views": cfg.views} if view.index else {}),  # an interrupted --views N is finished by --views N
-             **_weights_file(cfg, bb.spec.name), **_made_from(cfg, dataset)}
+             **_weights_file(cfg, bb.spec.name), **_made_from(cfg, dataset), **_read_with(cfg)}
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:
         if writer.replaced:

@@ -340,13 +340,26 @@ def _dataset(e: EntryInfo, seed: bool = True) -> str:
     (--view-seed; False where the hint says the views' own)."""
     made = e.attrs.get("made_from")
     if not isinstance(made, dict):
-        return f" --dataset {e.key['dataset']}"
+        return f" --dataset {e.key['dataset']}" + _read_with(e)
     noise = made.get("image_noise")
     noise_seed = ((e.key.get("preprocess") or {}).get("noise") or {}).get("seed")  # the noise's seed is --view-seed's
     subset = _subset(e)
-    return (f" --dataset {made['dataset']} --name {e.key['dataset']}" + (f" --domains {','.join(subset)}" if subset else "")
+    return (f" --dataset {made['dataset']}{_read_with(e)} --name {e.key['dataset']}" + (f" --domains {','.join(subset)}" if subset else "")
             + (f" --image-noise {','.join(f'{x:g}' if not isinstance(x, str) else x for x in noise)}" if noise else "")
             + (f" --view-seed {noise_seed}" if seed and noise_seed else ""))
+
+
+# The dataset options an extraction records where not the defaults (its entries' ``dataset_options``), as flags in
+# this order: without them a command reads no images (imagefolder's --path) or another seeded split of them.
+READ_WITH = ("path", "data_root", "seed", "test_fraction")
+
+
+def _read_with(e: EntryInfo) -> str:
+    """``--path ROOT --test-fraction 0.5 ...``: where and how ``e``'s images were read (``READ_WITH``)."""
+    given = e.attrs.get("dataset_options")
+    if not isinstance(given, dict):
+        return ""
+    return "".join(f" --{f.replace('_', '-')} {shlex.quote(str(given[f]))}" for f in READ_WITH if f in given)
 
 
 def _subset(e: EntryInfo) -> list[str]:

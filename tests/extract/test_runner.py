@@ -937,6 +937,43 @@ def test_the_command_that_finishes_a_checkpoints_extraction_loads_that_checkpoin
     assert not table.random_weights and len(table.domain_names) == 2
 
 
+def test_the_command_that_finishes_an_image_folders_extraction_reads_the_same_images(store_path, tmp_path, monkeypatch):
+    """An interrupted `extract -d imagefolder --path ROOT` was to be finished by a command without --path (refused:
+    imagefolder needs it), and without its --test-fraction and --seed (another split of an unsplit folder: other
+    entries, these left unfinished). The folder, recorded absolute, and the split's options are in the command, which
+    finishes these entries from another directory."""
+    from PIL import Image
+
+    from fedcache.cli import main
+    from fedcache.errors import IncompleteEntryError
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "my imgs" / cls).mkdir(parents=True)
+        for i in range(6):
+            image = Image.new("RGB", (8, 8), (40 * i, 0 if cls == "cat" else 200, 0))
+            image.save(tmp_path / "my imgs" / cls / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+
+    def interrupt(event):
+        if event.kind == "start" and event.label == "pets/train/all tiny-timm-random":
+            raise KeyboardInterrupt
+
+    options = DatasetOptions(path=Path("my imgs"), test_fraction=0.5, seed=3)
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, dataset="imagefolder", name="pets", dataset_options=options), progress=interrupt)
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(store_path).read("pets", "train", "tiny-timm-random")
+    command = shlex.split(str(unfinished.value).split("`")[1])
+    given = dict(zip(command[2::2], command[3::2]))
+    said = (given["--path"], given["--test-fraction"], given["--seed"])
+    assert said == (str(tmp_path / "my imgs"), "0.5", "3"), command
+    monkeypatch.chdir(store_path.parent.parent)
+    assert main(command[1:] + ["--workers", "0", "--batch-size", "4", "--chunk-rows", "8"]) == 0
+    store = FeatureStore(store_path)
+    assert [e.complete for e in store.entries() if e.key["split"] == "train"] == [True]
+    assert len(store.read("pets", "train", "tiny-timm-random")) == 6
+
+
 def test_a_checkpoint_backbones_entry_without_its_file_says_the_file_is_not_known():
     """Entries of a backbone that loads only a checkpoint (resnet18-quickdraw), made before the file was recorded:
     the command names a placeholder and says the store does not record the file, not a command that cannot load."""
