@@ -415,6 +415,9 @@ def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, c
     with caplog.at_level(logging.WARNING):
         html = write_report(root).html.read_text()
     assert "Unfinished grid: 3 of its 4 cells have a result" in html and "Unfinished grid: 3 of its 4" in caplog.text
+    for name in ("fedavg__alpha=0.1__lr=0.001__seed=0", "fedavg__alpha=0.1__lr=0.001__seed=1"):
+        (root / "cells" / name / "summary.json").unlink()
+    assert "Unfinished grid: 1 of its 4 cells has a result" in write_report(root).html.read_text()
     # A --select grid: every candidate on validation, then the chosen value of each axis on test.
     (root / "grid.json").write_text(json.dumps({**spec, "select": ["lr"]}))
     assert _grid_cells(root) == 4 + 2
