@@ -42,15 +42,29 @@ def store_ls(store: Path = StoreOpt) -> None:
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
                       str(e.dim), human_bytes(disk), human_bytes(memory),
                       _status(fs, e, misplaced, current))
+    texts = fs.text_entries()
     if infos:
         print_table(table, optional=("view", "memory", "dim", "disk"))
-    else:
-        console.print(f"{store}: empty store")
+    else:  # an extraction interrupted after its class texts holds those alone: no "empty store"
+        console.print(f"{store}: " + ("no image features" if texts else "empty store"), highlight=False)
+    if texts:
+        console.print(_texts_said(texts), highlight=False)
     _say_unfinished(fs, infos)
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
         console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade --store "
                       f"{store}` rewrites them to be read at the speed of memory", highlight=False)
+
+
+def _texts_said(texts: list[tuple[str, dict]]) -> str:
+    """``class-text embeddings (CLIP): clip-rn50 of 10 classes, single templates; ...``: what the table of image
+    features leaves out (`store verify` checks them)."""
+    from fedcache.store.text import text_label
+
+    said = [text_label(a) + (f", {count(len(a['key']['classes']), 'class', 'classes')}"
+                             if isinstance(a.get("key"), dict) and isinstance(a["key"].get("classes"), list) else "")
+            for _, a in texts]
+    return f"{count(len(texts), 'set')} of class-text embeddings: " + "; ".join(sorted(said))
 
 
 def _say_unfinished(fs, infos) -> None:

@@ -438,3 +438,17 @@ def test_a_damaged_memory_mapped_table_leaves_no_file_open(tmp_path):
     with pytest.raises(DamagedEntryError, match="features chunk 2") as raised:
         fs.read("test-toy", "train", BB, domains=["light"])
     assert open_files() == before, raised.value
+
+
+def test_store_ls_lists_class_text_embeddings_and_a_store_holding_only_them_is_not_empty(tmp_path, capsys):
+    from fedcache.store.keys import TextKey
+
+    path = tmp_path / "s.zarr"
+    fs = FeatureStore(path)
+    code, out = run(capsys, "store", "ls", "--store", str(path))
+    assert code == 0 and "empty store" in out and "class-text" not in out
+    # An extraction interrupted right after its CLIP class texts: they are all it holds.
+    fs.put_text(TextKey("clip", "w", ("a", "b"), ("a photo of {}",), "single"), np.zeros((1, 2, 3), np.float32), False)
+    code, out = run(capsys, "store", "ls", "--store", str(path))
+    assert code == 0 and "empty store" not in out and "no image features" in out
+    assert "1 set of class-text embeddings: clip text embeddings, single templates, 2 classes" in out
