@@ -1,6 +1,7 @@
 """The validator at the bottom layer (fedcache/config.py): every number a user can set declares its valid range in
 its type, and a value outside it is refused before any work starts, naming the setting and the range
 (--image-size 0, --set tau=0, ...), whether it comes from the command line, --set or Python."""
+import dataclasses
 import math
 import types
 import typing
@@ -72,8 +73,12 @@ def _method_cases() -> list:
 
 @pytest.mark.parametrize("method,field,text", _method_cases())
 def test_a_method_setting_outside_its_range_is_refused_naming_it(method, field, text):
-    with pytest.raises(ConfigError, match=rf"--set {field}={text}: must be"):
+    with pytest.raises(ConfigError, match=rf"--set method\.{field}={text}: must be"):  # named as typed
         resolve_settings(method, [f"method.{field}={text}"])
+    if field in {f.name for f in dataclasses.fields(OptimConfig)}:
+        return  # its short name is ambiguous (flesd's momentum): said so instead
+    with pytest.raises(ConfigError, match=rf"--set {field}={text}: must be"):
+        resolve_settings(method, [f"{field}={text}"])
 
 
 def test_a_method_setting_given_in_python_is_checked_too():
@@ -121,7 +126,7 @@ def _optim_cases() -> list:
 @pytest.mark.parametrize("field,text", _optim_cases())
 def test_an_optimizer_setting_outside_its_range_is_refused_naming_it(field, text):
     # issue 18: --set lr=nan, eps=-1 (every optimizer field, so a new one is covered)
-    with pytest.raises(ConfigError, match=rf"--set {field}={text}: must be"):
+    with pytest.raises(ConfigError, match=rf"--set optim\.{field}={text}: must be"):  # named as typed
         resolve_settings("fedavg", [f"optim.{field}={text}"])
 
 
