@@ -21,7 +21,8 @@ import itertools
 import json
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Iterator
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -476,10 +477,11 @@ def file_keys(keys: Iterable[str], methods: Iterable[str]) -> dict[str, str]:
 
 
 @functools.cache
-def _file_keys_once(keys: tuple[str, ...], methods: tuple[str, ...]) -> dict[str, str]:
+def _file_keys_once(keys: tuple[str, ...], methods: tuple[str, ...]) -> Mapping[str, str]:
     """``file_keys``, worked out once per process for a grid's cells (each of which says its messages inside
-    ``Names.swept``), not again for each: the grid's methods were checked to exist before any cell runs."""
-    return file_keys(keys, methods)
+    ``Names.swept``), not again for each: the grid's methods were checked to exist before any cell runs. Read only:
+    every later grid of the process is given the same one."""
+    return types.MappingProxyType(file_keys(keys, methods))
 
 
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
@@ -494,23 +496,34 @@ def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
                               seed=spec.seeds[0], out=None).override(others)
         except FedcacheError:
             return  # an unknown method, or the command line's own values: said where the cells are checked
+        # The first values together first: what they refuse (fedavg-ssl's linear head only, head = "mlp") is of
+        # no one key, and named by the key looped over next, it read as that key's fault.
+        _check_file_values(base, first, path, in_file, None)
         for k in keys:
-            for v in spec.sweep[k]:
-                try:
-                    with filed(path, in_file):  # err names the value by the file's key, as a cell does
-                        base.override({**first, k: v})
-                except ConfigError as err:
-                    raise ConfigError(_in_file_said(err, path, k, v)) from None
+            for v in spec.sweep[k][1:]:
+                _check_file_values(base, {**first, k: v}, path, in_file, k)
 
 
-def _in_file_said(err: ConfigError, path: Path, key: str, value: str) -> str:
-    """A bad value of grid file ``path``'s [set] ``key``: ``err`` with the file named once, as a cell names it."""
+def _check_file_values(base: RunSpec, values: dict, path: Path, in_file: dict[str, str], key: str | None) -> None:
+    """``base`` with ``values`` of grid file ``path``'s [set] (``key``'s other than its first, None: all at their
+    first), a refusal named with the file, by ``key`` where the file's key is not named already."""
+    try:
+        with filed(path, in_file):  # err names the value by the file's key, as a cell does
+            base.override(values)
+    except ConfigError as err:
+        raise ConfigError(_in_file_said(err, path, key, values)) from None
+
+
+def _in_file_said(err: ConfigError, path: Path, key: str | None, values: dict) -> str:
+    """A bad value of grid file ``path``'s [set] ``key`` (None: of its first ``values`` together): ``err`` with the
+    file named once, as a cell names it."""
     # "0.1,0.01" is two values on the command line, one text in a file.
-    listed = f"; several values are a list in a grid file: {key} = [{', '.join(value.split(','))}]" if "," in value else ""
+    listed = "".join(f"; several values are a list in a grid file: {k} = [{', '.join(v.split(','))}]"
+                     for k, v in values.items() if key in (None, k) and isinstance(v, str) and "," in v)
     said = str(err)
     if in_grid_file(path) in said:  # err names the key itself: grid file g.toml's [set] lr=-1, [set] lrr: unknown key
         return said + listed
-    return f"{in_grid_file(path, key)}: {said}{listed}"
+    return f"{in_grid_file(path, key or '')}: {said}{listed}"
 
 
 def _read_toml(path: Path) -> dict:

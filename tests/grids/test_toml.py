@@ -131,6 +131,8 @@ CASES = [
     ("a key twice, said as that", BASE + "jobs = 1\njobs = 2\n", "jobs is given twice (the second at line 3); give each key once"),
     ("an unknown key, suggested", BASE + "keep-checkpoints = 'none'\n", "unknown key(s) keep-checkpoints (did you mean keep_checkpoints?)"),
     ("an unknown partition", BASE + "[set]\npartition = 'nope'\nrounds = 1\n", "nope"),
+    ("first values refused together", 'methods = ["fedavg-ssl"]\n' + RUN + 'lr = [0.1, 0.2]\nhead = "mlp"\n',
+     "grid file {path}'s [set]: fedavg-ssl"),
     ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "grid file {path}'s [set] alpha=-1.0: must be > 0"),
 ]
 
