@@ -81,9 +81,11 @@ def start_again(cfg: RunSpec, stop: int | None) -> None:
 
 def lost_how(out: Path) -> str:
     """How a run directory's lost last metrics line went (``lacks``): ``damaged`` where an unreadable line is left in
-    its place, else ``missing`` (deleted, with its file or alone)."""
+    its place, at the end of the log (each round's line is appended after the earlier rounds'), else ``missing``
+    (deleted, with its file or alone; a damaged line of an earlier round is another, a gap)."""
     text = (out / METRICS).read_text() if (out / METRICS).exists() else ""
-    return "damaged" if sum(1 for raw in text.splitlines() if raw.strip()) > len(log_lines(text)) else "missing"
+    written = [raw for raw in text.splitlines() if raw.strip()]
+    return "damaged" if written and not log_lines(written[-1]) else "missing"
 
 
 BEHIND, LAST_LINE = "behind", "last line"  # what a run's directory lacks of a checkpoint (lacks)

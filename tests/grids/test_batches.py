@@ -748,3 +748,17 @@ def test_a_finished_cell_whose_last_metrics_line_is_damaged_or_deleted_trains_ag
         assert (cell / "metrics.jsonl").read_text().count("\n") == len(lines)
     assert "lacked readable metrics lines" not in caplog.text
     assert_same_cells(tmp_path / "whole", tmp_path / "g")
+
+
+@pytest.mark.parametrize("lines, said", [
+    (['{"round": 1}', '{"round": 2}', '{"rou'], "damaged"),  # the last line torn in place
+    (['{"round": 1}', '{"round": 2}'], "missing"),  # the last line deleted
+    (['{"round": 1}', 'xx', '{"round": 3}'], "missing"),  # an earlier line damaged, the last one deleted
+    (None, "missing"),  # the whole log deleted
+])
+def test_a_lost_last_line_is_said_damaged_only_where_an_unreadable_line_ends_the_log(tmp_path, lines, said):
+    from fedcache.grids.cell import lost_how
+
+    if lines is not None:
+        (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert lost_how(tmp_path) == said
