@@ -586,6 +586,10 @@ def test_a_run_that_diverged_says_how_to_start_it_again_by_the_keywords(toy_stor
         fedcache.train(**base, settings={"lr": 1e300}, out=tmp_path / "run")
     assert str(err.value).endswith(f"The run in {tmp_path / 'run'} stopped there: start it again with the change and "
                                    "overwrite=True, or choose another out"), str(err.value)
+    assert "settings['lr']" in str(err.value)
+    with pytest.raises(DivergedError) as err:  # its advice names the key as the call gave it
+        fedcache.train(**base, settings={"optim.lr": 1e300}, out=tmp_path / "full")
+    assert "settings['optim.lr']" in str(err.value) and "settings['lr']" not in str(err.value), str(err.value)
 
 
 def test_a_run_folder_another_command_holds_is_refused_by_the_keywords(toy_store, tmp_path, capsys):
