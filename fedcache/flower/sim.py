@@ -22,7 +22,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fedcache import disk, errors
@@ -178,14 +180,14 @@ def _wait(child: subprocess.Popen, progress: Progress, every: float = 0.2) -> in
 def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> None:
     """Interrupt the simulation as Ctrl-C would (Flower and Ray shut down, the run keeps its last checkpoint) and
     wait for it; killed if it has not ended after ``grace`` seconds. SIGTERM would meet Ray's handler, which aborts
-    the process in the middle of whatever it was doing."""
+    the process in the middle of whatever it was doing. What is left of its process group once it ended is killed:
+    interrupted while Ray starts, Ray's agents outlived it by a minute."""
     child.send_signal(signal.SIGINT)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):  # its whole group: Ray's processes too, not the child alone
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    with contextlib.suppress(ProcessLookupError):  # its whole group: Ray's processes too, not the child alone
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
 
 
 def rebuilt(kind: str, message: str) -> FedcacheError:
@@ -344,8 +346,8 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
     return summary
 
 
-def _child(request: Path, answer: Path) -> int:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # its caller interrupts it so, even if it ignores Ctrl-C
+def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_int_handler) -> int:
+    signal.signal(signal.SIGINT, on_interrupt)  # its caller interrupts it so, even if it ignores Ctrl-C
     on_orphaned(os.getppid(), lambda: _interrupt_then_end(request.parent), every=0.2)
     ask = json.loads(request.read_text())
     if ask.get("threads"):
@@ -370,6 +372,25 @@ def _child(request: Path, answer: Path) -> int:
     return 0
 
 
+def _flower_logging() -> Callable:
+    """How the simulation's process (the call's own, never its caller's) shows Flower's log records; returns its
+    SIGINT handler. Flower's own handler shows them, at its level (FLWR_LOG_LEVEL), and the root's handler no longer
+    shows each again. Once interrupted, none: Ray ends its actors under Flower's waiting workers, and each logs the
+    ActorDiedError it gets, with its traceback (tens of lines), noise of the interrupt and no error of the run;
+    FEDCACHE_DEBUG=1 (as the command reads it) shows them."""
+    flower = logging.getLogger("flwr")
+    flower.propagate = False
+    interrupted = threading.Event()
+    if os.environ.get("FEDCACHE_DEBUG", "") in ("", "0"):
+        flower.addFilter(lambda record: not interrupted.is_set())
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    return on_interrupt
+
+
 def _end_interrupted() -> None:
     """Interrupted, the simulation has shut down and its --out and temporary directory are let go; but Flower's
     worker threads still wait for replies of Ray actors that are gone, and a normal exit joins them forever."""
@@ -391,4 +412,4 @@ def _interrupt_then_end(call_dir: Path, grace: float = 30.0) -> None:
 
 if __name__ == "__main__":
     log_to_stderr(logging.WARNING)
-    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2])))
+    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2]), _flower_logging()))

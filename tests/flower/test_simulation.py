@@ -296,6 +296,125 @@ def test_an_interrupted_cli_simulation_ends_and_says_how_to_go_on(flower_store, 
             os.kill(pid, signal.SIGKILL)
 
 
+def _command_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int, title: str) -> bool:
+    """A process of Ray's titled so among the simulation's (``ray::DashboardAgent`` as Ray starts,
+    ``ray::ClientAppActor`` as Flower's actors do)."""
+    return any(_command_of(p).startswith(title) for p in _tree(pid))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["ray starting", "ray's processes starting", "actors starting", "rounds starting"])
+def test_a_simulation_interrupted_before_its_first_round_says_one_line(flower_store, tmp_path, monkeypatch, capfd,
+                                                                       point):
+    """Interrupted before its first round ended, the simulation printed some 75 lines of Flower's ActorDiedError
+    tracebacks (Ray's actors ended under Flower's waiting workers), each twice (Flower's handler, then the process's
+    root handler), and interrupted as Ray started, Ray's agents outlived it by a minute. The command says the one
+    'interrupted' line, leaves no process, and ends with 130."""
+    import time
+
+    from fedcache.flower import sim
+    from tests.grids.test_pool import _alive
+
+    tree: set[int] = set()
+    out = tmp_path / "sim"
+
+    def interrupted(child, progress, every=0.2):  # sim._wait, interrupted as Ctrl-C would at `point`
+        said, rounds = [], []
+        step, round_ = progress.on_step, progress.on_round
+        progress.on_step = lambda text: said.append(text) or step(text)
+        progress.on_round = lambda *call: rounds.append(call) or round_(*call)
+        reached = {"ray starting": lambda: said, "ray's processes starting": lambda: _started(child.pid, "ray::"),
+                   "actors starting": lambda: _started(child.pid, "ray::ClientAppActor"),
+                   "rounds starting": lambda: rounds}[point]
+        deadline = time.monotonic() + 240
+        while not reached():
+            assert child.poll() is None and time.monotonic() < deadline
+            progress.poll()
+            time.sleep(0.05)
+        tree.update(_tree(child.pid) | {child.pid})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim, "_wait", interrupted)
+    try:
+        code = main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
+                     "--clients", "3", "--rounds", "3", "--engine", "flower-sim", "--out", str(out)])
+        _, err = capfd.readouterr()
+        assert code == 130 and "interrupted: no round had finished" in err, err
+        assert "Traceback" not in err and "Error" not in err and "ERROR" not in err, err
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = {p: _command_of(p) for p in tree if _alive(p)}
+        assert not left, left
+    finally:
+        for pid in [p for p in tree if _alive(p)]:
+            os.kill(pid, signal.SIGKILL)
+
+
+INTERRUPTED_FLOWER = """
+import importlib, logging, os, runpy, signal, sys, time
+from flwr.common.logger import log
+
+flower = importlib.import_module("flwr.simulation.run_simulation")  # the module: its package names a function so
+
+
+def simulation(**kwargs):  # Flower's, played here: one error of its own, then interrupted as it waits for Ray
+    log(logging.ERROR, "an error of Flower's own")
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+    finally:  # Ray ends its actors under Flower's waiting workers, which log each
+        log(logging.ERROR, "ray.exceptions.ActorDiedError: The actor died unexpectedly")
+
+
+flower._run_simulation = simulation
+runpy.run_module("fedcache.flower.sim", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("debug", [False, True])
+def test_the_simulations_process_shows_flowers_errors_once_and_no_noise_of_its_interrupt(flower_store, tmp_path,
+                                                                                        monkeypatch, debug):
+    """Its root handler showed each of Flower's records a second time (``ERROR flwr: ...``) after Flower's own
+    handler; and interrupted, the ActorDiedError (with its traceback) that each of Flower's workers logs as Ray ends
+    its actors filled the terminal. Flower's errors show once; those logged once interrupted only with
+    FEDCACHE_DEBUG=1. The simulation's own process (`python -m fedcache.flower.sim`) runs, Flower's simulation
+    played."""
+    from fedcache.flower import sim
+
+    popen, said = subprocess.Popen, []
+
+    class Child:  # the simulation's process, with Flower's simulation played: run to its end as it is started
+        def __init__(self, args, env, **kw):
+            env = {**env, "FEDCACHE_DEBUG": "1" if debug else "0"}
+            child = popen([sys.executable, "-c", INTERRUPTED_FLOWER, *args[-2:]], env=env, stderr=subprocess.PIPE,
+                          text=True)
+            said.append(child.communicate(timeout=240)[1])
+            self.code = child.returncode
+
+        def wait(self, *a):
+            return self.code
+
+        def poll(self):
+            return self.code
+
+    monkeypatch.setattr(sim.subprocess, "Popen", Child)
+    with pytest.raises(FedcacheError, match=r"ended \(exit code 130\) without a result"):  # as interrupted
+        train_flower_sim(toy_config(flower_store, out=tmp_path / "sim"))
+    (err,) = said
+    assert err.count("an error of Flower's own") == 1, err
+    assert err.count("ActorDiedError") == (1 if debug else 0), err
+
+
 def test_a_method_flower_cannot_run_is_refused_before_any_work(flower_store, tmp_path):
     """Refused only by the ServerApp, after the shards were written into --out and Ray started (half a minute):
     the same --out was then refused both without --resume ('shards is not empty') and with it ('no config.json')."""
