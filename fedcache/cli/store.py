@@ -57,8 +57,8 @@ def store_ls(store: Path = StoreOpt) -> None:
 
 
 def _texts_said(texts: list[tuple[str, dict]]) -> str:
-    """``class-text embeddings (CLIP): clip-rn50 of 10 classes, single templates; ...``: what the table of image
-    features leaves out (`store verify` checks them)."""
+    """``2 sets of class-text embeddings: clip-rn50 text embeddings, single templates, 10 classes; ...``: what the
+    table of image features leaves out (`store verify` checks them)."""
     from fedcache.store.text import text_label
 
     said = [text_label(a) + (f", {count(len(a['key']['classes']), 'class', 'classes')}"
