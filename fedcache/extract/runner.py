@@ -205,11 +205,16 @@ def _weights_file(cfg: ExtractConfig, backbone: str) -> dict:
 def _read_with(cfg: ExtractConfig) -> dict:
     """The dataset options an entry's images were read with that are not the defaults (``--path`` and
     ``--data-root`` absolute): the command that finishes or completes it names them (``store.lookup``), since
-    without them it reads no images (imagefolder needs its folder) or another seeded split of them."""
+    without them it reads no images (imagefolder needs its folder) or another seeded split of them. Absolute as
+    the entry's key makes them (``FileSource.fingerprint``: links kept, not resolved), so that the command reads
+    the same images under the same key."""
     given, default = cfg.dataset_options, DatasetOptions()
     said = {f: getattr(given, f) for f in lookup.READ_WITH if getattr(given, f) != getattr(default, f)}
-    said = {f: str(Path(v).expanduser().resolve()) if isinstance(v, Path) else v for f, v in said.items()}
+    said = {f: os.path.abspath(Path(v).expanduser()) if f in _FOLDERS else v for f, v in said.items()}
     return {"dataset_options": said} if said else {}
+
+
+_FOLDERS = ("path", "data_root")  # the dataset options that name a folder
 
 
 def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec]]:

@@ -937,21 +937,27 @@ def test_the_command_that_finishes_a_checkpoints_extraction_loads_that_checkpoin
     assert not table.random_weights and len(table.domain_names) == 2
 
 
-def test_the_command_that_finishes_an_image_folders_extraction_reads_the_same_images(store_path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("linked", [False, True])
+def test_the_command_that_finishes_an_image_folders_extraction_reads_the_same_images(store_path, tmp_path, monkeypatch,
+                                                                                      linked):
     """An interrupted `extract -d imagefolder --path ROOT` was to be finished by a command without --path (refused:
     imagefolder needs it), and without its --test-fraction and --seed (another split of an unsplit folder: other
     entries, these left unfinished). The folder, recorded absolute, and the split's options are in the command, which
-    finishes these entries from another directory."""
+    finishes these entries from another directory. A folder given through a link is recorded through it, as its key
+    names it: resolved, the command made other entries and left these unfinished."""
     from PIL import Image
 
     from fedcache.cli import main
     from fedcache.errors import IncompleteEntryError
 
+    real = tmp_path / ("real imgs" if linked else "my imgs")
     for cls in ("cat", "dog"):
-        (tmp_path / "my imgs" / cls).mkdir(parents=True)
+        (real / cls).mkdir(parents=True)
         for i in range(6):
             image = Image.new("RGB", (8, 8), (40 * i, 0 if cls == "cat" else 200, 0))
-            image.save(tmp_path / "my imgs" / cls / f"{i}.png")
+            image.save(real / cls / f"{i}.png")
+    if linked:
+        (tmp_path / "my imgs").symlink_to(real, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
 
     def interrupt(event):
