@@ -132,7 +132,7 @@ def in_grid_file(file: Path | str, key: str = "") -> str:
     return f"grid file {file}'s [set]" + (f" {key}" if key else "")
 
 
-def _in_file(name: str) -> str | None:
+def given_in_file(name: str) -> str | None:
     """The setting or option of full name ``name`` (``optim.lr``) as a grid's file gave it, where it did (inside
     ``swept(file, keys)`` or ``filed``): ``grid file g.toml's [set] lr``."""
     file, keys = _FILE_AXES.get()
@@ -153,7 +153,7 @@ def option(flag: str, keyword: str, key: str = "") -> str:
     """A run option as messages name it: ``flag`` on the command line (``--rounds (schedule.rounds)``), ``keyword``
     in a Python API call (``rounds``), a grid's axis there ``sweep['rounds']``; one from a grid file's [set] (``key``:
     its full name, ``schedule.rounds``) by its key there, with the file (``grid file g.toml's [set] rounds``)."""
-    if filed := _in_file(key):
+    if filed := given_in_file(key):
         return filed
     given = _GIVEN.get()
     if given == "file":
@@ -185,7 +185,7 @@ def setting(key: str) -> str:
     ``typed_as``; one not given by its short name, ``lr``): ``--set lr`` on the command line; in the Python API
     ``settings['lr']``, a grid's axis ``sweep['lr']``; a grid file's [set] key by its key there, with the file
     (``grid file g.toml's [set] lr``)."""
-    if filed := _in_file(key):
+    if filed := given_in_file(key):
         return filed
     name = _TYPED.get().get(key) or key.rsplit(".", 1)[-1]
     if _GIVEN.get() == "file":

@@ -517,10 +517,12 @@ def _check_file_values(base: RunSpec, values: dict, path: Path, in_file: dict[st
 def _in_file_said(err: ConfigError, path: Path, key: str | None, values: dict) -> str:
     """A bad value of grid file ``path``'s [set] ``key`` (None: of its first ``values`` together): ``err`` with the
     file named once, as a cell names it."""
-    # "0.1,0.01" is two values on the command line, one text in a file.
-    listed = "".join(f"; several values are a list in a grid file: {k} = [{', '.join(v.split(','))}]"
-                     for k, v in values.items() if key in (None, k) and isinstance(v, str) and "," in v)
     said = str(err)
+    # "0.1,0.01" is two values on the command line, one text in a file: said of the key at fault alone (of the first
+    # values together, the one err names), as a valid text (betas = "0.9,0.999") is no list to make.
+    at_fault = [key] if key is not None else [k for k in values if f"{in_grid_file(path, k)}=" in said]
+    listed = "".join(f"; several values are a list in a grid file: {k} = [{', '.join(values[k].split(','))}]"
+                     for k in at_fault if isinstance(values[k], str) and "," in values[k])
     if in_grid_file(path) in said:  # err names the key itself: grid file g.toml's [set] lr=-1, [set] lrr: unknown key
         return said + listed
     return f"{in_grid_file(path, key or '')}: {said}{listed}"

@@ -183,7 +183,8 @@ def _unfinished(root: Path, runs: list[Run]) -> str:
     expected = _grid_cells(root)
     if expected is None or len(runs) >= expected:
         return ""
-    return (f"**Unfinished grid: {len(runs)} of its {expected} cells {'has' if len(runs) == 1 else 'have'} a result** (the grid is still running, or "
+    has = "has" if len(runs) == 1 else "have"
+    return (f"**Unfinished grid: {len(runs)} of its {expected} cells {has} a result** (the grid is still running, or "
             "stopped before the others: run the same `fedcache grid` command to finish it, then report again); "
             "what follows shows these alone. ")
 

@@ -23,7 +23,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.heads import Head, Params, make_head
 from fedcache.heads.draws import ClientHeads
 from fedcache.registry import Registry
-from fedcache.wording import named
+from fedcache.wording import given_in_file, named
 
 
 @dataclass(frozen=True)
@@ -262,8 +262,8 @@ class Method:
 
 
 def head_named() -> str:
-    """The head option as the caller names it, to drop: the flag, or the API's keyword."""
-    return named("--head", "head=")
+    """The head option as the caller gave it, to drop: the flag, the API's keyword, or a grid file's [set] key."""
+    return given_in_file("head.name") or named("--head", "head=")
 
 
 def check_head(cls: type, name: str, head: str) -> None:
