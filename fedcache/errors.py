@@ -11,6 +11,12 @@ import os as _os
 from fedcache.wording import named
 
 
+def debugging() -> bool:
+    """Whether FEDCACHE_DEBUG asks for what fedcache keeps out of its output otherwise (tracebacks, a simulation's
+    noise once interrupted)."""
+    return _os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
+
+
 class FedcacheError(Exception):
     """Base class: the CLI prints these as one red line and exits with code 1."""
 

@@ -18,7 +18,7 @@ from fedcache.cli.store import store_app
 from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
-from fedcache.errors import ConfigError, FedcacheError, UnknownNameError
+from fedcache.errors import ConfigError, FedcacheError, UnknownNameError, debugging
 from fedcache.paths import denied_line, is_denied
 from fedcache.progress import log_to_stderr, logging_to_stderr
 from fedcache.wording import flag_names
@@ -131,7 +131,7 @@ def _log_level() -> str:
 
 def _command(argv: list[str] | None) -> int:
     mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
-    debug = os.environ.get("FEDCACHE_DEBUG", "") not in ("", "0")
+    debug = debugging()
     empty = _empty_argument(sys.argv[1:] if argv is None else argv)
     if empty:
         err.print(f"[red]error:[/] {escape(empty)}: an unset shell variable? Give a value, or leave the option out",

@@ -377,11 +377,11 @@ def _flower_logging() -> Callable:
     SIGINT handler. Flower's own handler shows them, at its level (FLWR_LOG_LEVEL), and the root's handler no longer
     shows each again. Once interrupted, none: Ray ends its actors under Flower's waiting workers, and each logs the
     ActorDiedError it gets, with its traceback (tens of lines), noise of the interrupt and no error of the run;
-    FEDCACHE_DEBUG=1 (as the command reads it) shows them."""
+    FEDCACHE_DEBUG=1 (errors.debugging) shows them."""
     flower = logging.getLogger("flwr")
     flower.propagate = False
     interrupted = threading.Event()
-    if os.environ.get("FEDCACHE_DEBUG", "") in ("", "0"):
+    if not errors.debugging():
         flower.addFilter(lambda record: not interrupted.is_set())
 
     def on_interrupt(signum: int, frame: object) -> None:
