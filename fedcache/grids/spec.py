@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
 import re
 import tomllib
-import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,9 +153,9 @@ class Names:
         """Messages raised inside (a cell's, of one of ``methods``) name the grid's ``axes`` as its caller gave
         them: a sweep's (``sweep['optim.lr']``, ``--set lr``), the file's with the file (``grid file g.toml's [set]
         lr``)."""
-        in_file, methods = tuple(k for k in axes if self._filed(k)), tuple(methods)
-        swept_ = _file_keys_once(tuple(k for k in axes if k not in in_file), methods)
-        with swept(self.file, _file_keys_once(in_file, methods)), typed_as(swept_):
+        in_file, methods = [k for k in axes if self._filed(k)], list(methods)
+        swept_ = file_keys([k for k in axes if k not in in_file], methods)
+        with swept(self.file, file_keys(in_file, methods)), typed_as(swept_):
             yield
 
     def was_given(self, key: str, is_default: bool) -> bool:
@@ -474,14 +472,6 @@ def file_keys(keys: Iterable[str], methods: Iterable[str]) -> dict[str, str]:
     """A grid file's [set] ``keys`` by the full name of what each sets for any of ``methods`` (``optim.lr`` ->
     ``lr``), as ``wording.swept`` and ``filed`` look them up."""
     return {f"{s}.{f}": k for k in keys for _, (s, f) in setting_places(k, list(methods))}
-
-
-@functools.cache
-def _file_keys_once(keys: tuple[str, ...], methods: tuple[str, ...]) -> Mapping[str, str]:
-    """``file_keys``, worked out once per process for a grid's cells (each of which says its messages inside
-    ``Names.swept``), not again for each: the grid's methods were checked to exist before any cell runs. Read only:
-    every later grid of the process is given the same one."""
-    return types.MappingProxyType(file_keys(keys, methods))
 
 
 def check_file_axes(spec: GridSpec, keys: list[str], path: Path) -> None:
