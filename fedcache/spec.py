@@ -380,13 +380,13 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     params = cls.Settings() if fresh else base.method.params
     head = head or (None if fresh else base.head.name)
     routed = _route_settings(settings, name)
-    if routed["optim"] and not cls.uses_optimizer:
-        raise ConfigError(f"{name} trains nothing with an optimizer; remove {set_flag()} "
-                          + ", ".join(f"optim.{k}" for k in routed["optim"]))
     with typed_as({f"{g}.{f}": key for g, fs in routed.items() for f, (key, _) in fs.items()}):
+        if routed["optim"] and not cls.uses_optimizer:
+            raise ConfigError(f"{name} trains nothing with an optimizer; remove "
+                              + ", ".join(setting(f"optim.{k}") for k in routed["optim"]))
         params, optim = _apply(params, "method", routed["method"]), _apply(optim, "optim", routed["optim"])
-    _refuse_unused(routed["method"], params, "method", name)
-    _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
+        _refuse_unused(routed["method"], params, "method", name)
+        _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
     head = routed["head"]["name"][1] if "name" in routed["head"] else head
     if head:
         from fedcache.federate.methods.base import check_head  # loaded already: method_class imported the methods
@@ -542,10 +542,11 @@ def _listing(groups: dict[str, dict[str, Any]], run_options: bool) -> str:
 
 
 def _refuse_unused(given: dict[str, str], obj: Any, group: str, owner: str) -> None:
-    """A key the user set that ``obj`` (with its other values) would not use is an error, never silence.
+    """A key the user set that ``obj`` (with its other values) would not use is an error, never silence; it is
+    named as its user gave it (inside ``typed_as``): ``--set betas``, not the ``optim.betas`` they never typed.
     ``obj.ignored()``, where a dataclass defines it, maps field -> why it is unused in this configuration."""
     ignored = obj.ignored() if hasattr(obj, "ignored") else {}
-    bad = [f"{group}.{k} ({ignored[k]})" for k in given if k in ignored]
+    bad = [f"{setting(f'{group}.{k}')} ({ignored[k]})" for k in given if k in ignored]
     if bad:
         raise ConfigError(f"{owner} does not use {'; '.join(bad)}: remove the setting or change what makes it unused")
 

@@ -488,6 +488,23 @@ def test_unused_optimizer_settings_are_refused():
         resolve_settings("clip-zs", ["lr=0.1"])
 
 
+@pytest.mark.parametrize("method, given, cli, api", [
+    ("linear-probe", ["lr=0.1", "optim.momentum=0.5"], "remove --set lr, --set optim.momentum",
+     "remove settings['lr'], settings['optim.momentum']"),
+    ("fedavg", ["optimizer=sgd", "betas=0.9,0.99"], "does not use --set betas (an Adam setting",
+     "does not use settings['betas'] (an Adam setting"),
+])
+def test_an_unused_setting_is_named_by_the_key_its_user_typed(method, given, cli, api):
+    """They said `remove --set optim.lr` and `does not use optim.betas`, names the user never typed."""
+    from fedcache.wording import keyword_names
+
+    with pytest.raises(ConfigError) as on_cli:
+        resolve_settings(method, given)
+    with keyword_names(), pytest.raises(ConfigError) as in_python:
+        resolve_settings(method, given)
+    assert cli in str(on_cli.value) and api in str(in_python.value), (str(on_cli.value), str(in_python.value))
+
+
 def unused_cases():
     for m in METHODS.names():
         params = METHODS.get(m).Settings()
@@ -499,7 +516,7 @@ def unused_cases():
 def test_a_method_setting_the_defaults_do_not_use_is_refused_with_the_reason(method, field):
     cls = METHODS.get(method)
     text, _ = other_value(field, fields_of(cls.Settings)[field], getattr(cls.Settings(), field))
-    with pytest.raises(ConfigError, match=rf"{method} does not use method\.{field} \(.+\)"):
+    with pytest.raises(ConfigError, match=rf"{method} does not use --set method\.{field} \(.+\)"):
         resolve_settings(method, [f"method.{field}={text}"])
 
 
