@@ -139,12 +139,13 @@ class Names:
 
     def add_axis(self, key: str, values: list, either: bool = False) -> str:
         """Advice to give an axis: ``lr = ["1e-3", "1e-2"] under [set]`` or ``--set lr=1e-3,1e-2``; ``either``:
-        one of ``values`` (``partition = "dirichlet" or "domain-dirichlet" under [set]``)."""
+        one of ``values``, each alternative whole where its user pastes it (a TOML line, a Python dict):
+        ``partition = "dirichlet" or partition = "domain-dirichlet" under [set]``,
+        ``sweep={'partition': 'dirichlet'} or sweep={'partition': 'domain-dirichlet'}``."""
         if self.file:
-            shown = " or ".join(map(_toml, values)) if either else _toml(values)
-            return f"{key} = {shown} under [set]"
+            return " or ".join(f"{key} = {_toml(v)}" for v in (values if either else [values])) + " under [set]"
         if by_keyword():
-            return f"sweep={{{key!r}: {' or '.join(map(repr, values)) if either else values!r}}}"
+            return " or ".join(f"sweep={{{key!r}: {v!r}}}" for v in (values if either else [values]))
         listed = (" or " if either else ",").join(map(str, values))
         return f"{option(key).flag} {listed}" if is_option(key) else f"--set {key}={listed}"
 

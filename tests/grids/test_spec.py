@@ -121,6 +121,17 @@ def test_an_axis_that_no_partition_scheme_of_the_grid_reads_is_refused(tmp_path)
     grid(partition=["domain"], alpha=["0.1"])
 
 
+def test_the_scheme_advice_to_a_python_caller_is_python(tmp_path):
+    """It said sweep={'partition': "'dirichlet' or 'domain-dirichlet'"}: one string, the two names quoted inside."""
+    from fedcache.wording import keyword_names
+
+    with keyword_names(), pytest.raises(ConfigError) as err:
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
+                 sweep={"partition": ["domain"], "alpha": ["0.1", "1"]})
+    assert str(err.value).endswith("with a scheme that reads it "
+                                   "(sweep={'partition': 'dirichlet'} or sweep={'partition': 'domain-dirichlet'})"), err.value
+
+
 def test_a_value_given_twice_is_refused(tmp_path):
     """--seeds 0,0,1 counted seed 0 twice in the table's mean; lr=1e-3,0.001 made two cells of one value."""
     def grid(seeds=(0,), **sweep):

@@ -104,8 +104,8 @@ CASES = [
      '(methods = ["fedprox"])'),
     ("an axis the partition ignores", BASE + RUN + "alpha = [0.1, 1]\n",
      "grid file {path}'s [set] alpha=[0.1, 1]: the partition scheme iid ignores alpha, so each value would train the same "
-     'cells; drop the axis, or sweep it with a scheme that reads it (partition = "dirichlet" or "domain-dirichlet" '
-     'under [set])'),
+     'cells; drop the axis, or sweep it with a scheme that reads it (partition = "dirichlet" or partition = '
+     '"domain-dirichlet" under [set])'),
     ("select twice", BASE + "select = ['lr', 'lr']\n[set]\nlr = [0.1, 0.01]\nrounds = 1\n",
      'grid file {path}: select=["lr", "lr"]: \'lr\' and \'lr\' are one value; give each value once'),
     # the axes
