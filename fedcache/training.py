@@ -119,9 +119,9 @@ def check_trackers(names) -> None:
     from fedcache.trackers import known_trackers
 
     unknown = [t for t in names if t not in known_trackers()]
-    if unknown:
-        raise ConfigError(f"{option('track').flag}{named(' ', '=')}{','.join(unknown)}: unknown tracker; known: "
-                          f"{', '.join(known_trackers())}")
+    if unknown:  # the unknown ones alone, quoted as a Python caller writes them: track='zz', track=['a', 'zz']
+        said = option("track").given(unknown[0] if len(unknown) == 1 else unknown)
+        raise ConfigError(f"{said}: unknown tracker; known: {', '.join(known_trackers())}")
 
 
 def _check_trackers(spec: RunSpec) -> None:

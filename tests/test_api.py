@@ -215,8 +215,10 @@ def test_grid_select_and_track_take_a_text(grid_spec_of):
     assert grid_spec_of(sweep=sweep, select="lr,rounds").select == ["lr", "rounds"]
     assert grid_spec_of(sweep=sweep, select=("lr",)).select == ["lr"]
     assert grid_spec_of(track="tensorboard").track == ["tensorboard"]
-    with pytest.raises(ConfigError, match="^track=csv: unknown tracker"):  # not c,s,v
+    with pytest.raises(ConfigError, match="^track='csv': unknown tracker"):  # not c,s,v; quoted as passed
         grid_spec_of(track="csv")
+    with pytest.raises(ConfigError, match=r"^track=\['csv', 'zz'\]: unknown tracker"):  # the unknown ones only
+        grid_spec_of(track=["tensorboard", "csv", "zz"])
 
 
 def test_grid_seeds_take_one_a_text_or_a_list(grid_spec_of):
