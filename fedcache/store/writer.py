@@ -37,6 +37,7 @@ from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.parts import Part
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -374,8 +375,9 @@ def open_writer(
             held.enter_context(exclusive_lock(lock, part_what, wait=wait))
             with exclusive_lock(create, f"entry {key.label()}", wait=max(wait, 30.0)):
                 if key.entry_id not in store.root[ENTRIES]:
+                    again = named("run the command again", "run the same call again")  # extract_features(wait=...)
                     raise StoreError(f"entry {key.entry_id} ({key.label()}) was removed while this writer waited for "
-                                     "the one before it; run the command again")
+                                     f"the one before it; {again}")
         writer = EntryWriter(store, key, group)
         if writer.n_rows != n_rows or writer.dim != dim:
             raise StoreError(

@@ -285,6 +285,33 @@ def test_an_entry_is_not_removed_between_its_writers_two_locks(store_path, monke
     assert refused and store.info(k.entry_id).key == k.to_dict()
 
 
+@pytest.mark.parametrize("keywords, again", [(False, "; run the command again"), (True, "; run the same call again")])
+def test_an_entry_removed_while_its_writer_queued_says_how_its_caller_runs_again(store_path, monkeypatch, keywords,
+                                                                                  again):
+    """A Python caller of extract_features(wait=...) was told to run "the command" again."""
+    import contextlib
+
+    import fedcache.store.writer as writer
+    from fedcache.wording import flag_names, keyword_names
+
+    store, k = FeatureStore(store_path), key()
+    real = writer.exclusive_lock
+
+    @contextlib.contextmanager
+    def lock(path, what, wait=0.0):
+        if ".part" in path.name:  # queued behind another writer of this part; `store rm` runs while it waits
+            FeatureStore(store_path).remove(k.entry_id)
+        with real(path, what, wait):
+            yield
+
+    monkeypatch.setattr(writer, "_entered", lambda held, path, what: False)  # its part lock is another writer's
+    monkeypatch.setattr(writer, "exclusive_lock", lock)
+    with (keyword_names if keywords else flag_names)(), pytest.raises(StoreError) as err:
+        with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4, wait=1.0):
+            pass
+    assert str(err.value).endswith(f"was removed while this writer waited for the one before it{again}"), err.value
+
+
 def test_an_entry_being_made_is_partial_never_damaged(store_path, monkeypatch):
     # Its group was made without attributes, so until its arrays were made it was a damaged entry of unknown
     # slot: every read of the store stopped, and `store verify --repair` removed it under its writer.
