@@ -241,9 +241,12 @@ def _log_level() -> int:
 
 
 def _worker_died() -> str:
-    return ("a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
-            "`if __name__ == '__main__':` (worker processes re-import the script); otherwise "
-            f"{named('re-run with --jobs 1', 'call it again with jobs=1')} to see the error. Finished cells are kept.")
+    # The __main__ guard is a script's fault alone: the command line's workers re-run the fedcache script, whose
+    # import starts nothing.
+    return named("a grid worker process died; re-run with --jobs 1 to see the error. Finished cells are kept.",
+                 "a grid worker process died. From a script, call fedcache.grid(jobs>1) under "
+                 "`if __name__ == '__main__':` (worker processes re-import the script); otherwise call it again "
+                 "with jobs=1 to see the error. Finished cells are kept.")
 
 
 def _worker_sent_sigterm() -> str:
