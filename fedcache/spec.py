@@ -484,12 +484,14 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     if run_options and is_option(key):
         if owners:
             o = option(key)
+            with swept():
+                ways = _write_setting(o.key, f"{owners[0]}.{key}")
             raise ConfigError(f"{said} is ambiguous: it is the run option {o.key} and a setting of {method} "
-                              f"({owners[0]}.{key}); write {o.key}=... or {owners[0]}.{key}=...")
+                              f"({owners[0]}.{key}); write {ways}")
         return option(key).section, option(key).field
     if len(owners) > 1:
         with swept() if run_options else contextlib.nullcontext():
-            ways = " or ".join(_write_setting(f"{g}.{key}") for g in owners)
+            ways = _write_setting(*(f"{g}.{key}" for g in owners))
         raise ConfigError(f"{said} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write {ways}")
     if not owners:
         hint = _near(key, groups, run_options) or _elsewhere(key, method)
@@ -497,14 +499,16 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
     return owners[0], key
 
 
-def _write_setting(key: str) -> str:
-    """Advice to give setting ``key`` where its user gives settings: ``--set optim.lr=...``, in a Python API call
-    ``settings={'optim.lr': ...}`` (a grid's axes: ``sweep={...}``), in a grid file ``[set] optim.lr=...``: the
-    API caller passes a dict, where ``settings optim.lr=...`` is no Python."""
+def _write_setting(*keys: str) -> str:
+    """Advice to give one of the settings ``keys`` where its user gives settings, each alternative whole as it is
+    pasted there: ``--set optim.lr=...``; in a Python API call ``settings={'optim.lr': ...}`` (a grid's axes:
+    ``sweep={...}``), since ``settings optim.lr=...`` is no Python; in a grid file a TOML line, ``optim.lr = ...
+    under [set]`` (several: ``method.mu = ... or optim.mu = ... under [set]``), as a grid's advice on its axes
+    writes it (``grids.spec.Names.add_axis``)."""
     given = set_flag()
     if given == "[set]":
-        return f"[set] {key}=..."
-    return named(f"{given} {key}=...", f"{given}={{{key!r}: ...}}")
+        return " or ".join(f"{key} = ..." for key in keys) + " under [set]"
+    return " or ".join(named(f"{given} {key}=...", f"{given}={{{key!r}: ...}}") for key in keys)
 
 
 def _elsewhere(key: str, method: str) -> str:

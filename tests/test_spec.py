@@ -216,7 +216,8 @@ def test_a_grid_key_both_a_run_option_and_a_method_setting_must_be_qualified(mon
     monkeypatch.setattr(METHODS, "get", lambda name: method)
     grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,
                     sweep={"alpha": ["0.5"]})
-    with pytest.raises(ConfigError, match=r"alpha is ambiguous.*partition.alpha=\.\.\. or method.alpha="):
+    with pytest.raises(ConfigError, match=r"alpha is ambiguous.*; write --set partition\.alpha=\.\.\. or "
+                                          r"--set method\.alpha=\.\.\.$"):
         train_config(grid, cells(grid)[0], None)
     for key, where in (("partition.alpha", "partition"), ("method.alpha", "settings")):
         grid = GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["clash"], out=tmp_path,

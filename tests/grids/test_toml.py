@@ -106,6 +106,13 @@ CASES = [
      "grid file {path}'s [set] alpha=[0.1, 1]: the partition scheme iid ignores alpha, so each value would train the same "
      'cells; drop the axis, or sweep it with a scheme that reads it (partition = "dirichlet" or partition = '
      '"domain-dirichlet" under [set])'),
+    # advice to write a key is a line to paste under [set] (it said "[set] method.momentum=...", "method.alpha=...")
+    ("a key two settings share", 'methods = ["flesd"]\n' + RUN + "momentum = [0.5, 0.9]\n",
+     "grid file {path}'s [set] momentum is ambiguous: both method and optim have a 'momentum' setting; write "
+     "method.momentum = ... or optim.momentum = ... under [set]$"),
+    ("a key a run option and a setting share", 'methods = ["perfedavg"]\n' + RUN + "alpha = [0.1, 0.2]\n",
+     "grid file {path}'s [set] alpha is ambiguous: it is the run option partition.alpha and a setting of perfedavg "
+     "(method.alpha); write partition.alpha = ... or method.alpha = ... under [set]$"),
     ("select twice", BASE + "select = ['lr', 'lr']\n[set]\nlr = [0.1, 0.01]\nrounds = 1\n",
      'grid file {path}: select=["lr", "lr"]: \'lr\' and \'lr\' are one value; give each value once'),
     # the axes
