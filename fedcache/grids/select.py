@@ -22,7 +22,7 @@ from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.pool import Workers
 from fedcache.grids.processes import jobs_of
 from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
-from fedcache.grids.spec import FEATURES, Cell, GridSpec, cells
+from fedcache.grids.spec import FEATURES, Cell, GridSpec, axis_label, cells
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.paths import SELECTION
 from fedcache.progress import StepCallback
@@ -116,9 +116,10 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
                             f"{spec.names.new_out()}")
     # The chosen values beside each result, in test/ too: where every group chose the same value, it is neither
     # a column nor (the grid swept several) in the caption's fixed options.
-    chosen = f"{', '.join(spec.select)} as chosen on validation (../{SELECTION})"
+    picked_keys = ", ".join(axis_label(k, spec.methods) for k in spec.select)  # --select head: head, not head.name
+    chosen = f"{picked_keys} as chosen on validation (../{SELECTION})"
     write_outputs(spec.out / TEST, tested, grid_caption(base) + f"; {chosen}", beside=spec.select, axes=list(spec.sweep))
-    caption = grid_caption(spec) + f"; {', '.join(spec.select)} chosen per method and setting on validation ({RULE}"
+    caption = grid_caption(spec) + f"; {picked_keys} chosen per method and setting on validation ({RULE}"
     caption += f"; {pruning_caption(spec, groups)})" if groups else ")"
     # Each run_dir relative to --out, as a plain grid's results name them: the test runs are under test/.
     tested = Table([{**row, "run_dir": f"{TEST}/{row['run_dir']}"} for row in tested])

@@ -683,3 +683,13 @@ def option_axes(given: dict[str, list], methods: list[str]) -> dict[str, list]:
         return option(name).key if shared else name
 
     return {key(name): values for name, values in given.items()}
+
+
+def axis_label(key: str, methods: list[str]) -> str:
+    """An axis as a table names it for people: a run option by its flag's name (``head``, typed ``--head``) where
+    ``option_axes`` qualified it for the cell folders (``head.name``, kept: resuming finds cells by them) and the
+    short name sets the same field for every method; ``partition.alpha`` stays so beside perfedavg's ``alpha``."""
+    if not (is_option(key) and "." in key):
+        return key
+    short, places = option(key).name, setting_places(key, methods)
+    return short if places and setting_places(short, methods) == places else key

@@ -10,7 +10,7 @@ from fedcache.best import Result, best_marks, bold_meaning, is_panel_key
 from fedcache.disk import write_text
 from fedcache.errors import ConfigError
 from fedcache.grids.cell import METRIC_COLUMNS
-from fedcache.grids.spec import RESULTS, TABLE, GridSpec
+from fedcache.grids.spec import RESULTS, TABLE, GridSpec, axis_label
 from fedcache.table import Table
 from fedcache.wording import count
 
@@ -22,7 +22,7 @@ def write_outputs(out: Path, table: Table, caption: str = "", beside: list[str] 
 
 def grid_caption(spec: GridSpec) -> str:
     """What every cell shares: data, fixed options and settings (one value), seeds; axes are the columns."""
-    fixed = [f"{k}={vs[0]}" for k, vs in spec.sweep.items() if len(vs) == 1]
+    fixed = [f"{axis_label(k, spec.methods)}={vs[0]}" for k, vs in spec.sweep.items() if len(vs) == 1]
     return (f"{spec.dataset} on {'+'.join(spec.backbones)}; seeds {','.join(map(str, spec.seeds))}"
             + (f"; fixed: {', '.join(fixed)}" if fixed else "")
             + "; every other option at `fedcache train`'s default (each cell's config.json has them all)")
@@ -42,8 +42,9 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     named = axes if axes is not None else [k for k in rows[0] if k not in METRIC_COLUMNS]
     setting_keys = [k for k in named if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *beside)
                     and len({str(r.get(k)) for r in rows}) > 1]
-    label = lambda r: ", ".join(f"{k}={r.get(k)}" for k in setting_keys) or metric.replace("_", " ")  # noqa: E731
     methods = list(dict.fromkeys(r["method"] for r in rows))
+    shown = {k: axis_label(k, methods) for k in [*setting_keys, *beside]}  # as typed: --head is head, not head.name
+    label = lambda r: ", ".join(f"{shown[k]}={r.get(k)}" for k in setting_keys) or metric.replace("_", " ")  # noqa: E731
     columns = list(dict.fromkeys(label(r) for r in rows))
     groups = {(m, col): [r for r in rows if r["method"] == m and label(r) == col] for m in methods for col in columns}
     stats = {key: _stats(mine, metric) for key, mine in groups.items()}
@@ -55,7 +56,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for m in methods:
-        cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[m, col]) for col in columns]
+        cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[m, col], shown) for col in columns]
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     if any(marks):
         lines += ["", _legend(panel)]
@@ -85,14 +86,14 @@ def _whole(stats: tuple, rows: list[dict]) -> bool:
     return stats[0] is not None and not stats[3] and not cut
 
 
-def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: bool) -> str:
+def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: bool, shown: dict[str, str]) -> str:
     mean, std, n, lost = stats
     if mean is None:
         return f"diverged ({count(lost, 'seed')})" if lost else "-"
     text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
     if lost:
         text += f", {lost} of {n + lost} seeds diverged"
-    text += "".join(f", {k}={rows[0][k]}" for k in beside if k in rows[0])
+    text += "".join(f", {shown[k]}={rows[0][k]}" for k in beside if k in rows[0])
     return f"**{text}**" if best else text
 
 

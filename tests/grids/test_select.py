@@ -197,3 +197,19 @@ def test_an_older_select_grid_s_copy_per_stage_becomes_the_grid_s_own(toy_store,
     again = run().to_records()
     assert [r["mean_accuracy"] for r in again] == [r["mean_accuracy"] for r in first]
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("features")) == ["features"]
+
+
+def test_a_chosen_option_is_named_in_the_tables_as_its_flag(toy_store, tmp_path):
+    """`--head linear,mlp` is the axis head.name (its cell folders keep that name: resuming finds them by it); the
+    tables, read by people who typed --head, say head in the caption and beside each result."""
+    from fedcache.cli import main
+
+    out = tmp_path / "heads"
+    assert main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+                 "--clients", "2", "--subsample", "0.5", "--rounds", "2", "--head", "linear,mlp", "--select", "head.name",
+                 "--seeds", "0", "--out", str(out)]) == 0
+    assert all("__head.name=" in p.name for p in (out / "validation" / "cells").iterdir())
+    tables = {stage: (out / stage / "table.md").read_text() for stage in (".", "test")}
+    assert "; head chosen per method and setting on validation" in tables["."]
+    assert "; head as chosen on validation" in tables["test"]
+    assert all(", head=" in md and "head.name" not in md for md in tables.values())

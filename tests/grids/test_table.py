@@ -46,3 +46,22 @@ def test_a_swept_rounds_is_a_column_when_the_axes_are_known():
     rows = [{"method": "a", "rounds": r, "seed": s, "mean_accuracy": float(r + s)} for r in (3, 9) for s in (0, 1)]
     assert "| a | 3.50 (0.71) | **9.50 (0.71)** |" in summary_markdown(Table(rows), axes=["rounds"])
     assert "rounds=3" in summary_markdown(Table(rows), axes=["rounds"])
+
+
+def test_a_table_names_an_option_as_typed_and_its_cell_folders_keep_their_key(tmp_path):
+    """`grid --head mlp` is the axis head.name (option_axes: `head` is also a setting's name), and its cells' folders
+    say so: resuming finds them by those names. The table is read by people, who typed --head: it says head=mlp.
+    partition.alpha stays qualified beside perfedavg, whose own alpha a bare `alpha=1` would be read as."""
+    from fedcache.api import grid_spec
+    from fedcache.grids import cells
+    from fedcache.grids.table import grid_caption
+
+    spec = grid_spec(store=tmp_path, dataset="d", backbones="b", methods="fedavg,perfedavg", out=tmp_path / "g",
+                     option_axes={"partition": ["dirichlet"], "head": ["mlp"], "alpha": ["1"]})
+    assert "fixed: partition=dirichlet, head=mlp, partition.alpha=1;" in grid_caption(spec)
+    assert all("__head.name=mlp__" in c.name for c in cells(spec))
+    rows = [{"method": "fedavg", "head.name": h, "optim.lr": lr, "seed": 0, "mean_accuracy": acc}
+            for h, lr, acc in [("linear", "0.1", 50.0), ("mlp", "0.01", 60.0)]]
+    md = summary_markdown(Table(rows), axes=["head.name"], beside=["optim.lr"])
+    assert "| method | head=linear | head=mlp |" in md and "head.name" not in md
+    assert "| fedavg | 50.00 (one seed), optim.lr=0.1 | **60.00 (one seed), optim.lr=0.01** |" in md  # a setting as typed
