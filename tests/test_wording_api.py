@@ -175,3 +175,35 @@ def test_a_backbone_without_its_checkpoint_is_told_to_a_python_caller_as_a_keywo
 
         with pytest.raises(WeightsNotFoundError, match="pass --weights resnet18-quickdraw=PATH to a .pth"):
             load_backbone("resnet18-quickdraw")
+
+
+def test_a_dataset_s_raw_files_are_placed_under_the_data_root_as_the_caller_gave_it(tmp_path):
+    """A Python caller was told to extract MNIST-M "into data_root, giving <data-root>/mnist_m/...": a placeholder
+    named after a flag they never typed. In Python the paths are under the folder the call passed."""
+    from fedcache.extract.datasets import DATASETS, DatasetOptions
+    from fedcache.extract.datasets._common import StandardSet, load_standard, read_class_folders
+
+    root = tmp_path / "data"
+    on_cli, in_python = _both(lambda: DATASETS.get("mnist-m").load(DatasetOptions(data_root=root)))
+    assert "extract it into --data-root, giving <data-root>/mnist_m/{mnist_m_train/" in on_cli, on_cli
+    assert f"extract it into data_root, giving {root}/mnist_m/{{mnist_m_train/" in in_python, in_python
+    on_cli, in_python = _both(lambda: DATASETS.get("svhn").load(DatasetOptions(data_root=root)))
+    assert "Pass --download to fetch it with torchvision into --data-root, or " in on_cli and "into <data-root>/svhn/." in on_cli
+    assert "Pass download=True to fetch it with torchvision into data_root, or " in in_python, in_python
+    assert f"test_32x32.mat from http://ufldl.stanford.edu/housenumbers/ into {root}/svhn/." in in_python, in_python
+
+    def offline(data_root):
+        raise RuntimeError("Name or service not known")
+
+    row = StandardSet(name="fake", description="", reader=read_class_folders, dirs=("fake",), keys=("a",), classes=("a",),
+                      download=offline, how_to_get="put fake.zip in <data-root>/fake/.")
+    on_cli, in_python = _both(lambda: load_standard(row, DatasetOptions(data_root=root, download=True)))
+    assert "Name or service not known. Put fake.zip in <data-root>/fake/." in on_cli, on_cli
+    assert f"Name or service not known. Put fake.zip in {root}/fake/." in in_python, in_python
+    assert "<data-root>" not in in_python and " --" not in in_python, in_python
+    import fedcache  # the whole call, as a notebook makes it
+    from tests.conftest import BACKBONE
+
+    with pytest.raises(FedcacheError) as err:
+        fedcache.extract_features(dataset="mnist-m", backbones=BACKBONE, store=tmp_path / "s.zarr", data_root=root, workers=0)
+    assert f"extract it into data_root, giving {root}/mnist_m/" in str(err.value) and " --" not in str(err.value), str(err.value)

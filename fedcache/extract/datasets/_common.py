@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from fedcache.errors import ConfigError, DataNotFoundError
-from fedcache.wording import named
+from fedcache.wording import by_keyword, named
 from fedcache.extract.datasets.base import (
     DATASETS,
     DEFAULT_DOMAIN,
@@ -77,12 +77,13 @@ class StandardSet:
     params: Mapping = field(default_factory=dict)  # reader-specific: file names, split folders...
 
 
-def how_to_get(row: StandardSet, manual_only: bool = False) -> str:
-    """The row's how-to (written as a clause, lower case), as a sentence for users."""
+def how_to_get(row: StandardSet, manual_only: bool = False, data_root: Path | None = None) -> str:
+    """The row's how-to (written as a clause, lower case), as a sentence for users; ``data_root``: the folder
+    the caller gave, which a Python API call's how-to names in its paths."""
     if row.download is not None and not manual_only:
         return (f"Pass {_download_named()} to fetch it with torchvision into {_data_root()}, or "
-                f"{_said(row.how_to_get)}")
-    return _said(row.how_to_get[:1].upper() + row.how_to_get[1:])
+                f"{_said(row.how_to_get, data_root)}")
+    return _said(row.how_to_get[:1].upper() + row.how_to_get[1:], data_root)
 
 
 def _data_root() -> str:
@@ -93,9 +94,14 @@ def _download_named() -> str:
     return named("--download", "download=True")
 
 
-def _said(how: str) -> str:
-    """A row's how-to, whose folder is the command line's --data-root: ``data_root`` in a Python API call."""
-    return how.replace("--data-root", _data_root())
+def _said(how: str, data_root: Path | None = None) -> str:
+    """A row's how-to, whose folder is the command line's --data-root and its paths' ``<data-root>``: in a Python
+    API call ``data_root``, and the paths under the folder it passed (a caller never typed ``--data-root``, so
+    ``<data-root>`` is no name of theirs), or under ``data_root`` where it is not known."""
+    if not by_keyword():
+        return how
+    where = str(data_root) if data_root is not None else "data_root"
+    return how.replace("<data-root>", where).replace("--data-root", "data_root")
 
 
 def register(row: StandardSet) -> None:
@@ -144,7 +150,7 @@ def _download(row: StandardSet, data_root: Path) -> None:
     except Exception as exc:  # torchvision raises RuntimeError, URLError, OSError... for one cause
         raise DataNotFoundError(
             f"downloading dataset {row.name!r} into {data_root.resolve()} failed: {exc}. "
-            f"{how_to_get(row, manual_only=True)}"
+            f"{how_to_get(row, manual_only=True, data_root=data_root)}"
         ) from exc
 
 
@@ -158,7 +164,7 @@ def _read(row: StandardSet, data_root: Path, options: DatasetOptions) -> Loaded:
 
 def _not_found(row: StandardSet, missing: MissingFiles, options: DatasetOptions) -> DataNotFoundError:
     where = " or ".join(str(p.resolve()) for p in missing.paths)
-    how = how_to_get(row)
+    how = how_to_get(row, data_root=require_data_root(row, options))
     if options.download and row.download is None:
         how = f"{_download_named()} is not available for {row.name!r}. {how}"
     return DataNotFoundError(f"dataset {row.name!r} not found: expected {where}. {how}")
