@@ -47,6 +47,11 @@ CASES = {
     "perfedavg-mlp": ("perfedavg", "mlp", dict(rounds=2, fraction=0.6)),
     "fedrep-fraction-loop": ("fedrep", "mlp", dict(rounds=3, fraction=0.4, batched=False)),
     "pfedme": ("pfedme", "linear", dict(rounds=2)),
+    # At the default mu (0.01), doubling mu moves round 1's loss by 3e-4, above the cross-CPU check's 1e-4. Recorded
+    # from main at 6a09158 on an AMD EPYC, torch 2.14.1+cu130: FEDCACHE_REGENERATE_GOLDEN=1 -k fedprox (the numbers,
+    # its AVX512 bytes), then ATEN_CPU_CAPABILITY=avx2 FEDCACHE_RECORD_PLATFORM=1 -k fedprox (its AVX2 bytes; that
+    # CPU's AVX2 kernels give every other case's AVX2 record bit for bit).
+    "fedprox-mlp-fraction": ("fedprox", "mlp", dict(rounds=3, fraction=0.6, eval_every=2)),
 }
 
 
