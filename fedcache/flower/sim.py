@@ -216,7 +216,7 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
         run = flower_run(spec, shards)
         if e.resume:
             _check_shards(shards, shard)
-            _refuse_client_state(run, shards, base)
+            _check_server_shard(run, shards, base)
         else:
             _fresh_start(base, shards, shard)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
@@ -288,14 +288,13 @@ def _not_an_in_process_run(out: Path) -> None:
                           f"and {resume}, or start the simulation in another {named('--out', 'out')}")
 
 
-def _refuse_client_state(run: FlowerRun, shards: Path, out: Path) -> None:
-    """The ServerApp refuses such a resume too, but only once Ray and Flower have started (a minute on a small
-    machine): said here before them. Only a method that may keep such state is built for it (the server shard read):
-    fedavg's resume reads nothing more before Ray starts."""
-    if not may_keep_client_state(method_class(run.method.name)):
-        return
+def _check_server_shard(run: FlowerRun, shards: Path, out: Path) -> None:
+    """The server shard read, and a resume the ServerApp refuses refused, as the ServerApp would, but before Ray and
+    Flower start (a minute on a small machine, whose noise came before the one line that mattered): a damaged shard
+    is said at once, for every method. Only a method that may keep client state is built (the refusal it checks)."""
     data, _ = load_server(shards / SERVER)
-    refuse_resume_with_client_state(build_method(run, data), out, resume_named())
+    if may_keep_client_state(method_class(run.method.name)):
+        refuse_resume_with_client_state(build_method(run, data), out, resume_named())
 
 
 def _check_features(shards: Path, info: ShardInfo, store: Path) -> None:

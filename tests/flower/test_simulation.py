@@ -513,22 +513,46 @@ def test_a_resume_of_a_method_with_client_state_is_refused_before_ray_with_advic
     assert sim.train_flower_sim_here(toy_config(flower_store, out=out, resume=True)) == {"trained": True}  # fedavg goes on
 
 
-def test_a_resume_of_a_method_without_client_state_reads_no_server_shard_before_ray(flower_store, tmp_path,
-                                                                                     monkeypatch):
-    """The server shard was read and the method built before Ray started, for fedavg too, which keeps no client
-    state to refuse: only the ServerApp needs them."""
+def test_a_resume_of_a_method_without_client_state_builds_no_method_before_ray(flower_store, tmp_path, monkeypatch):
+    """The method was built before Ray started for fedavg too, which keeps no client state to refuse: only the
+    ServerApp needs it. The server shard is read once before Ray, to say a damaged one at once."""
     from fedcache.flower import sim
-    from fedcache.flower.shard import write_shards
+    from fedcache.flower.shard import SERVER, write_shards
 
-    out, read, load_server = tmp_path / "sim", [], sim.load_server
+    out, built, read, build, load = tmp_path / "sim", [], [], sim.build_method, sim.load_server
     monkeypatch.setattr(sim, "simulate", lambda *a, **kw: {"trained": True})
-    monkeypatch.setattr(sim, "load_server", lambda path: read.append(path) or load_server(path))
+    monkeypatch.setattr(sim, "build_method", lambda run, data: built.append(run.method.name) or build(run, data))
+    monkeypatch.setattr(sim, "load_server", lambda path: read.append(path) or load(path))
     write_shards(sim.shard_spec(toy_config(flower_store, out=out)), out / "shards")
     assert sim.train_flower_sim_here(toy_config(flower_store, out=out, resume=True)) == {"trained": True}
-    assert read == []
-    with pytest.raises(ConfigError, match="fedproto keeps personal client state"):  # read where it is needed
+    assert built == [] and read == [out / "shards" / SERVER]
+    with pytest.raises(ConfigError, match="fedproto keeps personal client state"):  # built where it is needed
         sim.train_flower_sim_here(toy_config(flower_store, "fedproto", out=out, resume=True))
-    assert read == [out / "shards" / "server"]
+    assert read == [out / "shards" / SERVER] * 2
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedproto"])
+def test_a_resume_on_a_damaged_server_shard_is_refused_before_ray_starts(flower_store, tmp_path, monkeypatch, method):
+    """fedavg's resume read no server shard before the simulation: a damaged one was found by the ServerApp once Ray
+    had started (a minute on a small machine), its line after Ray's noise. Said before Ray, for every method."""
+    from fedcache.errors import DamagedEntryError
+    from fedcache.flower import sim
+    from fedcache.flower.shard import SERVER, write_shards
+
+    def ray_started(*a, **kw):
+        raise AssertionError("the simulation (Ray) started")
+
+    out = tmp_path / "sim"
+    monkeypatch.setattr(sim, "simulate", ray_started)
+    write_shards(sim.shard_spec(toy_config(flower_store, method, out=out)), out / "shards")
+    chunks = list((out / "shards" / SERVER).glob("entries/*/features/c/0/0"))
+    assert chunks
+    for chunk in chunks:
+        chunk.write_bytes(b"\0" * chunk.stat().st_size)  # damaged in place: the checksums tell
+    with pytest.raises(DamagedEntryError, match=rf"the server's shard {out / 'shards' / SERVER} is damaged: .*; copy "
+                                                r"that directory again from the `fedcache shard` output") as err:
+        sim.train_flower_sim_here(toy_config(flower_store, method, out=out, resume=True))
+    assert "\n" not in str(err.value)
 
 
 def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, tmp_path, monkeypatch):
