@@ -86,8 +86,10 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
     check_not_a_cell(spec.engine.out)
     e = spec.engine
     # The caller's thread count, as an in-process run would compute with (the command's --threads choice); the
-    # caller as the holder of --out, which a refused command names: the process a user started, and can stop.
+    # caller as the holder of --out, which a refused command names: the process a user started, and can stop; the
+    # caller's pid, the parent the child watches for (``_child``).
     ask = {"spec": spec.to_dict(), "cpus": cpus, "threads": torch.get_num_threads(), "holder": Holder.me().to_text(),
+           "caller": os.getpid(),
            "engine": {"out": str(e.out) if e.out else None, "resume": e.resume, "keep_checkpoints": e.keep_checkpoints}}
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-call-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
@@ -347,17 +349,12 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
 
 def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_int_handler) -> int:
     signal.signal(signal.SIGINT, on_interrupt)  # its caller interrupts it so, even if it ignores Ctrl-C
-    on_orphaned(os.getppid(), lambda: _interrupt_then_end(request.parent), every=0.2)
     ask = json.loads(request.read_text())
-    if ask.get("threads"):
-        import torch
-
-        torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
-    spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
-    on_round, on_step = report_progress(Path(ask["progress"]))
     try:
-        reply = {"summary": train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""),
-                                                  on_round=on_round, on_step=on_step)}
+        # Watched from here on (the interrupt it sends is caught below), for the caller the request names: a caller
+        # killed while this process imported its modules had already left it to init, whose pid os.getppid() gives.
+        on_orphaned(ask["caller"], lambda: _interrupt_then_end(request.parent), every=0.2)
+        reply = {"summary": _simulate_asked(ask)}
     except FedcacheError as err:
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:
@@ -369,6 +366,18 @@ def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_
         log.error("%s", err)
         return 1
     return 0
+
+
+def _simulate_asked(ask: dict) -> dict:
+    """``train_flower_sim_here`` as the request asks, in this process; the summary."""
+    if ask.get("threads"):
+        import torch
+
+        torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
+    spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
+    on_round, on_step = report_progress(Path(ask["progress"]))
+    return train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""),
+                                 on_round=on_round, on_step=on_step)
 
 
 def _flower_logging() -> Callable:
@@ -390,23 +399,40 @@ def _flower_logging() -> Callable:
     return on_interrupt
 
 
+# Set once the caller is gone: no one else will end what is left of this process's group (the caller's _interrupt).
+_ORPHANED = threading.Event()
+
+
 def _end_interrupted() -> None:
     """Interrupted, the simulation has shut down and its --out and temporary directory are let go; but Flower's
     worker threads still wait for replies of Ray actors that are gone, and a normal exit joins them forever."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if _ORPHANED.is_set():
+        _end_own_group()
     os._exit(INTERRUPTED)
 
 
-def _interrupt_then_end(call_dir: Path, grace: float = 30.0) -> None:
+def _interrupt_then_end(call_dir: Path, grace: float = 10.0) -> None:
     """Its caller gone (killed outright), the simulation is interrupted as Ctrl-C would (Flower and Ray shut
-    down), and ended if that has not ended it after ``grace`` seconds. The caller's temporary directory (the
-    request) is removed here: the caller, killed, cannot."""
+    down, --out and the temporary directories let go), and ended with its process group if that has not ended it
+    after ``grace`` seconds. The caller's temporary directory (the request) is removed here: the caller, killed,
+    cannot."""
+    _ORPHANED.set()
     shutil.rmtree(call_dir, ignore_errors=True)
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(grace)
+    _end_own_group()
     os._exit(1)
+
+
+def _end_own_group() -> None:
+    """This process and what is left of its group killed, as its caller's ``_interrupt`` would: Ray's agents,
+    interrupted as Ray starts, outlived it by a minute. Only a group it leads (``train_flower_sim`` starts it in a
+    session of its own): started otherwise, its group is its starter's (a shell's job, a test runner)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

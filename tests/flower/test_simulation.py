@@ -310,6 +310,64 @@ def _started(pid: int, title: str) -> bool:
     return any(_command_of(p).startswith(title) for p in _tree(pid))
 
 
+def _of_session(sid: int) -> set[int]:
+    """The live processes of session ``sid``: those the simulation's process started and that outlived it, which no
+    longer descend from it (orphaned, they are its init's or subreaper's children)."""
+    from tests.grids.test_pool import _alive
+
+    def session(entry: str) -> int | None:
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                return int(fh.read().rsplit(")", 1)[1].split()[3])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    return {int(e) for e in os.listdir("/proc") if e.isdigit() and session(e) == sid and _alive(int(e))}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+@pytest.mark.parametrize("point", ["child starting", "ray's processes starting", "rounds under way"])
+def test_nothing_a_cli_simulation_started_outlives_it_killed_outright(flower_store, tmp_path, point):
+    """`fedcache train --engine flower-sim` killed with SIGKILL (the command's process alone, as the OOM killer or
+    `kill -9 PID` do). Killed while its simulation's process started, that process watched the wrong parent (init,
+    which os.getppid() gave once the caller was gone) and trained on to the last round; killed as Ray started, Ray's
+    agents, in that process's group, outlived it by a minute. Every process the command started is gone within
+    seconds: the simulation's process, once Flower and Ray have shut down, kills what is left of its group."""
+    import time
+
+    from tests.grids.test_pool import _alive, _children
+
+    out = tmp_path / "sim"
+    cmd = [sys.executable, "-m", "fedcache.cli", "train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE,
+           "-m", "fedavg", "--clients", "3", "--rounds", "100000", "--eval-every", "1000", "--engine", "flower-sim",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tree: set[int] = set()
+
+    def left() -> set[int]:  # the simulation's process leads a session of its own (sim.train_flower_sim)
+        return {p for p in tree if _alive(p)}.union(*(_of_session(s) for s in tree | {proc.pid}))
+
+    try:
+        reached = {"child starting": lambda: _children(proc.pid),
+                   "ray's processes starting": lambda: _started(proc.pid, "ray::"),
+                   "rounds under way": lambda: (out / "checkpoint.pt").exists()}[point]
+        deadline = time.monotonic() + 240
+        while not reached():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        tree = _tree(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 20  # seconds on a loaded 2-core machine; it was a minute, or the whole run
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left(), {p: _command_of(p) for p in left()}
+    finally:
+        for pid in left():
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["ray starting", "ray's processes starting", "actors starting", "rounds starting"])
 def test_a_simulation_interrupted_before_its_first_round_says_one_line(flower_store, tmp_path, monkeypatch, capfd,
