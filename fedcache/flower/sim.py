@@ -183,13 +183,29 @@ def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> None:
     """Interrupt the simulation as Ctrl-C would (Flower and Ray shut down, the run keeps its last checkpoint) and
     wait for it; killed if it has not ended after ``grace`` seconds. SIGTERM would meet Ray's handler, which aborts
     the process in the middle of whatever it was doing. What is left of its process group once it ended is killed:
-    interrupted while Ray starts, Ray's agents outlived it by a minute."""
+    interrupted while Ray starts, Ray's agents outlived it by a minute. Killed before the child is reaped: until
+    then its pid, the group's id, cannot be a new process's, whose group the SIGKILL would reach."""
     child.send_signal(signal.SIGINT)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(grace)
+    _wait_unreaped(child, grace)
     with contextlib.suppress(ProcessLookupError):  # its whole group: Ray's processes too, not the child alone
         os.killpg(child.pid, signal.SIGKILL)
     child.wait()
+
+
+def _wait_unreaped(child: subprocess.Popen, timeout: float, every: float = 0.05) -> None:
+    """Until ``child`` has ended (left a zombie: os.waitid's WNOWAIT) or ``timeout`` seconds have passed. Where
+    os.waitid is missing, it is waited for as before, and reaped."""
+    if not hasattr(os, "waitid"):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout)
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        while (os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+               and time.monotonic() < deadline):
+            time.sleep(every)
+    except ChildProcessError:  # reaped already, by another wait: nothing left to wait for
+        return
 
 
 def rebuilt(kind: str, message: str) -> FedcacheError:

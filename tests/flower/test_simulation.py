@@ -243,6 +243,40 @@ def test_the_simulation_ends_with_a_caller_killed_outright(flower_store, tmp_pat
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+@pytest.mark.parametrize("ends, grace, then", [("as interrupted", 60, "Z"), ("never", 0.5, "S")])
+def test_an_interrupted_simulations_group_is_killed_before_its_process_is_reaped(monkeypatch, ends, grace, then):
+    """The caller killed what was left of the simulation's process group after reaping the simulation's process: from
+    then on that pid, the group's id, was free for a new process to take (and lead a group of its own), which the
+    SIGKILL would have reached. The group is killed while that process is a zombie, its pid still taken; one that
+    does not end once interrupted is killed with it after the grace."""
+    from fedcache.flower import sim
+
+    def state(pid: int) -> str | None:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+
+    code = {"as interrupted": "import time; time.sleep(60)",
+            "never": "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(flush=True); time.sleep(60)"}
+    child = subprocess.Popen([sys.executable, "-c", code[ends]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    if ends == "never":
+        child.stdout.readline()  # SIGINT ignored from here on
+    killed, killpg = [], os.killpg
+    monkeypatch.setattr(sim.os, "killpg", lambda pgid, sig: killed.append((pgid, state(child.pid))) or killpg(pgid, sig))
+    try:
+        sim._interrupt(child, grace=grace)
+        assert killed == [(child.pid, then)] and child.returncode is not None and state(child.pid) is None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+
 def _tree(pid: int) -> set[int]:
     from tests.grids.test_pool import _children
 
