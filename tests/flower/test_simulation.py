@@ -439,7 +439,10 @@ def test_a_simulation_interrupted_before_its_first_round_says_one_line(flower_st
         code = main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                      "--clients", "3", "--rounds", "3", "--engine", "flower-sim", "--out", str(out)])
         _, err = capfd.readouterr()
-        assert code == 130 and "interrupted: no round had finished" in err, err
+        # At "rounds starting" a toy round may end between the first round's start and the interrupt.
+        said = ("interrupted: no round had finished",) + (("interrupted: its last checkpoint is kept",)
+                                                         if point == "rounds starting" else ())
+        assert code == 130 and sum(line in err for line in said) == 1, err
         assert "Traceback" not in err and "Error" not in err and "ERROR" not in err, err
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in tree) and time.monotonic() < deadline:
