@@ -607,10 +607,12 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
 
 def _axis_named(name: str, axes: list[str]) -> str:
     """The axis a --select name means: itself, or the one axis it is the last part of (--alpha with perfedavg in the
-    grid is the axis partition.alpha, option_axes)."""
+    grid is the axis partition.alpha, option_axes) or the run option it names (--head is the axis head.name)."""
     if name in axes:
         return name
-    qualified = [a for a in axes if a.rpartition(".")[2] == name]
+    # The option's own name, not axis_label's rule: that reads the methods' settings (torch), and select is
+    # checked before them. Two axes the name could mean are left to the caller's "not an axis" message.
+    qualified = [a for a in axes if a.rpartition(".")[2] == name or (is_option(a) and option(a).name == name)]
     return qualified[0] if len(qualified) == 1 else name
 
 

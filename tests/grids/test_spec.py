@@ -212,6 +212,16 @@ def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):
         grid({"partition.alpha": ["0.1", "1"]}, ["alpha", "partition.alpha"])
 
 
+def test_select_names_an_option_axis_by_its_flag_s_name(tmp_path):
+    """`grid --head linear,mlp --select head` was refused (axes: head.name): option_axes qualifies --head's axis, and
+    head is not the last part of head.name. The name the user typed for the axis is that axis."""
+    from fedcache.api import grid_spec
+
+    spec = grid_spec(store=tmp_path, dataset="d", backbones="b", methods="fedavg", out=tmp_path / "g", select=["head"],
+                     option_axes={"head": ["linear", "mlp"]})
+    assert list(spec.sweep) == ["head.name"] and spec.select == ["head.name"]
+
+
 def test_select_of_no_axis_lists_only_the_axes(tmp_path):
     """`--rounds 2 --set lr=0.1,0.01 --select mu` listed rounds among the axes: a key of one value is fixed."""
     with pytest.raises(ConfigError, match=r"mu is not an axis of this grid \(axes: lr\);"):
