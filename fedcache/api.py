@@ -285,14 +285,15 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
             raise ConfigError(f"grid file {config}{empty} gives no {', '.join(missing)}: add them at its top "
                               f"({missing[0]} = ...), or give {as_flags}")
         raise ConfigError(f"a grid needs {as_flags} ({named('as options', 'as arguments')} or in the TOML file)")
-    spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"]))
+    flagged = _flagged_axes(flags, fields["methods"] or [], fields["sweep"])
+    spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"], flagged))
     kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
     return spec
 
 
-def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict):
+def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict, flagged: frozenset[str]):
     """Which of a grid's keys its file gave and the call did not replace (named as the file's keys in messages),
     and every key given at all (a default value given on purpose is then told apart from one left out)."""
     from fedcache.grids.spec import Names, axis_key
@@ -301,7 +302,15 @@ def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep
     filed = {k for k in file_fields if k != "sweep" and k not in called}
     filed |= {axis_key(k) for k, v in file_fields.get("sweep", {}).items() if sweep.get(k) is v}
     return Names(Path(config) if config else None, frozenset(filed),
-                 frozenset(called | set(file_fields) | {axis_key(k) for k in sweep}))
+                 frozenset(called | set(file_fields) | {axis_key(k) for k in sweep}), flagged)
+
+
+def _flagged_axes(flags: dict | None, methods: list[str], sweep: dict) -> frozenset[str]:
+    """The axes the CLI's run-option flags gave, by their keys in ``sweep`` (``--alpha`` beside perfedavg:
+    ``partition.alpha``), so that messages name them by the flag, not as the ``--set`` no one typed."""
+    from fedcache.grids import option_axes
+
+    return frozenset(k for k in option_axes(flags, methods) if k in sweep) if flags else frozenset()
 
 
 def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any, flags: Any) -> dict:

@@ -85,6 +85,7 @@ class Names:
     file: Path | None = None
     in_file: frozenset[str] = frozenset()  # top-level keys and [set] axes the file gave (the call did not replace)
     given: frozenset[str] | None = None  # every key the file or the call gave; None: not known (a GridSpec in Python)
+    flags: frozenset[str] = frozenset()  # axes the command line gave by their option's flag (--alpha: partition.alpha)
 
     @classmethod
     def of_file(cls, path: Path, fields: dict) -> Names:
@@ -120,8 +121,10 @@ class Names:
             return in_grid_file(self.file, key) + (f"={_toml(values)}" if values is not None else "")
         if by_keyword():  # fedcache.grid(sweep={...})
             return f"sweep[{key!r}]" + (f"={values!r}" if values is not None else "")
-        # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false
-        if is_option(key) and "." not in key and option(key).name not in _RESERVED and option(key).base is not bool:
+        # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false; a
+        # qualified key by its flag only where the flag gave it (option_axes), not where --set partition.alpha did
+        flagged = "." not in key or key in self.flags
+        if is_option(key) and flagged and option(key).name not in _RESERVED and option(key).base is not bool:
             return option(key).flag + (f" {','.join(map(str, values))}" if values is not None else "")
         return f"--set {key}" + (f"={','.join(map(str, values))}" if values is not None else "")
 

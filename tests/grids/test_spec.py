@@ -4,6 +4,7 @@ checkpoints)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -220,6 +221,27 @@ def test_select_names_an_option_axis_by_its_flag_s_name(tmp_path):
     spec = grid_spec(store=tmp_path, dataset="d", backbones="b", methods="fedavg", out=tmp_path / "g", select=["head"],
                      option_axes={"head": ["linear", "mlp"]})
     assert list(spec.sweep) == ["head.name"] and spec.select == ["head.name"]
+
+
+def test_a_qualified_option_axis_is_named_as_its_user_gave_it(tmp_path):
+    """`-m fedavg,perfedavg --partition iid --alpha 1` was refused as `--set partition.alpha=1`, a flag no one typed
+    (option_axes qualified --alpha beside perfedavg's alpha); --set, a grid file and the API keep their own key."""
+    from fedcache.api import grid, grid_spec
+
+    common = dict(store=tmp_path, dataset="d", backbones="b", methods="fedavg,perfedavg", out=tmp_path / "g")
+    ignores = "the partition scheme iid ignores alpha"
+    with pytest.raises(ConfigError, match=rf"^--alpha 1: {ignores}"):
+        grid_spec(option_axes={"partition": ["iid"], "alpha": ["1"]}, **common)
+    with pytest.raises(ConfigError, match=r"^--head mlp,mlp: 'mlp' and 'mlp' are one value"):  # head.name, also so
+        grid_spec(option_axes={"head": ["mlp", "mlp"]}, **common)
+    with pytest.raises(ConfigError, match=rf"^--set partition.alpha=1: {ignores}"):
+        grid_spec(option_axes={"partition": ["iid"]}, settings=["partition.alpha=1"], **common)
+    with pytest.raises(ConfigError, match=rf"^sweep\['partition.alpha'\]=\['1'\]: {ignores}"):
+        grid(sweep={"partition": "iid", "partition.alpha": 1}, **common)
+    path = tmp_path / "g.toml"
+    path.write_text('[set]\npartition = "iid"\n"partition.alpha" = 1\n')  # quoted: partition is no table
+    with pytest.raises(ConfigError, match=rf"^grid file {re.escape(str(path))}'s \[set\] partition.alpha=\[1\]: {ignores}"):
+        grid_spec(config=path, **common)
 
 
 def test_select_of_no_axis_lists_only_the_axes(tmp_path):
