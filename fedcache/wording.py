@@ -4,6 +4,8 @@ is named: the command line's flag (``--rounds``), or inside a Python API call th
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -27,6 +29,16 @@ _TYPED: ContextVar[Mapping[str, str]] = ContextVar("fedcache_settings_typed", de
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def pasted(*words: str | os.PathLike) -> str:
+    """Arguments of a command a message gives to paste, as the shell must read them: each quoted where it needs it
+    (``shlex.quote``: ``my feats.zarr`` is ``'my feats.zarr'``, ``feats.zarr`` stays as it is), and each path (a
+    ``Path``) absolute, so that it names the same file pasted in another folder or read from a log later (a relative
+    store there is a new, empty one). Absolute as ``os.path.abspath`` makes it, links kept as typed, as an entry
+    records its folders. A ``str`` is said as it is: a name, a flag, a value, or a placeholder such as ``STORE``."""
+    said = (os.path.abspath(os.path.expanduser(w)) if isinstance(w, os.PathLike) else w for w in words)
+    return " ".join(shlex.quote(str(w)) for w in said)
 
 
 def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:

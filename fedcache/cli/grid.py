@@ -18,7 +18,7 @@ from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv,
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.extract.config import options as extract_options
 from fedcache.spec import grid_options, options
-from fedcache.wording import count
+from fedcache.wording import count, pasted
 
 
 # `fedcache grid` takes every `train` option under the same name (a test checks it); a comma-separated
@@ -103,7 +103,9 @@ def _say_what_was_trained(spec, trained: list[dict], seconds: float) -> None:
     else:  # a re-run of a finished grid: say so, rather than let the table pass for a fresh result
         console.print(f"nothing to train: every cell of this grid had finished in {spec.out} (their results are kept; "
                       "another --out trains them again)", soft_wrap=True)
-    console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report {spec.out}` makes the HTML report")
+    # The folder as typed, as the files beside it: pasted in another folder, a report of it is refused, not made.
+    console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report "
+                  f"{pasted(str(spec.out))}` makes the HTML report")
 
 
 def _cells(trained: list[dict]) -> int:

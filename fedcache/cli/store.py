@@ -12,7 +12,7 @@ from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table, step_printer
 from fedcache.errors import ConfigError, UnreadableEntryError
-from fedcache.wording import count
+from fedcache.wording import count, pasted
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
 
@@ -52,8 +52,8 @@ def store_ls(store: Path = StoreOpt) -> None:
     _say_unfinished(fs, infos)
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
-        console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade --store "
-                      f"{store}` rewrites them to be read at the speed of memory", highlight=False)
+        console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade "
+                      f"{pasted('--store', store)}` rewrites them to be read at the speed of memory", highlight=False)
 
 
 def _texts_said(texts: list[tuple[str, dict]]) -> str:
@@ -163,10 +163,10 @@ def store_verify(
         _repair_newly_misplaced(fs)
     if unreadable:  # not checked, and not to be repaired: another user's permissions, not damage
         err.print(f"[red]{count(unreadable, 'entry', 'entries')} not readable by this user[/]: have the store's owner make "
-                  f"them readable (chmod -R a+rX {store}), or verify it as its owner", highlight=False)
+                  f"them readable (chmod -R a+rX {pasted(store)}), or verify it as its owner", highlight=False)
     if damaged:
         err.print(f"[red]{count(damaged, 'damaged entry', 'damaged entries')}[/]: re-run the extraction (or import) that made "
-                  f"each, which replaces it, or remove them with `fedcache store verify --repair --store {store}`", highlight=False)
+                  f"each, which replaces it, or remove them with `fedcache store verify --repair {pasted('--store', store)}`", highlight=False)
     if damaged or unreadable:
         raise typer.Exit(1)
     statuses = [c[3] for c in checks]
@@ -270,7 +270,7 @@ def store_import(
     if superseded:  # other data under the same names: runs read this file's entries from now on
         console.print(f"{count(len(superseded), 'other entry', 'other entries')} {named} "
                       f"{'is' if len(superseded) == 1 else 'are'} now stale; "
-                      f"`fedcache store rm --stale --store {store}` deletes them", soft_wrap=True)
+                      f"`fedcache store rm --stale {pasted('--store', store)}` deletes them", soft_wrap=True)
 
 
 def _import_with_progress(store: Path, file: Path, dataset: str, backbone: str, split: Optional[str]):

@@ -18,7 +18,7 @@ from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _si
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
 from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options, typed_keys
-from fedcache.wording import count, typed_as
+from fedcache.wording import count, pasted, typed_as
 
 
 def demo(
@@ -196,4 +196,4 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     """Write the Flower App project of fedcache's generic ServerApp / ClientApp (see docs/deploy.md)."""
     from fedcache.flower.project import write_app
 
-    console.print(f"wrote {write_app(out)}; run it with `flwr run {out} CONNECTION --run-config \"...\"`")
+    console.print(f"wrote {write_app(out)}; run it with `flwr run {pasted(out)} CONNECTION --run-config \"...\"`")

@@ -31,7 +31,7 @@ from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, noisy_name
 from fedcache.store.writer import EntryWriter, open_writer
-from fedcache.wording import named
+from fedcache.wording import named, pasted
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _check_named_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Datas
         f"{named(f'--name {dataset.name}', f'name={dataset.name!r}')} {asked} makes a dataset of {','.join(mine)}, but "
         f"the store's entries of {dataset.name} are of {','.join(newest(other).attrs['domains'])} (a name's domains are "
         f"one for all its splits and backbones); extract under another {named('--name', 'name')}, or remove its "
-        f"entries first with `fedcache store rm --store {store.path} {' '.join(e.entry_id for e in held)}`")
+        f"entries first with `fedcache store rm {pasted('--store', store.path)} {' '.join(e.entry_id for e in held)}`")
 
 
 def _domains(cfg: ExtractConfig, dataset: Dataset) -> list[str]:

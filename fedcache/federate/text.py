@@ -21,9 +21,9 @@ from fedcache.federate.data import FederatedData
 from fedcache.store import lookup
 from fedcache.store.entries import SHARD_ATTR
 from fedcache.store.feature_store import FeatureStore, FeatureTable
-from fedcache.wording import named
+from fedcache.wording import named, pasted
 
-SOURCE = "STORE"  # a shard's hint: the store the shards were cut from
+SOURCE = "STORE"  # a shard's hint: the store the shards were cut from (a str: a placeholder, said as it is)
 TEXT_BACKBONE = "clip-rn50"  # the backbone with a text tower a run without text is pointed to
 DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and PromptFL's template
 
@@ -83,7 +83,7 @@ def _tower_extraction(store: FeatureStore, train: FeatureTable | None) -> str:
     if train is None or not train.entry_ids:
         return ""
     shard = SHARD_ATTR in store.root.attrs
-    said = lookup.backbone_said(Path(SOURCE) if shard else store.path, store.info(train.entry_ids[0]), TEXT_BACKBONE)
+    said = lookup.backbone_said(SOURCE if shard else store.path, store.info(train.entry_ids[0]), TEXT_BACKBONE)
     return said + (f", {SOURCE} being the store the shards were cut from, then cut the shards again (`fedcache shard`)"
                    if shard else "")
 
@@ -103,7 +103,7 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
         return ""
     infos = [first] + [store.info(e) for e in train.entry_ids[1:]]
     shard = SHARD_ATTR in store.root.attrs
-    path = Path(SOURCE) if shard else store.path  # a shard does not record its store's path: the user knows it
+    path = SOURCE if shard else store.path  # a shard does not record its store's path: the user knows it
     none = (f"the {'shard' if shard else 'store'} holds no class-text embeddings of {backbone} for the classes of "
             f"{infos[0].key['dataset']}")
     if (infos[0].key.get("preprocess") or {}).get("imported"):
@@ -115,7 +115,7 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
                    if shard else "")
 
 
-def _imported_hint(path: Path, backbone: str, entry) -> str:
+def _imported_hint(path: Path | str, backbone: str, entry) -> str:
     """An extraction that stores ``backbone``'s text for an imported entry's classes: of a dataset of those classes,
     under another --name (its features would otherwise be current in the imported ones' place)."""
     # Imported here: the datasets' registry costs a run about 0.3 s (PIL, scipy), a Flower ClientApp each message
@@ -123,8 +123,8 @@ def _imported_hint(path: Path, backbone: str, entry) -> str:
 
     dataset = entry.key["dataset"]
     known = dataset in DATASETS
-    command = (f"fedcache extract --store {path} --dataset {dataset if known else 'DATASET'} --name "
-               f"{dataset}-text --backbones {backbone} --splits test")
+    command = (f"fedcache extract {pasted('--store', path, '--dataset', dataset if known else 'DATASET')} "
+               f"{pasted('--name', f'{dataset}-text', '--backbones', backbone)} --splits test")
     return (f"extract them with `{command}`" + ("" if known else ", DATASET one that fedcache reads with these classes")
             + " (--name keeps the features it extracts apart from the imported ones)")
 

@@ -12,7 +12,7 @@ from fedcache.errors import ConfigError
 from fedcache.grids.cell import METRIC_COLUMNS
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec, axis_label
 from fedcache.table import Table
-from fedcache.wording import count
+from fedcache.wording import count, pasted
 
 
 def write_outputs(out: Path, table: Table, caption: str = "", beside: list[str] = (), axes: list[str] | None = None) -> None:
@@ -106,5 +106,5 @@ def load_results(out: Path) -> Table:
     """A finished grid's results.csv as a Table (numbers parsed)."""
     path = Path(out) / RESULTS
     if not path.exists():
-        raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid --out {out}` first")
+        raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid {pasted('--out', Path(out))} ...` first")
     return Table.from_csv(path)

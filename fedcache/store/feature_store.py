@@ -36,7 +36,7 @@ from fedcache.store.reading import EntryReader, fill
 from fedcache.store.removal import Removal
 from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent, closed_on_error
 from fedcache.store.text import TextEmbeddings
-from fedcache.wording import named
+from fedcache.wording import named, pasted
 
 # Re-exported: the rest of fedcache (and its tests) import these from here.
 __all__ = ["ENTRIES", "ENTRY_FORMAT", "FORMAT_ATTR", "SHARD_ATTR", "STORE_FORMAT", "TEXT", "EntryInfo", "FeatureStore",
@@ -61,7 +61,7 @@ class FeatureStore(TextEmbeddings, Removal):
         self.path = Path(path)
         new = not self.path.exists()
         if new and not create:
-            raise StoreError(f"no feature store at {self.path}; create one with `fedcache extract --store {self.path} ...`")
+            raise StoreError(f"no feature store at {self.path}; create one with `fedcache extract {pasted('--store', self.path)} ...`")
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
                              f"as {named('--store', 'store')}, or a new folder's path to create one")
@@ -173,13 +173,14 @@ class FeatureStore(TextEmbeddings, Removal):
 
     def info(self, entry_id: str) -> EntryInfo:
         if not entry_id.strip() or "/" in entry_id:
-            raise ConfigError(f"{entry_id!r} is not an entry id; list them with `fedcache store ls --store {self.path}`")
+            raise ConfigError(f"{entry_id!r} is not an entry id; list them with `fedcache store ls {pasted('--store', self.path)}`")
         ids = self.entry_ids()
         if entry_id not in ids:
             matches = [e for e in ids if e.startswith(entry_id)]
             if len(matches) != 1:
                 many = f" (matches {len(matches)}: give more characters)" if matches else ""
-                raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}{many}; list them with `fedcache store ls`")
+                raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}{many}; list them with "
+                                         f"`fedcache store ls {pasted('--store', self.path)}`")
             entry_id = matches[0]
         return self._info(entry_id)
 
@@ -446,7 +447,8 @@ class FeatureStore(TextEmbeddings, Removal):
         return DamagedEntryError(
             f"entry {info.entry_id} ({info.label()}) in {self.path} is damaged: {problem}. Re-create it (re-running the "
             "`fedcache extract` or `fedcache store import` that made it replaces a damaged entry), or remove it with "
-            f"`fedcache store rm {info.entry_id} --store {self.path}`; `fedcache store verify` checks every entry", problem)
+            f"`fedcache store rm {info.entry_id} {pasted('--store', self.path)}`; `fedcache store verify "
+            f"{pasted('--store', self.path)}` checks every entry", problem)
 
     def stale(self) -> list[EntryInfo]:
         """Complete entries superseded by a newer one in the same slot (never read again)."""

@@ -1,11 +1,12 @@
 """Why a read finds nothing, and the command that makes or finishes what it asked for.
 
 Free functions of the store's path and entries, not methods: they only word errors, and need nothing else of
-the store (``FeatureStore.find`` and ``rows`` raise what they return).
+the store (``FeatureStore.find`` and ``rows`` raise what they return). Every argument of a command they give is
+said by ``wording.pasted``: the store's path absolute, a value quoted where the shell needs it (a path given as a
+``str`` is a placeholder such as ``STORE``, said as it is).
 """
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Sequence
@@ -13,6 +14,7 @@ from typing import Sequence
 from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json, noisy_name
+from fedcache.wording import pasted
 
 
 def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
@@ -58,8 +60,8 @@ def misplaced_in(path: Path, infos: list[EntryInfo], want: tuple) -> DamagedEntr
     last = next(e for e in done if e.entry_id in bad)
     return DamagedEntryError(
         f"entry {last.entry_id} ({last.label()}) in {path} is damaged or of another store: {bad[last.entry_id]}; "
-        f"remove it with `fedcache store rm {last.entry_id} --store {path}` and run the extraction (or import) that "
-        "made it again", bad[last.entry_id])
+        f"remove it with `fedcache store rm {last.entry_id} {pasted('--store', path)}` and run the extraction (or "
+        "import) that made it again", bad[last.entry_id])
 
 
 def nothing_found(path: Path, infos: list[EntryInfo], cur: dict, want: tuple) -> StoreError:
@@ -119,10 +121,10 @@ def _named_before_domains(path: Path, infos: list[EntryInfo], found: list[EntryI
     splits = ",".join(sorted({e.key["split"] for e in mine} | set(splits)))
     return EntryNotFoundError(
         f"the store has no {where}; {name} was extracted under --name before fedcache recorded its --domains, so no "
-        f"command can say whether it is of {held} only: remove its entries with `fedcache store rm --store {path} "
-        f"{' '.join(e.entry_id for e in mine)}` and extract it again with --domains listing those it should hold, such "
-        f"as the ones it has: `fedcache extract --store {path}{_dataset(like)} --domains {held} --backbones {backbones} "
-        f"--splits {splits}{_made_as(like)}`" + _unsaid(like))
+        f"command can say whether it is of {held} only: remove its entries with `fedcache store rm "
+        f"{pasted('--store', path)} {' '.join(e.entry_id for e in mine)}` and extract it again with --domains listing "
+        f"those it should hold, such as the ones it has: `fedcache extract {pasted('--store', path)}{_dataset(like)} {pasted('--domains', held)} "
+        f"{pasted('--backbones', backbones)} --splits {splits}{_made_as(like)}`" + _unsaid(like))
 
 
 def _lacking(cur: dict, slot: tuple, wanted: set[str], splits: list[str]) -> tuple[list[str], list[str]]:
@@ -144,9 +146,10 @@ def _named_said(path: Path, found: list[EntryInfo], splits: list[str]) -> str:
         return ""
     held = [d for d in like.attrs.get("domains") or () if d in {e.key["domain"] for e in found}]
     name = "-".join([like.key["dataset"], *held])
-    return (f", or store {','.join(held)} as a dataset of its own with `fedcache extract --store {path} --dataset "
-            f"{like.key['dataset']} --name {name} --domains {','.join(held)} --backbones {like.key['backbone']} --splits "
-            f"{','.join(splits)}{_made_as(like)}` and run on {name}")
+    return (f", or store {','.join(held)} as a dataset of its own with `fedcache extract "
+            f"{pasted('--store', path, '--dataset', like.key['dataset'], '--name', name, '--domains', ','.join(held))} "
+            f"{pasted('--backbones', like.key['backbone'])} --splits {','.join(splits)}{_made_as(like)}` and run on "
+            f"{name}")
 
 
 def unfinished(path: Path, infos: list[EntryInfo], pending: list[EntryInfo], what: str,
@@ -195,7 +198,8 @@ def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     k, made = pending.key, like or pending
     same = [e for e in infos if e.key.get("augmentation") == k.get("augmentation")
             and (e.slot[0], e.slot[1], e.slot[3]) == (k["dataset"], k["split"], k["backbone"])]
-    hint = f"fedcache extract --store {path}{_dataset(pending, seed=False)} --backbones {made.key['backbone']}"
+    hint = (f"fedcache extract {pasted('--store', path)}{_dataset(pending, seed=False)} "
+            f"{pasted('--backbones', made.key['backbone'])}")
     hint += f" --splits {k['split']}"
     hint += f" --views {max(max(e.key.get('view') or 0, int(e.attrs.get('views') or 0)) for e in same)}"
     aug = k.get("augmentation") or {}
@@ -266,7 +270,7 @@ def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     return f"`{views_hint(path, infos, pending, like)}`" + _unsaid(like or pending)
 
 
-def extract_said(path: Path, pending: list[EntryInfo], domains: list[str] | None = None,
+def extract_said(path: Path | str, pending: list[EntryInfo], domains: list[str] | None = None,
                  splits: list[str] | None = None) -> str:
     """:func:`extract_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`): a plain
     extraction of an augmented view's entries does not say the options (--views ...) it was started with."""
@@ -300,8 +304,8 @@ def _weights(e: EntryInfo) -> str:
     a backbone that takes only a checkpoint, made before the file was recorded, names none: no one can say which."""
     backbone, file = e.key["backbone"], e.attrs.get("weights_file")
     if file:
-        return f" --weights {shlex.quote(f'{backbone}={file}')}"
-    return f" --weights {backbone}=CHECKPOINT" if _unrecorded(e) else ""
+        return f" {pasted('--weights', f'{backbone}={file}')}"
+    return f" {pasted('--weights', f'{backbone}=CHECKPOINT')}" if _unrecorded(e) else ""
 
 
 def _unrecorded(e: EntryInfo) -> str:
@@ -311,27 +315,27 @@ def _unrecorded(e: EntryInfo) -> str:
     return ""
 
 
-def extract_hint(path: Path, pending: list[EntryInfo], domains: list[str] | None = None,
+def extract_hint(path: Path | str, pending: list[EntryInfo], domains: list[str] | None = None,
                  splits: list[str] | None = None) -> str:
     """The extraction that finishes ``pending`` (or makes ``domains`` of ``splits``, default its split, as ``pending``
     were made): its store, dataset, backbone, and the options in its key that are not the defaults (another --dtype
     would write new entries instead of finishing these). The command alone, to be put in backticks: :func:`extract_said`."""
     k = pending[0].key
     if (k.get("preprocess") or {}).get("imported"):  # an import's entries: no extraction can make or finish them
-        return f"fedcache store import FILE --store {path} --dataset {k['dataset']} --backbone {k['backbone']}"
-    hint = (f"fedcache extract --store {path}{_dataset(pending[0])} --backbones {k['backbone']} "
+        return "fedcache store import FILE " + pasted("--store", path, "--dataset", k["dataset"], "--backbone", k["backbone"])
+    hint = (f"fedcache extract {pasted('--store', path)}{_dataset(pending[0])} {pasted('--backbones', k['backbone'])} "
             f"--splits {','.join(splits or [k['split']])}")
     # A --name's --domains are all of them: fewer would make a dataset of those. One made before they were recorded
     # records every domain of its source, and any --domains is refused beside them: without, it makes those.
     if not _subset(pending[0]) and not _domains_unrecorded(pending[0]):
-        hint += f" --domains {','.join(sorted(domains or {e.key['domain'] for e in pending}))}"
+        hint += f" {pasted('--domains', ','.join(sorted(domains or {e.key['domain'] for e in pending})))}"
     return hint + _made_as(pending[0])
 
 
-def backbone_said(path: Path, like: EntryInfo, backbone: str) -> str:
+def backbone_said(path: Path | str, like: EntryInfo, backbone: str) -> str:
     """The extraction of ``backbone``'s features of the dataset ``like`` (an entry) is of, as it was made (its
     --name, --domains, noise), in backticks: another backbone for that dataset in that store."""
-    return f"`fedcache extract --store {path}{_dataset(like)} --backbones {backbone}`"
+    return f"`fedcache extract {pasted('--store', path)}{_dataset(like)} {pasted('--backbones', backbone)}`"
 
 
 def _dataset(e: EntryInfo, seed: bool = True) -> str:
@@ -340,11 +344,12 @@ def _dataset(e: EntryInfo, seed: bool = True) -> str:
     (--view-seed; False where the hint says the views' own)."""
     made = e.attrs.get("made_from")
     if not isinstance(made, dict):
-        return f" --dataset {e.key['dataset']}" + _read_with(e)
+        return f" {pasted('--dataset', e.key['dataset'])}" + _read_with(e)
     noise = made.get("image_noise")
     noise_seed = ((e.key.get("preprocess") or {}).get("noise") or {}).get("seed")  # the noise's seed is --view-seed's
     subset = _subset(e)
-    return (f" --dataset {made['dataset']}{_read_with(e)} --name {e.key['dataset']}" + (f" --domains {','.join(subset)}" if subset else "")
+    return (f" {pasted('--dataset', made['dataset'])}{_read_with(e)} {pasted('--name', e.key['dataset'])}"
+            + (f" {pasted('--domains', ','.join(subset))}" if subset else "")
             + (f" --image-noise {','.join(f'{x:g}' if not isinstance(x, str) else x for x in noise)}" if noise else "")
             + (f" --view-seed {noise_seed}" if seed and noise_seed else ""))
 
@@ -359,7 +364,7 @@ def _read_with(e: EntryInfo) -> str:
     given = e.attrs.get("dataset_options")
     if not isinstance(given, dict):
         return ""
-    return "".join(f" --{f.replace('_', '-')} {shlex.quote(str(given[f]))}" for f in READ_WITH if f in given)
+    return "".join(" " + pasted("--" + f.replace("_", "-"), str(given[f])) for f in READ_WITH if f in given)
 
 
 def _subset(e: EntryInfo) -> list[str]:
@@ -373,7 +378,7 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
     """What the store lacks, and the likeliest way on: a close name it does hold (a typo), the split it lacks
     (an import of one split), or the extraction."""
     where = f"the store {path} has no {split} features of {dataset} for {backbone}"
-    extract = f"; or extract them: `fedcache extract --store {path} --dataset {dataset} --backbones {backbone}`"
+    extract = f"; or extract them: `fedcache extract {pasted('--store', path, '--dataset', dataset, '--backbones', backbone)}`"
     datasets = sorted({s[0] for s in cur})
     if dataset not in datasets:
         found = where + _close(dataset, datasets, "datasets")
@@ -382,13 +387,14 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
     if backbone not in backbones:
         found = where + _close(backbone, backbones, f"backbones for {dataset}")
         like = newest(e for s, e in cur.items() if s[0] == dataset)  # a renamed one's store name is no dataset
-        return EntryNotFoundError(found + f"; or extract them: `fedcache extract --store {path}{_dataset(like)} "
-                                  f"--backbones {backbone}`", ("backbone", backbone), found)
+        return EntryNotFoundError(found + f"; or extract them: `fedcache extract {pasted('--store', path)}{_dataset(like)} "
+                                  f"{pasted('--backbones', backbone)}`", ("backbone", backbone), found)
     held = [e for s, e in cur.items() if s[0] == dataset and s[3] == backbone]
     return EntryNotFoundError(
         where + f" (only {', '.join(sorted({e.key['split'] for e in held}))}): extract that split, as the others were "
         f"made ({made_as_said(path, newest(held), split)}), or import it if these are imported embeddings "
-        f"(`fedcache store import FILE --store {path} --dataset {dataset} --backbone {backbone} --split {split}`)")
+        f"(`fedcache store import FILE {pasted('--store', path, '--dataset', dataset, '--backbone', backbone)} "
+        f"{pasted('--split', split)}`)")
 
 
 def made_as_said(path: Path, like: EntryInfo, split: str | None = None) -> str:
@@ -396,7 +402,8 @@ def made_as_said(path: Path, like: EntryInfo, split: str | None = None) -> str:
     what it cannot say: its dataset options and making (--dtype, --weights ...; the defaults would make features
     that the table of ``like``'s domains refuses beside its others, or load weights a checkpoint-only backbone lacks)."""
     splits = f" --splits {split}" if split else ""
-    return (f"`fedcache extract --store {path}{_dataset(like)} --backbones {like.key['backbone']}{splits}"
+    return (f"`fedcache extract {pasted('--store', path)}{_dataset(like)} {pasted('--backbones', like.key['backbone'])}"
+            f"{splits}"
             f"{_made_as(like)}`" + _unsaid(like))
 
 

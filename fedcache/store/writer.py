@@ -37,7 +37,7 @@ from fedcache.store.integrity import (CHECKSUM_ATTR, CRC_ARRAY, CRC_ATTR, FORMAT
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.parts import Part
-from fedcache.wording import named
+from fedcache.wording import named, pasted
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +382,8 @@ def open_writer(
         if writer.n_rows != n_rows or writer.dim != dim:
             raise StoreError(
                 f"entry {key.entry_id} ({key.label()}) exists with {writer.n_rows}x{writer.dim} rows, "
-                f"expected {n_rows}x{dim}; remove it with `fedcache store rm {key.entry_id}`"
+                f"expected {n_rows}x{dim}; remove it with `fedcache store rm {key.entry_id} "
+                f"{pasted('--store', store.path)}`"
             )
         # Opened again: while this writer queued (--wait), the one before it may have finished the entry.
         fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])

@@ -1,0 +1,95 @@
+"""Commands fedcache prints for its user to paste work when pasted: in another folder, from a log read later, with
+a space in a path, and with the options the interrupted command was given."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from fedcache.errors import EntryNotFoundError, IncompleteEntryError
+from fedcache.extract.runner import ExtractConfig, extract
+from fedcache.store.feature_store import FeatureStore
+from fedcache.wording import pasted
+
+BACKBONE = "tiny-timm-random"
+
+
+def cfg(store, **kw) -> ExtractConfig:
+    base = dict(dataset="test-toy", backbones=[BACKBONE], store=store, batch_size=2, chunk_rows=4, workers=0)
+    return ExtractConfig(**{**base, **kw})
+
+
+def _stop_at(label_start: str = "", advance: bool = False):
+    """A progress callback that interrupts the extraction as an entry starts (its label begins with
+    ``label_start``), or after its first batch is written (``advance``)."""
+    def interrupt(event):
+        if event.kind == "start" and event.label.startswith(label_start) and not advance:
+            raise KeyboardInterrupt
+        if event.kind == "advance" and advance:
+            raise KeyboardInterrupt
+    return interrupt
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The commands in backticks of a message, as the shell splits them when pasted."""
+    return [shlex.split(c) for c in text.split("`")[1::2] if c.startswith("fedcache ")]
+
+
+def _store_of(argv: list[str]) -> str:
+    return argv[argv.index("--store") + 1]
+
+
+def test_pasted_says_a_path_absolute_and_quotes_what_the_shell_would_split(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert pasted("--store", Path("feats.zarr")) == f"--store {tmp_path / 'feats.zarr'}"
+    assert pasted(Path("link") / "my feats.zarr") == shlex.quote(str(tmp_path / "link" / "my feats.zarr"))  # link kept
+    assert pasted("--domains", "light,dark", "--dataset", "STORE") == "--domains light,dark --dataset STORE"
+    assert shlex.split(pasted("--name", "it's mine")) == ["--name", "it's mine"]
+
+
+@pytest.mark.parametrize("store", ["feats.zarr", "my feats.zarr"])
+def test_the_command_that_finishes_an_extraction_finishes_its_store_pasted_in_another_folder(tmp_path, monkeypatch,
+                                                                                              capsys, store):
+    """The store was said as typed: a relative --store pasted in another folder (or read from a log later) made a
+    new, empty store there and left these entries unfinished, and a space in its path broke the command in two."""
+    from fedcache.cli import main
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(Path(store)), progress=_stop_at("test-toy/train/dark"))
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(Path(store)).read("test-toy", "train", BACKBONE)
+    capsys.readouterr()
+    assert main(["store", "ls", "--store", store]) == 0
+    listed = " ".join(capsys.readouterr().out.split())  # a long line wraps at its spaces
+    finish = _commands(str(unfinished.value))
+    assert len(finish) == 1 and finish == _commands(listed.split("finish it with ")[1])
+    assert _store_of(finish[0]) == str(work / store)
+    monkeypatch.chdir(elsewhere)
+    assert main(finish[0][1:]) == 0
+    assert not list(elsewhere.iterdir())  # no new store here
+    assert len(FeatureStore(work / store).read("test-toy", "train", BACKBONE).domain_names) == 2
+
+
+def test_every_command_a_message_gives_of_a_relative_store_names_it_absolute(tmp_path, monkeypatch):
+    """The store's other messages (another backbone to extract, a damaged entry to remove) said it as typed too."""
+    monkeypatch.chdir(tmp_path)
+    store = Path("my feats.zarr")
+    extract(cfg(store, splits=("train",)))
+    fs = FeatureStore(store)
+    said = []
+    with pytest.raises(EntryNotFoundError) as other_backbone:
+        fs.read("test-toy", "train", "tiny-clip-random")
+    said.append(str(other_backbone.value))
+    with pytest.raises(EntryNotFoundError) as other_split:
+        fs.read("test-toy", "test", BACKBONE)
+    said.append(str(other_split.value))
+    said.append(str(fs.damaged(fs.entries()[0], "a test")))
+    commands = [c for text in said for c in _commands(text) if len(c) > 3]  # not "the `fedcache store import` that made it"
+    assert len(commands) == 5 and {_store_of(c) for c in commands} == {str(tmp_path / store)}, said
