@@ -6,8 +6,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError
+from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.store.feature_store import FeatureStore
 from fedcache.wording import pasted
@@ -93,3 +95,50 @@ def test_every_command_a_message_gives_of_a_relative_store_names_it_absolute(tmp
     said.append(str(fs.damaged(fs.entries()[0], "a test")))
     commands = [c for text in said for c in _commands(text) if len(c) > 3]  # not "the `fedcache store import` that made it"
     assert len(commands) == 5 and {_store_of(c) for c in commands} == {str(tmp_path / store)}, said
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """An image folder (a space in its name) with one undecodable image among its training images."""
+    root = tmp_path / "my images"
+    for split in ("train", "test"):
+        for c, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
+            d = root / split / c
+            d.mkdir(parents=True)
+            for i in range(3):
+                Image.new("RGB", (20, 20), colour).save(d / f"{i}.png")
+    (root / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
+    return root
+
+
+def test_the_command_that_finishes_an_extraction_that_skipped_bad_images_skips_them(store_path, folder, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """`extract --skip-bad-images`, interrupted, was to be finished by a command without the flag: pasted, it stopped
+    at the first bad image and said to pass --skip-bad-images."""
+    from fedcache.cli import main
+
+    options = DatasetOptions(path=folder)
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, dataset="imagefolder", dataset_options=options, skip_bad_images=True),
+                progress=_stop_at(advance=True))
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(store_path).read("imagefolder", "train", BACKBONE)
+    finish = _commands(str(unfinished.value))
+    assert len(finish) == 1 and "--skip-bad-images" in finish[0], finish
+    assert finish[0][finish[0].index("--path") + 1] == str(folder)
+    capsys.readouterr()
+    assert main(["store", "ls", "--store", str(store_path)]) == 0
+    assert "--skip-bad-images" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert main(finish[0][1:]) == 0, capsys.readouterr().err
+    entry = FeatureStore(store_path).info(FeatureStore(store_path).read("imagefolder", "train", BACKBONE).entry_ids[0])
+    assert entry.attrs["n_bad_images"] == 1
+
+
+def test_a_finished_extraction_that_skipped_bad_images_is_made_again_so_for_another_backbone(store_path, folder):
+    """The extraction of another backbone of the same images, which meets the same bad image."""
+    extract(cfg(store_path, dataset="imagefolder", dataset_options=DatasetOptions(path=folder), skip_bad_images=True))
+    with pytest.raises(EntryNotFoundError) as other:
+        FeatureStore(store_path).read("imagefolder", "train", "tiny-clip-random")
+    (command,) = _commands(str(other.value))
+    assert "--skip-bad-images" in command and command[command.index("--path") + 1] == str(folder)

@@ -269,6 +269,7 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
              "random_weights": bb.spec.random_weights, "backbone_source": bb.spec.source,
              "default_image_size": image_size(None, dataset, bb.spec),  # a hint says --image-size where not this
              **({"views": cfg.views} if view.index else {}),  # an interrupted --views N is finished by --views N
+             **({"skip_bad_images": True} if cfg.skip_bad_images else {}),  # and --skip-bad-images by one that says it
              **_weights_file(cfg, bb.spec.name), **_made_from(cfg, dataset), **_read_with(cfg)}
     t0 = time.perf_counter()
     with open_writer(store, key, len(samples), bb.embed_dim, cfg.batch_size, attrs, cfg.part, cfg.wait, cfg.chunk_rows) as writer:

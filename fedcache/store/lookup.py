@@ -360,11 +360,12 @@ READ_WITH = ("path", "data_root", "seed", "test_fraction")
 
 
 def _read_with(e: EntryInfo) -> str:
-    """``--path ROOT --test-fraction 0.5 ...``: where and how ``e``'s images were read (``READ_WITH``)."""
+    """``--path ROOT --test-fraction 0.5 ...``: where and how ``e``'s images were read (``READ_WITH``), and
+    ``--skip-bad-images`` where its extraction was given it: without, the command stops at the first bad image."""
     given = e.attrs.get("dataset_options")
-    if not isinstance(given, dict):
-        return ""
-    return "".join(" " + pasted("--" + f.replace("_", "-"), str(given[f])) for f in READ_WITH if f in given)
+    given = given if isinstance(given, dict) else {}
+    said = "".join(" " + pasted("--" + f.replace("_", "-"), str(given[f])) for f in READ_WITH if f in given)
+    return said + (" --skip-bad-images" if e.attrs.get("skip_bad_images") else "")
 
 
 def _subset(e: EntryInfo) -> list[str]:
