@@ -147,7 +147,8 @@ def _named_said(path: Path, found: list[EntryInfo], splits: list[str]) -> str:
     held = [d for d in like.attrs.get("domains") or () if d in {e.key["domain"] for e in found}]
     name = "-".join([like.key["dataset"], *held])
     return (f", or store {','.join(held)} as a dataset of its own with `fedcache extract "
-            f"{pasted('--store', path, '--dataset', like.key['dataset'], '--name', name, '--domains', ','.join(held))} "
+            f"{pasted('--store', path, '--dataset', like.key['dataset'])}{_read_with(like)} "
+            f"{pasted('--name', name, '--domains', ','.join(held))} "
             f"{pasted('--backbones', like.key['backbone'])} --splits {','.join(splits)}{_made_as(like)}` and run on "
             f"{name}")
 

@@ -694,6 +694,20 @@ def test_extracting_some_domains_says_a_run_reads_every_domain_and_the_ways_on(t
         assert not [n for n in notes if "every domain" in n], notes
 
 
+def test_the_name_that_stores_some_domains_reads_them_as_they_were_read(tmp_path, toy4):
+    """The other way on, the domains as a dataset of their own (--name), left out the options the images were read
+    with (--seed, --data-root, --path), which the extraction of the others beside it said: another seeded split of
+    them, or no images at all."""
+    notes = []
+    said = lambda e: notes.append(e.message) if e.kind == "info" else None  # noqa: E731
+    extract(cfg(tmp_path / "s.zarr", dataset=toy4, domains=["light", "dark"], dataset_options=DatasetOptions(seed=3)),
+            progress=said)
+    (told,) = [n for n in notes if "every domain" in n]
+    others, named = [shlex.split(c) for c in told.split("`")[1::2]]
+    assert named[named.index("--name") + 1] == "test-toy4-light-dark", told
+    assert others[others.index("--seed") + 1] == named[named.index("--seed") + 1] == "3", told
+
+
 def test_extracting_some_domains_of_one_split_says_the_extraction_a_run_needs(tmp_path, toy4):
     """`extract --domains light,dark --splits train`: its line named `--splits train`, and a run, which reads the train
     and test splits, was then refused for the test split. It names both, and pasted, a run reads every domain."""
