@@ -22,7 +22,7 @@ import numpy as np
 
 from fedcache.grids.cell import diverged_round
 from fedcache.grids.pool import Workers
-from fedcache.grids.run import CellCallback, PlanCallback, run_cells
+from fedcache.grids.run import CellCallback, PlanCallback, Prepared, run_cells
 from fedcache.grids.spec import Cell, GridSpec, cells, train_config
 from fedcache.progress import StepCallback, said_now
 
@@ -160,14 +160,16 @@ def groups_of(spec: GridSpec, select: list[str], eta: int, first: int | None) ->
 def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, metric: str = "mean_accuracy",
                 on_cell: CellCallback | None = None, on_plan: PlanCallback | None = None,
                 after: int = 0, on_step: StepCallback | None = None,
-                workers: Workers | None = None) -> tuple[list[dict], list[Group], int]:
+                workers: Workers | None = None, prepared: Prepared | None = None) -> tuple[list[dict], list[Group], int]:
     """The validation stage of a pruned --select grid (``spec``: that stage's grid). Returns every cell's last row
     (with ``stopped_at``, the round it stopped at) in the grid's order, the groups with their cuts, and the cell
     runs it made (more than planned where a diverged candidate's place went to the next best; fewer where a group
     was left with one).
     ``after``: the cell runs that follow this stage, for one progress count over both; ``workers``: the worker
-    processes every rung trains in (``pool.Workers``)."""
+    processes every rung trains in (``pool.Workers``); ``prepared``: the partitions and methods every rung shares
+    (``run.Prepared``: made and checked by the first)."""
     groups = groups_of(spec, select, eta, first)
+    prepared = prepared or Prepared()
     plan: str | None = plan_text(groups, eta)  # said by the first rung once its partitions are made, as a plain grid's
     last: dict[Cell, dict] = {}
     before, total = 0, sum(g.planned() for g in groups) + after
@@ -178,7 +180,8 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
         step = [c for c in cells(spec) if c in stops and c not in waiting]
         counted = (lambda done, _, row, at=before: on_cell(at + done, max(total, at + done), row)) if on_cell else None
         table = run_cells(spec, counted, only=step, on_plan=on_plan, write=False, on_step=on_step,
-                          stops={c: stops[c][1] for c in step if stops[c][1] is not None}, workers=workers, plan=plan)
+                          stops={c: stops[c][1] for c in step if stops[c][1] is not None}, workers=workers, plan=plan,
+                          prepared=prepared)
         plan = None
         rows = dict(zip(step, table.to_records()))
         for c, row in rows.items():

@@ -9,6 +9,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
@@ -37,7 +38,8 @@ PlanCallback = Callable[[str], None]  # how the engine runs the cells, said befo
 
 def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Cell] | None = None,
               on_plan: PlanCallback | None = None, stops: Stops | None = None, write: bool = True,
-              on_step: StepCallback | None = None, workers: Workers | None = None, plan: str | None = None) -> Table:
+              on_step: StepCallback | None = None, workers: Workers | None = None, plan: str | None = None,
+              prepared: Prepared | None = None) -> Table:
     """Run every unfinished cell (finished ones are read back), then write results.csv and table.md (unless not
     ``write``). ``only``: these cells instead of the whole product (the test runs of a --select grid);
     ``stops``: the round each of them pauses at instead of its end (a rung of grids/halving.py); ``on_step``: the
@@ -45,7 +47,8 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     (else told to ``on_plan``); ``workers``: the worker processes to train in (``pool.Workers``: a --select grid's,
     kept for its next stage or rung), else started for these cells; ``plan``: the caller's own (halving's rungs), said
     once the partitions are made, before the engine's plan, as a re-run's count is (said before them, a command's
-    "grid started" came before its "partitions ready")."""
+    "grid started" came before its "partitions ready"); ``prepared``: the partitions and methods the command made
+    and checked before (a --select grid's, kept for its next stage or rung): only new ones are made and said."""
     stops = stops or {}
     todo_cells = cells(spec) if only is None else only
     configs = check_cells(spec, todo_cells)
@@ -54,7 +57,7 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     folder, tables = _shared_features(spec, fresh, on_step)
     clear_killed(spec.out)
     rows, pending = _finished_and_pending(spec, todo_cells, stops)
-    _prepare(configs, pending, tables, folder, fresh, on_step)
+    _prepare(configs, pending, tables, folder, fresh, on_step, prepared or Prepared())
     total = len(todo_cells)
     if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
         # As a step where the caller takes them (the CLI prints one without starting its bar, whose "grid started"
@@ -100,21 +103,35 @@ def _shared_features(spec: GridSpec, fresh: bool, on_step: StepCallback | None) 
     return folder, tables
 
 
+@dataclass
+class Prepared:
+    """What a grid command made and checked before its cells trained. A --select grid's stages and the rungs of its
+    successive halving share one: each after the first found every partition in the store again and built every
+    method again (seconds on a large store, every time), and said "partitions ready" again, read as work redone."""
+
+    partitions: set[tuple] = field(default_factory=set)  # (partition, seed): made, or found, and stored
+    methods: set[str] = field(default_factory=set)  # built on their first cell's data
+
+
 def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: Path, fresh: bool,
-             on_step: StepCallback | None) -> None:
-    """The cells' partitions and the methods that train now, checked before any cell runs."""
+             on_step: StepCallback | None, prepared: Prepared) -> None:
+    """The cells' partitions and the methods that train now, checked before any cell runs (those ``prepared``
+    holds were, by this command)."""
     t0 = time.perf_counter()
     try:
-        partitions = _make_partitions(configs, tables)
+        partitions = _make_partitions(configs, tables, prepared.partitions)
         # What trains now: a finished grid builds nothing to write its tables.
-        methods = _check_methods(configs, pending, tables)
+        methods = _check_methods(configs, pending, tables, prepared.methods)
     except BaseException:
         if fresh:  # refused before any cell (no spare rows for --select, say): a copy of the data no cell needs
             shutil.rmtree(folder, ignore_errors=True)
         raise
     seconds = time.perf_counter() - t0
-    said_step(log, on_step, f"partitions ready in {seconds:.1f} s: {count(partitions, 'partition')}, "
-                            f"{count(methods, 'method')} checked", seconds)
+    if partitions:
+        said_step(log, on_step, f"partitions ready in {seconds:.1f} s: {count(partitions, 'partition')}, "
+                                f"{count(methods, 'method')} checked", seconds)
+    elif methods:  # a re-run's later rung: its cells' partitions were ready, a method trains only now
+        said_step(log, on_step, f"{count(methods, 'method')} checked in {seconds:.1f} s", seconds)
 
 
 def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int,
@@ -238,26 +255,30 @@ def check_cells(spec: GridSpec, todo: list[Cell]) -> dict[Cell, RunSpec]:
     return {c: train_config(spec, c, None) for c in todo}
 
 
-def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables) -> int:
-    """Each method built once on its first cell's data, before any cell trains: what a method needs of the data
-    (clip-zs a backbone with a text tower, say) is said now, not after the other methods' cells have trained.
-    Methods draw from their own generators, so building one here changes no cell's numbers. Returns how many."""
+def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables, checked: set[str]) -> int:
+    """Each method not in ``checked`` built once on its first cell's data, before any cell trains: what a method
+    needs of the data (clip-zs a backbone with a text tower, say) is said now, not after the other methods' cells
+    have trained. Methods draw from their own generators, so building one here changes no cell's numbers. Returns
+    how many were built (added to ``checked``)."""
     first = {}
     for c in todo:
-        first.setdefault(c.method, c)
+        if c.method not in checked:
+            first.setdefault(c.method, c)
     for c in first.values():
         cfg = configs[c]
         instantiate(cfg, load_data(cfg, tables, views=method_class(c.method).uses_views)[0])
+        checked.add(c.method)
     return len(first)
 
 
-def _make_partitions(configs: dict[Cell, RunSpec], tables) -> int:
-    """Every distinct partition is made and stored here, once, so parallel workers only read the store; returns
-    how many."""
-    seen = set()
+def _make_partitions(configs: dict[Cell, RunSpec], tables, made: set[tuple]) -> int:
+    """Every distinct partition not in ``made`` is made (or found) and stored here, once, so parallel workers only
+    read the store; returns how many (added to ``made``). A cell on validation has its test cell's partition."""
+    new = 0
     for cfg in configs.values():
         key = (cfg.partition, cfg.schedule.seed)
-        if key not in seen:
-            seen.add(key)
+        if key not in made:
             load_data(cfg, tables)
-    return len(seen)
+            made.add(key)
+            new += 1
+    return new

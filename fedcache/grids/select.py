@@ -21,7 +21,7 @@ from fedcache.grids.cell import read_diverged
 from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.pool import Workers
 from fedcache.grids.processes import jobs_of
-from fedcache.grids.run import CellCallback, PlanCallback, check_cells, check_spec, run_cells
+from fedcache.grids.run import CellCallback, PlanCallback, Prepared, check_cells, check_spec, run_cells
 from fedcache.grids.spec import FEATURES, Cell, GridSpec, axis_label, cells
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.paths import SELECTION
@@ -96,15 +96,16 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     base = dataclasses.replace(spec, select=[], prune="none", features=_shared_features(spec))
     n_tested = len(cells(dataclasses.replace(base, sweep={k: vs[:1] if k in spec.select else vs for k, vs in spec.sweep.items()})))
     tuning = dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]})
+    prepared = Prepared()  # the partitions made and methods checked once, for both stages (and every rung)
     with Workers(jobs_of(spec)) as workers:  # one start of the workers for both stages (and every rung)
-        tuned, groups, n_tuned = _tune(spec, tuning, on_cell, on_plan, n_tested, on_step, workers)
+        tuned, groups, n_tuned = _tune(spec, tuning, on_cell, on_plan, n_tested, on_step, workers, prepared)
         choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
         picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
                   for c in choices for seed in spec.seeds]
         # Written before the test stage: the choices stand whatever the test runs do.
         write_json(spec.out / SELECTION, selection_doc(spec, choices, groups))
         tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
-                           only=picked, on_plan=on_plan, write=False, on_step=on_step, workers=workers)
+                           only=picked, on_plan=on_plan, write=False, on_step=on_step, workers=workers, prepared=prepared)
     lost = [r for r in tested if r.get("diverged")]
     if lost:
         early = any(at < g.rounds for g in groups for at in (g.stopped_at.get(v) for v in g.alive) if at is not None)
@@ -142,15 +143,15 @@ def _shared_features(spec: GridSpec) -> Path:
 
 
 def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int, on_step: StepCallback | None,
-          workers: Workers) -> tuple[Table, list[Group], int]:
+          workers: Workers, prepared: Prepared) -> tuple[Table, list[Group], int]:
     """The validation stage: every cell in full, or pruned by successive halving. Returns its rows, the
     halving's groups (none for the full stage) and the cell runs it counted for progress."""
     if spec.prune == "none":
         n_tuned = len(cells(tuning))
         return run_cells(tuning, _counting(on_cell, 0, n_tuned + n_tested), on_plan=on_plan, on_step=on_step,
-                         workers=workers), [], n_tuned
+                         workers=workers, prepared=prepared), [], n_tuned
     rows, groups, ran = run_halving(tuning, spec.select, spec.reduction_factor, spec.min_rounds, on_cell=on_cell,
-                               on_plan=on_plan, after=n_tested, on_step=on_step, workers=workers)
+                                    on_plan=on_plan, after=n_tested, on_step=on_step, workers=workers, prepared=prepared)
     tuned = Table(rows)
     write_outputs(tuning.out, tuned, grid_caption(tuning) + "; " + pruning_caption(spec, groups)
                   + "; a candidate cut early shows its score at the round it stopped (stopped_at in results.csv)",

@@ -242,6 +242,42 @@ def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_
         (tmp_path / "full" / "test" / "results.csv").read_text().split("seconds")[0]
 
 
+@pytest.mark.parametrize("engine, prune", [("processes", "halving"), ("batched", "halving"), ("batched", "none")])
+def test_a_select_grid_makes_its_partitions_once_for_every_rung_and_its_test_stage(toy_store, tmp_path, ordered, caplog,
+                                                                                   monkeypatch, engine, prune):
+    """Each rung (cuts at rounds 1 and 3) and the test stage found every partition in the store again, built the
+    method again and said "partitions ready" again, which read as work redone: once per command, on either engine."""
+    from fedcache.api import grid
+    from fedcache.grids import run
+
+    loads, real = [], run.load_data
+    monkeypatch.setattr(run, "load_data", lambda cfg, *a, **k: loads.append(cfg.schedule.validation) or real(cfg, *a, **k))
+    caplog.set_level(logging.INFO, logger="fedcache.grids.run")
+    grid(**kw(toy_store, tmp_path / "g", engine), prune=prune)
+    said = [r.getMessage() for r in caplog.records if "partitions ready" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith(": 2 partitions, 1 method checked"), said
+    assert loads == [True] * 3  # the partitions of seeds 0 and 1, then the method, all on validation
+
+
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_re_run_past_its_first_rung_says_only_the_methods_it_checks_now(toy_store, tmp_path, ordered, caplog, engine):
+    """Stopped once every candidate reached round 1: the re-run reads them back there (its partitions made, no
+    method to build), and the next rung's cells train, their method built only then: said as what is new."""
+    from fedcache.api import grid
+
+    def interrupt(done, total, row):
+        if done == 6 * 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, tmp_path / "g", engine), prune="halving", on_cell=interrupt)
+    caplog.set_level(logging.INFO, logger="fedcache.grids.run")
+    grid(**kw(toy_store, tmp_path / "g", engine), prune="halving")
+    said = [r.getMessage() for r in caplog.records if " checked" in r.getMessage()]
+    assert [re.sub(r"\d+\.\d s", "t s", text) for text in said] == [
+        "partitions ready in t s: 2 partitions, 0 methods checked", "1 method checked in t s"], said
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["processes", "batched"])
 def test_a_parallel_pruned_grid_trains_its_rungs_and_test_stage_in_the_same_workers(toy_store, tmp_path, caplog, engine):
@@ -489,6 +525,7 @@ def test_prune_from_the_command_line_and_from_toml(toy_store, tmp_path, monkeypa
     said = cli.output.splitlines()
     assert [line.split(" ")[0] for line in said[:4]] == ["shared", "partitions", "successive", "batched"], said
     assert said[4] == "grid started", said
+    assert sum(line.startswith("partitions ready") for line in said) == 1, said  # not again at each rung, nor to test
     assert selection(tmp_path / "c")["choices"] == selection(tmp_path / "t")["choices"]
     shutil.rmtree(tmp_path / "c")
 
