@@ -268,7 +268,7 @@ def _curves(full: Path) -> dict[str, dict[str, list[dict]]]:
 
 
 def _replay(curves: dict, eta: int, min_rounds: int | None) -> dict[str, dict]:
-    from fedcache.grids.halving import rungs
+    from fedcache.grids.rungs import rungs
 
     out = {}
     for group, by_lr in curves.items():
@@ -376,7 +376,7 @@ def search(full: Path, etas=(2, 3, 4, 6), shares=(0.15, 0.2, 0.3)) -> dict:
     """Every rule of RULES at every reduction factor and first cut, replayed on a finished full --select grid: per
     rule, the frontier of (share of the full grid's validation rounds, groups choosing as the full grid did), and
     the most groups any setting reaches within each share."""
-    from fedcache.grids.halving import rungs
+    from fedcache.grids.rungs import rungs
 
     curves, best = _curves(full), chosen(full)
     rounds = {g: max(max(s) for seeds in by_lr.values() for s in seeds) for g, by_lr in curves.items()}

@@ -5,6 +5,7 @@
 - ``run``: check the directory, make the partitions, run the unfinished cells, write the results
 - ``processes`` / ``batches``: the two engines (each cell its own run; cells stacked into one computation)
 - ``pool``: worker processes; ``cell``: one cell's run and row; ``select``: tune on validation, test once
+- ``halving``: successive halving of a --select grid's candidates; ``rungs``: where it cuts (and waits, stopped)
 - ``table``: results.csv and table.md
 
 (``fedcache.grid`` is the Python API's function, hence ``grids`` for the package.)
@@ -18,12 +19,13 @@ from typing import TYPE_CHECKING
 
 from fedcache.disk import again
 from fedcache.errors import DiskFullError, FedcacheError
+from fedcache.grids.rungs import paused_before_first_cut
 from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import DIVERGED, check_outside
-from fedcache.progress import StepCallback
+from fedcache.progress import StepCallback, said_now
 from fedcache.table import Table
-from fedcache.wording import count
+from fedcache.wording import count, named
 
 if TYPE_CHECKING:
     from fedcache.grids.run import CellCallback, PlanCallback, SaidCellCallback
@@ -64,12 +66,24 @@ def run_grid(spec: GridSpec, on_cell: SaidCellCallback | None = None, on_plan: P
             if spec.select:
                 return run_selected(spec, on_cell, on_plan, on_step)
             return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan, on_step=on_step))
+        except KeyboardInterrupt:
+            _said_paused(spec, on_step or on_plan)
+            raise
         except DiskFullError as exc:  # a cell's advice speaks of train's --resume: a grid resumes by itself
             raise exc.advised(again("grid", "finished cells are kept, the others continue from their last checkpoint")) from None
         except FedcacheError:
             if fresh:  # refused before any cell ran (an unknown dataset, --select without spare rows): no plan left
                 _forget_plan(spec.out)
             raise
+
+
+def _said_paused(spec: GridSpec, say: StepCallback | None) -> None:
+    """Where the runs of a --prune halving grid stopped before its first cut wait: none has a result (a report has
+    nothing to show) until that cut, which the grid run again makes."""
+    paused = paused_before_first_cut(spec.out) if spec.prune == "halving" else None
+    if paused:
+        again = named("the same `fedcache grid` command", "the same fedcache.grid(...) call")
+        said_now(log, say, f"{spec.out}: the grid is {paused}; {again} run again continues it from there")
 
 
 def _forget_plan(out) -> None:

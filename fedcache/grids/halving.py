@@ -23,28 +23,12 @@ import numpy as np
 from fedcache.grids.cell import diverged_round
 from fedcache.grids.pool import Workers
 from fedcache.grids.run import CellCallback, PlanCallback, Prepared, run_cells
+from fedcache.grids.rungs import rungs
 from fedcache.grids.spec import Cell, GridSpec, cells, train_config
 from fedcache.progress import StepCallback, said_now
 
 Value = tuple[tuple[str, str], ...]  # the selected settings' values of one candidate
 VALIDATION_AXIS = "validation"  # the validation stage's own axis: the same in every cell, in no group's key
-
-
-def rungs(rounds: int, candidates: int, eta: int, first: int | None = None) -> list[int]:
-    """The rounds (before the last) at which a group of ``candidates`` is cut."""
-    cuts, left = 0, candidates
-    while left > 1:
-        left, cuts = math.ceil(left / eta), cuts + 1
-    at = rounds / eta ** cuts if first is None else float(first)
-    out: list[int] = []
-    while len(out) < cuts:
-        r = max(1, round(at))
-        if r >= rounds:
-            break
-        if not out or r > out[-1]:
-            out.append(r)
-        at *= eta
-    return out
 
 
 @dataclass

@@ -22,14 +22,12 @@ from fedcache.grids.halving import Group, run_halving
 from fedcache.grids.pool import Workers
 from fedcache.grids.processes import jobs_of
 from fedcache.grids.run import CellCallback, PlanCallback, Prepared, check_cells, check_spec, run_cells
-from fedcache.grids.spec import FEATURES, Cell, GridSpec, axis_label, cells
+from fedcache.grids.spec import FEATURES, TEST, VALIDATION, Cell, GridSpec, axis_label, cells
 from fedcache.grids.table import grid_caption, write_outputs
 from fedcache.paths import SELECTION
 from fedcache.progress import StepCallback
 from fedcache.table import Table
 from fedcache.wording import named
-
-VALIDATION, TEST = "validation", "test"
 
 RULE = ("the highest mean over seeds of the validation score; ties go to the value listed first; "
         "a value that diverged on any seed is not chosen")

@@ -34,6 +34,7 @@ from fedcache.wording import by_keyword, filed, in_grid_file, named, swept, type
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
+VALIDATION, TEST = "validation", "test"  # a --select grid's two stages, each a grid directory
 # Two grids compared in one report: a report reads a folder of links to them (reports/runs.py).
 _TOGETHER = "to report both together, link them into one folder: ln -s, then fedcache report that folder"
 # Run options a grid fixes itself (one value for the whole grid, or its own axis: methods, seeds).

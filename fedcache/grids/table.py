@@ -10,6 +10,7 @@ from fedcache.best import Result, best_marks, bold_meaning, is_panel_key
 from fedcache.disk import write_text
 from fedcache.errors import ConfigError
 from fedcache.grids.cell import METRIC_COLUMNS
+from fedcache.grids.rungs import paused_before_first_cut
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec, axis_label
 from fedcache.table import Table
 from fedcache.wording import count, pasted
@@ -106,5 +107,9 @@ def load_results(out: Path) -> Table:
     """A finished grid's results.csv as a Table (numbers parsed)."""
     path = Path(out) / RESULTS
     if not path.exists():
+        paused = paused_before_first_cut(Path(out))  # nothing has a result until its first cut
+        if paused:
+            raise ConfigError(f"{out} has no {RESULTS} yet: its --prune halving grid is {paused}; run the same "
+                              "`fedcache grid` command again to continue it")
         raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid {pasted('--out', Path(out))} ...` first")
     return Table.from_csv(path)

@@ -11,6 +11,8 @@ import numpy as np
 
 from fedcache.disk import log_lines, read_json
 from fedcache.errors import ConfigError, DamagedFileError
+from fedcache.grids.rungs import paused_before_first_cut
+from fedcache.grids.spec import VALIDATION
 from fedcache.paths import CELL, CONFIG, DIVERGED, GRID, METRICS, RESULTS, RUNGS, SELECTION, SUMMARY, is_store
 from fedcache.wording import named
 
@@ -132,8 +134,7 @@ def find_runs(root: Path) -> list[Run]:
     for p in sorted(finished - set(paths)):  # a report short of a run without a word would mislead
         log.warning("%s is finished but has no %s (deleted?); the report leaves it out", p, METRICS)
     if not paths:
-        raise ConfigError(f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); "
-                          "finish the run or grid first")
+        raise ConfigError(_nothing_yet(root))
     # Diverged cells have no result but count: a mean over the other seeds alone would pass for all of them.
     diverged = sorted(p.parent for p in found
                       if p.name == DIVERGED and (p.parent / CELL).exists() and p.parent not in finished)
@@ -150,6 +151,17 @@ def find_runs(root: Path) -> list[Run]:
         if not r.setting and methods.count(r.summary["method"]) > 1:
             r.setting = {"run": r.path.name}
     return runs
+
+
+def _nothing_yet(root: Path) -> str:
+    """Why ``root`` holds no run to report, and what to do: a --prune halving grid (or its validation stage) stopped
+    before its first cut has none until that cut, which running it again makes."""
+    grid = root.parent if root.name == VALIDATION and (root.parent / GRID).exists() else root
+    paused = paused_before_first_cut(grid)
+    if paused:
+        return (f"no results under {root} yet: its --prune halving grid is {paused}, and no run has a result before "
+                "that cut; run the same `fedcache grid` command again to continue it from there, then report")
+    return f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); finish the run or grid first"
 
 
 def _files_named(root: Path, names: tuple[str, ...]) -> list[Path]:

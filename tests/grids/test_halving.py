@@ -17,7 +17,8 @@ import fedcache
 
 from fedcache.errors import ConfigError
 from fedcache.grids.cell import read_diverged
-from fedcache.grids.halving import Group, rungs
+from fedcache.grids.halving import Group
+from fedcache.grids.rungs import rungs
 from fedcache.grids.spec import Cell
 from tests.conftest import BACKBONE
 from tests.grids.test_batches import stop_after_round
@@ -183,8 +184,8 @@ def test_a_pruned_grid_interrupted_before_a_cut_shows_its_paused_candidates_unfi
 
     with pytest.raises(KeyboardInterrupt):
         grid(**kw(toy_store, tmp_path / "part"), prune="halving", on_cell=interrupt)
-    if paused == 1:  # nothing has a result yet
-        with pytest.raises(ConfigError, match="^no finished runs under"):
+    if paused == 1:  # nothing has a result yet: where its runs wait is said (test_..._says_where_its_runs_wait)
+        with pytest.raises(ConfigError, match="^no results under .* paused before its first cut"):
             write_report(tmp_path / "part")
     else:  # the four cut at round 1 have theirs
         md = write_report(tmp_path / "part").markdown.read_text()
@@ -195,6 +196,63 @@ def test_a_pruned_grid_interrupted_before_a_cut_shows_its_paused_candidates_unfi
     grid(**kw(toy_store, tmp_path / "whole"), prune="halving")
     assert selection(tmp_path / "part") == selection(tmp_path / "whole")
     assert "Unfinished" not in write_report(tmp_path / "part").markdown.read_text()
+
+
+@pytest.mark.parametrize("engine, at, waits", [
+    ("processes", None, "(round 1 of 9): 9 of its 12 validation runs are there, 3 not started"),
+    ("batched", None, "(round 1 of 9): its 12 validation runs are all there"),  # its two batches of 6 reached it
+    ("processes", 2, "(round 3 of 9): none of its 12 validation runs is there yet, 1 at round 2, 11 not started"),
+    ("batched", 2, "(round 3 of 9): none of its 12 validation runs is there yet, 6 at round 2, 6 not started"),
+])
+def test_a_pruned_grid_stopped_before_its_first_cut_says_where_its_runs_wait(toy_store, tmp_path, monkeypatch, engine,
+                                                                             at, waits):
+    """Ctrl-C before the first cut (at round 1, or with --min-rounds 3 part-way, at round 2): no run has a result,
+    and the report said only "no finished runs", as if nothing were kept. The grid as it stops, the report (of the
+    grid or its validation stage) and the results say where its runs wait, and that running it again continues."""
+    from fedcache.api import grid
+    from fedcache.federate import driver, rundir
+    from fedcache.grids import load_results
+    from fedcache.reports import write_report
+
+    plans, out = [], tmp_path / "g"
+
+    def interrupt(done, total, row):
+        if done == 9:
+            raise KeyboardInterrupt
+
+    if at:
+        stop_after_round(monkeypatch, driver if engine == "batched" else rundir, at=at)
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, out, engine), prune="halving", min_rounds=3 if at else None, on_plan=plans.append,
+             on_cell=None if at else interrupt)
+    said = f"paused before its first cut {waits}"
+    assert plans[-1] == f"{out}: the grid is {said}; the same fedcache.grid(...) call run again continues it from there"
+    for root in (out, out / "validation"):
+        with pytest.raises(ConfigError, match=re.escape(f"no results under {root} yet: its --prune halving grid is "
+                                                        f"{said}, and no run has a result before that cut; run the same "
+                                                        "`fedcache grid` command again to continue it from there")):
+            write_report(root)
+    with pytest.raises(ConfigError, match=re.escape(f"has no results.csv yet: its --prune halving grid is {said}; ")):
+        load_results(out)
+
+
+def test_an_interrupted_pruned_grid_says_where_its_runs_wait_before_the_interrupted_line(toy_store, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """`fedcache grid` stopped before its first cut said only "finished work is kept" of a grid none of whose runs had
+    finished: it says where they wait, then the interrupted line."""
+    from fedcache.cli import main
+    from fedcache.federate import rundir
+
+    stop_after_round(monkeypatch, rundir)  # the first cell, as it reaches the cut at round 1
+    code = main(["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition",
+                 "iid", "--clients", "2", "--subsample", "0.5", "--rounds", "9", "--seeds", "0,1", "--set",
+                 f"lr={','.join(LRS)}", "--select", "lr", "--prune", "halving", "--engine", "processes",
+                 "-o", str(tmp_path / "g")])
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert code == 130, err
+    assert (f"{tmp_path / 'g'}: the grid is paused before its first cut (round 1 of 9): 1 of its 12 validation runs is "
+            "there, 11 not started; the same `fedcache grid` command run again continues it from there interrupted: "
+            "finished work is kept; re-run the same command to resume") in err, err
 
 
 def _cell_json_reads(root, monkeypatch) -> set[int]:
