@@ -39,11 +39,11 @@ from fedcache.flower.project import write_app
 from fedcache.flower.shard import (SERVER, ShardInfo, ShardSpec, changed_since_cut, load_server, open_shard,
                                    write_shards)
 from fedcache.ownership import Holder, on_orphaned
-from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_now
+from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_now, said_step
 from fedcache.spec import RunSpec, method_class
 from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
-from fedcache.wording import named
+from fedcache.wording import count, named
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ SIM_ENV = {
 # process and its Ray actors, which inherit it: each actor logs a WARNING as the simulation ends it ("Manually
 # terminating ClientAppActor"), which Ray forwarded, in colour, to the end of every run's output. Errors still show.
 SIM_DEFAULTS = {"FLWR_LOG_LEVEL": "ERROR"}
+
+StepDone = Callable[[str, float], None]  # a step done and its seconds, as ``progress.said_step`` takes them
 
 
 def shard_spec(spec: RunSpec) -> ShardSpec:
@@ -77,7 +79,8 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
     With --resume, the run in --out continues from its checkpoint on the shards already there.
     ``on_round(done, total, line)``: called here as ``fedcache.train`` calls it, as the child reports each round;
     ``on_step(text)``: as Flower and Ray start, and once the rounds are done, as they shut down (seconds each:
-    the rounds of a small run take less); both logged at INFO too."""
+    the rounds of a small run take less); before those, the child's start and its shards, once done, where slow
+    (``said_step``); all logged at INFO too."""
     import torch
 
     check_callback("on_round", on_round, "done", "total", "line")  # before the child starts, not at its first round
@@ -95,6 +98,9 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
         progress = Progress(Path(tmp) / "progress.jsonl", on_round, on_step)
         ask["progress"] = str(progress.path)
+        # The wall clock, not a monotonic one, whose readings other processes cannot compare: the child says how long
+        # it took to start and import (seconds on a busy machine) from here.
+        ask["started"] = time.time()
         disk.write_text(request, json.dumps(ask), "the Flower simulation's request")
         # Its own session: Ctrl-C reaches the caller only, which interrupts the child once (a second SIGINT would
         # break Flower's and Ray's shutdown half-way).
@@ -117,7 +123,7 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
 class Progress:
     """The rounds the simulation has finished and the steps it is taking, as the child reports them
     (``report_progress``): JSON lines appended to a file in the call's own directory, each read once whole and
-    passed to ``on_round``, or logged and passed to ``on_step``."""
+    passed to ``on_round``, or logged and passed to ``on_step`` (a step done with its seconds: where slow)."""
 
     def __init__(self, path: Path, on_round: OnRound | None = None, on_step: StepCallback | None = None) -> None:
         self.path, self.on_round, self.on_step, self.read = path, on_round, on_step, 0
@@ -137,15 +143,17 @@ class Progress:
             except ValueError:  # progress only: the run's own answer says how it ended
                 log.warning("a progress line of the Flower simulation could not be read; left out: %r", raw[:200])
                 continue
-            if "step" in r:
+            if "seconds" in r:  # decided here whether it is slow enough to say: every step is logged
+                said_step(log, self.on_step, r["step"], r["seconds"])
+            elif "step" in r:
                 said_now(log, self.on_step, r["step"])  # logged here: the child logs warnings only
             elif self.on_round is not None:
                 self.on_round(r["done"], r["total"], r["line"])
 
 
-def report_progress(path: Path) -> tuple[OnRound, StepCallback]:
-    """The child's side of ``Progress``: (on_round, on_step), each call appended as one JSON line (never a
-    pickle: plain data only)."""
+def report_progress(path: Path) -> tuple[OnRound, StepCallback, StepDone]:
+    """The child's side of ``Progress``: (on_round, on_step, on_done), each call appended as one JSON line
+    (never a pickle: plain data only)."""
     failed = False
 
     def report(record: dict) -> None:
@@ -163,7 +171,10 @@ def report_progress(path: Path) -> tuple[OnRound, StepCallback]:
     def on_round(done: int, total: int, line: dict | None) -> None:
         report({"done": done, "total": total, "line": line})
 
-    return on_round, lambda text: report({"step": text})
+    def on_done(text: str, seconds: float) -> None:
+        report({"step": text, "seconds": seconds})
+
+    return on_round, lambda text: report({"step": text}), on_done
 
 
 def _wait(child: subprocess.Popen, progress: Progress, every: float = 0.2) -> int:
@@ -219,10 +230,13 @@ def rebuilt(kind: str, message: str) -> FedcacheError:
 
 
 def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder | None = None,
-                          on_round: OnRound | None = None, on_step: StepCallback | None = None) -> dict:
+                          on_round: OnRound | None = None, on_step: StepCallback | None = None,
+                          on_done: StepDone | None = None) -> dict:
     """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring).
     ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller).
-    ``on_round``: called from the ServerApp's thread; ``on_step``: as ``simulate`` calls it."""
+    ``on_round``: called from the ServerApp's thread; ``on_step``: as ``simulate`` calls it; ``on_done(text,
+    seconds)``: the shards written (or checked, resumed), which took seconds before Ray started, with nothing said;
+    by default ``said_step`` here (the child passes them to its caller, whose log has them)."""
     _refuse_unsupported(spec)
     for k, v in {**SIM_ENV, **SIM_DEFAULTS}.items():
         os.environ.setdefault(k, v)
@@ -231,12 +245,17 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
     with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec, holder):
         base = Path(e.out) if e.out else Path(tmp)
         shards, shard = base / "shards", shard_spec(spec)
-        run = flower_run(spec, shards)
+        run, t0 = flower_run(spec, shards), time.perf_counter()
         if e.resume:
             _check_shards(shards, shard)
             _check_server_shard(run, shards, base)
         else:
             _fresh_start(base, shards, shard)
+        seconds = time.perf_counter() - t0
+        done = (f"shards of the interrupted run checked in {seconds:.1f} s" if e.resume else
+                f"shards written in {seconds:.1f} s: {count(shard.request.n_clients, 'client')} and the server")
+        done += f" ({shards})" if e.out else ""  # a temporary directory's name tells its user nothing
+        (on_done or (lambda text, s: said_step(log, on_step, text, s)))(done, seconds)
         paths = ServerPaths(shards / SERVER, base if e.out else None)
         return simulate(run, paths, shard.request.n_clients, Path(tmp) / "app", cpus,
                         resume=e.resume, keep_checkpoints=e.keep_checkpoints, on_round=on_round, on_step=on_step)
@@ -391,9 +410,12 @@ def _simulate_asked(ask: dict) -> dict:
 
         torch.set_num_threads(ask["threads"])  # this process is the call's own: its ServerApp computes as its caller
     spec = RunSpec.from_dict(ask["spec"]).replace(engine="flower-sim", **ask["engine"])
-    on_round, on_step = report_progress(Path(ask["progress"]))
+    on_round, on_step, on_done = report_progress(Path(ask["progress"]))
+    # This process started and imported its modules: seconds, with nothing said. Clamped: the wall clock may step back.
+    seconds = max(0.0, time.time() - ask["started"])
+    on_done(f"simulation process ready in {seconds:.1f} s (started, fedcache and torch imported)", seconds)
     return train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""),
-                                 on_round=on_round, on_step=on_step)
+                                 on_round=on_round, on_step=on_step, on_done=on_done)
 
 
 def _flower_logging() -> Callable:

@@ -58,7 +58,7 @@ def test_a_simulations_answer_that_does_not_fit_is_no_torn_answer(tight_disk, mo
     request, answer = tight_disk.path / "request.json", tight_disk.path / "answer.json"
     spec = toy_config(tight_disk.path / "store.zarr").to_dict()
     request.write_text(json.dumps({"spec": spec, "cpus": 1, "threads": 0, "engine": {"out": None}, "caller": os.getpid(),
-                                   "progress": str(tight_disk.path / "progress.jsonl")}))
+                                   "progress": str(tight_disk.path / "progress.jsonl"), "started": 0.0}))
     monkeypatch.setattr(sim, "on_orphaned", lambda *a, **k: None)
     monkeypatch.setattr(sim, "train_flower_sim_here", lambda spec, cpus, **how: {"mean_accuracy": 50.0, "per_client": [1.0] * 500})
     monkeypatch.setattr(sim.signal, "signal", lambda *a: None)

@@ -2,6 +2,7 @@
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +21,11 @@ from .conftest import BACKBONE, assert_same_run, toy_config
 
 
 @pytest.mark.slow
-def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capfd):
+def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capfd, monkeypatch):
     """capfd: the simulation's process and its Ray actors write to the file descriptors, not to sys.stderr."""
+    from fedcache import progress
+
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.0)  # every step said, however fast this machine
     out = tmp_path / "sim"
     code = main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                  "--partition", "dirichlet", "--alpha", "1.0", "--clients", "3", "--rounds", "3", "--seed", "1",
@@ -35,6 +39,10 @@ def test_cli_flower_sim_fedavg_equals_in_process(flower_store, tmp_path, capfd):
     # Said as Ray starts, and as it shuts down after the last round: seconds each, which showed nothing.
     lines = err.splitlines()
     start = lines.index("starting Flower's simulation (Ray, 3 virtual SuperNodes) ...")
+    # Before it, the child's start and its shards, which took seconds with nothing said.
+    said = [i for i, l in enumerate(lines) if l.startswith(("simulation process ready in ", "shards written in "))]
+    assert [lines[i].split(" in ")[0] for i in said] == ["simulation process ready", "shards written"], err
+    assert said[-1] < start, err
     assert lines.index("rounds done; Flower and Ray shutting down ...") > lines.index(next(
         l for l in lines if l.startswith("fedavg rounds 3/3"))) > start, err
     flower = json.loads((out / "summary.json").read_text())
@@ -67,7 +75,7 @@ def test_the_rounds_the_child_reports_are_passed_on_whole_and_once(tmp_path):
     """The child appends a JSON line per round; the caller reads a line once it is whole, each line once, and
     those written just before the child ended."""
     path, calls = tmp_path / "progress.jsonl", []
-    rounds, (report, _) = Progress(path, lambda *call: calls.append(call)), report_progress(path)
+    rounds, (report, _, _) = Progress(path, lambda *call: calls.append(call)), report_progress(path)
     rounds.poll()  # no round yet: no file
     report(1, 3, None)
     report(2, 3, {"round": 2, "accuracy": float("nan")})
@@ -84,7 +92,7 @@ def test_the_rounds_the_child_reports_are_passed_on_whole_and_once(tmp_path):
 def test_progress_that_cannot_be_written_or_read_does_not_end_the_run(tmp_path, caplog):
     """Progress only: a line the child cannot write (a full disk) raised out of the run's rounds, and a line the
     caller could not read stopped the caller on a traceback. Each is one warning; the child then writes no more."""
-    report, _ = report_progress(tmp_path / "gone" / "progress.jsonl")  # its folder is not there: every write fails
+    report, _, _ = report_progress(tmp_path / "gone" / "progress.jsonl")  # its folder is not there: every write fails
     with caplog.at_level(logging.WARNING):
         report(1, 2, None)
         report(2, 2, None)
@@ -102,7 +110,7 @@ def test_the_steps_the_child_reports_are_logged_and_said(tmp_path, caplog):
     reports them as it reports rounds, and the caller logs them (the child logs warnings only) and passes them on,
     with or without an on_round."""
     path, steps = tmp_path / "progress.jsonl", []
-    report_round, report_step = report_progress(path)
+    report_round, report_step, _ = report_progress(path)
     report_step("starting")
     report_round(1, 1, None)
     report_step("shutting down")
@@ -113,6 +121,40 @@ def test_the_steps_the_child_reports_are_logged_and_said(tmp_path, caplog):
     rounds, said = [], []
     Progress(path, lambda *call: rounds.append(call), said.append).poll()
     assert rounds == [(1, 1, None)] and said == steps
+
+
+def test_the_childs_start_and_its_shards_are_said_before_flowers_simulation_starts(flower_store, tmp_path, monkeypatch,
+                                                                                    caplog):
+    """`fedcache train --engine flower-sim` said `loading torch ...`, then nothing until Ray started: the child's
+    start and imports (5 to 8 s on a busy machine) and its shards written (longer on a large store) looked hung. The
+    child reports each once done, with its seconds, before Flower starts; the caller logs every one and says it
+    where it was slow (progress.said_step), as every other command says its steps."""
+    import time
+
+    from fedcache import progress as steps
+    from fedcache.flower import sim
+
+    path, out, before_flower = tmp_path / "progress.jsonl", tmp_path / "sim", []
+    caller = Progress(path, on_step=before_flower.append)
+    # What the caller has been told by the time Flower starts (`simulate` says that first).
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: caller.poll() or {"ok": 1})
+    monkeypatch.setattr(steps, "SLOW_STEP", 0.0)
+    for resume in (False, True):  # as train_flower_sim asks it, started 3 s ago
+        spec = toy_config(flower_store, out=out, resume=resume)
+        assert sim._simulate_asked({"spec": spec.to_dict(), "cpus": 1, "threads": 0, "holder": "", "started": time.time() - 3,
+                                    "progress": str(path), "caller": os.getpid(), "engine": {
+                                        "out": str(out), "resume": resume, "keep_checkpoints": "last"}}) == {"ok": 1}
+    ready = r"simulation process ready in (\d+\.\d) s \(started, fedcache and torch imported\)"
+    shards = rf"shards written in \d+\.\d s: 3 clients and the server \({re.escape(str(out / 'shards'))}\)"
+    checked = rf"shards of the interrupted run checked in \d+\.\d s \({re.escape(str(out / 'shards'))}\)"
+    assert [bool(re.fullmatch(p, line)) for p, line in zip([ready, shards, ready, checked], before_flower)] == [True] * 4
+    assert len(before_flower) == 4 and 3.0 <= float(re.fullmatch(ready, before_flower[0])[1]) < 60, before_flower
+
+    monkeypatch.setattr(steps, "SLOW_STEP", 1e9)  # none slow: none said, every one logged
+    said = []
+    caplog.set_level(logging.INFO, logger="fedcache.flower.sim")
+    Progress(path, on_step=said.append).poll()
+    assert said == [] and [r.getMessage() for r in caplog.records if r.name == "fedcache.flower.sim"] == before_flower
 
 
 @pytest.mark.parametrize("given", [dict(on_round=lambda done, total: None), dict(on_step=lambda: None),
@@ -424,7 +466,8 @@ def test_a_simulation_interrupted_before_its_first_round_says_one_line(flower_st
         step, round_ = progress.on_step, progress.on_round
         progress.on_step = lambda text: said.append(text) or step(text)
         progress.on_round = lambda *call: rounds.append(call) or round_(*call)
-        reached = {"ray starting": lambda: said, "ray's processes starting": lambda: _started(child.pid, "ray::"),
+        reached = {"ray starting": lambda: any(t.startswith("starting Flower") for t in said),  # not the steps before
+                   "ray's processes starting": lambda: _started(child.pid, "ray::"),
                    "actors starting": lambda: _started(child.pid, "ray::ClientAppActor"),
                    "rounds starting": lambda: rounds}[point]
         deadline = time.monotonic() + 240
