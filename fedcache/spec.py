@@ -389,7 +389,7 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
         _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
     head = routed["head"]["name"][1] if "name" in routed["head"] else head
     if head:
-        from fedcache.federate.methods.base import check_head  # loaded already: method_class imported the methods
+        from fedcache.federate.methods.base import check_head  # loaded already: the method's module imports it
 
         check_head(cls, name, head)  # when the spec is made: a grid checks every cell's before the first trains
     return MethodSpec(name, params), optim, HeadChoice(head or cls.default_head)

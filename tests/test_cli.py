@@ -235,6 +235,30 @@ def test_partition_loads_no_torch(toy_store):
     assert done.stderr.startswith("partition ready in ") and "loading torch" not in done.stderr, done.stderr
 
 
+FAST_REFUSALS = {  # the command after `fedcache` (and --store S ...), the line it refuses it with
+    # a method's name: known once every method's module (torch) was imported
+    "train -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
+}
+
+
+@pytest.mark.parametrize("command", FAST_REFUSALS)
+def test_a_mistyped_command_is_refused_before_torch_loads(tmp_path, command):
+    """Each of these loaded torch (seconds: `loading torch ...` on a busy machine) before its one line, for a check
+    that needs none of it (see FAST_REFUSALS). The same line now comes with torch not imported."""
+    import subprocess
+
+    from fedcache.federate.methods import METHODS
+
+    name, *rest = command.split()
+    store = tmp_path / "none.zarr"
+    args = [name, *rest, "--store", str(store), "-d", "test-toy", "-b", "tiny-timm-random", "--out", str(tmp_path / "o")]
+    code = "import sys; from fedcache.cli import main; code = main(sys.argv[1:]); print(code, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    said = FAST_REFUSALS[command].format(methods=", ".join(METHODS.names()), store=store)
+    assert done.stderr.splitlines() == [f"error: {said}"], done.stderr
+    assert done.stdout.split() == [str(1 if name == "shard" else 2), "False"], (done.stdout, done.stderr)
+
+
 def test_a_slow_import_is_said_while_it_runs(capsys, monkeypatch):
     """torch's import, 2.5 to 8 s on a busy machine before a grid's first line: said once it has taken
     ``progress.SLOW_STEP`` seconds, before what follows it; a fast one says nothing."""

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedcache.errors import ConfigError
-from fedcache.federate.methods import METHODS
-from fedcache.federate.methods.base import CommandOption, Method, MethodCommand, MethodRegistry
+from fedcache.federate.methods import METHODS, MethodRegistry
+from fedcache.federate.methods.base import CommandOption, Method, MethodCommand
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedcache"
 

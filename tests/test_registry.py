@@ -47,3 +47,31 @@ def test_prefix_factories():
         reg.get("timm:")
     with pytest.raises(UnknownNameError, match=r"Also accepted: timm:<model>"):
         reg.get("nope")
+
+
+def test_a_declared_name_is_known_before_its_module_is_imported(tmp_path, monkeypatch):
+    """METHODS declares each method by its file: the name is listed, matched and checked with nothing imported (a
+    method's module imports torch), and ``get`` imports the module, whose registration gives the item."""
+    import sys
+    import types
+
+    reg: Registry[int] = Registry("widget")
+    monkeypatch.setitem(sys.modules, "widget_owner", types.SimpleNamespace(REG=reg))
+    (tmp_path / "widget_one.py").write_text("import widget_owner\nwidget_owner.REG.add('widget-one', 1)\n")
+    (tmp_path / "widget_two.py").write_text("import widget_owner\nwidget_owner.REG.add('widget-deux', 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg.declare("widget-one", "widget_one")
+    reg.add("widget-zero", 0)
+    assert reg.names() == ["widget-one", "widget-zero"] and "widget-one" in reg and len(reg) == 2
+    reg.check("widget-one")
+    with pytest.raises(UnknownNameError, match=r"Did you mean 'widget-one'.* Known: widget-one, widget-zero\."):
+        reg.check("widget-onr")
+    assert "widget_one" not in sys.modules
+    assert reg.get("widget-one") == 1 and "widget_one" in sys.modules
+    reg.declare("widget-two", "widget_two")  # its module registers another name: said, not a KeyError later
+    with pytest.raises(ConfigError, match="importing widget_two registered no widget 'widget-two'"):
+        dict(reg.items())
+    with pytest.raises(ConfigError, match="duplicate widget name 'widget-one'"):
+        reg.declare("widget-one", "widget_one")
+    monkeypatch.delitem(sys.modules, "widget_one")
+    monkeypatch.delitem(sys.modules, "widget_two")

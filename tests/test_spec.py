@@ -192,6 +192,15 @@ def test_the_spec_imports_no_torch():
     assert out.strip() == "False"
 
 
+def test_an_unknown_method_is_refused_before_torch_loads():
+    """The Python API's spec (fedcache.train's) imported every method, and torch, to say a name was none of theirs:
+    METHODS knows the names from the methods' files and imports one when it is asked for."""
+    code = ("import sys\nfrom fedcache.spec import RunSpec\ntry:\n    RunSpec.of(dataset='d', backbones='b', method='fedavgg')\n"
+            "except KeyError as e:\n    print(type(e).__name__, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "UnknownNameError False"
+
+
 @pytest.fixture(scope="module")
 def toy_store(tmp_path_factory) -> Path:
     from fedcache.extract.runner import ExtractConfig, extract

@@ -18,11 +18,11 @@ import torch
 from fedcache.config import Checked, check_fields
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
+from fedcache.federate.methods import METHODS, MethodRegistry  # noqa: F401  (the package's: it imports no torch)
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Head, Params, make_head
 from fedcache.heads.draws import ClientHeads
-from fedcache.registry import Registry
 from fedcache.wording import given_in_file, named
 
 
@@ -291,21 +291,6 @@ def gradients(loss_fn, params: Params, keys: tuple[str, ...], batch: tuple, info
     grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
     grads = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(leaves, grads)}
     return grads, {n: t.detach() for n, t in {**params, **buffers}.items()}
-
-
-class MethodRegistry(Registry["type[Method]"]):
-    """A method states its name once, in its registration; the class receives it as ``name``."""
-
-    def add(self, name: str, item: type[Method]) -> type[Method]:
-        if "name" in vars(item):
-            raise ConfigError(f"method class {item.__qualname__} states its name ({item.name!r}) beside its "
-                              f"registration as {name!r}: leave out the name attribute, the registration sets it")
-        super().add(name, item)
-        item.name = name
-        return item
-
-
-METHODS = MethodRegistry("method")
 
 
 def weighted_average(stacked: Params, weights: torch.Tensor) -> Params:
