@@ -287,6 +287,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
         raise ConfigError(f"a grid needs {as_flags} ({named('as options', 'as arguments')} or in the TOML file)")
     flagged = _flagged_axes(flags, fields["methods"] or [], fields["sweep"])
     spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"], flagged))
+    spec.check_given()  # a user's grid only (its stages carry what it gave); before its file's axes load torch
     kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
@@ -319,12 +320,15 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
     under the same name: refused as one setting given twice, the command line could not override the file."""
     from fedcache.grids import option_axes
     from fedcache.grids.spec import setting_places
-    from fedcache.spec import parse_axes
+    from fedcache.spec import option, parse_axes
 
     given = parse_axes(list(settings)) if settings else {}
     if sweep is not None:
         given.update(_sweep_axes(sweep))
     if flags:
+        for name, values in flags.items():  # each value as its cells check it (--rounds 0), before option_axes reads
+            for value in values:            # the methods' settings, which imports them and torch (seconds)
+                option(name).parse(value)
         axes = option_axes(flags, methods)
         twice = sorted(set(axes) & set(parse_axes(list(settings or []))))
         if twice:  # --set rounds=6 --rounds 3: one of them would be dropped without a word

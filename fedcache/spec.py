@@ -575,6 +575,23 @@ def refuse_unread_options(spec: RunSpec | DataPartition, given: Iterable[str]) -
                           f"({option('partition').flag}{named(' ', '=')}{schemes})")
 
 
+def check_trackers(names: Iterable[str]) -> None:
+    """``--track``'s names, each a tracker's (fedcache/trackers; importing them imports no torch)."""
+    from fedcache.trackers import known_trackers
+
+    unknown = [t for t in names if t not in known_trackers()]
+    if unknown:  # the unknown ones alone, quoted as a Python caller writes them: track='zz', track=['a', 'zz']
+        said = option("track").given(unknown[0] if len(unknown) == 1 else unknown)
+        raise ConfigError(f"{said}: unknown tracker; known: {', '.join(known_trackers())}")
+
+
+def check_method(name: str) -> None:
+    """Raise as ``method_class`` does for a name that no method has, importing no method (they import torch)."""
+    from fedcache.federate.methods import METHODS
+
+    METHODS.check(name)
+
+
 # ---- config.json of earlier fedcache versions ---------------------------------------------------------
 def migrate(d: dict) -> dict:
     """A ``spec`` of a config.json written before the tree held typed settings (``method.settings`` pairs,

@@ -30,7 +30,7 @@ from fedcache.ownership import Holder, check_free, hold
 from fedcache.partitioning import partition_of
 from fedcache.paths import GRID, check_outside, writable_dir
 from fedcache.progress import StepCallback, said_step
-from fedcache.spec import RunSpec, method_class, migrate_config, option
+from fedcache.spec import RunSpec, check_trackers, method_class, migrate_config, option
 from fedcache.store.feature_store import FeatureStore, FeatureTable
 from fedcache.wording import count, named
 
@@ -113,15 +113,6 @@ def owned(spec: RunSpec, holder: Holder | None = None):
     with hold(spec.engine.out, _what(spec.engine.out), resumes=_resumes(), holder=holder):
         _check_not_started(spec)
         yield
-
-
-def check_trackers(names) -> None:
-    from fedcache.trackers import known_trackers
-
-    unknown = [t for t in names if t not in known_trackers()]
-    if unknown:  # the unknown ones alone, quoted as a Python caller writes them: track='zz', track=['a', 'zz']
-        said = option("track").given(unknown[0] if len(unknown) == 1 else unknown)
-        raise ConfigError(f"{said}: unknown tracker; known: {', '.join(known_trackers())}")
 
 
 def _check_trackers(spec: RunSpec) -> None:

@@ -236,7 +236,13 @@ def test_partition_loads_no_torch(toy_store):
 
 
 FAST_REFUSALS = {  # the command after `fedcache` (and --store S ...), the line it refuses it with
+    # checked as the grid's cells were made, after the methods' settings were read (torch) to name the axis
+    "grid -m fedavg --rounds 0": "--rounds (schedule.rounds)=0: must be >= 1",
+    # checked as the grid ran, after its spec had read the methods' settings and imported training (torch)
+    "grid -m fedavg --min-rounds 2": "--min-rounds sets how successive halving cuts; add --prune halving (with "
+                                     "--select), or leave it out",
     # a method's name: known once every method's module (torch) was imported
+    "grid -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
     "train -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
 }
 

@@ -38,8 +38,9 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     """The cartesian grid of methods x options x settings x seeds, in parallel, resumable; writes results.csv and table.md.
 
     `train`'s options are accepted under the same names (not --resume, --overwrite, --track-dir or --engine: a grid resumes by itself and has its own --engine); v1,v2,... makes one an axis (`--alpha 0.1,1`, `--set lr=0.001,0.01`)."""
-    # The spec's checks of the options and the grid file need no torch and come first (GridSpec): a bad one is its
-    # line at once. Its methods' checks, then the engines, import torch.
+    # The spec's checks that need no torch come first (the options and their values, the grid file, the methods'
+    # names, what a grid may not give): a bad one is its line at once. The checks that read the methods' settings,
+    # then the engines, import torch.
     with loading_torch("grid spec checked and fedcache.grids.run imported"):
         spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options)
         importlib.import_module("fedcache.grids.run")

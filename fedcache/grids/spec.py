@@ -29,7 +29,8 @@ from fedcache.config import PositiveInt, parse
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
-from fedcache.spec import GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, grid_options, is_option, option, options, route
+from fedcache.spec import (GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
+                           grid_options, is_option, option, options, route)
 from fedcache.wording import by_keyword, filed, in_grid_file, named, swept, typed_as
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
@@ -236,6 +237,8 @@ class GridSpec:
         self.sweep = {axis_key(k): [axis_text(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
                       for k, vs in self.sweep.items()}
         check_lists(vars(self), self.names)
+        for m in self.methods:  # by name, importing no method (they import torch)
+            check_method(m)
         if self.jobs < 1:
             raise ConfigError(f"{self.names.lead('jobs', self.jobs)}: must be >= 1")
         self._check_select()
@@ -245,13 +248,11 @@ class GridSpec:
             section(**{f.name: getattr(self, f.name) for f in dataclasses.fields(section)})
         self._check_engine()
         self._check_pruning()  # before the trackers' names: with --prune, no tracker at all
-        # The checks above need no torch; those below read the methods' settings, which import it (seconds): a
-        # grid's bad option or file is refused before that wait.
+        # The checks above need no torch; those below read the methods' settings where an axis needs them, which
+        # imports the methods and torch (seconds): a grid's bad option or file is refused before that wait.
         self._check_partition_axes()
         self._check_setting_axes()
         self._check_one_name_per_setting()
-        from fedcache.training import check_trackers  # torch and the trackers: only when a grid is made
-
         check_trackers(self.track)
 
     def _check_select(self) -> None:
@@ -276,13 +277,12 @@ class GridSpec:
     def _check_setting_axes(self) -> None:
         """An axis over a method setting that some methods of the grid lack (fedprox's mu in a grid with fedavg)
         was refused from the first cell of such a method, as an unknown key of it, not saying which method."""
-        own = self._settings_of_methods()
-        if own is None:
-            return  # an unknown method is named where the grid resolves it
+        own = None
         for key in self.sweep:
             group, _, name = key.rpartition(".")
             if group not in ("", "method") or (not group and is_option(key)):
                 continue
+            own = self._settings_of_methods() if own is None else own
             # A short key may be any group's (optim.momentum too): owned where the method has it in any group.
             owners = [m for m in self.methods if any(name in fs for g, fs in own[m].items() if not group or g == group)]
             if owners and len(owners) < len(self.methods):
@@ -293,19 +293,17 @@ class GridSpec:
                                   f"{', '.join(owners)} ({self.names.add('methods', owners)}), and the others in a grid "
                                   f"of their own ({_TOGETHER})")
 
-    def _settings_of_methods(self) -> dict | None:
-        """Each method's ``--set`` groups (``spec.setting_fields``), or None when a method is unknown."""
-        from fedcache.errors import UnknownNameError
+    def _settings_of_methods(self) -> dict:
+        """Each method's ``--set`` groups (``spec.setting_fields``)."""
         from fedcache.spec import setting_fields
 
-        try:
-            return {m: setting_fields(m) for m in self.methods}
-        except UnknownNameError:
-            return None
+        return {m: setting_fields(m) for m in self.methods}
 
     def _check_one_name_per_setting(self) -> None:
         """``lr`` and ``optim.lr`` (two --set, say) are one setting: two axes over it labelled every cell with one
         and trained it with the other."""
+        if len(self.sweep) < 2:  # one key names no setting twice, and where it lands is read from the methods (torch)
+            return
         seen: dict[tuple, str] = {}
         for key in self.sweep:
             for m, where in setting_places(key, self.methods):
@@ -320,7 +318,7 @@ class GridSpec:
         refuses it (spec.refuse_unread_options): the grid would say it ran with alpha 0.3, and ran IID."""
         from fedcache.federate.partitions.core import COMMON_OPTIONS, PARTITIONERS, readers as schemes_reading
 
-        own = self._settings_of_methods() or {}
+        own = None
         scheme_key = next((k for k in self.sweep if is_option(k) and option(k).key == "partition.scheme"), None)
         schemes = self.sweep[scheme_key] if scheme_key else [option("partition").default]
         for key, values in self.sweep.items():
@@ -329,6 +327,7 @@ class GridSpec:
                 continue
             if len(values) < 2 and (self.out / SPEC).exists():  # a grid started with it is continued as it was made
                 continue
+            own = self._settings_of_methods() if own is None else own
             if "." not in key and any(key in fs for groups in own.values() for fs in groups.values()):
                 continue  # also a method's setting (perfedavg's alpha): the cells say the key is ambiguous
             known = [s for s in schemes if s in PARTITIONERS.names()]  # an unknown scheme is named when its cell is made
