@@ -244,6 +244,8 @@ FAST_REFUSALS = {  # the command after `fedcache` (and --store S ...), the line 
     # a method's name: known once every method's module (torch) was imported
     "grid -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
     "train -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
+    # the store: opened once the spec's method (torch) was imported, a method a sharding never uses
+    "shard": "no feature store at {store}; create one with `fedcache extract --store {store} ...`",
 }
 
 

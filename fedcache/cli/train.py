@@ -168,9 +168,15 @@ _said = step_printer(err)  # beside progress, not in the command's output
 
 def shard(out: Path, **given) -> None:
     """One self-contained feature store per client (only its rows) plus the server's, for a Flower deployment."""
-    with loading_torch("shard spec made and fedcache.flower.shard imported"):  # the spec's method imports torch
+    from fedcache.store.feature_store import FeatureStore
+
+    # The options and the store are checked without the method, whose class imports torch (seconds): a bad option
+    # or a store that is not there is its line at once.
+    data = DataPartition.of(**given)
+    refuse_unread_options(data, given_on_command_line(given))
+    FeatureStore(data.data.store, create=False)
+    with loading_torch("shard spec made and fedcache.flower.shard imported"):
         spec = RunSpec.of(method="fedavg", **given)  # the method is not used: only the data and the partition
-        refuse_unread_options(spec, given_on_command_line(given))
         from fedcache.flower.shard import describe, write_shards
         from fedcache.flower.sim import shard_spec
     with _progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as progress:
