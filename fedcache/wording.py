@@ -144,6 +144,12 @@ def in_grid_file(file: Path | str, key: str = "") -> str:
     return f"grid file {file}'s [set]" + (f" {key}" if key else "")
 
 
+def toml_key(key: str) -> str:
+    """A [set] key as a grid file's line spells it: ``lr``, a dotted one quoted (``"partition.alpha"``). Bare,
+    ``partition.alpha`` is TOML's table ``partition``, refused beside ``partition = "dirichlet"``."""
+    return f'"{key}"' if "." in key else key
+
+
 def given_in_file(name: str) -> str | None:
     """The setting or option of full name ``name`` (``optim.lr``) as a grid's file gave it, where it did (inside
     ``swept(file, keys)`` or ``filed``): ``grid file g.toml's [set] lr``."""

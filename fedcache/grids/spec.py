@@ -31,7 +31,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
 from fedcache.spec import (GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
                            grid_options, is_option, option, options, route)
-from fedcache.wording import by_keyword, filed, in_grid_file, named, swept, typed_as
+from fedcache.wording import by_keyword, filed, in_grid_file, named, swept, toml_key, typed_as
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
@@ -148,7 +148,7 @@ class Names:
         ``partition = "dirichlet" or partition = "domain-dirichlet" under [set]``,
         ``sweep={'partition': 'dirichlet'} or sweep={'partition': 'domain-dirichlet'}``."""
         if self.file:
-            return " or ".join(f"{key} = {_toml(v)}" for v in (values if either else [values])) + " under [set]"
+            return " or ".join(f"{toml_key(key)} = {_toml(v)}" for v in (values if either else [values])) + " under [set]"
         if by_keyword():
             return " or ".join(f"sweep={{{key!r}: {v!r}}}" for v in (values if either else [values]))
         listed = (" or " if either else ",").join(map(str, values))

@@ -109,10 +109,13 @@ CASES = [
     # advice to write a key is a line to paste under [set] (it said "[set] method.momentum=...", "method.alpha=...")
     ("a key two settings share", 'methods = ["flesd"]\n' + RUN + "momentum = [0.5, 0.9]\n",
      "grid file {path}'s [set] momentum is ambiguous: both method and optim have a 'momentum' setting; write "
-     "method.momentum = ... or optim.momentum = ... under [set]$"),
+     '"method.momentum" = ... or "optim.momentum" = ... under [set]$'),
+    # quoted: bare, partition.alpha is TOML's table partition, refused beside RUN's partition = "iid"
     ("a key a run option and a setting share", 'methods = ["perfedavg"]\n' + RUN + "alpha = [0.1, 0.2]\n",
      "grid file {path}'s [set] alpha is ambiguous: it is the run option partition.alpha and a setting of perfedavg "
-     "(method.alpha); write partition.alpha = ... or method.alpha = ... under [set]$"),
+     '(method.alpha); write "partition.alpha" = ... or "method.alpha" = ... under [set]$'),
+    ("select of one value by its dotted key", BASE + "select = ['partition.alpha']\n[set]\npartition = 'dirichlet'\n"
+     '"partition.alpha" = 0.1\n', 'choose from ("partition.alpha" = ["v1", "v2"] under [set]) or drop select'),
     ("select twice", BASE + "select = ['lr', 'lr']\n[set]\nlr = [0.1, 0.01]\nrounds = 1\n",
      'grid file {path}: select=["lr", "lr"]: \'lr\' and \'lr\' are one value; give each value once'),
     # the axes
@@ -226,6 +229,21 @@ def test_a_grid_an_older_fedcache_started_with_unused_prune_options_resumes(toy_
     assert run_cli(argv + ["--min-rounds", "2"], capsys)[0] == 0
     code, err = run_cli(argv + ["--min-rounds", "3"], capsys)
     assert code == 2 and "--min-rounds sets how successive halving cuts" in err
+
+
+def test_the_advice_to_an_ambiguous_key_pasted_under_set_is_taken(tmp_path):
+    """`alpha` beside `partition = "dirichlet"` was advised as `partition.alpha = ... under [set]`: pasted, TOML
+    refused the file (partition both a text and a table). Each alternative, pasted in place of alpha, is a grid."""
+    from fedcache.api import grid_spec
+
+    path, head = tmp_path / "g.toml", 'methods = "perfedavg"\n[set]\npartition = "dirichlet"\n'
+    path.write_text(head + "alpha = [0.1, 1]\n")
+    with pytest.raises(ConfigError, match=r"write (.*) under \[set\]$") as said:
+        grid_spec(config=path, store=tmp_path, dataset="d", backbones="b", out=tmp_path / "g")
+    lines = said.value.args[0].rpartition("write ")[2].removesuffix(" under [set]").split(" or ")
+    for line, key in zip(lines, ["partition.alpha", "method.alpha"], strict=True):
+        path.write_text(head + line.replace("...", "[0.1, 1]") + "\n")
+        assert load_toml(path)["sweep"] == {"partition": "dirichlet", key: [0.1, 1]}
 
 
 @pytest.mark.parametrize("text, key", [("[set]\noptim.momentum = [0.5, 0.9]\n", "optim.momentum"),
