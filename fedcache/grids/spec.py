@@ -544,14 +544,29 @@ def _read_toml(path: Path) -> dict:
 
 
 def _toml_problem(message: str, text: str) -> str:
-    """tomllib's message, with what it means where it is terse: a key given twice is "Cannot overwrite a value"."""
+    """tomllib's message, with what it means where it is terse: "Cannot overwrite a value" is a key given twice,
+    or a dotted key beside a value of its first part (``partition.alpha`` is TOML's table ``partition``, which
+    ``partition = "dirichlet"`` made a text)."""
     found = re.search(r"\(at line (\d+), column \d+\)", message)
     if not found or not message.startswith("Cannot overwrite a value"):
         return message
-    line = text.splitlines()[int(found.group(1)) - 1] if int(found.group(1)) <= len(text.splitlines()) else ""
-    key = line.split("=", 1)[0].strip()
-    return (f"{key or 'a key'} is given twice (the second at line {found.group(1)}); give each key once, and the "
+    lines, at = text.splitlines(), int(found.group(1))
+    key = _line_key(lines[at - 1]) if at <= len(lines) else ""
+    for before in range(at - 1, 0, -1):  # the lines above it in its table
+        if lines[before - 1].lstrip().startswith("["):
+            break
+        other = _line_key(lines[before - 1])
+        if key and other and (key.startswith(other + ".") or other.startswith(key + ".")):
+            dotted, plain = (key, other) if len(key) > len(other) else (other, key)
+            return (f"{dotted} makes {plain} a table, and {plain} = ... gives it a value (lines {before} and {at}); "
+                    f"quote the dotted key: {toml_key(dotted)} = ...")
+    return (f"{key or 'a key'} is given twice (the second at line {at}); give each key once, and the "
             "values of an axis as one list: key = [v1, v2]")
+
+
+def _line_key(line: str) -> str:
+    """The key of a ``key = value`` line as TOML reads it, ``partition . alpha`` as ``partition.alpha``."""
+    return re.sub(r"\s*\.\s*", ".", line.split("=", 1)[0].strip()) if "=" in line else ""
 
 
 def _grid_types() -> dict[str, tuple[Any, bool]]:

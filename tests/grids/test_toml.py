@@ -139,6 +139,12 @@ CASES = [
     ("set.jobs", BASE + "[set]\njobs = 2\n", "grid file {path}'s [set] jobs: not an axis; jobs is a key of the grid itself"),
     ("set.select", BASE + "[set]\nselect = ['lr']\n", "grid file {path}'s [set] select: not an axis; select is a key of the grid itself"),
     ("a key twice, said as that", BASE + "jobs = 1\njobs = 2\n", "jobs is given twice (the second at line 3); give each key once"),
+    # not "partition.alpha is given twice": TOML reads the dotted key as a table partition, which the text is not
+    ("a dotted key beside a value of its first part", BASE + "[set]\npartition = 'dirichlet'\npartition.alpha = [0.1, 1]\n",
+     'partition.alpha makes partition a table, and partition = ... gives it a value (lines 3 and 4); quote the dotted '
+     'key: "partition.alpha" = ...$'),
+    ("a dotted key before a value of its first part", BASE + "[set]\npartition . alpha = 1\nrounds = 1\npartition = 'iid'\n",
+     'partition.alpha makes partition a table, and partition = ... gives it a value (lines 3 and 5)'),
     ("an unknown key, suggested", BASE + "keep-checkpoints = 'none'\n", "unknown key(s) keep-checkpoints (did you mean keep_checkpoints?)"),
     ("an unknown partition", BASE + "[set]\npartition = 'nope'\nrounds = 1\n", "nope"),
     ("a valid text with commas beside a bad value", BASE + "[set]\nrounds = 1\noptimizer = 'adam'\nbetas = '0.9,0.999'\nlr = -1\n",
