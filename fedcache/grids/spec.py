@@ -259,7 +259,7 @@ class GridSpec:
         """Said now, not after the cells it tunes on (or the first cell to track) have run."""
         n, given = self.names, list(self.select)
         lead = n.lead("select", given)  # as the user wrote it: a short name may stand for a qualified axis
-        self.select = [_axis_named(k, list(self.sweep)) for k in self.select]
+        self.select = [_axis_named(k, self.sweep, lead, n) for k in self.select]
         _check_once(lead, self.select)  # and the corrected one refused as another grid
         example = f"e.g. {n.add_axis('lr', ['1e-3', '1e-2'])} and {n.add('select', ['lr'])}"
         unknown = [k for k in self.select if k not in self.sweep]
@@ -623,15 +623,20 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
     return table
 
 
-def _axis_named(name: str, axes: list[str]) -> str:
+def _axis_named(name: str, sweep: dict[str, list], lead: str, names: Names) -> str:
     """The axis a --select name means: itself, or the one axis it is the last part of (--alpha with perfedavg in the
-    grid is the axis partition.alpha, option_axes) or the run option it names (--head is the axis head.name)."""
-    if name in axes:
+    grid is the axis partition.alpha, option_axes) or the run option it names (--head is the axis head.name). A
+    name two axes end with is refused, said by ``lead`` and advised as ``names`` advise."""
+    if name in sweep:
         return name
     # The option's own name, not axis_label's rule: that reads the methods' settings (torch), and select is
-    # checked before them. Two axes the name could mean are left to the caller's "not an axis" message.
-    qualified = [a for a in axes if a.rpartition(".")[2] == name or (is_option(a) and option(a).name == name)]
-    return qualified[0] if len(qualified) == 1 else name
+    # checked before them.
+    qualified = [a for a in sweep if a.rpartition(".")[2] == name or (is_option(a) and option(a).name == name)]
+    if len(qualified) > 1:  # taking either would be a guess; "not an axis" was untrue
+        example = next((a for a in qualified if len(sweep[a]) > 1), qualified[0])
+        raise ConfigError(f"{lead}: {name} could be {' or '.join(qualified)}; select one by its full name, e.g. "
+                          f"{names.add('select', [example])}")
+    return qualified[0] if qualified else name
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:

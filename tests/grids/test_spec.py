@@ -201,13 +201,13 @@ def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
 
 def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):
     """grid -m fedavg,perfedavg --alpha 0.1,1 makes the axis partition.alpha (perfedavg has an alpha of its own):
-    --select alpha, the name the user typed, is that axis; where two axes end in it, it names neither."""
+    --select alpha, the name the user typed, is that axis; where two axes end in it, it is refused naming both."""
     def grid(sweep, select):
         return GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg", "perfedavg"], out=tmp_path,
                         sweep={"partition": ["dirichlet"], **sweep, "subsample": ["0.8"]}, select=select)
 
     assert grid({"partition.alpha": ["0.1", "1"]}, ["alpha"]).select == ["partition.alpha"]
-    with pytest.raises(ConfigError, match="--select=alpha: alpha is not an axis of this grid"):
+    with pytest.raises(ConfigError, match="--select=alpha: alpha could be partition.alpha or method.alpha; select one"):
         grid({"partition.alpha": ["0.1", "1"], "method.alpha": ["0.01", "0.1"]}, ["alpha"])
     with pytest.raises(ConfigError, match="--select=alpha,partition.alpha: .* are one value"):
         grid({"partition.alpha": ["0.1", "1"]}, ["alpha", "partition.alpha"])
@@ -221,6 +221,30 @@ def test_select_names_an_option_axis_by_its_flag_s_name(tmp_path):
     spec = grid_spec(store=tmp_path, dataset="d", backbones="b", methods="fedavg", out=tmp_path / "g", select=["head"],
                      option_axes={"head": ["linear", "mlp"]})
     assert list(spec.sweep) == ["head.name"] and spec.select == ["head.name"]
+
+
+def test_a_select_name_two_axes_end_with_names_both(tmp_path):
+    """`-m fedavg,perfedavg --alpha 0.1,1 --set method.alpha=0.2,0.3 --select alpha` said `alpha is not an axis of
+    this grid (axes: method.alpha, partition.alpha)`: it is both axes' last part. Each form advises its own line."""
+    from fedcache.api import grid, grid_spec
+
+    common = dict(store=tmp_path, dataset="d", backbones="b", methods="fedavg,perfedavg", out=tmp_path / "g")
+    both = "alpha could be method.alpha or partition.alpha; select one by its full name, e.g. "
+    with pytest.raises(ConfigError, match=rf"^--select=alpha: {both}--select method.alpha$"):
+        grid_spec(option_axes={"partition": ["dirichlet"], "alpha": ["0.1", "1"]}, settings=["method.alpha=0.2,0.3"],
+                  select=["alpha"], **common)
+    with pytest.raises(ConfigError, match=rf"^--select=alpha: {both}--select partition.alpha$"):  # the one axis
+        grid_spec(option_axes={"partition": ["dirichlet"], "alpha": ["0.1", "1"]}, settings=["method.alpha=0.2"],
+                  select=["alpha"], **common)
+    with pytest.raises(ConfigError, match=rf"^select=\['alpha'\]: {both}select=\['method.alpha'\]$"):
+        grid(sweep={"partition": "dirichlet", "method.alpha": [0.2, 0.3], "partition.alpha": [0.1, 1]},
+             select=["alpha"], **common)
+    path = tmp_path / "g.toml"
+    path.write_text('select = ["alpha"]\n[set]\npartition = "dirichlet"\n"method.alpha" = [0.2, 0.3]\n'
+                    '"partition.alpha" = [0.1, 1]\n')
+    with pytest.raises(ConfigError, match=rf'^grid file {re.escape(str(path))}: select=\["alpha"\]: {both}'
+                                          r'select = \["method.alpha"\]$'):
+        grid_spec(config=path, **common)
 
 
 def test_a_qualified_option_axis_is_named_as_its_user_gave_it(tmp_path):
