@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+import sys
 from typing import Callable, Generic, Iterator, TypeVar
 
 from fedcache.errors import ConfigError, UnknownNameError
@@ -22,6 +23,10 @@ _KEBAB = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
 
 
 class Registry(Generic[T]):
+    # What to do where a declared module registers other names than it is declared with (a kind whose names come
+    # from its files says how to name the file).
+    declare_advice = "declare each name with the module that registers it"
+
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
@@ -30,6 +35,11 @@ class Registry(Generic[T]):
 
     def add(self, name: str, item: T) -> T:
         self._check_new(name, self._items)
+        module = self._declared.get(name)
+        if module is not None and module not in sys.modules:  # another module's, before the declared one loads:
+            # it would stand in for the built-in, and the built-in's own registration would fail some later get
+            raise ConfigError(f"{self.kind} name {name!r} is a built-in {self.kind}'s (registered by {module}); "
+                              f"register yours under another name")
         self._items[name] = item
         return item
 
@@ -83,11 +93,18 @@ class Registry(Generic[T]):
         raise UnknownNameError(self._unknown_message(name))
 
     def _load(self, name: str) -> None:
-        module = self._declared[name]
+        module, before = self._declared[name], set(self._items)
         importlib.import_module(module)
         if name not in self._items:  # a module renamed without its registration, or the reverse
             raise ConfigError(f"importing {module} registered no {self.kind} {name!r}, the name it is declared with: "
-                              f"register {name!r} there, or declare the name it registers")
+                              f"register {name!r} there, or {self.declare_advice}")
+        # A name no one declared would be known only once its module is loaded: names() and len() would depend on
+        # which names were asked for first.
+        extra = sorted(set(self._items) - before - self._declared.keys())
+        if extra:
+            raise ConfigError(f"importing {module} registered {self.kind} {', '.join(map(repr, extra))} beside "
+                              f"{name!r}, the name it is declared with: move {'it' if len(extra) == 1 else 'them'} "
+                              f"to a module of {'its' if len(extra) == 1 else 'their'} own, and {self.declare_advice}")
 
     def _unknown_message(self, name: str) -> str:
         close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)

@@ -75,3 +75,41 @@ def test_a_declared_name_is_known_before_its_module_is_imported(tmp_path, monkey
         reg.declare("widget-one", "widget_one")
     monkeypatch.delitem(sys.modules, "widget_one")
     monkeypatch.delitem(sys.modules, "widget_two")
+
+
+def test_a_declared_name_is_refused_to_another_module_before_its_own_is_imported(tmp_path, monkeypatch):
+    """A script's ``@METHODS.register("fedavg")`` before the built-in is loaded: accepted, it stood in for the
+    built-in, whose own registration then failed a later, unrelated ``get`` as a duplicate."""
+    import sys
+    import types
+
+    reg: Registry[int] = Registry("widget")
+    monkeypatch.setitem(sys.modules, "widget_owner", types.SimpleNamespace(REG=reg))
+    (tmp_path / "widget_six.py").write_text("import widget_owner\nwidget_owner.REG.add('widget-six', 6)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg.declare("widget-six", "widget_six")
+    with pytest.raises(ConfigError, match=r"widget name 'widget-six' is a built-in widget's \(registered by "
+                                          r"widget_six\); register yours under another name"):
+        reg.add("widget-six", 7)
+    assert reg.get("widget-six") == 6  # its own module, registering while it is imported, is accepted
+    with pytest.raises(ConfigError, match="duplicate widget name 'widget-six'"):
+        reg.add("widget-six", 7)
+    monkeypatch.delitem(sys.modules, "widget_six")
+
+
+def test_a_declared_module_registering_an_undeclared_name_too_is_refused(tmp_path, monkeypatch):
+    """Else the extra name is listed only once its module is loaded: names() and len() follow what was asked first."""
+    import sys
+    import types
+
+    reg: Registry[int] = Registry("widget")
+    monkeypatch.setitem(sys.modules, "widget_owner", types.SimpleNamespace(REG=reg))
+    (tmp_path / "widget_pair.py").write_text("import widget_owner\nwidget_owner.REG.add('widget-pair', 2)\n"
+                                             "widget_owner.REG.add('widget-extra', 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg.declare("widget-pair", "widget_pair")
+    with pytest.raises(ConfigError, match=r"importing widget_pair registered widget 'widget-extra' beside "
+                                          r"'widget-pair', the name it is declared with: move it to a module of its "
+                                          r"own, and declare each name with the module that registers it$"):
+        reg.get("widget-pair")
+    monkeypatch.delitem(sys.modules, "widget_pair")

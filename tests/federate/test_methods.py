@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedcache.errors import ConfigError
 from fedcache.federate.schedule import Schedule
 from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
@@ -131,3 +132,47 @@ def test_a_method_that_may_keep_client_state_is_told_by_its_class(name, skewed):
     from fedcache.flower.config import may_keep_client_state
 
     assert may_keep_client_state(METHODS.get(name)) == bool(make(name, skewed).init_clients(1))
+
+
+@pytest.fixture
+def methods_copy(tmp_path, monkeypatch):
+    """fedcache/federate/methods/__init__.py run again as ``methods_copy``, over its folder and ``tmp_path``: what
+    it declares from files put there, and how its METHODS loads them, without touching the real package."""
+    import importlib.util
+    import sys
+
+    import fedcache.federate.methods as package
+
+    init = Path(package.__file__)
+    spec = importlib.util.spec_from_file_location("methods_copy", init,
+                                                  submodule_search_locations=[str(init.parent), str(tmp_path)])
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "methods_copy", module)
+    (tmp_path / "helpers").mkdir()  # a subpackage holds helpers: no method
+    (tmp_path / "helpers" / "__init__.py").write_text("")
+    for file, names in {"renamed.py": ["named-otherwise"], "two_names.py": ["two-names", "second-name"]}.items():
+        (tmp_path / file).write_text("import methods_copy\n" + "".join(
+            f"methods_copy.METHODS.add({n!r}, type('M', (), {{}}))\n" for n in names))
+    spec.loader.exec_module(module)
+    yield module
+    for name in ("renamed", "two_names"):
+        sys.modules.pop(f"methods_copy.{name}", None)
+
+
+def test_methods_are_the_package_s_files_and_say_how_to_name_them(methods_copy):
+    assert "helpers" not in methods_copy.METHODS
+    assert methods_copy.METHODS.names() == sorted({*METHODS.names(), "renamed", "two-names"})
+    assert {"LocalResult", "Method", "MethodContext", "METHODS"} <= set(dir(methods_copy))
+    with pytest.raises(ConfigError, match=r"registered no method 'renamed', the name it is declared with: register "
+                                          r"'renamed' there, or name the file after the method \(fst_cbdg.py for "
+                                          r"fst-cbdg\)$"):
+        methods_copy.METHODS.get("renamed")
+    with pytest.raises(ConfigError, match=r"registered method 'second-name' beside 'two-names'.*: move it to a module "
+                                          r"of its own, and name the file after the method \(fst_cbdg.py"):
+        methods_copy.METHODS.get("two-names")
+
+
+def test_a_script_registering_a_built_in_method_s_name_is_refused_at_once(methods_copy):
+    with pytest.raises(ConfigError, match=r"^method name 'fedavg' is a built-in method's \(registered by "
+                                          r"methods_copy.fedavg\); register yours under another name$"):
+        methods_copy.METHODS.register("fedavg")(type("MyFedAvg", (), {}))

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 class MethodRegistry(Registry["type[Method]"]):
     """A method states its name once, in its registration; the class receives it as ``name``."""
 
+    declare_advice = "name the file after the method (fst_cbdg.py for fst-cbdg)"
+
     def add(self, name: str, item: type[Method]) -> type[Method]:
         if "name" in vars(item):
             raise ConfigError(f"method class {item.__qualname__} states its name ({item.name!r}) beside its "
@@ -31,7 +33,7 @@ class MethodRegistry(Registry["type[Method]"]):
 
 METHODS = MethodRegistry("method")
 for _mod in pkgutil.iter_modules(__path__):
-    if _mod.name != "base" and not _mod.name.startswith("_"):
+    if _mod.name != "base" and not _mod.name.startswith("_") and not _mod.ispkg:  # one file per method
         METHODS.declare(_mod.name.replace("_", "-"), f"{__name__}.{_mod.name}")
 
 _FROM_BASE = ("LocalResult", "Method", "MethodContext")
@@ -41,6 +43,10 @@ def __getattr__(name: str):
     if name in _FROM_BASE:
         return getattr(importlib.import_module(f"{__name__}.base"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_FROM_BASE))
 
 
 __all__ = ["METHODS", "LocalResult", "Method", "MethodContext", "MethodRegistry"]
