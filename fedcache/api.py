@@ -274,6 +274,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
     fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"), "methods")
+    _check_names(fields)
     fields["sweep"] = _merged_sweep(fields.get("sweep", {}), fields["methods"] or [], settings, sweep, flags)
     if not fields.get("store") and default_store:  # the CLI's FEDCACHE_STORE, below a file's store and --store
         fields["store"] = default_store
@@ -292,6 +293,17 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     if kept:  # not overridden on the command line
         check_file_axes(spec, kept, Path(config))
     return spec
+
+
+def _check_names(fields: dict) -> None:
+    """A grid's methods and trackers, by name, as GridSpec checks them: before ``_merged_sweep`` reads the methods'
+    settings for the axes given (``--rounds 5``, ``--set``, ``[set]``), which imports them and torch (seconds)."""
+    from fedcache.spec import check_method, check_trackers
+
+    for m in fields["methods"] or []:
+        check_method(m)
+    if fields.get("prune", "none") == "none":  # a pruned grid takes no tracker at all: GridSpec says so first
+        check_trackers(fields.get("track") or [])
 
 
 def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict, flagged: frozenset[str]):

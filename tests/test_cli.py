@@ -243,6 +243,10 @@ FAST_REFUSALS = {  # the command after `fedcache` (and --store S ...), the line 
                                      "--select), or leave it out",
     # a method's name: known once every method's module (torch) was imported
     "grid -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
+    # ... and where a run-option flag made an axis, whose key was routed by the methods' settings (torch) first
+    "grid -m fedavg,fedavgg --rounds 5": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? "
+                                         "Known: {methods}.",
+    "grid -m fedavg --rounds 5 --track zz": "--track zz: unknown tracker; known: mlflow, tensorboard",
     "train -m fedavgg": "unknown method 'fedavgg'. Did you mean 'fedavg', 'fedavgm', 'perfedavg'? Known: {methods}.",
     # the store: opened once the spec's method (torch) was imported, a method a sharding never uses
     "shard": "no feature store at {store}; create one with `fedcache extract --store {store} ...`",
