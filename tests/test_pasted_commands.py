@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from fedcache.errors import EntryNotFoundError, IncompleteEntryError
+from fedcache.errors import BadImageError, EntryNotFoundError, IncompleteEntryError
 from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.store.feature_store import FeatureStore
@@ -142,3 +142,43 @@ def test_a_finished_extraction_that_skipped_bad_images_is_made_again_so_for_anot
         FeatureStore(store_path).read("imagefolder", "train", "tiny-clip-random")
     (command,) = _commands(str(other.value))
     assert "--skip-bad-images" in command and command[command.index("--path") + 1] == str(folder)
+
+
+def test_an_extraction_stopped_at_a_bad_image_and_resumed_skipping_them_is_finished_skipping_them(
+        store_path, folder, tmp_path, monkeypatch, capsys):
+    """The usual way to --skip-bad-images: a run without it stops at a bad image, and the one its error asks for
+    resumes that entry. The flag was recorded only where a run made the entry: interrupted, the resumed run was to be
+    finished by a command without it, which stopped at the bad image again, and so was another backbone's extraction."""
+    from fedcache.cli import main
+
+    options = DatasetOptions(path=folder)
+    with pytest.raises(BadImageError):
+        extract(cfg(store_path, dataset="imagefolder", dataset_options=options))
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store_path, dataset="imagefolder", dataset_options=options, skip_bad_images=True),
+                progress=_stop_at(advance=True))
+    with pytest.raises(IncompleteEntryError) as unfinished:
+        FeatureStore(store_path).read("imagefolder", "train", BACKBONE)
+    (finish,) = _commands(str(unfinished.value))
+    assert "--skip-bad-images" in finish, finish
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(finish[1:]) == 0, capsys.readouterr().err
+    with pytest.raises(EntryNotFoundError) as other:
+        FeatureStore(store_path).read("imagefolder", "train", "tiny-clip-random")
+    (command,) = _commands(str(other.value))
+    assert "--skip-bad-images" in command, command
+
+
+def test_an_entry_that_skipped_bad_images_without_recording_the_flag_is_made_again_skipping_them(store_path, folder):
+    """An entry an older fedcache made with --skip-bad-images records no flag, but the bad images it skipped."""
+    options = DatasetOptions(path=folder)
+    extract(cfg(store_path, dataset="imagefolder", dataset_options=options, skip_bad_images=True, splits=("train",)))
+    fs = FeatureStore(store_path)
+    (entry,) = fs.entries()
+    del fs.root["entries"][entry.entry_id].attrs["skip_bad_images"]
+    assert "skip_bad_images" not in FeatureStore(store_path).info(entry.entry_id).attrs
+    with pytest.raises(EntryNotFoundError) as other:
+        FeatureStore(store_path).read("imagefolder", "train", "tiny-clip-random")
+    (command,) = _commands(str(other.value))
+    assert "--skip-bad-images" in command, command

@@ -362,11 +362,13 @@ READ_WITH = ("path", "data_root", "seed", "test_fraction")
 
 def _read_with(e: EntryInfo) -> str:
     """``--path ROOT --test-fraction 0.5 ...``: where and how ``e``'s images were read (``READ_WITH``), and
-    ``--skip-bad-images`` where its extraction was given it: without, the command stops at the first bad image."""
+    ``--skip-bad-images`` where its extraction was given it or skipped one (an entry made before fedcache recorded
+    the flag): without, the command stops at the first bad image."""
     given = e.attrs.get("dataset_options")
     given = given if isinstance(given, dict) else {}
     said = "".join(" " + pasted("--" + f.replace("_", "-"), str(given[f])) for f in READ_WITH if f in given)
-    return said + (" --skip-bad-images" if e.attrs.get("skip_bad_images") else "")
+    skipped = e.attrs.get("skip_bad_images") or (e.attrs.get("n_bad_images") or 0) > 0
+    return said + (" --skip-bad-images" if skipped else "")
 
 
 def _subset(e: EntryInfo) -> list[str]:

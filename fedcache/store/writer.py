@@ -400,13 +400,29 @@ def _made_or_opened(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entr
     """The entry's group, made (its whole size checked first) if it does not exist yet."""
     entries = store.root[ENTRIES]
     if key.entry_id in entries:
-        return entries[key.entry_id]
+        return _resumed(entries[key.entry_id], attrs)
     itemsize = np.dtype(key.dtype).itemsize
     rows_per_chunk = chunk_rows or chunk_rows_for(dim, itemsize, batch_size)
     need = entry_bytes(n_rows, n_rows, dim, itemsize, max(1, -(-n_rows // rows_per_chunk)))
     disk.check_space(folder, need, what)
     with disk.on_full_disk(folder, what, need, remove=[folder]):  # half made, it is of no use
         return _create_entry(store, key, n_rows, dim, batch_size, attrs, chunk_rows, entry_format)
+
+
+# What a writer that resumes an entry records of how it was given to write, though another writer made the entry: a
+# run stopped at a bad image is resumed by one given --skip-bad-images, and the command that finishes the entry (or
+# extracts another backbone of its images) must say it too, or it stops at that image again. Written under the
+# entry's create lock, as a new entry's attributes are, so that writers of other parts do not write over them.
+RESUMED_WITH = ("skip_bad_images",)
+
+
+def _resumed(group: zarr.Group, attrs: dict) -> zarr.Group:
+    """The entry's group, with what ``attrs`` say of ``RESUMED_WITH`` recorded where the entry lacks it (a complete
+    entry is left as it is: there is nothing left to write, and it may be another user's)."""
+    new = {n: attrs[n] for n in RESUMED_WITH if attrs.get(n) and not group.attrs.get(n)}
+    if new and not group.attrs.get("complete", False):
+        group.attrs.update(new)
+    return group
 
 
 def _entered(held: contextlib.ExitStack, lock: Path, what: str) -> bool:
