@@ -31,14 +31,27 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
+class Placeholder(str):
+    """A word of a printed command that its user replaces (``STORE``, ``DATASET``): :func:`pasted` says it as typed."""
+
+
 def pasted(*words: str | os.PathLike) -> str:
-    """Arguments of a command a message gives to paste, as the shell must read them: each quoted where it needs it
-    (``shlex.quote``: ``my feats.zarr`` is ``'my feats.zarr'``, ``feats.zarr`` stays as it is), and each path (a
-    ``Path``) absolute, so that it names the same file pasted in another folder or read from a log later (a relative
-    store there is a new, empty one). Absolute as ``os.path.abspath`` makes it, links kept as typed, as an entry
-    records its folders. A ``str`` is said as it is: a name, a flag, a value, or a placeholder such as ``STORE``."""
-    said = (os.path.abspath(os.path.expanduser(w)) if isinstance(w, os.PathLike) else w for w in words)
-    return " ".join(shlex.quote(str(w)) for w in said)
+    """Arguments of a command a message gives to paste, as the shell must read them. A path is given as a ``Path``
+    (any ``os.PathLike``) and said absolute, so that it names the same file pasted in another folder or read from a
+    log later (a relative store there is a new, empty one): absolute as ``os.path.abspath`` makes it, links kept as
+    typed, as an entry records its folders. A :class:`Placeholder` is said as typed. Any other ``str`` is a value (a
+    name, a flag, a number), never made absolute: a path given as a ``str`` would be said relative. Paths and values
+    are quoted where the shell would split them (``shlex.quote``: ``my feats.zarr`` is ``'my feats.zarr'``,
+    ``feats.zarr`` stays as it is)."""
+    return " ".join(_said(w) for w in words)
+
+
+def _said(word: str | os.PathLike) -> str:
+    if isinstance(word, Placeholder):
+        return str(word)
+    if isinstance(word, os.PathLike):
+        return shlex.quote(os.path.abspath(os.path.expanduser(word)))
+    return shlex.quote(str(word))
 
 
 def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:

@@ -182,3 +182,14 @@ def test_an_entry_that_skipped_bad_images_without_recording_the_flag_is_made_aga
         FeatureStore(store_path).read("imagefolder", "train", "tiny-clip-random")
     (command,) = _commands(str(other.value))
     assert "--skip-bad-images" in command, command
+
+
+def test_a_placeholder_is_said_as_typed_and_a_str_is_a_value_never_made_absolute(tmp_path, monkeypatch):
+    """Placeholders were plain ``str``s, which ``pasted`` says as they are: nothing told one from a path given as a
+    ``str`` by mistake, said relative. A placeholder is now marked, and said as typed, even where the shell would
+    read it (it is there to be replaced)."""
+    from fedcache.wording import Placeholder
+
+    monkeypatch.chdir(tmp_path)
+    assert pasted("--store", Placeholder("STORE"), "--ids", Placeholder("ID ...")) == "--store STORE --ids ID ..."
+    assert pasted("feats.zarr", "a b", Path("feats.zarr")) == f"feats.zarr 'a b' {tmp_path / 'feats.zarr'}"

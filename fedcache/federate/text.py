@@ -21,9 +21,10 @@ from fedcache.federate.data import FederatedData
 from fedcache.store import lookup
 from fedcache.store.entries import SHARD_ATTR
 from fedcache.store.feature_store import FeatureStore, FeatureTable
-from fedcache.wording import named, pasted
+from fedcache.wording import Placeholder, named, pasted
 
-SOURCE = "STORE"  # a shard's hint: the store the shards were cut from (a str: a placeholder, said as it is)
+SOURCE = Placeholder("STORE")  # a shard's hint: the store the shards were cut from
+DATASET = Placeholder("DATASET")  # a dataset fedcache reads, where the run's is not one
 TEXT_BACKBONE = "clip-rn50"  # the backbone with a text tower a run without text is pointed to
 DEFAULT_SET = "single"  # "a photo of a {}.": FST-CBDG's (Algorithm 1) and PromptFL's template
 
@@ -115,7 +116,7 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
                    if shard else "")
 
 
-def _imported_hint(path: Path | str, backbone: str, entry) -> str:
+def _imported_hint(path: Path | Placeholder, backbone: str, entry) -> str:
     """An extraction that stores ``backbone``'s text for an imported entry's classes: of a dataset of those classes,
     under another --name (its features would otherwise be current in the imported ones' place)."""
     # Imported here: the datasets' registry costs a run about 0.3 s (PIL, scipy), a Flower ClientApp each message
@@ -123,7 +124,7 @@ def _imported_hint(path: Path | str, backbone: str, entry) -> str:
 
     dataset = entry.key["dataset"]
     known = dataset in DATASETS
-    command = (f"fedcache extract {pasted('--store', path, '--dataset', dataset if known else 'DATASET')} "
+    command = (f"fedcache extract {pasted('--store', path, '--dataset', dataset if known else DATASET)} "
                f"{pasted('--name', f'{dataset}-text', '--backbones', backbone)} --splits test")
     return (f"extract them with `{command}`" + ("" if known else ", DATASET one that fedcache reads with these classes")
             + " (--name keeps the features it extracts apart from the imported ones)")

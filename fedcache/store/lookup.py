@@ -14,7 +14,7 @@ from typing import Sequence
 from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json, noisy_name
-from fedcache.wording import pasted
+from fedcache.wording import Placeholder, pasted
 
 
 def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
@@ -271,7 +271,7 @@ def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     return f"`{views_hint(path, infos, pending, like)}`" + _unsaid(like or pending)
 
 
-def extract_said(path: Path | str, pending: list[EntryInfo], domains: list[str] | None = None,
+def extract_said(path: Path | Placeholder, pending: list[EntryInfo], domains: list[str] | None = None,
                  splits: list[str] | None = None) -> str:
     """:func:`extract_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`): a plain
     extraction of an augmented view's entries does not say the options (--views ...) it was started with."""
@@ -316,7 +316,7 @@ def _unrecorded(e: EntryInfo) -> str:
     return ""
 
 
-def extract_hint(path: Path | str, pending: list[EntryInfo], domains: list[str] | None = None,
+def extract_hint(path: Path | Placeholder, pending: list[EntryInfo], domains: list[str] | None = None,
                  splits: list[str] | None = None) -> str:
     """The extraction that finishes ``pending`` (or makes ``domains`` of ``splits``, default its split, as ``pending``
     were made): its store, dataset, backbone, and the options in its key that are not the defaults (another --dtype
@@ -333,7 +333,7 @@ def extract_hint(path: Path | str, pending: list[EntryInfo], domains: list[str] 
     return hint + _made_as(pending[0])
 
 
-def backbone_said(path: Path | str, like: EntryInfo, backbone: str) -> str:
+def backbone_said(path: Path | Placeholder, like: EntryInfo, backbone: str) -> str:
     """The extraction of ``backbone``'s features of the dataset ``like`` (an entry) is of, as it was made (its
     --name, --domains, noise), in backticks: another backbone for that dataset in that store."""
     return f"`fedcache extract {pasted('--store', path)}{_dataset(like)} {pasted('--backbones', backbone)}`"
