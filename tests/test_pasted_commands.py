@@ -3,12 +3,13 @@ a space in a path, and with the options the interrupted command was given."""
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from fedcache.errors import BadImageError, EntryNotFoundError, IncompleteEntryError
+from fedcache.errors import BadImageError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.store.feature_store import FeatureStore
@@ -182,6 +183,35 @@ def test_an_entry_that_skipped_bad_images_without_recording_the_flag_is_made_aga
         FeatureStore(store_path).read("imagefolder", "train", "tiny-clip-random")
     (command,) = _commands(str(other.value))
     assert "--skip-bad-images" in command, command
+
+
+def test_the_store_s_other_commands_name_it_absolute(tmp_path, monkeypatch):
+    """Removing an entry that says format 2 but is not, repairing one an upgrade skips as damaged, and extracting
+    text embeddings the store lacks: commands that named no store, run against the one in the current folder."""
+    import json
+
+    from fedcache.store.keys import EntryKey
+    from fedcache.store.upgrade import upgrade_store
+    from fedcache.store.writer import EntryWriter
+
+    monkeypatch.chdir(tmp_path)
+    store = Path("my feats.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg(store, splits=("train",)), progress=_stop_at(advance=True))
+    fs = FeatureStore(store)
+    (entry,) = fs.entries()
+    meta = store / "entries" / entry.entry_id / "features" / "zarr.json"
+    said = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**said, "codecs": [*said["codecs"], {"name": "gzip", "configuration": {"level": 1}}]}))
+    with pytest.raises(StoreError) as compressed:
+        EntryWriter(fs, EntryKey(**entry.key), fs.root["entries"][entry.entry_id])
+    old = Path(shutil.copytree(Path(__file__).parent / "store" / "data" / "store-format-1", "old.zarr"))
+    (old / "entries" / "41ab763820bc40b8" / "labels" / "c" / "2").unlink()  # a format-1 entry, damaged
+    (skipped,) = [u.detail for u in upgrade_store(FeatureStore(old)) if u.detail.startswith("damaged")]
+    with pytest.raises(EntryNotFoundError) as no_text:
+        fs.read_text("tiny-clip-random", ["a", "b"])
+    commands = [c for text in (str(compressed.value), skipped, str(no_text.value)) for c in _commands(text)]
+    assert [_store_of(c) for c in commands] == [str(tmp_path / store), str(tmp_path / "old.zarr"), str(tmp_path / store)]
 
 
 def test_a_placeholder_is_said_as_typed_and_a_str_is_a_value_never_made_absolute(tmp_path, monkeypatch):

@@ -73,18 +73,18 @@ def attach_text(data: FederatedData, store: FeatureStore, backbones: list[str], 
         if hint := _text_hint(store, backbones[0], train):
             data.info["text_hint"] = hint
             return data
-    if extraction := _tower_extraction(store, train):
-        data.info["text_extract"] = extraction
+    data.info["text_extract"] = _tower_extraction(store, train)
     return data
 
 
 def _tower_extraction(store: FeatureStore, train: FeatureTable | None) -> str:
     """The extraction of a backbone with a text tower for ``train``'s dataset (as it was made: its --name, --domains)
-    into this store, in backticks ("" without an entry to say it of). A shard's: into the store it was cut from."""
-    if train is None or not train.entry_ids:
-        return ""
+    into this store, in backticks (without an entry to say it of, of a DATASET). A shard's: into the store it was cut
+    from."""
     shard = SHARD_ATTR in store.root.attrs
-    said = lookup.backbone_said(SOURCE if shard else store.path, store.info(train.entry_ids[0]), TEXT_BACKBONE)
+    path = SOURCE if shard else store.path
+    known = train is not None and bool(train.entry_ids)
+    said = lookup.backbone_said(path, store.info(train.entry_ids[0]), TEXT_BACKBONE) if known else _extraction(path)
     return said + (f", {SOURCE} being the store the shards were cut from, then cut the shards again (`fedcache shard`)"
                    if shard else "")
 
@@ -116,6 +116,11 @@ def _text_hint(store: FeatureStore, backbone: str, train: FeatureTable | None) -
                    if shard else "")
 
 
+def _extraction(path: Path | Placeholder = SOURCE) -> str:
+    """The extraction of a backbone with a text tower into the store at ``path``, of a DATASET, in backticks."""
+    return f"`fedcache extract {pasted('--store', path, '--dataset', DATASET, '--backbones', TEXT_BACKBONE)}`"
+
+
 def _imported_hint(path: Path | Placeholder, backbone: str, entry) -> str:
     """An extraction that stores ``backbone``'s text for an imported entry's classes: of a dataset of those classes,
     under another --name (its features would otherwise be current in the imported ones' place)."""
@@ -144,7 +149,7 @@ def text_from_info(data: FederatedData, method: str, template_set: str | None = 
     elif data.info.get("text_hint"):  # a backbone with a text tower, whose embeddings the store lacks
         raise ConfigError(f"{method} needs class-text embeddings: {data.info['text_hint']}")
     else:
-        extraction = data.info.get("text_extract") or f"`fedcache extract --dataset DATASET --backbones {TEXT_BACKBONE}`"
+        extraction = data.info.get("text_extract") or _extraction()  # features of no store: its user names it
         raise ConfigError(
             f"{method} needs a backbone with a text tower, e.g. {TEXT_BACKBONE}; extract it with {extraction} "
             "(features and class-text embeddings are stored together) and train on that one backbone (fused "

@@ -19,6 +19,7 @@ from fedcache.paths import denied_problem, is_denied, unreadable_store
 from fedcache.store.entries import TEXT, now_iso
 from fedcache.store.integrity import CRC_ATTR, crc
 from fedcache.store.keys import TextKey
+from fedcache.wording import pasted
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,8 @@ class TextEmbeddings:
         if best is None:
             raise EntryNotFoundError(
                 f"no '{template_set}' text embeddings for {backbone} and these classes; "
-                f"run `fedcache extract --backbones {backbone}` on the dataset (only CLIP-style backbones have them)"
+                f"run `fedcache extract {pasted('--store', self.path, '--backbones', backbone)}` on the dataset (only "
+                "CLIP-style backbones have them)"
             )
         return self._text(best)
 

@@ -24,6 +24,7 @@ from fedcache.store.integrity import ROW_ARRAYS
 from fedcache.store.keys import EntryKey
 from fedcache.store.locks import exclusive_lock
 from fedcache.store.writer import EntryWriter, _create_entry
+from fedcache.wording import pasted
 
 STAGING = ".upgrade"
 # Attributes the new entry computes itself (the rest, such as classes and domains, are copied).
@@ -55,7 +56,7 @@ def upgrade_store(store: FeatureStore, on_entry: Callable[[Upgraded], None] | No
 def _upgrade(store: FeatureStore, info: EntryInfo) -> Upgraded:
     eid, label = info.entry_id, info.label()
     if info.damaged:
-        return _skipped(info, store.refused(info, info.damaged, info.denied))
+        return _skipped(store, info, store.refused(info, info.damaged, info.denied))
     if info.format >= ENTRY_FORMAT:
         return Upgraded(eid, label, "current")
     if not info.complete:
@@ -69,17 +70,17 @@ def _upgrade(store: FeatureStore, info: EntryInfo) -> Upgraded:
             _rewrite(store, info, key)
         except (DamagedEntryError, UnreadableEntryError) as exc:
             shutil.rmtree(store.path / STAGING / eid, ignore_errors=True)
-            return _skipped(info, exc)
+            return _skipped(store, info, exc)
         _swap(store, eid)
     return Upgraded(eid, label, "upgraded")
 
 
-def _skipped(info: EntryInfo, why: DamagedEntryError | UnreadableEntryError) -> Upgraded:
+def _skipped(store: FeatureStore, info: EntryInfo, why: DamagedEntryError | UnreadableEntryError) -> Upgraded:
     if isinstance(why, UnreadableEntryError):  # another user's permissions: removing it would be wrong
         return Upgraded(info.entry_id, info.label(), "skipped", f"not readable by this user ({why.problem}); have its "
                         "owner make it readable (chmod -R a+rX)")
-    return Upgraded(info.entry_id, info.label(), "skipped", f"damaged ({why.problem}); `fedcache store verify --repair` "
-                    "removes it")
+    return Upgraded(info.entry_id, info.label(), "skipped", f"damaged ({why.problem}); `fedcache store verify --repair "
+                    f"{pasted('--store', store.path)}` removes it")
 
 
 def _rewrite(store: FeatureStore, info: EntryInfo, key: EntryKey) -> None:

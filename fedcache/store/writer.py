@@ -76,7 +76,7 @@ class EntryWriter:
         # A complete entry's flags and chunk checksums are not opened: its checksums are its attributes, and reads
         # never look at them (a complete entry whose done/zarr.json went missing is intact, and is found complete).
         self.files = None if self.complete else (
-            _Files(folder, key) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group))
+            _Files(folder, key, store.path) if int(a.get(FORMAT_ATTR, 1)) >= 2 else _ThroughZarr(group))
 
     @property
     def n_chunks(self) -> int:
@@ -175,12 +175,13 @@ class _Files:
     """Format 2: each row array one file written a chunk of rows at a time, the flags and checksums one
     small file per chunk (fedcache/store/chunks.py)."""
 
-    def __init__(self, folder: Path, key: EntryKey) -> None:
+    def __init__(self, folder: Path, key: EntryKey, store: Path) -> None:
         metas = {name: RawMeta.open(folder / name) for name in (*ROW_ARRAYS, CRC_ARRAY, "done")}
         broken = [name for name, m in metas.items() if m is None]
         if broken:
             raise StoreError(f"entry {key.entry_id} ({key.label()}) says format 2 but its {', '.join(broken)} are "
-                             f"not stored uncompressed; remove it with `fedcache store rm {key.entry_id}`")
+                             f"not stored uncompressed; remove it with `fedcache store rm {key.entry_id} "
+                             f"{pasted('--store', store)}`")
         self.rows = {name: RowFile(metas[name]) for name in ROW_ARRAYS}
         self.small = {name: ChunkFiles(metas[name]) for name in (CRC_ARRAY, "done")}
 

@@ -149,3 +149,23 @@ def test_a_method_without_a_text_tower_names_the_extraction_of_one_and_the_way_w
         fedcache.train(toy_store, "test-toy", BACKBONE, "clip-zs", **run)
     assert extraction in str(zero_shot.value) and "without text" not in str(zero_shot.value)
     fedcache.train(toy_store, "test-toy", BACKBONE, "fst-cbdg", settings={"anchors": "prototypes"}, **run)  # the way said
+
+
+def test_features_of_no_entry_are_pointed_to_an_extraction_into_their_store(tmp_path, monkeypatch):
+    """Without an entry to say the dataset of, the extraction of a text tower named no store: pasted, it extracted
+    into the default one of the folder it was pasted in. Data of no store names its store as a placeholder."""
+    import pytest
+
+    from fedcache.errors import ConfigError
+    from fedcache.federate.text import text_from_info
+
+    monkeypatch.chdir(tmp_path)
+    store = FeatureStore("s.zarr")
+    data = attach_text(synthetic(n_classes=4, dim=8), store, ["a", "b"])
+    with pytest.raises(ConfigError) as no_tower:
+        text_from_info(data, "clip-zs")
+    said = f"`fedcache extract --store {tmp_path / 's.zarr'} --dataset DATASET --backbones clip-rn50`"
+    assert said in str(no_tower.value), no_tower.value
+    with pytest.raises(ConfigError) as no_store:
+        text_from_info(synthetic(n_classes=4, dim=8), "clip-zs")
+    assert "`fedcache extract --store STORE --dataset DATASET --backbones clip-rn50`" in str(no_store.value)
