@@ -56,7 +56,8 @@ class Holder:
     command: str
     started: str  # ISO time, UTC: when its command took the first directory it holds (``me``)
     # The process holding it for the command ``pid`` (flower-sim's child), 0 for the command itself: a command killed
-    # outright leaves it ending for up to half a minute, still holding, and the line must name a process that lives.
+    # outright leaves it ending for seconds (ten at most: flower/sim.py's _interrupt_then_end), still holding, and
+    # the line must name a process that lives.
     via: int = 0
 
     @classmethod

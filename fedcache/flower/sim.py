@@ -108,9 +108,9 @@ def train_flower_sim(spec: RunSpec, cpus: int | None = None, on_round: OnRound |
                                  env={**SIM_DEFAULTS, **os.environ, **SIM_ENV}, start_new_session=True)
         try:
             code = _wait(child, progress)
-        finally:
-            if child.poll() is None:  # interrupted here: the simulation must not outlive its caller
-                _interrupt(child)
+        except BaseException:  # interrupted here (Ctrl-C): the simulation must not outlive its caller
+            _interrupt(child)
+            raise
         if not answer.exists():
             raise FedcacheError(f"the Flower simulation's process ended (exit code {code}) without a result; "
                                 "see the log above")
@@ -179,44 +179,61 @@ def report_progress(path: Path) -> tuple[OnRound, StepCallback, StepDone]:
 
 def _wait(child: subprocess.Popen, progress: Progress, every: float = 0.2) -> int:
     """The child's exit code, passing on the rounds and steps it reports meanwhile (and those it reported just
-    before it ended)."""
-    while True:
-        try:
-            code = child.wait(every)
-        except subprocess.TimeoutExpired:
-            progress.poll()
-            continue
+    before it ended); once it has ended, for any reason, what is left of its group is ended with it (``_end_group``)."""
+    while _wait_unreaped(child, every) == RUNNING:
         progress.poll()
-        return code
+    progress.poll()
+    return _end_group(child)
 
 
-def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> None:
-    """Interrupt the simulation as Ctrl-C would (Flower and Ray shut down, the run keeps its last checkpoint) and
-    wait for it; killed if it has not ended after ``grace`` seconds. SIGTERM would meet Ray's handler, which aborts
-    the process in the middle of whatever it was doing. What is left of its process group once it ended is killed:
-    interrupted while Ray starts, Ray's agents outlived it by a minute. Killed before the child is reaped: until
-    then its pid, the group's id, cannot be a new process's, whose group the SIGKILL would reach."""
-    child.send_signal(signal.SIGINT)
-    _wait_unreaped(child, grace)
-    with contextlib.suppress(ProcessLookupError):  # its whole group: Ray's processes too, not the child alone
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
+def _interrupt(child: subprocess.Popen, grace: float = 60.0) -> int:
+    """Interrupt the simulation as Ctrl-C would (Flower and Ray shut down, the run keeps its last checkpoint) unless
+    it has ended, then ``_end_group``. SIGTERM would meet Ray's handler, which aborts the process in the middle of
+    whatever it was doing. Not Popen.send_signal, which reaps a child that has ended (see ``_end_group``)."""
+    if _wait_unreaped(child, 0) == RUNNING:
+        os.kill(child.pid, signal.SIGINT)
+    return _end_group(child, grace)
 
 
-def _wait_unreaped(child: subprocess.Popen, timeout: float, every: float = 0.05) -> None:
-    """Until ``child`` has ended (left a zombie: os.waitid's WNOWAIT) or ``timeout`` seconds have passed. Where
-    os.waitid is missing, it is waited for as before, and reaped."""
+def _end_group(child: subprocess.Popen, grace: float = 0.0) -> int:
+    """Once the simulation's process has ended (killed outright too: the OOM killer's likeliest pick), or after
+    ``grace`` seconds, kill what is left of its process group, then reap it; its exit code. Ray's processes outlived
+    it by a minute, and the caller's cleanup removed its temporary directory under them. Killed before the child is
+    reaped: until then its pid, the group's id, cannot be a new process's, whose group the SIGKILL would reach; one
+    reaped elsewhere is left alone for that reason. A second Ctrl-C while it waits still kills and reaps."""
+    ended = RUNNING
+    try:
+        ended = _wait_unreaped(child, grace)
+    finally:
+        if ended != REAPED:
+            with contextlib.suppress(ProcessLookupError):  # its whole group: Ray's processes too, not the child alone
+                os.killpg(child.pid, signal.SIGKILL)
+        code = child.wait()
+    return code
+
+
+RUNNING, ENDED, REAPED = "running", "ended", "reaped"  # what _wait_unreaped found
+
+
+def _wait_unreaped(child: subprocess.Popen, timeout: float, every: float = 0.05) -> str:
+    """Wait until ``child`` has ended (left a zombie: os.waitid's WNOWAIT) or ``timeout`` seconds have passed:
+    ENDED or RUNNING, or REAPED where another wait reaped it (its pid no longer ours). Where os.waitid is missing,
+    it is waited for as before, and reaped (ENDED)."""
     if not hasattr(os, "waitid"):
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             child.wait(timeout)
-        return
+        except subprocess.TimeoutExpired:
+            return RUNNING
+        return ENDED
     deadline = time.monotonic() + timeout
     try:
-        while (os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-               and time.monotonic() < deadline):
+        while os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            if time.monotonic() >= deadline:
+                return RUNNING
             time.sleep(every)
-    except ChildProcessError:  # reaped already, by another wait: nothing left to wait for
-        return
+    except ChildProcessError:
+        return REAPED
+    return ENDED
 
 
 def rebuilt(kind: str, message: str) -> FedcacheError:
@@ -466,7 +483,7 @@ def _interrupt_then_end(call_dir: Path, grace: float = 10.0) -> None:
 
 
 def _end_own_group() -> None:
-    """This process and what is left of its group killed, as its caller's ``_interrupt`` would: Ray's agents,
+    """This process and what is left of its group killed, as its caller's ``_end_group`` would: Ray's agents,
     interrupted as Ray starts, outlived it by a minute. Only a group it leads (``train_flower_sim`` starts it in a
     session of its own): started otherwise, its group is its starter's (a shell's job, a test runner)."""
     if os.getpgrp() == os.getpid():

@@ -320,6 +320,58 @@ def test_an_interrupted_simulations_group_is_killed_before_its_process_is_reaped
         child.stdout.close()
 
 
+
+def _stubborn_child() -> subprocess.Popen:
+    """A process leading a session of its own that ignores SIGINT, as a simulation that does not end once interrupted."""
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                              "print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE, start_new_session=True)
+    child.stdout.readline()  # SIGINT ignored from here on
+    return child
+
+
+def test_a_second_ctrl_c_while_the_simulation_shuts_down_still_ends_its_group(monkeypatch):
+    """A Python caller pressing Ctrl-C again while ``_interrupt`` waited for the simulation to shut down: the
+    KeyboardInterrupt escaped the wait, and the process group was neither killed nor its leader reaped (Ray's
+    processes ran on). The interrupt still goes on to the caller, once the group is killed and the child reaped."""
+    import threading
+
+    from fedcache.flower import sim
+
+    child, killed, killpg = _stubborn_child(), [], os.killpg
+    monkeypatch.setattr(sim.os, "killpg", lambda pgid, sig: killed.append(pgid) or killpg(pgid, sig))
+    again = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))  # the second Ctrl-C, as the caller waits
+    try:
+        again.start()
+        with pytest.raises(KeyboardInterrupt):
+            sim._interrupt(child, grace=60)
+        assert killed == [child.pid] and child.returncode == -signal.SIGKILL
+    finally:
+        again.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="os.waitid tells a child reaped elsewhere")
+def test_a_simulation_reaped_elsewhere_is_not_killed_by_its_pid(monkeypatch):
+    """Reaped by another wait, the simulation's pid, its group's id, is no longer ours: a new process may take it and
+    lead a group, which ``_interrupt`` killed. Neither it nor the end of a run kills a group then."""
+    from fedcache.flower import sim
+
+    child, killed = _stubborn_child(), []
+    monkeypatch.setattr(sim.os, "killpg", lambda *a: killed.append(a))
+    try:
+        child.kill()
+        os.waitpid(child.pid, 0)  # reaped behind Popen's back
+        sim._interrupt(child, grace=5)
+        assert killed == [] and child.returncode is not None
+        sim._end_group(child)  # as a run that ended
+        assert killed == []
+    finally:
+        child.stdout.close()
+
+
 def _tree(pid: int) -> set[int]:
     from tests.grids.test_pool import _children
 
@@ -445,6 +497,7 @@ def test_nothing_a_cli_simulation_started_outlives_it_killed_outright(flower_sto
             os.kill(pid, signal.SIGKILL)
 
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["ray starting", "ray's processes starting", "actors starting", "rounds starting"])
 def test_a_simulation_interrupted_before_its_first_round_says_one_line(flower_store, tmp_path, monkeypatch, capfd,
@@ -533,6 +586,8 @@ def test_the_simulations_process_shows_flowers_errors_once_and_no_noise_of_its_i
     popen, said = subprocess.Popen, []
 
     class Child:  # the simulation's process, with Flower's simulation played: run to its end as it is started
+        pid = os.getpid()  # no child of this process: nothing to wait for, no group to kill
+
         def __init__(self, args, env, **kw):
             env = {**env, "FEDCACHE_DEBUG": "1" if debug else "0"}
             child = popen([sys.executable, "-c", INTERRUPTED_FLOWER, *args[-2:]], env=env, stderr=subprocess.PIPE,
@@ -829,6 +884,8 @@ def test_the_simulations_process_computes_with_its_callers_threads(flower_store,
     asked = {}
 
     class Child:  # stands in for the simulation's process: reads the request, answers
+        pid = os.getpid()  # no child of this process: nothing to wait for, no group to kill
+
         def __init__(self, args, **kw):
             asked.update(json.loads(Path(args[-2]).read_text()))
             Path(args[-1]).write_text(json.dumps({"summary": {"ok": True}}))
@@ -867,6 +924,8 @@ def test_flowers_warnings_are_kept_out_of_the_simulation_unless_its_user_sets_fl
     env = {}
 
     class Child:  # stands in for the simulation's process: keeps the environment it is started with, answers
+        pid = os.getpid()  # no child of this process: nothing to wait for, no group to kill
+
         def __init__(self, args, **kw):
             env.update(kw["env"])
             Path(args[-1]).write_text(json.dumps({"summary": {"ok": True}}))
@@ -907,6 +966,8 @@ def test_the_simulation_holds_out_as_the_command_its_user_started(flower_store, 
         return {"trained": True}
 
     class Child:  # the simulation's process, played here: its own command line, the request it is given
+        pid = os.getpid()  # no child of this process: nothing to wait for, no group to kill
+
         def __init__(self, args, **kw):
             with monkeypatch.context() as m:
                 m.setattr(sys, "argv", [sim.__file__, *args[-2:]])
