@@ -45,7 +45,7 @@ from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 from fedcache.wording import count, named
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fedcache.flower.sim")  # named: run with -m (the child), __name__ is "__main__"
 
 INTERRUPTED = 130  # the shell's code for SIGINT, as `fedcache` exits when interrupted
 SIM_ENV = {
@@ -160,7 +160,7 @@ def report_progress(path: Path) -> tuple[OnRound, StepCallback, StepDone]:
         # Progress only: a line that cannot be written (a full disk under the call's temporary directory) must not
         # end the run, which says itself what stops it; said once, then no more lines (none torn: disk.append).
         nonlocal failed
-        if failed:
+        if failed or _ORPHANED.is_set():  # no one reads it: its caller is gone, and its terminal with it
             return
         try:
             disk.append(path, (json.dumps(record) + "\n").encode(), "the Flower simulation's progress")
@@ -248,18 +248,20 @@ def rebuilt(kind: str, message: str) -> FedcacheError:
 
 def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder | None = None,
                           on_round: OnRound | None = None, on_step: StepCallback | None = None,
-                          on_done: StepDone | None = None) -> dict:
+                          on_done: StepDone | None = None, scratch: Path | None = None) -> dict:
     """``train_flower_sim`` in this process, which Ray and Flower then change (see the module's docstring).
     ``holder``: the command recorded as holding --out (this process unless given: ``train_flower_sim``'s caller).
     ``on_round``: called from the ServerApp's thread; ``on_step``: as ``simulate`` calls it; ``on_done(text,
     seconds)``: the shards written (or checked, resumed), which took seconds before Ray started, with nothing said;
-    by default ``said_step`` here (the child passes them to its caller, whose log has them)."""
+    by default ``said_step`` here (the child passes them to its caller, whose log has them). ``scratch``: where its
+    temporary directory (without --out, every client's shard) is made; the child's is its caller's call directory,
+    which the caller removes once the child has ended, killed outright too."""
     _refuse_unsupported(spec)
     for k, v in {**SIM_ENV, **SIM_DEFAULTS}.items():
         os.environ.setdefault(k, v)
     e = spec.engine
     # --out held while the simulation writes it (fedcache/ownership.py), as `train` holds it in-process.
-    with tempfile.TemporaryDirectory(prefix="fedcache-flower-") as tmp, owned(spec, holder):
+    with tempfile.TemporaryDirectory(prefix="fedcache-flower-", dir=scratch) as tmp, owned(spec, holder):
         base = Path(e.out) if e.out else Path(tmp)
         shards, shard = base / "shards", shard_spec(spec)
         run, t0 = flower_run(spec, shards), time.perf_counter()
@@ -406,11 +408,18 @@ def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_
         # Watched from here on (the interrupt it sends is caught below), for the caller the request names: a caller
         # killed while this process imported its modules had already left it to init, whose pid os.getppid() gives.
         on_orphaned(ask["caller"], lambda: _interrupt_then_end(request.parent), every=0.2)
-        reply = {"summary": _simulate_asked(ask)}
+        reply = {"summary": _simulate_asked(ask, scratch=request.parent)}
     except FedcacheError as err:
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:
-        _end_interrupted()
+        _end_interrupted(request.parent)
+    code = _answer(answer, reply)
+    if _ORPHANED.is_set():  # it ended as its caller went: no one reads the answer
+        _end_orphaned(request.parent, code)
+    return code
+
+
+def _answer(answer: Path, reply: dict) -> int:
     # Whole or not at all: its caller reads an answer that exists, and one cut short by a full disk was a traceback.
     try:
         disk.write_text(answer, json.dumps(reply), "the Flower simulation's answer")
@@ -420,8 +429,9 @@ def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_
     return 0
 
 
-def _simulate_asked(ask: dict) -> dict:
-    """``train_flower_sim_here`` as the request asks, in this process; the summary."""
+def _simulate_asked(ask: dict, scratch: Path | None = None) -> dict:
+    """``train_flower_sim_here`` as the request asks, in this process, its temporary directory in ``scratch``;
+    the summary."""
     if ask.get("threads"):
         import torch
 
@@ -432,7 +442,7 @@ def _simulate_asked(ask: dict) -> dict:
     seconds = max(0.0, time.time() - ask["started"])
     on_done(f"simulation process ready in {seconds:.1f} s (started, fedcache and torch imported)", seconds)
     return train_flower_sim_here(spec, ask["cpus"], holder=Holder.parse(ask.get("holder") or ""),
-                                 on_round=on_round, on_step=on_step, on_done=on_done)
+                                 on_round=on_round, on_step=on_step, on_done=on_done, scratch=scratch)
 
 
 def _flower_logging() -> Callable:
@@ -448,6 +458,10 @@ def _flower_logging() -> Callable:
         flower.addFilter(lambda record: not interrupted.is_set())
 
     def on_interrupt(signum: int, frame: object) -> None:
+        # Once, as the CLI's _interrupted: a second SIGINT (the caller's, then the orphan watcher's) raised again in
+        # the middle of Flower's and Ray's shutdown, which the first had started.
+        if interrupted.is_set():
+            return
         interrupted.set()
         raise KeyboardInterrupt
 
@@ -458,28 +472,34 @@ def _flower_logging() -> Callable:
 _ORPHANED = threading.Event()
 
 
-def _end_interrupted() -> None:
+def _end_interrupted(call_dir: Path) -> None:
     """Interrupted, the simulation has shut down and its --out and temporary directory are let go; but Flower's
     worker threads still wait for replies of Ray actors that are gone, and a normal exit joins them forever."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     if _ORPHANED.is_set():
-        _end_own_group()
+        _end_orphaned(call_dir, INTERRUPTED)
     os._exit(INTERRUPTED)
 
 
 def _interrupt_then_end(call_dir: Path, grace: float = 10.0) -> None:
     """Its caller gone (killed outright), the simulation is interrupted as Ctrl-C would (Flower and Ray shut
     down, --out and the temporary directories let go), and ended with its process group if that has not ended it
-    after ``grace`` seconds. The caller's temporary directory (the request) is removed here: the caller, killed,
-    cannot."""
+    after ``grace`` seconds."""
     _ORPHANED.set()
-    shutil.rmtree(call_dir, ignore_errors=True)
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(grace)
+    _end_orphaned(call_dir, 1)
+
+
+def _end_orphaned(call_dir: Path, code: int) -> None:
+    """Its caller, killed outright, can neither remove its call directory (the request, the progress, this
+    process's temporary directory) nor end what is left of this process's group: both done here, once the
+    simulation has shut down (removed under it, the shards it still read were gone)."""
+    shutil.rmtree(call_dir, ignore_errors=True)
     _end_own_group()
-    os._exit(1)
+    os._exit(code)
 
 
 def _end_own_group() -> None:

@@ -372,6 +372,51 @@ def test_a_simulation_reaped_elsewhere_is_not_killed_by_its_pid(monkeypatch):
         child.stdout.close()
 
 
+def test_an_orphaned_simulation_reports_nothing(tmp_path, caplog):
+    """Orphaned, the simulation's process reported rounds into a call directory its caller was no longer reading
+    (or that was gone): `WARNING __main__: the Flower simulation's progress is no longer shown` on the dead caller's
+    terminal, from a logger named `__main__` (the child runs with -m)."""
+    import runpy
+
+    from fedcache.flower import sim
+
+    path = tmp_path / "gone" / "progress.jsonl"  # every write would fail
+    report, step, done = report_progress(path)
+    sim._ORPHANED.set()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            report(1, 2, None)
+            step("shutting down")
+            done("shards written", 1.0)
+    finally:
+        sim._ORPHANED.clear()
+    assert caplog.records == [] and not path.parent.exists()
+    with warnings.catch_warnings():  # runpy's: the module is imported already, and run again in a namespace of its own
+        warnings.simplefilter("ignore", RuntimeWarning)
+        as_child = runpy.run_module("fedcache.flower.sim", run_name="__not_main__")  # not __name__'s module name, as -m
+    assert as_child["log"].name == "fedcache.flower.sim"
+
+
+def test_the_simulations_sigint_handler_raises_once():
+    """The simulation's process raised KeyboardInterrupt at every SIGINT: a second one (its caller's interrupt, then
+    the orphan watcher's) broke Flower's and Ray's shutdown half-way, as the CLI's own handler prevents."""
+    from fedcache.flower import sim
+
+    flower = logging.getLogger("flwr")
+    before = (flower.propagate, list(flower.filters))
+    try:
+        on_interrupt = sim._flower_logging()
+        with pytest.raises(KeyboardInterrupt):
+            on_interrupt(signal.SIGINT, None)
+        try:
+            again = on_interrupt(signal.SIGINT, None)
+        except KeyboardInterrupt:  # caught here: one escaping a test ends pytest's whole session
+            again = "raised again"
+        assert again is None
+    finally:
+        flower.propagate, flower.filters[:] = before[0], before[1]
+
+
 def _tree(pid: int) -> set[int]:
     from tests.grids.test_pool import _children
 
@@ -496,6 +541,48 @@ def test_nothing_a_cli_simulation_started_outlives_it_killed_outright(flower_sto
         for pid in left():
             os.kill(pid, signal.SIGKILL)
 
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_nothing_of_a_simulation_killed_outright_outlives_its_command(flower_store, tmp_path):
+    """The simulation's process killed with SIGKILL (the OOM killer's likelier pick than the command, which is
+    smaller): the command said the simulation ended without a result and exited, while Ray's processes, in the
+    simulation's session, lived a minute more, and its temporary directory (every client's shard without --out) was
+    left. The command ends that group once the process has ended, and the directory lives in the command's own."""
+    import tempfile
+    import time
+
+    from tests.grids.test_pool import _alive, _children
+
+    out, tmp = tmp_path / "sim", tmp_path / "tmp"
+    tmp.mkdir()
+    # Ray's own directory where it would be: it takes TMPDIR too, and its socket paths have a length limit.
+    env = {**os.environ, "TMPDIR": str(tmp), "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", tempfile.gettempdir())}
+    cmd = [sys.executable, "-m", "fedcache.cli", "train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE,
+           "-m", "fedavg", "--clients", "3", "--rounds", "100000", "--eval-every", "1000", "--engine", "flower-sim",
+           "--out", str(out)]
+    with open(tmp_path / "err.txt", "w") as err:  # not a pipe: Ray's processes inherit it
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+    child, left = None, set()
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoint.pt").exists():  # rounds under way
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        (child,) = _children(proc.pid)
+        assert list(tmp.glob("fedcache-flower-*"))  # the simulation's temporary directory, whose --out has no shards
+        os.kill(child, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+        assert "ended (exit code -9) without a result" in (tmp_path / "err.txt").read_text()
+        deadline = time.monotonic() + 20  # seconds on a loaded 2-core machine; it was a minute
+        while (left := _of_session(child)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, {p: _command_of(p) for p in left}
+        assert not list(tmp.glob("fedcache-flower-*")), list(tmp.rglob("*"))
+    finally:
+        for pid in [p for p in left | {proc.pid} if _alive(p)]:
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
