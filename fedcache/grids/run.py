@@ -110,7 +110,9 @@ class Prepared:
     method again (seconds on a large store, every time), and said "partitions ready" again, read as work redone."""
 
     partitions: set[tuple] = field(default_factory=set)  # (partition, seed): made, or found, and stored
-    methods: set[str] = field(default_factory=set)  # built on their first cell's data
+    # (method, whether on validation): built on their first cell's data. By split too: a method checks the data it
+    # is built on (tpfl's visual=pixel, the test split's images), so a test stage's must be built on the test split.
+    methods: set[tuple[str, bool]] = field(default_factory=set)
 
 
 def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: Path, fresh: bool,
@@ -130,8 +132,9 @@ def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: 
     if partitions:
         said_step(log, on_step, f"partitions ready in {seconds:.1f} s: {count(partitions, 'partition')}, "
                                 f"{count(methods, 'method')} checked", seconds)
-    elif methods:  # a re-run's later rung: its cells' partitions were ready, a method trains only now
-        said_step(log, on_step, f"{count(methods, 'method')} checked in {seconds:.1f} s", seconds)
+    elif methods:  # a re-run's later rung, or the test stage: its cells' partitions were ready
+        split = "" if any(cfg.schedule.validation for cfg in configs.values()) else " on the test split"
+        said_step(log, on_step, f"{count(methods, 'method')} checked{split} in {seconds:.1f} s", seconds)
 
 
 def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int,
@@ -255,19 +258,20 @@ def check_cells(spec: GridSpec, todo: list[Cell]) -> dict[Cell, RunSpec]:
     return {c: train_config(spec, c, None) for c in todo}
 
 
-def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables, checked: set[str]) -> int:
-    """Each method not in ``checked`` built once on its first cell's data, before any cell trains: what a method
-    needs of the data (clip-zs a backbone with a text tower, say) is said now, not after the other methods' cells
-    have trained. Methods draw from their own generators, so building one here changes no cell's numbers. Returns
-    how many were built (added to ``checked``)."""
+def _check_methods(configs: dict[Cell, RunSpec], todo: list[Cell], tables, checked: set[tuple[str, bool]]) -> int:
+    """Each method not in ``checked`` built once per split (validation or test) on its first cell's data there,
+    before any cell trains: what a method needs of the data (clip-zs a backbone with a text tower, say) is said now,
+    not after the other methods' cells have trained. Methods draw from their own generators, so building one here
+    changes no cell's numbers. Returns how many were built (added to ``checked``)."""
     first = {}
     for c in todo:
-        if c.method not in checked:
-            first.setdefault(c.method, c)
-    for c in first.values():
+        key = (c.method, configs[c].schedule.validation)
+        if key not in checked:
+            first.setdefault(key, c)
+    for key, c in first.items():
         cfg = configs[c]
         instantiate(cfg, load_data(cfg, tables, views=method_class(c.method).uses_views)[0])
-        checked.add(c.method)
+        checked.add(key)
     return len(first)
 
 

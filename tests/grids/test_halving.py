@@ -304,7 +304,9 @@ def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_
 def test_a_select_grid_makes_its_partitions_once_for_every_rung_and_its_test_stage(toy_store, tmp_path, ordered, caplog,
                                                                                    monkeypatch, engine, prune):
     """Each rung (cuts at rounds 1 and 3) and the test stage found every partition in the store again, built the
-    method again and said "partitions ready" again, which read as work redone: once per command, on either engine."""
+    method again and said "partitions ready" again, which read as work redone: the partitions once per command, on
+    either engine, the method once per split (it checks the data it is built on: tpfl's visual=pixel, the test
+    split's images, which a test stage built no method on to check until its first cell trained)."""
     from fedcache.api import grid
     from fedcache.grids import run
 
@@ -314,7 +316,8 @@ def test_a_select_grid_makes_its_partitions_once_for_every_rung_and_its_test_sta
     grid(**kw(toy_store, tmp_path / "g", engine), prune=prune)
     said = [r.getMessage() for r in caplog.records if "partitions ready" in r.getMessage()]
     assert len(said) == 1 and said[0].endswith(": 2 partitions, 1 method checked"), said
-    assert loads == [True] * 3  # the partitions of seeds 0 and 1, then the method, all on validation
+    # The partitions of seeds 0 and 1 and the method on validation, then the method on the test split.
+    assert loads == [True] * 3 + [False]
 
 
 @pytest.mark.parametrize("engine", ["processes", "batched"])
@@ -333,7 +336,8 @@ def test_a_re_run_past_its_first_rung_says_only_the_methods_it_checks_now(toy_st
     grid(**kw(toy_store, tmp_path / "g", engine), prune="halving")
     said = [r.getMessage() for r in caplog.records if " checked" in r.getMessage()]
     assert [re.sub(r"\d+\.\d s", "t s", text) for text in said] == [
-        "partitions ready in t s: 2 partitions, 0 methods checked", "1 method checked in t s"], said
+        "partitions ready in t s: 2 partitions, 0 methods checked", "1 method checked in t s",
+        "1 method checked on the test split in t s"], said  # built on the data it checks (test_..._partitions_once)
 
 
 @pytest.mark.slow
