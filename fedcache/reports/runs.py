@@ -11,7 +11,7 @@ import numpy as np
 
 from fedcache.disk import log_lines, read_json
 from fedcache.errors import ConfigError, DamagedFileError
-from fedcache.grids.rungs import paused_before_first_cut
+from fedcache.grids.rungs import last_round, last_rung, paused_before_first_cut, round_reached
 from fedcache.grids.spec import VALIDATION
 from fedcache.paths import CELL, CONFIG, DIVERGED, GRID, METRICS, RESULTS, RUNGS, SELECTION, SUMMARY, is_store
 from fedcache.wording import named
@@ -296,14 +296,14 @@ def group_runs(runs: list[Run]) -> list[Group]:
 def _training_past_its_rung(path: Path) -> bool:
     """A candidate successive halving kept, stopped (the grid was) on its way to the next rung: in training, not
     stopped at its last rung as a candidate that was cut there is."""
-    if any((path / name).exists() for name in (SUMMARY, DIVERGED)) or not (path / METRICS).exists():
+    if any((path / name).exists() for name in (SUMMARY, DIVERGED)):
         return False  # finished; or diverged after its rung, which _stopped says
-    last = _last_rung(path)
-    return any(line["round"] > last for line in log_lines((path / METRICS).read_text(errors="replace")))
+    return last_round(path) > last_rung(path, _rungs)
 
 
-def _last_rung(path: Path) -> int:
-    return max(map(int, _run_json(path, RUNGS, _rungs_problem)), default=0)
+def _rungs(path: Path) -> dict:
+    """A run's rungs.json, a damaged one refused (naming it): the report would otherwise misjudge the run."""
+    return _run_json(path, RUNGS, _rungs_problem)
 
 
 def _in_training(paths: set[Path], cells: _Cells) -> set[Path]:
@@ -313,7 +313,7 @@ def _in_training(paths: set[Path], cells: _Cells) -> set[Path]:
     past = {p for p in paths if _training_past_its_rung(p)}
     if not any((p / RUNGS).exists() and not (p / SUMMARY).exists() for p in paths - past):
         return past  # no seed waits at a rung (no halving grid): every other run's metrics need not be read twice
-    everyone = {p: _reached(p) for p in paths}  # each run's metrics read once, for both questions
+    everyone = {p: round_reached(p, _rungs) for p in paths}  # each run's metrics read once, for both questions
     past |= _awaiting_cut(everyone, cells)
     reached = {p: at for p, at in everyone.items() if not (p / DIVERGED).exists()}
     candidate = {p: _candidate(p, cells[p]) for p in reached}
@@ -323,7 +323,7 @@ def _in_training(paths: set[Path], cells: _Cells) -> set[Path]:
 
 
 def _awaiting_cut(reached: dict[Path, int], cells: _Cells) -> set[Path]:
-    """The runs of ``reached`` (each run's last round, ``_reached``) paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
+    """The runs of ``reached`` (each run's last round, ``round_reached``) paused at a rung whose cut was never made (the grid was stopped before it, Ctrl-C):
     unfinished, as a full grid's interrupted cells are, not cut. The kept candidates of a cut train past its rung
     next, so while no run of the group has, and its stage has not finished (no results.csv), none there was cut.
     (A group whose last candidate waits at a rung while other groups revive theirs reads so too: unfinished.)"""
@@ -334,15 +334,7 @@ def _awaiting_cut(reached: dict[Path, int], cells: _Cells) -> set[Path]:
     selected: dict[Path, set[str]] = {}  # per stage, the axes its grid selects (read once)
     group = {p: _group(p, cells[p], selected) for p in reached}
     furthest = _furthest(reached, group)
-    return {p for p in paused if furthest.get(group[p], 0) <= _last_rung(p)}
-
-
-def _reached(path: Path) -> int:
-    """The last round a run trained. One kept at a rung that then diverged trained past it: its metrics stop at the
-    rung (the round that diverged is never logged), yet the cut at that rung was made."""
-    if (path / DIVERGED).exists() and (path / RUNGS).exists():
-        return _last_rung(path) + 1
-    return _last_round(path)
+    return {p for p in paused if furthest.get(group[p], 0) <= last_rung(p, _rungs)}
 
 
 def _furthest(reached: dict[Path, int], key: dict[Path, tuple | None]) -> dict[tuple, int]:
@@ -372,11 +364,6 @@ def _group(path: Path, cell: dict, selected: dict[Path, set[str]]) -> tuple | No
     return stage, cell["method"], tuple(sorted((str(k), str(v)) for k, v in setting if k not in selected[stage]))
 
 
-def _last_round(path: Path) -> int:
-    history = log_lines((path / METRICS).read_text(errors="replace")) if (path / METRICS).exists() else []
-    return max((line["round"] for line in history), default=0)
-
-
 def _candidate(path: Path, cell: dict) -> tuple | None:
     """A grid cell's candidate (``cell``: its cell.json): its grid, method and setting, its seed left out (None: not
     a grid cell)."""
@@ -387,7 +374,7 @@ def _candidate(path: Path, cell: dict) -> tuple | None:
 
 def _stopped(path: Path) -> dict:
     """A run successive halving stopped early: its summary at the last round it reached, marked so."""
-    rungs = _run_json(path, RUNGS, _rungs_problem)
+    rungs = _rungs(path)
     last = max(rungs, key=int)
     diverged = {"diverged": True} if (path / DIVERGED).exists() else {}  # after its last rung, on its way to the next
     return {**rungs[last], "stopped_at": int(last), **diverged}

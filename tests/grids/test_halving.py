@@ -236,6 +236,52 @@ def test_a_pruned_grid_stopped_before_its_first_cut_says_where_its_runs_wait(toy
         load_results(out)
 
 
+@pytest.mark.parametrize("engine", ["processes", "batched"])
+def test_a_pruned_grid_stopped_after_its_first_cut_is_not_said_to_wait_before_it(toy_store, tmp_path, ordered,
+                                                                                monkeypatch, engine):
+    """Stopped at round 2, past the cut at round 1: its kept candidates' rungs.json still holds round 1 alone, and the
+    grid as it stopped, its report and load_results said it was "paused before its first cut ... all there". Their
+    metrics say round 2. One kept there that then diverged (its metrics stop at the rung) is past that cut too."""
+    from fedcache.api import grid
+    from fedcache.federate import driver, rundir
+    from fedcache.grids import load_results
+    from fedcache.grids.rungs import paused_before_first_cut
+
+    plans, out = [], tmp_path / "g"
+    logged = lambda cell: [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+    stop_after_round(monkeypatch, driver if engine == "batched" else rundir, at=2)
+    with pytest.raises(KeyboardInterrupt):
+        grid(**kw(toy_store, out, engine), prune="halving", on_plan=plans.append)
+    assert paused_before_first_cut(out) is None and not any("paused before" in p for p in plans), plans
+    with pytest.raises(ConfigError, match="has no results.csv; run `fedcache grid"):
+        load_results(out)
+    past = [c for c in (out / "validation" / "cells").iterdir() if logged(c)[-1]["round"] == 2]
+    assert past and all(json.loads((c / "rungs.json").read_text()).keys() == {"1"} for c in past)
+    for cell in past:  # as a run that diverged in round 2 leaves it: round 2 never logged
+        (cell / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in logged(cell) if x["round"] <= 1))
+        (cell / "diverged.json").write_text(json.dumps({"error": "NaN", "round": 2}) + "\n")
+    assert paused_before_first_cut(out) is None
+
+
+def test_a_group_too_short_to_cut_leaves_the_others_paused_before_their_first_cut(toy_store, tmp_path):
+    """A rounds axis of 1,9: the group of 1 round has no rung and runs in full, uncut. It said nothing of the group of
+    9 rounds, stopped before its cut at round 1, yet made the whole grid read as past its first cut."""
+    from fedcache.api import grid
+    from fedcache.grids.rungs import paused_before_first_cut
+
+    out = tmp_path / "g"
+
+    def interrupt(done, total, row):
+        if done == 18:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        grid(**{**kw(toy_store, out), "sweep": {**SWEEP, "rounds": ["1", "9"], "lr": LRS}}, prune="halving",
+             on_cell=interrupt)
+    assert paused_before_first_cut(out) == ("paused before its first cut (round 1 of 9): 6 of its 24 validation runs "
+                                            "are there, 12 finished (too few rounds to cut), 6 not started")
+
+
 def test_an_interrupted_pruned_grid_says_where_its_runs_wait_before_the_interrupted_line(toy_store, tmp_path,
                                                                                        monkeypatch, capsys):
     """`fedcache grid` stopped before its first cut said only "finished work is kept" of a grid none of whose runs had
