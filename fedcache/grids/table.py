@@ -13,7 +13,7 @@ from fedcache.grids.cell import METRIC_COLUMNS
 from fedcache.grids.rungs import paused_before_first_cut
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec, axis_label
 from fedcache.table import Table
-from fedcache.wording import count, pasted
+from fedcache.wording import count, keyword_names, named, pasted
 
 
 def write_outputs(out: Path, table: Table, caption: str = "", beside: list[str] = (), axes: list[str] | None = None) -> None:
@@ -109,7 +109,9 @@ def load_results(out: Path) -> Table:
     if not path.exists():
         paused = paused_before_first_cut(Path(out))  # nothing has a result until its first cut
         if paused:
-            raise ConfigError(f"{out} has no {RESULTS} yet: its --prune halving grid is {paused}; run the same "
-                              "`fedcache grid` command again to continue it")
+            with keyword_names():  # called from Python (a command of the command line keeps its flags' words)
+                again = named("the same `fedcache grid` command", "the same fedcache.grid(...) call")
+            raise ConfigError(f"{out} has no {RESULTS} yet: its --prune halving grid is {paused}; run {again} again "
+                              "to continue it")
         raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid {pasted('--out', Path(out))} ...` first")
     return Table.from_csv(path)

@@ -159,8 +159,9 @@ def _nothing_yet(root: Path) -> str:
     grid = root.parent if root.name == VALIDATION and (root.parent / GRID).exists() else root
     paused = paused_before_first_cut(grid)
     if paused:
+        again = named("run the same `fedcache grid` command again", "run the same fedcache.grid(...) call again")
         return (f"no results under {root} yet: its --prune halving grid is {paused}, and no run has a result before "
-                "that cut; run the same `fedcache grid` command again to continue it from there, then report")
+                f"that cut; {again} to continue it from there, then report")
     return f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); finish the run or grid first"
 
 

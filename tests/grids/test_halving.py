@@ -208,11 +208,11 @@ def test_a_pruned_grid_stopped_before_its_first_cut_says_where_its_runs_wait(toy
                                                                              at, waits):
     """Ctrl-C before the first cut (at round 1, or with --min-rounds 3 part-way, at round 2): no run has a result,
     and the report said only "no finished runs", as if nothing were kept. The grid as it stops, the report (of the
-    grid or its validation stage) and the results say where its runs wait, and that running it again continues."""
-    from fedcache.api import grid
+    grid or its validation stage) and the results say where its runs wait, and that running it again continues: to a
+    Python caller, the same call (they said the `fedcache grid` command, which it never typed)."""
+    from fedcache.api import grid, report
     from fedcache.federate import driver, rundir
     from fedcache.grids import load_results
-    from fedcache.reports import write_report
 
     plans, out = [], tmp_path / "g"
 
@@ -230,9 +230,10 @@ def test_a_pruned_grid_stopped_before_its_first_cut_says_where_its_runs_wait(toy
     for root in (out, out / "validation"):
         with pytest.raises(ConfigError, match=re.escape(f"no results under {root} yet: its --prune halving grid is "
                                                         f"{said}, and no run has a result before that cut; run the same "
-                                                        "`fedcache grid` command again to continue it from there")):
-            write_report(root)
-    with pytest.raises(ConfigError, match=re.escape(f"has no results.csv yet: its --prune halving grid is {said}; ")):
+                                                        "fedcache.grid(...) call again to continue it from there")):
+            report(root)
+    with pytest.raises(ConfigError, match=re.escape(f"has no results.csv yet: its --prune halving grid is {said}; run "
+                                                    "the same fedcache.grid(...) call again to continue it")):
         load_results(out)
 
 
@@ -299,6 +300,9 @@ def test_an_interrupted_pruned_grid_says_where_its_runs_wait_before_the_interrup
     assert (f"{tmp_path / 'g'}: the grid is paused before its first cut (round 1 of 9): 1 of its 12 validation runs is "
             "there, 11 not started; the same `fedcache grid` command run again continues it from there interrupted: "
             "finished work is kept; re-run the same command to resume") in err, err
+    assert main(["report", str(tmp_path / "g")]) == 2  # a directory of no report is a bad argument
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no run has a result before that cut; run the same `fedcache grid` command again to continue it" in err, err
 
 
 def _cell_json_reads(root, monkeypatch) -> set[int]:
