@@ -7,13 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from fedcache.errors import BadImageError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.store.feature_store import FeatureStore
 from fedcache.wording import pasted
+from tests.extract.test_bad_images import image_folder
 
 BACKBONE = "tiny-timm-random"
 
@@ -101,15 +101,7 @@ def test_every_command_a_message_gives_of_a_relative_store_names_it_absolute(tmp
 @pytest.fixture
 def folder(tmp_path) -> Path:
     """An image folder (a space in its name) with one undecodable image among its training images."""
-    root = tmp_path / "my images"
-    for split in ("train", "test"):
-        for c, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
-            d = root / split / c
-            d.mkdir(parents=True)
-            for i in range(3):
-                Image.new("RGB", (20, 20), colour).save(d / f"{i}.png")
-    (root / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
-    return root
+    return image_folder(tmp_path / "my images")
 
 
 def test_the_command_that_finishes_an_extraction_that_skipped_bad_images_skips_them(store_path, folder, tmp_path,

@@ -1,4 +1,6 @@
 """Undecodable images: a clear error naming the file, or skipped, counted and listed."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -9,9 +11,8 @@ from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.store.feature_store import FeatureStore
 
 
-@pytest.fixture
-def folder(tmp_path):
-    root = tmp_path / "imgs"
+def image_folder(root: Path) -> Path:
+    """An image folder at ``root`` with one undecodable image among its training images."""
     for split in ("train", "test"):
         for c, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
             d = root / split / c
@@ -20,6 +21,11 @@ def folder(tmp_path):
                 Image.new("RGB", (20, 20), colour).save(d / f"{i}.png")
     (root / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
     return root
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return image_folder(tmp_path / "imgs")
 
 
 def run(store, folder, progress=None, **kw):
