@@ -340,6 +340,8 @@ def test_a_second_ctrl_c_while_the_simulation_shuts_down_still_ends_its_group(mo
     child, killed, killpg = _stubborn_child(), [], os.killpg
     monkeypatch.setattr(sim.os, "killpg", lambda pgid, sig: killed.append(pgid) or killpg(pgid, sig))
     again = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))  # the second Ctrl-C, as the caller waits
+    # Python's own handler, as a script has it: a CLI test run before in this process may have left another.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         again.start()
         with pytest.raises(KeyboardInterrupt):
@@ -347,6 +349,7 @@ def test_a_second_ctrl_c_while_the_simulation_shuts_down_still_ends_its_group(mo
         assert killed == [child.pid] and child.returncode == -signal.SIGKILL
     finally:
         again.cancel()
+        signal.signal(signal.SIGINT, handler)
         if child.poll() is None:
             child.kill()
             child.wait()
