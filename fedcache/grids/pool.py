@@ -13,6 +13,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures import wait as finished
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait
+from multiprocessing.context import SpawnContext, SpawnProcess
 
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import FedcacheError
@@ -46,11 +47,9 @@ class Workers:
     def __init__(self, jobs: int) -> None:
         import multiprocessing
 
-        # spawn, not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state.
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = _SpawnRecorded()  # every worker the pool starts, for how the gone ones ended (_lost_worker)
         self._jobs = jobs
         self._before = set(multiprocessing.active_children())
-        self._started: set = set()  # every worker the pool started, for how the gone ones ended (_lost_worker)
         self._reports = contextlib.ExitStack()
         self._pool: ProcessPoolExecutor | None = None
         self._sigterm: Future | None = None
@@ -73,8 +72,6 @@ class Workers:
     def run(self, tasks: list[tuple[Callable, tuple]]) -> Iterator:
         """Each task's (cell, row) pairs as the task finishes, in the workers started so far, and new ones while
         fewer than ``jobs`` run."""
-        import multiprocessing
-
         pool = self._pool or self._start()
         try:
             # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
@@ -83,7 +80,6 @@ class Workers:
             with _workers_deaf_to_ctrl_c(), start_method_unset():
                 futures = [pool.submit(unless_stopping, naming(), fn, *args) for fn, args in tasks]
             self._futures, self._read = futures, set()
-            self._started |= set(multiprocessing.active_children()) - self._before
             for fut in _as_finished(futures, self._sigterm):
                 self._read.add(fut)
                 yield from fut.result()
@@ -91,7 +87,7 @@ class Workers:
             # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: the pool's own shutdown would
             # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
             self._abandon()
-            lost = _lost_worker(exc, self._started)
+            lost = _lost_worker(exc, self._ctx.started)
             if lost:
                 raise FedcacheError(lost) from None
             raise
@@ -121,7 +117,7 @@ class Workers:
             _stop(running)
         lost = _broken(self._futures)
         if lost is not None:
-            raise FedcacheError(_lost_worker(lost, self._started))
+            raise FedcacheError(_lost_worker(lost, self._ctx.started))
         failed = _unread_error(self._futures, self._read)
         if failed is not None:  # raised as reading its result would have: the caller's one line for it
             raise failed
@@ -136,6 +132,22 @@ class Workers:
         pool.shutdown(wait=False, cancel_futures=True)
         self._stop_all()  # before SIGTERM: a worker between cells then leaves at once (workers._exit_on_sigterm)
         _stop(set(multiprocessing.active_children()) - self._before)
+
+
+class _SpawnRecorded(SpawnContext):
+    """The spawn context (not fork: a forked child inherits the parent's OpenMP thread pool in an undefined state)
+    that keeps every process it makes. Read after the pool's start, ``multiprocessing.active_children()`` missed a
+    worker that had crashed by then (it reaps the ended ones): the SIGTERM the broken pool sent the others was then
+    all that was seen, and a crash was said as a SIGTERM from outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[SpawnProcess] = []
+
+    def Process(self, *args, **kwargs) -> SpawnProcess:  # noqa: N802 - the context's name for it
+        process = SpawnProcess(*args, **kwargs)
+        self.started.append(process)
+        return process
 
 
 def _not_gone(workers: set, sigterm: Future) -> set:
@@ -259,7 +271,7 @@ def _worker_sent_sigterm() -> str:
 _LOST_WORKER = {BrokenProcessPool: _worker_died, SystemExit: _worker_sent_sigterm}
 
 
-def _lost_worker(exc: BaseException, workers: set) -> str | None:
+def _lost_worker(exc: BaseException, workers: list) -> str | None:
     """The line for a worker gone under the grid, or None. A worker sent SIGTERM while still starting, before
     ``init_worker`` sets its handler (a scheduler's kill of every process of the job, in Python's start or its
     re-import of the main script), dies of it and breaks the pool as a crash does: told apart by how the workers
