@@ -413,6 +413,9 @@ def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_
         reply = {"error": str(err), "kind": type(err).__name__}
     except KeyboardInterrupt:
         _end_interrupted(request.parent)
+    # The run is over: its answer is written whole. The orphan watcher's SIGINT, sent as the caller went, raised
+    # here outside the try, and the process left with a traceback and its call directory.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = _answer(answer, reply)
     if _ORPHANED.is_set():  # it ended as its caller went: no one reads the answer
         _end_orphaned(request.parent, code)
@@ -445,7 +448,7 @@ def _simulate_asked(ask: dict, scratch: Path | None = None) -> dict:
                                  on_round=on_round, on_step=on_step, on_done=on_done, scratch=scratch)
 
 
-def _flower_logging() -> Callable:
+def _flower_logging() -> _Interrupt:
     """How the simulation's process (the call's own, never its caller's) shows Flower's log records; returns its
     SIGINT handler. Flower's own handler shows them, at its level (FLWR_LOG_LEVEL), and the root's handler no longer
     shows each again. Once interrupted, none: Ray ends its actors under Flower's waiting workers, and each logs the
@@ -456,16 +459,37 @@ def _flower_logging() -> Callable:
     interrupted = threading.Event()
     if not errors.debugging():
         flower.addFilter(lambda record: not interrupted.is_set())
+    return _Interrupt(interrupted)
 
-    def on_interrupt(signum: int, frame: object) -> None:
-        # Once, as the CLI's _interrupted: a second SIGINT (the caller's, then the orphan watcher's) raised again in
-        # the middle of Flower's and Ray's shutdown, which the first had started.
-        if interrupted.is_set():
+
+class _Interrupt:
+    """The simulation process's SIGINT handler: KeyboardInterrupt once, as the CLI's _interrupted (a second SIGINT,
+    the caller's then the orphan watcher's, raised again in the middle of Flower's and Ray's shutdown, which the
+    first had started); and again where Python swallowed it (``unraisable``)."""
+
+    def __init__(self, interrupted: threading.Event) -> None:
+        self.interrupted = interrupted
+        self._raised = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self._raised:
             return
-        interrupted.set()
+        self._raised = True
+        self.interrupted.set()
         raise KeyboardInterrupt
 
-    return on_interrupt
+    def unraisable(self, unraisable) -> None:
+        """``sys.unraisablehook``: a handler runs wherever the main thread is, and one raising in a weakref's
+        callback or a ``__del__`` (an import's module lock, in CI) is printed as "Exception ignored in" and dropped;
+        the simulation trained on, deaf to the caller's Ctrl-C. Sent again a moment later, once the main thread has
+        left the callback; anything else is Python's to print."""
+        if not (self._raised and issubclass(unraisable.exc_type, KeyboardInterrupt)):
+            sys.__unraisablehook__(unraisable)
+            return
+        self._raised = False
+        later = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        later.daemon = True
+        later.start()
 
 
 # Set once the caller is gone: no one else will end what is left of this process's group (the caller's _interrupt).
@@ -512,4 +536,6 @@ def _end_own_group() -> None:
 
 if __name__ == "__main__":
     log_to_stderr(logging.WARNING)
-    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2]), _flower_logging()))
+    _on_interrupt = _flower_logging()
+    sys.unraisablehook = _on_interrupt.unraisable  # this process is the call's own
+    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2]), _on_interrupt))

@@ -375,6 +375,33 @@ def test_a_simulation_reaped_elsewhere_is_not_killed_by_its_pid(monkeypatch):
         child.stdout.close()
 
 
+def test_an_interrupt_as_the_simulation_writes_its_answer_leaves_it_whole(tmp_path, monkeypatch):
+    """The orphan watcher's SIGINT (its caller killed as the run ended) raised KeyboardInterrupt outside the child's
+    try, as it wrote its answer: the process left with a traceback, its call directory with it."""
+    import json
+    import os
+
+    from fedcache.flower import sim
+    from tests.flower.conftest import toy_config
+
+    request, answer = tmp_path / "request.json", tmp_path / "answer.json"
+    request.write_text(json.dumps({"spec": toy_config(tmp_path / "store.zarr").to_dict(), "cpus": 1, "threads": 0,
+                                   "engine": {"out": None}, "caller": os.getpid(),
+                                   "progress": str(tmp_path / "progress.jsonl"), "started": 0.0}))
+    monkeypatch.setattr(sim, "on_orphaned", lambda *a, **k: None)
+    monkeypatch.setattr(sim, "train_flower_sim_here", lambda spec, cpus, **how: {"mean_accuracy": 50.0})
+    write = sim._answer
+    monkeypatch.setattr(sim, "_answer", lambda *a: os.kill(os.getpid(), signal.SIGINT) or write(*a))
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        code = sim._child(request, answer)
+    except KeyboardInterrupt:  # caught here: one escaping a test ends pytest's whole session
+        code = "raised"
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == 0 and json.loads(answer.read_text()) == {"summary": {"mean_accuracy": 50.0}}
+
+
 def test_an_orphaned_simulation_reports_nothing(tmp_path, caplog):
     """Orphaned, the simulation's process reported rounds into a call directory its caller was no longer reading
     (or that was gone): `WARNING __main__: the Flower simulation's progress is no longer shown` on the dead caller's
@@ -416,6 +443,69 @@ def test_the_simulations_sigint_handler_raises_once():
         except KeyboardInterrupt:  # caught here: one escaping a test ends pytest's whole session
             again = "raised again"
         assert again is None
+    finally:
+        flower.propagate, flower.filters[:] = before[0], before[1]
+
+
+def test_an_interrupt_python_swallowed_in_a_weakref_callback_is_raised_again(monkeypatch):
+    """CI: the caller's SIGINT found the simulation's main thread in a weakref's callback (an import's module lock);
+    its KeyboardInterrupt was printed as "Exception ignored in" and dropped, and the simulation trained on to its end.
+    It is raised again once the main thread has left the callback, and nothing is printed."""
+    import os
+    import sys
+    import time
+    import weakref
+
+    from fedcache.flower import sim
+
+    flower = logging.getLogger("flwr")
+    before = (flower.propagate, list(flower.filters))
+    printed = []
+    monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
+    try:
+        on_interrupt = sim._flower_logging()
+        monkeypatch.setattr(sys, "unraisablehook", on_interrupt.unraisable)
+        previous = signal.signal(signal.SIGINT, on_interrupt)
+        try:
+            class Held:
+                pass
+
+            def callback(ref) -> None:  # the signal's handler runs here, at the callback's next instruction
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(1000))
+
+            held = Held()
+            ref = weakref.ref(held, callback)
+            caught = False
+            try:
+                del held
+                time.sleep(5)  # the handler, run again, ends the wait
+            except KeyboardInterrupt:
+                caught = True
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert caught and ref() is None and printed == []
+    finally:
+        flower.propagate, flower.filters[:] = before[0], before[1]
+
+
+def test_the_simulations_unraisable_hook_leaves_other_errors_to_python(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from fedcache.flower import sim
+
+    flower = logging.getLogger("flwr")
+    before = (flower.propagate, list(flower.filters))
+    printed = []
+    monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
+    try:
+        on_interrupt = sim._flower_logging()
+        other = SimpleNamespace(exc_type=ValueError)
+        on_interrupt.unraisable(other)
+        swallowed = SimpleNamespace(exc_type=KeyboardInterrupt)
+        on_interrupt.unraisable(swallowed)  # not raised by its handler: someone else's
+        assert printed == [other, swallowed]
     finally:
         flower.propagate, flower.filters[:] = before[0], before[1]
 
