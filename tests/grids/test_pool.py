@@ -844,13 +844,24 @@ def test_a_worker_gone_between_two_runs_of_kept_workers_stops_the_next_in_one_li
         first = set(workers.run(both))
         assert len(first) == 2 and os.getpid() not in first
         os.kill(min(first), signum)
-        time.sleep(0.5)  # idle: the pool, or the grid's thread that reads the workers' pipe, hears it meanwhile
+        # Idle, the pool (a worker killed) or the grid's thread that reads the workers' pipe (one sent SIGTERM) hears
+        # it. A fixed half second was too short under two parallel suites: the other worker then trained both cells.
+        deadline = time.monotonic() + 60
+        while not _heard(workers, signum) and time.monotonic() < deadline:
+            time.sleep(0.05)
         list(workers.run(both))
     assert "\n" not in str(caught.value)
     deadline = time.monotonic() + 5  # a killed one (the grid's _stop) takes a moment to end
     while any(map(_running, first)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(_running, first))  # both gone with the grid's line
+
+
+def _heard(workers, signum: int) -> bool:
+    """The grid's ``workers`` know of the signal one of them was sent: a kill broke the pool, a SIGTERM was reported."""
+    if signum == 15:
+        return workers._sigterm.done()
+    return bool(workers._pool._broken)  # the pool's own record (a test's look inside: fedcache never reads it)
 
 
 def _running(pid: int) -> bool:
