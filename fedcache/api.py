@@ -274,7 +274,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
     fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"), "methods")
-    _check_names(fields)
+    _check_names(fields, _grid_names(config, file_fields, given, {}, frozenset()))
     fields["sweep"] = _merged_sweep(fields.get("sweep", {}), fields["methods"] or [], settings, sweep, flags)
     if not fields.get("store") and default_store:  # the CLI's FEDCACHE_STORE, below a file's store and --store
         fields["store"] = default_store
@@ -295,15 +295,16 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     return spec
 
 
-def _check_names(fields: dict) -> None:
-    """A grid's methods and trackers, by name, as GridSpec checks them: before ``_merged_sweep`` reads the methods'
-    settings for the axes given (``--rounds 5``, ``--set``, ``[set]``), which imports them and torch (seconds)."""
+def _check_names(fields: dict, names) -> None:
+    """A grid's methods and trackers, by name, as GridSpec checks them (``names``: its top-level keys' ``Names``):
+    before ``_merged_sweep`` reads the methods' settings for the axes given (``--rounds 5``, ``--set``, ``[set]``),
+    which imports them and torch (seconds)."""
     from fedcache.spec import check_method, check_trackers
 
     for m in fields["methods"] or []:
         check_method(m)
     if fields.get("prune", "none") == "none":  # a pruned grid takes no tracker at all: GridSpec says so first
-        check_trackers(fields.get("track") or [])
+        check_trackers(fields.get("track") or [], names.track_said())
 
 
 def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict, flagged: frozenset[str]):

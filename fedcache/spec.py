@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -575,14 +575,15 @@ def refuse_unread_options(spec: RunSpec | DataPartition, given: Iterable[str]) -
                           f"({option('partition').flag}{named(' ', '=')}{schemes})")
 
 
-def check_trackers(names: Iterable[str]) -> None:
-    """``--track``'s names, each a tracker's (fedcache/trackers; importing them imports no torch)."""
+def check_trackers(names: Iterable[str], said: Callable[[list[str]], str] | None = None) -> None:
+    """``--track``'s names, each a tracker's (fedcache/trackers; importing them imports no torch). The unknown ones
+    are named by ``said`` (a grid file's ``track = ["zz"]``), else as the option was given."""
     from fedcache.trackers import known_trackers
 
     unknown = [t for t in names if t not in known_trackers()]
     if unknown:  # the unknown ones alone, quoted as a Python caller writes them: track='zz', track=['a', 'zz']
-        said = option("track").given(unknown[0] if len(unknown) == 1 else unknown)
-        raise ConfigError(f"{said}: unknown tracker; known: {', '.join(known_trackers())}")
+        named = said(unknown) if said else option("track").given(unknown[0] if len(unknown) == 1 else unknown)
+        raise ConfigError(f"{named}: unknown tracker; known: {', '.join(known_trackers())}")
 
 
 def check_method(name: str) -> None:

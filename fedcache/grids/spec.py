@@ -101,6 +101,13 @@ class Names:
         called = self.given is not None and key in self.given and key not in self.in_file
         return self.file is not None and not called
 
+    def track_said(self) -> Callable[[list[str]], str] | None:
+        """How ``check_trackers`` names unknown trackers a grid file gave (``grid file g.toml: track="zz"``); None
+        where the call gave them (``--track zz``). One alone is named as a text, as the call's are."""
+        if not self._filed("track"):
+            return None
+        return lambda unknown: self.lead("track", unknown[0] if len(unknown) == 1 else unknown)
+
     def where(self, *keys: str) -> str:
         """``grid file g.toml: `` when the file gave one of ``keys``."""
         return f"grid file {self.file}: " if any(self._filed(k) for k in keys) else ""
@@ -253,7 +260,7 @@ class GridSpec:
         self._check_partition_axes()
         self._check_setting_axes()
         self._check_one_name_per_setting()
-        check_trackers(self.track)
+        check_trackers(self.track, self.names.track_said())
 
     def _check_select(self) -> None:
         """Said now, not after the cells it tunes on (or the first cell to track) have run."""
@@ -308,7 +315,11 @@ class GridSpec:
         for key in self.sweep:
             for m, where in setting_places(key, self.methods):
                 if (m, where) in seen:
-                    raise ConfigError(f"{seen[m, where]} and {key} name the same setting of {m} ({'.'.join(where)}); "
+                    both = [seen[m, where], key]
+                    if set(both) & self.names.flags:  # --head beside --set head: head.name was never typed
+                        both = [self.names.axis(k) if k in self.names.flags or self.names.where(k) else f"--set {k}"
+                                for k in both]
+                    raise ConfigError(f"{both[0]} and {both[1]} name the same setting of {m} ({'.'.join(where)}); "
                                       "give it once, under one name")
                 seen[m, where] = key
 
