@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from fedcache.disk import again
 from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.rungs import paused_before_first_cut
-from fedcache.grids.spec import Cell, GridSpec, cells, load_toml, option_axes, train_config
+from fedcache.grids.spec import Cell, GridSpec, axis_label, cells, load_toml, option_axes, train_config
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import DIVERGED, check_outside
 from fedcache.progress import StepCallback, said_now
@@ -98,11 +98,13 @@ def _forget_plan(out) -> None:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
-def cell_text(row: dict, sweep: dict[str, list[str]]) -> str:
+def cell_text(row: dict, sweep: dict[str, list[str]], labels: dict[str, str] | None = None) -> str:
     """A finished cell in a few words, as the log and a command's progress say it: its method, the axes on which the
-    grid's cells differ, its seed and its score (``fedavg lr=0.1 seed 0: 34.8%``). Cells stacked in one batch finish
-    together, and the method and seed alone named them all alike."""
-    axes = [f"{k}={row[k]}" for k, values in sweep.items() if len(values) > 1 and k in row]
+    grid's cells differ (named by ``labels`` where given: ``head``, as table.md, for the cells' ``head.name``), its
+    seed and its score (``fedavg lr=0.1 seed 0: 34.8%``). Cells stacked in one batch finish together, and the method
+    and seed alone named them all alike."""
+    labels = labels or {}
+    axes = [f"{labels.get(k, k)}={row[k]}" for k, values in sweep.items() if len(values) > 1 and k in row]
     score = "diverged" if row.get("diverged") else f"{row['mean_accuracy']:.1f}%"
     return " ".join([row["method"], *axes, f"seed {row['seed']}:", score])
 
@@ -113,8 +115,10 @@ def _logged_cells(spec: GridSpec, on_cell: SaidCellCallback | None) -> CellCallb
     progress shows every tenth of the grid. Its words are said once, of ``spec`` in its saved order, and given to
     ``on_cell``: a progress line naming the axes in the order the command gave them would differ from the log's."""
 
+    labels = {k: axis_label(k, spec.methods) for k in spec.sweep}
+
     def logged(done: int, total: int, row: dict) -> None:
-        text = cell_text(row, spec.sweep)
+        text = cell_text(row, spec.sweep, labels)
         log.info("cell %d/%d finished: %s", done, total, text)
         if on_cell is not None:
             on_cell(done, total, row, text)

@@ -65,3 +65,19 @@ def test_a_table_names_an_option_as_typed_and_its_cell_folders_keep_their_key(tm
     md = summary_markdown(Table(rows), axes=["head.name"], beside=["optim.lr"])
     assert "| method | head=linear | head=mlp |" in md and "head.name" not in md
     assert "| fedavg | 50.00 (one seed), optim.lr=0.1 | **60.00 (one seed), optim.lr=0.01** |" in md  # a setting as typed
+
+
+def test_a_cells_progress_line_names_an_option_as_typed(tmp_path, caplog):
+    """The log's and the progress bar's line for a finished cell said head.name=mlp, where table.md says head=mlp."""
+    import logging
+
+    from fedcache.api import grid_spec
+    from fedcache.grids import _logged_cells
+
+    spec = grid_spec(store=tmp_path, dataset="d", backbones="b", methods="fedavg", out=tmp_path / "g",
+                     option_axes={"head": ["linear", "mlp"]})
+    said = []
+    row = {"method": "fedavg", "head.name": "mlp", "seed": 0, "mean_accuracy": 60.0}
+    with caplog.at_level(logging.INFO, logger="fedcache.grids"):
+        _logged_cells(spec, lambda done, total, row, text: said.append(text))(1, 2, row)
+    assert said == ["fedavg head=mlp seed 0: 60.0%"] and "cell 1/2 finished: fedavg head=mlp seed 0" in caplog.text
