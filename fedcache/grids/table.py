@@ -108,10 +108,11 @@ def load_results(out: Path) -> Table:
     path = Path(out) / RESULTS
     if not path.exists():
         paused = paused_before_first_cut(Path(out))  # nothing has a result until its first cut
+        with keyword_names():  # called from Python (a command of the command line keeps its flags' words)
+            again = named("the same `fedcache grid` command", "the same fedcache.grid(...) call")
+            first = named(f"`fedcache grid {pasted('--out', Path(out))} ...`", f"fedcache.grid(..., out={str(out)!r})")
         if paused:
-            with keyword_names():  # called from Python (a command of the command line keeps its flags' words)
-                again = named("the same `fedcache grid` command", "the same fedcache.grid(...) call")
             raise ConfigError(f"{out} has no {RESULTS} yet: its --prune halving grid is {paused}; run {again} again "
                               "to continue it")
-        raise ConfigError(f"{out} has no {RESULTS}; run `fedcache grid {pasted('--out', Path(out))} ...` first")
+        raise ConfigError(f"{out} has no {RESULTS}; run {first} first")
     return Table.from_csv(path)

@@ -254,7 +254,7 @@ def test_a_pruned_grid_stopped_after_its_first_cut_is_not_said_to_wait_before_it
     with pytest.raises(KeyboardInterrupt):
         grid(**kw(toy_store, out, engine), prune="halving", on_plan=plans.append)
     assert paused_before_first_cut(out) is None and not any("paused before" in p for p in plans), plans
-    with pytest.raises(ConfigError, match="has no results.csv; run `fedcache grid"):
+    with pytest.raises(ConfigError, match=re.escape(f"no results.csv; run fedcache.grid(..., out={str(out)!r}) first")):
         load_results(out)
     past = [c for c in (out / "validation" / "cells").iterdir() if logged(c)[-1]["round"] == 2]
     assert past and all(json.loads((c / "rungs.json").read_text()).keys() == {"1"} for c in past)

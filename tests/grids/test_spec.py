@@ -47,6 +47,9 @@ def test_one_setting_given_under_two_names_or_twice_is_refused(tmp_path, capsys)
     base = ["grid", "--store", str(tmp_path), "-d", "d", "-b", "b", "-m", "fedavg", "-o", str(tmp_path / "g")]
     assert main([*base, "--set", "rounds=6", "--rounds", "3"]) == 2
     assert "rounds is given both as --set rounds=... and as its own option" in capsys.readouterr().err
+    assert main([*base, "--head", "linear,mlp", "--set", "head=linear,mlp"]) == 2  # not "head and head.name"
+    assert ("--set head and --head name the same setting of fedavg (head.name); give it once"
+            in capsys.readouterr().err)
 
 
 def _option_names(command) -> set[str]:
