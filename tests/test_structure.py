@@ -86,7 +86,7 @@ def test_the_cycle_check_finds_a_cycle():
 # (_console.py, which imports it inside the function it runs: a grid's worker re-runs that script).
 LAYERS = [
     ("errors", "wording", "borrowed"),
-    ("config", "registry", "paths", "progress", "table", "noise", "disk", "ownership", "workers"),
+    ("config", "registry", "paths", "progress", "table", "noise", "disk", "ownership", "workers", "interrupts"),
     ("store", "trackers"),
     ("heads",),
     ("extract",),

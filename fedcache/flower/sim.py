@@ -36,6 +36,7 @@ from fedcache.federate.rundir import RunDir, check_resumable, resume_named
 from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable, may_keep_client_state,
                                     refuse_resume_with_client_state)
 from fedcache.flower.project import write_app
+from fedcache.interrupts import raised_again
 from fedcache.flower.shard import (SERVER, ShardInfo, ShardSpec, changed_since_cut, load_server, open_shard,
                                    write_shards)
 from fedcache.ownership import Holder, on_orphaned
@@ -465,7 +466,7 @@ def _flower_logging() -> _Interrupt:
 class _Interrupt:
     """The simulation process's SIGINT handler: KeyboardInterrupt once, as the CLI's _interrupted (a second SIGINT,
     the caller's then the orphan watcher's, raised again in the middle of Flower's and Ray's shutdown, which the
-    first had started); and again where Python swallowed it (``unraisable``)."""
+    first had started); and again where Python dropped it (``rearm``)."""
 
     def __init__(self, interrupted: threading.Event) -> None:
         self.interrupted = interrupted
@@ -478,18 +479,13 @@ class _Interrupt:
         self.interrupted.set()
         raise KeyboardInterrupt
 
-    def unraisable(self, unraisable) -> None:
-        """``sys.unraisablehook``: a handler runs wherever the main thread is, and one raising in a weakref's
-        callback or a ``__del__`` (an import's module lock, in CI) is printed as "Exception ignored in" and dropped;
-        the simulation trained on, deaf to the caller's Ctrl-C. Sent again a moment later, once the main thread has
-        left the callback; anything else is Python's to print."""
-        if not (self._raised and issubclass(unraisable.exc_type, KeyboardInterrupt)):
-            sys.__unraisablehook__(unraisable)
-            return
+    def rearm(self) -> int | None:
+        """Raise again (``interrupts.raised_again``): the interrupt it raised was dropped, and the simulation trained
+        on, deaf to its caller's Ctrl-C."""
+        if not self._raised:
+            return None
         self._raised = False
-        later = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
-        later.daemon = True
-        later.start()
+        return signal.SIGINT
 
 
 # Set once the caller is gone: no one else will end what is left of this process's group (the caller's _interrupt).
@@ -537,5 +533,5 @@ def _end_own_group() -> None:
 if __name__ == "__main__":
     log_to_stderr(logging.WARNING)
     _on_interrupt = _flower_logging()
-    sys.unraisablehook = _on_interrupt.unraisable  # this process is the call's own
+    sys.unraisablehook = raised_again(_on_interrupt.rearm)  # this process is the call's own
     sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2]), _on_interrupt))

@@ -451,12 +451,11 @@ def test_an_interrupt_python_swallowed_in_a_weakref_callback_is_raised_again(mon
     """CI: the caller's SIGINT found the simulation's main thread in a weakref's callback (an import's module lock);
     its KeyboardInterrupt was printed as "Exception ignored in" and dropped, and the simulation trained on to its end.
     It is raised again once the main thread has left the callback, and nothing is printed."""
-    import os
     import sys
-    import time
-    import weakref
 
     from fedcache.flower import sim
+    from fedcache.interrupts import raised_again
+    from tests.test_interrupts import dropped_then_raised
 
     flower = logging.getLogger("flwr")
     before = (flower.propagate, list(flower.filters))
@@ -464,48 +463,13 @@ def test_an_interrupt_python_swallowed_in_a_weakref_callback_is_raised_again(mon
     monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
     try:
         on_interrupt = sim._flower_logging()
-        monkeypatch.setattr(sys, "unraisablehook", on_interrupt.unraisable)
+        monkeypatch.setattr(sys, "unraisablehook", raised_again(on_interrupt.rearm))
         previous = signal.signal(signal.SIGINT, on_interrupt)
         try:
-            class Held:
-                pass
-
-            def callback(ref) -> None:  # the signal's handler runs here, at the callback's next instruction
-                os.kill(os.getpid(), signal.SIGINT)
-                sum(range(1000))
-
-            held = Held()
-            ref = weakref.ref(held, callback)
-            caught = False
-            try:
-                del held
-                time.sleep(5)  # the handler, run again, ends the wait
-            except KeyboardInterrupt:
-                caught = True
+            assert dropped_then_raised()
         finally:
             signal.signal(signal.SIGINT, previous)
-        assert caught and ref() is None and printed == []
-    finally:
-        flower.propagate, flower.filters[:] = before[0], before[1]
-
-
-def test_the_simulations_unraisable_hook_leaves_other_errors_to_python(monkeypatch):
-    import sys
-    from types import SimpleNamespace
-
-    from fedcache.flower import sim
-
-    flower = logging.getLogger("flwr")
-    before = (flower.propagate, list(flower.filters))
-    printed = []
-    monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
-    try:
-        on_interrupt = sim._flower_logging()
-        other = SimpleNamespace(exc_type=ValueError)
-        on_interrupt.unraisable(other)
-        swallowed = SimpleNamespace(exc_type=KeyboardInterrupt)
-        on_interrupt.unraisable(swallowed)  # not raised by its handler: someone else's
-        assert printed == [other, swallowed]
+        assert printed == []
     finally:
         flower.propagate, flower.filters[:] = before[0], before[1]
 
