@@ -426,10 +426,10 @@ def test_a_worker_sent_sigterm_as_it_starts_stops_the_grid_in_one_line():
     assert "a grid worker process was sent SIGTERM from outside the grid" in out.stdout, out.stdout
 
 
-def _sorts_in_workers_started_by(init: str, cells: int, after_submits: float = 0.0, **env: str):
+def _sorts_in_workers_started_by(init: str, cells: int, held_up: bool = False, **env: str):
     """A subprocess running ``cells`` small cells on two grid workers whose initializer is this module's ``init``
-    (in_workers passes workers.init_worker), the grid waiting ``after_submits`` seconds once it has submitted them;
-    what it printed: the cells' results, or the grid's line."""
+    (in_workers passes workers.init_worker), the grid ``held_up`` after its submits (``_submits_then_waits``); what
+    it printed: the cells' results, or the grid's line."""
     import os
     import subprocess
     import sys
@@ -438,7 +438,7 @@ def _sorts_in_workers_started_by(init: str, cells: int, after_submits: float = 0
     tasks = ", ".join(f"(sorted, ([{2 * i + 2}, {2 * i + 1}],))" for i in range(cells))
     code = (f"import fedcache.grids.pool as pool\nfrom tests.grids.test_pool import {init}, _submits_then_waits\n"
             f"pool.init_worker = {init}\n"
-            f"_submits_then_waits(pool.ProcessPoolExecutor, {cells}, {after_submits})\n"
+            + (f"_submits_then_waits(pool.ProcessPoolExecutor, {cells})\n" if held_up else "") +
             "try:\n"
             f"    print(list(pool.in_workers(2, [{tasks}])))\n"
             "except Exception as e:\n"
@@ -463,21 +463,27 @@ def _one_crashes_then_init(*args) -> None:
     init_worker(*args)
 
 
-def _submits_then_waits(pool_class, cells: int, seconds: float) -> None:
-    """``pool_class.submit`` waits ``seconds`` after the ``cells``-th cell is submitted (the grid's thread held up
-    on a loaded machine while a worker starts), and the pool's own thread, broken by a worker's death, waits twice
-    as long before it terminates the other workers: the crashed worker has ended and the other still runs as the
-    grid goes on."""
+def _submits_then_waits(pool_class, cells: int) -> None:
+    """``pool_class.submit`` waits, once the ``cells``-th cell is submitted, until the crashing worker of
+    ``_one_crashes_then_init`` has ended (the grid's thread held up on a loaded machine while a worker starts); the
+    pool's own thread, broken by that death, terminates the other workers only a second after that wait: the crashed
+    worker has ended and the other still runs as the grid goes on."""
+    import os
+    import threading
     import time
     from concurrent.futures import process
 
-    submit, count = pool_class.submit, []
+    submit, count, held = pool_class.submit, [], threading.Event()
 
     def submitted(self, *args, **kwargs):
         future = submit(self, *args, **kwargs)
         count.append(1)
         if len(count) == cells:
-            time.sleep(seconds)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.environ["CRASH_MARK"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # the worker leaves right after it made the mark
+            held.set()
         return future
 
     pool_class.submit = submitted
@@ -485,15 +491,20 @@ def _submits_then_waits(pool_class, cells: int, seconds: float) -> None:
     terminate = manager.terminate_broken
 
     def terminated_later(self, cause):
-        time.sleep(2 * seconds)
+        held.wait(60)
+        time.sleep(1)  # the grid's thread goes on from its submits meanwhile
+        for worker in self.processes.values():  # ended and reaped here first: the grid reads how each ended,
+            worker.terminate()                   # and one the pool reaped as the grid read it said nothing
+        for worker in self.processes.values():
+            worker.join()
         return terminate(self, cause)
 
     manager.terminate_broken = terminated_later
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("after_submits", [0.0, 3.0])
-def test_a_worker_that_crashes_as_it_starts_is_not_taken_for_a_sigterm(tmp_path, after_submits):
+@pytest.mark.parametrize("held_up", [False, True])
+def test_a_worker_that_crashes_as_it_starts_is_not_taken_for_a_sigterm(tmp_path, held_up):
     """A crashed worker breaks the pool, which then sends SIGTERM to the others: the grid still says a worker died
     (re-run with --jobs 1), though every other worker ended by SIGTERM; also when the worker crashed before the
     grid's thread, held up, went on from its submits (CI's failure: the crashed worker was not among those it knew
@@ -501,7 +512,7 @@ def test_a_worker_that_crashes_as_it_starts_is_not_taken_for_a_sigterm(tmp_path,
     # Three cells for two workers: ProcessPoolExecutor wakes its manager thread before it spawns a worker, so with
     # as many cells as workers the last one's death can go unseen until another worker's result (here, 30 s on):
     # the third submit wakes it after both exist (in 5 of 10 runs with two cells, none of 8 with three).
-    out = _sorts_in_workers_started_by("_one_crashes_then_init", cells=3, after_submits=after_submits,
+    out = _sorts_in_workers_started_by("_one_crashes_then_init", cells=3, held_up=held_up,
                                        CRASH_MARK=str(tmp_path / "crashed"))
     assert out.returncode == 0 and not out.stderr, out.stderr
     assert "a grid worker process died" in out.stdout, out.stdout
