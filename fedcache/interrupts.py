@@ -9,25 +9,55 @@ simulation's process): the library sets no hook of the caller's.
 from __future__ import annotations
 
 import os
-import signal
+import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 AGAIN_AFTER = 0.05  # seconds: the main thread has left the callback by then
 
 
-def raised_again(rearm: Callable[[], int | None]) -> Callable:
-    """A ``sys.unraisablehook``: a dropped KeyboardInterrupt is sent again, as the signal ``rearm()`` returns once
-    it has made the handler raise again (None: not one of its handler's; Python prints it, as anything else)."""
+class RaisedAgain:
+    """A ``sys.unraisablehook``: a KeyboardInterrupt its handler raised and Python dropped is sent again, as the
+    signal ``rearm(exc)`` returns once it has made the handler raise again (None: not the handler's own, which Python
+    prints, as anything else). The signal is sent from a thread started here: starting one in the hook, that is in a
+    finalizer, could wait for a lock the interrupted thread holds."""
 
-    def hook(unraisable) -> None:
-        signum = rearm() if issubclass(unraisable.exc_type, KeyboardInterrupt) else None
-        if signum is None:
+    def __init__(self, rearm: Callable[[BaseException], int | None]) -> None:
+        self._rearm = rearm
+        self._asked = self._sent = 0  # each written by one thread alone
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()  # put() is safe in a finalizer
+        threading.Thread(target=self._send, daemon=True, name="fedcache-interrupt-again").start()
+
+    def __call__(self, unraisable) -> None:
+        if (not isinstance(unraisable.exc_value, KeyboardInterrupt)
+                or threading.current_thread() is not threading.main_thread()):
             sys.__unraisablehook__(unraisable)
             return
-        later = threading.Timer(AGAIN_AFTER, os.kill, (os.getpid(), signum))
-        later.daemon = True
-        later.start()
+        dropped = unraisable.exc_value
+        while True:
+            try:  # a signal pending meanwhile (signal.signal runs it) raises here, where it is dropped too
+                signum = self._rearm(dropped)
+                if signum is None:
+                    sys.__unraisablehook__(unraisable)
+                else:
+                    self._asked += 1
+                    self._signals.put(signum)
+                return
+            except KeyboardInterrupt as again:
+                dropped = again
 
-    return hook
+    def _send(self) -> None:
+        while True:
+            signum = self._signals.get()
+            time.sleep(AGAIN_AFTER)
+            os.kill(os.getpid(), signum)
+            self._sent += 1
+
+    def wait_sent(self, timeout: float) -> bool:
+        """Whether every signal asked for was sent within ``timeout`` seconds (tests restore their handlers after)."""
+        deadline = time.monotonic() + timeout
+        while self._sent < self._asked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self._sent >= self._asked

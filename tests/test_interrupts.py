@@ -11,12 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedcache.interrupts import raised_again
+from fedcache.interrupts import RaisedAgain
 
 
-def dropped_then_raised(signum: int = signal.SIGINT, wait: float = 5.0) -> bool:
+def dropped_then_raised(hook: RaisedAgain, signum: int = signal.SIGINT, wait: float = 5.0) -> bool:
     """``signum`` sent to this process while its main thread runs a weakref's callback, where the handler's
-    KeyboardInterrupt is dropped: whether one was raised after all, within ``wait`` seconds."""
+    KeyboardInterrupt is dropped: whether one was raised after all, within ``wait`` seconds. Returns once ``hook``
+    has sent what it was asked to: one sent after the test put its handlers back would reach pytest's."""
 
     class Held:
         pass
@@ -32,6 +33,8 @@ def dropped_then_raised(signum: int = signal.SIGINT, wait: float = 5.0) -> bool:
         time.sleep(wait)  # the handler, run again, ends the wait
     except KeyboardInterrupt:
         return ref() is None
+    finally:
+        hook.wait_sent(30)
     return False
 
 
@@ -44,11 +47,35 @@ def printed(monkeypatch) -> list:
 
 
 def test_other_errors_and_interrupts_not_of_its_handler_are_left_to_python(printed):
-    hook = raised_again(lambda: None)
-    other, theirs = SimpleNamespace(exc_type=ValueError), SimpleNamespace(exc_type=KeyboardInterrupt)
+    hook = RaisedAgain(lambda dropped: None)
+    other, theirs = SimpleNamespace(exc_value=ValueError()), SimpleNamespace(exc_value=KeyboardInterrupt())
     hook(other)
     hook(theirs)
     assert printed == [other, theirs]
+
+
+def test_a_keyboard_interrupt_the_commands_handler_did_not_raise_is_not_sent_again(monkeypatch, printed):
+    """Once the command's handler has raised (its KeyboardInterrupt on its way), another dropped in a finalizer (a
+    library's own) would have interrupted the command's clean-up a second time."""
+    from fedcache.cli import root
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for s in before:
+            signal.signal(s, root._interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            root._interrupted(signal.SIGINT, None)
+        theirs, hook = SimpleNamespace(exc_value=KeyboardInterrupt()), RaisedAgain(root._rearm)
+        hook(theirs)
+        sent_again = False
+        try:
+            hook.wait_sent(30)
+        except KeyboardInterrupt:
+            sent_again = True
+        assert printed == [theirs] and not sent_again and signal.getsignal(signal.SIGINT) is root._ignored
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -58,11 +85,12 @@ def test_the_commands_first_interrupt_dropped_by_python_still_stops_it(monkeypat
     from fedcache.cli import root
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(sys, "unraisablehook", raised_again(root._rearm))
+    hook = RaisedAgain(root._rearm)
+    monkeypatch.setattr(sys, "unraisablehook", hook)
     try:
         for s in before:
             signal.signal(s, root._interrupted)
-        assert dropped_then_raised(signum)
+        assert dropped_then_raised(hook, signum)
         assert signal.getsignal(signal.SIGINT) is root._ignored and signal.getsignal(signal.SIGTERM) is root._ignored
     finally:
         for s, handler in before.items():
@@ -75,11 +103,12 @@ def test_a_command_started_ignoring_ctrl_c_is_sent_sigterm_again(monkeypatch, pr
     from fedcache.cli import root
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(sys, "unraisablehook", raised_again(root._rearm))
+    hook = RaisedAgain(root._rearm)
+    monkeypatch.setattr(sys, "unraisablehook", hook)
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, root._interrupted)
-        assert dropped_then_raised(signal.SIGTERM)
+        assert dropped_then_raised(hook, signal.SIGTERM)
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         for s, handler in before.items():

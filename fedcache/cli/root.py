@@ -19,7 +19,7 @@ from fedcache.cli.threads import mark_start
 from fedcache.cli.train import demo, flower_app, partition, shard, train
 from fedcache.disk import full_disk, is_full
 from fedcache.errors import ConfigError, FedcacheError, UnknownNameError, debugging
-from fedcache.interrupts import raised_again
+from fedcache.interrupts import RaisedAgain
 from fedcache.paths import denied_line, is_denied
 from fedcache.progress import log_to_stderr, logging_to_stderr
 from fedcache.wording import flag_names
@@ -229,7 +229,7 @@ def _console_script() -> None:
     signal.signal(signal.SIGTERM, _interrupted)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started ignoring it (in the background) still does
         signal.signal(signal.SIGINT, _interrupted)
-    sys.unraisablehook = raised_again(_rearm)
+    sys.unraisablehook = RaisedAgain(_rearm)
     # Its log lines and typer's tracebacks (FEDCACHE_DEBUG=1) last until the process exits: nothing to put back.
     log_to_stderr(_log_level())
     code = _command(None)
@@ -248,18 +248,22 @@ def _interrupted(signum: int, frame: object) -> None:
     by Python ("Signal 15 ignored due to race condition"), and handled to the end, one sent as Python exits (its
     handlers back to the default by then) killed the process."""
     _ours_to(_ignored)
-    raise KeyboardInterrupt
+    _RAISED[:] = [KeyboardInterrupt()]
+    raise _RAISED[0]
+
+
+_RAISED: list[KeyboardInterrupt] = []  # the interrupt _interrupted raised last (_rearm knows it by that)
 
 
 def _ignored(signum: int, frame: object) -> None:
     pass
 
 
-def _rearm() -> int | None:
-    """The first interrupt, dropped by Python where it was raised (``interrupts``): the command trained on, and
+def _rearm(dropped: BaseException) -> int | None:
+    """The first interrupt, ``dropped`` by Python where it was raised (``interrupts``): the command trained on, and
     ignored every later Ctrl-C and SIGTERM. Its handlers raise again; the signal to send again (SIGTERM where the
-    command was started ignoring SIGINT)."""
-    if signal.getsignal(signal.SIGTERM) is not _ignored:  # none raised yet, or the command has returned
+    command was started ignoring SIGINT). None for another's KeyboardInterrupt, or once the command has returned."""
+    if not _RAISED or dropped is not _RAISED[0] or signal.getsignal(signal.SIGTERM) is not _ignored:
         return None
     _ours_to(_interrupted)
     return signal.SIGINT if signal.getsignal(signal.SIGINT) is _interrupted else signal.SIGTERM

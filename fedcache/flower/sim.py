@@ -36,9 +36,9 @@ from fedcache.federate.rundir import RunDir, check_resumable, resume_named
 from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable, may_keep_client_state,
                                     refuse_resume_with_client_state)
 from fedcache.flower.project import write_app
-from fedcache.interrupts import raised_again
 from fedcache.flower.shard import (SERVER, ShardInfo, ShardSpec, changed_since_cut, load_server, open_shard,
                                    write_shards)
+from fedcache.interrupts import RaisedAgain
 from fedcache.ownership import Holder, on_orphaned
 from fedcache.progress import StepCallback, check_callback, log_to_stderr, said_now, said_step
 from fedcache.spec import RunSpec, method_class
@@ -402,21 +402,23 @@ def simulate(run: FlowerRun, paths: ServerPaths, n_clients: int, app_dir: Path, 
     return summary
 
 
-def _child(request: Path, answer: Path, on_interrupt: Callable = signal.default_int_handler) -> int:
+def _child(request: Path, answer: Path, on_interrupt: _Interrupt | None = None) -> int:
+    on_interrupt = on_interrupt or _Interrupt(threading.Event())
     signal.signal(signal.SIGINT, on_interrupt)  # its caller interrupts it so, even if it ignores Ctrl-C
     ask = json.loads(request.read_text())
     try:
         # Watched from here on (the interrupt it sends is caught below), for the caller the request names: a caller
         # killed while this process imported its modules had already left it to init, whose pid os.getppid() gives.
-        on_orphaned(ask["caller"], lambda: _interrupt_then_end(request.parent), every=0.2)
-        reply = {"summary": _simulate_asked(ask, scratch=request.parent)}
-    except FedcacheError as err:
-        reply = {"error": str(err), "kind": type(err).__name__}
+        on_orphaned(ask["caller"], lambda: _interrupt_then_end(request.parent, on_interrupt.over), every=0.2)
+        try:
+            reply = {"summary": _simulate_asked(ask, scratch=request.parent)}
+        except FedcacheError as err:
+            reply = {"error": str(err), "kind": type(err).__name__}
+        # The run is over, and its answer is written whole: the orphan watcher's SIGINT, sent as the caller went,
+        # raised outside this try, and the process left with a traceback and its call directory.
+        on_interrupt.over.set()
     except KeyboardInterrupt:
         _end_interrupted(request.parent)
-    # The run is over: its answer is written whole. The orphan watcher's SIGINT, sent as the caller went, raised
-    # here outside the try, and the process left with a traceback and its call directory.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = _answer(answer, reply)
     if _ORPHANED.is_set():  # it ended as its caller went: no one reads the answer
         _end_orphaned(request.parent, code)
@@ -470,21 +472,22 @@ class _Interrupt:
 
     def __init__(self, interrupted: threading.Event) -> None:
         self.interrupted = interrupted
-        self._raised = False
+        self.over = threading.Event()  # the run is over: an interrupt changes nothing, its answer is written whole
+        self._raised: KeyboardInterrupt | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
-        if self._raised:
+        if self._raised is not None or self.over.is_set():
             return
-        self._raised = True
+        self._raised = KeyboardInterrupt()
         self.interrupted.set()
-        raise KeyboardInterrupt
+        raise self._raised
 
-    def rearm(self) -> int | None:
-        """Raise again (``interrupts.raised_again``): the interrupt it raised was dropped, and the simulation trained
-        on, deaf to its caller's Ctrl-C."""
-        if not self._raised:
+    def rearm(self, dropped: BaseException) -> int | None:
+        """Raise again (``interrupts.RaisedAgain``): the interrupt it raised was ``dropped``, and the simulation
+        trained on, deaf to its caller's Ctrl-C."""
+        if self._raised is None or dropped is not self._raised:
             return None
-        self._raised = False
+        self._raised = None
         return signal.SIGINT
 
 
@@ -503,13 +506,14 @@ def _end_interrupted(call_dir: Path) -> None:
     os._exit(INTERRUPTED)
 
 
-def _interrupt_then_end(call_dir: Path, grace: float = 10.0) -> None:
+def _interrupt_then_end(call_dir: Path, over: threading.Event, grace: float = 10.0) -> None:
     """Its caller gone (killed outright), the simulation is interrupted as Ctrl-C would (Flower and Ray shut
     down, --out and the temporary directories let go), and ended with its process group if that has not ended it
     after ``grace`` seconds."""
     _ORPHANED.set()
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(grace)
+    if not over.is_set():  # else nothing is left to interrupt
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(grace)
     _end_orphaned(call_dir, 1)
 
 
@@ -533,5 +537,5 @@ def _end_own_group() -> None:
 if __name__ == "__main__":
     log_to_stderr(logging.WARNING)
     _on_interrupt = _flower_logging()
-    sys.unraisablehook = raised_again(_on_interrupt.rearm)  # this process is the call's own
+    sys.unraisablehook = RaisedAgain(_on_interrupt.rearm)  # this process is the call's own
     sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2]), _on_interrupt))

@@ -402,6 +402,26 @@ def test_an_interrupt_as_the_simulation_writes_its_answer_leaves_it_whole(tmp_pa
     assert code == 0 and json.loads(answer.read_text()) == {"summary": {"mean_accuracy": 50.0}}
 
 
+def test_a_simulation_orphaned_once_its_run_is_over_ends_at_once(tmp_path, monkeypatch):
+    """Its caller gone after the run (the answer being written), the orphan watcher's SIGINT met no one to interrupt:
+    the process left normally, its call directory with it, and the watcher's grace went by for nothing."""
+    import os
+    import threading
+
+    from fedcache.flower import sim
+
+    ended, sent = [], []
+    monkeypatch.setattr(sim, "_end_orphaned", lambda call_dir, code: ended.append(call_dir))
+    monkeypatch.setattr(sim.os, "kill", lambda *a: sent.append(a))
+    over = threading.Event()
+    over.set()
+    try:
+        sim._interrupt_then_end(tmp_path, over, grace=5)
+    finally:
+        sim._ORPHANED.clear()
+    assert ended == [tmp_path] and sent == []
+
+
 def test_an_orphaned_simulation_reports_nothing(tmp_path, caplog):
     """Orphaned, the simulation's process reported rounds into a call directory its caller was no longer reading
     (or that was gone): `WARNING __main__: the Flower simulation's progress is no longer shown` on the dead caller's
@@ -454,7 +474,7 @@ def test_an_interrupt_python_swallowed_in_a_weakref_callback_is_raised_again(mon
     import sys
 
     from fedcache.flower import sim
-    from fedcache.interrupts import raised_again
+    from fedcache.interrupts import RaisedAgain
     from tests.test_interrupts import dropped_then_raised
 
     flower = logging.getLogger("flwr")
@@ -463,10 +483,11 @@ def test_an_interrupt_python_swallowed_in_a_weakref_callback_is_raised_again(mon
     monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
     try:
         on_interrupt = sim._flower_logging()
-        monkeypatch.setattr(sys, "unraisablehook", raised_again(on_interrupt.rearm))
+        hook = RaisedAgain(on_interrupt.rearm)
+        monkeypatch.setattr(sys, "unraisablehook", hook)
         previous = signal.signal(signal.SIGINT, on_interrupt)
         try:
-            assert dropped_then_raised()
+            assert dropped_then_raised(hook)
         finally:
             signal.signal(signal.SIGINT, previous)
         assert printed == []
