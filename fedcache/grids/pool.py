@@ -45,11 +45,8 @@ class Workers:
     the processes, the pipe their log records and SIGTERM reports come on, and the thread that reads it."""
 
     def __init__(self, jobs: int) -> None:
-        import multiprocessing
-
-        self._ctx = _SpawnRecorded()  # every worker the pool starts, for how the gone ones ended (_lost_worker)
+        self._ctx = _SpawnRecorded()  # every worker the pool starts: those to stop, and how the gone ones ended
         self._jobs = jobs
-        self._before = set(multiprocessing.active_children())
         self._reports = contextlib.ExitStack()
         self._pool: ProcessPoolExecutor | None = None
         self._sigterm: Future | None = None
@@ -87,7 +84,7 @@ class Workers:
             # Ctrl-C, SIGTERM (the CLI turns it into an interrupt) or an error: the pool's own shutdown would
             # wait for every queued cell. Drop the queue and stop the running cells; finished ones are on disk.
             self._abandon()
-            lost = _lost_worker(exc, self._ctx.started)
+            lost = _lost_worker(exc, self._ctx.workers())
             if lost:
                 raise FedcacheError(lost) from None
             raise
@@ -105,33 +102,29 @@ class Workers:
         the queue for a next cell holds the queue's lock for good: the broken pool's SIGTERM then finds the others
         waiting behind it (they tell the grid), where only the grid's stop ends their wait (``_abandon``). All
         results in, the grid ends as it would have; a cell's result lost with the worker is its one line."""
-        import multiprocessing
-
         pool, self._pool = self._pool, None
         finished(self._futures)  # cells the caller left unread still finish, as the pool's own shutdown waited
-        workers = set(multiprocessing.active_children()) - self._before
         pool.shutdown(wait=False)
-        running = _not_gone(workers, self._sigterm)
+        running = _not_gone(self._ctx.workers(), self._sigterm)
         if running:
             self._stop_all()
             _stop(running)
         lost = _broken(self._futures)
         if lost is not None:
-            raise FedcacheError(_lost_worker(lost, self._ctx.started))
+            raise FedcacheError(_lost_worker(lost, self._ctx.workers()))
         failed = _unread_error(self._futures, self._read)
         if failed is not None:  # raised as reading its result would have: the caller's one line for it
             raise failed
 
     def _abandon(self) -> None:
         """The queue dropped, the running cells and every worker stopped (``_stop``)."""
-        import multiprocessing
-
         if self._pool is None:
             return
         pool, self._pool = self._pool, None
         pool.shutdown(wait=False, cancel_futures=True)
         self._stop_all()  # before SIGTERM: a worker between cells then leaves at once (workers._exit_on_sigterm)
-        _stop(set(multiprocessing.active_children()) - self._before)
+        # Its own workers, not active_children(): another thread of the caller may be starting processes of its own.
+        _stop(self._ctx.workers())
 
 
 class _SpawnRecorded(SpawnContext):
@@ -148,6 +141,10 @@ class _SpawnRecorded(SpawnContext):
         process = SpawnProcess(*args, **kwargs)
         self.started.append(process)
         return process
+
+    def workers(self) -> set[SpawnProcess]:
+        """The processes made that were started (one whose start failed has no pid, and no sentinel to wait on)."""
+        return {p for p in self.started if p.pid is not None}
 
 
 def _not_gone(workers: set, sigterm: Future) -> set:
@@ -271,17 +268,31 @@ def _worker_sent_sigterm() -> str:
 _LOST_WORKER = {BrokenProcessPool: _worker_died, SystemExit: _worker_sent_sigterm}
 
 
-def _lost_worker(exc: BaseException, workers: list) -> str | None:
+def _lost_worker(exc: BaseException, workers: set) -> str | None:
     """The line for a worker gone under the grid, or None. A worker sent SIGTERM while still starting, before
     ``init_worker`` sets its handler (a scheduler's kill of every process of the job, in Python's start or its
     re-import of the main script), dies of it and breaks the pool as a crash does: told apart by how the workers
     that are gone ended, every one by SIGTERM (once broken, the pool sends it to the others itself; a crashed
     worker had ended otherwise first). Blocking SIGTERM while the workers start instead kept a worker that the grid
     stops as it starts until the grace ran out."""
-    ended = {w.exitcode for w in workers} - {None}
-    if isinstance(exc, BrokenProcessPool) and ended == {-signal.SIGTERM}:
+    if isinstance(exc, BrokenProcessPool) and _ended(workers) == {-signal.SIGTERM}:
         exc = SystemExit(128 + signal.SIGTERM)
     return next((said() for kind, said in _LOST_WORKER.items() if isinstance(exc, kind)), None)
+
+
+def _ended(workers: set, grace: float = 2.0) -> set[int]:
+    """How ``workers`` ended, each once it has (up to ``grace`` seconds): the broken pool has sent SIGTERM to those
+    left, and one being reaped by the pool's own thread reads no exit code for a moment; read at once, a crashed
+    worker missing from the set had the others' SIGTERM taken for the cause."""
+    deadline = time.monotonic() + grace
+    pending = list(workers)
+    while True:
+        pending = [w for w in pending if w.exitcode is None]
+        left = deadline - time.monotonic()
+        if not pending or left <= 0:
+            return {w.exitcode for w in workers} - {None}
+        wait([w.sentinel for w in pending], min(RESEND, left))
+        time.sleep(0.005)  # ended (its sentinel ready) and being reaped elsewhere: no busy loop meanwhile
 
 
 @contextlib.contextmanager

@@ -118,6 +118,11 @@ class FeatureStore(TextEmbeddings, Removal):
     def locks_dir(self) -> Path:
         return self.path / ".locks"
 
+    def create_lock(self, entry_id: str) -> Path:
+        """The lock file of an entry's making, of every write of its attributes, and of its removal (each writer
+        of a part holds that part's lock besides)."""
+        return self.locks_dir / f"{entry_id}.create.lock"
+
     def lock(self, name: str, what: str, wait: float = 120.0, **advice: str):
         """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""
         return exclusive_lock(self.locks_dir / f"{name}.lock", what, wait=wait, **advice)

@@ -36,7 +36,7 @@ class Removal:
             # The create lock first, then the part locks found while holding it: a writer takes its part lock before
             # it lets the create lock go, so none can start writing between the look and the removal.
             what, advice = f"entry {info.entry_id} ({info.label()})", "let it finish (or stop it), then remove the entry"
-            held.enter_context(exclusive_lock(self.locks_dir / f"{info.entry_id}.create.lock", what, advice=advice))
+            held.enter_context(exclusive_lock(self.create_lock(info.entry_id), what, advice=advice))
             for path in sorted(self.locks_dir.glob(f"{info.entry_id}.part*.lock")):
                 held.enter_context(exclusive_lock(path, what, advice=advice))
             yield

@@ -64,7 +64,7 @@ def _upgrade(store: FeatureStore, info: EntryInfo) -> Upgraded:
     key = EntryKey(**info.key)
     if key.entry_id != eid:
         return Upgraded(eid, label, "skipped", "its key no longer hashes to its id (made by a much older fedcache)")
-    with exclusive_lock(store.locks_dir / f"{eid}.create.lock", f"entry {key.label()}", wait=30.0,
+    with exclusive_lock(store.create_lock(eid), f"entry {key.label()}", wait=30.0,
                         advice="upgrade again once it has finished"):
         try:
             _rewrite(store, info, key)
@@ -92,7 +92,7 @@ def _rewrite(store: FeatureStore, info: EntryInfo, key: EntryKey) -> None:
     attrs = {k: v for k, v in a.items() if k not in _OWN}
     group = _create_entry(store, key, info.n_rows, info.dim, int(a["batch_size"]), attrs, int(a["chunk_rows"]),
                           ENTRY_FORMAT, parent)
-    writer = EntryWriter(store, key, group, stage / info.entry_id)
+    writer = EntryWriter(store, key, group, stage / info.entry_id, locked=True)  # _upgrade holds it
     reader = store.reader(info)
     try:
         for c in range(writer.n_chunks):
@@ -105,7 +105,7 @@ def _rewrite(store: FeatureStore, info: EntryInfo, key: EntryKey) -> None:
     finally:
         reader.close()
     writer.finish()
-    group.attrs.update({"completed_at": info.completed_at})  # which entry of a slot is current must not change
+    writer.group.attrs.update({"completed_at": info.completed_at})  # which entry of a slot is current must not change
 
 
 def _swap(store: FeatureStore, eid: str) -> None:

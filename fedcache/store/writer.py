@@ -7,9 +7,9 @@ flagged, a format-2 writer keeps the rows it wrote: after each batch it records 
 in a small file beside the flags, and a re-run that finds those rows' bytes still matching them continues
 after them, so an interrupted extraction redoes at most a batch, however large its chunks (a chunk is the
 unit of checksums and reads, about 4 MB; a small domain is one chunk). ``complete`` is set last, by whichever
-writer sees every chunk flagged; readers refuse the entry until then. Each chunk's checksums are
-computed from the rows as written (fedcache/store/integrity.py), so damage done to a chunk at any
-time after its writer wrote it is detected; an existing entry found damaged is replaced.
+writer sees every chunk flagged (once, under the entry's create lock); readers refuse the entry until then. Each
+chunk's checksums are computed from the rows as written (fedcache/store/integrity.py), so damage done to a chunk at
+any time after its writer wrote it is detected; an existing entry found damaged is replaced.
 
 New entries are written in format 2 (fedcache/store/chunks.py): each row array one uncompressed file,
 a chunk of rows written at its offset with one ``pwrite`` (writers of disjoint parts share the file),
@@ -63,8 +63,10 @@ def chunk_rows_for(dim: int, itemsize: int, batch_size: int, target: int = TARGE
 class EntryWriter:
     """Writes the chunks of one entry; ``folder``: where its group lies (default: the store's entries)."""
 
-    def __init__(self, store: FeatureStore, key: EntryKey, group: zarr.Group, folder: Path | None = None) -> None:
+    def __init__(self, store: FeatureStore, key: EntryKey, group: zarr.Group, folder: Path | None = None,
+                 locked: bool = False) -> None:
         self.store, self.key, self.group = store, key, group
+        self.locked = locked  # the caller holds the entry's create lock (store upgrade writes a copy under it)
         a = group.attrs
         self.n_rows, self.dim, self.chunk_rows = int(a["n_rows"]), int(a["dim"]), int(a["chunk_rows"])
         self.batch_size = int(a["batch_size"])
@@ -149,15 +151,25 @@ class EntryWriter:
             return True
         if not bool(np.all(self.files.all("done"))):
             return False
-        valid = self.files.all("valid")
-        if describe is not None:
-            self._list_bad_images(valid, describe)
+        with contextlib.nullcontext() if self.locked else exclusive_lock(
+                self.store.create_lock(self.key.entry_id), f"entry {self.key.label()}", wait=30.0):
+            # Read again under the lock: the writer of another part may have completed the entry since this one
+            # opened it, or recorded how it was given to write (RESUMED_WITH); attributes read before would be
+            # written back over theirs.
+            self.group = zarr.open_group(store=self.group.store, path=self.group.path, mode="r+", zarr_format=3)
+            valid = self.files.all("valid")
+            if describe is not None:
+                self._list_bad_images(valid, describe)
+            if not self.complete:  # completed by another writer: its completed_at stays (it orders a slot's entries)
+                self._complete(valid)
+        return True
+
+    def _complete(self, valid: np.ndarray) -> None:
         crcs = as_attr(self.files.all(CRC_ARRAY))
         n_valid = int(np.count_nonzero(valid))
         self.group.attrs.update({"n_valid": n_valid, "n_bad_images": self.n_rows - n_valid, CRC_ATTR: crcs})
         self.files.sweep()
         self.group.attrs.update({"complete": True, "completed_at": now_iso()})
-        return True
 
     def _list_bad_images(self, valid: np.ndarray, describe: Callable[[int], str]) -> None:
         # From the rows, not from the names a run met: a resumed run never sees the bad images of the rows it kept.
@@ -363,7 +375,7 @@ def open_writer(
     is made, a resumed one's rows still to write (of its pending chunks, less the rows kept) before they are."""
     folder = store.path / ENTRIES / key.entry_id
     what = f"the entry {key.entry_id} ({key.label()}) in"
-    create = store.locks_dir / f"{key.entry_id}.create.lock"
+    create = store.create_lock(key.entry_id)
     lock = store.locks_dir / f"{key.entry_id}.part{part.index}of{part.count}.lock"
     part_what = f"entry {key.label()} (part {part.index}/{part.count})"
     with contextlib.ExitStack() as held:

@@ -421,3 +421,26 @@ def test_split_rows_closes_the_rows_it_found_when_another_is_refused(store_path,
     with pytest.raises(EntryNotFoundError) as raised:
         store.split_rows("ds", ["train", "test"], backbones)
     assert len(found) == 1 and open_files() == before, raised.value
+
+
+def test_the_last_of_two_parts_writers_to_finish_keeps_what_the_first_wrote(store_path):
+    """Each writer opened the entry before the other recorded how it was given to write and completed it: attributes
+    read then and written back at the end dropped the other's (its --skip-bad-images) and its completed_at."""
+    store = FeatureStore(store_path)
+    feats = np.arange(16, dtype=np.float32).reshape(8, 2)
+
+    def fill(w, part):
+        for c in w.pending(part):
+            lo, hi = w.chunk_range(c)
+            w.write_chunk(c, feats[lo:hi], np.zeros(hi - lo), np.arange(lo, hi), np.ones(hi - lo, bool))
+
+    with open_writer(store, key(), 8, 2, 2, ATTRS, Part(0, 2), chunk_rows=2) as first:
+        with open_writer(store, key(), 8, 2, 2, {**ATTRS, "skip_bad_images": True}, Part(1, 2), chunk_rows=2) as second:
+            fill(first, Part(0, 2))
+            fill(second, Part(1, 2))
+            assert second.finish()
+            completed = dict(store.root["entries"][key().entry_id].attrs)
+            assert completed["complete"] and completed["skip_bad_images"]
+        assert first.finish()
+    assert dict(FeatureStore(store_path).root["entries"][key().entry_id].attrs) == completed
+    np.testing.assert_array_equal(store.read("ds", "train", "bb").features, feats)
