@@ -275,7 +275,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"), "methods")
     _check_names(fields, _grid_names(config, file_fields, given, {}, frozenset()))
-    fields["sweep"] = _merged_sweep(fields.get("sweep", {}), fields["methods"] or [], settings, sweep, flags)
+    fields["sweep"], flagged = _merged_sweep(fields.get("sweep", {}), fields["methods"] or [], settings, sweep, flags)
     if not fields.get("store") and default_store:  # the CLI's FEDCACHE_STORE, below a file's store and --store
         fields["store"] = default_store
     missing = [k for k in ("store", "dataset", "backbones", "methods", "out") if not fields.get(k)]
@@ -286,7 +286,6 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
             raise ConfigError(f"grid file {config}{empty} gives no {', '.join(missing)}: add them at its top "
                               f"({missing[0]} = ...), or give {as_flags}")
         raise ConfigError(f"a grid needs {as_flags} ({named('as options', 'as arguments')} or in the TOML file)")
-    flagged = _flagged_axes(flags, fields["methods"] or [], fields["sweep"])
     spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"], flagged))
     spec.check_given()  # a user's grid only (its stages carry what it gave); before its file's axes load torch
     kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
@@ -319,18 +318,13 @@ def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep
                  frozenset(called | set(file_fields) | {axis_key(k) for k in sweep}), flagged)
 
 
-def _flagged_axes(flags: dict | None, methods: list[str], sweep: dict) -> frozenset[str]:
-    """The axes the CLI's run-option flags gave, by their keys in ``sweep`` (``--alpha`` beside perfedavg:
-    ``partition.alpha``), so that messages name them by the flag, not as the ``--set`` no one typed."""
-    from fedcache.grids import option_axes
-
-    return frozenset(k for k in option_axes(flags, methods) if k in sweep) if flags else frozenset()
-
-
-def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any, flags: Any) -> dict:
-    """The grid file's axes with the call's over them (``--set``, ``sweep=``, the run-option flags). The call's key
-    replaces the file's for the same setting under another name too (``optim.lr`` in the file, ``--set lr``), as
-    under the same name: refused as one setting given twice, the command line could not override the file."""
+def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any,
+                  flags: Any) -> tuple[dict, frozenset[str]]:
+    """The grid file's axes with the call's over them (``--set``, ``sweep=``, the run-option flags), and the keys of
+    those the CLI's run-option flags gave (``--alpha`` beside perfedavg: ``partition.alpha``), so that messages name
+    them by the flag, not as the ``--set`` no one typed. The call's key replaces the file's for the same setting
+    under another name too (``optim.lr`` in the file, ``--set lr``), as under the same name: refused as one setting
+    given twice, the command line could not override the file."""
     from fedcache.grids import option_axes
     from fedcache.grids.spec import setting_places
     from fedcache.spec import option, parse_axes
@@ -338,6 +332,7 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
     given = parse_axes(list(settings)) if settings else {}
     if sweep is not None:
         given.update(_sweep_axes(sweep))
+    axes: dict = {}
     if flags:
         for name, values in flags.items():  # each value as its cells check it (--rounds 0), before option_axes reads
             for value in values:            # the methods' settings, which imports them and torch (seconds)
@@ -349,7 +344,7 @@ def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any
         given.update(axes)
     taken = {place for key in given for place in setting_places(key, methods)}
     kept = {k: v for k, v in from_file.items() if k not in given and not setting_places(k, methods) & taken}
-    return {**kept, **given}
+    return {**kept, **given}, frozenset(axes)
 
 
 @_keywords_checked(hint=_swept_hint)
