@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import html
 import inspect
+import os
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -72,14 +73,25 @@ def _keywords_checked(hint: Callable[[str, Mapping], str] | None = None) -> Call
 
 
 def _swept_hint(key: str, known: Mapping) -> str:
-    """Where a run option given to ``grid`` goes (not one the grid takes itself as a list: ``seed``, ``method``)."""
-    from fedcache.spec import option
+    """Where a run option or a method's setting given to ``grid`` goes (not an option the grid takes itself as a
+    list: ``seed``, ``method``): its axes, ``sweep``, which also hold what ``train`` takes as ``settings``."""
+    from fedcache.spec import is_option
 
-    try:
-        option(key)
-    except ConfigError:
-        return ""
-    return "" if f"{key}s" in known else f"; a run option is one of the grid's axes: sweep={{{key!r}: value or [values]}}"
+    if key == "settings":
+        return "; a grid's settings are its axes: sweep={'lr': value or [values], ...}"
+    if is_option(key):
+        return "" if f"{key}s" in known else f"; a run option is one of the grid's axes: sweep={{{key!r}: value or [values]}}"
+    if key in _setting_names():
+        return f"; a method/optimizer setting is one of the grid's axes: sweep={{{key!r}: value or [values]}}"
+    return ""
+
+
+def _setting_names() -> set[str]:
+    """Every method's settings and the optimizer's, by their short names (imports the methods: torch)."""
+    from fedcache.federate.methods import METHODS
+    from fedcache.spec import setting_fields
+
+    return {name for m in METHODS.names() for group in setting_fields(m).values() for name in group}
 
 
 def _keywords_named(fn: Callable) -> Callable:
@@ -148,6 +160,7 @@ def _extract_features(dataset: str, backbones: str | Iterable[str], store: str |
     from fedcache.extract.config import extract_config
     from fedcache.extract.runner import extract as run
 
+    check_callback("progress", progress, "event")  # before the backbone loads and the store is made
     where = {} if store is None else {"store": store}
     return run(extract_config(dataset=dataset, backbones=backbones, **where, **options), progress)
 
@@ -247,10 +260,9 @@ def _refuse_settings_as_options(options: dict[str, Any]) -> None:
     """``train(lr=0.1)``: the run options' check would call lr an unknown option and list the options, which do
     not have it, without a word of where it goes. Any method's setting counts: with a method that lacks it,
     ``settings`` then says which keys that method has."""
-    from fedcache.federate.methods import METHODS
-    from fedcache.spec import is_option, setting_fields
+    from fedcache.spec import is_option
 
-    known = {name for m in METHODS.names() for group in setting_fields(m).values() for name in group}
+    known = _setting_names()
     misplaced = {k: v for k, v in options.items() if k in known and not is_option(k)}
     if misplaced:
         what = ("is a method/optimizer setting, not a run option; pass it" if len(misplaced) == 1
@@ -397,7 +409,16 @@ def report(run_or_grid: str | Path, out: str | Path | None = None) -> Path:
     """``fedcache report``: HTML (self-contained) and markdown for a run or grid directory; returns the HTML path."""
     from fedcache.reports import write_report
 
+    _a_path("run_or_grid", run_or_grid, "a run's or grid's directory")
+    if out is not None:
+        _a_path("out", out, "the folder the report goes to")
     return write_report(Path(run_or_grid), Path(out) if out else None).html
+
+
+def _a_path(name: str, value: Any, what: str) -> None:
+    """A path argument given as something else is refused by its keyword, as the run options are (``out=5``)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"{name}={value!r}: expected a path (text), {what}")
 
 
 # ---- signatures ----------------------------------------------------------------------------

@@ -73,6 +73,14 @@ class StoreError(FedcacheError):
     """Something is wrong with the feature store."""
 
 
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """No feature store at the path given (a run reads one, it never makes one)."""
+
+
+class StoreIsAFileError(StoreError, NotADirectoryError):
+    """The store's path is a file: a store is a folder."""
+
+
 class EntryNotFoundError(StoreError, KeyError):
     """The store has no (complete) entry for the requested features. ``missing``: ("dataset" or "backbone", name)
     where the store holds no features of that name at all, and ``found`` the message without its advice to extract

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
-from fedcache.wording import did_you_mean, named, set_flag, set_key, setting, swept, toml_key, typed_as
+from fedcache.wording import did_you_mean, named, set_flag, set_key, setting, swept, toml_key, typed_as, write_setting
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule
@@ -485,30 +485,18 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
         if owners:
             o = option(key)
             with swept():
-                ways = _write_setting(o.key, f"{owners[0]}.{key}")
+                ways = write_setting(o.key, f"{owners[0]}.{key}")
             raise ConfigError(f"{said} is ambiguous: it is the run option {o.key} and a setting of {method} "
                               f"({owners[0]}.{key}); write {ways}")
         return option(key).section, option(key).field
     if len(owners) > 1:
         with swept() if run_options else contextlib.nullcontext():
-            ways = _write_setting(*(f"{g}.{key}" for g in owners))
+            ways = write_setting(*(f"{g}.{key}" for g in owners))
         raise ConfigError(f"{said} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write {ways}")
     if not owners:
         hint = _near(key, groups, run_options) or _elsewhere(key, method)
         raise ConfigError(f"{said}: unknown key{hint}. Known keys -- {_listing(groups, run_options)}")
     return owners[0], key
-
-
-def _write_setting(*keys: str) -> str:
-    """Advice to give one of the settings ``keys`` where its user gives settings, each alternative whole as it is
-    pasted there: ``--set optim.lr=...``; in a Python API call ``settings={'optim.lr': ...}`` (a grid's axes:
-    ``sweep={...}``), since ``settings optim.lr=...`` is no Python; in a grid file a TOML line, ``"optim.lr" = ...
-    under [set]`` (several: ``"method.mu" = ... or "optim.mu" = ... under [set]``; quoted, ``toml_key``), as a
-    grid's advice on its axes writes it (``grids.spec.Names.add_axis``)."""
-    given = set_flag()
-    if given == "[set]":
-        return " or ".join(f"{toml_key(key)} = ..." for key in keys) + " under [set]"
-    return " or ".join(named(f"{given} {key}=...", f"{given}={{{key!r}: ...}}") for key in keys)
 
 
 def _elsewhere(key: str, method: str) -> str:

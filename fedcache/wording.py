@@ -163,6 +163,20 @@ def toml_key(key: str) -> str:
     return f'"{key}"' if "." in key else key
 
 
+def write_setting(*keys: str, value: str | None = None) -> str:
+    """Advice to give one of the settings ``keys`` where its user gives settings, each alternative whole as it is
+    pasted there: ``--set optim.lr=...``; in a Python API call ``settings={'optim.lr': ...}`` (a grid's axes:
+    ``sweep={...}``), since ``settings optim.lr=...`` is no Python; in a grid file a TOML line, ``"optim.lr" = ...
+    under [set]`` (several: ``"method.mu" = ... or "optim.mu" = ... under [set]``; quoted, ``toml_key``), as a
+    grid's advice on its axes writes it (``grids.spec.Names.add_axis``). ``value``: a text value to advise
+    (``--set optimizer=adam``, ``settings={'optimizer': 'adam'}``, ``optimizer = "adam" under [set]``)."""
+    given = set_flag()
+    cli, py, toml = ("...",) * 3 if value is None else (value, repr(value), f'"{value}"')
+    if given == "[set]":
+        return " or ".join(f"{toml_key(key)} = {toml}" for key in keys) + " under [set]"
+    return " or ".join(named(f"{given} {key}={cli}", f"{given}={{{key!r}: {py}}}") for key in keys)
+
+
 def given_in_file(name: str) -> str | None:
     """The setting or option of full name ``name`` (``optim.lr``) as a grid's file gave it, where it did (inside
     ``swept(file, keys)`` or ``filed``): ``grid file g.toml's [set] lr``."""

@@ -85,7 +85,11 @@ def test_what_would_fail_after_training_is_refused_before_anything_runs(toy_stor
     with pytest.raises(ConfigError, match=r"^on_cell: fedcache calls it as on_cell\(done, total, row\)"):
         fedcache.grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg", out=tmp_path / "g",
                       sweep={"rounds": 1}, on_cell=lambda row: None)
-    assert not (tmp_path / "run").exists() and not (tmp_path / "g").exists()
+    with pytest.raises(ConfigError, match=r"^progress=5 is not a function; give one that fedcache calls as progress\(event\)"):
+        fedcache.extract_features("test-toy", BACKBONE, store=tmp_path / "new.zarr", progress=5)
+    with pytest.raises(ConfigError, match=r"^run_or_grid=5: expected a path \(text\), a run"):
+        fedcache.report(5)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "g").exists() and not (tmp_path / "new.zarr").exists()
     fedcache.train(**base, on_round=print)  # a builtin, whose signature may not be readable, is called as it is
 
 
@@ -566,6 +570,10 @@ def test_resume_where_out_has_a_config_but_no_checkpoint_names_the_keyword(toy_s
     ({"method": "fedavg"}, "got an unexpected keyword argument 'method' (did you mean 'methods'?)"),
     ({"rounds": 5}, "got an unexpected keyword argument 'rounds'; a run option is one of the grid's axes: "
                     "sweep={'rounds': value or [values]}"),
+    ({"mu": 0.1}, "got an unexpected keyword argument 'mu'; a method/optimizer setting is one of the grid's axes: "
+                  "sweep={'mu': value or [values]}"),
+    ({"settings": {"lr": 0.1}}, "got an unexpected keyword argument 'settings'; a grid's settings are its axes: "
+                                "sweep={'lr': value or [values], ...}"),
 ])
 def test_a_wrong_keyword_to_grid_says_what_was_meant(given, said, tmp_path):
     """Python's bare TypeError named the keyword alone; `fedcache.train(round=5)` listed every option."""

@@ -504,6 +504,9 @@ def test_unused_optimizer_settings_are_refused():
      "remove settings['lr'], settings['optim.momentum']"),
     ("fedavg", ["optimizer=sgd", "betas=0.9,0.99"], "does not use --set betas (an Adam setting",
      "does not use settings['betas'] (an Adam setting"),
+    ("fedavg", ["optimizer=sgd", "betas=0.9,0.99"], "(--set optimizer=adam to use it)",
+     "(settings={'optimizer': 'adam'} to use it)"),
+    ("fedavg", ["momentum=0.5"], "or --set optimizer=sgd", "or settings={'optimizer': 'sgd'}"),
 ])
 def test_an_unused_setting_is_named_by_the_key_its_user_typed(method, given, cli, api):
     """They said `remove --set optim.lr` and `does not use optim.betas`, names the user never typed."""

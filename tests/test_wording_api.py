@@ -43,7 +43,20 @@ def _tracker_missing() -> str:
     return str(MLflow.missing(ModuleNotFoundError("no mlflow", name="mlflow")))
 
 
+def _uneven_domain_clients() -> str:
+    import numpy as np
+
+    from fedcache.federate.partitions.core import PartitionRequest
+    from fedcache.federate.partitions.schemes import domain
+
+    labels, domains = np.zeros(30, np.int64), np.repeat(np.arange(3), 10)
+    domain(labels, domains, PartitionRequest.of("domain", 5, clients_per_domain=2), np.random.default_rng(0))
+
+
 CASES = [
+    ("domains' clients that do not add up", lambda tmp: _uneven_domain_clients(),
+     "must equal --clients (5); use --clients 6, or leave --clients-per-domain out",
+     "must equal clients (5); use clients=6, or leave clients_per_domain out"),
     ("a damaged checkpoint", lambda tmp: DamagedCheckpointError(tmp / "checkpoint.pt", "it cannot be read"),
      "another --out (or with --overwrite)", "another out (or with overwrite=True)"),
     ("an entry another writer holds", _locked_advice, "pass --wait SECONDS", "pass wait=SECONDS"),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fedcache.config import Checked, Choices, NonNegative, Positive, UnitOpen, opt
+from fedcache.wording import write_setting
 
 
 def _presets() -> tuple[str, ...]:
@@ -31,15 +32,19 @@ class OptimConfig(Checked):
     preset: Annotated[str, Choices(_presets)] | None = opt(None, help=_preset_help)
 
     def ignored(self) -> dict[str, str]:
-        """Fields this optimizer does not read (``--set`` refuses them rather than dropping them)."""
-        return dict(_UNREAD[self.optimizer])
+        """Fields this optimizer does not read (``--set`` refuses them rather than dropping them), and why, with the
+        setting that would read them written as its user gives settings."""
+        return {field: why(write_setting("optimizer", value=other)) for field, (why, other) in _UNREAD[self.optimizer].items()}
 
 
-# What each optimizer does not read, and why (its update rule is federate/optim.py's OPTIMIZERS entry).
-_ADAM_ONLY = "an Adam setting; the optimizer is sgd (set optim.optimizer=adam to use it)"
+# What each optimizer does not read, why, and the optimizer that reads it (federate/optim.py's OPTIMIZERS entry).
+def _adam_only(use: str) -> str:
+    return f"an Adam setting; the optimizer is sgd ({use} to use it)"
+
+
 _UNREAD = {
-    "sgd": {"betas": _ADAM_ONLY, "eps": _ADAM_ONLY},
-    "adam": {"momentum": "Adam has no momentum term; its betas play that role, or set optim.optimizer=sgd"},
+    "sgd": {"betas": (_adam_only, "adam"), "eps": (_adam_only, "adam")},
+    "adam": {"momentum": (lambda use: f"Adam has no momentum term; its betas play that role, or {use}", "sgd")},
 }
 _TITLE = {"sgd": "SGD", "adam": "Adam"}
 

@@ -24,7 +24,7 @@ import zarr
 
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
-                             StoreError, UnreadableEntryError)
+                             StoreError, StoreIsAFileError, StoreNotFoundError, UnreadableEntryError)
 from fedcache.paths import denied_problem, is_denied, owner, store_denied, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
@@ -61,9 +61,9 @@ class FeatureStore(TextEmbeddings, Removal):
         self.path = Path(path)
         new = not self.path.exists()
         if new and not create:
-            raise StoreError(f"no feature store at {self.path}; create one with `fedcache extract {pasted('--store', self.path)} ...`")
+            raise StoreNotFoundError(f"no feature store at {self.path}; create one with `fedcache extract {pasted('--store', self.path)} ...`")
         if self.path.exists() and not self.path.is_dir():
-            raise StoreError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
+            raise StoreIsAFileError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
                              f"as {named('--store', 'store')}, or a new folder's path to create one")
         try:
             self.root = self._open_root(create)
@@ -81,6 +81,8 @@ class FeatureStore(TextEmbeddings, Removal):
                 raise disk.full_error(self.path / "zarr.json", "the feature store") from None
             if is_denied(exc):  # not "is not a fedcache feature store": it may well be one, or become one
                 raise StoreError(self._denied(exc)) from None
+            if isinstance(exc, OSError) and not self.path.exists():  # a folder no one can make there (/proc/x)
+                raise StoreError(self._unmade(exc.strerror or str(exc))) from exc
             raise StoreError(f"{self.path} is not a fedcache feature store: {exc}") from exc
         fmt = root.attrs.get("fedcache_store")
         if fmt is None:
@@ -111,6 +113,9 @@ class FeatureStore(TextEmbeddings, Removal):
             return unreadable_store(self.path, problem)
         if (self.path / "zarr.json").exists():
             return f"cannot open the feature store {self.path} ({problem}); {store_denied()}"
+        return self._unmade(problem)
+
+    def _unmade(self, problem: str) -> str:
         return (f"cannot make the feature store {self.path} ({problem}); give {named('a --store', 'a store=...')} "
                 "(or FEDCACHE_STORE) in a folder you can write to")
 

@@ -228,7 +228,7 @@ ONE_DOMAIN = (TRAIN[0], np.zeros_like(TRAIN[1]), TRAIN[2])
         (lambda: PartitionRequest.of("shards", 4, shards=0), r"--shards \(partition.shards\)=0: must be >= 1"),
         (lambda: part(PartitionRequest.of("shards", 100, shards=13)), "1300 shards but only 1200"),
         (lambda: part(PartitionRequest.of("domain", 4)), "multiple of 3 clients"),
-        (lambda: part(PartitionRequest.of("domain", 5, clients_per_domain=2)), "set n_clients to 6"),
+        (lambda: part(PartitionRequest.of("domain", 5, clients_per_domain=2)), "use --clients 6, or leave --clients-per-domain out"),
         (lambda: part(PartitionRequest.of("domain-dirichlet", 7)), "multiple of 3 clients"),
         (lambda: part(PartitionRequest.of("domain", 2), train=ONE_DOMAIN), "has 1 domain"),
         (lambda: part(PartitionRequest.of("dirichlet", 20, min_size=100)), "use fewer clients"),

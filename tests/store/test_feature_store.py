@@ -444,3 +444,16 @@ def test_the_last_of_two_parts_writers_to_finish_keeps_what_the_first_wrote(stor
         assert first.finish()
     assert dict(FeatureStore(store_path).root["entries"][key().entry_id].attrs) == completed
     np.testing.assert_array_equal(store.read("ds", "train", "bb").features, feats)
+
+
+def test_a_store_path_that_is_no_store_raises_the_builtin_it_is_a_case_of(tmp_path):
+    """Code written against the builtins catches them (docs/python-api.md); a folder that cannot be made is said
+    so, not as no fedcache store."""
+    with pytest.raises(FileNotFoundError, match="no feature store at .*create one with `fedcache extract"):
+        FeatureStore(tmp_path / "typo.zarr", create=False)
+    assert not (tmp_path / "typo.zarr").exists()
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file, not a feature store"):
+        FeatureStore(tmp_path / "a-file", create=False)
+    with pytest.raises(StoreError, match=r"cannot make the feature store .*\(Not a directory\); give a --store"):
+        FeatureStore(tmp_path / "a-file" / "s.zarr")

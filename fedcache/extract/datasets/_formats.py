@@ -14,11 +14,18 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import scipy.io
 
 from fedcache.errors import ConfigError
 from fedcache.extract.datasets._common import Loaded, StandardSet, file_samples, need
 from fedcache.extract.datasets.base import DEFAULT_DOMAIN, ArraySource, DatasetOptions, Samples
+
+
+def _loadmat(path, **kwargs):
+    """scipy.io.loadmat, imported where a .mat file is read: importing it sets KMP_DUPLICATE_LIB_OK in os.environ
+    (and warnings filters), which a library call must leave as its caller had them unless it needs them."""
+    import scipy.io
+
+    return scipy.io.loadmat(path, **kwargs)
 
 
 def _array_samples(images: np.ndarray, labels: np.ndarray, name: str) -> Samples:
@@ -116,7 +123,7 @@ def read_digits_mat(base: Path, row: StandardSet, options: DatasetOptions) -> Lo
     """
     out = {}
     for split, name in row.params["files"].items():
-        mat = scipy.io.loadmat(need(base / name))
+        mat = _loadmat(need(base / name))
         images = np.moveaxis(mat["X"], -1, 0)
         labels = np.asarray(mat["y"], dtype=np.int64).ravel()
         out[split] = _array_samples(images, np.where(labels == 10, 0, labels), f"{row.name}/{split}")
@@ -160,8 +167,8 @@ def read_flowers(base: Path, row: StandardSet, options: DatasetOptions) -> Loade
     params: ``splits`` {split: setid keys merged into it}.
     """
     images = need(base / "jpg")
-    labels = scipy.io.loadmat(need(base / "imagelabels.mat"), squeeze_me=True)["labels"]
-    setid = scipy.io.loadmat(need(base / "setid.mat"), squeeze_me=True)
+    labels = _loadmat(need(base / "imagelabels.mat"), squeeze_me=True)["labels"]
+    setid = _loadmat(need(base / "setid.mat"), squeeze_me=True)
     labels = np.atleast_1d(labels).astype(np.int64) - 1
     out = {}
     for split, keys in row.params["splits"].items():
@@ -213,14 +220,14 @@ def read_dtd(base: Path, row: StandardSet, options: DatasetOptions) -> Loaded:
 
 
 def _cars_annotations(path: Path, images: Path) -> tuple[list[Path], list[int]]:
-    annos = np.atleast_1d(scipy.io.loadmat(path, squeeze_me=True)["annotations"])
+    annos = np.atleast_1d(_loadmat(path, squeeze_me=True)["annotations"])
     return [images / str(a["fname"]) for a in annos], [int(a["class"]) - 1 for a in annos]
 
 
 def read_cars(base: Path, row: StandardSet, options: DatasetOptions) -> Loaded:
     """Stanford Cars as torchvision lays it out; class names come from ``devkit/cars_meta.mat``."""
     devkit = base / "devkit"
-    meta = scipy.io.loadmat(need(devkit / "cars_meta.mat"), squeeze_me=True)
+    meta = _loadmat(need(devkit / "cars_meta.mat"), squeeze_me=True)
     classes = tuple(str(c).strip() for c in np.atleast_1d(meta["class_names"]))
     test_annos = need(base / "cars_test_annos_withlabels.mat", devkit / "cars_test_annos_withlabels.mat")
     train = _cars_annotations(need(devkit / "cars_train_annos.mat"), need(base / "cars_train"))

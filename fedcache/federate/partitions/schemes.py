@@ -11,6 +11,7 @@ import numpy as np
 
 from fedcache.errors import ConfigError
 from fedcache.federate.partitions.core import PartitionRequest, register_scheme
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +163,15 @@ def _domain_clients(domains: np.ndarray, request: PartitionRequest) -> tuple[np.
         )
     per_domain = request.clients_per_domain or request.n_clients // len(present)
     if per_domain < 1 or per_domain * len(present) != request.n_clients:
+        each = named("--clients-per-domain", "clients_per_domain")
         if request.clients_per_domain is not None:
-            fix = f"set n_clients to {per_domain * len(present)} or leave clients_per_domain unset"
+            right = per_domain * len(present)
+            fix = f"use {named(f'--clients {right}', f'clients={right}')}, or leave {each} out"
         else:
             fix = f"use a multiple of {len(present)} clients"
         raise ConfigError(
             f"the {request.scheme} scheme needs the same number of clients in each of the {len(present)} domains, "
-            f"so clients_per_domain x {len(present)} must equal n_clients ({request.n_clients}); {fix}"
+            f"so {each} x {len(present)} must equal {named('--clients', 'clients')} ({request.n_clients}); {fix}"
         )
     return present, per_domain
 
