@@ -121,13 +121,23 @@ def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
     if settings is None:
         return []
     if isinstance(settings, Mapping):
-        return [f"{k}={v}" for k, v in settings.items()]
+        return [f"{k}={_setting_text(v)}" for k, v in settings.items()]
     if isinstance(settings, str):
         return settings.split()
     if isinstance(settings, Iterable):
         return list(settings)
     raise ConfigError(f"settings={settings!r}: expected a dict {{key: value}}, a 'key=value' text or a list of them, "
                       "e.g. settings={'lr': 0.01}")
+
+
+def _setting_text(value: Any) -> str:
+    """A setting's Python value as ``--set`` spells it: a pair as ``0.9,0.99`` (``betas=(0.9, 0.99)`` read as the
+    text ``(0.9`` was refused as no number), ``true`` for True."""
+    from fedcache.grids.spec import axis_text
+
+    if isinstance(value, (list, tuple)):
+        return ",".join(axis_text(v) for v in value)
+    return axis_text(value)
 
 
 def _listed(value: Any) -> Any:

@@ -59,6 +59,10 @@ def check_out(spec: RunSpec) -> None:
         raise ConfigError(f"{resume} continues the run in {out} and {overwrite} replaces it; give one of them")
     if e.track:
         _check_trackers(spec)
+    elif e.track_dir is not None:  # read by trackers alone: without one, nothing would be written there
+        track_dir = option("track_dir").flag
+        raise ConfigError(f"{track_dir} is where trackers write, and no tracker was given; add "
+                          f"{option('track').given('tensorboard')} (or mlflow), or leave {track_dir} out")
     if e.out is None:
         if e.resume or e.overwrite:  # found out only after the data is read, or (--overwrite) never
             raise ConfigError(f"{resume if e.resume else overwrite} works on the run folder in {out}, and none was "

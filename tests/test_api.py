@@ -80,6 +80,9 @@ def test_what_would_fail_after_training_is_refused_before_anything_runs(toy_stor
         fedcache.train(**{**base, "backbones": 123})
     with pytest.raises(ConfigError, match=r"^resume=True works on the run folder in out, and none was given; add out="):
         fedcache.train(**{**base, "out": None}, resume=True)
+    with pytest.raises(ConfigError, match=r"^track_dir is where trackers write, and no tracker was given; add "
+                                          r"track='tensorboard' \(or mlflow\), or leave track_dir out$"):
+        fedcache.train(**base, track_dir=tmp_path / "tb")
     with pytest.raises(ConfigError, match=r"^out='': give a path \(or leave it out\)"):  # trained, saving nothing
         fedcache.train(**{**base, "out": ""})
     with pytest.raises(ConfigError, match=r"^on_cell: fedcache calls it as on_cell\(done, total, row\)"):
@@ -618,3 +621,12 @@ def test_a_run_folder_another_command_holds_is_refused_by_the_keywords(toy_store
     said = str(err.value)
     assert "the same call with resume=True continues it)" in said and said.endswith(", or choose another out"), said
     assert "the same command with --resume continues it), or choose another --out" in capsys.readouterr().err
+
+
+def test_a_setting_of_two_values_is_given_as_python_writes_a_pair(toy_store):
+    """settings={'betas': (0.8, 0.99)} was read as the text '(0.8, 0.99)' and refused: "'(0.8': expected a finite
+    number"."""
+    base = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, method="fedavg", rounds=1)
+    as_text = fedcache.train(**base, settings={"betas": "0.8,0.99"}).summary["mean_accuracy"]
+    for pair in ((0.8, 0.99), [0.8, 0.99]):
+        assert fedcache.train(**base, settings={"betas": pair}).summary["mean_accuracy"] == as_text
