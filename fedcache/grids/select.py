@@ -96,13 +96,15 @@ def run_selected(spec: GridSpec, on_cell: CellCallback | None = None, on_plan: P
     tuning = dataclasses.replace(base, out=spec.out / VALIDATION, sweep={**spec.sweep, "validation": ["true"]})
     prepared = Prepared()  # the partitions made and methods checked once, for both stages (and every rung)
     with Workers(jobs_of(spec)) as workers:  # one start of the workers for both stages (and every rung)
-        tuned, groups, n_tuned = _tune(spec, tuning, on_cell, on_plan, n_tested, on_step, workers, prepared)
+        tuned, groups, n_tuned = _tune(spec, tuning, _from_out(on_cell, VALIDATION), on_plan, n_tested, on_step,
+                                       workers, prepared)
         choices = choose(tuned.to_records(), list(spec.sweep), spec.select)
         picked = [Cell(c.method, seed, tuple((k, dict(c.fixed + c.chosen)[k]) for k in spec.sweep))
                   for c in choices for seed in spec.seeds]
         # Written before the test stage: the choices stand whatever the test runs do.
         write_json(spec.out / SELECTION, selection_doc(spec, choices, groups))
-        tested = run_cells(dataclasses.replace(base, out=spec.out / TEST), _counting(on_cell, n_tuned, n_tuned + n_tested),
+        tested = run_cells(dataclasses.replace(base, out=spec.out / TEST),
+                           _counting(_from_out(on_cell, TEST), n_tuned, n_tuned + n_tested),
                            only=picked, on_plan=on_plan, write=False, on_step=on_step, workers=workers, prepared=prepared)
     lost = [r for r in tested if r.get("diverged")]
     if lost:
@@ -202,6 +204,14 @@ def selection_doc(spec: GridSpec, choices: list[Choice], groups: list[Group]) ->
 
 PRUNE_NOTE = ("each cut keeps the best ceil(n / reduction_factor) candidates of a group by mean validation score over "
               "seeds at that round; a candidate that would have overtaken them later (a late bloomer) is not seen")
+
+
+def _from_out(on_cell: CellCallback | None, stage: str) -> CellCallback | None:
+    """``on_cell`` given each cell's row with its run_dir relative to --out (``test/cells/...``), as the returned
+    table and results.csv name it, not to the stage's folder."""
+    if on_cell is None:
+        return None
+    return lambda done, total, row: on_cell(done, total, {**row, "run_dir": f"{stage}/{row['run_dir']}"})
 
 
 def _counting(on_cell: CellCallback | None, before: int, total: int) -> CellCallback | None:

@@ -55,8 +55,11 @@ def test_select_tunes_on_validation_and_tests_only_the_choice(toy_store, tmp_pat
     out = tmp_path / "cmp"
     progress = []
     table = grid(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg", "fedprox"], sweep=SWEEP,
-                 seeds=[0, 1], out=out, select=["lr"], on_cell=lambda done, total, row: progress.append((done, total)))
-    assert progress == [(i, 8 + 4) for i in range(1, 13)]  # one count over validation then test, never going back
+                 seeds=[0, 1], out=out, select=["lr"], on_cell=lambda done, total, row: progress.append((done, total, row)))
+    assert [p[:2] for p in progress] == [(i, 8 + 4) for i in range(1, 13)]  # one count over both stages, never back
+    # Each row's run_dir is relative to out, as the returned table's (it was the stage's own folder's: cells/...).
+    told = [p[2]["run_dir"] for p in progress]
+    assert all((out / d / "summary.json").exists() for d in told) and told[-4:] == [r["run_dir"] for r in table]
     # Both stages read one copy of the features, the grid's own.
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("features")) == ["features"]
     validation = sorted(p.name for p in (out / "validation" / "cells").iterdir())
