@@ -14,7 +14,7 @@ from typing import Sequence
 from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json, noisy_name
-from fedcache.wording import Placeholder, pasted
+from fedcache.wording import Placeholder, did_you_mean, pasted
 
 
 def damaged_in(infos: list[EntryInfo], want: tuple, domains: set | None) -> EntryInfo | None:
@@ -88,6 +88,11 @@ def missing_domains(path: Path, infos: list[EntryInfo], cur: dict, found: list[E
     needed = list(dict.fromkeys([*splits, split]))
     if found and _domains_unrecorded(found[0]):
         return _named_before_domains(path, infos, found, where, needed)
+    known = found[0].attrs.get("domains") if found else None
+    unknown = [d for d in missing if isinstance(known, list) and d not in known]
+    if unknown:  # no extraction makes a domain the dataset does not have
+        return EntryNotFoundError(f"{dataset} has no domain {unknown[0]!r}{did_you_mean(unknown[0], known)}; its "
+                                  f"domains: {', '.join(known)}")
     lack_splits, lack_domains = _lacking(cur, slot, {e.key["domain"] for e in found} | set(missing), needed)
     if pending:
         return unfinished(path, infos, pending, where, lack_domains, lack_splits)

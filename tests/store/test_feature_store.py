@@ -149,6 +149,9 @@ def test_a_missing_domain_is_told_the_extraction_its_table_can_take(store_path):
     with pytest.raises(EntryNotFoundError, match=r"no train features of ds/b for bb; run .*--domains b --dtype float32 "
                                                  r"--image-size 32`"):
         store.read("ds", "train", "bb")
+    # A domain the dataset does not have is no extraction to run (it was told to extract it, or to --name the rest).
+    with pytest.raises(EntryNotFoundError, match=r"^ds has no domain 'bb' \(did you mean 'b'\?\); its domains: a, b$"):
+        store.read("ds", "train", "bb", domains=["a", "bb"])
 
 
 @pytest.mark.parametrize("imported", ["a", "b"])
