@@ -675,6 +675,22 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
     assert "unknown method 'nope'" in capsys.readouterr().err
 
 
+def test_datasets_name_says_how_to_get_it(capsys):
+    """`fedcache datasets` had no word of how to get a dataset, though digit5's instructions (and the docs) sent
+    their reader there for each of its domains."""
+    from fedcache.cli import main
+    from fedcache.extract.datasets import DATASETS
+
+    assert main(["datasets", "cifar10"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("cifar10: CIFAR-10") and "classes 10: airplane," in out
+    assert "how to get it: " + " ".join(DATASETS.get("cifar10").how_to_get.split()) in out
+    assert main(["datasets", "digit5"]) == 0
+    assert "domains mnist, mnist-m, svhn, synthdigits, usps" in capsys.readouterr().out
+    assert main(["datasets", "cifar"]) == 2
+    assert "unknown dataset 'cifar'" in capsys.readouterr().err
+
+
 def test_an_interrupt_while_torch_imports_is_one_line_not_a_traceback(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM in a train's first seconds (torch still importing) reached the word after the interrupt,
     which imported torch again: half imported, it raised a RuntimeError traceback and exit 1 instead of 130."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Optional
 
+import typer
 from rich.table import Table
 
 from fedcache.cli.common import ExtractProgress, _progress, _signed, _spec_params, console, loading_torch, print_table
@@ -34,10 +36,13 @@ def _print_extract_summary(reports, store: Path, seconds: float) -> None:
     console.print(f"[green]done[/] in {seconds:.1f}s: {parts} -> {store}" + (f" ([yellow]{bad} bad images skipped[/])" if bad else ""))
 
 
-def datasets() -> None:
-    """List the datasets fedcache can read."""
+def datasets(name: Optional[str] = typer.Argument(None, help="a dataset: show how to get it")) -> None:
+    """List the datasets fedcache can read, or how to get one (`fedcache datasets cifar10`)."""
     from fedcache.extract.datasets import DATASETS
 
+    if name is not None:
+        _dataset(DATASETS.get(name))
+        return
     table = Table(box=None)
     table.add_column("name", no_wrap=True, min_width=16)
     table.add_column("source", no_wrap=True)
@@ -51,6 +56,16 @@ def datasets() -> None:
         doms = ",".join(spec.domains) if spec.domains != ("all",) else "-"
         table.add_row(name, spec.source, n_cls, doms, spec.description)
     print_table(table, optional=("domains",), flexible="description")
+
+
+def _dataset(spec) -> None:
+    """One dataset: what it is, its classes and domains, and how to get it (where to put its files, or --download)."""
+    console.print(f"[bold]{spec.name}[/]: {spec.description}", highlight=False, soft_wrap=True)
+    classes = f"{len(spec.classes)}: {', '.join(spec.classes)}" if spec.classes else "read from the data"
+    console.print(f"classes {classes}", highlight=False, soft_wrap=True)
+    if spec.domains != ("all",):
+        console.print(f"domains {', '.join(spec.domains)}", highlight=False, soft_wrap=True)
+    console.print(f"how to get it: {spec.how_to_get}", highlight=False, soft_wrap=True, markup=False)
 
 
 _WEIGHTS_FROM = {

@@ -96,6 +96,6 @@ DATASETS.add(
         classes=DIGITS,
         domains=DIGIT5_DOMAINS,
         how_to_get="Needs all of " + ", ".join(DIGIT5_DOMAINS) + " under the same --data-root; "
-        "`fedcache datasets` shows how to get each (--download fetches mnist, svhn and usps).",
+        "`fedcache datasets NAME` shows how to get each (--download fetches mnist, svhn and usps).",
     ),
 )
