@@ -94,6 +94,11 @@ class EntryNotFoundError(StoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownFeaturesError(EntryNotFoundError, UnknownNameError):
+    """Features the store lacks of a dataset or backbone no registry knows: a mistyped name (``-b effnet``), said as
+    an unknown name is, not as an extraction to run."""
+
+
 class IncompleteEntryError(StoreError):
     """An entry exists but its extraction has not finished."""
 

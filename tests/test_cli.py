@@ -911,7 +911,7 @@ def test_features_missing_from_the_store_are_advised_to_be_extracted_only_where_
                                 (["-d", "test-toy", "-b", "efficientnet-lite"], "backbone 'efficientnet-lite'",
                                  "efficientnet-lite0")):
         code, _, err = run(capsys, *base, *data)
-        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err  # an unknown name, as an unknown method is
         assert f"it knows no {unknown} (did you mean " in err and f"'{near}'" in err and "`fedcache extract" not in err, err
     for data in (["-d", "digits5-offline", "-b", "tiny-timm-random"], ["-d", "test-toy", "-b", "tiny-clip-random"]):
         code, _, err = run(capsys, *base, *data)

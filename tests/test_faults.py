@@ -363,6 +363,15 @@ def test_a_torn_file_of_a_run_or_a_grid_cell_is_one_line_naming_it(toy_store, tm
     assert code == 1 and f"{summary} is damaged (not JSON" in line and "delete the cell's folder" in line, line
     shutil.rmtree(summary.parent)
     assert run_cli(grid, capsys)[0] == 0  # as the line says: that cell trains again
+    # A finished cell's config.json and cell.json, which the report reads: the grid said "nothing to train".
+    for record in ("config.json", "cell.json"):
+        path = summary.parent / record
+        kept = path.read_text()
+        path.write_text("xx" if record == "config.json" else "")
+        code, err = run_cli(grid, capsys)
+        line = one_error_line(err)
+        assert code == 1 and f"{path} is damaged (not JSON" in line and "delete the cell's folder" in line, line
+        path.write_text(kept)
     for name, advice in (("grid.json", "delete it, and the grid takes the options it is given now"),
                          ("features/meta.json", "delete the folder")):
         path = tmp_path / "g" / name

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedcache.errors import EntryNotFoundError, StoreError
+from fedcache.errors import EntryNotFoundError, StoreError, UnknownFeaturesError
 from fedcache.store import lookup
 from fedcache.store.entries import EntryInfo
 from fedcache.store.feature_store import FeatureStore, FeatureTable, TableRows
@@ -52,7 +52,7 @@ def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[
         raise _unextractable(exc) or exc
 
 
-def _unextractable(exc: EntryNotFoundError) -> EntryNotFoundError | None:
+def _unextractable(exc: EntryNotFoundError) -> UnknownFeaturesError | None:
     """``exc`` said again for a name no registry of extract knows (unknown, or embeddings of one's own); None where
     the name can be extracted."""
     from fedcache.extract.backbones import BACKBONES
@@ -66,7 +66,7 @@ def _unextractable(exc: EntryNotFoundError) -> EntryNotFoundError | None:
         return None
     near = did_you_mean(name, registry.names(), n=3, cutoff=0.5)  # as Registry's own message picks them
     listing = "`fedcache datasets`" if kind == "dataset" else "`fedcache backbones`"
-    return EntryNotFoundError(f"{exc.found}; nor can fedcache extract them: it knows no {kind} {name!r}"
+    return UnknownFeaturesError(f"{exc.found}; nor can fedcache extract them: it knows no {kind} {name!r}"
                               f"{near}; {listing} lists those it knows, and "
                               "`fedcache store import` adds embeddings of your own", exc.missing, exc.found)
 

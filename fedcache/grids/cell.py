@@ -246,7 +246,12 @@ def read_done(spec: GridSpec, c: Cell, stop: int | None = None) -> dict | None:
             return row(c, paused, path.parent)
     if (path.parent / DIVERGED).exists():
         return diverged_row(c, path.parent)
-    return row(c, read_json(path, _again(path.parent)), path.parent) if path.exists() else None
+    if not path.exists():
+        return None
+    for record in (CONFIG, CELL):  # read by the report: damaged, it is said now, not as "nothing to train" first
+        if (path.parent / record).exists():
+            read_json(path.parent / record, _again(path.parent))
+    return row(c, read_json(path, _again(path.parent)), path.parent)
 
 
 def _again(cell: Path) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcache import disk
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.grids.spec import GridSpec
 
 WHAT = "the grid's shared features"
@@ -88,11 +88,25 @@ def read_features(folder: Path):
     tables = []
     for split in ("train", "test"):
         path = {n: folder / f"{split}_{n}.npy" for n in ("features", "labels", "ids", "domains")}
-        arrays = {n: mapping.map_npy(p) if n == "features" else np.load(p) for n, p in path.items()}
+        arrays = {n: _array(p, mapping.map_npy if n == "features" else np.load, folder) for n, p in path.items()}
+        if len({len(a) for a in arrays.values()}) > 1:  # each file whole, yet not of one table (one replaced by hand)
+            rows = ", ".join(f"{path[n].name} {len(a)}" for n, a in arrays.items())
+            raise DamagedFileError(folder, f"its {split} arrays differ in rows ({rows})", _AGAIN.format(folder))
         m = meta[split]
         tables.append(FeatureTable(**arrays, domain_names=tuple(m["domain_names"]), class_names=tuple(m["class_names"]),
                                    random_weights=m["random_weights"], entry_ids=tuple(m["entry_ids"])))
     return tuple(tables)
+
+
+def _array(path: Path, load, folder: Path) -> np.ndarray:
+    """One of the features' .npy files; one cut short (a crash as it was written, a full disk) or missing is one line
+    naming it and the way on, where numpy's ValueError was a traceback on every run of the grid."""
+    try:
+        return load(path)
+    except FileNotFoundError:
+        raise DamagedFileError(path, "missing", _AGAIN.format(folder)) from None
+    except ValueError as exc:
+        raise DamagedFileError(path, f"cut short or not a .npy file ({exc})", _AGAIN.format(folder)) from None
 
 
 _TABLES: dict[str, tuple] = {}  # per worker process: the memory-mapped features, opened once

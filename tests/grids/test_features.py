@@ -39,3 +39,26 @@ def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_gr
     data = FederatedData.from_tables(train_t, test_t, [np.arange(len(train_t))], [np.arange(len(test_t))])
     assert np.shares_memory(data.x_train.numpy(), train_t.features)  # the tensor is a view of the mapped file
     assert np.shares_memory(data.x_test.numpy(), test_t.features)
+
+
+@pytest.mark.parametrize("damage, said", [
+    ("train_labels.npy", r"train_labels.npy is damaged \(cut short or not a .npy file"),
+    ("train_features.npy", r"train_features.npy is damaged \(cut short or not a .npy file"),
+    ("gone:test_ids.npy", r"test_ids.npy is damaged \(missing;"),
+])
+def test_a_damaged_features_file_is_one_line_that_names_the_way_on(toy_grid, tmp_path, damage, said):
+    """A .npy cut short (a crash as the grid wrote it) was numpy's ValueError traceback on every run of the grid."""
+    from fedcache.errors import DamagedFileError
+    from fedcache.grids.features import read_features
+
+    folder = tmp_path / "features"
+    shutil.copytree(toy_grid / "features", folder)
+    name = damage.removeprefix("gone:")
+    if damage.startswith("gone:"):
+        (folder / name).unlink()
+    else:
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[:len(data) - 40])
+    with pytest.raises(DamagedFileError, match=said) as refused:
+        read_features(folder)
+    assert str(refused.value).endswith(f"delete the folder {folder} and run the grid again, which writes the features again")
