@@ -79,11 +79,10 @@ def _swept_hint(key: str, known: Mapping) -> str:
 
     if key == "settings":
         return "; a grid's settings are its axes: sweep={'lr': value or [values], ...}"
+    axis = f"one of the grid's axes: sweep={{{key!r}: value or [values]}}"
     if is_option(key):
-        return "" if f"{key}s" in known else f"; a run option is one of the grid's axes: sweep={{{key!r}: value or [values]}}"
-    if key in _setting_names():
-        return f"; a method/optimizer setting is one of the grid's axes: sweep={{{key!r}: value or [values]}}"
-    return ""
+        return "" if f"{key}s" in known else f"; a run option is {axis}"
+    return f"; a method/optimizer setting is {axis}" if key in _setting_names() else ""
 
 
 def _setting_names() -> set[str]:

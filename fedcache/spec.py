@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
 from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, check_name, default_store
-from fedcache.wording import did_you_mean, named, set_flag, set_key, setting, swept, toml_key, typed_as, write_setting
+from fedcache.wording import did_you_mean, named, set_flag, set_key, setting, swept, typed_as, write_setting
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
 from fedcache.federate.partitions.core import PartitionSpec
 from fedcache.federate.schedule import Schedule

@@ -34,7 +34,8 @@ class OptimConfig(Checked):
     def ignored(self) -> dict[str, str]:
         """Fields this optimizer does not read (``--set`` refuses them rather than dropping them), and why, with the
         setting that would read them written as its user gives settings."""
-        return {field: why(write_setting("optimizer", value=other)) for field, (why, other) in _UNREAD[self.optimizer].items()}
+        unread = _UNREAD[self.optimizer].items()
+        return {field: why(write_setting("optimizer", value=other)) for field, (why, other) in unread}
 
 
 # What each optimizer does not read, why, and the optimizer that reads it (federate/optim.py's OPTIMIZERS entry).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from fedcache.errors import ConfigError
@@ -45,6 +46,7 @@ def test_workers_train_on_the_memory_mapped_features_without_copying_them(toy_gr
     ("train_labels.npy", r"train_labels.npy is damaged \(cut short or not a .npy file"),
     ("train_features.npy", r"train_features.npy is damaged \(cut short or not a .npy file"),
     ("gone:test_ids.npy", r"test_ids.npy is damaged \(missing;"),
+    ("other:test_ids.npy", r"features is damaged \(its test arrays differ in rows \(.*test_ids.npy 1,"),
 ])
 def test_a_damaged_features_file_is_one_line_that_names_the_way_on(toy_grid, tmp_path, damage, said):
     """A .npy cut short (a crash as the grid wrote it) was numpy's ValueError traceback on every run of the grid."""
@@ -53,9 +55,11 @@ def test_a_damaged_features_file_is_one_line_that_names_the_way_on(toy_grid, tmp
 
     folder = tmp_path / "features"
     shutil.copytree(toy_grid / "features", folder)
-    name = damage.removeprefix("gone:")
+    name = damage.partition(":")[2] or damage
     if damage.startswith("gone:"):
         (folder / name).unlink()
+    elif damage.startswith("other:"):  # a whole .npy, of another table
+        np.save(folder / name, np.zeros(1, np.int64))
     else:
         data = (folder / name).read_bytes()
         (folder / name).write_bytes(data[:len(data) - 40])
