@@ -120,7 +120,7 @@ def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
     if settings is None:
         return []
     if isinstance(settings, Mapping):
-        return [f"{k}={_setting_text(v)}" for k, v in settings.items()]
+        return [f"{k}={_setting_text(k, v)}" for k, v in settings.items()]
     if isinstance(settings, str):
         return settings.split()
     if isinstance(settings, Iterable):
@@ -129,11 +129,15 @@ def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
                       "e.g. settings={'lr': 0.01}")
 
 
-def _setting_text(value: Any) -> str:
+def _setting_text(key: str, value: Any) -> str:
     """A setting's Python value as ``--set`` spells it: a pair as ``0.9,0.99`` (``betas=(0.9, 0.99)`` read as the
-    text ``(0.9`` was refused as no number), ``true`` for True."""
+    text ``(0.9`` was refused as no number), ``true`` for True. None or a dict has no spelling there: refused here,
+    in Python's words, since the parser would echo it as the text 'None'."""
     from fedcache.grids.spec import axis_text
 
+    if value is None or isinstance(value, Mapping):
+        raise ConfigError(f"settings[{key!r}]={value!r}: give a number, a text, True/False or a pair of numbers; "
+                          f"leave {key!r} out of settings for its default")
     if isinstance(value, (list, tuple)):
         return ",".join(axis_text(v) for v in value)
     return axis_text(value)

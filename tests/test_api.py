@@ -272,6 +272,12 @@ def test_train_settings_take_a_text_a_dict_or_a_list(train_spec_of):
         fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", settings=0.1)
 
 
+def test_a_setting_of_none_or_a_dict_is_refused_in_pythons_words():
+    for value, shown in ((None, "None"), ({"a": 1}, r"\{'a': 1\}")):
+        with pytest.raises(ConfigError, match=rf"^settings\['lr'\]={shown}: give a number.*leave 'lr' out of settings"):
+            fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", settings={"lr": value})
+
+
 def test_train_says_a_setting_given_as_an_option_goes_in_settings():
     with pytest.raises(ConfigError, match=r"lr is a method/optimizer setting, not a run option; "
                                           r"pass it as settings=\{'lr': 0.1\}$"):
