@@ -80,3 +80,37 @@ def test_a_folder_named_from_another_directory_is_the_same_images(tmp_path, monk
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert run(tmp_path / "imgs") == run(Path("../imgs")) == {"already complete"}
     assert len(FeatureStore(store).entries()) == 2
+
+
+def test_changed_images_or_labels_are_extracted_again_and_the_old_entries_go_stale(tmp_path):
+    """The features of an image folder are keyed by its images and labels: a rewritten image or a file moved to
+    another class makes new entries, which runs read; the ones before are stale, never read again."""
+    train = tmp_path / "imgs" / "train"  # the tree's own split: no seeded split moves an image to test
+    for split, cls in ((s, c) for s in ("train", "test") for c in ("a", "b")):
+        (tmp_path / "imgs" / split / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (30 * i, 100 if cls == "b" else 0, 0)).save(tmp_path / "imgs" / split / cls / f"{i}.png")
+    store_path = tmp_path / "s.zarr"
+
+    def run() -> tuple[set[str], np.ndarray, np.ndarray]:
+        reports = extract(ExtractConfig(dataset="imagefolder", backbones=["tiny-timm-random"], store=store_path,
+                                        batch_size=4, workers=0, splits=("train",),
+                                        dataset_options=DatasetOptions(path=tmp_path / "imgs")))
+        table = FeatureStore(store_path).read("imagefolder", "train", "tiny-timm-random")
+        return {r.status for r in reports}, table.features, table.labels
+
+    status, features, labels = run()
+    assert status == {"extracted"} and run()[0] == {"already complete"}
+    first = {e.entry_id for e in FeatureStore(store_path).entries()}
+    changed = train / "a" / "1.png"
+    Image.new("RGB", (8, 8), (250, 250, 250)).save(changed)
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))  # coarse clocks
+    status, new_features, new_labels = run()
+    assert status == {"extracted"} and not np.array_equal(new_features, features)
+    np.testing.assert_array_equal(new_labels, labels)
+    (train / "b" / "3.png").rename(train / "a" / "9.png")  # relabelled: b -> a
+    status, _, moved_labels = run()
+    assert status == {"extracted"} and np.bincount(moved_labels).tolist() == [5, 3]
+    store = FeatureStore(store_path)
+    assert len(store.entries()) == 3 and first <= {e.entry_id for e in store.stale()}
+    assert len(store.stale()) == 2
