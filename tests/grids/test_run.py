@@ -11,9 +11,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fedcache.cli import main
 from fedcache.errors import ConfigError
+from fedcache.federate.rundir import load_checkpoint
 from fedcache.table import Table
 from tests.conftest import BACKBONE
 
@@ -50,8 +52,17 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
     assert ran == [str(victim.relative_to(out))]
     assert plans[0] == f"resuming {out}: 7 of 8 cells finished before, 1 to train (each from its last checkpoint, if any)"
     assert marker.exists() and json.loads((out / "grid.json").read_text())["out"] == str(out)
-    # The redone cell is deterministic: the table is the same as before.
+    # The redone cell is deterministic: the table is the same as before, and the cell's numbers and weights those
+    # of its first run, bit for bit (accuracies alone, of a few test rows, pass runs that differ).
     assert [r["mean_accuracy"] for r in table] == [r["mean_accuracy"] for r in before]
+    first = toy_grid / victim.relative_to(out)
+    summaries = [{k: v for k, v in json.loads((c / "summary.json").read_text()).items() if k != "seconds"}
+                 for c in (first, victim)]
+    assert summaries[0] == summaries[1]
+    was, now = (load_checkpoint(c / "checkpoint.pt")["runs"][0] for c in (first, victim))
+    for part in ("server", "clients"):
+        assert was[part].keys() == now[part].keys()
+        assert all(torch.equal(was[part][n], now[part][n]) for n in was[part]), part
 
 
 def test_a_resumed_grid_says_grid_started_after_the_engine_s_plan(toy_grid, toy_store, tmp_path, capsys):
