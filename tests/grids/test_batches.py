@@ -70,14 +70,18 @@ def assert_same_cells(a, b):
 
 @pytest.mark.slow
 def test_batched_grid_equals_the_process_grid(toy_store, tmp_path):
-    a, b = run_both(toy_store, tmp_path, ["fedavg", "solo"], {**SWEEP, "fraction": [0.5, 1]})
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedavg", "solo"], {**SWEEP, "fraction": [0.5, 1]}, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 64 cells in 32 batches (16 x 2 fedavg, 16 x 2 solo)")
     assert_same_cells(a, b)
     assert not (b / "batches").exists()  # a finished batch leaves only its cells
 
 
 def test_batched_fedprox_grid_with_a_mu_axis_equals_the_process_grid(toy_store, tmp_path):
     sweep = {"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3, "mu": [0.01, 1]}
-    a, b = run_both(toy_store, tmp_path, ["fedprox"], sweep)
+    plans = []
+    a, b = run_both(toy_store, tmp_path, ["fedprox"], sweep, on_plan=plans.append)
+    assert plans[-1].startswith("batched engine: 8 cells in 4 batches (4 x 2 fedprox)") and "own runs" not in plans[-1]
     assert_same_cells(a, b)
 
 
