@@ -33,7 +33,8 @@ def test_text_anchors_come_from_the_store(tmp_path):
 
 def test_the_text_read_is_that_of_the_weights_of_the_features(tmp_path):
     """Weights A, then B, then A again (extraction finds A's text complete and writes nothing), an interrupted
-    extraction, or a shard's copies can leave another weights' text the newest: a run reads its features' own."""
+    extraction, or a shard's copies can leave another weights' text the newest: a read that names the weights gets
+    theirs, and the newest only where the store has none of them (that a run names its features' weights: below)."""
     store = FeatureStore(tmp_path / "s.zarr")
     rng = np.random.default_rng(1)
     emb = {w: rng.normal(size=(1, 2, 4)).astype(np.float32) for w in ("A", "B")}
@@ -169,3 +170,31 @@ def test_features_of_no_entry_are_pointed_to_an_extraction_into_their_store(tmp_
     with pytest.raises(ConfigError) as no_store:
         text_from_info(synthetic(n_classes=4, dim=8), "clip-zs")
     assert "`fedcache extract --store STORE --dataset DATASET --backbones clip-rn50`" in str(no_store.value)
+
+
+def test_a_run_attaches_the_text_of_the_weights_that_made_its_features(tmp_path):
+    """Another weights' text written after the extraction is the store's newest; the run's features were made by
+    the extraction's weights, and it is their text a run attaches."""
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.store.feature_store import TEXT
+
+    store_path, clip = tmp_path / "s.zarr", "tiny-clip-random"
+    extract(ExtractConfig(dataset="test-toy", backbones=[clip], store=store_path, splits=("train",), workers=0))
+    store = FeatureStore(store_path)
+    train = store.read("test-toy", "train", clip)
+    own = store.info(train.entry_ids[0]).key["weights_hash"]
+    rng = np.random.default_rng(2)
+    for eid in store.entry_ids(TEXT):  # each of its text sets again, of other weights, written after it
+        key = store.root[TEXT][eid].attrs["key"]
+        shape = store.read_text(clip, key["classes"], key["template_set"], weights_hash=own).shape
+        store.put_text(TextKey(clip, "other-weights", tuple(key["classes"]), tuple(key["templates"]),
+                               key["template_set"]), rng.normal(size=shape).astype(np.float32), False)
+    data = synthetic()
+    data.class_names = tuple(store.info(train.entry_ids[0]).attrs["classes"])
+    got = attach_text(data, store, [clip], train).info
+    assert set(got["text_sets"])
+    for name, anchors in got["text_sets"].items():
+        stored = store.read_text(clip, list(data.class_names), name, weights_hash=own)
+        torch.testing.assert_close(anchors, text_anchors(stored), atol=0, rtol=0)
+        newest = store.read_text(clip, list(data.class_names), name)
+        assert not np.array_equal(stored, newest)  # the store's newest text is the other weights'
