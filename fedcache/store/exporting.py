@@ -12,6 +12,8 @@ import os
 import signal
 import threading
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -21,7 +23,6 @@ from fedcache import disk
 from fedcache.errors import ConfigError, DiskFullError, StoreError
 from fedcache.store.feature_store import FeatureTable
 
-FORMATS = ("h5", "npz")
 GZIP_LEVEL = 4  # h5py's default gzip level, named so that the size estimate compresses as the writer does
 WHAT, ADVICE = "the export", "free some space or choose another --out"
 
@@ -36,7 +37,7 @@ def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str) -> None
     tmp = path.with_name(f".{path.name}.partial")
     try:
         with disk.on_full_disk(path, WHAT, need, remove=[tmp], advice=ADVICE):
-            _WRITERS[fmt](tmp, arrays, meta)
+            _FORMATS[fmt].write(tmp, arrays, meta)
             os.replace(tmp, path)
     except DiskFullError:
         raise
@@ -63,8 +64,8 @@ def _meta(tables: dict[str, FeatureTable]) -> dict[str, str]:
 
 
 def _check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt not in _FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
     return fmt
 
 
@@ -93,9 +94,15 @@ def estimate_size(arrays: dict[str, np.ndarray], fmt: str) -> int:
 
 def _level(fmt: str, arr: np.ndarray) -> int | None:
     """The zlib level the writer deflates ``arr`` at; None where it stores the bytes as they are."""
-    if fmt == "npz":
-        return zlib.Z_DEFAULT_COMPRESSION  # np.savez_compressed deflates every array at zlib's default level
-    return GZIP_LEVEL if arr.ndim == 2 else None  # HDF5: the features; labels, domains and ids are small
+    return _FORMATS[fmt].level(arr)
+
+
+def _npz_level(arr: np.ndarray) -> int:
+    return zlib.Z_DEFAULT_COMPRESSION  # np.savez_compressed deflates every array at zlib's default level
+
+
+def _h5_level(arr: np.ndarray) -> int | None:
+    return GZIP_LEVEL if arr.ndim == 2 else None  # the features; labels, domains and ids are small
 
 
 def _stored_size(arr: np.ndarray, level: int | None) -> int:
@@ -242,4 +249,10 @@ class _Sink:
             raise self.error.with_traceback(None)
 
 
-_WRITERS = {"h5": _write_h5, "npz": _write_npz}
+@dataclass(frozen=True)
+class _Format:
+    write: Callable[[Path, dict[str, np.ndarray], dict[str, str]], None]
+    level: Callable[[np.ndarray], int | None]  # the zlib level an array is deflated at (None: stored as it is)
+
+
+_FORMATS = {"h5": _Format(_write_h5, _h5_level), "npz": _Format(_write_npz, _npz_level)}  # --format's values

@@ -70,13 +70,13 @@ def read_checked(path: Path, split: str | None) -> Checked:
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     if not path.is_file():
         raise DataNotFoundError(f"no such file: {path}")
-    kind = {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(path.suffix)
-    if kind is None:
+    read = _READERS.get(path.suffix)
+    if read is None:
         raise ConfigError(f"{path}: expected an .h5/.hdf5 or .npz file")
     if path.stat().st_size == 0:
         raise ConfigError(f"{path} is empty (0 bytes): write the file again (see docs/store.md for its layout)")
     try:
-        return _read_h5(path) if kind == "h5" else _read_npz(path)
+        return read(path)
     except ConfigError:
         raise
     except Exception as exc:  # h5py, zipfile and numpy raise many types for a damaged file
@@ -143,6 +143,8 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     arrays = {k.replace("__", "/"): v for k, v in items.items() if v.ndim > 0 and k not in meta}
     return arrays, meta
 
+
+_READERS = {".h5": _read_h5, ".hdf5": _read_h5, ".npz": _read_npz}  # by the file's suffix
 
 def _npz_mapped(path: Path, zf: zipfile.ZipFile, key: str) -> np.ndarray | None:
     """An uncompressed member (``np.savez``) memory-mapped where it lies in the zip file; None otherwise.
