@@ -85,6 +85,20 @@ def test_digits_are_mnist_shaped_and_seeded():
     assert all(np.array_equal(digits[k], again[k]) for k in digits)
 
 
+def test_published_reads_a_tarball_of_the_tree_keeping_the_first_images_of_each_class(tmp_path):
+    """The tarball's path on any machine (the real CIFAR-10 tarball, below, is only where ../shared has it)."""
+    import tarfile
+
+    _jpeg_tree(tmp_path / "tree", per_class=3)
+    with tarfile.open(tmp_path / "tree.tar.gz", "w:gz") as tar:
+        for path in sorted((tmp_path / "tree").glob("*/*/*.jpg"), reverse=True):  # not in name order
+            tar.add(path, arcname=str(path.relative_to(tmp_path / "tree")))
+    root = bench("published").cifar10_tree(tmp_path / "tree.tar.gz", tmp_path / "out", per_class=2)
+    listed = sorted(p.relative_to(root).as_posix() for p in root.glob("*/*/*.jpg"))
+    assert listed == [f"{s}/{c}/{i:04d}.jpg" for s in ("test", "train") for c in ("cat", "dog") for i in (0, 1)]
+    assert (root / "train/dog/0001.jpg").read_bytes() == (tmp_path / "tree/train/dog/0001.jpg").read_bytes()
+
+
 @pytest.mark.skipif(not CIFAR_JPEG.is_file(), reason=f"no CIFAR-10 JPEG tarball at {CIFAR_JPEG}")
 @pytest.mark.slow
 def test_published_reads_the_cifar10_tarball(tmp_path):
