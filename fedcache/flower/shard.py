@@ -39,6 +39,7 @@ from fedcache.federate.tables import (check_labels, check_same_encoder, check_vi
 from fedcache.federate.partitions import (Partition, PartitionRequest, load_partition, save_partition, stored_partition,
                                           table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
+from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import writable_dir
@@ -209,7 +210,9 @@ def _refused_or_said(spec: ShardSpec, err: Exception, warning: str) -> None:
         raise err
     from fedcache.federate.methods import METHODS
 
-    log.warning(warning, ", ".join(n for n, c in METHODS.items() if c.uses_views), err)
+    deployed = [n for n, c in METHODS.items() if c.uses_views and not c.not_deployable(c.Settings())]
+    if deployed:  # none today: the self-supervised methods evaluate on every client's rows together
+        log.warning(warning, ", ".join(deployed), err)
 
 
 # (split, view) -> backbone -> the entries that backbone's table of the split (or view) reads
@@ -412,7 +415,7 @@ def _load_client(store: FeatureStore, info: ShardInfo, path, views: bool) -> tup
     if views:
         aug = load_views(store, info.dataset, info.backbones, train_t)
         data.views = None if aug is None else torch.from_numpy(aug)
-    return attach_text(data, store, info.backbones, train_t), info
+    return _attached(data, store, info, train_t, test_t), info
 
 
 def load_server(path: Path | str) -> tuple[FederatedData, ShardInfo]:
@@ -424,7 +427,14 @@ def load_server(path: Path | str) -> tuple[FederatedData, ShardInfo]:
         train_t, test_t = (load_fused(store, info.dataset, info.backbones, s) for s in ("train", "test"))
     empty = [np.zeros(0, np.int64)] * info.n_clients
     data = FederatedData.from_tables(train_t, test_t, empty, empty)
-    return attach_text(data, store, info.backbones, train_t), info
+    return _attached(data, store, info, train_t, test_t), info
+
+
+def _attached(data: FederatedData, store: FeatureStore, info: ShardInfo, train: FeatureTable,
+              test: FeatureTable) -> FederatedData:
+    """What ``train.load_data`` attaches, of the shard: the class texts, and where the rows came from (their entries'
+    keys name the backbone and weights, whose towers prompt learning runs)."""
+    return attach_text(attach_source(data, store, train, test), store, info.backbones, train)
 
 
 @contextlib.contextmanager

@@ -325,3 +325,53 @@ def test_a_run_on_shards_cut_before_their_entries_were_recorded_resumes_on_the_s
     saved["shards"]["entries"] = []
     (tmp_path / "config.json").write_text(json.dumps(saved))
     assert _serve(shards, tmp_path, _run(), resume=True)["rounds"] == 4  # _run's rounds: it went on to the end
+
+
+@pytest.fixture(scope="module")
+def view_shards(tmp_path_factory):
+    """Shards of a store with augmented views, one set per backbone: every method's data is there."""
+    from fedcache.extract.runner import ExtractConfig, extract
+    from .conftest import BACKBONE
+
+    root = tmp_path_factory.mktemp("every-method")
+    store = root / "store.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE, "tiny-clip-random"], store=store, workers=0,
+                          views=2))
+    shards = {}
+    for backbone in (BACKBONE, "tiny-clip-random"):
+        shards[backbone] = root / backbone
+        write_shards(shard_spec(toy_config(store, backbones=[backbone])), shards[backbone])
+    return store, shards
+
+
+ON_CLIP = {"promptfl", "tpfl", "atpfl", "fst-cbdg"}  # prompt learning runs CLIP's text tower; fst-cbdg's anchors
+
+
+def _every_method():
+    from fedcache.federate.methods import METHODS
+
+    return list(METHODS.names())
+
+
+@pytest.mark.parametrize("method", _every_method())
+def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_starts(method, view_shards, tmp_path):
+    """Methods the docs say run on Flower stopped at the ServerApp's first step (their server shard had no views, no
+    record of the features' entries): each runs there to the in-process numbers, or is refused up front, saying why."""
+    from fedcache.federate.methods import METHODS
+    from fedcache.flower.config import check_deployable
+
+    from .conftest import BACKBONE
+
+    store, shards = view_shards
+    run = _run(method, rounds=2, eval_every=2, fraction=1.0)
+    reason = METHODS.get(method).not_deployable(run.method.params)
+    if reason:
+        with pytest.raises(ConfigError, match=rf"^{method} cannot run on Flower: .+; run it with the in-process engine"):
+            check_deployable(run.method)
+        return
+    backbone = "tiny-clip-random" if method in ON_CLIP else BACKBONE
+    summary = _serve(shards[backbone], tmp_path, run)
+    state = torch.load(tmp_path / server.SERVER_STATE, weights_only=True)
+    # Each client trains alone on its node: the in-process run's clients one by one round the same way.
+    inproc = train(toy_config(store, method=method, backbones=[backbone], rounds=2, eval_every=2, batched=False))
+    assert_same_run(summary, state, inproc)

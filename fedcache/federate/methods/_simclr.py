@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -170,6 +170,12 @@ class SSLMethod(Method):
         require_views(ctx.data, self.name)
         # Fixed before a method may narrow its federation (FLESD's public client still has labelled rows).
         self.eval_rows = probe_rows(ctx.data.client_train, self.p.probe_rows, ctx.seed)
+
+    @classmethod
+    def not_deployable(cls, params: Any) -> str:
+        # On a client of its own the probe would fit on that client's rows alone: other numbers than the paper's.
+        return ("its evaluation fits one linear probe on the labelled training rows of every client together (the "
+                "papers' linear evaluation), which no machine of a deployment holds")
 
     def init_server(self) -> Params:
         return init_encoder(self.ctx.data.dim, self.p.hidden, self.p.out, self.generator(0, 0))

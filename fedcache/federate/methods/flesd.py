@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 
@@ -51,6 +51,11 @@ class FLESDSettings(SSLSettings):
 class FLESD(SSLMethod):
     description = "unsupervised: local SimCLR, ensemble similarity distillation on a public set (no weights sent up)"
     Settings = FLESDSettings
+
+    @classmethod
+    def not_deployable(cls, params: Any) -> str:
+        return ("its server distills on a public set (client 0's rows), which a deployment's server does not hold, and "
+                + super().not_deployable(params))
 
     def __init__(self, ctx: MethodContext, params=None) -> None:
         super().__init__(ctx, params)
