@@ -77,21 +77,24 @@ def claimed_client(content: RecordDict, n_clients: int, partition_id: str, shard
     return int(k)
 
 
-def from_known_nodes(replies: Iterable[Any], client_of: dict[int, int]) -> tuple[dict[int, Any], list[dict]]:
-    """Error-free replies keyed by the client the server sent the message to (by its node id). Replies
-    from other nodes, and a second reply from one node, are refused (listed with reasons)."""
+def from_known_nodes(replies: Iterable[Any], client_of: dict[int, int]) -> tuple[dict[int, Any], list[dict], dict[int, str]]:
+    """Error-free replies keyed by the client the server sent the message to (by its node id); replies from other
+    nodes, and a second reply from one node, refused (listed with reasons); and the clients whose ClientApp failed,
+    with Flower's reason. A failed ClientApp is one message's process: its node answered, and is asked again."""
     by_client: dict[int, Any] = {}
-    refused = []
+    refused, failed = [], {}
     for reply in replies:
         node = reply.metadata.src_node_id
         k = client_of.get(node)
         if reply.has_error():
+            if k is not None:
+                failed[k] = f"its ClientApp failed: {reply.error.reason}"
             continue
         if k is None or k in by_client:
             refused.append({"node": node, "reason": "a reply from a node that was not asked, or a second one"})
             continue
         by_client[k] = reply
-    return by_client, refused
+    return by_client, refused, failed
 
 
 # ---- a round's replies -------------------------------------------------------------------------
@@ -109,8 +112,8 @@ def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], expe
                          train_sizes: list[int], probe: Callable[[int, Params, torch.Tensor], None] | None = None) -> Accepted:
     """Check every reply of a round; ``client_of`` maps the node ids asked to their clients. ``probe``
     (see ``aggregate_alone``) raises BadReply for a well-formed reply the server's own step cannot digest."""
-    by_client, refused = from_known_nodes(replies, client_of)
-    ok, rejected, losses = {}, {}, {}
+    by_client, refused, failed = from_known_nodes(replies, client_of)
+    ok, rejected, losses = {}, dict(failed), {}
     for k, reply in sorted(by_client.items()):
         try:
             ok[k] = read_train_reply(reply.content, expected, train_sizes[k])
@@ -121,7 +124,7 @@ def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], expe
             ok.pop(k, None)
             losses.pop(k, None)
             rejected[k] = str(e)
-    return Accepted(ok, rejected, refused, losses)
+    return Accepted(ok, dict(sorted(rejected.items())), refused, losses)
 
 
 def aggregate_alone(method: Method, server: Params, rnd: int) -> Callable[[int, Params, torch.Tensor], None]:
@@ -143,8 +146,8 @@ def aggregate_alone(method: Method, server: Params, rnd: int) -> Callable[[int, 
 def accept_eval_replies(replies: Iterable[Any], client_of: dict[int, int],
                         test_sizes: list[int]) -> tuple[dict[int, float], dict[int, str]]:
     """(client -> accuracy %, client -> why refused) of an evaluation's replies."""
-    by_client, _ = from_known_nodes(replies, client_of)
-    acc, rejected = {}, {}
+    by_client, _, failed = from_known_nodes(replies, client_of)
+    acc, rejected = {}, dict(failed)
     for k, reply in sorted(by_client.items()):
         try:
             acc[k] = read_eval_reply(reply.content, test_sizes[k] if k < len(test_sizes) else None)

@@ -375,3 +375,29 @@ def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_start
     # Each client trains alone on its node: the in-process run's clients one by one round the same way.
     inproc = train(toy_config(store, method=method, backbones=[backbone], rounds=2, eval_every=2, batched=False))
     assert_same_run(summary, state, inproc)
+
+
+class FailingOnce(DirectGrid):
+    """Client 2's ClientApp raises in round 2's training only (its SuperNode stays connected), as one ClientApp
+    process can on a busy machine."""
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Error, Message
+
+        fails = lambda m: (m.metadata.message_type, m.metadata.group_id, m.metadata.dst_node_id) == ("train", "2", 102)
+        return [Message(Error(code=0, reason="ClientApp raised MemoryError"), reply_to=m) if fails(m)
+                else HANDLERS[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+
+
+def test_a_client_whose_clientapp_failed_once_is_left_out_of_that_round_only_and_the_reason_kept(shards, tmp_path):
+    """An error reply dropped its client for the rest of the run (its node was taken for gone, and never asked
+    again), and the reason was written nowhere."""
+    run = _run(rounds=4, eval_every=4, fraction=1.0)
+    client._client.cache_clear()
+    grid = FailingOnce([client_dir(shards, k) for k in range(3)], run)
+    summary = server.serve(grid, run, ServerPaths(shards / SERVER, tmp_path))
+    rounds = _lines(tmp_path / "rounds.jsonl")
+    assert [r["clients"] for r in rounds] == [[0, 1, 2], [0, 1], [0, 1, 2], [0, 1, 2]]
+    assert rounds[1]["rejected"] == {"2": "its ClientApp failed: ClientApp raised MemoryError"}
+    assert all(r["joined"] == [] for r in rounds)  # never taken for gone: not asked who it is again
+    assert len(summary["per_client_accuracy"]) == 3 and _lines(tmp_path / "metrics.jsonl")[-1]["evaluated"] == [0, 1, 2]
