@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcache.errors import ConfigError, FedcacheError
+from fedcache.paths import writable_dir
 from fedcache.federate.data import FederatedData
 from fedcache.federate.methods import METHODS, Method
 from fedcache.config import Checked, NonNegative, Positive, PositiveInt, fields_of, parse
@@ -121,6 +122,7 @@ class FlowerRun:
             raise ConfigError(f"unknown run config keys {unknown}; fedcache's Flower app knows "
                               f"{sorted(spec_keys | set(deploy_keys))}")
         types = fields_of(Deployment)
+        config = {**config, **_run_id_as_text(config)}
         deploy = {f.name: parse(f"run config {key}", config[key], types[f.name])
                   for key, f in deploy_keys.items() if key in config}
         return cls._built({k: v for k, v in config.items() if k in spec_keys}, Deployment(**deploy))
@@ -128,6 +130,13 @@ class FlowerRun:
     def to_config(self) -> dict[str, str | int | float | bool]:
         return {**to_flat(self._sections()),
                 **{f"{DEPLOY}.{k}": v for k, v in dataclasses.asdict(self.deploy).items()}}
+
+
+def _run_id_as_text(config: dict) -> dict:
+    """``deploy.resume_run=7`` as ``'7'``: `flwr ls` shows a run id as a number, and the number is typed unquoted."""
+    key = f"{DEPLOY}.resume_run"
+    given = config.get(key)
+    return {key: str(given)} if isinstance(given, int) and not isinstance(given, bool) else {}
 
 
 def refused_config(err: FedcacheError, config: dict) -> ConfigError:
@@ -203,3 +212,16 @@ class ServerPaths:
         env = os.environ if env is None else env
         shard, runs = env.get(SERVER_ENV[f"{DEPLOY}.server_shard"]), env.get(SERVER_ENV[f"{DEPLOY}.out"])
         return cls(Path(shard) if shard else None, Path(runs) / f"run-{int(run_id)}" if runs else None)
+
+    def checked(self) -> "ServerPaths":
+        """The paths as the environment gave them, refused in its words where they cannot serve (a shard that is
+        a file or missing, runs below a file or in a folder this user cannot write): a deployment has no --store or
+        --out to name."""
+        shard_var, runs_var = SERVER_ENV[f"{DEPLOY}.server_shard"], SERVER_ENV[f"{DEPLOY}.out"]
+        if self.server_shard is not None and not self.server_shard.is_dir():
+            why = "is a file" if self.server_shard.exists() else "does not exist"
+            raise ConfigError(f"{shard_var}={self.server_shard} {why}; set it to the server/ directory `fedcache shard` "
+                              "wrote, in the environment flower-superlink starts in")
+        if self.out is not None:
+            writable_dir(self.out, runs_var, advice=f"set {runs_var} to a directory the SuperLink's user can write to")
+        return self

@@ -139,7 +139,8 @@ class Roster:
 def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:
     n, deadline = roster.n, time.monotonic() + run.deploy.connect_timeout
     while len(roster.node_of) < n and time.monotonic() < deadline:
-        roster.refresh(grid, run.deploy.round_timeout)
+        # A node that hangs on the question would hold the start for round_timeout, past connect_timeout.
+        roster.refresh(grid, min(run.deploy.round_timeout, max(1.0, deadline - time.monotonic())))
         if len(roster.node_of) < n:
             time.sleep(0.5)
     missing = sorted(set(range(n)) - set(roster.node_of))
@@ -159,7 +160,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         run = FlowerRun.from_config(dict(context.run_config))
         resume = run.deploy.resume_run
-        serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id), resume=bool(resume),
+        serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id).checked(), resume=bool(resume),
               resume_as=f"deploy.resume_run='{resume}'")
     except FedcacheError as err:
         # Flower (1.41) logs whatever a ServerApp raises with its whole traceback into the run's log stream, marks

@@ -118,3 +118,27 @@ def test_a_refused_run_config_names_its_key(config, key):
     with pytest.raises(ConfigError, match="correct it in `flwr run --run-config`") as err:
         FlowerRun.from_config(config)
     assert str(err.value).startswith("run config refused: ") and key in str(err.value), str(err.value)
+
+
+def test_server_paths_that_cannot_serve_are_refused_in_the_environment_s_words(tmp_path):
+    """FEDCACHE_FLOWER_RUNS naming a file raised a bare NotADirectoryError through Flower's traceback (the
+    ServerApp's one line is for FedcacheErrors), and a shard path naming a file advised `--store`."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    shard, runs = SERVER_ENV["deploy.server_shard"], SERVER_ENV["deploy.out"]
+    with pytest.raises(ConfigError, match=rf"^{runs} .*run-7: .*afile is a file, so nothing can be made below it"):
+        ServerPaths.from_env(7, {runs: str(afile)}).checked()
+    for path, why in ((afile, "is a file"), (tmp_path / "missing", "does not exist")):
+        with pytest.raises(ConfigError, match=rf"^{shard}={path} {why}; set it to the server/ directory `fedcache shard`"):
+            ServerPaths.from_env(7, {shard: str(path)}).checked()
+    (tmp_path / "server").mkdir()
+    fine = ServerPaths.from_env(7, {shard: str(tmp_path / "server"), runs: str(tmp_path / "runs")})
+    assert fine.checked() == fine and not (tmp_path / "runs").exists()  # checked, not made
+
+
+def test_deploy_resume_run_takes_the_run_id_as_flwr_ls_shows_it():
+    """`flwr ls` shows a run id as a number; `--run-config deploy.resume_run=7` was refused as no text."""
+    for given in (7, "7"):
+        assert FlowerRun.from_config({"method.name": "fedavg", "deploy.resume_run": given}).deploy.resume_run == "7"
+    with pytest.raises(ConfigError, match=r"deploy.resume_run=True: expected text"):
+        FlowerRun.from_config({"method.name": "fedavg", "deploy.resume_run": True})
