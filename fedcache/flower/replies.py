@@ -77,6 +77,9 @@ def claimed_client(content: RecordDict, n_clients: int, partition_id: str, shard
     return int(k)
 
 
+CLIENTAPP_FAILED = "its ClientApp failed:"  # a refused reply's reason, where Flower's is an error
+
+
 def from_known_nodes(replies: Iterable[Any], client_of: dict[int, int]) -> tuple[dict[int, Any], list[dict], dict[int, str]]:
     """Error-free replies keyed by the client the server sent the message to (by its node id); replies from other
     nodes, and a second reply from one node, refused (listed with reasons); and the clients whose ClientApp failed,
@@ -88,7 +91,7 @@ def from_known_nodes(replies: Iterable[Any], client_of: dict[int, int]) -> tuple
         k = client_of.get(node)
         if reply.has_error():
             if k is not None:
-                failed[k] = f"its ClientApp failed: {reply.error.reason}"
+                failed[k] = f"{CLIENTAPP_FAILED} {reply.error.reason}"
             continue
         if k is None or k in by_client:
             refused.append({"node": node, "reason": "a reply from a node that was not asked, or a second one"})

@@ -38,8 +38,8 @@ from fedcache.federate.methods.base import tensor_size
 from fedcache.flower.config import (SERVER_ENV, SUBMIT_ANEW, FlowerRun, ServerPaths, build_method, deployed,
                                      refuse_resume_with_client_state)
 from fedcache.flower.protocol import to_record
-from fedcache.flower.replies import (Accepted, BadReply, accept_eval_replies, accept_train_replies, aggregate_alone,
-                                     claimed_client, expected_reply)
+from fedcache.flower.replies import (CLIENTAPP_FAILED, Accepted, BadReply, accept_eval_replies, accept_train_replies,
+                                     aggregate_alone, claimed_client, expected_reply)
 from fedcache.flower.shard import ShardInfo, load_server
 from fedcache.heads import Params
 from fedcache.ownership import hold
@@ -94,7 +94,7 @@ class Roster:
             if node not in asked or node in self.node_of.values():
                 continue
             if reply.has_error():  # said here: else the operator sees only "missing clients" after connect_timeout
-                self._refuse(node, f"its ClientApp failed: {reply.error.reason}")
+                self._refuse(node, f"{CLIENTAPP_FAILED} {reply.error.reason}")
                 continue
             try:
                 k = claimed_client(reply.content, self.n, self.partition_id, self.sharding)
@@ -139,8 +139,7 @@ class Roster:
 def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:
     n, deadline = roster.n, time.monotonic() + run.deploy.connect_timeout
     while len(roster.node_of) < n and time.monotonic() < deadline:
-        # A node that hangs on the question would hold the start for round_timeout, past connect_timeout.
-        roster.refresh(grid, min(run.deploy.round_timeout, max(1.0, deadline - time.monotonic())))
+        roster.refresh(grid, run.deploy.round_timeout)
         if len(roster.node_of) < n:
             time.sleep(0.5)
     missing = sorted(set(range(n)) - set(roster.node_of))
@@ -273,8 +272,8 @@ def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepte
         raise TooFewClientsError(
             f"round {rnd + 1}: only {len(clients)} of {len(sampled)} sampled clients gave a usable reply within "
             f"deploy.round_timeout={fed.run.deploy.round_timeout:g}s (clients {dropped} dropped; refused replies: {refused}) "
-            f"and deploy.min_clients is {fed.run.deploy.min_clients}; restart their SuperNodes, or lower deploy.min_clients to continue "
-            "without them"
+            f"and deploy.min_clients is {fed.run.deploy.min_clients}; {_repair(dropped, got.rejected)}, or lower "
+            "deploy.min_clients to continue without them"
         )
     if dropped:
         log.warning("round %d: clients %s dropped; continuing with %s", rnd + 1, dropped, clients)
@@ -285,6 +284,15 @@ def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepte
     stacked = {n: torch.cat([u[n] for u in ups]) for n in ups[0]}
     losses = [got.losses[k] for k in clients if len(got.losses.get(k, ()))]
     return record, Round(clients, LocalResult({}, stacked, torch.cat([got.replies[k][1] for k in clients])), losses)
+
+
+def _repair(dropped: list[int], rejected: dict[int, str]) -> str:
+    """What brings the clients of a round back: a silent node is restarted; a failing ClientApp, which a restart
+    starts again as it was (missing weights, another data_root), is fixed as it says."""
+    failed = [k for k, why in rejected.items() if why.startswith(CLIENTAPP_FAILED)]
+    silent = [k for k in dropped if k not in rejected]
+    said = ["restart their SuperNodes"] if silent or len(failed) < len(rejected) else []
+    return " and ".join(said + (["fix what their ClientApps report"] if failed else []))
 
 
 def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last",

@@ -44,7 +44,7 @@ from fedcache.federate.text import attach_text
 from fedcache.ownership import LOCK, hold
 from fedcache.paths import writable_dir
 from fedcache.store.feature_store import SHARD_ATTR, EntryInfo, FeatureStore, FeatureTable
-from fedcache.store.keys import EntryKey, TextKey
+from fedcache.store.keys import SHARD_TAG, EntryKey, TextKey
 from fedcache.store.tables import closed_on_error
 from fedcache.store.writer import open_writer
 
@@ -362,7 +362,7 @@ def _copy_rows(store, shard, table: FeatureTable, rows: np.ndarray, info: ShardI
         src = store.info(entry_id)
         mine = rows[table.domains[rows] == d]
         # The shard holds other rows than the source entry, so its key (and entry id) must differ.
-        tag = f"{src.key['dataset_fingerprint']}|shard:{info.partition_id}:{info.role}{max(info.client, 0)}"
+        tag = f"{src.key['dataset_fingerprint']}{SHARD_TAG}{info.partition_id}:{info.role}{max(info.client, 0)}"
         key = EntryKey(**{**src.key, "dataset_fingerprint": tag})
         attrs = {n: v for n, v in src.attrs.items() if n not in _ROW_ATTRS}
         with open_writer(shard, key, len(mine), table.features.shape[1], 1, {**attrs, "shard_of": entry_id}) as w:

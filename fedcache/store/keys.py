@@ -22,6 +22,16 @@ def short_hash(obj: object, n: int = 16) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:n]
 
 
+# A shard's entry (fedcache/flower/shard.py) holds other rows than the entry it was cut from, so its key differs: its
+# dataset fingerprint is the source's with this tag and the shard's name after it.
+SHARD_TAG = "|shard:"
+
+
+def source_fingerprint(fingerprint: str) -> str:
+    """The fingerprint of the images an entry's features were extracted from, a shard's entry's too."""
+    return fingerprint.split(SHARD_TAG, 1)[0]
+
+
 def noisy_name(dataset: str, noise) -> str | None:
     """The store name of ``dataset`` extracted with ``--image-noise KIND,SCALE,P`` (``noise``; None: not noisy):
     noisy features get their own dataset name, so they never replace the clean ones in a slot."""

@@ -350,11 +350,13 @@ ON_CLIP = {"promptfl", "tpfl", "atpfl", "fst-cbdg"}  # prompt learning runs CLIP
 def _every_method():
     from fedcache.federate.methods import METHODS
 
-    return list(METHODS.names())
+    # tpfl's visual=pixel too: it reads the images behind its shard's rows, named by their entries' keys.
+    return [(m, "") for m in METHODS.names()] + [("tpfl", "visual=pixel pad=4")]
 
 
-@pytest.mark.parametrize("method", _every_method())
-def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_starts(method, view_shards, tmp_path):
+@pytest.mark.parametrize("method, settings", _every_method())
+def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_starts(method, settings, view_shards,
+                                                                                  tmp_path):
     """Methods the docs say run on Flower stopped at the ServerApp's first step (their server shard had no views, no
     record of the features' entries): each runs there to the in-process numbers, or is refused up front, saying why."""
     from fedcache.federate.methods import METHODS
@@ -363,7 +365,7 @@ def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_start
     from .conftest import BACKBONE
 
     store, shards = view_shards
-    run = _run(method, rounds=2, eval_every=2, fraction=1.0)
+    run = _run(method, rounds=2, eval_every=2, fraction=1.0, **({"settings": settings} if settings else {}))
     reason = METHODS.get(method).not_deployable(run.method.params)
     if reason:
         with pytest.raises(ConfigError, match=rf"^{method} cannot run on Flower: .+; run it with the in-process engine"):
@@ -373,7 +375,8 @@ def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_start
     summary = _serve(shards[backbone], tmp_path, run)
     state = torch.load(tmp_path / server.SERVER_STATE, weights_only=True)
     # Each client trains alone on its node: the in-process run's clients one by one round the same way.
-    inproc = train(toy_config(store, method=method, backbones=[backbone], rounds=2, eval_every=2, batched=False))
+    inproc = train(toy_config(store, method=method, backbones=[backbone], rounds=2, eval_every=2, batched=False,
+                              settings=settings or None))
     assert_same_run(summary, state, inproc)
 
 
@@ -401,3 +404,24 @@ def test_a_client_whose_clientapp_failed_once_is_left_out_of_that_round_only_and
     assert rounds[1]["rejected"] == {"2": "its ClientApp failed: ClientApp raised MemoryError"}
     assert all(r["joined"] == [] for r in rounds)  # never taken for gone: not asked who it is again
     assert len(summary["per_client_accuracy"]) == 3 and _lines(tmp_path / "metrics.jsonl")[-1]["evaluated"] == [0, 1, 2]
+
+
+class FailingAlways(DirectGrid):
+    """Client 2's ClientApp raises at every training message (its weights file is missing, say)."""
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Error, Message
+
+        fails = lambda m: (m.metadata.message_type, m.metadata.dst_node_id) == ("train", 102)
+        return [Message(Error(code=0, reason="no CLIP weights at /w.pt"), reply_to=m) if fails(m)
+                else HANDLERS[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+
+
+def test_too_few_clients_for_a_clientapp_that_always_fails_says_to_fix_what_it_reports(shards, tmp_path):
+    """A restart starts a failing ClientApp again as it was: the advice was to restart its SuperNode."""
+    run = _run(rounds=2, fraction=1.0, min_clients=3)
+    client._client.cache_clear()
+    with pytest.raises(server.TooFewClientsError, match=r"refused replies: client 2: its ClientApp failed: no CLIP weights at "
+                                                 r"/w.pt\) .*; fix what their ClientApps report, or lower"):
+        server.serve(FailingAlways([client_dir(shards, k) for k in range(3)], run), run,
+                     ServerPaths(shards / SERVER, tmp_path))

@@ -988,7 +988,8 @@ def test_a_views_method_is_refused_before_sharding_and_shard_warns_of_no_view(fl
     extract(ExtractConfig(dataset="test-toy", backbones=[BACKBONE], store=store, splits=("train",), views=1,
                           domains=("light",), workers=0))
     monkeypatch.setattr(sim, "simulate", lambda *a, **kw: pytest.fail("the simulation started"))
-    with pytest.raises(ConfigError, match=r"^fedavg-ssl cannot run on Flower: its evaluation fits one linear probe"):
+    with pytest.raises(ConfigError, match=r"^fedavg-ssl cannot run on Flower: its evaluation fits its linear probe "
+                                          r"on labelled training rows pooled"):
         sim.train_flower_sim_here(toy_config(store, method="fedavg-ssl", out=out))
     assert not (out / "shards").exists()
 

@@ -174,7 +174,7 @@ class SSLMethod(Method):
     @classmethod
     def not_deployable(cls, params: Any) -> str:
         # On a client of its own the probe would fit on that client's rows alone: other numbers than the paper's.
-        return ("its evaluation fits one linear probe on the labelled training rows of every client together (the "
+        return ("its evaluation fits its linear probe on labelled training rows pooled from every client (the "
                 "papers' linear evaluation), which no machine of a deployment holds")
 
     def init_server(self) -> Params:

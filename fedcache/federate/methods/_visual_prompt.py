@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.source import FeatureSource, RowSource
+from fedcache.store.keys import source_fingerprint
 
 EVAL_CHUNK = 256  # images per no-grad forward when scoring the pixel prompt
 
@@ -78,7 +79,7 @@ class ImageRows:
         out = np.empty(len(rows.ids), dtype=object)
         for key in rows.keys:
             s = self.dataset.samples(key["split"], key["domain"])
-            if s.fingerprint() != key["dataset_fingerprint"]:
+            if s.fingerprint() != source_fingerprint(key["dataset_fingerprint"]):  # a Flower shard's entry too
                 raise ConfigError(f"visual=pixel: the images of {key['dataset']}/{key['split']}/{key['domain']} "
                                   "differ from the ones the features were extracted from (other data_root or seed?)")
             lookup = {int(i): j for j, i in enumerate(s.ids)}
