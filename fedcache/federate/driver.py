@@ -268,13 +268,14 @@ def run_summary(method: Method, state: RunState, history: list[dict], facts: dic
         "method": method.name, **summarize(per_client),
         "global_accuracy": last.get("global_accuracy"),
         "per_client_accuracy": last["per_client"],
+        **({"evaluated_clients": last["evaluated"]} if "evaluated" in last else {}),  # an engine that says whom
         "bytes_up": state.bytes_up, "bytes_down": state.bytes_down,
         "params_up_per_round": int(np.mean(state.params_up)) if state.params_up else 0,
         **_per_client(state),
         "rounds": state.rnd, "seconds": round(state.seconds, 4),
         "random_weights": bool(method.ctx.data.random_weights),
-        **method.summary_extra(), **(facts or {}),
-        "definitions": DEFINITIONS,
+        **method.summary_extra(), **{k: v for k, v in (facts or {}).items() if k != "definitions"},
+        "definitions": {**DEFINITIONS, **(facts or {}).get("definitions", {})},  # an engine's own figures said too
     }
 
 

@@ -170,6 +170,11 @@ def main(grid: Grid, context: Context) -> None:
         raise err.with_traceback(None) from None
 
 
+# A deployment scores the clients whose nodes answer: per_client_accuracy (and std_accuracy) are theirs.
+EVALUATED = ("the clients the last evaluation scored, in the order of per_client_accuracy, over which std_accuracy "
+             "is taken: those whose nodes answered, which may be fewer than the run's")
+
+
 @dataclass
 class FlowerEngine(Engine):
     """The Flower engine on the server: moves the round's payloads over Flower messages to the nodes
@@ -243,7 +248,7 @@ class FlowerEngine(Engine):
     def facts(self, i: int) -> dict:
         return {"engine": "flower", "partition_id": self.info.partition_id, "dropped": self.dropped,
                 "rejected": self.rejected, "refused_nodes": self.roster.refused,
-                "evaluation_bytes_down": self.evaluation_bytes_down}
+                "evaluation_bytes_down": self.evaluation_bytes_down, "definitions": {"evaluated_clients": EVALUATED}}
 
     def start_again(self) -> str:
         return _start_again(self.out.path, self.resume_as)  # a run resumed has its directory

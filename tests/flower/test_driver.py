@@ -404,6 +404,7 @@ def test_a_client_whose_clientapp_failed_once_is_left_out_of_that_round_only_and
     assert rounds[1]["rejected"] == {"2": "its ClientApp failed: ClientApp raised MemoryError"}
     assert all(r["joined"] == [] for r in rounds)  # never taken for gone: not asked who it is again
     assert len(summary["per_client_accuracy"]) == 3 and _lines(tmp_path / "metrics.jsonl")[-1]["evaluated"] == [0, 1, 2]
+    assert summary["evaluated_clients"] == [0, 1, 2]  # which clients per_client_accuracy holds
 
 
 class FailingAlways(DirectGrid):
