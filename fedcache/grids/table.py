@@ -54,7 +54,8 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     where = {label(r): tuple(str(r.get(k)) for k in panel) for r in rows}
     marks = best_marks([Result(where[col], st[0], _whole(st, groups[m, col])) for (m, col), st in stats.items()])
     best = dict(zip(stats, marks))
-    lines = [f"{metric.replace('_', ' ')} %, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
+    said = metric.replace("_", " ") + (f" % ({_MEANING[metric]})" if metric in _MEANING else " %")
+    lines = [f"{said}, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
              "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for m in methods:
         cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[m, col], shown) for col in columns]
@@ -62,6 +63,10 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     if any(marks):
         lines += ["", _legend(panel)]
     return "\n".join(lines)
+
+
+# What a figure of one run is, in the caption: table.md is read without the docs or the run's summary.json beside it.
+_MEANING = {"mean_accuracy": "each run's mean over clients of their accuracy at its last evaluation"}
 
 
 def _legend(panel: list[str]) -> str:
