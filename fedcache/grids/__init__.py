@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from fedcache.disk import again
 from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.rungs import paused_before_first_cut
-from fedcache.grids.spec import Cell, GridSpec, axis_label, cells, load_toml, option_axes, train_config
+from fedcache.grids.spec import VALIDATION, Cell, GridSpec, axis_label, cells, load_toml, option_axes, train_config
 from fedcache.ownership import LOCK, hold
-from fedcache.paths import DIVERGED, check_outside
+from fedcache.paths import DIVERGED, RESULTS, check_outside
 from fedcache.progress import StepCallback, said_now
 from fedcache.table import Table
 from fedcache.wording import count, named
@@ -64,7 +64,9 @@ def run_grid(spec: GridSpec, on_cell: SaidCellCallback | None = None, on_plan: P
         on_cell = _logged_cells(spec, on_cell)
         try:
             if spec.select:
-                return run_selected(spec, on_cell, on_plan, on_step)
+                tested = run_selected(spec, on_cell, on_plan, on_step)
+                _said_candidates_diverged(spec)
+                return tested
             return _said_diverged(spec, run_cells(spec, on_cell, on_plan=on_plan, on_step=on_step))
         except KeyboardInterrupt:
             _said_paused(spec, on_step or on_plan)
@@ -137,6 +139,19 @@ def _said_diverged(spec: GridSpec, table: Table) -> Table:
             first["run_dir"], spec.out / first["run_dir"] / DIVERGED, "them" if len(lost) > 1 else "it",
             spec.names.new_out())
     return table
+
+
+def _said_candidates_diverged(spec: GridSpec) -> None:
+    """A --select grid's candidates that diverged: never chosen, as a plain grid's diverged cells said once more at
+    its end (they were said only as they happened, among the progress lines)."""
+    where = spec.out / VALIDATION
+    lost = [r for r in Table.from_csv(where / RESULTS) if r.get("diverged")] if (where / RESULTS).exists() else []
+    if lost:
+        first = where / lost[0]["run_dir"]
+        first = first if first.exists() else spec.out / lost[0]["run_dir"]
+        log.warning("%s diverged on validation, never chosen (%s is the first; its error is in %s); %s marks %s",
+                    count(len(lost), "candidate cell"), lost[0]["run_dir"], first / DIVERGED, where / "table.md",
+                    "them" if len(lost) > 1 else "it")
 
 
 __all__ = ["METRIC_COLUMNS", "Cell", "GridSpec", "cell_text", "cells", "load_results", "load_toml", "option_axes", "run_grid",

@@ -3,6 +3,8 @@ best mean validation score over seeds; a candidate that diverges loses instead o
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -102,7 +104,7 @@ def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["processes", "batched"])
-def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine):
+def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine, caplog):
     """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
     never chosen), not an error that stops the grid and leaves a run that --resume replays into NaN. The batched
     engine stacks each seed's two cells: a batch diverges, and its cells then run as their own runs."""
@@ -112,8 +114,13 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
     out, seen = tmp_path / "div", []
     kw = dict(store=toy_store, dataset="test-toy", backbones=BACKBONE, methods=["fedavg"], seeds=[0, 1], out=out,
               select=["lr"], sweep={**SWEEP, "preset": "fst-cbdg", "lr": ["0.001", "1e30"]}, engine=engine)
-    table = grid(**kw, on_cell=lambda done, total, row: seen.append(row))
+    with caplog.at_level("WARNING", logger="fedcache.grids"):
+        table = grid(**kw, on_cell=lambda done, total, row: seen.append(row))
     assert sorted(r["lr"] for r in seen if r.get("diverged")) == [1e30, 1e30]
+    said = re.search(r"2 candidate cells diverged on validation, never chosen \((\S+) is the first; its error is in "
+                     r"(\S+)\); (\S+) marks them", caplog.text)
+    assert said and said[2].endswith("diverged.json") and Path(said[2]).exists(), caplog.text
+    assert said[3] == str(out / "validation" / "table.md")
     assert len(table) == 2 and {str(r["lr"]) for r in table} == {"0.001"}
     (choice,) = json.loads((out / "selection.json").read_text())["choices"]
     assert choice["chosen"] == {"lr": "0.001"} and "diverged on any seed is not chosen" in (out / "table.md").read_text()
