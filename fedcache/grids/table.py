@@ -99,8 +99,17 @@ def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: bool, sh
     text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
     if lost:
         text += f", {lost} of {n + lost} seeds diverged"
+    text += _stopped(rows)
     text += "".join(f", {shown[k]}={rows[0][k]}" for k in beside if k in rows[0])
     return f"**{text}**" if best else text
+
+
+def _stopped(rows: list[dict]) -> str:
+    """``, at round 3`` for a --prune halving candidate cut before the full rounds: its score is of that round, beside
+    others of later rounds."""
+    cut = {int(r["stopped_at"]) for r in rows if str(r.get("stopped_at") or "").isdigit()
+           and str(r.get("rounds") or "").isdigit() and int(r["stopped_at"]) < int(r["rounds"])}
+    return f", at round {min(cut)}" if cut else ""
 
 
 def _true(value) -> bool:

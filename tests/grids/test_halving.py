@@ -340,6 +340,8 @@ def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_
     (choice,) = selection(tmp_path / "cut")["choices"]
     kept = [k["lr"] for k in choice["cuts"][0]["kept"]]
     assert len(kept) == 2 and choice["chosen"] == selection(tmp_path / "full")["choices"][0]["chosen"]
+    shown = (tmp_path / "cut" / "validation" / "table.md").read_text()  # scores of round 5 beside those of round 9
+    assert shown.count(", at round 5") == 4 and ", at round 9" not in shown, shown
     for d in (tmp_path / "cut" / "validation" / "cells").iterdir():
         full = tmp_path / "full" / "validation" / "cells" / d.name
         if any(f"lr={lr}__" in d.name for lr in kept):
