@@ -147,11 +147,10 @@ def _said_candidates_diverged(spec: GridSpec) -> None:
     where = spec.out / VALIDATION
     lost = [r for r in Table.from_csv(where / RESULTS) if r.get("diverged")] if (where / RESULTS).exists() else []
     if lost:
-        first = where / lost[0]["run_dir"]
-        first = first if first.exists() else spec.out / lost[0]["run_dir"]
+        first = where / lost[0]["run_dir"]  # the stage's rows name their cells within it
         log.warning("%s diverged on validation, never chosen (%s is the first; its error is in %s); %s marks %s",
-                    count(len(lost), "candidate cell"), lost[0]["run_dir"], first / DIVERGED, where / "table.md",
-                    "them" if len(lost) > 1 else "it")
+                    count(len(lost), "candidate cell"), first.relative_to(spec.out), first / DIVERGED,
+                    where / "table.md", "them" if len(lost) > 1 else "it")
 
 
 __all__ = ["METRIC_COLUMNS", "Cell", "GridSpec", "cell_text", "cells", "load_results", "load_toml", "option_axes", "run_grid",

@@ -146,6 +146,7 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
 
 _READERS = {".h5": _read_h5, ".hdf5": _read_h5, ".npz": _read_npz}  # by the file's suffix
 
+
 def _npz_mapped(path: Path, zf: zipfile.ZipFile, key: str) -> np.ndarray | None:
     """An uncompressed member (``np.savez``) memory-mapped where it lies in the zip file; None otherwise.
 

@@ -136,6 +136,14 @@ def test_server_paths_that_cannot_serve_are_refused_in_the_environment_s_words(t
     assert fine.checked() == fine and not (tmp_path / "runs").exists()  # checked, not made
 
 
+def test_the_serverapp_checks_its_paths_before_it_serves(tmp_path, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(afile))
+    with pytest.raises(ConfigError, match=rf"^{SERVER_ENV['deploy.server_shard']}=.*afile is a file"):
+        server.main(NoNodes(), _context({}))
+
+
 def test_deploy_resume_run_takes_the_run_id_as_flwr_ls_shows_it():
     """`flwr ls` shows a run id as a number; `--run-config deploy.resume_run=7` was refused as no text."""
     for given in (7, "7"):
