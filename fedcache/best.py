@@ -21,11 +21,16 @@ def is_panel_key(key: str) -> bool:
     return key in PANEL_KEYS or (is_option(key) and option(key).name in PANEL_KEYS)
 
 
-def bold_meaning(panel_keys) -> str:
+def bold_meaning(panel_keys, references=()) -> str:
     """What bold marks, in words for a reader without the docs (table.md's line under the table, the report's
-    caption): ``the highest mean of each alpha, among the results whose every seed ran to the end``."""
+    caption): ``the highest mean of each alpha, among the results whose every seed ran to the end``.
+    ``references``: the methods shown that pool every client's data (``Result.reference``)."""
     each = f" of each {' and '.join(panel_keys)}" if panel_keys else ""
-    return f"the highest mean{each}, among the results whose every seed ran to the end"
+    text = f"the highest mean{each}, among the results whose every seed ran to the end"
+    if references:
+        text += (f", not counting {' and '.join(references)} (trained on every client's data in one place: the "
+                 "reference, marked only where no other method compares)")
+    return text
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Result:
     where: Hashable  # the values of the data settings (the report's panel): a result competes only inside its own
     mean: float | None
     whole: bool  # every seed has a result of the last round: none diverged, was stopped early or is still to run
+    reference: bool = False  # a method that pools every client's data (centralized): the ceiling, not a contender
 
 
 def best_marks(results: list[Result]) -> list[bool]:
@@ -44,10 +50,16 @@ def best_marks(results: list[Result]) -> list[bool]:
     had as many bests as lr values; the report's table (one row per method and setting) and its figures' star
     compare everything one panel holds. A method's own settings are part of what is compared; the data is not.
     A mean of fewer seeds, or of an earlier round, would flatter: such a result ("k of n seeds") is never marked,
-    and is no contender either."""
-    contenders: dict[Hashable, list[float]] = {}
+    and is no contender either.
+    A method that pools every client's data is the ceiling the others are read against, not one of them: such
+    references compete among themselves only where no other result does (a grid of centralized's lr alone)."""
+    contenders: dict[Hashable, dict[bool, list[float]]] = {}
     for r in results:
         if r.whole and r.mean is not None:
-            contenders.setdefault(r.where, []).append(round(r.mean, DIGITS))
-    top = {where: max(means) for where, means in contenders.items() if len(means) > 1}
-    return [r.whole and r.mean is not None and round(r.mean, DIGITS) == top.get(r.where) for r in results]
+            contenders.setdefault(r.where, {}).setdefault(r.reference, []).append(round(r.mean, DIGITS))
+    top = {}
+    for where, by_kind in contenders.items():
+        kind = False if False in by_kind else True
+        if len(by_kind[kind]) > 1:
+            top[where] = (kind, max(by_kind[kind]))
+    return [r.whole and r.mean is not None and (r.reference, round(r.mean, DIGITS)) == top.get(r.where) for r in results]

@@ -274,8 +274,11 @@ def run_summary(method: Method, state: RunState, history: list[dict], facts: dic
         **_per_client(state),
         "rounds": state.rnd, "seconds": round(state.seconds, 4),
         "random_weights": bool(method.ctx.data.random_weights),
+        **({"pools_data": True} if method.pools_data else {}),
+        **({"uses_optimizer": False} if not method.uses_optimizer else {}),  # its config's optim section is unread
         **method.summary_extra(), **{k: v for k, v in (facts or {}).items() if k != "definitions"},
-        "definitions": {**DEFINITIONS, **(facts or {}).get("definitions", {})},  # an engine's own figures said too
+        "definitions": {**DEFINITIONS, **({"pools_data": POOLS_DATA} if method.pools_data else {}),
+                        **(facts or {}).get("definitions", {})},  # an engine's own figures said too
     }
 
 
@@ -284,12 +287,21 @@ DEFINITIONS = {
     "std_accuracy": "std over clients of their accuracies at the last evaluation, population std (ddof=0): "
                     "every client of the run is counted, and std_accuracy**2 == variance. Not a std over seeds "
                     "(a grid's report gives that, sample std ddof=1)",
+    "global_accuracy": "the global model's accuracy on every row of the evaluated split (a validation run: its spare "
+                       "rows), not a mean over clients; null for methods without a global model",
+    "worst10": "mean accuracy of the worst 10% of clients (worst20, worst40 and best10 likewise), at least one client "
+               "each: with fewer than 10 clients worst10 is the single worst client",
+    "variance": "variance over clients of their accuracies (population, in % squared): std_accuracy**2",
     "params_up_per_client": "parameters one client sends in one round, averaged over rounds and the clients that "
                             "sent (the FedPCL paper's '# of Comm Params')",
     "bytes_up_per_client": "bytes one client sends in one round, averaged likewise",
     "params_up_per_round": "parameters all clients that sent in a round send together, averaged over rounds",
     "bytes_up": "bytes sent by all clients over all rounds",
 }
+
+
+POOLS_DATA = ("the method trains on every client's rows in one place: a reference ceiling, not marked the best "
+              "beside methods that keep data on clients")
 
 
 def _per_client(state: RunState) -> dict:

@@ -6,17 +6,21 @@ import math
 import numpy as np
 
 
+# The shares of clients FedPCL's fairness tables average over: (key, fraction, the best ones rather than the worst).
+SHARES = (("worst10", 0.1, False), ("worst20", 0.2, False), ("worst40", 0.4, False), ("best10", 0.1, True))
+
+
+def share_size(fraction: float, n: int) -> int:
+    """How many of ``n`` clients a share holds: rounded up, at least one."""
+    return max(1, math.ceil(fraction * n))
+
+
 def fairness(per_client: np.ndarray) -> dict[str, float]:
     """Mean of the worst 10/20/40% and best 10% of clients (at least one client each), and variance."""
     acc = np.sort(np.asarray(per_client, dtype=np.float64))
-    n = len(acc)
-
-    def mean_of(frac: float, best: bool = False) -> float:
-        k = max(1, math.ceil(frac * n))
-        return float(acc[-k:].mean() if best else acc[:k].mean())
-
-    return {"worst10": mean_of(0.1), "worst20": mean_of(0.2), "worst40": mean_of(0.4),
-            "best10": mean_of(0.1, best=True), "variance": float(acc.var())}
+    k = {key: share_size(frac, len(acc)) for key, frac, _ in SHARES}
+    means = {key: float(acc[-k[key]:].mean() if best else acc[:k[key]].mean()) for key, _, best in SHARES}
+    return {**means, "variance": float(acc.var())}
 
 
 def summarize(per_client: np.ndarray) -> dict[str, float]:

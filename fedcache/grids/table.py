@@ -52,7 +52,9 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     # The report's rule (fedcache/best.py): the best of each data setting, a column's panel in the report.
     panel = [k for k in setting_keys if is_panel_key(k)]
     where = {label(r): tuple(str(r.get(k)) for k in panel) for r in rows}
-    marks = best_marks([Result(where[col], st[0], _whole(st, groups[m, col])) for (m, col), st in stats.items()])
+    pooled = references(methods)
+    marks = best_marks([Result(where[col], st[0], _whole(st, groups[m, col]), m in pooled)
+                        for (m, col), st in stats.items()])
     best = dict(zip(stats, marks))
     said = metric.replace("_", " ") + (f" % ({_MEANING[metric]})" if metric in _MEANING else " %")
     lines = [f"{said}, mean (sample std, ddof=1) over seeds" + (f"; {caption}" if caption else ""), "",
@@ -61,7 +63,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
         cells_ = [_cell_text(stats[m, col], groups[m, col], beside, best[m, col], shown) for col in columns]
         lines.append(f"| {m} | " + " | ".join(cells_) + " |")
     if any(marks):
-        lines += ["", _legend(panel)]
+        lines += ["", _legend(panel, pooled)]
     return "\n".join(lines)
 
 
@@ -69,9 +71,17 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
 _MEANING = {"mean_accuracy": "each run's mean over clients of their accuracy at its last evaluation"}
 
 
-def _legend(panel: list[str]) -> str:
+def _legend(panel: list[str], pooled: list[str]) -> str:
     """What bold means, under the table: the file is read without the docs or the report beside it."""
-    return f"In bold: {bold_meaning(panel)}."
+    return f"In bold: {bold_meaning(panel, pooled)}."
+
+
+def references(methods: list[str]) -> list[str]:
+    """The methods of ``methods`` that pool every client's data (``Method.pools_data``): the ceiling the others are
+    read against, left out of the bold marks. A name fedcache does not know (a hand-made table) is none."""
+    from fedcache.federate.methods import METHODS
+
+    return [m for m in methods if m in METHODS and METHODS.get(m).pools_data]
 
 
 def _stats(rows: list[dict], metric: str) -> tuple[float | None, float, int, int]:

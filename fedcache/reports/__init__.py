@@ -19,9 +19,11 @@ from pathlib import Path
 from fedcache import disk
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
+from fedcache.federate.metrics import SHARES, share_size
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
+from fedcache.reports.options import options_text
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
 from fedcache.store.locks import exclusive_lock
 from fedcache.wording import count, named
@@ -99,9 +101,10 @@ def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section]
     spec = _grid_spec(Path(root))
     for g in groups:  # a group with fewer seeds than its grid's is partial (the grid is unfinished)
         g.expected_seeds = len(spec["seeds"]) if spec else None
-    layout = Layout.of(groups, spec["methods"] if spec else [])  # the legend in table.md's order
-    groups = layout.ordered(groups)
     unfinished = _unfinished(Path(root), runs)
+    swept = _swept(spec) if unfinished else set()
+    layout = Layout.of(groups, spec["methods"] if spec else [], swept)  # the legend in table.md's order
+    groups = layout.ordered(groups)
     if unfinished:
         log.warning("%s", unfinished.replace("**", "").strip())
     sections = [Section("Results", unfinished + _results_text(root, runs, groups, layout),
@@ -142,13 +145,42 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
     lost = sum(len(g.diverged) for g in groups)
     lost_text = f" ({count(lost, 'grid cell')} diverged: no result, named beside its group)" if lost else ""
     data, mixed = _data_text(runs, groups, layout)
-    return (f"{count(len(runs) - lost, 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds pooled) from `{root}`"
-            f"{data}; {layout.caption()}. Accuracy is the mean over clients of each client's accuracy after the last round; "
-            f"± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
-            f"averaged over seeds; params up per client is what one client sends in one round (the FedPCL paper's "
-            f"'# of Comm Params'); seconds is a run's wall time, and cells the batched engine trained together each show "
-            f"their batch's; in bold {bold_meaning(layout.panel_keys)}, where two or more compare (table.md marks the "
-            f"same).{mixed}{warn}{_cut_short(runs)}")
+    what = (f"{count(len(runs) - lost, 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds "
+            f"pooled) from `{root}`{data}; {layout.caption()}.{options_text(runs)}{mixed}{warn}{_cut_short(runs)}")
+    return what + "\n\n" + _reading(runs, groups, layout)
+
+
+def _reading(runs: list[Run], groups: list[Group], layout: Layout) -> str:
+    """How to read the results table: every column's figure defined, for a reader without the docs."""
+    return ("How to read the table: accuracy is the mean over clients of each client's accuracy after the last round; "
+            "± is the sample std (ddof=1) over seeds; the std over clients is the population std (ddof=0) within a run, "
+            "averaged over seeds; global % is the global model's accuracy on every row of the split (over rows, not "
+            "clients; - for methods without one); worst / best 10% is the mean accuracy of the worst / best tenth of the "
+            f"clients ({shares_text(runs)}); variance is over clients (the std over clients squared), averaged over "
+            "seeds; params up per client is what one client sends in one round (the FedPCL paper's '# of Comm Params'); "
+            "seconds is a run's wall time, and cells the batched engine trained together each show their batch's; in "
+            f"bold {bold_meaning(layout.panel_keys, references(groups))}, where two or more compare (table.md marks "
+            "the same).")
+
+
+def shares_text(runs: list[Run]) -> str:
+    """How many clients the fairness figures' shares hold: with five clients the worst 10% and 20% are both the single
+    worst client, which the two columns would not say."""
+    sizes = {len(r.summary.get("per_client_accuracy") or ()) for r in runs} - {0}
+    if len(sizes) != 1:
+        return "each share rounded up to whole clients, at least one"
+    n = sizes.pop()
+    said: dict[tuple[bool, int], list[str]] = {}
+    for key, frac, best in SHARES:
+        said.setdefault((best, share_size(frac, n)), []).append(f"{'best' if best else 'worst'} {round(frac * 100)}%")
+    parts = [f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} the {'best' if best else 'worst'} "
+             + ("client" if k == 1 else f"{k} clients") for (best, k), names in said.items()]
+    return f"of {count(n, 'client')}: {', '.join(parts)}"
+
+
+def references(groups: list[Group]) -> list[str]:
+    """The methods shown that pool every client's data, which the bold marks leave out (fedcache/best.py)."""
+    return list(dict.fromkeys(g.method for g in groups if g.reference))
 
 
 def _data_text(runs: list[Run], groups: list[Group], layout: Layout) -> tuple[str, str]:
@@ -184,9 +216,18 @@ def _unfinished(root: Path, runs: list[Run]) -> str:
     if expected is None or len(runs) >= expected:
         return ""
     has = "has" if len(runs) == 1 else "have"
-    return (f"**Unfinished grid: {len(runs)} of its {expected} cells {has} a result** (the grid is still running, or "
-            "stopped before the others: run the same `fedcache grid` command to finish it, then report again); "
-            "what follows shows these alone. ")
+    spec = _grid_spec(root) or {}
+    seen = {r.summary.get("method") for r in runs}
+    none = [m for m in spec.get("methods", []) if m not in seen]
+    none_text = f"; no cell of {', '.join(none)} has one yet" if none else ""
+    return (f"**Unfinished grid: {len(runs)} of its {expected} cells {has} a result{none_text}** (the grid is still "
+            "running, or stopped before the others: run the same `fedcache grid` command to finish it, then report "
+            "again); what follows shows these alone. ")
+
+
+def _swept(spec: dict) -> set[str]:
+    """The settings grid.json sweeps over several values."""
+    return {k for k, vs in (spec.get("sweep") or {}).items() if isinstance(vs, list) and len(vs) > 1}
 
 
 def _grid_cells(root: Path) -> int | None:
@@ -234,7 +275,7 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
               "worst 10%", "best 10%", "variance", "params up per client/round", "params up/round", "bytes up (total)", "seconds"]
     # table.md's rule (fedcache/best.py): in the running, the groups whose every seed reached the end (not stopped by
     # halving, none diverged or still to run), each against the others of its panel.
-    marks = best_marks([Result(layout.panel(g), g.mean("mean_accuracy"), g.complete) for g in groups])
+    marks = best_marks([Result(layout.panel(g), g.mean("mean_accuracy"), g.complete, g.reference) for g in groups])
     rows = [header]
     for g, bold in zip(groups, marks):
         acc = _fmt(g.mean("mean_accuracy"), g.std("mean_accuracy"))
@@ -314,7 +355,7 @@ FIGURES = (
      "median, whiskers to the furthest client within 1.5 box lengths, circles the clients beyond, white triangle "
      "the mean."),
     ("Fairness", figures.fairness, "fairness.png",
-     "Mean accuracy of the worst / best share of clients (as FedPCL Tables 12-13), mean over seeds."),
+     "Mean accuracy of the worst / best share of clients (as FedPCL Tables 12-13; {shares}), mean over seeds."),
     ("Bytes sent per round", figures.bytes_per_round, "bytes-per-round.png",
      "All sampled clients together; each label's bytes up (bold) and down (faint, in the same line style)."),
 )
@@ -327,6 +368,10 @@ ONE_SEED = {
     "final-accuracy.png": "One seed per bar (no error bars); ★ the best of the panel among the results that ran to the end, where two or more compare.",
     "train-loss-per-round.png": "The sampled clients' mean loss over their local steps; one seed per line.",
 }
+
+
+# The figures whose star marks the best (fedcache/best.py): a group drawn from fewer seeds is said to be no contender.
+MARKS_BEST = {"accuracy-per-round.png", "final-accuracy.png"}
 
 
 # Figures of every round: a candidate stopped early by successive halving is drawn up to where it stopped. The
@@ -350,14 +395,16 @@ def _fewer_seeds(groups: list[Group], layout: Layout) -> str:
             of = g.expected_seeds or len(g.runs) + len(g.diverged)
             fewer.append(f"{name(g)}: {count(len(g.runs), 'seed')} of {of} ({why})")
     text = f" Not drawn, every seed diverged: {', '.join(gone)}." if gone else ""
-    text += f" Drawn from fewer seeds: {'; '.join(fewer)}; not marked best." if fewer else ""
+    text += f" Drawn from fewer seeds: {'; '.join(fewer)}{{best}}." if fewer else ""
     return text
 
 
 def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path, fewer_seeds: str = "") -> list[Section]:
     out = []
     finished = [g for g in groups if g.stopped_at is None]
+    shares = shares_text([r for g in finished for r in g.runs])
     for title, draw, name, text in FIGURES:
+        text = text.replace("{shares}", shares)
         shown = groups if name in PER_ROUND else finished
         if not shown:
             continue
@@ -368,7 +415,7 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path, fewer_s
         elif name in PER_ROUND and len(finished) < len(groups):
             text += (" Dotted vertical lines: the rounds at which --prune halving cut candidates; a curve that ends at "
                      "one stopped there (cut, or chosen as the last one left).")
-        text += fewer_seeds
+        text += fewer_seeds.replace("{best}", "; not marked best" if name in MARKS_BEST else "")
         fig = draw(shown, layout)
         if fig is None:
             continue
@@ -440,8 +487,8 @@ def render_html(title: str, sections: list[Section]) -> str:
              f"<h1>{html.escape(title)}</h1>"]
     for s in sections:
         parts.append(f"<h2>{html.escape(s.title)}</h2>")
-        if s.text:
-            parts.append(f"<p>{html.escape(s.text).replace('**', '')}</p>")
+        for paragraph in filter(None, s.text.split("\n\n")):
+            parts.append(f"<p>{html.escape(paragraph).replace('**', '')}</p>")
         if s.table:
             head, *body = s.table
             parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")

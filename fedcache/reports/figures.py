@@ -55,7 +55,7 @@ def _best(groups: list[Group]) -> list[Group]:
     """The best final accuracy of a panel, by the tables' rule (fedcache/best.py): of the groups whose every seed ran
     every round (an early score is of another round, and a mean without the seeds that diverged, or have not run
     yet, would flatter), where two or more compare; ties all."""
-    marks = best_marks([Result((), g.mean("mean_accuracy"), g.complete) for g in groups])
+    marks = best_marks([Result((), g.mean("mean_accuracy"), g.complete, g.reference) for g in groups])
     return [g for g, best in zip(groups, marks) if best]
 
 

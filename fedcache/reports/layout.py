@@ -39,15 +39,17 @@ class Layout:
     settings: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
-    def of(cls, groups: list[Group], methods: list[str] = ()) -> "Layout":
+    def of(cls, groups: list[Group], methods: list[str] = (), swept: set[str] = frozenset()) -> "Layout":
         """``methods``: the grid's own order (table.md's), where the report has one; any other method follows
-        as first seen."""
+        as first seen. ``swept``: settings the grid sweeps over several values, which vary even where the runs found
+        so far share one (an unfinished grid: its caption said "fixed: lr=1e-3" of a grid of two lr values)."""
         values: dict[str, set[str]] = {}
         for g in groups:
             for k, v in g.setting.items():
                 values.setdefault(k, set()).add(str(v))
         # A key some groups lack varies too (its absence is a value).
-        varying = [k for k, vs in values.items() if len(vs) > 1 or any(k not in g.setting for g in groups)]
+        varying = [k for k, vs in values.items()
+                   if len(vs) > 1 or k in swept or any(k not in g.setting for g in groups)]
         fixed = {k: next(iter(vs)) for k, vs in values.items() if k not in varying}
         layout = cls(fixed, tuple(k for k in varying if is_panel_key(k)), tuple(k for k in varying if not is_panel_key(k)),
                      _methods(groups, methods), evaluated_on(groups))

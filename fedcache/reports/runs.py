@@ -84,6 +84,11 @@ class Group:
         return self.first.setting
 
     @property
+    def reference(self) -> bool:
+        """A method that pools every client's data (summary.json's ``pools_data``): the ceiling, not a contender."""
+        return any(r.summary.get("pools_data") for r in self.runs)
+
+    @property
     def stopped_at(self) -> int | None:
         """The round its runs stopped at before their last (successive halving), or None."""
         return self.runs[0].stopped_at if self.runs else None

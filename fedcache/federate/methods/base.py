@@ -114,6 +114,9 @@ class Method:
     has_global_model: ClassVar[bool] = True  # a model the global test set can be scored on
     server_by_client: ClassVar[tuple[str, ...]] = ()  # server entries with a row per client, not one model's
     federated: ClassVar[bool] = True  # False: no communication (solo, centralized, linear-probe)
+    # Trains on every client's rows in one place (centralized, linear-probe): the ceiling federated methods are read
+    # against, so tables and reports mark the best among the methods that keep data on clients (fedcache/best.py).
+    pools_data: ClassVar[bool] = False
     # local_update(clients) equals local_update per client, concatenated: the loop path exists and
     # must agree with the batched path. False for methods that pool all clients (centralized).
     splittable: ClassVar[bool] = True

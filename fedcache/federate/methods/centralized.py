@@ -16,6 +16,7 @@ class Centralized(Method):
     description = "one head on all training data pooled; no federation (upper bound)"
     federated = False
     splittable = False
+    pools_data = True
     all_clients = True
 
     def local_update(self, rnd: int, clients: list[int], down: Params, states: Params) -> LocalResult:

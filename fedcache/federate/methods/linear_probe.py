@@ -24,6 +24,7 @@ class LinearProbe(Method):
     Settings = LinearProbeSettings
     federated = False
     splittable = False
+    pools_data = True
     all_clients = True
     uses_optimizer = False
     heads = ("linear",)  # the fitted probe is expressed as a linear head
