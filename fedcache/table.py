@@ -106,3 +106,12 @@ def _parse(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def in_rounds(rows: list[dict]) -> str:
+    """`` in round 3`` (`` in rounds 2, 5``): where the diverged seeds of ``rows`` did (results.csv's diverged_round;
+    a grid of an older fedcache kept none)."""
+    rounds = sorted({int(r["diverged_round"]) for r in rows if str(r.get("diverged_round") or "").isdigit()})
+    if not rounds:
+        return ""
+    return f" in round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}"

@@ -214,8 +214,9 @@ def _diverged_problem(value) -> str:
 
 
 def diverged_row(c: Cell, out: Path) -> dict:
-    # No summary: every figure is None, but a swept key that is also a figure (rounds) keeps its value.
-    return {**row(c, {}, out), **dict(c.setting), "diverged": True}
+    # No summary: every figure is None, but a swept key that is also a figure (rounds) keeps its value. The round it
+    # diverged in tells a value that blew up at once from one that drifted there late.
+    return {**row(c, {}, out), **dict(c.setting), "diverged": True, "diverged_round": diverged_round(out)}
 
 
 def write_cell_json(out: Path, c: Cell) -> None:

@@ -12,7 +12,7 @@ from fedcache.errors import ConfigError
 from fedcache.grids.cell import METRIC_COLUMNS
 from fedcache.grids.rungs import paused_before_first_cut
 from fedcache.grids.spec import RESULTS, TABLE, GridSpec, axis_label
-from fedcache.table import Table
+from fedcache.table import Table, in_rounds
 from fedcache.wording import count, keyword_names, named, pasted
 
 
@@ -41,7 +41,7 @@ def summary_markdown(table: Table, metric: str = "mean_accuracy", caption: str =
     if not rows:
         return "(no runs)"
     named = axes if axes is not None else [k for k in rows[0] if k not in METRIC_COLUMNS]
-    setting_keys = [k for k in named if k not in ("method", "seed", "run_dir", "diverged", "stopped_at", *beside)
+    setting_keys = [k for k in named if k not in ("method", "seed", "run_dir", "diverged", "diverged_round", "stopped_at", *beside)
                     and len({str(r.get(k)) for r in rows}) > 1]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     shown = {k: axis_label(k, methods) for k in [*setting_keys, *beside]}  # as typed: --head is head, not head.name
@@ -105,10 +105,10 @@ def _whole(stats: tuple, rows: list[dict]) -> bool:
 def _cell_text(stats: tuple, rows: list[dict], beside: list[str], best: bool, shown: dict[str, str]) -> str:
     mean, std, n, lost = stats
     if mean is None:
-        return f"diverged ({count(lost, 'seed')})" if lost else "-"
+        return f"diverged ({count(lost, 'seed')}{in_rounds(rows)})" if lost else "-"
     text = f"{mean:.2f} ({std:.2f})" if std == std else f"{mean:.2f} (one seed)"
     if lost:
-        text += f", {lost} of {n + lost} seeds diverged"
+        text += f", {lost} of {n + lost} seeds diverged{in_rounds(rows)}"
     text += _stopped(rows)
     text += "".join(f", {shown[k]}={rows[0][k]}" for k in beside if k in rows[0])
     return f"**{text}**" if best else text

@@ -20,6 +20,7 @@ from fedcache import disk
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
+from fedcache.table import in_rounds
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
@@ -283,8 +284,9 @@ def summary_rows(groups: list[Group], layout: Layout | None = None) -> list[list
             then = ", then diverged" if any(r.summary.get("diverged") for r in g.runs) else ""
             acc += f" (stopped at round {g.stopped_at}{then})"
         if g.diverged:
-            acc += f" ({len(g.diverged)} of {len(g.runs) + len(g.diverged)} seeds diverged; the mean is of the others)" \
-                if g.runs else " (every seed diverged)"
+            rounds = in_rounds([r.summary for r in g.diverged])
+            acc += f" ({len(g.diverged)} of {len(g.runs) + len(g.diverged)} seeds diverged{rounds}; the mean is of the " \
+                   "others)" if g.runs else f" (every seed diverged{rounds})"
         tried = len(g.runs) + len(g.diverged)
         if g.unfinished_seeds:
             acc += f" ({g.unfinished_seeds} of {g.expected_seeds} seeds not run yet)"

@@ -283,8 +283,9 @@ def _cut_short(run: Run) -> str:
 
 def _diverged(path: Path) -> Run:
     cell = _run_json(path, CELL, _summary_problem)  # a diverged cell is named by its cell.json's method
-    return Run(path, {"method": cell["method"], "diverged": True}, [], _run_json(path, CONFIG, _config_problem),
-               _setting(path, cell))
+    at = _run_json(path, DIVERGED).get("round")  # None: a record of an older fedcache
+    summary = {"method": cell["method"], "diverged": True, "diverged_round": at if isinstance(at, int) else None}
+    return Run(path, summary, [], _run_json(path, CONFIG, _config_problem), _setting(path, cell))
 
 
 def unscored(r: Run) -> bool:

@@ -274,7 +274,13 @@ def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_
     table = grid(**kw)
     lost = [r for r in table if r.get("diverged")]
     assert [r["lr"] for r in lost] == [1e300, 1e300] and all(r["mean_accuracy"] is not None for r in table if r not in lost)
-    assert "| fedavg | " in (tmp_path / "g" / "table.md").read_text() and "diverged (2 seeds)" in (tmp_path / "g" / "table.md").read_text()
+    # The round it diverged in, said beside it: lr=1e300 blows up in the first.
+    assert [r["diverged_round"] for r in lost] == [1, 1]
+    assert "| fedavg | " in (tmp_path / "g" / "table.md").read_text()
+    assert "diverged (2 seeds in round 1)" in (tmp_path / "g" / "table.md").read_text()
+    from fedcache.reports import write_report
+
+    assert "(every seed diverged in round 1)" in write_report(tmp_path / "g").markdown.read_text()
     error = json.loads((tmp_path / "g" / lost[0]["run_dir"] / "diverged.json").read_text())["error"]
     assert "NaN/inf" in error and "lower the learning rate (sweep['lr']=...)" in error, error
     assert "2 cells of 4 diverged" in caplog.text and "in a new directory (out='DIR')" in caplog.text

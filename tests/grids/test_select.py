@@ -105,7 +105,7 @@ def test_select_of_something_not_swept_says_how(toy_store, tmp_path):
 
 @pytest.mark.parametrize("engine", ["processes", "batched"])
 def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store, tmp_path, engine, caplog):
-    """SGD with lr 1e30 turns the weights NaN in round 1: while tuning, that is the candidate's result (recorded,
+    """SGD with lr 1e30 turns the weights NaN in round 2: while tuning, that is the candidate's result (recorded,
     never chosen), not an error that stops the grid and leaves a run that --resume replays into NaN. The batched
     engine stacks each seed's two cells: a batch diverges, and its cells then run as their own runs."""
     from fedcache.api import grid
@@ -129,7 +129,7 @@ def test_a_candidate_that_diverges_loses_instead_of_stopping_the_grid(toy_store,
     again = grid(**kw, on_cell=lambda done, total, row: pytest.fail("a finished or diverged cell ran again"))
     assert again.column("mean_accuracy") == table.column("mean_accuracy")
     assert "lr=1e30: diverged" in write_report(out).html.read_text()
-    assert "(every seed diverged)" in (out / "report.md").read_text()
+    assert "(every seed diverged in round 2)" in (out / "report.md").read_text()
     assert "| fedavg | " in (out / "test" / "table.md").read_text() and ", lr=0.001 |" in (out / "test" / "table.md").read_text()
 
 

@@ -39,6 +39,10 @@ def test_seeds_that_diverged_are_named_and_never_the_best():
     assert "| a | 90.00 (one seed), 1 of 2 seeds diverged | diverged (2 seeds) |" in md
     assert "| b | **71.00 (1.41)** | 15.00 (7.07) |" in md  # a's 90 is of one seed: neither marked nor a contender
     alone = [r for r in rows if (r["method"], r["lr"]) != ("b", "2")]  # b lr=1 against a's diverged seeds only
+    # Where they diverged, where the grid recorded it (results.csv's diverged_round; an older grid kept none).
+    rounds = {("a", "1", 1): 4, ("a", "2", 0): 2, ("a", "2", 1): 7}
+    md = summary_markdown(Table([{**r, "diverged_round": rounds.get((r["method"], r["lr"], r["seed"]))} for r in rows]))
+    assert "| a | 90.00 (one seed), 1 of 2 seeds diverged in round 4 | diverged (2 seeds in rounds 2, 7) |" in md
     assert "**" not in summary_markdown(Table(alone))
 
 
