@@ -3,10 +3,14 @@ the CLI's help texts read them at start-up."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fedcache.config import Checked, Choices, NonNegative, Positive, UnitOpen, opt
 from fedcache.wording import write_setting
+
+
+def _optimizers() -> tuple[str, ...]:
+    return tuple(OPTIMIZERS_KNOWN)
 
 
 def _presets() -> tuple[str, ...]:
@@ -22,7 +26,7 @@ def _preset_help() -> str:
 class OptimConfig(Checked):
     section = "optim"
 
-    optimizer: Literal["sgd", "adam"] = "adam"
+    optimizer: Annotated[str, Choices(_optimizers)] = "adam"
     lr: Positive = 1e-3
     momentum: UnitOpen = 0.9  # SGD only
     weight_decay: NonNegative = 1e-4
@@ -34,20 +38,29 @@ class OptimConfig(Checked):
     def ignored(self) -> dict[str, str]:
         """Fields this optimizer does not read (``--set`` refuses them rather than dropping them), and why, with the
         setting that would read them written as its user gives settings."""
-        unread = _UNREAD[self.optimizer].items()
+        unread = OPTIMIZERS_KNOWN[self.optimizer].unread.items()
         return {field: why(write_setting("optimizer", value=other)) for field, (why, other) in unread}
 
 
-# What each optimizer does not read, why, and the optimizer that reads it (federate/optim.py's OPTIMIZERS entry).
+@dataclass(frozen=True)
+class Optimizer:
+    """An optimizer as the settings know it, without torch: its name in prose, and the fields it does not read (each
+    with why, given how to choose the optimizer that reads it, and that optimizer). Its update rule is the entry of
+    the same name in federate/optim.py's OPTIMIZERS, which imports torch; a test holds the two lists equal."""
+
+    title: str
+    unread: dict
+
+
 def _adam_only(use: str) -> str:
     return f"an Adam setting; the optimizer is sgd ({use} to use it)"
 
 
-_UNREAD = {
-    "sgd": {"betas": (_adam_only, "adam"), "eps": (_adam_only, "adam")},
-    "adam": {"momentum": (lambda use: f"Adam has no momentum term; its betas play that role, or {use}", "sgd")},
+OPTIMIZERS_KNOWN = {
+    "sgd": Optimizer("SGD", {"betas": (_adam_only, "adam"), "eps": (_adam_only, "adam")}),
+    "adam": Optimizer("Adam", {"momentum": (lambda use: f"Adam has no momentum term; its betas play that role, or {use}",
+                                            "sgd")}),
 }
-_TITLE = {"sgd": "SGD", "adam": "Adam"}
 
 
 # Optimizer presets: (optimizer, lr, momentum, weight decay). "default" is every method's unless the method is
@@ -70,4 +83,4 @@ OPTIMIZER_PRESETS = {name: OptimConfig(*row, preset=name) for name, row in _PRES
 def describe(cfg: OptimConfig) -> str:
     """A preset in a few words, for help texts: 'SGD 0.01, momentum 0.9, wd 1e-05'."""
     extra = f", momentum {cfg.momentum:g}" if "momentum" not in cfg.ignored() else ""
-    return f"{_TITLE[cfg.optimizer]} {cfg.lr:g}{extra}, wd {cfg.weight_decay:g}"
+    return f"{OPTIMIZERS_KNOWN[cfg.optimizer].title} {cfg.lr:g}{extra}, wd {cfg.weight_decay:g}"

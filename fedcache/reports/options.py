@@ -3,6 +3,7 @@ columns the swept ones, but runs trained one by one (the demo's, a folder of `fe
 in each config.json, and a report that said none of them hid that one method ran with another optimizer."""
 from __future__ import annotations
 
+from fedcache.federate.optim_config import OPTIMIZERS_KNOWN
 from fedcache.federate.partitions.core import readers
 from fedcache.reports.runs import Run
 
@@ -42,9 +43,8 @@ def _values(run: Run) -> dict[str, str]:
         out[name] = str(value)
     optim = (run.config.get("spec") or {}).get("optim") or {}
     if run.summary.get("uses_optimizer", True):
-        out.update({k: str(optim[k]) for k in OPTIMIZER if k in optim})
-        if optim.get("optimizer") != "sgd":  # only SGD reads a momentum
-            out.pop("momentum", None)
+        unread = OPTIMIZERS_KNOWN[optim["optimizer"]].unread if optim.get("optimizer") in OPTIMIZERS_KNOWN else {}
+        out.update({k: str(optim[k]) for k in OPTIMIZER if k in optim and k not in unread})  # Adam's momentum: none
     return out
 
 

@@ -73,6 +73,11 @@ def test_every_optimizer_name_has_an_update_rule():
     holds their rules: the two lists are one."""
     import typing
 
+    from fedcache.config import choices
     from fedcache.federate.optim import OPTIMIZERS
+    from fedcache.federate.optim_config import OPTIMIZERS_KNOWN
 
-    assert sorted(typing.get_args(typing.get_type_hints(OptimConfig)["optimizer"])) == sorted(OPTIMIZERS.names())
+    assert sorted(choices(typing.get_type_hints(OptimConfig, include_extras=True)["optimizer"])) == sorted(OPTIMIZERS.names())
+    for name, known in OPTIMIZERS_KNOWN.items():  # each field an optimizer leaves unread is read by the one it names
+        for field, (_, other) in known.unread.items():
+            assert field not in OPTIMIZERS_KNOWN[other].unread, (name, field, other)
