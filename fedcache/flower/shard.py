@@ -3,7 +3,8 @@
 ``write_shards`` makes, under ``OUT``::
 
     client-000/ ... client-<N-1>/   the client's training rows, its local test rows, the augmented
-                                    views of its training rows (if extracted), the text embeddings,
+                                    views of its training rows (if extracted, and the method trains on
+                                    them or is not known: `fedcache shard`), the text embeddings,
                                     and the partition record (client k's rows; every other client empty)
     server/                         no training rows: the global test split (for the global accuracy
                                     of methods with a global model), the text embeddings, and sizes
@@ -92,6 +93,10 @@ class ShardInfo:
     # augmented views): the partition's id is the same for every backbone and every extraction of the same samples
     # (empty in shards written before).
     entries: list[str] = dataclasses.field(default_factory=list)
+    # Whether the client shards hold the training split's augmented views: only where the run's method trains on them,
+    # or it is not known (`fedcache shard`); a resume then compares the views' entries too. Shards written before
+    # this was recorded hold them.
+    views: bool = True
 
     @property
     def source(self) -> dict:
@@ -162,7 +167,9 @@ def _full(exc: BaseException, staging: Path, out: Path) -> DiskFullError:
 
 def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None]) -> list[Path]:
     store = FeatureStore(spec.store, create=False)
-    cut = cut_from(store, spec.dataset, spec.backbones)
+    # A method known not to train on views has none copied: a resume after `extract --views` ran again goes on.
+    with_views = spec.views is not False
+    cut = cut_from(store, spec.dataset, spec.backbones, with_views)
     _check_views(store, spec, cut)
     partition, pid = _partition(store, spec, cut)
     tables = {split: _tables(store, spec, split, cut[split, 0]) for split in ("train", "test")}
@@ -170,7 +177,7 @@ def _write_all(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None])
     base = dict(n_clients=partition.n_clients, dataset=spec.dataset, backbones=list(spec.backbones), partition_id=pid,
                 request=spec.request.to_dict(), client_train_sizes=[len(r) for r in partition.train],
                 client_test_sizes=[len(r) for r in partition.test],
-                entries=entry_ids(cut))
+                entries=entry_ids(cut), views=with_views)
     paths, total = [], partition.n_clients + 1
     on_shard(0, total)
     for k in range(partition.n_clients):
@@ -231,9 +238,9 @@ def _partition(store: FeatureStore, spec: ShardSpec, cut: Cut) -> tuple[Partitio
     return stored_partition(store, spec.dataset, spec.request, train_t, test_t)
 
 
-def cut_from(store: FeatureStore, dataset: str, backbones: list[str]) -> Cut:
+def cut_from(store: FeatureStore, dataset: str, backbones: list[str], views: bool = True) -> Cut:
     """The entries a sharding of ``dataset``'s ``backbones`` cuts its shards from now: each backbone's train and test
-    entries and its training views' (1, 2, ... up to the first the store lacks), as a read takes them
+    entries and (``views``) its training views' (1, 2, ... up to the first the store lacks), as a read takes them
     (``FeatureStore.table_entries``), found together under ``between_imports``; metadata only. The one computation of
     them: a sharding reads exactly these and records their ids (``ShardInfo.entries``), a resume compares a cut now."""
     def found(split: str, view: int) -> dict[str, list[EntryInfo]]:
@@ -241,7 +248,8 @@ def cut_from(store: FeatureStore, dataset: str, backbones: list[str]) -> Cut:
 
     with store.between_imports(dataset, backbones):
         cut = {("train", 0): found("train", 0), ("test", 0): found("test", 0)}
-        cut.update({("train", v): t for v, t in enumerate(_each_view(lambda v: found("train", v)), 1)})
+        if views:
+            cut.update({("train", v): t for v, t in enumerate(_each_view(lambda v: found("train", v)), 1)})
     return cut
 
 
@@ -249,9 +257,9 @@ def entry_ids(cut: Cut) -> list[str]:
     return sorted(e.entry_id for tables in cut.values() for infos in tables.values() for e in infos)
 
 
-def entries_now(store: FeatureStore, dataset: str, backbones: list[str]) -> list[str]:
+def entries_now(store: FeatureStore, dataset: str, backbones: list[str], views: bool = True) -> list[str]:
     """The ids of the entries a sharding now would cut shards from (``ShardInfo.entries``); metadata only."""
-    return entry_ids(cut_from(store, dataset, backbones))
+    return entry_ids(cut_from(store, dataset, backbones, views))
 
 
 def changed_since_cut(info: ShardInfo, store: FeatureStore) -> str:
@@ -260,7 +268,7 @@ def changed_since_cut(info: ShardInfo, store: FeatureStore) -> str:
     their entries were recorded are not checked ("")."""
     if not info.entries:
         return ""
-    now, had = entries_now(store, info.dataset, info.backbones), set(info.entries)
+    now, had = entries_now(store, info.dataset, info.backbones, info.views), set(info.entries)
     new = [_label(store.info(e)) for e in now if e not in had]
     if new:
         more = f" and {len(new) - 3} more" if len(new) > 3 else ""

@@ -914,10 +914,14 @@ def test_a_resume_on_a_damaged_server_shard_is_refused_before_ray_starts(flower_
     assert "\n" not in str(err.value)
 
 
-def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, tmp_path, monkeypatch):
-    """Client shards copy the training split's augmented views (``extract --views``), separate entries of the store:
-    they were not among the entries the shards recorded, so a resume after the views were extracted again (another
-    --view-seed here) finished on the old views."""
+@pytest.mark.parametrize("sharded_for", ["a method not known (fedcache shard)", "fedavg"])
+def test_a_resume_after_the_views_were_extracted_again_is_refused_where_the_shards_hold_views(
+        sharded_for, flower_store, tmp_path, monkeypatch):
+    """Client shards copy the training split's augmented views (``extract --views``), separate entries of the store,
+    where the method trains on them or is not known (`fedcache shard`): they were not among the entries the shards
+    recorded, so a resume after the views were extracted again (another --view-seed here) finished on the old views.
+    A method that reads no views has none copied, and its resume was refused all the same."""
+    import dataclasses
     import shutil
 
     from fedcache.extract.runner import ExtractConfig, extract
@@ -931,15 +935,22 @@ def test_a_resume_after_the_views_were_extracted_again_is_refused(flower_store, 
     extract(ExtractConfig(**views))
     ran = []
     monkeypatch.setattr(sim, "simulate", lambda *a, **kw: ran.append(kw["resume"]) or {"trained": True})
-    write_shards(sim.shard_spec(toy_config(store, out=out)), out / "shards")
+    cut = sim.shard_spec(toy_config(store, out=out))  # fedavg's: no views
+    known = sharded_for == "fedavg"
+    write_shards(cut if known else dataclasses.replace(cut, views=None), out / "shards")
     _, info = open_shard(out / "shards" / SERVER)
     source = FeatureStore(store, create=False)
     viewed = {e.entry_id for e in source.entries() if e.key["view"] == 1}
-    assert len(viewed) == 2 and viewed <= set(info.entries) == set(entries_now(source, "test-toy", [BACKBONE]))
+    assert len(viewed) == 2 and info.views is not known
+    assert bool(viewed & set(info.entries)) is not known
+    assert set(info.entries) == set(entries_now(source, "test-toy", [BACKBONE], views=not known))
     resume = toy_config(store, out=out, resume=True)
     assert sim.train_flower_sim_here(resume) == {"trained": True} and ran == [True]
 
     extract(ExtractConfig(**views, view_seed=1))  # view 0 is the same entry; view 1's are new
+    if known:
+        assert sim.train_flower_sim_here(resume) == {"trained": True} and ran == [True, True]
+        return
     with pytest.raises(ConfigError, match=rf"were cut from other features than {store} holds now \(new entries for "
                                           rf"test-toy/train/\S+ {BACKBONE} view 1, test-toy/train/\S+ {BACKBONE} view 1:"):
         sim.train_flower_sim_here(resume)
@@ -951,6 +962,7 @@ def test_a_resume_on_a_store_whose_views_are_of_some_domains_goes_on(flower_stor
     train reads none). The entries a resume compared were every current entry `find` found, the view's among them:
     the same store, untouched since the sharding, was refused as 'new entries for test-toy/train/light ... view 1'.
     The sharding and the resume take their entries from one function (``cut_from``)."""
+    import dataclasses
     import shutil
 
     from fedcache.extract.runner import ExtractConfig, extract
@@ -964,11 +976,12 @@ def test_a_resume_on_a_store_whose_views_are_of_some_domains_goes_on(flower_stor
                           domains=("light",), workers=0))
     ran = []
     monkeypatch.setattr(sim, "simulate", lambda *a, **kw: ran.append(kw["resume"]) or {"trained": True})
-    write_shards(sim.shard_spec(toy_config(store, out=out)), out / "shards")
+    # As `fedcache shard` cuts them, for a method not known: the views are cut, where they are a table.
+    write_shards(dataclasses.replace(sim.shard_spec(toy_config(store, out=out)), views=None), out / "shards")
     assert sim.train_flower_sim_here(toy_config(store, out=out, resume=True)) == {"trained": True} and ran == [True]
     _, info = open_shard(out / "shards" / SERVER)
     source = FeatureStore(store, create=False)
-    assert not {e.entry_id for e in source.entries() if e.key["view"]} & set(info.entries)
+    assert info.views and not {e.entry_id for e in source.entries() if e.key["view"]} & set(info.entries)
     assert info.entries == entries_now(source, "test-toy", [BACKBONE])
 
 
