@@ -159,8 +159,10 @@ def main(grid: Grid, context: Context) -> None:
     try:
         run = FlowerRun.from_config(dict(context.run_config))
         resume = run.deploy.resume_run
-        serve(grid, run, ServerPaths.from_env(int(resume) if resume else context.run_id).checked(), resume=bool(resume),
-              resume_as=f"deploy.resume_run='{resume}'")
+        paths = ServerPaths.from_env(int(resume) if resume else context.run_id).checked()
+        if paths.out is None and not resume:  # said of a deployment only: a simulation without --out is asked so
+            log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
+        serve(grid, run, paths, resume=bool(resume), resume_as=f"deploy.resume_run='{resume}'")
     except FedcacheError as err:
         # Flower (1.41) logs whatever a ServerApp raises with its whole traceback into the run's log stream, marks
         # the run finished:failed, and `flwr run --stream` exits 0 all the same; no public API changes that. So the
@@ -309,11 +311,9 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
     if paths.server_shard is None:
         raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
                             "`fedcache shard` wrote, in the environment flower-superlink starts in")
-    if paths.out is None:
-        if resume:
-            raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
-        log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
-    elif resume and not paths.out.exists():
+    if paths.out is None and resume:
+        raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
+    if paths.out is not None and resume and not paths.out.exists():
         # said before the folder is held (made): as train's check_resumable, a mistyped run id most often
         raise ConfigError(f"{resume_as}: {paths.out} does not exist; {_again(resume_as)}")
     with _owned(paths.out):

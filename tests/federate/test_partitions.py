@@ -249,8 +249,17 @@ def test_empty_client_is_named():
     # Domain 0 has a single row, so the second of its two clients gets nothing.
     keep = (TRAIN[1] != 0) | (np.arange(len(TRAIN[0])) == np.flatnonzero(TRAIN[1] == 0)[0])
     train = tuple(a[keep] for a in TRAIN)
-    with pytest.raises(ConfigError, match=r"client 1 got no training rows.*fewer clients"):
+    with pytest.raises(ConfigError, match=r"client 1 got no training rows \(1 empty of 6, scheme domain\); use fewer "
+                                          r"clients$"):  # the domain scheme reads no alpha, and min_size is no option
         part(PartitionRequest.of("domain", 6), train=train)
+
+
+def test_a_client_left_empty_by_subsample_is_said_to_be_its():
+    """Every client had rows until --subsample kept none of one's: the advice named alpha and min_size, which the
+    domain scheme does not read and no option sets."""
+    with pytest.raises(ConfigError, match=r"got no training rows \(\d+ empty of 6, scheme domain\) once subsample=0.001 "
+                                          r"kept that share .* use a larger subsample or fewer clients$"):
+        part(PartitionRequest.of("domain", 6, subsample=0.001))
 
 
 def test_unknown_scheme_suggests():

@@ -150,3 +150,21 @@ def test_deploy_resume_run_takes_the_run_id_as_flwr_ls_shows_it():
         assert FlowerRun.from_config({"method.name": "fedavg", "deploy.resume_run": given}).deploy.resume_run == "7"
     with pytest.raises(ConfigError, match=r"deploy.resume_run=True: expected text"):
         FlowerRun.from_config({"method.name": "fedavg", "deploy.resume_run": True})
+
+
+def test_only_a_deployment_without_a_runs_directory_is_warned_it_writes_nothing(flower_store, tmp_path, monkeypatch,
+                                                                                caplog):
+    """`fedcache train --engine flower-sim` without --out (asked to write nothing) was warned to set
+    FEDCACHE_FLOWER_RUNS, a SuperLink's setting it has no use for."""
+    import logging
+
+    write_shards(shard_spec(toy_config(flower_store)), tmp_path / "shards")
+    monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(tmp_path / "shards" / SERVER))
+    monkeypatch.delenv(SERVER_ENV["deploy.out"], raising=False)
+    run = FlowerRun.from_config({"method.name": "fedavg", "deploy.connect_timeout": 0.01})
+    with caplog.at_level(logging.WARNING, logger="fedcache"), pytest.raises(server.TooFewClientsError):
+        server.serve(NoNodes(), run, ServerPaths(tmp_path / "shards" / SERVER, None))  # as the simulation calls it
+    assert "FEDCACHE_FLOWER_RUNS" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="fedcache"), pytest.raises(server.TooFewClientsError):
+        server.main(NoNodes(), _context({"deploy.connect_timeout": 0.01}))
+    assert "FEDCACHE_FLOWER_RUNS is not set: this run's metrics and summary are written nowhere" in caplog.text

@@ -256,7 +256,7 @@ def make_partition(request: PartitionRequest, train_labels, train_domains, test_
     _check_clients(request, clients)
     if request.subsample < 1.0:
         clients = subsample_filter(clients, labels, request.subsample, request.rng(_SUBSAMPLE_STREAM))
-        _check_clients(request, clients)
+        _check_clients(request, clients, subsampled=True)
     if request.few_shot is not None:
         clients = few_shot_filter(clients, labels, request.few_shot, request.rng(_FEW_SHOT_STREAM))
     test = local_test_sets(clients, labels, domains, test_labels, test_domains, request.local_test,
@@ -285,15 +285,19 @@ def _check_few_shot(request: PartitionRequest, labels: np.ndarray) -> None:
         )
 
 
-def _check_clients(request: PartitionRequest, clients: list[np.ndarray]) -> None:
+def _check_clients(request: PartitionRequest, clients: list[np.ndarray], subsampled: bool = False) -> None:
+    """Every client holds a training row; else what left one empty, and only the changes the request can make."""
     if len(clients) != request.n_clients:
         raise AssertionError(f"scheme {request.scheme} returned {len(clients)} clients, not {request.n_clients}")
     empty = [k for k, rows in enumerate(clients) if len(rows) == 0]
-    if empty:
-        raise ConfigError(
-            f"client {empty[0]} got no training rows ({len(empty)} empty of {request.n_clients}, scheme {request.scheme}); "
-            "use fewer clients, a larger alpha, or a larger min_size"
-        )
+    if not empty:
+        return
+    where = f"client {empty[0]} got no training rows ({len(empty)} empty of {request.n_clients}, scheme {request.scheme})"
+    if subsampled:  # the scheme gave every client rows; subsample kept none of some client's
+        raise ConfigError(f"{where} once subsample={request.subsample:g} kept that share of each class a client "
+                          "holds (rounded: a class of fewer rows keeps none); use a larger subsample or fewer clients")
+    alpha = ", or a larger alpha" if request.scheme in readers("alpha") else ""
+    raise ConfigError(f"{where}; use fewer clients{alpha}")
 
 
 def subsample_filter(clients: list[np.ndarray], labels: np.ndarray, frac: float, rng: np.random.Generator) -> list[np.ndarray]:
