@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import time
 
+from fedcache.store.locks import exclusive_lock
 from fedcache.trackers.base import ROUND_KEYS, Tracker, numbers, register
 
 EXPERIMENT = "fedcache"
 MAX_PARAM = 500  # MLflow's limit on a parameter value's length
+LOCK = ".mlflow.db.lock"
+MAKE_WAIT = 600.0  # seconds a run waits for another process to make the database (its migrations take tens of seconds)
 
 
 @register
@@ -23,10 +26,16 @@ class MLflow(Tracker):
         except ImportError as exc:
             raise self.missing(exc) from None
         directory.mkdir(parents=True, exist_ok=True)
-        self.uri = f"sqlite:///{(directory / 'mlflow.db').resolve()}"
-        self.client = MlflowClient(tracking_uri=self.uri)
-        exp = self.client.get_experiment_by_name(EXPERIMENT)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(EXPERIMENT)
+        db = directory / "mlflow.db"
+        self.uri = f"sqlite:///{db.resolve()}"
+        # MLflow creates and migrates its schema on first use, and so does every process that finds none: two at once
+        # (a grid's workers, two runs given one --track-dir) broke each other's migration ("duplicate column name"),
+        # and the half-made database failed every run after. One process makes it (and the experiment); the others
+        # wait, then find both.
+        with exclusive_lock(directory / LOCK, f"the MLflow database {db}", wait=MAKE_WAIT, transient=True):
+            self.client = MlflowClient(tracking_uri=self.uri)
+            exp = self.client.get_experiment_by_name(EXPERIMENT)
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(EXPERIMENT)
         self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, v[:MAX_PARAM]) for k, v in params.items()])
 

@@ -58,3 +58,37 @@ def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
 def test_an_unknown_tracker_is_named(tmp_path):
     with pytest.raises(Exception, match="tensorboard"):
         open_trackers(["tensorbord"], tmp_path, "r", PARAMS)
+
+
+MAKE_TRACKER = """
+import sys, time
+from pathlib import Path
+from fedcache.trackers import open_trackers
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))  # both processes reach MLflow at once
+(tracker,) = open_trackers(["mlflow"], Path(sys.argv[1]), "run-" + sys.argv[3], {"train": {"seed": sys.argv[3]}})
+tracker.log(1, {"accuracy": 50.0})
+tracker.close({"mean_accuracy": 50.0})
+print(tracker.run_id)
+"""
+
+
+@pytest.mark.slow  # MLflow's schema, made once: tens of seconds
+def test_two_processes_opening_mlflow_in_one_new_directory_both_run(tmp_path):
+    """A grid's two workers (or two runs given one --track-dir) made and migrated mlflow.db at the same moment: one
+    failed with "duplicate column name: step", and the half-made database failed every run after it."""
+    pytest.importorskip("mlflow")
+    import subprocess
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    start = time.time() + 8  # past both interpreters' imports
+    procs = [subprocess.Popen([sys.executable, "-c", MAKE_TRACKER, str(tmp_path), str(start), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}")
+    for out, _ in outs:
+        assert client.get_run(out.strip().splitlines()[-1]).info.status == "FINISHED"
+    assert not (tmp_path / ".mlflow.db.lock").exists()
