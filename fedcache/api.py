@@ -326,7 +326,10 @@ def _check_names(fields: dict, names) -> None:
     from fedcache.spec import check_method, check_trackers
 
     for m in fields["methods"] or []:
-        check_method(m)
+        try:
+            check_method(m)
+        except FedcacheError as exc:  # a grid file's unknown method: said of the file, as its other keys are
+            raise type(exc)(names.where("methods") + str(exc)) from None
     if fields.get("prune", "none") == "none":  # a pruned grid takes no tracker at all: GridSpec says so first
         check_trackers(fields.get("track") or [], names.track_said())
 

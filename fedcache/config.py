@@ -443,7 +443,10 @@ def _bool(value: Any) -> bool:
 
 def _tuple(label: str, value: Any, typ: Any, sep: str) -> tuple:
     if isinstance(value, str):
-        items = [v.strip() for v in value.split(sep) if v.strip()]
+        text = value.strip()
+        if text[:1] + text[-1:] in ("()", "[]"):  # a grid's value of a tuple, written whole: (0.9,0.999)
+            text = text[1:-1]
+        items = [v.strip() for v in text.split(sep) if v.strip()]
     elif isinstance(value, (list, tuple)):
         items = list(value)
     else:
@@ -452,7 +455,10 @@ def _tuple(label: str, value: Any, typ: Any, sep: str) -> tuple:
     fixed = bool(args) and args[-1] is not Ellipsis
     if fixed and len(items) != len(args):
         what = "comma-separated values" if sep == "," else f"values separated by {sep!r}"
-        raise ConfigError(f"{label}={value!r}: expected {len(args)} {what}")
+        # A grid splits its values at commas: "0.9,0.999" there is two values of one item each.
+        whole = "(" + sep.join(f"v{i + 1}" for i in range(len(args))) + ")"
+        raise ConfigError(f"{label}={value!r}: expected {len(args)} {what} (a grid takes each value whole, in "
+                          f"brackets: {whole},{whole}; in a grid file, a list of lists)")
     kinds = args if fixed else [args[0] if args else str] * len(items)
     return tuple(parse(label, v, k) for v, k in zip(items, kinds))
 

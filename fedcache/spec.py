@@ -437,7 +437,7 @@ def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:
         key, sep, values = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=v1,v2,... (e.g. --set lr=1e-3,1e-2), got {item!r}")
-        parts = [v.strip() for v in values.split(",")]
+        parts = [v.strip() for v in split_values(values)]
         if values.strip() and not all(parts):  # "1e-3,,1e-2": a value left out by mistake, not dropped in silence
             raise ConfigError(f"--set {item}: an empty value between commas; write {key.strip()}=v1,v2")
         name = key.strip().replace("-", "_")
@@ -445,6 +445,18 @@ def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:
             raise ConfigError(f"--set {key.strip()} is given twice; give its values once: --set {key.strip()}=v1,v2")
         out[name] = [v for v in parts if v]
     return out
+
+
+def split_values(text: str) -> list[str]:
+    """An axis's values split at its commas, but not inside brackets: one value of a tuple setting is written whole,
+    ``betas=(0.9,0.999),(0.5,0.999)`` being two values of Adam's betas."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([") - (ch in ")]")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
 
 
 # ---- which field a key names -------------------------------------------------------------------------

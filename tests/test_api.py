@@ -295,12 +295,21 @@ def test_the_library_leaves_the_process_as_it_found_it(tmp_path):
     store, change no process-wide state (tests/process_state.py: torch's threads, RNGs and flags, numpy's and
     random's RNGs, matplotlib, logging, warnings, signal handlers, the environment, cwd, umask, hooks, start
     method, threads, children, open files) and leave no file in the working or temporary directory."""
-    (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "tests.process_state", str(tmp_path)], capture_output=True, text=True,
-                         cwd=ROOT, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "{}"
+    import shutil
+    import tempfile
+
+    # A short temporary directory: multiprocessing puts its sockets there (a DataLoader worker's shared tensors), and
+    # pytest's own paths (/tmp/pytest-of-root/pytest-123/popen-gw1/test_the_library_leaves_the_pr0/tmp) pass the
+    # 108 bytes an AF_UNIX path may have once pytest has numbered a hundred runs: the worker then hung.
+    tmp = Path(tempfile.mkdtemp(prefix="fc-"))
+    try:
+        env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-m", "tests.process_state", str(tmp_path)], capture_output=True,
+                             text=True, cwd=ROOT, env=env, timeout=600)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == "{}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_store_this_user_cannot_write_is_the_cli_s_line_and_still_a_permission_error(toy_store, tmp_path, monkeypatch):

@@ -65,6 +65,8 @@ def _toml(value: Any) -> str:
         return f"[{', '.join(_toml(v) for v in value)}]"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (list, tuple)):  # one value of a tuple setting (a grid file's [[0.9, 0.999]]), written whole
+        return "(" + ",".join(axis_text(v) for v in value) + ")"
     if isinstance(value, (int, float)) or value in ("true", "false"):
         return str(value)
     try:  # an axis value is text: 0.1 as written, not "0.1"
@@ -201,9 +203,12 @@ def axis_key(key: str) -> str:
 def axis_text(value: Any) -> str:
     """One axis value as the command line spells it, whatever gave it (a grid file's TOML value, the API's
     Python value): ``true``/``false``, not ``True``; ``2``, not ``2.0`` (an integral number is an integer for
-    ``rounds`` as on the command line, and names one cell folder with ``--alpha 0.1,1``'s ``1``); text stripped."""
+    ``rounds`` as on the command line, and names one cell folder with ``--alpha 0.1,1``'s ``1``); a list as
+    ``(0.9,0.999)``, one value of a tuple setting; text stripped."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (list, tuple)):  # one value of a tuple setting (a grid file's [[0.9, 0.999]]), written whole
+        return "(" + ",".join(axis_text(v) for v in value) + ")"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return str(value).strip()
@@ -245,7 +250,10 @@ class GridSpec:
                       for k, vs in self.sweep.items()}
         check_lists(vars(self), self.names)
         for m in self.methods:  # by name, importing no method (they import torch)
-            check_method(m)
+            try:
+                check_method(m)
+            except FedcacheError as exc:  # a grid file's unknown method: said of the file, as its other keys are
+                raise type(exc)(self.names.where("methods") + str(exc)) from None
         if self.jobs < 1:
             raise ConfigError(f"{self.names.lead('jobs', self.jobs)}: must be >= 1")
         self._check_select()
@@ -319,8 +327,8 @@ class GridSpec:
                     if set(both) & self.names.flags:  # --head beside --set head: head.name was never typed
                         both = [self.names.axis(k) if k in self.names.flags or self.names.where(k) else f"--set {k}"
                                 for k in both]
-                    raise ConfigError(f"{both[0]} and {both[1]} name the same setting of {m} ({'.'.join(where)}); "
-                                      "give it once, under one name")
+                    raise ConfigError(f"{self.names.where(*both)}{both[0]} and {both[1]} name the same setting of {m} "
+                                      f"({'.'.join(where)}); give it once, under one name")
                 seen[m, where] = key
 
     def _check_partition_axes(self) -> None:
@@ -626,11 +634,13 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
             raise ConfigError(f"{in_grid_file(path, seen[name])} and {key} are one key ({name}); give it once")
         seen[name] = key
     scalar = (str, int, float, bool)
+    whole = lambda v: isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v))  # noqa: E731
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, scalar) for v in values):
+        if not all(whole(v) for v in values):  # a list in the list: one value of a tuple setting (betas)
             raise ConfigError(f"{in_grid_file(path, key)}={value!r}: expected a value or a list of values "
-                              "(text, numbers, true or false)")
+                              "(text, numbers, true or false; a list of lists for a setting that takes several "
+                              "numbers, as betas = [[0.9, 0.999]])")
     return table
 
 

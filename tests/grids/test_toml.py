@@ -36,6 +36,9 @@ CASES = [
     ("backbones = 7", BASE + "backbones = 7\n", "grid file {path}: backbones=7: expected text"),
     ("set = 5", BASE + "set = 5\n", "grid file {path}: set=5: expected a table ([set] with key = value lines)"),
     # methods
+    ("a misspelt method", 'methods = ["fedavgg"]\n', "grid file {path}: unknown method 'fedavgg'. Did you mean 'fedavg'"),
+    ("one setting under two names", BASE + "[set]\nlr = [0.1, 0.01]\n[set.optim]\nlr = [0.2]\n",
+     "grid file {path}: lr and optim.lr name the same setting of fedavg (optim.lr); give it once"),
     ("methods = true", "methods = true\n", "grid file {path}: methods=True: expected text"),
     ("methods = table", "methods = {a = 1}\n", "grid file {path}: methods={'a': 1}: expected text"),
     ("methods nested", 'methods = [["fedavg"]]\n', "grid file {path}: methods=['fedavg']: expected text"),
@@ -123,9 +126,12 @@ CASES = [
     # the axes
     ("set = [1]", BASE + "set = [1]\n", "grid file {path}: set=[1]: expected a table"),
     ("set.lr a table", BASE + "[set]\nlr = {a = 1}\n" + RUN[6:], "grid file {path}'s [set] lr.a: unknown prefix 'lr'; use one of method., optim., head., data., partition., schedule., engine."),
-    ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}'s [set] lr=[[1]]: expected a value or a list of values"),
+    # A list in the list is one value of a setting that takes several numbers (betas); in a list of lists, refused.
+    ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}'s [set] lr='(1)': expected a finite number"),
+    ("set.lr nested twice", BASE + "[set]\nlr = [[[1]]]\n",
+     "grid file {path}'s [set] lr=[[[1]]]: expected a value or a list of values"),
     ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}'s [set] lr=datetime.date(1979, 5, 27): expected a value"),
-    ("a table below set", BASE + "[set.nested]\na = [[1]]\n", "grid file {path}'s [set] nested.a=[[1]]: expected a value"),
+    ("a table below set", BASE + "[set.nested]\na = [[[1]]]\n", "grid file {path}'s [set] nested.a=[[[1]]]: expected a value"),
     ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}'s [set] lr=[]: give a value or a list of values"),
     ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}'s [set] lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
     ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "grid file {path}'s [set] lr='x': expected a finite number"),
@@ -430,3 +436,36 @@ def test_advice_for_a_new_out_names_the_flag_where_the_command_line_gave_out_wit
     assert Names(toml, frozenset({"methods"}), frozenset({"methods", "out"})).new_out() == "a new directory (--out DIR)"
     assert Names(toml, frozenset({"out"}), frozenset({"out"})).new_out() == 'a new directory (out = "DIR")'
     assert Names(toml, frozenset(), frozenset()).new_out() == 'a new directory (out = "DIR")'  # written where it is missing
+
+
+@pytest.mark.parametrize("given", ["cli", "file"])
+def test_a_grid_takes_each_value_of_a_tuple_setting_whole(given, toy_store, tmp_path, capsys):
+    """Adam's betas could not be swept, nor set once: the grid split "0.9,0.999" into two values of one number each,
+    and refused each as "expected 2 comma-separated values"; a grid file's [0.9, 0.999] alike."""
+    import json
+
+    out = tmp_path / "g"
+    if given == "cli":
+        args = ["grid", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--rounds", "1",
+                "--partition", "iid", "--clients", "2", "--set", "betas=(0.9,0.999),[0.5, 0.99]", "--out", str(out)]
+    else:
+        (tmp_path / "g.toml").write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = "{BACKBONE}"\n'
+                                         f'{BASE}out = "{out}"\n{RUN}"optim.betas" = [[0.9, 0.999], [0.5, 0.99]]\n')
+        args = ["grid", "-c", str(tmp_path / "g.toml")]
+    code, err = run_cli(args, capsys)
+    assert code == 0, err
+    betas = sorted(json.loads((c / "config.json").read_text())["spec"]["optim"]["betas"] for c in (out / "cells").iterdir())
+    assert betas == [[0.5, 0.99], [0.9, 0.999]]
+    # Without brackets each number is a value of its own: the error says how to write one whole.
+    code, err = run_cli(args[:-4] + ["--set", "betas=0.9,0.999", "--out", str(tmp_path / "h")] if given == "cli" else
+                        ["grid", "-c", str(tmp_path / "g.toml"), "--set", "optim.betas=0.9,0.999", "--out",
+                         str(tmp_path / "h")], capsys)
+    assert code == 2 and "expected 2 comma-separated values (a grid takes each value whole, in brackets: (v1,v2),(v1,v2)" \
+        in one_error_line(err), err
+
+
+def test_an_axis_s_values_split_at_commas_outside_brackets():
+    from fedcache.spec import parse_axes
+
+    assert parse_axes(["betas=(0.9,0.999),(0.5, 0.99)", "lr=1e-3,1e-2"]) == {
+        "betas": ["(0.9,0.999)", "(0.5, 0.99)"], "lr": ["1e-3", "1e-2"]}
