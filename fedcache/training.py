@@ -332,7 +332,7 @@ def _after_full_disk(exc: DiskFullError, out: RunDir) -> DiskFullError:
     files are removed: --resume would find no round to continue, and a plain re-run would call it started)."""
     if out.has_checkpoint():
         resume = named("the same command with --resume", "the same call with resume=True")
-        return exc.advised(f"free some space, then continue the run: {resume} (a grid resumes its cells by itself)")
+        return exc.advised(f"free some space, then continue the run: {resume}")
     out.clear()
     return exc.advised(f"nothing of the run was kept; {again()}")
 

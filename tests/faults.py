@@ -286,10 +286,11 @@ def opened_path(path, dir_fd: int | None = None) -> str:
     return os.path.normpath(os.path.join(folder, path))
 
 
-def deny_writes_in(monkeypatch, folder: Path) -> None:
-    """Files and folders below ``folder`` refuse writes as another user's do (EACCES), where this process is root
-    (a real chmod does it otherwise): opening to write, and making a folder."""
-    if not os.access(folder, os.W_OK):
+def deny_writes_in(monkeypatch, folder: Path, code: int = errno.EACCES) -> None:
+    """Files and folders below ``folder`` refuse writes as another user's do (EACCES), or a read-only mount's
+    (``code`` EROFS, an OSError that is no PermissionError), where this process is root (a real chmod does it
+    otherwise): opening to write, and making a folder."""
+    if not os.access(folder, os.W_OK) and code == errno.EACCES:
         return  # not root: the chmod already denies it
     real_open, real_mkdir, folder = os.open, os.mkdir, str(folder)
 
@@ -297,7 +298,7 @@ def deny_writes_in(monkeypatch, folder: Path) -> None:
         return path == folder or path.startswith(folder + os.sep)
 
     def refuse(path):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        raise OSError(code, os.strerror(code), str(path))  # EACCES: Python makes it a PermissionError
 
     def fake_open(path, flags, mode=0o777, *, dir_fd=None):
         if below(opened_path(path, dir_fd)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):

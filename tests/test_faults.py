@@ -211,6 +211,7 @@ def test_a_full_disk_is_one_line_and_the_same_command_then_succeeds(command, lea
     assert f" {tight_disk.path}/" in line and ("it needs" in line or "quota" in line), line
     assert "free some space" in line, line
     assert command == "train" or "--resume" not in line, line  # only train has --resume
+    assert "grid" not in line or command.startswith("grid"), line  # a run's advice is of the run, not of grids
     assert leftovers(tight_disk.path) == []
     tight_disk.free_up()
     # The same command (a run stopped after a checkpoint continues from it, as the line says)
@@ -471,10 +472,34 @@ def test_a_read_only_store_is_read_and_a_write_into_it_is_one_line(toy_store, tm
                                              f"write {store}/.locks/"), line
         assert line.endswith("use a store you can write to (--store, or FEDCACHE_STORE), or have its owner run this "
                              "command; reading a complete store needs no write permission"), line
+        # A partition the owner never made: what is missing, and the command that makes it ("reading a complete
+        # store needs no write permission" read as a contradiction of the refusal).
+        code, err = run_cli(["train", "--store", store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "3",
+                             "--rounds", "1"], capsys)
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"error: cannot store the new partition "), line
+        assert line.endswith("have its owner make the partition once (`fedcache partition` with this run's partition "
+                             "options and seed)"), line
     finally:
         for p in [store, *store.rglob("*")]:
             p.chmod(0o755 if p.is_dir() else 0o644)
     assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+
+
+def test_a_new_partition_in_a_store_on_a_read_only_mount_says_how_to_make_it(toy_store, tmp_path, capsys, monkeypatch):
+    """A read-only mount refuses with EROFS, which is no PermissionError: the partition's own advice (have its owner
+    make it once) was skipped for the store-wide one, "reading a complete store needs no write permission"."""
+    import errno
+
+    store = tmp_path / "mounted.zarr"
+    shutil.copytree(toy_store, store)
+    deny_writes_in(monkeypatch, store, errno.EROFS)
+    code, err = run_cli(["train", "--store", store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "3",
+                         "--rounds", "1"], capsys)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith("error: cannot store the new partition ") and "Read-only file system" in line
+    assert line.endswith("have its owner make the partition once (`fedcache partition` with this run's partition "
+                         "options and seed)"), line
 
 
 def test_a_new_store_in_a_read_only_folder_is_one_line_saying_so(tmp_path, capsys, monkeypatch):

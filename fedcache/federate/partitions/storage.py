@@ -25,6 +25,7 @@ from zarr.codecs import BloscCodec
 from fedcache import disk
 from fedcache.borrowed import start_method_unset
 from fedcache.errors import EntryNotFoundError, IncompleteEntryError, StoreError
+from fedcache.paths import is_denied
 from fedcache.federate.partitions.core import Partition, PartitionRequest, make_partition, partition_id
 from fedcache.store.feature_store import SHARD_ATTR, FeatureStore, FeatureTable, now_iso
 from fedcache.store.keys import canonical_json
@@ -100,7 +101,9 @@ def save_partition(store: FeatureStore, dataset: str, partition: Partition, trai
         # Its advice is not the extraction's (--wait): a run has no such option, and waited two minutes already.
         with store.lock(PARTITIONS, f"the partitions of {store.path}", advice="run again once it has finished"):
             return _save(store, dataset, partition, pid, data_hash, train_keys, test_keys)
-    except PermissionError as exc:  # a store another user owns, or a read-only one: stored partitions still work
+    except OSError as exc:  # a store another user owns, or a read-only mount (EROFS, no PermissionError): stored
+        if not is_denied(exc):  # partitions still work
+            raise
         raise StoreError(f"cannot store the new partition {pid} of {dataset} in {store.path} ({exc.strerror}: "
                          f"{exc.filename}): use a store you can write to, or have its owner make the partition once "
                          "(`fedcache partition` with this run's partition options and seed)") from None
