@@ -104,9 +104,21 @@ def _say_what_was_trained(spec, trained: list[dict], seconds: float) -> None:
     else:  # a re-run of a finished grid: say so, rather than let the table pass for a fresh result
         console.print(f"nothing to train: every cell of this grid had finished in {spec.out} (their results are kept; "
                       "another --out trains them again)", soft_wrap=True)
+    # A report made while the grid ran (or before it was continued) lacks what this command trained: said, so that it
+    # is not read as the grid's.
+    report = spec.out / "report.html"
+    stale = report.exists() and report.stat().st_mtime < _last_result(spec.out)
+    makes = "writes the HTML report anew (the report.html there lacks the cells trained since)" if stale else \
+        "makes the HTML report"
     # The folder as typed, as the files beside it: pasted in another folder, a report of it is refused, not made.
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report "
-                  f"{pasted(str(spec.out))}` makes the HTML report")
+                  f"{pasted(str(spec.out))}` {makes}")
+
+
+def _last_result(out: Path) -> float:
+    """When the grid's newest cell result was written (its cells', or a --select grid's stages' cells')."""
+    found = [*out.glob("cells/*/summary.json"), *out.glob("*/cells/*/summary.json")]
+    return max((p.stat().st_mtime for p in found), default=0.0)
 
 
 def _cells(trained: list[dict]) -> int:

@@ -554,3 +554,30 @@ def test_a_cell_s_own_error_reaches_the_grid_from_a_worker_as_its_one_line():
 
     with Workers(1) as workers, pytest.raises(CellFailedError, match=r"^the cell cells/x failed: RuntimeError: boom \("):
         list(workers.run([(_fails_in_a_cell, ())]))
+
+
+def test_a_grid_that_trained_cells_after_a_report_says_the_report_lacks_them(toy_store, tmp_path, capsys):
+    """A report made while the grid ran stayed as it was once the grid finished, and the grid's last line ("`fedcache
+    report DIR` makes the HTML report") did not say the one there was partial."""
+    import os
+    import shutil
+
+    from fedcache.cli import main
+    from fedcache.reports import write_report
+
+    out = tmp_path / "g"
+    argv = ["grid", "--store", toy_store, "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "iid",
+            "--clients", "2", "--rounds", "1", "--seeds", "0,1", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    shutil.rmtree(next((out / "cells").glob("*seed=1")))  # as if still to train when the report was made
+    write_report(out)
+    os.utime(out / "report.html", (1, 1))  # made before the cell below finished, whatever the clock's resolution
+    def last_line() -> str:
+        capsys.readouterr()
+        assert main([str(a) for a in argv]) == 0
+        return " ".join(capsys.readouterr().out.split())  # the console wraps its lines
+
+    for _ in range(2):  # trains seed 1; then nothing, the report still lacking it
+        assert last_line().endswith("writes the HTML report anew (the report.html there lacks the cells trained since)")
+    write_report(out)
+    assert last_line().endswith("` makes the HTML report")
