@@ -26,6 +26,7 @@ from rich.text import Text
 from fedcache import progress as steps
 from fedcache.progress import PlainProgress
 from fedcache.config import Option
+from fedcache.errors import ConfigError
 from fedcache.paths import STORE_HELP, default_store
 
 HELP_FLAGS = {"help_option_names": ["-h", "--help"], "show_default": True}
@@ -180,8 +181,13 @@ def _signed(fn, params: list[inspect.Parameter]):
     return fn
 
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+def _csv(text: str, option: str = "") -> list[str]:
+    """``a,b`` -> ``["a", "b"]``; an empty item (``0,,1``, ``0,1,``) is a value left out by mistake, refused as
+    ``--set`` refuses one, not dropped without a word. ``option``: its flag, for the message."""
+    items = [t.strip() for t in text.split(",")]
+    if text.strip() and not all(items):
+        raise ConfigError(f"{option + ' ' if option else ''}{text}: an empty value between commas; write v1,v2")
+    return [t for t in items if t]
 
 
 class _Rate(ProgressColumn):

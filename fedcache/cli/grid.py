@@ -17,7 +17,7 @@ from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv,
                                  print_table, step_printer, typer_option)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
 from fedcache.extract.config import options as extract_options
-from fedcache.spec import grid_options, options
+from fedcache.spec import grid_options, option, options
 from fedcache.wording import count, pasted
 
 
@@ -59,12 +59,13 @@ def _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, o
     how = {"track": _csv(train_options.pop("track") or ""), "keep_checkpoints": train_options.pop("keep_checkpoints"),
            "device": train_options.pop("device")}
     engine = {o.name: train_options.pop(o.name) for o in grid_options()}
-    axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value)
+    axes = {name: [str(value).lower()] if isinstance(value, bool) else _csv(value, option(name).flag)
             for name, value in train_options.items() if value is not None}
     return grid_spec(config=config, store=store, default_store=DEFAULT_STORE, dataset=dataset,
-                     backbones=_csv(backbones) if backbones else None, methods=_csv(method) if method else None,
-                     settings=settings, option_axes=axes or None, seeds=_csv(seeds) if seeds else None,
-                     jobs=jobs, out=out, select=_csv(select) if select else None, track=how["track"] or None,
+                     backbones=_csv(backbones, "--backbones") if backbones else None,
+                     methods=_csv(method, "--method") if method else None, settings=settings, option_axes=axes or None,
+                     seeds=_csv(seeds, "--seeds") if seeds else None, jobs=jobs, out=out,
+                     select=_csv(select, "--select") if select else None, track=how["track"] or None,
                      keep_checkpoints=how["keep_checkpoints"], device=how["device"], **engine)
 
 

@@ -581,3 +581,16 @@ def test_a_grid_that_trained_cells_after_a_report_says_the_report_lacks_them(toy
         assert last_line().endswith("writes the HTML report anew (the report.html there lacks the cells trained since)")
     write_report(out)
     assert last_line().endswith("` makes the HTML report")
+
+
+@pytest.mark.parametrize("flag, value", [("--seeds", "0,,1"), ("--alpha", "0.1,"), ("--method", "fedavg,,fedprox")])
+def test_an_empty_value_between_a_grid_option_s_commas_is_refused(flag, value, toy_store, tmp_path, capsys):
+    """`--seeds 0,,1` ran seeds 0 and 1 without a word, where `--set lr=0.1,,1` is refused: a value left out by
+    mistake."""
+    from tests.faults import one_error_line, run_cli
+
+    argv = ["grid", "--store", toy_store, "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--partition", "dirichlet",
+            "--clients", "2", "--rounds", "1", flag, value, "--out", tmp_path / "g"]
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and one_error_line(err) == f"error: {flag} {value}: an empty value between commas; write v1,v2"
+    assert not (tmp_path / "g").exists()
