@@ -472,14 +472,6 @@ def test_a_read_only_store_is_read_and_a_write_into_it_is_one_line(toy_store, tm
                                              f"write {store}/.locks/"), line
         assert line.endswith("use a store you can write to (--store, or FEDCACHE_STORE), or have its owner run this "
                              "command; reading a complete store needs no write permission"), line
-        # A partition the owner never made: what is missing, and the command that makes it ("reading a complete
-        # store needs no write permission" read as a contradiction of the refusal).
-        code, err = run_cli(["train", "--store", store, *DATA, "-m", "fedavg", "--partition", "iid", "--clients", "3",
-                             "--seed", "9871", "--rounds", "1"], capsys)  # a seed no other test stored a partition of
-        line = one_error_line(err)
-        assert code == 1 and line.startswith(f"error: cannot store the new partition "), line
-        assert line.endswith("have its owner make the partition once (`fedcache partition` with this run's partition "
-                             "options and seed)"), line
     finally:
         for p in [store, *store.rglob("*")]:
             p.chmod(0o755 if p.is_dir() else 0o644)
@@ -488,7 +480,8 @@ def test_a_read_only_store_is_read_and_a_write_into_it_is_one_line(toy_store, tm
 
 def test_a_new_partition_in_a_store_on_a_read_only_mount_says_how_to_make_it(toy_store, tmp_path, capsys, monkeypatch):
     """A read-only mount refuses with EROFS, which is no PermissionError: the partition's own advice (have its owner
-    make it once) was skipped for the store-wide one, "reading a complete store needs no write permission"."""
+    make it once) was skipped for the store-wide one, "reading a complete store needs no write permission". (Not in
+    the test above, whose listing of the store raced Zarr's clean-up of the refused write's staging file.)"""
     import errno
 
     store = tmp_path / "mounted.zarr"

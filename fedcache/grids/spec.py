@@ -65,8 +65,6 @@ def _toml(value: Any) -> str:
         return f"[{', '.join(_toml(v) for v in value)}]"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (list, tuple)):  # one value of a tuple setting (a grid file's [[0.9, 0.999]]), written whole
-        return "(" + ",".join(axis_text(v) for v in value) + ")"
     if isinstance(value, (int, float)) or value in ("true", "false"):
         return str(value)
     try:  # an axis value is text: 0.1 as written, not "0.1"
@@ -633,15 +631,20 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
         if name in seen:
             raise ConfigError(f"{in_grid_file(path, seen[name])} and {key} are one key ({name}); give it once")
         seen[name] = key
-    scalar = (str, int, float, bool)
-    whole = lambda v: isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v))  # noqa: E731
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
-        if not all(whole(v) for v in values):  # a list in the list: one value of a tuple setting (betas)
+        if not all(map(_one_value, values)):
             raise ConfigError(f"{in_grid_file(path, key)}={value!r}: expected a value or a list of values "
                               "(text, numbers, true or false; a list of lists for a setting that takes several "
                               "numbers, as betas = [[0.9, 0.999]])")
     return table
+
+
+def _one_value(value: Any) -> bool:
+    """A value of a [set] key: text, a number or true/false, or a list of those, one value of a setting that takes
+    several numbers (betas = [[0.9, 0.999]])."""
+    scalar = (str, int, float, bool)
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))
 
 
 def _axis_named(name: str, sweep: dict[str, list], lead: str, names: Names) -> str:

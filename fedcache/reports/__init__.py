@@ -20,13 +20,13 @@ from fedcache import disk
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
-from fedcache.table import in_rounds
 from fedcache.paths import GRID, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.options import options_text
 from fedcache.reports.runs import SELECTION, Group, Run, find_runs, group_runs
 from fedcache.store.locks import exclusive_lock
+from fedcache.table import in_rounds
 from fedcache.wording import count, named
 
 HTML_NAME, MD_NAME, FIG_DIR = "report.html", "report.md", "report-figures"
@@ -102,7 +102,7 @@ def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section]
     spec = _grid_spec(Path(root))
     for g in groups:  # a group with fewer seeds than its grid's is partial (the grid is unfinished)
         g.expected_seeds = len(spec["seeds"]) if spec else None
-    unfinished = _unfinished(Path(root), runs)
+    unfinished = _unfinished(Path(root), runs, spec)
     swept = _swept(spec) if unfinished else set()
     layout = Layout.of(groups, spec["methods"] if spec else [], swept)  # the legend in table.md's order
     groups = layout.ordered(groups)
@@ -210,16 +210,15 @@ def _cut_short(runs: list[Run]) -> str:
     return f" **Metrics cut short (torn or edited): {'; '.join(cut)}.**" if cut else ""
 
 
-def _unfinished(root: Path, runs: list[Run]) -> str:
+def _unfinished(root: Path, runs: list[Run], spec: dict | None) -> str:
     """A grid reported before every cell has a result (still running, or stopped): said first, since its table,
     its bold best and its figures would otherwise pass for the whole grid's."""
     expected = _grid_cells(root)
     if expected is None or len(runs) >= expected:
         return ""
     has = "has" if len(runs) == 1 else "have"
-    spec = _grid_spec(root) or {}
     seen = {r.summary.get("method") for r in runs}
-    none = [m for m in spec.get("methods", []) if m not in seen]
+    none = [m for m in (spec or {}).get("methods", []) if m not in seen]
     none_text = f"; no cell of {', '.join(none)} has one yet" if none else ""
     return (f"**Unfinished grid: {len(runs)} of its {expected} cells {has} a result{none_text}** (the grid is still "
             "running, or stopped before the others: run the same `fedcache grid` command to finish it, then report "

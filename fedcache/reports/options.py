@@ -6,6 +6,7 @@ from __future__ import annotations
 from fedcache.federate.optim_config import OPTIMIZERS_KNOWN
 from fedcache.federate.partitions.core import readers
 from fedcache.reports.runs import Run
+from fedcache.spec import option
 
 # The options that decide what a run trains on and how long, by their `fedcache train` names, and the optimizer's
 # fields (set by a method's preset: fst-cbdg's SGD beside the others' Adam).
@@ -38,20 +39,14 @@ def _values(run: Run) -> dict[str, str]:
     out = {}
     for name in SAID:
         value = run.option(name)
-        if value is None or (name not in ("partition", "clients") and _partition_option(name) and scheme not in readers(name)):
-            continue
+        if value is None or (name != "partition" and option(name).section == "partition" and scheme not in readers(name)):
+            continue  # a partition option its scheme does not read (alpha of a domain partition)
         out[name] = str(value)
     optim = (run.config.get("spec") or {}).get("optim") or {}
     if run.summary.get("uses_optimizer", True):
         unread = OPTIMIZERS_KNOWN[optim["optimizer"]].unread if optim.get("optimizer") in OPTIMIZERS_KNOWN else {}
         out.update({k: str(optim[k]) for k in OPTIMIZER if k in optim and k not in unread})  # Adam's momentum: none
     return out
-
-
-def _partition_option(name: str) -> bool:
-    from fedcache.spec import option
-
-    return option(name).section == "partition"
 
 
 def _differing(key: str, runs: list[Run], values: list[dict[str, str]]) -> str:

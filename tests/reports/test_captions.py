@@ -79,6 +79,14 @@ def test_the_report_says_how_many_clients_each_fairness_share_holds(tmp_path):
     said = ("of 5 clients: worst 10% and worst 20% are the worst client, worst 40% is the worst 2 clients, best 10% is "
             "the best client")
     assert said in _section(md, "Results") and said in _section(md, "Fairness")
+    # A share is rounded up, as summary.json's figures take it: of 25 clients the worst 10% is 3, not 2.
+    from fedcache.federate.metrics import fairness
+    from fedcache.reports import shares_text
+    from fedcache.reports.runs import Run
+
+    assert fairness(list(range(25)))["worst10"] == 1.0  # the mean of 0, 1 and 2
+    assert shares_text([Run(root, {"per_client_accuracy": list(range(25))}, [], {})]).startswith(
+        "of 25 clients: worst 10% is the worst 3 clients, worst 20% is the worst 5 clients")
     assert "global % is the global model's accuracy on every row of the split" in md
 
 
