@@ -485,6 +485,34 @@ def test_sigint_to_a_real_process_exits_130(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_the_command_exits_with_the_shells_code_for_the_signal_that_stopped_it(tmp_path, name, code):
+    """A scheduler or a script tells a stopped job from a failed one by 128 + the signal's number: SIGTERM (a
+    scheduler's, `kill`) exited 130 as Ctrl-C does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import signal, sys, time, tests.conftest\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as in a terminal
+        "from fedcache.cli.root import _console_script\n"
+        "import fedcache.extract.runner as r\n"
+        "def slow(*a, **k):\n"
+        "    print('started', flush=True); time.sleep(60)\n"
+        "r.extract = slow\n"
+        "sys.argv = ['fedcache', 'extract', '-d', 'test-toy', '-b', 'tiny-timm-random', '--store', sys.argv[1]]\n"
+        "_console_script()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "s.zarr")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(getattr(signal, name))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code and "interrupted" in err and "Traceback" not in err, (proc.returncode, err)
+
+
 @pytest.mark.slow
 def test_signals_while_the_first_is_handled_change_nothing(toy_store, tmp_path):
     """A second SIGTERM or Ctrl-C reaching `fedcache train` while it stopped for the first raised KeyboardInterrupt
@@ -517,7 +545,7 @@ def test_signals_while_the_first_is_handled_change_nothing(toy_store, tmp_path):
     finally:
         if proc.poll() is None:  # a failed test must not leave a run training
             proc.kill()
-    assert proc.returncode == 130 and "Traceback" not in err and "Signal" not in err, (proc.returncode, err)
+    assert proc.returncode == 143 and "Traceback" not in err and "Signal" not in err, (proc.returncode, err)
     assert err.count("interrupted") == 1 and "its last checkpoint is kept" in err, err
     assert (out / "checkpoint.pt").exists()
 

@@ -114,6 +114,12 @@ _add_examples(app)
 INTERRUPTED = 130  # the shell's code for SIGINT, so `extract ... && train ...` stops
 
 
+def _exit_code(code: int) -> int:
+    """An interrupted command exits as the shell reports a process its signal ended: 128 + the signal's number (130
+    for Ctrl-C, 143 for SIGTERM), which a scheduler or a script reads as stopped from outside."""
+    return 128 + _RAISED_BY[0] if code == INTERRUPTED and _RAISED_BY else code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: FedcacheError -> one red line and exit 1 (bad options: 2); FEDCACHE_DEBUG=1 shows tracebacks.
     Called from Python (a script, a notebook, a test) the process is the caller's: what the command sets up for
@@ -237,7 +243,7 @@ def _console_script() -> None:
         _ours_to(signal.SIG_IGN)  # nothing is left to stop (see _interrupted)
     except KeyboardInterrupt:  # one pending as the command returned: it had nothing left to stop either
         _ours_to(signal.SIG_IGN)
-    sys.exit(code)
+    sys.exit(_exit_code(code))
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -249,10 +255,12 @@ def _interrupted(signum: int, frame: object) -> None:
     handlers back to the default by then) killed the process."""
     _ours_to(_ignored)
     _RAISED[:] = [KeyboardInterrupt()]
+    _RAISED_BY[:] = _RAISED_BY or [signum]
     raise _RAISED[0]
 
 
 _RAISED: list[KeyboardInterrupt] = []  # the interrupt _interrupted raised last (_rearm knows it by that)
+_RAISED_BY: list[int] = []  # the signal that stopped the command: its exit code, and the one _rearm sends again
 
 
 def _ignored(signum: int, frame: object) -> None:
@@ -261,12 +269,12 @@ def _ignored(signum: int, frame: object) -> None:
 
 def _rearm(dropped: BaseException) -> int | None:
     """The first interrupt, ``dropped`` by Python where it was raised (``interrupts``): the command trained on, and
-    ignored every later Ctrl-C and SIGTERM. Its handlers raise again; the signal to send again (SIGTERM where the
-    command was started ignoring SIGINT). None for another's KeyboardInterrupt, or once the command has returned."""
+    ignored every later Ctrl-C and SIGTERM. Its handlers raise again; the signal to send again is the one that
+    stopped the command (its exit code says which). None for another's KeyboardInterrupt, or once the command has returned."""
     if not _RAISED or dropped is not _RAISED[0] or signal.getsignal(signal.SIGTERM) is not _ignored:
         return None
     _ours_to(_interrupted)
-    return signal.SIGINT if signal.getsignal(signal.SIGINT) is _interrupted else signal.SIGTERM
+    return _RAISED_BY[0]
 
 
 def _ours_to(handler) -> None:
