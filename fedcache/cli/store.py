@@ -233,17 +233,19 @@ def store_export(
     out: Path = typer.Option(..., "--out", "-o", help="Output file (.h5 or .npz)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="h5 or npz (default: from the file suffix)."),
     splits: str = typer.Option("train,test", help="Comma-separated splits to export."),
+    overwrite: bool = typer.Option(False, help="Replace the file --out names if it exists, instead of refusing."),
     store: Path = StoreOpt,
 ) -> None:
     """Export the features of a dataset and backbone to HDF5 or NPZ."""
-    from fedcache.store.exporting import export_tables
+    from fedcache.store.exporting import check_target, export_tables
 
     if not _csv(splits):
         raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
+    check_target(out, overwrite)
     fs = _open_store(store)
     tables = fs.read_splits(dataset, _csv(splits), backbone)
     fmt = fmt or {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix, "")
-    export_tables(tables, out, fmt)
+    export_tables(tables, out, fmt, overwrite)
     console.print(f"wrote {out} ({', '.join(f'{s}: {len(t)} rows' for s, t in tables.items())})")
 
 

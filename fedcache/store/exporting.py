@@ -27,10 +27,11 @@ GZIP_LEVEL = 4  # h5py's default gzip level, named so that the size estimate com
 WHAT, ADVICE = "the export", "free some space or choose another --out"
 
 
-def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str) -> None:
-    """Write the tables (split -> table) to ``path`` in ``fmt`` (h5 or npz): the whole file, or nothing of it."""
+def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str, overwrite: bool = False) -> None:
+    """Write the tables (split -> table) to ``path`` in ``fmt`` (h5 or npz): the whole file, or nothing of it. A file
+    already there is replaced only with ``overwrite``."""
     fmt, path = _check_format(fmt), Path(path)
-    _check_writable(path)
+    check_target(path, overwrite)
     arrays, meta = _arrays(tables), _meta(tables)
     need = estimate_size(arrays, fmt)
     disk.check_space(path, need, WHAT, ADVICE)
@@ -67,6 +68,15 @@ def _check_format(fmt: str) -> str:
     if fmt not in _FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
     return fmt
+
+
+def check_target(path: Path, overwrite: bool) -> None:
+    """Refuse a ``path`` the export cannot write, or one it would replace unasked (before the store is read, which
+    takes a while for a large dataset)."""
+    path = Path(path)
+    _check_writable(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path} already exists; pass --overwrite to replace it, or choose another --out")
 
 
 def _check_writable(path: Path) -> None:

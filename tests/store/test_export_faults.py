@@ -42,7 +42,7 @@ def _store(tmp_path, zeros: float = 0.0):
 
 
 def _export(store, out, *head: str, **run) -> subprocess.CompletedProcess:
-    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", str(store), "-o", str(out)]
+    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", str(store), "-o", str(out), "--overwrite"]
     return subprocess.run([sys.executable, *(head or ["-m", "fedcache.cli"]), *argv], capture_output=True, text=True,
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), FEDCACHE_DEBUG=""), timeout=120, **run)
 
@@ -84,7 +84,7 @@ def test_an_h5_export_that_finds_the_disk_full_leaves_nothing_and_runs_once_ther
     out.write_bytes(OLD)
     full = fake_disk(where, 200 << 10)
     monkeypatch.setattr(disk, "check_space", lambda *a, **k: None)  # the space went after the check
-    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o", out]
+    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o", out, "--overwrite"]
     code, err = run_cli(argv, capsys)
     assert code == 1 and "no space left on the disk for the export" in one_error_line(err), err
     assert leftovers(where) == [] and out.read_bytes() == OLD
@@ -168,3 +168,19 @@ def test_what_hdf5_writes_after_a_failed_write_is_held_where_it_reads(tmp_path, 
         with pytest.raises(OSError) as kept:
             sink.raise_kept()
     assert disk.is_full(kept.value) and (tmp_path / "f").read_bytes() == b"abcd"
+
+
+def test_an_export_onto_an_existing_file_is_refused_unless_overwrite(tmp_path, capsys, monkeypatch):
+    """An earlier export (or any file) at --out was replaced without a word; it is refused before the store is read,
+    and replaced with --overwrite."""
+    store, out = _store(tmp_path), tmp_path / "feats.npz"
+    out.write_bytes(OLD)
+    argv = ["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o", out]
+    read = []
+    monkeypatch.setattr(FeatureStore, "read_splits", lambda *a, **k: read.append(a) or pytest.fail("read"))
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and read == [] and out.read_bytes() == OLD, err
+    assert one_error_line(err) == f"error: {out} already exists; pass --overwrite to replace it, or choose another --out"
+    monkeypatch.undo()
+    assert run_cli([*argv, "--overwrite"], capsys)[0] == 0
+    assert set(np.load(out)) >= {"train__features", "test__features"}
