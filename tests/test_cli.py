@@ -590,6 +590,18 @@ def test_h_version_and_help(capsys):
     assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out
 
 
+def test_python_m_fedcache_is_the_command():
+    """Where the console script is not on PATH (a venv not activated), `python -m fedcache` said "'fedcache' is a
+    package and cannot be directly executed"."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fedcache", "store", "-h"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=120)
+    assert done.returncode == 0 and "Usage: fedcache store" in done.stdout, done.stderr
+
+
 @pytest.mark.parametrize("argv, suggestion", [(["trian"], "'train'"), (["store", "lss"], "'ls'")])
 def test_a_misspelled_command_is_suggested_once(argv, suggestion, capsys):
     """click 8.4+ suggests a close command name itself; typer's suggestion repeated it."""

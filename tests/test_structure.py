@@ -97,7 +97,7 @@ LAYERS = [
     ("reports",),
     ("api",),
     ("demo", "reproduce"),
-    ("cli", "_console"),
+    ("cli", "_console", "__main__"),
 ]
 
 
