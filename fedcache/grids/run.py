@@ -16,6 +16,7 @@ from pathlib import Path
 from fedcache.disk import human, read_json
 from fedcache.errors import ConfigError
 from fedcache.federate.rundir import CONFIG, RunDir, same_config, write_json
+from fedcache.paths import CHECKPOINT
 from fedcache.grids.batches import drop_batches_of, drop_behind_batches, own_runs, run_batched, started_batches
 from fedcache.grids.cell import DIVERGED, DONE, clear_killed, read_done
 from fedcache.grids.features import read_features, write_features
@@ -59,10 +60,11 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     rows, pending = _finished_and_pending(spec, todo_cells, stops)
     _prepare(configs, pending, tables, folder, fresh, on_step, prepared or Prepared())
     total = len(todo_cells)
-    if rows and pending and only is None:  # a re-run: said before the engine's plan, which counts the rest only
+    resumed = _checkpointed(spec, pending) if only is None else 0
+    if (rows or resumed) and pending and only is None:  # a re-run: said before the engine's plan (the rest only)
         # As a step where the caller takes them (the CLI prints one without starting its bar, whose "grid started"
         # then follows the engine's plan, as on a fresh grid); else with the plan.
-        _say_resuming(spec, len(rows), total, len(pending), on_step or on_plan)
+        _say_resuming(spec, len(rows), total, len(pending), resumed, on_step or on_plan)
     if plan is not None:  # as the resuming line is: "grid started" follows the engine's plan
         said_now(log, on_step or on_plan, plan)
     for c, row in _engine(spec, pending, folder, on_plan, stops, workers):
@@ -137,10 +139,20 @@ def _prepare(configs: dict[Cell, RunSpec], pending: list[Cell], tables, folder: 
         said_step(log, on_step, f"{count(methods, 'method')} checked{split} in {seconds:.1f} s", seconds)
 
 
-def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int,
+def _checkpointed(spec: GridSpec, pending: list[Cell]) -> int:
+    """How many of the cells left to train continue from a checkpoint: their own, or their batch's."""
+    batched = {c for batch in started_batches(spec.out / BATCHES, pending) for c in batch}
+    return sum(c in batched or (spec.out / CELLS / c.name / CHECKPOINT).exists() for c in pending)
+
+
+def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int, resumed: int,
                   say: Callable[[str], None] | None) -> None:
-    text = (f"resuming {spec.out}: {finished} of {count(total, 'cell')} finished before, {pending} to train "
-            "(each from its last checkpoint, if any)")
+    """A re-run's count of what it keeps, and of what it continues rather than starts (a grid interrupted before its
+    first cell finished said nothing, as a fresh one)."""
+    how = ("none from a checkpoint" if not resumed else "from its last checkpoint" if pending == 1 else
+           "each from its last checkpoint" if resumed == pending else
+           f"{resumed} from {'its last checkpoint' if resumed == 1 else 'their last checkpoints'}")
+    text = f"resuming {spec.out}: {finished} of {count(total, 'cell')} finished before, {pending} to train ({how})"
     log.info(text)
     if say:
         say(text)

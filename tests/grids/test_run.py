@@ -50,7 +50,7 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
                  sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
                  on_cell=lambda done, total, row: ran.append(row["run_dir"]), on_plan=plans.append)
     assert ran == [str(victim.relative_to(out))]
-    assert plans[0] == f"resuming {out}: 7 of 8 cells finished before, 1 to train (each from its last checkpoint, if any)"
+    assert plans[0] == f"resuming {out}: 7 of 8 cells finished before, 1 to train (none from a checkpoint)"
     assert marker.exists() and json.loads((out / "grid.json").read_text())["out"] == str(out)
     # The redone cell is deterministic: the table is the same as before, and the cell's numbers and weights those
     # of its first run, bit for bit (accuracies alone, of a few test rows, pass runs that differ).
@@ -63,6 +63,23 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
     for part in ("server", "clients"):
         assert was[part].keys() == now[part].keys()
         assert all(torch.equal(was[part][n], now[part][n]) for n in was[part]), part
+
+
+def test_a_grid_interrupted_before_any_cell_finished_says_it_resumes(toy_grid, toy_store, tmp_path):
+    """Stopped before its first cell finished, a re-run said nothing of resuming (only "grid started", as a fresh
+    grid): it counts the cells that continue from a checkpoint."""
+    out = tmp_path / "grid"
+    shutil.copytree(toy_grid, out)
+    for summary in (out / "cells").glob("*/summary.json"):  # as stopped in their last round, checkpoints kept
+        summary.unlink()
+    (out / "cells" / "fedproto__partition=dirichlet__clients=3__alpha=5__rounds=3__seed=1" / "checkpoint.pt").unlink()
+    from fedcache.api import grid
+
+    plans = []
+    grid(config=None, store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
+         sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
+         on_plan=plans.append)
+    assert plans[0] == f"resuming {out}: 0 of 8 cells finished before, 8 to train (7 from their last checkpoints)"
 
 
 def test_a_resumed_grid_says_grid_started_after_the_engine_s_plan(toy_grid, toy_store, tmp_path, capsys):
