@@ -790,6 +790,23 @@ def test_a_value_of_the_wrong_type_is_one_line_as_every_other_bad_value(capsys, 
     assert code == 2 and err.strip() == said and not out, (out, err)
 
 
+GRID_HINT = "`fedcache train` runs one value: `fedcache grid` takes the same options, a comma list making an axis"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--alpha", "0.1,1"], "Invalid value for '--alpha': '0.1,1' is not a valid float; " + GRID_HINT + " (--alpha 0.1,1)"),
+    (["--rounds=2,3"], "Invalid value for '--rounds': '2,3' is not a valid integer; " + GRID_HINT + " (--rounds 2,3)"),
+    (["--set", "lr=0.1,0.2"], "--set lr='0.1,0.2': expected a finite number; " + GRID_HINT + " (--set lr=0.1,0.2)"),
+    (["--set", "lr=abc"], "--set lr='abc': expected a finite number"),
+    (["--alpha", "half"], "Invalid value for '--alpha': 'half' is not a valid float."),
+])
+def test_train_given_a_comma_list_says_a_grid_makes_it_an_axis(capsys, args, said):
+    """A user who gives train a list of values (as to a grid) most likely meant a sweep: the error says which
+    command makes one, and nothing where the value was no list."""
+    code, out, err = run(capsys, "train", "-d", "x", "-b", "y", "-m", "fedavg", *args)
+    assert code == 2 and " ".join(err.split()) == "error: " + said, (out, err)
+
+
 def test_a_missing_argument_still_shows_the_usage(capsys):
     """A missing argument is a BadParameter too, but the one-line form of a wrong value would drop the usage line
     that says what the command takes."""

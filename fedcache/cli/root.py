@@ -154,7 +154,9 @@ def _command(argv: list[str] | None) -> int:
         if isinstance(exc, MissingParameter):  # no value at all: the usage line says what the command takes
             exc.show()
             return exc.exit_code
-        err.print(f"[red]error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
+        several = _several(exc, argv)
+        said = exc.format_message().rstrip(".") + several if several else exc.format_message()
+        err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except ClickException as exc:
         exc.show()
@@ -176,6 +178,21 @@ def _command(argv: list[str] | None) -> int:
     if code == INTERRUPTED:
         err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv)}")
     return code
+
+
+def _several(exc: BadParameter, argv: list[str] | None) -> str:
+    """What `train` refused as no number (``--alpha 0.1,1``) was a comma list, which a grid makes an axis of."""
+    from fedcache.cli.train import SEVERAL
+
+    if exc.ctx is None or exc.ctx.info_name != "train" or exc.param is None:
+        return ""
+    given = sys.argv[1:] if argv is None else argv
+    for i, a in enumerate(given):
+        flag, eq, value = a.partition("=")
+        value = value if eq else (given[i + 1] if i + 1 < len(given) else "")
+        if flag in exc.param.opts and "," in value:
+            return "; " + SEVERAL.format(pair=f"{flag} {value}")
+    return ""
 
 
 def _empty_argument(argv: list[str]) -> str | None:

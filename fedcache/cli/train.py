@@ -17,8 +17,13 @@ from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _si
                                  given_on_command_line, import_with_torch, loading_torch, print_table, step_printer)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
-from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options, typed_keys
+from fedcache.errors import ConfigError
+from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options, split_values, typed_keys
 from fedcache.wording import count, pasted, typed_as
+
+
+# `train` takes one value of each option; a comma list asked for several runs, which `grid` makes.
+SEVERAL = "`fedcache train` runs one value: `fedcache grid` takes the same options, a comma list making an axis ({pair})"
 
 
 def demo(
@@ -56,7 +61,10 @@ def demo(
 def train(threads: int | None = None, **given) -> None:
     """Federated rounds on cached features."""
     with loading_torch("run spec made and fedcache.training imported"):  # the spec's method imports torch
-        spec = RunSpec.of(**given)  # its options, checked before the method is
+        try:
+            spec = RunSpec.of(**given)  # its options, checked before the method is
+        except ConfigError as exc:
+            raise _one_value_only(exc, given.get("settings") or []) from None
         refuse_unread_options(spec, given_on_command_line(given))
         training = importlib.import_module("fedcache.training")
     training.check_not_a_cell(spec.engine.out)
@@ -65,6 +73,15 @@ def train(threads: int | None = None, **given) -> None:
     # One line in a log too: wrapped at the console's width, a grep for the result found half of it.
     scored = " (scored on validation: spare training rows)" if spec.schedule.validation else ""
     console.print(_result_line(summary) + how + scored + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
+
+
+def _one_value_only(exc: ConfigError, settings: list[str]) -> ConfigError:
+    """A --set with a comma list refused: `train` runs one value, where `grid` (its options under the same names)
+    makes the list an axis. The user had most likely meant that."""
+    listed = next((s for s in settings if len(split_values(s.partition("=")[2])) > 1), None)
+    if listed is None:
+        return exc
+    return type(exc)(f"{exc}; {SEVERAL.format(pair=f'--set {listed}')}")
 
 
 def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
