@@ -184,6 +184,16 @@ def _create(tmp: Path, mode: int) -> int:
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
 
 
+def write_staged(path: Path | str, data: bytes) -> None:
+    """``data`` into ``path`` in a staging folder that is discarded whole if anything fails: no rename of its own,
+    and a full disk is the caller's to say, of what the folder becomes (``on_full_disk`` around the staging)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
 def write_text(path: Path | str, text: str, what: str, advice: str | None = None) -> None:
     write_atomic(path, text.encode(), what, advice)
 

@@ -70,6 +70,7 @@ def report_elsewhere() -> str:
 
 
 REPORT_LOCK = ".report.lock"
+REPORT_AGAIN = disk.again(kept="the last report there (if any) is kept as it was")
 REPORT_WAIT = 300.0  # seconds: a second report of the same directory waits for the first, then writes its own
 
 
@@ -78,14 +79,16 @@ def _write_report(root: Path, runs: list[Run], out: Path) -> ReportPaths:
     # Drawn beside the last report's figures, which give way only once every one is: a report that fails part way
     # (a full disk) leaves the last one whole, and a figure the new one does not draw goes with the old set.
     # The two texts are written there too, and moved out with the figures: renames, which a full disk cannot stop.
+    # A full disk is said of the report: the staged file that did not fit is gone with its folder.
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     try:
-        sections, title = _sections(root, runs, staged)
-        disk.write_text(staged / HTML_NAME, render_html(title, sections), "the report")  # reads the figures
-        for sec in sections:  # where the figures will be
-            sec.image = fig_dir / sec.image.relative_to(staged) if sec.image else None
-        disk.write_text(staged / MD_NAME, render_markdown(title, sections, out), "the report")
+        with disk.on_full_disk(out / HTML_NAME, "the report", remove=[staged], advice=REPORT_AGAIN):
+            sections, title = _sections(root, runs, staged)
+            disk.write_staged(staged / HTML_NAME, render_html(title, sections).encode())  # reads the figures
+            for sec in sections:  # where the figures will be
+                sec.image = fig_dir / sec.image.relative_to(staged) if sec.image else None
+            disk.write_staged(staged / MD_NAME, render_markdown(title, sections, out).encode())
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -421,7 +424,7 @@ def _figure_sections(groups: list[Group], layout: Layout, fig_dir: Path, fewer_s
         if fig is None:
             continue
         path = fig_dir / name
-        disk.write_atomic(path, fig.png, "the report's figure")
+        disk.write_staged(path, fig.png)
         out.append(Section(title, text + fig.note, image=path, labels=fig.labels))
     return out
 

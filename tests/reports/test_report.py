@@ -290,11 +290,13 @@ def test_a_finished_run_without_its_metrics_is_named_not_silently_left_out(toy_g
 def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_path, monkeypatch):
     """A full disk while the figures were drawn left the last report.md beside some of the new report's figures
     (another grid's plots under the old text); a figure only an older report drew was never removed."""
+    import errno
+    import os
+    import shutil
+
     from fedcache import disk
     from fedcache.errors import DiskFullError
     from fedcache.reports import write_report
-
-    import shutil
 
     out, other = tmp_path / "report", tmp_path / "other"
     shutil.copytree(toy_grid, other)  # another grid: its figures differ
@@ -303,20 +305,20 @@ def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_pa
     write_report(toy_grid, out)
     (out / "report-figures" / "from-an-older-report.png").write_bytes(b"old")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    real, drawn, fail_at = disk.write_atomic, [], [0]
+    real, drawn, fail_at = disk.write_staged, [], [0]
 
-    def fills(path, data, what, *args, **kwargs):
+    def fills(path, data):
         drawn.append(path)
         if len(drawn) == fail_at[0]:
-            raise DiskFullError(f"no space left on the disk for {what} {path}", disk.again())
-        return real(path, data, what, *args, **kwargs)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, data)
 
-    monkeypatch.setattr(disk, "write_atomic", fills)
+    monkeypatch.setattr(disk, "write_staged", fills)
     write_report(other, tmp_path / "counted")  # every file it writes, the last one report.md
     assert drawn[-1].name == "report.md"
     for fail_at[0] in (2, len(drawn)):  # a figure; report.md, once report.html is written
         drawn.clear()
-        with pytest.raises(DiskFullError):
+        with pytest.raises(DiskFullError, match=f"for the report {out / 'report.html'}: "):  # not the staged file
             write_report(other, out)
         assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     monkeypatch.undo()
