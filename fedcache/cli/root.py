@@ -272,7 +272,7 @@ def _interrupted(signum: int, frame: object) -> None:
     handlers back to the default by then) killed the process."""
     _ours_to(_ignored)
     _RAISED[:] = [KeyboardInterrupt()]
-    _RAISED_BY[:] = _RAISED_BY or [signum]
+    _RAISED_BY[:] = [signum]
     raise _RAISED[0]
 
 

@@ -394,7 +394,8 @@ def test_an_interrupted_stack_of_a_large_head_continues_from_its_checkpoint(toy_
     monkeypatch.setattr(batches, "LARGEST_STACKED_HEAD_ON_CPU", 0)
     plans: list[str] = []
     grid(out=tmp_path / "g", on_plan=plans.append, **kw)
-    assert loaded == [ck] and plans[0].startswith("batched engine: 3 cells in 1 batch (3 fedproto)")
+    assert plans[0].endswith(": 0 of 3 cells finished before, 3 to train (each from its last checkpoint)")
+    assert loaded == [ck] and plans[1].startswith("batched engine: 3 cells in 1 batch (3 fedproto)")
     assert_same_cells(tmp_path / "whole", tmp_path / "g")
 
 
