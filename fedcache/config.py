@@ -334,9 +334,10 @@ class Option:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        """The CLI's flags; a switch is ``--x/--no-x``."""
+        """The CLI's flags; a switch on by default is ``--x/--no-x`` (one off by default is ``--x``: its ``--no-x``
+        would change nothing, and took a column of every command's help)."""
         long = self.opt.flag or "--" + self.name.replace("_", "-")
-        if self.base is bool and "/" not in long:
+        if self.base is bool and "/" not in long and self.default is True:
             long = f"{long}/--no-{long[2:]}"
         return (long, *self.opt.aliases, *((self.opt.short,) if self.opt.short else ()))
 

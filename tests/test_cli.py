@@ -590,6 +590,23 @@ def test_h_version_and_help(capsys):
     assert main(["train", "-h"]) == 0 and "--method" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", ["train", "grid", "extract", "partition"])
+def test_help_in_80_columns_shows_every_option_s_name_whole(capsys, monkeypatch, command):
+    """The help's columns of switches' --no- forms and of long choice lists left the names no room in 80 columns:
+    `--clients-per-…`, `--keep-checkpo…`."""
+    import typer.main
+
+    from fedcache.cli import app
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([command, "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert max(map(len, shown.splitlines())) <= 80
+    cmd = typer.main.get_command(app).commands[command]
+    names = [p.opts[0] for p in cmd.params if p.opts and p.opts[0].startswith("--")]
+    assert names and [n for n in names if not re.search(rf"{re.escape(n)}[\s,│]", shown)] == []
+
+
 def test_python_m_fedcache_is_the_command():
     """Where the console script is not on PATH (a venv not activated), `python -m fedcache` said "'fedcache' is a
     package and cannot be directly executed"."""
@@ -748,8 +765,8 @@ def _as_help_shows(o):
     d = o.default
     if d is None or d == {} or o.required:
         return ""
-    if isinstance(d, bool):
-        return o.flags[0].split("/")[0 if d else 1].lstrip("-")
+    if isinstance(d, bool):  # a switch off by default is its flag alone, and shows no default
+        return o.flags[0].split("/")[0].lstrip("-") if d else ""
     return ",".join(d) if isinstance(d, tuple) else str(d)
 
 

@@ -178,7 +178,13 @@ def _metavar(o) -> str:
     from fedcache.config import choices
 
     names = choices(o.type)
-    return "[" + "|".join(map(str, names)) + "]" if names else {int: "INTEGER", float: "FLOAT"}.get(o.base, "TEXT")
+    listed = "[" + "|".join(map(str, names)) + "]"
+    if names and len(listed) <= METAVAR_WIDTH:
+        return listed
+    return {int: "INTEGER", float: "FLOAT"}.get(o.base, "TEXT")  # a long list: the help names the choices
+
+
+METAVAR_WIDTH = 14  # wider, the help's column of types leaves no room for the options' names in 80 columns
 
 
 _grid.__signature__ = _grid_signature()

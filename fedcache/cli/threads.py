@@ -44,7 +44,7 @@ SHORTEST = 0.25  # seconds of watching the machine before choosing: /proc/stat c
 
 def threads_option():
     """`--threads N`: every command that trains declares it the same way."""
-    return typer.Option(None, "--threads", min=1, help=HELP)
+    return typer.Option(None, "--threads", min=1, metavar="N", help=HELP)
 
 
 ThreadsOpt = threads_option()
