@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-slow install clean-venv
 
+# `make` alone installs (what the README says it does): the venv's own rule, first in the file, made only the venv.
+.DEFAULT_GOAL := install
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
