@@ -298,6 +298,9 @@ class GridSpec:
             own = self._settings_of_methods() if own is None else own
             # A short key may be any group's (optim.momentum too): owned where the method has it in any group.
             owners = [m for m in self.methods if any(name in fs for g, fs in own[m].items() if not group or g == group)]
+            unknown = _unknown_to_all(key, self.methods) if not owners and len(self.methods) > 1 else None
+            if unknown:
+                raise unknown
             if owners and len(owners) < len(self.methods):
                 others = [m for m in self.methods if m not in owners]
                 verb = "Sweep" if len(self.sweep[key]) > 1 else "Set"  # a fixed value is refused too
@@ -645,6 +648,22 @@ def _one_value(value: Any) -> bool:
     several numbers (betas = [[0.9, 0.999]])."""
     scalar = (str, int, float, bool)
     return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))
+
+
+def _unknown_to_all(key: str, methods: list[str]) -> ConfigError | None:
+    """A setting no method of the grid has: said as the method whose keys come nearest it says it (a typo of
+    fedproto's lam in a grid of fedavg and fedproto was said with fedavg's keys, and no suggestion). None where
+    some method takes the key."""
+    refusals = []
+    for m in methods:
+        try:
+            route(key, m, run_options=True)
+        except ConfigError as exc:
+            refusals.append((m, exc))
+    if len(refusals) < len(methods):
+        return None
+    m, exc = next(((m, e) for m, e in refusals if "did you mean" in str(e)), refusals[0])
+    return ConfigError(str(exc).replace("Known keys --", f"No method of the grid has it; known keys of {m} --", 1))
 
 
 def _axis_named(name: str, sweep: dict[str, list], lead: str, names: Names) -> str:

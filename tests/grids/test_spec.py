@@ -65,7 +65,7 @@ def test_every_train_option_is_a_grid_option_under_the_same_name():
     train, grid = commands["train"], commands["grid"]
     skipped = {o for p in train.params if p.name in GRID_SKIPS for o in p.opts + p.secondary_opts}
     assert _option_names(train) - skipped <= _option_names(grid)
-    assert skipped == {"--resume", "--no-resume", "--engine", "--overwrite", "--no-overwrite", "--track-dir"}
+    assert skipped == {"--resume", "--engine", "--overwrite", "--track-dir"}
 
 
 def test_the_issue_s_grid_command_runs_with_train_options_as_axes(toy_store, tmp_path, capsys):
@@ -191,6 +191,14 @@ def test_a_setting_axis_that_some_methods_lack_names_them(tmp_path):
         grid(["fedavg", "fedprox"], mu=["0.01"])  # a fixed value: nothing is swept
     grid(["fedprox"], mu=["0.01", "0.1"])
     grid(["fedavg", "fedprox"], lr=["0.01", "0.1"])  # every method's optimizer
+
+
+@pytest.mark.parametrize("methods", [["fedavg", "fedproto"], ["fedproto", "fedavg"]])
+def test_a_setting_no_method_of_the_grid_has_is_said_with_the_nearest_method_s_keys(tmp_path, methods):
+    """A typo of fedproto's lam in a grid of fedavg then fedproto was said with fedavg's keys and no suggestion."""
+    with pytest.raises(ConfigError, match=r"^--set lamm: unknown key \(did you mean 'lam'\?\)\. No method of the grid "
+                                          r"has it; known keys of fedproto -- method: lam, "):
+        GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=methods, out=tmp_path, sweep={"lamm": ["1"]})
 
 
 def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
