@@ -815,6 +815,11 @@ GRID_HINT = "`fedcache train` runs one value: `fedcache grid` takes the same opt
     (["--rounds=2,3"], "Invalid value for '--rounds': '2,3' is not a valid integer; " + GRID_HINT + " (--rounds 2,3)"),
     (["--set", "lr=0.1,0.2"], "--set lr='0.1,0.2': expected a finite number; " + GRID_HINT + " (--set lr=0.1,0.2)"),
     (["--set", "lr=abc"], "--set lr='abc': expected a finite number"),
+    (["--set", "lr=0.1,weight_decay=0"], "--set lr='0.1,weight_decay=0': expected a finite number; give one --set per "
+                                         "setting: --set lr=0.1 --set weight_decay=0"),
+    (["--partition", "iid,dirichlet"], "--partition (partition.scheme)='iid,dirichlet': must be one of class-disjoint, "
+                                       "dirichlet, domain, domain-dirichlet, iid, shards (did you mean 'dirichlet'?); "
+                                       + GRID_HINT + " (--partition iid,dirichlet)"),
     (["--alpha", "half"], "Invalid value for '--alpha': 'half' is not a valid float."),
 ])
 def test_train_given_a_comma_list_says_a_grid_makes_it_an_axis(capsys, args, said):
@@ -822,6 +827,13 @@ def test_train_given_a_comma_list_says_a_grid_makes_it_an_axis(capsys, args, sai
     command makes one, and nothing where the value was no list."""
     code, out, err = run(capsys, "train", "-d", "x", "-b", "y", "-m", "fedavg", *args)
     assert code == 2 and " ".join(err.split()) == "error: " + said, (out, err)
+
+
+def test_train_given_a_comma_list_of_methods_says_a_grid_makes_it_an_axis(capsys):
+    code, out, err = run(capsys, "train", "-d", "x", "-b", "y,z", "-m", "fedavg,fedprox")
+    said = " ".join(err.split())
+    assert code == 2 and said.startswith("error: unknown method 'fedavg,fedprox'. Did you mean"), said
+    assert said.endswith(", tpfl; " + GRID_HINT + " (--method fedavg,fedprox)"), said  # not of -b: fused backbones
 
 
 def test_a_missing_argument_still_shows_the_usage(capsys):

@@ -17,7 +17,7 @@ from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _si
                                  given_on_command_line, import_with_torch, loading_torch, print_table, step_printer)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, UnknownNameError
 from fedcache.spec import DataPartition, RunSpec, options, refuse_unread_options, split_values, typed_keys
 from fedcache.wording import count, pasted, typed_as
 
@@ -63,8 +63,8 @@ def train(threads: int | None = None, **given) -> None:
     with loading_torch("run spec made and fedcache.training imported"):  # the spec's method imports torch
         try:
             spec = RunSpec.of(**given)  # its options, checked before the method is
-        except ConfigError as exc:
-            raise _one_value_only(exc, given.get("settings") or []) from None
+        except (ConfigError, UnknownNameError) as exc:
+            raise _one_value_only(exc, given) from None
         refuse_unread_options(spec, given_on_command_line(given))
         training = importlib.import_module("fedcache.training")
     training.check_not_a_cell(spec.engine.out)
@@ -75,13 +75,23 @@ def train(threads: int | None = None, **given) -> None:
     console.print(_result_line(summary) + how + scored + (f" -> {spec.engine.out}" if spec.engine.out else ""), soft_wrap=True)
 
 
-def _one_value_only(exc: ConfigError, settings: list[str]) -> ConfigError:
-    """A --set with a comma list refused: `train` runs one value, where `grid` (its options under the same names)
-    makes the list an axis. The user had most likely meant that."""
-    listed = next((s for s in settings if len(split_values(s.partition("=")[2])) > 1), None)
+def _one_value_only(exc: ConfigError | UnknownNameError, given: dict) -> ConfigError | UnknownNameError:
+    """An option or --set refused whose value was a comma list: `train` runs one value, where `grid` (its options
+    under the same names) makes the list an axis, which the user had most likely meant; or, a comma list of
+    settings, one --set each."""
+    for pair in given.get("settings") or []:
+        key, _, value = pair.partition("=")
+        values = split_values(value)
+        if any("=" in v for v in values[1:]):
+            each = " ".join(f"--set {p}" for p in [f"{key}={values[0]}", *values[1:]])
+            return type(exc)(f"{str(exc).rstrip('.')}; give one --set per setting: {each}")
+        if len(values) > 1:
+            return type(exc)(f"{str(exc).rstrip('.')}; {SEVERAL.format(pair=f'--set {pair}')}")
+    listed = next((o for o in options() if o.base is not tuple and isinstance(given.get(o.name), str)
+                   and "," in given[o.name]), None)
     if listed is None:
         return exc
-    return type(exc)(f"{exc}; {SEVERAL.format(pair=f'--set {listed}')}")
+    return type(exc)(f"{str(exc).rstrip('.')}; {SEVERAL.format(pair=f'{listed.flag} {given[listed.name]}')}")
 
 
 def _train_in_process(spec: RunSpec) -> tuple[dict, str]:
