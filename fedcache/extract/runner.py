@@ -31,7 +31,7 @@ from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, noisy_name
 from fedcache.store.writer import EntryWriter, open_writer
-from fedcache.wording import named, pasted
+from fedcache.wording import did_you_mean, named, pasted
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
         emit(ProgressEvent("info", "", message=plan.note))
     reports: list[EntryReport] = []
     # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
+    jobs = _jobs(cfg, dataset)  # its domains and splits checked before a backbone is loaded
     with start_method_unset(), handler_kept(signal.SIGCHLD):
         for name in cfg.backbones:
             backbone = load_backbone(name, cfg.weights.get(name), cfg.random_init)
@@ -81,7 +82,7 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             if plan.channels_last:
                 backbone.image_encoder.to(memory_format=torch.channels_last)
             _store_text(store, dataset, backbone, emit)
-            for split, domain, view in _jobs(cfg, dataset):
+            for split, domain, view in jobs:
                 reports.append(_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit))
             backbone.image_encoder.to("cpu")
             _say_unfinished_views(cfg, store, dataset.name, backbone.spec.name, emit)
@@ -222,6 +223,7 @@ def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec
     unknown = [d for d in domains if d not in dataset.domains]
     if unknown:
         raise ConfigError(f"dataset {dataset.name} has no domain(s) {unknown}; its domains: {list(dataset.domains)}")
+    _check_splits(cfg.splits, dataset, domains)
     jobs = []
     for split in cfg.splits:
         for domain in domains:
@@ -230,6 +232,20 @@ def _jobs(cfg: ExtractConfig, dataset: Dataset) -> list[tuple[str, str, ViewSpec
             for v in range(n_views + 1):
                 jobs.append((split, domain, ViewSpec(v, cfg.view_recipe, cfg.view_seed)))
     return jobs
+
+
+def _check_splits(splits: tuple[str, ...], dataset: Dataset, domains: list[str]) -> None:
+    """Said before any image is read: a typo in --splits was found at its first domain, once the splits before it
+    were extracted (minutes)."""
+    have = sorted({s for s, _ in dataset.splits})
+    for split in splits:
+        lacking = [d for d in domains if (split, d) not in dataset.splits]
+        if len(lacking) == len(domains):
+            raise ConfigError(f"dataset {dataset.name} has no split {split!r}{did_you_mean(split, have)}; its splits: "
+                              f"{', '.join(have)} (--splits)")
+        if lacking:
+            raise ConfigError(f"dataset {dataset.name} has no split {split!r} for domain(s) {', '.join(lacking)}; "
+                              f"leave {split} out of --splits, or those domains out of --domains")
 
 
 def _store_text(store: FeatureStore, dataset: Dataset, bb: LoadedBackbone, emit: ProgressFn) -> None:

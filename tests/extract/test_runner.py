@@ -65,6 +65,16 @@ def test_extract_then_rerun_is_a_noop(store_path):
     assert table.domain_names == ("light", "dark") and sorted(set(table.domains)) == [0, 1]
 
 
+def test_a_split_the_dataset_lacks_is_refused_before_any_image_is_read(store_path, monkeypatch):
+    """`--splits train,tset` extracted every domain's train split (minutes) before it reached tset."""
+    import fedcache.extract.runner as runner
+
+    monkeypatch.setattr(runner, "load_backbone", lambda *a, **k: pytest.fail("a backbone loaded before the check"))
+    with pytest.raises(ConfigError, match=r"^dataset test-toy has no split 'tset' \(did you mean 'test'\?\); its "
+                                          r"splits: test, train \(--splits\)$"):
+        extract(cfg(store_path, splits=("train", "tset")))
+
+
 # Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
 @pytest.mark.slow
 def test_extracting_again_with_earlier_options_reads_those_features_again(store_path):
