@@ -627,6 +627,19 @@ def test_a_misspelled_command_is_suggested_once(argv, suggestion, capsys):
     assert err.count("Did you mean") == 1 and suggestion in err
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--seet", "lr=1"], "error: No such option '--seet'. (Did you mean one of: '--preset', '--seed', "
+                                  "'--set'?) See `fedcache train --help`."),
+    (["trian"], "error: No such command 'trian'. Did you mean 'train'? See `fedcache --help`."),
+    (["report", "a", "b"], "error: Got unexpected extra argument (b). See `fedcache report --help`."),
+])
+def test_a_misspelled_option_or_command_is_one_line(argv, said, capsys):
+    """click printed its usage, a 'Try --help' line and the error in three lines; every other mistake is one."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == said and not captured.out, captured
+
+
 def test_every_command_and_argument_has_its_help_under_h(capsys, monkeypatch):
     """-h on every command and group; each argument's help is shown (click 8.5 dropped typer's argument help:
     `fedcache report -h` listed RUN_DIR with none)."""

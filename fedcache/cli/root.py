@@ -25,9 +25,9 @@ from fedcache.progress import log_to_stderr, logging_to_stderr
 from fedcache.wording import flag_names
 
 try:  # recent typer vendors click; older typer uses the click package
-    from typer._click.exceptions import BadParameter, ClickException, MissingParameter
+    from typer._click.exceptions import BadParameter, ClickException, MissingParameter, UsageError
 except ImportError:  # pragma: no cover
-    from click.exceptions import BadParameter, ClickException, MissingParameter
+    from click.exceptions import BadParameter, ClickException, MissingParameter, UsageError
 
 
 class _Commands(Group):
@@ -157,6 +157,12 @@ def _command(argv: list[str] | None) -> int:
         several = _several(exc, argv)
         said = exc.format_message().rstrip(".") + several if several else exc.format_message()
         err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except UsageError as exc:  # an option or command misspelled, an extra argument: one line, as any other mistake
+        where = exc.ctx.command_path if exc.ctx else "fedcache"
+        said = exc.format_message()
+        err.print(f"[red]error:[/] {escape(said)}{'' if said.endswith(('.', '?', '?)')) else '.'} See `{where} --help`.",
+                  highlight=False, soft_wrap=True)
         return exc.exit_code
     except ClickException as exc:
         exc.show()
