@@ -241,12 +241,21 @@ def store_export(
 
     if not _csv(splits):
         raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
+    fmt = fmt or _format_of(out)
     check_target(out, overwrite)
     fs = _open_store(store)
     tables = fs.read_splits(dataset, _csv(splits), backbone)
-    fmt = fmt or {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix, "")
     export_tables(tables, out, fmt, overwrite)
     console.print(f"wrote {out} ({', '.join(f'{s}: {len(t)} rows' for s, t in tables.items())})")
+
+
+def _format_of(out: Path) -> str:
+    """The export's format from the file's suffix (``--format`` left out)."""
+    fmt = {".h5": "h5", ".hdf5": "h5", ".npz": "npz"}.get(out.suffix.lower())
+    if fmt is None:
+        raise ConfigError(f"{out}: cannot tell the format from {repr(out.suffix) if out.suffix else 'a name without a suffix'}"
+                          "; name a .h5 or .npz file with --out, or give --format h5 or --format npz")
+    return fmt
 
 
 @store_app.command("import")

@@ -184,3 +184,15 @@ def test_an_export_onto_an_existing_file_is_refused_unless_overwrite(tmp_path, c
     monkeypatch.undo()
     assert run_cli([*argv, "--overwrite"], capsys)[0] == 0
     assert set(np.load(out)) >= {"train__features", "test__features"}
+
+
+@pytest.mark.parametrize("name, said", [("feats.csv", "from '.csv'"), ("feats", "from a name without a suffix")])
+def test_an_export_whose_format_its_name_does_not_tell_says_so(tmp_path, capsys, name, said):
+    """It said "--format must be one of h5, npz, got ''" to a user who gave no --format."""
+    store, out = _store(tmp_path), tmp_path / name
+    code, err = run_cli(["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o", out], capsys)
+    assert code == 2 and not out.exists()
+    assert one_error_line(err) == (f"error: {out}: cannot tell the format {said}; name a .h5 or .npz file with --out, "
+                                   "or give --format h5 or --format npz")
+    assert run_cli(["store", "export", "-d", "mine", "-b", "enc", "--store", store, "-o", out, "--format", "npz"],
+                   capsys)[0] == 0 and out.exists()
