@@ -302,7 +302,19 @@ def _made_as(e: EntryInfo) -> str:
     # The size its extraction would have made without --image-size (``extract.sizes.image_size``, recorded: the store
     # sits below extract); an entry made before it was recorded says its size.
     size_said = f" --image-size {size}" if size and size != e.attrs.get("default_image_size") else ""
-    return hint + size_said + (" --random-init" if e.random_weights else "") + _weights(e)
+    return hint + size_said + _precision(e) + (" --random-init" if e.random_weights else "") + _weights(e)
+
+
+# The key's record of a reduced-precision forward pass (``extract.runner``: torch's dtype name) -> its --precision.
+PRECISIONS = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def _precision(e: EntryInfo) -> str:
+    """``--precision`` of an entry whose forward pass ran in reduced precision: another precision is another entry.
+    A float32 pass (none recorded) is what --precision auto gives on a CPU, and says nothing: on a CUDA GPU, where
+    auto is reduced, finishing one takes --precision fp32, which the store (torch-free) cannot tell it runs on."""
+    forward = (e.key.get("preprocess") or {}).get("forward")
+    return f" --precision {PRECISIONS.get(forward, forward)}" if forward else ""
 
 
 def _weights(e: EntryInfo) -> str:

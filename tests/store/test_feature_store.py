@@ -122,6 +122,12 @@ def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
     with pytest.raises(IncompleteEntryError, match=r"--splits test --domains all --dtype float32 --image-size 32`"):
         store.read("ds", "test", "bb")
+    # One extracted in bfloat16 (a GPU's default): finished at float32 (the CPU's), it wrote another entry.
+    k = EntryKey("ds", "fp", "test", "all", "bb", "w1", {"size": 32, "forward": "bfloat16"}, dtype="float32")
+    with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    with pytest.raises(IncompleteEntryError, match=r"--dtype float32 --image-size 32 --precision bf16`"):
+        store.read("ds", "test", "bb")
     # An import's entries: no extraction makes them (the backbone is the file's name for its encoder).
     k = EntryKey("ds", "fp", "train", "all", "enc", "imported:fp", {"imported": True}, dtype="float32")
     with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
