@@ -877,6 +877,16 @@ def test_an_interrupted_report_says_the_last_report_is_kept_not_resume():
     assert "resume" not in said and "left as it was" in said
 
 
+@pytest.mark.parametrize("argv, said", [(["store", "ls", "--store", "s.zarr"], "it only reads the store: nothing was changed"),
+                                        (["store", "rm", "abc"], "the entries it said it removed are gone"),
+                                        (["store", "export", "-o", "f.h5"], "no part of the export was written")])
+def test_an_interrupted_store_command_says_what_it_left_not_resume(argv, said):
+    """Every command but train and report was told "finished work is kept; re-run the same command to resume"."""
+    from fedcache.cli.root import _how_to_go_on
+
+    assert said in _how_to_go_on(argv) and "resume" not in _how_to_go_on(argv)
+
+
 @pytest.mark.parametrize("args", [["datasets"], ["extract", "-d", "nope", "-b", "tiny-timm-random"], ["--nope"]])
 def test_main_called_from_python_gives_the_process_back(args, monkeypatch, capsys):
     """main() from a script or a notebook left its stderr handler on the root logger (every later log line of the

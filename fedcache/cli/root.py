@@ -221,10 +221,24 @@ def _os_error(exc: OSError) -> str:
     return f"{exc.strerror or exc}:{where} (FEDCACHE_DEBUG=1 shows where it happened)"
 
 
+# Commands an interrupt leaves nothing of to resume: what it left instead.
+_READ_ONLY = "it only reads the store: nothing was changed"
+NOTHING_TO_RESUME = {
+    ("store", "export"): "no part of the export was written (a file already at --out is as it was); run the same "
+                         "command again",
+    ("store", "ls"): _READ_ONLY, ("store", "info"): _READ_ONLY,
+    ("store", "verify"): "what it said so far stands (entries --repair said it removed are gone); run the same command "
+                         "again to check every entry",
+    ("store", "rm"): "the entries it said it removed are gone, the others kept; run it again for those",
+}
+
+
 def _how_to_go_on(argv: list[str]) -> str:
     words = [a for a in argv if not a.startswith("-")]
     if words[:1] == ["report"]:  # nothing to resume: the figures are drawn aside and replace the last report whole
         return "the last report (if any) is left as it was; run the same command again to write it"
+    if tuple(words[:2]) in NOTHING_TO_RESUME:
+        return NOTHING_TO_RESUME[tuple(words[:2])]
     if words[:1] != ["train"]:
         return "finished work is kept; re-run the same command to resume"
     out = _out_of(argv)

@@ -136,8 +136,9 @@ def store_verify(
     repair: bool = typer.Option(False, help="Remove the damaged entries (then re-extract or re-import them)."),
     store: Path = StoreOpt,
 ) -> None:
-    """Check every entry against its checksums; name the damaged ones, and those this user cannot read (exit 1 if any
-    are left)."""
+    """Check every entry against its checksums (exit 1 if any is damaged or unreadable).
+
+    Names the damaged entries, and those this user cannot read; --repair removes the damaged ones."""
     from rich.markup import escape
 
     from fedcache.store.feature_store import ENTRIES, TEXT
@@ -191,8 +192,9 @@ def _repair_newly_misplaced(fs) -> None:
 
 @store_app.command("upgrade")
 def store_upgrade(store: Path = StoreOpt) -> None:
-    """Rewrite the entries of an older store format in the current one (checked chunk by chunk; bit for bit).
-    Run it while nothing else writes to the store."""
+    """Rewrite the entries of an older store format in the current one, bit for bit.
+
+    Checked chunk by chunk. Run it while nothing else writes to the store."""
     from fedcache.store.upgrade import upgrade_store
 
     colours = {"upgraded": "green", "current": "dim", "skipped": "yellow"}
