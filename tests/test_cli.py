@@ -118,6 +118,43 @@ def test_extract_ls_info_export_import_rm(capsys, store_path, tmp_path):
     assert f"removed {eid}" in out
 
 
+def test_store_rm_finds_every_id_before_it_removes_any_and_takes_no_one_character_prefix(capsys, tmp_path):
+    """`store rm 1` removed whichever entry's id began with 1; `store rm A nosuch B` removed A, then stopped."""
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.store.feature_store import FeatureStore
+
+    store = tmp_path / "s.zarr"
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store=store, workers=0, splits=("test",)))
+    ids = sorted(e.entry_id for e in FeatureStore(store).entries())
+    code, _, err = run(capsys, "store", "rm", ids[0][:3], "--store", str(store))
+    assert code == 2 and f"{ids[0][:3]!r}: give at least 4 characters of an entry id to remove it" in err, err
+    code, _, err = run(capsys, "store", "rm", ids[0], "nosuch", "--store", str(store))
+    assert code == 1 and "no entry 'nosuch'" in err
+    assert sorted(e.entry_id for e in FeatureStore(store).entries()) == ids
+    code, out, _ = run(capsys, "store", "rm", ids[0][:4], ids[0], "--store", str(store))  # one entry, named twice
+    assert code == 0 and out.count("removed") == 1 and len(FeatureStore(store).entries()) == len(ids) - 1
+
+
+def test_store_rm_of_what_runs_read_says_which_earlier_entry_they_read_now(capsys, tmp_path):
+    """Removing the current entry made an older one of other options current without a word: runs read it."""
+    from fedcache.extract.runner import ExtractConfig, extract
+    from fedcache.store.feature_store import FeatureStore
+
+    store = tmp_path / "s.zarr"
+    base = dict(dataset="test-toy", backbones=["tiny-timm-random"], store=store, workers=0, splits=("test",),
+                domains=("light",))
+    extract(ExtractConfig(**base, dtype="float32"))
+    (old,) = FeatureStore(store).entries()
+    extract(ExtractConfig(**base))  # float16: current now
+    (new,) = [e for e in FeatureStore(store).entries() if e.entry_id != old.entry_id]
+    code, out, _ = run(capsys, "store", "rm", new.entry_id, "--store", str(store))
+    said = " ".join(out.split())
+    assert code == 0 and (f"runs of test-toy/test/light tiny-timm-random now read {old.entry_id}, an earlier extraction "
+                          "made with other options") in said, said
+    code, out, _ = run(capsys, "store", "rm", old.entry_id, "--store", str(store))
+    assert code == 0 and "now read" not in out
+
+
 def test_store_rm_without_targets_and_missing_store(capsys, tmp_path):
     code, _, err = run(capsys, "store", "ls", "--store", str(tmp_path / "none.zarr"))
     assert code == 1 and "no feature store" in err

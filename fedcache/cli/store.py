@@ -210,22 +210,46 @@ def store_upgrade(store: Path = StoreOpt) -> None:
         raise typer.Exit(1)
 
 
+RM_PREFIX = 4  # characters of an entry id that `store rm` needs (as git asks of an abbreviated commit)
+
+
 @store_app.command("rm")
 def store_rm(
-    entries: List[str] = typer.Argument(None, help="Entry ids to remove."),
+    entries: List[str] = typer.Argument(None, help="Entry ids to remove (each a unique prefix of 4 or more characters)."),
     stale: bool = typer.Option(False, help="Remove every stale entry."),
     store: Path = StoreOpt,
 ) -> None:
     """Remove entries (by id, or all stale ones)."""
     if not entries and not stale:
         raise ConfigError("name entry ids to remove, or pass --stale")
+    short = [e for e in entries or [] if e.strip() and len(e) < RM_PREFIX]
+    if short:  # one character named any of a sixteenth of the entries
+        raise ConfigError(f"{short[0]!r}: give at least {RM_PREFIX} characters of an entry id to remove it (see "
+                          f"`fedcache store ls {pasted('--store', store)}`)")
     fs = _open_store(store)
-    targets = list(entries or []) + ([e.entry_id for e in fs.stale()] if stale else [])
+    # Every id is found before any entry goes: a typo in the third left the first two removed.
+    named_ones = [fs.info(e).entry_id for e in entries or []]
+    targets = list(dict.fromkeys(named_ones + ([e.entry_id for e in fs.stale()] if stale else [])))
     if not targets:  # --stale on a store with none: nothing to do, which is no error
         console.print(f"no stale entries in {store}: nothing removed", soft_wrap=True, highlight=False)
+    read_before = {e.entry_id: slot for slot, e in fs.current().items()}
     for eid in targets:
         info = fs.remove(eid)
         console.print(f"removed {info.entry_id} ({info.key.get('dataset')}/{info.key.get('split')}/{info.key.get('domain')} {info.key.get('backbone')})")
+    _say_read_instead(fs, [read_before[e] for e in targets if e in read_before], store)
+
+
+def _say_read_instead(fs, slots: list, store: Path) -> None:
+    """The entries runs read now where the ones they read were removed: an older extraction of the same images,
+    made with other options (another --image-size, seed, precision), took their place without a word."""
+    now = fs.current()
+    for slot in slots:
+        if slot in now:
+            e = now[slot]
+            console.print(f"runs of {e.key.get('dataset')}/{e.key.get('split')}/{e.key.get('domain')} "
+                          f"{e.key.get('backbone')} now read {e.entry_id}, an earlier extraction made with other options "
+                          f"(`fedcache store info {e.entry_id} {pasted('--store', store)}` shows them)",
+                          soft_wrap=True, highlight=False)
 
 
 @store_app.command("export")
