@@ -56,6 +56,11 @@ def _named_by(newest: EntryInfo, e: EntryInfo) -> bool:
     return not isinstance(names, list) or e.slot[2] in names
 
 
+# What a store's folder holds (a damaged store may lack its zarr.json): its groups, and the partitions that
+# fedcache/federate/partitions/storage.py writes beside them (PARTITIONS; a test holds the two equal).
+STORE_NAMES = (ENTRIES, TEXT, "partitions", "zarr.json")
+
+
 class FeatureStore(TextEmbeddings, Removal):
     def __init__(self, path: str | Path, create: bool = True) -> None:
         self.path = Path(path)
@@ -65,12 +70,24 @@ class FeatureStore(TextEmbeddings, Removal):
         if self.path.exists() and not self.path.is_dir():
             raise StoreIsAFileError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
                              f"as {named('--store', 'store')}, or a new folder's path to create one")
+        self._refuse_a_users_folder()
         try:
             self.root = self._open_root(create)
         except DiskFullError:
             if new:  # half made, it is no store: the next command makes it again
                 disk.discard([self.path])
             raise
+
+    def _refuse_a_users_folder(self) -> None:
+        """A folder of other files (a data root, photos, given as --store by mistake) was made a store in place,
+        its files left among the store's."""
+        if not self.path.is_dir() or (self.path / "zarr.json").exists():
+            return
+        theirs = sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in STORE_NAMES)
+        if theirs:
+            shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+            raise StoreError(f"{self.path} is a folder of other files ({shown}), not a feature store; give a new "
+                             f"folder's path (or a store's) as {named('--store', 'store')}")
 
     def _open_root(self, create: bool) -> zarr.Group:
         mode = "a" if create else "r+"
@@ -83,6 +100,9 @@ class FeatureStore(TextEmbeddings, Removal):
                 raise StoreError(self._denied(exc)) from None
             if isinstance(exc, OSError) and not self.path.exists():  # a folder no one can make there (/proc/x)
                 raise StoreError(self._unmade(exc.strerror or str(exc))) from exc
+            if not create and self.path.is_dir() and not any(self.path.iterdir()):  # Zarr said "No group found"
+                raise StoreNotFoundError(f"no feature store at {self.path} (an empty folder); create one with "
+                                         f"`fedcache extract {pasted('--store', self.path)} ...`") from None
             raise StoreError(f"{self.path} is not a fedcache feature store: {exc}") from exc
         fmt = root.attrs.get("fedcache_store")
         if fmt is None:

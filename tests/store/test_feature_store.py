@@ -455,6 +455,29 @@ def test_the_last_of_two_parts_writers_to_finish_keeps_what_the_first_wrote(stor
     np.testing.assert_array_equal(store.read("ds", "train", "bb").features, feats)
 
 
+def test_a_folder_of_other_files_is_not_made_a_store_and_an_empty_one_is_no_store_yet(tmp_path):
+    """`extract --store ~/photos` made the photos' folder a store in place; `store ls` of an empty folder passed
+    Zarr's "No group found in store" on."""
+    from fedcache.federate.partitions.storage import PARTITIONS
+    from fedcache.store.feature_store import STORE_NAMES
+
+    assert PARTITIONS in STORE_NAMES
+    theirs = tmp_path / "photos"
+    theirs.mkdir()
+    for name in ("a.png", "b.png", "c.png", "d.png", ".hidden"):
+        (theirs / name).write_text("x")
+    with pytest.raises(StoreError, match=r"photos is a folder of other files \(a.png, b.png, c.png, ...\), not a "
+                                         r"feature store; give a new folder's path \(or a store's\) as --store$"):
+        FeatureStore(theirs)
+    assert sorted(p.name for p in theirs.iterdir()) == [".hidden", "a.png", "b.png", "c.png", "d.png"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^no feature store at .*empty \(an empty folder\); create one with"):
+        FeatureStore(empty, create=False)
+    FeatureStore(empty)  # made there, as asked
+    assert FeatureStore(empty, create=False).entries() == []
+
+
 def test_a_store_path_that_is_no_store_raises_the_builtin_it_is_a_case_of(tmp_path):
     """Code written against the builtins catches them (docs/python-api.md); a folder that cannot be made is said
     so, not as no fedcache store."""
