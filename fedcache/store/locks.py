@@ -10,6 +10,8 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -19,6 +21,9 @@ from fedcache.disk import FILE_MODE
 from fedcache.errors import EntryLockedError, StoreError
 from fedcache.ownership import POLL, Holder, is_current, may_run, read_holder
 from fedcache.wording import named
+
+log = logging.getLogger(__name__)
+WAIT_SAID = 2.0  # seconds of waiting for a lock after which the wait is said: a long queue looked like a hang
 
 
 def queue_advice() -> str:
@@ -109,21 +114,30 @@ def _lock_fd(path: Path, required: bool = False) -> tuple[int, bool] | None:
 
 
 def _acquire(fd: int, path: Path, what: str, wait: float, advice: str | None, mode: int = fcntl.LOCK_EX) -> None:
-    deadline = time.monotonic() + wait
+    start = time.monotonic()
+    deadline, said = start + wait, False
     while True:
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                # A writer killed outright left its record; a reader, or a writer without write permission on the
-                # lock file, writes none: the record names the holder only while its process runs.
-                holder = read_holder(path)
-                who = f": {holder.describe()}" if holder and may_run(holder) else ""
                 # Said when refused, not when defined: the caller (a flag, or a keyword) is known only then.
                 advice = advice or queue_advice()
-                raise EntryLockedError(f"{what} is being written by another process{who}; {advice}") from None
+                raise EntryLockedError(f"{what} is being written by another process{_holder(path)}; {advice}") from None
+            if not said and time.monotonic() - start >= WAIT_SAID:
+                log.warning("waiting up to %d s more for %s, being written by another process%s",
+                            math.ceil(deadline - time.monotonic()), what, _holder(path))
+                said = True
             time.sleep(POLL)
+
+
+def _holder(path: Path) -> str:
+    """": pid N on host (command, since ...)" of the lock's holder, or "". A writer killed outright left its record; a
+    reader, or a writer without write permission on the lock file, writes none: the record names the holder only
+    while its process runs."""
+    holder = read_holder(path)
+    return f": {holder.describe()}" if holder and may_run(holder) else ""
 
 
 def import_lock(dataset: str, backbone: str) -> str:

@@ -109,3 +109,26 @@ def test_a_store_and_a_run_made_under_a_group_umask_are_group_writable(tmp_path,
     made = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(made) > 20
     assert [str(p.relative_to(tmp_path)) for p in made if not p.stat().st_mode & 0o020] == []
+
+
+def test_a_wait_for_a_lock_is_said_once_it_lasts(tmp_path, monkeypatch, caplog):
+    """`extract --wait 120` behind another extraction printed nothing while it waited: in a log, a hang."""
+    import logging
+
+    from fedcache.store import locks
+
+    monkeypatch.setattr(locks, "WAIT_SAID", 0.1)
+    path = tmp_path / "e.lock"
+    with caplog.at_level(logging.WARNING, logger="fedcache.store.locks"), exclusive_lock(path, "the first"):
+        with pytest.raises(EntryLockedError):
+            with exclusive_lock(path, "entry x of s.zarr", wait=0.6):
+                pass
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("waiting up to 1 s more for entry x of s.zarr, being written by "
+                                                 f"another process: pid {os.getpid()} "), said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedcache.store.locks"), exclusive_lock(path, "the first"):
+        with pytest.raises(EntryLockedError):
+            with exclusive_lock(path, "entry x", wait=0.05):  # refused before it is worth saying
+                pass
+    assert caplog.records == []
