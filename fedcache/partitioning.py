@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from fedcache.federate.partitions import Partition, PartitionRequest, stored_partition
+from fedcache.federate.partitions import Partition, PartitionRequest, few_shot_short, stored_partition
 from fedcache.federate.tables import check_same_encoder, check_same_source, load_split_rows
 from fedcache.progress import StepCallback, said_step
 from fedcache.spec import DataPartition, RunSpec
@@ -15,6 +15,7 @@ from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
+_SAID: set[tuple[str, str]] = set()  # the partitions whose few-shot shortfall this process has said
 Spec = RunSpec | DataPartition  # what a partition reads of a spec: its data, partition and schedule sections
 Rows = FeatureTable | TableRows  # a table, or its rows before (or without) its features
 
@@ -26,6 +27,10 @@ def partition_of(spec: Spec, store: FeatureStore, train_t: Rows, test_t: Rows) -
     check_same_encoder(store, train_t, test_t)
     request = partition_request(spec, len(train_t.domain_names))
     partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
+    short = few_shot_short(partition, train_t.labels)
+    if short and (pid, short) not in _SAID:  # once per partition: a grid's cells share theirs
+        _SAID.add((pid, short))
+        log.warning("%s", short)
     info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
             "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if spec.schedule.validation else "test split"}

@@ -635,21 +635,41 @@ def test_stored_keys_map_to_the_same_rows_through_the_table_or_the_search(sparse
             KeyIndex(np.r_[domains, domains[:1]], np.r_[ids, ids[:1]], "train")
 
 
-def test_a_few_shot_beyond_what_clients_hold_is_said(caplog):
+def test_a_few_shot_beyond_what_clients_hold_is_said():
     """--partition domain --few-shot 200 on 80-150 rows per class ran on all of them without a word."""
-    import logging
-
-    from fedcache.federate.partitions.core import few_shot_filter
+    from fedcache.federate.partitions.core import Partition, PartitionRequest, PartitionSpec, few_shot_filter, few_shot_short
 
     labels = np.repeat(np.arange(3), 50)
     clients = [np.arange(0, 150, 2), np.arange(1, 150, 2)]  # 25 rows of each class each
-    with caplog.at_level(logging.WARNING):
-        few_shot_filter(clients, labels, 10, np.random.default_rng(0))
-    assert "few_shot" not in caplog.text
-    with caplog.at_level(logging.WARNING):
-        kept = few_shot_filter(clients, labels, 40, np.random.default_rng(0))
-    assert [len(k) for k in kept] == [75, 75]
-    assert "few_shot 40: 2 of 2 clients hold fewer than 40 training rows of every class they hold (as few as 25)" in caplog.text
+    clients[1] = clients[1][labels[clients[1]] != 2]  # the second holds two classes only
+
+    def said(n):
+        kept = few_shot_filter(clients, labels, n, np.random.default_rng(0))
+        request = PartitionRequest(PartitionSpec(scheme="iid", few_shot=n), 2, 0)
+        return [len(k) for k in kept], few_shot_short(Partition(request, kept, [k[:0] for k in kept]), labels)
+
+    assert said(10) == ([30, 20], "")
+    assert said(40) == ([75, 50], "--few-shot 40: 2 of 2 clients hold fewer than 40 training rows of every class "
+                                  "they hold (as few as 25) and train on all of them; a smaller --few-shot gives each of "
+                                  "them that many rows per class")
+
+
+def test_a_few_shot_beyond_what_clients_hold_is_said_of_a_stored_partition_too(toy_store, caplog):
+    """Said only as the partition was made: a run on it, or the same `fedcache partition`, said nothing."""
+    import logging
+
+    from fedcache.cli import main
+
+    argv = ["partition", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "--partition", "iid",
+            "--clients", "2", "--few-shot", "20", "--seed", "731"]
+    import fedcache.partitioning
+
+    for _ in range(2):  # made, then read back (as another process would: this one says each partition's once)
+        fedcache.partitioning._SAID.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert main(argv) == 0
+        assert "--few-shot 20: 2 of 2 clients hold fewer than 20 training rows of every class" in caplog.text
 
 
 def _labelled_npz(path, seed):

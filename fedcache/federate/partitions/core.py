@@ -19,6 +19,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.partitions.sampling import choice_sets
 from fedcache.registry import Registry
 from fedcache.store.keys import short_hash
+from fedcache.wording import named
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ def _check_few_shot(request: PartitionRequest, labels: np.ndarray) -> None:
     if request.few_shot > sizes[smallest]:
         raise ConfigError(
             f"few-shot {request.few_shot} is larger than a class: class {classes[smallest]} has only "
-            f"{sizes[smallest]} training rows in the whole dataset; use few_shot <= {sizes[smallest]}"
+            f"{sizes[smallest]} training rows in the whole dataset; use {named('--few-shot', 'few_shot')} <= {sizes[smallest]}"
         )
 
 
@@ -311,10 +312,9 @@ def subsample_filter(clients: list[np.ndarray], labels: np.ndarray, frac: float,
 
 
 def few_shot_filter(clients: list[np.ndarray], labels: np.ndarray, n: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Keep a random ``min(n, held)`` rows of each class each client holds. A client holding fewer than ``n`` of
-    every class it holds keeps all its rows: ``n`` is more than the data, which a warning says (a label-skewed
-    client short of its rare classes only is what a few-shot split of it means)."""
-    out, short, fewest = [], 0, n
+    """Keep a random ``min(n, held)`` rows of each class each client holds (``few_shot_short`` says where ``n`` is
+    more than the data)."""
+    out = []
     for rows in clients:
         shuffled = rng.permutation(rows)
         order = np.argsort(labels[shuffled], kind="stable")  # stable: keeps the shuffled order within a class
@@ -323,13 +323,25 @@ def few_shot_filter(clients: list[np.ndarray], labels: np.ndarray, n: int, rng: 
         held = np.diff(np.r_[starts, len(y)])
         rank = np.arange(len(y)) - np.repeat(starts, held)
         out.append(np.sort(shuffled[order[rank < n]]))
-        if len(held) and held.max() < n:
-            short, fewest = short + 1, min(fewest, int(held.min()))
-    if short:
-        log.warning("few_shot %d: %d of %d clients hold fewer than %d training rows of every class they hold (as few "
-                    "as %d) and keep all of them; a smaller few_shot gives every such client n rows per class",
-                    n, short, len(clients), n, fewest)
     return out
+
+
+def few_shot_short(partition: Partition, labels: np.ndarray) -> str:
+    """What a few-shot partition's clients lack, said where it is made and where a stored one is read again (said
+    once, where it was made, a run on it trained on every row without a word): a client holding fewer than the
+    few-shot number of every class it holds kept all its rows, the number being more than its data (a label-skewed
+    client short of its rare classes only is what a few-shot split of it means). "" where none is short."""
+    n = partition.request.few_shot
+    if n is None:
+        return ""
+    most = [np.bincount(labels[rows]) for rows in partition.train if len(rows)]
+    short = [held[held > 0] for held in most if held.max() < n]
+    if not short:
+        return ""
+    flag = named("--few-shot", "few_shot")
+    return (f"{flag} {n}: {len(short)} of {partition.n_clients} clients hold fewer than {n} training rows of every "
+            f"class they hold (as few as {min(int(h.min()) for h in short)}) and train on all of them; a smaller "
+            f"{flag} gives each of them that many rows per class")
 
 
 def cells(labels: np.ndarray, domains: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
