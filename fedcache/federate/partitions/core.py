@@ -71,7 +71,8 @@ class PartitionSpec(Checked):
     alpha: Positive = opt(0.5, help="Dirichlet concentration (dirichlet, domain-dirichlet); 0.1 gives strong label "
                                     "skew, 100 nearly IID.")
     shards: PositiveInt = opt(2, help="Shards per client (shards).")
-    few_shot: PositiveInt | None = opt(None, help="N training samples per class per client.")
+    few_shot: PositiveInt | None = opt(None, help="N training samples per class per client (default: every row; a "
+                                                  "client with fewer of each class keeps all of them).")
     class_budget: PositiveInt | None = opt(
         None, help="dirichlet, domain-dirichlet: spread only N x clients rows of each class by Dirichlet(alpha) over "
                    "all clients (about N per class per client; domain-dirichlet: each from its own domain), "
@@ -79,10 +80,12 @@ class PartitionSpec(Checked):
     subsample: Share = opt(1.0, help="Keep this fraction of each client's rows of each class (keeps its label mix).")
     clients_per_domain: PositiveInt | None = opt(
         None, help="Clients per domain (domain partitions; default: clients / domains).")
-    classes_per_client: PositiveInt | None = opt(None, help="Classes per client (class-disjoint).")
+    classes_per_client: PositiveInt | None = opt(
+        None, help="Classes per client (class-disjoint; default: every class, dealt in groups of sizes that differ by "
+                   "at most one; classes left over are in no client).")
     repeat_rate: Fraction = opt(0.0, help="Share of extra classes from other clients (class-disjoint).")
     local_test: PositiveInt = opt(1000, help="Local test rows per client, about: each (class, domain) share is rounded "
-                                             "half up (one row per cell if every share rounds to none).")
+                                             "half up (one row per (class, domain) pair if every share rounds to none).")
     local_test_mix: Literal["client", "uniform"] = opt(
         "client", help="client: a client's local test rows follow its (class, domain) mix; uniform: every class "
                        "alike, from the domains it holds (FedPCL's feature & label shift test sets).")
