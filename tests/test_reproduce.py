@@ -47,7 +47,7 @@ def test_fedpcl_table2_carries_the_papers_numbers():
 def test_dry_run_lists_runs_and_what_is_missing(preset, tmp_path, capsys):
     code = main(["reproduce", preset, "--dry-run", "--store", str(tmp_path / "none.zarr")])
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 1 and "missing (the 'how' column says how to get each): a run would stop at the first" in out
     p = rp.get(preset)
     assert p.title.split(" (")[0] in out
     # The paper is named as a reader finds it, not by the file name of the text it was read from

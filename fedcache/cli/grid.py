@@ -206,7 +206,7 @@ EXTRACT_OPTIONS = {o.name: o for o in extract_options()}  # reproduce extracts: 
 
 def reproduce(
     preset: Optional[str] = typer.Argument(None, help="A paper table (leave out to list them)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List what would run and what data, weights and methods are missing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would run and what data, weights and methods are missing (exit 1 if any is)."),
     store: Path = StoreOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<preset>)."),
     data_root: Optional[Path] = typer_option(EXTRACT_OPTIONS["data_root"]),
@@ -231,6 +231,11 @@ def reproduce(
         table.add_row(n.kind, n.name, status, n.how)
     print_table(table, flexible="how")
     if dry_run:
+        missing = [n for n in needs if not n.ok]
+        if missing:  # a script checks the machine by the exit status
+            console.print(f"{count(len(missing), 'need')} of {len(needs)} missing (the 'how' column says how to get "
+                          "each): a run would stop at the first", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
         return
     with threads_for(threads), _progress() as progress:
         html = rp.reproduce(p, store, out or Path("runs") / preset, data_root, w, jobs, ExtractProgress(progress))
