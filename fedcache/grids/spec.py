@@ -31,7 +31,7 @@ from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
 from fedcache.spec import (GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
                            grid_options, is_option, option, options, route)
-from fedcache.wording import by_keyword, filed, in_grid_file, named, swept, toml_key, typed_as
+from fedcache.wording import by_keyword, did_you_mean, filed, in_grid_file, named, swept, toml_key, typed_as
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
@@ -278,9 +278,11 @@ class GridSpec:
         unknown = [k for k in self.select if k not in self.sweep]
         if unknown:
             axes = [k for k, vs in self.sweep.items() if len(vs) > 1]  # a key given one value is fixed, not an axis
+            typo = next((a for a in axes if did_you_mean(a, unknown)), None)  # --set lrr=... --select lr
             raise ConfigError(f"{lead}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not an axis of this "
-                              f"grid (axes: {', '.join(axes) or 'none'}); give the values to choose from as an "
-                              f"axis, {example}")
+                              f"grid (axes: {', '.join(axes) or 'none'}); "
+                              + (f"is the axis {typo} a typo of {', '.join(unknown)}? " if typo else "")
+                              + f"give the values to choose from as an axis, {example}")
         single = [k for k in self.select if len(self.sweep[k]) == 1]
         if single:  # a validation stage with nothing to choose would double the grid's work for no choice
             k = single[0]
