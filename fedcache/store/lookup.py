@@ -411,8 +411,12 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
         return EntryNotFoundError(found + f"; or extract them: `fedcache extract {pasted('--store', path)}{_dataset(like)} "
                                   f"{pasted('--backbones', backbone)}`", ("backbone", backbone), found)
     held = [e for s, e in cur.items() if s[0] == dataset and s[3] == backbone]
+    splits = sorted({e.key["split"] for e in held})
+    typo = did_you_mean(split, splits)
+    if typo:  # `--splits trian` was told to extract the split trian
+        return EntryNotFoundError(where + f"{typo}; its splits: {', '.join(splits)}")
     return EntryNotFoundError(
-        where + f" (only {', '.join(sorted({e.key['split'] for e in held}))}): extract that split, as the others were "
+        where + f" (only {', '.join(splits)}): extract that split, as the others were "
         f"made ({made_as_said(path, newest(held), split)}), or import it if these are imported embeddings "
         f"(`fedcache store import FILE {pasted('--store', path, '--dataset', dataset, '--backbone', backbone)} "
         f"{pasted('--split', split)}`)")

@@ -117,6 +117,9 @@ def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
     with pytest.raises(EntryNotFoundError, match=r"no test features of ds for bb \(only train\).*--splits test.*"
                                                  r"fedcache store import FILE .* --split test"):
         store.read("ds", "test", "bb")
+    with pytest.raises(EntryNotFoundError, match=r"no trian features of ds for bb \(did you mean 'train'\?\); its "
+                                                 r"splits: train$"):  # not: extract the split trian
+        store.read("ds", "trian", "bb")
     k = EntryKey("ds", "fp", "test", "all", "bb", "w1", {"size": 32}, dtype="float32")
     with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
         w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
