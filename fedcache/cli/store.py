@@ -28,9 +28,13 @@ def store_ls(store: Path = StoreOpt) -> None:
     """List the entries of a store (stale: superseded by a newer extraction or import of the same data)."""
     from fedcache.store.lookup import misplaced_entries
 
+    from fedcache.store.feature_store import superseded_partials
+
     fs = _open_store(store)
     infos = fs.entries()
-    current, misplaced = {e.entry_id for e in fs.current(infos).values()}, misplaced_entries(infos)
+    now = fs.current(infos)
+    current, misplaced = {e.entry_id for e in now.values()}, misplaced_entries(infos)
+    superseded = {e.entry_id for e in superseded_partials(infos, now)}
     table = Table(box=None)
     table.add_column("id", no_wrap=True, min_width=16)
     for col in ("dataset", "split", "domain", "backbone", "view", "rows", "dim", "disk", "memory", "status"):
@@ -41,7 +45,7 @@ def store_ls(store: Path = StoreOpt) -> None:
         disk, memory = fs.sizes(e)
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
                       str(e.dim), human_bytes(disk), human_bytes(memory),
-                      _status(fs, e, misplaced, current))
+                      _status(fs, e, misplaced, current, superseded))
     texts = fs.text_entries()
     if infos:
         print_table(table, optional=("view", "memory", "dim", "disk"))
@@ -49,7 +53,7 @@ def store_ls(store: Path = StoreOpt) -> None:
         console.print(f"{store}: " + ("no image features" if texts else "empty store"), highlight=False)
     if texts:
         console.print(_texts_said(texts), highlight=False)
-    _say_unfinished(fs, infos)
+    _say_unfinished(fs, infos, superseded, store)
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
         console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade "
@@ -67,12 +71,17 @@ def _texts_said(texts: list[tuple[str, dict]]) -> str:
     return f"{count(len(texts), 'set')} of class-text embeddings: " + "; ".join(sorted(said))
 
 
-def _say_unfinished(fs, infos) -> None:
+def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
     """The partial entries' commands: the table says which are partial, not how to finish them (an augmented view's
-    is an `extract --views`, which the plain extraction of its split is not)."""
+    is an `extract --views`, which the plain extraction of its split is not). Those an entry completed since
+    superseded are stale: their command would make another entry, not finish them."""
     from fedcache.store import lookup
 
-    partial = [e for e in infos if not e.complete and not e.damaged]
+    if superseded:
+        console.print(f"{count(len(superseded), 'partial entry', 'partial entries')} superseded by an entry completed "
+                      f"since (runs read that one): `fedcache store rm --stale {pasted('--store', store)}` removes "
+                      f"{'it' if len(superseded) == 1 else 'them'}", highlight=False, soft_wrap=True)
+    partial = [e for e in infos if not e.complete and not e.damaged and e.entry_id not in superseded]
     if partial:
         hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
         console.print(f"{count(len(partial), 'partial entry', 'partial entries')} (an extraction or import interrupted, or "
@@ -91,7 +100,7 @@ def human_bytes(n: int) -> str:
 _SEE_VERIFY = " (see `store verify`)"
 
 
-def _status(fs, e, misplaced: dict, current: set) -> str:
+def _status(fs, e, misplaced: dict, current: set, superseded: set) -> str:
     if e.damaged or e.entry_id in misplaced:  # the latter: no read can place its rows
         return f"[red]{'unreadable' if e.denied else 'damaged'}[/]{_SEE_VERIFY}"
     if not e.complete:
@@ -101,6 +110,8 @@ def _status(fs, e, misplaced: dict, current: set) -> str:
             return f"[red]unreadable[/]{_SEE_VERIFY}"
         if done is None:
             return f"[red]damaged[/]{_SEE_VERIFY}"
+        if e.entry_id in superseded:
+            return "[dim]stale (partial)[/]"
         return f"[yellow]partial {_kept(fs, e, done)}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 

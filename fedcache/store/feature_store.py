@@ -455,7 +455,8 @@ class FeatureStore(TextEmbeddings, Removal):
             return "unreadable", exc.problem
         if done is None:  # its extraction cannot resume it: re-running it replaces the entry, as a damaged one
             return "damaged", "not complete, and its done flags (which chunks were written) cannot be read"
-        return "partial", "not complete yet: resumed by re-running its extraction"
+        return "partial", ("not complete yet: resumed by re-running its extraction, unless one completed since "
+                           "superseded it (`store ls` lists those as stale)")
 
     def sizes(self, info: EntryInfo) -> tuple[int, int]:
         """(bytes on disk, bytes in memory once read): its files, and its valid rows as float32 features
@@ -481,7 +482,18 @@ class FeatureStore(TextEmbeddings, Removal):
             f"{pasted('--store', self.path)}` checks every entry", problem)
 
     def stale(self) -> list[EntryInfo]:
-        """Complete entries superseded by a newer one in the same slot (never read again)."""
+        """Complete entries superseded by a newer one in the same slot (never read again), and partial ones that an
+        entry completed since they were begun superseded (:meth:`superseded_partials`)."""
         infos = self.entries()
-        cur = {e.entry_id for e in self.current(infos).values()}
-        return [e for e in infos if e.complete and e.entry_id not in cur]
+        current = self.current(infos)
+        cur = {e.entry_id for e in current.values()}
+        return [e for e in infos if e.complete and e.entry_id not in cur] + superseded_partials(infos, current)
+
+
+def superseded_partials(infos: list[EntryInfo], current: dict[tuple, EntryInfo]) -> list[EntryInfo]:
+    """Partial entries whose slot holds an entry completed after they were begun: an extraction of the same images
+    with other options, or of images changed since (whose key the partial one's command no longer makes: it wrote
+    that newer entry, and listed the partial one to be finished for good). Runs read the newer one; a partial one
+    finished later would be read instead, as the last asked for, but one of changed images never can be."""
+    return [e for e in infos if not e.complete and not e.damaged and e.slot in current
+            and (current[e.slot].completed_at or "") > str(e.attrs.get("created_at") or "")]

@@ -27,7 +27,7 @@ from fedcache import disk
 from fedcache.errors import DiskFullError
 from fedcache.paths import check_name
 from fedcache.progress import StepCallback, said_step
-from fedcache.store.feature_store import ENTRIES, FeatureStore, import_lock
+from fedcache.store.feature_store import ENTRIES, FeatureStore, import_lock, superseded_partials
 from fedcache.store.importing import Checked, Split, read_checked
 from fedcache.store.keys import EntryKey
 from fedcache.store.writer import Part, open_writer
@@ -77,12 +77,14 @@ def import_file(store: FeatureStore | Path, path: Path, dataset: str, backbone: 
         with _one_import(store, dataset, backbone):
             infos = store.entries()
             complete = {e.entry_id for e in infos if e.complete}
-            current = {e.entry_id for e in store.current(infos).values()}
+            now = store.current(infos)
+            current = {e.entry_id for e in now.values()}
+            stale_before = (complete - current) | {e.entry_id for e in superseded_partials(infos, now)}
             ids = _write_entries(store, checked, EntryKey(dataset=dataset, dataset_fingerprint=digest, split="",
                                                           domain="", backbone=backbone, weights_hash=f"imported:{digest}",
                                                           preprocess={}, dtype="float32"), made, _Rows(checked, on_rows))
             return Imported(ids, [i for i in ids if i not in complete], set(ids) <= current,
-                            sorted({e.entry_id for e in store.stale()} - (complete - current)))
+                            sorted({e.entry_id for e in store.stale()} - stale_before))
     except DiskFullError:
         # An import is all or nothing (a bad file writes nothing either): what it wrote goes, and the space with it.
         disk.discard([where] if new_store else [where / ENTRIES / eid for eid in made])

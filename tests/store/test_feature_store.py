@@ -492,3 +492,23 @@ def test_a_store_path_that_is_no_store_raises_the_builtin_it_is_a_case_of(tmp_pa
         FeatureStore(tmp_path / "a-file", create=False)
     with pytest.raises(StoreError, match=r"cannot make the feature store .*\(Not a directory\); give a --store"):
         FeatureStore(tmp_path / "a-file" / "s.zarr")
+
+
+def test_a_partial_entry_an_entry_completed_since_superseded_is_stale(store_path, capsys):
+    """Begun, then superseded (the images changed, or other options were extracted to the end): `store ls` told to
+    finish it with a command that made another entry, `store rm --stale` kept it, and it stayed for good."""
+    from fedcache.cli import main
+
+    store = FeatureStore(store_path)
+    with open_writer(store, key(size=48), 8, 3, 2, ATTRS, chunk_rows=4) as w:  # begun, then stopped
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    (partial,) = store.entries()
+    assert store.stale() == []  # nothing completed since: to be finished
+    write_all(store, key(), np.ones((4, 3)), np.zeros(4))
+    assert [e.entry_id for e in store.stale()] == [partial.entry_id]
+    assert main(["store", "ls", "--store", str(store_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "stale (partial)" in out and "1 partial entry superseded by an entry completed since (runs read that one): "\
+           f"`fedcache store rm --stale --store {store_path}` removes it" in out and "finish it with" not in out, out
+    assert main(["store", "rm", "--stale", "--store", str(store_path)]) == 0
+    assert [e.entry_id for e in FeatureStore(store_path).entries()] == [key().entry_id]
