@@ -332,7 +332,7 @@ def _import_with_progress(store: Path, file: Path, dataset: str, backbone: str, 
         def on_rows(done: int, total: int) -> None:
             nonlocal task
             if task is None:
-                task = progress.add_task("rows written", total=total)
+                task = progress.add_task("rows in the store", total=total)  # a re-import counts those kept
             progress.update(task, completed=done)
 
         return import_file(store, file, dataset, backbone, split, on_step=step_printer(progress.console), on_rows=on_rows)
