@@ -3,7 +3,7 @@
 A rich progress bar draws nothing when stderr is redirected, so a long `extract` or `grid` in a log looked
 hung. `PlainProgress` takes the calls the CLI makes on a rich `Progress` (`add_task`, `advance`, `update`,
 `console`) and prints a line when a task starts, at every tenth of its total (at most one line per
-`min_interval` seconds), and when it finishes, with the rate and the remaining time.
+`min_interval` seconds) with the time left, and when it finishes, with the time it took.
 
 `said_step` is for the steps before a task starts (a grid reading its features): logged, and said where slow;
 `said_now` for a step said as it starts, one slow whatever the data (Ray starting). `check_callback` refuses a
