@@ -168,8 +168,11 @@ def test_an_extraction_interrupted_mid_chunk_resumes_after_the_rows_it_wrote(tmp
         extract(cfg(store, chunk_rows=None), progress=_interrupt_after(3))  # 12 of the first entry's 30 rows
     assert [e.n_rows // e.attrs["chunk_rows"] for e in FeatureStore(store).entries()] == [0]  # one chunk, not done
     counted, total = _count_embedded(monkeypatch), sum(e.n_rows for e in FeatureStore(tmp_path / "ref.zarr").entries())
-    reports = extract(cfg(store, chunk_rows=None))
+    events = []
+    reports = extract(cfg(store, chunk_rows=None), progress=events.append)
     assert counted["rows"] == total - 12 and reports[0].rows == 30 - 12
+    said = [e.message for e in events if e.kind == "info" and "resuming" in (e.message or "")]
+    assert len(said) == 1 and said[0].endswith(", 12 of 30 rows kept from an interrupted extraction"), said
     ref, run = all_arrays(tmp_path / "ref.zarr"), all_arrays(store)
     assert ref.keys() == run.keys()
     for eid in ref:
