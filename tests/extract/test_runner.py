@@ -501,7 +501,8 @@ def test_reader_refuses_to_mix_domains_made_by_different_weights(store_path):
     extract(cfg(store_path, splits=("test",)))
     extract(cfg(store_path, splits=("test",), domains=["light"], image_size=24))
     with pytest.raises(StoreError, match=r"different weights, preprocessing or imported files \(light extracted \(\w+\), "
-                                         r"dark extracted \(\w+\)\); re-run `fedcache extract"):
+                                         r"dark extracted \(\w+\)\): they differ in size: \d+ in dark, 24 in light "
+                                         r"\(the newest\); re-run `fedcache extract"):
         FeatureStore(store_path).read("test-toy", "test", "tiny-timm-random")
 
 

@@ -179,7 +179,8 @@ def test_a_table_takes_the_domains_its_newest_entry_names_whichever_sorts_first(
     made = "a imported, b extracted" if imported == "a" else "a extracted, b imported"  # which domain came from which
     write_all(store, key(domain=other), rows, np.zeros(4), attrs=both)  # extracted again: current, the newest
     with pytest.raises(StoreError, match=r"ds/train for bb were made by different weights, preprocessing or imported "
-                                         rf"files \({made}\); re-run `fedcache extract "
+                                         rf"files \({made}\): they differ in .*weights: imported:f in {imported}, w1 "
+                                         rf"in {other} \(the newest\); re-run `fedcache extract "
                                          r"--store .* --dataset ds --backbones bb --image-size 32`"):
         store.table_entries("ds", "train", "bb")
     write_all(store, key(domain=imported), rows, np.zeros(4), attrs=both)  # the extraction said: every domain again
@@ -197,7 +198,9 @@ def test_a_mix_of_two_extractions_names_each_domains_entries(store_path):
     with pytest.raises(StoreError) as mixed:
         store.table_entries("ds", "train", "bb")
     a, b = key(domain="a").entry_id, key(size=64, domain="b").entry_id
-    assert f"imported files (a extracted ({a}), b extracted ({b})); re-run" in str(mixed.value)
+    # And what the two differ in: a refusal naming only the domains left the user to guess which option it was.
+    assert (f"imported files (a extracted ({a}), b extracted ({b})): they differ in size: 32 in a, 64 in b (the "
+            "newest); re-run") in str(mixed.value)
 
 
 def test_new_key_in_same_slot_supersedes_old(store_path):
