@@ -74,11 +74,15 @@ class StoreError(FedcacheError):
 
 
 class StoreNotFoundError(StoreError, FileNotFoundError):
-    """No feature store at the path given (a run reads one, it never makes one)."""
+    """No feature store at the path given (a run reads one, it never makes one): the command as given is refused."""
+
+    refused_as_given = True
 
 
 class StoreIsAFileError(StoreError, NotADirectoryError):
-    """The store's path is a file: a store is a folder."""
+    """The store's path is a file: a store is a folder (the command as given is refused)."""
+
+    refused_as_given = True
 
 
 class EntryNotFoundError(StoreError, KeyError):
@@ -132,6 +136,10 @@ class DamagedCheckpointError(FedcacheError):
 
 class EntryLockedError(StoreError):
     """Another process is writing the same entry."""
+
+
+class UnknownEntryError(EntryNotFoundError, UnknownNameError):
+    """An entry id (or prefix) that no entry of the store has (`store info`, `store rm`): an unknown name."""
 
 
 class DamagedFileError(FedcacheError, ValueError):

@@ -129,7 +129,7 @@ def test_store_rm_finds_every_id_before_it_removes_any_and_takes_no_one_characte
     code, _, err = run(capsys, "store", "rm", ids[0][:3], "--store", str(store))
     assert code == 2 and f"{ids[0][:3]!r}: give at least 4 characters of an entry id to remove it" in err, err
     code, _, err = run(capsys, "store", "rm", ids[0], "nosuch", "--store", str(store))
-    assert code == 1 and "no entry 'nosuch'" in err
+    assert code == 2 and "no entry 'nosuch'" in err  # an unknown name
     assert sorted(e.entry_id for e in FeatureStore(store).entries()) == ids
     code, out, _ = run(capsys, "store", "rm", ids[0][:4], ids[0], "--store", str(store))  # one entry, named twice
     assert code == 0 and out.count("removed") == 1 and len(FeatureStore(store).entries()) == len(ids) - 1
@@ -157,7 +157,7 @@ def test_store_rm_of_what_runs_read_says_which_earlier_entry_they_read_now(capsy
 
 def test_store_rm_without_targets_and_missing_store(capsys, tmp_path):
     code, _, err = run(capsys, "store", "ls", "--store", str(tmp_path / "none.zarr"))
-    assert code == 1 and "no feature store" in err
+    assert code == 2 and "no feature store" in err  # the command as given is refused
 
 
 def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
@@ -165,7 +165,7 @@ def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
     for store, backbone in ((tmp_path / "none.zarr", "tiny-timm-random"), (toy_store, "tiny-clip-random")):
         code, _, err = run(capsys, "train", "--store", str(store), "-d", "test-toy", "-b", backbone, "-m", "fedavg",
                            "--rounds", "2", "--out", str(tmp_path / "run"))
-        assert code == 1 and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
+        assert code in (1, 2) and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
 
 
 def test_train_says_a_slow_data_read_before_its_rounds(capsys, toy_store, tmp_path, monkeypatch):
@@ -235,7 +235,7 @@ def test_partition_says_a_slow_data_read_before_its_line(capsys, toy_store, tmp_
         rf"{re.escape(str(toy_store))}, partition [0-9a-f]+", err.strip()), (out, err)
     code, out, err = run(capsys, "partition", "--store", str(tmp_path / "none.zarr"), "-d", "test-toy", "-b",
                          "tiny-timm-random")
-    assert code == 1 and not out and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and not out and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.slow
@@ -305,7 +305,7 @@ def test_a_mistyped_command_is_refused_before_torch_loads(tmp_path, command):
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     said = FAST_REFUSALS[command].format(methods=", ".join(METHODS.names()), store=store)
     assert done.stderr.splitlines() == [f"error: {said}"], done.stderr
-    assert done.stdout.split() == [str(1 if name == "shard" else 2), "False"], (done.stdout, done.stderr)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
 
 
 def test_a_slow_import_is_said_while_it_runs(capsys, monkeypatch):

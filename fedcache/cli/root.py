@@ -174,7 +174,8 @@ def _command(argv: list[str] | None) -> int:
             raise
         # escape: a message quoting a value or a TOML table ([set]) is text, not markup
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2 if isinstance(exc, (ConfigError, UnknownNameError)) else 1
+        refused = isinstance(exc, (ConfigError, UnknownNameError)) or getattr(exc, "refused_as_given", False)
+        return 2 if refused else 1  # 2: the command as given is refused (docs/getting-started.md)
     except OSError as exc:  # a full disk, an unwritable path, in a write fedcache does not check itself: one line too
         if debug:
             raise

@@ -24,7 +24,8 @@ import zarr
 
 from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
-                             StoreError, StoreIsAFileError, StoreNotFoundError, UnreadableEntryError)
+                             StoreError, StoreIsAFileError, StoreNotFoundError, UnknownEntryError,
+                             UnreadableEntryError)
 from fedcache.paths import denied_problem, is_denied, owner, store_denied, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
@@ -209,7 +210,7 @@ class FeatureStore(TextEmbeddings, Removal):
             matches = [e for e in ids if e.startswith(entry_id)]
             if len(matches) != 1:
                 many = f" (matches {len(matches)}: give more characters)" if matches else ""
-                raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}{many}; list them with "
+                raise UnknownEntryError(f"no entry {entry_id!r} in {self.path}{many}; list them with "
                                          f"`fedcache store ls {pasted('--store', self.path)}`")
             entry_id = matches[0]
         return self._info(entry_id)

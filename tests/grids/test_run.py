@@ -426,7 +426,7 @@ def test_a_slow_step_goes_to_a_log_file(toy_store, tmp_path):
 
 def test_grid_cli_errors_are_one_line(tmp_path, capsys):
     code = main(["grid", "--store", str(tmp_path / "none.zarr"), "-d", "x", "-b", "y", "-m", "fedavg", "--out", str(tmp_path / "g")])
-    assert code == 1 and "no feature store" in capsys.readouterr().err
+    assert code == 2 and "no feature store" in capsys.readouterr().err
     code = main(["grid", "-d", "x", "-b", "y", "--out", str(tmp_path / "g")])
     assert code == 2 and "--method" in capsys.readouterr().err
 

@@ -389,7 +389,7 @@ def test_the_import_command_says_a_slow_check_and_its_rows(store_path, tmp_path,
     assert main(["store", "import", str(path), "--store", str(store_path), "-d", "mine", "-b", "enc"]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert re.fullmatch(rf"{re.escape(str(path))} checked in \d+\.\d s: 20 rows of 4 features in 1 split \(train\)", lines[0])
-    assert lines[1] == "rows written 0/20 (0%)" and re.fullmatch(r"rows written 20/20 \(100%\) in \d+s", lines[2]), lines
+    assert lines[1] == "rows in the store 0/20 (0%)" and re.fullmatch(r"rows in the store 20/20 \(100%\) in \d+s", lines[2]), lines
     assert len(lines) == 3, lines  # the time is the machine's (1s under load), the words are ours
     bad = tmp_path / "bad.npz"
     np.savez(bad, features=np.zeros((3, 2)))
