@@ -184,7 +184,8 @@ def method_class(name: str):
 # ---- options: the fields the command line and the API name ------------------------------------
 # ``--set key=value``: not a field of the tree but what overrides its method, optimizer and head settings.
 SETTINGS = Option("method", "settings", tuple[str, ...], Opt(
-    help="key=value for method / optimizer hyperparameters (repeatable).", flag="--set", axis=False, recorded=False,
+    help="key=value for method / optimizer hyperparameters (repeatable; `fedcache methods NAME` lists a method's).",
+    flag="--set", axis=False, recorded=False,
     sep=" ", repeatable=True), ())
 
 

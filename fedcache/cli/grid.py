@@ -191,7 +191,7 @@ _grid.__signature__ = _grid_signature()
 
 
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory (train --out) or a grid directory (grid --out)."),
+    run_dir: Path = typer.Argument(..., help="A run directory (train --out), a grid directory (grid --out), or any folder of them."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where report.html, report.md and report-figures/ go (default: the directory itself)."),
 ) -> None:
     """A self-contained HTML report (and markdown): tables, accuracy per round, fairness, bytes, partitions."""

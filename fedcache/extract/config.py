@@ -73,12 +73,12 @@ class ExtractConfig(Checked):
                                      help="Comma-separated backbone names (see `fedcache backbones`).")
     store: Path = opt(factory=default_store, help=STORE_HELP)
     dataset_options: DatasetOptions = field(default_factory=DatasetOptions)  # its fields are options of their own
-    splits: tuple[str, ...] = opt(("train", "test"), help="Splits to extract.")
+    splits: tuple[str, ...] = opt(("train", "test"), help="Splits to extract (train, test).")
     domains: tuple[str, ...] | None = opt(None, help="Only these domains (comma-separated).")
     device: str = opt("auto", help="auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
         "auto", help="auto (bf16/fp16 on CUDA, fp32 on CPU and MPS), fp32, bf16, fp16 (not bf16 on MPS).")
-    image_size: PositiveInt | None = opt(None, help="Input size (default: the dataset's, else the backbone's).")
+    image_size: PositiveInt | None = opt(None, help="Input size in pixels, square (default: the dataset's, else the backbone's).")
     views: NonNegativeInt = opt(0, help="Also store K augmented views per training image.")
     view_recipe: Annotated[str, Choices(_recipes)] = opt(
         "simclr", help="Augmentation recipe for --views (simclr, simclr-noflip).")
@@ -98,7 +98,8 @@ class ExtractConfig(Checked):
                    "entry's only: one begun keeps its own.")
     name: str | None = opt(None, help="Name of the dataset in the store (give each image folder its own).")
     image_noise: tuple[NoiseKind, NonNegative, Fraction] | None = opt(
-        None, help="KIND,SCALE,P: encode (1-P)*x + noise (gaussian|laplace), FedPCL Table 15.")
+        None, help="KIND,SCALE,P: training images only, encoded as (1-P)*x + noise of KIND (gaussian|laplace) and "
+                   "SCALE (the std, or laplace's scale): FedPCL Table 15.")
 
     def __post_init__(self) -> None:
         # Python callers give lists where the command line gives comma lists (backbones=["a"]): both are tuples here.
