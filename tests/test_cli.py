@@ -149,8 +149,8 @@ def test_store_rm_of_what_runs_read_says_which_earlier_entry_they_read_now(capsy
     (new,) = [e for e in FeatureStore(store).entries() if e.entry_id != old.entry_id]
     code, out, _ = run(capsys, "store", "rm", new.entry_id, "--store", str(store))
     said = " ".join(out.split())
-    assert code == 0 and (f"runs of test-toy/test/light tiny-timm-random now read {old.entry_id}, an earlier extraction "
-                          "made with other options") in said, said
+    assert code == 0 and (f"runs of test-toy/test/light tiny-timm-random now read {old.entry_id}, an earlier entry of "
+                          "that data") in said, said
     code, out, _ = run(capsys, "store", "rm", old.entry_id, "--store", str(store))
     assert code == 0 and "now read" not in out
 
@@ -162,10 +162,11 @@ def test_store_rm_without_targets_and_missing_store(capsys, tmp_path):
 
 def test_train_that_cannot_start_says_only_why(capsys, toy_store, tmp_path):
     """No progress line before the error: a run whose store or features are missing never started a round."""
-    for store, backbone in ((tmp_path / "none.zarr", "tiny-timm-random"), (toy_store, "tiny-clip-random")):
+    # No store at --store refuses the command as given (2); features the store lacks stop it (1).
+    for store, backbone, exit_code in ((tmp_path / "none.zarr", "tiny-timm-random", 2), (toy_store, "tiny-clip-random", 1)):
         code, _, err = run(capsys, "train", "--store", str(store), "-d", "test-toy", "-b", backbone, "-m", "fedavg",
                            "--rounds", "2", "--out", str(tmp_path / "run"))
-        assert code in (1, 2) and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
+        assert code == exit_code and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1, err
 
 
 def test_train_says_a_slow_data_read_before_its_rounds(capsys, toy_store, tmp_path, monkeypatch):
@@ -640,7 +641,7 @@ def test_help_in_80_columns_shows_every_option_s_name_whole(capsys, monkeypatch,
     shown = capsys.readouterr().out
     assert max(map(len, shown.splitlines())) <= 80
     cmd = typer.main.get_command(app).commands[command]
-    names = [p.opts[0] for p in cmd.params if p.opts and p.opts[0].startswith("--")]
+    names = [p.opts[0] for p in cmd.params if p.opts and p.opts[0].startswith("--") and not getattr(p, "hidden", False)]
     assert names and [n for n in names if not re.search(rf"{re.escape(n)}[\s,│]", shown)] == []
 
 
@@ -675,6 +676,15 @@ def test_a_misspelled_option_or_command_is_one_line(argv, said, capsys):
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err.strip() == said and not captured.out, captured
+
+
+@pytest.mark.parametrize("argv", [[], ["store"]])
+def test_a_group_given_nothing_shows_its_help_alone(argv, capsys):
+    """The one-line handler of usage errors printed `error: . See ...` under the help of `fedcache store`."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert "Usage: fedcache" in shown and "error:" not in shown and "Commands" in shown, shown
 
 
 def test_every_command_and_argument_has_its_help_under_h(capsys, monkeypatch):

@@ -16,6 +16,7 @@ from rich.table import Table
 from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, console, loading_torch,
                                  print_table, step_printer, typer_option)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_option
+from fedcache.errors import ConfigError
 from fedcache.extract.config import options as extract_options
 from fedcache.spec import grid_options, option, options
 from fedcache.wording import count, pasted
@@ -42,7 +43,8 @@ def _grid(config: Optional[Path], store: Optional[Path], dataset: Optional[str],
     # names, what a grid may not give): a bad one is its line at once. The checks that read the methods' settings,
     # then the engines, import torch.
     with loading_torch("grid spec checked and fedcache.grids.run imported"):
-        spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select, train_options)
+        spec = _spec_of(config, store, dataset, backbones, method, settings, seeds, jobs, out, select,
+                        _switched_off(train_options))
         importlib.import_module("fedcache.grids.run")
     t0 = time.perf_counter()
     _check_device(spec)
@@ -166,10 +168,26 @@ def _grid_signature() -> inspect.Signature:
             opt, typ = typer.Option(None, *o.flags, help=f"{what}. One value for every cell, not an axis.{shown}"), Optional[str]
         elif o.base is bool:  # a switch sets every cell
             opt, typ = typer.Option(None, *o.flags, help=f"{what}. For every cell."), Optional[bool]
+            if "/" not in o.flags[0]:  # its --no- form turns off a grid file's true; hidden: the help's width
+                off = typer.Option(False, f"--no-{o.flags[0][2:]}", hidden=True, help=f"Turn off {o.flags[0]}.")
+                params.append(inspect.Parameter(NO + o.name, inspect.Parameter.KEYWORD_ONLY, default=off, annotation=bool))
         else:
             opt, typ = typer.Option(None, *o.flags, help=f"{what}. v1,v2,... makes an axis.{shown}"), Optional[str]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ))
     return inspect.Signature(params)
+
+
+NO = "no_"  # the parameter of a switch's hidden --no- form: no_validation
+
+
+def _switched_off(train_options: dict) -> dict:
+    """The switches given in their --no- form (``no_validation``), as False: a grid file's true is overridden."""
+    off = {k[len(NO):] for k in list(train_options) if k.startswith(NO) and train_options.pop(k)}
+    for name in off:
+        if train_options.get(name):
+            raise ConfigError(f"--{name.replace('_', '-')} and --no-{name.replace('_', '-')} both given; keep one")
+        train_options[name] = False
+    return train_options
 
 
 def _metavar(o) -> str:

@@ -159,6 +159,9 @@ def _command(argv: list[str] | None) -> int:
         err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except UsageError as exc:  # an option or command misspelled, an extra argument: one line, as any other mistake
+        if not exc.format_message():  # no arguments at all (click's NoArgsIsHelpError): the help, shown already
+            exc.show()
+            return exc.exit_code
         where = exc.ctx.command_path if exc.ctx else "fedcache"
         said = exc.format_message()
         err.print(f"[red]error:[/] {escape(said)}{'' if said.endswith(('.', '?', '?)')) else '.'} See `{where} --help`.",

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.table import Table
 
 from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table, step_printer
-from fedcache.errors import ConfigError, UnreadableEntryError
+from fedcache.errors import ConfigError, EntryLockedError, UnreadableEntryError
 from fedcache.wording import count, pasted
 
 store_app = typer.Typer(no_args_is_help=True, context_settings=HELP_FLAGS, cls=Group, help="Inspect and manage a feature store.")
@@ -80,7 +80,8 @@ def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
     if superseded:
         console.print(f"{count(len(superseded), 'partial entry', 'partial entries')} superseded by an entry completed "
                       f"since (runs read that one): `fedcache store rm --stale {pasted('--store', store)}` removes "
-                      f"{'it' if len(superseded) == 1 else 'them'}", highlight=False, soft_wrap=True)
+                      f"{'it' if len(superseded) == 1 else 'them'} (one an extraction still writes is kept)",
+                      highlight=False, soft_wrap=True)
     partial = [e for e in infos if not e.complete and not e.damaged and e.entry_id not in superseded]
     if partial:
         hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
@@ -240,26 +241,34 @@ def store_rm(
     fs = _open_store(store)
     # Every id is found before any entry goes: a typo in the third left the first two removed.
     named_ones = [fs.info(e).entry_id for e in entries or []]
-    targets = list(dict.fromkeys(named_ones + ([e.entry_id for e in fs.stale()] if stale else [])))
+    stale_ones = [e.entry_id for e in fs.stale()] if stale else []
+    targets = list(dict.fromkeys(named_ones + stale_ones))
     if not targets:  # --stale on a store with none: nothing to do, which is no error
         console.print(f"no stale entries in {store}: nothing removed", soft_wrap=True, highlight=False)
     read_before = {e.entry_id: slot for slot, e in fs.current().items()}
     for eid in targets:
-        info = fs.remove(eid)
+        try:
+            info = fs.remove(eid)
+        except EntryLockedError as exc:
+            if eid in named_ones:  # asked for by name: the refusal is the answer
+                raise
+            # A stale partial entry that an extraction is writing after all: it goes on, and so does the clean-up.
+            console.print(f"kept {eid}: {exc}", soft_wrap=True, highlight=False)
+            continue
         console.print(f"removed {info.entry_id} ({info.key.get('dataset')}/{info.key.get('split')}/{info.key.get('domain')} {info.key.get('backbone')})")
     _say_read_instead(fs, [read_before[e] for e in targets if e in read_before], store)
 
 
 def _say_read_instead(fs, slots: list, store: Path) -> None:
-    """The entries runs read now where the ones they read were removed: an older extraction of the same images,
-    made with other options (another --image-size, seed, precision), took their place without a word."""
+    """The entries runs read now where the ones they read were removed: an older entry of the same data (another
+    --image-size, seed, precision, or an import) took their place without a word."""
     now = fs.current()
     for slot in slots:
         if slot in now:
             e = now[slot]
             console.print(f"runs of {e.key.get('dataset')}/{e.key.get('split')}/{e.key.get('domain')} "
-                          f"{e.key.get('backbone')} now read {e.entry_id}, an earlier extraction made with other options "
-                          f"(`fedcache store info {e.entry_id} {pasted('--store', store)}` shows them)",
+                          f"{e.key.get('backbone')} now read {e.entry_id}, an earlier entry of that data "
+                          f"(`fedcache store info {e.entry_id} {pasted('--store', store)}` shows how it was made)",
                           soft_wrap=True, highlight=False)
 
 

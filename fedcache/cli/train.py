@@ -76,22 +76,27 @@ def train(threads: int | None = None, **given) -> None:
 
 
 def _one_value_only(exc: ConfigError | UnknownNameError, given: dict) -> ConfigError | UnknownNameError:
-    """An option or --set refused whose value was a comma list: `train` runs one value, where `grid` (its options
-    under the same names) makes the list an axis, which the user had most likely meant; or, a comma list of
-    settings, one --set each."""
+    """An option or --set refused for a value that was a comma list: `train` runs one value, where `grid` (its
+    options under the same names) makes the list an axis, which the user had most likely meant; or, a comma list of
+    settings, one --set each. Said only where the refusal names that value; the error is the same one, told more."""
+    said = str(exc)
     for pair in given.get("settings") or []:
         key, _, value = pair.partition("=")
         values = split_values(value)
+        if len(values) < 2 or value not in said:
+            continue
         if any("=" in v for v in values[1:]):
             each = " ".join(f"--set {p}" for p in [f"{key}={values[0]}", *values[1:]])
-            return type(exc)(f"{str(exc).rstrip('.')}; give one --set per setting: {each}")
-        if len(values) > 1:
-            return type(exc)(f"{str(exc).rstrip('.')}; {SEVERAL.format(pair=f'--set {pair}')}")
+            return _told(exc, f"give one --set per setting: {each}")
+        return _told(exc, SEVERAL.format(pair=f"--set {pair}"))
     listed = next((o for o in options() if o.base is not tuple and isinstance(given.get(o.name), str)
-                   and "," in given[o.name]), None)
-    if listed is None:
-        return exc
-    return type(exc)(f"{str(exc).rstrip('.')}; {SEVERAL.format(pair=f'{listed.flag} {given[listed.name]}')}")
+                   and "," in given[o.name] and given[o.name] in said), None)
+    return _told(exc, SEVERAL.format(pair=f"{listed.flag} {given[listed.name]}")) if listed else exc
+
+
+def _told(exc: Exception, more: str) -> Exception:
+    exc.args = (f"{str(exc).rstrip('.')}; {more}", *exc.args[1:])
+    return exc
 
 
 def _train_in_process(spec: RunSpec) -> tuple[dict, str]:

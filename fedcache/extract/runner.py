@@ -298,10 +298,11 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
         pending = writer.pending(cfg.part)
         rows = writer.rows_to_write(pending)
-        kept = len(samples) - writer.rows_to_write(writer.pending())
-        if kept:  # the count below starts at 0 of the rows left: said, or a resumed entry looked begun anew
+        # Of this part's rows (another part's are another process's): those a run before wrote.
+        mine = sum(hi - lo for lo, hi in map(writer.chunk_range, cfg.part.chunks(writer.n_chunks)))
+        if pending and mine - rows:  # the count below starts at 0 of the rows left: said, or it looked begun anew
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: resuming entry {key.entry_id}, "
-                               f"{kept} of {len(samples)} rows kept from an interrupted extraction"))
+                               f"{mine - rows} of {mine} rows kept from an interrupted extraction"))
         emit(ProgressEvent("start", key.label(), total=rows))
         bad = _fill_chunks(cfg, writer, samples, dataset.domains.index(domain), bb, plan, view, pending, emit, key)
         done = writer.finish(samples.source.describe)  # lists every bad image, also of the rows a run before kept

@@ -278,11 +278,12 @@ class GridSpec:
         unknown = [k for k in self.select if k not in self.sweep]
         if unknown:
             axes = [k for k, vs in self.sweep.items() if len(vs) > 1]  # a key given one value is fixed, not an axis
-            typo = next((a for a in axes if did_you_mean(a, unknown)), None)  # --set lrr=... --select lr
+            # --set lrr=... --select lr: the axis, not the selection, may hold the typo
+            typo = next(((a, u) for u in unknown for a in axes if did_you_mean(a, [u])), None)
+            asked = f"; is the axis {typo[0]} a typo of {typo[1]}?" if typo else ""
             raise ConfigError(f"{lead}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not an axis of this "
-                              f"grid (axes: {', '.join(axes) or 'none'}); "
-                              + (f"is the axis {typo} a typo of {', '.join(unknown)}? " if typo else "")
-                              + f"give the values to choose from as an axis, {example}")
+                              f"grid (axes: {', '.join(axes) or 'none'}{asked}); give the values to choose from as "
+                              f"an axis, {example}")
         single = [k for k in self.select if len(self.sweep[k]) == 1]
         if single:  # a validation stage with nothing to choose would double the grid's work for no choice
             k = single[0]

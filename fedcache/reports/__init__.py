@@ -70,7 +70,7 @@ def report_elsewhere() -> str:
 
 
 REPORT_LOCK = ".report.lock"
-REPORT_AGAIN = disk.again(kept="the last report there (if any) is kept as it was")
+REPORT_KEPT = "the last report there (if any) is kept as it was"  # a full disk's advice: disk.again(kept=...)
 REPORT_WAIT = 300.0  # seconds: a second report of the same directory waits for the first, then writes its own
 
 
@@ -83,7 +83,7 @@ def _write_report(root: Path, runs: list[Run], out: Path) -> ReportPaths:
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     try:
-        with disk.on_full_disk(out / HTML_NAME, "the report", remove=[staged], advice=REPORT_AGAIN):
+        with disk.on_full_disk(out / HTML_NAME, "the report", remove=[staged], advice=disk.again(kept=REPORT_KEPT)):
             sections, title = _sections(root, runs, staged)
             disk.write_staged(staged / HTML_NAME, render_html(title, sections).encode())  # reads the figures
             for sec in sections:  # where the figures will be

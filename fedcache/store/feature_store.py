@@ -59,7 +59,7 @@ def _named_by(newest: EntryInfo, e: EntryInfo) -> bool:
 
 # What a store's folder holds (a damaged store may lack its zarr.json): its groups, and the partitions that
 # fedcache/federate/partitions/storage.py writes beside them (PARTITIONS; a test holds the two equal).
-STORE_NAMES = (ENTRIES, TEXT, "partitions", "zarr.json")
+STORE_NAMES = (ENTRIES, TEXT, "partitions", "reports", "zarr.json")
 
 
 class FeatureStore(TextEmbeddings, Removal):
@@ -71,7 +71,7 @@ class FeatureStore(TextEmbeddings, Removal):
         if self.path.exists() and not self.path.is_dir():
             raise StoreIsAFileError(f"{self.path} is a file, not a feature store (a store is a folder); give the store's folder "
                              f"as {named('--store', 'store')}, or a new folder's path to create one")
-        self._refuse_a_users_folder()
+        self._refuse_a_users_folder(create)
         try:
             self.root = self._open_root(create)
         except DiskFullError:
@@ -79,16 +79,22 @@ class FeatureStore(TextEmbeddings, Removal):
                 disk.discard([self.path])
             raise
 
-    def _refuse_a_users_folder(self) -> None:
+    def _refuse_a_users_folder(self, create: bool) -> None:
         """A folder of other files (a data root, photos, given as --store by mistake) was made a store in place,
-        its files left among the store's."""
+        its files left among the store's. What a store being made holds is not theirs: Zarr writes its zarr.json
+        through a ``*.partial`` file beside it, and a file system's root has its lost+found."""
         if not self.path.is_dir() or (self.path / "zarr.json").exists():
             return
-        theirs = sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in STORE_NAMES)
+        theirs = sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in STORE_NAMES
+                        and not p.name.endswith(".partial") and p.name != "lost+found")
         if theirs:
             shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
-            raise StoreError(f"{self.path} is a folder of other files ({shown}), not a feature store; give a new "
-                             f"folder's path (or a store's) as {named('--store', 'store')}")
+            store = named("--store", "store")
+            if not create:
+                raise StoreNotFoundError(f"no feature store at {self.path} (a folder of other files: {shown}); give "
+                                         f"the store's folder as {store}")
+            raise StoreNotFoundError(f"{self.path} is a folder of other files ({shown}), not a feature store; give a "
+                                     f"new folder's path (or a store's) as {store}")
 
     def _open_root(self, create: bool) -> zarr.Group:
         mode = "a" if create else "r+"

@@ -413,8 +413,11 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
     held = [e for s, e in cur.items() if s[0] == dataset and s[3] == backbone]
     splits = sorted({e.key["split"] for e in held})
     typo = did_you_mean(split, splits)
-    if typo:  # `--splits trian` was told to extract the split trian
-        return EntryNotFoundError(where + f"{typo}; its splits: {', '.join(splits)}")
+    if typo:  # `--splits trian` was told to extract the split trian; one of another name is an import's
+        return EntryNotFoundError(
+            where + f"{typo}; its splits: {', '.join(splits)}; a split of another name comes of an import "
+            f"(`fedcache store import FILE {pasted('--store', path, '--dataset', dataset, '--backbone', backbone)} "
+            f"{pasted('--split', split)}`)")
     return EntryNotFoundError(
         where + f" (only {', '.join(splits)}): extract that split, as the others were "
         f"made ({made_as_said(path, newest(held), split)}), or import it if these are imported embeddings "

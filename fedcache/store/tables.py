@@ -150,7 +150,8 @@ def _differing(entries: list[EntryInfo], last: EntryInfo) -> str:
 
     said = []
     for f in fields[:3]:
-        theirs = ", ".join(f"{value(made(e).get(f))} in {e.key['domain']}" for e in other[:3])
+        differ = [e for e in other if made(e).get(f) != want.get(f)]
+        theirs = ", ".join(f"{value(made(e).get(f))} in {e.key['domain']}" for e in differ[:3])
         said.append(f"{f}: {theirs}, {value(want.get(f))} in {last.key['domain']} (the newest)")
     return ": they differ in " + "; ".join(said)
 

@@ -285,8 +285,8 @@ def test_select_of_no_axis_lists_only_the_axes(tmp_path):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
                  sweep={"rounds": ["2"], "lr": ["0.1", "0.01"]}, select=["mu"])
     # A typo in the axis's key (checked later, with the methods' settings) was not named: the axis listed was all.
-    with pytest.raises(ConfigError, match=r"lr is not an axis of this grid \(axes: lrr\); is the axis lrr a typo of "
-                                          r"lr\? give the values"):
+    with pytest.raises(ConfigError, match=r"lr is not an axis of this grid \(axes: lrr; is the axis lrr a typo of "
+                                          r"lr\?\); give the values"):
         GridSpec(store=tmp_path, dataset="d", backbones=["b"], methods=["fedavg"], out=tmp_path,
                  sweep={"lrr": ["0.1", "0.01"]}, select=["lr"])
 

@@ -411,6 +411,21 @@ def test_the_command_line_overrides_a_files_setting_given_under_another_name(tmp
         grid_spec(tmp_path / "g.toml", settings=["lr=0.01", "optim.lr=0.02"])
 
 
+def test_the_command_line_turns_off_a_switch_a_grid_file_turns_on(tmp_path, monkeypatch):
+    """--no-validation is hidden from grid's help (its column left the options' names no room in 80 columns), and
+    still overrides a file's validation = true."""
+    import fedcache.cli.grid as cli_grid
+    from fedcache.cli import main
+
+    seen = {}
+    monkeypatch.setattr(cli_grid, "_spec_of", lambda *a: seen.update(a[-1]) or (_ for _ in ()).throw(SystemExit(0)))
+    (tmp_path / "g.toml").write_text(f'{BASE}[set]\nvalidation = true\n')
+    with pytest.raises(SystemExit):
+        main(["grid", "-c", str(tmp_path / "g.toml"), "--no-validation"])
+    assert seen["validation"] is False and "no_validation" not in seen
+    assert main(["grid", "-c", str(tmp_path / "g.toml"), "--validation", "--no-validation"]) == 2
+
+
 def test_two_set_keys_ending_alike_are_each_named_by_its_own_key(toy_store, tmp_path):
     """flesd has a method.momentum and an optim.momentum: as two axes of a grid file they were one name to its
     messages (keyed by the last part), so a bad one could be named as the other; before the cells and in one."""

@@ -118,7 +118,8 @@ def test_what_the_store_lacks_names_the_likeliest_way_on(store_path):
                                                  r"fedcache store import FILE .* --split test"):
         store.read("ds", "test", "bb")
     with pytest.raises(EntryNotFoundError, match=r"no trian features of ds for bb \(did you mean 'train'\?\); its "
-                                                 r"splits: train$"):  # not: extract the split trian
+                                                 r"splits: train; a split of another name comes of an import "
+                                                 r"\(`fedcache store import FILE .* --split trian`\)$"):  # not extract
         store.read("ds", "trian", "bb")
     k = EntryKey("ds", "fp", "test", "all", "bb", "w1", {"size": 32}, dtype="float32")
     with open_writer(store, k, 8, 3, 2, ATTRS, chunk_rows=4) as w:
@@ -476,6 +477,13 @@ def test_a_folder_of_other_files_is_not_made_a_store_and_an_empty_one_is_no_stor
                                          r"feature store; give a new folder's path \(or a store's\) as --store$"):
         FeatureStore(theirs)
     assert sorted(p.name for p in theirs.iterdir()) == [".hidden", "a.png", "b.png", "c.png", "d.png"]
+    with pytest.raises(FileNotFoundError, match=r"^no feature store at .*photos \(a folder of other files: a.png, "
+                                                r"b.png, c.png, ...\); give the store's folder as --store$"):
+        FeatureStore(theirs, create=False)  # a run reads a store: it is told to give one, not a new folder
+    mount = tmp_path / "mount"
+    (mount / "lost+found").mkdir(parents=True)  # a file system's root; and Zarr's zarr.json as another makes it
+    (mount / "zarr.0123abcd.partial").write_text("{")
+    FeatureStore(mount)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=r"^no feature store at .*empty \(an empty folder\); create one with"):
@@ -513,5 +521,10 @@ def test_a_partial_entry_an_entry_completed_since_superseded_is_stale(store_path
     out = " ".join(capsys.readouterr().out.split())
     assert "stale (partial)" in out and "1 partial entry superseded by an entry completed since (runs read that one): "\
            f"`fedcache store rm --stale --store {store_path}` removes it" in out and "finish it with" not in out, out
+    # One an extraction is writing after all (its lock held) is kept, said, and the rest of the clean-up goes on.
+    with exclusive_lock(store.create_lock(partial.entry_id), "an extraction"):
+        assert main(["store", "rm", "--stale", "--store", str(store_path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"kept {partial.entry_id}: entry {partial.entry_id} " in said and "is being written" in said, said
     assert main(["store", "rm", "--stale", "--store", str(store_path)]) == 0
     assert [e.entry_id for e in FeatureStore(store_path).entries()] == [key().entry_id]
