@@ -150,23 +150,8 @@ def _command(argv: list[str] | None) -> int:
             code = app(args=argv, standalone_mode=False, prog_name="fedcache")
     except typer.Exit as exc:
         code = exc.exit_code
-    except BadParameter as exc:  # a value of the wrong type (--rounds abc): one line, as fedcache's checks say theirs
-        if isinstance(exc, MissingParameter):  # no value at all: the usage line says what the command takes
-            exc.show()
-            return exc.exit_code
-        several = _several(exc, argv)
-        said = exc.format_message().rstrip(".") + several if several else exc.format_message()
-        err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
-        return exc.exit_code
-    except UsageError as exc:  # an option or command misspelled, an extra argument: one line, as any other mistake
-        if not exc.format_message():  # no arguments at all (click's NoArgsIsHelpError): the help, shown already
-            exc.show()
-            return exc.exit_code
-        where = exc.ctx.command_path if exc.ctx else "fedcache"
-        said = exc.format_message()
-        err.print(f"[red]error:[/] {escape(said)}{'' if said.endswith(('.', '?', '?)')) else '.'} See `{where} --help`.",
-                  highlight=False, soft_wrap=True)
-        return exc.exit_code
+    except UsageError as exc:  # click's refusal of what was typed: one line, as fedcache's checks say theirs
+        return _usage_error(exc, argv)
     except ClickException as exc:
         exc.show()
         return exc.exit_code
@@ -188,6 +173,24 @@ def _command(argv: list[str] | None) -> int:
     if code == INTERRUPTED:
         err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv)}")
     return code
+
+
+def _usage_error(exc: UsageError, argv: list[str] | None) -> int:
+    """One line for a value of the wrong type (--rounds abc), an option or command misspelled, an extra argument; the
+    usage where it says more: a value missing, or nothing given to a group (click's NoArgsIsHelpError, its help
+    shown already)."""
+    said = exc.format_message()
+    if isinstance(exc, MissingParameter) or not said:
+        exc.show()
+    elif isinstance(exc, BadParameter):
+        several = _several(exc, argv)
+        said = said.rstrip(".") + several if several else said
+        err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
+    else:
+        where = exc.ctx.command_path if exc.ctx else "fedcache"
+        err.print(f"[red]error:[/] {escape(said)}{'' if said.endswith(('.', '?', '?)')) else '.'} See `{where} --help`.",
+                  highlight=False, soft_wrap=True)
+    return exc.exit_code
 
 
 def _several(exc: BadParameter, argv: list[str] | None) -> str:
