@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
-from fedcache.federate.partitions import Partition, PartitionRequest, few_shot_short, stored_partition
+from fedcache.federate.partitions import (Partition, PartitionRequest, classes_left_out, few_shot_short,
+                                          stored_partition)
 from fedcache.federate.tables import check_same_encoder, check_same_source, load_split_rows
 from fedcache.progress import StepCallback, said_step
 from fedcache.spec import DataPartition, RunSpec
@@ -15,7 +16,7 @@ from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
-_SAID: set[tuple[str, str]] = set()  # the partitions whose few-shot shortfall this process has said
+_SAID: set[tuple[str, str]] = set()  # what this process has said of each partition (its few-shot shortfall ...)
 Spec = RunSpec | DataPartition  # what a partition reads of a spec: its data, partition and schedule sections
 Rows = FeatureTable | TableRows  # a table, or its rows before (or without) its features
 
@@ -27,10 +28,11 @@ def partition_of(spec: Spec, store: FeatureStore, train_t: Rows, test_t: Rows) -
     check_same_encoder(store, train_t, test_t)
     request = partition_request(spec, len(train_t.domain_names))
     partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
-    short = few_shot_short(partition, train_t.labels)
-    if short and (pid, short) not in _SAID:  # once per partition: a grid's cells share theirs
-        _SAID.add((pid, short))
-        log.warning("%s", short)
+    for said in (few_shot_short(partition, train_t.labels),
+                 classes_left_out(partition, train_t.labels, train_t.class_names)):
+        if said and (pid, said) not in _SAID:  # once per partition: a grid's cells share theirs
+            _SAID.add((pid, said))
+            log.warning("%s", said)
     info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
             "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if spec.schedule.validation else "test split"}

@@ -654,6 +654,27 @@ def test_a_few_shot_beyond_what_clients_hold_is_said():
                                   "them that many rows per class")
 
 
+def test_classes_in_no_client_are_said_of_a_stored_partition_too(toy_store, caplog):
+    """class-disjoint's groups of --classes-per-client leave the other classes out: said (at INFO) only as the
+    partition was made, so a run on it never training on them went without a word."""
+    import logging
+
+    import fedcache.partitioning
+    from fedcache.cli import main
+
+    argv = ["partition", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "--partition",
+            "class-disjoint", "--clients", "1", "--classes-per-client", "2", "--seed", "733"]
+    for _ in range(2):  # made, then read back (as another process would: this one says each partition's once)
+        fedcache.partitioning._SAID.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert main(argv) == 0
+        said = [r.getMessage() for r in caplog.records if "no client's training rows" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("1 of the 3 classes are in no client's training rows (")
+        assert said[0].endswith("runs on this partition never train on them; leave --classes-per-client out to deal "
+                                "every class"), said
+
+
 def test_a_few_shot_beyond_what_clients_hold_is_said_of_a_stored_partition_too(toy_store, caplog):
     """Said only as the partition was made: a run on it, or the same `fedcache partition`, said nothing."""
     import logging

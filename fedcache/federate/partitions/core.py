@@ -329,6 +329,22 @@ def few_shot_filter(clients: list[np.ndarray], labels: np.ndarray, n: int, rng: 
     return out
 
 
+def classes_left_out(partition: Partition, labels: np.ndarray, class_names: tuple[str, ...]) -> str:
+    """The classes of the training rows that no client trains on (class-disjoint's groups of --classes-per-client
+    leave the rest out): said wherever the partition is used, as a run never sees them. "" where every class is in."""
+    held = np.unique(np.concatenate([labels[rows] for rows in partition.train])) if partition.train else []
+    out = sorted(set(np.unique(labels).tolist()) - set(np.asarray(held).tolist()))
+    if not out:
+        return ""
+    names = ", ".join(str(class_names[c]) if c < len(class_names) else str(c) for c in out[:5])
+    more = ", ..." if len(out) > 5 else ""
+    said = (f"{len(out)} of the {len(np.unique(labels))} classes are in no client's training rows ({names}{more}): "
+            "runs on this partition never train on them")
+    if partition.request.options.scheme == "class-disjoint" and partition.request.options.classes_per_client:
+        said += f"; leave {named('--classes-per-client', 'classes_per_client')} out to deal every class"
+    return said
+
+
 def few_shot_short(partition: Partition, labels: np.ndarray) -> str:
     """What a few-shot partition's clients lack, said where it is made and where a stored one is read again (said
     once, where it was made, a run on it trained on every row without a word): a client holding fewer than the

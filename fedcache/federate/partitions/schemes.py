@@ -245,11 +245,7 @@ def _class_groups(classes: np.ndarray, request: PartitionRequest, rng: np.random
         groups = np.array_split(shuffled, n)
     else:
         groups = list(shuffled[:needed].reshape(n, per_client))
-        if needed < len(classes):  # a warning: a run on it never sees those classes, in training or testing
-            flag = named("--classes-per-client", "classes_per_client")
-            log.warning("class-disjoint: %d clients x %s %d use %d of the %d classes; the other %d are in no client "
-                        "(leave %s out to deal every class)", n, flag, per_client, needed, len(classes),
-                        len(classes) - needed, flag)
+        # The classes left out are said where the partition is used (partitioning.partition_of), made or stored.
     used = np.concatenate(groups)
     held = []
     for group in groups:
