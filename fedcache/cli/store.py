@@ -26,9 +26,8 @@ def _open_store(store: Path):
 @store_app.command("ls")
 def store_ls(store: Path = StoreOpt) -> None:
     """List the entries of a store (stale: superseded by a newer extraction or import of the same data)."""
-    from fedcache.store.lookup import misplaced_entries
-
     from fedcache.store.feature_store import superseded_partials
+    from fedcache.store.lookup import misplaced_entries
 
     fs = _open_store(store)
     infos = fs.entries()

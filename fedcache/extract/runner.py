@@ -73,8 +73,8 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     if plan.note:
         emit(ProgressEvent("info", "", message=plan.note))
     reports: list[EntryReport] = []
-    # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
     jobs = _jobs(cfg, dataset)  # its domains and splits checked before a backbone is loaded
+    # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
     with start_method_unset(), handler_kept(signal.SIGCHLD):
         for name in cfg.backbones:
             backbone = load_backbone(name, cfg.weights.get(name), cfg.random_init)

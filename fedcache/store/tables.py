@@ -113,11 +113,16 @@ class TableRows:
 
 
 
+def _making(e: EntryInfo) -> dict:
+    """What made an entry's features, by name: its weights (an import's: its file), dtype and preprocessing. Domains
+    of one table must share it."""
+    return {"weights": e.key["weights_hash"], "dtype": e.key["dtype"], **(e.key["preprocess"] or {})}
+
+
 def check_consistent(entries: list[EntryInfo], path: Path) -> None:
     """Features of different domains are only comparable if made by the same weights and preprocessing, and an
     augmented view's by the same augmentation."""
-    made_by = {(e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]) for e in entries}
-    if len(made_by) > 1:
+    if len({canonical_json(_making(e)) for e in entries}) > 1:
         k, last = entries[0].key, newest(entries)
         # Made again as last asked for (the newest entry: its making, --dtype, --weights ...); imported features name
         # their file in weights_hash ("imported:<digest>"). An extraction's domains beside an older import's are
@@ -137,32 +142,27 @@ def check_consistent(entries: list[EntryInfo], path: Path) -> None:
 def _differing(entries: list[EntryInfo], last: EntryInfo) -> str:
     """What the other makings differ in from the newest's, ": they differ in size: 48 in handwritten, 64 in svhn
     (the newest)": a refusal that named only the domains left the user to guess which option they had changed."""
-    def made(e: EntryInfo) -> dict:
-        return {"weights": e.key["weights_hash"], "dtype": e.key["dtype"], **(e.key["preprocess"] or {})}
-
-    want = made(last)
-    other = [e for e in entries if made(e) != want]
-    fields = sorted({f for e in other for f in made(e).keys() | want.keys() if made(e).get(f) != want.get(f)})
-    if not fields:
-        return ""
-    def value(v) -> str:
-        return "none" if v is None else str(v)[:20]  # a hash (weights, an import's file) is told apart by its start
-
+    want, made = _making(last), {e.entry_id: _making(e) for e in entries}
     said = []
-    for f in fields[:3]:
-        differ = [e for e in other if made(e).get(f) != want.get(f)]
-        theirs = ", ".join(f"{value(made(e).get(f))} in {e.key['domain']}" for e in differ[:3])
-        said.append(f"{f}: {theirs}, {value(want.get(f))} in {last.key['domain']} (the newest)")
-    return ": they differ in " + "; ".join(said)
+    for f in sorted({f for m in made.values() for f in m.keys() | want.keys() if m.get(f) != want.get(f)})[:3]:
+        differ = [e for e in entries if made[e.entry_id].get(f) != want.get(f)]
+        theirs = ", ".join(f"{_shown(made[e.entry_id].get(f))} in {e.key['domain']}" for e in differ[:3])
+        said.append(f"{f}: {theirs}, {_shown(want.get(f))} in {last.key['domain']} (the newest)")
+    return ": they differ in " + "; ".join(said) if said else ""
+
+
+def _shown(value) -> str:
+    return "none" if value is None else str(value)[:20]  # a hash (weights, an import's file) is told apart by its start
 
 
 def _makings(entries: list[EntryInfo]) -> str:
     """Which domain came from which making, "a imported, b extracted": a mix refused names them, so the user knows
     which of their commands made which. Makings said alike (two imports, two extractions) add their entry's id."""
-    groups: dict[tuple, list[EntryInfo]] = {}
+    groups: dict[str, list[EntryInfo]] = {}
     for e in entries:
-        groups.setdefault((e.key["weights_hash"], canonical_json(e.key["preprocess"]), e.key["dtype"]), []).append(e)
-    how = {g: "imported" if str(g[0]).startswith("imported:") else "extracted" for g in groups}
+        groups.setdefault(canonical_json(_making(e)), []).append(e)
+    how = {g: "imported" if str(es[0].key["weights_hash"]).startswith("imported:") else "extracted"
+           for g, es in groups.items()}
     alike = {h for h in how.values() if list(how.values()).count(h) > 1}
     return ", ".join(f"{','.join(e.key['domain'] for e in es)} {how[g]}"
                      + (f" ({','.join(e.entry_id for e in es)})" if how[g] in alike else "") for g, es in groups.items())
