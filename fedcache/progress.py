@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,6 +77,22 @@ def log_to_stderr(level: str | int) -> None:
     for handler in root.handlers:
         if handler not in before:  # a handler that was there (a test's, an application's) is not ours to change
             handler.setLevel(level)
+            handler.addFilter(_not_printed_by_its_library)
+
+
+def _not_printed_by_its_library(record: logging.LogRecord) -> bool:
+    """False for a record a library's own handler on stderr has printed already: huggingface_hub has one on its
+    logger and lets its records go on to the root, so each of its warnings showed twice."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None and logger.parent is not None:  # up to the root, whose handlers are ours
+        if any(_on_stderr(h) and record.levelno >= h.level for h in logger.handlers):
+            return False
+        logger = logger.parent if logger.propagate else None
+    return True
+
+
+def _on_stderr(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stderr, sys.__stderr__)
 
 
 @contextlib.contextmanager

@@ -139,6 +139,15 @@ def test_a_librarys_debug_logger_is_held_back_at_the_commands_level():
     assert err == "WARNING flwr: kept\n"
 
 
+def test_a_record_a_librarys_own_stderr_handler_printed_is_not_printed_again():
+    """huggingface_hub puts a handler on its logger and lets its records reach the root: each line showed twice."""
+    code = ("import logging, sys; from fedcache.progress import log_to_stderr; log_to_stderr('WARNING'); "
+            "lib = logging.getLogger('hub'); lib.addHandler(logging.StreamHandler(sys.stderr)); "
+            "logging.getLogger('hub.http').warning('retrying'); logging.getLogger('other').warning('kept')")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert err == "retrying\nWARNING other: kept\n"
+
+
 def test_logging_to_stderr_for_a_block_removes_its_handler_and_level_after_it():
     code = ("import logging; from fedcache.progress import logging_to_stderr\n"
             "with logging_to_stderr('INFO'): logging.getLogger('x').info('during')\n"

@@ -84,9 +84,11 @@ def has_text_tower(name: str, source: str | None = None) -> bool:
     return any(s.has_text for _, s in BACKBONES.items() if s.source == source)
 
 
-def hash_state(module: nn.Module) -> str:
-    """A hash of the weights actually loaded (parameters and buffers, in name order)."""
+def hash_state(module: nn.Module, built_with: str = "") -> str:
+    """A hash of the weights actually loaded (parameters and buffers, in name order). ``built_with``: what else
+    makes the features and is in no tensor (an activation), so that features made without it are not reused."""
     h = hashlib.blake2b(digest_size=12)
+    h.update(built_with.encode())
     for name, tensor in sorted(module.state_dict().items()):
         h.update(name.encode())
         t = tensor.detach().cpu().contiguous().reshape(-1)

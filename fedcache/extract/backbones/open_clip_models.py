@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import posixpath
 from typing import Sequence
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 
 from fedcache.errors import WeightsNotFoundError
 from fedcache.extract.backbones._checkpoint import read_state_dict
+from fedcache.extract.backbones._hub import cached, hub_page, refuse_if_unreachable, without_full_stop
 from fedcache.extract.backbones.base import (
     BACKBONES, CLIP_MEAN, CLIP_STD, LOADERS, TEXT_PREFIXES, BackboneSpec, LoadedBackbone, LoadRequest, hash_state,
     pass_weights, seeded_init,
@@ -16,6 +18,8 @@ from fedcache.extract.backbones.base import (
 
 log = logging.getLogger(__name__)
 
+# open_clip's file names on the Hub, in the order it asks for them
+_HUB_FILES = ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
 _HELP = "open_clip pretrained={tag}, downloaded on first use (or --weights {name}=PATH)"
 
 # name, open_clip arch, pretrained tag, embed dim
@@ -31,6 +35,7 @@ for _name, _arch, _tag, _dim in _CLIP:
         name=_name, source="open-clip", arch=_arch, weights=_tag, embed_dim=_dim, input_size=224,
         mean=CLIP_MEAN, std=CLIP_STD, interpolation="bicubic", has_text=True, fixed_size=True,
         weights_help=_HELP.format(tag=_tag, name=_name), description=f"CLIP {_arch} ({_tag})",
+        options={"quick_gelu": True},  # as every OpenAI CLIP was trained (open_clip's pretrained config says so too)
     ))
 
 # A CLIP small enough for tests: real open_clip code paths (BPE tokenizer, text tower), random weights.
@@ -59,6 +64,7 @@ def _open_clip_spec(rest: str) -> BackboneSpec:
         name=f"open_clip:{rest}", source="open-clip", arch=arch, weights=tag or "openai", embed_dim=cfg["embed_dim"],
         input_size=size if isinstance(size, int) else size[0], mean=CLIP_MEAN, std=CLIP_STD, has_text=True, fixed_size=True,
         weights_help=_HELP.format(tag=tag or "openai", name=f"open_clip:{rest}"), description=f"open_clip {arch}/{tag}",
+        options={"quick_gelu": bool((open_clip.get_pretrained_cfg(arch, tag or "openai") or {}).get("quick_gelu"))},
     )
 
 
@@ -90,8 +96,8 @@ def load_open_clip(req: LoadRequest) -> LoadedBackbone:
             return model.encode_text(tokenizer(list(texts)).to(device))
 
     tower = _ImageTower(model)
-    return LoadedBackbone(spec, tower, hash_state(model), encode_text=encode_text, embed_dim=_embed_dim(model, spec),
-                          model=model, tokenize=tokenizer)
+    return LoadedBackbone(spec, tower, hash_state(model, _activation(model)), encode_text=encode_text,
+                          embed_dim=_embed_dim(model, spec), model=model, tokenize=tokenizer)
 
 
 def _build(spec: BackboneSpec, req: LoadRequest) -> nn.Module:
@@ -99,17 +105,55 @@ def _build(spec: BackboneSpec, req: LoadRequest) -> nn.Module:
 
     if spec.random_weights or req.checkpoint is not None:
         with seeded_init(0):
-            model = open_clip.CLIP(**TINY_CLIP_CFG) if spec.arch == "tiny" else open_clip.create_model(spec.arch, pretrained=None)
+            model = (open_clip.CLIP(**TINY_CLIP_CFG) if spec.arch == "tiny" else
+                     open_clip.create_model(spec.arch, pretrained=None, force_quick_gelu=_quick_gelu(spec)))
         if req.checkpoint is not None:
             model.load_state_dict(read_state_dict(req.checkpoint))
         return model
+    local = _in_hub_cache(spec)
     try:
-        return open_clip.create_model(spec.arch, pretrained=spec.weights)
+        # A cached file is given as a path (the Hub is not asked); the tag's QuickGELU is then forced by hand.
+        return open_clip.create_model(spec.arch, pretrained=local or spec.weights, force_quick_gelu=_quick_gelu(spec))
     except Exception as exc:
         raise WeightsNotFoundError(
-            f"could not get open_clip weights {spec.arch}/{spec.weights}: {exc}. Without network access, "
-            f"download them elsewhere and pass {pass_weights(spec.name)}"
+            f"could not get open_clip weights {spec.arch}/{spec.weights}: {without_full_stop(exc)}. {_fix(spec)}"
         ) from exc
+
+
+def _quick_gelu(spec: BackboneSpec) -> bool:
+    """Whether the weights were trained with QuickGELU (all of OpenAI's CLIPs). Since open_clip's PR #970
+    (October 2024) its plain architectures (RN50, ViT-B-32, ...) are built with nn.GELU even for
+    pretrained="openai", with a warning only: the text tower (and a ViT's image tower) then runs an activation
+    its weights never saw, and the embeddings move by several percent. The spec says it: a checkpoint or random
+    weights keep the architecture, not the tag."""
+    return bool(spec.options.get("quick_gelu"))
+
+
+def _in_hub_cache(spec: BackboneSpec) -> str | None:
+    """The tag's weights where the Hub's cache holds them; where it does not, a Hub that cannot be reached is
+    said at once, not after huggingface_hub's retries."""
+    import open_clip
+
+    hub = (open_clip.get_pretrained_cfg(spec.arch, spec.weights) or {}).get("hf_hub", "")
+    if not hub:
+        return None  # from a URL, or no such tag: open_clip's own error is quick
+    repo_id, filename = posixpath.split(hub)  # "org/model/" names the repository alone
+    local = cached(repo_id, [filename] if filename else _HUB_FILES)
+    if local is None:
+        refuse_if_unreachable(f"open_clip weights {spec.arch}/{spec.weights}",
+                              _fix(spec, f" ({filename or _HUB_FILES[0]} of {hub_page(repo_id)})"))
+    return local
+
+
+def _fix(spec: BackboneSpec, which: str = "") -> str:
+    return f"Without network access, download them{which} elsewhere and pass {pass_weights(spec.name)}"
+
+
+def _activation(model: nn.Module) -> str:
+    """"quick_gelu" where the model runs QuickGELU: features made before it did are not the same features."""
+    from open_clip.transformer import QuickGELU
+
+    return "quick_gelu" if any(isinstance(m, QuickGELU) for m in model.modules()) else ""
 
 
 def _embed_dim(model: nn.Module, spec: BackboneSpec) -> int:

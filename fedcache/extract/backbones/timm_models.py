@@ -8,10 +8,12 @@ from torch import nn
 
 from fedcache.errors import WeightsNotFoundError
 from fedcache.extract.backbones._checkpoint import read_state_dict
+from fedcache.extract.backbones._hub import cached, hub_page, refuse_if_unreachable, without_full_stop
 from fedcache.extract.backbones.base import BACKBONES, LOADERS, BackboneSpec, LoadedBackbone, LoadRequest, hash_state, pass_weights, seeded_init
 
 log = logging.getLogger(__name__)
 
+_HUB_FILES = ["model.safetensors", "pytorch_model.bin"]
 _HUB_HELP = "downloaded by timm from the Hugging Face hub on first use ({})"
 
 # name, timm model (with pretrained tag), embed dim, input size, interpolation
@@ -79,15 +81,27 @@ def load_timm(req: LoadRequest) -> LoadedBackbone:
 
 def _create_pretrained(spec: BackboneSpec) -> nn.Module:
     import timm  # imported on use: the library costs seconds to import and most commands never need it
+    from timm.models import get_pretrained_cfg
 
+    cfg = get_pretrained_cfg(spec.arch)
+    local = None
+    if cfg is not None and cfg.hf_hub_id:  # others come from a URL (torch.hub's cache), whose failure is quick
+        # in the order timm asks for them: safetensors first
+        local = cached(cfg.hf_hub_id, [cfg.hf_hub_filename] if cfg.hf_hub_filename else _HUB_FILES)
+        if local is None:
+            refuse_if_unreachable(f"the pretrained weights of {spec.name} ({spec.arch})",
+                                  _fix(spec, f" (from {hub_page(cfg.hf_hub_id)})"))
     try:
-        return timm.create_model(spec.arch, pretrained=True, num_classes=0)
+        return timm.create_model(spec.arch, pretrained=True, num_classes=0,
+                                 pretrained_cfg_overlay={"file": local} if local else None)
     except Exception as exc:  # network errors come in many types
-        raise WeightsNotFoundError(
-            f"could not get the pretrained weights of {spec.name} ({spec.arch}) from the hub: {exc}. "
-            f"Without network access, download them elsewhere and pass {pass_weights(spec.name)} "
-            "(a .safetensors or .pth state dict)"
-        ) from exc
+        raise WeightsNotFoundError(f"could not get the pretrained weights of {spec.name} ({spec.arch}) from the "
+                                   f"hub: {without_full_stop(exc)}. {_fix(spec)}") from exc
+
+
+def _fix(spec: BackboneSpec, where: str = "") -> str:
+    return (f"Without network access, download them{where} elsewhere and pass {pass_weights(spec.name)} "
+            "(a .safetensors or .pth state dict)")
 
 
 def _load_partial(model: nn.Module, sd: dict[str, torch.Tensor], req: LoadRequest) -> None:
