@@ -255,18 +255,23 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if (args.store is None) == (not args.tiny):
         ap.error("give --store (the benchmark) or --tiny (a smoke run), not both")
+    # With --only, the other cases' stored results stay, and so does the meta of the run that measured them.
+    earlier = json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         source = tiny_store(Path(tmp)) if args.tiny else Data(args.store)
-        results = run_cases(source, args)
-    write({"setup": {"dataset": source.dataset, "backbone": source.backbone, "partition": "domain", "clients": 5,
+        results = run_cases(source, args, earlier.get("results", []))
+    res = {"setup": {"dataset": source.dataset, "backbone": source.backbone, "partition": "domain", "clients": 5,
                      "few_shot": source.few_shot, "rounds": args.rounds, "batch": BATCH, "optimizer": "SGD lr 0.01, no momentum",
                      "local_epochs": 1, "lam": LAM, "accuracy": "pooled over all clients' test sets"},
-           "results": results}, args.out)
+           "results": results}
+    if any(args.only not in r["case"] for r in results):  # some cases are the earlier run's
+        res["meta_of_earlier_cases"] = earlier.get("meta")
+    write(res, args.out)
 
 
-def run_cases(source: Data, args) -> list[dict]:
-    # With --only, the other cases' stored results stay (in CASES order).
-    kept = {r["case"]: r for r in json.loads(args.out.read_text())["results"]} if args.only and args.out.exists() else {}
+def run_cases(source: Data, args, earlier: list[dict]) -> list[dict]:
+    """The cases --only names, run; the others' results from ``earlier`` (in CASES order)."""
+    kept = {r["case"]: r for r in earlier}
     for case in (c for c in CASES if args.only in c[0]):
         runs = [one_seed(source, case, s, args.rounds) for s in range(args.first_seed, args.first_seed + args.seeds)]
         kept[case[0]] = {"case": case[0], "fedcache_settings": case[3], "runs": runs, **summarize(runs)}

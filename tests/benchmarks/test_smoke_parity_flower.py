@@ -16,6 +16,17 @@ def test_parity_tiny(tmp_path):
     (case,) = res["results"]
     assert case["case"] == "fedproto (PFLlib options)" and {"fedcache", "reference"} <= set(case["runs"][0])
     assert case["speed_ratio_fedcache_over_reference"]["median"] > 0 and "when" in res["meta"]
+    assert "meta_of_earlier_cases" not in res
+
+
+def test_parity_only_keeps_the_earlier_cases_and_their_meta(tmp_path):
+    out = tmp_path / "parity.json"
+    earlier = {"results": [{"case": "fedproto (PFLlib options)", "runs": []}], "meta": {"when": "earlier"}}
+    out.write_text(json.dumps(earlier))
+    bench("parity").main(["--tiny", "--seeds", "1", "--rounds", "1", "--only", "fedavg", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert [r["case"] for r in res["results"]] == ["fedavg", "fedproto (PFLlib options)"]
+    assert res["meta_of_earlier_cases"] == {"when": "earlier"} and res["meta"]["when"] != "earlier"
 
 
 def test_parity_needs_a_store_or_tiny(tmp_path):
