@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             results.append(row)
     meta = {"device": str(plan.device), "gpu": torch.cuda.get_device_name() if plan.device.type == "cuda" else None,
             "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
-            "batch": args.batch, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "batch": args.batch, "load_average_at_end": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")

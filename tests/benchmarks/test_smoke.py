@@ -39,8 +39,9 @@ def test_rounds_cached_vs_backbone_in_the_loop(tmp_path):
 def test_extract_throughput(tmp_path):
     out = tmp_path / "extract.json"
     bench("extract_throughput").main(["--tiny", "--out", str(out)])
-    (row,) = json.loads(out.read_text())["results"]
-    assert row["images"] > 0 and row["ratio"] > 0
+    res = json.loads(out.read_text())
+    (row,) = res["results"]
+    assert row["images"] > 0 and row["ratio"] > 0 and {"when", "torch", "load_average_at_end"} <= set(res["meta"])
 
 
 # Over 20 s on a 2-core machine: in make test-slow (CI runs both), so that make test stays under 10 minutes.
