@@ -485,7 +485,9 @@ def render(path: Path = RESULT) -> str:
     lines = [
         f"{s['rows']:,} x {s['dim']} float32 training features ({gb:.2f} GB) and {s['test_rows']:,} test rows, "
         f"{s['classes']} classes; median of {r['trials']} interleaved trials (range in brackets), "
-        f"{r['meta']['cpus']} CPUs, load average {r['meta']['load_average_at_end']} at the end.",
+        f"{r['meta']['cpus']} CPUs, load average {r['meta']['load_average_at_end']} at the end. \"features' bytes\" "
+        f"are the training and test features' ({res['train']['feature_bytes'] / 1e9:.4g} GB); \"training features' "
+        f"bytes\" the training table's alone ({gb:.4g} GB).",
         "",
         "| measured | against | ratio |",
         "|---|---|---|",
@@ -524,16 +526,19 @@ def render(path: Path = RESULT) -> str:
     if "mapping" in res:
         m = res["mapping"]
         lines.append(f"| RSS counted after touching {m['rows_touched']:,} random rows ({m['bytes_of_rows_touched'] / 1e6:.0f} MB) of the "
-                     f"mapped features, indexed | features' bytes | {m['rss_growth_over_features']} |")
+                     f"mapped features, indexed | training features' bytes | {m['rss_growth_over_features']} |")
         if "gather_rss_growth_over_features" in m:
-            lines.append(f"| the same rows read with `store.mapping.gather` (what training reads with) | features' bytes | "
+            lines.append(f"| the same rows read with `store.mapping.gather` (what training reads with) | training features' bytes | "
                          f"{m['gather_rss_growth_over_features']} |")
     lines += [
         "",
-        f"Import: {res['import']['GB_per_s']} GB/s of features (the whole `fedcache store import`, child process). "
+        f"Throughputs (for scale only, not comparable across runs): import {res['import']['GB_per_s']} GB/s of features "
+        "(the whole `fedcache store import`, child process). "
         "The extraction writer alone (`write_chunk`, rows in memory): "
         + ", ".join(f"{k.replace('_', ' ')} {v['GB_per_s_stored']} GB/s stored ({v['rows_per_s']:,} rows/s)"
                     for k, v in res["writer"].items()) + ".",
+        "",
+        "The same run's seconds behind the client rows above (for scale only, not comparable across runs):",
         "",
         "| clients (10 sampled) | rows trained per round | round (s) | evaluation of every client (s) | setup (s) |",
         "|---|---|---|---|---|",
