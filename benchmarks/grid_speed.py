@@ -408,7 +408,8 @@ def render(path: Path = RESULT, large: Path = LARGE_RESULT, worked: Path = WORKE
         R = L["result"]
         lines += ["", f"`.venv/bin/python benchmarks/grid_speed.py --large` (`benchmarks/results/{large.name}`, "
                   f"{L['measured_at'][:10]}): the 1,000-cell grid (lr x 10, seeds 0-24), batched engine only: "
-                  f"{R['cells_per_minute']} cells per minute ({R['wall_seconds']} s), peak resident memory "
+                  f"{R['cells_per_minute']} cells per minute ({R['wall_seconds']} s; no reference in this run: for scale "
+                  f"only, not comparable across runs), peak resident memory "
                   f"{R['peak_rss_mb_of_this_process']} MB in the benchmark process"
                   + (f", {R['peak_rss_mb_of_a_worker_process']} MB in the largest worker process" if "peak_rss_mb_of_a_worker_process" in R else "")
                   + f" ({' '.join(R['plan'])}); load average {', '.join(f'{x:.1f}' for x in R['load_average_at_start'])} "
