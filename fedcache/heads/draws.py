@@ -31,9 +31,12 @@ class ClientHeads:
                 continue
             size = torch.Size(p.shape).numel()
             self.states[p.name] = []
+            # Past each block's draws into one buffer: a new tensor a block left about every client's heads in the
+            # process in half the runs (+2.5 GB at 5,000 clients of 512-d), freed but kept by the allocator.
+            skipped = torch.empty(min(BLOCK, n) * size, device=gen.device)
             for lo in range(0, n, BLOCK):
                 self.states[p.name].append(gen.get_state())
-                torch.rand(min(BLOCK, n - lo) * size, generator=gen, device=gen.device)  # past the block's draws
+                torch.rand(min(BLOCK, n - lo) * size, generator=gen, out=skipped[: min(BLOCK, n - lo) * size])
 
     @classmethod
     def of(cls, head: Head, n: int, gen: Callable[[], torch.Generator]) -> "ClientHeads | None":

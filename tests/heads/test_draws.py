@@ -35,3 +35,17 @@ def test_a_head_without_a_layout_has_no_client_heads():
             return {"w": torch.rand(k, 2, generator=gen)}
 
     assert ClientHeads.of(Plain(), 4, torch.Generator) is None
+
+
+def test_making_every_clients_draw_points_keeps_no_heads_in_memory():
+    """Skipping a block's draws made a tensor a block, which the allocator kept once a freed 16 MB tensor had raised
+    its mmap threshold (as any earlier step of a run may): every client's heads stayed in the process."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from fedcache.heads.mlp import MLPHead; from fedcache.heads.draws import ClientHeads\n"
+            "anon = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('RssAnon')).split()[1]) // 1024\n"
+            "torch.set_num_threads(1); x = torch.empty(4 << 20).fill_(1.0); del x; before = anon()\n"
+            "ClientHeads(MLPHead(512, 100).layout(), 5000, torch.Generator().manual_seed(0)); print(anon() - before)")
+    grown_mb = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert grown_mb < 250  # every client's first layer is 2,500 MB
