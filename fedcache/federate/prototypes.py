@@ -5,6 +5,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedcache.heads.base import bmm
+
 
 def padded_rows(rows: list[np.ndarray], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, n_max) row indices and a mask of the real ones (``width``: n_max, at least the longest's)."""
@@ -22,7 +24,7 @@ def padded_rows(rows: list[np.ndarray], width: int | None = None) -> tuple[torch
 def class_sums(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client class sums of z (K, n, H) over the real rows -> (K, C, H), and counts (K, C)."""
     onehot = F.one_hot(y, n_classes).to(z.dtype) * mask.unsqueeze(-1).to(z.dtype)
-    return torch.bmm(onehot.transpose(1, 2), z), onehot.sum(1)
+    return bmm(onehot.transpose(1, 2), z), onehot.sum(1)
 
 
 def class_means(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:

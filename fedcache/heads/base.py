@@ -49,17 +49,33 @@ class Head(Protocol):
 FEW_CLASSES = 10
 
 
+def bmm(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+    """``add + a @ b`` for (K, n, m) x (K, m, p) (torch.baddbmm, or torch.bmm without ``add``), the same bits at
+    any thread count. On the CPU torch gives each of K >= 2 products whole to one thread, but splits a single
+    product (K = 1: a round's one client, a pooled head, a run's server state) across its threads, which sums
+    in another order: a run's numbers changed with --threads (by six points over 60 rounds of one client each)
+    and a run was not its stacked grid cell. One product is computed as the first of two (the same arithmetic
+    as one thread's; the second is discarded, and its gradient is zero)."""
+    if a.shape[0] == 1 and a.device.type == "cpu" and torch.get_num_threads() > 1:
+        return bmm(*(_twice(t) for t in (a, b, add)))[:1]
+    return torch.bmm(a, b) if add is None else torch.baddbmm(add, a, b)
+
+
+def _twice(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.expand(2, *t.shape[1:]) if t is not None and t.dim() == 3 else t  # a lower-rank add broadcasts
+
+
 def affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """z W + b for K stacked layers: (K, n, D) -> (K, n, C), in the faster layout for C."""
     if weight.shape[-1] > FEW_CLASSES:
-        return torch.baddbmm(bias, z, weight)
+        return bmm(z, weight, bias)
     return transposed_affine(weight, bias, z)
 
 
 def transposed_affine(weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """z W + b computed as (W^T z^T)^T + b; the same values, and a weight gradient that autograd lays
     out transposed (any consumer that needs a layout makes its own copy)."""
-    return torch.bmm(weight.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
+    return bmm(weight.transpose(1, 2), z.transpose(1, 2)).transpose(1, 2) + bias
 
 
 def forward(head: Head, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

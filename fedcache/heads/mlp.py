@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, init_params
+from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, bmm, init_params
 
 HIDDEN = 256
 BN_MOMENTUM = 0.1
@@ -34,7 +34,7 @@ class MLPHead:
         return init_params(self.layout(), k, gen)
 
     def features(self, p: Params, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = torch.relu(torch.baddbmm(p["fc1.bias"], x, p["fc1.weight"]))
+        h = torch.relu(bmm(x, p["fc1.weight"], p["fc1.bias"]))
         scale = torch.rsqrt(p["bn.running_var"] + BN_EPS) * p["bn.weight"]
         return torch.addcmul(p["bn.bias"], h - p["bn.running_mean"], scale)
 
@@ -52,7 +52,7 @@ class MLPHead:
 def train_body(x, real, w1, b1, gamma, beta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FC -> ReLU -> BatchNorm over each client's real rows: (z, batch mean, batch variance).
     ``real`` is (K, B, 1) with 1 for real rows."""
-    h = torch.relu(torch.baddbmm(b1, x, w1))
+    h = torch.relu(bmm(x, w1, b1))
     # Moments as a mean, a centring and a mean of squares: torch.var_mean over the row axis is much slower
     # (CHANGELOG.md, "Measurements and investigations").
     n = real.sum(1, keepdim=True).clamp_min(1.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, init_params
+from fedcache.heads.base import HEADS, HeadSpec, Param, Params, affine, bmm, init_params
 
 DIM = 256
 
@@ -31,7 +31,7 @@ class ProjectionHead:
         return init_params(self.layout(), k, gen)
 
     def features(self, p: Params, x: torch.Tensor, mask=None) -> torch.Tensor:
-        return F.normalize(torch.relu(torch.baddbmm(p["proj.bias"], x, p["proj.weight"])), dim=-1)
+        return F.normalize(torch.relu(bmm(x, p["proj.weight"], p["proj.bias"])), dim=-1)
 
     def train_features(self, p: Params, x: torch.Tensor, mask=None) -> tuple[torch.Tensor, Params]:
         return self.features(p, x, mask), {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from fedcache.federate.local import masked_mean
+from fedcache.heads.base import bmm
 
 NEG_INF = float("-inf")
 
@@ -42,7 +43,8 @@ def _reduce(per_set: torch.Tensor, valid: torch.Tensor, how: str) -> torch.Tenso
 
 def paper_term(z, y, P, present, tau) -> tuple[torch.Tensor, torch.Tensor]:
     """NeurIPS Eq. 8/9: -log exp(z.P_y/tau) / sum_{a != y} exp(z.P_a/tau), per row and set: (K, B, M)."""
-    s = torch.einsum("kbh,mch->kbmc", z, P) / tau
+    k, m, c = z.shape[0], P.shape[0], P.shape[1]  # as one product per client: see heads/base.py bmm
+    s = bmm(z, P.reshape(m * c, -1).T.expand(k, -1, -1)).view(k, -1, m, c) / tau
     onehot = torch.nn.functional.one_hot(y, P.shape[1]).bool().unsqueeze(2)  # (K, B, 1, C)
     pos = (s * onehot).sum(-1)
     neg = s.masked_fill(onehot | ~present.view(1, 1, *present.shape), NEG_INF)
@@ -55,7 +57,8 @@ def batch_term(z, y, mask, P, present, tau) -> tuple[torch.Tensor, torch.Tensor]
     rows (two identical views, as for data without augmentation); positives share the label. (K, B, M)."""
     z2, y2, m2 = torch.cat([z, z], 1), torch.cat([y, y], 1), torch.cat([mask, mask], 1)
     anchors = P[:, y2].permute(1, 0, 2, 3)  # (K, M, 2B, H)
-    s = torch.einsum("kmih,kjh->kmij", anchors, z2) / tau
+    k, m, i = anchors.shape[:3]
+    s = bmm(anchors.reshape(k, m * i, -1), z2.transpose(1, 2)).view(k, m, i, -1) / tau
     n = z2.shape[1]
     not_self = ~torch.eye(n, dtype=torch.bool)
     cols = (m2.unsqueeze(1) & not_self).unsqueeze(1)  # (K, 1, 2B, 2B)
@@ -88,7 +91,7 @@ def fedpcl(method, z, y, mask, sets, tau) -> torch.Tensor:
 def supcon(method, z, y, mask, sets, tau) -> torch.Tensor:
     """Supervised contrastive loss on the local embeddings only (Khosla et al.): anchors are rows."""
     z2, y2, m2 = torch.cat([z, z], 1), torch.cat([y, y], 1), torch.cat([mask, mask], 1)
-    s = torch.bmm(z2, z2.transpose(1, 2)) / tau
+    s = bmm(z2, z2.transpose(1, 2)) / tau
     n = z2.shape[1]
     cols = m2.unsqueeze(1) & ~torch.eye(n, dtype=torch.bool)
     pos = cols & (y2.unsqueeze(2) == y2.unsqueeze(1))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from fedcache.federate.methods._simclr import embed, view_pair
 from fedcache.heads import Params
+from fedcache.heads.base import bmm
 
 INT8_SCALE = 127.0  # cosines and unit-vector components lie in [-1, 1] -> int8 codes in [-127, 127]
 TIE = 1e-6  # the official top-n% filter keeps every entry within this of the row's k-th largest
@@ -44,7 +45,7 @@ def encode(z: torch.Tensor, upload: str, top_percent: float, precision: str) -> 
     row's kept_per_row - 1 largest off-diagonal entries with their column indices."""
     if upload == "representations":
         return {"reps": quantise(z, precision)}
-    sims = torch.bmm(z, z.transpose(1, 2))
+    sims = bmm(z, z.transpose(1, 2))
     if top_percent >= 100:
         return {"sims": quantise(sims, precision)}
     p = sims.shape[-1]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.source import source_from_info
+from fedcache.heads.base import bmm
 from fedcache.wording import setting
 
 CTX_STD = 0.02  # CoOp's random initialisation of the context vectors
@@ -117,7 +118,7 @@ class PromptedText:
 
 def prompt_logits(image: torch.Tensor, text: torch.Tensor, scale: float) -> torch.Tensor:
     """(K, B, D) unit image features, (K, C, D) unit text features -> (K, B, C) CLIP logits."""
-    return scale * torch.bmm(image, text.transpose(1, 2))
+    return scale * bmm(image, text.transpose(1, 2))
 
 
 def info_nce(z: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float) -> torch.Tensor:

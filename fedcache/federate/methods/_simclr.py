@@ -22,6 +22,7 @@ from fedcache.federate.local import here, masked_mean, train
 from fedcache.federate.methods.base import Method, MethodContext
 from fedcache.federate.probe import fit_probe
 from fedcache.heads import Params
+from fedcache.heads.base import bmm
 
 ENCODER_KEYS = ("w1", "b1", "w2", "b2")
 MASKED = -1e9  # logit of excluded pairs: finite, so fully padded rows give no NaN gradients
@@ -51,12 +52,12 @@ def init_encoder(dim: int, hidden: int, out: int, gen: torch.Generator) -> Param
 
 def represent(p: Params, x: torch.Tensor) -> torch.Tensor:
     """(K, B, D) -> (K, B, hidden): the representation a linear probe evaluates."""
-    return torch.relu(torch.baddbmm(p["b1"], x.to(p["w1"].dtype), p["w1"]))
+    return torch.relu(bmm(x.to(p["w1"].dtype), p["w1"], p["b1"]))
 
 
 def embed(p: Params, x: torch.Tensor) -> torch.Tensor:
     """(K, B, D) -> (K, B, out) unit vectors: the space of the contrastive loss and of FLESD's similarities."""
-    return F.normalize(torch.baddbmm(p["b2"], represent(p, x), p["w2"]), dim=-1)
+    return F.normalize(bmm(represent(p, x), p["w2"], p["b2"]), dim=-1)
 
 
 # ---- SimCLR -------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, t: float) ->
     b = z1.shape[1]
     z = torch.cat([z1, z2], 1)
     valid = torch.cat([mask, mask], 1)
-    sim = torch.bmm(z, z.transpose(1, 2)) / t
+    sim = bmm(z, z.transpose(1, 2)) / t
     eye = torch.eye(2 * b, dtype=torch.bool)
     sim = sim.masked_fill(eye | ~valid[:, None, :], MASKED)
     pos = torch.arange(2 * b).roll(b)  # view i of row r pairs with view i + B (mod 2B)
@@ -79,7 +80,7 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, t: float) ->
 def cross_view(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, t: float) -> torch.Tensor:
     """FLESD's official local loss ("adopted from the mocov2 code, not exactly SimCLR"): each first view
     scores every real second view, its own is the positive (B - 1 negatives, one direction) -> (K,)."""
-    sim = (torch.bmm(z1, z2.transpose(1, 2)) / t).masked_fill(~mask[:, None, :], MASKED)
+    sim = (bmm(z1, z2.transpose(1, 2)) / t).masked_fill(~mask[:, None, :], MASKED)
     b = z1.shape[1]
     loss = torch.logsumexp(sim, -1) - sim[:, torch.arange(b), torch.arange(b)]
     return masked_mean(loss, mask)

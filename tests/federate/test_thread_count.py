@@ -1,0 +1,74 @@
+"""A run's numbers do not depend on torch's thread count (``--threads``, the command's choice by load, a grid's
+workers), also where a round trains one client: torch splits a single product across its threads, and summed in
+another order (heads/base.py ``bmm``)."""
+import pytest
+import torch
+
+from fedcache.federate.inprocess import RunConfig, run
+from fedcache.federate.methods import METHODS, MethodContext
+from fedcache.federate.optim import OptimConfig
+from fedcache.federate.schedule import Schedule
+from fedcache.heads.base import affine, bmm
+
+from .conftest import synthetic
+
+
+def _at(threads: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("classes", [10, 65])  # the two layouts of heads/base.py affine
+def test_one_product_has_the_same_bits_at_any_thread_count_and_as_one_of_a_stack(classes):
+    g = torch.Generator().manual_seed(0)
+    z, w, b = torch.randn(3, 256, 1280, generator=g), torch.randn(3, 1280, classes, generator=g), torch.randn(3, 1, classes, generator=g)
+
+    def one():
+        weight = w[:1].clone().requires_grad_(True)
+        out = affine(weight, b[:1], z[:1])
+        return out.detach(), torch.autograd.grad((out ** 2).sum(), [weight])[0]
+
+    stacked = _at(1, lambda: affine(w, b, z))[:1]
+    for threads in (1, 2, 4):
+        out, grad = _at(threads, one)
+        assert torch.equal(out, stacked), threads
+        assert torch.equal(grad, _at(1, one)[1]), threads
+    assert torch.equal(_at(2, lambda: bmm(z[:1], z[:1].transpose(1, 2))), _at(1, lambda: bmm(z[:1], z[:1].transpose(1, 2))))
+
+
+@pytest.mark.parametrize("name, head", [("fedavg", "linear"), ("fedproto", "mlp"), ("fedpcl", "projection")])
+def test_a_run_of_one_client_a_round_is_the_same_at_one_two_and_four_threads(name, head):
+    data = synthetic(n_clients=4, per_client=128, dim=1280)
+
+    def train():
+        ctx = MethodContext(data, head, OptimConfig("adam", 1e-2), Schedule(batch_size=32))
+        r = run(METHODS.get(name)(ctx), RunConfig(rounds=3, fraction=0.25, eval_every=3))
+        return r.server, dict(r.clients), r.summary["mean_accuracy"]
+
+    one = _at(1, train)
+    for threads in (2, 4):
+        other = _at(threads, train)
+        for part in (0, 1):
+            assert one[part].keys() == other[part].keys()
+            assert all(torch.equal(one[part][k], other[part][k]) for k in one[part]), (name, threads)
+        assert one[2] == other[2]
+
+
+def test_fedpcls_prototype_scores_are_the_same_at_any_thread_count():
+    """Its prototype term scored all clients' rows against all sets as one product (an einsum)."""
+    from fedcache.federate.methods._fedpcl_losses import batch_term, paper_term
+
+    g = torch.Generator().manual_seed(0)
+    z, protos, y = torch.randn(2, 32, 256, generator=g), torch.randn(5, 10, 256, generator=g), torch.randint(0, 10, (2, 32), generator=g)
+    present, mask = torch.ones(5, 10, dtype=torch.bool), torch.ones(2, 32, dtype=torch.bool)
+
+    def terms():
+        return paper_term(z, y, protos, present, 0.5)[0], batch_term(z, y, mask, protos, present, 0.5)[0]
+
+    one = _at(1, terms)
+    for threads in (2, 8):
+        assert all(torch.equal(a, b) for a, b in zip(one, _at(threads, terms))), threads
