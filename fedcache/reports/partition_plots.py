@@ -4,7 +4,8 @@
 proportional to the row count, as in FedPCL's non-IID figure) and ``<prefix>-sizes.png``
 (training rows per client, stacked by domain when there are several). Both stay legible
 up to about 100 clients x 100 classes: the figure grows with the grid (within limits),
-markers shrink to their cell and tick labels are thinned.
+markers shrink to their cell and tick labels are thinned; from about 250 clients the first shows the rows
+as colour instead (a heatmap), where bubbles would be too small to see.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fedcache.reports.canvas import subplots
 
 MAX_TICKS = 25
 MAX_FIG_INCHES = 16.0
+MIN_BUBBLE_PTS = 4.0  # a grid cell narrower than this (points) shows rows as colour, not bubbles
 
 
 def client_class_counts(partition: Partition, train_labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -49,9 +51,11 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
     n_clients, n_classes = counts.shape
     width = min(MAX_FIG_INCHES, max(6.0, 2.5 + 0.22 * n_clients))
     height = min(MAX_FIG_INCHES, max(4.0, 1.5 + 0.16 * n_classes))
-    fig, ax = subplots(figsize=(width, height), dpi=110)
     # The largest bubble just fills one grid cell, whatever the grid size.
     cell_pts = min(0.8 * width * 72 / n_clients, 0.8 * height * 72 / n_classes)
+    if cell_pts < MIN_BUBBLE_PTS:
+        return _heatmap(counts, class_names, title, path, width, height)
+    fig, ax = subplots(figsize=(width, height), dpi=110)
     biggest = max(int(counts.max()), 1)
     area = (counts / biggest) * (0.95 * cell_pts) ** 2
     x, y = np.nonzero(counts)
@@ -69,6 +73,28 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
     ax.grid(True, color="0.92", linewidth=0.5)
     ax.set_axisbelow(True)
     _size_legend(ax, biggest, cell_pts)
+    fig.tight_layout()
+    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
+        fig.savefig(path)
+    return path
+
+
+def _heatmap(counts: np.ndarray, class_names: Sequence[str], title: str, path: Path, width: float,
+             height: float) -> Path:
+    """Clients too many for a bubble each (from about 250): rows per client and class as colour. Bubbles shrank
+    to specks and then to nothing, and the figure showed an empty grid."""
+    n_clients, n_classes = counts.shape
+    fig, ax = subplots(figsize=(width, height), dpi=110)
+    shown = np.ma.masked_equal(counts.T.astype(float), 0)  # no rows: left white, as a missing bubble was
+    image = ax.imshow(shown, aspect="auto", origin="lower", cmap="Blues", interpolation="antialiased",
+                      extent=(-0.5, n_clients - 0.5, -0.5, n_classes - 0.5), vmin=0)
+    ticks = _thin(n_classes)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([_short(class_names[i]) if i < len(class_names) else str(i) for i in ticks], fontsize=8)
+    ax.set_xlabel("client")
+    ax.set_ylabel("class")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, label="training rows", fraction=0.04, pad=0.02)
     fig.tight_layout()
     with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
         fig.savefig(path)

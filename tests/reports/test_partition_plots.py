@@ -20,3 +20,32 @@ def test_a_default_alpha_is_in_the_title_and_inert_settings_are_not():
     domain = title("domain", n_domains=5, few_shot=10, seed=1)
     assert domain.startswith("domain partition, 5 clients, seed 1 (") and "few_shot=10" in domain
     assert "subsample" not in domain and "alpha" not in domain
+
+
+def _ink_in_plot(path) -> int:
+    """Pixels darker than the grid lines (0.92 grey) in the middle of the figure, where the plot area is."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(path)[..., :3]
+    h, w = img.shape[:2]
+    middle = img[h // 4: 3 * h // 4, w // 5: 3 * w // 5]
+    return int((middle.mean(-1) < 0.85).sum())
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("clients", [10, 1000])
+def test_who_holds_which_classes_shows_at_any_number_of_clients(tmp_path, clients):
+    """From 300 clients the bubbles were too small to draw: the figure was an empty grid."""
+    import numpy as np
+
+    from fedcache.federate.partitions import Partition
+    from fedcache.reports.partition_plots import plot_partition
+
+    labels = np.random.default_rng(0).integers(0, 100, clients * 20)
+    rows = np.array_split(np.arange(len(labels)), clients)
+    part = Partition(PartitionRequest.of("iid", clients), rows, [r[:1] for r in rows])
+    bubbles, _ = plot_partition(part, labels, [f"class {i}" for i in range(100)], tmp_path / "p")
+    assert _ink_in_plot(bubbles) > 2000
