@@ -54,11 +54,15 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
     todo_cells = cells(spec) if only is None else only
     configs = check_cells(spec, todo_cells)
     check_spec(spec)
-    fresh = not (spec.features_folder / "meta.json").exists()
-    folder, tables = _shared_features(spec, fresh, on_step)
     clear_killed(spec.out)
     rows, pending = _finished_and_pending(spec, todo_cells, stops)
-    _prepare(configs, pending, tables, folder, fresh, on_step, prepared or Prepared())
+    folder = spec.features_folder
+    fresh = not (folder / "meta.json").exists()
+    # A finished grid re-run for its tables writes no copy of the features where a user deleted it to free the disk
+    # (GBs on a large store); one that is there is still checked against the store.
+    if pending or not fresh:
+        folder, tables = _shared_features(spec, fresh, on_step)
+        _prepare(configs, pending, tables, folder, fresh, on_step, prepared or Prepared())
     total = len(todo_cells)
     resumed = _checkpointed(spec, pending) if only is None else 0
     if (rows or resumed) and pending and only is None:  # a re-run: said before the engine's plan (the rest only)

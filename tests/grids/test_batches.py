@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import pytest
 import torch
@@ -164,9 +165,12 @@ def test_a_finished_grid_run_again_says_it_had_nothing_to_train(toy_store, tmp_p
             "--clients", "2", "--rounds", "1", "--set", "lr=0.1,0.01", "--out", str(tmp_path / "g")]
     assert main(args) == 0
     assert "nothing to train" not in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "g" / "features")  # a user's, to free the disk: re-run for the table, not a new copy
+    table = (tmp_path / "g" / "table.md").read_text()
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "nothing to train: every cell of this grid had finished in" in out and "cells per minute" not in out
+    assert not (tmp_path / "g" / "features").exists() and (tmp_path / "g" / "table.md").read_text() == table
 
 
 @pytest.mark.slow
