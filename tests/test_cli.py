@@ -670,6 +670,9 @@ def test_a_misspelled_command_is_suggested_once(argv, suggestion, capsys):
                                   "'--set'?) See `fedcache train --help`."),
     (["trian"], "error: No such command 'trian'. Did you mean 'train'? See `fedcache --help`."),
     (["report", "a", "b"], "error: Got unexpected extra argument (b). See `fedcache report --help`."),
+    (["train", "--clients-per-round", "10"], "error: No such option '--clients-per-round'. (Did you mean one of: "
+     "'--clients', '--clients-per-domain'?) A round samples --fraction of the clients (10 of 5,000 a round: "
+     "--fraction 0.002). See `fedcache train --help`."),
 ])
 def test_a_misspelled_option_or_command_is_one_line(argv, said, capsys):
     """click printed its usage, a 'Try --help' line and the error in three lines; every other mistake is one."""

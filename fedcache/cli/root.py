@@ -188,9 +188,22 @@ def _usage_error(exc: UsageError, argv: list[str] | None) -> int:
         err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
     else:
         where = exc.ctx.command_path if exc.ctx else "fedcache"
-        err.print(f"[red]error:[/] {escape(said)}{'' if said.endswith(('.', '?', '?)')) else '.'} See `{where} --help`.",
-                  highlight=False, soft_wrap=True)
+        said = said + ("" if said.endswith((".", "?", "?)")) else ".") + _named_otherwise(exc)
+        err.print(f"[red]error:[/] {escape(said)} See `{where} --help`.", highlight=False, soft_wrap=True)
     return exc.exit_code
+
+
+# Options other toolkits have, which fedcache spells otherwise: said beside click's suggestions, which go by spelling.
+OTHERWISE = {"--clients-per-round": "A round samples --fraction of the clients (10 of 5,000 a round: --fraction 0.002).",
+             "--num-clients": "The number of clients is --clients.",
+             "--num-rounds": "The number of rounds is --rounds."}
+
+
+def _named_otherwise(exc: UsageError) -> str:
+    from click.exceptions import NoSuchOption
+
+    hint = OTHERWISE.get(exc.option_name) if isinstance(exc, NoSuchOption) else None
+    return f" {hint}" if hint else ""
 
 
 def _several(exc: BadParameter, argv: list[str] | None) -> str:
