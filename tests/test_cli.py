@@ -929,7 +929,8 @@ def test_an_interrupted_report_says_the_last_report_is_kept_not_resume():
 
 @pytest.mark.parametrize("argv, said", [(["store", "ls", "--store", "s.zarr"], "it only reads the store: nothing was changed"),
                                         (["store", "rm", "abc"], "the entries it said it removed are gone"),
-                                        (["store", "export", "-o", "f.h5"], "no part of the export was written")])
+                                        (["store", "export", "-o", "f.h5"], "no part of the export was written"),
+                                        (["store", "import", "f.npz"], "none while it was checking the file")])
 def test_an_interrupted_store_command_says_what_it_left_not_resume(argv, said):
     """Every command but train and report was told "finished work is kept; re-run the same command to resume"."""
     from fedcache.cli.root import _how_to_go_on

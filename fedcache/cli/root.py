@@ -250,6 +250,8 @@ NOTHING_TO_RESUME = {
     ("store", "verify"): "what it said so far stands (entries --repair said it removed are gone); run the same command "
                          "again to check every entry",
     ("store", "rm"): "the entries it said it removed are gone, the others kept; run it again for those",
+    ("store", "import"): "rows it had written are kept in partial entries (none while it was checking the file); "
+                         "run the same command again to go on",
 }
 
 

@@ -340,7 +340,8 @@ def _import_with_progress(store: Path, file: Path, dataset: str, backbone: str, 
         def on_rows(done: int, total: int) -> None:
             nonlocal task
             if task is None:
-                task = progress.add_task("rows in the store", total=total)  # a re-import counts those kept
+                # a re-import starts from the rows kept, said in its first line (not 0 of them)
+                task = progress.add_task("rows in the store", total=total, completed=done)
             progress.update(task, completed=done)
 
         return import_file(store, file, dataset, backbone, split, on_step=step_printer(progress.console), on_rows=on_rows)

@@ -103,12 +103,13 @@ class _Rows:
 
     def __init__(self, checked: Checked, on_rows: OnRows | None) -> None:
         self.done, self.total = 0, sum(len(s.features) for s in checked.splits.values())
-        self.on_rows = on_rows
-        self.wrote(0)
+        self.on_rows = on_rows  # told first as the first entry starts: with the rows an interrupted import kept
+        self.told = False
 
     def wrote(self, rows: int) -> None:
         self.done += rows
-        if self.on_rows is not None:
+        if self.on_rows is not None and (rows or not self.told):
+            self.told = True
             self.on_rows(self.done, self.total)
 
 
@@ -169,8 +170,7 @@ def _import_domain(store: FeatureStore, key: EntryKey, s: Split, rows: np.ndarra
     with open_writer(store, key, len(rows), s.features.shape[1], 1, attrs, Part()) as w:
         pending = w.pending()
         before = len(rows) - sum(hi - lo for lo, hi in map(w.chunk_range, pending))  # by an interrupted import
-        if before:
-            rows_done.wrote(before)
+        rows_done.wrote(before)  # 0 too: the first entry's start is the progress's
         for c in pending:
             lo, hi = w.chunk_range(c)
             take = slice(rows[0] + lo, rows[0] + hi) if consecutive else rows[lo:hi]

@@ -376,6 +376,24 @@ def test_an_import_says_its_rows_as_it_writes_them(store_path, tmp_path):
     assert calls == [(0, 30), (10, 30), (20, 30), (30, 30)]
 
 
+def test_a_resumed_import_says_the_rows_it_kept_first(store_path, tmp_path):
+    """Its first line said 0 rows in the store, then jumped to those an interrupted import had written."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "three.npz"
+    np.savez(path, train__features=rng.normal(size=(30, 4)).astype(np.float32), train__labels=rng.integers(0, 3, 30),
+             train__domains=np.arange(30) // 10, domains=np.array('["a", "b", "c"]'))
+
+    def stop_after_ten(done, total):
+        if done >= 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        import_file(FeatureStore(store_path), path, "mine", "enc", on_rows=stop_after_ten)
+    calls = []
+    import_file(FeatureStore(store_path), path, "mine", "enc", on_rows=lambda done, total: calls.append((done, total)))
+    assert calls == [(10, 30), (20, 30), (30, 30)]
+
+
 def test_the_import_command_says_a_slow_check_and_its_rows(store_path, tmp_path, capsys, monkeypatch):
     """The check said where it took ``progress.SLOW_STEP`` seconds or more (0 here), then the rows written; a file
     refused is its error alone."""
