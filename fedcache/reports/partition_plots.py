@@ -64,19 +64,11 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
     ax.set_ylim(-0.7, n_classes - 0.3)
     ax.set_xticks(_thin(n_clients))
     ax.set_xticklabels([str(i) for i in _thin(n_clients)], fontsize=8)
-    ticks = _thin(n_classes)
-    ax.set_yticks(ticks)
-    ax.set_yticklabels([_short(class_names[i]) if i < len(class_names) else str(i) for i in ticks], fontsize=8)
-    ax.set_xlabel("client")
-    ax.set_ylabel("class")
-    ax.set_title(title, fontsize=10)
+    _client_by_class(ax, class_names, n_classes, title)
     ax.grid(True, color="0.92", linewidth=0.5)
     ax.set_axisbelow(True)
     _size_legend(ax, biggest, cell_pts)
-    fig.tight_layout()
-    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
-        fig.savefig(path)
-    return path
+    return _saved(fig, path)
 
 
 def _heatmap(counts: np.ndarray, class_names: Sequence[str], title: str, path: Path, width: float,
@@ -88,13 +80,21 @@ def _heatmap(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
     shown = np.ma.masked_equal(counts.T.astype(float), 0)  # no rows: left white, as a missing bubble was
     image = ax.imshow(shown, aspect="auto", origin="lower", cmap="Blues", interpolation="antialiased",
                       extent=(-0.5, n_clients - 0.5, -0.5, n_classes - 0.5), vmin=0)
+    _client_by_class(ax, class_names, n_classes, title)
+    fig.colorbar(image, ax=ax, label="training rows", fraction=0.04, pad=0.02)
+    return _saved(fig, path)
+
+
+def _client_by_class(ax, class_names: Sequence[str], n_classes: int, title: str) -> None:
     ticks = _thin(n_classes)
     ax.set_yticks(ticks)
     ax.set_yticklabels([_short(class_names[i]) if i < len(class_names) else str(i) for i in ticks], fontsize=8)
     ax.set_xlabel("client")
     ax.set_ylabel("class")
     ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=ax, label="training rows", fraction=0.04, pad=0.02)
+
+
+def _saved(fig, path: Path) -> Path:
     fig.tight_layout()
     with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
         fig.savefig(path)
@@ -140,10 +140,7 @@ def _sizes(partition: Partition, train_domains, domain_names, title: str, path: 
     ax.set_axisbelow(True)
     if len(present) > 1:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0)
-    fig.tight_layout()
-    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
-        fig.savefig(path)
-    return path
+    return _saved(fig, path)
 
 
 def plot_partition(
