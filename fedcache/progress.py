@@ -85,7 +85,7 @@ def _not_printed_by_its_library(record: logging.LogRecord) -> bool:
     logger and lets its records go on to the root, so each of its warnings showed twice."""
     logger: logging.Logger | None = logging.getLogger(record.name)
     while logger is not None and logger.parent is not None:  # up to the root, whose handlers are ours
-        if any(_on_stderr(h) and record.levelno >= h.level for h in logger.handlers):
+        if any(_on_stderr(h) and record.levelno >= h.level and h.filter(record) for h in logger.handlers):
             return False
         logger = logger.parent if logger.propagate else None
     return True

@@ -3,6 +3,7 @@ example per command, and the entry point that turns errors and signals into exit
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -203,7 +204,9 @@ def _named_otherwise(exc: UsageError) -> str:
     from click.exceptions import NoSuchOption
 
     hint = OTHERWISE.get(exc.option_name) if isinstance(exc, NoSuchOption) else None
-    return f" {hint}" if hint else ""
+    has = {o for p in (exc.ctx.command.params if exc.ctx else []) for o in p.opts}
+    named = re.findall(r"--[a-z-]+", hint or "")
+    return f" {hint}" if hint and all(n in has for n in named) else ""  # only where the command has what it names
 
 
 def _several(exc: BadParameter, argv: list[str] | None) -> str:

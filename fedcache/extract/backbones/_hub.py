@@ -33,11 +33,14 @@ def refuse_if_unreachable(what: str, fix: str) -> None:
     ours to reach directly, so nothing is checked there."""
     from huggingface_hub import constants
 
-    if urllib.request.getproxies().get("https") or constants.HF_HUB_OFFLINE:
+    proxies = urllib.request.getproxies()
+    if any(proxies.get(k) for k in ("https", "http", "all")) or constants.HF_HUB_OFFLINE:
         return  # HF_HUB_OFFLINE fails at once by itself, and with the Hub's own message
-    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    url = urlparse(constants.ENDPOINT)
+    host = url.hostname or constants.ENDPOINT
     try:
-        socket.create_connection((host, 443), timeout=_CONNECT_TIMEOUT_S).close()
+        socket.create_connection((host, url.port or (80 if url.scheme == "http" else 443)),
+                                 timeout=_CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise WeightsNotFoundError(f"{what} are not in the Hugging Face cache and {host} cannot be reached "
