@@ -4,8 +4,8 @@
 proportional to the row count, as in FedPCL's non-IID figure) and ``<prefix>-sizes.png``
 (training rows per client, stacked by domain when there are several). Both stay legible
 up to about 100 clients x 100 classes: the figure grows with the grid (within limits),
-markers shrink to their cell and tick labels are thinned; from about 250 clients the first shows the rows
-as colour instead (a heatmap), where bubbles would be too small to see.
+markers shrink to their cell and tick labels are thinned; where a cell would be under MIN_BUBBLE_PTS (from
+about 250 clients, or about 230 classes) the first shows the rows as colour instead (a heatmap).
 """
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
 
 def _heatmap(counts: np.ndarray, class_names: Sequence[str], title: str, path: Path, width: float,
              height: float) -> Path:
-    """Clients too many for a bubble each (from about 250): rows per client and class as colour. Bubbles shrank
-    to specks and then to nothing, and the figure showed an empty grid."""
+    """Cells too small for a bubble each (about 250 clients, or 230 classes): rows per client and class as colour.
+    Bubbles shrank to specks and then to nothing, and the figure showed an empty grid."""
     n_clients, n_classes = counts.shape
     fig, ax = subplots(figsize=(width, height), dpi=110)
     shown = np.ma.masked_equal(counts.T.astype(float), 0)  # no rows: left white, as a missing bubble was

@@ -92,8 +92,9 @@ def _create_pretrained(spec: BackboneSpec) -> nn.Module:
             refuse_if_unreachable(f"the pretrained weights of {spec.name} ({spec.arch})",
                                   _fix(spec, f" (from {hub_page(cfg.hf_hub_id)})"))
     try:
-        return timm.create_model(spec.arch, pretrained=True, num_classes=0,
-                                 pretrained_cfg_overlay={"file": local, "custom_load": False} if local else None)  # the hub file is a state dict
+        # The hub's file is a state dict: custom_load (a ViT's JAX .npz reader) must not read it (timm < 1.0.30).
+        overlay = {"file": local, "custom_load": False} if local else None
+        return timm.create_model(spec.arch, pretrained=True, num_classes=0, pretrained_cfg_overlay=overlay)
     except Exception as exc:  # network errors come in many types
         raise WeightsNotFoundError(f"could not get the pretrained weights of {spec.name} ({spec.arch}) from the "
                                    f"hub: {without_full_stop(exc)}. {_fix(spec)}") from exc
