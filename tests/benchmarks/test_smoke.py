@@ -212,6 +212,14 @@ def test_device_context_comparison_runs(tmp_path):
     assert all(r["same_accuracy"] and r["context_over_none"] > 0 for r in res.values())
 
 
+def test_single_product_compares_the_three_products(tmp_path):
+    out = tmp_path / "single_product.json"
+    bench("single_product").main(["--tiny", "--trials", "1", "--repeat", "1", "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert [(r["classes"], r["threads"]) for r in res] == [(65, 1), (65, 2), (10, 1), (10, 2)]
+    assert all(r["fedcache_over_torch"] > 0 and r["fedcache_over_first_of_two"] > 0 for r in res)
+
+
 @pytest.mark.parametrize("rounds", [1, 50])
 def test_the_benchmarks_read_train_s_result_line_as_train_prints_it(rounds):
     """benchmarks/_runs.py parses `fedcache train`'s last line; when its wording changed, only the slow smoke tests

@@ -8,7 +8,7 @@ from fedcache.federate.inprocess import RunConfig, run
 from fedcache.federate.methods import METHODS, MethodContext
 from fedcache.federate.optim import OptimConfig
 from fedcache.federate.schedule import Schedule
-from fedcache.heads.base import affine, bmm
+from fedcache.heads.base import CHUNK, affine, bmm, transposed_affine
 
 from .conftest import synthetic
 
@@ -72,3 +72,36 @@ def test_fedpcls_prototype_scores_are_the_same_at_any_thread_count():
     one = _at(1, terms)
     for threads in (2, 8):
         assert all(torch.equal(a, b) for a, b in zip(one, _at(threads, terms))), threads
+
+
+def _stacked(a, b, add=None):
+    two = [t.expand(2, *t.shape[1:]) if t is not None and t.dim() == 3 else t for t in (a, b, add)]
+    return (torch.bmm(*two[:2]) if add is None else torch.baddbmm(two[2], *two[:2]))[:1]
+
+
+@pytest.mark.parametrize("n, m, p, add", [
+    (CHUNK * 4 + 77, 64, 65, "row"), (CHUNK * 4 + 1, 64, 65, "bias"), (CHUNK * 5, 64, 3, None),  # rows in pieces
+    (10, 64, CHUNK * 4 + 1, None), (10, 64, CHUNK * 4 + 33, "column"),  # a few-class head's transposed layout
+    (CHUNK * 4 + 1, 64, 1, None), (1, 64, 9, None)])  # matrix-vector products
+def test_a_single_product_without_a_gradient_is_its_stacked_cell_at_one_and_two_threads(n, m, p, add):
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(1, n, m, generator=g), torch.randn(1, m, p, generator=g)
+    addend = {"row": torch.randn(1, n, p, generator=g), "bias": torch.randn(1, 1, p, generator=g),
+              "column": torch.randn(1, n, 1, generator=g), None: None}[add]
+    cell = _at(1, lambda: _stacked(a, b, addend))
+    for threads in (1, 2):
+        with torch.no_grad():
+            assert torch.equal(_at(threads, lambda: bmm(a, b, addend)), cell), threads
+
+
+def test_a_large_single_product_without_a_gradient_runs_as_a_batch_of_pieces(monkeypatch):
+    """torch would split it across threads in another order, and the first-of-two product runs on one thread."""
+    shapes, real = [], torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: shapes.append(tuple(a.shape)) or real(a, b))
+    z, w = torch.randn(1, CHUNK * 6, 32), torch.randn(1, 32, 10)
+    with torch.no_grad():
+        _at(2, lambda: transposed_affine(w, torch.zeros(1, 1, 10), z))
+    assert shapes == [(6, 10, 32)]
+    shapes.clear()
+    _at(2, lambda: transposed_affine(w.requires_grad_(True), torch.zeros(1, 1, 10), z))  # training: one product
+    assert shapes == [(2, 10, 32)]
