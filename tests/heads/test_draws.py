@@ -49,3 +49,18 @@ def test_making_every_clients_draw_points_keeps_no_heads_in_memory():
             "ClientHeads(MLPHead(512, 100).layout(), 5000, torch.Generator().manual_seed(0)); print(anon() - before)")
     grown_mb = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert grown_mb < 250  # every client's first layer is 2,500 MB
+
+
+def test_the_draws_past_each_block_go_into_one_buffer_per_parameter(monkeypatch):
+    """The mechanism of the test above, which the allocator's mood made pass with the old code in 2 runs of 6."""
+    from fedcache.heads.mlp import MLPHead
+
+    buffers, real = [], torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, out=None, **k: buffers.append(out) or real(*a, out=out, **k))
+    layout = MLPHead(32, 10).layout()
+    ClientHeads(layout, 100, torch.Generator().manual_seed(0))
+    assert len(buffers) == 7 * sum(1 for p in layout if p.fan_in)  # 100 clients: 7 blocks of 16
+    assert None not in buffers
+    for first in range(0, len(buffers), 7):  # a parameter's seven blocks
+        assert len({b.untyped_storage().data_ptr() for b in buffers[first: first + 7]}) == 1
+
