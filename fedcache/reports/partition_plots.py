@@ -21,6 +21,7 @@ from fedcache.reports.canvas import subplots
 MAX_TICKS = 25
 MAX_FIG_INCHES = 16.0
 MIN_BUBBLE_PTS = 4.0  # a grid cell narrower than this (points) shows rows as colour, not bubbles
+DPI = 110
 
 
 def client_class_counts(partition: Partition, train_labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -55,7 +56,7 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
     cell_pts = min(0.8 * width * 72 / n_clients, 0.8 * height * 72 / n_classes)
     if cell_pts < MIN_BUBBLE_PTS:
         return _heatmap(counts, class_names, title, path, width, height)
-    fig, ax = subplots(figsize=(width, height), dpi=110)
+    fig, ax = subplots(figsize=(width, height), dpi=DPI)
     biggest = max(int(counts.max()), 1)
     area = (counts / biggest) * (0.95 * cell_pts) ** 2
     x, y = np.nonzero(counts)
@@ -74,15 +75,38 @@ def _bubbles(counts: np.ndarray, class_names: Sequence[str], title: str, path: P
 def _heatmap(counts: np.ndarray, class_names: Sequence[str], title: str, path: Path, width: float,
              height: float) -> Path:
     """Cells too small for a bubble each (about 250 clients, or 230 classes): rows per client and class as colour.
-    Bubbles shrank to specks and then to nothing, and the figure showed an empty grid."""
+    Bubbles shrank to specks and then to nothing, and the figure showed an empty grid. Clients (classes) beyond
+    the plot's pixels share a column (row) that shows their most: averaged by the drawing instead, a class held
+    by one client in a hundred faded to white."""
     n_clients, n_classes = counts.shape
-    fig, ax = subplots(figsize=(width, height), dpi=110)
-    shown = np.ma.masked_equal(counts.T.astype(float), 0)  # no rows: left white, as a missing bubble was
-    image = ax.imshow(shown, aspect="auto", origin="lower", cmap="Blues", interpolation="antialiased",
-                      extent=(-0.5, n_clients - 0.5, -0.5, n_classes - 0.5), vmin=0)
+    fig, ax = subplots(figsize=(width, height), dpi=DPI)
+    # At most half the figure's pixels each way: the plot's own take more than half, so each cell is a pixel at least
+    shown, (per_class, per_client) = _most_per_pixel(counts.T, int(height * DPI / 2), int(width * DPI / 2))
+    image = ax.imshow(np.ma.masked_equal(shown.astype(float), 0), aspect="auto", origin="lower", cmap=_held(),
+                      interpolation="nearest", extent=(-0.5, n_clients - 0.5, -0.5, n_classes - 0.5), vmin=1)
     _client_by_class(ax, class_names, n_classes, title)
-    fig.colorbar(image, ax=ax, label="training rows", fraction=0.04, pad=0.02)
+    shared = " and ".join(f"{n} {what}" for n, what in ((per_client, "clients"), (per_class, "classes")) if n > 1)
+    label = "training rows" + (f" (a cell: the most of {shared})" if shared else "")
+    fig.colorbar(image, ax=ax, label=label, fraction=0.04, pad=0.02)
     return _saved(fig, path)
+
+
+def _most_per_pixel(a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """``a`` with runs of rows and of columns merged, each into its maximum, to fit ``rows`` x ``cols``; the runs'
+    lengths (1: not merged)."""
+    per = (-(-a.shape[0] // max(rows, 1)), -(-a.shape[1] // max(cols, 1)))
+    padded = np.zeros((-(-a.shape[0] // per[0]) * per[0], -(-a.shape[1] // per[1]) * per[1]), a.dtype)
+    padded[: a.shape[0], : a.shape[1]] = a
+    merged = padded.reshape(padded.shape[0] // per[0], per[0], padded.shape[1] // per[1], per[1]).max(axis=(1, 3))
+    return merged, per
+
+
+def _held():
+    """Blues from a visible blue: one row is never drawn white, the colour of none."""
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(colormaps["Blues"](np.linspace(0.3, 1.0, 256)))
 
 
 def _client_by_class(ax, class_names: Sequence[str], n_classes: int, title: str) -> None:

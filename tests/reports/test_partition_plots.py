@@ -36,15 +36,18 @@ def _ink_in_plot(path) -> int:
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("clients", [10, 1000])
-def test_who_holds_which_classes_shows_at_any_number_of_clients(tmp_path, clients):
-    """From 300 clients the bubbles were too small to draw: the figure was an empty grid."""
+@pytest.mark.parametrize("clients, classes_each", [(10, 100), (1000, 100), (5000, 2)])
+def test_who_holds_which_classes_shows_at_any_number_of_clients(tmp_path, clients, classes_each):
+    """From 300 clients the bubbles were too small to draw: the figure was an empty grid. Then the heatmap's
+    drawing averaged clients into pixels, and 5,000 clients of 2 classes each faded to white."""
     import numpy as np
 
     from fedcache.federate.partitions import Partition
     from fedcache.reports.partition_plots import plot_partition
 
-    labels = np.random.default_rng(0).integers(0, 100, clients * 20)
+    rng = np.random.default_rng(0)
+    held = [rng.choice(100, classes_each, replace=False) for _ in range(clients)]
+    labels = np.concatenate([rng.choice(h, 20) for h in held])
     rows = np.array_split(np.arange(len(labels)), clients)
     part = Partition(PartitionRequest.of("iid", clients), rows, [r[:1] for r in rows])
     bubbles, _ = plot_partition(part, labels, [f"class {i}" for i in range(100)], tmp_path / "p")
