@@ -17,6 +17,12 @@ def meta() -> dict:
             "load_average_at_end": round(os.getloadavg()[0], 2), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def earlier_metas(earlier: dict, cases: list[str]) -> dict[str, dict | None]:
+    """The meta of the run that measured each of ``cases`` in ``earlier``, a result file that a run of some cases
+    (``--only``) updates: its ``meta_of_case`` where it kept the case from a run before it, else its ``meta``."""
+    return {c: (earlier.get("meta_of_case") or {}).get(c, earlier.get("meta")) for c in cases}
+
+
 def write(res: dict, out: Path) -> None:
     res["meta"] = meta()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -242,7 +242,7 @@ def summarize(runs: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
-    from _results import write
+    from _results import earlier_metas, write
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", type=Path, help="a copy of a store with digits5-offline efficientnet-lite0 features (training writes partitions)")
@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
                      "few_shot": source.few_shot, "rounds": args.rounds, "batch": BATCH, "optimizer": "SGD lr 0.01, no momentum",
                      "local_epochs": 1, "lam": LAM, "accuracy": "pooled over all clients' test sets"},
            "results": results}
-    if any(args.only not in r["case"] for r in results):  # some cases are the earlier run's
-        res["meta_of_earlier_cases"] = earlier.get("meta")
+    if any(args.only not in r["case"] for r in results):  # some cases are earlier runs'
+        res["meta_of_case"] = earlier_metas(earlier, [r["case"] for r in results if args.only not in r["case"]])
     write(res, args.out)
 
 

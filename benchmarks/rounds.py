@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _results import write  # benchmarks/ is on sys.path when a script here runs
+from _results import earlier_metas, write  # benchmarks/ is on sys.path when a script here runs
 
 from fedcache.federate.schedule import Schedule
 from fedcache.federate.data import FederatedData
@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
     res["size"] = size
     if args.only and args.out.exists():  # a partial run updates its cases in the existing results
         kept = json.loads(args.out.read_text())
-        res = {**{k: v for k, v in kept.items() if k != "meta"}, **res, "meta_of_earlier_cases": kept.get("meta")}
+        res = {**{k: v for k, v in kept.items() if k not in ("meta", "meta_of_case")}, **res,
+               "meta_of_case": earlier_metas(kept, [c for c in CASES if c in kept and c not in chosen])}
     write(res, args.out)
     return res
 

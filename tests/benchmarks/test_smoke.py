@@ -26,6 +26,10 @@ def test_rounds_floor_and_batched(tmp_path):
     assert set(res["floor"]) == {"fedavg", "fedproto", "fedpcl"}
     assert all(v["run_over_floor"]["median_ratio"] > 0 for v in res["floor"].values())
     assert res["batched"]["same_accuracy"] is True and "when" in res["meta"]
+    res["meta"], res["meta_of_case"] = {"when": "second"}, {"floor": {"when": "first"}}  # floor kept from a run before
+    out.write_text(json.dumps(res))
+    bench("rounds").main(["--tiny", "--trials", "1", "--only", "batched", "--out", str(out)])
+    assert json.loads(out.read_text())["meta_of_case"] == {"floor": {"when": "first"}}
 
 
 @pytest.mark.slow

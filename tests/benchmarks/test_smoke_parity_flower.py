@@ -16,7 +16,7 @@ def test_parity_tiny(tmp_path):
     (case,) = res["results"]
     assert case["case"] == "fedproto (PFLlib options)" and {"fedcache", "reference"} <= set(case["runs"][0])
     assert case["speed_ratio_fedcache_over_reference"]["median"] > 0 and "when" in res["meta"]
-    assert "meta_of_earlier_cases" not in res
+    assert "meta_of_case" not in res
 
 
 def test_parity_only_keeps_the_earlier_cases_and_their_meta(tmp_path):
@@ -26,7 +26,10 @@ def test_parity_only_keeps_the_earlier_cases_and_their_meta(tmp_path):
     bench("parity").main(["--tiny", "--seeds", "1", "--rounds", "1", "--only", "fedavg", "--out", str(out)])
     res = json.loads(out.read_text())
     assert [r["case"] for r in res["results"]] == ["fedavg", "fedproto (PFLlib options)"]
-    assert res["meta_of_earlier_cases"] == {"when": "earlier"} and res["meta"]["when"] != "earlier"
+    assert res["meta_of_case"] == {"fedproto (PFLlib options)": {"when": "earlier"}} and res["meta"]["when"] != "earlier"
+    bench("parity").main(["--tiny", "--seeds", "1", "--rounds", "1", "--only", "PFLlib", "--out", str(out)])
+    again = json.loads(out.read_text())  # the fedavg case now from the run before, the first case's meta still its own
+    assert again["meta_of_case"] == {"fedavg": res["meta"]}
 
 
 def test_parity_needs_a_store_or_tiny(tmp_path):
