@@ -82,6 +82,14 @@ def test_openai_clips_run_quick_gelu_and_their_features_are_not_those_made_witho
     assert bb.weights_hash != hash_state(bb.model)
 
 
+def test_a_quickgelu_architecture_keeps_its_features_key():
+    """open_clip's `-quickgelu` architectures always ran QuickGELU: their entries were right and stay found."""
+    from fedcache.extract.backbones.base import hash_state
+
+    bb = load_backbone("open_clip:RN50-quickgelu/openai", random_init=True)
+    assert bb.weights_hash == hash_state(bb.model)
+
+
 def test_clip_from_the_hub_cache_is_given_as_a_file_with_its_quick_gelu(monkeypatch, no_network):
     import open_clip
 

@@ -96,7 +96,7 @@ def load_open_clip(req: LoadRequest) -> LoadedBackbone:
             return model.encode_text(tokenizer(list(texts)).to(device))
 
     tower = _ImageTower(model)
-    return LoadedBackbone(spec, tower, hash_state(model, _activation(model)), encode_text=encode_text,
+    return LoadedBackbone(spec, tower, hash_state(model, _activation(model, spec)), encode_text=encode_text,
                           embed_dim=_embed_dim(model, spec), model=model, tokenize=tokenizer)
 
 
@@ -149,11 +149,15 @@ def _fix(spec: BackboneSpec, which: str = "") -> str:
     return f"Without network access, download them{which} elsewhere and pass {pass_weights(spec.name)}"
 
 
-def _activation(model: nn.Module) -> str:
-    """"quick_gelu" where the model runs QuickGELU: features made before it did are not the same features."""
+def _activation(model: nn.Module, spec: BackboneSpec) -> str:
+    """"quick_gelu" where the model runs QuickGELU that its architecture does not name: fedcache built those with
+    nn.GELU before (open_clip's plain RN50, ViT-B-32, ... for OpenAI's weights), and those features are not these.
+    A `-quickgelu` architecture always ran it: its features, and their key, are unchanged."""
+    import open_clip
     from open_clip.transformer import QuickGELU
 
-    return "quick_gelu" if any(isinstance(m, QuickGELU) for m in model.modules()) else ""
+    named = spec.arch != "tiny" and bool((open_clip.get_model_config(spec.arch) or {}).get("quick_gelu"))
+    return "quick_gelu" if not named and any(isinstance(m, QuickGELU) for m in model.modules()) else ""
 
 
 def _embed_dim(model: nn.Module, spec: BackboneSpec) -> int:
