@@ -105,3 +105,18 @@ def test_clip_from_the_hub_cache_is_given_as_a_file_with_its_quick_gelu(monkeypa
         load_backbone("clip-rn50")
     assert asked["arch"] == "RN50" and asked["force_quick_gelu"] is True
     assert asked["pretrained"].endswith("open_clip_model.safetensors")
+
+
+def test_a_safetensors_file_beside_a_named_bin_is_taken_from_the_cache(monkeypatch, no_network):
+    """ViTamin's tags name `pytorch_model.bin`; open_clip takes `pytorch_model.safetensors` first where it is."""
+    import open_clip
+
+    asked = {}
+    monkeypatch.setattr(open_clip, "create_model", lambda arch, pretrained=None, **kw: asked.update(pretrained=pretrained) or 1 / 0)
+    _put_in_cache(no_network, "jienengchen/ViTamin-S", "pytorch_model.safetensors", {"x": torch.zeros(1)})
+    with pytest.raises(WeightsNotFoundError):
+        load_backbone("open_clip:ViTamin-S/datacomp1b")
+    assert asked["pretrained"].endswith("pytorch_model.safetensors")
+    assert open_clip_models._hub_files("open_clip_pytorch_model.bin") == open_clip_models._HUB_FILES
+    assert open_clip_models._hub_files("weights.npz") == ["weights.npz"]
+

@@ -138,11 +138,20 @@ def _in_hub_cache(spec: BackboneSpec) -> str | None:
     if not hub:
         return None  # from a URL, or no such tag: open_clip's own error is quick
     repo_id, filename = posixpath.split(hub)  # "org/model/" names the repository alone
-    local = cached(repo_id, [filename] if filename else _HUB_FILES)
+    local = cached(repo_id, _hub_files(filename))
     if local is None:
         refuse_if_unreachable(f"open_clip weights {spec.arch}/{spec.weights}",
                               _fix(spec, f" ({filename or _HUB_FILES[0]} of {hub_page(repo_id)})"))
     return local
+
+
+def _hub_files(filename: str) -> list[str]:
+    """The files of a tag's repository open_clip would load, in its order: a .safetensors beside a named .bin or
+    .pth first (only where the repository's file is named is it looked for alone)."""
+    if not filename or filename == _HUB_FILES[1]:
+        return _HUB_FILES
+    stem, suffix = posixpath.splitext(filename)
+    return ([stem + ".safetensors"] if suffix in (".bin", ".pth") else []) + [filename]
 
 
 def _fix(spec: BackboneSpec, which: str = "") -> str:
