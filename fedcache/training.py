@@ -290,7 +290,8 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
           run_name: str | None = None, stop_after: int | None = None, on_step: StepCallback | None = None) -> RunResult:
     """One run. ``run_name`` names it for trackers (default: its --out directory's name). ``stop_after``: pause
     after that round, to be continued with ``resume`` (``driver.run``; a grid's successive halving). ``on_step``:
-    the steps before the first round that took a while (``progress.said_step``)."""
+    the steps before the first round that took a while (``progress.said_step``), and an evaluation that took most
+    of its round (``driver.SlowEvaluation``)."""
     if spec.engine.name != "in-process":  # run silently in-process, it would be recorded as what it is not
         raise ConfigError(f"this runs in-process; engine={spec.engine.name!r} runs through "
                           "fedcache.flower.sim.train_flower_sim(spec) or `fedcache train --engine`")
@@ -308,7 +309,7 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
                                              "device": device_name(torch.get_default_device())})
         t0 = time.perf_counter()
         try:
-            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume, stop_after)
+            result = run_one(r, e.batched, _tracked(on_round, trackers), e.resume, stop_after, on_step)
         except BaseException as exc:
             for t in trackers:
                 t.fail()

@@ -32,7 +32,8 @@ from fedcache.federate.metrics import summarize
 from fedcache.federate.rundir import CHECKPOINT, METRICS, RunDir, load_checkpoint, no_checkpoint, save_checkpoint
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
-from fedcache.wording import run_again
+from fedcache.progress import StepCallback, said_now
+from fedcache.wording import named, run_again
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class RunState:
     seconds: float = 0.0
     losses: list[torch.Tensor] = field(default_factory=list)  # local-training losses since the last metrics line
     senders: list[int] = field(default_factory=list)  # per round: how many clients sent (0 for unfederated methods)
+    evaluated_in: float = 0.0  # seconds of the evaluation since the driver last looked (not kept: this process's)
 
 
 @dataclass
@@ -125,7 +127,8 @@ RoundCallback = Callable[[int, int, list], None]
 
 
 def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = None, resume: bool = False,
-        checkpoint: "object | None" = None, stop_after: int | None = None) -> list[RunResult]:
+        checkpoint: "object | None" = None, stop_after: int | None = None,
+        on_step: StepCallback | None = None) -> list[RunResult]:
     """The runs' rounds, from the start or (``resume``) from their checkpoint, then each run's summary.
 
     A run by itself checkpoints into its run directory. A stack of runs keeps one ``checkpoint`` file (a path)
@@ -135,7 +138,8 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
 
     ``stop_after``: pause after that round (before the last), as an interruption would, but on purpose: every
     run keeps its own checkpoint to continue from, and its result is scored at that round (``RunResult.paused``)
-    without a summary.json, so a later call with ``resume`` continues it to the same numbers as one call."""
+    without a summary.json, so a later call with ``resume`` continues it to the same numbers as one call.
+    ``on_step(text)``: told once where evaluating took most of a round (``SlowEvaluation``)."""
     runs = list(runs)
     _check_lockstep(runs)
     where = _checkpoint_path(runs, checkpoint)
@@ -146,8 +150,11 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     if on_round:  # progress shown as the rounds start (at a resumed run's checkpoint), not once the first is done
         on_round(states[0].rnd, rounds, [None] * len(runs))
     start, before = time.perf_counter(), [s.seconds for s in states]
+    slow = SlowEvaluation(runs[0], on_step)
     for rnd in range(states[0].rnd, last):
+        began = time.perf_counter()
         lines = _round(runs, engine, states, rnd)
+        slow.after(rnd, time.perf_counter() - began, states)
         share = (time.perf_counter() - start) / len(runs)  # each run's share of the stack's time
         for r, s, h, line, b in zip(runs, states, histories, lines, before):
             s.rnd, s.seconds = rnd + 1, b + share
@@ -161,6 +168,31 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     end = _finish if last == rounds else _pause
     return [end(r, i, s, h, engine, stacked=len(runs) > 1, trained=last > at)
             for i, (r, s, h) in enumerate(zip(runs, states, histories))]
+
+
+class SlowEvaluation:
+    """Says once a run where an evaluation took SLOW_EVALUATION seconds and most of its round: scoring every
+    client, with thousands of them (each by its own model, for a personalized method), can cost far more than
+    training the few a round samples, and nothing else says where the time goes."""
+
+    def __init__(self, run: Run, on_step: StepCallback | None) -> None:
+        self.run, self.on_step, self.said = run, on_step, False
+
+    def after(self, rnd: int, seconds: float, states: list[RunState]) -> None:
+        spent = sum(s.evaluated_in for s in states)
+        for s in states:
+            s.evaluated_in = 0.0
+        if self.said or spent < SLOW_EVALUATION or spent < seconds / 2:
+            return
+        self.said = True
+        every, n = self.run.schedule.eval_every, self.run.method.ctx.data.n_clients
+        now = f" (now {every})" if every > 1 else ""
+        said_now(log, self.on_step, f"evaluation took {spent:.1f} s of round {rnd + 1}'s {seconds:.1f} s, scoring "
+                 f"{n:,} clients on their test rows; {named('--eval-every', 'eval_every')} N{now} evaluates every "
+                 "N-th round and the last")
+
+
+SLOW_EVALUATION = 5.0
 
 
 def _stop_round(stop_after: int, at: int, rounds: int) -> int:
@@ -234,8 +266,10 @@ def evaluation_due(schedule: Schedule, rnd: int) -> bool:
 
 
 def metrics_line(method: Method, state: RunState, engine: Engine, i: int, rnd: int) -> dict:
+    began = time.perf_counter()
     glob = global_logits(method, state.server)
     line = {"round": rnd + 1, **engine.evaluate(i, state, glob), **global_accuracy(method, glob)}
+    state.evaluated_in += time.perf_counter() - began
     return {**line, "train_loss": train_loss(state.losses), "bytes_up": state.bytes_up, "bytes_down": state.bytes_down}
 
 

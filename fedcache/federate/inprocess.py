@@ -19,6 +19,7 @@ from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.rundir import RunDir
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
+from fedcache.progress import StepCallback
 
 # (rounds done, rounds, the run's metrics line or None): as the rounds start (line None), then after each round.
 OnRound = Callable[[int, int, "dict | None"], None]
@@ -48,10 +49,10 @@ def run(method: Method, cfg: RunConfig, on_round: OnRound | None = None, facts: 
 
 
 def run_one(r: Run, batched: bool = True, on_round: OnRound | None = None, resume: bool = False,
-            stop_after: int | None = None) -> RunResult:
-    """The round driver with this engine, for a run by itself (``stop_after``: see ``driver.run``)."""
+            stop_after: int | None = None, on_step: StepCallback | None = None) -> RunResult:
+    """The round driver with this engine, for a run by itself (``stop_after``, ``on_step``: see ``driver.run``)."""
     (result,) = driver.run([r], InProcess([r.method], batched), for_one_run(on_round), resume=resume,
-                           stop_after=stop_after)
+                           stop_after=stop_after, on_step=on_step)
     return result
 
 

@@ -305,3 +305,27 @@ def test_format_2_and_3_checkpoints_resume_and_a_newer_one_is_refused(data, tmp_
     torch.save({**body, DIGEST: digest(body)}, path)
     with pytest.raises(ConfigError, match="written by a newer fedcache .format 5."):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("evaluation_s, training_s, said", [(0.05, 0.0, 1), (0.05, 0.2, 0), (0.0, 0.0, 0)])
+def test_an_evaluation_that_takes_most_of_its_round_is_said_once(monkeypatch, data, evaluation_s, training_s, said):
+    """Scoring thousands of clients by their own models can take far longer than a round's training: the
+    progress showed rounds slow for no reason it gave."""
+    import time
+
+    from fedcache.federate import driver
+    from fedcache.federate.driver import Run
+    from fedcache.federate.inprocess import InProcess, run_one
+
+    if evaluation_s:  # else the threshold stays: an evaluation of five clients takes far less
+        monkeypatch.setattr(driver, "SLOW_EVALUATION", 0.04)
+    evaluate, round_ = InProcess.evaluate, InProcess.round
+    monkeypatch.setattr(InProcess, "evaluate", lambda self, *a: time.sleep(evaluation_s) or evaluate(self, *a))
+    monkeypatch.setattr(InProcess, "round", lambda self, *a: time.sleep(training_s) or round_(self, *a))
+    told = []
+    method = METHODS.get("fedavg")(MethodContext(data, "linear", OptimConfig("sgd", 0.1), Schedule()))
+    run_one(Run(method, Schedule(rounds=3, eval_every=1)), on_step=told.append)
+    assert len(told) == said
+    if said:
+        assert told[0].startswith("evaluation took ") and "of round 1's" in told[0]
+        assert told[0].endswith("scoring 5 clients on their test rows; --eval-every N evaluates every N-th round and the last")
