@@ -51,5 +51,19 @@ def aggregate(protos: torch.Tensor, counts: torch.Tensor, weighted: bool = True)
 
 def nearest(z: torch.Tensor, protos: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
     """Scores for nearest-prototype prediction: minus squared L2 distance, -inf for absent classes."""
-    d = torch.cdist(z, protos) ** 2
+    d = distances(z, protos) ** 2
     return (-d).masked_fill(~present.unsqueeze(-2), float("-inf"))
+
+
+CDIST_BY_PRODUCT = 25  # torch.cdist computes by a product where rows or prototypes are more (its compute_mode's doc)
+
+
+def distances(z: torch.Tensor, protos: torch.Tensor) -> torch.Tensor:
+    """torch.cdist(z, protos) for (K, n, H) and (K, C, H), as cdist computes it, with its product through ``bmm``:
+    cdist split one client's product across threads, and the distances' last bits moved with the thread count."""
+    if max(z.shape[-2], protos.shape[-2]) <= CDIST_BY_PRODUCT:
+        return torch.cdist(z, protos)  # pair by pair, each distance whole on one thread
+    zz, pp = z.pow(2).sum(-1, keepdim=True), protos.pow(2).sum(-1, keepdim=True)
+    a = torch.cat([-2 * z, zz, torch.ones_like(zz)], -1)
+    b = torch.cat([protos, torch.ones_like(pp), pp], -1)
+    return bmm(a, b.transpose(1, 2)).clamp_min_(1e-30).sqrt_()

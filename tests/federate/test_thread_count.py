@@ -105,3 +105,17 @@ def test_a_large_single_product_without_a_gradient_runs_as_a_batch_of_pieces(mon
     shapes.clear()
     _at(2, lambda: transposed_affine(w.requires_grad_(True), torch.zeros(1, 1, 10), z))  # training: one product
     assert shapes == [(2, 10, 32)]
+
+
+def test_nearest_prototype_scores_are_the_same_at_one_and_four_threads():
+    """torch.cdist split one client's distance product across threads: fedproto's and fedpcl's evaluation scores
+    moved in their last bits at 4 threads."""
+    from fedcache.federate.prototypes import nearest
+
+    g = torch.Generator().manual_seed(0)
+    z, protos, present = torch.randn(1, 2000, 256, generator=g), torch.randn(1, 65, 256, generator=g), torch.ones(1, 65, dtype=torch.bool)
+    one = _at(1, lambda: nearest(z, protos, present))
+    assert torch.equal(_at(4, lambda: nearest(z, protos, present)), one)
+    torch.testing.assert_close(one, -torch.cdist(z, protos) ** 2)
+    small = (z[:, :20], protos[:, :5], present[:, :5])  # cdist's own pairwise distances
+    assert torch.equal(nearest(*small), -torch.cdist(*small[:2]) ** 2)
