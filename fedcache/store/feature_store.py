@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -469,7 +470,7 @@ class FeatureStore(TextEmbeddings, Removal):
         """(bytes on disk, bytes in memory once read): its files, and its valid rows as float32 features
         plus their labels, ids and domain index (what :meth:`read` returns)."""
         folder = self.path / ENTRIES / info.entry_id
-        disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        disk = sum(_on_disk(p.stat()) for p in folder.rglob("*") if p.is_file())
         rows = int(info.attrs.get("n_valid", info.n_rows))
         return disk, rows * (4 * info.dim + 8 + 8 + 2)
 
@@ -495,6 +496,14 @@ class FeatureStore(TextEmbeddings, Removal):
         current = self.current(infos)
         cur = {e.entry_id for e in current.values()}
         return [e for e in infos if e.complete and e.entry_id not in cur] + superseded_partials(infos, current)
+
+
+def _on_disk(st: os.stat_result) -> int:
+    """A file's bytes on the disk: a partial entry's rows file is sparse, its full length and mostly holes, so its
+    length said the size of the finished entry. (Its length, not its blocks, where that is less: a small file's
+    last block is not data.)"""
+    blocks = getattr(st, "st_blocks", None)  # not on Windows
+    return st.st_size if blocks is None else min(st.st_size, 512 * blocks)
 
 
 def superseded_partials(infos: list[EntryInfo], current: dict[tuple, EntryInfo]) -> list[EntryInfo]:

@@ -528,3 +528,19 @@ def test_a_partial_entry_an_entry_completed_since_superseded_is_stale(store_path
     assert f"kept {partial.entry_id}: entry {partial.entry_id} " in said and "is being written" in said, said
     assert main(["store", "rm", "--stale", "--store", str(store_path)]) == 0
     assert [e.entry_id for e in FeatureStore(store_path).entries()] == [key().entry_id]
+
+
+def test_a_partial_entry_takes_its_written_rows_on_disk(store_path):
+    """Its rows file has the finished entry's length, mostly holes: `store ls` said the finished entry's size."""
+    store = FeatureStore(store_path)
+    rows, dim = 200_000, 64  # 51 MB finished
+    with open_writer(store, key(), rows, dim, 1000, ATTRS) as w:
+        c = next(iter(w.pending(Part())))
+        lo, hi = w.chunk_range(c)
+        w.write_chunk(c, np.ones((hi - lo, dim)), np.zeros(hi - lo), np.arange(lo, hi), np.ones(hi - lo, bool))
+    (entry,) = store.entries()
+    files = [p for p in (store_path / "entries" / entry.entry_id).rglob("*") if p.is_file()]
+    if sum(p.stat().st_blocks for p in files) * 512 >= sum(p.stat().st_size for p in files):
+        pytest.skip("this filesystem stores no holes")
+    disk, memory = store.sizes(entry)
+    assert disk < memory / 4, (disk, memory)
