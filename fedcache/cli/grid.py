@@ -115,7 +115,7 @@ def _say_what_was_trained(spec, trained: list[dict], seconds: float) -> None:
         "makes the HTML report"
     # The folder as typed, as the files beside it: pasted in another folder, a report of it is refused, not made.
     console.print(f"wrote {spec.out / 'results.csv'} and {spec.out / 'table.md'}; `fedcache report "
-                  f"{pasted(str(spec.out))}` {makes}")
+                  f"{pasted(str(spec.out))}` {makes}", soft_wrap=True)
 
 
 def _last_result(out: Path) -> float:

@@ -56,7 +56,8 @@ def store_ls(store: Path = StoreOpt) -> None:
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
         console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade "
-                      f"{pasted('--store', store)}` rewrites them to be read at the speed of memory", highlight=False)
+                      f"{pasted('--store', store)}` rewrites them to be read at the speed of memory", highlight=False,
+                      soft_wrap=True)
 
 
 def _texts_said(texts: list[tuple[str, dict]]) -> str:
@@ -86,7 +87,7 @@ def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
         hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
         console.print(f"{count(len(partial), 'partial entry', 'partial entries')} (an extraction or import interrupted, or "
                       f"still running): finish {'it' if len(partial) == 1 else 'them'} with "
-                      + " and ".join(hints), highlight=False)
+                      + " and ".join(hints), highlight=False, soft_wrap=True)
 
 
 def human_bytes(n: int) -> str:

@@ -234,4 +234,4 @@ def flower_app(out: Path = typer.Argument(..., help="Directory for the Flower Ap
     """Write the Flower App project of fedcache's generic ServerApp / ClientApp (see docs/deploy.md)."""
     from fedcache.flower.project import write_app
 
-    console.print(f"wrote {write_app(out)}; run it with `flwr run {pasted(out)} CONNECTION --run-config \"...\"`")
+    console.print(f"wrote {write_app(out)}; run it with `flwr run {pasted(out)} CONNECTION --run-config \"...\"`", soft_wrap=True)

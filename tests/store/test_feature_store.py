@@ -544,3 +544,16 @@ def test_a_partial_entry_takes_its_written_rows_on_disk(store_path):
         pytest.skip("this filesystem stores no holes")
     disk, memory = store.sizes(entry)
     assert disk < memory / 4, (disk, memory)
+
+
+def test_the_command_that_finishes_a_partial_entry_is_one_line_in_a_log(tmp_path, capsys):
+    """`store ls` into a log or a pipe broke the command at 160 columns: pasted, it ran half of itself."""
+    from fedcache.cli import main
+
+    path = tmp_path / ("a-store-with-a-long-name-" * 4) / "store.zarr"
+    store = FeatureStore(path)
+    with open_writer(store, key(), 8, 3, 2, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+    assert main(["store", "ls", "--store", str(path)]) == 0
+    (line,) = [s for s in capsys.readouterr().out.splitlines() if "finish it with" in s]
+    assert line.endswith("`") and "--store " + str(path) in line and len(line) > 160
