@@ -145,3 +145,19 @@ def test_a_full_disk_s_advice_names_what_to_run_again_and_what_is_kept():
         assert disk.again("grid", "its cells are kept") == "free some space and run the same grid command again: its cells are kept"
     with keyword_names():
         assert disk.again(kept="the batches are kept") == "free some space and run the same call again: the batches are kept"
+
+
+def test_a_checkpoint_is_streamed_to_its_file_not_made_whole_in_memory_first(tmp_path):
+    """Serialised into memory first, a checkpoint took as much again as the states it holds (1.9 GB more for
+    3,000 clients' fedproto heads) at the peak of every round."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from fedcache.federate.rundir import save_checkpoint, load_checkpoint\n"
+            "peak = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) // 1024\n"
+            "ck = {'rnd': 1, 'seconds': 0.0, 'runs': [{'w': torch.ones(64 << 20)}], 'engine': {}}; before = peak()\n"
+            f"save_checkpoint({str(tmp_path / 'checkpoint.pt')!r}, ck); grown = peak() - before\n"
+            f"assert torch.equal(load_checkpoint({str(tmp_path / 'checkpoint.pt')!r})['runs'][0]['w'], ck['runs'][0]['w'])\n"
+            "print(grown)")
+    grown_mb = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert grown_mb < 64, grown_mb  # the checkpoint is 256 MB

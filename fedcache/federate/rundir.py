@@ -16,7 +16,6 @@ The checkpoint format is one for every engine: ``{"format": 4, "rnd", "seconds",
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import shutil
@@ -180,14 +179,32 @@ def write_json(path: Path, doc: Any) -> None:
 
 
 def save_checkpoint(path: Path, ck: dict) -> None:
-    """Serialised in memory first: its size is then known and checked against the free space before a byte is
-    written, and the file is written through a temporary one (a crash mid-write leaves the previous checkpoint).
-    It carries a digest of what it holds: torch reads a file with flipped bytes without a word, and a run
-    resumed from it would go on from other numbers."""
-    buf = io.BytesIO()
+    """Written through a temporary file (a crash mid-write leaves the previous checkpoint), streamed: serialised in
+    memory first, it took as much again as the states it holds (1.9 GB more at 3,000 clients' fedproto heads). Its
+    size, checked against the free space before a byte is written, is its tensors' bytes. It carries a digest of
+    what it holds: torch reads a file with flipped bytes without a word, and a run resumed from it would go on from
+    other numbers."""
     body = {"format": FORMAT, **ck}
-    torch.save({**body, DIGEST: digest(body)}, buf)
-    disk.write_atomic(path, buf.getbuffer(), "the checkpoint", check=True)
+    whole = {**body, DIGEST: digest(body)}
+    disk.save_atomic(path, lambda f: torch.save(whole, f), _stored_bytes(whole), "the checkpoint", check=True)
+
+
+def _stored_bytes(obj: Any) -> int:
+    """About what torch.save writes of ``obj``: its tensors' storages (each whole, once), and a page for the rest."""
+    storages: dict[int, int] = {}
+
+    def visit(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            s = o.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+        elif isinstance(o, dict):
+            for v in o.values():
+                visit(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                visit(v)
+    visit(obj)
+    return sum(storages.values()) + 64 * len(storages) + 4096
 
 
 def resume_named() -> str:
