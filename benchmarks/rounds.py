@@ -184,8 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
     res["size"] = size
     if args.only and args.out.exists():  # a partial run updates its cases in the existing results
         kept = json.loads(args.out.read_text())
+        earlier = earlier_metas(kept, [c for c in CASES if c in kept and c not in chosen])
         res = {**{k: v for k, v in kept.items() if k not in ("meta", "meta_of_case")}, **res,
-               "meta_of_case": earlier_metas(kept, [c for c in CASES if c in kept and c not in chosen])}
+               **({"meta_of_case": earlier} if earlier else {})}
     write(res, args.out)
     return res
 

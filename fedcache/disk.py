@@ -163,8 +163,13 @@ def save_atomic(path: Path | str, save: Callable[["FdFile"], object], size: int,
             fd = _create(tmp, mode)
             try:
                 file = FdFile(fd)
-                save(file)
-                file.flush()
+                try:
+                    save(file)
+                    file.flush()
+                except Exception:
+                    if file.failed is not None:  # torch's writer hides it behind its own "unexpected pos"
+                        raise file.failed from None
+                    raise
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -181,12 +186,13 @@ class FdFile:
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pending = fd, bytearray()
+        self.failed: OSError | None = None  # the first write that failed (a full disk), whatever a caller makes of it
 
     def write(self, data: bytes | memoryview) -> int:
         n = memoryview(data).nbytes
         if n >= self.GATHER:
             self.flush()
-            write_all(self.fd, data)
+            self._out(data)
         else:
             self.pending += data
             if len(self.pending) >= self.GATHER:
@@ -195,8 +201,15 @@ class FdFile:
 
     def flush(self) -> None:
         if self.pending:
-            write_all(self.fd, self.pending)
+            self._out(self.pending)
             self.pending = bytearray()
+
+    def _out(self, data: bytes | memoryview) -> None:
+        try:
+            write_all(self.fd, data)
+        except OSError as exc:
+            self.failed = self.failed or exc
+            raise
 
 
 PARTIAL = ".tmp"  # what write_atomic writes a file as before renaming it

@@ -150,7 +150,7 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
     if on_round:  # progress shown as the rounds start (at a resumed run's checkpoint), not once the first is done
         on_round(states[0].rnd, rounds, [None] * len(runs))
     start, before = time.perf_counter(), [s.seconds for s in states]
-    slow = SlowEvaluation(runs[0], on_step)
+    slow = SlowEvaluation(runs, on_step)
     for rnd in range(states[0].rnd, last):
         began = time.perf_counter()
         lines = _round(runs, engine, states, rnd)
@@ -171,25 +171,33 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
 
 
 class SlowEvaluation:
-    """Says once a run where an evaluation took SLOW_EVALUATION seconds and most of its round: scoring every
-    client, with thousands of them (each by its own model, for a personalized method), can cost far more than
-    training the few a round samples, and nothing else says where the time goes."""
+    """Says once a run where an evaluation took SLOW_EVALUATION seconds and most of its round, while a later one
+    could still be skipped: scoring every client, with thousands of them (each by its own model, for a
+    personalized method), can cost far more than training the few a round samples, and nothing else says where
+    the time goes."""
 
-    def __init__(self, run: Run, on_step: StepCallback | None) -> None:
-        self.run, self.on_step, self.said = run, on_step, False
+    def __init__(self, runs: list[Run], on_step: StepCallback | None) -> None:
+        self.runs, self.on_step, self.said = runs, on_step, False
 
     def after(self, rnd: int, seconds: float, states: list[RunState]) -> None:
         spent = sum(s.evaluated_in for s in states)
         for s in states:
             s.evaluated_in = 0.0
-        if self.said or spent < SLOW_EVALUATION or spent < seconds / 2:
+        if self.said or spent < SLOW_EVALUATION or spent < seconds / 2 or not self._skippable_after(rnd):
             return
         self.said = True
-        every, n = self.run.schedule.eval_every, self.run.method.ctx.data.n_clients
+        every = self.runs[0].schedule.eval_every
+        clients = sum(r.method.ctx.data.n_clients for r in self.runs)
+        runs = f" of {len(self.runs)} runs" if len(self.runs) > 1 else ""
         now = f" (now {every})" if every > 1 else ""
         said_now(log, self.on_step, f"evaluation took {spent:.1f} s of round {rnd + 1}'s {seconds:.1f} s, scoring "
-                 f"{n:,} clients on their test rows; {named('--eval-every', 'eval_every')} N{now} evaluates every "
-                 "N-th round and the last")
+                 f"{clients:,} clients{runs} on their test rows; {named('--eval-every', 'eval_every')} N{now} evaluates "
+                 "every N-th round and the last")
+
+    def _skippable_after(self, rnd: int) -> bool:
+        """Whether a round after ``rnd``, not the last (always evaluated), is evaluated: a larger --eval-every skips it."""
+        schedule = self.runs[0].schedule
+        return any(evaluation_due(schedule, r) for r in range(rnd + 1, schedule.rounds - 1))
 
 
 SLOW_EVALUATION = 5.0

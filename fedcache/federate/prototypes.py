@@ -63,6 +63,8 @@ def distances(z: torch.Tensor, protos: torch.Tensor) -> torch.Tensor:
     cdist split one client's product across threads, and the distances' last bits moved with the thread count."""
     if max(z.shape[-2], protos.shape[-2]) <= CDIST_BY_PRODUCT:
         return torch.cdist(z, protos)  # pair by pair, each distance whole on one thread
+    if z.dim() != 3 or protos.dim() != 3 or z.shape[0] != protos.shape[0] or not z.numel() or not protos.numel():
+        return torch.cdist(z, protos)  # shapes no caller passes (cdist broadcasts them; bmm would not)
     zz, pp = z.pow(2).sum(-1, keepdim=True), protos.pow(2).sum(-1, keepdim=True)
     a = torch.cat([-2 * z, zz, torch.ones_like(zz)], -1)
     b = torch.cat([protos, torch.ones_like(pp), pp], -1)

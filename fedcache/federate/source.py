@@ -8,6 +8,7 @@ and ``x_test``, the (domain, sample id) that identifies the image.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +29,7 @@ class FeatureSource:
     domain_names: tuple[str, ...]
     train: RowSource
     test: RowSource  # the rows of x_test (spare training rows under --validation)
+    store: Path | None = None  # the feature store they were read from
 
     def keys(self) -> tuple[dict, ...]:
         return self.train.keys + self.test.keys
@@ -46,7 +48,7 @@ def _rows(store: FeatureStore, table: FeatureTable) -> RowSource:
 
 
 def attach_source(data: FederatedData, store: FeatureStore, train: FeatureTable, test: FeatureTable) -> FederatedData:
-    data.info["source"] = FeatureSource(tuple(train.domain_names), _rows(store, train), _rows(store, test))
+    data.info["source"] = FeatureSource(tuple(train.domain_names), _rows(store, train), _rows(store, test), store.path)
     return data
 
 

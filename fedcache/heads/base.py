@@ -51,17 +51,24 @@ FEW_CLASSES = 10
 
 def bmm(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
     """``add + a @ b`` for (K, n, m) x (K, m, p) (torch.baddbmm, or torch.bmm without ``add``), the same bits at
-    any thread count. On the CPU torch gives each of K >= 2 products whole to one thread, but splits a single
+    one and two threads (at more, MKL may split a product of a small batch too). On the CPU torch gives each of K >= 2 products whole to one thread, but splits a single
     product (K = 1: a round's one client, a pooled head, a run's server state) across its threads, which sums
     in another order: a run's numbers changed with --threads (by six points over 60 rounds of one client each)
     and a run was not its stacked grid cell. One product is computed as the first of two (the same arithmetic
     as one thread's; the second is discarded, and its gradient is zero), or, large and without a gradient, in
     pieces as one batch (below)."""
-    if a.shape[0] > 1 or a.device.type != "cpu":
+    if a.device.type != "cpu":
         return _batched(a, b, add)
-    if _no_gradient(a, b, add) and max(a.shape[1], b.shape[2]) >= 4 * CHUNK:
+    if a.numel() and b.numel() and _no_gradient(a, b, add) and max(a.shape[1], b.shape[2]) >= 4 * CHUNK:
+        if add is not None and add.dim() < 3:  # broadcast as torch does: leading dims of one
+            add = add.reshape((1,) * (3 - add.dim()) + tuple(add.shape))
         return _in_chunks(a, b, add)
-    return _single(a, b, add)
+    return _single(a, b, add) if a.shape[0] == 1 else _batched(a, b, add)
+
+
+def _of(k: int, a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None) -> tuple:
+    """Product ``k`` of a stack: its operands, and its addend where the addend has one per product."""
+    return a[k:k + 1], b[k:k + 1], add[k:k + 1] if add is not None and add.shape[0] > 1 else add
 
 
 def _single(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
@@ -71,10 +78,12 @@ def _single(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None) -> torch
     return _batched(a, b, add)
 
 
-# A large single product without a gradient (evaluation over a test split, 50,000 rows at a time) is cut into
-# CHUNK-row (or -column) pieces computed as one batch: one piece per thread, as fast as torch's split product
-# and the same bits at any thread count. Each output row (column) is the same dot products in the same order
-# whichever piece holds it; a gradient would not be (a weight's is a sum over rows, here over pieces too).
+# A large product without a gradient (evaluation over a test split, 50,000 rows at a time) is cut into CHUNK-row
+# (or -column) pieces computed as one batch: one piece per thread, as fast as torch's split product and the same
+# bits at one and two threads. Stacked (K >= 2: a grid's cells, a round's clients) each product is cut alone, so that
+# a run and its stacked cell compute the very same pieces: a row's bits can depend on the size of the product
+# that holds it (MKL's kernel for a block of the last few rows). A gradient is not cut: a weight's is a sum over
+# rows, and over pieces it would sum in another order.
 CHUNK = 256
 
 
@@ -83,16 +92,19 @@ def _no_gradient(*tensors: torch.Tensor | None) -> bool:
 
 
 def _in_chunks(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
-    """(1, n, m) x (1, m, p) with rows of ``a`` in pieces if n is the larger side, else columns of ``b``. The
-    rows left over come from a last whole piece, the last CHUNK rows (a single left-over row alone would be a
-    matrix-vector product, summed in another order), computed like any single product."""
+    """(K, n, m) x (K, m, p) with rows of ``a`` in pieces if n is the larger side, else columns of ``b``, each
+    product's pieces a batch. The rows left over come from a last whole piece of each, its last CHUNK rows (a
+    single left-over row alone would be a matrix-vector product, summed in another order), all K of them one
+    product or a batch, like any product."""
     dim = 1 if a.shape[1] >= b.shape[2] else 2
     size = (a if dim == 1 else b).shape[dim]
     whole = size // CHUNK * CHUNK
-    out = (_row_pieces if dim == 1 else _column_pieces)(*_span(a, b, add, dim, 0, whole))
+    pieces = _row_pieces if dim == 1 else _column_pieces
+    out = torch.cat([pieces(*_span(*_of(k, a, b, add), dim, 0, whole)) for k in range(a.shape[0])])
     if whole == size:
         return out
-    last = _single(*_span(a, b, add, dim, size - CHUNK, size))
+    last = _span(a, b, add, dim, size - CHUNK, size)
+    last = _single(*last) if a.shape[0] == 1 else _batched(*last)
     return torch.cat([out, last.narrow(dim, CHUNK - (size - whole), size - whole)], dim)
 
 

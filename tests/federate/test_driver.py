@@ -307,8 +307,10 @@ def test_format_2_and_3_checkpoints_resume_and_a_newer_one_is_refused(data, tmp_
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("evaluation_s, training_s, said", [(0.05, 0.0, 1), (0.05, 0.2, 0), (0.0, 0.0, 0)])
-def test_an_evaluation_that_takes_most_of_its_round_is_said_once(monkeypatch, data, evaluation_s, training_s, said):
+@pytest.mark.parametrize("evaluation_s, training_s, rounds, said", [
+    (0.05, 0.0, 3, 1), (0.05, 0.2, 3, 0), (0.0, 0.0, 3, 0),
+    (0.05, 0.0, 2, 0)])  # no later evaluation but the last's, which --eval-every keeps
+def test_an_evaluation_that_takes_most_of_its_round_is_said_once(monkeypatch, data, evaluation_s, training_s, rounds, said):
     """Scoring thousands of clients by their own models can take far longer than a round's training: the
     progress showed rounds slow for no reason it gave."""
     import time
@@ -324,7 +326,7 @@ def test_an_evaluation_that_takes_most_of_its_round_is_said_once(monkeypatch, da
     monkeypatch.setattr(InProcess, "round", lambda self, *a: time.sleep(training_s) or round_(self, *a))
     told = []
     method = METHODS.get("fedavg")(MethodContext(data, "linear", OptimConfig("sgd", 0.1), Schedule()))
-    run_one(Run(method, Schedule(rounds=3, eval_every=1)), on_step=told.append)
+    run_one(Run(method, Schedule(rounds=rounds, eval_every=1)), on_step=told.append)
     assert len(told) == said
     if said:
         assert told[0].startswith("evaluation took ") and "of round 1's" in told[0]

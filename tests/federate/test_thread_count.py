@@ -74,24 +74,25 @@ def test_fedpcls_prototype_scores_are_the_same_at_any_thread_count():
         assert all(torch.equal(a, b) for a, b in zip(one, _at(threads, terms))), threads
 
 
-def _stacked(a, b, add=None):
-    two = [t.expand(2, *t.shape[1:]) if t is not None and t.dim() == 3 else t for t in (a, b, add)]
-    return (torch.bmm(*two[:2]) if add is None else torch.baddbmm(two[2], *two[:2]))[:1]
-
-
 @pytest.mark.parametrize("n, m, p, add", [
     (CHUNK * 4 + 77, 64, 65, "row"), (CHUNK * 4 + 1, 64, 65, "bias"), (CHUNK * 5, 64, 3, None),  # rows in pieces
+    (CHUNK * 4 + 1, 64, 11, "bias"), (CHUNK * 4 + 3, 16, 10, "bias"),  # last rows MKL gives another kernel
     (10, 64, CHUNK * 4 + 1, None), (10, 64, CHUNK * 4 + 33, "column"),  # a few-class head's transposed layout
-    (CHUNK * 4 + 1, 64, 1, None), (1, 64, 9, None)])  # matrix-vector products
-def test_a_single_product_without_a_gradient_is_its_stacked_cell_at_one_and_two_threads(n, m, p, add):
+    (CHUNK * 4 + 1, 64, 1, None), (1, 64, 9, None), (40, 64, 9, "bias")])  # matrix-vector products; a small one
+def test_a_single_product_is_its_stacked_cell_at_one_and_two_threads(n, m, p, add):
+    """A run's product and its grid cell's, stacked with others, are the same bits with or without a gradient."""
     g = torch.Generator().manual_seed(1)
-    a, b = torch.randn(1, n, m, generator=g), torch.randn(1, m, p, generator=g)
-    addend = {"row": torch.randn(1, n, p, generator=g), "bias": torch.randn(1, 1, p, generator=g),
-              "column": torch.randn(1, n, 1, generator=g), None: None}[add]
-    cell = _at(1, lambda: _stacked(a, b, addend))
-    for threads in (1, 2):
-        with torch.no_grad():
-            assert torch.equal(_at(threads, lambda: bmm(a, b, addend)), cell), threads
+    a, b = torch.randn(3, n, m, generator=g), torch.randn(3, m, p, generator=g)
+    addend = {"row": torch.randn(3, n, p, generator=g), "bias": torch.randn(3, 1, p, generator=g),
+              "column": torch.randn(3, n, 1, generator=g), None: None}[add]
+    first = addend[:1] if addend is not None else None
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            cell = _at(1, lambda: bmm(a, b, addend))[:1]
+            for threads in (1, 2):
+                assert torch.equal(_at(threads, lambda: bmm(a[:1], b[:1], first)), cell), (grad, threads)
+    plain = torch.bmm(a, b) if addend is None else torch.baddbmm(addend, a, b)
+    torch.testing.assert_close(cell, plain[:1])
 
 
 def test_a_large_single_product_without_a_gradient_runs_as_a_batch_of_pieces(monkeypatch):

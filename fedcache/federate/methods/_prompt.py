@@ -16,7 +16,7 @@ from fedcache.errors import ConfigError
 from fedcache.federate.data import FederatedData
 from fedcache.federate.source import source_from_info
 from fedcache.heads.base import bmm
-from fedcache.wording import setting
+from fedcache.wording import pasted, setting
 
 CTX_STD = 0.02  # CoOp's random initialisation of the context vectors
 PLACEHOLDER = "X"  # CoOp's stand-in word for a context position before its embedding is replaced
@@ -42,19 +42,21 @@ def load_clip(data: FederatedData, method: str, weights: str = "") -> LoadedBack
     if bb.model is None or bb.tokenize is None:
         raise ConfigError(f"{method}: the {spec.source} loader of {name} does not expose its text tower")
     if bb.weights_hash != recorded:
-        raise ConfigError(_not_these_weights(bb, recorded, method, source_from_info(data, method).keys()[0]))
+        source = source_from_info(data, method)
+        raise ConfigError(_not_these_weights(bb, recorded, method, source.keys()[0], source.store))
     return bb
 
 
-def _not_these_weights(bb: LoadedBackbone, recorded: str, method: str, key: dict) -> str:
+def _not_these_weights(bb: LoadedBackbone, recorded: str, method: str, key: dict, store: Path | None = None) -> str:
     from fedcache.extract.backbones.base import hash_state
 
     name = key["backbone"]
+    at = f" {pasted('--store', store)}" if store is not None else ""
     if hash_state(bb.model) == recorded:  # the same tensors hashed as before the activation was part of the hash
         return (f"{method}: the cached {name} features were extracted before fedcache ran OpenAI's CLIPs with "
                 f"QuickGELU, the activation they were trained with, so they are not this model's features; extract "
-                f"them again (`fedcache extract --dataset {key['dataset']} --backbones {name}` with the options they "
-                f"were made with), then `fedcache store rm --stale` removes the old ones")
+                f"them again (`fedcache extract{at} {pasted('--dataset', key['dataset'], '--backbones', name)}` with the "
+                f"options they were made with), then `fedcache store rm --stale{at}` removes the old ones")
     return (f"{method}: the {name} weights loaded here (hash {bb.weights_hash}) are not the ones the cached features "
             f"were extracted with (hash {recorded}); pass the same checkpoint with {setting('method.weights')}=PATH")
 

@@ -95,6 +95,7 @@ def test_other_weights_than_the_cached_ones_are_refused(hidden):
 
 def test_features_extracted_before_clip_ran_quickgelu_are_to_be_extracted_again(clip):
     """An OpenAI CLIP's entry made with nn.GELU hashed its tensors alone; the model now hashes its activation too."""
+    from pathlib import Path
     from types import SimpleNamespace
 
     from fedcache.extract.backbones.base import hash_state
@@ -102,9 +103,10 @@ def test_features_extracted_before_clip_ran_quickgelu_are_to_be_extracted_again(
 
     bb = SimpleNamespace(model=clip.model, weights_hash=hash_state(clip.model, "quick_gelu"))
     key = {"backbone": "clip-rn50", "dataset": "pacs"}
-    said = _not_these_weights(bb, hash_state(clip.model), "tpfl", key)
+    said = _not_these_weights(bb, hash_state(clip.model), "tpfl", key, Path("/data/my store.zarr"))
     assert "before fedcache ran OpenAI's CLIPs with QuickGELU" in said
-    assert "`fedcache extract --dataset pacs --backbones clip-rn50`" in said and "PATH" not in said
+    assert "`fedcache extract --store '/data/my store.zarr' --dataset pacs --backbones clip-rn50`" in said
+    assert "`fedcache store rm --stale --store '/data/my store.zarr'`" in said and "PATH" not in said
     assert "weights=PATH" in _not_these_weights(bb, "0" * 24, "tpfl", key)
 
 
