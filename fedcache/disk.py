@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Iterator
 
+from fedcache import interrupts
 from fedcache.errors import DamagedFileError, DiskFullError
 from fedcache.wording import named
 
@@ -158,7 +159,9 @@ def save_atomic(path: Path | str, save: Callable[["FdFile"], object], size: int,
     tmp = path.with_name(path.name + PARTIAL)
     if check:
         check_space(path, size, what, advice)
-    with on_full_disk(path, what, size, remove=[tmp], advice=advice):
+    # SIGINT and SIGTERM wait for the file: raised inside torch.save's calls to ``save``, a KeyboardInterrupt was a
+    # failed write in torch's C++ writer, whose own end-of-file write then went on (a process seen hung at 24 GB).
+    with on_full_disk(path, what, size, remove=[tmp], advice=advice), interrupts.held():
         try:
             fd = _create(tmp, mode)
             try:

@@ -8,12 +8,14 @@ simulation's process): the library sets no hook of the caller's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 AGAIN_AFTER = 0.05  # seconds: the main thread has left the callback by then
 
@@ -61,3 +63,28 @@ class RaisedAgain:
         while self._sent < self._asked and time.monotonic() < deadline:
             time.sleep(0.01)
         return self._sent >= self._asked
+
+
+HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM wait while the block runs (the list it gives fills with them), then are raised again, to
+    their own handlers: a KeyboardInterrupt raised inside a C library's call into Python (HDF5's writes through a
+    file object, torch.save's into one) is that library's failed write, which it may not survive. Only a Python
+    handler is held: an ignored signal stays ignored, a default one ends the process. Outside the main thread no
+    handler runs, and nothing is held."""
+    got: list[int] = []
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in HELD
+                    if callable(signal.getsignal(s))}
+    try:
+        yield got
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for signum in got:
+            signal.raise_signal(signum)
+

@@ -51,7 +51,8 @@ FEW_CLASSES = 10
 
 def bmm(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
     """``add + a @ b`` for (K, n, m) x (K, m, p) (torch.baddbmm, or torch.bmm without ``add``), the same bits at
-    one and two threads (at more, MKL may split a product of a small batch too). On the CPU torch gives each of K >= 2 products whole to one thread, but splits a single
+    one and two threads (at more, MKL may split a product of a small batch too). On the CPU torch gives each of
+    K >= 2 products whole to one thread, but splits a single
     product (K = 1: a round's one client, a pooled head, a run's server state) across its threads, which sums
     in another order: a run's numbers changed with --threads (by six points over 60 rounds of one client each)
     and a run was not its stacked grid cell. One product is computed as the first of two (the same arithmetic

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from fedcache import disk
+from fedcache import disk, interrupts
 from fedcache.errors import ConfigError, DiskFullError, StoreError
 from fedcache.store.feature_store import FeatureTable
 
@@ -169,37 +168,26 @@ class _Sink:
     KeyboardInterrupt, raised inside one of these calls from HDF5, would be a failed write. The writer stops at its
     next block instead, and the signal is raised again once the file is closed."""
 
-    HELD = (signal.SIGINT, signal.SIGTERM)
-
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, disk.FILE_MODE)
         self.pos = self.size = 0
         self.error: OSError | None = None
         self.held: list[tuple[int, bytes]] = []
         self.signals: list[int] = []
-        self.handlers: dict[int, object] = {}
+        self._holding = interrupts.held()
 
     def __enter__(self) -> _Sink:
-        # Only a Python handler can raise inside HDF5's write: an ignored signal stays ignored, and a default one
-        # ends the process (the temporary file is never renamed). Elsewhere than the main thread, none runs here.
-        if threading.current_thread() is threading.main_thread():
-            self.handlers = {s: signal.signal(s, self._hold) for s in self.HELD if callable(signal.getsignal(s))}
+        self.signals = self._holding.__enter__()
         return self
 
     def __exit__(self, kind, *exc) -> None:
         try:
             os.close(self.fd)
         finally:
-            for signum, handler in self.handlers.items():
-                signal.signal(signum, handler)
-        for signum in self.signals:
-            signal.raise_signal(signum)  # its own handler: Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM
+            self._holding.__exit__(None, None, None)  # each held signal raised again, to its own handler
         if self.signals and kind is None:  # a handler that did not raise: the file is cut short all the same
             raise StoreError(f"the export was stopped by {signal.Signals(self.signals[0]).name} before it was "
                              "complete; run it again")
-
-    def _hold(self, signum: int, frame) -> None:
-        self.signals.append(signum)
 
     @property
     def stopped(self) -> bool:
