@@ -154,7 +154,18 @@ def _given(where: str) -> contextlib.AbstractContextManager[None]:
 def in_grid_file(file: Path | str, key: str = "") -> str:
     """A grid file's [set] key as every message names it, before the check of its cells and in one:
     ``grid file g.toml's [set] lr`` (``key`` left out, the table: ``grid file g.toml's [set]``)."""
-    return f"grid file {file}'s [set]" + (f" {key}" if key else "")
+    return f"grid file {file}'s [set]" + (f" {shown_key(key)}" if key else "")
+
+
+LONGEST_KEY = 60  # characters of a key a message repeats: no setting's name is near it
+
+
+def shown_key(key: str) -> str:
+    """``key`` as a message repeats it: one that is no setting's name by its length alone (a pasted paragraph, a
+    value typed as a key) is cut, so the message stays one readable line."""
+    if len(key) <= LONGEST_KEY:
+        return key
+    return f"{key[:LONGEST_KEY // 2]}... ({len(key):,} characters)"
 
 
 def toml_key(key: str) -> str:
@@ -221,8 +232,12 @@ def set_key(key: str) -> str:
     file (``grid file g.toml's [set] lrr``), as every message about that file's keys names them."""
     file, _ = _FILE_AXES.get()
     if _GIVEN.get() == "file":
-        return in_grid_file(file, key) if file else f"[set] {key}"
-    return f"{set_flag()}[{key!r}]" if by_keyword() else f"--set {key}"
+        return in_grid_file(file, key) if file else f"[set] {shown_key(key)}"
+    if not by_keyword():
+        return f"--set {shown_key(key)}"
+    if len(key) <= LONGEST_KEY:
+        return f"{set_flag()}[{key!r}]"
+    return f"{set_flag()}[{key[:LONGEST_KEY // 2]!r}...] (a key of {len(key):,} characters)"
 
 
 def setting(key: str) -> str:

@@ -389,6 +389,8 @@ def test_settings_are_typed_and_unknown_keys_listed():
         resolve_settings("fedprox", ["muu=1"])
     with pytest.raises(ConfigError, match=r"--set mu: unknown key \(a setting of .*fedprox.*; fedavg has no mu\)\. Known"):
         resolve_settings("fedavg", ["mu=0.1"])  # another method's key: say whose, not only fedavg's keys
+    with pytest.raises(ConfigError, match=r"^--set z{30}\.\.\. \(500 characters\): unknown key\. Known keys -- "):
+        resolve_settings("fedprox", ["z" * 500 + "=1"])  # repeated whole, one line of 500 characters
     with pytest.raises(ConfigError, match="expected a finite number"):
         resolve_settings("fedprox", ["lr=fast"])
     with pytest.raises(ConfigError, match="one of sgd, adam"):

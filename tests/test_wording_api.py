@@ -220,3 +220,11 @@ def test_a_dataset_s_raw_files_are_placed_under_the_data_root_as_the_caller_gave
     with pytest.raises(FedcacheError) as err:
         fedcache.extract_features(dataset="mnist-m", backbones=BACKBONE, store=tmp_path / "s.zarr", data_root=root, workers=0)
     assert f"extract it into data_root, giving {root}/mnist_m/" in str(err.value) and " --" not in str(err.value), str(err.value)
+
+
+def test_a_very_long_key_is_cut_in_either_naming():
+    from tests.resolve import resolve_settings
+
+    cli, api = _both(lambda: resolve_settings("fedavg", ["q" * 400 + "=1"]))
+    assert cli.startswith("--set " + "q" * 30 + "... (400 characters): unknown key") and len(cli) < 300
+    assert api.startswith("settings['" + "q" * 30 + "'...] (a key of 400 characters): unknown key") and len(api) < 300

@@ -31,7 +31,8 @@ from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
 from fedcache.spec import (GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
                            grid_options, is_option, option, options, route)
-from fedcache.wording import by_keyword, did_you_mean, filed, in_grid_file, named, swept, toml_key, typed_as
+from fedcache.wording import (LONGEST_KEY, by_keyword, did_you_mean, filed, in_grid_file, named, shown_key, swept,
+                              toml_key, typed_as)
 
 CELL_NAME_MAX = 200  # characters of a cell's folder name (a file system holds 255 bytes; the rest is spare)
 CELLS, FEATURES, BATCHES, TABLE, SPEC = "cells", "features", "batches", "table.md", GRID
@@ -487,6 +488,8 @@ def _suggested(key: str, known: set[str]) -> str:
     import difflib
 
     name = key.replace("-", "_")
+    if len(key) > LONGEST_KEY:
+        return shown_key(key)
     if name in _TOP_ALIASES or name in known:
         return f"{key} (did you mean {_TOP_ALIASES.get(name, name)}?)"
     if is_option(name) and option(name).name not in _RESERVED:
@@ -538,11 +541,21 @@ def _in_file_said(err: ConfigError, path: Path, key: str | None, values: dict) -
     # "0.1,0.01" is two values on the command line, one text in a file: said of the key at fault alone (of the first
     # values together, the one err names), as a valid text (betas = "0.9,0.999") is no list to make.
     at_fault = [key] if key is not None else [k for k in values if f"{in_grid_file(path, k)}=" in said]
-    listed = "".join(f"; several values are a list in a grid file: {k} = [{', '.join(values[k].split(','))}]"
-                     for k in at_fault if isinstance(values[k], str) and "," in values[k])
+    listed = "".join(_as_list(k, values[k]) for k in at_fault if isinstance(values[k], str) and "," in values[k])
     if in_grid_file(path) in said:  # err names the key itself: grid file g.toml's [set] lr=-1, [set] lrr: unknown key
         return said + listed
     return f"{in_grid_file(path, key or '')}: {said}{listed}"
+
+
+def _as_list(key: str, value: str) -> str:
+    """How to write ``value``, refused as one value of ``key``, as several. A list inside the file's list
+    (``lr = [[0.1, 0.2]]``) reaches here as "(0.1,0.2)", one value of several numbers (Adam's betas)."""
+    nested = value.startswith("(") and value.endswith(")")
+    items = ", ".join(v.strip() for v in value.strip("()").split(",")) if nested else ", ".join(value.split(","))
+    if nested:
+        return (f"; a list inside the list is one value of several numbers (as Adam's betas); several values are "
+                f"one flat list: {key} = [{items}]")
+    return f"; several values are a list in a grid file: {key} = [{items}]"
 
 
 def _read_toml(path: Path) -> dict:

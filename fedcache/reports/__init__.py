@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedcache import disk
+from fedcache import disk, interrupts
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
@@ -92,11 +92,23 @@ def _write_report(root: Path, runs: list[Run], out: Path) -> ReportPaths:
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    shutil.rmtree(fig_dir, ignore_errors=True)
-    for name in (HTML_NAME, MD_NAME):
-        (staged / name).replace(out / name)
-    staged.rename(fig_dir)
+    _commit(staged, out)
     return ReportPaths(out / HTML_NAME, out / MD_NAME, [s.image for s in sections if s.image])
+
+
+def _commit(staged: Path, out: Path) -> None:
+    """The staged report in place of the last one. A Ctrl-C waits until it is (a report whose figures were removed
+    and not yet replaced would say they were kept); the last figures are moved aside, not removed, before the new
+    ones go in: a killed process leaves them (as ``.report-figures.old``, which the next report removes)."""
+    fig_dir, aside = out / FIG_DIR, out / f".{FIG_DIR}.old"
+    shutil.rmtree(aside, ignore_errors=True)
+    with interrupts.held():
+        if fig_dir.exists():
+            fig_dir.rename(aside)
+        for name in (HTML_NAME, MD_NAME):
+            (staged / name).replace(out / name)
+        staged.rename(fig_dir)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section], str]:

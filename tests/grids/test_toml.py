@@ -160,6 +160,15 @@ CASES = [
     ("first values refused together", 'methods = ["fedavg-ssl"]\n' + RUN + 'lr = [0.1, 0.2]\nhead = "mlp"\n',
      "error: fedavg-ssl runs with the linear head only, not 'mlp'; drop grid file {path}'s [set] head (in a grid"),
     ("alpha below 0", BASE + "[set]\npartition = 'dirichlet'\nalpha = -1\nrounds = 1\n", "grid file {path}'s [set] alpha=-1.0: must be > 0"),
+    # "several values are a list in a grid file: lr = [(0.1, 0.2)]": no TOML, and no more values than the file's
+    ("set.lr a list in the list", BASE + "[set]\nlr = [[0.1, 0.2]]\nrounds = 1\n",
+     "grid file {path}'s [set] lr='(0.1,0.2)': expected a finite number; a list inside the list is one value of several "
+     "numbers (as Adam's betas); several values are one flat list: lr = [0.1, 0.2]$"),
+    # a 5,000-character key was repeated whole: one line of 5,000 characters
+    ("a very long key under set", BASE + "[set]\n" + "x" * 5000 + " = 1\n",
+     "grid file {path}'s [set] " + "x" * 30 + "... (5,000 characters): unknown key. Known keys"),
+    ("a very long key at the top", BASE + "y" * 3000 + " = 1\n",
+     "grid file {path}: unknown key(s) " + "y" * 30 + "... (3,000 characters); known: "),
 ]
 
 

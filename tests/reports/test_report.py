@@ -682,3 +682,30 @@ def test_a_grid_reached_first_through_a_link_to_its_cells_is_named_by_its_own_fo
     runs = find_runs(together)
     assert len(runs) == 16
     assert {r.setting["grid"] for r in runs} == {toy_grid.name, "c"}
+
+
+def test_a_ctrl_c_as_the_report_is_put_in_place_waits_until_it_is(toy_grid, tmp_path, monkeypatch):
+    """A Ctrl-C between the last figures' removal and the new ones' rename left report.md without its figures (and
+    the message said the last report was kept)."""
+    import signal
+
+    from fedcache.reports import write_report
+
+    out = tmp_path / "report"
+    write_report(toy_grid, out)
+    (out / "report-figures" / "from-an-older-report.png").write_bytes(b"old")
+    real, seen = Path.replace, []
+
+    def interrupted(self, target):
+        if not seen:  # the first text put in place: the old figures are already on their way out
+            seen.append(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(toy_grid, out)
+    assert seen and sorted(p.name for p in out.iterdir()) == ["report-figures", "report.html", "report.md"]
+    linked = re.findall(r"\((report-figures/[^)]+\.png)\)", (out / "report.md").read_text())
+    assert linked and all((out / p).is_file() for p in linked)
+    assert not (out / "report-figures" / "from-an-older-report.png").exists()
