@@ -421,8 +421,23 @@ def parse_pairs(settings: Any) -> dict[str, str]:
         key = key.strip().replace("-", "_")
         if key in out:
             raise ConfigError(f"{set_flag()} {key} is given twice ({out[key]!r} and {value.strip()!r}); keep one")
+        _one_pair(key, value.strip())
         out[key] = value.strip()
     return out
+
+
+_ANOTHER_PAIR = re.compile(r"[\s,]+([A-Za-z_][\w.-]*)=")  # "0.1 momentum=0.5": no setting's value holds a key=
+
+
+def _one_pair(key: str, value: str) -> None:
+    """Refuses a value that holds more pairs (``--set "lr=0.1 momentum=0.5"``), which was read as a bad ``lr``:
+    each pair is given on its own."""
+    if not (found := _ANOTHER_PAIR.search(value)):
+        return
+    pairs = [f"{key}={value[:found.start()]}"] + [p for p in re.split(r"[\s,]+(?=[A-Za-z_][\w.-]*=)", value[found.start():]) if p]
+    pairs = [p.strip(" ,") for p in pairs]
+    each = named(" ".join(f"--set {p}" for p in pairs), f"settings={pairs!r}")
+    raise ConfigError(f"{set_key(key)}={value!r} holds {len(pairs)} pairs; give each its own: {each}")
 
 
 def typed_keys(settings: Any, method: str) -> dict[str, str]:
@@ -441,6 +456,7 @@ def parse_axes(items: Iterable[str]) -> dict[str, list[str]]:
         parts = [v.strip() for v in split_values(values)]
         if values.strip() and not all(parts):  # "1e-3,,1e-2": a value left out by mistake, not dropped in silence
             raise ConfigError(f"--set {item}: an empty value between commas; write {key.strip()}=v1,v2")
+        _one_pair(key.strip(), values.strip())
         name = key.strip().replace("-", "_")
         if name in out:  # the last would win without a word
             raise ConfigError(f"--set {key.strip()} is given twice; give its values once: --set {key.strip()}=v1,v2")

@@ -878,8 +878,11 @@ GRID_HINT = "`fedcache train` runs one value: `fedcache grid` takes the same opt
     (["--rounds=2,3"], "Invalid value for '--rounds': '2,3' is not a valid integer; " + GRID_HINT + " (--rounds 2,3)"),
     (["--set", "lr=0.1,0.2"], "--set lr='0.1,0.2': expected a finite number; " + GRID_HINT + " (--set lr=0.1,0.2)"),
     (["--set", "lr=abc"], "--set lr='abc': expected a finite number"),
-    (["--set", "lr=0.1,weight_decay=0"], "--set lr='0.1,weight_decay=0': expected a finite number; give one --set per "
-                                         "setting: --set lr=0.1 --set weight_decay=0"),
+    (["--set", "lr=0.1,weight_decay=0"], "--set lr='0.1,weight_decay=0' holds 2 pairs; give each its own: --set lr=0.1 "
+                                         "--set weight_decay=0"),
+    # "lr=0.1 momentum=0.5" (docs/python-api.md said --set's value is space-separated pairs) was a bad lr
+    (["--set", "lr=0.1 weight_decay=0 optimizer=sgd"], "--set lr='0.1 weight_decay=0 optimizer=sgd' holds 3 pairs; give "
+                                                       "each its own: --set lr=0.1 --set weight_decay=0 --set optimizer=sgd"),
     (["--partition", "iid,dirichlet"], "--partition (partition.scheme)='iid,dirichlet': must be one of class-disjoint, "
                                        "dirichlet, domain, domain-dirichlet, iid, shards (did you mean 'dirichlet'?); "
                                        + GRID_HINT + " (--partition iid,dirichlet)"),

@@ -228,3 +228,11 @@ def test_a_very_long_key_is_cut_in_either_naming():
     cli, api = _both(lambda: resolve_settings("fedavg", ["q" * 400 + "=1"]))
     assert cli.startswith("--set " + "q" * 30 + "... (400 characters): unknown key") and len(cli) < 300
     assert api.startswith("settings['" + "q" * 30 + "'...] (a key of 400 characters): unknown key") and len(api) < 300
+
+
+def test_pairs_in_one_value_are_given_each_its_own_in_either_naming():
+    from tests.resolve import resolve_settings
+
+    cli, api = _both(lambda: resolve_settings("fedavg", ["lr=0.1, weight_decay=0"]))
+    assert cli == "--set lr='0.1, weight_decay=0' holds 2 pairs; give each its own: --set lr=0.1 --set weight_decay=0"
+    assert api.endswith("holds 2 pairs; give each its own: settings=['lr=0.1', 'weight_decay=0']")

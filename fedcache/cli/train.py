@@ -77,17 +77,14 @@ def train(threads: int | None = None, **given) -> None:
 
 def _one_value_only(exc: ConfigError | UnknownNameError, given: dict) -> ConfigError | UnknownNameError:
     """An option or --set refused for a value that was a comma list: `train` runs one value, where `grid` (its
-    options under the same names) makes the list an axis, which the user had most likely meant; or, a comma list of
-    settings, one --set each. Said only where the refusal names that value; the error is the same one, told more."""
+    options under the same names) makes the list an axis, which the user had most likely meant (a list of pairs is
+    refused as that by ``spec.parse_pairs``). Said only where the refusal names that value; the error is the same one, told more."""
     said = str(exc)
     for pair in given.get("settings") or []:
-        key, _, value = pair.partition("=")
+        value = pair.partition("=")[2]
         values = split_values(value)
-        if len(values) < 2 or value not in said:
+        if len(values) < 2 or value not in said or any("=" in v for v in values):  # pairs: said by parse_pairs
             continue
-        if any("=" in v for v in values[1:]):
-            each = " ".join(f"--set {p}" for p in [f"{key}={values[0]}", *values[1:]])
-            return _told(exc, f"give one --set per setting: {each}")
         return _told(exc, SEVERAL.format(pair=f"--set {pair}"))
     listed = next((o for o in options() if o.base is not tuple and isinstance(given.get(o.name), str)
                    and "," in given[o.name] and given[o.name] in said), None)

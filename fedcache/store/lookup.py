@@ -418,11 +418,13 @@ def not_found(path: Path, cur: dict, dataset: str, split: str, backbone: str) ->
             where + f"{typo}; its splits: {', '.join(splits)}; a split of another name comes of an import "
             f"(`fedcache store import FILE {pasted('--store', path, '--dataset', dataset, '--backbone', backbone)} "
             f"{pasted('--split', split)}`)")
+    imported = f"`fedcache store import FILE {pasted('--store', path, '--dataset', dataset, '--backbone', backbone)} " \
+               f"{pasted('--split', split)}`"
+    if all(e.attrs.get("backbone_source") == "imported" for e in held):  # no backbone here to extract it with
+        return EntryNotFoundError(where + f" (only {', '.join(splits)}, imported): import that split too ({imported})")
     return EntryNotFoundError(
         where + f" (only {', '.join(splits)}): extract that split, as the others were "
-        f"made ({made_as_said(path, newest(held), split)}), or import it if these are imported embeddings "
-        f"(`fedcache store import FILE {pasted('--store', path, '--dataset', dataset, '--backbone', backbone)} "
-        f"{pasted('--split', split)}`)")
+        f"made ({made_as_said(path, newest(held), split)}), or import it if these are imported embeddings ({imported})")
 
 
 def made_as_said(path: Path, like: EntryInfo, split: str | None = None) -> str:

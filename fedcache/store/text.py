@@ -19,7 +19,9 @@ from fedcache.paths import denied_problem, is_denied, unreadable_store
 from fedcache.store.entries import TEXT, now_iso
 from fedcache.store.integrity import CRC_ATTR, crc
 from fedcache.store.keys import TextKey
-from fedcache.wording import pasted
+from fedcache.wording import Placeholder, pasted
+
+UNKNOWN = Placeholder("DATASET")  # a dataset a message cannot name
 
 log = logging.getLogger(__name__)
 
@@ -144,12 +146,18 @@ class TextEmbeddings:
         if best is None and maybe:  # it may be the one asked for: not to be extracted again, nor said missing
             raise maybe[0]
         if best is None:
+            dataset = self._dataset_of(list(classes))
             raise EntryNotFoundError(
-                f"no '{template_set}' text embeddings for {backbone} and these classes; "
-                f"run `fedcache extract {pasted('--store', self.path, '--backbones', backbone)}` on the dataset (only "
-                "CLIP-style backbones have them)"
-            )
+                f"no '{template_set}' text embeddings for {backbone} and these classes; run `fedcache extract "
+                f"{pasted('--store', self.path, '--dataset', dataset, '--backbones', backbone)}` (only CLIP-style "
+                "backbones have them)" + ("" if dataset != UNKNOWN else f", {UNKNOWN} being a dataset of these classes"))
         return self._text(best)
+
+    def _dataset_of(self, classes: list[str]) -> str:
+        """The dataset whose features in this store have ``classes`` (UNKNOWN where none does): the one the text
+        embeddings are extracted with."""
+        datasets = sorted({e.key["dataset"] for e in self.entries() if list(e.attrs.get("classes") or ()) == classes})
+        return datasets[0] if datasets else UNKNOWN
 
     def _newest_text(self, backbone: str, classes: list[str], template_set: str,
                      weights_hash: str | None = None) -> tuple[str | None, dict[str, UnreadableEntryError]]:

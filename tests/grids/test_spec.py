@@ -208,6 +208,9 @@ def test_select_of_one_value_and_an_empty_value_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"--set lr=1e-3,,1e-2: an empty value between commas; write lr=v1,v2"):
         parse_sweep(["lr=1e-3,,1e-2"])
     assert parse_sweep(["lr=1e-3, 1e-2"]) == {"lr": ["1e-3", "1e-2"]}
+    with pytest.raises(ConfigError, match=r"^--set lr='1e-3,1e-2,momentum=0.5,0.9' holds 2 pairs; give each its own: "
+                                          r"--set lr=1e-3,1e-2 --set momentum=0.5,0.9$"):
+        parse_sweep(["lr=1e-3,1e-2,momentum=0.5,0.9"])  # an axis lr of the values 1e-3, 1e-2, 'momentum=0.5', 0.9
 
 
 def test_select_names_an_axis_by_its_short_name_where_one_axis_has_it(tmp_path):

@@ -557,3 +557,15 @@ def test_the_command_that_finishes_a_partial_entry_is_one_line_in_a_log(tmp_path
     assert main(["store", "ls", "--store", str(path)]) == 0
     (line,) = [s for s in capsys.readouterr().out.splitlines() if "finish it with" in s]
     assert line.endswith("`") and "--store " + str(path) in line and len(line) > 160
+
+
+def test_missing_text_embeddings_name_the_dataset_of_their_classes(store_path):
+    """The hint was `fedcache extract --store S --backbones B` "on the dataset": a command that needs --dataset."""
+    store = FeatureStore(store_path)
+    write_all(store, key(), np.ones((4, 3)), np.zeros(4))
+    with pytest.raises(EntryNotFoundError, match=rf"run `fedcache extract --store {store_path} --dataset ds --backbones "
+                                                 r"clip-x` \(only CLIP-style backbones have them\)$"):
+        store.read_text("clip-x", ["a", "b"])
+    with pytest.raises(EntryNotFoundError, match=r"--dataset DATASET --backbones clip-x` \(only CLIP-style backbones "
+                                                 r"have them\), DATASET being a dataset of these classes$"):
+        store.read_text("clip-x", ["a", "c"])

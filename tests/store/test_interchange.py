@@ -53,6 +53,19 @@ def test_importing_a_file_again_makes_its_features_the_ones_runs_read(store_path
     np.testing.assert_array_equal(store.read("mine", "train", "enc").features, np.load(b)["train__features"])
 
 
+def test_a_split_an_import_lacks_is_imported_not_extracted(store_path, tmp_path):
+    """Imported embeddings have no backbone here: the missing test split was told to be extracted first."""
+    from fedcache.errors import EntryNotFoundError
+
+    store = FeatureStore(store_path)
+    import_file(store, _npz(tmp_path / "a.npz", 0), "mine", "enc")
+    with pytest.raises(EntryNotFoundError) as caught:
+        store.read("mine", "test", "enc")
+    said = str(caught.value)
+    assert said.endswith("(only train, imported): import that split too (`fedcache store import FILE --store "
+                         f"{store_path} --dataset mine --backbone enc --split test`)") and "extract" not in said
+
+
 def test_the_import_command_says_what_it_did(store_path, tmp_path, capsys):
     from fedcache.cli import main
 
