@@ -60,7 +60,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None = None) -> to
     pieces as one batch (below)."""
     if a.device.type != "cpu":
         return _batched(a, b, add)
-    if a.numel() and b.numel() and _no_gradient(a, b, add) and max(a.shape[1], b.shape[2]) >= 4 * CHUNK:
+    if a.numel() and b.numel() and _no_gradient(a, b, add) and _worth_cutting(a, b):
         if add is not None and add.dim() < 3:  # broadcast as torch does: leading dims of one
             add = add.reshape((1,) * (3 - add.dim()) + tuple(add.shape))
         return _in_chunks(a, b, add)
@@ -86,6 +86,15 @@ def _single(a: torch.Tensor, b: torch.Tensor, add: torch.Tensor | None) -> torch
 # that holds it (MKL's kernel for a block of the last few rows). A gradient is not cut: a weight's is a sum over
 # rows, and over pieces it would sum in another order.
 CHUNK = 256
+PIECE_WORK = 2 ** 16  # multiply-adds a piece must hold to be worth its own product (256 rows x 256 of m x p)
+
+
+def _worth_cutting(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a product is long enough to cut (1,024 rows or columns) and its pieces are not all overhead: a tall
+    product of few columns on a small inner size (fst-cbdg's (D, C) x (C, C) algebra, 1,280 x 10 x 10) costs more
+    cut into pieces than whole."""
+    n, m, p = a.shape[1], a.shape[2], b.shape[2]
+    return max(n, p) >= 4 * CHUNK and CHUNK * m * (p if n >= p else n) >= PIECE_WORK
 
 
 def _no_gradient(*tensors: torch.Tensor | None) -> bool:

@@ -58,6 +58,28 @@ def test_a_run_of_one_client_a_round_is_the_same_at_one_two_and_four_threads(nam
         assert one[2] == other[2]
 
 
+@pytest.mark.parametrize("fraction, draws", [(1.0, "implicit"), (0.25, "explicit")])  # four clients a round, one
+def test_fst_cbdg_is_the_same_at_one_two_and_four_threads(fraction, draws):
+    """Its synthetic instances' W^T T_c was one einsum, a single product of K C columns that torch splits across
+    threads, as were its zero-shot labels (every row against the anchors) and Eq. 4's refresh of a client's every
+    row (1,100 here: over 1,024, a product torch splits)."""
+    from fedcache.federate.methods.fst_cbdg import FSTCBDGSettings
+
+    data = synthetic(n_clients=4, per_client=1100, dim=1280)
+
+    def train():
+        ctx = MethodContext(data, "linear", OptimConfig("adam", 1e-2), Schedule(batch_size=32))
+        method = METHODS.get("fst-cbdg")(ctx, FSTCBDGSettings(anchors="prototypes", synthetic=draws))
+        r = run(method, RunConfig(rounds=2, fraction=fraction, eval_every=2))
+        return r.server, dict(r.clients)
+
+    one = _at(1, train)
+    for threads in (2, 4):
+        other = _at(threads, train)
+        for part in (0, 1):
+            assert all(torch.equal(one[part][k], other[part][k]) for k in one[part]), threads
+
+
 def test_fedpcls_prototype_scores_are_the_same_at_any_thread_count():
     """Its prototype term scored all clients' rows against all sets as one product (an einsum)."""
     from fedcache.federate.methods._fedpcl_losses import batch_term, paper_term
@@ -106,6 +128,9 @@ def test_a_large_single_product_without_a_gradient_runs_as_a_batch_of_pieces(mon
     shapes.clear()
     _at(2, lambda: transposed_affine(w.requires_grad_(True), torch.zeros(1, 1, 10), z))  # training: one product
     assert shapes == [(2, 10, 32)]
+    shapes.clear()  # tall on a small inner size (fst-cbdg's algebra): its 256-row pieces are all overhead
+    _at(1, lambda: bmm(torch.randn(3, 1280, 10), torch.randn(3, 10, 10)))
+    assert shapes == [(3, 1280, 10)]
 
 
 def test_nearest_prototype_scores_are_the_same_at_one_and_four_threads():

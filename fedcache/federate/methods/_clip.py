@@ -11,14 +11,15 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.local import here, rng_for
 from fedcache.federate.methods.base import head_named
 from fedcache.heads import Params
-from fedcache.heads.base import affine
+from fedcache.heads.base import affine, bmm
 
 PROTOTYPE_STREAM = 9  # rng stream of the server's labelled prototype rows, distinct from every other draw
 
 
-def unit(x: torch.Tensor) -> torch.Tensor:
-    """CLIP compares image and text by cosine similarity, so the classifier sees unit-norm features."""
-    return F.normalize(x, dim=-1)
+def unit(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """CLIP compares image and text by cosine similarity, so the classifier sees unit-norm features (written into
+    ``out`` where given)."""
+    return F.normalize(x, dim=-1, out=out)
 
 
 def anchor_head(anchors: torch.Tensor, scale: float = 1.0) -> Params:
@@ -35,7 +36,7 @@ def linear_logits(p: Params, z: torch.Tensor) -> torch.Tensor:
 def cosine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """unit(x) @ w for (N, D) x and (D, C) w, dividing the (N, C) product rather than the (N, D)
     features; the product is taken as (w^T x^T)^T, twice as fast here for few classes (heads/base.py)."""
-    return (w.T @ x.T).T / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return bmm(w.T.unsqueeze(0), x.T.unsqueeze(0))[0].T / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 def unit_logits(params: Params, x: torch.Tensor) -> torch.Tensor:

@@ -3,12 +3,13 @@ Language Model"), batched over K clients: pseudo-label moving average (Eq. 4), s
 (Eq. 3), class-balanced synthetic counts (Eq. 7) and the Gaussian synthetic instances (Eq. 5)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from fedcache.federate.local import masked_mean, rng_for
-from fedcache.heads.base import affine
+from fedcache.heads.base import affine, bmm
 
 SYNTHETIC_STREAM = 5  # rng stream of a client's synthetic instances in a round
 
@@ -53,11 +54,11 @@ class LocalPass:
     q: torch.Tensor  # (K, n, C)
     pos: torch.Tensor  # (K, S, B) positions in each client's row list, -1 for padding
     valid: torch.Tensor  # (K, n) real positions
-    x: list[torch.Tensor] | None  # per client, unit features of its rows (n_i, D) (refresh="all" only)
+    x: RowPieces | None  # the clients' unit features, in pieces (refresh="all" only)
     gens: list[torch.Generator]
 
     @classmethod
-    def start(cls, q: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, x: list[torch.Tensor] | None,
+    def start(cls, q: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, x: RowPieces | None,
               gens: list[torch.Generator]) -> LocalPass:
         """A client starts its pass from its pseudo-labels q^{t-1} (Algorithm 1): a copy of the clients' state
         q (K, n_max, C), cut to the widest of these K clients (``valid``'s width)."""
@@ -99,15 +100,55 @@ class LocalPass:
         self.q[k[mask], p[mask]] = new[mask]
 
     def refresh_all(self, params: dict[str, torch.Tensor], active: torch.Tensor, beta: float) -> None:
-        """Eq. 4 for every row of the clients still training, with the current heads ``params``.
-
-        Client by client over its real rows only: with Dirichlet partitions one client can hold 10x
-        the rows of another, and padding them all to the largest would multiply the work."""
+        """Eq. 4 for every row of the clients still training, with the current heads ``params``."""
         w, b = params["weight"].detach(), params["bias"].detach()
-        for i in active.nonzero().flatten().tolist():
-            x = self.x[i]
-            f = torch.softmax((w[i].T @ x.T).T + b[i], -1)  # (w^T x^T)^T: see heads/base.py affine
-            self.q[i, : len(x)] = ema(self.q[i, : len(x)], f, beta)
+        owner, at, f = self.x.probabilities(w, b, active)
+        real = at >= 0
+        k, p = owner.unsqueeze(1).expand_as(at)[real], at[real]
+        self.q[k, p] = ema(self.q[k, p], f[real], beta)
+
+
+PIECE = 256  # rows of a piece of RowPieces
+
+
+@dataclass
+class RowPieces:
+    """K clients' rows (n_i, D) cut into pieces of PIECE rows, the last of each padded, and laid out for one batched
+    product with every client's own head. Client by client, its products were single ones that torch splits across
+    threads (a run's numbers moved with --threads) and sized by the client (its bits by its size); padding every
+    client to the largest would multiply the work (one Dirichlet client can hold 10x another's rows)."""
+
+    xt: torch.Tensor  # (P, D, PIECE) pieces, transposed: (w^T x^T)^T is the faster layout (heads/base.py affine)
+    owner: torch.Tensor  # (P,) the client of each piece
+    at: torch.Tensor  # (P, PIECE) each piece row's position in its client's rows, -1 for padding
+
+    @classmethod
+    def of(cls, sizes: list[int], dim: int, fill: Callable[[int, torch.Tensor], object]) -> RowPieces:
+        """The pieces of clients of ``sizes`` rows of width ``dim``, ``fill(i, out)`` writing client i's rows into
+        ``out`` (n_i, D): written in place, the pieces are the only copy of the rows."""
+        counts = [-(-n // PIECE) for n in sizes]
+        device = torch.get_default_device()
+        rows = torch.empty((sum(counts), PIECE, dim), device=device)
+        at = torch.full((sum(counts), PIECE), -1, dtype=torch.long, device=device)
+        start = 0
+        for i, (n, c) in enumerate(zip(sizes, counts)):
+            fill(i, rows[start:start + c].view(-1, dim)[:n])
+            rows[start:start + c].view(-1, dim)[n:] = 0
+            at[start:start + c].view(-1)[:n] = torch.arange(n, device=device)
+            start += c
+        owner = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                        torch.tensor(counts, dtype=torch.long, device=device))
+        return cls(rows.transpose(1, 2), owner, at)
+
+    def probabilities(self, w: torch.Tensor, b: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """softmax(x W + b) of the pieces of the ``active`` clients (K,) with their heads ``w`` (K, D, C) and ``b``
+        (K, 1, C): the pieces' owners, row positions and (P', PIECE, C) probabilities (computed (P', C, PIECE):
+        a softmax along the rows' last axis, on the product's transpose, took as long as the product)."""
+        take = active[self.owner]
+        owner, at, xt = (self.owner, self.at, self.xt) if bool(take.all()) else \
+            (self.owner[take], self.at[take], self.xt[take])
+        scores = bmm(w.transpose(1, 2)[owner], xt) + b.transpose(1, 2)[owner]
+        return owner, at, torch.softmax(scores, 1).transpose(1, 2)
 
 
 # Which rows Eq. 4 refreshes at each step (the ``refresh`` setting).
@@ -192,13 +233,15 @@ class _ImplicitGaussian(torch.autograd.Function):
         # float32 Gram made the projection off span(W) visibly non-idempotent); the other products with D
         # rows and the draws stay float32 (torch's vectorised sampler; float64 draws took 4x as long).
         wd = w.double()
-        root, pinv = _root_and_pinv(wd.transpose(1, 2) @ wd)  # of W^T W, (K, C, C)
+        root, pinv = _root_and_pinv(bmm(wd.transpose(1, 2), wd))  # of W^T W, (K, C, C)
         u = torch.zeros(*y.shape, w.shape[2], dtype=torch.float64)
         for i, g in enumerate(gens):
             k = int(mask[i].sum())
             if k and sigma:
                 u[i, :k] = torch.randn(k, w.shape[2], generator=g, device=g.device).to(u.device).double() @ root[i]  # root is symmetric
-        base = torch.einsum("cd,kde->kce", anchors, w)  # W^T T_c for every class: (K, C_anchor, C)
+        # W^T T_c for every class, (K, C_anchor, C): K products, not einsum's one of K C columns, which torch
+        # splits across threads (a run's numbers moved with --threads)
+        base = bmm(anchors.expand(len(w), *anchors.shape), w)
         # Padding rows score b, as a zero instance does in the explicit draws.
         logits = base.gather(1, y.unsqueeze(-1).expand(-1, -1, w.shape[2])) * mask.unsqueeze(-1) + b + (sigma * u).float()
         ctx.save_for_backward(w, y, mask, anchors, u, pinv)
@@ -209,7 +252,7 @@ class _ImplicitGaussian(torch.autograd.Function):
     def backward(ctx, g):
         w, y, mask, anchors, u, pinv = ctx.saved_tensors
         onehot = torch.nn.functional.one_hot(y, anchors.shape[0]).to(g.dtype) * mask.unsqueeze(-1)
-        grad_w = torch.einsum("cd,kce->kde", anchors, onehot.transpose(1, 2) @ g)  # sum_j T_{y_j} g_j^T
+        grad_w = bmm(anchors.T.expand(len(w), *anchors.T.shape), bmm(onehot.transpose(1, 2), g))  # sum_j T_{y_j} g_j^T
         if ctx.sigma:
             # Padding rows carry no instance: their gradients must not enter G^T G (a masked loss gives
             # them zero anyway; this keeps the function right for any loss).
@@ -222,13 +265,13 @@ def _noise_part(w, g, u, pinv, mask, gens) -> torch.Tensor:
     """E G for E (D x P) the instances' noise (see implicit_logits): its part in span(W), W (W^T W)^+ U^T G,
     plus Pi N L = (N - W (W^T W)^+ W^T N) L, with L the symmetric root of G^T G. Grouped as
     W A + N L so that only three products have D rows."""
-    root_gg, _ = _root_and_pinv(g.transpose(1, 2) @ g)
+    root_gg, _ = _root_and_pinv(bmm(g.transpose(1, 2), g))
     n = torch.zeros_like(w)
     for i, gen in enumerate(gens):
         if mask[i].any():
             n[i] = torch.randn(w.shape[1], w.shape[2], generator=gen, device=gen.device)
-    a = pinv @ (u.transpose(1, 2) @ g - (w.transpose(1, 2) @ n).double() @ root_gg)
-    return torch.baddbmm(n @ root_gg.float(), w, a.float())
+    a = bmm(pinv, bmm(u.transpose(1, 2), g) - bmm(bmm(w.transpose(1, 2), n).double(), root_gg))
+    return bmm(w, a.float(), bmm(n, root_gg.float()))
 
 
 def _root_and_pinv(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

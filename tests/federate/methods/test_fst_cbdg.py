@@ -185,7 +185,7 @@ def test_pseudo_label_moving_average_by_hand():
     want[1, 1] = torch.tensor([0.91, 0.09])
     torch.testing.assert_close(lp.q, want)
     torch.testing.assert_close(lp.batch_q(0)[1], want[1, :2])
-    lp.x = [torch.eye(2)[[0, 1, 0]]] * 2
+    lp.x = S.RowPieces.of([3, 3], 2, lambda i, out: out.copy_(torch.eye(2)[[0, 1, 0]]))
     heads = {"weight": torch.zeros(2, 2, 2), "bias": torch.zeros(2, 1, 2)}  # f = [0.5, 0.5] everywhere
     lp.refresh_all(heads, torch.tensor([True, False]), 0.5)  # client 1 has finished its pass
     torch.testing.assert_close(lp.q[0], 0.5 * want[0] + 0.25)
@@ -265,3 +265,22 @@ def test_paper_presets_start_the_supervised_baselines_from_the_zero_shot_classif
                 else:
                     assert "init" not in e.sweep, (name, e.key)
         assert {m for e in p.experiments for m in e.methods if "init" in e.sweep} == {"fedavg", "fedntd"}
+
+
+def test_row_pieces_score_every_row_of_the_active_clients_with_its_own_head():
+    """Eq. 4's refresh of every row, as one batched product of PIECE-row pieces: each row scored once, with its own
+    client's head, at its own position; a finished client's rows are not scored."""
+    g = torch.Generator().manual_seed(0)
+    x = [torch.randn(n, 8, generator=g) for n in (S.PIECE + 44, 10, 2 * S.PIECE)]
+    w, b = torch.randn(3, 8, 4, generator=g), torch.randn(3, 1, 4, generator=g)
+    pieces = S.RowPieces.of([len(r) for r in x], 8, lambda i, out: out.copy_(x[i]))
+    assert pieces.xt.shape == (5, 8, S.PIECE) and pieces.owner.tolist() == [0, 0, 1, 2, 2]
+    for active in ([True, True, True], [True, False, True], [False, True, False]):
+        owner, at, f = pieces.probabilities(w, b, torch.tensor(active))
+        real = at >= 0
+        clients, rows = owner.unsqueeze(1).expand_as(at)[real], at[real]
+        want = [(i, r) for i, on in enumerate(active) if on for r in range(len(x[i]))]
+        assert sorted(zip(clients.tolist(), rows.tolist())) == want
+        by_hand = torch.stack([torch.softmax(x[i][r] @ w[i] + b[i, 0], -1) for i, r in want])
+        order = sorted(range(len(want)), key=lambda j: (clients[j].item(), rows[j].item()))
+        torch.testing.assert_close(f[real][order], by_hand)
