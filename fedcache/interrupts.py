@@ -35,9 +35,13 @@ class RaisedAgain:
     def __call__(self, unraisable) -> None:
         if (not isinstance(unraisable.exc_value, KeyboardInterrupt)
                 or threading.current_thread() is not threading.main_thread()):
-            sys.__unraisablehook__(unraisable)
-            return
-        dropped = unraisable.exc_value
+            try:  # the handler's interrupt, raised while another's exception is printed, would escape the hook unsaid
+                sys.__unraisablehook__(unraisable)
+                return
+            except KeyboardInterrupt as raised:
+                dropped = raised
+        else:
+            dropped = unraisable.exc_value
         while True:
             try:  # a signal pending meanwhile (signal.signal runs it) raises here, where it is dropped too
                 signum = self._rearm(dropped)

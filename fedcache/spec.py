@@ -426,13 +426,16 @@ def parse_pairs(settings: Any) -> dict[str, str]:
     return out
 
 
-_ANOTHER_PAIR = re.compile(r"[\s,]+([A-Za-z_][\w.-]*)=")  # "0.1 momentum=0.5": no setting's value holds a key=
+_ANOTHER_PAIR = re.compile(r"[\s,]+([A-Za-z_][\w.-]*)=")  # "0.1 momentum=0.5"
+_PLAIN = re.compile(r"[\w.+-]+(\s*,\s*[\w.+-]+)*")  # a number, a word, or a comma list of them
 
 
 def _one_pair(key: str, value: str) -> None:
     """Refuses a value that holds more pairs (``--set "lr=0.1 momentum=0.5"``), which was read as a bad ``lr``:
-    each pair is given on its own."""
-    if not (found := _ANOTHER_PAIR.search(value)):
+    each pair is given on its own. Only where what comes before the next ``key=`` is a plain value (or an axis's
+    values): a path or a text may hold ``, seed=0`` (``weights=/runs/lr=0.1,seed=0/head.pt``)."""
+    found = _ANOTHER_PAIR.search(value)
+    if not found or not _PLAIN.fullmatch(value[:found.start()]):
         return
     pairs = [f"{key}={value[:found.start()]}"] + [p for p in re.split(r"[\s,]+(?=[A-Za-z_][\w.-]*=)", value[found.start():]) if p]
     pairs = [p.strip(" ,") for p in pairs]

@@ -114,3 +114,17 @@ def test_a_command_started_ignoring_ctrl_c_is_sent_sigterm_again(monkeypatch, pr
         for s, handler in before.items():
             signal.signal(s, handler)
     assert printed == []
+
+
+def test_an_interrupt_raised_while_another_dropped_error_is_printed_is_sent_again(monkeypatch):
+    """The handler's KeyboardInterrupt, raised while Python printed another finalizer's error, escaped the hook
+    unsaid: the command's handlers ignored everything from then on, and it trained to the end."""
+    raised, asked = KeyboardInterrupt(), []
+
+    def printing(unraisable):
+        if not asked:
+            raise raised  # the signal's handler ran here
+    monkeypatch.setattr(sys, "__unraisablehook__", printing)
+    hook = RaisedAgain(lambda dropped: asked.append(dropped) or None)
+    hook(SimpleNamespace(exc_value=ValueError()))
+    assert asked == [raised]

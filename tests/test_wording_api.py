@@ -236,3 +236,7 @@ def test_pairs_in_one_value_are_given_each_its_own_in_either_naming():
     cli, api = _both(lambda: resolve_settings("fedavg", ["lr=0.1, weight_decay=0"]))
     assert cli == "--set lr='0.1, weight_decay=0' holds 2 pairs; give each its own: --set lr=0.1 --set weight_decay=0"
     assert api.endswith("holds 2 pairs; give each its own: settings=['lr=0.1', 'weight_decay=0']")
+    from fedcache.spec import parse_pairs
+
+    path = "/runs/multirun/lr=0.1,seed=0/head.pt"  # a path or a text may hold ", key=": a value, not pairs
+    assert parse_pairs([f"weights={path}", "ctx_init=a photo of a, x=1"]) == {"weights": path, "ctx_init": "a photo of a, x=1"}

@@ -261,7 +261,8 @@ NOTHING_TO_RESUME = {
 def _how_to_go_on(argv: list[str]) -> str:
     words = [a for a in argv if not a.startswith("-")]
     if words[:1] == ["report"]:  # nothing to resume: the figures are drawn aside and replace the last report whole
-        return "the last report (if any) is left as it was; run the same command again to write it"
+        return ("the report is whole: the last one (if any) as it was, or the new one where it was being put in "
+                "place; run the same command again to write it")
     if tuple(words[:2]) in NOTHING_TO_RESUME:
         return NOTHING_TO_RESUME[tuple(words[:2])]
     if words[:1] != ["train"]:

@@ -554,7 +554,7 @@ def _as_list(key: str, value: str) -> str:
     items = ", ".join(v.strip() for v in value.strip("()").split(",")) if nested else ", ".join(value.split(","))
     if nested:
         return (f"; a list inside the list is one value of several numbers (as Adam's betas); several values are "
-                f"one flat list: {key} = [{items}]")
+                f"written as one flat list, e.g. {key} = [{items}]")
     return f"; several values are a list in a grid file: {key} = [{items}]"
 
 

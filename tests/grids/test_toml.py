@@ -163,7 +163,7 @@ CASES = [
     # "several values are a list in a grid file: lr = [(0.1, 0.2)]": no TOML, and no more values than the file's
     ("set.lr a list in the list", BASE + "[set]\nlr = [[0.1, 0.2]]\nrounds = 1\n",
      "grid file {path}'s [set] lr='(0.1,0.2)': expected a finite number; a list inside the list is one value of several "
-     "numbers (as Adam's betas); several values are one flat list: lr = [0.1, 0.2]$"),
+     "numbers (as Adam's betas); several values are written as one flat list, e.g. lr = [0.1, 0.2]$"),
     # a 5,000-character key was repeated whole: one line of 5,000 characters
     ("a very long key under set", BASE + "[set]\n" + "x" * 5000 + " = 1\n",
      "grid file {path}'s [set] " + "x" * 30 + "... (5,000 characters): unknown key. Known keys"),

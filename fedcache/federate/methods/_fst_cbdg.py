@@ -101,54 +101,86 @@ class LocalPass:
 
     def refresh_all(self, params: dict[str, torch.Tensor], active: torch.Tensor, beta: float) -> None:
         """Eq. 4 for every row of the clients still training, with the current heads ``params``."""
-        w, b = params["weight"].detach(), params["bias"].detach()
-        owner, at, f = self.x.probabilities(w, b, active)
-        real = at >= 0
-        k, p = owner.unsqueeze(1).expand_as(at)[real], at[real]
-        self.q[k, p] = ema(self.q[k, p], f[real], beta)
+        k, p, f = self.x.probabilities(params["weight"].detach(), params["bias"].detach(), active)
+        self.q[k, p] = ema(self.q[k, p], f, beta)
 
 
-PIECE = 256  # rows of a piece of RowPieces
+WIDTHS = (256, 64)  # rows of a piece: a client's rows in pieces of 256, a small rest in pieces of 64
+
+
+@dataclass
+class Pieces:
+    """Pieces of one width: (P, D, width) rows, transposed ((w^T x^T)^T is the faster layout: heads/base.py affine),
+    their clients, and each row's position in its client's rows (-1: padding)."""
+
+    xt: torch.Tensor
+    owner: torch.Tensor
+    at: torch.Tensor
+
+    def active(self, active: torch.Tensor) -> "Pieces":
+        """The pieces of the ``active`` clients: a prefix, as the pieces run from the client with the most rows
+        (which trains the most steps) down, so a view."""
+        take = active[self.owner]
+        n = int(take.sum())
+        if bool(take[:n].all()):
+            return Pieces(self.xt[:n], self.owner[:n], self.at[:n])
+        return Pieces(self.xt[take], self.owner[take], self.at[take])  # clients that stop otherwise (not in a pass)
 
 
 @dataclass
 class RowPieces:
-    """K clients' rows (n_i, D) cut into pieces of PIECE rows, the last of each padded, and laid out for one batched
-    product with every client's own head. Client by client, its products were single ones that torch splits across
-    threads (a run's numbers moved with --threads) and sized by the client (its bits by its size); padding every
-    client to the largest would multiply the work (one Dirichlet client can hold 10x another's rows)."""
+    """K clients' rows (n_i, D) cut into pieces of WIDTHS, the last padded, laid out for a batched product per width
+    with every client's own head. Client by client, its products were single ones that torch splits across threads
+    (a run's numbers moved with --threads) and sized by the client (its bits by its size); padding every client to
+    the largest would multiply the work (one Dirichlet client can hold 10x another's rows). A client's pieces
+    depend on its size alone, so a run and its grid cell compute the same products."""
 
-    xt: torch.Tensor  # (P, D, PIECE) pieces, transposed: (w^T x^T)^T is the faster layout (heads/base.py affine)
-    owner: torch.Tensor  # (P,) the client of each piece
-    at: torch.Tensor  # (P, PIECE) each piece row's position in its client's rows, -1 for padding
+    groups: list[Pieces]
 
     @classmethod
     def of(cls, sizes: list[int], dim: int, fill: Callable[[int, torch.Tensor], object]) -> RowPieces:
         """The pieces of clients of ``sizes`` rows of width ``dim``, ``fill(i, out)`` writing client i's rows into
-        ``out`` (n_i, D): written in place, the pieces are the only copy of the rows."""
-        counts = [-(-n // PIECE) for n in sizes]
+        ``out`` (n_i, D)."""
         device = torch.get_default_device()
-        rows = torch.empty((sum(counts), PIECE, dim), device=device)
-        at = torch.full((sum(counts), PIECE), -1, dtype=torch.long, device=device)
-        start = 0
-        for i, (n, c) in enumerate(zip(sizes, counts)):
-            fill(i, rows[start:start + c].view(-1, dim)[:n])
-            rows[start:start + c].view(-1, dim)[n:] = 0
-            at[start:start + c].view(-1)[:n] = torch.arange(n, device=device)
-            start += c
-        owner = torch.repeat_interleave(torch.arange(len(sizes), device=device),
-                                        torch.tensor(counts, dtype=torch.long, device=device))
-        return cls(rows.transpose(1, 2), owner, at)
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        rows = {i: torch.empty((sizes[i], dim), device=device) for i in order}
+        for i in order:
+            fill(i, rows[i])
+        big, small = WIDTHS
+        # Whole pieces of 256 but for a rest of 192 rows or fewer, in pieces of 64: never 64 rows of padding or
+        # more (a piece of 64 computes a row at about 1.25x the cost of one of 256 with 100 classes).
+        whole = [-(-n // big) if n % big > big - small else n // big for n in sizes]
+        spans = {big: [(i, lo, big) for i in order for lo in range(0, whole[i] * big, big)],
+                 small: [(i, lo, small) for i in order for lo in range(whole[i] * big, sizes[i], small)]}
+        return cls([_pieces(spans[width], rows, width, dim, device) for width in WIDTHS])
 
     def probabilities(self, w: torch.Tensor, b: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """softmax(x W + b) of the pieces of the ``active`` clients (K,) with their heads ``w`` (K, D, C) and ``b``
-        (K, 1, C): the pieces' owners, row positions and (P', PIECE, C) probabilities (computed (P', C, PIECE):
-        a softmax along the rows' last axis, on the product's transpose, took as long as the product)."""
-        take = active[self.owner]
-        owner, at, xt = (self.owner, self.at, self.xt) if bool(take.all()) else \
-            (self.owner[take], self.at[take], self.xt[take])
-        scores = bmm(w.transpose(1, 2)[owner], xt) + b.transpose(1, 2)[owner]
-        return owner, at, torch.softmax(scores, 1).transpose(1, 2)
+        """softmax(x W + b) of every row of the ``active`` clients (K,), each with its client's head ``w`` (K, D, C),
+        ``b`` (K, 1, C): the rows' clients, their positions, and (R, C) probabilities (computed (P, C, width): a
+        softmax along the last axis of the product's transpose took as long as the product)."""
+        ks, ps, fs = [], [], []
+        for group in self.groups:
+            g = group.active(active)
+            scores = bmm(w.transpose(1, 2)[g.owner], g.xt) + b.transpose(1, 2)[g.owner]
+            f = torch.softmax(scores, 1).transpose(1, 2)
+            real = g.at >= 0
+            ks.append(g.owner.unsqueeze(1).expand_as(g.at)[real])
+            ps.append(g.at[real])
+            fs.append(f[real])
+        return torch.cat(ks), torch.cat(ps), torch.cat(fs)
+
+
+def _pieces(spans: list[tuple[int, int, int]], rows: dict[int, torch.Tensor], width: int, dim: int,
+            device: torch.device) -> Pieces:
+    """Pieces of ``width`` rows, (client, first row, width) each, from the clients' ``rows``."""
+    xt = torch.zeros((len(spans), width, dim), device=device)
+    at = torch.full((len(spans), width), -1, dtype=torch.long, device=device)
+    for j, (i, lo, _) in enumerate(spans):
+        n = min(width, len(rows[i]) - lo)
+        xt[j, :n] = rows[i][lo:lo + n]
+        at[j, :n] = torch.arange(lo, lo + n, device=device)
+    owner = torch.tensor([i for i, _, _ in spans], dtype=torch.long, device=device)
+    return Pieces(xt.transpose(1, 2), owner, at)
 
 
 # Which rows Eq. 4 refreshes at each step (the ``refresh`` setting).

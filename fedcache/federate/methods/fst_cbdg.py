@@ -84,8 +84,10 @@ ANCHORS = {
 
 def _stack_memory(params: FSTCBDGSettings, rows: int, clients: int, dim: int, n_classes: int, batch: int) -> int:
     # Pseudo-labels (N, n_max, C), n_max up to every row, three copies in a local pass (the state, the
-    # pass's, the returned one); with refresh=all the unit features of the clients' rows.
-    return 4 * (3 * clients * rows * n_classes + (rows * dim if params.refresh == "all" else 0))
+    # pass's, the returned one); with refresh=all the unit features of the clients' rows, in pieces (each client's
+    # last padded: under 64 rows) with a copy of the head per piece.
+    pieces = (rows + clients * cbdg.WIDTHS[1]) * dim + (rows // cbdg.WIDTHS[1] + clients) * dim * n_classes
+    return 4 * (3 * clients * rows * n_classes + (pieces if params.refresh == "all" else 0))
 
 
 @METHODS.register("fst-cbdg")

@@ -268,19 +268,20 @@ def test_paper_presets_start_the_supervised_baselines_from_the_zero_shot_classif
 
 
 def test_row_pieces_score_every_row_of_the_active_clients_with_its_own_head():
-    """Eq. 4's refresh of every row, as one batched product of PIECE-row pieces: each row scored once, with its own
-    client's head, at its own position; a finished client's rows are not scored."""
+    """Eq. 4's refresh of every row, as batched products of pieces of 256 and 64 rows: each row scored once, with
+    its own client's head, at its own position; a finished client's rows are not scored."""
     g = torch.Generator().manual_seed(0)
-    x = [torch.randn(n, 8, generator=g) for n in (S.PIECE + 44, 10, 2 * S.PIECE)]
-    w, b = torch.randn(3, 8, 4, generator=g), torch.randn(3, 1, 4, generator=g)
+    big, small = S.WIDTHS
+    x = [torch.randn(n, 8, generator=g) for n in (big + 70, 10, 2 * big, 0)]
+    w, b = torch.randn(4, 8, 4, generator=g), torch.randn(4, 1, 4, generator=g)
     pieces = S.RowPieces.of([len(r) for r in x], 8, lambda i, out: out.copy_(x[i]))
-    assert pieces.xt.shape == (5, 8, S.PIECE) and pieces.owner.tolist() == [0, 0, 1, 2, 2]
-    for active in ([True, True, True], [True, False, True], [False, True, False]):
-        owner, at, f = pieces.probabilities(w, b, torch.tensor(active))
-        real = at >= 0
-        clients, rows = owner.unsqueeze(1).expand_as(at)[real], at[real]
+    whole, rest = pieces.groups
+    assert whole.xt.shape == (3, 8, big) and whole.owner.tolist() == [2, 2, 0]  # the most rows first
+    assert rest.xt.shape == (3, 8, small) and rest.owner.tolist() == [0, 0, 1]  # 70 rows: 64 + 6 (padded), 10
+    for active in ([True, True, True, True], [True, False, True, False], [False, True, False, True]):
+        clients, rows, f = pieces.probabilities(w, b, torch.tensor(active))
         want = [(i, r) for i, on in enumerate(active) if on for r in range(len(x[i]))]
         assert sorted(zip(clients.tolist(), rows.tolist())) == want
-        by_hand = torch.stack([torch.softmax(x[i][r] @ w[i] + b[i, 0], -1) for i, r in want])
+        by_hand = torch.stack([torch.softmax(x[i][r] @ w[i] + b[i, 0], -1) for i, r in want]) if want else f
         order = sorted(range(len(want)), key=lambda j: (clients[j].item(), rows[j].item()))
-        torch.testing.assert_close(f[real][order], by_hand)
+        torch.testing.assert_close(f[order], by_hand)
