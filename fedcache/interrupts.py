@@ -82,13 +82,31 @@ def held() -> Iterator[list[int]]:
     got: list[int] = []
     handlers = {}
     if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in HELD
-                    if callable(signal.getsignal(s))}
+        handlers = {s: signal.getsignal(s) for s in HELD if callable(signal.getsignal(s))}
+        _install({s: lambda signum, frame: got.append(signum) for s in handlers}, handlers)
     try:
         yield got
     finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        _install(handlers, {})
         for signum in got:
             signal.raise_signal(signum)
+
+
+def _install(wanted: dict, before: dict) -> None:
+    """Each signal's handler of ``wanted``, every one of them. ``signal.signal`` first runs a pending signal's
+    handler, whose KeyboardInterrupt leaves that handler unchanged: it is set again, and the interrupt raised once
+    all are (installing, with ``before`` put back: one signal held and the other not, or a later SIGTERM swallowed
+    by the held one's handler)."""
+    raised = None
+    for signum, handler in wanted.items():
+        while True:
+            try:
+                signal.signal(signum, handler)
+                break
+            except KeyboardInterrupt as exc:
+                raised = raised or exc
+    if raised is not None:
+        if before:
+            _install(before, {})
+        raise raised
 

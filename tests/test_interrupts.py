@@ -128,3 +128,37 @@ def test_an_interrupt_raised_while_another_dropped_error_is_printed_is_sent_agai
     hook = RaisedAgain(lambda dropped: asked.append(dropped) or None)
     hook(SimpleNamespace(exc_value=ValueError()))
     assert asked == [raised]
+
+
+@pytest.mark.parametrize("at", [0, 1, 2, 3])  # installing SIGINT's, SIGTERM's; putting back SIGINT's, SIGTERM's
+def test_a_pending_interrupt_as_held_sets_a_handler_leaves_every_handler_right(monkeypatch, at):
+    """``signal.signal`` runs a pending signal's handler first; its KeyboardInterrupt left one signal held and the
+    other not, or held's handler in place for good (a later SIGTERM swallowed)."""
+    from fedcache import interrupts
+
+    def mine(signum, frame):
+        raise KeyboardInterrupt
+
+    before = {s: signal.getsignal(s) for s in interrupts.HELD}
+    real, calls = signal.signal, [0]
+
+    def pending(signum, handler):
+        calls[0] += 1
+        if calls[0] == at + 1:
+            raise KeyboardInterrupt  # the pending handler raised; this handler is not set
+        return real(signum, handler)
+
+    try:
+        for s in interrupts.HELD:
+            real(s, mine)
+        monkeypatch.setattr(signal, "signal", pending)
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.held():
+                inside = {s: signal.getsignal(s) for s in interrupts.HELD}
+        monkeypatch.undo()
+        assert all(signal.getsignal(s) is mine for s in interrupts.HELD)
+        if at >= 2:  # raised as the handlers were put back: the block ran held
+            assert all(inside[s] is not mine for s in interrupts.HELD)
+    finally:
+        for s, handler in before.items():
+            real(s, handler)
