@@ -550,9 +550,8 @@ def _in_file_said(err: ConfigError, path: Path, key: str | None, values: dict) -
 def _as_list(key: str, value: str) -> str:
     """How to write ``value``, refused as one value of ``key``, as several. A list inside the file's list
     (``lr = [[0.1, 0.2]]``) reaches here as "(0.1,0.2)", one value of several numbers (Adam's betas)."""
-    nested = value.startswith("(") and value.endswith(")")
-    items = ", ".join(v.strip() for v in value.strip("()").split(",")) if nested else ", ".join(value.split(","))
-    if nested:
+    items = ", ".join(v.strip() for v in value.strip("()").split(","))
+    if value.startswith("(") and value.endswith(")"):
         return (f"; a list inside the list is one value of several numbers (as Adam's betas); several values are "
                 f"written as one flat list, e.g. {key} = [{items}]")
     return f"; several values are a list in a grid file: {key} = [{items}]"

@@ -16,10 +16,9 @@ from fedcache.heads.base import affine, bmm
 PROTOTYPE_STREAM = 9  # rng stream of the server's labelled prototype rows, distinct from every other draw
 
 
-def unit(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """CLIP compares image and text by cosine similarity, so the classifier sees unit-norm features (written into
-    ``out`` where given)."""
-    return F.normalize(x, dim=-1, out=out)
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """CLIP compares image and text by cosine similarity, so the classifier sees unit-norm features."""
+    return F.normalize(x, dim=-1)
 
 
 def anchor_head(anchors: torch.Tensor, scale: float = 1.0) -> Params:

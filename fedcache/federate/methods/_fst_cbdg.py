@@ -3,7 +3,6 @@ Language Model"), batched over K clients: pseudo-label moving average (Eq. 4), s
 (Eq. 3), class-balanced synthetic counts (Eq. 7) and the Gaussian synthetic instances (Eq. 5)."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -138,21 +137,17 @@ class RowPieces:
     groups: list[Pieces]
 
     @classmethod
-    def of(cls, sizes: list[int], dim: int, fill: Callable[[int, torch.Tensor], object]) -> RowPieces:
-        """The pieces of clients of ``sizes`` rows of width ``dim``, ``fill(i, out)`` writing client i's rows into
-        ``out`` (n_i, D)."""
-        device = torch.get_default_device()
-        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
-        rows = {i: torch.empty((sizes[i], dim), device=device) for i in order}
-        for i in order:
-            fill(i, rows[i])
+    def of(cls, x: list[torch.Tensor]) -> RowPieces:
+        """The pieces of the clients' rows ``x``, (n_i, D) each."""
+        sizes = [len(r) for r in x]
+        order = sorted(range(len(x)), key=lambda i: (-sizes[i], i))
         big, small = WIDTHS
         # Whole pieces of 256 but for a rest of 192 rows or fewer, in pieces of 64: never 64 rows of padding or
         # more (a piece of 64 computes a row at about 1.25x the cost of one of 256 with 100 classes).
         whole = [-(-n // big) if n % big > big - small else n // big for n in sizes]
-        spans = {big: [(i, lo, big) for i in order for lo in range(0, whole[i] * big, big)],
-                 small: [(i, lo, small) for i in order for lo in range(whole[i] * big, sizes[i], small)]}
-        return cls([_pieces(spans[width], rows, width, dim, device) for width in WIDTHS])
+        spans = {big: [(i, lo) for i in order for lo in range(0, whole[i] * big, big)],
+                 small: [(i, lo) for i in order for lo in range(whole[i] * big, sizes[i], small)]}
+        return cls([_pieces(spans[width], x, width) for width in WIDTHS])
 
     def probabilities(self, w: torch.Tensor, b: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """softmax(x W + b) of every row of the ``active`` clients (K,), each with its client's head ``w`` (K, D, C),
@@ -170,16 +165,16 @@ class RowPieces:
         return torch.cat(ks), torch.cat(ps), torch.cat(fs)
 
 
-def _pieces(spans: list[tuple[int, int, int]], rows: dict[int, torch.Tensor], width: int, dim: int,
-            device: torch.device) -> Pieces:
-    """Pieces of ``width`` rows, (client, first row, width) each, from the clients' ``rows``."""
+def _pieces(spans: list[tuple[int, int]], x: list[torch.Tensor], width: int) -> Pieces:
+    """Pieces of ``width`` rows, (client, first row) each, from the clients' rows ``x``."""
+    device, dim = torch.get_default_device(), x[0].shape[1] if x else 0
     xt = torch.zeros((len(spans), width, dim), device=device)
     at = torch.full((len(spans), width), -1, dtype=torch.long, device=device)
-    for j, (i, lo, _) in enumerate(spans):
-        n = min(width, len(rows[i]) - lo)
-        xt[j, :n] = rows[i][lo:lo + n]
+    for j, (i, lo) in enumerate(spans):
+        n = min(width, len(x[i]) - lo)
+        xt[j, :n] = x[i][lo:lo + n]
         at[j, :n] = torch.arange(lo, lo + n, device=device)
-    owner = torch.tensor([i for i, _, _ in spans], dtype=torch.long, device=device)
+    owner = torch.tensor([i for i, _ in spans], dtype=torch.long, device=device)
     return Pieces(xt.transpose(1, 2), owner, at)
 
 

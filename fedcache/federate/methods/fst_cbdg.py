@@ -141,9 +141,7 @@ class FSTCBDG(Method):
         rows = self.client_rows(clients)
         plan = self.plan(rnd, clients)
         _, valid = padded_rows(rows)
-        x = cbdg.RowPieces.of([len(r) for r in rows], c.data.x_train.shape[1],
-                              lambda i, out: unit(c.data.train_features(here(rows[i])), out=out)) \
-            if self.p.refresh == "all" else None
+        x = cbdg.RowPieces.of([unit(c.data.train_features(here(r))) for r in rows]) if self.p.refresh == "all" else None
         lp = cbdg.LocalPass.start(states["q"], here(positions(plan, rows)), valid, x, self.streams(rnd, clients))
         info = {"pass": lp, "sizes": valid.sum(1).clamp_min(1)}
         params = train(expand(down, len(clients)), ("weight", "bias"), self.loss, c.data.x_train, self.blind, plan,

@@ -185,7 +185,7 @@ def test_pseudo_label_moving_average_by_hand():
     want[1, 1] = torch.tensor([0.91, 0.09])
     torch.testing.assert_close(lp.q, want)
     torch.testing.assert_close(lp.batch_q(0)[1], want[1, :2])
-    lp.x = S.RowPieces.of([3, 3], 2, lambda i, out: out.copy_(torch.eye(2)[[0, 1, 0]]))
+    lp.x = S.RowPieces.of([torch.eye(2)[[0, 1, 0]]] * 2)
     heads = {"weight": torch.zeros(2, 2, 2), "bias": torch.zeros(2, 1, 2)}  # f = [0.5, 0.5] everywhere
     lp.refresh_all(heads, torch.tensor([True, False]), 0.5)  # client 1 has finished its pass
     torch.testing.assert_close(lp.q[0], 0.5 * want[0] + 0.25)
@@ -274,7 +274,7 @@ def test_row_pieces_score_every_row_of_the_active_clients_with_its_own_head():
     big, small = S.WIDTHS
     x = [torch.randn(n, 8, generator=g) for n in (big + 70, 10, 2 * big, 0)]
     w, b = torch.randn(4, 8, 4, generator=g), torch.randn(4, 1, 4, generator=g)
-    pieces = S.RowPieces.of([len(r) for r in x], 8, lambda i, out: out.copy_(x[i]))
+    pieces = S.RowPieces.of(x)
     whole, rest = pieces.groups
     assert whole.xt.shape == (3, 8, big) and whole.owner.tolist() == [2, 2, 0]  # the most rows first
     assert rest.xt.shape == (3, 8, small) and rest.owner.tolist() == [0, 0, 1]  # 70 rows: 64 + 6 (padded), 10
