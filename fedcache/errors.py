@@ -53,6 +53,12 @@ class DataNotFoundError(FedcacheError, FileNotFoundError):
     """Dataset files are missing; the message says where we looked and how to get them."""
 
 
+class InputNotFoundError(DataNotFoundError):
+    """A file the command was named to read (``store import FILE``) is not there: the command as given is refused."""
+
+    refused_as_given = True
+
+
 class WeightsNotFoundError(DataNotFoundError):
     """A backbone checkpoint is missing; the message names the file expected."""
 

@@ -388,7 +388,8 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
         params, optim = _apply(params, "method", routed["method"]), _apply(optim, "optim", routed["optim"])
         _refuse_unused(routed["method"], params, "method", name)
         _refuse_unused(routed["optim"], optim, "optim", f"the {optim.optimizer} optimizer (preset {preset})")
-    head = routed["head"]["name"][1] if "name" in routed["head"] else head
+        # parsed here, so that a wrong head is named as set (--set head.head=mlpp), not as the option --head
+        head = _apply(HeadChoice(head), "head", routed["head"]).name
     if head:
         from fedcache.federate.methods.base import check_head  # loaded already: the method's module imports it
 

@@ -38,7 +38,7 @@ def test_listings_fit_a_narrow_terminal_without_cutting_names_or_numbers(capsys,
     monkeypatch.setattr("fedcache.cli.common._piped", lambda: False)  # a terminal of that width
     for args, names in ((["backbones"], ["alexnet-imagenet", "4096", "clip-rn50", "1024", "efficientnet-lite"]),
                         (["methods"], ["clip-fc-centralized", "linear", "projection"]),
-                        (["datasets"], ["digits5-offline", "torchvision", "from data"]),
+                        (["datasets"], ["digits5-offline", "torchvision", "from the data"]),
                         (["store", "ls", "--store", str(store_path)], ["tiny-timm-random RANDOM", "complete", "train"])):
         code, out, _ = run(capsys, *args)
         lines = out.splitlines()
@@ -106,6 +106,8 @@ def test_extract_ls_info_export_import_rm(capsys, store_path, tmp_path):
         assert code == 0 and dump.exists()
         code, out, _ = run(capsys, "store", "import", str(dump), "-d", f"mine-{suffix}", "-b", "my-encoder", "--store", str(store_path))
         assert code == 0 and "imported 4 entries" in out
+    code, _, err = run(capsys, "store", "import", str(tmp_path / "mine.h5"), "-d", "x", "-b", "y", "--store", str(store_path))
+    assert code == 2 and f"error: no such file: {tmp_path / 'mine.h5'}" in " ".join(err.split())  # refused as given
     from fedcache.store.feature_store import FeatureStore
 
     fs = FeatureStore(store_path)

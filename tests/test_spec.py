@@ -399,6 +399,14 @@ def test_settings_are_typed_and_unknown_keys_listed():
         resolve_settings("fedprox", ["lr"])
 
 
+
+@pytest.mark.parametrize("key", ["head", "head.head", "head.name"])
+def test_a_wrong_head_set_is_named_as_set(key):
+    """Not as the option --head the user never gave (it said `--head (head.name)='mlpp'`)."""
+    with pytest.raises(ConfigError, match=rf"^--set {re.escape(key)}=mlpp: must be one of linear, mlp, projection \(did you mean 'mlp'\?\)$"):
+        RunSpec.of(**TOY, settings=[f"{key}=mlpp"])
+    assert RunSpec.of(**TOY, settings=[f"{key}=mlp"]).head.name == "mlp"
+
 # String fields have no generic "other" value; these are valid non-defaults.
 STRING_VALUES = {"ctx_init": "a photo of a", "weights": "clip.pt", "device": "cuda", "dataset": "cifar10",
                  "data_root": "/data"}

@@ -52,7 +52,7 @@ def datasets(name: Optional[str] = typer.Argument(None, help="a dataset: show ho
     for name, spec in DATASETS.items():
         if name.startswith("test-"):
             continue
-        n_cls = str(len(spec.classes)) if spec.classes else "from data"
+        n_cls = str(len(spec.classes)) if spec.classes else "from the data"
         doms = ",".join(spec.domains) if spec.domains != ("all",) else "-"
         table.add_row(name, spec.source, n_cls, doms, spec.description)
     print_table(table, optional=("domains",), flexible="description")

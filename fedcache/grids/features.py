@@ -75,7 +75,7 @@ def _check_same_entries(store, spec: GridSpec, meta: dict) -> None:
                for e in store.table_entries(spec.dataset, split, b)}
     if saved != current:
         raise ConfigError(f"the store's features of {spec.dataset} changed since the grid in {spec.out} started "
-                          f"(re-extracted?); run the grid with another {spec.names.key('out')}")
+                          f"(re-extracted?); run the grid with another {spec.names.to_change('out')}")
 
 
 def read_features(folder: Path):

@@ -203,10 +203,10 @@ def check_spec(spec: GridSpec) -> None:
     mine = json.loads(json.dumps(spec.to_json()))
     if not path.exists() and RunDir(spec.out).started():  # its tables would sit beside the run and mix in reports
         raise ConfigError(f"{spec.out} holds a run of `fedcache train` ({CONFIG}), not a grid; choose another "
-                          f"{spec.names.key('out')}")
+                          f"{spec.names.to_change('out')}")
     if path.exists():
         saved = read_json(path, f"delete it, and the grid takes the options it is given now (cells of the same names are "
-                                f"read back, not trained again), or choose another {spec.names.key('out')}")
+                                f"read back, not trained again), or choose another {spec.names.to_change('out')}")
         # An axis only this grid has is a difference too: it adds cells (unlike a key a later fedcache records).
         differ = same_config(saved, mine) + [f"sweep.{k}" for k in mine["sweep"] if k not in saved.get("sweep", {})]
         differ = [k for k in differ if k != "out"]  # a grid moved to another disk (a full one) is the same grid
@@ -216,7 +216,7 @@ def check_spec(spec: GridSpec) -> None:
         if holds_runs(spec.out):
             raise ConfigError(f"{spec.out} holds a different grid (it differs in {_differences(saved, mine, differ, spec.names)}; "
                               f"see {path}); use the same options to resume it, or another "
-                              f"{spec.names.key('out')}")
+                              f"{spec.names.to_change('out')}")
         # Nothing ran: a start refused before its first cell (--select without spare rows, say) left only its
         # plan and features. The corrected command its error asked for must not be refused in turn.
         shutil.rmtree(spec.out / FEATURES, ignore_errors=True)

@@ -117,6 +117,11 @@ class Names:
         """A grid key inside a sentence: ``select`` or ``--select``."""
         return key if self._spelled_as_file(key) else _flag(key)
 
+    def to_change(self, key: str) -> str:
+        """A key the user is asked to change, where it was given: ``out in grid file g.toml``, else ``--out``
+        (``out`` in a Python call), which the command line can give beside a file that left it out."""
+        return f"{key} in grid file {self.file}" if self._filed(key) else _flag(key)
+
     def lead(self, key: str, value: Any) -> str:
         """A message's start, naming a grid key and its value as given: ``grid file g.toml: select = ["mu"]``."""
         if self._filed(key):
@@ -130,7 +135,7 @@ class Names:
         if self._filed(key):
             return in_grid_file(self.file, key) + (f"={_toml(values)}" if values is not None else "")
         if by_keyword():  # fedcache.grid(sweep={...})
-            return f"sweep[{key!r}]" + (f"={values!r}" if values is not None else "")
+            return f"sweep[{key!r}]" + (f"={_as_python(values)}" if values is not None else "")
         # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false; a
         # qualified key by its flag only where the flag gave it (option_axes), not where --set partition.alpha did
         flagged = "." not in key or key in self.flags
@@ -197,6 +202,19 @@ def check_lists(fields: dict[str, Any], names: Names) -> None:
 def axis_key(key: str) -> str:
     """An axis's name as a grid keeps it: ``local-epochs`` and `` local_epochs`` are ``local_epochs``."""
     return key.strip().replace("-", "_")
+
+
+def _as_python(values: list) -> str:
+    """An axis's values as a Python call gave them, near enough: ``[0.1, 1]``, not the texts it keeps (``['0.1', '1']``)."""
+    def one(v: Any) -> str:
+        if v in ("true", "false"):
+            return str(v == "true")
+        try:
+            float(v)
+            return str(v)
+        except (TypeError, ValueError):
+            return repr(v)
+    return "[" + ", ".join(map(one, values)) + "]"
 
 
 def axis_text(value: Any) -> str:

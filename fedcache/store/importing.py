@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcache.errors import ConfigError, DataNotFoundError
+from fedcache.errors import ConfigError, InputNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def read_checked(path: Path, split: str | None) -> Checked:
 # ---- files -------------------------------------------------------------------------------
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     if not path.is_file():
-        raise DataNotFoundError(f"no such file: {path}")
+        raise InputNotFoundError(f"no such file: {path}")
     read = _READERS.get(path.suffix)
     if read is None:
         raise ConfigError(f"{path}: expected an .h5/.hdf5 or .npz file")

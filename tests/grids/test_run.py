@@ -367,6 +367,19 @@ def test_a_different_grid_names_an_option_as_the_command_line_gave_it(toy_store,
     assert "differs in --reduction-factor (3 there, 2 here)" in " ".join(capsys.readouterr().err.split())
 
 
+
+def test_a_different_grid_says_where_to_choose_another_out(toy_store, tmp_path, capsys):
+    """Its out from a grid file is that file's key there; from the command line, --out (it said `another out`)."""
+    toml = tmp_path / "grid.toml"
+    toml.write_text(f'store = "{toy_store}"\ndataset = "test-toy"\nbackbones = ["{BACKBONE}"]\nmethods = ["fedavg"]\n'
+                    f'out = "{tmp_path / "g"}"\nseeds = [0]\n[set]\npartition = "iid"\nclients = 2\nrounds = 1\n')
+    assert main(["grid", "--config", str(toml)]) == 0
+    capsys.readouterr()
+    assert main(["grid", "--config", str(toml), "--rounds", "2"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"or another out in grid file {toml}")
+    assert main(["grid", "--config", str(toml), "--rounds", "2", "--out", str(tmp_path / "g")]) == 2
+    assert "or another --out" in capsys.readouterr().err
+
 def test_a_different_grid_names_the_keys_that_differ(toy_grid, toy_store):
     from fedcache.api import grid
 

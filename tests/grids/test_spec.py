@@ -274,8 +274,10 @@ def test_a_qualified_option_axis_is_named_as_its_user_gave_it(tmp_path):
         grid_spec(option_axes={"head": ["mlp", "mlp"]}, **common)
     with pytest.raises(ConfigError, match=rf"^--set partition.alpha=1: {ignores}"):
         grid_spec(option_axes={"partition": ["iid"]}, settings=["partition.alpha=1"], **common)
-    with pytest.raises(ConfigError, match=rf"^sweep\['partition.alpha'\]=\['1'\]: {ignores}"):
+    with pytest.raises(ConfigError, match=rf"^sweep\['partition.alpha'\]=\[1\]: {ignores}"):
         grid(sweep={"partition": "iid", "partition.alpha": 1}, **common)
+    with pytest.raises(ConfigError, match=r"^sweep\['head'\]=\['mlp', 'mlp'\]: 'mlp' and 'mlp' are one value"):
+        grid(sweep={"head": ["mlp", "mlp"]}, **common)  # texts quoted, numbers not: as the call wrote them
     path = tmp_path / "g.toml"
     path.write_text('[set]\npartition = "iid"\n"partition.alpha" = 1\n')  # quoted: partition is no table
     with pytest.raises(ConfigError, match=rf"^grid file {re.escape(str(path))}'s \[set\] partition.alpha=\[1\]: {ignores}"):
