@@ -49,8 +49,13 @@ class StackedOptimizer:
         if sum(n for n, _ in self.parts) != k:
             raise ValueError(f"optimizer settings for {sum(n for n, _ in self.parts)} rows, parameters have {k}")
         self.t = torch.zeros(k)  # steps taken so far, per client
-        self.m = {n: torch.zeros_like(params[n]) for n in self.keys}
-        self.v = {n: torch.zeros_like(params[n]) for n in self.keys} if OPTIMIZERS.get(cfg.optimizer).second_moment else {}
+        self.shapes = {n: params[n].shape[1:] for n in self.keys}
+        # rows of parameters and gradients laid out for the kernels where a client's row is not a whole of LANES
+        self.laid = {n: (_row_buffer(params[n]), _row_buffer(params[n])) for n in self.keys if _unaligned(params[n])}
+        self.views = {n: tuple(b[:, :self.shapes[n].numel()].view(params[n].shape) for b in bufs) for n, bufs in self.laid.items()}
+        self.whole = slice(0, k)
+        self.m = {n: _row_buffer(params[n]) for n in self.keys}
+        self.v = {n: _row_buffer(params[n]) for n in self.keys} if OPTIMIZERS.get(cfg.optimizer).second_moment else {}
 
     @torch.no_grad()
     def step(self, params: Params, grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
@@ -69,16 +74,38 @@ class StackedOptimizer:
 
     def _step_rows(self, cfg: OptimConfig, params: Params, grads: Params, rows: slice | torch.Tensor) -> None:
         """Update ``rows`` (a slice: views, updated in place; indices: copies, written back)."""
-        ps = [params[n][rows] for n in self.keys]
+        ps = [self._rows(n, params[n], rows, 0) for n in self.keys]
         ms = [self.m[n][rows] for n in self.keys]
         vs = [self.v[n][rows] for n in self.keys] if self.v else []
-        self._apply_block(cfg, ps, [grads[n][rows] for n in self.keys], self.t[rows], ms, vs)
+        self._apply_block(cfg, ps, [self._rows(n, grads[n], rows, 1) for n in self.keys], self.t[rows], ms, vs)
+        for n, p in zip(self.keys, ps):
+            if n in self.laid and isinstance(rows, slice):
+                self._of(params[n], rows).copy_(self._of(self.views[n][0], rows))
+            elif n in self.laid:
+                params[n][rows] = p[:, :self.shapes[n].numel()].view(len(p), *self.shapes[n])
+            elif not isinstance(rows, slice):
+                params[n][rows] = p
         if isinstance(rows, slice):
             return
-        for n, p, m in zip(self.keys, ps, ms):
-            params[n][rows], self.m[n][rows] = p, m
+        for n, m in zip(self.keys, ms):
+            self.m[n][rows] = m
         for n, v in zip(self.keys, vs):
             self.v[n][rows] = v
+
+    def _rows(self, n: str, t: torch.Tensor, rows: slice | torch.Tensor, which: int) -> torch.Tensor:
+        """``t[rows]`` as the kernels get it: as it is, or copied into rows of whole LANES (``which``: the buffer
+        of parameters, 0, or of gradients, 1)."""
+        if n not in self.laid:
+            return t[rows]
+        if isinstance(rows, slice):  # every step of a pass but those where some clients have finished it
+            self._of(self.views[n][which], rows).copy_(self._of(t, rows))
+            return self._of(self.laid[n][which], rows)
+        out = self.laid[n][which][rows]
+        out[:, :self.shapes[n].numel()] = t[rows].reshape(len(out), -1)
+        return out
+
+    def _of(self, t: torch.Tensor, rows: slice) -> torch.Tensor:
+        return t if rows == self.whole else t[rows]  # a slice of every row costs more than the copy of a bias
 
     def _apply_block(self, cfg: OptimConfig, ps: list, gs: list, t: torch.Tensor, ms: list, vs: list) -> None:
         if bool((t == t[0]).all()):
@@ -90,6 +117,26 @@ class StackedOptimizer:
         for p, g, m, v in zip(ps, gs, ms, vs or [None] * len(ps)):  # general case: per-client step counts
             g = g.add(p, alpha=cfg.weight_decay) if cfg.weight_decay else g  # L2 decay in the gradient, as torch.optim does
             rule.update(cfg, p, g, m, v, t + 1)
+
+
+# torch's fused kernels compute a vector's width of elements at a time and a tensor's last numel % width elements
+# one by one, which rounds otherwise (a fused multiply-add, or not). Stacked, a client's last elements are its
+# neighbour's vector mates; alone (--no-batch, a Flower client) they are its tail: a client's update depended on the
+# clients stacked with it (fedproto, batched and --no-batch: 1.2 points apart on a client after 6 rounds). A
+# client's row of any other size than a whole of LANES (a bias of 10 classes) goes to the kernel padded to one, so
+# each of its elements is a vector's, stacked or alone; the padding stays zero (zero gradient, parameter, moments).
+LANES = 64
+
+
+def _unaligned(p: torch.Tensor) -> bool:
+    return p.shape[1:].numel() % LANES != 0
+
+
+def _row_buffer(p: torch.Tensor) -> torch.Tensor:
+    """Zeros for (K, ...) ``p``: like it, or (K, its row's size rounded up to a whole of LANES)."""
+    if not _unaligned(p):
+        return torch.zeros_like(p)
+    return p.new_zeros(len(p), -(-p.shape[1:].numel() // LANES) * LANES)
 
 
 class SGD:

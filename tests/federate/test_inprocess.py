@@ -15,7 +15,7 @@ def test_batched_and_loop_paths_agree_with_unequal_clients(head):
     a = run(make("fedavg", data, head=head), RunConfig(rounds=3, batched=True))
     b = run(make("fedavg", data, head=head), RunConfig(rounds=3, batched=False))
     for n in a.server:
-        torch.testing.assert_close(a.server[n], b.server[n], atol=1e-4, rtol=1e-4)  # fused optimizer kernels round per chunk
+        torch.testing.assert_close(a.server[n], b.server[n], atol=0, rtol=0)  # the optimizer pads rows (optim.LANES)
     assert a.summary["per_client_accuracy"] == b.summary["per_client_accuracy"]
 
 

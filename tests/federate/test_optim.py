@@ -81,3 +81,27 @@ def test_every_optimizer_name_has_an_update_rule():
     for name, known in OPTIMIZERS_KNOWN.items():  # each field an optimizer leaves unread is read by the one it names
         for field, (_, other) in known.unread.items():
             assert field not in OPTIMIZERS_KNOWN[other].unread, (name, field, other)
+
+
+@pytest.mark.parametrize("cfg", [OptimConfig("sgd", 0.1, 0.9, 1e-4), OptimConfig("adam", 1e-3, weight_decay=1e-4)])
+def test_a_client_steps_stacked_as_alone(cfg):
+    """A bias of 10 classes: torch's fused kernels compute a tensor's last elements one by one, its others a vector's
+    width at a time, which rounds otherwise; stacked, a client's last elements were vector mates of the next client's,
+    and batched runs drifted from --no-batch (and a Flower client's) numbers."""
+    from fedcache.federate.optim import StackedOptimizer
+
+    gen = torch.Generator().manual_seed(0)
+    k, shape = 200, (1, 10)
+    p0 = torch.randn(k, *shape, generator=gen) * 1e-3
+    grads = [torch.randn(k, *shape, generator=gen) * 1e-3 for _ in range(3)]
+    stacked = {"b": p0.clone()}
+    opt = StackedOptimizer(stacked, cfg)
+    for g in grads:
+        opt.step(stacked, {"b": g}, torch.ones(k, dtype=torch.bool))
+    for i in range(k):
+        alone = {"b": p0[i:i + 1].clone()}
+        one = StackedOptimizer(alone, cfg)
+        for g in grads:
+            one.step(alone, {"b": g[i:i + 1]}, torch.ones(1, dtype=torch.bool))
+        assert torch.equal(alone["b"], stacked["b"][i:i + 1]), i
+    assert stacked["b"].shape == (k, *shape) and stacked["b"].is_contiguous()
