@@ -73,7 +73,8 @@ class StackedOptimizer:
         self.t += active.to(self.t.dtype)
 
     def _step_rows(self, cfg: OptimConfig, params: Params, grads: Params, rows: slice | torch.Tensor) -> None:
-        """Update ``rows`` (a slice: views, updated in place; indices: copies, written back)."""
+        """Update ``rows`` (a slice: views, updated in place, a padded key's through its buffer and copied back;
+        indices: copies, written back)."""
         ps = [self._rows(n, params[n], rows, 0) for n in self.keys]
         ms = [self.m[n][rows] for n in self.keys]
         vs = [self.v[n][rows] for n in self.keys] if self.v else []
