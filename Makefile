@@ -25,8 +25,9 @@ demo: $(STAMP)
 
 # The default run stays under 10 minutes on a 2-core CI machine: its tests run in TEST_WORKERS processes
 # (pytest-xdist; TEST_WORKERS=0 runs them in this one). Tests marked slow (real Flower deployments, signals
-# to real process trees, the full demo, the larger benchmark smoke runs, a full disk on a real tmpfs) run
-# one at a time in test-slow, which CI runs after it: their timings and process trees are what they test.
+# to real process trees, the full demo, the larger benchmark smoke runs, a full disk on a real tmpfs, and the
+# costlier cases of a parametrized test whose cheapest case stays here) run one at a time in test-slow, which
+# CI runs after it: their timings and process trees are what they test.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu and not slow" -n $(TEST_WORKERS)

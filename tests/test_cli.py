@@ -525,7 +525,7 @@ def test_sigint_to_a_real_process_exits_130(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+@pytest.mark.parametrize("name, code", [pytest.param("SIGINT", 130, marks=pytest.mark.slow), ("SIGTERM", 143)])
 def test_the_command_exits_with_the_shells_code_for_the_signal_that_stopped_it(tmp_path, name, code):
     """A scheduler or a script tells a stopped job from a failed one by 128 + the signal's number: SIGTERM (a
     scheduler's, `kill`) exited 130 as Ctrl-C does."""

@@ -170,7 +170,7 @@ def test_grid_and_the_other_training_commands_take_threads(toy_store, tmp_path, 
         assert main([command, "-h"]) == 0 and "--threads" in capsys.readouterr().out, command
 
 
-@pytest.mark.parametrize("seeds, in_this_process", [("0", [2]), ("0,1", [])])
+@pytest.mark.parametrize("seeds, in_this_process", [("0", [2]), pytest.param("0,1", [], marks=pytest.mark.slow)])
 def test_a_grid_trains_here_on_the_free_cores_whatever_jobs_says(seeds, in_this_process, toy_store, tmp_path, monkeypatch,
                                                                   said, threads_restored):
     """--jobs 2 with one batch (two lrs of one seed) trains it in this process, as fast as `train` would; with two

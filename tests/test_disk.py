@@ -147,6 +147,7 @@ def test_a_full_disk_s_advice_names_what_to_run_again_and_what_is_kept():
         assert disk.again(kept="the batches are kept") == "free some space and run the same call again: the batches are kept"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_streamed_to_its_file_not_made_whole_in_memory_first(tmp_path):
     """Serialised into memory first, a checkpoint took as much again as the states it holds (1.9 GB more for
     3,000 clients' fedproto heads) at the peak of every round."""

@@ -616,7 +616,8 @@ READ_TEXT = ("import sys, tests.conftest\nfrom fedcache.store.feature_store impo
 
 
 # One case in make test, the other (over 20 s on a 2-core machine) in make test-slow.
-@pytest.mark.parametrize("refused", ["its embeddings' chunk", pytest.param("its zarr.json", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("refused", [pytest.param("its embeddings' chunk", marks=pytest.mark.slow),
+                                     pytest.param("its zarr.json", marks=pytest.mark.slow)])
 def test_text_embeddings_this_user_cannot_read_are_named_so_not_damaged(refused, tmp_path):
     """A CLIP backbone's class-text embeddings unreadable here: `store verify` called them damaged and --repair removed
     them, an extraction wrote over them, a read said they were damaged (or, their zarr.json refused, never extracted)."""
@@ -667,7 +668,7 @@ def _clip_text(store: Path, template_set: str = "single") -> tuple[str, Path]:
     return eid, store / TEXT / eid
 
 
-@pytest.mark.parametrize("fault", ["unreadable", "damaged"])
+@pytest.mark.parametrize("fault", ["unreadable", pytest.param("damaged", marks=pytest.mark.slow)])
 def test_sharding_names_the_backbone_whose_text_embeddings_it_cannot_read(fault, two_backbones, tmp_path):
     """`fedcache shard` copied class-text embeddings unchecked (damaged ones into every shard) and, refused one, said
     only "cannot read the feature store ... (no permission to read FILE)", not what that file is."""

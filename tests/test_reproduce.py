@@ -237,6 +237,7 @@ def test_a_run_loads_only_the_backbones_whose_features_it_extracts(toy_store, tm
     assert loaded == ["tiny-clip-random"]
 
 
+@pytest.mark.slow
 def test_features_stored_otherwise_than_the_preset_makes_them_are_extracted_again(toy_store, tmp_path):
     """A slot's entry is current whatever made it: with the store's newest features of a preset backbone from
     another --dtype, --image-size or a --weights checkpoint, `reproduce` skipped their extraction (they had rows)

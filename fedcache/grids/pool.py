@@ -53,6 +53,7 @@ class Workers:
         self._futures: list[Future] = []  # the last run's cells
         self._read: set[Future] = set()  # those of them whose result the caller was given
         self._stop_all: Callable[[], None] = lambda: None  # says to the workers that the grid stops them all
+        self._pool_threads: set[threading.Thread] = set()  # the pool's own, started by its first submit
 
     def __enter__(self) -> Workers:
         return self
@@ -64,6 +65,7 @@ class Workers:
             else:  # Ctrl-C or an error between tasks (a rung's cut): no cell runs, none is waited for
                 self._abandon()
         finally:
+            _join(self._pool_threads)
             self._reports.close()
 
     def run(self, tasks: list[tuple[Callable, tuple]]) -> Iterator:
@@ -74,7 +76,7 @@ class Workers:
             # The pool starts its workers as the tasks are submitted; starting one, even with the spawn context,
             # fixes this process's default start method (multiprocessing records it for the child): the caller's
             # to choose.
-            with _workers_deaf_to_ctrl_c(), start_method_unset():
+            with _workers_deaf_to_ctrl_c(), start_method_unset(), self._threads_of(pool):
                 futures = [pool.submit(unless_stopping, naming(), fn, *args) for fn, args in tasks]
             self._futures, self._read = futures, set()
             for fut in _as_finished(futures, self._sigterm):
@@ -96,6 +98,14 @@ class Workers:
                                          initargs=(os.getpid(), report_to, Holder.me().to_text(), _log_level(),
                                                    stops_all))
         return self._pool
+
+    @contextlib.contextmanager
+    def _threads_of(self, pool: ProcessPoolExecutor) -> Iterator[None]:
+        """Records the threads the pool starts in the block (its first submit starts the one that manages it)."""
+        before = set(threading.enumerate())
+        yield
+        self._pool_threads |= {t for t in set(threading.enumerate()) - before
+                               if type(t).__module__ == type(pool).__module__}
 
     def _close(self) -> None:
         """Each worker gone on the pool's last message, once the cells are done. One killed outright as it read
@@ -145,6 +155,15 @@ class _SpawnRecorded(SpawnContext):
     def workers(self) -> set[SpawnProcess]:
         """The processes made that were started (one whose start failed has no pid, and no sentinel to wait on)."""
         return {p for p in self.started if p.pid is not None}
+
+
+def _join(threads: set[threading.Thread], timeout: float = STOP_GRACE) -> None:
+    """Waits (bounded) for the pool's manager thread to end once its workers have: on Python 3.11, one still closing
+    its wake-up pipe as the interpreter exits races the exit's last wake-up of it, which then prints a traceback
+    (OSError: Bad file descriptor) after the grid's own last line (CPython later closed the race, gh-125451)."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _not_gone(workers: set, sigterm: Future) -> set:

@@ -90,6 +90,7 @@ def test_prefix_backbones_resolve_specs_offline():
         BACKBONES.get("open_clip:NoSuchNet/x")
 
 
+@pytest.mark.slow
 def test_random_init_is_marked_and_deterministic():
     a = load_backbone("clip-rn50", random_init=True)
     b = load_backbone("clip-rn50", random_init=True)

@@ -885,6 +885,7 @@ def test_reduced_precision_features_have_their_own_entry(store_path):
     assert {r.status for r in extract(cfg(store_path, **one))} == {"already complete"}  # fp32 on the CPU: as before
 
 
+@pytest.mark.slow
 def test_decoding_workers_leave_the_start_method_and_sigchld_to_the_caller(store_path):
     """torch's DataLoader fixed the process's start method (its workers' queue) and left its SIGCHLD handler installed
     once it had started workers. In a process of its own: torch does both once per process."""

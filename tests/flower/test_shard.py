@@ -289,6 +289,7 @@ def _shard_files(out) -> dict:
     return files
 
 
+@pytest.mark.slow
 def test_shards_are_the_same_as_those_cut_from_copied_tables(flower_store, tmp_path, monkeypatch):
     """The first backbone's table (and any other already in its order) is no longer copied to put its rows in their
     own order: every shard, the views and the fused second backbone's included, holds the same bytes."""

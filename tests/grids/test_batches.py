@@ -632,6 +632,7 @@ def test_a_batch_records_its_cells_as_plain_json_and_an_older_record_still_conti
     assert_same_cells(tmp_path / "whole", tmp_path / "g")
 
 
+@pytest.mark.slow
 def test_cells_finishing_together_are_each_logged_once_with_a_rising_count_as_progress_says_them(toy_store, tmp_path,
                                                                                                  capsys, caplog):
     """Batches of two side by side in two workers: their cells finish together. Each is logged once, counted 1..N in

@@ -171,7 +171,7 @@ def test_a_resumed_pruned_grid_makes_the_same_choices_as_an_uninterrupted_one(to
         assert (mine / "metrics.jsonl").read_text() == (d / "metrics.jsonl").read_text()
 
 
-@pytest.mark.parametrize("trained, paused", [(9, 1), (6 * 2 + 2 * 2, 3)])
+@pytest.mark.parametrize("trained, paused", [(9, 1), pytest.param(6 * 2 + 2 * 2, 3, marks=pytest.mark.slow)])
 def test_a_pruned_grid_interrupted_before_a_cut_shows_its_paused_candidates_unfinished(toy_store, tmp_path, ordered,
                                                                                         trained, paused, monkeypatch):
     """Ctrl-C before the cut at round 1 (9 of its 12 cells there), or before the one at round 3 (both kept candidates
@@ -666,7 +666,7 @@ def test_a_halving_grid_that_cut_nothing_says_so_in_its_caption(toy_store, tmp_p
     assert ("(one that diverged, until it did)" in caption) == ("1e30" in lrs)
 
 
-@pytest.mark.parametrize("engine", ["processes", "batched"])
+@pytest.mark.parametrize("engine", [pytest.param("processes", marks=pytest.mark.slow), "batched"])
 def test_a_rung_s_damaged_metrics_line_is_trained_again_on_either_engine(toy_store, tmp_path, monkeypatch, ordered,
                                                                          caplog, engine):
     """Killed right after the checkpoint of round 1, the first rung, whose metrics line is then damaged: a batched

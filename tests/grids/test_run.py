@@ -279,7 +279,7 @@ def test_a_method_the_data_cannot_serve_is_refused_before_any_cell_trains(toy_st
     assert not out.exists()  # not even the plan: the corrected call starts afresh
 
 
-@pytest.mark.parametrize("engine, jobs", [("batched", 1), ("processes", 1), ("processes", 2)])
+@pytest.mark.parametrize("engine, jobs", [("batched", 1), ("processes", 1), pytest.param("processes", 2, marks=pytest.mark.slow)])
 def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_store, tmp_path, caplog):
     """An lr too large for one cell does not end an overnight grid: its row says diverged, its error is kept, and
     a re-run reads it as done. Its advice names the lr as the grid's caller gave it (sweep['lr'], in this process
@@ -306,7 +306,7 @@ def test_a_cell_that_diverges_is_marked_and_the_others_finish(engine, jobs, toy_
     assert ran == []
 
 
-@pytest.mark.parametrize("engine, jobs, key", [("batched", 1, "lr"), ("processes", 2, "optim.lr")])
+@pytest.mark.parametrize("engine, jobs, key", [("batched", 1, "lr"), pytest.param("processes", 2, "optim.lr", marks=pytest.mark.slow)])
 def test_a_diverged_cell_names_an_lr_from_the_grid_file_by_the_file(engine, jobs, key, toy_store, tmp_path, capsys):
     """A grid file's [set] lr that diverged was advised as sweep['lr'] to fedcache.grid(config=...), and as
     --set lr on the command line: its user wrote it in the file. One the command line gave over the file is named

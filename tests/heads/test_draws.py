@@ -37,6 +37,7 @@ def test_a_head_without_a_layout_has_no_client_heads():
     assert ClientHeads.of(Plain(), 4, torch.Generator) is None
 
 
+@pytest.mark.slow
 def test_making_every_clients_draw_points_keeps_no_heads_in_memory():
     """Skipping a block's draws made a tensor a block, which the allocator kept once a freed 16 MB tensor had raised
     its mmap threshold (as any earlier step of a run may): every client's heads stayed in the process."""

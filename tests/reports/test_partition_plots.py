@@ -36,7 +36,7 @@ def _ink_in_plot(path) -> int:
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("clients, classes_each", [(10, 100), (1000, 100), (5000, 2)])
+@pytest.mark.parametrize("clients, classes_each", [(10, 100), (1000, 100), pytest.param(5000, 2, marks=pytest.mark.slow)])
 def test_who_holds_which_classes_shows_at_any_number_of_clients(tmp_path, clients, classes_each):
     """From 300 clients the bubbles were too small to draw: the figure was an empty grid. Then the heatmap's
     drawing averaged clients into pixels, and 5,000 clients of 2 classes each faded to white."""

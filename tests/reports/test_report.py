@@ -684,6 +684,7 @@ def test_a_grid_reached_first_through_a_link_to_its_cells_is_named_by_its_own_fo
     assert {r.setting["grid"] for r in runs} == {toy_grid.name, "c"}
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_as_the_report_is_put_in_place_waits_until_it_is(toy_grid, tmp_path, monkeypatch):
     """A Ctrl-C between the last figures' removal and the new ones' rename left report.md without its figures (and
     the message said the last report was kept)."""
