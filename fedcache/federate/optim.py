@@ -61,6 +61,7 @@ class StackedOptimizer:
     def step(self, params: Params, grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
         """One step of the active clients; each block of rows (one block unless RowOptim) on its own, so a
         block whose rows are all active is updated in place (views), as a single run's would be."""
+        _check_grads(params, grads, self.keys)
         start = 0
         for rows, cfg in self.parts:
             block = slice(start, start + rows)
@@ -118,6 +119,16 @@ class StackedOptimizer:
         for p, g, m, v in zip(ps, gs, ms, vs or [None] * len(ps)):  # general case: per-client step counts
             g = g.add(p, alpha=cfg.weight_decay) if cfg.weight_decay else g  # L2 decay in the gradient, as torch.optim does
             rule.update(cfg, p, g, m, v, t + 1)
+
+
+def _check_grads(params: Params, grads: dict[str, torch.Tensor], keys: tuple[str, ...]) -> None:
+    """A gradient unlike its parameter is a method's mistake: copied into a padded row it would be broadcast or
+    cast without a word, where the unpadded keys' kernels raise."""
+    for n in keys:
+        p, g = params[n], grads[n]
+        if g.shape != p.shape or g.dtype != p.dtype:
+            raise ValueError(f"the gradient of {n!r} is {tuple(g.shape)} {g.dtype}; its parameter is "
+                             f"{tuple(p.shape)} {p.dtype}")
 
 
 # torch's fused kernels compute a vector's width of elements at a time and a tensor's last numel % width elements

@@ -59,8 +59,13 @@ def _state(method: Method, info: ShardInfo, context: Context) -> dict[str, torch
 def identify(msg: Message, context: Context) -> Message:
     """Which client this node is, so the server can sample by client id as the in-process engine does."""
     _, info = _setup(context)
-    claim = ConfigRecord({"client": info.client, "partition-id": info.partition_id, "shards": info.sharding})
-    return Message(RecordDict({"client": claim}), reply_to=msg)
+    return Message(RecordDict({"client": claim(info)}), reply_to=msg)
+
+
+def claim(info: ShardInfo) -> ConfigRecord:
+    """Which client this node's shard is, said in every reply: a shard directory replaced during the run (a
+    process the node starts for a message loads it again) would otherwise train another client's rows unseen."""
+    return ConfigRecord({"client": info.client, "partition-id": info.partition_id, "shards": info.sharding})
 
 
 @app.train()
@@ -71,13 +76,13 @@ def train(msg: Message, context: Context) -> Message:
     with recording_losses() as losses:
         result = method.local_update(rnd, [info.client], down, _state(method, info, context))
     context.state[STATE] = to_record(result.states)
-    return Message(train_reply(result, losses), reply_to=msg)
+    return Message(RecordDict({**train_reply(result, losses), "client": claim(info)}), reply_to=msg)
 
 
 def train_reply(result: LocalResult, losses: list[torch.Tensor] = ()) -> RecordDict:
     """What a client sends after its local update: uploads, weight and its mean loss of each local-training
-    call (for the run's train_loss), arrays only. No client id: the server knows which client a node
-    serves (it asked once, in ``identify``)."""
+    call (for the run's train_loss), arrays only. The server knows which client a node serves (it asked in
+    ``identify``); the ``claim`` the ClientApp adds is only checked against it."""
     loss = torch.cat(list(losses)).float() if losses else torch.zeros(0)
     return RecordDict({"up": to_record(result.uploads), "weight": to_record({"w": result.weights}),
                        "loss": to_record({"loss": loss})})
@@ -100,4 +105,4 @@ def evaluate(msg: Message, context: Context) -> Message:
             logits = method.global_logits(server, x)
     hits = int((logits.argmax(-1) == y).sum())
     metrics = MetricRecord({"hits": hits, "n": len(rows)})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    return Message(RecordDict({"metrics": metrics, "client": claim(info)}), reply_to=msg)

@@ -77,6 +77,18 @@ def claimed_client(content: RecordDict, n_clients: int, partition_id: str, shard
     return int(k)
 
 
+Claimed = Callable[[RecordDict], int]  # the client a reply says its node serves (``claimed_client``), or BadReply
+
+
+def serves(content: RecordDict, k: int, claimed: Claimed) -> None:
+    """BadReply unless the reply of client ``k``'s node says it still serves client ``k``: replies are the
+    node's client's by the node's id, and a shard directory replaced during the run is another client's rows."""
+    said = claimed(content)
+    if said != k:
+        raise BadReply(f"its node joined as client {k} but now serves client {said}'s shard (its shard directory "
+                       f"was replaced during the run): give it client {k}'s directory again and restart its SuperNode")
+
+
 CLIENTAPP_FAILED = "its ClientApp failed:"  # a refused reply's reason, where Flower's is an error
 
 
@@ -111,14 +123,16 @@ class Accepted:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)  # client -> its mean loss of each local-training call
 
 
-def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], expected: Expected,
+def accept_train_replies(replies: Iterable[Any], client_of: dict[int, int], claimed: Claimed, expected: Expected,
                          train_sizes: list[int], probe: Callable[[int, Params, torch.Tensor], None] | None = None) -> Accepted:
-    """Check every reply of a round; ``client_of`` maps the node ids asked to their clients. ``probe``
-    (see ``aggregate_alone``) raises BadReply for a well-formed reply the server's own step cannot digest."""
+    """Check every reply of a round; ``client_of`` maps the node ids asked to their clients, ``claimed`` reads the
+    client a reply says its node serves (``serves``). ``probe`` (see ``aggregate_alone``) raises BadReply for a
+    well-formed reply the server's own step cannot digest."""
     by_client, refused, failed = from_known_nodes(replies, client_of)
     ok, rejected, losses = {}, dict(failed), {}
     for k, reply in sorted(by_client.items()):
         try:
+            serves(reply.content, k, claimed)
             ok[k] = read_train_reply(reply.content, expected, train_sizes[k])
             losses[k] = read_losses(reply.content)
             if probe is not None:
@@ -146,13 +160,14 @@ def aggregate_alone(method: Method, server: Params, rnd: int) -> Callable[[int, 
     return probe
 
 
-def accept_eval_replies(replies: Iterable[Any], client_of: dict[int, int],
+def accept_eval_replies(replies: Iterable[Any], client_of: dict[int, int], claimed: Claimed,
                         test_sizes: list[int]) -> tuple[dict[int, float], dict[int, str]]:
     """(client -> accuracy %, client -> why refused) of an evaluation's replies."""
     by_client, _, failed = from_known_nodes(replies, client_of)
     acc, rejected = {}, dict(failed)
     for k, reply in sorted(by_client.items()):
         try:
+            serves(reply.content, k, claimed)
             acc[k] = read_eval_reply(reply.content, test_sizes[k] if k < len(test_sizes) else None)
         except BadReply as e:
             rejected[k] = str(e)

@@ -58,8 +58,9 @@ class TooFewClientsError(FedcacheError, RuntimeError):
 
 @dataclass
 class Roster:
-    """Which node serves which client. A node says which client it serves once, when it connects; from
-    then on every reply is attributed by its node id, never by what the reply says. A claim is refused
+    """Which node serves which client. A node says which client it serves when it connects; from then on
+    every reply is attributed by its node id, never by what the reply says (a reply naming another client than
+    its node's is refused: ``replies.serves``). A claim is refused
     when the client is out of range, the node's shard is of another partition, or another connected
     node already serves it; refused nodes and nodes that failed to answer are not asked again (a node
     refused for a served client is, once that client's node is dropped)."""
@@ -75,6 +76,10 @@ class Roster:
     @property
     def client_of(self) -> dict[int, int]:
         return {node: k for k, node in self.node_of.items()}
+
+    def claimed(self, content: RecordDict) -> int:
+        """The client a node's message says it serves, if one of this federation's of the server's shards."""
+        return claimed_client(content, self.n, self.partition_id, self.sharding)
 
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
         """Ask new nodes who they are; returns the clients that (re)joined."""
@@ -97,7 +102,7 @@ class Roster:
                 self._refuse(node, f"{CLIENTAPP_FAILED} {reply.error.reason}")
                 continue
             try:
-                k = claimed_client(reply.content, self.n, self.partition_id, self.sharding)
+                k = self.claimed(reply.content)
             except BadReply as e:
                 self._refuse(node, str(e))
                 continue
@@ -224,8 +229,8 @@ class FlowerEngine(Engine):
         asked = {roster.node_of[k]: k for k in sampled if k in roster.node_of}
         msgs = [Message(content(), dst_node_id=node, message_type="train", group_id=str(rnd + 1)) for node in asked]
         replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
-        got = accept_train_replies(replies, asked, expected_reply(method, rnd, down), self.info.client_train_sizes,
-                                   aggregate_alone(method, state.server, rnd))
+        got = accept_train_replies(replies, asked, roster.claimed, expected_reply(method, rnd, down),
+                                   self.info.client_train_sizes, aggregate_alone(method, state.server, rnd))
         for k in sorted(set(sampled) - set(got.replies) - set(got.rejected)):
             roster.drop(k)  # no answer: its node is gone (a restarted one is asked who it is)
         return got
@@ -237,7 +242,7 @@ class FlowerEngine(Engine):
         msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate") for node in client_of]
         self.evaluation_bytes_down += len(msgs) * tensor_size(state.server)[1]
         replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
-        acc, rejected = accept_eval_replies(replies, client_of, self.info.client_test_sizes)
+        acc, rejected = accept_eval_replies(replies, client_of, self.roster.claimed, self.info.client_test_sizes)
         for k, why in rejected.items():
             log.warning("client %d's evaluation refused: %s", k, why)
         per_client = np.array([acc[k] for k in sorted(acc)])

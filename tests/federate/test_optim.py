@@ -68,6 +68,20 @@ def test_non_contiguous_gradients_are_applied_correctly():
         torch.testing.assert_close(a["w"], b["w"], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("grad", [torch.ones(1, 10), torch.ones(3, 1, 10, dtype=torch.float64), torch.ones(3, 2, 5)],
+                         ids=["broadcast", "float64", "reshaped"])
+def test_a_gradient_unlike_its_parameter_is_refused(grad):
+    """A bias of 10 classes goes to the kernels through a padded buffer, whose copy would broadcast, cast or
+    reshape such a gradient without a word."""
+    from fedcache.federate.optim import StackedOptimizer
+
+    p = {"b": torch.zeros(3, 1, 10)}
+    for cfg in (OptimConfig("sgd", 0.1), OptimConfig("adam", 0.1)):
+        with pytest.raises(ValueError, match="the gradient of 'b' is .*; its parameter is \\(3, 1, 10\\)"):
+            StackedOptimizer(p, cfg).step(p, {"b": grad}, torch.tensor([True, True, True]))
+    assert torch.equal(p["b"], torch.zeros(3, 1, 10))
+
+
 def test_every_optimizer_name_has_an_update_rule():
     """OptimConfig names the optimizers without importing torch (help texts); federate/optim.py's registry
     holds their rules: the two lists are one."""

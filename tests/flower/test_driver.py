@@ -407,6 +407,31 @@ def test_a_client_whose_clientapp_failed_once_is_left_out_of_that_round_only_and
     assert summary["evaluated_clients"] == [0, 1, 2]  # which clients per_client_accuracy holds
 
 
+class ShardReplaced(DirectGrid):
+    """After round 1, client 0's node finds client 1's shard where its own was (its directory replaced) and, as a
+    process started for a message would, loads it."""
+
+    def send_and_receive(self, messages, timeout=None):
+        if any(m.metadata.message_type == "train" and m.metadata.group_id == "2" for m in messages):
+            self.contexts[100].node_config["shard"] = self.contexts[101].node_config["shard"]
+            client._client.cache_clear()
+        return super().send_and_receive(messages, timeout)
+
+
+def test_a_node_whose_shard_was_replaced_during_the_run_is_refused_not_trained_as_its_client(shards, tmp_path):
+    """Identity was asked once, as the node joined: from round 2 on client 1's rows were trained and scored as
+    client 0's, and nothing said so."""
+    run = _run(rounds=3, eval_every=1, fraction=1.0, min_clients=2)
+    client._client.cache_clear()
+    server.serve(ShardReplaced([client_dir(shards, k) for k in range(3)], run), run, ServerPaths(shards / SERVER, tmp_path))
+    rounds = _lines(tmp_path / "rounds.jsonl")
+    assert [r["clients"] for r in rounds] == [[0, 1, 2], [1, 2], [1, 2]]
+    assert all("joined as client 0 but now serves client 1's shard" in r["rejected"]["0"] for r in rounds[1:]), rounds
+    metrics = _lines(tmp_path / "metrics.jsonl")
+    assert [m["evaluated"] for m in metrics] == [[0, 1, 2], [1, 2], [1, 2]]
+    assert "now serves client 1's shard" in metrics[-1]["eval_rejected"]["0"]
+
+
 class FailingAlways(DirectGrid):
     """Client 2's ClientApp raises at every training message (its weights file is missing, say)."""
 

@@ -35,12 +35,23 @@ class Reply:
     content: RecordDict
     error: SimpleNamespace | None = None  # as Flower's Error: code, reason
 
+    def __post_init__(self) -> None:
+        if self.node in NODE and "client" not in self.content:  # what the node's ClientApp says in every reply
+            self.content = RecordDict({**self.content, "client": _said(NODE[self.node])})
+
     @property
     def metadata(self):
         return SimpleNamespace(src_node_id=self.node)
 
     def has_error(self) -> bool:
         return self.error is not None
+
+
+def _said(k, partition: str = "p1") -> ConfigRecord:
+    return ConfigRecord({"client": k, "partition-id": partition})
+
+
+CLAIMED = Roster(3, "p1").claimed  # the server's reading of what a reply says its node serves
 
 
 def _methods(name: str = "fedavg"):
@@ -61,7 +72,7 @@ def setting(request):
 
 
 def _accept(server, down, replies):
-    return accept_train_replies(replies, NODE, expected_reply(server, 0, down), SIZES)
+    return accept_train_replies(replies, NODE, CLAIMED, expected_reply(server, 0, down), SIZES)
 
 
 def _with(result, **uploads):
@@ -86,16 +97,36 @@ def test_honest_replies_are_accepted_as_sent(setting):
 
 
 def test_identity_is_the_node_not_what_the_reply_says(setting):
-    """Node 103 serves client 2: a client id in its reply changes nothing; unknown nodes and repeats are refused."""
+    """Node 103 serves client 2: a reply saying client 0 is never taken for client 0's (refused, as its shard may
+    have been replaced); unknown nodes and repeats are refused."""
     server, down, honest = setting
     liar = train_reply(honest[2])
-    liar["client"] = ConfigRecord({"client": 0})
+    liar["client"] = _said(0)
     replies = [Reply(101, train_reply(honest[0])), Reply(103, liar), Reply(999, train_reply(honest[1])),
                Reply(101, train_reply(honest[1]))]
     got = _accept(server, down, replies)
-    assert sorted(got.replies) == [0, 2]
+    assert sorted(got.replies) == [0] and list(got.rejected) == [2]
+    assert "joined as client 2 but now serves client 0's shard" in got.rejected[2]
     assert torch.equal(got.replies[0][0][next(iter(honest[0].uploads))], honest[0].uploads[next(iter(honest[0].uploads))])
     assert [r["node"] for r in got.refused_nodes] == [999, 101]
+
+
+@pytest.mark.parametrize("said, why", [(None, "no 'client' record"), (_said(1), "joined as client 0 but now serves client 1"),
+                                       (_said(0, "p2"), "partition 'p2'"), (_said(7), "clients 0..2")])
+def test_a_reply_whose_node_no_longer_serves_its_client_is_refused_for_the_round(setting, said, why):
+    """Its shard directory replaced during the run (a process the node starts for a message loads it again): it
+    trains and scores another client's rows, which the server took for its client's."""
+    server, down, honest = setting
+    replies = _honest(honest)
+    scores = [Reply(node, RecordDict({"metrics": MetricRecord({"hits": 1, "n": SIZES[k]})})) for node, k in NODE.items()]
+    for reply in (replies[0], scores[0]):
+        del reply.content["client"]
+        if said is not None:
+            reply.content["client"] = said
+    got = _accept(server, down, replies)
+    assert sorted(got.replies) == [1, 2] and why in got.rejected[0], got.rejected
+    acc, rejected = accept_eval_replies(scores, NODE, CLAIMED, SIZES)
+    assert sorted(acc) == [1, 2] and why in rejected[0], rejected
 
 
 @pytest.mark.parametrize("weight, why", [(1e9, "between 1 and"), (0.0, "between 1 and"), (-5.0, "between 1 and"),
@@ -230,7 +261,8 @@ def test_a_finite_upload_that_would_overflow_the_aggregate_is_rejected():
     replies = _honest(honest)
     big = torch.full_like(honest[1].uploads["protos"], 3e38)
     replies[1] = Reply(102, train_reply(_with(honest[1], protos=big)))
-    got = accept_train_replies(replies, NODE, expected_reply(server, 0, down), SIZES, aggregate_alone(server, state, 0))
+    got = accept_train_replies(replies, NODE, CLAIMED, expected_reply(server, 0, down), SIZES,
+                               aggregate_alone(server, state, 0))
     assert sorted(got.replies) == [0, 2] and "NaN or inf" in got.rejected[1]
     assert not _accept(server, down, replies).rejected  # well-formed: only the probe catches it
 
@@ -311,10 +343,10 @@ def test_evaluation_replies_are_attributed_by_node_and_checked():
     def ev(node, hits, n, **extra):
         return Reply(node, RecordDict({"metrics": MetricRecord({"hits": hits, "n": n, **extra})}))
 
-    acc, rejected = accept_eval_replies([ev(101, 15, 30, client=2), ev(102, 25, 20), ev(103, 5, 7)], NODE, SIZES)
+    acc, rejected = accept_eval_replies([ev(101, 15, 30, client=2), ev(102, 25, 20), ev(103, 5, 7)], NODE, CLAIMED, SIZES)
     assert acc == {0: 50.0} and sorted(rejected) == [1, 2]
     assert "0 <= hits <= n" in rejected[1] and "holds 10" in rejected[2]
-    acc, rejected = accept_eval_replies([ev(101, 1.5, 30)], NODE, SIZES)
+    acc, rejected = accept_eval_replies([ev(101, 1.5, 30)], NODE, CLAIMED, SIZES)
     assert acc == {} and "whole numbers" in rejected[0]
 
 
