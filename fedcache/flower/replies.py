@@ -1,7 +1,8 @@
 """What the ServerApp accepts from a node. A reply is checked against what the server itself knows
 before anything in it is used, because anyone holding a SuperNode can send anything:
 
-- who a reply is from is the server's own node -> client mapping, never a client id the reply names;
+- who a reply is from is the server's own node -> client mapping, never a client id the reply names; a reply
+  saying it used another client's shard than its node's (its shard directory replaced) is refused (``serves``);
 - an upload must have exactly the names, shapes and dtypes the server's own dry run of the client
   step gives (``expected_reply``), and only finite values;
 - an aggregation weight is a row count: between 1 and the client's training-row count as the server's
@@ -80,13 +81,23 @@ def claimed_client(content: RecordDict, n_clients: int, partition_id: str, shard
 Claimed = Callable[[RecordDict], int]  # the client a reply says its node serves (``claimed_client``), or BadReply
 
 
+UNSAID = "it does not say which client's shard it used"  # refused reasons, by which _repair advises
+OTHER_SHARD = "the shard it used is not its node's client's:"
+
+
 def serves(content: RecordDict, k: int, claimed: Claimed) -> None:
-    """BadReply unless the reply of client ``k``'s node says it still serves client ``k``: replies are the
-    node's client's by the node's id, and a shard directory replaced during the run is another client's rows."""
-    said = claimed(content)
+    """BadReply unless the reply of client ``k``'s node says it still used client ``k``'s shard: replies are the
+    node's client's by the node's id, and a shard directory replaced during the run is another client's rows (a
+    fresh ClientApp process loads the shard for each message)."""
+    if "client" not in content:
+        raise BadReply(f"{UNSAID} (its node runs an older fedcache than the server's: install the server's there)")
+    try:
+        said = claimed(content)
+    except BadReply as e:
+        raise BadReply(f"{OTHER_SHARD} {e}") from None
     if said != k:
-        raise BadReply(f"its node joined as client {k} but now serves client {said}'s shard (its shard directory "
-                       f"was replaced during the run): give it client {k}'s directory again and restart its SuperNode")
+        raise BadReply(f"{OTHER_SHARD} its node joined as client {k} but now serves client {said}'s shard (its shard "
+                       f"directory was replaced during the run): give it client {k}'s directory again")
 
 
 CLIENTAPP_FAILED = "its ClientApp failed:"  # a refused reply's reason, where Flower's is an error

@@ -38,8 +38,8 @@ from fedcache.federate.methods.base import tensor_size
 from fedcache.flower.config import (SERVER_ENV, SUBMIT_ANEW, FlowerRun, ServerPaths, build_method, deployed,
                                      refuse_resume_with_client_state)
 from fedcache.flower.protocol import to_record
-from fedcache.flower.replies import (CLIENTAPP_FAILED, Accepted, BadReply, accept_eval_replies, accept_train_replies,
-                                     aggregate_alone, claimed_client, expected_reply)
+from fedcache.flower.replies import (CLIENTAPP_FAILED, OTHER_SHARD, UNSAID, Accepted, BadReply, accept_eval_replies,
+                                     accept_train_replies, aggregate_alone, claimed_client, expected_reply)
 from fedcache.flower.shard import ShardInfo, load_server
 from fedcache.heads import Params
 from fedcache.ownership import hold
@@ -78,7 +78,8 @@ class Roster:
         return {node: k for k, node in self.node_of.items()}
 
     def claimed(self, content: RecordDict) -> int:
-        """The client a node's message says it serves, if one of this federation's of the server's shards."""
+        """The client a node's message says it serves (BadReply unless a client of this federation, on a shard of
+        the server's partition and sharding)."""
         return claimed_client(content, self.n, self.partition_id, self.sharding)
 
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
@@ -298,13 +299,19 @@ def accepted_round(fed: FlowerEngine, rnd: int, sampled: list[int], got: Accepte
     return record, Round(clients, LocalResult({}, stacked, torch.cat([got.replies[k][1] for k in clients])), losses)
 
 
+# Refused replies a restart does not mend, by how their reason starts: a failing ClientApp starts again as it was
+# (missing weights, another data_root); a replaced shard directory is loaded again by the next message's process.
+_MEND = {CLIENTAPP_FAILED: "fix what their ClientApps report", OTHER_SHARD: "give their nodes their own shard directories back",
+         UNSAID: "install the server's fedcache on their nodes"}
+
+
 def _repair(dropped: list[int], rejected: dict[int, str]) -> str:
-    """What brings the clients of a round back: a silent node is restarted; a failing ClientApp, which a restart
-    starts again as it was (missing weights, another data_root), is fixed as it says."""
-    failed = [k for k, why in rejected.items() if why.startswith(CLIENTAPP_FAILED)]
+    """What brings the clients of a round back: a silent node, or one whose replies were malformed, is restarted;
+    the others are mended as their reasons say (``_MEND``)."""
+    mends = {k: next((m for start, m in _MEND.items() if why.startswith(start)), None) for k, why in rejected.items()}
     silent = [k for k in dropped if k not in rejected]
-    said = ["restart their SuperNodes"] if silent or len(failed) < len(rejected) else []
-    return " and ".join(said + (["fix what their ClientApps report"] if failed else []))
+    said = ["restart their SuperNodes"] if silent or None in mends.values() else []
+    return " and ".join(said + [m for m in _MEND.values() if m in mends.values()])
 
 
 def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last",

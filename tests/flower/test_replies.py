@@ -19,7 +19,7 @@ from fedcache.federate.methods.base import weighted_average
 from fedcache.flower.client import train_reply
 from fedcache.flower.config import FlowerRun, build_method
 from fedcache.flower.replies import MAX_LOSSES, accept_eval_replies, accept_train_replies, aggregate_alone, expected_reply
-from fedcache.flower.server import FlowerEngine, Roster, TooFewClientsError, accepted_round
+from fedcache.flower.server import FlowerEngine, Roster, TooFewClientsError, _repair, accepted_round
 from fedcache.flower.shard import ShardInfo
 from tests.federate.conftest import synthetic
 
@@ -111,8 +111,12 @@ def test_identity_is_the_node_not_what_the_reply_says(setting):
     assert [r["node"] for r in got.refused_nodes] == [999, 101]
 
 
-@pytest.mark.parametrize("said, why", [(None, "no 'client' record"), (_said(1), "joined as client 0 but now serves client 1"),
-                                       (_said(0, "p2"), "partition 'p2'"), (_said(7), "clients 0..2")])
+@pytest.mark.parametrize("said, why", [
+    (None, "it does not say which client's shard it used (its node runs an older fedcache than the server's"),
+    (_said(1), "the shard it used is not its node's client's: its node joined as client 0 but now serves client 1's "
+               "shard (its shard directory was replaced during the run): give it client 0's directory again"),
+    (_said(0, "p2"), "the shard it used is not its node's client's: serves a shard of partition 'p2'"),
+    (_said(7), "the shard it used is not its node's client's: claims client 7, but the federation has clients 0..2")])
 def test_a_reply_whose_node_no_longer_serves_its_client_is_refused_for_the_round(setting, said, why):
     """Its shard directory replaced during the run (a process the node starts for a message loads it again): it
     trains and scores another client's rows, which the server took for its client's."""
@@ -127,6 +131,8 @@ def test_a_reply_whose_node_no_longer_serves_its_client_is_refused_for_the_round
     assert sorted(got.replies) == [1, 2] and why in got.rejected[0], got.rejected
     acc, rejected = accept_eval_replies(scores, NODE, CLAIMED, SIZES)
     assert sorted(acc) == [1, 2] and why in rejected[0], rejected
+    advice = "install the server's fedcache on their nodes" if said is None else "give their nodes their own shard directories back"
+    assert _repair([0], got.rejected) == advice  # a restarted SuperNode would load the same shard again
 
 
 @pytest.mark.parametrize("weight, why", [(1e9, "between 1 and"), (0.0, "between 1 and"), (-5.0, "between 1 and"),
