@@ -122,8 +122,8 @@ class StackedOptimizer:
 
 
 def _check_grads(params: Params, grads: dict[str, torch.Tensor], keys: tuple[str, ...]) -> None:
-    """A gradient unlike its parameter is a method's mistake: copied into a padded row it would be broadcast or
-    cast without a word, where the unpadded keys' kernels raise."""
+    """A gradient unlike its parameter is a method's mistake, which the kernels broadcast without a word (and a
+    padded row's copy casts: an unpadded key's kernel raises on another dtype)."""
     for n in keys:
         p, g = params[n], grads[n]
         if g.shape != p.shape or g.dtype != p.dtype:

@@ -80,6 +80,9 @@ def test_a_gradient_unlike_its_parameter_is_refused(grad):
         with pytest.raises(ValueError, match="the gradient of 'b' is .*; its parameter is \\(3, 1, 10\\)"):
             StackedOptimizer(p, cfg).step(p, {"b": grad}, torch.tensor([True, True, True]))
     assert torch.equal(p["b"], torch.zeros(3, 1, 10))
+    w = {"w": torch.zeros(3, 1, 64)}  # unpadded: the kernels themselves broadcast one
+    with pytest.raises(ValueError, match="the gradient of 'w' is \\(1, 64\\)"):
+        StackedOptimizer(w, OptimConfig("adam", 0.1)).step(w, {"w": torch.ones(1, 64)}, torch.tensor([True, True, True]))
 
 
 def test_every_optimizer_name_has_an_update_rule():
