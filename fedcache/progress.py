@@ -122,6 +122,7 @@ class _Task:
     printed_step: int = -1
     printed_at: float = 0.0
     printed_total: float | None = None  # the total its last line said: a new end after one said is said too
+    printed_count: float = 0.0  # the count its last line said
 
 
 class PlainProgress:
@@ -132,10 +133,14 @@ class PlainProgress:
     def __enter__(self) -> "PlainProgress":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         for task in self.tasks:  # an end held back by min_interval (a total grown again) is said as the work ends
             if task.total and task.completed >= task.total and not self._said_done(task):
                 self._print(task, self.clock())
+            elif kind is not None and task.completed != task.printed_count:
+                # Stopped (Ctrl-C, an error): a log's last line said where the work was up to 10 s before, a run's
+                # first line "0/3000" although 454 rounds had been checkpointed.
+                self.console.print(self.line(task, self.clock(), stopped=True), highlight=False, soft_wrap=True)
 
     def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
         self.tasks.append(_Task(description, total, fields, start=self.clock(), completed=completed, first=completed))
@@ -179,19 +184,21 @@ class PlainProgress:
     def _print(self, task: _Task, now: float) -> None:
         done = bool(task.total) and task.completed >= task.total
         step = 10 if done else (int(10 * task.completed / task.total) if task.total else 0)
-        task.printed_step, task.printed_at, task.printed_total = step, now, task.total
+        task.printed_step, task.printed_at, task.printed_total, task.printed_count = step, now, task.total, task.completed
         self.console.print(self.line(task, now), highlight=False, soft_wrap=True)
 
-    def line(self, task: _Task, now: float) -> str:
+    def line(self, task: _Task, now: float, stopped: bool = False) -> str:
         extra = " ".join(str(v) for v in task.fields.values() if v)
-        if not task.total:
-            count = f"{_number(task.completed)} done" if task.completed else "started"
-            return " ".join(filter(None, [task.description, count, extra]))
         elapsed = now - task.start
-        parts = [task.description, f"{_number(task.completed)}/{_number(task.total)} ({100 * task.completed / task.total:.0f}%)"]
-        if task.first < task.completed < task.total and elapsed > 0:
+        if not task.total:
+            parts = [task.description, f"{_number(task.completed)} done" if task.completed else "started"]
+        else:
+            parts = [task.description, f"{_number(task.completed)}/{_number(task.total)} ({100 * task.completed / task.total:.0f}%)"]
+        if stopped:
+            parts.append(f"stopped after {_duration(elapsed)}")
+        elif task.total and task.first < task.completed < task.total and elapsed > 0:
             parts.append(f"ETA {_duration(elapsed * (task.total - task.completed) / (task.completed - task.first))}")
-        elif task.completed >= task.total:
+        elif task.total and task.completed >= task.total:
             parts.append(f"in {_duration(elapsed)}")
         return " ".join(parts + ([extra] if extra else []))
 

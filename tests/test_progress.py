@@ -110,6 +110,39 @@ def test_new_ends_in_quick_succession_wait_as_tenths_do_and_the_last_is_said_on_
     assert ends == ["8/8", "13/13", "14/14"]  # the first at once, then one per 5 s, the last as the work ends
 
 
+def test_work_stopped_part_way_says_where_it_stopped():
+    """Ctrl-C in a log: the last line said "0/3000" although 265 rounds were checkpointed (lines held back by
+    min_interval); it now says the count the work stopped at. Nothing more where the last line said it already."""
+    out, clock = io.StringIO(), Clock()
+    try:
+        with PlainProgress(Console(file=out, width=200), min_interval=10, clock=clock) as progress:
+            rounds = progress.add_task("fedavg rounds", total=3000, acc="")
+            cells = progress.add_task("grid", total=None)
+            for done in range(1, 266):
+                clock.t += 0.03
+                progress.update(rounds, completed=done, acc=f"acc {done / 10:.1f}%")
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert out.getvalue().splitlines() == ["fedavg rounds 0/3000 (0%)", "grid started",
+                                           "fedavg rounds 265/3000 (9%) stopped after 8s acc 26.5%"]
+
+
+def test_work_that_ends_or_stops_where_its_last_line_said_adds_no_stopped_line():
+    out, clock = io.StringIO(), Clock()
+    with PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock) as progress:
+        task = progress.add_task("rows", total=4)
+        progress.update(task, completed=2)
+    try:
+        with PlainProgress(Console(file=out, width=200), min_interval=0, clock=clock) as progress:
+            task = progress.add_task("rows", total=4)
+            progress.update(task, completed=2)
+            raise RuntimeError("failed")
+    except RuntimeError:
+        pass
+    assert "stopped" not in out.getvalue()
+
+
 def test_counts_of_millions_are_written_in_full():
     """An import's rows: ``:g`` wrote 1,100,000 as ``1.1e+06``."""
     out, clock = io.StringIO(), Clock()
