@@ -67,6 +67,8 @@ class StackedOptimizer:
             block = slice(start, start + rows)
             start += rows
             live = active[block]
+            if rows == 0:  # a stack (or a federation of a stack) of no clients: all() of nothing is True
+                continue
             if bool(live.all()):  # the common case
                 self._step_rows(cfg, params, grads, block)
             elif bool(live.any()):

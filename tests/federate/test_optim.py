@@ -41,6 +41,19 @@ def test_inactive_clients_are_untouched():
     assert opt.t.tolist() == [1.0, 0.0, 1.0]
 
 
+def test_a_block_of_no_rows_is_a_step_of_nothing():
+    """A stack of no clients (or a RowOptim part of none) took t[0] of an empty tensor: IndexError."""
+    from fedcache.federate.optim import RowOptim, StackedOptimizer
+
+    empty = {"w": torch.ones(0, 2), "b": torch.ones(0, 10)}
+    StackedOptimizer(empty, OptimConfig("adam", 0.1)).step(empty, {"w": torch.ones(0, 2), "b": torch.ones(0, 10)},
+                                                            torch.ones(0, dtype=torch.bool))
+    p = {"w": torch.ones(2, 2)}
+    parts = RowOptim(((0, OptimConfig("sgd", 0.1)), (2, OptimConfig("sgd", 0.5))))
+    StackedOptimizer(p, parts).step(p, {"w": torch.ones(2, 2)}, torch.ones(2, dtype=torch.bool))
+    torch.testing.assert_close(p["w"], torch.full((2, 2), 0.5), atol=1e-3, rtol=0)  # the second part's lr
+
+
 def test_a_torch_without_fused_kernels_is_detected_once(monkeypatch):
     from fedcache.federate import optim
 
