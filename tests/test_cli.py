@@ -797,6 +797,24 @@ def test_methods_name_shows_every_setting_with_its_default_and_range(capsys):
     assert "unknown method 'nope'" in capsys.readouterr().err
 
 
+def test_backbones_name_says_what_it_takes_and_how_it_gets_its_weights(capsys):
+    """`fedcache backbones NAME` was refused ("unexpected extra argument") where `datasets NAME` and `methods NAME`
+    answer, though a backbone's checkpoint instructions (FedPCL's ResNet18s) were in no listing's column whole."""
+    from fedcache.cli import main
+    from fedcache.extract.backbones import BACKBONES
+
+    assert main(["backbones", "resnet18-quickdraw"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("resnet18-quickdraw: ResNet18 trained on Meta-Dataset QuickDraw")
+    assert "embedding 512-d; images 64x64 unless" in out and "text tower: none" in out
+    assert "weights: " + " ".join(BACKBONES.get("resnet18-quickdraw").weights_help.split()) in out
+    assert main(["backbones", "tiny-clip-random"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "32x32 only" in out and "text tower: yes" in out and "weights: RANDOM, " in out
+    assert main(["backbones", "clip-rn5"]) == 2
+    assert "unknown backbone 'clip-rn5'" in capsys.readouterr().err
+
+
 def test_datasets_name_says_how_to_get_it(capsys):
     """`fedcache datasets` had no word of how to get a dataset, though digit5's instructions (and the docs) sent
     their reader there for each of its domains."""

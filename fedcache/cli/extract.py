@@ -77,10 +77,14 @@ _WEIGHTS_FROM = {
 }
 
 
-def backbones() -> None:
-    """List the backbones, their embedding size and where their weights come from."""
+def backbones(name: Optional[str] = typer.Argument(None, help="a backbone: show what it is and how it gets its weights")) -> None:
+    """List the backbones, their embedding size and where their weights come from, or one backbone
+    (`fedcache backbones clip-rn50`)."""
     from fedcache.extract.backbones import BACKBONES
 
+    if name is not None:
+        _backbone(BACKBONES.get(name))
+        return
     table = Table(box=None)
     table.add_column("name", no_wrap=True, min_width=18)
     for col in ("source", "dim", "input", "text"):
@@ -92,3 +96,25 @@ def backbones() -> None:
     print_table(table, flexible="weights (from)")
     for prefix, help_text in BACKBONES.prefixes().items():
         console.print(f"also: [bold]{help_text}[/]")
+
+
+def _backbone(spec) -> None:
+    """One backbone: what it is, the images it takes, whether it has a text tower, and how it gets its weights."""
+    def say(text: str) -> None:
+        console.print(text, highlight=False, soft_wrap=True, markup=False)
+
+    say(f"{spec.name}: {spec.description}")
+    say(f"source {spec.source}, architecture {spec.arch}, weights {spec.weights}")
+    size = f"{spec.input_size}x{spec.input_size} " + ("only (its positional embeddings are fixed)" if spec.fixed_size
+                                                     else "unless the dataset or --image-size says otherwise")
+    say(f"embedding {spec.embed_dim}-d; images {size}, resized {spec.interpolation}, normalised with mean "
+        f"{_three(spec.mean)} and std {_three(spec.std)}")
+    say("text tower: yes, the class names' text embeddings are extracted beside the images" if spec.has_text
+        else "text tower: none")
+    weights = spec.weights_help or _WEIGHTS_FROM[spec.source]
+    say(f"weights: {'RANDOM, ' if spec.random_weights else ''}{weights}")
+
+
+def _three(values: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{v:.3g}" for v in values) + ")"
+
