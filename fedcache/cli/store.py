@@ -209,15 +209,19 @@ def store_upgrade(store: Path = StoreOpt) -> None:
     Checked chunk by chunk. Run it while nothing else writes to the store."""
     from fedcache.store.upgrade import upgrade_store
 
-    colours = {"upgraded": "green", "current": "dim", "skipped": "yellow"}
+    colours = {"upgraded": "green", "skipped": "yellow"}
 
     def said(r) -> None:
+        if r.status == "current":  # counted at the end: a current store's upgrade was a line per entry, all "current"
+            return
         console.print(f"{r.entry_id} {escape(r.label)}: [{colours[r.status]}]{r.status}[/]"
                       + (f" ({escape(r.detail)})" if r.detail else ""), highlight=False)
 
     results = upgrade_store(_open_store(store), said)
-    skipped = sum(r.status == "skipped" for r in results)
-    console.print(f"{sum(r.status == 'upgraded' for r in results)} entries upgraded, {skipped} skipped", highlight=False)
+    count = {status: sum(r.status == status for r in results) for status in ("upgraded", "skipped", "current")}
+    console.print(f"{count['upgraded']} entries upgraded, {count['skipped']} skipped, {count['current']} in the "
+                  "current format already", highlight=False)
+    skipped = count["skipped"]
     if skipped:
         raise typer.Exit(1)
 
