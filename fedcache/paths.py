@@ -98,8 +98,18 @@ def writable_dir(path: Path | str, option: str, advice: str = WRITE_ELSEWHERE) -
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path} is a file; give a directory (it is created if missing)")
+    _check_no_dangling_link(path, option)
     _check_below(path, path, option, advice)
     return path
+
+
+def _check_no_dangling_link(path: Path, option: str) -> None:
+    """A link to nothing on the way: mkdir refused it as "File exists", which the command said as it was."""
+    for link in (path, *path.parents):
+        if link.is_symlink() and not link.exists():
+            at = "" if link == path else f": {link} in it"
+            raise ConfigError(f"{option} {path}{at} is a symbolic link to {os.readlink(link)}, which does not exist; "
+                              "create that directory, or give another")
 
 
 # What a file system refuses: another user's file or folder (EACCES, EPERM), or a read-only mount (EROFS, which is
@@ -196,14 +206,24 @@ def store_holding(path: Path | str) -> Path | None:
 def check_outside(out: Path | str) -> None:
     """An output directory outside every feature store and grid directory: written into a store, its files sat
     among the store's; into another grid (its ``cells/``, say), a report of that grid counted them as its own."""
-    out = Path(out).resolve()  # a link into a store or a grid is inside it
-    given = named(f"--out {out}", f"out={str(out)!r}")
+    check_outside_stores(out)
+    out = Path(out).resolve()  # a link into a grid is inside it
+    for parent in out.parents:
+        if (parent / GRID).is_file():
+            raise ConfigError(f"{_given_out(out)} is inside the grid directory {parent}, which writes its cells itself; "
+                              "choose a directory outside it")
+
+
+def check_outside_stores(out: Path | str) -> None:
+    """An output directory outside every feature store (a report's too: its files sat among the store's)."""
+    out = Path(out).resolve()  # a link into a store is inside it
     for parent in (out, *out.parents):
         if is_store(parent):
-            raise ConfigError(f"{given} is inside the feature store {parent}; choose a directory outside it")
-        if parent != out and (parent / GRID).is_file():
-            raise ConfigError(f"{given} is inside the grid directory {parent}, which writes its cells itself; "
-                              "choose a directory outside it")
+            raise ConfigError(f"{_given_out(out)} is inside the feature store {parent}; choose a directory outside it")
+
+
+def _given_out(out: Path) -> str:
+    return named(f"--out {out}", f"out={str(out)!r}")
 
 
 def _check_below(target: Path, path: Path, option: str, advice: str = WRITE_ELSEWHERE) -> None:

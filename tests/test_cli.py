@@ -1,6 +1,7 @@
 """The command line: exit codes, one-line errors, listings, and the store subcommands."""
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -438,12 +439,38 @@ def test_an_interrupted_train_says_how_to_go_on(capsys, store_path, monkeypatch)
     out.mkdir()
     code, _, err = run(capsys, *argv, "--out", str(out))  # a folder the user made: it stays, checkpoint-less
     assert code == 130 and f"no round had finished, so {out} holds no checkpoint; re-run the same command" in err
-    (out / "checkpoint.pt").write_bytes(b"")
+    def checkpointed_then_interrupted(spec):  # as a run interrupted after its first round
+        if spec.engine.out is not None:
+            (Path(spec.engine.out) / "checkpoint.pt").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(train_cli.ENGINES, "in-process", checkpointed_then_interrupted)
     for given in (["--out", str(out)], [f"--out={out}"], ["-o", str(out)], [f"-o{out}"]):
+        (out / "checkpoint.pt").unlink(missing_ok=True)
         code, _, err = run(capsys, *argv, *given)
         assert code == 130 and "re-run the command with --resume to continue" in err, given
     code, _, err = run(capsys, *argv)
     assert code == 130 and "the run had no --out, so nothing of it was kept" in err
+
+
+def test_an_interrupted_train_whose_folder_holds_an_earlier_run_does_not_send_to_resume_it(capsys, store_path, monkeypatch):
+    """--overwrite (or a finished run's folder given again) stopped before its first round: "re-run with --resume"
+    continued the other run, or was refused as other options (seed 0 there, 1 here)."""
+    import os
+
+    import fedcache.cli.train as train_cli
+
+    monkeypatch.setitem(train_cli.ENGINES, "in-process", _interrupt)
+    out = store_path.parent / "r"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+    os.utime(out / "checkpoint.pt", (1e9, 1e9))  # the earlier run's
+    argv = ["train", "--store", str(store_path), "-d", "test-toy", "-b", "tiny-timm-random", "-m", "fedavg", "-o", str(out)]
+    code, _, err = run(capsys, *argv, "--overwrite")
+    assert code == 130 and (f"no round had finished: the checkpoint in {out} is of the run that was there before this "
+                            "command; re-run the same command") in " ".join(err.split())
+    code, _, err = run(capsys, *argv, "--resume")  # its own checkpoint is the one to go on from
+    assert code == 130 and "re-run the command with --resume to continue" in err
 
 
 def test_train_resume_of_a_folder_that_does_not_exist_says_so(capsys, store_path):

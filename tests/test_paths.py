@@ -133,6 +133,22 @@ def test_a_file_given_as_an_output_directory(command, toy_store, tmp_path, capsy
     _expect_one_clear_error(capsys, argv, option, "is a file; give a directory")
 
 
+@pytest.mark.parametrize("command", ["train", "grid", "shard", "flower-app", "report", "reproduce"])  # directories
+def test_a_link_to_nothing_given_as_an_output_directory(command, toy_store, tmp_path, capsys):
+    """mkdir refused it as "File exists", said as the OS said it, with no word of the link."""
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    argv, option = _commands(toy_store, tmp_path / "gone")[command]
+    _expect_one_clear_error(capsys, argv, option, f"is a symbolic link to {tmp_path / 'nowhere'}, which does not exist")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_link_to_nothing_above_an_output_directory_is_named(tmp_path):
+    (tmp_path / "gone").symlink_to("nowhere")
+    with pytest.raises(ConfigError, match=f"--out {tmp_path}/gone/runs/a: {tmp_path}/gone in it is a symbolic link to "
+                                          "nowhere, which does not exist"):
+        writable_dir(tmp_path / "gone" / "runs" / "a", "--out")
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_read_only_directory(command, toy_store, tmp_path, capsys, monkeypatch):
     ro = tmp_path / "ro"

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -139,6 +140,7 @@ def _log_level() -> str:
 
 def _command(argv: list[str] | None) -> int:
     mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
+    started = time.time()  # what this command wrote is newer (said on an interrupt)
     debug = debugging()
     empty = _empty_argument(sys.argv[1:] if argv is None else argv)
     if empty:
@@ -172,7 +174,7 @@ def _command(argv: list[str] | None) -> int:
         return 1
     code = code if isinstance(code, int) else 0
     if code == INTERRUPTED:
-        err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv)}")
+        err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv, started)}")
     return code
 
 
@@ -258,7 +260,7 @@ NOTHING_TO_RESUME = {
 }
 
 
-def _how_to_go_on(argv: list[str]) -> str:
+def _how_to_go_on(argv: list[str], started: float | None = None) -> str:
     words = [a for a in argv if not a.startswith("-")]
     if words[:1] == ["report"]:  # nothing to resume: the figures are drawn aside and replace the last report whole
         return ("the report is whole: the last one (if any) as it was, or the new one where it was being put in "
@@ -276,8 +278,25 @@ def _how_to_go_on(argv: list[str]) -> str:
         return f"no round had finished and {out} does not exist; re-run the same command"
     if not (Path(out) / CHECKPOINT).exists():
         return f"no round had finished, so {out} holds no checkpoint; re-run the same command"
+    if "--resume" not in argv and started is not None and _before(Path(out) / CHECKPOINT, started):
+        # --overwrite, or a finished run's folder given again, stopped before this run's first checkpoint: its
+        # --resume would continue the other run, or be refused as other options.
+        return (f"no round had finished: the checkpoint in {out} is of the run that was there before this command; "
+                "re-run the same command")
     # A run's directory is refused without --resume: a re-run must not silently continue another run.
     return "its last checkpoint is kept; re-run the command with --resume to continue from it"
+
+
+# Seconds a file's time may lag the clock it was written by (a file system's coarse timestamps, a network mount's).
+CLOCK_SLACK = 1.0
+
+
+def _before(path: Path, started: float) -> bool:
+    """Whether ``path`` was last written before the command started."""
+    try:
+        return path.stat().st_mtime < started - CLOCK_SLACK
+    except OSError:
+        return False
 
 
 def _out_of(argv: list[str]) -> str | None:

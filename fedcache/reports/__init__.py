@@ -20,7 +20,7 @@ from fedcache import disk, interrupts
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
-from fedcache.paths import GRID, writable_dir
+from fedcache.paths import GRID, check_outside_stores, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.options import options_text
@@ -54,6 +54,8 @@ class Section:
 
 def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     out = writable_dir(out, named("--out", "out")) if out else None  # before any figure is drawn
+    if out is not None:
+        check_outside_stores(out)
     runs = find_runs(root)
     out = out or writable_dir(root, "cannot write the report into", advice=report_elsewhere())
     # One report at a time into one directory: two share the staging folder, and the second removed the first's

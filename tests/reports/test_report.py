@@ -667,6 +667,18 @@ def test_a_report_does_not_walk_into_feature_stores(toy_grid, toy_store, tmp_pat
     assert [p for p in walked if store_holding(p) not in (None, p)] == []
 
 
+def test_a_report_is_never_written_into_a_feature_store(toy_grid, toy_store, tmp_path):
+    """Its report.html and figures sat among the store's files, where a run's or a grid's --out is refused."""
+    from fedcache.errors import ConfigError
+    from fedcache.reports import write_report
+
+    (tmp_path / "into").symlink_to(toy_store)  # a link into a store is inside it
+    for out in (toy_store, toy_store / "reports" / "mine", tmp_path / "into"):
+        with pytest.raises(ConfigError, match=f"is inside the feature store {toy_store}; choose a directory outside it"):
+            write_report(toy_grid, out)
+    assert not list(toy_store.rglob("report*.*")) and not (toy_store / "reports" / "mine").exists()
+
+
 def test_a_grid_reached_first_through_a_link_to_its_cells_is_named_by_its_own_folder(toy_grid, tmp_path):
     """Linked to as a whole after a link to its cells/ (read first by name), a grid's cells were found through the
     latter and the grid named by the folder holding that link, as if it were the grid."""
