@@ -527,9 +527,21 @@ def route(key: str, method: str, run_options: bool = False) -> tuple[str, str]:
             ways = write_setting(*(f"{g}.{key}" for g in owners))
         raise ConfigError(f"{said} is ambiguous: both {' and '.join(owners)} have a {key!r} setting; write {ways}")
     if not owners:
-        hint = _near(key, groups, run_options) or _elsewhere(key, method)
+        hint = _of_the_process(key) or _near(key, groups, run_options) or _elsewhere(key, method)
         raise ConfigError(f"{said}: unknown key{hint}. Known keys -- {_listing(groups, run_options)}")
     return owners[0], key
+
+
+# The command's options that are no run's nor grid's: how its process runs, which no setting can change.
+COMMAND_ONLY = {"threads": "the torch threads of the fedcache command's process: give --threads N on its command line"}
+
+
+def _of_the_process(key: str) -> str:
+    """ " (...)" where ``key`` is the command's own option: its near setting (head, for threads) was no help."""
+    if key not in COMMAND_ONLY:
+        return ""
+    return named(f" ({key} is {COMMAND_ONLY[key]})",
+                 f" ({key}: the library changes nothing process-wide; call torch.set_num_threads(N) yourself)")
 
 
 def _elsewhere(key: str, method: str) -> str:

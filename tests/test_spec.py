@@ -391,6 +391,14 @@ def test_settings_are_typed_and_unknown_keys_listed():
         resolve_settings("fedavg", ["mu=0.1"])  # another method's key: say whose, not only fedavg's keys
     with pytest.raises(ConfigError, match=r"^--set z{30}\.\.\. \(500 characters\): unknown key\. Known keys -- "):
         resolve_settings("fedprox", ["z" * 500 + "=1"])  # repeated whole, one line of 500 characters
+    # The command's own option is said as that ("did you mean 'head'?" was no help); the library sets no threads.
+    with pytest.raises(ConfigError, match=r"--set threads: unknown key \(threads is the torch threads of the fedcache "
+                                          r"command's process: give --threads N on its command line\)"):
+        resolve_settings("fedavg", ["threads=2"])
+    from fedcache.wording import keyword_names
+
+    with keyword_names(), pytest.raises(ConfigError, match=r"call torch.set_num_threads\(N\) yourself"):
+        resolve_settings("fedavg", ["threads=2"])
     with pytest.raises(ConfigError, match="expected a finite number"):
         resolve_settings("fedprox", ["lr=fast"])
     with pytest.raises(ConfigError, match="one of sgd, adam"):

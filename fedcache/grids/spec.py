@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedcache.config import PositiveInt, parse
+from fedcache.config import DEVICES, PositiveInt, parse
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
 from fedcache.paths import GRID, RESULTS, writable_dir
-from fedcache.spec import (GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
+from fedcache.spec import (COMMAND_ONLY, GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
                            grid_options, is_option, option, options, route)
 from fedcache.wording import (LONGEST_KEY, by_keyword, did_you_mean, filed, in_grid_file, named, shown_key, swept,
                               toml_key, typed_as)
@@ -273,6 +273,8 @@ class GridSpec:
                 raise type(exc)(self.names.where("methods") + str(exc)) from None
         if self.jobs < 1:
             raise ConfigError(f"{self.names.lead('jobs', self.jobs)}: must be >= 1")
+        if not re.fullmatch(DEVICES, self.device):  # a cell's check named the command line's flag, after torch loaded
+            raise ConfigError(f"{self.names.lead('device', self.device)}: must be auto, cpu, cuda, cuda:N or mps")
         self._check_select()
         for o in grid_options():
             setattr(self, o.field, o.parse(getattr(self, o.field)))
@@ -494,6 +496,8 @@ def _refuse_grid_keys_under_set(table: dict, top: set[str], path: Path) -> None:
     that (the unknown-key message suggested ``seed``, itself refused under [set]; ``select`` suggested ``seed``)."""
     for key, value in table.items():
         name = axis_key(key)
+        if name in COMMAND_ONLY:
+            raise ConfigError(f"{in_grid_file(path, key)}: not an axis; {key} is {COMMAND_ONLY[name]}")
         if isinstance(value, dict) and name in SECTIONS:
             continue  # method.mu = ... (or [set.method]) is TOML's table of the --set key method.mu, not methods
         name = _TOP_ALIASES.get(name, name)
@@ -510,6 +514,8 @@ def _suggested(key: str, known: set[str]) -> str:
         return shown_key(key)
     if name in _TOP_ALIASES or name in known:
         return f"{key} (did you mean {_TOP_ALIASES.get(name, name)}?)"
+    if name in COMMAND_ONLY:
+        return f"{key} ({COMMAND_ONLY[name]})"
     if is_option(name) and option(name).name not in _RESERVED:
         return f"{key} (a run option: put it under [set])"
     close = difflib.get_close_matches(name, sorted(known), n=1)

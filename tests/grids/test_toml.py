@@ -82,7 +82,8 @@ CASES = [
      'grid file {path}: track=["bogus", "zz"]: unknown tracker; known: mlflow, tensorboard'),
     ("keep_checkpoints = 'x'", BASE + "keep_checkpoints = 'x'\n", "grid file {path}: keep_checkpoints='x': must be one of last, none, all"),
     ("device = 5", BASE + "device = 5\n", "grid file {path}: device=5: expected text"),
-    ("device = 'gpu'", BASE + "device = 'gpu'\n" + RUN, "--device (engine.device)='gpu'"),
+    # named by the file's key, before torch loads (a cell named it `--device (engine.device)='gpu'`)
+    ("device = 'gpu'", BASE + "device = 'gpu'\n" + RUN, 'grid file {path}: device="gpu": must be auto, cpu, cuda, cuda:N or mps$'),
     ("engine = 'x'", BASE + "engine = 'x'\n", "grid file {path}: engine='x': must be one of batched, processes"),
     ("max_batch_cells = 0", BASE + "max_batch_cells = 0\n", "grid file {path}: max_batch_cells=0: must be >= 1"),
     ("max_batch_cells = 'x'", BASE + "max_batch_cells = 'x'\n", "grid file {path}: max_batch_cells='x': expected an integer"),
@@ -169,6 +170,11 @@ CASES = [
      "grid file {path}'s [set] " + "x" * 30 + "... (5,000 characters): unknown key. Known keys"),
     ("a very long key at the top", BASE + "y" * 3000 + " = 1\n",
      "grid file {path}: unknown key(s) " + "y" * 30 + "... (3,000 characters); known: "),
+    # the command's own option: "did you mean 'head'?" under [set], a bare unknown key at the top
+    ("threads at the top", BASE + "threads = 2\n",
+     "grid file {path}: unknown key(s) threads (the torch threads of the fedcache command's process: give --threads N"),
+    ("threads under set", BASE + "[set]\nthreads = 2\n",
+     "grid file {path}'s [set] threads: not an axis; threads is the torch threads of the fedcache command's process"),
 ]
 
 
