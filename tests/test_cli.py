@@ -580,6 +580,27 @@ def test_the_command_exits_with_the_shells_code_for_the_signal_that_stopped_it(t
     assert proc.returncode == code and "interrupted" in err and "Traceback" not in err, (proc.returncode, err)
 
 
+def test_the_command_leaves_what_is_alive_at_its_end_to_the_os_and_a_caller_of_main_does_not():
+    """Python's last collections at exit walked every object torch's import made: a second of every command (and
+    Ctrl-C to exit on a loaded machine past this file's 30 s). The command freezes them as it returns; main(),
+    called from Python, leaves the caller's process as it was."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import atexit, gc, sys\n"
+              "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, flush=True))\n"  # runs last
+              "sys.argv = ['fedcache', 'methods']\n"
+              "from fedcache.cli.root import {call}\n"
+              "{call}{args}\n")
+    ran = {call: subprocess.run([sys.executable, "-c", script.format(call=call, args=args)], capture_output=True,
+                                text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=120)
+           for call, args in (("_console_script", "()"), ("main", "(['methods'])"))}
+    assert all(r.returncode == 0 for r in ran.values()), {c: r.stderr for c, r in ran.items()}
+    assert ran["_console_script"].stdout.splitlines()[-1] == "frozen True"
+    assert ran["main"].stdout.splitlines()[-1] == "frozen False"
+
+
 @pytest.mark.slow
 def test_signals_while_the_first_is_handled_change_nothing(toy_store, tmp_path):
     """A second SIGTERM or Ctrl-C reaching `fedcache train` while it stopped for the first raised KeyboardInterrupt

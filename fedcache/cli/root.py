@@ -2,6 +2,7 @@
 example per command, and the entry point that turns errors and signals into exit codes."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -325,6 +326,10 @@ def _console_script() -> None:
         _ours_to(signal.SIG_IGN)  # nothing is left to stop (see _interrupted)
     except KeyboardInterrupt:  # one pending as the command returned: it had nothing left to stop either
         _ours_to(signal.SIG_IGN)
+    # Python's last garbage collections at exit walked every object torch's import made: half a second or more of
+    # every command, and of Ctrl-C to exit (docs/performance.md#the-commands-exit), longer beside busy work.
+    # What is alive now is left to the OS; atexit hooks run and objects no cycle holds are freed as before.
+    gc.freeze()
     sys.exit(_exit_code(code))
 
 

@@ -178,9 +178,12 @@ class LocalDeployment:
                                                 start_new_session=True, cwd=self.workdir)
 
     def start_node(self, i: int) -> None:
-        """Client i's SuperNode; with auth, its key is made and registered with the SuperLink first."""
+        """Client i's SuperNode; with auth, its key is made and registered with the SuperLink first (started again,
+        it keeps its key, and so its node id)."""
         key = None
-        if self.auth:
+        if self.auth and (self.workdir / "keys" / f"node{i}").exists():
+            key = self.workdir / "keys" / f"node{i}"
+        elif self.auth:
             key, public = node_keys(self.workdir / "keys", f"node{i}")
             self.flwr(["supernode", "register", str(public), CONNECTION])
         self._spawn(f"node{i}", self.supernode_command(self.shards[i], free_port(), key))

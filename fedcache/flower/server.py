@@ -62,14 +62,18 @@ class Roster:
     every reply is attributed by its node id, never by what the reply says (a reply naming another client than
     its node's is refused: ``replies.serves``). A claim is refused
     when the client is out of range, the node's shard is of another partition, or another connected
-    node already serves it; refused nodes and nodes that failed to answer are not asked again (a node
-    refused for a served client is, once that client's node is dropped)."""
+    node already serves it; refused nodes and nodes that failed to answer are not asked again while their
+    SuperNode stays as it was (a node refused for a served client is, once that client's node is dropped). One
+    that left the SuperLink, or came online again since (``last_activated_at``), is asked as a new node: with
+    SuperNode authentication a restarted SuperNode keeps its node id, and was never taken back."""
 
     n: int  # the federation's clients: 0..n-1
     partition_id: str  # the partition of the server's shard; every node's shard must be of it
     sharding: str | None = None  # the server's shards' mark (ShardInfo.sharding); every node's must be the same
     node_of: dict[int, int] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
+    dead_at: dict[int, str] = field(default_factory=dict)  # dead node -> when its SuperNode had come online then
+    online: dict[int, str] = field(default_factory=dict)  # connected node -> when it came online, as last seen
     refused: list[dict] = field(default_factory=list)  # nodes refused, with why (for the summary)
     contested: dict[int, int] = field(default_factory=dict)  # refused node -> the served client it claimed
 
@@ -84,7 +88,8 @@ class Roster:
 
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
         """Ask new nodes who they are; returns the clients that (re)joined."""
-        connected = set(grid.get_node_ids())
+        self._seen(_online(grid))
+        connected = set(self.online)
         known = set(self.node_of.values()) | self.dead
         new = sorted(connected - known)
         if not new:
@@ -113,11 +118,23 @@ class Roster:
                 self.contested[node] = k
                 continue
             if old is not None:
-                self.dead.add(old)  # the client's node was restarted: the old node id is gone
+                self._bury(old)  # the client's node was restarted: the old node id is gone
             self.node_of[k] = node
             joined.append(k)
-        self.dead.update(set(asked) - set(self.node_of.values()))  # silent, failing or refused nodes
+        for node in set(asked) - set(self.node_of.values()):  # silent, failing or refused nodes
+            self._bury(node)
         return sorted(joined)
+
+    def _bury(self, node: int) -> None:
+        self.dead.add(node)
+        self.dead_at[node] = self.online.get(node, "")
+
+    def _seen(self, online: dict[int, str]) -> None:
+        """The nodes connected now; a dead one that left, or came online again, is forgotten (asked when seen)."""
+        for node in [x for x in self.dead if x not in online or online[x] != self.dead_at.get(x, online[x])]:
+            self.dead.discard(node)
+            self.dead_at.pop(node, None)
+        self.online = online
 
     def _refuse(self, node: int, reason: str) -> None:
         log.warning("node %d refused: %s", node, reason)
@@ -135,11 +152,18 @@ class Roster:
     def drop(self, k: int) -> None:
         node = self.node_of.pop(k, None)
         if node is not None:
-            self.dead.add(node)
+            self._bury(node)
         # A node refused for claiming k may be its restarted SuperNode: ask it again.
         for other in [x for x, c in self.contested.items() if c == k]:
             del self.contested[other]
             self.dead.discard(other)
+            self.dead_at.pop(other, None)
+
+
+def _online(grid: Grid) -> dict[int, str]:
+    """The nodes connected to the SuperLink, each with when its SuperNode last came online ("" where the grid does
+    not say: a simulation's)."""
+    return {n.node_id: getattr(n, "last_activated_at", "") or "" for n in grid.get_nodes()}
 
 
 def wait_for_clients(grid: Grid, roster: Roster, run: FlowerRun) -> None:

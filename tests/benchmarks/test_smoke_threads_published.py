@@ -1,4 +1,4 @@
-"""benchmarks/threads.py and benchmarks/published.py at tiny sizes (they measure nothing here)."""
+"""benchmarks/threads.py, published.py and command_exit.py at tiny sizes (they measure nothing here)."""
 from __future__ import annotations
 
 import json
@@ -105,3 +105,13 @@ def test_published_reads_the_cifar10_tarball(tmp_path):
     root = bench("published").cifar10_tree(CIFAR_JPEG, tmp_path, per_class=2)
     listed = sorted(p.relative_to(root).parts[:2] for p in root.glob("*/*/*.jpg"))
     assert len(listed) == 2 * 10 * 2 and {s for s, _ in listed} == {"train", "test"}
+
+
+@pytest.mark.slow
+def test_command_exit_times_both_arms(tmp_path):
+    """benchmarks/command_exit.py: whole processes, a short run and one stopped by SIGTERM, in each arm."""
+    out = tmp_path / "command_exit.json"
+    bench("command_exit").main(["--tiny", "--trials", "1", "--store", str(tmp_path / "store.zarr"), "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    assert set(res["median"]) == {"freeze", "no-freeze"} and len(res["sigterm_to_exit"]["freeze"]) == 1
+    assert all(v > 0 for arm in res["median"].values() for v in arm.values())

@@ -124,6 +124,39 @@ def test_tls_and_supernode_authentication_refuse_an_unregistered_node(flower_sto
     assert flower["refused_nodes"] == [] and flower["dropped"] == {}
 
 
+def test_a_registered_supernode_started_again_with_its_key_takes_its_client_back(flower_store, tmp_path):
+    """With SuperNode authentication a SuperNode started again keeps its node id: the server had that id dead and
+    never asked it again (every later round "dropped": [1], "joined": []). Killed after round 1 and started again
+    with its key once the SuperLink has it offline, it rejoins under the same id."""
+    pytest.importorskip("cryptography")
+    write_shards(shard_spec(toy_config(flower_store, clients=2, partition="iid")), tmp_path / "shards")
+    write_app(tmp_path / "app")
+    run = _run("fedavg", rounds=4, eval_every=4, min_clients=1, round_timeout=20, rejoin_wait=150)
+    shards = [client_dir(tmp_path / "shards", k) for k in range(2)]
+    with LocalDeployment(tmp_path, shards, certs=self_signed(tmp_path / "certs"), auth=True) as d:
+        def nodes() -> list[dict]:  # in the order they were registered: node0's, node1's
+            return json.loads(d.flwr(["supernode", "list", CONNECTION, "--format", "json"]))["nodes"]
+
+        flwr = subprocess.Popen(d.flwr_run_command(tmp_path / "app", run), env=d.env, cwd=d.workdir,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_for(lambda: d.run_dirs(), RUN_TIMEOUT, "the run's directory")
+            rounds = next(iter(d.run_dirs())) / "rounds.jsonl"
+            _wait_for(lambda: len(_rounds(rounds)) >= 1, RUN_TIMEOUT, "round 1")
+            first = nodes()[1]["node-id"]
+            d.kill_node(1)
+            _wait_for(lambda: nodes()[1]["status"] == "offline", 120, "the SuperLink to have node 1 offline")
+            d.start_node(1)
+            flwr.wait(timeout=RUN_TIMEOUT)
+        finally:
+            if flwr.poll() is None:
+                flwr.kill()
+        assert nodes()[1]["node-id"] == first and len(nodes()) == 2  # the same id: no new node
+    log = _rounds(rounds)
+    assert [1] in [r["dropped"] for r in log] and [1] in [r["joined"] for r in log], log
+    assert log[-1]["clients"] == [0, 1], log
+
+
 def test_a_failed_run_is_its_one_line_in_the_stream_and_in_flwr_ls(tmp_path):
     """What docs/deploy.md tells a submitter, on the Flower this project pins: `flwr run --stream` exits 0 however
     the run ended (it streams the log and never asks the run's status, flwr/cli/run/run.py); the stream shows

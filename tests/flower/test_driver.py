@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -39,6 +40,9 @@ class DirectGrid:
 
     def get_node_ids(self):
         return list(self.contexts)
+
+    def get_nodes(self):  # a SuperLink's NodeInfo says when each SuperNode came online
+        return [SimpleNamespace(node_id=x, last_activated_at="") for x in self.contexts]
 
     def send_and_receive(self, messages, timeout=None):
         replies = []

@@ -345,6 +345,63 @@ def test_a_restarted_node_takes_its_client_back_once_the_old_node_is_gone():
     assert roster.node_of == {0: 8} and 1 in roster.dead and roster.refused == []
 
 
+@pytest.fixture
+def server_identity(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):  # a ServerApp process has them set
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+class Link:
+    """The SuperLink as a ServerApp's grid sees it: the connected nodes, when each came online, and the answers of
+    those asked who they are."""
+
+    def __init__(self, nodes: dict[int, str], claims: dict[int, int]) -> None:
+        self.nodes, self.claims, self.asked = nodes, claims, []
+
+    def get_nodes(self):
+        return [SimpleNamespace(node_id=x, last_activated_at=at) for x, at in self.nodes.items()]
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout=None):
+        self.asked += [m.metadata.dst_node_id for m in messages]
+        return [_claim(m.metadata.dst_node_id, self.claims[m.metadata.dst_node_id]) for m in messages]
+
+
+def test_a_supernode_restarted_under_its_own_node_id_takes_its_client_back(server_identity):
+    """With SuperNode authentication a restarted SuperNode keeps its node id: dropped, it was never asked again
+    (rounds 2-6 "dropped": [2], "joined": []). Asked again once it left the SuperLink or came online again since."""
+    link = Link({1: "t0", 2: "t0"}, {1: 0, 2: 1})
+    roster = Roster(2, "p1")
+    assert roster.refresh(link, 1) == [0, 1]
+    roster.drop(1)  # its SuperNode was killed: it missed a round
+    assert roster.refresh(link, 1) == [] and link.asked == [1, 2]  # still online, as it was: not asked
+    link.nodes[2] = "t5"  # restarted after the SuperLink had it offline: online again, the same id
+    assert roster.refresh(link, 1) == [1] and roster.node_of == {0: 1, 1: 2} and link.asked == [1, 2, 2]
+    roster.drop(1)
+    del link.nodes[2]  # stopped: the SuperLink no longer lists it
+    assert roster.refresh(link, 1) == [] and 2 not in roster.dead
+    link.nodes[2] = "t5"  # started again before its activation was seen to change
+    assert roster.refresh(link, 1) == [1] and link.asked == [1, 2, 2, 2]
+
+
+def test_a_node_refused_for_its_shard_is_asked_again_once_restarted_with_another(server_identity):
+    """Refused at connect time (a shard of another partition), restarted with the right one under the same node id:
+    the server waited out connect_timeout and stopped with "missing clients [1]"."""
+    link = Link({1: "t0", 2: "t0"}, {1: 0, 2: 1})
+    link.send_and_receive = lambda messages, timeout=None: [
+        _claim(m.metadata.dst_node_id, link.claims[m.metadata.dst_node_id], "p1" if link.nodes[2] != "t0" or
+               m.metadata.dst_node_id == 1 else "p2") for m in messages]
+    roster = Roster(2, "p1")
+    assert roster.refresh(link, 1) == [0] and 2 in roster.dead
+    assert roster.refresh(link, 1) == []  # not asked again while it stays as it was
+    link.nodes[2] = "t9"
+    assert roster.refresh(link, 1) == [1] and roster.node_of == {0: 1, 1: 2}
+
+
 def test_evaluation_replies_are_attributed_by_node_and_checked():
     def ev(node, hits, n, **extra):
         return Reply(node, RecordDict({"metrics": MetricRecord({"hits": hits, "n": n, **extra})}))

@@ -38,6 +38,9 @@ class NoNodes:
     def get_node_ids(self):
         return []
 
+    def get_nodes(self):
+        return []
+
 
 def _context(run_config: dict) -> Context:
     return Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
@@ -88,6 +91,8 @@ class Untouched:
 
     def get_node_ids(self):
         raise AssertionError("a refused run config went on to ask for the nodes")
+
+    get_nodes = get_node_ids
 
 
 def test_a_refused_run_config_is_one_line_naming_the_key_and_starts_nothing(tmp_path, monkeypatch, caplog):
