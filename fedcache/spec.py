@@ -353,7 +353,8 @@ def parse_options(given: dict[str, Any], names: tuple[str, ...], required: bool 
     known = {k for k, o in _BY_NAME.items() if o.section in names and o is not SETTINGS}
     unknown = sorted(k for k in given if k.replace("-", "_") not in known)
     if unknown:
-        said = ", ".join(k + did_you_mean(k, sorted(o.name for o in options(*names))) for k in unknown)
+        said = ", ".join(k + (_of_the_process(k) or did_you_mean(k, sorted(o.name for o in options(*names))))
+                         for k in unknown)
         raise ConfigError(f"unknown option(s) {said}; known: {', '.join(sorted(o.name for o in options(*names)))}")
     per: dict[str, dict[str, Any]] = {s: {} for s in names}
     for key, value in given.items():

@@ -84,6 +84,10 @@ def test_api_and_cli_take_the_same_names():
         assert is_option(name)
     with pytest.raises(ConfigError, match=r"unknown option\(s\) colour"):
         fedcache.train("nowhere.zarr", "test-toy", "b", "fedavg", colour="red")
+    # The command's own --threads: "did you mean 'head'?" was no help; the library sets no threads of the process.
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) threads \(threads: the library changes nothing "
+                                          r"process-wide; call torch.set_num_threads\(N\) yourself\)"):
+        fedcache.train("nowhere.zarr", "test-toy", "b", "fedavg", threads=2)
 
 
 BAD = [  # (CLI flag, value, what the message must say)

@@ -112,6 +112,7 @@ class LocalDeployment:
     server_shard: Path | None = None  # default: the server/ directory beside the client shards
     port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    registered: dict[int, Path] = field(default_factory=dict)  # client -> its SuperNode's key, registered with this SuperLink
 
     def __post_init__(self) -> None:
         if self.auth and not self.certs:
@@ -180,12 +181,11 @@ class LocalDeployment:
     def start_node(self, i: int) -> None:
         """Client i's SuperNode; with auth, its key is made and registered with the SuperLink first (started again,
         it keeps its key, and so its node id)."""
-        key = None
-        if self.auth and (self.workdir / "keys" / f"node{i}").exists():
-            key = self.workdir / "keys" / f"node{i}"
-        elif self.auth:
+        key = self.registered.get(i)
+        if self.auth and key is None:
             key, public = node_keys(self.workdir / "keys", f"node{i}")
             self.flwr(["supernode", "register", str(public), CONNECTION])
+            self.registered[i] = key
         self._spawn(f"node{i}", self.supernode_command(self.shards[i], free_port(), key))
 
     def start_unregistered_node(self, name: str, shard: Path) -> None:

@@ -72,7 +72,8 @@ class Roster:
     sharding: str | None = None  # the server's shards' mark (ShardInfo.sharding); every node's must be the same
     node_of: dict[int, int] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
-    dead_at: dict[int, str] = field(default_factory=dict)  # dead node -> when its SuperNode had come online then
+    # serving or dead node -> when its SuperNode had come online as it was admitted or taken for gone
+    came_online: dict[int, str] = field(default_factory=dict)
     online: dict[int, str] = field(default_factory=dict)  # connected node -> when it came online, as last seen
     refused: list[dict] = field(default_factory=list)  # nodes refused, with why (for the summary)
     contested: dict[int, int] = field(default_factory=dict)  # refused node -> the served client it claimed
@@ -94,7 +95,10 @@ class Roster:
         new = sorted(connected - known)
         if not new:
             return []
-        msgs = [Message(RecordDict({"q": ConfigRecord({"who": 1})}), dst_node_id=x, message_type="query") for x in new]
+        # Each message lives as long as the server waits for it: one left queued for a lost node's id (kept by a
+        # SuperNode started again with its key) was the first its new process ran.
+        msgs = [Message(RecordDict({"q": ConfigRecord({"who": 1})}), dst_node_id=x, message_type="query", ttl=timeout)
+                for x in new]
         return self.admit(grid.send_and_receive(msgs, timeout=timeout), new, connected)
 
     def admit(self, replies, asked: list[int], connected: set[int]) -> list[int]:
@@ -120,6 +124,7 @@ class Roster:
             if old is not None:
                 self._bury(old)  # the client's node was restarted: the old node id is gone
             self.node_of[k] = node
+            self.came_online[node] = self.online.get(node, "")
             joined.append(k)
         for node in set(asked) - set(self.node_of.values()):  # silent, failing or refused nodes
             self._bury(node)
@@ -127,13 +132,21 @@ class Roster:
 
     def _bury(self, node: int) -> None:
         self.dead.add(node)
-        self.dead_at[node] = self.online.get(node, "")
+        self.came_online[node] = self.online.get(node, "")
 
     def _seen(self, online: dict[int, str]) -> None:
-        """The nodes connected now; a dead one that left, or came online again, is forgotten (asked when seen)."""
-        for node in [x for x in self.dead if x not in online or online[x] != self.dead_at.get(x, online[x])]:
+        """The nodes connected now. A dead one that left, or came online again, is forgotten (asked when seen); so
+        is a serving one that came online again: started again between rounds under its id, its client's state
+        is a fresh context's, which the round it rejoins says ("joined")."""
+        def again(x: int) -> bool:
+            return x in online and online[x] != self.came_online.get(x, online[x])
+
+        for node in [x for x in self.dead if x not in online or again(x)]:
             self.dead.discard(node)
-            self.dead_at.pop(node, None)
+            self.came_online.pop(node, None)
+        for k, node in [(k, x) for k, x in self.node_of.items() if again(x)]:
+            del self.node_of[k]
+            self.came_online.pop(node, None)
         self.online = online
 
     def _refuse(self, node: int, reason: str) -> None:
@@ -157,7 +170,7 @@ class Roster:
         for other in [x for x, c in self.contested.items() if c == k]:
             del self.contested[other]
             self.dead.discard(other)
-            self.dead_at.pop(other, None)
+            self.came_online.pop(other, None)
 
 
 def _online(grid: Grid) -> dict[int, str]:
@@ -252,8 +265,10 @@ class FlowerEngine(Engine):
         method, roster = self.method, self.roster
         content = lambda: RecordDict({"down": to_record(down), "config": ConfigRecord({"round": rnd})})
         asked = {roster.node_of[k]: k for k in sampled if k in roster.node_of}
-        msgs = [Message(content(), dst_node_id=node, message_type="train", group_id=str(rnd + 1)) for node in asked]
-        replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
+        wait = self.run.deploy.round_timeout
+        msgs = [Message(content(), dst_node_id=node, message_type="train", group_id=str(rnd + 1), ttl=wait)
+                for node in asked]
+        replies = self.grid.send_and_receive(msgs, timeout=wait)
         got = accept_train_replies(replies, asked, roster.claimed, expected_reply(method, rnd, down),
                                    self.info.client_train_sizes, aggregate_alone(method, state.server, rnd))
         for k in sorted(set(sampled) - set(got.replies) - set(got.rejected)):
@@ -264,9 +279,11 @@ class FlowerEngine(Engine):
         """Every connected client scores its local test rows (the server scores the global split)."""
         record = to_record(state.server)
         client_of = self.roster.client_of
-        msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate") for node in client_of]
+        wait = self.run.deploy.round_timeout
+        msgs = [Message(RecordDict({"server": record}), dst_node_id=node, message_type="evaluate", ttl=wait)
+                for node in client_of]
         self.evaluation_bytes_down += len(msgs) * tensor_size(state.server)[1]
-        replies = self.grid.send_and_receive(msgs, timeout=self.run.deploy.round_timeout)
+        replies = self.grid.send_and_receive(msgs, timeout=wait)
         acc, rejected = accept_eval_replies(replies, client_of, self.roster.claimed, self.info.client_test_sizes)
         for k, why in rejected.items():
             log.warning("client %d's evaluation refused: %s", k, why)

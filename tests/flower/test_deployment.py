@@ -131,14 +131,15 @@ def test_a_registered_supernode_started_again_with_its_key_takes_its_client_back
     pytest.importorskip("cryptography")
     write_shards(shard_spec(toy_config(flower_store, clients=2, partition="iid")), tmp_path / "shards")
     write_app(tmp_path / "app")
-    run = _run("fedavg", rounds=4, eval_every=4, min_clients=1, round_timeout=20, rejoin_wait=150)
+    run = _run("fedavg", rounds=4, eval_every=4, min_clients=1, round_timeout=30, rejoin_wait=150)
     shards = [client_dir(tmp_path / "shards", k) for k in range(2)]
     with LocalDeployment(tmp_path, shards, certs=self_signed(tmp_path / "certs"), auth=True) as d:
         def nodes() -> list[dict]:  # in the order they were registered: node0's, node1's
             return json.loads(d.flwr(["supernode", "list", CONNECTION, "--format", "json"]))["nodes"]
 
-        flwr = subprocess.Popen(d.flwr_run_command(tmp_path / "app", run), env=d.env, cwd=d.workdir,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(d.log("flwr-run"), "wb") as log:  # the ServerApp's log, if the test fails
+            flwr = subprocess.Popen(d.flwr_run_command(tmp_path / "app", run), env=d.env, cwd=d.workdir,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_for(lambda: d.run_dirs(), RUN_TIMEOUT, "the run's directory")
             rounds = next(iter(d.run_dirs())) / "rounds.jsonl"

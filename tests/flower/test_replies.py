@@ -392,14 +392,29 @@ def test_a_node_refused_for_its_shard_is_asked_again_once_restarted_with_another
     """Refused at connect time (a shard of another partition), restarted with the right one under the same node id:
     the server waited out connect_timeout and stopped with "missing clients [1]"."""
     link = Link({1: "t0", 2: "t0"}, {1: 0, 2: 1})
-    link.send_and_receive = lambda messages, timeout=None: [
-        _claim(m.metadata.dst_node_id, link.claims[m.metadata.dst_node_id], "p1" if link.nodes[2] != "t0" or
-               m.metadata.dst_node_id == 1 else "p2") for m in messages]
+
+    def answers(messages, timeout=None):  # node 2's shard is of another partition until it is started again
+        link.asked += [m.metadata.dst_node_id for m in messages]
+        return [_claim(m.metadata.dst_node_id, link.claims[m.metadata.dst_node_id],
+                       "p2" if m.metadata.dst_node_id == 2 and link.nodes[2] == "t0" else "p1") for m in messages]
+
+    link.send_and_receive = answers
     roster = Roster(2, "p1")
-    assert roster.refresh(link, 1) == [0] and 2 in roster.dead
-    assert roster.refresh(link, 1) == []  # not asked again while it stays as it was
+    assert roster.refresh(link, 1) == [0] and 2 in roster.dead and len(roster.refused) == 1
+    assert roster.refresh(link, 1) == [] and link.asked == [1, 2]  # not asked again while it stays as it was
     link.nodes[2] = "t9"
-    assert roster.refresh(link, 1) == [1] and roster.node_of == {0: 1, 1: 2}
+    assert roster.refresh(link, 1) == [1] and roster.node_of == {0: 1, 1: 2} and link.asked == [1, 2, 2]
+
+
+def test_a_serving_supernode_started_again_between_rounds_rejoins_as_it_is(server_identity):
+    """Stopped and started again between two rounds under its node id, it answered the next round from a fresh
+    context (its client's personal state gone) with no "joined" said: it is asked who it is, and rejoins."""
+    link = Link({1: "t0", 2: "t0"}, {1: 0, 2: 1})
+    roster = Roster(2, "p1")
+    assert roster.refresh(link, 1) == [0, 1]
+    assert roster.refresh(link, 1) == [] and link.asked == [1, 2]  # as they were: not asked
+    link.nodes[2] = "t7"
+    assert roster.refresh(link, 1) == [1] and roster.node_of == {0: 1, 1: 2} and link.asked == [1, 2, 2]
 
 
 def test_evaluation_replies_are_attributed_by_node_and_checked():
