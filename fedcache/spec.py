@@ -380,9 +380,10 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
     preset = preset or (cls.default_preset if fresh else base.optim.preset)
     optim = base.optim if not fresh and preset == base.optim.preset else OPTIMIZER_PRESETS[preset]
     params = cls.Settings() if fresh else base.method.params
-    head = head or (None if fresh else base.head.name)
+    given_head, head = head, head or (None if fresh else base.head.name)
     routed = _route_settings(settings, name)
     with typed_as({f"{g}.{f}": key for g, fs in routed.items() for f, (key, _) in fs.items()}):
+        _refuse_two_heads(given_head, routed["head"])
         if routed["optim"] and not cls.uses_optimizer:
             raise ConfigError(f"{name} trains nothing with an optimizer; remove "
                               + ", ".join(setting(f"optim.{k}") for k in routed["optim"]))
@@ -396,6 +397,14 @@ def resolve_method(name: str | None, preset: str | None, head: str | None, setti
 
         check_head(cls, name, head)  # when the spec is made: a grid checks every cell's before the first trains
     return MethodSpec(name, params), optim, HeadChoice(head or cls.default_head)
+
+
+def _refuse_two_heads(given: str | None, routed: dict[str, tuple[str, Any]]) -> None:
+    """The head given as an option and as a setting: the setting won without a word (--head linear --set
+    head=mlp trained mlp)."""
+    if given and "name" in routed and str(routed["name"][1]) != given:
+        raise ConfigError(f"{option('head').given(given)} and {setting('head.name')}={routed['name'][1]} name two "
+                          "heads; give the head once")
 
 
 def _apply(obj: Any, group: str, values: dict[str, tuple[str, Any]]) -> Any:

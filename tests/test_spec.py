@@ -384,6 +384,14 @@ def test_alpha_lr_and_seed_are_each_declared_once():
 
 
 # ---- --set: every key reaches the object it names, ambiguous and unused keys are refused -----------------------
+def test_a_head_given_as_an_option_and_as_a_setting_is_refused_unless_the_same():
+    """The setting won without a word: --head linear --set head=mlp trained the mlp head (and the API alike)."""
+    with pytest.raises(ConfigError, match=r"^--head linear and --set head=mlp name two heads; give the head once$"):
+        RunSpec.of(**TOY, head="linear", settings=["head=mlp"])
+    same = RunSpec.of(**TOY, head="mlp", settings=["head=mlp"])
+    assert same.head.name == "mlp"
+
+
 def test_settings_are_typed_and_unknown_keys_listed():
     r = resolve_settings("fedprox", ["lr=0.1", "mu=0.5"])
     assert r.params.mu == 0.5 and r.optim.lr == 0.1
