@@ -401,6 +401,10 @@ def open_shard(path: Path | str) -> tuple[FeatureStore, ShardInfo]:
     if not path.exists():
         raise ConfigError(f"no shard at {path}; make shards with `fedcache shard --store STORE ... --out DIR` "
                           "and give each client its own directory (client-000, client-001, ...)")
+    clients = sorted(p.name for p in path.glob("client-*")) if path.is_dir() else []
+    if clients and not (path / "zarr.json").exists():  # the shards' folder, not one of them: "--store" was no advice
+        raise ConfigError(f"{path} holds the shards ({', '.join(clients[:3])}{', ...' if len(clients) > 3 else ''}), "
+                          f"not one: give each client its own, e.g. {path / clients[0]}")
     store = FeatureStore(path, create=False)
     return store, ShardInfo.read(store)
 

@@ -1,4 +1,5 @@
 """`fedcache shard`: each client's store holds exactly its rows and reads back as the engine's data."""
+import re
 import shutil
 
 import numpy as np
@@ -98,6 +99,10 @@ def test_shard_errors_say_what_to_do(sharded, tmp_path):
         load_server(client_dir(out, 0))
     with pytest.raises(ConfigError, match="no shard at"):
         load_client(tmp_path / "nowhere")
+    # The shards' folder for one shard: it was "no feature store ...; give the store's folder as --store".
+    said = f"{out} holds the shards (client-000, client-001, client-002), not one: give each client its own, e.g. "
+    with pytest.raises(ConfigError, match="^" + re.escape(said + str(out / "client-000")) + "$"):
+        load_client(out)
 
 
 def test_a_shard_given_as_the_store_is_refused_and_left_as_it_was(flower_store, tmp_path, capsys):
