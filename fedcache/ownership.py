@@ -1,11 +1,11 @@
 """One command at a time in a directory: a run's (``train --out``) or a grid's (``grid --out``).
 
 A command that writes such a directory holds an exclusive ``flock`` on ``<dir>/.fedcache.lock`` while it runs,
-and writes into it who it is (pid, host, command line, start time). A second command on the same directory is
-refused at once, with one line naming the holder and what to do: two writers of one directory would replace
-each other's files and mix their numbers. The kernel drops a flock when its holder dies (a crash, ``kill -9``),
-so the file a killed command leaves behind holds no lock: the next command takes it over, says whose it was,
-and carries on as a re-run does (finished work kept, a checkpointed run resumed).
+and writes into it who it is (pid, host, command line, start time; a Flower ServerApp, its run id). A second
+command on the same directory is refused at once, with one line naming the holder and what to do: two writers of
+one directory would replace each other's files and mix their numbers. The kernel drops a flock when its holder
+dies (a crash, ``kill -9``), so the file a killed command leaves behind holds no lock: the next command takes it
+over, says whose it was, and carries on as a re-run does (finished work kept, a checkpointed run resumed).
 
 The file is removed when its holder lets go. A command that opened it just before (and waited) would then hold
 a lock on a file no longer in the directory, so a lock counts only while its file is still the one at the path.
@@ -59,6 +59,9 @@ class Holder:
     # outright leaves it ending for seconds (ten at most: flower/sim.py's _interrupt_then_end), still holding, and
     # the line must name a process that lives.
     via: int = 0
+    # The Flower run whose ServerApp this is (a deployment's run directory), 0 for any other holder: its submitter
+    # stops it with `flwr stop <run id>`, from a machine where the ServerApp's pid means nothing.
+    flower_run: int = 0
 
     @classmethod
     def me(cls) -> "Holder":
@@ -76,7 +79,8 @@ class Holder:
         """The holder a lock file records; None when it is empty or not a record (a holder still writing it)."""
         try:
             doc = json.loads(text)
-            return cls(int(doc["pid"]), str(doc["host"]), str(doc["command"]), str(doc["started"]), int(doc.get("via", 0)))
+            return cls(int(doc["pid"]), str(doc["host"]), str(doc["command"]), str(doc["started"]), int(doc.get("via", 0)),
+                       int(doc.get("flower_run", 0)))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -85,11 +89,21 @@ class Holder:
 
     def describe(self) -> str:
         """``pid 4242 on host-a (`fedcache grid ...`, started 2025-01-01T10:00:00+00:00, 3 min ago)``; the process
-        holding it for a command that is gone, as working for that command."""
+        holding it for a command that is gone, as working for that command; a Flower run's ServerApp, as that run."""
         started = f"started {self.started}{_ago(self.started)}"
         if self.to_stop != self.pid:
             return f"pid {self.via} on {self.host} (working for `{self.command}`, pid {self.pid}, which is gone; {started})"
-        return f"pid {self.pid} on {self.host} (`{self.command}`, {started})"
+        process = f"pid {self.pid} on {self.host} (`{self.command}`, {started})"
+        return f"Flower run {self.flower_run}, whose ServerApp is {process}" if self.flower_run else process
+
+    @property
+    def stop_with(self) -> str:
+        """How its user stops it: ``kill <pid>``; a Flower run's ServerApp, ``flwr stop <run id>``, its pid beside it
+        (a SuperLink started again since without ``--database`` no longer knows the run, which may go on a while)."""
+        kill = f"kill {self.to_stop}"
+        if not self.flower_run:
+            return kill
+        return f"`flwr stop {self.flower_run}`, or {kill} on {self.host} if its SuperLink was started again since"
 
     @property
     def to_stop(self) -> int:
@@ -236,7 +250,7 @@ def busy(path: Path, what: str, advice: str | None, wait: float = 0.0, resumes: 
     holder = _settled_holder(path)
     who = holder.describe() if holder else "another process (it is starting)"
     waited = f" (waited {wait:g} s)" if wait else ""
-    stop = f"stop it (kill {holder.to_stop}: finished work is kept and {resumes})" if holder else "stop it"
+    stop = f"stop it ({holder.stop_with}: finished work is kept and {resumes})" if holder else "stop it"
     return DirectoryBusyError(f"{what} is in use by another fedcache command{waited}: {who}; wait for it to finish, "
                               f"{stop}, or {advice}")
 

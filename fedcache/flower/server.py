@@ -19,7 +19,7 @@ import io
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +42,7 @@ from fedcache.flower.replies import (CLIENTAPP_FAILED, OTHER_SHARD, UNSAID, Acce
                                      accept_train_replies, aggregate_alone, claimed_client, expected_reply)
 from fedcache.flower.shard import ShardInfo, load_server
 from fedcache.heads import Params
-from fedcache.ownership import hold
+from fedcache.ownership import Holder, hold
 from fedcache.paths import CHECKPOINT, SUMMARY
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,8 @@ def main(grid: Grid, context: Context) -> None:
         paths = ServerPaths.from_env(int(resume) if resume else context.run_id).checked()
         if paths.out is None and not resume:  # said of a deployment only: a simulation without --out is asked so
             log.warning("%s is not set: this run's metrics and summary are written nowhere", SERVER_ENV["deploy.out"])
-        serve(grid, run, paths, resume=bool(resume), resume_as=f"deploy.resume_run='{resume}'")
+        serve(grid, run, paths, resume=bool(resume), resume_as=f"deploy.resume_run='{resume}'",
+              run_id=context.run_id)
     except FedcacheError as err:
         # Flower (1.41) logs whatever a ServerApp raises with its whole traceback into the run's log stream, marks
         # the run finished:failed, and `flwr run --stream` exits 0 all the same; no public API changes that. So the
@@ -356,27 +357,26 @@ def _repair(dropped: list[int], rejected: dict[int, str]) -> str:
 
 
 def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, keep_checkpoints: str = "last",
-          resume_as: str = "--resume", on_round: OnRound | None = None) -> dict:
+          resume_as: str = "--resume", on_round: OnRound | None = None, run_id: int = 0) -> dict:
     """The whole run (continued from the checkpoint in ``paths.out`` with ``resume``); returns the
     summary (as ``fedcache train`` writes it). ``resume_as`` names the option that asked to resume, in messages:
     a deployment's submitter gave ``deploy.resume_run``, not ``--resume``. ``on_round``: called as the in-process
-    engine calls it (``fedcache.train``'s)."""
-    if paths.server_shard is None:
-        raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
-                            "`fedcache shard` wrote, in the environment flower-superlink starts in")
-    if paths.out is None and resume:
-        raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
-    if paths.out is not None and resume and not paths.out.exists():
-        # said before the folder is held (made): as train's check_resumable, a mistyped run id most often
-        raise ConfigError(f"{resume_as}: {paths.out} does not exist; {_again(resume_as)}")
-    with _owned(paths.out):
+    engine calls it (``fedcache.train``'s). ``run_id``: a deployment's Flower run id (0 for the simulation, whose user
+    stops it with Ctrl-C and whose --out a re-run starts again): a ServerApp refused its directory is told to `flwr
+    stop` this run, a resume of a run that had finished trains nothing (``_nothing_to_train``), and a run refused
+    before its first round ended leaves no directory (``_kept_once_started``)."""
+    _check_paths(paths, resume, resume_as)
+    with _owned(paths.out, resume_as, run_id):
         data, info = load_server(paths.server_shard)
         method = build_method(run, data)
         if paths.out is not None:
             _record_config(paths.out, run, info, method, resume, resume_as)
         out = RunDir(paths.out, keep_checkpoints) if paths.out is not None else None
+        if run_id and resume and out.finished():
+            return _nothing_to_train(out, run)
         engine = FlowerEngine(grid, method, run, info, out, resume_as=resume_as)
-        (result,) = driver.run([Run(method, run.schedule, out)], engine, for_one_run(on_round), resume=resume)
+        with _kept_once_started(out if run_id and not resume else None):
+            (result,) = driver.run([Run(method, run.schedule, out)], engine, for_one_run(on_round), resume=resume)
         if paths.out is not None:
             # The final server state, for comparing engines: tensors only (read back with weights_only=True);
             # through a temporary file, as a checkpoint: a full disk leaves none rather than a part.
@@ -386,13 +386,51 @@ def serve(grid: Grid, run: FlowerRun, paths: ServerPaths, resume: bool = False, 
         return result.summary
 
 
-def _owned(out: Path | None):
+def _check_paths(paths: ServerPaths, resume: bool, resume_as: str) -> None:
+    if paths.server_shard is None:
+        raise FedcacheError(f"the server has no shard: set {SERVER_ENV['deploy.server_shard']} to the server/ directory "
+                            "`fedcache shard` wrote, in the environment flower-superlink starts in")
+    if paths.out is None and resume:
+        raise ConfigError(f"resuming needs the run's directory: set {SERVER_ENV['deploy.out']}")
+    if paths.out is not None and resume and not paths.out.exists():
+        # said before the folder is held (made): as train's check_resumable, a mistyped run id most often
+        raise ConfigError(f"{resume_as}: {paths.out} does not exist; {_again(resume_as)}")
+
+
+def _owned(out: Path | None, resume_as: str, run_id: int):
     """The run's directory held while this ServerApp writes it: a ServerApp left running by a stopped SuperLink
-    and a resumed run of the same id (deploy.resume_run) would otherwise both write it."""
+    and a resumed run of the same id (deploy.resume_run) would otherwise both write it. Held as Flower run
+    ``run_id``: the ServerApp refused names the run to stop, as its submitter stops runs."""
     if out is None:
         return contextlib.nullcontext()
+    holder = replace(Holder.me(), flower_run=run_id) if run_id else None
     return hold(out, f"the Flower run directory {out}", advice="start the resumed run once the other ServerApp "
-                "of this run has ended (a stopped SuperLink may leave its flwr-serverapp process running)")
+                "of this run has ended (a stopped SuperLink may leave its flwr-serverapp process running)",
+                resumes=f"{resume_as} continues it", holder=holder)
+
+
+def _nothing_to_train(out: RunDir, run: FlowerRun) -> dict:
+    """A deployment's resume of a run that had finished, said as a finished grid's re-run says it: it went on in
+    silence, waited for the nodes and scored the last round again. A warning: `flwr run --stream` shows no info.
+    Nothing is sent or written; the run's summary."""
+    log.warning("fedcache: nothing to train: the run in %s had finished all its rounds (%d), and its results are kept "
+                "there; %s to train it again", out.path, run.schedule.rounds, SUBMIT_ANEW)
+    return out.summary()
+
+
+@contextlib.contextmanager
+def _kept_once_started(out: RunDir | None):
+    """A deployment's new run stopped by its error (too few clients, a round of refused replies) before its first
+    round ended leaves no folder: it has no checkpoint to resume from, and no later run writes there (each has its
+    own run id). Once it has a checkpoint it is kept, for deploy.resume_run; an interrupted run keeps its config.json,
+    so that a resume of it says it has no checkpoint."""
+    try:
+        yield
+    except FedcacheError:
+        if out is not None and not out.has_checkpoint():
+            out.clear()
+            (out.path / ROUNDS).unlink(missing_ok=True)
+        raise
 
 
 def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, resume: bool,

@@ -90,14 +90,34 @@ def test_killed_supernode_is_dropped_and_rejoins_after_restart(deployment):
 
 
 def test_too_few_clients_fails_with_a_clear_message(deployment):
-    """min-clients above the live clients: the run stops with a message that names the fix."""
+    """min-clients above the live clients: the run stops with a message that names the fix, and leaves no run
+    directory (it had left run-<id>/config.json, which nothing could continue)."""
     deployment.kill_node(1)
+    before = deployment.run_dirs()
     try:
         run = _run("fedavg", rounds=1, min_clients=3, round_timeout=20, connect_timeout=20)
         with pytest.raises(FedcacheError, match=r"^only [0-2] of 3 clients connected.*deploy\.min_clients=3.*start one SuperNode"):
             deployment.run(deployment.workdir / "app", run, RUN_TIMEOUT)
     finally:
         deployment.start_node(1)
+    assert deployment.run_dirs() == before
+
+
+def test_a_resume_of_a_finished_run_says_so_in_the_stream_and_ends_well(deployment):
+    """deploy.resume_run naming a run that had finished went on in silence (scoring its last round again); the stream
+    says it had finished and where its results are, and the resume ends as completed."""
+    _, out = deployment.run(deployment.workdir / "app", _run("fedavg", rounds=1, eval_every=1), RUN_TIMEOUT)
+    summary = (out / "summary.json").read_bytes()
+    again = _run("fedavg", rounds=1, eval_every=1, resume_run=out.name.removeprefix("run-"))
+    ids = lambda: {r["run-id"]: r for r in json.loads(deployment.flwr(["ls", CONNECTION, "--format", "json"]))["runs"]}
+    earlier = ids()
+    proc = subprocess.run(deployment.flwr_run_command(deployment.workdir / "app", again), env=deployment.env,
+                          cwd=deployment.workdir, capture_output=True, text=True, timeout=RUN_TIMEOUT, start_new_session=True)
+    assert (f"fedcache: nothing to train: the run in {out} had finished all its rounds (1), and its results are kept "
+            "there; submit the run anew without deploy.resume_run to train it again") in proc.stdout, proc.stdout
+    [resumed] = [r for run_id, r in ids().items() if run_id not in earlier]
+    assert resumed["status"] == "finished:completed", resumed
+    assert (out / "summary.json").read_bytes() == summary
 
 
 def test_tls_and_supernode_authentication_refuse_an_unregistered_node(flower_store, tmp_path):

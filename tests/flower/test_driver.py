@@ -190,10 +190,10 @@ def _server_app(shards, runs, monkeypatch):
     monkeypatch.setenv(SERVER_ENV["deploy.out"], str(runs))
     nodes = [client_dir(shards, k) for k in range(3)]
 
-    def main(run_id: int, run: FlowerRun, stop_before=None) -> None:
+    def main(run_id: int, run: FlowerRun, stop_before=None, grid=DirectGrid) -> None:
         client._client.cache_clear()
         context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run.to_config())
-        server.main(DirectGrid(nodes, run, stop_before), context)
+        server.main(grid(nodes, run, stop_before), context)
 
     return main
 
@@ -211,6 +211,76 @@ def test_a_deployment_resumes_the_run_named_by_deploy_resume_run(shards, tmp_pat
     assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
     with pytest.raises(ConfigError, match="deploy.resume_run='run-7': give the Flower run id"):
         _run(resume_run="run-7")
+
+
+class Unasked(DirectGrid):
+    """SuperNodes that a run with nothing to train must never ask."""
+
+    def get_nodes(self):
+        raise AssertionError("a run with nothing to train asked for the nodes")
+
+    def send_and_receive(self, messages, timeout=None):
+        raise AssertionError("a run with nothing to train sent a message")
+
+
+def test_a_deployment_resuming_a_finished_run_says_so_in_one_line_and_trains_nothing(shards, tmp_path, monkeypatch,
+                                                                                     caplog):
+    """deploy.resume_run naming a run that had finished all its rounds went on in silence: it waited for the nodes,
+    scored the last round again and wrote the run's summary again, and the stream said nothing. It says so, as a
+    finished grid's re-run does, and ends well, asking no node anything and leaving the run's files as they were."""
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
+    main(7, _run(rounds=2))
+    done = tmp_path / "runs" / "run-7"
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in done.iterdir()}
+    with caplog.at_level(logging.INFO, logger="fedcache"):
+        main(8, _run(rounds=2, resume_run="7"), grid=Unasked)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [(
+        "WARNING", f"fedcache: nothing to train: the run in {done} had finished all its rounds (2), and its results are "
+                   "kept there; submit the run anew without deploy.resume_run to train it again")]
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in done.iterdir()} == before
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run-7"]
+
+
+def test_a_second_resume_of_one_run_names_the_flower_run_to_stop(shards, tmp_path, monkeypatch):
+    """Run 8 resumes run 7 and waits for its SuperNodes; run 9, a second resume of run 7, was refused naming the
+    pid of run 8's flwr-serverapp (a process on the SuperLink's machine) and `kill`, where the submitter stops a
+    run with `flwr stop <run id>`. It names Flower run 8 and that command, the pid beside it (a SuperLink started
+    again since knows run 8 no more)."""
+    import subprocess
+    import sys
+
+    from fedcache.errors import DirectoryBusyError
+
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
+    with pytest.raises(Interrupted):
+        main(7, _run(), stop_before=3)
+    first = subprocess.Popen([sys.executable, "-c", WAITING, json.dumps(_run(resume_run="7").to_config())],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "waiting"
+        with pytest.raises(DirectoryBusyError) as err:
+            main(9, _run(resume_run="7"))
+    finally:
+        first.kill()
+        first.wait()
+    said = str(err.value)
+    assert f"run-7 is in use by another fedcache command: Flower run 8, whose ServerApp is pid {first.pid} " in said, said
+    assert (f"stop it (`flwr stop 8`, or kill {first.pid} on " in said and "if its SuperLink was started again since: "
+            "finished work is kept and deploy.resume_run='7' continues it)" in said), said
+
+
+# Run 8's ServerApp, resuming run 7 (the run config in argv[1]): it holds run-7/ and waits for SuperNodes that never come.
+WAITING = """import json, sys, time
+from flwr.app import Context, RecordDict
+from fedcache.flower import server
+
+class Waiting:
+    def get_nodes(self):
+        print("waiting", flush=True)
+        time.sleep(120)
+
+server.main(Waiting(), Context(run_id=8, node_id=0, node_config={}, state=RecordDict(), run_config=json.loads(sys.argv[1])))
+"""
 
 
 def test_a_deployment_that_cannot_resume_names_deploy_resume_run(shards, tmp_path, monkeypatch):
@@ -455,3 +525,25 @@ def test_too_few_clients_for_a_clientapp_that_always_fails_says_to_fix_what_it_r
                                                  r"/w.pt\) .*; fix what their ClientApps report, or lower"):
         server.serve(FailingAlways([client_dir(shards, k) for k in range(3)], run), run,
                      ServerPaths(shards / SERVER, tmp_path))
+
+
+class FailingFromRound2(FailingAlways):
+    """Client 2's ClientApp raises at every training message after round 1's."""
+
+    def send_and_receive(self, messages, timeout=None):
+        if any(m.metadata.group_id == "1" for m in messages):
+            return DirectGrid.send_and_receive(self, messages, timeout)
+        return super().send_and_receive(messages, timeout)
+
+
+def test_a_deployment_refused_before_its_first_round_ended_leaves_no_run_directory(shards, tmp_path, monkeypatch):
+    """A run that stopped with its error before its first round ended left run-<id>/config.json: a folder no resume
+    can continue (it has no checkpoint) and no submission writes again (each has a new run id). A run that finished a
+    round keeps its folder: deploy.resume_run continues it."""
+    main = _server_app(shards, tmp_path / "runs", monkeypatch)
+    with pytest.raises(server.TooFewClientsError, match="^round 1: "):
+        main(7, _run(rounds=2, fraction=1.0, min_clients=3), grid=FailingAlways)
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(server.TooFewClientsError, match="^round 2: "):
+        main(8, _run(rounds=2, fraction=1.0, min_clients=3), grid=FailingFromRound2)
+    assert {"checkpoint.pt", "config.json", "rounds.jsonl"} <= {p.name for p in (tmp_path / "runs" / "run-8").iterdir()}

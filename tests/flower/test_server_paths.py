@@ -48,7 +48,8 @@ def _context(run_config: dict) -> Context:
 
 def test_the_serverapp_writes_where_the_operator_says(flower_store, tmp_path, monkeypatch):
     """The ServerApp entry point: paths from the SuperLink's environment; a run config naming one is refused
-    before anything is created; without a server shard it says which variable to set."""
+    before anything is created; without a server shard it says which variable to set. A run refused before its first
+    round ended (too few clients) leaves nothing there."""
     write_shards(shard_spec(toy_config(flower_store)), tmp_path / "shards")
     monkeypatch.setenv(SERVER_ENV["deploy.out"], str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="paths on the server"):
@@ -57,9 +58,12 @@ def test_the_serverapp_writes_where_the_operator_says(flower_store, tmp_path, mo
     with pytest.raises(FedcacheError, match=SERVER_ENV["deploy.server_shard"]):
         server.main(NoNodes(), _context({}))
     monkeypatch.setenv(SERVER_ENV["deploy.server_shard"], str(tmp_path / "shards" / SERVER))
+    served, serve = [], server.serve
+    monkeypatch.setattr(server, "serve", lambda grid, run, paths, **kw: served.append(paths) or serve(grid, run, paths, **kw))
     with pytest.raises(server.TooFewClientsError, match="only 0 of 3 clients"):
         server.main(NoNodes(), _context({"deploy.connect_timeout": 0.01}))
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run-7"]
+    assert served == [ServerPaths(tmp_path / "shards" / SERVER, tmp_path / "runs" / "run-7")]
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_second_serverapp_of_one_run_is_refused_while_the_first_writes(flower_store, tmp_path, monkeypatch):
