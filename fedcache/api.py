@@ -22,17 +22,18 @@ import functools
 import html
 import inspect
 import os
+import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedcache.errors import ConfigError, FedcacheError
+from fedcache.errors import ConfigError, FedcacheError, UnknownOptionError
 from fedcache.paths import denied_error, is_denied
 from fedcache.progress import check_callback
 from fedcache.table import Table
-from fedcache.wording import count, did_you_mean, keyword_names, named, typed_as
+from fedcache.wording import count, keyword_names, named, typed_as
 
 
 def _refusals_said(fn: Callable) -> Callable:
@@ -54,8 +55,9 @@ def _refusals_said(fn: Callable) -> Callable:
 
 
 def _keywords_checked(hint: Callable[[str, Mapping], str] | None = None) -> Callable[[Callable], Callable]:
-    """Decorates ``fn`` (no ``**options``), whose unknown keyword is said with the one it likely meant (``method``:
-    did you mean ``methods``?), or with ``hint``'s advice where it has one (a grid's: where a run option goes,
+    """Decorates ``fn`` (no ``**options``), whose unknown keyword is refused as ``train``'s unknown option is (one
+    error, :class:`~fedcache.errors.UnknownOptionError`), with the one it likely meant (``method``: did you mean
+    ``methods``?), or with ``hint``'s advice where it has one (a grid's: where a run option goes,
     ``sweep={'rounds': ...}``): Python's TypeError named the keyword alone."""
     def decorate(fn: Callable) -> Callable:
         known = inspect.signature(fn).parameters
@@ -64,9 +66,7 @@ def _keywords_checked(hint: Callable[[str, Mapping], str] | None = None) -> Call
         def checked(*args: Any, **kwargs: Any) -> Any:
             unknown = [k for k in kwargs if k not in known]
             if unknown:
-                key = unknown[0]
-                said = (hint(key, known) if hint else "") or did_you_mean(key, known)
-                raise TypeError(f"fedcache.{fn.__name__}() got an unexpected keyword argument {key!r}{said}")
+                raise UnknownOptionError(unknown, known, (lambda k: hint(k, known)) if hint else None)
             return fn(*args, **kwargs)
         return checked
     return decorate
@@ -78,11 +78,11 @@ def _swept_hint(key: str, known: Mapping) -> str:
     from fedcache.spec import is_option
 
     if key == "settings":
-        return "; a grid's settings are its axes: sweep={'lr': value or [values], ...}"
+        return " (a grid's settings are its axes: sweep={'lr': value or [values], ...})"
     axis = f"one of the grid's axes: sweep={{{key!r}: value or [values]}}"
     if is_option(key):
-        return "" if f"{key}s" in known else f"; a run option is {axis}"
-    return f"; a method/optimizer setting is {axis}" if key in _setting_names() else ""
+        return "" if f"{key}s" in known else f" (a run option is {axis})"
+    return f" (a method/optimizer setting is {axis})" if key in _setting_names() else ""
 
 
 def _setting_names() -> set[str]:
@@ -120,22 +120,36 @@ def _pairs(settings: dict[str, Any] | str | Iterable[str] | None) -> list[str]:
     if settings is None:
         return []
     if isinstance(settings, Mapping):
+        _named_keys("settings", settings, "settings={'lr': 0.01}")
         return [f"{k}={_setting_text(k, v)}" for k, v in settings.items()]
     if isinstance(settings, str):
-        return settings.split()
+        return [pair for pair in _PAIR_GAP.split(settings.strip()) if pair]
     if isinstance(settings, Iterable):
         return list(settings)
     raise ConfigError(f"settings={settings!r}: expected a dict {{key: value}}, a 'key=value' text or a list of them, "
                       "e.g. settings={'lr': 0.01}")
 
 
+# Spaces part a text's pairs, but not beside a comma: `--set` takes "betas=0.9, 0.99" as one pair and refuses
+# "lr=0.01, mu=0.1" as two pairs in one, saying how to give them; split there, "lr=0.01," was called no number.
+_PAIR_GAP = re.compile(r"(?<![,\s])\s+(?![,\s])")
+
+
+def _named_keys(name: str, given: Mapping, example: str) -> None:
+    """A dict of settings or axes keyed by something other than a name (``sweep={5: 1}``): said of the argument,
+    where it failed deep inside as a text's method missing, or was taken for the setting '5'."""
+    odd = [k for k in given if not isinstance(k, str)]
+    if odd:
+        raise ConfigError(f"{name}={{{odd[0]!r}: ...}}: {name}'s keys are names (text), e.g. {example}")
+
+
 def _setting_text(key: str, value: Any) -> str:
     """A setting's Python value as ``--set`` spells it: a pair as ``0.9,0.99`` (``betas=(0.9, 0.99)`` read as the
-    text ``(0.9`` was refused as no number), ``true`` for True. None or a dict has no spelling there: refused here,
-    in Python's words, since the parser would echo it as the text 'None'."""
-    from fedcache.grids.spec import axis_text
+    text ``(0.9`` was refused as no number), ``true`` for True. None, a dict or a set has no spelling there:
+    refused here, in Python's words, since the parser would echo it as a text ("'None': expected a number")."""
+    from fedcache.grids.spec import axis_text, one_value
 
-    if value is None or isinstance(value, Mapping):
+    if value is None or not one_value(value):
         raise ConfigError(f"settings[{key!r}]={value!r}: give a number, a text, True/False or a pair of numbers; "
                           f"leave {key!r} out of settings for its default")
     if isinstance(value, (list, tuple)):
@@ -153,11 +167,21 @@ def _listed(value: Any) -> Any:
 
 
 def _sweep_axes(sweep: Any) -> dict[str, list]:
-    """``sweep`` as key -> its values; one value is an axis of one."""
+    """``sweep`` as key -> its values; one value is an axis of one. A value of no axis (a dict, a set) is refused as
+    a grid file's is, not echoed as its text (``"{'a': 1}": expected a finite number``)."""
+    from fedcache.grids.spec import one_value
+
+    example = "sweep={'rounds': 10, 'lr': [0.01, 0.1]}"
     if not isinstance(sweep, Mapping):
-        raise ConfigError(f"sweep={sweep!r}: sweep is a dict {{key: value or list of values}}, "
-                          "e.g. sweep={'rounds': 10, 'lr': [0.01, 0.1]}")
-    return {k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}
+        raise ConfigError(f"sweep={sweep!r}: sweep is a dict {{key: value or list of values}}, e.g. {example}")
+    _named_keys("sweep", sweep, example)
+    axes = {k: v if isinstance(v, (list, tuple)) else [v] for k, v in sweep.items()}
+    for key, values in axes.items():
+        if not all(map(one_value, values)):
+            raise ConfigError(f"sweep[{key!r}]={sweep[key]!r}: expected a value or a list of values (text, a number, "
+                              "True/False or None; a list of lists for a setting that takes several numbers, as "
+                              "sweep={'betas': [[0.9, 0.999]]})")
+    return axes
 
 
 @_keywords_named
@@ -235,7 +259,8 @@ def train(store: str | Path | None = None, dataset: str | None = None, backbones
     required; ``store``: default FEDCACHE_STORE, else fedcache-store.zarr, as for the CLI and ``extract_features``.
     The keyword options are the run options under the CLI's names (listed below); ``settings`` are the ``--set``
     pairs (method and optimizer hyperparameters): a dict ``{"lr": 0.01}``, a text ``"lr=0.01 mu=0.1"`` or a list
-    ``["lr=0.01"]``. Values are checked (type and range) before any data is read."""
+    ``["lr=0.01"]``. A value is Python or the flag's text (``rounds="10"``), checked (type and range) before any data
+    is read."""
     from fedcache.federate.methods import METHODS
     from fedcache.training import check_not_a_cell, train as run
     from fedcache.spec import RunSpec, refuse_unread_options, typed_keys
@@ -408,6 +433,8 @@ def grid(store: str | Path | None = None, dataset: str | None = None, backbones:
 
     check_callback("on_cell", on_cell, "done", "total", "row")
     check_callback("on_plan", on_plan, "text")
+    if config is not None:
+        _a_path("config", config, "a grid file (TOML)")
     spec = grid_spec(config, default_store=default_store(), store=store, dataset=dataset, backbones=_listed(backbones), methods=_listed(methods),
                      sweep=sweep, seeds=_listed(seeds), out=out, jobs=jobs, select=_listed(select) or None,
                      track=_listed(track) or None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os as _os
 
-from fedcache.wording import named
+from fedcache.wording import did_you_mean, named
 
 
 def debugging() -> bool:
@@ -40,6 +40,18 @@ def _unpickled(cls: type, args: tuple, state: dict) -> FedcacheError:
 
 class ConfigError(FedcacheError, ValueError):
     """A bad option value or combination of options."""
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """Options a call does not take (``fedcache.grid(method=...)``, ``fedcache.train(round=5)``, a RunSpec's, an
+    extraction's): each named with the one likely meant (``advice(name)`` where it has better advice, else a close
+    name), then the options taken. A TypeError too, as Python's own unexpected keyword argument is, so code that
+    caught that keeps working."""
+
+    def __init__(self, unknown, known, advice=None) -> None:
+        known = sorted(known)
+        said = ", ".join(k + ((advice(k) if advice else "") or did_you_mean(k, known)) for k in sorted(unknown))
+        super().__init__(f"unknown option(s) {said}; known: {', '.join(known)}")
 
 
 class UnknownNameError(FedcacheError, KeyError):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fedcache.config import DEVICES, Checked, Choices, Opt, Option, PositiveInt, Range, fields_of, opt, options_of, parse
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, UnknownOptionError
 from fedcache.paths import STORE_HELP, check_name, default_store
 from fedcache.wording import did_you_mean, named, set_flag, set_key, setting, swept, typed_as, write_setting
 from fedcache.federate.optim_config import OPTIMIZER_PRESETS, OptimConfig
@@ -353,9 +353,7 @@ def parse_options(given: dict[str, Any], names: tuple[str, ...], required: bool 
     known = {k for k, o in _BY_NAME.items() if o.section in names and o is not SETTINGS}
     unknown = sorted(k for k in given if k.replace("-", "_") not in known)
     if unknown:
-        said = ", ".join(k + (_of_the_process(k) or did_you_mean(k, sorted(o.name for o in options(*names))))
-                         for k in unknown)
-        raise ConfigError(f"unknown option(s) {said}; known: {', '.join(sorted(o.name for o in options(*names)))}")
+        raise UnknownOptionError(unknown, [o.name for o in options(*names)], _of_the_process)
     per: dict[str, dict[str, Any]] = {s: {} for s in names}
     for key, value in given.items():
         o = option(key)

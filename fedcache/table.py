@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fedcache.disk import write_text
+from fedcache.errors import UnknownNameError
+from fedcache.wording import count, did_you_mean
 
 HTML_ROWS = 50  # rows a notebook shows of a Table; the rest are counted
 
@@ -39,10 +41,21 @@ class Table:
         return pd.DataFrame(self.to_records(), columns=self.columns)
 
     def column(self, name: str) -> list[Any]:
+        self._known(name)
         return [r.get(name) for r in self.rows]
 
     def where(self, **equal: Any) -> Table:
+        self._known(*equal)
         return Table([r for r in self.rows if all(r.get(k) == v for k, v in equal.items())])
+
+    def _known(self, *names: str) -> None:
+        """A column no row has (``where(lrr=0.1)``) is refused: it matched nothing, an empty table without a word.
+        A table of no rows has no columns to tell a misspelt one from, and filters to itself."""
+        columns = self.columns
+        unknown = [n for n in names if n not in columns]
+        if unknown and self.rows:
+            raise UnknownNameError(f"no column {unknown[0]!r}{did_you_mean(unknown[0], columns)}; the columns: "
+                                   f"{', '.join(columns)}")
 
     def parsed(self, columns: Iterable[str]) -> Table:
         """``columns``' texts as numbers, booleans and None, as ``from_csv`` reads them back: a grid keeps its axis
@@ -71,19 +84,28 @@ class Table:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.to_records())
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return dict(self.rows[i])
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | Table:
+        """A row as a dict (``table[0]``), or rows as a Table (``table[:5]``), copies either way."""
+        if isinstance(i, slice):
+            return Table(self.rows[i])
+        try:
+            return dict(self.rows[i])
+        except TypeError:  # table["lr"], as a DataFrame takes a column: Python's message named a list
+            raise TypeError(f"Table[{i!r}]: a row is Table[n] and rows Table[a:b]; a column is "
+                            f"table.column({i!r})") from None
 
     def __repr__(self) -> str:
-        return f"Table({len(self)} rows; columns: {', '.join(self.columns)})"
+        return f"Table({count(len(self), 'row')}; columns: {', '.join(self.columns)})"
 
     def _repr_html_(self, max_rows: int = HTML_ROWS) -> str:
         """What a notebook shows: the first ``max_rows`` rows, numbers to 4 significant digits."""
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(_shown(r.get(c)))}</td>" for c in self.columns) + "</tr>"
                        for r in self.rows[:max_rows])
-        more = f"<p>... {len(self) - max_rows} more rows (all of them: to_records(), to_pandas())</p>" if len(self) > max_rows else ""
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table><p>{len(self)} rows</p>{more}"
+        more = (f"<p>... {count(len(self) - max_rows, 'more row')} "
+                "(all of them: to_records(), to_pandas())</p>" if len(self) > max_rows else "")
+        return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                f"<p>{count(len(self), 'row')}</p>{more}")
 
 
 def _shown(value: Any) -> str:

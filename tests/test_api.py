@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fedcache
-from fedcache.errors import ConfigError, FedcacheError
+from fedcache.errors import ConfigError, FedcacheError, UnknownOptionError
 from fedcache.spec import options
 from tests.conftest import BACKBONE
 
@@ -242,6 +242,28 @@ def test_grid_sweep_that_is_not_a_dict_says_what_it_is(grid_spec_of, sweep):
         grid_spec_of(sweep=sweep)
 
 
+@pytest.mark.parametrize("given, said", [
+    (dict(sweep={5: 1}), "sweep={5: ...}: sweep's keys are names (text), e.g. sweep={'rounds': 10, 'lr': [0.01, 0.1]}"),
+    (dict(sweep={"lr": {"a": 1}}), "sweep['lr']={'a': 1}: expected a value or a list of values (text, a number, "
+                                   "True/False or None; a list of lists for a setting that takes several numbers, as "
+                                   "sweep={'betas': [[0.9, 0.999]]})"),
+    (dict(sweep={"lr": [0.1, {0.2}]}), "sweep['lr']=[0.1, {0.2}]: expected a value or a list of values"),
+    (dict(config=5), "config=5: expected a path (text), a grid file (TOML)"),
+])
+def test_a_grid_argument_of_the_wrong_type_is_one_error_naming_it(grid_spec_of, given, said):
+    """sweep={5: 1} raised AttributeError ('int' object has no attribute 'strip'), config=5 a TypeError from
+    pathlib, and a dict as a swept value was echoed as a text that is no number."""
+    with pytest.raises(ConfigError) as err:
+        grid_spec_of(**given)
+    assert str(err.value).startswith(said), str(err.value)
+
+
+def test_a_grid_sweeps_none_and_a_setting_of_several_numbers(grid_spec_of):
+    """What the sweep's check lets through: None (an option's none: every row) and a pair as one value."""
+    assert grid_spec_of(sweep={"few_shot": [None, 10], "betas": [(0.9, 0.99)]}).sweep == {
+        "few_shot": ["None", "10"], "betas": ["(0.9,0.99)"]}
+
+
 @pytest.fixture
 def train_spec_of(monkeypatch, toy_store):
     """``train_spec_of(method, **arguments)``: the RunSpec ``fedcache.train`` builds from them, without training."""
@@ -276,6 +298,31 @@ def test_a_setting_of_none_or_a_dict_is_refused_in_pythons_words():
     for value, shown in ((None, "None"), ({"a": 1}, r"\{'a': 1\}")):
         with pytest.raises(ConfigError, match=rf"^settings\['lr'\]={shown}: give a number.*leave 'lr' out of settings"):
             fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", settings={"lr": value})
+
+
+def test_settings_of_the_wrong_type_are_refused_as_a_grids_sweep_is():
+    """settings={5: 1} was the unknown setting '5', and {'lr': {0.1}} the text '{0.1}', "expected a finite number"."""
+    with pytest.raises(ConfigError) as err:
+        fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", settings={5: 1})
+    assert str(err.value) == "settings={5: ...}: settings's keys are names (text), e.g. settings={'lr': 0.01}"
+    with pytest.raises(ConfigError, match=r"^settings\['lr'\]=\{0.1\}: give a number, a text, True/False or a pair"):
+        fedcache.train("unused.zarr", "test-toy", BACKBONE, "fedavg", settings={"lr": {0.1}})
+
+
+def test_a_settings_text_with_a_comma_and_a_space_is_read_as_set_reads_it(train_spec_of, toy_store, capsys):
+    """settings="lr=0.01, mu=0.1" was split at the space: "settings['lr']='0.01,': expected a finite number" (or, with
+    fedavg, mu an unknown key). As `--set "lr=0.01, mu=0.1"`, it is two pairs in one, said with the form to give;
+    a comma and a space inside one value stay one value, as --set takes them."""
+    from fedcache.cli import main
+
+    with pytest.raises(ConfigError) as err:
+        train_spec_of("fedprox", settings="lr=0.01, mu=0.1")
+    assert str(err.value) == "settings['lr']='0.01, mu=0.1' holds 2 pairs; give each its own: settings=['lr=0.01', 'mu=0.1']"
+    assert main(["train", "--store", str(toy_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedprox",
+                 "--set", "lr=0.01, mu=0.1"]) != 0
+    assert "--set lr='0.01, mu=0.1' holds 2 pairs; give each its own: --set lr=0.01 --set mu=0.1" in capsys.readouterr().err
+    spec = train_spec_of("fedprox", settings="optimizer=adam  betas=0.8, 0.9 lr=0.01")
+    assert spec.optim.betas == (0.8, 0.9) and spec.optim.lr == 0.01
 
 
 def test_train_says_a_setting_given_as_an_option_goes_in_settings():
@@ -585,23 +632,38 @@ def test_resume_where_out_has_a_config_but_no_checkpoint_names_the_keyword(toy_s
 
 
 @pytest.mark.parametrize("given, said", [
-    ({"method": "fedavg"}, "got an unexpected keyword argument 'method' (did you mean 'methods'?)"),
-    ({"rounds": 5}, "got an unexpected keyword argument 'rounds'; a run option is one of the grid's axes: "
-                    "sweep={'rounds': value or [values]}"),
-    ({"mu": 0.1}, "got an unexpected keyword argument 'mu'; a method/optimizer setting is one of the grid's axes: "
-                  "sweep={'mu': value or [values]}"),
-    ({"settings": {"lr": 0.1}}, "got an unexpected keyword argument 'settings'; a grid's settings are its axes: "
-                                "sweep={'lr': value or [values], ...}"),
+    ({"method": "fedavg"}, "method (did you mean 'methods'?)"),
+    ({"rounds": 5}, "rounds (a run option is one of the grid's axes: sweep={'rounds': value or [values]})"),
+    ({"mu": 0.1}, "mu (a method/optimizer setting is one of the grid's axes: sweep={'mu': value or [values]})"),
+    ({"settings": {"lr": 0.1}}, "settings (a grid's settings are its axes: sweep={'lr': value or [values], ...})"),
 ])
 def test_a_wrong_keyword_to_grid_says_what_was_meant(given, said, tmp_path):
     """Python's bare TypeError named the keyword alone; `fedcache.train(round=5)` listed every option."""
     import fedcache
 
-    with pytest.raises(TypeError) as refused:
+    with pytest.raises(UnknownOptionError) as refused:
         fedcache.grid(store=tmp_path / "s", **given)
-    assert str(refused.value) == f"fedcache.grid() {said}"
+    known = ", ".join(sorted(inspect.signature(fedcache.grid).parameters))
+    assert str(refused.value) == f"unknown option(s) {said}; known: {known}"
     with pytest.raises(ConfigError, match=r"unknown option\(s\) round \(did you mean 'rounds'\?\); known: "):
         fedcache.train(store=tmp_path / "s", dataset="test-toy", backbones="b", method="fedavg", round=5)
+
+
+def test_an_unknown_keyword_is_one_error_of_one_kind_from_train_grid_and_report(tmp_path):
+    """grid and report raised Python's TypeError where train raised ConfigError: a caller catching fedcache's errors
+    (or ValueError) missed them. Each is now an UnknownOptionError: a ConfigError, and a TypeError as Python's was."""
+    calls = {"train": lambda: fedcache.train(tmp_path / "s", "test-toy", "b", "fedavg", roundz=5),
+             "grid": lambda: fedcache.grid(store=tmp_path / "s", seedz=[0]),
+             "report": lambda: fedcache.report(tmp_path / "g", outt=tmp_path / "r")}
+    said = {}
+    for name, call in calls.items():
+        with pytest.raises(UnknownOptionError) as err:
+            call()
+        assert isinstance(err.value, ConfigError) and isinstance(err.value, TypeError), name
+        said[name] = str(err.value)
+    assert said["train"].startswith("unknown option(s) roundz (did you mean 'rounds'?); known: alpha, ")
+    assert said["grid"].startswith("unknown option(s) seedz (did you mean 'seeds'?); known: backbones, ")
+    assert said["report"] == "unknown option(s) outt (did you mean 'out'?); known: out, run_or_grid"
 
 
 def test_a_run_that_diverged_says_how_to_start_it_again_by_the_keywords(toy_store, tmp_path):

@@ -15,6 +15,7 @@ from fedcache.federate.divergence import DivergedError
     errors.PermissionDeniedError("cannot write in s.zarr", 13, "s.zarr"),
     errors.UnreadableEntryError("entry x is unreadable", "permission denied"),
     DivergedError("round 2, client 0: 'weight' became NaN/inf", in_round=2),  # the round, for a grid's diverged.json
+    errors.UnknownOptionError(["round"], ["rounds", "seed"]),  # a cell's RunSpec is built in a grid's worker
 ])
 def test_an_error_unpickles_as_it_was(error):
     """DamagedCheckpointError (a path and a problem) failed to unpickle: raised in a worker, it broke the pool."""
@@ -31,3 +32,13 @@ def test_an_os_error_made_as_os_errors_are_keeps_its_fields():
     error = errors.DataNotFoundError(2, "no such file", "/data/x.png")
     again = pickle.loads(pickle.dumps(error))
     assert (again.errno, again.strerror, again.filename) == (2, "no such file", "/data/x.png")
+
+
+def test_an_unknown_option_is_a_config_error_and_a_type_error_naming_the_one_meant():
+    """One error for every call's unknown option (train's, grid's, report's, extract's): grid and report raised
+    Python's TypeError, train ConfigError."""
+    error = errors.UnknownOptionError(["seedz", "colour"], ["seeds", "out"], advice=lambda k: "")  # none: a close name
+    assert isinstance(error, errors.ConfigError) and isinstance(error, TypeError)
+    assert str(error) == "unknown option(s) colour, seedz (did you mean 'seeds'?); known: out, seeds"
+    advised = errors.UnknownOptionError(["threads"], ["head"], advice=lambda k: " (threads: the command's own)")
+    assert str(advised) == "unknown option(s) threads (threads: the command's own); known: head"

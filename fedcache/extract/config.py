@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from fedcache.config import (Checked, Choices, Fraction, NonNegative, NonNegativeInt, Option, PositiveInt, Range, Reader,
                              check_fields, opt, options_of)
-from fedcache.errors import ConfigError
+from fedcache.errors import ConfigError, UnknownOptionError
 from fedcache.paths import STORE_HELP, check_name, default_store
 from fedcache.store.parts import Part
 
@@ -128,7 +128,7 @@ def extract_config(**given: Any) -> ExtractConfig:
     known = {o.name: o for o in options()}
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise UnknownOptionError(unknown, known)
     missing = [o.flag for o in known.values() if o.required and given.get(o.name) is None]
     if missing:
         raise ConfigError(f"extract needs {' and '.join(missing)}")

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import numbers
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
@@ -675,18 +676,19 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
         seen[name] = key
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
-        if not all(map(_one_value, values)):
+        if not all(map(one_value, values)):
             raise ConfigError(f"{in_grid_file(path, key)}={value!r}: expected a value or a list of values "
                               "(text, numbers, true or false; a list of lists for a setting that takes several "
                               "numbers, as betas = [[0.9, 0.999]])")
     return table
 
 
-def _one_value(value: Any) -> bool:
-    """A value of a [set] key: text, a number or true/false, or a list of those, one value of a setting that takes
-    several numbers (betas = [[0.9, 0.999]])."""
-    scalar = (str, int, float, bool)
-    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))
+def one_value(value: Any) -> bool:
+    """One value of an axis or a setting: text, a number or true/false, or a list (a tuple) of those, one value of a
+    setting that takes several numbers (betas = [[0.9, 0.999]]). None, which no TOML value is, passes: a Python
+    sweep's none of an option (``few_shot=[None, 10]``), as ``axis_text`` spells it."""
+    scalar = (str, numbers.Number, type(None))  # a number of numpy's too: numbers.Number, not int or float
+    return isinstance(value, scalar) or (isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value))
 
 
 def _unknown_to_all(key: str, methods: list[str]) -> ConfigError | None:

@@ -33,6 +33,7 @@ def test_text_and_python_values_give_the_same_settings():
     (dict(weights=["resnet18-birds"]), "--weights: expected NAME=PATH (e.g. resnet18-quickdraw=ckpt/quickdraw.pth), got 'resnet18-birds'"),
     (dict(backbones=""), "--backbones needs at least one name"),
     (dict(colour="red"), "unknown option(s) colour"),
+    (dict(split="train"), "unknown option(s) split (did you mean 'splits'?); known: "),
 ])
 def test_a_bad_value_is_one_message_naming_its_flag(given, said):
     with pytest.raises(ConfigError) as exc:
