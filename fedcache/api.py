@@ -313,9 +313,9 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     """A GridSpec from an optional TOML file, overridden by the arguments that are not None; ``default_store``
     where neither gives a store (the command line's FEDCACHE_STORE)."""
     from fedcache.grids import GridSpec, load_toml
-    from fedcache.grids.spec import axis_text, check_file_axes, grid_fields, grid_flag
+    from fedcache.grids.spec import Written, axis_text, check_file_axes, grid_fields, grid_flag, read_grid_file
 
-    fields = load_toml(Path(config)) if config else {}
+    fields, written = read_grid_file(Path(config)) if config else ({}, Written())
     file_fields = dict(fields)
     from_file = {k.replace("-", "_"): v for k, v in fields.get("sweep", {}).items()}
     settings = given.pop("settings", None)
@@ -324,7 +324,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
     # Checked as a grid file's are, named by their flags: ``--jobs=0: must be >= 1``.
     fields.update(grid_fields({k: v for k, v in given.items() if v is not None}, grid_flag))
     fields["backbones"], fields["methods"] = _names(fields.get("backbones")), _names(fields.get("methods"), "methods")
-    _check_names(fields, _grid_names(config, file_fields, given, {}, frozenset()))
+    _check_names(fields, _grid_names(config, file_fields, given, {}, frozenset(), written))
     fields["sweep"], flagged = _merged_sweep(fields.get("sweep", {}), fields["methods"] or [], settings, sweep, flags)
     if not fields.get("store") and default_store:  # the CLI's FEDCACHE_STORE, below a file's store and --store
         fields["store"] = default_store
@@ -336,7 +336,7 @@ def grid_spec(config: str | Path | None = None, default_store: str | Path | None
             raise ConfigError(f"grid file {config}{empty} gives no {', '.join(missing)}: add them at its top "
                               f"({missing[0]} = ...), or give {as_flags}")
         raise ConfigError(f"a grid needs {as_flags} ({named('as options', 'as arguments')} or in the TOML file)")
-    spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"], flagged))
+    spec = GridSpec(**fields, names=_grid_names(config, file_fields, given, fields["sweep"], flagged, written))
     spec.check_given()  # a user's grid only (its stages carry what it gave); before its file's axes load torch
     kept = [k for k, v in from_file.items() if spec.sweep.get(k) == [axis_text(x) for x in (v if isinstance(v, list) else [v])]]
     if kept:  # not overridden on the command line
@@ -359,16 +359,18 @@ def _check_names(fields: dict, names) -> None:
         check_trackers(fields.get("track") or [], names.track_said())
 
 
-def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict, flagged: frozenset[str]):
-    """Which of a grid's keys its file gave and the call did not replace (named as the file's keys in messages),
-    and every key given at all (a default value given on purpose is then told apart from one left out)."""
+def _grid_names(config: str | Path | None, file_fields: dict, given: dict, sweep: dict, flagged: frozenset[str],
+                written):
+    """Which of a grid's keys its file gave and the call did not replace (named as the file's keys in messages,
+    with their values as ``written`` there), and every key given at all (a default value given on purpose is then
+    told apart from one left out)."""
     from fedcache.grids.spec import Names, axis_key
 
     called = {k for k, v in given.items() if v is not None}
     filed = {k for k in file_fields if k != "sweep" and k not in called}
     filed |= {axis_key(k) for k, v in file_fields.get("sweep", {}).items() if sweep.get(k) is v}
     return Names(Path(config) if config else None, frozenset(filed),
-                 frozenset(called | set(file_fields) | {axis_key(k) for k in sweep}), flagged)
+                 frozenset(called | set(file_fields) | {axis_key(k) for k in sweep}), flagged, written)
 
 
 def _merged_sweep(from_file: dict, methods: list[str], settings: Any, sweep: Any,

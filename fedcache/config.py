@@ -416,9 +416,18 @@ def _scalar(label: str, value: Any, base: Any) -> Any:
             raise ValueError
         if base is str and not isinstance(value, str):
             raise ValueError
-        return base(value.strip() if isinstance(value, str) and base is not str else value)
+        out = base(value.strip() if isinstance(value, str) and base is not str else value)
     except (TypeError, ValueError):
         raise ConfigError(f"{label}={value!r}: expected {_describe(base)}") from None
+    _check_plain(label, value, base, out)
+    return out
+
+
+def _check_plain(label: str, value: Any, base: Any, number: Any) -> None:
+    """Python reads 1_0 as 10, and digits of other scripts too; a grid keeps an axis's value as its user wrote it
+    (its cells' folders, results.csv), where such a spelling is no number to the tools that read them."""
+    if base in (int, float) and isinstance(value, str) and ("_" in value or not value.isascii()):
+        raise ConfigError(f"{label}={value!r}: expected {_describe(base)} in plain digits: write {number}")
 
 
 def _read(label: str, value: Any, reader: Reader, base: Any) -> Any:

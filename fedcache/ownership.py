@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 
 from fedcache.disk import FILE_MODE
 from fedcache.errors import DirectoryBusyError
+from fedcache.paths import removed_if_left_empty
 from fedcache.wording import named
 
 log = logging.getLogger(__name__)
@@ -171,17 +172,12 @@ def hold(directory: Path | str, what: str, wait: float = 0.0, advice: str | None
     itself): a worker of a grid killed outright may still be writing there, holding the cell's lock."""
     directory = Path(directory)
     key = directory.resolve()
-    made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
-    _make(directory)
-    try:
+    with removed_if_left_empty(directory):  # a command refused before writing leaves nothing behind
+        _make(directory)
         mine = holder.for_me() if holder else Holder.me()
         nested = key in _HELD if inside else _held_here(key)
         with _nested(key) if nested else _locked(directory, key, what, wait, advice, resumes, mine):
             yield
-    finally:
-        with contextlib.suppress(OSError):
-            for made_dir in made:  # only if empty: a command refused before writing leaves nothing behind,
-                made_dir.rmdir()   # nor the parents it made (runs/ of runs/g)
 
 
 def _make(directory: Path) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from fedcache.errors import ConfigError, DeniedError, PermissionDeniedError
@@ -256,6 +258,37 @@ def writable_file(path: Path | str, option: str) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{option} {path}: no permission to replace it; choose another file")
     return path
+
+
+# What a path given to be read may be instead of a file: a named pipe's read waits for a writer (for ever, where
+# none comes), a device's may never end, a directory's fails.
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_a_file(path: Path | str) -> str:
+    """What ``path`` (a link: what it leads to) is, where it is there and is no regular file: ``a named pipe
+    (FIFO)``; "" for a file, and where nothing can be seen there (its reader says why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        return ""
+    return next((what for test, what in _NOT_FILES if test(mode)), "")
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(directory: Path | str) -> Iterator[None]:
+    """``directory`` and the parents of it that are not there yet, removed after the block where it left them
+    empty: a command that fails (a full disk, a refusal) leaves no empty folder behind, nor the parents it made
+    (runs/ of runs/g); one that wrote there keeps them."""
+    directory = Path(directory)
+    made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the first that is not empty ends it: its parents hold it
+            for folder in made:
+                folder.rmdir()
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ from typing import Any
 from fedcache.config import DEVICES, PositiveInt, parse
 from fedcache.errors import ConfigError, FedcacheError
 from fedcache.federate.schedule import Schedule
-from fedcache.paths import GRID, RESULTS, writable_dir
+from fedcache.paths import GRID, RESULTS, not_a_file, writable_dir
 from fedcache.spec import (COMMAND_ONLY, GRID_SECTIONS, SECTIONS, GridEngineSpec, PruneSpec, RunSpec, check_method, check_trackers,
                            grid_options, is_option, option, options, route)
 from fedcache.wording import (LONGEST_KEY, by_keyword, did_you_mean, filed, in_grid_file, named, shown_key, swept,
@@ -81,6 +82,42 @@ def _flag(key: str) -> str:
     return named(GRID_FLAGS.get(key, "--" + key.replace("_", "-")), key)
 
 
+def _as_written(value: Any) -> str:
+    """A grid file's value in TOML's spelling, as the file wrote it: ``seeds = ""`` is ``""`` (not the ``[]`` it
+    became), ``[1, 1.0]`` (not ``[1, 1]``), text quoted."""
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_as_written(v) for v in value)}]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):  # an inline table, {a = 1}
+        return "{" + ", ".join(f"{toml_key(k)} = {_as_written(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (datetime.date, datetime.time)):  # TOML's own values, unquoted: 1979-05-27
+        return value.isoformat()
+    return str(value) if isinstance(value, (int, float)) else json.dumps(str(value))
+
+
+def _written_items(value: Any, axis: bool) -> list[str]:
+    """The items of a grid file's value as it wrote each (``1.0``, ``1e-3``): a top-level text is split at commas
+    and its blank items dropped as ``grid_fields`` does; an axis's text is one value (``betas = "0.9,0.999"``)."""
+    if isinstance(value, str) and not axis:
+        return [v.strip() for v in value.split(",") if v.strip()]
+    listed = value if isinstance(value, list) else [value]
+    return [axis_text(v) if isinstance(v, (bool, list)) else str(v).strip() for v in listed]
+
+
+@dataclass(frozen=True)
+class Written:
+    """A grid file's values as it wrote them, before they were typed, split and spelled as the command line spells
+    them: what its messages echo, where they name a value the user wrote."""
+    top: dict = field(default_factory=dict)
+    axes: dict = field(default_factory=dict)  # [set], by ``axis_key``: the top's engine is another key
+
+    @classmethod
+    def of_file(cls, raw: dict) -> Written:
+        axes = _dotted(raw["set"]) if isinstance(raw.get("set"), dict) else {}
+        return cls({k: v for k, v in raw.items() if k != "set"}, {axis_key(k): v for k, v in axes.items()})
+
+
 @dataclass(frozen=True)
 class Names:
     """How a grid's messages name what it was given: a key that a grid file gave as the file's key (the file named
@@ -90,11 +127,27 @@ class Names:
     in_file: frozenset[str] = frozenset()  # top-level keys and [set] axes the file gave (the call did not replace)
     given: frozenset[str] | None = None  # every key the file or the call gave; None: not known (a GridSpec in Python)
     flags: frozenset[str] = frozenset()  # axes the command line gave by their option's flag (--alpha: partition.alpha)
+    written: Written = field(default_factory=Written, compare=False)
 
     @classmethod
-    def of_file(cls, path: Path, fields: dict) -> Names:
+    def of_file(cls, path: Path, fields: dict, written: Written | None = None) -> Names:
         keys = frozenset(fields) | frozenset(fields.get("sweep", {}))
-        return cls(Path(path), keys, keys)
+        return cls(Path(path), keys, keys, written=written or Written())
+
+    def items(self, key: str, values: list[str], axis: bool = False) -> list[str]:
+        """``values`` (texts, as the grid keeps them) as the file wrote them, where it gave ``key`` with those
+        values: ``1.0`` and ``1`` (said to be one value), not ``1`` twice."""
+        given = self._written(key, axis)
+        if given is None:
+            return values
+        items = _written_items(given, axis)
+        return items if len(items) == len(values) else values
+
+    def _written(self, key: str, axis: bool) -> Any:
+        """What the file wrote for ``key`` (an axis: under [set]), where the call did not replace it; else None."""
+        if not self._filed(key):
+            return None
+        return self.written.axes.get(axis_key(key)) if axis else self.written.top.get(key)
 
     def _filed(self, key: str) -> bool:
         return self.file is not None and key in self.in_file
@@ -108,7 +161,7 @@ class Names:
         where the call gave them (``--track zz``). One alone is named as a text, as the call's are."""
         if not self._filed("track"):
             return None
-        return lambda unknown: self.lead("track", unknown[0] if len(unknown) == 1 else unknown)
+        return lambda unknown: self.lead("track", unknown[0] if len(unknown) == 1 else unknown, whole=False)
 
     def where(self, *keys: str) -> str:
         """``grid file g.toml: `` when the file gave one of ``keys``."""
@@ -123,10 +176,12 @@ class Names:
         (``out`` in a Python call), which the command line can give beside a file that left it out."""
         return f"{key} in grid file {self.file}" if self._filed(key) else _flag(key)
 
-    def lead(self, key: str, value: Any) -> str:
-        """A message's start, naming a grid key and its value as given: ``grid file g.toml: select = ["mu"]``."""
+    def lead(self, key: str, value: Any, whole: bool = True) -> str:
+        """A message's start, naming a grid key and its value as given: ``grid file g.toml: select = ["mu"]``, the
+        file's value as the file wrote it (``whole``: ``value`` is all of it, not the part at fault)."""
         if self._filed(key):
-            return f"grid file {self.file}: {key}={_toml(value)}"
+            written = self._written(key, axis=False) if whole else None
+            return f"grid file {self.file}: {key}={_toml(value) if written is None else _as_written(written)}"
         if isinstance(value, (list, tuple)):
             return f"{_flag(key)}={named(','.join(map(str, value)) or '[]', repr(list(value)))}"
         return named(f"{_flag(key)} {value}", f"{key}={value!r}")
@@ -134,7 +189,7 @@ class Names:
     def axis(self, key: str, values: list | None = None) -> str:
         """An axis at a message's start: ``grid file g.toml's [set] alpha=[0.1, 1]`` or ``--set alpha=0.1,1``."""
         if self._filed(key):
-            return in_grid_file(self.file, key) + (f"={_toml(values)}" if values is not None else "")
+            return in_grid_file(self.file, key) + (f"={self._axis_values(key, values)}" if values is not None else "")
         if by_keyword():  # fedcache.grid(sweep={...})
             return f"sweep[{key!r}]" + (f"={_as_python(values)}" if values is not None else "")
         # an option's own flag (--alpha 0.1,1), but a switch's takes no values: --set validation=true,false; a
@@ -143,6 +198,13 @@ class Names:
         if is_option(key) and flagged and option(key).name not in _RESERVED and option(key).base is not bool:
             return option(key).flag + (f" {','.join(map(str, values))}" if values is not None else "")
         return f"--set {key}" + (f"={','.join(map(str, values))}" if values is not None else "")
+
+    def _axis_values(self, key: str, values: list) -> str:
+        """An axis's values as its file wrote them (``[1.0, 1]``), where they are the ones named (a grid's stage
+        runs some of them)."""
+        given = self._written(key, axis=True)
+        same = given is not None and [axis_text(v) for v in (given if isinstance(given, list) else [given])] == values
+        return _as_written(given) if same else _toml(values)
 
     def add(self, key: str, value: Any) -> str:
         """Advice to give a grid key: ``prune = "halving"`` (at the file's top) or ``--prune halving`` (also with a file,
@@ -190,14 +252,16 @@ def check_lists(fields: dict[str, Any], names: Names) -> None:
         if key in fields:
             if not fields[key] and key != "select":
                 raise ConfigError(f"{names.lead(key, [])}: give at least one")
-            _check_once(names.lead(key, fields[key]), [str(v) for v in fields[key]])
+            texts = [str(v) for v in fields[key]]
+            _check_once(names.lead(key, fields[key]), texts, names.items(key, texts))
     for key, given in fields.get("sweep", {}).items():
         if is_option(key) and option(key).name in _RESERVED:
             raise ConfigError(f"{names.axis(key)}: not an axis; {_reserved_advice()}")
         values = given if isinstance(given, (list, tuple)) else [given]
         if not values:
             raise ConfigError(f"{names.axis(key)}=[]: give a value or a list of values")
-        _check_once(names.axis(key, [axis_text(v) for v in values]), [axis_text(v) for v in values])
+        texts = [axis_text(v) for v in values]
+        _check_once(names.axis(key, texts), texts, names.items(key, texts, axis=True))
 
 
 def axis_key(key: str) -> str:
@@ -472,6 +536,11 @@ def load_toml(path: Path) -> dict:
     """A grid file: the GridSpec fields at top level, sweeps under ``[set]`` (docs/getting-started.md), each value
     checked by the validator the command line's values pass (``grid_fields``), so a bad one is a message naming
     the file, the key, the value and what was expected."""
+    return read_grid_file(path)[0]
+
+
+def read_grid_file(path: Path) -> tuple[dict, Written]:
+    """``load_toml``'s fields, and the file's values as it wrote them (``Written``), for the messages about them."""
     raw = _read_toml(Path(path))
     known = {f.name for f in dataclasses.fields(GridSpec) if f.name not in ("sweep", "features", "names")} | {"set"}
     unknown = sorted(set(raw) - known)
@@ -484,8 +553,9 @@ def load_toml(path: Path) -> dict:
             # engine at the top is the grid's (batched|processes), under [set] the run's: said by the axis check
             _refuse_grid_keys_under_set(raw["set"], known - {"set", "engine"}, path)
         fields["sweep"] = _sweep(raw["set"], path)
-    check_lists(fields, Names.of_file(path, fields))
-    return fields
+    written = Written.of_file(raw)
+    check_lists(fields, Names.of_file(path, fields, written))
+    return fields, written
 
 
 # A grid's own keys under [set], as a user may spell them there: the top-level key each one is.
@@ -583,9 +653,10 @@ def _as_list(key: str, value: str) -> str:
 
 
 def _read_toml(path: Path) -> dict:
-    if path.is_dir():
+    kind = not_a_file(path)  # a named pipe's read waited for ever
+    if kind:
         given = named(f"--config {path}", f"config={str(path)!r}")
-        raise ConfigError(f"{given} is a directory; give a grid TOML file (docs/getting-started.md)")
+        raise ConfigError(f"{given} is {kind}; give a grid TOML file (docs/getting-started.md)")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -666,7 +737,7 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
     (``optim.momentum = [0, 0.9]``, or a ``[set.optim]`` table), which TOML reads as a table, is the ``--set`` key
     of the same spelling."""
     if not isinstance(table, dict):
-        raise ConfigError(f"grid file {path}: set={table!r}: expected a table ([set] with key = value lines)")
+        raise ConfigError(f"grid file {path}: set={_as_written(table)}: expected a table ([set] with key = value lines)")
     table = _dotted(table)
     seen: dict[str, str] = {}
     for key in table:  # local-epochs and local_epochs: one axis; GridSpec kept the last without a word
@@ -677,7 +748,7 @@ def _sweep(table: Any, path: Path) -> dict[str, list]:
     for key, value in table.items():
         values = value if isinstance(value, list) else [value]
         if not all(map(one_value, values)):
-            raise ConfigError(f"{in_grid_file(path, key)}={value!r}: expected a value or a list of values "
+            raise ConfigError(f"{in_grid_file(path, key)}={_as_written(value)}: expected a value or a list of values "
                               "(text, numbers, true or false; a list of lists for a setting that takes several "
                               "numbers, as betas = [[0.9, 0.999]])")
     return table
@@ -755,14 +826,15 @@ def same_value(v: str) -> Any:
     return v
 
 
-def _check_once(lead: str, values: list[str]) -> None:
+def _check_once(lead: str, values: list[str], shown: list[str] | None = None) -> None:
     """A value given twice made the same cell twice (or two cells of one value): counted twice in the table's mean
-    and standard deviation. ``lead`` names the key and its values (``Names.lead``)."""
+    and standard deviation. ``lead`` names the key and its values (``Names.lead``), ``shown`` each value as its
+    user wrote it (``Names.items``)."""
     seen: dict = {}
-    for v in values:
+    for v, said in zip(values, shown or values):
         if same_value(v) in seen:
-            raise ConfigError(f"{lead}: {seen[same_value(v)]!r} and {v!r} are one value; give each value once")
-        seen[same_value(v)] = v
+            raise ConfigError(f"{lead}: {seen[same_value(v)]!r} and {said!r} are one value; give each value once")
+        seen[same_value(v)] = said
 
 
 def cells(spec: GridSpec) -> list[Cell]:

@@ -20,7 +20,7 @@ from fedcache import disk, interrupts
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
-from fedcache.paths import GRID, check_outside_stores, writable_dir
+from fedcache.paths import GRID, check_outside_stores, removed_if_left_empty, writable_dir
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.options import options_text
@@ -60,8 +60,10 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
     out = out or writable_dir(root, "cannot write the report into", advice=report_elsewhere())
     # One report at a time into one directory: two share the staging folder, and the second removed the first's
     # figures under it ("No such file or directory: .../.report-figures.partial/accuracy-per-round.png").
-    with exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT, transient=True,
-                        advice="report again once it has finished"):
+    # A report that fails (a full disk) leaves no folder it made: the lock's file goes with the lock, its staging
+    # folder with the failure, and a new --out with them, as a run's or a grid's does (ownership.hold).
+    with removed_if_left_empty(out), exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT,
+                                                    transient=True, advice="report again once it has finished"):
         return _write_report(root, runs, out)
 
 

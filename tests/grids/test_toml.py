@@ -52,6 +52,13 @@ CASES = [
     ("seeds = [true]", BASE + "seeds = [true]\n", "grid file {path}: seeds=True: expected an integer"),
     ("seeds = []", BASE + "seeds = []\n" + RUN, "grid file {path}: seeds=[]: give at least one"),
     ("seeds twice", BASE + "seeds = [0, 0]\n" + RUN, "grid file {path}: seeds=[0, 0]: '0' and '0' are one value"),
+    # echoed as the file wrote them: seeds = "" was "seeds=[]", and [1, 1.0] "seeds=[1, 1]: '1' and '1'"
+    ("seeds = ''", BASE + 'seeds = ""\n' + RUN, 'grid file {path}: seeds="": give at least one'),
+    ("methods = ' , '", 'methods = " , "\n' + RUN, 'grid file {path}: methods=" , ": give at least one'),
+    ("seeds = [1, 1.0]", BASE + "seeds = [1, 1.0]\n" + RUN, "grid file {path}: seeds=[1, 1.0]: '1' and '1.0' are one value"),
+    ("seeds = '1, 1'", BASE + "seeds = '1, 1'\n" + RUN, "grid file {path}: seeds=\"1, 1\": '1' and '1' are one value"),
+    # Python reads 1_0 as 10: the grid kept "1_0" (results.csv, the cells' folders) and trained 10
+    ("seeds = '1_0'", BASE + "seeds = '1_0'\n" + RUN, "grid file {path}: seeds='1_0': expected an integer in plain digits: write 10"),
     # jobs
     ("jobs = 'x'", BASE + "jobs = 'x'\n", "grid file {path}: jobs='x': expected an integer"),
     ("jobs = 0", BASE + "jobs = 0\n", "grid file {path}: jobs=0: must be >= 1"),
@@ -131,10 +138,14 @@ CASES = [
     ("set.lr nested", BASE + "[set]\nlr = [[1]]\n", "grid file {path}'s [set] lr='(1)': expected a finite number"),
     ("set.lr nested twice", BASE + "[set]\nlr = [[[1]]]\n",
      "grid file {path}'s [set] lr=[[[1]]]: expected a value or a list of values"),
-    ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}'s [set] lr=datetime.date(1979, 5, 27): expected a value"),
+    ("set.lr a date", BASE + "[set]\nlr = 1979-05-27\n", "grid file {path}'s [set] lr=1979-05-27: expected a value"),
     ("a table below set", BASE + "[set.nested]\na = [[[1]]]\n", "grid file {path}'s [set] nested.a=[[[1]]]: expected a value"),
     ("set.lr = []", BASE + "[set]\nlr = []\nrounds = 1\n", "grid file {path}'s [set] lr=[]: give a value or a list of values"),
-    ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}'s [set] lr=[1e-3, 0.001]: '1e-3' and '0.001' are one value"),
+    ("set.alpha = [1.0, 1]", BASE + "[set]\nalpha = [1.0, 1]\nrounds = 1\n",
+     "grid file {path}'s [set] alpha=[1.0, 1]: '1.0' and '1' are one value"),
+    ("set.clients = '1_0'", BASE + "[set]\nrounds = 1\npartition = 'iid'\nclients = '1_0'\n",
+     "grid file {path}'s [set] clients='1_0': expected an integer in plain digits: write 10"),
+    ("set.lr twice", BASE + "[set]\nlr = ['1e-3', 0.001]\nrounds = 1\n", "grid file {path}'s [set] lr=[\"1e-3\", 0.001]: '1e-3' and '0.001' are one value"),
     ("set.lr = 'x'", BASE + "[set]\nlr = 'x'\nrounds = 1\n", "grid file {path}'s [set] lr='x': expected a finite number"),
     ("set.lr comma text", BASE + "[set]\nlr = '0.1,0.01'\nrounds = 1\n",
      "grid file {path}'s [set] lr='0.1,0.01': expected a finite number; several values are a list in a grid file: lr = [0.1, 0.01]"),
@@ -499,3 +510,43 @@ def test_an_axis_s_values_split_at_commas_outside_brackets():
 
     assert parse_axes(["betas=(0.9,0.999),(0.5, 0.99)", "lr=1e-3,1e-2"]) == {
         "betas": ["(0.9,0.999)", "(0.5, 0.99)"], "lr": ["1e-3", "1e-2"]}
+
+
+def test_a_named_pipe_given_as_the_grid_file_is_refused_not_read(tmp_path, capsys):
+    """A FIFO given as -c blocked the command for ever, its read waiting for a writer that never came."""
+    import os
+    import threading
+
+    fifo = tmp_path / "g.toml"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def writer() -> None:  # ends each read that waits (a check that failed): the test then fails, not hangs
+        while not stop.wait(0.2):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # only where a reader has it open
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        code, err = run_cli(["grid", "-c", fifo], capsys)
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 2 and one_error_line(err) == (f"error: --config {fifo} is a named pipe (FIFO); give a grid TOML "
+                                                 "file (docs/getting-started.md)"), err
+
+
+def test_a_number_the_command_line_spells_with_underscores_is_refused(toy_store, tmp_path, capsys):
+    """Python reads 1_0 as 10: `--set clients=1_0` trained 10 clients and kept "1_0" in results.csv, table.md and
+    the cells' folders, where `--set lr=1e-2`'s 1e-2 is a number to every reader of them."""
+    out = tmp_path / "g"
+    argv = ["grid", "--store", toy_store, "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg", "--rounds", "1",
+            "--partition", "iid", "--out", out]
+    for given in (["--set", "clients=1_0"], ["--clients", "1_0"]):
+        code, err = run_cli(argv + given, capsys)
+        assert code == 2 and one_error_line(err) == ("error: --clients (partition.clients)='1_0': expected an integer "
+                                                     "in plain digits: write 10"), err
+        assert not out.exists()

@@ -329,6 +329,26 @@ def test_a_report_that_fails_part_way_leaves_the_last_one_whole(toy_grid, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["report-figures", "report.html", "report.md"]
 
 
+def test_a_report_that_finds_the_disk_full_leaves_no_folder_it_made(toy_grid, tmp_path, capsys, monkeypatch):
+    """`report -o DIR` on a full disk removed what it had written, and left DIR (and the parents it made) behind,
+    empty; a folder that was there before is kept."""
+    import errno
+
+    from fedcache import disk
+    from tests.faults import one_error_line, run_cli
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(disk, "write_staged", full)
+    made, kept = tmp_path / "new" / "report", tmp_path / "kept"
+    kept.mkdir()
+    for out in (made, kept):
+        code, err = run_cli(["report", toy_grid, "-o", out], capsys)
+        assert code == 1 and one_error_line(err).startswith(f"error: no space left on the disk for the report {out}/"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and list(kept.iterdir()) == []
+
+
 def test_a_kept_candidate_stopped_on_its_way_to_the_next_rung_is_in_training_not_cut(toy_grid, tmp_path):
     """A killed halving grid: a candidate cut at round 1 stopped there; one kept at round 1 that trained on to round 3
     before the grid was stopped was shown as "stopped at round 1" too."""
