@@ -4,6 +4,7 @@ paper's numbers beside fedcache's. The presets (and their data classes) are in `
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -14,8 +15,9 @@ import numpy as np
 
 from fedcache import disk
 from fedcache.errors import ConfigError, FedcacheError
-from fedcache.paths import writable_dir
+from fedcache.paths import GRID, check_outside, writable_dir
 from fedcache.presets import PRESETS, Experiment, Preset
+from fedcache.wording import count, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +34,12 @@ class Need:
 
 
 def check(preset: Preset, store: Path, data_root: Path | None = None, weights: dict | None = None) -> list[Need]:
-    """Every dataset, backbone and method the preset needs, and whether this machine has it."""
+    """Every dataset, backbone and method the preset needs, and whether this machine has it; the store first."""
     from fedcache.federate.methods import METHODS
 
     weights = weights or {}
-    needs: list[Need] = []
+    _check_weights_named(preset, weights)
+    needs: list[Need] = [_store_need(Path(store))]
     for m in sorted({m for e in preset.experiments for m in e.methods}):
         needs.append(Need("method", m, m in METHODS, "" if m in METHODS else "not registered in this fedcache version (`fedcache methods` lists what is)"))
     cached: dict[tuple[str, str], bool] = {}  # (store dataset, backbone): the store asked once each, not per experiment
@@ -44,13 +47,38 @@ def check(preset: Preset, store: Path, data_root: Path | None = None, weights: d
         for b in e.backbones:
             if (e.store_dataset, b) not in cached:
                 cached[e.store_dataset, b] = _cached(store, e, b)
-        lacking = [b for b in e.backbones if not cached[e.store_dataset, b]]
+        # What the run extracts (_to_extract): a backbone given --weights too, stored or not
+        lacking = [b for b in e.backbones if b in weights or not cached[e.store_dataset, b]]
         for b in e.backbones:
             if not any(n.kind == "weights" and n.name == b for n in needs):
-                needs.append(_weights_need(b, weights, b not in lacking))
+                needs.append(_weights_need(b, weights, cached[e.store_dataset, b]))
         if not any(n.kind == "dataset" and n.name == e.store_dataset for n in needs):
             needs.append(_dataset_need(e, lacking, data_root))
     return needs
+
+
+def _check_weights_named(preset: Preset, weights: dict) -> None:
+    """A checkpoint for a backbone the preset does not use would be dropped without a word: the run went on without
+    it (a typo of the backbone meant is a known backbone's name as often as not: resnet18-imagenet)."""
+    used = sorted({b for e in preset.experiments for b in e.backbones})
+    for name in weights:
+        if name not in used:
+            raise ConfigError(f"--weights {name}=...: {preset.name} uses no backbone {name!r}{did_you_mean(name, used)}; "
+                              f"its backbones: {', '.join(used)}")
+
+
+def _store_need(store: Path) -> Need:
+    """The store as the run opens it (or makes it): a file, or a folder of other files (a run's directory), was
+    listed as a store lacking every feature, all ok, and the run then refused it."""
+    from fedcache.store.feature_store import FeatureStore
+
+    if not store.exists() or (store.is_dir() and not any(store.iterdir())):
+        return Need("store", str(store), True, "made by the run")
+    try:
+        FeatureStore(store, create=False)
+    except FedcacheError as exc:
+        return Need("store", str(store), False, str(exc))
+    return Need("store", str(store), True, "a feature store")
 
 
 def _cached(store: Path, e: Experiment, backbone: str) -> bool:
@@ -99,11 +127,16 @@ def _weights_need(backbone: str, weights: dict, cached: bool) -> Need:
     if backbone not in BACKBONES:
         return Need("weights", backbone, False, "unknown backbone (`fedcache backbones` lists them)")
     spec = BACKBONES.get(backbone)
+    if backbone in weights:  # extracted from it whatever the store holds (_to_extract): a path to nothing was "ok"
+        path = Path(weights[backbone])
+        if not path.is_file():
+            return Need("weights", backbone, False, f"--weights {backbone}={path}: no such file")
+        return Need("weights", backbone, True, f"extracted from {path}")
     if cached:
         return Need("weights", backbone, True, "features already in the store")
-    if spec.weights == "user-checkpoint" and backbone not in weights:
+    if spec.weights == "user-checkpoint":
         return Need("weights", backbone, False, f"needs a checkpoint: {spec.weights_help}")  # the help says how to pass it
-    if spec.weights in ("packaged", "random") or backbone in weights:
+    if spec.weights in ("packaged", "random"):
         return Need("weights", backbone, True, "offline" if spec.weights != "random" else "random weights (timing only)")
     return Need("weights", backbone, True, f"downloaded on first use (needs a network): {spec.weights_help or spec.weights}")
 
@@ -118,8 +151,8 @@ def _dataset_need(e: Experiment, lacking: list[str], data_root: Path | None) -> 
     if not lacking:
         return Need("dataset", e.store_dataset, True, "features already in the store")
     spec = DATASETS.get(e.dataset)
-    extracts = (f" (the run extracts its features of {', '.join(lacking)}: the store lacks them, or holds them made "
-                "otherwise than the preset makes them)")
+    extracts = (f" (the run extracts its features of {', '.join(lacking)}: the store lacks them, holds them made "
+                "otherwise than the preset makes them, or --weights gives their checkpoint)")
     if spec.source == "embedded":
         return Need("dataset", e.store_dataset, True, "generated offline" + extracts)
     try:
@@ -143,10 +176,11 @@ def plan_lines(preset: Preset) -> list[str]:
 
 def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = None, weights: dict | None = None,
               jobs: int = 1, progress: Callable | None = None, on_cell: Callable | None = None) -> Path:
-    """Extract what is missing, run every grid, write paper.json and the report; returns the report's path."""
+    """Extract what is missing, run every grid, write paper.json and the report; returns the report's path.
+    ``on_cell(key, done, total, row)``: a cell of the grid ``key`` (its experiment's) is done."""
     from fedcache.api import extract_features, grid, report
 
-    writable_dir(out, "--out")
+    check_out(out, store)
     missing = [n for n in check(preset, store, data_root, weights) if not n.ok]
     if missing:
         raise ConfigError(f"{preset.name} cannot run here: " + "; ".join(f"{n.kind} {n.name}: {n.how}" for n in missing)
@@ -158,9 +192,25 @@ def reproduce(preset: Preset, store: Path, out: Path, data_root: Path | None = N
             extract_features(e.dataset, todo, store=store, progress=progress, data_root=data_root,
                              weights={b: Path(p) for b, p in (weights or {}).items() if b in todo}, **e.extract)
         tables[e.key] = grid(store=store, dataset=e.store_dataset, backbones=list(e.backbones), methods=list(e.methods),
-                             sweep=dict(e.sweep), seeds=list(e.seeds), out=Path(out) / e.key, jobs=jobs, on_cell=on_cell)
+                             sweep=dict(e.sweep), seeds=list(e.seeds), out=Path(out) / e.key, jobs=jobs,
+                             on_cell=functools.partial(on_cell, e.key) if on_cell else None)
     write_paper_json(preset, tables, Path(out))
     return report(out)
+
+
+def check_out(out: Path | str, store: Path | str) -> Path:
+    """``--out`` as the run writes it, checked before anything is extracted: its first grid refused one inside a
+    feature store after the extraction (minutes to hours in; the store the run makes too), and a dry run said nothing
+    of it. Each experiment's grid is a folder of it, so it cannot be a grid's directory itself."""
+    out = writable_dir(out, "--out")
+    check_outside(out)
+    where, inside = Path(out).resolve(), Path(store).resolve()
+    if where == inside or inside in where.parents:
+        raise ConfigError(f"--out {out} is inside the feature store {store}; choose a directory outside it")
+    if (out / GRID).is_file():
+        raise ConfigError(f"--out {out} is a grid's directory; a reproduction writes a grid in a folder of its own for "
+                          "each experiment: choose another --out")
+    return out
 
 
 def _to_extract(e: Experiment, store: Path, weights: dict) -> list[str]:
@@ -181,7 +231,7 @@ def write_paper_json(preset: Preset, tables: dict, out: Path) -> Path:
         values = [r[p.metric] for r in mine if r.get(p.metric) is not None]
         value = float(np.mean(values)) if values else None
         rows.append({"what": p.what, "paper": p.value, "fedcache": value,
-                     "note": f"{p.method}, mean of {len(mine)} runs" if mine else f"{p.method}: not run"})
+                     "note": f"{p.method}, mean of {count(len(mine), 'run')}" if mine else f"{p.method}: not run"})
     doc = {"title": preset.title, "text": preset.notes, "rows": rows}
     path = out / "paper.json"
     disk.write_text(path, json.dumps(doc, indent=2) + "\n", "the paper's numbers")

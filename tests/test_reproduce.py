@@ -76,6 +76,7 @@ def test_user_checkpoint_backbones_are_missing_without_weights(tmp_path):
     assert not needs["weights", "resnet18-quickdraw"].ok
     assert needs["weights", "resnet18-quickdraw"].how.count("--weights resnet18-quickdraw=PATH") == 1  # said once
     ckpt = tmp_path / "q.pth"
+    ckpt.write_bytes(b"")
     needs = {(n.kind, n.name): n for n in rp.check(rp.get("fedpcl-table2"), tmp_path / "none.zarr", weights={"resnet18-quickdraw": ckpt})}
     assert needs["weights", "resnet18-quickdraw"].ok
 
@@ -305,3 +306,73 @@ def test_a_dry_run_says_which_backbones_features_the_run_extracts(toy_store, tmp
     (dataset,) = [n for n in rp.check(TOY, store) if n.kind == "dataset"]
     assert dataset.ok and dataset.how.startswith("generated offline (the run extracts its features of "
                                                  f"{BACKBONE}: the store lacks them"), dataset.how
+
+
+@pytest.fixture
+def toy_preset(monkeypatch):
+    """TOY registered, for the command line: `fedcache reproduce test-toy-preset`."""
+    monkeypatch.setitem(ps.PRESETS._items, TOY.name, TOY)
+    return TOY
+
+
+def test_a_dry_run_refuses_a_store_the_run_would_refuse(tmp_path):
+    """A regular file, or a run's folder, given as --store was listed as a store lacking every feature, all ok (exit
+    0), and the run then refused it."""
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    for store, said in (("a-file", "is a file, not a feature store"), ("run", "a folder of other files: config.json")):
+        missing = [n for n in rp.check(TOY, tmp_path / store) if not n.ok]
+        assert [n.kind for n in missing] == ["store"] and said in missing[0].how, store
+    (new,) = [n for n in rp.check(TOY, tmp_path / "new.zarr") if n.kind == "store"]
+    assert new.ok and new.how == "made by the run"
+
+
+def test_weights_are_checked_as_the_run_uses_them(toy_store, tmp_path):
+    """--weights to no file was "ok" (the run stopped at its extraction); given for a backbone whose features are
+    stored, the dry run said they were in the store, though the run extracts them from the checkpoint; and one for
+    a backbone the preset does not use was dropped without a word."""
+    from tests.conftest import BACKBONE
+
+    needs = {n.name: n for n in rp.check(TOY, toy_store, weights={BACKBONE: tmp_path / "none.pth"})}
+    assert not needs[BACKBONE].ok and needs[BACKBONE].how.endswith("none.pth: no such file")
+    (tmp_path / "w.pth").write_bytes(b"")
+    needs = {n.name: n for n in rp.check(TOY, toy_store, weights={BACKBONE: tmp_path / "w.pth"})}
+    assert needs[BACKBONE].ok and needs[BACKBONE].how == f"extracted from {tmp_path / 'w.pth'}"
+    assert needs["test-toy"].how.startswith(f"generated offline (the run extracts its features of {BACKBONE}")
+    with pytest.raises(ConfigError, match="test-toy-preset uses no backbone 'tiny-clip-random'.*; its backbones: tiny-timm-random"):
+        rp.check(TOY, toy_store, weights={"tiny-clip-random": tmp_path / "w.pth"})
+
+
+def test_out_is_checked_before_anything_is_extracted(tmp_path, monkeypatch, toy_preset, capsys):
+    """An --out inside the feature store was refused by the run's first grid, after the extraction (minutes to hours
+    in), and a dry run said nothing of it; nor of --jobs 0."""
+    from fedcache import api
+
+    def no_extraction(*args, **kwargs):
+        raise AssertionError("extracted before --out was checked")
+
+    monkeypatch.setattr(api, "extract_features", no_extraction)
+    store = tmp_path / "s.zarr"
+    with pytest.raises(ConfigError, match="is inside the feature store"):
+        rp.reproduce(TOY, store, store / "runs")
+    store.mkdir()  # as an extraction leaves it
+    (store / "zarr.json").write_text('{"attributes": {"fedcache_store": 2}, "zarr_format": 3, "node_type": "group"}')
+    for args, said in ((["--out", str(store / "runs")], "is inside the feature store"), (["--jobs", "0"], "--jobs")):
+        code = main(["reproduce", TOY.name, "--dry-run", "--store", str(store), *args])
+        assert code == 2 and said in capsys.readouterr().err, args
+
+
+def test_a_run_shows_its_grids_and_ends_with_the_papers_numbers_beside_its_own(toy_store, tmp_path, toy_preset, capsys):
+    """A reproduction said nothing while its grids ran (hours, for a paper's table) and ended with the report's path
+    alone; its numbers were in the HTML. Each grid has its bar, and the comparison is printed."""
+    import shutil
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(toy_store, store)
+    code = main(["reproduce", TOY.name, "--store", str(store), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "grid toy 4/4 (100%)" in err
+    paper = json.loads((tmp_path / "out" / "paper.json").read_text())["rows"]
+    line = next(x for x in out.splitlines() if "FedAvg, lr 0.1" in x).split()
+    assert line[3:5] == ["50.00", f"{paper[0]['fedcache']:.2f}"] and paper[0]["note"] == "fedavg, mean of 1 run"

@@ -191,8 +191,11 @@ def _csv(text: str, option: str = "") -> list[str]:
 
 
 class _Rate(ProgressColumn):
+    """Images per second, or the task's own ``unit`` ("": none, for a count of cells that a rate would not help)."""
+
     def render(self, task) -> Text:
-        return Text(f"{task.speed:,.0f} img/s" if task.speed else "", style="cyan")
+        unit = task.fields.get("unit", "img/s")
+        return Text(f"{task.speed:,.0f} {unit}" if task.speed and unit else "", style="cyan")
 
 
 class ExtractProgress:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -229,7 +230,7 @@ def reproduce(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<preset>)."),
     data_root: Optional[Path] = typer_option(EXTRACT_OPTIONS["data_root"]),
     weights: List[str] = typer_option(EXTRACT_OPTIONS["weights"]),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Grid worker processes."),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Grid worker processes."),
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Reproduce a paper's table: extract, run the grids, report with the paper's numbers beside fedcache's."""
@@ -239,22 +240,51 @@ def reproduce(
             console.print(f"[bold]{name}[/]: {rp.get(name).title}")
         return
     p, w = rp.get(preset), EXTRACT_OPTIONS["weights"].parse(weights)
+    out = rp.check_out(out or Path("runs") / preset, store)
     console.print(f"[bold]{p.title}[/] ({p.source}; {len(p.paper)} reported numbers)\n{p.notes}")
     for line in rp.plan_lines(p):
         console.print(f"  {line}")
     needs = rp.check(p, store, data_root, w)
+    _say_needs(needs, dry_run)
+    if dry_run:
+        return
+    with threads_for(threads), _progress() as progress:
+        html = rp.reproduce(p, store, out, data_root, w, jobs, ExtractProgress(progress), _grid_bars(progress))
+    _say_paper(out)
+    console.print(f"report: {html}")
+
+
+def _say_needs(needs: list, dry_run: bool) -> None:
+    """The needs' table; a dry run ends with exit status 1 while any is missing (a script checks the machine by it)."""
     table = Table("kind", "name", "status", "how", box=None)
     for n in needs:
         status = "[red]missing[/]" if not n.ok else "[yellow]download[/]" if n.how.startswith("downloaded") else "[green]ok[/]"
-        table.add_row(n.kind, n.name, status, n.how)
+        table.add_row(n.kind, escape(n.name), status, escape(n.how))
     print_table(table, flexible="how")
-    if dry_run:
-        missing = [n for n in needs if not n.ok]
-        if missing:  # a script checks the machine by the exit status
-            console.print(f"{count(len(missing), 'need')} of {len(needs)} missing (the 'how' column says how to get "
-                          "each): a run would stop at the first", highlight=False, soft_wrap=True)
-            raise typer.Exit(1)
-        return
-    with threads_for(threads), _progress() as progress:
-        html = rp.reproduce(p, store, out or Path("runs") / preset, data_root, w, jobs, ExtractProgress(progress))
-    console.print(f"report: {html}")
+    missing = [n for n in needs if not n.ok]
+    if dry_run and missing:
+        console.print(f"{count(len(missing), 'need')} of {len(needs)} missing (the 'how' column says how to get "
+                      "each): a run would stop at the first", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _grid_bars(progress):
+    """A bar for each grid of the preset as its cells finish: a paper's grids ran for hours without a line."""
+    tasks: dict[str, int] = {}
+
+    def on_cell(key: str, done: int, total: int, row: dict) -> None:
+        if key not in tasks:
+            tasks[key] = progress.add_task(f"grid {key}", total=total, unit="")  # cells, not images: no rate
+        progress.update(tasks[key], total=total, completed=done)
+
+    return on_cell
+
+
+def _say_paper(out: Path) -> None:
+    """The paper's numbers beside fedcache's, as paper.json holds them: the command printed only the report's path."""
+    rows = json.loads((out / "paper.json").read_text())["rows"]
+    table = Table("paper's number", "paper", "fedcache", "from", box=None)
+    for r in rows:
+        mine = "-" if r["fedcache"] is None else f"{r['fedcache']:.2f}"
+        table.add_row(escape(r["what"]), f"{r['paper']:.2f}", mine, escape(r["note"]))
+    print_table(table, flexible="paper's number")

@@ -55,7 +55,7 @@ def store_ls(store: Path = StoreOpt) -> None:
     _say_unfinished(fs, infos, superseded, store)
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
-        console.print(f"{old} entries in store format 1 (compressed, read through Zarr): `fedcache store upgrade "
+        console.print(f"{count(old, 'entry', 'entries')} in store format 1 (compressed, read through Zarr): `fedcache store upgrade "
                       f"{pasted('--store', store)}` rewrites them to be read at the speed of memory", highlight=False,
                       soft_wrap=True)
 
@@ -218,11 +218,10 @@ def store_upgrade(store: Path = StoreOpt) -> None:
                       + (f" ({escape(r.detail)})" if r.detail else ""), highlight=False)
 
     results = upgrade_store(_open_store(store), said)
-    count = {status: sum(r.status == status for r in results) for status in ("upgraded", "skipped", "current")}
-    console.print(f"{count['upgraded']} entries upgraded, {count['skipped']} skipped, {count['current']} in the "
+    n = {status: sum(r.status == status for r in results) for status in ("upgraded", "skipped", "current")}
+    console.print(f"{count(n['upgraded'], 'entry', 'entries')} upgraded, {n['skipped']} skipped, {n['current']} in the "
                   "current format already", highlight=False)
-    skipped = count["skipped"]
-    if skipped:
+    if n["skipped"]:
         raise typer.Exit(1)
 
 
@@ -287,11 +286,11 @@ def store_export(
     store: Path = StoreOpt,
 ) -> None:
     """Export the features of a dataset and backbone to HDF5 or NPZ."""
-    from fedcache.store.exporting import check_target, export_tables
+    from fedcache.store.exporting import check_format, check_target, export_tables
 
     if not _csv(splits):
         raise typer.BadParameter("name at least one split, e.g. train,test", param_hint="--splits")
-    fmt = fmt or _format_of(out)
+    fmt = check_format(fmt or _format_of(out))  # before the store is read (a while, for a large dataset)
     check_target(out, overwrite)
     fs = _open_store(store)
     tables = fs.read_splits(dataset, _csv(splits), backbone)

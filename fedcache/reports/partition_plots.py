@@ -9,6 +9,7 @@ about 250 clients, or about 230 classes) the first shows the rows as colour inst
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -17,11 +18,13 @@ import numpy as np
 from fedcache import disk
 from fedcache.federate.partitions import Partition
 from fedcache.reports.canvas import subplots
+from fedcache.wording import count
 
 MAX_TICKS = 25
 MAX_FIG_INCHES = 16.0
 MIN_BUBBLE_PTS = 4.0  # a grid cell narrower than this (points) shows rows as colour, not bubbles
 DPI = 110
+TITLE_PTS = 10  # the title's font size
 
 
 def client_class_counts(partition: Partition, train_labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -115,13 +118,21 @@ def _client_by_class(ax, class_names: Sequence[str], n_classes: int, title: str)
     ax.set_yticklabels([_short(class_names[i]) if i < len(class_names) else str(i) for i in ticks], fontsize=8)
     ax.set_xlabel("client")
     ax.set_ylabel("class")
-    ax.set_title(title, fontsize=10)
+    _set_title(ax, title)
+
+
+def _set_title(ax, title: str) -> None:
+    """The title in lines the figure holds: one wider than the figure (a domain-dirichlet partition's settings, at
+    the narrowest figure) was cut at both edges."""
+    fits = int(ax.figure.get_figwidth() * 72 / (0.6 * TITLE_PTS))  # characters of about 0.6 em each
+    ax.set_title(textwrap.fill(title, max(fits, 20)), fontsize=TITLE_PTS)
 
 
 def _saved(fig, path: Path) -> Path:
+    """``fig`` as a PNG written beside ``path`` and renamed over it: an interrupted or killed save left a part of a
+    PNG there (over the last chart of that name), taken for the chart."""
     fig.tight_layout()
-    with disk.on_full_disk(path, "the figure", remove=[path]):  # a part of a PNG is no figure
-        fig.savefig(path)
+    disk.save_atomic(path, lambda f: fig.savefig(f, format="png"), 0, "the figure")
     return path
 
 
@@ -135,7 +146,7 @@ def _size_legend(ax, biggest: int, cell_pts: float) -> None:
         ax.scatter([], [], s=(r / biggest) * (0.95 * cell_pts) ** 2, c="tab:blue", alpha=0.65, edgecolors="navy", linewidths=0.4)
         for r in refs
     ]
-    ax.legend(handles, [f"{r} rows" for r in refs], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+    ax.legend(handles, [count(r, "row") for r in refs], loc="upper left", bbox_to_anchor=(1.01, 1.0),
               fontsize=8, frameon=False, labelspacing=1.2, borderaxespad=0)
 
 
@@ -159,7 +170,7 @@ def _sizes(partition: Partition, train_domains, domain_names, title: str, path: 
     ax.set_xlim(-0.7, n_clients - 0.3)
     ax.set_xlabel("client")
     ax.set_ylabel("training rows")
-    ax.set_title(title, fontsize=10)
+    _set_title(ax, title)
     ax.grid(True, axis="y", color="0.9", linewidth=0.5)
     ax.set_axisbelow(True)
     if len(present) > 1:

@@ -21,6 +21,8 @@ import numpy as np
 from fedcache import disk, interrupts
 from fedcache.errors import ConfigError, DiskFullError, StoreError
 from fedcache.store.feature_store import FeatureTable
+from fedcache.store.locks import exclusive_lock
+from fedcache.wording import did_you_mean
 
 GZIP_LEVEL = 4  # h5py's default gzip level, named so that the size estimate compresses as the writer does
 WHAT, ADVICE = "the export", "free some space or choose another --out"
@@ -29,8 +31,17 @@ WHAT, ADVICE = "the export", "free some space or choose another --out"
 def export_tables(tables: dict[str, FeatureTable], path: Path, fmt: str, overwrite: bool = False) -> None:
     """Write the tables (split -> table) to ``path`` in ``fmt`` (h5 or npz): the whole file, or nothing of it. A file
     already there is replaced only with ``overwrite``."""
-    fmt, path = _check_format(fmt), Path(path)
-    check_target(path, overwrite)
+    fmt, path = check_format(fmt), Path(path)
+    check_target(path, overwrite)  # first: the lock's file would be made in a folder that is not there
+    # One export to a path at a time: two wrote one partial file together, the first renamed it into place (said
+    # as its own, whatever it then held) and the second failed with "No such file or directory".
+    with exclusive_lock(path.with_name(f".{path.name}.lock"), f"{path}", transient=True,
+                        advice="wait for that export to finish, or choose another --out"):
+        check_target(path, overwrite)  # again: one that finished while this export read the store made the file
+        _write(tables, path, fmt)
+
+
+def _write(tables: dict[str, FeatureTable], path: Path, fmt: str) -> None:
     arrays, meta = _arrays(tables), _meta(tables)
     need = estimate_size(arrays, fmt)
     disk.check_space(path, need, WHAT, ADVICE)
@@ -63,9 +74,9 @@ def _meta(tables: dict[str, FeatureTable]) -> dict[str, str]:
             "random_weights": json.dumps(first.random_weights)}
 
 
-def _check_format(fmt: str) -> str:
+def check_format(fmt: str) -> str:
     if fmt not in _FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
+        raise ConfigError(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}{did_you_mean(fmt, _FORMATS)}")
     return fmt
 
 

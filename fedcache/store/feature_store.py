@@ -27,7 +27,7 @@ from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError, StoreIsAFileError, StoreNotFoundError, UnknownEntryError,
                              UnreadableEntryError)
-from fedcache.paths import denied_problem, is_denied, owner, store_denied, unreadable_store
+from fedcache.paths import denied_problem, is_denied, owner, store_denied, store_holding, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
@@ -114,8 +114,7 @@ class FeatureStore(TextEmbeddings, Removal):
             raise StoreError(f"{self.path} is not a fedcache feature store: {exc}") from exc
         fmt = root.attrs.get("fedcache_store")
         if fmt is None:
-            if any(True for _ in root.members()) and ENTRIES not in root:
-                raise StoreError(f"{self.path} is a Zarr group but not a fedcache feature store")
+            self._refuse_a_group(root)
             with disk.on_full_disk(self.path / "zarr.json", "the feature store"):
                 root.attrs.update({"fedcache_store": STORE_FORMAT})
         elif fmt > STORE_FORMAT:
@@ -132,6 +131,17 @@ class FeatureStore(TextEmbeddings, Removal):
                 raise StoreError(f"{self.path}: the metadata of its {name!r} group is damaged ({type(exc).__name__}: {exc}); "
                                  f"delete {meta} and fedcache writes it again") from None
         return root
+
+    def _refuse_a_group(self, root: zarr.Group) -> None:
+        """A Zarr group without the store's mark is made a store only where it is no other's: a group of a store
+        (its ``text``, ``entries`` or a partition's folder, given for the store) was marked and given groups of its
+        own by a mere `store ls`, and the store then listed them as two partial text embedding sets."""
+        holder = store_holding(self.path.parent)
+        if holder is not None:
+            raise StoreError(f"{self.path} is a group of the feature store {holder}, not a store; give "
+                             f"{holder} as {named('--store', 'store')}")
+        if any(True for _ in root.members()) and ENTRIES not in root:
+            raise StoreError(f"{self.path} is a Zarr group but not a fedcache feature store")
 
     def _denied(self, exc: OSError) -> str:
         """Opening (or making) the store refused: a new one in a folder this user cannot write in, another user's

@@ -68,6 +68,8 @@ def read_checked(path: Path, split: str | None) -> Checked:
 
 # ---- files -------------------------------------------------------------------------------
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    if path.is_dir():  # "no such file" said of a folder that is there
+        raise ConfigError(f"{path} is a folder; give an .h5/.hdf5 or .npz file")
     if not path.is_file():
         raise InputNotFoundError(f"no such file: {path}")
     read = _READERS.get(path.suffix)

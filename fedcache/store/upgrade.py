@@ -27,6 +27,7 @@ from fedcache.store.writer import EntryWriter, _create_entry
 from fedcache.wording import pasted
 
 STAGING = ".upgrade"
+UPGRADE_LOCK = "upgrade"  # <store>/.locks/upgrade.lock, held for a whole upgrade
 # Attributes the new entry computes itself (the rest, such as classes and domains, are copied).
 _OWN = ("key", "n_rows", "dim", "chunk_rows", "batch_size", "complete", "completed_at", "n_valid", "n_bad_images")
 
@@ -41,15 +42,20 @@ class Upgraded:
 
 def upgrade_store(store: FeatureStore, on_entry: Callable[[Upgraded], None] | None = None) -> list[Upgraded]:
     """Every format-1 entry rewritten in the current format (the first one written raises the store's format,
-    so that an older fedcache refuses the store rather than misreads it)."""
-    _finish_interrupted(store)
-    done = []
-    for info in store.entries():
-        result = _upgrade(store, info)
-        done.append(result)
-        if on_entry:
-            on_entry(result)
-    shutil.rmtree(store.path / STAGING, ignore_errors=True)
+    so that an older fedcache refuses the store rather than misreads it). One upgrade of a store at a time: a second
+    rewrote the entries the first had just upgraded, from the format it had listed them in, and each one's last step
+    (removing the staging folder) took the other's entries being swapped in with it."""
+    with store.lock(UPGRADE_LOCK, f"the store {store.path}", wait=0.0,
+                    advice="another `fedcache store upgrade` is upgrading it; let it finish (a second has nothing "
+                           "left to do)"):
+        _finish_interrupted(store)
+        done = []
+        for info in store.entries():
+            result = _upgrade(store, info)
+            done.append(result)
+            if on_entry:
+                on_entry(result)
+        shutil.rmtree(store.path / STAGING, ignore_errors=True)
     return done
 
 

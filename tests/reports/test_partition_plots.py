@@ -52,3 +52,66 @@ def test_who_holds_which_classes_shows_at_any_number_of_clients(tmp_path, client
     part = Partition(PartitionRequest.of("iid", clients), rows, [r[:1] for r in rows])
     bubbles, _ = plot_partition(part, labels, [f"class {i}" for i in range(100)], tmp_path / "p")
     assert _ink_in_plot(bubbles) > 2000
+
+
+def _charts(tmp_path, monkeypatch, request: PartitionRequest, n_classes: int = 10, n_domains: int = 5, rows: int = 10):
+    """The two charts' figures of a partition of ``request`` (each client ``rows`` rows of every class, its domain's)."""
+    import numpy as np
+
+    from fedcache.federate.partitions import Partition
+    from fedcache.reports import partition_plots
+
+    figures, save = [], partition_plots._saved
+    monkeypatch.setattr(partition_plots, "_saved", lambda fig, path: figures.append(fig) or save(fig, path))
+    n = request.n_clients
+    labels = np.tile(np.arange(n_classes), n * rows)
+    domains = np.repeat(np.arange(n) % n_domains, n_classes * rows)
+    clients = np.array_split(np.arange(len(labels)), n)
+    part = Partition(request, clients, [c[:1] for c in clients])
+    paths = partition_plots.plot_partition(part, labels, [f"c{i}" for i in range(n_classes)], tmp_path / "p", domains,
+                                           [f"d{i}" for i in range(n_domains)])
+    return figures, paths
+
+
+def test_a_long_title_is_wrapped_inside_the_figure(tmp_path, monkeypatch):
+    """A domain-dirichlet partition's title (its alpha, class budget and clients per domain) was one line wider than
+    the figure, cut at both edges: `omain-dirichlet partition, ... clients_per_domain=`."""
+    request = PartitionRequest.of("domain-dirichlet", 20, alpha=1.0, class_budget=10, clients_per_domain=4)
+    figures, _ = _charts(tmp_path, monkeypatch, request)
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        title = fig.axes[0].title
+        box, page = title.get_window_extent(renderer), fig.bbox
+        assert "clients_per_domain=4" in title.get_text()
+        assert page.x0 <= box.x0 and box.x1 <= page.x1, (box, page)
+
+
+def test_the_size_legend_says_one_row(tmp_path, monkeypatch):
+    """The bubbles' legend said `1 rows` for the smallest reference bubble."""
+    figures, _ = _charts(tmp_path, monkeypatch, PartitionRequest.of("iid", 5), rows=10)
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert legend == ["10 rows", "5 rows", "1 row"]
+
+
+def test_a_chart_stopped_while_it_is_saved_leaves_the_last_one_whole(tmp_path, monkeypatch):
+    """The PNG was written in place: a Ctrl-C (or a kill) while it was saved left a part of one at its name, over the
+    last chart, and a viewer or a report took it for the chart."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    from tests.faults import leftovers
+
+    request = PartitionRequest.of("iid", 5)
+    _, paths = _charts(tmp_path, monkeypatch, request)
+    before = {p: p.read_bytes() for p in paths}
+
+    def torn(self, target, **kwargs):
+        data = b"\x89PNG\r\n\x1a\n a part of a chart"
+        target.write(data) if hasattr(target, "write") else Path(target).write_bytes(data)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", torn)
+    with pytest.raises(KeyboardInterrupt):
+        _charts(tmp_path, monkeypatch, request)
+    assert {p: p.read_bytes() for p in paths} == before and leftovers(tmp_path) == []

@@ -492,6 +492,22 @@ def test_a_folder_of_other_files_is_not_made_a_store_and_an_empty_one_is_no_stor
     assert FeatureStore(empty, create=False).entries() == []
 
 
+def test_a_group_of_a_store_given_as_the_store_is_refused_and_left_as_it_was(store_path, capsys):
+    """`store ls --store feats.zarr/text` (a store's group, empty) listed an "empty store", marked the group a store
+    and made groups in it, which the store then listed as two partial text embedding sets."""
+    from fedcache.cli import main
+
+    write_all(FeatureStore(store_path), key(), np.ones((4, 3), np.float32), np.zeros(4, np.int64))
+    FeatureStore(store_path).root.require_group("partitions").require_group("ds")
+    for group in ("text", "entries", "partitions", "partitions/ds"):
+        meta = (store_path / group / "zarr.json").read_bytes()
+        assert main(["store", "ls", "--store", str(store_path / group)]) == 1, group
+        said = capsys.readouterr().err
+        assert f"is a group of the feature store {store_path}, not a store; give {store_path} as --store" in said
+        assert (store_path / group / "zarr.json").read_bytes() == meta, group
+    assert FeatureStore(store_path).text_entries() == []
+
+
 def test_a_store_path_that_is_no_store_raises_the_builtin_it_is_a_case_of(tmp_path):
     """Code written against the builtins catches them (docs/python-api.md); a folder that cannot be made is said
     so, not as no fedcache store."""

@@ -229,3 +229,52 @@ def test_a_name_train_could_not_select_is_refused(dataset, backbone, option, tmp
     with pytest.raises(ConfigError, match=f"^{option} .*(cannot be empty|cannot hold a comma)"):
         import_file(store_path, path, dataset, backbone, split="train")
     assert not store_path.exists()
+
+
+def test_a_folder_given_to_import_is_said_to_be_one(tmp_path, store_path, capsys):
+    """`store import runs` (a folder) said `no such file: runs` of a folder that is there."""
+    (tmp_path / "runs").mkdir()
+    code = main(["store", "import", str(tmp_path / "runs"), "-d", "m", "-b", "e", "--store", str(store_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{tmp_path / 'runs'} is a folder; give an .h5/.hdf5 or .npz file" in err
+
+
+def test_a_misspelt_export_format_is_refused_before_the_store_is_read(tmp_path, store_path, capsys, monkeypatch):
+    """`--format hd5` named no format meant, and only once the store's tables had been read (minutes, for a large
+    dataset)."""
+    path = save_npz(tmp_path / "ok.npz", good())
+    import_file(FeatureStore(store_path), path, "mine", "enc", split="train")
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the store was read")
+
+    monkeypatch.setattr(FeatureStore, "read_splits", unread)
+    code = main(["store", "export", "-d", "mine", "-b", "enc", "--splits", "train", "--store", str(store_path),
+                 "-o", str(tmp_path / "out.h5"), "--format", "hd5"])
+    assert code == 2 and "got 'hd5' (did you mean 'h5'?)" in capsys.readouterr().err
+
+
+def test_two_exports_to_one_file_at_once(tmp_path, store_path, monkeypatch):
+    """Two exports to one --out wrote one partial file together: the first renamed it into place and said it wrote its
+    splits (whatever the file then held), the second failed with "No such file or directory". The second is refused
+    at once, naming the first, and the file is the first's, whole."""
+    from fedcache.errors import EntryLockedError
+    from fedcache.store import exporting
+
+    path = save_npz(tmp_path / "ok.npz", good())
+    import_file(FeatureStore(store_path), path, "mine", "enc", split="train")
+    tables = FeatureStore(store_path).read_splits("mine", ["train"], "enc")
+    out, refused, npz = tmp_path / "out.npz", [], exporting._FORMATS["npz"]
+
+    def meanwhile(target, arrays, meta):
+        with pytest.raises(EntryLockedError) as second:
+            exporting.export_tables(tables, out, "npz", overwrite=True)
+        refused.append(str(second.value))
+        npz.write(target, arrays, meta)
+
+    monkeypatch.setitem(exporting._FORMATS, "npz", exporting._Format(meanwhile, npz.level))
+    exporting.export_tables(tables, out, "npz")
+    assert refused and f"{out} is being written by another process" in refused[0]
+    with np.load(out) as whole:
+        assert whole["train__features"].shape == good()["features"].shape
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.npz", "out.npz", "store.zarr"]

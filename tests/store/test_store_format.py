@@ -125,7 +125,7 @@ def test_upgrade_rewrites_bit_for_bit_and_keeps_ids_and_times(old, capsys):
         assert w.finish()
     code, out = run(capsys, "store", "upgrade", "--store", str(old))
     # The five upgraded before are counted, not each said: a current store's upgrade was a line per entry.
-    assert code == 0 and "1 entries upgraded, 0 skipped, 5 in the current format already" in out
+    assert code == 0 and "1 entry upgraded, 0 skipped, 5 in the current format already" in out
     assert ": current" not in out and len(out.strip().splitlines()) == 2
     assert not (old / ".upgrade").exists()
     np.testing.assert_array_equal(FeatureStore(old).read("extracted", "test", "tiny").features,
@@ -152,6 +152,18 @@ def test_an_upgrade_interrupted_mid_swap_is_finished_by_the_next(old, monkeypatc
     store = FeatureStore(old)
     assert len(store.entries()) == 6 and {store.verify(e)[0] for e in store.entries()} == {"ok", "partial"}
     same_table(store.read("extracted", "train", "tiny"), ref)
+
+
+def test_a_second_upgrade_while_one_runs_is_refused(old, capsys):
+    """Two upgrades of a store at once: the second rewrote the entries the first had just upgraded (from the format
+    it had listed them in), and each one's last step, removing the staging folder, took the other's entries being
+    swapped in with it (the second ended `No such file or directory: .../entries/<id>`)."""
+    from fedcache.store.upgrade import UPGRADE_LOCK
+
+    with FeatureStore(old).lock(UPGRADE_LOCK, "an upgrade of this store"):
+        code, out = run(capsys, "store", "upgrade", "--store", str(old))
+    assert code == 1 and f"the store {old} is being written by another process" in out and "upgraded" not in out
+    assert {e.format for e in FeatureStore(old).entries()} == {1}
 
 
 def test_a_damaged_format_1_entry_is_not_upgraded(old, capsys):
