@@ -1154,3 +1154,14 @@ def test_train_advice_on_divergence_names_the_lr_as_typed(capsys, toy_store, tmp
     code, _, err = run(capsys, "train", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "-m",
                        "fedavg", "--clients", "2", "--rounds", "2", "--set", "optim.lr=1e300", "--out", str(tmp_path / "r"))
     assert code == 1 and "lower the learning rate (--set optim.lr=...)" in err, err
+
+
+def test_store_exports_help_names_its_options_whole_at_80_columns():
+    """`--overwrite/--no-overwrite`'s column cut `--backbone,--backbon…` there; the switch has no --no- form."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "COLUMNS": "80"}
+    done = subprocess.run([sys.executable, "-m", "fedcache", "store", "export", "--help"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0 and "--backbone,--backbones" in done.stdout and "…" not in done.stdout, done.stdout

@@ -179,10 +179,12 @@ def store_verify(
                   f"them readable (chmod -R a+rX {pasted(store)}), or verify it as its owner", highlight=False)
     if damaged:
         err.print(f"[red]{count(damaged, 'damaged entry', 'damaged entries')}[/]: re-run the extraction (or import) that made "
-                  f"each, which replaces it, or remove them with `fedcache store verify --repair {pasted('--store', store)}`", highlight=False)
+                  f"each, which replaces it, or remove {'it' if damaged == 1 else 'them'} with `fedcache store verify --repair "
+                  f"{pasted('--store', store)}`", highlight=False)
     if damaged or unreadable:
         raise typer.Exit(1)
-    statuses = [c[3] for c in checks]
+    # a repaired entry is counted as what became of it: "1 damaged" after its removal read as damage left
+    statuses = ["damaged and removed" if repair and c[3] == "damaged" else c[3] for c in checks]
     console.print(f"checked {count(len(checks), 'entry', 'entries')}: " + ", ".join(
         f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)) if checks else "the store holds no entries")
 
@@ -282,7 +284,7 @@ def store_export(
     out: Path = typer.Option(..., "--out", "-o", help="Output file (.h5 or .npz)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="h5 or npz (default: from the file suffix)."),
     splits: str = typer.Option("train,test", help="Comma-separated splits to export."),
-    overwrite: bool = typer.Option(False, help="Replace the file --out names if it exists, instead of refusing."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the file --out names if it exists, instead of refusing."),
     store: Path = StoreOpt,
 ) -> None:
     """Export the features of a dataset and backbone to HDF5 or NPZ."""

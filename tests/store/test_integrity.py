@@ -174,7 +174,11 @@ def test_verify_repair_and_rm_remove_a_damaged_entry(damage, store, capsys):
     damage(store, eid, other)
     code, out = run(capsys, "store", "verify", "--repair", "--store", str(store))
     assert code == 0 and "removed" in out and not (store / "entries" / eid).exists()
+    assert re.search(r"checked \d+ entries: \d+ ok, 1 damaged and removed$", out.strip())  # said "1 damaged"
     assert run(capsys, "store", "verify", "--store", str(store))[0] == 0
+    damage(store, eid if (store / "entries" / eid).exists() else other, eid)
+    code, out = run(capsys, "store", "verify", "--store", str(store))
+    assert code == 1 and "1 damaged entry: " in out and "or remove it with" in out  # "remove them", of one
     damage(store, other, eid)
     code, out = run(capsys, "store", "rm", other, "--store", str(store))
     assert code == 0 and f"removed {other}" in out and not (store / "entries" / other).exists()
