@@ -16,7 +16,7 @@ from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
-_SAID: set[tuple[str, str]] = set()  # what this process has said of each partition (its few-shot shortfall ...)
+_SAID: set[tuple[str, str]] = set()  # what this process has said of each partition (its few-shot shortfall, its notes ...)
 Spec = RunSpec | DataPartition  # what a partition reads of a spec: its data, partition and schedule sections
 Rows = FeatureTable | TableRows  # a table, or its rows before (or without) its features
 
@@ -28,7 +28,7 @@ def partition_of(spec: Spec, store: FeatureStore, train_t: Rows, test_t: Rows) -
     check_same_encoder(store, train_t, test_t)
     request = partition_request(spec, len(train_t.domain_names))
     partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
-    for said in (few_shot_short(partition, train_t.labels),
+    for said in (*partition.notes, few_shot_short(partition, train_t.labels),
                  classes_left_out(partition, train_t.labels, train_t.class_names)):
         if said and (pid, said) not in _SAID:  # once per partition: a grid's cells share theirs
             _SAID.add((pid, said))

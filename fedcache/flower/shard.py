@@ -235,7 +235,10 @@ def _partition(store: FeatureStore, spec: ShardSpec, cut: Cut) -> tuple[Partitio
         train_t, test_t = (fused_rows(spec.dataset, spec.backbones, s, rows[s]) for s in ("train", "test"))
     for train_b, test_b in zip(rows["train"], rows["test"]):  # clients would train on one encoder's features and be
         check_same_encoder(store, train_b, test_b)  # scored on another's
-    return stored_partition(store, spec.dataset, spec.request, train_t, test_t)
+    partition, pid = stored_partition(store, spec.dataset, spec.request, train_t, test_t)
+    for note in partition.notes:  # as a run on it says them: a sharding that found it stored said nothing
+        log.warning("%s", note)
+    return partition, pid
 
 
 def cut_from(store: FeatureStore, dataset: str, backbones: list[str], views: bool = True) -> Cut:

@@ -65,9 +65,10 @@ def run_cells(spec: GridSpec, on_cell: CellCallback | None = None, only: list[Ce
         _prepare(configs, pending, tables, folder, fresh, on_step, prepared or Prepared())
     total = len(todo_cells)
     resumed = _checkpointed(spec, pending) if only is None else 0
-    if (rows or resumed) and pending and only is None:  # a re-run: said before the engine's plan (the rest only)
+    if (rows or resumed) and only is None:  # a re-run: said before the engine's plan (the rest only)
         # As a step where the caller takes them (the CLI prints one without starting its bar, whose "grid started"
-        # then follows the engine's plan, as on a fresh grid); else with the plan.
+        # then follows the engine's plan, as on a fresh grid); else with the plan. A finished grid's too: its
+        # engine has no plan to say, and a caller's on_plan heard nothing of the call.
         _say_resuming(spec, len(rows), total, len(pending), resumed, on_step or on_plan)
     if plan is not None:  # as the resuming line is: "grid started" follows the engine's plan
         said_now(log, on_step or on_plan, plan)
@@ -153,10 +154,12 @@ def _say_resuming(spec: GridSpec, finished: int, total: int, pending: int, resum
                   say: Callable[[str], None] | None) -> None:
     """A re-run's count of what it keeps, and of what it continues rather than starts (a grid interrupted before its
     first cell finished said nothing, as a fresh one)."""
-    how = ("none from a checkpoint" if not resumed else "from its last checkpoint" if pending == 1 else
+    how = ("their results are read back" if not pending else
+           "none from a checkpoint" if not resumed else "from its last checkpoint" if pending == 1 else
            "each from its last checkpoint" if resumed == pending else
            f"{resumed} from {'its last checkpoint' if resumed == 1 else 'their last checkpoints'}")
-    text = f"resuming {spec.out}: {finished} of {count(total, 'cell')} finished before, {pending} to train ({how})"
+    text = (f"resuming {spec.out}: {finished} of {count(total, 'cell')} finished before, {pending or 'none'} to train "
+            f"({how})")
     log.info(text)
     if say:
         say(text)

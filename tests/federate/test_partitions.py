@@ -473,16 +473,15 @@ def test_class_budget_under_domain_dirichlet_draws_from_the_clients_own_domain()
     assert ((_budget_counts(p).sum(axis=0) > 24 - 6) & (_budget_counts(p).sum(axis=0) <= 24)).all()
 
 
-def test_class_budget_larger_than_a_pool_shares_what_there_is(caplog):
+def test_class_budget_larger_than_a_pool_shares_what_there_is():
     # 3 clients x budget 100 = 300 rows of a class, but each domain has 50 of it: the client with the largest
     # share (at least 1/3, so 100 rows) gets all 50 of its domain's; the 2 clients of a domain share its 50.
-    with caplog.at_level(logging.WARNING):
-        p = part(PartitionRequest.of("domain-dirichlet", 3, alpha=1.0, class_budget=100, min_size=1))
+    p = part(PartitionRequest.of("domain-dirichlet", 3, alpha=1.0, class_budget=100, min_size=1))
     counts = _budget_counts(p)
     assert counts.max() == 50 and (counts.max(axis=0) == 50).all()
     pairs = _budget_counts(part(PartitionRequest.of("domain-dirichlet", 6, alpha=1.0, class_budget=100, min_size=1)))
     assert (pairs.reshape(3, 2, N_CLASSES).sum(axis=1) <= 50).all() and pairs.reshape(3, 2, -1).sum(1).max() == 50
-    assert "asks for more rows than there are" in caplog.text
+    assert "asks for more rows than there are" in " ".join(p.notes)  # said by each run on it (partition_of)
 
 
 def test_class_budget_is_ignored_with_a_warning_by_other_schemes(caplog):
@@ -691,6 +690,29 @@ def test_a_few_shot_beyond_what_clients_hold_is_said_of_a_stored_partition_too(t
         with caplog.at_level(logging.WARNING):
             assert main(argv) == 0
         assert "--few-shot 20: 2 of 2 clients hold fewer than 20 training rows of every class" in caplog.text
+
+
+def test_a_class_budget_fallen_short_of_is_said_by_every_run_on_the_stored_partition(toy_store, tmp_path, caplog):
+    """Said only as the partition was made: a later train or grid that found it stored said nothing, and its user
+    never learned the clients got fewer rows of a class than class_budget asked."""
+    import fedcache
+    import fedcache.partitioning
+
+    # test-toy has 20 training rows a class: a budget of 20 for each of 2 clients asks for 40.
+    options = dict(partition="dirichlet", clients=2, alpha=1.0, class_budget=20, seed=37)
+    runs = [lambda: fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", rounds=1, **options),
+            lambda: fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", rounds=1, **options),
+            lambda: fedcache.grid(toy_store, "test-toy", "tiny-timm-random", "fedavg", out=tmp_path / "grid", seeds=37,
+                                  sweep={**{k: v for k, v in options.items() if k != "seed"}, "rounds": 1,
+                                         "lr": [0.01, 0.1]})]
+    for run in runs:  # made, then found stored twice (each as another process would: this one says it once)
+        fedcache.partitioning._SAID.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            run()
+        said = [r.getMessage() for r in caplog.records if "asks for more rows than there are" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("class_budget 20 x 2 clients asks for more rows than there are "
+                                                     "of class 0 in the data (20 rows)"), said
 
 
 def _labelled_npz(path, seed):

@@ -213,11 +213,22 @@ def partition_id(request: PartitionRequest, data_hash: str) -> str:
     return short_hash({"request": d, "data": data_hash})
 
 
+class Dealt(list):
+    """A scheme's clients (their row arrays) with what it fell short of the request (a class budget larger than a
+    pool): kept with the partition, and said wherever it is used, as a stored one is read back without its scheme."""
+
+    def __init__(self, clients: list[np.ndarray], notes: tuple[str, ...] = ()) -> None:
+        super().__init__(clients)
+        self.notes = tuple(notes)
+
+
 @dataclass(eq=False)
 class Partition:
     request: PartitionRequest
     train: list[np.ndarray]  # per client, sorted rows of the train table (compact_rows' dtype)
     test: list[np.ndarray]  # per client, sorted rows of the test table
+    # Warnings of its making (``Dealt.notes``), stored with it: a run that finds it stored says them again.
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.train = compact_rows(self.train, sort=True)
@@ -256,7 +267,8 @@ def make_partition(request: PartitionRequest, train_labels, train_domains, test_
     _check_few_shot(request, labels)
     scheme = PARTITIONERS.get(request.scheme)
     _warn_unused_options(request, scheme)
-    clients = [np.sort(np.asarray(c, dtype=np.int64)) for c in scheme(labels, domains, request, request.rng())]
+    dealt = scheme(labels, domains, request, request.rng())
+    clients = [np.sort(np.asarray(c, dtype=np.int64)) for c in dealt]
     _check_clients(request, clients)
     if request.subsample < 1.0:
         clients = subsample_filter(clients, labels, request.subsample, request.rng(_SUBSAMPLE_STREAM))
@@ -265,7 +277,7 @@ def make_partition(request: PartitionRequest, train_labels, train_domains, test_
         clients = few_shot_filter(clients, labels, request.few_shot, request.rng(_FEW_SHOT_STREAM))
     test = local_test_sets(clients, labels, domains, test_labels, test_domains, request.local_test,
                            request.rng(_LOCAL_TEST_STREAM), request.local_test_mix)
-    return Partition(request, clients, test)
+    return Partition(request, clients, test, getattr(dealt, "notes", ()))
 
 
 def _warn_unused_options(request: PartitionRequest, scheme: Partitioner) -> None:

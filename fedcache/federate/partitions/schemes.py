@@ -5,15 +5,11 @@ indices per client. Schemes never share a training row between clients.
 """
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from fedcache.errors import ConfigError
-from fedcache.federate.partitions.core import PartitionRequest, register_scheme
+from fedcache.federate.partitions.core import Dealt, PartitionRequest, register_scheme
 from fedcache.wording import named
-
-log = logging.getLogger(__name__)
 
 # Dirichlet draws are cheap; this many failures means the request cannot be met in practice.
 MAX_DIRICHLET_TRIES = 1000
@@ -42,15 +38,15 @@ def dirichlet(labels: np.ndarray, domains: np.ndarray, request: PartitionRequest
 
 
 def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: float, request: PartitionRequest,
-                 rng: np.random.Generator, names: list[str]) -> list[np.ndarray]:
+                 rng: np.random.Generator, names: list[str]) -> Dealt:
     """FedPCL's protocol: for each class, p ~ Dirichlet(alpha) over all clients, and client i takes
     ``floor(p_i * budget * n_clients)`` rows of the class (``budget = class_budget``) from its pool.
 
     ``pools[g]`` are the rows the clients with ``owner == g`` draw from (one pool for ``dirichlet``,
     one per domain for ``domain-dirichlet``). Flooring each share, as the official code does, leaves
     a class up to n_clients - 1 rows short of ``budget * n_clients``. A pool with fewer rows of a class
-    than its clients ask for shares what it has in the same proportions, with a warning. Redrawn
-    until every client has ``min_size`` rows. No fair-share cap: the official feature & label shift
+    than its clients ask for shares what it has in the same proportions, noted (``Dealt.notes``) for every
+    run on the partition to say. Redrawn until every client has ``min_size`` rows. No fair-share cap: the official feature & label shift
     functions have none; its label-shift ones (prepare_data_{mnistm,caltech,real}_noniid) give no more rows
     to a client holding N / n_clients of the whole file, which binds where the pool is the whole file
     (Caltech; MNIST-M with 40 or 80 clients): docs/methods/fedpcl.md.
@@ -68,10 +64,10 @@ def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: floa
             f"no Dirichlet({alpha}) draw of class_budget {request.class_budget} in {MAX_DIRICHLET_TRIES} tries gave "
             f"every one of {len(owner)} clients {request.min_size} rows; use a larger class_budget or alpha"
         )
-    if short:
-        log.warning("class_budget %d x %d clients asks for more rows than there are of %s: those rows are shared "
-                    "in the drawn proportions", request.class_budget, len(owner),
-                    ", ".join(f"class {classes[k]} in {names[g]} ({avail[g, k]} rows)" for g, k in short[:10]))
+    # Not logged here: said by each run on the partition (partitioning.partition_of), made now or found stored.
+    notes = [f"class_budget {request.class_budget} x {len(owner)} clients asks for more rows than there are of "
+             + ", ".join(f"class {classes[k]} in {names[g]} ({avail[g, k]} rows)" for g, k in short[:10])
+             + ": those rows are shared in the drawn proportions"] if short else []
     parts: list[list[np.ndarray]] = [[] for _ in owner]
     for g, pool in enumerate(pools):
         clients = np.flatnonzero(owner == g)
@@ -79,7 +75,7 @@ def budget_split(labels, pools: list[np.ndarray], owner: np.ndarray, alpha: floa
             members = rng.permutation(pool[labels[pool] == c])[: counts[k, clients].sum()]
             for i, piece in zip(clients, np.split(members, np.cumsum(counts[k, clients])[:-1])):
                 parts[i].append(piece)
-    return [np.concatenate(p) for p in parts]
+    return Dealt([np.concatenate(p) for p in parts], tuple(notes))
 
 
 def _fit(want: np.ndarray, avail: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:

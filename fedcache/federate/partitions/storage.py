@@ -8,7 +8,8 @@ loaded for. Layout::
         train_domain, train_id   (n,) int64   the clients' rows, client after client
         train_offsets            (n_clients + 1,) int64   client k is [offsets[k], offsets[k+1])
         test_domain, test_id, test_offsets   the same for the local test sets
-        attrs: request, dataset, data_hash, n_clients, created_at, then complete = true, written last
+        attrs: request, dataset, data_hash, n_clients, created_at, notes (its warnings, said on every use),
+               then complete = true, written last
 
 The id hashes the request and ``data_hash`` (the sorted train and test keys and their labels), so a
 partition made on other data is never reused.
@@ -162,7 +163,7 @@ def _write(g: zarr.Group, partition: Partition, data_hash: str, dataset: str, tr
                            compressors=_ROWS_CODEC)
     g.attrs.update({
         "request": partition.request.to_dict(), "dataset": dataset, "data_hash": data_hash,
-        "n_clients": partition.n_clients, "created_at": now_iso(),
+        "n_clients": partition.n_clients, "created_at": now_iso(), "notes": list(partition.notes),
     })
     g.attrs.update({"complete": True})
 
@@ -197,7 +198,9 @@ def load_partition(store: FeatureStore, dataset: str, partition_id: str, train_k
             rows = _rows_of(KeyIndex(*_keys(keys, split), split), g[f"{split}_domain"], g[f"{split}_id"], partition_id)
             offsets = g[f"{split}_offsets"][:]
             per_split.append([rows[lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:])])
-    return Partition(PartitionRequest.from_dict(dict(g.attrs["request"])), per_split[0], per_split[1])
+    # A partition stored before its notes were kept has none: what it fell short of is unknown without remaking it.
+    return Partition(PartitionRequest.from_dict(dict(g.attrs["request"])), per_split[0], per_split[1],
+                     tuple(g.attrs.get("notes", ())))
 
 
 LOAD_BLOCK = 1 << 20  # stored keys mapped at once: 10,000 clients' local test sets hold about 10 million
