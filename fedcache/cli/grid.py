@@ -230,16 +230,19 @@ def reproduce(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<preset>)."),
     data_root: Optional[Path] = typer_option(EXTRACT_OPTIONS["data_root"]),
     weights: List[str] = typer_option(EXTRACT_OPTIONS["weights"]),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Grid worker processes."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Grid worker processes."),
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
     """Reproduce a paper's table: extract, run the grids, report with the paper's numbers beside fedcache's."""
     from fedcache import reproduce as rp
+    from fedcache.grids.spec import grid_fields, grid_flag
+
     if preset is None:
         for name in rp.names():
             console.print(f"[bold]{name}[/]: {rp.get(name).title}")
         return
     p, w = rp.get(preset), EXTRACT_OPTIONS["weights"].parse(weights)
+    grid_fields({"jobs": jobs}, grid_flag)  # before any extraction, in the words `fedcache grid --jobs 0` says it
     out = rp.check_out(out or Path("runs") / preset, store)
     console.print(f"[bold]{p.title}[/] ({p.source}; {len(p.paper)} reported numbers)\n{p.notes}")
     for line in rp.plan_lines(p):
