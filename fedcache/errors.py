@@ -87,6 +87,10 @@ class DeviceError(FedcacheError, RuntimeError):
     """A requested device (e.g. CUDA) is not available."""
 
 
+class DecoderDiedError(FedcacheError, RuntimeError):
+    """A process decoding an extraction's images ended (killed: out of memory, say); what was written is kept."""
+
+
 class StoreError(FedcacheError):
     """Something is wrong with the feature store."""
 

@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedcache.errors import ConfigError, DeniedError, PermissionDeniedError
+from fedcache.errors import ConfigError, DeniedError, PermissionDeniedError, StoreError
 from fedcache.wording import named
 
 
@@ -187,6 +187,38 @@ def owner(path: Path) -> str | None:
 
 def unreadable_store(store: Path, problem: str) -> str:
     return f"cannot read the feature store {store} ({problem}); have its owner make it readable (chmod -R a+rX)"
+
+
+def unmade_store(store: Path, problem: str) -> str:
+    return (f"cannot make the feature store {store} ({problem}); give {named('a --store', 'a store=...')} "
+            "(or FEDCACHE_STORE) in a folder you can write to")
+
+
+def check_store_place(store: Path | str) -> None:
+    """A --store that is no store but lies inside one (its ``entries/``, a folder beside them) is refused: made there,
+    the outer store read it as a damaged entry, which stopped every run on that store."""
+    store = Path(store)
+    with contextlib.suppress(OSError):
+        if is_store(store):
+            return
+    outer = store_holding(store.parent)
+    if outer is not None:
+        raise ConfigError(f"{named(f'--store {store}', f'store={str(store)!r}')} is inside the feature store {outer}; "
+                          f"give {outer} itself (one store holds every dataset and backbone), or a folder outside it")
+
+
+def check_new_store(store: Path | str) -> None:
+    """A feature store still to be made at ``store``, checked as making it would be, making nothing: an extraction
+    makes its store only once it has something to write in it, and says at once where it never could."""
+    option = named("--store", "store")
+    check_path_text(store, option)
+    store = Path(store)
+    _check_no_dangling_link(store, option)
+    existing = _nearest_existing(store)
+    if not existing.is_dir():
+        raise StoreError(unmade_store(store, f"{existing} is a file"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StoreError(unmade_store(store, _not_writable(existing)))
 
 
 def is_store(directory: Path) -> bool:

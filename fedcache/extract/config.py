@@ -112,6 +112,9 @@ class ExtractConfig(Checked):
             raise ConfigError(f"{self.label('backbones')} needs at least one name; see `fedcache backbones`")
         if self.name is not None:
             check_name(self.name, self.label("name"))  # the dataset's name in the store: one of its folders
+        if self.chunk_rows is not None and self.chunk_rows % self.batch_size:  # before any work, naming the flags
+            raise ConfigError(f"{self.label('chunk_rows')}={self.chunk_rows}: must be a multiple of "
+                              f"{self.label('batch_size')} ({self.batch_size})")
 
 
 def options() -> list[Option]:

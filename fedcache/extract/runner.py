@@ -9,14 +9,15 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from fedcache.borrowed import handler_kept, start_method_unset
-from fedcache.errors import BadImageError, ConfigError, EntryNotFoundError, NonFiniteFeaturesError, StoreError
+from fedcache.errors import (BadImageError, ConfigError, DecoderDiedError, EntryNotFoundError, NonFiniteFeaturesError,
+                             StoreError)
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.config import ExtractConfig
 from fedcache.extract.datasets import Dataset, DatasetOptions, Samples
@@ -26,6 +27,7 @@ from fedcache.extract.loading import load_backbone, load_dataset
 from fedcache.extract.sizes import image_size
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.extract.transforms import Preprocess, ViewSpec
+from fedcache.paths import check_new_store, check_store_place
 from fedcache.store import lookup
 from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
@@ -67,17 +69,19 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     name = cfg.name or noisy_name(dataset.name, cfg.image_noise)
     if name:
         dataset = dataclasses.replace(dataset, name=name)
-    store = FeatureStore(cfg.store)
-    _check_named_domains(cfg, store, dataset)
+    store = _opened(Path(cfg.store))
+    if store is not None:
+        _check_named_domains(cfg, store, dataset)
     plan = plan_device(cfg.device, cfg.precision)
     if plan.note:
         emit(ProgressEvent("info", "", message=plan.note))
     reports: list[EntryReport] = []
     jobs = _jobs(cfg, dataset)  # its domains and splits checked before a backbone is loaded
     # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
-    with start_method_unset(), handler_kept(signal.SIGCHLD):
+    with _decoders_said(), start_method_unset(), handler_kept(signal.SIGCHLD):
         for name in cfg.backbones:
             backbone = load_backbone(name, cfg.weights.get(name), cfg.random_init)
+            store = store if store is not None else FeatureStore(cfg.store)  # now there is something to write
             backbone.image_encoder.to(plan.device)
             if plan.channels_last:
                 backbone.image_encoder.to(memory_format=torch.channels_last)
@@ -88,6 +92,60 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             _say_unfinished_views(cfg, store, dataset.name, backbone.spec.name, emit)
             _say_other_domains(cfg, store, dataset, backbone.spec.name, emit)
     return reports
+
+
+def _opened(path: Path) -> FeatureStore | None:
+    """The feature store at ``path``; None where it is yet to be made (nothing there, or an empty folder), which is
+    done once the first backbone is loaded, so that a command refused before then (its weights not on this machine, a
+    domain the dataset lacks, no such device) leaves no empty store behind. Where it could not be made, said at once."""
+    check_store_place(path)
+    if path.exists() and not _empty_folder(path):
+        return FeatureStore(path)
+    check_new_store(path)
+    return None
+
+
+def _empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:  # unreadable: opening it as a store says so
+        return False
+
+
+# What the kernel's signal most likely says of a decoding worker torch found dead.
+_DIED_OF = {"Killed": "out of memory? `dmesg` says",
+            "Bus error": "out of shared memory? a container's /dev/shm is 64 MB unless `docker run --shm-size` gives more"}
+
+
+@contextlib.contextmanager
+def _decoders_said() -> Iterator[None]:
+    """A decoding worker found dead, said in one line (torch raises a RuntimeError, a page of traceback on the command
+    line); and an interrupt that also ended the workers (SIGTERM to the process group: `timeout`, a scheduler's
+    stop), still an interrupt: torch's SIGCHLD handler raised its RuntimeError over the KeyboardInterrupt."""
+    try:
+        yield
+    except RuntimeError as exc:
+        chain = _chain(exc)
+        interrupt = next((e for e in chain if isinstance(e, KeyboardInterrupt)), None)
+        if interrupt is not None:
+            raise interrupt from None
+        torch_said = [str(e) for e in chain if isinstance(e, RuntimeError) and str(e).startswith("DataLoader worker")]
+        if not torch_said:
+            raise
+        said = torch_said[-1].split(". ")[0].strip().rstrip(".")  # the first cause: how it ended
+        why = next((f" ({w})" for signame, w in _DIED_OF.items() if said.endswith(signame)), "")
+        raise DecoderDiedError(
+            f"a process decoding the images ended: {said}{why}; the batches written are kept: run the same "
+            f"command again to continue after them ({named('--workers 0', 'workers=0')} decodes in this process)") from None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
 
 
 def _logged(progress: ProgressFn | None) -> ProgressFn:

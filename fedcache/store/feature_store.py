@@ -27,7 +27,7 @@ from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError, StoreIsAFileError, StoreNotFoundError, UnknownEntryError,
                              UnreadableEntryError)
-from fedcache.paths import denied_problem, is_denied, owner, store_denied, store_holding, unreadable_store
+from fedcache.paths import denied_problem, is_denied, owner, store_denied, store_holding, unmade_store, unreadable_store
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
@@ -154,8 +154,7 @@ class FeatureStore(TextEmbeddings, Removal):
         return self._unmade(problem)
 
     def _unmade(self, problem: str) -> str:
-        return (f"cannot make the feature store {self.path} ({problem}); give {named('a --store', 'a store=...')} "
-                "(or FEDCACHE_STORE) in a folder you can write to")
+        return unmade_store(self.path, problem)
 
     @property
     def locks_dir(self) -> Path:

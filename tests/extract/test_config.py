@@ -32,6 +32,7 @@ def test_text_and_python_values_give_the_same_settings():
     (dict(part="2/2"), "--part='2/2': expected i/n, the i-th of n parts"),
     (dict(weights=["resnet18-birds"]), "--weights: expected NAME=PATH (e.g. resnet18-quickdraw=ckpt/quickdraw.pth), got 'resnet18-birds'"),
     (dict(backbones=""), "--backbones needs at least one name"),
+    (dict(chunk_rows="100"), "--chunk-rows=100: must be a multiple of --batch-size (64)"),
     (dict(colour="red"), "unknown option(s) colour"),
     (dict(split="train"), "unknown option(s) split (did you mean 'splits'?); known: "),
 ])

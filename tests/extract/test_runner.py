@@ -15,7 +15,7 @@ import pytest
 import torch
 import zarr
 
-from fedcache.errors import ConfigError, DeviceError, EntryLockedError, StoreError
+from fedcache.errors import ConfigError, DeviceError, EntryLockedError, FedcacheError, StoreError
 from fedcache.extract.datasets import DatasetOptions
 from fedcache.extract.runner import ExtractConfig, extract
 from fedcache.store.feature_store import FeatureStore
@@ -902,6 +902,112 @@ print(signal.getsignal(signal.SIGCHLD) is mine, multiprocessing.get_start_method
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and out.stdout.split() == ["True", "None"], out.stderr
+
+
+# The third batch's forward pass has another process end the decoding worker with ``signal``, then does ``then``;
+# torch's SIGCHLD handler runs as that ends, as the signal's would once the worker is gone (set aside meanwhile: a
+# thread that does not block the signal would run it at once). In a process of its own: torch installs that handler
+# once per process, and this process's handler_kept has put the one before it back.
+DECODER_GONE = """
+import multiprocessing, os, signal, subprocess
+import tests.conftest  # the tiny dataset
+import fedcache.extract.runner as runner
+from fedcache.extract.runner import ExtractConfig, extract
+real, calls = runner._forward, []
+def forward(*args):
+    calls.append(1)
+    if len(calls) < 3:
+        return real(*args)
+    torchs = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        for worker in multiprocessing.active_children():
+            # From another process: a worker ends quietly on its parent's SIGTERM.
+            subprocess.run(["kill", "-s", "{signal}", str(worker.pid)], check=True)
+            os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)
+        {then}
+    finally:
+        signal.signal(signal.SIGCHLD, torchs)
+        torchs(signal.SIGCHLD, None)
+runner._forward = forward
+try:
+    extract(ExtractConfig(dataset="test-toy", backbones=["tiny-timm-random"], store={store!r}, workers=1, batch_size=1,
+                          chunk_rows=8, splits=("train",), domains=["light"]))
+except BaseException as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def _decoder_gone(store: Path, signal: str, then: str) -> str:
+    code = DECODER_GONE.format(signal=signal, then=then, store=str(store))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_an_interrupt_that_also_ended_the_decoding_workers_is_an_interrupt(store_path):
+    """SIGTERM to the command's process group (`timeout`, a scheduler's stop) ends its decoding workers too: torch's
+    SIGCHLD handler raised "DataLoader worker ... is killed by signal" over the interrupt, and the command printed a
+    page of traceback instead of its one line that the work is kept."""
+    # The command's own SIGTERM is handled first: Python runs pending handlers in the order of the signals' numbers.
+    said = _decoder_gone(store_path, "TERM", "raise KeyboardInterrupt")
+    assert said == "KeyboardInterrupt", said
+
+
+@pytest.mark.slow
+def test_a_decoding_worker_killed_is_one_line_and_the_same_extraction_continues(store_path):
+    """A worker the kernel killed (out of memory; a bus error, out of shared memory) was torch's RuntimeError: a
+    traceback of thousands of lines on the command line."""
+    said = _decoder_gone(store_path, "KILL", "return real(*args)")
+    assert said.startswith("DecoderDiedError a process decoding the images ended: DataLoader worker (pid "), said
+    assert said.endswith("is killed by signal: Killed (out of memory? `dmesg` says); the batches written are kept: run "
+                         "the same command again to continue after them (--workers 0 decodes in this process)"), said
+    again = extract(cfg(store_path, batch_size=1, splits=("train",), domains=["light"]))
+    assert [r.status for r in again] == ["extracted"] and again[0].rows == 28  # the two batches before were kept
+
+
+def test_a_command_refused_before_its_first_backbone_loads_leaves_no_store(store_path, tmp_path):
+    """The store was made before the backbone was loaded, and the dataset's domains and the device checked: a command
+    refused for its weights (not on this machine, a file that is no checkpoint), a domain or a device left an empty
+    store behind, or an empty folder made one."""
+    no_checkpoint = tmp_path / "notes.pth"
+    no_checkpoint.write_text("not a checkpoint")
+    refused = [dict(backbones=["resnet18-quickdraw"]), dict(weights={"tiny-timm-random": no_checkpoint}),
+               dict(domains=["nope"])] + ([] if torch.cuda.is_available() else [dict(device="cuda")])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for given in refused:
+        for store in (store_path, empty):
+            with pytest.raises(FedcacheError):
+                extract(cfg(store, **given))
+            assert not store_path.exists() and list(empty.iterdir()) == [], given
+
+
+def test_a_store_that_cannot_be_made_is_said_before_the_backbone_loads(store_path, monkeypatch):
+    """Made once the first backbone is loaded, a store in a folder this user cannot write in was still to be said
+    before that (a backbone's weights may be a download of minutes)."""
+    import fedcache.extract.runner as runner
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != store_path.parent and real(path, mode, **kw))
+    monkeypatch.setattr(runner, "load_backbone", lambda *a: pytest.fail("the backbone was loaded"))
+    with pytest.raises(StoreError) as refused:
+        extract(cfg(store_path))
+    assert str(refused.value) == (f"cannot make the feature store {store_path} (no permission to write in "
+                                  f"{store_path.parent}); give a --store (or FEDCACHE_STORE) in a folder you can write to")
+    assert not store_path.exists()
+
+
+def test_a_store_given_inside_another_store_is_refused_and_the_store_still_reads(store_path):
+    """Made in the store's entries/, a store was an entry with damaged metadata to the store around it: every run on
+    that store stopped at it."""
+    extract(cfg(store_path, splits=("test",), domains=["light"]))
+    for inner in (store_path / "entries" / "mine", store_path / "entries", store_path / "new" / "s.zarr"):
+        with pytest.raises(ConfigError, match=f"--store {inner} is inside the feature store {store_path}; give "
+                                              f"{store_path} itself"):
+            extract(cfg(inner, splits=("test",), domains=["light"]))
+    assert FeatureStore(store_path).read("test-toy", "test", "tiny-timm-random", domains=["light"]).features.shape[0] == 12
+    assert not (store_path / "entries" / "mine").exists() and not (store_path / "new").exists()
 
 
 def test_the_command_that_finishes_a_random_init_extraction_extracts_random_weights(store_path):
