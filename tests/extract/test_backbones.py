@@ -117,3 +117,12 @@ def test_loading_a_backbone_leaves_the_callers_torch_generator_alone_and_random_
     a = load_backbone(name, random_init=random_init)
     assert torch.equal(torch.get_rng_state(), before)
     assert load_backbone(name, random_init=random_init).weights_hash == a.weights_hash
+
+
+@pytest.mark.parametrize("content", [b"root:x:0:0:root:/root:/bin/bash\n", b"hello", b""])
+def test_a_file_that_is_no_checkpoint_is_said_to_be_none(tmp_path, content):
+    """torch.load's words for a text file were "list index out of range", "101" or nothing (EOFError)."""
+    ckpt = tmp_path / "notes.pth"
+    ckpt.write_bytes(content)
+    with pytest.raises(WeightsNotFoundError, match=r"notes.pth is not a checkpoint: torch.save writes a zip archive"):
+        load_backbone("resnet18-birds", checkpoint=ckpt)
