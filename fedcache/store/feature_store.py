@@ -27,7 +27,8 @@ from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError, StoreIsAFileError, StoreNotFoundError, UnknownEntryError,
                              UnreadableEntryError)
-from fedcache.paths import denied_problem, is_denied, owner, store_denied, store_holding, unmade_store, unreadable_store
+from fedcache.paths import (check_store_place, denied_problem, is_denied, owner, store_denied, unmade_store,
+                            unreadable_store)
 from fedcache.store import lookup
 from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
@@ -136,10 +137,7 @@ class FeatureStore(TextEmbeddings, Removal):
         """A Zarr group without the store's mark is made a store only where it is no other's: a group of a store
         (its ``text``, ``entries`` or a partition's folder, given for the store) was marked and given groups of its
         own by a mere `store ls`, and the store then listed them as two partial text embedding sets."""
-        holder = store_holding(self.path.parent)
-        if holder is not None:
-            raise StoreError(f"{self.path} is a group of the feature store {holder}, not a store; give "
-                             f"{holder} as {named('--store', 'store')}")
+        check_store_place(self.path)
         if any(True for _ in root.members()) and ENTRIES not in root:
             raise StoreError(f"{self.path} is a Zarr group but not a fedcache feature store")
 
