@@ -28,15 +28,22 @@ def partition_of(spec: Spec, store: FeatureStore, train_t: Rows, test_t: Rows) -
     check_same_encoder(store, train_t, test_t)
     request = partition_request(spec, len(train_t.domain_names))
     partition, pid = stored_partition(store, spec.data.dataset, request, train_t, test_t)
-    for said in (*partition.notes, few_shot_short(partition, train_t.labels),
-                 classes_left_out(partition, train_t.labels, train_t.class_names)):
-        if said and (pid, said) not in _SAID:  # once per partition: a grid's cells share theirs
-            _SAID.add((pid, said))
-            log.warning("%s", said)
+    say_partition(partition, pid, train_t)
     info = {"partition_id": pid, "request": request.to_dict(), "effective": request.effective(len(train_t.domain_names)),
             "entries": list(train_t.entry_ids + test_t.entry_ids),
             "scored_on": "validation (spare training rows)" if spec.schedule.validation else "test split"}
     return partition, info
+
+
+def say_partition(partition: Partition, pid: str, train_t: Rows) -> None:
+    """Warn of what ``partition`` (id ``pid``, of ``train_t``'s training rows) fell short of or left out, once per
+    partition in this process (a grid's cells share theirs): every run on it and every sharding of it says the same
+    (a sharding that said less handed its clients a partition they would have been warned of)."""
+    for said in (*partition.notes, few_shot_short(partition, train_t.labels),
+                 classes_left_out(partition, train_t.labels, train_t.class_names)):
+        if said and (pid, said) not in _SAID:
+            _SAID.add((pid, said))
+            log.warning("%s", said)
 
 
 def partition_only(spec: Spec, on_step: StepCallback | None = None) -> tuple[Partition, dict, TableRows]:

@@ -1134,19 +1134,26 @@ def test_train_and_grid_help_name_only_their_own_flags():
     assert "Left out, the run writes nothing" in out.help
 
 
-def test_features_missing_from_the_store_are_advised_to_be_extracted_only_where_they_can_be(capsys, toy_store):
+@pytest.mark.parametrize("command", ["train", "shard"])
+def test_features_missing_from_the_store_are_advised_to_be_extracted_only_where_they_can_be(capsys, toy_store, tmp_path,
+                                                                                           command):
     """`train -d digits5` (no such dataset) ended `or extract them: fedcache extract ... --dataset digits5`; so did a
-    backbone that no registry knows. Such a name is said to be unknown, with the name fedcache knows that is close."""
-    base = ["train", "--store", str(toy_store), "-m", "fedavg", "--rounds", "1"]
+    backbone that no registry knows, and `shard` still did after train no longer did. Such a name is said to be
+    unknown, with the name fedcache knows that is close."""
+    base = [command, "--store", str(toy_store), "--out", str(tmp_path / "out"),
+            *({"train": ["-m", "fedavg", "--rounds", "1"], "shard": ["--clients", "2"]}[command])]
     for data, unknown, near in ((["-d", "digits5", "-b", "tiny-timm-random"], "dataset 'digits5'", "digit5"),
                                 (["-d", "test-toy", "-b", "efficientnet-lite"], "backbone 'efficientnet-lite'",
-                                 "efficientnet-lite0")):
+                                 "efficientnet-lite0"),
+                                (["-d", "test-toy", "-b", "tiny-timm-random,efficientnet-lite"],
+                                 "backbone 'efficientnet-lite'", "efficientnet-lite0")):
         code, _, err = run(capsys, *base, *data)
         assert code == 2 and len(err.strip().splitlines()) == 1, err  # an unknown name, as an unknown method is
         assert f"it knows no {unknown} (did you mean " in err and f"'{near}'" in err and "`fedcache extract" not in err, err
     for data in (["-d", "digits5-offline", "-b", "tiny-timm-random"], ["-d", "test-toy", "-b", "tiny-clip-random"]):
         code, _, err = run(capsys, *base, *data)
         assert code == 1 and "or extract them: `fedcache extract" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_advice_on_divergence_names_the_lr_as_typed(capsys, toy_store, tmp_path):

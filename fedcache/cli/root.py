@@ -258,6 +258,9 @@ NOTHING_TO_RESUME = {
     ("store", "rm"): "the entries it said it removed are gone, the others kept; run it again for those",
     ("store", "import"): "rows it had written are kept in partial entries (none while it was checking the file); "
                          "run the same command again to go on",
+    # The shards are moved into --out only once all are whole, and the staging folder is removed: nothing to resume.
+    ("shard",): "no shard was written (they appear in --out only once all of them are whole); run the same command "
+                "again, which shards again from the start",
 }
 
 
@@ -266,8 +269,9 @@ def _how_to_go_on(argv: list[str], started: float | None = None) -> str:
     if words[:1] == ["report"]:  # nothing to resume: the figures are drawn aside and replace the last report whole
         return ("the report is whole: the last one (if any) as it was, or the new one where it was being put in "
                 "place; run the same command again to write it")
-    if tuple(words[:2]) in NOTHING_TO_RESUME:
-        return NOTHING_TO_RESUME[tuple(words[:2])]
+    for command in (tuple(words[:2]), tuple(words[:1])):  # a subcommand's entry, else its command's
+        if command in NOTHING_TO_RESUME:
+            return NOTHING_TO_RESUME[command]
     if words[:1] != ["train"]:
         return "finished work is kept; re-run the same command to resume"
     out = _out_of(argv)

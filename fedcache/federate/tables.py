@@ -49,10 +49,10 @@ def split_rows(store: FeatureStore, dataset: str, backbones: list[str]) -> dict[
     try:
         return store.split_rows(dataset, SPLITS, backbones)
     except EntryNotFoundError as exc:
-        raise _unextractable(exc) or exc
+        raise unextractable(exc) or exc
 
 
-def _unextractable(exc: EntryNotFoundError) -> UnknownFeaturesError | None:
+def unextractable(exc: EntryNotFoundError) -> UnknownFeaturesError | None:
     """``exc`` said again for a name no registry of extract knows (unknown, or embeddings of one's own); None where
     the name can be extracted."""
     from fedcache.extract.backbones import BACKBONES

@@ -36,14 +36,15 @@ from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, Entr
                              StoreError)
 from fedcache.federate.data import FederatedData
 from fedcache.federate.tables import (check_labels, check_same_encoder, check_views_alike, check_whole_view, fused_rows,
-                                     keys_as_first, load_fused, load_views, row_positions, sample_keys)
+                                     keys_as_first, load_fused, load_views, row_positions, sample_keys, unextractable)
 from fedcache.federate.partitions import (Partition, PartitionRequest, load_partition, save_partition, stored_partition,
                                           table_keys)
 from fedcache.extract.templates import TEMPLATE_SETS, text_key
 from fedcache.federate.source import attach_source
 from fedcache.federate.text import attach_text
 from fedcache.ownership import LOCK, hold
-from fedcache.paths import writable_dir
+from fedcache.partitioning import say_partition
+from fedcache.paths import check_outside, writable_dir
 from fedcache.store.feature_store import SHARD_ATTR, EntryInfo, FeatureStore, FeatureTable
 from fedcache.store.keys import SHARD_TAG, EntryKey, TextKey
 from fedcache.store.tables import closed_on_error
@@ -129,6 +130,7 @@ def write_shards(spec: ShardSpec, out: Path, on_shard: Callable[[int, int], None
     ``on_shard(done, total)`` before the first shard (done = 0) and after each: a shard takes about a second, 100
     clients minutes."""
     out = writable_dir(out, "--out")
+    check_outside(out)  # in a store, its shards were refused as stores inside a store once the partition was made
     with hold(out, f"the shard directory {out}", advice="shard into another --out", resumes="a re-run shards again"):
         staging = out / STAGING
         if staging.exists():  # SIGKILL runs no clean-up; under the hold no other sharding writes it
@@ -236,8 +238,7 @@ def _partition(store: FeatureStore, spec: ShardSpec, cut: Cut) -> tuple[Partitio
     for train_b, test_b in zip(rows["train"], rows["test"]):  # clients would train on one encoder's features and be
         check_same_encoder(store, train_b, test_b)  # scored on another's
     partition, pid = stored_partition(store, spec.dataset, spec.request, train_t, test_t)
-    for note in partition.notes:  # as a run on it says them: a sharding that found it stored said nothing
-        log.warning("%s", note)
+    say_partition(partition, pid, train_t)  # as a run on it says them: a sharding that found it stored said nothing
     return partition, pid
 
 
@@ -250,7 +251,10 @@ def cut_from(store: FeatureStore, dataset: str, backbones: list[str], views: boo
         return {b: store.table_entries(dataset, split, b, view, with_splits=("train", "test")) for b in backbones}
 
     with store.between_imports(dataset, backbones):
-        cut = {("train", 0): found("train", 0), ("test", 0): found("test", 0)}
+        try:
+            cut = {("train", 0): found("train", 0), ("test", 0): found("test", 0)}
+        except EntryNotFoundError as exc:  # a name fedcache cannot extract is not advised to be extracted
+            raise unextractable(exc) or exc
         if views:
             cut.update({("train", v): t for v, t in enumerate(_each_view(lambda v: found("train", v)), 1)})
     return cut

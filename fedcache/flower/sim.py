@@ -28,11 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedcache import disk, errors
-from fedcache.errors import ConfigError, DiskFullError, FedcacheError
+from fedcache.errors import ConfigError, DiskFullError, EntryNotFoundError, FedcacheError
 from fedcache.partitioning import partition_request
 from fedcache.training import check_not_a_cell, owned
 from fedcache.federate.inprocess import OnRound
 from fedcache.federate.rundir import RunDir, check_resumable, resume_named
+from fedcache.federate.tables import unextractable
 from fedcache.flower.config import (FlowerRun, ServerPaths, build_method, check_deployable, may_keep_client_state,
                                     refuse_resume_with_client_state)
 from fedcache.flower.project import write_app
@@ -63,8 +64,11 @@ StepDone = Callable[[str, float], None]  # a step done and its seconds, as ``pro
 
 def shard_spec(spec: RunSpec) -> ShardSpec:
     d = spec.data
-    entries = FeatureStore(d.store, create=False).find(d.dataset, "train", d.backbones[0])
-    n_domains = len(newest(entries).attrs["domains"]) if entries else 1  # no entry: write_shards says what is missing
+    try:
+        entries = FeatureStore(d.store, create=False).find(d.dataset, "train", d.backbones[0])
+    except EntryNotFoundError as exc:  # a name fedcache cannot extract is not advised to be extracted
+        raise unextractable(exc) or exc
+    n_domains = len(newest(entries).attrs["domains"])
     return ShardSpec(Path(d.store), d.dataset, list(d.backbones), partition_request(spec, n_domains),
                      method_class(spec.method.name).uses_views)
 

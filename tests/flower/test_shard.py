@@ -1,4 +1,5 @@
 """`fedcache shard`: each client's store holds exactly its rows and reads back as the engine's data."""
+import logging
 import re
 import shutil
 
@@ -89,6 +90,41 @@ def test_a_partition_that_cannot_be_made_is_refused_before_a_feature_is_read(flo
     assert read == []
 
 
+@pytest.mark.parametrize("partition", [["iid", "--clients", "3", "--few-shot", "15"],
+                                       ["class-disjoint", "--classes-per-client", "1", "--clients", "2"]])
+def test_a_sharding_warns_of_what_a_run_on_its_partition_warns_of(flower_store, tmp_path, caplog, monkeypatch, partition):
+    """`fedcache shard` said a partition's notes alone: a --few-shot more than every client holds of a class, or classes
+    no client is dealt, which `fedcache train` on the same partition warns of, went unsaid to whoever copied the
+    shards out to the clients."""
+    from fedcache import partitioning
+
+    data = ["--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "--seed", "1", "--partition", *partition]
+    said = {}
+    for cmd, more in (("train", ["-m", "fedavg", "--rounds", "1"]), ("shard", [])):
+        monkeypatch.setattr(partitioning, "_SAID", set())  # each command its own process, as on the command line
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fedcache"):
+            assert main([cmd, *data, *more, "--out", str(tmp_path / cmd)]) == 0
+        said[cmd] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said["train"]) == 1 and said["shard"] == said["train"]
+
+
+def test_shards_inside_a_store_are_refused_before_anything_is_read_or_made(sharded, flower_store, monkeypatch):
+    """`--out STORE/shards` was refused once the partition was made, as `--store STORE/shards/.partial/client-000 is
+    inside the feature store ...; give STORE itself`: a flag not given, a folder of the sharding's own, advice for
+    another mistake."""
+    _, out = sharded
+    read, features = [], FeatureStore.features
+    monkeypatch.setattr(FeatureStore, "features", lambda self, rows: read.append(rows) or features(self, rows))
+    for store in (flower_store, client_dir(out, 0)):
+        before = sorted(p.name for p in store.iterdir())
+        with pytest.raises(ConfigError, match="^" + re.escape(f"--out {store}/shards is inside the feature store {store}; "
+                                                              "choose a directory outside it") + "$"):
+            write_shards(shard_spec(toy_config(flower_store)), store / "shards")
+        assert sorted(p.name for p in store.iterdir()) == before
+    assert read == []
+
+
 def test_shard_errors_say_what_to_do(sharded, tmp_path):
     cfg, out = sharded
     with pytest.raises(ConfigError, match="not empty"):
@@ -141,6 +177,29 @@ def test_an_interrupted_sharding_leaves_nothing_that_passes_for_shards(flower_st
     paths = write_shards(shard_spec(toy_config(flower_store, clients=3)), out)
     assert paths == [client_dir(out, k) for k in range(3)] + [out / SERVER]
     assert open_shard(out / SERVER)[1].role == "server" and sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+
+
+def test_an_interrupted_shard_command_says_nothing_was_kept_and_its_rerun_shards(flower_store, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """An interrupted `fedcache shard` said "finished work is kept; re-run the same command to resume": it keeps no
+    shard, and its re-run shards again from the start."""
+    from fedcache.flower import shard
+
+    out = tmp_path / "shards"
+    argv = ["shard", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "--partition", "iid", "--clients",
+            "2", "--out", str(out)]
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(shard, "_write_server", interrupted)
+        assert main(argv) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == ("interrupted: no shard was written (they appear in --out only once all of them are whole); run the "
+                       "same command again, which shards again from the start"), err
+    assert not out.exists()
+    assert main(argv) == 0 and _names(out) == ["client-000", "client-001", SERVER]
 
 
 def _names(folder) -> list[str]:
