@@ -19,6 +19,7 @@ from fedcache.federate.probe import ProbeResult, probe_per_domain
 from fedcache.federate.rundir import RunDir
 from fedcache.federate.tables import load_splits
 from fedcache.training import on_device, prepare, same_run, train
+from fedcache.partitioning import said_once
 from fedcache.paths import writable_dir
 from fedcache.spec import RunSpec
 from fedcache.store.feature_store import FeatureStore
@@ -41,6 +42,7 @@ class DemoResult:
     backbones: tuple[str, ...] = BACKBONES
 
 
+@said_once()  # each partition's warnings said once, not by each method's run
 def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, rounds: int = 50, few_shot: int = 10,
              methods: tuple[str, ...] = METHODS, progress: ProgressFn | None = None, out: Path | None = Path("runs/demo"),
              heatmap: bool = True, dataset: str = DATASET) -> DemoResult:

@@ -3,8 +3,11 @@
 imports this module and a ``spec.DataPartition`` (no method), not training.py, whose run loads torch (seconds)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 from fedcache.federate.partitions import (Partition, PartitionRequest, classes_left_out, few_shot_short,
                                           stored_partition)
@@ -16,7 +19,9 @@ from fedcache.wording import count
 
 log = logging.getLogger(__name__)
 
-_SAID: set[tuple[str, str]] = set()  # what this process has said of each partition (its few-shot shortfall, its notes ...)
+# What the current call (a run, a grid, the demo) has said of each partition: its few-shot shortfall, its notes ...
+# Per call, not per process: a notebook's second run on a partition heard none of its warnings.
+_SAID: ContextVar[set[tuple[str, str]] | None] = ContextVar("fedcache_partition_said", default=None)
 Spec = RunSpec | DataPartition  # what a partition reads of a spec: its data, partition and schedule sections
 Rows = FeatureTable | TableRows  # a table, or its rows before (or without) its features
 
@@ -37,13 +42,45 @@ def partition_of(spec: Spec, store: FeatureStore, train_t: Rows, test_t: Rows) -
 
 def say_partition(partition: Partition, pid: str, train_t: Rows) -> None:
     """Warn of what ``partition`` (id ``pid``, of ``train_t``'s training rows) fell short of or left out, once per
-    partition in this process (a grid's cells share theirs): every run on it and every sharding of it says the same
-    (a sharding that said less handed its clients a partition they would have been warned of)."""
-    for said in (*partition.notes, few_shot_short(partition, train_t.labels),
-                 classes_left_out(partition, train_t.labels, train_t.class_names)):
-        if said and (pid, said) not in _SAID:
-            _SAID.add((pid, said))
-            log.warning("%s", said)
+    partition and call (``said_once``: a grid's cells share theirs): every run on it and every sharding of it says the
+    same (a sharding that said less handed its clients a partition they would have been warned of)."""
+    with said_once() as said_before:
+        for said in (*partition.notes, few_shot_short(partition, train_t.labels),
+                     classes_left_out(partition, train_t.labels, train_t.class_names)):
+            if said and (pid, said) not in said_before:
+                said_before.add((pid, said))
+                log.warning("%s", said)
+
+
+@contextlib.contextmanager
+def said_once() -> Iterator[set[tuple[str, str]]]:
+    """A call (a run, a grid, the demo; also a decorator) within which each partition's warnings are said once, by
+    the first of its runs to use it; the next call says them again. Within another such call, that call's."""
+    said = _SAID.get()
+    if said is not None:
+        yield said
+        return
+    token = _SAID.set(set())
+    try:
+        yield _SAID.get()
+    finally:
+        _SAID.reset(token)
+
+
+class _Everything(set):
+    def __contains__(self, item) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def said_by_the_grid() -> Iterator[None]:
+    """A grid's cell, which says none of its partition's warnings: the grid said them as it made the partitions of
+    its cells (grids/run.py), before any cell ran; each worker of `--engine processes` said them again, a line each."""
+    token = _SAID.set(_Everything())
+    try:
+        yield
+    finally:
+        _SAID.reset(token)
 
 
 def partition_only(spec: Spec, on_step: StepCallback | None = None) -> tuple[Partition, dict, TableRows]:

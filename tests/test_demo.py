@@ -2,6 +2,7 @@
 README's demo table against what `make demo` prints."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -175,6 +176,31 @@ def test_the_readme_check_reads_what_the_demo_prints_and_catches_any_changed_num
                      ("| 192,050 | 768,200 |", "| 192,051 | 768,200 |"), ("`svhn` 74.9", "`svhn` 78.9")]:
         assert old in text and mismatches(readme_demo(text.replace(old, new, 1)), printed, points), new
     assert re.fullmatch(r"torch \S+, \w+, \w+", readme_platform(text))
+
+
+def test_the_demo_ends_with_where_its_report_is_and_a_command_to_run_next(monkeypatch, tmp_path, capsys):
+    """It said where the report went, and nothing of what to do next; its second table's "acc % (std)" did not say
+    the std is over clients (not seeds), and each table's title was wrapped mid-phrase to the table's width."""
+    import shlex
+
+    from fedcache.cli import main
+    from tests.test_docs import parse_command
+
+    monkeypatch.setattr("fedcache.demo.run_demo", lambda store, backbones, *a, **k: dataclasses.replace(
+        _demo_as_readme_says((ROOT / "README.md").read_text()), backbones=tuple(backbones), report=Path("r.html")))
+    store = tmp_path / "s.zarr"
+    assert main(["demo", "--store", str(store), "-b", "efficientnet-lite0", "--rounds", "7"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "One client per domain, 10 training images per class, 7 rounds, features lite0: accuracy % as mean (std) " \
+           "over clients; params and bytes up per round" in lines
+    assert lines[-3] == "report: r.html" and lines[-1].startswith("next, a comparison tuned on validation and tested once")
+    commands = shlex.split(lines[-1].partition(": ")[2])
+    grid = commands[:commands.index("&&")]
+    assert grid[:2] == ["fedcache", "grid"] and commands[commands.index("&&") + 1:] == ["fedcache", "report", "runs/cmp"]
+    for flag, value in (("--store", str(store)), ("-b", "efficientnet-lite0"), ("--rounds", "7"), ("--out", "runs/cmp")):
+        assert grid[grid.index(flag) + 1] == value, grid
+    parse_command(grid[1:])
+    parse_command(["report", "runs/cmp"])
 
 
 @pytest.mark.slow  # `make demo` itself: generation, three real backbones, six methods (about 7 minutes on 2 cores)

@@ -126,6 +126,25 @@ class Group(typer.core.TyperGroup):
             self.suggest_commands = False
 
 
+class Command(typer.core.TyperCommand):
+    """A command whose help names a switch in one column, ``--batch/--no-batch``: typer gave the ``--no-`` form a
+    column of its own, 12 of every line's 76 characters at 80 columns, and cut the longest names to make room
+    (``--backbones,--backbo…``). Only the help is changed: the switch parses as declared."""
+
+    def format_help(self, ctx, formatter) -> None:
+        switches = [(p, p.opts, p.secondary_opts, p.help, p.show_default) for p in self.params
+                    if getattr(p, "secondary_opts", None)]
+        for p, on, off, text, shown in switches:
+            if shown is not False and isinstance(p.default, bool):  # [default: batch], as typer named it from the pair
+                p.help = f"{text or ''} \\[default: {(on if p.default else off)[0].lstrip('-')}]".strip()
+            p.opts, p.secondary_opts, p.show_default = ["/".join(on + off)], [], False
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for p, on, off, text, shown in switches:
+                p.opts, p.secondary_opts, p.help, p.show_default = on, off, text, shown
+
+
 DEFAULT_STORE = default_store()
 StoreOpt = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP)
 

@@ -9,7 +9,7 @@ import typer
 import typer.main
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, _spec_params, console, print_table
+from fedcache.cli.common import HELP_FLAGS, Command, _spec_params, console, print_table
 from fedcache.cli.threads import threads_for, threads_param
 from fedcache.errors import ConfigError
 from fedcache.spec import RunSpec, options
@@ -103,5 +103,5 @@ def _method_command(mc, method: str):
                for o in mc.extra] + [threads_param()]
     run.__signature__ = inspect.Signature(params)
     sub = typer.Typer(add_completion=False)
-    sub.command(mc.name, help=mc.help, context_settings=HELP_FLAGS, epilog=f"Example: {mc.example}" if mc.example else None)(run)
+    sub.command(mc.name, cls=Command, help=mc.help, context_settings=HELP_FLAGS, epilog=f"Example: {mc.example}" if mc.example else None)(run)
     return typer.main.get_command(sub)

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from fedcache.cli.common import HELP_FLAGS, Group, console, err, restore_argument_help
+from fedcache.cli.common import HELP_FLAGS, Command, Group, console, err, restore_argument_help
 from fedcache.cli.extract import backbones, datasets, extract
 from fedcache.cli.grid import _grid, report, reproduce
 from fedcache.cli.methods import _method_commands, methods
@@ -45,7 +45,10 @@ class _Commands(Group):
         return super().get_command(ctx, name) or _method_commands(taken=set(self.commands)).get(name)
 
 
+# A bug's traceback without each frame's locals: a summary's dict, a run's config printed whole were a thousand
+# lines around the one that says what failed (and a deployment's locals may hold what no log should).
 app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP_FLAGS, cls=_Commands,
+                  pretty_exceptions_show_locals=False,
                   help="Federated learning on cached embeddings of frozen pretrained models. "
                        "Methods may add commands of their own: `fedcache methods` lists them.")
 app.add_typer(store_app, name="store")
@@ -71,7 +74,7 @@ COMMANDS = {"extract": extract, "datasets": datasets, "backbones": backbones, "d
             "partition": partition, "methods": methods, "grid": _grid, "report": report, "reproduce": reproduce,
             "shard": shard, "flower-app": flower_app}
 for _name, _fn in COMMANDS.items():
-    app.command(_name)(_fn)
+    app.command(_name, cls=Command)(_fn)
 
 
 # One example per command, shown under its help (`fedcache COMMAND -h`); tests/test_cli.py parses each one

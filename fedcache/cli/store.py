@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import HELP_FLAGS, Group, StoreOpt, _csv, _progress, console, err, print_table, step_printer
+from fedcache.cli.common import HELP_FLAGS, Command, Group, StoreOpt, _csv, _progress, console, err, print_table, step_printer
 from fedcache.errors import ConfigError, EntryLockedError, UnreadableEntryError
 from fedcache.wording import count, pasted
 
@@ -23,7 +23,7 @@ def _open_store(store: Path):
     return FeatureStore(store, create=False)
 
 
-@store_app.command("ls")
+@store_app.command("ls", cls=Command)
 def store_ls(store: Path = StoreOpt) -> None:
     """List the entries of a store (stale: superseded by a newer extraction or import of the same data)."""
     from fedcache.store.feature_store import superseded_partials
@@ -130,7 +130,7 @@ def _kept(fs, e, done: tuple[int, int]) -> str:
         return f"{done[0]}/{done[1]} chunks"
 
 
-@store_app.command("info")
+@store_app.command("info", cls=Command)
 def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix is enough)."), store: Path = StoreOpt) -> None:
     """Show an entry's full key and attributes, its format and its size on disk and in memory."""
     fs = _open_store(store)
@@ -143,7 +143,7 @@ def store_info(entry: str = typer.Argument(..., help="Entry id (a unique prefix 
     console.print_json(json.dumps({"entry_id": e.entry_id, **damaged, "size": size, **e.attrs}, default=str))
 
 
-@store_app.command("verify")
+@store_app.command("verify", cls=Command)
 def store_verify(
     repair: bool = typer.Option(False, help="Remove the damaged entries (then re-extract or re-import them)."),
     store: Path = StoreOpt,
@@ -204,7 +204,7 @@ def _repair_newly_misplaced(fs) -> None:
             console.print("  removed; re-run the `fedcache extract` or `fedcache store import` that made it")
 
 
-@store_app.command("upgrade")
+@store_app.command("upgrade", cls=Command)
 def store_upgrade(store: Path = StoreOpt) -> None:
     """Rewrite the entries of an older store format in the current one, bit for bit.
 
@@ -230,7 +230,7 @@ def store_upgrade(store: Path = StoreOpt) -> None:
 RM_PREFIX = 4  # characters of an entry id that `store rm` needs (as git asks of an abbreviated commit)
 
 
-@store_app.command("rm")
+@store_app.command("rm", cls=Command)
 def store_rm(
     entries: List[str] = typer.Argument(None, help="Entry ids to remove (each a unique prefix of 4 or more characters)."),
     stale: bool = typer.Option(False, help="Remove every stale entry."),
@@ -277,7 +277,7 @@ def _say_read_instead(fs, slots: list, store: Path) -> None:
                           soft_wrap=True, highlight=False)
 
 
-@store_app.command("export")
+@store_app.command("export", cls=Command)
 def store_export(
     dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset name in the store (see `fedcache store ls`)."),
     backbone: str = typer.Option(..., "--backbone", "--backbones", "-b", help="Backbone whose features to export (see `fedcache store ls`)."),
@@ -309,7 +309,7 @@ def _format_of(out: Path) -> str:
     return fmt
 
 
-@store_app.command("import")
+@store_app.command("import", cls=Command)
 def store_import(
     file: Path = typer.Argument(..., help="An .h5 or .npz file with features and labels (see docs/store.md)."),
     dataset: str = typer.Option(..., "--dataset", "-d", help="Name to give the dataset in the store."),

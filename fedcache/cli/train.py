@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedcache.cli.common import (ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
+from fedcache.cli.common import (DEFAULT_STORE, ExtractProgress, StoreOpt, _csv, _progress, _signed, _spec_params, console, err,
                                  given_on_command_line, import_with_torch, loading_torch, print_table, step_printer)
 from fedcache.cli.threads import ThreadsOpt, threads_for, threads_param
 from fedcache.paths import writable_file
@@ -28,8 +28,10 @@ SEVERAL = "`fedcache train` runs one value: `fedcache grid` takes the same optio
 
 def demo(
     store: Path = StoreOpt,
-    backbones: str = typer.Option("efficientnet-lite0,efficientnet-lite1,efficientnet-lite2", "--backbones", "--backbone", "-b",
-                                  help="Backbones to extract and fuse (several: FedPCL's setting)."),
+    # The default said with spaces: as one word (a,b,c) it was longer than the help's column at 80 columns, and cut.
+    backbones: Optional[str] = typer.Option(None, "--backbones", "--backbone", "-b",
+                                            help="Backbones to extract and fuse (several: FedPCL's setting). \\[default: "
+                                                 "efficientnet-lite0, efficientnet-lite1, efficientnet-lite2]"),
     rounds: int = typer.Option(50, help="Federated rounds per method."),
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Where the runs and report.html go."),
     threads: Optional[int] = ThreadsOpt,
@@ -38,15 +40,19 @@ def demo(
     demos = import_with_torch("fedcache.demo")
     t0 = time.perf_counter()
     with threads_for(threads), _progress() as progress:
-        res = demos.run_demo(store, _csv(backbones), rounds, progress=ExtractProgress(progress), out=out)
+        chosen = demos.BACKBONES if backbones is None else _csv(backbones)
+        res = demos.run_demo(store, chosen, rounds, progress=ExtractProgress(progress), out=out)
     warn = " [yellow](RANDOM WEIGHTS)[/]" if res.random_weights else ""
     fused = "+".join(b.removeprefix("efficientnet-") for b in res.backbones)
-    probe = Table("domain", "train", "test", "accuracy %", title=f"Linear probe per domain, {fused} on {demos.DATASET}{warn}")
+    # Each table's title a line of its own: as the table's title it was wrapped to the table's width, mid-phrase.
+    console.print(f"[bold]Linear probe per domain, {fused} on {demos.DATASET}[/]{warn}", soft_wrap=True)
+    probe = Table("domain", "train", "test", "accuracy %")
     for r in res.probes:
         probe.add_row(r.domain, str(r.n_train), str(r.n_test), f"{r.accuracy:.1f}")
     print_table(probe)
-    fed = Table(title=f"One client per domain, 10 training images per class, {rounds} rounds, features {fused}{warn}; "
-                      "params and bytes up per round")
+    console.print(f"[bold]One client per domain, 10 training images per class, {rounds} rounds, features {fused}[/]{warn}: "
+                  "accuracy % as mean (std) over clients; params and bytes up per round", soft_wrap=True)
+    fed = Table()
     for col in ("method", "acc % (std)", "global %", "params up", "bytes up", "sec"):
         fed.add_column(col, no_wrap=True, min_width=max(len(col), 5))
     for name, s in res.runs.items():
@@ -56,6 +62,16 @@ def demo(
     print_table(fed, optional=("sec",))
     console.print(f"report: [bold]{res.report}[/]")
     console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
+    console.print(_after_the_demo(store, res.backbones, rounds, demos.DATASET), soft_wrap=True, highlight=False, markup=False)
+
+
+def _after_the_demo(store: Path, backbones, rounds: int, dataset: str) -> str:
+    """What to run next, on the demo's features: the demo ran each method once with its defaults; a comparison
+    tunes them on validation, over seeds, and tests once."""
+    where = "" if store == DEFAULT_STORE else f"--store {store} "
+    return (f"next, a comparison tuned on validation and tested once (docs/getting-started.md): fedcache grid {where}"
+            f"-d {dataset} -b {','.join(backbones)} -m fedavg,fedproto --partition domain --few-shot 10 --rounds {rounds} "
+            "--set lr=1e-3,1e-2 --select lr --seeds 0,1,2 --out runs/cmp && fedcache report runs/cmp")
 
 
 def train(threads: int | None = None, **given) -> None:

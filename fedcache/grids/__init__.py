@@ -22,6 +22,7 @@ from fedcache.errors import DiskFullError, FedcacheError
 from fedcache.grids.rungs import paused_before_first_cut
 from fedcache.grids.spec import VALIDATION, Cell, GridSpec, axis_label, cells, load_toml, option_axes, train_config
 from fedcache.ownership import LOCK, hold
+from fedcache.partitioning import said_once
 from fedcache.paths import DIVERGED, RESULTS, check_outside
 from fedcache.progress import StepCallback, said_now
 from fedcache.table import Table
@@ -43,6 +44,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+@said_once()  # each partition's warnings said by the first cell on it, not by each
 def run_grid(spec: GridSpec, on_cell: SaidCellCallback | None = None, on_plan: PlanCallback | None = None,
              on_step: StepCallback | None = None) -> Table:
     """Every unfinished cell of the grid (finished ones are read back), then results.csv and table.md; with

@@ -16,6 +16,7 @@ from fedcache.federate.divergence import DivergedError
 from fedcache.federate.rundir import CHECKPOINT, write_json
 from fedcache.grids.spec import BATCHES, CELLS, Cell, GridSpec, train_config
 from fedcache.ownership import LOCK, hold
+from fedcache.partitioning import said_by_the_grid
 from fedcache.paths import CELL, CONFIG, DIVERGED, METRICS, RUNGS, SUMMARY
 from fedcache.spec import RunSpec
 from fedcache.training import train
@@ -44,7 +45,7 @@ def run_cell(spec: GridSpec, c: Cell, tables, stop: int | None = None) -> dict:
         cfg = cfg.replace(resume=resume)
         try:
             # Its advice names a setting as the grid's caller gave it: not settings['lr'].
-            with spec.names.swept(spec.sweep, spec.methods), failing_as(f"the cell {CELLS}/{c.name}"):
+            with spec.names.swept(spec.sweep, spec.methods), failing_as(f"the cell {CELLS}/{c.name}"), said_by_the_grid():
                 result = train(cfg, tables=tables, run_name=c.name, stop_after=stop)
         except DivergedError as exc:
             # A grid tries values that may diverge (a large lr): that is the cell's result, marked in the table (and

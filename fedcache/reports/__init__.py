@@ -12,6 +12,7 @@ import html
 import json
 import logging
 import math
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -502,13 +503,20 @@ def _cell_html(text: str) -> str:
     return f"<b>{inner}</b>" if bold else inner
 
 
+def _inline_html(text: str) -> str:
+    """A paragraph's markdown marks as the page shows them: **bold** (an unfinished grid's warning) bold, `code` (a
+    command, a path) as code; the page showed the backticks, and the warning as plain as the text around it."""
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text)).replace("**", "")
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
 def render_html(title: str, sections: list[Section]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>"]
     for s in sections:
         parts.append(f"<h2>{html.escape(s.title)}</h2>")
         for paragraph in filter(None, s.text.split("\n\n")):
-            parts.append(f"<p>{html.escape(paragraph).replace('**', '')}</p>")
+            parts.append(f"<p>{_inline_html(paragraph)}</p>")
         if s.table:
             head, *body = s.table
             parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedcache.partitioning import said_once
 from fedcache.training import train
 from fedcache.spec import RunSpec
 
@@ -24,6 +25,7 @@ class Contribution:
     backbones: list[str]
 
 
+@said_once()  # its runs' partition warnings said once, not by each run
 def backbone_contribution(cfg: RunSpec) -> Contribution:
     cfg = cfg.replace(method="fedpcl", out=None, resume=False)
     fused = train(cfg)

@@ -236,7 +236,8 @@ def _bars(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> 
     best = _best(groups)
     labels = [layout.label(g) for g in groups]
     means = [g.mean("mean_accuracy") or 0.0 for g in groups]
-    errs = [g.std("mean_accuracy") or 0.0 for g in groups]
+    # One seed has no spread: no error bar (a std of 0 drew a cap on the bar, under "no error bars").
+    errs = [np.nan if (std := g.std("mean_accuracy")) is None else std for g in groups]
     colours = [styles[l].color for l in labels]
     hatches = [{"-": "", "--": "//", ":": "..", "-.": "xx"}[styles[l].linestyle] for l in labels]
     x = np.arange(len(groups))
@@ -244,7 +245,7 @@ def _bars(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) -> 
     for bar, hatch in zip(bars, hatches):
         bar.set_hatch(hatch)
     for i in (groups.index(g) for g in best):
-        ax.annotate(BEST, (x[i], means[i] + errs[i]), ha="center", va="bottom", fontsize=14)
+        ax.annotate(BEST, (x[i], means[i] + np.nan_to_num(errs[i])), ha="center", va="bottom", fontsize=14)
     ax.margins(y=0.12)  # room above the tallest error bar for the star, which ran into the panel's title
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel(f"final {evaluated_on(groups)} accuracy %")

@@ -167,6 +167,9 @@ def _nothing_yet(root: Path) -> str:
         again = named("run the same `fedcache grid` command again", "run the same fedcache.grid(...) call again")
         return (f"no results under {root} yet: its --prune halving grid is {paused}, and no run has a result before "
                 f"that cut; {again} to continue it from there, then report")
+    if not _files_named(root, (CONFIG, GRID, METRICS)):  # no run started there: "finish the run" was no advice
+        what = "is a feature store, not a run" if is_store(root) else "holds no run or grid"
+        return f"{root} {what} (a run directory holds {SUMMARY} and {METRICS}); {_give_a_directory()}"
     return f"no finished runs under {root} (a run directory holds {SUMMARY} and {METRICS}); finish the run or grid first"
 
 
@@ -209,11 +212,29 @@ REDO_RUN = ("delete the folder {folder} and run the same `fedcache train` or `fe
             "that cell again), or move the folder out to report the others")
 
 
+# What a report computes with (means, stds, sums over seeds), where a summary has it: a number, or null. A text
+# ("41.2", edited by hand) was a traceback of numpy's sum (and a thousand lines of its locals).
+NUMBERS = ("mean_accuracy", "std_accuracy", "global_accuracy", "worst10", "worst20", "worst40", "best10", "variance",
+           "bytes_up", "bytes_down", "params_up_per_round", "params_up_per_client", "bytes_up_per_client", "seconds")
+
+
 def _summary_problem(value) -> str:
-    """A summary is a JSON object naming its method: the report labels and groups runs by it."""
+    """A summary is a JSON object naming its method (the report labels and groups runs by it), its figures numbers."""
     if not isinstance(value, dict):
         return "not a JSON object"
-    return "" if isinstance(value.get("method"), str) else "no \"method\" in it"
+    if not isinstance(value.get("method"), str):
+        return "no \"method\" in it"
+    wrong = next((k for k in NUMBERS if value.get(k) is not None and not _number(value[k])), None)
+    if wrong:
+        return f"its \"{wrong}\" is {json.dumps(value[wrong])[:40]}, not a number"
+    clients = value.get("per_client_accuracy") or []
+    if not isinstance(clients, list) or not all(_number(c) for c in clients):
+        return "its \"per_client_accuracy\" is not a list of numbers"
+    return ""
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _rungs_problem(value) -> str:

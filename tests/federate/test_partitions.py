@@ -658,13 +658,11 @@ def test_classes_in_no_client_are_said_of_a_stored_partition_too(toy_store, capl
     partition was made, so a run on it never training on them went without a word."""
     import logging
 
-    import fedcache.partitioning
     from fedcache.cli import main
 
     argv = ["partition", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "--partition",
             "class-disjoint", "--clients", "1", "--classes-per-client", "2", "--seed", "733"]
-    for _ in range(2):  # made, then read back (as another process would: this one says each partition's once)
-        fedcache.partitioning._SAID.clear()
+    for _ in range(2):  # made, then read back: each command says it, in one process too
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             assert main(argv) == 0
@@ -682,10 +680,7 @@ def test_a_few_shot_beyond_what_clients_hold_is_said_of_a_stored_partition_too(t
 
     argv = ["partition", "--store", str(toy_store), "-d", "test-toy", "-b", "tiny-timm-random", "--partition", "iid",
             "--clients", "2", "--few-shot", "20", "--seed", "731"]
-    import fedcache.partitioning
-
-    for _ in range(2):  # made, then read back (as another process would: this one says each partition's once)
-        fedcache.partitioning._SAID.clear()
+    for _ in range(2):  # made, then read back: each command says it, in one process too
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             assert main(argv) == 0
@@ -696,7 +691,6 @@ def test_a_class_budget_fallen_short_of_is_said_by_every_run_on_the_stored_parti
     """Said only as the partition was made: a later train or grid that found it stored said nothing, and its user
     never learned the clients got fewer rows of a class than class_budget asked."""
     import fedcache
-    import fedcache.partitioning
 
     # test-toy has 20 training rows a class: a budget of 20 for each of 2 clients asks for 40.
     options = dict(partition="dirichlet", clients=2, alpha=1.0, class_budget=20, seed=37)
@@ -704,9 +698,13 @@ def test_a_class_budget_fallen_short_of_is_said_by_every_run_on_the_stored_parti
             lambda: fedcache.train(toy_store, "test-toy", "tiny-timm-random", "fedavg", rounds=1, **options),
             lambda: fedcache.grid(toy_store, "test-toy", "tiny-timm-random", "fedavg", out=tmp_path / "grid", seeds=37,
                                   sweep={**{k: v for k, v in options.items() if k != "seed"}, "rounds": 1,
-                                         "lr": [0.01, 0.1]})]
-    for run in runs:  # made, then found stored twice (each as another process would: this one says it once)
-        fedcache.partitioning._SAID.clear()
+                                         "lr": [0.01, 0.1]}),
+            # its workers said it again, one line each, after the grid had as it made the partition
+            lambda: fedcache.grid(toy_store, "test-toy", "tiny-timm-random", "fedavg", out=tmp_path / "grid2", seeds=37,
+                                  engine="processes", jobs=2,
+                                  sweep={**{k: v for k, v in options.items() if k != "seed"}, "rounds": 1,
+                                         "lr": [0.01, 0.1, 0.2, 0.3]})]
+    for run in runs:  # made, then found stored thrice, in one process (a notebook): each call says it, a grid once
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             run()

@@ -92,16 +92,13 @@ def test_a_partition_that_cannot_be_made_is_refused_before_a_feature_is_read(flo
 
 @pytest.mark.parametrize("partition", [["iid", "--clients", "3", "--few-shot", "15"],
                                        ["class-disjoint", "--classes-per-client", "1", "--clients", "2"]])
-def test_a_sharding_warns_of_what_a_run_on_its_partition_warns_of(flower_store, tmp_path, caplog, monkeypatch, partition):
+def test_a_sharding_warns_of_what_a_run_on_its_partition_warns_of(flower_store, tmp_path, caplog, partition):
     """`fedcache shard` said a partition's notes alone: a --few-shot more than every client holds of a class, or classes
     no client is dealt, which `fedcache train` on the same partition warns of, went unsaid to whoever copied the
     shards out to the clients."""
-    from fedcache import partitioning
-
     data = ["--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "--seed", "1", "--partition", *partition]
     said = {}
     for cmd, more in (("train", ["-m", "fedavg", "--rounds", "1"]), ("shard", [])):
-        monkeypatch.setattr(partitioning, "_SAID", set())  # each command its own process, as on the command line
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="fedcache"):
             assert main([cmd, *data, *more, "--out", str(tmp_path / cmd)]) == 0

@@ -58,6 +58,14 @@ def test_a_summary_edited_into_other_json_is_named_too(grid, capsys):
     (cell / "summary.json").write_text('{"mean_accuracy": 50}')
     code, err = run_cli(["report", grid], capsys)
     assert code == 1 and 'is damaged (no "method" in it;' in one_error_line(err)
+    # A figure as text was a traceback of numpy's sum, with a thousand lines of its locals.
+    summary = json.loads((sorted((grid / "cells").iterdir())[1] / "summary.json").read_text())
+    for wrong, said in [({"mean_accuracy": "41.2"}, 'its "mean_accuracy" is "41.2", not a number'),
+                        ({"seconds": True}, 'its "seconds" is true, not a number'),
+                        ({"per_client_accuracy": [50, "x"]}, 'its "per_client_accuracy" is not a list of numbers')]:
+        (cell / "summary.json").write_text(json.dumps({**summary, **wrong}))
+        code, err = run_cli(["report", grid], capsys)
+        assert code == 1 and f"{cell / 'summary.json'} is damaged ({said};" in one_error_line(err), err
 
 
 def test_a_torn_metrics_log_of_a_finished_run_is_said_in_the_report(grid, capsys, caplog):

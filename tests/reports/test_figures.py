@@ -160,6 +160,21 @@ def test_the_best_bars_star_stays_inside_its_panel_and_the_grid_behind_the_bars(
     assert ax.get_axisbelow() is True
 
 
+def test_a_bar_of_one_seed_has_no_error_bar(drawn):
+    """Its std of 0 drew a cap on the bar, under a caption that says "One seed per bar (no error bars)"; a bar of
+    two seeds keeps its own."""
+    import numpy as np
+
+    gs = [group(run("fedavg", "1e-3", 0, [60.0])), group(*(run("fedprox", "1e-3", s, [69.0 + 4 * s]) for s in (0, 1)))]
+    figures.final_accuracy(gs, Layout.of(gs))
+    fig = drawn[0]
+    fig.canvas.draw()
+    bars = next(c for c in fig.axes[0].containers if getattr(c, "errorbar", None))
+    _, caps, (lines,) = bars.errorbar.lines  # caps: the bottom and top caps' markers, at each bar's x
+    capped = sorted({x for cap in caps for x, y in zip(cap.get_xdata(), cap.get_ydata()) if np.isfinite(y)})
+    assert capped == [1] and [len(seg) for seg in lines.get_segments()] == [0, 2], lines.get_segments()
+
+
 def _pixels(png: bytes, colour) -> int:
     """How many pixels of ``png`` are ``colour`` (antialiased edges aside)."""
     import io

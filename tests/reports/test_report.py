@@ -79,8 +79,15 @@ def test_report_of_a_single_run_and_of_nothing(toy_store, tmp_path, capsys):
     md = (tmp_path / "run" / "report.md").read_text()
     assert "band: ± sample std" not in md and "One seed per line (no spread to draw)" in md  # one seed: no band
     (tmp_path / "empty").mkdir()
-    code = main(["report", str(tmp_path / "empty")])
-    assert code == 2 and "no finished runs" in capsys.readouterr().err
+    code = main(["report", str(tmp_path / "empty")])  # "finish the run or grid first" was no advice: none was started
+    assert code == 2 and "empty holds no run or grid (a run directory holds summary.json and metrics.jsonl); give a " \
+                         "run directory (train --out) or a grid directory (grid --out)" in capsys.readouterr().err
+    code = main(["report", str(toy_store)])
+    assert code == 2 and "store.zarr is a feature store, not a run" in capsys.readouterr().err
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "config.json").write_text((tmp_path / "run" / "config.json").read_text())
+    code = main(["report", str(tmp_path / "started")])
+    assert code == 2 and "no finished runs under" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -437,6 +444,9 @@ def test_a_report_of_an_unfinished_grid_says_how_many_cells_it_shows(tmp_path, c
     with caplog.at_level(logging.WARNING):
         html = write_report(root).html.read_text()
     assert "Unfinished grid: 3 of its 4 cells have a result" in html and "Unfinished grid: 3 of its 4" in caplog.text
+    # bold, as report.md has it, and the command to run as code: the page showed it plain, with its backticks
+    assert "<p><b>Unfinished grid: 3 of its 4 cells have a result" in html and "<code>fedcache grid</code>" in html
+    assert "`" not in html and "**" not in html
     for name in ("fedavg__alpha=0.1__lr=0.001__seed=0", "fedavg__alpha=0.1__lr=0.001__seed=1"):
         (root / "cells" / name / "summary.json").unlink()
     assert "Unfinished grid: 1 of its 4 cells has a result" in write_report(root).html.read_text()
