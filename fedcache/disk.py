@@ -76,20 +76,21 @@ def human(n: int | float) -> str:
 
 
 def full_error(path: Path | str, what: str, need: int | None = None, advice: str | None = None,
-               exc: BaseException | None = None) -> DiskFullError:
-    """The one line: which file, what it needs (about: ``need``), what is free, what to do (``advice``: :func:`again`
-    where not given)."""
+               exc: BaseException | None = None, more: bool = False) -> DiskFullError:
+    """The one line: which file, what it needs (about: ``need``; ``more``: besides what it wrote before the disk
+    filled), what is free, what to do (``advice``: :func:`again` where not given)."""
     advice = advice or again()
     free = free_bytes(Path(path).parent)
     if getattr(exc, "errno", None) == errno.EFBIG or "File too large" in str(exc or ""):
         return DiskFullError(f"cannot write {what} {path}: it is larger than the largest file allowed there (the file "
                              "system's limit, 4 GB on FAT32, say, or the shell's `ulimit -f`)", advice, too_large=True)
+    needs = f"it needs about {human(need or 0)}{' more' if more else ''}"
     if getattr(exc, "errno", None) == errno.EDQUOT:
-        room = "your disk quota is reached" + (f" (it needs about {human(need)})" if need else "")
+        room = "your disk quota is reached" + (f" ({needs})" if need else "")
     elif free is None:
-        room = f"it needs about {human(need)}" if need else "the file system is full"
+        room = needs if need else "the file system is full"
     elif need and need > free:
-        room = f"it needs about {human(need)}, {human(free)} is free there"
+        room = f"{needs}, {human(free)} is free there"
     else:  # the estimate fell short, or there was none
         room = f"it needs more than the {human(free)} free there"
     return DiskFullError(f"no space left on the disk for {what} {path}: {room}", advice)
@@ -118,9 +119,11 @@ def check_space(path: Path | str, need: int, what: str, advice: str | None = Non
 
 @contextlib.contextmanager
 def on_full_disk(path: Path | str, what: str, need: int | None = None, remove: Iterable[Path] = (),
-                 advice: str | None = None) -> Iterator[None]:
+                 advice: str | None = None, left: Callable[[], int | None] | None = None) -> Iterator[None]:
     """Within the block, a write that finds the disk full removes ``remove`` (its temporary or partial files and
-    folders) and raises DiskFullError naming ``path`` (an inner one, already said, passes through)."""
+    folders) and raises DiskFullError naming ``path`` (an inner one, already said, passes through). ``left``: of a
+    block whose writes are kept as they go (an entry's batches), what is still to write once the disk filled (None
+    where nothing was written yet): said instead of ``need``, which was all of it, as what it needs more."""
     try:
         yield
     except DiskFullError:
@@ -130,7 +133,8 @@ def on_full_disk(path: Path | str, what: str, need: int | None = None, remove: I
         if not (is_full(exc) or _torch_short_write(exc, path)):
             raise
         discard(remove)
-        raise full_error(path, what, need, advice, exc) from None
+        still = left() if left is not None else None
+        raise full_error(path, what, need if still is None else still, advice, exc, more=still is not None) from None
 
 
 def discard(paths: Iterable[Path]) -> None:

@@ -1030,6 +1030,50 @@ def test_an_interrupted_store_command_says_what_it_left_not_resume(argv, said):
     assert said in _how_to_go_on(argv) and "resume" not in _how_to_go_on(argv)
 
 
+def _extract_interrupted(capsys, monkeypatch, store, at) -> str:
+    """The "interrupted" line of `fedcache extract` on the tests' dataset, Ctrl-C'd at the progress event ``at(e)``
+    says is the one (batches of 4 in chunks of 8: a train entry has 8)."""
+    import fedcache.cli.common as common
+
+    shown = getattr(common.ExtractProgress.__call__, "shown", common.ExtractProgress.__call__)  # not an earlier call's
+
+    def interrupt(self, e):
+        shown(self, e)
+        if at(e):
+            raise KeyboardInterrupt
+
+    interrupt.shown = shown
+    monkeypatch.setattr(common.ExtractProgress, "__call__", interrupt)
+    code, _, err = run(capsys, "extract", "-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store),
+                       "--workers", "0", "--batch-size", "4", "--chunk-rows", "8")
+    assert code == 130, err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted: ")]
+    return line
+
+
+def test_an_interrupted_extract_says_what_it_finished_and_wrote(capsys, monkeypatch, tmp_path):
+    """"interrupted: finished work is kept" was said of an extraction stopped before it had written anything, even
+    before it had made its store. What it finished, what of the entry it was writing it wrote, or that it wrote
+    nothing, as it was."""
+    import fedcache.extract.runner as runner
+
+    store, advances = tmp_path / "s.zarr", []
+    real = runner.load_backbone
+    monkeypatch.setattr(runner, "load_backbone", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert _extract_interrupted(capsys, monkeypatch, store, lambda e: False) == (
+        f"interrupted: nothing was written (no store was made at {store}); re-run the same command")
+    assert not store.exists()
+    monkeypatch.setattr(runner, "load_backbone", real)
+    assert _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "start") == (
+        "interrupted: nothing was finished: no entry completed and no batch of features written; re-run the same command")
+    line = _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "advance" and (advances.append(e) or len(advances) == 10))
+    assert line == ("interrupted: the 1 entry it finished is kept, and the 8 rows of test-toy/train/dark "
+                    "tiny-timm-random it wrote; re-run the same command to go on after them"), line
+    line = _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "advance")  # resumes at row 8 of dark
+    assert line == ("interrupted: the 4 rows of test-toy/train/dark tiny-timm-random it wrote are kept; re-run the same "
+                    "command to go on after them"), line
+
+
 @pytest.mark.parametrize("args", [["datasets"], ["extract", "-d", "nope", "-b", "tiny-timm-random"], ["--nope"]])
 def test_main_called_from_python_gives_the_process_back(args, monkeypatch, capsys):
     """main() from a script or a notebook left its stderr handler on the root logger (every later log line of the

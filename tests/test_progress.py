@@ -3,6 +3,8 @@ import io
 import subprocess
 import sys
 
+import pytest
+
 from rich.console import Console
 
 from fedcache.progress import PlainProgress
@@ -231,3 +233,25 @@ def test_a_log_line_while_a_bar_is_drawn_prints_above_the_bar_not_on_it():
     lines = out.getvalue().replace("\x1b[2K", "").replace("\r", "\n").splitlines()
     assert "WARNING fedcache.test: a worker's line" in lines, lines  # a line of its own
     assert lines[-1].endswith("WARNING fedcache.test: after the bar") and handler.stream is out
+
+
+@pytest.mark.parametrize("width, bar, description", [(160, 40, "whole"), (100, 21, "whole"), (80, 0, "whole"),
+                                                     (60, 0, "cut")])
+def test_an_extractions_bar_is_one_line_of_the_terminal_with_its_figures_whole(width, bar, description):
+    """At 80 columns (COLUMNS=80) an extraction's line wrapped: its rate's `img/s` on a second line, its count cut to
+    `960/…`. The figures stay whole; the bar takes the room the description leaves (none under BAR_LEAST cells), and
+    the description is cut only where it alone does not fit."""
+    from fedcache.cli.common import Bar, bar_columns
+
+    clock, label = Clock(), "digits5-offline/test/synthdigits efficientnet-lite0"
+    console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+    progress = Bar(*bar_columns(), console=console, auto_refresh=False, get_time=clock)
+    task = progress.add_task(label, total=1000)
+    for _ in range(10):
+        clock.t += 2.0
+        progress.advance(task, 96)
+    console.print(progress.get_renderable())
+    (line,) = console.file.getvalue().splitlines()
+    assert len(line) <= width and line.endswith(" 960/1000 48 img/s 0:00:01"), line
+    assert line.count("━") + line.count("╸") == round(bar * 0.96), line
+    assert line.startswith(label + " ") if description == "whole" else line.startswith(label[:10]) and "… " in line

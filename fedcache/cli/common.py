@@ -19,7 +19,7 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
@@ -217,6 +217,20 @@ class _Rate(ProgressColumn):
         return Text(f"{task.speed:,.0f} {unit}" if task.speed and unit else "", style="cyan")
 
 
+# What an interrupted command left, as the command itself knew it (``said_on_interrupt``): one at a time.
+_LEFT: list[str] = []
+
+
+def said_on_interrupt(left: str | None = None) -> str | None:
+    """What an interrupted command's work left (extract: the entries it finished, the rows it wrote), given by the
+    command as it stops, for the "interrupted" line to say instead of what the command line alone tells. Called
+    without ``left``: the one given, taken (None where none was), so that the next command starts without it."""
+    if left is not None:
+        _LEFT[:] = [left]
+        return left
+    return _LEFT.pop() if _LEFT else None
+
+
 class ExtractProgress:
     """Turns the library's progress events into rich progress bars."""
 
@@ -236,14 +250,48 @@ def _progress(*columns: ProgressColumn) -> Progress | PlainProgress:
     """Bars on a terminal; elsewhere (logs, CI, notebooks) plain lines, since bars draw nothing there."""
     if not err.is_terminal:
         return PlainProgress(err)
-    columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn())
-    return Bar(*columns, console=err)
+    return Bar(*(columns or bar_columns()), console=err)
+
+
+def bar_columns() -> tuple[ProgressColumn, ...]:
+    """A bar's columns where its command gives none (extract's): what it is, the bar, the count, the rate, the time left."""
+    return TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(), TimeRemainingColumn()
+
+
+BAR_LEAST = 10  # cells of a bar worth drawing: with less room beside the text, the line goes without it
 
 
 class Bar(Progress):
     """A live bar whose command's log lines print above it. The command's stderr handler (``log_to_stderr``) holds
     the terminal's stream, not the one rich puts in sys.stderr while the bar is drawn: a line (a grid worker's record,
-    a cell's) landed on the bar's own line, after its text, and left a copy of the bar behind it in the scrollback."""
+    a cell's) landed on the bar's own line, after its text, and left a copy of the bar behind it in the scrollback.
+    Its lines fit the terminal (:meth:`make_tasks_table`)."""
+
+    def make_tasks_table(self, tasks) -> Table:
+        """The tasks' lines, each one line of the terminal's width: the counts, the rate and the time left whole; the
+        bar (a ``BarColumn``) in the room the description (the first column) leaves, up to its own width, or left
+        out where that is under BAR_LEAST; the description cut (…) only where it alone does not fit. rich shared the
+        room out otherwise: at 80 columns an extraction's line showed ``960/…`` and its ``img/s`` on a second line."""
+        shown = [t for t in tasks if t.visible]
+        if not shown:  # nothing to fit (and, as the bar is made, no console yet)
+            return super().make_tasks_table(shown)
+        rows = [[c.format(task=t) if isinstance(c, str) else c(t) for c in self.columns] for t in shown]
+        columns = [Column(no_wrap=True) if isinstance(c, str) else c.get_table_column().copy() for c in self.columns]
+        bar = next((i for i, c in enumerate(self.columns) if isinstance(c, BarColumn)), None)
+        widths = [max((self.console.measure(r[i]).maximum for r in rows), default=0) for i in range(len(columns))]
+        others = sum(w for i, w in enumerate(widths) if i not in (0, bar)) + len(columns) - 1  # a space between
+        spare = self.console.width - others - widths[0]  # beside the whole text: the bar's
+        if bar is not None:
+            cells = min(spare, self.columns[bar].bar_width or spare)
+            for r in rows:
+                r[bar].width = cells
+            if cells < BAR_LEAST:  # left out, with the space before it
+                rows, columns = [r[:bar] + r[bar + 1:] for r in rows], columns[:bar] + columns[bar + 1:]
+                spare += 1
+        table = Table.grid(*columns, padding=(0, 1), expand=self.expand)
+        for r in rows:
+            table.add_row(_cut(r[0], widths[0] + min(spare, 0)), *r[1:])
+        return table
 
     def start(self) -> None:
         super().start()
@@ -258,6 +306,15 @@ class Bar(Progress):
             handler.setStream(stream)
         self._moved = []
         super().stop()
+
+
+def _cut(cell, width: int):
+    """``cell`` (a column's text) no wider than ``width``, cut with "…"; any other renderable as it is."""
+    if not isinstance(cell, Text) or cell.cell_len <= width:
+        return cell
+    cut = cell.copy()
+    cut.truncate(max(1, width), overflow="ellipsis")
+    return cut
 
 
 def step_printer(console: Console):

@@ -9,19 +9,67 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from fedcache.cli.common import ExtractProgress, _progress, _signed, _spec_params, console, loading_torch, print_table
+from fedcache.cli.common import (ExtractProgress, _progress, _signed, _spec_params, console, loading_torch, print_table,
+                                 said_on_interrupt)
 from fedcache.extract.config import extract_config, options
+from fedcache.wording import count
 
 
 def extract(**given) -> None:
     """Run every backbone once over every image and cache the embeddings."""
-    with loading_torch("extract config checked and fedcache.extract.runner imported"):  # its backbones import torch
-        cfg = extract_config(**given)
-        from fedcache.extract.runner import extract as run
-    t0 = time.perf_counter()
-    with _progress() as progress:
-        reports = run(cfg, ExtractProgress(progress))
+    kept = _Kept(given.get("store"))
+    try:
+        with loading_torch("extract config checked and fedcache.extract.runner imported"):  # its backbones import torch
+            cfg = extract_config(**given)
+            from fedcache.extract.runner import extract as run
+        t0 = time.perf_counter()
+        with _progress() as progress:
+            reports = run(cfg, kept.counting(ExtractProgress(progress)))
+    except KeyboardInterrupt:
+        said_on_interrupt(kept.said())
+        raise
     _print_extract_summary(reports, cfg.store, time.perf_counter() - t0)
+
+
+class _Kept:
+    """What an interrupted extraction leaves, from its progress: the entries it finished, the rows of the one it was
+    writing (kept batch by batch), and whether there is a store. "finished work is kept" was said also of a run
+    stopped before it wrote anything, or before it had made the store."""
+
+    def __init__(self, store: Path | str | None) -> None:
+        self.store = Path(store) if store is not None else None
+        self.existed = self.store is not None and self.store.exists()
+        self.finished, self.rows, self.label = 0, 0, ""
+
+    def counting(self, progress):
+        def on(event) -> None:
+            if event.kind == "start":
+                self.rows, self.label = 0, event.label
+            elif event.kind == "advance":
+                self.rows += event.advance  # once its batch is written
+            elif event.kind == "end":
+                self.finished, self.rows = self.finished + 1, 0
+            progress(event)
+
+        return on
+
+    def said(self) -> str:
+        rows = f"{count(self.rows, 'row')} of {self.label}"
+        if self.finished:
+            also = f", and the {rows} it wrote" if self.rows else ""
+            return (f"the {count(self.finished, 'entry', 'entries')} it finished {_are(self.finished)} kept{also}; "
+                    "re-run the same command to go on after them")
+        if self.rows:
+            return f"the {rows} it wrote {_are(self.rows)} kept; re-run the same command to go on after them"
+        if self.store is None:  # stopped before its options were read
+            return "nothing was written; re-run the same command"
+        if not (self.existed or self.store.exists()):
+            return f"nothing was written (no store was made at {self.store}); re-run the same command"
+        return "nothing was finished: no entry completed and no batch of features written; re-run the same command"
+
+
+def _are(n: int) -> str:
+    return "is" if n == 1 else "are"
 
 
 _signed(extract, _spec_params(options()))

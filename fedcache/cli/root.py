@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from fedcache.cli.common import HELP_FLAGS, Command, Group, console, err, restore_argument_help
+from fedcache.cli.common import HELP_FLAGS, Command, Group, console, err, restore_argument_help, said_on_interrupt
 from fedcache.cli.extract import backbones, datasets, extract
 from fedcache.cli.grid import _grid, report, reproduce
 from fedcache.cli.methods import _method_commands, methods
@@ -145,6 +145,7 @@ def _log_level() -> str:
 def _command(argv: list[str] | None) -> int:
     mark_start()  # a command that trains chooses its threads from how busy the machine is from here on
     started = time.time()  # what this command wrote is newer (said on an interrupt)
+    said_on_interrupt()  # an earlier command's (main called again in one process), not this one's
     debug = debugging()
     empty = _empty_argument(sys.argv[1:] if argv is None else argv)
     if empty:
@@ -178,7 +179,8 @@ def _command(argv: list[str] | None) -> int:
         return 1
     code = code if isinstance(code, int) else 0
     if code == INTERRUPTED:
-        err.print(f"[yellow]interrupted[/]: {_how_to_go_on(sys.argv[1:] if argv is None else argv, started)}")
+        left = said_on_interrupt() or _how_to_go_on(sys.argv[1:] if argv is None else argv, started)
+        err.print(f"[yellow]interrupted[/]: {escape(left)}")
     return code
 
 

@@ -83,11 +83,27 @@ def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
                       f"{'it' if len(superseded) == 1 else 'them'} (one an extraction still writes is kept)",
                       highlight=False, soft_wrap=True)
     partial = [e for e in infos if not e.complete and not e.damaged and e.entry_id not in superseded]
+    writing = _say_writing(fs, partial)
+    partial = [e for e in partial if e.entry_id not in writing]
     if partial:
         hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
         console.print(f"{count(len(partial), 'partial entry', 'partial entries')} (an extraction or import interrupted, or "
                       f"still running): finish {'it' if len(partial) == 1 else 'them'} with "
                       + " and ".join(hints), highlight=False, soft_wrap=True)
+
+
+def _say_writing(fs, partial: list) -> set[str]:
+    """The partial entries a running command is writing, said with who writes them: the command that finishes an
+    entry, offered for one being written, was refused as busy. Their ids."""
+    by: dict[str, list[str]] = {}
+    for e in partial:
+        for holder in fs.writers(e.entry_id)[:1]:
+            by.setdefault(holder.describe(), []).append(e.entry_id)
+    for who, ids in by.items():
+        console.print(f"{count(len(ids), 'partial entry', 'partial entries')} being written by {who}: "
+                      f"let it finish (`fedcache store ls` then lists {'it' if len(ids) == 1 else 'them'} complete)",
+                      highlight=False, soft_wrap=True, markup=False)
+    return {i for ids in by.values() for i in ids}
 
 
 def human_bytes(n: int) -> str:
@@ -113,6 +129,8 @@ def _status(fs, e, misplaced: dict, current: set, superseded: set) -> str:
             return f"[red]damaged[/]{_SEE_VERIFY}"
         if e.entry_id in superseded:
             return "[dim]stale (partial)[/]"
+        if fs.writers(e.entry_id):
+            return f"[yellow]being written: {_kept(fs, e, done)}[/]" if done[1] else "[yellow]being written: no chunk yet[/]"
         return f"[yellow]partial {_kept(fs, e, done)}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
     return "complete" if e.entry_id in current else "[dim]stale[/]"
 

@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from fedcache.store.entries import newest
 from fedcache.store.feature_store import FeatureStore
 from fedcache.store.keys import EntryKey, noisy_name
 from fedcache.store.writer import EntryWriter, open_writer
-from fedcache.wording import did_you_mean, named, pasted
+from fedcache.wording import count, did_you_mean, named, pasted
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
     if plan.note:
         emit(ProgressEvent("info", "", message=plan.note))
     reports: list[EntryReport] = []
+    others: dict[str, str] = {}  # backbone -> what a run on the dataset lacks of it (_other_domains)
     jobs = _jobs(cfg, dataset)  # its domains and splits checked before a backbone is loaded
     # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
     with _decoders_said(), start_method_unset(), handler_kept(signal.SIGCHLD):
@@ -86,11 +88,14 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             if plan.channels_last:
                 backbone.image_encoder.to(memory_format=torch.channels_last)
             _store_text(store, dataset, backbone, emit)
-            for split, domain, view in jobs:
-                reports.append(_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit))
+            mine = [_extract_entry(cfg, store, dataset, backbone, plan, split, domain, view, emit)
+                    for split, domain, view in jobs]
+            reports += mine
+            _say_complete(mine, dataset.name, backbone.spec.name, emit)
             backbone.image_encoder.to("cpu")
             _say_unfinished_views(cfg, store, dataset.name, backbone.spec.name, emit)
-            _say_other_domains(cfg, store, dataset, backbone.spec.name, emit)
+            others[backbone.spec.name] = _other_domains(cfg, store, dataset, backbone.spec.name)
+    _say_once(others, emit)
     return reports
 
 
@@ -168,24 +173,55 @@ def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str,
         emit(ProgressEvent("info", "", message=unfinished))
 
 
-def _say_other_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset, backbone: str, emit: ProgressFn) -> None:
-    """`--domains` of some of a dataset's domains, without --name: a run on the dataset reads every domain of it, and
-    was refused once the store lacked the others (minutes after this command, which said nothing). Said here as the
-    run will say it, with its two ways on: extract the others, or store these under a --name of their own. Of each
-    split a run reads (train and test) that the store holds: `--splits train` of the last domains beside a test split
-    of the others said nothing, and the run was refused for the test split (one it lacks whole is not this line's)."""
-    if not cfg.domains or _is_subset(cfg) or set(cfg.domains) >= set(dataset.domains):
+def _say_complete(reports: list[EntryReport], dataset: str, backbone: str, emit: ProgressFn) -> None:
+    """The entries of ``backbone`` found complete, in one line: a re-run of a finished extraction said a line per
+    entry (dozens, with their ids, which `store ls` lists)."""
+    done = sum(r.status == "already complete" for r in reports)
+    if not done:
         return
+    found = (f"its {'entry' if done == 1 else count(done, 'entry', 'entries')}" if done == len(reports)
+             else f"{done:,} of its {count(len(reports), 'entry', 'entries')}")
+    emit(ProgressEvent("info", "", message=f"{backbone}: {found} of {dataset} already complete, nothing to do for "
+                                            f"{'it' if done == 1 else 'them'}"))
+
+
+def _other_domains(cfg: ExtractConfig, store: FeatureStore, dataset: Dataset, backbone: str) -> str:
+    """`--domains` of some of a dataset's domains, without --name: a run on the dataset reads every domain of it, and
+    was refused once the store lacked the others (minutes after this command, which said nothing). Said as the run
+    will say it, with its two ways on: extract the others, or store these under a --name of their own. Of each
+    split a run reads (train and test) that the store holds: `--splits train` of the last domains beside a test split
+    of the others said nothing, and the run was refused for the test split (one it lacks whole is not this line's).
+    "" where there is nothing to say."""
+    if not cfg.domains or _is_subset(cfg) or set(cfg.domains) >= set(dataset.domains):
+        return ""
     held = {split for name, split, _domain, made_by, view in store.current()
             if (name, made_by, view) == (dataset.name, backbone, 0)}
     try:
         for split in [s for s in SPLITS if s in held]:
             store.table_entries(dataset.name, split, backbone, with_splits=SPLITS)
     except EntryNotFoundError as exc:
-        said = f"a run on {dataset.name} reads every domain of it: {exc}"
-        emit(ProgressEvent("info", "", message=said))
+        return f"a run on {dataset.name} reads every domain of it: {exc}"
     except StoreError:  # entries a run refuses otherwise (mixed makings, unfinished): its read says so, not this
         pass
+    return ""
+
+
+def _say_once(lines: dict[str, str], emit: ProgressFn) -> None:
+    """Each backbone's line (``lines``: backbone -> line), said once for the backbones whose lines differ only by
+    their name: `-b a,b --domains x` said the same line twice, each with its own command, where one command
+    (``--backbones a,b``) makes what both lack. Only the line's own places of the name are merged (``for a``,
+    ``--backbones a``): a path that holds it is left as it is."""
+    alike: dict[str, list[str]] = {}
+    for backbone, line in lines.items():
+        if line:
+            alike.setdefault(_names_backbone(backbone).sub(lambda m: m[1] + "\0", line), []).append(backbone)
+    for line, backbones in alike.items():
+        emit(ProgressEvent("info", "", message=line.replace("\0", ",".join(backbones))))
+
+
+def _names_backbone(backbone: str) -> re.Pattern:
+    """Where a line names ``backbone`` as the one it is of (``for NAME``, ``--backbones NAME``), not inside a word."""
+    return re.compile(rf"((?:^|\s)for |--backbones ){re.escape(backbone)}(?![\w.-])")
 
 
 def _check_image_size(cfg: ExtractConfig, specs: list) -> None:
@@ -351,8 +387,9 @@ def _extract_entry(cfg, store, dataset, bb, plan, split, domain, view, emit) -> 
             emit(ProgressEvent("info", key.label(), message=f"{key.label()}: entry {key.entry_id} was damaged "
                                f"({writer.replaced}); extracting it again"))
         if writer.complete:
-            again = "; runs read it again instead of the newer one" if store.make_current(key.entry_id) else ""
-            emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry {key.entry_id}), nothing to do{again}"))
+            if store.make_current(key.entry_id):  # said of this entry: the others found complete, in one line a backbone
+                emit(ProgressEvent("info", key.label(), message=f"{key.label()}: already complete (entry "
+                                   f"{key.entry_id}), nothing to do; runs read it again instead of the newer one"))
             return EntryReport(key.label(), key.entry_id, "already complete", 0, 0.0)
         pending = writer.pending(cfg.part)
         rows = writer.rows_to_write(pending)

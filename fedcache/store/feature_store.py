@@ -27,6 +27,7 @@ from fedcache import disk
 from fedcache.errors import (ConfigError, DamagedEntryError, DiskFullError, EntryNotFoundError, IncompleteEntryError,
                              StoreError, StoreIsAFileError, StoreNotFoundError, UnknownEntryError,
                              UnreadableEntryError)
+from fedcache.ownership import Holder
 from fedcache.paths import (check_store_place, denied_problem, is_denied, owner, store_denied, unmade_store,
                             unreadable_store)
 from fedcache.store import lookup
@@ -34,7 +35,7 @@ from fedcache.store.chunks import ChunkFiles, RawMeta
 from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_ATTR, SLOT_FIELDS, STORE_FORMAT, TEXT,
                                     EntryInfo, newest, now_iso)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS
-from fedcache.store.locks import exclusive_lock, import_lock, shared_lock
+from fedcache.store.locks import exclusive_lock, import_lock, live_holders, shared_lock
 from fedcache.store.reading import EntryReader, fill
 from fedcache.store.removal import Removal
 from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent, closed_on_error
@@ -162,6 +163,10 @@ class FeatureStore(TextEmbeddings, Removal):
         """The lock file of an entry's making, of every write of its attributes, and of its removal (each writer
         of a part holds that part's lock besides)."""
         return self.locks_dir / f"{entry_id}.create.lock"
+
+    def writers(self, entry_id: str) -> list[Holder]:
+        """Who is writing the entry now: the running holders of its parts' locks, as their records say."""
+        return live_holders(sorted(self.locks_dir.glob(f"{entry_id}.part*.lock")))
 
     def lock(self, name: str, what: str, wait: float = 120.0, **advice: str):
         """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""

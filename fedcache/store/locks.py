@@ -15,7 +15,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from fedcache.disk import FILE_MODE
 from fedcache.errors import EntryLockedError, StoreError
@@ -138,6 +138,13 @@ def _holder(path: Path) -> str:
     while its process runs."""
     holder = read_holder(path)
     return f": {holder.describe()}" if holder and may_run(holder) else ""
+
+
+def live_holders(paths: Iterable[Path]) -> list[Holder]:
+    """The holders the lock files ``paths`` record whose process may still run: a writer that let go emptied its
+    record, and one killed outright left it for a process that is gone. Read, not locked: a lock taken to see whether
+    it is free, even for a moment, refuses a writer that asks for it then."""
+    return [h for h in map(read_holder, paths) if h is not None and may_run(h)]
 
 
 def import_lock(dataset: str, backbone: str) -> str:

@@ -74,6 +74,7 @@ class EntryWriter:
         self.replaced: str | None = None  # why an existing entry of this key was found damaged and replaced
         self.begun: dict[int, _Begun] = {}  # chunks this writer has rows of (or found rows of kept), not yet done
         self.bad_images: list[str] = []  # once :meth:`finish` completes the entry: its bad images, as listed
+        self.rows_written = self.chunks_written = 0  # by this writer, kept (a full disk says what is left)
         folder = folder if folder is not None else store.path / ENTRIES / key.entry_id
         # A complete entry's flags and chunk checksums are not opened: its checksums are its attributes, and reads
         # never look at them (a complete entry whose done/zarr.json went missing is intact, and is found complete).
@@ -134,9 +135,11 @@ class EntryWriter:
         begun.crcs, begun.next = chunk_crcs(written, self.checksum, begun.crcs), lo + len(features)
         if begun.next < hi:
             self.files.keep(c, begun.next - first, begun.crcs)
+            self.rows_written += len(features)
             return False
         self.files.write_small(CRC_ARRAY, c, begun.crcs[None])
         self.files.write_small("done", c, np.ones(1, bool))  # only now is the chunk counted
+        self.rows_written, self.chunks_written = self.rows_written + len(features), self.chunks_written + 1
         self.files.forget(c)
         del self.begun[c]
         return True
@@ -402,10 +405,17 @@ def open_writer(
         fresh = EntryWriter(store, key, store.root[ENTRIES][key.entry_id])
         fresh.replaced = replaced
         pending = fresh.pending(part)
-        need = entry_bytes(fresh.rows_to_write(pending), 0, dim, np.dtype(key.dtype).itemsize, len(pending))
+        rows, itemsize = fresh.rows_to_write(pending), np.dtype(key.dtype).itemsize
+        need = entry_bytes(rows, 0, dim, itemsize, len(pending))
         if pending:
             disk.check_space(folder, need, what, resumed())
-        with disk.on_full_disk(folder, what, need, advice=resumed()):
+
+        def left() -> int | None:  # the disk filled after some batches (another process's files): what is still to write
+            if not fresh.rows_written:
+                return None
+            return entry_bytes(rows - fresh.rows_written, 0, dim, itemsize, len(pending) - fresh.chunks_written)
+
+        with disk.on_full_disk(folder, what, need, advice=resumed(), left=left):
             yield fresh
 
 

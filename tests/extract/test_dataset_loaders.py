@@ -366,6 +366,17 @@ def test_no_data_root_mentions_download_only_where_it_works() -> None:
         DATASETS.get("domainnet").load(DatasetOptions())
 
 
+@pytest.mark.parametrize("name, archive", [("afile", False), ("cifar-10-python.tar.gz", True)])
+def test_a_data_root_that_is_a_file_is_said_to_be_one_not_missing(name: str, archive: bool, tmp_path: Path) -> None:
+    file = tmp_path / name
+    file.write_bytes(b"")
+    with pytest.raises(ConfigError) as err:  # not DataNotFoundError's "not found: expected <file>/cifar-10-batches-py"
+        DATASETS.get("cifar10").load(DatasetOptions(data_root=file))
+    said = str(err.value)
+    assert said.startswith(f"--data-root {file} is a file, not a folder: give the folder that holds cifar-10-batches-py/")
+    assert ("extracted into" in said) is archive and "not found" not in said
+
+
 # ---------------------------------------------------------------- format details
 
 

@@ -49,10 +49,27 @@ def test_an_extract_says_each_step_once_whatever_the_log_shows(store_path, capsy
                  "--batch-size", "4"]) == 0
     captured = capsys.readouterr()
     said = captured.out + captured.err
-    line = "already complete (entry"
-    lines = [text for text in said.splitlines() if line in text]
-    assert len(lines) == 4, said  # 2 splits x 2 domains, each once
+    line = "tiny-timm-random: its 4 entries of test-toy already complete, nothing to do for them"
+    lines = [text for text in said.splitlines() if "already complete" in text and "done in" not in text]
+    assert len(lines) == 1 and lines[0].endswith(line), said  # 2 splits x 2 domains, in one line
     assert all(text.startswith("INFO fedcache.extract.runner: ") == (level == "info") for text in lines), said
+
+
+def test_entries_found_complete_are_said_in_one_line_a_backbone_with_their_count(store_path):
+    """A re-run of a finished extraction said "already complete (entry ...), nothing to do" once per entry: dozens of
+    lines for a dataset of many domains. One line a backbone now, after its work, with how many of its entries."""
+    extract(cfg(store_path, domains=["light"]))
+    notes = []
+    extract(cfg(store_path, backbones=["tiny-timm-random", "tiny-clip-random"]),
+            progress=lambda e: notes.append(e.message) if e.kind == "info" else None)
+    assert [n for n in notes if "already complete" in n] == [  # none of tiny-clip-random's: it extracted all 4
+        "tiny-timm-random: 2 of its 4 entries of test-toy already complete, nothing to do for them"], notes
+    notes.clear()
+    extract(cfg(store_path, backbones=["tiny-timm-random", "tiny-clip-random"], splits=("test",), domains=["dark"]),
+            progress=lambda e: notes.append(e.message) if e.kind == "info" else None)
+    assert [n for n in notes if "already complete" in n] == [
+        "tiny-timm-random: its entry of test-toy already complete, nothing to do for it",
+        "tiny-clip-random: its entry of test-toy already complete, nothing to do for it"], notes
 
 
 def test_extract_then_rerun_is_a_noop(store_path):
@@ -129,6 +146,33 @@ def test_ctrl_c_then_resume_is_bit_identical(tmp_path):
     for eid in ref:
         for x, y in zip(ref[eid], run[eid]):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_disk_that_fills_mid_entry_says_what_is_left_to_write_and_the_entry_resumes(tmp_path, fake_disk):
+    """The disk filled by another process after the entry's check of its space: the line said the whole entry's need
+    (all its rows, though two batches were written and kept). What is left now, beside what is free; the same
+    extraction then goes on after the kept rows."""
+    from fedcache.disk import human
+    from fedcache.errors import DiskFullError
+    from fedcache.store.writer import entry_bytes
+
+    disk, batches = fake_disk(tmp_path, 1 << 40), []
+
+    def fill_after_two_batches(event):
+        batches.extend([event] if event.kind == "advance" else [])
+        if len(batches) == 2:
+            disk.free = 0
+
+    one = dict(splits=("train",), domains=["light"])  # 30 rows: 4 chunks of 8, batches of 4
+    with pytest.raises(DiskFullError) as full:
+        extract(cfg(tmp_path / "s.zarr", **one), progress=fill_after_two_batches)
+    left = entry_bytes(30 - 8, 0, 96, 2, 4 - 1)  # chunk 0 done, 22 rows of 3 chunks to write
+    assert f": it needs about {human(left)} more, 0 B is free there; " in str(full.value), full.value
+    assert str(full.value).endswith("the batches written so far are kept, and it continues after them")
+    disk.free, notes = 1 << 40, []
+    (report,) = extract(cfg(tmp_path / "s.zarr", **one), progress=lambda e: notes.append(e.message))
+    assert report.status == "extracted" and report.rows == 22
+    assert any("8 of 30 rows kept from an interrupted extraction" in n for n in notes), notes
 
 
 def _interrupt_after(batches: int):
@@ -706,6 +750,20 @@ def test_extracting_some_domains_says_a_run_reads_every_domain_and_the_ways_on(t
         notes.clear()
         extract(cfg(store_path, dataset=toy4, **quiet), progress=said)
         assert not [n for n in notes if "every domain" in n], notes
+
+
+def test_some_domains_of_several_backbones_say_a_run_reads_every_domain_once(tmp_path):
+    """`-b a,b --domains light` said "a run reads every domain" once per backbone, the same line with each name: once
+    now, whose command (`--backbones a,b`) makes what both lack. A path that holds a backbone's name stays as it is."""
+    store_path = tmp_path / "tiny-timm-random" / "s.zarr"
+    notes = []
+    extract(cfg(store_path, backbones=["tiny-timm-random", "tiny-clip-random"], domains=["light"]),
+            progress=lambda e: notes.append(e.message) if e.kind == "info" else None)
+    (told,) = [n for n in notes if "every domain" in n]
+    assert "test-toy/dark for tiny-timm-random,tiny-clip-random; run `" in told, told
+    commands = [shlex.split(c) for c in told.split("`")[1::2]]
+    assert [c[c.index("--backbones") + 1] for c in commands] == ["tiny-timm-random,tiny-clip-random"] * 2, told
+    assert all(c[c.index("--store") + 1] == str(store_path) for c in commands), told
 
 
 def test_the_name_that_stores_some_domains_reads_them_as_they_were_read(tmp_path, toy4):

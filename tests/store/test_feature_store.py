@@ -546,6 +546,26 @@ def test_a_partial_entry_an_entry_completed_since_superseded_is_stale(store_path
     assert [e.entry_id for e in FeatureStore(store_path).entries()] == [key().entry_id]
 
 
+def test_a_partial_entry_being_written_is_said_so_not_offered_a_command_refused_as_busy(store_path, capsys):
+    """`store ls` during an extraction told to finish its entry with a command that was refused (the entry is being
+    written by another process); it names the writer now, and offers the command once the writer has let go."""
+    import os
+
+    from fedcache.cli import main
+
+    store = FeatureStore(store_path)
+    with open_writer(store, key(), 8, 3, 2, ATTRS, chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+        assert main(["store", "ls", "--store", str(store_path)]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "being written: 4/8 rows" in out and f"1 partial entry being written by pid {os.getpid()} on " in out, out
+        assert out.endswith("ago): let it finish (`fedcache store ls` then lists it complete)"), out
+        assert "finish it with" not in out, out
+    assert main(["store", "ls", "--store", str(store_path)]) == 0  # stopped: to be finished
+    out = " ".join(capsys.readouterr().out.split())
+    assert "partial 4/8 rows" in out and "finish it with `fedcache extract" in out and "being written" not in out, out
+
+
 def test_a_partial_entry_takes_its_written_rows_on_disk(store_path):
     """Its rows file has the finished entry's length, mostly holes: `store ls` said the finished entry's size."""
     store = FeatureStore(store_path)

@@ -124,7 +124,19 @@ def require_data_root(row: StandardSet, options: DatasetOptions) -> Path:
         fetch = f" (with {_download_named()} to fetch it there)" if row.download else ""
         raise ConfigError(f"dataset {row.name!r} is read from a data folder: pass {named('--data-root DIR', 'data_root=DIR')}"
                           f"{fetch}")
-    return Path(options.data_root).expanduser()
+    root = Path(options.data_root).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{named('--data-root', 'data_root')} {root.resolve()} is a file, not a folder: give the folder "
+                          f"that holds {row.dirs[0]}/{_archive(root)} (`fedcache datasets {row.name}` says how to get it)")
+    return root
+
+
+ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z")
+
+
+def _archive(path: Path) -> str:
+    """An archive given as the data folder: what to do with it first, said beside the folder to give."""
+    return f", the folder {path.name} is extracted into" if path.suffix.lower() in ARCHIVES else ""
 
 
 def load_standard(row: StandardSet, options: DatasetOptions) -> Dataset:
