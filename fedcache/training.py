@@ -22,7 +22,7 @@ from fedcache.federate.driver import Run, RunResult
 from fedcache.federate.inprocess import OnRound, run_one
 from fedcache.federate.methods import Method, MethodContext
 from fedcache.federate.partitions import local_test_sets
-from fedcache.federate.rundir import RunDir, check_resumable, same_config
+from fedcache.federate.rundir import SUMMARY, RunDir, check_resumable, same_config
 from fedcache.federate.source import attach_source
 from fedcache.federate.tables import load_splits, load_views
 from fedcache.federate.text import attach_text
@@ -91,9 +91,13 @@ def _check_not_started(spec: RunSpec) -> None:
     run = RunDir(e.out)
     # Metrics lines without a checkpoint are of rounds nothing can continue (a kill between the first round's line
     # and its checkpoint): such a directory is started again, not refused (--resume would find no checkpoint).
+    # --engine flower-sim refuses --overwrite: offered there, the advice led to a second refusal.
+    replace = "delete the folder to start it again" if e.name == "flower-sim" else f"{overwrite} to replace it"
+    if run.finished() and not run.has_checkpoint() and not e.overwrite:
+        # --keep-checkpoints none: --resume has nothing to go on from, and offering it sent the user in a loop.
+        raise ConfigError(f"{resume + ': ' if e.resume else ''}the run in {e.out} finished (its {SUMMARY} is there) and "
+                          f"kept no checkpoint; nothing is left to run: {replace}, or choose another {out}")
     if not e.resume and not e.overwrite and (run.has_checkpoint() or run.finished()):
-        # --engine flower-sim refuses --overwrite: offered there, the advice led to a second refusal.
-        replace = "delete the folder to start it again" if e.name == "flower-sim" else f"{overwrite} to replace it"
         raise ConfigError(f"{e.out} already holds a run; pass {resume} to continue it, {replace}, or choose another {out}")
 
 

@@ -272,7 +272,13 @@ def test_keep_checkpoints_and_overwrite(toy_store, tmp_path, capsys):
     assert not list((tmp_path / "none").glob("checkpoint*.pt")) and (tmp_path / "none" / "summary.json").exists()
     # A directory holding a run is refused, and replaced with --overwrite (other files are left alone).
     (tmp_path / "none" / "notes.txt").write_text("mine")
-    assert main(train_args(toy_store, tmp_path / "none")) == 2 and "--overwrite" in capsys.readouterr().err
+    capsys.readouterr()
+    # Finished without a checkpoint: neither way sends the user to --resume, which has nothing to go on from.
+    for extra in ([], ["--resume"]):
+        assert main(train_args(toy_store, tmp_path / "none", *extra)) == 2
+        err = capsys.readouterr().err
+        assert "finished (its summary.json is there) and kept no checkpoint; nothing is left to run: --overwrite" in err
+        assert "pass --resume" not in err and "without --resume" not in err and len(err.strip().splitlines()) == 1, err
     assert main(train_args(toy_store, tmp_path / "none", "--overwrite", "--rounds", "2")) == 0
     assert json.loads((tmp_path / "none" / "summary.json").read_text())["rounds"] == 2
     assert (tmp_path / "none" / "notes.txt").read_text() == "mine"

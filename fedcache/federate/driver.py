@@ -162,6 +162,9 @@ def run(runs: Sequence[Run], engine: Engine, on_round: RoundCallback | None = No
                 h.append(line)
                 if r.out is not None:
                     r.out.append(line)
+        # Once the round is scored: a checkpoint between its training and its scoring would hold a round half closed
+        # (losses not yet in a line, an engine's evaluation traffic not yet counted), for a resume to finish. An
+        # interrupt while scoring costs the round's training again, on resume, to the same numbers.
         _persist(runs, where, _checkpoint(states, engine))
         if on_round:
             on_round(rnd + 1, rounds, lines)

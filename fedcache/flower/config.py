@@ -28,6 +28,7 @@ from fedcache.federate.data import FederatedData
 from fedcache.federate.methods import METHODS, Method
 from fedcache.config import Checked, NonNegative, Positive, PositiveInt, fields_of, parse
 from fedcache.federate.optim_config import OptimConfig
+from fedcache.federate.rundir import RunDir
 from fedcache.federate.schedule import Schedule
 from fedcache.spec import (HeadChoice, MethodSpec, RunSpec, options, parse_pairs, parse_options, resolve_method,
                            to_flat)
@@ -169,8 +170,9 @@ def may_keep_client_state(cls: type[Method]) -> bool:
 def refuse_resume_with_client_state(method: Method, out: Path, resume_as: str) -> None:
     """A resumed Flower run's nodes start from their initial state: a method whose clients keep state between rounds
     would go on from a state other than the interrupted run's. Its directory holds a Flower run, which the in-process
-    engine cannot continue either, so the advice is to start again elsewhere."""
-    if not method.init_clients(1):
+    engine cannot continue either, so the advice is to start again elsewhere. A run that had finished is not refused:
+    its resume trains no round, and shows its result as the in-process engine's does."""
+    if not method.init_clients(1) or RunDir(out).finished():
         return
     again = SUBMIT_ANEW if deployed(resume_as) else f"start it again without {resume_as} in another {named('--out', 'out')}"
     raise ConfigError(f"{resume_as}: {method.name} keeps personal client state on the nodes, which a resumed Flower run "

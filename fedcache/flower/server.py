@@ -437,16 +437,26 @@ def _record_config(out: Path, run: FlowerRun, info: ShardInfo, method: Method, r
                    resume_as: str = "--resume") -> None:
     """config.json: what the run computes (the run sections and the shards' partition, not the
     deployment's timeouts); a resumed run must compute the same."""
-    computes = {k: v for k, v in run.to_config().items() if not k.startswith("deploy.")}
-    config = {"run": computes, "partition_id": info.partition_id, "shards": info.source}
     path = out / CONFIG
     if not resume:
         if path.exists():
             raise ConfigError(f"{out} already holds a run; resume it or start a new one elsewhere")
         out.mkdir(parents=True, exist_ok=True)
-        disk.write_text(path, json.dumps(config, indent=2) + "\n", "the run's config.json")
+        disk.write_text(path, json.dumps(_computes(run, info), indent=2) + "\n", "the run's config.json")
         return
     refuse_resume_with_client_state(method, out, resume_as)
+    check_resumed(out, run, info, resume_as)
+
+
+def _computes(run: FlowerRun, info: ShardInfo) -> dict:
+    computes = {k: v for k, v in run.to_config().items() if not k.startswith("deploy.")}
+    return {"run": computes, "partition_id": info.partition_id, "shards": info.source}
+
+
+def check_resumed(out: Path, run: FlowerRun, info: ShardInfo, resume_as: str = "--resume") -> None:
+    """A resume of the run in ``out`` refused where it has nothing to continue from or computes otherwise (other
+    settings or shards), as ``resume_as`` asked for it."""
+    config, path = _computes(run, info), out / CONFIG
     again = _again(resume_as)
     if not path.exists():
         raise ConfigError(f"{resume_as}: {out} has no config.json; {again}")

@@ -272,6 +272,8 @@ def train_flower_sim_here(spec: RunSpec, cpus: int | None = None, holder: Holder
         run, t0 = flower_run(spec, shards), time.perf_counter()
         if e.resume:
             _check_shards(shards, shard)
+            if RunDir(base).finished():
+                return _finished(run, shards, base, on_round)
             _check_server_shard(run, shards, base)
         else:
             _fresh_start(base, shards, shard)
@@ -347,6 +349,20 @@ def _not_an_in_process_run(out: Path) -> None:
         raise ConfigError(f"{resume}: {out} holds a run of the in-process engine, which the Flower simulation cannot "
                           f"continue; resume it with {named('`fedcache train` without --engine', 'fedcache.train')} "
                           f"and {resume}, or start the simulation in another {named('--out', 'out')}")
+
+
+def _finished(run: FlowerRun, shards: Path, out: Path, on_round: OnRound | None) -> dict:
+    """A resume of a run that had finished all its rounds, as the in-process engine's: it trains nothing and shows the
+    run's result (the rounds bar at its last round, its summary), for every method: one whose clients keep state on
+    the nodes too, which no round needs now. Its settings are checked as any resume's; the files are left as they
+    were, and Ray and Flower are not started (a minute on a small machine) to ask no node anything."""
+    from fedcache.flower.server import check_resumed  # flwr: imported where a run needs it
+
+    check_resumed(out, run, open_shard(shards / SERVER)[1], resume_named())
+    log.info("the run in %s had finished all its rounds (%d): nothing to train", out, run.schedule.rounds)
+    if on_round is not None:
+        on_round(run.schedule.rounds, run.schedule.rounds, None)
+    return RunDir(out).summary()
 
 
 def _check_server_shard(run: FlowerRun, shards: Path, out: Path) -> None:

@@ -101,6 +101,35 @@ def test_interrupted_run_resumes_to_identical_results(data, tmp_path):
     assert [l["round"] for l in lines] == [1, 2, 3, 4] and lines[2]["accuracy"] != -1
 
 
+@pytest.mark.parametrize("name", ["fedavg", "fedrep"])
+def test_a_run_interrupted_while_it_evaluates_resumes_to_identical_results(data, tmp_path, monkeypatch, name):
+    """Ctrl-C while round 3 is scored, after its training: the checkpoint is round 2's (a round's checkpoint is
+    written once it is scored), so the resumed run trains round 3 again, and ends as one never interrupted: its
+    metrics lines (train_loss too), clients' and server's state and summary."""
+    from fedcache.federate.inprocess import InProcess
+
+    cfg = dict(rounds=4, fraction=0.6, eval_every=1)
+    full = run(make(name, data, fraction=0.6), RunConfig(**cfg))
+    evaluate = InProcess.evaluate
+
+    def interrupted_in_round_3(self, i, state, glob):
+        if state.rnd == 2:  # round 3's state: the driver counts it done once it is scored
+            raise KeyboardInterrupt
+        return evaluate(self, i, state, glob)
+
+    monkeypatch.setattr(InProcess, "evaluate", interrupted_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(make(name, data, fraction=0.6), RunConfig(**cfg, out=tmp_path))
+    monkeypatch.setattr(InProcess, "evaluate", evaluate)
+    resumed = run(make(name, data, fraction=0.6), RunConfig(**cfg, out=tmp_path, resume=True))
+    assert resumed.history == full.history
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == full.history
+    for got, want in ((resumed.server, full.server), (resumed.clients, full.clients)):
+        assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(resumed.summary) == drop(full.summary)
+
+
 def test_resume_without_checkpoint_is_an_error(data, tmp_path):
     """The round driver's refusal and a run directory's are one message (rundir.no_checkpoint), for one place."""
     from fedcache.federate.rundir import RunDir

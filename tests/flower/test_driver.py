@@ -20,7 +20,7 @@ from fedcache.flower.config import FlowerRun, ServerPaths
 from fedcache.flower.shard import SERVER, client_dir, write_shards
 from fedcache.flower.sim import shard_spec
 
-from .conftest import assert_same_run, toy_config
+from .conftest import BACKBONE, assert_same_run, toy_config
 
 HANDLERS = {"query": client.identify, "train": client.train, "evaluate": client.evaluate}
 
@@ -144,6 +144,32 @@ def test_a_run_resumed_at_its_last_round_to_score_it_again_counts_the_evaluation
     again = _serve(shards, tmp_path / "g", run, resume=True)
     assert full["evaluation_bytes_down"] > 0
     assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
+
+
+class StopInEvaluation(DirectGrid):
+    """Interrupted as the ``stop_before``-th evaluation's messages are sent (its round's training done)."""
+
+    def send_and_receive(self, messages, timeout=None):
+        if messages and messages[0].metadata.message_type == "evaluate":
+            self.stop_before -= 1
+            if self.stop_before == 0:
+                raise Interrupted
+        return super().send_and_receive(messages, timeout)
+
+
+def test_a_flower_run_interrupted_while_it_evaluates_resumes_to_the_uninterrupted_one(shards, tmp_path):
+    """Interrupted as round 4 is scored, after its training: the checkpoint is round 3's, so the resumed run trains
+    round 4 again, and ends as one never interrupted, evaluation_bytes_down too (what evaluation sent)."""
+    full = _serve(shards, tmp_path / "full", _run())
+    client._client.cache_clear()
+    with pytest.raises(Interrupted):
+        server.serve(StopInEvaluation([client_dir(shards, k) for k in range(3)], _run(), stop_before=2), _run(),
+                     ServerPaths(shards / SERVER, tmp_path / "part"))
+    resumed = _serve(shards, tmp_path / "part", _run(), resume=True)
+    drop = lambda s: {k: v for k, v in s.items() if k != "seconds"}
+    assert drop(resumed) == drop(full) and resumed["evaluation_bytes_down"] > 0
+    assert _lines(tmp_path / "part" / "metrics.jsonl") == _lines(tmp_path / "full" / "metrics.jsonl")
+    assert [r["round"] for r in _lines(tmp_path / "part" / "rounds.jsonl")] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("resume_as, advice", [
@@ -452,6 +478,37 @@ def test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_start
     inproc = train(toy_config(store, method=method, backbones=[backbone], rounds=2, eval_every=2, batched=False,
                               settings=settings or None))
     assert_same_run(summary, state, inproc)
+
+
+def _keeping_client_state():
+    from fedcache.federate.methods import METHODS
+    from fedcache.flower.config import may_keep_client_state
+
+    return [m for m in METHODS.names() if may_keep_client_state(METHODS.get(m))]
+
+
+@pytest.mark.parametrize("method", ["fedavg", *_keeping_client_state()])
+def test_a_finished_run_of_every_method_resumed_trains_nothing_and_keeps_its_result(method, view_shards, tmp_path,
+                                                                                    monkeypatch, caplog):
+    """A resume of a finished fedpcl run (fedproto's, fedrep's, ...: every method whose clients keep state on the
+    nodes) was refused: its run 'cannot continue'. A finished run has no round left to train, so the nodes' state is
+    not needed: it is resumed as fedavg's is, training nothing and keeping the run's files and summary."""
+    from fedcache.federate.methods import METHODS
+
+    run = _run(method, rounds=2, eval_every=1, fraction=1.0)
+    if METHODS.get(method).not_deployable(run.method.params):
+        return  # refused up front (test_every_method_runs_on_flower_as_in_process_or_is_refused_before_it_starts)
+    _, shards = view_shards
+    main = _server_app(shards["tiny-clip-random" if method in ON_CLIP else BACKBONE], tmp_path / "runs", monkeypatch)
+    main(7, run)
+    done = tmp_path / "runs" / "run-7"
+    before = {p.name: p.read_bytes() for p in done.iterdir()}
+    with caplog.at_level(logging.WARNING, logger="fedcache"):
+        main(8, _run(method, rounds=2, eval_every=1, fraction=1.0, resume_run="7"), grid=Unasked)
+    assert [r.getMessage() for r in caplog.records if r.name == server.log.name] == [
+        f"fedcache: nothing to train: the run in {done} had finished all its rounds (2), and its results are kept there; "
+        "submit the run anew without deploy.resume_run to train it again"]
+    assert {p.name: p.read_bytes() for p in done.iterdir()} == before
 
 
 class FailingOnce(DirectGrid):

@@ -220,6 +220,40 @@ def test_flower_sim_resume_continues_the_run_in_out(flower_store, tmp_path):
         train_flower_sim(toy_config(flower_store, rounds=2, eval_every=1, alpha=0.5, out=out, resume=True), cpus=1)
 
 
+@pytest.mark.parametrize("method", ["fedavg", "fedpcl"])
+def test_a_finished_run_resumed_shows_its_result_as_in_process_without_starting_flower(flower_store, tmp_path,
+                                                                                       monkeypatch, method):
+    """--resume of a finished fedpcl run (of every method whose clients keep state on the nodes) was refused: 'the run
+    in --out cannot continue'; fedavg's started Ray and Flower (a minute) to score its last round again. As the
+    in-process engine's, it trains nothing and shows the run's result (the rounds bar at its last round, its summary),
+    leaving its files as they were; a resume with other settings is still refused."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcache.flower import client, server, sim
+    from fedcache.flower.config import ServerPaths
+    from fedcache.flower.shard import SERVER, client_dir, write_shards
+
+    from .test_driver import DirectGrid
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):  # a ServerApp process's, stamped on messages
+        monkeypatch.setattr(TaskIdentity, name, value)
+    out, calls = tmp_path / "sim", []
+    spec = toy_config(flower_store, method, rounds=2, eval_every=1, out=out)
+    write_shards(sim.shard_spec(spec), out / "shards")
+    run = sim.flower_run(spec, out / "shards")
+    client._client.cache_clear()
+    first = server.serve(DirectGrid([client_dir(out / "shards", k) for k in range(3)], run), run,
+                         ServerPaths(out / "shards" / SERVER, out))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    monkeypatch.setattr(sim, "simulate", lambda *a, **kw: pytest.fail("Ray and Flower were started"))
+    again = sim.train_flower_sim_here(toy_config(flower_store, method, rounds=2, eval_every=1, out=out, resume=True),
+                                      on_round=lambda *call: calls.append(call))
+    assert again == json.loads(json.dumps(first)) and calls == [(2, 2, None)]  # as in-process: "resumed after round 2"
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    with pytest.raises(ConfigError, match=r"^--resume: the run in \S+ was made with other settings \(schedule.rounds\)"):
+        sim.train_flower_sim_here(toy_config(flower_store, method, rounds=3, eval_every=1, out=out, resume=True))
+
+
 def test_unknown_engine_is_a_bad_parameter(flower_store, capsys):
     assert main(["train", "--store", str(flower_store), "-d", "test-toy", "-b", BACKBONE, "-m", "fedavg",
                  "--engine", "grpc"]) == 2
