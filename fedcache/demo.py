@@ -40,6 +40,7 @@ class DemoResult:
     random_weights: bool = False
     report: Path | None = None
     backbones: tuple[str, ...] = BACKBONES
+    reused: set[str] = field(default_factory=set)  # methods whose finished run was read back, not trained now
 
 
 @said_once()  # each partition's warnings said once, not by each method's run
@@ -64,7 +65,9 @@ def run_demo(store: Path, backbones: tuple[str, ...] | list[str] = BACKBONES, ro
     say(ProgressEvent("start", stage, total=len(methods)))
     for m in methods:
         cfg = base.replace(method=m, settings=SETTINGS.get(m, []), out=(out / m) if out else None)
-        result.runs[m] = train_or_reuse(cfg, (train_t, test_t))
+        result.runs[m], reused = train_or_reuse(cfg, (train_t, test_t))
+        if reused:
+            result.reused.add(m)
         say(ProgressEvent("advance", stage, advance=1))
     if out is not None:
         if heatmap and len(backbones) > 1 and "fedpcl" in methods:
@@ -119,17 +122,18 @@ def _saved(path: Path) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
 
-def train_or_reuse(cfg: RunSpec, tables=None) -> dict:
-    """The summary of a finished run with the same configuration in ``cfg.engine.out``, else a fresh run there."""
+def train_or_reuse(cfg: RunSpec, tables=None) -> tuple[dict, bool]:
+    """The summary of a finished run with the same configuration in ``cfg.engine.out``, else of a fresh run there;
+    and whether it was that finished run's (its seconds are of the demo that trained it, not of this one)."""
     out = cfg.engine.out
     if out is not None and RunDir(out).finished():
         with on_device(cfg):
             _, config = prepare(cfg, tables)
         if same_run(RunDir(out), config) == []:
-            return RunDir(out).summary()
+            return RunDir(out).summary(), True
     if out is not None and out.exists():
         shutil.rmtree(out)  # another configuration (or an interrupted run) of this demo: start over
-    return train(cfg, tables=tables).summary
+    return train(cfg, tables=tables).summary, False
 
 
 def _contribution(cfg: RunSpec, out: Path) -> None:

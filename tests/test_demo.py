@@ -41,7 +41,7 @@ def test_demo_trains_reports_and_reuses_its_runs(tmp_path):
     assert len(scores) == 2 and all(abs(sum(row) - 1) < 1e-6 for row in scores)
     stamps = {m: (out / m / "summary.json").stat().st_mtime_ns for m in METHODS}
     second = run_demo(store, **kw)
-    assert second.runs == first.runs
+    assert second.runs == first.runs and first.reused == set() and second.reused == set(METHODS)
     assert {m: (out / m / "summary.json").stat().st_mtime_ns for m in METHODS} == stamps  # read back, not re-run
     third = run_demo(store, **{**kw, "rounds": 2})  # another configuration replaces the old runs
     assert all(s["rounds"] == 2 for s in third.runs.values())
@@ -201,6 +201,39 @@ def test_the_demo_ends_with_where_its_report_is_and_a_command_to_run_next(monkey
         assert grid[grid.index(flag) + 1] == value, grid
     parse_command(grid[1:])
     parse_command(["report", "runs/cmp"])
+
+
+def test_a_rerun_s_table_says_a_run_read_back_was_reused_not_the_seconds_it_took_then(monkeypatch, tmp_path, capsys):
+    """A re-run reads the finished runs back: its table showed each one's seconds from the demo that trained it,
+    beside a total of a few seconds, as if trained now."""
+    from fedcache.cli import main
+
+    result = _demo_as_readme_says((ROOT / "README.md").read_text())
+    monkeypatch.setattr("fedcache.demo.run_demo", lambda *a, **k: result)
+    out = tmp_path / "demo"
+    for reused in (set(), {"fedavg", "fedpcl"}):
+        result.reused = reused
+        assert main(["demo", "--store", str(tmp_path / "s.zarr"), "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        seconds = {cells[0]: cells[5] for row in printed.splitlines()
+                   if len(cells := [c.strip() for c in row.split("\u2502")[1:-1]]) == 6}
+        assert seconds == {m: "reused" if m in reused else "1.0" for m in METHODS}, printed
+        said = [line for line in printed.splitlines() if line.startswith("reused:")]
+        assert len(said) == (1 if reused else 0), printed
+        assert not reused or f"read back from {out}" in said[0]
+
+
+def test_a_finished_run_of_the_same_settings_is_read_back_and_said_so(toy_store, tmp_path):
+    from fedcache.demo import train_or_reuse
+    from fedcache.spec import RunSpec
+
+    cfg = RunSpec.of(store=toy_store, dataset="test-toy", backbones=["tiny-timm-random"], method="fedavg",
+                     partition="domain", clients=2, rounds=1, out=tmp_path / "fedavg")
+    trained, reused = train_or_reuse(cfg)
+    assert not reused
+    again, reused = train_or_reuse(cfg)
+    assert reused and again == trained
+    assert train_or_reuse(cfg.replace(rounds=2))[1] is False  # other settings: trained again
 
 
 @pytest.mark.slow  # `make demo` itself: generation, three real backbones, six methods (about 7 minutes on 2 cores)

@@ -57,12 +57,21 @@ def demo(
         fed.add_column(col, no_wrap=True, min_width=max(len(col), 5))
     for name, s in res.runs.items():
         glob = f"{s['global_accuracy']:.2f}" if s.get("global_accuracy") is not None else "-"
+        # A run read back took no time now: its summary's seconds, of the demo that trained it, passed for this one's.
+        sec = REUSED if name in res.reused else f"{s['seconds']:.1f}"
         fed.add_row(name, f"{s['mean_accuracy']:.2f} ({s['std_accuracy']:.2f})", glob, f"{s['params_up_per_round']:,}",
-                    f"{s['bytes_up'] // max(1, s['rounds']):,}", f"{s['seconds']:.1f}")
+                    f"{s['bytes_up'] // max(1, s['rounds']):,}", sec)
     print_table(fed, optional=("sec",))
+    if res.reused:
+        console.print(f"{REUSED}: finished by an earlier demo with the same settings, read back from {out} (its "
+                      "seconds are in each run's summary.json); delete a method's folder there to train it again",
+                      soft_wrap=True, highlight=False, markup=False)
     console.print(f"report: [bold]{res.report}[/]")
     console.print(f"total {time.perf_counter() - t0:.1f}s; store: {store} (a re-run reuses the cached features and runs)")
     console.print(_after_the_demo(store, res.backbones, rounds, demos.DATASET), soft_wrap=True, highlight=False, markup=False)
+
+
+REUSED = "reused"  # the demo table's seconds of a run read back, not trained
 
 
 def _after_the_demo(store: Path, backbones, rounds: int, dataset: str) -> str:

@@ -8,6 +8,7 @@ beside fedcache's) and ``contribution.json`` (FedPCL's backbone heatmap, written
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import logging
@@ -17,11 +18,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedcache import disk, interrupts
+from fedcache import __version__, disk, interrupts
 from fedcache.best import Result, best_marks, bold_meaning
-from fedcache.errors import DamagedFileError
+from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
-from fedcache.paths import GRID, check_outside_stores, removed_if_left_empty, writable_dir
+from fedcache.paths import (CONFIG, GRID, WRITE_ELSEWHERE, check_outside_stores, denied_problem, is_denied,
+                            removed_if_left_empty, writable_dir)
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
 from fedcache.reports.options import options_text
@@ -54,18 +56,34 @@ class Section:
 
 
 def write_report(root: Path, out: Path | None = None) -> ReportPaths:
-    out = writable_dir(out, named("--out", "out")) if out else None  # before any figure is drawn
+    given = named("--out", "out")
+    out = writable_dir(out, given) if out else None  # before any figure is drawn
     if out is not None:
         check_outside_stores(out)
     runs = find_runs(root)
-    out = out or writable_dir(root, "cannot write the report into", advice=report_elsewhere())
+    option, advice = (given, WRITE_ELSEWHERE) if out else ("cannot write the report into", report_elsewhere())
+    out = out or writable_dir(root, option, advice=advice)
     # One report at a time into one directory: two share the staging folder, and the second removed the first's
     # figures under it ("No such file or directory: .../.report-figures.partial/accuracy-per-round.png").
     # A report that fails (a full disk) leaves no folder it made: the lock's file goes with the lock, its staging
     # folder with the failure, and a new --out with them, as a run's or a grid's does (ownership.hold).
-    with removed_if_left_empty(out), exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT,
-                                                    transient=True, advice="report again once it has finished"):
+    with removed_if_left_empty(out), contextlib.ExitStack() as held:
+        try:  # the lock makes the folder too: a file system may refuse either (/proc, /sys)
+            held.enter_context(exclusive_lock(out / REPORT_LOCK, f"the report in {out}", wait=REPORT_WAIT,
+                                              transient=True, advice="report again once it has finished"))
+        except OSError as exc:
+            if disk.is_full(exc):
+                raise  # said as every full disk is (disk.full_disk)
+            raise ConfigError(f"{option} {out}: {_refused(exc)}; {advice}") from None
         return _write_report(root, runs, out)
+
+
+def _refused(exc: OSError) -> str:
+    """Why the report's folder (or its lock file) could not be made where writable_dir's check let it through: a
+    file system that takes no new files whatever the permissions say (/proc, /sys: "No such file or directory")."""
+    if is_denied(exc):
+        return denied_problem(exc)[1]
+    return f"the file system refused to create {exc.filename} ({exc.strerror})"
 
 
 # The runs are only read: a colleague's read-only directory (or a read-only mount) is reported into another.
@@ -128,6 +146,8 @@ def _sections(root: Path, runs: list[Run], fig_dir: Path) -> tuple[list[Section]
     groups = layout.ordered(groups)
     if unfinished:
         log.warning("%s", unfinished.replace("**", "").strip())
+    if other := other_versions(runs):
+        log.warning("%s", other.replace("`", ""))
     sections = [Section("Results", unfinished + _results_text(root, runs, groups, layout),
                         table=summary_rows(groups, layout))]
     sections += _optional(Path(root) / SELECTION, _selection_sections, "Chosen on validation, then tested",
@@ -168,6 +188,8 @@ def _results_text(root: Path, runs: list[Run], groups: list[Group], layout: Layo
     data, mixed = _data_text(runs, groups, layout)
     what = (f"{count(len(runs) - lost, 'run')}{lost_text} in {count(len(groups), 'group')} (method and setting; seeds "
             f"pooled) from `{root}`{data}; {layout.caption()}.{options_text(runs)}{mixed}{warn}{_cut_short(runs)}")
+    other = other_versions(runs)
+    what += f" {other}." if other else ""
     return what + "\n\n" + _reading(runs, groups, layout)
 
 
@@ -228,6 +250,24 @@ def _cut_short(runs: list[Run]) -> str:
     """Runs whose per-round metrics are cut short: their table row holds, their curves (and their group's) stop early."""
     cut = [r.missing for r in runs if r.missing]
     return f" **Metrics cut short (torn or edited): {'; '.join(cut)}.**" if cut else ""
+
+
+def other_versions(runs: list[Run]) -> str:
+    """The runs whose config.json another fedcache wrote (said as a checkpoint or a store of another version is:
+    "written by a newer fedcache"): a note, as the report reads them all the same, by this version's reading of
+    their files; runs that recorded no version (before config.json had one) are not named."""
+    other: dict[str, list[Run]] = {}
+    for r in runs:
+        version = r.config.get("fedcache_version")
+        if isinstance(version, str) and version != __version__:
+            other.setdefault(version, []).append(r)
+    if not other:
+        return ""
+    first = next(iter(other.values()))[0].path / CONFIG
+    n = sum(map(len, other.values()))
+    which = f"`{first}` was" if n == 1 else f"{count(n, 'run')}' config.json (`{first}`, ...) were"
+    return (f"{which} written by another fedcache ({', '.join(other)}; this report's is {__version__}), whose files "
+            "the report reads as this version's own")
 
 
 def _unfinished(root: Path, runs: list[Run], spec: dict | None) -> str:

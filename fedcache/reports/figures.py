@@ -134,9 +134,11 @@ DASH = 6.0  # points: each colour's stretch of a shared line (about 8 px; a byte
 
 
 def _coinciding(ax) -> list[str]:
-    """Lines of one kind (width and alpha) that coincide, every point within SAME, hid all but the last drawn, and
-    the legend named them all: each is redrawn in dashes that leave gaps for the others' (at their true values, no
-    offset), so every colour shows along the shared line. Returns each set's names, "a = b" (lines named by gid)."""
+    """Lines that coincide, every point within SAME, hid all but the last drawn, and the legend named them all: each
+    is redrawn in dashes that leave gaps for the others' (at their true values, no offset), so every line shows along
+    the shared one. Lines of every kind (width and alpha): a bytes figure's faint "down" line, drawn over its bold
+    "up" where a method sends as much each way (fedavg), did not show at all. Returns each set's names, "a = b"
+    (lines named by gid)."""
     ax.get_xlim(), ax.get_ylim()  # the limits autoscaling chose: the axes fractions below are of the drawn panel
     to_axes = ax.transScale + ax.transLimits  # log and symlog axes included: a pixel is a pixel
     sets: list[list] = []
@@ -144,19 +146,18 @@ def _coinciding(ax) -> list[str]:
         x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
         if line.get_gid() is None or line.get_transform() != ax.transData or len(x) < 2:
             continue  # halving cuts, end markers and stars are no series
-        xy, kind = to_axes.transform(np.column_stack([x, y])), (line.get_linewidth(), line.get_alpha())
-        match = next((s for s in sets if s[0][1] == kind and s[0][2].shape == xy.shape
-                      and np.abs(s[0][2] - xy).max() <= SAME), None)
+        xy = to_axes.transform(np.column_stack([x, y]))
+        match = next((s for s in sets if s[0][1].shape == xy.shape and np.abs(s[0][1] - xy).max() <= SAME), None)
         if match is None:
             match = []
             sets.append(match)
-        match.append((line, kind, xy))
+        match.append((line, xy))
     named = []
     for s in (s for s in sets if len(s) > 1):
-        for i, (line, _, _) in enumerate(s):
+        for i, (line, _) in enumerate(s):
             dash = DASH / line.get_linewidth()  # matplotlib scales dashes by the width: thin and thick lines in step
             line.set_linestyle((i * dash, (dash, (len(s) - 1) * dash)))
-        named.append(" = ".join(dict.fromkeys(line.get_gid().replace("\n", " ") for line, _, _ in s)))
+        named.append(" = ".join(dict.fromkeys(line.get_gid().replace("\n", " ") for line, _ in s)))
     return list(dict.fromkeys(n for n in named if " = " in n))
 
 
@@ -316,13 +317,14 @@ def _bytes(ax, groups: list[Group], layout: Layout, styles: dict[str, Style]) ->
     for g in groups:
         label, st = layout.label(g), styles[layout.label(g)]
         # Down in the label's own line style, faint: a dotted "down" was also the look of some labels' "up".
-        for key, width, alpha in (("bytes_up", 1.4, 1.0), ("bytes_down", 0.8, 0.35)):
+        for key, width, alpha, way in (("bytes_up", 1.4, 1.0, "up"), ("bytes_down", 0.8, 0.35, "down")):
             x, total = g.curve(key)
             if len(x):
                 per_round = np.diff(np.r_[0, total]) / np.diff(np.r_[0, x])
                 drawn.append(per_round)
+                # Named by way too: where up and down coincide, the caption says "fedavg up = fedavg down".
                 ax.plot(x, per_round, st.linestyle, color=st.color, lw=width, alpha=alpha,
-                        label=label if key == "bytes_up" else None, gid=label)
+                        label=label if key == "bytes_up" else None, gid=f"{label} {way}")
     # symlog: methods send bytes of different orders and a first round may send none down; within one decade
     # it draws no tick at all, so the figure could not be read, and a linear axis from 0 serves.
     values = np.concatenate(drawn) if drawn else np.zeros(0)

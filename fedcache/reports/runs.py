@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcache.disk import log_lines, read_json
+from fedcache.disk import read_json
 from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.grids.rungs import last_round, last_rung, paused_before_first_cut, round_reached
 from fedcache.grids.spec import VALIDATION
@@ -277,11 +277,37 @@ class _Cells(dict):
 def _read(path: Path, cell: dict) -> Run:
     """A finished run; ``cell``: its cell.json."""
     summary = _run_json(path, SUMMARY, _summary_problem) or _stopped(path)
-    # A line torn by a crash is no round; bytes cut inside a character are one such line.
-    history = log_lines((path / METRICS).read_text(errors="replace"))
+    history = _history(path)
     run = Run(path, summary, history, _run_json(path, CONFIG, _config_problem), _setting(path, cell))
     run.missing = _cut_short(run)
     return run
+
+
+def _history(path: Path) -> list[dict]:
+    """A finished run's metrics.jsonl, one round a line. Its last line torn by a crash while it was appended (no line
+    end; bytes cut inside a character are one such line) is no round; any other line that is not a round's JSON
+    object is damage (edited by hand, or another file in its place), refused naming the line: read as no round, the
+    report said the run held "rounds up to 0 (cut short)"."""
+    lines = (path / METRICS).read_text(errors="replace").split("\n")  # numbered as an editor numbers them
+    history = []
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            if n == len(lines) and raw.lstrip().startswith("{"):  # the last, with no line end: torn
+                continue
+            line = _NOT_JSON
+        if not isinstance(line, dict) or not isinstance(line.get("round"), int) or isinstance(line["round"], bool):
+            what = "not JSON" if line is _NOT_JSON else 'not a JSON object with a whole-number "round"'
+            raise DamagedFileError(path / METRICS, f"line {n} is {what}: {raw.strip()[:40]!r}",
+                                   REDO_RUN.format(folder=path))
+        history.append(line)
+    return history
+
+
+_NOT_JSON = object()
 
 
 def _setting(path: Path, cell: dict) -> dict:

@@ -77,6 +77,26 @@ def test_a_torn_metrics_log_of_a_finished_run_is_said_in_the_report(grid, capsys
     assert f"{cell / 'metrics.jsonl'} holds rounds up to 1 of 3" in (grid / "report.md").read_text()
 
 
+@pytest.mark.parametrize("edit, said", [
+    (lambda text: "garbage\nnot json {\n", "line 1 is not JSON: 'garbage'"),
+    (lambda text: '[1, 2]\n"x"\n', 'line 1 is not a JSON object with a whole-number "round": \'[1, 2]\''),
+    (lambda text: text.replace('{"round": 2', '{"round": "2"', 1), 'line 2 is not a JSON object with a whole-number'),
+    (lambda text: text.replace('{"round": 2', '{"round": 2 ?', 1), "line 2 is not JSON: '{\"round\": 2 ?"),
+    (lambda text: text + '{"round": 4, "acc\n', "line 4 is not JSON"),  # a line end after it: no crash's tear
+])
+def test_a_metrics_log_of_garbage_is_one_line_naming_the_line_not_a_run_cut_short(grid, edit, said, capsys, caplog):
+    """Lines that were no round were skipped: a log of garbage was "rounds up to 0 of the run's 3 (cut short)"."""
+    cell = sorted((grid / "cells").iterdir())[0]
+    metrics = cell / "metrics.jsonl"
+    metrics.write_text(edit(metrics.read_text()))
+    code, err = run_cli(["report", grid], capsys)
+    line = one_error_line(err)
+    assert code == 1 and f"{metrics} is damaged ({said}" in line, line
+    assert f"delete the folder {cell} and run the same `fedcache train` or `fedcache grid` command again" in line
+    assert "cut short" not in caplog.text
+    assert not (grid / "report.html").exists() and not list(grid.glob(".report-figures*"))
+
+
 def optional_files(grid: Path) -> dict[str, Path]:
     """Whole paper.json, contribution.json and selection.json beside the grid, as their commands write them."""
     (grid / PAPER).write_text(json.dumps({"title": "FedPCL", "text": "t", "rows": [{"what": "a", "paper": 1.0, "fedcache": 2.0}]}))

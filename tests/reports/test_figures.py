@@ -175,7 +175,7 @@ def test_a_bar_of_one_seed_has_no_error_bar(drawn):
     assert capped == [1] and [len(seg) for seg in lines.get_segments()] == [0, 2], lines.get_segments()
 
 
-def _pixels(png: bytes, colour) -> int:
+def _pixels(png: bytes, colour, tolerance: float = 0.03) -> int:
     """How many pixels of ``png`` are ``colour`` (antialiased edges aside)."""
     import io
 
@@ -184,21 +184,42 @@ def _pixels(png: bytes, colour) -> int:
     from matplotlib.image import imread
 
     rgb = imread(io.BytesIO(png))[..., :3]
-    return int((np.abs(rgb - np.array(to_rgb(colour))).max(-1) < 0.03).sum())
+    return int((np.abs(rgb - np.array(to_rgb(colour))).max(-1) < tolerance).sum())
 
 
-@pytest.mark.parametrize("draw", [figures.bytes_per_round, figures.accuracy_per_round])
-def test_lines_that_coincide_all_show_and_are_named(draw):
+@pytest.mark.parametrize("draw, same", [(figures.bytes_per_round, "fedavg up = fedprox up"),
+                                        (figures.accuracy_per_round, "fedavg = fedprox")])
+def test_lines_that_coincide_all_show_and_are_named(draw, same):
     """fedavg and fedprox send the same bytes: fedprox's line was drawn over fedavg's, which left a legend entry and
     no line (mu=0 makes their accuracy the same too)."""
     gs = [group(*(run(m, "1e-3", s, [30.0 + r for r in range(8)]) for s in (0, 1))) for m in ("fedavg", "fedprox")]
     gs.append(group(*(run("fedproto", "1e-3", s, [60.0 + r for r in range(8)]) for s in (0, 1))))
-    for r in gs[2].runs:  # fedproto sends other bytes
-        r.history = [{**line, "bytes_up": 300 * line["round"], "bytes_down": 300 * line["round"]} for line in r.history]
+    for g in gs:  # down other than up (the next test has them equal); fedproto sends other bytes
+        for r in g.runs:
+            r.history = [{**line, "bytes_down": 2 * line["bytes_up"]} for line in r.history]
+    for r in gs[2].runs:
+        r.history = [{**line, "bytes_up": 300 * line["round"], "bytes_down": 600 * line["round"]} for line in r.history]
     layout = Layout.of(gs)
     blue = layout.styles(gs)["fedavg"].color
     alone = _pixels(draw(gs[:1], Layout(layout.fixed, (), (), ("fedavg",), "test")).png, blue)
     both = draw(gs, layout)
     assert _pixels(both.png, blue) > 0.3 * alone, "fedavg's line is hidden under fedprox's"
-    assert "fedavg = fedprox" in both.note and "fedproto" not in both.note
+    assert same in both.note and "fedproto" not in both.note
     assert draw(gs[1:], Layout.of(gs[1:])).note == ""  # nothing coincides: nothing to say
+
+
+def test_a_methods_down_line_equal_to_its_up_line_shows_and_is_named():
+    """fedavg sends as many bytes down as up: its faint down line, drawn over its bold up line of the same colour,
+    did not show at all (one line, where the y label promises a faint one for down)."""
+    from matplotlib.colors import to_rgb
+
+    g = group(*(run("fedavg", "1e-3", s, [30.0 + r for r in range(8)]) for s in (0, 1)))
+    layout = Layout.of([g])
+    blue = layout.styles([g])["fedavg"].color
+    faint = tuple(0.35 * c + 0.65 for c in to_rgb(blue))  # down's alpha over the white panel
+    fig = figures.bytes_per_round([g], layout)
+    # A thin line's pixels are partly covered (antialiased): a looser match, which a bold line's edges do not reach.
+    assert _pixels(fig.png, faint, 0.08) > 0.2 * _pixels(fig.png, blue), "fedavg's down line is hidden under its up"
+    assert "fedavg up = fedavg down" in fig.note
+    g.runs[0].history = g.runs[1].history = [{**line, "bytes_down": 2 * line["bytes_up"]} for line in g.runs[0].history]
+    assert figures.bytes_per_round([g], layout).note == ""  # apart: both show, nothing to say

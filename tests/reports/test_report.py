@@ -356,6 +356,71 @@ def test_a_report_that_finds_the_disk_full_leaves_no_folder_it_made(toy_grid, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and list(kept.iterdir()) == []
 
 
+REFUSED_BY_PROC = [pytest.param("/proc/x", id="real-proc", marks=pytest.mark.skipif(
+    not os.access("/proc", os.W_OK) or not Path("/proc/self").exists(),
+    reason="/proc looks writable only to root (else writable_dir refuses it first), and only Linux has one")),
+    pytest.param("new/report", id="folder-refused"), pytest.param("lock-refused", id="lock-file-refused")]
+
+
+@pytest.mark.parametrize("out", REFUSED_BY_PROC)
+def test_a_report_out_that_the_file_system_refuses_is_one_line_naming_it(toy_grid, tmp_path, out, capsys, monkeypatch):
+    """`report -o /proc/x` (as root, /proc passes the permission check, and its file system refuses new folders)
+    was "error: No such file or directory: /proc/x", naming neither the option nor what to do; nothing is left."""
+    import errno
+
+    from tests.faults import one_error_line, run_cli
+
+    out = Path(out) if out.startswith("/") else tmp_path / out
+    mkdir, open_ = os.mkdir, os.open
+
+    def refused(real, path: Path):  # as /proc refuses: ENOENT, its parent there
+        def call(target, *args, **kwargs):
+            if Path(target) == path:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(target))
+            return real(target, *args, **kwargs)
+        return call
+
+    if out.name == "report":
+        monkeypatch.setattr(os, "mkdir", refused(mkdir, out.parent))
+    elif out.name == "lock-refused":
+        monkeypatch.setattr(os, "open", refused(open_, out / ".report.lock"))
+    made = out.parent if out.name == "report" else out
+    code, err = run_cli(["report", toy_grid, "-o", out], capsys)
+    line = one_error_line(err)
+    assert code == 2 and line.startswith(f"error: --out {out}: the file system refused to create {made}"), line
+    assert "(No such file or directory); choose a directory you can write to" in line, line
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing half-written: not even an empty folder
+    assert not list(toy_grid.glob("report*")) and not list(toy_grid.glob(".report*"))
+
+
+def test_runs_another_fedcache_version_wrote_are_a_note_of_the_report(toy_grid, tmp_path, capsys, caplog):
+    """A run's config.json records the fedcache that wrote it, which the report never said: a note (the report is
+    written), said as a checkpoint or store of another version is ("written by ... fedcache")."""
+    import json
+
+    from fedcache import __version__
+    from tests.faults import run_cli
+
+    grid = tmp_path / "grid"
+    shutil.copytree(toy_grid, grid)
+    assert run_cli(["report", grid], capsys)[0] == 0 and "another fedcache" not in caplog.text  # this version's runs
+    assert "another fedcache" not in (grid / "report.md").read_text()
+    cells = sorted((grid / "cells").iterdir())
+    for n, cell in enumerate(cells[:2], start=1):
+        config = json.loads((cell / "config.json").read_text())
+        assert config["fedcache_version"] == __version__
+        (cell / "config.json").write_text(json.dumps({**config, "fedcache_version": "0.0.1"}))
+        caplog.clear()
+        code, err = run_cli(["report", grid], capsys)
+        first = cells[0] / "config.json"
+        which = f"{first} was" if n == 1 else f"2 runs' config.json ({first}, ...) were"
+        said = f"{which} written by another fedcache (0.0.1; this report's is {__version__})"
+        notes = [r for r in caplog.records if "another fedcache" in r.getMessage()]
+        assert code == 0 and len(notes) == 1 and said in notes[0].getMessage(), caplog.text
+        assert notes[0].levelname == "WARNING" and "error" not in err
+        assert said.replace(str(first), f"`{first}`") in (grid / "report.md").read_text()
+
+
 def test_a_kept_candidate_stopped_on_its_way_to_the_next_rung_is_in_training_not_cut(toy_grid, tmp_path):
     """A killed halving grid: a candidate cut at round 1 stopped there; one kept at round 1 that trained on to round 3
     before the grid was stopped was shown as "stopped at round 1" too."""
