@@ -1065,13 +1065,65 @@ def test_an_interrupted_extract_says_what_it_finished_and_wrote(capsys, monkeypa
     assert not store.exists()
     monkeypatch.setattr(runner, "load_backbone", real)
     assert _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "start") == (
-        "interrupted: nothing was finished: no entry completed and no batch of features written; re-run the same command")
+        "interrupted: nothing was finished: no entry completed and no batch of features kept; re-run the same command")
     line = _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "advance" and (advances.append(e) or len(advances) == 10))
     assert line == ("interrupted: the 1 entry it finished is kept, and the 8 rows of test-toy/train/dark "
                     "tiny-timm-random it wrote; re-run the same command to go on after them"), line
     line = _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "advance")  # resumes at row 8 of dark
     assert line == ("interrupted: the 4 rows of test-toy/train/dark tiny-timm-random it wrote are kept; re-run the same "
                     "command to go on after them"), line
+
+
+def test_extract_says_in_one_line_a_dataset_option_its_dataset_does_not_read(capsys, monkeypatch, tmp_path):
+    """`--data-root DIR` given to a dataset that reads no data folder (the embedded digits5-offline) was taken without
+    a word: the user believed their folder read. Said in one line where typed; the extraction goes on. A Python call
+    says nothing (`fedcache reproduce` gives its --data-root to every dataset), and the entries record no folder: the
+    commands they are finished or completed by named it too."""
+    import logging
+    from dataclasses import replace
+
+    import fedcache
+    from fedcache.extract.datasets import DATASETS
+    from fedcache.store.feature_store import FeatureStore
+
+    monkeypatch.setitem(DATASETS._items, "test-toy", replace(DATASETS.get("test-toy"), reads=frozenset({"seed"})))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a shell: the command's own stderr handler
+    store = tmp_path / "s.zarr"
+    given = ["-d", "test-toy", "-b", "tiny-timm-random", "--store", str(store), "--workers", "0", "--splits", "test"]
+    code, _, err = run(capsys, "extract", *given, "--domains", "light", "--data-root", str(tmp_path), "--seed", "1")
+    assert code == 0, err
+    assert [line for line in err.splitlines() if "read" in line and "--data-root" in line] == [
+        "WARNING fedcache.cli: dataset test-toy does not read --data-root: it is ignored"], err
+    (entry,) = FeatureStore(store).entries()
+    assert entry.attrs["dataset_options"] == {"seed": 1}  # --seed is read, and recorded
+    (completes,) = [line for line in err.splitlines() if line.startswith("a run on test-toy")]  # its other domain's
+    assert "--dataset test-toy --seed 1 --backbones" in completes and "--data-root" not in completes, completes
+    code, _, err = run(capsys, "extract", *given, "--download")
+    assert code == 0 and "WARNING fedcache.cli: dataset test-toy does not read --download: it is ignored" in err, err
+    code, _, err = run(capsys, "extract", *given, "--seed", "1")
+    assert code == 0 and "does not read" not in err, err
+    fedcache.extract_features("test-toy", ["tiny-timm-random"], store=store, data_root=tmp_path, workers=0, seed=1,
+                              splits="test")
+    assert "does not read" not in capsys.readouterr().err  # logging's last resort prints a warning of no handler
+
+
+def test_an_interrupted_extract_of_an_entry_begun_in_store_format_1_says_the_rows_it_keeps(capsys, monkeypatch, tmp_path):
+    """An entry an older fedcache began (store format 1) keeps no rows of an unfinished chunk: "the 4 rows it wrote
+    are kept" was said of a batch that a re-run writes again (`store ls` then said 0/30 rows kept)."""
+    import functools
+
+    import fedcache.extract.runner as runner
+    from fedcache.store.writer import open_writer
+
+    store, advances = tmp_path / "s.zarr", []
+    monkeypatch.setattr(runner, "open_writer", functools.partial(open_writer, entry_format=1))
+    assert _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "advance") == (
+        "interrupted: nothing was finished: no entry completed and no batch of features kept; re-run the same command")
+    line = _extract_interrupted(capsys, monkeypatch, store, lambda e: e.kind == "advance" and (advances.append(e) or len(advances) == 3))
+    assert line == ("interrupted: the 8 rows of test-toy/train/light tiny-timm-random it wrote are kept; re-run the "
+                    "same command to go on after them"), line  # of 12 written: a chunk of 8, and a batch of the next
+    assert main(["store", "ls", "--store", str(store)]) == 0
+    assert "partial 8/30 rows" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("args", [["datasets"], ["extract", "-d", "nope", "-b", "tiny-timm-random"], ["--nope"]])

@@ -2,6 +2,7 @@
 generated from its settings (fedcache/extract/config.py)."""
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Optional
@@ -14,6 +15,8 @@ from fedcache.cli.common import (ExtractProgress, _progress, _signed, _spec_para
 from fedcache.extract.config import extract_config, options
 from fedcache.wording import count
 
+log = logging.getLogger("fedcache.cli")
+
 
 def extract(**given) -> None:
     """Run every backbone once over every image and cache the embeddings."""
@@ -22,6 +25,7 @@ def extract(**given) -> None:
         with loading_torch("extract config checked and fedcache.extract.runner imported"):  # its backbones import torch
             cfg = extract_config(**given)
             from fedcache.extract.runner import extract as run
+        _say_unread(cfg)
         t0 = time.perf_counter()
         with _progress() as progress:
             reports = run(cfg, kept.counting(ExtractProgress(progress)))
@@ -31,10 +35,26 @@ def extract(**given) -> None:
     _print_extract_summary(reports, cfg.store, time.perf_counter() - t0)
 
 
+def _say_unread(cfg) -> None:
+    """The dataset options given that the dataset does not read (``--data-root`` of an embedded dataset), in one
+    line: the extraction went on without a word, and the user believed their folder read. Not refused: the library
+    takes them silently, since `fedcache reproduce` gives its --data-root to every dataset of a preset."""
+    from fedcache.extract.datasets import DATASETS
+
+    if cfg.dataset not in DATASETS:  # said by the extraction, after a misspelt backbone
+        return
+    unread = DATASETS.get(cfg.dataset).unread(cfg.dataset_options)
+    if unread:
+        flags = {o.field: o.flag for o in options()}
+        log.warning("dataset %s does not read %s: %s ignored", cfg.dataset, " or ".join(flags[f] for f in unread),
+                    "it is" if len(unread) == 1 else "they are")
+
+
 class _Kept:
     """What an interrupted extraction leaves, from its progress: the entries it finished, the rows of the one it was
-    writing (kept batch by batch), and whether there is a store. "finished work is kept" was said also of a run
-    stopped before it wrote anything, or before it had made the store."""
+    writing that are kept (batch by batch; of an entry begun in store format 1, chunk by chunk), and whether there is
+    a store. "finished work is kept" was said also of a run stopped before it wrote anything, or before it had made
+    the store."""
 
     def __init__(self, store: Path | str | None) -> None:
         self.store = Path(store) if store is not None else None
@@ -46,7 +66,7 @@ class _Kept:
             if event.kind == "start":
                 self.rows, self.label = 0, event.label
             elif event.kind == "advance":
-                self.rows += event.advance  # once its batch is written
+                self.rows = event.kept  # once its batch is written: not every batch written is kept
             elif event.kind == "end":
                 self.finished, self.rows = self.finished + 1, 0
             progress(event)
@@ -65,7 +85,7 @@ class _Kept:
             return "nothing was written; re-run the same command"
         if not (self.existed or self.store.exists()):
             return f"nothing was written (no store was made at {self.store}); re-run the same command"
-        return "nothing was finished: no entry completed and no batch of features written; re-run the same command"
+        return "nothing was finished: no entry completed and no batch of features kept; re-run the same command"
 
 
 def _are(n: int) -> str:

@@ -34,6 +34,9 @@ def store_ls(store: Path = StoreOpt) -> None:
     now = fs.current(infos)
     current, misplaced = {e.entry_id for e in now.values()}, misplaced_entries(infos)
     superseded = {e.entry_id for e in superseded_partials(infos, now)}
+    # Who writes each partial entry, asked once (a glob of its lock files): its status and the lines below say it.
+    writing = {e.entry_id: fs.writers(e.entry_id) for e in infos
+               if not e.complete and not e.damaged and e.entry_id not in superseded}
     table = Table(box=None)
     table.add_column("id", no_wrap=True, min_width=16)
     for col in ("dataset", "split", "domain", "backbone", "view", "rows", "dim", "disk", "memory", "status"):
@@ -44,7 +47,7 @@ def store_ls(store: Path = StoreOpt) -> None:
         disk, memory = fs.sizes(e)
         table.add_row(e.entry_id, str(k["dataset"]), str(k["split"]), str(k["domain"]), name, str(k["view"]), str(e.n_rows),
                       str(e.dim), human_bytes(disk), human_bytes(memory),
-                      _status(fs, e, misplaced, current, superseded))
+                      _status(fs, e, misplaced, current, superseded, writing))
     texts = fs.text_entries()
     if infos:
         print_table(table, optional=("view", "memory", "dim", "disk"))
@@ -52,7 +55,7 @@ def store_ls(store: Path = StoreOpt) -> None:
         console.print(f"{store}: " + ("no image features" if texts else "empty store"), highlight=False)
     if texts:
         console.print(_texts_said(texts), highlight=False)
-    _say_unfinished(fs, infos, superseded, store)
+    _say_unfinished(fs, infos, superseded, store, writing)
     old = sum(1 for e in infos if e.complete and e.format < 2)
     if old:
         console.print(f"{count(old, 'entry', 'entries')} in store format 1 (compressed, read through Zarr): `fedcache store upgrade "
@@ -71,10 +74,11 @@ def _texts_said(texts: list[tuple[str, dict]]) -> str:
     return f"{count(len(texts), 'set')} of class-text embeddings: " + "; ".join(sorted(said))
 
 
-def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
+def _say_unfinished(fs, infos, superseded: set, store: Path, writing: dict) -> None:
     """The partial entries' commands: the table says which are partial, not how to finish them (an augmented view's
     is an `extract --views`, which the plain extraction of its split is not). Those an entry completed since
-    superseded are stale: their command would make another entry, not finish them."""
+    superseded are stale: their command would make another entry, not finish them. ``writing``: entry id -> its
+    running writers by part (``FeatureStore.writers``)."""
     from fedcache.store import lookup
 
     if superseded:
@@ -83,8 +87,8 @@ def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
                       f"{'it' if len(superseded) == 1 else 'them'} (one an extraction still writes is kept)",
                       highlight=False, soft_wrap=True)
     partial = [e for e in infos if not e.complete and not e.damaged and e.entry_id not in superseded]
-    writing = _say_writing(fs, partial)
-    partial = [e for e in partial if e.entry_id not in writing]
+    written = _say_writing(fs, infos, partial, writing)
+    partial = [e for e in partial if e.entry_id not in written]
     if partial:
         hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e) for e in partial)
         console.print(f"{count(len(partial), 'partial entry', 'partial entries')} (an extraction or import interrupted, or "
@@ -92,18 +96,39 @@ def _say_unfinished(fs, infos, superseded: set, store: Path) -> None:
                       + " and ".join(hints), highlight=False, soft_wrap=True)
 
 
-def _say_writing(fs, partial: list) -> set[str]:
+def _say_writing(fs, infos, partial: list, writing: dict) -> set[str]:
     """The partial entries a running command is writing, said with who writes them: the command that finishes an
-    entry, offered for one being written, was refused as busy. Their ids."""
-    by: dict[str, list[str]] = {}
+    entry, offered for one being written, was refused as busy. An entry with a part no writer runs (interrupted, or
+    not started) is finished by that part's command, beside the running writers: "let it finish" left it partial,
+    with no command. Their ids."""
+    by: dict[str, list] = {}
     for e in partial:
-        for holder in fs.writers(e.entry_id)[:1]:
-            by.setdefault(holder.describe(), []).append(e.entry_id)
-    for who, ids in by.items():
-        console.print(f"{count(len(ids), 'partial entry', 'partial entries')} being written by {who}: "
-                      f"let it finish (`fedcache store ls` then lists {'it' if len(ids) == 1 else 'them'} complete)",
-                      highlight=False, soft_wrap=True, markup=False)
-    return {i for ids in by.values() for i in ids}
+        for holder in list(writing.get(e.entry_id, {}).values())[:1]:
+            by.setdefault(holder.describe(), []).append(e)
+    for who, entries in by.items():
+        idle = {e.entry_id: fs.idle_parts(e, writing[e.entry_id]) for e in entries}
+        whole = [e for e in entries if not idle[e.entry_id]]
+        if whole:
+            console.print(f"{count(len(whole), 'partial entry', 'partial entries')} being written by {who}: let it "
+                          f"finish (`fedcache store ls` then lists {'it' if len(whole) == 1 else 'them'} complete)",
+                          highlight=False, soft_wrap=True, markup=False)
+        if len(whole) < len(entries):
+            _say_idle_parts(fs, infos, [e for e in entries if idle[e.entry_id]], idle, who)
+    return {e.entry_id for entries in by.values() for e in entries}
+
+
+def _say_idle_parts(fs, infos, entries: list, idle: dict, who: str) -> None:
+    """Partial entries being written by ``who`` whose other parts (``idle``: entry id -> parts) no writer runs, with
+    the command of each such part."""
+    from fedcache.store import lookup
+
+    parts = sorted({p for e in entries for p in idle[e.entry_id]}, key=lambda p: (p.count, p.index))
+    hints = dict.fromkeys(lookup.finish_hint(fs.path, infos, e, p) for e in entries for p in idle[e.entry_id])
+    console.print(f"{count(len(entries), 'partial entry', 'partial entries')} being written by {who}, but not "
+                  f"{'its' if len(entries) == 1 else 'their'} part{'s' if len(parts) > 1 else ''} "
+                  f"{', '.join(map(str, parts))} (interrupted, or not started yet): finish "
+                  f"{'it' if len(parts) == 1 else 'them'} with " + " and ".join(hints),
+                  highlight=False, soft_wrap=True, markup=False)
 
 
 def human_bytes(n: int) -> str:
@@ -117,7 +142,7 @@ def human_bytes(n: int) -> str:
 _SEE_VERIFY = " (see `store verify`)"
 
 
-def _status(fs, e, misplaced: dict, current: set, superseded: set) -> str:
+def _status(fs, e, misplaced: dict, current: set, superseded: set, writing: dict) -> str:
     if e.damaged or e.entry_id in misplaced:  # the latter: no read can place its rows
         return f"[red]{'unreadable' if e.denied else 'damaged'}[/]{_SEE_VERIFY}"
     if not e.complete:
@@ -129,7 +154,7 @@ def _status(fs, e, misplaced: dict, current: set, superseded: set) -> str:
             return f"[red]damaged[/]{_SEE_VERIFY}"
         if e.entry_id in superseded:
             return "[dim]stale (partial)[/]"
-        if fs.writers(e.entry_id):
+        if writing.get(e.entry_id):
             return f"[yellow]being written: {_kept(fs, e, done)}[/]" if done[1] else "[yellow]being written: no chunk yet[/]"
         return f"[yellow]partial {_kept(fs, e, done)}[/]" if done[1] else "[yellow]partial (no chunk written)[/]"
     return "complete" if e.entry_id in current else "[dim]stale[/]"

@@ -21,7 +21,7 @@ from fedcache.errors import (BadImageError, ConfigError, DecoderDiedError, Entry
                              StoreError)
 from fedcache.extract.backbones import BACKBONES, LoadedBackbone
 from fedcache.extract.config import ExtractConfig
-from fedcache.extract.datasets import Dataset, DatasetOptions, Samples
+from fedcache.extract.datasets import DATASETS, Dataset, DatasetOptions, Samples
 from fedcache.extract.datasets.base import SPLITS, skip_bad_images_named
 from fedcache.extract.devices import DevicePlan, plan_device
 from fedcache.extract.loading import load_backbone, load_dataset
@@ -46,6 +46,9 @@ class ProgressEvent:
     total: int = 0
     advance: int = 0
     message: str = ""
+    # Of an "advance": the rows of its entry this run wrote that an interruption keeps (of an entry begun in store
+    # format 1, only its finished chunks': a re-run writes the others' rows again).
+    kept: int = 0
 
 
 ProgressFn = Callable[[ProgressEvent], None]
@@ -78,6 +81,7 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
         emit(ProgressEvent("info", "", message=plan.note))
     reports: list[EntryReport] = []
     others: dict[str, str] = {}  # backbone -> what a run on the dataset lacks of it (_other_domains)
+    views: dict[str, str] = {}  # backbone -> its views an `extract --views` left unfinished (_unfinished_views)
     jobs = _jobs(cfg, dataset)  # its domains and splits checked before a backbone is loaded
     # The decoding workers' DataLoader fixes the start method and installs a SIGCHLD handler: the caller's to keep.
     with _decoders_said(), start_method_unset(), handler_kept(signal.SIGCHLD):
@@ -93,8 +97,9 @@ def extract(cfg: ExtractConfig, progress: ProgressFn | None = None) -> list[Entr
             reports += mine
             _say_complete(mine, dataset.name, backbone.spec.name, emit)
             backbone.image_encoder.to("cpu")
-            _say_unfinished_views(cfg, store, dataset.name, backbone.spec.name, emit)
+            views[backbone.spec.name] = _unfinished_views(cfg, store, dataset.name, backbone.spec.name)
             others[backbone.spec.name] = _other_domains(cfg, store, dataset, backbone.spec.name)
+    _say_once(views, emit)
     _say_once(others, emit)
     return reports
 
@@ -165,12 +170,11 @@ def _logged(progress: ProgressFn | None) -> ProgressFn:
     return emit
 
 
-def _say_unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str, backbone: str, emit: ProgressFn) -> None:
+def _unfinished_views(cfg: ExtractConfig, store: FeatureStore, dataset: str, backbone: str) -> str:
     """A plain extraction (no --views) of a backbone whose `extract --views` was interrupted: it finds its own entries
-    complete and leaves the views unfinished without a word, which a train on the views then refuses."""
-    unfinished = "" if cfg.views else lookup.unfinished_views(store.path, store.entries(), dataset, backbone)
-    if unfinished:
-        emit(ProgressEvent("info", "", message=unfinished))
+    complete and leaves the views unfinished without a word, which a train on the views then refuses. The line that
+    says them, with their command; "" where there is nothing to say."""
+    return "" if cfg.views else lookup.unfinished_views(store.path, store.entries(), dataset, backbone)
 
 
 def _say_complete(reports: list[EntryReport], dataset: str, backbone: str, emit: ProgressFn) -> None:
@@ -302,9 +306,10 @@ def _read_with(cfg: ExtractConfig) -> dict:
     ``--data-root`` absolute): the command that finishes or completes it names them (``store.lookup``), since
     without them it reads no images (imagefolder needs its folder) or another seeded split of them. Absolute as
     the entry's key makes them (``FileSource.fingerprint``: links kept, not resolved), so that the command reads
-    the same images under the same key."""
-    given, default = cfg.dataset_options, DatasetOptions()
-    said = {f: getattr(given, f) for f in lookup.READ_WITH if getattr(given, f) != getattr(default, f)}
+    the same images under the same key. Only those its dataset reads: an embedded dataset's entries recorded the
+    --data-root it ignored (`fedcache reproduce` gives one to every dataset), and their commands named the folder."""
+    given, default, reads = cfg.dataset_options, DatasetOptions(), DATASETS.get(cfg.dataset).reads
+    said = {f: getattr(given, f) for f in lookup.READ_WITH if f in reads and getattr(given, f) != getattr(default, f)}
     said = {f: os.path.abspath(Path(v).expanduser()) if f in _FOLDERS else v for f, v in said.items()}
     return {"dataset_options": said} if said else {}
 
@@ -497,7 +502,7 @@ def _fill_chunks(cfg, writer: EntryWriter, samples: Samples, domain_index: int, 
         _check_finite(feats, samples, idx, ok, key.dtype, key)
         if writer.write_rows(c, int(idx[0]), feats, samples.labels[idx], samples.ids[idx], ok):
             c = next(chunks, None)
-        emit(ProgressEvent("advance", key.label(), advance=len(idx)))
+        emit(ProgressEvent("advance", key.label(), advance=len(idx), kept=writer.rows_written))
     return bad
 
 

@@ -36,6 +36,7 @@ from fedcache.store.entries import (ENTRIES, ENTRY_FORMAT, FORMAT_ATTR, SHARD_AT
                                     EntryInfo, newest, now_iso)
 from fedcache.store.integrity import CRC_ATTR, ROW_ARRAYS
 from fedcache.store.locks import exclusive_lock, import_lock, live_holders, shared_lock
+from fedcache.store.parts import Part
 from fedcache.store.reading import EntryReader, fill
 from fedcache.store.removal import Removal
 from fedcache.store.tables import EntryRows, FeatureTable, TableRows, check_consistent, closed_on_error
@@ -164,9 +165,33 @@ class FeatureStore(TextEmbeddings, Removal):
         of a part holds that part's lock besides)."""
         return self.locks_dir / f"{entry_id}.create.lock"
 
-    def writers(self, entry_id: str) -> list[Holder]:
-        """Who is writing the entry now: the running holders of its parts' locks, as their records say."""
-        return live_holders(sorted(self.locks_dir.glob(f"{entry_id}.part*.lock")))
+    def writers(self, entry_id: str) -> dict[Part, Holder]:
+        """Who is writing the entry now, by the part each writes: the running holders of its parts' locks, as their
+        records say."""
+        found = {}
+        for path in sorted(self.locks_dir.glob(f"{entry_id}.part*.lock")):
+            part = Part.of_lock(path.name)
+            for holder in live_holders([path]) if part is not None else []:
+                found[part] = holder
+        return found
+
+    def idle_parts(self, info: EntryInfo, writing: dict[Part, Holder]) -> list[Part]:
+        """The parts of the partial entry ``info`` that no running writer (``writing``: :meth:`writers`) writes, of
+        their count (the fewest, where they differ), which hold chunks not done: an interrupted writer's part, or one
+        not started yet. Its own ``--part`` finishes one beside them (without, a writer would write theirs too), and
+        the entry is complete only once it has; none where nothing writes the entry, or its flags cannot be read."""
+        if not writing:
+            return []
+        try:
+            flags = self._done_flags(info, self.root[ENTRIES][info.entry_id])
+        except Exception:  # damaged or another user's: its status says so. Zarr and json raise many types
+            return []
+        if flags is None:
+            return []
+        busy = {c for part in writing for c in part.chunks(len(flags))}
+        count = min(part.count for part in writing)
+        parts = [Part(i, count) for i in range(count)]
+        return [p for p in parts if not busy & set(p.chunks(len(flags))) and not flags[p.chunks(len(flags))].all()]
 
     def lock(self, name: str, what: str, wait: float = 120.0, **advice: str):
         """An exclusive lock for writers of ``name`` (a context manager); others wait up to ``wait`` seconds."""

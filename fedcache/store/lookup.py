@@ -14,6 +14,7 @@ from typing import Sequence
 from fedcache.errors import DamagedEntryError, EntryNotFoundError, IncompleteEntryError, StoreError
 from fedcache.store.entries import EntryInfo, newest
 from fedcache.store.keys import canonical_json, noisy_name
+from fedcache.store.parts import Part
 from fedcache.wording import Placeholder, did_you_mean, pasted
 
 
@@ -186,17 +187,19 @@ def unfinished_views(path: Path, infos: list[EntryInfo], dataset: str, backbone:
     return str(unfinished(path, infos, first, f"{first[0].key['split']} features of {dataset}{of} for {backbone}"))
 
 
-def finish_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo) -> str:
+def finish_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, part: Part | None = None) -> str:
     """The command that finishes the unfinished entry ``pending``, and the others its extraction left (`store ls`),
-    in backticks and with what it cannot say (:func:`extract_said`)."""
+    in backticks and with what it cannot say (:func:`extract_said`); ``part``: that part of them only (another
+    part's writer runs)."""
     if pending.key.get("view"):
-        return views_said(path, infos, pending)
+        return views_said(path, infos, pending, part=part)
     but_domain = lambda k: {**k, "domain": None}  # noqa: E731
     return extract_said(path, [e for e in infos if not e.complete and not e.damaged
-                               and but_domain(e.key) == but_domain(pending.key)])
+                               and but_domain(e.key) == but_domain(pending.key)], part=part)
 
 
-def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None) -> str:
+def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None,
+               part: Part | None = None) -> str:
     """The `extract --views` that finishes the views ``pending`` is one of: every domain (a table of a view needs
     them all), as many views as its extraction asked for (its entries' ``views``; else the highest begun), of its
     recipe and seed (another would make other views). ``like``: an entry of another backbone, which lacks the
@@ -211,7 +214,7 @@ def views_hint(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: Ent
     aug = k.get("augmentation") or {}
     hint += f" --view-recipe {aug['recipe']}" if aug.get("recipe", "simclr") != "simclr" else ""
     hint += f" --view-seed {aug['seed']}" if aug.get("seed", 0) else ""
-    return hint + _made_as(made)
+    return hint + _made_as(made) + _part(part)
 
 
 def view_lacking(path: Path, infos: list[EntryInfo], have: EntryInfo, like: EntryInfo) -> EntryNotFoundError:
@@ -271,20 +274,21 @@ def _view_options(differ: list[str]):
     return lambda aug: " ".join(f"--view-{n} {aug.get(n)}" for n in differ)
 
 
-def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None) -> str:
+def views_said(path: Path, infos: list[EntryInfo], pending: EntryInfo, like: EntryInfo | None = None,
+               part: Part | None = None) -> str:
     """:func:`views_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`)."""
-    return f"`{views_hint(path, infos, pending, like)}`" + _unsaid(like or pending)
+    return f"`{views_hint(path, infos, pending, like, part)}`" + _unsaid(like or pending)
 
 
 def extract_said(path: Path | Placeholder, pending: list[EntryInfo], domains: list[str] | None = None,
-                 splits: list[str] | None = None) -> str:
+                 splits: list[str] | None = None, part: Part | None = None) -> str:
     """:func:`extract_hint` in backticks, to paste, and after them what it cannot say (:func:`_unsaid`): a plain
     extraction of an augmented view's entries does not say the options (--views ...) it was started with."""
     k = pending[0].key
     started = "and any other option it was started with" if k.get("view") or k.get("augmentation") else ""
     every = (f"it extracts every domain of {pending[0].attrs['made_from']['dataset']}, which the entries of "
              f"{k['dataset']} record" if _domains_unrecorded(pending[0]) else "")
-    return f"`{extract_hint(path, pending, domains, splits)}`" + _unsaid(pending[0], started, every)
+    return f"`{extract_hint(path, pending, domains, splits, part)}`" + _unsaid(pending[0], started, every)
 
 
 def _unsaid(made: EntryInfo, *more: str) -> str:
@@ -334,7 +338,7 @@ def _unrecorded(e: EntryInfo) -> str:
 
 
 def extract_hint(path: Path | Placeholder, pending: list[EntryInfo], domains: list[str] | None = None,
-                 splits: list[str] | None = None) -> str:
+                 splits: list[str] | None = None, part: Part | None = None) -> str:
     """The extraction that finishes ``pending`` (or makes ``domains`` of ``splits``, default its split, as ``pending``
     were made): its store, dataset, backbone, and the options in its key that are not the defaults (another --dtype
     would write new entries instead of finishing these). The command alone, to be put in backticks: :func:`extract_said`."""
@@ -347,7 +351,12 @@ def extract_hint(path: Path | Placeholder, pending: list[EntryInfo], domains: li
     # records every domain of its source, and any --domains is refused beside them: without, it makes those.
     if not _subset(pending[0]) and not _domains_unrecorded(pending[0]):
         hint += f" {pasted('--domains', ','.join(sorted(domains or {e.key['domain'] for e in pending})))}"
-    return hint + _made_as(pending[0])
+    return hint + _made_as(pending[0]) + _part(part)
+
+
+def _part(part: Part | None) -> str:
+    """``--part i/n`` of a command that writes one part of an entry beside the writers of its others."""
+    return f" --part {part}" if part is not None else ""
 
 
 def backbone_said(path: Path | Placeholder, like: EntryInfo, backbone: str) -> str:

@@ -2,6 +2,7 @@
 Here, apart from the writer (zarr), so that extract's settings, which hold a Part, import fast."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,19 @@ class Part:
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
+    def lock_name(self, entry_id: str) -> str:
+        """The file its writer of ``entry_id`` holds (in the store's locks folder) while it writes."""
+        return f"{entry_id}.part{self.index}of{self.count}.lock"
+
+    @classmethod
+    def of_lock(cls, name: str) -> "Part | None":
+        """The part whose lock file is named ``name`` (:meth:`lock_name`); None for another file."""
+        found = _LOCK.search(name)
+        return cls(int(found[1]), int(found[2])) if found and int(found[1]) < int(found[2]) else None
+
     def chunks(self, n_chunks: int) -> list[int]:
         # Contiguous ranges keep each writer's reads and writes local.
         return [int(c) for c in np.array_split(np.arange(n_chunks), self.count)[self.index]]
+
+
+_LOCK = re.compile(r"\.part(\d+)of(\d+)\.lock$")

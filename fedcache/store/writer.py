@@ -48,6 +48,7 @@ class _Begun:
 
     next: int
     crcs: np.ndarray  # uint32, in ROW_ARRAYS order
+    unkept: int = 0  # its rows this writer wrote that an interruption would not keep (format 1): counted once done
 
 
 TARGET_CHUNK_BYTES = 4 * 1024 * 1024
@@ -134,12 +135,15 @@ class EntryWriter:
         written = {name: self.files.write(name, c, lo, lo + len(features), given[name]) for name in ROW_ARRAYS}
         begun.crcs, begun.next = chunk_crcs(written, self.checksum, begun.crcs), lo + len(features)
         if begun.next < hi:
-            self.files.keep(c, begun.next - first, begun.crcs)
-            self.rows_written += len(features)
+            if self.files.keep(c, begun.next - first, begun.crcs):
+                self.rows_written += len(features)
+            else:
+                begun.unkept += len(features)
             return False
         self.files.write_small(CRC_ARRAY, c, begun.crcs[None])
         self.files.write_small("done", c, np.ones(1, bool))  # only now is the chunk counted
-        self.rows_written, self.chunks_written = self.rows_written + len(features), self.chunks_written + 1
+        self.rows_written += len(features) + begun.unkept
+        self.chunks_written += 1
         self.files.forget(c)
         del self.begun[c]
         return True
@@ -211,9 +215,10 @@ class _Files:
         # Beside the flags' chunk folder, a dot file: Zarr takes it for no chunk of the flags.
         return self.small["done"].meta.path / f".rows_kept.{c}"
 
-    def keep(self, c: int, n: int, crcs: np.ndarray) -> None:
-        """Record that the first ``n`` rows of chunk ``c`` are written, with their checksums (atomically)."""
+    def keep(self, c: int, n: int, crcs: np.ndarray) -> bool:
+        """Record that the first ``n`` rows of chunk ``c`` are written, with their checksums (atomically): kept."""
         write_atomic(self._kept_path(c), np.concatenate([[n], crcs.astype(np.int64)]).astype("<i8").tobytes())
+        return True
 
     def forget(self, c: int) -> None:
         self._kept_path(c).unlink(missing_ok=True)
@@ -278,8 +283,8 @@ class _ThroughZarr:
         self.group[name][c:c + 1] = rows
 
     # An older fedcache's format resumes by whole chunks: rows of an unfinished chunk are not kept.
-    def keep(self, c: int, n: int, crcs: np.ndarray) -> None:
-        pass
+    def keep(self, c: int, n: int, crcs: np.ndarray) -> bool:
+        return False
 
     def forget(self, c: int) -> None:
         pass
@@ -379,7 +384,7 @@ def open_writer(
     folder = store.path / ENTRIES / key.entry_id
     what = f"the entry {key.entry_id} ({key.label()}) in"
     create = store.create_lock(key.entry_id)
-    lock = store.locks_dir / f"{key.entry_id}.part{part.index}of{part.count}.lock"
+    lock = store.locks_dir / part.lock_name(key.entry_id)
     part_what = f"entry {key.label()} (part {part.index}/{part.count})"
     with contextlib.ExitStack() as held:
         with exclusive_lock(create, f"entry {key.label()}", wait=max(wait, 30.0)):

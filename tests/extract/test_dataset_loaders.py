@@ -311,6 +311,30 @@ def test_loader_reads_its_format(name: str, tmp_path: Path) -> None:
         assert max(got) < len(ds.classes)
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_loader_reads_the_options_its_spec_says_it_reads(name: str, tmp_path: Path) -> None:
+    """``DatasetSpec.reads`` is what `fedcache extract` tells a user an option they typed is ignored by: a row that
+    splits by --seed without declaring it would be told its --seed is ignored; one declaring it, never told."""
+    CASES[name](tmp_path)
+    spec = DATASETS.get(name)
+
+    def split(**given) -> dict:
+        return {k: s.fingerprint() for k, s in spec.load(DatasetOptions(data_root=tmp_path, **given)).splits.items()}
+
+    assert (split(seed=0, test_fraction=0.2) != split(seed=1, test_fraction=0.5)) == ("seed" in spec.reads)
+    assert ("seed" in spec.reads) == ("test_fraction" in spec.reads)
+    assert {"data_root", "download"} <= spec.reads and "path" not in spec.reads
+
+
+def test_a_dataset_says_which_given_options_it_does_not_read() -> None:
+    """The embedded digits5-offline reads no folder: a --data-root given to it was accepted and ignored without a word."""
+    given = DatasetOptions(data_root=Path("/data"), download=True, seed=3)
+    assert DATASETS.get("digits5-offline").unread(given) == ["data_root", "download"]
+    assert DATASETS.get("imagefolder").unread(given) == ["data_root", "download"]  # --path is its folder
+    assert DATASETS.get("cifar10").unread(given) == ["seed"]  # an official split
+    assert DATASETS.get("digits5-offline").unread(DatasetOptions()) == []  # the defaults are no one's choice
+
+
 def test_every_spec_lists_classes_and_how_to_get() -> None:
     for name in CASES:
         spec = DATASETS.get(name)

@@ -342,6 +342,35 @@ def test_a_plain_extraction_names_an_unfinished_views_extraction_and_the_command
     assert not [n for n in notes if "not complete" in n]
 
 
+def test_views_left_unfinished_for_several_backbones_are_said_once_with_one_command(store_path):
+    """A plain extraction of two backbones whose `extract --views` were both interrupted said the same line twice, a
+    command each; one command (`--backbones a,b`) finishes both, said once, after the backbones' work."""
+    from fedcache.federate.tables import load_views
+
+    both, train = ["tiny-timm-random", "tiny-clip-random"], ("train",)
+    extract(cfg(store_path, backbones=both, splits=train))
+    for backbone in both:
+        def interrupt(event, backbone=backbone):
+            if event.kind == "start" and event.label == f"test-toy/train/dark {backbone} view 1":
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            extract(cfg(store_path, backbones=[backbone], splits=train, views=2), progress=interrupt)
+    notes = []
+    extract(cfg(store_path, backbones=both, splits=train),
+            progress=lambda e: notes.extend([e.message] if e.kind == "info" else []))
+    finish = (f"fedcache extract --store {store_path} --dataset test-toy --backbones tiny-timm-random,tiny-clip-random "
+              "--splits train --views 2 --random-init")
+    assert [n for n in notes if "not complete" in n] == [
+        "augmented view 1 of the train features of test-toy/dark for tiny-timm-random,tiny-clip-random is not complete "
+        f"yet (an `extract --views` interrupted or still running); finish the views with `{finish}`"], notes
+    assert notes[-1].endswith(f"`{finish}`")  # after both backbones' own lines
+    extract(cfg(store_path, backbones=both, splits=train, views=2))  # the command said
+    store = FeatureStore(store_path)
+    table = store.read("test-toy", "train", "tiny-timm-random")
+    assert load_views(store, "test-toy", both, table).shape[:2] == (60, 2)
+
+
 def test_a_view_of_some_domains_only_is_said_with_the_domains_that_lack_it(store_path):
     """Views extracted for one domain (`extract --views 1 --domains light`) were left out without a word: a method
     training on views then said it found 0. The domains that lack the view are named, with the command that

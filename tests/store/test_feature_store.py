@@ -566,6 +566,40 @@ def test_a_partial_entry_being_written_is_said_so_not_offered_a_command_refused_
     assert "partial 4/8 rows" in out and "finish it with `fedcache extract" in out and "being written" not in out, out
 
 
+def test_an_entry_being_written_in_one_part_says_the_command_of_a_part_nothing_writes(store_path, capsys, monkeypatch):
+    """An entry whose part 0/2 is being written and whose part 1/2 was interrupted: `store ls` said "let it finish
+    (`fedcache store ls` then lists it complete)", which it did not (part 1/2's chunks stay to write), and gave no
+    command for the stopped part. It gives that part's, which runs beside the running writer. Each partial entry's
+    writers are asked once (a glob of its lock files), not once for its status and again for this line."""
+    import os
+
+    from fedcache.cli import main
+
+    store = FeatureStore(store_path)
+    with open_writer(store, key(), 16, 3, 2, ATTRS, Part(1, 2), chunk_rows=4) as w:  # stopped after one of its chunks
+        assert w.pending(Part(1, 2)) == [2, 3]
+        w.write_chunk(2, np.ones((4, 3)), np.zeros(4), np.arange(8, 12), np.ones(4, bool))
+    asked, writers = [], FeatureStore.writers
+    monkeypatch.setattr(FeatureStore, "writers", lambda self, eid: asked.append(eid) or writers(self, eid))
+    with open_writer(store, key(), 16, 3, 2, ATTRS, Part(0, 2), chunk_rows=4) as w:
+        w.write_chunk(0, np.ones((4, 3)), np.zeros(4), np.arange(4), np.ones(4, bool))
+        assert main(["store", "ls", "--store", str(store_path)]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert asked == [key().entry_id]
+        assert "being written: 8/16 rows" in out and "let it finish" not in out, out
+        assert (f"1 partial entry being written by pid {os.getpid()} on " in out and "), but not its part 1/2 "
+                "(interrupted, or not started yet): finish it with `fedcache extract --store "
+                f"{store_path} --dataset ds --backbones bb --splits train --domains all --image-size 32 --part 1/2`" in out), out
+        with open_writer(store, key(), 16, 3, 2, ATTRS, Part(1, 2), chunk_rows=4) as other:  # the part said: not busy
+            assert other.pending(Part(1, 2)) == [3]
+            with pytest.raises(EntryLockedError):  # while the running part's command is refused as busy
+                with open_writer(store, key(), 16, 3, 2, ATTRS, Part(0, 2), chunk_rows=4):
+                    pass
+            assert main(["store", "ls", "--store", str(store_path)]) == 0  # every part being written
+            out = " ".join(capsys.readouterr().out.split())
+            assert out.endswith("let it finish (`fedcache store ls` then lists it complete)") and "--part" not in out, out
+
+
 def test_a_partial_entry_takes_its_written_rows_on_disk(store_path):
     """Its rows file has the finished entry's length, mostly holes: `store ls` said the finished entry's size."""
     store = FeatureStore(store_path)

@@ -344,6 +344,22 @@ def test_a_format_1_entry_interrupted_mid_chunk_resumes_by_whole_chunks(tmp_path
     np.testing.assert_array_equal(store.read("ds", "train", "a").features, _rows(0, 10)[0])
 
 
+@pytest.mark.parametrize("entry_format", [1, 2])
+def test_the_rows_a_writer_counts_kept_are_those_an_interruption_keeps(tmp_path, entry_format):
+    """A writer counts the rows it has written that a re-run keeps (an interrupted extract says them, a full disk what
+    is left): of an entry begun in format 1, which keeps no rows of an unfinished chunk, it counted those too."""
+    from fedcache.store.writer import rows_written
+
+    store = FeatureStore(tmp_path / "s.zarr")
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8, entry_format=entry_format) as w:
+        assert not w.write_rows(0, 0, *_rows(0, 4))
+        assert w.rows_written == (4 if entry_format == 2 else 0) == rows_written(store, store.info(key().entry_id))
+        assert w.write_rows(0, 4, *_rows(4, 8))
+        assert (w.rows_written, w.chunks_written) == (8, 1)  # the chunk's rows this writer wrote, once, when done
+    with open_writer(store, key(), 10, 3, 2, D0, chunk_rows=8, entry_format=entry_format) as w:
+        assert w.write_rows(1, 8, *_rows(8, 10)) and (w.rows_written, w.chunks_written) == (2, 1)
+
+
 def test_completing_an_entry_removes_what_killed_writers_left(store_path):
     """A writer killed after a chunk's done flag, before it removed the chunk's record of kept rows, or in the
     middle of an atomic write, left those files in the complete entry for good."""

@@ -59,6 +59,11 @@ class Loaded:
 
 Reader = Callable[[Path, "StandardSet", DatasetOptions], Loaded]
 
+# The options a row's loader reads (``DatasetSpec.reads``): every row its folder and --download; a row without an
+# official split (read_class_folders without ``split_dirs``) the seeded split's too.
+IN_A_FOLDER = frozenset({"data_root", "download"})
+SEEDED_SPLIT = IN_A_FOLDER | {"seed", "test_fraction"}
+
 
 @dataclass(frozen=True)
 class StandardSet:
@@ -75,6 +80,7 @@ class StandardSet:
     source: str = "torchvision"
     download: Callable[[Path], None] | None = None  # fetches into --data-root (torchvision's layout)
     params: Mapping = field(default_factory=dict)  # reader-specific: file names, split folders...
+    reads: frozenset[str] = IN_A_FOLDER  # SEEDED_SPLIT for a row its reader splits by --seed
 
 
 def how_to_get(row: StandardSet, manual_only: bool = False, data_root: Path | None = None) -> str:
@@ -115,6 +121,7 @@ def register(row: StandardSet) -> None:
             classes=row.classes,
             domains=row.domains,
             how_to_get=how_to_get(row),
+            reads=row.reads,
         ),
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -178,6 +178,17 @@ class DatasetSpec:
     # The size its images are resized to when --image-size is not given (its Dataset's): what an extraction with the
     # defaults records, known without loading the images (``reproduce`` asks it of a store's entries).
     default_image_size: int | None = None
+    # The DatasetOptions fields its loader reads; another one given changes nothing (``unread``). Every field unless
+    # declared: a loader that does not say is never told it ignores one.
+    reads: frozenset[str] = frozenset(f.name for f in fields(DatasetOptions))
+
+    def unread(self, options: DatasetOptions) -> list[str]:
+        """The fields of ``options`` given (not their defaults) that its loader does not read, in their order: an
+        embedded dataset's ``data_root``. Accepted, since a script passes one --data-root to every dataset (`fedcache
+        reproduce` does), and said by the command line, where a user typed them."""
+        default = DatasetOptions()
+        return [f.name for f in fields(options)
+                if f.name not in self.reads and getattr(options, f.name) != getattr(default, f.name)]
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")

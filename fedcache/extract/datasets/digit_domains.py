@@ -17,6 +17,7 @@ from fedcache.errors import DataNotFoundError
 from fedcache.extract.datasets import _formats as fmt
 from fedcache.extract.datasets._common import (
     DIGITS,
+    IN_A_FOLDER,
     Loaded,
     StandardSet,
     file_samples,
@@ -95,6 +96,7 @@ DATASETS.add(
         load=load_digit5,
         classes=DIGITS,
         domains=DIGIT5_DOMAINS,
+        reads=IN_A_FOLDER,  # what its domains' loaders read (not asked of them: most register after this module)
         how_to_get="Needs all of " + ", ".join(DIGIT5_DOMAINS) + " under the same --data-root; "
         "`fedcache datasets NAME` shows how to get each (--download fetches mnist, svhn and usps).",
     ),

@@ -422,6 +422,7 @@ DATASETS.add(
         classes=CLASSES,
         domains=DOMAINS,
         default_image_size=IMAGE_SIZE,
+        reads=frozenset({"seed"}),  # built here: no folder to read, nothing to download
         how_to_get="built in: generated from scikit-learn's digits, matplotlib's fonts and "
         "scikit-image's sample photos; nothing to download",
     ),

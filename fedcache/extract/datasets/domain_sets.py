@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedcache.errors import ConfigError
 from fedcache.extract.datasets._common import (
+    SEEDED_SPLIT,
     Loaded,
     StandardSet,
     file_samples,
@@ -83,6 +84,7 @@ TABLE = (
         classes=readable(OFFICE_CALTECH10, OFFICE_NAMES),
         domains=("amazon", "caltech", "dslr", "webcam"),
         source="folder",
+        reads=SEEDED_SPLIT,
         how_to_get="get the Office-Caltech-10 images (Gong et al., CVPR 2012; e.g. the office_caltech_10 "
         "archive FedBN distributes) so that <data-root>/office_caltech_10/{amazon,caltech,dslr,webcam}/<class>/* "
         "exists, with class folders " + ", ".join(OFFICE_CALTECH10) + ".",

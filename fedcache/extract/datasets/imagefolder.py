@@ -120,6 +120,7 @@ DATASETS.add(
         description="your own images, one folder per class (optionally per domain, optionally split)",
         source="folder",
         load=load_imagefolder,
+        reads=frozenset({"path", "seed", "test_fraction"}),  # --path, not --data-root; a seeded split without train/
         how_to_get=f"Pass --path ROOT laid out as {LAYOUTS}; without train/ and test/ a seeded split "
         "(--test-fraction, --seed) is made per domain.",
     ),

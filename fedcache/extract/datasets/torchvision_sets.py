@@ -11,6 +11,7 @@ from __future__ import annotations
 from fedcache.extract.datasets import _formats as fmt
 from fedcache.extract.datasets._common import (
     DIGITS,
+    SEEDED_SPLIT,
     StandardSet,
     read_class_folders,
     readable,
@@ -211,6 +212,7 @@ TABLE = (
         keys=tuple(EUROSAT),
         classes=tuple(EUROSAT.values()),
         download=tv("EuroSAT"),
+        reads=SEEDED_SPLIT,
         how_to_get="extract the RGB EuroSAT.zip from https://github.com/phelber/EuroSAT so that "
         "<data-root>/eurosat/2750/<class>/*.jpg exists.",
     ),
@@ -232,6 +234,7 @@ TABLE = (
         classes=readable(CALTECH101, CALTECH101_NAMES),
         params={"ignore": ("BACKGROUND_Google",)},
         download=tv("Caltech101"),
+        reads=SEEDED_SPLIT,
         how_to_get="extract caltech-101.zip from https://data.caltech.edu/records/mzrjq-6wc02 (and the "
         "101_ObjectCategories.tar.gz inside it) so that <data-root>/caltech101/101_ObjectCategories/<class>/ exists.",
     ),
