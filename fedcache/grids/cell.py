@@ -197,6 +197,16 @@ def result_row(c: Cell, result, out: Path) -> dict:
     return row(c, result.summary, out)
 
 
+def mark_continued(out: Path, at: int) -> None:
+    """The cell in ``out``, paused at round ``at``, was kept there (or revived) and trains on: its rung says so
+    (``continues``). Stopped before it trains past it, a report told it from a candidate cut there only where
+    another seed of it had gone past; with every seed waiting, it showed the kept candidate as cut."""
+    path = out / RUNGS
+    rungs = read_json(path, _again(out)) if path.exists() else {}
+    if str(at) in rungs and rungs[str(at)].get("continues") is not True:  # once: a re-run replays every cut
+        write_json(path, {**rungs, str(at): {**rungs[str(at)], "continues": True}})
+
+
 def read_diverged(cell: Path) -> str:
     """The error a diverged cell's diverged.json keeps (its run's DivergedError, as run_cell wrote it)."""
     return read_json(cell / DIVERGED, _again(cell), _diverged_problem)["error"]

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedcache.grids.cell import diverged_round
+from fedcache.grids.cell import diverged_round, mark_continued
 from fedcache.grids.pool import Workers
 from fedcache.grids.run import CellCallback, PlanCallback, Prepared, run_cells
 from fedcache.grids.rungs import rungs
-from fedcache.grids.spec import Cell, GridSpec, cells, train_config
+from fedcache.grids.spec import CELLS, Cell, GridSpec, cells, train_config
 from fedcache.progress import StepCallback, said_now
+from fedcache.wording import count
 
 Value = tuple[tuple[str, str], ...]  # the selected settings' values of one candidate
 VALIDATION_AXIS = "validation"  # the validation stage's own axis: the same in every cell, in no group's key
@@ -177,9 +178,21 @@ def run_halving(spec: GridSpec, select: list[str], eta: int, first: int | None, 
         reached = [(g, g.stop, len(g.revivals)) for g in live]
         for g in live:
             g.cut({**{c: last[c] for c in waiting}, **rows}, metric)
+        _mark_continued(spec, live, last)
         before += len(step)
         _say(on_plan, step_text(reached))
     return [last[c] for c in cells(spec)], groups, before
+
+
+def _mark_continued(spec: GridSpec, groups: list[Group], last: dict[Cell, dict]) -> None:
+    """The cells that train on from the rung they wait at (kept at a cut, or revived), marked so in their rungs.json
+    before they do: a report of the grid stopped before they train tells them from the ones cut there."""
+    for g in groups:
+        if g.done:
+            continue  # left with one: chosen at its rung, trained no further on validation
+        for c in (c for v in g.alive for c in g.candidates[v]):
+            if c in last and last[c]["stopped_at"] < (g.stop or g.rounds):
+                mark_continued(spec.out / CELLS / c.name, last[c]["stopped_at"])
 
 
 def plan_text(groups: list[Group], eta: int) -> str:
@@ -190,7 +203,8 @@ def plan_text(groups: list[Group], eta: int) -> str:
     parts = []
     for (n, at, rounds), k in kinds.items():
         # No rung: the first cut would fall at or after the last round (few rounds, or --min-rounds past them).
-        where = f"cut at rounds {', '.join(map(str, at))} of {rounds}" if at else f"no cut before the last round: run in full ({rounds} rounds)"
+        where = (f"cut at rounds {', '.join(map(str, at))} of {rounds}" if at else
+                 f"no cut before the last round: run in full ({count(rounds, 'round')})")
         parts.append(f"{k} group{'s' * (k > 1)} of {n} candidate{'s' * (n > 1)}: {where}")
     full = sum(len(g.candidates) * g.seeds * g.rounds for g in groups)
     most = sum(_planned_rounds(g) for g in groups)
@@ -212,7 +226,7 @@ def step_text(reached: list[tuple[Group, int | None, int]]) -> str:
     """After a step: at each rung round, how many candidates continue of how many; the groups that ran in full;
     kept candidates that diverged and the ones that continue in their place."""
     at_round: dict[int, list[int]] = {}
-    full, lost, revived = 0, 0, 0
+    full, lost, revived, chosen = 0, 0, 0, 0
     for g, at, revivals in reached:
         if len(g.revivals) > revivals:
             lost += len(g.revivals[-1]["diverged"])
@@ -224,13 +238,15 @@ def step_text(reached: list[tuple[Group, int | None, int]]) -> str:
         counts = at_round.setdefault(at, [0, 0])
         counts[0] += len(g.cuts[-1]["kept"])
         counts[1] += len(g.cuts[-1]["scores"])
+        chosen += g.done
     parts = [f"round {r}: {k} of {n} candidates kept" for r, (k, n) in sorted(at_round.items())]
     if full:
         parts.append(f"{full} group{'s' * (full > 1)} trained to the full rounds")
     if lost:
         parts.append(f"{lost} kept candidate{'s' * (lost > 1)} diverged: the next best {revived} continue{'s' * (revived == 1)} "
                      "in their place")
-    return "halving: " + "; ".join(parts) + " (a group left with one has chosen it)"
+    # Said only where one was: after a cut that left two in every group, it read as if a choice had been made.
+    return "halving: " + "; ".join(parts) + (" (a group left with one has chosen it)" if chosen else "")
 
 
 def _say(on_plan: PlanCallback | None, text: str) -> None:

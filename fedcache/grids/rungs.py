@@ -83,9 +83,11 @@ def round_reached(cell: Path, paused: Callable[[Path], dict] | None = None) -> i
     """The last round a run trained to (0: none yet): its last rung or its last metrics line, whichever is later
     (rungs.json keeps the rung a candidate kept there trains on from; metrics.jsonl, the rounds it trained since).
     One kept at a rung that then diverged trained past it: its metrics stop at the rung (the round that diverged is
-    never logged), yet the cut at that rung was made. ``paused``: as for ``last_rung``."""
-    rung = last_rung(cell, paused)
-    if rung and (cell / DIVERGED).exists():
+    never logged), yet the cut at that rung was made. So is one kept there (or revived) that has not trained on yet:
+    its rung says it continues (grids/cell.mark_continued). ``paused``: as for ``last_rung``."""
+    doc = _rungs(cell, paused)
+    rung = _last(doc)
+    if rung and ((cell / DIVERGED).exists() or _field(doc, str(rung), "continues") is True):
         return max(rung + 1, last_round(cell))
     return max(rung, last_round(cell))
 
@@ -93,8 +95,15 @@ def round_reached(cell: Path, paused: Callable[[Path], dict] | None = None) -> i
 def last_rung(cell: Path, paused: Callable[[Path], dict] | None = None) -> int:
     """The last round a --prune halving grid paused the run at (0: none). ``paused``: how a cell's rungs.json is read
     (a report's refuses a damaged one, naming it); by default a damaged one reads as none, as these words are advice."""
-    doc = paused(cell) if paused else _json(cell / RUNGS) or {}
-    return max((int(k) for k in doc if str(k).isdigit()), default=0)
+    return _last(_rungs(cell, paused))
+
+
+def _rungs(cell: Path, paused: Callable[[Path], dict] | None) -> dict:
+    return paused(cell) if paused else _json(cell / RUNGS) or {}
+
+
+def _last(rungs: dict) -> int:
+    return max((int(k) for k in rungs if str(k).isdigit()), default=0)
 
 
 def last_round(cell: Path) -> int:

@@ -162,10 +162,9 @@ def _tune(spec: GridSpec, tuning: GridSpec, on_cell, on_plan, n_tested: int, on_
 def pruning_caption(spec: GridSpec, groups: list[Group]) -> str:
     full = sum(len(g.candidates) * g.seeds * g.rounds for g in groups)
     ran = sum(r for g in groups for r in g.ran.values())  # a diverged cell's up to where it stopped, not to its cut
-    if not any(g.cuts for g in groups):  # every group too small to prune: a diverged candidate ran fewer, cut by none
-        until = " (one that diverged, until it did)" if ran < full else ""
+    if not any(g.cuts for g in groups):  # one round: no rung (--min-rounds at or past the rounds is refused)
         return (f"successive halving (reduction factor {spec.reduction_factor}) cut no candidate: every group trained "
-                f"its candidates to the full rounds{until}")
+                "its candidates to the full rounds")
     return (f"candidates cut by successive halving (reduction factor {spec.reduction_factor}): "
             f"{ran} of the full grid's {full} validation rounds ({100 * ran / full:.0f}%) trained; "
             "a candidate cut early is never chosen")

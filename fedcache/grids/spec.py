@@ -496,6 +496,25 @@ class GridSpec:
         if self.track:
             raise ConfigError(f"{prune} with {n.key('track')}: a tracker's run of a candidate cut early would stay "
                               f"open; track the plain {n.key('select')} grid, or leave out {n.key('track')}")
+        self._check_first_cut()
+
+    def _check_first_cut(self) -> None:
+        """--min-rounds at or past every cell's last round leaves halving no cut to make: the whole grid trained in
+        full, which the plan's "run in full" said only once the command had started."""
+        if self.min_rounds is None:
+            return
+        o = option("rounds")
+        given = next((vs for k, vs in self.sweep.items() if is_option(k) and option(k).name == "rounds"), None)
+        try:
+            longest = max(o.parse(v) for v in given) if given else o.default
+        except FedcacheError:  # a value that is no number of rounds: the cells' check says which, in its words
+            return
+        if self.min_rounds >= longest:
+            n = self.names
+            most = ", the longest" if given and len(given) > 1 else ""
+            raise ConfigError(f"{n.lead('min_rounds', self.min_rounds)}: the first cut would come at or after the "
+                              f"last round ({n.key('rounds')} {longest}{most}), so no candidate would be cut; give a "
+                              f"{n.key('min_rounds')} below {longest}, or leave out {n.key('prune')}")
 
     @property
     def features_folder(self) -> Path:

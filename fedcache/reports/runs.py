@@ -11,7 +11,7 @@ import numpy as np
 
 from fedcache.disk import read_json
 from fedcache.errors import ConfigError, DamagedFileError
-from fedcache.grids.rungs import last_round, last_rung, paused_before_first_cut, round_reached
+from fedcache.grids.rungs import last_rung, paused_before_first_cut, round_reached
 from fedcache.grids.spec import VALIDATION
 from fedcache.paths import CELL, CONFIG, DIVERGED, GRID, METRICS, RESULTS, RUNGS, SELECTION, SUMMARY, is_store
 from fedcache.wording import named
@@ -349,10 +349,11 @@ def group_runs(runs: list[Run]) -> list[Group]:
 
 def _training_past_its_rung(path: Path) -> bool:
     """A candidate successive halving kept, stopped (the grid was) on its way to the next rung: in training, not
-    stopped at its last rung as a candidate that was cut there is."""
+    stopped at its last rung as a candidate that was cut there is. Kept and not yet trained on, its rung says so
+    (``continues``, grids/cell.mark_continued)."""
     if any((path / name).exists() for name in (SUMMARY, DIVERGED)):
         return False  # finished; or diverged after its rung, which _stopped says
-    return last_round(path) > last_rung(path, _rungs)
+    return round_reached(path, _rungs) > last_rung(path, _rungs)
 
 
 def _rungs(path: Path) -> dict:
