@@ -19,6 +19,7 @@ from fedcache.federate.methods.base import LocalResult, Method
 from fedcache.federate.rundir import RunDir
 from fedcache.federate.schedule import Schedule
 from fedcache.heads import Params
+from fedcache.heads.draws import BLOCK
 from fedcache.progress import StepCallback
 
 # (rounds done, rounds, the run's metrics line or None): as the rounds start (line None), then after each round.
@@ -106,7 +107,9 @@ def check_states(method: Method, stacked: Params, returned: Params) -> None:
 
 
 # ---- evaluation -----------------------------------------------------------------------
-EVAL_CHUNK = 16  # clients per batched evaluation, to bound the (K, T, D) gather
+# Clients per batched evaluation, to bound the (K, T, D) gather: a block of heads/draws.py, so that never-trained
+# clients' random heads come as drawn, a block at a time, with no copy.
+EVAL_CHUNK = BLOCK
 
 
 def evaluate(method: Method, state: RunState) -> dict:

@@ -224,6 +224,14 @@ def test_single_product_compares_the_three_products(tmp_path):
     assert all(r["fedcache_over_torch"] > 0 and r["fedcache_over_first_of_two"] > 0 for r in res)
 
 
+
+def test_personal_eval_times_both_draws_to_the_same_outputs(tmp_path):
+    out = tmp_path / "personal_eval.json"
+    bench("personal_eval").main(["--tiny", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["same_outputs"] is True and set(res["seconds"]) == {"current", "stacked"}
+    assert res["run_current_over_stacked"]["median"] > 0 and 0 < res["initial_states_share_of_run"]["current"] < 1
+
 @pytest.mark.parametrize("rounds", [1, 50])
 def test_the_benchmarks_read_train_s_result_line_as_train_prints_it(rounds):
     """benchmarks/_runs.py parses `fedcache train`'s last line; when its wording changed, only the slow smoke tests

@@ -126,3 +126,23 @@ def test_a_method_whose_initial_states_are_empty_has_no_personal_state():
     held = ClientStates.of(Stateless())
     held.put([1, 3], {})
     assert not held and held.take([0, 2]) == {} and held.checkpoint() == {"clients": {}}
+
+
+def test_evaluation_draws_each_block_of_never_trained_heads_once_and_scores_it_as_drawn(monkeypatch):
+    """Evaluation reads the clients a block of heads/draws.py at a time: never-trained clients' random heads are
+    their block's draws, each block drawn once an evaluation and scored without a copy (at 1,000 clients of an mlp
+    head, copying each head out of its block made the draws take 1.6x as long: benchmarks/personal_eval.py)."""
+    from fedcache.federate.driver import RunState
+    from fedcache.federate.inprocess import evaluate
+    from fedcache.heads.draws import ClientHeads
+
+    data = synthetic(n_clients=40, per_client=3)  # blocks of 16, 16 and 8 clients
+    method = METHODS.get("fedproto")(MethodContext(data, "mlp", OptimConfig("adam", 1e-2), Schedule(batch_size=4)))
+    state = RunState(0, method.init_server(), ClientStates.of(method))
+    drawn, scored, block, logits = [], [], ClientHeads._block, method.client_logits
+    monkeypatch.setattr(ClientHeads, "_block", lambda self, p, b: drawn.append(block(self, p, b)) or drawn[-1])
+    monkeypatch.setattr(method, "client_logits", lambda server, states, *a: scored.append(states) or logits(server, states, *a))
+    evaluate(method, state)
+    per_block = sum(1 for p in method.head.layout() if p.fan_in)
+    assert len(drawn) == 3 * per_block and len(scored) == 3
+    assert all(any(states[name] is t for t in drawn) for states in scored for name in ("fc1.weight", "fc2.weight"))
