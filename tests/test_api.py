@@ -501,6 +501,7 @@ def test_a_run_directory_already_used_is_named_by_the_flags_or_the_keywords(caps
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text("{}")
+    (out / "checkpoint.pt").write_bytes(b"")
     monkeypatch.setattr("fedcache.federate.rundir.RunDir.finished", lambda self: True)
     spec = RunSpec.of(dataset="x", backbones="y", method="fedavg", out=str(out))
     with pytest.raises(ConfigError, match=r"already holds a run; pass --resume to continue it, --overwrite to "
@@ -508,6 +509,12 @@ def test_a_run_directory_already_used_is_named_by_the_flags_or_the_keywords(caps
         _check_not_started(spec)
     with keyword_names(), pytest.raises(ConfigError, match=r"pass resume=True to continue it, overwrite=True to "
                                                            r"replace it, or choose another out$"):
+        _check_not_started(spec)
+    (out / "checkpoint.pt").unlink()  # finished with keep_checkpoints=none: nothing to resume, so no resume offered
+    with pytest.raises(ConfigError, match=r"nothing is left to run: --overwrite to replace it, or choose another --out$"):
+        _check_not_started(spec)
+    with keyword_names(), pytest.raises(ConfigError, match=r"nothing is left to run: overwrite=True to replace it, or "
+                                                           r"choose another out$"):
         _check_not_started(spec)
 
 
