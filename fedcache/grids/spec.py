@@ -566,6 +566,7 @@ def read_grid_file(path: Path) -> tuple[dict, Written]:
     if unknown:
         raise ConfigError(f"grid file {path}: unknown key(s) {', '.join(_suggested(k, known) for k in unknown)}; known: "
                           f"{', '.join(sorted(known))}; run options and settings (rounds, alpha, lr, ...) go under [set]")
+    _refuse_tables(raw, path)
     fields = grid_fields({k: v for k, v in raw.items() if k != "set"}, lambda key: f"grid file {path}: {key}")
     if "set" in raw:
         if isinstance(raw["set"], dict):
@@ -575,6 +576,15 @@ def read_grid_file(path: Path) -> tuple[dict, Written]:
     written = Written.of_file(raw)
     check_lists(fields, Names.of_file(path, fields, written))
     return fields, written
+
+
+def _refuse_tables(raw: dict, path: Path) -> None:
+    """A grid key written as a table (``[prune]``, ``methods = {a = 1}``): each is one value or a list, which a
+    [section] of its own does not give (said as "prune={'kind': 'halving'}: expected text")."""
+    for key, value in raw.items():
+        if key != "set" and isinstance(value, dict):
+            raise ConfigError(f"grid file {path}: {key} is a table ([{key}] or {{...}}), and it takes a value: write "
+                              f"{key} = ... at the top of the file, above [set]")
 
 
 # A grid's own keys under [set], as a user may spell them there: the top-level key each one is.

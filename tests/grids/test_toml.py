@@ -31,6 +31,8 @@ CASES = [
     # the ten (but two: seeds = 7 and jobs = '2' mean what --seeds 7 and --jobs 2 mean: taken, below)
     ("methods = 5", "methods = 5\n", "grid file {path}: methods=5: expected text"),
     ("methods = [1, 2]", "methods = [1, 2]\n", "grid file {path}: methods=1: expected text"),
+    ("a [prune] table", BASE + "[prune]\nkind = 'halving'\n",
+     "grid file {path}: prune is a table ([prune] or {...}), and it takes a value: write prune = ... at the top"),
     ("out = 5", BASE + "out = 5\n", "grid file {path}: out=5: expected a path"),
     ("store = ['a']", BASE + "store = ['a']\n", "grid file {path}: store=['a']: expected a path"),
     ("backbones = 7", BASE + "backbones = 7\n", "grid file {path}: backbones=7: expected text"),
@@ -40,7 +42,7 @@ CASES = [
     ("one setting under two names", BASE + "[set]\nlr = [0.1, 0.01]\n[set.optim]\nlr = [0.2]\n",
      "grid file {path}: lr and optim.lr name the same setting of fedavg (optim.lr); give it once"),
     ("methods = true", "methods = true\n", "grid file {path}: methods=True: expected text"),
-    ("methods = table", "methods = {a = 1}\n", "grid file {path}: methods={'a': 1}: expected text"),
+    ("methods = table", "methods = {a = 1}\n", "grid file {path}: methods is a table ([methods] or {...}), and it takes a value"),
     ("methods nested", 'methods = [["fedavg"]]\n', "grid file {path}: methods=['fedavg']: expected text"),
     ("an unknown method", 'methods = ["fedavg", "nope"]\n' + RUN, "unknown method 'nope'"),
     ("methods = []", "methods = []\n" + RUN, "grid file {path}: methods=[]: give at least one"),
