@@ -58,8 +58,12 @@ def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:
     """ " (did you mean 'dirichlet'?)" for a typo of one of ``known`` (up to ``n`` close names), or ""."""
     import difflib
 
-    near = difflib.get_close_matches(name, [str(k) for k in known], n=n, cutoff=cutoff)
-    return f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
+    # Matched without case: 'HALVING' or 'FedAvg' is as near its name as a typo is (difflib alone found nothing).
+    by_lower = {}
+    for k in map(str, known):
+        by_lower.setdefault(k.lower(), k)
+    near = difflib.get_close_matches(str(name).lower(), list(by_lower), n=n, cutoff=cutoff)
+    return f" (did you mean {', '.join(repr(by_lower[k]) for k in near)}?)" if near else ""
 
 
 @contextlib.contextmanager

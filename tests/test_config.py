@@ -167,6 +167,8 @@ def test_a_typo_of_a_choice_names_the_close_one():
 
     with pytest.raises(ConfigError, match=r"must be one of .*shards \(did you mean 'dirichlet'\?\)$"):
         RunSpec.of(dataset="d", backbones="b", method="fedavg", partition="dirichlett")
+    with pytest.raises(ConfigError, match=r"\(did you mean 'dirichlet'\?\)$"):  # another case is no typo's distance
+        RunSpec.of(dataset="d", backbones="b", method="fedavg", partition="DIRICHLET")
     with pytest.raises(ConfigError) as far:
         RunSpec.of(dataset="d", backbones="b", method="fedavg", partition="zzz")
     assert "did you mean" not in str(far.value)

@@ -34,6 +34,8 @@ def test_unknown_name_suggests_close_matches_and_lists_all():
         reg.get("clip-rn5")
     msg = str(info.value)
     assert "unknown backbone 'clip-rn5'" in msg and "Did you mean 'clip-rn50'" in msg
+    with pytest.raises(UnknownNameError, match=r"Did you mean 'clip-rn50'"):  # named in another case
+        reg.get("CLIP-RN50")
     assert "Known: clip-rn101, clip-rn50, resnet18-imagenet" in msg
     # It is both a FedcacheError (CLI) and a KeyError (library users).
     assert isinstance(info.value, FedcacheError) and isinstance(info.value, KeyError)
