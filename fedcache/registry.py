@@ -9,13 +9,13 @@ the name is first asked for.
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import re
 import sys
 from typing import Callable, Generic, Iterator, TypeVar
 
 from fedcache.errors import ConfigError, UnknownNameError
+from fedcache.wording import close_names
 
 T = TypeVar("T")
 
@@ -107,8 +107,7 @@ class Registry(Generic[T]):
                               f"to a module of {'its' if len(extra) == 1 else 'their'} own, and {self.declare_advice}")
 
     def _unknown_message(self, name: str) -> str:
-        by_lower = {n.lower(): n for n in reversed(self.names())}  # 'FedAvg' is as near 'fedavg' as a typo is
-        close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)]
+        close = close_names(name, self.names(), n=3, cutoff=0.5)
         msg = f"unknown {self.kind} {name!r}."
         if close:
             msg += f" Did you mean {', '.join(repr(c) for c in close)}?"

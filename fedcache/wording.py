@@ -54,16 +54,21 @@ def _said(word: str | os.PathLike) -> str:
     return shlex.quote(str(word))
 
 
-def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:
-    """ " (did you mean 'dirichlet'?)" for a typo of one of ``known`` (up to ``n`` close names), or ""."""
+def close_names(name: str, known, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """Up to ``n`` of ``known`` that ``name`` is a typo of, nearest first, matched without case."""
     import difflib
 
-    # Matched without case: 'HALVING' or 'FedAvg' is as near its name as a typo is (difflib alone found nothing).
-    by_lower = {}
+    # Without case: 'HALVING' or 'FedAvg' is as near its name as a typo is (difflib alone found nothing).
+    by_lower: dict[str, str] = {}
     for k in map(str, known):
         by_lower.setdefault(k.lower(), k)
-    near = difflib.get_close_matches(str(name).lower(), list(by_lower), n=n, cutoff=cutoff)
-    return f" (did you mean {', '.join(repr(by_lower[k]) for k in near)}?)" if near else ""
+    return [by_lower[k] for k in difflib.get_close_matches(str(name).lower(), list(by_lower), n=n, cutoff=cutoff)]
+
+
+def did_you_mean(name: str, known, n: int = 1, cutoff: float = 0.6) -> str:
+    """ " (did you mean 'dirichlet'?)" for a typo of one of ``known`` (up to ``n`` close names), or ""."""
+    near = close_names(name, known, n, cutoff)
+    return f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
 
 
 @contextlib.contextmanager
