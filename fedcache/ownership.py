@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 LOCK = ".fedcache.lock"
 POLL = 0.2  # seconds between tries while waiting
+# Lock files refused for want of their folder, in a row, each after making it: past this, no holder removing it is
+# racing this one; the folder is there and its file system takes no file (/proc as root).
+REMAKES = 100
 RESUMES = "a re-run resumes"  # a grid's; a run's needs --resume
 _HELD: dict[Path, int] = {}  # directories this process holds -> how many holds are open on each
 _RECORDS: dict[Path, Holder] = {}  # directories this process holds by their lock file -> the record it wrote
@@ -292,13 +295,17 @@ def _release_count(key: Path) -> None:
 
 def _acquire(path: Path, what: str, wait: float, advice: str | None, resumes: str, holder: Holder) -> int | None:
     """The descriptor holding the lock on ``path``; None where the file system has no flock (said once)."""
-    deadline = time.monotonic() + wait
+    deadline, remade = time.monotonic() + wait, 0
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except FileNotFoundError:  # the holder before made the directory for its lock alone, and removed it
+            remade += 1
+            if remade > REMAKES:  # looped for ever in /proc
+                raise
             _make(path.parent)
             continue
+        remade = 0
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

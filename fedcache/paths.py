@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedcache.disk import is_full
 from fedcache.errors import ConfigError, DeniedError, PermissionDeniedError, StoreError
 from fedcache.wording import named
 
@@ -219,6 +221,8 @@ def check_new_store(store: Path | str) -> None:
         raise StoreError(unmade_store(store, f"{existing} is a file"))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise StoreError(unmade_store(store, _not_writable(existing)))
+    if problem := refused_in(existing, _made_first(store, existing)):
+        raise StoreError(unmade_store(store, problem))
 
 
 def is_store(directory: Path) -> bool:
@@ -266,6 +270,45 @@ def _check_below(target: Path, path: Path, option: str, advice: str = WRITE_ELSE
         raise ConfigError(f"{option} {target}: {existing} is a file, so nothing can be made below it; choose another path")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {target}: {_not_writable(existing)}; {advice}")
+    if problem := refused_in(existing, _made_first(target, existing)):
+        raise ConfigError(f"{option} {target}: {problem}; {advice}")
+
+
+def refused_in(directory: Path, made: str) -> str:
+    """Why the file system takes no new file in ``directory`` (``made``, in words: what the command makes there
+    first), where the permission checks let it through; empty if it takes one. To root every permission check
+    passes, and some file systems refuse whatever the permissions say (/proc: "No such file or directory", /sys, a
+    network mount whose server checks for itself): a file made and removed at once asks the file system itself,
+    before any work. Found out at the write, a demo said it after minutes of extracting, and a run in /proc waited
+    for its lock file for ever."""
+    probe = directory / f".fedcache-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        # No room is said where the size is known (disk.check_space); a folder removed since is the command's to make.
+        if is_full(exc) or not directory.is_dir():
+            return ""
+        return refused_problem(exc, made)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        probe.unlink()
+    return ""
+
+
+def refused_problem(exc: OSError, made: str | None = None) -> str:
+    """Why the file system refused to make ``made`` (``exc``'s file unless given), in words naming it: a missing
+    permission or a read-only mount (:func:`denied_problem`), or a file system that takes no new file whatever the
+    permissions say (/proc, /sys: "No such file or directory")."""
+    if is_denied(exc):
+        return denied_problem(exc if made is None else OSError(exc.errno, exc.strerror, made))[1]
+    return f"the file system refused to create {made or exc.filename} ({exc.strerror})"
+
+
+def _made_first(target: Path, existing: Path) -> str:
+    """What writing ``target`` makes first in ``existing``, its nearest existing folder: the first folder (or the
+    file) of it not there yet, or a file in ``target``, a directory already there."""
+    below = target.absolute().relative_to(existing).parts
+    return str(existing / below[0]) if below else f"a file in {existing}"
 
 
 def _not_writable(directory: Path) -> str:

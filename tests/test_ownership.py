@@ -167,6 +167,26 @@ def test_a_directory_made_for_the_lock_alone_is_removed(tmp_path):
     assert (tmp_path / "kept").is_dir()
 
 
+def test_a_folder_whose_file_system_takes_no_lock_file_is_refused_not_waited_on(tmp_path, monkeypatch):
+    """/proc (to root) is a folder that takes no new file: "No such file or directory", which hold() took for a
+    folder its last holder had just removed, made it again and tried the lock file again, for ever."""
+    real, tries = os.open, []
+
+    def refused(path, flags, *args, **kwargs):
+        if os.path.basename(path) == LOCK:
+            tries.append(path)
+            if len(tries) > 10_000:
+                raise RuntimeError("still trying")
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(FileNotFoundError):
+        with hold(tmp_path / "new", "the run directory new"):
+            pass
+    assert len(tries) == ownership.REMAKES + 1 and not (tmp_path / "new").exists()
+
+
 def test_a_file_system_without_locks_is_said_and_not_fatal(tmp_path, monkeypatch, caplog):
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")

@@ -1,5 +1,6 @@
 """Output paths are checked before work starts, naming the option and the fix."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,94 @@ def test_a_read_only_directory(command, toy_store, tmp_path, capsys, monkeypatch
         _expect_one_clear_error(capsys, argv, option, "no permission to write in")
     finally:
         ro.chmod(0o755)
+
+
+# ---- a file system that refuses what the permission checks let through ------------------------------------
+def refuse_new_files_in(monkeypatch, folder) -> None:
+    """Every new file or folder below ``folder`` refused as /proc refuses it to root, whose permission checks all
+    pass: "No such file or directory", the folder being there."""
+    import errno
+
+    folder = os.path.abspath(folder)
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def below(path) -> bool:
+        return os.path.abspath(path).startswith(folder + os.sep)
+
+    def refused(path):
+        return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+
+    def open_(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and below(path) and not os.path.exists(path):
+            raise refused(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def mkdir(path, *args, **kwargs):
+        if below(path):
+            raise refused(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+def _writers(store, target):
+    """(command line, the option the error names, what it made first, its exit code): every output of
+    ``_commands`` and the demo's, an extraction's new store and an export's file. A missing store (a file for the
+    demo, which would otherwise extract one) fails each line with another error if the output is not looked at
+    first; the export reads ``store``, then made its lock file."""
+    lines = {name: (argv, option, target, 2) for name, (argv, option) in _commands(store, target).items()}
+    data = ["-d", "test-toy", "-b", "tiny-timm-random"]
+    export = target.parent / "x.npz"
+    return {**lines,
+            "demo": (["demo", "--store", str(store / "zarr.json"), "-b", "tiny-timm-random", "-o", str(target)],
+                     "--out", target, 2),
+            "extract": (["extract", *data, "--store", str(target), "--workers", "0"], "feature store", target, 1),
+            "export": (["store", "export", "--store", str(store), *data, "-o", str(export)], f"write {export}",
+                       export, 2)}
+
+
+REFUSING = [pytest.param(None, id="faked"), pytest.param("/proc", id="real-proc", marks=pytest.mark.skipif(
+    not os.access("/proc", os.W_OK) or not os.path.exists("/proc/self"),
+    reason="/proc passes the permission checks only for root (else they refuse it first), and only Linux has one"))]
+
+
+@pytest.mark.parametrize("where", REFUSING)
+@pytest.mark.parametrize("command", [*COMMANDS, "demo", "extract", "export"])
+def test_an_output_the_file_system_refuses_is_one_line_before_any_work(command, where, toy_store, tmp_path, capsys,
+                                                                      monkeypatch):
+    """`train -o /proc/x` as root said "error: No such file or directory: /proc/x" (the store read, the partition
+    made), `demo -o /proc/x` so after minutes of extraction, `shard`, `grid`, `flower-app`, `partition --plot`
+    and `store export` alike: one line naming the option, the path and what the file system refused, nothing made."""
+    from fedcache.cli import main
+
+    folder = tmp_path / "refusing"
+    folder.mkdir()
+    if where is None:
+        refuse_new_files_in(monkeypatch, folder)
+    else:
+        folder = Path(where)
+    argv, option, made, expected = _writers(toy_store, folder / "fedcache-out")[command]
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == expected and len(lines) == 1 and "Traceback" not in err, (argv, err)
+    assert option in lines[0] and f"the file system refused to create {made} (No such file or directory)" in lines[0]
+    assert not made.exists() and (where is not None or list(folder.iterdir()) == [])
+
+
+def test_a_directory_there_whose_file_system_refuses_files_is_named(tmp_path, monkeypatch):
+    """`train -o /proc` (there, and writable to root) waited for its lock file for ever; `--plot /proc/p` and a
+    file's folder there are named by the file."""
+    refuse_new_files_in(monkeypatch, tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(ConfigError) as refused:
+        writable_dir(tmp_path / "run", "--out")
+    assert str(refused.value) == (f"--out {tmp_path}/run: the file system refused to create a file in {tmp_path}/run "
+                                  "(No such file or directory); choose a directory you can write to")
+    with pytest.raises(ConfigError, match=rf"--plot {tmp_path}/run/p.png: the file system refused to create "
+                                          rf"{tmp_path}/run/p.png \(No such"):
+        writable_file(tmp_path / "run" / "p.png", "--plot")
+    assert list((tmp_path / "run").iterdir()) == []
+    writable_dir(tmp_path / "elsewhere", "--out")  # the file it made to ask is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -22,7 +22,7 @@ from fedcache import __version__, disk, interrupts
 from fedcache.best import Result, best_marks, bold_meaning
 from fedcache.errors import ConfigError, DamagedFileError
 from fedcache.federate.metrics import SHARES, share_size
-from fedcache.paths import (CONFIG, GRID, WRITE_ELSEWHERE, check_outside_stores, denied_problem, is_denied,
+from fedcache.paths import (CONFIG, GRID, WRITE_ELSEWHERE, check_outside_stores, refused_problem,
                             removed_if_left_empty, writable_dir)
 from fedcache.reports import figures
 from fedcache.reports.layout import Layout
@@ -74,16 +74,8 @@ def write_report(root: Path, out: Path | None = None) -> ReportPaths:
         except OSError as exc:
             if disk.is_full(exc):
                 raise  # said as every full disk is (disk.full_disk)
-            raise ConfigError(f"{option} {out}: {_refused(exc)}; {advice}") from None
+            raise ConfigError(f"{option} {out}: {refused_problem(exc)}; {advice}") from None
         return _write_report(root, runs, out)
-
-
-def _refused(exc: OSError) -> str:
-    """Why the report's folder (or its lock file) could not be made where writable_dir's check let it through: a
-    file system that takes no new files whatever the permissions say (/proc, /sys: "No such file or directory")."""
-    if is_denied(exc):
-        return denied_problem(exc)[1]
-    return f"the file system refused to create {exc.filename} ({exc.strerror})"
 
 
 # The runs are only read: a colleague's read-only directory (or a read-only mount) is reported into another.

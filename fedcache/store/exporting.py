@@ -20,6 +20,7 @@ import numpy as np
 
 from fedcache import disk, interrupts
 from fedcache.errors import ConfigError, DiskFullError, StoreError
+from fedcache.paths import refused_in
 from fedcache.store.feature_store import FeatureTable
 from fedcache.store.locks import exclusive_lock
 from fedcache.wording import did_you_mean
@@ -97,6 +98,8 @@ def _check_writable(path: Path) -> None:
         raise ConfigError(f"cannot write {path}: the directory {parent} does not exist; create it or choose another --out")
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"cannot write {path}: the directory {parent} is not writable; choose another --out")
+    if problem := refused_in(parent, str(path)):
+        raise ConfigError(f"cannot write {path}: {problem}; choose another --out")
     if path.is_dir():
         raise ConfigError(f"cannot write {path}: it is a directory; name a file (.h5 or .npz) with --out")
 
