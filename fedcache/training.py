@@ -307,8 +307,10 @@ def train(spec: RunSpec, on_round: OnRound | None = None, tables: Tables | None 
             if e.overwrite or (not e.resume and not RunDir(e.out).has_checkpoint()):
                 RunDir(e.out).clear()  # --overwrite; or the lines of rounds no checkpoint covers (see _check_not_started)
             _prepare_out(spec, resolved)
-        trackers = _open_trackers(spec, resolved, run_name)
         out = RunDir(e.out, e.keep_checkpoints) if e.out is not None else None
+        # A finished run resumed trains nothing and writes nothing (driver._finish): no second tracker run of it.
+        finished = e.resume and out is not None and out.finished()
+        trackers = [] if finished else _open_trackers(spec, resolved, run_name)
         r = Run(method, spec.schedule, out, {"partition_id": resolved["partition"]["partition_id"],
                                              "device": device_name(torch.get_default_device())})
         t0 = time.perf_counter()
@@ -386,7 +388,8 @@ def _prepare_out(spec: RunSpec, resolved: dict) -> None:
             raise ConfigError(f"{option('resume').flag}: the options differ from the run in {out.path} "
                               f"({_differences(out, resolved, differ)}); use the same options, "
                               f"{option('overwrite').flag} to replace the run, or a new {option('out').flag}")
-        _same_partition_id(out, resolved)
+        if not out.finished():  # a finished run's files stay as they were: its summary names the older id too
+            _same_partition_id(out, resolved)
         return
     out.write_config(resolved)
 

@@ -1,6 +1,7 @@
 """Run orchestration (fedcache/training.py), `fedcache train` end to end on a real store: files written, --set,
 fusion, partitions reused, validation rows, the output policy, errors."""
 import json
+import os
 
 import numpy as np
 
@@ -9,6 +10,7 @@ import pytest
 from fedcache.cli import main
 from fedcache.errors import ConfigError, EntryNotFoundError, StoreError
 from fedcache.extract.runner import ExtractConfig, extract
+from fedcache.trackers.base import TRACKERS, Tracker
 from fedcache.training import TrainConfig, train
 from tests.conftest import BACKBONE
 
@@ -98,6 +100,44 @@ def test_a_run_resumed_from_another_directory_is_the_same_run(store, tmp_path, m
     monkeypatch.chdir(tmp_path)
     assert json.loads((out / "config.json").read_text())["cwd"] != str(tmp_path)
     assert train(cfg(store, out=out, rounds=2, resume=True)).summary["rounds"] == 2
+
+
+class FileTracker(Tracker):
+    """A tracker that, as TensorBoard's and MLflow's do, writes into its directory as it is opened."""
+
+    def __init__(self, directory, run_name, params) -> None:
+        super().__init__(directory, run_name, params)
+        (directory / f"tracked-{len(list(directory.glob('tracked-*')))}").write_text(run_name)
+
+    def log(self, step, metrics) -> None:
+        pass
+
+    def close(self, summary) -> None:
+        pass
+
+
+def test_a_finished_run_resumed_trains_nothing_and_leaves_every_file_as_it_was(store, tmp_path, monkeypatch):
+    """--resume of a finished run rewrote its summary.json (scored again: an older fedcache's in today's layout) and
+    metrics.jsonl, renamed its partition in config.json and opened another tracker run in it. As the Flower engine's,
+    it shows the run's stored result and state and writes nothing: every file keeps its bytes and its mtime."""
+    monkeypatch.setitem(TRACKERS._items, "files", FileTracker)
+    out = tmp_path / "r"
+    first = train(cfg(store, out=out, track=("files",)))
+    config = json.loads((out / "config.json").read_text())
+    config["partition"]["partition_id"] = "older"  # as a run recorded before the partition's id took in the labels
+    (out / "config.json").write_text(json.dumps(config))
+    summary = json.loads((out / "summary.json").read_text())
+    del summary["definitions"]  # as an older fedcache wrote it
+    (out / "summary.json").write_text(json.dumps(summary))
+    for p in out.rglob("*"):
+        os.utime(p, ns=(10**18, 10**18))  # long before now: a file written again has another mtime
+    files = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    before = files()
+    resumed = train(cfg(store, out=out, track=("files",), resume=True))
+    assert files() == before and len(before) == 5  # config, metrics, checkpoint, summary, the tracker's
+    assert resumed.summary == summary and [l["round"] for l in resumed.history] == [1, 2, 3]
+    assert first.server.keys() == resumed.server.keys() and all(torch_equal(first.server[k], resumed.server[k])
+                                                                for k in first.server)
 
 
 def test_fused_backbones_concatenate_features(store):

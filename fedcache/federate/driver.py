@@ -466,8 +466,13 @@ def _pause(r: Run, i: int, state: RunState, history: list[dict], engine: Engine,
 
 def _finish(r: Run, i: int, state: RunState, history: list[dict], engine: Engine, stacked: bool,
             trained: bool) -> RunResult:
-    summary = _summary(r, i, state, history, engine, trained)
     own = checkpoint_of(state)
+    if not trained and r.out is not None and r.out.finished():
+        # A resume of a finished run: its stored result, its files left as they were (as the Flower engines leave
+        # them). Scored and written again, its summary could differ from the one its report and grid already read.
+        log.info("the run in %s had finished all its rounds (%d): nothing to train", r.out.path, state.rnd)
+        return RunResult(r.out.summary(), history, state.server, state.clients, own)
+    summary = _summary(r, i, state, history, engine, trained)
     if r.out is not None:
         r.out.finish(summary, {"rnd": state.rnd, "seconds": state.seconds, "runs": [own]} if stacked else None)
     return RunResult(summary, history, state.server, state.clients, own)

@@ -262,8 +262,11 @@ def trim_log(path: Path, upto: int) -> list[dict]:
     the checkpoint (a crash between the two) is dropped, as is a blank or torn one."""
     if not path.exists():
         return []
-    kept = [l for l in disk.log_lines(path.read_text()) if l["round"] <= upto]
-    disk.write_text(path, "".join(json.dumps(l) + "\n" for l in kept), "the metrics log")
+    text = path.read_text()
+    kept = [l for l in disk.log_lines(text) if l["round"] <= upto]
+    trimmed = "".join(json.dumps(l) + "\n" for l in kept)
+    if trimmed != text:  # a log with nothing to drop is left as it was (a finished run's, resumed)
+        disk.write_text(path, trimmed, "the metrics log")
     return kept
 
 

@@ -244,12 +244,15 @@ def test_a_finished_run_resumed_shows_its_result_as_in_process_without_starting_
     client._client.cache_clear()
     first = server.serve(DirectGrid([client_dir(out / "shards", k) for k in range(3)], run), run,
                          ServerPaths(out / "shards" / SERVER, out))
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for p in out.rglob("*"):
+        os.utime(p, ns=(10**18, 10**18))  # long before now: a file written again has another mtime
+    files = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    before = files()
     monkeypatch.setattr(sim, "simulate", lambda *a, **kw: pytest.fail("Ray and Flower were started"))
     again = sim.train_flower_sim_here(toy_config(flower_store, method, rounds=2, eval_every=1, out=out, resume=True),
                                       on_round=lambda *call: calls.append(call))
     assert again == json.loads(json.dumps(first)) and calls == [(2, 2, None)]  # as in-process: "resumed after round 2"
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert files() == before  # every file, the shards' too, with its bytes and its mtime (test_training.py: in-process)
     with pytest.raises(ConfigError, match=r"^--resume: the run in \S+ was made with other settings \(schedule.rounds\)"):
         sim.train_flower_sim_here(toy_config(flower_store, method, rounds=3, eval_every=1, out=out, resume=True))
 

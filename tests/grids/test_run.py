@@ -67,17 +67,22 @@ def test_rerun_skips_finished_cells_and_redoes_unfinished_ones(toy_grid, toy_sto
 
 def test_a_finished_grid_run_again_tells_on_plan_what_it_found(toy_grid, toy_store, tmp_path):
     """A re-run of a grid whose cells had all finished called neither callback: a notebook's progress said nothing.
-    Its plan is what it found; on_cell, as on any re-run, is told only of cells this call trains (none)."""
+    Its plan is what it found; on_cell, as on any re-run, is told only of cells this call trains (none). No cell's
+    file is written again (the grid's results.csv and table.md are, from them)."""
     out = tmp_path / "grid"
     shutil.copytree(toy_grid, out)
     from fedcache.api import grid
 
+    for p in (out / "cells").rglob("*"):
+        os.utime(p, ns=(10**18, 10**18))  # long before now: a file written again has another mtime
+    files = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "cells").rglob("*") if p.is_file()}
+    before = files()
     ran, plans = [], []
     table = grid(config=None, store=toy_store, dataset="test-toy", backbones=BACKBONE, methods="fedavg,fedproto",
                  sweep={"partition": "dirichlet", "clients": 3, "alpha": [0.5, 5], "rounds": 3}, seeds=[0, 1], out=out,
                  on_cell=lambda done, total, row: ran.append((done, total)), on_plan=plans.append)
     assert plans == [f"resuming {out}: 8 of 8 cells finished before, none to train (their results are read back)"]
-    assert ran == [] and len(table) == 8
+    assert ran == [] and len(table) == 8 and files() == before
 
 
 def test_a_grid_interrupted_before_any_cell_finished_says_it_resumes(toy_grid, toy_store, tmp_path):
