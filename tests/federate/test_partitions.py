@@ -757,6 +757,8 @@ def test_a_run_recorded_with_an_older_partition_id_still_resumes(tmp_path):
     config = json.loads((out / "config.json").read_text())
     config["partition"]["partition_id"] = "0123456789abcdef"  # as an older fedcache hashed it
     (out / "config.json").write_text(json.dumps(config))
+    # Unfinished (killed after its last checkpoint, before its summary): a finished run's files stay as they were.
+    (out / "summary.json").unlink()
     again = fedcache.train(store, "ds", "enc", "fedavg", clients=3, rounds=2, out=out, resume=True)
     assert again.summary["per_client_accuracy"] == first.summary["per_client_accuracy"]
     recorded = json.loads((out / "config.json").read_text())["partition"]["partition_id"]
