@@ -15,6 +15,19 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # everywhere, so a message wrapped at a temporary path's length cannot split the words a test looks for.
 os.environ["COLUMNS"] = "160"
 
+
+def pytest_configure(config) -> None:
+    """One torch thread in each of pytest-xdist's workers: the workers already keep every core busy, and torch's
+    default (a thread per core in each) made a toy backbone's forward pass 12x slower (0.11 s against 0.009 s
+    for four 32x32 images on two busy cores). A test of thread counts sets its own; a fedcache command a test
+    starts as a subprocess chooses its own as it does for a user. FEDCACHE_TEST_DEFAULT_THREADS=1 keeps torch's
+    default (to compare the two)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("FEDCACHE_TEST_DEFAULT_THREADS"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 from fedcache.extract.datasets import DATASETS, Dataset, DatasetSpec, Samples  # noqa: E402
 from fedcache.extract.datasets.base import ArraySource  # noqa: E402
 

@@ -176,8 +176,11 @@ def compare(feds, exact: bool, tol: float = 1e-4) -> None:
         assert all((x is None and y is None) or (exact and x == y) or abs(x - y) <= tol for x, y in losses)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-@pytest.mark.parametrize("name, setting", CASES, ids=lambda v: str(v))
+# Each case with one optimizer in make test, the two taken in turn; with the other in make test-slow.
+@pytest.mark.parametrize("name, setting, optimizer", [
+    pytest.param(name, setting, optimizer, id=f"{name}-{setting}-{optimizer}",
+                 marks=[pytest.mark.slow] if (i + k) % 2 else [])
+    for i, (name, setting) in enumerate(CASES) for k, optimizer in enumerate(("adam", "sgd"))])
 def test_a_stack_computes_what_its_runs_compute_one_by_one(name, setting, optimizer):
     """Bit-identical, though the runs differ in partition, client count, seed and each setting the method declares
     per row or per run: every step is the plan's full width (local.train), so each federation's rows take the same

@@ -123,7 +123,7 @@ def selection(out):
     return json.loads((out / "selection.json").read_text())
 
 
-@pytest.mark.parametrize("engine", ["processes", "batched"])
+@pytest.mark.parametrize("engine", [pytest.param("processes", marks=pytest.mark.slow), "batched"])
 def test_a_group_ordered_by_construction_is_cut_exactly_as_expected(toy_store, tmp_path, ordered, engine):
     from fedcache.api import grid
 
@@ -354,7 +354,7 @@ def _cell_json_reads(root, monkeypatch) -> set[int]:
     return set(reads.values()) - {0}
 
 
-@pytest.mark.parametrize("engine", ["processes", "batched"])
+@pytest.mark.parametrize("engine", [pytest.param("processes", marks=pytest.mark.slow), "batched"])
 def test_candidates_continued_from_a_rung_equal_their_runs_in_the_full_grid(toy_store, tmp_path, monkeypatch, engine):
     """--min-rounds 5: one cut at round 5, the two best continue to round 9 from their checkpoints (never trained
     again from round 0). Their validation runs are those of the full --select grid, bit for bit, and so the choice
@@ -486,7 +486,7 @@ def test_when_every_candidate_diverged_none_is_revived():
     assert g.done and not g.revivals
 
 
-@pytest.mark.parametrize("engine", ["processes", "batched"])
+@pytest.mark.parametrize("engine", [pytest.param("processes", marks=pytest.mark.slow), "batched"])
 def test_a_candidate_that_diverges_at_a_rung_is_dropped_not_chosen(toy_store, tmp_path, monkeypatch, engine):
     """lr=1e30 survives round 1 (scored best there by construction) and diverges before round 3 (for real):
     it is cut at round 3, never chosen, and the grid goes on."""
