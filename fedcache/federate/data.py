@@ -65,14 +65,16 @@ class FederatedData:
         """``x_train[idx]``, read so that a memory-mapped store file does not stay mapped (``local.gather_rows``)."""
         return gather_rows(self.x_train, idx)
 
-    def rows_of(self, split: str, clients: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded."""
+    def rows_of(self, split: str, clients: list[int],
+                width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, n_max, D) features, (K, n_max) labels and mask of the clients' ``split`` rows, padded (to ``width``
+        rows, at least the longest client's)."""
         from fedcache.federate.prototypes import padded_rows
 
         if split == "train":
-            idx, mask = padded_rows([self.client_train[k] for k in clients])
+            idx, mask = padded_rows([self.client_train[k] for k in clients], width)
             return self.train_features(idx), self.y_train[idx], mask
-        idx, mask = padded_rows([self.client_test[k] for k in clients])
+        idx, mask = padded_rows([self.client_test[k] for k in clients], width)
         return self.test_features(idx), self.y_test[idx], mask
 
     def test_features(self, idx: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,8 @@ class RunState:
     losses: list[torch.Tensor] = field(default_factory=list)  # local-training losses since the last metrics line
     senders: list[int] = field(default_factory=list)  # per round: how many clients sent (0 for unfederated methods)
     evaluated_in: float = 0.0  # seconds of the evaluation since the driver last looked (not kept: this process's)
+    # Accuracy of each client no round has trained, where it cannot change (inprocess.client_accuracy): this process's.
+    untrained_scores: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -225,12 +225,15 @@ def test_single_product_compares_the_three_products(tmp_path):
 
 
 
-def test_personal_eval_times_both_draws_to_the_same_outputs(tmp_path):
+@pytest.mark.parametrize("method, reference", [("fedproto", "rescored"), *(
+    pytest.param(*arms, marks=pytest.mark.slow) for arms in (("pfedme", "rescored"), ("fedproto", "stacked")))])
+def test_personal_eval_times_both_arms_to_the_same_outputs(tmp_path, method, reference):
     out = tmp_path / "personal_eval.json"
-    bench("personal_eval").main(["--tiny", "--out", str(out)])
+    bench("personal_eval").main(["--tiny", "--method", method, "--reference", reference, "--out", str(out)])
     res = json.loads(out.read_text())
-    assert res["same_outputs"] is True and set(res["seconds"]) == {"current", "stacked"}
-    assert res["run_current_over_stacked"]["median"] > 0 and 0 < res["initial_states_share_of_run"]["current"] < 1
+    assert res["same_outputs"] is True and set(res["seconds"]) == {"current", reference}
+    assert res["run_current_over_reference"]["median"] > 0 and 0 < res["initial_states_share_of_run"]["current"] < 1
+    assert 0 < res["rounds_share_of_run"][reference] < 1
 
 @pytest.mark.parametrize("rounds", [1, 50])
 def test_the_benchmarks_read_train_s_result_line_as_train_prints_it(rounds):

@@ -146,3 +146,29 @@ def test_evaluation_draws_each_block_of_never_trained_heads_once_and_scores_it_a
     per_block = sum(1 for p in method.head.layout() if p.fan_in)
     assert len(drawn) == 3 * per_block and len(scored) == 3
     assert all(any(states[name] is t for t in drawn) for states in scored for name in ("fc1.weight", "fc2.weight"))
+
+
+def test_a_never_trained_client_is_scored_once_and_a_trained_one_at_every_evaluation(monkeypatch):
+    """Where a client's score reads its own state alone (fedproto's classifier), a client no round has written is
+    scored at the first evaluation only and keeps that score (scoring them again was most of a run of 10 of 1,000
+    clients a round: benchmarks/personal_eval.py); a written client is scored at every evaluation, by itself but
+    padded as its whole block is, to the accuracies every client scored again gives."""
+    from fedcache.federate.driver import RunState
+    from fedcache.federate.inprocess import evaluate
+
+    sizes = [3 + k % 5 for k in range(40)]  # blocks of 16, 16 and 8 clients, of 3 to 7 test rows
+    data = synthetic(n_clients=40, sizes=sizes)
+    method = METHODS.get("fedproto")(MethodContext(data, "mlp", OptimConfig("adam", 1e-2), Schedule(batch_size=4)))
+    state = RunState(0, method.init_server(), ClientStates.of(method))
+    scored, logits = [], method.client_logits
+    monkeypatch.setattr(method, "client_logits", lambda server, states, clients, x:
+                        scored.append((list(clients), x.shape[1])) or logits(server, states, clients, x))
+    first = evaluate(method, state)["per_client"]
+    assert [k for clients, _ in scored for k in clients] == list(range(40))
+    scored.clear()
+    assert evaluate(method, state)["per_client"] == first and scored == []
+    state.clients.put([20], {k: t + 0.5 for k, t in state.clients.take([20]).items()})  # client 20 trained
+    third = evaluate(method, state)["per_client"]
+    assert scored == [([20], max(sizes[16:32]))]
+    assert third[:20] + third[21:] == first[:20] + first[21:]
+    assert evaluate(method, RunState(0, state.server, state.clients))["per_client"] == third  # nothing kept: all scored

@@ -76,6 +76,28 @@ def test_method_learns_deterministically_and_counts_bytes(name, skewed):
                 torch.testing.assert_close(got[n], want[n], atol=tol, rtol=tol)
 
 
+# Every personalised method, and the settings that change what its evaluation reads of the server.
+SCORED_BY = [(n, {}) for n in METHODS.names() if n not in NEEDS_CLIP and METHODS.get(n).personalized] + [
+    ("fedproto", {"predict": "proto"}), ("fedproto", {"init": "shared"}),
+    ("fedpcl", {"predict": "classifier", "ce_weight": 1.0})]
+
+
+@pytest.mark.parametrize("name, params", [
+    pytest.param(n, p, marks=[pytest.mark.slow] if n in HEAVY else [], id="-".join([n, *map(str, p.values())]))
+    for n, p in SCORED_BY])
+def test_a_never_trained_client_s_kept_score_is_the_one_scoring_it_again_gives(name, params, skewed, monkeypatch):
+    """A never-trained client's accuracy is kept from the evaluation that first scored it where the method scores a
+    client by its own state alone (``Method.scores_by_own_state``): a run of 2 of 5 clients a round, evaluated
+    every round, gives every evaluation's per-client accuracies as scoring every client again does."""
+    from fedcache.federate import inprocess
+
+    kept = run(make(name, skewed, **params), RunConfig(rounds=3, fraction=0.4))
+    monkeypatch.setattr(inprocess, "_scores_kept", lambda method, state: False)
+    again = run(make(name, skewed, **params), RunConfig(rounds=3, fraction=0.4))
+    assert [h["per_client"] for h in kept.history] == [h["per_client"] for h in again.history]
+    assert summary(kept) == summary(again)
+
+
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedntd", "perfedavg", "pfedme"])
 def test_whole_head_methods_send_the_whole_head(name, skewed):
     n = skewed.dim * skewed.n_classes + skewed.n_classes  # linear head: W and b

@@ -214,6 +214,12 @@ class Method:
         logits = self.global_logits(server, x.flatten(0, 1))
         return logits.view(*x.shape[:2], -1)
 
+    def scores_by_own_state(self) -> bool:
+        """Whether ``client_logits`` reads a client's own state and rows alone, nothing of the server's: then a
+        client no round has trained scores the same at every evaluation (its state is the initial one), and is
+        scored once (``inprocess.client_accuracy``). False where a client's scores follow the global model."""
+        return False
+
     def global_logits(self, server: Params, x: torch.Tensor) -> torch.Tensor:
         """(N, D) -> (N, C) with the global model."""
         from fedcache.heads import forward

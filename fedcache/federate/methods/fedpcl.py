@@ -243,6 +243,9 @@ class FedPCL(Method):
         z = self.head.features(states, x)
         return _PREDICT[self.p.predict](self, server, states, z)
 
+    def scores_by_own_state(self) -> bool:
+        return self.p.predict in OWN_STATE_PREDICTORS
+
 
 def latest_sets(server: Params, clients: torch.Tensor, protos: torch.Tensor, counts: torch.Tensor) -> Params:
     """The server's sets with these clients' new ones in place of theirs, in ascending client order."""
@@ -283,3 +286,5 @@ def _by_classifier(m: FedPCL, server: Params, states: Params, z: torch.Tensor) -
 
 
 _PREDICT = {"local": _by_local, "global": _by_global, "classifier": _by_classifier}
+# Those that read nothing of the server: "local" takes the global prototypes for a client without its own.
+OWN_STATE_PREDICTORS = ("classifier",)

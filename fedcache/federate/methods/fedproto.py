@@ -164,6 +164,9 @@ class FedProto(Method):
     def client_logits(self, server: Params, states: Params, clients: list[int], x: torch.Tensor) -> torch.Tensor:
         return PREDICTORS[self.p.predict](self, server, states, x)
 
+    def scores_by_own_state(self) -> bool:
+        return self.p.predict in OWN_STATE_PREDICTORS
+
 
 class EpochSums:
     """Per-client class sums of the representations the last local epoch's steps produce."""
@@ -210,6 +213,7 @@ def _by_prototype(method: FedProto, server: Params, states: Params, x: torch.Ten
 
 
 PREDICTORS = {"classifier": _by_classifier, "proto": _by_prototype}
+OWN_STATE_PREDICTORS = ("classifier",)  # those that read nothing of the server (the global prototypes)
 
 # The reference algorithm researchers run as "FedProto" (PFLlib's clientproto/serverproto, which follow
 # the official code's training step): every option that differs from the defaults above. The optimizer,

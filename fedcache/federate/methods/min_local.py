@@ -40,6 +40,9 @@ class MinLocal(SSLMethod):
             out.append(local)
         return torch.stack(out)
 
+    def scores_by_own_state(self) -> bool:
+        return True  # a client's probe is fitted on its own state's features (whole_test keeps its last score)
+
     def summary_extra(self) -> dict:
         if not self.whole_test:
             return {}

@@ -82,3 +82,6 @@ class PFedMe(Method):
 
     def client_logits(self, server: Params, states: Params, clients: list[int], x):
         return forward(self.head, states, x)
+
+    def scores_by_own_state(self) -> bool:
+        return True

@@ -30,3 +30,6 @@ class Solo(Method):
 
     def client_logits(self, server: Params, states: Params, clients: list[int], x):
         return forward(self.head, states, x)
+
+    def scores_by_own_state(self) -> bool:
+        return True
