@@ -24,7 +24,8 @@ demo: $(STAMP)
 	$(VENV)/bin/fedcache demo
 
 # The default run stays under 10 minutes on a 2-core CI machine: its tests run in TEST_WORKERS processes
-# (pytest-xdist; TEST_WORKERS=0 runs them in this one). Tests marked slow (real Flower deployments, signals
+# (pytest-xdist; TEST_WORKERS=0 runs them in this one), each with one torch thread (tests/conftest.py: the workers
+# keep the cores busy already). Tests marked slow (real Flower deployments, signals
 # to real process trees, the full demo, the larger benchmark smoke runs, a full disk on a real tmpfs, and the
 # costlier cases of a parametrized test whose cheapest case stays here) run one at a time in test-slow, which
 # CI runs after it: their timings and process trees are what they test.
